@@ -1,0 +1,5 @@
+import sys
+
+from gangcheck.cli import main
+
+sys.exit(main())

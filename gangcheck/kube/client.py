@@ -1,0 +1,236 @@
+"""The only way gangcheck talks to the API server: raw JSON over kubernetes-asyncio's client.
+
+Objects stay plain dicts (``model/`` gives typed views of them). Transient failures (429, 5xx,
+a dropped connection) are retried here, briefly, with tenacity; everything else is raised as an
+``ApiError`` subclass for the caller (and the work queue's backoff) to handle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from gangcheck.kube.errors import TransientError, error_from_status
+from gangcheck.kube.resources import Resource
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+Obj = dict[str, Any]
+
+
+class Kube:
+    """A thin asynchronous client of the Kubernetes REST API, speaking JSON dicts."""
+
+    def __init__(
+        self, api_client: Any, *, retry_attempts: int = 5, retry_seconds: float = 15
+    ) -> None:
+        self._api = api_client
+        self._retry_attempts = retry_attempts
+        self._retry_seconds = retry_seconds
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, *, in_cluster: bool = False) -> Kube:
+        """Connect with a kubeconfig file, or with the pod's service account when in a cluster."""
+        configuration = k8s_client.Configuration()
+        if in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await k8s_config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        return cls(k8s_client.ApiClient(configuration=configuration))
+
+    @property
+    def host(self) -> str:
+        return str(self._api.configuration.host)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> Kube:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # ---- verbs -------------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
+        return await self.request("GET", res.object_path(name, namespace))
+
+    async def list_objects(
+        self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> Obj:
+        query = {"labelSelector": label_selector} if label_selector else None
+        return await self.request("GET", res.collection_path(namespace), query=query)
+
+    async def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
+        ns = namespace or body.get("metadata", {}).get("namespace")
+        body = {"apiVersion": res.api_version, "kind": res.kind, **body}
+        return await self.request("POST", res.collection_path(ns), body=body)
+
+    async def replace(self, res: Resource, body: Obj, *, subresource: str | None = None) -> Obj:
+        meta = body["metadata"]
+        path = _sub(res.object_path(meta["name"], meta.get("namespace")), subresource)
+        return await self.request("PUT", path, body=body)
+
+    async def merge_patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Obj,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> Obj:
+        path = _sub(res.object_path(name, namespace), subresource)
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def json_patch(
+        self,
+        res: Resource,
+        name: str,
+        ops: list[Obj],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> Obj:
+        path = _sub(res.object_path(name, namespace), subresource)
+        return await self.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        uid: str | None = None,
+    ) -> Obj:
+        """Delete, optionally only if the object still has this resourceVersion / uid."""
+        preconditions = {
+            k: v for k, v in (("resourceVersion", resource_version), ("uid", uid)) if v
+        }
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        return await self.request("DELETE", res.object_path(name, namespace), body=body)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[Obj]:
+        """Yield watch events ({type, object}) from resource_version until the server ends it."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        path = res.collection_path(namespace)
+        resp = await self._send("GET", path, query=query, timeout=timeout_seconds + 30)
+        try:
+            if resp.status >= 300:
+                raise error_from_status(resp.status, await resp.read(), target=path)
+            async for line in resp.content:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.release()
+
+    # ---- plumbing ----------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+    ) -> Obj:
+        """One API call, retried on transient failures; returns the decoded JSON body."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientError),
+            stop=stop_after_attempt(self._retry_attempts) | stop_after_delay(self._retry_seconds),
+            wait=wait_exponential(multiplier=0.2, max=3),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._request_once(method, path, query, body, content_type)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _request_once(
+        self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str
+    ) -> Obj:
+        resp = await self._send(method, path, query=query, body=body, content_type=content_type)
+        try:
+            data = await resp.read()
+        except aiohttp.ClientError as e:
+            raise TransientError(0, "ConnectionError", str(e), target=path) from e
+        finally:
+            resp.release()
+        if resp.status >= 300:
+            raise error_from_status(resp.status, data, target=f"{method} {path}")
+        parsed: Obj = json.loads(data) if data else {}
+        return parsed
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout: float = 30,
+    ) -> Any:
+        headers = {"Accept": JSON, "Content-Type": content_type}
+        auth = await self._api.configuration.auth_settings()
+        if "BearerToken" in auth:
+            headers["authorization"] = auth["BearerToken"]["value"]
+        url = self._api.configuration.host + path
+        try:
+            return await self._api.rest_client.request(
+                method,
+                url,
+                query_params=list((query or {}).items()),
+                headers=headers,
+                body=body,
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise TransientError(
+                0, "ConnectionError", str(e) or type(e).__name__, target=path
+            ) from e
+
+
+def _sub(path: str, subresource: str | None) -> str:
+    return f"{path}/{subresource}" if subresource else path

@@ -1,0 +1,54 @@
+"""The API resources gangcheck reads and writes, by group, version and plural."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One served resource: enough to build its URL paths."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def collection_path(self, namespace: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            return f"{base}/namespaces/{namespace}/{self.plural}"
+        return f"{base}/{self.plural}"
+
+    def object_path(self, name: str, namespace: str | None = None) -> str:
+        return f"{self.collection_path(namespace)}/{name}"
+
+
+WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+ADMISSION_CHECK = Resource(
+    "kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", namespaced=False
+)
+RESOURCE_FLAVOR = Resource(
+    "kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False
+)
+PROVISIONING_REQUEST = Resource(
+    "autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest"
+)
+ATOMIC_CONFIG = Resource(
+    "gangcheck.io",
+    "v1alpha1",
+    "atomicprovisioningconfigs",
+    "AtomicProvisioningConfig",
+    namespaced=False,
+)
+POD_TEMPLATE = Resource("", "v1", "podtemplates", "PodTemplate")
+POD = Resource("", "v1", "pods", "Pod")
+NODE = Resource("", "v1", "nodes", "Node", namespaced=False)
+EVENT = Resource("", "v1", "events", "Event")
+NAMESPACE = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")

@@ -1,0 +1,89 @@
+"""What a decision asks the edge to do: typed, ordered, applied once each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gangcheck"
+WORKLOAD_ANNOTATION = "gangcheck.io/workload"
+CHECK_ANNOTATION = "gangcheck.io/check"
+ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
+DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
+PHASE_ANNOTATION = "gangcheck.io/phase"
+OUTCOME_ANNOTATION = "gangcheck.io/outcome"
+
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
+
+
+@dataclass(frozen=True)
+class CreateTemplate:
+    body: Obj
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    body: Obj
+
+
+@dataclass(frozen=True)
+class AdoptTemplate:
+    """Hand a PodTemplate from the Workload to the request that uses it."""
+
+    name: str
+    request: str
+    request_uid: str
+
+
+@dataclass(frozen=True)
+class DeleteRequest:
+    """Delete a request and the PodTemplates it points at."""
+
+    name: str
+    uid: str
+    templates: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteTemplate:
+    name: str
+
+
+@dataclass(frozen=True)
+class AnnotateRequest:
+    name: str
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ClaimNode:
+    """Record a node as arrived for a request, if it is still at this resourceVersion."""
+
+    name: str
+    resource_version: str
+    request: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event on the Workload."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+Action = (
+    CreateTemplate
+    | CreateRequest
+    | AdoptTemplate
+    | DeleteRequest
+    | DeleteTemplate
+    | AnnotateRequest
+    | ClaimNode
+)

@@ -1,0 +1,481 @@
+"""The admission check's one decision: (Workload, requests, config, clock) -> what to do.
+
+``decide`` is pure. It reads a Snapshot of what the caches hold for one Workload and one of
+our AdmissionChecks, and returns the check entry to write (if it changed), the objects to
+create or delete, and the Events to emit. The reconciler applies that once and writes only
+what changed. Kueue's precedence for request conditions is kept:
+Failed > CapacityRevoked > BookingExpired (before admission) > Provisioned > Accepted > Pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from gangcheck.logic import backoff, naming
+from gangcheck.logic.actions import (
+    ATTEMPT_ANNOTATION,
+    CHECK_ANNOTATION,
+    CLASS_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    WORKLOAD_ANNOTATION,
+    Action,
+    AdoptTemplate,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    Event,
+    Obj,
+)
+from gangcheck.logic.fulfillment import Capacity, assess, request_key
+from gangcheck.logic.podsets import (
+    MergedPodSet,
+    merge_pod_sets,
+    missing_flavors,
+    pod_template_spec,
+    request_parameters,
+    required_pod_sets,
+)
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.objects import (
+    CheckState,
+    Flavor,
+    ObjectRef,
+    ProvisioningRequest,
+    Workload,
+    is_true,
+)
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
+
+PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+MAX_REQUEST_POD_SETS = 32
+MAX_MESSAGE = 32768
+NOT_NEEDED = "the provisioning request is not needed"
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """A PodTemplate that exists, with the uids of its owners."""
+
+    name: str
+    owner_uids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    workload: Workload
+    check: str
+    config: AtomicProvisioningSpec | None
+    config_problem: str = ""
+    flavors: Mapping[str, Flavor] = field(default_factory=dict)
+    requests: tuple[ProvisioningRequest, ...] = ()
+    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    capacity: Capacity | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    check: CheckState | None = None
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+
+
+def decide(snap: Snapshot, now: datetime) -> Decision:
+    """Everything the check controller does for one Workload and one of our checks."""
+    wl, state = snap.workload, snap.workload.checks.get(snap.check)
+    if wl.deleting or wl.is_finished or wl.is_evicted or not wl.has_quota_reservation:
+        return clean_up(snap, _why_cleanup(wl))
+    if state is None:
+        return Decision()
+    if snap.config is None:
+        return _transition(state, PENDING, f"the check is not active: {snap.config_problem}", now)
+    if state.state in (RETRY, REJECTED):
+        return Decision()  # Kueue core acts next: evicts and requeues, or deactivates
+    pod_sets = required_pod_sets(wl, snap.config.managed_resources)
+    if not pod_sets:
+        return _not_needed(state, now)
+    if state.state == READY:
+        return _while_ready(snap, state, now)
+    return _pending(
+        snap, state, merge_pod_sets(wl, pod_sets, snap.config.pod_set_merge_policy), now
+    )
+
+
+def clean_up(snap: Snapshot, why: str) -> Decision:
+    """Delete every request (and its templates) this Workload has for this check."""
+    actions = tuple(_delete(r, why) for r in snap.requests if not r.deleting)
+    return Decision(actions=actions)
+
+
+def _why_cleanup(wl: Workload) -> str:
+    if wl.deleting:
+        return "Workload deleted"
+    if wl.is_finished:
+        return "Workload finished"
+    if wl.is_evicted:
+        return "Workload evicted"
+    return "Workload has no quota reservation"
+
+
+def _delete(req: ProvisioningRequest, reason: str) -> DeleteRequest:
+    return DeleteRequest(
+        name=req.name,
+        uid=req.ref.uid,
+        templates=tuple(p.template_name for p in req.pod_sets),
+        reason=reason,
+    )
+
+
+def _not_needed(state: CheckState, now: datetime) -> Decision:
+    if state.state == READY:
+        return Decision()
+    return _transition(state, READY, NOT_NEEDED, now, pod_set_updates=())
+
+
+def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """After Ready, only a revoked capacity changes the check (podSetUpdates are frozen)."""
+    wl = snap.workload
+    req = _find(snap.requests, _attempt_name(snap, state))
+    if req is not None and is_true(req.conditions, "CapacityRevoked") and wl.active:
+        message = req.conditions["CapacityRevoked"].message or "capacity revoked"
+        return _transition(state, REJECTED, message, now)
+    return Decision()
+
+
+def _attempt_name(snap: Snapshot, state: CheckState) -> str:
+    return naming.request_name(snap.workload.ref.name, snap.check, state.retry_count + 1)
+
+
+def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningRequest | None:
+    return next((r for r in requests if r.name == name), None)
+
+
+def _pending(
+    snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
+) -> Decision:
+    name = _attempt_name(snap, state)
+    stale = tuple(
+        _delete(r, "superseded by attempt " + str(state.retry_count + 1))
+        for r in snap.requests
+        if r.name != name and not r.deleting
+    )
+    req = _find(snap.requests, name)
+    if req is None:
+        decision = _create(snap, state, name, merged, now)
+    elif req.deleting:
+        decision = Decision(requeue_after=1.0)
+    else:
+        decision = _follow(snap, state, req, now)
+    return replace(decision, actions=stale + decision.actions)
+
+
+def _create(
+    snap: Snapshot, state: CheckState, name: str, merged: list[MergedPodSet], now: datetime
+) -> Decision:
+    assert snap.config is not None
+    problem = _cannot_request(snap, merged)
+    if problem is not None:
+        return _transition(state, REJECTED, problem, now)
+    missing = missing_flavors(
+        snap.workload, required_pod_sets(snap.workload, snap.config.managed_resources), snap.flavors
+    )
+    if missing:
+        message = (
+            f"waiting for ResourceFlavor {', '.join(missing)} (named by the admission, not found)"
+        )
+        return replace(_transition(state, PENDING, message, now), requeue_after=10.0)
+    templates = _new_templates(snap, name, merged)
+    request = _request_body(snap, state, name, merged, now)
+    message = f"provisioning request {name} created for {sum(m.count for m in merged)} pods"
+    decision = _transition(state, PENDING, message, now)
+    return replace(
+        decision,
+        actions=(*templates, CreateRequest(request)),
+        events=(
+            *decision.events,
+            Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}"),
+        ),
+    )
+
+
+def _cannot_request(snap: Snapshot, merged: list[MergedPodSet]) -> str | None:
+    assert snap.config is not None
+    if len(merged) > MAX_REQUEST_POD_SETS:
+        return (
+            f"the gang has {len(merged)} distinct pod sets; a ProvisioningRequest carries at "
+            f"most {MAX_REQUEST_POD_SETS} (set podSetMergePolicy to merge similar pod sets)"
+        )
+    params = request_parameters(snap.config.parameters, snap.workload.annotations)
+    if len(params) > 100:
+        return f"{len(params)} request parameters (config plus provreq annotations); at most 100"
+    too_long = sorted(k for k, v in params.items() if len(v) > 255)
+    if too_long:
+        return f"request parameter {too_long[0]} is longer than 255 characters"
+    return None
+
+
+def _labels_and_annotations(snap: Snapshot, attempt: int) -> Obj:
+    return {
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        "annotations": {
+            WORKLOAD_ANNOTATION: snap.workload.ref.name,
+            CHECK_ANNOTATION: snap.check,
+            ATTEMPT_ANNOTATION: str(attempt),
+        },
+    }
+
+
+def _owner(ref: ObjectRef, api_version: str) -> Obj:
+    return {
+        "apiVersion": api_version,
+        "kind": ref.kind,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _new_templates(
+    snap: Snapshot, request: str, merged: list[MergedPodSet]
+) -> list[CreateTemplate]:
+    wl = snap.workload
+    out = []
+    for m in merged:
+        tname = naming.template_name(request, m.name)
+        if tname in snap.templates:
+            continue  # created by an earlier, interrupted reconcile
+        meta = _labels_and_annotations(snap, 0)
+        meta["annotations"].pop(ATTEMPT_ANNOTATION)
+        body = {
+            "metadata": {
+                "name": tname,
+                "namespace": wl.ref.namespace,
+                **meta,
+                "ownerReferences": [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")],
+            },
+            "template": pod_template_spec(wl, m.name, m.template, snap.flavors),
+        }
+        out.append(CreateTemplate(body))
+    return out
+
+
+def _request_body(
+    snap: Snapshot, state: CheckState, name: str, merged: list[MergedPodSet], now: datetime
+) -> Obj:
+    assert snap.config is not None
+    wl, attempt = snap.workload, state.retry_count + 1
+    meta = _labels_and_annotations(snap, attempt)
+    deadline = now.timestamp() + snap.config.fulfillment.deadline_seconds
+    meta["annotations"][DEADLINE_ANNOTATION] = format_time(
+        datetime.fromtimestamp(deadline, now.tzinfo)
+    )
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": wl.ref.namespace,
+            **meta,
+            "ownerReferences": [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")],
+        },
+        "spec": {
+            "provisioningClassName": snap.config.provisioning_class_name,
+            "parameters": request_parameters(snap.config.parameters, wl.annotations),
+            "podSets": [
+                {"podTemplateRef": {"name": naming.template_name(name, m.name)}, "count": m.count}
+                for m in merged
+            ],
+        },
+    }
+
+
+def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
+    assert snap.config is not None
+    wanted = request_parameters(snap.config.parameters, snap.workload.annotations)
+    return req.class_name == snap.config.provisioning_class_name and req.parameters == wanted
+
+
+def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
+    """The request exists: hand it its templates, replace it if stale, map its conditions."""
+    adopt = _adoptions(snap, req)
+    if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
+        event = Event(
+            "ProvisioningRequestReplaced",
+            f"ProvisioningRequest {req.name!r} no longer matches the config's class or "
+            "parameters; replacing it",
+        )
+        return Decision(
+            actions=(*adopt, _delete(req, "config changed")), events=(event,), requeue_after=1.0
+        )
+    decision = _from_conditions(snap, state, req, now)
+    return replace(decision, actions=adopt + decision.actions)
+
+
+def _adoptions(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+    out: list[Action] = []
+    for ps in req.pod_sets:
+        info = snap.templates.get(ps.template_name)
+        if info is not None and req.ref.uid not in info.owner_uids:
+            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
+    return tuple(out)
+
+
+def _from_conditions(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
+    assert snap.config is not None
+    conds, wl = req.conditions, snap.workload
+    if is_true(conds, "Failed"):
+        return _retry_or_reject(snap, state, "Retrying after failure", conds["Failed"].message, now)
+    if is_true(conds, "CapacityRevoked"):
+        return _transition(
+            state, REJECTED, conds["CapacityRevoked"].message or "capacity revoked", now
+        )
+    if is_true(conds, "BookingExpired") and not wl.is_admitted:
+        message = conds["BookingExpired"].message
+        return _retry_or_reject(snap, state, "Retrying after booking expired", message, now)
+    if is_true(conds, "Provisioned"):
+        return _provisioned(snap, state, req, now)
+    if is_true(conds, "Accepted"):
+        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
+        return _transition(state, PENDING, eta or f"provisioning request {req.name} accepted", now)
+    return _transition(
+        state, PENDING, f"waiting for provisioning request {req.name} to be accepted", now
+    )
+
+
+def _retry_or_reject(
+    snap: Snapshot, state: CheckState, prefix: str, detail: str, now: datetime
+) -> Decision:
+    assert snap.config is not None
+    strategy = snap.config.retry_strategy
+    attempt = state.retry_count + 1
+    if not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
+        return _transition(
+            state, REJECTED, detail or f"{prefix}: attempt {attempt} of {attempt}", now
+        )
+    delay = backoff.requeue_after_seconds(
+        state.retry_count,
+        base_seconds=strategy.backoff_base_seconds,
+        max_seconds=strategy.backoff_max_seconds,
+    )
+    return _transition(
+        state, RETRY, f"{prefix}: {detail}" if detail else prefix, now, requeue_after_seconds=delay
+    )
+
+
+def _provisioned(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
+    assert snap.config is not None
+    provisioned = req.conditions["Provisioned"].message
+    if snap.config.fulfillment.mode is FulfillmentMode.TRUST_PROVISIONED:
+        return _ready(snap, state, req, provisioned or "capacity provisioned", now)
+    verdict = assess(snap.capacity, req, gang_templates(snap))
+    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
+    if verdict.fits:
+        message = f"the whole gang fits on nodes that exist: {verdict.summary}"
+        return replace(_ready(snap, state, req, message, now), actions=claims)
+    message = f"capacity requested, not yet usable: {verdict.summary}"
+    return replace(_transition(state, PENDING, message, now), actions=claims, requeue_after=5.0)
+
+
+def gang_templates(snap: Snapshot) -> list[tuple[str, int, Obj]]:
+    """(name, count, pod template) of each request pod set, as the PodTemplates hold them."""
+    assert snap.config is not None
+    wl = snap.workload
+    merged = merge_pod_sets(
+        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
+    )
+    return [
+        (m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors)) for m in merged
+    ]
+
+
+def _ready(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, message: str, now: datetime
+) -> Decision:
+    return _transition(state, READY, message, now, pod_set_updates=pod_set_updates(snap, req))
+
+
+def pod_set_updates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Obj, ...]:
+    """Consume and class annotations for every pod set the request covers, merged ones too."""
+    assert snap.config is not None
+    merged = merge_pod_sets(
+        snap.workload,
+        required_pod_sets(snap.workload, snap.config.managed_resources),
+        snap.config.pod_set_merge_policy,
+    )
+    selector = _detail_node_selector(snap.config, req)
+    updates = []
+    for member in sorted(n for m in merged for n in m.members):
+        update: Obj = {
+            "name": member,
+            "annotations": {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name},
+        }
+        if selector:
+            update["nodeSelector"] = dict(selector)
+        updates.append(update)
+    return tuple(updates)
+
+
+def _detail_node_selector(
+    config: AtomicProvisioningSpec, req: ProvisioningRequest
+) -> dict[str, str]:
+    if config.pod_set_updates is None:
+        return {}
+    return {
+        s.key: req.class_details[s.value_from_provisioning_class_detail]
+        for s in config.pod_set_updates.node_selector
+        if s.value_from_provisioning_class_detail in req.class_details
+    }
+
+
+def _transition(
+    state: CheckState,
+    new_state: str,
+    message: str,
+    now: datetime,
+    *,
+    pod_set_updates: tuple[Obj, ...] | None = None,
+    requeue_after_seconds: int | None = None,
+) -> Decision:
+    """The check entry after this decision, or no write when nothing changes."""
+    message = message[:MAX_MESSAGE]
+    updates = state.pod_set_updates if pod_set_updates is None else pod_set_updates
+    requeue = (
+        state.requeue_after_seconds if requeue_after_seconds is None else requeue_after_seconds
+    )
+    new = replace(
+        state,
+        state=new_state,
+        message=message,
+        pod_set_updates=updates,
+        requeue_after_seconds=requeue,
+        last_transition_time=(
+            format_time(now) if new_state != state.state else state.last_transition_time
+        ),
+    )
+    if new == state:
+        return Decision()
+    events: tuple[Event, ...] = ()
+    if new_state != state.state:
+        text = f"Admission check {state.name} updated state from {state.state} to {new_state}"
+        events = (
+            Event(
+                "AdmissionCheckUpdated",
+                f"{text} with message: {message}" if message else text,
+                warning=new_state in (RETRY, REJECTED),
+            ),
+        )
+    return Decision(check=new, events=events)
+
+
+def deadline_of(req: ProvisioningRequest) -> datetime | None:
+    raw = req.annotations.get(DEADLINE_ANNOTATION)
+    return parse_time(raw) if raw else None

@@ -1,0 +1,248 @@
+"""Typed, frozen views over the API objects gangcheck decides on.
+
+Parsing is lenient about absent fields (the API server already validated the objects) and
+keeps the raw dict where a decision needs to pass it through (pod templates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+    @property
+    def is_true(self) -> bool:
+        return self.status == "True"
+
+
+def conditions_of(obj: Obj) -> dict[str, Condition]:
+    """The object's status.conditions by type."""
+    return {
+        c["type"]: Condition(
+            type=c["type"],
+            status=c.get("status", "Unknown"),
+            reason=c.get("reason", ""),
+            message=c.get("message", ""),
+            last_transition_time=c.get("lastTransitionTime", ""),
+        )
+        for c in (obj.get("status") or {}).get("conditions") or []
+    }
+
+
+def is_true(conditions: dict[str, Condition], kind: str) -> bool:
+    c = conditions.get(kind)
+    return c is not None and c.is_true
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Namespace, name and uid of an object: what logs, events and owners need."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+    api_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.key}"
+
+
+def ref_of(obj: Obj) -> ObjectRef:
+    meta = obj.get("metadata", {})
+    return ObjectRef(
+        kind=obj.get("kind", ""),
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        api_version=obj.get("apiVersion", ""),
+    )
+
+
+@dataclass(frozen=True)
+class PodSet:
+    name: str
+    count: int
+    template: Obj
+
+
+@dataclass(frozen=True)
+class PodSetAssignment:
+    name: str
+    count: int | None
+    flavors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CheckState:
+    """One entry of Workload status.admissionChecks."""
+
+    name: str
+    state: str
+    message: str = ""
+    last_transition_time: str = ""
+    retry_count: int = 0
+    requeue_after_seconds: int | None = None
+    pod_set_updates: tuple[Obj, ...] = ()
+
+    def to_obj(self) -> Obj:
+        out: Obj = {
+            "name": self.name,
+            "state": self.state,
+            "message": self.message,
+            "lastTransitionTime": self.last_transition_time,
+        }
+        if self.retry_count:
+            out["retryCount"] = self.retry_count
+        if self.requeue_after_seconds is not None:
+            out["requeueAfterSeconds"] = self.requeue_after_seconds
+        if self.pod_set_updates:
+            out["podSetUpdates"] = list(self.pod_set_updates)
+        return out
+
+
+def check_state_of(entry: Obj) -> CheckState:
+    return CheckState(
+        name=entry["name"],
+        state=entry.get("state", "Pending"),
+        message=entry.get("message", ""),
+        last_transition_time=entry.get("lastTransitionTime", ""),
+        retry_count=int(entry.get("retryCount") or 0),
+        requeue_after_seconds=entry.get("requeueAfterSeconds"),
+        pod_set_updates=tuple(entry.get("podSetUpdates") or ()),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    ref: ObjectRef
+    resource_version: str
+    annotations: dict[str, str]
+    pod_sets: tuple[PodSet, ...]
+    assignments: tuple[PodSetAssignment, ...] | None
+    conditions: dict[str, Condition]
+    checks: dict[str, CheckState]
+    active: bool = True
+    deleting: bool = False
+
+    @property
+    def has_quota_reservation(self) -> bool:
+        return is_true(self.conditions, "QuotaReserved")
+
+    @property
+    def is_admitted(self) -> bool:
+        return is_true(self.conditions, "Admitted")
+
+    @property
+    def is_finished(self) -> bool:
+        return is_true(self.conditions, "Finished")
+
+    @property
+    def is_evicted(self) -> bool:
+        return is_true(self.conditions, "Evicted")
+
+    def assignment(self, pod_set: str) -> PodSetAssignment | None:
+        return next((a for a in self.assignments or () if a.name == pod_set), None)
+
+
+def workload_of(obj: Obj) -> Workload:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    admission = status.get("admission")
+    return Workload(
+        ref=ref_of({"kind": "Workload", "apiVersion": obj.get("apiVersion", ""), **obj}),
+        resource_version=meta.get("resourceVersion", ""),
+        annotations=dict(meta.get("annotations") or {}),
+        pod_sets=tuple(
+            PodSet(p["name"], int(p.get("count", 1)), p.get("template") or {})
+            for p in spec.get("podSets") or []
+        ),
+        assignments=None
+        if admission is None
+        else tuple(
+            PodSetAssignment(a["name"], a.get("count"), dict(a.get("flavors") or {}))
+            for a in admission.get("podSetAssignments") or []
+        ),
+        conditions=conditions_of(obj),
+        checks={c["name"]: check_state_of(c) for c in status.get("admissionChecks") or []},
+        active=spec.get("active", True) is not False,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class RequestPodSet:
+    template_name: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ProvisioningRequest:
+    ref: ObjectRef
+    resource_version: str
+    class_name: str
+    parameters: dict[str, str]
+    pod_sets: tuple[RequestPodSet, ...]
+    conditions: dict[str, Condition]
+    annotations: dict[str, str]
+    owner_uids: tuple[str, ...]
+    creation_timestamp: str = ""
+    deleting: bool = False
+    class_details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+
+def request_of(obj: Obj) -> ProvisioningRequest:
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    return ProvisioningRequest(
+        ref=ref_of({"kind": "ProvisioningRequest", **obj}),
+        resource_version=meta.get("resourceVersion", ""),
+        class_name=spec.get("provisioningClassName", ""),
+        parameters={k: str(v) for k, v in (spec.get("parameters") or {}).items()},
+        pod_sets=tuple(
+            RequestPodSet(p["podTemplateRef"]["name"], int(p.get("count", 1)))
+            for p in spec.get("podSets") or []
+        ),
+        conditions=conditions_of(obj),
+        annotations=dict(meta.get("annotations") or {}),
+        owner_uids=tuple(r.get("uid", "") for r in meta.get("ownerReferences") or []),
+        creation_timestamp=meta.get("creationTimestamp", ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        class_details={
+            k: str(v) for k, v in (status.get("provisioningClassDetails") or {}).items()
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """What a ResourceFlavor adds to the pods placed on it."""
+
+    name: str
+    node_labels: dict[str, str]
+    tolerations: tuple[Obj, ...]
+
+
+def flavor_of(obj: Obj) -> Flavor:
+    spec = obj.get("spec") or {}
+    return Flavor(
+        name=obj["metadata"]["name"],
+        node_labels=dict(spec.get("nodeLabels") or {}),
+        tolerations=tuple(spec.get("tolerations") or ()),
+    )

@@ -1,0 +1,253 @@
+"""Reconcile one Workload: read the caches, decide, apply the actions once, write what changed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.actions import (
+    Action,
+    AdoptTemplate,
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+)
+from gangcheck.logic.admission import Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity
+from gangcheck.model.objects import Workload, request_of, workload_of
+from gangcheck.reconcile.caches import Caches, check_of
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.runtime.queue import Result
+
+log = logging.getLogger(__name__)
+
+
+class WorkloadReconciler:
+    """The admission check controller, one Workload key (`namespace/name`) at a time."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        caches: Caches,
+        events: EventRecorder,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._kube = kube
+        self._caches = caches
+        self._events = events
+        self._clock = clock
+
+    async def reconcile(self, key: str) -> Result:
+        namespace, name = key.split("/", 1)
+        obj = self._caches.workloads.store.get(name, namespace)
+        if obj is None:
+            await self._remove_orphans(namespace, name)
+            return Result()
+        wl = workload_of(obj)
+        delays = []
+        for check in self._checks_of(wl):
+            decision = decide(self._snapshot(wl, check), self._clock())
+            await self._apply(wl, check, decision)
+            if decision.requeue_after is not None:
+                delays.append(decision.requeue_after)
+        return Result(requeue_after=min(delays) if delays else None)
+
+    def _checks_of(self, wl: Workload) -> list[str]:
+        """Our checks the Workload lists, plus any that still own a request of it."""
+        ours = self._caches.our_check_names()
+        listed = [c for c in wl.checks if c in ours]
+        leftover = {check_of(r) for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)}
+        return listed + sorted(leftover - set(listed) - {""})
+
+    def _snapshot(self, wl: Workload, check: str) -> Snapshot:
+        resolution = self._caches.resolve(check)
+        requests = tuple(
+            request_of(r)
+            for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
+            if check_of(r) == check and wl.ref.uid in _owner_uids(r)
+        )
+        templates = {
+            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(_owner_uids(t)))
+            for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
+        }
+        return Snapshot(
+            workload=wl,
+            check=check,
+            config=resolution.spec,
+            config_problem=resolution.message,
+            flavors=self._caches.flavors_by_name(),
+            requests=requests,
+            templates=templates,
+            capacity=Capacity(
+                nodes=tuple(self._caches.nodes.store), pods=tuple(self._caches.pods.store)
+            ),
+        )
+
+    async def _remove_orphans(self, namespace: str, name: str) -> None:
+        """The Workload is gone: delete what it left (no garbage collector is assumed)."""
+        live = {w["metadata"]["uid"] for w in self._caches.workloads.store}
+        for req in self._caches.requests_of(namespace, name):
+            if not set(_owner_uids(req)) & live:
+                await self._apply_action(namespace, *clean_up_action(req))
+        for tpl in self._caches.templates_of(namespace, name):
+            if not set(_owner_uids(tpl)) & live and not self._caches.requests.store.get(
+                _owner_name(tpl), namespace
+            ):
+                await self._apply_action(namespace, DeleteTemplate(tpl["metadata"]["name"]))
+
+    async def _apply(self, wl: Workload, check: str, decision: Decision) -> None:
+        for action in decision.actions:
+            await self._apply_action(wl.ref.namespace, action)
+            if isinstance(action, DeleteRequest):
+                log.info(
+                    "deleted request %s: %s",
+                    action.name,
+                    action.reason,
+                    extra={"object": str(wl.ref)},
+                )
+        if decision.check is not None:
+            written = await self._write_check(wl, decision.check.to_obj())
+            if not written:
+                return  # the Workload changed meanwhile; its watch event brings us back
+        for event in decision.events:
+            await self._events.emit(wl.ref, event)
+
+    async def _apply_action(self, namespace: str, action: Action) -> None:
+        try:
+            await _APPLY[type(action)](self, namespace, action)
+        except NotFoundError:
+            if not isinstance(action, DeleteRequest | DeleteTemplate | AdoptTemplate):
+                raise
+
+    async def _create_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, CreateTemplate)
+        await self._create(POD_TEMPLATE, action.body, self._caches.templates)
+
+    async def _create_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, CreateRequest)
+        await self._create(PROVISIONING_REQUEST, action.body, self._caches.requests)
+
+    async def _create(self, res: object, body: Obj, informer: object) -> None:
+        try:
+            created = await self._kube.create(res, body)  # type: ignore[arg-type]
+        except ConflictError as e:
+            if e.reason != "AlreadyExists":
+                raise
+            return  # made by an earlier, interrupted reconcile
+        informer.store.put_if_newer(created)  # type: ignore[attr-defined]
+
+    async def _adopt_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, AdoptTemplate)
+        owner = {
+            "apiVersion": PROVISIONING_REQUEST.api_version,
+            "kind": PROVISIONING_REQUEST.kind,
+            "name": action.request,
+            "uid": action.request_uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        patch = {"metadata": {"ownerReferences": [owner]}}
+        updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        self._caches.templates.store.put_if_newer(updated)
+
+    async def _delete_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, DeleteRequest)
+        try:
+            await self._kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
+        except (NotFoundError, ConflictError):
+            pass  # gone already, or a newer request of the same name: not ours to delete
+        for template in action.templates:
+            await self._delete_template(namespace, DeleteTemplate(template))
+
+    async def _delete_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, DeleteTemplate)
+        try:
+            await self._kube.delete(POD_TEMPLATE, action.name, namespace)
+        except NotFoundError:
+            pass
+
+    async def _annotate_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, AnnotateRequest)
+        patch = {"metadata": {"annotations": action.annotations}}
+        updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
+        self._caches.requests.store.put_if_newer(updated)
+
+    async def _claim_node(self, namespace: str, action: Action) -> None:
+        """Record the node as arrived for the request; lose quietly to a concurrent claim."""
+        assert isinstance(action, ClaimNode)
+        patch = {
+            "metadata": {
+                "resourceVersion": action.resource_version,
+                "annotations": {ARRIVED_FOR: action.request},
+            }
+        }
+        try:
+            updated = await self._kube.merge_patch(NODE, action.name, patch)
+        except ConflictError:
+            log.info("node %s changed before it could be claimed", action.name)
+            return
+        self._caches.nodes.store.put_if_newer(updated)
+        log.info("node %s arrived for %s", action.name, action.request)
+
+    async def _write_check(self, wl: Workload, entry: Obj) -> bool:
+        """Replace only our entry of status.admissionChecks, if the Workload is unchanged."""
+        obj = self._caches.workloads.store.get(wl.ref.name, wl.ref.namespace) or {}
+        entries = (obj.get("status") or {}).get("admissionChecks") or []
+        index = next((i for i, e in enumerate(entries) if e.get("name") == entry["name"]), None)
+        if index is None:
+            return False
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": wl.resource_version},
+            {"op": "test", "path": f"/status/admissionChecks/{index}/name", "value": entry["name"]},
+            {"op": "replace", "path": f"/status/admissionChecks/{index}", "value": entry},
+        ]
+        try:
+            updated = await self._kube.json_patch(
+                WORKLOAD, wl.ref.name, ops, wl.ref.namespace, subresource="status"
+            )
+        except (ConflictError, InvalidError, NotFoundError) as e:
+            log.info(
+                "check write skipped, the Workload changed: %s",
+                e.reason,
+                extra={"object": str(wl.ref)},
+            )
+            return False
+        self._caches.workloads.store.put_if_newer(updated)
+        return True
+
+
+_APPLY = {
+    CreateTemplate: WorkloadReconciler._create_template,
+    CreateRequest: WorkloadReconciler._create_request,
+    AdoptTemplate: WorkloadReconciler._adopt_template,
+    DeleteRequest: WorkloadReconciler._delete_request,
+    DeleteTemplate: WorkloadReconciler._delete_template,
+    AnnotateRequest: WorkloadReconciler._annotate_request,
+    ClaimNode: WorkloadReconciler._claim_node,
+}
+
+
+def clean_up_action(request: Obj) -> tuple[DeleteRequest]:
+    req = request_of(request)
+    return (
+        DeleteRequest(
+            req.name, req.ref.uid, tuple(p.template_name for p in req.pod_sets), "Workload deleted"
+        ),
+    )
+
+
+def _owner_uids(obj: Obj) -> list[str]:
+    return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
+
+
+def _owner_name(obj: Obj) -> str:
+    refs = obj["metadata"].get("ownerReferences") or [{}]
+    return str(refs[0].get("name", ""))

@@ -1,0 +1,125 @@
+"""A keyed work queue: one key is never in flight twice, bursts coalesce, failures back off.
+
+Level-triggered reconcilers put keys here; workers take a key, reconcile it, and either finish,
+ask to be called again after a delay, or fail (then the key is retried with per-key
+exponential backoff, reset on success).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks of the queue: nothing, or to be called again after some seconds."""
+
+    requeue_after: float | None = None
+
+
+Reconcile = Callable[[str], Awaitable[Result]]
+
+
+@dataclass
+class WorkQueue:
+    """Keys waiting to be reconciled, with delays, per-key backoff and no double processing."""
+
+    base_backoff: float = 0.5
+    max_backoff: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    _ready: list[str] = field(default_factory=list)
+    _queued: set[str] = field(default_factory=set)
+    _active: set[str] = field(default_factory=set)
+    _dirty: set[str] = field(default_factory=set)
+    _delayed: list[tuple[float, str]] = field(default_factory=list)
+    _failures: dict[str, int] = field(default_factory=dict)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, key: str, *, after: float = 0.0) -> None:
+        """Ask for key to be reconciled, now or after some seconds (the earliest ask wins)."""
+        if after > 0:
+            heapq.heappush(self._delayed, (self.clock() + after, key))
+        elif key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.append(key)
+        self._wakeup.set()
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._delayed)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    async def get(self) -> str:
+        """Wait for the next key that is ready and not in flight."""
+        while True:
+            self._promote_due()
+            if self._ready:
+                key = self._ready.pop(0)
+                self._queued.discard(key)
+                self._active.add(key)
+                return key
+            self._wakeup.clear()
+            timeout = self._delayed[0][0] - self.clock() if self._delayed else None
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def done(self, key: str, *, failed: bool = False, requeue_after: float | None = None) -> None:
+        """Finish a key: clear or bump its backoff, and take it again if it changed meanwhile."""
+        self._active.discard(key)
+        if failed:
+            self._failures[key] = self._failures.get(key, 0) + 1
+            self.add(key, after=self.backoff(key))
+        else:
+            self._failures.pop(key, None)
+            if requeue_after is not None:
+                self.add(key, after=requeue_after)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            if not failed:
+                self.add(key)
+        self._wakeup.set()
+
+    def backoff(self, key: str) -> float:
+        n = self._failures.get(key, 0)
+        return float(min(self.base_backoff * 2 ** max(n - 1, 0), self.max_backoff))
+
+    def _promote_due(self) -> None:
+        now = self.clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, key = heapq.heappop(self._delayed)
+            self.add(key)
+
+
+async def run_workers(queue: WorkQueue, reconcile: Reconcile, *, workers: int = 4) -> None:
+    """Run reconcile over queued keys with this many workers, until cancelled."""
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(workers):
+            tg.create_task(_worker(queue, reconcile))
+
+
+async def _worker(queue: WorkQueue, reconcile: Reconcile) -> None:
+    while True:
+        key = await queue.get()
+        try:
+            result = await reconcile(key)
+        except asyncio.CancelledError:
+            queue.done(key)
+            raise
+        except Exception as e:
+            log.warning("reconcile of %s failed, backing off: %s", key, e, exc_info=True)
+            queue.done(key, failed=True)
+        else:
+            queue.done(key, requeue_after=result.requeue_after)

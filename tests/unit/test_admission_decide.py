@@ -1,0 +1,279 @@
+"""Table tests of the admission check's decision, one narrative case each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic import naming
+from gangcheck.logic.actions import (
+    AdoptTemplate,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+)
+from gangcheck.logic.admission import Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.fulfillment import Capacity
+from gangcheck.model.objects import Flavor, request_of, workload_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
+GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
+REQ1 = "wl-atomic-1"
+
+
+def gang(count: int = 4) -> WorkloadBuilder:
+    return WorkloadBuilder().pod_set("workers", count).reserve_quota().check()
+
+
+def req(name: str = REQ1, *, conditions: dict[str, str] | None = None, **kw: Any) -> Any:
+    templates = kw.pop("templates", [(naming.template_name(name, "workers"), 4)])
+    return provisioning_request(name, conditions=conditions, templates=templates, **kw)
+
+
+@dataclass
+class Case:
+    id: str
+    workload: WorkloadBuilder
+    config: dict[str, Any] | None = field(default_factory=lambda: dict(TRUST))
+    requests: list[Any] = field(default_factory=list)
+    templates: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    nodes: list[Any] = field(default_factory=list)
+    in_flight: frozenset[str] = frozenset()
+    # expectations
+    state: str | None = None  # None: no check write
+    message: str = ""
+    requeue_after_seconds: int | None = None
+    creates: int = 0  # CreateTemplate count, when a request is created
+    created_request: bool = False
+    deletes: tuple[str, ...] = ()
+    adopts: tuple[str, ...] = ()
+    claims: tuple[str, ...] = ()
+    consume_pod_sets: tuple[str, ...] = ()
+
+
+def run(case: Case) -> Decision:
+    wl = workload_of(case.workload.build())
+    snap = Snapshot(
+        workload=wl,
+        check=CHECK,
+        config=parse_spec(case.config) if case.config is not None else None,
+        config_problem="AtomicProvisioningConfig 'gpu' not found",
+        flavors=GPU_FLAVOR,
+        requests=tuple(request_of(r) for r in case.requests),
+        templates={n: TemplateInfo(n, owners) for n, owners in case.templates.items()},
+        capacity=Capacity(nodes=tuple(case.nodes), in_flight=case.in_flight),
+    )
+    return decide(snap, NOW)
+
+
+CASES = [
+    Case("no quota reservation: no write, leftover requests deleted",
+         WorkloadBuilder().pod_set("workers", 4).check(), requests=[req()], deletes=(REQ1,)),
+    Case("quota reserved and pending: templates first, then one request",
+         gang(), state="Pending", message=f"provisioning request {REQ1} created for 4 pods",
+         creates=1, created_request=True),
+    Case("two pod sets, one request carrying both",
+         WorkloadBuilder().pod_set("driver", 1, pod_template(cpu="2")).pod_set("workers", 8)
+         .reserve_quota().check(), state="Pending", creates=2, created_request=True,
+         message=f"provisioning request {REQ1} created for 9 pods"),
+    Case("partial admission: counts come from the admitted assignment",
+         WorkloadBuilder().pod_set("workers", 8).reserve_quota(counts={"workers": 6}).check(),
+         state="Pending", creates=1, created_request=True,
+         message=f"provisioning request {REQ1} created for 6 pods"),
+    Case("config missing: check pending and says why",
+         gang(), config=None, state="Pending",
+         message="the check is not active: AtomicProvisioningConfig 'gpu' not found"),
+    Case("managedResources leaves no pod set: ready, no request needed",
+         gang(), config={**TRUST, "managedResources": ["example.com/fpga"]}, state="Ready",
+         message="the provisioning request is not needed"),
+    Case("request not yet accepted: pending, nothing new created",
+         gang(), requests=[req()], state="Pending",
+         message=f"waiting for provisioning request {REQ1} to be accepted"),
+    Case("accepted with an ETA: the ETA is the message",
+         gang(), requests=[req(conditions={"Accepted": "ok"})],
+         state="Pending", message=f"provisioning request {REQ1} accepted"),
+    Case("failed attempt under the limit retries after the base backoff",
+         gang(), requests=[req(conditions={"Failed": "CapacityIsNotFound"})], state="Retry",
+         message="Retrying after failure: CapacityIsNotFound", requeue_after_seconds=60),
+    Case("second failure backs off twice as long",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
+         requests=[req("wl-atomic-2", conditions={"Failed": "no capacity"})], state="Retry",
+         requeue_after_seconds=120, message="Retrying after failure: no capacity"),
+    Case("failure past the backoff limit rejects",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=3),
+         requests=[req("wl-atomic-4", conditions={"Failed": "no capacity"})],
+         state="Rejected", message="no capacity"),
+    Case("booking expired before admission retries",
+         gang(), requests=[req(conditions={"BookingExpired": "booking ran out"})],
+         state="Retry", message="Retrying after booking expired: booking ran out",
+         requeue_after_seconds=60),
+    Case("booking expired after admission changes nothing",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().condition("Admitted")
+         .check(state="Ready"),
+         requests=[req(conditions={"Provisioned": "", "BookingExpired": "x"})]),
+    Case("capacity revoked while pending rejects",
+         gang(), requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
+         state="Rejected", message="revoked by cloud"),
+    Case("capacity revoked after ready rejects",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().condition("Admitted")
+         .check(state="Ready"),
+         requests=[req(conditions={"Provisioned": "", "CapacityRevoked": "gone"})],
+         state="Rejected", message="gone"),
+    Case("failed outranks provisioned",
+         gang(), requests=[req(conditions={"Provisioned": "", "Failed": "broke"})],
+         state="Retry", requeue_after_seconds=60, message="Retrying after failure: broke"),
+    Case("trusting Provisioned: ready with consume and class annotations",
+         gang(), requests=[req(conditions={"Provisioned": "resize done"})], state="Ready",
+         message="resize done", consume_pod_sets=("workers",)),
+    Case("merged pod sets each get the consume annotation",
+         WorkloadBuilder().pod_set("a", 2).pod_set("b", 2).reserve_quota().check(),
+         config={**TRUST, "podSetMergePolicy": "IdenticalPodTemplates"},
+         requests=[req(conditions={"Provisioned": ""},
+                       templates=[(naming.template_name(REQ1, "a"), 4)])],
+         state="Ready", consume_pod_sets=("a", "b"), message="capacity provisioned"),
+    Case("fit mode, provisioned but no node exists: pending with progress",
+         gang(), config={}, requests=[req(conditions={"Provisioned": ""})], state="Pending",
+         message="capacity requested, not yet usable: 0 of 4 members placeable"),
+    Case("fit mode, new nodes fit the gang: ready, and the nodes are claimed",
+         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
+         nodes=[node("n1", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+                node("n2", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")],
+         state="Ready", claims=("n1", "n2"), consume_pod_sets=("workers",),
+         message="the whole gang fits on nodes that exist"),
+    Case("fit mode, a node another in-flight request claimed is not counted",
+         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
+         nodes=[node("n1", gpu=8, labels={"pool": "gpu"},
+                     annotations={"gangcheck.io/arrived-for": "default/other-1"})],
+         in_flight=frozenset({"default/other-1", f"default/{REQ1}"}), state="Pending",
+         message="capacity requested, not yet usable: 0 of 4 members placeable"),
+    Case("fit mode, a node outside the flavor's pool does not count",
+         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
+         nodes=[node("n1", gpu=8, created="2026-11-30T10:01:00Z")], state="Pending",
+         message="capacity requested, not yet usable: 0 of 4 members placeable"),
+    Case("evicted workload never gets Retry; its requests are deleted",
+         gang().condition("Evicted"), requests=[req(conditions={"Failed": "x"})],
+         deletes=(REQ1,)),
+    Case("finished workload: requests deleted",
+         gang().condition("Finished"), requests=[req()], deletes=(REQ1,)),
+    Case("check in Retry waits for Kueue",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(state="Retry"),
+         requests=[req(conditions={"Failed": "x"})]),
+    Case("a template left by an interrupted reconcile is reused, not created again",
+         gang(), templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
+         state="Pending", created_request=True, creates=0,
+         message=f"provisioning request {REQ1} created for 4 pods"),
+    Case("templates still owned by the Workload are handed to the request",
+         gang(), requests=[req()], templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
+         adopts=(naming.template_name(REQ1, "workers"),), state="Pending",
+         message=f"waiting for provisioning request {REQ1} to be accepted"),
+    Case("config class changed before provisioning: the request is replaced",
+         gang(), config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
+         requests=[req(conditions={"Accepted": ""})], deletes=(REQ1,)),
+    Case("config class changed after provisioning: the request is kept",
+         gang(), config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
+         requests=[req(conditions={"Provisioned": ""})], state="Ready",
+         consume_pod_sets=("workers",), message="capacity provisioned"),
+    Case("a new attempt deletes the old request and creates its own",
+         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
+         requests=[req(conditions={"Failed": "x"})], deletes=(REQ1,), creates=1,
+         created_request=True, state="Pending",
+         message="provisioning request wl-atomic-2 created for 4 pods"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_decide(case: Case) -> None:
+    d = run(case)
+    if case.state is None:
+        assert d.check is None
+    else:
+        assert d.check is not None
+        assert d.check.state == case.state
+        assert d.check.message.startswith(case.message)
+        assert d.check.requeue_after_seconds == case.requeue_after_seconds
+    assert sum(isinstance(a, CreateTemplate) for a in d.actions) == case.creates
+    assert any(isinstance(a, CreateRequest) for a in d.actions) == case.created_request
+    assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes
+    assert tuple(a.name for a in d.actions if isinstance(a, AdoptTemplate)) == case.adopts
+    assert tuple(a.name for a in d.actions if isinstance(a, ClaimNode)) == case.claims
+    if case.consume_pod_sets:
+        assert d.check is not None
+        updates = {u["name"]: u["annotations"] for u in d.check.pod_set_updates}
+        assert sorted(updates) == sorted(case.consume_pod_sets)
+        for annotations in updates.values():
+            assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"].startswith("wl-atomic-")
+            assert annotations["autoscaling.x-k8s.io/provisioning-class-name"]
+
+
+def test_templates_are_created_before_the_request() -> None:
+    d = run(Case("", gang()))
+    kinds = [type(a).__name__ for a in d.actions]
+    assert kinds == ["CreateTemplate", "CreateRequest"]
+
+
+def test_request_carries_flavor_labels_owner_and_overlaid_parameters() -> None:
+    wl = gang().annotation("provreq.kueue.x-k8s.io/ValidUntilSeconds", "60")
+    d = run(Case("", wl, config={**TRUST, "parameters": {"a": "1", "ValidUntilSeconds": "30"}}))
+    template = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
+    request = next(a for a in d.actions if isinstance(a, CreateRequest)).body
+    assert template["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert {"key": "gpu", "operator": "Exists"} in template["template"]["spec"]["tolerations"]
+    assert request["spec"]["parameters"] == {"a": "1", "ValidUntilSeconds": "60"}
+    assert request["spec"]["podSets"] == [
+        {"podTemplateRef": {"name": f"ppt-{REQ1}-workers"}, "count": 4}
+    ]
+    assert request["metadata"]["ownerReferences"][0]["uid"] == "uid-wl"
+    assert request["metadata"]["annotations"]["gangcheck.io/fulfillment-deadline"] == "2026-11-30T10:12:00Z"
+
+
+def test_limits_are_copied_into_missing_requests() -> None:
+    wl = WorkloadBuilder().pod_set("w", 2, pod_template(gpu=1, limits_only=True)).reserve_quota().check()
+    d = run(Case("", wl))
+    template = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
+    assert template["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+
+
+def test_more_pod_sets_than_a_request_carries_is_rejected() -> None:
+    wl = WorkloadBuilder()
+    for i in range(33):
+        wl.pod_set(f"ps{i}", 1, pod_template(cpu=str(i + 1)))
+    d = run(Case("", wl.reserve_quota().check()))
+    assert d.check is not None and d.check.state == "Rejected"
+    assert "33 distinct pod sets" in d.check.message
+    assert not d.actions
+
+
+def test_names_past_253_characters_are_cut_and_hashed() -> None:
+    wl = WorkloadBuilder(name="w" * 250).pod_set("workers", 2).reserve_quota().check()
+    d = run(Case("", wl))
+    names = [a.body["metadata"]["name"] for a in d.actions if isinstance(a, CreateTemplate | CreateRequest)]
+    assert all(len(n) <= 253 for n in names)
+    assert len(set(names)) == 2
+
+
+def test_node_selector_from_class_details() -> None:
+    config = {**TRUST, "podSetUpdates": {"nodeSelector": [
+        {"key": "cloud.example/reservation", "valueFromProvisioningClassDetail": "reservation"}]}}
+    request = req(conditions={"Provisioned": ""})
+    request["status"]["provisioningClassDetails"] = {"reservation": "r-123"}
+    d = run(Case("", gang(), config=config, requests=[request]))
+    assert d.check is not None
+    assert d.check.pod_set_updates[0]["nodeSelector"] == {"cloud.example/reservation": "r-123"}
+
+
+def test_no_write_when_nothing_changes() -> None:
+    wl = gang().check(message=f"waiting for provisioning request {REQ1} to be accepted")
+    assert run(Case("", wl, requests=[req()])).check is None
+
+
+def test_state_change_records_an_event() -> None:
+    d = run(Case("", gang(), requests=[req(conditions={"Failed": "x"})]))
+    assert [e.reason for e in d.events] == ["AdmissionCheckUpdated"]
+    assert d.events[0].warning
