@@ -1,0 +1,57 @@
+"""``python -m gangcheck.testbed up|down``: a local control plane for people.
+
+``serve`` is internal: the detached supervisor that ``up`` starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gangcheck.testbed import dev
+from gangcheck.testbed.binaries import BuildError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gangcheck.testbed",
+        description="Local Kubernetes control plane (etcd + kube-apiserver) on 127.0.0.1.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("up", "start it in the background (builds the binaries on first use)"),
+        ("down", "stop it and remove its state"),
+        ("serve", argparse.SUPPRESS),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument(
+            "--state-dir",
+            type=Path,
+            default=None,
+            help="default: $GANGCHECK_STATE or ~/.local/state/gangcheck/dev",
+        )
+        if name == "serve":
+            command.add_argument("--detach", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    state_dir: Path = args.state_dir or dev.default_state_dir()
+    if args.command == "serve":
+        return dev.serve(state_dir, detach=args.detach)
+    if args.command == "down":
+        dev.down(state_dir)
+        return 0
+    try:
+        dev.up(state_dir)
+    except (dev.DevError, BuildError) as exc:
+        print(f"gangcheck: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

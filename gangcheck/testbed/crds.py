@@ -1,0 +1,141 @@
+"""The CustomResourceDefinitions the test bed installs.
+
+Third-party CRDs are read from the Go module cache of the modules pinned in ``hack/crds/go.mod``
+(never copied into the repository); ours are the ``*.yaml`` files in ``manifests/crd/``.
+They are installed with server-side apply: Kueue's Workload CRD (1.4 MB of YAML) is too big
+for client-side apply's last-applied annotation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangcheck.testbed.binaries import repo_root
+from gangcheck.testbed.rest import RestClient
+
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+FIELD_MANAGER = "gangcheck-testbed"
+
+
+class CRDError(RuntimeError):
+    """A CRD module could not be located or a CRD did not become Established."""
+
+
+@dataclass(frozen=True)
+class CRDSource:
+    """CRD files inside a Go module pinned in ``hack/crds/go.mod``."""
+
+    module: str
+    folder: str
+
+
+THIRD_PARTY = (
+    CRDSource("sigs.k8s.io/kueue", "config/components/crd/bases"),
+    CRDSource("k8s.io/autoscaler/cluster-autoscaler/apis", "config/crd"),
+)
+
+
+def module_dir(module: str) -> Path:
+    """The module's folder in the Go module cache (downloaded if needed)."""
+    workdir = repo_root() / "hack" / "crds"
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", module],
+        cwd=workdir,
+        env={**os.environ, "GOWORK": "off"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        info = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        info = {}
+    if result.returncode != 0 or "Dir" not in info:
+        problem = info.get("Error") or result.stderr.strip() or result.stdout.strip()
+        raise CRDError(f"go mod download {module} (in hack/crds) failed: {problem}")
+    return Path(info["Dir"])
+
+
+def crd_files() -> list[Path]:
+    """Every CRD file to install: Kueue, ProvisioningRequest, then ``manifests/crd/``."""
+    files: list[Path] = []
+    for source in THIRD_PARTY:
+        folder = module_dir(source.module) / source.folder
+        found = sorted(folder.glob("*.yaml"))
+        if not found:
+            raise CRDError(f"no CRDs in {source.module}/{source.folder}")
+        files.extend(found)
+    files.extend(sorted((repo_root() / "manifests" / "crd").glob("*.yaml")))
+    return files
+
+
+def load_crds(files: Iterable[Path]) -> list[dict[str, Any]]:
+    """The CustomResourceDefinition documents of ``files`` (other kinds are skipped)."""
+    crds: list[dict[str, Any]] = []
+    for path in files:
+        with path.open("rb") as handle:
+            for doc in yaml.load_all(handle, Loader=yaml.CSafeLoader):
+                if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                    crds.append(doc)
+    return crds
+
+
+def _established(crd: dict[str, Any]) -> bool:
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
+def wait_established(client: RestClient, names: Sequence[str], timeout: float = 60.0) -> None:
+    pending = list(names)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = [name for name in pending if not _established(client.get(f"{CRD_API}/{name}"))]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise CRDError(f"CRDs not Established after {timeout:.0f}s: {', '.join(pending)}")
+        time.sleep(0.1)
+
+
+def _list_paths(crd: dict[str, Any]) -> list[str]:
+    spec = crd["spec"]
+    served = [v["name"] for v in spec["versions"] if v.get("served", True)]
+    return [f"/apis/{spec['group']}/{v}/{spec['names']['plural']}?limit=1" for v in served]
+
+
+def wait_listable(client: RestClient, crds: Sequence[dict[str, Any]], timeout: float) -> None:
+    """Established is not enough: the resource's storage answers 429 "storage is
+    (re)initializing" for a moment after. Waits until every served version lists."""
+    pending = [path for crd in crds for path in _list_paths(crd)]
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = [path for path in pending if client.request("GET", path).status != 200]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise CRDError(f"custom resources not listable after {timeout:.0f}s: {pending}")
+        time.sleep(0.1)
+
+
+def install_crds(
+    client: RestClient, crds: Sequence[dict[str, Any]], timeout: float = 60.0
+) -> list[str]:
+    """Server-side applies every CRD, waits until all are Established and their resources
+    answer; returns the CRDs' names."""
+    names = []
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        client.apply(f"{CRD_API}/{name}", crd, FIELD_MANAGER)
+        names.append(name)
+    wait_established(client, names, timeout)
+    wait_listable(client, crds, timeout)
+    return names

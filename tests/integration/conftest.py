@@ -1,0 +1,52 @@
+"""Integration fixtures: a real control plane (etcd + kube-apiserver v1.37) on loopback.
+
+The binaries are built from the pinned Go modules when missing (a cold build takes tens of
+minutes); that happens once, before the first test, outside the per-test timeout, with the
+build's progress shown. Tests never skip for lack of binaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gangcheck.testbed.binaries import CONTROL_PLANE, BuildError, ensure_binaries
+from gangcheck.testbed.launcher import ControlPlane
+
+_BUILD_ERROR = pytest.StashKey[BuildError]()
+_BINARY_FIXTURE = "testbed_binaries"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.option.collectonly:
+        return
+    if not any(_BINARY_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            ensure_binaries(CONTROL_PLANE)
+    except BuildError as exc:
+        config.stash[_BUILD_ERROR] = exc
+
+
+@pytest.fixture(scope="session")
+def testbed_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """Folders of the built binaries (``etcd``, ``kubernetes``)."""
+    failed = pytestconfig.stash.get(_BUILD_ERROR, None)
+    if failed is not None:
+        raise failed
+    return ensure_binaries(CONTROL_PLANE)
+
+
+@pytest.fixture(scope="session")
+def control_plane(testbed_binaries: dict[str, Path]) -> Iterator[ControlPlane]:
+    """One started control plane for the whole session, with every CRD installed."""
+    plane = ControlPlane(binaries=testbed_binaries)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
