@@ -14,15 +14,25 @@ CONTROLLER = "gangcheck.io/atomic-provisioning"
 
 def container(cpu: str = "1", gpu: int = 0, memory: str = "1Gi", limits_only: bool = False) -> Obj:
     res: dict[str, str] = {"cpu": cpu, "memory": memory}
-    if gpu:
-        res["nvidia.com/gpu"] = str(gpu)
-    key = "limits" if limits_only else "requests"
-    return {"name": "main", "image": "trainer:1", "resources": {key: res}}
+    gpus = {"nvidia.com/gpu": str(gpu)} if gpu else {}
+    if limits_only:
+        return {"name": "main", "image": "trainer:1", "resources": {"limits": {**res, **gpus}}}
+    resources = {"requests": {**res, **gpus}, "limits": dict(gpus)} if gpu else {"requests": res}
+    return {"name": "main", "image": "trainer:1", "resources": resources}
 
 
-def pod_template(*, cpu: str = "1", gpu: int = 0, tolerations: list[Obj] | None = None,
-                 node_selector: dict[str, str] | None = None, limits_only: bool = False) -> Obj:
-    spec: Obj = {"containers": [container(cpu, gpu, limits_only=limits_only)], "restartPolicy": "Never"}
+def pod_template(
+    *,
+    cpu: str = "1",
+    gpu: int = 0,
+    tolerations: list[Obj] | None = None,
+    node_selector: dict[str, str] | None = None,
+    limits_only: bool = False,
+) -> Obj:
+    spec: Obj = {
+        "containers": [container(cpu, gpu, limits_only=limits_only)],
+        "restartPolicy": "Never",
+    }
     if tolerations:
         spec["tolerations"] = tolerations
     if node_selector:
@@ -35,8 +45,13 @@ class WorkloadBuilder:
         self.obj: Obj = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "Workload",
-            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
-                         "resourceVersion": "1", "annotations": {}},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "resourceVersion": "1",
+                "annotations": {},
+            },
             "spec": {"podSets": [], "queueName": "lq"},
             "status": {},
         }
@@ -54,23 +69,42 @@ class WorkloadBuilder:
     def condition(self, kind: str, status: str = "True", reason: str = "Test") -> WorkloadBuilder:
         conds = self.obj["status"].setdefault("conditions", [])
         conds[:] = [c for c in conds if c["type"] != kind]
-        conds.append({"type": kind, "status": status, "reason": reason, "message": "",
-                      "lastTransitionTime": T0})
+        conds.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": "",
+                "lastTransitionTime": T0,
+            }
+        )
         return self
 
-    def reserve_quota(self, flavor: str = "gpu", counts: dict[str, int] | None = None) -> WorkloadBuilder:
+    def reserve_quota(
+        self, flavor: str = "gpu", counts: dict[str, int] | None = None
+    ) -> WorkloadBuilder:
         self.obj["status"]["admission"] = {
             "clusterQueue": "cq",
             "podSetAssignments": [
-                {"name": ps["name"], "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
-                 "count": (counts or {}).get(ps["name"], ps["count"])}
+                {
+                    "name": ps["name"],
+                    "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor},
+                    "count": (counts or {}).get(ps["name"], ps["count"]),
+                }
                 for ps in self.obj["spec"]["podSets"]
             ],
         }
         return self.condition("QuotaReserved")
 
-    def check(self, name: str = CHECK, state: str = "Pending", *, retry_count: int = 0,
-              message: str = "", pod_set_updates: list[Obj] | None = None) -> WorkloadBuilder:
+    def check(
+        self,
+        name: str = CHECK,
+        state: str = "Pending",
+        *,
+        retry_count: int = 0,
+        message: str = "",
+        pod_set_updates: list[Obj] | None = None,
+    ) -> WorkloadBuilder:
         entry: Obj = {"name": name, "state": state, "message": message, "lastTransitionTime": T0}
         if retry_count:
             entry["retryCount"] = retry_count
@@ -85,42 +119,77 @@ class WorkloadBuilder:
         return copy.deepcopy(self.obj)
 
 
-def provisioning_request(name: str, *, namespace: str = "default", owner_uid: str = "uid-wl",
-                         class_name: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
-                         templates: list[tuple[str, int]] | None = None,
-                         conditions: dict[str, str] | None = None,
-                         parameters: dict[str, str] | None = None,
-                         created: str = T0, annotations: dict[str, str] | None = None) -> Obj:
+def provisioning_request(
+    name: str,
+    *,
+    namespace: str = "default",
+    owner_uid: str = "uid-wl",
+    class_name: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+    templates: list[tuple[str, int]] | None = None,
+    conditions: dict[str, str] | None = None,
+    parameters: dict[str, str] | None = None,
+    created: str = T0,
+    annotations: dict[str, str] | None = None,
+) -> Obj:
     return {
         "apiVersion": "autoscaling.x-k8s.io/v1",
         "kind": "ProvisioningRequest",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
-                     "resourceVersion": "5", "creationTimestamp": created,
-                     "annotations": {"gangcheck.io/workload": "wl", "gangcheck.io/check": CHECK,
-                                     **(annotations or {})},
-                     "ownerReferences": [{"uid": owner_uid, "kind": "Workload", "name": "wl"}]},
-        "spec": {"provisioningClassName": class_name, "parameters": parameters or {},
-                 "podSets": [{"podTemplateRef": {"name": t}, "count": c}
-                             for t, c in (templates or [])]},
-        "status": {"conditions": [
-            {"type": k, "status": "True", "reason": k, "message": v, "lastTransitionTime": T0}
-            for k, v in (conditions or {}).items()
-        ]},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "resourceVersion": "5",
+            "creationTimestamp": created,
+            "annotations": {
+                "gangcheck.io/workload": "wl",
+                "gangcheck.io/check": CHECK,
+                **(annotations or {}),
+            },
+            "ownerReferences": [{"uid": owner_uid, "kind": "Workload", "name": "wl"}],
+        },
+        "spec": {
+            "provisioningClassName": class_name,
+            "parameters": parameters or {},
+            "podSets": [{"podTemplateRef": {"name": t}, "count": c} for t, c in (templates or [])],
+        },
+        "status": {
+            "conditions": [
+                {"type": k, "status": "True", "reason": k, "message": v, "lastTransitionTime": T0}
+                for k, v in (conditions or {}).items()
+            ]
+        },
     }
 
 
-def node(name: str, *, gpu: int = 8, cpu: str = "64", created: str = T0,
-         labels: dict[str, str] | None = None, taints: list[Obj] | None = None,
-         ready: bool = True, annotations: dict[str, str] | None = None) -> Obj:
+def node(
+    name: str,
+    *,
+    gpu: int = 8,
+    cpu: str = "64",
+    created: str = T0,
+    labels: dict[str, str] | None = None,
+    taints: list[Obj] | None = None,
+    ready: bool = True,
+    annotations: dict[str, str] | None = None,
+) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "creationTimestamp": created, "resourceVersion": "7",
-                     "labels": {"kubernetes.io/hostname": name, **(labels or {})},
-                     "annotations": dict(annotations or {})},
+        "metadata": {
+            "name": name,
+            "creationTimestamp": created,
+            "resourceVersion": "7",
+            "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
         "spec": {"taints": taints or []},
         "status": {
-            "allocatable": {"cpu": cpu, "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpu)},
+            "allocatable": {
+                "cpu": cpu,
+                "memory": "512Gi",
+                "pods": "110",
+                "nvidia.com/gpu": str(gpu),
+            },
             "capacity": {"cpu": cpu, "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpu)},
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },

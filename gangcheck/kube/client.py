@@ -7,9 +7,10 @@ a dropped connection) are retried here, briefly, with tenacity; everything else 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -64,6 +65,9 @@ class Kube:
 
     async def close(self) -> None:
         await self._api.close()
+        # TLS transports finish closing on later loop iterations; give them that time so no
+        # socket outlives the client (aiohttp's documented graceful shutdown).
+        await asyncio.sleep(0.25)
 
     async def __aenter__(self) -> Kube:
         return self
@@ -142,7 +146,7 @@ class Kube:
         resource_version: str,
         timeout_seconds: int = 300,
         label_selector: str | None = None,
-    ) -> AsyncIterator[Obj]:
+    ) -> AsyncGenerator[Obj]:
         """Yield watch events ({type, object}) from resource_version until the server ends it."""
         query = {
             "watch": "true",
@@ -160,8 +164,10 @@ class Kube:
             async for line in resp.content:
                 if line.strip():
                     yield json.loads(line)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise TransientError(0, "WatchBroken", str(e) or type(e).__name__, target=path) from e
         finally:
-            resp.release()
+            resp.close()
 
     # ---- plumbing ----------------------------------------------------------------------
 

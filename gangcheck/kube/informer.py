@@ -8,6 +8,7 @@ old and new state so the controller can map it to work-queue keys.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,7 +130,7 @@ class Informer:
                 raise
             except GoneError:
                 log.info("watch expired, relisting", extra={"resource": self.resource.plural})
-            except (ApiError, OSError, ValueError) as e:
+            except Exception as e:  # any broken list or watch: the cache relists, never dies
                 log.warning(
                     "list/watch failed, relisting: %s", e, extra={"resource": self.resource.plural}
                 )
@@ -146,13 +147,15 @@ class Informer:
         return str(listing["metadata"]["resourceVersion"])
 
     async def _watch(self, rv: str) -> str:
-        async for event in self.kube.watch(
+        events = self.kube.watch(
             self.resource,
             resource_version=rv,
             timeout_seconds=self._watch_timeout,
             label_selector=self._selector,
-        ):
-            rv = self._apply(event, rv)
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                rv = self._apply(event, rv)
         return rv
 
     def _apply(self, event: Obj, rv: str) -> str:

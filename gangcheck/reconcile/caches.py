@@ -84,7 +84,7 @@ class Caches:
 
     def resolve(self, check: str) -> checkconfig.Resolution:
         return checkconfig.resolve(
-            self.admission_checks.store.get(check), lambda n: self.configs.store.get(n)
+            self.admission_checks.store.get(check), self.configs.store.get
         )
 
     def flavors_by_name(self) -> dict[str, Flavor]:

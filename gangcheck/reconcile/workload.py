@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.errors import (
+    ApiError,
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+)
 from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.actions import (
     Action,
@@ -18,8 +26,9 @@ from gangcheck.logic.actions import (
     CreateTemplate,
     DeleteRequest,
     DeleteTemplate,
+    Event,
 )
-from gangcheck.logic.admission import Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.admission import MAX_MESSAGE, Decision, Snapshot, TemplateInfo, decide
 from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity
 from gangcheck.model.objects import Workload, request_of, workload_of
 from gangcheck.reconcile.caches import Caches, check_of
@@ -105,7 +114,11 @@ class WorkloadReconciler:
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> None:
         for action in decision.actions:
-            await self._apply_action(wl.ref.namespace, action)
+            try:
+                await self._apply_action(wl.ref.namespace, action)
+            except (InvalidError, ForbiddenError) as e:
+                await self._report_failed_create(wl, check, action, e)
+                raise
             if isinstance(action, DeleteRequest):
                 log.info(
                     "deleted request %s: %s",
@@ -119,6 +132,17 @@ class WorkloadReconciler:
                 return  # the Workload changed meanwhile; its watch event brings us back
         for event in decision.events:
             await self._events.emit(wl.ref, event)
+
+    async def _report_failed_create(
+        self, wl: Workload, check: str, action: Action, error: ApiError
+    ) -> None:
+        """The API server refused what we built: say so on the check and as an Event."""
+        state = wl.checks.get(check)
+        what = type(action).__name__.removeprefix("Create")
+        message = f"Error creating {what}: {error.message}"
+        if state is not None and state.message != message:
+            await self._write_check(wl, replace(state, message=message[:MAX_MESSAGE]).to_obj())
+        await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
 
     async def _apply_action(self, namespace: str, action: Action) -> None:
         try:
@@ -160,19 +184,16 @@ class WorkloadReconciler:
 
     async def _delete_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, DeleteRequest)
-        try:
+        # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
+        with contextlib.suppress(NotFoundError, ConflictError):
             await self._kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
-        except (NotFoundError, ConflictError):
-            pass  # gone already, or a newer request of the same name: not ours to delete
         for template in action.templates:
             await self._delete_template(namespace, DeleteTemplate(template))
 
     async def _delete_template(self, namespace: str, action: Action) -> None:
         assert isinstance(action, DeleteTemplate)
-        try:
+        with contextlib.suppress(NotFoundError):
             await self._kube.delete(POD_TEMPLATE, action.name, namespace)
-        except NotFoundError:
-            pass
 
     async def _annotate_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, AnnotateRequest)

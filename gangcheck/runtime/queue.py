@@ -8,6 +8,7 @@ exponential backoff, reset on success).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import time
@@ -71,10 +72,8 @@ class WorkQueue:
                 return key
             self._wakeup.clear()
             timeout = self._delayed[0][0] - self.clock() if self._delayed else None
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
-            except TimeoutError:
-                pass
 
     def done(self, key: str, *, failed: bool = False, requeue_after: float | None = None) -> None:
         """Finish a key: clear or bump its backoff, and take it again if it changed meanwhile."""

@@ -74,117 +74,262 @@ def run(case: Case) -> Decision:
 
 
 CASES = [
-    Case("no quota reservation: no write, leftover requests deleted",
-         WorkloadBuilder().pod_set("workers", 4).check(), requests=[req()], deletes=(REQ1,)),
-    Case("quota reserved and pending: templates first, then one request",
-         gang(), state="Pending", message=f"provisioning request {REQ1} created for 4 pods",
-         creates=1, created_request=True),
-    Case("two pod sets, one request carrying both",
-         WorkloadBuilder().pod_set("driver", 1, pod_template(cpu="2")).pod_set("workers", 8)
-         .reserve_quota().check(), state="Pending", creates=2, created_request=True,
-         message=f"provisioning request {REQ1} created for 9 pods"),
-    Case("partial admission: counts come from the admitted assignment",
-         WorkloadBuilder().pod_set("workers", 8).reserve_quota(counts={"workers": 6}).check(),
-         state="Pending", creates=1, created_request=True,
-         message=f"provisioning request {REQ1} created for 6 pods"),
-    Case("config missing: check pending and says why",
-         gang(), config=None, state="Pending",
-         message="the check is not active: AtomicProvisioningConfig 'gpu' not found"),
-    Case("managedResources leaves no pod set: ready, no request needed",
-         gang(), config={**TRUST, "managedResources": ["example.com/fpga"]}, state="Ready",
-         message="the provisioning request is not needed"),
-    Case("request not yet accepted: pending, nothing new created",
-         gang(), requests=[req()], state="Pending",
-         message=f"waiting for provisioning request {REQ1} to be accepted"),
-    Case("accepted with an ETA: the ETA is the message",
-         gang(), requests=[req(conditions={"Accepted": "ok"})],
-         state="Pending", message=f"provisioning request {REQ1} accepted"),
-    Case("failed attempt under the limit retries after the base backoff",
-         gang(), requests=[req(conditions={"Failed": "CapacityIsNotFound"})], state="Retry",
-         message="Retrying after failure: CapacityIsNotFound", requeue_after_seconds=60),
-    Case("second failure backs off twice as long",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
-         requests=[req("wl-atomic-2", conditions={"Failed": "no capacity"})], state="Retry",
-         requeue_after_seconds=120, message="Retrying after failure: no capacity"),
-    Case("failure past the backoff limit rejects",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=3),
-         requests=[req("wl-atomic-4", conditions={"Failed": "no capacity"})],
-         state="Rejected", message="no capacity"),
-    Case("booking expired before admission retries",
-         gang(), requests=[req(conditions={"BookingExpired": "booking ran out"})],
-         state="Retry", message="Retrying after booking expired: booking ran out",
-         requeue_after_seconds=60),
-    Case("booking expired after admission changes nothing",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().condition("Admitted")
-         .check(state="Ready"),
-         requests=[req(conditions={"Provisioned": "", "BookingExpired": "x"})]),
-    Case("capacity revoked while pending rejects",
-         gang(), requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
-         state="Rejected", message="revoked by cloud"),
-    Case("capacity revoked after ready rejects",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().condition("Admitted")
-         .check(state="Ready"),
-         requests=[req(conditions={"Provisioned": "", "CapacityRevoked": "gone"})],
-         state="Rejected", message="gone"),
-    Case("failed outranks provisioned",
-         gang(), requests=[req(conditions={"Provisioned": "", "Failed": "broke"})],
-         state="Retry", requeue_after_seconds=60, message="Retrying after failure: broke"),
-    Case("trusting Provisioned: ready with consume and class annotations",
-         gang(), requests=[req(conditions={"Provisioned": "resize done"})], state="Ready",
-         message="resize done", consume_pod_sets=("workers",)),
-    Case("merged pod sets each get the consume annotation",
-         WorkloadBuilder().pod_set("a", 2).pod_set("b", 2).reserve_quota().check(),
-         config={**TRUST, "podSetMergePolicy": "IdenticalPodTemplates"},
-         requests=[req(conditions={"Provisioned": ""},
-                       templates=[(naming.template_name(REQ1, "a"), 4)])],
-         state="Ready", consume_pod_sets=("a", "b"), message="capacity provisioned"),
-    Case("fit mode, provisioned but no node exists: pending with progress",
-         gang(), config={}, requests=[req(conditions={"Provisioned": ""})], state="Pending",
-         message="capacity requested, not yet usable: 0 of 4 members placeable"),
-    Case("fit mode, new nodes fit the gang: ready, and the nodes are claimed",
-         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
-         nodes=[node("n1", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
-                node("n2", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")],
-         state="Ready", claims=("n1", "n2"), consume_pod_sets=("workers",),
-         message="the whole gang fits on nodes that exist"),
-    Case("fit mode, a node another in-flight request claimed is not counted",
-         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
-         nodes=[node("n1", gpu=8, labels={"pool": "gpu"},
-                     annotations={"gangcheck.io/arrived-for": "default/other-1"})],
-         in_flight=frozenset({"default/other-1", f"default/{REQ1}"}), state="Pending",
-         message="capacity requested, not yet usable: 0 of 4 members placeable"),
-    Case("fit mode, a node outside the flavor's pool does not count",
-         gang(), config={}, requests=[req(conditions={"Provisioned": ""})],
-         nodes=[node("n1", gpu=8, created="2026-11-30T10:01:00Z")], state="Pending",
-         message="capacity requested, not yet usable: 0 of 4 members placeable"),
-    Case("evicted workload never gets Retry; its requests are deleted",
-         gang().condition("Evicted"), requests=[req(conditions={"Failed": "x"})],
-         deletes=(REQ1,)),
-    Case("finished workload: requests deleted",
-         gang().condition("Finished"), requests=[req()], deletes=(REQ1,)),
-    Case("check in Retry waits for Kueue",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(state="Retry"),
-         requests=[req(conditions={"Failed": "x"})]),
-    Case("a template left by an interrupted reconcile is reused, not created again",
-         gang(), templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
-         state="Pending", created_request=True, creates=0,
-         message=f"provisioning request {REQ1} created for 4 pods"),
-    Case("templates still owned by the Workload are handed to the request",
-         gang(), requests=[req()], templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
-         adopts=(naming.template_name(REQ1, "workers"),), state="Pending",
-         message=f"waiting for provisioning request {REQ1} to be accepted"),
-    Case("config class changed before provisioning: the request is replaced",
-         gang(), config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
-         requests=[req(conditions={"Accepted": ""})], deletes=(REQ1,)),
-    Case("config class changed after provisioning: the request is kept",
-         gang(), config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
-         requests=[req(conditions={"Provisioned": ""})], state="Ready",
-         consume_pod_sets=("workers",), message="capacity provisioned"),
-    Case("a new attempt deletes the old request and creates its own",
-         WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
-         requests=[req(conditions={"Failed": "x"})], deletes=(REQ1,), creates=1,
-         created_request=True, state="Pending",
-         message="provisioning request wl-atomic-2 created for 4 pods"),
+    Case(
+        "no quota reservation: no write, leftover requests deleted",
+        WorkloadBuilder().pod_set("workers", 4).check(),
+        requests=[req()],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "quota reserved and pending: templates first, then one request",
+        gang(),
+        state="Pending",
+        message=f"provisioning request {REQ1} created for 4 pods",
+        creates=1,
+        created_request=True,
+    ),
+    Case(
+        "two pod sets, one request carrying both",
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu="2"))
+        .pod_set("workers", 8)
+        .reserve_quota()
+        .check(),
+        state="Pending",
+        creates=2,
+        created_request=True,
+        message=f"provisioning request {REQ1} created for 9 pods",
+    ),
+    Case(
+        "partial admission: counts come from the admitted assignment",
+        WorkloadBuilder().pod_set("workers", 8).reserve_quota(counts={"workers": 6}).check(),
+        state="Pending",
+        creates=1,
+        created_request=True,
+        message=f"provisioning request {REQ1} created for 6 pods",
+    ),
+    Case(
+        "config missing: check pending and says why",
+        gang(),
+        config=None,
+        state="Pending",
+        message="the check is not active: AtomicProvisioningConfig 'gpu' not found",
+    ),
+    Case(
+        "managedResources leaves no pod set: ready, no request needed",
+        gang(),
+        config={**TRUST, "managedResources": ["example.com/fpga"]},
+        state="Ready",
+        message="the provisioning request is not needed",
+    ),
+    Case(
+        "request not yet accepted: pending, nothing new created",
+        gang(),
+        requests=[req()],
+        state="Pending",
+        message=f"waiting for provisioning request {REQ1} to be accepted",
+    ),
+    Case(
+        "accepted with an ETA: the ETA is the message",
+        gang(),
+        requests=[req(conditions={"Accepted": "ok"})],
+        state="Pending",
+        message=f"provisioning request {REQ1} accepted",
+    ),
+    Case(
+        "failed attempt under the limit retries after the base backoff",
+        gang(),
+        requests=[req(conditions={"Failed": "CapacityIsNotFound"})],
+        state="Retry",
+        message="Retrying after failure: CapacityIsNotFound",
+        requeue_after_seconds=60,
+    ),
+    Case(
+        "second failure backs off twice as long",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
+        requests=[req("wl-atomic-2", conditions={"Failed": "no capacity"})],
+        state="Retry",
+        requeue_after_seconds=120,
+        message="Retrying after failure: no capacity",
+    ),
+    Case(
+        "failure past the backoff limit rejects",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=3),
+        requests=[req("wl-atomic-4", conditions={"Failed": "no capacity"})],
+        state="Rejected",
+        message="no capacity",
+    ),
+    Case(
+        "booking expired before admission retries",
+        gang(),
+        requests=[req(conditions={"BookingExpired": "booking ran out"})],
+        state="Retry",
+        message="Retrying after booking expired: booking ran out",
+        requeue_after_seconds=60,
+    ),
+    Case(
+        "booking expired after admission changes nothing",
+        WorkloadBuilder()
+        .pod_set("workers", 4)
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready"),
+        requests=[req(conditions={"Provisioned": "", "BookingExpired": "x"})],
+    ),
+    Case(
+        "capacity revoked while pending rejects",
+        gang(),
+        requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
+        state="Rejected",
+        message="revoked by cloud",
+    ),
+    Case(
+        "capacity revoked after ready rejects",
+        WorkloadBuilder()
+        .pod_set("workers", 4)
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready"),
+        requests=[req(conditions={"Provisioned": "", "CapacityRevoked": "gone"})],
+        state="Rejected",
+        message="gone",
+    ),
+    Case(
+        "failed outranks provisioned",
+        gang(),
+        requests=[req(conditions={"Provisioned": "", "Failed": "broke"})],
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after failure: broke",
+    ),
+    Case(
+        "trusting Provisioned: ready with consume and class annotations",
+        gang(),
+        requests=[req(conditions={"Provisioned": "resize done"})],
+        state="Ready",
+        message="resize done",
+        consume_pod_sets=("workers",),
+    ),
+    Case(
+        "merged pod sets each get the consume annotation",
+        WorkloadBuilder().pod_set("a", 2).pod_set("b", 2).reserve_quota().check(),
+        config={**TRUST, "podSetMergePolicy": "IdenticalPodTemplates"},
+        requests=[
+            req(conditions={"Provisioned": ""}, templates=[(naming.template_name(REQ1, "a"), 4)])
+        ],
+        state="Ready",
+        consume_pod_sets=("a", "b"),
+        message="capacity provisioned",
+    ),
+    Case(
+        "fit mode, provisioned but no node exists: pending with progress",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        state="Pending",
+        message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
+        "fit mode, new nodes fit the gang: ready, and the nodes are claimed",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node("n1", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+            node("n2", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        state="Ready",
+        claims=("n1", "n2"),
+        consume_pod_sets=("workers",),
+        message="the whole gang fits on nodes that exist",
+    ),
+    Case(
+        "fit mode, a node another in-flight request claimed is not counted",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node(
+                "n1",
+                gpu=8,
+                labels={"pool": "gpu"},
+                annotations={"gangcheck.io/arrived-for": "default/other-1"},
+            )
+        ],
+        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        state="Pending",
+        message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
+        "fit mode, a node outside the flavor's pool does not count",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, created="2026-11-30T10:01:00Z")],
+        state="Pending",
+        message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
+        "evicted workload never gets Retry; its requests are deleted",
+        gang().condition("Evicted"),
+        requests=[req(conditions={"Failed": "x"})],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "finished workload: requests deleted",
+        gang().condition("Finished"),
+        requests=[req()],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "check in Retry waits for Kueue",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(state="Retry"),
+        requests=[req(conditions={"Failed": "x"})],
+    ),
+    Case(
+        "a template left by an interrupted reconcile is reused, not created again",
+        gang(),
+        templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
+        state="Pending",
+        created_request=True,
+        creates=0,
+        message=f"provisioning request {REQ1} created for 4 pods",
+    ),
+    Case(
+        "templates still owned by the Workload are handed to the request",
+        gang(),
+        requests=[req()],
+        templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
+        adopts=(naming.template_name(REQ1, "workers"),),
+        state="Pending",
+        message=f"waiting for provisioning request {REQ1} to be accepted",
+    ),
+    Case(
+        "config class changed before provisioning: the request is replaced",
+        gang(),
+        config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
+        requests=[req(conditions={"Accepted": ""})],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "config class changed after provisioning: the request is kept",
+        gang(),
+        config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
+        requests=[req(conditions={"Provisioned": ""})],
+        state="Ready",
+        consume_pod_sets=("workers",),
+        message="capacity provisioned",
+    ),
+    Case(
+        "a new attempt deletes the old request and creates its own",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=1),
+        requests=[req(conditions={"Failed": "x"})],
+        deletes=(REQ1,),
+        creates=1,
+        created_request=True,
+        state="Pending",
+        message="provisioning request wl-atomic-2 created for 4 pods",
+    ),
 ]
 
 
@@ -208,7 +353,9 @@ def test_decide(case: Case) -> None:
         updates = {u["name"]: u["annotations"] for u in d.check.pod_set_updates}
         assert sorted(updates) == sorted(case.consume_pod_sets)
         for annotations in updates.values():
-            assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"].startswith("wl-atomic-")
+            assert annotations["autoscaling.x-k8s.io/consume-provisioning-request"].startswith(
+                "wl-atomic-"
+            )
             assert annotations["autoscaling.x-k8s.io/provisioning-class-name"]
 
 
@@ -230,14 +377,25 @@ def test_request_carries_flavor_labels_owner_and_overlaid_parameters() -> None:
         {"podTemplateRef": {"name": f"ppt-{REQ1}-workers"}, "count": 4}
     ]
     assert request["metadata"]["ownerReferences"][0]["uid"] == "uid-wl"
-    assert request["metadata"]["annotations"]["gangcheck.io/fulfillment-deadline"] == "2026-11-30T10:12:00Z"
+    assert (
+        request["metadata"]["annotations"]["gangcheck.io/fulfillment-deadline"]
+        == "2026-11-30T10:12:00Z"
+    )
 
 
 def test_limits_are_copied_into_missing_requests() -> None:
-    wl = WorkloadBuilder().pod_set("w", 2, pod_template(gpu=1, limits_only=True)).reserve_quota().check()
+    wl = (
+        WorkloadBuilder()
+        .pod_set("w", 2, pod_template(gpu=1, limits_only=True))
+        .reserve_quota()
+        .check()
+    )
     d = run(Case("", wl))
     template = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
-    assert template["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert (
+        template["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+        == "1"
+    )
 
 
 def test_more_pod_sets_than_a_request_carries_is_rejected() -> None:
@@ -253,14 +411,27 @@ def test_more_pod_sets_than_a_request_carries_is_rejected() -> None:
 def test_names_past_253_characters_are_cut_and_hashed() -> None:
     wl = WorkloadBuilder(name="w" * 250).pod_set("workers", 2).reserve_quota().check()
     d = run(Case("", wl))
-    names = [a.body["metadata"]["name"] for a in d.actions if isinstance(a, CreateTemplate | CreateRequest)]
+    names = [
+        a.body["metadata"]["name"]
+        for a in d.actions
+        if isinstance(a, CreateTemplate | CreateRequest)
+    ]
     assert all(len(n) <= 253 for n in names)
     assert len(set(names)) == 2
 
 
 def test_node_selector_from_class_details() -> None:
-    config = {**TRUST, "podSetUpdates": {"nodeSelector": [
-        {"key": "cloud.example/reservation", "valueFromProvisioningClassDetail": "reservation"}]}}
+    config = {
+        **TRUST,
+        "podSetUpdates": {
+            "nodeSelector": [
+                {
+                    "key": "cloud.example/reservation",
+                    "valueFromProvisioningClassDetail": "reservation",
+                }
+            ]
+        },
+    }
     request = req(conditions={"Provisioned": ""})
     request["status"]["provisioningClassDetails"] = {"reservation": "r-123"}
     d = run(Case("", gang(), config=config, requests=[request]))

@@ -1,0 +1,291 @@
+"""The test plays Kueue core and the autoscaler against a real API server, as Kueue's own
+integration suite does, while gangcheck's controller runs in the same event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from gangcheck.app import Controller
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    ATOMIC_CONFIG,
+    EVENT,
+    NAMESPACE,
+    NODE,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+    RESOURCE_FLAVOR,
+    WORKLOAD,
+)
+from gangcheck.logic.timefmt import format_time
+from tests.builders import CONTROLLER, WorkloadBuilder
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+_ids = itertools.count(1)
+
+
+def now() -> str:
+    from datetime import UTC, datetime
+
+    return format_time(datetime.now(UTC))
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 20.0, what: str = "condition"
+) -> T:
+    """Poll probe until it returns something truthy; fail naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+async def never(probe: Callable[[], Awaitable[object]], *, seconds: float, what: str) -> None:
+    """Assert probe stays falsy for a while (used sparingly, for 'nothing more happens')."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen = await probe()
+        assert not seen, f"{what}: {seen!r}"
+        await asyncio.sleep(0.1)
+
+
+class RunningController:
+    """gangcheck's controller as a task with its own API connection; kill and restart at will."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self._task: asyncio.Task[None] | None = None
+        self._kube: Kube | None = None
+        self.controller: Controller | None = None
+
+    async def start(self) -> Controller:
+        self._kube = await Kube.connect(self.kubeconfig)
+        self.controller = Controller(self._kube, workers=2, watch_timeout=30)
+        self._task = asyncio.create_task(self.controller.run())
+        await asyncio.wait_for(self.controller.caches.wait_synced(), 20)
+        return self.controller
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
+
+
+class Cluster:
+    """What a test does to the cluster: as a user, as Kueue core, as the autoscaler."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube = kube
+        self.ns = namespace
+        suffix = next(_ids)
+        self.check = f"atomic{suffix}"
+        self.config = f"gpu{suffix}"
+
+    # ---- set up, as a platform engineer ------------------------------------------------
+
+    @classmethod
+    async def create(cls, kube: Kube) -> Cluster:
+        ns = f"t{next(_ids)}-{int(time.time() * 1000) % 100000}"
+        await kube.create(NAMESPACE, {"metadata": {"name": ns}})
+        return cls(kube, ns)
+
+    async def install_check(
+        self, spec: Obj | None, *, flavor_labels: dict[str, str] | None = None
+    ) -> None:
+        if spec is not None:
+            await self.kube.create(ATOMIC_CONFIG, {"metadata": {"name": self.config}, "spec": spec})
+        await self.kube.create(
+            ADMISSION_CHECK,
+            {
+                "metadata": {"name": self.check},
+                "spec": {
+                    "controllerName": CONTROLLER,
+                    "parameters": {
+                        "apiGroup": "gangcheck.io",
+                        "kind": "AtomicProvisioningConfig",
+                        "name": self.config,
+                    },
+                },
+            },
+        )
+        with contextlib.suppress(Exception):
+            await self.kube.create(
+                RESOURCE_FLAVOR,
+                {
+                    "metadata": {"name": "gpu"},
+                    "spec": {"nodeLabels": flavor_labels or {"pool": "gpu"}},
+                },
+            )
+
+    async def set_config(self, spec: Obj) -> None:
+        cfg = await self.kube.get(ATOMIC_CONFIG, self.config)
+        cfg["spec"] = spec
+        await self.kube.replace(ATOMIC_CONFIG, cfg)
+
+    async def active_condition(self) -> Obj | None:
+        ac = await self.kube.get(ADMISSION_CHECK, self.check)
+        conds = (ac.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "Active"), None)
+
+    # ---- as Kueue core --------------------------------------------------------------------
+
+    async def submit(self, builder: WorkloadBuilder, *, reserve: bool = True) -> str:
+        """Create the Workload, then (as Kueue would) reserve quota and list our check Pending."""
+        obj = builder.build()
+        meta = obj["metadata"]
+        meta["namespace"] = self.ns
+        for key in ("uid", "resourceVersion"):
+            meta.pop(key, None)
+        status = obj.pop("status")
+        for entry in status.get("admissionChecks") or []:
+            if entry["name"] == "atomic":
+                entry["name"] = self.check
+        created = await self.kube.create(WORKLOAD, obj)
+        if reserve:
+            created["status"] = status
+            await self.kube.replace(WORKLOAD, created, subresource="status")
+        return str(meta["name"])
+
+    async def workload(self, name: str) -> Obj:
+        return await self.kube.get(WORKLOAD, name, self.ns)
+
+    async def check_state(self, name: str) -> Obj:
+        wl = await self.workload(name)
+        entries = (wl.get("status") or {}).get("admissionChecks") or []
+        return next(e for e in entries if e["name"] == self.check)
+
+    async def wait_check(self, name: str, state: str, *, timeout: float = 20) -> Obj:
+        async def probe() -> Obj | None:
+            entry = await self.check_state(name)
+            return entry if entry["state"] == state else None
+
+        return await eventually(probe, timeout=timeout, what=f"check {state} on {name}")
+
+    async def update_status(self, name: str, mutate: Callable[[Obj], None]) -> Obj:
+        """Read-modify-write the Workload status (retrying on conflicts), as Kueue core does."""
+        for _ in range(20):
+            wl = await self.workload(name)
+            wl.setdefault("status", {})
+            mutate(wl)
+            try:
+                return await self.kube.replace(WORKLOAD, wl, subresource="status")
+            except Exception as e:  # conflict with the controller's write: read again
+                if getattr(e, "status", 0) != 409:
+                    raise
+        raise AssertionError("could not update workload status")
+
+    async def evict_and_requeue(self, name: str) -> None:
+        """Kueue core after Retry: evict, release quota, reset checks to Pending (retryCount+1)."""
+
+        def evict(wl: Obj) -> None:
+            st = wl["status"]
+            _set_condition(st, "Evicted", "True", "AdmissionCheck")
+            _set_condition(st, "QuotaReserved", "False", "Pending")
+            st.pop("admission", None)
+            for entry in st.get("admissionChecks") or []:
+                if entry["state"] == "Retry":
+                    entry["retryCount"] = int(entry.get("retryCount") or 0) + 1
+                if entry["state"] != "Pending":
+                    entry.update(
+                        state="Pending",
+                        message="Reset to Pending after eviction",
+                        lastTransitionTime=now(),
+                    )
+                    entry.pop("podSetUpdates", None)
+
+        await self.update_status(name, evict)
+
+    async def reserve_again(self, name: str, builder: WorkloadBuilder) -> None:
+        admission = builder.build()["status"]["admission"]
+
+        def reserve(wl: Obj) -> None:
+            st = wl["status"]
+            _set_condition(st, "Evicted", "False", "Requeued")
+            _set_condition(st, "QuotaReserved", "True", "QuotaReserved")
+            st["admission"] = admission
+
+        await self.update_status(name, reserve)
+
+    async def set_workload_condition(self, name: str, kind: str, status: str = "True") -> None:
+        await self.update_status(name, lambda wl: _set_condition(wl["status"], kind, status, kind))
+
+    async def delete_workload(self, name: str) -> None:
+        await self.kube.delete(WORKLOAD, name, self.ns)
+
+    # ---- as the autoscaler ------------------------------------------------------------
+
+    async def request(self, name: str) -> Obj | None:
+        try:
+            return await self.kube.get(PROVISIONING_REQUEST, name, self.ns)
+        except NotFoundError:
+            return None
+
+    async def wait_request(self, name: str, *, timeout: float = 20) -> Obj:
+        return await eventually(lambda: self.request(name), timeout=timeout, what=f"request {name}")
+
+    async def wait_request_gone(self, name: str, *, timeout: float = 20) -> None:
+        async def gone() -> bool:
+            return await self.request(name) is None
+
+        await eventually(gone, timeout=timeout, what=f"request {name} deleted")
+
+    async def set_request_conditions(self, name: str, conditions: dict[str, str]) -> None:
+        req = await self.wait_request(name)
+        existing = (req.get("status") or {}).get("conditions") or []
+        by_type = {c["type"]: c for c in existing}
+        for kind, message in conditions.items():
+            by_type[kind] = {
+                "type": kind,
+                "status": "True",
+                "reason": kind,
+                "message": message,
+                "lastTransitionTime": now(),
+            }
+        req["status"] = {**(req.get("status") or {}), "conditions": list(by_type.values())}
+        await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+
+    async def requests(self) -> list[Obj]:
+        listing = await self.kube.list_objects(PROVISIONING_REQUEST, self.ns)
+        return list(listing.get("items") or [])
+
+    async def templates(self) -> list[Obj]:
+        listing = await self.kube.list_objects(POD_TEMPLATE, self.ns)
+        return list(listing.get("items") or [])
+
+    async def events(self, reason: str | None = None) -> list[Obj]:
+        items = (await self.kube.list_objects(EVENT, self.ns)).get("items") or []
+        return [e for e in items if reason is None or e.get("reason") == reason]
+
+    async def create_node(self, body: Obj) -> Obj:
+        return await self.kube.create(NODE, body)
+
+
+def _set_condition(status: Obj, kind: str, value: str, reason: str) -> None:
+    conds = status.setdefault("conditions", [])
+    conds[:] = [c for c in conds if c["type"] != kind]
+    conds.append(
+        {
+            "type": kind,
+            "status": value,
+            "reason": reason,
+            "message": reason,
+            "lastTransitionTime": now(),
+        }
+    )

@@ -1,0 +1,421 @@
+"""The admission check against a real kube-apiserver: the test plays Kueue core and the
+autoscaler by writing Workload and ProvisioningRequest status, as Kueue's own suite does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, WORKLOAD
+from gangcheck.logic import naming
+from tests.builders import WorkloadBuilder, pod_template
+from tests.integration.harness import Cluster, RunningController, eventually, never
+
+pytestmark = pytest.mark.integration
+
+TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
+CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
+CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
+
+
+@pytest.fixture
+async def kube(control_plane: Any) -> AsyncIterator[Kube]:
+    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
+        yield k
+
+
+@pytest.fixture
+async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
+    running = RunningController(str(control_plane.kubeconfig))
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def cluster(kube: Kube) -> Cluster:
+    return await Cluster.create(kube)
+
+
+def gang(name: str = "wl", workers: int = 4) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder(name)
+        .pod_set("driver", 1, pod_template(cpu="2"))
+        .pod_set("workers", workers, pod_template(gpu=1))
+        .reserve_quota()
+        .check()
+    )
+
+
+def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
+    return naming.request_name(workload, cluster.check, attempt)
+
+
+async def test_happy_path_one_request_then_ready(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    req = await cluster.wait_request(name)
+    assert [(p["podTemplateRef"]["name"], p["count"]) for p in req["spec"]["podSets"]] == [
+        (naming.template_name(name, "driver"), 1),
+        (naming.template_name(name, "workers"), 4),
+    ]
+    assert (
+        req["spec"]["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    )
+    assert req["metadata"]["ownerReferences"][0]["kind"] == "Workload"
+
+    async def templates_owned_by_request() -> bool:
+        owners = [t["metadata"]["ownerReferences"][0]["uid"] for t in await cluster.templates()]
+        return len(owners) == 2 and set(owners) == {req["metadata"]["uid"]}
+
+    await eventually(templates_owned_by_request, what="templates handed to the request")
+    template = next(
+        t for t in await cluster.templates() if t["metadata"]["name"].endswith("workers")
+    )
+    assert template["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize ok"})
+    check = await cluster.wait_check("wl", "Ready")
+    updates = {u["name"]: u["annotations"] for u in check["podSetUpdates"]}
+    assert updates == {
+        "driver": {CONSUME: name, CLASS: req["spec"]["provisioningClassName"]},
+        "workers": {CONSUME: name, CLASS: req["spec"]["provisioningClassName"]},
+    }
+    assert len(await cluster.requests()) == 1
+    assert await cluster.events("ProvisioningRequestCreated")
+    assert await cluster.events("AdmissionCheckUpdated")
+
+
+async def test_failed_retries_with_backoff_then_rejects(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(
+        {**TRUST, "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 30}}
+    )
+    builder = gang()
+    await cluster.submit(builder)
+    await cluster.set_request_conditions(req_name(cluster), {"Failed": "CapacityIsNotFound"})
+    check = await cluster.wait_check("wl", "Retry")
+    assert check["requeueAfterSeconds"] == 30
+    assert check["message"] == "Retrying after failure: CapacityIsNotFound"
+
+    await cluster.evict_and_requeue("wl")
+    await cluster.wait_request_gone(req_name(cluster))
+    await cluster.reserve_again("wl", builder)
+    second = await cluster.wait_request(req_name(cluster, attempt=2))
+    assert second["metadata"]["annotations"]["gangcheck.io/attempt"] == "2"
+
+    await cluster.set_request_conditions(req_name(cluster, attempt=2), {"Failed": "still nothing"})
+    check = await cluster.wait_check("wl", "Rejected")
+    assert check["message"] == "still nothing"
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [
+        req_name(cluster, attempt=2)
+    ]
+
+
+async def test_booking_expired_before_admission_retries(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    await cluster.set_request_conditions(req_name(cluster), {"BookingExpired": "booking over"})
+    check = await cluster.wait_check("wl", "Retry")
+    assert check["message"] == "Retrying after booking expired: booking over"
+
+
+async def test_booking_expired_after_admission_changes_nothing(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    await cluster.set_request_conditions(req_name(cluster), {"Provisioned": ""})
+    await cluster.wait_check("wl", "Ready")
+    await cluster.set_workload_condition("wl", "Admitted")
+    await cluster.set_request_conditions(req_name(cluster), {"BookingExpired": "over"})
+
+    async def not_ready() -> str | None:
+        state = (await cluster.check_state("wl"))["state"]
+        return None if state == "Ready" else state
+
+    await never(not_ready, seconds=1.5, what="check left Ready after booking expired")
+
+
+async def test_capacity_revoked_rejects(cluster: Cluster, controller: RunningController) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    await cluster.set_request_conditions(req_name(cluster), {"CapacityRevoked": "revoked"})
+    check = await cluster.wait_check("wl", "Rejected")
+    assert check["message"] == "revoked"
+
+
+async def test_existing_pod_template_is_reused(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    name = req_name(cluster)
+    wl_name = await cluster.submit(gang(), reserve=False)
+    wl = await cluster.workload(wl_name)
+    owner = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "name": "wl",
+        "uid": wl["metadata"]["uid"],
+        "controller": True,
+    }
+    await cluster.kube.create(
+        POD_TEMPLATE,
+        {
+            "metadata": {
+                "name": naming.template_name(name, "workers"),
+                "namespace": cluster.ns,
+                "labels": {"app.kubernetes.io/managed-by": "gangcheck"},
+                "annotations": {"gangcheck.io/workload": "wl", "gangcheck.io/check": cluster.check},
+                "ownerReferences": [owner],
+            },
+            "template": pod_template(gpu=1),
+        },
+    )
+    status = gang().build()["status"]
+    for entry in status["admissionChecks"]:
+        entry["name"] = cluster.check
+    wl["status"] = status
+    await cluster.kube.replace(WORKLOAD, wl, subresource="status")
+    await cluster.wait_request(name)
+    templates = await eventually(lambda: _templates_if(cluster, 2), what="both templates present")
+    assert {t["metadata"]["name"] for t in templates} == {
+        naming.template_name(name, "driver"),
+        naming.template_name(name, "workers"),
+    }
+
+
+async def _templates_if(cluster: Cluster, count: int) -> list[Any] | None:
+    templates = await cluster.templates()
+    return templates if len(templates) == count else None
+
+
+async def test_config_missing_then_invalid_then_fixed(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(None)  # the check names a config that does not exist
+
+    async def active() -> Any:
+        return await cluster.active_condition()
+
+    cond = await eventually(active, what="Active condition")
+    assert (cond["status"], cond["reason"]) == ("False", "BadParametersRef")
+    assert cluster.config in cond["message"]
+    await cluster.submit(gang())
+    check = await eventually(
+        lambda: _check_with_message(cluster, "not active"), what="inactive check message"
+    )
+    assert "not found" in check["message"]
+    assert await cluster.requests() == []
+
+    await cluster.kube.create(
+        ATOMIC_CONFIG,
+        {
+            "metadata": {"name": cluster.config},
+            "spec": {"provisioningClassName": "mine.example.com"},
+        },
+    )
+    cond = await eventually(
+        lambda: _active_is(cluster, "False", "InvalidConfig"), what="invalid config"
+    )
+    assert "mine.example.com" in cond["message"]
+
+    await cluster.set_config(
+        {**TRUST, "provisioningClassName": "mine.example.com", "allowCustomProvisioningClass": True}
+    )
+    await eventually(lambda: _active_is(cluster, "True", "Active"), what="active again")
+    req = await cluster.wait_request(req_name(cluster))
+    assert req["spec"]["provisioningClassName"] == "mine.example.com"
+
+
+async def _check_with_message(cluster: Cluster, text: str) -> Any:
+    entry = await cluster.check_state("wl")
+    return entry if text in entry["message"] else None
+
+
+async def _active_is(cluster: Cluster, status: str, reason: str) -> Any:
+    cond = await cluster.active_condition()
+    return cond if cond and (cond["status"], cond["reason"]) == (status, reason) else None
+
+
+async def test_config_changed_mid_flight_replaces_the_request(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check({**TRUST, "parameters": {"a": "1"}})
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    first = await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Accepted": ""})
+    await cluster.set_config(
+        {
+            **TRUST,
+            "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+            "parameters": {"a": "2"},
+        }
+    )
+
+    async def replaced() -> Any:
+        req = await cluster.request(name)
+        return req if req and req["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    second = await eventually(replaced, what="request replaced")
+    assert second["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
+    assert second["spec"]["parameters"] == {"a": "2"}
+    assert await cluster.events("ProvisioningRequestReplaced")
+
+
+async def test_no_pod_set_needs_provisioning(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check({**TRUST, "managedResources": ["example.com/fpga"]})
+    await cluster.submit(gang())
+    check = await cluster.wait_check("wl", "Ready")
+    assert check["message"] == "the provisioning request is not needed"
+    assert "podSetUpdates" not in check
+    assert await cluster.requests() == []
+
+
+async def test_merged_pod_sets_all_get_pod_set_updates(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check({**TRUST, "podSetMergePolicy": "IdenticalPodTemplates"})
+    builder = WorkloadBuilder().pod_set("ranks-a", 2).pod_set("ranks-b", 3).reserve_quota().check()
+    await cluster.submit(builder)
+    name = req_name(cluster)
+    req = await cluster.wait_request(name)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [5]
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    check = await cluster.wait_check("wl", "Ready")
+    assert sorted(u["name"] for u in check["podSetUpdates"]) == ["ranks-a", "ranks-b"]
+    assert all(u["annotations"][CONSUME] == name for u in check["podSetUpdates"])
+
+
+async def test_workload_deleted_mid_flight_leaves_nothing(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    await cluster.wait_request(req_name(cluster))
+    await cluster.delete_workload("wl")
+
+    async def nothing_left() -> bool:
+        return not await cluster.requests() and not await cluster.templates()
+
+    await eventually(nothing_left, what="requests and templates removed")
+
+
+@pytest.mark.parametrize("condition", ["Finished", "Evicted"])
+async def test_finished_or_evicted_workload_loses_its_request(
+    cluster: Cluster, controller: RunningController, condition: str
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    await cluster.wait_request(req_name(cluster))
+    await cluster.set_workload_condition("wl", condition)
+
+    async def nothing_left() -> bool:
+        return not await cluster.requests() and not await cluster.templates()
+
+    await eventually(nothing_left, what="requests and templates removed")
+    assert (await cluster.check_state("wl"))["state"] == "Pending"
+
+
+async def test_long_names_are_cut_and_a_bad_check_does_not_stop_others(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    long_name = "w" * 240
+    await cluster.submit(gang(long_name))
+    name = req_name(cluster, long_name)
+    assert len(name) == 253
+    req = await cluster.wait_request(name)
+    assert all(len(p["podTemplateRef"]["name"]) <= 253 for p in req["spec"]["podSets"])
+
+    other = await Cluster.create(cluster.kube)
+    await other.install_check(None)  # dangling reference: inactive, reported
+    await other.submit(gang("broken"))
+    await eventually(lambda: _active_is(other, "False", "BadParametersRef"), what="inactive check")
+    await cluster.submit(gang("healthy"))
+    await cluster.wait_request(req_name(cluster, "healthy"))
+
+
+async def test_restart_between_any_two_writes(control_plane: Any, cluster: Cluster) -> None:
+    """Kill the controller right after its n-th write, restart it: one request, state intact."""
+    await cluster.install_check(TRUST)
+    for n in range(1, 7):
+        workload = f"wl{n}"
+        crashing = CrashingController(str(control_plane.kubeconfig), after_writes=n)
+        await crashing.start()
+        await cluster.submit(gang(workload))
+        await eventually(crashing.crashed, timeout=20, what=f"crash after write {n}")
+        await crashing.stop()
+        fresh = RunningController(str(control_plane.kubeconfig))
+        await fresh.start()
+        try:
+            name = req_name(cluster, workload)
+            await cluster.wait_request(name)
+            await cluster.set_request_conditions(name, {"Provisioned": ""})
+            await cluster.wait_check(workload, "Ready")
+        finally:
+            await fresh.stop()
+        mine = [
+            r
+            for r in await cluster.requests()
+            if r["metadata"]["annotations"]["gangcheck.io/workload"] == workload
+        ]
+        assert [r["metadata"]["name"] for r in mine] == [name], f"after write {n}"
+
+
+async def test_watches_recover_after_apiserver_restart(
+    control_plane: Any, cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await asyncio.to_thread(control_plane.restart_apiserver)
+    async with await Kube.connect(str(control_plane.kubeconfig)) as kube:
+        after = Cluster(kube, cluster.ns)
+        after.check, after.config = cluster.check, cluster.config
+        await after.submit(gang("after-restart"))
+        req = await after.wait_request(req_name(after, "after-restart"), timeout=60)
+        await after.set_request_conditions(req["metadata"]["name"], {"Provisioned": ""})
+        await after.wait_check("after-restart", "Ready", timeout=30)
+
+
+class CrashingController(RunningController):
+    """A controller whose process 'dies' right after its n-th write to the API server."""
+
+    def __init__(self, kubeconfig: str, *, after_writes: int) -> None:
+        super().__init__(kubeconfig)
+        self.after_writes = after_writes
+        self.writes = 0
+        self._dead = asyncio.Event()
+
+    async def crashed(self) -> bool:
+        return self._dead.is_set()
+
+    async def start(self) -> Any:
+        controller = await super().start()
+        kube = controller.kube
+        original = kube.request
+
+        async def request(method: str, path: str, **kw: Any) -> Any:
+            if self._dead.is_set():
+                await asyncio.Event().wait()  # a dead process does nothing more
+            result = await original(method, path, **kw)
+            if method != "GET" and "/events" not in path:
+                self.writes += 1
+                if self.writes >= self.after_writes:
+                    self._dead.set()
+            return result
+
+        kube.request = request  # type: ignore[method-assign]
+        return controller
