@@ -10,15 +10,17 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.logic import checkconfig
 from gangcheck.logic.actions import WORKLOAD_ANNOTATION
+from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_KEY, CHECK_KEY = "wl:", "ac:"
+WORKLOAD_KEY, CHECK_KEY, NODE_KEY = "wl:", "ac:", "node:"
 
 
 def _meta(old: Obj | None, new: Obj | None) -> dict[str, object]:
@@ -44,6 +46,7 @@ class Controller:
         events = EventRecorder(kube, clock=clock)
         self.workload_reconciler = WorkloadReconciler(kube, self.caches, events, clock=clock)
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
+        self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
         self._wire()
 
     async def run(self) -> None:
@@ -59,6 +62,8 @@ class Controller:
     async def reconcile(self, key: str) -> Result:
         if key.startswith(CHECK_KEY):
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
+        if key.startswith(NODE_KEY):
+            return await self.node_reconciler.reconcile(key.removeprefix(NODE_KEY))
         return await self.workload_reconciler.reconcile(key.removeprefix(WORKLOAD_KEY))
 
     def enqueue_everything(self) -> None:
@@ -68,6 +73,8 @@ class Controller:
             self._add_workload(wl["metadata"]["namespace"], wl["metadata"]["name"])
         for req in self.caches.requests.store:
             self._on_request(None, req)
+        for node in self.caches.nodes.store:
+            self._on_node(None, node)
 
     # ---- event -> key ------------------------------------------------------------------
 
@@ -78,7 +85,7 @@ class Controller:
         c.configs.add_handler(self._on_config)
         c.flavors.add_handler(lambda _o, _n: self._add_workloads_with_our_checks())
         c.requests.add_handler(self._on_request)
-        c.nodes.add_handler(self._on_capacity_change)
+        c.nodes.add_handler(self._on_node)
         c.pods.add_handler(self._on_pod)
 
     def _add_workload(self, namespace: object, name: object) -> None:
@@ -123,11 +130,24 @@ class Controller:
         for req in self.caches.requests.store:
             self._on_request(None, req)
 
+    def _on_node(self, old: Obj | None, new: Obj | None) -> None:
+        self._on_capacity_change(old, new)
+        if new is not None and RECLAIM_WHEN_IDLE in (new["metadata"].get("annotations") or {}):
+            self.queue.add(NODE_KEY + new["metadata"]["name"])
+
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         was = (old or {}).get("spec", {}).get("nodeName")
         now = (new or {}).get("spec", {}).get("nodeName")
-        if old is None or new is None or was != now:
+        phase = (
+            ((old or {}).get("status") or {}).get("phase"),
+            ((new or {}).get("status") or {}).get("phase"),
+        )
+        if old is None or new is None or was != now or phase[0] != phase[1]:
             self._on_capacity_change(old, new)
+            for node in {was, now} - {None, ""}:
+                obj = self.caches.nodes.store.get(str(node))
+                if obj is not None:
+                    self._on_node(None, obj)
 
 
 async def run_controller(kube: Kube, *, workers: int = 4) -> None:

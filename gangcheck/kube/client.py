@@ -81,10 +81,19 @@ class Kube:
         return await self.request("GET", res.object_path(name, namespace))
 
     async def list_objects(
-        self, res: Resource, namespace: str | None = None, *, label_selector: str | None = None
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> Obj:
-        query = {"labelSelector": label_selector} if label_selector else None
-        return await self.request("GET", res.collection_path(namespace), query=query)
+        query = {
+            k: v
+            for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector))
+            if v
+        }
+        return await self.request("GET", res.collection_path(namespace), query=query or None)
 
     async def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
         ns = namespace or body.get("metadata", {}).get("namespace")

@@ -15,6 +15,9 @@ ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
 DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
 PHASE_ANNOTATION = "gangcheck.io/phase"
 OUTCOME_ANNOTATION = "gangcheck.io/outcome"
+ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
+ROLLING_BACK = "RollingBack"
+STARTED = "Started"
 
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
@@ -70,6 +73,17 @@ class ClaimNode:
 
 
 @dataclass(frozen=True)
+class ReclaimArrivals:
+    """Reclaim, safely, the nodes that arrived for a rolled-back request; record the outcome."""
+
+    request: str
+    request_key: str
+    request_created: str
+    nodes: tuple[str, ...]
+    reclaimer: str
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event on the Workload."""
 
@@ -86,4 +100,5 @@ Action = (
     | DeleteTemplate
     | AnnotateRequest
     | ClaimNode
+    | ReclaimArrivals
 )

@@ -22,15 +22,22 @@ from gangcheck.logic.actions import (
     DEADLINE_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
     WORKLOAD_ANNOTATION,
     Action,
     AdoptTemplate,
+    AnnotateRequest,
     ClaimNode,
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
     Event,
     Obj,
+    ReclaimArrivals,
 )
 from gangcheck.logic.fulfillment import Capacity, assess, request_key
 from gangcheck.logic.podsets import (
@@ -41,6 +48,7 @@ from gangcheck.logic.podsets import (
     request_parameters,
     required_pod_sets,
 )
+from gangcheck.logic.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import (
     CheckState,
@@ -96,7 +104,7 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     if snap.config is None:
         return _transition(state, PENDING, f"the check is not active: {snap.config_problem}", now)
     if state.state in (RETRY, REJECTED):
-        return Decision()  # Kueue core acts next: evicts and requeues, or deactivates
+        return _after_rollback(snap, state)  # then Kueue core evicts and requeues, or deactivates
     pod_sets = required_pod_sets(wl, snap.config.managed_resources)
     if not pod_sets:
         return _not_needed(state, now)
@@ -139,13 +147,53 @@ def _not_needed(state: CheckState, now: datetime) -> Decision:
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
-    """After Ready, only a revoked capacity changes the check (podSetUpdates are frozen)."""
+    """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs."""
     wl = snap.workload
     req = _find(snap.requests, _attempt_name(snap, state))
-    if req is not None and is_true(req.conditions, "CapacityRevoked") and wl.active:
+    if req is None:
+        return Decision()
+    if req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK:
+        return _roll_back(snap, state, req, now)
+    if is_true(req.conditions, "CapacityRevoked") and wl.active:
         message = req.conditions["CapacityRevoked"].message or "capacity revoked"
         return _transition(state, REJECTED, message, now)
+    if _fit_mode(snap) and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+        return _watch_start(snap, req, now)
     return Decision()
+
+
+def _fit_mode(snap: Snapshot) -> bool:
+    assert snap.config is not None
+    return snap.config.fulfillment.mode is FulfillmentMode.FIT
+
+
+def _watch_start(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> Decision:
+    """The start watchdog: every member scheduled within the start deadline, or roll back."""
+    assert snap.config is not None
+    total = sum(p.count for p in req.pod_sets)
+    scheduled = members_scheduled(snap.capacity, req.name)
+    if scheduled >= total:
+        return Decision(actions=(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}),))
+    limit = snap.config.fulfillment.start_deadline_seconds
+    admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
+    waited = (now - admitted).total_seconds() if admitted else 0.0
+    if waited < limit:
+        return Decision(requeue_after=min(5.0, limit - waited))
+    trigger = (
+        f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
+    )
+    return _start_rollback(req, trigger)
+
+
+def members_scheduled(capacity: Capacity | None, request: str) -> int:
+    """Pods consuming the request that are bound to a node and not finished."""
+    return sum(
+        1
+        for pod in (capacity.pods if capacity else ())
+        if (pod.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) == request
+        and (pod.get("spec") or {}).get("nodeName")
+        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
 
 
 def _attempt_name(snap: Snapshot, state: CheckState) -> str:
@@ -303,6 +351,9 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
 def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
     """The request exists: hand it its templates, replace it if stale, map its conditions."""
     adopt = _adoptions(snap, req)
+    if req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK:
+        decision = _roll_back(snap, state, req, now)
+        return replace(decision, actions=adopt + decision.actions)
     if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
         event = Event(
             "ProvisioningRequestReplaced",
@@ -312,8 +363,77 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
         return Decision(
             actions=(*adopt, _delete(req, "config changed")), events=(event,), requeue_after=1.0
         )
-    decision = _from_conditions(snap, state, req, now)
+    trigger = _rollback_trigger(snap, req, now) if _fit_mode(snap) else None
+    decision = _start_rollback(req, trigger) if trigger else _from_conditions(snap, state, req, now)
     return replace(decision, actions=adopt + decision.actions)
+
+
+# ---- rollback --------------------------------------------------------------------------
+
+
+def _rollback_trigger(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> str | None:
+    """Why this attempt must roll back now, if it must: a terminal condition or the deadline."""
+    conds = req.conditions
+    for kind in ("Failed", "CapacityRevoked"):
+        if is_true(conds, kind):
+            return f"{kind}: {conds[kind].message or conds[kind].reason}"
+    if is_true(conds, "BookingExpired") and not snap.workload.is_admitted:
+        return f"BookingExpired: {conds['BookingExpired'].message or 'booking expired'}"
+    deadline = deadline_of(req)
+    if deadline is None or now < deadline:
+        return None
+    verdict = assess(snap.capacity, req, gang_templates(snap))
+    if is_true(conds, "Provisioned") and verdict.fits:
+        return None
+    assert snap.config is not None
+    return (
+        f"Deadline: the gang did not fit within {snap.config.fulfillment.deadline_seconds}s"
+        f" ({verdict.summary})"
+    )
+
+
+def _start_rollback(req: ProvisioningRequest, trigger: str) -> Decision:
+    """Record the rollback on the request first, so it completes even across a restart."""
+    annotate = AnnotateRequest(
+        req.name, {PHASE_ANNOTATION: ROLLING_BACK, ROLLBACK_REASON_ANNOTATION: trigger}
+    )
+    event = Event("RollbackStarted", f"Rolling back {req.name}: {trigger}", warning=True)
+    return Decision(actions=(annotate,), events=(event,), requeue_after=0.2)
+
+
+def _roll_back(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
+    """Reclaim what arrived (once: the outcome is recorded), then Retry or Rejected."""
+    assert snap.config is not None
+    raw = req.annotations.get(OUTCOME_ANNOTATION)
+    if not raw:
+        key = request_key(req)
+        nodes = tuple(sorted(n["metadata"]["name"] for n in arrived_for(_nodes(snap), key)))
+        reclaim = ReclaimArrivals(
+            req.name, key, req.creation_timestamp, nodes, snap.config.fulfillment.reclaimer.value
+        )
+        return Decision(actions=(reclaim,), requeue_after=0.2)
+    reason = req.annotations.get(ROLLBACK_REASON_ANNOTATION, "rolled back")
+    message = f"rolled back {req.name} ({reason}); {Outcome.from_annotation(raw).summary()}"
+    if reason.startswith("CapacityRevoked"):
+        decision = _transition(state, REJECTED, message, now)
+    else:
+        decision = _retry_or_reject(snap, state, "Retrying after rollback", message, now)
+    event = Event("RolledBack", message, warning=True)
+    return replace(decision, events=(*decision.events, event))
+
+
+def _nodes(snap: Snapshot) -> tuple[Obj, ...]:
+    return snap.capacity.nodes if snap.capacity else ()
+
+
+def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
+    """With the verdict written, a rolled-back request is deleted (ending CA's booking)."""
+    req = _find(snap.requests, _attempt_name(snap, state))
+    if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
+        return Decision()
+    return Decision(actions=(_delete(req, "rolled back"),))
 
 
 def _adoptions(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
@@ -343,7 +463,10 @@ def _from_conditions(
         return _provisioned(snap, state, req, now)
     if is_true(conds, "Accepted"):
         eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        return _transition(state, PENDING, eta or f"provisioning request {req.name} accepted", now)
+        accepted = eta or f"provisioning request {req.name} accepted"
+        return replace(
+            _transition(state, PENDING, accepted, now), requeue_after=_until_deadline(req, now)
+        )
     return _transition(
         state, PENDING, f"waiting for provisioning request {req.name} to be accepted", now
     )
@@ -382,7 +505,17 @@ def _provisioned(
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
         return replace(_ready(snap, state, req, message, now), actions=claims)
     message = f"capacity requested, not yet usable: {verdict.summary}"
-    return replace(_transition(state, PENDING, message, now), actions=claims, requeue_after=5.0)
+    return replace(
+        _transition(state, PENDING, message, now),
+        actions=claims,
+        requeue_after=_until_deadline(req, now),
+    )
+
+
+def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
+    deadline = deadline_of(req)
+    left = (deadline - now).total_seconds() if deadline else 5.0
+    return max(0.2, min(5.0, left))
 
 
 def gang_templates(snap: Snapshot) -> list[tuple[str, int, Obj]]:

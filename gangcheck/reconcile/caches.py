@@ -83,9 +83,7 @@ class Caches:
         }
 
     def resolve(self, check: str) -> checkconfig.Resolution:
-        return checkconfig.resolve(
-            self.admission_checks.store.get(check), self.configs.store.get
-        )
+        return checkconfig.resolve(self.admission_checks.store.get(check), self.configs.store.get)
 
     def flavors_by_name(self) -> dict[str, Flavor]:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.errors import (
@@ -18,6 +19,7 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.actions import (
+    OUTCOME_ANNOTATION,
     Action,
     AdoptTemplate,
     AnnotateRequest,
@@ -27,10 +29,13 @@ from gangcheck.logic.actions import (
     DeleteRequest,
     DeleteTemplate,
     Event,
+    ReclaimArrivals,
 )
 from gangcheck.logic.admission import MAX_MESSAGE, Decision, Snapshot, TemplateInfo, decide
 from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity
+from gangcheck.logic.reclaim import Outcome
 from gangcheck.model.objects import Workload, request_of, workload_of
+from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
@@ -53,6 +58,7 @@ class WorkloadReconciler:
         self._caches = caches
         self._events = events
         self._clock = clock
+        self.metrics: Any = None
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)
@@ -218,6 +224,29 @@ class WorkloadReconciler:
         self._caches.nodes.store.put_if_newer(updated)
         log.info("node %s arrived for %s", action.name, action.request)
 
+    async def _reclaim_arrivals(self, namespace: str, action: Action) -> None:
+        """Reclaim each arrived node safely, then record the outcome on the request (once)."""
+        assert isinstance(action, ReclaimArrivals)
+        now = self._clock()
+        reclaimed, draining, kept, held = [], [], {}, 0
+        for node in action.nodes:
+            target = Target(node, action.request_key, action.request_created, action.reclaimer)
+            result = await reclaim_safely(self._kube, target, now)
+            if result.verdict == "reclaimed":
+                reclaimed.append(node)
+                held += result.held_seconds
+            elif result.verdict == "drain":
+                draining.append(node)
+            elif result.verdict == "keep":
+                kept[node] = result.reason
+        outcome = Outcome(tuple(reclaimed), tuple(draining), kept, held)
+        await self._annotate_request(
+            namespace,
+            AnnotateRequest(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()}),
+        )
+        if self.metrics is not None:
+            self.metrics.reclaimed(len(reclaimed), held)
+
     async def _write_check(self, wl: Workload, entry: Obj) -> bool:
         """Replace only our entry of status.admissionChecks, if the Workload is unchanged."""
         obj = self._caches.workloads.store.get(wl.ref.name, wl.ref.namespace) or {}
@@ -253,6 +282,7 @@ _APPLY = {
     DeleteTemplate: WorkloadReconciler._delete_template,
     AnnotateRequest: WorkloadReconciler._annotate_request,
     ClaimNode: WorkloadReconciler._claim_node,
+    ReclaimArrivals: WorkloadReconciler._reclaim_arrivals,
 }
 
 

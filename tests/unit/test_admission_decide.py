@@ -11,6 +11,8 @@ import pytest
 from gangcheck.logic import naming
 from gangcheck.logic.actions import (
     AdoptTemplate,
+    AnnotateRequest,
+    ReclaimArrivals,
     ClaimNode,
     CreateRequest,
     CreateTemplate,
@@ -56,6 +58,10 @@ class Case:
     adopts: tuple[str, ...] = ()
     claims: tuple[str, ...] = ()
     consume_pod_sets: tuple[str, ...] = ()
+    pods: list[Any] = field(default_factory=list)
+    now: datetime = NOW
+    annotates: tuple[dict[str, str], ...] = ()
+    reclaims: tuple[str, ...] | None = None
 
 
 def run(case: Case) -> Decision:
@@ -68,9 +74,9 @@ def run(case: Case) -> Decision:
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
         templates={n: TemplateInfo(n, owners) for n, owners in case.templates.items()},
-        capacity=Capacity(nodes=tuple(case.nodes), in_flight=case.in_flight),
+        capacity=Capacity(nodes=tuple(case.nodes), pods=tuple(case.pods), in_flight=case.in_flight),
     )
-    return decide(snap, NOW)
+    return decide(snap, case.now)
 
 
 CASES = [
@@ -333,6 +339,202 @@ CASES = [
 ]
 
 
+LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the default 420 s deadline
+ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": "Failed: broke"}
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n1", "n2"]}'
+DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+MINE = {"gangcheck.io/arrived-for": f"default/{REQ1}"}
+
+
+def admitted(retry_count: int = 0) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder()
+        .pod_set("workers", 4)
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready", retry_count=retry_count)
+    )
+
+
+def member(name: str, *, bound: bool) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
+        },
+        "spec": {"nodeName": "n1" if bound else ""},
+        "status": {"phase": "Running" if bound else "Pending"},
+    }
+
+
+CASES += [
+    Case(
+        "fit mode: a failed request starts a rollback, recorded on the request first",
+        gang(),
+        config={},
+        requests=[req(conditions={"Failed": "broke"})],
+        annotates=(ROLLING,),
+    ),
+    Case(
+        "fit mode: before the deadline a provisioned gang that does not fit waits",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        state="Pending",
+        message="capacity requested, not yet usable",
+    ),
+    Case(
+        "fit mode: past the deadline a gang that does not fit rolls back",
+        gang(),
+        config={},
+        now=LATER,
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 420s (0 of 4 members placeable; no nodes)",
+            },
+        ),
+    ),
+    Case(
+        "fit mode: past the deadline a gang that fits is still made ready",
+        gang(),
+        config={},
+        now=LATER,
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
+        state="Ready",
+        consume_pod_sets=("workers",),
+        message="the whole gang fits",
+    ),
+    Case(
+        "rollback under way: only the nodes that arrived for this request are reclaimed",
+        gang(),
+        config={},
+        requests=[req(conditions={"Failed": "broke"}, annotations=ROLLING)],
+        nodes=[
+            node("n1", annotations=MINE),
+            node("n2", annotations=MINE),
+            node("n3", annotations={"gangcheck.io/arrived-for": "default/other-1"}),
+            node("n4"),
+        ],
+        reclaims=("n1", "n2"),
+    ),
+    Case(
+        "rollback done: Retry with backoff, the message says what was reclaimed",
+        gang(),
+        config={},
+        requests=[
+            req(
+                conditions={"Failed": "broke"},
+                annotations={**ROLLING, "gangcheck.io/outcome": OUTCOME},
+            )
+        ],
+        state="Retry",
+        requeue_after_seconds=60,
+        message=f"Retrying after rollback: rolled back {REQ1} (Failed: broke); reclaimed 2 nodes (10.0 node-minutes held)",
+    ),
+    Case(
+        "rollback done past the retry limit: Rejected",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=3),
+        config={},
+        requests=[
+            req(
+                "wl-atomic-4",
+                conditions={"Failed": "x"},
+                annotations={**ROLLING, "gangcheck.io/outcome": OUTCOME},
+            )
+        ],
+        state="Rejected",
+        message="rolled back wl-atomic-4 (Failed: broke)",
+    ),
+    Case(
+        "revoked capacity rolls back to Rejected",
+        gang(),
+        config={},
+        requests=[
+            req(
+                conditions={"CapacityRevoked": "gone"},
+                annotations={
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "CapacityRevoked: gone",
+                    "gangcheck.io/outcome": OUTCOME,
+                },
+            )
+        ],
+        state="Rejected",
+        message=f"rolled back {REQ1} (CapacityRevoked: gone)",
+    ),
+    Case(
+        "with the verdict written, the rolled-back request is deleted",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(state="Retry"),
+        config={},
+        requests=[
+            req(
+                conditions={"Failed": "x"}, annotations={**ROLLING, "gangcheck.io/outcome": OUTCOME}
+            )
+        ],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "trusting Provisioned, a failure retries at once with no reclaim (Kueue's behaviour)",
+        gang(),
+        requests=[req(conditions={"Failed": "broke"})],
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after failure: broke",
+    ),
+    Case(
+        "watchdog: every member scheduled marks the attempt started",
+        admitted(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        pods=[member(f"p{i}", bound=True) for i in range(4)],
+        annotates=({"gangcheck.io/phase": "Started"},),
+    ),
+    Case(
+        "watchdog: within the start deadline a half-scheduled gang waits",
+        admitted(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        pods=[member("p0", bound=True), member("p1", bound=False)],
+    ),
+    Case(
+        "watchdog: past the start deadline a half-scheduled gang rolls back",
+        admitted(),
+        config={},
+        now=datetime(2026, 11, 30, 10, 11, tzinfo=UTC),
+        requests=[req(conditions={"Provisioned": ""})],
+        pods=[member("p0", bound=True), member("p1", bound=True), member("p2", bound=False)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "StartDeadline: 2 of 4 members scheduled within 600s of admission",
+            },
+        ),
+    ),
+    Case(
+        "watchdog rollback done: the admitted gang is set to Retry (Kueue evicts it)",
+        admitted(),
+        config={},
+        requests=[
+            req(
+                conditions={"Provisioned": ""},
+                annotations={
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "StartDeadline: x",
+                    "gangcheck.io/outcome": OUTCOME,
+                },
+            )
+        ],
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after rollback",
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decide(case: Case) -> None:
     d = run(case)
@@ -348,6 +550,11 @@ def test_decide(case: Case) -> None:
     assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes
     assert tuple(a.name for a in d.actions if isinstance(a, AdoptTemplate)) == case.adopts
     assert tuple(a.name for a in d.actions if isinstance(a, ClaimNode)) == case.claims
+    assert (
+        tuple(a.annotations for a in d.actions if isinstance(a, AnnotateRequest)) == case.annotates
+    )
+    reclaims = [a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)]
+    assert reclaims == ([] if case.reclaims is None else [case.reclaims])
     if case.consume_pod_sets:
         assert d.check is not None
         updates = {u["name"]: u["annotations"] for u in d.check.pod_set_updates}

@@ -1,0 +1,51 @@
+# gangcheck — `make help` lists the targets.
+PYTHON ?= python3
+PYTEST ?= $(PYTHON) -m pytest
+export PYTHONDONTWRITEBYTECODE = 1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: install
+install: ## install gangcheck and its test tools (editable)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+
+.PHONY: binaries
+binaries: ## build the test bed's Go binaries from the pinned modules (cached)
+	hack/build.sh
+
+.PHONY: lint
+lint: ## ruff lint and format check
+	$(PYTHON) -m ruff check gangcheck tests
+	$(PYTHON) -m ruff format --check gangcheck tests
+
+.PHONY: typecheck
+typecheck: ## mypy, strict, on the package
+	$(PYTHON) -m mypy
+
+.PHONY: unit
+unit: ## unit tests (pure logic; no cluster)
+	$(PYTEST) tests/unit -q
+
+.PHONY: integration
+integration: ## integration tests on a local kube-apiserver + etcd
+	$(PYTEST) tests/integration -q
+
+.PHONY: e2e
+e2e: ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBECONFIG)
+	$(PYTEST) tests/e2e -q
+
+.PHONY: test
+test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e
+	$(PYTEST) tests -q -p no:cacheprovider
+
+.PHONY: dev-up
+dev-up: install ## start a local control plane in the background and print its kubeconfig
+	$(PYTHON) -m gangcheck dev up
+
+.PHONY: dev-down
+dev-down: ## stop the local control plane and remove its state
+	$(PYTHON) -m gangcheck dev down

@@ -1,0 +1,658 @@
+"""Does a gang fit, whole, on the nodes that exist, as kube-scheduler would see them?
+
+Inputs are raw API dicts: Node objects, bound Pod objects, and pod template specs.
+
+What is checked, per member and node, in the order the reasons are reported:
+- the node is usable: allocatable present and well formed, every taint effect known,
+  condition Ready=True, not cordoned (`spec.unschedulable`; a member tolerating the
+  `node.kubernetes.io/unschedulable` taint is not let through, unlike kube-scheduler);
+- `nodeSelector` labels; required node affinity (`nodeSelectorTerms` ORed, requirements
+  in a term ANDed; In, NotIn, Exists, DoesNotExist, Gt, Lt on labels; In, NotIn on the
+  `metadata.name` field; a term with nothing in it, or anything invalid, matches nothing);
+- NoSchedule and NoExecute taints tolerated (Equal and Exists; PreferNoSchedule never
+  blocks; toleration operators newer than Equal/Exists tolerate nothing);
+- requests, resource by resource, against allocatable minus what bound pods request; the
+  `pods` count included.
+
+A member's requests are kube-scheduler's: limits copied into missing requests (as Kueue
+does for its templates), then max(sum of containers + restartable "sidecar" init
+containers, peak of the init sequence), pod-level `spec.resources` overriding the resources
+it names, plus `spec.overhead`, plus one `pods`. Not modelled: DRA claims, topology, host
+ports, volumes, pod (anti-)affinity, resized pods' allocated resources.
+
+Placement is a heuristic: it never reports a placement that is not feasible, but may miss
+one that is. Pod sets go in descending order of demand (extended resources, then cpu, then
+memory: an order that does not depend on the nodes); each pod set's members go to the
+eligible nodes best fit first (least room left afterwards, relative to allocatable), each
+node filled as far as it goes. With identical members the count placed is exact, and for a
+gang of one or two pod sets adding a node or lifting a constraint never places fewer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
+
+Obj = Mapping[str, Any]
+Resources = Mapping[str, int]
+
+PODS = "pods"
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+KNOWN_EFFECTS = BLOCKING_EFFECTS | {"PreferNoSchedule"}
+STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", PODS})
+SUMMARY_LIMIT = 300
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+# --- reasons -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a node cannot take a member: `short` groups alike nodes, `detail` names values."""
+
+    short: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return self.detail or self.short
+
+
+# --- taints, tolerations, selectors ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    @property
+    def short(self) -> str:
+        return f"{self.key}:{self.effect}"
+
+    def __str__(self) -> str:
+        value = f"={self.value}" if self.value else ""
+        return f"{self.key}{value}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.operator in ("", "Equal") and self.value == taint.value
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One NodeSelectorRequirement: `key operator values`."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator in ("Gt", "Lt"):
+            return self._compares(value)
+        return {
+            "In": value is not None and value in self.values,
+            "NotIn": value is None or value not in self.values,
+            "Exists": value is not None,
+            "DoesNotExist": value is None,
+        }.get(self.operator, False)
+
+    def _compares(self, value: str | None) -> bool:
+        if value is None or len(self.values) != 1:
+            return False
+        have, bound = _as_int(value), _as_int(self.values[0])
+        if have is None or bound is None:
+            return False
+        return have > bound if self.operator == "Gt" else have < bound
+
+    def __str__(self) -> str:
+        values = f" [{', '.join(self.values)}]" if self.values else ""
+        return f"{self.key} {self.operator}{values}"
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """One nodeSelectorTerm: all its expressions (labels) and fields (node name) must hold."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+    def first_failure(self, node: NodeView) -> Requirement | None:
+        """The first requirement `node` fails; an empty term fails everything."""
+        if not self.expressions and not self.fields:
+            return Requirement("(empty term)", "matches nothing")
+        names = {"metadata.name": node.name}
+        for req in self.expressions:
+            if not req.matches(node.labels):
+                return req
+        for req in self.fields:
+            if req.key not in names or req.operator not in ("In", "NotIn"):
+                return req
+            if not req.matches(names):
+                return req
+        return None
+
+
+# --- members ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Member:
+    """What one member of a pod set asks of a node. `affinity` None: no required affinity."""
+
+    requests: Resources
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity: tuple[SelectorTerm, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True)
+class GangPodSet:
+    """A pod set of the gang: `count` identical members. A (name, count, member) tuple works."""
+
+    name: str
+    count: int
+    member: Member
+
+
+def member_from_template(template: Obj) -> Member:
+    """The member a PodTemplateSpec (`{metadata, spec}`) describes."""
+    return member_from_pod_spec(_dict(template, "spec"))
+
+
+def member_from_pod_spec(spec: Obj) -> Member:
+    """The member a pod spec describes; QuantityError on a malformed request."""
+    return Member(
+        requests=pod_requests(spec),
+        node_selector={str(k): str(v) for k, v in _dict(spec, "nodeSelector").items()},
+        affinity=_required_affinity(spec),
+        tolerations=tuple(_toleration(t) for t in _list(spec, "tolerations")),
+    )
+
+
+def pod_requests(spec: Obj) -> dict[str, int]:
+    """Effective requests of a pod spec, as kube-scheduler counts them (see module doc)."""
+    containers = _total(_container_requests(c) for c in _list(spec, "containers"))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for container in _list(spec, "initContainers"):
+        requests = _container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            sidecars = _total([sidecars, requests])
+            init_peak = _peak([init_peak, sidecars])
+        else:
+            init_peak = _peak([init_peak, _total([sidecars, requests])])
+    effective = _peak([_total([containers, sidecars]), init_peak])
+    effective.update(_container_requests(spec))
+    return _total([effective, _parse_resources(_dict(spec, "overhead")), {PODS: NANO}])
+
+
+def _container_requests(container: Obj) -> dict[str, int]:
+    """Requests of a container (or of a pod's `spec.resources`), limits filling the gaps."""
+    resources = _dict(container, "resources")
+    return _parse_resources({**_dict(resources, "limits"), **_dict(resources, "requests")})
+
+
+def _required_affinity(spec: Obj) -> tuple[SelectorTerm, ...] | None:
+    node_affinity = _dict(_dict(spec, "affinity"), "nodeAffinity")
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not isinstance(required, Mapping):
+        return None
+    return tuple(_selector_term(t) for t in _list(required, "nodeSelectorTerms"))
+
+
+def _selector_term(term: Obj) -> SelectorTerm:
+    return SelectorTerm(
+        expressions=tuple(_requirement(r) for r in _list(term, "matchExpressions")),
+        fields=tuple(_requirement(r) for r in _list(term, "matchFields")),
+    )
+
+
+def _requirement(raw: Obj) -> Requirement:
+    values = raw.get("values")
+    values = tuple(str(v) for v in values) if isinstance(values, list) else ()
+    return Requirement(str(raw.get("key") or ""), str(raw.get("operator") or ""), values)
+
+
+def _toleration(raw: Obj) -> Toleration:
+    return Toleration(
+        key=str(raw.get("key") or ""),
+        operator=str(raw.get("operator") or "Equal"),
+        value=str(raw.get("value") or ""),
+        effect=str(raw.get("effect") or ""),
+    )
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What fit needs of a Node. `problem` set: unusable for everyone, and why."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    allocatable: Resources = field(default_factory=dict)
+    ready: bool = True
+    unschedulable: bool = False
+    created: str = ""
+    problem: Rejection | None = None
+
+    @property
+    def is_usable(self) -> bool:
+        return self.problem is None
+
+
+def node_view(node: Obj) -> NodeView:
+    """A NodeView of a Node dict; malformed data makes it unusable, never usable."""
+    meta, spec, status = _dict(node, "metadata"), _dict(node, "spec"), _dict(node, "status")
+    taints = tuple(_taint(t) for t in _list(spec, "taints"))
+    allocatable, malformed = _parse_allocatable(_dict(status, "allocatable"))
+    ready, unschedulable = _is_ready(status), bool(spec.get("unschedulable"))
+    problem = malformed or _node_problem(status, taints, ready=ready, cordoned=unschedulable)
+    return NodeView(
+        name=str(meta.get("name") or ""),
+        labels=_strings(_dict(meta, "labels")),
+        annotations=_strings(_dict(meta, "annotations")),
+        taints=taints,
+        allocatable=allocatable,
+        ready=ready,
+        unschedulable=unschedulable,
+        created=str(meta.get("creationTimestamp") or ""),
+        problem=problem,
+    )
+
+
+def _taint(raw: Obj) -> Taint:
+    return Taint(
+        str(raw.get("key") or ""), str(raw.get("value") or ""), str(raw.get("effect") or "")
+    )
+
+
+def _parse_allocatable(raw: Obj) -> tuple[dict[str, int], Rejection | None]:
+    parsed: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            parsed[str(name)] = parse_quantity(value)
+        except QuantityError:
+            detail = f"malformed allocatable {_quoted(name)}: {_quoted(value)}"
+            return parsed, Rejection("malformed allocatable", detail)
+    return parsed, None
+
+
+def _node_problem(
+    status: Obj, taints: Sequence[Taint], *, ready: bool, cordoned: bool
+) -> Rejection | None:
+    if not _dict(status, "allocatable"):
+        return Rejection("no allocatable resources reported")
+    unknown = [t for t in taints if t.effect not in KNOWN_EFFECTS]
+    if unknown:
+        return Rejection(
+            f"unknown taint effect {_quoted(unknown[0].effect)}",
+            f"taint {unknown[0]} has unknown effect {_quoted(unknown[0].effect)}",
+        )
+    if not ready:
+        return Rejection("not Ready")
+    return Rejection("unschedulable (cordoned)") if cordoned else None
+
+
+def _is_ready(status: Obj) -> bool:
+    for condition in _list(status, "conditions"):
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
+
+
+# --- one member on one node ------------------------------------------------------------------
+
+
+def host_rejection(
+    member: Member, node: NodeView, free: Resources | None = None
+) -> Rejection | None:
+    """Why `node` cannot take one `member` given `free` room (default: all allocatable)."""
+    return (
+        node.problem
+        or static_rejection(member, node)
+        or _resource_rejection(member.requests, node.allocatable if free is None else free)
+    )
+
+
+def node_could_host(member: Member, node: NodeView) -> bool:
+    """Whether `node`, empty, could take one `member`: is it relevant to this request?"""
+    return host_rejection(member, node) is None
+
+
+def static_rejection(member: Member, node: NodeView) -> Rejection | None:
+    """The reason from labels, affinity and taints alone, capacity aside."""
+    return (
+        _selector_rejection(member.node_selector, node)
+        or _affinity_rejection(member.affinity, node)
+        or _taint_rejection(member.tolerations, node.taints)
+    )
+
+
+def _selector_rejection(selector: Mapping[str, str], node: NodeView) -> Rejection | None:
+    missing = [f"{k}={v}" for k, v in sorted(selector.items()) if node.labels.get(k) != v]
+    if not missing:
+        return None
+    return Rejection(f"node selector mismatch (needs {', '.join(missing)})")
+
+
+def _affinity_rejection(terms: tuple[SelectorTerm, ...] | None, node: NodeView) -> Rejection | None:
+    if terms is None:
+        return None
+    failures = [term.first_failure(node) for term in terms]
+    if any(failure is None for failure in failures):
+        return None
+    short = "required node affinity not satisfied"
+    return Rejection(short, f"{short} ({failures[0]})" if len(failures) == 1 else short)
+
+
+def _taint_rejection(
+    tolerations: Sequence[Toleration], taints: Sequence[Taint]
+) -> Rejection | None:
+    for taint in taints:
+        if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in tolerations):
+            return Rejection(f"taint {taint.short} not tolerated", f"taint {taint} not tolerated")
+    return None
+
+
+def _resource_rejection(requests: Resources, free: Resources) -> Rejection | None:
+    short = [name for name in _wanted(requests) if requests[name] > free.get(name, 0)]
+    if not short:
+        return None
+    detail = "; ".join(
+        f"insufficient {name} (requested {_amount(name, requests[name])}, "
+        f"free {_amount(name, max(free.get(name, 0), 0))})"
+        for name in short
+    )
+    return Rejection(f"insufficient {', '.join(short)}", detail)
+
+
+def capacity(requests: Resources, free: Resources) -> int:
+    """How many members with `requests` fit in `free` room (only positive requests count)."""
+    wanted = _wanted(requests)
+    if not wanted:
+        return 0
+    return max(0, min(free.get(name, 0) // requests[name] for name in wanted))
+
+
+def _wanted(requests: Resources) -> list[str]:
+    """Resources actually asked for, `pods` first, then by name."""
+    return sorted((n for n, v in requests.items() if v > 0), key=lambda n: (n != PODS, n))
+
+
+# --- bound pods ------------------------------------------------------------------------------
+
+
+def used_resources(bound_pods: Iterable[Obj]) -> dict[str, dict[str, int]]:
+    """Node name -> requests of the pods bound to it and not finished, `pods` counted."""
+    used: dict[str, dict[str, int]] = {}
+    for pod in bound_pods:
+        node_name = _dict(pod, "spec").get("nodeName")
+        if not node_name or _dict(pod, "status").get("phase") in _DONE_PHASES:
+            continue
+        requests = pod_requests(_dict(pod, "spec"))
+        used[str(node_name)] = _total([used.get(str(node_name), {}), requests])
+    return used
+
+
+# --- the gang --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Where the gang's members would go, and why the nodes left empty could take none.
+
+    `placements`: node -> pod set name per member placed there (only nodes taking some).
+    `unplaced`: pod set -> members left over. `node_reasons`: for every unusable node, and
+    when the gang does not fit, for every node that took nothing: the reason it could not
+    take a member of the first pod set left over (`blocking_pod_set`).
+    """
+
+    fits: bool
+    placeable: int
+    total: int
+    placements: Mapping[str, tuple[str, ...]]
+    unplaced: Mapping[str, int]
+    node_reasons: Mapping[str, Rejection]
+    blocking_pod_set: str | None = None
+    pod_sets: int = 1
+
+
+def fit_gang(
+    pod_sets: Sequence[GangPodSet | tuple[str, int, Member]],
+    nodes: Iterable[NodeView],
+    bound_pods: Iterable[Obj] = (),
+) -> FitResult:
+    """Whether every member of every pod set can be placed at once (see module doc)."""
+    gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
+    gang = [ps for ps in gang if ps.count > 0]
+    views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
+    free = _initial_free(views, used_resources(bound_pods))
+    placements: dict[str, list[str]] = {}
+    unplaced: dict[str, int] = {}
+    for pod_set in sorted(gang, key=_demand_order):
+        left = _place(pod_set, views, free, placements)
+        if left:
+            unplaced[pod_set.name] = left
+    blocking = next((ps for ps in sorted(gang, key=_demand_order) if ps.name in unplaced), None)
+    return _result(
+        gang, views, free=free, placements=placements, unplaced=unplaced, blocking=blocking
+    )
+
+
+def _initial_free(
+    views: Sequence[NodeView], used: Mapping[str, Resources]
+) -> dict[str, dict[str, int]]:
+    free: dict[str, dict[str, int]] = {}
+    for node in views:
+        taken = used.get(node.name, {})
+        names = set(node.allocatable) | set(taken)
+        free[node.name] = {r: node.allocatable.get(r, 0) - taken.get(r, 0) for r in names}
+    return free
+
+
+def _demand_order(pod_set: GangPodSet) -> tuple[int, int, int, str]:
+    """Biggest members first, an order fixed by the members alone."""
+    req = pod_set.member.requests
+    extended = sum(v for n, v in req.items() if n not in STANDARD_RESOURCES)
+    return (-extended, -req.get("cpu", 0), -req.get("memory", 0), pod_set.name)
+
+
+def _place(
+    pod_set: GangPodSet,
+    views: Sequence[NodeView],
+    free: dict[str, dict[str, int]],
+    placements: dict[str, list[str]],
+) -> int:
+    """Fill eligible nodes, best fit first; returns how many members are left over."""
+    requests, left = pod_set.member.requests, pod_set.count
+    for node in _best_fit_order(pod_set.member, views, free):
+        take = min(left, capacity(requests, free[node.name]))
+        room = free[node.name]
+        for name, value in requests.items():
+            room[name] = room.get(name, 0) - take * value
+        placements.setdefault(node.name, []).extend([pod_set.name] * take)
+        left -= take
+        if left == 0:
+            break
+    return left
+
+
+def _best_fit_order(
+    member: Member, views: Sequence[NodeView], free: Mapping[str, Resources]
+) -> list[NodeView]:
+    eligible = [
+        n
+        for n in views
+        if n.is_usable
+        and static_rejection(member, n) is None
+        and capacity(member.requests, free[n.name]) > 0
+    ]
+    return sorted(eligible, key=lambda n: (_room_after(member, n, free[n.name]), n.name))
+
+
+def _room_after(member: Member, node: NodeView, free: Resources) -> Fraction:
+    """Room left after one member, summed over requested resources as shares of allocatable."""
+    wanted = [r for r in _wanted(member.requests) if r != PODS]
+    shares = (Fraction(free[r] - member.requests[r], node.allocatable.get(r) or 1) for r in wanted)
+    return sum(shares, Fraction(0))
+
+
+def _result(
+    gang: Sequence[GangPodSet],
+    views: Sequence[NodeView],
+    *,
+    free: Mapping[str, Resources],
+    placements: Mapping[str, list[str]],
+    unplaced: Mapping[str, int],
+    blocking: GangPodSet | None,
+) -> FitResult:
+    reasons: dict[str, Rejection] = {}
+    for node in views:
+        if node.name in placements:
+            continue
+        reason = node.problem
+        if reason is None and blocking is not None:
+            reason = host_rejection(blocking.member, node, free[node.name])
+        if reason is not None:
+            reasons[node.name] = reason
+    total = sum(ps.count for ps in gang)
+    return FitResult(
+        fits=not unplaced,
+        placeable=total - sum(unplaced.values()),
+        total=total,
+        placements={name: tuple(members) for name, members in placements.items()},
+        unplaced=dict(unplaced),
+        node_reasons=reasons,
+        blocking_pod_set=blocking.name if blocking else None,
+        pod_sets=len(gang),
+    )
+
+
+# --- words -----------------------------------------------------------------------------------
+
+
+def reason_lines(result: FitResult) -> list[str]:
+    """`node "gpu-3": taint nvidia.com/gpu=present:NoSchedule not tolerated`, one per node."""
+    return [f"node {_quoted(name)}: {reason}" for name, reason in result.node_reasons.items()]
+
+
+def summarize(result: FitResult, limit: int = SUMMARY_LIMIT) -> str:
+    """One line for a check message: how much fits and why the empty nodes take none."""
+    head = f"{result.placeable} of {result.total} members placeable"
+    used = len(result.placements)
+    if used:
+        head += f" on {_plural(used, 'node')}"
+    if result.fits:
+        return head
+    head += _left_over(result)
+    blocked = list(result.node_reasons.values())
+    if not blocked:
+        tail = "; no nodes" if not used else "; the nodes in use have no room for the rest"
+        return _truncate(head + tail, limit)
+    return _truncate(f"{head}; {_plural(len(blocked), 'node')} can take none: ", limit, blocked)
+
+
+def _left_over(result: FitResult) -> str:
+    if result.pod_sets < 2:
+        return ""
+    parts = [f"{name} {count}" for name, count in sorted(result.unplaced.items())]
+    return f" (left over: {', '.join(parts)})"
+
+
+def _truncate(head: str, limit: int, reasons: Sequence[Rejection] = ()) -> str:
+    groups = Counter(r.short for r in reasons).most_common()
+    groups.sort(key=lambda g: (-g[1], g[0]))
+    text, shown = head, 0
+    for short, count in groups:
+        piece = f"{', ' if shown else ''}{count} × {short}"  # noqa: RUF001
+        if len(text) + len(piece) > limit - 12:
+            break
+        text, shown = text + piece, shown + 1
+    if shown < len(groups):
+        text += f"{', ' if shown else ''}+{len(groups) - shown} more"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def _amount(resource: str, nanos: int) -> str:
+    binary = resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-")
+    return format_quantity(nanos, binary=binary)
+
+
+def _quoted(value: object) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _as_int(text: str) -> int | None:
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    return int(text)
+
+
+def _parse_resources(raw: Obj) -> dict[str, int]:
+    """Requests by resource; a negative one (which the API server refuses) counts as 0."""
+    return {str(name): max(0, parse_quantity(value)) for name, value in raw.items()}
+
+
+def _total(parts: Iterable[Resources]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            out[name] = out.get(name, 0) + value
+    return out
+
+
+def _peak(parts: Iterable[Resources]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in parts:
+        for name, value in part.items():
+            out[name] = max(out.get(name, value), value)
+    return out
+
+
+def _strings(raw: Obj) -> dict[str, str]:
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def _dict(obj: Obj, key: str) -> Obj:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(obj: Obj, key: str) -> list[Obj]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
