@@ -17,6 +17,7 @@ PHASE_ANNOTATION = "gangcheck.io/phase"
 OUTCOME_ANNOTATION = "gangcheck.io/outcome"
 ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
 ROLLING_BACK = "RollingBack"
+FULFILLED = "Fulfilled"
 STARTED = "Started"
 
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"

@@ -20,6 +20,7 @@ from gangcheck.logic.actions import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
+    FULFILLED,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
@@ -382,7 +383,7 @@ def _rollback_trigger(snap: Snapshot, req: ProvisioningRequest, now: datetime) -
     deadline = deadline_of(req)
     if deadline is None or now < deadline:
         return None
-    verdict = assess(snap.capacity, req, gang_templates(snap))
+    verdict = assess(snap.capacity, req, gang_templates(snap), now)
     if is_true(conds, "Provisioned") and verdict.fits:
         return None
     assert snap.config is not None
@@ -499,11 +500,12 @@ def _provisioned(
     provisioned = req.conditions["Provisioned"].message
     if snap.config.fulfillment.mode is FulfillmentMode.TRUST_PROVISIONED:
         return _ready(snap, state, req, provisioned or "capacity provisioned", now)
-    verdict = assess(snap.capacity, req, gang_templates(snap))
+    verdict = assess(snap.capacity, req, gang_templates(snap), now)
     claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
     if verdict.fits:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-        return replace(_ready(snap, state, req, message, now), actions=claims)
+        fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
+        return replace(_ready(snap, state, req, message, now), actions=(*claims, fulfilled))
     message = f"capacity requested, not yet usable: {verdict.summary}"
     return replace(
         _transition(state, PENDING, message, now),

@@ -39,6 +39,9 @@ class Capacity:
     nodes: tuple[Obj, ...] = ()
     pods: tuple[Obj, ...] = ()
     in_flight: frozenset[str] = frozenset()
+    waiting: tuple[str, ...] = ()
+    """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
+    claim_grace_seconds: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -66,38 +69,76 @@ def gang_of(pod_sets: Sequence[tuple[str, int, Obj]]) -> list[GangPodSet]:
 
 
 def assess(
-    capacity: Capacity | None, req: ProvisioningRequest, pod_sets: Sequence[tuple[str, int, Obj]]
+    capacity: Capacity | None,
+    req: ProvisioningRequest,
+    pod_sets: Sequence[tuple[str, int, Obj]],
+    now: datetime | None = None,
 ) -> Fulfillment:
-    """Whether the gang fits on the nodes this request may count, and which nodes to claim."""
+    """Whether the gang fits on the nodes this request may count, and which nodes to claim.
+
+    New arrivals are claimed one at a time, only until the gang fits, so a node the gang does
+    not need stays free for the next one.
+    """
     capacity = capacity or Capacity()
     gang = gang_of(pod_sets)
-    mine, claims = _countable_nodes(capacity, req, [g.member for g in gang])
-    result = fit_gang(gang, [node_view(n) for n in mine], capacity.pods)
-    arrived = tuple(sorted(n["metadata"]["name"] for n in mine if claim_of(n) == request_key(req)))
+    base, candidates = _partition(capacity, req, [g.member for g in gang], now)
+    views = [node_view(n) for n in base]
+    result = fit_gang(gang, views, capacity.pods)
+    claims: list[Obj] = []
+    for node in candidates:
+        if result.fits:
+            break
+        claims.append(node)
+        views.append(node_view(node))
+        result = fit_gang(gang, views, capacity.pods)
+    key = request_key(req)
+    arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
     return Fulfillment(
         fits=result.fits,
         summary=summarize(result),
         placeable=result.placeable,
         total=result.total,
-        claims=claims,
-        arrived=tuple(sorted({*arrived, *(name for name, _ in claims)})),
+        claims=tuple(
+            (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in claims
+        ),
+        arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
     )
 
 
-def _countable_nodes(
-    capacity: Capacity, req: ProvisioningRequest, members: list[Member]
-) -> tuple[list[Obj], tuple[tuple[str, str], ...]]:
+def _partition(
+    capacity: Capacity, req: ProvisioningRequest, members: list[Member], now: datetime | None
+) -> tuple[list[Obj], list[Obj]]:
+    """(nodes the request counts already, new arrivals it may claim in order)."""
     key, created = request_key(req), parse_time(req.creation_timestamp)
-    countable, claims = [], []
+    base, candidates = [], []
     for node in capacity.nodes:
         owner = claim_of(node)
-        if owner and owner != key and owner in capacity.in_flight:
+        if owner == key:
+            base.append(node)
+        elif owner and owner in capacity.in_flight:
             continue  # another gang's arrival
-        countable.append(node)
-        if owner != key and is_new_arrival(node, created, members):
-            meta = node["metadata"]
-            claims.append((meta["name"], meta.get("resourceVersion", "")))
-    return countable, tuple(sorted(claims))
+        elif not is_new_arrival(node, created, members):
+            base.append(node)  # capacity that predates the request, shared by all
+        elif _may_claim(capacity, key, node, now):
+            candidates.append(node)
+    return base, sorted(candidates, key=_arrival_order)
+
+
+def _may_claim(capacity: Capacity, key: str, node: Obj, now: datetime | None) -> bool:
+    """The oldest waiting request claims first; after a grace period, anyone may."""
+    if not capacity.waiting or capacity.waiting[0] == key:
+        return True
+    born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
+    return (
+        born is not None
+        and now is not None
+        and (now - born).total_seconds() >= capacity.claim_grace_seconds
+    )
+
+
+def _arrival_order(node: Obj) -> tuple[str, str]:
+    meta = node.get("metadata", {})
+    return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
 
 
 def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Member]) -> bool:

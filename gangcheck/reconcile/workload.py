@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +19,11 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.actions import (
+    FULFILLED,
     OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
     Action,
     AdoptTemplate,
     AnnotateRequest,
@@ -302,3 +306,20 @@ def _owner_uids(obj: Obj) -> list[str]:
 def _owner_name(obj: Obj) -> str:
     refs = obj["metadata"].get("ownerReferences") or [{}]
     return str(refs[0].get("name", ""))
+
+
+def _key(obj: Obj) -> str:
+    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+
+
+def waiting_requests(requests: Iterable[Obj]) -> tuple[str, ...]:
+    """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
+    done = {FULFILLED, STARTED, ROLLING_BACK}
+    waiting = [
+        r
+        for r in requests
+        if (r["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION) not in done
+        and not r["metadata"].get("deletionTimestamp")
+    ]
+    waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
+    return tuple(_key(r) for r in waiting)

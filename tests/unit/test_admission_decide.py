@@ -28,6 +28,7 @@ NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
 GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
 REQ1 = "wl-atomic-1"
+FULFILLED = {"gangcheck.io/phase": "Fulfilled"}
 
 
 def gang(count: int = 4) -> WorkloadBuilder:
@@ -48,6 +49,7 @@ class Case:
     templates: dict[str, tuple[str, ...]] = field(default_factory=dict)
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
+    waiting: tuple[str, ...] = ()
     # expectations
     state: str | None = None  # None: no check write
     message: str = ""
@@ -74,7 +76,12 @@ def run(case: Case) -> Decision:
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
         templates={n: TemplateInfo(n, owners) for n, owners in case.templates.items()},
-        capacity=Capacity(nodes=tuple(case.nodes), pods=tuple(case.pods), in_flight=case.in_flight),
+        capacity=Capacity(
+            nodes=tuple(case.nodes),
+            pods=tuple(case.pods),
+            in_flight=case.in_flight | frozenset(case.waiting),
+            waiting=case.waiting,
+        ),
     )
     return decide(snap, case.now)
 
@@ -248,6 +255,45 @@ CASES = [
         claims=("n1", "n2"),
         consume_pod_sets=("workers",),
         message="the whole gang fits on nodes that exist",
+        annotates=(FULFILLED,),
+    ),
+    Case(
+        "fit mode, only as many new nodes as the gang needs are claimed",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node(f"n{i}", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")
+            for i in (1, 2, 3)
+        ],
+        state="Ready",
+        claims=("n1", "n2"),
+        consume_pod_sets=("workers",),
+        message="the whole gang fits on nodes that exist",
+        annotates=(FULFILLED,),
+    ),
+    Case(
+        "fit mode, a younger request leaves new nodes to the older one waiting",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:04:55Z")],
+        waiting=("default/older-1", f"default/{REQ1}"),
+        state="Pending",
+        message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
+        "fit mode, after the grace period any waiting request may claim a new node",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")],
+        waiting=("default/older-1", f"default/{REQ1}"),
+        state="Ready",
+        claims=("n1",),
+        consume_pod_sets=("workers",),
+        message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, a node another in-flight request claimed is not counted",
@@ -407,6 +453,7 @@ CASES += [
         state="Ready",
         consume_pod_sets=("workers",),
         message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "rollback under way: only the nodes that arrived for this request are reclaimed",
