@@ -137,6 +137,7 @@ class Kube:
         *,
         resource_version: str | None = None,
         uid: str | None = None,
+        grace_period_seconds: int | None = None,
     ) -> Obj:
         """Delete, optionally only if the object still has this resourceVersion / uid."""
         preconditions = {
@@ -145,6 +146,8 @@ class Kube:
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if preconditions:
             body["preconditions"] = preconditions
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         return await self.request("DELETE", res.object_path(name, namespace), body=body)
 
     async def watch(

@@ -16,6 +16,7 @@ DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
 PHASE_ANNOTATION = "gangcheck.io/phase"
 OUTCOME_ANNOTATION = "gangcheck.io/outcome"
 ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
+ROLLBACK_NODES_ANNOTATION = "gangcheck.io/rollback-nodes"
 ROLLING_BACK = "RollingBack"
 FULFILLED = "Fulfilled"
 STARTED = "Started"
@@ -82,6 +83,8 @@ class ReclaimArrivals:
     request_created: str
     nodes: tuple[str, ...]
     reclaimer: str
+    node_created: tuple[str, ...] = ()
+    """creationTimestamp of each node, to count the time held of one already gone."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Failed > CapacityRevoked > BookingExpired (before admission) > Provisioned > Acc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -25,6 +26,7 @@ from gangcheck.logic.actions import (
     MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
+    ROLLBACK_NODES_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
     STARTED,
@@ -183,7 +185,7 @@ def _watch_start(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> Dec
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
-    return _start_rollback(req, trigger)
+    return _start_rollback(snap, req, trigger)
 
 
 def members_scheduled(capacity: Capacity | None, request: str) -> int:
@@ -365,7 +367,9 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
             actions=(*adopt, _delete(req, "config changed")), events=(event,), requeue_after=1.0
         )
     trigger = _rollback_trigger(snap, req, now) if _fit_mode(snap) else None
-    decision = _start_rollback(req, trigger) if trigger else _from_conditions(snap, state, req, now)
+    decision = (
+        _start_rollback(snap, req, trigger) if trigger else _from_conditions(snap, state, req, now)
+    )
     return replace(decision, actions=adopt + decision.actions)
 
 
@@ -393,10 +397,20 @@ def _rollback_trigger(snap: Snapshot, req: ProvisioningRequest, now: datetime) -
     )
 
 
-def _start_rollback(req: ProvisioningRequest, trigger: str) -> Decision:
-    """Record the rollback on the request first, so it completes even across a restart."""
+def _start_rollback(snap: Snapshot, req: ProvisioningRequest, trigger: str) -> Decision:
+    """Record the rollback, and the nodes that arrived, on the request first: it completes,
+    and counts every node, even across a restart."""
+    arrived = {
+        n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
+        for n in arrived_for(_nodes(snap), request_key(req))
+    }
     annotate = AnnotateRequest(
-        req.name, {PHASE_ANNOTATION: ROLLING_BACK, ROLLBACK_REASON_ANNOTATION: trigger}
+        req.name,
+        {
+            PHASE_ANNOTATION: ROLLING_BACK,
+            ROLLBACK_REASON_ANNOTATION: trigger,
+            ROLLBACK_NODES_ANNOTATION: json.dumps(arrived, sort_keys=True),
+        },
     )
     event = Event("RollbackStarted", f"Rolling back {req.name}: {trigger}", warning=True)
     return Decision(actions=(annotate,), events=(event,), requeue_after=0.2)
@@ -409,10 +423,14 @@ def _roll_back(
     assert snap.config is not None
     raw = req.annotations.get(OUTCOME_ANNOTATION)
     if not raw:
-        key = request_key(req)
-        nodes = tuple(sorted(n["metadata"]["name"] for n in arrived_for(_nodes(snap), key)))
+        arrived = _rollback_nodes(snap, req)
         reclaim = ReclaimArrivals(
-            req.name, key, req.creation_timestamp, nodes, snap.config.fulfillment.reclaimer.value
+            req.name,
+            request_key(req),
+            req.creation_timestamp,
+            tuple(sorted(arrived)),
+            snap.config.fulfillment.reclaimer.value,
+            tuple(arrived[n] for n in sorted(arrived)),
         )
         return Decision(actions=(reclaim,), requeue_after=0.2)
     reason = req.annotations.get(ROLLBACK_REASON_ANNOTATION, "rolled back")
@@ -423,6 +441,17 @@ def _roll_back(
         decision = _retry_or_reject(snap, state, "Retrying after rollback", message, now)
     event = Event("RolledBack", message, warning=True)
     return replace(decision, events=(*decision.events, event))
+
+
+def _rollback_nodes(snap: Snapshot, req: ProvisioningRequest) -> dict[str, str]:
+    """Nodes recorded when the rollback began, plus any that arrived since: name -> created."""
+    try:
+        recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
+    except (ValueError, TypeError):
+        recorded = {}
+    for n in arrived_for(_nodes(snap), request_key(req)):
+        recorded[n["metadata"]["name"]] = n["metadata"].get("creationTimestamp", "")
+    return {str(k): str(v) for k, v in recorded.items()}
 
 
 def _nodes(snap: Snapshot) -> tuple[Obj, ...]:
@@ -504,8 +533,8 @@ def _provisioned(
     claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
     if verdict.fits:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-        fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
-        return replace(_ready(snap, state, req, message, now), actions=(*claims, fulfilled))
+        ready = _ready(snap, state, req, message, now)
+        return replace(ready, actions=(*claims, *ready.actions))
     message = f"capacity requested, not yet usable: {verdict.summary}"
     return replace(
         _transition(state, PENDING, message, now),
@@ -535,7 +564,12 @@ def gang_templates(snap: Snapshot) -> list[tuple[str, int, Obj]]:
 def _ready(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, message: str, now: datetime
 ) -> Decision:
-    return _transition(state, READY, message, now, pod_set_updates=pod_set_updates(snap, req))
+    """Ready, and the request marked fulfilled: it no longer claims or holds back new nodes."""
+    decision = _transition(state, READY, message, now, pod_set_updates=pod_set_updates(snap, req))
+    if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
+        return decision
+    fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
+    return replace(decision, actions=(*decision.actions, fulfilled))
 
 
 def pod_set_updates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Obj, ...]:

@@ -21,19 +21,23 @@ it names, plus `spec.overhead`, plus one `pods`. Not modelled: DRA claims, topol
 ports, volumes, pod (anti-)affinity, resized pods' allocated resources.
 
 Placement is a heuristic: it never reports a placement that is not feasible, but may miss
-one that is. Pod sets go in descending order of demand (extended resources, then cpu, then
-memory: an order that does not depend on the nodes); each pod set's members go to the
-eligible nodes best fit first (least room left afterwards, relative to allocatable), each
-node filled as far as it goes. With identical members the count placed is exact, and for a
-gang of one or two pod sets adding a node or lifting a constraint never places fewer.
+one that is. Pod sets are taken in descending order of demand (extended resources, then
+cpu, then memory: an order fixed by the members alone); each pod set's members go to the
+eligible nodes best fit first (least room left after one member, as shares of allocatable;
+ties by node name), each node filled as far as it goes. When that order leaves members over
+and the gang has at most four pod sets, every other order is tried too, and the first that
+fits, or else the one placing most, is reported. What this guarantees: with one pod set
+the count placed is the exact maximum; with one or two pod sets, adding a node never
+places fewer. Lifting a constraint (a taint, a selector) can, with two or more pod sets,
+place fewer: a member newly allowed on a node may take the room another pod set had there.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
@@ -46,6 +50,7 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 KNOWN_EFFECTS = BLOCKING_EFFECTS | {"PreferNoSchedule"}
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", PODS})
 SUMMARY_LIMIT = 300
+MAX_ORDERS_TRIED_POD_SETS = 4
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -393,10 +398,7 @@ def _resource_rejection(requests: Resources, free: Resources) -> Rejection | Non
 
 def capacity(requests: Resources, free: Resources) -> int:
     """How many members with `requests` fit in `free` room (only positive requests count)."""
-    wanted = _wanted(requests)
-    if not wanted:
-        return 0
-    return max(0, min(free.get(name, 0) // requests[name] for name in wanted))
+    return _fits(requests, _wanted(requests), free)
 
 
 def _wanted(requests: Resources) -> list[str]:
@@ -451,17 +453,69 @@ def fit_gang(
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
     views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
-    free = _initial_free(views, used_resources(bound_pods))
+    start = _initial_free(views, used_resources(bound_pods))
+    plans = [_plan(ps, views) for ps in gang]
+    best = _best(_attempt(order, start) for order in _orders(plans))
+    return _result(gang, views, best)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A pod set with what every attempt needs of it: resources asked, nodes it may use."""
+
+    pod_set: GangPodSet
+    wanted: tuple[str, ...]
+    eligible: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One pass over the pod sets in one order: what went where, what room is left."""
+
+    order: tuple[_Plan, ...]
+    free: Mapping[str, Resources]
+    placements: Mapping[str, list[str]]
+    unplaced: Mapping[str, int]
+
+    @property
+    def placed(self) -> int:
+        return sum(len(members) for members in self.placements.values())
+
+
+def _best(attempts: Iterable[_Attempt]) -> _Attempt:
+    """The first attempt that fits, else the first placing most."""
+    best: _Attempt | None = None
+    for attempt in attempts:
+        if not attempt.unplaced:
+            return attempt
+        if best is None or attempt.placed > best.placed:
+            best = attempt
+    return best or _Attempt((), {}, {}, {})
+
+
+def _plan(pod_set: GangPodSet, views: Sequence[NodeView]) -> _Plan:
+    member = pod_set.member
+    eligible = (n for n in views if n.is_usable and static_rejection(member, n) is None)
+    return _Plan(pod_set, tuple(_wanted(member.requests)), tuple(eligible))
+
+
+def _orders(plans: Sequence[_Plan]) -> Iterable[tuple[_Plan, ...]]:
+    """Biggest members first; for small gangs then every other order of the pod sets."""
+    by_demand = tuple(sorted(plans, key=lambda plan: _demand_order(plan.pod_set)))
+    if len(by_demand) > MAX_ORDERS_TRIED_POD_SETS:
+        return [by_demand]
+    return itertools.permutations(by_demand)
+
+
+def _attempt(order: tuple[_Plan, ...], start: Mapping[str, Resources]) -> _Attempt:
+    free = {name: dict(room) for name, room in start.items()}
     placements: dict[str, list[str]] = {}
     unplaced: dict[str, int] = {}
-    for pod_set in sorted(gang, key=_demand_order):
-        left = _place(pod_set, views, free, placements)
+    for plan in order:
+        left = _place(plan, free, placements)
         if left:
-            unplaced[pod_set.name] = left
-    blocking = next((ps for ps in sorted(gang, key=_demand_order) if ps.name in unplaced), None)
-    return _result(
-        gang, views, free=free, placements=placements, unplaced=unplaced, blocking=blocking
-    )
+            unplaced[plan.pod_set.name] = left
+    return _Attempt(order, free, placements, unplaced)
 
 
 def _initial_free(
@@ -482,71 +536,61 @@ def _demand_order(pod_set: GangPodSet) -> tuple[int, int, int, str]:
     return (-extended, -req.get("cpu", 0), -req.get("memory", 0), pod_set.name)
 
 
-def _place(
-    pod_set: GangPodSet,
-    views: Sequence[NodeView],
-    free: dict[str, dict[str, int]],
-    placements: dict[str, list[str]],
-) -> int:
-    """Fill eligible nodes, best fit first; returns how many members are left over."""
-    requests, left = pod_set.member.requests, pod_set.count
-    for node in _best_fit_order(pod_set.member, views, free):
-        take = min(left, capacity(requests, free[node.name]))
-        room = free[node.name]
-        for name, value in requests.items():
-            room[name] = room.get(name, 0) - take * value
-        placements.setdefault(node.name, []).extend([pod_set.name] * take)
+def _place(plan: _Plan, free: dict[str, dict[str, int]], placements: dict[str, list[str]]) -> int:
+    """Fill the eligible nodes, best fit first; returns how many members are left over."""
+    requests, left = plan.pod_set.member.requests, plan.pod_set.count
+    room = {n.name: _fits(requests, plan.wanted, free[n.name]) for n in plan.eligible}
+    for node in sorted(
+        (n for n in plan.eligible if room[n.name] > 0),
+        key=lambda n: (_room_after(requests, plan.wanted, n, free[n.name]), n.name),
+    ):
+        take = min(left, room[node.name])
+        for name in plan.wanted:
+            free[node.name][name] = free[node.name].get(name, 0) - take * requests[name]
+        placements.setdefault(node.name, []).extend([plan.pod_set.name] * take)
         left -= take
         if left == 0:
             break
     return left
 
 
-def _best_fit_order(
-    member: Member, views: Sequence[NodeView], free: Mapping[str, Resources]
-) -> list[NodeView]:
-    eligible = [
-        n
-        for n in views
-        if n.is_usable
-        and static_rejection(member, n) is None
-        and capacity(member.requests, free[n.name]) > 0
-    ]
-    return sorted(eligible, key=lambda n: (_room_after(member, n, free[n.name]), n.name))
+def _fits(requests: Resources, wanted: Sequence[str], free: Resources) -> int:
+    if not wanted:
+        return 0
+    return max(0, min(free.get(name, 0) // requests[name] for name in wanted))
 
 
-def _room_after(member: Member, node: NodeView, free: Resources) -> Fraction:
-    """Room left after one member, summed over requested resources as shares of allocatable."""
-    wanted = [r for r in _wanted(member.requests) if r != PODS]
-    shares = (Fraction(free[r] - member.requests[r], node.allocatable.get(r) or 1) for r in wanted)
-    return sum(shares, Fraction(0))
+def _room_after(
+    requests: Resources, wanted: Sequence[str], node: NodeView, free: Resources
+) -> float:
+    """Room left after one member, summed over requested resources as shares of allocatable.
+
+    A float: it only orders the nodes (deterministically); capacity is integer arithmetic.
+    """
+    return sum(
+        (free.get(r, 0) - requests[r]) / (node.allocatable.get(r) or 1) for r in wanted if r != PODS
+    )
 
 
-def _result(
-    gang: Sequence[GangPodSet],
-    views: Sequence[NodeView],
-    *,
-    free: Mapping[str, Resources],
-    placements: Mapping[str, list[str]],
-    unplaced: Mapping[str, int],
-    blocking: GangPodSet | None,
-) -> FitResult:
+def _result(gang: Sequence[GangPodSet], views: Sequence[NodeView], best: _Attempt) -> FitResult:
+    order = [plan.pod_set for plan in best.order]
+    blocking = next((ps for ps in order if ps.name in best.unplaced), None)
     reasons: dict[str, Rejection] = {}
     for node in views:
-        if node.name in placements:
+        if node.name in best.placements:
             continue
         reason = node.problem
         if reason is None and blocking is not None:
-            reason = host_rejection(blocking.member, node, free[node.name])
+            reason = host_rejection(blocking.member, node, best.free[node.name])
         if reason is not None:
             reasons[node.name] = reason
     total = sum(ps.count for ps in gang)
     return FitResult(
-        fits=not unplaced,
-        placeable=total - sum(unplaced.values()),
+        fits=not best.unplaced,
+        placeable=best.placed,
         total=total,
-        placements={name: tuple(members) for name, members in placements.items()},
-        unplaced=dict(unplaced),
+        placements={name: tuple(best.placements[name]) for name in sorted(best.placements)},
+        unplaced=dict(best.unplaced),
         node_reasons=reasons,
         blocking_pod_set=blocking.name if blocking else None,
         pod_sets=len(gang),
@@ -656,3 +700,14 @@ def _list(obj: Obj, key: str) -> list[Obj]:
     if not isinstance(value, list):
         return []
     return [item for item in value if isinstance(item, Mapping)]
+
+
+def could_be_made_for(member: Member, node: NodeView) -> bool:
+    """Whether an autoscaler could have added `node` for `member`: its labels, affinity and
+    room fit, whatever its taints, readiness or cordon (those come and go after it registers;
+    a node the gang cannot use because of them is still one that arrived for it)."""
+    return (
+        _selector_rejection(member.node_selector, node) is None
+        and _affinity_rejection(member.affinity, node) is None
+        and _resource_rejection(member.requests, node.allocatable) is None
+    )

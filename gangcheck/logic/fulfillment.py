@@ -17,9 +17,9 @@ from gangcheck.logic.fit import (
     GangPodSet,
     Member,
     NodeView,
+    could_be_made_for,
     fit_gang,
     member_from_template,
-    node_could_host,
     node_view,
     summarize,
 )
@@ -33,13 +33,21 @@ OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """An in-flight request still waiting for capacity, with its pod templates."""
+
+    key: str
+    templates: tuple[Obj, ...] = ()
+
+
+@dataclass(frozen=True)
 class Capacity:
     """The nodes and pods the caches hold, and which requests are in flight (`ns/name`)."""
 
     nodes: tuple[Obj, ...] = ()
     pods: tuple[Obj, ...] = ()
     in_flight: frozenset[str] = frozenset()
-    waiting: tuple[str, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
     """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
     claim_grace_seconds: float = 15.0
 
@@ -125,15 +133,16 @@ def _partition(
 
 
 def _may_claim(capacity: Capacity, key: str, node: Obj, now: datetime | None) -> bool:
-    """The oldest waiting request claims first; after a grace period, anyone may."""
-    if not capacity.waiting or capacity.waiting[0] == key:
-        return True
-    born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
-    return (
-        born is not None
-        and now is not None
-        and (now - born).total_seconds() >= capacity.claim_grace_seconds
-    )
+    """Older waiting requests the node could serve claim it first; after a grace, anyone may."""
+    view = node_view(node)
+    for older in capacity.waiting:
+        if older.key == key:
+            return True
+        if any(could_be_made_for(member_from_template(t), view) for t in older.templates):
+            born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
+            waited = (now - born).total_seconds() if born and now else 0.0
+            return waited >= capacity.claim_grace_seconds
+    return True
 
 
 def _arrival_order(node: Obj) -> tuple[str, str]:
@@ -142,9 +151,9 @@ def _arrival_order(node: Obj) -> tuple[str, str]:
 
 
 def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Member]) -> bool:
-    """Created no earlier than the request, and able to host one of its members."""
+    """Created no earlier than the request, and made of what one of its members needs."""
     born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
     if born is None or request_created is None or born < request_created:
         return False
     view: NodeView = node_view(node)
-    return any(node_could_host(m, view) for m in members)
+    return any(could_be_made_for(m, view) for m in members)

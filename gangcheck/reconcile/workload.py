@@ -36,15 +36,21 @@ from gangcheck.logic.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.admission import MAX_MESSAGE, Decision, Snapshot, TemplateInfo, decide
-from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity
+from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity, Waiting
 from gangcheck.logic.reclaim import Outcome
-from gangcheck.model.objects import Workload, request_of, workload_of
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)
+STALE_RETRY_SECONDS = 0.5
+
+
+class StaleDecisionError(Exception):
+    """The caches were behind the server: drop the rest of the decision and decide again."""
 
 
 class WorkloadReconciler:
@@ -74,8 +80,9 @@ class WorkloadReconciler:
         delays = []
         for check in self._checks_of(wl):
             decision = decide(self._snapshot(wl, check), self._clock())
-            await self._apply(wl, check, decision)
-            if decision.requeue_after is not None:
+            if not await self._apply(wl, check, decision):
+                delays.append(STALE_RETRY_SECONDS)
+            elif decision.requeue_after is not None:
                 delays.append(decision.requeue_after)
         return Result(requeue_after=min(delays) if delays else None)
 
@@ -106,9 +113,24 @@ class WorkloadReconciler:
             requests=requests,
             templates=templates,
             capacity=Capacity(
-                nodes=tuple(self._caches.nodes.store), pods=tuple(self._caches.pods.store)
+                nodes=tuple(self._caches.nodes.store),
+                pods=tuple(self._caches.pods.store),
+                in_flight=frozenset(_key(r) for r in self._caches.requests.store),
+                waiting=self._waiting(),
             ),
         )
+
+    def _waiting(self) -> tuple[Waiting, ...]:
+        templates = self._caches.templates.store
+        out = []
+        for key, req in waiting_requests(self._caches.requests.store):
+            ns = req["metadata"]["namespace"]
+            names = [
+                p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []
+            ]
+            found = (templates.get(n, ns) for n in names)
+            out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t)))
+        return tuple(out)
 
     async def _remove_orphans(self, namespace: str, name: str) -> None:
         """The Workload is gone: delete what it left (no garbage collector is assumed)."""
@@ -122,10 +144,14 @@ class WorkloadReconciler:
             ):
                 await self._apply_action(namespace, DeleteTemplate(tpl["metadata"]["name"]))
 
-    async def _apply(self, wl: Workload, check: str, decision: Decision) -> None:
+    async def _apply(self, wl: Workload, check: str, decision: Decision) -> bool:
+        """Apply the actions, then write the check and emit events; False if cut short."""
         for action in decision.actions:
             try:
                 await self._apply_action(wl.ref.namespace, action)
+            except StaleDecisionError as e:
+                log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
+                return False
             except (InvalidError, ForbiddenError) as e:
                 await self._report_failed_create(wl, check, action, e)
                 raise
@@ -139,9 +165,10 @@ class WorkloadReconciler:
         if decision.check is not None:
             written = await self._write_check(wl, decision.check.to_obj())
             if not written:
-                return  # the Workload changed meanwhile; its watch event brings us back
+                return False  # the Workload changed meanwhile; its watch event brings us back
         for event in decision.events:
             await self._events.emit(wl.ref, event)
+        return True
 
     async def _report_failed_create(
         self, wl: Workload, check: str, action: Action, error: ApiError
@@ -222,9 +249,10 @@ class WorkloadReconciler:
         }
         try:
             updated = await self._kube.merge_patch(NODE, action.name, patch)
-        except ConflictError:
-            log.info("node %s changed before it could be claimed", action.name)
-            return
+        except ConflictError as e:
+            raise StaleDecisionError(
+                f"node {action.name} changed before it could be claimed"
+            ) from e
         self._caches.nodes.store.put_if_newer(updated)
         log.info("node %s arrived for %s", action.name, action.request)
 
@@ -233,12 +261,17 @@ class WorkloadReconciler:
         assert isinstance(action, ReclaimArrivals)
         now = self._clock()
         reclaimed, draining, kept, held = [], [], {}, 0
+        created = dict(zip(action.nodes, action.node_created, strict=False))
         for node in action.nodes:
             target = Target(node, action.request_key, action.request_created, action.reclaimer)
             result = await reclaim_safely(self._kube, target, now)
             if result.verdict == "reclaimed":
                 reclaimed.append(node)
                 held += result.held_seconds
+            elif result.verdict == "gone":  # reclaimed before a restart, or by the cloud
+                reclaimed.append(node)
+                born = parse_time(created.get(node, ""))
+                held += int((now - born).total_seconds()) if born else 0
             elif result.verdict == "drain":
                 draining.append(node)
             elif result.verdict == "keep":
@@ -312,14 +345,20 @@ def _key(obj: Obj) -> str:
     return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
 
 
-def waiting_requests(requests: Iterable[Obj]) -> tuple[str, ...]:
+def _is_waiting(req: Obj) -> bool:
+    """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
+    if req["metadata"].get("deletionTimestamp"):
+        return False
+    phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
+    if phase in (FULFILLED, STARTED, ROLLING_BACK):
+        return False
+    conditions = conditions_of(req)
+    ended = ("Failed", "CapacityRevoked", "BookingExpired")
+    return is_true(conditions, "Provisioned") and not any(is_true(conditions, c) for c in ended)
+
+
+def waiting_requests(requests: Iterable[Obj]) -> list[tuple[str, Obj]]:
     """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
-    done = {FULFILLED, STARTED, ROLLING_BACK}
-    waiting = [
-        r
-        for r in requests
-        if (r["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION) not in done
-        and not r["metadata"].get("deletionTimestamp")
-    ]
+    waiting = [r for r in requests if _is_waiting(r)]
     waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
-    return tuple(_key(r) for r in waiting)
+    return [(_key(r), r) for r in waiting]

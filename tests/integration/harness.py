@@ -19,13 +19,17 @@ from gangcheck.kube.resources import (
     EVENT,
     NAMESPACE,
     NODE,
+    POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
     RESOURCE_FLAVOR,
+    SERVICE_ACCOUNT,
     WORKLOAD,
 )
 from gangcheck.logic.timefmt import format_time
-from tests.builders import CONTROLLER, WorkloadBuilder
+from tests.builders import CONTROLLER, WorkloadBuilder, container, node
+
+TEST_LABEL = "gangcheck-test"
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -88,6 +92,37 @@ class RunningController:
             self._kube = None
 
 
+class CrashingController(RunningController):
+    """A controller whose process 'dies' right after its n-th write to the API server."""
+
+    def __init__(self, kubeconfig: str, *, after_writes: int) -> None:
+        super().__init__(kubeconfig)
+        self.after_writes = after_writes
+        self.writes = 0
+        self._dead = asyncio.Event()
+
+    async def crashed(self) -> bool:
+        return self._dead.is_set()
+
+    async def start(self) -> Any:
+        controller = await super().start()
+        kube = controller.kube
+        original = kube.request
+
+        async def request(method: str, path: str, **kw: Any) -> Any:
+            if self._dead.is_set():
+                await asyncio.Event().wait()  # a dead process does nothing more
+            result = await original(method, path, **kw)
+            if method != "GET" and "/events" not in path:
+                self.writes += 1
+                if self.writes >= self.after_writes:
+                    self._dead.set()
+            return result
+
+        kube.request = request  # type: ignore[method-assign]
+        return controller
+
+
 class Cluster:
     """What a test does to the cluster: as a user, as Kueue core, as the autoscaler."""
 
@@ -104,7 +139,18 @@ class Cluster:
     async def create(cls, kube: Kube) -> Cluster:
         ns = f"t{next(_ids)}-{int(time.time() * 1000) % 100000}"
         await kube.create(NAMESPACE, {"metadata": {"name": ns}})
+        # No controller-manager runs here: pods need the namespace's ServiceAccount made by hand.
+        await kube.create(SERVICE_ACCOUNT, {"metadata": {"name": "default", "namespace": ns}})
         return cls(kube, ns)
+
+    @property
+    def flavor(self) -> str:
+        return f"flavor-{self.ns}"
+
+    @property
+    def pool(self) -> dict[str, str]:
+        """The node label of this test's flavor: nodes of other tests never match."""
+        return {"pool": self.ns}
 
     async def install_check(
         self, spec: Obj | None, *, flavor_labels: dict[str, str] | None = None
@@ -125,14 +171,10 @@ class Cluster:
                 },
             },
         )
-        with contextlib.suppress(Exception):
-            await self.kube.create(
-                RESOURCE_FLAVOR,
-                {
-                    "metadata": {"name": "gpu"},
-                    "spec": {"nodeLabels": flavor_labels or {"pool": "gpu"}},
-                },
-            )
+        await self.kube.create(
+            RESOURCE_FLAVOR,
+            {"metadata": {"name": self.flavor}, "spec": {"nodeLabels": flavor_labels or self.pool}},
+        )
 
     async def set_config(self, spec: Obj) -> None:
         cfg = await self.kube.get(ATOMIC_CONFIG, self.config)
@@ -157,11 +199,16 @@ class Cluster:
         for entry in status.get("admissionChecks") or []:
             if entry["name"] == "atomic":
                 entry["name"] = self.check
+        self.use_my_flavor(status)
         created = await self.kube.create(WORKLOAD, obj)
         if reserve:
             created["status"] = status
             await self.kube.replace(WORKLOAD, created, subresource="status")
         return str(meta["name"])
+
+    def use_my_flavor(self, status: Obj) -> None:
+        for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
+            assignment["flavors"] = {r: self.flavor for r in assignment["flavors"]}
 
     async def workload(self, name: str) -> Obj:
         return await self.kube.get(WORKLOAD, name, self.ns)
@@ -213,7 +260,9 @@ class Cluster:
         await self.update_status(name, evict)
 
     async def reserve_again(self, name: str, builder: WorkloadBuilder) -> None:
-        admission = builder.build()["status"]["admission"]
+        status = builder.build()["status"]
+        self.use_my_flavor(status)
+        admission = status["admission"]
 
         def reserve(wl: Obj) -> None:
             st = wl["status"]
@@ -273,8 +322,57 @@ class Cluster:
         items = (await self.kube.list_objects(EVENT, self.ns)).get("items") or []
         return [e for e in items if reason is None or e.get("reason") == reason]
 
-    async def create_node(self, body: Obj) -> Obj:
-        return await self.kube.create(NODE, body)
+    async def add_nodes(
+        self,
+        count: int,
+        *,
+        gpu: int = 1,
+        prefix: str = "n",
+        taints: list[Obj] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[str]:
+        """As the cloud: Nodes that register and turn Ready."""
+        names = []
+        for _ in range(count):
+            name = f"{self.ns}-{prefix}{next(_ids)}"
+            body = node(
+                name,
+                gpu=gpu,
+                labels={**self.pool, **(labels or {}), TEST_LABEL: self.ns},
+                taints=taints,
+            )
+            status = body.pop("status")
+            body["metadata"].pop("creationTimestamp")
+            body["metadata"].pop("resourceVersion")
+            created = await self.kube.create(NODE, body)
+            created["status"] = status
+            await self.kube.replace(NODE, created, subresource="status")
+            # As the node lifecycle controller does once a node is Ready: drop the not-ready
+            # taint the API server put on it at registration.
+            await self.kube.merge_patch(NODE, name, {"spec": {"taints": taints or None}})
+            names.append(name)
+        return names
+
+    async def nodes(self) -> list[Obj]:
+        listing = await self.kube.list_objects(NODE, label_selector=f"{TEST_LABEL}={self.ns}")
+        return list(listing.get("items") or [])
+
+    async def remove_nodes(self) -> None:
+        for n in await self.nodes():
+            with contextlib.suppress(NotFoundError):
+                await self.kube.delete(NODE, n["metadata"]["name"])
+
+    async def create_pod(
+        self, name: str, *, node_name: str = "", consume: str = "", gpu: int = 1
+    ) -> Obj:
+        """A pod bound to a node (no scheduler here: nodeName is set at creation) or pending."""
+        spec: Obj = {"containers": [container(gpu=gpu)], "restartPolicy": "Never"}
+        if node_name:
+            spec["nodeName"] = node_name
+        meta: Obj = {"name": name, "namespace": self.ns}
+        if consume:
+            meta["annotations"] = {"autoscaling.x-k8s.io/consume-provisioning-request": consume}
+        return await self.kube.create(POD, {"metadata": meta, "spec": spec})
 
 
 def _set_condition(status: Obj, kind: str, value: str, reason: str) -> None:

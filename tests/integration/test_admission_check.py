@@ -13,7 +13,13 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, WORKLOAD
 from gangcheck.logic import naming
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually, never
+from tests.integration.harness import (
+    Cluster,
+    CrashingController,
+    RunningController,
+    eventually,
+    never,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +85,7 @@ async def test_happy_path_one_request_then_ready(
     template = next(
         t for t in await cluster.templates() if t["metadata"]["name"].endswith("workers")
     )
-    assert template["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert template["template"]["spec"]["nodeSelector"] == cluster.pool
 
     await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize ok"})
     check = await cluster.wait_check("wl", "Ready")
@@ -185,6 +191,7 @@ async def test_existing_pod_template_is_reused(
     status = gang().build()["status"]
     for entry in status["admissionChecks"]:
         entry["name"] = cluster.check
+    cluster.use_my_flavor(status)
     wl["status"] = status
     await cluster.kube.replace(WORKLOAD, wl, subresource="status")
     await cluster.wait_request(name)
@@ -388,34 +395,3 @@ async def test_watches_recover_after_apiserver_restart(
         req = await after.wait_request(req_name(after, "after-restart"), timeout=60)
         await after.set_request_conditions(req["metadata"]["name"], {"Provisioned": ""})
         await after.wait_check("after-restart", "Ready", timeout=30)
-
-
-class CrashingController(RunningController):
-    """A controller whose process 'dies' right after its n-th write to the API server."""
-
-    def __init__(self, kubeconfig: str, *, after_writes: int) -> None:
-        super().__init__(kubeconfig)
-        self.after_writes = after_writes
-        self.writes = 0
-        self._dead = asyncio.Event()
-
-    async def crashed(self) -> bool:
-        return self._dead.is_set()
-
-    async def start(self) -> Any:
-        controller = await super().start()
-        kube = controller.kube
-        original = kube.request
-
-        async def request(method: str, path: str, **kw: Any) -> Any:
-            if self._dead.is_set():
-                await asyncio.Event().wait()  # a dead process does nothing more
-            result = await original(method, path, **kw)
-            if method != "GET" and "/events" not in path:
-                self.writes += 1
-                if self.writes >= self.after_writes:
-                    self._dead.set()
-            return result
-
-        kube.request = request  # type: ignore[method-assign]
-        return controller

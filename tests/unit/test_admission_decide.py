@@ -12,14 +12,14 @@ from gangcheck.logic import naming
 from gangcheck.logic.actions import (
     AdoptTemplate,
     AnnotateRequest,
-    ReclaimArrivals,
     ClaimNode,
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
+    ReclaimArrivals,
 )
 from gangcheck.logic.admission import Decision, Snapshot, TemplateInfo, decide
-from gangcheck.logic.fulfillment import Capacity
+from gangcheck.logic.fulfillment import Capacity, Waiting
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
@@ -29,6 +29,7 @@ TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
 GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
 REQ1 = "wl-atomic-1"
 FULFILLED = {"gangcheck.io/phase": "Fulfilled"}
+OLDER_GPU = Waiting("default/older-1", (pod_template(gpu=1, node_selector={"pool": "gpu"}),))
 
 
 def gang(count: int = 4) -> WorkloadBuilder:
@@ -49,7 +50,7 @@ class Case:
     templates: dict[str, tuple[str, ...]] = field(default_factory=dict)
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
-    waiting: tuple[str, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
     # expectations
     state: str | None = None  # None: no check write
     message: str = ""
@@ -79,7 +80,7 @@ def run(case: Case) -> Decision:
         capacity=Capacity(
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
-            in_flight=case.in_flight | frozenset(case.waiting),
+            in_flight=case.in_flight | frozenset(w.key for w in case.waiting),
             waiting=case.waiting,
         ),
     )
@@ -222,6 +223,7 @@ CASES = [
         state="Ready",
         message="resize done",
         consume_pod_sets=("workers",),
+        annotates=(FULFILLED,),
     ),
     Case(
         "merged pod sets each get the consume annotation",
@@ -233,6 +235,7 @@ CASES = [
         state="Ready",
         consume_pod_sets=("a", "b"),
         message="capacity provisioned",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, provisioned but no node exists: pending with progress",
@@ -278,9 +281,25 @@ CASES = [
         config={},
         requests=[req(conditions={"Provisioned": ""})],
         nodes=[node("n1", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:04:55Z")],
-        waiting=("default/older-1", f"default/{REQ1}"),
+        waiting=(OLDER_GPU, Waiting(f"default/{REQ1}")),
         state="Pending",
         message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
+        "fit mode, an older request of another node group does not hold back a new node",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:04:55Z")],
+        waiting=(
+            Waiting("default/older-1", (pod_template(gpu=1, node_selector={"pool": "cpu"}),)),
+            Waiting(f"default/{REQ1}"),
+        ),
+        state="Ready",
+        claims=("n1",),
+        consume_pod_sets=("workers",),
+        message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, after the grace period any waiting request may claim a new node",
@@ -288,7 +307,7 @@ CASES = [
         config={},
         requests=[req(conditions={"Provisioned": ""})],
         nodes=[node("n1", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")],
-        waiting=("default/older-1", f"default/{REQ1}"),
+        waiting=(OLDER_GPU, Waiting(f"default/{REQ1}")),
         state="Ready",
         claims=("n1",),
         consume_pod_sets=("workers",),
@@ -371,6 +390,7 @@ CASES = [
         state="Ready",
         consume_pod_sets=("workers",),
         message="capacity provisioned",
+        annotates=(FULFILLED,),
     ),
     Case(
         "a new attempt deletes the old request and creates its own",
@@ -420,7 +440,8 @@ CASES += [
         gang(),
         config={},
         requests=[req(conditions={"Failed": "broke"})],
-        annotates=(ROLLING,),
+        nodes=[node("n1", annotations=MINE)],
+        annotates=({**ROLLING, "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}'},),
     ),
     Case(
         "fit mode: before the deadline a provisioned gang that does not fit waits",
@@ -439,7 +460,9 @@ CASES += [
         annotates=(
             {
                 "gangcheck.io/phase": "RollingBack",
-                "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 420s (0 of 4 members placeable; no nodes)",
+                "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 420s"
+                " (0 of 4 members placeable; no nodes)",
+                "gangcheck.io/rollback-nodes": "{}",
             },
         ),
     ),
@@ -480,7 +503,8 @@ CASES += [
         ],
         state="Retry",
         requeue_after_seconds=60,
-        message=f"Retrying after rollback: rolled back {REQ1} (Failed: broke); reclaimed 2 nodes (10.0 node-minutes held)",
+        message=f"Retrying after rollback: rolled back {REQ1} (Failed: broke);"
+        " reclaimed 2 nodes (10.0 node-minutes held)",
     ),
     Case(
         "rollback done past the retry limit: Rejected",
@@ -557,7 +581,9 @@ CASES += [
         annotates=(
             {
                 "gangcheck.io/phase": "RollingBack",
-                "gangcheck.io/rollback-reason": "StartDeadline: 2 of 4 members scheduled within 600s of admission",
+                "gangcheck.io/rollback-reason": "StartDeadline: 2 of 4 members scheduled"
+                " within 600s of admission",
+                "gangcheck.io/rollback-nodes": "{}",
             },
         ),
     ),

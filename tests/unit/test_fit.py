@@ -453,6 +453,12 @@ CASES: dict[str, Case] = {
         fits=True,
         placeable=3,
     ),
+    "another pod-set order is tried when biggest first strands a member": Case(
+        [("gpu", 1, member(gpu=1, cpu="500m")), ("cpu", 1, member(cpu="2"))],
+        [node("n0", gpu=8, cpu="1"), node("n1", gpu=1, cpu="2")],
+        fits=True,
+        placeable=2,
+    ),
     "no nodes means nothing placeable": Case(
         [("worker", 3, member(gpu=1))],
         [],
@@ -874,7 +880,7 @@ def test_identical_members_are_placed_exactly(scenario: Scenario) -> None:
 
 
 @PROPERTY
-@given(scenarios(max_sets=2), st.sampled_from(NODE_NAMES), st.data())
+@given(scenarios(max_sets=2), st.sampled_from(NODE_NAMES), st.data())  # proven up to two
 def test_adding_a_node_never_reduces_placeable(
     scenario: Scenario, name: str, data: st.DataObject
 ) -> None:
@@ -886,8 +892,9 @@ def test_adding_a_node_never_reduces_placeable(
 
 
 @PROPERTY
-@given(scenarios(max_sets=2))
+@given(scenarios(max_sets=1))
 def test_removing_all_taints_and_selectors_never_reduces_placeable(scenario: Scenario) -> None:
+    """Exact for one pod set; with more, a freed member can take another pod set's room."""
     freed = Scenario(
         nodes=[replace(n, tainted=False) for n in scenario.nodes],
         sets=[replace(s, pool=None) for s in scenario.sets],

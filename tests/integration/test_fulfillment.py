@@ -1,0 +1,284 @@
+"""Fulfillment, rollback and the start watchdog against a real kube-apiserver.
+
+The test plays Kueue core and, for the cloud, creates Node objects itself (the simulated
+cloud process has its own tests); gangcheck runs in fit mode with short deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import InvalidError
+from gangcheck.kube.resources import ATOMIC_CONFIG, POD
+from gangcheck.logic import naming
+from tests.builders import WorkloadBuilder, pod_template
+from tests.integration.harness import Cluster, CrashingController, RunningController, eventually
+
+pytestmark = pytest.mark.integration
+
+ARRIVED = "gangcheck.io/arrived-for"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def fit(deadline: int = 4, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": deadline, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
+    }
+    for key, value in extra.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    return spec
+
+
+@pytest.fixture
+async def kube(control_plane: Any) -> AsyncIterator[Kube]:
+    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
+        yield k
+
+
+@pytest.fixture
+async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
+    running = RunningController(str(control_plane.kubeconfig))
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
+    c = await Cluster.create(kube)
+    yield c
+    await c.remove_nodes()
+
+
+def gang(name: str = "wl", members: int = 4, gpu: int = 1, **kw: Any) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder(name)
+        .pod_set("workers", members, pod_template(gpu=gpu, **kw))
+        .reserve_quota()
+        .check()
+    )
+
+
+def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
+    return naming.request_name(workload, cluster.check, attempt)
+
+
+async def arrived_for(cluster: Cluster, request: str) -> list[str]:
+    key = f"{cluster.ns}/{request}"
+    return sorted(
+        n["metadata"]["name"]
+        for n in await cluster.nodes()
+        if (n["metadata"].get("annotations") or {}).get(ARRIVED) == key
+    )
+
+
+async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize done"})
+    check = await eventually(
+        lambda: _check_message(cluster, "wl", "capacity requested"), what="progress message"
+    )
+    assert check["state"] == "Pending"
+    assert "0 of 4 members placeable" in check["message"]
+
+    first = await cluster.add_nodes(1, gpu=2)
+    await eventually(lambda: _check_message(cluster, "wl", "2 of 4"), what="2 of 4 placeable")
+    second = await cluster.add_nodes(1, gpu=2)
+    check = await cluster.wait_check("wl", "Ready")
+    assert "the whole gang fits" in check["message"]
+    assert await arrived_for(cluster, name) == sorted(first + second)
+    req = await cluster.request(name)
+    assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
+
+
+async def _check_message(cluster: Cluster, workload: str, text: str) -> Any:
+    entry = await cluster.check_state(workload)
+    return entry if text in entry["message"] else None
+
+
+async def test_partial_delivery_rolls_back_then_a_full_delivery_admits(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    deadline = 4
+    await cluster.install_check(fit(deadline=deadline))
+    builder = gang(members=16)
+    await cluster.submit(builder)
+    name = req_name(cluster)
+    created = time.monotonic()
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    partial = await cluster.add_nodes(11)
+    await eventually(lambda: _arrived_count(cluster, name, 11), what="11 arrivals recorded")
+
+    check = await cluster.wait_check("wl", "Retry", timeout=deadline + 15)
+    rolled_back_after = time.monotonic() - created
+    assert rolled_back_after < deadline + 6, f"rollback took {rolled_back_after:.1f}s"
+    assert "reclaimed 11 nodes" in check["message"]
+    assert check["requeueAfterSeconds"] == 10
+    assert not [n for n in await cluster.nodes() if n["metadata"]["name"] in partial]
+    await cluster.wait_request_gone(name)
+    assert await cluster.events("RolledBack")
+
+    await cluster.evict_and_requeue("wl")
+    await cluster.reserve_again("wl", builder)
+    second = req_name(cluster, attempt=2)
+    await cluster.set_request_conditions(second, {"Provisioned": ""})
+    await cluster.add_nodes(16)
+    await cluster.wait_check("wl", "Ready")
+    assert len(await arrived_for(cluster, second)) == 16
+
+
+async def _arrived_count(cluster: Cluster, request: str, count: int) -> bool:
+    return len(await arrived_for(cluster, request)) == count
+
+
+async def test_stockout_fails_retries_then_is_rejected(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60, retryStrategy={"backoffLimitCount": 1}))
+    builder = gang()
+    await cluster.submit(builder)
+    await cluster.set_request_conditions(req_name(cluster), {"Failed": "CapacityIsNotFound"})
+    check = await cluster.wait_check("wl", "Retry")
+    assert "Failed: CapacityIsNotFound" in check["message"]
+    await cluster.evict_and_requeue("wl")
+    await cluster.reserve_again("wl", builder)
+    await cluster.set_request_conditions(
+        req_name(cluster, attempt=2), {"Failed": "CapacityIsNotFound"}
+    )
+    check = await cluster.wait_check("wl", "Rejected")
+    assert "reclaimed 0 nodes" in check["message"]
+
+
+async def test_nodes_with_an_untolerated_taint_are_named_and_rolled_back(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=4))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    tainted = await cluster.add_nodes(2, taints=[GPU_TAINT])
+    check = await eventually(
+        lambda: _check_message(cluster, "wl", "nvidia.com/gpu"), what="the taint named"
+    )
+    assert check["state"] == "Pending"
+    assert "NoSchedule" in check["message"]
+    check = await cluster.wait_check("wl", "Retry", timeout=20)
+    assert "reclaimed 2 nodes" in check["message"]
+    assert not [n for n in await cluster.nodes() if n["metadata"]["name"] in tainted]
+
+
+async def test_two_gangs_never_count_one_node_twice(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=30))
+    await cluster.submit(gang("first"))
+    await asyncio.sleep(1.1)  # creation timestamps have second resolution: make 'first' older
+    await cluster.submit(gang("second"))
+    for wl in ("first", "second"):
+        await cluster.wait_request(req_name(cluster, wl))
+        await cluster.set_request_conditions(req_name(cluster, wl), {"Provisioned": ""})
+    await cluster.add_nodes(4)
+    await cluster.wait_check("first", "Ready")
+    check = await eventually(
+        lambda: _check_message(cluster, "second", "capacity requested"), what="second pending"
+    )
+    assert check["state"] == "Pending"
+    first = await arrived_for(cluster, req_name(cluster, "first"))
+    second = await arrived_for(cluster, req_name(cluster, "second"))
+    assert len(first) == 4 and second == []
+
+
+async def test_a_node_running_another_pod_is_kept_on_rollback(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=8))
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    busy, _idle = await cluster.add_nodes(2)
+    await eventually(lambda: _arrived_count(cluster, name, 2), what="arrivals recorded")
+    await cluster.create_pod("someone-else", node_name=busy)
+    check = await cluster.wait_check("wl", "Retry", timeout=20)
+    assert "reclaimed 1 node" in check["message"]
+    assert f"kept {busy} (runs pod {cluster.ns}/someone-else)" in check["message"]
+    left = {n["metadata"]["name"]: n for n in await cluster.nodes()}
+    assert set(left) == {busy}
+    assert not left[busy]["spec"].get("unschedulable")
+
+
+async def test_restart_mid_rollback_completes_once(control_plane: Any, cluster: Cluster) -> None:
+    await cluster.install_check(fit(deadline=8))
+    first = RunningController(str(control_plane.kubeconfig))
+    await first.start()
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    await cluster.add_nodes(2)
+    await eventually(lambda: _arrived_count(cluster, name, 2), what="arrivals recorded")
+    await first.stop()
+
+    # Dies right after writing RollingBack, then after the first node is deleted.
+    for writes in (1, 2):
+        crashing = CrashingController(str(control_plane.kubeconfig), after_writes=writes)
+        await crashing.start()
+        await eventually(crashing.crashed, timeout=20, what=f"crash after write {writes}")
+        await crashing.stop()
+    fresh = RunningController(str(control_plane.kubeconfig))
+    await fresh.start()
+    try:
+        check = await cluster.wait_check("wl", "Retry", timeout=20)
+        await eventually(lambda: cluster.events("RolledBack"), what="RolledBack event")
+        await cluster.wait_request_gone(name)
+    finally:
+        await fresh.stop()
+    assert "reclaimed 2 nodes" in check["message"]
+    assert await cluster.nodes() == []
+    assert len(await cluster.events("RolledBack")) == 1
+
+
+async def test_start_watchdog_evicts_a_half_scheduled_gang_and_reclaims_after(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60, fulfillment={"startDeadlineSeconds": 3}))
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    nodes = await cluster.add_nodes(4)
+    await cluster.wait_check("wl", "Ready")
+    await cluster.set_workload_condition("wl", "Admitted")
+    for i, node_name in enumerate(nodes[:2]):
+        await cluster.create_pod(f"member-{i}", node_name=node_name, consume=name)
+    for i in (2, 3):
+        await cluster.create_pod(f"member-{i}", consume=name)
+
+    check = await cluster.wait_check("wl", "Retry", timeout=20)
+    assert "StartDeadline: 2 of 4 members scheduled" in check["message"]
+    assert "reclaimed 2 nodes" in check["message"]
+    assert "2 to reclaim once the gang's pods leave" in check["message"]
+    for i in range(4):  # as Kueue evicting the gang, and the kubelet confirming at once
+        await cluster.kube.delete(POD, f"member-{i}", cluster.ns, grace_period_seconds=0)
+
+    async def all_reclaimed() -> bool:
+        return await cluster.nodes() == []
+
+    await eventually(all_reclaimed, what="nodes reclaimed once the gang's pods left")
+
+
+async def test_config_with_bad_deadline_or_reclaimer_is_refused(cluster: Cluster) -> None:
+    for spec in ({"fulfillment": {"deadlineSeconds": 0}}, {"fulfillment": {"reclaimer": "Nuke"}}):
+        with pytest.raises(InvalidError) as refused:
+            await cluster.kube.create(
+                ATOMIC_CONFIG, {"metadata": {"name": f"bad-{cluster.ns}"}, "spec": spec}
+            )
+        assert "fulfillment" in refused.value.message
