@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import ApiError
 from gangcheck.logic import checkconfig
 from gangcheck.logic.actions import WORKLOAD_ANNOTATION
 from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
@@ -16,11 +19,15 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.reconcile.workload import WorkloadReconciler
+from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
+from gangcheck.server import HealthServer
+from gangcheck.telemetry import Metrics, tracer
 
 log = logging.getLogger(__name__)
 
 WORKLOAD_KEY, CHECK_KEY, NODE_KEY = "wl:", "ac:", "node:"
+_CONTROLLERS = {WORKLOAD_KEY: "workload", CHECK_KEY: "admissioncheck", NODE_KEY: "node"}
 
 
 def _meta(old: Obj | None, new: Obj | None) -> dict[str, object]:
@@ -38,8 +45,10 @@ class Controller:
         workers: int = 4,
         watch_timeout: int = 300,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: Metrics | None = None,
     ) -> None:
         self.kube = kube
+        self.metrics = metrics or Metrics()
         self.caches = Caches.create(kube, watch_timeout=watch_timeout)
         self.queue = WorkQueue()
         self.workers = workers
@@ -47,6 +56,7 @@ class Controller:
         self.workload_reconciler = WorkloadReconciler(kube, self.caches, events, clock=clock)
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
         self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
+        self.workload_reconciler.metrics = self.node_reconciler.metrics = self.metrics
         self._wire()
 
     async def run(self) -> None:
@@ -60,6 +70,19 @@ class Controller:
             tg.create_task(run_workers(self.queue, self.reconcile, workers=self.workers))
 
     async def reconcile(self, key: str) -> Result:
+        """One reconcile: a span naming the object, and its latency recorded."""
+        kind = _CONTROLLERS.get(key.split(":", 1)[0] + ":", "unknown")
+        started = time.monotonic()
+        with tracer.start_as_current_span(f"reconcile {kind}", attributes={"gangcheck.key": key}):
+            try:
+                return await self._dispatch(key)
+            except ApiError as e:
+                self.metrics.api_error(e.status)
+                raise
+            finally:
+                self.metrics.reconciled(kind, time.monotonic() - started)
+
+    async def _dispatch(self, key: str) -> Result:
         if key.startswith(CHECK_KEY):
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
         if key.startswith(NODE_KEY):
@@ -150,5 +173,39 @@ class Controller:
                     self._on_node(None, obj)
 
 
-async def run_controller(kube: Kube, *, workers: int = 4) -> None:
-    await Controller(kube, workers=workers).run()
+@dataclass(frozen=True)
+class RunOptions:
+    """How one controller process runs (the CLI fills it from flags and the settings file)."""
+
+    workers: int = 4
+    leader_election: LeaseConfig | None = None
+    bind_address: str = "0.0.0.0"
+    health_port: int = 8081
+    metrics_port: int = 8080
+
+
+async def run_controller(kube: Kube, options: RunOptions) -> None:
+    """Serve health and metrics, then reconcile: at once, or once elected leader."""
+    metrics = Metrics(in_flight=lambda: len(controller.caches.requests.store))
+    controller = Controller(kube, workers=options.workers, metrics=metrics)
+    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
+
+    def ready() -> bool:
+        standby = elector is not None and not elector.is_leader
+        return standby or controller.caches.synced
+
+    server = HealthServer(
+        metrics=metrics,
+        ready=ready,
+        bind_address=options.bind_address,
+        health_port=options.health_port,
+        metrics_port=options.metrics_port,
+    )
+    await server.start()
+    try:
+        if elector is None:
+            await controller.run()
+        else:
+            await elector.run(controller.run)
+    finally:
+        await server.stop()

@@ -22,6 +22,7 @@ from gangcheck.logic.actions import (
     FULFILLED,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
     STARTED,
     Action,
@@ -166,9 +167,21 @@ class WorkloadReconciler:
             written = await self._write_check(wl, decision.check.to_obj())
             if not written:
                 return False  # the Workload changed meanwhile; its watch event brings us back
+            self._count(wl, check, decision)
         for event in decision.events:
             await self._events.emit(wl.ref, event)
         return True
+
+    def _count(self, wl: Workload, check: str, decision: Decision) -> None:
+        """Metrics for a written state change: outcomes, time to Ready, rollbacks."""
+        before, after = wl.checks.get(check), decision.check
+        if self.metrics is None or after is None or before is None or before.state == after.state:
+            return
+        self.metrics.attempt(after.state.lower())
+        reserved = wl.conditions.get("QuotaReserved")
+        since = parse_time(reserved.last_transition_time) if reserved else None
+        if after.state == "Ready" and since is not None:
+            self.metrics.quota_to_ready((self._clock() - since).total_seconds())
 
     async def _report_failed_create(
         self, wl: Workload, check: str, action: Action, error: ApiError
@@ -234,6 +247,9 @@ class WorkloadReconciler:
 
     async def _annotate_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, AnnotateRequest)
+        reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
+        if reason and self.metrics is not None:
+            self.metrics.rollback(reason.split(":", 1)[0])
         patch = {"metadata": {"annotations": action.annotations}}
         updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
         self._caches.requests.store.put_if_newer(updated)

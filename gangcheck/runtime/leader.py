@@ -1,0 +1,162 @@
+"""Leader election on a coordination.k8s.io/v1 Lease: only the leader reconciles.
+
+As client-go does it: a lease held by another is taken over only once it has not changed for
+its whole duration, as observed by our own monotonic clock (so clock skew between replicas
+does not matter); every write carries the resourceVersion read, so two candidates can never
+both win. A leader that cannot renew within the renew deadline stops leading (the caller
+exits and the Deployment restarts it); a graceful shutdown releases the lease at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
+from gangcheck.kube.resources import LEASE
+
+log = logging.getLogger(__name__)
+
+
+class LostLeadershipError(Exception):
+    """The lease could not be renewed within the renew deadline."""
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+def _micro_time(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self, kube: Kube, config: LeaseConfig, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._kube = kube
+        self.config = config
+        self._monotonic = monotonic
+        self._observed_rv = ""
+        self._observed_at = 0.0
+        self.is_leader = False
+
+    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Wait for the lease, then run `lead` until it returns or leadership is lost."""
+        while True:
+            if await self.try_acquire_or_renew():
+                break
+            await asyncio.sleep(self.config.retry_period)
+        self.is_leader = True
+        log.info(
+            "became leader", extra={"lease": self._lease_ref, "identity": self.config.identity}
+        )
+        leading = asyncio.create_task(lead(), name="leading")
+        renewing = asyncio.create_task(self._keep_renewing(), name="renewing")
+        try:
+            done, _ = await asyncio.wait({leading, renewing}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # LostLeadershipError, or whatever ended the leading work
+        finally:
+            for task in (leading, renewing):
+                task.cancel()
+            await asyncio.gather(leading, renewing, return_exceptions=True)
+            self.is_leader = False
+            await self.release()
+
+    async def _keep_renewing(self) -> None:
+        last_renewed = self._monotonic()
+        while True:
+            await asyncio.sleep(self.config.retry_period)
+            if await self.try_acquire_or_renew():
+                last_renewed = self._monotonic()
+            elif self._monotonic() - last_renewed > self.config.renew_deadline:
+                raise LostLeadershipError(f"could not renew lease {self._lease_ref}")
+
+    @property
+    def _lease_ref(self) -> str:
+        return f"{self.config.namespace}/{self.config.name}"
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt: create, renew or take over the lease; False if another holds it."""
+        try:
+            lease = await self._kube.get(LEASE, self.config.name, self.config.namespace)
+        except NotFoundError:
+            return await self._create()
+        except ApiError as e:
+            log.warning("reading the lease failed: %s", e)
+            return False
+        self._observe(lease)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if holder and holder != self.config.identity and not self._expired(spec):
+            return False
+        return await self._write(lease, taking_over=holder != self.config.identity)
+
+    def _observe(self, lease: Obj) -> None:
+        rv = lease["metadata"].get("resourceVersion", "")
+        if rv != self._observed_rv:
+            self._observed_rv, self._observed_at = rv, self._monotonic()
+
+    def _expired(self, spec: Obj) -> bool:
+        duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration)
+        return self._monotonic() - self._observed_at > duration
+
+    async def _create(self) -> bool:
+        now = _micro_time(datetime.now(UTC))
+        body = {
+            "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+            "spec": {
+                "holderIdentity": self.config.identity,
+                "leaseDurationSeconds": int(self.config.lease_duration),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            await self._kube.create(LEASE, body)
+        except (AlreadyExistsError, ConflictError):
+            return False
+        return True
+
+    async def _write(self, lease: Obj, *, taking_over: bool) -> bool:
+        now = _micro_time(datetime.now(UTC))
+        spec = dict(lease.get("spec") or {})
+        spec.update(holderIdentity=self.config.identity, renewTime=now)
+        spec["leaseDurationSeconds"] = int(self.config.lease_duration)
+        if taking_over:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        try:
+            updated = await self._kube.replace(LEASE, {**lease, "spec": spec})
+        except (ConflictError, NotFoundError):
+            return False
+        except ApiError as e:
+            log.warning("writing the lease failed: %s", e)
+            return False
+        self._observe(updated)
+        return True
+
+    async def release(self) -> None:
+        """Give the lease up now, if we hold it, so a standby takes over without waiting."""
+        with contextlib.suppress(ApiError, OSError):
+            lease = await self._kube.get(LEASE, self.config.name, self.config.namespace)
+            if (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:
+                return
+            spec = {**lease["spec"], "holderIdentity": None, "leaseDurationSeconds": 1}
+            await self._kube.replace(LEASE, {**lease, "spec": spec})
+            log.info("released the lease", extra={"lease": self._lease_ref})
