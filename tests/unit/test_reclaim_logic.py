@@ -1,0 +1,81 @@
+"""Reclaim safety as invariants (hypothesis), and the rollback outcome record."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gangcheck.logic.reclaim import Outcome, judge
+
+REQUEST = "ns/gang-atomic-1"
+CREATED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def node_obj(*, claim: str, opt_out: bool, born_offset: int) -> dict[str, Any]:
+    born = CREATED + timedelta(seconds=born_offset)
+    return {
+        "metadata": {
+            "name": "n1",
+            "creationTimestamp": born.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "labels": {"gangcheck.io/do-not-reclaim": "true"} if opt_out else {},
+            "annotations": {"gangcheck.io/arrived-for": claim} if claim else {},
+        }
+    }
+
+
+pod_kinds = st.sampled_from(["daemonset", "gang", "foreign", "finished-foreign"])
+
+
+def pod_obj(kind: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": kind, "namespace": "ns"}
+    status = {"phase": "Running"}
+    if kind == "daemonset":
+        meta["ownerReferences"] = [{"kind": "DaemonSet", "controller": True, "name": "ds"}]
+    elif kind == "gang":
+        meta["annotations"] = {"autoscaling.x-k8s.io/consume-provisioning-request": "gang-atomic-1"}
+    elif kind == "finished-foreign":
+        status = {"phase": "Succeeded"}
+    return {"metadata": meta, "status": status}
+
+
+@settings(max_examples=300, database=None)
+@given(
+    claim=st.sampled_from([REQUEST, "ns/other-atomic-1", ""]),
+    opt_out=st.booleans(),
+    born_offset=st.integers(min_value=-600, max_value=600),
+    pods=st.lists(pod_kinds, max_size=6),
+)
+def test_reclaim_only_what_is_safe(
+    claim: str, opt_out: bool, born_offset: int, pods: list[str]
+) -> None:
+    verdict = judge(
+        node_obj(claim=claim, opt_out=opt_out, born_offset=born_offset),
+        [pod_obj(p) for p in pods],
+        request=REQUEST,
+        request_created=CREATED,
+    ).verdict
+    unsafe = opt_out or claim != REQUEST or born_offset < 0 or "foreign" in pods
+    if unsafe:
+        assert verdict == "keep"
+    elif "gang" in pods:
+        assert verdict == "drain"
+    else:
+        assert verdict == "reclaim"
+
+
+def test_outcome_round_trips_through_its_annotation() -> None:
+    outcome = Outcome(("a", "b"), ("c",), {"d": "runs pod ns/x"}, 900)
+    assert Outcome.from_annotation(outcome.to_annotation()) == outcome
+    assert outcome.summary() == (
+        "reclaimed 2 nodes (15.0 node-minutes held); 1 to reclaim once the gang's pods leave;"
+        " kept d (runs pod ns/x)"
+    )
+
+
+def test_an_unreadable_outcome_is_reported_not_trusted() -> None:
+    outcome = Outcome.from_annotation("{not json")
+    assert outcome.reclaimed == ()
+    assert "unreadable outcome" in outcome.kept["?"]
