@@ -19,8 +19,8 @@ binaries: ## build the test bed's Go binaries from the pinned modules (cached)
 
 .PHONY: lint
 lint: ## ruff lint and format check
-	$(PYTHON) -m ruff check gangcheck tests
-	$(PYTHON) -m ruff format --check gangcheck tests
+	$(PYTHON) -m ruff check gangcheck tests benchmarks
+	$(PYTHON) -m ruff format --check gangcheck tests benchmarks
 
 .PHONY: typecheck
 typecheck: ## mypy, strict, on the package
@@ -41,6 +41,10 @@ e2e: ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBE
 .PHONY: test
 test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e
 	$(PYTEST) tests -q -p no:cacheprovider
+
+.PHONY: bench
+bench: install ## benchmarks: one partial delivery, gangcheck beside Kueue's behaviour
+	$(PYTHON) benchmarks/partial_delivery.py
 
 .PHONY: dev-up
 dev-up: install ## start a local control plane in the background and print its kubeconfig
