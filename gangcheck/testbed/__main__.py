@@ -1,6 +1,8 @@
 """``python -m gangcheck.testbed up|down``: a local control plane for people.
 
-``serve`` is internal: the detached supervisor that ``up`` starts.
+``up`` starts etcd + kube-apiserver; ``up --stack full`` the whole cluster (kube-scheduler,
+kube-controller-manager, kwok, Kueue, cluster-autoscaler), with ``--node-groups FILE`` for
+cluster-autoscaler's node groups. ``serve`` is internal: the detached supervisor ``up`` starts.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from gangcheck.testbed.binaries import BuildError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gangcheck.testbed",
-        description="Local Kubernetes control plane (etcd + kube-apiserver) on 127.0.0.1.",
+        description="Local Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver, or "
+        "with --stack full the whole cluster (scheduler, controller manager, kwok, Kueue, "
+        "cluster-autoscaler).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
@@ -32,6 +36,21 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="default: $GANGCHECK_STATE or ~/.local/state/gangcheck/dev",
         )
+        if name in ("up", "serve"):
+            command.add_argument(
+                "--stack",
+                choices=sorted(dev.STACKS),
+                default="minimal",
+                help="minimal: etcd + kube-apiserver (default); full: every component",
+            )
+            command.add_argument(
+                "--node-groups",
+                type=Path,
+                default=None,
+                metavar="FILE",
+                help="cluster-autoscaler node groups (YAML/JSON list of {name, max, cpu, memory, "
+                "gpus, labels, taints}) for --stack full",
+            )
         if name == "serve":
             command.add_argument("--detach", action="store_true")
     return parser
@@ -41,12 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     state_dir: Path = args.state_dir or dev.default_state_dir()
     if args.command == "serve":
-        return dev.serve(state_dir, detach=args.detach)
+        return dev.serve(
+            state_dir, detach=args.detach, stack=args.stack, node_groups_file=args.node_groups
+        )
     if args.command == "down":
         dev.down(state_dir)
         return 0
     try:
-        dev.up(state_dir)
+        dev.up(state_dir, stack=args.stack, node_groups_file=args.node_groups)
     except (dev.DevError, BuildError) as exc:
         print(f"gangcheck: {exc}", file=sys.stderr)
         return 1

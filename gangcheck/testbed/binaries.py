@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CONTROL_PLANE = ("etcd", "kubernetes")
+#: Every family ``hack/build.sh`` builds; the full stack needs all of them.
+ALL_FAMILIES = (*CONTROL_PLANE, "kwok", "kueue", "autoscaler")
 
 
 class BuildError(RuntimeError):

@@ -33,6 +33,10 @@ APISERVER_DNS_NAMES = (
 )
 ADMIN_USER = "gangcheck-admin"
 ADMIN_GROUP = "system:masters"
+#: The apiserver's identity towards aggregated APIs (front proxy), as kubeadm names it. Without
+#: a request-header CA every component with delegated authentication (kube-scheduler,
+#: kube-controller-manager) logs "missing content for CA bundle ... requestheader-client-ca-file".
+FRONT_PROXY_USER = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,18 @@ class PKIPaths:
         return self.directory / "admin.key"
 
     @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.directory / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.directory / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.directory / "front-proxy-client.key"
+
+    @property
     def service_account_key(self) -> Path:
         return self.directory / "sa.key"
 
@@ -234,7 +250,8 @@ class PKIPaths:
 
 
 def write_pki(directory: Path) -> PKIPaths:
-    """Generates the CA, apiserver serving cert, admin client cert and service-account keys."""
+    """Generates the CA, apiserver serving cert, admin client cert, front-proxy CA and client
+    cert, and service-account keys."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = PKIPaths(directory)
     ca = CertificateAuthority.create()
@@ -242,6 +259,11 @@ def write_pki(directory: Path) -> PKIPaths:
     serving = ca.issue_serving("kube-apiserver", APISERVER_IPS, APISERVER_DNS_NAMES)
     serving.write(paths.apiserver_cert, paths.apiserver_key)
     ca.issue_client(ADMIN_USER, [ADMIN_GROUP]).write(paths.admin_cert, paths.admin_key)
+    front_proxy = CertificateAuthority.create("gangcheck-testbed-front-proxy-ca")
+    paths.front_proxy_ca_cert.write_bytes(front_proxy.cert_pem)
+    front_proxy.issue_client(FRONT_PROXY_USER).write(
+        paths.front_proxy_client_cert, paths.front_proxy_client_key
+    )
     sa_private, sa_public = service_account_key_pair()
     _write_private(paths.service_account_key, sa_private)
     paths.service_account_pub.write_bytes(sa_public)

@@ -44,9 +44,10 @@ THIRD_PARTY = (
 )
 
 
-def module_dir(module: str) -> Path:
-    """The module's folder in the Go module cache (downloaded if needed)."""
-    workdir = repo_root() / "hack" / "crds"
+def module_dir(module: str, wrapper: str = "crds") -> Path:
+    """The module's folder in the Go module cache (downloaded if needed), at the version the
+    wrapper module ``hack/<wrapper>`` pins."""
+    workdir = repo_root() / "hack" / wrapper
     result = subprocess.run(
         ["go", "mod", "download", "-json", module],
         cwd=workdir,
@@ -61,7 +62,7 @@ def module_dir(module: str) -> Path:
         info = {}
     if result.returncode != 0 or "Dir" not in info:
         problem = info.get("Error") or result.stderr.strip() or result.stdout.strip()
-        raise CRDError(f"go mod download {module} (in hack/crds) failed: {problem}")
+        raise CRDError(f"go mod download {module} (in hack/{wrapper}) failed: {problem}")
     return Path(info["Dir"])
 
 

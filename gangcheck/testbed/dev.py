@@ -2,7 +2,9 @@
 
 ``up`` builds the binaries if needed (in the foreground, with progress), then starts a detached
 supervisor, ``python -m gangcheck.testbed serve``, that owns a :class:`ControlPlane` and stops
-it on SIGTERM. The state folder holds::
+it on SIGTERM. ``up --stack full`` adds kube-scheduler, kube-controller-manager, kwok, Kueue and
+cluster-autoscaler (node groups from ``--node-groups FILE``, YAML or JSON, else the defaults of
+:mod:`gangcheck.testbed.nodes`). The state folder holds::
 
     serve.pid    the supervisor's pid (written first)
     serve.log    the supervisor's output
@@ -29,9 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from gangcheck.testbed.binaries import CONTROL_PLANE, ensure_binaries
+import yaml
+
+from gangcheck.testbed.binaries import ensure_binaries
 from gangcheck.testbed.launcher import ControlPlane
+from gangcheck.testbed.nodes import NodeGroup, load_node_groups
 from gangcheck.testbed.process import kill_group, log_tail, pid_alive, pid_cmdline
+from gangcheck.testbed.stack import FULL_STACK, MetricsCert
 
 STATE_FILE = "state.json"
 PID_FILE = "serve.pid"
@@ -40,6 +46,8 @@ LOG_FILE = "serve.log"
 SERVE_MODULE = "gangcheck.testbed"
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
+#: ``--stack`` choices: the optional components each starts.
+STACKS: dict[str, tuple[str, ...]] = {"minimal": (), "full": FULL_STACK}
 
 
 class DevError(RuntimeError):
@@ -53,6 +61,7 @@ class DevInfo:
     server: str
     kubectl: Path
     pid: int
+    components: tuple[str, ...] = ()
 
     @classmethod
     def from_state(cls, state_dir: Path, state: dict[str, Any]) -> DevInfo:
@@ -62,6 +71,7 @@ class DevInfo:
             server=state["server"],
             kubectl=Path(state["kubectl"]),
             pid=int(state["pid"]),
+            components=tuple(state.get("components", {})),
         )
 
 
@@ -109,11 +119,31 @@ def _announce(info: DevInfo, out: TextIO, running: str) -> None:
     )
     print(f"kubeconfig: {info.kubeconfig}", file=out)
     print(f"kubectl:    {info.kubectl}", file=out)
+    print(f"components: {', '.join(info.components)}", file=out)
     print(f"export KUBECONFIG={info.kubeconfig}", file=out)
 
 
-def _spawn_supervisor(state_dir: Path) -> None:
+def read_node_groups(path: Path) -> list[NodeGroup]:
+    """Node groups from a YAML/JSON file: a list of ``{name, max, cpu, memory, gpus, labels,
+    taints ...}`` or ``{nodeGroups: [...]}`` (see :meth:`NodeGroup.from_dict`)."""
+    try:
+        return load_node_groups(yaml.safe_load(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise DevError(f"cannot read node groups from {path}: {exc}") from exc
+
+
+def _plane(root: Path, stack: str, node_groups_file: Path | None) -> ControlPlane:
+    if stack not in STACKS:
+        raise DevError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
+    groups = read_node_groups(node_groups_file) if node_groups_file else None
+    return ControlPlane(root=root, components=STACKS[stack], node_groups=groups)
+
+
+def _spawn_supervisor(state_dir: Path, stack: str, node_groups_file: Path | None) -> None:
     argv = [sys.executable, "-m", SERVE_MODULE, "serve", "--state-dir", str(state_dir)]
+    argv += ["--stack", stack]
+    if node_groups_file is not None:
+        argv += ["--node-groups", str(node_groups_file.resolve())]
     with (state_dir / LOG_FILE).open("ab") as log:
         # The child forks once more and returns at once: the supervisor is nobody's child.
         code = subprocess.run(
@@ -145,10 +175,21 @@ def _await_ready(state_dir: Path, timeout: float) -> DevInfo:
 
 
 def up(
-    state_dir: Path | None = None, *, out: TextIO | None = None, timeout: float = START_TIMEOUT
+    state_dir: Path | None = None,
+    *,
+    out: TextIO | None = None,
+    timeout: float = START_TIMEOUT,
+    stack: str = "minimal",
+    node_groups_file: Path | None = None,
 ) -> DevInfo:
-    """Starts a control plane that outlives this process (or reports the one running)."""
+    """Starts a control plane that outlives this process (or reports the one running).
+
+    ``stack``: ``minimal`` (etcd + kube-apiserver) or ``full`` (every component of
+    :data:`gangcheck.testbed.stack.FULL_STACK`); ``node_groups_file`` sets cluster-autoscaler's
+    node groups for ``full``.
+    """
     out = out or sys.stdout
+    plane = _plane(Path("unused"), stack, node_groups_file)  # validates before anything starts
     state_dir = state_dir or default_state_dir()
     state = _read_state(state_dir)
     if state is not None and _is_supervisor(int(state["pid"])):
@@ -157,10 +198,10 @@ def up(
         return info
     if state_dir.exists():
         _clear(state_dir)  # left over from a supervisor that is gone
-    ensure_binaries(CONTROL_PLANE)
+    ensure_binaries(plane.families)
     state_dir.mkdir(parents=True)
     try:
-        _spawn_supervisor(state_dir)
+        _spawn_supervisor(state_dir, stack, node_groups_file)
         info = _await_ready(state_dir, timeout)
     except BaseException:
         _clear(state_dir)
@@ -209,6 +250,8 @@ def _clear(state_dir: Path) -> None:
     if state is not None:
         _kill_leftovers(state)
     shutil.rmtree(state_dir, ignore_errors=True)
+    # What a killed supervisor could not undo outside its folder (Kueue's metrics cert).
+    MetricsCert().release(state_dir / "cluster")
 
 
 def down(state_dir: Path | None = None, *, out: TextIO | None = None) -> bool:
@@ -254,14 +297,20 @@ def _interrupt(*_: object) -> None:
     raise _Stopped
 
 
-def serve(state_dir: Path, *, detach: bool = False) -> int:
+def serve(
+    state_dir: Path,
+    *,
+    detach: bool = False,
+    stack: str = "minimal",
+    node_groups_file: Path | None = None,
+) -> int:
     """Runs a control plane until SIGTERM, SIGINT or SIGHUP; records it in ``state_dir``."""
     if detach:
         _detach()
     (state_dir / PID_FILE).write_text(f"{os.getpid()}\n")
-    plane = ControlPlane(root=state_dir / "cluster")
     _on_signals(_interrupt)  # start() cleans up after itself when interrupted
     try:
+        plane = _plane(state_dir / "cluster", stack, node_groups_file)
         plane.start()
     except _Stopped:
         return 1
@@ -273,7 +322,9 @@ def serve(state_dir: Path, *, detach: bool = False) -> int:
     try:
         state = {"pid": os.getpid(), **plane.describe()}
         _write_atomic(state_dir / STATE_FILE, json.dumps(state, indent=2))
+        timings = ", ".join(f"{name} {sec:.1f}s" for name, sec in plane.timings.items())
         print(f"gangcheck: ready in {plane.startup_seconds:.1f}s at {plane.server}", flush=True)
+        print(f"gangcheck: start phases: {timings}", flush=True)
         _watch(plane, stopping)
     finally:
         _on_signals(signal.SIG_IGN)

@@ -4,15 +4,18 @@
         cp.kubeconfig                   # admin kubeconfig (client cert, CN gangcheck-admin)
         cp.run_kubectl("get", "ns")
 
+    # The rest of a cluster, optional (see gangcheck.testbed.stack):
+    ControlPlane(components=FULL_STACK, node_groups=[NodeGroup("gpu", max=4, gpus=8)])
+
 Everything lives in one folder (a fresh temp dir unless ``root`` is given; it must not exist
 yet): certificates, etcd's data, the kubeconfig and one log file per component. ``stop()``
 terminates every process it started, waits for them and removes that folder.
-Later components (scheduler, controller manager, kwok, Kueue) are further :class:`Component`s.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import subprocess
 import tempfile
@@ -25,10 +28,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gangcheck.testbed import crds
+from gangcheck.testbed import crds, stack
 from gangcheck.testbed.binaries import CONTROL_PLANE, ensure_binaries
-from gangcheck.testbed.certs import ADMIN_USER, KeyPair, PKIPaths, write_pki
+from gangcheck.testbed.certs import ADMIN_USER, FRONT_PROXY_USER, KeyPair, PKIPaths, write_pki
 from gangcheck.testbed.kubeconfig import write_kubeconfig
+from gangcheck.testbed.nodes import DEFAULT_NODE_GROUPS, NodeGroup
 from gangcheck.testbed.process import Component, free_ports
 from gangcheck.testbed.rest import RestClient, tls_context
 
@@ -58,7 +62,17 @@ def _http_ok(url: str) -> bool:
 
 
 class ControlPlane:
-    """etcd and kube-apiserver on 127.0.0.1 with RBAC, the CRDs installed and a kubeconfig."""
+    """etcd and kube-apiserver on 127.0.0.1 with RBAC, the CRDs installed and a kubeconfig;
+    optionally the rest of a cluster (``components``, see :mod:`gangcheck.testbed.stack`).
+
+    ``components``: names from ``stack.ORDER`` or aliases (``scheduler``, ``controller-manager``,
+    ``kwok``, ``kueue``, ``autoscaler``), started in that order whatever the order given;
+    ``stack.FULL_STACK`` is all of them. ``node_groups``: cluster-autoscaler's node groups
+    (default ``nodes.DEFAULT_NODE_GROUPS``). ``component_args``: extra flags by component.
+    """
+
+    #: Feature gates of kube-apiserver, kube-scheduler and kube-controller-manager.
+    feature_gates: tuple[str, ...] = FEATURE_GATES
 
     def __init__(
         self,
@@ -68,16 +82,27 @@ class ControlPlane:
         install_crds: bool = True,
         apiserver_args: Sequence[str] = (),
         ready_timeout: float = 90.0,
+        components: Sequence[str] = (),
+        node_groups: Sequence[NodeGroup] | None = None,
+        component_args: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._requested_root = root
         self._binaries = dict(binaries) if binaries is not None else None
         self.install_crds = install_crds
         self.apiserver_args = list(apiserver_args)
         self.ready_timeout = ready_timeout
+        self.node_groups = list(DEFAULT_NODE_GROUPS if node_groups is None else node_groups)
+        self.component_args = {k: list(v) for k, v in (component_args or {}).items()}
+        self.requested = [stack.canonical(name) for name in components]
+        self.addons: list[stack.Addon] = self._make_addons()  # validates the arguments
+        needing = [a.name for a in self.addons if a.needs_crds]
+        if needing and not install_crds:
+            raise ValueError(f"{', '.join(needing)} need the CRDs: install_crds=True")
         self.components: dict[str, Component] = {}
         self.crds: list[str] = []
         self.startup_seconds: float | None = None
-        #: Seconds each start phase took (prepare, etcd, kube-apiserver, bootstrap).
+        #: Seconds each start phase took (prepare, etcd, kube-apiserver, bootstrap, then one
+        #: entry per optional component).
         self.timings: dict[str, float] = {}
         self._root: Path | None = None
         self._ports: Ports | None = None
@@ -85,9 +110,15 @@ class ControlPlane:
     # -- where things are -------------------------------------------------------------------
 
     @property
+    def families(self) -> tuple[str, ...]:
+        """The binary families (``hack/build.sh`` arguments) this control plane needs."""
+        extra = [stack.FAMILY[a.name] for a in self.addons]
+        return tuple(dict.fromkeys([*CONTROL_PLANE, *extra]))
+
+    @property
     def binaries(self) -> dict[str, Path]:
         if self._binaries is None:
-            self._binaries = ensure_binaries(CONTROL_PLANE)
+            self._binaries = ensure_binaries(self.families)
         return self._binaries
 
     @property
@@ -127,7 +158,7 @@ class ControlPlane:
         return self.binaries["kubernetes"] / "kubectl"
 
     def binary(self, name: str) -> Path:
-        """A built binary by name: etcd, kube-apiserver, kubectl, kube-scheduler ..."""
+        """A built binary by name: etcd, kube-apiserver, kubectl, kube-scheduler, kwok ..."""
         for folder in self.binaries.values():
             if (folder / name).is_file():
                 return folder / name
@@ -145,6 +176,9 @@ class ControlPlane:
             self._timed(ETCD, lambda: self._launch(self._etcd()))
             self._timed(APISERVER, lambda: self._launch(self._apiserver()))
             self._timed("bootstrap", self._bootstrap)
+            self.addons = self._make_addons()
+            for addon in self.addons:
+                self._timed(addon.name, functools.partial(addon.start, self))
         except BaseException:
             self.stop()
             raise
@@ -158,6 +192,8 @@ class ControlPlane:
             for component in reversed(list(self.components.values())):
                 component.stop()
         finally:
+            for addon in reversed(self.addons):
+                addon.cleanup()
             self.components.clear()
             if self._root is not None:
                 shutil.rmtree(self._root, ignore_errors=True)
@@ -243,7 +279,13 @@ class ControlPlane:
                 "etcd_client": self.ports.etcd_client,
                 "etcd_peer": self.ports.etcd_peer,
                 "apiserver": self.ports.apiserver,
+                **{
+                    f"{addon.name}:{purpose}": port
+                    for addon in self.addons
+                    for purpose, port in addon.ports.items()
+                },
             },
+            "node_groups": [group.name for group in self.node_groups] if self.addons else [],
             "components": {
                 name: {"pid": c.pid, "binary": c.argv[0], "log": str(c.log_path)}
                 for name, c in self.components.items()
@@ -269,11 +311,20 @@ class ControlPlane:
             key=self.pki.admin_key,
             user=ADMIN_USER,
         )
-        missing = [name for name in CONTROL_PLANE if name not in binaries]
+        missing = [name for name in self.families if name not in binaries]
         if missing:
             raise FileNotFoundError(f"binaries not given for {', '.join(missing)}")
 
-    def _timed(self, phase: str, step: Callable[[], None]) -> None:
+    def _make_addons(self) -> list[stack.Addon]:
+        return stack.make_addons(
+            self.requested, node_groups=self.node_groups, component_args=self.component_args
+        )
+
+    def addon_ports(self) -> dict[str, dict[str, int]]:
+        """Ports of the optional components: ``{component: {purpose: port}}``."""
+        return {addon.name: dict(addon.ports) for addon in self.addons}
+
+    def _timed(self, phase: str, step: Callable[[], object]) -> None:
         began = time.monotonic()
         step()
         self.timings[phase] = time.monotonic() - began
@@ -321,13 +372,23 @@ class ControlPlane:
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
+            # Front proxy (request-header authentication), as kubeadm sets it up: components
+            # with delegated authentication read this CA from kube-system and log errors
+            # without it; aggregated APIs need it too.
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_USER}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
-            f"--feature-gates={','.join(FEATURE_GATES)}",
+            f"--feature-gates={','.join(self.feature_gates)}",
             f"--runtime-config={','.join(RUNTIME_CONFIG)}",
             *self.apiserver_args,
         ]

@@ -13,15 +13,60 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 from gangcheck.testbed import ComponentError, ControlPlane
-from gangcheck.testbed.crds import crd_files, load_crds
+from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
+from gangcheck.testbed.certs import CertificateAuthority
+from gangcheck.testbed.crds import crd_files, load_crds, module_dir
+from gangcheck.testbed.nodes import (
+    MAX_COUNT_ANNOTATION,
+    NODE_GROUP_LABEL,
+    NodeGroup,
+    Taint,
+    autoscaler_configmaps,
+    load_node_groups,
+)
 from gangcheck.testbed.process import pid_alive, pid_cmdline, port_is_free
 from gangcheck.testbed.rest import RestClient
+from gangcheck.testbed.stack import (
+    FULL_STACK,
+    KUEUE_METRICS_CERT_DIR,
+    MetricsCert,
+    kueue_conversion_patches,
+    kueue_webhook_configurations,
+)
 
 pytestmark = pytest.mark.integration
+_FULL_STACK_BUILD = pytest.StashKey[BuildError | None]()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Builds the full stack's binaries at collection, outside the per-test timeout and with
+    the build's progress shown (as the conftest does for etcd and kube-apiserver)."""
+    config = metafunc.config
+    if "full_stack_binaries" not in metafunc.fixturenames or config.option.collectonly:
+        return
+    if _FULL_STACK_BUILD in config.stash:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            ensure_binaries(ALL_FAMILIES)
+        config.stash[_FULL_STACK_BUILD] = None
+    except BuildError as exc:
+        config.stash[_FULL_STACK_BUILD] = exc
+
+
+@pytest.fixture(scope="module")
+def full_stack_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """Folders of every binary family (etcd, kubernetes, kwok, kueue, autoscaler)."""
+    failed = pytestconfig.stash.get(_FULL_STACK_BUILD, None)
+    if failed is not None:
+        raise failed
+    return ensure_binaries(ALL_FAMILIES)
 
 
 def _resources(client: RestClient, group_version: str) -> dict[str, str]:
@@ -223,3 +268,165 @@ def test_dev_up_and_down(tmp_path: Path) -> None:
     assert not any(pid_alive(pid) for pid in pids)
     assert not state.exists()
     assert port_is_free(info["ports"]["apiserver"])
+
+
+@pytest.mark.timeout(300)
+def test_full_stack_stop_leaves_nothing_behind(full_stack_binaries: dict[str, Path]) -> None:
+    cert_was_there = KUEUE_METRICS_CERT_DIR.exists()
+    flexvolume_default = Path("/usr/libexec/kubernetes")
+    flexvolume_was_there = flexvolume_default.exists()
+    plane = ControlPlane(
+        binaries=full_stack_binaries,
+        components=FULL_STACK,
+        node_groups=[NodeGroup("teardown", max=1)],
+    )
+    plane.start()
+    root, core = plane.root, plane.ports
+    ports = [core.etcd_client, core.etcd_peer, core.apiserver]
+    ports += [port for by_use in plane.addon_ports().values() for port in by_use.values()]
+    pids = [c.pid for c in plane.components.values()]
+    names = list(plane.components)
+    assert names == [
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kwok",
+        "kueue",
+        "cluster-autoscaler",
+    ]
+    assert set(names) <= set(plane.timings)
+    assert all(pid is not None and pid_alive(pid) for pid in pids)
+    assert len(ports) == 3 + 1 + 1 + 1 + 3 + 1
+    assert not any(port_is_free(port) for port in ports)
+    assert (KUEUE_METRICS_CERT_DIR / "tls.crt").is_file()
+
+    plane.stop()
+
+    assert not any(pid is not None and pid_alive(pid) for pid in pids)
+    assert all(port_is_free(port) for port in ports)
+    assert not root.exists()
+    assert _processes_mentioning(str(root)) == []
+    if not cert_was_there and MetricsCert().present:
+        # Another stack on this machine (a concurrent test run) may still hold it.
+        owners = json.loads((KUEUE_METRICS_CERT_DIR / MetricsCert.OWNERS).read_text())
+        assert str(root) not in owners["owners"]
+    assert flexvolume_default.exists() == flexvolume_was_there
+    plane.stop()  # idempotent
+
+
+def test_failing_optional_component_is_named_with_its_log(
+    full_stack_binaries: dict[str, Path],
+) -> None:
+    plane = ControlPlane(
+        binaries=full_stack_binaries,
+        install_crds=False,
+        components=["kwok"],
+        component_args={"kwok": ["--no-such-flag"]},
+    )
+    with pytest.raises(ComponentError) as failure:
+        plane.start()
+    assert failure.value.component == "kwok"
+    assert "exited with code" in str(failure.value)
+    assert "unknown flag: --no-such-flag" in failure.value.tail
+    root = failure.value.log_path.parent.parent
+    assert not root.exists()
+    assert _processes_mentioning(str(root)) == []
+
+
+def test_unknown_component_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown component 'kubelet'"):
+        ControlPlane(components=["kubelet"])
+    with pytest.raises(ValueError, match="kueue, cluster-autoscaler need the CRDs"):
+        ControlPlane(components=["autoscaler", "kueue"], install_crds=False)
+
+
+def test_node_groups_become_kwok_provider_configmaps() -> None:
+    groups = load_node_groups(
+        yaml.safe_load(
+            """
+            nodeGroups:
+            - {name: gpu, max: 4, gpus: 8, cpu: "96", memory: 1Ti,
+               labels: {gangcheck.io/gpu-type: h100},
+               taints: ["nvidia.com/gpu=present:NoSchedule"]}
+            - {name: cpu, max: 2}
+            """
+        )
+    )
+    assert groups[0].taints == (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
+    config_map, templates_map = autoscaler_configmaps(groups)
+    config = yaml.safe_load(config_map["data"]["config"])
+    assert config["readNodesFrom"] == "configmap"
+    assert config["nodegroups"] == {"fromNodeLabelKey": NODE_GROUP_LABEL}
+    assert config["nodes"] == {"skipTaint": True}
+    assert config["configmap"]["name"] == templates_map["metadata"]["name"]
+    templates = yaml.safe_load(templates_map["data"]["templates"])
+    assert templates["kind"] == "List"
+    gpu = templates["items"][0]
+    assert gpu["metadata"]["annotations"][MAX_COUNT_ANNOTATION] == "4"
+    assert gpu["metadata"]["labels"][NODE_GROUP_LABEL] == "gpu"
+    assert gpu["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert gpu["spec"]["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    ]
+    cpu = templates["items"][1]
+    assert cpu["metadata"]["annotations"] is not None  # the provider panics on a nil map
+    assert "nvidia.com/gpu" not in cpu["status"]["allocatable"]
+    with pytest.raises(ValueError, match="min <= max"):
+        NodeGroup("bad", max=1, min=2)
+    with pytest.raises(ValueError, match="unique"):
+        autoscaler_configmaps([NodeGroup("a", max=1), NodeGroup("a", max=2)])
+
+
+def test_kueue_webhooks_are_registered_by_url() -> None:
+    module = module_dir("sigs.k8s.io/kueue", wrapper="kueue")
+    ca = CertificateAuthority.create().cert_pem
+    configs = kueue_webhook_configurations(module, 9443, ca)
+    assert {c["metadata"]["name"] for c in configs} == {
+        "kueue-mutating-webhook-configuration",
+        "kueue-validating-webhook-configuration",
+    }
+    hooks = [hook for config in configs for hook in config["webhooks"]]
+    assert len(hooks) >= 40
+    for hook in hooks:
+        assert set(hook["clientConfig"]) == {"url", "caBundle"}
+        assert hook["clientConfig"]["url"].startswith("https://127.0.0.1:9443/")
+    by_name = {hook["name"]: hook for hook in hooks}
+    assert by_name["mjob.kb.io"]["clientConfig"]["url"].endswith("/mutate-batch-v1-job")
+    excluded = by_name["vpod.kb.io"]["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert "kube-system" in excluded  # the kustomization's patch is applied
+    conversions = kueue_conversion_patches(module, 9443, ca)
+    assert "workloads.kueue.x-k8s.io" in conversions
+    url = conversions["workloads.kueue.x-k8s.io"]["webhook"]["clientConfig"]["url"]
+    assert url == "https://127.0.0.1:9443/convert"
+
+
+def test_kueue_metrics_cert_is_shared_and_removed_by_the_last_owner(tmp_path: Path) -> None:
+    folder = tmp_path / "etc" / "kueue" / "metrics" / "certs"
+    cert = MetricsCert(folder)
+    pair = CertificateAuthority.create().issue_serving("x", ["127.0.0.1"])
+    first, second = tmp_path / "plane-1", tmp_path / "plane-2"
+    first.mkdir()
+    second.mkdir()
+    cert.acquire(first, pair)
+    cert.acquire(second, pair)
+    assert cert.present
+    cert.release(first)
+    assert cert.present
+    cert.release(second)
+    assert not (tmp_path / "etc").exists()  # every folder it created is gone again
+
+    folder.mkdir(parents=True)
+    pair.write(folder / "tls.crt", folder / "tls.key")
+    cert.acquire(first, pair)  # provided by someone else: used, never removed
+    cert.release(first)
+    assert cert.present
+
+    stale = tmp_path / "plane-gone"
+    other = MetricsCert(tmp_path / "other" / "certs")
+    stale.mkdir()
+    other.acquire(stale, pair)
+    stale.rmdir()  # a killed stack: its folder is gone
+    other.acquire(first, pair)
+    other.release(first)
+    assert not (tmp_path / "other").exists()

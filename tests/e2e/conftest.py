@@ -1,0 +1,141 @@
+"""End-to-end fixtures: a whole cluster, started once per session.
+
+By default the session starts the full local stack (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager, kwok, Kueue, cluster-autoscaler with the kwok provider) with the node
+groups in ``E2E_NODE_GROUPS``. With ``GANGCHECK_E2E_KUBECONFIG`` set, it starts nothing and
+uses that cluster instead; that cluster must run the same components, with cluster-autoscaler's
+kwok provider configured with the node groups below (label ``gangcheck.io/nodegroup``).
+
+Missing binaries are built before the first test, outside the per-test timeout, with the
+build's progress shown (as in ``tests/integration``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import NAMESPACE
+from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
+from gangcheck.testbed.launcher import ControlPlane
+from gangcheck.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
+from gangcheck.testbed.stack import FULL_STACK
+from tests.e2e.helpers import SERVICE_ACCOUNT, delete_quietly, eventually, get_or_none, unique
+
+KUBECONFIG_ENV = "GANGCHECK_E2E_KUBECONFIG"
+GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
+#: A GPU group large enough for the provisioning tests, and one too small for them.
+E2E_NODE_GROUPS = (
+    NodeGroup(
+        name="e2e-gpu",
+        max=4,
+        cpu="32",
+        memory="256Gi",
+        gpus=8,
+        labels={"gangcheck.io/gpu-type": "e2e"},
+        taints=(GPU_TAINT,),
+    ),
+    NodeGroup(
+        name="e2e-gpu-small",
+        max=2,
+        cpu="32",
+        memory="256Gi",
+        gpus=8,
+        labels={"gangcheck.io/gpu-type": "e2e"},
+        taints=(GPU_TAINT,),
+    ),
+)
+
+_BUILD_ERROR = pytest.StashKey[BuildError]()
+_MEASUREMENTS = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: needs a whole cluster (the local full stack)")
+    config.stash[_MEASUREMENTS] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    e2e = [item for item in items if item.path.is_relative_to(os.path.dirname(__file__))]
+    for item in e2e:
+        item.add_marker(pytest.mark.e2e)
+    if config.option.collectonly or not e2e or os.environ.get(KUBECONFIG_ENV):
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            ensure_binaries(ALL_FAMILIES)
+    except BuildError as exc:
+        config.stash[_BUILD_ERROR] = exc
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminalreporter.config.stash.get(_MEASUREMENTS, [])
+    if lines:
+        terminalreporter.section("e2e measurements")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+@dataclass
+class Cluster:
+    """The cluster under test: a kubeconfig, and the local stack if this session started it."""
+
+    kubeconfig: str
+    plane: ControlPlane | None = None
+    measurements: list[str] = field(default_factory=list)
+
+    def record(self, text: str) -> None:
+        """A measurement to show in the session summary (and to copy into docs/testbed.md)."""
+        self.measurements.append(text)
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
+    measurements = pytestconfig.stash[_MEASUREMENTS]
+    foreign = os.environ.get(KUBECONFIG_ENV)
+    if foreign:
+        yield Cluster(kubeconfig=foreign, measurements=measurements)
+        return
+    failed = pytestconfig.stash.get(_BUILD_ERROR, None)
+    if failed is not None:
+        raise failed
+    plane = ControlPlane(components=FULL_STACK, node_groups=E2E_NODE_GROUPS)
+    plane.start()
+    try:
+        timings = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in plane.timings.items())
+        measurements.append(f"stack started in {plane.startup_seconds:.1f}s: {timings}")
+        yield Cluster(kubeconfig=str(plane.kubeconfig), plane=plane, measurements=measurements)
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+async def kube(cluster: Cluster) -> AsyncIterator[Kube]:
+    client = await Kube.connect(cluster.kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def namespace(kube: Kube) -> AsyncIterator[str]:
+    """A fresh namespace, deleted (not awaited) after the test."""
+    name = unique("e2e")
+    await kube.create(NAMESPACE, {"metadata": {"name": name}})
+
+    async def account() -> object:
+        return await get_or_none(kube, SERVICE_ACCOUNT, "default", name)
+
+    # kube-controller-manager creates it; the ServiceAccount admission plugin refuses pods
+    # until it exists.
+    await eventually(account, timeout=30, what=f"ServiceAccount {name}/default")
+    try:
+        yield name
+    finally:
+        await delete_quietly(kube, NAMESPACE, name)

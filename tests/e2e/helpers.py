@@ -1,0 +1,100 @@
+"""Small helpers of the end-to-end suite: resources, waiting, conditions, object builders.
+
+Everything here talks to the cluster through a kubeconfig only, so the suite runs unchanged
+against the local stack or any other cluster (kind ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import Resource
+from gangcheck.testbed import nodes
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
+SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+JOB = Resource("batch", "v1", "jobs", "Job")
+CLUSTER_QUEUE = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", False)
+LOCAL_QUEUE = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+
+#: kwok's own advice: taint fake nodes so only pods that mean to run there do.
+KWOK_TAINT = nodes.Taint("kwok.x-k8s.io/node", "fake", "NoSchedule")
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+POOL_LABEL = "gangcheck.io/e2e-pool"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.25,
+) -> T:
+    """Polls ``probe`` until it returns something truthy; fails naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def condition(obj: Obj, kind: str) -> Obj | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def is_true(obj: Obj, kind: str) -> bool:
+    cond = condition(obj, kind)
+    return cond is not None and cond.get("status") == "True"
+
+
+async def get_or_none(kube: Kube, res: Resource, name: str, namespace: str | None = None) -> Any:
+    try:
+        return await kube.get(res, name, namespace)
+    except NotFoundError:
+        return None
+
+
+async def delete_quietly(
+    kube: Kube, res: Resource, name: str, namespace: str | None = None
+) -> None:
+    with contextlib.suppress(NotFoundError):
+        await kube.delete(res, name, namespace)
+
+
+def kwok_node(name: str, pool: str, *, cpu: str = "8", memory: str = "32Gi") -> Obj:
+    """A fake node kwok manages (annotation ``kwok.x-k8s.io/node: fake``), tainted, in ``pool``
+    (the builder is a plain function: nothing of the launcher runs)."""
+    return nodes.kwok_node(
+        name, cpu=cpu, memory=memory, labels={POOL_LABEL: pool}, taints=[KWOK_TAINT]
+    )
+
+
+def node_ready(node: Obj) -> bool:
+    return is_true(node, "Ready")
+
+
+def container(requests: dict[str, str], limits: dict[str, str] | None = None) -> Obj:
+    resources: Obj = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
+    return {"name": "main", "image": "e2e-placeholder:1", "resources": resources}
