@@ -60,3 +60,8 @@ MACHINE_SET = Resource("cluster.x-k8s.io", "v1beta1", "machinesets", "MachineSet
 MACHINE_DEPLOYMENT = Resource(
     "cluster.x-k8s.io", "v1beta1", "machinedeployments", "MachineDeployment"
 )
+CLUSTER_QUEUE = Resource(
+    "kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False
+)
+LOCAL_QUEUE = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+JOB = Resource("batch", "v1", "jobs", "Job")

@@ -1,0 +1,319 @@
+"""`gangcheck diagnose` and `gangcheck status` on a real kube-apiserver, for gangs really stuck.
+
+The test plays Kueue core and the cloud (as in test_fulfillment.py) while gangcheck's
+controller runs; the diagnosis is read from what the API server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gangcheck.diagnose import (
+    CLUSTER_QUEUE,
+    JOB,
+    LOCAL_QUEUE,
+    diagnose,
+    main_diagnose,
+    main_status,
+    render_text,
+    status,
+    to_json,
+)
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import POD
+from gangcheck.logic import naming
+from tests.builders import WorkloadBuilder, container, pod_template
+from tests.integration.harness import Cluster, RunningController, eventually, now
+
+pytestmark = pytest.mark.integration
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+KUEUE_QUOTA = (
+    "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu "
+    "in flavor {flavor}, 8 more needed"
+)
+
+
+def fit(deadline: int) -> dict[str, Any]:
+    return {
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": deadline, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
+    }
+
+
+@pytest.fixture
+async def kube(control_plane: Any) -> AsyncIterator[Kube]:
+    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
+        yield k
+
+
+@pytest.fixture
+async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
+    running = RunningController(str(control_plane.kubeconfig))
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
+    c = await Cluster.create(kube)
+    yield c
+    await c.remove_nodes()
+
+
+def gang(name: str = "wl", members: int = 2) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder(name)
+        .pod_set("workers", members, pod_template(gpu=1))
+        .reserve_quota()
+        .check()
+    )
+
+
+async def create_job(cluster: Cluster, name: str, *, queue: bool = True) -> dict[str, Any]:
+    """A suspended batch/v1 Job, as a user submits it to Kueue (no job controller runs here)."""
+    labels = {"kueue.x-k8s.io/queue-name": "lq"} if queue else {}
+    body = {
+        "metadata": {"name": name, "namespace": cluster.ns, "labels": labels},
+        "spec": {
+            "suspend": True,
+            "parallelism": 2,
+            "completions": 2,
+            "template": {
+                "spec": {"containers": [container(gpu=1)], "restartPolicy": "Never"},
+            },
+        },
+    }
+    return await cluster.kube.create(JOB, body)
+
+
+def owned_by(builder: WorkloadBuilder, job: dict[str, Any]) -> WorkloadBuilder:
+    """The Workload as Kueue's job controller names and owns it."""
+    meta = job["metadata"]
+    builder.obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    builder.obj["metadata"]["labels"] = {"kueue.x-k8s.io/job-uid": meta["uid"]}
+    return builder
+
+
+async def verdict_of(kube: Kube, target: str, wanted: str | re.Pattern[str]) -> str:
+    """The verdict line, once it says what the test expects."""
+
+    async def probe() -> str | None:
+        line = (await diagnose(kube, target)).verdict.line
+        matched = wanted.fullmatch(line) if isinstance(wanted, re.Pattern) else line == wanted
+        return line if matched else None
+
+    return await eventually(probe, timeout=15, what=f"verdict {wanted!r}")
+
+
+async def run_cli(main: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run a CLI entry point (it owns its event loop) in a thread; (code, stdout, stderr)."""
+    code = await asyncio.to_thread(main, argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_arrived_nodes_with_an_untolerated_taint_name_the_taint(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=120))
+    job = await create_job(cluster, "train")
+    workload = "job-train-5c2f1"
+    await cluster.submit(owned_by(gang(workload), job))
+    request = naming.request_name(workload, cluster.check, 1)
+    await cluster.set_request_conditions(request, {"Accepted": "", "Provisioned": "resize done"})
+    await cluster.add_nodes(3, taints=[GPU_TAINT])
+
+    line = "blocked: 3 nodes arrived but none tolerates nvidia.com/gpu:NoSchedule"
+    await verdict_of(cluster.kube, f"job/{cluster.ns}/train", line)
+    report = await diagnose(cluster.kube, f"workload/{cluster.ns}/{workload}")
+    assert report.verdict.line == line
+    placement = report.facts.placement
+    assert placement is not None and len(placement.arrived) == 3
+    text = render_text(report)
+    assert "taint nvidia.com/gpu=present:NoSchedule not tolerated" in text
+    assert text.rstrip().endswith(line)
+    assert max(len(row) for row in text.splitlines()) <= 100
+
+
+async def test_exhausted_quota_quotes_kueue(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=120))
+    cq = f"cq-{cluster.ns}"
+    await cluster.kube.create(CLUSTER_QUEUE, _cluster_queue(cq, cluster))
+    try:
+        await cluster.kube.create(
+            LOCAL_QUEUE,
+            {"metadata": {"name": "lq", "namespace": cluster.ns}, "spec": {"clusterQueue": cq}},
+        )
+        await cluster.submit(gang(members=16), reserve=False)
+        message = KUEUE_QUOTA.format(flavor=cluster.flavor)
+
+        def as_kueue(wl: dict[str, Any]) -> None:  # the scheduler, finding no room
+            wl["status"]["conditions"] = [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": message,
+                    "lastTransitionTime": now(),
+                }
+            ]
+
+        await cluster.update_status("wl", as_kueue)
+        await verdict_of(
+            cluster.kube,
+            f"workload/{cluster.ns}/wl",
+            f"blocked: quota: ClusterQueue {cq}: {message}",
+        )
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await cluster.kube.delete(CLUSTER_QUEUE, cq)
+
+
+def _cluster_queue(name: str, cluster: Cluster) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": cluster.flavor,
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "8"}],
+                        }
+                    ],
+                }
+            ],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": cluster.check}]},
+        },
+    }
+
+
+async def test_partial_delivery_says_how_many_members_fit_and_the_deadline(
+    cluster: Cluster, controller: RunningController, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await cluster.install_check(fit(deadline=120))
+    job = await create_job(cluster, "big")
+    workload = "job-big-0a1b2"
+    await cluster.submit(owned_by(gang(workload, members=16), job))
+    request = naming.request_name(workload, cluster.check, 1)
+    await cluster.set_request_conditions(request, {"Provisioned": ""})
+    await cluster.add_nodes(11)
+    member = {
+        "metadata": {
+            "name": "big-0",
+            "namespace": cluster.ns,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "big",
+                    "uid": job["metadata"]["uid"],
+                }
+            ],
+        },
+        "spec": {"containers": [container(gpu=1)], "restartPolicy": "Never"},
+    }
+    await cluster.kube.create(POD, member)
+
+    waiting = re.compile(
+        r"blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline in 1m[0-9]+s"
+    )
+    await verdict_of(cluster.kube, f"pod/{cluster.ns}/big-0", waiting)
+
+    listed = await status(cluster.kube, cluster.ns)
+    (row,) = listed.gangs
+    assert (row.name, row.phase, row.arrived, row.needed, row.attempt) == (
+        workload,
+        "fulfilling",
+        11,
+        16,
+        1,
+    )
+    assert re.search(rf"{workload}\s.*fulfilling\s+1\s+\S+\s+11/16\s+11/16", render_text(listed))
+
+    kubeconfig = controller.kubeconfig
+    code, out, err = await run_cli(
+        main_status, ["-n", cluster.ns, "--kubeconfig", kubeconfig, "-o", "json"], capsys
+    )
+    assert (code, err) == (0, "")
+    items = json.loads(out)["items"]
+    assert [(i["name"], i["nodesArrived"], i["nodesNeeded"]) for i in items] == [(workload, 11, 16)]
+    assert to_json(listed)["items"][0]["phase"] == "fulfilling"
+
+    code, out, err = await run_cli(
+        main_diagnose, [f"job/{cluster.ns}/big", "--kubeconfig", kubeconfig, "-o", "json"], capsys
+    )
+    assert (code, err) == (0, "")
+    parsed = json.loads(out)
+    assert waiting.fullmatch(parsed["verdict"]["line"])
+    assert parsed["nodes"]["placeable"] == 11 and len(parsed["nodes"]["arrived"]) == 11
+
+
+async def test_an_inactive_check_says_why(cluster: Cluster, controller: RunningController) -> None:
+    await cluster.install_check(None)  # the config it points at does not exist
+    await cluster.submit(gang())
+    await verdict_of(
+        cluster.kube,
+        f"workload/{cluster.ns}/wl",
+        f"blocked: the AdmissionCheck {cluster.check} is inactive: "
+        f"AtomicProvisioningConfig '{cluster.config}' not found",
+    )
+    active = await cluster.active_condition()
+    assert active is not None and active["status"] == "False"
+
+
+async def test_a_missing_target_exits_1_with_one_line(
+    cluster: Cluster, control_plane: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [f"job/{cluster.ns}/nope", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, out) == (1, "")
+    assert err == f"gangcheck: Job {cluster.ns}/nope not found\n"
+
+
+async def test_a_job_without_a_workload_is_not_a_gang(
+    cluster: Cluster, control_plane: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await create_job(cluster, "plain", queue=False)
+    argv = [f"job/{cluster.ns}/plain", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"gangcheck: Job {cluster.ns}/plain is not a gang:")
+    assert err.count("\n") == 1
+
+
+async def test_podgroups_are_not_served_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = await run_cli(main_diagnose, ["podgroup/ns/pg"], capsys)
+    assert (code, out) == (1, "")
+    assert err == "gangcheck: PodGroup provisioning is not implemented yet\n"
+
+
+async def test_status_with_nothing_in_flight_says_so(
+    cluster: Cluster, control_plane: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["-n", cluster.ns, "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert (code, out) == (0, f"No gangs in flight in namespace {cluster.ns}.\n")

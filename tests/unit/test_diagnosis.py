@@ -1,0 +1,735 @@
+"""Table tests of the diagnosis: which link of the chain blocks a gang, in one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gangcheck.logic import naming
+from gangcheck.logic.diagnosis import (
+    CheckFacts,
+    Facts,
+    NodeFit,
+    Placement,
+    RequestFacts,
+    StartFacts,
+    Target,
+    TargetError,
+    WorkloadState,
+    World,
+    classify,
+    gang_row,
+    gather,
+    human_duration,
+    nodes_needed,
+    parse_target,
+    phase_of,
+    place,
+    verdict,
+)
+from gangcheck.logic.fit import Rejection
+from gangcheck.logic.reclaim import Outcome
+from gangcheck.model.objects import Condition, Flavor, request_of
+from tests.builders import (
+    CHECK,
+    CONTROLLER,
+    WorkloadBuilder,
+    node,
+    pod_template,
+    provisioning_request,
+)
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+REQ = "wl-gpu-1"
+TAINT = "nvidia.com/gpu:NoSchedule"
+RESERVED = WorkloadState(reserved=True, cluster_queue="cq", local_queue="lq")
+QUEUED = WorkloadState(local_queue="lq")
+OURS = CheckFacts("gpu", "Pending", message=f"provisioning request {REQ} created for 16 pods")
+KUEUE_QUOTA = (
+    "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu "
+    "in flavor gpu, 8 more needed"
+)
+
+
+def cond(kind: str, message: str = "", status: str = "True") -> Condition:
+    return Condition(kind, status, kind, message)
+
+
+def request(*kinds: str, deadline_in: float | None = 42, **fields: Any) -> RequestFacts:
+    conditions = {k.split("=")[0]: cond(*k.split("=", 1)) for k in kinds}
+    deadline = NOW + timedelta(seconds=deadline_in) if deadline_in is not None else None
+    return RequestFacts(REQ, 1, conditions=conditions, deadline=deadline, **fields)
+
+
+def arrived(
+    count: int, *, members: int = 0, kind: str = "", short: str = "", **kw: Any
+) -> list[NodeFit]:
+    return [
+        NodeFit(f"n{i}", arrived=True, recorded=True, members=members, kind=kind, short=short, **kw)
+        for i in range(count)
+    ]
+
+
+def tainted(count: int, taint: str = TAINT) -> list[NodeFit]:
+    short = f"taint {taint} not tolerated"
+    return arrived(count, kind="taint", short=short, subject=taint, reason=short)
+
+
+def placement(nodes: list[NodeFit], placeable: int, total: int = 16) -> Placement:
+    return Placement(placeable, total, placeable >= total, tuple(nodes))
+
+
+def gang(
+    *,
+    state: WorkloadState = RESERVED,
+    checks: tuple[CheckFacts, ...] = (OURS,),
+    req: RequestFacts | None = None,
+    fit: Placement | None = None,
+    start: StartFacts | None = None,
+    mode: str = "NodesFit",
+) -> Facts:
+    return Facts(
+        "team-a",
+        "wl",
+        state=state,
+        checks=checks,
+        focus=next((c.name for c in checks if c.ours), ""),
+        mode=mode,
+        request=req,
+        placement=fit,
+        start=start,
+    )
+
+
+@dataclass
+class Case:
+    id: str
+    facts: Facts
+    line: str
+    step: str = ""
+
+
+PROVISIONED = request("Accepted", "Provisioned=resize done")
+
+CASES = [
+    Case(
+        "quota exhausted quotes Kueue's message and names the ClusterQueue",
+        gang(
+            state=replace(
+                QUEUED,
+                cluster_queue="cq",
+                quota_condition=Condition("QuotaReserved", "False", "Pending", KUEUE_QUOTA),
+            ),
+            checks=(),
+        ),
+        f"blocked: quota: ClusterQueue cq: {KUEUE_QUOTA}",
+        "quota",
+    ),
+    Case(
+        "a quota message that names its ClusterQueue is not prefixed twice",
+        gang(
+            state=replace(
+                QUEUED,
+                cluster_queue="cq",
+                quota_condition=cond("QuotaReserved", "ClusterQueue cq is inactive", "False"),
+            ),
+            checks=(),
+        ),
+        "blocked: quota: ClusterQueue cq is inactive",
+    ),
+    Case(
+        "no QuotaReserved condition yet: Kueue has not placed it",
+        gang(state=QUEUED, checks=()),
+        "blocked: quota: not reserved yet; Kueue has not placed it (LocalQueue lq)",
+    ),
+    Case(
+        "a LocalQueue that does not exist is named",
+        gang(state=replace(QUEUED, local_queue_found=False), checks=()),
+        "blocked: quota: LocalQueue lq does not exist in team-a",
+    ),
+    Case(
+        "after a retry the backoff says when Kueue requeues",
+        gang(
+            state=replace(QUEUED, requeue_at=NOW + timedelta(seconds=90)),
+            checks=(replace(OURS, retry_count=1),),
+        ),
+        "blocked: backoff after attempt 1: Kueue requeues the Workload in 1m30s",
+        "quota",
+    ),
+    Case(
+        "an inactive check of ours blocks before quota, since its ClusterQueue is inactive",
+        gang(
+            state=replace(
+                QUEUED,
+                quota_condition=cond("QuotaReserved", "ClusterQueue cq is inactive", "False"),
+            ),
+            checks=(
+                CheckFacts(
+                    "gpu", "", active=False, problem="AtomicProvisioningConfig 'x' not found"
+                ),
+            ),
+        ),
+        "blocked: the AdmissionCheck gpu is inactive: AtomicProvisioningConfig 'x' not found",
+        "check",
+    ),
+    Case(
+        "an inactive check with quota reserved says why it is inactive",
+        gang(
+            checks=(replace(OURS, active=False, problem="AtomicProvisioningConfig 'x' not found"),)
+        ),
+        "blocked: the AdmissionCheck gpu is inactive: AtomicProvisioningConfig 'x' not found",
+        "check",
+    ),
+    Case(
+        "a rejected check quotes its message",
+        gang(checks=(replace(OURS, state="Rejected", message="capacity revoked by cloud"),)),
+        "blocked: the check gpu rejected the gang: capacity revoked by cloud",
+    ),
+    Case(
+        "a retry names the backoff and the check's message",
+        gang(
+            checks=(
+                replace(
+                    OURS,
+                    state="Retry",
+                    message="Retrying after failure: CapacityIsNotFound",
+                    requeue_after_seconds=60,
+                ),
+            )
+        ),
+        "blocked: the check gpu asked Kueue to retry after 1m: "
+        "Retrying after failure: CapacityIsNotFound",
+    ),
+    Case(
+        "a retry after a rollback names what triggered it",
+        gang(
+            checks=(
+                replace(
+                    OURS,
+                    state="Retry",
+                    message="Retrying after rollback: ...",
+                    requeue_after_seconds=10,
+                ),
+            ),
+            req=request(
+                "Provisioned",
+                phase="RollingBack",
+                rollback_reason="Deadline: the gang did not fit within 420s",
+                outcome=Outcome(reclaimed=("n1",)),
+            ),
+        ),
+        "blocked: attempt 1 rolled back (Deadline: the gang did not fit within 420s); "
+        "Kueue requeues the gang after 10s",
+        "check",
+    ),
+    Case(
+        "no request yet and the check says why",
+        gang(
+            checks=(
+                replace(
+                    OURS,
+                    message="waiting for ResourceFlavor gpu (named by the admission, not found)",
+                ),
+            ),
+            req=RequestFacts(REQ, 1, found=False),
+        ),
+        "blocked: the check gpu is Pending: waiting for ResourceFlavor gpu (named by the "
+        "admission, not found)",
+    ),
+    Case(
+        "no request though the check says it was created: is the controller running",
+        gang(req=RequestFacts(REQ, 1, found=False)),
+        f"blocked: ProvisioningRequest {REQ} does not exist yet (is the gangcheck controller "
+        "running?)",
+        "request",
+    ),
+    Case(
+        "a request not yet accepted waits for the autoscaler, with the deadline",
+        gang(req=request()),
+        f"blocked: waiting for the autoscaler to accept {REQ}, deadline in 42s",
+        "request",
+    ),
+    Case(
+        "an accepted request shows the autoscaler's ETA",
+        gang(
+            req=RequestFacts(
+                REQ,
+                1,
+                conditions={
+                    "Accepted": cond("Accepted"),
+                    "Provisioned": cond("Provisioned", "ETA 5m", "False"),
+                },
+            )
+        ),
+        f"blocked: waiting for the autoscaler: {REQ} accepted, not provisioned yet (ETA 5m)",
+    ),
+    Case(
+        "a failed request quotes the autoscaler",
+        gang(req=request("Accepted", "Failed=CapacityIsNotFound")),
+        f"blocked: the autoscaler failed {REQ}: CapacityIsNotFound",
+    ),
+    Case(
+        "revoked capacity is named",
+        gang(req=request("Provisioned", "CapacityRevoked=zone lost")),
+        f"blocked: the autoscaler revoked the capacity of {REQ}: zone lost",
+    ),
+    Case(
+        "an expired booking is named",
+        gang(req=request("Provisioned", "BookingExpired=booked 10m, unused")),
+        f"blocked: the booking of {REQ} expired: booked 10m, unused",
+    ),
+    Case(
+        "rolling back names the trigger and what was reclaimed",
+        gang(
+            req=request(
+                "Provisioned",
+                phase="RollingBack",
+                rollback_reason="Deadline: the gang did not fit within 420s",
+                outcome=Outcome(reclaimed=("n1", "n2"), node_seconds=600),
+            )
+        ),
+        "blocked: rolling back attempt 1: Deadline: the gang did not fit within 420s; "
+        "reclaimed 2 nodes (10.0 node-minutes held)",
+    ),
+    Case(
+        "provisioned with nothing arrived waits for the autoscaler",
+        gang(req=PROVISIONED, fit=placement([], 0)),
+        "blocked: waiting for the autoscaler: no node has arrived yet (0 of 16 members "
+        "placeable), deadline in 42s",
+        "nodes",
+    ),
+    Case(
+        "partial delivery: 11 of 16 members placeable, and the deadline",
+        gang(req=PROVISIONED, fit=placement(arrived(11, members=1), 11)),
+        "blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline in 42s",
+        "nodes",
+    ),
+    Case(
+        "a passed deadline says how long ago",
+        gang(
+            req=replace(PROVISIONED, deadline=NOW - timedelta(seconds=3)),
+            fit=placement(arrived(11, members=1), 11),
+        ),
+        "blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline passed 3s ago",
+    ),
+    Case(
+        "every arrived node has a taint the gang does not tolerate: the taint is named",
+        gang(req=PROVISIONED, fit=placement(tainted(3), 0, 2)),
+        f"blocked: 3 nodes arrived but none tolerates {TAINT}",
+        "nodes",
+    ),
+    Case(
+        "one tainted arrival reads in the singular",
+        gang(req=PROVISIONED, fit=placement(tainted(1), 0, 2)),
+        f"blocked: 1 node arrived but it does not tolerate {TAINT}",
+    ),
+    Case(
+        "arrivals with two different taints name both",
+        gang(req=PROVISIONED, fit=placement(tainted(1) + tainted(1, "gpu:NoExecute"), 0, 2)),
+        f"blocked: 2 nodes arrived but none tolerates its taints (gpu:NoExecute, {TAINT})",
+    ),
+    Case(
+        "arrivals failing for different reasons are counted by reason",
+        gang(
+            req=PROVISIONED,
+            fit=placement(tainted(2) + arrived(1, kind="not-ready", short="not Ready"), 0, 2),
+        ),
+        f"blocked: 3 nodes arrived but none can take a member: taint {TAINT} not tolerated (2), "
+        "not Ready",
+    ),
+    Case(
+        "some unusable arrivals are named beside the members placeable",
+        gang(req=PROVISIONED, fit=placement(arrived(11, members=1) + tainted(2), 11)),
+        f"blocked: 2 of 13 arrived nodes do not tolerate {TAINT}; 11 of 16 members placeable",
+    ),
+    Case(
+        "arrivals not Ready yet are waited for",
+        gang(
+            req=PROVISIONED,
+            fit=placement(
+                arrived(11, members=1) + arrived(2, kind="not-ready", short="not Ready"), 11
+            ),
+        ),
+        "blocked: waiting for the autoscaler: 11 of 16 members placeable; 2 nodes not Ready yet, "
+        "deadline in 42s",
+    ),
+    Case(
+        "arrivals without the labels the gang selects name the labels",
+        gang(
+            req=PROVISIONED,
+            fit=placement(
+                arrived(
+                    2,
+                    kind="selector",
+                    short="node selector mismatch (needs pool=a)",
+                    subject="pool=a",
+                ),
+                0,
+            ),
+        ),
+        "blocked: 2 nodes arrived but none has the labels the gang selects (pool=a)",
+    ),
+    Case(
+        "arrivals without room name the resource",
+        gang(
+            req=PROVISIONED,
+            fit=placement(
+                arrived(
+                    2,
+                    kind="resources",
+                    short="insufficient nvidia.com/gpu",
+                    reason="insufficient nvidia.com/gpu (requested 2, free 1)",
+                ),
+                0,
+            ),
+        ),
+        "blocked: 2 nodes arrived but none has room for a member (insufficient nvidia.com/gpu "
+        "(requested 2, free 1))",
+    ),
+    Case(
+        "the gang fits but the check is still pending: is the controller running",
+        gang(req=PROVISIONED, fit=placement(arrived(16, members=1), 16)),
+        "blocked: the whole gang fits on nodes that exist; waiting for gangcheck to mark the "
+        "check Ready (is the controller running?)",
+        "check",
+    ),
+    Case(
+        "trusting Provisioned, a provisioned request waits only for the controller",
+        gang(req=PROVISIONED, mode="TrustProvisioned"),
+        f"blocked: {REQ} is Provisioned; waiting for gangcheck to mark the check Ready (is the "
+        "controller running?)",
+    ),
+    Case(
+        "admitted with every member scheduled is running",
+        gang(
+            state=replace(RESERVED, admitted=True),
+            checks=(replace(OURS, state="Ready"),),
+            req=request("Provisioned", phase="Fulfilled"),
+            start=StartFacts(4, 4),
+        ),
+        "not blocked: admitted and running",
+        "start",
+    ),
+    Case(
+        "admitted and marked started is running",
+        gang(
+            state=replace(RESERVED, admitted=True),
+            checks=(replace(OURS, state="Ready"),),
+            req=request("Provisioned", phase="Started"),
+        ),
+        "not blocked: admitted and running",
+    ),
+    Case(
+        "admitted with members unscheduled names the start deadline",
+        gang(
+            state=replace(RESERVED, admitted=True),
+            checks=(replace(OURS, state="Ready"),),
+            req=request("Provisioned", phase="Fulfilled"),
+            start=StartFacts(2, 4, NOW + timedelta(seconds=20)),
+        ),
+        "blocked: admitted, but only 2 of 4 members are scheduled, start deadline in 20s",
+        "start",
+    ),
+    Case(
+        "a finished Workload is not blocked",
+        gang(state=replace(RESERVED, finished=cond("Finished", "Job finished successfully"))),
+        "not blocked: finished (Job finished successfully)",
+    ),
+    Case(
+        "a Workload deactivated after a rejection says so",
+        gang(
+            state=replace(QUEUED, active=False),
+            checks=(replace(OURS, state="Rejected", message="no capacity"),),
+        ),
+        "blocked: the Workload is deactivated (spec.active=false): the check gpu rejected it: "
+        "no capacity",
+        "workload",
+    ),
+    Case(
+        "every check Ready but not admitted waits for Kueue",
+        gang(checks=(replace(OURS, state="Ready"),)),
+        "blocked: quota reserved and every check Ready; waiting for Kueue to admit",
+        "admission",
+    ),
+    Case(
+        "another controller's pending check is named",
+        gang(
+            checks=(
+                replace(OURS, state="Ready"),
+                CheckFacts(
+                    "mk",
+                    "Pending",
+                    "dispatching",
+                    ours=False,
+                    controller="kueue.x-k8s.io/multikueue",
+                ),
+            )
+        ),
+        "blocked: the admission check mk (kueue.x-k8s.io/multikueue) is Pending: dispatching",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_verdict(case: Case) -> None:
+    found = verdict(case.facts, NOW)
+    assert found.line == case.line
+    if case.step:
+        assert found.step == case.step
+
+
+# ---- from the objects --------------------------------------------------------------------
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+POOL = Flavor("gpu", {"pool": "gpu"}, ())
+FIT_CONFIG = {"spec": {"fulfillment": {"mode": "NodesFit"}}}
+LATER = "2026-11-30T10:01:00Z"
+EARLIER = "2026-11-30T09:00:00Z"
+
+
+def admission_check(*, config: str = "cfg", active: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": CHECK},
+        "spec": {
+            "controllerName": CONTROLLER,
+            "parameters": {
+                "apiGroup": "gangcheck.io",
+                "kind": "AtomicProvisioningConfig",
+                "name": config,
+            },
+        },
+        "status": {"conditions": [{"type": "Active", "status": str(active)}]},
+    }
+
+
+def world(**kw: Any) -> World:
+    base: dict[str, Any] = {
+        "admission_checks": {CHECK: admission_check()},
+        "configs": {"cfg": FIT_CONFIG},
+        "flavors": {"gpu": POOL},
+    }
+    return World(**{**base, **kw})
+
+
+def workload(members: int = 2) -> dict[str, Any]:
+    return WorkloadBuilder().pod_set("workers", members).reserve_quota().check().build()
+
+
+def our_request(**kw: Any) -> dict[str, Any]:
+    name = naming.request_name("wl", CHECK, 1)
+    deadline = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+    return provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "workers"), 2)],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations=deadline,
+        **kw,
+    )
+
+
+def arrival(name: str, *, claimed_for: str = "default/wl-atomic-1", **kw: Any) -> dict[str, Any]:
+    notes = {"gangcheck.io/arrived-for": claimed_for} if claimed_for else {}
+    return node(name, gpu=1, created=LATER, labels={"pool": "gpu"}, annotations=notes, **kw)
+
+
+def test_tainted_arrivals_are_named_from_the_objects() -> None:
+    nodes = tuple(arrival(f"gpu-{i}", taints=[GPU_TAINT]) for i in range(3))
+    facts = gather(workload(), world(requests=(our_request(),), nodes=nodes))
+    assert [n.kind for n in facts.placement.nodes] == ["taint"] * 3  # type: ignore[union-attr]
+    assert verdict(facts, NOW).line == f"blocked: 3 nodes arrived but none tolerates {TAINT}"
+
+
+def test_a_dangling_config_makes_the_check_inactive() -> None:
+    facts = gather(workload(), world(configs={}))
+    assert verdict(facts, NOW).line == (
+        f"blocked: the AdmissionCheck {CHECK} is inactive: AtomicProvisioningConfig 'cfg' not found"
+    )
+
+
+def test_a_check_the_controller_has_not_activated_is_inactive() -> None:
+    facts = gather(workload(), world(admission_checks={CHECK: admission_check(active=False)}))
+    check = facts.focus_check
+    assert check is not None and not check.active
+
+
+def test_the_request_of_the_current_attempt_is_read() -> None:
+    facts = gather(workload(), world(requests=(our_request(),)))
+    req = facts.request
+    assert req is not None and req.found and req.attempt == 1
+    assert req.deadline == datetime(2026, 11, 30, 10, 7, tzinfo=UTC)
+    assert set(req.conditions) == {"Accepted", "Provisioned"}
+
+
+def test_the_cluster_queue_names_the_checks_before_the_workload_lists_them() -> None:
+    wl = WorkloadBuilder().pod_set("workers", 2).build()
+    lq = {"metadata": {"name": "lq", "namespace": "default"}, "spec": {"clusterQueue": "cq"}}
+    cq = {
+        "metadata": {"name": "cq"},
+        "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}},
+    }
+    facts = gather(
+        wl, world(configs={}, cluster_queues={"cq": cq}, local_queues={"default/lq": lq})
+    )
+    assert facts.state.cluster_queue == "cq"
+    assert verdict(facts, NOW).step == "check"
+
+
+def test_arrivals_recorded_new_and_shared_nodes_are_told_apart() -> None:
+    req = request_of(our_request())
+    nodes = [
+        arrival("recorded"),
+        arrival("new", claimed_for=""),
+        arrival("other-gang", claimed_for="default/other-1"),
+        node("shared", gpu=1, labels={"pool": "gpu"}, created=EARLIER),
+        node("elsewhere", gpu=1, labels={"pool": "cpu"}),
+    ]
+    template = pod_template(gpu=1, node_selector={"pool": "gpu"})
+    result = place(
+        [("workers", 4, template)],
+        nodes,
+        [],
+        request=req,
+        in_flight=frozenset({"default/other-1", "default/wl-atomic-1"}),
+    )
+    assert result is not None
+    seen = {n.name: (n.arrived, n.recorded, n.members) for n in result.nodes}
+    assert seen == {
+        "recorded": (True, True, 1),
+        "new": (True, False, 1),
+        "shared": (False, False, 1),
+    }
+    assert (result.placeable, result.total, result.fits) == (3, 4, False)
+
+
+def test_bound_pods_take_room_on_nodes() -> None:
+    bound = {
+        "spec": {
+            "nodeName": "recorded",
+            "containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        }
+    }
+    result = place(
+        [("workers", 1, pod_template(gpu=1))],
+        [arrival("recorded")],
+        [bound],
+        request=request_of(our_request()),
+    )
+    assert result is not None and result.nodes[0].kind == "resources"
+
+
+@pytest.mark.parametrize(
+    ("short", "detail", "expected"),
+    [
+        (f"taint {TAINT} not tolerated", "", ("taint", TAINT)),
+        ("node selector mismatch (needs pool=a, zone=b)", "", ("selector", "pool=a, zone=b")),
+        (
+            "required node affinity not satisfied",
+            "required node affinity not satisfied (zone In [a])",
+            ("affinity", "zone In [a]"),
+        ),
+        ("not Ready", "", ("not-ready", "")),
+        ("unschedulable (cordoned)", "", ("cordoned", "")),
+        ("insufficient cpu, nvidia.com/gpu", "", ("resources", "cpu, nvidia.com/gpu")),
+        ("no allocatable", "", ("unusable", "no allocatable")),
+    ],
+    ids=["taint", "selector", "affinity", "not ready", "cordoned", "resources", "other"],
+)
+def test_rejections_are_classified(short: str, detail: str, expected: tuple[str, str]) -> None:
+    assert classify(Rejection(short, detail)) == expected
+
+
+# ---- targets, durations, status rows -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("job/team-a/train", Target("job", "team-a", "train")),
+        ("Jobs.batch/team-a/train", Target("job", "team-a", "train")),
+        ("workload/ns/wl", Target("workload", "ns", "wl")),
+        ("po/ns/p-0", Target("pod", "ns", "p-0")),
+        ("pod/p-0", Target("pod", "default", "p-0")),
+        ("podgroup/ns/pg", Target("podgroup", "ns", "pg")),
+    ],
+)
+def test_targets_parse(text: str, expected: Target) -> None:
+    assert parse_target(text) == expected
+
+
+@pytest.mark.parametrize("text", ["job", "job/a/b/c", "job//x", "deployment/ns/x"])
+def test_bad_targets_say_why(text: str) -> None:
+    with pytest.raises(TargetError):
+        parse_target(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (42.9, "42s"),
+        (60, "1m"),
+        (390, "6m30s"),
+        (7500, "2h5m"),
+        (3 * 86400 + 4 * 3600 + 7, "3d4h"),
+    ],
+)
+def test_durations_read_short(seconds: float, text: str) -> None:
+    assert human_duration(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("facts", "phase"),
+    [
+        (gang(state=QUEUED), "queued"),
+        (gang(req=RequestFacts(REQ, 1, found=False)), "pending"),
+        (gang(req=request()), "requested"),
+        (gang(req=PROVISIONED, fit=placement([], 0)), "provisioned"),
+        (gang(req=PROVISIONED, fit=placement(arrived(3, members=1), 3)), "fulfilling"),
+        (gang(req=request("Provisioned", phase="RollingBack")), "rolling back"),
+        (gang(checks=(replace(OURS, state="Retry"),)), "retrying"),
+        (gang(checks=(replace(OURS, state="Ready"),), req=request(phase="Fulfilled")), "ready"),
+        (
+            gang(state=replace(RESERVED, admitted=True), req=request(phase="Started")),
+            "started",
+        ),
+    ],
+    ids=[
+        "queued",
+        "pending",
+        "requested",
+        "provisioned",
+        "fulfilling",
+        "rolling back",
+        "retrying",
+        "ready",
+        "started",
+    ],
+)
+def test_phases(facts: Facts, phase: str) -> None:
+    assert phase_of(facts) == phase
+
+
+def test_nodes_needed_extrapolates_from_the_nodes_in_use() -> None:
+    assert nodes_needed(placement(arrived(11, members=1), 11)) == 16
+    assert nodes_needed(placement(arrived(2, members=4), 8)) == 4
+    assert nodes_needed(placement(arrived(4, members=4), 16)) == 4
+    assert nodes_needed(placement(tainted(3), 0)) is None
+
+
+def test_a_status_row_carries_the_verdict() -> None:
+    facts = replace(
+        gang(req=PROVISIONED, fit=placement(arrived(11, members=1), 11)),
+        state=replace(RESERVED, created=NOW - timedelta(minutes=3)),
+    )
+    row = gang_row(facts, NOW)
+    assert (row.phase, row.attempt, row.arrived, row.needed, row.age_seconds) == (
+        "fulfilling",
+        1,
+        11,
+        16,
+        180,
+    )
+    assert row.verdict.startswith("blocked: waiting for the autoscaler: 11 of 16")
