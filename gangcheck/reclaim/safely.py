@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
 from gangcheck.logic.reclaim import RECLAIM_TAINT, RECLAIM_WHEN_IDLE, Judgement, held_seconds, judge
 from gangcheck.logic.timefmt import parse_time
@@ -61,6 +61,8 @@ class Result:
 
 
 async def reclaim_safely(kube: Kube, target: Target, now: datetime) -> Result:
+    if target.reclaimer not in RECLAIMERS:
+        return Result("keep", f"reclaimer {target.reclaimer}: nodes are left alone")
     try:
         node = await kube.get(NODE, target.node)
     except NotFoundError:
@@ -96,6 +98,9 @@ async def _fence_and_reclaim(kube: Kube, node: Obj, target: Target, now: datetim
     except (ReclaimRefused, ConflictError) as e:
         await _unfence(kube, fenced, was_cordoned=was_cordoned)
         return Result("keep", str(e) or "changed before it could be reclaimed")
+    except ApiError as e:  # e.g. 403: the reclaimer's RBAC component is not installed
+        await _unfence(kube, fenced, was_cordoned=was_cordoned)
+        return Result("keep", f"{target.reclaimer} refused: {e.status} {e.reason}")
     log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
     return Result("reclaimed", done, held_seconds(node, now))
 

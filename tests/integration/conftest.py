@@ -7,13 +7,15 @@ build's progress shown. Tests never skip for lack of binaries.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from gangcheck.kube.client import Kube
 from gangcheck.testbed.binaries import CONTROL_PLANE, BuildError, ensure_binaries
 from gangcheck.testbed.launcher import ControlPlane
+from tests.integration.harness import Cluster, RunningController
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()
 _BINARY_FIXTURE = "testbed_binaries"
@@ -50,3 +52,27 @@ def control_plane(testbed_binaries: dict[str, Path]) -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture
+async def kube(control_plane: ControlPlane) -> AsyncIterator[Kube]:
+    """A client of the session's control plane, as the test's own identity (admin)."""
+    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
+        yield k
+
+
+@pytest.fixture
+async def controller(control_plane: ControlPlane) -> AsyncIterator[RunningController]:
+    """gangcheck's controller, running in the test's event loop with its own connection."""
+    running = RunningController(str(control_plane.kubeconfig))
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
+    """A namespace of the test's own, and the nodes the test adds, removed at the end."""
+    c = await Cluster.create(kube)
+    yield c
+    await c.remove_nodes()

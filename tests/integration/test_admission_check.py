@@ -4,7 +4,6 @@ autoscaler by writing Workload and ProvisioningRequest status, as Kueue's own su
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,25 +25,6 @@ pytestmark = pytest.mark.integration
 TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
-
-
-@pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
-        yield k
-
-
-@pytest.fixture
-async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
-    running = RunningController(str(control_plane.kubeconfig))
-    await running.start()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def cluster(kube: Kube) -> Cluster:
-    return await Cluster.create(kube)
 
 
 def gang(name: str = "wl", workers: int = 4) -> WorkloadBuilder:

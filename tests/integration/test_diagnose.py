@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -47,27 +46,6 @@ def fit(deadline: int) -> dict[str, Any]:
         "fulfillment": {"mode": "NodesFit", "deadlineSeconds": deadline, "reclaimer": "DeleteNode"},
         "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
     }
-
-
-@pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
-        yield k
-
-
-@pytest.fixture
-async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
-    running = RunningController(str(control_plane.kubeconfig))
-    await running.start()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
-    c = await Cluster.create(kube)
-    yield c
-    await c.remove_nodes()
 
 
 def gang(name: str = "wl", members: int = 2) -> WorkloadBuilder:

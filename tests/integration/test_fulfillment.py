@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import InvalidError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic import naming
@@ -34,27 +32,6 @@ def fit(deadline: int = 4, **extra: Any) -> dict[str, Any]:
     for key, value in extra.items():
         spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
     return spec
-
-
-@pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
-        yield k
-
-
-@pytest.fixture
-async def controller(control_plane: Any) -> AsyncIterator[RunningController]:
-    running = RunningController(str(control_plane.kubeconfig))
-    await running.start()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def cluster(kube: Kube) -> AsyncIterator[Cluster]:
-    c = await Cluster.create(kube)
-    yield c
-    await c.remove_nodes()
 
 
 def gang(name: str = "wl", members: int = 4, gpu: int = 1, **kw: Any) -> WorkloadBuilder:

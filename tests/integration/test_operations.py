@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -25,17 +25,6 @@ from tests.integration.harness import Cluster, eventually
 
 pytestmark = pytest.mark.integration
 TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
-
-
-@pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
-        yield k
-
-
-@pytest.fixture
-async def cluster(kube: Kube) -> Cluster:
-    return await Cluster.create(kube)
 
 
 def gang(name: str) -> WorkloadBuilder:

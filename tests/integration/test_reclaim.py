@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     MACHINE,
     MACHINE_DEPLOYMENT,
@@ -257,3 +257,30 @@ async def test_delete_machine_marks_it_and_scales_the_deployment_down(bed: Bed) 
     machine = await kube.get(MACHINE, "m1", ns)
     assert machine["metadata"]["annotations"]["cluster.x-k8s.io/delete-machine"] == "true"
     assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 2
+
+
+async def test_reclaimer_none_leaves_the_node_alone(bed: Bed) -> None:
+    node = await bed.node()
+    result = await reclaim_safely(bed.kube, bed.target(node, "None"), NOW(UTC))
+    assert (result.verdict, result.reason) == ("keep", "reclaimer None: nodes are left alone")
+    fresh = await bed.kube.get(NODE, node)
+    assert not fresh["spec"].get("unschedulable")
+
+
+async def test_a_reclaimer_the_server_refuses_unfences_and_keeps_the_node(bed: Bed) -> None:
+    node = await bed.node()
+    kube = bed.kube
+    original = kube.delete
+
+    async def forbidden(res: Any, *a: Any, **kw: Any) -> Any:
+        if res is NODE:
+            raise ForbiddenError(403, "Forbidden", "nodes is forbidden", target="nodes")
+        return await original(res, *a, **kw)
+
+    kube.delete = forbidden  # type: ignore[method-assign]
+    try:
+        result = await reclaim_safely(kube, bed.target(node), NOW(UTC))
+    finally:
+        kube.delete = original  # type: ignore[method-assign]
+    assert (result.verdict, result.reason) == ("keep", "DeleteNode refused: 403 Forbidden")
+    assert not (await kube.get(NODE, node))["spec"].get("unschedulable")

@@ -184,12 +184,6 @@ def when(stamp: str) -> datetime:
 
 
 @pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    async with await Kube.connect(str(control_plane.kubeconfig)) as k:
-        yield k
-
-
-@pytest.fixture
 async def world(control_plane: Any, kube: Kube) -> AsyncIterator[World]:
     namespace = f"sim{next(_ids)}-{int(time.time() * 1000) % 100000}"
     control_plane.ensure_namespace(namespace)

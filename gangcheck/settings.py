@@ -1,0 +1,455 @@
+"""The controller's own settings: grouped in sections, each field documented, validated once.
+
+Read from a YAML file (``config/gangcheck.yaml`` documents every field), then overridden by
+environment variables named ``GANGCHECK_<SECTION>__<FIELD>``, e.g.
+``GANGCHECK_CONTROLLER__WORKERS=8`` or ``GANGCHECK_LEADER_ELECTION__LEASE_DURATION_SECONDS=30``
+(case and underscores inside a name do not matter). Every problem is reported at once, as a
+``SettingsError`` whose message names each field by its path in the file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "GANGCHECK_"
+ENV_SEPARATOR = "__"
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+class SettingsError(ValueError):
+    """The settings are invalid; ``problems`` has one line per problem, each naming its field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class _Rule(ValueError):
+    """A rule across fields, broken: reported as ``<section>.<field>: <message>``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class ControllerSettings(_Section):
+    """How much work one controller process does at once, and how often it starts over."""
+
+    workers: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=64,
+            description="Reconciles run concurrently (one key is never reconciled twice at once).",
+        ),
+    ] = 4
+    resync_seconds: Annotated[
+        int,
+        Field(
+            alias="resyncSeconds",
+            ge=0,
+            description=(
+                "Seconds between full resyncs, when every cached object is queued again even "
+                "without a change; 0 turns the periodic resync off."
+            ),
+        ),
+    ] = 300
+    watch_timeout_seconds: Annotated[
+        int,
+        Field(
+            alias="watchTimeoutSeconds",
+            ge=10,
+            le=3600,
+            description=(
+                "Seconds a watch stays open before it is renewed from the last resourceVersion "
+                "(the server-side timeoutSeconds of each watch request)."
+            ),
+        ),
+    ] = 300
+
+
+class LeaderElectionSettings(_Section):
+    """The coordination.k8s.io Lease that lets one replica act while the others stand by."""
+
+    enabled: Annotated[
+        bool,
+        Field(
+            description=(
+                "Hold a Lease so only one replica reconciles; turn off only when exactly one "
+                "replica runs."
+            )
+        ),
+    ] = True
+    namespace: Annotated[
+        str,
+        Field(min_length=1, max_length=63, description="Namespace of the Lease."),
+    ] = "gangcheck-system"
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=253, description="Name of the Lease."),
+    ] = "gangcheck"
+    identity: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=128,
+            description=(
+                "This replica's name on the Lease (holderIdentity); unset: the host name plus "
+                "a random suffix. In a pod, the pod's name is a good choice."
+            ),
+        ),
+    ] = None
+    lease_duration_seconds: Annotated[
+        float,
+        Field(
+            alias="leaseDurationSeconds",
+            gt=0,
+            description=(
+                "Seconds a standby waits, after the last renewal it saw, before it takes the Lease."
+            ),
+        ),
+    ] = 15.0
+    renew_deadline_seconds: Annotated[
+        float,
+        Field(
+            alias="renewDeadlineSeconds",
+            gt=0,
+            description=(
+                "Seconds the leader keeps trying to renew before it gives up leading (it stops "
+                "reconciling and exits); must be below leaseDurationSeconds."
+            ),
+        ),
+    ] = 10.0
+    retry_period_seconds: Annotated[
+        float,
+        Field(
+            alias="retryPeriodSeconds",
+            gt=0,
+            description=(
+                "Seconds between attempts to acquire or renew the Lease; must be below "
+                "renewDeadlineSeconds."
+            ),
+        ),
+    ] = 2.0
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError("must be a DNS label (lowercase letters, digits and '-')")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_subdomain(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.match(value):
+            raise ValueError("must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
+        return value
+
+    @model_validator(mode="after")
+    def _timings_nest(self) -> LeaderElectionSettings:
+        if self.lease_duration_seconds <= self.renew_deadline_seconds:
+            raise _Rule("leaseDurationSeconds", "must be greater than renewDeadlineSeconds")
+        if self.renew_deadline_seconds <= self.retry_period_seconds:
+            raise _Rule("renewDeadlineSeconds", "must be greater than retryPeriodSeconds")
+        return self
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class ServerSettings(_Section):
+    """The HTTP endpoints: health and readiness probes, Prometheus metrics."""
+
+    health_port: Annotated[
+        Port,
+        Field(alias="healthPort", description="Port of /healthz (liveness) and /readyz."),
+    ] = 8081
+    metrics_port: Annotated[
+        Port,
+        Field(alias="metricsPort", description="Port of /metrics (Prometheus exposition)."),
+    ] = 8080
+    bind_address: Annotated[
+        str,
+        Field(
+            alias="bindAddress",
+            description="IP address both servers listen on; 0.0.0.0 means every interface.",
+        ),
+    ] = "0.0.0.0"
+
+    @field_validator("bind_address")
+    @classmethod
+    def _is_an_ip(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError("must be an IP address, like 0.0.0.0 or 127.0.0.1") from None
+        return value
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServerSettings:
+        if self.health_port == self.metrics_port:
+            raise _Rule("metricsPort", "must differ from healthPort")
+        return self
+
+
+class LoggingSettings(_Section):
+    """Log lines on stderr."""
+
+    level: Annotated[
+        LogLevel,
+        Field(description="Lowest level logged: DEBUG, INFO, WARNING, ERROR or CRITICAL."),
+    ] = "INFO"
+    json_lines: Annotated[
+        bool,
+        Field(
+            alias="json",
+            description=(
+                "One JSON object per line, carrying the object reference (else plain text)."
+            ),
+        ),
+    ] = True
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+class TracingSettings(_Section):
+    """OpenTelemetry traces: one span per reconcile, exported over OTLP when configured."""
+
+    otlp_endpoint: Annotated[
+        str | None,
+        Field(
+            alias="otlpEndpoint",
+            description=(
+                "OTLP/HTTP endpoint traces are sent to, e.g. http://otel-collector:4318; "
+                "unset (the default) means no traces."
+            ),
+        ),
+    ] = None
+    service_name: Annotated[
+        str,
+        Field(
+            alias="serviceName",
+            min_length=1,
+            description="service.name of the exported spans.",
+        ),
+    ] = "gangcheck"
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _is_a_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
+class Settings(_Section):
+    """Everything the controller process reads at start; passed explicitly, never global."""
+
+    controller: Annotated[
+        ControllerSettings,
+        Field(description="Concurrency and resync of the reconcilers."),
+    ] = Field(default_factory=ControllerSettings)
+    leader_election: Annotated[
+        LeaderElectionSettings,
+        Field(alias="leaderElection", description="The Lease that elects the acting replica."),
+    ] = Field(default_factory=LeaderElectionSettings)
+    server: Annotated[
+        ServerSettings,
+        Field(description="Health, readiness and metrics endpoints."),
+    ] = Field(default_factory=ServerSettings)
+    logging: Annotated[LoggingSettings, Field(description="Log level and format.")] = Field(
+        default_factory=LoggingSettings
+    )
+    tracing: Annotated[TracingSettings, Field(description="OpenTelemetry traces.")] = Field(
+        default_factory=TracingSettings
+    )
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    (info.alias or name): info.annotation  # type: ignore[misc]
+    for name, info in Settings.model_fields.items()
+}
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from the YAML file at ``path`` (defaults when None), then ``env`` overrides."""
+    data = _read_file(path) if path is not None else {}
+    origins: dict[tuple[str, str], str] = {}
+    problems = _apply_env(data, env or {}, origins)
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as e:
+        problems.extend(_describe(item, origins) for item in e.errors())
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+# ---- the file ------------------------------------------------------------------------
+
+
+def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loaded = yaml.safe_load(handle)
+    except OSError as e:
+        raise SettingsError([f"cannot read settings file {os.fspath(path)}: {e.strerror}"]) from e
+    except yaml.YAMLError as e:
+        raise SettingsError([f"settings file {os.fspath(path)} is not valid YAML: {e}"]) from e
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        got = _type_name(loaded)
+        raise SettingsError([f"settings file: expected a mapping of sections, got {got}"])
+    # A section whose keys are all commented out reads as null: take it as empty.
+    return {
+        key: {} if value is None and key in SECTIONS else value for key, value in loaded.items()
+    }
+
+
+# ---- the environment -----------------------------------------------------------------
+
+
+def _normalized(name: str) -> str:
+    return name.replace("_", "").replace("-", "").lower()
+
+
+def _apply_env(
+    data: dict[str, Any], env: Mapping[str, str], origins: dict[tuple[str, str], str]
+) -> list[str]:
+    """Merge ``GANGCHECK_<SECTION>__<FIELD>`` variables into ``data``; return the problems."""
+    problems: list[str] = []
+    for var in sorted(env):
+        if not var.upper().startswith(ENV_PREFIX) or ENV_SEPARATOR not in var:
+            continue  # other GANGCHECK_* variables (say, the test bed's) are not settings
+        try:
+            section, key, value = _override(var, env[var])
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        target = data.setdefault(section, {})
+        if isinstance(target, dict):  # else the file's section is wrong: validation says so
+            target[key] = value
+            origins[(section, key)] = var
+    return problems
+
+
+def _override(var: str, raw: str) -> tuple[str, str, Any]:
+    """(section, key, value) that the variable sets; ValueError naming it if it cannot."""
+    parts = var[len(ENV_PREFIX) :].split(ENV_SEPARATOR)
+    if len(parts) != 2:
+        raise ValueError(f"{var}: expected {ENV_PREFIX}<SECTION>{ENV_SEPARATOR}<FIELD>")
+    sections = {_normalized(alias): alias for alias in SECTIONS}
+    section = sections.get(_normalized(parts[0]))
+    if section is None:
+        raise ValueError(f'unknown section "{parts[0].lower()}" (from {var}); {_known(SECTIONS)}')
+    fields = _fields(SECTIONS[section])
+    key = next((k for k in fields if _normalized(k) == _normalized(parts[1])), None)
+    if key is None:
+        raise ValueError(
+            f'unknown key "{parts[1].lower()}" in {section} (from {var}); {_known(fields)}'
+        )
+    try:
+        return section, key, _coerce(raw, fields[key].annotation)
+    except ValueError as e:
+        raise ValueError(f"{section}.{key}: {e} (from {var})") from None
+
+
+def _fields(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's fields by the name the file uses (the alias, when there is one)."""
+    return {info.alias or name: info for name, info in model.model_fields.items()}
+
+
+def _coerce(raw: str, annotation: Any) -> Any:
+    """An environment variable's text as the field's type (ints, numbers, booleans)."""
+    kinds = set(get_args(annotation)) | {annotation}
+    if bool in kinds:
+        if raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise ValueError(f"expected a boolean (true or false), got {raw!r}")
+    if int in kinds:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+    if float in kinds:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+    if type(None) in kinds and raw == "":
+        return None
+    return raw
+
+
+# ---- messages ------------------------------------------------------------------------
+
+_EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (true or false)",
+    "string": "a string",
+    "model": "a mapping",
+    "dict": "a mapping",
+}
+
+
+def _describe(item: Any, origins: Mapping[tuple[str, str], str]) -> str:
+    loc = [str(part) for part in item["loc"]]
+    where = ".".join(loc)
+    kind: str = item["type"]
+    if kind == "extra_forbidden":
+        return _unknown_key(loc)
+    error = (item.get("ctx") or {}).get("error")
+    if isinstance(error, _Rule):
+        return f"{'.'.join([*loc, error.field])}: {error.message}"
+    is_type_error = kind.endswith(("_type", "_parsing"))
+    expected = _EXPECTED.get(kind.split("_", maxsplit=1)[0]) if is_type_error else None
+    if expected:
+        message = f"expected {expected}, got {_type_name(item['input'])} {item['input']!r}"
+    elif isinstance(error, ValueError):
+        message = str(error)
+    else:
+        message = str(item["msg"]).replace("Input should be", "must be")
+    origin = origins.get((loc[0], loc[1])) if len(loc) == 2 else None
+    return f"{where}: {message}" + (f" (from {origin})" if origin else "")
+
+
+def _unknown_key(loc: list[str]) -> str:
+    if len(loc) == 1:
+        return f'unknown key "{loc[0]}" at the top level; {_known(SECTIONS)}'
+    section = SECTIONS.get(loc[0])
+    fields = _fields(section) if section else {}
+    return f'unknown key "{loc[-1]}" in {".".join(loc[:-1])}; {_known(fields)}'
+
+
+def _known(names: Mapping[str, object]) -> str:
+    return "known: " + ", ".join(names)
+
+
+def _type_name(value: object) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "mapping"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "list" if isinstance(value, list) else type(value).__name__)
