@@ -29,8 +29,7 @@ RUN python -m pip wheel --wheel-dir /wheels . \
 # ---- runtime: the venv on the same Python, no build tools, nothing written at run time --
 FROM ${PYTHON_IMAGE}
 # pip, setuptools and wheel are build tools: the runtime needs none of them.
-RUN python -m pip uninstall --yes --quiet pip setuptools wheel \
- && rm -rf /root/.cache
+RUN PIP_NO_CACHE_DIR=1 python -m pip uninstall --yes --quiet pip setuptools wheel
 COPY --from=builder /opt/gangcheck /opt/gangcheck
 # Bytecode was compiled in the builder; never write it (the root filesystem is read-only).
 ENV PATH=/opt/gangcheck/bin:$PATH \
