@@ -18,6 +18,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic import naming
 from gangcheck.logic.actions import (
     FULFILLED,
     OUTCOME_ANNOTATION,
@@ -180,8 +181,20 @@ class WorkloadReconciler:
         self.metrics.attempt(after.state.lower())
         reserved = wl.conditions.get("QuotaReserved")
         since = parse_time(reserved.last_transition_time) if reserved else None
-        if after.state == "Ready" and since is not None:
-            self.metrics.quota_to_ready((self._clock() - since).total_seconds())
+        if after.state != "Ready":
+            return
+        now = self._clock()
+        if since is not None:
+            self.metrics.quota_to_ready((now - since).total_seconds())
+        provisioned = self._provisioned_since(wl, check, before.retry_count + 1)
+        if provisioned is not None:
+            self.metrics.provisioned_to_fit((now - provisioned).total_seconds())
+
+    def _provisioned_since(self, wl: Workload, check: str, attempt: int) -> datetime | None:
+        name = naming.request_name(wl.ref.name, check, attempt)
+        obj = self._caches.requests.store.get(name, wl.ref.namespace)
+        condition = conditions_of(obj).get("Provisioned") if obj else None
+        return parse_time(condition.last_transition_time) if condition else None
 
     async def _report_failed_create(
         self, wl: Workload, check: str, action: Action, error: ApiError

@@ -139,6 +139,7 @@ async def test_health_readiness_and_metrics_are_served(
         samples[("gangcheck_reconcile_duration_seconds_count", (("controller", "workload"),))] > 0
     )
     assert samples[("gangcheck_quota_to_ready_seconds_count", ())] >= 1
+    assert samples[("gangcheck_provisioned_to_fit_seconds_count", ())] >= 1
     assert ("gangcheck_inflight_gangs", ()) in samples
 
 
