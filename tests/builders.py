@@ -143,9 +143,9 @@ def provisioning_request(
             "annotations": {
                 "gangcheck.io/workload": "wl",
                 "gangcheck.io/check": CHECK,
+                "gangcheck.io/workload-uid": owner_uid,
                 **(annotations or {}),
             },
-            "ownerReferences": [{"uid": owner_uid, "kind": "Workload", "name": "wl"}],
         },
         "spec": {
             "provisioningClassName": class_name,

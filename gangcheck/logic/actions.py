@@ -10,6 +10,7 @@ Obj = dict[str, Any]
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gangcheck"
 WORKLOAD_ANNOTATION = "gangcheck.io/workload"
+WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
 CHECK_ANNOTATION = "gangcheck.io/check"
 ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
 DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"

@@ -31,6 +31,7 @@ from gangcheck.logic.actions import (
     ROLLING_BACK,
     STARTED,
     WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
     Action,
     AdoptTemplate,
     AnnotateRequest,
@@ -323,6 +324,7 @@ def _request_body(
     assert snap.config is not None
     wl, attempt = snap.workload, state.retry_count + 1
     meta = _labels_and_annotations(snap, attempt)
+    meta["annotations"][WORKLOAD_UID_ANNOTATION] = wl.ref.uid
     deadline = now.timestamp() + snap.config.fulfillment.deadline_seconds
     meta["annotations"][DEADLINE_ANNOTATION] = format_time(
         datetime.fromtimestamp(deadline, now.tzinfo)
@@ -331,8 +333,12 @@ def _request_body(
         "metadata": {
             "name": name,
             "namespace": wl.ref.namespace,
+            # No ownerReference to the Workload: Kueue's own provisioning controller deletes
+            # every ProvisioningRequest whose owner is named like a Workload with quota and is
+            # not one of its requests (kueue v0.17 provisioning/controller.go,
+            # deleteUnusedProvisioningRequests). gangcheck deletes its requests itself, on
+            # finish, eviction, deletion, and in its orphan sweep at start.
             **meta,
-            "ownerReferences": [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")],
         },
         "spec": {
             "provisioningClassName": snap.config.provisioning_class_name,

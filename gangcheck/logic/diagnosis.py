@@ -899,7 +899,8 @@ def is_gang(workload: Obj, world: World) -> bool:
 def _request_of_workload(req: Obj, wl: Workload) -> bool:
     meta = req.get("metadata") or {}
     owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
-    return meta.get("namespace") == wl.ref.namespace and wl.ref.uid in owners
+    annotated = (meta.get("annotations") or {}).get("gangcheck.io/workload-uid")
+    return meta.get("namespace") == wl.ref.namespace and wl.ref.uid in {annotated, *owners}
 
 
 def gang_row(facts: Facts, now: datetime) -> GangRow:

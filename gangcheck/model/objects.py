@@ -207,6 +207,11 @@ class ProvisioningRequest:
     def name(self) -> str:
         return self.ref.name
 
+    @property
+    def workload_uid(self) -> str:
+        """The uid of the Workload the request is for (an annotation, not an owner)."""
+        return self.annotations.get("gangcheck.io/workload-uid") or next(iter(self.owner_uids), "")
+
 
 def request_of(obj: Obj) -> ProvisioningRequest:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}

@@ -100,7 +100,7 @@ class WorkloadReconciler:
         requests = tuple(
             request_of(r)
             for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
-            if check_of(r) == check and wl.ref.uid in _owner_uids(r)
+            if check_of(r) == check and request_of(r).workload_uid == wl.ref.uid
         )
         templates = {
             t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(_owner_uids(t)))
@@ -138,7 +138,7 @@ class WorkloadReconciler:
         """The Workload is gone: delete what it left (no garbage collector is assumed)."""
         live = {w["metadata"]["uid"] for w in self._caches.workloads.store}
         for req in self._caches.requests_of(namespace, name):
-            if not set(_owner_uids(req)) & live:
+            if request_of(req).workload_uid not in live:
                 await self._apply_action(namespace, *clean_up_action(req))
         for tpl in self._caches.templates_of(namespace, name):
             if not set(_owner_uids(tpl)) & live and not self._caches.requests.store.get(

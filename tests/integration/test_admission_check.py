@@ -55,7 +55,9 @@ async def test_happy_path_one_request_then_ready(
     assert (
         req["spec"]["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     )
-    assert req["metadata"]["ownerReferences"][0]["kind"] == "Workload"
+    wl = await cluster.workload("wl")
+    assert req["metadata"]["annotations"]["gangcheck.io/workload-uid"] == wl["metadata"]["uid"]
+    assert "ownerReferences" not in req["metadata"]
 
     async def templates_owned_by_request() -> bool:
         owners = [t["metadata"]["ownerReferences"][0]["uid"] for t in await cluster.templates()]

@@ -656,7 +656,8 @@ def test_request_carries_flavor_labels_owner_and_overlaid_parameters() -> None:
     assert request["spec"]["podSets"] == [
         {"podTemplateRef": {"name": f"ppt-{REQ1}-workers"}, "count": 4}
     ]
-    assert request["metadata"]["ownerReferences"][0]["uid"] == "uid-wl"
+    assert request["metadata"]["annotations"]["gangcheck.io/workload-uid"] == "uid-wl"
+    assert "ownerReferences" not in request["metadata"]  # Kueue would delete it otherwise
     assert (
         request["metadata"]["annotations"]["gangcheck.io/fulfillment-deadline"]
         == "2026-11-30T10:12:00Z"
