@@ -46,6 +46,14 @@ test: install lint typecheck binaries ## every test: lint, types, unit, integrat
 bench: install ## benchmarks: one partial delivery, gangcheck beside Kueue's behaviour
 	$(PYTHON) benchmarks/partial_delivery.py
 
+.PHONY: demo
+demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up
+	$(PYTHON) -m gangcheck demo up
+
+.PHONY: demo-down
+demo-down: ## remove the demo's stack and processes
+	$(PYTHON) -m gangcheck demo down
+
 .PHONY: dev-up
 dev-up: install ## start a local control plane in the background and print its kubeconfig
 	$(PYTHON) -m gangcheck dev up

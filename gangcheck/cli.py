@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import secrets
 import signal
 import socket
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -20,61 +22,131 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the controller")
+    run.add_argument("--config", help="settings file (see config/gangcheck.yaml)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or in-cluster)")
     run.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
-    run.add_argument("--workers", type=int, default=4, help="concurrent reconciles (default 4)")
-    run.add_argument("--log-level", default="INFO")
-    run.add_argument("--leader-elect", action="store_true", help="reconcile only while leader")
-    run.add_argument("--lease-namespace", default="gangcheck-system")
-    run.add_argument("--lease-name", default="gangcheck")
-    run.add_argument("--identity", help="this replica on the lease (default: hostname + random)")
-    run.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
-    run.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
-    run.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
-    run.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz")
-    run.add_argument("--metrics-port", type=int, default=8080, help="/metrics")
-    run.add_argument("--bind-address", default="0.0.0.0")
+    # Each flag below overrides its settings field (file, then GANGCHECK_<SECTION>__<FIELD>).
+    for flag, kind, text in _RUN_FLAGS:
+        run.add_argument(flag, type=kind, default=None, help=text)
+    run.add_argument("--leader-elect", action="store_const", const=True, default=None)
+    sub.add_parser(
+        "diagnose", help="why is this gang pending? (KIND/NAMESPACE/NAME)", add_help=False
+    )
+    sub.add_parser("status", help="a table of gangs in flight", add_help=False)
+    sub.add_parser("sim-cloud", help="a simulated cloud for tests and demos", add_help=False)
+    demo = sub.add_parser("demo", help="the local full stack, gangcheck and two GPU gangs")
+    demo.add_argument("action", choices=["up", "down"])
+    demo.add_argument("--state-dir", type=Path, help="where the demo keeps its files")
     dev = sub.add_parser("dev", help="a local control plane for trying gangcheck")
     dev.add_argument("action", choices=["up", "down"])
-    dev.add_argument("--state-dir", help="where the local control plane keeps its files")
+    dev.add_argument("--state-dir", type=Path, help="where the local control plane keeps its files")
     return parser
 
 
+def _sim_cloud(argv: list[str]) -> int:
+    from gangcheck.simcloud import main as sim_main
+
+    return sim_main(argv)
+
+
+def _diagnose(argv: list[str]) -> int:
+    from gangcheck.diagnose import main_diagnose
+
+    return main_diagnose(argv)
+
+
+def _status(argv: list[str]) -> int:
+    from gangcheck.diagnose import main_status
+
+    return main_status(argv)
+
+
+# Subcommands with a parser of their own: the rest of the command line is theirs.
+_DELEGATED = {"sim-cloud": _sim_cloud, "diagnose": _diagnose, "status": _status}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATED:
+        return _DELEGATED[argv[0]](argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
     if args.command == "dev":
         return _dev(args)
+    if args.command == "demo":
+        return _demo(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+# (flag, type, help, settings section, settings field)
+_RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
+    ("--workers", int, "concurrent reconciles", "controller", "workers"),
+    ("--log-level", str, "DEBUG, INFO, WARNING or ERROR", "logging", "level"),
+    ("--lease-namespace", str, "namespace of the leader Lease", "leader_election", "namespace"),
+    ("--lease-name", str, "name of the leader Lease", "leader_election", "name"),
+    ("--identity", str, "this replica on the lease", "leader_election", "identity"),
+    ("--lease-duration", float, "seconds", "leader_election", "lease_duration_seconds"),
+    ("--renew-deadline", float, "seconds", "leader_election", "renew_deadline_seconds"),
+    ("--retry-period", float, "seconds", "leader_election", "retry_period_seconds"),
+    ("--health-port", int, "/healthz and /readyz", "server", "health_port"),
+    ("--metrics-port", int, "/metrics", "server", "metrics_port"),
+    ("--bind-address", str, "address to serve on", "server", "bind_address"),
+)
+_RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FIELDS)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The settings file and environment, overridden by the flags given."""
+    from gangcheck.settings import load_settings
+
+    settings = load_settings(args.config, os.environ)
+    updates: dict[str, dict[str, Any]] = {}
+    for flag, _, _, section, field in _RUN_FLAG_FIELDS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if value is not None:
+            updates.setdefault(section, {})[field] = value
+    if args.leader_elect:
+        updates.setdefault("leader_election", {})["enabled"] = True
+    sections = {
+        name: getattr(settings, name).model_copy(update=fields) for name, fields in updates.items()
+    }
+    return settings.model_copy(update=sections)
 
 
 def _run(args: argparse.Namespace) -> int:
     from gangcheck.app import RunOptions, run_controller
     from gangcheck.kube.client import Kube
     from gangcheck.runtime.leader import LeaseConfig
-    from gangcheck.telemetry import setup_logging
+    from gangcheck.settings import SettingsError
+    from gangcheck.telemetry import setup_logging, setup_tracing
 
-    setup_logging(args.log_level)
-
+    try:
+        settings = _settings(args)
+    except SettingsError as e:
+        print(f"gangcheck: invalid settings: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings.logging.level, json_lines=settings.logging.json_lines)
+    setup_tracing(settings.tracing.otlp_endpoint, settings.tracing.service_name)
+    election = settings.leader_election
     lease = (
         LeaseConfig(
-            args.lease_namespace,
-            args.lease_name,
-            identity=args.identity or _identity(),
-            lease_duration=args.lease_duration,
-            renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period,
+            election.namespace,
+            election.name,
+            identity=election.identity or _identity(),
+            lease_duration=election.lease_duration_seconds,
+            renew_deadline=election.renew_deadline_seconds,
+            retry_period=election.retry_period_seconds,
         )
-        if args.leader_elect
+        if election.enabled
         else None
     )
     options = RunOptions(
-        workers=args.workers,
+        workers=settings.controller.workers,
         leader_election=lease,
-        bind_address=args.bind_address,
-        health_port=args.health_port,
-        metrics_port=args.metrics_port,
+        bind_address=settings.server.bind_address,
+        health_port=settings.server.health_port,
+        metrics_port=settings.server.metrics_port,
     )
 
     async def go() -> None:
@@ -100,6 +172,12 @@ async def _until_terminated(work: Coroutine[Any, Any, None]) -> None:
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gangcheck import demo
+
+    return demo.up(args.state_dir) if args.action == "up" else demo.down(args.state_dir)
 
 
 def _dev(args: argparse.Namespace) -> int:

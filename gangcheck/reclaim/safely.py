@@ -21,6 +21,7 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
 log = logging.getLogger(__name__)
+ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,11 @@ async def reclaim_safely(kube: Kube, target: Target, now: datetime) -> Result:
     if first.verdict == "drain":
         await _mark_drain(kube, node, target)
         return Result("drain", first.reason)
-    return await _fence_and_reclaim(kube, node, target, now)
+    result = await _fence_and_reclaim(kube, node, target, now)
+    current = await _get(kube, target.node) if result.verdict == "drain" else None
+    if current is not None:
+        await _mark_drain(kube, current, target)
+    return result
 
 
 async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
@@ -83,26 +88,67 @@ async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
 
 
 async def _fence_and_reclaim(kube: Kube, node: Obj, target: Target, now: datetime) -> Result:
+    """Fence, judge again with fresh pods, act; a node that changed (a status heartbeat) is
+    read and judged again, a few times, never acted on with a stale view."""
     was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    fenced = await _fence_fresh(kube, node, target)
+    if isinstance(fenced, Result):
+        return fenced
+    for _ in range(ATTEMPTS):
+        judged = await _judge(kube, fenced, target)
+        if judged.verdict != "reclaim":
+            await _unfence(kube, fenced, was_cordoned=was_cordoned)
+            return Result("keep" if judged.verdict == "keep" else "drain", judged.reason)
+        try:
+            done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced)
+        except ConflictError:
+            current = await _get(kube, target.node)
+            if current is None:
+                return Result("gone", "node no longer exists")
+            if not _is_fenced(current):
+                return Result("keep", "unfenced by someone else while being reclaimed")
+            fenced = current
+            continue
+        except ReclaimRefused as e:
+            await _unfence(kube, fenced, was_cordoned=was_cordoned)
+            return Result("keep", str(e))
+        except ApiError as e:  # e.g. 403: the reclaimer's RBAC component is not installed
+            await _unfence(kube, fenced, was_cordoned=was_cordoned)
+            return Result("keep", f"{target.reclaimer} refused: {e.status} {e.reason}")
+        log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
+        return Result("reclaimed", done, held_seconds(node, now))
+    await _unfence(kube, fenced, was_cordoned=was_cordoned)
+    return Result("keep", "node kept changing while being reclaimed; judged again next time")
+
+
+async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
+    """Fence with the resourceVersion read; on a conflict read the node and judge again."""
+    for _ in range(ATTEMPTS):
+        try:
+            return await _fence(kube, node)
+        except ConflictError:
+            current = await _get(kube, target.node)
+            if current is None:
+                return Result("gone", "node no longer exists")
+            judged = await _judge(kube, current, target)
+            if judged.verdict != "reclaim":
+                return Result("keep" if judged.verdict == "keep" else "drain", judged.reason)
+            node = current
+    return Result("keep", "node kept changing while being fenced; judged again next time")
+
+
+async def _get(kube: Kube, name: str) -> Obj | None:
     try:
-        fenced = await _fence(kube, node)
-    except ConflictError:
-        return Result("keep", "node changed while being fenced; judged again next time")
-    second = await _judge(kube, fenced, target)
-    if second.verdict != "reclaim":
-        await _unfence(kube, fenced, was_cordoned=was_cordoned)
-        return Result("keep" if second.verdict == "keep" else "drain", second.reason)
-    reclaimer = RECLAIMERS[target.reclaimer]
-    try:
-        done = await reclaimer.reclaim(kube, fenced)
-    except (ReclaimRefused, ConflictError) as e:
-        await _unfence(kube, fenced, was_cordoned=was_cordoned)
-        return Result("keep", str(e) or "changed before it could be reclaimed")
-    except ApiError as e:  # e.g. 403: the reclaimer's RBAC component is not installed
-        await _unfence(kube, fenced, was_cordoned=was_cordoned)
-        return Result("keep", f"{target.reclaimer} refused: {e.status} {e.reason}")
-    log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
-    return Result("reclaimed", done, held_seconds(node, now))
+        return await kube.get(NODE, name)
+    except NotFoundError:
+        return None
+
+
+def _is_fenced(node: Obj) -> bool:
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")) and any(
+        t.get("key") == RECLAIM_TAINT for t in spec.get("taints") or []
+    )
 
 
 async def _fence(kube: Kube, node: Obj) -> Obj:

@@ -284,3 +284,28 @@ async def test_a_reclaimer_the_server_refuses_unfences_and_keeps_the_node(bed: B
         kube.delete = original  # type: ignore[method-assign]
     assert (result.verdict, result.reason) == ("keep", "DeleteNode refused: 403 Forbidden")
     assert not (await kube.get(NODE, node))["spec"].get("unschedulable")
+
+
+async def test_a_node_that_changes_meanwhile_is_judged_again_and_reclaimed(bed: Bed) -> None:
+    """A status heartbeat moves the node's resourceVersion between fencing and deleting."""
+    node = await bed.node()
+    kube = bed.kube
+    original = kube.merge_patch
+    beats = 0
+
+    async def fence_then_heartbeat(res: Any, name: str, patch: Any, *a: Any, **kw: Any) -> Any:
+        nonlocal beats
+        result = await original(res, name, patch, *a, **kw)
+        if res is NODE and (patch.get("spec") or {}).get("unschedulable") is True and beats < 2:
+            beats += 1
+            await original(NODE, node, {"metadata": {"annotations": {"heartbeat": str(beats)}}})
+        return result
+
+    kube.merge_patch = fence_then_heartbeat  # type: ignore[method-assign]
+    try:
+        result = await reclaim_safely(kube, bed.target(node), NOW(UTC))
+    finally:
+        kube.merge_patch = original  # type: ignore[method-assign]
+    assert result.verdict == "reclaimed"
+    assert beats == 1
+    assert not await bed.exists(node)

@@ -1,0 +1,285 @@
+"""The demo: the local full stack, gangcheck running as a user deploys it, two GPU gangs.
+
+``gangcheck demo up`` starts the stack (building it on first use), deploys gangcheck with its
+own ServiceAccount and the simulated cloud, then submits two batch/v1 Jobs through Kueue:
+``whole`` gets all its nodes; ``partial`` gets half of them on its first attempt, which
+gangcheck rolls back (reclaiming those nodes) and retries until the gang starts. A live table
+follows both; a summary ends it. The stack stays up to explore; ``gangcheck demo down`` (or
+``make demo-down``) removes all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import AlreadyExistsError
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    ATOMIC_CONFIG,
+    CLUSTER_QUEUE,
+    JOB,
+    LOCAL_QUEUE,
+    NAMESPACE,
+    NODE,
+    POD,
+    PROVISIONING_REQUEST,
+    RESOURCE_FLAVOR,
+    WORKLOAD,
+)
+from gangcheck.logic.fulfillment import ARRIVED_FOR
+from gangcheck.testbed import dev
+from gangcheck.testbed.deploy import deploy_gangcheck, start_sim_cloud
+
+NAMESPACE_NAME = "demo"
+SIM_CLASS = "sim.gangcheck.io"
+POOL = {"gangcheck.io/pool": "demo"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+MEMBERS, GPUS_PER_MEMBER = 4, 8
+PROCESSES_FILE = "demo-processes.json"
+SIM_CONFIG_MAP = f"{NAMESPACE_NAME}/sim-cloud"
+GANGS = ("whole", "partial")
+
+
+def sim_config() -> dict[str, Any]:
+    return {
+        "provisioningClassNames": [SIM_CLASS],
+        "namespaces": [NAMESPACE_NAME],
+        "nodeGroups": [
+            {
+                "name": "demo-gpu",
+                "maxNodes": 16,
+                "cpu": "32",
+                "memory": "256Gi",
+                "gpus": 8,
+                "labels": POOL,
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+            }
+        ],
+        "scenarios": [
+            {"name": "half", "match": {"name": "job-partial-.*-1"}, "deliver": MEMBERS // 2,
+             "nodeDelaySeconds": [2, 3]},
+            {"name": "whole", "nodeDelaySeconds": [2, 3, 4, 5]},
+        ],
+    }  # fmt: skip
+
+
+def setup_objects() -> list[tuple[Any, Obj]]:
+    quota = [
+        {"name": "cpu", "nominalQuota": "256"},
+        {"name": "memory", "nominalQuota": "1Ti"},
+        {"name": "nvidia.com/gpu", "nominalQuota": "128"},
+    ]
+    return [
+        (NAMESPACE, {"metadata": {"name": NAMESPACE_NAME}}),
+        (ATOMIC_CONFIG, {"metadata": {"name": "demo"}, "spec": {
+            "provisioningClassName": SIM_CLASS,
+            "allowCustomProvisioningClass": True,
+            "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 5},
+            "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 20, "reclaimer": "DeleteNode"},
+        }}),
+        (ADMISSION_CHECK, {"metadata": {"name": "atomic"}, "spec": {
+            "controllerName": "gangcheck.io/atomic-provisioning",
+            "parameters": {"apiGroup": "gangcheck.io", "kind": "AtomicProvisioningConfig",
+                           "name": "demo"},
+        }}),
+        (RESOURCE_FLAVOR, {"metadata": {"name": "demo-gpu"},
+                           "spec": {"nodeLabels": POOL, "tolerations": [GPU_TOLERATION]}}),
+        (CLUSTER_QUEUE, {"metadata": {"name": "demo"}, "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                "flavors": [{"name": "demo-gpu", "resources": quota}]}],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": "atomic"}]},
+        }}),
+        (LOCAL_QUEUE, {"metadata": {"name": "gpu", "namespace": NAMESPACE_NAME},
+                       "spec": {"clusterQueue": "demo"}}),
+    ]  # fmt: skip
+
+
+def job(name: str) -> Obj:
+    gpus = str(GPUS_PER_MEMBER)
+    container = {
+        "name": "trainer",
+        "image": "trainer:demo",
+        "resources": {
+            "requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": gpus},
+            "limits": {"nvidia.com/gpu": gpus},
+        },
+    }
+    return {
+        "metadata": {"name": name, "namespace": NAMESPACE_NAME,
+                     "labels": {"kueue.x-k8s.io/queue-name": "gpu"}},
+        "spec": {"parallelism": MEMBERS, "completions": MEMBERS, "suspend": True,
+                 "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
+    }  # fmt: skip
+
+
+@dataclass
+class Gang:
+    name: str
+    submitted: float
+    started: float | None = None
+    state: str = "-"
+    attempt: int = 1
+    message: str = ""
+    arrived: int = 0
+    running: int = 0
+    rollbacks: int = 0
+
+
+async def _create_all(kube: Kube, objects: list[tuple[Any, Obj]]) -> None:
+    for res, body in objects:
+        with contextlib.suppress(AlreadyExistsError):
+            await kube.create(res, body)
+
+
+async def _observe(kube: Kube, gang: Gang) -> None:
+    wl = await _workload_of(kube, gang.name)
+    if wl is None:
+        gang.state, gang.message = "queued", "waiting for Kueue to create the Workload"
+    else:
+        checks: list[Obj] = (wl.get("status") or {}).get("admissionChecks") or []
+        entry: Obj = checks[0] if checks else {}
+        gang.state = entry.get("state", "-")
+        gang.attempt = int(entry.get("retryCount") or 0) + 1
+        gang.message = entry.get("message", "")
+        request = f"{NAMESPACE_NAME}/{wl['metadata']['name']}-atomic-{gang.attempt}"
+        nodes = (await kube.list_objects(NODE)).get("items") or []
+        gang.arrived = sum(
+            1 for n in nodes if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR) == request
+        )
+    pods = await kube.list_objects(
+        POD, NAMESPACE_NAME, label_selector=f"batch.kubernetes.io/job-name={gang.name}"
+    )
+    gang.running = sum(1 for p in pods.get("items") or [] if p["status"].get("phase") == "Running")
+    gang.rollbacks = max(gang.rollbacks, gang.attempt - 1)
+    if gang.running >= MEMBERS and gang.started is None:
+        gang.started = time.monotonic()
+
+
+async def _workload_of(kube: Kube, job_name: str) -> Obj | None:
+    listing = await kube.list_objects(WORKLOAD, NAMESPACE_NAME)
+    for wl in listing.get("items") or []:
+        owners = wl["metadata"].get("ownerReferences") or []
+        if any(o.get("kind") == "Job" and o.get("name") == job_name for o in owners):
+            return dict(wl)
+    return None
+
+
+def _table(gangs: list[Gang], out: TextIO) -> None:
+    now = time.monotonic()
+    out.write(f"\n{'gang':8} {'age':>5} {'check':8} {'try':>3} {'nodes':>5} {'running':>7}  why\n")
+    for g in gangs:
+        age = f"{(g.started or now) - g.submitted:.0f}s"
+        why = g.message if len(g.message) <= 70 else g.message[:67] + "..."
+        out.write(
+            f"{g.name:8} {age:>5} {g.state:8} {g.attempt:>3} {g.arrived:>5} "
+            f"{g.running:>5}/{MEMBERS}  {why}\n"
+        )
+    out.flush()
+
+
+async def run_scenario(kube: Kube, out: TextIO, *, timeout: float = 240.0) -> list[Gang]:
+    await _create_all(kube, setup_objects())
+    gangs = []
+    for name in GANGS:
+        await _create_all(kube, [(JOB, job(name))])
+        gangs.append(Gang(name, time.monotonic()))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(g.started for g in gangs):
+        for gang in gangs:
+            await _observe(kube, gang)
+        _table(gangs, out)
+        await asyncio.sleep(3)
+    return gangs
+
+
+def _summary(gangs: list[Gang], kube_requests: int, out: TextIO) -> None:
+    out.write("\nsummary\n")
+    for g in gangs:
+        if g.started:
+            line = f"started after {g.started - g.submitted:.0f}s, attempt {g.attempt}"
+        else:
+            line = f"not started ({g.message})"
+        out.write(f"  {g.name:8} {line}\n")
+    out.write(f"  provisioning requests left: {kube_requests}\n")
+
+
+def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    state_dir = state_dir or dev.default_state_dir()
+    info = dev.up(state_dir, out=out, stack="full")
+    work = state_dir / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    out.write("starting gangcheck (its own ServiceAccount) and the simulated cloud\n")
+    asyncio.run(_namespace(info.kubeconfig))
+    controller = deploy_gangcheck(info.kubeconfig, workdir=work)
+    sim = start_sim_cloud(
+        info.kubeconfig, workdir=work, config_map=SIM_CONFIG_MAP, config=sim_config()
+    )
+    try:
+        gangs = asyncio.run(_scenario(info.kubeconfig, out))
+    finally:
+        controller.stop()
+        sim.stop()
+    # Both stopped with this command's process; start them again, detached, for exploring.
+    run = ["run", "--kubeconfig", str(controller.kubeconfig), "--bind-address", "127.0.0.1"]
+    run += ["--health-port", "0", "--metrics-port", "0"]
+    sim_args = ["sim-cloud", "--kubeconfig", str(info.kubeconfig), "--config-map", SIM_CONFIG_MAP]
+    pids = [_detached(run, work / "gangcheck.log"), _detached(sim_args, work / "sim-cloud.log")]
+    (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
+    out.write(
+        f"\nthe stack keeps running: export KUBECONFIG={info.kubeconfig}\n"
+        f"  {info.kubectl} get workloads,provisioningrequests,nodes -A\n"
+        "  gangcheck status; gangcheck diagnose job/demo/partial\n"
+        "remove everything with: make demo-down\n"
+    )
+    return 0 if all(g.started for g in gangs) else 1
+
+
+def _detached(args: list[str], log: Path) -> int:
+    """`gangcheck ARGS` in a session of its own, outliving this command; its pid."""
+    with log.open("a") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gangcheck", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+async def _namespace(kubeconfig: Path) -> None:
+    async with await Kube.connect(str(kubeconfig)) as kube:
+        await _create_all(kube, setup_objects()[:1])
+
+
+async def _scenario(kubeconfig: Path, out: TextIO) -> list[Gang]:
+    async with await Kube.connect(str(kubeconfig)) as kube:
+        gangs = await run_scenario(kube, out)
+        requests = await kube.list_objects(PROVISIONING_REQUEST, NAMESPACE_NAME)
+        _summary(gangs, len(requests.get("items") or []), out)
+        return gangs
+
+
+def down(state_dir: Path | None = None, out: TextIO | None = None) -> int:
+    state_dir = state_dir or dev.default_state_dir()
+    processes = state_dir / PROCESSES_FILE
+    if processes.exists():
+        for pid in json.loads(processes.read_text()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), signal.SIGTERM)
+        processes.unlink()
+    dev.down(state_dir, out=out)
+    return 0

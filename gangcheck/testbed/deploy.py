@@ -1,0 +1,362 @@
+"""Deploy gangcheck (and the simulated cloud) against a cluster as a user would, as processes.
+
+:func:`deploy_gangcheck` installs what ``manifests/base`` grants the controller (Namespace,
+CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus the
+``reclaim-delete-node`` component, mints a token for the ServiceAccount (TokenRequest API),
+writes a kubeconfig holding only that token, and runs ``python -m gangcheck run`` with it: the
+controller has exactly the permissions the manifests give it, nothing of the admin's.
+:func:`start_sim_cloud` writes the simulated cloud's ConfigMap and runs
+``python -m gangcheck sim-cloud``. Both return a :class:`ManagedProcess`.
+
+Only the RBAC and the CRD are applied, never the Deployment: on this test bed there is no
+kubelet to run an image, so the controller runs here as a child process.
+
+Everything goes through ``kubectl`` with the given kubeconfig, so this works against the local
+test bed and any other cluster (kind ...). The kubectl used is the test bed's own (built from
+the pinned Go modules), else the first on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangcheck.testbed.binaries import BuildError, ensure_binaries, repo_root
+from gangcheck.testbed.process import Component, ComponentError, free_ports, log_tail
+
+__all__ = [
+    "NAMESPACE",
+    "SERVICE_ACCOUNT",
+    "DeployError",
+    "ManagedProcess",
+    "deploy_gangcheck",
+    "start_sim_cloud",
+]
+
+#: Where ``manifests/base`` puts the controller and its ServiceAccount.
+NAMESPACE = "gangcheck-system"
+SERVICE_ACCOUNT = "gangcheck"
+#: What is applied of the kustomize output: permissions and the CRD, never workloads.
+_APPLIED_KINDS = frozenset(
+    {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    }
+)
+_FIELD_MANAGER = "gangcheck-testbed"
+_TOKEN_SECONDS = 24 * 3600
+_READY_TIMEOUT = 60.0
+_STOP_TIMEOUT = 10.0
+#: The simulated cloud logs this once its ConfigMap is read (it is then about to serve).
+_SIM_READY_LINE = "sim-cloud config loaded from"
+
+
+class DeployError(RuntimeError):
+    """A kubectl step of the deployment failed; carries its output."""
+
+
+@dataclass
+class ManagedProcess:
+    """One child process of ours, in its own session, its output in ``log_path``."""
+
+    name: str
+    component: Component
+    log_path: Path
+    kubeconfig: Path
+    health_port: int | None = None
+    metrics_port: int | None = None
+
+    @property
+    def pid(self) -> int:
+        pid = self.component.pid
+        if pid is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return pid
+
+    @property
+    def running(self) -> bool:
+        return self.component.running
+
+    def log_tail(self, n: int = 30) -> str:
+        return log_tail(self.log_path, n)
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after 10 s; returns once it is gone."""
+        self.component.stop()
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+# -- kubectl ----------------------------------------------------------------------------------
+
+
+def find_kubectl() -> Path:
+    """The test bed's kubectl (built, or cached, by ``hack/build.sh``), else the one on PATH."""
+    try:
+        return ensure_binaries(("kubernetes",))["kubernetes"] / "kubectl"
+    except BuildError:
+        found = shutil.which("kubectl")
+        if found is None:
+            raise DeployError("no kubectl: neither the test bed's nor one on PATH") from None
+        return Path(found)
+
+
+def _kubectl(kubectl: Path, kubeconfig: Path | None, *args: str, stdin: str | None = None) -> str:
+    argv = [str(kubectl), *([f"--kubeconfig={kubeconfig}"] if kubeconfig else []), *args]
+    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        shown = " ".join(args[:4])
+        raise DeployError(f"kubectl {shown} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+def _apply(kubectl: Path, kubeconfig: Path, objects: Sequence[Mapping[str, Any]]) -> None:
+    stream = yaml.safe_dump_all(list(objects), sort_keys=False)
+    _kubectl(
+        kubectl,
+        kubeconfig,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        f"--field-manager={_FIELD_MANAGER}",
+        "-f",
+        "-",
+        stdin=stream,
+    )
+
+
+# -- gangcheck --------------------------------------------------------------------------------
+
+
+def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> list[dict[str, Any]]:
+    """``manifests/base`` with ``components`` (names under ``manifests/components``), rendered
+    by ``kubectl kustomize``, keeping only the kinds in ``_APPLIED_KINDS``."""
+    manifests = repo_root() / "manifests"
+    # kustomize refuses absolute paths: the overlay names the base relative to itself.
+    overlay = (workdir / "overlay").resolve()
+    overlay.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(manifests / "base", overlay)],
+        "components": [
+            os.path.relpath(manifests / "components" / name, overlay) for name in components
+        ],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    rendered = _kubectl(kubectl, None, "kustomize", str(overlay))
+    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return [doc for doc in docs if doc.get("kind") in _APPLIED_KINDS]
+
+
+def _token_kubeconfig(kubectl: Path, admin: Path, token: str, path: Path) -> Path:
+    """A kubeconfig with the admin kubeconfig's server and CA and the ServiceAccount's token."""
+    view = json.loads(_kubectl(kubectl, admin, "config", "view", "--minify", "--raw", "-o", "json"))
+    cluster = dict(view["clusters"][0]["cluster"])
+    ca_file = cluster.pop("certificate-authority", None)
+    if ca_file and "certificate-authority-data" not in cluster:
+        cluster["certificate-authority"] = str((admin.parent / ca_file).resolve())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": cluster}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [
+            {"name": "gangcheck", "context": {"cluster": "cluster", "user": SERVICE_ACCOUNT}}
+        ],
+        "current-context": "gangcheck",
+    }
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return int(reply.status) == 200
+    except OSError:
+        return False
+
+
+def _start(component: Component) -> None:
+    component.start()
+    try:
+        component.wait_ready()
+    except ComponentError:
+        component.stop()
+        raise
+
+
+#: Run as ``python -c _GUARD PARENT_PID -m gangcheck ...``: asks Linux to SIGTERM this process
+#: when its parent dies (``PR_SET_PDEATHSIG``, kept across exec), then runs the module. A
+#: test session killed without teardown (SIGKILL, ``timeout``) must not leave a controller
+#: running: two controllers on one cluster fight over every Workload. Linux signals on the exit
+#: of the *thread* that started the child: start processes from a long-lived thread (the main
+#: thread, not a short-lived worker).
+_GUARD = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "if sys.platform == 'linux':\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "    if os.getppid() != int(sys.argv[1]):\n"
+    "        sys.exit('parent gone before start')\n"
+    "module = sys.argv[3]\n"
+    "sys.argv = [module, *sys.argv[4:]]\n"
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def _python_module(module: str, *args: str) -> list[str]:
+    """argv running ``python -m module args`` that ends when this process ends."""
+    return [sys.executable, "-c", _GUARD, str(os.getpid()), "-m", module, *args]
+
+
+def _python_env() -> dict[str, str]:
+    """The child runs this checkout's gangcheck, whatever the current directory."""
+    env = dict(os.environ)
+    root = str(repo_root())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def deploy_gangcheck(
+    kubeconfig: Path,
+    *,
+    workdir: Path,
+    name: str = "gangcheck",
+    extra_args: Sequence[str] = (),
+    components: Sequence[str] = ("reclaim-delete-node",),
+    kubectl: Path | None = None,
+) -> ManagedProcess:
+    """Apply the RBAC (and CRD) of ``manifests/base`` + ``components``, mint a ServiceAccount
+    token, and run the controller with it until ``/readyz`` answers 200.
+
+    ``extra_args`` go to ``gangcheck run`` (e.g. ``--workers 2``, ``--leader-elect``). Raises
+    :class:`~gangcheck.testbed.process.ComponentError` (with the log's tail) if the process
+    exits or is not ready within 60 s, :class:`DeployError` if a kubectl step fails.
+    """
+    kubeconfig = Path(kubeconfig)
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubectl = kubectl or find_kubectl()
+    objects = rbac_objects(kubectl, workdir / name, components)
+    # The namespace and CRD first: the namespaced objects and the config informer need them.
+    first = [o for o in objects if o["kind"] in ("Namespace", "CustomResourceDefinition")]
+    _apply(kubectl, kubeconfig, first)
+    _kubectl(
+        kubectl,
+        kubeconfig,
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/atomicprovisioningconfigs.gangcheck.io",
+    )
+    _apply(kubectl, kubeconfig, [o for o in objects if o not in first])
+    token = _kubectl(
+        kubectl,
+        kubeconfig,
+        "create",
+        "token",
+        SERVICE_ACCOUNT,
+        f"--namespace={NAMESPACE}",
+        f"--duration={_TOKEN_SECONDS}s",
+    ).strip()
+    token_config = _token_kubeconfig(kubectl, kubeconfig, token, workdir / f"{name}.kubeconfig")
+    health, metrics = free_ports(2)
+    argv = _python_module(
+        "gangcheck",
+        "run",
+        f"--kubeconfig={token_config}",
+        f"--health-port={health}",
+        f"--metrics-port={metrics}",
+        "--bind-address=127.0.0.1",
+        f"--lease-namespace={NAMESPACE}",
+        *extra_args,
+    )
+    log_path = workdir / f"{name}.log"
+    component = Component(
+        name=name,
+        argv=argv,
+        log_path=log_path,
+        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        env=_python_env(),
+        ready_timeout=_READY_TIMEOUT,
+        stop_timeout=_STOP_TIMEOUT,
+    )
+    _start(component)
+    return ManagedProcess(name, component, log_path, token_config, health, metrics)
+
+
+# -- the simulated cloud ----------------------------------------------------------------------
+
+
+def start_sim_cloud(
+    kubeconfig: Path,
+    *,
+    workdir: Path,
+    config_map: str = "gangcheck-system/sim-cloud",
+    config: Mapping[str, Any],
+    name: str = "sim-cloud",
+    kubectl: Path | None = None,
+) -> ManagedProcess:
+    """Create or update the ConfigMap ``config_map`` (``NS/NAME``; key ``config``) with
+    ``config`` (see :mod:`gangcheck.simcloud.model`) and run the simulated cloud on it, with
+    the given (admin) kubeconfig, until it has read its config."""
+    kubeconfig = Path(kubeconfig)
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubectl = kubectl or find_kubectl()
+    namespace, _, cm_name = config_map.partition("/")
+    if not namespace or not cm_name:
+        raise ValueError(f"config_map must be NS/NAME, got {config_map!r}")
+    namespace_obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": cm_name, "namespace": namespace},
+        "data": {"config": yaml.safe_dump(dict(config), sort_keys=False)},
+    }
+    _apply(kubectl, kubeconfig, [namespace_obj])
+    _apply(kubectl, kubeconfig, [cm])
+    log_path = workdir / f"{name}.log"
+    start_offset = log_path.stat().st_size if log_path.exists() else 0
+
+    def loaded() -> bool:
+        try:
+            with log_path.open("rb") as log:
+                log.seek(start_offset)
+                return _SIM_READY_LINE.encode() in log.read()
+        except FileNotFoundError:
+            return False
+
+    component = Component(
+        name=name,
+        argv=_python_module(
+            "gangcheck", "sim-cloud", f"--kubeconfig={kubeconfig}", f"--config-map={config_map}"
+        ),
+        log_path=log_path,
+        probe=loaded,
+        env=_python_env(),
+        ready_timeout=_READY_TIMEOUT,
+        stop_timeout=_STOP_TIMEOUT,
+    )
+    _start(component)
+    return ManagedProcess(name, component, log_path, kubeconfig)
