@@ -43,7 +43,7 @@ from gangcheck.testbed.deploy import deploy_gangcheck, start_sim_cloud
 
 NAMESPACE_NAME = "demo"
 SIM_CLASS = "sim.gangcheck.io"
-POOL = {"gangcheck.io/pool": "demo"}
+POOL_LABEL = "gangcheck.io/pool"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 MEMBERS, GPUS_PER_MEMBER = 4, 8
 PROCESSES_FILE = "demo-processes.json"
@@ -52,19 +52,21 @@ GANGS = ("whole", "partial")
 
 
 def sim_config() -> dict[str, Any]:
+    """One GPU node group per gang (a shared pool would go to the oldest gang waiting)."""
     return {
         "provisioningClassNames": [SIM_CLASS],
         "namespaces": [NAMESPACE_NAME],
         "nodeGroups": [
             {
-                "name": "demo-gpu",
-                "maxNodes": 16,
+                "name": f"demo-{gang}",
+                "maxNodes": 8,
                 "cpu": "32",
                 "memory": "256Gi",
                 "gpus": 8,
-                "labels": POOL,
+                "labels": {POOL_LABEL: gang},
                 "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
             }
+            for gang in GANGS
         ],
         "scenarios": [
             {"name": "half", "match": {"name": "job-partial-.*-1"}, "deliver": MEMBERS // 2,
@@ -75,12 +77,7 @@ def sim_config() -> dict[str, Any]:
 
 
 def setup_objects() -> list[tuple[Any, Obj]]:
-    quota = [
-        {"name": "cpu", "nominalQuota": "256"},
-        {"name": "memory", "nominalQuota": "1Ti"},
-        {"name": "nvidia.com/gpu", "nominalQuota": "128"},
-    ]
-    return [
+    objects: list[tuple[Any, Obj]] = [
         (NAMESPACE, {"metadata": {"name": NAMESPACE_NAME}}),
         (ATOMIC_CONFIG, {"metadata": {"name": "demo"}, "spec": {
             "provisioningClassName": SIM_CLASS,
@@ -93,16 +90,32 @@ def setup_objects() -> list[tuple[Any, Obj]]:
             "parameters": {"apiGroup": "gangcheck.io", "kind": "AtomicProvisioningConfig",
                            "name": "demo"},
         }}),
-        (RESOURCE_FLAVOR, {"metadata": {"name": "demo-gpu"},
-                           "spec": {"nodeLabels": POOL, "tolerations": [GPU_TOLERATION]}}),
-        (CLUSTER_QUEUE, {"metadata": {"name": "demo"}, "spec": {
+    ]  # fmt: skip
+    for gang in GANGS:
+        objects += _queue_objects(gang)
+    return objects
+
+
+def _queue_objects(gang: str) -> list[tuple[Any, Obj]]:
+    """A flavor on the gang's node group, a ClusterQueue using our check, a LocalQueue."""
+    quota = [
+        {"name": "cpu", "nominalQuota": "128"},
+        {"name": "memory", "nominalQuota": "512Gi"},
+        {"name": "nvidia.com/gpu", "nominalQuota": "64"},
+    ]
+    flavor = f"demo-{gang}"
+    return [
+        (RESOURCE_FLAVOR, {"metadata": {"name": flavor},
+                           "spec": {"nodeLabels": {POOL_LABEL: gang},
+                                    "tolerations": [GPU_TOLERATION]}}),
+        (CLUSTER_QUEUE, {"metadata": {"name": flavor}, "spec": {
             "namespaceSelector": {},
             "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                                "flavors": [{"name": "demo-gpu", "resources": quota}]}],
+                                "flavors": [{"name": flavor, "resources": quota}]}],
             "admissionChecksStrategy": {"admissionChecks": [{"name": "atomic"}]},
         }}),
-        (LOCAL_QUEUE, {"metadata": {"name": "gpu", "namespace": NAMESPACE_NAME},
-                       "spec": {"clusterQueue": "demo"}}),
+        (LOCAL_QUEUE, {"metadata": {"name": gang, "namespace": NAMESPACE_NAME},
+                       "spec": {"clusterQueue": flavor}}),
     ]  # fmt: skip
 
 
@@ -118,7 +131,7 @@ def job(name: str) -> Obj:
     }
     return {
         "metadata": {"name": name, "namespace": NAMESPACE_NAME,
-                     "labels": {"kueue.x-k8s.io/queue-name": "gpu"}},
+                     "labels": {"kueue.x-k8s.io/queue-name": name}},
         "spec": {"parallelism": MEMBERS, "completions": MEMBERS, "suspend": True,
                  "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
     }  # fmt: skip
