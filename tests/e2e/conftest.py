@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import NAMESPACE
 from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
 from gangcheck.testbed.launcher import ControlPlane
 from gangcheck.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
 from gangcheck.testbed.stack import FULL_STACK
-from tests.e2e.helpers import SERVICE_ACCOUNT, delete_quietly, eventually, get_or_none, unique
+from tests.e2e.helpers import fresh_namespace
 
 KUBECONFIG_ENV = "GANGCHECK_E2E_KUBECONFIG"
 GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
@@ -126,16 +125,5 @@ async def kube(cluster: Cluster) -> AsyncIterator[Kube]:
 @pytest.fixture
 async def namespace(kube: Kube) -> AsyncIterator[str]:
     """A fresh namespace, deleted (not awaited) after the test."""
-    name = unique("e2e")
-    await kube.create(NAMESPACE, {"metadata": {"name": name}})
-
-    async def account() -> object:
-        return await get_or_none(kube, SERVICE_ACCOUNT, "default", name)
-
-    # kube-controller-manager creates it; the ServiceAccount admission plugin refuses pods
-    # until it exists.
-    await eventually(account, timeout=30, what=f"ServiceAccount {name}/default")
-    try:
+    async with fresh_namespace(kube) as name:
         yield name
-    finally:
-        await delete_quietly(kube, NAMESPACE, name)

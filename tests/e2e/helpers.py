@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import Resource
+from gangcheck.kube.resources import NAMESPACE, Resource
 from gangcheck.testbed import nodes
 
 Obj = dict[str, Any]
@@ -98,3 +98,21 @@ def container(requests: dict[str, str], limits: dict[str, str] | None = None) ->
     if limits:
         resources["limits"] = limits
     return {"name": "main", "image": "e2e-placeholder:1", "resources": resources}
+
+
+@contextlib.asynccontextmanager
+async def fresh_namespace(kube: Kube) -> AsyncIterator[str]:
+    """A new namespace with its default ServiceAccount; deleted (not awaited) afterwards."""
+    name = unique("e2e")
+    await kube.create(NAMESPACE, {"metadata": {"name": name}})
+
+    async def account() -> object:
+        return await get_or_none(kube, SERVICE_ACCOUNT, "default", name)
+
+    # kube-controller-manager creates it; the ServiceAccount admission plugin refuses pods
+    # until it exists.
+    await eventually(account, timeout=30, what=f"ServiceAccount {name}/default")
+    try:
+        yield name
+    finally:
+        await delete_quietly(kube, NAMESPACE, name)

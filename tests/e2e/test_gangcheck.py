@@ -32,7 +32,6 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
-    NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
@@ -46,11 +45,10 @@ from tests.e2e.helpers import (
     CLUSTER_QUEUE,
     JOB,
     LOCAL_QUEUE,
-    SERVICE_ACCOUNT,
     container,
     delete_quietly,
     eventually,
-    get_or_none,
+    fresh_namespace,
     is_true,
     node_ready,
     unique,
@@ -677,17 +675,8 @@ async def test_partial_delivery_is_rolled_back_retried_and_admitted(
 @pytest.fixture
 async def second_namespace(kube: Kube) -> AsyncIterator[str]:
     """A second fresh namespace (the side-by-side test runs one gang in each)."""
-    name = unique("e2e")
-    await kube.create(NAMESPACE, {"metadata": {"name": name}})
-
-    async def account() -> object:
-        return await get_or_none(kube, SERVICE_ACCOUNT, "default", name)
-
-    await eventually(account, timeout=30, what=f"ServiceAccount {name}/default")
-    try:
+    async with fresh_namespace(kube) as name:
         yield name
-    finally:
-        await delete_quietly(kube, NAMESPACE, name)
 
 
 @pytest.mark.timeout(300)
