@@ -97,11 +97,12 @@ class WorkloadReconciler:
 
     def _snapshot(self, wl: Workload, check: str) -> Snapshot:
         resolution = self._caches.resolve(check)
-        requests = tuple(
+        of_check = (
             request_of(r)
             for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
-            if check_of(r) == check and request_of(r).workload_uid == wl.ref.uid
+            if check_of(r) == check
         )
+        requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
         templates = {
             t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(_owner_uids(t)))
             for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
