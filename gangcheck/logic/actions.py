@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gangcheck.model import objects
+
 Obj = dict[str, Any]
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gangcheck"
 WORKLOAD_ANNOTATION = "gangcheck.io/workload"
-WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
+WORKLOAD_UID_ANNOTATION = objects.WORKLOAD_UID_ANNOTATION
 CHECK_ANNOTATION = "gangcheck.io/check"
 ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
 DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"

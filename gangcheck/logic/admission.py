@@ -121,7 +121,7 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
 
 def clean_up(snap: Snapshot, why: str) -> Decision:
     """Delete every request (and its templates) this Workload has for this check."""
-    actions = tuple(_delete(r, why) for r in snap.requests if not r.deleting)
+    actions = tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
     return Decision(actions=actions)
 
 
@@ -135,7 +135,8 @@ def _why_cleanup(wl: Workload) -> str:
     return "Workload has no quota reservation"
 
 
-def _delete(req: ProvisioningRequest, reason: str) -> DeleteRequest:
+def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
+    """Delete a request and the PodTemplates it points at."""
     return DeleteRequest(
         name=req.name,
         uid=req.ref.uid,
@@ -213,7 +214,7 @@ def _pending(
 ) -> Decision:
     name = _attempt_name(snap, state)
     stale = tuple(
-        _delete(r, "superseded by attempt " + str(state.retry_count + 1))
+        delete_request(r, "superseded by attempt " + str(state.retry_count + 1))
         for r in snap.requests
         if r.name != name and not r.deleting
     )
@@ -370,7 +371,9 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
             "parameters; replacing it",
         )
         return Decision(
-            actions=(*adopt, _delete(req, "config changed")), events=(event,), requeue_after=1.0
+            actions=(*adopt, delete_request(req, "config changed")),
+            events=(event,),
+            requeue_after=1.0,
         )
     trigger = _rollback_trigger(snap, req, now) if _fit_mode(snap) else None
     decision = (
@@ -469,7 +472,7 @@ def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    return Decision(actions=(_delete(req, "rolled back"),))
+    return Decision(actions=(delete_request(req, "rolled back"),))
 
 
 def _adoptions(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:

@@ -43,6 +43,7 @@ from gangcheck.logic.quantity import QuantityError
 from gangcheck.logic.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import (
+    WORKLOAD_UID_ANNOTATION,
     CheckState,
     Condition,
     Flavor,
@@ -899,7 +900,7 @@ def is_gang(workload: Obj, world: World) -> bool:
 def _request_of_workload(req: Obj, wl: Workload) -> bool:
     meta = req.get("metadata") or {}
     owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
-    annotated = (meta.get("annotations") or {}).get("gangcheck.io/workload-uid")
+    annotated = (meta.get("annotations") or {}).get(WORKLOAD_UID_ANNOTATION)
     return meta.get("namespace") == wl.ref.namespace and wl.ref.uid in {annotated, *owners}
 
 

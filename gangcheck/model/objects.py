@@ -11,6 +11,8 @@ from typing import Any
 
 Obj = dict[str, Any]
 
+WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -210,7 +212,7 @@ class ProvisioningRequest:
     @property
     def workload_uid(self) -> str:
         """The uid of the Workload the request is for (an annotation, not an owner)."""
-        return self.annotations.get("gangcheck.io/workload-uid") or next(iter(self.owner_uids), "")
+        return self.annotations.get(WORKLOAD_UID_ANNOTATION) or next(iter(self.owner_uids), "")
 
 
 def request_of(obj: Obj) -> ProvisioningRequest:

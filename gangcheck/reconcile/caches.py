@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.informer import Informer
+from gangcheck.kube.informer import Informer, Store
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -89,18 +89,19 @@ class Caches:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}
 
     def requests_of(self, namespace: str, workload: str) -> list[Obj]:
-        return [
-            r
-            for r in self.requests.store.in_namespace(namespace)
-            if (r["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
-        ]
+        return _of_workload(self.requests.store, namespace, workload)
 
     def templates_of(self, namespace: str, workload: str) -> list[Obj]:
-        return [
-            t
-            for t in self.templates.store.in_namespace(namespace)
-            if (t["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
-        ]
+        return _of_workload(self.templates.store, namespace, workload)
+
+
+def _of_workload(store: Store, namespace: str, workload: str) -> list[Obj]:
+    """The objects gangcheck made for a Workload (they name it in an annotation)."""
+    return [
+        o
+        for o in store.in_namespace(namespace)
+        if (o["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
+    ]
 
 
 def check_of(obj: Obj) -> str:

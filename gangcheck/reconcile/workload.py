@@ -37,7 +37,14 @@ from gangcheck.logic.actions import (
     Event,
     ReclaimArrivals,
 )
-from gangcheck.logic.admission import MAX_MESSAGE, Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.admission import (
+    MAX_MESSAGE,
+    Decision,
+    Snapshot,
+    TemplateInfo,
+    decide,
+    delete_request,
+)
 from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity, Waiting
 from gangcheck.logic.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
@@ -140,7 +147,9 @@ class WorkloadReconciler:
         live = {w["metadata"]["uid"] for w in self._caches.workloads.store}
         for req in self._caches.requests_of(namespace, name):
             if request_of(req).workload_uid not in live:
-                await self._apply_action(namespace, *clean_up_action(req))
+                await self._apply_action(
+                    namespace, delete_request(request_of(req), "Workload deleted")
+                )
         for tpl in self._caches.templates_of(namespace, name):
             if not set(_owner_uids(tpl)) & live and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace
@@ -351,15 +360,6 @@ _APPLY = {
     ClaimNode: WorkloadReconciler._claim_node,
     ReclaimArrivals: WorkloadReconciler._reclaim_arrivals,
 }
-
-
-def clean_up_action(request: Obj) -> tuple[DeleteRequest]:
-    req = request_of(request)
-    return (
-        DeleteRequest(
-            req.name, req.ref.uid, tuple(p.template_name for p in req.pod_sets), "Workload deleted"
-        ),
-    )
 
 
 def _owner_uids(obj: Obj) -> list[str]:
