@@ -9,12 +9,11 @@ Failed > CapacityRevoked > BookingExpired (before admission) > Provisioned > Acc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic import backoff, naming
+from gangcheck.logic import backoff, naming, rollback
 from gangcheck.logic.actions import (
     ATTEMPT_ANNOTATION,
     CHECK_ANNOTATION,
@@ -26,9 +25,6 @@ from gangcheck.logic.actions import (
     MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
-    ROLLBACK_NODES_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
-    ROLLING_BACK,
     STARTED,
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
@@ -41,9 +37,8 @@ from gangcheck.logic.actions import (
     DeleteRequest,
     Event,
     Obj,
-    ReclaimArrivals,
 )
-from gangcheck.logic.fulfillment import Capacity, assess, request_key
+from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, request_key
 from gangcheck.logic.podsets import (
     MergedPodSet,
     merge_pod_sets,
@@ -52,7 +47,6 @@ from gangcheck.logic.podsets import (
     request_parameters,
     required_pod_sets,
 )
-from gangcheck.logic.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import (
     CheckState,
@@ -65,6 +59,7 @@ from gangcheck.model.objects import (
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
@@ -157,7 +152,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None:
         return Decision()
-    if req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK:
+    if rollback.is_rolling_back(req):
         return _roll_back(snap, state, req, now)
     if is_true(req.conditions, "CapacityRevoked") and wl.active:
         message = req.conditions["CapacityRevoked"].message or "capacity revoked"
@@ -361,7 +356,7 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
 def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
     """The request exists: hand it its templates, replace it if stale, map its conditions."""
     adopt = _adoptions(snap, req)
-    if req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK:
+    if rollback.is_rolling_back(req):
         decision = _roll_back(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
     if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
@@ -387,41 +382,21 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
 
 def _rollback_trigger(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> str | None:
     """Why this attempt must roll back now, if it must: a terminal condition or the deadline."""
-    conds = req.conditions
-    for kind in ("Failed", "CapacityRevoked"):
-        if is_true(conds, kind):
-            return f"{kind}: {conds[kind].message or conds[kind].reason}"
-    if is_true(conds, "BookingExpired") and not snap.workload.is_admitted:
-        return f"BookingExpired: {conds['BookingExpired'].message or 'booking expired'}"
-    deadline = deadline_of(req)
-    if deadline is None or now < deadline:
-        return None
-    verdict = assess(snap.capacity, req, gang_templates(snap), now)
-    if is_true(conds, "Provisioned") and verdict.fits:
-        return None
     assert snap.config is not None
-    return (
-        f"Deadline: the gang did not fit within {snap.config.fulfillment.deadline_seconds}s"
-        f" ({verdict.summary})"
+    return rollback.trigger(
+        req,
+        snap.capacity,
+        gang_templates(snap),
+        deadline_seconds=snap.config.fulfillment.deadline_seconds,
+        started=snap.workload.is_admitted,
+        now=now,
     )
 
 
 def _start_rollback(snap: Snapshot, req: ProvisioningRequest, trigger: str) -> Decision:
     """Record the rollback, and the nodes that arrived, on the request first: it completes,
     and counts every node, even across a restart."""
-    arrived = {
-        n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
-        for n in arrived_for(_nodes(snap), request_key(req))
-    }
-    annotate = AnnotateRequest(
-        req.name,
-        {
-            PHASE_ANNOTATION: ROLLING_BACK,
-            ROLLBACK_REASON_ANNOTATION: trigger,
-            ROLLBACK_NODES_ANNOTATION: json.dumps(arrived, sort_keys=True),
-        },
-    )
-    event = Event("RollbackStarted", f"Rolling back {req.name}: {trigger}", warning=True)
+    annotate, event = rollback.start(req, snap.capacity, trigger)
     return Decision(actions=(annotate,), events=(event,), requeue_after=0.2)
 
 
@@ -430,41 +405,18 @@ def _roll_back(
 ) -> Decision:
     """Reclaim what arrived (once: the outcome is recorded), then Retry or Rejected."""
     assert snap.config is not None
-    raw = req.annotations.get(OUTCOME_ANNOTATION)
-    if not raw:
-        arrived = _rollback_nodes(snap, req)
-        reclaim = ReclaimArrivals(
-            req.name,
-            request_key(req),
-            req.creation_timestamp,
-            tuple(sorted(arrived)),
-            snap.config.fulfillment.reclaimer.value,
-            tuple(arrived[n] for n in sorted(arrived)),
+    done = rollback.verdict(req)
+    if done is None:
+        reclaimer = snap.config.fulfillment.reclaimer.value
+        return Decision(
+            actions=(rollback.reclaim(req, snap.capacity, reclaimer),), requeue_after=0.2
         )
-        return Decision(actions=(reclaim,), requeue_after=0.2)
-    reason = req.annotations.get(ROLLBACK_REASON_ANNOTATION, "rolled back")
-    message = f"rolled back {req.name} ({reason}); {Outcome.from_annotation(raw).summary()}"
-    if reason.startswith("CapacityRevoked"):
-        decision = _transition(state, REJECTED, message, now)
+    if done.revoked:
+        decision = _transition(state, REJECTED, done.message, now)
     else:
-        decision = _retry_or_reject(snap, state, "Retrying after rollback", message, now)
-    event = Event("RolledBack", message, warning=True)
+        decision = _retry_or_reject(snap, state, "Retrying after rollback", done.message, now)
+    event = Event("RolledBack", done.message, warning=True)
     return replace(decision, events=(*decision.events, event))
-
-
-def _rollback_nodes(snap: Snapshot, req: ProvisioningRequest) -> dict[str, str]:
-    """Nodes recorded when the rollback began, plus any that arrived since: name -> created."""
-    try:
-        recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
-    except (ValueError, TypeError):
-        recorded = {}
-    for n in arrived_for(_nodes(snap), request_key(req)):
-        recorded[n["metadata"]["name"]] = n["metadata"].get("creationTimestamp", "")
-    return {str(k): str(v) for k, v in recorded.items()}
-
-
-def _nodes(snap: Snapshot) -> tuple[Obj, ...]:
-    return snap.capacity.nodes if snap.capacity else ()
 
 
 def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
@@ -542,7 +494,7 @@ def _provisioned(
     claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
     if verdict.fits:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-        ready = _ready(snap, state, req, message, now)
+        ready = _ready(snap, state, req, message, now, domains=verdict.domains)
         return replace(ready, actions=(*claims, *ready.actions))
     message = f"capacity requested, not yet usable: {verdict.summary}"
     return replace(
@@ -553,49 +505,75 @@ def _provisioned(
 
 
 def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
-    deadline = deadline_of(req)
+    deadline = rollback.deadline_of(req)
     left = (deadline - now).total_seconds() if deadline else 5.0
     return max(0.2, min(5.0, left))
 
 
-def gang_templates(snap: Snapshot) -> list[tuple[str, int, Obj]]:
-    """(name, count, pod template) of each request pod set, as the PodTemplates hold them."""
+def gang_templates(snap: Snapshot) -> GangSpec:
+    """(name, count, pod template) of each request pod set, as the PodTemplates hold them,
+    and the topology level each must sit inside (Kueue's required-topology annotation)."""
     assert snap.config is not None
     wl = snap.workload
     merged = merge_pod_sets(
         wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
     )
-    return [
-        (m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors)) for m in merged
-    ]
+    topology = {
+        m.name: level
+        for m in merged
+        if (
+            level := ((m.template.get("metadata") or {}).get("annotations") or {}).get(
+                REQUIRED_TOPOLOGY_ANNOTATION
+            )
+        )
+    }
+    return GangSpec(
+        tuple(
+            (m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors))
+            for m in merged
+        ),
+        topology,
+    )
 
 
 def _ready(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, message: str, now: datetime
+    snap: Snapshot,
+    state: CheckState,
+    req: ProvisioningRequest,
+    message: str,
+    now: datetime,
+    *,
+    domains: Mapping[str, tuple[str, str]] | None = None,
 ) -> Decision:
     """Ready, and the request marked fulfilled: it no longer claims or holds back new nodes."""
-    decision = _transition(state, READY, message, now, pod_set_updates=pod_set_updates(snap, req))
+    updates = pod_set_updates(snap, req, domains or {})
+    decision = _transition(state, READY, message, now, pod_set_updates=updates)
     if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
         return decision
     fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
     return replace(decision, actions=(*decision.actions, fulfilled))
 
 
-def pod_set_updates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Obj, ...]:
-    """Consume and class annotations for every pod set the request covers, merged ones too."""
+def pod_set_updates(
+    snap: Snapshot, req: ProvisioningRequest, domains: Mapping[str, tuple[str, str]]
+) -> tuple[Obj, ...]:
+    """Consume and class annotations for every pod set the request covers, merged ones too;
+    a node selector pinning the topology domain chosen for a constrained pod set."""
     assert snap.config is not None
     merged = merge_pod_sets(
         snap.workload,
         required_pod_sets(snap.workload, snap.config.managed_resources),
         snap.config.pod_set_merge_policy,
     )
-    selector = _detail_node_selector(snap.config, req)
+    detail = _detail_node_selector(snap.config, req)
+    pin = {member: domains[m.name] for m in merged if m.name in domains for member in m.members}
     updates = []
     for member in sorted(n for m in merged for n in m.members):
         update: Obj = {
             "name": member,
             "annotations": {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name},
         }
+        selector = {**detail, **dict([pin[member]])} if member in pin else detail
         if selector:
             update["nodeSelector"] = dict(selector)
         updates.append(update)
@@ -652,8 +630,3 @@ def _transition(
             ),
         )
     return Decision(check=new, events=events)
-
-
-def deadline_of(req: ProvisioningRequest) -> datetime | None:
-    raw = req.annotations.get(DEADLINE_ANNOTATION)
-    return parse_time(raw) if raw else None

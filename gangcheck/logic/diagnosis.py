@@ -32,16 +32,15 @@ from gangcheck.logic.fit import (
     Member,
     NodeView,
     Rejection,
-    fit_gang,
     member_from_template,
     node_view,
-    summarize,
 )
-from gangcheck.logic.fulfillment import claim_of, gang_of, is_new_arrival, request_key
+from gangcheck.logic.fulfillment import GangSpec, claim_of, gang_of, is_new_arrival, request_key
 from gangcheck.logic.podsets import pod_template_spec
 from gangcheck.logic.quantity import QuantityError
 from gangcheck.logic.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.topology import fit_in_domains
 from gangcheck.model.objects import (
     WORKLOAD_UID_ANNOTATION,
     CheckState,
@@ -264,7 +263,7 @@ def gather(workload: Obj, world: World) -> Facts:
     request = _request_facts(req, focus, checks, wl) if focus else None
     gang = _gang(wl, focus, spec, world.flavors)
     placement = None
-    if gang and (state.reserved or req is not None) and not state.admitted:
+    if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place(gang, world.nodes, world.pods, request=req, in_flight=_in_flight(world))
     return Facts(
         namespace=wl.ref.namespace,
@@ -426,15 +425,17 @@ def _request_facts(
 
 def _gang(
     wl: Workload, check: str, spec: AtomicProvisioningSpec | None, flavors: Mapping[str, Flavor]
-) -> list[tuple[str, int, Obj]]:
+) -> GangSpec:
     """(pod set, count, template) as the controller assesses them; every pod set without a
     config to say which need capacity."""
     if spec is not None:
         return gang_templates(Snapshot(workload=wl, check=check, config=spec, flavors=flavors))
-    return [
-        (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))
-        for ps in wl.pod_sets
-    ]
+    return GangSpec(
+        tuple(
+            (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))
+            for ps in wl.pod_sets
+        )
+    )
 
 
 def _in_flight(world: World) -> frozenset[str]:
@@ -475,7 +476,7 @@ def _start_facts(
 
 
 def place(
-    gang: Sequence[tuple[str, int, Obj]],
+    gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     nodes: Sequence[Obj],
     pods: Sequence[Obj],
     *,
@@ -484,21 +485,24 @@ def place(
 ) -> Placement | None:
     """Fit the gang on the nodes arrived for `request` (recorded, or new and unrecorded) and
     on the nodes its selectors match that no other in-flight request holds."""
+    spec = GangSpec.of(gang)
     try:
-        members = [member_from_template(t) for _, _, t in gang]
-        pod_sets = gang_of(gang)
+        members = [member_from_template(t) for _, _, t in spec.pod_sets]
+        pod_sets = gang_of(spec.pod_sets)
     except QuantityError:
         return None
     considered = _considered(nodes, members, request, in_flight)
-    result = fit_gang(pod_sets, [node_view(n) for n, _, _ in considered], pods)
+    views = [node_view(n) for n, _, _ in considered]
+    fitted = fit_in_domains(pod_sets, views, pods, spec.topology)
+    result = fitted.result
     fits = [_node_fit(node, arrived, recorded, result) for node, arrived, recorded in considered]
     fits.sort(key=lambda n: (not n.arrived, n.name))
     return Placement(
         placeable=result.placeable,
         total=result.total,
-        fits=result.fits,
+        fits=fitted.fits,
         nodes=tuple(fits),
-        summary=summarize(result),
+        summary=fitted.summary(),
     )
 
 

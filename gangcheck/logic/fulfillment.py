@@ -8,8 +8,8 @@ it and the nodes no other in-flight request claims, so two gangs never count one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,12 +18,11 @@ from gangcheck.logic.fit import (
     Member,
     NodeView,
     could_be_made_for,
-    fit_gang,
     member_from_template,
     node_view,
-    summarize,
 )
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.topology import TopologyFit, fit_in_domains
 from gangcheck.model.objects import ProvisioningRequest
 
 Obj = dict[str, Any]
@@ -53,6 +52,19 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class GangSpec:
+    """What a gang asks of nodes: its pod sets as (name, count, pod template), and the
+    pod sets that must sit inside one domain of a topology level (pod set -> label key)."""
+
+    pod_sets: tuple[tuple[str, int, Obj], ...]
+    topology: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, gang: Sequence[tuple[str, int, Obj]] | GangSpec) -> GangSpec:
+        return gang if isinstance(gang, GangSpec) else cls(tuple(gang))
+
+
+@dataclass(frozen=True)
 class Fulfillment:
     fits: bool
     summary: str
@@ -62,6 +74,8 @@ class Fulfillment:
     """(name, resourceVersion) of nodes to record as arrived for this request now."""
     arrived: tuple[str, ...] = ()
     """Nodes recorded (or being recorded) as arrived for this request."""
+    domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """The topology domain each constrained pod set is pinned to: (label key, value)."""
 
 
 def request_key(req: ProvisioningRequest) -> str:
@@ -79,7 +93,7 @@ def gang_of(pod_sets: Sequence[tuple[str, int, Obj]]) -> list[GangPodSet]:
 def assess(
     capacity: Capacity | None,
     req: ProvisioningRequest,
-    pod_sets: Sequence[tuple[str, int, Obj]],
+    gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     now: datetime | None = None,
 ) -> Fulfillment:
     """Whether the gang fits on the nodes this request may count, and which nodes to claim.
@@ -87,29 +101,51 @@ def assess(
     New arrivals are claimed one at a time, only until the gang fits, so a node the gang does
     not need stays free for the next one.
     """
-    capacity = capacity or Capacity()
-    gang = gang_of(pod_sets)
-    base, candidates = _partition(capacity, req, [g.member for g in gang], now)
+    capacity, spec = capacity or Capacity(), GangSpec.of(gang)
+    pod_sets = gang_of(spec.pod_sets)
+    base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
     views = [node_view(n) for n in base]
-    result = fit_gang(gang, views, capacity.pods)
+    result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology)
     claims: list[Obj] = []
     for node in candidates:
         if result.fits:
             break
         claims.append(node)
         views.append(node_view(node))
-        result = fit_gang(gang, views, capacity.pods)
+        result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology)
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
-    return Fulfillment(
-        fits=result.fits,
-        summary=summarize(result),
-        placeable=result.placeable,
-        total=result.total,
+    return _fulfillment(
+        result,
         claims=tuple(
             (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in claims
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
+    )
+
+
+def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
+    """Whether the gang fits, with no request, on the nodes no in-flight request claims."""
+    capacity = capacity or Capacity()
+    free = [
+        node_view(n)
+        for n in capacity.nodes
+        if not claim_of(n) or claim_of(n) not in capacity.in_flight
+    ]
+    return _fulfillment(fit_in_domains(gang_of(gang.pod_sets), free, capacity.pods, gang.topology))
+
+
+def _fulfillment(
+    result: TopologyFit, claims: tuple[tuple[str, str], ...] = (), arrived: tuple[str, ...] = ()
+) -> Fulfillment:
+    return Fulfillment(
+        fits=result.fits,
+        summary=result.summary(),
+        placeable=result.result.placeable,
+        total=result.result.total,
+        claims=claims,
+        arrived=arrived,
+        domains=dict(result.domains) if result.fits else {},
     )
 
 

@@ -1,0 +1,93 @@
+"""A required topology: every member of a pod set inside one domain of a level.
+
+A level is a node label key (Kueue's ``kueue.x-k8s.io/podset-required-topology`` annotation
+holds it; so does a PodGroup's ``schedulingConstraints.topology[].key``); a domain is one value
+of that label. A pod set with a required level fits only if all its members fit on nodes
+sharing one value, and the chosen value is what podSetUpdates (or the released pods) pin.
+
+The search is greedy and deterministic: constrained pod sets are taken in the order given;
+each is pinned to the first domain (by name) in which it places whole together with the pod
+sets pinned before it. It never reports a placement that is not feasible; with two or more
+constrained pod sets it may miss a combination that is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from gangcheck.logic.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
+
+Obj = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class TopologyFit:
+    """The fit with every constrained pod set pinned, and the pins: pod set -> (key, value)."""
+
+    result: FitResult
+    domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    problem: str = ""
+    """Set when a constrained pod set fits in no single domain: which, and the best try."""
+
+    @property
+    def fits(self) -> bool:
+        return self.result.fits and not self.problem
+
+    def summary(self) -> str:
+        text = summarize(self.result)
+        if self.problem:
+            return f"{self.problem}; {text}"
+        pins = ", ".join(f"{ps} in {k}={v}" for ps, (k, v) in sorted(self.domains.items()))
+        return f"{text} ({pins})" if pins and self.result.fits else text
+
+
+def pinned(pod_set: GangPodSet, key: str, value: str) -> GangPodSet:
+    """The pod set with its members restricted to nodes labelled `key=value`."""
+    member = pod_set.member
+    selector = {**member.node_selector, key: value}
+    return replace(pod_set, member=replace(member, node_selector=selector))
+
+
+def domains_of(nodes: Iterable[NodeView], key: str) -> list[str]:
+    """The values of `key` among usable nodes, by name."""
+    return sorted({n.labels[key] for n in nodes if n.is_usable and key in n.labels})
+
+
+def fit_in_domains(
+    gang: Sequence[GangPodSet],
+    nodes: Sequence[NodeView],
+    bound_pods: Iterable[Obj] = (),
+    required: Mapping[str, str] | None = None,
+) -> TopologyFit:
+    """Fit the gang with each pod set named in `required` (pod set -> level key) kept inside
+    one domain of its level."""
+    bound = list(bound_pods)
+    required = {ps.name: required[ps.name] for ps in gang if required and ps.name in required}
+    if not required:
+        return TopologyFit(fit_gang(gang, nodes, bound))
+    chosen: dict[str, tuple[str, str]] = {}
+    for ps in gang:
+        key = required.get(ps.name)
+        if key is None or ps.count == 0:
+            continue
+        best: tuple[int, str] | None = None
+        for value in domains_of(nodes, key):
+            trial = _apply({**chosen, ps.name: (key, value)}, gang)
+            result = fit_gang(trial, nodes, bound)
+            left = result.unplaced.get(ps.name, 0)
+            if left == 0:
+                chosen[ps.name] = (key, value)
+                break
+            if best is None or ps.count - left > best[0]:
+                best = (ps.count - left, value)
+        else:
+            where = f"; best {key}={best[1]} places {best[0]}" if best else ": no node has it"
+            problem = f"pod set {ps.name} needs all {ps.count} members in one {key} domain{where}"
+            pins = {**chosen, ps.name: (key, best[1])} if best else chosen
+            return TopologyFit(fit_gang(_apply(pins, gang), nodes, bound), chosen, problem)
+    return TopologyFit(fit_gang(_apply(chosen, gang), nodes, bound), chosen)
+
+
+def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> list[GangPodSet]:
+    return [pinned(ps, *pins[ps.name]) if ps.name in pins else ps for ps in gang]
