@@ -65,3 +65,6 @@ CLUSTER_QUEUE = Resource(
 )
 LOCAL_QUEUE = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 JOB = Resource("batch", "v1", "jobs", "Job")
+UPSTREAM_POD_GROUP_V1BETA1 = Resource("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup")
+UPSTREAM_POD_GROUP_V1ALPHA2 = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup")
+PLUGINS_POD_GROUP = Resource("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")

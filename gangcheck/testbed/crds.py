@@ -32,15 +32,23 @@ class CRDError(RuntimeError):
 
 @dataclass(frozen=True)
 class CRDSource:
-    """CRD files inside a Go module pinned in ``hack/crds/go.mod``."""
+    """CRD files inside a Go module pinned in ``hack/crds/go.mod``: those in ``folder``
+    matching the glob ``pattern``."""
 
     module: str
     folder: str
+    pattern: str = "*.yaml"
 
 
 THIRD_PARTY = (
     CRDSource("sigs.k8s.io/kueue", "config/components/crd/bases"),
     CRDSource("k8s.io/autoscaler/cluster-autoscaler/apis", "config/crd"),
+    # Only the PodGroup of the scheduler-plugins coscheduling plugin (not its ElasticQuota).
+    CRDSource(
+        "sigs.k8s.io/scheduler-plugins",
+        "config/crd/bases",
+        "scheduling.x-k8s.io_podgroups.yaml",
+    ),
 )
 
 
@@ -67,13 +75,14 @@ def module_dir(module: str, wrapper: str = "crds") -> Path:
 
 
 def crd_files() -> list[Path]:
-    """Every CRD file to install: Kueue, ProvisioningRequest, then ``manifests/crd/``."""
+    """Every CRD file to install: Kueue, ProvisioningRequest, the scheduler-plugins PodGroup,
+    then ``manifests/crd/``."""
     files: list[Path] = []
     for source in THIRD_PARTY:
         folder = module_dir(source.module) / source.folder
-        found = sorted(folder.glob("*.yaml"))
+        found = sorted(folder.glob(source.pattern))
         if not found:
-            raise CRDError(f"no CRDs in {source.module}/{source.folder}")
+            raise CRDError(f"no CRDs in {source.module}/{source.folder}/{source.pattern}")
         files.extend(found)
     files.extend(sorted((repo_root() / "manifests" / "crd").glob("*.yaml")))
     return files

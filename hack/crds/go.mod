@@ -8,4 +8,5 @@ go 1.26.0
 require (
 	k8s.io/autoscaler/cluster-autoscaler/apis v0.0.0-20240830133931-adfbe7e45277
 	sigs.k8s.io/kueue v0.17.0
+	sigs.k8s.io/scheduler-plugins v0.34.1-devel
 )

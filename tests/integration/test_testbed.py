@@ -112,10 +112,19 @@ def test_scheduling_v1beta1_workload_and_podgroup_served(control_plane: ControlP
     assert resources["podgroups"] == "PodGroup"
 
 
+def test_scheduler_plugins_podgroup_served(control_plane: ControlPlane) -> None:
+    assert "podgroups.scheduling.x-k8s.io" in control_plane.crds
+    assert "elasticquotas.scheduling.x-k8s.io" not in control_plane.crds  # PodGroup only
+    resources = _resources(control_plane.client(), "scheduling.x-k8s.io/v1alpha1")
+    assert resources == {"podgroups": "PodGroup", "podgroups/status": "PodGroup"}
+    listing = control_plane.client().get("/apis/scheduling.x-k8s.io/v1alpha1/podgroups")
+    assert listing["kind"] == "PodGroupList"
+
+
 def test_own_crds_established(control_plane: ControlPlane) -> None:
     ours = {crd["metadata"]["name"] for crd in load_crds(crd_files())}
     assert ours <= set(control_plane.crds)
-    assert len(control_plane.crds) >= 12  # 11 Kueue + ProvisioningRequest
+    assert len(control_plane.crds) >= 13  # 11 Kueue + ProvisioningRequest + PodGroup
 
 
 def test_rbac_is_enforced(control_plane: ControlPlane) -> None:
