@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -10,14 +11,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
+from gangcheck.kube.informer import Informer
 from gangcheck.logic import checkconfig
 from gangcheck.logic.actions import WORKLOAD_ANNOTATION
+from gangcheck.logic.gating import group_of
+from gangcheck.logic.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
+from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
+from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
+from gangcheck.reconcile.podgroup import API_GROUP_OF, PodGroupOptions, PodGroupReconciler
 from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
@@ -26,8 +34,14 @@ from gangcheck.telemetry import Metrics, tracer
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_KEY, CHECK_KEY, NODE_KEY = "wl:", "ac:", "node:"
-_CONTROLLERS = {WORKLOAD_KEY: "workload", CHECK_KEY: "admissioncheck", NODE_KEY: "node"}
+WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY = "wl:", "ac:", "node:", "pg:"
+DEFAULT_POD_GROUPS = PodGroupOptions()
+_CONTROLLERS = {
+    WORKLOAD_KEY: "workload",
+    CHECK_KEY: "admissioncheck",
+    NODE_KEY: "node",
+    GROUP_KEY: "podgroup",
+}
 
 
 def _meta(old: Obj | None, new: Obj | None) -> dict[str, object]:
@@ -46,17 +60,32 @@ class Controller:
         watch_timeout: int = 300,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: Metrics | None = None,
+        pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS,
+        discovery_seconds: float = 60.0,
     ) -> None:
         self.kube = kube
         self.metrics = metrics or Metrics()
         self.caches = Caches.create(kube, watch_timeout=watch_timeout)
         self.queue = WorkQueue()
         self.workers = workers
+        self._watch_timeout = watch_timeout
         events = EventRecorder(kube, clock=clock)
-        self.workload_reconciler = WorkloadReconciler(kube, self.caches, events, clock=clock)
+        applier = Applier(kube, self.caches, clock=clock)
+        self.workload_reconciler = WorkloadReconciler(
+            kube, self.caches, events, applier, clock=clock
+        )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
         self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
-        self.workload_reconciler.metrics = self.node_reconciler.metrics = self.metrics
+        self.group_reconciler = (
+            PodGroupReconciler(kube, self.caches, events, applier, pod_groups, clock=clock)
+            if pod_groups is not None
+            else None
+        )
+        self.discovery_seconds = discovery_seconds
+        self.served_pod_groups: ServedPodGroups | None = None
+        self._group_tasks: dict[str, asyncio.Task[None]] = {}
+        applier.metrics = self.workload_reconciler.metrics = self.metrics
+        self.node_reconciler.metrics = self.metrics
         self._wire()
 
     async def run(self) -> None:
@@ -68,6 +97,34 @@ class Controller:
             log.info("caches synced", extra={"workloads": len(self.caches.workloads.store)})
             self.enqueue_everything()
             tg.create_task(run_workers(self.queue, self.reconcile, workers=self.workers))
+            if self.group_reconciler is not None:
+                watcher = PodGroupApiWatcher.for_kube(self.kube)
+                on_change = functools.partial(self._serve_pod_groups, tg)
+                tg.create_task(watcher.run(on_change, self.discovery_seconds))
+
+    async def _serve_pod_groups(self, tg: asyncio.TaskGroup, served: ServedPodGroups) -> None:
+        """Watch the PodGroups of every API the server serves now; stop watching the others."""
+        wanted = {res.group: res for res in served.resources}
+        for group, informer in list(self.caches.pod_groups.items()):
+            if wanted.get(group) != informer.resource:
+                self._group_tasks.pop(group).cancel()
+                del self.caches.pod_groups[group]
+        started = []
+        for group, res in wanted.items():
+            if group in self.caches.pod_groups:
+                continue
+            informer = Informer(self.kube, res, watch_timeout=self._watch_timeout)
+            informer.add_handler(self._on_pod_group)
+            self.caches.pod_groups[group] = informer
+            self._group_tasks[group] = tg.create_task(
+                informer.run(), name=f"informer-{res.group}-{res.plural}"
+            )
+            started.append(informer)
+        await asyncio.gather(*(i.synced.wait() for i in started))
+        self.served_pod_groups = served
+        log.info("serving PodGroups of: %s", served)
+        for pod in self.caches.pods.store:
+            self._on_pod_member(pod)
 
     async def reconcile(self, key: str) -> Result:
         """One reconcile: a span naming the object, and its latency recorded."""
@@ -87,6 +144,10 @@ class Controller:
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
         if key.startswith(NODE_KEY):
             return await self.node_reconciler.reconcile(key.removeprefix(NODE_KEY))
+        if key.startswith(GROUP_KEY):
+            if self.group_reconciler is None:
+                return Result()
+            return await self.group_reconciler.reconcile(key.removeprefix(GROUP_KEY))
         return await self.workload_reconciler.reconcile(key.removeprefix(WORKLOAD_KEY))
 
     def enqueue_everything(self) -> None:
@@ -144,9 +205,29 @@ class Controller:
     def _on_request(self, old: Obj | None, new: Obj | None) -> None:
         meta = _meta(old, new)
         annotations = meta.get("annotations")
-        workload = annotations.get(WORKLOAD_ANNOTATION) if isinstance(annotations, dict) else None
-        if workload:
+        annotations = annotations if isinstance(annotations, dict) else {}
+        if workload := annotations.get(WORKLOAD_ANNOTATION):
             self._add_workload(meta["namespace"], workload)
+        if group := annotations.get(GROUP_ANNOTATION):
+            short, _, name = str(group).partition("/")
+            if short in API_GROUP_OF:
+                self.queue.add(f"{GROUP_KEY}{short}/{meta['namespace']}/{name}")
+
+    def _add_group(self, api_group: str, namespace: object, name: object) -> None:
+        self.queue.add(f"{GROUP_KEY}{SHORT[api_group]}/{namespace}/{name}")
+
+    def _on_pod_group(self, old: Obj | None, new: Obj | None) -> None:
+        obj = new if new is not None else old
+        api_version = str((obj or {}).get("apiVersion") or "")
+        meta = _meta(old, new)
+        group = api_version.split("/", 1)[0]
+        if group in SHORT:
+            self._add_group(group, meta["namespace"], meta["name"])
+
+    def _on_pod_member(self, pod: Obj | None) -> None:
+        ref = group_of(pod) if pod is not None else None
+        if ref is not None and pod is not None and self.group_reconciler is not None:
+            self._add_group(ref.api_group, pod["metadata"]["namespace"], ref.name)
 
     def _on_capacity_change(self, _old: Obj | None, _new: Obj | None) -> None:
         """Nodes and bound pods change fit: revisit every Workload with a request in flight."""
@@ -159,6 +240,7 @@ class Controller:
             self.queue.add(NODE_KEY + new["metadata"]["name"])
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        self._on_pod_member(new if new is not None else old)
         was = (old or {}).get("spec", {}).get("nodeName")
         now = (new or {}).get("spec", {}).get("nodeName")
         phase = (
@@ -182,12 +264,20 @@ class RunOptions:
     bind_address: str = "0.0.0.0"
     health_port: int = 8081
     metrics_port: int = 8080
+    pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS
+    discovery_seconds: float = 60.0
 
 
 async def run_controller(kube: Kube, options: RunOptions) -> None:
     """Serve health and metrics, then reconcile: at once, or once elected leader."""
     metrics = Metrics(in_flight=lambda: len(controller.caches.requests.store))
-    controller = Controller(kube, workers=options.workers, metrics=metrics)
+    controller = Controller(
+        kube,
+        workers=options.workers,
+        metrics=metrics,
+        pod_groups=options.pod_groups,
+        discovery_seconds=options.discovery_seconds,
+    )
     elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
 
     def ready() -> bool:

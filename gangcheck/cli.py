@@ -117,6 +117,7 @@ def _settings(args: argparse.Namespace) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from gangcheck.app import RunOptions, run_controller
     from gangcheck.kube.client import Kube
+    from gangcheck.reconcile.podgroup import PodGroupOptions
     from gangcheck.runtime.leader import LeaseConfig
     from gangcheck.settings import SettingsError
     from gangcheck.telemetry import setup_logging, setup_tracing
@@ -147,6 +148,12 @@ def _run(args: argparse.Namespace) -> int:
         bind_address=settings.server.bind_address,
         health_port=settings.server.health_port,
         metrics_port=settings.server.metrics_port,
+        pod_groups=(
+            PodGroupOptions(settings.pod_groups.config, settings.pod_groups.max_members)
+            if settings.pod_groups.enabled
+            else None
+        ),
+        discovery_seconds=settings.pod_groups.discovery_seconds,
     )
 
     async def go() -> None:

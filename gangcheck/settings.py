@@ -261,6 +261,60 @@ class TracingSettings(_Section):
         return value
 
 
+class PodGroupSettings(_Section):
+    """The PodGroup provisioner: gangs declared by scheduling.k8s.io or scheduler-plugins
+    PodGroups, held by the webhook's scheduling gate until their capacity exists."""
+
+    enabled: Annotated[
+        bool,
+        Field(description="Provision for PodGroups of the APIs the server serves."),
+    ] = True
+    config: Annotated[
+        str,
+        Field(
+            description=(
+                "AtomicProvisioningConfig used for PodGroups that name none in the annotation "
+                "gangcheck.io/provisioning-config; empty means the built-in defaults."
+            ),
+        ),
+    ] = ""
+    max_members: Annotated[
+        int,
+        Field(
+            alias="maxMembers",
+            ge=1,
+            le=2**31 - 1,
+            description="Largest gang one ProvisioningRequest is made for; larger ones fail.",
+        ),
+    ] = 5000
+    discovery_seconds: Annotated[
+        float,
+        Field(
+            alias="discoverySeconds",
+            gt=0,
+            description="How often to ask which PodGroup APIs the server serves.",
+        ),
+    ] = 60.0
+
+
+class WebhookSettings(_Section):
+    """The mutating webhook that gates PodGroup members at creation (HTTPS)."""
+
+    enabled: Annotated[
+        bool,
+        Field(description="Serve the webhook (needs the certificate files below)."),
+    ] = False
+    port: Annotated[Port, Field(description="HTTPS port of /mutate-pods.")] = 9443
+    cert_dir: Annotated[
+        str,
+        Field(
+            alias="certDir",
+            min_length=1,
+            description="Folder holding tls.crt and tls.key (reloaded when they change).",
+        ),
+    ] = "/tmp/k8s-webhook-server/serving-certs"
+
+
 class Settings(_Section):
     """Everything the controller process reads at start; passed explicitly, never global."""
 
@@ -282,6 +336,14 @@ class Settings(_Section):
     tracing: Annotated[TracingSettings, Field(description="OpenTelemetry traces.")] = Field(
         default_factory=TracingSettings
     )
+    pod_groups: Annotated[
+        PodGroupSettings,
+        Field(alias="podGroups", description="Gangs declared by PodGroups (no Kueue)."),
+    ] = Field(default_factory=PodGroupSettings)
+    webhook: Annotated[
+        WebhookSettings,
+        Field(description="The pod scheduling-gate webhook."),
+    ] = Field(default_factory=WebhookSettings)
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -91,12 +91,24 @@ class ReclaimArrivals:
 
 
 @dataclass(frozen=True)
+class ReleaseMembers:
+    """Lift gangcheck's scheduling gate from these pods of a gang, together, after writing
+    the annotations and node selector entries on each (a gated pod accepts both)."""
+
+    pods: tuple[str, ...]
+    annotations: dict[str, str]
+    node_selector: dict[str, str]
+    gate: str
+
+
+@dataclass(frozen=True)
 class Event:
-    """A Kubernetes Event on the Workload."""
+    """A Kubernetes Event on the object reconciled, or on `about` when set (a member pod)."""
 
     reason: str
     message: str
     warning: bool = False
+    about: objects.ObjectRef | None = None
 
 
 Action = (
@@ -108,4 +120,5 @@ Action = (
     | AnnotateRequest
     | ClaimNode
     | ReclaimArrivals
+    | ReleaseMembers
 )

@@ -58,6 +58,8 @@ class GangSpec:
 
     pod_sets: tuple[tuple[str, int, Obj], ...]
     topology: Mapping[str, str] = field(default_factory=dict)
+    together: str = ""
+    """A level key the whole gang must sit inside one domain of (a PodGroup's topology)."""
 
     @classmethod
     def of(cls, gang: Sequence[tuple[str, int, Obj]] | GangSpec) -> GangSpec:
@@ -105,14 +107,14 @@ def assess(
     pod_sets = gang_of(spec.pod_sets)
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
     views = [node_view(n) for n in base]
-    result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology)
+    result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology, spec.together)
     claims: list[Obj] = []
     for node in candidates:
         if result.fits:
             break
         claims.append(node)
         views.append(node_view(node))
-        result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology)
+        result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology, spec.together)
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
     return _fulfillment(
@@ -132,7 +134,9 @@ def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
         for n in capacity.nodes
         if not claim_of(n) or claim_of(n) not in capacity.in_flight
     ]
-    return _fulfillment(fit_in_domains(gang_of(gang.pod_sets), free, capacity.pods, gang.topology))
+    return _fulfillment(
+        fit_in_domains(gang_of(gang.pod_sets), free, capacity.pods, gang.topology, gang.together)
+    )
 
 
 def _fulfillment(

@@ -118,11 +118,11 @@ def pod_template_spec(
         existing = spec.setdefault("tolerations", [])
         existing.extend(t for t in flavor.tolerations if t not in existing)
     for container in _containers(spec):
-        _limits_as_missing_requests(container)
+        limits_as_missing_requests(container)
     return out
 
 
-def _limits_as_missing_requests(container: Obj) -> None:
+def limits_as_missing_requests(container: Obj) -> None:
     res = container.get("resources") or {}
     limits = res.get("limits") or {}
     if not limits:

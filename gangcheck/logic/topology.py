@@ -59,10 +59,13 @@ def fit_in_domains(
     nodes: Sequence[NodeView],
     bound_pods: Iterable[Obj] = (),
     required: Mapping[str, str] | None = None,
+    together: str = "",
 ) -> TopologyFit:
     """Fit the gang with each pod set named in `required` (pod set -> level key) kept inside
-    one domain of its level."""
+    one domain of its level; with `together` (a level key), the whole gang in one domain."""
     bound = list(bound_pods)
+    if together:
+        return _fit_together(gang, nodes, bound, together)
     required = {ps.name: required[ps.name] for ps in gang if required and ps.name in required}
     if not required:
         return TopologyFit(fit_gang(gang, nodes, bound))
@@ -91,3 +94,28 @@ def fit_in_domains(
 
 def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> list[GangPodSet]:
     return [pinned(ps, *pins[ps.name]) if ps.name in pins else ps for ps in gang]
+
+
+def _fit_together(
+    gang: Sequence[GangPodSet], nodes: Sequence[NodeView], bound: list[Obj], key: str
+) -> TopologyFit:
+    """The whole gang in the first domain of `key` (by name) that takes it all."""
+    best: tuple[FitResult, str] | None = None
+    for value in domains_of(nodes, key):
+        result = fit_gang([pinned(ps, key, value) for ps in gang], nodes, bound)
+        pins = {ps.name: (key, value) for ps in gang}
+        if result.fits:
+            return TopologyFit(result, pins)
+        if best is None or result.placeable > best[0].placeable:
+            best = (result, value)
+    total = sum(ps.count for ps in gang)
+    if best is None:
+        return TopologyFit(
+            fit_gang(gang, [], bound),
+            problem=f"all {total} members need one {key} domain: no node has it",
+        )
+    result, value = best
+    problem = (
+        f"all {total} members need one {key} domain; best {key}={value} places {result.placeable}"
+    )
+    return TopologyFit(result, problem=problem)

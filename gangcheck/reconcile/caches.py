@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.informer import Informer, Store
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
+    NAMESPACE,
     NODE,
     POD,
     POD_TEMPLATE,
@@ -24,6 +25,8 @@ from gangcheck.logic.actions import (
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
 )
+from gangcheck.logic.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
+from gangcheck.logic.podgroup import GROUP_ANNOTATION
 from gangcheck.model.objects import Flavor, flavor_of
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -39,6 +42,10 @@ class Caches:
     templates: Informer
     nodes: Informer
     pods: Informer
+    namespaces: Informer
+    pod_groups: dict[str, Informer] = field(default_factory=dict)
+    """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
+    stopped as discovery finds them; not part of `all()`)."""
 
     @classmethod
     def create(cls, kube: Kube, *, watch_timeout: int = 300) -> Caches:
@@ -54,6 +61,7 @@ class Caches:
             templates=informer(POD_TEMPLATE, MANAGED),
             nodes=informer(NODE),
             pods=informer(POD),
+            namespaces=informer(NAMESPACE),
         )
 
     def all(self) -> list[Informer]:
@@ -66,6 +74,7 @@ class Caches:
             self.templates,
             self.nodes,
             self.pods,
+            self.namespaces,
         ]
 
     async def wait_synced(self) -> None:
@@ -89,18 +98,37 @@ class Caches:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}
 
     def requests_of(self, namespace: str, workload: str) -> list[Obj]:
-        return _of_workload(self.requests.store, namespace, workload)
+        return _made_for(self.requests.store, namespace, workload)
 
     def templates_of(self, namespace: str, workload: str) -> list[Obj]:
-        return _of_workload(self.templates.store, namespace, workload)
+        return _made_for(self.templates.store, namespace, workload)
+
+    def requests_of_group(self, namespace: str, group_key: str) -> list[Obj]:
+        return _made_for(self.requests.store, namespace, group_key, GROUP_ANNOTATION)
+
+    def templates_of_group(self, namespace: str, group_key: str) -> list[Obj]:
+        return _made_for(self.templates.store, namespace, group_key, GROUP_ANNOTATION)
+
+    def members_of(self, namespace: str, api_group: str, name: str) -> list[Obj]:
+        """Pods of the namespace that name this PodGroup."""
+        return [
+            p for p in self.pods.store.in_namespace(namespace) if group_of(p) == (api_group, name)
+        ]
+
+    def opted_in(self, namespace: str) -> bool:
+        ns = self.namespaces.store.get(namespace)
+        labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
+        return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
 
 
-def _of_workload(store: Store, namespace: str, workload: str) -> list[Obj]:
-    """The objects gangcheck made for a Workload (they name it in an annotation)."""
+def _made_for(
+    store: Store, namespace: str, owner: str, annotation: str = WORKLOAD_ANNOTATION
+) -> list[Obj]:
+    """The objects gangcheck made for a Workload or a PodGroup (named in an annotation)."""
     return [
         o
         for o in store.in_namespace(namespace)
-        if (o["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
+        if (o["metadata"].get("annotations") or {}).get(annotation) == owner
     ]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -17,25 +16,17 @@ from gangcheck.kube.errors import (
     InvalidError,
     NotFoundError,
 )
-from gangcheck.kube.resources import NODE, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic import naming
 from gangcheck.logic.actions import (
     FULFILLED,
-    OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
     STARTED,
     Action,
-    AdoptTemplate,
-    AnnotateRequest,
-    ClaimNode,
-    CreateRequest,
-    CreateTemplate,
     DeleteRequest,
     DeleteTemplate,
     Event,
-    ReclaimArrivals,
 )
 from gangcheck.logic.admission import (
     MAX_MESSAGE,
@@ -45,21 +36,16 @@ from gangcheck.logic.admission import (
     decide,
     delete_request,
 )
-from gangcheck.logic.fulfillment import ARRIVED_FOR, Capacity, Waiting
-from gangcheck.logic.reclaim import Outcome
+from gangcheck.logic.fulfillment import Capacity, Waiting
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
-from gangcheck.reclaim.safely import Target, reclaim_safely
+from gangcheck.reconcile.apply import Applier, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
-
-
-class StaleDecisionError(Exception):
-    """The caches were behind the server: drop the rest of the decision and decide again."""
 
 
 class WorkloadReconciler:
@@ -70,12 +56,14 @@ class WorkloadReconciler:
         kube: Kube,
         caches: Caches,
         events: EventRecorder,
+        applier: Applier,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._events = events
+        self._applier = applier
         self._clock = clock
         self.metrics: Any = None
 
@@ -111,7 +99,7 @@ class WorkloadReconciler:
         )
         requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
         templates = {
-            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(_owner_uids(t)))
+            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
             for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
         }
         return Snapshot(
@@ -122,45 +110,28 @@ class WorkloadReconciler:
             flavors=self._caches.flavors_by_name(),
             requests=requests,
             templates=templates,
-            capacity=Capacity(
-                nodes=tuple(self._caches.nodes.store),
-                pods=tuple(self._caches.pods.store),
-                in_flight=frozenset(_key(r) for r in self._caches.requests.store),
-                waiting=self._waiting(),
-            ),
+            capacity=in_flight_capacity(self._caches),
         )
-
-    def _waiting(self) -> tuple[Waiting, ...]:
-        templates = self._caches.templates.store
-        out = []
-        for key, req in waiting_requests(self._caches.requests.store):
-            ns = req["metadata"]["namespace"]
-            names = [
-                p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []
-            ]
-            found = (templates.get(n, ns) for n in names)
-            out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t)))
-        return tuple(out)
 
     async def _remove_orphans(self, namespace: str, name: str) -> None:
         """The Workload is gone: delete what it left (no garbage collector is assumed)."""
         live = {w["metadata"]["uid"] for w in self._caches.workloads.store}
         for req in self._caches.requests_of(namespace, name):
             if request_of(req).workload_uid not in live:
-                await self._apply_action(
+                await self._applier.apply(
                     namespace, delete_request(request_of(req), "Workload deleted")
                 )
         for tpl in self._caches.templates_of(namespace, name):
-            if not set(_owner_uids(tpl)) & live and not self._caches.requests.store.get(
+            if not set(owner_uids(tpl)) & live and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace
             ):
-                await self._apply_action(namespace, DeleteTemplate(tpl["metadata"]["name"]))
+                await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> bool:
         """Apply the actions, then write the check and emit events; False if cut short."""
         for action in decision.actions:
             try:
-                await self._apply_action(wl.ref.namespace, action)
+                await self._applier.apply(wl.ref.namespace, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
                 return False
@@ -217,112 +188,6 @@ class WorkloadReconciler:
             await self._write_check(wl, replace(state, message=message[:MAX_MESSAGE]).to_obj())
         await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
 
-    async def _apply_action(self, namespace: str, action: Action) -> None:
-        try:
-            await _APPLY[type(action)](self, namespace, action)
-        except NotFoundError:
-            if not isinstance(action, DeleteRequest | DeleteTemplate | AdoptTemplate):
-                raise
-
-    async def _create_template(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, CreateTemplate)
-        await self._create(POD_TEMPLATE, action.body, self._caches.templates)
-
-    async def _create_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, CreateRequest)
-        await self._create(PROVISIONING_REQUEST, action.body, self._caches.requests)
-
-    async def _create(self, res: object, body: Obj, informer: object) -> None:
-        try:
-            created = await self._kube.create(res, body)  # type: ignore[arg-type]
-        except ConflictError as e:
-            if e.reason != "AlreadyExists":
-                raise
-            return  # made by an earlier, interrupted reconcile
-        informer.store.put_if_newer(created)  # type: ignore[attr-defined]
-
-    async def _adopt_template(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, AdoptTemplate)
-        owner = {
-            "apiVersion": PROVISIONING_REQUEST.api_version,
-            "kind": PROVISIONING_REQUEST.kind,
-            "name": action.request,
-            "uid": action.request_uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-        patch = {"metadata": {"ownerReferences": [owner]}}
-        updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
-        self._caches.templates.store.put_if_newer(updated)
-
-    async def _delete_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, DeleteRequest)
-        # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
-        with contextlib.suppress(NotFoundError, ConflictError):
-            await self._kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
-        for template in action.templates:
-            await self._delete_template(namespace, DeleteTemplate(template))
-
-    async def _delete_template(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, DeleteTemplate)
-        with contextlib.suppress(NotFoundError):
-            await self._kube.delete(POD_TEMPLATE, action.name, namespace)
-
-    async def _annotate_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, AnnotateRequest)
-        reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
-        if reason and self.metrics is not None:
-            self.metrics.rollback(reason.split(":", 1)[0])
-        patch = {"metadata": {"annotations": action.annotations}}
-        updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
-        self._caches.requests.store.put_if_newer(updated)
-
-    async def _claim_node(self, namespace: str, action: Action) -> None:
-        """Record the node as arrived for the request; lose quietly to a concurrent claim."""
-        assert isinstance(action, ClaimNode)
-        patch = {
-            "metadata": {
-                "resourceVersion": action.resource_version,
-                "annotations": {ARRIVED_FOR: action.request},
-            }
-        }
-        try:
-            updated = await self._kube.merge_patch(NODE, action.name, patch)
-        except ConflictError as e:
-            raise StaleDecisionError(
-                f"node {action.name} changed before it could be claimed"
-            ) from e
-        self._caches.nodes.store.put_if_newer(updated)
-        log.info("node %s arrived for %s", action.name, action.request)
-
-    async def _reclaim_arrivals(self, namespace: str, action: Action) -> None:
-        """Reclaim each arrived node safely, then record the outcome on the request (once)."""
-        assert isinstance(action, ReclaimArrivals)
-        now = self._clock()
-        reclaimed, draining, kept, held = [], [], {}, 0
-        created = dict(zip(action.nodes, action.node_created, strict=False))
-        for node in action.nodes:
-            target = Target(node, action.request_key, action.request_created, action.reclaimer)
-            result = await reclaim_safely(self._kube, target, now)
-            if result.verdict == "reclaimed":
-                reclaimed.append(node)
-                held += result.held_seconds
-            elif result.verdict == "gone":  # reclaimed before a restart, or by the cloud
-                reclaimed.append(node)
-                born = parse_time(created.get(node, ""))
-                held += int((now - born).total_seconds()) if born else 0
-            elif result.verdict == "drain":
-                draining.append(node)
-            elif result.verdict == "keep":
-                kept[node] = result.reason
-        outcome = Outcome(tuple(reclaimed), tuple(draining), kept, held)
-        await self._annotate_request(
-            namespace,
-            AnnotateRequest(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()}),
-        )
-        if self.metrics is not None:
-            self.metrics.reclaimed(len(reclaimed), held)
-
     async def _write_check(self, wl: Workload, entry: Obj) -> bool:
         """Replace only our entry of status.admissionChecks, if the Workload is unchanged."""
         obj = self._caches.workloads.store.get(wl.ref.name, wl.ref.namespace) or {}
@@ -350,19 +215,7 @@ class WorkloadReconciler:
         return True
 
 
-_APPLY = {
-    CreateTemplate: WorkloadReconciler._create_template,
-    CreateRequest: WorkloadReconciler._create_request,
-    AdoptTemplate: WorkloadReconciler._adopt_template,
-    DeleteRequest: WorkloadReconciler._delete_request,
-    DeleteTemplate: WorkloadReconciler._delete_template,
-    AnnotateRequest: WorkloadReconciler._annotate_request,
-    ClaimNode: WorkloadReconciler._claim_node,
-    ReclaimArrivals: WorkloadReconciler._reclaim_arrivals,
-}
-
-
-def _owner_uids(obj: Obj) -> list[str]:
+def owner_uids(obj: Obj) -> list[str]:
     return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
 
 
@@ -392,3 +245,24 @@ def waiting_requests(requests: Iterable[Obj]) -> list[tuple[str, Obj]]:
     waiting = [r for r in requests if _is_waiting(r)]
     waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
     return [(_key(r), r) for r in waiting]
+
+
+def in_flight_capacity(caches: Caches) -> Capacity:
+    """The nodes and pods the caches hold, and the requests in flight, oldest waiting first."""
+    return Capacity(
+        nodes=tuple(caches.nodes.store),
+        pods=tuple(caches.pods.store),
+        in_flight=frozenset(_key(r) for r in caches.requests.store),
+        waiting=_waiting(caches),
+    )
+
+
+def _waiting(caches: Caches) -> tuple[Waiting, ...]:
+    templates = caches.templates.store
+    out = []
+    for key, req in waiting_requests(caches.requests.store):
+        ns = req["metadata"]["namespace"]
+        names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
+        found = (templates.get(n, ns) for n in names)
+        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t)))
+    return tuple(out)

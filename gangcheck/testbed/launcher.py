@@ -42,7 +42,9 @@ SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ETCD_QUOTA_BYTES = 4 * 1024**3
 #: Workload and PodGroup (scheduling.k8s.io/v1beta1) are beta in 1.37: off unless asked for.
-FEATURE_GATES = ("GenericWorkload=true",)
+#: A PodGroup's schedulingConstraints.topology is dropped on write unless the alpha
+#: TopologyAwareWorkloadScheduling gate is on too.
+FEATURE_GATES = ("GenericWorkload=true", "TopologyAwareWorkloadScheduling=true")
 RUNTIME_CONFIG = ("scheduling.k8s.io/v1beta1=true",)
 
 

@@ -1,0 +1,127 @@
+"""Which pods belong to a PodGroup, and the JSON patch that holds one back from scheduling.
+
+gangcheck provisions capacity for a whole gang before any of its pods may be scheduled. The
+mutating webhook (gangcheck/webhook.py) adds the scheduling gate ``GATE`` to every member pod
+as it is created, so that neither kube-scheduler nor cluster-autoscaler acts on members one by
+one; the controller later lifts the gate from all members together. The webhook also records
+when it gated a pod (annotation ``GATED_AT``).
+
+A pod is a member of a PodGroup when either
+
+* ``spec.schedulingGroup.podGroupName`` names one (scheduling.k8s.io PodGroups,
+  Kubernetes 1.36+), or
+* it carries the scheduler-plugins coscheduling label ``scheduling.x-k8s.io/pod-group``.
+
+Pure: no I/O, no clock of its own (the caller passes the time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from gangcheck.logic.timefmt import format_time, parse_time
+
+#: The scheduling gate the webhook adds and the controller lifts.
+GATE = "gangcheck.io/provisioning"
+#: Namespace label that opts a namespace in (the webhook's namespaceSelector).
+OPT_IN_LABEL = "gangcheck.io/gang-provisioning"
+OPT_IN_VALUE = "enabled"
+#: Annotation the webhook sets on the pods it gates: when, in RFC 3339 (UTC, seconds).
+GATED_AT = "gangcheck.io/gated-at"
+
+#: API group of upstream PodGroups, named by ``spec.schedulingGroup.podGroupName``.
+UPSTREAM = "scheduling.k8s.io"
+#: API group of scheduler-plugins' coscheduling PodGroups, named by ``COSCHEDULING_LABEL``.
+COSCHEDULING = "scheduling.x-k8s.io"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+
+JsonPatch = list[dict[str, Any]]
+
+
+class PodGroupRef(NamedTuple):
+    """The PodGroup a pod names: its API group (``UPSTREAM`` or ``COSCHEDULING``) and name,
+    in the pod's own namespace. Compares equal to the plain tuple ``(api_group, name)``."""
+
+    api_group: str
+    name: str
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def group_of(pod: Mapping[str, Any]) -> PodGroupRef | None:
+    """The PodGroup the pod belongs to, or None when it is no member of one.
+
+    ``spec.schedulingGroup.podGroupName`` wins over the coscheduling label when a pod has
+    both: it is the one kube-scheduler itself acts on.
+    """
+    spec = _mapping(pod.get("spec")) or {}
+    scheduling_group = _mapping(spec.get("schedulingGroup")) or {}
+    upstream = scheduling_group.get("podGroupName")
+    if isinstance(upstream, str) and upstream:
+        return PodGroupRef(UPSTREAM, upstream)
+    metadata = _mapping(pod.get("metadata")) or {}
+    labels = _mapping(metadata.get("labels")) or {}
+    coscheduling = labels.get(COSCHEDULING_LABEL)
+    if isinstance(coscheduling, str) and coscheduling:
+        return PodGroupRef(COSCHEDULING, coscheduling)
+    return None
+
+
+def _gates(spec: Mapping[str, Any]) -> list[Any] | None:
+    gates = spec.get("schedulingGates")
+    return gates if isinstance(gates, list) else None
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod still carries gangcheck's scheduling gate."""
+    spec = _mapping(pod.get("spec")) or {}
+    return any(
+        isinstance(gate, Mapping) and gate.get("name") == GATE for gate in _gates(spec) or ()
+    )
+
+
+def gated_at(pod: Mapping[str, Any]) -> datetime | None:
+    """When the webhook gated the pod (its ``GATED_AT`` annotation); None when not recorded."""
+    metadata = _mapping(pod.get("metadata")) or {}
+    annotations = _mapping(metadata.get("annotations")) or {}
+    raw = annotations.get(GATED_AT)
+    return parse_time(raw) if isinstance(raw, str) else None
+
+
+def _pointer(token: str) -> str:
+    """One JSON Pointer reference token, escaped (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def gate_patch(pod: Mapping[str, Any], *, now: datetime) -> JsonPatch | None:
+    """JSON patch operations (RFC 6902) that add ``GATE`` and the ``GATED_AT`` annotation
+    (``now``) to a pod being created; None when the pod needs none:
+
+    * it is no member of a PodGroup,
+    * it already carries the gate (the webhook may be invoked again for the same pod),
+    * it is already bound (``spec.nodeName`` set: the API refuses gates on bound pods),
+    * it has no ``spec`` object to patch.
+    """
+    spec = _mapping(pod.get("spec"))
+    if spec is None or group_of(pod) is None or spec.get("nodeName") or is_gated(pod):
+        return None
+    gate = {"name": GATE}
+    ops: JsonPatch = []
+    if _gates(spec) is None:
+        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
+    else:
+        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
+    stamp = format_time(now)
+    metadata = _mapping(pod.get("metadata"))
+    if metadata is None:
+        ops.append({"op": "add", "path": "/metadata", "value": {"annotations": {GATED_AT: stamp}}})
+    elif _mapping(metadata.get("annotations")) is None:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {GATED_AT: stamp}})
+    else:
+        path = f"/metadata/annotations/{_pointer(GATED_AT)}"
+        ops.append({"op": "add", "path": path, "value": stamp})
+    return ops

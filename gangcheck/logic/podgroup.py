@@ -1,0 +1,606 @@
+"""The PodGroup provisioner's one decision: (group, members, requests, config, clock) -> what to do.
+
+A gang declared by a PodGroup (no Kueue) is held back by gangcheck's scheduling gate, which
+the webhook puts on every member pod at creation. Once ``minCount`` members exist, their
+scheduling requirements become one ProvisioningRequest (identical requirements grouped into
+one pod set); when the whole gang fits on nodes that exist, every member is annotated to
+consume the request and all gates are lifted together. Past the deadline the attempt is
+rolled back like a Workload's (logic/rollback.py) and retried with backoff.
+
+``decide`` is pure. The state that must survive a restart lives on the API objects: the
+attempt number, the time of the next attempt and the state shown to people as annotations on
+the PodGroup; everything about one attempt on its request.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from gangcheck.logic import backoff, naming, rollback
+from gangcheck.logic.actions import (
+    ATTEMPT_ANNOTATION,
+    CLASS_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    FULFILLED,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PHASE_ANNOTATION,
+    STARTED,
+    Action,
+    AdoptTemplate,
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    Event,
+    Obj,
+    ReleaseMembers,
+)
+from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, fits_now, request_key
+from gangcheck.logic.gating import GATE, is_gated
+from gangcheck.logic.podsets import limits_as_missing_requests, scheduling_requirements
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
+from gangcheck.model.podgroups import PodGroup
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
+
+GROUP_ANNOTATION = "gangcheck.io/pod-group"
+"""On requests and templates: ``<short>/<name>`` of the PodGroup they were made for."""
+GROUP_UID_ANNOTATION = "gangcheck.io/pod-group-uid"
+STATE_ANNOTATION = "gangcheck.io/state"
+MESSAGE_ANNOTATION = "gangcheck.io/message"
+REQUEST_ANNOTATION = "gangcheck.io/request"
+NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
+UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
+CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
+"""On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default."""
+
+WAITING, PROVISIONING, RELEASED = "WaitingForMembers", "Provisioning", "Released"
+BACKING_OFF, BLOCKED, FAILED, NOT_A_GANG = "BackingOff", "Blocked", "Failed", "NotAGang"
+GAVE_UP = "GaveUp"
+"""Terminal: every attempt rolled back. Members stay gated; removing the state annotation
+(``kubectl annotate podgroup NAME gangcheck.io/state-``) starts over."""
+MAX_REQUEST_POD_SETS = 32
+MAX_MESSAGE = 1024
+DRA_HINT = (
+    "; the gang uses DRA resource claims, which cluster-autoscaler cannot size for a "
+    "ProvisioningRequest (kubernetes/autoscaler#10065): capacity must come from nodes that "
+    "exist or another provisioner"
+)
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """A PodTemplate that exists, with the uids of its owners."""
+
+    name: str
+    owner_uids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupSnapshot:
+    group: PodGroup
+    members: tuple[Obj, ...]
+    """Pods in the group's namespace that name it."""
+    config: AtomicProvisioningSpec | None
+    config_problem: str = ""
+    requests: tuple[ProvisioningRequest, ...] = ()
+    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    capacity: Capacity | None = None
+    max_members: int = 5000
+    """The most members one request may carry (a setting)."""
+    opted_in: bool = False
+    """The namespace carries the webhook's opt-in label: its members should all be gated."""
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    status: Mapping[str, str] | None = None
+    """Annotations to write on the PodGroup (None: nothing changed); "" deletes one."""
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+
+
+@dataclass(frozen=True)
+class _Members:
+    live: tuple[Obj, ...]
+    gated: tuple[Obj, ...]
+    unbound: tuple[Obj, ...]
+    newly_ungated: tuple[Obj, ...]
+
+
+def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
+    """Everything the provisioner does for one PodGroup."""
+    group = snap.group
+    members = _members(snap)
+    noticed = _notice_ungated(snap, members)
+    if group.deleting:
+        return clean_up(snap, "PodGroup deleted")
+    state = group.annotations.get(STATE_ANNOTATION, "")
+    if not members.gated and not snap.requests and state in ("", RELEASED, NOT_A_GANG):
+        return _with(noticed, _after_release(snap, members) if state == RELEASED else None)
+    decision = _decide(snap, members, state, now)
+    return _with(noticed, decision)
+
+
+def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -> GroupDecision:
+    group = snap.group
+    if state == RELEASED:
+        return _release_late(snap, members)
+    if state == GAVE_UP:
+        return GroupDecision()
+    if group.problem:
+        return _status(snap, FAILED, group.problem, now, warn="InvalidPodGroup")
+    if not group.is_gang:
+        why = "not a gang (no gang policy): its members are released as they come"
+        return _release(snap, members, None, {}, why, now=now, state=NOT_A_GANG)
+    if snap.config is None:
+        return _status(snap, BLOCKED, snap.config_problem, now, warn="ConfigProblem")
+    if group.min_count > snap.max_members:
+        message = (
+            f"minCount {group.min_count} exceeds the {snap.max_members} members one "
+            "ProvisioningRequest may carry here (setting podGroups.maxMembers)"
+        )
+        return _status(snap, FAILED, message, now, warn="GangTooLarge")
+    if len(members.live) < group.min_count:
+        message = f"waiting for members: {len(members.live)} of {group.min_count} exist"
+        return replace(_status(snap, WAITING, message, now), actions=_stale(snap, ""))
+    gang = gang_of(snap, members)
+    if len(gang.pod_sets) > MAX_REQUEST_POD_SETS:
+        message = (
+            f"the members have {len(gang.pod_sets)} distinct scheduling requirements; one "
+            f"ProvisioningRequest carries at most {MAX_REQUEST_POD_SETS} pod sets"
+        )
+        return _status(snap, FAILED, message, now, warn="GangTooLarge")
+    return _attempt(snap, members, gang, now)
+
+
+def _attempt(
+    snap: GroupSnapshot, members: _Members, gang: GangSpec, now: datetime
+) -> GroupDecision:
+    group, attempt = snap.group, attempt_of(snap.group)
+    name = request_name(group, attempt)
+    req = next((r for r in snap.requests if r.name == name), None)
+    stale = _stale(snap, name)
+    if req is None:
+        wait = _backing_off(snap, now)
+        decision = wait or _first(snap, members, gang, name, now)
+    elif req.deleting:
+        decision = GroupDecision(requeue_after=1.0)
+    else:
+        decision = _follow(snap, members, gang, req, now)
+    return replace(decision, actions=stale + decision.actions)
+
+
+def _first(
+    snap: GroupSnapshot, members: _Members, gang: GangSpec, name: str, now: datetime
+) -> GroupDecision:
+    """No request yet: release at once if the gang fits on free nodes, else ask for capacity."""
+    here = fits_now(snap.capacity, gang)
+    if here.fits:
+        message = f"the whole gang fits on nodes that exist: {here.summary}"
+        return _release(snap, members, None, here.domains, message, now=now)
+    assert snap.config is not None
+    total = sum(count for _, count, _ in gang.pod_sets)
+    templates = tuple(
+        CreateTemplate(_template_body(snap, naming.template_name(name, ps), tpl))
+        for ps, _, tpl in gang.pod_sets
+        if naming.template_name(name, ps) not in snap.templates
+    )
+    request = _request_body(snap, gang, name, now)
+    message = f"provisioning request {name} created for {total} pods"
+    decision = _status(snap, PROVISIONING, message, now, request=name)
+    event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
+    return replace(
+        decision, actions=(*templates, CreateRequest(request)), events=(*decision.events, event)
+    )
+
+
+def _follow(
+    snap: GroupSnapshot, members: _Members, gang: GangSpec, req: ProvisioningRequest, now: datetime
+) -> GroupDecision:
+    assert snap.config is not None
+    adopt = _adoptions(snap, req)
+    if rollback.is_rolling_back(req):
+        decision = _roll_back(snap, req, now)
+    else:
+        why = rollback.trigger(
+            req,
+            snap.capacity,
+            gang,
+            deadline_seconds=snap.config.fulfillment.deadline_seconds,
+            started=False,
+            now=now,
+        )
+        if why:
+            annotate, event = rollback.start(req, snap.capacity, why)
+            decision = GroupDecision(actions=(annotate,), events=(event,), requeue_after=0.2)
+        else:
+            decision = _from_conditions(snap, members, gang, req, now)
+    return replace(decision, actions=adopt + decision.actions)
+
+
+def _from_conditions(
+    snap: GroupSnapshot, members: _Members, gang: GangSpec, req: ProvisioningRequest, now: datetime
+) -> GroupDecision:
+    conds = req.conditions
+    if is_true(conds, "Provisioned"):
+        verdict = assess(snap.capacity, req, gang, now)
+        claims = tuple(ClaimNode(n, rv, request_key(req)) for n, rv in verdict.claims)
+        if verdict.fits:
+            message = f"the whole gang fits on nodes that exist: {verdict.summary}"
+            released = _release(snap, members, req, verdict.domains, message, now=now)
+            fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
+            return replace(released, actions=(*claims, *released.actions, fulfilled))
+        message = f"capacity requested, not yet usable: {verdict.summary}"
+        return replace(
+            _status(snap, PROVISIONING, message, now, request=req.name),
+            actions=claims,
+            requeue_after=_until_deadline(req, now),
+        )
+    provisioned = conds.get("Provisioned")
+    if is_true(conds, "Accepted"):
+        message = (provisioned.message if provisioned else "") or f"{req.name} accepted"
+    else:
+        message = f"waiting for provisioning request {req.name} to be accepted"
+    if provisioned is not None and provisioned.reason == "CapacityIsNotFound" and _uses_dra(gang):
+        message += DRA_HINT
+    return replace(
+        _status(snap, PROVISIONING, message, now, request=req.name),
+        requeue_after=_until_deadline(req, now),
+    )
+
+
+def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> GroupDecision:
+    """Reclaim what arrived (once), then delete the request and schedule the next attempt."""
+    assert snap.config is not None
+    done = rollback.verdict(req)
+    if done is None:
+        action = rollback.reclaim(req, snap.capacity, snap.config.fulfillment.reclaimer.value)
+        return GroupDecision(actions=(action,), requeue_after=0.2)
+    attempt = attempt_of(snap.group)
+    strategy = snap.config.retry_strategy
+    delete = delete_request(req, "rolled back")
+    event = Event("RolledBack", done.message, warning=True)
+    if done.revoked or not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
+        failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}", now)
+        return replace(failed, actions=(delete,), events=(*failed.events, event))
+    delay = backoff.requeue_after_seconds(
+        attempt - 1,
+        base_seconds=strategy.backoff_base_seconds,
+        max_seconds=strategy.backoff_max_seconds,
+    )
+    at = format_time(now + timedelta(seconds=delay))
+    message = f"attempt {attempt + 1} at {at}: {done.message}"
+    status = {
+        **_status_annotations(BACKING_OFF, message),
+        ATTEMPT_ANNOTATION: str(attempt + 1),
+        NEXT_ATTEMPT_ANNOTATION: at,
+        REQUEST_ANNOTATION: "",
+    }
+    return GroupDecision(
+        status=status, actions=(delete,), events=(event,), requeue_after=float(delay)
+    )
+
+
+def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
+    at = parse_time(snap.group.annotations.get(NEXT_ATTEMPT_ANNOTATION, ""))
+    if at is None or now >= at:
+        return None
+    return GroupDecision(requeue_after=max(0.2, (at - now).total_seconds()))
+
+
+# ---- release ---------------------------------------------------------------------------
+
+
+def _release(
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest | None,
+    domains: Mapping[str, tuple[str, str]],
+    message: str,
+    *,
+    now: datetime,
+    state: str = RELEASED,
+) -> GroupDecision:
+    """Lift every gate together: annotated to consume the request, pinned to the domain."""
+    annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
+    pins = dict(domains.values())
+    gated = tuple(sorted(_name(p) for p in members.gated))
+    actions: tuple[Action, ...] = ()
+    if gated:
+        actions = (ReleaseMembers(gated, annotations, pins, GATE),)
+    decision = _status(snap, state, message, now, request=req.name if req else "")
+    events = decision.events
+    if gated:
+        text = f"Released {len(gated)} members together: {message}"
+        events = (*events, Event("GangReleased", text[:MAX_MESSAGE]))
+    return replace(decision, actions=actions, events=events)
+
+
+def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
+    """Members gated after the gang was released join it: released too, consuming the
+    same request (if it is still there)."""
+    if not members.gated:
+        return _after_release(snap, members)
+    req_name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
+    req = next((r for r in snap.requests if r.name == req_name), None)
+    annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
+    gated = tuple(sorted(_name(p) for p in members.gated))
+    return GroupDecision(actions=(ReleaseMembers(gated, annotations, {}, GATE),))
+
+
+def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
+    """Once released: mark the request started when every member runs; delete it when the
+    gang is gone (the booking has served its purpose)."""
+    actions: list[Action] = []
+    for req in snap.requests:
+        if req.deleting:
+            continue
+        if not members.live:
+            actions.append(delete_request(req, "the gang has no members left"))
+        elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+            actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
+    return GroupDecision(actions=tuple(actions))
+
+
+# ---- members and requests --------------------------------------------------------------
+
+
+def _members(snap: GroupSnapshot) -> _Members:
+    live = tuple(
+        p
+        for p in sorted(snap.members, key=_name)
+        if not (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") not in _DONE_PHASES
+    )
+    gated = tuple(p for p in live if is_gated(p))
+    unbound = tuple(p for p in live if not (p.get("spec") or {}).get("nodeName"))
+    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    newly = tuple(p for p in unbound if not is_gated(p) and _name(p) not in reported)
+    return _Members(live, gated, unbound, newly)
+
+
+def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | None:
+    """Members created without the gate (the webhook was down or skipped them) are said once."""
+    state = snap.group.annotations.get(STATE_ANNOTATION, "")
+    if not members.newly_ungated or state in (RELEASED, NOT_A_GANG):
+        return None
+    if not snap.opted_in and not members.gated and not state:
+        return None  # a gang gangcheck was never asked to hold
+    names = [_name(p) for p in members.newly_ungated]
+    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    text = (
+        f"{len(names)} member(s) were created without the {GATE} scheduling gate (was the "
+        f"webhook down, or the namespace not opted in?): {', '.join(names)}; they may be "
+        "scheduled one by one, before the gang's capacity exists"
+    )
+    events = [Event("MemberNotGated", text[:MAX_MESSAGE], warning=True)]
+    for pod in members.newly_ungated:
+        about = _pod_ref(pod)
+        events.append(
+            Event(
+                "MemberNotGated",
+                f"created without the {GATE} scheduling gate: PodGroup "
+                f"{snap.group.ref.name} cannot hold it back until its gang's capacity exists",
+                warning=True,
+                about=about,
+            )
+        )
+    status = {UNGATED_ANNOTATION: ",".join(sorted(reported | set(names)))}
+    return GroupDecision(status=status, events=tuple(events))
+
+
+def _with(first: GroupDecision | None, second: GroupDecision | None) -> GroupDecision:
+    """Both decisions: their annotations merged, actions and events in order."""
+    if first is None:
+        return second or GroupDecision()
+    if second is None:
+        return first
+    status = (
+        {**(first.status or {}), **(second.status or {})}
+        if (first.status or second.status)
+        else None
+    )
+    return GroupDecision(
+        status=status,
+        actions=first.actions + second.actions,
+        events=first.events + second.events,
+        requeue_after=second.requeue_after,
+    )
+
+
+def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:
+    """The members still to place, grouped by identical scheduling requirements into pod sets
+    ``ps-0``, ``ps-1``… in the order of their first member's name."""
+    groups: dict[str, list[Obj]] = {}
+    for pod in members.unbound:
+        key = repr(scheduling_requirements(pod_template(pod)))
+        groups.setdefault(key, []).append(pod)
+    pod_sets = tuple(
+        (f"ps-{i}", len(pods), pod_template(pods[0])) for i, pods in enumerate(groups.values())
+    )
+    return GangSpec(pod_sets, together=snap.group.topology_key)
+
+
+def pod_template(pod: Obj) -> Obj:
+    """The PodTemplateSpec a member stands for: its labels and spec, without what binds it to
+    this pod (node, gates, group membership), limits copied into missing requests."""
+    spec = copy.deepcopy(pod.get("spec") or {})
+    for key in ("nodeName", "schedulingGates", "schedulingGroup", "hostname"):
+        spec.pop(key, None)
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            limits_as_missing_requests(container)
+    labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def attempt_of(group: PodGroup) -> int:
+    raw = group.annotations.get(ATTEMPT_ANNOTATION, "1")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def request_name(group: PodGroup, attempt: int) -> str:
+    return naming.request_name(group.ref.name, group.short, attempt)
+
+
+def group_key(group: PodGroup) -> str:
+    return f"{group.short}/{group.ref.name}"
+
+
+def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
+    return DeleteRequest(
+        name=req.name,
+        uid=req.ref.uid,
+        templates=tuple(p.template_name for p in req.pod_sets),
+        reason=reason,
+    )
+
+
+def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
+    return GroupDecision(
+        actions=tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
+    )
+
+
+def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
+    return tuple(
+        delete_request(r, f"superseded by {current or 'waiting for members'}")
+        for r in snap.requests
+        if r.name != current and not r.deleting
+    )
+
+
+def _adoptions(snap: GroupSnapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+    out: list[Action] = []
+    for ps in req.pod_sets:
+        info = snap.templates.get(ps.template_name)
+        if info is not None and req.ref.uid not in info.owner_uids:
+            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
+    return tuple(out)
+
+
+def _metadata(snap: GroupSnapshot, name: str) -> Obj:
+    group = snap.group
+    return {
+        "name": name,
+        "namespace": group.ref.namespace,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        "annotations": {
+            GROUP_ANNOTATION: group_key(group),
+            GROUP_UID_ANNOTATION: group.ref.uid,
+        },
+    }
+
+
+def _template_body(snap: GroupSnapshot, name: str, template: Obj) -> Obj:
+    meta = _metadata(snap, name)
+    ref = snap.group.ref
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "name": ref.name,
+            "uid": ref.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return {"metadata": meta, "template": template}
+
+
+def _request_body(snap: GroupSnapshot, gang: GangSpec, name: str, now: datetime) -> Obj:
+    assert snap.config is not None
+    meta = _metadata(snap, name)
+    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
+    meta["annotations"][ATTEMPT_ANNOTATION] = str(attempt_of(snap.group))
+    meta["annotations"][DEADLINE_ANNOTATION] = format_time(deadline)
+    return {
+        "metadata": meta,
+        "spec": {
+            "provisioningClassName": snap.config.provisioning_class_name,
+            "parameters": dict(snap.config.parameters),
+            "podSets": [
+                {"podTemplateRef": {"name": naming.template_name(name, ps)}, "count": count}
+                for ps, count, _ in gang.pod_sets
+            ],
+        },
+    }
+
+
+# ---- status ----------------------------------------------------------------------------
+
+
+def _status_annotations(state: str, message: str) -> dict[str, str]:
+    return {STATE_ANNOTATION: state, MESSAGE_ANNOTATION: message[:MAX_MESSAGE]}
+
+
+def _status(
+    snap: GroupSnapshot,
+    state: str,
+    message: str,
+    now: datetime,
+    *,
+    request: str | None = None,
+    warn: str = "",
+) -> GroupDecision:
+    """The group's state and one-line message, written (with an Event) only when changed."""
+    del now  # the state carries no time of its own: the Event has one
+    wanted = _status_annotations(state, message)
+    if request is not None:
+        wanted[REQUEST_ANNOTATION] = request
+    current = snap.group.annotations
+    changed = {k: v for k, v in wanted.items() if current.get(k, "") != v}
+    if not changed:
+        return GroupDecision()
+    events: tuple[Event, ...] = ()
+    if current.get(STATE_ANNOTATION) != state or warn:
+        warning = bool(warn) or state in (FAILED, GAVE_UP)
+        events = (Event(warn or state, message[:MAX_MESSAGE], warning=warning),)
+    return GroupDecision(status=changed, events=events)
+
+
+def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
+    deadline = rollback.deadline_of(req)
+    left = (deadline - now).total_seconds() if deadline else 5.0
+    return max(0.2, min(5.0, left))
+
+
+def _uses_dra(gang: GangSpec) -> bool:
+    return any((tpl.get("spec") or {}).get("resourceClaims") for _, _, tpl in gang.pod_sets)
+
+
+def _name(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
+def _pod_ref(pod: Obj) -> ObjectRef:
+    meta = pod.get("metadata") or {}
+    return ObjectRef(
+        kind="Pod",
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        api_version="v1",
+    )
+
+
+def missing_group_message(api_group: str, name: str, *, served: bool) -> str:
+    """Why a gated member waits when the PodGroup it names does not exist."""
+    if not served:
+        return (
+            f"held by the {GATE} scheduling gate: it names a {api_group} PodGroup {name!r}, "
+            f"and this cluster does not serve {api_group} PodGroups"
+        )
+    return (
+        f"held by the {GATE} scheduling gate: PodGroup {name!r} ({api_group}) does not exist; "
+        "the gang is provisioned once it does"
+    )

@@ -1,0 +1,216 @@
+"""The edge of every decision: each action applied once, the caches updated with the result."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.logic.actions import (
+    OUTCOME_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    Action,
+    AdoptTemplate,
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+    ReclaimArrivals,
+    ReleaseMembers,
+)
+from gangcheck.logic.fulfillment import ARRIVED_FOR
+from gangcheck.logic.reclaim import Outcome
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.reclaim.safely import Target, reclaim_safely
+from gangcheck.reconcile.caches import Caches
+
+log = logging.getLogger(__name__)
+
+
+class StaleDecisionError(Exception):
+    """The caches were behind the server: drop the rest of the decision and decide again."""
+
+
+class Applier:
+    """Applies the actions decisions ask for (for Workloads and PodGroups alike)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        caches: Caches,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._kube = kube
+        self._caches = caches
+        self._clock = clock
+        self.metrics: Any = None
+
+    async def apply(self, namespace: str, action: Action) -> None:
+        """Apply one action; a delete or adoption of something already gone is done."""
+        try:
+            await _APPLY[type(action)](self, namespace, action)
+        except NotFoundError:
+            if not isinstance(action, DeleteRequest | DeleteTemplate | AdoptTemplate):
+                raise
+
+    async def _create_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, CreateTemplate)
+        await self._create(POD_TEMPLATE, action.body, self._caches.templates)
+
+    async def _create_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, CreateRequest)
+        await self._create(PROVISIONING_REQUEST, action.body, self._caches.requests)
+
+    async def _create(self, res: object, body: Obj, informer: object) -> None:
+        try:
+            created = await self._kube.create(res, body)  # type: ignore[arg-type]
+        except ConflictError as e:
+            if e.reason != "AlreadyExists":
+                raise
+            return  # made by an earlier, interrupted reconcile
+        informer.store.put_if_newer(created)  # type: ignore[attr-defined]
+
+    async def _adopt_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, AdoptTemplate)
+        owner = {
+            "apiVersion": PROVISIONING_REQUEST.api_version,
+            "kind": PROVISIONING_REQUEST.kind,
+            "name": action.request,
+            "uid": action.request_uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        patch = {"metadata": {"ownerReferences": [owner]}}
+        updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        self._caches.templates.store.put_if_newer(updated)
+
+    async def _delete_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, DeleteRequest)
+        # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
+        with contextlib.suppress(NotFoundError, ConflictError):
+            await self._kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
+        for template in action.templates:
+            await self._delete_template(namespace, DeleteTemplate(template))
+
+    async def _delete_template(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, DeleteTemplate)
+        with contextlib.suppress(NotFoundError):
+            await self._kube.delete(POD_TEMPLATE, action.name, namespace)
+
+    async def _annotate_request(self, namespace: str, action: Action) -> None:
+        assert isinstance(action, AnnotateRequest)
+        reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
+        if reason and self.metrics is not None:
+            self.metrics.rollback(reason.split(":", 1)[0])
+        patch = {"metadata": {"annotations": action.annotations}}
+        updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
+        self._caches.requests.store.put_if_newer(updated)
+
+    async def _claim_node(self, namespace: str, action: Action) -> None:
+        """Record the node as arrived for the request; lose quietly to a concurrent claim."""
+        assert isinstance(action, ClaimNode)
+        patch = {
+            "metadata": {
+                "resourceVersion": action.resource_version,
+                "annotations": {ARRIVED_FOR: action.request},
+            }
+        }
+        try:
+            updated = await self._kube.merge_patch(NODE, action.name, patch)
+        except ConflictError as e:
+            raise StaleDecisionError(
+                f"node {action.name} changed before it could be claimed"
+            ) from e
+        self._caches.nodes.store.put_if_newer(updated)
+        log.info("node %s arrived for %s", action.name, action.request)
+
+    async def _reclaim_arrivals(self, namespace: str, action: Action) -> None:
+        """Reclaim each arrived node safely, then record the outcome on the request (once)."""
+        assert isinstance(action, ReclaimArrivals)
+        now = self._clock()
+        reclaimed, draining, kept, held = [], [], {}, 0
+        created = dict(zip(action.nodes, action.node_created, strict=False))
+        for node in action.nodes:
+            target = Target(node, action.request_key, action.request_created, action.reclaimer)
+            result = await reclaim_safely(self._kube, target, now)
+            if result.verdict == "reclaimed":
+                reclaimed.append(node)
+                held += result.held_seconds
+            elif result.verdict == "gone":  # reclaimed before a restart, or by the cloud
+                reclaimed.append(node)
+                born = parse_time(created.get(node, ""))
+                held += int((now - born).total_seconds()) if born else 0
+            elif result.verdict == "drain":
+                draining.append(node)
+            elif result.verdict == "keep":
+                kept[node] = result.reason
+        outcome = Outcome(tuple(reclaimed), tuple(draining), kept, held)
+        await self._annotate_request(
+            namespace,
+            AnnotateRequest(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()}),
+        )
+        if self.metrics is not None:
+            self.metrics.reclaimed(len(reclaimed), held)
+
+    async def _release_members(self, namespace: str, action: Action) -> None:
+        """Annotate and pin each gated member, lifting the gate in the same write (a gated
+        pod accepts new annotations and node selector entries). A member gone is skipped;
+        a member changed meanwhile is re-read once."""
+        assert isinstance(action, ReleaseMembers)
+        for name in action.pods:
+            for _ in range(2):
+                pod = self._caches.pods.store.get(name, namespace)
+                if pod is None:
+                    break
+                try:
+                    await self._release_one(namespace, pod, action)
+                    break
+                except ConflictError:
+                    fresh = await self._kube.get(POD, name, namespace)
+                    self._caches.pods.store.put_if_newer(fresh)
+                except NotFoundError:
+                    break
+        log.info("released %d members in %s", len(action.pods), namespace)
+
+    async def _release_one(self, namespace: str, pod: Obj, action: ReleaseMembers) -> None:
+        spec = pod.get("spec") or {}
+        gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != action.gate]
+        selector = {**action.node_selector, **(spec.get("nodeSelector") or {})}
+        patch: Obj = {
+            "metadata": {"resourceVersion": pod["metadata"].get("resourceVersion", "")},
+            "spec": {"schedulingGates": gates or None},
+        }
+        if action.annotations:
+            patch["metadata"]["annotations"] = action.annotations
+        if action.node_selector:
+            patch["spec"]["nodeSelector"] = selector
+        try:
+            updated = await self._kube.merge_patch(POD, pod["metadata"]["name"], patch, namespace)
+        except InvalidError:
+            if not action.node_selector:
+                raise
+            # The pod already names another value for a pinned key: lift the gate alone.
+            del patch["spec"]["nodeSelector"]
+            updated = await self._kube.merge_patch(POD, pod["metadata"]["name"], patch, namespace)
+        self._caches.pods.store.put_if_newer(updated)
+
+
+_APPLY = {
+    CreateTemplate: Applier._create_template,
+    CreateRequest: Applier._create_request,
+    AdoptTemplate: Applier._adopt_template,
+    DeleteRequest: Applier._delete_request,
+    DeleteTemplate: Applier._delete_template,
+    AnnotateRequest: Applier._annotate_request,
+    ClaimNode: Applier._claim_node,
+    ReclaimArrivals: Applier._reclaim_arrivals,
+    ReleaseMembers: Applier._release_members,
+}

@@ -1,0 +1,173 @@
+"""Reconcile one PodGroup: read the caches, decide, apply the actions once, write what changed.
+
+Keys are ``<short>/<namespace>/<name>``, short being ``pg`` (scheduling.k8s.io) or
+``coscheduling`` (scheduling.x-k8s.io): the two APIs may hold groups of the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.resources import ATOMIC_CONFIG, POD
+from gangcheck.logic import podgroup
+from gangcheck.logic.actions import Event
+from gangcheck.logic.gating import is_gated
+from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, TemplateInfo, decide
+from gangcheck.model.objects import ObjectRef, request_of
+from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
+from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.workload import in_flight_capacity, owner_uids
+from gangcheck.runtime.queue import Result
+
+log = logging.getLogger(__name__)
+API_GROUP_OF = {short: group for group, short in SHORT.items()}
+STALE_RETRY_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class PodGroupOptions:
+    """Settings of the PodGroup provisioner."""
+
+    config: str = ""
+    """The AtomicProvisioningConfig used unless a group names another; "" = the defaults."""
+    max_members: int = 5000
+
+
+def group_key(api_group: str, namespace: str, name: str) -> str:
+    return f"{SHORT[api_group]}/{namespace}/{name}"
+
+
+class PodGroupReconciler:
+    """The PodGroup provisioner, one group at a time."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        caches: Caches,
+        events: EventRecorder,
+        applier: Applier,
+        options: PodGroupOptions | None = None,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._kube = kube
+        self._caches = caches
+        self._events = events
+        self._applier = applier
+        self._options = options or PodGroupOptions()
+        self._clock = clock
+
+    async def reconcile(self, key: str) -> Result:
+        short, namespace, name = key.split("/", 2)
+        api_group = API_GROUP_OF[short]
+        informer = self._caches.pod_groups.get(api_group)
+        obj = informer.store.get(name, namespace) if informer else None
+        if obj is None:
+            await self._without_group(api_group, short, namespace, name)
+            return Result()
+        group = pod_group_of(obj)
+        snap = self._snapshot(group, api_group)
+        decision = decide(snap, self._clock())
+        if not await self._apply(obj, decision):
+            return Result(requeue_after=STALE_RETRY_SECONDS)
+        return Result(requeue_after=decision.requeue_after)
+
+    def _snapshot(self, group: PodGroup, api_group: str) -> GroupSnapshot:
+        ns, key = group.ref.namespace, podgroup.group_key(group)
+        config, problem = self._config(group)
+        requests = tuple(
+            request_of(r)
+            for r in self._caches.requests_of_group(ns, key)
+            if (r["metadata"].get("annotations") or {}).get(podgroup.GROUP_UID_ANNOTATION)
+            == group.ref.uid
+        )
+        templates = {
+            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
+            for t in self._caches.templates_of_group(ns, key)
+        }
+        return GroupSnapshot(
+            group=group,
+            members=tuple(self._caches.members_of(ns, api_group, group.ref.name)),
+            config=config,
+            config_problem=problem,
+            requests=requests,
+            templates=templates,
+            capacity=in_flight_capacity(self._caches),
+            max_members=self._options.max_members,
+            opted_in=self._caches.opted_in(ns),
+        )
+
+    def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
+        name = group.annotations.get(podgroup.CONFIG_ANNOTATION) or self._options.config
+        if not name:
+            return AtomicProvisioningSpec(), ""
+        obj = self._caches.configs.store.get(name)
+        if obj is None:
+            return None, f"{ATOMIC_CONFIG.kind} {name!r} not found"
+        try:
+            return parse_spec(obj.get("spec")), ""
+        except ValueError as e:
+            return None, f"{ATOMIC_CONFIG.kind} {name!r}: {e}"
+
+    async def _apply(self, obj: Obj, decision: GroupDecision) -> bool:
+        group = pod_group_of(obj)
+        ns = group.ref.namespace
+        for action in decision.actions:
+            try:
+                await self._applier.apply(ns, action)
+            except StaleDecisionError as e:
+                log.info("decision dropped: %s", e, extra={"object": str(group.ref)})
+                return False
+        if decision.status:
+            await self._write_status(obj, decision.status)
+        for event in decision.events:
+            await self._events.emit(event.about or group.ref, event)
+        return True
+
+    async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
+        """Merge our annotations into the group (an empty value removes one)."""
+        meta = obj["metadata"]
+        informer = self._caches.pod_groups[pod_group_of(obj).api_group]
+        patch = {"metadata": {"annotations": {k: (v or None) for k, v in status.items()}}}
+        try:
+            updated = await self._kube.merge_patch(
+                informer.resource, meta["name"], patch, meta["namespace"]
+            )
+        except NotFoundError:
+            return
+        informer.store.put_if_newer(updated)
+
+    async def _without_group(self, api_group: str, short: str, namespace: str, name: str) -> None:
+        """The group is gone, or was never made: delete what gangcheck made for it, and say
+        on every member it holds why it waits."""
+        key = f"{short}/{name}"
+        for req in self._caches.requests_of_group(namespace, key):
+            await self._applier.apply(
+                namespace, podgroup.delete_request(request_of(req), "PodGroup deleted")
+            )
+        served = api_group in self._caches.pod_groups
+        for pod in self._caches.members_of(namespace, api_group, name):
+            if is_gated(pod):
+                await self._note_missing(pod, api_group, name, served=served)
+
+    async def _note_missing(self, pod: Obj, api_group: str, name: str, *, served: bool) -> None:
+        text = podgroup.missing_group_message(api_group, name, served=served)
+        meta = pod["metadata"]
+        if (meta.get("annotations") or {}).get(podgroup.MESSAGE_ANNOTATION) == text:
+            return
+        patch = {"metadata": {"annotations": {podgroup.MESSAGE_ANNOTATION: text}}}
+        try:
+            updated = await self._kube.merge_patch(POD, meta["name"], patch, meta["namespace"])
+        except (NotFoundError, ConflictError):
+            return
+        self._caches.pods.store.put_if_newer(updated)
+        ref = ObjectRef("Pod", meta["namespace"], meta["name"], meta.get("uid", ""), "v1")
+        await self._events.emit(ref, Event("PodGroupNotFound", text, warning=True))

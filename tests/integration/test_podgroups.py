@@ -1,0 +1,341 @@
+"""The PodGroup provisioner on a real API server (1.37, GenericWorkload on, scheduler-plugins
+PodGroup CRD installed). The test plays the webhook (members are created gated, as it makes
+them; test_webhook.py proves the webhook itself and one test here runs both) and the
+autoscaler (it sets the request's conditions and adds the nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gangcheck.app import Controller
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import (
+    ATOMIC_CONFIG,
+    NAMESPACE,
+    NODE,
+    PLUGINS_POD_GROUP,
+    POD,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
+from gangcheck.logic.actions import CONSUME_ANNOTATION
+from gangcheck.logic.fulfillment import ARRIVED_FOR
+from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroup import (
+    ATTEMPT_ANNOTATION,
+    CONFIG_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
+)
+from gangcheck.reconcile.podgroup import PodGroupOptions
+from tests.builders import container
+from tests.integration.harness import Cluster, eventually
+
+Obj = dict[str, Any]
+RACK = "topology.example.com/rack"
+
+
+class Groups:
+    """PodGroups and their members in the test's namespace (opted in to gating)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.kube: Kube = cluster.kube
+        self.ns = cluster.ns
+
+    async def opt_in(self) -> None:
+        patch = {"metadata": {"labels": {OPT_IN_LABEL: OPT_IN_VALUE}}}
+        await self.kube.merge_patch(NAMESPACE, self.ns, patch)
+
+    async def upstream(
+        self, name: str, min_count: int, *, topology: str = "", annotations: Obj | None = None
+    ) -> Obj:
+        spec: Obj = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+        if topology:
+            spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
+        meta: Obj = {"name": name, "namespace": self.ns, "annotations": annotations or {}}
+        return await self.kube.create(UPSTREAM_POD_GROUP_V1BETA1, {"metadata": meta, "spec": spec})
+
+    async def basic(self, name: str) -> Obj:
+        body = {
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"schedulingPolicy": {"basic": {}}},
+        }
+        return await self.kube.create(UPSTREAM_POD_GROUP_V1BETA1, body)
+
+    async def coscheduling(self, name: str, min_member: int) -> Obj:
+        body = {"metadata": {"name": name, "namespace": self.ns}, "spec": {"minMember": min_member}}
+        return await self.kube.create(PLUGINS_POD_GROUP, body)
+
+    async def member(
+        self, name: str, group: str, *, plugins: bool = False, gated: bool = True, gpu: int = 1
+    ) -> Obj:
+        """A member pod, as the webhook leaves it: gated (unless told otherwise)."""
+        spec: Obj = {
+            "containers": [container(gpu=gpu)],
+            "restartPolicy": "Never",
+            "nodeSelector": dict(self.cluster.pool),
+        }
+        meta: Obj = {"name": name, "namespace": self.ns}
+        if plugins:
+            meta["labels"] = {"scheduling.x-k8s.io/pod-group": group}
+        else:
+            spec["schedulingGroup"] = {"podGroupName": group}
+        if gated:
+            spec["schedulingGates"] = [{"name": GATE}]
+        return await self.kube.create(POD, {"metadata": meta, "spec": spec})
+
+    async def pod(self, name: str) -> Obj:
+        return await self.kube.get(POD, name, self.ns)
+
+    async def group(self, name: str, *, plugins: bool = False) -> Obj:
+        res = PLUGINS_POD_GROUP if plugins else UPSTREAM_POD_GROUP_V1BETA1
+        return await self.kube.get(res, name, self.ns)
+
+    async def wait_state(
+        self, name: str, state: str, *, plugins: bool = False, timeout: float = 20
+    ) -> Obj:
+        async def probe() -> Obj | None:
+            obj = await self.group(name, plugins=plugins)
+            notes = obj["metadata"].get("annotations") or {}
+            return obj if notes.get(STATE_ANNOTATION) == state else None
+
+        return await eventually(probe, timeout=timeout, what=f"PodGroup {name} {state}")
+
+    async def gated(self, *names: str) -> list[bool]:
+        pods = [await self.pod(n) for n in names]
+        return [
+            any(g["name"] == GATE for g in p["spec"].get("schedulingGates") or []) for p in pods
+        ]
+
+
+@pytest.fixture
+async def groups(cluster: Cluster) -> Groups:
+    g = Groups(cluster)
+    await g.opt_in()
+    return g
+
+
+@pytest.fixture
+async def provisioner(control_plane: Any) -> AsyncIterator[Controller]:
+    """gangcheck's controller with the PodGroup provisioner, once it knows the served APIs."""
+    async with controller_running(str(control_plane.kubeconfig)) as c:
+        yield c
+
+
+@contextlib.asynccontextmanager
+async def controller_running(
+    kubeconfig: str, options: PodGroupOptions | None = None
+) -> AsyncIterator[Controller]:
+    kube = await Kube.connect(kubeconfig)
+    controller = Controller(
+        kube, workers=2, watch_timeout=30, pod_groups=options or PodGroupOptions()
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.wait_for(controller.caches.wait_synced(), 20)
+
+        async def discovered() -> bool:
+            return controller.served_pod_groups is not None
+
+        await eventually(discovered, what="PodGroup APIs discovered")
+        yield controller
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await kube.close()
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+async def test_the_server_serves_both_podgroup_apis(provisioner: Controller) -> None:
+    served = provisioner.served_pod_groups
+    assert served is not None
+    assert served.upstream == UPSTREAM_POD_GROUP_V1BETA1
+    assert served.plugins == PLUGINS_POD_GROUP
+
+
+async def test_a_gang_that_fits_on_existing_nodes_is_released_together_without_a_request(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.cluster.add_nodes(2, gpu=2)
+    await groups.upstream("train", 3)
+    for i in range(2):
+        await groups.member(f"train-{i}", "train")
+
+    async def two_of_three() -> Obj | None:
+        obj = await groups.group("train")
+        return obj if "2 of 3 exist" in _annotations(obj).get(MESSAGE_ANNOTATION, "") else None
+
+    waiting = await eventually(two_of_three, what="waiting for the third member")
+    assert _annotations(waiting)[STATE_ANNOTATION] == "WaitingForMembers"
+    assert await groups.gated("train-0", "train-1") == [True, True]
+
+    await groups.member("train-2", "train")
+    released = await groups.wait_state("train", "Released")
+    assert "fits on nodes that exist" in _annotations(released)[MESSAGE_ANNOTATION]
+    assert await groups.gated("train-0", "train-1", "train-2") == [False, False, False]
+    assert await groups.cluster.requests() == []
+    assert await groups.cluster.events("GangReleased")
+
+
+async def test_coscheduling_gang_gets_one_request_and_is_released_when_nodes_exist(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.coscheduling("ddp", 3)
+    for i in range(3):
+        await groups.member(f"ddp-{i}", "ddp", plugins=True)
+    request = await groups.cluster.wait_request("ddp-coscheduling-1")
+    assert [p["count"] for p in request["spec"]["podSets"]] == [3]  # identical: one pod set
+    templates = await groups.cluster.templates()
+    assert len(templates) == 1
+    assert GATE not in str(templates[0]["template"]["spec"].get("schedulingGates"))
+    await groups.wait_state("ddp", "Provisioning", plugins=True)
+
+    # As the autoscaler: Provisioned, and the nodes arrive.
+    await groups.cluster.set_request_conditions("ddp-coscheduling-1", {"Provisioned": "ok"})
+    assert await groups.gated("ddp-0", "ddp-1", "ddp-2") == [True, True, True]
+    await groups.cluster.add_nodes(3, gpu=1)
+    await groups.wait_state("ddp", "Released", plugins=True)
+    pods = [await groups.pod(f"ddp-{i}") for i in range(3)]
+    assert all(_annotations(p)[CONSUME_ANNOTATION] == "ddp-coscheduling-1" for p in pods)
+    assert await groups.gated("ddp-0", "ddp-1", "ddp-2") == [False, False, False]
+    nodes = await groups.cluster.nodes()
+    assert {_annotations(n).get(ARRIVED_FOR) for n in nodes} == {f"{groups.ns}/ddp-coscheduling-1"}
+
+
+async def test_partial_delivery_is_rolled_back_and_retried_with_backoff(
+    groups: Groups, provisioner: Controller
+) -> None:
+    config = f"pg-{groups.ns}"
+    spec = {
+        "fulfillment": {"deadlineSeconds": 3, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 1},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
+        await groups.member("big-0", "big", gpu=2)
+        await groups.member("big-1", "big", gpu=2)
+        await groups.cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
+        arrived = await groups.cluster.add_nodes(1, gpu=2)  # one of two
+
+        async def second_attempt() -> Obj | None:
+            obj = await groups.group("big")
+            return obj if _annotations(obj).get(ATTEMPT_ANNOTATION) == "2" else None
+
+        backing_off = await eventually(second_attempt, timeout=30, what="attempt 2")
+        assert "rolled back big-pg-1" in _annotations(backing_off)[MESSAGE_ANNOTATION]
+        await groups.cluster.wait_request_gone("big-pg-1")
+        with pytest.raises(NotFoundError):
+            await groups.kube.get(NODE, arrived[0])  # the node that came for it: reclaimed
+        assert await groups.gated("big-0", "big-1") == [True, True]
+        second = await groups.cluster.wait_request("big-pg-2", timeout=20)
+        assert second["metadata"]["annotations"][ATTEMPT_ANNOTATION] == "2"
+        assert await groups.cluster.events("RolledBack")
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_required_rack_topology_refuses_a_spread_gang_and_pins_the_rack(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.cluster.add_nodes(2, gpu=1, labels={RACK: "a"})
+    await groups.cluster.add_nodes(2, gpu=1, labels={RACK: "b"})
+    await groups.upstream("tp", 3, topology=RACK)
+    for i in range(3):
+        await groups.member(f"tp-{i}", "tp")
+    # 4 free GPUs, but no rack has 3: not released; capacity is requested instead.
+    await groups.cluster.wait_request("tp-pg-1")
+    await groups.cluster.set_request_conditions("tp-pg-1", {"Provisioned": "ok"})
+
+    async def says_rack() -> Obj | None:
+        obj = await groups.group("tp")
+        return obj if RACK in _annotations(obj).get(MESSAGE_ANNOTATION, "") else None
+
+    refused = await eventually(says_rack, what="the rack named in the message")
+    assert "one topology.example.com/rack domain" in _annotations(refused)[MESSAGE_ANNOTATION]
+    assert await groups.gated("tp-0", "tp-1", "tp-2") == [True, True, True]
+
+    await groups.cluster.add_nodes(1, gpu=1, labels={RACK: "b"})  # rack b now has room
+    await groups.wait_state("tp", "Released")
+    pods = [await groups.pod(f"tp-{i}") for i in range(3)]
+    assert {p["spec"]["nodeSelector"][RACK] for p in pods} == {"b"}
+    assert await groups.gated("tp-0", "tp-1", "tp-2") == [False, False, False]
+
+
+async def test_a_member_created_without_the_gate_is_reported(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.upstream("leaky", 2)
+    await groups.member("leaky-0", "leaky")
+    await groups.member("leaky-1", "leaky", gated=False)  # as if the webhook was down
+
+    async def reported() -> Obj | None:
+        obj = await groups.group("leaky")
+        return obj if _annotations(obj).get(UNGATED_ANNOTATION) == "leaky-1" else None
+
+    await eventually(reported, what="the ungated member recorded")
+    events = await groups.cluster.events("MemberNotGated")
+    assert {e["involvedObject"]["kind"] for e in events} == {"PodGroup", "Pod"}
+    assert any("leaky-1" in e["message"] for e in events)
+
+
+async def test_a_member_naming_a_missing_podgroup_says_why_it_waits(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.member("lost-0", "nowhere")
+
+    async def noted() -> Obj | None:
+        pod = await groups.pod("lost-0")
+        return pod if MESSAGE_ANNOTATION in _annotations(pod) else None
+
+    pod = await eventually(noted, what="a reason on the pod")
+    assert "'nowhere'" in _annotations(pod)[MESSAGE_ANNOTATION]
+    assert "does not exist" in _annotations(pod)[MESSAGE_ANNOTATION]
+    assert await groups.cluster.events("PodGroupNotFound")
+
+    await groups.cluster.add_nodes(1, gpu=1)
+    await groups.upstream("nowhere", 1)  # the group appears: the gang goes ahead
+    await groups.wait_state("nowhere", "Released")
+
+
+async def test_a_basic_podgroup_is_no_gang_and_its_members_are_released(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.basic("solo")
+    await groups.member("solo-0", "solo")
+    await groups.wait_state("solo", "NotAGang")
+    assert await groups.gated("solo-0") == [False]
+
+
+async def test_a_gang_larger_than_one_request_may_carry_fails_with_a_reason(
+    groups: Groups, control_plane: Any
+) -> None:
+    options = PodGroupOptions(max_members=4)
+    async with controller_running(str(control_plane.kubeconfig), options):
+        await groups.upstream("huge", 5)
+        await groups.member("huge-0", "huge")
+        failed = await groups.wait_state("huge", "Failed")
+    assert "minCount 5 exceeds the 4 members" in _annotations(failed)[MESSAGE_ANNOTATION]
+    assert await groups.cluster.events("GangTooLarge")
+    assert await groups.cluster.requests() == []
+
+
+async def test_a_missing_config_blocks_with_a_reason(
+    groups: Groups, provisioner: Controller
+) -> None:
+    await groups.upstream("cfg", 1, annotations={CONFIG_ANNOTATION: "does-not-exist"})
+    await groups.member("cfg-0", "cfg")
+    blocked = await groups.wait_state("cfg", "Blocked")
+    assert "'does-not-exist' not found" in _annotations(blocked)[MESSAGE_ANNOTATION]
+    assert await groups.gated("cfg-0") == [True]
