@@ -86,6 +86,8 @@ class Controller:
         self._group_tasks: dict[str, asyncio.Task[None]] = {}
         applier.metrics = self.workload_reconciler.metrics = self.metrics
         self.node_reconciler.metrics = self.metrics
+        if self.group_reconciler is not None:
+            self.group_reconciler.metrics = self.metrics
         self._wire()
 
     async def run(self) -> None:

@@ -91,6 +91,14 @@ class Metrics:
             "gangcheck_provisioned_to_fit_seconds",
             description="Provisioned=True to the whole gang fitting on nodes",
         )
+        self._members = meter.create_counter(
+            "gangcheck_gang_members",
+            description=(
+                "Members of gangs made ready, by the capacity they use: reserved (placed on "
+                "reservation-backed nodes), existing (other nodes that were there), new "
+                "(asked for)"
+            ),
+        )
         self._reconcile = meter.create_histogram(
             "gangcheck_reconcile_duration_seconds", description="Reconcile latency"
         )
@@ -111,6 +119,10 @@ class Metrics:
     def reclaimed(self, nodes: int, node_seconds: int) -> None:
         self._reclaimed.add(nodes)
         self._stranded.add(node_seconds)
+
+    def capacity_used(self, used: Mapping[str, int]) -> None:
+        for capacity, members in used.items():
+            self._members.add(members, {"capacity": capacity})
 
     def api_error(self, status: int) -> None:
         self._api_errors.add(1, {"code": str(status)})

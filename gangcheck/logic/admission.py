@@ -38,7 +38,16 @@ from gangcheck.logic.actions import (
     Event,
     Obj,
 )
-from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, request_key
+from gangcheck.logic.fulfillment import (
+    RESERVED_ANNOTATION,
+    Capacity,
+    GangSpec,
+    assess,
+    capacity_used,
+    request_key,
+    reservations_of,
+    reserved_split,
+)
 from gangcheck.logic.podsets import (
     MergedPodSet,
     merge_pod_sets,
@@ -47,6 +56,7 @@ from gangcheck.logic.podsets import (
     request_parameters,
     required_pod_sets,
 )
+from gangcheck.logic.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import (
     CheckState,
@@ -91,6 +101,8 @@ class Decision:
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
+    capacity_used: Mapping[str, int] | None = None
+    """When the gang turns Ready: its members by the capacity they use (reserved, new)."""
 
 
 def decide(snap: Snapshot, now: datetime) -> Decision:
@@ -238,9 +250,23 @@ def _create(
             f"waiting for ResourceFlavor {', '.join(missing)} (named by the admission, not found)"
         )
         return replace(_transition(state, PENDING, message, now), requeue_after=10.0)
+    reserved = 0
+    if snap.config.reservations:
+        split = reserved_split(snap.capacity, gang_templates(snap), reservations_of(snap.config))
+        if not split.remainder:
+            message = f"the whole gang fits on reserved capacity: {describe(split)}"
+            ready = _transition(state, READY, message, now, pod_set_updates=())
+            return replace(ready, capacity_used={"reserved": split.reserved_members})
+        reserved = split.reserved_members
+        merged = [
+            replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
+        ]
     templates = _new_templates(snap, name, merged)
     request = _request_body(snap, state, name, merged, now)
+    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
     message = f"provisioning request {name} created for {sum(m.count for m in merged)} pods"
+    if reserved:
+        message += f" ({reserved} more placed on reserved capacity)"
     decision = _transition(state, PENDING, message, now)
     return replace(
         decision,
@@ -548,6 +574,7 @@ def _ready(
     """Ready, and the request marked fulfilled: it no longer claims or holds back new nodes."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
+    decision = replace(decision, capacity_used=capacity_used(req))
     if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
         return decision
     fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})

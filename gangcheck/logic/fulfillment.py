@@ -21,13 +21,17 @@ from gangcheck.logic.fit import (
     member_from_template,
     node_view,
 )
+from gangcheck.logic.reservations import Reservation, ReservedSplit, split_gang
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.topology import TopologyFit, fit_in_domains
 from gangcheck.model.objects import ProvisioningRequest
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 Obj = dict[str, Any]
 
 ARRIVED_FOR = "gangcheck.io/arrived-for"
+RESERVED_ANNOTATION = "gangcheck.io/reserved-members"
+"""On a request: members of its gang placed on reserved capacity (not asked for)."""
 OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
 
 
@@ -197,3 +201,28 @@ def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Me
         return False
     view: NodeView = node_view(node)
     return any(could_be_made_for(m, view) for m in members)
+
+
+def reserved_split(
+    capacity: Capacity | None, gang: GangSpec, reservations: Sequence[Reservation]
+) -> ReservedSplit:
+    """How much of the gang the reserved nodes no in-flight request claims can take now."""
+    capacity = capacity or Capacity()
+    free = [
+        node_view(n)
+        for n in capacity.nodes
+        if not claim_of(n) or claim_of(n) not in capacity.in_flight
+    ]
+    return split_gang(gang_of(gang.pod_sets), free, capacity.pods, reservations)
+
+
+def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:
+    return tuple(Reservation(r.name, r.node_labels, r.nodes) for r in config.reservations)
+
+
+def capacity_used(req: ProvisioningRequest) -> dict[str, int]:
+    """A fulfilled request's gang by capacity: reserved (placed before asking) and new."""
+    raw = req.annotations.get(RESERVED_ANNOTATION, "0")
+    reserved = int(raw) if raw.isdigit() else 0
+    used = {"new": sum(p.count for p in req.pod_sets)}
+    return {**used, "reserved": reserved} if reserved else used

@@ -41,7 +41,17 @@ from gangcheck.logic.actions import (
     Obj,
     ReleaseMembers,
 )
-from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, fits_now, request_key
+from gangcheck.logic.fulfillment import (
+    RESERVED_ANNOTATION,
+    Capacity,
+    GangSpec,
+    assess,
+    capacity_used,
+    fits_now,
+    request_key,
+    reservations_of,
+    reserved_split,
+)
 from gangcheck.logic.gating import GATE, is_gated
 from gangcheck.logic.podsets import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.timefmt import format_time, parse_time
@@ -106,6 +116,8 @@ class GroupDecision:
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
+    capacity_used: Mapping[str, int] | None = None
+    """When the gang is released: its members by capacity (reserved, existing, new)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +195,25 @@ def _first(
     snap: GroupSnapshot, members: _Members, gang: GangSpec, name: str, now: datetime
 ) -> GroupDecision:
     """No request yet: release at once if the gang fits on free nodes, else ask for capacity."""
+    assert snap.config is not None
+    reservations = reservations_of(snap.config)
+    split = reserved_split(snap.capacity, gang, reservations) if reservations else None
+    reserved = split.reserved_members if split else 0
     here = fits_now(snap.capacity, gang)
     if here.fits:
         message = f"the whole gang fits on nodes that exist: {here.summary}"
-        return _release(snap, members, None, here.domains, message, now=now)
-    assert snap.config is not None
+        released = _release(snap, members, None, here.domains, message, now=now)
+        used = {"reserved": reserved, "existing": here.total - reserved}
+        return replace(released, capacity_used={k: v for k, v in used.items() if v})
+    if split is not None:
+        gang = replace(
+            gang,
+            pod_sets=tuple(
+                (ps, split.remainder[ps], tpl)
+                for ps, _, tpl in gang.pod_sets
+                if ps in split.remainder
+            ),
+        )
     total = sum(count for _, count, _ in gang.pod_sets)
     templates = tuple(
         CreateTemplate(_template_body(snap, naming.template_name(name, ps), tpl))
@@ -195,7 +221,10 @@ def _first(
         if naming.template_name(name, ps) not in snap.templates
     )
     request = _request_body(snap, gang, name, now)
+    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
     message = f"provisioning request {name} created for {total} pods"
+    if reserved:
+        message += f" ({reserved} more placed on reserved capacity)"
     decision = _status(snap, PROVISIONING, message, now, request=name)
     event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
     return replace(
@@ -238,7 +267,11 @@ def _from_conditions(
             message = f"the whole gang fits on nodes that exist: {verdict.summary}"
             released = _release(snap, members, req, verdict.domains, message, now=now)
             fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
-            return replace(released, actions=(*claims, *released.actions, fulfilled))
+            return replace(
+                released,
+                actions=(*claims, *released.actions, fulfilled),
+                capacity_used=capacity_used(req),
+            )
         message = f"capacity requested, not yet usable: {verdict.summary}"
         return replace(
             _status(snap, PROVISIONING, message, now, request=req.name),

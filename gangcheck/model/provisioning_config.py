@@ -77,6 +77,14 @@ class Fulfillment(_Spec):
     reclaimer: Reclaimer = Reclaimer.CORDON
 
 
+class ReservationSpec(_Spec):
+    """Reservation-backed capacity: up to `nodes` nodes carrying all of `nodeLabels`."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    node_labels: Annotated[dict[str, str], Field(alias="nodeLabels", min_length=1)]
+    nodes: Annotated[int, Field(ge=1)]
+
+
 class AtomicProvisioningSpec(_Spec):
     provisioning_class_name: Annotated[
         str, Field(alias="provisioningClassName", min_length=1, max_length=253)
@@ -94,6 +102,7 @@ class AtomicProvisioningSpec(_Spec):
     retry_strategy: Annotated[RetryStrategy, Field(alias="retryStrategy")] = RetryStrategy()
     pod_set_updates: Annotated[PodSetUpdatesSpec | None, Field(alias="podSetUpdates")] = None
     fulfillment: Fulfillment = Fulfillment()
+    reservations: Annotated[tuple[ReservationSpec, ...], Field(max_length=16)] = ()
 
     @model_validator(mode="after")
     def _known_class(self) -> AtomicProvisioningSpec:

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.errors import ConflictError, NotFoundError
@@ -64,6 +65,7 @@ class PodGroupReconciler:
         self._applier = applier
         self._options = options or PodGroupOptions()
         self._clock = clock
+        self.metrics: Any = None
 
     async def reconcile(self, key: str) -> Result:
         short, namespace, name = key.split("/", 2)
@@ -128,6 +130,8 @@ class PodGroupReconciler:
                 return False
         if decision.status:
             await self._write_status(obj, decision.status)
+        if decision.capacity_used and self.metrics is not None:
+            self.metrics.capacity_used(decision.capacity_used)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)
         return True

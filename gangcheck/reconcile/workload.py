@@ -159,6 +159,8 @@ class WorkloadReconciler:
         before, after = wl.checks.get(check), decision.check
         if self.metrics is None or after is None or before is None or before.state == after.state:
             return
+        if decision.capacity_used:
+            self.metrics.capacity_used(decision.capacity_used)
         self.metrics.attempt(after.state.lower())
         reserved = wl.conditions.get("QuotaReserved")
         since = parse_time(reserved.last_transition_time) if reserved else None

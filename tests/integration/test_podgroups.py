@@ -339,3 +339,35 @@ async def test_a_missing_config_blocks_with_a_reason(
     blocked = await groups.wait_state("cfg", "Blocked")
     assert "'does-not-exist' not found" in _annotations(blocked)[MESSAGE_ANNOTATION]
     assert await groups.gated("cfg-0") == [True]
+
+
+async def test_reserved_capacity_is_used_before_new_capacity_is_requested(
+    groups: Groups, provisioner: Controller
+) -> None:
+    reservation = {"reservation.example.com/name": f"r-{groups.ns}"}
+    config = f"res-{groups.ns}"
+    spec = {"reservations": [{"name": "r1", "nodeLabels": reservation, "nodes": 2}]}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.cluster.add_nodes(3, gpu=1, labels=reservation)  # only 2 are reserved
+        await groups.upstream("res", 5, annotations={CONFIG_ANNOTATION: config})
+        for i in range(5):
+            await groups.member(f"res-{i}", "res")
+        request = await groups.cluster.wait_request("res-pg-1")
+        # 5 members: 2 on the reservation, 1 on the third labelled node (there, not reserved)
+        # is not counted as reserved, so 3 are asked for.
+        assert [p["count"] for p in request["spec"]["podSets"]] == [3]
+        assert _annotations(request)["gangcheck.io/reserved-members"] == "2"
+        created = [e["message"] for e in await groups.cluster.events("Provisioning")]
+        assert created == [
+            "provisioning request res-pg-1 created for 3 pods (2 more placed on reserved capacity)"
+        ]
+
+        await groups.cluster.set_request_conditions("res-pg-1", {"Provisioned": "ok"})
+        await groups.cluster.add_nodes(2, gpu=1)
+        await groups.wait_state("res", "Released")
+        scraped = provisioner.metrics.render()
+        assert 'gangcheck_gang_members_total{capacity="reserved"} 2' in scraped
+        assert 'gangcheck_gang_members_total{capacity="new"} 3' in scraped
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
