@@ -1,0 +1,419 @@
+"""Table tests of the PodGroup provisioner's decision, one narrative case each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic import naming
+from gangcheck.logic.actions import (
+    CONSUME_ANNOTATION,
+    AnnotateRequest,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    ReclaimArrivals,
+    ReleaseMembers,
+)
+from gangcheck.logic.fulfillment import Capacity
+from gangcheck.logic.gating import GATE
+from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.model.objects import request_of
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import container, node, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+LATER = "2026-11-30T10:20:00Z"
+RACK = "rack"
+Obj = dict[str, Any]
+
+
+def group(
+    min_count: int = 3,
+    *,
+    annotations: dict[str, str] | None = None,
+    topology: str = "",
+    plugins: bool = False,
+    basic: bool = False,
+) -> Obj:
+    meta = {"name": "g", "namespace": "default", "uid": "uid-g", "annotations": annotations or {}}
+    if plugins:
+        return {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": meta,
+            "spec": {"minMember": min_count},
+        }
+    policy: Obj = {"basic": {}} if basic else {"gang": {"minCount": min_count}}
+    spec: Obj = {"schedulingPolicy": policy}
+    if topology:
+        spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": meta,
+        "spec": spec,
+    }
+
+
+def member(i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "") -> Obj:
+    spec: Obj = {"containers": [container(gpu=gpu)], "schedulingGroup": {"podGroupName": "g"}}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"name": f"m{i}", "namespace": "default"}, "spec": spec}
+
+
+def members(count: int, **kw: Any) -> list[Obj]:
+    return [member(i, **kw) for i in range(count)]
+
+
+REQ1 = "g-pg-1"
+TPL1 = naming.template_name(REQ1, "ps-0")
+
+
+def req(name: str = REQ1, *, conditions: dict[str, str] | None = None, **kw: Any) -> Any:
+    annotations = {
+        "gangcheck.io/pod-group": "pg/g",
+        "gangcheck.io/pod-group-uid": "uid-g",
+        "gangcheck.io/fulfillment-deadline": kw.pop("deadline", LATER),
+        **kw.pop("annotations", {}),
+    }
+    return provisioning_request(
+        name,
+        conditions=conditions,
+        templates=[(TPL1, kw.pop("count", 3))],
+        annotations=annotations,
+        **kw,
+    )
+
+
+@dataclass
+class Case:
+    id: str
+    group: Obj
+    members: list[Obj]
+    config: dict[str, Any] | None = field(default_factory=dict)
+    config_problem: str = ""
+    requests: list[Any] = field(default_factory=list)
+    nodes: list[Obj] = field(default_factory=list)
+    max_members: int = 5000
+    opted_in: bool = True
+    # expectations
+    state: str | None = None  # None: no state written
+    message: str = ""
+    released: tuple[str, ...] | None = None
+    consume: str | None = None
+    pins: dict[str, str] = field(default_factory=dict)
+    request_counts: list[int] | None = None
+    deletes: tuple[str, ...] = ()
+    reclaims: bool = False
+    events: tuple[str, ...] = ()
+    status: dict[str, str] = field(default_factory=dict)
+
+
+CASES = [
+    Case(
+        "fewer members than minCount: waits, says how many",
+        group(3),
+        members(2),
+        state="WaitingForMembers",
+        message="waiting for members: 2 of 3 exist",
+    ),
+    Case(
+        "the gang fits on free nodes: released together, no request",
+        group(3),
+        members(3),
+        nodes=[node("n1", gpu=2), node("n2", gpu=1)],
+        state="Released",
+        message="the whole gang fits on nodes that exist",
+        released=("m0", "m1", "m2"),
+        events=("Released", "GangReleased"),
+    ),
+    Case(
+        "no room: one request, identical members in one pod set",
+        group(3),
+        members(3),
+        state="Provisioning",
+        message="provisioning request g-pg-1 created for 3 pods",
+        request_counts=[3],
+    ),
+    Case(
+        "two kinds of members: two pod sets",
+        group(3),
+        [member(0, gpu=2), member(1), member(2, gpu=2)],
+        state="Provisioning",
+        request_counts=[2, 1],
+    ),
+    Case(
+        "scheduler-plugins group: minMember is the gang size",
+        group(2, plugins=True),
+        [
+            {
+                **member(i),
+                "metadata": {
+                    "name": f"m{i}",
+                    "namespace": "default",
+                    "labels": {"scheduling.x-k8s.io/pod-group": "g"},
+                },
+            }
+            for i in range(2)
+        ],
+        state="Provisioning",
+        message="provisioning request g-coscheduling-1 created for 2 pods",
+    ),
+    Case(
+        "provisioned and the nodes exist: released, consuming the request",
+        group(3, annotations={"gangcheck.io/state": "Provisioning"}),
+        members(3),
+        requests=[req(conditions={"Provisioned": "ok"})],
+        nodes=[node("n1", gpu=3)],
+        state="Released",
+        released=("m0", "m1", "m2"),
+        consume=REQ1,
+    ),
+    Case(
+        "provisioned, nodes not there yet: keeps waiting, says so",
+        group(3, annotations={"gangcheck.io/state": "Provisioning"}),
+        members(3),
+        requests=[req(conditions={"Provisioned": "ok"})],
+        nodes=[node("n1", gpu=1)],
+        state="Provisioning",
+        message="capacity requested, not yet usable: 1 of 3 members placeable",
+    ),
+    Case(
+        "deadline passed without the gang fitting: rollback starts",
+        group(3, annotations={"gangcheck.io/state": "Provisioning"}),
+        members(3),
+        requests=[req(conditions={"Provisioned": "ok"}, deadline="2026-11-30T10:00:00Z")],
+        events=("RollbackStarted",),
+    ),
+    Case(
+        "rolling back, nothing reclaimed yet: reclaim",
+        group(3),
+        members(3),
+        requests=[req(annotations={"gangcheck.io/phase": "RollingBack"})],
+        reclaims=True,
+    ),
+    Case(
+        "rolled back: delete the request, attempt 2 after the backoff",
+        group(3),
+        members(3),
+        requests=[
+            req(
+                annotations={
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "Deadline: x",
+                    "gangcheck.io/outcome": '{"reclaimed": ["n9"], "heldSeconds": 60}',
+                }
+            )
+        ],
+        state="BackingOff",
+        message="attempt 2 at 2026-11-30T10:06:00Z: rolled back g-pg-1 (Deadline: x)",
+        deletes=(REQ1,),
+        status={
+            "gangcheck.io/attempt": "2",
+            "gangcheck.io/next-attempt-at": "2026-11-30T10:06:00Z",
+        },
+        events=("RolledBack",),
+    ),
+    Case(
+        "the last attempt rolled back: gives up, members stay gated with the reason",
+        group(3, annotations={"gangcheck.io/attempt": "4"}),
+        members(3),
+        requests=[
+            req(
+                "g-pg-4",
+                annotations={
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "Deadline: x",
+                    "gangcheck.io/outcome": "{}",
+                },
+            )
+        ],
+        state="GaveUp",
+        message="gave up after attempt 4",
+        deletes=("g-pg-4",),
+    ),
+    Case(
+        "backing off: no request before the time",
+        group(3, annotations={"gangcheck.io/attempt": "2", "gangcheck.io/next-attempt-at": LATER}),
+        members(3),
+    ),
+    Case(
+        "a required rack: spread capacity does not count",
+        group(3, topology=RACK),
+        members(3),
+        nodes=[
+            node("a1", gpu=2, labels={RACK: "a"}),
+            node("b1", gpu=2, labels={RACK: "b"}),
+        ],
+        state="Provisioning",
+        request_counts=[3],
+    ),
+    Case(
+        "a required rack with room: released, pinned to it",
+        group(3, topology=RACK),
+        members(3),
+        nodes=[
+            node("a1", gpu=2, labels={RACK: "a"}),
+            node("b1", gpu=3, labels={RACK: "b"}),
+        ],
+        state="Released",
+        released=("m0", "m1", "m2"),
+        pins={RACK: "b"},
+    ),
+    Case(
+        "reservations first: the request asks for the rest",
+        group(3),
+        members(3),
+        config={"reservations": [{"name": "r", "nodeLabels": {"res": "r"}, "nodes": 1}]},
+        nodes=[node("r1", gpu=2, labels={"res": "r"})],
+        state="Provisioning",
+        message="created for 1 pods (2 more placed on reserved capacity)",
+        request_counts=[1],
+    ),
+    Case(
+        "basic policy: no gang, released at once",
+        group(basic=True),
+        members(1),
+        state="NotAGang",
+        released=("m0",),
+    ),
+    Case(
+        "a gang bigger than one request may carry: failed, named",
+        group(10),
+        members(1),
+        max_members=4,
+        state="Failed",
+        message="minCount 10 exceeds the 4 members",
+        events=("GangTooLarge",),
+    ),
+    Case(
+        "no usable config: blocked with its problem",
+        group(1),
+        members(1),
+        config=None,
+        config_problem="AtomicProvisioningConfig 'x' not found",
+        state="Blocked",
+        message="'x' not found",
+        events=("ConfigProblem",),
+    ),
+    Case(
+        "a member without the gate: reported once, by name",
+        group(2),
+        [member(0), member(1, gated=False)],
+        status={"gangcheck.io/ungated-members": "m1"},
+        events=("MemberNotGated", "MemberNotGated", "Provisioning", "ProvisioningRequestCreated"),
+        state="Provisioning",
+    ),
+    Case(
+        "ungated members of a group gangcheck never held, outside opted-in namespaces: silent",
+        group(2),
+        members(2, gated=False),
+        opted_in=False,
+    ),
+    Case(
+        "released and every member running: the request is marked started",
+        group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
+        members(2, gated=False, node_name="n1"),
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+    ),
+    Case(
+        "released, a late member gated: released too, consuming the request",
+        group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
+        [member(0, gated=False, node_name="n1"), member(1, gated=False, node_name="n1"), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        released=("m2",),
+        consume=REQ1,
+    ),
+    Case(
+        "the group is deleted: its requests are deleted",
+        {**group(2), "metadata": {**group(2)["metadata"], "deletionTimestamp": LATER}},
+        members(2),
+        requests=[req()],
+        deletes=(REQ1,),
+    ),
+]
+
+
+def _decide(case: Case) -> GroupDecision:
+    snap = GroupSnapshot(
+        group=pod_group_of(case.group),
+        members=tuple(case.members),
+        config=None if case.config is None else parse_spec(case.config),
+        config_problem=case.config_problem,
+        requests=tuple(request_of(r) for r in case.requests),
+        capacity=Capacity(nodes=tuple(case.nodes)),
+        max_members=case.max_members,
+        opted_in=case.opted_in,
+    )
+    return decide(snap, NOW)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_decide(case: Case) -> None:
+    decision = _decide(case)
+    written = dict(decision.status or {})
+    status = {**(case.group["metadata"].get("annotations") or {}), **written}
+    if case.state is None:
+        assert "gangcheck.io/state" not in written
+    else:
+        assert status.get("gangcheck.io/state") == case.state
+    assert case.message in status.get("gangcheck.io/message", "")
+    for key, value in case.status.items():
+        assert status.get(key) == value
+    releases = [a for a in decision.actions if isinstance(a, ReleaseMembers)]
+    if case.released is None:
+        assert releases == []
+    else:
+        assert [r.pods for r in releases] == [case.released]
+        assert releases[0].gate == GATE
+        assert releases[0].annotations.get(CONSUME_ANNOTATION) == case.consume
+        assert releases[0].node_selector == case.pins
+    created = [a for a in decision.actions if isinstance(a, CreateRequest)]
+    if case.request_counts is None:
+        assert created == [] or case.state == "Provisioning"
+    else:
+        counts = [p["count"] for p in created[0].body["spec"]["podSets"]]
+        assert counts == case.request_counts
+        templates = [a for a in decision.actions if isinstance(a, CreateTemplate)]
+        assert len(templates) == len(counts)
+        for t in templates:
+            spec = t.body["template"]["spec"]
+            assert "schedulingGates" not in spec
+            assert "schedulingGroup" not in spec
+    deletes = tuple(a.name for a in decision.actions if isinstance(a, DeleteRequest))
+    assert deletes == case.deletes
+    assert any(isinstance(a, ReclaimArrivals) for a in decision.actions) == case.reclaims
+    assert tuple(e.reason for e in decision.events) == case.events or not case.events
+
+
+def test_started_request_is_annotated_once_every_member_is_bound() -> None:
+    case = next(c for c in CASES if c.id.startswith("released and every member running"))
+    decision = _decide(case)
+    assert decision.actions == (AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}),)
+
+
+def test_the_same_state_is_not_written_twice() -> None:
+    case = CASES[0]
+    first = _decide(case)
+    assert first.status is not None
+    again = Case(case.id, group(3, annotations=dict(first.status)), case.members)
+    assert _decide(again) == GroupDecision(actions=())
+
+
+def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() -> None:
+    pod = member(0)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    pod["spec"]["nodeName"] = ""
+    decision = _decide(Case("dra", group(1), [pod]))
+    template = next(a for a in decision.actions if isinstance(a, CreateTemplate))
+    spec = template.body["template"]["spec"]
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    assert "nodeName" not in spec

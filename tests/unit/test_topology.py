@@ -1,0 +1,112 @@
+"""Table tests of the required-topology fit: one domain per constrained pod set, or the gang."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from gangcheck.logic.fit import GangPodSet, Member, NodeView, node_view
+from gangcheck.logic.topology import fit_in_domains
+from tests.builders import node
+
+RACK, ZONE = "rack", "zone"
+GPU = "nvidia.com/gpu"
+
+
+def gpus(n: int) -> Member:
+    return Member(requests={GPU: n * 10**9, "pods": 10**9})
+
+
+def rack_node(name: str, rack: str, gpu: int, zone: str = "z1") -> NodeView:
+    return node_view(node(name, gpu=gpu, labels={RACK: rack, ZONE: zone}))
+
+
+@dataclass
+class Case:
+    id: str
+    gang: list[GangPodSet]
+    nodes: list[NodeView]
+    required: dict[str, str] = field(default_factory=dict)
+    together: str = ""
+    fits: bool = True
+    domains: dict[str, tuple[str, str]] = field(default_factory=dict)
+    problem: str = ""
+
+
+TWO_RACKS = [rack_node("a1", "a", 2), rack_node("b1", "b", 2)]
+CASES = [
+    Case("no topology: spread is fine", [GangPodSet("w", 3, gpus(1))], TWO_RACKS),
+    Case(
+        "one rack required, none has room for all three",
+        [GangPodSet("w", 3, gpus(1))],
+        TWO_RACKS,
+        required={"w": RACK},
+        fits=False,
+        problem="pod set w needs all 3 members in one rack domain; best rack=a places 2",
+    ),
+    Case(
+        "one rack required, the second rack has room: pinned there",
+        [GangPodSet("w", 3, gpus(1))],
+        [rack_node("a1", "a", 2), rack_node("b1", "b", 2), rack_node("b2", "b", 1)],
+        required={"w": RACK},
+        domains={"w": (RACK, "b")},
+    ),
+    Case(
+        "two constrained pod sets may sit in different racks",
+        [GangPodSet("ps", 2, gpus(1)), GangPodSet("w", 2, gpus(1))],
+        TWO_RACKS,
+        required={"ps": RACK, "w": RACK},
+        domains={"ps": (RACK, "a"), "w": (RACK, "b")},
+    ),
+    Case(
+        "the whole gang together: one rack for every pod set",
+        [GangPodSet("ps", 2, gpus(1)), GangPodSet("w", 2, gpus(1))],
+        TWO_RACKS,
+        together=RACK,
+        fits=False,
+        problem="all 4 members need one rack domain; best rack=a places 2",
+    ),
+    Case(
+        "the whole gang together, a rack with room",
+        [GangPodSet("ps", 1, gpus(1)), GangPodSet("w", 2, gpus(1))],
+        [*TWO_RACKS, rack_node("b2", "b", 1)],
+        together=RACK,
+        domains={"ps": (RACK, "b"), "w": (RACK, "b")},
+    ),
+    Case(
+        "a level no node carries",
+        [GangPodSet("w", 1, gpus(1))],
+        TWO_RACKS,
+        required={"w": "block"},
+        fits=False,
+        problem="pod set w needs all 1 members in one block domain: no node has it",
+    ),
+    Case(
+        "a wider level holds what a narrow one cannot",
+        [GangPodSet("w", 3, gpus(1))],
+        TWO_RACKS,
+        required={"w": ZONE},
+        domains={"w": (ZONE, "z1")},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_fit_in_domains(case: Case) -> None:
+    result = fit_in_domains(case.gang, case.nodes, (), case.required, case.together)
+    assert result.fits == case.fits
+    assert result.problem == case.problem
+    if case.fits:
+        assert dict(result.domains) == case.domains
+        placed = {
+            name: case.nodes[[n.name for n in case.nodes].index(name)]
+            for name in result.result.placements
+        }
+        for node_name, pod_sets in result.result.placements.items():
+            for ps in pod_sets:
+                if ps in result.domains:
+                    key, value = result.domains[ps]
+                    assert placed[node_name].labels[key] == value
+    else:
+        assert result.problem in result.summary()
