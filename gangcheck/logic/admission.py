@@ -44,6 +44,7 @@ from gangcheck.logic.fulfillment import (
     GangSpec,
     assess,
     capacity_used,
+    dra_hint,
     request_key,
     reservations_of,
     reserved_split,
@@ -467,8 +468,10 @@ def _from_conditions(
 ) -> Decision:
     assert snap.config is not None
     conds, wl = req.conditions, snap.workload
+    hint = dra_hint(req, gang_templates(snap))
     if is_true(conds, "Failed"):
-        return _retry_or_reject(snap, state, "Retrying after failure", conds["Failed"].message, now)
+        detail = conds["Failed"].message + hint
+        return _retry_or_reject(snap, state, "Retrying after failure", detail, now)
     if is_true(conds, "CapacityRevoked"):
         return _transition(
             state, REJECTED, conds["CapacityRevoked"].message or "capacity revoked", now
@@ -480,7 +483,7 @@ def _from_conditions(
         return _provisioned(snap, state, req, now)
     if is_true(conds, "Accepted"):
         eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        accepted = eta or f"provisioning request {req.name} accepted"
+        accepted = (eta or f"provisioning request {req.name} accepted") + hint
         return replace(
             _transition(state, PENDING, accepted, now), requeue_after=_until_deadline(req, now)
         )

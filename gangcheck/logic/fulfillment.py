@@ -226,3 +226,21 @@ def capacity_used(req: ProvisioningRequest) -> dict[str, int]:
     reserved = int(raw) if raw.isdigit() else 0
     used = {"new": sum(p.count for p in req.pod_sets)}
     return {**used, "reserved": reserved} if reserved else used
+
+
+DRA_HINT = (
+    "; the gang uses DRA resource claims, which cluster-autoscaler cannot size for a "
+    "ProvisioningRequest (kubernetes/autoscaler#10065): capacity must come from nodes that "
+    "exist or another provisioner"
+)
+
+
+def dra_hint(req: ProvisioningRequest, gang: GangSpec) -> str:
+    """Said when the autoscaler found no capacity for a gang that uses DRA claims: it cannot
+    size them (kubernetes/autoscaler#10065), so waiting would be silent and endless."""
+    conds = req.conditions
+    not_found = any(
+        c in conds and conds[c].reason == "CapacityIsNotFound" for c in ("Provisioned", "Failed")
+    )
+    uses_dra = any((tpl.get("spec") or {}).get("resourceClaims") for _, _, tpl in gang.pod_sets)
+    return DRA_HINT if not_found and uses_dra else ""

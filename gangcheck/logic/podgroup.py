@@ -47,6 +47,7 @@ from gangcheck.logic.fulfillment import (
     GangSpec,
     assess,
     capacity_used,
+    dra_hint,
     fits_now,
     request_key,
     reservations_of,
@@ -77,11 +78,6 @@ GAVE_UP = "GaveUp"
 (``kubectl annotate podgroup NAME gangcheck.io/state-``) starts over."""
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 1024
-DRA_HINT = (
-    "; the gang uses DRA resource claims, which cluster-autoscaler cannot size for a "
-    "ProvisioningRequest (kubernetes/autoscaler#10065): capacity must come from nodes that "
-    "exist or another provisioner"
-)
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -283,8 +279,7 @@ def _from_conditions(
         message = (provisioned.message if provisioned else "") or f"{req.name} accepted"
     else:
         message = f"waiting for provisioning request {req.name} to be accepted"
-    if provisioned is not None and provisioned.reason == "CapacityIsNotFound" and _uses_dra(gang):
-        message += DRA_HINT
+    message += dra_hint(req, gang)
     return replace(
         _status(snap, PROVISIONING, message, now, request=req.name),
         requeue_after=_until_deadline(req, now),
@@ -605,10 +600,6 @@ def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
     deadline = rollback.deadline_of(req)
     left = (deadline - now).total_seconds() if deadline else 5.0
     return max(0.2, min(5.0, left))
-
-
-def _uses_dra(gang: GangSpec) -> bool:
-    return any((tpl.get("spec") or {}).get("resourceClaims") for _, _, tpl in gang.pod_sets)
 
 
 def _name(pod: Obj) -> str:

@@ -417,3 +417,26 @@ def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() 
     spec = template.body["template"]["spec"]
     assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
     assert "nodeName" not in spec
+
+
+def test_an_autoscaler_that_cannot_size_dra_claims_is_named_not_waited_on() -> None:
+    pod = member(0)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    request = req(conditions={"Accepted": "ok"}, count=1)
+    request["status"]["conditions"].append(
+        {
+            "type": "Provisioned",
+            "status": "False",
+            "reason": "CapacityIsNotFound",
+            "message": "no node group fits",
+            "lastTransitionTime": "2026-11-30T10:00:00Z",
+        }
+    )
+    case = Case("dra hint", group(1, annotations={"gangcheck.io/state": "Provisioning"}), [pod])
+    case.requests = [request]
+    message = (_decide(case).status or {})["gangcheck.io/message"]
+    assert message.startswith("no node group fits; the gang uses DRA resource claims")
+    assert "kubernetes/autoscaler#10065" in message
+
+    plain = Case("no dra", case.group, [member(0)], requests=[request])
+    assert "#10065" not in (_decide(plain).status or {})["gangcheck.io/message"]
