@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
@@ -31,6 +32,7 @@ from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
 from gangcheck.server import HealthServer
 from gangcheck.telemetry import Metrics, tracer
+from gangcheck.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +260,15 @@ class Controller:
 
 
 @dataclass(frozen=True)
+class WebhookOptions:
+    """The pod scheduling-gate webhook: HTTPS on `port` (0: any free one), certificate files
+    in `cert_dir`."""
+
+    port: int = 9443
+    cert_dir: str = "/tmp/k8s-webhook-server/serving-certs"
+
+
+@dataclass(frozen=True)
 class RunOptions:
     """How one controller process runs (the CLI fills it from flags and the settings file)."""
 
@@ -268,6 +279,7 @@ class RunOptions:
     metrics_port: int = 8080
     pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS
     discovery_seconds: float = 60.0
+    webhook: WebhookOptions | None = None
 
 
 async def run_controller(kube: Kube, options: RunOptions) -> None:
@@ -294,10 +306,30 @@ async def run_controller(kube: Kube, options: RunOptions) -> None:
         metrics_port=options.metrics_port,
     )
     await server.start()
+    webhook = _webhook(options, metrics)
+    if webhook is not None:  # on every replica: the Service sends reviews to all of them
+        await webhook.start()
+        log.info("webhook serving on port %d", webhook.port)
     try:
         if elector is None:
             await controller.run()
         else:
             await elector.run(controller.run)
     finally:
+        if webhook is not None:
+            await webhook.stop()
         await server.stop()
+
+
+def _webhook(options: RunOptions, metrics: Metrics) -> WebhookServer | None:
+    if options.webhook is None:
+        return None
+    certs = Path(options.webhook.cert_dir)
+    return WebhookServer(
+        cert_file=certs / "tls.crt",
+        key_file=certs / "tls.key",
+        bind_address=options.bind_address,
+        port=options.webhook.port,
+        on_gated=metrics.pod_gated,
+        on_error=metrics.webhook_error,
+    )

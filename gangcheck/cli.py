@@ -115,7 +115,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gangcheck.app import RunOptions, run_controller
+    from gangcheck.app import RunOptions, WebhookOptions, run_controller
     from gangcheck.kube.client import Kube
     from gangcheck.reconcile.podgroup import PodGroupOptions
     from gangcheck.runtime.leader import LeaseConfig
@@ -154,6 +154,11 @@ def _run(args: argparse.Namespace) -> int:
             else None
         ),
         discovery_seconds=settings.pod_groups.discovery_seconds,
+        webhook=(
+            WebhookOptions(settings.webhook.port, settings.webhook.cert_dir)
+            if settings.webhook.enabled
+            else None
+        ),
     )
 
     async def go() -> None:

@@ -99,6 +99,12 @@ class Metrics:
                 "(asked for)"
             ),
         )
+        self._gated = meter.create_counter(
+            "gangcheck_webhook_gated_pods", description="PodGroup members gated at creation"
+        )
+        self._webhook_errors = meter.create_counter(
+            "gangcheck_webhook_errors", description="Admission reviews the webhook could not serve"
+        )
         self._reconcile = meter.create_histogram(
             "gangcheck_reconcile_duration_seconds", description="Reconcile latency"
         )
@@ -123,6 +129,12 @@ class Metrics:
     def capacity_used(self, used: Mapping[str, int]) -> None:
         for capacity, members in used.items():
             self._members.add(members, {"capacity": capacity})
+
+    def pod_gated(self, api_group: str) -> None:
+        self._gated.add(1, {"api_group": api_group})
+
+    def webhook_error(self, reason: str) -> None:
+        self._webhook_errors.add(1, {"reason": reason})
 
     def api_error(self, status: int) -> None:
         self._api_errors.add(1, {"code": str(status)})

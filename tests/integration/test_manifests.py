@@ -31,14 +31,18 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
     NAMESPACE,
+    POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
+    SERVICE_ACCOUNT,
     WORKLOAD,
 )
 from gangcheck.logic import naming
+from gangcheck.logic.gating import COSCHEDULING_LABEL, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.model.provisioning_config import parse_spec
 from gangcheck.testbed import crds
 from gangcheck.testbed.launcher import ControlPlane
+from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import eventually
 
@@ -204,11 +208,13 @@ def test_the_base_builds_into_the_objects_an_operator_expects(
         "ClusterRoleBinding/gangcheck",
         f"CustomResourceDefinition/{CRD_NAME}",
         "Deployment/gangcheck",
+        "MutatingWebhookConfiguration/gangcheck",
         f"Namespace/{NAMESPACE_NAME}",
         "PodDisruptionBudget/gangcheck",
         "Role/gangcheck-leader-election",
         "RoleBinding/gangcheck-leader-election",
         "Service/gangcheck-metrics",
+        "Service/gangcheck-webhook",
         "ServiceAccount/gangcheck",
     ]
     crd_file = MANIFESTS / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"
@@ -217,7 +223,13 @@ def test_the_base_builds_into_the_objects_an_operator_expects(
     assert {d["metadata"]["namespace"] for d in namespaced} == {NAMESPACE_NAME}
 
 
-_CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+_CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+}
 
 
 def test_the_deployment_runs_two_locked_down_replicas_with_one_leader(
@@ -234,7 +246,7 @@ def test_the_deployment_runs_two_locked_down_replicas_with_one_leader(
     assert "--lease-namespace=$(POD_NAMESPACE)" in container["args"]
     assert "--lease-name=gangcheck" in container["args"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081}
+    assert ports == {"metrics": 8080, "health": 8081, "webhook": 9443}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert set(container["resources"]) == {"requests", "limits"}
@@ -247,7 +259,7 @@ def test_the_deployment_runs_two_locked_down_replicas_with_one_leader(
     }
     assert pod["securityContext"]["runAsUser"] == 65532
     assert the(manifests, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
-    service = the(manifests, "Service")
+    service = the(manifests, "Service", "gangcheck-metrics")
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
     ]
@@ -266,6 +278,131 @@ def test_the_base_applies_without_a_warning_and_is_served(
         control_plane, "get", "-f", "-", "-o", "name", stdin=yaml.safe_dump_all(installed)
     )
     assert len(served.split()) == len(installed)
+
+
+# ---- the pod-gating webhook ----------------------------------------------------------
+
+WEBHOOK_SERVICE = "gangcheck-webhook"
+WEBHOOK_SECRET = "gangcheck-webhook-cert"
+
+
+def test_the_webhook_gates_pods_of_opted_in_namespaces_served_by_both_replicas(
+    control_plane: ControlPlane,
+) -> None:
+    manifests = documents(build(control_plane, BASE))
+    [hook] = the(manifests, "MutatingWebhookConfiguration", "gangcheck")["webhooks"]
+    assert hook["name"] == "pods.gangcheck.io"
+    assert hook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["namespaceSelector"] == {"matchLabels": {OPT_IN_LABEL: OPT_IN_VALUE}}
+    assert "objectSelector" not in hook
+    # Never blocks pod creation: a webhook that is down lets pods through ungated.
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["timeoutSeconds"] == 5
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert "caBundle" not in hook["clientConfig"]  # the component or the operator sets it
+    assert hook["clientConfig"]["service"] == {
+        "name": WEBHOOK_SERVICE,
+        "namespace": NAMESPACE_NAME,
+        "path": MUTATE_PATH,
+        "port": 443,
+    }
+    # The Service reaches the webhook port of every controller pod, leader or not.
+    service = the(manifests, "Service", WEBHOOK_SERVICE)
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    deployment = the(manifests, "Deployment")
+    template = deployment["spec"]["template"]
+    assert service["spec"]["selector"] == template["metadata"]["labels"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    [container] = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["webhook"] == DEFAULT_PORT
+    # The certificate Secret is mounted where the webhook reads it, and may come later.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["webhook-cert"] == {
+        "name": "webhook-cert",
+        "mountPath": str(DEFAULT_CERT_DIR),
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes["webhook-cert"]["secret"] == {"secretName": WEBHOOK_SECRET, "optional": True}
+
+
+def test_the_webhook_configuration_is_served_as_written(
+    control_plane: ControlPlane, installed: list[Obj]
+) -> None:
+    written = the(installed, "MutatingWebhookConfiguration")
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gangcheck"
+    served = control_plane.client().request("GET", path).json()
+    [hook] = served["webhooks"]
+    for key, value in written["webhooks"][0].items():
+        assert hook[key] == value, key
+
+
+async def test_with_no_webhook_answering_pods_of_an_opted_in_namespace_are_created(
+    control_plane: ControlPlane, installed: list[Obj]
+) -> None:
+    """The base installed, nothing serving its webhook (no certificate, no endpoints): a
+    PodGroup member is still created, ungated, within the webhook's timeout."""
+    namespace = f"webhook-{uuid.uuid4().hex[:8]}"
+    labels = {OPT_IN_LABEL: OPT_IN_VALUE}
+    pod = {
+        "metadata": {"name": "member", "labels": {COSCHEDULING_LABEL: "gang"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/never-runs:1"}]},
+    }
+    try:
+        async with await Kube.connect(str(control_plane.kubeconfig)) as admin:
+            await admin.create(NAMESPACE, {"metadata": {"name": namespace, "labels": labels}})
+            await admin.create(SERVICE_ACCOUNT, {"metadata": {"name": "default"}}, namespace)
+            began = time.monotonic()
+            created = await admin.create(POD, pod, namespace)
+            assert time.monotonic() - began < 15
+            assert not created["spec"].get("schedulingGates")
+            await admin.delete(POD, "member", namespace, grace_period_seconds=0)
+    finally:
+        remove_namespace(control_plane, namespace)
+
+
+def test_the_cert_manager_component_issues_the_secret_the_deployment_mounts(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    base = documents(build(control_plane, BASE))
+    with_component = documents(build(control_plane, overlay(tmp_path, "webhook-cert-manager")))
+    issuer = the(with_component, "Issuer")
+    certificate = the(with_component, "Certificate")
+    config = the(with_component, "MutatingWebhookConfiguration")
+    for obj in (issuer, certificate):
+        assert obj["apiVersion"] == "cert-manager.io/v1"
+        assert obj["metadata"]["namespace"] == NAMESPACE_NAME
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert certificate["spec"]["issuerRef"] == {
+        "kind": "Issuer",
+        "name": issuer["metadata"]["name"],
+    }
+    assert certificate["spec"]["secretName"] == WEBHOOK_SECRET
+    assert f"{WEBHOOK_SERVICE}.{NAMESPACE_NAME}.svc" in certificate["spec"]["dnsNames"]
+    # cert-manager's CA injector keeps the caBundle in step with the Certificate.
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE_NAME}/{certificate['metadata']['name']}"
+    }
+    # The annotated configuration is valid for the API server, and nothing else changes.
+    _, warnings = apply(control_plane, yaml.safe_dump(config), "--dry-run=server")
+    assert "Warning" not in warnings, warnings
+    meta = {k: v for k, v in config["metadata"].items() if k != "annotations"}
+    without_annotation = {**config, "metadata": meta}
+    rest = [d for d in with_component if d["kind"] not in ("Issuer", "Certificate")]
+    assert [without_annotation if d is config else d for d in rest] == base
 
 
 # ---- what the ServiceAccount may do --------------------------------------------------
@@ -313,6 +450,12 @@ MAY = [
     ask("patch", "nodes", id="patches nodes to claim, fence and unfence them"),
     ask("list", "pods", ALL, id="lists pods everywhere"),
     ask("watch", "pods", ALL, id="watches pods everywhere"),
+    ask("get", "pods", ALL, id="gets a pod"),
+    ask("patch", "pods", ALL, id="patches pods to release a gated gang"),
+    ask("list", "namespaces", id="lists namespaces to know which opted in to gating"),
+    ask("watch", "namespaces", id="watches namespaces"),
+    ask("watch", "podgroups.scheduling.k8s.io", ALL, id="watches pod groups"),
+    ask("patch", "podgroups.scheduling.k8s.io", ALL, id="annotates pod groups with their state"),
     ask("create", "events", ALL, id="creates events everywhere"),
     ask("create", "leases.coordination.k8s.io", IN_OWN, id="creates its lease"),
     ask("get", "leases.coordination.k8s.io/gangcheck", IN_OWN, id="reads its lease"),
@@ -329,7 +472,9 @@ MAY_NOT = [
     ask("get", "configmaps", ALL, id="reads no configmap"),
     ask("delete", "pods", ALL, id="deletes no pod"),
     ask("create", "pods", ALL, id="creates no pod"),
-    ask("get", "pods", ALL, id="gets no single pod"),
+    ask("update", "pods", ALL, id="replaces no pod"),
+    ask("patch", "namespaces", id="changes no namespace"),
+    ask("delete", "podgroups.scheduling.k8s.io", ALL, id="deletes no pod group"),
     ask("create", "pods", ALL, "--subresource=eviction", id="evicts no pod"),
     ask("update", "clusterroles.rbac.authorization.k8s.io", id="changes no cluster role"),
     ask("escalate", "clusterroles.rbac.authorization.k8s.io", id="escalates nothing"),

@@ -36,6 +36,15 @@ from gangcheck.logic.podgroup import (
 from gangcheck.reconcile.podgroup import PodGroupOptions
 from tests.builders import container
 from tests.integration.harness import Cluster, eventually
+from tests.integration.test_webhook import (  # the webhook's fixtures, reused
+    Certs,
+    Pods,
+    Running,
+    certs,  # noqa: F401
+    registered,
+    until_the_webhook_gates,
+    webhook,  # noqa: F401
+)
 
 Obj = dict[str, Any]
 RACK = "topology.example.com/rack"
@@ -371,3 +380,28 @@ async def test_reserved_capacity_is_used_before_new_capacity_is_requested(
         assert 'gangcheck_gang_members_total{capacity="new"} 3' in scraped
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_the_webhook_gates_members_at_creation_and_the_gang_is_released_together(
+    groups: Groups,
+    provisioner: Controller,
+    webhook: Running,  # noqa: F811 (the fixture imported above)
+    certs: Certs,  # noqa: F811
+) -> None:
+    """The whole path: the API server calls the webhook (registered by URL), the members are
+    created gated, the controller lifts every gate at once when the gang is complete."""
+    await groups.cluster.add_nodes(3, gpu=1)
+    await groups.coscheduling("hooked", 3)
+    async with registered(groups.kube, webhook.url, certs.ca.cert_pem):
+        await until_the_webhook_gates(Pods(groups.kube), groups.ns)
+        first = [
+            await groups.member(f"hooked-{i}", "hooked", plugins=True, gated=False)
+            for i in range(2)
+        ]
+        assert [GATE in str(p["spec"].get("schedulingGates")) for p in first] == [True, True]
+        await groups.wait_state("hooked", "WaitingForMembers", plugins=True)
+        assert await groups.gated("hooked-0", "hooked-1") == [True, True]
+        await groups.member("hooked-2", "hooked", plugins=True, gated=False)
+    await groups.wait_state("hooked", "Released", plugins=True)
+    assert await groups.gated("hooked-0", "hooked-1", "hooked-2") == [False, False, False]
+    assert webhook.gated.count("scheduling.x-k8s.io") >= 3

@@ -1,0 +1,312 @@
+"""The mutating admission webhook that gates PodGroup member pods at creation (aiohttp, TLS).
+
+kube-apiserver sends an ``admission.k8s.io/v1`` AdmissionReview for every pod created in an
+opted-in namespace (the MutatingWebhookConfiguration in manifests/base/webhook.yaml); the
+answer adds the scheduling gate ``gangcheck.io/provisioning`` to members of a PodGroup
+(gangcheck/logic/gating.py decides). Gating is best effort: the answer always allows the pod,
+and the configuration's ``failurePolicy: Ignore`` lets pods through when this server is down.
+
+The serving certificate is read from files (a Secret volume, which cert-manager or a person
+fills) and read again when they change on disk: at most every ``reload_interval`` seconds, a
+TLS handshake stats both files and, when either changed, loads them into a fresh context that
+serves the connections from then on. A certificate that does not load (a rotation caught
+half-written) leaves the previous one in service. Files missing at start are not an error:
+handshakes fail until they appear (pod creation goes on, ungated).
+
+    server = WebhookServer(on_gated=count)    # certs from DEFAULT_CERT_DIR, port 9443
+    await server.start()
+    ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gangcheck.logic.gating import gate_patch, group_of
+
+log = logging.getLogger(__name__)
+
+#: Where the Deployment mounts the Secret ``gangcheck-webhook-cert`` (keys tls.crt, tls.key).
+DEFAULT_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+DEFAULT_PORT = 9443
+MUTATE_PATH = "/mutate-pods"
+HEALTH_PATH = "/healthz"
+REVIEW_API_VERSION = "admission.k8s.io/v1"
+REVIEW_KIND = "AdmissionReview"
+#: The largest review accepted: a pod may be up to ~1.5 MiB (etcd's request limit).
+MAX_REVIEW_BYTES = 4 * 1024 * 1024
+_PODS = {"group": "", "version": "v1", "resource": "pods"}
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _call(hook: Callable[[str], None] | None, value: str) -> None:
+    """A metrics hook never breaks an admission."""
+    if hook is None:
+        return
+    try:
+        hook(value)
+    except Exception:
+        log.exception("webhook metrics hook failed")
+
+
+class CertificateFiles:
+    """A serving certificate and key on disk, loaded into an SSLContext again when they change.
+
+    ``context`` is the SSLContext to serve with (None until the files load); ``refresh()``
+    stats the files (at most every ``interval`` seconds unless forced) and swaps in a fresh
+    context when they changed and load. It never raises.
+    """
+
+    def __init__(self, cert_file: Path, key_file: Path, *, interval: float) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.interval = interval
+        self.context: ssl.SSLContext | None = None
+        #: How many times a certificate was loaded (1 after the first load).
+        self.loads = 0
+        self._seen: tuple[tuple[int, int, int], ...] | None = None
+        self._checked_at = -math.inf
+
+    def _signature(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [os.stat(path) for path in (self.cert_file, self.key_file)]
+        except OSError:
+            return None
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
+
+    def refresh(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked_at < self.interval:
+            return
+        self._checked_at = now
+        signature = self._signature()
+        if signature is None:
+            if self._seen is not None or self.context is None:
+                consequence = (
+                    "keeping the certificate loaded before"
+                    if self.context is not None
+                    else "TLS handshakes fail until they appear"
+                )
+                log.warning(
+                    "webhook certificate %s or key %s not found: %s",
+                    self.cert_file,
+                    self.key_file,
+                    consequence,
+                )
+            self._seen = None
+            return
+        if signature == self._seen:
+            return
+        # Remember the files even when they do not load: they are tried again once they
+        # change (the other half of a rotation lands), not on every handshake.
+        self._seen = signature
+        try:
+            context = server_context(self.cert_file, self.key_file)
+        except Exception as e:
+            log.warning(
+                "webhook certificate %s did not load, keeping the previous: %s", self.cert_file, e
+            )
+            return
+        self.context = context
+        self.loads += 1
+        log.info("webhook certificate loaded from %s", self.cert_file)
+
+
+def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A TLS server context (1.2 at least) serving this certificate chain and key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+class WebhookServer:
+    """``POST /mutate-pods`` (AdmissionReview v1) and ``GET /healthz`` over HTTPS.
+
+    ``port`` 0 picks a free port; the ``port`` property then tells which one after
+    ``start()``. ``on_gated(api_group)`` is called once per pod gated, with the PodGroup's API
+    group (``scheduling.k8s.io`` or ``scheduling.x-k8s.io``); ``on_error(reason)`` once per
+    review answered without gating because of a failure: ``malformed`` (answered 400) or
+    ``internal`` (the pod allowed unpatched).
+    """
+
+    def __init__(
+        self,
+        *,
+        cert_file: str | Path = DEFAULT_CERT_DIR / "tls.crt",
+        key_file: str | Path = DEFAULT_CERT_DIR / "tls.key",
+        bind_address: str = "0.0.0.0",
+        port: int = DEFAULT_PORT,
+        on_gated: Callable[[str], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+        reload_interval: float = 10.0,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.certificates = CertificateFiles(
+            Path(cert_file), Path(key_file), interval=reload_interval
+        )
+        self._bind = bind_address
+        self._requested_port = port
+        self._on_gated = on_gated
+        self._on_error = on_error
+        self._clock = clock
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one picked when 0 was asked for)."""
+        if self._port is None:
+            raise RuntimeError("the webhook server is not started")
+        return self._port
+
+    @property
+    def certificate_loaded(self) -> bool:
+        return self.certificates.context is not None
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("the webhook server is already started")
+        self.certificates.refresh(force=True)
+        app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+        app.router.add_post(MUTATE_PATH, self._mutate)
+        app.router.add_get(HEALTH_PATH, self._healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._bind, self._requested_port, ssl_context=self._tls())
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        log.info("webhook serving on %s:%d", self._bind, self._port)
+
+    async def stop(self) -> None:
+        """Stop listening and close open connections. Idempotent."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._runner = None
+        self._port = None
+
+    # ---- TLS ---------------------------------------------------------------------------
+
+    def _tls(self) -> ssl.SSLContext:
+        """The listening context: it holds no certificate itself; each handshake is handed
+        to the context of the current certificate files."""
+        listening = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        listening.minimum_version = ssl.TLSVersion.TLSv1_2
+        listening.sni_callback = self._select_certificate
+        return listening
+
+    def _select_certificate(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, _: Any
+    ) -> int | None:
+        # Called for every ClientHello, with or without SNI (the apiserver sends none for an
+        # IP address).
+        self.certificates.refresh()
+        context = self.certificates.context
+        if context is None:
+            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        connection.context = context
+        return None
+
+    # ---- HTTP --------------------------------------------------------------------------
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _mutate(self, request: web.Request) -> web.Response:
+        try:
+            review = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            return self._malformed("the body is not JSON")
+        problem = _problem(review)
+        if problem:
+            return self._malformed(problem)
+        admission = review["request"]
+        answer: dict[str, Any] = {"uid": admission["uid"], "allowed": True}
+        try:
+            patch = self._patch(admission)
+        except Exception:
+            log.exception("gating failed; the pod is allowed ungated")
+            _call(self._on_error, "internal")
+            patch = None
+        if patch:
+            answer["patchType"] = "JSONPatch"
+            answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        return web.json_response(
+            {"apiVersion": REVIEW_API_VERSION, "kind": REVIEW_KIND, "response": answer}
+        )
+
+    def _malformed(self, problem: str) -> web.Response:
+        log.warning("malformed admission review: %s", problem)
+        _call(self._on_error, "malformed")
+        return web.Response(status=400, text=f"malformed AdmissionReview: {problem}")
+
+    def _patch(self, admission: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The JSON patch for one admission request; None for anything but a pod's CREATE."""
+        if admission.get("operation") != "CREATE" or admission.get("subResource"):
+            return None
+        resource = admission.get("resource")
+        if not isinstance(resource, Mapping) or dict(resource) != _PODS:
+            return None
+        pod = admission.get("object")
+        if not isinstance(pod, Mapping):
+            return None
+        patch = gate_patch(pod, now=self._clock())
+        group = group_of(pod)
+        if patch is None or group is None:
+            return None
+        meta = pod.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        namespace = admission.get("namespace") or meta.get("namespace") or ""
+        # A name from generateName is only given after admission.
+        name = admission.get("name") or meta.get("name") or f"{meta.get('generateName', '')}*"
+        log.info(
+            "gated pod %s/%s of PodGroup %s (%s)",
+            namespace,
+            name,
+            group.name,
+            group.api_group,
+            extra={
+                "namespace": namespace,
+                "pod": name,
+                "pod_group": group.name,
+                "pod_group_api": group.api_group,
+            },
+        )
+        _call(self._on_gated, group.api_group)
+        return patch
+
+
+def _problem(review: object) -> str | None:
+    """What makes this no AdmissionReview v1 with a request to answer; None when it is one."""
+    if not isinstance(review, Mapping):
+        return "the body is not a JSON object"
+    if review.get("apiVersion") != REVIEW_API_VERSION or review.get("kind") != REVIEW_KIND:
+        return f"expected apiVersion {REVIEW_API_VERSION} and kind {REVIEW_KIND}"
+    admission = review.get("request")
+    if not isinstance(admission, Mapping):
+        return "the review has no request"
+    uid = admission.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return "the request has no uid"
+    return None

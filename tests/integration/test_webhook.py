@@ -1,0 +1,515 @@
+"""The pod-gating webhook (gangcheck/webhook.py) over TLS, alone and called by a real
+kube-apiserver.
+
+First the server on its own: AdmissionReviews in and out, malformed reviews, and certificate
+files that appear late or rotate. Then the test bed's kube-apiserver calls it through a
+MutatingWebhookConfiguration registered by URL (https://127.0.0.1:<port>) with the test's own
+CA: members of PodGroups created in an opted-in namespace come out gated and annotated, other
+pods untouched; with the server stopped, members are created ungated (failurePolicy Ignore).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import ssl
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from cryptography import x509
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import NAMESPACE, POD, Resource
+from gangcheck.logic.gating import (
+    COSCHEDULING,
+    COSCHEDULING_LABEL,
+    GATE,
+    GATED_AT,
+    OPT_IN_LABEL,
+    OPT_IN_VALUE,
+    UPSTREAM,
+    gated_at,
+    is_gated,
+)
+from gangcheck.testbed.certs import CertificateAuthority, KeyPair
+from gangcheck.webhook import MUTATE_PATH, WebhookServer
+from tests.integration.harness import Cluster, eventually
+
+pytestmark = pytest.mark.integration
+
+Obj = dict[str, Any]
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    namespaced=False,
+)
+_ids = itertools.count(1)
+
+
+# ---- certificates and the server ------------------------------------------------------
+
+
+@dataclass
+class Certs:
+    ca: CertificateAuthority
+    cert_file: Path
+    key_file: Path
+
+    def issue(self) -> KeyPair:
+        """A fresh serving certificate for 127.0.0.1, written where the server reads it."""
+        pair = self.ca.issue_serving("gangcheck-webhook", ["127.0.0.1"])
+        pair.write(self.cert_file, self.key_file)
+        return pair
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca.cert_pem.decode())
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    return Certs(
+        CertificateAuthority.create("gangcheck-webhook-test-ca"),
+        tmp_path / "tls.crt",
+        tmp_path / "tls.key",
+    )
+
+
+@dataclass
+class Running:
+    server: WebhookServer
+    gated: list[str]
+    errors: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.server.port}"
+
+
+@pytest.fixture
+async def webhook(certs: Certs) -> AsyncIterator[Running]:
+    certs.issue()
+    gated: list[str] = []
+    errors: list[str] = []
+    server = WebhookServer(
+        cert_file=certs.cert_file,
+        key_file=certs.key_file,
+        bind_address="127.0.0.1",
+        port=0,
+        on_gated=gated.append,
+        on_error=errors.append,
+    )
+    await server.start()
+    try:
+        yield Running(server, gated, errors)
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def session(certs: Certs) -> AsyncIterator[aiohttp.ClientSession]:
+    connector = aiohttp.TCPConnector(ssl=certs.client_context(), force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as s:
+        yield s
+
+
+def review(obj: Any, *, uid: str = "u-1", operation: str = "CREATE", **request: Any) -> Obj:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": operation,
+            "namespace": "ns",
+            "name": "p",
+            "object": obj,
+            **request,
+        },
+    }
+
+
+def member(**spec: Any) -> Obj:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "labels": {COSCHEDULING_LABEL: "g"}},
+        "spec": {"containers": [{"name": "c", "image": "x"}], **spec},
+    }
+
+
+def decoded_patch(answer: Obj) -> list[Obj] | None:
+    response = answer["response"]
+    if "patch" not in response:
+        assert "patchType" not in response
+        return None
+    assert response["patchType"] == "JSONPatch"
+    patch: list[Obj] = json.loads(base64.b64decode(response["patch"]))
+    return patch
+
+
+# ---- the server alone -----------------------------------------------------------------
+
+
+async def test_a_member_is_answered_with_the_gate_patch_and_its_uid(
+    webhook: Running, certs: Certs
+) -> None:
+    async with session(certs) as s:
+        async with s.post(f"{webhook.url}{MUTATE_PATH}", json=review(member(), uid="abc")) as r:
+            assert r.status == 200
+            answer = await r.json()
+        async with s.get(f"{webhook.url}/healthz") as r:
+            assert r.status == 200
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "abc"
+    assert answer["response"]["allowed"] is True
+    patch = decoded_patch(answer)
+    assert patch is not None
+    assert patch[0] == {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
+    assert patch[1]["path"] == "/metadata/annotations"
+    assert webhook.gated == [COSCHEDULING]
+    assert webhook.errors == []
+
+
+NOT_PATCHED = [
+    pytest.param(review({"metadata": {}, "spec": {}}), id="not a member"),
+    pytest.param(review(member(nodeName="n1")), id="bound"),
+    pytest.param(review(member(schedulingGates=[{"name": GATE}])), id="already gated"),
+    pytest.param(review(member(), operation="UPDATE"), id="an update"),
+    pytest.param(review(member(), subResource="status"), id="a subresource"),
+    pytest.param(
+        review(member(), resource={"group": "", "version": "v1", "resource": "podtemplates"}),
+        id="another resource",
+    ),
+    pytest.param(review(None, operation="DELETE"), id="no object"),
+]
+
+
+@pytest.mark.parametrize("body", NOT_PATCHED)
+async def test_anything_else_is_allowed_unpatched(
+    webhook: Running, certs: Certs, body: Obj
+) -> None:
+    async with (
+        session(certs) as s,
+        s.post(f"{webhook.url}{MUTATE_PATH}", json=body) as r,
+    ):
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+    assert webhook.gated == []
+    assert webhook.errors == []
+
+
+MALFORMED = [
+    pytest.param(b"{not json", "not JSON", id="not JSON"),
+    pytest.param(b"[]", "not a JSON object", id="a list"),
+    pytest.param(
+        json.dumps({**review(member()), "apiVersion": "admission.k8s.io/v1beta1"}).encode(),
+        "expected apiVersion",
+        id="v1beta1",
+    ),
+    pytest.param(
+        json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+        "no request",
+        id="no request",
+    ),
+    pytest.param(json.dumps(review(member(), uid="")).encode(), "no uid", id="no uid"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), MALFORMED)
+async def test_a_malformed_review_is_a_bad_request(
+    webhook: Running, certs: Certs, body: bytes, message: str
+) -> None:
+    async with (
+        session(certs) as s,
+        s.post(f"{webhook.url}{MUTATE_PATH}", data=body) as r,
+    ):
+        assert r.status == 400
+        assert message in await r.text()
+    assert webhook.errors == ["malformed"]
+
+
+async def test_a_failing_metrics_hook_does_not_fail_the_admission(
+    certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    certs.issue()
+
+    def broken(_: str) -> None:
+        raise RuntimeError("metrics down")
+
+    server = WebhookServer(
+        cert_file=certs.cert_file,
+        key_file=certs.key_file,
+        bind_address="127.0.0.1",
+        port=0,
+        on_gated=broken,
+    )
+    await server.start()
+    try:
+        async with (
+            session(certs) as s,
+            s.post(f"https://127.0.0.1:{server.port}{MUTATE_PATH}", json=review(member())) as r,
+        ):
+            assert r.status == 200
+            assert decoded_patch(await r.json()) is not None
+    finally:
+        await server.stop()
+    assert "metrics hook failed" in caplog.text
+
+
+async def served_certificate(certs: Certs, port: int) -> bytes:
+    """The DER certificate the server presents in a fresh handshake."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=certs.client_context())
+    try:
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True)
+        assert der is not None
+        return bytes(der)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def der(pair: KeyPair) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return x509.load_pem_x509_certificate(pair.cert_pem).public_bytes(Encoding.DER)
+
+
+async def test_rotated_certificate_files_are_served_from_the_next_handshake(
+    certs: Certs,
+) -> None:
+    first = certs.issue()
+    server = WebhookServer(
+        cert_file=certs.cert_file,
+        key_file=certs.key_file,
+        bind_address="127.0.0.1",
+        port=0,
+        reload_interval=0,
+    )
+    await server.start()
+    try:
+        assert await served_certificate(certs, server.port) == der(first)
+        second = certs.issue()
+        assert await served_certificate(certs, server.port) == der(second)
+        # Half a rotation (a key that does not match the certificate) keeps the last good pair.
+        certs.key_file.write_bytes(certs.ca.issue_serving("x", ["127.0.0.1"]).key_pem)
+        assert await served_certificate(certs, server.port) == der(second)
+        assert server.certificates.loads == 2
+    finally:
+        await server.stop()
+
+
+async def test_certificate_files_that_appear_after_start_are_served(certs: Certs) -> None:
+    server = WebhookServer(
+        cert_file=certs.cert_file,
+        key_file=certs.key_file,
+        bind_address="127.0.0.1",
+        port=0,
+        reload_interval=0,
+    )
+    await server.start()
+    try:
+        assert not server.certificate_loaded
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await served_certificate(certs, server.port)
+        pair = certs.issue()
+        assert await served_certificate(certs, server.port) == der(pair)
+        assert server.certificate_loaded
+    finally:
+        await server.stop()
+
+
+async def test_stop_is_idempotent_and_the_port_is_known_only_while_serving(
+    certs: Certs,
+) -> None:
+    certs.issue()
+    server = WebhookServer(
+        cert_file=certs.cert_file, key_file=certs.key_file, bind_address="127.0.0.1", port=0
+    )
+    with pytest.raises(RuntimeError):
+        _ = server.port
+    await server.start()
+    assert server.port > 0
+    await server.stop()
+    await server.stop()
+    with pytest.raises(RuntimeError):
+        _ = server.port
+
+
+# ---- called by kube-apiserver ---------------------------------------------------------
+
+
+def webhook_configuration(name: str, url: str, ca_pem: bytes) -> Obj:
+    """As manifests/base/webhook.yaml, but reaching the server by URL with the test's CA."""
+    return {
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "pods.gangcheck.io",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": f"{url}{MUTATE_PATH}",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {OPT_IN_LABEL: OPT_IN_VALUE}},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "reinvocationPolicy": "IfNeeded",
+            }
+        ],
+    }
+
+
+def pod_body(
+    name: str, namespace: str, *, group: str | None = None, label: str | None = None
+) -> Obj:
+    meta: Obj = {"name": name, "namespace": namespace}
+    if label is not None:
+        meta["labels"] = {COSCHEDULING_LABEL: label}
+    spec: Obj = {
+        "containers": [{"name": "c", "image": "registry.invalid/never-runs:1"}],
+        "restartPolicy": "Never",
+    }
+    if group is not None:
+        spec["schedulingGroup"] = {"podGroupName": group}
+    return {"metadata": meta, "spec": spec}
+
+
+class Pods:
+    """Pods the test creates, deleted at the end (nothing schedules or runs them)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.made: list[tuple[str, str]] = []
+
+    async def create(self, name: str, namespace: str, **kw: Any) -> Obj:
+        created = await self.kube.create(POD, pod_body(name, namespace, **kw))
+        self.made.append((name, namespace))
+        return created
+
+    async def delete(self, name: str, namespace: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.kube.delete(POD, name, namespace, grace_period_seconds=0)
+
+    async def delete_all(self) -> None:
+        for name, namespace in self.made:
+            await self.delete(name, namespace)
+
+
+@contextlib.asynccontextmanager
+async def registered(kube: Kube, url: str, ca_pem: bytes) -> AsyncIterator[str]:
+    """A MutatingWebhookConfiguration of this test's own, deleted at the end whatever happens:
+    it is cluster-wide."""
+    name = f"gangcheck-test-{uuid.uuid4().hex[:8]}"
+    await kube.create(MUTATING_WEBHOOKS, webhook_configuration(name, url, ca_pem))
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(MUTATING_WEBHOOKS, name)
+
+
+async def until_the_webhook_gates(pods: Pods, namespace: str, *, timeout: float = 20) -> None:
+    """The API server picks new webhook configurations up a moment later: probe with a member
+    pod until one comes out gated."""
+
+    async def probe() -> bool:
+        name = f"probe-{next(_ids)}"
+        created = await pods.create(name, namespace, label="probe")
+        await pods.delete(name, namespace)
+        return is_gated(created)
+
+    await eventually(probe, timeout=timeout, what="the webhook to gate a probe pod")
+
+
+def assert_gated(pod: Obj, since: datetime) -> None:
+    gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+    assert gates == [GATE], pod["spec"]
+    when = gated_at(pod)
+    assert when is not None, pod["metadata"].get("annotations")
+    # RFC 3339, whole seconds, UTC: allow the second it was truncated to.
+    assert since - timedelta(seconds=1) <= when <= datetime.now(UTC)
+    assert pod["metadata"]["annotations"][GATED_AT].endswith("Z")
+
+
+def assert_untouched(pod: Obj) -> None:
+    assert not pod["spec"].get("schedulingGates"), pod["spec"]
+    assert GATED_AT not in (pod["metadata"].get("annotations") or {})
+
+
+async def test_the_api_server_gates_members_in_opted_in_namespaces_only(
+    kube: Kube, cluster: Cluster, webhook: Running, certs: Certs
+) -> None:
+    opted_in = cluster.ns
+    await kube.merge_patch(NAMESPACE, opted_in, {"metadata": {"labels": {OPT_IN_LABEL: "enabled"}}})
+    elsewhere = (await Cluster.create(kube)).ns
+    pods = Pods(kube)
+    try:
+        async with registered(kube, webhook.url, certs.ca.cert_pem):
+            await until_the_webhook_gates(pods, opted_in)
+            since = datetime.now(UTC)
+            gated_before = len(webhook.gated)
+            upstream = await pods.create("upstream", opted_in, group="gang-a")
+            coscheduled = await pods.create("coscheduled", opted_in, label="gang-b")
+            plain = await pods.create("plain", opted_in)
+            outside = await pods.create("outside", elsewhere, label="gang-c")
+        # The test bed's apiserver runs GenericWorkload: the field is kept, not dropped.
+        assert upstream["spec"]["schedulingGroup"] == {"podGroupName": "gang-a"}
+        assert_gated(upstream, since)
+        assert_gated(coscheduled, since)
+        assert coscheduled["metadata"]["labels"] == {COSCHEDULING_LABEL: "gang-b"}
+        assert_untouched(plain)
+        assert_untouched(outside)
+        # What was stored is what the create returned.
+        assert is_gated(await kube.get(POD, "upstream", opted_in))
+        assert not is_gated(await kube.get(POD, "outside", elsewhere))
+        assert webhook.gated[gated_before:] == [UPSTREAM, COSCHEDULING]
+        assert webhook.errors == []
+    finally:
+        await pods.delete_all()
+
+
+async def test_with_the_webhook_down_members_are_created_ungated(
+    kube: Kube, cluster: Cluster, webhook: Running, certs: Certs
+) -> None:
+    await kube.merge_patch(
+        NAMESPACE, cluster.ns, {"metadata": {"labels": {OPT_IN_LABEL: "enabled"}}}
+    )
+    pods = Pods(kube)
+    try:
+        async with registered(kube, webhook.url, certs.ca.cert_pem):
+            await until_the_webhook_gates(pods, cluster.ns)
+            await webhook.server.stop()
+            began = time.monotonic()
+            created = await pods.create("while-down", cluster.ns, group="gang-d")
+            # Refused connections fail at once; no waiting for timeoutSeconds either.
+            assert time.monotonic() - began < 5
+        assert created["spec"]["schedulingGroup"] == {"podGroupName": "gang-d"}
+        assert_untouched(created)
+        assert_untouched(await kube.get(POD, "while-down", cluster.ns))
+    finally:
+        await pods.delete_all()

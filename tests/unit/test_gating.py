@@ -1,0 +1,194 @@
+"""Which pods are PodGroup members and the JSON patch that gates them (logic/gating.py)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.gating import (
+    COSCHEDULING,
+    COSCHEDULING_LABEL,
+    GATE,
+    GATED_AT,
+    UPSTREAM,
+    PodGroupRef,
+    gate_patch,
+    gated_at,
+    group_of,
+    is_gated,
+)
+
+Obj = dict[str, Any]
+NOW = datetime(2026, 3, 1, 12, 30, 5, 123456, tzinfo=UTC)
+STAMP = "2026-03-01T12:30:05Z"
+
+
+def pod(
+    *,
+    group: str | None = None,
+    label: str | None = None,
+    gates: list[str] | None = None,
+    annotations: dict[str, str] | None = None,
+    node_name: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> Obj:
+    meta: Obj = {"name": "p", "namespace": "ns"}
+    if label is not None or labels:
+        meta["labels"] = {**(labels or {})}
+        if label is not None:
+            meta["labels"][COSCHEDULING_LABEL] = label
+    if annotations is not None:
+        meta["annotations"] = annotations
+    spec: Obj = {"containers": [{"name": "c", "image": "busybox"}]}
+    if group is not None:
+        spec["schedulingGroup"] = {"podGroupName": group}
+    if gates is not None:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+# ---- group_of ------------------------------------------------------------------------
+
+GROUPS = [
+    pytest.param(pod(group="gang"), (UPSTREAM, "gang"), id="schedulingGroup.podGroupName"),
+    pytest.param(pod(label="gang"), (COSCHEDULING, "gang"), id="coscheduling label"),
+    pytest.param(pod(group="up", label="co"), (UPSTREAM, "up"), id="both: the upstream field"),
+    pytest.param(pod(), None, id="plain pod"),
+    pytest.param(pod(group=""), None, id="empty podGroupName"),
+    pytest.param(pod(label=""), None, id="empty label"),
+    pytest.param(pod(labels={"app": "x"}), None, id="other labels only"),
+    pytest.param(
+        pod(labels={"pod-group.scheduling.sigs.k8s.io": "g"}), None, id="another label's name"
+    ),
+    pytest.param(
+        {"metadata": {}, "spec": {"schedulingGroup": {}}}, None, id="schedulingGroup empty"
+    ),
+    pytest.param(
+        {"metadata": {}, "spec": {"schedulingGroup": None}}, None, id="schedulingGroup null"
+    ),
+    pytest.param({"metadata": {"labels": None}, "spec": None}, None, id="labels and spec null"),
+    pytest.param({}, None, id="empty object"),
+    pytest.param(
+        {"metadata": "x", "spec": {"schedulingGroup": {"podGroupName": 3}}},
+        None,
+        id="wrong types",
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), GROUPS)
+def test_group_of(obj: Obj, expected: tuple[str, str] | None) -> None:
+    assert group_of(obj) == expected
+
+
+def test_group_of_names_its_fields() -> None:
+    ref = group_of(pod(label="gang"))
+    assert ref == PodGroupRef(api_group=COSCHEDULING, name="gang")
+    assert ref is not None
+    assert (ref.api_group, ref.name) == ("scheduling.x-k8s.io", "gang")
+
+
+# ---- gate_patch ----------------------------------------------------------------------
+
+GATE_ALL = {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
+GATE_ONE_MORE = {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}}
+ANNOTATIONS = {"op": "add", "path": "/metadata/annotations", "value": {GATED_AT: STAMP}}
+ONE_ANNOTATION = {
+    "op": "add",
+    "path": "/metadata/annotations/gangcheck.io~1gated-at",
+    "value": STAMP,
+}
+
+PATCHES = [
+    pytest.param(pod(group="g"), [GATE_ALL, ANNOTATIONS], id="upstream member, no gates"),
+    pytest.param(pod(label="g"), [GATE_ALL, ANNOTATIONS], id="coscheduling member, no gates"),
+    pytest.param(
+        pod(group="g", gates=["other.io/wait"]),
+        [GATE_ONE_MORE, ANNOTATIONS],
+        id="existing gates: appended",
+    ),
+    pytest.param(pod(group="g", gates=[]), [GATE_ONE_MORE, ANNOTATIONS], id="empty gate list"),
+    pytest.param(
+        {**pod(group="g"), "spec": {**pod(group="g")["spec"], "schedulingGates": None}},
+        [GATE_ALL, ANNOTATIONS],
+        id="gates null: the list is set",
+    ),
+    pytest.param(
+        pod(label="g", annotations={"a": "b"}),
+        [GATE_ALL, ONE_ANNOTATION],
+        id="existing annotations: one added",
+    ),
+    pytest.param(
+        pod(label="g", annotations={GATED_AT: "2020-01-01T00:00:00Z"}),
+        [GATE_ALL, ONE_ANNOTATION],
+        id="stale gated-at of an ungated pod: replaced",
+    ),
+    pytest.param(
+        {"spec": {"schedulingGroup": {"podGroupName": "g"}}},
+        [GATE_ALL, {"op": "add", "path": "/metadata", "value": {"annotations": {GATED_AT: STAMP}}}],
+        id="no metadata",
+    ),
+    pytest.param(pod(group="g", gates=[GATE]), None, id="already gated"),
+    pytest.param(
+        pod(label="g", gates=["other.io/wait", GATE]), None, id="already gated among others"
+    ),
+    pytest.param(pod(group="g", node_name="n1"), None, id="bound: gates are refused"),
+    pytest.param(pod(), None, id="not a member"),
+    pytest.param(pod(gates=["other.io/wait"]), None, id="not a member, other gates"),
+    pytest.param({"metadata": {"labels": {COSCHEDULING_LABEL: "g"}}}, None, id="no spec"),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), PATCHES)
+def test_gate_patch(obj: Obj, expected: list[Obj] | None) -> None:
+    before = copy.deepcopy(obj)
+    assert gate_patch(obj, now=NOW) == expected
+    assert obj == before, "the pod itself is not modified"
+
+
+def apply_patch(obj: Obj, ops: list[Obj]) -> Obj:
+    """Just enough of RFC 6902 'add' to check what the API server will do with the patch."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add"
+        *parents, last = [
+            t.replace("~1", "/").replace("~0", "~") for t in op["path"][1:].split("/")
+        ]
+        target = out
+        for token in parents:
+            target = target[token]
+        if last == "-":
+            target.append(op["value"])
+        else:
+            target[last] = op["value"]
+    return out
+
+
+@pytest.mark.parametrize("obj", [p.values[0] for p in PATCHES if p.values[1] is not None])
+def test_a_patched_pod_is_gated_annotated_and_needs_no_second_patch(obj: Obj) -> None:
+    ops = gate_patch(obj, now=NOW)
+    assert ops is not None
+    patched = apply_patch(obj, ops)
+    assert is_gated(patched)
+    assert gated_at(patched) == NOW.replace(microsecond=0)
+    # The other gates stay, in their order, ours last.
+    before = [g["name"] for g in (obj.get("spec") or {}).get("schedulingGates") or []]
+    assert [g["name"] for g in patched["spec"]["schedulingGates"]] == [*before, GATE]
+    # Reinvocation (reinvocationPolicy: IfNeeded) changes nothing more.
+    assert gate_patch(patched, now=NOW) is None
+
+
+def test_is_gated_and_gated_at_on_pods_without_them() -> None:
+    assert not is_gated(pod(group="g"))
+    assert not is_gated(pod(gates=["other.io/wait"]))
+    assert not is_gated({"spec": {"schedulingGates": ["not-a-map"]}})
+    assert gated_at(pod()) is None
+    assert gated_at(pod(annotations={GATED_AT: "yesterday"})) is None
+    assert gated_at(pod(annotations={GATED_AT: STAMP})) == datetime(
+        2026, 3, 1, 12, 30, 5, tzinfo=UTC
+    )
