@@ -68,3 +68,11 @@ JOB = Resource("batch", "v1", "jobs", "Job")
 UPSTREAM_POD_GROUP_V1BETA1 = Resource("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup")
 UPSTREAM_POD_GROUP_V1ALPHA2 = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup")
 PLUGINS_POD_GROUP = Resource("scheduling.x-k8s.io", "v1alpha1", "podgroups", "PodGroup")
+DEVICE_CLASS = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
+RESOURCE_SLICE = Resource(
+    "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False
+)
+RESOURCE_CLAIM = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
+RESOURCE_CLAIM_TEMPLATE = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"
+)

@@ -12,13 +12,16 @@ What is checked, per member and node, in the order the reasons are reported:
 - NoSchedule and NoExecute taints tolerated (Equal and Exists; PreferNoSchedule never
   blocks; toleration operators newer than Equal/Exists tolerate nothing);
 - requests, resource by resource, against allocatable minus what bound pods request; the
-  `pods` count included.
+  `pods` count included;
+- DRA claims (when the member was built with a `DraContext`): every claim allocatable from
+  the devices the node reaches, given what allocated ResourceClaims and the members placed
+  before hold (see `gangcheck.logic.dra`).
 
 A member's requests are kube-scheduler's: limits copied into missing requests (as Kueue
 does for its templates), then max(sum of containers + restartable "sidecar" init
 containers, peak of the init sequence), pod-level `spec.resources` overriding the resources
-it names, plus `spec.overhead`, plus one `pods`. Not modelled: DRA claims, topology, host
-ports, volumes, pod (anti-)affinity, resized pods' allocated resources.
+it names, plus `spec.overhead`, plus one `pods`. Not modelled: topology, host ports, volumes,
+pod (anti-)affinity, resized pods' allocated resources.
 
 Placement is a heuristic: it never reports a placement that is not feasible, but may miss
 one that is. Pod sets are taken in descending order of demand (extended resources, then
@@ -30,6 +33,13 @@ fits, or else the one placing most, is reported. What this guarantees: with one 
 the count placed is the exact maximum; with one or two pod sets, adding a node never
 places fewer. Lifting a constraint (a taint, a selector) can, with two or more pod sets,
 place fewer: a member newly allowed on a node may take the room another pod set had there.
+
+With DRA claims, a pod set's members are allocated devices one by one, node by node, and its
+nodes are taken fewest members first (then best fit as above): devices a node reaches may be
+reachable from other nodes too (`allNodes`, node selectors), so what one node takes another
+no longer has. Devices count in the demand order as extended resources do. When such a gang
+does not fit, the nodes in use are named too (`in_use_reasons`): devices are not on the
+Node, so "no room" alone would not say which claim is short.
 """
 
 from __future__ import annotations
@@ -40,6 +50,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gangcheck.logic.dra import (
+    ClaimNeeds,
+    DeviceRoom,
+    DraContext,
+    Inventory,
+    NodeDevices,
+    NodeScope,
+    Shortfall,
+    Usage,
+    allocate,
+)
 from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
 
 Obj = Mapping[str, Any]
@@ -163,12 +184,14 @@ class SelectorTerm:
 
 @dataclass(frozen=True)
 class Member:
-    """What one member of a pod set asks of a node. `affinity` None: no required affinity."""
+    """What one member of a pod set asks of a node. `affinity` None: no required affinity.
+    `devices`: its DRA claims (empty: none, or not modelled)."""
 
     requests: Resources
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity: tuple[SelectorTerm, ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
+    devices: ClaimNeeds = field(default_factory=ClaimNeeds)
 
 
 @dataclass(frozen=True)
@@ -180,18 +203,23 @@ class GangPodSet:
     member: Member
 
 
-def member_from_template(template: Obj) -> Member:
-    """The member a PodTemplateSpec (`{metadata, spec}`) describes."""
-    return member_from_pod_spec(_dict(template, "spec"))
+def member_from_template(template: Obj, dra: DraContext | None = None) -> Member:
+    """The member a PodTemplateSpec (`{metadata, spec}`) describes (see member_from_pod_spec)."""
+    return member_from_pod_spec(_dict(template, "spec"), dra)
 
 
-def member_from_pod_spec(spec: Obj) -> Member:
-    """The member a pod spec describes; QuantityError on a malformed request."""
+def member_from_pod_spec(spec: Obj, dra: DraContext | None = None) -> Member:
+    """The member a pod spec describes; QuantityError on a malformed request.
+
+    `dra`: the namespace's ResourceClaimTemplates and ResourceClaims; without it the pod's
+    `resourceClaims` are not modelled (the member asks for no device).
+    """
     return Member(
         requests=pod_requests(spec),
         node_selector={str(k): str(v) for k, v in _dict(spec, "nodeSelector").items()},
         affinity=_required_affinity(spec),
         tolerations=tuple(_toleration(t) for t in _list(spec, "tolerations")),
+        devices=dra.needs(spec) if dra is not None else ClaimNeeds(),
     )
 
 
@@ -334,13 +362,18 @@ def _is_ready(status: Obj) -> bool:
 
 
 def host_rejection(
-    member: Member, node: NodeView, free: Resources | None = None
+    member: Member, node: NodeView, free: Resources | None = None, devices: DeviceRoom | None = None
 ) -> Rejection | None:
-    """Why `node` cannot take one `member` given `free` room (default: all allocatable)."""
+    """Why `node` cannot take one `member` given `free` room (default: all allocatable) and,
+    when given, the `devices` it reaches (without: the member's DRA claims are not checked)."""
+    if devices is not None and member.devices.problem is not None:
+        problem = member.devices.problem
+        return node.problem or static_rejection(member, node) or _rejection(problem)
     return (
         node.problem
         or static_rejection(member, node)
         or _resource_rejection(member.requests, node.allocatable if free is None else free)
+        or _device_rejection(member.devices, devices)
     )
 
 
@@ -384,6 +417,17 @@ def _taint_rejection(
     return None
 
 
+def _device_rejection(needs: ClaimNeeds, devices: DeviceRoom | None) -> Rejection | None:
+    if not needs or devices is None:
+        return None
+    outcome = devices.take(needs)
+    return _rejection(outcome) if isinstance(outcome, Shortfall) else None
+
+
+def _rejection(shortfall: Shortfall) -> Rejection:
+    return Rejection(shortfall.short, shortfall.detail)
+
+
 def _resource_rejection(requests: Resources, free: Resources) -> Rejection | None:
     short = [name for name in _wanted(requests) if requests[name] > free.get(name, 0)]
     if not short:
@@ -404,6 +448,48 @@ def capacity(requests: Resources, free: Resources) -> int:
 def _wanted(requests: Resources) -> list[str]:
     """Resources actually asked for, `pods` first, then by name."""
     return sorted((n for n, v in requests.items() if v > 0), key=lambda n: (n != PODS, n))
+
+
+# --- DRA devices on nodes ---------------------------------------------------------------------
+
+
+def scope_reaches(scope: NodeScope, node: NodeView) -> bool:
+    """Whether a device's NodeScope includes `node`: by name, all nodes, or a NodeSelector
+    (its terms ORed, as in required node affinity)."""
+    if scope.node_name:
+        return scope.node_name == node.name
+    if scope.all_nodes:
+        return True
+    if scope.node_selector is None:
+        return False
+    terms = [_selector_term(t) for t in _list(scope.node_selector, "nodeSelectorTerms")]
+    return any(term.first_failure(node) is None for term in terms)
+
+
+def node_devices(inventory: Inventory, node: NodeView) -> NodeDevices:
+    """The devices of `inventory` that `node` reaches, in kube-scheduler's order."""
+    return inventory.on_node(node.name, lambda scope: scope_reaches(scope, node))
+
+
+class _Devices:
+    """One attempt's devices: what each node reaches, and what is in use so far."""
+
+    def __init__(self, nodes: Mapping[str, NodeDevices], usage: Usage) -> None:
+        self.nodes = nodes
+        self.usage = usage
+
+    def place(self, node: str, needs: ClaimNeeds, most: int, *, commit: bool) -> int:
+        """How many members with `needs` (up to `most`) get devices on `node`, one after the
+        other; with `commit`, their devices are then in use."""
+        usage, placed = self.usage, 0
+        while placed < most:
+            outcome = allocate(needs, self.nodes[node], usage)
+            if isinstance(outcome, Shortfall):
+                break
+            usage, placed = outcome, placed + 1
+        if commit:
+            self.usage = usage
+        return placed
 
 
 # --- bound pods ------------------------------------------------------------------------------
@@ -431,7 +517,9 @@ class FitResult:
     `placements`: node -> pod set name per member placed there (only nodes taking some).
     `unplaced`: pod set -> members left over. `node_reasons`: for every unusable node, and
     when the gang does not fit, for every node that took nothing: the reason it could not
-    take a member of the first pod set left over (`blocking_pod_set`).
+    take a member of the first pod set left over (`blocking_pod_set`). `in_use_reasons`:
+    when that pod set has DRA claims, the same for the nodes that took some and that its
+    selectors and tolerations allow.
     """
 
     fits: bool
@@ -442,21 +530,33 @@ class FitResult:
     node_reasons: Mapping[str, Rejection]
     blocking_pod_set: str | None = None
     pod_sets: int = 1
+    in_use_reasons: Mapping[str, Rejection] = field(default_factory=dict)
 
 
 def fit_gang(
     pod_sets: Sequence[GangPodSet | tuple[str, int, Member]],
     nodes: Iterable[NodeView],
     bound_pods: Iterable[Obj] = (),
+    devices: Inventory | None = None,
 ) -> FitResult:
-    """Whether every member of every pod set can be placed at once (see module doc)."""
+    """Whether every member of every pod set can be placed at once (see module doc).
+
+    `devices`: the DRA devices members' claims are allocated from (default: none at all).
+    """
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
     views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
     start = _initial_free(views, used_resources(bound_pods))
+    inventory = devices or Inventory()
+    reach = None
+    if any(ps.member.devices for ps in gang):
+        reach = {view.name: node_devices(inventory, view) for view in views}
     plans = [_plan(ps, views) for ps in gang]
-    best = _best(_attempt(order, start) for order in _orders(plans))
-    return _result(gang, views, best)
+    attempts = (
+        _attempt(order, start, None if reach is None else _Devices(reach, inventory.used))
+        for order in _orders(plans)
+    )
+    return _result(gang, views, _best(attempts), reach)
 
 
 @dataclass(frozen=True)
@@ -476,6 +576,7 @@ class _Attempt:
     free: Mapping[str, Resources]
     placements: Mapping[str, list[str]]
     unplaced: Mapping[str, int]
+    usage: Usage | None = None
 
     @property
     def placed(self) -> int:
@@ -495,8 +596,10 @@ def _best(attempts: Iterable[_Attempt]) -> _Attempt:
 
 def _plan(pod_set: GangPodSet, views: Sequence[NodeView]) -> _Plan:
     member = pod_set.member
-    eligible = (n for n in views if n.is_usable and static_rejection(member, n) is None)
-    return _Plan(pod_set, tuple(_wanted(member.requests)), tuple(eligible))
+    eligible = tuple(n for n in views if n.is_usable and static_rejection(member, n) is None)
+    if member.devices.problem is not None:
+        eligible = ()  # it fits nowhere: the reason is the member's, said for every node
+    return _Plan(pod_set, tuple(_wanted(member.requests)), eligible)
 
 
 def _orders(plans: Sequence[_Plan]) -> Iterable[tuple[_Plan, ...]]:
@@ -507,15 +610,17 @@ def _orders(plans: Sequence[_Plan]) -> Iterable[tuple[_Plan, ...]]:
     return itertools.permutations(by_demand)
 
 
-def _attempt(order: tuple[_Plan, ...], start: Mapping[str, Resources]) -> _Attempt:
+def _attempt(
+    order: tuple[_Plan, ...], start: Mapping[str, Resources], devices: _Devices | None
+) -> _Attempt:
     free = {name: dict(room) for name, room in start.items()}
     placements: dict[str, list[str]] = {}
     unplaced: dict[str, int] = {}
     for plan in order:
-        left = _place(plan, free, placements)
+        left = _place(plan, free, placements, devices)
         if left:
             unplaced[plan.pod_set.name] = left
-    return _Attempt(order, free, placements, unplaced)
+    return _Attempt(order, free, placements, unplaced, devices.usage if devices else None)
 
 
 def _initial_free(
@@ -533,18 +638,36 @@ def _demand_order(pod_set: GangPodSet) -> tuple[int, int, int, str]:
     """Biggest members first, an order fixed by the members alone."""
     req = pod_set.member.requests
     extended = sum(v for n, v in req.items() if n not in STANDARD_RESOURCES)
+    extended += pod_set.member.devices.device_count * NANO
     return (-extended, -req.get("cpu", 0), -req.get("memory", 0), pod_set.name)
 
 
-def _place(plan: _Plan, free: dict[str, dict[str, int]], placements: dict[str, list[str]]) -> int:
+def _place(
+    plan: _Plan,
+    free: dict[str, dict[str, int]],
+    placements: dict[str, list[str]],
+    devices: _Devices | None,
+) -> int:
     """Fill the eligible nodes, best fit first; returns how many members are left over."""
     requests, left = plan.pod_set.member.requests, plan.pod_set.count
+    needs = plan.pod_set.member.devices
     room = {n.name: _fits(requests, plan.wanted, free[n.name]) for n in plan.eligible}
-    for node in sorted(
-        (n for n in plan.eligible if room[n.name] > 0),
-        key=lambda n: (_room_after(requests, plan.wanted, n, free[n.name]), n.name),
-    ):
+    if needs and devices is not None:
+        room = {
+            name: devices.place(name, needs, min(most, left), commit=False) if most else 0
+            for name, most in room.items()
+        }
+
+    def best_fit(node: NodeView) -> tuple[int, float, str]:
+        after = _room_after(requests, plan.wanted, node, free[node.name])
+        return (room[node.name] if needs and devices else 0, after, node.name)
+
+    for node in sorted((n for n in plan.eligible if room[n.name] > 0), key=best_fit):
         take = min(left, room[node.name])
+        if needs and devices is not None:
+            take = devices.place(node.name, needs, take, commit=True)
+            if not take:
+                continue
         for name in plan.wanted:
             free[node.name][name] = free[node.name].get(name, 0) - take * requests[name]
         placements.setdefault(node.name, []).extend([plan.pod_set.name] * take)
@@ -572,16 +695,31 @@ def _room_after(
     )
 
 
-def _result(gang: Sequence[GangPodSet], views: Sequence[NodeView], best: _Attempt) -> FitResult:
+def _result(
+    gang: Sequence[GangPodSet],
+    views: Sequence[NodeView],
+    best: _Attempt,
+    reach: Mapping[str, NodeDevices] | None,
+) -> FitResult:
     order = [plan.pod_set for plan in best.order]
     blocking = next((ps for ps in order if ps.name in best.unplaced), None)
     reasons: dict[str, Rejection] = {}
+    in_use: dict[str, Rejection] = {}
     for node in views:
+        room = None
+        if reach is not None and best.usage is not None:
+            room = DeviceRoom(reach[node.name], best.usage)
         if node.name in best.placements:
+            member = blocking.member if blocking is not None else None
+            allowed = member is not None and static_rejection(member, node) is None
+            if member is not None and member.devices and room is not None and allowed:
+                reason = host_rejection(member, node, best.free[node.name], room)
+                if reason is not None:
+                    in_use[node.name] = reason
             continue
         reason = node.problem
         if reason is None and blocking is not None:
-            reason = host_rejection(blocking.member, node, best.free[node.name])
+            reason = host_rejection(blocking.member, node, best.free[node.name], room)
         if reason is not None:
             reasons[node.name] = reason
     total = sum(ps.count for ps in gang)
@@ -594,6 +732,7 @@ def _result(gang: Sequence[GangPodSet], views: Sequence[NodeView], best: _Attemp
         node_reasons=reasons,
         blocking_pod_set=blocking.name if blocking else None,
         pod_sets=len(gang),
+        in_use_reasons=in_use,
     )
 
 
@@ -617,6 +756,9 @@ def summarize(result: FitResult, limit: int = SUMMARY_LIMIT) -> str:
     blocked = list(result.node_reasons.values())
     if not blocked:
         tail = "; no nodes" if not used else "; the nodes in use have no room for the rest"
+        in_use = list(result.in_use_reasons.values())
+        if in_use:
+            return _truncate(f"{head}{tail}: ", limit, in_use)
         return _truncate(head + tail, limit)
     return _truncate(f"{head}; {_plural(len(blocked), 'node')} can take none: ", limit, blocked)
 
