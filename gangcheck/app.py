@@ -175,6 +175,8 @@ class Controller:
         c.requests.add_handler(self._on_request)
         c.nodes.add_handler(self._on_node)
         c.pods.add_handler(self._on_pod)
+        for devices in (c.resource_slices, c.resource_claims, c.device_classes):
+            devices.add_handler(self._on_capacity_change)
 
     def _add_workload(self, namespace: object, name: object) -> None:
         self.queue.add(f"{WORKLOAD_KEY}{namespace}/{name}")

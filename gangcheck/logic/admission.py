@@ -562,6 +562,7 @@ def gang_templates(snap: Snapshot) -> GangSpec:
             for m in merged
         ),
         topology,
+        namespace=wl.ref.namespace,
     )
 
 

@@ -493,7 +493,7 @@ def place(
         return None
     considered = _considered(nodes, members, request, in_flight)
     views = [node_view(n) for n, _, _ in considered]
-    fitted = fit_in_domains(pod_sets, views, pods, spec.topology, spec.together)
+    fitted = fit_in_domains(pod_sets, views, pods, spec.topology, together=spec.together)
     result = fitted.result
     fits = [_node_fit(node, arrived, recorded, result) for node, arrived, recorded in considered]
     fits.sort(key=lambda n: (not n.arrived, n.name))

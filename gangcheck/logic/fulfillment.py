@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gangcheck.logic.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.fit import (
     GangPodSet,
     Member,
@@ -53,6 +54,22 @@ class Capacity:
     waiting: tuple[Waiting, ...] = ()
     """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
     claim_grace_seconds: float = 15.0
+    device_classes: tuple[Obj, ...] = ()
+    resource_slices: tuple[Obj, ...] = ()
+    resource_claims: tuple[Obj, ...] = ()
+    claim_templates: tuple[Obj, ...] = ()
+    """DRA objects: what a gang's ResourceClaimTemplates ask is counted against the devices
+    the ResourceSlices publish, less what allocated claims hold."""
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        """The namespace's claim templates and claims, and the cluster's devices."""
+
+        def here(objs: tuple[Obj, ...]) -> list[Obj]:
+            return [o for o in objs if (o.get("metadata") or {}).get("namespace") == namespace]
+
+        context = DraContext.of(here(self.claim_templates), here(self.resource_claims))
+        inventory = build_inventory(self.resource_slices, self.device_classes, self.resource_claims)
+        return context, inventory
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,8 @@ class GangSpec:
     pod_sets: tuple[tuple[str, int, Obj], ...]
     topology: Mapping[str, str] = field(default_factory=dict)
     together: str = ""
+    namespace: str = ""
+    """Where the gang's pods live: their ResourceClaimTemplates are looked up there."""
     """A level key the whole gang must sit inside one domain of (a PodGroup's topology)."""
 
     @classmethod
@@ -92,8 +111,12 @@ def claim_of(node: Obj) -> str:
     return str((node.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR, ""))
 
 
-def gang_of(pod_sets: Sequence[tuple[str, int, Obj]]) -> list[GangPodSet]:
-    return [GangPodSet(name, count, member_from_template(tpl)) for name, count, tpl in pod_sets]
+def gang_of(
+    pod_sets: Sequence[tuple[str, int, Obj]], dra: DraContext | None = None
+) -> list[GangPodSet]:
+    return [
+        GangPodSet(name, count, member_from_template(tpl, dra)) for name, count, tpl in pod_sets
+    ]
 
 
 def assess(
@@ -108,21 +131,29 @@ def assess(
     not need stays free for the next one.
     """
     capacity, spec = capacity or Capacity(), GangSpec.of(gang)
-    pod_sets = gang_of(spec.pod_sets)
+    context, devices = capacity.dra(req.ref.namespace)
+    pod_sets = gang_of(spec.pod_sets, context)
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
     views = [node_view(n) for n in base]
-    result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology, spec.together)
+
+    def fit() -> TopologyFit:
+        return fit_in_domains(
+            pod_sets, views, capacity.pods, spec.topology, together=spec.together, devices=devices
+        )
+
+    result = fit()
     claims: list[Obj] = []
     for node in candidates:
         if result.fits:
             break
         claims.append(node)
         views.append(node_view(node))
-        result = fit_in_domains(pod_sets, views, capacity.pods, spec.topology, spec.together)
+        result = fit()
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
     return _fulfillment(
         result,
+        devices,
         claims=tuple(
             (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in claims
         ),
@@ -138,17 +169,26 @@ def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
         for n in capacity.nodes
         if not claim_of(n) or claim_of(n) not in capacity.in_flight
     ]
-    return _fulfillment(
-        fit_in_domains(gang_of(gang.pod_sets), free, capacity.pods, gang.topology, gang.together)
+    context, devices = capacity.dra(gang.namespace)
+    pod_sets = gang_of(gang.pod_sets, context)
+    fitted = fit_in_domains(
+        pod_sets, free, capacity.pods, gang.topology, together=gang.together, devices=devices
     )
+    return _fulfillment(fitted, devices)
 
 
 def _fulfillment(
-    result: TopologyFit, claims: tuple[tuple[str, str], ...] = (), arrived: tuple[str, ...] = ()
+    result: TopologyFit,
+    devices: Inventory,
+    claims: tuple[tuple[str, str], ...] = (),
+    arrived: tuple[str, ...] = (),
 ) -> Fulfillment:
+    summary = result.summary()
+    if not result.fits and devices.problems:
+        summary += f"; {devices.problems[0]}"
     return Fulfillment(
         fits=result.fits,
-        summary=result.summary(),
+        summary=summary,
         placeable=result.result.placeable,
         total=result.result.total,
         claims=claims,
@@ -213,7 +253,8 @@ def reserved_split(
         for n in capacity.nodes
         if not claim_of(n) or claim_of(n) not in capacity.in_flight
     ]
-    return split_gang(gang_of(gang.pod_sets), free, capacity.pods, reservations)
+    context, _ = capacity.dra(gang.namespace)
+    return split_gang(gang_of(gang.pod_sets, context), free, capacity.pods, reservations)
 
 
 def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:

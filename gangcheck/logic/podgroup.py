@@ -455,7 +455,7 @@ def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:
     pod_sets = tuple(
         (f"ps-{i}", len(pods), pod_template(pods[0])) for i, pods in enumerate(groups.values())
     )
-    return GangSpec(pod_sets, together=snap.group.topology_key)
+    return GangSpec(pod_sets, together=snap.group.topology_key, namespace=snap.group.ref.namespace)
 
 
 def pod_template(pod: Obj) -> Obj:

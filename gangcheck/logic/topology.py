@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gangcheck.logic.dra import Inventory
 from gangcheck.logic.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
 
 Obj = Mapping[str, object]
@@ -59,16 +60,18 @@ def fit_in_domains(
     nodes: Sequence[NodeView],
     bound_pods: Iterable[Obj] = (),
     required: Mapping[str, str] | None = None,
+    *,
     together: str = "",
+    devices: Inventory | None = None,
 ) -> TopologyFit:
     """Fit the gang with each pod set named in `required` (pod set -> level key) kept inside
     one domain of its level; with `together` (a level key), the whole gang in one domain."""
     bound = list(bound_pods)
     if together:
-        return _fit_together(gang, nodes, bound, together)
+        return _fit_together(gang, nodes, bound, together, devices)
     required = {ps.name: required[ps.name] for ps in gang if required and ps.name in required}
     if not required:
-        return TopologyFit(fit_gang(gang, nodes, bound))
+        return TopologyFit(fit_gang(gang, nodes, bound, devices))
     chosen: dict[str, tuple[str, str]] = {}
     for ps in gang:
         key = required.get(ps.name)
@@ -77,7 +80,7 @@ def fit_in_domains(
         best: tuple[int, str] | None = None
         for value in domains_of(nodes, key):
             trial = _apply({**chosen, ps.name: (key, value)}, gang)
-            result = fit_gang(trial, nodes, bound)
+            result = fit_gang(trial, nodes, bound, devices)
             left = result.unplaced.get(ps.name, 0)
             if left == 0:
                 chosen[ps.name] = (key, value)
@@ -88,8 +91,8 @@ def fit_in_domains(
             where = f"; best {key}={best[1]} places {best[0]}" if best else ": no node has it"
             problem = f"pod set {ps.name} needs all {ps.count} members in one {key} domain{where}"
             pins = {**chosen, ps.name: (key, best[1])} if best else chosen
-            return TopologyFit(fit_gang(_apply(pins, gang), nodes, bound), chosen, problem)
-    return TopologyFit(fit_gang(_apply(chosen, gang), nodes, bound), chosen)
+            return TopologyFit(fit_gang(_apply(pins, gang), nodes, bound, devices), chosen, problem)
+    return TopologyFit(fit_gang(_apply(chosen, gang), nodes, bound, devices), chosen)
 
 
 def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> list[GangPodSet]:
@@ -97,12 +100,16 @@ def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> l
 
 
 def _fit_together(
-    gang: Sequence[GangPodSet], nodes: Sequence[NodeView], bound: list[Obj], key: str
+    gang: Sequence[GangPodSet],
+    nodes: Sequence[NodeView],
+    bound: list[Obj],
+    key: str,
+    devices: Inventory | None,
 ) -> TopologyFit:
     """The whole gang in the first domain of `key` (by name) that takes it all."""
     best: tuple[FitResult, str] | None = None
     for value in domains_of(nodes, key):
-        result = fit_gang([pinned(ps, key, value) for ps in gang], nodes, bound)
+        result = fit_gang([pinned(ps, key, value) for ps in gang], nodes, bound, devices)
         pins = {ps.name: (key, value) for ps in gang}
         if result.fits:
             return TopologyFit(result, pins)

@@ -10,12 +10,16 @@ from gangcheck.kube.informer import Informer, Store
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
+    DEVICE_CLASS,
     NAMESPACE,
     NODE,
     POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
+    RESOURCE_CLAIM,
+    RESOURCE_CLAIM_TEMPLATE,
     RESOURCE_FLAVOR,
+    RESOURCE_SLICE,
     WORKLOAD,
 )
 from gangcheck.logic import checkconfig
@@ -43,6 +47,10 @@ class Caches:
     nodes: Informer
     pods: Informer
     namespaces: Informer
+    device_classes: Informer
+    resource_slices: Informer
+    resource_claims: Informer
+    claim_templates: Informer
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
@@ -62,6 +70,10 @@ class Caches:
             nodes=informer(NODE),
             pods=informer(POD),
             namespaces=informer(NAMESPACE),
+            device_classes=informer(DEVICE_CLASS),
+            resource_slices=informer(RESOURCE_SLICE),
+            resource_claims=informer(RESOURCE_CLAIM),
+            claim_templates=informer(RESOURCE_CLAIM_TEMPLATE),
         )
 
     def all(self) -> list[Informer]:
@@ -75,6 +87,10 @@ class Caches:
             self.nodes,
             self.pods,
             self.namespaces,
+            self.device_classes,
+            self.resource_slices,
+            self.resource_claims,
+            self.claim_templates,
         ]
 
     async def wait_synced(self) -> None:

@@ -21,6 +21,7 @@ from gangcheck.kube.resources import (
     NODE,
     PLUGINS_POD_GROUP,
     POD,
+    RESOURCE_CLAIM_TEMPLATE,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
 from gangcheck.logic.actions import CONSUME_ANNOTATION
@@ -36,6 +37,7 @@ from gangcheck.logic.podgroup import (
 from gangcheck.reconcile.podgroup import PodGroupOptions
 from tests.builders import container
 from tests.integration.harness import Cluster, eventually
+from tests.integration.test_dra_api import Devices, claim_template, devices, gpu  # noqa: F401
 from tests.integration.test_webhook import (  # the webhook's fixtures, reused
     Certs,
     Pods,
@@ -405,3 +407,63 @@ async def test_the_webhook_gates_members_at_creation_and_the_gang_is_released_to
     await groups.wait_state("hooked", "Released", plugins=True)
     assert await groups.gated("hooked-0", "hooked-1", "hooked-2") == [False, False, False]
     assert webhook.gated.count("scheduling.x-k8s.io") >= 3
+
+
+async def test_dra_devices_decide_the_fit_and_a_claim_that_does_not_fit_is_named(
+    groups: Groups,
+    provisioner: Controller,
+    devices: Devices,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """Members asking for a GPU through a ResourceClaimTemplate fit only where a ResourceSlice
+    publishes a free device: CPU and memory to spare are not enough."""
+    (node_name,) = await groups.cluster.add_nodes(1, gpu=0)
+    klass = await devices.device_class("gpus", f'device.driver == "{devices.driver}"')
+    await devices.resource_slice(
+        "node",
+        {
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node_name,
+            "devices": [gpu("gpu-0", "full"), gpu("gpu-1", "full")],
+        },
+    )
+    body = claim_template(
+        "one-gpu", klass, f'device.attributes["{devices.driver}"].model == "a100"'
+    )
+    body["metadata"]["namespace"] = groups.ns
+    await groups.kube.create(RESOURCE_CLAIM_TEMPLATE, body)
+
+    async def member_with_claim(name: str, group: str) -> None:
+        spec: Obj = {
+            "containers": [{**container(), "resources": {"claims": [{"name": "gpu"}]}}],
+            "restartPolicy": "Never",
+            "nodeSelector": dict(groups.cluster.pool),
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "schedulingGroup": {"podGroupName": group},
+            "schedulingGates": [{"name": GATE}],
+        }
+        await groups.kube.create(
+            POD, {"metadata": {"name": name, "namespace": groups.ns}, "spec": spec}
+        )
+
+    await groups.upstream("three", 3)
+    for i in range(3):
+        await member_with_claim(f"three-{i}", "three")
+    request = await groups.cluster.wait_request("three-pg-1")  # two devices for three members
+    template = (await groups.cluster.templates())[0]
+    assert template["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == (
+        "one-gpu"
+    )
+    assert request["spec"]["podSets"][0]["count"] == 3
+    await groups.cluster.set_request_conditions("three-pg-1", {"Provisioned": "ok"})
+
+    async def names_the_claim() -> Obj | None:
+        obj = await groups.group("three")
+        return obj if 'claim "gpu"' in _annotations(obj).get(MESSAGE_ANNOTATION, "") else None
+
+    waiting = await eventually(names_the_claim, what="the claim named in the message")
+    assert "2 of 3 members placeable" in _annotations(waiting)[MESSAGE_ANNOTATION]
+
+    await groups.upstream("two", 2)
+    for i in range(2):
+        await member_with_claim(f"two-{i}", "two")
+    await groups.wait_state("two", "Released")

@@ -94,7 +94,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_fit_in_domains(case: Case) -> None:
-    result = fit_in_domains(case.gang, case.nodes, (), case.required, case.together)
+    result = fit_in_domains(case.gang, case.nodes, (), case.required, together=case.together)
     assert result.fits == case.fits
     assert result.problem == case.problem
     if case.fits:
