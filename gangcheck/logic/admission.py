@@ -382,7 +382,7 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
 
 def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
     """The request exists: hand it its templates, replace it if stale, map its conditions."""
-    adopt = _adoptions(snap, req)
+    adopt = adoptions(snap.templates, req)
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
@@ -454,10 +454,13 @@ def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     return Decision(actions=(delete_request(req, "rolled back"),))
 
 
-def _adoptions(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+def adoptions(
+    templates: Mapping[str, TemplateInfo], req: ProvisioningRequest
+) -> tuple[Action, ...]:
+    """Hand each of the request's PodTemplates that exists to the request, once."""
     out: list[Action] = []
     for ps in req.pod_sets:
-        info = snap.templates.get(ps.template_name)
+        info = templates.get(ps.template_name)
         if info is not None and req.ref.uid not in info.owner_uids:
             out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
     return tuple(out)

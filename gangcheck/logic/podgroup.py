@@ -31,16 +31,15 @@ from gangcheck.logic.actions import (
     PHASE_ANNOTATION,
     STARTED,
     Action,
-    AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
     CreateRequest,
     CreateTemplate,
-    DeleteRequest,
     Event,
     Obj,
     ReleaseMembers,
 )
+from gangcheck.logic.admission import TemplateInfo, adoptions, delete_request
 from gangcheck.logic.fulfillment import (
     RESERVED_ANNOTATION,
     Capacity,
@@ -79,14 +78,6 @@ GAVE_UP = "GaveUp"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 1024
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True)
-class TemplateInfo:
-    """A PodTemplate that exists, with the uids of its owners."""
-
-    name: str
-    owner_uids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -232,7 +223,7 @@ def _follow(
     snap: GroupSnapshot, members: _Members, gang: GangSpec, req: ProvisioningRequest, now: datetime
 ) -> GroupDecision:
     assert snap.config is not None
-    adopt = _adoptions(snap, req)
+    adopt = adoptions(snap.templates, req)
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, req, now)
     else:
@@ -484,15 +475,6 @@ def group_key(group: PodGroup) -> str:
     return f"{group.short}/{group.ref.name}"
 
 
-def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
-    return DeleteRequest(
-        name=req.name,
-        uid=req.ref.uid,
-        templates=tuple(p.template_name for p in req.pod_sets),
-        reason=reason,
-    )
-
-
 def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
     return GroupDecision(
         actions=tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
@@ -505,15 +487,6 @@ def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
         for r in snap.requests
         if r.name != current and not r.deleting
     )
-
-
-def _adoptions(snap: GroupSnapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
-    out: list[Action] = []
-    for ps in req.pod_sets:
-        info = snap.templates.get(ps.template_name)
-        if info is not None and req.ref.uid not in info.owner_uids:
-            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
-    return tuple(out)
 
 
 def _metadata(snap: GroupSnapshot, name: str) -> Obj:

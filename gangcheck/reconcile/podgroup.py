@@ -17,8 +17,9 @@ from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic import podgroup
 from gangcheck.logic.actions import Event
+from gangcheck.logic.admission import TemplateInfo, delete_request
 from gangcheck.logic.gating import is_gated
-from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, TemplateInfo, decide
+from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
@@ -155,7 +156,7 @@ class PodGroupReconciler:
         key = f"{short}/{name}"
         for req in self._caches.requests_of_group(namespace, key):
             await self._applier.apply(
-                namespace, podgroup.delete_request(request_of(req), "PodGroup deleted")
+                namespace, delete_request(request_of(req), "PodGroup deleted")
             )
         served = api_group in self._caches.pod_groups
         for pod in self._caches.members_of(namespace, api_group, name):
