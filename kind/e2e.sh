@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 CLUSTER=gangcheck
 KUEUE_VERSION=${KUEUE_VERSION:-v0.17.0}
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+CERT_MANAGER_VERSION=${CERT_MANAGER_VERSION:-v1.18.2}
 CA_IMAGE=${CA_IMAGE:-registry.k8s.io/autoscaling/cluster-autoscaler:v1.33.0}
 IMAGE=gangcheck:e2e
 KUBECONFIG_FILE=$(mktemp -t gangcheck-kind-XXXXXX)
@@ -48,7 +49,12 @@ kubectl apply -f kind/autoscaler.yaml
 kubectl -n kube-system set image deploy/cluster-autoscaler cluster-autoscaler="$CA_IMAGE"
 kubectl -n kube-system rollout status deploy/cluster-autoscaler --timeout=180s
 
-# gangcheck as a user deploys it: base, the node reclaimer for kwok nodes, our image.
+# cert-manager, for the webhook's serving certificate (manifests/components/webhook-cert-manager).
+kubectl apply -f "https://github.com/cert-manager/cert-manager/releases/download/${CERT_MANAGER_VERSION}/cert-manager.yaml"
+kubectl -n cert-manager rollout status deploy/cert-manager-webhook --timeout=180s
+
+# gangcheck as a user deploys it: base, the node reclaimer for kwok nodes, the webhook's
+# certificate, our image.
 kubectl kustomize kind/overlay | kubectl apply --server-side -f -
 kubectl -n gangcheck-system rollout status deploy/gangcheck --timeout=180s
 
