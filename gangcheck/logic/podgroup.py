@@ -15,7 +15,7 @@ the PodGroup; everything about one attempt on its request.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -67,6 +67,8 @@ MESSAGE_ANNOTATION = "gangcheck.io/message"
 REQUEST_ANNOTATION = "gangcheck.io/request"
 NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
 UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
+DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
+"""On a released group: the domain its members were pinned to (``key=value``), for late ones."""
 CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
 """On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default."""
 
@@ -134,7 +136,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
     if state == RELEASED:
         return _release_late(snap, members)
     if state == GAVE_UP:
-        return GroupDecision()
+        return clean_up(snap, "the PodGroup gave up")
     if group.problem:
         return _status(snap, FAILED, group.problem, now, warn="InvalidPodGroup")
     if not group.is_gang:
@@ -278,7 +280,12 @@ def _from_conditions(
 
 
 def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> GroupDecision:
-    """Reclaim what arrived (once), then delete the request and schedule the next attempt."""
+    """Reclaim what arrived (once), then schedule the next attempt (or give up).
+
+    Only the group's annotations are written here: the next attempt's number is on the group
+    before the rolled-back request goes, which it then does as superseded (and on giving up,
+    as a group that gave up); a restart in between finds one or the other, never a gap in
+    which the same attempt would be made again."""
     assert snap.config is not None
     done = rollback.verdict(req)
     if done is None:
@@ -286,11 +293,10 @@ def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> 
         return GroupDecision(actions=(action,), requeue_after=0.2)
     attempt = attempt_of(snap.group)
     strategy = snap.config.retry_strategy
-    delete = delete_request(req, "rolled back")
     event = Event("RolledBack", done.message, warning=True)
     if done.revoked or not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}", now)
-        return replace(failed, actions=(delete,), events=(*failed.events, event))
+        return replace(failed, events=(*failed.events, event), requeue_after=0.2)
     delay = backoff.requeue_after_seconds(
         attempt - 1,
         base_seconds=strategy.backoff_base_seconds,
@@ -304,9 +310,7 @@ def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> 
         NEXT_ATTEMPT_ANNOTATION: at,
         REQUEST_ANNOTATION: "",
     }
-    return GroupDecision(
-        status=status, actions=(delete,), events=(event,), requeue_after=float(delay)
-    )
+    return GroupDecision(status=status, events=(event,), requeue_after=0.2)
 
 
 def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
@@ -336,7 +340,9 @@ def _release(
     actions: tuple[Action, ...] = ()
     if gated:
         actions = (ReleaseMembers(gated, annotations, pins, GATE),)
-    decision = _status(snap, state, message, now, request=req.name if req else "")
+    decision = _status(
+        snap, state, message, now, request=req.name if req else "", domain=_domain_text(pins)
+    )
     events = decision.events
     if gated:
         text = f"Released {len(gated)} members together: {message}"
@@ -353,7 +359,17 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     req = next((r for r in snap.requests if r.name == req_name), None)
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     gated = tuple(sorted(_name(p) for p in members.gated))
-    return GroupDecision(actions=(ReleaseMembers(gated, annotations, {}, GATE),))
+    pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
+    return GroupDecision(actions=(ReleaseMembers(gated, annotations, pins, GATE),))
+
+
+def _domain_text(pins: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(pins.items()))
+
+
+def _domain_of(text: str) -> dict[str, str]:
+    pairs = (item.partition("=") for item in text.split(",") if "=" in item)
+    return {k: v for k, _, v in pairs}
 
 
 def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
@@ -439,14 +455,20 @@ def _with(first: GroupDecision | None, second: GroupDecision | None) -> GroupDec
 def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:
     """The members still to place, grouped by identical scheduling requirements into pod sets
     ``ps-0``, ``ps-1``… in the order of their first member's name."""
+    return gang_from_pods(snap.group, members.unbound)
+
+
+def gang_from_pods(group: PodGroup, pods: Sequence[Obj]) -> GangSpec:
+    """The pods (in the order given) grouped by identical scheduling requirements into pod
+    sets ``ps-0``, ``ps-1``…, with the group's topology and namespace."""
     groups: dict[str, list[Obj]] = {}
-    for pod in members.unbound:
+    for pod in pods:
         key = repr(scheduling_requirements(pod_template(pod)))
         groups.setdefault(key, []).append(pod)
     pod_sets = tuple(
-        (f"ps-{i}", len(pods), pod_template(pods[0])) for i, pods in enumerate(groups.values())
+        (f"ps-{i}", len(same), pod_template(same[0])) for i, same in enumerate(groups.values())
     )
-    return GangSpec(pod_sets, together=snap.group.topology_key, namespace=snap.group.ref.namespace)
+    return GangSpec(pod_sets, together=group.topology_key, namespace=group.ref.namespace)
 
 
 def pod_template(pod: Obj) -> Obj:
@@ -551,6 +573,7 @@ def _status(
     now: datetime,
     *,
     request: str | None = None,
+    domain: str | None = None,
     warn: str = "",
 ) -> GroupDecision:
     """The group's state and one-line message, written (with an Event) only when changed."""
@@ -558,6 +581,8 @@ def _status(
     wanted = _status_annotations(state, message)
     if request is not None:
         wanted[REQUEST_ANNOTATION] = request
+    if domain is not None:
+        wanted[DOMAIN_ANNOTATION] = domain
     current = snap.group.annotations
     changed = {k: v for k, v in wanted.items() if current.get(k, "") != v}
     if not changed:

@@ -215,7 +215,6 @@ CASES = [
         ],
         state="BackingOff",
         message="attempt 2 at 2026-11-30T10:06:00Z: rolled back g-pg-1 (Deadline: x)",
-        deletes=(REQ1,),
         status={
             "gangcheck.io/attempt": "2",
             "gangcheck.io/next-attempt-at": "2026-11-30T10:06:00Z",
@@ -238,7 +237,36 @@ CASES = [
         ],
         state="GaveUp",
         message="gave up after attempt 4",
+    ),
+    Case(
+        "attempt 2 is on the group: the rolled-back request goes as superseded",
+        group(3, annotations={"gangcheck.io/attempt": "2", "gangcheck.io/next-attempt-at": LATER}),
+        members(3),
+        requests=[req(annotations={"gangcheck.io/phase": "RollingBack"})],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "gave up: what is left of the last request goes, the members stay gated",
+        group(3, annotations={"gangcheck.io/attempt": "4", "gangcheck.io/state": "GaveUp"}),
+        members(3),
+        requests=[req("g-pg-4")],
         deletes=("g-pg-4",),
+    ),
+    Case(
+        "released into a rack, a late member: pinned to the same rack",
+        group(
+            2,
+            annotations={
+                "gangcheck.io/state": "Released",
+                "gangcheck.io/request": REQ1,
+                "gangcheck.io/topology-domain": "rack=b",
+            },
+        ),
+        [member(0, gated=False, node_name="n1"), member(1)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        released=("m1",),
+        consume=REQ1,
+        pins={"rack": "b"},
     ),
     Case(
         "backing off: no request before the time",
