@@ -138,7 +138,8 @@ class Informer:
 
     async def _list(self) -> str:
         listing = await self.kube.list_objects(self.resource, label_selector=self._selector)
-        removed, changed = self.store._replace(listing.get("items") or [])
+        items = [self._typed(item) for item in listing.get("items") or []]
+        removed, changed = self.store._replace(items)
         for obj in removed:
             self._notify(obj, None)
         for old, new in changed:
@@ -166,11 +167,19 @@ class Informer:
         new_rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
         if kind == "BOOKMARK":
             return new_rv
+        obj = self._typed(obj)
         if kind == "DELETED":
             self._notify(self.store._pop(obj) or obj, None)
         else:
             self._notify(self.store._put(obj), obj)
         return new_rv
+
+    def _typed(self, obj: Obj) -> Obj:
+        """The object with its apiVersion and kind: the API server leaves them out of the
+        items of a list of built-in resources, and owner references and Events need them."""
+        if not obj.get("apiVersion") or not obj.get("kind"):
+            obj = {**obj, "apiVersion": self.resource.api_version, "kind": self.resource.kind}
+        return obj
 
     def _notify(self, old: Obj | None, new: Obj | None) -> None:
         for handler in self._handlers:

@@ -72,8 +72,11 @@ class WorkQueue:
                 return key
             self._wakeup.clear()
             timeout = self._delayed[0][0] - self.clock() if self._delayed else None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can hold a cancelled worker
+            # until the timeout ends (seen as a controller taking minutes to stop).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wakeup.wait()
 
     def done(self, key: str, *, failed: bool = False, requeue_after: float | None = None) -> None:
         """Finish a key: clear or bump its backoff, and take it again if it changed meanwhile."""
