@@ -24,6 +24,7 @@ from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.devices import DeviceProblemReconciler
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.reconcile.podgroup import API_GROUP_OF, PodGroupOptions, PodGroupReconciler
@@ -37,12 +38,14 @@ from gangcheck.webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY = "wl:", "ac:", "node:", "pg:"
+DEVICES_KEY = "dra:inventory"
 DEFAULT_POD_GROUPS = PodGroupOptions()
 _CONTROLLERS = {
     WORKLOAD_KEY: "workload",
     CHECK_KEY: "admissioncheck",
     NODE_KEY: "node",
     GROUP_KEY: "podgroup",
+    "dra:": "devices",
 }
 
 
@@ -78,6 +81,7 @@ class Controller:
         )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
         self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
+        self.device_reconciler = DeviceProblemReconciler(self.caches, events)
         self.group_reconciler = (
             PodGroupReconciler(kube, self.caches, events, applier, pod_groups, clock=clock)
             if pod_groups is not None
@@ -148,6 +152,8 @@ class Controller:
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
         if key.startswith(NODE_KEY):
             return await self.node_reconciler.reconcile(key.removeprefix(NODE_KEY))
+        if key == DEVICES_KEY:
+            return await self.device_reconciler.reconcile(key)
         if key.startswith(GROUP_KEY):
             if self.group_reconciler is None:
                 return Result()
@@ -177,6 +183,8 @@ class Controller:
         c.pods.add_handler(self._on_pod)
         for devices in (c.resource_slices, c.resource_claims, c.device_classes):
             devices.add_handler(self._on_capacity_change)
+        for published in (c.resource_slices, c.device_classes):
+            published.add_handler(lambda _o, _n: self.queue.add(DEVICES_KEY))
 
     def _add_workload(self, namespace: object, name: object) -> None:
         self.queue.add(f"{WORKLOAD_KEY}{namespace}/{name}")

@@ -92,6 +92,8 @@ _RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
     ("--health-port", int, "/healthz and /readyz", "server", "health_port"),
     ("--metrics-port", int, "/metrics", "server", "metrics_port"),
     ("--bind-address", str, "address to serve on", "server", "bind_address"),
+    ("--webhook-port", int, "serve the gating webhook on this port", "webhook", "port"),
+    ("--webhook-cert-dir", str, "tls.crt and tls.key of the webhook", "webhook", "cert_dir"),
 )
 _RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FIELDS)
 
@@ -108,6 +110,8 @@ def _settings(args: argparse.Namespace) -> Any:
             updates.setdefault(section, {})[field] = value
     if args.leader_elect:
         updates.setdefault("leader_election", {})["enabled"] = True
+    if args.webhook_port is not None:
+        updates.setdefault("webhook", {})["enabled"] = True
     sections = {
         name: getattr(settings, name).model_copy(update=fields) for name, fields in updates.items()
     }
