@@ -1,6 +1,7 @@
 """`gangcheck diagnose TARGET` and `gangcheck status`: read the cluster, say what blocks a gang.
 
-This module fetches (with ``Kube``) and renders; ``gangcheck.logic.diagnosis`` judges. The
+A gang is a Kueue Workload or a PodGroup (either API). This module fetches (with ``Kube``) and
+renders; ``gangcheck.logic.diagnosis`` and ``gangcheck.logic.group_diagnosis`` judge. The
 entry points ``main_diagnose`` and ``main_status`` take their own arguments (``TARGET``,
 ``-n``, ``--kubeconfig``, ``-o text|json``) and return the exit code: 0 when diagnosed, 1
 with a one-line error on stderr when the target does not exist or is not a gang.
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from gangcheck.kube.client import Kube
+from gangcheck.kube.discovery import ServedPodGroups, served_pod_group_apis
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -27,6 +29,7 @@ from gangcheck.kube.resources import (
     CLUSTER_QUEUE,
     JOB,
     LOCAL_QUEUE,
+    NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
@@ -40,6 +43,8 @@ from gangcheck.logic.diagnosis import (
     Facts,
     GangRow,
     NodeFit,
+    Placement,
+    RequestFacts,
     Target,
     TargetError,
     Verdict,
@@ -51,8 +56,19 @@ from gangcheck.logic.diagnosis import (
     parse_target,
     verdict,
 )
+from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE, PodGroupRef, group_of
+from gangcheck.logic.group_diagnosis import (
+    GroupFacts,
+    gather_group,
+    group_row,
+    group_verdict,
+    in_flight,
+    members_by_group,
+)
+from gangcheck.logic.podgroup import RELEASED
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import flavor_of
+from gangcheck.model.podgroups import PLUGINS, UPSTREAM
 
 Obj = dict[str, Any]
 R = TypeVar("R")
@@ -71,7 +87,15 @@ WIDTH = 100
 
 
 class DiagnoseError(Exception):
-    """The target cannot be diagnosed: missing, not a gang, or a kind not served yet."""
+    """The target cannot be diagnosed: missing, not a gang, or a kind not served."""
+
+
+class PodGroupMember(DiagnoseError):
+    """The pod belongs to no Kueue Workload, but names a PodGroup: that is its gang."""
+
+    def __init__(self, message: str, group: PodGroupRef) -> None:
+        super().__init__(message)
+        self.group = group
 
 
 @dataclass(frozen=True)
@@ -87,6 +111,25 @@ class DiagnoseReport:
 
 
 @dataclass(frozen=True)
+class GroupReport:
+    """The diagnosis of a PodGroup's gang (`via`: the pod the user named, if any)."""
+
+    target: Target
+    facts: GroupFacts
+    verdict: Verdict
+    now: datetime
+    via: Target | None = None
+
+    @property
+    def group(self) -> str:
+        return f"{self.facts.namespace}/{self.facts.name}"
+
+
+Report = DiagnoseReport | GroupReport
+PodGroups = tuple[ServedPodGroups, list[tuple[str, Obj]]]
+
+
+@dataclass(frozen=True)
 class StatusReport:
     namespace: str | None
     gangs: tuple[GangRow, ...]
@@ -96,22 +139,87 @@ class StatusReport:
 # ---- the API -----------------------------------------------------------------------------
 
 
-async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> DiagnoseReport:
-    """Find the target's Workload and walk its chain; DiagnoseError when there is none."""
+async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> Report:
+    """Find the target's gang (a Workload, or a PodGroup) and walk its chain; DiagnoseError
+    when there is none."""
     parsed = _parse(target)
-    workload = await find_workload(kube, parsed)
+    if parsed.kind == "podgroup":
+        return await diagnose_group(kube, parsed, now=now)
+    try:
+        workload = await find_workload(kube, parsed)
+    except PodGroupMember as e:
+        group = Target("podgroup", parsed.namespace, e.group.name, e.group.api_group)
+        return await diagnose_group(kube, group, now=now, via=parsed)
     world = await fetch_world(kube, parsed.namespace)
     when = now or datetime.now(UTC)
     facts = gather(workload, world)
     return DiagnoseReport(parsed, facts, verdict(facts, when), when)
 
 
+async def diagnose_group(
+    kube: Kube, target: Target, *, now: datetime | None = None, via: Target | None = None
+) -> GroupReport:
+    """The PodGroup named, in the API the target names, else the upstream one, else the
+    scheduler-plugins one (whichever the server serves and holds it); DiagnoseError when
+    neither holds it and no pod names it."""
+    served = await served_pod_group_apis(kube)
+    resources = {UPSTREAM: served.upstream, PLUGINS: served.plugins}
+    apis = [target.api_group] if target.api_group else [UPSTREAM, PLUGINS]
+    ns, name = target.namespace, target.name
+    obj, api_group = None, ""
+    for api in apis:
+        res = resources.get(api)
+        if res is not None and (obj := await _get(kube, res, name, ns)) is not None:
+            api_group = api
+            break
+    world, opted_in = await asyncio.gather(fetch_group_world(kube, ns), _opted_in(kube, ns))
+    by_group = members_by_group(world.pods)
+    if not api_group:
+        # Not found: whichever API its members name, else the first one served.
+        named = [a for a in apis if by_group.get((ns, a, name))]
+        first = [a for a in apis if resources.get(a) is not None]
+        api_group = (named or first or apis)[0]
+    members = by_group.get((ns, api_group, name), [])
+    if obj is None and not members:
+        raise DiagnoseError(_missing_group(served, target, api_group))
+    when = now or datetime.now(UTC)
+    facts = gather_group(
+        obj,
+        members,
+        world,
+        namespace=ns,
+        name=name,
+        api_group=api_group,
+        served=resources.get(api_group) is not None,
+        opted_in=opted_in,
+    )
+    return GroupReport(target, facts, group_verdict(facts, when), when, via)
+
+
+def _missing_group(served: ServedPodGroups, target: Target, api_group: str) -> str:
+    where = f"{target.namespace}/{target.name}"
+    if not served.resources:
+        return (
+            f"PodGroup {where}: this cluster serves no PodGroup API "
+            f"({UPSTREAM} v1beta1 or v1alpha2, {PLUGINS} v1alpha1)"
+        )
+    if target.api_group:
+        res = served.upstream if api_group == UPSTREAM else served.plugins
+        if res is None:
+            return f"PodGroup {where}: this cluster does not serve {api_group} PodGroups"
+    return f"PodGroup {where} not found"
+
+
 async def status(
     kube: Kube, namespace: str | None = None, *, now: datetime | None = None
 ) -> StatusReport:
-    """Every gang in flight (a Workload one of our checks cares about, not finished)."""
-    workloads, world = await asyncio.gather(
-        _items(kube, WORKLOAD, namespace), fetch_world(kube, namespace)
+    """Every gang in flight: a Workload one of our checks cares about, not finished; a
+    PodGroup gangcheck keeps a state on or holds members of."""
+    workloads, world, groups, namespaces = await asyncio.gather(
+        _items(kube, WORKLOAD, namespace, optional=True),
+        fetch_world(kube, namespace),
+        _pod_groups(kube, namespace),
+        _maybe(kube, NAMESPACE, None),
     )
     when = now or datetime.now(UTC)
     rows = [
@@ -119,18 +227,65 @@ async def status(
         for wl in workloads
         if is_gang(wl, world) and not _is_finished(wl)
     ]
-    rows.sort(key=lambda r: (r.namespace, r.name))
+    opted_in = None if namespaces is None else {_name(n): _is_opted_in(n) for n in namespaces}
+    rows += [
+        group_row(facts, when)
+        for facts in _group_facts(groups, world, namespace, opted_in)
+        if in_flight(facts)
+    ]
+    rows.sort(key=lambda r: (r.namespace, r.name, r.kind))
     return StatusReport(namespace, tuple(rows), when)
+
+
+def _group_facts(
+    pod_groups: PodGroups,
+    world: World,
+    namespace: str | None,
+    opted_in: dict[str, bool] | None,
+) -> list[GroupFacts]:
+    """Every PodGroup listed, and every PodGroup gated members name that does not exist."""
+    served, groups = pod_groups
+    by_group = members_by_group(world.pods)
+    out, seen = [], set()
+    for api_group, obj in groups:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), api_group, str(meta.get("name") or ""))
+        seen.add(key)
+        out.append(
+            gather_group(
+                obj,
+                by_group.get(key, []),
+                world,
+                namespace=key[0],
+                name=key[2],
+                api_group=api_group,
+                opted_in=opted_in.get(key[0]) if opted_in is not None else None,
+            )
+        )
+    for key, members in by_group.items():
+        if key in seen or (namespace is not None and key[0] != namespace):
+            continue
+        ns, api_group, name = key
+        out.append(
+            gather_group(
+                None,
+                members,
+                world,
+                namespace=ns,
+                name=name,
+                api_group=api_group,
+                served=any(res.group == api_group for res in served.resources),
+                opted_in=opted_in.get(ns) if opted_in is not None else None,
+            )
+        )
+    return out
 
 
 def _parse(target: str) -> Target:
     try:
-        parsed = parse_target(target)
+        return parse_target(target)
     except TargetError as e:
         raise DiagnoseError(str(e)) from e
-    if parsed.kind == "podgroup":
-        raise DiagnoseError("PodGroup provisioning is not implemented yet")
-    return parsed
 
 
 def _is_finished(workload: Obj) -> bool:
@@ -188,10 +343,14 @@ async def _workload_of_pod(kube: Kube, target: Target) -> Obj:
     uids = {meta.get("uid", "")} | await _owner_uids(kube, target.namespace, meta)
     found = await _named_or_owned(kube, target.namespace, named, uids)
     if found is None:
-        raise DiagnoseError(
+        message = (
             f"Pod {target.namespace}/{target.name} is not a gang: no Kueue Workload belongs to "
             "it or to its owners"
         )
+        group = group_of(pod)
+        if group is not None:
+            raise PodGroupMember(message, group)
+        raise DiagnoseError(message + ", and it names no PodGroup")
     return found
 
 
@@ -237,7 +396,7 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
     """The cluster objects a diagnosis reads, fetched at once."""
     managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     checks, configs, flavors, requests, nodes, pods = await asyncio.gather(
-        _items(kube, ADMISSION_CHECK),
+        _items(kube, ADMISSION_CHECK, optional=True),
         _items(kube, ATOMIC_CONFIG, optional=True),
         _items(kube, RESOURCE_FLAVOR, optional=True),
         _everywhere(kube, PROVISIONING_REQUEST, namespace, label_selector=managed),
@@ -257,6 +416,48 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
         cluster_queues=_by_key(cqs) if cqs is not None else None,
         local_queues=_by_key(lqs) if lqs is not None else None,
     )
+
+
+async def fetch_group_world(kube: Kube, namespace: str) -> World:
+    """What a PodGroup's diagnosis reads: the requests in flight, the nodes, the pods."""
+    managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    requests, nodes, pods = await asyncio.gather(
+        _everywhere(kube, PROVISIONING_REQUEST, namespace, label_selector=managed),
+        _items(kube, NODE),
+        _everywhere(kube, POD, namespace, field_selector=NOT_FINISHED),
+    )
+    return World(requests=tuple(requests), nodes=tuple(nodes), pods=tuple(pods))
+
+
+async def _pod_groups(kube: Kube, namespace: str | None) -> PodGroups:
+    """The PodGroup APIs served, and (API group, PodGroup) of every PodGroup they hold."""
+    served = await served_pod_group_apis(kube)
+    listings = await asyncio.gather(
+        *(_items(kube, res, namespace, optional=True) for res in served.resources)
+    )
+    return served, [
+        (res.group, obj)
+        for res, items in zip(served.resources, listings, strict=True)
+        for obj in items
+    ]
+
+
+async def _opted_in(kube: Kube, namespace: str) -> bool | None:
+    """Whether the namespace opted in to gating (None: it cannot be read)."""
+    try:
+        found = await _get(kube, NAMESPACE, namespace, None)
+    except ApiError:
+        return None
+    return _is_opted_in(found) if found is not None else None
+
+
+def _is_opted_in(namespace: Obj) -> bool:
+    labels = (namespace.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
 
 
 def _by_key(items: list[Obj]) -> dict[str, Obj]:
@@ -318,9 +519,11 @@ async def _maybe(kube: Kube, res: Resource, namespace: str | None) -> list[Obj] 
 # ---- text --------------------------------------------------------------------------------
 
 
-def render_text(report: DiagnoseReport | StatusReport) -> str:
+def render_text(report: Report | StatusReport) -> str:
     if isinstance(report, StatusReport):
         return _status_text(report)
+    if isinstance(report, GroupReport):
+        return "\n".join(_group_lines(report)) + "\n"
     return "\n".join(_diagnosis_lines(report)) + "\n"
 
 
@@ -392,9 +595,12 @@ def _check_lines(facts: Facts) -> list[str]:
 
 
 def _request_lines(facts: Facts, now: datetime) -> list[str]:
-    req = facts.request
-    assert req is not None
-    where = f"{facts.namespace}/{req.name} (attempt {req.attempt})"
+    assert facts.request is not None
+    return _lines_of_request(facts.namespace, facts.request, now)
+
+
+def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[str]:
+    where = f"{namespace}/{req.name} (attempt {req.attempt})"
     if not req.found:
         return [f"{where}: not found"]
     lines = [where]
@@ -416,8 +622,11 @@ def _request_lines(facts: Facts, now: datetime) -> list[str]:
 
 
 def _node_lines(facts: Facts) -> list[str]:
-    placement = facts.placement
-    assert placement is not None
+    assert facts.placement is not None
+    return _lines_of_placement(facts.placement)
+
+
+def _lines_of_placement(placement: Placement) -> list[str]:
     arrived = placement.arrived
     unrecorded = sum(1 for n in arrived if not n.recorded)
     head = f"{len(arrived)} arrived" + (f" ({unrecorded} not recorded yet)" if unrecorded else "")
@@ -445,14 +654,72 @@ def _arrived(node: NodeFit) -> str:
     return "yes" if node.recorded else "new"
 
 
+def _group_lines(report: GroupReport) -> list[str]:
+    f, now = report.facts, report.now
+    head = f"PodGroup {report.group} ({f.api_version or f.api_group})"
+    if report.via is not None:
+        head = f"{report.via.kind.capitalize()} {report.via.namespace}/{report.via.name} -> {head}"
+    lines = [head, ""]
+    if not f.found:
+        lines += _section("group", [f"not found ({f.api_group})" if f.served else "not served"])
+    else:
+        lines += _section("gang", [_gang_line(f)])
+        lines += _section("state", _state_lines(f, now))
+    lines += _section("members", _member_lines(f))
+    if f.request is not None:
+        lines += _section("request", _lines_of_request(f.namespace, f.request, now))
+    if f.placement is not None:
+        lines += _section("nodes", _lines_of_placement(f.placement))
+    return [*lines, "", report.verdict.line]
+
+
+def _gang_line(f: GroupFacts) -> str:
+    if not f.is_gang:
+        return "no gang policy (basic)"
+    parts = [f"minCount {f.min_count}"]
+    if f.topology_key:
+        parts.append(f"all members in one {f.topology_key} domain")
+    parts.append(f"config {f.config}" if f.config else "the controller's default config")
+    return "; ".join(parts)
+
+
+def _state_lines(f: GroupFacts, now: datetime) -> list[str]:
+    if not f.state:
+        return ["none yet (gangcheck has not acted on the group)"]
+    lines = [f"{f.state}, attempt {f.attempt}"]
+    if f.message:
+        lines += _wrapped(f.message, indent=2)
+    if f.next_attempt_at is not None:
+        when = f"next attempt at {format_time(f.next_attempt_at)}"
+        lines.append(f"  {when} ({_relative(f.next_attempt_at, now)})")
+    return lines
+
+
+def _member_lines(f: GroupFacts) -> list[str]:
+    m = f.members
+    of = f" of {f.min_count}" if f.found and f.is_gang else ""
+    verb = "exist" if f.found else "name it"
+    lines = [f"{m.exist}{of} {verb}: {len(m.gated)} gated, {len(m.bound)} bound"]
+    if m.ungated and f.state != RELEASED:
+        lines += _wrapped(f"without the {GATE} gate: {', '.join(m.ungated)}", indent=2)
+    reported = [n for n in f.reported_ungated if n not in m.ungated]
+    if reported:
+        lines += _wrapped(f"reported created without the gate: {', '.join(reported)}", indent=2)
+    if f.opted_in is False and f.found:
+        lines.append(f"  namespace {f.namespace} is not opted in ({OPT_IN_LABEL}={OPT_IN_VALUE})")
+    return lines
+
+
 def _status_text(report: StatusReport) -> str:
     if not report.gangs:
         where = f" in namespace {report.namespace}" if report.namespace else ""
         return f"No gangs in flight{where}.\n"
-    rows = [["NAMESPACE/NAME", "CHECK", "STATE", "PHASE", "ATTEMPT", "AGE", "NODES", "MEMBERS"]]
+    head = ["KIND", "NAMESPACE/NAME", "CHECK", "STATE", "PHASE", "ATTEMPT", "AGE", "NODES"]
+    rows = [[*head, "MEMBERS"]]
     for g in report.gangs:
         rows.append(
             [
+                g.kind,
                 f"{g.namespace}/{g.name}",
                 g.check or "-",
                 g.state or "-",
@@ -490,7 +757,7 @@ def _relative(when: datetime, now: datetime) -> str:
 # ---- JSON --------------------------------------------------------------------------------
 
 
-def to_json(report: DiagnoseReport | StatusReport) -> dict[str, Any]:
+def to_json(report: Report | StatusReport) -> dict[str, Any]:
     if isinstance(report, StatusReport):
         return {
             "kind": "GangStatusList",
@@ -498,11 +765,14 @@ def to_json(report: DiagnoseReport | StatusReport) -> dict[str, Any]:
             "time": format_time(report.now),
             "items": [_row_json(g) for g in report.gangs],
         }
+    if isinstance(report, GroupReport):
+        return _group_json(report)
     return _diagnosis_json(report)
 
 
 def _row_json(g: GangRow) -> dict[str, Any]:
     return {
+        "kind": g.kind,
         "namespace": g.namespace,
         "name": g.name,
         "check": g.check,
@@ -575,8 +845,58 @@ def _quota_json(facts: Facts) -> dict[str, Any]:
     }
 
 
+def _group_json(report: GroupReport) -> dict[str, Any]:
+    f, now, m = report.facts, report.now, report.facts.members
+    return {
+        "kind": "PodGroupDiagnosis",
+        "target": str(report.target),
+        "via": str(report.via) if report.via else None,
+        "time": format_time(now),
+        "podGroup": {
+            "namespace": f.namespace,
+            "name": f.name,
+            "apiGroup": f.api_group,
+            "apiVersion": f.api_version,
+            "found": f.found,
+            "served": f.served,
+            "minCount": f.min_count,
+            "gang": f.is_gang,
+            "topologyKey": f.topology_key,
+            "config": f.config,
+            "problem": f.problem,
+        },
+        "state": {
+            "state": f.state,
+            "message": f.message,
+            "attempt": f.attempt,
+            "request": f.request_name,
+            "nextAttemptAt": format_time(f.next_attempt_at) if f.next_attempt_at else None,
+            "reportedUngated": list(f.reported_ungated),
+        },
+        "members": {
+            "exist": m.exist,
+            "minCount": m.min_count,
+            "gated": list(m.gated),
+            "bound": list(m.bound),
+            "ungated": list(m.ungated),
+            "namespaceOptedIn": f.opted_in,
+        },
+        "request": _request_facts_json(f.request, now),
+        "nodes": _placement_json(f.placement),
+        "verdict": {
+            "blocked": report.verdict.blocked,
+            "step": report.verdict.step,
+            "reason": report.verdict.reason,
+            "line": report.verdict.line,
+        },
+    }
+
+
 def _request_json(facts: Facts, now: datetime) -> dict[str, Any] | None:
-    req = facts.request
+    return _request_facts_json(facts.request, now)
+
+
+def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, Any] | None:
     if req is None:
         return None
     left = (req.deadline - now).total_seconds() if req.deadline else None
@@ -597,7 +917,10 @@ def _request_json(facts: Facts, now: datetime) -> dict[str, Any] | None:
 
 
 def _nodes_json(facts: Facts) -> dict[str, Any] | None:
-    placement = facts.placement
+    return _placement_json(facts.placement)
+
+
+def _placement_json(placement: Placement | None) -> dict[str, Any] | None:
     if placement is None:
         return None
     return {
@@ -626,7 +949,10 @@ def _nodes_json(facts: Facts) -> dict[str, Any] | None:
 def main_diagnose(argv: Sequence[str] | None = None) -> int:
     parser = _parser("diagnose", "Say what blocks a gang, walking quota -> check -> nodes.")
     parser.add_argument(
-        "target", metavar="TARGET", help="KIND/NAMESPACE/NAME; KIND is job, workload or pod"
+        "target",
+        metavar="TARGET",
+        help="KIND/NAMESPACE/NAME; KIND is job, workload, pod or podgroup (the upstream "
+        "PodGroup, else the scheduler-plugins one; podgroup.scheduling.x-k8s.io for that one)",
     )
     args = parser.parse_args(argv)
     try:
@@ -652,7 +978,7 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
 
 def _main(
     args: argparse.Namespace,
-    work: Callable[[Kube], Awaitable[DiagnoseReport | StatusReport]],
+    work: Callable[[Kube], Awaitable[Report | StatusReport]],
 ) -> int:
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         return _fail(f"kubeconfig {args.kubeconfig} not found")

@@ -82,6 +82,8 @@ KINDS = {
     "podgroups": "podgroup",
     "pg": "podgroup",
 }
+POD_GROUP_APIS = ("scheduling.k8s.io", "scheduling.x-k8s.io")
+"""A podgroup target may name its API: `podgroup.scheduling.x-k8s.io/NS/NAME`."""
 
 
 class TargetError(ValueError):
@@ -93,9 +95,12 @@ class Target:
     kind: str
     namespace: str
     name: str
+    api_group: str = ""
+    """Of a podgroup target, when named: scheduling.k8s.io or scheduling.x-k8s.io."""
 
     def __str__(self) -> str:
-        return f"{self.kind}/{self.namespace}/{self.name}"
+        kind = f"{self.kind}.{self.api_group}" if self.api_group else self.kind
+        return f"{kind}/{self.namespace}/{self.name}"
 
 
 def parse_target(text: str, *, default_namespace: str = "default") -> Target:
@@ -105,10 +110,17 @@ def parse_target(text: str, *, default_namespace: str = "default") -> Target:
         parts = [parts[0], default_namespace, parts[1]]
     if len(parts) != 3 or not all(parts):
         raise TargetError(f"{text!r} is not KIND/NAMESPACE/NAME (for example job/team-a/train)")
-    kind = KINDS.get(parts[0].lower())
+    kind, api_group = KINDS.get(parts[0].lower()), ""
     if kind is None:
-        raise TargetError(f"unknown kind {parts[0]!r}: use job, workload, pod or podgroup")
-    return Target(kind, parts[1], parts[2])
+        base, _, api_group = parts[0].lower().partition(".")
+        if KINDS.get(base) == "podgroup" and api_group in POD_GROUP_APIS:
+            kind = "podgroup"
+    if kind is None:
+        raise TargetError(
+            f"unknown kind {parts[0]!r}: use job, workload, pod or podgroup "
+            "(podgroup.scheduling.k8s.io, podgroup.scheduling.x-k8s.io)"
+        )
+    return Target(kind, parts[1], parts[2], api_group)
 
 
 # ---- facts -------------------------------------------------------------------------------
@@ -264,7 +276,9 @@ def gather(workload: Obj, world: World) -> Facts:
     gang = _gang(wl, focus, spec, world.flavors)
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
-        placement = place(gang, world.nodes, world.pods, request=req, in_flight=_in_flight(world))
+        placement = place(
+            gang, world.nodes, world.pods, request=req, in_flight=in_flight_keys(world)
+        )
     return Facts(
         namespace=wl.ref.namespace,
         name=wl.ref.name,
@@ -405,6 +419,11 @@ def _request_facts(
     req: ProvisioningRequest | None, check: str, checks: Sequence[CheckFacts], wl: Workload
 ) -> RequestFacts:
     name, attempt = _attempt_name(wl, check, checks)
+    return request_facts(req, name, attempt)
+
+
+def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> RequestFacts:
+    """What the request named `name` says (found=False when there is none)."""
     if req is None:
         return RequestFacts(name=name, attempt=attempt, found=False)
     notes = req.annotations
@@ -438,7 +457,8 @@ def _gang(
     )
 
 
-def _in_flight(world: World) -> frozenset[str]:
+def in_flight_keys(world: World) -> frozenset[str]:
+    """`namespace/name` of every request gangcheck manages: nodes arrived for them are theirs."""
     keys = set()
     for req in world.requests:
         meta = req.get("metadata") or {}
@@ -638,7 +658,7 @@ def _start_verdict(facts: Facts, now: datetime) -> Verdict:
         return Verdict(False, "start", "admitted")
     if start.scheduled >= start.total:
         return Verdict(False, "start", "admitted and running")
-    when = _until("start deadline", start.deadline, now)
+    when = until("start deadline", start.deadline, now)
     return Verdict(
         True,
         "start",
@@ -748,7 +768,7 @@ def _conditions_verdict(facts: Facts, req: RequestFacts, now: datetime) -> Verdi
     if is_true(conds, "BookingExpired"):
         why = conds["BookingExpired"].message or "booking expired"
         return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
-    deadline = _until("deadline", req.deadline, now)
+    deadline = until("deadline", req.deadline, now)
     if is_true(conds, "Provisioned"):
         return _provisioned_verdict(facts, req, deadline)
     if is_true(conds, "Accepted"):
@@ -849,7 +869,8 @@ def _nodes(count: int) -> str:
     return f"{count} node{'' if count == 1 else 's'}"
 
 
-def _until(what: str, when: datetime | None, now: datetime) -> str:
+def until(what: str, when: datetime | None, now: datetime) -> str:
+    """`, deadline in 4m` or `, deadline passed 10s ago` ("" without a time)."""
     if when is None:
         return ""
     left = (when - now).total_seconds()
@@ -891,6 +912,9 @@ class GangRow:
     placeable: int | None
     total: int | None
     verdict: str
+    kind: str = "Workload"
+    """What declares the gang: Workload, PodGroup (scheduling.k8s.io) or
+    PodGroup.scheduling.x-k8s.io."""
 
 
 def is_gang(workload: Obj, world: World) -> bool:

@@ -283,12 +283,6 @@ async def test_a_job_without_a_workload_is_not_a_gang(
     assert err.count("\n") == 1
 
 
-async def test_podgroups_are_not_served_yet(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = await run_cli(main_diagnose, ["podgroup/ns/pg"], capsys)
-    assert (code, out) == (1, "")
-    assert err == "gangcheck: PodGroup provisioning is not implemented yet\n"
-
-
 async def test_status_with_nothing_in_flight_says_so(
     cluster: Cluster, control_plane: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

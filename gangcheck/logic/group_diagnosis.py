@@ -1,0 +1,498 @@
+"""Why is this PodGroup's gang pending? The same chain as for a Workload, without Kueue.
+
+Pure: the edge (``gangcheck.diagnose``) fetches the PodGroup, the pods naming it and the
+objects around them; here ``gather_group`` reads them into ``GroupFacts`` (the group and the
+state gangcheck keeps on it → its members, gated or not → the current attempt's
+ProvisioningRequest → the fit on the nodes it may use), ``group_verdict`` names the one link
+that blocks, and ``group_row`` condenses the same facts for ``gangcheck status``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gangcheck.logic import podgroup
+from gangcheck.logic.actions import FULFILLED, ROLLING_BACK, STARTED
+from gangcheck.logic.diagnosis import (
+    GangRow,
+    Placement,
+    RequestFacts,
+    Verdict,
+    World,
+    fit_verdict,
+    human_duration,
+    in_flight_keys,
+    nodes_needed,
+    place,
+    request_facts,
+    until,
+)
+from gangcheck.logic.fulfillment import dra_hint
+from gangcheck.logic.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of, is_gated
+from gangcheck.logic.podgroup import (
+    BACKING_OFF,
+    BLOCKED,
+    CONFIG_ANNOTATION,
+    FAILED,
+    GAVE_UP,
+    GROUP_UID_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    NEXT_ATTEMPT_ANNOTATION,
+    NOT_A_GANG,
+    PROVISIONING,
+    RELEASED,
+    REQUEST_ANNOTATION,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
+    WAITING,
+)
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import ProvisioningRequest, is_true, request_of
+from gangcheck.model.podgroups import UPSTREAM, pod_group_of
+
+Obj = dict[str, Any]
+GroupKey = tuple[str, str, str]
+"""(namespace, API group, name) of a PodGroup."""
+
+NAMES_SHOWN = 5
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+# ---- facts -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberFacts:
+    """The pods naming the group that still count: neither finished nor being deleted."""
+
+    exist: int = 0
+    min_count: int = 0
+    gated: tuple[str, ...] = ()
+    """Held by gangcheck's scheduling gate."""
+    bound: tuple[str, ...] = ()
+    ungated: tuple[str, ...] = ()
+    """Without the gate: released by gangcheck, or never gated (the webhook did not run)."""
+
+    @property
+    def unbound(self) -> int:
+        return self.exist - len(self.bound)
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    namespace: str
+    name: str
+    api_group: str = UPSTREAM
+    found: bool = True
+    served: bool = True
+    """The API server serves PodGroups of `api_group`."""
+    api_version: str = ""
+    min_count: int = 0
+    is_gang: bool = True
+    problem: str = ""
+    deleting: bool = False
+    topology_key: str = ""
+    created: datetime | None = None
+    state: str = ""
+    """gangcheck.io/state; "" when gangcheck has not acted on the group."""
+    message: str = ""
+    attempt: int = 1
+    request_name: str = ""
+    """The request of the current attempt (once released: the one the members consume)."""
+    next_attempt_at: datetime | None = None
+    reported_ungated: tuple[str, ...] = ()
+    config: str = ""
+    """The AtomicProvisioningConfig the group names ("" = the controller's default)."""
+    opted_in: bool | None = None
+    """The namespace carries the webhook's opt-in label (None: not known)."""
+    members: MemberFacts = MemberFacts()
+    request: RequestFacts | None = None
+    placement: Placement | None = None
+    hint: str = ""
+    """Said after an autoscaler's answer: why it cannot help (DRA claims)."""
+
+    @property
+    def kind(self) -> str:
+        return "PodGroup" if self.api_group == UPSTREAM else f"PodGroup.{self.api_group}"
+
+
+def members_by_group(pods: Sequence[Obj]) -> dict[GroupKey, list[Obj]]:
+    """The pods that name a PodGroup, by (namespace, API group, name)."""
+    out: dict[GroupKey, list[Obj]] = {}
+    for pod in pods:
+        ref = group_of(pod)
+        if ref is not None:
+            ns = str((pod.get("metadata") or {}).get("namespace") or "")
+            out.setdefault((ns, ref.api_group, ref.name), []).append(pod)
+    return out
+
+
+def gather_group(
+    obj: Obj | None,
+    members: Sequence[Obj],
+    world: World,
+    *,
+    namespace: str,
+    name: str,
+    api_group: str = UPSTREAM,
+    served: bool = True,
+    opted_in: bool | None = None,
+) -> GroupFacts:
+    """Everything the chain needs about one PodGroup (`obj`, None when it does not exist)
+    and the pods naming it."""
+    live = sorted((p for p in members if _live(p)), key=_name)
+    if obj is None:
+        return GroupFacts(
+            namespace,
+            name,
+            api_group,
+            found=False,
+            served=served,
+            opted_in=opted_in,
+            members=_member_facts(live, 0),
+        )
+    group = pod_group_of(obj)
+    notes = group.annotations
+    state = notes.get(STATE_ANNOTATION, "")
+    attempt = podgroup.attempt_of(group)
+    current = podgroup.request_name(group, attempt)
+    name_of_request = notes.get(REQUEST_ANNOTATION, "") if state == RELEASED else current
+    req = _request(world, group.ref.namespace, name_of_request, group.ref.uid)
+    request = None
+    if req is not None or (state == PROVISIONING and name_of_request):
+        request = request_facts(req, name_of_request, attempt)
+    unbound = [p for p in live if not _node(p)]
+    placement, hint = None, ""
+    if (
+        group.is_gang
+        and not group.problem
+        and unbound
+        and len(live) >= group.min_count
+        and state not in (RELEASED, NOT_A_GANG)
+    ):
+        gang = podgroup.gang_from_pods(group, unbound)
+        placement = place(
+            gang, world.nodes, world.pods, request=req, in_flight=in_flight_keys(world)
+        )
+        hint = dra_hint(req, gang) if req is not None else ""
+    meta = obj.get("metadata") or {}
+    return GroupFacts(
+        namespace=group.ref.namespace,
+        name=group.ref.name,
+        api_group=group.api_group,
+        served=served,
+        api_version=group.ref.api_version,
+        min_count=group.min_count,
+        is_gang=group.is_gang,
+        problem=group.problem,
+        deleting=group.deleting,
+        topology_key=group.topology_key,
+        created=parse_time(str(meta.get("creationTimestamp") or "")),
+        state=state,
+        message=notes.get(MESSAGE_ANNOTATION, ""),
+        attempt=attempt,
+        request_name=name_of_request,
+        next_attempt_at=parse_time(notes.get(NEXT_ATTEMPT_ANNOTATION, "")),
+        reported_ungated=tuple(filter(None, notes.get(UNGATED_ANNOTATION, "").split(","))),
+        config=notes.get(CONFIG_ANNOTATION, ""),
+        opted_in=opted_in,
+        members=_member_facts(live, group.min_count),
+        request=request,
+        placement=placement,
+        hint=hint,
+    )
+
+
+def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
+    return MemberFacts(
+        exist=len(live),
+        min_count=min_count,
+        gated=tuple(_name(p) for p in live if is_gated(p)),
+        bound=tuple(_name(p) for p in live if _node(p)),
+        ungated=tuple(_name(p) for p in live if not is_gated(p)),
+    )
+
+
+def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
+    """The request of that name gangcheck made for this group (not for an earlier one of the
+    same name)."""
+    if not name:
+        return None
+    for obj in world.requests:
+        meta = obj.get("metadata") or {}
+        if meta.get("namespace") != namespace or meta.get("name") != name:
+            continue
+        made_for = (meta.get("annotations") or {}).get(GROUP_UID_ANNOTATION)
+        if not made_for or not uid or made_for == uid:
+            return request_of(obj)
+    return None
+
+
+def _live(pod: Obj) -> bool:
+    return (
+        not (pod.get("metadata") or {}).get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") not in _DONE_PHASES
+    )
+
+
+def _node(pod: Obj) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _name(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
+# ---- the verdict -------------------------------------------------------------------------
+
+
+def group_verdict(facts: GroupFacts, now: datetime) -> Verdict:
+    """THE reason the gang is not running: the first broken link of the chain."""
+    return (
+        _group_verdict(facts)
+        or _settled_verdict(facts)
+        or _with_ungated(facts, _members_verdict(facts) or _attempt_verdict(facts, now))
+    )
+
+
+def _group_verdict(f: GroupFacts) -> Verdict | None:
+    gated, m = f.members.gated, f.members
+    if not f.served:
+        held = f"; {len(gated)} gated members name it ({_pods(gated)})" if gated else ""
+        return Verdict(True, "group", f"this cluster does not serve {f.api_group} PodGroups{held}")
+    if not f.found:
+        held = ""
+        if gated:
+            held = f"; {len(gated)} gated members name it and wait for it ({_pods(gated)})"
+        elif m.exist:
+            held = f"; {m.exist} members name it ({_pods(m.ungated)})"
+        return Verdict(True, "group", f"PodGroup not found{held}")
+    if f.deleting:
+        return Verdict(False, "group", "the PodGroup is being deleted")
+    if f.problem:
+        return Verdict(True, "group", f"invalid PodGroup: {f.problem}")
+    return None
+
+
+def _settled_verdict(f: GroupFacts) -> Verdict | None:
+    """States the controller stays in until someone acts (or the gang is done)."""
+    if not f.is_gang or f.state == NOT_A_GANG:
+        return Verdict(
+            False, "group", "not a gang (no gang policy): its members are released as they come"
+        )
+    if f.state == GAVE_UP:
+        message = f.message or f"gave up after attempt {f.attempt}"
+        if not message.startswith("gave up"):
+            message = f"gave up after attempt {f.attempt}: {message}"
+        return Verdict(True, "gave up", message)
+    if f.state == FAILED:
+        return Verdict(True, "group", f"failed: {f.message or 'no message'}")
+    if f.state == BLOCKED:
+        return Verdict(True, "config", f"blocked by the config: {f.message or 'no message'}")
+    if f.state == RELEASED:
+        return _released_verdict(f)
+    return None
+
+
+def _released_verdict(f: GroupFacts) -> Verdict:
+    m = f.members
+    late = m.gated
+    if late:
+        return Verdict(
+            True,
+            "release",
+            f"released, but {len(late)} member(s) created since are still gated ({_names(late)}); "
+            "is the gangcheck controller running?",
+        )
+    if not m.exist:
+        return Verdict(False, "release", "released; the gang has no members left")
+    head = f"released: all {m.exist} members released together"
+    if not m.unbound:
+        return Verdict(False, "release", f"{head}, all bound")
+    return Verdict(
+        False,
+        "release",
+        f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)",
+    )
+
+
+def _not_gated_cause(f: GroupFacts) -> str:
+    if f.opted_in is False:
+        return f"namespace {f.namespace} is not opted in, no label {OPT_IN_LABEL}={OPT_IN_VALUE}"
+    return "the webhook may be down"
+
+
+def _members_verdict(f: GroupFacts) -> Verdict | None:
+    m = f.members
+    if m.ungated and not m.gated:
+        return Verdict(
+            True, "gate", f"members not gated: {_not_gated_cause(f)} ({_pods(m.ungated)})"
+        )
+    if m.exist < f.min_count:
+        return Verdict(True, "members", f"waiting for members: {m.exist} of {f.min_count} exist")
+    return None
+
+
+def _with_ungated(f: GroupFacts, found: Verdict) -> Verdict:
+    """Before release, members without the gate are scheduled one by one: said after any
+    other reason."""
+    ungated = f.members.ungated
+    if not ungated or not f.members.gated:
+        return found
+    tail = f"; members not gated: {_not_gated_cause(f)} ({_pods(ungated)})"
+    return Verdict(found.blocked, found.step, found.reason + tail)
+
+
+def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
+    if not f.state:
+        return Verdict(
+            True,
+            "controller",
+            f"gangcheck has not acted on the PodGroup yet (no {STATE_ANNOTATION} annotation); "
+            "is the controller running with the PodGroup provisioner?",
+        )
+    if f.state == BACKING_OFF and f.next_attempt_at is not None and f.next_attempt_at > now:
+        wait = human_duration((f.next_attempt_at - now).total_seconds())
+        _, _, why = f.message.partition(": ")
+        return Verdict(
+            True,
+            "backoff",
+            f"backing off: attempt {f.attempt} starts in {wait}" + (f"; {why}" if why else ""),
+        )
+    req, placement = f.request, f.placement
+    if req is None or not req.found:
+        if placement is not None and placement.fits:
+            return Verdict(
+                True,
+                "release",
+                "the whole gang fits on nodes that exist; waiting for gangcheck to release it "
+                "(is the controller running?)",
+            )
+        return Verdict(
+            True,
+            "request",
+            f"ProvisioningRequest {f.request_name} does not exist yet "
+            "(is the gangcheck controller running?)",
+        )
+    return _request_verdict(f, req, now)
+
+
+def _request_verdict(f: GroupFacts, req: RequestFacts, now: datetime) -> Verdict:
+    if req.phase == ROLLING_BACK:
+        done = f"; {req.outcome.summary()}" if req.outcome else ""
+        return Verdict(
+            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
+        )
+    if req.deleting:
+        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
+    conds = req.conditions
+    for kind, what in (("Failed", "failed"), ("CapacityRevoked", "revoked the capacity of")):
+        if is_true(conds, kind):
+            why = conds[kind].message or conds[kind].reason
+            return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{f.hint}")
+    if is_true(conds, "BookingExpired"):
+        why = conds["BookingExpired"].message or "booking expired"
+        return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
+    deadline = until("deadline", req.deadline, now)
+    placement = f.placement
+    if is_true(conds, "Provisioned"):
+        if placement is None:
+            return Verdict(
+                True, "nodes", f"{req.name} is Provisioned; the fit could not be computed"
+            )
+        if placement.fits or req.phase in (FULFILLED, STARTED):
+            return Verdict(
+                True,
+                "release",
+                f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
+                "release the members (is the controller running?)",
+            )
+        return fit_verdict(placement, deadline)
+    if is_true(conds, "Accepted"):
+        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
+        answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
+    else:
+        answer = "not accepted yet"
+    fit = f": {placement.summary}" if placement is not None and placement.summary else ""
+    return Verdict(
+        True, "request", f"capacity requested ({req.name}, {answer}{deadline}){fit}{f.hint}"
+    )
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    more = len(names) - NAMES_SHOWN
+    return f"{shown}, +{more} more" if more > 0 else shown
+
+
+def _pods(names: Sequence[str]) -> str:
+    return f"pod{'s' if len(names) > 1 else ''} {_names(names)}"
+
+
+# ---- one row of `gangcheck status` -------------------------------------------------------
+
+
+def in_flight(facts: GroupFacts) -> bool:
+    """A gang gangcheck holds or works on: it says a state, or holds members; not a group
+    that is no gang, nor one released whose members are all gone."""
+    if not facts.found:
+        return bool(facts.members.gated)
+    if not facts.state:
+        return bool(facts.members.gated)
+    if facts.state == NOT_A_GANG:
+        return bool(facts.members.gated)
+    return not (facts.state == RELEASED and not facts.members.exist)
+
+
+def group_phase(f: GroupFacts) -> str:
+    """waiting, pending, requested, provisioned, fulfilling, rolling back, backoff, released,
+    started (and: missing, not a gang, not gated, gave up, failed, blocked, new)."""
+    req = f.request
+    if not f.found:
+        return "missing"
+    if not f.is_gang or f.state == NOT_A_GANG:
+        return "not a gang"
+    settled = {GAVE_UP: "gave up", FAILED: "failed", BLOCKED: "blocked"}
+    if f.state in settled:
+        return settled[f.state]
+    if f.state == RELEASED:
+        return "started" if f.members.exist and not f.members.unbound else "released"
+    if not f.state and f.members.ungated and not f.members.gated:
+        return "not gated"
+    if f.members.exist < f.min_count or f.state == WAITING:
+        return "waiting"
+    if f.state == BACKING_OFF and req is None:
+        return "backoff"
+    if not f.state:
+        return "new"
+    if req is None or not req.found:
+        return "pending"
+    if req.phase == ROLLING_BACK:
+        return "rolling back"
+    if is_true(req.conditions, "Provisioned"):
+        arrived = f.placement.arrived if f.placement else ()
+        return "fulfilling" if arrived else "provisioned"
+    return "requested"
+
+
+def group_row(facts: GroupFacts, now: datetime) -> GangRow:
+    placement, req = facts.placement, facts.request
+    return GangRow(
+        namespace=facts.namespace,
+        name=facts.name,
+        check="",
+        state=facts.state,
+        phase=group_phase(facts),
+        attempt=facts.attempt if facts.found else 0,
+        request=req.name if req and req.found else "",
+        age_seconds=int((now - facts.created).total_seconds()) if facts.created else None,
+        arrived=len(placement.arrived) if placement else 0,
+        needed=nodes_needed(placement),
+        placeable=placement.placeable if placement else None,
+        total=placement.total if placement else (facts.members.exist or None),
+        verdict=group_verdict(facts, now).line,
+        kind=facts.kind,
+    )

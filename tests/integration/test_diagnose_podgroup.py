@@ -1,0 +1,169 @@
+"""`gangcheck diagnose podgroup/…` and PodGroup rows of `gangcheck status`, on a real API server.
+
+As in test_podgroups.py the test plays the webhook (members are created gated) and the
+autoscaler (it sets the request's conditions and adds the nodes) while the PodGroup
+provisioner runs; the diagnosis reads what the API server holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from gangcheck.app import Controller
+from gangcheck.diagnose import GroupReport, diagnose, main_diagnose, main_status
+from gangcheck.kube.client import Kube
+from tests.integration.harness import eventually
+from tests.integration.test_diagnose import run_cli
+from tests.integration.test_podgroups import (  # the PodGroup fixtures, reused
+    Groups,
+    groups,  # noqa: F401
+    provisioner,  # noqa: F401
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def report_of(kube: Kube, target: str, wanted: str | re.Pattern[str]) -> GroupReport:
+    """The diagnosis, once its verdict line says what the test expects."""
+
+    async def probe() -> GroupReport | None:
+        report = await diagnose(kube, target)
+        assert isinstance(report, GroupReport)
+        line = report.verdict.line
+        matched = wanted.fullmatch(line) if isinstance(wanted, re.Pattern) else line == wanted
+        return report if matched else None
+
+    return await eventually(probe, timeout=20, what=f"verdict {wanted!r}")
+
+
+def kubeconfig(control_plane: Any) -> list[str]:
+    return ["--kubeconfig", str(control_plane.kubeconfig)]
+
+
+async def test_a_gang_short_of_members_says_how_many_exist(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await groups.upstream("train", 4)
+    for i in range(2):
+        await groups.member(f"train-{i}", "train")
+    await groups.wait_state("train", "WaitingForMembers")
+    target = f"podgroup/{groups.ns}/train"
+    await report_of(groups.kube, target, "blocked: waiting for members: 2 of 4 exist")
+
+    code, out, err = await run_cli(main_diagnose, [target, *kubeconfig(control_plane)], capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"PodGroup {groups.ns}/train (scheduling.k8s.io/v1beta1)"
+    assert "members   2 of 4 exist: 2 gated, 0 bound" in lines
+    assert "state     WaitingForMembers, attempt 1" in lines
+    assert lines[-1] == "blocked: waiting for members: 2 of 4 exist"
+
+    # A member named as a pod leads to its group.
+    pod = f"pod/{groups.ns}/train-1"
+    code, out, _ = await run_cli(main_diagnose, [pod, *kubeconfig(control_plane)], capsys)
+    assert code == 0
+    assert out.splitlines()[0].startswith(f"Pod {groups.ns}/train-1 -> PodGroup {groups.ns}/train")
+
+
+async def test_a_coscheduling_gang_in_flight_names_its_request_and_the_fit(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cluster = groups.cluster
+    await cluster.add_nodes(1, gpu=1)  # room for one of the two
+    await groups.coscheduling("ddp", 2)
+    for i in range(2):
+        await groups.member(f"ddp-{i}", "ddp", plugins=True)
+    await cluster.set_request_conditions("ddp-coscheduling-1", {"Accepted": ""})
+    # No upstream PodGroup of that name: the heuristic finds the scheduler-plugins one.
+    requested = re.compile(
+        r"blocked: capacity requested \(ddp-coscheduling-1, accepted, not provisioned yet, "
+        r"deadline in \S+\): 1 of 2 members placeable on 1 node; .*"
+    )
+    report = await report_of(cluster.kube, f"podgroup/{groups.ns}/ddp", requested)
+    assert report.facts.api_group == "scheduling.x-k8s.io"
+    assert report.facts.state == "Provisioning"
+    assert report.facts.request is not None and report.facts.request.found
+
+    argv = [f"podgroup.scheduling.x-k8s.io/{groups.ns}/ddp", "-o", "json"]
+    code, out, _ = await run_cli(main_diagnose, [*argv, *kubeconfig(control_plane)], capsys)
+    assert code == 0
+    parsed = json.loads(out)
+    assert parsed["kind"] == "PodGroupDiagnosis"
+    assert parsed["members"]["gated"] == ["ddp-0", "ddp-1"]
+    assert parsed["request"]["name"] == "ddp-coscheduling-1"
+    assert [c["type"] for c in parsed["request"]["conditions"]] == ["Accepted"]
+    assert parsed["nodes"]["placeable"] == 1
+    assert requested.fullmatch(parsed["verdict"]["line"])
+
+    argv = ["-n", groups.ns, *kubeconfig(control_plane)]
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    header, row = lines
+    assert header.split()[:3] == ["KIND", "NAMESPACE/NAME", "CHECK"]
+    assert row.split()[:5] == [
+        "PodGroup.scheduling.x-k8s.io",
+        f"{groups.ns}/ddp",
+        "-",
+        "Provisioning",
+        "requested",
+    ]
+
+    # As the autoscaler: provisioned, and the missing node arrives.
+    await cluster.set_request_conditions("ddp-coscheduling-1", {"Provisioned": "ok"})
+    await cluster.add_nodes(1, gpu=1)
+    await groups.wait_state("ddp", "Released", plugins=True)
+    await report_of(
+        cluster.kube,
+        f"podgroup/{groups.ns}/ddp",
+        "not blocked: released: all 2 members released together; 0 of 2 bound so far "
+        "(kube-scheduler's turn)",
+    )
+
+
+async def test_members_without_the_gate_and_a_missing_group_are_named(
+    groups: Groups,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No controller, no webhook: members arrive as they were created.
+    await groups.upstream("plain", 2)
+    await groups.member("plain-0", "plain", gated=False)
+    await groups.member("plain-1", "plain", gated=False)
+    await report_of(
+        groups.kube,
+        f"podgroup/{groups.ns}/plain",
+        "blocked: members not gated: the webhook may be down (pods plain-0, plain-1)",
+    )
+
+    await groups.member("orphan-0", "gone")
+    await report_of(
+        groups.kube,
+        f"podgroup/{groups.ns}/gone",
+        "blocked: PodGroup not found; 1 gated members name it and wait for it (pod orphan-0)",
+    )
+
+    argv = [f"podgroup/{groups.ns}/nope", *kubeconfig(control_plane)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, out) == (1, "")
+    assert err == f"gangcheck: PodGroup {groups.ns}/nope not found\n"
+
+
+async def test_a_podgroup_of_an_unknown_api_fails_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = await run_cli(main_diagnose, ["podgroup.example.com/ns/pg"], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("gangcheck: unknown kind 'podgroup.example.com'")
+    assert err.count("\n") == 1

@@ -1,0 +1,529 @@
+"""Table tests of a PodGroup's diagnosis: which link blocks the gang, in one line."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.diagnosis import Target, World, parse_target
+from gangcheck.logic.gating import GATE
+from gangcheck.logic.group_diagnosis import (
+    gather_group,
+    group_row,
+    group_verdict,
+    in_flight,
+    members_by_group,
+)
+from gangcheck.logic.podgroup import gang_from_pods
+from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
+from tests.builders import container, node, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+LATER = "2026-11-30T10:20:00Z"
+Obj = dict[str, Any]
+
+
+def group(min_count: int = 3, *, plugins: bool = False, basic: bool = False, **notes: str) -> Obj:
+    """A PodGroup `g`; keyword arguments are gangcheck's annotations, without the prefix."""
+    annotations = {f"gangcheck.io/{k.replace('_', '-')}": v for k, v in notes.items()}
+    meta = {
+        "name": "g",
+        "namespace": "default",
+        "uid": "uid-g",
+        "creationTimestamp": "2026-11-30T10:00:00Z",
+        "annotations": annotations,
+    }
+    if plugins:
+        spec: Obj = {"minMember": min_count}
+        return {"apiVersion": f"{PLUGINS}/v1alpha1", "metadata": meta, "spec": spec}
+    policy: Obj = {"basic": {}} if basic else {"gang": {"minCount": min_count}}
+    return {
+        "apiVersion": f"{UPSTREAM}/v1beta1",
+        "metadata": meta,
+        "spec": {"schedulingPolicy": policy},
+    }
+
+
+def member(i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "", **meta: Any) -> Obj:
+    spec: Obj = {"containers": [container(gpu=gpu)], "schedulingGroup": {"podGroupName": "g"}}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"name": f"m{i}", "namespace": "default", **meta}, "spec": spec}
+
+
+def members(count: int, **kw: Any) -> list[Obj]:
+    return [member(i, **kw) for i in range(count)]
+
+
+def req(name: str = "g-pg-1", count: int = 3, **conditions: str) -> Obj:
+    annotations = {
+        "gangcheck.io/pod-group": "pg/g",
+        "gangcheck.io/pod-group-uid": "uid-g",
+        "gangcheck.io/fulfillment-deadline": LATER,
+    }
+    return provisioning_request(
+        name,
+        templates=[(f"{name}-ps-0", count)],
+        conditions=conditions,
+        annotations=annotations,
+    )
+
+
+PROVISIONING = {"state": "Provisioning", "request": "g-pg-1"}
+ROLLED_BACK = "rolled back g-pg-1 (deadline passed); 1 node reclaimed"
+
+
+@dataclass
+class Case:
+    id: str
+    group: Obj | None
+    members: list[Obj]
+    line: str
+    phase: str
+    requests: list[Obj] = field(default_factory=list)
+    nodes: list[Obj] = field(default_factory=list)
+    served: bool = True
+    opted_in: bool | None = True
+
+
+CASES = [
+    Case(
+        "no group, no member",
+        None,
+        [],
+        "blocked: PodGroup not found",
+        "missing",
+    ),
+    Case(
+        "no group, gated members wait for it",
+        None,
+        members(2),
+        "blocked: PodGroup not found; 2 gated members name it and wait for it (pods m0, m1)",
+        "missing",
+    ),
+    Case(
+        "API not served",
+        None,
+        members(1),
+        "blocked: this cluster does not serve scheduling.k8s.io PodGroups; 1 gated members "
+        "name it (pod m0)",
+        "missing",
+        served=False,
+    ),
+    Case(
+        "deleting",
+        {**group(), "metadata": {**group()["metadata"], "deletionTimestamp": LATER}},
+        members(3),
+        "not blocked: the PodGroup is being deleted",
+        "new",
+    ),
+    Case(
+        "malformed gang size",
+        group(0),
+        members(3),
+        "blocked: invalid PodGroup: schedulingPolicy.gang.minCount 0 is not a positive integer",
+        "not a gang",
+    ),
+    Case(
+        "basic policy",
+        group(basic=True, state="NotAGang"),
+        members(2, gated=False),
+        "not blocked: not a gang (no gang policy): its members are released as they come",
+        "not a gang",
+    ),
+    Case(
+        "two of four",
+        group(4, state="WaitingForMembers", message="waiting for members: 2 of 4 exist"),
+        members(2),
+        "blocked: waiting for members: 2 of 4 exist",
+        "waiting",
+    ),
+    Case(
+        "none exists yet",
+        group(4),
+        [],
+        "blocked: waiting for members: 0 of 4 exist",
+        "waiting",
+    ),
+    Case(
+        "finished and deleted members do not count",
+        group(3, state="WaitingForMembers"),
+        [
+            *members(2),
+            {**member(2), "status": {"phase": "Succeeded"}},
+            member(3, deletionTimestamp=LATER),
+        ],
+        "blocked: waiting for members: 2 of 3 exist",
+        "waiting",
+    ),
+    Case(
+        "webhook down: no member gated",
+        group(2),
+        members(2, gated=False),
+        "blocked: members not gated: the webhook may be down (pods m0, m1)",
+        "not gated",
+    ),
+    Case(
+        "namespace not opted in",
+        group(2),
+        members(2, gated=False),
+        "blocked: members not gated: namespace default is not opted in, no label "
+        "gangcheck.io/gang-provisioning=enabled (pods m0, m1)",
+        "not gated",
+        opted_in=False,
+    ),
+    Case(
+        "one member missed the gate: said after the reason",
+        group(4, state="WaitingForMembers"),
+        [*members(2), member(2, gated=False)],
+        "blocked: waiting for members: 3 of 4 exist; members not gated: the webhook may be "
+        "down (pod m2)",
+        "waiting",
+    ),
+    Case(
+        "complete, but the controller never acted",
+        group(3),
+        members(3),
+        "blocked: gangcheck has not acted on the PodGroup yet (no gangcheck.io/state "
+        "annotation); is the controller running with the PodGroup provisioner?",
+        "new",
+    ),
+    Case(
+        "fits now, not released",
+        group(2, state="WaitingForMembers"),
+        members(2),
+        "blocked: the whole gang fits on nodes that exist; waiting for gangcheck to release it "
+        "(is the controller running?)",
+        "waiting",
+        nodes=[node("n0", gpu=2)],
+    ),
+    Case(
+        "request missing",
+        group(3, **PROVISIONING),
+        members(3),
+        "blocked: ProvisioningRequest g-pg-1 does not exist yet (is the gangcheck controller "
+        "running?)",
+        "pending",
+    ),
+    Case(
+        "not accepted yet",
+        group(3, **PROVISIONING),
+        members(3),
+        "blocked: capacity requested (g-pg-1, not accepted yet, deadline in 15m): 0 of 3 "
+        "members placeable; no nodes",
+        "requested",
+        requests=[req()],
+    ),
+    Case(
+        "accepted, partly placeable on existing nodes",
+        group(4, **PROVISIONING),
+        members(4),
+        "blocked: capacity requested (g-pg-1, accepted, not provisioned yet, deadline in 15m): "
+        "3 of 4 members placeable on 1 node; 1 node can take none: 1 × insufficient "  # noqa: RUF001
+        "nvidia.com/gpu",
+        "requested",
+        requests=[req(count=4, Accepted="")],
+        nodes=[node("n0", gpu=3, created="2026-11-30T09:00:00Z"), node("n1", gpu=0)],
+    ),
+    Case(
+        "provisioned, one of two nodes arrived",
+        group(2, **PROVISIONING),
+        members(2, gpu=2),
+        "blocked: waiting for the autoscaler: 1 of 2 members placeable, deadline in 15m",
+        "fulfilling",
+        requests=[req(count=2, Provisioned="ok")],
+        nodes=[node("n0", gpu=2)],
+    ),
+    Case(
+        "provisioned, arrived with a taint",
+        group(1, **PROVISIONING),
+        members(1),
+        "blocked: 1 node arrived but it does not tolerate nvidia.com/gpu:NoSchedule",
+        "fulfilling",
+        requests=[req(count=1, Provisioned="ok")],
+        nodes=[
+            node(
+                "n0",
+                taints=[{"key": "nvidia.com/gpu", "value": "x", "effect": "NoSchedule"}],
+            )
+        ],
+    ),
+    Case(
+        "provisioned and fits, not released",
+        group(2, **PROVISIONING),
+        members(2),
+        "blocked: g-pg-1 is Provisioned and the whole gang fits; waiting for gangcheck to "
+        "release the members (is the controller running?)",
+        "fulfilling",
+        requests=[req(count=2, Provisioned="ok")],
+        nodes=[node("n0", gpu=2)],
+    ),
+    Case(
+        "the autoscaler failed",
+        group(2, **PROVISIONING),
+        members(2),
+        "blocked: the autoscaler failed g-pg-1: out of quota in zone a",
+        "requested",
+        requests=[req(count=2, Failed="out of quota in zone a")],
+    ),
+    Case(
+        "booking expired",
+        group(2, **PROVISIONING),
+        members(2),
+        "blocked: the booking of g-pg-1 expired: booked for 10m",
+        "provisioned",
+        requests=[req(count=2, Provisioned="ok", BookingExpired="booked for 10m")],
+    ),
+    Case(
+        "rolling back",
+        group(2, **PROVISIONING),
+        members(2),
+        "blocked: rolling back attempt 1: deadline passed",
+        "rolling back",
+        requests=[
+            {
+                **req(count=2, Provisioned="ok"),
+                "metadata": {
+                    **req()["metadata"],
+                    "annotations": {
+                        **req()["metadata"]["annotations"],
+                        "gangcheck.io/phase": "RollingBack",
+                        "gangcheck.io/rollback-reason": "deadline passed",
+                    },
+                },
+            }
+        ],
+    ),
+    Case(
+        "backing off",
+        group(
+            2,
+            state="BackingOff",
+            attempt="2",
+            next_attempt_at="2026-11-30T10:06:30Z",
+            message=f"attempt 2 at 2026-11-30T10:06:30Z: {ROLLED_BACK}",
+        ),
+        members(2),
+        f"blocked: backing off: attempt 2 starts in 1m30s; {ROLLED_BACK}",
+        "backoff",
+    ),
+    Case(
+        "backoff over, next request not made",
+        group(
+            2,
+            state="BackingOff",
+            attempt="2",
+            next_attempt_at="2026-11-30T10:04:00Z",
+            message=f"attempt 2 at 2026-11-30T10:04:00Z: {ROLLED_BACK}",
+        ),
+        members(2),
+        "blocked: ProvisioningRequest g-pg-2 does not exist yet (is the gangcheck controller "
+        "running?)",
+        "backoff",
+    ),
+    Case(
+        "a request of an earlier group of the same name is not this one's",
+        group(2, **PROVISIONING),
+        members(2),
+        "blocked: ProvisioningRequest g-pg-1 does not exist yet (is the gangcheck controller "
+        "running?)",
+        "pending",
+        requests=[
+            {
+                **req(count=2),
+                "metadata": {
+                    **req()["metadata"],
+                    "annotations": {"gangcheck.io/pod-group-uid": "uid-old"},
+                },
+            }
+        ],
+    ),
+    Case(
+        "gave up",
+        group(
+            2,
+            state="GaveUp",
+            attempt="4",
+            message="gave up after attempt 4: rolled back g-pg-4 (deadline passed)",
+        ),
+        members(2),
+        "blocked: gave up after attempt 4: rolled back g-pg-4 (deadline passed)",
+        "gave up",
+    ),
+    Case(
+        "failed",
+        group(2, state="Failed", message="minCount 9000 exceeds the 5000 members"),
+        members(2),
+        "blocked: failed: minCount 9000 exceeds the 5000 members",
+        "failed",
+    ),
+    Case(
+        "blocked by a missing config",
+        group(2, state="Blocked", message="AtomicProvisioningConfig 'x' not found"),
+        members(2),
+        "blocked: blocked by the config: AtomicProvisioningConfig 'x' not found",
+        "blocked",
+    ),
+    Case(
+        "released and bound",
+        group(4, state="Released", request="g-pg-1"),
+        members(4, gated=False, node_name="n0"),
+        "not blocked: released: all 4 members released together, all bound",
+        "started",
+        requests=[req(count=4, Provisioned="ok")],
+    ),
+    Case(
+        "released, scheduler still placing",
+        group(3, state="Released"),
+        [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
+        "not blocked: released: all 3 members released together; 2 of 3 bound so far "
+        "(kube-scheduler's turn)",
+        "released",
+    ),
+    Case(
+        "released, a late member still gated",
+        group(2, state="Released"),
+        [*members(2, gated=False, node_name="n0"), member(2)],
+        "blocked: released, but 1 member(s) created since are still gated (m2); is the "
+        "gangcheck controller running?",
+        "released",
+    ),
+    Case(
+        "coscheduling group",
+        group(3, plugins=True, state="WaitingForMembers"),
+        [
+            {
+                "metadata": {
+                    "name": "c0",
+                    "namespace": "default",
+                    "labels": {"scheduling.x-k8s.io/pod-group": "g"},
+                },
+                "spec": {"containers": [container()], "schedulingGates": [{"name": GATE}]},
+            }
+        ],
+        "blocked: waiting for members: 1 of 3 exist",
+        "waiting",
+    ),
+]
+
+
+def facts_of(case: Case) -> Any:
+    pods = tuple(case.members)
+    world = World(requests=tuple(case.requests), nodes=tuple(case.nodes), pods=pods)
+    api_group = PLUGINS if case.group and case.group["apiVersion"].startswith(PLUGINS) else UPSTREAM
+    return gather_group(
+        case.group,
+        case.members,
+        world,
+        namespace="default",
+        name="g",
+        api_group=api_group,
+        served=case.served,
+        opted_in=case.opted_in,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_verdict_names_what_blocks(case: Case) -> None:
+    facts = facts_of(case)
+    assert group_verdict(facts, NOW).line == case.line
+    row = group_row(facts, NOW)
+    assert (row.phase, row.verdict) == (case.phase, case.line)
+
+
+def test_member_facts_count_gated_bound_and_ungated() -> None:
+    pods = [*members(2), member(2, gated=False), member(3, gated=False, node_name="n0")]
+    facts = facts_of(Case("x", group(4, state="Provisioning"), pods, "", ""))
+    m = facts.members
+    assert (m.exist, m.min_count, m.gated, m.bound, m.ungated) == (
+        4,
+        4,
+        ("m0", "m1"),
+        ("m3",),
+        ("m2", "m3"),
+    )
+    assert facts.placement is not None and facts.placement.total == 3  # the unbound ones
+
+
+def test_a_status_row_is_a_podgroup_row() -> None:
+    case = Case("x", group(4, **PROVISIONING), members(4), "", "", requests=[req(count=4)])
+    row = group_row(facts_of(case), NOW)
+    assert (row.kind, row.namespace, row.name, row.check, row.state, row.attempt) == (
+        "PodGroup",
+        "default",
+        "g",
+        "",
+        "Provisioning",
+        1,
+    )
+    assert (row.request, row.age_seconds, row.placeable, row.total) == ("g-pg-1", 300, 0, 4)
+    plugins = group_row(facts_of(Case("y", group(2, plugins=True), [], "", "")), NOW)
+    assert plugins.kind == "PodGroup.scheduling.x-k8s.io"
+
+
+@pytest.mark.parametrize(
+    ("obj", "pods", "listed"),
+    [
+        (group(2, state="Provisioning"), members(2), True),
+        (group(2), members(2), True),  # holds gated members
+        (group(2), members(2, gated=False), False),  # gangcheck never asked
+        (group(basic=True, state="NotAGang"), members(2, gated=False), False),
+        (group(2, state="Released"), members(2, gated=False, node_name="n0"), True),
+        (group(2, state="Released"), [], False),  # done: no members left
+        (None, members(1), True),  # gated, naming a group that does not exist
+        (None, members(1, gated=False), False),
+    ],
+    ids=["managed", "holds", "never-asked", "not-a-gang", "running", "done", "missing", "plain"],
+)
+def test_status_lists_the_groups_gangcheck_holds_or_manages(
+    obj: Obj | None, pods: list[Obj], listed: bool
+) -> None:
+    assert in_flight(facts_of(Case("x", obj, pods, "", ""))) is listed
+
+
+def test_members_are_found_by_either_api() -> None:
+    upstream = member(0)
+    plugins = {
+        "metadata": {
+            "name": "c",
+            "namespace": "ns",
+            "labels": {"scheduling.x-k8s.io/pod-group": "g"},
+        }
+    }
+    plain = {"metadata": {"name": "p", "namespace": "default"}, "spec": {}}
+    assert members_by_group([upstream, plugins, plain]) == {
+        ("default", UPSTREAM, "g"): [upstream],
+        ("ns", PLUGINS, "g"): [plugins],
+    }
+
+
+def test_members_with_the_same_requirements_share_a_pod_set() -> None:
+    pods = [member(0), member(1, gpu=2), member(2)]
+    gang = gang_from_pods(pod_group_of(group(3)), pods)
+    assert [(name, count) for name, count, _ in gang.pod_sets] == [("ps-0", 2), ("ps-1", 1)]
+    assert gang.namespace == "default"
+    assert "schedulingGates" not in gang.pod_sets[0][2]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("podgroup/ns/g", Target("podgroup", "ns", "g")),
+        ("pg/ns/g", Target("podgroup", "ns", "g")),
+        ("podgroup.scheduling.x-k8s.io/ns/g", Target("podgroup", "ns", "g", PLUGINS)),
+        ("PodGroups.scheduling.k8s.io/ns/g", Target("podgroup", "ns", "g", UPSTREAM)),
+    ],
+)
+def test_podgroup_targets_may_name_their_api(text: str, expected: Target) -> None:
+    assert parse_target(text) == expected
+
+
+def test_a_podgroup_of_another_api_is_refused() -> None:
+    with pytest.raises(ValueError, match=re.escape("podgroup.scheduling.x-k8s.io")):
+        parse_target("podgroup.example.com/ns/g")
