@@ -259,3 +259,64 @@ async def test_config_with_bad_deadline_or_reclaimer_is_refused(cluster: Cluster
                 ATOMIC_CONFIG, {"metadata": {"name": f"bad-{cluster.ns}"}, "spec": spec}
             )
         assert "fulfillment" in refused.value.message
+
+
+async def test_a_required_rack_is_kept_and_pinned_in_pod_set_updates(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """Kueue's podset-required-topology: capacity spread over two racks is not Ready."""
+    await cluster.install_check(fit(deadline=60))
+    template = pod_template(gpu=1)
+    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": "rack"}}
+    builder = WorkloadBuilder("wl").pod_set("workers", 3, template).reserve_quota().check()
+    await cluster.submit(builder)
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize done"})
+    await cluster.add_nodes(1, gpu=2, labels={"rack": "a"})
+    await cluster.add_nodes(1, gpu=2, labels={"rack": "b"})
+    check = await eventually(
+        lambda: _check_message(cluster, "wl", "one rack domain"), what="the rack named"
+    )
+    assert check["state"] == "Pending"
+    assert "pod set workers needs all 3 members in one rack domain" in check["message"]
+
+    await cluster.add_nodes(1, gpu=1, labels={"rack": "b"})
+    check = await cluster.wait_check("wl", "Ready")
+    (update,) = check["podSetUpdates"]
+    assert update["nodeSelector"] == {"rack": "b"}
+
+
+async def test_reserved_nodes_are_used_first_and_only_the_rest_is_requested(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    reserved = {"reservation.example.com/id": f"r-{cluster.ns}"}
+    spec = fit(deadline=60)
+    spec["reservations"] = [{"name": "r", "nodeLabels": reserved, "nodes": 2}]
+    await cluster.install_check(spec)
+    await cluster.add_nodes(2, gpu=1, labels=reserved)
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    request = await cluster.wait_request(name)
+    assert [p["count"] for p in request["spec"]["podSets"]] == [2]
+    assert request["metadata"]["annotations"]["gangcheck.io/reserved-members"] == "2"
+
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize done"})
+    await cluster.add_nodes(2, gpu=1)
+    await cluster.wait_check("wl", "Ready")
+    assert controller.controller is not None
+    scraped = controller.controller.metrics.render()
+    assert 'gangcheck_gang_members_total{capacity="reserved"} 2' in scraped
+
+
+async def test_a_gang_that_fits_on_its_reservation_needs_no_request(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    reserved = {"reservation.example.com/id": f"r-{cluster.ns}"}
+    spec = fit(deadline=60)
+    spec["reservations"] = [{"name": "r", "nodeLabels": reserved, "nodes": 4}]
+    await cluster.install_check(spec)
+    await cluster.add_nodes(2, gpu=2, labels=reserved)
+    await cluster.submit(gang(members=4))
+    check = await cluster.wait_check("wl", "Ready")
+    assert "fits on reserved capacity: 4 of 4 members" in check["message"]
+    assert await cluster.requests() == []

@@ -17,6 +17,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
+    EVENT,
     NAMESPACE,
     NODE,
     PLUGINS_POD_GROUP,
@@ -196,7 +197,7 @@ async def test_a_gang_that_fits_on_existing_nodes_is_released_together_without_a
     assert "fits on nodes that exist" in _annotations(released)[MESSAGE_ANNOTATION]
     assert await groups.gated("train-0", "train-1", "train-2") == [False, False, False]
     assert await groups.cluster.requests() == []
-    assert await groups.cluster.events("GangReleased")
+    await eventually(lambda: groups.cluster.events("GangReleased"), what="GangReleased")
 
 
 async def test_coscheduling_gang_gets_one_request_and_is_released_when_nodes_exist(
@@ -252,7 +253,7 @@ async def test_partial_delivery_is_rolled_back_and_retried_with_backoff(
         assert await groups.gated("big-0", "big-1") == [True, True]
         second = await groups.cluster.wait_request("big-pg-2", timeout=20)
         assert second["metadata"]["annotations"][ATTEMPT_ANNOTATION] == "2"
-        assert await groups.cluster.events("RolledBack")
+        await eventually(lambda: groups.cluster.events("RolledBack"), what="RolledBack")
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
 
@@ -296,7 +297,13 @@ async def test_a_member_created_without_the_gate_is_reported(
         return obj if _annotations(obj).get(UNGATED_ANNOTATION) == "leaky-1" else None
 
     await eventually(reported, what="the ungated member recorded")
-    events = await groups.cluster.events("MemberNotGated")
+
+    async def both() -> list[Obj] | None:
+        events = await groups.cluster.events("MemberNotGated")
+        kinds = {e["involvedObject"]["kind"] for e in events}
+        return events if kinds == {"PodGroup", "Pod"} else None
+
+    events = await eventually(both, what="MemberNotGated on the group and the pod")
     assert {e["involvedObject"]["kind"] for e in events} == {"PodGroup", "Pod"}
     assert any("leaky-1" in e["message"] for e in events)
 
@@ -313,7 +320,7 @@ async def test_a_member_naming_a_missing_podgroup_says_why_it_waits(
     pod = await eventually(noted, what="a reason on the pod")
     assert "'nowhere'" in _annotations(pod)[MESSAGE_ANNOTATION]
     assert "does not exist" in _annotations(pod)[MESSAGE_ANNOTATION]
-    assert await groups.cluster.events("PodGroupNotFound")
+    await eventually(lambda: groups.cluster.events("PodGroupNotFound"), what="the Event")
 
     await groups.cluster.add_nodes(1, gpu=1)
     await groups.upstream("nowhere", 1)  # the group appears: the gang goes ahead
@@ -337,8 +344,8 @@ async def test_a_gang_larger_than_one_request_may_carry_fails_with_a_reason(
         await groups.upstream("huge", 5)
         await groups.member("huge-0", "huge")
         failed = await groups.wait_state("huge", "Failed")
+        await eventually(lambda: groups.cluster.events("GangTooLarge"), what="the Event")
     assert "minCount 5 exceeds the 4 members" in _annotations(failed)[MESSAGE_ANNOTATION]
-    assert await groups.cluster.events("GangTooLarge")
     assert await groups.cluster.requests() == []
 
 
@@ -369,7 +376,12 @@ async def test_reserved_capacity_is_used_before_new_capacity_is_requested(
         # is not counted as reserved, so 3 are asked for.
         assert [p["count"] for p in request["spec"]["podSets"]] == [3]
         assert _annotations(request)["gangcheck.io/reserved-members"] == "2"
-        created = [e["message"] for e in await groups.cluster.events("Provisioning")]
+        created = [
+            e["message"]
+            for e in await eventually(
+                lambda: groups.cluster.events("Provisioning"), what="the Provisioning Event"
+            )
+        ]
         assert created == [
             "provisioning request res-pg-1 created for 3 pods (2 more placed on reserved capacity)"
         ]
@@ -445,6 +457,14 @@ async def test_dra_devices_decide_the_fit_and_a_claim_that_does_not_fit_is_named
             POD, {"metadata": {"name": name, "namespace": groups.ns}, "spec": spec}
         )
 
+    await groups.upstream("two", 2)
+    for i in range(2):
+        await member_with_claim(f"two-{i}", "two")
+    # Two members, two free devices: released at once, no request. (No scheduler runs here,
+    # so they stay unbound and hold no device: the next gang sees both free too.)
+    await groups.wait_state("two", "Released")
+    assert await groups.cluster.requests() == []
+
     await groups.upstream("three", 3)
     for i in range(3):
         await member_with_claim(f"three-{i}", "three")
@@ -463,7 +483,32 @@ async def test_dra_devices_decide_the_fit_and_a_claim_that_does_not_fit_is_named
     waiting = await eventually(names_the_claim, what="the claim named in the message")
     assert "2 of 3 members placeable" in _annotations(waiting)[MESSAGE_ANNOTATION]
 
-    await groups.upstream("two", 2)
-    for i in range(2):
-        await member_with_claim(f"two-{i}", "two")
-    await groups.wait_state("two", "Released")
+
+async def test_a_resource_slice_of_a_driver_no_device_class_selects_gets_an_event(
+    groups: Groups,
+    provisioner: Controller,
+    devices: Devices,  # noqa: F811 (the fixture imported above)
+) -> None:
+    await devices.device_class("known", f'device.driver == "{devices.driver}"')
+    stray = await devices.resource_slice(
+        "stray",
+        {
+            "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "allNodes": True,
+            "devices": [gpu("gpu-0", "full")],
+        },
+        driver=f"unknown-{groups.ns}.example.com",
+    )
+    name = stray["metadata"]["name"]
+
+    async def event() -> list[Obj]:
+        items = (await groups.kube.list_objects(EVENT, "default")).get("items") or []
+        return [
+            e
+            for e in items
+            if e["reason"] == "DeviceProblem" and e["involvedObject"]["name"] == name
+        ]
+
+    (said,) = await eventually(event, what="an Event on the stray ResourceSlice")
+    assert said["involvedObject"]["kind"] == "ResourceSlice"
+    assert "is not selected by any DeviceClass" in said["message"]
