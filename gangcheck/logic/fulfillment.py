@@ -253,8 +253,9 @@ def reserved_split(
         for n in capacity.nodes
         if not claim_of(n) or claim_of(n) not in capacity.in_flight
     ]
-    context, _ = capacity.dra(gang.namespace)
-    return split_gang(gang_of(gang.pod_sets, context), free, capacity.pods, reservations)
+    context, devices = capacity.dra(gang.namespace)
+    pod_sets = gang_of(gang.pod_sets, context)
+    return split_gang(pod_sets, free, capacity.pods, reservations, devices)
 
 
 def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:

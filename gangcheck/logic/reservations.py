@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gangcheck.logic.dra import Inventory
 from gangcheck.logic.fit import GangPodSet, NodeView, fit_gang
 
 
@@ -81,18 +82,20 @@ def split_gang(
     nodes: Sequence[NodeView],
     bound_pods: Iterable[Mapping[str, Any]],
     reservations: Sequence[Reservation],
+    devices: Inventory | None = None,
 ) -> ReservedSplit:
     """Places the gang on the reserved nodes as far as it goes; the rest is the remainder.
 
     ``bound_pods``: the pods bound to the nodes (any, not finished), whose requests take
-    room. When the whole gang does not fit on reserved capacity, the placement is
-    ``fit_gang``'s best partial one (the most members placed).
+    room. ``devices``: the DRA devices, for members with resource claims. When the whole
+    gang does not fit on reserved capacity, the placement is ``fit_gang``'s best partial one
+    (the most members placed).
     """
     owner = reserved_nodes(reservations, nodes)
     wanted = {ps.name: ps.count for ps in pod_sets if ps.count > 0}
     if not owner or not wanted:
         return ReservedSplit(remainder=wanted)
-    result = fit_gang(pod_sets, [n for n in nodes if n.name in owner], bound_pods)
+    result = fit_gang(pod_sets, [n for n in nodes if n.name in owner], bound_pods, devices)
     on_reserved: Counter[str] = Counter()
     by_reservation: Counter[str] = Counter()
     for node_name, members in result.placements.items():

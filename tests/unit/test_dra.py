@@ -880,3 +880,22 @@ def test_one_pod_set_on_node_local_devices_places_the_exact_maximum(
     assert result.placeable == min(members, most)
     for name, placed in result.placements.items():
         assert len(placed) * per_member <= devices_per_node[names.index(name)]
+
+
+def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
+    """Reservations and DRA together: the reserved node's two devices take two of three
+    members; the third is the remainder to request."""
+    from gangcheck.logic.fulfillment import Capacity, GangSpec, reserved_split
+    from gangcheck.logic.reservations import Reservation
+    from tests.builders import node as node_obj
+
+    capacity = Capacity(
+        nodes=(node_obj("n1", gpu=0, labels={"res": "r"}),),
+        device_classes=(device_class(),),
+        resource_slices=(rslice("n1-gpus", gpus(2)),),
+        claim_templates=(template("tpl", [exactly()]),),
+    )
+    gang = GangSpec((("ps-0", 3, {"spec": pod_spec()}),), namespace="ns")
+    split = reserved_split(capacity, gang, [Reservation("r", {"res": "r"}, 1)])
+    assert split.on_reserved == {"ps-0": 2}
+    assert split.remainder == {"ps-0": 1}
