@@ -41,7 +41,7 @@ error). An error on a device stops the allocation on that node, as it stops kube
 An expression outside the subset is not evaluable: a member that needs it fits nowhere, and
 the reason quotes it.
 
-Not modelled: DeviceTaintRules, binding conditions, compatibility groups and partition types
+Not modelled: TaintRules, binding conditions, compatibility groups and partition types
 of counters, derived attributes, list-valued attributes in selectors (they compare unequal),
 DeviceClass `extendedResourceName`, node-allocatable resources of devices, claims a PodGroup
 shares, the limit of 32 devices per claim. A named (shared) ResourceClaim counts only once
@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangcheck.logic.quantity import QuantityError, parse_quantity
+from gangcheck.logic.taints import Taint, Toleration, taint_of, toleration_of
 
 Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]
@@ -175,30 +176,6 @@ class Capacity:
 
 
 @dataclass(frozen=True)
-class DeviceTaint:
-    key: str
-    value: str = ""
-    effect: str = ""
-
-
-@dataclass(frozen=True)
-class DeviceToleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: DeviceTaint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key and self.key != taint.key:
-            return False
-        if self.operator == "Exists":
-            return True
-        return self.operator in ("", "Equal") and self.value == taint.value
-
-
-@dataclass(frozen=True)
 class Device:
     """One device of a ResourceSlice. `attributes` by fully qualified name (`domain/id`);
     `capacity` by name as published; `consumes`: counter set -> counter -> nano-units."""
@@ -210,7 +187,7 @@ class Device:
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     multiple: bool = False
-    taints: tuple[DeviceTaint, ...] = ()
+    taints: tuple[Taint, ...] = ()
     scope: NodeScope = field(default_factory=NodeScope)
 
     @property
@@ -340,7 +317,7 @@ class Request:
     mode: str = EXACT_COUNT
     count: int = 1
     capacity: Mapping[str, int] = field(default_factory=dict)
-    tolerations: tuple[DeviceToleration, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
     admin: bool = False
 
 
@@ -495,7 +472,7 @@ def _request(claim: str, name: str, raw: Obj) -> Request | Shortfall:
         mode=mode,
         count=count,
         capacity=capacity,
-        tolerations=tuple(_toleration(t) for t in _list(raw, "tolerations")),
+        tolerations=tuple(toleration_of(t) for t in _list(raw, "tolerations")),
         admin=raw.get("adminAccess") is True,
     )
 
@@ -513,15 +490,6 @@ def _shared_claim(name: str, claim: str, obj: Obj | None) -> SharedClaim | Short
     if isinstance(selector, Mapping):
         return SharedClaim(name, claim, NodeScope(node_selector=selector))
     return SharedClaim(name, claim)
-
-
-def _toleration(raw: Obj) -> DeviceToleration:
-    return DeviceToleration(
-        key=str(raw.get("key") or ""),
-        operator=str(raw.get("operator") or "Equal"),
-        value=str(raw.get("value") or ""),
-        effect=str(raw.get("effect") or ""),
-    )
 
 
 # --- the inventory ---------------------------------------------------------------------------
@@ -646,10 +614,7 @@ def _device(driver: str, pool: str, raw: Obj, scope: NodeScope) -> Device:
             str(c.get("counterSet") or ""): _counters(c) for c in _list(raw, "consumesCounters")
         },
         multiple=raw.get("allowMultipleAllocations") is True,
-        taints=tuple(
-            DeviceTaint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
-            for t in _list(raw, "taints")
-        ),
+        taints=tuple(taint_of(t) for t in _list(raw, "taints")),
         scope=scope,
     )
 

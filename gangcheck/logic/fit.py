@@ -62,6 +62,7 @@ from gangcheck.logic.dra import (
     allocate,
 )
 from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.taints import Taint, Toleration, taint_of, toleration_of
 
 Obj = Mapping[str, Any]
 Resources = Mapping[str, int]
@@ -90,38 +91,6 @@ class Rejection:
 
 
 # --- taints, tolerations, selectors ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-    @property
-    def short(self) -> str:
-        return f"{self.key}:{self.effect}"
-
-    def __str__(self) -> str:
-        value = f"={self.value}" if self.value else ""
-        return f"{self.key}{value}:{self.effect}"
-
-
-@dataclass(frozen=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key and self.key != taint.key:
-            return False
-        if self.operator == "Exists":
-            return True
-        return self.operator in ("", "Equal") and self.value == taint.value
 
 
 @dataclass(frozen=True)
@@ -218,7 +187,7 @@ def member_from_pod_spec(spec: Obj, dra: DraContext | None = None) -> Member:
         requests=pod_requests(spec),
         node_selector={str(k): str(v) for k, v in _dict(spec, "nodeSelector").items()},
         affinity=_required_affinity(spec),
-        tolerations=tuple(_toleration(t) for t in _list(spec, "tolerations")),
+        tolerations=tuple(toleration_of(t) for t in _list(spec, "tolerations")),
         devices=dra.needs(spec) if dra is not None else ClaimNeeds(),
     )
 
@@ -267,15 +236,6 @@ def _requirement(raw: Obj) -> Requirement:
     return Requirement(str(raw.get("key") or ""), str(raw.get("operator") or ""), values)
 
 
-def _toleration(raw: Obj) -> Toleration:
-    return Toleration(
-        key=str(raw.get("key") or ""),
-        operator=str(raw.get("operator") or "Equal"),
-        value=str(raw.get("value") or ""),
-        effect=str(raw.get("effect") or ""),
-    )
-
-
 # --- nodes -----------------------------------------------------------------------------------
 
 
@@ -301,7 +261,7 @@ class NodeView:
 def node_view(node: Obj) -> NodeView:
     """A NodeView of a Node dict; malformed data makes it unusable, never usable."""
     meta, spec, status = _dict(node, "metadata"), _dict(node, "spec"), _dict(node, "status")
-    taints = tuple(_taint(t) for t in _list(spec, "taints"))
+    taints = tuple(taint_of(t) for t in _list(spec, "taints"))
     allocatable, malformed = _parse_allocatable(_dict(status, "allocatable"))
     ready, unschedulable = _is_ready(status), bool(spec.get("unschedulable"))
     problem = malformed or _node_problem(status, taints, ready=ready, cordoned=unschedulable)
@@ -315,12 +275,6 @@ def node_view(node: Obj) -> NodeView:
         unschedulable=unschedulable,
         created=str(meta.get("creationTimestamp") or ""),
         problem=problem,
-    )
-
-
-def _taint(raw: Obj) -> Taint:
-    return Taint(
-        str(raw.get("key") or ""), str(raw.get("value") or ""), str(raw.get("effect") or "")
     )
 
 
