@@ -76,3 +76,10 @@ RESOURCE_CLAIM = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceCl
 RESOURCE_CLAIM_TEMPLATE = Resource(
     "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"
 )
+MUTATING_WEBHOOK = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    namespaced=False,
+)

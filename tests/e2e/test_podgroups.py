@@ -24,11 +24,11 @@ import pytest
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
+    MUTATING_WEBHOOK,
     NAMESPACE,
     POD,
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
-    Resource,
 )
 from gangcheck.testbed.certs import CertificateAuthority
 from gangcheck.testbed.deploy import ManagedProcess, deploy_gangcheck
@@ -49,13 +49,6 @@ BIG = E2E_NODE_GROUPS[0]
 GATE = "gangcheck.io/provisioning"
 OPT_IN = {"gangcheck.io/gang-provisioning": "enabled"}
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
-MUTATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingwebhookconfigurations",
-    "MutatingWebhookConfiguration",
-    namespaced=False,
-)
 
 
 class Hooked:
@@ -126,11 +119,11 @@ async def webhook_registered(kube: Kube, hooked: Hooked) -> Any:
             }
         ],
     }
-    await kube.create(MUTATING_WEBHOOKS, body)
+    await kube.create(MUTATING_WEBHOOK, body)
     try:
         yield
     finally:
-        await delete_quietly(kube, MUTATING_WEBHOOKS, name)
+        await delete_quietly(kube, MUTATING_WEBHOOK, name)
 
 
 def member(name: str, group: str) -> Obj:

@@ -30,7 +30,7 @@ from cryptography import x509
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import NAMESPACE, POD, Resource
+from gangcheck.kube.resources import MUTATING_WEBHOOK, NAMESPACE, POD
 from gangcheck.logic.gating import (
     COSCHEDULING,
     COSCHEDULING_LABEL,
@@ -49,13 +49,6 @@ from tests.integration.harness import Cluster, eventually
 pytestmark = pytest.mark.integration
 
 Obj = dict[str, Any]
-MUTATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingwebhookconfigurations",
-    "MutatingWebhookConfiguration",
-    namespaced=False,
-)
 _ids = itertools.count(1)
 
 
@@ -425,12 +418,12 @@ async def registered(kube: Kube, url: str, ca_pem: bytes) -> AsyncIterator[str]:
     """A MutatingWebhookConfiguration of this test's own, deleted at the end whatever happens:
     it is cluster-wide."""
     name = f"gangcheck-test-{uuid.uuid4().hex[:8]}"
-    await kube.create(MUTATING_WEBHOOKS, webhook_configuration(name, url, ca_pem))
+    await kube.create(MUTATING_WEBHOOK, webhook_configuration(name, url, ca_pem))
     try:
         yield name
     finally:
         with contextlib.suppress(NotFoundError):
-            await kube.delete(MUTATING_WEBHOOKS, name)
+            await kube.delete(MUTATING_WEBHOOK, name)
 
 
 async def until_the_webhook_gates(pods: Pods, namespace: str, *, timeout: float = 20) -> None:
