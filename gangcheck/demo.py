@@ -1,16 +1,19 @@
-"""The demo: the local full stack, gangcheck running as a user deploys it, two GPU gangs.
+"""The demo: the local full stack, gangcheck running as a user deploys it, three GPU gangs.
 
 ``gangcheck demo up`` starts the stack (building it on first use), deploys gangcheck with its
-own ServiceAccount and the simulated cloud, then submits two batch/v1 Jobs through Kueue:
-``whole`` gets all its nodes; ``partial`` gets half of them on its first attempt, which
-gangcheck rolls back (reclaiming those nodes) and retries until the gang starts. A live table
-follows both; a summary ends it. The stack stays up to explore; ``gangcheck demo down`` (or
+own ServiceAccount, its webhook and the simulated cloud, then submits two batch/v1 Jobs through
+Kueue: ``whole`` gets all its nodes; ``partial`` gets half of them on its first attempt, which
+gangcheck rolls back (reclaiming those nodes) and retries until the gang starts. The third,
+``ddp``, never passes through Kueue: a PodGroup whose members the webhook gates at creation,
+released together once their nodes exist. A live table follows all three; a summary ends
+it. The stack stays up to explore; ``gangcheck demo down`` (or
 ``make demo-down``) removes all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -23,23 +26,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import AlreadyExistsError
+from gangcheck.kube.errors import AlreadyExistsError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
     CLUSTER_QUEUE,
     JOB,
     LOCAL_QUEUE,
+    MUTATING_WEBHOOK,
     NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
     RESOURCE_FLAVOR,
+    UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
+from gangcheck.logic.actions import ATTEMPT_ANNOTATION
 from gangcheck.logic.fulfillment import ARRIVED_FOR
+from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
 from gangcheck.testbed import dev
+from gangcheck.testbed.certs import CertificateAuthority
 from gangcheck.testbed.deploy import deploy_gangcheck, start_sim_cloud
+from gangcheck.testbed.process import free_ports
 
 NAMESPACE_NAME = "demo"
 SIM_CLASS = "sim.gangcheck.io"
@@ -48,7 +58,11 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 MEMBERS, GPUS_PER_MEMBER = 4, 8
 PROCESSES_FILE = "demo-processes.json"
 SIM_CONFIG_MAP = f"{NAMESPACE_NAME}/sim-cloud"
-GANGS = ("whole", "partial")
+JOB_GANGS = ("whole", "partial")
+GROUP = "ddp"
+"""The PodGroup gang (no Kueue): gated by the webhook, released together."""
+GANGS = (*JOB_GANGS, GROUP)
+WEBHOOK_NAME = "gangcheck-demo"
 
 
 def sim_config() -> dict[str, Any]:
@@ -91,9 +105,50 @@ def setup_objects() -> list[tuple[Any, Obj]]:
                            "name": "demo"},
         }}),
     ]  # fmt: skip
-    for gang in GANGS:
+    for gang in JOB_GANGS:
         objects += _queue_objects(gang)
     return objects
+
+
+def pod_group() -> Obj:
+    return {
+        "metadata": {"name": GROUP, "namespace": NAMESPACE_NAME,
+                     "annotations": {"gangcheck.io/provisioning-config": "demo"}},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": MEMBERS}}},
+    }  # fmt: skip
+
+
+def member(index: int) -> Obj:
+    spec = job(GROUP)["spec"]["template"]["spec"]
+    return {
+        "metadata": {"name": f"{GROUP}-{index}", "namespace": NAMESPACE_NAME},
+        "spec": {**spec, "schedulingGroup": {"podGroupName": GROUP},
+                 "nodeSelector": {POOL_LABEL: GROUP}, "tolerations": [GPU_TOLERATION]},
+    }  # fmt: skip
+
+
+def webhook_configuration(url: str, ca_pem: bytes) -> Obj:
+    """manifests/base/webhook.yaml, reaching gangcheck on loopback by URL."""
+    rule = {
+        "operations": ["CREATE"],
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "resources": ["pods"],
+        "scope": "Namespaced",
+    }
+    return {
+        "metadata": {"name": WEBHOOK_NAME},
+        "webhooks": [{
+            "name": "pods.gangcheck.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
+            "rules": [rule],
+            "namespaceSelector": {"matchLabels": {OPT_IN_LABEL: OPT_IN_VALUE}},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+        }],
+    }  # fmt: skip
 
 
 def _queue_objects(gang: str) -> list[tuple[Any, Obj]]:
@@ -157,6 +212,9 @@ async def _create_all(kube: Kube, objects: list[tuple[Any, Obj]]) -> None:
 
 
 async def _observe(kube: Kube, gang: Gang) -> None:
+    if gang.name == GROUP:
+        await _observe_group(kube, gang)
+        return
     wl = await _workload_of(kube, gang.name)
     if wl is None:
         gang.state, gang.message = "queued", "waiting for Kueue to create the Workload"
@@ -180,6 +238,25 @@ async def _observe(kube: Kube, gang: Gang) -> None:
         gang.started = time.monotonic()
 
 
+async def _observe_group(kube: Kube, gang: Gang) -> None:
+    group = await kube.get(UPSTREAM_POD_GROUP_V1BETA1, GROUP, NAMESPACE_NAME)
+    notes = group["metadata"].get("annotations") or {}
+    gang.state = notes.get(STATE_ANNOTATION, "-")
+    gang.message = notes.get(MESSAGE_ANNOTATION, "")
+    gang.attempt = int(notes.get(ATTEMPT_ANNOTATION, "1"))
+    request = f"{NAMESPACE_NAME}/{GROUP}-pg-{gang.attempt}"
+    nodes = (await kube.list_objects(NODE)).get("items") or []
+    gang.arrived = sum(
+        1 for n in nodes if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR) == request
+    )
+    pods = (await kube.list_objects(POD, NAMESPACE_NAME)).get("items") or []
+    mine = [p for p in pods if p["metadata"]["name"].startswith(f"{GROUP}-")]
+    gang.running = sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Running")
+    gang.rollbacks = max(gang.rollbacks, gang.attempt - 1)
+    if gang.running >= MEMBERS and gang.started is None:
+        gang.started = time.monotonic()
+
+
 async def _workload_of(kube: Kube, job_name: str) -> Obj | None:
     listing = await kube.list_objects(WORKLOAD, NAMESPACE_NAME)
     for wl in listing.get("items") or []:
@@ -191,12 +268,12 @@ async def _workload_of(kube: Kube, job_name: str) -> Obj | None:
 
 def _table(gangs: list[Gang], out: TextIO) -> None:
     now = time.monotonic()
-    out.write(f"\n{'gang':8} {'age':>5} {'check':8} {'try':>3} {'nodes':>5} {'running':>7}  why\n")
+    out.write(f"\n{'gang':8} {'age':>5} {'state':12} {'try':>3} {'nodes':>5} {'running':>7}  why\n")
     for g in gangs:
         age = f"{(g.started or now) - g.submitted:.0f}s"
         why = g.message if len(g.message) <= 70 else g.message[:67] + "..."
         out.write(
-            f"{g.name:8} {age:>5} {g.state:8} {g.attempt:>3} {g.arrived:>5} "
+            f"{g.name:8} {age:>5} {g.state[:12]:12} {g.attempt:>3} {g.arrived:>5} "
             f"{g.running:>5}/{MEMBERS}  {why}\n"
         )
     out.flush()
@@ -205,9 +282,12 @@ def _table(gangs: list[Gang], out: TextIO) -> None:
 async def run_scenario(kube: Kube, out: TextIO, *, timeout: float = 240.0) -> list[Gang]:
     await _create_all(kube, setup_objects())
     gangs = []
-    for name in GANGS:
+    for name in JOB_GANGS:
         await _create_all(kube, [(JOB, job(name))])
         gangs.append(Gang(name, time.monotonic()))
+    await _create_all(kube, [(UPSTREAM_POD_GROUP_V1BETA1, pod_group())])
+    gangs.append(Gang(GROUP, time.monotonic()))
+    await _create_all(kube, [(POD, member(i)) for i in range(MEMBERS)])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not all(g.started for g in gangs):
         for gang in gangs:
@@ -234,27 +314,31 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     info = dev.up(state_dir, out=out, stack="full")
     work = state_dir / "demo"
     work.mkdir(parents=True, exist_ok=True)
-    out.write("starting gangcheck (its own ServiceAccount) and the simulated cloud\n")
+    out.write("starting gangcheck (its own ServiceAccount, its webhook) and the simulated cloud\n")
     asyncio.run(_namespace(info.kubeconfig))
-    controller = deploy_gangcheck(info.kubeconfig, workdir=work)
+    certs, url, ca_pem = _webhook_certs(work)
+    webhook = ["--webhook-port", url.rsplit(":", 1)[1].split("/")[0], "--webhook-cert-dir", certs]
+    controller = deploy_gangcheck(info.kubeconfig, workdir=work, extra_args=webhook)
     sim = start_sim_cloud(
         info.kubeconfig, workdir=work, config_map=SIM_CONFIG_MAP, config=sim_config()
     )
     try:
+        asyncio.run(_register_webhook(info.kubeconfig, url, ca_pem))
         gangs = asyncio.run(_scenario(info.kubeconfig, out))
     finally:
         controller.stop()
         sim.stop()
     # Both stopped with this command's process; start them again, detached, for exploring.
     run = ["run", "--kubeconfig", str(controller.kubeconfig), "--bind-address", "127.0.0.1"]
-    run += ["--health-port", "0", "--metrics-port", "0"]
+    run += ["--health-port", "0", "--metrics-port", "0", *webhook]
     sim_args = ["sim-cloud", "--kubeconfig", str(info.kubeconfig), "--config-map", SIM_CONFIG_MAP]
     pids = [_detached(run, work / "gangcheck.log"), _detached(sim_args, work / "sim-cloud.log")]
     (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
     out.write(
         f"\nthe stack keeps running: export KUBECONFIG={info.kubeconfig}\n"
         f"  {info.kubectl} get workloads,provisioningrequests,nodes -A\n"
-        "  gangcheck status; gangcheck diagnose job/demo/partial\n"
+        "  gangcheck status; gangcheck diagnose job/demo/partial; "
+        "gangcheck diagnose podgroup/demo/ddp\n"
         "remove everything with: make demo-down\n"
     )
     return 0 if all(g.started for g in gangs) else 1
@@ -276,6 +360,53 @@ def _detached(args: list[str], log: Path) -> int:
 async def _namespace(kubeconfig: Path) -> None:
     async with await Kube.connect(str(kubeconfig)) as kube:
         await _create_all(kube, setup_objects()[:1])
+        labels = {"metadata": {"labels": {OPT_IN_LABEL: OPT_IN_VALUE}}}
+        await kube.merge_patch(NAMESPACE, NAMESPACE_NAME, labels)
+
+
+def _webhook_certs(work: Path) -> tuple[str, str, bytes]:
+    """A CA and a serving certificate for 127.0.0.1 (kept in the demo's folder), and the URL
+    of a free port for the webhook."""
+    certs = work / "webhook-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    authority = CertificateAuthority.create("gangcheck-demo-webhook-ca")
+    authority.issue_serving("gangcheck-webhook", ["127.0.0.1"]).write(
+        certs / "tls.crt", certs / "tls.key"
+    )
+    (port,) = free_ports(1)
+    return str(certs), f"https://127.0.0.1:{port}/mutate-pods", authority.cert_pem
+
+
+async def _register_webhook(kubeconfig: Path, url: str, ca_pem: bytes) -> None:
+    """Register the webhook by URL and wait until the API server calls it (a probe member
+    comes out gated)."""
+    async with await Kube.connect(str(kubeconfig)) as kube:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(MUTATING_WEBHOOK, WEBHOOK_NAME)
+        await kube.create(MUTATING_WEBHOOK, webhook_configuration(url, ca_pem))
+        probe = {
+            "metadata": {"name": "webhook-probe", "namespace": NAMESPACE_NAME,
+                         "labels": {"scheduling.x-k8s.io/pod-group": "probe"}},
+            "spec": {"containers": [{"name": "c", "image": "probe:1"}]},
+        }  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            created = await kube.create(POD, probe)
+            await kube.delete(POD, "webhook-probe", NAMESPACE_NAME, grace_period_seconds=0)
+            gates = (created.get("spec") or {}).get("schedulingGates") or []
+            if any(g.get("name") == GATE for g in gates):
+                return
+            await _gone(kube, "webhook-probe")
+        raise RuntimeError("the API server did not call gangcheck's webhook within 30 s")
+
+
+async def _gone(kube: Kube, pod: str) -> None:
+    for _ in range(50):
+        try:
+            await kube.get(POD, pod, NAMESPACE_NAME)
+        except NotFoundError:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _scenario(kubeconfig: Path, out: TextIO) -> list[Gang]:
