@@ -759,15 +759,24 @@ def _attempt_verdict(facts: Facts, check: CheckFacts, now: datetime) -> Verdict:
     return _conditions_verdict(facts, req, now)
 
 
-def _conditions_verdict(facts: Facts, req: RequestFacts, now: datetime) -> Verdict:
+def ended_verdict(req: RequestFacts, hint: str = "") -> Verdict | None:
+    """The request failed, was revoked, or its booking expired: the autoscaler's word."""
     conds = req.conditions
     for kind, what in (("Failed", "failed"), ("CapacityRevoked", "revoked the capacity of")):
         if is_true(conds, kind):
             why = conds[kind].message or conds[kind].reason
-            return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}")
+            return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{hint}")
     if is_true(conds, "BookingExpired"):
         why = conds["BookingExpired"].message or "booking expired"
         return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
+    return None
+
+
+def _conditions_verdict(facts: Facts, req: RequestFacts, now: datetime) -> Verdict:
+    conds = req.conditions
+    ended = ended_verdict(req)
+    if ended is not None:
+        return ended
     deadline = until("deadline", req.deadline, now)
     if is_true(conds, "Provisioned"):
         return _provisioned_verdict(facts, req, deadline)

@@ -164,13 +164,7 @@ def assess(
 def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
     """Whether the gang fits, with no request, on the nodes no in-flight request claims."""
     capacity = capacity or Capacity()
-    free = [
-        node_view(n)
-        for n in capacity.nodes
-        if not claim_of(n) or claim_of(n) not in capacity.in_flight
-    ]
-    context, devices = capacity.dra(gang.namespace)
-    pod_sets = gang_of(gang.pod_sets, context)
+    free, pod_sets, devices = _unclaimed(capacity, gang)
     fitted = fit_in_domains(
         pod_sets, free, capacity.pods, gang.topology, together=gang.together, devices=devices
     )
@@ -248,14 +242,21 @@ def reserved_split(
 ) -> ReservedSplit:
     """How much of the gang the reserved nodes no in-flight request claims can take now."""
     capacity = capacity or Capacity()
+    free, pod_sets, devices = _unclaimed(capacity, gang)
+    return split_gang(pod_sets, free, capacity.pods, reservations, devices)
+
+
+def _unclaimed(
+    capacity: Capacity, gang: GangSpec
+) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
+    """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
     free = [
         node_view(n)
         for n in capacity.nodes
         if not claim_of(n) or claim_of(n) not in capacity.in_flight
     ]
     context, devices = capacity.dra(gang.namespace)
-    pod_sets = gang_of(gang.pod_sets, context)
-    return split_gang(pod_sets, free, capacity.pods, reservations, devices)
+    return free, gang_of(gang.pod_sets, context), devices
 
 
 def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:

@@ -22,6 +22,7 @@ from gangcheck.logic.diagnosis import (
     RequestFacts,
     Verdict,
     World,
+    ended_verdict,
     fit_verdict,
     human_duration,
     in_flight_keys,
@@ -389,13 +390,9 @@ def _request_verdict(f: GroupFacts, req: RequestFacts, now: datetime) -> Verdict
     if req.deleting:
         return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
     conds = req.conditions
-    for kind, what in (("Failed", "failed"), ("CapacityRevoked", "revoked the capacity of")):
-        if is_true(conds, kind):
-            why = conds[kind].message or conds[kind].reason
-            return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{f.hint}")
-    if is_true(conds, "BookingExpired"):
-        why = conds["BookingExpired"].message or "booking expired"
-        return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
+    ended = ended_verdict(req, f.hint)
+    if ended is not None:
+        return ended
     deadline = until("deadline", req.deadline, now)
     placement = f.placement
     if is_true(conds, "Provisioned"):
