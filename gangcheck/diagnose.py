@@ -27,13 +27,17 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
     CLUSTER_QUEUE,
+    DEVICE_CLASS,
     JOB,
     LOCAL_QUEUE,
     NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
+    RESOURCE_CLAIM,
+    RESOURCE_CLAIM_TEMPLATE,
     RESOURCE_FLAVOR,
+    RESOURCE_SLICE,
     WORKLOAD,
     Resource,
 )
@@ -415,6 +419,7 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
         pods=tuple(pods),
         cluster_queues=_by_key(cqs) if cqs is not None else None,
         local_queues=_by_key(lqs) if lqs is not None else None,
+        **_device_fields(await _devices(kube)),
     )
 
 
@@ -426,7 +431,38 @@ async def fetch_group_world(kube: Kube, namespace: str) -> World:
         _items(kube, NODE),
         _everywhere(kube, POD, namespace, field_selector=NOT_FINISHED),
     )
-    return World(requests=tuple(requests), nodes=tuple(nodes), pods=tuple(pods))
+    return World(
+        requests=tuple(requests),
+        nodes=tuple(nodes),
+        pods=tuple(pods),
+        **_device_fields(await _devices(kube)),
+    )
+
+
+Devices = tuple[tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...]]
+
+
+def _device_fields(devices: Devices) -> dict[str, Any]:
+    names = ("device_classes", "resource_slices", "resource_claims", "claim_templates")
+    return dict(zip(names, devices, strict=True))
+
+
+async def _devices(kube: Kube) -> Devices:
+    """The DRA objects the fit counts devices from (none where DRA is not served)."""
+
+    async def readable(res: Resource) -> list[Obj]:
+        try:
+            return await _items(kube, res, optional=True)
+        except ForbiddenError:
+            return []  # the fit then counts no devices, as a gang with claims fits nowhere
+
+    classes, slices, claims, templates = await asyncio.gather(
+        readable(DEVICE_CLASS),
+        readable(RESOURCE_SLICE),
+        readable(RESOURCE_CLAIM),
+        readable(RESOURCE_CLAIM_TEMPLATE),
+    )
+    return tuple(classes), tuple(slices), tuple(claims), tuple(templates)
 
 
 async def _pod_groups(kube: Kube, namespace: str | None) -> PodGroups:

@@ -27,6 +27,7 @@ from gangcheck.logic.actions import (
     STARTED,
 )
 from gangcheck.logic.admission import Snapshot, gang_templates
+from gangcheck.logic.dra import DraContext, Inventory
 from gangcheck.logic.fit import (
     FitResult,
     Member,
@@ -35,7 +36,14 @@ from gangcheck.logic.fit import (
     member_from_template,
     node_view,
 )
-from gangcheck.logic.fulfillment import GangSpec, claim_of, gang_of, is_new_arrival, request_key
+from gangcheck.logic.fulfillment import (
+    Capacity,
+    GangSpec,
+    claim_of,
+    gang_of,
+    is_new_arrival,
+    request_key,
+)
 from gangcheck.logic.podsets import pod_template_spec
 from gangcheck.logic.quantity import QuantityError
 from gangcheck.logic.reclaim import Outcome
@@ -141,6 +149,20 @@ class World:
     cluster_queues: Mapping[str, Obj] | None = None
     local_queues: Mapping[str, Obj] | None = None
     """Keyed `namespace/name`. None: not fetched (or not readable)."""
+    device_classes: tuple[Obj, ...] = ()
+    resource_slices: tuple[Obj, ...] = ()
+    resource_claims: tuple[Obj, ...] = ()
+    claim_templates: tuple[Obj, ...] = ()
+    """The DRA objects (empty where the API is not served or not readable)."""
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        """The namespace's claim templates and claims, and the devices: as the controller."""
+        return Capacity(
+            device_classes=self.device_classes,
+            resource_slices=self.resource_slices,
+            resource_claims=self.resource_claims,
+            claim_templates=self.claim_templates,
+        ).dra(namespace)
 
     def our_checks(self) -> set[str]:
         return {n for n, ac in self.admission_checks.items() if checkconfig.is_ours(ac)}
@@ -277,7 +299,12 @@ def gather(workload: Obj, world: World) -> Facts:
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place(
-            gang, world.nodes, world.pods, request=req, in_flight=in_flight_keys(world)
+            gang,
+            world.nodes,
+            world.pods,
+            request=req,
+            in_flight=in_flight_keys(world),
+            dra=world.dra(wl.ref.namespace),
         )
     return Facts(
         namespace=wl.ref.namespace,
@@ -502,18 +529,23 @@ def place(
     *,
     request: ProvisioningRequest | None = None,
     in_flight: frozenset[str] = frozenset(),
+    dra: tuple[DraContext, Inventory] | None = None,
 ) -> Placement | None:
     """Fit the gang on the nodes arrived for `request` (recorded, or new and unrecorded) and
-    on the nodes its selectors match that no other in-flight request holds."""
+    on the nodes its selectors match that no other in-flight request holds; with `dra`, its
+    members' resource claims against the devices, as the controller fits them."""
     spec = GangSpec.of(gang)
+    context, devices = dra if dra is not None else (None, None)
     try:
-        members = [member_from_template(t) for _, _, t in spec.pod_sets]
-        pod_sets = gang_of(spec.pod_sets)
+        members = [member_from_template(t, context) for _, _, t in spec.pod_sets]
+        pod_sets = gang_of(spec.pod_sets, context)
     except QuantityError:
         return None
     considered = _considered(nodes, members, request, in_flight)
     views = [node_view(n) for n, _, _ in considered]
-    fitted = fit_in_domains(pod_sets, views, pods, spec.topology, together=spec.together)
+    fitted = fit_in_domains(
+        pod_sets, views, pods, spec.topology, together=spec.together, devices=devices
+    )
     result = fitted.result
     fits = [_node_fit(node, arrived, recorded, result) for node, arrived, recorded in considered]
     fits.sort(key=lambda n: (not n.arrived, n.name))

@@ -176,7 +176,12 @@ def gather_group(
     ):
         gang = podgroup.gang_from_pods(group, unbound)
         placement = place(
-            gang, world.nodes, world.pods, request=req, in_flight=in_flight_keys(world)
+            gang,
+            world.nodes,
+            world.pods,
+            request=req,
+            in_flight=in_flight_keys(world),
+            dra=world.dra(group.ref.namespace),
         )
         hint = dra_hint(req, gang) if req is not None else ""
     meta = obj.get("metadata") or {}

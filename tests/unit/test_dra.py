@@ -899,3 +899,22 @@ def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
     split = reserved_split(capacity, gang, [Reservation("r", {"res": "r"}, 1)])
     assert split.on_reserved == {"ps-0": 2}
     assert split.remainder == {"ps-0": 1}
+
+
+def test_the_diagnosis_counts_devices_as_the_controller_does() -> None:
+    from gangcheck.logic.diagnosis import World, place
+    from tests.builders import node as node_obj
+
+    world = World(
+        nodes=(node_obj("n1", gpu=0),),
+        device_classes=(device_class(),),
+        resource_slices=(rslice("n1-gpus", gpus(2)),),
+        claim_templates=(template("tpl", [exactly()]),),
+    )
+    gang = [("ps-0", 3, {"spec": pod_spec()})]
+    counted = place(gang, world.nodes, world.pods, dra=world.dra("ns"))
+    assert counted is not None
+    assert (counted.placeable, counted.fits) == (2, False)
+    assert 'claim "gpu"' in counted.summary
+    blind = place(gang, world.nodes, world.pods)  # claims ignored: what diagnose said before
+    assert blind is not None and blind.placeable == 3
