@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ApiError, GoneError
+from gangcheck.kube.errors import ApiError, GoneError, NotFoundError
 from gangcheck.kube.resources import Resource
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class Informer:
         label_selector: str | None = None,
         watch_timeout: int = 300,
         retry_delay: float = 1.0,
+        optional: bool = False,
+        absent_retry: float = 60.0,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -115,6 +117,10 @@ class Informer:
         self._selector = label_selector
         self._watch_timeout = watch_timeout
         self._retry_delay = retry_delay
+        self._optional = optional
+        self._absent_retry = absent_retry
+        self.served = True
+        """False while an optional resource is not served (404): the cache is empty."""
 
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
@@ -128,13 +134,34 @@ class Informer:
                     rv = await self._watch(rv)
             except asyncio.CancelledError:
                 raise
+            except NotFoundError as e:
+                if self._optional:
+                    self._absent()
+                    await asyncio.sleep(self._absent_retry)
+                else:
+                    self._failed(e)
+                    await asyncio.sleep(self._retry_delay)
             except GoneError:
                 log.info("watch expired, relisting", extra={"resource": self.resource.plural})
             except Exception as e:  # any broken list or watch: the cache relists, never dies
-                log.warning(
-                    "list/watch failed, relisting: %s", e, extra={"resource": self.resource.plural}
-                )
+                self._failed(e)
                 await asyncio.sleep(self._retry_delay)
+
+    def _failed(self, error: Exception) -> None:
+        log.warning(
+            "list/watch failed, relisting: %s", error, extra={"resource": self.resource.plural}
+        )
+
+    def _absent(self) -> None:
+        """An optional resource this server does not serve: an empty cache, synced, and a
+        look again later (a CRD installed, a feature turned on)."""
+        if self.served:
+            log.info("not served here; treated as empty", extra={"resource": self.resource.plural})
+        self.served = False
+        removed, _ = self.store._replace([])
+        for obj in removed:
+            self._notify(obj, None)
+        self.synced.set()
 
     async def _list(self) -> str:
         listing = await self.kube.list_objects(self.resource, label_selector=self._selector)
@@ -144,6 +171,7 @@ class Informer:
             self._notify(obj, None)
         for old, new in changed:
             self._notify(old, new)
+        self.served = True
         self.synced.set()
         return str(listing["metadata"]["resourceVersion"])
 

@@ -21,6 +21,7 @@ from gangcheck.kube.resources import (
     RESOURCE_FLAVOR,
     RESOURCE_SLICE,
     WORKLOAD,
+    Resource,
 )
 from gangcheck.logic import checkconfig
 from gangcheck.logic.actions import (
@@ -57,23 +58,29 @@ class Caches:
 
     @classmethod
     def create(cls, kube: Kube, *, watch_timeout: int = 300) -> Caches:
-        def informer(res: object, selector: str | None = None) -> Informer:
-            return Informer(kube, res, label_selector=selector, watch_timeout=watch_timeout)  # type: ignore[arg-type]
+        def informer(
+            res: Resource, selector: str | None = None, *, optional: bool = False
+        ) -> Informer:
+            return Informer(
+                kube, res, label_selector=selector, watch_timeout=watch_timeout, optional=optional
+            )
 
+        # Optional: Kueue (a cluster may run only PodGroup gangs) and DRA (Kubernetes < 1.34,
+        # or turned off): while not served, their caches are empty and everything else runs.
         return cls(
-            workloads=informer(WORKLOAD),
-            admission_checks=informer(ADMISSION_CHECK),
+            workloads=informer(WORKLOAD, optional=True),
+            admission_checks=informer(ADMISSION_CHECK, optional=True),
             configs=informer(ATOMIC_CONFIG),
-            flavors=informer(RESOURCE_FLAVOR),
+            flavors=informer(RESOURCE_FLAVOR, optional=True),
             requests=informer(PROVISIONING_REQUEST, MANAGED),
             templates=informer(POD_TEMPLATE, MANAGED),
             nodes=informer(NODE),
             pods=informer(POD),
             namespaces=informer(NAMESPACE),
-            device_classes=informer(DEVICE_CLASS),
-            resource_slices=informer(RESOURCE_SLICE),
-            resource_claims=informer(RESOURCE_CLAIM),
-            claim_templates=informer(RESOURCE_CLAIM_TEMPLATE),
+            device_classes=informer(DEVICE_CLASS, optional=True),
+            resource_slices=informer(RESOURCE_SLICE, optional=True),
+            resource_claims=informer(RESOURCE_CLAIM, optional=True),
+            claim_templates=informer(RESOURCE_CLAIM_TEMPLATE, optional=True),
         )
 
     def all(self) -> list[Informer]:
