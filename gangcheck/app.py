@@ -208,6 +208,9 @@ class Controller:
         for ac in self.caches.admission_checks.store:
             if ((ac.get("spec") or {}).get("parameters") or {}).get("name") == name:
                 self._on_admission_check(None, ac)
+        for informer in self.caches.pod_groups.values():  # a group may name it, or default to it
+            for group in informer.store:
+                self._on_pod_group(None, group)
 
     def _add_workloads_with_our_checks(self) -> None:
         ours = self.caches.our_check_names()

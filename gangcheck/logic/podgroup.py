@@ -138,28 +138,28 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
     if state == GAVE_UP:
         return clean_up(snap, "the PodGroup gave up")
     if group.problem:
-        return _status(snap, FAILED, group.problem, now, warn="InvalidPodGroup")
+        return _status(snap, FAILED, group.problem, warn="InvalidPodGroup")
     if not group.is_gang:
         why = "not a gang (no gang policy): its members are released as they come"
-        return _release(snap, members, None, {}, why, now=now, state=NOT_A_GANG)
+        return _release(snap, members, None, {}, why, state=NOT_A_GANG)
     if snap.config is None:
-        return _status(snap, BLOCKED, snap.config_problem, now, warn="ConfigProblem")
+        return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
     if group.min_count > snap.max_members:
         message = (
             f"minCount {group.min_count} exceeds the {snap.max_members} members one "
             "ProvisioningRequest may carry here (setting podGroups.maxMembers)"
         )
-        return _status(snap, FAILED, message, now, warn="GangTooLarge")
+        return _status(snap, FAILED, message, warn="GangTooLarge")
     if len(members.live) < group.min_count:
         message = f"waiting for members: {len(members.live)} of {group.min_count} exist"
-        return replace(_status(snap, WAITING, message, now), actions=_stale(snap, ""))
+        return replace(_status(snap, WAITING, message), actions=_stale(snap, ""))
     gang = gang_of(snap, members)
     if len(gang.pod_sets) > MAX_REQUEST_POD_SETS:
         message = (
             f"the members have {len(gang.pod_sets)} distinct scheduling requirements; one "
             f"ProvisioningRequest carries at most {MAX_REQUEST_POD_SETS} pod sets"
         )
-        return _status(snap, FAILED, message, now, warn="GangTooLarge")
+        return _status(snap, FAILED, message, warn="GangTooLarge")
     return _attempt(snap, members, gang, now)
 
 
@@ -191,7 +191,7 @@ def _first(
     here = fits_now(snap.capacity, gang)
     if here.fits:
         message = f"the whole gang fits on nodes that exist: {here.summary}"
-        released = _release(snap, members, None, here.domains, message, now=now)
+        released = _release(snap, members, None, here.domains, message)
         used = {"reserved": reserved, "existing": here.total - reserved}
         return replace(released, capacity_used={k: v for k, v in used.items() if v})
     if split is not None:
@@ -214,7 +214,7 @@ def _first(
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
-    decision = _status(snap, PROVISIONING, message, now, request=name)
+    decision = _status(snap, PROVISIONING, message, request=name)
     event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
     return replace(
         decision, actions=(*templates, CreateRequest(request)), events=(*decision.events, event)
@@ -254,7 +254,7 @@ def _from_conditions(
         claims = tuple(ClaimNode(n, rv, request_key(req)) for n, rv in verdict.claims)
         if verdict.fits:
             message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-            released = _release(snap, members, req, verdict.domains, message, now=now)
+            released = _release(snap, members, req, verdict.domains, message)
             fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
             return replace(
                 released,
@@ -263,7 +263,7 @@ def _from_conditions(
             )
         message = f"capacity requested, not yet usable: {verdict.summary}"
         return replace(
-            _status(snap, PROVISIONING, message, now, request=req.name),
+            _status(snap, PROVISIONING, message, request=req.name),
             actions=claims,
             requeue_after=_until_deadline(req, now),
         )
@@ -274,7 +274,7 @@ def _from_conditions(
         message = f"waiting for provisioning request {req.name} to be accepted"
     message += dra_hint(req, gang)
     return replace(
-        _status(snap, PROVISIONING, message, now, request=req.name),
+        _status(snap, PROVISIONING, message, request=req.name),
         requeue_after=_until_deadline(req, now),
     )
 
@@ -295,7 +295,7 @@ def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> 
     strategy = snap.config.retry_strategy
     event = Event("RolledBack", done.message, warning=True)
     if done.revoked or not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
-        failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}", now)
+        failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
         return replace(failed, events=(*failed.events, event), requeue_after=0.2)
     delay = backoff.requeue_after_seconds(
         attempt - 1,
@@ -330,7 +330,6 @@ def _release(
     domains: Mapping[str, tuple[str, str]],
     message: str,
     *,
-    now: datetime,
     state: str = RELEASED,
 ) -> GroupDecision:
     """Lift every gate together: annotated to consume the request, pinned to the domain."""
@@ -341,7 +340,7 @@ def _release(
     if gated:
         actions = (ReleaseMembers(gated, annotations, pins, GATE),)
     decision = _status(
-        snap, state, message, now, request=req.name if req else "", domain=_domain_text(pins)
+        snap, state, message, request=req.name if req else "", domain=_domain_text(pins)
     )
     events = decision.events
     if gated:
@@ -570,14 +569,12 @@ def _status(
     snap: GroupSnapshot,
     state: str,
     message: str,
-    now: datetime,
     *,
     request: str | None = None,
     domain: str | None = None,
     warn: str = "",
 ) -> GroupDecision:
     """The group's state and one-line message, written (with an Event) only when changed."""
-    del now  # the state carries no time of its own: the Event has one
     wanted = _status_annotations(state, message)
     if request is not None:
         wanted[REQUEST_ANNOTATION] = request

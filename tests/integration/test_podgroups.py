@@ -349,14 +349,23 @@ async def test_a_gang_larger_than_one_request_may_carry_fails_with_a_reason(
     assert await groups.cluster.requests() == []
 
 
-async def test_a_missing_config_blocks_with_a_reason(
+async def test_a_missing_config_blocks_with_a_reason_until_it_exists(
     groups: Groups, provisioner: Controller
 ) -> None:
-    await groups.upstream("cfg", 1, annotations={CONFIG_ANNOTATION: "does-not-exist"})
+    config = f"late-{groups.ns}"
+    await groups.cluster.add_nodes(1, gpu=1)
+    await groups.upstream("cfg", 1, annotations={CONFIG_ANNOTATION: config})
     await groups.member("cfg-0", "cfg")
     blocked = await groups.wait_state("cfg", "Blocked")
-    assert "'does-not-exist' not found" in _annotations(blocked)[MESSAGE_ANNOTATION]
+    assert f"'{config}' not found" in _annotations(blocked)[MESSAGE_ANNOTATION]
     assert await groups.gated("cfg-0") == [True]
+
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": {}})
+    try:
+        await groups.wait_state("cfg", "Released")  # nothing else changed: the config did
+        assert await groups.gated("cfg-0") == [False]
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
 
 
 async def test_reserved_capacity_is_used_before_new_capacity_is_requested(
