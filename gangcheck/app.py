@@ -181,6 +181,7 @@ class Controller:
         c.requests.add_handler(self._on_request)
         c.nodes.add_handler(self._on_node)
         c.pods.add_handler(self._on_pod)
+        c.namespaces.add_handler(self._on_namespace)
         for devices in (c.resource_slices, c.resource_claims, c.device_classes):
             devices.add_handler(self._on_capacity_change)
         for published in (c.resource_slices, c.device_classes):
@@ -240,6 +241,19 @@ class Controller:
         group = api_version.split("/", 1)[0]
         if group in SHORT:
             self._add_group(group, meta["namespace"], meta["name"])
+
+    def _on_namespace(self, old: Obj | None, new: Obj | None) -> None:
+        """Opting in or out changes what the groups there should say about ungated members."""
+        if (
+            old is None
+            or new is None
+            or self.caches.opted_in_obj(old) == self.caches.opted_in_obj(new)
+        ):
+            return
+        namespace = new["metadata"]["name"]
+        for informer in self.caches.pod_groups.values():
+            for group in informer.store.in_namespace(namespace):
+                self._on_pod_group(None, group)
 
     def _on_pod_member(self, pod: Obj | None) -> None:
         ref = group_of(pod) if pod is not None else None

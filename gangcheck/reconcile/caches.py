@@ -139,8 +139,11 @@ class Caches:
         ]
 
     def opted_in(self, namespace: str) -> bool:
-        ns = self.namespaces.store.get(namespace)
-        labels = ((ns or {}).get("metadata") or {}).get("labels") or {}
+        return self.opted_in_obj(self.namespaces.store.get(namespace) or {})
+
+    @staticmethod
+    def opted_in_obj(namespace: Obj) -> bool:
+        labels = (namespace.get("metadata") or {}).get("labels") or {}
         return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
 
 
