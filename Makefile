@@ -43,8 +43,9 @@ test: install lint typecheck binaries ## every test: lint, types, unit, integrat
 	$(PYTEST) tests -q -p no:cacheprovider
 
 .PHONY: bench
-bench: install ## benchmarks: one partial delivery, gangcheck beside Kueue's behaviour
+bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA
 	$(PYTHON) benchmarks/partial_delivery.py
+	$(PYTHON) benchmarks/fit_scale.py
 
 .PHONY: demo
 demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up

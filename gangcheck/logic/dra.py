@@ -253,6 +253,11 @@ class Inventory:
     _counter_sets: dict[CounterSetId, Mapping[str, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _by_node: dict[str, list[tuple[int, int, Device]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Devices of usable pools by the one node they name (built on first use), and under ""
+    those whose scope is every node or a selector: a node looks only at its own and those."""
 
     def on_node(self, node: str, reaches: Callable[[NodeScope], bool]) -> NodeDevices:
         """The devices `node` reaches; `reaches` tells whether a scope includes the node."""
@@ -263,13 +268,25 @@ class Inventory:
                 seen[id(scope)] = reaches(scope)
             return seen[id(scope)]
 
-        devices = tuple(
-            d for pool in self.pools if not pool.problem for d in pool.devices if reached(d.scope)
-        )
+        index = self._device_index()
+        candidates = sorted([*index.get(node, ()), *index.get("", ())], key=lambda e: e[:2])
+        devices = tuple(d for _, _, d in candidates if reached(d.scope))
         pending = tuple(
             str(pool) for pool in self.pools if pool.problem and any(map(reached, pool.scopes))
         )
         return NodeDevices(node, devices, pending, reaches, self)
+
+    def _device_index(self) -> dict[str, list[tuple[int, int, Device]]]:
+        """The devices by the node their scope names ("" for all other scopes), in the
+        inventory's order (pool, then device) so that a node sees them as before."""
+        if not self._by_node and any(not p.problem and p.devices for p in self.pools):
+            for p_index, pool in enumerate(self.pools):
+                if pool.problem:
+                    continue
+                for d_index, device in enumerate(pool.devices):
+                    key = device.scope.node_name
+                    self._by_node.setdefault(key, []).append((p_index, d_index, device))
+        return self._by_node
 
     def counter_total(self, counter_set: CounterSetId) -> Mapping[str, int]:
         """The counters a counter set holds, nothing consumed."""
@@ -744,26 +761,52 @@ def allocate(needs: ClaimNeeds, devices: NodeDevices, usage: Usage) -> Usage | S
 
 
 class _Ledger:
-    """A mutable copy of a Usage while one member's claims are allocated."""
+    """What is in use while one member's claims are allocated: the Usage it started from,
+    untouched, and what this allocation added (copied cheaply when a choice is tried)."""
 
     def __init__(self, inventory: Inventory, usage: Usage) -> None:
         self.inventory = inventory
-        self.taken = set(usage.taken)
-        self.shared = {k: dict(v) for k, v in usage.shared.items()}
-        self.counters = {k: dict(v) for k, v in usage.counters.items()}
+        self.base = usage
+        self.taken: set[DeviceId] = set()
+        self.shared: dict[DeviceId, dict[str, int]] = {}
+        """Capacity consumed on the devices this allocation touched (totals, base included)."""
+        self.counters: dict[CounterSetId, dict[str, int]] = {}
+        """Counters consumed in the sets this allocation touched (totals, base included)."""
         self.claimed: set[DeviceId] = set()
 
     def copy(self) -> _Ledger:
-        other = _Ledger(self.inventory, self.freeze())
+        other = _Ledger(self.inventory, self.base)
+        other.taken = set(self.taken)
+        other.shared = {k: dict(v) for k, v in self.shared.items()}
+        other.counters = {k: dict(v) for k, v in self.counters.items()}
         other.claimed = set(self.claimed)
         return other
 
     def freeze(self) -> Usage:
-        """The usage now (sharing this ledger's maps: freeze last, or copy)."""
-        return Usage(frozenset(self.taken), self.shared, self.counters)
+        """The usage now: the base with this allocation's additions."""
+        base = self.base
+        return Usage(
+            base.taken | self.taken if self.taken else base.taken,
+            {**base.shared, **self.shared} if self.shared else base.shared,
+            {**base.counters, **self.counters} if self.counters else base.counters,
+        )
+
+    def _is_taken(self, device: Device) -> bool:
+        return device.id in self.taken or device.id in self.base.taken
+
+    def _is_shared(self, device: Device) -> bool:
+        return device.id in self.shared or device.id in self.base.shared
+
+    def _spent(self, device: Device) -> Mapping[str, int]:
+        found = self.shared.get(device.id)
+        return found if found is not None else self.base.shared.get(device.id, {})
+
+    def _used(self, set_id: CounterSetId) -> Mapping[str, int]:
+        found = self.counters.get(set_id)
+        return found if found is not None else self.base.counters.get(set_id, {})
 
     def in_use(self, device: Device) -> bool:
-        return device.id in self.taken or device.id in self.shared
+        return self._is_taken(device) or self._is_shared(device)
 
     def available(self, device: Device, request: Request) -> bool:
         """Usable by `request`: not in this claim yet, and unused or allowing more allocations
@@ -772,23 +815,23 @@ class _Ledger:
             return False
         if request.admin:
             return True
-        if device.id in self.taken:
+        if self._is_taken(device):
             return False
-        return device.multiple or device.id not in self.shared
+        return device.multiple or not self._is_shared(device)
 
     def counters_left(self, device: Device) -> bool:
-        if device.multiple and device.id in self.shared:
+        if device.multiple and self._is_shared(device):
             return True  # counted when it was first allocated
         for set_name, needed in device.consumes.items():
             set_id = (device.driver, device.pool, set_name)
             total = self.inventory.counter_total(set_id)
-            used = self.counters.get(set_id, {})
+            used = self._used(set_id)
             if any(total.get(c, 0) - used.get(c, 0) < v for c, v in needed.items()):
                 return False
         return True
 
     def capacity_left(self, device: Device, consumed: Mapping[str, int]) -> bool:
-        spent = self.shared.get(device.id, {}) if device.multiple else {}
+        spent = self._spent(device) if device.multiple else {}
         return all(
             spent.get(name, 0) + amount <= device.capacity[name].value
             for name, amount in consumed.items()
@@ -799,11 +842,12 @@ class _Ledger:
     ) -> None:
         if not self.in_use(device):
             for set_name, needed in device.consumes.items():
-                used = self.counters.setdefault((device.driver, device.pool, set_name), {})
+                set_id = (device.driver, device.pool, set_name)
+                used = self.counters.setdefault(set_id, dict(self._used(set_id)))
                 for counter, value in needed.items():
                     used[counter] = used.get(counter, 0) + value
         if shared:
-            spent = self.shared.setdefault(device.id, {})
+            spent = self.shared.setdefault(device.id, dict(self._spent(device)))
             for name, amount in consumed.items():
                 spent[name] = spent.get(name, 0) + amount
         else:
