@@ -37,15 +37,16 @@ from gangcheck.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY = "wl:", "ac:", "node:", "pg:"
-DEVICES_KEY = "dra:inventory"
+WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY, DRA_KEY = "wl:", "ac:", "node:", "pg:", "dra:"
+DEVICES_KEY = f"{DRA_KEY}inventory"
+"""One key for the whole device inventory (reconcile/devices.py)."""
 DEFAULT_POD_GROUPS = PodGroupOptions()
 _CONTROLLERS = {
     WORKLOAD_KEY: "workload",
     CHECK_KEY: "admissioncheck",
     NODE_KEY: "node",
     GROUP_KEY: "podgroup",
-    "dra:": "devices",
+    DRA_KEY: "devices",
 }
 
 

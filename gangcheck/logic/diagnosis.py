@@ -298,14 +298,7 @@ def gather(workload: Obj, world: World) -> Facts:
     gang = _gang(wl, focus, spec, world.flavors)
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
-        placement = place(
-            gang,
-            world.nodes,
-            world.pods,
-            request=req,
-            in_flight=in_flight_keys(world),
-            dra=world.dra(wl.ref.namespace),
-        )
+        placement = place_in(world, gang, wl.ref.namespace, req)
     return Facts(
         namespace=wl.ref.namespace,
         name=wl.ref.name,
@@ -520,6 +513,20 @@ def _start_facts(
 
 
 # ---- per-node fit ------------------------------------------------------------------------
+
+
+def place_in(
+    world: World, gang: GangSpec, namespace: str, request: ProvisioningRequest | None
+) -> Placement | None:
+    """`place` on what the world holds: its nodes, pods, in-flight requests and devices."""
+    return place(
+        gang,
+        world.nodes,
+        world.pods,
+        request=request,
+        in_flight=in_flight_keys(world),
+        dra=world.dra(namespace),
+    )
 
 
 def place(

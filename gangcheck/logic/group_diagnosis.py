@@ -25,9 +25,8 @@ from gangcheck.logic.diagnosis import (
     ended_verdict,
     fit_verdict,
     human_duration,
-    in_flight_keys,
     nodes_needed,
-    place,
+    place_in,
     request_facts,
     until,
 )
@@ -175,14 +174,7 @@ def gather_group(
         and state not in (RELEASED, NOT_A_GANG)
     ):
         gang = podgroup.gang_from_pods(group, unbound)
-        placement = place(
-            gang,
-            world.nodes,
-            world.pods,
-            request=req,
-            in_flight=in_flight_keys(world),
-            dra=world.dra(group.ref.namespace),
-        )
+        placement = place_in(world, gang, group.ref.namespace, req)
         hint = dra_hint(req, gang) if req is not None else ""
     meta = obj.get("metadata") or {}
     return GroupFacts(
