@@ -31,7 +31,7 @@ from gangcheck.logic.actions import (
 from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, request_key
 from gangcheck.logic.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.objects import ProvisioningRequest, is_true
+from gangcheck.model.objects import Condition, ProvisioningRequest, is_true
 
 
 def is_rolling_back(req: ProvisioningRequest) -> bool:
@@ -69,7 +69,16 @@ def trigger(
     verdict = assess(capacity, req, gang, now)
     if is_true(conds, "Provisioned") and verdict.fits:
         return None
-    return f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
+    why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
+    return why + _autoscaler_said(conds.get("Provisioned"))
+
+
+def _autoscaler_said(provisioned: Condition | None) -> str:
+    """What the autoscaler last said of a request it has not provisioned, for the record."""
+    if provisioned is None or provisioned.is_true or not provisioned.reason:
+        return ""
+    said = f"{provisioned.reason}: {provisioned.message}" if provisioned.message else ""
+    return f"; the autoscaler said {said or provisioned.reason}"
 
 
 def start(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import NAMESPACE, Resource
+from gangcheck.kube.resources import EVENT, NAMESPACE, Resource
 from gangcheck.testbed import nodes
 
 Obj = dict[str, Any]
@@ -53,6 +53,21 @@ async def eventually(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+async def events_of(kube: Kube, obj: Obj) -> list[Obj]:
+    """The Events recorded on ``obj`` (by uid): durable records of what happened to it, where
+    polling the object itself could miss a state that lasted less than the poll interval."""
+    meta = obj["metadata"]
+    listing = await kube.list_objects(
+        EVENT, meta.get("namespace"), field_selector=f"involvedObject.uid={meta['uid']}"
+    )
+    return list(listing.get("items") or [])
+
+
+def messages(events: list[Obj], reason: str) -> list[str]:
+    """The messages of the Events with ``reason``."""
+    return [str(e.get("message") or "") for e in events if e.get("reason") == reason]
 
 
 def condition(obj: Obj, kind: str) -> Obj | None:
