@@ -216,6 +216,8 @@ def test_the_base_builds_into_the_objects_an_operator_expects(
         "Service/gangcheck-metrics",
         "Service/gangcheck-webhook",
         "ServiceAccount/gangcheck",
+        "ValidatingAdmissionPolicy/gangcheck-writes-only-its-own",
+        "ValidatingAdmissionPolicyBinding/gangcheck-writes-only-its-own",
     ]
     crd_file = MANIFESTS / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"
     assert the(manifests, "CustomResourceDefinition") == yaml.safe_load(crd_file.read_text())
@@ -229,6 +231,8 @@ _CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
