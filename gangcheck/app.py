@@ -18,11 +18,13 @@ from gangcheck.kube.informer import Informer
 from gangcheck.logic import checkconfig
 from gangcheck.logic.actions import WORKLOAD_ANNOTATION
 from gangcheck.logic.gating import group_of
+from gangcheck.logic.hold import is_arriving
 from gangcheck.logic.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier
+from gangcheck.reconcile.arrivals import ArrivalGateReconciler
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.devices import DeviceProblemReconciler
 from gangcheck.reconcile.events import EventRecorder
@@ -38,6 +40,7 @@ from gangcheck.webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY, DRA_KEY = "wl:", "ac:", "node:", "pg:", "dra:"
+ARRIVAL_KEY = "arrival:"
 DEVICES_KEY = f"{DRA_KEY}inventory"
 """One key for the whole device inventory (reconcile/devices.py)."""
 DEFAULT_POD_GROUPS = PodGroupOptions()
@@ -47,6 +50,7 @@ _CONTROLLERS = {
     NODE_KEY: "node",
     GROUP_KEY: "podgroup",
     DRA_KEY: "devices",
+    ARRIVAL_KEY: "arrival",
 }
 
 
@@ -82,6 +86,7 @@ class Controller:
         )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
         self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
+        self.arrival_reconciler = ArrivalGateReconciler(kube, self.caches, clock=clock)
         self.device_reconciler = DeviceProblemReconciler(self.caches, events)
         self.group_reconciler = (
             PodGroupReconciler(kube, self.caches, events, applier, pod_groups, clock=clock)
@@ -153,6 +158,8 @@ class Controller:
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
         if key.startswith(NODE_KEY):
             return await self.node_reconciler.reconcile(key.removeprefix(NODE_KEY))
+        if key.startswith(ARRIVAL_KEY):
+            return await self.arrival_reconciler.reconcile(key.removeprefix(ARRIVAL_KEY))
         if key == DEVICES_KEY:
             return await self.device_reconciler.reconcile(key)
         if key.startswith(GROUP_KEY):
@@ -270,6 +277,8 @@ class Controller:
         self._on_capacity_change(old, new)
         if new is not None and RECLAIM_WHEN_IDLE in (new["metadata"].get("annotations") or {}):
             self.queue.add(NODE_KEY + new["metadata"]["name"])
+        if new is not None and is_arriving(new):
+            self.queue.add(ARRIVAL_KEY + new["metadata"]["name"])
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         self._on_pod_member(new if new is not None else old)

@@ -70,7 +70,8 @@ class AnnotateRequest:
 
 @dataclass(frozen=True)
 class ClaimNode:
-    """Record a node as arrived for a request, if it is still at this resourceVersion."""
+    """Record a node as arrived for a request, and hold it for the request's gang (logic/hold),
+    if it is still at this resourceVersion."""
 
     name: str
     resource_version: str
@@ -99,6 +100,16 @@ class ReleaseMembers:
     annotations: dict[str, str]
     node_selector: dict[str, str]
     gate: str
+    tolerations: tuple[Obj, ...] = ()
+    """Added to each member's own: the toleration of the hold on its gang's nodes."""
+
+
+@dataclass(frozen=True)
+class ReleaseHold:
+    """Lift the hold (logic/hold) from these nodes: their gang has started, or a rollback
+    kept them."""
+
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -121,4 +132,5 @@ Action = (
     | ClaimNode
     | ReclaimArrivals
     | ReleaseMembers
+    | ReleaseHold
 )

@@ -37,6 +37,7 @@ from gangcheck.logic.actions import (
     DeleteRequest,
     Event,
     Obj,
+    ReleaseHold,
 )
 from gangcheck.logic.fulfillment import (
     RESERVED_ANNOTATION,
@@ -49,6 +50,7 @@ from gangcheck.logic.fulfillment import (
     reservations_of,
     reserved_split,
 )
+from gangcheck.logic.hold import held_nodes, hold_toleration
 from gangcheck.logic.podsets import (
     MergedPodSet,
     merge_pod_sets,
@@ -57,6 +59,7 @@ from gangcheck.logic.podsets import (
     request_parameters,
     required_pod_sets,
 )
+from gangcheck.logic.reclaim import arrived_for
 from gangcheck.logic.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import (
@@ -172,7 +175,20 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
         return _transition(state, REJECTED, message, now)
     if _fit_mode(snap) and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
         return _watch_start(snap, req, now)
+    if req.annotations.get(PHASE_ANNOTATION) == STARTED:
+        return Decision(actions=release_hold(snap.capacity, req))
     return Decision()
+
+
+def release_hold(capacity: Capacity | None, req: ProvisioningRequest) -> tuple[Action, ...]:
+    """Lift the hold from the nodes recorded for this request that still carry one: its gang
+    has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
+    recorded = [
+        n["metadata"]["name"]
+        for n in arrived_for(capacity.nodes if capacity else (), request_key(req))
+    ]
+    held = held_nodes(capacity.nodes if capacity else (), recorded)
+    return (ReleaseHold(held),) if held else ()
 
 
 def _fit_mode(snap: Snapshot) -> bool:
@@ -186,7 +202,8 @@ def _watch_start(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> Dec
     total = sum(p.count for p in req.pod_sets)
     scheduled = members_scheduled(snap.capacity, req.name)
     if scheduled >= total:
-        return Decision(actions=(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}),))
+        started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
+        return Decision(actions=(*release_hold(snap.capacity, req), started))
     limit = snap.config.fulfillment.start_deadline_seconds
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
@@ -451,7 +468,7 @@ def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    return Decision(actions=(delete_request(req, "rolled back"),))
+    return Decision(actions=(*release_hold(snap.capacity, req), delete_request(req, "rolled back")))
 
 
 def adoptions(
@@ -610,6 +627,8 @@ def pod_set_updates(
         selector = {**detail, **dict([pin[member]])} if member in pin else detail
         if selector:
             update["nodeSelector"] = dict(selector)
+        if _fit_mode(snap):
+            update["tolerations"] = [hold_toleration(request_key(req))]
         updates.append(update)
     return tuple(updates)
 

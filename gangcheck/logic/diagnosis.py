@@ -43,6 +43,7 @@ from gangcheck.logic.fulfillment import (
     gang_of,
     is_new_arrival,
     request_key,
+    tolerating_hold,
 )
 from gangcheck.logic.podsets import pod_template_spec
 from gangcheck.logic.quantity import QuantityError
@@ -546,6 +547,8 @@ def place(
     try:
         members = [member_from_template(t, context) for _, _, t in spec.pod_sets]
         pod_sets = gang_of(spec.pod_sets, context)
+        if request is not None:
+            pod_sets = tolerating_hold(pod_sets, request_key(request))
     except QuantityError:
         return None
     considered = _considered(nodes, members, request, in_flight)

@@ -9,7 +9,7 @@ it and the nodes no other in-flight request claims, so two gangs never count one
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +22,9 @@ from gangcheck.logic.fit import (
     member_from_template,
     node_view,
 )
+from gangcheck.logic.hold import as_opened, hold_toleration, is_arriving
 from gangcheck.logic.reservations import Reservation, ReservedSplit, split_gang
+from gangcheck.logic.taints import toleration_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.topology import TopologyFit, fit_in_domains
 from gangcheck.model.objects import ProvisioningRequest
@@ -42,6 +44,8 @@ class Waiting:
 
     key: str
     templates: tuple[Obj, ...] = ()
+    created: str = ""
+    """The request's creationTimestamp: only nodes younger than it arrived for it."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +136,10 @@ def assess(
     """
     capacity, spec = capacity or Capacity(), GangSpec.of(gang)
     context, devices = capacity.dra(req.ref.namespace)
-    pod_sets = gang_of(spec.pod_sets, context)
+    pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), request_key(req))
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
-    views = [node_view(n) for n in base]
+    # A node still closed on arrival counts only once this request records it (which opens it).
+    views = [node_view(n) for n in base if not is_arriving(n)]
 
     def fit() -> TopologyFit:
         return fit_in_domains(
@@ -147,7 +152,7 @@ def assess(
         if result.fits:
             break
         claims.append(node)
-        views.append(node_view(node))
+        views.append(node_view(as_opened(node)))
         result = fit()
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
@@ -159,6 +164,15 @@ def assess(
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
     )
+
+
+def tolerating_hold(pod_sets: list[GangPodSet], key: str) -> list[GangPodSet]:
+    """The gang's members as they will run: tolerating the hold on the nodes held for them."""
+    hold = toleration_of(hold_toleration(key))
+    return [
+        replace(p, member=replace(p.member, tolerations=(*p.member.tolerations, hold)))
+        for p in pod_sets
+    ]
 
 
 def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:

@@ -39,7 +39,7 @@ from gangcheck.logic.actions import (
     Obj,
     ReleaseMembers,
 )
-from gangcheck.logic.admission import TemplateInfo, adoptions, delete_request
+from gangcheck.logic.admission import TemplateInfo, adoptions, delete_request, release_hold
 from gangcheck.logic.fulfillment import (
     RESERVED_ANNOTATION,
     Capacity,
@@ -53,6 +53,7 @@ from gangcheck.logic.fulfillment import (
     reserved_split,
 )
 from gangcheck.logic.gating import GATE, is_gated
+from gangcheck.logic.hold import hold_toleration
 from gangcheck.logic.podsets import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
@@ -338,7 +339,7 @@ def _release(
     gated = tuple(sorted(_name(p) for p in members.gated))
     actions: tuple[Action, ...] = ()
     if gated:
-        actions = (ReleaseMembers(gated, annotations, pins, GATE),)
+        actions = (ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req)),)
     decision = _status(
         snap, state, message, request=req.name if req else "", domain=_domain_text(pins)
     )
@@ -359,7 +360,13 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     gated = tuple(sorted(_name(p) for p in members.gated))
     pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
-    return GroupDecision(actions=(ReleaseMembers(gated, annotations, pins, GATE),))
+    release = ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req))
+    return GroupDecision(actions=(release,))
+
+
+def _hold_toleration(req: ProvisioningRequest | None) -> tuple[Obj, ...]:
+    """Members released onto a request's capacity tolerate the hold on its nodes."""
+    return (hold_toleration(request_key(req)),) if req is not None else ()
 
 
 def _domain_text(pins: Mapping[str, str]) -> str:
@@ -381,7 +388,10 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
         if not members.live:
             actions.append(delete_request(req, "the gang has no members left"))
         elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+            actions += [*release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
+        elif req.annotations.get(PHASE_ANNOTATION) == STARTED:
+            actions += [*release_hold(snap.capacity, req)]
     return GroupDecision(actions=tuple(actions))
 
 
@@ -498,15 +508,25 @@ def group_key(group: PodGroup) -> str:
 
 def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
     return GroupDecision(
-        actions=tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
+        actions=tuple(
+            a
+            for r in snap.requests
+            if not r.deleting
+            for a in (*release_hold(snap.capacity, r), delete_request(r, why))
+        )
     )
 
 
 def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
+    """Delete the requests of earlier attempts, lifting the hold from what they kept."""
     return tuple(
-        delete_request(r, f"superseded by {current or 'waiting for members'}")
+        a
         for r in snap.requests
         if r.name != current and not r.deleting
+        for a in (
+            *release_hold(snap.capacity, r),
+            delete_request(r, f"superseded by {current or 'waiting for members'}"),
+        )
     )
 
 

@@ -23,9 +23,11 @@ from gangcheck.logic.actions import (
     DeleteRequest,
     DeleteTemplate,
     ReclaimArrivals,
+    ReleaseHold,
     ReleaseMembers,
 )
 from gangcheck.logic.fulfillment import ARRIVED_FOR
+from gangcheck.logic.hold import is_held, taints_holding, taints_released
 from gangcheck.logic.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.reclaim.safely import Target, reclaim_safely
@@ -115,13 +117,18 @@ class Applier:
         self._caches.requests.store.put_if_newer(updated)
 
     async def _claim_node(self, namespace: str, action: Action) -> None:
-        """Record the node as arrived for the request; lose quietly to a concurrent claim."""
+        """Record the node as arrived for the request and hold it for the request's gang, in
+        one write at the resourceVersion decided on; lose quietly to a concurrent change."""
         assert isinstance(action, ClaimNode)
+        node = self._caches.nodes.store.get(action.name)
+        if node is None or node["metadata"].get("resourceVersion") != action.resource_version:
+            raise StaleDecisionError(f"node {action.name} changed before it could be claimed")
         patch = {
             "metadata": {
                 "resourceVersion": action.resource_version,
                 "annotations": {ARRIVED_FOR: action.request},
-            }
+            },
+            "spec": {"taints": taints_holding(node, action.request)},
         }
         try:
             updated = await self._kube.merge_patch(NODE, action.name, patch)
@@ -130,7 +137,38 @@ class Applier:
                 f"node {action.name} changed before it could be claimed"
             ) from e
         self._caches.nodes.store.put_if_newer(updated)
-        log.info("node %s arrived for %s", action.name, action.request)
+        log.info("node %s arrived for %s and is held for its gang", action.name, action.request)
+
+    async def _release_hold(self, namespace: str, action: Action) -> None:
+        """Lift the hold from each node, keeping every other taint: written at the node's
+        resourceVersion, read again on a conflict; a node gone or not held is done."""
+        assert isinstance(action, ReleaseHold)
+        for name in action.nodes:
+            node = self._caches.nodes.store.get(name)
+            for _ in range(3):
+                if node is None or not is_held(node):
+                    break
+                taints = taints_released(node)
+                patch = {
+                    "metadata": {"resourceVersion": node["metadata"].get("resourceVersion", "")},
+                    "spec": {"taints": taints or None},
+                }
+                try:
+                    node = await self._kube.merge_patch(NODE, name, patch)
+                except ConflictError:
+                    node = await self._fresh(name)
+                    continue
+                except NotFoundError:
+                    break
+                self._caches.nodes.store.put_if_newer(node)
+                log.info("hold lifted from node %s", name)
+                break
+
+    async def _fresh(self, node: str) -> Obj | None:
+        try:
+            return await self._kube.get(NODE, node)
+        except NotFoundError:
+            return None
 
     async def _reclaim_arrivals(self, namespace: str, action: Action) -> None:
         """Reclaim each arrived node safely, then record the outcome on the request (once)."""
@@ -192,6 +230,11 @@ class Applier:
             patch["metadata"]["annotations"] = action.annotations
         if action.node_selector:
             patch["spec"]["nodeSelector"] = selector
+        if action.tolerations:
+            own = [dict(t) for t in spec.get("tolerations") or []]
+            patch["spec"]["tolerations"] = own + [
+                dict(t) for t in action.tolerations if dict(t) not in own
+            ]
         try:
             updated = await self._kube.merge_patch(POD, pod["metadata"]["name"], patch, namespace)
         except InvalidError:
@@ -213,4 +256,5 @@ _APPLY = {
     ClaimNode: Applier._claim_node,
     ReclaimArrivals: Applier._reclaim_arrivals,
     ReleaseMembers: Applier._release_members,
+    ReleaseHold: Applier._release_hold,
 }

@@ -270,5 +270,6 @@ def _waiting(caches: Caches) -> tuple[Waiting, ...]:
         ns = req["metadata"]["namespace"]
         names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
         found = (templates.get(n, ns) for n in names)
-        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t)))
+        created = str(req["metadata"].get("creationTimestamp") or "")
+        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
     return tuple(out)
