@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local test bed from the pinned wrapper modules under hack/.
 #
-#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler (default: all present)
+#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler otelcol
+#                                     helm (default: all present)
 #
 # Binaries land in $GANGCHECK_CACHE/bin/<component>-<key>/, where <key> hashes the wrapper's
-# go.mod, go.sum, this script and the Go version. A stamp file is written last; a folder
-# without it is rebuilt. Prints the folder of each component on stdout, progress on stderr.
+# go.mod, go.sum and sources, the component's build function, the build environment and the
+# Go version (editing one component's build here rebuilds that component only). A stamp file
+# is written last; a folder without it is rebuilt. One build of a component at a time: a second
+# caller waits on the component's lock, then finds the stamp. Prints the folder of each
+# component on stdout, progress on stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 key_of() {
-  { cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh"; go version; } | sha256sum | cut -c1-16
+  {
+    cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/$1"/*.go
+    declare -f mod_version "build_$1"
+    echo "CGO_ENABLED=$CGO_ENABLED GOFLAGS=$GOFLAGS"
+    go version
+  } | sha256sum | cut -c1-16
 }
 
 mod_version() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
@@ -54,12 +63,35 @@ build_autoscaler() {
   (cd "$here/autoscaler" && go build -trimpath -tags kwok -ldflags "-s -w" -o "$1/cluster-autoscaler" k8s.io/autoscaler/cluster-autoscaler)
 }
 
+# An OpenTelemetry Collector (OTLP receiver, jsonfile and debug exporters) for the tracing tests.
+build_otelcol() {
+  local ver
+  ver=$(mod_version otelcol go.opentelemetry.io/collector/otelcol)
+  echo "  building otelcol $ver" >&2
+  (cd "$here/otelcol" && go build -trimpath -ldflags "-s -w -X main.version=${ver#v}" -o "$1/otelcol" .)
+}
+
+build_helm() {
+  local ver
+  ver=$(mod_version helm helm.sh/helm/v4)
+  echo "  building helm $ver" >&2
+  # helm --version reports the module's version, as a release build does.
+  (cd "$here/helm" && go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$ver" \
+    -o "$1/helm" helm.sh/helm/v4/cmd/helm)
+}
+
 components=("$@")
 if [ ${#components[@]} -eq 0 ]; then
-  for c in kubernetes etcd kwok kueue autoscaler; do [ -f "$here/$c/go.mod" ] && components+=("$c"); done
+  for c in kubernetes etcd kwok kueue autoscaler otelcol helm; do
+    [ -f "$here/$c/go.mod" ] && components+=("$c")
+  done
 fi
+mkdir -p "$cache/bin"
 for c in "${components[@]}"; do
   dir="$cache/bin/$c-$(key_of "$c")"
+  exec {lock}>"$cache/bin/.$c.lock"
+  flock "$lock"
   if [ ! -f "$dir/.stamp" ]; then
     start=$(date +%s)
     echo "gangcheck: building $c into $dir (first run only; takes minutes)" >&2
@@ -68,5 +100,6 @@ for c in "${components[@]}"; do
     echo "$(date -u +%FT%TZ) $(( $(date +%s) - start ))s" > "$dir/.stamp"
     echo "gangcheck: built $c in $(( $(date +%s) - start ))s" >&2
   fi
+  exec {lock}>&-
   echo "$c=$dir"
 done
