@@ -5,9 +5,10 @@ pod is scheduled onto a node in the moment between its registration and gangchec
 for the request it came for (the record swaps the arrival taint for the hold). A closed node
 that no request records is opened again:
 
-- at once, when no request waiting for capacity may record it (it fits none of their pod
-  templates by labels, affinity and room, or it is older than they are): it came for someone
-  else, or for nothing;
+- at once, when no request that capacity may still arrive for (Provisioned or not yet: a node
+  can register before its request's condition is seen) may record it (it fits none of their
+  pod templates by labels, affinity and room, or it is older than they are): it came for
+  someone else, or for nothing;
 - after ``open_after_seconds`` in any case, so that a node is never closed for long.
 
 Pure: no I/O.

@@ -12,7 +12,7 @@ from gangcheck.kube.resources import NODE
 from gangcheck.logic.arrivals import arrival_verdict
 from gangcheck.logic.hold import taints_opened
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.workload import in_flight_capacity
+from gangcheck.reconcile.workload import open_requests
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class ArrivalGateReconciler:
         node = self._caches.nodes.store.get(name)
         if node is None:
             return Result()
-        waiting = in_flight_capacity(self._caches).waiting
+        waiting = open_requests(self._caches)
         verdict = arrival_verdict(
             node, waiting, now=self._clock(), open_after_seconds=self._open_after
         )

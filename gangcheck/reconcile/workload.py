@@ -232,6 +232,11 @@ def _key(obj: Obj) -> str:
 
 def _is_waiting(req: Obj) -> bool:
     """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
+    return is_true(conditions_of(req), "Provisioned") and _is_open(req)
+
+
+def _is_open(req: Obj) -> bool:
+    """Neither fulfilled nor done: capacity may still arrive for it."""
     if req["metadata"].get("deletionTimestamp"):
         return False
     phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
@@ -239,12 +244,14 @@ def _is_waiting(req: Obj) -> bool:
         return False
     conditions = conditions_of(req)
     ended = ("Failed", "CapacityRevoked", "BookingExpired")
-    return is_true(conditions, "Provisioned") and not any(is_true(conditions, c) for c in ended)
+    return not any(is_true(conditions, c) for c in ended)
 
 
-def waiting_requests(requests: Iterable[Obj]) -> list[tuple[str, Obj]]:
+def waiting_requests(
+    requests: Iterable[Obj], *, is_waiting: Callable[[Obj], bool] = _is_waiting
+) -> list[tuple[str, Obj]]:
     """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
-    waiting = [r for r in requests if _is_waiting(r)]
+    waiting = [r for r in requests if is_waiting(r)]
     waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
     return [(_key(r), r) for r in waiting]
 
@@ -263,10 +270,18 @@ def in_flight_capacity(caches: Caches) -> Capacity:
     )
 
 
-def _waiting(caches: Caches) -> tuple[Waiting, ...]:
+def open_requests(caches: Caches) -> tuple[Waiting, ...]:
+    """Requests capacity may still arrive for, Provisioned or not yet (a node can register
+    before the request's Provisioned condition reaches this controller), oldest first."""
+    return _waiting(caches, is_waiting=_is_open)
+
+
+def _waiting(
+    caches: Caches, *, is_waiting: Callable[[Obj], bool] = _is_waiting
+) -> tuple[Waiting, ...]:
     templates = caches.templates.store
     out = []
-    for key, req in waiting_requests(caches.requests.store):
+    for key, req in waiting_requests(caches.requests.store, is_waiting=is_waiting):
         ns = req["metadata"]["namespace"]
         names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
         found = (templates.get(n, ns) for n in names)

@@ -244,8 +244,17 @@ def _container_requests(container: Obj) -> dict[str, int]:
     return {k: parse_quantity(v) for k, v in merged.items() if k in ("cpu", "memory", GPU)}
 
 
+#: Taints cluster-autoscaler leaves out of a node group's template (utils/taints): nodes
+#: register with them and lose them once running, so they never decide where pods can go.
+TEMPLATE_IGNORED_PREFIXES = (
+    "ignore-taint.cluster-autoscaler.kubernetes.io/",
+    "startup-taint.cluster-autoscaler.kubernetes.io/",
+    "status-taint.cluster-autoscaler.kubernetes.io/",
+)
+
+
 def tolerates(tolerations: Sequence[Obj], taint: Taint) -> bool:
-    if taint.effect == "PreferNoSchedule":
+    if taint.effect == "PreferNoSchedule" or taint.key.startswith(TEMPLATE_IGNORED_PREFIXES):
         return True
     return any(_toleration_matches(t, taint) for t in tolerations)
 

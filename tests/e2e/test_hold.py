@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import NODE, POD
+from gangcheck.kube.resources import NODE, POD, WORKLOAD
 from gangcheck.logic.hold import ARRIVING_TAINT, HOLD_TAINT
 from gangcheck.testbed.deploy import ManagedProcess
 from gangcheck.testbed.nodes import Taint, kwok_node
@@ -122,11 +122,15 @@ async def test_three_gangs_run_on_their_own_held_nodes_and_no_other_pod_lands_th
                 pods = [await job_pods(kube, namespace, name) for name in GANGS]
                 return all(len(running(p)) == GANGS[n] for n, p in zip(GANGS, pods, strict=True))
 
-            await eventually(all_running, timeout=180, interval=1, what="every gang Running")
+            try:
+                await eventually(all_running, timeout=180, interval=1, what="every gang Running")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{await story(kube, namespace, selector)}") from None
             figures = await where_everything_runs(kube, namespace, selector, others)
-            assert figures["gang pods on nodes not recorded for their gang"] == 0, figures
-            assert figures["pods on a node recorded for another gang"] == 0, figures
-            assert figures["unrelated pods on a gang's node"] == 0, figures
+            figures_text = f"{figures}\n{await story(kube, namespace, selector)}"
+            assert figures["gang pods on nodes not recorded for their gang"] == 0, figures_text
+            assert figures["pods on a node recorded for another gang"] == 0, figures_text
+            assert figures["unrelated pods on a gang's node"] == 0, figures_text
 
             async def spare_used() -> bool:
                 on_spare = await kube.list_objects(
@@ -169,6 +173,9 @@ async def where_everything_runs(
     def request_of(pod: Obj) -> str:
         return f"{namespace}/{pod['metadata']['annotations'][CONSUME]}"
 
+    # The requests the gangs run on (a node a rollback kept keeps its old record).
+    gangs = {request_of(p) for p in gang_pods}
+
     return {
         "gang pods": len(gang_pods),
         "gang pods on nodes not recorded for their gang": sum(
@@ -179,10 +186,29 @@ async def where_everything_runs(
         ),
         "unrelated pods bound": len(unrelated),
         "unrelated pods on a gang's node": sum(
-            bool(recorded.get(p["spec"]["nodeName"])) for p in unrelated
+            recorded.get(p["spec"]["nodeName"]) in gangs for p in unrelated
         ),
     }
 
 
 def _held(node: Obj) -> bool:
     return any(t["key"] == HOLD_TAINT for t in node["spec"].get("taints") or [])
+
+
+async def story(kube: Kube, namespace: str, selector: str) -> str:
+    """What the nodes, pods and gangs look like, for a failure message."""
+    lines = []
+    for n in await nodes_with(kube, selector):
+        notes = n["metadata"].get("annotations") or {}
+        taints = [t["key"] for t in n["spec"].get("taints") or []]
+        lines.append(f"node {n['metadata']['name']}: {notes.get(ARRIVED_FOR)} {taints}")
+    for p in (await kube.list_objects(POD, namespace))["items"]:
+        phase = (p.get("status") or {}).get("phase")
+        lines.append(f"pod {p['metadata']['name']}: {p['spec'].get('nodeName')} {phase}")
+    for w in (await kube.list_objects(WORKLOAD, namespace))["items"]:
+        checks = [
+            f"{c.get('state')}: {c.get('message')}"
+            for c in (w.get("status") or {}).get("admissionChecks") or []
+        ]
+        lines.append(f"workload {w['metadata']['name']}: {checks}")
+    return "\n".join(lines)

@@ -135,6 +135,21 @@ def test_sizing_picks_the_group_whose_labels_and_taints_fit() -> None:
     assert refused.problem == "no node group can host a member of w"
 
 
+def test_taints_the_autoscaler_leaves_out_of_templates_do_not_decide_sizing() -> None:
+    """As cluster-autoscaler's SanitizeTaints: startup, status and ignore taints are left out
+    of a group's template; any other taint the member does not tolerate still refuses it."""
+    member = gpu_member()
+    for prefix in model.TEMPLATE_IGNORED_PREFIXES:
+        closed = GPU_GROUP.model_copy(
+            update={
+                "taints": (*GPU_GROUP.taints, model.Taint(key=f"{prefix}x", effect="NoSchedule"))
+            }
+        )
+        assert model.can_host(member, closed), prefix
+    other = model.Taint(key="example.com/x", effect="NoSchedule")
+    assert not model.can_host(member, GPU_GROUP.model_copy(update={"taints": (other,)}))
+
+
 def test_sizing_counts_nodes_that_exist_against_max_nodes() -> None:
     demands = [PodSetDemand("workers", 16, gpu_member())]
     assert model.size_request(demands, [GPU_GROUP], {"gpu": 0}).needed == 16
