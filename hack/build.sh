@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local test bed from the pinned wrapper modules under hack/.
 #
-#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler (default: all present)
+#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler otelcol
+#                                     (default: all present)
 #
 # Binaries land in $GANGCHECK_CACHE/bin/<component>-<key>/, where <key> hashes the wrapper's
-# go.mod, go.sum, this script and the Go version. A stamp file is written last; a folder
-# without it is rebuilt. Prints the folder of each component on stdout, progress on stderr.
+# go.mod, go.sum and sources, the component's build function, the build environment and the
+# Go version (editing one component's build here rebuilds that component only). A stamp file
+# is written last; a folder without it is rebuilt. Prints the folder of each component on stdout, progress on stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 key_of() {
-  { cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/build.sh"; go version; } | sha256sum | cut -c1-16
+  {
+    cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/$1"/*.go
+    declare -f mod_version "build_$1"
+    echo "CGO_ENABLED=$CGO_ENABLED GOFLAGS=$GOFLAGS"
+    go version
+  } | sha256sum | cut -c1-16
 }
 
 mod_version() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
@@ -54,9 +61,17 @@ build_autoscaler() {
   (cd "$here/autoscaler" && go build -trimpath -tags kwok -ldflags "-s -w" -o "$1/cluster-autoscaler" k8s.io/autoscaler/cluster-autoscaler)
 }
 
+# An OpenTelemetry Collector (OTLP receiver, jsonfile and debug exporters) for the tracing tests.
+build_otelcol() {
+  local ver
+  ver=$(mod_version otelcol go.opentelemetry.io/collector/otelcol)
+  echo "  building otelcol $ver" >&2
+  (cd "$here/otelcol" && go build -trimpath -ldflags "-s -w -X main.version=${ver#v}" -o "$1/otelcol" .)
+}
+
 components=("$@")
 if [ ${#components[@]} -eq 0 ]; then
-  for c in kubernetes etcd kwok kueue autoscaler; do [ -f "$here/$c/go.mod" ] && components+=("$c"); done
+  for c in kubernetes etcd kwok kueue autoscaler otelcol; do [ -f "$here/$c/go.mod" ] && components+=("$c"); done
 fi
 for c in "${components[@]}"; do
   dir="$cache/bin/$c-$(key_of "$c")"
