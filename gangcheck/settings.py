@@ -274,6 +274,8 @@ OTLP_TIMEOUT_MS = 10_000
 """The OTel specification's default export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)."""
 SPAN_QUEUE_SIZE = 2048
 """The OTel specification's default span queue (OTEL_BSP_MAX_QUEUE_SIZE)."""
+SCHEDULE_DELAY_MS = 5000
+"""The OTel specification's default delay between two exports (OTEL_BSP_SCHEDULE_DELAY)."""
 _OTLP = "OTEL_EXPORTER_OTLP_"
 
 
@@ -289,6 +291,7 @@ class OtlpTraces:
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout_seconds: float = OTLP_TIMEOUT_MS / 1000
     queue_size: int = SPAN_QUEUE_SIZE
+    delay_seconds: float = SCHEDULE_DELAY_MS / 1000
 
 
 def otlp_traces(tracing: TracingSettings, env: Mapping[str, str]) -> OtlpTraces | None:
@@ -300,7 +303,8 @@ def otlp_traces(tracing: TracingSettings, env: Mapping[str, str]) -> OtlpTraces 
     then ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base: /v1/traces is appended). Headers and the
     timeout (milliseconds, as specified) come from the traces variable, else the generic one.
     ``OTEL_SDK_DISABLED=true`` turns traces off. Bad values raise ``SettingsError`` naming
-    the variable.
+    the variable. The span queue's size and the delay between exports come from
+    ``OTEL_BSP_MAX_QUEUE_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY`` (milliseconds).
     """
     env = {k: v for k, v in env.items() if v.strip()}  # the spec: empty means unset
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -313,6 +317,7 @@ def otlp_traces(tracing: TracingSettings, env: Mapping[str, str]) -> OtlpTraces 
     headers = _headers(env, problems)
     timeout = _positive(env, ("TRACES_TIMEOUT", "TIMEOUT"), OTLP_TIMEOUT_MS, problems)
     queue = _positive(env, ("OTEL_BSP_MAX_QUEUE_SIZE",), SPAN_QUEUE_SIZE, problems)
+    delay = _positive(env, ("OTEL_BSP_SCHEDULE_DELAY",), SCHEDULE_DELAY_MS, problems)
     protocol_var = _first(env, (f"{_OTLP}TRACES_PROTOCOL", f"{_OTLP}PROTOCOL"))
     if protocol_var and env[protocol_var].strip() != "http/protobuf":
         problems.append(
@@ -322,7 +327,12 @@ def otlp_traces(tracing: TracingSettings, env: Mapping[str, str]) -> OtlpTraces 
     if problems:
         raise SettingsError(problems)
     return OtlpTraces(
-        endpoint, source, headers, timeout_seconds=timeout / 1000, queue_size=int(queue)
+        endpoint,
+        source,
+        headers,
+        timeout_seconds=timeout / 1000,
+        queue_size=int(queue),
+        delay_seconds=delay / 1000,
     )
 
 

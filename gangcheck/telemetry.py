@@ -267,7 +267,7 @@ def _number(value: float) -> str:
 # ---- traces --------------------------------------------------------------------------
 
 EXPORT_BATCH = 512
-EXPORT_DELAY_SECONDS = 1.0
+EXPORT_DELAY_SECONDS = 5.0
 SHUTDOWN_SECONDS = 5.0
 """At exit, how long queued spans may still be sent: a stopping process never waits longer."""
 DROP_REASONS = ("queue_full", "export_failed")
@@ -406,7 +406,12 @@ def setup_tracing(
     )
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(
-        BoundedSpanQueue(exporter, max_queued=target.queue_size, stats=span_export)
+        BoundedSpanQueue(
+            exporter,
+            max_queued=target.queue_size,
+            delay_seconds=target.delay_seconds,
+            stats=span_export,
+        )
     )
     trace.set_tracer_provider(provider)
     logging.getLogger(__name__).info(

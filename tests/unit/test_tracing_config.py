@@ -70,12 +70,13 @@ def test_headers_timeout_and_queue_come_from_the_variables() -> None:
         "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20abc, x-tenant = gpu",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "2500",
         "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
     target = otlp_traces(TracingSettings(), env)
     assert target is not None
     assert dict(target.headers) == {"authorization": "Bearer abc", "x-tenant": "gpu"}
     assert target.timeout_seconds == 2.5  # milliseconds, as the specification says
-    assert target.queue_size == 64
+    assert (target.queue_size, target.delay_seconds) == (64, 0.2)
     defaults = otlp_traces(TracingSettings(otlp_endpoint=BASE), {})
     assert defaults is not None
     assert (defaults.timeout_seconds, defaults.queue_size, dict(defaults.headers)) == (10, 2048, {})
