@@ -10,7 +10,8 @@ Figures per round, from gangcheck's own metrics (deltas over the round):
 - workload reconciles, and their mean duration (the histogram's sum / count);
 - reconciles per second of reconcile work (1 / mean), the rate one worker sustains;
 - wall seconds from the first request marked provisioned to the last gang Ready;
-- spans the collector accepted, and spans dropped.
+- spans the collector received from the round's process (flushed at its exit; they include
+  the startup reconciles of the gangs earlier rounds left), and spans dropped.
 
 Usage: python benchmarks/tracing_overhead.py [--gangs N] [--rounds R]
 """
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,7 @@ class Round:
     reconciles: float = 0.0
     reconcile_seconds: float = 0.0
     wall_seconds: float = 0.0
-    exported: float = 0.0
+    received: int = 0
     dropped: float = 0.0
 
     @property
@@ -63,6 +65,10 @@ class Round:
     @property
     def rate(self) -> float:
         return self.reconciles / self.reconcile_seconds if self.reconcile_seconds else 0.0
+
+    @property
+    def wall_rate(self) -> float:
+        return self.reconciles / self.wall_seconds if self.wall_seconds else 0.0
 
 
 class Process:
@@ -122,9 +128,16 @@ def _dropped(samples: Samples) -> float:
 
 
 async def one_round(
-    kube: Kube, *, kubeconfig: str, tracing: str, env: dict[str, str], gangs: int, logs: Path
+    kube: Kube,
+    *,
+    kubeconfig: str,
+    tracing: str,
+    env: dict[str, str],
+    gangs: int,
+    collector: OtelCollector,
 ) -> Round:
-    process = Process(kubeconfig, env, logs / f"gangcheck-{tracing}.log")
+    received_before = len(collector.spans())
+    process = Process(kubeconfig, env, collector.workdir / f"gangcheck-{tracing}.log")
     try:
         await eventually(process.ready, what="gangcheck ready", timeout=60)
         cluster = await Cluster.create(kube)
@@ -147,17 +160,16 @@ async def one_round(
         wall = time.monotonic() - started
         after = await process.metrics()
     finally:
-        process.stop()
+        process.stop()  # what is still queued is sent on the way out
     key_count = ("gangcheck_reconcile_duration_seconds_count", WORKLOAD)
     key_sum = ("gangcheck_reconcile_duration_seconds_sum", WORKLOAD)
-    exported = ("gangcheck_trace_spans_exported_total", ())
     return Round(
         tracing=tracing,
         gangs=gangs,
         reconciles=after.get(key_count, 0) - before.get(key_count, 0),
         reconcile_seconds=after.get(key_sum, 0) - before.get(key_sum, 0),
         wall_seconds=wall,
-        exported=after.get(exported, 0),
+        received=len(collector.spans()) - received_before,
         dropped=_dropped(after),
     )
 
@@ -179,7 +191,7 @@ async def main_async(
                         tracing=tracing,
                         env=env,
                         gangs=gangs,
-                        logs=collector.workdir,
+                        collector=collector,
                     )
                 )
     return results
@@ -188,21 +200,45 @@ async def main_async(
 def print_table(rows: list[Round], collector: OtelCollector) -> None:
     print(f"OpenTelemetry Collector {collector.version()} at {collector.endpoint}")
     print(
-        f"{'tracing':8} {'gangs':>5} {'reconciles':>10} {'mean ms':>8} {'rec/s':>7} "
-        f"{'wall s':>7} {'spans sent':>10} {'dropped':>7}"
+        f"{'tracing':8} {'gangs':>5} {'reconciles':>10} {'mean ms':>8} {'rec/s work':>10} "
+        f"{'rec/s wall':>10} {'wall s':>7} {'spans received':>14} {'dropped':>7}"
     )
     for r in rows:
         print(
-            f"{r.tracing:8} {r.gangs:5d} {r.reconciles:10.0f} {r.mean_ms:8.2f} {r.rate:7.0f} "
-            f"{r.wall_seconds:7.2f} {r.exported:10.0f} {r.dropped:7.0f}"
+            f"{r.tracing:8} {r.gangs:5d} {r.reconciles:10.0f} {r.mean_ms:8.2f} {r.rate:10.1f} "
+            f"{r.wall_rate:10.1f} {r.wall_seconds:7.2f} {r.received:14d} {r.dropped:7.0f}"
         )
-    print(f"spans received by the collector: {len(collector.spans())}")
+    for mode in ("off", "on"):
+        of = [r for r in rows if r.tracing == mode]
+        print(
+            f"median, tracing {mode:3}: {statistics.median(r.mean_ms for r in of):.2f} ms per "
+            f"reconcile, {statistics.median(r.wall_rate for r in of):.1f} reconciles/s wall"
+        )
+
+
+def print_sample(collector: OtelCollector) -> None:
+    """One traced reconcile that made a gang Ready, with its child spans."""
+    spans = collector.spans()
+    root = next(
+        s
+        for s in spans
+        if s.name == "reconcile workload"
+        and s.attributes.get("gangcheck.decision.outcome") == "ready"
+        and s.attributes.get("gangcheck.decision.changed")
+    )
+    print(f"\n{root.name}  {(root.end_ns - root.start_ns) / 1e6:.2f} ms")
+    for key, value in sorted(root.attributes.items()):
+        print(f"    {key} = {value!r}")
+    for child in (s for s in spans if s.parent_id == root.span_id):
+        attrs = ", ".join(f"{k}={v!r}" for k, v in sorted(child.attributes.items()))
+        print(f"  {child.name}  {(child.end_ns - child.start_ns) / 1e6:.2f} ms  {attrs}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gangs", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--sample", action="store_true", help="print one traced reconcile")
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="gangcheck-tracing-") as workdir,
@@ -211,6 +247,8 @@ def main() -> int:
     ):
         rows = asyncio.run(main_async(str(plane.kubeconfig), collector, args.gangs, args.rounds))
         print_table(rows, collector)
+        if args.sample:
+            print_sample(collector)
     return 0
 
 
