@@ -27,6 +27,7 @@ import pytest
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NAMESPACE
 from gangcheck.logic import naming
+from gangcheck.logic.podgroup import WAITING
 from gangcheck.settings import TracingSettings, otlp_traces
 from gangcheck.testbed.launcher import ControlPlane
 from gangcheck.testbed.otelcol import OtelCollector, ReceivedSpan
@@ -35,6 +36,7 @@ from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_manifests import build, documents, overlay, the
 from tests.integration.test_operations import parse_exposition
+from tests.integration.test_podgroups import Groups
 
 pytestmark = pytest.mark.integration
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -178,6 +180,11 @@ async def test_reconciles_arrive_at_a_real_collector_with_object_decision_and_ap
     await cluster.add_nodes(2, gpu=2)
     await cluster.set_request_conditions(ready_request, {"Provisioned": ""})
     await cluster.wait_check("ready", "Ready")
+    # a PodGroup (scheduler-plugins) waiting for its second member
+    groups = Groups(cluster)
+    await groups.coscheduling("pg", 2)
+    await groups.member("pg-0", "pg", plugins=True)
+    await groups.wait_state("pg", WAITING, plugins=True)
     # an error: the API server refuses to create anything in a namespace being deleted
     doomed = await Cluster.create(cluster.kube)
     await doomed.submit(gang("refused").check())  # before the check is ours: left alone
@@ -230,6 +237,20 @@ async def test_reconciles_arrive_at_a_real_collector_with_object_decision_and_ap
         if s.name == "kube PATCH" and s.attributes["url.path"].endswith("/workloads/ready/status")
     )
     assert status_write.attributes["http.response.status_code"] == 200
+
+    group = next(
+        s
+        for s in spans
+        if s.name == "reconcile podgroup"
+        and s.attributes.get("k8s.namespace.name") == cluster.ns
+        and s.attributes.get("gangcheck.decision.outcome") == "wait"
+    )
+    assert (group.attributes["k8s.object.kind"], group.attributes["k8s.object.name"]) == (
+        "PodGroup",
+        "pg",
+    )
+    assert group.attributes["gangcheck.attempt"] == 1
+    assert "1 of 2" in group.attributes["gangcheck.decision.reason"]
 
     rolled_back = next(
         s
