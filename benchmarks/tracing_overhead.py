@@ -1,7 +1,9 @@
 """The reconcile rate of gangcheck with tracing off and on, side by side, in the same run.
 
 One control plane, one OpenTelemetry Collector (``hack/otelcol``), and ``gangcheck run`` as its
-own process twice, one after the other: without traces, then sending them to the collector.
+own process twice per round, one after the other: without traces and sending them to the
+collector (the order alternates from round to round). A round starts once the process has
+finished its startup pass over the gangs already there.
 Each round submits the same burst of gangs (TrustProvisioned, so every reconcile is the same
 work), marks their requests provisioned, and waits until every check is Ready. The script plays
 Kueue core.
@@ -123,6 +125,19 @@ class Process:
             self.proc.wait()
 
 
+async def settled(process: Process) -> Samples:
+    """The metrics once the process has stopped reconciling (its startup pass over every
+    gang earlier rounds left included), so that a round measures its own gangs only."""
+    key = ("gangcheck_reconcile_duration_seconds_count", WORKLOAD)
+    last = await process.metrics()
+    while True:
+        await asyncio.sleep(1.5)
+        now = await process.metrics()
+        if now.get(key, 0) == last.get(key, 0):
+            return now
+        last = now
+
+
 def _dropped(samples: Samples) -> float:
     return sum(v for (n, _), v in samples.items() if n == "gangcheck_trace_spans_dropped_total")
 
@@ -148,8 +163,7 @@ async def one_round(
             await cluster.submit(builder.reserve_quota().check())
         for name in names:
             await cluster.wait_request(naming.request_name(name, cluster.check, 1), timeout=120)
-        await asyncio.sleep(1)  # the startup's own reconciles are done
-        before = await process.metrics()
+        before = await settled(process)
         started = time.monotonic()
         for name in names:
             await cluster.set_request_conditions(
@@ -179,11 +193,9 @@ async def main_async(
 ) -> list[Round]:
     results = []
     async with await Kube.connect(kubeconfig) as kube:
-        for _ in range(rounds):
-            for tracing, env in (
-                ("off", {}),
-                ("on", {"GANGCHECK_TRACING__OTLP_ENDPOINT": collector.endpoint}),
-            ):
+        modes = [("off", {}), ("on", {"GANGCHECK_TRACING__OTLP_ENDPOINT": collector.endpoint})]
+        for number in range(rounds):
+            for tracing, env in modes if number % 2 == 0 else modes[::-1]:
                 results.append(
                     await one_round(
                         kube,
