@@ -7,7 +7,8 @@
 # Binaries land in $GANGCHECK_CACHE/bin/<component>-<key>/, where <key> hashes the wrapper's
 # go.mod, go.sum and sources, the component's build function, the build environment and the
 # Go version (editing one component's build here rebuilds that component only). A stamp file
-# is written last; a folder without it is rebuilt. Prints the folder of each component on stdout, progress on stderr.
+# is written last; a folder without it is rebuilt. Prints the folder of each component on
+# stdout, progress on stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}
