@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from gangcheck import cli
 from gangcheck.settings import SettingsError, TracingSettings, load_settings, otlp_traces
 from gangcheck.telemetry import BoundedSpanQueue, Metrics, SpanExportStats, setup_tracing
 
@@ -202,3 +203,13 @@ def test_traces_asked_for_without_the_exporter_package_stop_startup_naming_it(
     monkeypatch.setattr(importlib, "import_module", without_exporter)
     with pytest.raises(RuntimeError, match="opentelemetry-exporter-otlp-proto-http"):
         setup_tracing(None, env={"OTEL_EXPORTER_OTLP_ENDPOINT": BASE})
+
+
+def test_gangcheck_run_refuses_a_bad_otel_endpoint_before_connecting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "grpc://otel-collector:4317")
+    assert cli.main(["run", "--kubeconfig", "no-such-kubeconfig"]) == 2
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT: must be an http:// or https:// URL" in (
+        capsys.readouterr().err
+    )
