@@ -473,6 +473,8 @@ def traced_decision(decide: Callable[[Snap, datetime], Made], snap: Snap, now: d
     the fit of the gang on the nodes included); its outcome (wait, ready, rollback, retry,
     reject, none), reason, check and attempt set on that span and on the reconcile's."""
     reconcile = trace.get_current_span()
+    if not reconcile.is_recording():  # tracing off, or no reconcile span: just decide
+        return decide(snap, now)
     with tracer.start_as_current_span("decide") as span:
         decision = decide(snap, now)
         if isinstance(snap, Snapshot) and isinstance(decision, Decision):
