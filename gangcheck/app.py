@@ -161,7 +161,7 @@ class Controller:
             finally:
                 self.metrics.reconciled(kind, time.monotonic() - started)
 
-    async def _dispatch(self, key: str) -> Result:  # keys: see _object_of
+    async def _dispatch(self, key: str) -> Result:
         if key.startswith(CHECK_KEY):
             return await self.check_reconciler.reconcile(key.removeprefix(CHECK_KEY))
         if key.startswith(NODE_KEY):
