@@ -19,10 +19,13 @@ WORKDIR /src
 # wildcard lets COPY succeed either way.
 COPY pyproject.toml README.m[d] ./
 COPY gangcheck ./gangcheck
-RUN python -m pip wheel --wheel-dir /wheels . \
+# The tracing extra (the OTLP/HTTP span exporter) is always in the image: traces are then
+# turned on by configuration alone (tracing.otlpEndpoint or OTEL_EXPORTER_OTLP_ENDPOINT).
+RUN python -m pip wheel --wheel-dir /wheels ".[tracing]" \
  && python -m venv --without-pip /opt/gangcheck \
  && python -m pip --python /opt/gangcheck/bin/python install --no-index \
-        --find-links /wheels gangcheck \
+        --find-links /wheels "gangcheck[tracing]" \
+ && /opt/gangcheck/bin/python -c "import opentelemetry.exporter.otlp.proto.http.trace_exporter" \
  && /opt/gangcheck/bin/python -m compileall -q /opt/gangcheck \
  && /opt/gangcheck/bin/gangcheck --help > /dev/null
 

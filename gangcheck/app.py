@@ -34,7 +34,7 @@ from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
 from gangcheck.server import HealthServer
-from gangcheck.telemetry import Metrics, tracer
+from gangcheck.telemetry import Metrics, reconcile_span
 from gangcheck.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,19 @@ _CONTROLLERS = {
     DRA_KEY: "devices",
     ARRIVAL_KEY: "arrival",
 }
+
+
+def _object_of(key: str) -> dict[str, str]:
+    """Kind, namespace and name of the object a queue key stands for (for the trace)."""
+    prefix, _, rest = key.partition(":")
+    if prefix + ":" == WORKLOAD_KEY:
+        namespace, _, name = rest.partition("/")
+        return {"kind": "Workload", "namespace": namespace, "name": name}
+    if prefix + ":" == GROUP_KEY:
+        _short, namespace, name = [*rest.split("/", 2), "", ""][:3]
+        return {"kind": "PodGroup", "namespace": namespace, "name": name}
+    kinds = {CHECK_KEY: "AdmissionCheck", NODE_KEY: "Node"}
+    return {"kind": kinds.get(prefix + ":", ""), "name": rest}
 
 
 def _meta(old: Obj | None, new: Obj | None) -> dict[str, object]:
@@ -144,7 +157,7 @@ class Controller:
         """One reconcile: a span naming the object, and its latency recorded."""
         kind = _CONTROLLERS.get(key.split(":", 1)[0] + ":", "unknown")
         started = time.monotonic()
-        with tracer.start_as_current_span(f"reconcile {kind}", attributes={"gangcheck.key": key}):
+        with reconcile_span(kind, key, **_object_of(key)):
             try:
                 return await self._dispatch(key)
             except ApiError as e:

@@ -10,10 +10,13 @@ environment variables named ``GANGCHECK_<SECTION>__<FIELD>``, e.g.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import unquote, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -232,15 +235,18 @@ class LoggingSettings(_Section):
 
 
 class TracingSettings(_Section):
-    """OpenTelemetry traces: one span per reconcile, exported over OTLP when configured."""
+    """OpenTelemetry traces: one span per reconcile, exported over OTLP/HTTP when configured
+    here or by the standard ``OTEL_EXPORTER_OTLP_*`` variables (see ``otlp_traces``)."""
 
     otlp_endpoint: Annotated[
         str | None,
         Field(
             alias="otlpEndpoint",
             description=(
-                "OTLP/HTTP endpoint traces are sent to, e.g. http://otel-collector:4318; "
-                "unset (the default) means no traces."
+                "OTLP/HTTP endpoint traces are sent to: the collector's base address, e.g. "
+                "http://otel-collector.observability:4318 (/v1/traces is appended), or the "
+                "full URL ending in /v1/traces. Unset (the default): the OTEL_EXPORTER_OTLP_* "
+                "variables decide, and without them no traces are sent."
             ),
         ),
     ] = None
@@ -256,9 +262,148 @@ class TracingSettings(_Section):
     @field_validator("otlp_endpoint")
     @classmethod
     def _is_a_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
+        if value is not None:
+            problem = _url_problem(value)
+            if problem:
+                raise ValueError(problem)
         return value
+
+
+OTLP_TRACES_PATH = "/v1/traces"
+OTLP_TIMEOUT_MS = 10_000
+"""The OTel specification's default export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)."""
+SPAN_QUEUE_SIZE = 2048
+"""The OTel specification's default span queue (OTEL_BSP_MAX_QUEUE_SIZE)."""
+SCHEDULE_DELAY_MS = 5000
+"""The OTel specification's default delay between two exports (OTEL_BSP_SCHEDULE_DELAY)."""
+_OTLP = "OTEL_EXPORTER_OTLP_"
+
+
+@dataclass(frozen=True)
+class OtlpTraces:
+    """Where spans go and how: resolved once, at start, from ``tracing.otlpEndpoint`` and the
+    standard ``OTEL_EXPORTER_OTLP_*`` / ``OTEL_BSP_*`` environment variables."""
+
+    endpoint: str
+    """The full URL spans are posted to (ends in /v1/traces unless a variable said otherwise)."""
+    source: str
+    """The setting or variable the endpoint came from, for messages."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_seconds: float = OTLP_TIMEOUT_MS / 1000
+    queue_size: int = SPAN_QUEUE_SIZE
+    delay_seconds: float = SCHEDULE_DELAY_MS / 1000
+
+
+def otlp_traces(tracing: TracingSettings, env: Mapping[str, str]) -> OtlpTraces | None:
+    """The trace export gangcheck runs with, or None when traces are off.
+
+    The endpoint, by precedence: ``tracing.otlpEndpoint`` (a base address gets /v1/traces
+    appended; a URL already ending in /v1/traces is kept), then
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as it is, as the OTel specification says),
+    then ``OTEL_EXPORTER_OTLP_ENDPOINT`` (a base: /v1/traces is appended). Headers and the
+    timeout (milliseconds, as specified) come from the traces variable, else the generic one.
+    ``OTEL_SDK_DISABLED=true`` turns traces off. Bad values raise ``SettingsError`` naming
+    the variable. The span queue's size and the delay between exports come from
+    ``OTEL_BSP_MAX_QUEUE_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY`` (milliseconds).
+    """
+    env = {k: v for k, v in env.items() if v.strip()}  # the spec: empty means unset
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    found = _endpoint(tracing, env)
+    if found is None:
+        return None
+    endpoint, source = found
+    problems: list[str] = []
+    headers = _headers(env, problems)
+    timeout = _positive(env, ("TRACES_TIMEOUT", "TIMEOUT"), OTLP_TIMEOUT_MS, problems)
+    queue = _positive(env, ("OTEL_BSP_MAX_QUEUE_SIZE",), SPAN_QUEUE_SIZE, problems)
+    delay = _positive(env, ("OTEL_BSP_SCHEDULE_DELAY",), SCHEDULE_DELAY_MS, problems)
+    protocol_var = _first(env, (f"{_OTLP}TRACES_PROTOCOL", f"{_OTLP}PROTOCOL"))
+    if protocol_var and env[protocol_var].strip() != "http/protobuf":
+        problems.append(
+            f"{protocol_var}: gangcheck exports over OTLP/HTTP, so it must be http/protobuf "
+            f"(or unset), got {env[protocol_var]!r}"
+        )
+    if problems:
+        raise SettingsError(problems)
+    return OtlpTraces(
+        endpoint,
+        source,
+        headers,
+        timeout_seconds=timeout / 1000,
+        queue_size=int(queue),
+        delay_seconds=delay / 1000,
+    )
+
+
+def _endpoint(tracing: TracingSettings, env: Mapping[str, str]) -> tuple[str, str] | None:
+    if tracing.otlp_endpoint:
+        return _signal_url(tracing.otlp_endpoint, keep_full=True), "tracing.otlpEndpoint"
+    for var, as_base in ((f"{_OTLP}TRACES_ENDPOINT", False), (f"{_OTLP}ENDPOINT", True)):
+        if var in env:
+            value = env[var].strip()
+            problem = _url_problem(value)
+            if problem:
+                raise SettingsError([f"{var}: {problem}"])
+            return (_signal_url(value, keep_full=False) if as_base else value), var
+    return None
+
+
+def _signal_url(base: str, *, keep_full: bool) -> str:
+    """The traces URL of a base address: its path (if any) followed by /v1/traces."""
+    path = urlsplit(base).path.rstrip("/")
+    if keep_full and path.endswith(OTLP_TRACES_PATH):
+        return base
+    return base.rstrip("/") + OTLP_TRACES_PATH
+
+
+def _url_problem(value: str) -> str | None:
+    expected = f"must be an http:// or https:// URL with a host, got {value!r}"
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # raises on a port that is not a number in range
+    except ValueError:
+        return expected
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in value:
+        return expected
+    return None
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if name in env), None)
+
+
+def _headers(env: Mapping[str, str], problems: list[str]) -> dict[str, str]:
+    """``key1=value1,key2=value2`` (values percent-encoded), as the specification writes them."""
+    var = _first(env, (f"{_OTLP}TRACES_HEADERS", f"{_OTLP}HEADERS"))
+    if var is None:
+        return {}
+    headers: dict[str, str] = {}
+    for item in env[var].split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"{var}: expected key=value pairs separated by commas, got {item!r}")
+            continue
+        headers[unquote(key.strip()).lower()] = unquote(value.strip())
+    return headers
+
+
+def _positive(
+    env: Mapping[str, str], names: tuple[str, ...], default: int, problems: list[str]
+) -> float:
+    """A positive number from the first variable set (``TIMEOUT`` names get the OTLP prefix)."""
+    full = tuple(name if name.startswith("OTEL_BSP") else _OTLP + name for name in names)
+    var = _first(env, full)
+    if var is None:
+        return float(default)
+    try:
+        value = float(env[var])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        problems.append(f"{var}: expected a positive number, got {env[var]!r}")
+        return float(default)
+    return value
 
 
 class PodGroupSettings(_Section):
@@ -363,6 +508,11 @@ def load_settings(
         settings = Settings.model_validate(data)
     except ValidationError as e:
         problems.extend(_describe(item, origins) for item in e.errors())
+    else:
+        try:  # the OTEL_EXPORTER_OTLP_* variables are refused at start too
+            otlp_traces(settings.tracing, env or {})
+        except SettingsError as e:
+            problems.extend(e.problems)
     if problems:
         raise SettingsError(problems)
     return settings

@@ -1,5 +1,7 @@
 """Logs as JSON lines carrying the object reference; metrics through the OpenTelemetry SDK,
-exposed in the Prometheus text format; traces (one span per reconcile) when configured."""
+exposed in the Prometheus text format; traces when configured: one span per reconcile with
+the object and the decision (outcome, reason, check, attempt), child spans for the decision
+and for API calls, sent over OTLP/HTTP through a bounded queue that drops rather than waits."""
 
 from __future__ import annotations
 
@@ -7,12 +9,18 @@ import importlib
 import json
 import logging
 import math
+import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -25,8 +33,16 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.util.types import AttributeValue
+
+from gangcheck.logic import podgroup as pg
+from gangcheck.logic.actions import Event, ReclaimArrivals
+from gangcheck.logic.admission import Decision, Snapshot
+from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot
+from gangcheck.settings import OtlpTraces, TracingSettings, otlp_traces
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -60,7 +76,9 @@ def setup_logging(level: str = "INFO", *, json_lines: bool = True) -> None:
 class Metrics:
     """The controller's metrics (DESIGN.md §5), recorded through one OpenTelemetry meter."""
 
-    def __init__(self, *, in_flight: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self, *, in_flight: Callable[[], int] = lambda: 0, spans: SpanExportStats | None = None
+    ) -> None:
         self._reader = InMemoryMetricReader()
         seconds = View(
             instrument_type=HistogramInstrument,
@@ -114,6 +132,38 @@ class Metrics:
 
         meter.create_observable_gauge(
             "gangcheck_inflight_gangs", callbacks=[observe], description="Gangs with a request"
+        )
+        self._observe_span_export(meter, spans or span_export)
+
+    @staticmethod
+    def _observe_span_export(meter: Meter, spans: SpanExportStats) -> None:
+        def exported(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(spans.exported)
+
+        def dropped(_: CallbackOptions) -> Iterable[Observation]:
+            for reason, count in spans.dropped.items():
+                yield Observation(count, {"reason": reason})
+
+        def queued(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(spans.queued())
+
+        meter.create_observable_counter(
+            "gangcheck_trace_spans_exported",
+            callbacks=[exported],
+            description="Spans the OTLP endpoint accepted",
+        )
+        meter.create_observable_counter(
+            "gangcheck_trace_spans_dropped",
+            callbacks=[dropped],
+            description=(
+                "Spans never delivered, by reason: queue_full (the bounded queue was full), "
+                "export_failed (the endpoint refused them, was unreachable or too slow)"
+            ),
+        )
+        meter.create_observable_gauge(
+            "gangcheck_trace_spans_queued",
+            callbacks=[queued],
+            description="Spans waiting to be exported (bounded)",
         )
 
     def attempt(self, outcome: str) -> None:
@@ -214,27 +264,273 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def setup_tracing(otlp_endpoint: str | None, service_name: str = "gangcheck") -> None:
-    """Send one span per reconcile to an OTLP endpoint, if one is configured.
+# ---- traces --------------------------------------------------------------------------
+
+EXPORT_BATCH = 512
+EXPORT_DELAY_SECONDS = 5.0
+SHUTDOWN_SECONDS = 5.0
+"""At exit, how long queued spans may still be sent: a stopping process never waits longer."""
+DROP_REASONS = ("queue_full", "export_failed")
+_EXPORTER_PACKAGE = "opentelemetry-exporter-otlp-proto-http"
+_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+
+
+class SpanExportStats:
+    """Counts of the span export, read by the metrics: exported, dropped by reason, queued."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.exported = 0
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
+        self.queued: Callable[[], int] = lambda: 0
+
+    def count_exported(self, spans: int) -> None:
+        with self._lock:
+            self.exported += spans
+
+    def count_dropped(self, reason: str, spans: int = 1) -> None:
+        with self._lock:
+            self.dropped[reason] += spans
+
+
+span_export = SpanExportStats()
+"""The process's span export, like the tracer provider it feeds (one per process)."""
+
+
+class BoundedSpanQueue(SpanProcessor):
+    """Ended spans wait in a bounded queue for one background thread that exports them in
+    batches. A reconcile only appends under a short lock: when the queue is full the span is
+    dropped and counted, so a down or slow collector never blocks or slows reconciling; a
+    batch the exporter fails on (after its own retries within its timeout) is counted too."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_queued: int,
+        stats: SpanExportStats,
+        batch: int = EXPORT_BATCH,
+        delay_seconds: float = EXPORT_DELAY_SECONDS,
+        shutdown_seconds: float = SHUTDOWN_SECONDS,
+    ) -> None:
+        self._exporter = exporter
+        self._max = max_queued
+        self._batch = max(1, min(batch, max_queued))
+        self._delay = delay_seconds
+        self._shutdown_seconds = shutdown_seconds
+        self._stats = stats
+        self._spans: deque[ReadableSpan] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        stats.queued = lambda: len(self._spans)
+        self._thread = threading.Thread(target=self._run, name="span-export", daemon=True)
+        self._thread.start()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return
+        with self._wake:
+            if self._stopping or len(self._spans) >= self._max:
+                self._stats.count_dropped("queue_full")
+                return
+            self._spans.append(span)
+            if len(self._spans) >= self._batch:
+                self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if not self._stopping and len(self._spans) < self._batch:
+                    self._wake.wait(self._delay)
+                batch = [self._spans.popleft() for _ in range(min(self._batch, len(self._spans)))]
+                done = self._stopping and not self._spans
+            if batch:
+                self._export(batch)
+            if done:
+                return
+
+    def _export(self, batch: list[ReadableSpan]) -> None:
+        try:
+            ok = self._exporter.export(batch) is SpanExportResult.SUCCESS
+        except Exception:
+            logging.getLogger(__name__).exception("span export failed")
+            ok = False
+        if ok:
+            self._stats.count_exported(len(batch))
+        else:
+            self._stats.count_dropped("export_failed", len(batch))
+
+    def shutdown(self) -> None:
+        """Send what is queued, for at most ``shutdown_seconds``; then stop."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(self._shutdown_seconds)
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        deadline = time.monotonic() + timeout_millis / 1000
+        while self._spans and time.monotonic() < deadline:
+            with self._wake:
+                self._wake.notify()
+            time.sleep(0.05)
+        return not self._spans
+
+
+def setup_tracing(
+    otlp_endpoint: str | None,
+    service_name: str = "gangcheck",
+    *,
+    env: Mapping[str, str] | None = None,
+) -> OtlpTraces | None:
+    """Send one span per reconcile over OTLP/HTTP, when configured (``settings.otlp_traces``
+    says where, from ``tracing.otlpEndpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables).
 
     The OTLP exporter is an optional package (`opentelemetry-exporter-otlp-proto-http`);
     asking for traces without it stops startup with that name, rather than tracing nothing.
     """
-    if not otlp_endpoint:
-        return
+    target = otlp_traces(
+        TracingSettings(otlp_endpoint=otlp_endpoint, service_name=service_name),
+        os.environ if env is None else env,
+    )
+    if target is None:
+        return None
     try:
-        exporter_module = importlib.import_module(
-            "opentelemetry.exporter.otlp.proto.http.trace_exporter"
-        )
+        exporter_module = importlib.import_module(_EXPORTER_MODULE)
     except ImportError as e:
         raise RuntimeError(
-            "tracing.otlpEndpoint is set but opentelemetry-exporter-otlp-proto-http "
-            "is not installed"
+            f"traces are configured ({target.source}) but {_EXPORTER_PACKAGE} is not installed"
         ) from e
+    exporter = exporter_module.OTLPSpanExporter(
+        endpoint=target.endpoint, headers=dict(target.headers), timeout=target.timeout_seconds
+    )
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    exporter = exporter_module.OTLPSpanExporter(endpoint=otlp_endpoint)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(
+        BoundedSpanQueue(
+            exporter,
+            max_queued=target.queue_size,
+            delay_seconds=target.delay_seconds,
+            stats=span_export,
+        )
+    )
     trace.set_tracer_provider(provider)
+    logging.getLogger(__name__).info(
+        "sending traces to %s (from %s)", target.endpoint, target.source
+    )
+    return target
 
 
 tracer = trace.get_tracer("gangcheck")
+
+
+def reconcile_span(
+    controller: str, key: str, *, kind: str = "", namespace: str = "", name: str = ""
+) -> AbstractContextManager[Span]:
+    """The span of one reconcile: which controller, which object. Exceptions are recorded on
+    it (and set its status to error) as they leave it."""
+    attributes: dict[str, str] = {"gangcheck.controller": controller, "gangcheck.key": key}
+    for attribute, value in (
+        ("k8s.object.kind", kind),
+        ("k8s.namespace.name", namespace),
+        ("k8s.object.name", name),
+    ):
+        if value:
+            attributes[attribute] = value
+    return tracer.start_as_current_span(f"reconcile {controller}", attributes=attributes)
+
+
+@contextmanager
+def api_call(method: str, path: str) -> Iterator[Callable[[int], None]]:
+    """A child span for one API request made inside a reconcile (none outside one: the
+    informers' lists would only add noise). Yields a function that records the status."""
+    if not trace.get_current_span().is_recording():
+        yield lambda _status: None
+        return
+    attributes = {"http.request.method": method, "url.path": path}
+    with tracer.start_as_current_span(
+        f"kube {method}", kind=SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        yield lambda status: span.set_attribute("http.response.status_code", status)
+
+
+Snap = TypeVar("Snap", Snapshot, GroupSnapshot)
+Made = TypeVar("Made", Decision, GroupDecision)
+_CHECK_OUTCOMES = {"Pending": "wait", "Ready": "ready", "Retry": "retry", "Rejected": "reject"}
+_GROUP_OUTCOMES = {
+    pg.WAITING: "wait",
+    pg.PROVISIONING: "wait",
+    pg.BLOCKED: "wait",
+    pg.RELEASED: "ready",
+    pg.NOT_A_GANG: "ready",
+    pg.BACKING_OFF: "retry",
+    pg.FAILED: "reject",
+    pg.GAVE_UP: "reject",
+}
+
+
+def traced_decision(decide: Callable[[Snap, datetime], Made], snap: Snap, now: datetime) -> Made:
+    """``decide(snap, now)`` in a child span ("decide", whose duration is the decision's,
+    the fit of the gang on the nodes included); its outcome (wait, ready, rollback, retry,
+    reject, none), reason, check and attempt set on that span and on the reconcile's."""
+    reconcile = trace.get_current_span()
+    if not reconcile.is_recording():  # tracing off, or no reconcile span: just decide
+        return decide(snap, now)
+    with tracer.start_as_current_span("decide") as span:
+        decision = decide(snap, now)
+        if isinstance(snap, Snapshot) and isinstance(decision, Decision):
+            attributes = _check_outcome(snap, decision)
+        elif isinstance(snap, GroupSnapshot) and isinstance(decision, GroupDecision):
+            attributes = _group_outcome(snap, decision)
+        else:  # pragma: no cover - the type variables pair them
+            attributes = {}
+        span.set_attributes(attributes)
+    reconcile.set_attributes(attributes)
+    return decision
+
+
+def _check_outcome(snap: Snapshot, decision: Decision) -> dict[str, AttributeValue]:
+    before = snap.workload.checks.get(snap.check)
+    after = decision.check or before
+    outcome = _CHECK_OUTCOMES.get(after.state, "none") if after else "none"
+    reason = after.message if after else ""
+    rolling_back = _rollback_reason(decision.actions, decision.events)
+    if rolling_back is not None and outcome in ("wait", "ready"):
+        outcome, reason = "rollback", rolling_back
+    return {
+        "gangcheck.check": snap.check,
+        "gangcheck.attempt": (before.retry_count if before else 0) + 1,
+        "gangcheck.decision.outcome": outcome,
+        "gangcheck.decision.reason": reason[:MAX_REASON],
+        "gangcheck.decision.changed": decision.check is not None,
+        "gangcheck.decision.actions": len(decision.actions),
+    }
+
+
+def _group_outcome(snap: GroupSnapshot, decision: GroupDecision) -> dict[str, AttributeValue]:
+    annotations = {**snap.group.annotations, **(decision.status or {})}
+    state = annotations.get(pg.STATE_ANNOTATION, "")
+    outcome = _GROUP_OUTCOMES.get(state, "none")
+    reason = annotations.get(pg.MESSAGE_ANNOTATION, "")
+    rolling_back = _rollback_reason(decision.actions, decision.events)
+    if rolling_back is not None and outcome in ("wait", "ready"):
+        outcome, reason = "rollback", rolling_back
+    return {
+        "gangcheck.attempt": pg.attempt_of(snap.group),
+        "gangcheck.decision.outcome": outcome,
+        "gangcheck.decision.reason": reason[:MAX_REASON],
+        "gangcheck.decision.changed": decision.status is not None,
+        "gangcheck.decision.actions": len(decision.actions),
+    }
+
+
+MAX_REASON = 1024
+
+
+def _rollback_reason(actions: Iterable[object], events: Iterable[Event]) -> str | None:
+    """Why the decision rolls an attempt back (starts it, or reclaims its nodes), if it does."""
+    started = next((e.message for e in events if e.reason == "RollbackStarted"), None)
+    if started is not None:
+        return started
+    if any(isinstance(a, ReclaimArrivals) for a in actions):
+        return "reclaiming the nodes that arrived for the attempt"
+    return None

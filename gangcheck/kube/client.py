@@ -26,6 +26,7 @@ from tenacity import (
 
 from gangcheck.kube.errors import TransientError, error_from_status
 from gangcheck.kube.resources import Resource
+from gangcheck.telemetry import api_call
 
 log = logging.getLogger(__name__)
 
@@ -207,15 +208,17 @@ class Kube:
     async def _request_once(
         self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str
     ) -> Obj:
-        resp = await self._send(method, path, query=query, body=body, content_type=content_type)
-        try:
-            data = await resp.read()
-        except aiohttp.ClientError as e:
-            raise TransientError(0, "ConnectionError", str(e), target=path) from e
-        finally:
-            resp.release()
-        if resp.status >= 300:
-            raise error_from_status(resp.status, data, target=f"{method} {path}")
+        with api_call(method, path) as answered:
+            resp = await self._send(method, path, query=query, body=body, content_type=content_type)
+            try:
+                data = await resp.read()
+            except aiohttp.ClientError as e:
+                raise TransientError(0, "ConnectionError", str(e), target=path) from e
+            finally:
+                resp.release()
+            answered(resp.status)
+            if resp.status >= 300:
+                raise error_from_status(resp.status, data, target=f"{method} {path}")
         parsed: Obj = json.loads(data) if data else {}
         return parsed
 

@@ -28,6 +28,7 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.workload import in_flight_capacity, owner_uids
 from gangcheck.runtime.queue import Result
+from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 API_GROUP_OF = {short: group for group, short in SHORT.items()}
@@ -78,7 +79,7 @@ class PodGroupReconciler:
             return Result()
         group = pod_group_of(obj)
         snap = self._snapshot(group, api_group)
-        decision = decide(snap, self._clock())
+        decision = traced_decision(decide, snap, self._clock())
         if not await self._apply(obj, decision):
             return Result(requeue_after=STALE_RETRY_SECONDS)
         return Result(requeue_after=decision.requeue_after)

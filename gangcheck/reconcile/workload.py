@@ -43,6 +43,7 @@ from gangcheck.reconcile.apply import Applier, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
+from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
@@ -76,7 +77,7 @@ class WorkloadReconciler:
         wl = workload_of(obj)
         delays = []
         for check in self._checks_of(wl):
-            decision = decide(self._snapshot(wl, check), self._clock())
+            decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
             if not await self._apply(wl, check, decision):
                 delays.append(STALE_RETRY_SECONDS)
             elif decision.requeue_after is not None:

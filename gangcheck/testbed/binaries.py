@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CONTROL_PLANE = ("etcd", "kubernetes")
-#: Every family ``hack/build.sh`` builds; the full stack needs all of them.
+#: The families of the full local stack (it needs all of them).
 ALL_FAMILIES = (*CONTROL_PLANE, "kwok", "kueue", "autoscaler")
+#: The OpenTelemetry Collector the tracing tests send spans to (not part of the stack).
+OTEL_COLLECTOR = ("otelcol",)
 
 
 class BuildError(RuntimeError):

@@ -13,23 +13,25 @@ from pathlib import Path
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.testbed.binaries import CONTROL_PLANE, BuildError, ensure_binaries
+from gangcheck.testbed.binaries import CONTROL_PLANE, OTEL_COLLECTOR, BuildError, ensure_binaries
 from gangcheck.testbed.launcher import ControlPlane
 from tests.integration.harness import Cluster, RunningController
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()
-_BINARY_FIXTURE = "testbed_binaries"
+_BINARY_FIXTURES = {"testbed_binaries": CONTROL_PLANE, "otelcol_binary": OTEL_COLLECTOR}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.option.collectonly:
         return
-    if not any(_BINARY_FIXTURE in getattr(item, "fixturenames", ()) for item in items):
+    used = {name for item in items for name in getattr(item, "fixturenames", ())}
+    families = [f for name, fs in _BINARY_FIXTURES.items() if name in used for f in fs]
+    if not families:
         return
     capture = config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled():
-            ensure_binaries(CONTROL_PLANE)
+            ensure_binaries(families)
     except BuildError as exc:
         config.stash[_BUILD_ERROR] = exc
 
@@ -41,6 +43,15 @@ def testbed_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
     if failed is not None:
         raise failed
     return ensure_binaries(CONTROL_PLANE)
+
+
+@pytest.fixture(scope="session")
+def otelcol_binary(pytestconfig: pytest.Config) -> Path:
+    """The OpenTelemetry Collector of ``hack/otelcol`` (built before the first test)."""
+    failed = pytestconfig.stash.get(_BUILD_ERROR, None)
+    if failed is not None:
+        raise failed
+    return ensure_binaries(OTEL_COLLECTOR)["otelcol"] / "otelcol"
 
 
 @pytest.fixture(scope="session")
