@@ -227,6 +227,12 @@ async def test_config_missing_then_invalid_then_fixed(
     assert req["spec"]["provisioningClassName"] == "mine.example.com"
 
 
+async def _templates_of(cluster: Cluster, req: Any, count: int) -> list[Any] | None:
+    wanted = {p["podTemplateRef"]["name"] for p in req["spec"]["podSets"]}
+    found = [t for t in await cluster.templates() if t["metadata"]["name"] in wanted]
+    return found if len(found) == count else None
+
+
 async def _check_with_message(cluster: Cluster, text: str) -> Any:
     entry = await cluster.check_state("wl")
     return entry if text in entry["message"] else None
@@ -322,13 +328,19 @@ async def test_finished_or_evicted_workload_loses_its_request(
 async def test_long_names_are_cut_and_a_bad_check_does_not_stop_others(
     cluster: Cluster, controller: RunningController
 ) -> None:
+    """Workload names of 250 characters with a dot where Kueue's limiter (and gangcheck's,
+    before) cut them, and where gangcheck cuts them now: each gets its request and templates
+    (the API server refused `x.-hash` before), and an Event named after it."""
     await cluster.install_check(TRUST)
-    long_name = "w" * 240
-    await cluster.submit(gang(long_name))
-    name = req_name(cluster, long_name)
-    assert len(name) == 253
-    req = await cluster.wait_request(name)
-    assert all(len(p["podTemplateRef"]["name"]) <= 253 for p in req["spec"]["podSets"])
+    for cut in (246, 241):
+        long_name = "w" * cut + "." + "x" * (249 - cut)
+        await cluster.submit(gang(long_name))
+        name = req_name(cluster, long_name)
+        assert len(name) <= 253
+        req = await cluster.wait_request(name)
+        await eventually(lambda r=req: _templates_of(cluster, r, 2), what=f"templates of {name}")
+        events = await cluster.events("ProvisioningRequestCreated")
+        assert any(e["involvedObject"]["name"] == long_name for e in events)
 
     other = await Cluster.create(cluster.kube)
     await other.install_check(None)  # dangling reference: inactive, reported
