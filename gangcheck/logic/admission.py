@@ -74,6 +74,7 @@ REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
+PROVREQ_API_VERSION = "autoscaling.x-k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -318,9 +319,18 @@ def _owner(ref: ObjectRef, api_version: str) -> Obj:
 
 
 def _new_templates(
-    snap: Snapshot, request: str, merged: list[MergedPodSet]
+    snap: Snapshot,
+    request: str,
+    merged: list[MergedPodSet],
+    *,
+    request_owner: ProvisioningRequest | None = None,
 ) -> list[CreateTemplate]:
+    """The request's PodTemplates that do not exist yet, owned by the Workload (and by the
+    request, when it exists already: a template lost while it was in flight)."""
     wl = snap.workload
+    owners = [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")]
+    if request_owner is not None:
+        owners.append({**_owner(request_owner.ref, PROVREQ_API_VERSION), "controller": False})
     out = []
     for m in merged:
         tname = naming.template_name(request, m.name)
@@ -333,12 +343,27 @@ def _new_templates(
                 "name": tname,
                 "namespace": wl.ref.namespace,
                 **meta,
-                "ownerReferences": [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")],
+                "ownerReferences": owners,
             },
             "template": pod_template_spec(wl, m.name, m.template, snap.flavors),
         }
         out.append(CreateTemplate(body))
     return out
+
+
+def _missing_templates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+    """Recreate the PodTemplates of a request in flight that are gone (garbage-collected
+    with an earlier request of the same name deleted by hand), so the attempt is not lost."""
+    assert snap.config is not None
+    wanted = {ps.template_name for ps in req.pod_sets}
+    if wanted <= set(snap.templates):
+        return ()
+    wl = snap.workload
+    merged = merge_pod_sets(
+        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
+    )
+    mine = [m for m in merged if naming.template_name(req.name, m.name) in wanted]
+    return tuple(_new_templates(snap, req.name, mine, request_owner=req))
 
 
 def _request_body(
@@ -386,6 +411,7 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
+    adopt = _missing_templates(snap, req) + adopt
     if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
         event = Event(
             "ProvisioningRequestReplaced",

@@ -79,17 +79,36 @@ class Applier:
         informer.store.put_if_newer(created)  # type: ignore[attr-defined]
 
     async def _adopt_template(self, namespace: str, action: Action) -> None:
+        """Add the request as an owner, keeping the Workload (or PodGroup): a request deleted
+        by hand then leaves its templates to be used again, not garbage-collected."""
         assert isinstance(action, AdoptTemplate)
+        cached = self._caches.templates.store.get(action.name, namespace)
+        if cached is None:
+            return  # not seen yet, or gone: the next decision hands it over or recreates it
         owner = {
             "apiVersion": PROVISIONING_REQUEST.api_version,
             "kind": PROVISIONING_REQUEST.kind,
             "name": action.request,
             "uid": action.request_uid,
-            "controller": True,
             "blockOwnerDeletion": True,
         }
-        patch = {"metadata": {"ownerReferences": [owner]}}
-        updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        kept = [
+            r
+            for r in cached["metadata"].get("ownerReferences") or []
+            if r.get("kind") != PROVISIONING_REQUEST.kind
+        ]
+        if not any(r.get("controller") for r in kept):
+            owner["controller"] = True
+        patch = {
+            "metadata": {
+                "resourceVersion": cached["metadata"]["resourceVersion"],
+                "ownerReferences": [*kept, owner],
+            }
+        }
+        try:
+            updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        except ConflictError as e:
+            raise StaleDecisionError(f"PodTemplate {action.name} changed meanwhile") from e
         self._caches.templates.store.put_if_newer(updated)
 
     async def _delete_request(self, namespace: str, action: Action) -> None:

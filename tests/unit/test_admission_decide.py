@@ -47,7 +47,8 @@ class Case:
     workload: WorkloadBuilder
     config: dict[str, Any] | None = field(default_factory=lambda: dict(TRUST))
     requests: list[Any] = field(default_factory=list)
-    templates: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    templates: dict[str, tuple[str, ...]] | None = None
+    """PodTemplates that exist, by owner uids; None: each request's own, owned by it too."""
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
     waiting: tuple[Waiting, ...] = ()
@@ -67,6 +68,16 @@ class Case:
     reclaims: tuple[str, ...] | None = None
 
 
+def templates_of(case: Case) -> dict[str, tuple[str, ...]]:
+    if case.templates is not None:
+        return case.templates
+    return {
+        p["podTemplateRef"]["name"]: ("uid-wl", r["metadata"]["uid"])
+        for r in case.requests
+        for p in r["spec"]["podSets"]
+    }
+
+
 def run(case: Case) -> Decision:
     wl = workload_of(case.workload.build())
     snap = Snapshot(
@@ -76,7 +87,7 @@ def run(case: Case) -> Decision:
         config_problem="AtomicProvisioningConfig 'gpu' not found",
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
-        templates={n: TemplateInfo(n, owners) for n, owners in case.templates.items()},
+        templates={n: TemplateInfo(n, owners) for n, owners in templates_of(case).items()},
         capacity=Capacity(
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
@@ -376,6 +387,15 @@ CASES = [
         message=f"waiting for provisioning request {REQ1} to be accepted",
     ),
     Case(
+        "a template lost while its request is in flight is recreated, owned by both",
+        gang(),
+        requests=[req()],
+        templates={},
+        creates=1,
+        state="Pending",
+        message=f"waiting for provisioning request {REQ1} to be accepted",
+    ),
+    Case(
         "config class changed before provisioning: the request is replaced",
         gang(),
         config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
@@ -637,6 +657,13 @@ def test_decide(case: Case) -> None:
                 "wl-atomic-"
             )
             assert annotations["autoscaling.x-k8s.io/provisioning-class-name"]
+
+
+def test_a_recreated_template_is_owned_by_the_workload_and_the_request() -> None:
+    d = run(Case("", gang(), requests=[req()], templates={}))
+    body = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
+    owners = [(o["kind"], o["uid"], o["controller"]) for o in body["metadata"]["ownerReferences"]]
+    assert owners == [("Workload", "uid-wl", True), ("ProvisioningRequest", f"uid-{REQ1}", False)]
 
 
 def test_templates_are_created_before_the_request() -> None:
