@@ -243,11 +243,14 @@ async def _active_is(cluster: Cluster, status: str, reason: str) -> Any:
     return cond if cond and (cond["status"], cond["reason"]) == (status, reason) else None
 
 
-async def test_config_changed_mid_flight_replaces_the_request(
+async def test_config_changed_mid_flight_starts_a_new_attempt(
     cluster: Cluster, controller: RunningController
 ) -> None:
+    """A class change before Provisioned ends the attempt (Retry); the next attempt, under
+    a new name, uses the new config: never the same name with a new uid."""
     await cluster.install_check({**TRUST, "parameters": {"a": "1"}})
-    await cluster.submit(gang())
+    builder = gang()
+    await cluster.submit(builder)
     name = req_name(cluster)
     first = await cluster.wait_request(name)
     await cluster.set_request_conditions(name, {"Accepted": ""})
@@ -258,15 +261,18 @@ async def test_config_changed_mid_flight_replaces_the_request(
             "parameters": {"a": "2"},
         }
     )
+    check = await cluster.wait_check("wl", "Retry")
+    assert "Retrying after config change: class" in check["message"]
+    assert await cluster.events("ProvisioningRequestReplaced")
+    kept = await cluster.request(name)
+    assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
 
-    async def replaced() -> Any:
-        req = await cluster.request(name)
-        return req if req and req["metadata"]["uid"] != first["metadata"]["uid"] else None
-
-    second = await eventually(replaced, what="request replaced")
+    await cluster.evict_and_requeue("wl")
+    await cluster.wait_request_gone(name)
+    await cluster.reserve_again("wl", builder)
+    second = await cluster.wait_request(req_name(cluster, attempt=2))
     assert second["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
     assert second["spec"]["parameters"] == {"a": "2"}
-    assert await cluster.events("ProvisioningRequestReplaced")
 
 
 async def test_no_pod_set_needs_provisioning(
