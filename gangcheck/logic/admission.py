@@ -97,6 +97,9 @@ class Snapshot:
     requests: tuple[ProvisioningRequest, ...] = ()
     templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
     capacity: Capacity | None = None
+    competing: tuple[str, ...] = ()
+    """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
+    or Kueue's built-in one): a pod can consume only one."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
         return clean_up(snap, "the check is no longer listed on the Workload")
     if not wl.has_quota_reservation:
         return Decision()  # as Kueue: quota lost outside eviction keeps the request
+    if snap.competing:
+        return _competing(snap, state, now)
     if snap.config is None:
         return _inactive(snap, state, now)
     if state.state in (RETRY, REJECTED):
@@ -137,6 +142,21 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     return _pending(
         snap, state, merge_pod_sets(wl, pod_sets, snap.config.pod_set_merge_policy), now
     )
+
+
+def _competing(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """Two checks would each have the pods consume a request: Kueue refuses the conflicting
+    podSetUpdates and finishes the Workload. Say so and make no request; the job waits."""
+    message = (
+        f"the Workload also lists admission check {', '.join(snap.competing)}, which "
+        "provisions capacity too; a pod can consume only one ProvisioningRequest, so none is "
+        "made: keep one provisioning check on the ClusterQueue"
+    )
+    decision = _transition(state, PENDING, message, now)
+    if decision.check is None:
+        return decision
+    event = Event("ConflictingAdmissionChecks", message, warning=True)
+    return replace(decision, events=(*decision.events, event))
 
 
 def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:

@@ -72,6 +72,7 @@ class Case:
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
     waiting: tuple[Waiting, ...] = ()
+    competing: tuple[str, ...] = ()
     # expectations
     state: str | None = None  # None: no check write
     message: str = ""
@@ -114,6 +115,7 @@ def run(case: Case) -> Decision:
             in_flight=case.in_flight | frozenset(w.key for w in case.waiting),
             waiting=case.waiting,
         ),
+        competing=case.competing,
     )
     return decide(snap, case.now)
 
@@ -198,6 +200,14 @@ CASES = [
         WorkloadBuilder().pod_set("workers", 4).reserve_quota(),
         requests=[req(conditions={"Accepted": ""})],
         deletes=(REQ1,),
+    ),
+    Case(
+        "another provisioning check on the Workload: said so, no request made, job kept",
+        gang(),
+        competing=("atomic-b",),
+        state="Pending",
+        message="the Workload also lists admission check atomic-b, which provisions capacity"
+        " too; a pod can consume only one ProvisioningRequest",
     ),
     Case(
         "inconsistent admission: reported, no request made from spec counts",
