@@ -614,11 +614,11 @@ def _from_conditions(
         detail = conds["Failed"].message + hint if conds["Failed"].message else ""
         return _retry_or_reject(snap, state, "failure", detail, now)
     if is_true(conds, "CapacityRevoked"):
-        if not wl.active:
-            return Decision()  # as Kueue: only an active Workload is rejected (deactivated)
-        return _transition(
-            state, REJECTED, conds["CapacityRevoked"].message or "capacity revoked", now
-        )
+        revoked = conds["CapacityRevoked"].message or "capacity revoked"
+        if not wl.active:  # as Kueue: only an active Workload is rejected (deactivated)
+            message = f"{revoked}; the Workload is deactivated, so the check is not rejected"
+            return _transition(state, state.state, message, now)
+        return _transition(state, REJECTED, revoked, now)
     if is_true(conds, "BookingExpired") and not wl.is_admitted:
         message = conds["BookingExpired"].message
         return _retry_or_reject(snap, state, "booking expired", message, now)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.resources import POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic import naming
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually
+from tests.integration.harness import Cluster, RunningController, eventually, never
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +111,213 @@ async def test_a_template_lost_while_its_request_is_in_flight_is_recreated(
     owners = {r["kind"]: r["uid"] for r in template["metadata"]["ownerReferences"]}
     assert owners["ProvisioningRequest"] == req["metadata"]["uid"]
     assert "Workload" in owners
+
+
+async def test_ready_check_retries_when_the_booking_expires_before_admission(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """Another check keeps Kueue from admitting; meanwhile the booking expires: as Kueue,
+    the Ready check goes to Retry instead of letting the gang in onto capacity now gone."""
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    await cluster.wait_check("wl", "Ready")
+    await cluster.set_request_conditions(name, {"BookingExpired": "booking over"})
+    check = await cluster.wait_check("wl", "Retry")
+    assert check["message"] == "Retrying after booking expired: booking over"
+
+
+async def test_an_inactive_config_deletes_the_request_in_flight(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+    await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
+    await cluster.wait_request_gone(name)
+    check = await cluster.check_state("wl")
+    assert check["state"] == "Pending"
+    assert "the check is not active" in check["message"]
+    assert "no provisioning request is kept while it is inactive" in check["message"]
+    assert await cluster.events("ProvisioningRequestDeleted")
+
+
+async def test_a_request_no_longer_needed_is_deleted(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """managedResources edited to exclude every pod set: Ready, and the request deleted."""
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+    await cluster.set_config({**TRUST, "managedResources": ["example.com/fpga"]})
+    await cluster.wait_request_gone(name)
+    check = await cluster.wait_check("wl", "Ready")
+    assert check["message"] == "the provisioning request is not needed"
+
+
+async def test_a_check_removed_from_the_workload_loses_its_request(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+
+    def drop_check(wl: Any) -> None:
+        wl["status"]["admissionChecks"] = [
+            c for c in wl["status"]["admissionChecks"] if c["name"] != cluster.check
+        ]
+
+    await cluster.update_status("wl", drop_check)
+    await cluster.wait_request_gone(name)
+
+
+async def test_rejected_without_a_message_says_why(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check({**TRUST, "retryStrategy": {"backoffLimitCount": 0}})
+    await cluster.submit(gang())
+    await cluster.set_request_conditions(req_name(cluster), {"Failed": ""})
+    check = await cluster.wait_check("wl", "Rejected")
+    assert check["message"] == (
+        "provisioning ended by failure, with no message from the autoscaler, on attempt 1; "
+        "backoffLimitCount 0 allows no more retries"
+    )
+
+
+async def test_quota_lost_outside_eviction_keeps_the_request(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """As Kueue: only finishing or eviction ends the request. Quota released and reserved
+    again without an eviction finds the same request (same uid), which then makes it Ready."""
+    await cluster.install_check(TRUST)
+    builder = gang()
+    await cluster.submit(builder)
+    name = req_name(cluster)
+    first = await cluster.wait_request(name)
+    await cluster.set_workload_condition("wl", "QuotaReserved", "False")
+
+    async def gone() -> bool:
+        return await cluster.request(name) is None
+
+    await never(gone, seconds=1.5, what="request deleted when the quota was lost")
+    await cluster.reserve_again("wl", builder)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    await cluster.wait_check("wl", "Ready")
+    req = await cluster.request(name)
+    assert req is not None and req["metadata"]["uid"] == first["metadata"]["uid"]
+
+
+async def test_a_name_taken_by_someone_else_is_reported_not_called_created(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    name = req_name(cluster)
+    foreign = await cluster.kube.create(
+        PROVISIONING_REQUEST,
+        {
+            "metadata": {"name": name, "namespace": cluster.ns},
+            "spec": {
+                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                "podSets": [{"podTemplateRef": {"name": "theirs"}, "count": 1}],
+            },
+        },
+    )
+    await cluster.submit(gang())
+
+    async def reported() -> Any:
+        entry = await cluster.check_state("wl")
+        return entry if "not made by gangcheck" in entry["message"] else None
+
+    check = await eventually(reported, what="collision reported on the check")
+    assert check["state"] == "Pending"
+    assert "created" not in check["message"].split("Error creating")[-1]
+    assert await cluster.events("FailedCreate")
+    still = await cluster.request(name)
+    assert still is not None and still["metadata"]["uid"] == foreign["metadata"]["uid"]
+
+
+async def test_two_provisioning_checks_on_one_workload_are_reported_before_any_request(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """Two gangcheck checks on one Workload: both say so, no request is made, the Workload
+    keeps its quota and stays neither Ready nor Rejected (Kueue would finish it)."""
+    await cluster.install_check(TRUST)
+    second = Cluster(cluster.kube, cluster.ns)
+    await second.install_check(TRUST)
+    builder = gang()
+    await cluster.submit(builder)
+
+    def add_second(wl: Any) -> None:
+        entry = dict(wl["status"]["admissionChecks"][0], name=second.check)
+        wl["status"]["admissionChecks"].append(entry)
+
+    await cluster.update_status("wl", add_second)
+
+    async def both_report() -> bool:
+        wl = await cluster.workload("wl")
+        entries = wl["status"]["admissionChecks"]
+        return len(entries) == 2 and all(
+            "a pod can consume only one ProvisioningRequest" in e["message"] for e in entries
+        )
+
+    await eventually(both_report, what="both checks report the conflict")
+    assert await cluster.requests() == []
+    assert await cluster.events("ConflictingAdmissionChecks")
+    states = {e["state"] for e in (await cluster.workload("wl"))["status"]["admissionChecks"]}
+    assert states == {"Pending"}
+
+
+async def test_an_inconsistent_admission_is_reported(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang(), reserve=False)
+    status = gang().build()["status"]
+    status["admissionChecks"][0]["name"] = cluster.check
+    cluster.use_my_flavor(status)
+    status["admission"]["podSetAssignments"] = [
+        a for a in status["admission"]["podSetAssignments"] if a["name"] != "workers"
+    ]
+
+    def reserve(wl: Any) -> None:
+        wl["status"] = status
+
+    await cluster.update_status("wl", reserve)
+
+    async def reported() -> Any:
+        entry = await cluster.check_state("wl")
+        return entry if "inconsistent" in entry["message"] else None
+
+    check = await eventually(reported, what="inconsistent admission reported")
+    assert "no podSetAssignment for pod set workers" in check["message"]
+    assert await cluster.requests() == []
+
+
+async def test_capacity_revoked_does_not_reject_a_deactivated_workload(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """As Kueue: CapacityRevoked rejects only an active Workload. The controller is stopped
+    while the user deactivates the Workload and the capacity is revoked, so it sees both
+    at once when it starts again; it says so and leaves the eviction to Kueue."""
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+    await controller.stop()
+    await cluster.kube.merge_patch(WORKLOAD, "wl", {"spec": {"active": False}}, cluster.ns)
+    await cluster.set_request_conditions(name, {"CapacityRevoked": "revoked"})
+    await controller.start()
+
+    async def said() -> Any:
+        entry = await cluster.check_state("wl")
+        return entry if "deactivated" in entry["message"] else None
+
+    check = await eventually(said, what="revocation noted on the check")
+    assert check["state"] == "Pending"
+    assert check["message"] == (
+        "revoked; the Workload is deactivated, so the check is not rejected"
+    )

@@ -280,6 +280,8 @@ CASES = [
         "capacity revoked on a deactivated Workload not yet evicted: not rejected (as Kueue)",
         inactive(gang()),
         requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
+        state="Pending",
+        message="revoked by cloud; the Workload is deactivated, so the check is not rejected",
     ),
     Case(
         "failure past the limit with no message says so, never 'Retrying'",
