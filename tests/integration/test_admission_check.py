@@ -60,8 +60,11 @@ async def test_happy_path_one_request_then_ready(
     assert "ownerReferences" not in req["metadata"]
 
     async def templates_owned_by_request() -> bool:
-        owners = [t["metadata"]["ownerReferences"][0]["uid"] for t in await cluster.templates()]
-        return len(owners) == 2 and set(owners) == {req["metadata"]["uid"]}
+        owners = [
+            {r["uid"] for r in t["metadata"]["ownerReferences"]} for t in await cluster.templates()
+        ]
+        both = {req["metadata"]["uid"], wl["metadata"]["uid"]}
+        return len(owners) == 2 and all(o == both for o in owners)
 
     await eventually(templates_owned_by_request, what="templates handed to the request")
     template = next(
