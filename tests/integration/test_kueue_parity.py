@@ -13,9 +13,15 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    ATOMIC_CONFIG,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+    WORKLOAD,
+)
 from gangcheck.logic import naming
-from tests.builders import WorkloadBuilder, pod_template
+from tests.builders import CONTROLLER, WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, never
 
 pytestmark = pytest.mark.integration
@@ -247,15 +253,22 @@ async def test_two_provisioning_checks_on_one_workload_are_reported_before_any_r
     keeps its quota and stays neither Ready nor Rejected (Kueue would finish it)."""
     await cluster.install_check(TRUST)
     second = Cluster(cluster.kube, cluster.ns)
-    await second.install_check(TRUST)
-    builder = gang()
-    await cluster.submit(builder)
-
-    def add_second(wl: Any) -> None:
-        entry = dict(wl["status"]["admissionChecks"][0], name=second.check)
-        wl["status"]["admissionChecks"].append(entry)
-
-    await cluster.update_status("wl", add_second)
+    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": second.config}, "spec": TRUST})
+    await cluster.kube.create(
+        ADMISSION_CHECK,
+        {
+            "metadata": {"name": second.check},
+            "spec": {
+                "controllerName": CONTROLLER,
+                "parameters": {
+                    "apiGroup": "gangcheck.io",
+                    "kind": "AtomicProvisioningConfig",
+                    "name": second.config,
+                },
+            },
+        },
+    )
+    await cluster.submit(gang().check(second.check))
 
     async def both_report() -> bool:
         wl = await cluster.workload("wl")
@@ -279,9 +292,9 @@ async def test_an_inconsistent_admission_is_reported(
     status = gang().build()["status"]
     status["admissionChecks"][0]["name"] = cluster.check
     cluster.use_my_flavor(status)
-    status["admission"]["podSetAssignments"] = [
-        a for a in status["admission"]["podSetAssignments"] if a["name"] != "workers"
-    ]
+    for assignment in status["admission"]["podSetAssignments"]:
+        if assignment["name"] == "workers":  # the API requires as many assignments as pod sets
+            assignment["name"] = "workerz"
 
     def reserve(wl: Any) -> None:
         wl["status"] = status
