@@ -334,3 +334,40 @@ async def test_capacity_revoked_does_not_reject_a_deactivated_workload(
     assert check["message"] == (
         "revoked; the Workload is deactivated, so the check is not rejected"
     )
+
+
+async def test_a_deadline_change_applies_to_the_attempt_in_flight(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """NodesFit: the request was made under a 420 s deadline; the config is changed to 1 s,
+    the attempt's deadline moves to its creation + 1 s, so it rolls back now (no node came)."""
+    await cluster.install_check({})
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Accepted": ""})
+    await cluster.set_config({"fulfillment": {"deadlineSeconds": 1}})
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    assert f"rolled back {name} (Deadline: the gang did not fit within 1s" in check["message"]
+    assert [e["reason"] for e in await cluster.events("RolledBack")] == ["RolledBack"]
+
+
+async def test_a_class_change_in_flight_rolls_back_and_retries_under_a_new_name(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """NodesFit: a class change before Provisioned rolls the attempt back (nothing arrived),
+    then Retry; the next attempt (a new name) is made with the new class."""
+    await cluster.install_check({})
+    builder = gang()
+    await cluster.submit(builder)
+    name = req_name(cluster)
+    await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Accepted": ""})
+    await cluster.set_config({"provisioningClassName": "check-capacity.autoscaling.x-k8s.io"})
+    check = await cluster.wait_check("wl", "Retry")
+    assert "Retrying after config change: rolled back" in check["message"]
+    assert "ConfigChanged: class" in check["message"]
+    await cluster.evict_and_requeue("wl")
+    await cluster.reserve_again("wl", builder)
+    second = await cluster.wait_request(req_name(cluster, attempt=2))
+    assert second["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
