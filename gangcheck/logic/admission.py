@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gangcheck.logic import backoff, naming, rollback
 from gangcheck.logic.actions import (
@@ -58,6 +58,7 @@ from gangcheck.logic.podsets import (
     pod_template_spec,
     request_parameters,
     required_pod_sets,
+    unassigned_pod_sets,
 )
 from gangcheck.logic.reclaim import arrived_for
 from gangcheck.logic.reservations import describe
@@ -77,6 +78,8 @@ REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
+DEADLINE_SLACK_SECONDS = 2.0
+PROVREQ_API_VERSION = "autoscaling.x-k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class Snapshot:
     requests: tuple[ProvisioningRequest, ...] = ()
     templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
     capacity: Capacity | None = None
+    competing: tuple[str, ...] = ()
+    """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
+    or Kueue's built-in one): a pod can consume only one."""
 
 
 @dataclass(frozen=True)
@@ -112,22 +118,68 @@ class Decision:
 def decide(snap: Snapshot, now: datetime) -> Decision:
     """Everything the check controller does for one Workload and one of our checks."""
     wl, state = snap.workload, snap.workload.checks.get(snap.check)
-    if wl.deleting or wl.is_finished or wl.is_evicted or not wl.has_quota_reservation:
+    if wl.deleting or wl.is_finished or wl.is_evicted:
         return clean_up(snap, _why_cleanup(wl))
     if state is None:
-        return Decision()
+        return clean_up(snap, "the check is no longer listed on the Workload")
+    if not wl.has_quota_reservation:
+        return Decision()  # as Kueue: quota lost outside eviction keeps the request
+    if snap.competing:
+        return _competing(snap, state, now)
     if snap.config is None:
-        return _transition(state, PENDING, f"the check is not active: {snap.config_problem}", now)
+        return _inactive(snap, state, now)
     if state.state in (RETRY, REJECTED):
         return _after_rollback(snap, state)  # then Kueue core evicts and requeues, or deactivates
+    unassigned = unassigned_pod_sets(wl, snap.config.managed_resources)
+    if unassigned:
+        message = (
+            "the admission is inconsistent: no podSetAssignment for pod set "
+            f"{', '.join(unassigned)}; waiting for Kueue to admit it again"
+        )
+        return _transition(state, PENDING, message, now)
     pod_sets = required_pod_sets(wl, snap.config.managed_resources)
     if not pod_sets:
-        return _not_needed(state, now)
+        return _not_needed(snap, state, now)
     if state.state == READY:
         return _while_ready(snap, state, now)
     return _pending(
         snap, state, merge_pod_sets(wl, pod_sets, snap.config.pod_set_merge_policy), now
     )
+
+
+def _competing(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """Two checks would each have the pods consume a request: Kueue refuses the conflicting
+    podSetUpdates and finishes the Workload. Say so and make no request; the job waits."""
+    message = (
+        f"the Workload also lists admission check {', '.join(snap.competing)}, which "
+        "provisions capacity too; a pod can consume only one ProvisioningRequest, so none is "
+        "made: keep one provisioning check on the ClusterQueue"
+    )
+    decision = _transition(state, PENDING, message, now)
+    if decision.check is None:
+        return decision
+    event = Event("ConflictingAdmissionChecks", message, warning=True)
+    return replace(decision, events=(*decision.events, event))
+
+
+def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """No valid config: Pending, saying why, and (as Kueue) no request kept in flight."""
+    message = (
+        f"the check is not active: {snap.config_problem}; "
+        "no provisioning request is kept while it is inactive"
+    )
+    return _with_deletions(snap, _transition(state, PENDING, message, now), message)
+
+
+def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
+    """The decision, plus deleting every request of the check, each with an Event."""
+    gone = clean_up(snap, why).actions
+    events = tuple(
+        Event("ProvisioningRequestDeleted", f"Deleted ProvisioningRequest {a.name!r}: {why}")
+        for a in gone
+        if isinstance(a, DeleteRequest)
+    )
+    return replace(decision, actions=(*gone, *decision.actions), events=(*decision.events, *events))
 
 
 def clean_up(snap: Snapshot, why: str) -> Decision:
@@ -156,10 +208,14 @@ def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
     )
 
 
-def _not_needed(state: CheckState, now: datetime) -> Decision:
-    if state.state == READY:
-        return Decision()
-    return _transition(state, READY, NOT_NEEDED, now, pod_set_updates=())
+def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """No pod set needs capacity: Ready, and (as Kueue) no request kept."""
+    ready = (
+        Decision()
+        if state.state == READY
+        else _transition(state, READY, NOT_NEEDED, now, pod_set_updates=())
+    )
+    return _with_deletions(snap, ready, NOT_NEEDED)
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
@@ -173,6 +229,11 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if is_true(req.conditions, "CapacityRevoked") and wl.active:
         message = req.conditions["CapacityRevoked"].message or "capacity revoked"
         return _transition(state, REJECTED, message, now)
+    lost = None if wl.is_admitted else _lost_before_admission(req)
+    if lost is not None and _fit_mode(snap):
+        return _start_rollback(snap, req, lost)  # the booking is gone: reclaim, then Retry
+    if lost is not None:
+        return _from_conditions(snap, state, req, now)  # as Kueue: Retry (or Rejected)
     if _fit_mode(snap) and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
         return _watch_start(snap, req, now)
     if req.annotations.get(PHASE_ANNOTATION) == STARTED:
@@ -189,6 +250,15 @@ def release_hold(capacity: Capacity | None, req: ProvisioningRequest) -> tuple[A
     ]
     held = held_nodes(capacity.nodes if capacity else (), recorded)
     return (ReleaseHold(held),) if held else ()
+
+
+def _lost_before_admission(req: ProvisioningRequest) -> str | None:
+    """A Ready check's request Failed or its booking expired before Kueue admitted the gang
+    (other checks, or a second scheduling pass, still pending): the capacity may be gone."""
+    for kind in ("Failed", "BookingExpired"):
+        if is_true(req.conditions, kind):
+            return f"{kind}: {req.conditions[kind].message or req.conditions[kind].reason}"
+    return None
 
 
 def _fit_mode(snap: Snapshot) -> bool:
@@ -335,9 +405,18 @@ def _owner(ref: ObjectRef, api_version: str) -> Obj:
 
 
 def _new_templates(
-    snap: Snapshot, request: str, merged: list[MergedPodSet]
+    snap: Snapshot,
+    request: str,
+    merged: list[MergedPodSet],
+    *,
+    request_owner: ProvisioningRequest | None = None,
 ) -> list[CreateTemplate]:
+    """The request's PodTemplates that do not exist yet, owned by the Workload (and by the
+    request, when it exists already: a template lost while it was in flight)."""
     wl = snap.workload
+    owners = [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")]
+    if request_owner is not None:
+        owners.append({**_owner(request_owner.ref, PROVREQ_API_VERSION), "controller": False})
     out = []
     for m in merged:
         tname = naming.template_name(request, m.name)
@@ -350,12 +429,27 @@ def _new_templates(
                 "name": tname,
                 "namespace": wl.ref.namespace,
                 **meta,
-                "ownerReferences": [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")],
+                "ownerReferences": owners,
             },
             "template": pod_template_spec(wl, m.name, m.template, snap.flavors),
         }
         out.append(CreateTemplate(body))
     return out
+
+
+def _missing_templates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+    """Recreate the PodTemplates of a request in flight that are gone (garbage-collected
+    with an earlier request of the same name deleted by hand), so the attempt is not lost."""
+    assert snap.config is not None
+    wanted = {ps.template_name for ps in req.pod_sets}
+    if wanted <= set(snap.templates):
+        return ()
+    wl = snap.workload
+    merged = merge_pod_sets(
+        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
+    )
+    mine = [m for m in merged if naming.template_name(req.name, m.name) in wanted]
+    return tuple(_new_templates(snap, req.name, mine, request_owner=req))
 
 
 def _request_body(
@@ -403,22 +497,62 @@ def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: da
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
+    adopt = _missing_templates(snap, req) + adopt
     if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
-        event = Event(
-            "ProvisioningRequestReplaced",
-            f"ProvisioningRequest {req.name!r} no longer matches the config's class or "
-            "parameters; replacing it",
-        )
-        return Decision(
-            actions=(*adopt, delete_request(req, "config changed")),
-            events=(event,),
-            requeue_after=1.0,
-        )
+        decision = _config_changed(snap, state, req, now)
+        return replace(decision, actions=adopt + decision.actions)
+    if _fit_mode(snap):
+        req, redeadline = _current_deadline(snap, req)
+        adopt += redeadline
     trigger = _rollback_trigger(snap, req, now) if _fit_mode(snap) else None
     decision = (
         _start_rollback(snap, req, trigger) if trigger else _from_conditions(snap, state, req, now)
     )
     return replace(decision, actions=adopt + decision.actions)
+
+
+CONFIG_CHANGED = "ConfigChanged"
+
+
+def _config_changed(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
+    """The config's class or parameters changed before the request was Provisioned: the
+    attempt ends (rolled back in fit mode) and the next one, under a new attempt name, is
+    made with the new config. A Provisioned request is kept: its capacity is there."""
+    assert snap.config is not None
+    detail = (
+        f"class {req.class_name!r} -> {snap.config.provisioning_class_name!r}"
+        if req.class_name != snap.config.provisioning_class_name
+        else "the request parameters changed"
+    )
+    event = Event(
+        "ProvisioningRequestReplaced",
+        f"ProvisioningRequest {req.name!r} no longer matches the config; the next attempt "
+        "uses the new config",
+    )
+    if _fit_mode(snap):
+        decision = _start_rollback(snap, req, f"{CONFIG_CHANGED}: {detail}")
+    else:
+        decision = _retry(snap, state, f"Retrying after config change: {detail}", now)
+    return replace(decision, events=(*decision.events, event))
+
+
+def _current_deadline(
+    snap: Snapshot, req: ProvisioningRequest
+) -> tuple[ProvisioningRequest, tuple[Action, ...]]:
+    """deadlineSeconds applies to the attempt in flight: its deadline is moved to
+    creation + the config's deadlineSeconds when the config changed it."""
+    assert snap.config is not None
+    created, deadline = parse_time(req.creation_timestamp), rollback.deadline_of(req)
+    if created is None or deadline is None:
+        return req, ()
+    wanted = created + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
+    if abs((deadline - wanted).total_seconds()) <= DEADLINE_SLACK_SECONDS:
+        return req, ()
+    annotations = {DEADLINE_ANNOTATION: format_time(wanted)}
+    moved = replace(req, annotations={**req.annotations, **annotations})
+    return moved, (AnnotateRequest(req.name, annotations),)
 
 
 # ---- rollback --------------------------------------------------------------------------
@@ -455,10 +589,14 @@ def _roll_back(
         return Decision(
             actions=(rollback.reclaim(req, snap.capacity, reclaimer),), requeue_after=0.2
         )
-    if done.revoked:
+    if done.revoked and not snap.workload.active:
+        decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
+    elif done.revoked:
         decision = _transition(state, REJECTED, done.message, now)
+    elif done.reason.startswith(CONFIG_CHANGED):
+        decision = _retry(snap, state, f"Retrying after config change: {done.message}", now)
     else:
-        decision = _retry_or_reject(snap, state, "Retrying after rollback", done.message, now)
+        decision = _retry_or_reject(snap, state, "rollback", done.message, now)
     event = Event("RolledBack", done.message, warning=True)
     return replace(decision, events=(*decision.events, event))
 
@@ -490,15 +628,17 @@ def _from_conditions(
     conds, wl = req.conditions, snap.workload
     hint = dra_hint(req, gang_templates(snap))
     if is_true(conds, "Failed"):
-        detail = conds["Failed"].message + hint
-        return _retry_or_reject(snap, state, "Retrying after failure", detail, now)
+        detail = conds["Failed"].message + hint if conds["Failed"].message else ""
+        return _retry_or_reject(snap, state, "failure", detail, now)
     if is_true(conds, "CapacityRevoked"):
-        return _transition(
-            state, REJECTED, conds["CapacityRevoked"].message or "capacity revoked", now
-        )
+        revoked = conds["CapacityRevoked"].message or "capacity revoked"
+        if not wl.active:  # as Kueue: only an active Workload is rejected (deactivated)
+            message = f"{revoked}; the Workload is deactivated, so the check is not rejected"
+            return _transition(state, state.state, message, now)
+        return _transition(state, REJECTED, revoked, now)
     if is_true(conds, "BookingExpired") and not wl.is_admitted:
         message = conds["BookingExpired"].message
-        return _retry_or_reject(snap, state, "Retrying after booking expired", message, now)
+        return _retry_or_reject(snap, state, "booking expired", message, now)
     if is_true(conds, "Provisioned"):
         return _provisioned(snap, state, req, now)
     if is_true(conds, "Accepted"):
@@ -513,23 +653,36 @@ def _from_conditions(
 
 
 def _retry_or_reject(
-    snap: Snapshot, state: CheckState, prefix: str, detail: str, now: datetime
+    snap: Snapshot, state: CheckState, cause: str, detail: str, now: datetime
 ) -> Decision:
+    """Retry while backoffLimitCount allows, else Rejected with a message that says why
+    (Kueue copies it into the Workload's deactivation event)."""
+    assert snap.config is not None
+    limit = snap.config.retry_strategy.backoff_limit_count
+    attempt = state.retry_count + 1
+    if not backoff.may_retry(attempt, limit=limit):
+        return _transition(state, REJECTED, detail or _no_retry_left(cause, attempt, limit), now)
+    prefix = f"Retrying after {cause}"
+    return _retry(snap, state, f"{prefix}: {detail}" if detail else prefix, now)
+
+
+def _no_retry_left(cause: str, attempt: int, limit: int) -> str:
+    return (
+        f"provisioning ended by {cause}, with no message from the autoscaler, on attempt "
+        f"{attempt}; backoffLimitCount {limit} allows no more retries"
+    )
+
+
+def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> Decision:
+    """Retry with Kueue's backoff: Kueue evicts, requeues, and the next attempt follows."""
     assert snap.config is not None
     strategy = snap.config.retry_strategy
-    attempt = state.retry_count + 1
-    if not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
-        return _transition(
-            state, REJECTED, detail or f"{prefix}: attempt {attempt} of {attempt}", now
-        )
     delay = backoff.requeue_after_seconds(
         state.retry_count,
         base_seconds=strategy.backoff_base_seconds,
         max_seconds=strategy.backoff_max_seconds,
     )
-    return _transition(
-        state, RETRY, f"{prefix}: {detail}" if detail else prefix, now, requeue_after_seconds=delay
-    )
+    return _transition(state, RETRY, message, now, requeue_after_seconds=delay)
 
 
 def _provisioned(

@@ -9,6 +9,8 @@ from typing import Any
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 
 CONTROLLER_NAME = "gangcheck.io/atomic-provisioning"
+KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
+"""Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
 CONFIG_GROUP = "gangcheck.io"
 CONFIG_KIND = "AtomicProvisioningConfig"
 
@@ -30,6 +32,12 @@ class Resolution:
 
 def is_ours(admission_check: Obj) -> bool:
     return bool((admission_check.get("spec") or {}).get("controllerName") == CONTROLLER_NAME)
+
+
+def provisions(admission_check: Obj) -> bool:
+    """A check whose Ready pod sets consume a ProvisioningRequest (ours or Kueue's)."""
+    name = (admission_check.get("spec") or {}).get("controllerName")
+    return name in (CONTROLLER_NAME, KUEUE_PROVISIONING)
 
 
 def resolve(admission_check: Obj | None, get_config: Callable[[str], Obj | None]) -> Resolution:

@@ -1,4 +1,14 @@
-"""Names of the objects gangcheck creates, as Kueue names them, cut and hashed past 253."""
+"""Names of the objects gangcheck creates: Kueue's names while they fit, valid names always.
+
+Short names are Kueue's (``{workload}-{check}-{attempt}``, ``ppt-{request}-{podSet}``).
+A name that would pass 253 characters keeps its distinguishing tail (the attempt number, the
+pod set, the event's token) whole and cuts its head, dropping any ``-`` or ``.`` the cut
+leaves at the end and adding 8 hex characters of the whole head's SHA-1. So every name is a
+valid DNS subdomain (each dot-separated part starts and ends with a letter or digit) for
+any valid Workload, check and pod set name, and attempts of one Workload never share a name.
+(Kueue cuts at a fixed length and appends ``-hash``: a cut just after a ``.`` leaves
+``x.-hash``, which the API server refuses.)
+"""
 
 from __future__ import annotations
 
@@ -6,29 +16,37 @@ import hashlib
 import re
 
 MAX_NAME = 253
-_PREFIX_LIMIT = 247
-_HASH_LENGTH = 5
+HASH_LENGTH = 8
 TEMPLATE_PREFIX = "ppt"
 
 
-def limit_name(full: str) -> str:
-    """Keep a name within 253 characters: cut at 247 and add 5 hex chars of its SHA-1."""
-    if len(full) <= _PREFIX_LIMIT:
-        return full
-    digest = hashlib.sha1(full.encode(), usedforsecurity=False).hexdigest()
-    return f"{full[:_PREFIX_LIMIT]}-{digest[:_HASH_LENGTH]}"
+def fit(head: str, tail: str, *, limit: int = MAX_NAME) -> str:
+    """``head + tail`` if it fits in `limit`; else the head cut, trimmed and hashed."""
+    if len(head) + len(tail) <= limit:
+        return head + tail
+    digest = hashlib.sha1(head.encode(), usedforsecurity=False).hexdigest()[:HASH_LENGTH]
+    room = limit - len(tail) - HASH_LENGTH - 1
+    cut = head[:room].rstrip("-.")
+    return f"{cut}-{digest}{tail}" if cut else f"{digest}{tail}"
 
 
 def request_name(workload: str, check: str, attempt: int) -> str:
-    return limit_name(f"{workload}-{check}-{attempt}")
+    return fit(f"{workload}-{check}", f"-{attempt}")
 
 
 def template_name(request: str, pod_set: str) -> str:
-    return limit_name(f"{TEMPLATE_PREFIX}-{request}-{pod_set}")
+    return fit(f"{TEMPLATE_PREFIX}-{request}", f"-{pod_set}")
+
+
+def event_name(object_name: str, token: str) -> str:
+    """An Event's name: the object's name, then a unique token (as client-go names them)."""
+    return fit(object_name, f".{token}")
 
 
 def attempt_of(name: str, workload: str, check: str) -> int | None:
     """The attempt number a request name carries for this workload and check, if it is one."""
-    prefix = limit_name(f"{workload}-{check}-")
-    match = re.fullmatch(re.escape(prefix) + r"([0-9]+)", name)
-    return int(match.group(1)) if match else None
+    match = re.fullmatch(r"(.*)-([0-9]+)", name)
+    if match is None:
+        return None
+    attempt = int(match.group(2))
+    return attempt if request_name(workload, check, attempt) == name else None

@@ -55,6 +55,20 @@ def required_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) ->
     ]
 
 
+def unassigned_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) -> list[str]:
+    """Pod sets that need capacity but that the admission has no assignment for: an
+    inconsistent admission (Kueue stops with errInconsistentPodSetAssignments)."""
+    if not workload.assignments:
+        return []
+    return [
+        ps.name
+        for ps in workload.pod_sets
+        if ps.count > 0
+        and workload.assignment(ps.name) is None
+        and (not managed_resources or uses_any(ps.template, managed_resources))
+    ]
+
+
 def admitted_count(workload: Workload, pod_set: PodSet) -> int:
     assignment = workload.assignment(pod_set.name)
     if assignment is not None and assignment.count is not None:

@@ -9,11 +9,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ConflictError, InvalidError, NotFoundError
-from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.kube.errors import (
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    InvalidError,
+    NotFoundError,
+)
+from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.actions import (
+    CHECK_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
     Action,
     AdoptTemplate,
     AnnotateRequest,
@@ -28,12 +39,45 @@ from gangcheck.logic.actions import (
 )
 from gangcheck.logic.fulfillment import ARRIVED_FOR
 from gangcheck.logic.hold import is_held, taints_holding, taints_released
+from gangcheck.logic.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
 from gangcheck.logic.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
 
 log = logging.getLogger(__name__)
+
+
+IDENTITY_ANNOTATIONS = (
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+    CHECK_ANNOTATION,
+    GROUP_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+)
+
+
+class NameCollisionError(ApiError):
+    """The name gangcheck needs is taken by an object that is not ours."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(
+            409,
+            "AlreadyExists",
+            f"{kind} {name!r} already exists and was not made by gangcheck for this "
+            f"{'gang' if kind == 'PodTemplate' else 'attempt'}; delete or rename it",
+            target=f"{kind}/{name}",
+        )
+
+
+def made_for(existing: Obj, body: Obj) -> bool:
+    """Whether an existing object is the one `body` describes: labelled as gangcheck's and
+    carrying the same Workload (or PodGroup) and check annotations."""
+    meta, wanted = existing.get("metadata") or {}, body["metadata"]
+    if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return False
+    have, want = meta.get("annotations") or {}, wanted.get("annotations") or {}
+    return all(have.get(k) == want[k] for k in IDENTITY_ANNOTATIONS if k in want)
 
 
 class StaleDecisionError(Exception):
@@ -71,27 +115,49 @@ class Applier:
         assert isinstance(action, CreateRequest)
         await self._create(PROVISIONING_REQUEST, action.body, self._caches.requests)
 
-    async def _create(self, res: object, body: Obj, informer: object) -> None:
+    async def _create(self, res: Resource, body: Obj, informer: Any) -> None:
+        """Create; an object of that name that is ours (made by an earlier, interrupted
+        reconcile) counts as created, anyone else's is a collision, reported."""
         try:
-            created = await self._kube.create(res, body)  # type: ignore[arg-type]
-        except ConflictError as e:
-            if e.reason != "AlreadyExists":
-                raise
-            return  # made by an earlier, interrupted reconcile
-        informer.store.put_if_newer(created)  # type: ignore[attr-defined]
+            created = await self._kube.create(res, body)
+        except AlreadyExistsError:
+            meta = body["metadata"]
+            created = await self._kube.get(res, meta["name"], meta.get("namespace"))
+            if not made_for(created, body):
+                raise NameCollisionError(res.kind, meta["name"]) from None
+        informer.store.put_if_newer(created)
 
     async def _adopt_template(self, namespace: str, action: Action) -> None:
+        """Add the request as an owner, keeping the Workload (or PodGroup): a request deleted
+        by hand then leaves its templates to be used again, not garbage-collected."""
         assert isinstance(action, AdoptTemplate)
+        cached = self._caches.templates.store.get(action.name, namespace)
+        if cached is None:
+            return  # not seen yet, or gone: the next decision hands it over or recreates it
         owner = {
             "apiVersion": PROVISIONING_REQUEST.api_version,
             "kind": PROVISIONING_REQUEST.kind,
             "name": action.request,
             "uid": action.request_uid,
-            "controller": True,
             "blockOwnerDeletion": True,
         }
-        patch = {"metadata": {"ownerReferences": [owner]}}
-        updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        kept = [
+            r
+            for r in cached["metadata"].get("ownerReferences") or []
+            if r.get("kind") != PROVISIONING_REQUEST.kind
+        ]
+        if not any(r.get("controller") for r in kept):
+            owner["controller"] = True
+        patch = {
+            "metadata": {
+                "resourceVersion": cached["metadata"]["resourceVersion"],
+                "ownerReferences": [*kept, owner],
+            }
+        }
+        try:
+            updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
+        except ConflictError as e:
+            raise StaleDecisionError(f"PodTemplate {action.name} changed meanwhile") from e
         self._caches.templates.store.put_if_newer(updated)
 
     async def _delete_request(self, namespace: str, action: Action) -> None:

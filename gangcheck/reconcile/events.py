@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import EVENT
+from gangcheck.logic import naming
 from gangcheck.logic.actions import Event
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import ObjectRef
@@ -32,7 +33,7 @@ class EventRecorder:
         now = format_time(self._clock())
         body = {
             "metadata": {
-                "name": f"{ref.name[:200]}.{secrets.token_hex(8)}",
+                "name": naming.event_name(ref.name, secrets.token_hex(8)),
                 "namespace": ref.namespace or "default",
             },
             "involvedObject": {

@@ -17,7 +17,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic import naming
+from gangcheck.logic import checkconfig, naming
 from gangcheck.logic.actions import (
     FULFILLED,
     PHASE_ANNOTATION,
@@ -39,7 +39,7 @@ from gangcheck.logic.admission import (
 from gangcheck.logic.fulfillment import Capacity, Waiting
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
-from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
@@ -112,6 +112,18 @@ class WorkloadReconciler:
             requests=requests,
             templates=templates,
             capacity=in_flight_capacity(self._caches),
+            competing=self._competing(wl, check),
+        )
+
+    def _competing(self, wl: Workload, check: str) -> tuple[str, ...]:
+        """The Workload's other checks that provision capacity (gangcheck's or Kueue's)."""
+        store = self._caches.admission_checks.store
+        return tuple(
+            sorted(
+                name
+                for name in wl.checks
+                if name != check and (ac := store.get(name)) and checkconfig.provisions(ac)
+            )
         )
 
     async def _remove_orphans(self, namespace: str, name: str) -> None:
@@ -136,7 +148,7 @@ class WorkloadReconciler:
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
                 return False
-            except (InvalidError, ForbiddenError) as e:
+            except (InvalidError, ForbiddenError, NameCollisionError) as e:
                 await self._report_failed_create(wl, check, action, e)
                 raise
             if isinstance(action, DeleteRequest):

@@ -60,8 +60,11 @@ async def test_happy_path_one_request_then_ready(
     assert "ownerReferences" not in req["metadata"]
 
     async def templates_owned_by_request() -> bool:
-        owners = [t["metadata"]["ownerReferences"][0]["uid"] for t in await cluster.templates()]
-        return len(owners) == 2 and set(owners) == {req["metadata"]["uid"]}
+        owners = [
+            {r["uid"] for r in t["metadata"]["ownerReferences"]} for t in await cluster.templates()
+        ]
+        both = {req["metadata"]["uid"], wl["metadata"]["uid"]}
+        return len(owners) == 2 and all(o == both for o in owners)
 
     await eventually(templates_owned_by_request, what="templates handed to the request")
     template = next(
@@ -227,6 +230,12 @@ async def test_config_missing_then_invalid_then_fixed(
     assert req["spec"]["provisioningClassName"] == "mine.example.com"
 
 
+async def _templates_of(cluster: Cluster, req: Any, count: int) -> list[Any] | None:
+    wanted = {p["podTemplateRef"]["name"] for p in req["spec"]["podSets"]}
+    found = [t for t in await cluster.templates() if t["metadata"]["name"] in wanted]
+    return found if len(found) == count else None
+
+
 async def _check_with_message(cluster: Cluster, text: str) -> Any:
     entry = await cluster.check_state("wl")
     return entry if text in entry["message"] else None
@@ -237,11 +246,14 @@ async def _active_is(cluster: Cluster, status: str, reason: str) -> Any:
     return cond if cond and (cond["status"], cond["reason"]) == (status, reason) else None
 
 
-async def test_config_changed_mid_flight_replaces_the_request(
+async def test_config_changed_mid_flight_starts_a_new_attempt(
     cluster: Cluster, controller: RunningController
 ) -> None:
+    """A class change before Provisioned ends the attempt (Retry); the next attempt, under
+    a new name, uses the new config: never the same name with a new uid."""
     await cluster.install_check({**TRUST, "parameters": {"a": "1"}})
-    await cluster.submit(gang())
+    builder = gang()
+    await cluster.submit(builder)
     name = req_name(cluster)
     first = await cluster.wait_request(name)
     await cluster.set_request_conditions(name, {"Accepted": ""})
@@ -252,15 +264,18 @@ async def test_config_changed_mid_flight_replaces_the_request(
             "parameters": {"a": "2"},
         }
     )
+    check = await cluster.wait_check("wl", "Retry")
+    assert "Retrying after config change: class" in check["message"]
+    assert await cluster.events("ProvisioningRequestReplaced")
+    kept = await cluster.request(name)
+    assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
 
-    async def replaced() -> Any:
-        req = await cluster.request(name)
-        return req if req and req["metadata"]["uid"] != first["metadata"]["uid"] else None
-
-    second = await eventually(replaced, what="request replaced")
+    await cluster.evict_and_requeue("wl")
+    await cluster.wait_request_gone(name)
+    await cluster.reserve_again("wl", builder)
+    second = await cluster.wait_request(req_name(cluster, attempt=2))
     assert second["spec"]["provisioningClassName"] == "check-capacity.autoscaling.x-k8s.io"
     assert second["spec"]["parameters"] == {"a": "2"}
-    assert await cluster.events("ProvisioningRequestReplaced")
 
 
 async def test_no_pod_set_needs_provisioning(
@@ -322,13 +337,19 @@ async def test_finished_or_evicted_workload_loses_its_request(
 async def test_long_names_are_cut_and_a_bad_check_does_not_stop_others(
     cluster: Cluster, controller: RunningController
 ) -> None:
+    """Workload names of 250 characters with a dot where Kueue's limiter (and gangcheck's,
+    before) cut them, and where gangcheck cuts them now: each gets its request and templates
+    (the API server refused `x.-hash` before), and an Event named after it."""
     await cluster.install_check(TRUST)
-    long_name = "w" * 240
-    await cluster.submit(gang(long_name))
-    name = req_name(cluster, long_name)
-    assert len(name) == 253
-    req = await cluster.wait_request(name)
-    assert all(len(p["podTemplateRef"]["name"]) <= 253 for p in req["spec"]["podSets"])
+    for cut in (246, 241):
+        long_name = "w" * cut + "." + "x" * (249 - cut)
+        await cluster.submit(gang(long_name))
+        name = req_name(cluster, long_name)
+        assert len(name) <= 253
+        req = await cluster.wait_request(name)
+        await eventually(lambda r=req: _templates_of(cluster, r, 2), what=f"templates of {name}")
+        events = await cluster.events("ProvisioningRequestCreated")
+        assert any(e["involvedObject"]["name"] == long_name for e in events)
 
     other = await Cluster.create(cluster.kube)
     await other.install_check(None)  # dangling reference: inactive, reported

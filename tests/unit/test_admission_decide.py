@@ -29,7 +29,27 @@ TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
 GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
 REQ1 = "wl-atomic-1"
 FULFILLED = {"gangcheck.io/phase": "Fulfilled"}
+LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the default 420 s deadline
+ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": "Failed: broke"}
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n1", "n2"]}'
+DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+MINE = {"gangcheck.io/arrived-for": f"default/{REQ1}"}
 OLDER_GPU = Waiting("default/older-1", (pod_template(gpu=1, node_selector={"pool": "gpu"}),))
+
+
+def inactive(builder: WorkloadBuilder) -> WorkloadBuilder:
+    builder.obj["spec"]["active"] = False
+    return builder
+
+
+def unassigned(builder: WorkloadBuilder, pod_set: str) -> WorkloadBuilder:
+    """Quota reserved, but the admission lacks the assignment of `pod_set`."""
+    builder.reserve_quota().check()
+    admission = builder.obj["status"]["admission"]
+    admission["podSetAssignments"] = [
+        a for a in admission["podSetAssignments"] if a["name"] != pod_set
+    ]
+    return builder
 
 
 def gang(count: int = 4) -> WorkloadBuilder:
@@ -47,10 +67,12 @@ class Case:
     workload: WorkloadBuilder
     config: dict[str, Any] | None = field(default_factory=lambda: dict(TRUST))
     requests: list[Any] = field(default_factory=list)
-    templates: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    templates: dict[str, tuple[str, ...]] | None = None
+    """PodTemplates that exist, by owner uids; None: each request's own, owned by it too."""
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
     waiting: tuple[Waiting, ...] = ()
+    competing: tuple[str, ...] = ()
     # expectations
     state: str | None = None  # None: no check write
     message: str = ""
@@ -67,6 +89,16 @@ class Case:
     reclaims: tuple[str, ...] | None = None
 
 
+def templates_of(case: Case) -> dict[str, tuple[str, ...]]:
+    if case.templates is not None:
+        return case.templates
+    return {
+        p["podTemplateRef"]["name"]: ("uid-wl", r["metadata"]["uid"])
+        for r in case.requests
+        for p in r["spec"]["podSets"]
+    }
+
+
 def run(case: Case) -> Decision:
     wl = workload_of(case.workload.build())
     snap = Snapshot(
@@ -76,23 +108,23 @@ def run(case: Case) -> Decision:
         config_problem="AtomicProvisioningConfig 'gpu' not found",
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
-        templates={n: TemplateInfo(n, owners) for n, owners in case.templates.items()},
+        templates={n: TemplateInfo(n, owners) for n, owners in templates_of(case).items()},
         capacity=Capacity(
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
             in_flight=case.in_flight | frozenset(w.key for w in case.waiting),
             waiting=case.waiting,
         ),
+        competing=case.competing,
     )
     return decide(snap, case.now)
 
 
 CASES = [
     Case(
-        "no quota reservation: no write, leftover requests deleted",
+        "quota lost outside eviction: no write, the request is kept (as Kueue)",
         WorkloadBuilder().pod_set("workers", 4).check(),
         requests=[req()],
-        deletes=(REQ1,),
     ),
     Case(
         "quota reserved and pending: templates first, then one request",
@@ -127,6 +159,16 @@ CASES = [
         gang(),
         config=None,
         state="Pending",
+        message="the check is not active: AtomicProvisioningConfig 'gpu' not found; "
+        "no provisioning request is kept while it is inactive",
+    ),
+    Case(
+        "config missing with a request in flight: the request is deleted (as Kueue)",
+        gang(),
+        config=None,
+        requests=[req(conditions={"Accepted": ""})],
+        state="Pending",
+        deletes=(REQ1,),
         message="the check is not active: AtomicProvisioningConfig 'gpu' not found",
     ),
     Case(
@@ -135,6 +177,43 @@ CASES = [
         config={**TRUST, "managedResources": ["example.com/fpga"]},
         state="Ready",
         message="the provisioning request is not needed",
+    ),
+    Case(
+        "managedResources edited to exclude every pod set: the request in flight is deleted",
+        gang(),
+        config={**TRUST, "managedResources": ["example.com/fpga"]},
+        requests=[req(conditions={"Accepted": ""})],
+        state="Ready",
+        deletes=(REQ1,),
+        message="the provisioning request is not needed",
+    ),
+    Case(
+        "all counts admitted as zero: the request in flight is deleted",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota(counts={"workers": 0}).check(),
+        requests=[req()],
+        state="Ready",
+        deletes=(REQ1,),
+        message="the provisioning request is not needed",
+    ),
+    Case(
+        "the check removed from the Workload: its request is deleted",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota(),
+        requests=[req(conditions={"Accepted": ""})],
+        deletes=(REQ1,),
+    ),
+    Case(
+        "another provisioning check on the Workload: said so, no request made, job kept",
+        gang(),
+        competing=("atomic-b",),
+        state="Pending",
+        message="the Workload also lists admission check atomic-b, which provisions capacity"
+        " too; a pod can consume only one ProvisioningRequest",
+    ),
+    Case(
+        "inconsistent admission: reported, no request made from spec counts",
+        unassigned(WorkloadBuilder().pod_set("driver", 1).pod_set("workers", 4), "workers"),
+        state="Pending",
+        message="the admission is inconsistent: no podSetAssignment for pod set workers",
     ),
     Case(
         "request not yet accepted: pending, nothing new created",
@@ -196,6 +275,54 @@ CASES = [
         requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
         state="Rejected",
         message="revoked by cloud",
+    ),
+    Case(
+        "capacity revoked on a deactivated Workload not yet evicted: not rejected (as Kueue)",
+        inactive(gang()),
+        requests=[req(conditions={"CapacityRevoked": "revoked by cloud"})],
+        state="Pending",
+        message="revoked by cloud; the Workload is deactivated, so the check is not rejected",
+    ),
+    Case(
+        "failure past the limit with no message says so, never 'Retrying'",
+        gang(),
+        config={**TRUST, "retryStrategy": {"backoffLimitCount": 0}},
+        requests=[req(conditions={"Failed": ""})],
+        state="Rejected",
+        message="provisioning ended by failure, with no message from the autoscaler, "
+        "on attempt 1; backoffLimitCount 0 allows no more retries",
+    ),
+    Case(
+        "ready, not yet admitted, booking expired: Retry (as Kueue)",
+        gang().check(state="Ready"),
+        requests=[req(conditions={"Provisioned": "", "BookingExpired": "over"})],
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after booking expired: over",
+    ),
+    Case(
+        "ready, not yet admitted, request failed: Retry (as Kueue)",
+        gang().check(state="Ready"),
+        requests=[req(conditions={"Provisioned": "", "Failed": "broke"})],
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after failure: broke",
+    ),
+    Case(
+        "fit mode, ready, not yet admitted, booking expired: the attempt rolls back",
+        gang().check(state="Ready"),
+        config={},
+        requests=[
+            req(conditions={"Provisioned": "", "BookingExpired": "over"}, annotations=FULFILLED)
+        ],
+        nodes=[node("n1", annotations=MINE)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "BookingExpired: over",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
+            },
+        ),
     ),
     Case(
         "capacity revoked after ready rejects",
@@ -376,11 +503,55 @@ CASES = [
         message=f"waiting for provisioning request {REQ1} to be accepted",
     ),
     Case(
-        "config class changed before provisioning: the request is replaced",
+        "a template lost while its request is in flight is recreated, owned by both",
+        gang(),
+        requests=[req()],
+        templates={},
+        creates=1,
+        state="Pending",
+        message=f"waiting for provisioning request {REQ1} to be accepted",
+    ),
+    Case(
+        "config class changed before provisioning: Retry, the next attempt uses the new class",
         gang(),
         config={**TRUST, "provisioningClassName": "check-capacity.autoscaling.x-k8s.io"},
         requests=[req(conditions={"Accepted": ""})],
-        deletes=(REQ1,),
+        state="Retry",
+        requeue_after_seconds=60,
+        message="Retrying after config change: class 'best-effort-atomic-scale-up."
+        "autoscaling.x-k8s.io' -> 'check-capacity.autoscaling.x-k8s.io'",
+    ),
+    Case(
+        "fit mode, config parameters changed before provisioning: the attempt rolls back",
+        gang(),
+        config={"parameters": {"a": "2"}},
+        requests=[req(conditions={"Accepted": ""})],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "ConfigChanged: the request parameters changed",
+                "gangcheck.io/rollback-nodes": "{}",
+            },
+        ),
+    ),
+    Case(
+        "a config-change rollback past the retry limit still retries (it is no failure)",
+        WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(retry_count=3),
+        config={},
+        requests=[
+            req(
+                "wl-atomic-4",
+                conditions={"Accepted": ""},
+                annotations={
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "ConfigChanged: x",
+                    "gangcheck.io/outcome": OUTCOME,
+                },
+            )
+        ],
+        state="Retry",
+        requeue_after_seconds=480,
+        message="Retrying after config change: rolled back wl-atomic-4 (ConfigChanged: x)",
     ),
     Case(
         "config class changed after provisioning: the request is kept",
@@ -403,13 +574,6 @@ CASES = [
         message="provisioning request wl-atomic-2 created for 4 pods",
     ),
 ]
-
-
-LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the default 420 s deadline
-ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": "Failed: broke"}
-OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n1", "n2"]}'
-DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
-MINE = {"gangcheck.io/arrived-for": f"default/{REQ1}"}
 
 
 def admitted(retry_count: int = 0) -> WorkloadBuilder:
@@ -461,6 +625,30 @@ CASES += [
             {
                 "gangcheck.io/phase": "RollingBack",
                 "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 420s"
+                " (0 of 4 members placeable; no nodes)",
+                "gangcheck.io/rollback-nodes": "{}",
+            },
+        ),
+    ),
+    Case(
+        "fit mode: a deadlineSeconds change moves the deadline of the attempt in flight",
+        gang(),
+        config={"fulfillment": {"deadlineSeconds": 900}},
+        requests=[req(conditions={"Accepted": ""}, annotations=DEADLINE)],
+        annotates=({"gangcheck.io/fulfillment-deadline": "2026-11-30T10:15:00Z"},),
+        state="Pending",
+        message=f"provisioning request {REQ1} accepted",
+    ),
+    Case(
+        "fit mode: a shorter deadlineSeconds applies at once and rolls the attempt back",
+        gang(),
+        config={"fulfillment": {"deadlineSeconds": 60}},
+        requests=[req(conditions={"Accepted": ""}, annotations=DEADLINE)],
+        annotates=(
+            {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:01:00Z"},
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 60s"
                 " (0 of 4 members placeable; no nodes)",
                 "gangcheck.io/rollback-nodes": "{}",
             },
@@ -637,6 +825,13 @@ def test_decide(case: Case) -> None:
                 "wl-atomic-"
             )
             assert annotations["autoscaling.x-k8s.io/provisioning-class-name"]
+
+
+def test_a_recreated_template_is_owned_by_the_workload_and_the_request() -> None:
+    d = run(Case("", gang(), requests=[req()], templates={}))
+    body = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
+    owners = [(o["kind"], o["uid"], o["controller"]) for o in body["metadata"]["ownerReferences"]]
+    assert owners == [("Workload", "uid-wl", True), ("ProvisioningRequest", f"uid-{REQ1}", False)]
 
 
 def test_templates_are_created_before_the_request() -> None:
