@@ -1,7 +1,8 @@
 """Safe reclaim, as invariants: which arrived node may be taken back, and what a rollback did.
 
-A node is reclaimed only if it was recorded as arrived for this very request, is no older than
-the request, carries no opt-out label, and runs no pod other than DaemonSet pods. Pods of the
+A node is reclaimed only if it was recorded as arrived for this very request, is proven
+younger than the request (``proven_younger``: created in a later second), carries no opt-out
+label, and runs no pod other than DaemonSet pods. Pods of the
 gang itself (those consuming the request) make the node wait ("drain") rather than stay: they
 leave when Kueue evicts the gang. The edge asks again right before acting.
 """
@@ -15,7 +16,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from gangcheck.logic.actions import CONSUME_ANNOTATION
-from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of
+from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
 
 Obj = dict[str, Any]
@@ -56,9 +57,10 @@ def judge(
     if claim_of(node) != request:
         owner = claim_of(node) or "no request"
         return Judgement("keep", f"recorded for {owner}, not {request}")
-    born = parse_time(meta.get("creationTimestamp", ""))
-    if born is None or request_created is None or born < request_created:
-        return Judgement("keep", "predates the request")
+    if not proven_younger(node, request_created):
+        return Judgement(
+            "keep", "not proven younger than the request (created the same second or before)"
+        )
     return _judge_pods(pods_on_node, request.split("/", 1)[-1])
 
 

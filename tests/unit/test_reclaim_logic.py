@@ -1,14 +1,19 @@
-"""Reclaim safety as invariants (hypothesis), and the rollback outcome record."""
+"""Reclaim safety as invariants (hypothesis), the one age rule, undoing a fence, and the
+rollback outcome record. Pure logic: no API server."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gangcheck.logic.fit import member_from_template
+from gangcheck.logic.fulfillment import is_new_arrival, proven_younger
 from gangcheck.logic.reclaim import Outcome, judge
+from gangcheck.logic.timefmt import parse_time
 
 REQUEST = "ns/gang-atomic-1"
 CREATED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -57,7 +62,7 @@ def test_reclaim_only_what_is_safe(
         request=REQUEST,
         request_created=CREATED,
     ).verdict
-    unsafe = opt_out or claim != REQUEST or born_offset < 0 or "foreign" in pods
+    unsafe = opt_out or claim != REQUEST or born_offset <= 0 or "foreign" in pods
     if unsafe:
         assert verdict == "keep"
     elif "gang" in pods:
@@ -79,3 +84,35 @@ def test_an_unreadable_outcome_is_reported_not_trusted() -> None:
     outcome = Outcome.from_annotation("{not json")
     assert outcome.reclaimed == ()
     assert "unreadable outcome" in outcome.kept["?"]
+
+
+AGES = [
+    ("2026-11-30T10:00:00Z", "2026-11-30T10:00:00Z", False),
+    ("2026-11-30T09:59:59Z", "2026-11-30T10:00:00Z", False),
+    ("2026-11-30T10:00:01Z", "2026-11-30T10:00:00Z", True),
+    ("2026-11-30T10:00:00.900Z", "2026-11-30T10:00:00.100Z", False),
+    ("", "2026-11-30T10:00:00Z", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("born", "asked", "younger"),
+    AGES,
+    ids=[
+        "a node stamped the same second as the request is not proven younger",
+        "a node stamped a second before the request is not younger",
+        "a node stamped a later second is proven younger",
+        "sub-second digits do not make a same-second node younger",
+        "a node without a timestamp is not proven younger",
+    ],
+)
+def test_one_age_rule_for_claiming_and_reclaiming(born: str, asked: str, younger: bool) -> None:
+    node = {"metadata": {"name": "n1", "creationTimestamp": born,
+                         "annotations": {"gangcheck.io/arrived-for": REQUEST}},
+            "status": {"allocatable": {"pods": "110", "cpu": "4"}}}  # fmt: skip
+    created = parse_time(asked)
+    member = member_from_template({"spec": {"containers": [{"name": "c"}]}})
+    assert proven_younger(node, created) is younger
+    assert is_new_arrival(node, created, [member]) is younger
+    verdict = judge(node, [], request=REQUEST, request_created=created).verdict
+    assert (verdict == "reclaim") is younger
