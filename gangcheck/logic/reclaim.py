@@ -2,9 +2,12 @@
 
 A node is reclaimed only if it was recorded as arrived for this very request, is proven
 younger than the request (``proven_younger``: created in a later second), carries no opt-out
-label, and runs no pod other than DaemonSet pods. Pods of the
+label, and runs no pod other than DaemonSet pods, nor has one nominated to it. Pods of the
 gang itself (those consuming the request) make the node wait ("drain") rather than stay: they
 leave when Kueue evicts the gang. The edge asks again right before acting.
+
+Undoing a fence touches only gangcheck's own keys: its taint (each removal guarded by a JSON
+patch ``test`` of that very entry), the cordon it set, and its own annotation.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ from gangcheck.logic.timefmt import parse_time
 Obj = dict[str, Any]
 
 RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
+"""On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
+is being retried). Written with the fence, in the same patch, so a fence is always recorded;
+cleared when the reclaim is done or the node is kept."""
 RECLAIM_TAINT = "gangcheck.io/reclaiming"
+RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
 Verdict = Literal["reclaim", "drain", "keep"]
 
@@ -71,6 +78,8 @@ def _judge_pods(pods: Iterable[Obj], request_name: str) -> Judgement:
             continue
         annotations = pod.get("metadata", {}).get("annotations") or {}
         if annotations.get(CONSUME_ANNOTATION) != request_name:
+            if not (pod.get("spec") or {}).get("nodeName"):
+                return Judgement("keep", f"pod {pod_name(pod)} is nominated to it")
             return Judgement("keep", f"runs pod {pod_name(pod)}")
         gang_pods.append(pod)
     if gang_pods:
@@ -85,7 +94,10 @@ class Outcome:
     reclaimed: tuple[str, ...] = ()
     draining: tuple[str, ...] = ()
     kept: dict[str, str] = field(default_factory=dict)
+    """Kept by a safety rule, final: node -> reason."""
     node_seconds: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    """Not reclaimed because of an error, retried with backoff: node -> last error."""
 
     def to_annotation(self) -> str:
         return json.dumps(
@@ -93,6 +105,7 @@ class Outcome:
                 "reclaimed": list(self.reclaimed),
                 "draining": list(self.draining),
                 "kept": self.kept,
+                "failed": self.failed,
                 "nodeSeconds": self.node_seconds,
             },
             sort_keys=True,
@@ -107,6 +120,7 @@ class Outcome:
                 draining=tuple(data.get("draining") or ()),
                 kept=dict(data.get("kept") or {}),
                 node_seconds=int(data.get("nodeSeconds") or 0),
+                failed=dict(data.get("failed") or {}),
             )
         except (ValueError, TypeError, AttributeError):
             return cls(kept={"?": f"unreadable outcome {raw[:80]!r}"})
@@ -119,10 +133,15 @@ class Outcome:
         if self.draining:
             parts.append(f"{len(self.draining)} to reclaim once the gang's pods leave")
         if self.kept:
-            name, why = sorted(self.kept.items())[0]
-            more = f" and {len(self.kept) - 1} more" if len(self.kept) > 1 else ""
-            parts.append(f"kept {name} ({why}){more}")
+            parts.append(f"kept {_each(self.kept)}")
+        if self.failed:
+            parts.append(f"failed, retrying: {_each(self.failed)}")
         return "; ".join(parts)
+
+
+def _each(reasons: dict[str, str]) -> str:
+    """Every node with its reason: `n1 (why), n2 (why)`."""
+    return ", ".join(f"{name} ({why})" for name, why in sorted(reasons.items()))
 
 
 def held_seconds(node: Obj, now: datetime) -> int:
@@ -136,3 +155,35 @@ def arrived_for(nodes: Iterable[Obj], request: str) -> list[Obj]:
         for n in nodes
         if (n.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR) == request
     ]
+
+
+def our_taint_indices(node: Obj) -> list[int]:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [i for i, t in enumerate(taints) if t.get("key") == RECLAIM_TAINT]
+
+
+def is_fenced(node: Obj) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable")) and bool(our_taint_indices(node))
+
+
+def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
+    """JSON patch ops that undo gangcheck's fence and nothing else: each taint of ours is
+    tested before it is removed (another writer's taint added or removed meanwhile fails the
+    test, never gets dropped), the cordon goes only if gangcheck set it, and the mark only
+    when `forget`. Empty when there is nothing of ours to undo."""
+    spec = node.get("spec") or {}
+    taints = spec.get("taints") or []
+    ops: list[Obj] = []
+    ours = our_taint_indices(node)
+    for i in reversed(ours):
+        ops += [{"op": "test", "path": f"/spec/taints/{i}", "value": taints[i]},
+                {"op": "remove", "path": f"/spec/taints/{i}"}]  # fmt: skip
+    if ours and not was_cordoned and spec.get("unschedulable"):
+        ops += [{"op": "test", "path": "/spec/unschedulable", "value": True},
+                {"op": "remove", "path": "/spec/unschedulable"}]  # fmt: skip
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    if forget and RECLAIM_WHEN_IDLE in annotations:
+        path = "/metadata/annotations/" + RECLAIM_WHEN_IDLE.replace("~", "~0").replace("/", "~1")
+        ops += [{"op": "test", "path": path, "value": annotations[RECLAIM_WHEN_IDLE]},
+                {"op": "remove", "path": path}]  # fmt: skip
+    return ops

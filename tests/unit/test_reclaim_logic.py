@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gangcheck.logic.fit import member_from_template
 from gangcheck.logic.fulfillment import is_new_arrival, proven_younger
-from gangcheck.logic.reclaim import Outcome, judge
+from gangcheck.logic.reclaim import Outcome, judge, unfence_ops
 from gangcheck.logic.timefmt import parse_time
 
 REQUEST = "ns/gang-atomic-1"
@@ -116,3 +116,56 @@ def test_one_age_rule_for_claiming_and_reclaiming(born: str, asked: str, younger
     assert is_new_arrival(node, created, [member]) is younger
     verdict = judge(node, [], request=REQUEST, request_created=created).verdict
     assert (verdict == "reclaim") is younger
+
+
+def test_every_kept_and_failed_node_is_named_with_its_reason() -> None:
+    outcome = Outcome(
+        ("a",), (), {"k1": "runs pod ns/x", "k2": "carries the opt-out label"}, 60,
+        failed={"f1": "DeleteNode failed: 403 Forbidden"},
+    )  # fmt: skip
+    summary = outcome.summary()
+    assert "kept k1 (runs pod ns/x), k2 (carries the opt-out label)" in summary
+    assert "failed, retrying: f1 (DeleteNode failed: 403 Forbidden)" in summary
+    assert "more" not in summary
+    assert Outcome.from_annotation(outcome.to_annotation()) == outcome
+
+
+def fenced_node(taints: list[dict[str, Any]], *, cordoned: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n1", "annotations": {"gangcheck.io/reclaim-when-idle": "{}"}},
+        "spec": {"unschedulable": cordoned, "taints": taints},
+    }
+
+
+OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
+THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("node", "was_cordoned", "forget", "expected"),
+    [
+        (fenced_node([THEIRS, OURS]), False, True, [
+            {"op": "test", "path": "/spec/taints/1", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/1"},
+            {"op": "test", "path": "/spec/unschedulable", "value": True},
+            {"op": "remove", "path": "/spec/unschedulable"},
+            {"op": "test", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle",
+             "value": "{}"},
+            {"op": "remove", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle"},
+        ]),
+        (fenced_node([OURS]), True, False, [
+            {"op": "test", "path": "/spec/taints/0", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/0"},
+        ]),
+        (fenced_node([THEIRS], cordoned=True), False, False, []),
+    ],
+    ids=[
+        "unfencing removes only our taint, tested in place, our cordon and our mark",
+        "a node cordoned before the fence stays cordoned",
+        "a node without our taint is left alone, its cordon too",
+    ],
+)  # fmt: skip
+def test_unfencing_touches_only_our_keys(
+    node: dict[str, Any], was_cordoned: bool, forget: bool, expected: list[dict[str, Any]]
+) -> None:
+    assert unfence_ops(node, was_cordoned=was_cordoned, forget=forget) == expected
