@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -54,7 +53,9 @@ SETTLE_SECONDS = 1.0
 """After fencing, how long binds already decided (before the fence was seen) get to land."""
 
 Verdict = Literal["reclaimed", "gone", "drain", "keep", "failed"]
-_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+"""Per node while reclaims of it run or wait (the applier, the draining-node reconciler):
+the lock and how many use it."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,17 @@ async def reclaim_safely(
     kube: Kube, target: Target, now: datetime, *, settle_seconds: float = SETTLE_SECONDS
 ) -> Result:
     """Reclaim the node if every safety rule allows it; one reclaim per node at a time."""
-    async with _locks[target.node]:
-        return await _reclaim(kube, target, now, settle_seconds)
+    lock, users = _locks.get(target.node) or (asyncio.Lock(), 0)
+    _locks[target.node] = (lock, users + 1)
+    try:
+        async with lock:
+            return await _reclaim(kube, target, now, settle_seconds)
+    finally:
+        lock, users = _locks[target.node]
+        if users > 1:
+            _locks[target.node] = (lock, users - 1)
+        else:
+            del _locks[target.node]
 
 
 async def _reclaim(kube: Kube, target: Target, now: datetime, settle_seconds: float) -> Result:
