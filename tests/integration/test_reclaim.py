@@ -687,3 +687,23 @@ async def test_every_kept_node_is_explained_in_the_outcome_an_event_and_a_log(
     for node, why in ((opted, "opt-out label"), (busy, "someone-else")):
         assert any(r == "NodeKept" and why in m for r, m in await bed.events(node))
         assert any(node in r.getMessage() and why in r.getMessage() for r in caplog.records)
+
+
+async def test_a_node_claim_delete_whose_answer_was_lost_is_done(bed: Bed) -> None:
+    """Defect 5: the NodeClaim's DELETE is applied, its answer lost and retried (404): done."""
+    claim = await bed.kube.create(NODE_CLAIM, {"metadata": {"name": f"{bed.ns}-c3"}, "spec": {}})
+    meta = claim["metadata"]
+    owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": meta["name"],
+             "uid": meta["uid"]}  # fmt: skip
+    node = await bed.node(ownerReferences=[owner])
+    await bed.kube.merge_patch(
+        NODE_CLAIM, meta["name"], {"status": {"nodeName": node}}, subresource="status"
+    )
+    restore = lose_first_answer(bed.kube, "DELETE", "nodeclaims")
+    try:
+        result = await reclaim_safely(bed.kube, bed.target(node, "DeleteNodeClaim"), NOW(UTC))
+    finally:
+        restore()
+    assert result.verdict == "reclaimed"
+    with pytest.raises(NotFoundError):
+        await bed.kube.get(NODE_CLAIM, meta["name"])
