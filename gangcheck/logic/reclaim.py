@@ -87,6 +87,19 @@ def _judge_pods(pods: Iterable[Obj], request_name: str) -> Judgement:
     return Judgement("reclaim")
 
 
+def pods_that_keep(pods: Iterable[Obj], request: str) -> tuple[str, ...]:
+    """The pods (ns/name) that would keep a node: neither finished, nor DaemonSet pods, nor
+    pods of the gang of `request` (`ns/name`)."""
+    request_name = request.split("/", 1)[-1]
+    return tuple(
+        pod_name(p)
+        for p in pods
+        if not is_terminal(p)
+        and not is_daemonset_pod(p)
+        and (p.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) != request_name
+    )
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one rollback did to the nodes that arrived for its request."""

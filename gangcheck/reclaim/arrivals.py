@@ -70,7 +70,13 @@ def _outcome(action: ReclaimArrivals, results: dict[str, Result], now: datetime)
 async def tell(
     events: EventRecorder, metrics: Any, node: str, result: Result, *, request: str
 ) -> None:
-    """An Event on the Node and a log line for a node kept or a reclaim that failed."""
+    """An Event on the Node and a log line for a node kept or a reclaim that failed; an
+    Event on each pod bound to a node as it was reclaimed."""
+    for pod in result.bound_too_late:
+        namespace, _, name = pod.partition("/")
+        ref = ObjectRef(kind="Pod", namespace=namespace, name=name, api_version="v1")
+        message = f"bound to node {node} as gangcheck reclaimed it (for {request})"
+        await events.emit(ref, Event("BoundToReclaimedNode", message, warning=True))
     if result.verdict == "keep":
         message = f"gangcheck keeps node {node} (arrived for {request}): {result.reason}"
         log.info(message, extra={"node": node, "request": request})

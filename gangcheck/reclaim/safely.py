@@ -9,7 +9,8 @@ directly, and binding a pod does not change the Node: so after fencing gangcheck
 the node, and acts only if none but DaemonSet pods are there, with the resourceVersion of the
 node it judged. A pod found there wins: the fence is undone and the node kept. What remains
 is one round trip, between that last list and the act, that no Kubernetes precondition
-covers (a bind does not touch the Node).
+covers (a bind does not touch the Node); a pod bound then is named in the result
+(``bound_too_late``) and reported, never lost silently.
 
 The fence is recorded in the same patch (the `reclaim-when-idle` mark, with whether the node
 was cordoned before), so a reclaim interrupted after fencing is completed or undone by the
@@ -42,6 +43,7 @@ from gangcheck.logic.reclaim import (
     held_seconds,
     is_fenced,
     judge,
+    pods_that_keep,
     unfence_ops,
 )
 from gangcheck.logic.timefmt import parse_time
@@ -101,6 +103,8 @@ class Result:
     reason: str = ""
     held_seconds: int = 0
     node_uid: str = ""
+    bound_too_late: tuple[str, ...] = ()
+    """Pods (ns/name) bound to a reclaimed node between the last look and the act."""
 
 
 async def reclaim_safely(
@@ -206,7 +210,23 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result
         return Result("failed", f"{failed}: {e.status} {e.reason}", node_uid=uid)
     await _forget(kube, target.node)
     log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
-    return Result("reclaimed", done, held_seconds(fenced, now), uid)
+    late = await _bound_too_late(kube, target)
+    return Result("reclaimed", done, held_seconds(fenced, now), uid, late)
+
+
+async def _bound_too_late(kube: Kube, target: Target) -> tuple[str, ...]:
+    """Pods bound to the node in the one round trip between the last look and the act (no
+    precondition covers it): named, so they are reported, never silently lost."""
+    listed = await kube.list_objects(POD, field_selector=f"spec.nodeName={target.node}")
+    late = pods_that_keep(listed.get("items") or [], target.request)
+    if late:
+        log.error(
+            "node %s was reclaimed as pods were bound to it: %s",
+            target.node,
+            ", ".join(late),
+            extra={"request": target.request},
+        )
+    return late
 
 
 async def _stand_down(kube: Kube, node: Obj, target: Target, judged: Judgement) -> Result:

@@ -37,7 +37,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.actions import ReclaimArrivals
 from gangcheck.logic.timefmt import format_time
 from gangcheck.reclaim import safely
-from gangcheck.reclaim.arrivals import reclaim_arrivals
+from gangcheck.reclaim.arrivals import reclaim_arrivals, tell
 from gangcheck.reclaim.safely import Result, Target
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
@@ -423,12 +423,15 @@ async def test_a_node_that_changes_meanwhile_is_judged_again_and_reclaimed(bed: 
     assert not await bed.exists(node)
 
 
-def after_first_recheck(kube: Kube, node: str, act: Callable[[], Awaitable[None]]) -> Any:
-    """Wrap kube.list_objects so `act` runs right after the first pod list that follows the
-    fence (the re-check has just seen the node empty), i.e. between it and the act. A timing
-    wrapper around the real server: nothing about the server's answers is faked."""
+def after_first_recheck(
+    kube: Kube, node: str, act: Callable[[], Awaitable[None]], *, lists: int = 1
+) -> Any:
+    """Wrap kube.list_objects so `act` runs right after the `lists`-th pod list that follows
+    the fence (the first: the re-check has just seen the node empty), i.e. between that look
+    and the act. A timing wrapper around the real server: nothing about the server's answers
+    is faked."""
     original = kube.list_objects
-    state = {"fenced": False, "done": False}
+    state = {"fenced": False, "done": False, "seen": 0}
     original_patch = kube.merge_patch
 
     async def patch(res: Any, name: str, body: Any, *a: Any, **kw: Any) -> Any:
@@ -439,6 +442,8 @@ def after_first_recheck(kube: Kube, node: str, act: Callable[[], Awaitable[None]
     async def listing(res: Any, *a: Any, **kw: Any) -> Any:
         listed = await original(res, *a, **kw)
         if res is POD and state["fenced"] and not state["done"]:
+            state["seen"] += 1
+        if res is POD and state["seen"] == lists and not state["done"]:
             state["done"] = True
             await act()
         return listed
@@ -707,3 +712,25 @@ async def test_a_node_claim_delete_whose_answer_was_lost_is_done(bed: Bed) -> No
     assert result.verdict == "reclaimed"
     with pytest.raises(NotFoundError):
         await bed.kube.get(NODE_CLAIM, meta["name"])
+
+
+async def test_a_pod_bound_in_the_last_round_trip_is_reported_not_silently_lost(
+    bed: Bed,
+) -> None:
+    """Defect 3, its limit: binding does not change the Node, so a bind in the one round trip
+    between the last look (the 4th pod list after the fence) and the delete cannot stop it.
+    It is named in the result and an Event on the pod, never lost silently."""
+    node = await bed.node()
+    bind = lambda: bed.bind("last-moment", node)  # noqa: E731
+    restore = after_first_recheck(bed.kube, node, bind, lists=4)
+    try:
+        result = await reclaim_safely(bed.kube, bed.target(node), NOW(UTC))
+    finally:
+        restore()
+    assert result.verdict == "reclaimed"
+    assert result.bound_too_late == (f"{bed.ns}/last-moment",)
+    await tell(EventRecorder(bed.kube), None, node, result, request=bed.request)
+    listed = await bed.kube.list_objects(
+        EVENT, bed.ns, field_selector="involvedObject.name=last-moment"
+    )
+    assert [e["reason"] for e in listed["items"]] == ["BoundToReclaimedNode"]
