@@ -95,6 +95,10 @@ class Metrics:
         self._reclaimed = meter.create_counter(
             "gangcheck_nodes_reclaimed", description="Nodes reclaimed after rollbacks"
         )
+        self._reclaim_failures = meter.create_counter(
+            "gangcheck_reclaim_failures",
+            description="Reclaims that failed with an error and will be retried, by error",
+        )
         self._stranded = meter.create_counter(
             "gangcheck_stranded_node_seconds",
             description="Node time held by gangs that did not start",
@@ -175,6 +179,9 @@ class Metrics:
     def reclaimed(self, nodes: int, node_seconds: int) -> None:
         self._reclaimed.add(nodes)
         self._stranded.add(node_seconds)
+
+    def reclaim_failed(self, error: str) -> None:
+        self._reclaim_failures.add(1, {"error": error})
 
     def capacity_used(self, used: Mapping[str, int]) -> None:
         for capacity, members in used.items():

@@ -1,8 +1,9 @@
 """Fulfillment, not promises: does the gang fit, whole, on nodes that exist right now?
 
 Nodes are attributed to at most one in-flight request (the arrival ledger, kept on the Node as
-``gangcheck.io/arrived-for: <namespace>/<request>``): a node created after a request, unclaimed,
-that could host one of its members is claimed for it. A request counts the nodes claimed for
+``gangcheck.io/arrived-for: <namespace>/<request>``): a node proven younger than a request
+(created in a later second, ``proven_younger``), unclaimed, that could host one of its
+members is claimed for it. A request counts the nodes claimed for
 it and the nodes no other in-flight request claims, so two gangs never count one node twice.
 """
 
@@ -242,10 +243,22 @@ def _arrival_order(node: Obj) -> tuple[str, str]:
     return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
 
 
-def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Member]) -> bool:
-    """Created no earlier than the request, and made of what one of its members needs."""
+def proven_younger(node: Obj, request_created: datetime | None) -> bool:
+    """Was the node created after the request, provably?
+
+    creationTimestamp has whole-second resolution: a node stamped in the same second as the
+    request may predate it by most of a second, so only a strictly later second proves it
+    younger. The one age rule for claiming a node as arrived and for reclaiming it.
+    """
     born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
-    if born is None or request_created is None or born < request_created:
+    if born is None or request_created is None:
+        return False
+    return born.replace(microsecond=0) > request_created.replace(microsecond=0)
+
+
+def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Member]) -> bool:
+    """Proven younger than the request, and made of what one of its members needs."""
+    if not proven_younger(node, request_created):
         return False
     view: NodeView = node_view(node)
     return any(could_be_made_for(m, view) for m in members)

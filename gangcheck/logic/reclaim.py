@@ -1,9 +1,13 @@
 """Safe reclaim, as invariants: which arrived node may be taken back, and what a rollback did.
 
-A node is reclaimed only if it was recorded as arrived for this very request, is no older than
-the request, carries no opt-out label, and runs no pod other than DaemonSet pods. Pods of the
+A node is reclaimed only if it was recorded as arrived for this very request, is proven
+younger than the request (``proven_younger``: created in a later second), carries no opt-out
+label, and runs no pod other than DaemonSet pods, nor has one nominated to it. Pods of the
 gang itself (those consuming the request) make the node wait ("drain") rather than stay: they
 leave when Kueue evicts the gang. The edge asks again right before acting.
+
+Undoing a fence touches only gangcheck's own keys: its taint (each removal guarded by a JSON
+patch ``test`` of that very entry), the cordon it set, and its own annotation.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ from datetime import datetime
 from typing import Any, Literal
 
 from gangcheck.logic.actions import CONSUME_ANNOTATION
-from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of
+from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
 
 Obj = dict[str, Any]
 
 RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
+"""On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
+is being retried). Written with the fence, in the same patch, so a fence is always recorded;
+cleared when the reclaim is done or the node is kept."""
 RECLAIM_TAINT = "gangcheck.io/reclaiming"
+RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
 Verdict = Literal["reclaim", "drain", "keep"]
 
@@ -56,9 +64,10 @@ def judge(
     if claim_of(node) != request:
         owner = claim_of(node) or "no request"
         return Judgement("keep", f"recorded for {owner}, not {request}")
-    born = parse_time(meta.get("creationTimestamp", ""))
-    if born is None or request_created is None or born < request_created:
-        return Judgement("keep", "predates the request")
+    if not proven_younger(node, request_created):
+        return Judgement(
+            "keep", "not proven younger than the request (created the same second or before)"
+        )
     return _judge_pods(pods_on_node, request.split("/", 1)[-1])
 
 
@@ -69,11 +78,26 @@ def _judge_pods(pods: Iterable[Obj], request_name: str) -> Judgement:
             continue
         annotations = pod.get("metadata", {}).get("annotations") or {}
         if annotations.get(CONSUME_ANNOTATION) != request_name:
+            if not (pod.get("spec") or {}).get("nodeName"):
+                return Judgement("keep", f"pod {pod_name(pod)} is nominated to it")
             return Judgement("keep", f"runs pod {pod_name(pod)}")
         gang_pods.append(pod)
     if gang_pods:
         return Judgement("drain", f"{len(gang_pods)} gang pods still on it")
     return Judgement("reclaim")
+
+
+def pods_that_keep(pods: Iterable[Obj], request: str) -> tuple[str, ...]:
+    """The pods (ns/name) that would keep a node: neither finished, nor DaemonSet pods, nor
+    pods of the gang of `request` (`ns/name`)."""
+    request_name = request.split("/", 1)[-1]
+    return tuple(
+        pod_name(p)
+        for p in pods
+        if not is_terminal(p)
+        and not is_daemonset_pod(p)
+        and (p.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) != request_name
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,10 @@ class Outcome:
     reclaimed: tuple[str, ...] = ()
     draining: tuple[str, ...] = ()
     kept: dict[str, str] = field(default_factory=dict)
+    """Kept by a safety rule, final: node -> reason."""
     node_seconds: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+    """Not reclaimed because of an error, retried with backoff: node -> last error."""
 
     def to_annotation(self) -> str:
         return json.dumps(
@@ -91,6 +118,7 @@ class Outcome:
                 "reclaimed": list(self.reclaimed),
                 "draining": list(self.draining),
                 "kept": self.kept,
+                "failed": self.failed,
                 "nodeSeconds": self.node_seconds,
             },
             sort_keys=True,
@@ -105,6 +133,7 @@ class Outcome:
                 draining=tuple(data.get("draining") or ()),
                 kept=dict(data.get("kept") or {}),
                 node_seconds=int(data.get("nodeSeconds") or 0),
+                failed=dict(data.get("failed") or {}),
             )
         except (ValueError, TypeError, AttributeError):
             return cls(kept={"?": f"unreadable outcome {raw[:80]!r}"})
@@ -117,10 +146,15 @@ class Outcome:
         if self.draining:
             parts.append(f"{len(self.draining)} to reclaim once the gang's pods leave")
         if self.kept:
-            name, why = sorted(self.kept.items())[0]
-            more = f" and {len(self.kept) - 1} more" if len(self.kept) > 1 else ""
-            parts.append(f"kept {name} ({why}){more}")
+            parts.append(f"kept {_each(self.kept)}")
+        if self.failed:
+            parts.append(f"failed, retrying: {_each(self.failed)}")
         return "; ".join(parts)
+
+
+def _each(reasons: dict[str, str]) -> str:
+    """Every node with its reason: `n1 (why), n2 (why)`."""
+    return ", ".join(f"{name} ({why})" for name, why in sorted(reasons.items()))
 
 
 def held_seconds(node: Obj, now: datetime) -> int:
@@ -134,3 +168,35 @@ def arrived_for(nodes: Iterable[Obj], request: str) -> list[Obj]:
         for n in nodes
         if (n.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR) == request
     ]
+
+
+def our_taint_indices(node: Obj) -> list[int]:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [i for i, t in enumerate(taints) if t.get("key") == RECLAIM_TAINT]
+
+
+def is_fenced(node: Obj) -> bool:
+    return bool((node.get("spec") or {}).get("unschedulable")) and bool(our_taint_indices(node))
+
+
+def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
+    """JSON patch ops that undo gangcheck's fence and nothing else: each taint of ours is
+    tested before it is removed (another writer's taint added or removed meanwhile fails the
+    test, never gets dropped), the cordon goes only if gangcheck set it, and the mark only
+    when `forget`. Empty when there is nothing of ours to undo."""
+    spec = node.get("spec") or {}
+    taints = spec.get("taints") or []
+    ops: list[Obj] = []
+    ours = our_taint_indices(node)
+    for i in reversed(ours):
+        ops += [{"op": "test", "path": f"/spec/taints/{i}", "value": taints[i]},
+                {"op": "remove", "path": f"/spec/taints/{i}"}]  # fmt: skip
+    if ours and not was_cordoned and spec.get("unschedulable"):
+        ops += [{"op": "test", "path": "/spec/unschedulable", "value": True},
+                {"op": "remove", "path": "/spec/unschedulable"}]  # fmt: skip
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    if forget and RECLAIM_WHEN_IDLE in annotations:
+        path = "/metadata/annotations/" + RECLAIM_WHEN_IDLE.replace("~", "~0").replace("/", "~1")
+        ops += [{"op": "test", "path": path, "value": annotations[RECLAIM_WHEN_IDLE]},
+                {"op": "remove", "path": path}]  # fmt: skip
+    return ops

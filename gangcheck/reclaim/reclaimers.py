@@ -1,8 +1,12 @@
 """The ways to give a node back, chosen per AtomicProvisioningConfig (`fulfillment.reclaimer`).
 
 Each acts on a node that safety (``reclaim.safely``) has already fenced (cordoned and tainted)
-and judged idle; each either finishes or raises ReclaimRefused with a reason, and then the
-node is unfenced and kept.
+and judged idle. Each either finishes (returning what it did), raises ReclaimRefused when a
+safety rule of its own keeps the node (final), or lets an ApiError through (a failure,
+retried). Each is idempotent under a lost answer: it checks the object's own state before
+acting again, acts with preconditions (uid, resourceVersion, JSON patch ``test`` ops), and
+treats "already gone" as done. Each trusts a node-to-object link only when the object's own
+back-reference names the node.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import (
     MACHINE,
     MACHINE_DEPLOYMENT,
@@ -24,10 +28,16 @@ DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+SCALED_DOWN_FOR = "gangcheck.io/scaled-down-for-machine"
+"""On a MachineSet/MachineDeployment, written in the same patch as the decrement: the uid of
+the Machine it was decremented for, so a retry after a lost answer sees it was done."""
+OWNER_SCALED_DOWN = "gangcheck.io/owner-scaled-down"
+"""On a Machine: its owner has been scaled down for it; never again (across restarts)."""
+SCALE_ATTEMPTS = 5
 
 
 class ReclaimRefused(Exception):
-    """The reclaimer cannot act on this node; the reason is kept in the outcome."""
+    """A safety rule of the reclaimer keeps this node; the reason is kept in the outcome."""
 
 
 class Reclaimer(Protocol):
@@ -38,8 +48,12 @@ class Reclaimer(Protocol):
         ...
 
 
-def _meta(obj: Obj) -> dict[str, object]:
-    return dict(obj.get("metadata") or {})
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 class DeleteNode:
@@ -49,23 +63,27 @@ class DeleteNode:
 
     async def reclaim(self, kube: Kube, node: Obj) -> str:
         meta = node["metadata"]
-        await kube.delete(NODE, meta["name"], resource_version=meta["resourceVersion"])
+        try:
+            await kube.delete(NODE, meta["name"], resource_version=meta["resourceVersion"])
+        except NotFoundError:
+            return "node already gone"
         return "node deleted"
 
 
 class CordonAndTaint:
-    """Leave the node fenced and let cluster-autoscaler's scale-down remove it."""
+    """Leave the node fenced and let cluster-autoscaler's scale-down remove it; an
+    administrator's `scale-down-disabled: "true"` keeps it (and is never overwritten)."""
 
     name = "CordonAndTaint"
 
     async def reclaim(self, kube: Kube, node: Obj) -> str:
-        patch = {"metadata": {"annotations": {SCALE_DOWN_DISABLED: "false"}}}
-        await kube.merge_patch(NODE, node["metadata"]["name"], patch)
+        if _annotations(node).get(SCALE_DOWN_DISABLED) == "true":
+            raise ReclaimRefused(f"{SCALE_DOWN_DISABLED}=true: its administrator keeps it")
         return "cordoned and tainted for scale-down"
 
 
 class DeleteNodeClaim:
-    """Delete the Karpenter NodeClaim (karpenter.sh/v1) behind the node."""
+    """Delete the Karpenter NodeClaim (karpenter.sh/v1) whose status.nodeName is the node."""
 
     name = "DeleteNodeClaim"
 
@@ -73,8 +91,18 @@ class DeleteNodeClaim:
         claim = await self._claim_of(kube, node)
         if claim is None:
             raise ReclaimRefused("no NodeClaim owns it")
-        meta = claim["metadata"]
-        await kube.delete(NODE_CLAIM, meta["name"], uid=meta["uid"])
+        meta, name = claim["metadata"], node["metadata"]["name"]
+        named = (claim.get("status") or {}).get("nodeName")
+        if named != name:
+            raise ReclaimRefused(
+                f"NodeClaim {meta['name']} names node {named or 'none'} in status.nodeName"
+            )
+        if meta.get("deletionTimestamp"):
+            return f"NodeClaim {meta['name']} already being deleted"
+        try:
+            await kube.delete(NODE_CLAIM, meta["name"], uid=meta["uid"])
+        except NotFoundError:
+            return f"NodeClaim {meta['name']} already gone"
         return f"NodeClaim {meta['name']} deleted"
 
     async def _claim_of(self, kube: Kube, node: Obj) -> Obj | None:
@@ -86,46 +114,86 @@ class DeleteNodeClaim:
                     return None
         claims = (await kube.list_objects(NODE_CLAIM)).get("items") or []
         name = node["metadata"]["name"]
-        provider = (node.get("spec") or {}).get("providerID")
-        return next(
-            (
-                c
-                for c in claims
-                if (c.get("status") or {}).get("nodeName") == name
-                or (provider and (c.get("status") or {}).get("providerID") == provider)
-            ),
-            None,
-        )
+        return next((c for c in claims if (c.get("status") or {}).get("nodeName") == name), None)
 
 
 class DeleteMachine:
-    """Cluster API: mark the Machine for deletion and scale its owner down by one."""
+    """Cluster API: mark the Machine for deletion and scale its owner down by one, once."""
 
     name = "DeleteMachine"
 
     async def reclaim(self, kube: Kube, node: Obj) -> str:
-        annotations = node["metadata"].get("annotations") or {}
-        name = annotations.get(MACHINE_ANNOTATION)
-        namespace = annotations.get(MACHINE_NAMESPACE_ANNOTATION)
-        if not name or not namespace:
-            raise ReclaimRefused(f"no {MACHINE_ANNOTATION} annotation")
-        try:
-            machine = await kube.get(MACHINE, name, namespace)
-        except NotFoundError as e:
-            raise ReclaimRefused(f"Machine {namespace}/{name} not found") from e
+        machine = await _machine_of(kube, node)
+        name = machine["metadata"]["name"]
+        if machine["metadata"].get("deletionTimestamp"):
+            return f"Machine {name} already being deleted"
+        if _annotations(machine).get(OWNER_SCALED_DOWN):
+            return f"Machine {name} already marked for deletion and its owner scaled down"
         mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}
+        namespace = machine["metadata"]["namespace"]
         await kube.merge_patch(MACHINE, name, mark, namespace)
         owner = await _scaling_owner(kube, machine)
         if owner is None:
             return f"Machine {name} marked for deletion (no MachineSet owns it)"
         res, obj = owner
-        replicas = int((obj.get("spec") or {}).get("replicas") or 0)
-        patch = {
-            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-            "spec": {"replicas": max(0, replicas - 1)},
+        replicas = await _scale_down_once(kube, res, obj, machine)
+        done = {
+            "metadata": {
+                "annotations": {OWNER_SCALED_DOWN: f"{res.kind}/{obj['metadata']['name']}"}
+            }
         }
-        await kube.merge_patch(res, obj["metadata"]["name"], patch, namespace)
-        return f"Machine {name} marked for deletion, {res.kind} scaled to {max(0, replicas - 1)}"
+        await kube.merge_patch(MACHINE, name, done, namespace)
+        return f"Machine {name} marked for deletion, {res.kind} scaled to {replicas}"
+
+
+async def _machine_of(kube: Kube, node: Obj) -> Obj:
+    """The Machine the node's annotations name, if its status.nodeRef names the node."""
+    annotations = _annotations(node)
+    name = annotations.get(MACHINE_ANNOTATION)
+    namespace = annotations.get(MACHINE_NAMESPACE_ANNOTATION)
+    if not name or not namespace:
+        raise ReclaimRefused(f"no {MACHINE_ANNOTATION} annotation")
+    try:
+        machine = await kube.get(MACHINE, name, namespace)
+    except NotFoundError as e:
+        raise ReclaimRefused(f"Machine {namespace}/{name} not found") from e
+    node_ref = (machine.get("status") or {}).get("nodeRef") or {}
+    if node_ref.get("name") != node["metadata"]["name"]:
+        named = node_ref.get("name") or "no node"
+        raise ReclaimRefused(f"Machine {namespace}/{name} names {named} in status.nodeRef")
+    return machine
+
+
+async def _scale_down_once(kube: Kube, res: Resource, obj: Obj, machine: Obj) -> int:
+    """Decrement replicas by one with a `test` of the value read, marking the owner with the
+    Machine's uid in the same patch; a failed test (a lost answer, another writer) is read
+    again: the mark says whether the decrement was ours."""
+    uid, namespace = machine["metadata"]["uid"], machine["metadata"]["namespace"]
+    for _ in range(SCALE_ATTEMPTS):
+        if _annotations(obj).get(SCALED_DOWN_FOR) == uid:
+            return int((obj.get("spec") or {}).get("replicas") or 0)
+        replicas = int((obj.get("spec") or {}).get("replicas") or 0)
+        if replicas <= 0:
+            return 0
+        try:
+            await kube.json_patch(
+                res, obj["metadata"]["name"], _decrement(obj, replicas, uid), namespace
+            )
+            return replicas - 1
+        except (InvalidError, ConflictError):
+            obj = await kube.get(res, obj["metadata"]["name"], namespace)
+    raise ApiError(409, "Conflict", f"{res.kind} kept changing while being scaled down")
+
+
+def _decrement(obj: Obj, replicas: int, uid: str) -> list[Obj]:
+    ops: list[Obj] = [
+        {"op": "test", "path": "/spec/replicas", "value": replicas},
+        {"op": "replace", "path": "/spec/replicas", "value": replicas - 1},
+    ]
+    if "annotations" in (obj.get("metadata") or {}):
+        path = f"/metadata/annotations/{_pointer(SCALED_DOWN_FOR)}"
+        return [*ops, {"op": "add", "path": path, "value": uid}]
+    return [*ops, {"op": "add", "path": "/metadata/annotations", "value": {SCALED_DOWN_FOR: uid}}]
 
 
 async def _scaling_owner(kube: Kube, machine: Obj) -> tuple[Resource, Obj] | None:

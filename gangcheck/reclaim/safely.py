@@ -1,27 +1,63 @@
-"""Reclaim one arrived node safely: judge, fence, judge again with fresh pods, then act.
+"""Reclaim one arrived node safely: judge, fence, let binds in flight land, judge again with
+fresh pods, then act; and say which of four things happened.
 
 Fencing (cordon plus the `gangcheck.io/reclaiming` taint, written with the node's
-resourceVersion as precondition) stops new pods from landing; the pods on the node are then
-listed afresh, so a pod bound in the meantime wins and the node is unfenced and kept.
+resourceVersion as precondition) keeps the scheduler from placing pods that do not tolerate
+it. It cannot stop a pod tolerating every taint, nor a pod whose spec.nodeName is set
+directly, and binding a pod does not change the Node: so after fencing gangcheck waits
+``SETTLE_SECONDS`` for binds already under way, lists again the pods bound or nominated to
+the node, and acts only if none but DaemonSet pods are there, with the resourceVersion of the
+node it judged. A pod found there wins: the fence is undone and the node kept. What remains
+is one round trip, between that last list and the act, that no Kubernetes precondition
+covers (a bind does not touch the Node); a pod bound then is named in the result
+(``bound_too_late``) and reported, never lost silently.
+
+The fence is recorded in the same patch (the `reclaim-when-idle` mark, with whether the node
+was cordoned before), so a reclaim interrupted after fencing is completed or undone by the
+draining-node reconciler after a restart. Results:
+- ``reclaimed`` / ``gone``: done (a node already gone is done, not kept);
+- ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go;
+- ``drain``: the gang's own pods are still there; the mark stays, the fence goes;
+- ``failed``: an error (403, retries exhausted, a node that kept changing); the fence goes,
+  the mark stays, and the draining-node reconciler retries with backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ApiError, ConflictError, NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
-from gangcheck.logic.reclaim import RECLAIM_TAINT, RECLAIM_WHEN_IDLE, Judgement, held_seconds, judge
+from gangcheck.logic.reclaim import (
+    RECLAIM_TAINT,
+    RECLAIM_TAINT_ENTRY,
+    RECLAIM_WHEN_IDLE,
+    Judgement,
+    held_seconds,
+    is_fenced,
+    judge,
+    pods_that_keep,
+    unfence_ops,
+)
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5
+SETTLE_SECONDS = 1.0
+"""After fencing, how long binds already decided (before the fence was seen) get to land."""
+
+Verdict = Literal["reclaimed", "gone", "drain", "keep", "failed"]
+_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+"""Per node while reclaims of it run or wait (the applier, the draining-node reconciler):
+the lock and how many use it."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +68,8 @@ class Target:
     request: str
     request_created: str
     reclaimer: str
+    was_cordoned: bool = False
+    """Whether the node was cordoned before gangcheck fenced it (kept so after an unfence)."""
 
     def mark(self) -> str:
         return json.dumps(
@@ -39,6 +77,7 @@ class Target:
                 "request": self.request,
                 "requestCreated": self.request_created,
                 "reclaimer": self.reclaimer,
+                "wasCordoned": self.was_cordoned,
             },
             sort_keys=True,
         )
@@ -48,7 +87,11 @@ class Target:
         try:
             data = json.loads(raw)
             return cls(
-                node, str(data["request"]), str(data["requestCreated"]), str(data["reclaimer"])
+                node,
+                str(data["request"]),
+                str(data["requestCreated"]),
+                str(data["reclaimer"]),
+                bool(data.get("wasCordoned", False)),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -56,85 +99,213 @@ class Target:
 
 @dataclass(frozen=True)
 class Result:
-    verdict: str  # reclaimed | drain | keep | gone
+    verdict: Verdict
     reason: str = ""
     held_seconds: int = 0
+    node_uid: str = ""
+    bound_too_late: tuple[str, ...] = ()
+    """Pods (ns/name) bound to a reclaimed node between the last look and the act."""
 
 
-async def reclaim_safely(kube: Kube, target: Target, now: datetime) -> Result:
+async def reclaim_safely(
+    kube: Kube, target: Target, now: datetime, *, settle_seconds: float = SETTLE_SECONDS
+) -> Result:
+    """Reclaim the node if every safety rule allows it; one reclaim per node at a time."""
+    lock, users = _locks.get(target.node) or (asyncio.Lock(), 0)
+    _locks[target.node] = (lock, users + 1)
+    try:
+        async with lock:
+            return await _reclaim(kube, target, now, settle_seconds)
+    finally:
+        lock, users = _locks[target.node]
+        if users > 1:
+            _locks[target.node] = (lock, users - 1)
+        else:
+            del _locks[target.node]
+
+
+async def _reclaim(kube: Kube, target: Target, now: datetime, settle_seconds: float) -> Result:
     if target.reclaimer not in RECLAIMERS:
         return Result("keep", f"reclaimer {target.reclaimer}: nodes are left alone")
-    try:
-        node = await kube.get(NODE, target.node)
-    except NotFoundError:
+    node = await _get(kube, target.node)
+    if node is None:
         return Result("gone", "node no longer exists")
-    first = await _judge(kube, node, target)
-    if first.verdict == "keep":
-        return Result("keep", first.reason)
-    if first.verdict == "drain":
-        await _mark_drain(kube, node, target)
-        return Result("drain", first.reason)
-    result = await _fence_and_reclaim(kube, node, target, now)
-    current = await _get(kube, target.node) if result.verdict == "drain" else None
-    if current is not None:
-        await _mark_drain(kube, current, target)
-    return result
-
-
-async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
-    pods = await kube.list_objects(POD, field_selector=f"spec.nodeName={node['metadata']['name']}")
-    created = parse_time(target.request_created)
-    return judge(node, pods.get("items") or [], request=target.request, request_created=created)
-
-
-async def _fence_and_reclaim(kube: Kube, node: Obj, target: Target, now: datetime) -> Result:
-    """Fence, judge again with fresh pods, act; a node that changed (a status heartbeat) is
-    read and judged again, a few times, never acted on with a stale view."""
-    was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    target = _with_cordon(target, node)
+    judged = await _judge(kube, node, target)
+    if judged.verdict != "reclaim":
+        return await _stand_down(kube, node, target, judged)
     fenced = await _fence_fresh(kube, node, target)
     if isinstance(fenced, Result):
         return fenced
+    judged = await _judge(kube, fenced, target)
+    if judged.verdict != "reclaim":
+        return await _stand_down(kube, fenced, target, judged)
+    await asyncio.sleep(settle_seconds)
+    fresh = await _get(kube, target.node)
+    if fresh is None:
+        return Result("gone", "node no longer exists")
+    return await _recheck_and_act(kube, fresh, target, now)
+
+
+def _with_cordon(target: Target, node: Obj) -> Target:
+    """Whether the node was cordoned before gangcheck: from its mark when gangcheck fenced it
+    already (a reclaim resumed), else from the node as it is now."""
+    raw = (node["metadata"].get("annotations") or {}).get(RECLAIM_WHEN_IDLE)
+    marked = Target.from_mark(target.node, raw) if raw else None
+    if marked is not None and marked.request == target.request:
+        cordoned = marked.was_cordoned
+    elif any(t.get("key") == RECLAIM_TAINT for t in (node.get("spec") or {}).get("taints") or []):
+        cordoned = False
+    else:
+        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    return Target(target.node, target.request, target.request_created, target.reclaimer, cordoned)
+
+
+async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
+    """Judge with the pods bound to the node and those nominated to it, listed now."""
+    name = node["metadata"]["name"]
+    bound = await kube.list_objects(POD, field_selector=f"spec.nodeName={name}")
+    nominated = await kube.list_objects(POD, field_selector=f"status.nominatedNodeName={name}")
+    pods = [*(bound.get("items") or []), *(nominated.get("items") or [])]
+    created = parse_time(target.request_created)
+    return judge(node, pods, request=target.request, request_created=created)
+
+
+async def _recheck_and_act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result:
+    """Judge the fenced node again with fresh pods, act on exactly the node judged; a node
+    that changed (a status heartbeat) is read and judged again, a few times."""
     for _ in range(ATTEMPTS):
         judged = await _judge(kube, fenced, target)
         if judged.verdict != "reclaim":
-            await _unfence(kube, fenced, was_cordoned=was_cordoned)
-            return Result("keep" if judged.verdict == "keep" else "drain", judged.reason)
-        try:
-            done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced)
-        except ConflictError:
-            current = await _get(kube, target.node)
-            if current is None:
-                return Result("gone", "node no longer exists")
-            if not _is_fenced(current):
-                return Result("keep", "unfenced by someone else while being reclaimed")
-            fenced = current
-            continue
-        except ReclaimRefused as e:
-            await _unfence(kube, fenced, was_cordoned=was_cordoned)
-            return Result("keep", str(e))
-        except ApiError as e:  # e.g. 403: the reclaimer's RBAC component is not installed
-            await _unfence(kube, fenced, was_cordoned=was_cordoned)
-            return Result("keep", f"{target.reclaimer} refused: {e.status} {e.reason}")
-        log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
-        return Result("reclaimed", done, held_seconds(node, now))
-    await _unfence(kube, fenced, was_cordoned=was_cordoned)
-    return Result("keep", "node kept changing while being reclaimed; judged again next time")
+            return await _stand_down(kube, fenced, target, judged)
+        acted = await _act(kube, fenced, target, now)
+        if isinstance(acted, Result):
+            return acted
+        fenced = acted
+    await _hold(kube, fenced, target)
+    return Result("failed", "node kept changing while being reclaimed", node_uid=_uid(fenced))
+
+
+async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result | Obj:
+    """Run the reclaimer and classify what happened; the node as it is now when it changed
+    since it was judged (still fenced: judge it again)."""
+    uid, failed = _uid(fenced), f"{target.reclaimer} failed"
+    try:
+        done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced)
+    except ConflictError:
+        current = await _get(kube, target.node)
+        if current is None:
+            return Result("gone", "node no longer exists", node_uid=uid)
+        if not is_fenced(current):
+            await _undo(kube, current, target, forget=True)
+            return Result("keep", "unfenced by someone else while being reclaimed", 0, uid)
+        return current
+    except ReclaimRefused as e:
+        await _undo(kube, fenced, target, forget=True)
+        return Result("keep", str(e), node_uid=uid)
+    except ApiError as e:  # 403 (the reclaimer's RBAC component missing), retries exhausted
+        if isinstance(e, NotFoundError) and await _get(kube, target.node) is None:
+            return Result("gone", "node no longer exists", node_uid=uid)
+        await _hold(kube, fenced, target)
+        return Result("failed", f"{failed}: {e.status} {e.reason}", node_uid=uid)
+    await _forget(kube, target.node)
+    log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
+    late = await _bound_too_late(kube, target)
+    return Result("reclaimed", done, held_seconds(fenced, now), uid, late)
+
+
+async def _bound_too_late(kube: Kube, target: Target) -> tuple[str, ...]:
+    """Pods bound to the node in the one round trip between the last look and the act (no
+    precondition covers it): named, so they are reported, never silently lost."""
+    listed = await kube.list_objects(POD, field_selector=f"spec.nodeName={target.node}")
+    late = pods_that_keep(listed.get("items") or [], target.request)
+    if late:
+        log.error(
+            "node %s was reclaimed as pods were bound to it: %s",
+            target.node,
+            ", ".join(late),
+            extra={"request": target.request},
+        )
+    return late
+
+
+async def _stand_down(kube: Kube, node: Obj, target: Target, judged: Judgement) -> Result:
+    """Not now: undo gangcheck's fence; a node kept forgets its mark, a draining one keeps it."""
+    uid = _uid(node)
+    if judged.verdict == "keep":
+        if _marked_for(node) in (target.request, None):
+            await _undo(kube, node, target, forget=True)
+        return Result("keep", judged.reason, node_uid=uid)
+    await _hold(kube, node, target)
+    return Result("drain", judged.reason, node_uid=uid)
+
+
+async def _hold(kube: Kube, node: Obj, target: Target) -> None:
+    """Undo the fence, keep (or write) the mark: the node is to be reclaimed later."""
+    current = await _undo(kube, node, target, forget=False)
+    if current is not None:
+        await _mark(kube, current, target)
+
+
+def _marked_for(node: Obj) -> str | None:
+    raw = (node["metadata"].get("annotations") or {}).get(RECLAIM_WHEN_IDLE)
+    marked = Target.from_mark(node["metadata"]["name"], raw) if raw else None
+    return marked.request if marked else None
 
 
 async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
     """Fence with the resourceVersion read; on a conflict read the node and judge again."""
     for _ in range(ATTEMPTS):
         try:
-            return await _fence(kube, node)
+            return await _fence(kube, node, target)
         except ConflictError:
             current = await _get(kube, target.node)
             if current is None:
                 return Result("gone", "node no longer exists")
             judged = await _judge(kube, current, target)
             if judged.verdict != "reclaim":
-                return Result("keep" if judged.verdict == "keep" else "drain", judged.reason)
+                return await _stand_down(kube, current, target, judged)
             node = current
-    return Result("keep", "node kept changing while being fenced; judged again next time")
+    await _hold(kube, node, target)
+    return Result("failed", "node kept changing while being fenced", node_uid=_uid(node))
+
+
+def _uid(node: Obj) -> str:
+    return str(node["metadata"].get("uid", ""))
+
+
+async def _fence(kube: Kube, node: Obj, target: Target) -> Obj:
+    """Cordon, taint and record the fence in one write, on the node as read (resourceVersion):
+    the whole taint list is written, so the precondition is what keeps others' taints."""
+    meta, spec = node["metadata"], node.get("spec") or {}
+    taints = [t for t in spec.get("taints") or [] if t.get("key") != RECLAIM_TAINT]
+    patch = {
+        "metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {RECLAIM_WHEN_IDLE: target.mark()},
+        },
+        "spec": {"unschedulable": True, "taints": [*taints, RECLAIM_TAINT_ENTRY]},
+    }
+    return await kube.merge_patch(NODE, meta["name"], patch)
+
+
+async def _undo(kube: Kube, node: Obj, target: Target, *, forget: bool) -> Obj | None:
+    """Remove gangcheck's fence (and, with `forget`, its mark) and nothing else; a test that
+    fails because another writer changed the node is read again. The node after, or None."""
+    for _ in range(ATTEMPTS):
+        ops = unfence_ops(node, was_cordoned=target.was_cordoned, forget=forget)
+        if not ops:
+            return node
+        try:
+            return await kube.json_patch(NODE, target.node, ops)
+        except NotFoundError:
+            return None
+        except (InvalidError, ConflictError):
+            fresh = await _get(kube, target.node)
+            if fresh is None:
+                return None
+            node = fresh
+    raise ConflictError(409, "Conflict", f"node {target.node} kept changing while unfenced")
 
 
 async def _get(kube: Kube, name: str) -> Obj | None:
@@ -144,43 +315,15 @@ async def _get(kube: Kube, name: str) -> Obj | None:
         return None
 
 
-def _is_fenced(node: Obj) -> bool:
-    spec = node.get("spec") or {}
-    return bool(spec.get("unschedulable")) and any(
-        t.get("key") == RECLAIM_TAINT for t in spec.get("taints") or []
-    )
-
-
-async def _fence(kube: Kube, node: Obj) -> Obj:
-    meta, spec = node["metadata"], node.get("spec") or {}
-    taints = [t for t in spec.get("taints") or [] if t.get("key") != RECLAIM_TAINT]
-    taints.append({"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"})
-    patch = {
-        "metadata": {"resourceVersion": meta["resourceVersion"]},
-        "spec": {"unschedulable": True, "taints": taints},
-    }
-    return await kube.merge_patch(NODE, meta["name"], patch)
-
-
-async def _unfence(kube: Kube, node: Obj, *, was_cordoned: bool) -> None:
-    spec = node.get("spec") or {}
-    taints = [t for t in spec.get("taints") or [] if t.get("key") != RECLAIM_TAINT]
-    patch = {
-        "metadata": {"annotations": {RECLAIM_WHEN_IDLE: None}},
-        "spec": {"unschedulable": True if was_cordoned else None, "taints": taints or None},
-    }
+async def _mark(kube: Kube, node: Obj, target: Target) -> None:
+    if (node["metadata"].get("annotations") or {}).get(RECLAIM_WHEN_IDLE) == target.mark():
+        return
+    patch = {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: target.mark()}}}
     with contextlib.suppress(NotFoundError):
         await kube.merge_patch(NODE, node["metadata"]["name"], patch)
 
 
-async def _mark_drain(kube: Kube, node: Obj, target: Target) -> None:
-    if (node["metadata"].get("annotations") or {}).get(RECLAIM_WHEN_IDLE) == target.mark():
-        return
-    patch = {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: target.mark()}}}
-    await kube.merge_patch(NODE, node["metadata"]["name"], patch)
-
-
-async def forget_drain(kube: Kube, node: str) -> None:
-    """Drop the reclaim-when-idle mark (the node is kept)."""
+async def _forget(kube: Kube, node: str) -> None:
+    """Drop the mark from a node left behind once reclaimed (its fence stays: completed)."""
     with contextlib.suppress(NotFoundError):
         await kube.merge_patch(NODE, node, {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: None}}})

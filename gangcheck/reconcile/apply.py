@@ -40,10 +40,9 @@ from gangcheck.logic.actions import (
 from gangcheck.logic.fulfillment import ARRIVED_FOR
 from gangcheck.logic.hold import is_held, taints_holding, taints_released
 from gangcheck.logic.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
-from gangcheck.logic.reclaim import Outcome
-from gangcheck.logic.timefmt import parse_time
-from gangcheck.reclaim.safely import Target, reclaim_safely
+from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -239,30 +238,14 @@ class Applier:
     async def _reclaim_arrivals(self, namespace: str, action: Action) -> None:
         """Reclaim each arrived node safely, then record the outcome on the request (once)."""
         assert isinstance(action, ReclaimArrivals)
-        now = self._clock()
-        reclaimed, draining, kept, held = [], [], {}, 0
-        created = dict(zip(action.nodes, action.node_created, strict=False))
-        for node in action.nodes:
-            target = Target(node, action.request_key, action.request_created, action.reclaimer)
-            result = await reclaim_safely(self._kube, target, now)
-            if result.verdict == "reclaimed":
-                reclaimed.append(node)
-                held += result.held_seconds
-            elif result.verdict == "gone":  # reclaimed before a restart, or by the cloud
-                reclaimed.append(node)
-                born = parse_time(created.get(node, ""))
-                held += int((now - born).total_seconds()) if born else 0
-            elif result.verdict == "drain":
-                draining.append(node)
-            elif result.verdict == "keep":
-                kept[node] = result.reason
-        outcome = Outcome(tuple(reclaimed), tuple(draining), kept, held)
+        events = EventRecorder(self._kube, clock=self._clock)
+        outcome = await reclaim_arrivals(
+            self._kube, action, self._clock(), events=events, metrics=self.metrics
+        )
         await self._annotate_request(
             namespace,
             AnnotateRequest(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()}),
         )
-        if self.metrics is not None:
-            self.metrics.reclaimed(len(reclaimed), held)
 
     async def _release_members(self, namespace: str, action: Action) -> None:
         """Annotate and pin each gated member, lifting the gate in the same write (a gated

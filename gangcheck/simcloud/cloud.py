@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -264,6 +265,11 @@ class SimCloud:
 
     async def _deliver(self, node: PlannedNode, plan: Plan, request: str) -> None:
         group = plan.groups[node.group]
+        # A real node comes up seconds after the request: never stamp one in the second the
+        # request was seen (creationTimestamp has 1 s resolution; gangcheck counts a node as
+        # arrived for a request only when it is stamped in a later second).
+        wait = math.floor(plan.started_at) + 1.001 - self._clock()
+        await asyncio.sleep(min(max(0.0, wait), 1.001))
         now = datetime.now(UTC)
         body = model.node_object(
             node.name,

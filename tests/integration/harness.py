@@ -331,7 +331,11 @@ class Cluster:
         taints: list[Obj] | None = None,
         labels: dict[str, str] | None = None,
     ) -> list[str]:
-        """As the cloud: Nodes that register and turn Ready."""
+        """As the cloud: Nodes that register and turn Ready, in a later second than anything
+        made before the call (creationTimestamp has 1 s resolution, and gangcheck counts a
+        node as arrived for a request only when it is stamped in a later second; a real
+        node takes longer than that to come up)."""
+        await asyncio.sleep(1.001 - time.time() % 1)
         names = []
         for _ in range(count):
             name = f"{self.ns}-{prefix}{next(_ids)}"

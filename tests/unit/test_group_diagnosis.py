@@ -24,6 +24,8 @@ from tests.builders import container, node, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 LATER = "2026-11-30T10:20:00Z"
+ARRIVED = "2026-11-30T10:00:01Z"
+"""A node created a second after the request: proven younger, so it arrived for it."""
 Obj = dict[str, Any]
 
 
@@ -238,7 +240,7 @@ CASES = [
         "blocked: waiting for the autoscaler: 1 of 2 members placeable, deadline in 15m",
         "fulfilling",
         requests=[req(count=2, Provisioned="ok")],
-        nodes=[node("n0", gpu=2)],
+        nodes=[node("n0", gpu=2, created=ARRIVED)],
     ),
     Case(
         "provisioned, arrived with a taint",
@@ -251,6 +253,7 @@ CASES = [
             node(
                 "n0",
                 taints=[{"key": "nvidia.com/gpu", "value": "x", "effect": "NoSchedule"}],
+                created=ARRIVED,
             )
         ],
     ),
@@ -262,7 +265,7 @@ CASES = [
         "release the members (is the controller running?)",
         "fulfilling",
         requests=[req(count=2, Provisioned="ok")],
-        nodes=[node("n0", gpu=2)],
+        nodes=[node("n0", gpu=2, created=ARRIVED)],
     ),
     Case(
         "the autoscaler failed",

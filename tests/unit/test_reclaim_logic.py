@@ -1,14 +1,19 @@
-"""Reclaim safety as invariants (hypothesis), and the rollback outcome record."""
+"""Reclaim safety as invariants (hypothesis), the one age rule, undoing a fence, and the
+rollback outcome record. Pure logic: no API server."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.reclaim import Outcome, judge
+from gangcheck.logic.fit import member_from_template
+from gangcheck.logic.fulfillment import is_new_arrival, proven_younger
+from gangcheck.logic.reclaim import Outcome, judge, unfence_ops
+from gangcheck.logic.timefmt import parse_time
 
 REQUEST = "ns/gang-atomic-1"
 CREATED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -57,7 +62,7 @@ def test_reclaim_only_what_is_safe(
         request=REQUEST,
         request_created=CREATED,
     ).verdict
-    unsafe = opt_out or claim != REQUEST or born_offset < 0 or "foreign" in pods
+    unsafe = opt_out or claim != REQUEST or born_offset <= 0 or "foreign" in pods
     if unsafe:
         assert verdict == "keep"
     elif "gang" in pods:
@@ -79,3 +84,88 @@ def test_an_unreadable_outcome_is_reported_not_trusted() -> None:
     outcome = Outcome.from_annotation("{not json")
     assert outcome.reclaimed == ()
     assert "unreadable outcome" in outcome.kept["?"]
+
+
+AGES = [
+    ("2026-11-30T10:00:00Z", "2026-11-30T10:00:00Z", False),
+    ("2026-11-30T09:59:59Z", "2026-11-30T10:00:00Z", False),
+    ("2026-11-30T10:00:01Z", "2026-11-30T10:00:00Z", True),
+    ("2026-11-30T10:00:00.900Z", "2026-11-30T10:00:00.100Z", False),
+    ("", "2026-11-30T10:00:00Z", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("born", "asked", "younger"),
+    AGES,
+    ids=[
+        "a node stamped the same second as the request is not proven younger",
+        "a node stamped a second before the request is not younger",
+        "a node stamped a later second is proven younger",
+        "sub-second digits do not make a same-second node younger",
+        "a node without a timestamp is not proven younger",
+    ],
+)
+def test_one_age_rule_for_claiming_and_reclaiming(born: str, asked: str, younger: bool) -> None:
+    node = {"metadata": {"name": "n1", "creationTimestamp": born,
+                         "annotations": {"gangcheck.io/arrived-for": REQUEST}},
+            "status": {"allocatable": {"pods": "110", "cpu": "4"}}}  # fmt: skip
+    created = parse_time(asked)
+    member = member_from_template({"spec": {"containers": [{"name": "c"}]}})
+    assert proven_younger(node, created) is younger
+    assert is_new_arrival(node, created, [member]) is younger
+    verdict = judge(node, [], request=REQUEST, request_created=created).verdict
+    assert (verdict == "reclaim") is younger
+
+
+def test_every_kept_and_failed_node_is_named_with_its_reason() -> None:
+    outcome = Outcome(
+        ("a",), (), {"k1": "runs pod ns/x", "k2": "carries the opt-out label"}, 60,
+        failed={"f1": "DeleteNode failed: 403 Forbidden"},
+    )  # fmt: skip
+    summary = outcome.summary()
+    assert "kept k1 (runs pod ns/x), k2 (carries the opt-out label)" in summary
+    assert "failed, retrying: f1 (DeleteNode failed: 403 Forbidden)" in summary
+    assert "more" not in summary
+    assert Outcome.from_annotation(outcome.to_annotation()) == outcome
+
+
+def fenced_node(taints: list[dict[str, Any]], *, cordoned: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n1", "annotations": {"gangcheck.io/reclaim-when-idle": "{}"}},
+        "spec": {"unschedulable": cordoned, "taints": taints},
+    }
+
+
+OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
+THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("node", "was_cordoned", "forget", "expected"),
+    [
+        (fenced_node([THEIRS, OURS]), False, True, [
+            {"op": "test", "path": "/spec/taints/1", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/1"},
+            {"op": "test", "path": "/spec/unschedulable", "value": True},
+            {"op": "remove", "path": "/spec/unschedulable"},
+            {"op": "test", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle",
+             "value": "{}"},
+            {"op": "remove", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle"},
+        ]),
+        (fenced_node([OURS]), True, False, [
+            {"op": "test", "path": "/spec/taints/0", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/0"},
+        ]),
+        (fenced_node([THEIRS], cordoned=True), False, False, []),
+    ],
+    ids=[
+        "unfencing removes only our taint, tested in place, our cordon and our mark",
+        "a node cordoned before the fence stays cordoned",
+        "a node without our taint is left alone, its cordon too",
+    ],
+)  # fmt: skip
+def test_unfencing_touches_only_our_keys(
+    node: dict[str, Any], was_cordoned: bool, forget: bool, expected: list[dict[str, Any]]
+) -> None:
+    assert unfence_ops(node, was_cordoned=was_cordoned, forget=forget) == expected
