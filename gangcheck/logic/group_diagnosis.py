@@ -37,6 +37,7 @@ from gangcheck.logic.podgroup import (
     BLOCKED,
     CONFIG_ANNOTATION,
     FAILED,
+    GANG_MEMBERS_ANNOTATION,
     GAVE_UP,
     GROUP_UID_ANNOTATION,
     MESSAGE_ANNOTATION,
@@ -113,6 +114,8 @@ class GroupFacts:
     placement: Placement | None = None
     hint: str = ""
     """Said after an autoscaler's answer: why it cannot help (DRA claims)."""
+    released_together: int | None = None
+    """Once released: how many members were released together (the gang gangcheck read)."""
 
     @property
     def kind(self) -> str:
@@ -173,7 +176,8 @@ def gather_group(
         and len(live) >= group.min_count
         and state not in (RELEASED, NOT_A_GANG)
     ):
-        gang = podgroup.gang_from_pods(group, unbound)
+        ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
+        gang = podgroup.gang_from_pods(group, ours)
         placement = place_in(world, gang, group.ref.namespace, req)
         hint = dra_hint(req, gang) if req is not None else ""
     meta = obj.get("metadata") or {}
@@ -201,7 +205,12 @@ def gather_group(
         request=request,
         placement=placement,
         hint=hint,
+        released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
     )
+
+
+def _count(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
 
 
 def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
@@ -297,23 +306,34 @@ def _settled_verdict(f: GroupFacts) -> Verdict | None:
 
 def _released_verdict(f: GroupFacts) -> Verdict:
     m = f.members
-    late = m.gated
-    if late:
-        return Verdict(
-            True,
-            "release",
-            f"released, but {len(late)} member(s) created since are still gated ({_names(late)}); "
-            "is the gangcheck controller running?",
-        )
     if not m.exist:
         return Verdict(False, "release", "released; the gang has no members left")
-    head = f"released: all {m.exist} members released together"
+    out = m.exist - len(m.gated)
+    together = f.released_together if f.released_together is not None else out
+    head = f"released: {together} member{'s' if together != 1 else ''} released together"
+    if out > together:
+        head += f", {out - together} more since"
+    if m.gated:
+        return Verdict(True, "release", f"{head}; {_late(f)}")
     if not m.unbound:
         return Verdict(False, "release", f"{head}, all bound")
     return Verdict(
         False,
         "release",
         f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)",
+    )
+
+
+def _late(f: GroupFacts) -> str:
+    """Why members created after the gang was read are still gated."""
+    late = f.members.gated
+    said = f.message.removeprefix("released; ")
+    if said != f.message and "wait for room" in said:
+        return f"{said} ({_pods(late)})"
+    return (
+        f"{len(late)} member(s) created since are still gated ({_names(late)}); gangcheck "
+        "releases each once the gang is bound and it fits on nodes that exist (is the "
+        "controller running?)"
     )
 
 

@@ -127,7 +127,7 @@ async def test_a_coscheduling_gang_in_flight_names_its_request_and_the_fit(
     await report_of(
         cluster.kube,
         f"podgroup/{groups.ns}/ddp",
-        "not blocked: released: all 2 members released together; 0 of 2 bound so far "
+        "not blocked: released: 2 members released together; 0 of 2 bound so far "
         "(kube-scheduler's turn)",
     )
 

@@ -374,7 +374,7 @@ CASES = [
         "released and bound",
         group(4, state="Released", request="g-pg-1"),
         members(4, gated=False, node_name="n0"),
-        "not blocked: released: all 4 members released together, all bound",
+        "not blocked: released: 4 members released together, all bound",
         "started",
         requests=[req(count=4, Provisioned="ok")],
     ),
@@ -382,7 +382,7 @@ CASES = [
         "released, scheduler still placing",
         group(3, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
-        "not blocked: released: all 3 members released together; 2 of 3 bound so far "
+        "not blocked: released: 3 members released together; 2 of 3 bound so far "
         "(kube-scheduler's turn)",
         "released",
     ),
@@ -390,8 +390,32 @@ CASES = [
         "released, a late member still gated",
         group(2, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2)],
-        "blocked: released, but 1 member(s) created since are still gated (m2); is the "
-        "gangcheck controller running?",
+        "blocked: released: 2 members released together; 1 member(s) created since are still "
+        "gated (m2); gangcheck releases each once the gang is bound and it fits on nodes that "
+        "exist (is the controller running?)",
+        "released",
+    ),
+    Case(
+        "released 4 of 6, two late members waiting for room: the count released and why",
+        group(
+            4,
+            state="Released",
+            gang_members="4",
+            message="released; 2 member(s) created after the gang was read wait for room on "
+            "nodes that exist (no request is made for them): 0 of 2 members placeable",
+        ),
+        [*members(4, gated=False, node_name="n0"), member(4), member(5)],
+        "blocked: released: 4 members released together; 2 member(s) created after the gang "
+        "was read wait for room on nodes that exist (no request is made for them): 0 of 2 "
+        "members placeable (pods m4, m5)",
+        "released",
+    ),
+    Case(
+        "released 4 together, 2 more released later and pending: not 'all 6 together'",
+        group(4, state="Released", gang_members="4"),
+        [*members(4, gated=False, node_name="n0"), *[member(i, gated=False) for i in (4, 5)]],
+        "not blocked: released: 4 members released together, 2 more since; 4 of 6 bound so "
+        "far (kube-scheduler's turn)",
         "released",
     ),
     Case(
