@@ -707,14 +707,23 @@ def summarize(result: FitResult, limit: int = SUMMARY_LIMIT) -> str:
     if result.fits:
         return head
     head += _left_over(result)
-    blocked = list(result.node_reasons.values())
+    reasons = list(result.node_reasons.values())
+    blocked = [r for r in reasons if not selects_out(r)]
     if not blocked:
+        if reasons and not used:
+            return _truncate(f"{head}; no node has what the gang selects: ", limit, reasons, 0)
         tail = "; no nodes" if not used else "; the nodes in use have no room for the rest"
         in_use = list(result.in_use_reasons.values())
         if in_use:
             return _truncate(f"{head}{tail}: ", limit, in_use)
         return _truncate(head + tail, limit)
     return _truncate(f"{head}; {_plural(len(blocked), 'node')} can take none: ", limit, blocked)
+
+
+def selects_out(rejection: Rejection) -> bool:
+    """The gang's node selector or required affinity rules the node out: a node of another
+    pool, one the gang was never meant for, not counted among the nodes that cannot take it."""
+    return rejection.short.startswith(("node selector mismatch", "required node affinity"))
 
 
 def _left_over(result: FitResult) -> str:
@@ -724,12 +733,14 @@ def _left_over(result: FitResult) -> str:
     return f" (left over: {', '.join(parts)})"
 
 
-def _truncate(head: str, limit: int, reasons: Sequence[Rejection] = ()) -> str:
+def _truncate(head: str, limit: int, reasons: Sequence[Rejection] = (), counted: int = 1) -> str:
+    """`head` and the reasons, alike ones grouped (with their count unless `counted` is 0)."""
     groups = Counter(r.short for r in reasons).most_common()
     groups.sort(key=lambda g: (-g[1], g[0]))
     text, shown = head, 0
     for short, count in groups:
-        piece = f"{', ' if shown else ''}{count} × {short}"  # noqa: RUF001
+        times = f"{count} × " if counted else ""  # noqa: RUF001
+        piece = f"{', ' if shown else ''}{times}{short}"
         if len(text) + len(piece) > limit - 12:
             break
         text, shown = text + piece, shown + 1

@@ -664,6 +664,23 @@ SUMMARIES: dict[str, tuple[FitResult, str]] = {
         "0 of 1 members placeable; 3 nodes can take none: "
         "2 × insufficient nvidia.com/gpu, 1 × not Ready",  # noqa: RUF001
     ),
+    "nodes the gang's selector rules out are not counted among those that cannot take it": (
+        fit(
+            [("worker", 1, member(gpu=1, selector={"pool": "gpu"}))],
+            [node(f"gpu-{i}", taints=[taint()], labels={"pool": "gpu"}) for i in (1, 2)]
+            + [node(f"cpu-{i}", labels={"pool": "cpu"}) for i in (1, 2)],
+        ),
+        "0 of 1 members placeable; 2 nodes can take none: "
+        "2 × taint nvidia.com/gpu:NoSchedule not tolerated",  # noqa: RUF001
+    ),
+    "no node the gang selects: said once, the other nodes not counted": (
+        fit(
+            [("worker", 1, member(gpu=1, selector={"pool": "gpu"}))],
+            [node(f"cpu-{i}", labels={"pool": "cpu"}) for i in (1, 2)],
+        ),
+        "0 of 1 members placeable; no node has what the gang selects: "
+        "node selector mismatch (needs pool=gpu)",
+    ),
     "no nodes at all is said plainly": (
         fit([("worker", 2, member(gpu=1))], []),
         "0 of 2 members placeable; no nodes",
@@ -692,7 +709,7 @@ def test_summary_stays_short_with_many_distinct_reasons() -> None:
     )
     text = summarize(result)
     assert len(text) <= 300
-    assert text.startswith("0 of 1 members placeable; 60 nodes can take none: ")
+    assert text.startswith("0 of 1 members placeable; no node has what the gang selects: ")
     nodes = [node(f"n{i}", ready=False) for i in range(3)] + [
         node(f"m{i}", gpu=1, taints=[taint(key=f"k{i}-{'y' * 50}")]) for i in range(20)
     ]
