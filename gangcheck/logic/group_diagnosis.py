@@ -366,10 +366,11 @@ def _with_ungated(f: GroupFacts, found: Verdict) -> Verdict:
 
 def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
     if not f.state:
+        done = "set no state on" if f.reported_ungated else "not acted on"
         return Verdict(
             True,
             "controller",
-            f"gangcheck has not acted on the PodGroup yet (no {STATE_ANNOTATION} annotation); "
+            f"gangcheck has {done} the PodGroup yet (no {STATE_ANNOTATION} annotation); "
             "is the controller running with the PodGroup provisioner?",
         )
     if f.state == BACKING_OFF and f.next_attempt_at is not None and f.next_attempt_at > now:
@@ -452,13 +453,19 @@ def _pods(names: Sequence[str]) -> str:
 def in_flight(facts: GroupFacts) -> bool:
     """A gang gangcheck holds or works on: it says a state, or holds members; not a group
     that is no gang, nor one released whose members are all gone."""
-    if not facts.found:
-        return bool(facts.members.gated)
+    m = facts.members
+    if not facts.found or facts.state == NOT_A_GANG:
+        return bool(m.gated)
     if not facts.state:
-        return bool(facts.members.gated)
-    if facts.state == NOT_A_GANG:
-        return bool(facts.members.gated)
-    return not (facts.state == RELEASED and not facts.members.exist)
+        return bool(m.gated) or _blocked_ungated(facts)
+    return not (facts.state == RELEASED and not m.exist)
+
+
+def _blocked_ungated(f: GroupFacts) -> bool:
+    """A gang gangcheck should hold but cannot: members created without the gate, not yet
+    bound, in a namespace opted in to gating or reported by the controller."""
+    ours = f.opted_in is True or bool(f.reported_ungated)
+    return f.is_gang and ours and bool(f.members.ungated) and f.members.unbound > 0
 
 
 def group_phase(f: GroupFacts) -> str:
@@ -509,4 +516,15 @@ def group_row(facts: GroupFacts, now: datetime) -> GangRow:
         total=placement.total if placement else (facts.members.exist or None),
         verdict=group_verdict(facts, now).line,
         kind=facts.kind,
+        members_note=_members_note(facts),
     )
+
+
+def _members_note(f: GroupFacts) -> str:
+    """The members column without a fit: bound of released members, else how many exist."""
+    m = f.members
+    if f.state == RELEASED:
+        return f"{len(m.bound)}/{m.exist} bound"
+    if f.found and f.is_gang and f.min_count:
+        return f"{m.exist}/{f.min_count} exist"
+    return f"{m.exist} exist" if m.exist else ""

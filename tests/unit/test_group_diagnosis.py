@@ -492,23 +492,39 @@ def test_a_status_row_is_a_podgroup_row() -> None:
 
 
 @pytest.mark.parametrize(
-    ("obj", "pods", "listed"),
+    ("obj", "pods", "opted_in", "listed"),
     [
-        (group(2, state="Provisioning"), members(2), True),
-        (group(2), members(2), True),  # holds gated members
-        (group(2), members(2, gated=False), False),  # gangcheck never asked
-        (group(basic=True, state="NotAGang"), members(2, gated=False), False),
-        (group(2, state="Released"), members(2, gated=False, node_name="n0"), True),
-        (group(2, state="Released"), [], False),  # done: no members left
-        (None, members(1), True),  # gated, naming a group that does not exist
-        (None, members(1, gated=False), False),
+        (group(2, state="Provisioning"), members(2), True, True),
+        (group(2), members(2), True, True),  # holds gated members
+        (group(2), members(2, gated=False), False, False),  # gangcheck never asked
+        (group(2), members(2, gated=False), True, True),  # should hold them, cannot
+        (group(2, ungated_members="m0,m1"), members(2, gated=False), None, True),  # reported
+        (group(2), members(2, gated=False, node_name="n0"), True, False),  # running anyway
+        (group(basic=True, state="NotAGang"), members(2, gated=False), True, False),
+        (group(2, state="Released"), members(2, gated=False, node_name="n0"), True, True),
+        (group(2, state="Released"), [], True, False),  # done: no members left
+        (None, members(1), True, True),  # gated, naming a group that does not exist
+        (None, members(1, gated=False), True, False),
     ],
-    ids=["managed", "holds", "never-asked", "not-a-gang", "running", "done", "missing", "plain"],
+    ids=[
+        "managed",
+        "holds",
+        "never-asked",
+        "blocked-by-ungated-members",
+        "reported-ungated",
+        "ungated-but-running",
+        "not-a-gang",
+        "running",
+        "done",
+        "missing",
+        "plain",
+    ],
 )
 def test_status_lists_the_groups_gangcheck_holds_or_manages(
-    obj: Obj | None, pods: list[Obj], listed: bool
+    obj: Obj | None, pods: list[Obj], opted_in: bool | None, listed: bool
 ) -> None:
-    assert in_flight(facts_of(Case("x", obj, pods, "", ""))) is listed
+    case = Case("x", obj, pods, "", "", opted_in=opted_in)
+    assert in_flight(facts_of(case)) is listed
 
 
 def test_members_are_found_by_either_api() -> None:
