@@ -405,11 +405,14 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
     capacity = _not_held_by_others(snap)
     fitting, summary = _fitting_prefix(snap.group, late, pins, capacity)
-    actions: tuple[Action, ...] = ()
+    # The gang itself is bound: its request is marked started, late members or not.
+    actions: tuple[Action, ...] = _after_release(
+        snap, replace(members, unbound=tuple(p for p in members.unbound if not is_gated(p)))
+    ).actions
     events: list[Event] = []
     if fitting:
         names = tuple(sorted(_name(p) for p in late[:fitting]))
-        actions = (ReleaseMembers(names, {}, pins, GATE),)
+        actions = (*actions, ReleaseMembers(names, {}, pins, GATE))
         text = f"Released {fitting} late member(s) onto nodes that exist: {', '.join(names)}"
         events.append(Event("LateMembersReleased", text[:MAX_MESSAGE]))
     waiting = late[fitting:]

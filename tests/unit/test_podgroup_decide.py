@@ -503,6 +503,12 @@ def test_started_request_is_annotated_once_every_member_is_bound() -> None:
     assert decision.actions == (AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}),)
 
 
+def test_a_bound_gang_with_late_members_waiting_still_marks_its_request_started() -> None:
+    case = next(c for c in CASES if c.id.startswith("released, a late member and no room"))
+    decision = _decide(case)
+    assert AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}) in decision.actions
+
+
 def test_the_same_state_is_not_written_twice() -> None:
     case = CASES[0]
     first = _decide(case)
