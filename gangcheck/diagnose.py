@@ -744,6 +744,9 @@ def _member_lines(f: GroupFacts) -> list[str]:
     lines = [f"{m.exist}{of} {verb}: {len(m.gated)} gated, {len(m.bound)} bound"]
     if m.ungated and f.state != RELEASED:
         lines += _wrapped(f"without the {GATE} gate: {', '.join(m.ungated)}", indent=2)
+    if f.late:
+        text = f"created after the gang was read, no part of its request: {', '.join(f.late)}"
+        lines += _wrapped(text, indent=2)
     reported = [n for n in f.reported_ungated if n not in m.ungated]
     if reported:
         lines += _wrapped(f"reported created without the gate: {', '.join(reported)}", indent=2)
@@ -922,6 +925,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "gated": list(m.gated),
             "bound": list(m.bound),
             "ungated": list(m.ungated),
+            "late": list(f.late),
             "namespaceOptedIn": f.opted_in,
         },
         "request": _request_facts_json(f.request, now),

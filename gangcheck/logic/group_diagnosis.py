@@ -116,6 +116,8 @@ class GroupFacts:
     """Said after an autoscaler's answer: why it cannot help (DRA claims)."""
     released_together: int | None = None
     """Once released: how many members were released together (the gang gangcheck read)."""
+    late: tuple[str, ...] = ()
+    """Gated members created after the gang was read: no part of its request."""
 
     @property
     def kind(self) -> str:
@@ -169,6 +171,7 @@ def gather_group(
         request = request_facts(req, name_of_request, attempt)
     unbound = [p for p in live if not _node(p)]
     placement, hint = None, ""
+    late = _late_members(unbound, req, released=state == RELEASED)
     if (
         group.is_gang
         and not group.problem
@@ -206,7 +209,21 @@ def gather_group(
         placement=placement,
         hint=hint,
         released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
+        late=late,
     )
+
+
+def _late_members(
+    unbound: Sequence[Obj], req: ProvisioningRequest | None, *, released: bool
+) -> tuple[str, ...]:
+    """Gated members created after the gang was read: once released, the gated ones; while
+    a request is in flight, those beyond the members it was made for."""
+    if released:
+        return tuple(_name(p) for p in unbound if is_gated(p))
+    if req is None:
+        return ()
+    ours = {_name(p) for p in podgroup.attempt_members(unbound, req)}
+    return tuple(_name(p) for p in unbound if is_gated(p) and _name(p) not in ours)
 
 
 def _count(text: str) -> int | None:

@@ -567,3 +567,13 @@ def test_podgroup_targets_may_name_their_api(text: str, expected: Target) -> Non
 def test_a_podgroup_of_another_api_is_refused() -> None:
     with pytest.raises(ValueError, match=re.escape("podgroup.scheduling.x-k8s.io")):
         parse_target("podgroup.example.com/ns/g")
+
+
+def test_in_flight_the_fit_is_for_the_members_the_request_was_made_for() -> None:
+    """Members created after the gang was read are named, not fitted."""
+    made_for_4 = req(count=4, Accepted="ok")
+    made_for_4["metadata"]["annotations"]["gangcheck.io/gang-members"] = "4"
+    pods = [member(i, creationTimestamp=f"2026-11-30T10:00:0{i // 4}Z") for i in range(6)]
+    facts = facts_of(Case("x", group(4, **PROVISIONING), pods, "", "", requests=[made_for_4]))
+    assert facts.placement is not None and facts.placement.total == 4
+    assert facts.late == ("m4", "m5")

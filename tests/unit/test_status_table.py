@@ -102,3 +102,11 @@ def test_diagnose_says_gangcheck_reported_ungated_members_not_that_it_did_nothin
     assert "gangcheck reported 2 member(s) created without the gangcheck.io/provisioning gate" in (
         text.replace("\n  ", " ")
     )
+
+
+def test_diagnose_names_members_created_after_the_gang_was_read() -> None:
+    case = Case("l", group(2, state="Released", gang_members="2"), [], "", "")
+    case.members = [*members(2, gated=False, node_name="n0"), member(2)]
+    facts = facts_of(case)
+    report = GroupReport(Target("podgroup", "default", "g"), facts, group_verdict(facts, NOW), NOW)
+    assert "created after the gang was read, no part of its request: m2" in render_text(report)
