@@ -225,8 +225,7 @@ CASES = [
         group(4, **PROVISIONING),
         members(4),
         "blocked: capacity requested (g-pg-1, accepted, not provisioned yet, deadline in 15m): "
-        "3 of 4 members placeable on 1 node; 1 node can take none: 1 × insufficient "  # noqa: RUF001
-        "nvidia.com/gpu",
+        "3 of 4 members placeable on 1 node; the nodes in use have no room for the rest",
         "requested",
         requests=[req(count=4, Accepted="")],
         nodes=[node("n0", gpu=3, created="2026-11-30T09:00:00Z"), node("n1", gpu=0)],
