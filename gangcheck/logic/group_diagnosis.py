@@ -46,6 +46,7 @@ from gangcheck.logic.podgroup import (
     PROVISIONING,
     RELEASED,
     REQUEST_ANNOTATION,
+    SETTLE_SECONDS,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
     WAITING,
@@ -76,6 +77,8 @@ class MemberFacts:
     bound: tuple[str, ...] = ()
     ungated: tuple[str, ...] = ()
     """Without the gate: released by gangcheck, or never gated (the webhook did not run)."""
+    newest: datetime | None = None
+    """When the newest member was created."""
 
     @property
     def unbound(self) -> int:
@@ -237,7 +240,12 @@ def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
         gated=tuple(_name(p) for p in live if is_gated(p)),
         bound=tuple(_name(p) for p in live if _node(p)),
         ungated=tuple(_name(p) for p in live if not is_gated(p)),
+        newest=max(filter(None, (parse_time(_created(p)) for p in live)), default=None),
     )
+
+
+def _created(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
@@ -400,6 +408,14 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
         )
     req, placement = f.request, f.placement
     if req is None or not req.found:
+        newest = f.members.newest
+        if newest is not None and (now - newest).total_seconds() < SETTLE_SECONDS + 1:
+            return Verdict(
+                True,
+                "members",
+                f"reading the members: {f.members.exist} exist (minCount {f.min_count}); "
+                f"gangcheck acts once none has been created for {SETTLE_SECONDS:.0f}s",
+            )
         if placement is not None and placement.fits:
             return Verdict(
                 True,

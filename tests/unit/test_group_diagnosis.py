@@ -204,6 +204,14 @@ CASES = [
         nodes=[node("n0", gpu=2)],
     ),
     Case(
+        "members created a second ago: being read, not a controller that is down",
+        group(4, state="WaitingForMembers"),
+        [member(i, creationTimestamp="2026-11-30T10:04:59Z") for i in range(6)],
+        "blocked: reading the members: 6 exist (minCount 4); gangcheck acts once none has been "
+        "created for 2s",
+        "waiting",
+    ),
+    Case(
         "request missing",
         group(3, **PROVISIONING),
         members(3),
