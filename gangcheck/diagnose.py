@@ -69,7 +69,7 @@ from gangcheck.logic.group_diagnosis import (
     in_flight,
     members_by_group,
 )
-from gangcheck.logic.podgroup import RELEASED
+from gangcheck.logic.podgroup import RELEASED, UNGATED_ANNOTATION
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
@@ -720,6 +720,12 @@ def _gang_line(f: GroupFacts) -> str:
 
 
 def _state_lines(f: GroupFacts, now: datetime) -> list[str]:
+    if not f.state and f.reported_ungated:
+        count = len(f.reported_ungated)
+        return [
+            f"none: gangcheck reported {count} member(s) created without the {GATE} gate "
+            f"({UNGATED_ANNOTATION}, Events MemberNotGated) and holds no member"
+        ]
     if not f.state:
         return ["none yet (gangcheck has not acted on the group)"]
     lines = [f"{f.state}, attempt {f.attempt}"]
@@ -738,6 +744,9 @@ def _member_lines(f: GroupFacts) -> list[str]:
     lines = [f"{m.exist}{of} {verb}: {len(m.gated)} gated, {len(m.bound)} bound"]
     if m.ungated and f.state != RELEASED:
         lines += _wrapped(f"without the {GATE} gate: {', '.join(m.ungated)}", indent=2)
+    if f.late:
+        text = f"created after the gang was read, no part of its request: {', '.join(f.late)}"
+        lines += _wrapped(text, indent=2)
     reported = [n for n in f.reported_ungated if n not in m.ungated]
     if reported:
         lines += _wrapped(f"reported created without the gate: {', '.join(reported)}", indent=2)
@@ -751,7 +760,7 @@ def _status_text(report: StatusReport) -> str:
         where = f" in namespace {report.namespace}" if report.namespace else ""
         return f"No gangs in flight{where}.\n"
     head = ["KIND", "NAMESPACE/NAME", "CHECK", "STATE", "PHASE", "ATTEMPT", "AGE", "NODES"]
-    rows = [[*head, "MEMBERS"]]
+    rows = [[*head, "MEMBERS", "VERDICT"]]
     for g in report.gangs:
         rows.append(
             [
@@ -762,8 +771,9 @@ def _status_text(report: StatusReport) -> str:
                 g.phase,
                 str(g.attempt) if g.attempt else "-",
                 human_duration(g.age_seconds) if g.age_seconds is not None else "-",
-                f"{g.arrived}/{g.needed if g.needed is not None else '?'}",
-                f"{g.placeable}/{g.total}" if g.placeable is not None else "-",
+                g.nodes_cell,
+                g.members_cell,
+                g.verdict,
             ]
         )
     return "\n".join(_table(rows)) + "\n"
@@ -915,6 +925,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "gated": list(m.gated),
             "bound": list(m.bound),
             "ungated": list(m.ungated),
+            "late": list(f.late),
             "namespaceOptedIn": f.opted_in,
         },
         "request": _request_facts_json(f.request, now),

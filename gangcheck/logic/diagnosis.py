@@ -966,6 +966,22 @@ class GangRow:
     kind: str = "Workload"
     """What declares the gang: Workload, PodGroup (scheduling.k8s.io) or
     PodGroup.scheduling.x-k8s.io."""
+    members_note: str = ""
+    """What the members column says when no fit was computed (a PodGroup's "2/4 exist")."""
+
+    @property
+    def nodes_cell(self) -> str:
+        """Arrived of needed nodes; what is known when the need is not ("-": nothing)."""
+        if self.needed is not None:
+            return f"{self.arrived}/{self.needed}"
+        return f"{self.arrived} arrived, none usable" if self.arrived else "-"
+
+    @property
+    def members_cell(self) -> str:
+        """Placeable of the gang's members when a fit was computed, else what is known."""
+        if self.placeable is not None and self.total is not None:
+            return f"{self.placeable}/{self.total}"
+        return self.members_note or "-"
 
 
 def is_gang(workload: Obj, world: World) -> bool:

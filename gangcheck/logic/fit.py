@@ -485,6 +485,10 @@ class FitResult:
     blocking_pod_set: str | None = None
     pod_sets: int = 1
     in_use_reasons: Mapping[str, Rejection] = field(default_factory=dict)
+    unrelated: frozenset[str] = frozenset()
+    """Nodes in `node_reasons` that could not take a member of `blocking_pod_set` even empty:
+    its node selector or required affinity rule them out, or they are too small (another
+    pool, the control plane). Messages do not count them among the nodes that fail the gang."""
 
 
 def fit_gang(
@@ -659,6 +663,7 @@ def _result(
     blocking = next((ps for ps in order if ps.name in best.unplaced), None)
     reasons: dict[str, Rejection] = {}
     in_use: dict[str, Rejection] = {}
+    unrelated: set[str] = set()
     for node in views:
         room = None
         if reach is not None and best.usage is not None:
@@ -676,6 +681,8 @@ def _result(
             reason = host_rejection(blocking.member, node, best.free[node.name], room)
         if reason is not None:
             reasons[node.name] = reason
+            if blocking is not None and not could_be_made_for(blocking.member, node):
+                unrelated.add(node.name)
     total = sum(ps.count for ps in gang)
     return FitResult(
         fits=not best.unplaced,
@@ -687,6 +694,7 @@ def _result(
         blocking_pod_set=blocking.name if blocking else None,
         pod_sets=len(gang),
         in_use_reasons=in_use,
+        unrelated=frozenset(unrelated),
     )
 
 
@@ -707,8 +715,12 @@ def summarize(result: FitResult, limit: int = SUMMARY_LIMIT) -> str:
     if result.fits:
         return head
     head += _left_over(result)
-    blocked = list(result.node_reasons.values())
+    reasons = list(result.node_reasons.values())
+    blocked = [r for n, r in result.node_reasons.items() if n not in result.unrelated]
     if not blocked:
+        if reasons and not used:
+            text = f"{head}; no node could take a member even empty: "
+            return _truncate(text, limit, reasons, 0)
         tail = "; no nodes" if not used else "; the nodes in use have no room for the rest"
         in_use = list(result.in_use_reasons.values())
         if in_use:
@@ -724,12 +736,14 @@ def _left_over(result: FitResult) -> str:
     return f" (left over: {', '.join(parts)})"
 
 
-def _truncate(head: str, limit: int, reasons: Sequence[Rejection] = ()) -> str:
+def _truncate(head: str, limit: int, reasons: Sequence[Rejection] = (), counted: int = 1) -> str:
+    """`head` and the reasons, alike ones grouped (with their count unless `counted` is 0)."""
     groups = Counter(r.short for r in reasons).most_common()
     groups.sort(key=lambda g: (-g[1], g[0]))
     text, shown = head, 0
     for short, count in groups:
-        piece = f"{', ' if shown else ''}{count} × {short}"  # noqa: RUF001
+        times = f"{count} × " if counted else ""  # noqa: RUF001
+        piece = f"{', ' if shown else ''}{times}{short}"
         if len(text) + len(piece) > limit - 12:
             break
         text, shown = text + piece, shown + 1

@@ -37,6 +37,7 @@ from gangcheck.logic.podgroup import (
     BLOCKED,
     CONFIG_ANNOTATION,
     FAILED,
+    GANG_MEMBERS_ANNOTATION,
     GAVE_UP,
     GROUP_UID_ANNOTATION,
     MESSAGE_ANNOTATION,
@@ -45,6 +46,7 @@ from gangcheck.logic.podgroup import (
     PROVISIONING,
     RELEASED,
     REQUEST_ANNOTATION,
+    SETTLE_SECONDS,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
     WAITING,
@@ -75,6 +77,8 @@ class MemberFacts:
     bound: tuple[str, ...] = ()
     ungated: tuple[str, ...] = ()
     """Without the gate: released by gangcheck, or never gated (the webhook did not run)."""
+    newest: datetime | None = None
+    """When the newest member was created."""
 
     @property
     def unbound(self) -> int:
@@ -113,6 +117,10 @@ class GroupFacts:
     placement: Placement | None = None
     hint: str = ""
     """Said after an autoscaler's answer: why it cannot help (DRA claims)."""
+    released_together: int | None = None
+    """Once released: how many members were released together (the gang gangcheck read)."""
+    late: tuple[str, ...] = ()
+    """Gated members created after the gang was read: no part of its request."""
 
     @property
     def kind(self) -> str:
@@ -166,6 +174,7 @@ def gather_group(
         request = request_facts(req, name_of_request, attempt)
     unbound = [p for p in live if not _node(p)]
     placement, hint = None, ""
+    late = _late_members(unbound, req, released=state == RELEASED)
     if (
         group.is_gang
         and not group.problem
@@ -173,7 +182,8 @@ def gather_group(
         and len(live) >= group.min_count
         and state not in (RELEASED, NOT_A_GANG)
     ):
-        gang = podgroup.gang_from_pods(group, unbound)
+        ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
+        gang = podgroup.gang_from_pods(group, ours)
         placement = place_in(world, gang, group.ref.namespace, req)
         hint = dra_hint(req, gang) if req is not None else ""
     meta = obj.get("metadata") or {}
@@ -201,7 +211,26 @@ def gather_group(
         request=request,
         placement=placement,
         hint=hint,
+        released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
+        late=late,
     )
+
+
+def _late_members(
+    unbound: Sequence[Obj], req: ProvisioningRequest | None, *, released: bool
+) -> tuple[str, ...]:
+    """Gated members created after the gang was read: once released, the gated ones; while
+    a request is in flight, those beyond the members it was made for."""
+    if released:
+        return tuple(_name(p) for p in unbound if is_gated(p))
+    if req is None:
+        return ()
+    ours = {_name(p) for p in podgroup.attempt_members(unbound, req)}
+    return tuple(_name(p) for p in unbound if is_gated(p) and _name(p) not in ours)
+
+
+def _count(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
 
 
 def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
@@ -211,7 +240,12 @@ def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
         gated=tuple(_name(p) for p in live if is_gated(p)),
         bound=tuple(_name(p) for p in live if _node(p)),
         ungated=tuple(_name(p) for p in live if not is_gated(p)),
+        newest=max(filter(None, (parse_time(_created(p)) for p in live)), default=None),
     )
+
+
+def _created(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
@@ -297,23 +331,34 @@ def _settled_verdict(f: GroupFacts) -> Verdict | None:
 
 def _released_verdict(f: GroupFacts) -> Verdict:
     m = f.members
-    late = m.gated
-    if late:
-        return Verdict(
-            True,
-            "release",
-            f"released, but {len(late)} member(s) created since are still gated ({_names(late)}); "
-            "is the gangcheck controller running?",
-        )
     if not m.exist:
         return Verdict(False, "release", "released; the gang has no members left")
-    head = f"released: all {m.exist} members released together"
+    out = m.exist - len(m.gated)
+    together = f.released_together if f.released_together is not None else out
+    head = f"released: {together} member{'s' if together != 1 else ''} released together"
+    if out > together:
+        head += f", {out - together} more since"
+    if m.gated:
+        return Verdict(True, "release", f"{head}; {_late(f)}")
     if not m.unbound:
         return Verdict(False, "release", f"{head}, all bound")
     return Verdict(
         False,
         "release",
         f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)",
+    )
+
+
+def _late(f: GroupFacts) -> str:
+    """Why members created after the gang was read are still gated."""
+    late = f.members.gated
+    said = f.message.removeprefix("released; ")
+    if said != f.message and "wait for room" in said:
+        return f"{said} ({_pods(late)})"
+    return (
+        f"{len(late)} member(s) created since are still gated ({_names(late)}); gangcheck "
+        "releases each once the gang is bound and it fits on nodes that exist (is the "
+        "controller running?)"
     )
 
 
@@ -346,10 +391,11 @@ def _with_ungated(f: GroupFacts, found: Verdict) -> Verdict:
 
 def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
     if not f.state:
+        done = "set no state on" if f.reported_ungated else "not acted on"
         return Verdict(
             True,
             "controller",
-            f"gangcheck has not acted on the PodGroup yet (no {STATE_ANNOTATION} annotation); "
+            f"gangcheck has {done} the PodGroup yet (no {STATE_ANNOTATION} annotation); "
             "is the controller running with the PodGroup provisioner?",
         )
     if f.state == BACKING_OFF and f.next_attempt_at is not None and f.next_attempt_at > now:
@@ -362,6 +408,14 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
         )
     req, placement = f.request, f.placement
     if req is None or not req.found:
+        newest = f.members.newest
+        if newest is not None and (now - newest).total_seconds() < SETTLE_SECONDS + 1:
+            return Verdict(
+                True,
+                "members",
+                f"reading the members: {f.members.exist} exist (minCount {f.min_count}); "
+                f"gangcheck acts once none has been created for {SETTLE_SECONDS:.0f}s",
+            )
         if placement is not None and placement.fits:
             return Verdict(
                 True,
@@ -432,13 +486,19 @@ def _pods(names: Sequence[str]) -> str:
 def in_flight(facts: GroupFacts) -> bool:
     """A gang gangcheck holds or works on: it says a state, or holds members; not a group
     that is no gang, nor one released whose members are all gone."""
-    if not facts.found:
-        return bool(facts.members.gated)
+    m = facts.members
+    if not facts.found or facts.state == NOT_A_GANG:
+        return bool(m.gated)
     if not facts.state:
-        return bool(facts.members.gated)
-    if facts.state == NOT_A_GANG:
-        return bool(facts.members.gated)
-    return not (facts.state == RELEASED and not facts.members.exist)
+        return bool(m.gated) or _blocked_ungated(facts)
+    return not (facts.state == RELEASED and not m.exist)
+
+
+def _blocked_ungated(f: GroupFacts) -> bool:
+    """A gang gangcheck should hold but cannot: members created without the gate, not yet
+    bound, in a namespace opted in to gating or reported by the controller."""
+    ours = f.opted_in is True or bool(f.reported_ungated)
+    return f.is_gang and ours and bool(f.members.ungated) and f.members.unbound > 0
 
 
 def group_phase(f: GroupFacts) -> str:
@@ -489,4 +549,15 @@ def group_row(facts: GroupFacts, now: datetime) -> GangRow:
         total=placement.total if placement else (facts.members.exist or None),
         verdict=group_verdict(facts, now).line,
         kind=facts.kind,
+        members_note=_members_note(facts),
     )
+
+
+def _members_note(f: GroupFacts) -> str:
+    """The members column without a fit: bound of released members, else how many exist."""
+    m = f.members
+    if f.state == RELEASED:
+        return f"{len(m.bound)}/{m.exist} bound"
+    if f.found and f.is_gang and f.min_count:
+        return f"{m.exist}/{f.min_count} exist"
+    return f"{m.exist} exist" if m.exist else ""

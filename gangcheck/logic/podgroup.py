@@ -1,11 +1,20 @@
 """The PodGroup provisioner's one decision: (group, members, requests, config, clock) -> what to do.
 
 A gang declared by a PodGroup (no Kueue) is held back by gangcheck's scheduling gate, which
-the webhook puts on every member pod at creation. Once ``minCount`` members exist, their
-scheduling requirements become one ProvisioningRequest (identical requirements grouped into
-one pod set); when the whole gang fits on nodes that exist, every member is annotated to
-consume the request and all gates are lifted together. Past the deadline the attempt is
-rolled back like a Workload's (logic/rollback.py) and retried with backoff.
+the webhook puts on every member pod at creation. Once ``minCount`` members exist and no
+member has been created for ``SETTLE_SECONDS``, the members are read: that is the gang of the
+attempt (``minCount`` is the least the gang may be, as upstream: the pods that must be
+schedulable together). Their scheduling requirements become one ProvisioningRequest
+(identical requirements grouped into one pod set), which records how many members it was
+made for; the fit demands exactly those members (the oldest, by creation), and when they fit
+on nodes that exist they are annotated to consume the request and their gates are lifted
+together. Past the deadline the attempt is rolled back like a Workload's (logic/rollback.py)
+and retried with backoff.
+
+Members created after the gang was read are late: they are no part of its request. Once the
+released gang is bound, each late member is released (oldest first) when it fits on nodes
+that exist and no other gang's request holds; until then it stays gated, the reason on the
+group. Upstream gang scheduling likewise admits pods beyond ``minCount`` one by one.
 
 ``decide`` is pure. The state that must survive a restart lives on the API objects: the
 attempt number, the time of the next attempt and the state shown to people as annotations on
@@ -72,6 +81,14 @@ DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
 """On a released group: the domain its members were pinned to (``key=value``), for late ones."""
 CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
 """On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default."""
+GANG_MEMBERS_ANNOTATION = "gangcheck.io/gang-members"
+"""On a request: the members its attempt was made for (those it asks capacity for and those
+placed on reserved nodes); on a released group: the members released together."""
+SETTLE_SECONDS = 2.0
+"""Members are read once the newest is this old by its creationTimestamp (1 s resolution, so
+at least 1 s of quiet): a burst of members created together is one gang, not minCount."""
+LATE_RETRY_SECONDS = 15.0
+"""How often late members that do not fit yet are fitted again (node changes also wake us)."""
 
 WAITING, PROVISIONING, RELEASED = "WaitingForMembers", "Provisioning", "Released"
 BACKING_OFF, BLOCKED, FAILED, NOT_A_GANG = "BackingOff", "Blocked", "Failed", "NotAGang"
@@ -142,7 +159,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
         return _status(snap, FAILED, group.problem, warn="InvalidPodGroup")
     if not group.is_gang:
         why = "not a gang (no gang policy): its members are released as they come"
-        return _release(snap, members, None, {}, why, state=NOT_A_GANG)
+        return _release(snap, members.gated, None, {}, why, state=NOT_A_GANG)
     if snap.config is None:
         return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
     if group.min_count > snap.max_members:
@@ -154,6 +171,34 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
     if len(members.live) < group.min_count:
         message = f"waiting for members: {len(members.live)} of {group.min_count} exist"
         return replace(_status(snap, WAITING, message), actions=_stale(snap, ""))
+    return _attempt(snap, members, now)
+
+
+def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    group, attempt = snap.group, attempt_of(snap.group)
+    name = request_name(group, attempt)
+    req = next((r for r in snap.requests if r.name == name), None)
+    stale = _stale(snap, name)
+    if req is None:
+        wait = _backing_off(snap, now) or _settling(members, now)
+        decision = wait or _new_attempt(snap, members, name, now)
+    elif req.deleting:
+        decision = GroupDecision(requeue_after=1.0)
+    else:
+        decision = _follow(snap, members, req, now)
+    return replace(decision, actions=stale + decision.actions)
+
+
+def _settling(members: _Members, now: datetime) -> GroupDecision | None:
+    """Members still arriving: read them once the newest is SETTLE_SECONDS old."""
+    born = [t for t in (parse_time(_created(p)) for p in members.unbound) if t is not None]
+    if not born:
+        return None
+    left = SETTLE_SECONDS - (now - max(born)).total_seconds()
+    return GroupDecision(requeue_after=max(0.2, left)) if left > 0 else None
+
+
+def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetime) -> GroupDecision:
     gang = gang_of(snap, members)
     if len(gang.pod_sets) > MAX_REQUEST_POD_SETS:
         message = (
@@ -161,24 +206,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
             f"ProvisioningRequest carries at most {MAX_REQUEST_POD_SETS} pod sets"
         )
         return _status(snap, FAILED, message, warn="GangTooLarge")
-    return _attempt(snap, members, gang, now)
-
-
-def _attempt(
-    snap: GroupSnapshot, members: _Members, gang: GangSpec, now: datetime
-) -> GroupDecision:
-    group, attempt = snap.group, attempt_of(snap.group)
-    name = request_name(group, attempt)
-    req = next((r for r in snap.requests if r.name == name), None)
-    stale = _stale(snap, name)
-    if req is None:
-        wait = _backing_off(snap, now)
-        decision = wait or _first(snap, members, gang, name, now)
-    elif req.deleting:
-        decision = GroupDecision(requeue_after=1.0)
-    else:
-        decision = _follow(snap, members, gang, req, now)
-    return replace(decision, actions=stale + decision.actions)
+    return _first(snap, members, gang, name, now)
 
 
 def _first(
@@ -192,7 +220,7 @@ def _first(
     here = fits_now(snap.capacity, gang)
     if here.fits:
         message = f"the whole gang fits on nodes that exist: {here.summary}"
-        released = _release(snap, members, None, here.domains, message)
+        released = _release(snap, members.unbound, None, here.domains, message)
         used = {"reserved": reserved, "existing": here.total - reserved}
         return replace(released, capacity_used={k: v for k, v in used.items() if v})
     if split is not None:
@@ -212,6 +240,7 @@ def _first(
     )
     request = _request_body(snap, gang, name, now)
     request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
+    request["metadata"]["annotations"][GANG_MEMBERS_ANNOTATION] = str(len(members.unbound))
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
@@ -223,9 +252,12 @@ def _first(
 
 
 def _follow(
-    snap: GroupSnapshot, members: _Members, gang: GangSpec, req: ProvisioningRequest, now: datetime
+    snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, now: datetime
 ) -> GroupDecision:
+    """The attempt in flight, for the members it was made for (late ones wait their turn)."""
     assert snap.config is not None
+    ours = attempt_members(members.unbound, req)
+    gang = gang_from_pods(snap.group, ours)
     adopt = adoptions(snap.templates, req)
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, req, now)
@@ -242,12 +274,16 @@ def _follow(
             annotate, event = rollback.start(req, snap.capacity, why)
             decision = GroupDecision(actions=(annotate,), events=(event,), requeue_after=0.2)
         else:
-            decision = _from_conditions(snap, members, gang, req, now)
+            decision = _from_conditions(snap, ours, gang, req, now)
     return replace(decision, actions=adopt + decision.actions)
 
 
 def _from_conditions(
-    snap: GroupSnapshot, members: _Members, gang: GangSpec, req: ProvisioningRequest, now: datetime
+    snap: GroupSnapshot,
+    ours: Sequence[Obj],
+    gang: GangSpec,
+    req: ProvisioningRequest,
+    now: datetime,
 ) -> GroupDecision:
     conds = req.conditions
     if is_true(conds, "Provisioned"):
@@ -255,7 +291,7 @@ def _from_conditions(
         claims = tuple(ClaimNode(n, rv, request_key(req)) for n, rv in verdict.claims)
         if verdict.fits:
             message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-            released = _release(snap, members, req, verdict.domains, message)
+            released = _release(snap, ours, req, verdict.domains, message)
             fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
             return replace(
                 released,
@@ -326,22 +362,28 @@ def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
 
 def _release(
     snap: GroupSnapshot,
-    members: _Members,
+    gang: Sequence[Obj],
     req: ProvisioningRequest | None,
     domains: Mapping[str, tuple[str, str]],
     message: str,
     *,
     state: str = RELEASED,
 ) -> GroupDecision:
-    """Lift every gate together: annotated to consume the request, pinned to the domain."""
+    """Lift the gang's gates together: annotated to consume the request, pinned to the
+    domain. The group records how many were released together."""
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     pins = dict(domains.values())
-    gated = tuple(sorted(_name(p) for p in members.gated))
+    gated = tuple(sorted(_name(p) for p in gang if is_gated(p)))
     actions: tuple[Action, ...] = ()
     if gated:
         actions = (ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req)),)
     decision = _status(
-        snap, state, message, request=req.name if req else "", domain=_domain_text(pins)
+        snap,
+        state,
+        message,
+        request=req.name if req else "",
+        domain=_domain_text(pins),
+        gang_members=str(len(gang)) if state == RELEASED else None,
     )
     events = decision.events
     if gated:
@@ -351,17 +393,93 @@ def _release(
 
 
 def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
-    """Members gated after the gang was released join it: released too, consuming the
-    same request (if it is still there)."""
+    """Members gated after the gang was read are no part of its request: once the released
+    gang is bound, each is released (oldest first) when it fits on nodes that exist and no
+    other gang's request holds, pinned to the gang's domain; the rest wait, said on the group."""
     if not members.gated:
         return _after_release(snap, members)
-    req_name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
-    req = next((r for r in snap.requests if r.name == req_name), None)
-    annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
-    gated = tuple(sorted(_name(p) for p in members.gated))
+    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    binding = [p for p in members.unbound if not is_gated(p) and _name(p) not in reported]
+    if binding:
+        return GroupDecision(requeue_after=LATE_RETRY_SECONDS)
+    late = tuple(sorted(members.gated, key=_age_order))
     pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
-    release = ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req))
-    return GroupDecision(actions=(release,))
+    capacity = _not_held_by_others(snap)
+    fitting, summary = _fitting_prefix(snap.group, late, pins, capacity)
+    # The gang itself is bound: its request is marked started, late members or not.
+    actions: tuple[Action, ...] = _after_release(
+        snap, replace(members, unbound=tuple(p for p in members.unbound if not is_gated(p)))
+    ).actions
+    events: list[Event] = []
+    if fitting:
+        names = tuple(sorted(_name(p) for p in late[:fitting]))
+        actions = (*actions, ReleaseMembers(names, {}, pins, GATE))
+        text = f"Released {fitting} late member(s) onto nodes that exist: {', '.join(names)}"
+        events.append(Event("LateMembersReleased", text[:MAX_MESSAGE]))
+    waiting = late[fitting:]
+    if not waiting:
+        message = f"released; {fitting} member(s) created later released onto nodes that exist"
+        return GroupDecision(
+            status=_status(snap, RELEASED, message).status, actions=actions, events=tuple(events)
+        )
+    message = (
+        f"released; {len(waiting)} member(s) created after the gang was read wait for room on "
+        f"nodes that exist (no request is made for them): {summary}"
+    )
+    status = _status(snap, RELEASED, message)
+    if status.status:
+        events.append(Event("LateMembersWaiting", message[:MAX_MESSAGE], warning=True))
+    return GroupDecision(
+        status=status.status,
+        actions=actions,
+        events=tuple(events),
+        requeue_after=LATE_RETRY_SECONDS,
+    )
+
+
+def _not_held_by_others(snap: GroupSnapshot) -> Capacity:
+    """The capacity, counting nodes that arrived for this group's own requests as free."""
+    capacity = snap.capacity or Capacity()
+    own = {request_key(r) for r in snap.requests}
+    return replace(capacity, in_flight=capacity.in_flight - own)
+
+
+def _fitting_prefix(
+    group: PodGroup, late: Sequence[Obj], pins: Mapping[str, str], capacity: Capacity
+) -> tuple[int, str]:
+    """How many of the late members (in order) fit together, and why the next one does not."""
+    low, high, why = 0, len(late), ""
+    while low < high:
+        middle = (low + high + 1) // 2
+        fit = fits_now(capacity, _pinned(gang_from_pods(group, late[:middle]), pins))
+        if fit.fits:
+            low = middle
+        else:
+            high, why = middle - 1, fit.summary
+    if not why and low < len(late):
+        why = fits_now(capacity, _pinned(gang_from_pods(group, late), pins)).summary
+    return low, why
+
+
+def _pinned(gang: GangSpec, pins: Mapping[str, str]) -> GangSpec:
+    """The gang restricted to the domain its released members were pinned to."""
+    if not pins:
+        return gang
+    pod_sets = tuple(
+        (
+            ps,
+            count,
+            {
+                **tpl,
+                "spec": {
+                    **tpl["spec"],
+                    "nodeSelector": {**(tpl["spec"].get("nodeSelector") or {}), **pins},
+                },
+            },
+        )
+        for ps, count, tpl in gang.pod_sets
+    )
+    return replace(gang, pod_sets=pod_sets, together="")
 
 
 def _hold_toleration(req: ProvisioningRequest | None) -> tuple[Obj, ...]:
@@ -459,6 +577,22 @@ def _with(first: GroupDecision | None, second: GroupDecision | None) -> GroupDec
         events=first.events + second.events,
         requeue_after=second.requeue_after,
     )
+
+
+def attempt_members(unbound: Sequence[Obj], req: ProvisioningRequest) -> tuple[Obj, ...]:
+    """The unbound members an attempt's request was made for: as many as it records, oldest
+    first by creation (a member that replaced one of them takes its place; newer ones are
+    late)."""
+    return tuple(sorted(unbound, key=_age_order)[: gang_size(req)])
+
+
+def gang_size(req: ProvisioningRequest) -> int:
+    """The members the request's attempt was made for: recorded, else asked plus reserved."""
+    raw = req.annotations.get(GANG_MEMBERS_ANNOTATION, "")
+    if raw.isdigit():
+        return int(raw)
+    reserved = req.annotations.get(RESERVED_ANNOTATION, "0")
+    return sum(p.count for p in req.pod_sets) + (int(reserved) if reserved.isdigit() else 0)
 
 
 def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:
@@ -592,6 +726,7 @@ def _status(
     *,
     request: str | None = None,
     domain: str | None = None,
+    gang_members: str | None = None,
     warn: str = "",
 ) -> GroupDecision:
     """The group's state and one-line message, written (with an Event) only when changed."""
@@ -600,6 +735,8 @@ def _status(
         wanted[REQUEST_ANNOTATION] = request
     if domain is not None:
         wanted[DOMAIN_ANNOTATION] = domain
+    if gang_members is not None:
+        wanted[GANG_MEMBERS_ANNOTATION] = gang_members
     current = snap.group.annotations
     changed = {k: v for k, v in wanted.items() if current.get(k, "") != v}
     if not changed:
@@ -619,6 +756,15 @@ def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
 
 def _name(pod: Obj) -> str:
     return str((pod.get("metadata") or {}).get("name") or "")
+
+
+def _created(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def _age_order(pod: Obj) -> tuple[str, str]:
+    """Oldest first (RFC 3339 UTC times sort as text; none sorts first), then by name."""
+    return (_created(pod), _name(pod))
 
 
 def _pod_ref(pod: Obj) -> ObjectRef:

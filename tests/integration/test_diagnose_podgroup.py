@@ -16,6 +16,7 @@ import pytest
 from gangcheck.app import Controller
 from gangcheck.diagnose import GroupReport, diagnose, main_diagnose, main_status
 from gangcheck.kube.client import Kube
+from gangcheck.logic.podgroup import UNGATED_ANNOTATION
 from tests.integration.harness import eventually
 from tests.integration.test_diagnose import run_cli
 from tests.integration.test_podgroups import (  # the PodGroup fixtures, reused
@@ -127,9 +128,47 @@ async def test_a_coscheduling_gang_in_flight_names_its_request_and_the_fit(
     await report_of(
         cluster.kube,
         f"podgroup/{groups.ns}/ddp",
-        "not blocked: released: all 2 members released together; 0 of 2 bound so far "
+        "not blocked: released: 2 members released together; 0 of 2 bound so far "
         "(kube-scheduler's turn)",
     )
+
+
+async def test_a_gang_blocked_by_ungated_members_is_in_status_and_diagnose_says_what_gangcheck_did(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Members created without the gate in an opted-in namespace (the webhook down): the
+    controller records them and sends Events; status lists the gang with its verdict, and
+    diagnose says what gangcheck reported rather than that it did nothing."""
+    await groups.upstream("leaky", 2)
+    for i in range(2):
+        await groups.member(f"leaky-{i}", "leaky", gated=False)
+
+    async def recorded() -> bool:
+        notes = (await groups.group("leaky"))["metadata"].get("annotations") or {}
+        return notes.get(UNGATED_ANNOTATION) == "leaky-0,leaky-1"
+
+    await eventually(recorded, what="the ungated members recorded on the group")
+    await eventually(lambda: groups.cluster.events("MemberNotGated"), what="the Events")
+
+    argv = ["-n", groups.ns, *kubeconfig(control_plane)]
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split()[-3:] == ["NODES", "MEMBERS", "VERDICT"]
+    assert row.startswith(f"PodGroup  {groups.ns}/leaky")
+    assert row.endswith(
+        "blocked: members not gated: the webhook may be down (pods leaky-0, leaky-1)"
+    )
+    assert "?" not in row
+
+    target = f"podgroup/{groups.ns}/leaky"
+    code, out, _ = await run_cli(main_diagnose, [target, *kubeconfig(control_plane)], capsys)
+    assert code == 0
+    assert "has not acted" not in out
+    assert "gangcheck reported 2 member(s) created without" in out
 
 
 async def test_members_without_the_gate_and_a_missing_group_are_named(

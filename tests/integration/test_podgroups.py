@@ -31,6 +31,7 @@ from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.logic.podgroup import (
     ATTEMPT_ANNOTATION,
     CONFIG_ANNOTATION,
+    GANG_MEMBERS_ANNOTATION,
     MESSAGE_ANNOTATION,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
@@ -119,6 +120,18 @@ class Groups:
             return obj if notes.get(STATE_ANNOTATION) == state else None
 
         return await eventually(probe, timeout=timeout, what=f"PodGroup {name} {state}")
+
+    async def bind(self, pod: str, node: str) -> None:
+        """As kube-scheduler would (none runs here): the pod's binding to the node."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod, "namespace": self.ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self.kube.request(
+            "POST", f"/api/v1/namespaces/{self.ns}/pods/{pod}/binding", body=body
+        )
 
     async def gated(self, *names: str) -> list[bool]:
         pods = [await self.pod(n) for n in names]
@@ -223,6 +236,75 @@ async def test_coscheduling_gang_gets_one_request_and_is_released_when_nodes_exi
     assert await groups.gated("ddp-0", "ddp-1", "ddp-2") == [False, False, False]
     nodes = await groups.cluster.nodes()
     assert {_annotations(n).get(ARRIVED_FOR) for n in nodes} == {f"{groups.ns}/ddp-coscheduling-1"}
+
+
+async def test_members_created_together_beyond_min_count_are_one_request_and_one_fit(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """minCount 4, then 6 members within a second: one request for all 6 (recorded on it),
+    and the gang is released when those 6 fit: never a request for 4 that a fit for 6 dooms."""
+    await groups.upstream("six", 4)
+    for i in range(4):
+        await groups.member(f"six-{i}", "six")
+    await asyncio.sleep(0.5)  # time enough for a controller that reads at minCount to act
+    for i in range(4, 6):
+        await groups.member(f"six-{i}", "six")
+    request = await groups.cluster.wait_request("six-pg-1")
+    assert [p["count"] for p in request["spec"]["podSets"]] == [6]
+    assert _annotations(request)[GANG_MEMBERS_ANNOTATION] == "6"
+
+    await groups.cluster.set_request_conditions("six-pg-1", {"Provisioned": "ok"})
+    await groups.cluster.add_nodes(6, gpu=1)
+    released = await groups.wait_state("six", "Released")
+    assert _annotations(released)[GANG_MEMBERS_ANNOTATION] == "6"
+    assert _annotations(released).get(ATTEMPT_ANNOTATION, "1") == "1"
+    names = [f"six-{i}" for i in range(6)]
+    pods = [await groups.pod(n) for n in names]
+    assert {_annotations(p)[CONSUME_ANNOTATION] for p in pods} == {"six-pg-1"}
+    assert await groups.gated(*names) == [False] * 6
+
+
+async def test_late_members_are_released_only_onto_room_that_exists_never_onto_the_request(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """minCount 2; 2 more members come after the request was made for the first 2. The fit
+    demands the 2 it was made for; the late ones stay gated, with the reason on the group,
+    until a node with room for them exists, and then consume no request."""
+    await groups.upstream("late", 2)
+    for i in range(2):
+        await groups.member(f"late-{i}", "late")
+    await groups.cluster.wait_request("late-pg-1")
+    for i in range(2, 4):
+        await groups.member(f"late-{i}", "late")
+    await groups.cluster.set_request_conditions("late-pg-1", {"Provisioned": "ok"})
+    arrived = await groups.cluster.add_nodes(2, gpu=1)
+    released = await groups.wait_state("late", "Released")
+    assert _annotations(released)[GANG_MEMBERS_ANNOTATION] == "2"
+    assert await groups.gated("late-0", "late-1", "late-2", "late-3") == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    for pod, node in zip(("late-0", "late-1"), arrived, strict=True):
+        await groups.bind(pod, node)
+
+    async def told_why() -> Obj | None:
+        obj = await groups.group("late")
+        text = _annotations(obj).get(MESSAGE_ANNOTATION, "")
+        return obj if "2 member(s) created after the gang was read wait for room" in text else None
+
+    await eventually(told_why, what="the late members' reason on the group")
+    await eventually(lambda: groups.cluster.events("LateMembersWaiting"), what="the Event")
+    assert await groups.gated("late-2", "late-3") == [True, True]
+    (request,) = await groups.cluster.requests()
+    assert request["metadata"]["name"] == "late-pg-1"  # no rollback, no second attempt
+
+    await groups.cluster.add_nodes(1, gpu=2)  # room for both late members
+    await eventually(lambda: groups.cluster.events("LateMembersReleased"), what="the Event")
+    assert await groups.gated("late-2", "late-3") == [False, False]
+    for name in ("late-2", "late-3"):
+        assert CONSUME_ANNOTATION not in _annotations(await groups.pod(name))
 
 
 async def test_partial_delivery_is_rolled_back_and_retried_with_backoff(

@@ -659,10 +659,38 @@ SUMMARIES: dict[str, tuple[FitResult, str]] = {
     "groups are ordered by size": (
         fit(
             [("worker", 1, member(gpu=1))],
-            [node("a", gpu=1, ready=False), node("b"), node("c")],
+            [
+                node("a", gpu=1, ready=False),
+                node("b", gpu=1, taints=[taint()]),
+                node("c", gpu=1, taints=[taint()]),
+            ],
         ),
         "0 of 1 members placeable; 3 nodes can take none: "
-        "2 × insufficient nvidia.com/gpu, 1 × not Ready",  # noqa: RUF001
+        "2 × taint nvidia.com/gpu:NoSchedule not tolerated, 1 × not Ready",  # noqa: RUF001
+    ),
+    "nodes too small for a member even empty are not counted": (
+        fit(
+            [("worker", 1, member(gpu=1))],
+            [node("a", gpu=1, ready=False), node("cpu-1"), node("cpu-2")],
+        ),
+        "0 of 1 members placeable; 1 node can take none: 1 × not Ready",  # noqa: RUF001
+    ),
+    "nodes the gang's selector rules out are not counted among those that cannot take it": (
+        fit(
+            [("worker", 1, member(gpu=1, selector={"pool": "gpu"}))],
+            [node(f"gpu-{i}", gpu=8, taints=[taint()], labels={"pool": "gpu"}) for i in (1, 2)]
+            + [node(f"cpu-{i}", labels={"pool": "cpu"}) for i in (1, 2)],
+        ),
+        "0 of 1 members placeable; 2 nodes can take none: "
+        "2 × taint nvidia.com/gpu:NoSchedule not tolerated",  # noqa: RUF001
+    ),
+    "no node the gang selects: said once, the other nodes not counted": (
+        fit(
+            [("worker", 1, member(gpu=1, selector={"pool": "gpu"}))],
+            [node(f"cpu-{i}", labels={"pool": "cpu"}) for i in (1, 2)],
+        ),
+        "0 of 1 members placeable; no node could take a member even empty: "
+        "node selector mismatch (needs pool=gpu)",
     ),
     "no nodes at all is said plainly": (
         fit([("worker", 2, member(gpu=1))], []),
@@ -692,8 +720,8 @@ def test_summary_stays_short_with_many_distinct_reasons() -> None:
     )
     text = summarize(result)
     assert len(text) <= 300
-    assert text.startswith("0 of 1 members placeable; 60 nodes can take none: ")
-    nodes = [node(f"n{i}", ready=False) for i in range(3)] + [
+    assert text.startswith("0 of 1 members placeable; no node could take a member even empty: ")
+    nodes = [node(f"n{i}", gpu=1, ready=False) for i in range(3)] + [
         node(f"m{i}", gpu=1, taints=[taint(key=f"k{i}-{'y' * 50}")]) for i in range(20)
     ]
     text = summarize(fit([("worker", 1, member(gpu=1))], nodes))

@@ -206,6 +206,14 @@ CASES = [
         nodes=[node("n0", gpu=2)],
     ),
     Case(
+        "members created a second ago: being read, not a controller that is down",
+        group(4, state="WaitingForMembers"),
+        [member(i, creationTimestamp="2026-11-30T10:04:59Z") for i in range(6)],
+        "blocked: reading the members: 6 exist (minCount 4); gangcheck acts once none has been "
+        "created for 2s",
+        "waiting",
+    ),
+    Case(
         "request missing",
         group(3, **PROVISIONING),
         members(3),
@@ -227,8 +235,7 @@ CASES = [
         group(4, **PROVISIONING),
         members(4),
         "blocked: capacity requested (g-pg-1, accepted, not provisioned yet, deadline in 15m): "
-        "3 of 4 members placeable on 1 node; 1 node can take none: 1 × insufficient "  # noqa: RUF001
-        "nvidia.com/gpu",
+        "3 of 4 members placeable on 1 node; the nodes in use have no room for the rest",
         "requested",
         requests=[req(count=4, Accepted="")],
         nodes=[node("n0", gpu=3, created="2026-11-30T09:00:00Z"), node("n1", gpu=0)],
@@ -377,7 +384,7 @@ CASES = [
         "released and bound",
         group(4, state="Released", request="g-pg-1"),
         members(4, gated=False, node_name="n0"),
-        "not blocked: released: all 4 members released together, all bound",
+        "not blocked: released: 4 members released together, all bound",
         "started",
         requests=[req(count=4, Provisioned="ok")],
     ),
@@ -385,7 +392,7 @@ CASES = [
         "released, scheduler still placing",
         group(3, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
-        "not blocked: released: all 3 members released together; 2 of 3 bound so far "
+        "not blocked: released: 3 members released together; 2 of 3 bound so far "
         "(kube-scheduler's turn)",
         "released",
     ),
@@ -393,8 +400,32 @@ CASES = [
         "released, a late member still gated",
         group(2, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2)],
-        "blocked: released, but 1 member(s) created since are still gated (m2); is the "
-        "gangcheck controller running?",
+        "blocked: released: 2 members released together; 1 member(s) created since are still "
+        "gated (m2); gangcheck releases each once the gang is bound and it fits on nodes that "
+        "exist (is the controller running?)",
+        "released",
+    ),
+    Case(
+        "released 4 of 6, two late members waiting for room: the count released and why",
+        group(
+            4,
+            state="Released",
+            gang_members="4",
+            message="released; 2 member(s) created after the gang was read wait for room on "
+            "nodes that exist (no request is made for them): 0 of 2 members placeable",
+        ),
+        [*members(4, gated=False, node_name="n0"), member(4), member(5)],
+        "blocked: released: 4 members released together; 2 member(s) created after the gang "
+        "was read wait for room on nodes that exist (no request is made for them): 0 of 2 "
+        "members placeable (pods m4, m5)",
+        "released",
+    ),
+    Case(
+        "released 4 together, 2 more released later and pending: not 'all 6 together'",
+        group(4, state="Released", gang_members="4"),
+        [*members(4, gated=False, node_name="n0"), *[member(i, gated=False) for i in (4, 5)]],
+        "not blocked: released: 4 members released together, 2 more since; 4 of 6 bound so "
+        "far (kube-scheduler's turn)",
         "released",
     ),
     Case(
@@ -471,23 +502,39 @@ def test_a_status_row_is_a_podgroup_row() -> None:
 
 
 @pytest.mark.parametrize(
-    ("obj", "pods", "listed"),
+    ("obj", "pods", "opted_in", "listed"),
     [
-        (group(2, state="Provisioning"), members(2), True),
-        (group(2), members(2), True),  # holds gated members
-        (group(2), members(2, gated=False), False),  # gangcheck never asked
-        (group(basic=True, state="NotAGang"), members(2, gated=False), False),
-        (group(2, state="Released"), members(2, gated=False, node_name="n0"), True),
-        (group(2, state="Released"), [], False),  # done: no members left
-        (None, members(1), True),  # gated, naming a group that does not exist
-        (None, members(1, gated=False), False),
+        (group(2, state="Provisioning"), members(2), True, True),
+        (group(2), members(2), True, True),  # holds gated members
+        (group(2), members(2, gated=False), False, False),  # gangcheck never asked
+        (group(2), members(2, gated=False), True, True),  # should hold them, cannot
+        (group(2, ungated_members="m0,m1"), members(2, gated=False), None, True),  # reported
+        (group(2), members(2, gated=False, node_name="n0"), True, False),  # running anyway
+        (group(basic=True, state="NotAGang"), members(2, gated=False), True, False),
+        (group(2, state="Released"), members(2, gated=False, node_name="n0"), True, True),
+        (group(2, state="Released"), [], True, False),  # done: no members left
+        (None, members(1), True, True),  # gated, naming a group that does not exist
+        (None, members(1, gated=False), True, False),
     ],
-    ids=["managed", "holds", "never-asked", "not-a-gang", "running", "done", "missing", "plain"],
+    ids=[
+        "managed",
+        "holds",
+        "never-asked",
+        "blocked-by-ungated-members",
+        "reported-ungated",
+        "ungated-but-running",
+        "not-a-gang",
+        "running",
+        "done",
+        "missing",
+        "plain",
+    ],
 )
 def test_status_lists_the_groups_gangcheck_holds_or_manages(
-    obj: Obj | None, pods: list[Obj], listed: bool
+    obj: Obj | None, pods: list[Obj], opted_in: bool | None, listed: bool
 ) -> None:
-    assert in_flight(facts_of(Case("x", obj, pods, "", ""))) is listed
+    case = Case("x", obj, pods, "", "", opted_in=opted_in)
+    assert in_flight(facts_of(case)) is listed
 
 
 def test_members_are_found_by_either_api() -> None:
@@ -530,3 +577,13 @@ def test_podgroup_targets_may_name_their_api(text: str, expected: Target) -> Non
 def test_a_podgroup_of_another_api_is_refused() -> None:
     with pytest.raises(ValueError, match=re.escape("podgroup.scheduling.x-k8s.io")):
         parse_target("podgroup.example.com/ns/g")
+
+
+def test_in_flight_the_fit_is_for_the_members_the_request_was_made_for() -> None:
+    """Members created after the gang was read are named, not fitted."""
+    made_for_4 = req(count=4, Accepted="ok")
+    made_for_4["metadata"]["annotations"]["gangcheck.io/gang-members"] = "4"
+    pods = [member(i, creationTimestamp=f"2026-11-30T10:00:0{i // 4}Z") for i in range(6)]
+    facts = facts_of(Case("x", group(4, **PROVISIONING), pods, "", "", requests=[made_for_4]))
+    assert facts.placement is not None and facts.placement.total == 4
+    assert facts.late == ("m4", "m5")

@@ -60,13 +60,18 @@ def group(
     }
 
 
-def member(i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "") -> Obj:
+def member(
+    i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "", created: str = ""
+) -> Obj:
     spec: Obj = {"containers": [container(gpu=gpu)], "schedulingGroup": {"podGroupName": "g"}}
     if gated:
         spec["schedulingGates"] = [{"name": GATE}]
     if node_name:
         spec["nodeName"] = node_name
-    return {"metadata": {"name": f"m{i}", "namespace": "default"}, "spec": spec}
+    meta: Obj = {"name": f"m{i}", "namespace": "default"}
+    if created:
+        meta["creationTimestamp"] = created
+    return {"metadata": meta, "spec": spec}
 
 
 def members(count: int, **kw: Any) -> list[Obj]:
@@ -253,7 +258,7 @@ CASES = [
         deletes=("g-pg-4",),
     ),
     Case(
-        "released into a rack, a late member: pinned to the same rack",
+        "released into a rack, a late member with room there: released alone, pinned to it",
         group(
             2,
             annotations={
@@ -262,11 +267,61 @@ CASES = [
                 "gangcheck.io/topology-domain": "rack=b",
             },
         ),
-        [member(0, gated=False, node_name="n1"), member(1)],
+        [member(0, gated=False, node_name="b1"), member(1, gated=False, node_name="b1"), member(2)],
         requests=[req(conditions={"Provisioned": "ok"}, count=2)],
-        released=("m1",),
-        consume=REQ1,
+        nodes=[node("a1", gpu=4, labels={"rack": "a"}), node("b1", gpu=3, labels={"rack": "b"})],
+        released=("m2",),
         pins={"rack": "b"},
+        events=("LateMembersReleased",),
+    ),
+    Case(
+        "released into a rack, a late member with room only in another rack: stays gated",
+        group(
+            2,
+            annotations={
+                "gangcheck.io/state": "Released",
+                "gangcheck.io/request": REQ1,
+                "gangcheck.io/topology-domain": "rack=b",
+            },
+        ),
+        [member(0, gated=False, node_name="b1"), member(1, gated=False, node_name="b1"), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=[node("a1", gpu=4, labels={"rack": "a"}), node("b1", gpu=2, labels={"rack": "b"})],
+        state="Released",
+        message="1 member(s) created after the gang was read wait for room on nodes that exist",
+        events=("LateMembersWaiting",),
+    ),
+    Case(
+        "minCount 4, a request made for the 4 members then existing, 6 now: the fit and the "
+        "release are for the 4 oldest, not 6",
+        group(4, annotations={"gangcheck.io/state": "Provisioning"}),
+        [member(i, created=f"2026-11-30T10:00:0{i // 4}Z") for i in range(6)],
+        requests=[
+            req(
+                conditions={"Provisioned": "ok"},
+                count=4,
+                annotations={"gangcheck.io/gang-members": "4"},
+            )
+        ],
+        nodes=[node("n1", gpu=4)],
+        state="Released",
+        released=("m0", "m1", "m2", "m3"),
+        consume=REQ1,
+        status={"gangcheck.io/gang-members": "4"},
+    ),
+    Case(
+        "members still being created: no request until the newest is 2 s old",
+        group(4),
+        [member(i, created="2026-11-30T10:04:59Z") for i in range(6)],
+        state=None,
+    ),
+    Case(
+        "minCount 4 and 6 settled members: one request for all 6, recording them",
+        group(4),
+        [member(i, created="2026-11-30T10:04:58Z") for i in range(6)],
+        state="Provisioning",
+        request_counts=[6],
+        message="created for 6 pods",
     ),
     Case(
         "backing off: no request before the time",
@@ -353,12 +408,32 @@ CASES = [
         requests=[req(conditions={"Provisioned": "ok"}, count=2)],
     ),
     Case(
-        "released, a late member gated: released too, consuming the request",
+        "released, a late member and no room for it: stays gated, not onto the full request",
         group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
         [member(0, gated=False, node_name="n1"), member(1, gated=False, node_name="n1"), member(2)],
         requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=[node("n1", gpu=2)],
+        state="Released",
+        message="1 member(s) created after the gang was read wait for room on nodes that exist",
+        events=("LateMembersWaiting",),
+    ),
+    Case(
+        "released, a late member and room for it on a node that exists: released, consuming "
+        "nothing",
+        group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
+        [member(0, gated=False, node_name="n1"), member(1, gated=False, node_name="n1"), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=[node("n1", gpu=2), node("n2", gpu=1)],
         released=("m2",),
-        consume=REQ1,
+        consume=None,
+        events=("LateMembersReleased",),
+    ),
+    Case(
+        "released, the gang not bound yet: late members wait for it to bind first",
+        group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
+        [member(0, gated=False), member(1, gated=False), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=[node("n1", gpu=8)],
     ),
     Case(
         "the group is deleted: its requests are deleted",
@@ -377,7 +452,7 @@ def _decide(case: Case) -> GroupDecision:
         config=None if case.config is None else parse_spec(case.config),
         config_problem=case.config_problem,
         requests=tuple(request_of(r) for r in case.requests),
-        capacity=Capacity(nodes=tuple(case.nodes)),
+        capacity=Capacity(nodes=tuple(case.nodes), pods=tuple(case.members)),
         max_members=case.max_members,
         opted_in=case.opted_in,
     )
@@ -426,6 +501,12 @@ def test_started_request_is_annotated_once_every_member_is_bound() -> None:
     case = next(c for c in CASES if c.id.startswith("released and every member running"))
     decision = _decide(case)
     assert decision.actions == (AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}),)
+
+
+def test_a_bound_gang_with_late_members_waiting_still_marks_its_request_started() -> None:
+    case = next(c for c in CASES if c.id.startswith("released, a late member and no room"))
+    decision = _decide(case)
+    assert AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}) in decision.actions
 
 
 def test_the_same_state_is_not_written_twice() -> None:
