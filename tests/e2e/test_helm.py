@@ -30,6 +30,7 @@ from gangcheck.testbed.container import Image
 from gangcheck.testbed.deploy import find_kubectl, kustomize_objects, run_controller_container
 from tests.e2e.conftest import Cluster
 from tests.e2e.helpers import delete_quietly, eventually, is_true, unique
+from tests.e2e.test_gangcheck import OUR_CONTROLLER, our_config
 
 Obj = dict[str, Any]
 CHART = repo_root() / "manifests" / "helm" / "gangcheck"
@@ -43,7 +44,6 @@ RECLAIMER_COMPONENTS = {
     "DeleteMachine": ("reclaim-capi",),
 }
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
-OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +263,8 @@ async def test_helm_install_gives_a_controller_that_leads_and_serves_its_checks(
 
             holder = await eventually(leading, timeout=60, what=f"a holder of Lease {release}")
             assert holder.startswith(f"{release}-"), holder
-            await kube.create(ATOMIC_CONFIG, {"metadata": {"name": check}, "spec": _config()})
+            spec = our_config(deadline=60)
+            await kube.create(ATOMIC_CONFIG, {"metadata": {"name": check}, "spec": spec})
             await kube.create(
                 ADMISSION_CHECK,
                 {
@@ -289,11 +290,3 @@ async def test_helm_install_gives_a_controller_that_leads_and_serves_its_checks(
             await delete_quietly(kube, ADMISSION_CHECK, check)
             await delete_quietly(kube, ATOMIC_CONFIG, check)
     cluster.record(f"helm install {release}: its Deployment's container led and served a check")
-
-
-def _config() -> Obj:
-    return {
-        "provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
-        "managedResources": ["nvidia.com/gpu"],
-        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 60, "reclaimer": "DeleteNode"},
-    }
