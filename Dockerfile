@@ -4,15 +4,17 @@
 #   hack/image.sh build                                     # offline, on a local Debian base
 #
 # BASE_IMAGE is any Debian-like image whose python3 is CPython 3.11 with its venv module (the
-# default, or the debootstrapped base of hack/image.sh). It is pinned by tag only: its digest
-# could not be established from a source we trust where this file was written (no registry
-# was reachable to ask). To pin it, resolve the digest yourself and append it:
-#   docker buildx imagetools inspect python:3.11.14-slim-bookworm   # "Digest: sha256:..."
-#   ARG BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:<that digest>
+# default, or the debootstrapped base of hack/image.sh). The default is pinned by digest: the
+# OCI index digest that Docker's official-images record (github.com/docker-library/repo-info,
+# repos/python/remote/3.11.15-slim-bookworm.md) gives for the build of 2026-08-05; it was
+# not pulled where this file was written (no registry was reachable). The tag is kept for
+# people; the digest decides. To move to a newer build or patch release, take the digest from
+# that record, or resolve it yourself, and replace both:
+#   docker buildx imagetools inspect python:3.11-slim-bookworm     # "Digest: sha256:..."
 # The Python dependencies are the exact, hashed versions of requirements/image.lock
 # (regenerate with hack/lock.sh). With requirements/wheels/ present in the build context, they
 # are installed from there and the build needs no network (docs/install.md).
-ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+ARG BASE_IMAGE=python:3.11.15-slim-bookworm@sha256:d29f48a31a8b408ed19272ca1e7b10ebae13b240a27e862d3d4217c528e2e0c3
 
 # ---- builder: gangcheck and its locked dependencies, installed into a venv -------------------
 FROM ${BASE_IMAGE} AS builder

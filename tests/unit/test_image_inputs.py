@@ -102,3 +102,9 @@ def test_an_optional_secret_that_is_absent_mounts_as_an_empty_read_only_folder(
 ) -> None:
     mount = f"--volume={tmp_path / 'gc-1-empty'}:/tmp/k8s-webhook-server/serving-certs:ro"
     assert mount in run_argv(tmp_path)
+
+
+def test_the_dockerfiles_default_base_is_pinned_by_digest() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", default)
