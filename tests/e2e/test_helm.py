@@ -3,7 +3,8 @@
 Rendering needs no cluster: ``helm lint``; ``helm template`` for the default values and for
 each reclaimer, whose RBAC must be the kustomize build's (``manifests/base`` plus the matching
 ``manifests/components/reclaim-*``, rendered by the test bed's kubectl) object for object;
-the pod's confinement identical to the base's Deployment; and values that make no sense
+the pod's confinement identical to the base's Deployment; the ValidatingAdmissionPolicy the
+base's, following the release's ServiceAccount; and values that make no sense
 refused by ``values.schema.json`` at template time, naming the value.
 
 Then ``helm install`` into the local stack: the Deployment helm created, run from the image as
@@ -34,6 +35,7 @@ from tests.e2e.test_gangcheck import OUR_CONTROLLER, our_config
 
 Obj = dict[str, Any]
 CHART = repo_root() / "manifests" / "helm" / "gangcheck"
+CRD_FILE = "gangcheck.io_atomicprovisioningconfigs.yaml"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 #: reclaimer value -> the kustomize component granting the same.
 RECLAIMER_COMPONENTS = {
@@ -167,10 +169,41 @@ def test_webhook_with_a_provided_secret_uses_it_and_its_ca(helm: Path) -> None:
     assert any((v.get("secret") or {}).get("secretName") == "my-cert" for v in volumes)
 
 
-def test_chart_crd_is_the_kustomize_crd() -> None:
-    chart_crd = (CHART / "crds" / "gangcheck.io_atomicprovisioningconfigs.yaml").read_text()
-    manifest = repo_root() / "manifests" / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"
-    assert chart_crd == manifest.read_text()
+@pytest.mark.parametrize(
+    ("in_chart", "in_manifests"),
+    [
+        (
+            "crds/gangcheck.io_atomicprovisioningconfigs.yaml",
+            "crd/gangcheck.io_atomicprovisioningconfigs.yaml",
+        ),
+        ("files/admission-policy.yaml", "base/admission-policy.yaml"),
+    ],
+    ids=["the CRD", "the admission policy"],
+)
+def test_chart_copy_is_the_manifests_file(in_chart: str, in_manifests: str) -> None:
+    manifests = repo_root() / "manifests"
+    assert (CHART / in_chart).read_text() == (manifests / in_manifests).read_text()
+
+
+def test_rendered_admission_policy_is_the_kustomize_builds(helm: Path, tmp_path: Path) -> None:
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    ours = [o for o in template(helm) if o["kind"] in kinds]
+    theirs = [o for o in kustomize(tmp_path, ()) if o["kind"] in kinds]
+    # kustomize sets its namespace on these cluster-scoped kinds too; kubectl ignores it.
+    for obj in theirs:
+        obj["metadata"].pop("namespace", None)
+    assert len(ours) == 2
+    assert ours == theirs
+
+
+def test_admission_policy_follows_the_release(helm: Path) -> None:
+    objects = template(helm, release="team-a")
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
+    assert policy["metadata"]["name"] == "team-a-gangcheck-writes-only-its-own"
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:gangcheck-system:team-a-gangcheck" in condition["expression"]
+    binding = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
 
 
 @pytest.mark.parametrize(
