@@ -76,9 +76,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     capture = config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         try:
-            ensure_binaries(
-                ("kubernetes", "helm") if os.environ.get(KUBECONFIG_ENV) else E2E_FAMILIES
-            )
+            ensure_binaries(("helm",) if os.environ.get(KUBECONFIG_ENV) else E2E_FAMILIES)
         except BuildError as exc:
             config.stash[_BUILD_ERROR] = exc
         if any(_IMAGE_FIXTURE in getattr(item, "fixturenames", ()) for item in e2e):
