@@ -17,6 +17,18 @@ install: ## install gangcheck and its test tools (editable)
 binaries: ## build the test bed's Go binaries from the pinned modules (cached)
 	hack/build.sh
 
+.PHONY: image
+image: ## build the controller image offline on a local Debian base (starts dockerd if none answers)
+	hack/image.sh build
+
+.PHONY: image-stop
+image-stop: ## stop the dockerd that hack/image.sh started (never another)
+	hack/image.sh stop
+
+.PHONY: lock
+lock: ## regenerate the image's hashed lock files from pyproject.toml (needs pip-tools)
+	hack/lock.sh
+
 .PHONY: lint
 lint: ## ruff lint and format check
 	$(PYTHON) -m ruff check gangcheck tests benchmarks
@@ -39,7 +51,7 @@ e2e: ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBE
 	$(PYTEST) tests/e2e -q
 
 .PHONY: test
-test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e
+test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e (builds the image)
 	$(PYTEST) tests -q -p no:cacheprovider
 
 .PHONY: bench

@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="gangcheck",
         description="All-or-nothing provisioning for GPU gangs (a Kueue AdmissionCheck).",
     )
+    parser.add_argument("--version", action="version", version=f"gangcheck {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the controller")
     run.add_argument("--config", help="settings file (see config/gangcheck.yaml)")
@@ -41,6 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("action", choices=["up", "down"])
     dev.add_argument("--state-dir", type=Path, help="where the local control plane keeps its files")
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the image's ``gangcheck --version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gangcheck")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
 
 
 def _sim_cloud(argv: list[str]) -> int:

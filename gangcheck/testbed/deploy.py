@@ -1,4 +1,5 @@
-"""Deploy gangcheck (and the simulated cloud) against a cluster as a user would, as processes.
+"""Deploy gangcheck (and the simulated cloud) against a cluster as a user would: as a process,
+or as the container of its image.
 
 :func:`deploy_gangcheck` installs what ``manifests/base`` grants the controller (Namespace,
 CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus the
@@ -9,7 +10,9 @@ controller has exactly the permissions the manifests give it, nothing of the adm
 ``python -m gangcheck sim-cloud``. Both return a :class:`ManagedProcess`.
 
 Only the RBAC and the CRD are applied, never the Deployment: on this test bed there is no
-kubelet to run an image, so the controller runs here as a child process.
+kubelet to run an image, so the controller runs here as a child process, or, given an image
+(:func:`gangcheck.testbed.container.ensure_image`), as the container the Deployment
+describes, run by docker on the host's network (:func:`run_controller_container`).
 
 Everything goes through ``kubectl`` with the given kubeconfig, so this works against the local
 test bed and any other cluster (kind ...). The kubectl used is the test bed's own (built from
@@ -18,6 +21,7 @@ the pinned Go modules), else the first on ``PATH``.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -32,6 +36,12 @@ from typing import Any
 import yaml
 
 from gangcheck.testbed.binaries import BuildError, ensure_binaries, repo_root
+from gangcheck.testbed.container import (
+    PodIdentity,
+    docker_run_argv,
+    readable_by,
+    remove_container,
+)
 from gangcheck.testbed.process import Component, ComponentError, free_ports, log_tail
 
 __all__ = [
@@ -40,6 +50,7 @@ __all__ = [
     "DeployError",
     "ManagedProcess",
     "deploy_gangcheck",
+    "run_controller_container",
     "start_sim_cloud",
 ]
 
@@ -80,6 +91,8 @@ class ManagedProcess:
     kubeconfig: Path
     health_port: int | None = None
     metrics_port: int | None = None
+    #: The docker container this process runs (``docker run``), removed when it stops.
+    container: str | None = None
 
     @property
     def pid(self) -> int:
@@ -98,6 +111,8 @@ class ManagedProcess:
     def stop(self) -> None:
         """SIGTERM to its process group, SIGKILL after 10 s; returns once it is gone."""
         self.component.stop()
+        if self.container is not None:
+            remove_container(self.container)
 
     def __enter__(self) -> ManagedProcess:
         return self
@@ -147,9 +162,11 @@ def _apply(kubectl: Path, kubeconfig: Path, objects: Sequence[Mapping[str, Any]]
 # -- gangcheck --------------------------------------------------------------------------------
 
 
-def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> list[dict[str, Any]]:
+def kustomize_objects(
+    kubectl: Path, workdir: Path, components: Sequence[str]
+) -> list[dict[str, Any]]:
     """``manifests/base`` with ``components`` (names under ``manifests/components``), rendered
-    by ``kubectl kustomize``, keeping only the kinds in ``_APPLIED_KINDS``."""
+    by ``kubectl kustomize``."""
     manifests = repo_root() / "manifests"
     # kustomize refuses absolute paths: the overlay names the base relative to itself.
     overlay = (workdir / "overlay").resolve()
@@ -164,17 +181,29 @@ def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> lis
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
     rendered = _kubectl(kubectl, None, "kustomize", str(overlay))
-    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> list[dict[str, Any]]:
+    """:func:`kustomize_objects`, keeping only the kinds in ``_APPLIED_KINDS``."""
+    docs = kustomize_objects(kubectl, workdir, components)
     return [doc for doc in docs if doc.get("kind") in _APPLIED_KINDS]
 
 
-def _token_kubeconfig(kubectl: Path, admin: Path, token: str, path: Path) -> Path:
-    """A kubeconfig with the admin kubeconfig's server and CA and the ServiceAccount's token."""
+def _token_kubeconfig(
+    kubectl: Path, admin: Path, token: str, path: Path, *, embed_ca: bool = False
+) -> Path:
+    """A kubeconfig with the admin kubeconfig's server and CA and the ServiceAccount's token;
+    with ``embed_ca``, the CA's data rather than its path (for a container to read)."""
     view = json.loads(_kubectl(kubectl, admin, "config", "view", "--minify", "--raw", "-o", "json"))
     cluster = dict(view["clusters"][0]["cluster"])
     ca_file = cluster.pop("certificate-authority", None)
     if ca_file and "certificate-authority-data" not in cluster:
-        cluster["certificate-authority"] = str((admin.parent / ca_file).resolve())
+        ca_path = (admin.parent / ca_file).resolve()
+        if embed_ca:
+            cluster["certificate-authority-data"] = base64.b64encode(ca_path.read_bytes()).decode()
+        else:
+            cluster["certificate-authority"] = str(ca_path)
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -185,6 +214,7 @@ def _token_kubeconfig(kubectl: Path, admin: Path, token: str, path: Path) -> Pat
         ],
         "current-context": "gangcheck",
     }
+    path.unlink(missing_ok=True)
     path.touch(mode=0o600)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -225,6 +255,19 @@ _GUARD = (
 )
 
 
+#: Run as ``python -c _EXEC_GUARD PARENT_PID ARGV...``: the same parent-death signal, then
+#: exec of ARGV (the signal is kept across exec). A ``docker run`` client passes the SIGTERM on
+#: to its container, which then stops and is removed (``--rm``).
+_EXEC_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "if sys.platform == 'linux':\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "    if os.getppid() != int(sys.argv[1]):\n"
+    "        sys.exit('parent gone before start')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 def _python_module(module: str, *args: str) -> list[str]:
     """argv running ``python -m module args`` that ends when this process ends."""
     return [sys.executable, "-c", _GUARD, str(os.getpid()), "-m", module, *args]
@@ -247,9 +290,11 @@ def deploy_gangcheck(
     extra_args: Sequence[str] = (),
     components: Sequence[str] = ("reclaim-delete-node",),
     kubectl: Path | None = None,
+    image: str | None = None,
 ) -> ManagedProcess:
     """Apply the RBAC (and CRD) of ``manifests/base`` + ``components``, mint a ServiceAccount
-    token, and run the controller with it until ``/readyz`` answers 200.
+    token, and run the controller with it until ``/readyz`` answers 200: as a process, or
+    given ``image``, as the container of the base's Deployment (:func:`run_controller_container`).
 
     ``extra_args`` go to ``gangcheck run`` (e.g. ``--workers 2``, ``--leader-elect``). Raises
     :class:`~gangcheck.testbed.process.ComponentError` (with the log's tail) if the process
@@ -258,7 +303,8 @@ def deploy_gangcheck(
     kubeconfig = Path(kubeconfig)
     workdir.mkdir(parents=True, exist_ok=True)
     kubectl = kubectl or find_kubectl()
-    objects = rbac_objects(kubectl, workdir / name, components)
+    rendered = kustomize_objects(kubectl, workdir / name, components)
+    objects = [o for o in rendered if o.get("kind") in _APPLIED_KINDS]
     # The namespace and CRD first: the namespaced objects and the config informer need them.
     first = [o for o in objects if o["kind"] in ("Namespace", "CustomResourceDefinition")]
     _apply(kubectl, kubeconfig, first)
@@ -271,15 +317,18 @@ def deploy_gangcheck(
         "crd/atomicprovisioningconfigs.gangcheck.io",
     )
     _apply(kubectl, kubeconfig, [o for o in objects if o not in first])
-    token = _kubectl(
-        kubectl,
-        kubeconfig,
-        "create",
-        "token",
-        SERVICE_ACCOUNT,
-        f"--namespace={NAMESPACE}",
-        f"--duration={_TOKEN_SECONDS}s",
-    ).strip()
+    if image is not None:
+        (deployment,) = [o for o in rendered if o.get("kind") == "Deployment"]
+        return run_controller_container(
+            kubeconfig,
+            deployment=deployment,
+            image=image,
+            workdir=workdir,
+            name=name,
+            extra_args=extra_args,
+            kubectl=kubectl,
+        )
+    token = _service_account_token(kubectl, kubeconfig, NAMESPACE, SERVICE_ACCOUNT)
     token_config = _token_kubeconfig(kubectl, kubeconfig, token, workdir / f"{name}.kubeconfig")
     health, metrics = free_ports(2)
     argv = _python_module(
@@ -304,6 +353,90 @@ def deploy_gangcheck(
     )
     _start(component)
     return ManagedProcess(name, component, log_path, token_config, health, metrics)
+
+
+def _service_account_token(kubectl: Path, admin: Path, namespace: str, account: str) -> str:
+    """A token of the ServiceAccount from the TokenRequest API, valid for a day."""
+    return _kubectl(
+        kubectl,
+        admin,
+        "create",
+        "token",
+        account,
+        f"--namespace={namespace}",
+        f"--duration={_TOKEN_SECONDS}s",
+    ).strip()
+
+
+def run_controller_container(
+    kubeconfig: Path,
+    *,
+    deployment: Mapping[str, Any],
+    image: str,
+    workdir: Path,
+    name: str = "gangcheck",
+    extra_args: Sequence[str] = (),
+    kubectl: Path | None = None,
+) -> ManagedProcess:
+    """Run the ``controller`` container of ``deployment`` (already applied RBAC: its
+    ServiceAccount exists) from ``image`` with docker, as its pod would run, until ``/readyz``
+    answers 200 (see :mod:`gangcheck.testbed.container` for what differs from a kubelet).
+
+    The container gets a kubeconfig with a token of the Deployment's ServiceAccount, and free
+    ports on 127.0.0.1 for health, metrics and the webhook; ``extra_args`` follow.
+    """
+    kubeconfig = Path(kubeconfig)
+    kubectl = kubectl or find_kubectl()
+    meta, pod_spec = deployment["metadata"], deployment["spec"]["template"]["spec"]
+    namespace = meta.get("namespace") or NAMESPACE
+    token = _service_account_token(kubectl, kubeconfig, namespace, pod_spec["serviceAccountName"])
+    token_config = _token_kubeconfig(
+        kubectl, kubeconfig, token, workdir / f"{name}.container.kubeconfig", embed_ca=True
+    )
+    readable_by(token_config, int((pod_spec.get("securityContext") or {}).get("runAsUser", 0)))
+    health, metrics, webhook = free_ports(3)
+    container_name = f"{name}-{os.getpid()}-{health}"
+    docker_argv = docker_run_argv(
+        deployment,
+        image=image,
+        container_name=container_name,
+        pod=PodIdentity(name=container_name, namespace=namespace),
+        kubeconfig=token_config,
+        workdir=workdir,
+        extra_args=[
+            f"--health-port={health}",
+            f"--metrics-port={metrics}",
+            "--bind-address=127.0.0.1",
+            *([f"--webhook-port={webhook}"] if _serves_webhook(deployment) else []),
+            *extra_args,
+        ],
+    )
+    log_path = workdir / f"{name}.container.log"
+    component = Component(
+        name=f"{name} (container)",
+        argv=[sys.executable, "-c", _EXEC_GUARD, str(os.getpid()), *docker_argv],
+        log_path=log_path,
+        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        ready_timeout=_READY_TIMEOUT,
+        stop_timeout=_STOP_TIMEOUT,
+    )
+    try:
+        _start(component)
+    except ComponentError:
+        remove_container(container_name)
+        raise
+    return ManagedProcess(
+        name, component, log_path, token_config, health, metrics, container=container_name
+    )
+
+
+def _serves_webhook(deployment: Mapping[str, Any]) -> bool:
+    """Whether the controller container serves the webhook (an env setting or a flag)."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env") or []}
+    args = container.get("args") or []
+    flagged = any(str(a).startswith("--webhook-port") for a in args)
+    return flagged or str(env.get("GANGCHECK_WEBHOOK__ENABLED", "")).lower() == "true"
 
 
 # -- the simulated cloud ----------------------------------------------------------------------

@@ -7,12 +7,15 @@ uses that cluster instead; that cluster must run the same components, with clust
 kwok provider configured with the node groups below (label ``gangcheck.io/nodegroup``).
 
 Missing binaries are built before the first test, outside the per-test timeout, with the
-build's progress shown (as in ``tests/integration``).
+build's progress shown (as in ``tests/integration``). So is the controller's image, when a
+collected test uses ``controller_image`` (``hack/image.sh build``: the docker engine is
+installed and started if need be, and a daemon the session started is stopped at its end).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -20,6 +23,7 @@ import pytest
 
 from gangcheck.kube.client import Kube
 from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
+from gangcheck.testbed.container import DockerEngine, Image, ensure_image
 from gangcheck.testbed.launcher import ControlPlane
 from gangcheck.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
 from gangcheck.testbed.stack import FULL_STACK
@@ -49,8 +53,13 @@ E2E_NODE_GROUPS = (
     ),
 )
 
+#: The families the e2e suite needs: the full stack's, and helm for the chart's tests.
+E2E_FAMILIES = (*ALL_FAMILIES, "helm")
 _BUILD_ERROR = pytest.StashKey[BuildError]()
 _MEASUREMENTS = pytest.StashKey[list[str]]()
+_IMAGE = pytest.StashKey[Image | BuildError]()
+_ENGINE = pytest.StashKey[DockerEngine]()
+_IMAGE_FIXTURE = "controller_image"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,14 +71,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     e2e = [item for item in items if item.path.is_relative_to(os.path.dirname(__file__))]
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
-    if config.option.collectonly or not e2e or os.environ.get(KUBECONFIG_ENV):
+    if config.option.collectonly or not e2e:
         return
     capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        try:
+            ensure_binaries(("helm",) if os.environ.get(KUBECONFIG_ENV) else E2E_FAMILIES)
+        except BuildError as exc:
+            config.stash[_BUILD_ERROR] = exc
+        if any(_IMAGE_FIXTURE in getattr(item, "fixturenames", ()) for item in e2e):
+            _build_image(config)
+
+
+def _build_image(config: pytest.Config) -> None:
+    """The image, on a daemon this session holds (and stops at its end if it started it)."""
+    engine = DockerEngine()
+    engine.acquire()
+    config.stash[_ENGINE] = engine
+    began = time.monotonic()
     try:
-        with capture.global_and_fixture_disabled():
-            ensure_binaries(ALL_FAMILIES)
+        config.stash[_IMAGE] = ensure_image()
     except BuildError as exc:
-        config.stash[_BUILD_ERROR] = exc
+        config.stash[_IMAGE] = exc
+        return
+    config.stash[_MEASUREMENTS].append(
+        f"image built or reused in {time.monotonic() - began:.1f}s (hack/image.sh build)"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    engine = config.stash.get(_ENGINE, None)
+    if engine is not None:
+        engine.release()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -91,6 +124,16 @@ class Cluster:
     def record(self, text: str) -> None:
         """A measurement to show in the session summary (and to copy into docs/testbed.md)."""
         self.measurements.append(text)
+
+
+@pytest.fixture(scope="session")
+def controller_image(pytestconfig: pytest.Config) -> Image:
+    """The controller's image, built at collection (see the module's doc)."""
+    built = pytestconfig.stash.get(_IMAGE, None)
+    if isinstance(built, BuildError):
+        raise built
+    assert built is not None, "the image is built at collection for the tests that use it"
+    return built
 
 
 @pytest.fixture(scope="session")
