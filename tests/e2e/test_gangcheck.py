@@ -435,7 +435,11 @@ async def test_gang_provisioned_by_cluster_autoscaler_runs_on_new_nodes(
                 if n["metadata"]["annotations"][ARRIVED_FOR]
                 == f"{namespace}/{request['metadata']['name']}"
             }
-            assert recorded == {n["metadata"]["name"] for n in new}
+            # Every node recorded is one of the new ones. kwok registers cluster-autoscaler's
+            # nodes at once, so one may be stamped in the request's own second: not proven to
+            # have come for it (creationTimestamp has 1 s resolution), it counts as capacity
+            # that was there, unrecorded and never reclaimed.
+            assert recorded <= {n["metadata"]["name"] for n in new}
 
             async def admitted() -> Obj | None:
                 got = await workload_of(kube, namespace, job)
@@ -452,7 +456,8 @@ async def test_gang_provisioned_by_cluster_autoscaler_runs_on_new_nodes(
             assert {p["spec"]["nodeName"] for p in pods} == {n["metadata"]["name"] for n in new}
             cluster.record(
                 f"a. real CA, {count} pods x {BIG.gpus} GPUs on {BIG.name}: check Ready after "
-                f"{ready_after:.1f}s (attempt {attempt}), all pods Running after "
+                f"{ready_after:.1f}s (attempt {attempt}, {len(recorded)} of {count} new nodes "
+                f"recorded for it), all pods Running after "
                 f"{started_after:.1f}s; "
                 f"check states: {' | '.join(timeline.states)}"
             )

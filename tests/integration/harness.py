@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -348,14 +348,31 @@ class Cluster:
             status = body.pop("status")
             body["metadata"].pop("creationTimestamp")
             body["metadata"].pop("resourceVersion")
-            created = await self.kube.create(NODE, body)
-            created["status"] = status
-            await self.kube.replace(NODE, created, subresource="status")
-            # As the node lifecycle controller does once a node is Ready: drop the not-ready
-            # taint the API server put on it at registration.
-            await self.kube.merge_patch(NODE, name, {"spec": {"taints": taints or None}})
+            await self.kube.create(NODE, body)
+            await self.kube.merge_patch(NODE, name, {"status": status}, subresource="status")
+            await self._drop_not_ready_taint(name)
             names.append(name)
         return names
+
+    async def _drop_not_ready_taint(self, name: str) -> None:
+        """As the node lifecycle controller does once a node is Ready: drop the not-ready taint
+        the API server put on it at registration, and only that one (gangcheck may have
+        written its own meanwhile), at the resourceVersion read."""
+        for _ in range(20):
+            node = await self.kube.get(NODE, name)
+            taints = node["spec"].get("taints") or []
+            kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+            if kept == taints:
+                return
+            meta = {"resourceVersion": node["metadata"]["resourceVersion"]}
+            try:
+                await self.kube.merge_patch(
+                    NODE, name, {"metadata": meta, "spec": {"taints": kept or None}}
+                )
+                return
+            except ConflictError:
+                continue
+        raise AssertionError(f"could not drop the not-ready taint of node {name}")
 
     async def nodes(self) -> list[Obj]:
         listing = await self.kube.list_objects(NODE, label_selector=f"{TEST_LABEL}={self.ns}")

@@ -449,6 +449,13 @@ MAY = [
         id="may block deletion of the requests that own its pod templates",
     ),
     ask("delete", "podtemplates", ALL, id="deletes pod templates"),
+    ask(
+        "get",
+        "provisioningrequests.autoscaling.x-k8s.io",
+        ALL,
+        id="reads a request it collided with",
+    ),
+    ask("get", "podtemplates", ALL, id="reads a pod template it collided with"),
     ask("get", "nodes", id="gets nodes"),
     ask("watch", "nodes", id="watches nodes"),
     ask("patch", "nodes", id="patches nodes to claim, fence and unfence them"),
@@ -756,7 +763,9 @@ async def gang_gets_its_request(admin: Kube, namespace: str) -> Obj:
     async def handed_over() -> bool:
         found = await get_or_none(admin, POD_TEMPLATE, template, namespace)
         owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
-        return [o["uid"] for o in owners] == [request["metadata"]["uid"]]
+        # The request adopts it; the Workload stays an owner (a request deleted by hand
+        # must not take its templates with it).
+        return request["metadata"]["uid"] in [o["uid"] for o in owners]
 
     await eventually(handed_over, what=f"PodTemplate {template} owned by its request")
 
