@@ -36,7 +36,7 @@ class ArrivalGateReconciler:
         self._kube = kube
         self._caches = caches
         self._clock = clock
-        self._open_after = open_after_seconds
+        self.open_after_seconds = open_after_seconds
 
     async def reconcile(self, name: str) -> Result:
         node = self._caches.nodes.store.get(name)
@@ -44,7 +44,7 @@ class ArrivalGateReconciler:
             return Result()
         waiting = open_requests(self._caches)
         verdict = arrival_verdict(
-            node, waiting, now=self._clock(), open_after_seconds=self._open_after
+            node, waiting, now=self._clock(), open_after_seconds=self.open_after_seconds
         )
         if not verdict.open:
             if verdict.recheck_after is None:

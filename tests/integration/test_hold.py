@@ -135,9 +135,14 @@ async def test_a_node_registering_closed_is_recorded_and_held_for_the_gang_it_ca
     assert await taints_of(cluster, node) == [hold_taint(f"{cluster.ns}/{name}")]
 
 
-async def test_a_node_registering_closed_that_no_gang_waits_for_is_opened(
+async def test_a_node_registering_closed_that_no_gang_may_record_is_opened(
     cluster: Cluster, controller: RunningController
 ) -> None:
+    """Opened at once when no request in flight could use it (the rule's table is in
+    tests/unit/test_hold.py); requests other tests left in this shared control plane may be
+    such a request, so the backstop is shortened here to keep the outcome certain."""
+    assert controller.controller is not None
+    controller.controller.arrival_reconciler.open_after_seconds = 3.0
     (node,) = await cluster.add_nodes(1, gpu=1, taints=[ARRIVING, DEDICATED])
 
     async def opened() -> bool:

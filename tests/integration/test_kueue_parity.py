@@ -143,9 +143,14 @@ async def test_an_inactive_config_deletes_the_request_in_flight(
     await cluster.wait_request(name)
     await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
     await cluster.wait_request_gone(name)
-    check = await cluster.check_state("wl")
+
+    async def says_inactive() -> Any:
+        entry = await cluster.check_state("wl")
+        return entry if "the check is not active" in entry["message"] else None
+
+    # The request is deleted first, then the check written: wait for the check's message.
+    check = await eventually(says_inactive, what="the check saying it is not active")
     assert check["state"] == "Pending"
-    assert "the check is not active" in check["message"]
     assert "no provisioning request is kept while it is inactive" in check["message"]
     assert await cluster.events("ProvisioningRequestDeleted")
 
