@@ -128,8 +128,15 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
 
 
 def clean_up(snap: Snapshot, why: str) -> Decision:
-    """Delete every request (and its templates) this Workload has for this check."""
-    actions = tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
+    """Delete every request (and its templates) this Workload has for this check, after
+    reclaiming what arrived for an unfinished attempt (rollback.abandon)."""
+    reclaimer = rollback.reclaimer_of(snap.config)
+    actions = tuple(
+        action
+        for r in snap.requests
+        if not r.deleting
+        for action in (*rollback.abandon(r, snap.capacity, reclaimer, why), delete_request(r, why))
+    )
     return Decision(actions=actions)
 
 

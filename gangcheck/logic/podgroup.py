@@ -211,6 +211,8 @@ def _first(
     )
     request = _request_body(snap, gang, name, now)
     request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
+    if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
+        request["metadata"]["annotations"][CONFIG_ANNOTATION] = config
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
@@ -497,8 +499,18 @@ def group_key(group: PodGroup) -> str:
 
 
 def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
+    """Delete the group's requests, after reclaiming what arrived for an unfinished attempt."""
+    reclaimer = rollback.reclaimer_of(snap.config)
     return GroupDecision(
-        actions=tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
+        actions=tuple(
+            action
+            for r in snap.requests
+            if not r.deleting
+            for action in (
+                *rollback.abandon(r, snap.capacity, reclaimer, why),
+                delete_request(r, why),
+            )
+        )
     )
 
 
