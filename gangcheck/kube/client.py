@@ -79,8 +79,17 @@ class Kube:
         )
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, in_cluster: bool = False) -> Kube:
-        """Connect with a kubeconfig file, or with the pod's service account when in a cluster."""
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        in_cluster: bool = False,
+        retry_attempts: int = 5,
+        retry_seconds: float = 15,
+    ) -> Kube:
+        """Connect with a kubeconfig file, or with the pod's service account when in a cluster;
+        transient failures of a call are retried `retry_attempts` times within
+        `retry_seconds`."""
         configuration = k8s_client.Configuration()
         if in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -88,7 +97,11 @@ class Kube:
             await k8s_config.load_kube_config(
                 config_file=kubeconfig, client_configuration=configuration
             )
-        return cls(k8s_client.ApiClient(configuration=configuration))
+        return cls(
+            k8s_client.ApiClient(configuration=configuration),
+            retry_attempts=retry_attempts,
+            retry_seconds=retry_seconds,
+        )
 
     @property
     def host(self) -> str:

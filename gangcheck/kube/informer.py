@@ -189,6 +189,9 @@ class Informer:
             except NotFoundError:
                 raise
             except ApiError as e:  # broken, cut or stalled: watch again from where we were
+                if e.reason == "WatchStalled":  # a quiet resource, or a stuck connection
+                    log.info("%s; watching again", e, extra={"resource": self.resource.plural})
+                    continue
                 await asyncio.sleep(self._failed(e))
 
     def _failed(self, error: Exception) -> float:

@@ -25,6 +25,7 @@ import ssl
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,11 +394,14 @@ def _reset(request: web.Request) -> web.Response:
 @contextlib.asynccontextmanager
 async def proxies(
     upstream_kubeconfig: Path, faults: Faults, replicas: list[str], folder: Path
-) -> Any:
-    """Started proxies, one per replica, with their kubeconfigs: {replica: kubeconfig}."""
+) -> AsyncIterator[list[FaultProxy]]:
+    """Started proxies, one per replica, each with its kubeconfig written in `folder`
+    (``folder / f"{replica}.kubeconfig"``)."""
     started = [await FaultProxy(upstream_kubeconfig, faults, replica=r).start() for r in replicas]
     try:
-        yield {p.replica: p.kubeconfig(folder / f"{p.replica}.kubeconfig") for p in started}
+        for proxy in started:
+            proxy.kubeconfig(folder / f"{proxy.replica}.kubeconfig")
+        yield started
     finally:
         for proxy in started:
             await proxy.stop()

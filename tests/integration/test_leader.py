@@ -65,8 +65,8 @@ async def replicas(
     control_plane: ControlPlane, faults: Faults, tmp_path: Path, config: LeaseConfig, n: int
 ) -> AsyncIterator[list[Replica]]:
     names = [f"replica-{chr(ord('a') + i)}" for i in range(n)]
-    async with proxies(control_plane.kubeconfig, faults, names, tmp_path) as configs:
-        kubes = [await Kube.connect(str(configs[name])) for name in names]
+    async with proxies(control_plane.kubeconfig, faults, names, tmp_path):
+        kubes = [await Kube.connect(str(tmp_path / f"{name}.kubeconfig")) for name in names]
         made = [
             Replica(name, kube, LeaseConfig(**{**config.__dict__, "identity": name}))
             for name, kube in zip(names, kubes, strict=True)
