@@ -54,6 +54,10 @@ e2e: ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBE
 test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e (builds the image)
 	$(PYTEST) tests -q -p no:cacheprovider
 
+.PHONY: soak
+soak: install binaries ## the long fault suite: more gangs, seeds, SIGKILLs (tens of minutes)
+	GANGCHECK_SOAK=1 $(PYTEST) tests/integration/test_fault_suite.py -q -p no:cacheprovider
+
 .PHONY: bench
 bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA
 	$(PYTHON) benchmarks/partial_delivery.py

@@ -337,14 +337,14 @@ class RunOptions:
 async def run_controller(kube: Kube, options: RunOptions) -> None:
     """Serve health and metrics, then reconcile: at once, or once elected leader."""
     metrics = Metrics(in_flight=lambda: len(controller.caches.requests.store))
+    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     controller = Controller(
-        kube,
+        kube.fenced(elector.write_fence) if elector is not None else kube,
         workers=options.workers,
         metrics=metrics,
         pod_groups=options.pod_groups,
         discovery_seconds=options.discovery_seconds,
     )
-    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
 
     def ready() -> bool:
         standby = elector is not None and not elector.is_leader

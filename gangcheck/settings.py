@@ -133,8 +133,9 @@ class LeaderElectionSettings(_Section):
             alias="renewDeadlineSeconds",
             gt=0,
             description=(
-                "Seconds the leader keeps trying to renew before it gives up leading (it stops "
-                "reconciling and exits); must be below leaseDurationSeconds."
+                "Seconds after its last renewal began that the leader keeps writing; past it, "
+                "it stops acting until a renewal succeeds, and gives up leading (exits) only "
+                "once leaseDurationSeconds pass unrenewed. Must be below leaseDurationSeconds."
             ),
         ),
     ] = 10.0

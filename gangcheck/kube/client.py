@@ -1,8 +1,14 @@
 """The only way gangcheck talks to the API server: raw JSON over kubernetes-asyncio's client.
 
 Objects stay plain dicts (``model/`` gives typed views of them). Transient failures (429, 5xx,
-a dropped connection) are retried here, briefly, with tenacity; everything else is raised as an
+a dropped connection) are retried here, briefly, with tenacity: after the server's Retry-After
+when it gives one, else after an exponential backoff with full jitter (so replicas and
+informers that failed together do not retry together). Everything else is raised as an
 ``ApiError`` subclass for the caller (and the work queue's backoff) to handle.
+
+A client may carry a write fence (leader election): every write asks it first, is refused
+(``FencedError``) when this replica holds no lease known to be valid, and is sent with a
+timeout that ends before the lease could expire.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -21,10 +27,11 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential,
+    wait_random_exponential,
 )
+from tenacity import RetryCallState as _RetryState
 
-from gangcheck.kube.errors import TransientError, error_from_status
+from gangcheck.kube.errors import NotFoundError, TransientError, error_from_status
 from gangcheck.kube.resources import Resource
 from gangcheck.telemetry import api_call
 
@@ -36,21 +43,54 @@ JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 Obj = dict[str, Any]
+WriteFence = Callable[[], float]
+"""Seconds a write may still take; raises ``FencedError`` when no write may be sent."""
+READS = frozenset({"GET", "HEAD"})
+REQUEST_TIMEOUT = 30.0
+MAX_RETRY_AFTER = 10.0
+"""The longest wait a Retry-After may impose on one call before it is tried again."""
+WATCH_QUIET_SECONDS = 90.0
+"""A watch that brought nothing, not even a bookmark (the API server sends one about every
+minute), for this long is stalled: it is ended so the informer watches again."""
 
 
 class Kube:
     """A thin asynchronous client of the Kubernetes REST API, speaking JSON dicts."""
 
     def __init__(
-        self, api_client: Any, *, retry_attempts: int = 5, retry_seconds: float = 15
+        self,
+        api_client: Any,
+        *,
+        retry_attempts: int = 5,
+        retry_seconds: float = 15,
+        fence: WriteFence | None = None,
     ) -> None:
         self._api = api_client
         self._retry_attempts = retry_attempts
         self._retry_seconds = retry_seconds
+        self._fence = fence
+
+    def fenced(self, fence: WriteFence) -> Kube:
+        """The same connection, every write of which asks `fence` first."""
+        return Kube(
+            self._api,
+            retry_attempts=self._retry_attempts,
+            retry_seconds=self._retry_seconds,
+            fence=fence,
+        )
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, *, in_cluster: bool = False) -> Kube:
-        """Connect with a kubeconfig file, or with the pod's service account when in a cluster."""
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        in_cluster: bool = False,
+        retry_attempts: int = 5,
+        retry_seconds: float = 15,
+    ) -> Kube:
+        """Connect with a kubeconfig file, or with the pod's service account when in a cluster;
+        transient failures of a call are retried `retry_attempts` times within
+        `retry_seconds`."""
         configuration = k8s_client.Configuration()
         if in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -58,7 +98,11 @@ class Kube:
             await k8s_config.load_kube_config(
                 config_file=kubeconfig, client_configuration=configuration
             )
-        return cls(k8s_client.ApiClient(configuration=configuration))
+        return cls(
+            k8s_client.ApiClient(configuration=configuration),
+            retry_attempts=retry_attempts,
+            retry_seconds=retry_seconds,
+        )
 
     @property
     def host(self) -> str:
@@ -80,6 +124,21 @@ class Kube:
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
         return await self.request("GET", res.object_path(name, namespace))
+
+    async def get_if_exists(
+        self, res: Resource, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        """The object, or None only when the server says this very object does not exist.
+
+        A 404 that does not name the object (the resource not served, a proxy's answer) proves
+        nothing about it and is raised: absence is never inferred from it.
+        """
+        try:
+            return await self.get(res, name, namespace)
+        except NotFoundError as e:
+            if e.names_object(name):
+                return None
+            raise
 
     async def list_objects(
         self,
@@ -159,8 +218,13 @@ class Kube:
         resource_version: str,
         timeout_seconds: int = 300,
         label_selector: str | None = None,
+        quiet_seconds: float = WATCH_QUIET_SECONDS,
     ) -> AsyncGenerator[Obj]:
-        """Yield watch events ({type, object}) from resource_version until the server ends it."""
+        """Yield watch events ({type, object}) from resource_version until the server ends it.
+
+        Bookmarks are asked for; a watch quiet for `quiet_seconds` (no event, no bookmark) is
+        taken as stalled and raised as a TransientError rather than waited on to its end.
+        """
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -173,8 +237,10 @@ class Kube:
         resp = await self._send("GET", path, query=query, timeout=timeout_seconds + 30)
         try:
             if resp.status >= 300:
-                raise error_from_status(resp.status, await resp.read(), target=path)
-            async for line in resp.content:
+                raise _error_of(resp, await resp.read(), target=path)
+            while line := await _next_line(resp, quiet_seconds, target=path):
+                if not line.endswith(b"\n"):  # the stream ended inside an event: cut
+                    raise TransientError(0, "WatchBroken", "cut inside an event", target=path)
                 if line.strip():
                     yield json.loads(line)
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -197,7 +263,7 @@ class Kube:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientError),
             stop=stop_after_attempt(self._retry_attempts) | stop_after_delay(self._retry_seconds),
-            wait=wait_exponential(multiplier=0.2, max=3),
+            wait=_wait_as_told,
             reraise=True,
         )
         async for attempt in retrying:
@@ -208,17 +274,22 @@ class Kube:
     async def _request_once(
         self, method: str, path: str, query: Mapping[str, str] | None, body: Any, content_type: str
     ) -> Obj:
+        timeout = REQUEST_TIMEOUT
+        if self._fence is not None and method not in READS:
+            timeout = min(timeout, self._fence())
         with api_call(method, path) as answered:
-            resp = await self._send(method, path, query=query, body=body, content_type=content_type)
+            resp = await self._send(
+                method, path, query=query, body=body, content_type=content_type, timeout=timeout
+            )
             try:
                 data = await resp.read()
-            except aiohttp.ClientError as e:
+            except (aiohttp.ClientError, TimeoutError) as e:
                 raise TransientError(0, "ConnectionError", str(e), target=path) from e
             finally:
                 resp.release()
             answered(resp.status)
             if resp.status >= 300:
-                raise error_from_status(resp.status, data, target=f"{method} {path}")
+                raise _error_of(resp, data, target=f"{method} {path}")
         parsed: Obj = json.loads(data) if data else {}
         return parsed
 
@@ -230,7 +301,7 @@ class Kube:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = JSON,
-        timeout: float = 30,
+        timeout: float = REQUEST_TIMEOUT,
     ) -> Any:
         headers = {"Accept": JSON, "Content-Type": content_type}
         auth = await self._api.configuration.auth_settings()
@@ -251,6 +322,37 @@ class Kube:
             raise TransientError(
                 0, "ConnectionError", str(e) or type(e).__name__, target=path
             ) from e
+
+
+_JITTERED = wait_random_exponential(multiplier=0.2, max=3)
+
+
+def _wait_as_told(state: _RetryState) -> float:
+    """The server's Retry-After (capped) if it gave one, else exponential with full jitter."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    asked = getattr(error, "retry_after", None)
+    if asked is not None:
+        return float(min(asked, MAX_RETRY_AFTER))
+    return float(_JITTERED(state))
+
+
+def _error_of(resp: Any, body: bytes, *, target: str) -> Exception:
+    headers = getattr(resp, "headers", None) or {}
+    return error_from_status(
+        resp.status, body, target=target, retry_after=headers.get("Retry-After")
+    )
+
+
+async def _next_line(resp: Any, quiet_seconds: float, *, target: str) -> bytes:
+    """The next line of a watch, b"" at its end; TransientError if none comes in time."""
+    try:
+        async with asyncio.timeout(quiet_seconds):
+            line: bytes = await resp.content.readline()
+    except TimeoutError as e:
+        raise TransientError(
+            0, "WatchStalled", f"nothing for {quiet_seconds:g}s, not even a bookmark", target=target
+        ) from e
+    return line
 
 
 def _sub(path: str, subresource: str | None) -> str:

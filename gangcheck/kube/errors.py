@@ -11,16 +11,33 @@ _BODY_LIMIT = 500
 class ApiError(Exception):
     """The API server answered with an error status (or could not be reached)."""
 
-    def __init__(self, status: int, reason: str, message: str, *, target: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        target: str = "",
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.reason = reason
         self.message = message[:_BODY_LIMIT]
         self.target = target
+        self.details = details or {}
+        """The Status's details: for a missing object its name and kind; empty when the
+        resource itself is not served."""
+        self.retry_after = retry_after
+        """Seconds the server asked us to wait (Retry-After on a 429 or 503), if it did."""
         super().__init__(f"{target}: {status} {reason}: {self.message}" if target else message)
 
 
 class NotFoundError(ApiError):
-    pass
+    def names_object(self, name: str) -> bool:
+        """True if the server said this very object does not exist (its Status names it);
+        False for a resource not served (a CRD absent) or a 404 from anything in between."""
+        return str(self.details.get("name", "")) == name
 
 
 class ConflictError(ApiError):
@@ -47,6 +64,14 @@ class TransientError(ApiError):
     """429, 5xx or a broken connection: worth retrying."""
 
 
+class FencedError(ApiError):
+    """A write refused before it was sent: this replica does not hold a lease known to be
+    valid (runtime/leader.py), so it must not act."""
+
+    def __init__(self, message: str, *, target: str = "") -> None:
+        super().__init__(0, "NotLeader", message, target=target)
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     404: NotFoundError,
     409: ConflictError,
@@ -57,8 +82,10 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
-def error_from_status(status: int, body: bytes | str, *, target: str = "") -> ApiError:
-    """Build the error for an HTTP status and a Status body from the API server."""
+def error_from_status(
+    status: int, body: bytes | str, *, target: str = "", retry_after: str | None = None
+) -> ApiError:
+    """Build the error for an HTTP status, a Status body and a Retry-After header, if any."""
     status_obj = _parse(body)
     reason = str(status_obj.get("reason", "")) or str(status)
     message = str(status_obj.get("message", "")) or (
@@ -67,7 +94,23 @@ def error_from_status(status: int, body: bytes | str, *, target: str = "") -> Ap
     cls = _BY_STATUS.get(status, TransientError if status >= 500 else ApiError)
     if status == 409 and reason == "AlreadyExists":
         cls = AlreadyExistsError
-    return cls(status, reason, message, target=target)
+    details = status_obj.get("details")
+    return cls(
+        status,
+        reason,
+        message,
+        target=target,
+        details=details if isinstance(details, dict) else None,
+        retry_after=_seconds(retry_after),
+    )
+
+
+def _seconds(raw: str | None) -> float | None:
+    """Retry-After in seconds (the API server sends whole seconds; an HTTP date is ignored)."""
+    try:
+        return max(0.0, float(raw)) if raw else None
+    except ValueError:
+        return None
 
 
 def _parse(body: bytes | str) -> dict[str, Any]:

@@ -1,8 +1,17 @@
 """List+watch caches: one in-memory store per resource, kept current by a watch.
 
-List, mark synced, watch from the list's resourceVersion with bookmarks, relist on 410 Gone or
-on any broken watch (after a short backoff). Every change calls the handlers with the object's
-old and new state so the controller can map it to work-queue keys.
+List, mark synced, watch from the list's resourceVersion with bookmarks. A broken or stalled
+watch is watched again from the last resourceVersion seen (after an exponential backoff with
+jitter); only 410 Gone, the server saying that version is no longer kept, makes it relist.
+Every change calls the handlers with the object's old and new state so the controller can map
+it to work-queue keys.
+
+``authoritative`` says whether the store may be trusted to show that an object is *absent*:
+true only after a list the server answered, false again as soon as a list or watch of an
+optional resource answers 404. Absence is what cleanup acts on, so nothing is deleted on the
+word of a cache that is not authoritative. A resource served before and then answering 404 is
+kept as last seen for `absent_grace` seconds (a proxy's or a restarting server's 404 is not a
+CRD removed), retried with backoff, and only then emptied.
 """
 
 from __future__ import annotations
@@ -10,17 +19,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import ApiError, GoneError, NotFoundError
+from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube, Obj
+from gangcheck.kube.errors import ApiError, GoneError, NotFoundError, TransientError
 from gangcheck.kube.resources import Resource
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """Called with (old, new): old is None on add, new is None on delete."""
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def jittered(base: float, failures: int, *, cap: float = MAX_BACKOFF_SECONDS) -> float:
+    """Full jitter: a random wait up to base * 2^(failures-1), capped."""
+    ceiling = min(cap, base * 2 ** max(0, failures - 1))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 def object_key(obj: Obj) -> str:
@@ -108,6 +126,8 @@ class Informer:
         retry_delay: float = 1.0,
         optional: bool = False,
         absent_retry: float = 60.0,
+        absent_grace: float = 60.0,
+        quiet_seconds: float = WATCH_QUIET_SECONDS,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -119,45 +139,97 @@ class Informer:
         self._retry_delay = retry_delay
         self._optional = optional
         self._absent_retry = absent_retry
+        self._absent_grace = absent_grace
+        self._quiet_seconds = quiet_seconds
+        self._failures = 0
+        self._rv = ""
+        self._absent_since: float | None = None
         self.served = True
         """False while an optional resource is not served (404): the cache is empty."""
+        self.authoritative = False
+        """True once a list was answered and until a 404 makes the resource's presence
+        uncertain: only then does an object missing from the store mean it is gone."""
+        self.relists = 0
+        """Lists made after the first (each one after a 410, or a failed list)."""
 
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
 
     async def run(self) -> None:
-        """List and watch forever; relist after 410 or any broken watch."""
+        """List, then watch forever from the last resourceVersion; relist only after 410."""
+        listed = False
         while True:
             try:
+                if listed:
+                    self.relists += 1
                 rv = await self._list()
-                while True:
-                    rv = await self._watch(rv)
+                listed = True
+                await self._watch_until_gone(rv)
+                log.info("watch expired (410), relisting", extra={"resource": self.resource.plural})
             except asyncio.CancelledError:
                 raise
             except NotFoundError as e:
-                if self._optional:
-                    self._absent()
-                    await asyncio.sleep(self._absent_retry)
-                else:
-                    self._failed(e)
-                    await asyncio.sleep(self._retry_delay)
-            except GoneError:
-                log.info("watch expired, relisting", extra={"resource": self.resource.plural})
-            except Exception as e:  # any broken list or watch: the cache relists, never dies
-                self._failed(e)
-                await asyncio.sleep(self._retry_delay)
+                await asyncio.sleep(self._not_found(e))
+            except Exception as e:  # a failed list: the cache lists again, never dies
+                await asyncio.sleep(self._failed(e))
 
-    def _failed(self, error: Exception) -> None:
+    async def _watch_until_gone(self, rv: str) -> None:
+        """Watch from rv, again and again from the last version seen; return when the server
+        says that version is gone (410)."""
+        self._rv = rv
+        while True:
+            began = time.monotonic()
+            try:
+                await self._watch()
+                self._failures = 0
+                if time.monotonic() - began < 1.0:  # ended at once: not a loop to spin in
+                    await asyncio.sleep(jittered(self._retry_delay, 1))
+            except GoneError:
+                return
+            except NotFoundError:
+                raise
+            except ApiError as e:  # broken, cut or stalled: watch again from where we were
+                if e.reason == "WatchStalled":  # a quiet resource, or a stuck connection
+                    log.info("%s; watching again", e, extra={"resource": self.resource.plural})
+                    continue
+                await asyncio.sleep(self._failed(e))
+
+    def _failed(self, error: Exception) -> float:
+        """Log a failed list or watch; the jittered backoff before the next try."""
+        self._failures += 1
+        delay = jittered(self._retry_delay, self._failures)
         log.warning(
-            "list/watch failed, relisting: %s", error, extra={"resource": self.resource.plural}
+            "list/watch failed (%d in a row), again in %.1fs: %s",
+            self._failures,
+            delay,
+            error,
+            extra={"resource": self.resource.plural},
         )
+        return delay
+
+    def _not_found(self, error: NotFoundError) -> float:
+        """A 404 on the list or watch: the wait before looking again."""
+        self.authoritative = False
+        if not self._optional:
+            return self._failed(error)
+        if not self.synced.is_set() or not self.served:
+            self._absent()  # never served here (or absent already): empty, look again later
+            return self._absent_retry
+        now = time.monotonic()
+        if self._absent_since is None:
+            self._absent_since = now
+        if now - self._absent_since >= self._absent_grace:
+            self._absent()
+            return self._absent_retry
+        return self._failed(error)  # kept as last seen meanwhile: a 404 may be passing
 
     def _absent(self) -> None:
-        """An optional resource this server does not serve: an empty cache, synced, and a
-        look again later (a CRD installed, a feature turned on)."""
+        """An optional resource this server does not serve: an empty cache, synced, not
+        authoritative, and a look again later (a CRD installed, a feature turned on)."""
         if self.served:
             log.info("not served here; treated as empty", extra={"resource": self.resource.plural})
         self.served = False
+        self.authoritative = False
         removed, _ = self.store._replace([])
         for obj in removed:
             self._notify(obj, None)
@@ -172,26 +244,31 @@ class Informer:
         for old, new in changed:
             self._notify(old, new)
         self.served = True
+        self.authoritative = True
+        self._absent_since = None
+        self._failures = 0
         self.synced.set()
         return str(listing["metadata"]["resourceVersion"])
 
-    async def _watch(self, rv: str) -> str:
+    async def _watch(self) -> None:
+        """One watch from the last version seen, each event moving that version on."""
         events = self.kube.watch(
             self.resource,
-            resource_version=rv,
+            resource_version=self._rv,
             timeout_seconds=self._watch_timeout,
             label_selector=self._selector,
+            quiet_seconds=self._quiet_seconds,
         )
         async with contextlib.aclosing(events):
             async for event in events:
-                rv = self._apply(event, rv)
-        return rv
+                self._rv = self._apply(event, self._rv)
 
     def _apply(self, event: Obj, rv: str) -> str:
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             code = int(obj.get("code", 0))
-            raise (GoneError if code == 410 else ApiError)(code, obj.get("reason", ""), str(obj))
+            error = {410: GoneError, 404: NotFoundError}.get(code, TransientError)
+            raise error(code, obj.get("reason", ""), str(obj.get("message", obj)))
         new_rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
         if kind == "BOOKMARK":
             return new_rv

@@ -183,8 +183,20 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
 
 
 def clean_up(snap: Snapshot, why: str) -> Decision:
-    """Delete every request (and its templates) this Workload has for this check."""
-    actions = tuple(delete_request(r, why) for r in snap.requests if not r.deleting)
+    """Delete every request (and its templates) this Workload has for this check, after
+    reclaiming what arrived for an unfinished attempt (rollback.abandon) and lifting the hold
+    from what stays."""
+    reclaimer = rollback.reclaimer_of(snap.config)
+    actions = tuple(
+        action
+        for r in snap.requests
+        if not r.deleting
+        for action in (
+            *rollback.abandon(r, snap.capacity, reclaimer, why),
+            *release_hold(snap.capacity, r),
+            delete_request(r, why),
+        )
+    )
     return Decision(actions=actions)
 
 

@@ -241,6 +241,8 @@ def _first(
     request = _request_body(snap, gang, name, now)
     request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
     request["metadata"]["annotations"][GANG_MEMBERS_ANNOTATION] = str(len(members.unbound))
+    if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
+        request["metadata"]["annotations"][CONFIG_ANNOTATION] = config
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
@@ -641,12 +643,18 @@ def group_key(group: PodGroup) -> str:
 
 
 def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
+    """Delete the group's requests, after reclaiming what arrived for an unfinished attempt."""
+    reclaimer = rollback.reclaimer_of(snap.config)
     return GroupDecision(
         actions=tuple(
-            a
+            action
             for r in snap.requests
             if not r.deleting
-            for a in (*release_hold(snap.capacity, r), delete_request(r, why))
+            for action in (
+                *rollback.abandon(r, snap.capacity, reclaimer, why),
+                *release_hold(snap.capacity, r),
+                delete_request(r, why),
+            )
         )
     )
 

@@ -7,6 +7,9 @@ kept on the request so it completes, and counts every node, across a restart:
 2. ``start`` marks the request rolling back and records the nodes that arrived for it;
 3. ``reclaim`` asks the edge to reclaim them safely and record the outcome on the request;
 4. ``verdict`` reads that outcome back; the caller then retries or gives up.
+
+``abandon`` is the same sequence for an attempt whose gang is gone (its Workload or PodGroup
+deleted mid-attempt): what arrived for it is reclaimed before its request is deleted.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from datetime import datetime
 
 from gangcheck.logic.actions import (
     DEADLINE_ANNOTATION,
+    FULFILLED,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     ROLLBACK_NODES_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
+    STARTED,
+    Action,
     AnnotateRequest,
     Event,
     Obj,
@@ -32,6 +38,7 @@ from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, request_key
 from gangcheck.logic.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Condition, ProvisioningRequest, is_true
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 
 def is_rolling_back(req: ProvisioningRequest) -> bool:
@@ -117,6 +124,30 @@ def reclaim(req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str)
         reclaimer,
         tuple(arrived[n] for n in sorted(arrived)),
     )
+
+
+def abandon(
+    req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str, why: str
+) -> tuple[Action, ...]:
+    """The gang of this attempt is gone: what to do before its request is deleted.
+
+    The nodes that arrived for it are reclaimed as in any rollback, recorded on the request
+    first. Nothing is left to reclaim once the gang was fulfilled or started (the nodes were
+    its to use), once a rollback recorded its outcome, or when nothing arrived.
+    """
+    phase = req.annotations.get(PHASE_ANNOTATION)
+    if req.deleting or phase in (FULFILLED, STARTED) or OUTCOME_ANNOTATION in req.annotations:
+        return ()
+    arrived = arrived_for(_nodes(capacity), request_key(req))
+    if not arrived and ROLLBACK_NODES_ANNOTATION not in req.annotations:
+        return ()
+    recorded: tuple[Action, ...] = () if is_rolling_back(req) else (start(req, capacity, why)[0],)
+    return (*recorded, reclaim(req, capacity, reclaimer))
+
+
+def reclaimer_of(config: AtomicProvisioningSpec | None) -> str:
+    """The reclaimer a config names; the default one when there is no config to read."""
+    return (config or AtomicProvisioningSpec()).fulfillment.reclaimer.value
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic import checkconfig
+from gangcheck.logic import checkconfig, rollback
 from gangcheck.logic.actions import (
     CHECK_ANNOTATION,
     MANAGED_BY,
@@ -116,6 +116,10 @@ class Caches:
 
     def resolve(self, check: str) -> checkconfig.Resolution:
         return checkconfig.resolve(self.admission_checks.store.get(check), self.configs.store.get)
+
+    def reclaimer_of(self, check: str) -> str:
+        """The reclaimer the check's config names (the default when it cannot be read)."""
+        return rollback.reclaimer_of(self.resolve(check).spec if check else None)
 
     def flavors_by_name(self) -> dict[str, Flavor]:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}

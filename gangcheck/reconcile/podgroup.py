@@ -15,7 +15,7 @@ from typing import Any
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
-from gangcheck.logic import podgroup
+from gangcheck.logic import podgroup, rollback
 from gangcheck.logic.actions import Event
 from gangcheck.logic.admission import TemplateInfo, delete_request
 from gangcheck.logic.gating import is_gated
@@ -33,6 +33,10 @@ from gangcheck.telemetry import traced_decision
 log = logging.getLogger(__name__)
 API_GROUP_OF = {short: group for group, short in SHORT.items()}
 STALE_RETRY_SECONDS = 0.5
+ORPHAN_RECHECK_SECONDS = 5.0
+GROUP_GONE = "PodGroup deleted"
+UNCONFIRMED = "?unconfirmed"
+"""Not a uid: neither the group nor its absence could be confirmed."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,7 @@ class PodGroupReconciler:
         informer = self._caches.pod_groups.get(api_group)
         obj = informer.store.get(name, namespace) if informer else None
         if obj is None:
-            await self._without_group(api_group, short, namespace, name)
-            return Result()
+            return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
         snap = self._snapshot(group, api_group)
         decision = traced_decision(decide, snap, self._clock())
@@ -110,7 +113,11 @@ class PodGroupReconciler:
         )
 
     def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
-        name = group.annotations.get(podgroup.CONFIG_ANNOTATION) or self._options.config
+        return self._config_named(
+            group.annotations.get(podgroup.CONFIG_ANNOTATION) or self._options.config
+        )
+
+    def _config_named(self, name: str) -> tuple[AtomicProvisioningSpec | None, str]:
         if not name:
             return AtomicProvisioningSpec(), ""
         obj = self._caches.configs.store.get(name)
@@ -151,18 +158,57 @@ class PodGroupReconciler:
             return
         informer.store.put_if_newer(updated)
 
-    async def _without_group(self, api_group: str, short: str, namespace: str, name: str) -> None:
-        """The group is gone, or was never made: delete what gangcheck made for it, and say
-        on every member it holds why it waits."""
-        key = f"{short}/{name}"
-        for req in self._caches.requests_of_group(namespace, key):
-            await self._applier.apply(
-                namespace, delete_request(request_of(req), "PodGroup deleted")
-            )
+    async def _without_group(self, api_group: str, short: str, namespace: str, name: str) -> Result:
+        """The group is gone, or was never made: say on every member it holds why it waits,
+        and, once the API server confirms the group is gone, reclaim what arrived for each
+        unfinished attempt and delete what gangcheck made for it. A cache not authoritative
+        (an API not served now, a relist under way, a 404) proves no absence."""
         served = api_group in self._caches.pod_groups
         for pod in self._caches.members_of(namespace, api_group, name):
             if is_gated(pod):
                 await self._note_missing(pod, api_group, name, served=served)
+        requests = self._caches.requests_of_group(namespace, f"{short}/{name}")
+        if not requests:
+            return Result()
+        live_uid = await self._live_uid(api_group, namespace, name)
+        if live_uid == UNCONFIRMED:
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+        capacity = in_flight_capacity(self._caches)
+        for req in requests:
+            annotations = req["metadata"].get("annotations") or {}
+            if annotations.get(podgroup.GROUP_UID_ANNOTATION) == live_uid:
+                continue
+            orphan = request_of(req)
+            reclaimer = self._reclaimer(annotations.get(podgroup.CONFIG_ANNOTATION, ""))
+            reclaim = rollback.abandon(orphan, capacity, reclaimer, GROUP_GONE)
+            log.info(
+                "withdrawing %s: %s (%d steps to reclaim what arrived)",
+                orphan.name,
+                GROUP_GONE,
+                len(reclaim),
+                extra={"object": f"{namespace}/{name}"},
+            )
+            for action in (*reclaim, delete_request(orphan, GROUP_GONE)):
+                await self._applier.apply(namespace, action)
+        return Result()
+
+    async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:
+        """The uid of the group the API server has now; None if it says there is none;
+        UNCONFIRMED when neither can be known."""
+        informer = self._caches.pod_groups.get(api_group)
+        if informer is None or not informer.authoritative:
+            return UNCONFIRMED
+        try:
+            live = await self._kube.get_if_exists(informer.resource, name, namespace)
+        except NotFoundError:  # a 404 naming no PodGroup
+            return UNCONFIRMED
+        return str(live["metadata"]["uid"]) if live is not None else None
+
+    def _reclaimer(self, config_name: str) -> str:
+        """The reclaimer of the config the request was made under (recorded on it, since
+        the group that named it is gone), else of the provisioner's default config."""
+        config, _ = self._config_named(config_name or self._options.config)
+        return rollback.reclaimer_of(config)
 
     async def _note_missing(self, pod: Obj, api_group: str, name: str, *, served: bool) -> None:
         text = podgroup.missing_group_message(api_group, name, served=served)

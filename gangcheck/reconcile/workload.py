@@ -17,7 +17,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic import checkconfig, naming
+from gangcheck.logic import checkconfig, naming, rollback
 from gangcheck.logic.actions import (
     FULFILLED,
     PHASE_ANNOTATION,
@@ -47,6 +47,8 @@ from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
+ORPHAN_RECHECK_SECONDS = 5.0
+WL_GONE = "Workload deleted"
 
 
 class WorkloadReconciler:
@@ -72,8 +74,7 @@ class WorkloadReconciler:
         namespace, name = key.split("/", 1)
         obj = self._caches.workloads.store.get(name, namespace)
         if obj is None:
-            await self._remove_orphans(namespace, name)
-            return Result()
+            return await self._remove_orphans(namespace, name)
         wl = workload_of(obj)
         delays = []
         for check in self._checks_of(wl):
@@ -126,19 +127,43 @@ class WorkloadReconciler:
             )
         )
 
-    async def _remove_orphans(self, namespace: str, name: str) -> None:
-        """The Workload is gone: delete what it left (no garbage collector is assumed)."""
-        live = {w["metadata"]["uid"] for w in self._caches.workloads.store}
-        for req in self._caches.requests_of(namespace, name):
-            if request_of(req).workload_uid not in live:
-                await self._applier.apply(
-                    namespace, delete_request(request_of(req), "Workload deleted")
-                )
-        for tpl in self._caches.templates_of(namespace, name):
-            if not set(owner_uids(tpl)) & live and not self._caches.requests.store.get(
+    async def _remove_orphans(self, namespace: str, name: str) -> Result:
+        """The Workload is not in the cache: if the API server confirms it is gone, reclaim
+        what arrived for each unfinished attempt, then delete what it left (no garbage
+        collector is assumed). A cache not authoritative (just relisting, or answered 404)
+        proves no absence: look again later."""
+        requests = self._caches.requests_of(namespace, name)
+        templates = self._caches.templates_of(namespace, name)
+        if not requests and not templates:
+            return Result()
+        if not self._caches.workloads.authoritative:
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+        try:
+            live = await self._kube.get_if_exists(WORKLOAD, name, namespace)
+        except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+        live_uid = live["metadata"]["uid"] if live is not None else None
+        for req in requests:
+            orphan = request_of(req)
+            if orphan.workload_uid == live_uid:
+                continue
+            reclaimer = self._caches.reclaimer_of(check_of(req))
+            reclaim = rollback.abandon(orphan, in_flight_capacity(self._caches), reclaimer, WL_GONE)
+            log.info(
+                "withdrawing %s: %s (%d steps to reclaim what arrived)",
+                orphan.name,
+                WL_GONE,
+                len(reclaim),
+                extra={"object": f"{namespace}/{name}"},
+            )
+            for action in (*reclaim, delete_request(orphan, WL_GONE)):
+                await self._applier.apply(namespace, action)
+        for tpl in templates:
+            if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace
             ):
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
+        return Result()
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> bool:
         """Apply the actions, then write the check and emit events; False if cut short."""

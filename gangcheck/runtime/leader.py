@@ -3,7 +3,16 @@
 As client-go does it: a lease held by another is taken over only once it has not changed for
 its whole duration, as observed by our own monotonic clock (so clock skew between replicas
 does not matter); every write carries the resourceVersion read, so two candidates can never
-both win. A leader that cannot renew within the renew deadline stops leading (the caller
+both win.
+
+The leader's own writes are fenced (``write_fence``, given to the controller's client): a
+write is sent only while the lease is known valid, that is within the renew deadline of the
+start of the last successful renew, and with a timeout that ends before the lease could
+expire; no other replica can take the lease over before a whole lease duration passes without
+a renew. Every lease call is bounded (``call_timeout``), so a renew that hangs never keeps the
+leader from noticing. Between the renew deadline and the lease's end the leader stops acting
+but keeps trying to renew: an apiserver restart shorter than the lease costs a pause, not the
+leadership. A leader that cannot renew within the lease duration stops leading (the caller
 exits and the Deployment restarts it); a graceful shutdown releases the lease at once.
 """
 
@@ -19,14 +28,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
+from gangcheck.kube.errors import (
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    FencedError,
+    NotFoundError,
+)
 from gangcheck.kube.resources import LEASE
 
 log = logging.getLogger(__name__)
 
 
+MIN_WRITE_SECONDS = 0.1
+
+
 class LostLeadershipError(Exception):
-    """The lease could not be renewed within the renew deadline."""
+    """The lease could not be renewed within the lease duration."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +54,21 @@ class LeaseConfig:
     identity: str
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
+    """Writes stop when the last successful renew began longer ago than this."""
     retry_period: float = 2.0
+    call_timeout: float = 0.0
+    """The longest one lease call (read or write) may take; 0: half the renew deadline."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.call_bound < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "leader election needs call_timeout < renew_deadline < lease_duration, got "
+                f"{self.call_bound}, {self.renew_deadline}, {self.lease_duration}"
+            )
+
+    @property
+    def call_bound(self) -> float:
+        return self.call_timeout or self.renew_deadline / 2
 
 
 def _micro_time(when: datetime) -> str:
@@ -52,12 +84,26 @@ class LeaderElector:
         self._monotonic = monotonic
         self._observed_rv = ""
         self._observed_at = 0.0
+        self._renewed_at: float | None = None
+        """Our monotonic clock when the last successful acquire or renew *began*."""
         self.is_leader = False
+
+    def write_fence(self) -> float:
+        """Seconds a write may take from now; FencedError if the lease is not known valid."""
+        renewed = self._renewed_at
+        if not self.is_leader or renewed is None:
+            raise FencedError(f"not the leader of {self._lease_ref}")
+        since = self._monotonic() - renewed
+        if since >= self.config.renew_deadline:
+            raise FencedError(
+                f"lease {self._lease_ref} not renewed for {since:.1f}s: not acting until it is"
+            )
+        return max(MIN_WRITE_SECONDS, self.config.lease_duration - since)
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Wait for the lease, then run `lead` until it returns or leadership is lost."""
         while True:
-            if await self.try_acquire_or_renew():
+            if await self._attempt():
                 break
             await asyncio.sleep(self.config.retry_period)
         self.is_leader = True
@@ -75,16 +121,30 @@ class LeaderElector:
                 task.cancel()
             await asyncio.gather(leading, renewing, return_exceptions=True)
             self.is_leader = False
+            self._renewed_at = None
             await self.release()
 
     async def _keep_renewing(self) -> None:
-        last_renewed = self._monotonic()
         while True:
             await asyncio.sleep(self.config.retry_period)
-            if await self.try_acquire_or_renew():
-                last_renewed = self._monotonic()
-            elif self._monotonic() - last_renewed > self.config.renew_deadline:
+            if await self._attempt():
+                continue
+            renewed = self._renewed_at or 0.0
+            if self._monotonic() - renewed >= self.config.lease_duration:
                 raise LostLeadershipError(f"could not renew lease {self._lease_ref}")
+
+    async def _attempt(self) -> bool:
+        """One bounded try to acquire or renew; on success the lease is valid from its start."""
+        began = self._monotonic()
+        try:
+            async with asyncio.timeout(self.config.call_bound):
+                won = await self.try_acquire_or_renew()
+        except TimeoutError:
+            log.warning("lease call timed out after %.1fs", self.config.call_bound)
+            return False
+        if won:
+            self._renewed_at = began
+        return won
 
     @property
     def _lease_ref(self) -> str:
@@ -153,6 +213,11 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the lease up now, if we hold it, so a standby takes over without waiting."""
+        with contextlib.suppress(ApiError, OSError, TimeoutError):
+            async with asyncio.timeout(self.config.call_bound):
+                await self._release()
+
+    async def _release(self) -> None:
         with contextlib.suppress(ApiError, OSError):
             lease = await self._kube.get(LEASE, self.config.name, self.config.namespace)
             if (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:

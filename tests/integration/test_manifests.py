@@ -456,6 +456,7 @@ MAY = [
         id="reads a request it collided with",
     ),
     ask("get", "podtemplates", ALL, id="reads a pod template it collided with"),
+    ask("get", "workloads.kueue.x-k8s.io", ALL, id="reads a workload live before cleaning up"),
     ask("get", "nodes", id="gets nodes"),
     ask("watch", "nodes", id="watches nodes"),
     ask("patch", "nodes", id="patches nodes to claim, fence and unfence them"),

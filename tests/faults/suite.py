@@ -1,0 +1,610 @@
+"""The fault suite: many gangs through gangcheck under injected faults and chaos, then the tally.
+
+gangcheck runs as real processes (two replicas with leader election, each through its own
+fault-injecting proxy to the test bed's kube-apiserver); the suite plays Kueue core and the
+autoscaler for every gang, following a plan drawn from a seed: full deliveries, partial
+deliveries rolled back at the deadline, late failures, gangs deleted mid-attempt. Chaos kills
+replicas with SIGKILL at random moments and starts them again.
+
+At the end it counts, from durable records only (the objects on the server and the proxies'
+logs of every write): duplicate requests per attempt, leaked requests / templates / nodes,
+unsafe reclaims, gangs not converged, and writes made by a replica while another held the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ApiError, NotFoundError
+from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic import naming
+from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL
+from gangcheck.testbed.launcher import ControlPlane
+from gangcheck.testbed.process import free_ports
+from tests.builders import WorkloadBuilder, pod_template
+from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
+from tests.integration.harness import Cluster
+
+FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
+LEASE_NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What one run does: gangs, their plans, the faults and the chaos."""
+
+    name: str
+    seed: int
+    gangs: int = 6
+    members: int = 3
+    rates: Rates = field(default_factory=Rates)
+    replicas: int = 2
+    kills: int = 0
+    """SIGKILLs of a random replica, at random moments, each restarted after a moment."""
+    not_found_bursts: int = 0
+    """Moments the Workload watches are cut and the next lists and watches answered 404."""
+    restarts: int = 0
+    """kube-apiserver restarts (stopped and started again on the same port and etcd)."""
+    deadline: int = 6
+    timeout: float = 240.0
+
+
+@dataclass
+class GangPlan:
+    name: str
+    attempts: list[str]
+    """The outcome of each attempt, the last one FULL or DELETED."""
+
+
+@dataclass
+class Tally:
+    """What one run counted."""
+
+    scenario: str
+    gangs: int = 0
+    converged: int = 0
+    attempts: int = 0
+    duplicates: int = 0
+    leaked_requests: int = 0
+    leaked_templates: int = 0
+    leaked_nodes: int = 0
+    unsafe_reclaims: int = 0
+    reclaimed: int = 0
+    unrecorded: int = 0
+    overlapping_writes: int = 0
+    kills: int = 0
+    restarts: int = 0
+    seconds: float = 0.0
+    faults: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return (
+            self.converged == self.gangs
+            and not self.duplicates
+            and not (self.leaked_requests + self.leaked_templates + self.leaked_nodes)
+            and not self.unsafe_reclaims
+            and not self.overlapping_writes
+        )
+
+
+def plan(scenario: Scenario) -> list[GangPlan]:
+    rng = random.Random(scenario.seed)
+    plans = []
+    for i in range(scenario.gangs):
+        first = [FULL, PARTIAL, FAILED, DELETED][i % 4]
+        attempts = [first] if first in (FULL, DELETED) else [first, FULL]
+        if rng.random() < 0.3 and first != DELETED:
+            attempts = [rng.choice([PARTIAL, FAILED]), *attempts]
+        plans.append(GangPlan(f"g{i}", attempts))
+    return plans
+
+
+# ---- the replicas ----------------------------------------------------------------------
+
+
+class Replica:
+    """One gangcheck process (python -m gangcheck run) behind its own proxy."""
+
+    def __init__(self, identity: str, kubeconfig: Path, folder: Path) -> None:
+        self.identity = identity
+        self.kubeconfig = kubeconfig
+        self.folder = folder
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start (again): each start is a new process with an identity of its own."""
+        self.kill()
+        self.starts += 1
+        health, metrics = free_ports(2)
+        settings = {
+            "controller": {"workers": 4, "watchTimeoutSeconds": 60},
+            "leaderElection": {
+                "enabled": True,
+                "namespace": LEASE_NAMESPACE,
+                "name": f"gangcheck-{self.folder.name}",
+                "identity": f"{self.identity}-{self.starts}",
+                "leaseDurationSeconds": 4,
+                "renewDeadlineSeconds": 3,
+                "retryPeriodSeconds": 0.5,
+            },
+            "server": {"healthPort": health, "metricsPort": metrics, "bindAddress": "127.0.0.1"},
+            "logging": {"level": "INFO", "json": False},
+        }
+        config = self.folder / f"{self.identity}.yaml"
+        config.write_text(yaml.safe_dump(settings))
+        log = (self.folder / f"{self.identity}.{self.starts}.log").open("wb")
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "gangcheck", "run"),
+                *("--kubeconfig", str(self.kubeconfig), "--config", str(config)),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            start_new_session=True,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@dataclass
+class Fleet:
+    """The replicas and their proxies."""
+
+    replicas: list[Replica]
+    proxies: list[FaultProxy]
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    control_plane: ControlPlane, faults: Faults, count: int, folder: Path
+) -> AsyncIterator[Fleet]:
+    names = [f"replica-{chr(ord('a') + i)}" for i in range(count)]
+    async with proxies(control_plane.kubeconfig, faults, names, folder) as started:
+        made = [Replica(name, folder / f"{name}.kubeconfig", folder) for name in names]
+        try:
+            for replica in made:
+                replica.start()
+            yield Fleet(made, started)
+        finally:
+            for replica in made:
+                await asyncio.to_thread(replica.stop)
+
+
+@contextlib.asynccontextmanager
+async def _background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run `work` while the block runs; cancelled when it ends, however it ends."""
+    task = asyncio.create_task(work)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def supervise(made: list[Replica]) -> None:
+    """As a Deployment does: a replica that exited (it lost the lease) is started again."""
+    while True:
+        await asyncio.sleep(0.5)
+        for replica in made:
+            if not replica.alive():
+                replica.start()
+
+
+async def chaos(
+    fleet: Fleet, scenario: Scenario, tally: Tally, control_plane: ControlPlane
+) -> None:
+    """At random moments: SIGKILL a replica (started again shortly), cut the Workload
+    watches and answer the next lists and watches 404, restart kube-apiserver."""
+    rng = random.Random(scenario.seed + 1)
+    events = (
+        ["kill"] * scenario.kills
+        + ["404"] * scenario.not_found_bursts
+        + ["restart"] * scenario.restarts
+    )
+    rng.shuffle(events)
+    for event in events:
+        await asyncio.sleep(rng.uniform(0.5, 3))
+        if event == "kill":
+            victim = rng.choice(fleet.replicas)
+            victim.kill()
+            tally.kills += 1
+            await asyncio.sleep(rng.uniform(0.2, 2))
+            if not victim.alive():
+                victim.start()
+        elif event == "404":
+            rule = Rule(STATUS, status=404, path=r"/workloads$", methods=frozenset({"GET"}))
+            rule.times = rng.randint(1, 3)
+            fleet.proxies[0].faults.rules.append(rule)
+            for proxy in fleet.proxies:
+                proxy.cut(r"/workloads$")
+        else:
+            await asyncio.to_thread(control_plane.restart_apiserver)
+            tally.restarts += 1
+
+
+# ---- the gangs, played as Kueue core and the autoscaler -----------------------------------
+
+
+@dataclass
+class Ledger:
+    """What the suite (as the cloud) made, to judge each reclaim and count leaks."""
+
+    made_for: dict[str, str] = field(default_factory=dict)
+    """node -> the request key (ns/name) it was made for."""
+    may_reclaim: set[str] = field(default_factory=set)
+    """Nodes made for an attempt that was rolled back or abandoned: the only ones gangcheck
+    may reclaim (and then only if not opted out)."""
+    opted_out: set[str] = field(default_factory=set)
+    unrecorded: set[str] = field(default_factory=set)
+    """Nodes an attempt ended without recording (their claim lost to faults)."""
+    converged: set[str] = field(default_factory=set)
+    attempts: int = 0
+
+
+def spec(deadline: int) -> dict[str, Any]:
+    return {
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": deadline, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 5, "backoffBaseSeconds": 1},
+    }
+
+
+def builder(name: str, members: int) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder(name)
+        .pod_set("workers", members, pod_template(gpu=1))
+        .reserve_quota()
+        .check()
+    )
+
+
+async def drive(
+    cluster: Cluster, gang: GangPlan, scenario: Scenario, ledger: Ledger, rng: random.Random
+) -> None:
+    """One gang, attempt by attempt, as its plan says."""
+    made = builder(gang.name, scenario.members)
+    await cluster.submit(made)
+    patience = scenario.timeout
+    for attempt, outcome in enumerate(gang.attempts, 1):
+        name = naming.request_name(gang.name, cluster.check, attempt)
+        key = f"{cluster.ns}/{name}"
+        await cluster.wait_request(name, timeout=patience)
+        ledger.attempts += 1
+        await _retrying(cluster.set_request_conditions, name, {"Provisioned": ""})
+        if outcome == FULL:
+            await _deliver(cluster, ledger, key, scenario.members)
+            await cluster.wait_check(gang.name, "Ready", timeout=patience)
+            ledger.converged.add(key)
+            return
+        partial = rng.randint(1, scenario.members - 2) if scenario.members > 2 else 1
+        nodes = await _deliver(cluster, ledger, key, partial)
+        ledger.may_reclaim.update(nodes)
+        opted = await _deliver(cluster, ledger, key, 1, opt_out=True)
+        ledger.opted_out.update(opted)
+        missed = await _recorded(cluster, gang.name, key, [*nodes, *opted], patience)
+        nodes = [n for n in nodes if n not in missed]
+        await _unrecorded(cluster, ledger, missed)
+        if outcome == DELETED:
+            await cluster.kube.delete(WORKLOAD, gang.name, cluster.ns)
+            await cluster.wait_request_gone(name, timeout=patience)
+            await _reclaimed(cluster, nodes, patience)
+            await _retire(cluster, opted)
+            ledger.converged.add(key)
+            return
+        if outcome == FAILED and not missed:
+            await _retrying(cluster.set_request_conditions, name, {"Failed": "no more"})
+        await cluster.wait_check(gang.name, "Retry", timeout=patience)
+        await _retire(cluster, opted)
+        await cluster.evict_and_requeue(gang.name)
+        await cluster.reserve_again(gang.name, made)
+
+
+async def _deliver(
+    cluster: Cluster, ledger: Ledger, key: str, count: int, *, opt_out: bool = False
+) -> list[str]:
+    labels = {OPT_OUT_LABEL: "true"} if opt_out else None
+    nodes: list[str] = await _retrying(cluster.add_nodes, count, labels=labels)
+    for node in nodes:
+        ledger.made_for[node] = key
+    return nodes
+
+
+async def _retrying(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """The suite's own calls go straight to the server; a conflict with gangcheck's write is
+    tried again."""
+    for _ in range(30):
+        try:
+            return await call(*args, **kwargs)
+        except ApiError as e:
+            if e.status not in (0, 409, 500, 503):
+                raise
+            await asyncio.sleep(0.5)
+    return await call(*args, **kwargs)
+
+
+async def _recorded(
+    cluster: Cluster, gang: str, key: str, nodes: list[str], patience: float
+) -> list[str]:
+    """Wait until gangcheck recorded each node as arrived for the request (or reclaimed it
+    already), or the attempt ended first: under faults a claim can miss the deadline. The
+    nodes the attempt ended without recording."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        claims = {
+            n["metadata"]["name"]: (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR)
+            for n in await cluster.nodes()
+        }
+        missing = [n for n in nodes if claims.get(n, key) != key]
+        if not missing:
+            return []
+        if (await cluster.check_state(gang))["state"] != "Pending":
+            return missing
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{nodes} not recorded for {key} in {patience}s")
+
+
+async def _unrecorded(cluster: Cluster, ledger: Ledger, nodes: list[str]) -> None:
+    """Nodes the attempt ended without recording are not gangcheck's to reclaim: counted,
+    then removed as the cloud's own scale-down would."""
+    for name in nodes:
+        ledger.may_reclaim.discard(name)
+        ledger.unrecorded.add(name)
+        with contextlib.suppress(NotFoundError):
+            await _retrying(cluster.kube.delete, NODE, name)
+
+
+async def _retire(cluster: Cluster, opted: list[str]) -> None:
+    """The rollback is over and kept the opted-out node (the tally checks gangcheck never
+    deleted it): its owner, not gangcheck, removes it, so it adds no capacity to the next
+    attempt."""
+    for name in opted:
+        with contextlib.suppress(NotFoundError):
+            await _retrying(cluster.kube.delete, NODE, name)
+
+
+async def _reclaimed(cluster: Cluster, nodes: list[str], patience: float) -> None:
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        present = {n["metadata"]["name"] for n in await cluster.nodes()}
+        if not present & set(nodes):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{nodes} not reclaimed in {patience}s")
+
+
+# ---- one run -------------------------------------------------------------------------------
+
+
+async def run(scenario: Scenario, control_plane: ControlPlane, folder: Path) -> Tally:
+    """Run the scenario; always returns the tally (a gang not converged is counted, not
+    raised), and removes everything it made."""
+    tally = Tally(scenario.name)
+    faults = Faults(seed=scenario.seed, rates=scenario.rates)
+    plans = plan(scenario)
+    tally.gangs = len(plans)
+    patient = await Kube.connect(
+        str(control_plane.kubeconfig), retry_attempts=60, retry_seconds=90
+    )  # the suite's own calls outlast an apiserver restart
+    try:
+        return await _run(scenario, control_plane, patient, folder, tally, faults, plans)
+    finally:
+        await patient.close()
+
+
+async def _run(  # noqa: PLR0917
+    scenario: Scenario,
+    control_plane: ControlPlane,
+    kube: Kube,
+    folder: Path,
+    tally: Tally,
+    faults: Faults,
+    plans: list[GangPlan],
+) -> Tally:
+    clusters = [await Cluster.create(kube) for _ in plans]
+    ledger = Ledger()
+    await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+    began = time.monotonic()
+    try:
+        for cluster in clusters:
+            await cluster.install_check(spec(scenario.deadline))
+        async with (
+            fleet(control_plane, faults, scenario.replicas, folder) as running,
+            _background(supervise(running.replicas)),
+        ):
+            rng = random.Random(scenario.seed + 2)
+            killing = asyncio.create_task(chaos(running, scenario, tally, control_plane))
+            gangs = [
+                asyncio.create_task(drive(c, g, scenario, ledger, random.Random(rng.random())))
+                for c, g in zip(clusters, plans, strict=True)
+            ]
+            done = await asyncio.gather(*gangs, return_exceptions=True)
+            tally.seconds = time.monotonic() - began
+            await killing
+            for gang, outcome in zip(plans, done, strict=True):
+                if isinstance(outcome, BaseException):
+                    tally.problems.append(f"{gang.name}: {outcome}")
+            await _settle(clusters, ledger)
+            faults.enabled = False
+        await count(tally, clusters=clusters, ledger=ledger, faults=faults, plans=plans)
+    finally:
+        for cluster in clusters:
+            await _remove(cluster)
+    tally.faults = faults.injected
+    return tally
+
+
+async def _settle(clusters: list[Cluster], ledger: Ledger) -> None:
+    """Give the last reclaims of converged gangs a moment to land (they run after Retry)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        present = {n["metadata"]["name"] for c in clusters for n in await c.nodes()}
+        if not present & (ledger.may_reclaim - ledger.opted_out):
+            return
+        await asyncio.sleep(0.3)
+
+
+async def count(
+    tally: Tally,
+    *,
+    clusters: list[Cluster],
+    ledger: Ledger,
+    faults: Faults,
+    plans: list[GangPlan],
+) -> None:
+    tally.attempts = ledger.attempts
+    tally.unrecorded = len(ledger.unrecorded)
+    tally.converged = sum(1 for c, g in zip(clusters, plans, strict=True) if _done(c, g, ledger))
+    tally.duplicates = _duplicates(faults.writes)
+    live_requests: set[str] = set()
+    for cluster, gang in zip(clusters, plans, strict=True):
+        final = naming.request_name(gang.name, cluster.check, len(gang.attempts))
+        for req in await cluster.requests():
+            req_name = req["metadata"]["name"]
+            if gang.attempts[-1] == FULL and req_name == final:
+                live_requests.add(req_name)
+                continue
+            tally.leaked_requests += 1
+            tally.problems.append(f"leaked request {cluster.ns}/{req_name}")
+        for template in await cluster.templates():
+            owners = {r.get("name") for r in template["metadata"].get("ownerReferences") or []}
+            if not owners & (live_requests | {gang.name}) or gang.attempts[-1] == DELETED:
+                tally.leaked_templates += 1
+                tally.problems.append(f"leaked template {template['metadata']['name']}")
+        for node in await cluster.nodes():
+            name = node["metadata"]["name"]
+            if name in ledger.may_reclaim and name not in ledger.opted_out:
+                tally.leaked_nodes += 1
+                tally.problems.append(f"leaked node {name} (made for {ledger.made_for[name]})")
+    deleted = [
+        w.path.rsplit("/", 1)[-1]
+        for w in faults.writes
+        if w.method == "DELETE" and "/api/v1/nodes/" in w.path and w.status < 300
+    ]
+    tally.reclaimed = len(deleted)
+    safe = ledger.may_reclaim - ledger.opted_out - ledger.unrecorded
+    unsafe = [n for n in deleted if n not in safe]
+    tally.unsafe_reclaims = len(unsafe)
+    tally.problems.extend(f"unsafe reclaim of {n}" for n in unsafe)
+    overlaps = overlapping_writes(faults.writes)
+    tally.overlapping_writes = len(overlaps)
+    tally.problems.extend(f"write while another led: {w}" for w in overlaps[:5])
+
+
+def _done(cluster: Cluster, gang: GangPlan, ledger: Ledger) -> bool:
+    final = naming.request_name(gang.name, cluster.check, len(gang.attempts))
+    return f"{cluster.ns}/{final}" in ledger.converged
+
+
+def _duplicates(writes: list[Write]) -> int:
+    """Requests created more than once under one name (one name per attempt)."""
+    created = Counter(
+        (w.path, w.name)
+        for w in writes
+        if w.method == "POST" and w.path.endswith("/provisioningrequests") and w.status == 201
+    )
+    return sum(n - 1 for n in created.values())
+
+
+def overlapping_writes(writes: list[Write]) -> list[Write]:
+    """Writes a replica made while another held the lease.
+
+    A takeover is a successful lease write by a replica other than the last one that wrote
+    the lease. A write by X (not to the lease) conflicts with a takeover by Y if the takeover
+    was sent before the write was answered, and X had not taken the lease back between the
+    takeover's answer and the write's sending.
+    """
+    lease = sorted(
+        (w for w in writes if "/leases" in w.path and w.status < 300), key=lambda w: w.sent
+    )
+    takeovers, holder = [], None
+    for w in lease:
+        if w.replica != holder:
+            takeovers.append(w)
+            holder = w.replica
+    bad = []
+    for w in writes:
+        if "/leases" in w.path or w.status >= 300:
+            continue
+        mine = [t for t in takeovers if t.replica == w.replica and t.answered <= w.sent]
+        since = mine[-1].answered if mine else float("-inf")
+        if any(
+            t.replica != w.replica and since < t.answered and t.sent < w.answered for t in takeovers
+        ):
+            bad.append(w)
+    return bad
+
+
+async def _remove(cluster: Cluster) -> None:
+    with contextlib.suppress(ApiError):
+        for wl in (await cluster.kube.list_objects(WORKLOAD, cluster.ns)).get("items") or []:
+            with contextlib.suppress(NotFoundError):
+                await cluster.kube.delete(WORKLOAD, wl["metadata"]["name"], cluster.ns)
+        for req in await cluster.requests():
+            with contextlib.suppress(NotFoundError):
+                await cluster.kube.delete(PROVISIONING_REQUEST, req["metadata"]["name"], cluster.ns)
+        for node in await cluster.nodes():
+            with contextlib.suppress(NotFoundError):
+                await cluster.kube.delete(NODE, node["metadata"]["name"])
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+
+def table(tallies: list[Tally], baseline: Tally | None) -> str:
+    """One row per scenario, plus the faults injected by type and count."""
+    head = (
+        f"{'scenario':<28} {'gangs':>5} {'conv':>5} {'att':>4} {'dup':>4} {'leak r/t/n':>10} "
+        f"{'unsafe':>6} {'reclaim':>7} {'unrec':>5} {'2 leaders':>9} {'kills':>5} {'restarts':>8} "
+        f"{'seconds':>7} {'vs base':>7}"
+    )
+    rows = [head, "-" * len(head)]
+    for t in tallies:
+        ratio = f"{t.seconds / baseline.seconds:.2f}x" if baseline and baseline.seconds else "-"
+        leaks = f"{t.leaked_requests}/{t.leaked_templates}/{t.leaked_nodes}"
+        rows.append(
+            f"{t.scenario:<28} {t.gangs:>5} {t.converged:>5} {t.attempts:>4} {t.duplicates:>4} "
+            f"{leaks:>10} {t.unsafe_reclaims:>6} {t.reclaimed:>7} {t.unrecorded:>5} "
+            f"{t.overlapping_writes:>9} "
+            f"{t.kills:>5} {t.restarts:>8} {t.seconds:>7.1f} {ratio:>7}"
+        )
+    rows.append("")
+    rows.append("faults injected:")
+    for t in tallies:
+        faults = ", ".join(f"{k} x{v}" for k, v in sorted(t.faults.items())) or "none"
+        rows.append(f"  {t.scenario}: {faults}")
+    return "\n".join(rows)

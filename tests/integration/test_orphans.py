@@ -1,0 +1,194 @@
+"""The orphan sweep: never from a cache that cannot prove absence, and what arrived is reclaimed.
+
+Real kube-apiserver; gangcheck's controller talks to it through the fault-injecting proxy
+(tests/faults/proxy.py), which produces what a real server will not do on demand: a 404 on the
+Workload list and watch, a list answered without its items. The test plays Kueue core and the
+autoscaler, as in test_fulfillment.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gangcheck.kube.resources import (
+    ATOMIC_CONFIG,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+    WORKLOAD,
+)
+from gangcheck.logic.podgroup import CONFIG_ANNOTATION
+from gangcheck.testbed.launcher import ControlPlane
+from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
+from tests.integration.harness import Cluster, RunningController, eventually, never
+from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name
+from tests.integration.test_podgroups import Groups, controller_running
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def faults() -> Faults:
+    return Faults()
+
+
+@pytest.fixture
+async def proxy(control_plane: ControlPlane, faults: Faults) -> AsyncIterator[FaultProxy]:
+    started = await FaultProxy(control_plane.kubeconfig, faults, replica="gangcheck").start()
+    yield started
+    await started.stop()
+
+
+@pytest.fixture
+async def proxied(proxy: FaultProxy, tmp_path: Path) -> AsyncIterator[RunningController]:
+    """gangcheck's controller, every call of it through the proxy."""
+    running = RunningController(str(proxy.kubeconfig(tmp_path / "gangcheck.kubeconfig")))
+    await running.start()
+    yield running
+    proxy.faults.enabled = False
+    await running.stop()
+
+
+async def _in_flight(cluster: Cluster) -> tuple[str, dict[str, str]]:
+    """A gang with its request and templates made; (request name, {name: uid})."""
+    await cluster.install_check(fit(deadline=120))
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    request = await cluster.wait_request(name)
+    made = {request["metadata"]["name"]: request["metadata"]["uid"]}
+    for template in await cluster.templates():
+        made[template["metadata"]["name"]] = template["metadata"]["uid"]
+    return name, made
+
+
+async def _still_there(cluster: Cluster) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"]["uid"] for o in await _objects(cluster)}
+
+
+async def _objects(cluster: Cluster) -> list[dict[str, object]]:
+    return [*await cluster.requests(), *await cluster.templates()]
+
+
+def _deletes(faults: Faults, plural: str) -> list[str]:
+    return [w.path for w in faults.writes if w.method == "DELETE" and f"/{plural}/" in w.path]
+
+
+async def test_a_404_on_the_workload_list_and_watch_deletes_no_request(
+    cluster: Cluster, proxied: RunningController, proxy: FaultProxy, faults: Faults
+) -> None:
+    """Reported: one 404 emptied the optional Workload cache, every Workload looked deleted
+    and its request and templates were removed. Now the cache is kept, not trusted, until a
+    list succeeds again; nothing is deleted meanwhile."""
+    _, made = await _in_flight(cluster)
+    not_served = Rule(STATUS, status=404, path=r"/workloads$", methods=frozenset({"GET"}), times=3)
+    faults.rules.append(not_served)
+    assert proxy.cut(r"/workloads$") >= 1
+    assert proxied.controller is not None
+    workloads = proxied.controller.caches.workloads
+
+    async def recovered() -> bool:
+        return not_served.times == 0 and workloads.authoritative
+
+    await eventually(recovered, timeout=40, what="three 404s answered, then a list again")
+    assert await _still_there(cluster) == made
+    assert not _deletes(faults, "provisioningrequests")
+    assert not _deletes(faults, "podtemplates")
+    assert workloads.store.get("wl", cluster.ns) is not None
+
+
+async def test_a_workload_missing_from_a_lagging_list_is_read_live_before_any_delete(
+    cluster: Cluster, proxied: RunningController, proxy: FaultProxy, faults: Faults
+) -> None:
+    """A relist answered without the Workload (a cache behind the server) makes it look
+    deleted; the live read of the Workload by name and uid finds it, so nothing is deleted."""
+    name, made = await _in_flight(cluster)
+    lagging = Rule(EMPTY, path=r"/workloads$", methods=frozenset({"GET"}), watch=False, times=1)
+    faults.rules.append(lagging)
+    gone = Rule(STATUS, status=410, path=r"/workloads$", watch=True, times=1)
+    faults.rules.append(gone)  # the watch expired: relist (answered by the lagging list)
+    assert proxy.cut(r"/workloads$") >= 1
+    assert proxied.controller is not None
+    workloads = proxied.controller.caches.workloads
+
+    async def read_live() -> bool:
+        return lagging.times == 0 and any(
+            c.method == "GET" and c.path.endswith(f"/namespaces/{cluster.ns}/workloads/wl")
+            for c in faults.calls
+        )
+
+    await eventually(read_live, timeout=40, what="the lagging list, then a live read of wl")
+    assert workloads.authoritative
+    await never(
+        lambda: _async(_deletes(faults, "provisioningrequests")),
+        seconds=1.5,
+        what="a request deleted after the live read found its Workload",
+    )
+    assert await _still_there(cluster) == made
+    assert await cluster.request(name) is not None
+
+
+async def _async(value: object) -> object:
+    return value
+
+
+async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """Reported: the Workload deleted during an attempt, the sweep deleted the request and
+    left all 20 nodes that had arrived for it. They are reclaimed like any rollback's."""
+    await cluster.install_check(fit(deadline=120))
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(3)
+
+    async def recorded() -> bool:
+        return await arrived_for(cluster, name) == sorted(arrived)
+
+    await eventually(recorded, what="3 arrivals recorded")
+    await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def reclaimed() -> bool:
+        return not await cluster.nodes()
+
+    await eventually(reclaimed, what="the 3 arrived nodes reclaimed")
+    assert not await cluster.templates()
+    listing = await cluster.kube.list_objects(PROVISIONING_REQUEST, cluster.ns)
+    assert not listing.get("items")
+
+
+async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
+    control_plane: ControlPlane, cluster: Cluster
+) -> None:
+    """The same for a PodGroup gang: the group deleted while its request waits for the rest
+    of the delivery; the node that arrived is reclaimed by the reclaimer of the group's
+    config (recorded on the request, the group being gone), then the request is deleted."""
+    groups = Groups(cluster)
+    await groups.opt_in()
+    config = f"pg-{cluster.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        async with controller_running(str(control_plane.kubeconfig)):
+            await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
+            await groups.member("big-0", "big", gpu=2)
+            await groups.member("big-1", "big", gpu=2)
+            await cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
+            arrived = await cluster.add_nodes(1, gpu=2)  # one of two
+
+            async def recorded() -> bool:
+                return await arrived_for(cluster, "big-pg-1") == arrived
+
+            await eventually(recorded, what="the node recorded as arrived")
+            await cluster.kube.delete(UPSTREAM_POD_GROUP_V1BETA1, "big", cluster.ns)
+            await cluster.wait_request_gone("big-pg-1")
+
+            async def reclaimed() -> bool:
+                return not await cluster.nodes()
+
+            await eventually(reclaimed, what="the arrived node reclaimed")
+    finally:
+        await cluster.kube.delete(ATOMIC_CONFIG, config)

@@ -1,0 +1,154 @@
+"""Watches and retries under faults: relist only on 410, resume a cut watch, notice a stalled
+one, back off with jitter, wait as long as Retry-After asks.
+
+Real kube-apiserver behind the fault-injecting proxy (tests/faults/proxy.py): the cuts, stalls,
+410s, 500s and 429s are the proxy's; the objects and resourceVersions are the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.informer import Informer
+from gangcheck.kube.resources import Resource
+from gangcheck.testbed.launcher import ControlPlane
+from tests.faults.proxy import STALL, STATUS, FaultProxy, Faults, Rule
+from tests.integration.harness import Cluster, eventually
+
+pytestmark = pytest.mark.integration
+CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
+
+
+@pytest.fixture
+async def faults() -> Faults:
+    return Faults()
+
+
+@pytest.fixture
+async def proxy(control_plane: ControlPlane, faults: Faults) -> AsyncIterator[FaultProxy]:
+    started = await FaultProxy(control_plane.kubeconfig, faults, replica="gangcheck").start()
+    yield started
+    faults.enabled = False
+    await started.stop()
+
+
+@pytest.fixture
+async def proxied_kube(proxy: FaultProxy, tmp_path: Path) -> AsyncIterator[Kube]:
+    async with await Kube.connect(str(proxy.kubeconfig(tmp_path / "k.kubeconfig"))) as kube:
+        yield kube
+
+
+@contextlib.asynccontextmanager
+async def running(informer: Informer) -> AsyncIterator[Informer]:
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 20)
+        yield informer
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def config_maps(kube: Kube, cluster: Cluster, **kw: float) -> Informer:
+    """An informer of this test's ConfigMaps (a label only they carry), long watches."""
+    return Informer(kube, CONFIG_MAP, label_selector=f"test={cluster.ns}", watch_timeout=300, **kw)
+
+
+async def make(kube: Kube, cluster: Cluster, name: str) -> None:
+    body = {"metadata": {"name": name, "namespace": cluster.ns, "labels": {"test": cluster.ns}}}
+    await kube.create(CONFIG_MAP, body)
+
+
+def seen(informer: Informer, cluster: Cluster, name: str) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return informer.store.get(name, cluster.ns) is not None
+
+    return probe
+
+
+def lists(faults: Faults) -> int:
+    return sum(1 for c in faults.calls if c.method == "GET" and c.path.endswith("/configmaps"))
+
+
+async def test_a_cut_watch_resumes_from_its_resource_version_without_a_relist(
+    kube: Kube, proxied_kube: Kube, proxy: FaultProxy, faults: Faults, cluster: Cluster
+) -> None:
+    """Before: any broken watch relisted everything. Now only 410 does; the changes made
+    while the watch was down still arrive (the watch resumes from the last version seen)."""
+    async with running(config_maps(proxied_kube, cluster, retry_delay=0.2)) as informer:
+        for i in range(3):
+            await eventually(lambda: _async(proxy.cut(r"/configmaps$") > 0), what="a watch")
+            await make(kube, cluster, f"cm{i}")
+            await eventually(seen(informer, cluster, f"cm{i}"), what=f"cm{i} seen")
+        assert informer.relists == 0
+        assert lists(faults) == 1
+
+
+async def test_a_watch_answered_410_relists(
+    kube: Kube, proxied_kube: Kube, proxy: FaultProxy, faults: Faults, cluster: Cluster
+) -> None:
+    async with running(config_maps(proxied_kube, cluster, retry_delay=0.2)) as informer:
+        faults.rules.append(Rule(STATUS, status=410, path=r"/configmaps$", watch=True, times=1))
+        await eventually(lambda: _async(proxy.cut(r"/configmaps$") > 0), what="a watch")
+        await make(kube, cluster, "after-410")
+        await eventually(seen(informer, cluster, "after-410"), what="seen after the relist")
+        assert informer.relists == 1
+
+
+async def test_a_stalled_watch_is_noticed_within_its_quiet_period(
+    kube: Kube, proxied_kube: Kube, proxy: FaultProxy, faults: Faults, cluster: Cluster
+) -> None:
+    """A watch that answers and then brings nothing, not even a bookmark: before, the cache
+    waited for the watch's own end (up to 330 s); now it watches again after `quiet_seconds`."""
+    informer = config_maps(proxied_kube, cluster, retry_delay=0.2, quiet_seconds=2)
+    async with running(informer):
+        faults.rules.append(Rule(STALL, path=r"/configmaps$", watch=True, times=1))
+        await eventually(lambda: _async(proxy.cut(r"/configmaps$") > 0), what="a watch")
+        await make(kube, cluster, "during-stall")
+        await eventually(seen(informer, cluster, "during-stall"), timeout=10, what="seen")
+        assert informer.relists == 0
+
+
+async def test_list_failures_back_off_growing_with_jitter(
+    proxied_kube: Kube, faults: Faults, cluster: Cluster
+) -> None:
+    """Three lists failing (each a burst of 500s: the client's own quick retries): before,
+    the informer waited a fixed second between them; now its waits double, each drawn at
+    random from [ceiling/2, ceiling], so replicas that failed together spread out."""
+    attempts = 5  # the client's tries per call
+    faults.rules.append(
+        Rule(STATUS, status=500, path=r"/configmaps$", watch=False, times=3 * attempts)
+    )
+    informer = config_maps(proxied_kube, cluster, retry_delay=0.4)
+    async with running(informer):
+        pass
+    times = [t for t, kind, *_ in faults.log if kind == "500"]
+    bursts = [times[i : i + attempts] for i in range(0, len(times), attempts)]
+    answered = next(c.sent for c in faults.calls if c.path.endswith("/configmaps"))
+    starts = [b[0] for b in bursts[1:]] + [answered]
+    waits = [start - burst[-1] for burst, start in zip(bursts, starts, strict=True)]
+    for wait, (low, high) in zip(waits, [(0.2, 0.4), (0.4, 0.8), (0.8, 1.6)], strict=True):
+        assert low <= wait <= high + 0.5, f"waits between failed lists: {waits}"
+
+
+async def test_retry_after_is_waited_for(
+    proxied_kube: Kube, faults: Faults, cluster: Cluster
+) -> None:
+    """A 429 asking for 2 s: the call is tried again after 2 s, not after the client's own
+    0.2 s backoff."""
+    faults.rules.append(Rule(STATUS, status=429, retry_after=2, path=r"/configmaps$", times=1))
+    await proxied_kube.list_objects(CONFIG_MAP, cluster.ns)
+    (throttled,) = [t for t, kind, *_ in faults.log if kind.startswith("429")]
+    (answered,) = [c for c in faults.calls if c.path.endswith("/configmaps")]
+    assert answered.sent - throttled >= 1.9
+
+
+async def _async(value: object) -> object:
+    return value
