@@ -78,7 +78,8 @@ class RunningController:
         self._kube = await Kube.connect(self.kubeconfig)
         self.controller = Controller(self._kube, workers=2, watch_timeout=30)
         self._task = asyncio.create_task(self.controller.run())
-        await asyncio.wait_for(self.controller.caches.wait_synced(), 20)
+        # Every cache lists the whole (shared, test-filled) control plane first.
+        await asyncio.wait_for(self.controller.caches.wait_synced(), 60)
         return self.controller
 
     async def stop(self) -> None:

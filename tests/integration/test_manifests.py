@@ -695,7 +695,7 @@ async def running(kube: Kube) -> Any:
     controller = Controller(kube, workers=2, watch_timeout=30)
     task = asyncio.create_task(controller.run())
     try:
-        await asyncio.wait_for(controller.caches.wait_synced(), 20)
+        await asyncio.wait_for(controller.caches.wait_synced(), 60)
         yield controller
     finally:
         task.cancel()

@@ -8,7 +8,7 @@ autoscaler, as in test_fulfillment.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,15 @@ from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name
 from tests.integration.test_podgroups import Groups, controller_running
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def control_plane(testbed_binaries: dict[str, Path]) -> Iterator[ControlPlane]:
+    """A control plane of this module's own (it overrides the session's): every call goes
+    through the proxy, which on a plane full of other tests' objects lists slowly, and a
+    fault injected here should reach no other test."""
+    with ControlPlane(binaries=testbed_binaries) as plane:
+        yield plane
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ async def controller_running(
     )
     task = asyncio.create_task(controller.run())
     try:
-        await asyncio.wait_for(controller.caches.wait_synced(), 20)
+        await asyncio.wait_for(controller.caches.wait_synced(), 60)
 
         async def discovered() -> bool:
             return controller.served_pod_groups is not None
