@@ -79,6 +79,16 @@ def made_for(existing: Obj, body: Obj) -> bool:
     return all(have.get(k) == want[k] for k in IDENTITY_ANNOTATIONS if k in want)
 
 
+async def write_taints(kube: Kube, node: Obj, taints: list[Obj]) -> Obj:
+    """Replace the node's taints at the resourceVersion they were read at (ConflictError if
+    someone wrote meanwhile), so no other writer's taint is lost."""
+    patch = {
+        "metadata": {"resourceVersion": node["metadata"].get("resourceVersion", "")},
+        "spec": {"taints": taints or None},
+    }
+    return await kube.merge_patch(NODE, node["metadata"]["name"], patch)
+
+
 class StaleDecisionError(Exception):
     """The caches were behind the server: drop the rest of the decision and decide again."""
 
@@ -213,13 +223,8 @@ class Applier:
             for _ in range(3):
                 if node is None or not is_held(node):
                     break
-                taints = taints_released(node)
-                patch = {
-                    "metadata": {"resourceVersion": node["metadata"].get("resourceVersion", "")},
-                    "spec": {"taints": taints or None},
-                }
                 try:
-                    node = await self._kube.merge_patch(NODE, name, patch)
+                    node = await write_taints(self._kube, node, taints_released(node))
                 except ConflictError:
                     node = await self._fresh(name)
                     continue

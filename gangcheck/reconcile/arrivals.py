@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
-from gangcheck.kube.resources import NODE
 from gangcheck.logic.arrivals import arrival_verdict
 from gangcheck.logic.hold import taints_opened
+from gangcheck.reconcile.apply import write_taints
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.workload import open_requests
 from gangcheck.runtime.queue import Result
@@ -50,13 +50,8 @@ class ArrivalGateReconciler:
             if verdict.recheck_after is None:
                 return Result()
             return Result(requeue_after=min(RECHECK_SECONDS, max(0.2, verdict.recheck_after)))
-        taints = taints_opened(node)
-        patch = {
-            "metadata": {"resourceVersion": node["metadata"].get("resourceVersion", "")},
-            "spec": {"taints": taints or None},
-        }
         try:
-            updated = await self._kube.merge_patch(NODE, name, patch)
+            updated = await write_taints(self._kube, node, taints_opened(node))
         except ConflictError:
             return Result(requeue_after=0.2)  # judged on a stale node: judge again
         except NotFoundError:

@@ -143,12 +143,13 @@ class WorkloadReconciler:
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
+        capacity = in_flight_capacity(self._caches)
         for req in requests:
             orphan = request_of(req)
             if orphan.workload_uid == live_uid:
                 continue
             reclaimer = self._caches.reclaimer_of(check_of(req))
-            reclaim = rollback.abandon(orphan, in_flight_capacity(self._caches), reclaimer, WL_GONE)
+            reclaim = rollback.abandon(orphan, capacity, reclaimer, WL_GONE)
             log.info(
                 "withdrawing %s: %s (%d steps to reclaim what arrived)",
                 orphan.name,
