@@ -10,8 +10,8 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: install
-install: ## install gangcheck and its test tools (editable)
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+install: ## install gangcheck, its test tools and the dev tooling of hack/devtools (editable)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e hack/devtools
 
 .PHONY: binaries
 binaries: ## build the test bed's Go binaries from the pinned modules (cached)
@@ -31,11 +31,11 @@ lock: ## regenerate the image's hashed lock files from pyproject.toml (needs pip
 
 .PHONY: lint
 lint: ## ruff lint and format check
-	$(PYTHON) -m ruff check gangcheck tests benchmarks
-	$(PYTHON) -m ruff format --check gangcheck tests benchmarks
+	$(PYTHON) -m ruff check gangcheck hack/devtools tests benchmarks
+	$(PYTHON) -m ruff format --check gangcheck hack/devtools tests benchmarks
 
 .PHONY: typecheck
-typecheck: ## mypy, strict, on the package
+typecheck: ## mypy, strict, on gangcheck and its dev tooling
 	$(PYTHON) -m mypy
 
 .PHONY: unit
@@ -65,16 +65,16 @@ bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit c
 
 .PHONY: demo
 demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up
-	$(PYTHON) -m gangcheck demo up
+	$(PYTHON) -m gangcheck_dev demo up
 
 .PHONY: demo-down
 demo-down: ## remove the demo's stack and processes
-	$(PYTHON) -m gangcheck demo down
+	$(PYTHON) -m gangcheck_dev demo down
 
 .PHONY: dev-up
 dev-up: install ## start a local control plane in the background and print its kubeconfig
-	$(PYTHON) -m gangcheck dev up
+	$(PYTHON) -m gangcheck_dev dev up
 
 .PHONY: dev-down
 dev-down: ## stop the local control plane and remove its state
-	$(PYTHON) -m gangcheck dev down
+	$(PYTHON) -m gangcheck_dev dev down

@@ -30,14 +30,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gangcheck_dev.simcloud.cloud import SimCloud
+from gangcheck_dev.testbed.binaries import CONTROL_PLANE, ensure_binaries
+from gangcheck_dev.testbed.launcher import ControlPlane
+
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import CONFIG_MAP, NODE
 from gangcheck.logic.fit import GangPodSet, fit_gang, member_from_template, node_view
-from gangcheck.simcloud.cloud import SimCloud
-from gangcheck.testbed.binaries import CONTROL_PLANE, ensure_binaries
-from gangcheck.testbed.launcher import ControlPlane
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster
 

@@ -35,13 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
+from gangcheck_dev.testbed.binaries import CONTROL_PLANE, ensure_binaries
+from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.otelcol import OtelCollector
+from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.logic import naming
-from gangcheck.testbed.binaries import CONTROL_PLANE, ensure_binaries
-from gangcheck.testbed.launcher import ControlPlane
-from gangcheck.testbed.otelcol import OtelCollector
-from gangcheck.testbed.process import free_ports
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_operations import parse_exposition

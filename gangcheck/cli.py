@@ -11,7 +11,6 @@ import signal
 import socket
 import sys
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 
@@ -34,13 +33,6 @@ def _parser() -> argparse.ArgumentParser:
         "diagnose", help="why is this gang pending? (KIND/NAMESPACE/NAME)", add_help=False
     )
     sub.add_parser("status", help="a table of gangs in flight", add_help=False)
-    sub.add_parser("sim-cloud", help="a simulated cloud for tests and demos", add_help=False)
-    demo = sub.add_parser("demo", help="the local full stack, gangcheck and two GPU gangs")
-    demo.add_argument("action", choices=["up", "down"])
-    demo.add_argument("--state-dir", type=Path, help="where the demo keeps its files")
-    dev = sub.add_parser("dev", help="a local control plane for trying gangcheck")
-    dev.add_argument("action", choices=["up", "down"])
-    dev.add_argument("--state-dir", type=Path, help="where the local control plane keeps its files")
     return parser
 
 
@@ -52,12 +44,6 @@ def _version() -> str:
         return version("gangcheck")
     except PackageNotFoundError:  # run from a checkout that is not installed
         return "unknown"
-
-
-def _sim_cloud(argv: list[str]) -> int:
-    from gangcheck.simcloud import main as sim_main
-
-    return sim_main(argv)
 
 
 def _diagnose(argv: list[str]) -> int:
@@ -73,7 +59,7 @@ def _status(argv: list[str]) -> int:
 
 
 # Subcommands with a parser of their own: the rest of the command line is theirs.
-_DELEGATED = {"sim-cloud": _sim_cloud, "diagnose": _diagnose, "status": _status}
+_DELEGATED = {"diagnose": _diagnose, "status": _status}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,10 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
-    if args.command == "dev":
-        return _dev(args)
-    if args.command == "demo":
-        return _demo(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
@@ -199,22 +181,6 @@ async def _until_terminated(work: Coroutine[Any, Any, None]) -> None:
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from gangcheck import demo
-
-    return demo.up(args.state_dir) if args.action == "up" else demo.down(args.state_dir)
-
-
-def _dev(args: argparse.Namespace) -> int:
-    from gangcheck.testbed import dev
-
-    if args.action == "up":
-        dev.up(args.state_dir)
-    else:
-        dev.down(args.state_dir)
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -43,7 +43,7 @@ kubectl -n kube-system rollout status deploy/kwok-controller --timeout=180s
 
 # cluster-autoscaler with the kwok provider and ProvisioningRequests on, node groups from
 # kind/autoscaler.yaml (the same GPU node groups the local stack uses).
-python3 -c 'import yaml, tests.e2e.conftest as c, gangcheck.testbed.nodes as n
+python3 -c 'import yaml, tests.e2e.conftest as c, gangcheck_dev.testbed.nodes as n
 print(yaml.safe_dump_all(n.autoscaler_configmaps(c.E2E_NODE_GROUPS, "kube-system")))' | kubectl apply -f -
 kubectl apply -f kind/autoscaler.yaml
 kubectl -n kube-system set image deploy/cluster-autoscaler cluster-autoscaler="$CA_IMAGE"

@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from gangcheck_dev.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
+from gangcheck_dev.testbed.container import DockerEngine, Image, ensure_image
+from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
+from gangcheck_dev.testbed.stack import FULL_STACK
 
 from gangcheck.kube.client import Kube
-from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
-from gangcheck.testbed.container import DockerEngine, Image, ensure_image
-from gangcheck.testbed.launcher import ControlPlane
-from gangcheck.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
-from gangcheck.testbed.stack import FULL_STACK
 from tests.e2e.helpers import fresh_namespace
 
 KUBECONFIG_ENV = "GANGCHECK_E2E_KUBECONFIG"

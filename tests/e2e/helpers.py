@@ -13,10 +13,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from gangcheck_dev.testbed import nodes
+
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import EVENT, NAMESPACE, Resource
-from gangcheck.testbed import nodes
 
 Obj = dict[str, Any]
 T = TypeVar("T")

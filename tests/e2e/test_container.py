@@ -22,11 +22,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.binaries import repo_root
+from gangcheck_dev.testbed.container import Image
+from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_gangcheck
 
 from gangcheck.kube.client import Kube
-from gangcheck.testbed.binaries import repo_root
-from gangcheck.testbed.container import Image
-from gangcheck.testbed.deploy import ManagedProcess, deploy_gangcheck
 from tests.e2e import test_gangcheck as scenarios
 from tests.e2e.conftest import Cluster
 

@@ -3,7 +3,7 @@ token, the RBAC of ``manifests/base`` plus the ``reclaim-delete-node`` component
 
 Gangs are batch/v1 Jobs queued in Kueue (real webhook, real admission), scheduled by the real
 kube-scheduler onto kwok nodes that the real cluster-autoscaler (kwok provider) or the simulated
-cloud (``gangcheck sim-cloud``, a class of its own) creates:
+cloud (``gangcheck-dev sim-cloud``, a class of its own) creates:
 
 a. a GPU gang the real cluster-autoscaler provisions: nodes Ready, check Ready, pods Running;
 b. a gang larger than its node group's max: CapacityIsNotFound, deadline, rollback, Retry,
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_gangcheck, start_sim_cloud
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
@@ -39,7 +40,6 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.testbed.deploy import ManagedProcess, deploy_gangcheck, start_sim_cloud
 from tests.e2e.conftest import E2E_NODE_GROUPS, GPU_TAINT, Cluster
 from tests.e2e.helpers import (
     CLUSTER_QUEUE,

@@ -8,7 +8,7 @@ base's, following the release's ServiceAccount; and values that make no sense
 refused by ``values.schema.json`` at template time, naming the value.
 
 Then ``helm install`` into the local stack: the Deployment helm created, run from the image as
-its pod would be (the test bed has no kubelet; see ``gangcheck.testbed.container``) with the
+its pod would be (the test bed has no kubelet; see ``gangcheck_dev.testbed.container``) with the
 token of the ServiceAccount helm created, leads through its Lease and marks an AdmissionCheck
 of its controller Active, which only its granted permissions allow.
 """
@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 import yaml
+from gangcheck_dev.testbed.binaries import ensure_binaries, repo_root
+from gangcheck_dev.testbed.container import Image
+from gangcheck_dev.testbed.deploy import find_kubectl, kustomize_objects, run_controller_container
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import ADMISSION_CHECK, ATOMIC_CONFIG, LEASE, Resource
-from gangcheck.testbed.binaries import ensure_binaries, repo_root
-from gangcheck.testbed.container import Image
-from gangcheck.testbed.deploy import find_kubectl, kustomize_objects, run_controller_container
 from tests.e2e.conftest import Cluster
 from tests.e2e.helpers import delete_quietly, eventually, is_true, unique
 from tests.e2e.test_gangcheck import OUR_CONTROLLER, our_config

@@ -18,12 +18,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed.deploy import ManagedProcess
+from gangcheck_dev.testbed.nodes import Taint, kwok_node
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NODE, POD, WORKLOAD
 from gangcheck.logic.hold import ARRIVING_TAINT, HOLD_TAINT
-from gangcheck.testbed.deploy import ManagedProcess
-from gangcheck.testbed.nodes import Taint, kwok_node
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import container, delete_quietly, eventually, unique
 from tests.e2e.test_gangcheck import (  # the module's processes, reused

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed.certs import CertificateAuthority
+from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_gangcheck
+from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
@@ -30,9 +33,6 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.testbed.certs import CertificateAuthority
-from gangcheck.testbed.deploy import ManagedProcess, deploy_gangcheck
-from gangcheck.testbed.process import free_ports
 from tests.e2e.conftest import E2E_NODE_GROUPS, GPU_TAINT, Cluster
 from tests.e2e.helpers import delete_quietly, eventually, is_true, node_ready, unique
 from tests.e2e.test_gangcheck import (

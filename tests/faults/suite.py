@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic import naming
 from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL
-from gangcheck.testbed.launcher import ControlPlane
-from gangcheck.testbed.process import free_ports
 from tests.builders import WorkloadBuilder, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
 from tests.integration.harness import Cluster

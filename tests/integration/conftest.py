@@ -11,10 +11,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.binaries import (
+    CONTROL_PLANE,
+    OTEL_COLLECTOR,
+    BuildError,
+    ensure_binaries,
+)
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
-from gangcheck.testbed.binaries import CONTROL_PLANE, OTEL_COLLECTOR, BuildError, ensure_binaries
-from gangcheck.testbed.launcher import ControlPlane
 from tests.integration.harness import Cluster, RunningController
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
@@ -23,7 +24,6 @@ from gangcheck.logic.fulfillment import ARRIVED_FOR
 from gangcheck.logic.gating import GATE, OPT_IN_LABEL
 from gangcheck.logic.hold import hold_taint, hold_toleration
 from gangcheck.reclaim.safely import Target, reclaim_safely
-from gangcheck.testbed.launcher import ControlPlane
 from tests.builders import container
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_manifests import (

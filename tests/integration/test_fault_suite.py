@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.testbed.launcher import ControlPlane
 from tests.faults.proxy import Rates
 from tests.faults.suite import Scenario, Tally, run, table
 

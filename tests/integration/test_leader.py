@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, FencedError, NotFoundError
 from gangcheck.kube.resources import LEASE, Resource
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig, LostLeadershipError
-from gangcheck.testbed.launcher import ControlPlane
 from tests.faults.proxy import HANG, Faults, Rule, proxies
 from tests.integration.harness import Cluster, eventually
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
+from gangcheck_dev.testbed import crds
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
@@ -40,8 +42,6 @@ from gangcheck.kube.resources import (
 from gangcheck.logic import naming
 from gangcheck.logic.gating import COSCHEDULING_LABEL, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.model.provisioning_config import parse_spec
-from gangcheck.testbed import crds
-from gangcheck.testbed.launcher import ControlPlane
 from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import eventually

@@ -13,13 +13,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.app import RunOptions, run_controller
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import LEASE, NAMESPACE
 from gangcheck.logic import naming
-from gangcheck.testbed.process import free_ports
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
@@ -20,7 +21,6 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.podgroup import CONFIG_ANNOTATION
-from gangcheck.testbed.launcher import ControlPlane
 from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, RunningController, eventually, never
 from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed import crds
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ForbiddenError, NotFoundError, TransientError
@@ -43,7 +44,6 @@ from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
 from gangcheck.telemetry import Metrics
-from gangcheck.testbed import crds
 from tests.builders import container
 
 pytestmark = pytest.mark.integration

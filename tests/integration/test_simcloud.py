@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from gangcheck_dev.simcloud import SimCloud, model
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import CONFIG_MAP, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.simcloud import SimCloud, model
 from tests.integration.harness import eventually, never
 
 pytestmark = pytest.mark.integration
@@ -375,7 +375,7 @@ async def test_config_change_applies_to_the_next_request(world: World) -> None:
 
 async def test_cli_runs_the_sim_as_a_process(world: World, control_plane: Any) -> None:
     await world.configure({"nodeDelaySeconds": 0.1})
-    argv = [sys.executable, "-m", "gangcheck.simcloud", "--kubeconfig", world.kubeconfig]
+    argv = [sys.executable, "-m", "gangcheck_dev.simcloud", "--kubeconfig", world.kubeconfig]
     argv += ["--config-map", f"{world.ns}/{world.config_map}", "--log-level", "WARNING"]
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE

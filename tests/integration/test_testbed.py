@@ -14,14 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
-
-from gangcheck.testbed import ComponentError, ControlPlane
-from gangcheck.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
-from gangcheck.testbed.certs import CertificateAuthority
-from gangcheck.testbed.crds import crd_files, load_crds, module_dir
-from gangcheck.testbed.nodes import (
+from gangcheck_dev.testbed import ComponentError, ControlPlane
+from gangcheck_dev.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
+from gangcheck_dev.testbed.certs import CertificateAuthority
+from gangcheck_dev.testbed.crds import crd_files, load_crds, module_dir
+from gangcheck_dev.testbed.nodes import (
     MAX_COUNT_ANNOTATION,
     NODE_GROUP_LABEL,
     NodeGroup,
@@ -29,15 +26,17 @@ from gangcheck.testbed.nodes import (
     autoscaler_configmaps,
     load_node_groups,
 )
-from gangcheck.testbed.process import pid_alive, pid_cmdline, port_is_free
-from gangcheck.testbed.rest import RestClient
-from gangcheck.testbed.stack import (
+from gangcheck_dev.testbed.process import pid_alive, pid_cmdline, port_is_free
+from gangcheck_dev.testbed.rest import RestClient
+from gangcheck_dev.testbed.stack import (
     FULL_STACK,
     KUEUE_METRICS_CERT_DIR,
     MetricsCert,
     kueue_conversion_patches,
     kueue_webhook_configurations,
 )
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
 
 pytestmark = pytest.mark.integration
 _FULL_STACK_BUILD = pytest.StashKey[BuildError | None]()
@@ -243,7 +242,7 @@ def test_failed_start_names_the_component_and_cleans_up(
 
 def test_dev_up_and_down(tmp_path: Path) -> None:
     state = tmp_path / "dev"
-    command = [sys.executable, "-m", "gangcheck.testbed"]
+    command = [sys.executable, "-m", "gangcheck_dev.testbed"]
     up = subprocess.run(
         [*command, "up", "--state-dir", str(state)],
         capture_output=True,

@@ -23,15 +23,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.otelcol import OtelCollector, ReceivedSpan
+from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NAMESPACE
 from gangcheck.logic import naming
 from gangcheck.logic.podgroup import WAITING
 from gangcheck.settings import TracingSettings, otlp_traces
-from gangcheck.testbed.launcher import ControlPlane
-from gangcheck.testbed.otelcol import OtelCollector, ReceivedSpan
-from gangcheck.testbed.process import free_ports
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_manifests import build, documents, overlay, the

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import Resource
-from gangcheck.testbed.launcher import ControlPlane
 from tests.faults.proxy import STALL, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, eventually
 

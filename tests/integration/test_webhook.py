@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 from cryptography import x509
+from gangcheck_dev.testbed.certs import CertificateAuthority, KeyPair
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
@@ -42,7 +43,6 @@ from gangcheck.logic.gating import (
     gated_at,
     is_gated,
 )
-from gangcheck.testbed.certs import CertificateAuthority, KeyPair
 from gangcheck.webhook import MUTATE_PATH, WebhookServer
 from tests.integration.harness import Cluster, eventually
 

@@ -2,7 +2,7 @@
 
 The lock file pins every dependency that pyproject.toml declares (with the ``tracing`` extra the
 image installs) at a version inside pyproject's range, with hashes; and a Deployment becomes
-the ``docker run`` a kubelet would amount to (``gangcheck.testbed.container``).
+the ``docker run`` a kubelet would amount to (``gangcheck_dev.testbed.container``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gangcheck_dev.testbed.container import KUBECONFIG_IN_CONTAINER, PodIdentity, docker_run_argv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-from gangcheck.testbed.container import KUBECONFIG_IN_CONTAINER, PodIdentity, docker_run_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", re.MULTILINE)

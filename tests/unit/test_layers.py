@@ -13,7 +13,7 @@ IO_LIBRARIES = {"kubernetes_asyncio", "aiohttp", "tenacity", "opentelemetry", "s
 PURE = sorted([*(PACKAGE / "logic").glob("*.py"), *(PACKAGE / "model").glob("*.py")])
 IO_MODULES = tuple(
     f"gangcheck.{m}"
-    for m in ("kube", "reconcile", "reclaim", "runtime", "app", "server", "telemetry", "testbed")
+    for m in ("kube", "reconcile", "reclaim", "runtime", "app", "server", "telemetry")
 )
 
 
@@ -41,3 +41,18 @@ def test_only_the_kube_layer_and_config_loading_import_the_client_library() -> N
         if any(n.startswith("kubernetes_asyncio") for n in imported(p))
     }
     assert users == {"kube/client.py"}
+
+
+def test_the_product_never_imports_the_dev_tooling() -> None:
+    users = {
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if any(n.split(".")[0] == "gangcheck_dev" for n in imported(p))
+    }
+    assert users == set()
+
+
+def test_the_dev_tooling_is_not_in_the_product_distribution() -> None:
+    assert not (PACKAGE / "testbed").exists()
+    assert not (PACKAGE / "simcloud").exists()
+    assert not (PACKAGE / "demo.py").exists()

@@ -6,9 +6,8 @@ import random
 from typing import Any
 
 import pytest
-
-from gangcheck.simcloud import model
-from gangcheck.simcloud.model import (
+from gangcheck_dev.simcloud import model
+from gangcheck_dev.simcloud.model import (
     Member,
     NodeGroup,
     Outcome,

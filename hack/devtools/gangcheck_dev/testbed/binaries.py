@@ -26,7 +26,7 @@ class BuildError(RuntimeError):
 
 def repo_root() -> Path:
     """The checkout this package lives in (the test bed needs its ``hack/`` folder)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     if not (root / "hack" / "build.sh").is_file():
         raise BuildError(f"{root} has no hack/build.sh: the test bed runs from a source checkout")
     return root

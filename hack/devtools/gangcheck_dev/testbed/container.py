@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from gangcheck.testbed.binaries import BuildError, cache_dir, repo_root
+from gangcheck_dev.testbed.binaries import BuildError, cache_dir, repo_root
 
 __all__ = [
     "KUBECONFIG_IN_CONTAINER",

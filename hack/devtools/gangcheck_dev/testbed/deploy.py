@@ -7,11 +7,11 @@ CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus
 writes a kubeconfig holding only that token, and runs ``python -m gangcheck run`` with it: the
 controller has exactly the permissions the manifests give it, nothing of the admin's.
 :func:`start_sim_cloud` writes the simulated cloud's ConfigMap and runs
-``python -m gangcheck sim-cloud``. Both return a :class:`ManagedProcess`.
+``python -m gangcheck_dev sim-cloud``. Both return a :class:`ManagedProcess`.
 
 Only the RBAC and the CRD are applied, never the Deployment: on this test bed there is no
 kubelet to run an image, so the controller runs here as a child process, or, given an image
-(:func:`gangcheck.testbed.container.ensure_image`), as the container the Deployment
+(:func:`gangcheck_dev.testbed.container.ensure_image`), as the container the Deployment
 describes, run by docker on the host's network (:func:`run_controller_container`).
 
 Everything goes through ``kubectl`` with the given kubeconfig, so this works against the local
@@ -35,14 +35,14 @@ from typing import Any
 
 import yaml
 
-from gangcheck.testbed.binaries import BuildError, ensure_binaries, repo_root
-from gangcheck.testbed.container import (
+from gangcheck_dev.testbed.binaries import BuildError, ensure_binaries, repo_root
+from gangcheck_dev.testbed.container import (
     PodIdentity,
     docker_run_argv,
     readable_by,
     remove_container,
 )
-from gangcheck.testbed.process import Component, ComponentError, free_ports, log_tail
+from gangcheck_dev.testbed.process import Component, ComponentError, free_ports, log_tail
 
 __all__ = [
     "NAMESPACE",
@@ -297,7 +297,7 @@ def deploy_gangcheck(
     given ``image``, as the container of the base's Deployment (:func:`run_controller_container`).
 
     ``extra_args`` go to ``gangcheck run`` (e.g. ``--workers 2``, ``--leader-elect``). Raises
-    :class:`~gangcheck.testbed.process.ComponentError` (with the log's tail) if the process
+    :class:`~gangcheck_dev.testbed.process.ComponentError` (with the log's tail) if the process
     exits or is not ready within 60 s, :class:`DeployError` if a kubectl step fails.
     """
     kubeconfig = Path(kubeconfig)
@@ -380,7 +380,7 @@ def run_controller_container(
 ) -> ManagedProcess:
     """Run the ``controller`` container of ``deployment`` (already applied RBAC: its
     ServiceAccount exists) from ``image`` with docker, as its pod would run, until ``/readyz``
-    answers 200 (see :mod:`gangcheck.testbed.container` for what differs from a kubelet).
+    answers 200 (see :mod:`gangcheck_dev.testbed.container` for what differs from a kubelet).
 
     The container gets a kubeconfig with a token of the Deployment's ServiceAccount, and free
     ports on 127.0.0.1 for health, metrics and the webhook; ``extra_args`` follow.
@@ -452,7 +452,7 @@ def start_sim_cloud(
     kubectl: Path | None = None,
 ) -> ManagedProcess:
     """Create or update the ConfigMap ``config_map`` (``NS/NAME``; key ``config``) with
-    ``config`` (see :mod:`gangcheck.simcloud.model`) and run the simulated cloud on it, with
+    ``config`` (see :mod:`gangcheck_dev.simcloud.model`) and run the simulated cloud on it, with
     the given (admin) kubeconfig, until it has read its config."""
     kubeconfig = Path(kubeconfig)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -483,7 +483,7 @@ def start_sim_cloud(
     component = Component(
         name=name,
         argv=_python_module(
-            "gangcheck", "sim-cloud", f"--kubeconfig={kubeconfig}", f"--config-map={config_map}"
+            "gangcheck_dev", "sim-cloud", f"--kubeconfig={kubeconfig}", f"--config-map={config_map}"
         ),
         log_path=log_path,
         probe=loaded,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gangcheck.testbed.binaries import OTEL_COLLECTOR, ensure_binaries
-from gangcheck.testbed.process import Component, free_ports
+from gangcheck_dev.testbed.binaries import OTEL_COLLECTOR, ensure_binaries
+from gangcheck_dev.testbed.process import Component, free_ports
 
 _CONFIG = """\
 receivers:

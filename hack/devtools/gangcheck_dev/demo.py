@@ -1,12 +1,12 @@
 """The demo: the local full stack, gangcheck running as a user deploys it, three GPU gangs.
 
-``gangcheck demo up`` starts the stack (building it on first use), deploys gangcheck with its
+``gangcheck-dev demo up`` starts the stack (building it on first use), deploys gangcheck with its
 own ServiceAccount, its webhook and the simulated cloud, then submits two batch/v1 Jobs through
 Kueue: ``whole`` gets all its nodes; ``partial`` gets half of them on its first attempt, which
 gangcheck rolls back (reclaiming those nodes) and retries until the gang starts. The third,
 ``ddp``, never passes through Kueue: a PodGroup whose members the webhook gates at creation,
 released together once their nodes exist. A live table follows all three; a summary ends
-it. The stack stays up to explore; ``gangcheck demo down`` (or
+it. The stack stays up to explore; ``gangcheck-dev demo down`` (or
 ``make demo-down``) removes all of it.
 """
 
@@ -46,10 +46,10 @@ from gangcheck.logic.actions import ATTEMPT_ANNOTATION
 from gangcheck.logic.fulfillment import ARRIVED_FOR
 from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.logic.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
-from gangcheck.testbed import dev
-from gangcheck.testbed.certs import CertificateAuthority
-from gangcheck.testbed.deploy import deploy_gangcheck, start_sim_cloud
-from gangcheck.testbed.process import free_ports
+from gangcheck_dev.testbed import dev
+from gangcheck_dev.testbed.certs import CertificateAuthority
+from gangcheck_dev.testbed.deploy import deploy_gangcheck, start_sim_cloud
+from gangcheck_dev.testbed.process import free_ports
 
 NAMESPACE_NAME = "demo"
 SIM_CLASS = "sim.gangcheck.io"
@@ -332,7 +332,10 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     run = ["run", "--kubeconfig", str(controller.kubeconfig), "--bind-address", "127.0.0.1"]
     run += ["--health-port", "0", "--metrics-port", "0", *webhook]
     sim_args = ["sim-cloud", "--kubeconfig", str(info.kubeconfig), "--config-map", SIM_CONFIG_MAP]
-    pids = [_detached(run, work / "gangcheck.log"), _detached(sim_args, work / "sim-cloud.log")]
+    pids = [
+        _detached("gangcheck", run, work / "gangcheck.log"),
+        _detached("gangcheck_dev", sim_args, work / "sim-cloud.log"),
+    ]
     (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
     out.write(
         f"\nthe stack keeps running: export KUBECONFIG={info.kubeconfig}\n"
@@ -344,11 +347,11 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     return 0 if all(g.started for g in gangs) else 1
 
 
-def _detached(args: list[str], log: Path) -> int:
-    """`gangcheck ARGS` in a session of its own, outliving this command; its pid."""
+def _detached(module: str, args: list[str], log: Path) -> int:
+    """`python -m MODULE ARGS` in a session of its own, outliving this command; its pid."""
     with log.open("a") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gangcheck", *args],
+            [sys.executable, "-m", module, *args],
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -219,7 +219,7 @@ def load_node_groups(data: Any) -> list[NodeGroup]:
     return [NodeGroup.from_dict(spec) for spec in data]
 
 
-#: What ``python -m gangcheck.testbed up --stack full`` starts with unless told otherwise.
+#: What ``python -m gangcheck_dev.testbed up --stack full`` starts with unless told otherwise.
 DEFAULT_NODE_GROUPS = (
     NodeGroup(name="cpu", max=10, cpu="32", memory="128Gi"),
     NodeGroup(

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from gangcheck.testbed.binaries import repo_root
-from gangcheck.testbed.rest import RestClient
+from gangcheck_dev.testbed.binaries import repo_root
+from gangcheck_dev.testbed.rest import RestClient
 
 CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 FIELD_MANAGER = "gangcheck-testbed"

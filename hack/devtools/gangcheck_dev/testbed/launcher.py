@@ -4,7 +4,7 @@
         cp.kubeconfig                   # admin kubeconfig (client cert, CN gangcheck-admin)
         cp.run_kubectl("get", "ns")
 
-    # The rest of a cluster, optional (see gangcheck.testbed.stack):
+    # The rest of a cluster, optional (see gangcheck_dev.testbed.stack):
     ControlPlane(components=FULL_STACK, node_groups=[NodeGroup("gpu", max=4, gpus=8)])
 
 Everything lives in one folder (a fresh temp dir unless ``root`` is given; it must not exist
@@ -28,13 +28,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gangcheck.testbed import crds, stack
-from gangcheck.testbed.binaries import CONTROL_PLANE, ensure_binaries
-from gangcheck.testbed.certs import ADMIN_USER, FRONT_PROXY_USER, KeyPair, PKIPaths, write_pki
-from gangcheck.testbed.kubeconfig import write_kubeconfig
-from gangcheck.testbed.nodes import DEFAULT_NODE_GROUPS, NodeGroup
-from gangcheck.testbed.process import Component, free_ports
-from gangcheck.testbed.rest import RestClient, tls_context
+from gangcheck_dev.testbed import crds, stack
+from gangcheck_dev.testbed.binaries import CONTROL_PLANE, ensure_binaries
+from gangcheck_dev.testbed.certs import ADMIN_USER, FRONT_PROXY_USER, KeyPair, PKIPaths, write_pki
+from gangcheck_dev.testbed.kubeconfig import write_kubeconfig
+from gangcheck_dev.testbed.nodes import DEFAULT_NODE_GROUPS, NodeGroup
+from gangcheck_dev.testbed.process import Component, free_ports
+from gangcheck_dev.testbed.rest import RestClient, tls_context
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -65,7 +65,7 @@ def _http_ok(url: str) -> bool:
 
 class ControlPlane:
     """etcd and kube-apiserver on 127.0.0.1 with RBAC, the CRDs installed and a kubeconfig;
-    optionally the rest of a cluster (``components``, see :mod:`gangcheck.testbed.stack`).
+    optionally the rest of a cluster (``components``, see :mod:`gangcheck_dev.testbed.stack`).
 
     ``components``: names from ``stack.ORDER`` or aliases (``scheduler``, ``controller-manager``,
     ``kwok``, ``kueue``, ``autoscaler``), started in that order whatever the order given;

@@ -1,4 +1,4 @@
-"""``python -m gangcheck.testbed up|down``: a local control plane for people.
+"""``python -m gangcheck_dev.testbed up|down``: a local control plane for people.
 
 ``up`` starts etcd + kube-apiserver; ``up --stack full`` the whole cluster (kube-scheduler,
 kube-controller-manager, kwok, Kueue, cluster-autoscaler), with ``--node-groups FILE`` for
@@ -12,13 +12,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gangcheck.testbed import dev
-from gangcheck.testbed.binaries import BuildError
+from gangcheck_dev.testbed import dev
+from gangcheck_dev.testbed.binaries import BuildError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gangcheck.testbed",
+        prog="python -m gangcheck_dev.testbed",
         description="Local Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver, or "
         "with --stack full the whole cluster (scheduler, controller manager, kwok, Kueue, "
         "cluster-autoscaler).",

@@ -1,4 +1,4 @@
-"""``python -m gangcheck.simcloud --kubeconfig K --config-map NS/NAME``: run the simulated cloud
+"""``python -m gangcheck_dev.simcloud --kubeconfig K --config-map NS/NAME``: run the simulated cloud
 until SIGTERM or SIGINT."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from gangcheck.kube.client import Kube
-from gangcheck.simcloud.cloud import SimCloud
 from gangcheck.telemetry import setup_logging
+from gangcheck_dev.simcloud.cloud import SimCloud
 
 
 def parser() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(
-        prog="gangcheck sim-cloud",
+        prog="gangcheck-dev sim-cloud",
         description="A simulated cloud answering ProvisioningRequests with real Nodes.",
     )
     cli.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or in-cluster)")

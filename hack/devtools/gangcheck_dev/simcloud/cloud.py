@@ -26,8 +26,8 @@ from gangcheck.kube.errors import AlreadyExistsError, ApiError, ConflictError, N
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import CONFIG_MAP, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import format_time
-from gangcheck.simcloud import model
-from gangcheck.simcloud.model import Condition, Plan, PlannedNode, SimConfig, Step
+from gangcheck_dev.simcloud import model
+from gangcheck_dev.simcloud.model import Condition, Plan, PlannedNode, SimConfig, Step
 
 log = logging.getLogger(__name__)
 

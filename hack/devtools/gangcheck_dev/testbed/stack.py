@@ -1,7 +1,7 @@
 """The optional components on top of etcd + kube-apiserver: the rest of a cluster.
 
-Each :class:`Addon` becomes one :class:`~gangcheck.testbed.process.Component` of a
-:class:`~gangcheck.testbed.launcher.ControlPlane`, started in this order:
+Each :class:`Addon` becomes one :class:`~gangcheck_dev.testbed.process.Component` of a
+:class:`~gangcheck_dev.testbed.launcher.ControlPlane`, started in this order:
 
 - ``kube-scheduler`` and ``kube-controller-manager`` with their own client certificates
   (CN ``system:kube-scheduler`` / ``system:kube-controller-manager``), so the bootstrap RBAC
@@ -12,7 +12,7 @@ Each :class:`Addon` becomes one :class:`~gangcheck.testbed.process.Component` of
   ``url:`` on 127.0.0.1 with the cluster CA as ``caBundle``; ready when ``/readyz`` answers and
   a dry-run create through its webhooks succeeds.
 - ``cluster-autoscaler`` with the kwok provider and ProvisioningRequests; its node groups come
-  from :class:`~gangcheck.testbed.nodes.NodeGroup` specs, written to ConfigMaps before it
+  from :class:`~gangcheck_dev.testbed.nodes.NodeGroup` specs, written to ConfigMaps before it
   starts (it reads them once); ready when ``/health-check`` answers and its first loop wrote
   the status ConfigMap.
 """
@@ -33,21 +33,21 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gangcheck.testbed import crds
-from gangcheck.testbed.binaries import cache_dir
-from gangcheck.testbed.certs import KeyPair
-from gangcheck.testbed.kubeconfig import write_kubeconfig
-from gangcheck.testbed.nodes import (
+from gangcheck_dev.testbed import crds
+from gangcheck_dev.testbed.binaries import cache_dir
+from gangcheck_dev.testbed.certs import KeyPair
+from gangcheck_dev.testbed.kubeconfig import write_kubeconfig
+from gangcheck_dev.testbed.nodes import (
     KWOK_ANNOTATION,
     KWOK_ANNOTATION_VALUE,
     NodeGroup,
     autoscaler_configmaps,
 )
-from gangcheck.testbed.process import Component, ComponentError, Probe, free_ports
-from gangcheck.testbed.rest import RestClient, tls_context
+from gangcheck_dev.testbed.process import Component, ComponentError, Probe, free_ports
+from gangcheck_dev.testbed.rest import RestClient, tls_context
 
 if TYPE_CHECKING:
-    from gangcheck.testbed.launcher import ControlPlane
+    from gangcheck_dev.testbed.launcher import ControlPlane
 
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"

@@ -1,10 +1,10 @@
 """A control plane for people: ``up`` leaves it running in the background, ``down`` ends it.
 
 ``up`` builds the binaries if needed (in the foreground, with progress), then starts a detached
-supervisor, ``python -m gangcheck.testbed serve``, that owns a :class:`ControlPlane` and stops
+supervisor, ``python -m gangcheck_dev.testbed serve``, that owns a :class:`ControlPlane` and stops
 it on SIGTERM. ``up --stack full`` adds kube-scheduler, kube-controller-manager, kwok, Kueue and
 cluster-autoscaler (node groups from ``--node-groups FILE``, YAML or JSON, else the defaults of
-:mod:`gangcheck.testbed.nodes`). The state folder holds::
+:mod:`gangcheck_dev.testbed.nodes`). The state folder holds::
 
     serve.pid    the supervisor's pid (written first)
     serve.log    the supervisor's output
@@ -33,17 +33,17 @@ from typing import Any, TextIO
 
 import yaml
 
-from gangcheck.testbed.binaries import ensure_binaries
-from gangcheck.testbed.launcher import ControlPlane
-from gangcheck.testbed.nodes import NodeGroup, load_node_groups
-from gangcheck.testbed.process import kill_group, log_tail, pid_alive, pid_cmdline
-from gangcheck.testbed.stack import FULL_STACK, MetricsCert
+from gangcheck_dev.testbed.binaries import ensure_binaries
+from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.nodes import NodeGroup, load_node_groups
+from gangcheck_dev.testbed.process import kill_group, log_tail, pid_alive, pid_cmdline
+from gangcheck_dev.testbed.stack import FULL_STACK, MetricsCert
 
 STATE_FILE = "state.json"
 PID_FILE = "serve.pid"
 ERROR_FILE = "error.txt"
 LOG_FILE = "serve.log"
-SERVE_MODULE = "gangcheck.testbed"
+SERVE_MODULE = "gangcheck_dev.testbed"
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 #: ``--stack`` choices: the optional components each starts.
@@ -185,7 +185,7 @@ def up(
     """Starts a control plane that outlives this process (or reports the one running).
 
     ``stack``: ``minimal`` (etcd + kube-apiserver) or ``full`` (every component of
-    :data:`gangcheck.testbed.stack.FULL_STACK`); ``node_groups_file`` sets cluster-autoscaler's
+    :data:`gangcheck_dev.testbed.stack.FULL_STACK`); ``node_groups_file`` sets cluster-autoscaler's
     node groups for ``full``.
     """
     out = out or sys.stdout
