@@ -1569,6 +1569,15 @@ EVICTED_RESET = {"conditions": ("Evicted",)}
 """Kueue core after a Retry: evicted, the check reset to Pending, retryCount counted."""
 
 
+UPDATED_CONFIG = config(
+    "provisioning-class-updated", retry=0, parameters={"p1": "v1updated", "p3": "v3"}
+)
+UPDATED_REQUEST = suite_request(
+    2,
+    class_name="provisioning-class-updated",
+    parameters={"p1": "v1updated", "p3": "v3", "ValidUntilSeconds": "0"},
+)
+
 SUITE_CASES = [
     Replay(
         SUITE,
@@ -1762,25 +1771,31 @@ SUITE_CASES = [
         SUITE,
         "Should keep the provisioning config in sync",
         BY_DESIGN,
-        "a class or parameter change before Provisioned ends the attempt (Retry; the next one "
-        "uses the new config); a missing config deletes the request and the check says it is "
-        "not active",
+        "a class or parameter change before Provisioned ends the attempt (Retry) and the next "
+        "one uses the new config, twice; a missing config deletes the request and the check "
+        "says it is not active",
         (
             (suite(), Want("Pending", creates=(S1,), class_name="provisioning-class")),
             (
                 suite(
                     suite_request(),
-                    cfg=config(
-                        "provisioning-class-updated",
-                        retry=0,
-                        parameters={"p1": "v1updated", "p3": "v3"},
-                    ),
+                    cfg=UPDATED_CONFIG,
                 ),
                 Want("Retry", "Retrying after config change: class 'provisioning-class' ->"),
             ),
             (
-                suite(suite_request(), cfg=None),
-                Want("Pending", "the check is not active", deletes=(S1,)),
+                suite(retry_count=1, cfg=UPDATED_CONFIG),
+                Want("Pending", creates=(S2,), class_name="provisioning-class-updated"),
+            ),
+            (
+                suite(UPDATED_REQUEST, retry_count=1, cfg=SUITE_CONFIG2),
+                Want(
+                    "Retry", "Retrying after config change: class 'provisioning-class-updated' ->"
+                ),
+            ),
+            (
+                suite(UPDATED_REQUEST, retry_count=1, cfg=None),
+                Want("Pending", "the check is not active", deletes=(S2,)),
             ),
         ),
         why="Kueue replaces the request under the same name with the new class and parameters, "
