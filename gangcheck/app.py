@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
@@ -21,6 +21,7 @@ from gangcheck.logic.attempt.reclaim import RECLAIM_WHEN_IDLE
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.workloads import checkconfig
+from gangcheck.model.objects import Obj
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     AlreadyExistsError,
     ApiError,
@@ -40,6 +40,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
+from gangcheck.model.objects import Obj
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import rollback
@@ -21,7 +21,7 @@ from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.logic.workloads.admission import TemplateInfo, delete_request
-from gangcheck.model.objects import ObjectRef, request_of
+from gangcheck.model.objects import Obj, ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
@@ -39,7 +39,7 @@ from gangcheck.logic.workloads.admission import (
     decide,
     delete_request,
 )
-from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
+from gangcheck.model.objects import Obj, Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder

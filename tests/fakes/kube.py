@@ -30,9 +30,9 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, error_from_status
 from gangcheck.kube.informer import Informer, Store
 from gangcheck.kube.resources import Resource
+from gangcheck.model.objects import Obj
 from gangcheck.reconcile.caches import Caches
 
-Obj = dict[str, Any]
 Key = tuple[str, str, str, str]
 """(group, plural, namespace, name): versions of one resource share their objects."""
 
