@@ -94,26 +94,26 @@ class Controller:
         self.workers = workers
         self._watch_timeout = watch_timeout
         events = EventRecorder(kube, clock=clock)
-        applier = Applier(kube, self.caches, clock=clock)
+        applier = Applier(kube, self.caches, clock=clock, metrics=self.metrics)
         self.workload_reconciler = WorkloadReconciler(
-            kube, self.caches, events, applier, clock=clock
+            kube, self.caches, events, applier, clock=clock, metrics=self.metrics
         )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
-        self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
+        self.node_reconciler = DrainingNodeReconciler(
+            kube, self.caches, clock=clock, metrics=self.metrics
+        )
         self.arrival_reconciler = ArrivalGateReconciler(kube, self.caches, clock=clock)
         self.device_reconciler = DeviceProblemReconciler(self.caches, events)
         self.group_reconciler = (
-            PodGroupReconciler(kube, self.caches, events, applier, pod_groups, clock=clock)
+            PodGroupReconciler(
+                kube, self.caches, events, applier, pod_groups, clock=clock, metrics=self.metrics
+            )
             if pod_groups is not None
             else None
         )
         self.discovery_seconds = discovery_seconds
         self.served_pod_groups: ServedPodGroups | None = None
         self._group_tasks: dict[str, asyncio.Task[None]] = {}
-        applier.metrics = self.workload_reconciler.metrics = self.metrics
-        self.node_reconciler.metrics = self.metrics
-        if self.group_reconciler is not None:
-            self.group_reconciler.metrics = self.metrics
         self._wire()
 
     async def run(self) -> None:

@@ -44,6 +44,7 @@ from gangcheck.model.objects import Obj
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,12 @@ class Applier:
         caches: Caches,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._clock = clock
-        self.metrics: Any = None
+        self.metrics = metrics
 
     async def apply(self, namespace: str, action: Action) -> None:
         """Apply one action; a delete or adoption of something already gone is done."""
@@ -186,7 +188,7 @@ class Applier:
     async def _annotate_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, AnnotateRequest)
         reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
-        if reason and self.metrics is not None:
+        if reason:
             self.metrics.rollback(reason.split(":", 1)[0])
         patch = {"metadata": {"annotations": action.annotations}}
         updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)

@@ -15,6 +15,7 @@ from gangcheck.logic.attempt.actions import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
     WORKLOAD_ANNOTATION,
     AdoptTemplate,
     AnnotateRequest,
@@ -34,6 +35,7 @@ from gangcheck.reclaim import safely
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from tests.builders import T0, node, provisioning_request
 from tests.fakes.kube import FakeKube
+from tests.fakes.metrics import RecordedMetrics
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 11, 30, 10, 30, tzinfo=UTC)
@@ -73,10 +75,11 @@ def gated_pod(name: str, **spec: Any) -> Obj:
     }
 
 
-def setup(*objs: Obj) -> tuple[FakeKube, Applier]:
+def setup(*objs: Obj, metrics: RecordedMetrics | None = None) -> tuple[FakeKube, Applier]:
     kube = FakeKube(clock=lambda: NOW)
     kube.add(*objs)
-    return kube, Applier(kube, kube.caches(), clock=lambda: NOW)
+    applier = Applier(kube, kube.caches(), clock=lambda: NOW, metrics=metrics or RecordedMetrics())
+    return kube, applier
 
 
 def cached(applier: Applier) -> Any:
@@ -189,6 +192,24 @@ async def test_annotate_request_merges_the_annotations_and_caches_the_result() -
     assert stored["metadata"]["annotations"][OUTCOME_ANNOTATION] == "{}"
     assert stored["metadata"]["annotations"][WORKLOAD_ANNOTATION] == "wl"
     assert cached(applier).requests.store.get(REQUEST, NS) == stored
+
+
+async def test_annotating_a_request_with_a_rollback_reason_counts_the_rollback() -> None:
+    metrics = RecordedMetrics()
+    _, applier = setup(request(), metrics=metrics)
+    reason = {ROLLBACK_REASON_ANNOTATION: "Failed: the cloud said no"}
+    await applier.apply(NS, AnnotateRequest(REQUEST, reason))
+    assert metrics.calls == [("rollback", ("Failed",))]
+
+
+async def test_reclaimed_nodes_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    metrics = RecordedMetrics()
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    _, applier = setup(request(), arrived, metrics=metrics)
+    await applier.apply(NS, ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode"))
+    assert metrics.names() == ["reclaimed"]
+    assert metrics.calls[0][1][0] == 1
 
 
 async def test_annotating_a_request_gone_is_an_error() -> None:

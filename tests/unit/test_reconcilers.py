@@ -23,6 +23,7 @@ from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result
 from tests.builders import CONTROLLER, T0, container, node, provisioning_request
 from tests.fakes.kube import FakeKube
+from tests.fakes.metrics import RecordedMetrics
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 11, 30, 10, 0, 30, tzinfo=UTC)
@@ -223,20 +224,9 @@ def no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
 
 
-class Recorded:
-    """Metrics, as recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args: self.calls.append((name, args))
-
-
-def draining(kube: FakeKube) -> tuple[DrainingNodeReconciler, Recorded]:
-    reconciler = DrainingNodeReconciler(kube, kube.caches(), clock=lambda: NOW)
-    metrics = Recorded()
-    reconciler.metrics = metrics
+def draining(kube: FakeKube) -> tuple[DrainingNodeReconciler, RecordedMetrics]:
+    metrics = RecordedMetrics()
+    reconciler = DrainingNodeReconciler(kube, kube.caches(), clock=lambda: NOW, metrics=metrics)
     return reconciler, metrics
 
 

@@ -19,6 +19,7 @@ from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.queue import Result
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node
 from tests.fakes.kube import FakeKube
+from tests.fakes.metrics import RecordedMetrics
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
@@ -63,8 +64,9 @@ class World:
         self.caches: Caches = self.kube.caches()
         events = EventRecorder(self.kube, clock=self.clock)
         applier = Applier(self.kube, self.caches, clock=self.clock)
+        self.metrics = RecordedMetrics()
         self.reconciler = WorkloadReconciler(
-            self.kube, self.caches, events, applier, clock=self.clock
+            self.kube, self.caches, events, applier, clock=self.clock, metrics=self.metrics
         )
 
     def clock(self) -> datetime:
@@ -132,6 +134,18 @@ async def test_provisioned_and_fitting_on_the_arrived_nodes_makes_the_check_read
         arrived = world.kube.stored(NODE, name)
         assert arrived is not None
         assert arrived["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+
+
+async def test_a_check_made_ready_is_counted_with_its_times_and_the_capacity_used() -> None:
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    recorded = dict(world.metrics.calls)
+    assert recorded["attempt"] == ("ready",)
+    assert recorded["capacity_used"] == ({"new": 4},)
+    assert recorded["provisioned_to_fit"] == (0.0,)
+    assert recorded["quota_to_ready"][0] > 0
 
 
 async def test_provisioned_but_not_yet_fitting_keeps_the_check_pending() -> None:
