@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
@@ -21,6 +21,7 @@ from gangcheck.logic.attempt.reclaim import RECLAIM_WHEN_IDLE
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.workloads import checkconfig
+from gangcheck.model.objects import Obj
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier
@@ -93,26 +94,26 @@ class Controller:
         self.workers = workers
         self._watch_timeout = watch_timeout
         events = EventRecorder(kube, clock=clock)
-        applier = Applier(kube, self.caches, clock=clock)
+        applier = Applier(kube, self.caches, clock=clock, metrics=self.metrics)
         self.workload_reconciler = WorkloadReconciler(
-            kube, self.caches, events, applier, clock=clock
+            kube, self.caches, events, applier, clock=clock, metrics=self.metrics
         )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
-        self.node_reconciler = DrainingNodeReconciler(kube, self.caches, clock=clock)
+        self.node_reconciler = DrainingNodeReconciler(
+            kube, self.caches, clock=clock, metrics=self.metrics
+        )
         self.arrival_reconciler = ArrivalGateReconciler(kube, self.caches, clock=clock)
         self.device_reconciler = DeviceProblemReconciler(self.caches, events)
         self.group_reconciler = (
-            PodGroupReconciler(kube, self.caches, events, applier, pod_groups, clock=clock)
+            PodGroupReconciler(
+                kube, self.caches, events, applier, pod_groups, clock=clock, metrics=self.metrics
+            )
             if pod_groups is not None
             else None
         )
         self.discovery_seconds = discovery_seconds
         self.served_pod_groups: ServedPodGroups | None = None
         self._group_tasks: dict[str, asyncio.Task[None]] = {}
-        applier.metrics = self.workload_reconciler.metrics = self.metrics
-        self.node_reconciler.metrics = self.metrics
-        if self.group_reconciler is not None:
-            self.group_reconciler.metrics = self.metrics
         self._wire()
 
     async def run(self) -> None:

@@ -72,10 +72,9 @@ from gangcheck.logic.workloads.diagnosis import (
     parse_target,
     verdict,
 )
-from gangcheck.model.objects import flavor_of
+from gangcheck.model.objects import Obj, flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
 
-Obj = dict[str, Any]
 R = TypeVar("R")
 
 

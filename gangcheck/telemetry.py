@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -71,6 +71,47 @@ def setup_logging(level: str = "INFO", *, json_lines: bool = True) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class AttemptMetrics(Protocol):
+    """What the reconcilers and the applier record about attempts: `Metrics`, or `NO_METRICS`
+    where nothing is to be recorded (tests, tools)."""
+
+    def attempt(self, outcome: str) -> None: ...
+    def rollback(self, reason: str) -> None: ...
+    def reclaimed(self, nodes: int, node_seconds: int) -> None: ...
+    def reclaim_failed(self, error: str) -> None: ...
+    def capacity_used(self, used: Mapping[str, int]) -> None: ...
+    def quota_to_ready(self, seconds: float) -> None: ...
+    def provisioned_to_fit(self, seconds: float) -> None: ...
+
+
+class NoMetrics:
+    """Records nothing."""
+
+    def attempt(self, outcome: str) -> None:
+        pass
+
+    def rollback(self, reason: str) -> None:
+        pass
+
+    def reclaimed(self, nodes: int, node_seconds: int) -> None:
+        pass
+
+    def reclaim_failed(self, error: str) -> None:
+        pass
+
+    def capacity_used(self, used: Mapping[str, int]) -> None:
+        pass
+
+    def quota_to_ready(self, seconds: float) -> None:
+        pass
+
+    def provisioned_to_fit(self, seconds: float) -> None:
+        pass
+
+
+NO_METRICS: AttemptMetrics = NoMetrics()
 
 
 class Metrics:

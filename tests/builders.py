@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
-Obj = dict[str, Any]
+from gangcheck.model.objects import Obj
 
 T0 = "2026-11-30T10:00:00Z"
 CHECK = "atomic"

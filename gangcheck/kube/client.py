@@ -33,6 +33,7 @@ from tenacity import RetryCallState as _RetryState
 
 from gangcheck.kube.errors import NotFoundError, TransientError, error_from_status
 from gangcheck.kube.resources import Resource
+from gangcheck.model.objects import Obj
 from gangcheck.telemetry import api_call
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
-Obj = dict[str, Any]
 WriteFence = Callable[[], float]
 """Seconds a write may still take; raises ``FencedError`` when no write may be sent."""
 READS = frozenset({"GET", "HEAD"})

@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube, Obj
+from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
 from gangcheck.kube.errors import ApiError, GoneError, NotFoundError, TransientError
 from gangcheck.kube.resources import Resource
+from gangcheck.model.objects import Obj
 
 log = logging.getLogger(__name__)
 

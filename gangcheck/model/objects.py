@@ -6,10 +6,15 @@ keeps the raw dict where a decision needs to pass it through (pod templates).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
+"""An API object (or any JSON object) as the API server sends it: a plain, mutable dict."""
+ReadOnlyObj = Mapping[str, Any]
+"""An API object only read, never changed: what code that only reads it accepts, so that a
+frozen mapping or a typed dict may be passed as well."""
 
 WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
 

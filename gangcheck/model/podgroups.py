@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from gangcheck.model.objects import ObjectRef
-
-Obj = Mapping[str, Any]
+from gangcheck.model.objects import ObjectRef, ReadOnlyObj
 
 UPSTREAM = "scheduling.k8s.io"
 PLUGINS = "scheduling.x-k8s.io"
@@ -47,7 +44,7 @@ class PodGroup:
         return self.min_count > 0
 
 
-def pod_group_of(obj: Obj) -> PodGroup:
+def pod_group_of(obj: ReadOnlyObj) -> PodGroup:
     """The view of a PodGroup object of either API (told apart by its apiVersion)."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     api_version = str(obj.get("apiVersion") or "")
@@ -76,7 +73,7 @@ def pod_group_of(obj: Obj) -> PodGroup:
     )
 
 
-def _upstream_size(spec: Obj) -> tuple[int, str]:
+def _upstream_size(spec: ReadOnlyObj) -> tuple[int, str]:
     policy = spec.get("schedulingPolicy") or {}
     gang = policy.get("gang")
     if not isinstance(gang, Mapping):
@@ -87,12 +84,12 @@ def _upstream_size(spec: Obj) -> tuple[int, str]:
     return count, ""
 
 
-def _upstream_topology(spec: Obj) -> str:
+def _upstream_topology(spec: ReadOnlyObj) -> str:
     topology = (spec.get("schedulingConstraints") or {}).get("topology") or []
     first = topology[0] if topology and isinstance(topology[0], Mapping) else {}
     return str(first.get("key") or "")
 
 
-def _plugins_size(spec: Obj) -> int:
+def _plugins_size(spec: ReadOnlyObj) -> int:
     count = spec.get("minMember")
     return count if isinstance(count, int) and count > 0 else 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import (
     MACHINE,
@@ -23,6 +23,7 @@ from gangcheck.kube.resources import (
     NODE_CLAIM,
     Resource,
 )
+from gangcheck.model.objects import Obj
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"

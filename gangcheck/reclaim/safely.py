@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
 from gangcheck.logic.attempt.reclaim import (
@@ -47,6 +47,7 @@ from gangcheck.logic.attempt.reclaim import (
     unfence_ops,
 )
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import Obj
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     AlreadyExistsError,
     ApiError,
@@ -40,9 +40,11 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
+from gangcheck.model.objects import Obj
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +104,12 @@ class Applier:
         caches: Caches,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._clock = clock
-        self.metrics: Any = None
+        self.metrics = metrics
 
     async def apply(self, namespace: str, action: Action) -> None:
         """Apply one action; a delete or adoption of something already gone is done."""
@@ -185,7 +188,7 @@ class Applier:
     async def _annotate_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, AnnotateRequest)
         reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
-        if reason and self.metrics is not None:
+        if reason:
             self.metrics.rollback(reason.split(":", 1)[0])
         patch = {"metadata": {"annotations": action.annotations}}
         updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.informer import Informer, Store
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -33,7 +33,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.workloads import checkconfig
-from gangcheck.model.objects import Flavor, flavor_of
+from gangcheck.model.objects import Flavor, Obj, flavor_of
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from gangcheck.kube.client import Obj
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.placement.dra import Problem, build_inventory
-from gangcheck.model.objects import ObjectRef
+from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result

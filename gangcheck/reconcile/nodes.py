@@ -19,6 +19,7 @@ from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
+from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 DRAIN_POLL_SECONDS = 2.0
 RETRY_BASE_SECONDS = 2.0
@@ -32,13 +33,14 @@ class DrainingNodeReconciler:
         caches: Caches,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._clock = clock
         self._events = EventRecorder(kube, clock=clock)
         self._failures: dict[str, int] = {}
-        self.metrics: Any = None
+        self.metrics = metrics
 
     async def reconcile(self, name: str) -> Result:
         if self._target(self._caches.nodes.store.get(name), name) is None:
@@ -58,7 +60,7 @@ class DrainingNodeReconciler:
         self._failures.pop(name, None)
         if result.verdict == "drain":
             return Result(requeue_after=DRAIN_POLL_SECONDS)
-        if result.verdict == "reclaimed" and self.metrics is not None:
+        if result.verdict == "reclaimed":
             self.metrics.reclaimed(1, result.held_seconds)
         return Result()
 

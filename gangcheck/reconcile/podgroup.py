@@ -10,9 +10,8 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import rollback
@@ -21,7 +20,7 @@ from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.logic.workloads.admission import TemplateInfo, delete_request
-from gangcheck.model.objects import ObjectRef, request_of
+from gangcheck.model.objects import Obj, ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
@@ -29,7 +28,7 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.workload import in_flight_capacity, owner_uids
 from gangcheck.runtime.queue import Result
-from gangcheck.telemetry import traced_decision
+from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
 log = logging.getLogger(__name__)
 API_GROUP_OF = {short: group for group, short in SHORT.items()}
@@ -65,6 +64,7 @@ class PodGroupReconciler:
         options: PodGroupOptions | None = None,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
@@ -72,7 +72,7 @@ class PodGroupReconciler:
         self._applier = applier
         self._options = options or PodGroupOptions()
         self._clock = clock
-        self.metrics: Any = None
+        self.metrics = metrics
 
     async def reconcile(self, key: str) -> Result:
         short, namespace, name = key.split("/", 2)
@@ -140,7 +140,7 @@ class PodGroupReconciler:
                 return False
         if decision.status:
             await self._write_status(obj, decision.status)
-        if decision.capacity_used and self.metrics is not None:
+        if decision.capacity_used:
             self.metrics.capacity_used(decision.capacity_used)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)

@@ -6,9 +6,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
@@ -39,12 +38,12 @@ from gangcheck.logic.workloads.admission import (
     decide,
     delete_request,
 )
-from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
+from gangcheck.model.objects import Obj, Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
-from gangcheck.telemetry import traced_decision
+from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
@@ -63,13 +62,14 @@ class WorkloadReconciler:
         applier: Applier,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._events = events
         self._applier = applier
         self._clock = clock
-        self.metrics: Any = None
+        self.metrics = metrics
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)
@@ -197,7 +197,7 @@ class WorkloadReconciler:
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""
         before, after = wl.checks.get(check), decision.check
-        if self.metrics is None or after is None or before is None or before.state == after.state:
+        if after is None or before is None or before.state == after.state:
             return
         if decision.capacity_used:
             self.metrics.capacity_used(decision.capacity_used)

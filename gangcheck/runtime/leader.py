@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     AlreadyExistsError,
     ApiError,
@@ -36,6 +36,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import LEASE
+from gangcheck.model.objects import Obj
 
 log = logging.getLogger(__name__)
 

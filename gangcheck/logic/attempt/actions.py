@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gangcheck.model import objects
-
-Obj = dict[str, Any]
+from gangcheck.model.objects import Obj
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gangcheck"

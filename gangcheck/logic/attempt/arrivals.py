@@ -20,11 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.attempt.fulfillment import Obj, Waiting, claim_of, is_new_arrival
+from gangcheck.logic.attempt.fulfillment import Waiting, claim_of, is_new_arrival
 from gangcheck.logic.attempt.hold import is_arriving
 from gangcheck.logic.placement.fit import member_from_template
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import Obj
 
 
 @dataclass(frozen=True)

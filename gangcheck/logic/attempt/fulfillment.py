@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
@@ -28,10 +27,8 @@ from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, s
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.objects import ProvisioningRequest
+from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
-
-Obj = dict[str, Any]
 
 ARRIVED_FOR = "gangcheck.io/arrived-for"
 RESERVED_ANNOTATION = "gangcheck.io/reserved-members"

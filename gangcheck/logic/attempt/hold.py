@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-Obj = dict[str, Any]
+from gangcheck.model.objects import Obj
 
 #: The taint holding a node for the gang of one request. Its key carries cluster-autoscaler's
 #: status-taint prefix: cluster-autoscaler leaves such taints out when it builds a node group's

@@ -16,13 +16,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
-
-Obj = dict[str, Any]
+from gangcheck.model.objects import Obj
 
 RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
 """On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim

@@ -31,13 +31,12 @@ from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
     Event,
-    Obj,
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
 from gangcheck.logic.attempt.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.objects import Condition, ProvisioningRequest, is_true
+from gangcheck.model.objects import Condition, Obj, ProvisioningRequest, is_true
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 

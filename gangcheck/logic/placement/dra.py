@@ -55,12 +55,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
+from gangcheck.model.objects import ReadOnlyObj as Obj
 
-Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]
 """(driver, pool, device): a device's identity."""
 CounterSetId = tuple[str, str, str]

@@ -48,7 +48,6 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
@@ -63,8 +62,8 @@ from gangcheck.logic.placement.dra import (
 )
 from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
+from gangcheck.model.objects import ReadOnlyObj as Obj
 
-Obj = Mapping[str, Any]
 Resources = Mapping[str, int]
 
 PODS = "pods"

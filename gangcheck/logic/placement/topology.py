@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from gangcheck.logic.placement.dra import Inventory
 from gangcheck.logic.placement.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
-
-Obj = Mapping[str, object]
+from gangcheck.model.objects import ReadOnlyObj as Obj
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from gangcheck.logic.attempt.actions import FULFILLED, ROLLING_BACK, STARTED
 from gangcheck.logic.attempt.fulfillment import dra_hint
@@ -52,10 +51,9 @@ from gangcheck.logic.workloads.diagnosis import (
     request_facts,
     until,
 )
-from gangcheck.model.objects import ProvisioningRequest, is_true, request_of
+from gangcheck.model.objects import Obj, ProvisioningRequest, is_true, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 
-Obj = dict[str, Any]
 GroupKey = tuple[str, str, str]
 """(namespace, API group, name) of a PodGroup."""
 

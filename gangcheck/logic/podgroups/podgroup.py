@@ -45,7 +45,6 @@ from gangcheck.logic.attempt.actions import (
     CreateRequest,
     CreateTemplate,
     Event,
-    Obj,
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.fulfillment import (
@@ -70,7 +69,7 @@ from gangcheck.logic.workloads.admission import (
     release_hold,
 )
 from gangcheck.logic.workloads.podsets import limits_as_missing_requests, scheduling_requirements
-from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
+from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest, is_true
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 

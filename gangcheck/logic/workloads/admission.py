@@ -36,7 +36,6 @@ from gangcheck.logic.attempt.actions import (
     CreateTemplate,
     DeleteRequest,
     Event,
-    Obj,
     ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import (
@@ -66,6 +65,7 @@ from gangcheck.logic.workloads.podsets import (
 from gangcheck.model.objects import (
     CheckState,
     Flavor,
+    Obj,
     ObjectRef,
     ProvisioningRequest,
     Workload,

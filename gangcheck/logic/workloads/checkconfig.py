@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 
 CONTROLLER_NAME = "gangcheck.io/atomic-provisioning"
@@ -13,8 +13,6 @@ KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
 """Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
 CONFIG_GROUP = "gangcheck.io"
 CONFIG_KIND = "AtomicProvisioningConfig"
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

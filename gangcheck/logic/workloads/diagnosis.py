@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
@@ -56,6 +55,7 @@ from gangcheck.model.objects import (
     CheckState,
     Condition,
     Flavor,
+    Obj,
     ProvisioningRequest,
     Workload,
     conditions_of,
@@ -64,8 +64,6 @@ from gangcheck.model.objects import (
     workload_of,
 )
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
-
-Obj = dict[str, Any]
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 REQUEST_CONDITIONS = ("Accepted", "Provisioned", "Failed", "BookingExpired", "CapacityRevoked")

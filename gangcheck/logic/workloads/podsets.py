@@ -13,10 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gangcheck.model.objects import Flavor, PodSet, Workload
+from gangcheck.model.objects import Flavor, Obj, PodSet, Workload
 from gangcheck.model.provisioning_config import MergePolicy
-
-Obj = dict[str, Any]
 
 PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
 

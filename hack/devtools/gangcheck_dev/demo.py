@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import AlreadyExistsError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -46,6 +46,7 @@ from gangcheck.logic.attempt.actions import ATTEMPT_ANNOTATION
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.model.objects import Obj
 from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.certs import CertificateAuthority
 from gangcheck_dev.testbed.deploy import deploy_gangcheck, start_sim_cloud

@@ -21,11 +21,12 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from gangcheck.kube.client import Kube, Obj
+from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import CONFIG_MAP, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import format_time
+from gangcheck.model.objects import Obj
 from gangcheck_dev.simcloud import model
 from gangcheck_dev.simcloud.model import Condition, Plan, PlannedNode, SimConfig, Step
 

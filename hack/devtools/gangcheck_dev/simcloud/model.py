@@ -30,9 +30,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.alias_generators import to_camel
 
 from gangcheck.logic.placement.quantity import parse_quantity
+from gangcheck.model.objects import ReadOnlyObj
 from gangcheck.model.provisioning_config import BEST_EFFORT_ATOMIC
-
-Obj = Mapping[str, Any]
 
 GPU = "nvidia.com/gpu"
 NODEGROUP_LABEL = "gangcheck.io/nodegroup"
@@ -167,7 +166,7 @@ class SimConfig(_Spec):
     def watches(self, namespace: str) -> bool:
         return not self.namespaces or namespace in self.namespaces
 
-    def answers(self, request: Obj) -> bool:
+    def answers(self, request: ReadOnlyObj) -> bool:
         """A new request this sim takes on: its namespace is watched and its class answered."""
         meta, spec = request.get("metadata") or {}, request.get("spec") or {}
         wanted = spec.get("provisioningClassName") in self.provisioning_class_names
@@ -212,7 +211,7 @@ class Member:
 
     requests: Mapping[str, int]
     node_selector: Mapping[str, str]
-    tolerations: tuple[Obj, ...]
+    tolerations: tuple[ReadOnlyObj, ...]
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,7 @@ class PodSetDemand:
     member: Member | None  # None: the PodTemplate is missing
 
 
-def member_of(template: Obj) -> Member:
+def member_of(template: ReadOnlyObj) -> Member:
     """The member a PodTemplate object describes; ValueError on a malformed quantity."""
     spec = (template.get("template") or {}).get("spec") or {}
     containers = [_container_requests(c) for c in spec.get("containers") or []]
@@ -238,7 +237,7 @@ def member_of(template: Obj) -> Member:
     return Member(dict(total), dict(spec.get("nodeSelector") or {}), tolerations)
 
 
-def _container_requests(container: Obj) -> dict[str, int]:
+def _container_requests(container: ReadOnlyObj) -> dict[str, int]:
     resources = container.get("resources") or {}
     merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
     return {k: parse_quantity(v) for k, v in merged.items() if k in ("cpu", "memory", GPU)}
@@ -253,13 +252,13 @@ TEMPLATE_IGNORED_PREFIXES = (
 )
 
 
-def tolerates(tolerations: Sequence[Obj], taint: Taint) -> bool:
+def tolerates(tolerations: Sequence[ReadOnlyObj], taint: Taint) -> bool:
     if taint.effect == "PreferNoSchedule" or taint.key.startswith(TEMPLATE_IGNORED_PREFIXES):
         return True
     return any(_toleration_matches(t, taint) for t in tolerations)
 
 
-def _toleration_matches(toleration: Obj, taint: Taint) -> bool:
+def _toleration_matches(toleration: ReadOnlyObj, taint: Taint) -> bool:
     if toleration.get("effect") and toleration["effect"] != taint.effect:
         return False
     if toleration.get("operator") == "Exists":
@@ -387,7 +386,7 @@ class Plan(_Spec):
         return Counter(n.group for n in self.nodes if n.name not in self.delivered)
 
 
-def plan_from_annotations(obj: Obj) -> Plan | None:
+def plan_from_annotations(obj: ReadOnlyObj) -> Plan | None:
     """The plan recorded on a request, or None (none yet, or unreadable)."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(PLAN_ANNOTATION)
     if not raw:
@@ -551,7 +550,7 @@ def revoked_condition(delivered: int) -> Condition:
     return Condition(CAPACITY_REVOKED, "True", "CapacityRevoked", message)
 
 
-def is_done(step: Step, plan: Plan, conditions: Sequence[Obj]) -> bool:
+def is_done(step: Step, plan: Plan, conditions: Sequence[ReadOnlyObj]) -> bool:
     if step.node is not None:
         return step.node.name in plan.delivered
     if step.revoke:
@@ -560,7 +559,7 @@ def is_done(step: Step, plan: Plan, conditions: Sequence[Obj]) -> bool:
     return any(_same(c, step.condition) for c in conditions)
 
 
-def _same(existing: Obj, wanted: Condition) -> bool:
+def _same(existing: ReadOnlyObj, wanted: Condition) -> bool:
     return (existing.get("type"), existing.get("status"), existing.get("reason")) == (
         wanted.type,
         wanted.status,
@@ -568,7 +567,9 @@ def _same(existing: Obj, wanted: Condition) -> bool:
     )
 
 
-def due_steps(plan: Plan, conditions: Sequence[Obj], now: float) -> tuple[list[Step], float | None]:
+def due_steps(
+    plan: Plan, conditions: Sequence[ReadOnlyObj], now: float
+) -> tuple[list[Step], float | None]:
     """Steps due by ``now`` and not done yet, and the epoch time of the next one after that."""
     elapsed = now - plan.started_at
     waiting = [s for s in steps(plan) if not is_done(s, plan, conditions)]
@@ -581,7 +582,7 @@ def due_steps(plan: Plan, conditions: Sequence[Obj], now: float) -> tuple[list[S
 
 
 def set_condition(
-    conditions: Sequence[Obj], wanted: Condition, *, now: str, generation: int
+    conditions: Sequence[ReadOnlyObj], wanted: Condition, *, now: str, generation: int
 ) -> list[dict[str, Any]]:
     """The conditions with ``wanted`` set; lastTransitionTime kept while the status holds."""
     old = next((c for c in conditions if c.get("type") == wanted.type), None)

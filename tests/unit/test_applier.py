@@ -1,0 +1,353 @@
+"""The applier against a fake API server: each action's write, and the paths the server's
+answers take it down (conflict, gone, taken, lost answer)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
+from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.logic.attempt.actions import (
+    CHECK_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OUTCOME_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    AdoptTemplate,
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+    ReclaimArrivals,
+    ReleaseHold,
+    ReleaseMembers,
+)
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_taint
+from gangcheck.logic.podgroups.gating import GATE
+from gangcheck.reclaim import safely
+from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
+from tests.builders import T0, node, provisioning_request
+from tests.fakes.kube import FakeKube
+from tests.fakes.metrics import RecordedMetrics
+
+Obj = dict[str, Any]
+NOW = datetime(2026, 11, 30, 10, 30, tzinfo=UTC)
+NS = "default"
+REQUEST = "wl-atomic-1"
+REQUEST_KEY = f"{NS}/{REQUEST}"
+OTHER_TAINT = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+
+
+def managed(name: str, **annotations: str) -> Obj:
+    return {
+        "name": name,
+        "namespace": NS,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        "annotations": {WORKLOAD_ANNOTATION: "wl", CHECK_ANNOTATION: "atomic", **annotations},
+    }
+
+
+def template(name: str = "wl-main", owners: list[Obj] | None = None) -> Obj:
+    meta = managed(name)
+    meta["ownerReferences"] = owners or []
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": meta, "template": {}}
+
+
+def request() -> Obj:
+    obj = provisioning_request(REQUEST, templates=[("wl-main", 2)])
+    obj["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    return obj
+
+
+def gated_pod(name: str, **spec: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"schedulingGates": [{"name": GATE}], "containers": [], **spec},
+    }
+
+
+def setup(*objs: Obj, metrics: RecordedMetrics | None = None) -> tuple[FakeKube, Applier]:
+    kube = FakeKube(clock=lambda: NOW)
+    kube.add(*objs)
+    applier = Applier(kube, kube.caches(), clock=lambda: NOW, metrics=metrics or RecordedMetrics())
+    return kube, applier
+
+
+def cached(applier: Applier) -> Any:
+    return applier._caches
+
+
+async def test_create_template_writes_it_and_the_cache_has_it_at_once() -> None:
+    kube, applier = setup()
+    await applier.apply(NS, CreateTemplate(template()))
+    assert [(w.verb, w.kind, w.name) for w in kube.writes] == [("create", "PodTemplate", "wl-main")]
+    assert cached(applier).templates.store.get("wl-main", NS) is not None
+
+
+async def test_create_of_a_name_ours_already_counts_as_created() -> None:
+    """An earlier reconcile made it and was interrupted before it heard back."""
+    kube, applier = setup(request())
+    await applier.apply(NS, CreateRequest(request()))
+    assert [w.verb for w in kube.writes] == ["create"]
+
+
+async def test_create_of_a_name_taken_by_someone_else_is_a_collision() -> None:
+    theirs = provisioning_request(REQUEST)
+    _, applier = setup(theirs)
+    with pytest.raises(NameCollisionError):
+        await applier.apply(NS, CreateRequest(request()))
+
+
+async def test_a_create_whose_answer_was_lost_is_finished_by_the_next_reconcile() -> None:
+    kube, applier = setup()
+    kube.fail("create", "ProvisioningRequest", error=503, applied=True)
+    with pytest.raises(TransientError):
+        await applier.apply(NS, CreateRequest(request()))
+    await applier.apply(NS, CreateRequest(request()))
+    assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is not None
+    assert cached(applier).requests.store.get(REQUEST, NS) is not None
+
+
+async def test_a_refused_create_is_raised_and_nothing_is_cached() -> None:
+    kube, applier = setup()
+    kube.fail("create", "PodTemplate", error=422)
+    with pytest.raises(ApiError):
+        await applier.apply(NS, CreateTemplate(template()))
+    assert cached(applier).templates.store.get("wl-main", NS) is None
+
+
+async def test_adopting_a_template_adds_the_request_and_keeps_the_workload_in_control() -> None:
+    workload = {
+        "apiVersion": "v1",
+        "kind": "Workload",
+        "name": "wl",
+        "uid": "u",
+        "controller": True,
+    }
+    kube, applier = setup(template(owners=[workload]))
+    await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
+    stored = kube.stored(POD_TEMPLATE, "wl-main", NS)
+    assert stored is not None
+    owners = stored["metadata"]["ownerReferences"]
+    assert [(o["name"], o.get("controller", False)) for o in owners] == [
+        ("wl", True),
+        (REQUEST, False),
+    ]
+
+
+async def test_adopting_a_template_changed_since_it_was_read_drops_the_decision() -> None:
+    kube, applier = setup(template())
+    await kube.merge_patch(POD_TEMPLATE, "wl-main", {"metadata": {"labels": {"x": "y"}}}, NS)
+    with pytest.raises(StaleDecisionError):
+        await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
+
+
+async def test_adopting_a_template_not_seen_yet_writes_nothing() -> None:
+    kube, applier = setup()
+    await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
+    assert kube.writes == []
+
+
+async def test_delete_request_deletes_it_by_uid_and_its_templates() -> None:
+    kube, applier = setup(request(), template())
+    await applier.apply(NS, DeleteRequest(REQUEST, "uid-wl-atomic-1", ("wl-main",), "done"))
+    assert [(w.verb, w.kind) for w in kube.writes] == [
+        ("delete", "ProvisioningRequest"),
+        ("delete", "PodTemplate"),
+    ]
+    assert kube.writes[0].body["uid"] == "uid-wl-atomic-1"
+    assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is None
+
+
+async def test_delete_request_leaves_a_newer_request_of_that_name() -> None:
+    kube, applier = setup(request())
+    await applier.apply(NS, DeleteRequest(REQUEST, "uid-of-an-older-one", (), "done"))
+    assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is not None
+
+
+@pytest.mark.parametrize(
+    "action",
+    [DeleteRequest(REQUEST, "uid", ("wl-main",), "done"), DeleteTemplate("wl-main")],
+    ids=["a request already gone is deleted", "a template already gone is deleted"],
+)
+async def test_deleting_what_is_gone_is_done(action: Any) -> None:
+    _, applier = setup()
+    await applier.apply(NS, action)
+
+
+async def test_annotate_request_merges_the_annotations_and_caches_the_result() -> None:
+    kube, applier = setup(request())
+    await applier.apply(NS, AnnotateRequest(REQUEST, {OUTCOME_ANNOTATION: "{}"}))
+    stored = kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
+    assert stored is not None
+    assert stored["metadata"]["annotations"][OUTCOME_ANNOTATION] == "{}"
+    assert stored["metadata"]["annotations"][WORKLOAD_ANNOTATION] == "wl"
+    assert cached(applier).requests.store.get(REQUEST, NS) == stored
+
+
+async def test_annotating_a_request_with_a_rollback_reason_counts_the_rollback() -> None:
+    metrics = RecordedMetrics()
+    _, applier = setup(request(), metrics=metrics)
+    reason = {ROLLBACK_REASON_ANNOTATION: "Failed: the cloud said no"}
+    await applier.apply(NS, AnnotateRequest(REQUEST, reason))
+    assert metrics.calls == [("rollback", ("Failed",))]
+
+
+async def test_reclaimed_nodes_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    metrics = RecordedMetrics()
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    _, applier = setup(request(), arrived, metrics=metrics)
+    await applier.apply(NS, ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode"))
+    assert metrics.names() == ["reclaimed"]
+    assert metrics.calls[0][1][0] == 1
+
+
+async def test_annotating_a_request_gone_is_an_error() -> None:
+    _, applier = setup()
+    with pytest.raises(NotFoundError):
+        await applier.apply(NS, AnnotateRequest(REQUEST, {OUTCOME_ANNOTATION: "{}"}))
+
+
+async def test_claim_node_records_the_arrival_and_holds_it_in_one_write() -> None:
+    kube, applier = setup(node("n1", taints=[OTHER_TAINT]))
+    rv = cached(applier).nodes.store.get("n1")["metadata"]["resourceVersion"]
+    await applier.apply(NS, ClaimNode("n1", rv, REQUEST_KEY))
+    (write,) = kube.writes
+    assert write.body["metadata"]["resourceVersion"] == rv
+    stored = kube.stored(NODE, "n1")
+    assert stored is not None
+    assert stored["metadata"]["annotations"][ARRIVED_FOR] == REQUEST_KEY
+    assert stored["spec"]["taints"] == [OTHER_TAINT, hold_taint(REQUEST_KEY)]
+
+
+async def test_claim_node_decided_on_an_older_node_writes_nothing() -> None:
+    kube, applier = setup(node("n1"))
+    with pytest.raises(StaleDecisionError):
+        await applier.apply(NS, ClaimNode("n1", "1", REQUEST_KEY))
+    assert kube.writes == []
+
+
+async def test_claim_node_that_loses_to_a_concurrent_write_drops_the_decision() -> None:
+    kube, applier = setup(node("n1"))
+    rv = cached(applier).nodes.store.get("n1")["metadata"]["resourceVersion"]
+    kube.fail("patch", "Node", "n1", 409)
+    with pytest.raises(StaleDecisionError):
+        await applier.apply(NS, ClaimNode("n1", rv, REQUEST_KEY))
+
+
+async def test_release_hold_lifts_only_the_hold() -> None:
+    held = node("n1", taints=[OTHER_TAINT, hold_taint(REQUEST_KEY)])
+    kube, applier = setup(held, node("n2"))
+    await applier.apply(NS, ReleaseHold(("n1", "n2", "gone")))
+    stored = kube.stored(NODE, "n1")
+    assert stored is not None
+    assert stored["spec"]["taints"] == [OTHER_TAINT]
+    assert [w.name for w in kube.writes] == ["n1"]  # n2 is not held, "gone" is gone
+
+
+async def test_release_hold_on_a_conflict_reads_the_node_again_and_lifts_it() -> None:
+    kube, applier = setup(node("n1", taints=[hold_taint(REQUEST_KEY)]))
+    kube.fail("patch", "Node", "n1", 409)
+    await applier.apply(NS, ReleaseHold(("n1",)))
+    stored = kube.stored(NODE, "n1")
+    assert stored is not None
+    assert not any(t["key"] == HOLD_TAINT for t in stored["spec"].get("taints") or [])
+    assert [c.verb for c in kube.calls] == ["patch", "get", "patch"]
+
+
+def release(*pods: str, node_selector: dict[str, str] | None = None) -> ReleaseMembers:
+    return ReleaseMembers(
+        pods=pods,
+        annotations={"gangcheck.io/request": REQUEST},
+        node_selector=node_selector or {},
+        gate=GATE,
+        tolerations=(hold_toleration(),),
+    )
+
+
+def hold_toleration() -> Obj:
+    taint = hold_taint(REQUEST_KEY)
+    return {
+        "key": taint["key"],
+        "operator": "Equal",
+        "value": taint["value"],
+        "effect": "NoSchedule",
+    }
+
+
+async def test_release_members_lifts_the_gate_annotates_and_pins_in_one_write_each() -> None:
+    kube, applier = setup(gated_pod("m0"), gated_pod("m1"))
+    await applier.apply(NS, release("m0", "m1", "gone", node_selector={"zone": "a"}))
+    assert [(w.verb, w.name) for w in kube.writes] == [("patch", "m0"), ("patch", "m1")]
+    pod = kube.stored(POD, "m0", NS)
+    assert pod is not None
+    assert "schedulingGates" not in pod["spec"]
+    assert pod["spec"]["nodeSelector"] == {"zone": "a"}
+    assert pod["spec"]["tolerations"] == [hold_toleration()]
+    assert pod["metadata"]["annotations"]["gangcheck.io/request"] == REQUEST
+
+
+async def test_release_members_keeps_a_value_the_pod_already_pins() -> None:
+    kube, applier = setup(gated_pod("m0", nodeSelector={"zone": "b"}))
+    await applier.apply(NS, release("m0", node_selector={"zone": "a"}))
+    pod = kube.stored(POD, "m0", NS)
+    assert pod is not None
+    assert pod["spec"]["nodeSelector"] == {"zone": "b"}
+
+
+async def test_release_members_refused_a_selector_lifts_the_gate_alone() -> None:
+    kube, applier = setup(gated_pod("m0"))
+    kube.fail("patch", "Pod", "m0", 422)
+    await applier.apply(NS, release("m0", node_selector={"zone": "a"}))
+    last = kube.writes[-1].body
+    assert "nodeSelector" not in last["spec"]
+    pod = kube.stored(POD, "m0", NS)
+    assert pod is not None
+    assert "schedulingGates" not in pod["spec"]
+
+
+async def test_release_members_changed_meanwhile_is_read_again_once() -> None:
+    kube, applier = setup(gated_pod("m0"))
+    kube.fail("patch", "Pod", "m0", 409)
+    await applier.apply(NS, release("m0"))
+    assert [c.verb for c in kube.calls] == ["patch", "get", "patch"]
+    pod = kube.stored(POD, "m0", NS)
+    assert pod is not None
+    assert "schedulingGates" not in pod["spec"]
+
+
+async def test_reclaim_arrivals_reclaims_an_idle_node_and_records_the_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    kube, applier = setup(request(), arrived)
+    action = ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode")
+    await applier.apply(NS, action)
+    assert kube.stored(NODE, "n1") is None
+    stored = kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
+    assert stored is not None
+    assert '"n1"' in stored["metadata"]["annotations"][OUTCOME_ANNOTATION]
+
+
+async def test_reclaim_arrivals_keeps_a_node_running_someone_elses_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    stranger = gated_pod("stranger", nodeName="n1")
+    kube, applier = setup(request(), arrived, stranger)
+    await applier.apply(NS, ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode"))
+    assert kube.stored(NODE, "n1") is not None
+    assert kube.writes_of("Node", "delete") == []
+    assert [w.body["reason"] for w in kube.writes_of("Event")] == ["NodeKept"]

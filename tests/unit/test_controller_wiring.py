@@ -1,0 +1,35 @@
+"""The controller hands its metrics to everything that records them, at construction."""
+
+from __future__ import annotations
+
+from gangcheck.app import Controller
+from gangcheck.telemetry import Metrics
+from tests.builders import WorkloadBuilder
+from tests.fakes.kube import FakeKube
+
+
+def test_every_recorder_of_attempt_metrics_gets_the_controllers_metrics() -> None:
+    metrics = Metrics()
+    controller = Controller(FakeKube(), metrics=metrics)
+    assert controller.group_reconciler is not None
+    recorders = (
+        controller.workload_reconciler,
+        controller.workload_reconciler._applier,
+        controller.group_reconciler,
+        controller.node_reconciler,
+    )
+    assert all(r.metrics is metrics for r in recorders)
+
+
+async def test_a_workload_key_is_reconciled_through_the_controller_on_the_fake() -> None:
+    kube = FakeKube()
+    kube.add(WorkloadBuilder().pod_set("workers", 1).build())
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    controller.enqueue_everything()
+    assert len(controller.queue) == 1
+    key = await controller.queue.get()
+    assert key == "wl:default/wl"
+    await controller.reconcile(key)
+    assert kube.writes == []  # no check of ours on it: nothing to do
+    assert "gangcheck_reconcile_duration_seconds" in controller.metrics.render()

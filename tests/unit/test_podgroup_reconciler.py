@@ -1,0 +1,222 @@
+"""The PodGroup reconciler against a fake API server, driven only through `reconcile(key)`:
+a handful of narrative cases, the test playing the webhook, the autoscaler and a person."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import ApiError
+from gangcheck.kube.resources import (
+    NODE,
+    POD,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.reconcile.apply import Applier
+from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.podgroup import PodGroupReconciler
+from gangcheck.runtime.queue import Result
+from tests.builders import container, node
+from tests.fakes.kube import FakeKube
+
+Obj = dict[str, Any]
+NOW = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
+KEY = "pg/default/g"
+GROUPS = UPSTREAM_POD_GROUP_V1BETA1
+
+
+def stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def namespace() -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "default", "labels": {OPT_IN_LABEL: OPT_IN_VALUE}},
+    }
+
+
+def pod_group(min_count: int = 3) -> Obj:
+    return {
+        "apiVersion": GROUPS.api_version,
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "default", "uid": "uid-g"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}},
+    }
+
+
+def member(i: int) -> Obj:
+    """A one-GPU member the webhook gated a minute ago."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"m{i}",
+            "namespace": "default",
+            "creationTimestamp": stamp(NOW - timedelta(minutes=1)),
+        },
+        "spec": {
+            "containers": [container(gpu=1)],
+            "schedulingGroup": {"podGroupName": "g"},
+            "schedulingGates": [{"name": GATE}],
+        },
+    }
+
+
+class World:
+    """The fake server, the caches the controller reads, and the PodGroup reconciler."""
+
+    def __init__(self, *objs: Obj) -> None:
+        self.now = NOW
+        self.kube = FakeKube(clock=self.clock)
+        self.kube.add(namespace(), *objs)
+        self.caches: Caches = self.kube.caches(GROUPS)
+        events = EventRecorder(self.kube, clock=self.clock)
+        applier = Applier(self.kube, self.caches, clock=self.clock)
+        self.reconciler = PodGroupReconciler(
+            self.kube, self.caches, events, applier, clock=self.clock
+        )
+
+    def clock(self) -> datetime:
+        return self.now
+
+    async def reconcile(self) -> Result:
+        self.kube.sync(self.caches)
+        return await self.reconciler.reconcile(KEY)
+
+    async def settle(self, times: int = 6) -> None:
+        """Reconcile until a reconcile writes nothing."""
+        for _ in range(times):
+            before = len(self.kube.writes)
+            await self.reconcile()
+            if len(self.kube.writes) == before:
+                return
+
+    def requests(self) -> list[Obj]:
+        return self.kube.all_of(PROVISIONING_REQUEST)
+
+    def group_says(self) -> dict[str, str]:
+        group = self.kube.stored(GROUPS, "g", "default")
+        assert group is not None
+        return dict(group["metadata"].get("annotations") or {})
+
+    def gated(self) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in self.kube.all_of(POD)
+            if (p["spec"].get("schedulingGates") or [])
+        ]
+
+    def provision(self, *nodes: str) -> None:
+        """Play the autoscaler, a minute on: the request is Provisioned and its nodes
+        (two GPUs each) register."""
+        self.now += timedelta(minutes=1)
+        (req,) = self.requests()
+        req["status"] = {
+            "conditions": [
+                {"type": "Provisioned", "status": "True", "reason": "Provisioned",
+                 "message": "", "lastTransitionTime": stamp(self.now)}
+            ]
+        }  # fmt: skip
+        self.kube.add(req)
+        for name in nodes:
+            self.kube.add(node(name, gpu=2, created=stamp(self.now)))
+
+
+def gang() -> list[Obj]:
+    return [pod_group(), member(0), member(1), member(2)]
+
+
+async def test_a_gated_gang_gets_a_request_and_says_so_on_the_group() -> None:
+    world = World(*gang())
+    await world.settle()
+    (req,) = world.requests()
+    assert req["spec"]["podSets"][0]["count"] == 3
+    assert len(world.kube.all_of(POD_TEMPLATE)) == 1
+    assert world.group_says().get(STATE_ANNOTATION)
+    assert world.gated() == ["m0", "m1", "m2"]
+
+
+async def test_provisioned_and_fitting_on_the_arrived_nodes_releases_every_member() -> None:
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.gated() == []
+    claimed = [n for n in ("n1", "n2") if ARRIVED_FOR in (node_annotations(world, n))]
+    assert claimed == ["n1", "n2"]
+
+
+def node_annotations(world: World, name: str) -> dict[str, str]:
+    stored = world.kube.stored(NODE, name)
+    assert stored is not None
+    return dict(stored["metadata"].get("annotations") or {})
+
+
+async def test_provisioned_but_not_yet_fitting_keeps_every_member_gated() -> None:
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the three
+    await world.settle()
+    assert world.gated() == ["m0", "m1", "m2"]
+
+
+async def test_an_api_error_on_the_request_create_is_retried_and_nothing_is_lost() -> None:
+    world = World(*gang())
+    world.kube.fail("create", "ProvisioningRequest", error=500)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    assert world.requests() == []
+    await world.settle()
+    assert len(world.requests()) == 1
+    assert len(world.kube.all_of(POD_TEMPLATE)) == 1
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.gated() == []
+
+
+async def test_a_conflict_on_the_group_write_is_retried_and_written() -> None:
+    world = World(*gang())
+    world.kube.fail("patch", "PodGroup", "g", 409)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    await world.settle()
+    assert world.group_says().get(STATE_ANNOTATION)
+    assert len(world.requests()) == 1
+
+
+async def test_a_member_changed_while_being_released_is_read_again_and_released() -> None:
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    world.kube.fail("patch", "Pod", "m1", 409)
+    await world.settle()
+    assert world.gated() == []
+
+
+async def test_a_group_deleted_has_its_request_and_template_deleted() -> None:
+    world = World(*gang())
+    await world.settle()
+    world.kube.remove(GROUPS, "g", "default")
+    await world.settle()
+    assert world.requests() == []
+    assert world.kube.all_of(POD_TEMPLATE) == []
+
+
+async def test_a_member_of_a_group_that_does_not_exist_is_told_why_it_waits() -> None:
+    world = World(member(0))
+    await world.settle()
+    pod = world.kube.stored(POD, "m0", "default")
+    assert pod is not None
+    assert "g" in pod["metadata"]["annotations"][MESSAGE_ANNOTATION]
+    assert [w.body["reason"] for w in world.kube.writes_of("Event")] == ["PodGroupNotFound"]
+    assert world.requests() == []

@@ -1,0 +1,224 @@
+"""The Workload reconciler against a fake API server, driven only through `reconcile(key)`:
+a handful of narrative cases, the test playing Kueue and the autoscaler."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import ApiError
+from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.reconcile.apply import Applier
+from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.workload import WorkloadReconciler
+from gangcheck.runtime.queue import Result
+from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node
+from tests.fakes.kube import FakeKube
+from tests.fakes.metrics import RecordedMetrics
+
+Obj = dict[str, Any]
+NOW = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
+KEY = "default/wl"
+REQUEST = naming.request_name("wl", CHECK, 1)
+
+
+def admission_check() -> Obj:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": CHECK},
+        "spec": {"controllerName": CONTROLLER},
+    }
+
+
+def gpu_flavor() -> Obj:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "gpu"},
+        "spec": {"nodeLabels": {"pool": "gpu"}},
+    }
+
+
+def gang() -> Obj:
+    """Four one-GPU workers, quota reserved, our check Pending."""
+    return WorkloadBuilder().pod_set("workers", 4).reserve_quota().check().build()
+
+
+def stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class World:
+    """The fake server, the caches the controller reads, and the Workload reconciler."""
+
+    def __init__(self, *objs: Obj) -> None:
+        self.now = NOW
+        self.kube = FakeKube(clock=self.clock)
+        self.kube.add(admission_check(), gpu_flavor(), *objs)
+        self.caches: Caches = self.kube.caches()
+        events = EventRecorder(self.kube, clock=self.clock)
+        applier = Applier(self.kube, self.caches, clock=self.clock)
+        self.metrics = RecordedMetrics()
+        self.reconciler = WorkloadReconciler(
+            self.kube, self.caches, events, applier, clock=self.clock, metrics=self.metrics
+        )
+
+    def clock(self) -> datetime:
+        return self.now
+
+    async def reconcile(self) -> Result:
+        """One reconcile, after the watches brought every change (as the queue would)."""
+        self.kube.sync(self.caches)
+        return await self.reconciler.reconcile(KEY)
+
+    async def settle(self, times: int = 6) -> None:
+        """Reconcile until a reconcile writes nothing."""
+        for _ in range(times):
+            before = len(self.kube.writes)
+            await self.reconcile()
+            if len(self.kube.writes) == before:
+                return
+
+    def check(self) -> Obj:
+        wl = self.kube.stored(WORKLOAD, "wl", "default")
+        assert wl is not None
+        entries: list[Obj] = wl["status"]["admissionChecks"]
+        return next(e for e in entries if e["name"] == CHECK)
+
+    def requests(self) -> list[Obj]:
+        return self.kube.all_of(PROVISIONING_REQUEST)
+
+    def provision(self, *nodes: str) -> None:
+        """Play the autoscaler, a minute on: the request is Provisioned and its nodes
+        (two GPUs each) register."""
+        self.now += timedelta(minutes=1)
+        req = self.kube.stored(PROVISIONING_REQUEST, REQUEST, "default")
+        assert req is not None
+        req["status"] = {
+            "conditions": [
+                {"type": "Provisioned", "status": "True", "reason": "Provisioned",
+                 "message": "", "lastTransitionTime": stamp(self.now)}
+            ]
+        }  # fmt: skip
+        self.kube.add(req)
+        for name in nodes:
+            self.kube.add(node(name, gpu=2, created=stamp(self.now), labels={"pool": "gpu"}))
+
+
+async def test_a_workload_with_quota_gets_a_request_and_its_pod_template() -> None:
+    world = World(gang())
+    await world.reconcile()
+    assert [w.kind for w in world.kube.writes_of("ProvisioningRequest", "create")] == [
+        "ProvisioningRequest"
+    ]
+    assert len(world.kube.writes_of("PodTemplate", "create")) == 1
+    (req,) = world.requests()
+    assert req["metadata"]["name"] == REQUEST
+    assert req["spec"]["podSets"][0]["count"] == 4
+    assert world.check()["state"] == "Pending"
+
+
+async def test_provisioned_and_fitting_on_the_arrived_nodes_makes_the_check_ready() -> None:
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+    for name in ("n1", "n2"):
+        arrived = world.kube.stored(NODE, name)
+        assert arrived is not None
+        assert arrived["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+
+
+async def test_a_check_made_ready_is_counted_with_its_times_and_the_capacity_used() -> None:
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    recorded = dict(world.metrics.calls)
+    assert recorded["attempt"] == ("ready",)
+    assert recorded["capacity_used"] == ({"new": 4},)
+    assert recorded["provisioned_to_fit"] == (0.0,)
+    assert recorded["quota_to_ready"][0] > 0
+
+
+async def test_provisioned_but_not_yet_fitting_keeps_the_check_pending() -> None:
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the four workers
+    result = await world.reconcile()
+    assert world.check()["state"] == "Pending"
+    assert result.requeue_after is not None
+
+
+async def test_an_api_error_on_the_request_create_is_retried_and_nothing_is_lost() -> None:
+    world = World(gang())
+    world.kube.fail("create", "ProvisioningRequest", error=500)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    assert world.requests() == []
+    await world.settle()
+    assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
+    assert len(world.kube.all_of(world.caches.templates.resource)) == 1
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+
+
+async def test_a_create_whose_answer_was_lost_is_not_made_twice() -> None:
+    world = World(gang())
+    world.kube.fail("create", "ProvisioningRequest", error=503, applied=True)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    await world.settle()
+    assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
+
+
+async def test_a_conflict_on_the_check_write_is_read_again_and_written() -> None:
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    world.kube.fail("patch", "Workload", "wl", 409)
+    result = await world.reconcile()
+    assert world.check()["state"] == "Pending"
+    assert result.requeue_after is not None
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+
+
+async def test_a_workload_changed_since_the_cache_saw_it_is_not_overwritten() -> None:
+    """The check write tests the resourceVersion it decided on: a stale one writes nothing."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    world.kube.sync(world.caches)
+    await world.kube.merge_patch(WORKLOAD, "wl", {"metadata": {"labels": {"x": "y"}}}, "default")
+    result = await world.reconciler.reconcile(KEY)  # the cache has not seen the change
+    assert world.check()["state"] == "Pending"
+    assert result.requeue_after is not None
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+
+
+async def test_a_workload_deleted_has_its_request_and_template_deleted() -> None:
+    world = World(gang())
+    await world.settle()
+    world.kube.remove(world.caches.workloads.resource, "wl", "default")
+    await world.settle()
+    assert world.requests() == []
+    assert world.kube.all_of(world.caches.templates.resource) == []
+
+
+async def test_a_workload_the_cache_misses_but_the_server_has_is_left_alone() -> None:
+    world = World(gang())
+    await world.settle()
+    world.caches.workloads.store = type(world.caches.workloads.store)()
+    await world.reconciler.reconcile(KEY)
+    assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
+    assert world.kube.writes_of("ProvisioningRequest", "delete") == []
