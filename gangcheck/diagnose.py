@@ -42,8 +42,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt.actions import MANAGED_BY, MANAGED_BY_LABEL
-from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE, PodGroupRef, group_of
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, PodGroupRef, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
     gather_group,
@@ -52,7 +51,7 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     in_flight,
     members_by_group,
 )
-from gangcheck.logic.podgroups.podgroup import RELEASED, UNGATED_ANNOTATION
+from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
     REQUEST_CONDITIONS,
@@ -71,6 +70,13 @@ from gangcheck.logic.workloads.diagnosis import (
     is_gang,
     parse_target,
     verdict,
+)
+from gangcheck.model.names import (
+    GATE,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OPT_IN_LABEL,
+    UNGATED_ANNOTATION,
 )
 from gangcheck.model.objects import flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM

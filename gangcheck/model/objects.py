@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-Obj = dict[str, Any]
+from gangcheck.model.names import WORKLOAD_UID_ANNOTATION
 
-WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
+Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSAGE_ANNOTATION
 from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
@@ -95,8 +96,7 @@ class PodGroupReconciler:
         requests = tuple(
             request_of(r)
             for r in self._caches.requests_of_group(ns, key)
-            if (r["metadata"].get("annotations") or {}).get(podgroup.GROUP_UID_ANNOTATION)
-            == group.ref.uid
+            if (r["metadata"].get("annotations") or {}).get(GROUP_UID_ANNOTATION) == group.ref.uid
         )
         templates = {
             t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
@@ -115,9 +115,7 @@ class PodGroupReconciler:
         )
 
     def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
-        return self._config_named(
-            group.annotations.get(podgroup.CONFIG_ANNOTATION) or self._options.config
-        )
+        return self._config_named(group.annotations.get(CONFIG_ANNOTATION) or self._options.config)
 
     def _config_named(self, name: str) -> tuple[AtomicProvisioningSpec | None, str]:
         if not name:
@@ -178,10 +176,10 @@ class PodGroupReconciler:
         capacity = in_flight_capacity(self._caches)
         for req in requests:
             annotations = req["metadata"].get("annotations") or {}
-            if annotations.get(podgroup.GROUP_UID_ANNOTATION) == live_uid:
+            if annotations.get(GROUP_UID_ANNOTATION) == live_uid:
                 continue
             orphan = request_of(req)
-            reclaimer = self._reclaimer(annotations.get(podgroup.CONFIG_ANNOTATION, ""))
+            reclaimer = self._reclaimer(annotations.get(CONFIG_ANNOTATION, ""))
             reclaim = rollback.abandon(orphan, capacity, reclaimer, GROUP_GONE)
             log.info(
                 "withdrawing %s: %s (%d steps to reclaim what arrived)",
@@ -215,9 +213,9 @@ class PodGroupReconciler:
     async def _note_missing(self, pod: Obj, api_group: str, name: str, *, served: bool) -> None:
         text = podgroup.missing_group_message(api_group, name, served=served)
         meta = pod["metadata"]
-        if (meta.get("annotations") or {}).get(podgroup.MESSAGE_ANNOTATION) == text:
+        if (meta.get("annotations") or {}).get(MESSAGE_ANNOTATION) == text:
             return
-        patch = {"metadata": {"annotations": {podgroup.MESSAGE_ANNOTATION: text}}}
+        patch = {"metadata": {"annotations": {MESSAGE_ANNOTATION: text}}}
         try:
             updated = await self._kube.merge_patch(POD, meta["name"], patch, meta["namespace"])
         except (NotFoundError, ConflictError):

@@ -18,16 +18,7 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic.attempt import naming, rollback
-from gangcheck.logic.attempt.actions import (
-    FULFILLED,
-    PHASE_ANNOTATION,
-    ROLLING_BACK,
-    STARTED,
-    Action,
-    DeleteRequest,
-    DeleteTemplate,
-    Event,
-)
+from gangcheck.logic.attempt.actions import Action, DeleteRequest, DeleteTemplate, Event
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
 from gangcheck.logic.capacity.backend import Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
@@ -39,6 +30,7 @@ from gangcheck.logic.workloads.admission import (
     Snapshot,
     decide,
 )
+from gangcheck.model.names import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
 from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of

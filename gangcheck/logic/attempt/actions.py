@@ -9,24 +9,6 @@ from gangcheck.model import objects
 
 Obj = dict[str, Any]
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gangcheck"
-WORKLOAD_ANNOTATION = "gangcheck.io/workload"
-WORKLOAD_UID_ANNOTATION = objects.WORKLOAD_UID_ANNOTATION
-CHECK_ANNOTATION = "gangcheck.io/check"
-ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
-DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
-PHASE_ANNOTATION = "gangcheck.io/phase"
-OUTCOME_ANNOTATION = "gangcheck.io/outcome"
-ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
-ROLLBACK_NODES_ANNOTATION = "gangcheck.io/rollback-nodes"
-ROLLING_BACK = "RollingBack"
-FULFILLED = "Fulfilled"
-STARTED = "Started"
-
-CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
-CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
-
 
 @dataclass(frozen=True)
 class CreateTemplate:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
+from gangcheck.logic.capacity.status import AttemptStatus
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (
     GangPodSet,
@@ -28,15 +29,11 @@ from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, s
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import ARRIVED_FOR, RESERVED_ANNOTATION
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 Obj = dict[str, Any]
-
-ARRIVED_FOR = "gangcheck.io/arrived-for"
-RESERVED_ANNOTATION = "gangcheck.io/reserved-members"
-"""On a request: members of its gang placed on reserved capacity (not asked for)."""
-OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
 
 
 @dataclass(frozen=True)
@@ -305,12 +302,9 @@ DRA_HINT = (
 )
 
 
-def dra_hint(req: ProvisioningRequest, gang: GangSpec) -> str:
+def dra_hint(status: AttemptStatus, gang: GangSpec) -> str:
     """Said when the autoscaler found no capacity for a gang that uses DRA claims: it cannot
     size them (kubernetes/autoscaler#10065), so waiting would be silent and endless."""
-    conds = req.conditions
-    not_found = any(
-        c in conds and conds[c].reason == "CapacityIsNotFound" for c in ("Provisioned", "Failed")
-    )
+    not_found = status.capacity_not_found
     uses_dra = any((tpl.get("spec") or {}).get("resourceClaims") for _, _, tpl in gang.pod_sets)
     return DRA_HINT if not_found and uses_dra else ""

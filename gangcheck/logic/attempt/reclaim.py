@@ -18,17 +18,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
-from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
+from gangcheck.logic.attempt.fulfillment import claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    CONSUME_ANNOTATION,
+    OPT_OUT_LABEL,
+    RECLAIM_TAINT,
+    RECLAIM_WHEN_IDLE,
+)
 
 Obj = dict[str, Any]
 
-RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
-"""On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
-is being retried). Written with the fence, in the same patch, so a fence is always recorded;
-cleared when the reclaim is done or the node is kept."""
-RECLAIM_TAINT = "gangcheck.io/reclaiming"
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
 Verdict = Literal["reclaim", "drain", "keep"]

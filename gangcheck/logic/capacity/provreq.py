@@ -12,8 +12,6 @@ from typing import Any
 
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     Action,
     AdoptTemplate,
     CreateRequest,
@@ -22,6 +20,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.capacity.backend import Ask, AttemptRecord, CapacityBackend, Owned
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.objects import Condition, ObjectRef, ProvisioningRequest
 
 Obj = dict[str, Any]

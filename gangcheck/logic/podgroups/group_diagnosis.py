@@ -14,27 +14,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gangcheck.logic.attempt.actions import FULFILLED, ROLLING_BACK, STARTED
 from gangcheck.logic.attempt.fulfillment import dra_hint
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
-from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of, is_gated
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of, is_gated
 from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
     BLOCKED,
-    CONFIG_ANNOTATION,
     FAILED,
-    GANG_MEMBERS_ANNOTATION,
     GAVE_UP,
-    GROUP_UID_ANNOTATION,
-    MESSAGE_ANNOTATION,
-    NEXT_ATTEMPT_ANNOTATION,
     NOT_A_GANG,
     PROVISIONING,
     RELEASED,
-    REQUEST_ANNOTATION,
     SETTLE_SECONDS,
-    STATE_ANNOTATION,
-    UNGATED_ANNOTATION,
     WAITING,
 )
 from gangcheck.logic.timefmt import parse_time
@@ -51,6 +43,20 @@ from gangcheck.logic.workloads.diagnosis import (
     place_in,
     request_facts,
     until,
+)
+from gangcheck.model.names import (
+    CONFIG_ANNOTATION,
+    FULFILLED,
+    GANG_MEMBERS_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    NEXT_ATTEMPT_ANNOTATION,
+    OPT_IN_LABEL,
+    REQUEST_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
 )
 from gangcheck.model.objects import ProvisioningRequest, is_true, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
@@ -185,7 +191,7 @@ def gather_group(
         ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
         gang = podgroup.gang_from_pods(group, ours)
         placement = place_in(world, gang, group.ref.namespace, req)
-        hint = dra_hint(req, gang) if req is not None else ""
+        hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
     return GroupFacts(
         namespace=group.ref.namespace,

@@ -28,60 +28,53 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import backoff, naming, rollback
+from gangcheck.logic.attempt import lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
-    ATTEMPT_ANNOTATION,
-    CLASS_ANNOTATION,
-    CONSUME_ANNOTATION,
-    DEADLINE_ANNOTATION,
-    FULFILLED,
-    PHASE_ANNOTATION,
-    STARTED,
     Action,
     AnnotateRequest,
-    ClaimNode,
     Event,
     Obj,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.attempt.fulfillment import (
-    RESERVED_ANNOTATION,
     Capacity,
     GangSpec,
-    assess,
     capacity_used,
-    dra_hint,
     fits_now,
     request_key,
     reservations_of,
     reserved_split,
 )
 from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
-from gangcheck.logic.podgroups.gating import GATE, is_gated
+from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.timefmt import format_time, parse_time
-from gangcheck.logic.workloads.admission import release_hold
-from gangcheck.logic.workloads.podsets import limits_as_missing_requests, scheduling_requirements
-from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
+from gangcheck.model.names import (
+    ATTEMPT_ANNOTATION,
+    CLASS_ANNOTATION,
+    CONFIG_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DOMAIN_ANNOTATION,
+    GANG_MEMBERS_ANNOTATION,
+    GATE,
+    GROUP_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    NEXT_ATTEMPT_ANNOTATION,
+    PHASE_ANNOTATION,
+    REQUEST_ANNOTATION,
+    RESERVED_ANNOTATION,
+    STARTED,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
+)
+from gangcheck.model.objects import ObjectRef, ProvisioningRequest
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
-GROUP_ANNOTATION = "gangcheck.io/pod-group"
-"""On requests and templates: ``<short>/<name>`` of the PodGroup they were made for."""
-GROUP_UID_ANNOTATION = "gangcheck.io/pod-group-uid"
-STATE_ANNOTATION = "gangcheck.io/state"
-MESSAGE_ANNOTATION = "gangcheck.io/message"
-REQUEST_ANNOTATION = "gangcheck.io/request"
-NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
-UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
-DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
-"""On a released group: the domain its members were pinned to (``key=value``), for late ones."""
-CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
-"""On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default."""
-GANG_MEMBERS_ANNOTATION = "gangcheck.io/gang-members"
-"""On a request: the members its attempt was made for (those it asks capacity for and those
-placed on reserved nodes); on a released group: the members released together."""
 SETTLE_SECONDS = 2.0
 """Members are read once the newest is this old by its creationTimestamp (1 s resolution, so
 at least 1 s of quiet): a burst of members created together is one gang, not minCount."""
@@ -232,11 +225,8 @@ def _first(
             ),
         )
     total = sum(count for _, count, _ in gang.pod_sets)
-    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
     record = {
-        ATTEMPT_ANNOTATION: str(attempt_of(snap.group)),
-        DEADLINE_ANNOTATION: format_time(deadline),
-        RESERVED_ANNOTATION: str(reserved),
+        **lifecycle.record(attempt_of(snap.group), snap.config, now, reserved=reserved),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
@@ -256,88 +246,62 @@ def _follow(
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
-    gang = gang_from_pods(snap.group, ours)
+    attempt = lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=gang_from_pods(snap.group, ours),
+        capacity=snap.capacity,
+        config=snap.config,
+    )
+    decision = _outcome(snap, ours, req, lifecycle.follow(attempt, now), now)
     adopt = snap.backend.follow(req, snap.templates)
-    if rollback.is_rolling_back(req):
-        decision = _roll_back(snap, req, now)
-    else:
-        why = rollback.trigger(
-            req,
-            snap.capacity,
-            gang,
-            deadline_seconds=snap.config.fulfillment.deadline_seconds,
-            started=False,
-            now=now,
-        )
-        if why:
-            annotate, event = rollback.start(req, snap.capacity, why)
-            decision = GroupDecision(actions=(annotate,), events=(event,), requeue_after=0.2)
-        else:
-            decision = _from_conditions(snap, ours, gang, req, now)
     return replace(decision, actions=adopt + decision.actions)
 
 
-def _from_conditions(
+def _outcome(
     snap: GroupSnapshot,
     ours: Sequence[Obj],
-    gang: GangSpec,
     req: ProvisioningRequest,
+    step: lifecycle.Step,
     now: datetime,
 ) -> GroupDecision:
-    conds = req.conditions
-    if is_true(conds, "Provisioned"):
-        verdict = assess(snap.capacity, req, gang, now)
-        claims = tuple(ClaimNode(n, rv, request_key(req)) for n, rv in verdict.claims)
-        if verdict.fits:
-            message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-            released = _release(snap, ours, req, verdict.domains, message)
-            fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
-            return replace(
-                released,
-                actions=(*claims, *released.actions, fulfilled),
-                capacity_used=capacity_used(req),
-            )
-        message = f"capacity requested, not yet usable: {verdict.summary}"
-        return replace(
-            _status(snap, PROVISIONING, message, request=req.name),
-            actions=claims,
-            requeue_after=_until_deadline(req, now),
+    """Where the attempt stands, written on the group (and, when it fits, its members)."""
+    if step.progress is Progress.ROLLED_BACK:
+        assert step.verdict is not None
+        return _rolled_back(snap, step, step.verdict, now)
+    if step.progress is Progress.ROLLING_BACK:
+        return GroupDecision(
+            actions=step.actions, events=step.events, requeue_after=step.requeue_after
         )
-    provisioned = conds.get("Provisioned")
-    if is_true(conds, "Accepted"):
-        message = (provisioned.message if provisioned else "") or f"{req.name} accepted"
-    else:
-        message = f"waiting for provisioning request {req.name} to be accepted"
-    message += dra_hint(req, gang)
+    if step.progress is Progress.FITS:
+        released = _release(snap, ours, req, step.domains, step.message)
+        return replace(
+            released,
+            actions=(*step.actions, *released.actions, *lifecycle.fulfilled(req)),
+            capacity_used=capacity_used(req),
+        )
     return replace(
-        _status(snap, PROVISIONING, message, request=req.name),
-        requeue_after=_until_deadline(req, now),
+        _status(snap, PROVISIONING, step.message, request=req.name),
+        actions=step.actions,
+        requeue_after=step.requeue_after,
     )
 
 
-def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> GroupDecision:
-    """Reclaim what arrived (once), then schedule the next attempt (or give up).
+def _rolled_back(
+    snap: GroupSnapshot, step: lifecycle.Step, done: rollback.Verdict, now: datetime
+) -> GroupDecision:
+    """The rollback is done: schedule the next attempt (or give up).
 
     Only the group's annotations are written here: the next attempt's number is on the group
     before the rolled-back request goes, which it then does as superseded (and on giving up,
     as a group that gave up); a restart in between finds one or the other, never a gap in
     which the same attempt would be made again."""
     assert snap.config is not None
-    done = rollback.verdict(req)
-    if done is None:
-        action = rollback.reclaim(req, snap.capacity, snap.config.fulfillment.reclaimer.value)
-        return GroupDecision(actions=(action,), requeue_after=0.2)
     attempt = attempt_of(snap.group)
-    strategy = snap.config.retry_strategy
-    event = Event("RolledBack", done.message, warning=True)
-    if done.revoked or not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
+    delay = lifecycle.next_attempt(attempt, snap.config.retry_strategy)
+    if done.revoked or delay is None:
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
-        return replace(failed, events=(*failed.events, event), requeue_after=0.2)
-    delay = backoff.requeue_after_seconds(
-        attempt - 1,
-        base_seconds=strategy.backoff_base_seconds,
-        max_seconds=strategy.backoff_max_seconds,
-    )
+        return replace(failed, events=(*failed.events, *step.events), requeue_after=0.2)
     at = format_time(now + timedelta(seconds=delay))
     message = f"attempt {attempt + 1} at {at}: {done.message}"
     status = {
@@ -346,7 +310,7 @@ def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> 
         NEXT_ATTEMPT_ANNOTATION: at,
         REQUEST_ANNOTATION: "",
     }
-    return GroupDecision(status=status, events=(event,), requeue_after=0.2)
+    return GroupDecision(status=status, events=step.events, requeue_after=0.2)
 
 
 def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
@@ -505,10 +469,10 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
         if not members.live:
             actions += snap.backend.withdraw(req, "the gang has no members left")
         elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
-            actions += [*release_hold(snap.capacity, req)]
+            actions += [*lifecycle.release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
         elif req.annotations.get(PHASE_ANNOTATION) == STARTED:
-            actions += [*release_hold(snap.capacity, req)]
+            actions += [*lifecycle.release_hold(snap.capacity, req)]
     return GroupDecision(actions=tuple(actions))
 
 
@@ -640,32 +604,26 @@ def group_key(group: PodGroup) -> str:
 
 
 def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
-    """Delete the group's requests, after reclaiming what arrived for an unfinished attempt."""
-    reclaimer = rollback.reclaimer_of(snap.config)
+    """Withdraw the group's attempts (lifecycle.clean_up)."""
     return GroupDecision(
-        actions=tuple(
-            action
-            for r in snap.requests
-            if not r.deleting
-            for action in (
-                *rollback.abandon(r, snap.capacity, reclaimer, why),
-                *release_hold(snap.capacity, r),
-                *snap.backend.withdraw(r, why),
-            )
+        actions=lifecycle.clean_up(
+            snap.requests,
+            capacity=snap.capacity,
+            config=snap.config,
+            backend=snap.backend,
+            why=why,
         )
     )
 
 
 def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
-    """Delete the requests of earlier attempts, lifting the hold from what they kept."""
-    return tuple(
-        a
-        for r in snap.requests
-        if r.name != current and not r.deleting
-        for a in (
-            *release_hold(snap.capacity, r),
-            *snap.backend.withdraw(r, f"superseded by {current or 'waiting for members'}"),
-        )
+    """Withdraw the attempts before `current`, lifting the hold from what they kept."""
+    return lifecycle.superseded(
+        snap.requests,
+        current,
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=f"superseded by {current or 'waiting for members'}",
     )
 
 
@@ -720,12 +678,6 @@ def _status(
         warning = bool(warn) or state in (FAILED, GAVE_UP)
         events = (Event(warn or state, message[:MAX_MESSAGE], warning=warning),)
     return GroupDecision(status=changed, events=events)
-
-
-def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
-    deadline = rollback.deadline_of(req)
-    left = (deadline - now).total_seconds() if deadline else 5.0
-    return max(0.2, min(5.0, left))
 
 
 def _name(pod: Obj) -> str:

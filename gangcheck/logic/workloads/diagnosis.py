@@ -16,16 +16,6 @@ from datetime import datetime
 from typing import Any
 
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.attempt.actions import (
-    CONSUME_ANNOTATION,
-    DEADLINE_ANNOTATION,
-    FULFILLED,
-    OUTCOME_ANNOTATION,
-    PHASE_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
-    ROLLING_BACK,
-    STARTED,
-)
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
     GangSpec,
@@ -51,8 +41,18 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Snapshot, gang_templates
 from gangcheck.logic.workloads.podsets import pod_template_spec
-from gangcheck.model.objects import (
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    FULFILLED,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
     WORKLOAD_UID_ANNOTATION,
+)
+from gangcheck.model.objects import (
     CheckState,
     Condition,
     Flavor,
