@@ -42,6 +42,15 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
+from gangcheck.logic.attempt.explain import (
+    GangRow,
+    NodeFit,
+    Placement,
+    RequestFacts,
+    Verdict,
+    World,
+    human_duration,
+)
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, PodGroupRef, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -56,17 +65,10 @@ from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
     REQUEST_CONDITIONS,
     Facts,
-    GangRow,
-    NodeFit,
-    Placement,
-    RequestFacts,
     Target,
     TargetError,
-    Verdict,
-    World,
     gang_row,
     gather,
-    human_duration,
     is_gang,
     parse_target,
     verdict,

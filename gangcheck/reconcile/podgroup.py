@@ -17,8 +17,6 @@ from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.actions import Event
-from gangcheck.logic.capacity.backend import Owned
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
@@ -27,9 +25,10 @@ from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.attempts import owners_by_name, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.workload import in_flight_capacity, owner_uids
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import traced_decision
 
@@ -98,10 +97,7 @@ class PodGroupReconciler:
             for r in self._caches.requests_of_group(ns, key)
             if (r["metadata"].get("annotations") or {}).get(GROUP_UID_ANNOTATION) == group.ref.uid
         )
-        templates = {
-            t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
-            for t in self._caches.templates_of_group(ns, key)
-        }
+        templates = owners_by_name(self._caches.templates_of_group(ns, key))
         return GroupSnapshot(
             group=group,
             members=tuple(self._caches.members_of(ns, api_group, group.ref.name)),
@@ -173,23 +169,15 @@ class PodGroupReconciler:
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-        capacity = in_flight_capacity(self._caches)
-        for req in requests:
-            annotations = req["metadata"].get("annotations") or {}
-            if annotations.get(GROUP_UID_ANNOTATION) == live_uid:
-                continue
-            orphan = request_of(req)
-            reclaimer = self._reclaimer(annotations.get(CONFIG_ANNOTATION, ""))
-            reclaim = rollback.abandon(orphan, capacity, reclaimer, GROUP_GONE)
-            log.info(
-                "withdrawing %s: %s (%d steps to reclaim what arrived)",
-                orphan.name,
-                GROUP_GONE,
-                len(reclaim),
-                extra={"object": f"{namespace}/{name}"},
-            )
-            for action in (*reclaim, *PROVISIONING_REQUEST.withdraw(orphan, GROUP_GONE)):
-                await self._applier.apply(namespace, action)
+        await withdraw_orphans(
+            self._applier,
+            self._caches,
+            requests,
+            is_orphan=lambda r: _annotations(r).get(GROUP_UID_ANNOTATION) != live_uid,
+            reclaimer_of=lambda r: self._reclaimer(_annotations(r).get(CONFIG_ANNOTATION, "")),
+            why=GROUP_GONE,
+            at=f"{namespace}/{name}",
+        )
         return Result()
 
     async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:
@@ -223,3 +211,7 @@ class PodGroupReconciler:
         self._caches.pods.store.put_if_newer(updated)
         ref = ObjectRef("Pod", meta["namespace"], meta["name"], meta.get("uid", ""), "v1")
         await self._events.emit(ref, Event("PodGroupNotFound", text, warning=True))
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})

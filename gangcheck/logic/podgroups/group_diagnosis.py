@@ -14,6 +14,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gangcheck.logic.attempt.explain import (
+    GangRow,
+    Placement,
+    RequestFacts,
+    Verdict,
+    World,
+    ended_verdict,
+    fit_verdict,
+    human_duration,
+    nodes_needed,
+    place_in,
+    request_facts,
+    until,
+)
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
@@ -30,20 +44,6 @@ from gangcheck.logic.podgroups.podgroup import (
     WAITING,
 )
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.workloads.diagnosis import (
-    GangRow,
-    Placement,
-    RequestFacts,
-    Verdict,
-    World,
-    ended_verdict,
-    fit_verdict,
-    human_duration,
-    nodes_needed,
-    place_in,
-    request_facts,
-    until,
-)
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,
     FULFILLED,
