@@ -51,6 +51,7 @@ from gangcheck.logic.attempt.explain import (
     World,
     human_duration,
 )
+from gangcheck.logic.capacity.provreq import CONDITION_TYPES
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, PodGroupRef, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -63,7 +64,6 @@ from gangcheck.logic.podgroups.group_diagnosis import (
 from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
-    REQUEST_CONDITIONS,
     Facts,
     Target,
     TargetError,
@@ -651,7 +651,7 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
     lines = [where]
     rows = [
         [kind, c.status, c.reason, _cut(c.message, 60)]
-        for kind in REQUEST_CONDITIONS
+        for kind in CONDITION_TYPES
         if (c := req.conditions.get(kind)) is not None
     ]
     lines += [f"  {line}" for line in _table(rows)] or ["  no conditions yet"]

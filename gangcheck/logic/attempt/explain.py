@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,8 @@ from gangcheck.logic.attempt.fulfillment import (
     tolerating_hold,
 )
 from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.capacity.provreq import status_from
+from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.placement.fit import (
     FitResult,
@@ -36,18 +38,17 @@ from gangcheck.logic.placement.fit import (
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.topology import fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
 )
 from gangcheck.model.objects import (
     Condition,
     Flavor,
     ProvisioningRequest,
-    is_true,
 )
 
 Obj = dict[str, Any]
@@ -58,7 +59,7 @@ STATIC_KINDS = frozenset({"taint", "selector", "affinity", "cordoned", "unusable
 
 @dataclass(frozen=True)
 class World:
-    """The objects around a Workload, as the edge fetched them."""
+    """The objects around a gang (a Workload or a PodGroup), as the edge fetched them."""
 
     admission_checks: Mapping[str, Obj] = field(default_factory=dict)
     configs: Mapping[str, Obj] = field(default_factory=dict)
@@ -86,9 +87,6 @@ class World:
             claim_templates=self.claim_templates,
         ).dra(namespace)
 
-    def our_checks(self) -> set[str]:
-        return {n for n, ac in self.admission_checks.items() if checkconfig.is_ours(ac)}
-
 
 @dataclass(frozen=True)
 class RequestFacts:
@@ -105,6 +103,11 @@ class RequestFacts:
     outcome: Outcome | None = None
     deleting: bool = False
     members: int = 0
+
+    @property
+    def status(self) -> AttemptStatus:
+        """What the request's conditions say, as the decision reads them."""
+        return status_from(self.conditions)
 
 
 @dataclass(frozen=True)
@@ -306,15 +309,44 @@ class Verdict:
 
 def ended_verdict(req: RequestFacts, hint: str = "") -> Verdict | None:
     """The request failed, was revoked, or its booking expired: the autoscaler's word."""
-    conds = req.conditions
-    for kind, what in (("Failed", "failed"), ("CapacityRevoked", "revoked the capacity of")):
-        if is_true(conds, kind):
-            why = conds[kind].message or conds[kind].reason
-            return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{hint}")
-    if is_true(conds, "BookingExpired"):
-        why = conds["BookingExpired"].message or "booking expired"
+    status = req.status
+    phase = status.phase()
+    if phase in (Phase.FAILED, Phase.REVOKED):
+        what = "failed" if phase is Phase.FAILED else "revoked the capacity of"
+        why = status.signal(phase).text
+        return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{hint}")
+    if phase is Phase.EXPIRED:
+        why = status.signal(phase).message or "booking expired"
         return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
     return None
+
+
+def in_flight_verdict(
+    req: RequestFacts,
+    now: datetime,
+    *,
+    hint: str = "",
+    provisioned: Callable[[str], Verdict],
+    waiting: Callable[[bool, str, str], Verdict],
+) -> Verdict:
+    """An attempt in flight: rolling back, being deleted, ended by the backend, provisioned
+    (`provisioned(deadline)`, the source says what then), else `waiting(accepted, eta,
+    deadline)` for the backend."""
+    if req.phase == ROLLING_BACK:
+        done = f"; {req.outcome.summary()}" if req.outcome else ""
+        return Verdict(
+            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
+        )
+    if req.deleting:
+        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
+    ended = ended_verdict(req, hint)
+    if ended is not None:
+        return ended
+    deadline = until("deadline", req.deadline, now)
+    phase = req.status.phase()
+    if phase is Phase.PROVISIONED:
+        return provisioned(deadline)
+    return waiting(phase is Phase.ACCEPTED, req.status.note_text, deadline)
 
 
 def fit_verdict(placement: Placement, deadline: str = "") -> Verdict:

@@ -157,7 +157,7 @@ class Verdict:
 
     @property
     def revoked(self) -> bool:
-        return self.reason.startswith("CapacityRevoked")
+        return self.reason.startswith(Phase.REVOKED)
 
 
 def verdict(req: ProvisioningRequest) -> Verdict | None:

@@ -32,8 +32,13 @@ CAPACITY_NOT_FOUND = "CapacityIsNotFound"
 
 
 def status_of(req: ProvisioningRequest) -> AttemptStatus:
-    """The request's conditions as an attempt status: the one place they are read."""
-    conds = req.conditions
+    """The request's conditions as an attempt status."""
+    status = status_from(req.conditions)
+    return replace(status, created=req.creation_timestamp, asked=sum(p.count for p in req.pod_sets))
+
+
+def status_from(conds: Mapping[str, Condition]) -> AttemptStatus:
+    """Conditions of a request as an attempt status: the one place they are read."""
     provisioned = conds.get(Phase.PROVISIONED.value)
     failed = conds.get(Phase.FAILED.value)
     return AttemptStatus(
@@ -46,9 +51,11 @@ def status_of(req: ProvisioningRequest) -> AttemptStatus:
         capacity_not_found=any(
             c is not None and c.reason == CAPACITY_NOT_FOUND for c in (provisioned, failed)
         ),
-        created=req.creation_timestamp,
-        asked=sum(p.count for p in req.pod_sets),
     )
+
+
+CONDITION_TYPES = tuple(p.value for p in Phase if p is not Phase.PENDING)
+"""The request conditions gangcheck reads (shown by diagnose)."""
 
 
 def _signal(condition: Condition) -> Signal:

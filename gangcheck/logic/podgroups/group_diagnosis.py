@@ -20,16 +20,16 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
-    ended_verdict,
     fit_verdict,
     human_duration,
+    in_flight_verdict,
     nodes_needed,
     place_in,
     request_facts,
-    until,
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of, is_gated
 from gangcheck.logic.podgroups.podgroup import (
@@ -58,7 +58,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import ProvisioningRequest, is_true, request_of
+from gangcheck.model.objects import ProvisioningRequest, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 
 Obj = dict[str, Any]
@@ -439,37 +439,35 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
 
 
 def _request_verdict(f: GroupFacts, req: RequestFacts, now: datetime) -> Verdict:
-    if req.phase == ROLLING_BACK:
-        done = f"; {req.outcome.summary()}" if req.outcome else ""
-        return Verdict(
-            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
-        )
-    if req.deleting:
-        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
-    conds = req.conditions
-    ended = ended_verdict(req, f.hint)
-    if ended is not None:
-        return ended
-    deadline = until("deadline", req.deadline, now)
+    return in_flight_verdict(
+        req,
+        now,
+        hint=f.hint,
+        provisioned=lambda deadline: _provisioned_verdict(f, req, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
+    )
+
+
+def _provisioned_verdict(f: GroupFacts, req: RequestFacts, deadline: str) -> Verdict:
     placement = f.placement
-    if is_true(conds, "Provisioned"):
-        if placement is None:
-            return Verdict(
-                True, "nodes", f"{req.name} is Provisioned; the fit could not be computed"
-            )
-        if placement.fits or req.phase in (FULFILLED, STARTED):
-            return Verdict(
-                True,
-                "release",
-                f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
-                "release the members (is the controller running?)",
-            )
-        return fit_verdict(placement, deadline)
-    if is_true(conds, "Accepted"):
-        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
-    else:
-        answer = "not accepted yet"
+    if placement is None:
+        return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
+    if placement.fits or req.phase in (FULFILLED, STARTED):
+        return Verdict(
+            True,
+            "release",
+            f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
+            "release the members (is the controller running?)",
+        )
+    return fit_verdict(placement, deadline)
+
+
+def _waiting_verdict(
+    f: GroupFacts, req: RequestFacts, accepted: bool, eta: str, deadline: str
+) -> Verdict:
+    answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
+    answer = answer if accepted else "not accepted yet"
+    placement = f.placement
     fit = f": {placement.summary}" if placement is not None and placement.summary else ""
     return Verdict(
         True, "request", f"capacity requested ({req.name}, {answer}{deadline}){fit}{f.hint}"
@@ -532,7 +530,7 @@ def group_phase(f: GroupFacts) -> str:
         return "pending"
     if req.phase == ROLLING_BACK:
         return "rolling back"
-    if is_true(req.conditions, "Provisioned"):
+    if req.status.has(Phase.PROVISIONED):
         arrived = f.placement.arrived if f.placement else ()
         return "fulfilling" if arrived else "provisioned"
     return "requested"

@@ -20,9 +20,9 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
-    ended_verdict,
     fit_verdict,
     human_duration,
+    in_flight_verdict,
     nodes_needed,
     place_in,
     request_facts,
@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
 from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
+from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Snapshot, gang_templates
@@ -49,7 +50,6 @@ from gangcheck.model.objects import (
     ProvisioningRequest,
     Workload,
     conditions_of,
-    is_true,
     request_of,
     workload_of,
 )
@@ -58,7 +58,6 @@ from gangcheck.model.provisioning_config import AtomicProvisioningSpec, Fulfillm
 Obj = dict[str, Any]
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
-REQUEST_CONDITIONS = ("Accepted", "Provisioned", "Failed", "BookingExpired", "CapacityRevoked")
 # Reasons a node will not lose by waiting: the gang, its flavor or the node template is wrong.
 
 
@@ -533,33 +532,25 @@ def _attempt_verdict(facts: Facts, check: CheckFacts, now: datetime) -> Verdict:
             "request",
             f"ProvisioningRequest {name} does not exist yet (is the gangcheck controller running?)",
         )
-    if req.phase == ROLLING_BACK:
-        done = f"; {req.outcome.summary()}" if req.outcome else ""
-        return Verdict(
-            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
-        )
-    if req.deleting:
-        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
-    return _conditions_verdict(facts, req, now)
+    return in_flight_verdict(
+        req,
+        now,
+        provisioned=lambda deadline: _provisioned_verdict(facts, req, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(req, accepted, eta, deadline),
+    )
 
 
-def _conditions_verdict(facts: Facts, req: RequestFacts, now: datetime) -> Verdict:
-    conds = req.conditions
-    ended = ended_verdict(req)
-    if ended is not None:
-        return ended
-    deadline = until("deadline", req.deadline, now)
-    if is_true(conds, "Provisioned"):
-        return _provisioned_verdict(facts, req, deadline)
-    if is_true(conds, "Accepted"):
-        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        eta = f" ({eta})" if eta else ""
+def _waiting_verdict(req: RequestFacts, accepted: bool, eta: str, deadline: str) -> Verdict:
+    if not accepted:
         return Verdict(
-            True,
-            "request",
-            f"waiting for the autoscaler: {req.name} accepted, not provisioned yet{eta}{deadline}",
+            True, "request", f"waiting for the autoscaler to accept {req.name}{deadline}"
         )
-    return Verdict(True, "request", f"waiting for the autoscaler to accept {req.name}{deadline}")
+    eta = f" ({eta})" if eta else ""
+    return Verdict(
+        True,
+        "request",
+        f"waiting for the autoscaler: {req.name} accepted, not provisioned yet{eta}{deadline}",
+    )
 
 
 def _provisioned_verdict(facts: Facts, req: RequestFacts, deadline: str) -> Verdict:
@@ -582,7 +573,7 @@ _MARK_READY = "waiting for gangcheck to mark the check Ready (is the controller 
 def is_gang(workload: Obj, world: World) -> bool:
     """A Workload one of our checks cares about, or one a request of ours was made for."""
     wl = workload_of(workload)
-    if set(wl.checks) & world.our_checks():
+    if set(wl.checks) & _our_checks(world):
         return True
     return any(_request_of_workload(r, wl) for r in world.requests)
 
@@ -634,7 +625,11 @@ def phase_of(facts: Facts) -> str:
         return "ready"
     if req is None or not req.found:
         return "pending"
-    if is_true(req.conditions, "Provisioned"):
+    if req.status.has(Phase.PROVISIONED):
         arrived = facts.placement.arrived if facts.placement else ()
         return "fulfilling" if arrived else "provisioned"
     return "requested"
+
+
+def _our_checks(world: World) -> set[str]:
+    return {n for n, ac in world.admission_checks.items() if checkconfig.is_ours(ac)}
