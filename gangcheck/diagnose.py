@@ -75,10 +75,15 @@ from gangcheck.logic.workloads.diagnosis import (
 )
 from gangcheck.model.names import (
     GATE,
+    JOB_UID_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     OPT_IN_LABEL,
+    POD_GROUP_LABEL,
+    PREBUILT_WORKLOAD_LABEL,
+    QUEUE_LABEL,
     UNGATED_ANNOTATION,
+    WORKLOAD_NAME_ANNOTATION,
 )
 from gangcheck.model.objects import flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
@@ -89,11 +94,6 @@ R = TypeVar("R")
 
 # Where Kueue v0.17 records a pod's Workload (sigs.k8s.io/kueue apis/kueue/v1beta2,
 # pkg/controller/constants, pkg/controller/jobs/pod/constants).
-WORKLOAD_NAME_ANNOTATION = "kueue.x-k8s.io/workload"
-PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
-POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 NODES_SHOWN = 24
 WIDTH = 100

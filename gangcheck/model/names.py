@@ -69,16 +69,26 @@ OWNER_SCALED_DOWN = "gangcheck.io/owner-scaled-down"
 
 # ---- gangcheck.io: the API group and the AdmissionCheck controller ----------------------
 CONFIG_GROUP = "gangcheck.io"
+CONFIG_VERSION = "v1alpha1"
 CONTROLLER_NAME = "gangcheck.io/atomic-provisioning"
 
 # ---- Kueue ------------------------------------------------------------------------------
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
 """Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
+WORKLOAD_NAME_ANNOTATION = "kueue.x-k8s.io/workload"
+PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # ---- ProvisioningRequest (autoscaling.x-k8s.io) -----------------------------------------
-PROVREQ_API_VERSION = "autoscaling.x-k8s.io/v1"
+PROVREQ_GROUP = "autoscaling.x-k8s.io"
+PROVREQ_VERSION = "v1"
+PROVREQ_API_VERSION = f"{PROVREQ_GROUP}/{PROVREQ_VERSION}"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"

@@ -20,12 +20,11 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.capacity.backend import Ask, AttemptRecord, CapacityBackend, Owned
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, PROVREQ_API_VERSION
 from gangcheck.model.objects import Condition, ObjectRef, ProvisioningRequest
 
 Obj = dict[str, Any]
 
-API_VERSION = "autoscaling.x-k8s.io/v1"
 KIND = "ProvisioningRequest"
 CAPACITY_NOT_FOUND = "CapacityIsNotFound"
 """The reason cluster-autoscaler gives when no node group can host the pods."""
@@ -104,7 +103,7 @@ def template_bodies(
     the request, when it exists already: a template lost while it was in flight)."""
     owners = list(ask.owners)
     if also_owned_by is not None:
-        owners.append(owner_reference(also_owned_by.ref, API_VERSION, controller=False))
+        owners.append(owner_reference(also_owned_by.ref, PROVREQ_API_VERSION, controller=False))
     out = []
     for p in ask.pod_sets:
         name = naming.template_name(ask.attempt, p.name)

@@ -133,7 +133,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     members = _members(snap)
     noticed = _notice_ungated(snap, members)
     if group.deleting:
-        return clean_up(snap, "PodGroup deleted")
+        return _withdraw_attempts(snap, "PodGroup deleted")
     state = group.annotations.get(STATE_ANNOTATION, "")
     if not members.gated and not snap.requests and state in ("", RELEASED, NOT_A_GANG):
         return _with(noticed, _after_release(snap, members) if state == RELEASED else None)
@@ -146,7 +146,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
     if state == RELEASED:
         return _release_late(snap, members)
     if state == GAVE_UP:
-        return clean_up(snap, "the PodGroup gave up")
+        return _withdraw_attempts(snap, "the PodGroup gave up")
     if group.problem:
         return _status(snap, FAILED, group.problem, warn="InvalidPodGroup")
     if not group.is_gang:
@@ -177,7 +177,7 @@ def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDeci
     elif req.deleting:
         decision = GroupDecision(requeue_after=1.0)
     else:
-        decision = _follow(snap, members, req, now)
+        decision = _in_flight(snap, members, req, now)
     return replace(decision, actions=stale + decision.actions)
 
 
@@ -240,7 +240,7 @@ def _first(
     return replace(decision, actions=actions, events=(*decision.events, event))
 
 
-def _follow(
+def _in_flight(
     snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, now: datetime
 ) -> GroupDecision:
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
@@ -603,7 +603,7 @@ def group_key(group: PodGroup) -> str:
     return f"{group.short}/{group.ref.name}"
 
 
-def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
+def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
     """Withdraw the group's attempts (lifecycle.clean_up)."""
     return GroupDecision(
         actions=lifecycle.clean_up(

@@ -50,6 +50,7 @@ from gangcheck.model.names import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
+    KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     REQUIRED_TOPOLOGY_ANNOTATION,
@@ -70,7 +71,6 @@ MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
 DEADLINE_SLACK_SECONDS = 2.0
-WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,9 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     """Everything the check controller does for one Workload and one of our checks."""
     wl, state = snap.workload, snap.workload.checks.get(snap.check)
     if wl.deleting or wl.is_finished or wl.is_evicted:
-        return clean_up(snap, _why_cleanup(wl))
+        return _withdraw_attempts(snap, _why_cleanup(wl))
     if state is None:
-        return clean_up(snap, "the check is no longer listed on the Workload")
+        return _withdraw_attempts(snap, "the check is no longer listed on the Workload")
     if not wl.has_quota_reservation:
         return Decision()  # as Kueue: quota lost outside eviction keeps the request
     if snap.competing:
@@ -157,7 +157,7 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     """The decision, plus deleting every request of the check, each with an Event."""
-    gone = clean_up(snap, why).actions
+    gone = _withdraw_attempts(snap, why).actions
     events = tuple(
         Event("ProvisioningRequestDeleted", f"Deleted ProvisioningRequest {a.name!r}: {why}")
         for a in gone
@@ -166,7 +166,7 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     return replace(decision, actions=(*gone, *decision.actions), events=(*decision.events, *events))
 
 
-def clean_up(snap: Snapshot, why: str) -> Decision:
+def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
     """Withdraw every attempt this Workload has for this check (lifecycle.clean_up)."""
     return Decision(
         actions=lifecycle.clean_up(
@@ -361,7 +361,7 @@ def _pending(
     elif req.deleting:
         decision = Decision(requeue_after=1.0)
     else:
-        decision = _follow(snap, state, req, now)
+        decision = _in_flight(snap, state, req, now)
     return replace(decision, actions=stale + decision.actions)
 
 
@@ -453,7 +453,7 @@ def _ask(
         record=record or {},
         capacity_class=snap.config.provisioning_class_name,
         parameters=request_parameters(snap.config.parameters, wl.annotations),
-        owners=(owner_reference(wl.ref, WORKLOAD_API_VERSION),),
+        owners=(owner_reference(wl.ref, KUEUE_API_VERSION),),
         existing=frozenset(snap.templates),
     )
 
@@ -464,7 +464,9 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
     return req.class_name == snap.config.provisioning_class_name and req.parameters == wanted
 
 
-def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
+def _in_flight(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
     """The request exists: hand it its templates, replace it if stale, then as the core says."""
     if rollback.is_rolling_back(req):
         decision = _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
