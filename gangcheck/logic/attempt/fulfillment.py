@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
+from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (
@@ -30,7 +31,6 @@ from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR, RESERVED_ANNOTATION
-from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 Obj = dict[str, Any]
@@ -105,7 +105,7 @@ class Fulfillment:
     """The topology domain each constrained pod set is pinned to: (label key, value)."""
 
 
-def request_key(req: ProvisioningRequest) -> str:
+def request_key(req: AttemptRecord) -> str:
     return f"{req.ref.namespace}/{req.name}"
 
 
@@ -123,7 +123,7 @@ def gang_of(
 
 def assess(
     capacity: Capacity | None,
-    req: ProvisioningRequest,
+    req: AttemptRecord,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     now: datetime | None = None,
 ) -> Fulfillment:
@@ -204,7 +204,7 @@ def _fulfillment(
 
 
 def _partition(
-    capacity: Capacity, req: ProvisioningRequest, members: list[Member], now: datetime | None
+    capacity: Capacity, req: AttemptRecord, members: list[Member], now: datetime | None
 ) -> tuple[list[Obj], list[Obj]]:
     """(nodes the request counts already, new arrivals it may claim in order)."""
     key, created = request_key(req), parse_time(req.creation_timestamp)
@@ -287,7 +287,7 @@ def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:
     return tuple(Reservation(r.name, r.node_labels, r.nodes) for r in config.reservations)
 
 
-def capacity_used(req: ProvisioningRequest) -> dict[str, int]:
+def capacity_used(req: AttemptRecord) -> dict[str, int]:
     """A fulfilled request's gang by capacity: reserved (placed before asking) and new."""
     raw = req.annotations.get(RESERVED_ANNOTATION, "0")
     reserved = int(raw) if raw.isdigit() else 0

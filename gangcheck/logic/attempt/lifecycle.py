@@ -28,7 +28,7 @@ from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, 
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, dra_hint, request_key
 from gangcheck.logic.attempt.hold import held_nodes
 from gangcheck.logic.attempt.reclaim import arrived_for
-from gangcheck.logic.capacity.backend import CapacityBackend
+from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import (
@@ -39,7 +39,6 @@ from gangcheck.model.names import (
     RESERVED_ANNOTATION,
     STARTED,
 )
-from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, RetryStrategy
 
 ROLLBACK_REQUEUE_SECONDS = 0.2
@@ -60,7 +59,7 @@ class Progress(StrEnum):
 class Attempt:
     """One attempt in flight, with what its decision needs."""
 
-    request: ProvisioningRequest
+    request: AttemptRecord
     """The attempt's record (gangcheck's annotations on the backend's object)."""
     status: AttemptStatus
     gang: GangSpec
@@ -193,7 +192,7 @@ def backoff_seconds(attempt: int, strategy: RetryStrategy) -> int:
     )
 
 
-def fulfilled(req: ProvisioningRequest) -> tuple[Action, ...]:
+def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
     """Mark the request fulfilled: it no longer claims or holds back new nodes."""
     if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
         return ()
@@ -212,7 +211,7 @@ def record(
     }
 
 
-def release_hold(capacity: Capacity | None, req: ProvisioningRequest) -> tuple[Action, ...]:
+def release_hold(capacity: Capacity | None, req: AttemptRecord) -> tuple[Action, ...]:
     """Lift the hold from the nodes recorded for this request that still carry one: its gang
     has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
     nodes = capacity.nodes if capacity else ()
@@ -222,7 +221,7 @@ def release_hold(capacity: Capacity | None, req: ProvisioningRequest) -> tuple[A
 
 
 def clean_up(
-    requests: Sequence[ProvisioningRequest],
+    requests: Sequence[AttemptRecord],
     *,
     capacity: Capacity | None,
     config: AtomicProvisioningSpec | None,
@@ -245,7 +244,7 @@ def clean_up(
 
 
 def superseded(
-    requests: Sequence[ProvisioningRequest],
+    requests: Sequence[AttemptRecord],
     current: str,
     *,
     capacity: Capacity | None,
@@ -261,7 +260,7 @@ def superseded(
     )
 
 
-def until_deadline(req: ProvisioningRequest, now: datetime) -> float:
+def until_deadline(req: AttemptRecord, now: datetime) -> float:
     """When to look again at an attempt in flight: by its deadline, at most every 5 s."""
     deadline = rollback.deadline_of(req)
     left = (deadline - now).total_seconds() if deadline else LOOK_AGAIN_SECONDS

@@ -22,6 +22,7 @@ from datetime import datetime
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, Obj, ReclaimArrivals
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
 from gangcheck.logic.attempt.reclaim import Outcome, arrived_for
+from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
@@ -34,21 +35,20 @@ from gangcheck.model.names import (
     ROLLING_BACK,
     STARTED,
 )
-from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 
-def is_rolling_back(req: ProvisioningRequest) -> bool:
+def is_rolling_back(req: AttemptRecord) -> bool:
     return req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK
 
 
-def deadline_of(req: ProvisioningRequest) -> datetime | None:
+def deadline_of(req: AttemptRecord) -> datetime | None:
     raw = req.annotations.get(DEADLINE_ANNOTATION)
     return parse_time(raw) if raw else None
 
 
 def trigger(
-    req: ProvisioningRequest,
+    req: AttemptRecord,
     status: AttemptStatus,
     capacity: Capacity | None,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
@@ -86,9 +86,7 @@ def _autoscaler_said(note: Signal | None) -> str:
     return f"; the autoscaler said {said or note.reason}"
 
 
-def start(
-    req: ProvisioningRequest, capacity: Capacity | None, why: str
-) -> tuple[AnnotateRequest, Event]:
+def start(req: AttemptRecord, capacity: Capacity | None, why: str) -> tuple[AnnotateRequest, Event]:
     """Mark the request rolling back, with the nodes that arrived for it so far."""
     arrived = {
         n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
@@ -105,7 +103,7 @@ def start(
     return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}", warning=True)
 
 
-def reclaim(req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str) -> ReclaimArrivals:
+def reclaim(req: AttemptRecord, capacity: Capacity | None, reclaimer: str) -> ReclaimArrivals:
     """Reclaim the nodes recorded when the rollback began, plus any that arrived since."""
     try:
         recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
@@ -125,7 +123,7 @@ def reclaim(req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str)
 
 
 def abandon(
-    req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str, why: str
+    req: AttemptRecord, capacity: Capacity | None, reclaimer: str, why: str
 ) -> tuple[Action, ...]:
     """The gang of this attempt is gone: what to do before its request is deleted.
 
@@ -160,7 +158,7 @@ class Verdict:
         return self.reason.startswith(Phase.REVOKED)
 
 
-def verdict(req: ProvisioningRequest) -> Verdict | None:
+def verdict(req: AttemptRecord) -> Verdict | None:
     """The recorded outcome of the rollback, once the reclaim is done."""
     raw = req.annotations.get(OUTCOME_ANNOTATION)
     if not raw:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from gangcheck.logic.attempt.actions import Action
 from gangcheck.logic.capacity.status import AttemptStatus
-from gangcheck.model.objects import ObjectRef
+from gangcheck.model.objects import ObjectRef, RequestPodSet
 
 Obj = dict[str, Any]
 
@@ -68,13 +68,28 @@ class Owned:
 
 
 class AttemptRecord(Protocol):
-    """The object anchoring an attempt: its name, identity and gangcheck's record."""
+    """The object anchoring an attempt, as the attempt core reads it: its identity, when it
+    was made, what it asks for, and gangcheck's record of it (annotations: number, deadline,
+    phase, rollback). A ProvisioningRequest is one (model/objects.py); a backend without a
+    request object of its own anchors the record on an object it makes for the attempt."""
 
     @property
     def ref(self) -> ObjectRef: ...
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def annotations(self) -> dict[str, str]: ...
+
+    @property
+    def creation_timestamp(self) -> str: ...
+
+    @property
+    def deleting(self) -> bool: ...
+
+    @property
+    def pod_sets(self) -> tuple[RequestPodSet, ...]: ...
 
 
 class CapacityBackend(Protocol):

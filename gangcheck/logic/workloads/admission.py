@@ -320,9 +320,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
-    return _outcome(
-        snap, snap.workload.checks[snap.check], req, lifecycle.start_rollback(attempt, trigger), now
-    )
+    return _rolling(lifecycle.start_rollback(attempt, trigger))
 
 
 def members_scheduled(capacity: Capacity | None, request: str) -> int:
