@@ -483,6 +483,17 @@ class GangRow:
         return self.members_note or "-"
 
 
+def attempt_phase(req: RequestFacts | None, placement: Placement | None) -> str:
+    """pending, rolling back, provisioned, fulfilling or requested: where the attempt is."""
+    if req is None or not req.found:
+        return "pending"
+    if req.phase == ROLLING_BACK:
+        return "rolling back"
+    if req.status.has(Phase.PROVISIONED):
+        return "fulfilling" if placement is not None and placement.arrived else "provisioned"
+    return "requested"
+
+
 def nodes_needed(placement: Placement | None) -> int | None:
     """Nodes the gang takes when it fits; else the nodes in use plus as many more of the
     same yield as the members left over need. None when no node takes a member."""

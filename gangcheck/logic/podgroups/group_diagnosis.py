@@ -20,6 +20,7 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
+    attempt_phase,
     fit_verdict,
     human_duration,
     in_flight_verdict,
@@ -29,7 +30,6 @@ from gangcheck.logic.attempt.explain import (
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
-from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of, is_gated
 from gangcheck.logic.podgroups.podgroup import (
@@ -53,7 +53,6 @@ from gangcheck.model.names import (
     NEXT_ATTEMPT_ANNOTATION,
     OPT_IN_LABEL,
     REQUEST_ANNOTATION,
-    ROLLING_BACK,
     STARTED,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
@@ -526,14 +525,7 @@ def group_phase(f: GroupFacts) -> str:
         return "backoff"
     if not f.state:
         return "new"
-    if req is None or not req.found:
-        return "pending"
-    if req.phase == ROLLING_BACK:
-        return "rolling back"
-    if req.status.has(Phase.PROVISIONED):
-        arrived = f.placement.arrived if f.placement else ()
-        return "fulfilling" if arrived else "provisioned"
-    return "requested"
+    return attempt_phase(req, f.placement)
 
 
 def group_row(facts: GroupFacts, now: datetime) -> GangRow:

@@ -20,6 +20,7 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
+    attempt_phase,
     fit_verdict,
     human_duration,
     in_flight_verdict,
@@ -31,7 +32,6 @@ from gangcheck.logic.attempt.explain import (
 from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
-from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Snapshot, gang_templates
@@ -623,12 +623,7 @@ def phase_of(facts: Facts) -> str:
         return "rolling back"
     if (check is not None and check.state == READY) or (req is not None and req.phase == FULFILLED):
         return "ready"
-    if req is None or not req.found:
-        return "pending"
-    if req.status.has(Phase.PROVISIONED):
-        arrived = facts.placement.arrived if facts.placement else ()
-        return "fulfilling" if arrived else "provisioned"
-    return "requested"
+    return attempt_phase(req, facts.placement)
 
 
 def _our_checks(world: World) -> set[str]:
