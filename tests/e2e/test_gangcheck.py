@@ -40,7 +40,6 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.model.names import ARRIVED_FOR
 from tests.e2e.conftest import E2E_NODE_GROUPS, GPU_TAINT, Cluster
 from tests.e2e.helpers import (
     CLUSTER_QUEUE,
@@ -63,6 +62,7 @@ BIG, SMALL = E2E_NODE_GROUPS
 GPU = "nvidia.com/gpu"
 GPU_TYPE = "gangcheck.io/gpu-type"
 NODE_GROUP_LABEL = "gangcheck.io/nodegroup"
+ARRIVED_FOR = "gangcheck.io/arrived-for"
 OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
 KUEUE_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"

@@ -33,7 +33,6 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.model.names import GATE
 from tests.e2e.conftest import E2E_NODE_GROUPS, GPU_TAINT, Cluster
 from tests.e2e.helpers import delete_quietly, eventually, is_true, node_ready, unique
 from tests.e2e.test_gangcheck import (
@@ -47,6 +46,7 @@ from tests.e2e.test_gangcheck import (
 
 Obj = dict[str, Any]
 BIG = E2E_NODE_GROUPS[0]
+GATE = "gangcheck.io/provisioning"
 OPT_IN = {"gangcheck.io/gang-provisioning": "enabled"}
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 
