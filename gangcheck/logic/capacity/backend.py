@@ -13,6 +13,11 @@ labelled with the attempt and naming a NodePool):
 - ``follow``: upkeep while the attempt is in flight (nothing, or re-creating a lost claim);
 - ``withdraw``: the actions that end the ask (delete the NodeClaims).
 Reclaiming what arrived for a rolled-back attempt is a seam of its own (gangcheck/reclaim/).
+
+At the edge, a second backend adds its action types (logic/attempt/actions.py) with their
+handlers (reconcile/apply.py), and hands the snapshots of both gang sources its records
+(`AttemptRecord`, e.g. read from an object it anchors each attempt on) and itself as
+``backend`` (an instance may hold what ``status_of`` reads, such as the attempt's NodeClaims).
 """
 
 from __future__ import annotations
