@@ -211,6 +211,11 @@ def record(
     }
 
 
+def asked(backend: CapacityBackend, attempt: str) -> Event:
+    """The Event saying capacity was asked for, in the backend's words."""
+    return Event(f"{backend.kind}Created", f"Created {backend.kind} {attempt!r}")
+
+
 def release_hold(capacity: Capacity | None, req: AttemptRecord) -> tuple[Action, ...]:
     """Lift the hold from the nodes recorded for this request that still carry one: its gang
     has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""

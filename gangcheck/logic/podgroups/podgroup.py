@@ -235,7 +235,7 @@ def _first(
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     decision = _status(snap, PROVISIONING, message, request=name)
-    event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
+    event = lifecycle.asked(snap.backend, name)
     actions = snap.backend.ask(_ask(snap, gang, name, record))
     return replace(decision, actions=actions, events=(*decision.events, event))
 

@@ -402,7 +402,7 @@ def _create(
         actions=snap.backend.ask(_ask(snap, name, merged, record=record)),
         events=(
             *decision.events,
-            Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}"),
+            lifecycle.asked(snap.backend, name),
         ),
     )
 
