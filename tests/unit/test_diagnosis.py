@@ -19,7 +19,7 @@ from gangcheck.logic.attempt.explain import (
     nodes_needed,
     place,
 )
-from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.placement.fit import Rejection
 from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,

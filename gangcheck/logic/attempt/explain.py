@@ -23,7 +23,7 @@ from gangcheck.logic.attempt.fulfillment import (
     request_key,
     tolerating_hold,
 )
-from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.capacity.provreq import status_from
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.placement.dra import DraContext, Inventory

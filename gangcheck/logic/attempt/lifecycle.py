@@ -27,7 +27,7 @@ from gangcheck.logic.attempt import backoff, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event, ReleaseHold
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, dra_hint, request_key
 from gangcheck.logic.attempt.hold import held_nodes
-from gangcheck.logic.attempt.reclaim import arrived_for
+from gangcheck.logic.attempt.records import arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time

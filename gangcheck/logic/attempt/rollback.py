@@ -21,7 +21,7 @@ from datetime import datetime
 
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, Obj, ReclaimArrivals
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
-from gangcheck.logic.attempt.reclaim import Outcome, arrived_for
+from gangcheck.logic.attempt.records import Outcome, arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
 from gangcheck.logic.timefmt import parse_time
