@@ -1,4 +1,4 @@
-"""Opens nodes that registered closed and that no waiting gang records (logic/arrivals.py)."""
+"""Opens nodes that registered closed and that no waiting gang records (attempt/arrivals)."""
 
 from __future__ import annotations
 

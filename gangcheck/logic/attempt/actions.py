@@ -52,7 +52,7 @@ class AnnotateRequest:
 
 @dataclass(frozen=True)
 class ClaimNode:
-    """Record a node as arrived for a request, and hold it for the request's gang (logic/hold),
+    """Record a node as arrived for a request, and hold it for the request's gang (hold.py),
     if it is still at this resourceVersion."""
 
     name: str
@@ -88,7 +88,7 @@ class ReleaseMembers:
 
 @dataclass(frozen=True)
 class ReleaseHold:
-    """Lift the hold (logic/hold) from these nodes: their gang has started, or a rollback
+    """Lift the hold (hold.py) from these nodes: their gang has started, or a rollback
     kept them."""
 
     nodes: tuple[str, ...]

@@ -8,7 +8,7 @@ schedulable together). Their scheduling requirements become one ProvisioningRequ
 (identical requirements grouped into one pod set), which records how many members it was
 made for; the fit demands exactly those members (the oldest, by creation), and when they fit
 on nodes that exist they are annotated to consume the request and their gates are lifted
-together. Past the deadline the attempt is rolled back like a Workload's (logic/rollback.py)
+together. Past the deadline the attempt is rolled back like a Workload's (lifecycle.py)
 and retried with backoff.
 
 Members created after the gang was read are late: they are no part of its request. Once the
