@@ -42,8 +42,17 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt.actions import MANAGED_BY, MANAGED_BY_LABEL
-from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE, PodGroupRef, group_of
+from gangcheck.logic.attempt.explain import (
+    GangRow,
+    NodeFit,
+    Placement,
+    RequestFacts,
+    Verdict,
+    World,
+    human_duration,
+)
+from gangcheck.logic.capacity.provreq import CONDITION_TYPES
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, PodGroupRef, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
     gather_group,
@@ -52,25 +61,29 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     in_flight,
     members_by_group,
 )
-from gangcheck.logic.podgroups.podgroup import RELEASED, UNGATED_ANNOTATION
+from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
-    REQUEST_CONDITIONS,
     Facts,
-    GangRow,
-    NodeFit,
-    Placement,
-    RequestFacts,
     Target,
     TargetError,
-    Verdict,
-    World,
     gang_row,
     gather,
-    human_duration,
     is_gang,
     parse_target,
     verdict,
+)
+from gangcheck.model.names import (
+    GATE,
+    JOB_UID_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OPT_IN_LABEL,
+    POD_GROUP_LABEL,
+    PREBUILT_WORKLOAD_LABEL,
+    QUEUE_LABEL,
+    UNGATED_ANNOTATION,
+    WORKLOAD_NAME_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
@@ -80,11 +93,6 @@ R = TypeVar("R")
 
 # Where Kueue v0.17 records a pod's Workload (sigs.k8s.io/kueue apis/kueue/v1beta2,
 # pkg/controller/constants, pkg/controller/jobs/pod/constants).
-WORKLOAD_NAME_ANNOTATION = "kueue.x-k8s.io/workload"
-PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
-POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 NODES_SHOWN = 24
 WIDTH = 100
@@ -642,7 +650,7 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
     lines = [where]
     rows = [
         [kind, c.status, c.reason, _cut(c.message, 60)]
-        for kind in REQUEST_CONDITIONS
+        for kind in CONDITION_TYPES
         if (c := req.conditions.get(kind)) is not None
     ]
     lines += [f"  {line}" for line in _table(rows)] or ["  no conditions yet"]

@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gangcheck.model.names import CONFIG_ANNOTATION
+
 ENV_PREFIX = "GANGCHECK_"
 ENV_SEPARATOR = "__"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -420,7 +422,7 @@ class PodGroupSettings(_Section):
         Field(
             description=(
                 "AtomicProvisioningConfig used for PodGroups that name none in the annotation "
-                "gangcheck.io/provisioning-config; empty means the built-in defaults."
+                f"{CONFIG_ANNOTATION}; empty means the built-in defaults."
             ),
         ),
     ] = ""

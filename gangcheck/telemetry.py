@@ -42,6 +42,7 @@ from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
 from gangcheck.logic.podgroups import podgroup as pg
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.logic.workloads.admission import Decision, Snapshot
+from gangcheck.model.names import MESSAGE_ANNOTATION, STATE_ANNOTATION
 from gangcheck.settings import OtlpTraces, TracingSettings, otlp_traces
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -556,9 +557,9 @@ def _check_outcome(snap: Snapshot, decision: Decision) -> dict[str, AttributeVal
 
 def _group_outcome(snap: GroupSnapshot, decision: GroupDecision) -> dict[str, AttributeValue]:
     annotations = {**snap.group.annotations, **(decision.status or {})}
-    state = annotations.get(pg.STATE_ANNOTATION, "")
+    state = annotations.get(STATE_ANNOTATION, "")
     outcome = _GROUP_OUTCOMES.get(state, "none")
-    reason = annotations.get(pg.MESSAGE_ANNOTATION, "")
+    reason = annotations.get(MESSAGE_ANNOTATION, "")
     rolling_back = _rollback_reason(decision.actions, decision.events)
     if rolling_back is not None and outcome in ("wait", "ready"):
         outcome, reason = "rollback", rolling_back

@@ -3,7 +3,7 @@
 kube-apiserver sends an ``admission.k8s.io/v1`` AdmissionReview for every pod created in an
 opted-in namespace (the MutatingWebhookConfiguration in manifests/base/webhook.yaml); the
 answer adds the scheduling gate ``gangcheck.io/provisioning`` to members of a PodGroup
-(gangcheck/logic/gating.py decides). Gating is best effort: the answer always allows the pod,
+(logic/podgroups/gating.py decides). Gating is best effort: the answer always allows the pod,
 and the configuration's ``failurePolicy: Ignore`` lets pods through when this server is down.
 
 The serving certificate is read from files (a Secret volume, which cert-manager or a person

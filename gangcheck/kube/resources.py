@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gangcheck.model.names import (
+    CONFIG_GROUP,
+    CONFIG_VERSION,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    PROVREQ_GROUP,
+    PROVREQ_VERSION,
+)
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -29,19 +38,19 @@ class Resource:
         return f"{self.collection_path(namespace)}/{name}"
 
 
-WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+WORKLOAD = Resource(KUEUE_GROUP, KUEUE_VERSION, "workloads", "Workload")
 ADMISSION_CHECK = Resource(
-    "kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", namespaced=False
+    KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", "AdmissionCheck", namespaced=False
 )
 RESOURCE_FLAVOR = Resource(
-    "kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False
+    KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", "ResourceFlavor", namespaced=False
 )
 PROVISIONING_REQUEST = Resource(
-    "autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest"
+    PROVREQ_GROUP, PROVREQ_VERSION, "provisioningrequests", "ProvisioningRequest"
 )
 ATOMIC_CONFIG = Resource(
-    "gangcheck.io",
-    "v1alpha1",
+    CONFIG_GROUP,
+    CONFIG_VERSION,
     "atomicprovisioningconfigs",
     "AtomicProvisioningConfig",
     namespaced=False,
@@ -61,9 +70,9 @@ MACHINE_DEPLOYMENT = Resource(
     "cluster.x-k8s.io", "v1beta1", "machinedeployments", "MachineDeployment"
 )
 CLUSTER_QUEUE = Resource(
-    "kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False
+    KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", "ClusterQueue", namespaced=False
 )
-LOCAL_QUEUE = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+LOCAL_QUEUE = Resource(KUEUE_GROUP, KUEUE_VERSION, "localqueues", "LocalQueue")
 JOB = Resource("batch", "v1", "jobs", "Job")
 UPSTREAM_POD_GROUP_V1BETA1 = Resource("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup")
 UPSTREAM_POD_GROUP_V1ALPHA2 = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup")

@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gangcheck.model.names import WORKLOAD_UID_ANNOTATION
+
 Obj = dict[str, Any]
 """An API object (or any JSON object) as the API server sends it: a plain, mutable dict."""
 ReadOnlyObj = Mapping[str, Any]
 """An API object only read, never changed: what code that only reads it accepts, so that a
 frozen mapping or a typed dict may be passed as well."""
-
-WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,13 @@ from gangcheck.kube.resources import (
     NODE_CLAIM,
     Resource,
 )
+from gangcheck.model.names import OWNER_SCALED_DOWN, SCALED_DOWN_FOR
 from gangcheck.model.objects import Obj
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
-SCALED_DOWN_FOR = "gangcheck.io/scaled-down-for-machine"
-"""On a MachineSet/MachineDeployment, written in the same patch as the decrement: the uid of
-the Machine it was decremented for, so a retry after a lost answer sees it was done."""
-OWNER_SCALED_DOWN = "gangcheck.io/owner-scaled-down"
-"""On a Machine: its owner has been scaled down for it; never again (across restarts)."""
 SCALE_ATTEMPTS = 5
 
 

@@ -36,9 +36,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
 from gangcheck.logic.attempt.reclaim import (
-    RECLAIM_TAINT,
     RECLAIM_TAINT_ENTRY,
-    RECLAIM_WHEN_IDLE,
     Judgement,
     held_seconds,
     is_fenced,
@@ -47,6 +45,7 @@ from gangcheck.logic.attempt.reclaim import (
     unfence_ops,
 )
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 

@@ -18,13 +18,6 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import (
-    CHECK_ANNOTATION,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    OUTCOME_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
-    WORKLOAD_ANNOTATION,
-    WORKLOAD_UID_ANNOTATION,
     Action,
     AdoptTemplate,
     AnnotateRequest,
@@ -37,9 +30,19 @@ from gangcheck.logic.attempt.actions import (
     ReleaseHold,
     ReleaseMembers,
 )
-from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
-from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    CHECK_ANNOTATION,
+    GROUP_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OUTCOME_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+)
 from gangcheck.model.objects import Obj
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches

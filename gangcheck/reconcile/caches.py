@@ -24,15 +24,16 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.attempt import rollback
-from gangcheck.logic.attempt.actions import (
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
+from gangcheck.logic.workloads import checkconfig
+from gangcheck.model.names import (
     CHECK_ANNOTATION,
+    GROUP_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    OPT_IN_LABEL,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
-from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
-from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.objects import Flavor, Obj, flavor_of
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"

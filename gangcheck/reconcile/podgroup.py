@@ -19,14 +19,15 @@ from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
-from gangcheck.logic.workloads.admission import TemplateInfo, delete_request
+from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSAGE_ANNOTATION
 from gangcheck.model.objects import Obj, ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.attempts import owners_by_name, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.workload import in_flight_capacity, owner_uids
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -94,13 +95,9 @@ class PodGroupReconciler:
         requests = tuple(
             request_of(r)
             for r in self._caches.requests_of_group(ns, key)
-            if (r["metadata"].get("annotations") or {}).get(podgroup.GROUP_UID_ANNOTATION)
-            == group.ref.uid
+            if (r["metadata"].get("annotations") or {}).get(GROUP_UID_ANNOTATION) == group.ref.uid
         )
-        templates = {
-            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
-            for t in self._caches.templates_of_group(ns, key)
-        }
+        templates = owners_by_name(self._caches.templates_of_group(ns, key))
         return GroupSnapshot(
             group=group,
             members=tuple(self._caches.members_of(ns, api_group, group.ref.name)),
@@ -114,9 +111,7 @@ class PodGroupReconciler:
         )
 
     def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
-        return self._config_named(
-            group.annotations.get(podgroup.CONFIG_ANNOTATION) or self._options.config
-        )
+        return self._config_named(group.annotations.get(CONFIG_ANNOTATION) or self._options.config)
 
     def _config_named(self, name: str) -> tuple[AtomicProvisioningSpec | None, str]:
         if not name:
@@ -174,23 +169,15 @@ class PodGroupReconciler:
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-        capacity = in_flight_capacity(self._caches)
-        for req in requests:
-            annotations = req["metadata"].get("annotations") or {}
-            if annotations.get(podgroup.GROUP_UID_ANNOTATION) == live_uid:
-                continue
-            orphan = request_of(req)
-            reclaimer = self._reclaimer(annotations.get(podgroup.CONFIG_ANNOTATION, ""))
-            reclaim = rollback.abandon(orphan, capacity, reclaimer, GROUP_GONE)
-            log.info(
-                "withdrawing %s: %s (%d steps to reclaim what arrived)",
-                orphan.name,
-                GROUP_GONE,
-                len(reclaim),
-                extra={"object": f"{namespace}/{name}"},
-            )
-            for action in (*reclaim, delete_request(orphan, GROUP_GONE)):
-                await self._applier.apply(namespace, action)
+        await withdraw_orphans(
+            self._applier,
+            self._caches,
+            requests,
+            is_orphan=lambda r: _annotations(r).get(GROUP_UID_ANNOTATION) != live_uid,
+            reclaimer_of=lambda r: self._reclaimer(_annotations(r).get(CONFIG_ANNOTATION, "")),
+            why=GROUP_GONE,
+            at=f"{namespace}/{name}",
+        )
         return Result()
 
     async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:
@@ -214,9 +201,9 @@ class PodGroupReconciler:
     async def _note_missing(self, pod: Obj, api_group: str, name: str, *, served: bool) -> None:
         text = podgroup.missing_group_message(api_group, name, served=served)
         meta = pod["metadata"]
-        if (meta.get("annotations") or {}).get(podgroup.MESSAGE_ANNOTATION) == text:
+        if (meta.get("annotations") or {}).get(MESSAGE_ANNOTATION) == text:
             return
-        patch = {"metadata": {"annotations": {podgroup.MESSAGE_ANNOTATION: text}}}
+        patch = {"metadata": {"annotations": {MESSAGE_ANNOTATION: text}}}
         try:
             updated = await self._kube.merge_patch(POD, meta["name"], patch, meta["namespace"])
         except (NotFoundError, ConflictError):
@@ -224,3 +211,7 @@ class PodGroupReconciler:
         self._caches.pods.store.put_if_newer(updated)
         ref = ObjectRef("Pod", meta["namespace"], meta["name"], meta.get("uid", ""), "v1")
         await self._events.emit(ref, Event("PodGroupNotFound", text, warning=True))
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})

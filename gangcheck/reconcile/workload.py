@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -16,31 +16,24 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic.attempt import naming, rollback
-from gangcheck.logic.attempt.actions import (
-    FULFILLED,
-    PHASE_ANNOTATION,
-    ROLLING_BACK,
-    STARTED,
-    Action,
-    DeleteRequest,
-    DeleteTemplate,
-    Event,
-)
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import Action, DeleteRequest, DeleteTemplate, Event
+from gangcheck.logic.capacity.backend import Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
     MAX_MESSAGE,
     Decision,
     Snapshot,
-    TemplateInfo,
     decide,
-    delete_request,
 )
-from gangcheck.model.objects import Obj, Workload, conditions_of, is_true, request_of, workload_of
+from gangcheck.model.objects import Obj, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
+from gangcheck.reconcile.attempts import owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
+from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
@@ -102,7 +95,7 @@ class WorkloadReconciler:
         )
         requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
         templates = {
-            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
+            t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
             for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
         }
         return Snapshot(
@@ -144,22 +137,15 @@ class WorkloadReconciler:
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        capacity = in_flight_capacity(self._caches)
-        for req in requests:
-            orphan = request_of(req)
-            if orphan.workload_uid == live_uid:
-                continue
-            reclaimer = self._caches.reclaimer_of(check_of(req))
-            reclaim = rollback.abandon(orphan, capacity, reclaimer, WL_GONE)
-            log.info(
-                "withdrawing %s: %s (%d steps to reclaim what arrived)",
-                orphan.name,
-                WL_GONE,
-                len(reclaim),
-                extra={"object": f"{namespace}/{name}"},
-            )
-            for action in (*reclaim, delete_request(orphan, WL_GONE)):
-                await self._applier.apply(namespace, action)
+        await withdraw_orphans(
+            self._applier,
+            self._caches,
+            requests,
+            is_orphan=lambda r: request_of(r).workload_uid != live_uid,
+            reclaimer_of=lambda r: self._caches.reclaimer_of(check_of(r)),
+            why=WL_GONE,
+            at=f"{namespace}/{name}",
+        )
         for tpl in templates:
             if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace
@@ -216,8 +202,8 @@ class WorkloadReconciler:
     def _provisioned_since(self, wl: Workload, check: str, attempt: int) -> datetime | None:
         name = naming.request_name(wl.ref.name, check, attempt)
         obj = self._caches.requests.store.get(name, wl.ref.namespace)
-        condition = conditions_of(obj).get("Provisioned") if obj else None
-        return parse_time(condition.last_transition_time) if condition else None
+        status = PROVISIONING_REQUEST.status_of(request_of(obj)) if obj else None
+        return parse_time(status.signal(Phase.PROVISIONED).since) if status else None
 
     async def _report_failed_create(
         self, wl: Workload, check: str, action: Action, error: ApiError
@@ -257,74 +243,6 @@ class WorkloadReconciler:
         return True
 
 
-def owner_uids(obj: Obj) -> list[str]:
-    return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
-
-
 def _owner_name(obj: Obj) -> str:
     refs = obj["metadata"].get("ownerReferences") or [{}]
     return str(refs[0].get("name", ""))
-
-
-def _key(obj: Obj) -> str:
-    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-
-
-def _is_waiting(req: Obj) -> bool:
-    """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
-    return is_true(conditions_of(req), "Provisioned") and _is_open(req)
-
-
-def _is_open(req: Obj) -> bool:
-    """Neither fulfilled nor done: capacity may still arrive for it."""
-    if req["metadata"].get("deletionTimestamp"):
-        return False
-    phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
-    if phase in (FULFILLED, STARTED, ROLLING_BACK):
-        return False
-    conditions = conditions_of(req)
-    ended = ("Failed", "CapacityRevoked", "BookingExpired")
-    return not any(is_true(conditions, c) for c in ended)
-
-
-def waiting_requests(
-    requests: Iterable[Obj], *, is_waiting: Callable[[Obj], bool] = _is_waiting
-) -> list[tuple[str, Obj]]:
-    """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
-    waiting = [r for r in requests if is_waiting(r)]
-    waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
-    return [(_key(r), r) for r in waiting]
-
-
-def in_flight_capacity(caches: Caches) -> Capacity:
-    """The nodes and pods the caches hold, and the requests in flight, oldest waiting first."""
-    return Capacity(
-        nodes=tuple(caches.nodes.store),
-        pods=tuple(caches.pods.store),
-        in_flight=frozenset(_key(r) for r in caches.requests.store),
-        waiting=_waiting(caches),
-        device_classes=tuple(caches.device_classes.store),
-        resource_slices=tuple(caches.resource_slices.store),
-        resource_claims=tuple(caches.resource_claims.store),
-        claim_templates=tuple(caches.claim_templates.store),
-    )
-
-
-def open_requests(caches: Caches) -> tuple[Waiting, ...]:
-    """Requests capacity may still arrive for, Provisioned or not yet (a node can register
-    before the request's Provisioned condition reaches this controller), oldest first."""
-    return _waiting(caches, is_waiting=_is_open)
-
-
-def _waiting(
-    caches: Caches, *, is_waiting: Callable[[Obj], bool] = _is_waiting
-) -> tuple[Waiting, ...]:
-    templates = caches.templates.store
-    out = []
-    for key, req in waiting_requests(caches.requests.store, is_waiting=is_waiting):
-        ns = req["metadata"]["namespace"]
-        names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
-        found = (templates.get(n, ns) for n in names)
-        created = str(req["metadata"].get("creationTimestamp") or "")
-        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
-    return tuple(out)

@@ -25,14 +25,16 @@ from gangcheck.kube.resources import (
     RESOURCE_CLAIM_TEMPLATE,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
-from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
-from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
-from gangcheck.logic.podgroups.podgroup import (
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
+from gangcheck.model.names import (
+    ARRIVED_FOR,
     ATTEMPT_ANNOTATION,
     CONFIG_ANNOTATION,
+    CONSUME_ANNOTATION,
     GANG_MEMBERS_ANNOTATION,
+    GATE,
     MESSAGE_ANNOTATION,
+    OPT_IN_LABEL,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )

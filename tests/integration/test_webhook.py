@@ -35,14 +35,12 @@ from gangcheck.kube.resources import MUTATING_WEBHOOK, NAMESPACE, POD
 from gangcheck.logic.podgroups.gating import (
     COSCHEDULING,
     COSCHEDULING_LABEL,
-    GATE,
-    GATED_AT,
-    OPT_IN_LABEL,
     OPT_IN_VALUE,
     UPSTREAM,
     gated_at,
     is_gated,
 )
+from gangcheck.model.names import GATE, GATED_AT, OPT_IN_LABEL
 from gangcheck.webhook import MUTATE_PATH, WebhookServer
 from tests.integration.harness import Cluster, eventually
 

@@ -11,12 +11,6 @@ import pytest
 from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
-    CHECK_ANNOTATION,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    OUTCOME_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
-    WORKLOAD_ANNOTATION,
     AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
@@ -31,6 +25,14 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_taint
 from gangcheck.logic.podgroups.gating import GATE
+from gangcheck.model.names import (
+    CHECK_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OUTCOME_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+)
 from gangcheck.reclaim import safely
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from tests.builders import T0, node, provisioning_request

@@ -9,27 +9,29 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.attempt.explain import (
+    NodeFit,
+    Placement,
+    RequestFacts,
+    World,
+    classify,
+    human_duration,
+    nodes_needed,
+    place,
+)
+from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.placement.fit import Rejection
 from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,
     Facts,
-    NodeFit,
-    Placement,
-    RequestFacts,
     StartFacts,
     Target,
     TargetError,
     WorkloadState,
-    World,
-    classify,
     gang_row,
     gather,
-    human_duration,
-    nodes_needed,
     parse_target,
     phase_of,
-    place,
     verdict,
 )
 from gangcheck.model.objects import Condition, Flavor, request_of

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gangcheck.logic.attempt.explain import World, place
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
     DeviceRoom,
@@ -902,7 +903,6 @@ def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
 
 
 def test_the_diagnosis_counts_devices_as_the_controller_does() -> None:
-    from gangcheck.logic.workloads.diagnosis import World, place
     from tests.builders import node as node_obj
 
     world = World(

@@ -12,7 +12,7 @@ from gangcheck.kube.errors import (
     TransientError,
 )
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
-from gangcheck.logic.attempt.actions import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from tests.builders import WorkloadBuilder, node, provisioning_request
 from tests.fakes.kube import FakeKube
 

@@ -11,8 +11,6 @@ import pytest
 from gangcheck.logic.podgroups.gating import (
     COSCHEDULING,
     COSCHEDULING_LABEL,
-    GATE,
-    GATED_AT,
     UPSTREAM,
     PodGroupRef,
     gate_patch,
@@ -20,6 +18,7 @@ from gangcheck.logic.podgroups.gating import (
     group_of,
     is_gated,
 )
+from gangcheck.model.names import GATE, GATED_AT
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 3, 1, 12, 30, 5, 123456, tzinfo=UTC)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.podgroups.gating import GATE
+from gangcheck.logic.attempt.explain import World
 from gangcheck.logic.podgroups.group_diagnosis import (
     gather_group,
     group_row,
@@ -18,7 +18,8 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     members_by_group,
 )
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
-from gangcheck.logic.workloads.diagnosis import Target, World, parse_target
+from gangcheck.logic.workloads.diagnosis import Target, parse_target
+from gangcheck.model.names import GATE
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
 from tests.builders import container, node, provisioning_request
 

@@ -39,8 +39,9 @@ from gangcheck.logic.attempt.actions import (
     CreateTemplate,
     DeleteRequest,
 )
+from gangcheck.logic.capacity.backend import Owned
 from gangcheck.logic.workloads import checkconfig
-from gangcheck.logic.workloads.admission import Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from gangcheck.reconcile.apply import made_for
@@ -98,7 +99,7 @@ def snapshot(scene: Scene) -> Snapshot:
         flavors=FLAVORS,
         requests=requests,
         templates={
-            n: TemplateInfo(n, tuple(u for u in ("uid-wl", owners.get(n)) if u)) for n in names
+            n: Owned(n, tuple(u for u in ("uid-wl", owners.get(n)) if u)) for n in names
         },
     )
 

@@ -56,3 +56,39 @@ def test_the_dev_tooling_is_not_in_the_product_distribution() -> None:
     assert not (PACKAGE / "testbed").exists()
     assert not (PACKAGE / "simcloud").exists()
     assert not (PACKAGE / "demo.py").exists()
+
+
+LOGIC = PACKAGE / "logic"
+SOURCES = {"workloads": "gangcheck.logic.workloads", "podgroups": "gangcheck.logic.podgroups"}
+EDGES = {
+    "workload.py": "gangcheck.reconcile.workload",
+    "podgroup.py": "gangcheck.reconcile.podgroup",
+}
+
+
+def _users(paths: list[Path], module: str) -> set[str]:
+    return {
+        p.relative_to(PACKAGE).as_posix()
+        for p in paths
+        if any(n == module or n.startswith(module + ".") for n in imported(p))
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "other"), [("workloads", "podgroups"), ("podgroups", "workloads")]
+)
+def test_the_gang_sources_do_not_import_each_other(source: str, other: str) -> None:
+    assert _users(sorted((LOGIC / source).rglob("*.py")), SOURCES[other]) == set()
+
+
+@pytest.mark.parametrize(
+    ("edge", "other"), [("workload.py", "podgroup.py"), ("podgroup.py", "workload.py")]
+)
+def test_the_gang_sources_edges_do_not_import_each_other(edge: str, other: str) -> None:
+    assert _users([PACKAGE / "reconcile" / edge], EDGES[other]) == set()
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_the_attempt_core_and_the_capacity_backends_import_no_gang_source(source: str) -> None:
+    core = sorted([*(LOGIC / "attempt").rglob("*.py"), *(LOGIC / "capacity").rglob("*.py")])
+    assert _users(core, SOURCES[source]) == set()

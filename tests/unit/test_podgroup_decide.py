@@ -10,7 +10,6 @@ import pytest
 
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
-    CONSUME_ANNOTATION,
     AnnotateRequest,
     CreateRequest,
     CreateTemplate,
@@ -19,8 +18,8 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity
-from gangcheck.logic.podgroups.gating import GATE
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.model.names import CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec

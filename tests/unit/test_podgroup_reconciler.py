@@ -17,8 +17,9 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
 )
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
-from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_VALUE
 from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.model.names import OPT_IN_LABEL
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.resources import ADMISSION_CHECK, EVENT, NODE
-from gangcheck.logic.attempt.actions import MANAGED_BY, MANAGED_BY_LABEL, Event
+from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import ARRIVING_TAINT
 from gangcheck.logic.attempt.reclaim import RECLAIM_WHEN_IDLE
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.safely import Target

@@ -1,5 +1,8 @@
-"""One attempt at capacity for a gang.
+"""One attempt at capacity for a gang, for any gang source.
 
-Actions, the arrival ledger, fulfillment, the capacity hold, rollback, reclaim safety, naming
-and backoff.
+``lifecycle`` is the attempt core (follow, roll back, retry or give up, withdraw); around it:
+actions, the arrival ledger and fulfillment, the capacity hold, rollback, reclaim safety,
+naming, backoff, what members ask of nodes (``demand``) and how an attempt is explained
+(``explain``). How capacity is asked for is logic/capacity/; the names written on objects are
+in model/names.py.
 """

@@ -7,24 +7,6 @@ from dataclasses import dataclass
 from gangcheck.model import objects
 from gangcheck.model.objects import Obj
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gangcheck"
-WORKLOAD_ANNOTATION = "gangcheck.io/workload"
-WORKLOAD_UID_ANNOTATION = objects.WORKLOAD_UID_ANNOTATION
-CHECK_ANNOTATION = "gangcheck.io/check"
-ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
-DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
-PHASE_ANNOTATION = "gangcheck.io/phase"
-OUTCOME_ANNOTATION = "gangcheck.io/outcome"
-ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
-ROLLBACK_NODES_ANNOTATION = "gangcheck.io/rollback-nodes"
-ROLLING_BACK = "RollingBack"
-FULFILLED = "Fulfilled"
-STARTED = "Started"
-
-CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
-CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
-
 
 @dataclass(frozen=True)
 class CreateTemplate:
@@ -68,7 +50,7 @@ class AnnotateRequest:
 
 @dataclass(frozen=True)
 class ClaimNode:
-    """Record a node as arrived for a request, and hold it for the request's gang (logic/hold),
+    """Record a node as arrived for a request, and hold it for the request's gang (hold.py),
     if it is still at this resourceVersion."""
 
     name: str
@@ -104,7 +86,7 @@ class ReleaseMembers:
 
 @dataclass(frozen=True)
 class ReleaseHold:
-    """Lift the hold (logic/hold) from these nodes: their gang has started, or a rollback
+    """Lift the hold (hold.py) from these nodes: their gang has started, or a rollback
     kept them."""
 
     nodes: tuple[str, ...]

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
+from gangcheck.logic.capacity.backend import AttemptRecord
+from gangcheck.logic.capacity.status import AttemptStatus
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (
     GangPodSet,
@@ -27,13 +29,9 @@ from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, s
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.objects import Obj, ProvisioningRequest
+from gangcheck.model.names import ARRIVED_FOR, RESERVED_ANNOTATION
+from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
-
-ARRIVED_FOR = "gangcheck.io/arrived-for"
-RESERVED_ANNOTATION = "gangcheck.io/reserved-members"
-"""On a request: members of its gang placed on reserved capacity (not asked for)."""
-OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ class Fulfillment:
     """The topology domain each constrained pod set is pinned to: (label key, value)."""
 
 
-def request_key(req: ProvisioningRequest) -> str:
+def request_key(req: AttemptRecord) -> str:
     return f"{req.ref.namespace}/{req.name}"
 
 
@@ -123,7 +121,7 @@ def gang_of(
 
 def assess(
     capacity: Capacity | None,
-    req: ProvisioningRequest,
+    req: AttemptRecord,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     now: datetime | None = None,
 ) -> Fulfillment:
@@ -204,7 +202,7 @@ def _fulfillment(
 
 
 def _partition(
-    capacity: Capacity, req: ProvisioningRequest, members: list[Member], now: datetime | None
+    capacity: Capacity, req: AttemptRecord, members: list[Member], now: datetime | None
 ) -> tuple[list[Obj], list[Obj]]:
     """(nodes the request counts already, new arrivals it may claim in order)."""
     key, created = request_key(req), parse_time(req.creation_timestamp)
@@ -287,7 +285,7 @@ def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:
     return tuple(Reservation(r.name, r.node_labels, r.nodes) for r in config.reservations)
 
 
-def capacity_used(req: ProvisioningRequest) -> dict[str, int]:
+def capacity_used(req: AttemptRecord) -> dict[str, int]:
     """A fulfilled request's gang by capacity: reserved (placed before asking) and new."""
     raw = req.annotations.get(RESERVED_ANNOTATION, "0")
     reserved = int(raw) if raw.isdigit() else 0
@@ -302,12 +300,9 @@ DRA_HINT = (
 )
 
 
-def dra_hint(req: ProvisioningRequest, gang: GangSpec) -> str:
+def dra_hint(status: AttemptStatus, gang: GangSpec) -> str:
     """Said when the autoscaler found no capacity for a gang that uses DRA claims: it cannot
     size them (kubernetes/autoscaler#10065), so waiting would be silent and endless."""
-    conds = req.conditions
-    not_found = any(
-        c in conds and conds[c].reason == "CapacityIsNotFound" for c in ("Provisioned", "Failed")
-    )
+    not_found = status.capacity_not_found
     uses_dra = any((tpl.get("spec") or {}).get("resourceClaims") for _, _, tpl in gang.pod_sets)
     return DRA_HINT if not_found and uses_dra else ""

@@ -11,7 +11,7 @@ and from the nodes a rollback keeps. It lives on the Node, so it survives a rest
 The hold starts when the arrival is recorded. A node group that serves gangs can close the
 moment before that as well: nodes registering with the taint ``ARRIVING_TAINT`` are open to no
 pod until gangcheck either records them for a waiting request (the claim swaps that taint for
-the hold) or finds that no waiting request could use them (logic/arrivals.py), and opens them.
+the hold) or finds that no waiting request could use them (arrivals.py), and opens them.
 
 A pod that tolerates every taint (``operator: Exists`` with no key: DaemonSet pods and the
 like) is not held off by any taint; the reclaim rules keep a node such a pod runs on.

@@ -12,22 +12,21 @@ patch ``test`` of that very entry), the cordon it set, and its own annotation.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
-from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
+from gangcheck.logic.attempt.fulfillment import claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    OPT_OUT_LABEL,
+    RECLAIM_TAINT,
+    RECLAIM_WHEN_IDLE,
+)
 from gangcheck.model.objects import Obj
 
-RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
-"""On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
-is being retried). Written with the fence, in the same patch, so a fence is always recorded;
-cleared when the reclaim is done or the node is kept."""
-RECLAIM_TAINT = "gangcheck.io/reclaiming"
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
 Verdict = Literal["reclaim", "drain", "keep"]
@@ -99,74 +98,9 @@ def pods_that_keep(pods: Iterable[Obj], request: str) -> tuple[str, ...]:
     )
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one rollback did to the nodes that arrived for its request."""
-
-    reclaimed: tuple[str, ...] = ()
-    draining: tuple[str, ...] = ()
-    kept: dict[str, str] = field(default_factory=dict)
-    """Kept by a safety rule, final: node -> reason."""
-    node_seconds: int = 0
-    failed: dict[str, str] = field(default_factory=dict)
-    """Not reclaimed because of an error, retried with backoff: node -> last error."""
-
-    def to_annotation(self) -> str:
-        return json.dumps(
-            {
-                "reclaimed": list(self.reclaimed),
-                "draining": list(self.draining),
-                "kept": self.kept,
-                "failed": self.failed,
-                "nodeSeconds": self.node_seconds,
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_annotation(cls, raw: str) -> Outcome:
-        try:
-            data = json.loads(raw)
-            return cls(
-                reclaimed=tuple(data.get("reclaimed") or ()),
-                draining=tuple(data.get("draining") or ()),
-                kept=dict(data.get("kept") or {}),
-                node_seconds=int(data.get("nodeSeconds") or 0),
-                failed=dict(data.get("failed") or {}),
-            )
-        except (ValueError, TypeError, AttributeError):
-            return cls(kept={"?": f"unreadable outcome {raw[:80]!r}"})
-
-    def summary(self) -> str:
-        parts = [
-            f"reclaimed {len(self.reclaimed)} node{'s' * (len(self.reclaimed) != 1)}"
-            f" ({self.node_seconds / 60:.1f} node-minutes held)"
-        ]
-        if self.draining:
-            parts.append(f"{len(self.draining)} to reclaim once the gang's pods leave")
-        if self.kept:
-            parts.append(f"kept {_each(self.kept)}")
-        if self.failed:
-            parts.append(f"failed, retrying: {_each(self.failed)}")
-        return "; ".join(parts)
-
-
-def _each(reasons: dict[str, str]) -> str:
-    """Every node with its reason: `n1 (why), n2 (why)`."""
-    return ", ".join(f"{name} ({why})" for name, why in sorted(reasons.items()))
-
-
 def held_seconds(node: Obj, now: datetime) -> int:
     born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
     return max(0, int((now - born).total_seconds())) if born else 0
-
-
-def arrived_for(nodes: Iterable[Obj], request: str) -> list[Obj]:
-    return [
-        n
-        for n in nodes
-        if (n.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR) == request
-    ]
 
 
 def our_taint_indices(node: Obj) -> list[int]:

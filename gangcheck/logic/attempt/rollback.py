@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.attempt.actions import (
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReclaimArrivals
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
+from gangcheck.logic.attempt.records import Outcome, arrived_for
+from gangcheck.logic.capacity.backend import AttemptRecord
+from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
     FULFILLED,
     OUTCOME_ANNOTATION,
@@ -28,29 +34,23 @@ from gangcheck.logic.attempt.actions import (
     ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
     STARTED,
-    Action,
-    AnnotateRequest,
-    Event,
-    ReclaimArrivals,
 )
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
-from gangcheck.logic.attempt.reclaim import Outcome, arrived_for
-from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.objects import Condition, Obj, ProvisioningRequest, is_true
+from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 
-def is_rolling_back(req: ProvisioningRequest) -> bool:
+def is_rolling_back(req: AttemptRecord) -> bool:
     return req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK
 
 
-def deadline_of(req: ProvisioningRequest) -> datetime | None:
+def deadline_of(req: AttemptRecord) -> datetime | None:
     raw = req.annotations.get(DEADLINE_ANNOTATION)
     return parse_time(raw) if raw else None
 
 
 def trigger(
-    req: ProvisioningRequest,
+    req: AttemptRecord,
+    status: AttemptStatus,
     capacity: Capacity | None,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     *,
@@ -58,38 +58,36 @@ def trigger(
     started: bool,
     now: datetime,
 ) -> str | None:
-    """Why this attempt must roll back now, if it must: a terminal condition or the deadline.
+    """Why this attempt must roll back now, if it must: its backend ended it, or the
+    deadline passed without the gang fitting.
 
     `started`: the gang's pods may already run (a Workload admitted), so an expired booking no
     longer matters.
     """
-    conds = req.conditions
-    for kind in ("Failed", "CapacityRevoked"):
-        if is_true(conds, kind):
-            return f"{kind}: {conds[kind].message or conds[kind].reason}"
-    if is_true(conds, "BookingExpired") and not started:
-        return f"BookingExpired: {conds['BookingExpired'].message or 'booking expired'}"
+    phase = status.phase(started=started)
+    if phase in (Phase.FAILED, Phase.REVOKED):
+        return f"{phase}: {status.signal(phase).text}"
+    if phase is Phase.EXPIRED:
+        return f"{phase}: {status.signal(phase).message or 'booking expired'}"
     deadline = deadline_of(req)
     if deadline is None or now < deadline:
         return None
     verdict = assess(capacity, req, gang, now)
-    if is_true(conds, "Provisioned") and verdict.fits:
+    if phase is Phase.PROVISIONED and verdict.fits:
         return None
     why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
-    return why + _autoscaler_said(conds.get("Provisioned"))
+    return why + _autoscaler_said(status.note)
 
 
-def _autoscaler_said(provisioned: Condition | None) -> str:
+def _autoscaler_said(note: Signal | None) -> str:
     """What the autoscaler last said of a request it has not provisioned, for the record."""
-    if provisioned is None or provisioned.is_true or not provisioned.reason:
+    if note is None or not note.reason:
         return ""
-    said = f"{provisioned.reason}: {provisioned.message}" if provisioned.message else ""
-    return f"; the autoscaler said {said or provisioned.reason}"
+    said = f"{note.reason}: {note.message}" if note.message else ""
+    return f"; the autoscaler said {said or note.reason}"
 
 
-def start(
-    req: ProvisioningRequest, capacity: Capacity | None, why: str
-) -> tuple[AnnotateRequest, Event]:
+def start(req: AttemptRecord, capacity: Capacity | None, why: str) -> tuple[AnnotateRequest, Event]:
     """Mark the request rolling back, with the nodes that arrived for it so far."""
     arrived = {
         n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
@@ -106,7 +104,7 @@ def start(
     return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}", warning=True)
 
 
-def reclaim(req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str) -> ReclaimArrivals:
+def reclaim(req: AttemptRecord, capacity: Capacity | None, reclaimer: str) -> ReclaimArrivals:
     """Reclaim the nodes recorded when the rollback began, plus any that arrived since."""
     try:
         recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
@@ -126,7 +124,7 @@ def reclaim(req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str)
 
 
 def abandon(
-    req: ProvisioningRequest, capacity: Capacity | None, reclaimer: str, why: str
+    req: AttemptRecord, capacity: Capacity | None, reclaimer: str, why: str
 ) -> tuple[Action, ...]:
     """The gang of this attempt is gone: what to do before its request is deleted.
 
@@ -158,10 +156,10 @@ class Verdict:
 
     @property
     def revoked(self) -> bool:
-        return self.reason.startswith("CapacityRevoked")
+        return self.reason.startswith(Phase.REVOKED)
 
 
-def verdict(req: ProvisioningRequest) -> Verdict | None:
+def verdict(req: AttemptRecord) -> Verdict | None:
     """The recorded outcome of the rollback, once the reclaim is done."""
     raw = req.annotations.get(OUTCOME_ANNOTATION)
     if not raw:

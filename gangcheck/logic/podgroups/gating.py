@@ -22,14 +22,9 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.names import GATE, GATED_AT
 
-#: The scheduling gate the webhook adds and the controller lifts.
-GATE = "gangcheck.io/provisioning"
-#: Namespace label that opts a namespace in (the webhook's namespaceSelector).
-OPT_IN_LABEL = "gangcheck.io/gang-provisioning"
 OPT_IN_VALUE = "enabled"
-#: Annotation the webhook sets on the pods it gates: when, in RFC 3339 (UTC, seconds).
-GATED_AT = "gangcheck.io/gated-at"
 
 #: API group of upstream PodGroups, named by ``spec.schedulingGroup.podGroupName``.
 UPSTREAM = "scheduling.k8s.io"

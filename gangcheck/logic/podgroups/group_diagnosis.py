@@ -13,45 +13,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.attempt.actions import FULFILLED, ROLLING_BACK, STARTED
-from gangcheck.logic.attempt.fulfillment import dra_hint
-from gangcheck.logic.podgroups import podgroup
-from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of, is_gated
-from gangcheck.logic.podgroups.podgroup import (
-    BACKING_OFF,
-    BLOCKED,
-    CONFIG_ANNOTATION,
-    FAILED,
-    GANG_MEMBERS_ANNOTATION,
-    GAVE_UP,
-    GROUP_UID_ANNOTATION,
-    MESSAGE_ANNOTATION,
-    NEXT_ATTEMPT_ANNOTATION,
-    NOT_A_GANG,
-    PROVISIONING,
-    RELEASED,
-    REQUEST_ANNOTATION,
-    SETTLE_SECONDS,
-    STATE_ANNOTATION,
-    UNGATED_ANNOTATION,
-    WAITING,
-)
-from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.workloads.diagnosis import (
+from gangcheck.logic.attempt.explain import (
     GangRow,
     Placement,
     RequestFacts,
     Verdict,
     World,
-    ended_verdict,
+    attempt_phase,
     fit_verdict,
     human_duration,
+    in_flight_verdict,
     nodes_needed,
     place_in,
     request_facts,
-    until,
 )
-from gangcheck.model.objects import Obj, ProvisioningRequest, is_true, request_of
+from gangcheck.logic.attempt.fulfillment import dra_hint
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of, is_gated
+from gangcheck.logic.podgroups.podgroup import (
+    BACKING_OFF,
+    BLOCKED,
+    FAILED,
+    GAVE_UP,
+    NOT_A_GANG,
+    PROVISIONING,
+    RELEASED,
+    SETTLE_SECONDS,
+    WAITING,
+)
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    CONFIG_ANNOTATION,
+    FULFILLED,
+    GANG_MEMBERS_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    NEXT_ATTEMPT_ANNOTATION,
+    OPT_IN_LABEL,
+    REQUEST_ANNOTATION,
+    STARTED,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
+)
+from gangcheck.model.objects import Obj, ProvisioningRequest, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 
 GroupKey = tuple[str, str, str]
@@ -183,7 +188,7 @@ def gather_group(
         ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
         gang = podgroup.gang_from_pods(group, ours)
         placement = place_in(world, gang, group.ref.namespace, req)
-        hint = dra_hint(req, gang) if req is not None else ""
+        hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
     return GroupFacts(
         namespace=group.ref.namespace,
@@ -431,37 +436,35 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
 
 
 def _request_verdict(f: GroupFacts, req: RequestFacts, now: datetime) -> Verdict:
-    if req.phase == ROLLING_BACK:
-        done = f"; {req.outcome.summary()}" if req.outcome else ""
-        return Verdict(
-            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
-        )
-    if req.deleting:
-        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
-    conds = req.conditions
-    ended = ended_verdict(req, f.hint)
-    if ended is not None:
-        return ended
-    deadline = until("deadline", req.deadline, now)
+    return in_flight_verdict(
+        req,
+        now,
+        hint=f.hint,
+        provisioned=lambda deadline: _provisioned_verdict(f, req, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
+    )
+
+
+def _provisioned_verdict(f: GroupFacts, req: RequestFacts, deadline: str) -> Verdict:
     placement = f.placement
-    if is_true(conds, "Provisioned"):
-        if placement is None:
-            return Verdict(
-                True, "nodes", f"{req.name} is Provisioned; the fit could not be computed"
-            )
-        if placement.fits or req.phase in (FULFILLED, STARTED):
-            return Verdict(
-                True,
-                "release",
-                f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
-                "release the members (is the controller running?)",
-            )
-        return fit_verdict(placement, deadline)
-    if is_true(conds, "Accepted"):
-        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
-    else:
-        answer = "not accepted yet"
+    if placement is None:
+        return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
+    if placement.fits or req.phase in (FULFILLED, STARTED):
+        return Verdict(
+            True,
+            "release",
+            f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
+            "release the members (is the controller running?)",
+        )
+    return fit_verdict(placement, deadline)
+
+
+def _waiting_verdict(
+    f: GroupFacts, req: RequestFacts, accepted: bool, eta: str, deadline: str
+) -> Verdict:
+    answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
+    answer = answer if accepted else "not accepted yet"
+    placement = f.placement
     fit = f": {placement.summary}" if placement is not None and placement.summary else ""
     return Verdict(
         True, "request", f"capacity requested ({req.name}, {answer}{deadline}){fit}{f.hint}"
@@ -520,14 +523,7 @@ def group_phase(f: GroupFacts) -> str:
         return "backoff"
     if not f.state:
         return "new"
-    if req is None or not req.found:
-        return "pending"
-    if req.phase == ROLLING_BACK:
-        return "rolling back"
-    if is_true(req.conditions, "Provisioned"):
-        arrived = f.placement.arrived if f.placement else ()
-        return "fulfilling" if arrived else "provisioned"
-    return "requested"
+    return attempt_phase(req, f.placement)
 
 
 def group_row(facts: GroupFacts, now: datetime) -> GangRow:

@@ -8,7 +8,7 @@ schedulable together). Their scheduling requirements become one ProvisioningRequ
 (identical requirements grouped into one pod set), which records how many members it was
 made for; the fit demands exactly those members (the oldest, by creation), and when they fit
 on nodes that exist they are annotated to consume the request and their gates are lifted
-together. Past the deadline the attempt is rolled back like a Workload's (logic/rollback.py)
+together. Past the deadline the attempt is rolled back like a Workload's (lifecycle.py)
 and retried with backoff.
 
 Members created after the gang was read are late: they are no part of its request. Once the
@@ -28,66 +28,52 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import backoff, naming, rollback
+from gangcheck.logic.attempt import lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
-    ATTEMPT_ANNOTATION,
-    CLASS_ANNOTATION,
-    CONSUME_ANNOTATION,
-    DEADLINE_ANNOTATION,
-    FULFILLED,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    PHASE_ANNOTATION,
-    STARTED,
     Action,
     AnnotateRequest,
-    ClaimNode,
-    CreateRequest,
-    CreateTemplate,
     Event,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.attempt.fulfillment import (
-    RESERVED_ANNOTATION,
     Capacity,
     GangSpec,
-    assess,
     capacity_used,
-    dra_hint,
     fits_now,
     request_key,
     reservations_of,
     reserved_split,
 )
 from gangcheck.logic.attempt.hold import hold_toleration
-from gangcheck.logic.podgroups.gating import GATE, is_gated
+from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
+from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.timefmt import format_time, parse_time
-from gangcheck.logic.workloads.admission import (
-    TemplateInfo,
-    adoptions,
-    delete_request,
-    release_hold,
+from gangcheck.model.names import (
+    ATTEMPT_ANNOTATION,
+    CLASS_ANNOTATION,
+    CONFIG_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DOMAIN_ANNOTATION,
+    GANG_MEMBERS_ANNOTATION,
+    GATE,
+    GROUP_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    NEXT_ATTEMPT_ANNOTATION,
+    PHASE_ANNOTATION,
+    REQUEST_ANNOTATION,
+    RESERVED_ANNOTATION,
+    STARTED,
+    STATE_ANNOTATION,
+    UNGATED_ANNOTATION,
 )
-from gangcheck.logic.workloads.podsets import limits_as_missing_requests, scheduling_requirements
-from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest, is_true
+from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
-GROUP_ANNOTATION = "gangcheck.io/pod-group"
-"""On requests and templates: ``<short>/<name>`` of the PodGroup they were made for."""
-GROUP_UID_ANNOTATION = "gangcheck.io/pod-group-uid"
-STATE_ANNOTATION = "gangcheck.io/state"
-MESSAGE_ANNOTATION = "gangcheck.io/message"
-REQUEST_ANNOTATION = "gangcheck.io/request"
-NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
-UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
-DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
-"""On a released group: the domain its members were pinned to (``key=value``), for late ones."""
-CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
-"""On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default."""
-GANG_MEMBERS_ANNOTATION = "gangcheck.io/gang-members"
-"""On a request: the members its attempt was made for (those it asks capacity for and those
-placed on reserved nodes); on a released group: the members released together."""
 SETTLE_SECONDS = 2.0
 """Members are read once the newest is this old by its creationTimestamp (1 s resolution, so
 at least 1 s of quiet): a burst of members created together is one gang, not minCount."""
@@ -112,10 +98,11 @@ class GroupSnapshot:
     config: AtomicProvisioningSpec | None
     config_problem: str = ""
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    templates: Mapping[str, Owned] = field(default_factory=dict)
     capacity: Capacity | None = None
     max_members: int = 5000
     """The most members one request may carry (a setting)."""
+    backend: CapacityBackend = PROVISIONING_REQUEST
     opted_in: bool = False
     """The namespace carries the webhook's opt-in label: its members should all be gated."""
 
@@ -145,7 +132,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     members = _members(snap)
     noticed = _notice_ungated(snap, members)
     if group.deleting:
-        return clean_up(snap, "PodGroup deleted")
+        return _withdraw_attempts(snap, "PodGroup deleted")
     state = group.annotations.get(STATE_ANNOTATION, "")
     if not members.gated and not snap.requests and state in ("", RELEASED, NOT_A_GANG):
         return _with(noticed, _after_release(snap, members) if state == RELEASED else None)
@@ -158,7 +145,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
     if state == RELEASED:
         return _release_late(snap, members)
     if state == GAVE_UP:
-        return clean_up(snap, "the PodGroup gave up")
+        return _withdraw_attempts(snap, "the PodGroup gave up")
     if group.problem:
         return _status(snap, FAILED, group.problem, warn="InvalidPodGroup")
     if not group.is_gang:
@@ -189,7 +176,7 @@ def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDeci
     elif req.deleting:
         decision = GroupDecision(requeue_after=1.0)
     else:
-        decision = _follow(snap, members, req, now)
+        decision = _in_flight(snap, members, req, now)
     return replace(decision, actions=stale + decision.actions)
 
 
@@ -237,114 +224,83 @@ def _first(
             ),
         )
     total = sum(count for _, count, _ in gang.pod_sets)
-    templates = tuple(
-        CreateTemplate(_template_body(snap, naming.template_name(name, ps), tpl))
-        for ps, _, tpl in gang.pod_sets
-        if naming.template_name(name, ps) not in snap.templates
-    )
-    request = _request_body(snap, gang, name, now)
-    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
-    request["metadata"]["annotations"][GANG_MEMBERS_ANNOTATION] = str(len(members.unbound))
+    record = {
+        **lifecycle.record(attempt_of(snap.group), snap.config, now, reserved=reserved),
+        GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
+    }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
-        request["metadata"]["annotations"][CONFIG_ANNOTATION] = config
+        record[CONFIG_ANNOTATION] = config
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     decision = _status(snap, PROVISIONING, message, request=name)
-    event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
-    return replace(
-        decision, actions=(*templates, CreateRequest(request)), events=(*decision.events, event)
-    )
+    event = lifecycle.asked(snap.backend, name)
+    actions = snap.backend.ask(_ask(snap, gang, name, record))
+    return replace(decision, actions=actions, events=(*decision.events, event))
 
 
-def _follow(
+def _in_flight(
     snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, now: datetime
 ) -> GroupDecision:
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
-    gang = gang_from_pods(snap.group, ours)
-    adopt = adoptions(snap.templates, req)
-    if rollback.is_rolling_back(req):
-        decision = _roll_back(snap, req, now)
-    else:
-        why = rollback.trigger(
-            req,
-            snap.capacity,
-            gang,
-            deadline_seconds=snap.config.fulfillment.deadline_seconds,
-            started=False,
-            now=now,
-        )
-        if why:
-            annotate, event = rollback.start(req, snap.capacity, why)
-            decision = GroupDecision(actions=(annotate,), events=(event,), requeue_after=0.2)
-        else:
-            decision = _from_conditions(snap, ours, gang, req, now)
+    attempt = lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=gang_from_pods(snap.group, ours),
+        capacity=snap.capacity,
+        config=snap.config,
+    )
+    decision = _outcome(snap, ours, req, lifecycle.follow(attempt, now), now)
+    adopt = snap.backend.follow(req, snap.templates)
     return replace(decision, actions=adopt + decision.actions)
 
 
-def _from_conditions(
+def _outcome(
     snap: GroupSnapshot,
     ours: Sequence[Obj],
-    gang: GangSpec,
     req: ProvisioningRequest,
+    step: lifecycle.Step,
     now: datetime,
 ) -> GroupDecision:
-    conds = req.conditions
-    if is_true(conds, "Provisioned"):
-        verdict = assess(snap.capacity, req, gang, now)
-        claims = tuple(ClaimNode(n, rv, request_key(req)) for n, rv in verdict.claims)
-        if verdict.fits:
-            message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-            released = _release(snap, ours, req, verdict.domains, message)
-            fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
-            return replace(
-                released,
-                actions=(*claims, *released.actions, fulfilled),
-                capacity_used=capacity_used(req),
-            )
-        message = f"capacity requested, not yet usable: {verdict.summary}"
-        return replace(
-            _status(snap, PROVISIONING, message, request=req.name),
-            actions=claims,
-            requeue_after=_until_deadline(req, now),
+    """Where the attempt stands, written on the group (and, when it fits, its members)."""
+    if step.progress is Progress.ROLLED_BACK:
+        assert step.verdict is not None
+        return _rolled_back(snap, step, step.verdict, now)
+    if step.progress is Progress.ROLLING_BACK:
+        return GroupDecision(
+            actions=step.actions, events=step.events, requeue_after=step.requeue_after
         )
-    provisioned = conds.get("Provisioned")
-    if is_true(conds, "Accepted"):
-        message = (provisioned.message if provisioned else "") or f"{req.name} accepted"
-    else:
-        message = f"waiting for provisioning request {req.name} to be accepted"
-    message += dra_hint(req, gang)
+    if step.progress is Progress.FITS:
+        released = _release(snap, ours, req, step.domains, step.message)
+        return replace(
+            released,
+            actions=(*step.actions, *released.actions, *lifecycle.fulfilled(req)),
+            capacity_used=capacity_used(req),
+        )
     return replace(
-        _status(snap, PROVISIONING, message, request=req.name),
-        requeue_after=_until_deadline(req, now),
+        _status(snap, PROVISIONING, step.message, request=req.name),
+        actions=step.actions,
+        requeue_after=step.requeue_after,
     )
 
 
-def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> GroupDecision:
-    """Reclaim what arrived (once), then schedule the next attempt (or give up).
+def _rolled_back(
+    snap: GroupSnapshot, step: lifecycle.Step, done: rollback.Verdict, now: datetime
+) -> GroupDecision:
+    """The rollback is done: schedule the next attempt (or give up).
 
     Only the group's annotations are written here: the next attempt's number is on the group
     before the rolled-back request goes, which it then does as superseded (and on giving up,
     as a group that gave up); a restart in between finds one or the other, never a gap in
     which the same attempt would be made again."""
     assert snap.config is not None
-    done = rollback.verdict(req)
-    if done is None:
-        action = rollback.reclaim(req, snap.capacity, snap.config.fulfillment.reclaimer.value)
-        return GroupDecision(actions=(action,), requeue_after=0.2)
     attempt = attempt_of(snap.group)
-    strategy = snap.config.retry_strategy
-    event = Event("RolledBack", done.message, warning=True)
-    if done.revoked or not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
+    delay = lifecycle.next_attempt(attempt, snap.config.retry_strategy)
+    if done.revoked or delay is None:
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
-        return replace(failed, events=(*failed.events, event), requeue_after=0.2)
-    delay = backoff.requeue_after_seconds(
-        attempt - 1,
-        base_seconds=strategy.backoff_base_seconds,
-        max_seconds=strategy.backoff_max_seconds,
-    )
+        return replace(failed, events=(*failed.events, *step.events), requeue_after=0.2)
     at = format_time(now + timedelta(seconds=delay))
     message = f"attempt {attempt + 1} at {at}: {done.message}"
     status = {
@@ -353,7 +309,7 @@ def _roll_back(snap: GroupSnapshot, req: ProvisioningRequest, now: datetime) -> 
         NEXT_ATTEMPT_ANNOTATION: at,
         REQUEST_ANNOTATION: "",
     }
-    return GroupDecision(status=status, events=(event,), requeue_after=0.2)
+    return GroupDecision(status=status, events=step.events, requeue_after=0.2)
 
 
 def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
@@ -510,12 +466,12 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
         if req.deleting:
             continue
         if not members.live:
-            actions.append(delete_request(req, "the gang has no members left"))
+            actions += snap.backend.withdraw(req, "the gang has no members left")
         elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
-            actions += [*release_hold(snap.capacity, req)]
+            actions += [*lifecycle.release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
         elif req.annotations.get(PHASE_ANNOTATION) == STARTED:
-            actions += [*release_hold(snap.capacity, req)]
+            actions += [*lifecycle.release_hold(snap.capacity, req)]
     return GroupDecision(actions=tuple(actions))
 
 
@@ -646,82 +602,45 @@ def group_key(group: PodGroup) -> str:
     return f"{group.short}/{group.ref.name}"
 
 
-def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
-    """Delete the group's requests, after reclaiming what arrived for an unfinished attempt."""
-    reclaimer = rollback.reclaimer_of(snap.config)
+def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
+    """Withdraw the group's attempts (lifecycle.clean_up)."""
     return GroupDecision(
-        actions=tuple(
-            action
-            for r in snap.requests
-            if not r.deleting
-            for action in (
-                *rollback.abandon(r, snap.capacity, reclaimer, why),
-                *release_hold(snap.capacity, r),
-                delete_request(r, why),
-            )
+        actions=lifecycle.clean_up(
+            snap.requests,
+            capacity=snap.capacity,
+            config=snap.config,
+            backend=snap.backend,
+            why=why,
         )
     )
 
 
 def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
-    """Delete the requests of earlier attempts, lifting the hold from what they kept."""
-    return tuple(
-        a
-        for r in snap.requests
-        if r.name != current and not r.deleting
-        for a in (
-            *release_hold(snap.capacity, r),
-            delete_request(r, f"superseded by {current or 'waiting for members'}"),
-        )
+    """Withdraw the attempts before `current`, lifting the hold from what they kept."""
+    return lifecycle.superseded(
+        snap.requests,
+        current,
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=f"superseded by {current or 'waiting for members'}",
     )
 
 
-def _metadata(snap: GroupSnapshot, name: str) -> Obj:
-    group = snap.group
-    return {
-        "name": name,
-        "namespace": group.ref.namespace,
-        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-        "annotations": {
-            GROUP_ANNOTATION: group_key(group),
-            GROUP_UID_ANNOTATION: group.ref.uid,
-        },
-    }
-
-
-def _template_body(snap: GroupSnapshot, name: str, template: Obj) -> Obj:
-    meta = _metadata(snap, name)
-    ref = snap.group.ref
-    meta["ownerReferences"] = [
-        {
-            "apiVersion": ref.api_version,
-            "kind": ref.kind,
-            "name": ref.name,
-            "uid": ref.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    return {"metadata": meta, "template": template}
-
-
-def _request_body(snap: GroupSnapshot, gang: GangSpec, name: str, now: datetime) -> Obj:
+def _ask(snap: GroupSnapshot, gang: GangSpec, name: str, record: Mapping[str, str]) -> Ask:
+    """The attempt's ask: a pod set per kind of member, the group owning its objects."""
     assert snap.config is not None
-    meta = _metadata(snap, name)
-    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
-    meta["annotations"][ATTEMPT_ANNOTATION] = str(attempt_of(snap.group))
-    meta["annotations"][DEADLINE_ANNOTATION] = format_time(deadline)
-    return {
-        "metadata": meta,
-        "spec": {
-            "provisioningClassName": snap.config.provisioning_class_name,
-            "parameters": dict(snap.config.parameters),
-            "podSets": [
-                {"podTemplateRef": {"name": naming.template_name(name, ps)}, "count": count}
-                for ps, count, _ in gang.pod_sets
-            ],
-        },
-    }
+    group = snap.group
+    return Ask(
+        attempt=name,
+        namespace=group.ref.namespace,
+        pod_sets=tuple(AskedPodSet(ps, count, tpl) for ps, count, tpl in gang.pod_sets),
+        identity={GROUP_ANNOTATION: group_key(group), GROUP_UID_ANNOTATION: group.ref.uid},
+        record=record,
+        capacity_class=snap.config.provisioning_class_name,
+        parameters=dict(snap.config.parameters),
+        owners=(owner_reference(group.ref, group.ref.api_version),),
+        existing=frozenset(snap.templates),
+    )
 
 
 # ---- status ----------------------------------------------------------------------------
@@ -758,12 +677,6 @@ def _status(
         warning = bool(warn) or state in (FAILED, GAVE_UP)
         events = (Event(warn or state, message[:MAX_MESSAGE], warning=warning),)
     return GroupDecision(status=changed, events=events)
-
-
-def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
-    deadline = rollback.deadline_of(req)
-    left = (deadline - now).total_seconds() if deadline else 5.0
-    return max(0.2, min(5.0, left))
 
 
 def _name(pod: Obj) -> str:

@@ -13,44 +13,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import backoff, naming, rollback
+from gangcheck.logic.attempt import lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
-    ATTEMPT_ANNOTATION,
-    CHECK_ANNOTATION,
-    CLASS_ANNOTATION,
-    CONSUME_ANNOTATION,
-    DEADLINE_ANNOTATION,
-    FULFILLED,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    OUTCOME_ANNOTATION,
-    PHASE_ANNOTATION,
-    STARTED,
-    WORKLOAD_ANNOTATION,
-    WORKLOAD_UID_ANNOTATION,
     Action,
-    AdoptTemplate,
     AnnotateRequest,
-    ClaimNode,
-    CreateRequest,
-    CreateTemplate,
     DeleteRequest,
     Event,
-    ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import (
-    RESERVED_ANNOTATION,
     Capacity,
     GangSpec,
-    assess,
     capacity_used,
-    dra_hint,
     request_key,
     reservations_of,
     reserved_split,
 )
-from gangcheck.logic.attempt.hold import held_nodes, hold_toleration
-from gangcheck.logic.attempt.reclaim import arrived_for
+from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
+from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.placement.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
@@ -62,32 +44,33 @@ from gangcheck.logic.workloads.podsets import (
     required_pod_sets,
     unassigned_pod_sets,
 )
+from gangcheck.model.names import (
+    CHECK_ANNOTATION,
+    CLASS_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    KUEUE_API_VERSION,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+    STARTED,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+)
 from gangcheck.model.objects import (
     CheckState,
     Flavor,
     Obj,
-    ObjectRef,
     ProvisioningRequest,
     Workload,
-    is_true,
 )
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
-REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
 DEADLINE_SLACK_SECONDS = 2.0
-PROVREQ_API_VERSION = "autoscaling.x-k8s.io/v1"
-
-
-@dataclass(frozen=True)
-class TemplateInfo:
-    """A PodTemplate that exists, with the uids of its owners."""
-
-    name: str
-    owner_uids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -98,8 +81,9 @@ class Snapshot:
     config_problem: str = ""
     flavors: Mapping[str, Flavor] = field(default_factory=dict)
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    templates: Mapping[str, Owned] = field(default_factory=dict)
     capacity: Capacity | None = None
+    backend: CapacityBackend = PROVISIONING_REQUEST
     competing: tuple[str, ...] = ()
     """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
     or Kueue's built-in one): a pod can consume only one."""
@@ -119,9 +103,9 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     """Everything the check controller does for one Workload and one of our checks."""
     wl, state = snap.workload, snap.workload.checks.get(snap.check)
     if wl.deleting or wl.is_finished or wl.is_evicted:
-        return clean_up(snap, _why_cleanup(wl))
+        return _withdraw_attempts(snap, _why_cleanup(wl))
     if state is None:
-        return clean_up(snap, "the check is no longer listed on the Workload")
+        return _withdraw_attempts(snap, "the check is no longer listed on the Workload")
     if not wl.has_quota_reservation:
         return Decision()  # as Kueue: quota lost outside eviction keeps the request
     if snap.competing:
@@ -173,7 +157,7 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     """The decision, plus deleting every request of the check, each with an Event."""
-    gone = clean_up(snap, why).actions
+    gone = _withdraw_attempts(snap, why).actions
     events = tuple(
         Event("ProvisioningRequestDeleted", f"Deleted ProvisioningRequest {a.name!r}: {why}")
         for a in gone
@@ -182,22 +166,17 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     return replace(decision, actions=(*gone, *decision.actions), events=(*decision.events, *events))
 
 
-def clean_up(snap: Snapshot, why: str) -> Decision:
-    """Delete every request (and its templates) this Workload has for this check, after
-    reclaiming what arrived for an unfinished attempt (rollback.abandon) and lifting the hold
-    from what stays."""
-    reclaimer = rollback.reclaimer_of(snap.config)
-    actions = tuple(
-        action
-        for r in snap.requests
-        if not r.deleting
-        for action in (
-            *rollback.abandon(r, snap.capacity, reclaimer, why),
-            *release_hold(snap.capacity, r),
-            delete_request(r, why),
+def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
+    """Withdraw every attempt this Workload has for this check (lifecycle.clean_up)."""
+    return Decision(
+        actions=lifecycle.clean_up(
+            snap.requests,
+            capacity=snap.capacity,
+            config=snap.config,
+            backend=snap.backend,
+            why=why,
         )
     )
-    return Decision(actions=actions)
 
 
 def _why_cleanup(wl: Workload) -> str:
@@ -208,16 +187,6 @@ def _why_cleanup(wl: Workload) -> str:
     if wl.is_evicted:
         return "Workload evicted"
     return "Workload has no quota reservation"
-
-
-def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
-    """Delete a request and the PodTemplates it points at."""
-    return DeleteRequest(
-        name=req.name,
-        uid=req.ref.uid,
-        templates=tuple(p.template_name for p in req.pod_sets),
-        reason=reason,
-    )
 
 
 def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
@@ -236,40 +205,96 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None:
         return Decision()
+    attempt = _attempt(snap, req)
     if rollback.is_rolling_back(req):
-        return _roll_back(snap, state, req, now)
-    if is_true(req.conditions, "CapacityRevoked") and wl.active:
-        message = req.conditions["CapacityRevoked"].message or "capacity revoked"
+        return _outcome(snap, state, req, lifecycle.roll_back(attempt), now)
+    if attempt.status.has(Phase.REVOKED) and wl.active:
+        message = attempt.status.signal(Phase.REVOKED).message or "capacity revoked"
         return _transition(state, REJECTED, message, now)
-    lost = None if wl.is_admitted else _lost_before_admission(req)
-    if lost is not None and _fit_mode(snap):
-        return _start_rollback(snap, req, lost)  # the booking is gone: reclaim, then Retry
-    if lost is not None:
-        return _from_conditions(snap, state, req, now)  # as Kueue: Retry (or Rejected)
-    if _fit_mode(snap) and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
-        return _watch_start(snap, req, now)
+    lost = None if wl.is_admitted else _lost_before_admission(attempt.status)
+    if lost is not None and attempt.fit:  # the booking is gone: reclaim, then Retry
+        return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost), now)
+    if lost is not None:  # as Kueue: Retry (or Rejected)
+        return _outcome(snap, state, req, lifecycle.from_status(attempt, now), now)
+    if attempt.fit and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+        return _watch_start(snap, attempt, now)
     if req.annotations.get(PHASE_ANNOTATION) == STARTED:
-        return Decision(actions=release_hold(snap.capacity, req))
+        return Decision(actions=lifecycle.release_hold(snap.capacity, req))
     return Decision()
 
 
-def release_hold(capacity: Capacity | None, req: ProvisioningRequest) -> tuple[Action, ...]:
-    """Lift the hold from the nodes recorded for this request that still carry one: its gang
-    has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
-    recorded = [
-        n["metadata"]["name"]
-        for n in arrived_for(capacity.nodes if capacity else (), request_key(req))
-    ]
-    held = held_nodes(capacity.nodes if capacity else (), recorded)
-    return (ReleaseHold(held),) if held else ()
+def _attempt(
+    snap: Snapshot, req: ProvisioningRequest, status: AttemptStatus | None = None
+) -> lifecycle.Attempt:
+    """The attempt of this request, as the core reads it."""
+    assert snap.config is not None
+    return lifecycle.Attempt(
+        request=req,
+        status=status or snap.backend.status_of(req),
+        gang=gang_templates(snap),
+        capacity=snap.capacity,
+        config=snap.config,
+        fit=_fit_mode(snap),
+        started=snap.workload.is_admitted,
+    )
 
 
-def _lost_before_admission(req: ProvisioningRequest) -> str | None:
+def _outcome(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, step: lifecycle.Step, now: datetime
+) -> Decision:
+    """Where the attempt stands, written as the check entry."""
+    if step.progress is Progress.ROLLED_BACK:
+        assert step.verdict is not None
+        return _rolled_back(snap, state, step, step.verdict, now)
+    if step.progress is Progress.FITS:
+        ready = _ready(snap, state, req, step.message, now, domains=step.domains)
+        return replace(ready, actions=(*step.actions, *ready.actions))
+    if step.progress is Progress.FAILED:
+        return _retry_or_reject(snap, state, "failure", step.message, now)
+    if step.progress is Progress.EXPIRED:
+        return _retry_or_reject(snap, state, "booking expired", step.message, now)
+    if step.progress is Progress.REVOKED and not snap.workload.active:
+        # as Kueue: only an active Workload is rejected (deactivated)
+        message = f"{step.message}; the Workload is deactivated, so the check is not rejected"
+        return _transition(state, state.state, message, now)
+    if step.progress is Progress.REVOKED:
+        return _transition(state, REJECTED, step.message, now)
+    if step.progress is Progress.ROLLING_BACK:
+        return _rolling(step)
+    pending = _transition(state, PENDING, step.message, now)
+    return replace(pending, actions=step.actions, requeue_after=step.requeue_after)
+
+
+def _rolling(step: lifecycle.Step) -> Decision:
+    """A rollback under way: its actions only; the check is written when it is done."""
+    return Decision(actions=step.actions, events=step.events, requeue_after=step.requeue_after)
+
+
+def _rolled_back(
+    snap: Snapshot,
+    state: CheckState,
+    step: lifecycle.Step,
+    done: rollback.Verdict,
+    now: datetime,
+) -> Decision:
+    """The rollback is done: Retry or Rejected (a revoked capacity rejects)."""
+    if done.revoked and not snap.workload.active:
+        decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
+    elif done.revoked:
+        decision = _transition(state, REJECTED, done.message, now)
+    elif done.reason.startswith(CONFIG_CHANGED):
+        decision = _retry(snap, state, f"Retrying after config change: {done.message}", now)
+    else:
+        decision = _retry_or_reject(snap, state, "rollback", done.message, now)
+    return replace(decision, events=(*decision.events, *step.events))
+
+
+def _lost_before_admission(status: AttemptStatus) -> str | None:
     """A Ready check's request Failed or its booking expired before Kueue admitted the gang
     (other checks, or a second scheduling pass, still pending): the capacity may be gone."""
-    for kind in ("Failed", "BookingExpired"):
-        if is_true(req.conditions, kind):
-            return f"{kind}: {req.conditions[kind].message or req.conditions[kind].reason}"
+    for phase in (Phase.FAILED, Phase.EXPIRED):
+        if status.has(phase):
+            return f"{phase}: {status.signal(phase).text}"
     return None
 
 
@@ -278,14 +303,15 @@ def _fit_mode(snap: Snapshot) -> bool:
     return snap.config.fulfillment.mode is FulfillmentMode.FIT
 
 
-def _watch_start(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> Decision:
+def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> Decision:
     """The start watchdog: every member scheduled within the start deadline, or roll back."""
     assert snap.config is not None
+    req = attempt.request
     total = sum(p.count for p in req.pod_sets)
     scheduled = members_scheduled(snap.capacity, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
-        return Decision(actions=(*release_hold(snap.capacity, req), started))
+        return Decision(actions=(*lifecycle.release_hold(snap.capacity, req), started))
     limit = snap.config.fulfillment.start_deadline_seconds
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
@@ -294,7 +320,7 @@ def _watch_start(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> Dec
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
-    return _start_rollback(snap, req, trigger)
+    return _rolling(lifecycle.start_rollback(attempt, trigger))
 
 
 def members_scheduled(capacity: Capacity | None, request: str) -> int:
@@ -320,10 +346,12 @@ def _pending(
     snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
 ) -> Decision:
     name = _attempt_name(snap, state)
-    stale = tuple(
-        delete_request(r, "superseded by attempt " + str(state.retry_count + 1))
-        for r in snap.requests
-        if r.name != name and not r.deleting
+    stale = lifecycle.superseded(
+        snap.requests,
+        name,
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=f"superseded by attempt {state.retry_count + 1}",
     )
     req = _find(snap.requests, name)
     if req is None:
@@ -331,7 +359,7 @@ def _pending(
     elif req.deleting:
         decision = Decision(requeue_after=1.0)
     else:
-        decision = _follow(snap, state, req, now)
+        decision = _in_flight(snap, state, req, now)
     return replace(decision, actions=stale + decision.actions)
 
 
@@ -361,19 +389,20 @@ def _create(
         merged = [
             replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
         ]
-    templates = _new_templates(snap, name, merged)
-    request = _request_body(snap, state, name, merged, now)
-    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
+    record = {
+        **lifecycle.record(state.retry_count + 1, snap.config, now, reserved=reserved),
+        WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
+    }
     message = f"provisioning request {name} created for {sum(m.count for m in merged)} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     decision = _transition(state, PENDING, message, now)
     return replace(
         decision,
-        actions=(*templates, CreateRequest(request)),
+        actions=snap.backend.ask(_ask(snap, name, merged, record=record)),
         events=(
             *decision.events,
-            Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}"),
+            lifecycle.asked(snap.backend, name),
         ),
     )
 
@@ -394,107 +423,37 @@ def _cannot_request(snap: Snapshot, merged: list[MergedPodSet]) -> str | None:
     return None
 
 
-def _labels_and_annotations(snap: Snapshot, attempt: int) -> Obj:
-    return {
-        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-        "annotations": {
-            WORKLOAD_ANNOTATION: snap.workload.ref.name,
-            CHECK_ANNOTATION: snap.check,
-            ATTEMPT_ANNOTATION: str(attempt),
-        },
-    }
+def _merged(snap: Snapshot) -> list[MergedPodSet]:
+    assert snap.config is not None
+    wl = snap.workload
+    required = required_pod_sets(wl, snap.config.managed_resources)
+    return merge_pod_sets(wl, required, snap.config.pod_set_merge_policy)
 
 
-def _owner(ref: ObjectRef, api_version: str) -> Obj:
-    return {
-        "apiVersion": api_version,
-        "kind": ref.kind,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _new_templates(
+def _ask(
     snap: Snapshot,
-    request: str,
+    name: str,
     merged: list[MergedPodSet],
     *,
-    request_owner: ProvisioningRequest | None = None,
-) -> list[CreateTemplate]:
-    """The request's PodTemplates that do not exist yet, owned by the Workload (and by the
-    request, when it exists already: a template lost while it was in flight)."""
-    wl = snap.workload
-    owners = [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")]
-    if request_owner is not None:
-        owners.append({**_owner(request_owner.ref, PROVREQ_API_VERSION), "controller": False})
-    out = []
-    for m in merged:
-        tname = naming.template_name(request, m.name)
-        if tname in snap.templates:
-            continue  # created by an earlier, interrupted reconcile
-        meta = _labels_and_annotations(snap, 0)
-        meta["annotations"].pop(ATTEMPT_ANNOTATION)
-        body = {
-            "metadata": {
-                "name": tname,
-                "namespace": wl.ref.namespace,
-                **meta,
-                "ownerReferences": owners,
-            },
-            "template": pod_template_spec(wl, m.name, m.template, snap.flavors),
-        }
-        out.append(CreateTemplate(body))
-    return out
-
-
-def _missing_templates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
-    """Recreate the PodTemplates of a request in flight that are gone (garbage-collected
-    with an earlier request of the same name deleted by hand), so the attempt is not lost."""
+    record: Mapping[str, str] | None = None,
+) -> Ask:
+    """The attempt's ask: a pod set per merged pod set, the Workload owning its objects."""
     assert snap.config is not None
-    wanted = {ps.template_name for ps in req.pod_sets}
-    if wanted <= set(snap.templates):
-        return ()
     wl = snap.workload
-    merged = merge_pod_sets(
-        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
+    return Ask(
+        attempt=name,
+        namespace=wl.ref.namespace,
+        pod_sets=tuple(
+            AskedPodSet(m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors))
+            for m in merged
+        ),
+        identity={WORKLOAD_ANNOTATION: wl.ref.name, CHECK_ANNOTATION: snap.check},
+        record=record or {},
+        capacity_class=snap.config.provisioning_class_name,
+        parameters=request_parameters(snap.config.parameters, wl.annotations),
+        owners=(owner_reference(wl.ref, KUEUE_API_VERSION),),
+        existing=frozenset(snap.templates),
     )
-    mine = [m for m in merged if naming.template_name(req.name, m.name) in wanted]
-    return tuple(_new_templates(snap, req.name, mine, request_owner=req))
-
-
-def _request_body(
-    snap: Snapshot, state: CheckState, name: str, merged: list[MergedPodSet], now: datetime
-) -> Obj:
-    assert snap.config is not None
-    wl, attempt = snap.workload, state.retry_count + 1
-    meta = _labels_and_annotations(snap, attempt)
-    meta["annotations"][WORKLOAD_UID_ANNOTATION] = wl.ref.uid
-    deadline = now.timestamp() + snap.config.fulfillment.deadline_seconds
-    meta["annotations"][DEADLINE_ANNOTATION] = format_time(
-        datetime.fromtimestamp(deadline, now.tzinfo)
-    )
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": wl.ref.namespace,
-            # No ownerReference to the Workload: Kueue's own provisioning controller deletes
-            # every ProvisioningRequest whose owner is named like a Workload with quota and is
-            # not one of its requests (kueue v0.17 provisioning/controller.go,
-            # deleteUnusedProvisioningRequests). gangcheck deletes its requests itself, on
-            # finish, eviction, deletion, and in its orphan sweep at start.
-            **meta,
-        },
-        "spec": {
-            "provisioningClassName": snap.config.provisioning_class_name,
-            "parameters": request_parameters(snap.config.parameters, wl.annotations),
-            "podSets": [
-                {"podTemplateRef": {"name": naming.template_name(name, m.name)}, "count": m.count}
-                for m in merged
-            ],
-        },
-    }
 
 
 def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
@@ -503,23 +462,24 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
     return req.class_name == snap.config.provisioning_class_name and req.parameters == wanted
 
 
-def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
-    """The request exists: hand it its templates, replace it if stale, map its conditions."""
-    adopt = adoptions(snap.templates, req)
+def _in_flight(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+) -> Decision:
+    """The request exists: hand it its templates, replace it if stale, then as the core says."""
     if rollback.is_rolling_back(req):
-        decision = _roll_back(snap, state, req, now)
+        decision = _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
+        adopt = snap.backend.follow(req, snap.templates)
         return replace(decision, actions=adopt + decision.actions)
-    adopt = _missing_templates(snap, req) + adopt
-    if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
+    adopt = snap.backend.follow(req, snap.templates, _ask(snap, req.name, _merged(snap)))
+    status = snap.backend.status_of(req)
+    if not _is_synced(req, snap) and not status.has(Phase.PROVISIONED):
         decision = _config_changed(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
     if _fit_mode(snap):
         req, redeadline = _current_deadline(snap, req)
         adopt += redeadline
-    trigger = _rollback_trigger(snap, req, now) if _fit_mode(snap) else None
-    decision = (
-        _start_rollback(snap, req, trigger) if trigger else _from_conditions(snap, state, req, now)
-    )
+    step = lifecycle.follow(_attempt(snap, req, status), now)
+    decision = _outcome(snap, state, req, step, now)
     return replace(decision, actions=adopt + decision.actions)
 
 
@@ -544,7 +504,8 @@ def _config_changed(
         "uses the new config",
     )
     if _fit_mode(snap):
-        decision = _start_rollback(snap, req, f"{CONFIG_CHANGED}: {detail}")
+        step = lifecycle.start_rollback(_attempt(snap, req), f"{CONFIG_CHANGED}: {detail}")
+        decision = _outcome(snap, state, req, step, now)
     else:
         decision = _retry(snap, state, f"Retrying after config change: {detail}", now)
     return replace(decision, events=(*decision.events, event))
@@ -570,98 +531,13 @@ def _current_deadline(
 # ---- rollback --------------------------------------------------------------------------
 
 
-def _rollback_trigger(snap: Snapshot, req: ProvisioningRequest, now: datetime) -> str | None:
-    """Why this attempt must roll back now, if it must: a terminal condition or the deadline."""
-    assert snap.config is not None
-    return rollback.trigger(
-        req,
-        snap.capacity,
-        gang_templates(snap),
-        deadline_seconds=snap.config.fulfillment.deadline_seconds,
-        started=snap.workload.is_admitted,
-        now=now,
-    )
-
-
-def _start_rollback(snap: Snapshot, req: ProvisioningRequest, trigger: str) -> Decision:
-    """Record the rollback, and the nodes that arrived, on the request first: it completes,
-    and counts every node, even across a restart."""
-    annotate, event = rollback.start(req, snap.capacity, trigger)
-    return Decision(actions=(annotate,), events=(event,), requeue_after=0.2)
-
-
-def _roll_back(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
-) -> Decision:
-    """Reclaim what arrived (once: the outcome is recorded), then Retry or Rejected."""
-    assert snap.config is not None
-    done = rollback.verdict(req)
-    if done is None:
-        reclaimer = snap.config.fulfillment.reclaimer.value
-        return Decision(
-            actions=(rollback.reclaim(req, snap.capacity, reclaimer),), requeue_after=0.2
-        )
-    if done.revoked and not snap.workload.active:
-        decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
-    elif done.revoked:
-        decision = _transition(state, REJECTED, done.message, now)
-    elif done.reason.startswith(CONFIG_CHANGED):
-        decision = _retry(snap, state, f"Retrying after config change: {done.message}", now)
-    else:
-        decision = _retry_or_reject(snap, state, "rollback", done.message, now)
-    event = Event("RolledBack", done.message, warning=True)
-    return replace(decision, events=(*decision.events, event))
-
-
 def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     """With the verdict written, a rolled-back request is deleted (ending CA's booking)."""
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    return Decision(actions=(*release_hold(snap.capacity, req), delete_request(req, "rolled back")))
-
-
-def adoptions(
-    templates: Mapping[str, TemplateInfo], req: ProvisioningRequest
-) -> tuple[Action, ...]:
-    """Hand each of the request's PodTemplates that exists to the request, once."""
-    out: list[Action] = []
-    for ps in req.pod_sets:
-        info = templates.get(ps.template_name)
-        if info is not None and req.ref.uid not in info.owner_uids:
-            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
-    return tuple(out)
-
-
-def _from_conditions(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
-) -> Decision:
-    assert snap.config is not None
-    conds, wl = req.conditions, snap.workload
-    hint = dra_hint(req, gang_templates(snap))
-    if is_true(conds, "Failed"):
-        detail = conds["Failed"].message + hint if conds["Failed"].message else ""
-        return _retry_or_reject(snap, state, "failure", detail, now)
-    if is_true(conds, "CapacityRevoked"):
-        revoked = conds["CapacityRevoked"].message or "capacity revoked"
-        if not wl.active:  # as Kueue: only an active Workload is rejected (deactivated)
-            message = f"{revoked}; the Workload is deactivated, so the check is not rejected"
-            return _transition(state, state.state, message, now)
-        return _transition(state, REJECTED, revoked, now)
-    if is_true(conds, "BookingExpired") and not wl.is_admitted:
-        message = conds["BookingExpired"].message
-        return _retry_or_reject(snap, state, "booking expired", message, now)
-    if is_true(conds, "Provisioned"):
-        return _provisioned(snap, state, req, now)
-    if is_true(conds, "Accepted"):
-        eta = conds["Provisioned"].message if "Provisioned" in conds else ""
-        accepted = (eta or f"provisioning request {req.name} accepted") + hint
-        return replace(
-            _transition(state, PENDING, accepted, now), requeue_after=_until_deadline(req, now)
-        )
-    return _transition(
-        state, PENDING, f"waiting for provisioning request {req.name} to be accepted", now
-    )
+    withdraw = snap.backend.withdraw(req, "rolled back")
+    return Decision(actions=(*lifecycle.release_hold(snap.capacity, req), *withdraw))
 
 
 def _retry_or_reject(
@@ -670,9 +546,9 @@ def _retry_or_reject(
     """Retry while backoffLimitCount allows, else Rejected with a message that says why
     (Kueue copies it into the Workload's deactivation event)."""
     assert snap.config is not None
-    limit = snap.config.retry_strategy.backoff_limit_count
     attempt = state.retry_count + 1
-    if not backoff.may_retry(attempt, limit=limit):
+    if lifecycle.next_attempt(attempt, snap.config.retry_strategy) is None:
+        limit = snap.config.retry_strategy.backoff_limit_count
         return _transition(state, REJECTED, detail or _no_retry_left(cause, attempt, limit), now)
     prefix = f"Retrying after {cause}"
     return _retry(snap, state, f"{prefix}: {detail}" if detail else prefix, now)
@@ -688,40 +564,8 @@ def _no_retry_left(cause: str, attempt: int, limit: int) -> str:
 def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> Decision:
     """Retry with Kueue's backoff: Kueue evicts, requeues, and the next attempt follows."""
     assert snap.config is not None
-    strategy = snap.config.retry_strategy
-    delay = backoff.requeue_after_seconds(
-        state.retry_count,
-        base_seconds=strategy.backoff_base_seconds,
-        max_seconds=strategy.backoff_max_seconds,
-    )
+    delay = lifecycle.backoff_seconds(state.retry_count + 1, snap.config.retry_strategy)
     return _transition(state, RETRY, message, now, requeue_after_seconds=delay)
-
-
-def _provisioned(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
-) -> Decision:
-    assert snap.config is not None
-    provisioned = req.conditions["Provisioned"].message
-    if snap.config.fulfillment.mode is FulfillmentMode.TRUST_PROVISIONED:
-        return _ready(snap, state, req, provisioned or "capacity provisioned", now)
-    verdict = assess(snap.capacity, req, gang_templates(snap), now)
-    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
-    if verdict.fits:
-        message = f"the whole gang fits on nodes that exist: {verdict.summary}"
-        ready = _ready(snap, state, req, message, now, domains=verdict.domains)
-        return replace(ready, actions=(*claims, *ready.actions))
-    message = f"capacity requested, not yet usable: {verdict.summary}"
-    return replace(
-        _transition(state, PENDING, message, now),
-        actions=claims,
-        requeue_after=_until_deadline(req, now),
-    )
-
-
-def _until_deadline(req: ProvisioningRequest, now: datetime) -> float:
-    deadline = rollback.deadline_of(req)
-    left = (deadline - now).total_seconds() if deadline else 5.0
-    return max(0.2, min(5.0, left))
 
 
 def gang_templates(snap: Snapshot) -> GangSpec:
@@ -763,11 +607,8 @@ def _ready(
     """Ready, and the request marked fulfilled: it no longer claims or holds back new nodes."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
-    decision = replace(decision, capacity_used=capacity_used(req))
-    if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
-        return decision
-    fulfilled = AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED})
-    return replace(decision, actions=(*decision.actions, fulfilled))
+    actions = (*decision.actions, *lifecycle.fulfilled(req))
+    return replace(decision, actions=actions, capacity_used=capacity_used(req))
 
 
 def pod_set_updates(

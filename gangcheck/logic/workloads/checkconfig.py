@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gangcheck.model.names import CONFIG_GROUP, CONTROLLER_NAME, KUEUE_PROVISIONING
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 
-CONTROLLER_NAME = "gangcheck.io/atomic-provisioning"
-KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
-"""Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
-CONFIG_GROUP = "gangcheck.io"
 CONFIG_KIND = "AtomicProvisioningConfig"
 
 

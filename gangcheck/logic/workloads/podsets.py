@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
+from gangcheck.model.names import PROVREQ_ANNOTATION_PREFIX
 from gangcheck.model.objects import Flavor, Obj, PodSet, Workload
 from gangcheck.model.provisioning_config import MergePolicy
-
-PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
 
 
 @dataclass(frozen=True)
@@ -98,24 +97,6 @@ def can_merge(a: PodSet, b: PodSet, policy: MergePolicy) -> bool:
     return scheduling_requirements(a.template) == scheduling_requirements(b.template)
 
 
-def scheduling_requirements(template: Obj) -> tuple[Any, ...]:
-    """What the scheduler and the autoscaler look at, as Kueue compares pod sets."""
-    spec = template.get("spec") or {}
-
-    def requests(key: str) -> list[Any]:
-        return [(c.get("resources") or {}).get("requests") for c in spec.get(key) or []]
-
-    return (
-        requests("containers"),
-        requests("initContainers"),
-        spec.get("resources"),
-        spec.get("nodeSelector") or {},
-        spec.get("tolerations") or [],
-        spec.get("affinity"),
-        spec.get("resourceClaims") or [],
-    )
-
-
 def pod_template_spec(
     workload: Workload, pod_set_name: str, template: Obj, flavors: Mapping[str, Flavor]
 ) -> Obj:
@@ -132,17 +113,6 @@ def pod_template_spec(
     for container in _containers(spec):
         limits_as_missing_requests(container)
     return out
-
-
-def limits_as_missing_requests(container: Obj) -> None:
-    res = container.get("resources") or {}
-    limits = res.get("limits") or {}
-    if not limits:
-        return
-    requests = res.setdefault("requests", {})
-    for name, value in limits.items():
-        requests.setdefault(name, value)
-    container["resources"] = res
 
 
 def assigned_flavors(workload: Workload, pod_set_name: str) -> set[str]:

@@ -42,10 +42,15 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
-from gangcheck.logic.attempt.actions import ATTEMPT_ANNOTATION
-from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
-from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
-from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    ATTEMPT_ANNOTATION,
+    GATE,
+    MESSAGE_ANNOTATION,
+    OPT_IN_LABEL,
+    STATE_ANNOTATION,
+)
 from gangcheck.model.objects import Obj
 from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.certs import CertificateAuthority

@@ -1,0 +1,505 @@
+"""Explaining an attempt, for any gang source: the facts a diagnosis reads (the request, the
+placement of the gang on the nodes it may use) and the verdicts they give.
+
+Pure. The gang sources' diagnoses (logic/workloads/diagnosis.py, logic/podgroups/
+group_diagnosis.py) read their gang, then explain its attempt with these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gangcheck.logic.attempt.fulfillment import (
+    Capacity,
+    GangSpec,
+    claim_of,
+    gang_of,
+    is_new_arrival,
+    request_key,
+    tolerating_hold,
+)
+from gangcheck.logic.attempt.records import Outcome
+from gangcheck.logic.capacity.provreq import status_from
+from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.logic.placement.dra import DraContext, Inventory
+from gangcheck.logic.placement.fit import (
+    FitResult,
+    Member,
+    NodeView,
+    Rejection,
+    member_from_template,
+    node_view,
+)
+from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    DEADLINE_ANNOTATION,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
+)
+from gangcheck.model.objects import (
+    Condition,
+    Flavor,
+    Obj,
+    ProvisioningRequest,
+)
+
+STATIC_KINDS = frozenset({"taint", "selector", "affinity", "cordoned", "unusable"})
+
+
+@dataclass(frozen=True)
+class World:
+    """The objects around a gang (a Workload or a PodGroup), as the edge fetched them."""
+
+    admission_checks: Mapping[str, Obj] = field(default_factory=dict)
+    configs: Mapping[str, Obj] = field(default_factory=dict)
+    flavors: Mapping[str, Flavor] = field(default_factory=dict)
+    requests: tuple[Obj, ...] = ()
+    """ProvisioningRequests gangcheck manages, in every namespace (in-flight claims)."""
+    nodes: tuple[Obj, ...] = ()
+    pods: tuple[Obj, ...] = ()
+    """Pods not finished: bound ones take room on nodes; members consume a request."""
+    cluster_queues: Mapping[str, Obj] | None = None
+    local_queues: Mapping[str, Obj] | None = None
+    """Keyed `namespace/name`. None: not fetched (or not readable)."""
+    device_classes: tuple[Obj, ...] = ()
+    resource_slices: tuple[Obj, ...] = ()
+    resource_claims: tuple[Obj, ...] = ()
+    claim_templates: tuple[Obj, ...] = ()
+    """The DRA objects (empty where the API is not served or not readable)."""
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        """The namespace's claim templates and claims, and the devices: as the controller."""
+        return Capacity(
+            device_classes=self.device_classes,
+            resource_slices=self.resource_slices,
+            resource_claims=self.resource_claims,
+            claim_templates=self.claim_templates,
+        ).dra(namespace)
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """The ProvisioningRequest of the current attempt of the check being diagnosed."""
+
+    name: str
+    attempt: int
+    found: bool = True
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    phase: str = ""
+    created: datetime | None = None
+    deadline: datetime | None = None
+    rollback_reason: str = ""
+    outcome: Outcome | None = None
+    deleting: bool = False
+    members: int = 0
+
+    @property
+    def status(self) -> AttemptStatus:
+        """What the request's conditions say, as the decision reads them."""
+        return status_from(self.conditions)
+
+
+@dataclass(frozen=True)
+class NodeFit:
+    """One node the gang could use, and what it would take or why it takes none."""
+
+    name: str
+    arrived: bool = False
+    recorded: bool = False
+    """Arrived and recorded on the node (`gangcheck.io/arrived-for`); else a new arrival the
+    controller has not recorded yet."""
+    members: int = 0
+    reason: str = ""
+    short: str = ""
+    kind: str = ""
+    """taint | selector | affinity | not-ready | cordoned | resources | unusable | ""."""
+    subject: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The gang on the nodes it may use: the arrived ones, and shared ones its selectors match."""
+
+    placeable: int
+    total: int
+    fits: bool
+    nodes: tuple[NodeFit, ...] = ()
+    summary: str = ""
+
+    @property
+    def arrived(self) -> tuple[NodeFit, ...]:
+        return tuple(n for n in self.nodes if n.arrived)
+
+
+def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> RequestFacts:
+    """What the request named `name` says (found=False when there is none)."""
+    if req is None:
+        return RequestFacts(name=name, attempt=attempt, found=False)
+    notes = req.annotations
+    raw_outcome = notes.get(OUTCOME_ANNOTATION)
+    return RequestFacts(
+        name=name,
+        attempt=attempt,
+        conditions=dict(req.conditions),
+        phase=notes.get(PHASE_ANNOTATION, ""),
+        created=parse_time(req.creation_timestamp),
+        deadline=parse_time(notes.get(DEADLINE_ANNOTATION, "")),
+        rollback_reason=notes.get(ROLLBACK_REASON_ANNOTATION, ""),
+        outcome=Outcome.from_annotation(raw_outcome) if raw_outcome else None,
+        deleting=req.deleting,
+        members=sum(p.count for p in req.pod_sets),
+    )
+
+
+def in_flight_keys(world: World) -> frozenset[str]:
+    """`namespace/name` of every request gangcheck manages: nodes arrived for them are theirs."""
+    keys = set()
+    for req in world.requests:
+        meta = req.get("metadata") or {}
+        keys.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return frozenset(keys)
+
+
+def place_in(
+    world: World, gang: GangSpec, namespace: str, request: ProvisioningRequest | None
+) -> Placement | None:
+    """`place` on what the world holds: its nodes, pods, in-flight requests and devices."""
+    return place(
+        gang,
+        world.nodes,
+        world.pods,
+        request=request,
+        in_flight=in_flight_keys(world),
+        dra=world.dra(namespace),
+    )
+
+
+def place(
+    gang: Sequence[tuple[str, int, Obj]] | GangSpec,
+    nodes: Sequence[Obj],
+    pods: Sequence[Obj],
+    *,
+    request: ProvisioningRequest | None = None,
+    in_flight: frozenset[str] = frozenset(),
+    dra: tuple[DraContext, Inventory] | None = None,
+) -> Placement | None:
+    """Fit the gang on the nodes arrived for `request` (recorded, or new and unrecorded) and
+    on the nodes its selectors match that no other in-flight request holds; with `dra`, its
+    members' resource claims against the devices, as the controller fits them."""
+    spec = GangSpec.of(gang)
+    context, devices = dra if dra is not None else (None, None)
+    try:
+        members = [member_from_template(t, context) for _, _, t in spec.pod_sets]
+        pod_sets = gang_of(spec.pod_sets, context)
+        if request is not None:
+            pod_sets = tolerating_hold(pod_sets, request_key(request))
+    except QuantityError:
+        return None
+    considered = _considered(nodes, members, request, in_flight)
+    views = [node_view(n) for n, _, _ in considered]
+    fitted = fit_in_domains(
+        pod_sets, views, pods, spec.topology, together=spec.together, devices=devices
+    )
+    result = fitted.result
+    fits = [_node_fit(node, arrived, recorded, result) for node, arrived, recorded in considered]
+    fits.sort(key=lambda n: (not n.arrived, n.name))
+    return Placement(
+        placeable=result.placeable,
+        total=result.total,
+        fits=fitted.fits,
+        nodes=tuple(fits),
+        summary=fitted.summary(),
+    )
+
+
+def _considered(
+    nodes: Sequence[Obj],
+    members: list[Member],
+    request: ProvisioningRequest | None,
+    in_flight: frozenset[str],
+) -> list[tuple[Obj, bool, bool]]:
+    """(node, arrived, recorded) for every node the gang may count."""
+    key = request_key(request) if request else ""
+    created = parse_time(request.creation_timestamp) if request else None
+    out = []
+    for node in nodes:
+        owner = claim_of(node)
+        if key and owner == key:
+            out.append((node, True, True))
+        elif owner and owner in in_flight:
+            continue  # another gang's arrival
+        elif request is not None and is_new_arrival(node, created, members):
+            out.append((node, True, False))
+        elif any(is_selected(m, node_view(node)) for m in members):
+            out.append((node, False, False))
+    return out
+
+
+def is_selected(member: Member, node: NodeView) -> bool:
+    """The node's labels satisfy the member's nodeSelector and required affinity."""
+    if any(node.labels.get(k) != v for k, v in member.node_selector.items()):
+        return False
+    if member.affinity is None:
+        return True
+    return any(term.first_failure(node) is None for term in member.affinity)
+
+
+def _node_fit(node: Obj, arrived: bool, recorded: bool, result: FitResult) -> NodeFit:
+    name = str((node.get("metadata") or {}).get("name", ""))
+    rejection = result.node_reasons.get(name)
+    kind, subject = classify(rejection) if rejection else ("", "")
+    return NodeFit(
+        name=name,
+        arrived=arrived,
+        recorded=recorded,
+        members=len(result.placements.get(name, ())),
+        reason=str(rejection) if rejection else "",
+        short=rejection.short if rejection else "",
+        kind=kind,
+        subject=subject,
+    )
+
+
+def classify(rejection: Rejection) -> tuple[str, str]:
+    """(kind, subject) of a fit rejection: `taint nvidia.com/gpu:NoSchedule not tolerated`
+    is (taint, nvidia.com/gpu:NoSchedule)."""
+    short = rejection.short
+    if short.startswith("taint ") and short.endswith(" not tolerated"):
+        return "taint", short.removeprefix("taint ").removesuffix(" not tolerated")
+    if short.startswith("node selector mismatch"):
+        return "selector", _inside(short).removeprefix("needs ")
+    if short.startswith("required node affinity"):
+        return "affinity", _inside(rejection.detail) if rejection.detail else ""
+    if short == "not Ready":
+        return "not-ready", ""
+    if short.startswith("unschedulable"):
+        return "cordoned", ""
+    if short.startswith("insufficient "):
+        return "resources", short.removeprefix("insufficient ")
+    return "unusable", str(rejection)
+
+
+def _inside(text: str) -> str:
+    start, end = text.find("("), text.rfind(")")
+    return text[start + 1 : end] if 0 <= start < end else ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    blocked: bool
+    step: str
+    """Where the chain breaks: workload, quota, check, request, nodes, start, admission."""
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"{'blocked' if self.blocked else 'not blocked'}: {self.reason}"
+
+
+def ended_verdict(req: RequestFacts, hint: str = "") -> Verdict | None:
+    """The request failed, was revoked, or its booking expired: the autoscaler's word."""
+    status = req.status
+    phase = status.phase()
+    if phase in (Phase.FAILED, Phase.REVOKED):
+        what = "failed" if phase is Phase.FAILED else "revoked the capacity of"
+        why = status.signal(phase).text
+        return Verdict(True, "request", f"the autoscaler {what} {req.name}: {why}{hint}")
+    if phase is Phase.EXPIRED:
+        why = status.signal(phase).message or "booking expired"
+        return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
+    return None
+
+
+def in_flight_verdict(
+    req: RequestFacts,
+    now: datetime,
+    *,
+    hint: str = "",
+    provisioned: Callable[[str], Verdict],
+    waiting: Callable[[bool, str, str], Verdict],
+) -> Verdict:
+    """An attempt in flight: rolling back, being deleted, ended by the backend, provisioned
+    (`provisioned(deadline)`, the source says what then), else `waiting(accepted, eta,
+    deadline)` for the backend."""
+    if req.phase == ROLLING_BACK:
+        done = f"; {req.outcome.summary()}" if req.outcome else ""
+        return Verdict(
+            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
+        )
+    if req.deleting:
+        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
+    ended = ended_verdict(req, hint)
+    if ended is not None:
+        return ended
+    deadline = until("deadline", req.deadline, now)
+    phase = req.status.phase()
+    if phase is Phase.PROVISIONED:
+        return provisioned(deadline)
+    return waiting(phase is Phase.ACCEPTED, req.status.note_text, deadline)
+
+
+def fit_verdict(placement: Placement, deadline: str = "") -> Verdict:
+    """Provisioned, yet the gang does not fit: bad nodes, or too few of them so far."""
+    arrived = placement.arrived
+    idle = [n for n in arrived if n.members == 0 and n.kind]
+    if arrived and len(idle) == len(arrived):
+        return Verdict(True, "nodes", f"{_nodes(len(arrived))} arrived but {_none_can(idle)}")
+    placeable = f"{placement.placeable} of {placement.total} members placeable"
+    stuck = [n for n in idle if n.kind in STATIC_KINDS]
+    if stuck:
+        return Verdict(
+            True,
+            "nodes",
+            f"{len(stuck)} of {len(arrived)} arrived nodes {_they_fail(stuck)}; {placeable}",
+        )
+    waiting = placeable if arrived else f"no node has arrived yet ({placeable})"
+    not_ready = sum(1 for n in idle if n.kind == "not-ready")
+    unready = f"; {_nodes(not_ready)} not Ready yet" if not_ready else ""
+    return Verdict(True, "nodes", f"waiting for the autoscaler: {waiting}{unready}{deadline}")
+
+
+def _none_can(idle: Sequence[NodeFit]) -> str:
+    """How a group of nodes that took no member fails the gang, as the end of a sentence."""
+    kinds = {n.kind for n in idle}
+    one = len(idle) == 1
+    if len(kinds) > 1:
+        return f"none can take a member: {_reasons(idle)}"
+    kind, first = kinds.pop(), idle[0]
+    subjects = ", ".join(sorted({n.subject for n in idle if n.subject}))
+    if kind == "taint":
+        if len({n.subject for n in idle}) > 1:
+            return f"none tolerates its taints ({subjects})"
+        return f"it does not tolerate {subjects}" if one else f"none tolerates {subjects}"
+    phrases = {
+        "selector": (f"it lacks the labels the gang selects ({subjects})",
+                     f"none has the labels the gang selects ({subjects})"),
+        "affinity": ("it does not satisfy the gang's required node affinity",
+                     "none satisfies the gang's required node affinity"),
+        "not-ready": ("it is not Ready yet", "none is Ready yet"),
+        "cordoned": ("it is cordoned", "all are cordoned"),
+        "resources": (f"it has no room for a member ({first.reason})",
+                      f"none has room for a member ({first.reason})"),
+    }  # fmt: skip
+    singular, plural = phrases.get(kind, (f"it is not usable: {first.reason}", ""))
+    if kind == "affinity" and subjects:
+        singular, plural = f"{singular} ({subjects})", f"{plural} ({subjects})"
+    return singular if one else plural or f"none is usable: {_reasons(idle)}"
+
+
+def _they_fail(nodes: Sequence[NodeFit]) -> str:
+    """How some of the arrived nodes fail the gang, as a verb phrase in the plural."""
+    kinds = {n.kind for n in nodes}
+    subjects = ", ".join(sorted({n.subject for n in nodes if n.subject}))
+    if len(kinds) > 1:
+        return f"can take no member: {_reasons(nodes)}"
+    phrases = {
+        "taint": f"do not tolerate {subjects}",
+        "selector": f"lack the labels the gang selects ({subjects})",
+        "affinity": "fail the gang's required node affinity",
+        "cordoned": "are cordoned",
+    }
+    return phrases.get(kinds.pop(), f"are not usable: {_reasons(nodes)}")
+
+
+def _reasons(nodes: Sequence[NodeFit]) -> str:
+    counts = Counter(n.short for n in nodes).most_common()
+    counts.sort(key=lambda c: (-c[1], c[0]))
+    return ", ".join(f"{short} ({count})" if count > 1 else short for short, count in counts)
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'' if count == 1 else 's'}"
+
+
+def until(what: str, when: datetime | None, now: datetime) -> str:
+    """`, deadline in 4m` or `, deadline passed 10s ago` ("" without a time)."""
+    if when is None:
+        return ""
+    left = (when - now).total_seconds()
+    if left >= 0:
+        return f", {what} in {human_duration(left)}"
+    return f", {what} passed {human_duration(-left)} ago"
+
+
+def human_duration(seconds: float) -> str:
+    """42s, 6m30s, 2h5m, 3d4h: at most two units, rounded down."""
+    total = max(0, math.floor(seconds))
+    parts: list[str] = []
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")):
+        value, total = divmod(total, size)
+        if value or parts:
+            parts.append(f"{value}{unit}")
+        if len(parts) == 2:
+            break
+    if len(parts) == 2 and parts[1].startswith("0"):
+        parts.pop()
+    return "".join(parts) or "0s"
+
+
+@dataclass(frozen=True)
+class GangRow:
+    namespace: str
+    name: str
+    check: str
+    state: str
+    phase: str
+    attempt: int
+    request: str
+    age_seconds: int | None
+    arrived: int
+    needed: int | None
+    placeable: int | None
+    total: int | None
+    verdict: str
+    kind: str = "Workload"
+    """What declares the gang: Workload, PodGroup (scheduling.k8s.io) or
+    PodGroup.scheduling.x-k8s.io."""
+    members_note: str = ""
+    """What the members column says when no fit was computed (a PodGroup's "2/4 exist")."""
+
+    @property
+    def nodes_cell(self) -> str:
+        """Arrived of needed nodes; what is known when the need is not ("-": nothing)."""
+        if self.needed is not None:
+            return f"{self.arrived}/{self.needed}"
+        return f"{self.arrived} arrived, none usable" if self.arrived else "-"
+
+    @property
+    def members_cell(self) -> str:
+        """Placeable of the gang's members when a fit was computed, else what is known."""
+        if self.placeable is not None and self.total is not None:
+            return f"{self.placeable}/{self.total}"
+        return self.members_note or "-"
+
+
+def attempt_phase(req: RequestFacts | None, placement: Placement | None) -> str:
+    """pending, rolling back, provisioned, fulfilling or requested: where the attempt is."""
+    if req is None or not req.found:
+        return "pending"
+    if req.phase == ROLLING_BACK:
+        return "rolling back"
+    if req.status.has(Phase.PROVISIONED):
+        return "fulfilling" if placement is not None and placement.arrived else "provisioned"
+    return "requested"
+
+
+def nodes_needed(placement: Placement | None) -> int | None:
+    """Nodes the gang takes when it fits; else the nodes in use plus as many more of the
+    same yield as the members left over need. None when no node takes a member."""
+    if placement is None:
+        return None
+    used = [n.members for n in placement.nodes if n.members]
+    if placement.fits:
+        return len(used)
+    if not used:
+        return None
+    left = placement.total - placement.placeable
+    return len(used) + math.ceil(left / max(used))

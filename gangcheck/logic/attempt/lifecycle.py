@@ -1,0 +1,272 @@
+"""One attempt's life, for any gang: the attempt core.
+
+A gang source (a Kueue Workload's check, a PodGroup) reads its gang and writes its outcome;
+everything between is here, once. Given the attempt (its record, the status its capacity
+backend reports, the gang's demand, the capacity that exists, the config) and the clock,
+``follow`` says where the attempt stands:
+
+- WAITING: capacity asked for, not usable yet (claims of arrived nodes may come with it);
+- FITS: the whole gang fits on nodes that exist (or, trusting the backend, is provisioned);
+- FAILED / REVOKED / EXPIRED: the backend ended it (outside fit mode, where no rollback runs);
+- ROLLING_BACK: a rollback is starting or reclaiming what arrived (logic/attempt/rollback.py);
+- ROLLED_BACK: the rollback is done; ``next_attempt`` says retry after N seconds or give up.
+
+Also here: withdrawing an attempt (``clean_up``, ``superseded``), lifting the hold, the
+attempt's record for a new ask, and how long to wait before looking again.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from gangcheck.logic.attempt import backoff, rollback
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event, ReleaseHold
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, dra_hint, request_key
+from gangcheck.logic.attempt.hold import held_nodes
+from gangcheck.logic.attempt.records import arrived_for
+from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
+from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.logic.timefmt import format_time
+from gangcheck.model.names import (
+    ATTEMPT_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    FULFILLED,
+    PHASE_ANNOTATION,
+    RESERVED_ANNOTATION,
+    STARTED,
+)
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec, RetryStrategy
+
+ROLLBACK_REQUEUE_SECONDS = 0.2
+LOOK_AGAIN_SECONDS = 5.0
+
+
+class Progress(StrEnum):
+    WAITING = "Waiting"
+    FITS = "Fits"
+    FAILED = "Failed"
+    REVOKED = "Revoked"
+    EXPIRED = "Expired"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt in flight, with what its decision needs."""
+
+    request: AttemptRecord
+    """The attempt's record (gangcheck's annotations on the backend's object)."""
+    status: AttemptStatus
+    gang: GangSpec
+    capacity: Capacity | None
+    config: AtomicProvisioningSpec
+    fit: bool = True
+    """Fit mode: the gang must fit on nodes that exist, else the attempt rolls back."""
+    started: bool = False
+    """The gang's pods may already run (an admitted Workload): an expired booking is moot."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where an attempt stands, and what to do about it before the source writes anything."""
+
+    progress: Progress
+    message: str = ""
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """FITS: the topology domain each constrained pod set was placed in."""
+    verdict: rollback.Verdict | None = None
+    """ROLLED_BACK: what the rollback did, and why it began."""
+
+
+def follow(attempt: Attempt, now: datetime) -> Step:
+    """Where the attempt stands now: rolling back, to roll back, or as its status says."""
+    req = attempt.request
+    if rollback.is_rolling_back(req):
+        return roll_back(attempt)
+    trigger = _rollback_trigger(attempt, now) if attempt.fit else None
+    if trigger:
+        return start_rollback(attempt, trigger)
+    return from_status(attempt, now)
+
+
+def from_status(attempt: Attempt, now: datetime) -> Step:
+    """The attempt's status, by Kueue's precedence, as a step."""
+    req, status = attempt.request, attempt.status
+    hint = dra_hint(status, attempt.gang)
+    phase = status.phase(started=attempt.started)
+    if phase is Phase.FAILED:
+        said = status.signal(Phase.FAILED).message
+        return Step(Progress.FAILED, said + hint if said else "")
+    if phase is Phase.REVOKED:
+        return Step(Progress.REVOKED, status.signal(Phase.REVOKED).message or "capacity revoked")
+    if phase is Phase.EXPIRED:
+        return Step(Progress.EXPIRED, status.signal(Phase.EXPIRED).message)
+    if phase is Phase.PROVISIONED:
+        return _provisioned(attempt, now)
+    if phase is Phase.ACCEPTED:
+        message = status.note_text or f"provisioning request {req.name} accepted"
+    else:
+        message = f"waiting for provisioning request {req.name} to be accepted"
+    return Step(Progress.WAITING, message + hint, requeue_after=until_deadline(req, now))
+
+
+def _provisioned(attempt: Attempt, now: datetime) -> Step:
+    """Provisioned: trusted as such, or the gang must fit on nodes that exist."""
+    req = attempt.request
+    if not attempt.fit:
+        said = attempt.status.signal(Phase.PROVISIONED).message
+        return Step(Progress.FITS, said or "capacity provisioned")
+    verdict = assess(attempt.capacity, req, attempt.gang, now)
+    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
+    if verdict.fits:
+        message = f"the whole gang fits on nodes that exist: {verdict.summary}"
+        return Step(Progress.FITS, message, actions=claims, domains=verdict.domains)
+    return Step(
+        Progress.WAITING,
+        f"capacity requested, not yet usable: {verdict.summary}",
+        actions=claims,
+        requeue_after=until_deadline(req, now),
+    )
+
+
+def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
+    return rollback.trigger(
+        attempt.request,
+        attempt.status,
+        attempt.capacity,
+        attempt.gang,
+        deadline_seconds=attempt.config.fulfillment.deadline_seconds,
+        started=attempt.started,
+        now=now,
+    )
+
+
+def start_rollback(attempt: Attempt, why: str) -> Step:
+    """Record the rollback, and the nodes that arrived, on the request first: it completes,
+    and counts every node, even across a restart."""
+    annotate, event = rollback.start(attempt.request, attempt.capacity, why)
+    return Step(
+        Progress.ROLLING_BACK,
+        why,
+        actions=(annotate,),
+        events=(event,),
+        requeue_after=ROLLBACK_REQUEUE_SECONDS,
+    )
+
+
+def roll_back(attempt: Attempt) -> Step:
+    """Reclaim what arrived (once: the outcome is recorded), then say it is done."""
+    req = attempt.request
+    done = rollback.verdict(req)
+    if done is None:
+        reclaimer = attempt.config.fulfillment.reclaimer.value
+        action = rollback.reclaim(req, attempt.capacity, reclaimer)
+        return Step(
+            Progress.ROLLING_BACK, actions=(action,), requeue_after=ROLLBACK_REQUEUE_SECONDS
+        )
+    event = Event("RolledBack", done.message, warning=True)
+    return Step(Progress.ROLLED_BACK, done.message, events=(event,), verdict=done)
+
+
+def next_attempt(attempt: int, strategy: RetryStrategy) -> int | None:
+    """Seconds until the attempt after `attempt` (Kueue's backoff), or None: give up."""
+    if not backoff.may_retry(attempt, limit=strategy.backoff_limit_count):
+        return None
+    return backoff_seconds(attempt, strategy)
+
+
+def backoff_seconds(attempt: int, strategy: RetryStrategy) -> int:
+    """Kueue's backoff after attempt `attempt` ended."""
+    return backoff.requeue_after_seconds(
+        attempt - 1,
+        base_seconds=strategy.backoff_base_seconds,
+        max_seconds=strategy.backoff_max_seconds,
+    )
+
+
+def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
+    """Mark the request fulfilled: it no longer claims or holds back new nodes."""
+    if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
+        return ()
+    return (AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED}),)
+
+
+def record(
+    attempt: int, config: AtomicProvisioningSpec, now: datetime, *, reserved: int
+) -> dict[str, str]:
+    """gangcheck's record of a new attempt: its number, deadline, members on reserved nodes."""
+    deadline = now + timedelta(seconds=config.fulfillment.deadline_seconds)
+    return {
+        ATTEMPT_ANNOTATION: str(attempt),
+        DEADLINE_ANNOTATION: format_time(deadline),
+        RESERVED_ANNOTATION: str(reserved),
+    }
+
+
+def asked(backend: CapacityBackend, attempt: str) -> Event:
+    """The Event saying capacity was asked for, in the backend's words."""
+    return Event(f"{backend.kind}Created", f"Created {backend.kind} {attempt!r}")
+
+
+def release_hold(capacity: Capacity | None, req: AttemptRecord) -> tuple[Action, ...]:
+    """Lift the hold from the nodes recorded for this request that still carry one: its gang
+    has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
+    nodes = capacity.nodes if capacity else ()
+    recorded = [n["metadata"]["name"] for n in arrived_for(nodes, request_key(req))]
+    held = held_nodes(nodes, recorded)
+    return (ReleaseHold(held),) if held else ()
+
+
+def clean_up(
+    requests: Sequence[AttemptRecord],
+    *,
+    capacity: Capacity | None,
+    config: AtomicProvisioningSpec | None,
+    backend: CapacityBackend,
+    why: str,
+) -> tuple[Action, ...]:
+    """Withdraw every attempt of a gang, after reclaiming what arrived for an unfinished one
+    (rollback.abandon) and lifting the hold from what stays."""
+    reclaimer = rollback.reclaimer_of(config)
+    return tuple(
+        action
+        for r in requests
+        if not r.deleting
+        for action in (
+            *rollback.abandon(r, capacity, reclaimer, why),
+            *release_hold(capacity, r),
+            *backend.withdraw(r, why),
+        )
+    )
+
+
+def superseded(
+    requests: Sequence[AttemptRecord],
+    current: str,
+    *,
+    capacity: Capacity | None,
+    backend: CapacityBackend,
+    why: str,
+) -> tuple[Action, ...]:
+    """Withdraw the attempts other than `current`, lifting the hold from what they kept."""
+    return tuple(
+        action
+        for r in requests
+        if r.name != current and not r.deleting
+        for action in (*release_hold(capacity, r), *backend.withdraw(r, why))
+    )
+
+
+def until_deadline(req: AttemptRecord, now: datetime) -> float:
+    """When to look again at an attempt in flight: by its deadline, at most every 5 s."""
+    deadline = rollback.deadline_of(req)
+    left = (deadline - now).total_seconds() if deadline else LOOK_AGAIN_SECONDS
+    return max(ROLLBACK_REQUEUE_SECONDS, min(LOOK_AGAIN_SECONDS, left))

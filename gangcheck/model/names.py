@@ -1,0 +1,94 @@
+"""Every name gangcheck writes on API objects, and the names of the APIs it speaks, in one place.
+
+``gangcheck.io/*`` first (by the object they are written on), then Kueue's and the
+ProvisioningRequest API's. Values only: what each means is said where it is decided.
+"""
+
+from __future__ import annotations
+
+# ---- gangcheck.io: on the objects made for an attempt (requests, PodTemplates) ----------
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gangcheck"
+WORKLOAD_ANNOTATION = "gangcheck.io/workload"
+WORKLOAD_UID_ANNOTATION = "gangcheck.io/workload-uid"
+CHECK_ANNOTATION = "gangcheck.io/check"
+GROUP_ANNOTATION = "gangcheck.io/pod-group"
+"""On requests and templates: ``<short>/<name>`` of the PodGroup they were made for."""
+GROUP_UID_ANNOTATION = "gangcheck.io/pod-group-uid"
+ATTEMPT_ANNOTATION = "gangcheck.io/attempt"
+DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
+PHASE_ANNOTATION = "gangcheck.io/phase"
+OUTCOME_ANNOTATION = "gangcheck.io/outcome"
+ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
+ROLLBACK_NODES_ANNOTATION = "gangcheck.io/rollback-nodes"
+RESERVED_ANNOTATION = "gangcheck.io/reserved-members"
+"""On a request: members of its gang placed on reserved capacity (not asked for)."""
+GANG_MEMBERS_ANNOTATION = "gangcheck.io/gang-members"
+"""On a request: the members its attempt was made for (those it asks capacity for and those
+placed on reserved nodes); on a released group: the members released together."""
+CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
+"""On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default (and
+copied onto its requests, read if the group is gone)."""
+ROLLING_BACK = "RollingBack"
+FULFILLED = "Fulfilled"
+STARTED = "Started"
+"""Values of PHASE_ANNOTATION."""
+
+# ---- gangcheck.io: on a PodGroup (its state, shown to people) ---------------------------
+STATE_ANNOTATION = "gangcheck.io/state"
+MESSAGE_ANNOTATION = "gangcheck.io/message"
+REQUEST_ANNOTATION = "gangcheck.io/request"
+NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
+UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
+DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
+"""On a released group: the domain its members were pinned to (``key=value``), for late ones."""
+
+# ---- gangcheck.io: on pods and namespaces (the webhook's gate) --------------------------
+GATE = "gangcheck.io/provisioning"
+"""The scheduling gate the webhook adds and the controller lifts."""
+OPT_IN_LABEL = "gangcheck.io/gang-provisioning"
+"""Namespace label that opts a namespace in (the webhook's namespaceSelector)."""
+GATED_AT = "gangcheck.io/gated-at"
+"""Annotation the webhook sets on the pods it gates: when, in RFC 3339 (UTC, seconds)."""
+
+# ---- gangcheck.io: on nodes (the arrival ledger, reclaim) -------------------------------
+ARRIVED_FOR = "gangcheck.io/arrived-for"
+OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
+RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
+"""On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
+is being retried). Written with the fence, in the same patch, so a fence is always recorded;
+cleared when the reclaim is done or the node is kept."""
+RECLAIM_TAINT = "gangcheck.io/reclaiming"
+
+# ---- gangcheck.io: on Cluster API objects (the Machine reclaimer) -----------------------
+SCALED_DOWN_FOR = "gangcheck.io/scaled-down-for-machine"
+"""On a MachineSet/MachineDeployment, written in the same patch as the decrement: the uid of
+the Machine it was decremented for, so a retry after a lost answer sees it was done."""
+OWNER_SCALED_DOWN = "gangcheck.io/owner-scaled-down"
+"""On a Machine: its owner has been scaled down for it; never again (across restarts)."""
+
+# ---- gangcheck.io: the API group and the AdmissionCheck controller ----------------------
+CONFIG_GROUP = "gangcheck.io"
+CONFIG_VERSION = "v1alpha1"
+CONTROLLER_NAME = "gangcheck.io/atomic-provisioning"
+
+# ---- Kueue ------------------------------------------------------------------------------
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
+"""Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
+WORKLOAD_NAME_ANNOTATION = "kueue.x-k8s.io/workload"
+PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+# ---- ProvisioningRequest (autoscaling.x-k8s.io) -----------------------------------------
+PROVREQ_GROUP = "autoscaling.x-k8s.io"
+PROVREQ_VERSION = "v1"
+PROVREQ_API_VERSION = f"{PROVREQ_GROUP}/{PROVREQ_VERSION}"
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"

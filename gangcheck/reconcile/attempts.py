@@ -1,0 +1,55 @@
+"""Edge code both gang sources share: the objects made for their attempts, and withdrawing
+the attempts of a gang that is gone (the orphan sweep)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+from gangcheck.logic.attempt import rollback
+from gangcheck.logic.capacity.backend import CapacityBackend, Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.model.objects import Obj, request_of
+from gangcheck.reconcile.apply import Applier
+from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.capacity import in_flight_capacity
+
+log = logging.getLogger(__name__)
+
+
+def owner_uids(obj: Obj) -> list[str]:
+    return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
+
+
+def owners_by_name(objs: Iterable[Obj]) -> Mapping[str, Owned]:
+    """The objects made for a gang's attempts (PodTemplates), by name, with their owners."""
+    return {o["metadata"]["name"]: Owned(o["metadata"]["name"], tuple(owner_uids(o))) for o in objs}
+
+
+async def withdraw_orphans(
+    applier: Applier,
+    caches: Caches,
+    requests: Iterable[Obj],
+    *,
+    is_orphan: Callable[[Obj], bool],
+    reclaimer_of: Callable[[Obj], str],
+    why: str,
+    at: str,
+    backend: CapacityBackend = PROVISIONING_REQUEST,
+) -> None:
+    """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it."""
+    capacity = in_flight_capacity(caches)
+    for obj in requests:
+        if not is_orphan(obj):
+            continue
+        orphan = request_of(obj)
+        reclaim = rollback.abandon(orphan, capacity, reclaimer_of(obj), why)
+        log.info(
+            "withdrawing %s: %s (%d steps to reclaim what arrived)",
+            orphan.name,
+            why,
+            len(reclaim),
+            extra={"object": at},
+        )
+        for action in (*reclaim, *backend.withdraw(orphan, why)):
+            await applier.apply(orphan.ref.namespace, action)

@@ -1,0 +1,117 @@
+"""Table tests of the attempt core: where one attempt stands, for any gang source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import lifecycle
+from gangcheck.logic.attempt.actions import AnnotateRequest, ReclaimArrivals
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec
+from gangcheck.logic.attempt.lifecycle import Attempt, Progress
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.model.objects import request_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import pod_template, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the deadline below
+DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": "Failed: broke"}
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
+GANG = GangSpec((("workers", 4, pod_template(gpu=1)),))
+
+
+@dataclass
+class Case:
+    id: str
+    conditions: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=lambda: dict(DEADLINE))
+    fit: bool = True
+    started: bool = False
+    now: datetime = NOW
+    # expectations
+    progress: Progress = Progress.WAITING
+    message: str = ""
+    action: type | None = None
+
+
+CASES = [
+    Case("a request not accepted yet waits", message="to be accepted"),
+    Case("an accepted request waits with the autoscaler's word", {"Accepted": "soon"},
+         message="accepted"),
+    Case("a provisioned request is trusted outside fit mode", {"Provisioned": "done"},
+         fit=False, progress=Progress.FITS, message="done"),
+    Case("a provisioned request with no nodes yet waits in fit mode", {"Provisioned": ""},
+         message="capacity requested, not yet usable"),
+    Case("a failed request rolls back in fit mode", {"Failed": "no capacity"},
+         progress=Progress.ROLLING_BACK, message="Failed: no capacity", action=AnnotateRequest),
+    Case("a failed request fails outside fit mode", {"Failed": "no capacity"}, fit=False,
+         progress=Progress.FAILED, message="no capacity"),
+    Case("revoked capacity is revoked outside fit mode", {"CapacityRevoked": ""}, fit=False,
+         progress=Progress.REVOKED, message="capacity revoked"),
+    Case("an expired booking ends an attempt not started", {"BookingExpired": "late"},
+         fit=False, progress=Progress.EXPIRED, message="late"),
+    Case("an expired booking is moot once the gang started",
+         {"Provisioned": "done", "BookingExpired": "late"}, fit=False, started=True,
+         progress=Progress.FITS),
+    Case("the deadline passed without a fit: roll back", {"Accepted": ""}, now=LATER,
+         progress=Progress.ROLLING_BACK, message="Deadline:", action=AnnotateRequest),
+    Case("a rollback under way reclaims what arrived", annotations={**DEADLINE, **ROLLING},
+         progress=Progress.ROLLING_BACK, action=ReclaimArrivals),
+    Case("a rollback with its outcome recorded is done",
+         annotations={**DEADLINE, **ROLLING, "gangcheck.io/outcome": OUTCOME},
+         progress=Progress.ROLLED_BACK, message="rolled back wl-atomic-1 (Failed: broke)"),
+]  # fmt: skip
+
+
+def attempt(case: Case) -> Attempt:
+    obj = provisioning_request(
+        "wl-atomic-1",
+        templates=[("ppt-wl-atomic-1-workers", 4)],
+        conditions=case.conditions,
+        annotations=case.annotations,
+    )
+    req = request_of(obj)
+    mode = "NodesFit" if case.fit else "TrustProvisioned"
+    return Attempt(
+        request=req,
+        status=PROVISIONING_REQUEST.status_of(req),
+        gang=GANG,
+        capacity=Capacity(),
+        config=parse_spec({"fulfillment": {"mode": mode}}),
+        fit=case.fit,
+        started=case.started,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_follow(case: Case) -> None:
+    step = lifecycle.follow(attempt(case), case.now)
+    assert step.progress is case.progress
+    assert case.message in step.message
+    if case.action is not None:
+        assert [type(a) for a in step.actions] == [case.action]
+    if step.progress is Progress.WAITING:
+        assert step.requeue_after is not None and 0.2 <= step.requeue_after <= 5.0
+
+
+@pytest.mark.parametrize(
+    ("attempt_number", "seconds"),
+    [(1, 60), (2, 120), (3, 240), (4, None)],
+    ids=["first", "second", "third", "past backoffLimitCount: give up"],
+)
+def test_the_next_attempt_follows_kueues_backoff(attempt_number: int, seconds: Any) -> None:
+    strategy = parse_spec({}).retry_strategy
+    assert lifecycle.next_attempt(attempt_number, strategy) == seconds
+
+
+def test_a_new_attempt_records_its_number_deadline_and_reserved_members() -> None:
+    assert lifecycle.record(2, parse_spec({}), NOW, reserved=3) == {
+        "gangcheck.io/attempt": "2",
+        "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
+        "gangcheck.io/reserved-members": "3",
+    }
