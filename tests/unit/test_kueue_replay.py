@@ -98,9 +98,7 @@ def snapshot(scene: Scene) -> Snapshot:
         config_problem=scene.config_problem,
         flavors=FLAVORS,
         requests=requests,
-        templates={
-            n: Owned(n, tuple(u for u in ("uid-wl", owners.get(n)) if u)) for n in names
-        },
+        templates={n: Owned(n, tuple(u for u in ("uid-wl", owners.get(n)) if u)) for n in names},
     )
 
 
