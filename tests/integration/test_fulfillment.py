@@ -106,6 +106,9 @@ async def test_partial_delivery_rolls_back_then_a_full_delivery_admits(
     await cluster.wait_request_gone(name)
     assert await cluster.events("RolledBack")
 
+    # The second attempt must not race a short deadline: 16 nodes created and recorded one by
+    # one take seconds on a loaded machine. A deadline change applies at once.
+    await cluster.set_config(fit(deadline=60))
     await cluster.evict_and_requeue("wl")
     await cluster.reserve_again("wl", builder)
     second = req_name(cluster, attempt=2)
