@@ -323,6 +323,18 @@ class Cluster:
         items = (await self.kube.list_objects(EVENT, self.ns)).get("items") or []
         return [e for e in items if reason is None or e.get("reason") == reason]
 
+    async def wait_events(
+        self, reason: str, *, about: str | None = None, timeout: float = 20.0
+    ) -> list[Obj]:
+        """The Events of this reason (about the named object, if given), once there is one:
+        gangcheck records an Event after the write it reports, so it may trail that write."""
+
+        async def found() -> list[Obj]:
+            events = await self.events(reason)
+            return [e for e in events if about is None or e["involvedObject"]["name"] == about]
+
+        return await eventually(found, timeout=timeout, what=f"a {reason} Event")
+
     async def add_nodes(
         self,
         count: int,

@@ -80,8 +80,8 @@ async def test_happy_path_one_request_then_ready(
         "workers": {CONSUME: name, CLASS: req["spec"]["provisioningClassName"]},
     }
     assert len(await cluster.requests()) == 1
-    assert await cluster.events("ProvisioningRequestCreated")
-    assert await cluster.events("AdmissionCheckUpdated")
+    assert await cluster.wait_events("ProvisioningRequestCreated")
+    assert await cluster.wait_events("AdmissionCheckUpdated")
 
 
 async def test_failed_retries_with_backoff_then_rejects(
@@ -266,7 +266,7 @@ async def test_config_changed_mid_flight_starts_a_new_attempt(
     )
     check = await cluster.wait_check("wl", "Retry")
     assert "Retrying after config change: class" in check["message"]
-    assert await cluster.events("ProvisioningRequestReplaced")
+    assert await cluster.wait_events("ProvisioningRequestReplaced")
     kept = await cluster.request(name)
     assert kept is not None and kept["metadata"]["uid"] == first["metadata"]["uid"]
 
@@ -348,8 +348,7 @@ async def test_long_names_are_cut_and_a_bad_check_does_not_stop_others(
         assert len(name) <= 253
         req = await cluster.wait_request(name)
         await eventually(lambda r=req: _templates_of(cluster, r, 2), what=f"templates of {name}")
-        events = await cluster.events("ProvisioningRequestCreated")
-        assert any(e["involvedObject"]["name"] == long_name for e in events)
+        assert await cluster.wait_events("ProvisioningRequestCreated", about=long_name)
 
     other = await Cluster.create(cluster.kube)
     await other.install_check(None)  # dangling reference: inactive, reported

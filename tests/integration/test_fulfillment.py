@@ -104,7 +104,7 @@ async def test_partial_delivery_rolls_back_then_a_full_delivery_admits(
     assert check["requeueAfterSeconds"] == 10
     assert not [n for n in await cluster.nodes() if n["metadata"]["name"] in partial]
     await cluster.wait_request_gone(name)
-    assert await cluster.events("RolledBack")
+    assert await cluster.wait_events("RolledBack")
 
     # The second attempt must not race a short deadline: 16 nodes created and recorded one by
     # one take seconds on a loaded machine. A deadline change applies at once.

@@ -152,7 +152,7 @@ async def test_an_inactive_config_deletes_the_request_in_flight(
     check = await eventually(says_inactive, what="the check saying it is not active")
     assert check["state"] == "Pending"
     assert "no provisioning request is kept while it is inactive" in check["message"]
-    assert await cluster.events("ProvisioningRequestDeleted")
+    assert await cluster.wait_events("ProvisioningRequestDeleted")
 
 
 async def test_a_request_no_longer_needed_is_deleted(
@@ -246,7 +246,7 @@ async def test_a_name_taken_by_someone_else_is_reported_not_called_created(
     check = await eventually(reported, what="collision reported on the check")
     assert check["state"] == "Pending"
     assert "created" not in check["message"].split("Error creating")[-1]
-    assert await cluster.events("FailedCreate")
+    assert await cluster.wait_events("FailedCreate")
     still = await cluster.request(name)
     assert still is not None and still["metadata"]["uid"] == foreign["metadata"]["uid"]
 
@@ -284,7 +284,7 @@ async def test_two_provisioning_checks_on_one_workload_are_reported_before_any_r
 
     await eventually(both_report, what="both checks report the conflict")
     assert await cluster.requests() == []
-    assert await cluster.events("ConflictingAdmissionChecks")
+    assert await cluster.wait_events("ConflictingAdmissionChecks")
     states = {e["state"] for e in (await cluster.workload("wl"))["status"]["admissionChecks"]}
     assert states == {"Pending"}
 
@@ -354,7 +354,7 @@ async def test_a_deadline_change_applies_to_the_attempt_in_flight(
     await cluster.set_config({"fulfillment": {"deadlineSeconds": 1}})
     check = await cluster.wait_check("wl", "Retry", timeout=30)
     assert f"rolled back {name} (Deadline: the gang did not fit within 1s" in check["message"]
-    assert [e["reason"] for e in await cluster.events("RolledBack")] == ["RolledBack"]
+    assert [e["reason"] for e in await cluster.wait_events("RolledBack")] == ["RolledBack"]
 
 
 async def test_a_class_change_in_flight_rolls_back_and_retries_under_a_new_name(
