@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, fits_now
-from gangcheck.logic.placement.dra import DraContext, build_inventory
+from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
+from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import GangPodSet, member_from_template, node_view
 from gangcheck.logic.placement.topology import fit_in_domains
 
@@ -45,7 +46,11 @@ DRIVER = "gpu.bench.example.com"
 
 def node(i: int) -> Obj:
     return {
-        "metadata": {"name": f"n{i:04d}", "labels": {"rack": f"r{i // 16}"}},
+        "metadata": {
+            "name": f"n{i:04d}",
+            "labels": {"rack": f"r{i // 16}"},
+            "resourceVersion": "1",
+        },
         "spec": {},
         "status": {
             "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
@@ -214,9 +219,30 @@ def scale_dra(gpu_nodes: list[int]) -> dict[str, list[Obj]]:
     }
 
 
+class KeptDevices:
+    """The DRA inputs as the controller keeps them (reconcile/caches.py), from these objects."""
+
+    def __init__(self, objects: dict[str, list[Obj]]) -> None:
+        self.objects = objects
+        self.inventory = DeviceInventory()
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        get = self.objects.get
+        here = [o for o in get("claim_templates", []) if o["metadata"]["namespace"] == namespace]
+        inventory = self.inventory.inventory(
+            get("resource_slices", []), get("device_classes", []), get("resource_claims", [])
+        )
+        return DraContext.of(here), inventory
+
+
 def scale_capacity(objects: dict[str, list[Obj]]) -> Capacity:
-    """The capacity a reconcile reads, from the cached objects."""
-    return Capacity(**{name: tuple(objs) for name, objs in objects.items()})
+    """The capacity a reconcile reads: node views and bound pods' use kept from events."""
+    cluster = ClusterCapacity()
+    for obj in objects["nodes"]:
+        cluster.on_node(None, obj)
+    for obj in objects["pods"]:
+        cluster.on_pod(None, obj)
+    return Capacity(nodes=tuple(objects["nodes"]), cluster=cluster, devices=KeptDevices(objects))
 
 
 def scale_gang(dra: bool) -> GangSpec:
@@ -237,19 +263,22 @@ def run_scale(repeat: int) -> None:
         gang = scale_gang(dra)
         capacity = scale_capacity(objects)
         one, result = timed(functools.partial(fits_now, capacity, gang), repeat)
-        changed = timed_after_change(objects, gang, repeat)
+        changed = timed_after_change(capacity, objects["pods"], gang, repeat)
         case = "DRA claims" if dra else "extended resource"
         print(f"{case:22} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
 
 
-def timed_after_change(objects: dict[str, list[Obj]], gang: GangSpec, repeat: int) -> float:
+def timed_after_change(capacity: Capacity, pods: list[Obj], gang: GangSpec, repeat: int) -> float:
+    """A bound pod deleted (its event applied), then the fit: what the next reconcile pays."""
+    assert capacity.cluster is not None
     samples = []
-    for _ in range(repeat):
-        pod = objects["pods"].pop()
+    for i in range(repeat):
+        pod = pods[i]
         began = time.perf_counter()
-        fits_now(scale_capacity(objects), gang)
+        capacity.cluster.on_pod(pod, None)
+        fits_now(capacity, gang)
         samples.append((time.perf_counter() - began) * 1000)
-        objects["pods"].append(pod)
+        capacity.cluster.on_pod(None, pod)
     return statistics.median(samples)
 
 

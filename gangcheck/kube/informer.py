@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube, Obj
@@ -48,10 +48,12 @@ def object_key(obj: Obj) -> str:
 
 
 class Store:
-    """The objects of one resource as last seen, by ``namespace/name`` (or ``name``)."""
+    """The objects of one resource as last seen, by ``namespace/name`` (or ``name``), with
+    an index by namespace so a namespace's objects are found without a scan."""
 
     def __init__(self) -> None:
         self._objects: dict[str, Obj] = {}
+        self._by_namespace: dict[str, dict[str, Obj]] = {}
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
         return self._objects.get(f"{namespace}/{name}" if namespace else name)
@@ -62,8 +64,12 @@ class Store:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def values(self) -> Collection[Obj]:
+        """The objects, not copied: a live view, to read without an await in between."""
+        return self._objects.values()
+
     def in_namespace(self, namespace: str) -> list[Obj]:
-        return [o for o in self if o["metadata"].get("namespace") == namespace]
+        return list(self._by_namespace.get(namespace, {}).values())
 
     def owned_by(self, uid: str) -> list[Obj]:
         return [o for o in self if any(r.get("uid") == uid for r in _owners(o))]
@@ -72,16 +78,34 @@ class Store:
         """Write-through after our own write, unless the watch already brought a newer one."""
         old = self._objects.get(object_key(obj))
         if old is None or _rv_number(old) <= _rv_number(obj):
-            self._objects[object_key(obj)] = obj
+            self._put(obj)
 
     def _put(self, obj: Obj) -> Obj | None:
         key = object_key(obj)
         old = self._objects.get(key)
         self._objects[key] = obj
+        if old is not None and _namespace(old) != _namespace(obj):
+            self._unindex(key, old)
+        self._index(key, obj)
         return old
 
     def _pop(self, obj: Obj) -> Obj | None:
-        return self._objects.pop(object_key(obj), None)
+        key = object_key(obj)
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _index(self, key: str, obj: Obj) -> None:
+        if namespace := _namespace(obj):
+            self._by_namespace.setdefault(namespace, {})[key] = obj
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        here = self._by_namespace.get(_namespace(obj))
+        if here is not None:
+            here.pop(key, None)
+            if not here:
+                del self._by_namespace[_namespace(obj)]
 
     def _replace(self, objs: list[Obj]) -> tuple[list[Obj], list[tuple[Obj | None, Obj]]]:
         """Replace everything; return (removed, [(old, new)]) for the handlers."""
@@ -93,7 +117,14 @@ class Store:
             if _rv(self._objects.get(k)) != _rv(o)
         ]
         self._objects = fresh
+        self._by_namespace = {}
+        for key, obj in fresh.items():
+            self._index(key, obj)
         return removed, changed
+
+
+def _namespace(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("namespace") or "")
 
 
 def _owners(obj: Obj) -> list[dict[str, Any]]:

@@ -30,6 +30,8 @@ from gangcheck.logic.attempt.actions import (
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
 )
+from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
+from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.workloads import checkconfig
@@ -56,6 +58,30 @@ class Caches:
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
+    capacity: ClusterCapacity = field(default_factory=ClusterCapacity)
+    """Node views and what bound pods use per node, kept current from node and pod events."""
+    device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
+    """The DRA inventory, built again only when a slice, class or claim changed."""
+
+    def __post_init__(self) -> None:
+        self.nodes.add_handler(self.capacity.on_node)
+        self.pods.add_handler(self.capacity.on_pod)
+        self.resource_slices.add_handler(self.device_inventory.on_published)
+        self.device_classes.add_handler(self.device_inventory.on_published)
+        self.resource_claims.add_handler(self.device_inventory.on_claim)
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        """A fit's DRA inputs: the namespace's claim templates and claims, and the devices."""
+        context = DraContext.of(
+            self.claim_templates.store.in_namespace(namespace),
+            self.resource_claims.store.in_namespace(namespace),
+        )
+        inventory = self.device_inventory.inventory(
+            self.resource_slices.store.values(),
+            self.device_classes.store.values(),
+            self.resource_claims.store.values(),
+        )
+        return context, inventory
 
     @classmethod
     def create(cls, kube: Kube, *, watch_timeout: int = 300) -> Caches:

@@ -303,10 +303,8 @@ def in_flight_capacity(caches: Caches) -> Capacity:
         pods=tuple(caches.pods.store),
         in_flight=frozenset(_key(r) for r in caches.requests.store),
         waiting=_waiting(caches),
-        device_classes=tuple(caches.device_classes.store),
-        resource_slices=tuple(caches.resource_slices.store),
-        resource_claims=tuple(caches.resource_claims.store),
-        claim_templates=tuple(caches.claim_templates.store),
+        cluster=caches.capacity,
+        devices=caches,
     )
 
 

@@ -50,6 +50,7 @@ allocated: it takes nothing more and limits the member to the nodes its allocati
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections import Counter
@@ -190,7 +191,7 @@ class Device:
     taints: tuple[Taint, ...] = ()
     scope: NodeScope = field(default_factory=NodeScope)
 
-    @property
+    @functools.cached_property
     def id(self) -> DeviceId:
         return (self.driver, self.pool, self.name)
 
@@ -256,6 +257,11 @@ class Inventory:
     _by_node: dict[str, list[tuple[int, int, Device]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _problem_pools: tuple[Pool, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_problem_pools", tuple(p for p in self.pools if p.problem))
+
     """Devices of usable pools by the one node they name (built on first use), and under ""
     those whose scope is every node or a selector: a node looks only at its own and those."""
 
@@ -271,10 +277,18 @@ class Inventory:
         index = self._device_index()
         candidates = sorted([*index.get(node, ()), *index.get("", ())], key=lambda e: e[:2])
         devices = tuple(d for _, _, d in candidates if reached(d.scope))
-        pending = tuple(
-            str(pool) for pool in self.pools if pool.problem and any(map(reached, pool.scopes))
-        )
+        pending = tuple(str(pool) for pool in self._unusable() if any(map(reached, pool.scopes)))
         return NodeDevices(node, devices, pending, reaches, self)
+
+    def _unusable(self) -> tuple[Pool, ...]:
+        """The pools offering nothing right now."""
+        return self._problem_pools
+
+    def nodes_reaching(self) -> frozenset[str] | None:
+        """The nodes a device of a usable pool names; None when some device reaches nodes by
+        a selector or all of them (then any node may reach one)."""
+        index = self._device_index()
+        return None if "" in index else frozenset(index)
 
     def _device_index(self) -> dict[str, list[tuple[int, int, Device]]]:
         """The devices by the node their scope names ("" for all other scopes), in the
@@ -380,6 +394,16 @@ class ClaimNeeds:
 
     def __bool__(self) -> bool:
         return bool(self.claims or self.shared or self.problem)
+
+    @property
+    def needs_a_device(self) -> bool:
+        """Whether a node reaching no device surely cannot serve it: some request of a claim
+        needs at least one device whichever alternative is taken."""
+        return any(
+            alts and all(alt.mode == ALL or alt.count > 0 for alt in alts)
+            for claim in self.claims
+            for alts in claim.requests
+        )
 
     @property
     def device_count(self) -> int:
@@ -538,6 +562,24 @@ def build_inventory(
     inventory = Inventory(tuple(pools), classes, Usage(), ())
     used = _allocated(inventory, claims)
     return Inventory(inventory.pools, classes, used, tuple(problems))
+
+
+def with_claims(inventory: Inventory, claims: Iterable[Obj]) -> Inventory:
+    """The same devices with what `claims` hold in use instead; what was worked out of the
+    devices alone (CEL matches, the index by node, counter sets) is kept."""
+
+    def same_devices(used: Usage, problems: tuple[Problem, ...]) -> Inventory:
+        return Inventory(
+            inventory.pools,
+            inventory.classes,
+            used,
+            problems,
+            inventory._matches,
+            inventory._counter_sets,
+            inventory._by_node,
+        )
+
+    return same_devices(_allocated(same_devices(Usage(), ()), claims), inventory.problems)
 
 
 def _newest_slices(slices: Iterable[Obj]) -> dict[tuple[str, str], list[Obj]]:

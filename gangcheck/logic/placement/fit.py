@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -449,8 +449,26 @@ class _Devices:
 # --- bound pods ------------------------------------------------------------------------------
 
 
-def used_resources(bound_pods: Iterable[Obj]) -> dict[str, dict[str, int]]:
+@dataclass(frozen=True)
+class BoundUsage:
+    """What bound pods use per node, as `used_resources` gives it, kept current from events
+    (`gangcheck.logic.placement.capacity`), and the nodes `indexed`, by the extended
+    resources they offer (`offering`): a fit given it parses no pod and, when it can, reads
+    only the nodes that could host a member."""
+
+    by_node: Mapping[str, Resources]
+    offering: Mapping[str, Set[str]] = field(default_factory=dict)
+    indexed: Set[str] = frozenset()
+
+
+Bound = Iterable[Obj] | BoundUsage
+"""Bound Pod objects, or what they use per node already summed."""
+
+
+def used_resources(bound_pods: Bound) -> Mapping[str, Resources]:
     """Node name -> requests of the pods bound to it and not finished, `pods` counted."""
+    if isinstance(bound_pods, BoundUsage):
+        return bound_pods.by_node
     used: dict[str, dict[str, int]] = {}
     for pod in bound_pods:
         node_name = _dict(pod, "spec").get("nodeName")
@@ -494,16 +512,62 @@ class FitResult:
 def fit_gang(
     pod_sets: Sequence[GangPodSet | tuple[str, int, Member]],
     nodes: Iterable[NodeView],
-    bound_pods: Iterable[Obj] = (),
+    bound_pods: Bound = (),
     devices: Inventory | None = None,
 ) -> FitResult:
     """Whether every member of every pod set can be placed at once (see module doc).
 
     `devices`: the DRA devices members' claims are allocated from (default: none at all).
+    `bound_pods` as a `BoundUsage`: the fit is tried first on the nodes that could host a
+    member (and the unusable ones, whose reasons it reports); when the gang fits there, that
+    is the fit on all nodes (no other node could have taken a member), else all are read.
     """
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
-    views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
+    views = list({n.name: n for n in nodes}.values())
+    wanted = _candidates(gang, bound_pods, devices)
+    if wanted is not None:
+        narrowed = [n for n in views if n.name in wanted or _outside(n, bound_pods)]
+        result = _fit(gang, narrowed, bound_pods, devices)
+        if result.fits or len(narrowed) == len(views):
+            return result
+    return _fit(gang, views, bound_pods, devices)
+
+
+def _candidates(
+    gang: Sequence[GangPodSet], bound: Bound, devices: Inventory | None
+) -> Set[str] | None:
+    """The nodes that could host a member of some pod set; None: any node could."""
+    if not isinstance(bound, BoundUsage):
+        return None
+    found: set[str] = set()
+    for pod_set in gang:
+        member = pod_set.member
+        extended = [r for r, v in member.requests.items() if v > 0 and r not in STANDARD_RESOURCES]
+        if extended:
+            found |= set.intersection(*(set(bound.offering.get(r, ())) for r in extended))
+        elif member.devices.needs_a_device and devices is not None:
+            reaching = devices.nodes_reaching()
+            if reaching is None:
+                return None
+            found |= reaching
+        else:
+            return None
+    return found
+
+
+def _outside(node: NodeView, bound: Bound) -> bool:
+    """Kept whatever the index says: unusable (its reason is reported), or not indexed."""
+    return not node.is_usable or (isinstance(bound, BoundUsage) and node.name not in bound.indexed)
+
+
+def _fit(
+    gang: list[GangPodSet],
+    nodes: list[NodeView],
+    bound_pods: Bound,
+    devices: Inventory | None,
+) -> FitResult:
+    views = sorted(nodes, key=lambda n: n.name)
     start = _initial_free(views, used_resources(bound_pods))
     inventory = devices or Inventory()
     reach = None
