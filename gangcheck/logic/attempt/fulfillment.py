@@ -82,6 +82,12 @@ class Capacity:
     def view(self, node: Obj) -> NodeView:
         return self.cluster.view_of(node) if self.cluster is not None else node_view(node)
 
+    def views(self) -> Collection[NodeView]:
+        """Views of all `nodes`: the ones kept, or parsed now."""
+        if self.cluster is not None:
+            return self.cluster.node_views()
+        return [node_view(n) for n in self.nodes]
+
     def bound(self) -> Bound:
         """What the bound pods use: kept current, or the pods to sum."""
         return self.cluster.usage() if self.cluster is not None else self.pods
@@ -306,10 +312,11 @@ def _unclaimed(
     capacity: Capacity, gang: GangSpec
 ) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
     """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
+    in_flight = capacity.in_flight
     free = [
-        capacity.view(n)
-        for n in capacity.nodes
-        if not claim_of(n) or claim_of(n) not in capacity.in_flight
+        view
+        for view in capacity.views()
+        if not (owner := view.annotations.get(ARRIVED_FOR)) or owner not in in_flight
     ]
     context, devices = capacity.dra(gang.namespace)
     return free, gang_of(gang.pod_sets, context), devices

@@ -83,6 +83,10 @@ class ClusterCapacity:
             return kept[1]
         return node_view(node)
 
+    def node_views(self) -> list[NodeView]:
+        """The views of every node, as kept."""
+        return [view for _, view in self._views.values()]
+
     def usage(self) -> BoundUsage:
         """What bound pods use per node, and the offering index; QuantityError (as parsing the
         pods would raise) while a bound pod has a malformed request."""

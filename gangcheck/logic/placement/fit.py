@@ -527,7 +527,10 @@ def fit_gang(
     views = list({n.name: n for n in nodes}.values())
     wanted = _candidates(gang, bound_pods, devices)
     if wanted is not None:
-        narrowed = [n for n in views if n.name in wanted or _outside(n, bound_pods)]
+        indexed = bound_pods.indexed if isinstance(bound_pods, BoundUsage) else frozenset()
+        narrowed = [
+            n for n in views if n.name in wanted or not n.is_usable or n.name not in indexed
+        ]
         result = _fit(gang, narrowed, bound_pods, devices)
         if result.fits or len(narrowed) == len(views):
             return result
@@ -554,11 +557,6 @@ def _candidates(
         else:
             return None
     return found
-
-
-def _outside(node: NodeView, bound: Bound) -> bool:
-    """Kept whatever the index says: unusable (its reason is reported), or not indexed."""
-    return not node.is_usable or (isinstance(bound, BoundUsage) and node.name not in bound.indexed)
 
 
 def _fit(
@@ -673,7 +671,8 @@ def _place(
     """Fill the eligible nodes, best fit first; returns how many members are left over."""
     requests, left = plan.pod_set.member.requests, plan.pod_set.count
     needs = plan.pod_set.member.devices
-    room = {n.name: _fits(requests, plan.wanted, free[n.name]) for n in plan.eligible}
+    shapes = _Shapes(requests, plan.wanted)
+    room = {n.name: shapes.of(n, free[n.name])[0] for n in plan.eligible}
     if needs and devices is not None:
         room = {
             name: devices.place(name, needs, min(most, left), commit=False) if most else 0
@@ -681,7 +680,7 @@ def _place(
         }
 
     def best_fit(node: NodeView) -> tuple[int, float, str]:
-        after = _room_after(requests, plan.wanted, node, free[node.name])
+        after = shapes.of(node, free[node.name])[1]
         return (room[node.name] if needs and devices else 0, after, node.name)
 
     for node in sorted((n for n in plan.eligible if room[n.name] > 0), key=best_fit):
@@ -697,6 +696,30 @@ def _place(
         if left == 0:
             break
     return left
+
+
+class _Shapes:
+    """How many members fit on a node and the room left after one (`_fits`, `_room_after`),
+    worked out once per node shape (free and allocatable amounts of the wanted resources):
+    nodes alike in a large cluster share one answer."""
+
+    def __init__(self, requests: Resources, wanted: Sequence[str]) -> None:
+        self._requests = requests
+        self._wanted = wanted
+        self._known: dict[tuple[int, ...], tuple[int, float]] = {}
+
+    def of(self, node: NodeView, free: Resources) -> tuple[int, float]:
+        allocatable = node.allocatable
+        shape = tuple(free.get(r, 0) for r in self._wanted) + tuple(
+            allocatable.get(r, 0) for r in self._wanted
+        )
+        known = self._known.get(shape)
+        if known is None:
+            known = self._known[shape] = (
+                _fits(self._requests, self._wanted, free),
+                _room_after(self._requests, self._wanted, node, free),
+            )
+        return known
 
 
 def _fits(requests: Resources, wanted: Sequence[str], free: Resources) -> int:
