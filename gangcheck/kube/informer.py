@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Set
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube, Obj
@@ -54,6 +54,13 @@ class Store:
     def __init__(self) -> None:
         self._objects: dict[str, Obj] = {}
         self._by_namespace: dict[str, dict[str, Obj]] = {}
+        self._indexers: list[Handler] = []
+
+    def add_indexer(self, indexer: Handler) -> None:
+        """Call `indexer(old, new)` on every change of the store, our own write-throughs
+        included, so that what it keeps always matches the store (handlers of the informer
+        hear only what the API server reports)."""
+        self._indexers.append(indexer)
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
         return self._objects.get(f"{namespace}/{name}" if namespace else name)
@@ -67,6 +74,10 @@ class Store:
     def values(self) -> Collection[Obj]:
         """The objects, not copied: a live view, to read without an await in between."""
         return self._objects.values()
+
+    def keys(self) -> Set[str]:
+        """The keys (``namespace/name`` or ``name``), not copied: a live view."""
+        return self._objects.keys()
 
     def in_namespace(self, namespace: str) -> list[Obj]:
         return list(self._by_namespace.get(namespace, {}).values())
@@ -87,6 +98,7 @@ class Store:
         if old is not None and _namespace(old) != _namespace(obj):
             self._unindex(key, old)
         self._index(key, obj)
+        self._tell(old, obj)
         return old
 
     def _pop(self, obj: Obj) -> Obj | None:
@@ -94,7 +106,12 @@ class Store:
         old = self._objects.pop(key, None)
         if old is not None:
             self._unindex(key, old)
+            self._tell(old, None)
         return old
+
+    def _tell(self, old: Obj | None, new: Obj | None) -> None:
+        for indexer in self._indexers:
+            indexer(old, new)
 
     def _index(self, key: str, obj: Obj) -> None:
         if namespace := _namespace(obj):
@@ -120,6 +137,10 @@ class Store:
         self._by_namespace = {}
         for key, obj in fresh.items():
             self._index(key, obj)
+        for obj in removed:
+            self._tell(obj, None)
+        for old, new in changed:
+            self._tell(old, new)
         return removed, changed
 
 

@@ -23,13 +23,14 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt import rollback, waiting
 from gangcheck.logic.attempt.actions import (
     CHECK_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
 )
+from gangcheck.logic.attempt.fulfillment import Waiting
 from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
 from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
@@ -62,13 +63,18 @@ class Caches:
     """Node views and what bound pods use per node, kept current from node and pod events."""
     device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
     """The DRA inventory, built again only when a slice, class or claim changed."""
+    in_flight: InFlight = field(init=False)
+    """The requests capacity may still arrive for, kept from request and template events."""
 
     def __post_init__(self) -> None:
-        self.nodes.add_handler(self.capacity.on_node)
-        self.pods.add_handler(self.capacity.on_pod)
-        self.resource_slices.add_handler(self.device_inventory.on_published)
-        self.device_classes.add_handler(self.device_inventory.on_published)
-        self.resource_claims.add_handler(self.device_inventory.on_claim)
+        self.in_flight = InFlight(self.requests.store, self.templates.store)
+        self.requests.store.add_indexer(self.in_flight.on_request)
+        self.templates.store.add_indexer(self.in_flight.on_template)
+        self.nodes.store.add_indexer(self.capacity.on_node)
+        self.pods.store.add_indexer(self.capacity.on_pod)
+        self.resource_slices.store.add_indexer(self.device_inventory.on_published)
+        self.device_classes.store.add_indexer(self.device_inventory.on_published)
+        self.resource_claims.store.add_indexer(self.device_inventory.on_claim)
 
     def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
         """A fit's DRA inputs: the namespace's claim templates and claims, and the devices."""
@@ -176,6 +182,47 @@ class Caches:
     def opted_in_obj(namespace: Obj) -> bool:
         labels = (namespace.get("metadata") or {}).get("labels") or {}
         return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
+
+
+class InFlight:
+    """The open requests (capacity may still arrive for them: see logic/attempt/waiting.py),
+    kept from request events, and the waiting order worked out again only after a request or
+    a template changed, not on every reconcile."""
+
+    def __init__(self, requests: Store, templates: Store) -> None:
+        self._requests = requests
+        self._templates = templates
+        self._open: dict[str, Obj] = {}
+        self._waiting: tuple[Waiting, ...] | None = None
+        self._open_order: tuple[Waiting, ...] | None = None
+
+    def on_request(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            self._open.pop(waiting.request_key(old), None)
+        if new is not None and waiting.is_open(new):
+            self._open[waiting.request_key(new)] = new
+        self._waiting = self._open_order = None
+
+    def on_template(self, _old: Obj | None, _new: Obj | None) -> None:
+        self._waiting = self._open_order = None
+
+    def open_requests(self) -> list[Obj]:
+        """The open requests, in no particular order."""
+        return list(self._open.values())
+
+    def waiting(self) -> tuple[Waiting, ...]:
+        """The Provisioned open requests with their templates, oldest first."""
+        if self._waiting is None:
+            self._waiting = waiting.waiting_of(self._open.values(), self._templates.get)
+        return self._waiting
+
+    def open(self) -> tuple[Waiting, ...]:
+        """Every open request with its templates, oldest first."""
+        if self._open_order is None:
+            self._open_order = waiting.waiting_of(
+                self._open.values(), self._templates.get, is_waiting=waiting.is_open
+            )
+        return self._open_order
 
 
 def _made_for(

@@ -174,7 +174,7 @@ class PodGroupReconciler:
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-        capacity = in_flight_capacity(self._caches)
+        capacity = in_flight_capacity(self._caches, copied=True)
         for req in requests:
             annotations = req["metadata"].get("annotations") or {}
             if annotations.get(podgroup.GROUP_UID_ANNOTATION) == live_uid:

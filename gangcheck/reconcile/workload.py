@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -19,10 +19,6 @@ from gangcheck.kube.errors import (
 from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic.attempt import naming, rollback
 from gangcheck.logic.attempt.actions import (
-    FULFILLED,
-    PHASE_ANNOTATION,
-    ROLLING_BACK,
-    STARTED,
     Action,
     DeleteRequest,
     DeleteTemplate,
@@ -39,7 +35,7 @@ from gangcheck.logic.workloads.admission import (
     decide,
     delete_request,
 )
-from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
+from gangcheck.model.objects import Workload, conditions_of, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.events import EventRecorder
@@ -144,7 +140,7 @@ class WorkloadReconciler:
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        capacity = in_flight_capacity(self._caches)
+        capacity = in_flight_capacity(self._caches, copied=True)
         for req in requests:
             orphan = request_of(req)
             if orphan.workload_uid == live_uid:
@@ -266,63 +262,25 @@ def _owner_name(obj: Obj) -> str:
     return str(refs[0].get("name", ""))
 
 
-def _key(obj: Obj) -> str:
-    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-
-
-def _is_waiting(req: Obj) -> bool:
-    """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
-    return is_true(conditions_of(req), "Provisioned") and _is_open(req)
-
-
-def _is_open(req: Obj) -> bool:
-    """Neither fulfilled nor done: capacity may still arrive for it."""
-    if req["metadata"].get("deletionTimestamp"):
-        return False
-    phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
-    if phase in (FULFILLED, STARTED, ROLLING_BACK):
-        return False
-    conditions = conditions_of(req)
-    ended = ("Failed", "CapacityRevoked", "BookingExpired")
-    return not any(is_true(conditions, c) for c in ended)
-
-
-def waiting_requests(
-    requests: Iterable[Obj], *, is_waiting: Callable[[Obj], bool] = _is_waiting
-) -> list[tuple[str, Obj]]:
-    """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
-    waiting = [r for r in requests if is_waiting(r)]
-    waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), _key(r)))
-    return [(_key(r), r) for r in waiting]
-
-
-def in_flight_capacity(caches: Caches) -> Capacity:
-    """The nodes and pods the caches hold, and the requests in flight, oldest waiting first."""
-    return Capacity(
-        nodes=tuple(caches.nodes.store),
-        pods=tuple(caches.pods.store),
-        in_flight=frozenset(_key(r) for r in caches.requests.store),
-        waiting=_waiting(caches),
+def in_flight_capacity(caches: Caches, *, copied: bool = False) -> Capacity:
+    """The nodes and pods the caches hold, the requests in flight, oldest waiting first, and
+    the capacity kept from events. Not copied unless `copied` (to read it after an await):
+    a decision reads it before the caches change again."""
+    capacity = Capacity(
+        nodes=caches.nodes.store.values(),
+        pods=caches.pods.store.values(),
+        in_flight=caches.requests.store.keys(),
+        waiting=caches.in_flight.waiting(),
         cluster=caches.capacity,
         devices=caches,
     )
+    if not copied:
+        return capacity
+    nodes, pods, keys = tuple(capacity.nodes), tuple(capacity.pods), capacity.in_flight
+    return replace(capacity, nodes=nodes, pods=pods, in_flight=frozenset(keys), cluster=None)
 
 
 def open_requests(caches: Caches) -> tuple[Waiting, ...]:
     """Requests capacity may still arrive for, Provisioned or not yet (a node can register
     before the request's Provisioned condition reaches this controller), oldest first."""
-    return _waiting(caches, is_waiting=_is_open)
-
-
-def _waiting(
-    caches: Caches, *, is_waiting: Callable[[Obj], bool] = _is_waiting
-) -> tuple[Waiting, ...]:
-    templates = caches.templates.store
-    out = []
-    for key, req in waiting_requests(caches.requests.store, is_waiting=is_waiting):
-        ns = req["metadata"]["namespace"]
-        names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
-        found = (templates.get(n, ns) for n in names)
-        created = str(req["metadata"].get("creationTimestamp") or "")
-        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
-    return tuple(out)
+    return caches.in_flight.open()

@@ -9,7 +9,7 @@ it and the nodes no other in-flight request claims, so two gangs never count one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -63,7 +63,7 @@ class Capacity:
 
     nodes: Collection[Obj] = ()
     pods: Collection[Obj] = ()
-    in_flight: frozenset[str] = frozenset()
+    in_flight: Set[str] = frozenset()
     waiting: tuple[Waiting, ...] = ()
     """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
     claim_grace_seconds: float = 15.0

@@ -1,0 +1,65 @@
+"""Which in-flight requests wait for capacity, and the order they claim new nodes in.
+
+A request is *open* while capacity may still arrive for it: not being deleted, not
+fulfilled, started or rolling back, and not ended (Failed, CapacityRevoked, BookingExpired).
+It is *waiting* when it is open and Provisioned: only then may it claim arrivals. Older
+requests claim first (by creationTimestamp, then `namespace/name`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gangcheck.logic.attempt.actions import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
+from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.model.objects import conditions_of, is_true
+
+Obj = dict[str, Any]
+ENDED = ("Failed", "CapacityRevoked", "BookingExpired")
+
+
+def request_key(req: Obj) -> str:
+    return f"{req['metadata']['namespace']}/{req['metadata']['name']}"
+
+
+def is_waiting(req: Obj) -> bool:
+    """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
+    return is_true(conditions_of(req), "Provisioned") and is_open(req)
+
+
+def is_open(req: Obj) -> bool:
+    """Neither fulfilled nor done: capacity may still arrive for it."""
+    if req["metadata"].get("deletionTimestamp"):
+        return False
+    phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
+    if phase in (FULFILLED, STARTED, ROLLING_BACK):
+        return False
+    conditions = conditions_of(req)
+    return not any(is_true(conditions, c) for c in ENDED)
+
+
+def waiting_requests(
+    requests: Iterable[Obj], *, is_waiting: Callable[[Obj], bool] = is_waiting
+) -> list[tuple[str, Obj]]:
+    """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
+    waiting = [r for r in requests if is_waiting(r)]
+    waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), request_key(r)))
+    return [(request_key(r), r) for r in waiting]
+
+
+def waiting_of(
+    requests: Iterable[Obj],
+    template: Callable[[str, str], Obj | None],
+    *,
+    is_waiting: Callable[[Obj], bool] = is_waiting,
+) -> tuple[Waiting, ...]:
+    """The waiting requests, oldest first, with their pod templates (`template(name, ns)`)."""
+    out = []
+    for key, req in waiting_requests(requests, is_waiting=is_waiting):
+        ns = req["metadata"]["namespace"]
+        names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
+        found = (template(n, ns) for n in names)
+        created = str(req["metadata"].get("creationTimestamp") or "")
+        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
+    return tuple(out)
