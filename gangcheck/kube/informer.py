@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """Called with (old, new): old is None on add, new is None on delete."""
+Transform = Callable[[Obj], Obj]
+"""What a cache keeps of an object: the fields the controller reads, to save memory."""
 MAX_BACKOFF_SECONDS = 30.0
 
 
@@ -51,10 +53,12 @@ class Store:
     """The objects of one resource as last seen, by ``namespace/name`` (or ``name``), with
     an index by namespace so a namespace's objects are found without a scan."""
 
-    def __init__(self) -> None:
+    def __init__(self, transform: Transform | None = None) -> None:
         self._objects: dict[str, Obj] = {}
         self._by_namespace: dict[str, dict[str, Obj]] = {}
         self._indexers: list[Handler] = []
+        self.transform = transform
+        """What is kept of each object (None: all of it), applied to everything stored."""
 
     def add_indexer(self, indexer: Handler) -> None:
         """Call `indexer(old, new)` on every change of the store, our own write-throughs
@@ -87,6 +91,8 @@ class Store:
 
     def put_if_newer(self, obj: Obj) -> None:
         """Write-through after our own write, unless the watch already brought a newer one."""
+        if self.transform is not None:
+            obj = self.transform(obj)
         old = self._objects.get(object_key(obj))
         if old is None or _rv_number(old) <= _rv_number(obj):
             self._put(obj)
@@ -180,10 +186,11 @@ class Informer:
         absent_retry: float = 60.0,
         absent_grace: float = 60.0,
         quiet_seconds: float = WATCH_QUIET_SECONDS,
+        transform: Transform | None = None,
     ) -> None:
         self.kube = kube
         self.resource = resource
-        self.store = Store()
+        self.store = Store(transform)
         self.synced = asyncio.Event()
         self._handlers: list[Handler] = []
         self._selector = label_selector
@@ -336,7 +343,7 @@ class Informer:
         items of a list of built-in resources, and owner references and Events need them."""
         if not obj.get("apiVersion") or not obj.get("kind"):
             obj = {**obj, "apiVersion": self.resource.api_version, "kind": self.resource.kind}
-        return obj
+        return obj if self.store.transform is None else self.store.transform(obj)
 
     def _notify(self, old: Obj | None, new: Obj | None) -> None:
         for handler in self._handlers:

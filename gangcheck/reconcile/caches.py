@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gangcheck.kube.client import Kube, Obj
-from gangcheck.kube.informer import Informer, Store
+from gangcheck.kube.informer import Informer, Store, Transform
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -26,6 +26,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt import rollback, waiting
 from gangcheck.logic.attempt.actions import (
     CHECK_ANNOTATION,
+    CONSUME_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
@@ -37,6 +38,7 @@ from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_o
 from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.objects import Flavor, flavor_of
+from gangcheck.reconcile.ingest import trim_node, trim_pod
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
@@ -59,7 +61,9 @@ class Caches:
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
-    capacity: ClusterCapacity = field(default_factory=ClusterCapacity)
+    capacity: ClusterCapacity = field(
+        default_factory=lambda: ClusterCapacity(tally=CONSUME_ANNOTATION)
+    )
     """Node views and what bound pods use per node, kept current from node and pod events."""
     device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
     """The DRA inventory, built again only when a slice, class or claim changed."""
@@ -92,10 +96,19 @@ class Caches:
     @classmethod
     def create(cls, kube: Kube, *, watch_timeout: int = 300) -> Caches:
         def informer(
-            res: Resource, selector: str | None = None, *, optional: bool = False
+            res: Resource,
+            selector: str | None = None,
+            *,
+            optional: bool = False,
+            transform: Transform | None = None,
         ) -> Informer:
             return Informer(
-                kube, res, label_selector=selector, watch_timeout=watch_timeout, optional=optional
+                kube,
+                res,
+                label_selector=selector,
+                watch_timeout=watch_timeout,
+                optional=optional,
+                transform=transform,
             )
 
         # Optional: Kueue (a cluster may run only PodGroup gangs) and DRA (Kubernetes < 1.34,
@@ -107,8 +120,8 @@ class Caches:
             flavors=informer(RESOURCE_FLAVOR, optional=True),
             requests=informer(PROVISIONING_REQUEST, MANAGED),
             templates=informer(POD_TEMPLATE, MANAGED),
-            nodes=informer(NODE),
-            pods=informer(POD),
+            nodes=informer(NODE, transform=trim_node),
+            pods=informer(POD, transform=trim_pod),
             namespaces=informer(NAMESPACE),
             device_classes=informer(DEVICE_CLASS, optional=True),
             resource_slices=informer(RESOURCE_SLICE, optional=True),

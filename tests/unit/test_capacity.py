@@ -30,6 +30,7 @@ from gangcheck.logic.placement.quantity import QuantityError
 
 Obj = dict[str, Any]
 NODES = ["n0", "n1", "n2", "n3"]
+CONSUMES = "example.com/consumes"
 PODS = [("a", "p0"), ("a", "p1"), ("b", "p0"), ("b", "p2"), ("a", "p3")]
 ALLOCATABLE = [
     {"cpu": "8", "memory": "32Gi", "pods": "110"},
@@ -60,12 +61,15 @@ def node(name: str, variant: int, version: int, ready: bool, tainted: bool) -> O
     }
 
 
-def pod(key: tuple[str, str], node_name: str | None, variant: int, phase: str) -> Obj:
+def pod(
+    key: tuple[str, str], node_name: str | None, variant: int, phase: str, consumes: str = ""
+) -> Obj:
     spec: Obj = {"containers": [{"name": "c", "resources": {"requests": REQUESTS[variant]}}]}
     if node_name:
         spec["nodeName"] = node_name
+    annotations = {CONSUMES: consumes} if consumes else {}
     return {
-        "metadata": {"namespace": key[0], "name": key[1]},
+        "metadata": {"namespace": key[0], "name": key[1], "annotations": annotations},
         "spec": spec,
         "status": {"phase": phase},
     }
@@ -90,6 +94,7 @@ pod_events = st.tuples(
             st.sampled_from([None, *NODES, "gone"]),
             st.integers(0, len(REQUESTS) - 2),
             st.sampled_from(["Pending", "Running", "Succeeded", "Failed"]),
+            st.sampled_from(["", "r1", "r2"]),
         ),
     ),
 )
@@ -101,7 +106,7 @@ class World:
     def __init__(self) -> None:
         self.nodes: dict[str, Obj] = {}
         self.pods: dict[tuple[str, str], Obj] = {}
-        self.capacity = ClusterCapacity()
+        self.capacity = ClusterCapacity(tally=CONSUMES)
         self.version = 0
 
     def apply(self, event: tuple[Any, ...]) -> None:
@@ -155,6 +160,15 @@ def test_events_leave_the_capacity_recomputing_gives(events: list[Any], relist: 
             if amount > 0 and resource not in STANDARD_RESOURCES:
                 offering.setdefault(resource, set()).add(name)
     assert world.capacity.offering() == offering
+    for request in ("r1", "r2"):
+        scheduled = [
+            p
+            for p in pods
+            if p["metadata"]["annotations"].get(CONSUMES) == request
+            and p["spec"].get("nodeName")
+            and p["status"]["phase"] not in ("Succeeded", "Failed")
+        ]
+        assert world.capacity.tallied(request) == len(scheduled)
 
 
 GANGS = [

@@ -41,9 +41,12 @@ class _Bound:
 
 
 class ClusterCapacity:
-    """Node views and what bound pods use, per node, kept current from events."""
+    """Node views and what bound pods use, per node, kept current from events; and, with a
+    `tally` annotation, the bound unfinished pods by the value they give it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tally: str = "") -> None:
+        self._tally = tally
+        self._tallied: dict[str, set[str]] = {}
         self._views: dict[str, tuple[Obj, NodeView]] = {}
         self._bound: dict[str, _Bound] = {}
         self._used: dict[str, dict[str, int]] = {}
@@ -66,10 +69,10 @@ class ClusterCapacity:
     def on_pod(self, old: Obj | None, new: Obj | None) -> None:
         """A Pod added, changed or deleted: its requests are parsed again only if its spec
         or whether it counts (bound, not finished) changed."""
-        if old is not None and new is not None and _same_use(old, new):
+        if old is not None and new is not None and self._same_use(old, new):
             return
         if old is not None:
-            self._drop_pod(_key(old))
+            self._drop_pod(_key(old), old)
         if new is not None:
             self._add_pod(new)
 
@@ -110,6 +113,16 @@ class ClusterCapacity:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
+    def _same_use(self, old: Obj, new: Obj) -> bool:
+        """Whether the pod's change leaves what it uses where it is: same spec, it counts (or
+        not) as before, tallied alike. Most pod events are status updates: nothing to parse."""
+        return (
+            _key(old) == _key(new)
+            and _counts(old) == _counts(new)
+            and _tally_of(old, self._tally) == _tally_of(new, self._tally)
+            and old.get("spec") == new.get("spec")
+        )
+
     def _drop_node(self, name: str) -> None:
         kept = self._views.pop(name, None)
         if kept is None:
@@ -121,11 +134,17 @@ class ClusterCapacity:
                 if not nodes:
                     del self._offering[resource]
 
+    def tallied(self, value: str) -> int:
+        """How many bound, unfinished pods give the `tally` annotation this value."""
+        return len(self._tallied.get(value, ()))
+
     def _add_pod(self, pod: Obj) -> None:
         node = _dict(pod, "spec").get("nodeName")
         if not node or _dict(pod, "status").get("phase") in DONE_PHASES:
             return
         key = _key(pod)
+        if value := _tally_of(pod, self._tally):
+            self._tallied.setdefault(value, set()).add(key)
         try:
             requests = pod_requests(_dict(pod, "spec"))
         except QuantityError as e:
@@ -135,7 +154,11 @@ class ClusterCapacity:
         self._bound[key] = bound
         self._count(bound, +1)
 
-    def _drop_pod(self, key: str) -> None:
+    def _drop_pod(self, key: str, pod: Obj) -> None:
+        if (value := _tally_of(pod, self._tally)) and value in self._tallied:
+            self._tallied[value].discard(key)
+            if not self._tallied[value]:
+                del self._tallied[value]
         self._malformed.pop(key, None)
         bound = self._bound.pop(key, None)
         if bound is not None:
@@ -185,14 +208,10 @@ class DeviceInventory:
         return self._inventory
 
 
-def _same_use(old: Obj, new: Obj) -> bool:
-    """Whether the pod's change leaves what it uses where it is: same spec, and it counts
-    (or does not) as before. Most pod events are status updates: nothing to parse."""
-    return (
-        _key(old) == _key(new)
-        and _counts(old) == _counts(new)
-        and old.get("spec") == new.get("spec")
-    )
+def _tally_of(pod: Obj, annotation: str) -> str:
+    if not annotation:
+        return ""
+    return str(_dict(_dict(pod, "metadata"), "annotations").get(annotation) or "")
 
 
 def _counts(pod: Obj) -> bool:
