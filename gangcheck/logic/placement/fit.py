@@ -60,6 +60,7 @@ from gangcheck.logic.placement.dra import (
     Shortfall,
     Usage,
     allocate,
+    most_members,
 )
 from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
@@ -436,6 +437,8 @@ class _Devices:
         """How many members with `needs` (up to `most`) get devices on `node`, one after the
         other; with `commit`, their devices are then in use."""
         usage, placed = self.usage, 0
+        bound = most_members(needs, self.nodes[node], usage)
+        most = most if bound is None else min(most, bound)
         while placed < most:
             outcome = allocate(needs, self.nodes[node], usage)
             if isinstance(outcome, Shortfall):

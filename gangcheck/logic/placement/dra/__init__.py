@@ -48,7 +48,7 @@ shares, the limit of 32 devices per claim. A named (shared) ResourceClaim counts
 allocated: it takes nothing more and limits the member to the nodes its allocation allows.
 """
 
-from gangcheck.logic.placement.dra.allocation import DeviceRoom, allocate
+from gangcheck.logic.placement.dra.allocation import DeviceRoom, allocate, most_members
 from gangcheck.logic.placement.dra.cel import Selector, compile_selector
 from gangcheck.logic.placement.dra.claims import DraContext, claim_needs
 from gangcheck.logic.placement.dra.inventory import build_inventory, with_claims
@@ -109,5 +109,6 @@ __all__ = [
     "build_inventory",
     "claim_needs",
     "compile_selector",
+    "most_members",
     "with_claims",
 ]

@@ -73,6 +73,22 @@ def allocate(needs: ClaimNeeds, devices: NodeDevices, usage: Usage) -> Usage | S
     return ledger.freeze()
 
 
+def most_members(needs: ClaimNeeds, devices: NodeDevices, usage: Usage) -> int | None:
+    """At most how many members with `needs` the node's free devices could serve, each taking
+    its fewest devices (distinct, and not in use before); None when that bounds nothing: a
+    device there allows multiple allocations, or a member may take none."""
+    fewest = sum(
+        min((0 if alt.admin else 1 if alt.mode == ALL else alt.count) for alt in alts)
+        for claim in needs.claims
+        for alts in claim.requests
+        if alts
+    )
+    if fewest <= 0 or any(device.multiple for device in devices.devices):
+        return None
+    free = sum(1 for d in devices.devices if d.id not in usage.taken and d.id not in usage.shared)
+    return free // fewest
+
+
 class _Ledger:
     """What is in use while one member's claims are allocated: the Usage it started from,
     untouched, and what this allocation added (copied cheaply when a choice is tried)."""
