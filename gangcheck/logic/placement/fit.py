@@ -47,7 +47,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gangcheck.logic.placement.dra import (
@@ -527,17 +527,21 @@ def fit_gang(
     """
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
-    views = list({n.name: n for n in nodes}.values())
-    wanted = _candidates(gang, bound_pods, devices)
-    if wanted is not None:
-        indexed = bound_pods.indexed if isinstance(bound_pods, BoundUsage) else frozenset()
-        narrowed = [
-            n for n in views if n.name in wanted or not n.is_usable or n.name not in indexed
-        ]
-        result = _fit(gang, narrowed, bound_pods, devices)
-        if result.fits or len(narrowed) == len(views):
-            return result
-    return _fit(gang, views, bound_pods, devices)
+    views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
+    return _fit(gang, views, _placing(gang, views, bound_pods, devices), bound_pods, devices)
+
+
+def _placing(
+    gang: Sequence[GangPodSet], views: list[NodeView], bound: Bound, devices: Inventory | None
+) -> list[NodeView]:
+    """The nodes placement has to look at: those that could host a member of some pod set,
+    the unusable ones (their reasons are reported), and the ones the index does not know;
+    all of them when any node could host a member."""
+    wanted = _candidates(gang, bound, devices)
+    if wanted is None or not isinstance(bound, BoundUsage):
+        return views
+    indexed = bound.indexed
+    return [n for n in views if n.name in wanted or not n.is_usable or n.name not in indexed]
 
 
 def _candidates(
@@ -564,22 +568,33 @@ def _candidates(
 
 def _fit(
     gang: list[GangPodSet],
-    nodes: list[NodeView],
+    views: list[NodeView],
+    placing: list[NodeView],
     bound_pods: Bound,
     devices: Inventory | None,
 ) -> FitResult:
-    views = sorted(nodes, key=lambda n: n.name)
-    start = _initial_free(views, used_resources(bound_pods))
+    """Placement on the `placing` nodes (no other node could take a member, so it is the
+    placement on all `views`); the reasons over all of them when the gang does not fit (when
+    it does, only the unusable nodes have one, and those are among `placing`)."""
+    used = used_resources(bound_pods)
+    start = _initial_free(placing, used)
     inventory = devices or Inventory()
     reach = None
     if any(ps.member.devices for ps in gang):
-        reach = {view.name: node_devices(inventory, view) for view in views}
-    plans = [_plan(ps, views) for ps in gang]
+        reach = {view.name: node_devices(inventory, view) for view in placing}
+    plans = [_plan(ps, placing) for ps in gang]
     attempts = (
         _attempt(order, start, None if reach is None else _Devices(reach, inventory.used))
         for order in _orders(plans)
     )
-    return _result(gang, views, _best(attempts), reach)
+    best = _best(attempts)
+    if not best.unplaced or len(placing) == len(views):
+        return _result(gang, placing, best, reach)
+    others = [view for view in views if view.name not in start]
+    free = {**_initial_free(others, used), **best.free}
+    if reach is not None:
+        reach = {**{view.name: node_devices(inventory, view) for view in others}, **reach}
+    return _result(gang, views, replace(best, free=free), reach)
 
 
 @dataclass(frozen=True)
