@@ -15,7 +15,8 @@ At cluster scale (`--scale`, what `make bench` runs): 5,000 nodes, 1 in 5 with 8
 others CPU only), and 50,000 bound pods, 10 per node (on 1 in 8 GPU nodes one of them holds all
 8 GPUs); a gang of 16 members x 8 GPUs in two pod sets, its GPUs as an extended resource or
 through DRA claims, fitted as the controller fits it (`fits_now`, from the cached objects);
-then the same fit right after one bound pod changed (deleted), as the next reconcile sees it.
+then the same fit right after one bound pod changed (deleted), as the next reconcile sees it;
+and the same for a gang waiting for capacity (it does not fit: every node gets a reason).
 
 Usage: python benchmarks/fit_scale.py [--nodes 32,128,512] [--repeat 5] [--scale [--scale-only]]
 """
@@ -266,6 +267,17 @@ def run_scale(repeat: int) -> None:
         changed = timed_after_change(capacity, objects["pods"], gang, repeat)
         case = "DRA claims" if dra else "extended resource"
         print(f"{case:22} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
+        waiting = waiting_gang(dra)
+        one, result = timed(functools.partial(fits_now, capacity, waiting), repeat)
+        changed = timed_after_change(capacity, objects["pods"], waiting, repeat)
+        case = f"{case}, no fit"
+        print(f"{case:22} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
+
+
+def waiting_gang(dra: bool) -> GangSpec:
+    """A gang waiting for capacity: more members of 8 GPUs than there are free GPU nodes."""
+    members = SCALE_NODES // GPU_NODE_EVERY + 1
+    return GangSpec((("a", members, template(dra, "1Gi")),), namespace="bench")
 
 
 def timed_after_change(capacity: Capacity, pods: list[Obj], gang: GangSpec, repeat: int) -> float:
