@@ -61,7 +61,7 @@ soak: install binaries ## the long fault suite: more gangs, seeds, SIGKILLs (ten
 .PHONY: bench
 bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA
 	$(PYTHON) benchmarks/partial_delivery.py
-	$(PYTHON) benchmarks/fit_scale.py
+	$(PYTHON) benchmarks/fit_scale.py --scale --repeat 3
 
 .PHONY: demo
 demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up

@@ -15,10 +15,16 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
+from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.workloads import checkconfig
-from gangcheck.model.names import GROUP_ANNOTATION, RECLAIM_WHEN_IDLE, WORKLOAD_ANNOTATION
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    GROUP_ANNOTATION,
+    RECLAIM_WHEN_IDLE,
+    WORKLOAD_ANNOTATION,
+)
 from gangcheck.model.objects import Obj
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
@@ -187,8 +193,8 @@ class Controller:
             self._add_workload(wl["metadata"]["namespace"], wl["metadata"]["name"])
         for req in self.caches.requests.store:
             self._on_request(None, req)
-        for node in self.caches.nodes.store:
-            self._on_node(None, node)
+        for node in self.caches.nodes.store:  # every gang with a request is queued already
+            self._add_node_keys(node)
 
     # ---- event -> key ------------------------------------------------------------------
 
@@ -283,18 +289,45 @@ class Controller:
             self._add_group(ref.api_group, pod["metadata"]["namespace"], ref.name)
 
     def _on_capacity_change(self, _old: Obj | None, _new: Obj | None) -> None:
-        """Nodes and bound pods change fit: revisit every Workload with a request in flight."""
-        for req in self.caches.requests.store:
+        """Devices (or, through `_on_node`, a node) changed fit: revisit the gangs waiting for
+        capacity. Gangs past that (fulfilled, started, rolling back) do not fit again; what
+        they read of nodes and pods reaches them by `_on_recorded` and `_on_consumer`."""
+        for req in self.caches.in_flight.open_requests():
+            self._on_request(None, req)
+
+    def _on_recorded(self, node: Obj | None) -> None:
+        """The gang of the request the node is recorded for (the arrival ledger)."""
+        owner = claim_of(node) if node is not None else ""
+        namespace, _, name = owner.partition("/")
+        req = self.caches.requests.store.get(name, namespace) if name else None
+        if req is not None:
+            self._on_request(None, req)
+
+    def _on_consumer(self, pod: Obj | None) -> None:
+        """The gang of the request the pod consumes (its start is counted in its pods)."""
+        meta = (pod or {}).get("metadata") or {}
+        name = (meta.get("annotations") or {}).get(CONSUME_ANNOTATION)
+        req = self.caches.requests.store.get(str(name), meta.get("namespace")) if name else None
+        if req is not None:
             self._on_request(None, req)
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
+        self._on_recorded(old)
+        self._on_recorded(new)
         self._on_capacity_change(old, new)
-        if new is not None and RECLAIM_WHEN_IDLE in (new["metadata"].get("annotations") or {}):
-            self.queue.add(NODE_KEY + new["metadata"]["name"])
-        if new is not None and is_arriving(new):
-            self.queue.add(ARRIVAL_KEY + new["metadata"]["name"])
+        if new is not None:
+            self._add_node_keys(new)
+
+    def _add_node_keys(self, node: Obj) -> None:
+        """The node's own keys: an idle reclaim to finish, an arrival to open."""
+        if RECLAIM_WHEN_IDLE in (node["metadata"].get("annotations") or {}):
+            self.queue.add(NODE_KEY + node["metadata"]["name"])
+        if is_arriving(node):
+            self.queue.add(ARRIVAL_KEY + node["metadata"]["name"])
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        """A pod's group; and when what it uses moved (bound, unbound, finished, gone), the
+        gang it consumes for and what its nodes' changes reach."""
         self._on_pod_member(new if new is not None else old)
         was = (old or {}).get("spec", {}).get("nodeName")
         now = (new or {}).get("spec", {}).get("nodeName")
@@ -303,7 +336,7 @@ class Controller:
             ((new or {}).get("status") or {}).get("phase"),
         )
         if old is None or new is None or was != now or phase[0] != phase[1]:
-            self._on_capacity_change(old, new)
+            self._on_consumer(new if new is not None else old)
             for node in {was, now} - {None, ""}:
                 obj = self.caches.nodes.store.get(str(node))
                 if obj is not None:

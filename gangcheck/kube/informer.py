@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Set
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Obj | None, Obj | None], None]
 """Called with (old, new): old is None on add, new is None on delete."""
+Transform = Callable[[Obj], Obj]
+"""What a cache keeps of an object: the fields the controller reads, to save memory."""
 MAX_BACKOFF_SECONDS = 30.0
 
 
@@ -49,10 +51,21 @@ def object_key(obj: Obj) -> str:
 
 
 class Store:
-    """The objects of one resource as last seen, by ``namespace/name`` (or ``name``)."""
+    """The objects of one resource as last seen, by ``namespace/name`` (or ``name``), with
+    an index by namespace so a namespace's objects are found without a scan."""
 
-    def __init__(self) -> None:
+    def __init__(self, transform: Transform | None = None) -> None:
         self._objects: dict[str, Obj] = {}
+        self._by_namespace: dict[str, dict[str, Obj]] = {}
+        self._indexers: list[Handler] = []
+        self.transform = transform
+        """What is kept of each object (None: all of it), applied to everything stored."""
+
+    def add_indexer(self, indexer: Handler) -> None:
+        """Call `indexer(old, new)` on every change of the store, our own write-throughs
+        included, so that what it keeps always matches the store (handlers of the informer
+        hear only what the API server reports)."""
+        self._indexers.append(indexer)
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
         return self._objects.get(f"{namespace}/{name}" if namespace else name)
@@ -63,26 +76,60 @@ class Store:
     def __len__(self) -> int:
         return len(self._objects)
 
+    def values(self) -> Collection[Obj]:
+        """The objects, not copied: a live view, to read without an await in between."""
+        return self._objects.values()
+
+    def keys(self) -> Set[str]:
+        """The keys (``namespace/name`` or ``name``), not copied: a live view."""
+        return self._objects.keys()
+
     def in_namespace(self, namespace: str) -> list[Obj]:
-        return [o for o in self if o["metadata"].get("namespace") == namespace]
+        return list(self._by_namespace.get(namespace, {}).values())
 
     def owned_by(self, uid: str) -> list[Obj]:
         return [o for o in self if any(r.get("uid") == uid for r in _owners(o))]
 
     def put_if_newer(self, obj: Obj) -> None:
         """Write-through after our own write, unless the watch already brought a newer one."""
+        if self.transform is not None:
+            obj = self.transform(obj)
         old = self._objects.get(object_key(obj))
         if old is None or _rv_number(old) <= _rv_number(obj):
-            self._objects[object_key(obj)] = obj
+            self._put(obj)
 
     def _put(self, obj: Obj) -> Obj | None:
         key = object_key(obj)
         old = self._objects.get(key)
         self._objects[key] = obj
+        if old is not None and _namespace(old) != _namespace(obj):
+            self._unindex(key, old)
+        self._index(key, obj)
+        self._tell(old, obj)
         return old
 
     def _pop(self, obj: Obj) -> Obj | None:
-        return self._objects.pop(object_key(obj), None)
+        key = object_key(obj)
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+            self._tell(old, None)
+        return old
+
+    def _tell(self, old: Obj | None, new: Obj | None) -> None:
+        for indexer in self._indexers:
+            indexer(old, new)
+
+    def _index(self, key: str, obj: Obj) -> None:
+        if namespace := _namespace(obj):
+            self._by_namespace.setdefault(namespace, {})[key] = obj
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        here = self._by_namespace.get(_namespace(obj))
+        if here is not None:
+            here.pop(key, None)
+            if not here:
+                del self._by_namespace[_namespace(obj)]
 
     def _replace(self, objs: list[Obj]) -> tuple[list[Obj], list[tuple[Obj | None, Obj]]]:
         """Replace everything; return (removed, [(old, new)]) for the handlers."""
@@ -94,7 +141,18 @@ class Store:
             if _rv(self._objects.get(k)) != _rv(o)
         ]
         self._objects = fresh
+        self._by_namespace = {}
+        for key, obj in fresh.items():
+            self._index(key, obj)
+        for obj in removed:
+            self._tell(obj, None)
+        for old, new in changed:
+            self._tell(old, new)
         return removed, changed
+
+
+def _namespace(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("namespace") or "")
 
 
 def _owners(obj: Obj) -> list[dict[str, Any]]:
@@ -129,10 +187,11 @@ class Informer:
         absent_retry: float = 60.0,
         absent_grace: float = 60.0,
         quiet_seconds: float = WATCH_QUIET_SECONDS,
+        transform: Transform | None = None,
     ) -> None:
         self.kube = kube
         self.resource = resource
-        self.store = Store()
+        self.store = Store(transform)
         self.synced = asyncio.Event()
         self._handlers: list[Handler] = []
         self._selector = label_selector
@@ -285,7 +344,7 @@ class Informer:
         items of a list of built-in resources, and owner references and Events need them."""
         if not obj.get("apiVersion") or not obj.get("kind"):
             obj = {**obj, "apiVersion": self.resource.api_version, "kind": self.resource.kind}
-        return obj
+        return obj if self.store.transform is None else self.store.transform(obj)
 
     def _notify(self, old: Obj | None, new: Obj | None) -> None:
         for handler in self._handlers:

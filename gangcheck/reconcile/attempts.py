@@ -38,7 +38,7 @@ async def withdraw_orphans(
     backend: CapacityBackend = PROVISIONING_REQUEST,
 ) -> None:
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it."""
-    capacity = in_flight_capacity(caches)
+    capacity = in_flight_capacity(caches, copied=True)  # read across the awaits below
     for obj in requests:
         if not is_orphan(obj):
             continue

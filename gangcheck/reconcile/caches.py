@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.informer import Informer, Store
+from gangcheck.kube.informer import Informer, Store, Transform
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -23,11 +23,15 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt import rollback, waiting
+from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
+from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     CHECK_ANNOTATION,
+    CONSUME_ANNOTATION,
     GROUP_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -35,6 +39,7 @@ from gangcheck.model.names import (
     WORKLOAD_ANNOTATION,
 )
 from gangcheck.model.objects import Flavor, Obj, flavor_of
+from gangcheck.reconcile.ingest import trim_node, trim_pod
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
@@ -57,14 +62,54 @@ class Caches:
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
+    capacity: ClusterCapacity = field(
+        default_factory=lambda: ClusterCapacity(tally=CONSUME_ANNOTATION)
+    )
+    """Node views and what bound pods use per node, kept current from node and pod events."""
+    device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
+    """The DRA inventory, built again only when a slice, class or claim changed."""
+    in_flight: InFlight = field(init=False)
+    """The requests capacity may still arrive for, kept from request and template events."""
+
+    def __post_init__(self) -> None:
+        self.in_flight = InFlight(self.requests.store, self.templates.store)
+        self.requests.store.add_indexer(self.in_flight.on_request)
+        self.templates.store.add_indexer(self.in_flight.on_template)
+        self.nodes.store.add_indexer(self.capacity.on_node)
+        self.pods.store.add_indexer(self.capacity.on_pod)
+        self.resource_slices.store.add_indexer(self.device_inventory.on_published)
+        self.device_classes.store.add_indexer(self.device_inventory.on_published)
+        self.resource_claims.store.add_indexer(self.device_inventory.on_claim)
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
+        """A fit's DRA inputs: the namespace's claim templates and claims, and the devices."""
+        context = DraContext.of(
+            self.claim_templates.store.in_namespace(namespace),
+            self.resource_claims.store.in_namespace(namespace),
+        )
+        inventory = self.device_inventory.inventory(
+            self.resource_slices.store.values(),
+            self.device_classes.store.values(),
+            self.resource_claims.store.values(),
+        )
+        return context, inventory
 
     @classmethod
     def create(cls, kube: Kube, *, watch_timeout: int = 300) -> Caches:
         def informer(
-            res: Resource, selector: str | None = None, *, optional: bool = False
+            res: Resource,
+            selector: str | None = None,
+            *,
+            optional: bool = False,
+            transform: Transform | None = None,
         ) -> Informer:
             return Informer(
-                kube, res, label_selector=selector, watch_timeout=watch_timeout, optional=optional
+                kube,
+                res,
+                label_selector=selector,
+                watch_timeout=watch_timeout,
+                optional=optional,
+                transform=transform,
             )
 
         # Optional: Kueue (a cluster may run only PodGroup gangs) and DRA (Kubernetes < 1.34,
@@ -76,8 +121,8 @@ class Caches:
             flavors=informer(RESOURCE_FLAVOR, optional=True),
             requests=informer(PROVISIONING_REQUEST, MANAGED),
             templates=informer(POD_TEMPLATE, MANAGED),
-            nodes=informer(NODE),
-            pods=informer(POD),
+            nodes=informer(NODE, transform=trim_node),
+            pods=informer(POD, transform=trim_pod),
             namespaces=informer(NAMESPACE),
             device_classes=informer(DEVICE_CLASS, optional=True),
             resource_slices=informer(RESOURCE_SLICE, optional=True),
@@ -151,6 +196,47 @@ class Caches:
     def opted_in_obj(namespace: Obj) -> bool:
         labels = (namespace.get("metadata") or {}).get("labels") or {}
         return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
+
+
+class InFlight:
+    """The open requests (capacity may still arrive for them: see logic/attempt/waiting.py),
+    kept from request events, and the waiting order worked out again only after a request or
+    a template changed, not on every reconcile."""
+
+    def __init__(self, requests: Store, templates: Store) -> None:
+        self._requests = requests
+        self._templates = templates
+        self._open: dict[str, Obj] = {}
+        self._waiting: tuple[Waiting, ...] | None = None
+        self._open_order: tuple[Waiting, ...] | None = None
+
+    def on_request(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            self._open.pop(waiting.request_key(old), None)
+        if new is not None and waiting.is_open(new):
+            self._open[waiting.request_key(new)] = new
+        self._waiting = self._open_order = None
+
+    def on_template(self, _old: Obj | None, _new: Obj | None) -> None:
+        self._waiting = self._open_order = None
+
+    def open_requests(self) -> list[Obj]:
+        """The open requests, in no particular order."""
+        return list(self._open.values())
+
+    def waiting(self) -> tuple[Waiting, ...]:
+        """The Provisioned open requests with their templates, oldest first."""
+        if self._waiting is None:
+            self._waiting = waiting.waiting_of(self._open.values(), self._templates.get)
+        return self._waiting
+
+    def open(self) -> tuple[Waiting, ...]:
+        """Every open request with its templates, oldest first."""
+        if self._open_order is None:
+            self._open_order = waiting.waiting_of(
+                self._open.values(), self._templates.get, is_waiting=waiting.is_open
+            )
+        return self._open_order
 
 
 def _made_for(

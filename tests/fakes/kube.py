@@ -28,7 +28,7 @@ from typing import Any
 from gangcheck.kube import resources
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, error_from_status
-from gangcheck.kube.informer import Informer, Store
+from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
 from gangcheck.reconcile.caches import Caches
@@ -169,9 +169,12 @@ class FakeKube(Kube):
         """Make every cache show the store as it is now (as a relist would), synced and
         authoritative."""
         for informer in [*caches.all(), *caches.pod_groups.values()]:
-            informer.store = Store()
+            # The same Store, emptied and refilled, so that what the caches index from its
+            # changes (kept capacity, open requests) follows, as after a relist.
+            for obj in list(informer.store):
+                informer.store._pop(obj)
             for obj in self._matching(informer.resource, None, informer._selector):
-                informer.store.put_if_newer(obj)
+                informer.store.put_if_newer(copy.deepcopy(obj))
             informer.served = informer.authoritative = True
             informer.synced.set()
 

@@ -9,15 +9,18 @@ it and the nodes no other in-flight request claims, so two gangs never count one
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Protocol
 
 from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus
+from gangcheck.logic.placement.capacity import ClusterCapacity
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (
+    Bound,
     GangPodSet,
     Member,
     NodeView,
@@ -44,13 +47,19 @@ class Waiting:
     """The request's creationTimestamp: only nodes younger than it arrived for it."""
 
 
+class DeviceSource(Protocol):
+    """Where a fit's DRA inputs come from when kept current from events."""
+
+    def dra(self, namespace: str) -> tuple[DraContext, Inventory]: ...
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The nodes and pods the caches hold, and which requests are in flight (`ns/name`)."""
 
-    nodes: tuple[Obj, ...] = ()
-    pods: tuple[Obj, ...] = ()
-    in_flight: frozenset[str] = frozenset()
+    nodes: Collection[Obj] = ()
+    pods: Collection[Obj] = ()
+    in_flight: Set[str] = frozenset()
     waiting: tuple[Waiting, ...] = ()
     """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
     claim_grace_seconds: float = 15.0
@@ -60,11 +69,31 @@ class Capacity:
     claim_templates: tuple[Obj, ...] = ()
     """DRA objects: what a gang's ResourceClaimTemplates ask is counted against the devices
     the ResourceSlices publish, less what allocated claims hold."""
+    cluster: ClusterCapacity | None = None
+    """Node views and what bound pods use, kept current from events: when set, fits read
+    them instead of parsing `nodes` and `pods` again."""
+    devices: DeviceSource | None = None
+    """When set, the DRA inputs kept current from events, instead of the objects above."""
+
+    def view(self, node: Obj) -> NodeView:
+        return self.cluster.view_of(node) if self.cluster is not None else node_view(node)
+
+    def views(self) -> Collection[NodeView]:
+        """Views of all `nodes`: the ones kept, or parsed now."""
+        if self.cluster is not None:
+            return self.cluster.node_views()
+        return [node_view(n) for n in self.nodes]
+
+    def bound(self) -> Bound:
+        """What the bound pods use: kept current, or the pods to sum."""
+        return self.cluster.usage() if self.cluster is not None else self.pods
 
     def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
         """The namespace's claim templates and claims, and the cluster's devices."""
+        if self.devices is not None:
+            return self.devices.dra(namespace)
 
-        def here(objs: tuple[Obj, ...]) -> list[Obj]:
+        def here(objs: Collection[Obj]) -> list[Obj]:
             return [o for o in objs if (o.get("metadata") or {}).get("namespace") == namespace]
 
         context = DraContext.of(here(self.claim_templates), here(self.resource_claims))
@@ -135,11 +164,12 @@ def assess(
     pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), request_key(req))
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
     # A node still closed on arrival counts only once this request records it (which opens it).
-    views = [node_view(n) for n in base if not is_arriving(n)]
+    views = [capacity.view(n) for n in base if not is_arriving(n)]
+    bound = capacity.bound()
 
     def fit() -> TopologyFit:
         return fit_in_domains(
-            pod_sets, views, capacity.pods, spec.topology, together=spec.together, devices=devices
+            pod_sets, views, bound, spec.topology, together=spec.together, devices=devices
         )
 
     result = fit()
@@ -176,7 +206,7 @@ def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
     capacity = capacity or Capacity()
     free, pod_sets, devices = _unclaimed(capacity, gang)
     fitted = fit_in_domains(
-        pod_sets, free, capacity.pods, gang.topology, together=gang.together, devices=devices
+        pod_sets, free, capacity.bound(), gang.topology, together=gang.together, devices=devices
     )
     return _fulfillment(fitted, devices)
 
@@ -213,7 +243,7 @@ def _partition(
             base.append(node)
         elif owner and owner in capacity.in_flight:
             continue  # another gang's arrival
-        elif not is_new_arrival(node, created, members):
+        elif not is_new_arrival(node, created, members, view=capacity.view):
             base.append(node)  # capacity that predates the request, shared by all
         elif _may_claim(capacity, key, node, now):
             candidates.append(node)
@@ -222,7 +252,7 @@ def _partition(
 
 def _may_claim(capacity: Capacity, key: str, node: Obj, now: datetime | None) -> bool:
     """Older waiting requests the node could serve claim it first; after a grace, anyone may."""
-    view = node_view(node)
+    view = capacity.view(node)
     for older in capacity.waiting:
         if older.key == key:
             return True
@@ -251,12 +281,18 @@ def proven_younger(node: Obj, request_created: datetime | None) -> bool:
     return born.replace(microsecond=0) > request_created.replace(microsecond=0)
 
 
-def is_new_arrival(node: Obj, request_created: datetime | None, members: list[Member]) -> bool:
+def is_new_arrival(
+    node: Obj,
+    request_created: datetime | None,
+    members: list[Member],
+    *,
+    view: Callable[[Obj], NodeView] = node_view,
+) -> bool:
     """Proven younger than the request, and made of what one of its members needs."""
     if not proven_younger(node, request_created):
         return False
-    view: NodeView = node_view(node)
-    return any(could_be_made_for(m, view) for m in members)
+    view_of: NodeView = view(node)
+    return any(could_be_made_for(m, view_of) for m in members)
 
 
 def reserved_split(
@@ -265,17 +301,18 @@ def reserved_split(
     """How much of the gang the reserved nodes no in-flight request claims can take now."""
     capacity = capacity or Capacity()
     free, pod_sets, devices = _unclaimed(capacity, gang)
-    return split_gang(pod_sets, free, capacity.pods, reservations, devices)
+    return split_gang(pod_sets, free, capacity.bound(), reservations, devices)
 
 
 def _unclaimed(
     capacity: Capacity, gang: GangSpec
 ) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
     """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
+    in_flight = capacity.in_flight
     free = [
-        node_view(n)
-        for n in capacity.nodes
-        if not claim_of(n) or claim_of(n) not in capacity.in_flight
+        view
+        for view in capacity.views()
+        if not (owner := view.annotations.get(ARRIVED_FOR)) or owner not in in_flight
     ]
     context, devices = capacity.dra(gang.namespace)
     return free, gang_of(gang.pod_sets, context), devices

@@ -15,7 +15,7 @@ deleted mid-attempt): what arrived for it is reclaimed before its request is del
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -169,5 +169,5 @@ def verdict(req: AttemptRecord) -> Verdict | None:
     return Verdict(reason, f"rolled back {req.name} ({reason}); {summary}")
 
 
-def _nodes(capacity: Capacity | None) -> tuple[Obj, ...]:
+def _nodes(capacity: Capacity | None) -> Collection[Obj]:
     return capacity.nodes if capacity else ()

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field, replace
 
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
@@ -59,6 +59,7 @@ from gangcheck.logic.placement.dra import (
     Shortfall,
     Usage,
     allocate,
+    most_members,
 )
 from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
@@ -435,6 +436,8 @@ class _Devices:
         """How many members with `needs` (up to `most`) get devices on `node`, one after the
         other; with `commit`, their devices are then in use."""
         usage, placed = self.usage, 0
+        bound = most_members(needs, self.nodes[node], usage)
+        most = most if bound is None else min(most, bound)
         while placed < most:
             outcome = allocate(needs, self.nodes[node], usage)
             if isinstance(outcome, Shortfall):
@@ -448,8 +451,26 @@ class _Devices:
 # --- bound pods ------------------------------------------------------------------------------
 
 
-def used_resources(bound_pods: Iterable[Obj]) -> dict[str, dict[str, int]]:
+@dataclass(frozen=True)
+class BoundUsage:
+    """What bound pods use per node, as `used_resources` gives it, kept current from events
+    (`gangcheck.logic.placement.capacity`), and the nodes `indexed`, by the extended
+    resources they offer (`offering`): a fit given it parses no pod and, when it can, reads
+    only the nodes that could host a member."""
+
+    by_node: Mapping[str, Resources]
+    offering: Mapping[str, Set[str]] = field(default_factory=dict)
+    indexed: Set[str] = frozenset()
+
+
+Bound = Iterable[Obj] | BoundUsage
+"""Bound Pod objects, or what they use per node already summed."""
+
+
+def used_resources(bound_pods: Bound) -> Mapping[str, Resources]:
     """Node name -> requests of the pods bound to it and not finished, `pods` counted."""
+    if isinstance(bound_pods, BoundUsage):
+        return bound_pods.by_node
     used: dict[str, dict[str, int]] = {}
     for pod in bound_pods:
         node_name = _dict(pod, "spec").get("nodeName")
@@ -493,27 +514,86 @@ class FitResult:
 def fit_gang(
     pod_sets: Sequence[GangPodSet | tuple[str, int, Member]],
     nodes: Iterable[NodeView],
-    bound_pods: Iterable[Obj] = (),
+    bound_pods: Bound = (),
     devices: Inventory | None = None,
 ) -> FitResult:
     """Whether every member of every pod set can be placed at once (see module doc).
 
     `devices`: the DRA devices members' claims are allocated from (default: none at all).
+    `bound_pods` as a `BoundUsage`: the fit is tried first on the nodes that could host a
+    member (and the unusable ones, whose reasons it reports); when the gang fits there, that
+    is the fit on all nodes (no other node could have taken a member), else all are read.
     """
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
     views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
-    start = _initial_free(views, used_resources(bound_pods))
+    return _fit(gang, views, _placing(gang, views, bound_pods, devices), bound_pods, devices)
+
+
+def _placing(
+    gang: Sequence[GangPodSet], views: list[NodeView], bound: Bound, devices: Inventory | None
+) -> list[NodeView]:
+    """The nodes placement has to look at: those that could host a member of some pod set,
+    the unusable ones (their reasons are reported), and the ones the index does not know;
+    all of them when any node could host a member."""
+    wanted = _candidates(gang, bound, devices)
+    if wanted is None or not isinstance(bound, BoundUsage):
+        return views
+    indexed = bound.indexed
+    return [n for n in views if n.name in wanted or not n.is_usable or n.name not in indexed]
+
+
+def _candidates(
+    gang: Sequence[GangPodSet], bound: Bound, devices: Inventory | None
+) -> Set[str] | None:
+    """The nodes that could host a member of some pod set; None: any node could."""
+    if not isinstance(bound, BoundUsage):
+        return None
+    found: set[str] = set()
+    for pod_set in gang:
+        member = pod_set.member
+        extended = [r for r, v in member.requests.items() if v > 0 and r not in STANDARD_RESOURCES]
+        if extended:
+            found |= set.intersection(*(set(bound.offering.get(r, ())) for r in extended))
+        elif member.devices.needs_a_device and devices is not None:
+            reaching = devices.nodes_reaching()
+            if reaching is None:
+                return None
+            found |= reaching
+        else:
+            return None
+    return found
+
+
+def _fit(
+    gang: list[GangPodSet],
+    views: list[NodeView],
+    placing: list[NodeView],
+    bound_pods: Bound,
+    devices: Inventory | None,
+) -> FitResult:
+    """Placement on the `placing` nodes (no other node could take a member, so it is the
+    placement on all `views`); the reasons over all of them when the gang does not fit (when
+    it does, only the unusable nodes have one, and those are among `placing`)."""
+    used = used_resources(bound_pods)
+    start = _initial_free(placing, used)
     inventory = devices or Inventory()
     reach = None
     if any(ps.member.devices for ps in gang):
-        reach = {view.name: node_devices(inventory, view) for view in views}
-    plans = [_plan(ps, views) for ps in gang]
+        reach = {view.name: node_devices(inventory, view) for view in placing}
+    plans = [_plan(ps, placing) for ps in gang]
     attempts = (
         _attempt(order, start, None if reach is None else _Devices(reach, inventory.used))
         for order in _orders(plans)
     )
-    return _result(gang, views, _best(attempts), reach)
+    best = _best(attempts)
+    if not best.unplaced or len(placing) == len(views):
+        return _result(gang, placing, best, reach)
+    others = [view for view in views if view.name not in start]
+    free = {**_initial_free(others, used), **best.free}
+    if reach is not None:
+        reach = {**{view.name: node_devices(inventory, view) for view in others}, **reach}
+    return _result(gang, views, replace(best, free=free), reach)
 
 
 @dataclass(frozen=True)
@@ -608,7 +688,8 @@ def _place(
     """Fill the eligible nodes, best fit first; returns how many members are left over."""
     requests, left = plan.pod_set.member.requests, plan.pod_set.count
     needs = plan.pod_set.member.devices
-    room = {n.name: _fits(requests, plan.wanted, free[n.name]) for n in plan.eligible}
+    shapes = _Shapes(requests, plan.wanted)
+    room = {n.name: shapes.of(n, free[n.name])[0] for n in plan.eligible}
     if needs and devices is not None:
         room = {
             name: devices.place(name, needs, min(most, left), commit=False) if most else 0
@@ -616,7 +697,7 @@ def _place(
         }
 
     def best_fit(node: NodeView) -> tuple[int, float, str]:
-        after = _room_after(requests, plan.wanted, node, free[node.name])
+        after = shapes.of(node, free[node.name])[1]
         return (room[node.name] if needs and devices else 0, after, node.name)
 
     for node in sorted((n for n in plan.eligible if room[n.name] > 0), key=best_fit):
@@ -632,6 +713,30 @@ def _place(
         if left == 0:
             break
     return left
+
+
+class _Shapes:
+    """How many members fit on a node and the room left after one (`_fits`, `_room_after`),
+    worked out once per node shape (free and allocatable amounts of the wanted resources):
+    nodes alike in a large cluster share one answer."""
+
+    def __init__(self, requests: Resources, wanted: Sequence[str]) -> None:
+        self._requests = requests
+        self._wanted = wanted
+        self._known: dict[tuple[int, ...], tuple[int, float]] = {}
+
+    def of(self, node: NodeView, free: Resources) -> tuple[int, float]:
+        allocatable = node.allocatable
+        shape = tuple(free.get(r, 0) for r in self._wanted) + tuple(
+            allocatable.get(r, 0) for r in self._wanted
+        )
+        known = self._known.get(shape)
+        if known is None:
+            known = self._known[shape] = (
+                _fits(self._requests, self._wanted, free),
+                _room_after(self._requests, self._wanted, node, free),
+            )
+        return known
 
 
 def _fits(requests: Resources, wanted: Sequence[str], free: Resources) -> int:

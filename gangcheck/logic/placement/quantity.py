@@ -15,7 +15,6 @@ exponent within ±`MAX_EXPONENT`; beyond those the string is refused as malforme
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 NANO = 10**9
 MAX_DIGITS = 300
@@ -48,29 +47,32 @@ def parse_quantity(text: str | int | float) -> int:
     sign, whole, frac, suffix = match[1], match[2], match[3] or "", match[4]
     if len(whole) + len(frac) > MAX_DIGITS:
         raise QuantityError(f"malformed quantity {raw[:40]!r}...: too many digits")
-    magnitude = Fraction(int(whole + frac), 10 ** len(frac)) * _multiplier(raw, suffix)
-    nanos = _ceil(magnitude * NANO)
+    binary, power = _multiplier(raw, suffix)
+    nanos = _scaled(int(whole + frac) * 1024**binary, power + 9 - len(frac))
     if suffix in _BINARY:
         nanos = min(nanos, _MAX_INT64 * NANO)
     return -nanos if sign == "-" else nanos
 
 
-def _multiplier(raw: str, suffix: str) -> Fraction:
+def _multiplier(raw: str, suffix: str) -> tuple[int, int]:
+    """The suffix as (power of 1024, power of 10)."""
     if suffix in _BINARY:
-        return Fraction(1024 ** _BINARY[suffix])
+        return _BINARY[suffix], 0
     if suffix in _DECIMAL:
-        return Fraction(10) ** _DECIMAL[suffix]
+        return 0, _DECIMAL[suffix]
     exponent = _EXPONENT.fullmatch(suffix)
     if exponent is None:
         raise QuantityError(f"malformed quantity {raw!r}: unknown suffix {suffix!r}")
     power = int(exponent[1])
     if abs(power) > MAX_EXPONENT:
         raise QuantityError(f"malformed quantity {raw!r}: exponent out of range")
-    return Fraction(10) ** power
+    return 0, power
 
 
-def _ceil(value: Fraction) -> int:
-    return -(-value.numerator // value.denominator)
+def _scaled(value: int, power: int) -> int:
+    """value * 10**power, rounded up: integer arithmetic only."""
+    scale: int = 10 ** abs(power)
+    return value * scale if power >= 0 else -(-value // scale)
 
 
 def format_quantity(nanos: int, *, binary: bool = False) -> str:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gangcheck.logic.placement.dra import Inventory
-from gangcheck.logic.placement.fit import GangPodSet, NodeView, fit_gang
+from gangcheck.logic.placement.fit import Bound, GangPodSet, NodeView, fit_gang
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def reserved_nodes(
 def split_gang(
     pod_sets: Sequence[GangPodSet],
     nodes: Sequence[NodeView],
-    bound_pods: Iterable[Mapping[str, Any]],
+    bound_pods: Bound,
     reservations: Sequence[Reservation],
     devices: Inventory | None = None,
 ) -> ReservedSplit:

@@ -17,8 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gangcheck.logic.placement.dra import Inventory
-from gangcheck.logic.placement.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
-from gangcheck.model.objects import ReadOnlyObj as Obj
+from gangcheck.logic.placement.fit import (
+    Bound,
+    BoundUsage,
+    FitResult,
+    GangPodSet,
+    NodeView,
+    fit_gang,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ def domains_of(nodes: Iterable[NodeView], key: str) -> list[str]:
 def fit_in_domains(
     gang: Sequence[GangPodSet],
     nodes: Sequence[NodeView],
-    bound_pods: Iterable[Obj] = (),
+    bound_pods: Bound = (),
     required: Mapping[str, str] | None = None,
     *,
     together: str = "",
@@ -65,7 +72,7 @@ def fit_in_domains(
 ) -> TopologyFit:
     """Fit the gang with each pod set named in `required` (pod set -> level key) kept inside
     one domain of its level; with `together` (a level key), the whole gang in one domain."""
-    bound = list(bound_pods)
+    bound = bound_pods if isinstance(bound_pods, BoundUsage) else list(bound_pods)
     if together:
         return _fit_together(gang, nodes, bound, together, devices)
     required = {ps.name: required[ps.name] for ps in gang if required and ps.name in required}
@@ -101,7 +108,7 @@ def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> l
 def _fit_together(
     gang: Sequence[GangPodSet],
     nodes: Sequence[NodeView],
-    bound: list[Obj],
+    bound: Bound,
     key: str,
     devices: Inventory | None,
 ) -> TopologyFit:

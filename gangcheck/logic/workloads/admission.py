@@ -325,6 +325,8 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
 
 def members_scheduled(capacity: Capacity | None, request: str) -> int:
     """Pods consuming the request that are bound to a node and not finished."""
+    if capacity is not None and capacity.cluster is not None:
+        return capacity.cluster.tallied(request)
     return sum(
         1
         for pod in (capacity.pods if capacity else ())

@@ -1,0 +1,66 @@
+"""Which in-flight requests wait for capacity, and the order they claim new nodes in.
+
+A request is *open* while capacity may still arrive for it: not being deleted, not
+fulfilled, started or rolling back, and not ended (Failed, CapacityRevoked, BookingExpired).
+It is *waiting* when it is open and Provisioned: only then may it claim arrivals. Older
+requests claim first (by creationTimestamp, then `namespace/name`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.model.names import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
+from gangcheck.model.objects import Obj, request_of
+
+
+def _status(req: Obj) -> AttemptStatus:
+    return PROVISIONING_REQUEST.status_of(request_of(req))
+
+
+def request_key(req: Obj) -> str:
+    return f"{req['metadata']['namespace']}/{req['metadata']['name']}"
+
+
+def is_waiting(req: Obj) -> bool:
+    """Provisioned (so it may claim arrivals) and neither fulfilled nor done."""
+    return _status(req).has(Phase.PROVISIONED) and is_open(req)
+
+
+def is_open(req: Obj) -> bool:
+    """Neither fulfilled nor done: capacity may still arrive for it."""
+    if req["metadata"].get("deletionTimestamp"):
+        return False
+    phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
+    if phase in (FULFILLED, STARTED, ROLLING_BACK):
+        return False
+    return not _status(req).has_ended
+
+
+def waiting_requests(
+    requests: Iterable[Obj], *, is_waiting: Callable[[Obj], bool] = is_waiting
+) -> list[tuple[str, Obj]]:
+    """Requests still waiting for capacity, oldest first: the order they claim new nodes in."""
+    waiting = [r for r in requests if is_waiting(r)]
+    waiting.sort(key=lambda r: (r["metadata"].get("creationTimestamp", ""), request_key(r)))
+    return [(request_key(r), r) for r in waiting]
+
+
+def waiting_of(
+    requests: Iterable[Obj],
+    template: Callable[[str, str], Obj | None],
+    *,
+    is_waiting: Callable[[Obj], bool] = is_waiting,
+) -> tuple[Waiting, ...]:
+    """The waiting requests, oldest first, with their pod templates (`template(name, ns)`)."""
+    out = []
+    for key, req in waiting_requests(requests, is_waiting=is_waiting):
+        ns = req["metadata"]["namespace"]
+        names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
+        found = (template(n, ns) for n in names)
+        created = str(req["metadata"].get("creationTimestamp") or "")
+        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
+    return tuple(out)

@@ -1,0 +1,239 @@
+"""Per-node capacity kept current from Node and Pod events, instead of recomputed per fit.
+
+A fit needs, per node, its `NodeView` and what the pods bound to it request. Recomputing
+those from every cached Node and Pod parses every bound pod's requests on every fit;
+`ClusterCapacity` parses a node when it changes and a pod's requests when the pod changes,
+and keeps per-node totals by integer addition and subtraction. What it holds is what
+`node_view` of every node and `used_resources` of every pod give (a property test holds it
+to that), with one more thing: the nodes by the extended resources they offer, so a fit can
+leave out the nodes that could host no member (`BoundUsage.offering`).
+
+Events are the informer's `(old, new)` pairs: old None on add, new None on delete. Pure:
+nothing here reads a clock or the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gangcheck.logic.placement.dra import Inventory, build_inventory, with_claims
+from gangcheck.logic.placement.fit import (
+    STANDARD_RESOURCES,
+    BoundUsage,
+    NodeView,
+    node_view,
+    pod_requests,
+)
+from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.model.objects import ReadOnlyObj as Obj
+
+DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """A pod counted on a node: where, and what it requests."""
+
+    node: str
+    requests: Mapping[str, int]
+
+
+class ClusterCapacity:
+    """Node views and what bound pods use, per node, kept current from events; and, with a
+    `tally` annotation, the bound unfinished pods by the value they give it."""
+
+    def __init__(self, *, tally: str = "") -> None:
+        self._tally = tally
+        self._tallied: dict[str, set[str]] = {}
+        self._views: dict[str, tuple[Obj, NodeView]] = {}
+        self._bound: dict[str, _Bound] = {}
+        self._used: dict[str, dict[str, int]] = {}
+        self._pods_on: dict[str, int] = {}
+        self._offering: dict[str, set[str]] = {}
+        self._malformed: dict[str, str] = {}
+
+    # ---- events ----------------------------------------------------------------------
+
+    def on_node(self, old: Obj | None, new: Obj | None) -> None:
+        """A Node added, changed or deleted: its view and the offering index follow."""
+        if old is not None:
+            self._drop_node(_name(old))
+        if new is not None:
+            view = node_view(new)
+            self._views[view.name] = (new, view)
+            for resource in _extended(view):
+                self._offering.setdefault(resource, set()).add(view.name)
+
+    def on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        """A Pod added, changed or deleted: its requests are parsed again only if its spec
+        or whether it counts (bound, not finished) changed."""
+        if old is not None and new is not None and self._same_use(old, new):
+            return
+        if old is not None:
+            self._drop_pod(_key(old), old)
+        if new is not None:
+            self._add_pod(new)
+
+    # ---- reads -----------------------------------------------------------------------
+
+    def view_of(self, node: Obj) -> NodeView:
+        """The node's view: the one kept, if it is of this very node object (or of the same
+        resourceVersion of it)."""
+        kept = self._views.get(_name(node))
+        if kept is not None and (kept[0] is node or _version(kept[0]) == _version(node) != ""):
+            return kept[1]
+        return node_view(node)
+
+    def node_views(self) -> list[NodeView]:
+        """The views of every node, as kept."""
+        return [view for _, view in self._views.values()]
+
+    def usage(self) -> BoundUsage:
+        """What bound pods use per node, and the offering index; QuantityError (as parsing the
+        pods would raise) while a bound pod has a malformed request."""
+        if self._malformed:
+            raise QuantityError(next(iter(self._malformed.values())))
+        return BoundUsage(self._used, self._offering, frozenset(self._views))
+
+    def used(self) -> dict[str, dict[str, int]]:
+        """A copy of what bound pods use per node, zero amounts left out."""
+        return {
+            node: {r: v for r, v in used.items() if v}
+            for node, used in self._used.items()
+            if any(used.values())
+        }
+
+    def views(self) -> dict[str, NodeView]:
+        return {name: view for name, (_, view) in self._views.items()}
+
+    def offering(self) -> dict[str, set[str]]:
+        return {r: set(nodes) for r, nodes in self._offering.items() if nodes}
+
+    # ---- bookkeeping -------------------------------------------------------------------
+
+    def _same_use(self, old: Obj, new: Obj) -> bool:
+        """Whether the pod's change leaves what it uses where it is: same spec, it counts (or
+        not) as before, tallied alike. Most pod events are status updates: nothing to parse."""
+        return (
+            _key(old) == _key(new)
+            and _counts(old) == _counts(new)
+            and _tally_of(old, self._tally) == _tally_of(new, self._tally)
+            and old.get("spec") == new.get("spec")
+        )
+
+    def _drop_node(self, name: str) -> None:
+        kept = self._views.pop(name, None)
+        if kept is None:
+            return
+        for resource in _extended(kept[1]):
+            nodes = self._offering.get(resource)
+            if nodes is not None:
+                nodes.discard(name)
+                if not nodes:
+                    del self._offering[resource]
+
+    def tallied(self, value: str) -> int:
+        """How many bound, unfinished pods give the `tally` annotation this value."""
+        return len(self._tallied.get(value, ()))
+
+    def _add_pod(self, pod: Obj) -> None:
+        node = _dict(pod, "spec").get("nodeName")
+        if not node or _dict(pod, "status").get("phase") in DONE_PHASES:
+            return
+        key = _key(pod)
+        if value := _tally_of(pod, self._tally):
+            self._tallied.setdefault(value, set()).add(key)
+        try:
+            requests = pod_requests(_dict(pod, "spec"))
+        except QuantityError as e:
+            self._malformed[key] = str(e)
+            return
+        bound = _Bound(str(node), requests)
+        self._bound[key] = bound
+        self._count(bound, +1)
+
+    def _drop_pod(self, key: str, pod: Obj) -> None:
+        if (value := _tally_of(pod, self._tally)) and value in self._tallied:
+            self._tallied[value].discard(key)
+            if not self._tallied[value]:
+                del self._tallied[value]
+        self._malformed.pop(key, None)
+        bound = self._bound.pop(key, None)
+        if bound is not None:
+            self._count(bound, -1)
+
+    def _count(self, bound: _Bound, sign: int) -> None:
+        pods = self._pods_on.get(bound.node, 0) + sign
+        if pods == 0:
+            del self._pods_on[bound.node]
+            del self._used[bound.node]
+            return
+        self._pods_on[bound.node] = pods
+        used = self._used.setdefault(bound.node, {})
+        for resource, amount in bound.requests.items():
+            used[resource] = used.get(resource, 0) + sign * amount
+
+
+class DeviceInventory:
+    """The cluster's DRA inventory, built again only when what it is built of changed: whole
+    when a ResourceSlice or DeviceClass changed; when only claims changed, what they hold in
+    use, the devices and what was worked out of them (CEL matches) kept. The same inventory
+    as `build_inventory` of the objects at hand (a property test holds it to that)."""
+
+    def __init__(self) -> None:
+        self._inventory: Inventory | None = None
+        self._published_changed = True
+        self._claims_changed = True
+
+    def on_published(self, _old: Obj | None, _new: Obj | None) -> None:
+        """A ResourceSlice or DeviceClass added, changed or deleted."""
+        self._published_changed = True
+
+    def on_claim(self, old: Obj | None, new: Obj | None) -> None:
+        """A ResourceClaim added, changed or deleted: only its allocation matters here."""
+        if old is None or new is None or _dict(old, "status") != _dict(new, "status"):
+            self._claims_changed = True
+
+    def inventory(
+        self, slices: Iterable[Obj], classes: Iterable[Obj], claims: Iterable[Obj]
+    ) -> Inventory:
+        """The inventory of these objects (the ones the events told of)."""
+        if self._inventory is None or self._published_changed:
+            self._inventory = build_inventory(slices, classes, claims)
+        elif self._claims_changed:
+            self._inventory = with_claims(self._inventory, claims)
+        self._published_changed = self._claims_changed = False
+        return self._inventory
+
+
+def _tally_of(pod: Obj, annotation: str) -> str:
+    if not annotation:
+        return ""
+    return str(_dict(_dict(pod, "metadata"), "annotations").get(annotation) or "")
+
+
+def _counts(pod: Obj) -> bool:
+    return _dict(pod, "status").get("phase") not in DONE_PHASES
+
+
+def _extended(view: NodeView) -> list[str]:
+    return [r for r, v in view.allocatable.items() if v > 0 and r not in STANDARD_RESOURCES]
+
+
+def _key(obj: Obj) -> str:
+    meta = _dict(obj, "metadata")
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def _name(obj: Obj) -> str:
+    return str(_dict(obj, "metadata").get("name") or "")
+
+
+def _version(obj: Obj) -> str:
+    return str(_dict(obj, "metadata").get("resourceVersion") or "")
+
+
+def _dict(obj: Obj, key: str) -> Obj:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}

@@ -1,0 +1,420 @@
+"""DRA's values and objects as the fit sees them: devices, pools, the inventory, what a
+member claims (see the package doc)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gangcheck.logic.placement.taints import Taint, Toleration
+
+if TYPE_CHECKING:
+    from gangcheck.logic.placement.dra.cel import Selector
+
+from gangcheck.model.objects import ReadOnlyObj as Obj
+
+DeviceId = tuple[str, str, str]
+"""(driver, pool, device): a device's identity."""
+CounterSetId = tuple[str, str, str]
+"""(driver, pool, counter set)."""
+
+EXACT_COUNT = "ExactCount"
+ALL = "All"
+BLOCKING_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+MAX_CONSTRAINT_CHOICES = 64
+"""At most this many combinations of `matchAttribute` values are tried per claim and node."""
+SHORT_EXPRESSION = 100
+"""Longer CEL expressions are cut in a reason's short form (the detail keeps them whole)."""
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Version:
+    """A `version` attribute: semver text, compared for equality with other versions only."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A capacity in CEL, in nano-units."""
+
+    nanos: int
+
+
+Scalar = bool | int | str | Version
+AttributeValue = Scalar | tuple[Scalar, ...]
+CelValue = AttributeValue | Quantity
+
+
+@dataclass(frozen=True)
+class CelError:
+    """A CEL runtime error: kube-scheduler stops allocating on the node when it meets one."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a node's devices cannot serve a member: `short` groups alike nodes.
+
+    `fatal`: the same on every node (an error, a missing class), so no alternative is tried.
+    """
+
+    short: str
+    detail: str = ""
+    fatal: bool = False
+
+    def __str__(self) -> str:
+        return self.detail or self.short
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with the DRA objects themselves, worth an Event."""
+
+    kind: str
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {_quoted(self.name)}: {self.message}"
+
+
+# --- devices ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeScope:
+    """The nodes that reach a device: one by name, all, or those a NodeSelector (raw API
+    dict) matches; none set: no node. `gangcheck.logic.placement.fit.scope_reaches` resolves it."""
+
+    node_name: str = ""
+    all_nodes: bool = False
+    node_selector: Obj | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One capacity of a device, in nano-units, with its request policy (if any)."""
+
+    value: int
+    default: int | None = None
+    valid_values: tuple[int, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    step: int | None = None
+
+    def consumed(self, requested: int | None) -> int | None:
+        """What one allocation asking `requested` (None: not asked) consumes; None when the
+        request policy refuses the amount."""
+        if requested is None:
+            return self.value if self.default is None else self.default
+        amount = requested
+        if self.minimum is not None:
+            amount = max(amount, self.minimum)
+            if self.step:
+                steps = -(-(amount - self.minimum) // self.step)
+                amount = self.minimum + steps * self.step
+        elif self.valid_values:
+            amount = next((v for v in self.valid_values if v >= requested), requested)
+            if amount not in self.valid_values:
+                return None
+        if self.maximum is not None and amount > self.maximum and amount != self.default:
+            return None
+        return amount
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a ResourceSlice. `attributes` by fully qualified name (`domain/id`);
+    `capacity` by name as published; `consumes`: counter set -> counter -> nano-units."""
+
+    driver: str
+    pool: str
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    multiple: bool = False
+    taints: tuple[Taint, ...] = ()
+    scope: NodeScope = field(default_factory=NodeScope)
+
+    @functools.cached_property
+    def id(self) -> DeviceId:
+        return (self.driver, self.pool, self.name)
+
+    def attribute(self, domain: str, name: str) -> AttributeValue | None:
+        return self.attributes.get(f"{domain}/{name}")
+
+    def capacity_of(self, domain: str, name: str) -> Capacity | None:
+        found = self.capacity.get(f"{domain}/{name}")
+        if found is None and domain == self.driver:
+            found = self.capacity.get(name)
+        return found
+
+    def __str__(self) -> str:
+        return "/".join(self.id)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A driver's pool: its devices, counter sets, the reach of its slices, and `problem`
+    when it offers nothing right now (being updated, or invalid)."""
+
+    driver: str
+    name: str
+    devices: tuple[Device, ...] = ()
+    counters: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    scopes: tuple[NodeScope, ...] = ()
+    problem: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.name}"
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    selectors: tuple[Selector, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What is in use, cluster-wide: devices taken whole, capacity consumed on devices that
+    allow multiple allocations (in use while listed), counters consumed from counter sets."""
+
+    taken: frozenset[DeviceId] = frozenset()
+    shared: Mapping[DeviceId, Mapping[str, int]] = field(default_factory=dict)
+    counters: Mapping[CounterSetId, Mapping[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The devices of the cluster (see module doc); `used`: what allocated claims hold."""
+
+    pools: tuple[Pool, ...] = ()
+    classes: Mapping[str, DeviceClass] = field(default_factory=dict)
+    used: Usage = field(default_factory=Usage)
+    problems: tuple[Problem, ...] = ()
+    _matches: dict[tuple[DeviceId, str, tuple[str, ...]], bool | CelError] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _counter_sets: dict[CounterSetId, Mapping[str, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _by_node: dict[str, list[tuple[int, int, Device]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    _problem_pools: tuple[Pool, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_problem_pools", tuple(p for p in self.pools if p.problem))
+
+    """Devices of usable pools by the one node they name (built on first use), and under ""
+    those whose scope is every node or a selector: a node looks only at its own and those."""
+
+    def on_node(self, node: str, reaches: Callable[[NodeScope], bool]) -> NodeDevices:
+        """The devices `node` reaches; `reaches` tells whether a scope includes the node."""
+        seen: dict[int, bool] = {}
+
+        def reached(scope: NodeScope) -> bool:
+            if id(scope) not in seen:
+                seen[id(scope)] = reaches(scope)
+            return seen[id(scope)]
+
+        index = self._device_index()
+        candidates = sorted([*index.get(node, ()), *index.get("", ())], key=lambda e: e[:2])
+        devices = tuple(d for _, _, d in candidates if reached(d.scope))
+        pending = tuple(str(pool) for pool in self._unusable() if any(map(reached, pool.scopes)))
+        return NodeDevices(node, devices, pending, reaches, self)
+
+    def _unusable(self) -> tuple[Pool, ...]:
+        """The pools offering nothing right now."""
+        return self._problem_pools
+
+    def nodes_reaching(self) -> frozenset[str] | None:
+        """The nodes a device of a usable pool names; None when some device reaches nodes by
+        a selector or all of them (then any node may reach one)."""
+        index = self._device_index()
+        return None if "" in index else frozenset(index)
+
+    def _device_index(self) -> dict[str, list[tuple[int, int, Device]]]:
+        """The devices by the node their scope names ("" for all other scopes), in the
+        inventory's order (pool, then device) so that a node sees them as before."""
+        if not self._by_node and any(not p.problem and p.devices for p in self.pools):
+            for p_index, pool in enumerate(self.pools):
+                if pool.problem:
+                    continue
+                for d_index, device in enumerate(pool.devices):
+                    key = device.scope.node_name
+                    self._by_node.setdefault(key, []).append((p_index, d_index, device))
+        return self._by_node
+
+    def counter_total(self, counter_set: CounterSetId) -> Mapping[str, int]:
+        """The counters a counter set holds, nothing consumed."""
+        if not self._counter_sets:
+            for pool in self.pools:
+                for name, counters in pool.counters.items():
+                    self._counter_sets[(pool.driver, pool.name, name)] = counters
+        return self._counter_sets.get(counter_set, {})
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """The devices one node reaches, in kube-scheduler's order; `pending`: pools reaching it
+    that offer nothing right now."""
+
+    node: str
+    devices: tuple[Device, ...]
+    pending: tuple[str, ...]
+    reaches: Callable[[NodeScope], bool] = field(compare=False, repr=False)
+    inventory: Inventory = field(compare=False, repr=False)
+
+
+# --- what a member claims --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request (or subrequest, named `request/sub`) of a claim."""
+
+    name: str
+    device_class: str
+    selectors: tuple[Selector, ...] = ()
+    mode: str = EXACT_COUNT
+    count: int = 1
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    admin: bool = False
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """`matchAttribute` (or, `distinct`, `distinctAttribute`) over some requests (none: all)."""
+
+    requests: tuple[str, ...]
+    attribute: str
+    distinct: bool = False
+
+    def covers(self, request: str) -> bool:
+        return not self.requests or request in self.requests or _base(request) in self.requests
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the pod, from a template: per request, its alternatives (one, unless
+    the request lists `firstAvailable` subrequests)."""
+
+    name: str
+    template: str
+    requests: tuple[tuple[Request, ...], ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+
+
+@dataclass(frozen=True)
+class SharedClaim:
+    """A claim naming an allocated ResourceClaim: usable only where `scope` reaches."""
+
+    name: str
+    claim: str
+    scope: NodeScope = field(default_factory=lambda: NodeScope(all_nodes=True))
+
+
+@dataclass(frozen=True)
+class ClaimNeeds:
+    """What one member needs of DRA devices; `problem`: it cannot be served anywhere."""
+
+    claims: tuple[Claim, ...] = ()
+    shared: tuple[SharedClaim, ...] = ()
+    problem: Shortfall | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.claims or self.shared or self.problem)
+
+    @property
+    def needs_a_device(self) -> bool:
+        """Whether a node reaching no device surely cannot serve it: some request of a claim
+        needs at least one device whichever alternative is taken."""
+        return any(
+            alts and all(alt.mode == ALL or alt.count > 0 for alt in alts)
+            for claim in self.claims
+            for alts in claim.requests
+        )
+
+    @property
+    def device_count(self) -> int:
+        """Devices asked for (an `All` request or a `firstAvailable` one counts its first)."""
+        return sum(alts[0].count for claim in self.claims for alts in claim.requests if alts)
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def _same(left: object, right: object) -> bool:
+    """CEL equality: values of different types are unequal (so `1 != true`)."""
+    return type(left) is type(right) and left == right
+
+
+def _scalars(value: AttributeValue | None) -> tuple[Scalar, ...]:
+    if value is None:
+        return ()
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _base(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def _where(claim: str, request: str) -> str:
+    return f"claim {_quoted(claim)} request {_quoted(request)}"
+
+
+def _fatal(text: str) -> Shortfall:
+    return Shortfall(text, text, fatal=True)
+
+
+def _not_evaluable(owner: str, expression: str) -> Shortfall:
+    head = f"{owner}: CEL selector gangcheck cannot evaluate: "
+    return Shortfall(head + _short_expression(expression), head + expression, fatal=True)
+
+
+def _short_expression(expression: str) -> str:
+    flat = " ".join(expression.split())
+    return flat if len(flat) <= SHORT_EXPRESSION else flat[: SHORT_EXPRESSION - 1] + "…"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _quoted(value: object) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _expressions(spec: Obj) -> list[str]:
+    return [str(_dict(s, "cel").get("expression") or "") for s in _list(spec, "selectors")]
+
+
+def _by_name(objects: Iterable[Obj]) -> dict[str, Obj]:
+    return {str(_dict(o, "metadata").get("name") or ""): o for o in objects}
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _dict(obj: Obj, key: str) -> Obj:
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(obj: Obj, key: str) -> list[Obj]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
