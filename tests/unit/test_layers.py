@@ -92,3 +92,55 @@ def test_the_gang_sources_edges_do_not_import_each_other(edge: str, other: str) 
 def test_the_attempt_core_and_the_capacity_backends_import_no_gang_source(source: str) -> None:
     core = sorted([*(LOGIC / "attempt").rglob("*.py"), *(LOGIC / "capacity").rglob("*.py")])
     assert _users(core, SOURCES[source]) == set()
+
+
+def _module_graph(roots: dict[str, Path]) -> dict[str, set[str]]:
+    """Module → the project modules it imports when it is imported (module level, outside
+    `if TYPE_CHECKING:`); `from pkg import sub` is an edge to the submodule only."""
+    files = {}
+    for top, folder in roots.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((top, *parts))
+            files[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & files.keys()
+                edges |= subs
+                if node.module in files and len(subs) < len(node.names):
+                    edges.add(node.module)
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names} & files.keys()
+        graph[name] = edges - {name}
+    return graph
+
+
+def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    path: list[str] = []
+    done: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if found := visit(nxt):
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    return visit(start)
+
+
+def test_no_import_cycles_in_the_product_or_the_dev_tooling() -> None:
+    roots = {"gangcheck": PACKAGE, "gangcheck_dev": PACKAGE.parent / "hack/devtools/gangcheck_dev"}
+    graph = _module_graph(roots)
+    assert len(graph) > 50
+    cycles = [c for m in sorted(graph) if (c := _cycle_from(m, graph))]
+    assert not cycles, " -> ".join(cycles[0])
