@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -9,13 +10,13 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.attempt.actions import AnnotateRequest, ReclaimArrivals
+from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, ReclaimArrivals
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec
 from gangcheck.logic.attempt.lifecycle import Attempt, Progress
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import request_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import pod_template, provisioning_request
+from tests.builders import node, pod_template, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the deadline below
@@ -115,3 +116,54 @@ def test_a_new_attempt_records_its_number_deadline_and_reserved_members() -> Non
         "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
         "gangcheck.io/reserved-members": "3",
     }
+
+
+def _rolling_back_with(nodes: list[dict[str, Any]], conditions: dict[str, str]) -> Any:
+    case = Case("-", conditions, now=LATER)
+    base = attempt(case)
+    capacity = Capacity(nodes=nodes, in_flight=frozenset({KEY, "default/other-1"}))
+    return lifecycle.follow(Attempt(**{**base.__dict__, "capacity": capacity}), case.now)
+
+
+KEY = "default/wl-atomic-1"
+RECORDED = node(
+    "n-recorded",
+    gpu=1,
+    created="2026-11-30T10:01:00Z",
+    annotations={"gangcheck.io/arrived-for": KEY},
+)
+UNRECORDED = node("n-unrecorded", gpu=1, created="2026-11-30T10:02:00Z")
+OLDER = node("n-older", gpu=1, created="2026-11-30T09:00:00Z")
+OTHERS = node(
+    "n-others",
+    gpu=1,
+    created="2026-11-30T10:02:00Z",
+    annotations={"gangcheck.io/arrived-for": "default/other-1"},
+)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "claimed"),
+    [
+        ({"Provisioned": ""}, ["n-unrecorded"]),
+        ({"Provisioned": "", "Failed": "late"}, ["n-unrecorded"]),
+        ({"Accepted": ""}, []),
+    ],
+    ids=[
+        "past the deadline, an arrival whose record was lost is recorded, then reclaimed",
+        "a late failure records an unrecorded arrival too",
+        "nothing is claimed for a request never provisioned",
+    ],
+)  # fmt: skip
+def test_a_rollback_records_the_arrivals_it_may_still_claim(
+    conditions: dict[str, str], claimed: list[str]
+) -> None:
+    step = _rolling_back_with([RECORDED, UNRECORDED, OLDER, OTHERS], conditions)
+    assert step.progress is Progress.ROLLING_BACK
+    claims = [a for a in step.actions if isinstance(a, ClaimNode)]
+    assert [c.name for c in claims] == claimed
+    assert all(c.request == KEY for c in claims)
+    annotate = step.actions[-1]
+    assert isinstance(annotate, AnnotateRequest)  # after the claims: recorded only once claimed
+    recorded = json.loads(annotate.annotations["gangcheck.io/rollback-nodes"])
+    assert sorted(recorded) == sorted(["n-recorded", *claimed])

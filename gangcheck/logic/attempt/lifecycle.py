@@ -93,7 +93,7 @@ def follow(attempt: Attempt, now: datetime) -> Step:
         return roll_back(attempt)
     trigger = _rollback_trigger(attempt, now) if attempt.fit else None
     if trigger:
-        return start_rollback(attempt, trigger)
+        return start_rollback(attempt, trigger, now=now)
     return from_status(attempt, now)
 
 
@@ -149,17 +149,37 @@ def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
     )
 
 
-def start_rollback(attempt: Attempt, why: str) -> Step:
+def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -> Step:
     """Record the rollback, and the nodes that arrived, on the request first: it completes,
-    and counts every node, even across a restart."""
-    annotate, event = rollback.start(attempt.request, attempt.capacity, why)
+    and counts every node, even across a restart.
+
+    Arrivals the request may claim but has not recorded yet (one that registered since the
+    last look, or whose record was lost with an answer or an apiserver restart) are recorded
+    now, by the same rules as while it waited, so that they are reclaimed with the rest.
+    """
+    req = attempt.request
+    claims = _last_claims(attempt, now)
+    annotate, event = rollback.start(
+        req, attempt.capacity, why, also=tuple(name for name, _ in claims)
+    )
+    recorded = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in claims)
     return Step(
         Progress.ROLLING_BACK,
         why,
-        actions=(annotate,),
+        actions=(*recorded, annotate),
         events=(event,),
         requeue_after=ROLLBACK_REQUEUE_SECONDS,
     )
+
+
+def _last_claims(attempt: Attempt, now: datetime | None) -> tuple[tuple[str, str], ...]:
+    """(name, resourceVersion) of the arrivals a provisioned attempt in fit mode may still
+    claim: none otherwise (claims are made only once the backend says Provisioned)."""
+    if not attempt.fit or attempt.capacity is None:
+        return ()
+    if not attempt.status.has(Phase.PROVISIONED):
+        return ()
+    return assess(attempt.capacity, attempt.request, attempt.gang, now).claims
 
 
 def roll_back(attempt: Attempt) -> Step:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReclaimArrivals
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, claim_of, request_key
 from gangcheck.logic.attempt.records import Outcome, arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
@@ -87,11 +87,16 @@ def _autoscaler_said(note: Signal | None) -> str:
     return f"; the autoscaler said {said or note.reason}"
 
 
-def start(req: AttemptRecord, capacity: Capacity | None, why: str) -> tuple[AnnotateRequest, Event]:
-    """Mark the request rolling back, with the nodes that arrived for it so far."""
+def start(
+    req: AttemptRecord, capacity: Capacity | None, why: str, *, also: Sequence[str] = ()
+) -> tuple[AnnotateRequest, Event]:
+    """Mark the request rolling back, with the nodes that arrived for it so far (those it
+    records and those it claims in the same step, `also`)."""
+    claiming = set(also)
     arrived = {
         n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
-        for n in arrived_for(_nodes(capacity), request_key(req))
+        for n in _nodes(capacity)
+        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming
     }
     annotate = AnnotateRequest(
         req.name,

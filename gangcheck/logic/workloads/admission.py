@@ -213,7 +213,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
         return _transition(state, REJECTED, message, now)
     lost = None if wl.is_admitted else _lost_before_admission(attempt.status)
     if lost is not None and attempt.fit:  # the booking is gone: reclaim, then Retry
-        return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost), now)
+        return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost, now=now), now)
     if lost is not None:  # as Kueue: Retry (or Rejected)
         return _outcome(snap, state, req, lifecycle.from_status(attempt, now), now)
     if attempt.fit and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
@@ -320,7 +320,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
-    return _rolling(lifecycle.start_rollback(attempt, trigger))
+    return _rolling(lifecycle.start_rollback(attempt, trigger, now=now))
 
 
 def members_scheduled(capacity: Capacity | None, request: str) -> int:
@@ -506,7 +506,7 @@ def _config_changed(
         "uses the new config",
     )
     if _fit_mode(snap):
-        step = lifecycle.start_rollback(_attempt(snap, req), f"{CONFIG_CHANGED}: {detail}")
+        step = lifecycle.start_rollback(_attempt(snap, req), f"{CONFIG_CHANGED}: {detail}", now=now)
         decision = _outcome(snap, state, req, step, now)
     else:
         decision = _retry(snap, state, f"Retrying after config change: {detail}", now)
