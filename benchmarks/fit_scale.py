@@ -27,9 +27,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gangcheck.logic.dra import DraContext, build_inventory
-from gangcheck.logic.fit import GangPodSet, member_from_template, node_view
-from gangcheck.logic.topology import fit_in_domains
+from gangcheck.logic.placement.dra import DraContext, build_inventory
+from gangcheck.logic.placement.fit import GangPodSet, member_from_template, node_view
+from gangcheck.logic.placement.topology import fit_in_domains
 
 Obj = dict[str, Any]
 GPUS = 8

@@ -38,7 +38,7 @@ from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import CONFIG_MAP, NODE
-from gangcheck.logic.fit import GangPodSet, fit_gang, member_from_template, node_view
+from gangcheck.logic.placement.fit import GangPodSet, fit_gang, member_from_template, node_view
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster
 

@@ -41,7 +41,7 @@ from gangcheck_dev.testbed.otelcol import OtelCollector
 from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_operations import parse_exposition

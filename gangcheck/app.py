@@ -15,12 +15,12 @@ from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
-from gangcheck.logic import checkconfig
-from gangcheck.logic.actions import WORKLOAD_ANNOTATION
-from gangcheck.logic.gating import group_of
-from gangcheck.logic.hold import is_arriving
-from gangcheck.logic.podgroup import GROUP_ANNOTATION
-from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
+from gangcheck.logic.attempt.actions import WORKLOAD_ANNOTATION
+from gangcheck.logic.attempt.hold import is_arriving
+from gangcheck.logic.attempt.reclaim import RECLAIM_WHEN_IDLE
+from gangcheck.logic.podgroups.gating import group_of
+from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
+from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier

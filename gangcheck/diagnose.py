@@ -1,7 +1,8 @@
 """`gangcheck diagnose TARGET` and `gangcheck status`: read the cluster, say what blocks a gang.
 
 A gang is a Kueue Workload or a PodGroup (either API). This module fetches (with ``Kube``) and
-renders; ``gangcheck.logic.diagnosis`` and ``gangcheck.logic.group_diagnosis`` judge. The
+renders; ``gangcheck.logic.workloads.diagnosis`` and
+``gangcheck.logic.podgroups.group_diagnosis`` judge. The
 entry points ``main_diagnose`` and ``main_status`` take their own arguments (``TARGET``,
 ``-n``, ``--kubeconfig``, ``-o text|json``) and return the exit code: 0 when diagnosed, 1
 with a one-line error on stderr when the target does not exist or is not a gang.
@@ -41,8 +42,19 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.actions import MANAGED_BY, MANAGED_BY_LABEL
-from gangcheck.logic.diagnosis import (
+from gangcheck.logic.attempt.actions import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE, PodGroupRef, group_of
+from gangcheck.logic.podgroups.group_diagnosis import (
+    GroupFacts,
+    gather_group,
+    group_row,
+    group_verdict,
+    in_flight,
+    members_by_group,
+)
+from gangcheck.logic.podgroups.podgroup import RELEASED, UNGATED_ANNOTATION
+from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.workloads.diagnosis import (
     REQUEST_CONDITIONS,
     Facts,
     GangRow,
@@ -60,17 +72,6 @@ from gangcheck.logic.diagnosis import (
     parse_target,
     verdict,
 )
-from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE, PodGroupRef, group_of
-from gangcheck.logic.group_diagnosis import (
-    GroupFacts,
-    gather_group,
-    group_row,
-    group_verdict,
-    in_flight,
-    members_by_group,
-)
-from gangcheck.logic.podgroup import RELEASED, UNGATED_ANNOTATION
-from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import flavor_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
 

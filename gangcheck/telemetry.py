@@ -38,10 +38,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from gangcheck.logic import podgroup as pg
-from gangcheck.logic.actions import Event, ReclaimArrivals
-from gangcheck.logic.admission import Decision, Snapshot
-from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot
+from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
+from gangcheck.logic.podgroups import podgroup as pg
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
+from gangcheck.logic.workloads.admission import Decision, Snapshot
 from gangcheck.settings import OtlpTraces, TracingSettings, otlp_traces
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gangcheck.logic.gating import gate_patch, group_of
+from gangcheck.logic.podgroups.gating import gate_patch, group_of
 
 log = logging.getLogger(__name__)
 

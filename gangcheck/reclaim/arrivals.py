@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube
-from gangcheck.logic.actions import Event, ReclaimArrivals
-from gangcheck.logic.reclaim import Outcome
+from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
+from gangcheck.logic.attempt.reclaim import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reclaim.safely import Result, Target, reclaim_safely

@@ -35,7 +35,7 @@ from typing import Literal
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
-from gangcheck.logic.reclaim import (
+from gangcheck.logic.attempt.reclaim import (
     RECLAIM_TAINT,
     RECLAIM_TAINT_ENTRY,
     RECLAIM_WHEN_IDLE,

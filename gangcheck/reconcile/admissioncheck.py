@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ADMISSION_CHECK
-from gangcheck.logic import checkconfig
 from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.workloads import checkconfig
 from gangcheck.reconcile.caches import Caches
 from gangcheck.runtime.queue import Result
 

@@ -17,7 +17,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, Resource
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt.actions import (
     CHECK_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -37,9 +37,9 @@ from gangcheck.logic.actions import (
     ReleaseHold,
     ReleaseMembers,
 )
-from gangcheck.logic.fulfillment import ARRIVED_FOR
-from gangcheck.logic.hold import is_held, taints_holding, taints_released
-from gangcheck.logic.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
+from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION, GROUP_UID_ANNOTATION
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
-from gangcheck.logic.arrivals import arrival_verdict
-from gangcheck.logic.hold import taints_opened
+from gangcheck.logic.attempt.arrivals import arrival_verdict
+from gangcheck.logic.attempt.hold import taints_opened
 from gangcheck.reconcile.apply import write_taints
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.workload import open_requests

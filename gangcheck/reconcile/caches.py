@@ -23,15 +23,16 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic import checkconfig, rollback
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt.actions import (
     CHECK_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.logic.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
-from gangcheck.logic.podgroup import GROUP_ANNOTATION
+from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of
+from gangcheck.logic.podgroups.podgroup import GROUP_ANNOTATION
+from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.objects import Flavor, flavor_of
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"

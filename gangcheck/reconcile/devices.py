@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 from gangcheck.kube.client import Obj
-from gangcheck.logic.actions import Event
-from gangcheck.logic.dra import Problem, build_inventory
+from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.placement.dra import Problem, build_inventory
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder

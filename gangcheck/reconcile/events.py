@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import EVENT
-from gangcheck.logic import naming
-from gangcheck.logic.actions import Event
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import ObjectRef
 

@@ -13,7 +13,7 @@ from typing import Any
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import NODE
-from gangcheck.logic.reclaim import RECLAIM_WHEN_IDLE
+from gangcheck.logic.attempt.reclaim import RECLAIM_WHEN_IDLE
 from gangcheck.reclaim.arrivals import tell
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches

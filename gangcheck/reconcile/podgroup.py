@@ -15,11 +15,12 @@ from typing import Any
 from gangcheck.kube.client import Kube, Obj
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
-from gangcheck.logic import podgroup, rollback
-from gangcheck.logic.actions import Event
-from gangcheck.logic.admission import TemplateInfo, delete_request
-from gangcheck.logic.gating import is_gated
-from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.gating import is_gated
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.logic.workloads.admission import TemplateInfo, delete_request
 from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec

@@ -17,8 +17,8 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic import checkconfig, naming, rollback
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import naming, rollback
+from gangcheck.logic.attempt.actions import (
     FULFILLED,
     PHASE_ANNOTATION,
     ROLLING_BACK,
@@ -28,7 +28,10 @@ from gangcheck.logic.actions import (
     DeleteTemplate,
     Event,
 )
-from gangcheck.logic.admission import (
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.workloads import checkconfig
+from gangcheck.logic.workloads.admission import (
     MAX_MESSAGE,
     Decision,
     Snapshot,
@@ -36,8 +39,6 @@ from gangcheck.logic.admission import (
     decide,
     delete_request,
 )
-from gangcheck.logic.fulfillment import Capacity, Waiting
-from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches, check_of

@@ -23,7 +23,7 @@ from gangcheck_dev.testbed.nodes import Taint, kwok_node
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NODE, POD, WORKLOAD
-from gangcheck.logic.hold import ARRIVING_TAINT, HOLD_TAINT
+from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import container, delete_quietly, eventually, unique
 from tests.e2e.test_gangcheck import (  # the module's processes, reused

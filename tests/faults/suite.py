@@ -34,8 +34,8 @@ from gangcheck_dev.testbed.process import free_ports
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
-from gangcheck.logic import naming
-from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL
 from tests.builders import WorkloadBuilder, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
 from tests.integration.harness import Cluster

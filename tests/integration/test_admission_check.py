@@ -10,7 +10,7 @@ import pytest
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, WORKLOAD
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
     Cluster,

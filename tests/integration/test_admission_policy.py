@@ -20,9 +20,9 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck.kube.client import MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import NAMESPACE, NODE, POD, SERVICE_ACCOUNT, Resource
-from gangcheck.logic.fulfillment import ARRIVED_FOR
-from gangcheck.logic.gating import GATE, OPT_IN_LABEL
-from gangcheck.logic.hold import hold_taint, hold_toleration
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from tests.builders import container
 from tests.integration.harness import Cluster, eventually

@@ -28,7 +28,7 @@ from gangcheck.diagnose import (
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import POD
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, now
 

@@ -16,7 +16,7 @@ import pytest
 from gangcheck.app import Controller
 from gangcheck.diagnose import GroupReport, diagnose, main_diagnose, main_status
 from gangcheck.kube.client import Kube
-from gangcheck.logic.podgroup import UNGATED_ANNOTATION
+from gangcheck.logic.podgroups.podgroup import UNGATED_ANNOTATION
 from tests.integration.harness import eventually
 from tests.integration.test_diagnose import run_cli
 from tests.integration.test_podgroups import (  # the PodGroup fixtures, reused

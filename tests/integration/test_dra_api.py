@@ -22,9 +22,15 @@ from gangcheck.kube.resources import (
     RESOURCE_CLAIM_TEMPLATE,
     RESOURCE_SLICE,
 )
-from gangcheck.logic.dra import DraContext, Inventory, build_inventory
-from gangcheck.logic.fit import FitResult, GangPodSet, fit_gang, member_from_template, node_view
-from gangcheck.logic.fit import summarize as summary_of
+from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
+from gangcheck.logic.placement.fit import (
+    FitResult,
+    GangPodSet,
+    fit_gang,
+    member_from_template,
+    node_view,
+)
+from gangcheck.logic.placement.fit import summarize as summary_of
 from tests.integration.harness import Cluster
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 
 from gangcheck.kube.errors import InvalidError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, CrashingController, RunningController, eventually
 

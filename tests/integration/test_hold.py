@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.resources import NODE
-from gangcheck.logic.hold import ARRIVING_TAINT, HOLD_TAINT, hold_taint, hold_toleration
+from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT, hold_taint, hold_toleration
 from tests.integration.harness import Cluster, RunningController, eventually
 from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name
 

@@ -20,7 +20,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     WORKLOAD,
 )
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import CONTROLLER, WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, never
 

@@ -39,8 +39,8 @@ from gangcheck.kube.resources import (
     SERVICE_ACCOUNT,
     WORKLOAD,
 )
-from gangcheck.logic import naming
-from gangcheck.logic.gating import COSCHEDULING_LABEL, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.podgroups.gating import COSCHEDULING_LABEL, OPT_IN_LABEL, OPT_IN_VALUE
 from gangcheck.model.provisioning_config import parse_spec
 from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template

@@ -19,7 +19,7 @@ from gangcheck.app import RunOptions, run_controller
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import LEASE, NAMESPACE
-from gangcheck.logic import naming
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
 

@@ -20,7 +20,7 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
-from gangcheck.logic.podgroup import CONFIG_ANNOTATION
+from gangcheck.logic.podgroups.podgroup import CONFIG_ANNOTATION
 from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, RunningController, eventually, never
 from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name

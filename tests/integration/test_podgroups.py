@@ -25,10 +25,10 @@ from gangcheck.kube.resources import (
     RESOURCE_CLAIM_TEMPLATE,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.logic.actions import CONSUME_ANNOTATION
-from gangcheck.logic.fulfillment import ARRIVED_FOR
-from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
-from gangcheck.logic.podgroup import (
+from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroups.podgroup import (
     ATTEMPT_ANNOTATION,
     CONFIG_ANNOTATION,
     GANG_MEMBERS_ANNOTATION,

@@ -35,7 +35,7 @@ from gangcheck.kube.resources import (
     POD,
     SERVICE_ACCOUNT,
 )
-from gangcheck.logic.actions import ReclaimArrivals
+from gangcheck.logic.attempt.actions import ReclaimArrivals
 from gangcheck.logic.timefmt import format_time
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.arrivals import reclaim_arrivals, tell

@@ -29,8 +29,8 @@ from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NAMESPACE
-from gangcheck.logic import naming
-from gangcheck.logic.podgroup import WAITING
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.podgroups.podgroup import WAITING
 from gangcheck.settings import TracingSettings, otlp_traces
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually

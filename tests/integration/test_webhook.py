@@ -32,7 +32,7 @@ from gangcheck_dev.testbed.certs import CertificateAuthority, KeyPair
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import MUTATING_WEBHOOK, NAMESPACE, POD
-from gangcheck.logic.gating import (
+from gangcheck.logic.podgroups.gating import (
     COSCHEDULING,
     COSCHEDULING_LABEL,
     GATE,

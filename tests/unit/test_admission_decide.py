@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic import naming
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
     AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
@@ -18,8 +18,8 @@ from gangcheck.logic.actions import (
     DeleteRequest,
     ReclaimArrivals,
 )
-from gangcheck.logic.admission import Decision, Snapshot, TemplateInfo, decide
-from gangcheck.logic.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.workloads.admission import Decision, Snapshot, TemplateInfo, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request

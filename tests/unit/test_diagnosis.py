@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic import naming
-from gangcheck.logic.diagnosis import (
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.placement.fit import Rejection
+from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,
     Facts,
     NodeFit,
@@ -30,8 +32,6 @@ from gangcheck.logic.diagnosis import (
     place,
     verdict,
 )
-from gangcheck.logic.fit import Rejection
-from gangcheck.logic.reclaim import Outcome
 from gangcheck.model.objects import Condition, Flavor, request_of
 from tests.builders import (
     CHECK,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.dra import (
+from gangcheck.logic.placement.dra import (
     ClaimNeeds,
     DeviceRoom,
     DraContext,
@@ -23,7 +23,7 @@ from gangcheck.logic.dra import (
     claim_needs,
     compile_selector,
 )
-from gangcheck.logic.fit import (
+from gangcheck.logic.placement.fit import (
     NodeView,
     fit_gang,
     host_rejection,
@@ -885,8 +885,8 @@ def test_one_pod_set_on_node_local_devices_places_the_exact_maximum(
 def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
     """Reservations and DRA together: the reserved node's two devices take two of three
     members; the third is the remainder to request."""
-    from gangcheck.logic.fulfillment import Capacity, GangSpec, reserved_split
-    from gangcheck.logic.reservations import Reservation
+    from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, reserved_split
+    from gangcheck.logic.placement.reservations import Reservation
     from tests.builders import node as node_obj
 
     capacity = Capacity(
@@ -902,7 +902,7 @@ def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
 
 
 def test_the_diagnosis_counts_devices_as_the_controller_does() -> None:
-    from gangcheck.logic.diagnosis import World, place
+    from gangcheck.logic.workloads.diagnosis import World, place
     from tests.builders import node as node_obj
 
     world = World(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.fit import (
+from gangcheck.logic.placement.fit import (
     FitResult,
     GangPodSet,
     Member,
@@ -26,7 +26,7 @@ from gangcheck.logic.fit import (
     summarize,
     used_resources,
 )
-from gangcheck.logic.quantity import NANO, parse_quantity
+from gangcheck.logic.placement.quantity import NANO, parse_quantity
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"

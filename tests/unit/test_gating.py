@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.gating import (
+from gangcheck.logic.podgroups.gating import (
     COSCHEDULING,
     COSCHEDULING_LABEL,
     GATE,

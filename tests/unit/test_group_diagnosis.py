@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.diagnosis import Target, World, parse_target
-from gangcheck.logic.gating import GATE
-from gangcheck.logic.group_diagnosis import (
+from gangcheck.logic.podgroups.gating import GATE
+from gangcheck.logic.podgroups.group_diagnosis import (
     gather_group,
     group_row,
     group_verdict,
     in_flight,
     members_by_group,
 )
-from gangcheck.logic.podgroup import gang_from_pods
+from gangcheck.logic.podgroups.podgroup import gang_from_pods
+from gangcheck.logic.workloads.diagnosis import Target, World, parse_target
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
 from tests.builders import container, node, provisioning_request
 

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     ClaimNode,
     DeleteRequest,
     ReleaseHold,
     ReleaseMembers,
 )
-from gangcheck.logic.arrivals import arrival_verdict
-from gangcheck.logic.fulfillment import Capacity, Waiting, assess
-from gangcheck.logic.hold import (
+from gangcheck.logic.attempt.arrivals import arrival_verdict
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting, assess
+from gangcheck.logic.attempt.hold import (
     ARRIVING_TAINT,
     HOLD_TAINT,
     held_nodes,
@@ -27,7 +27,7 @@ from gangcheck.logic.hold import (
     taints_released,
     with_hold_toleration,
 )
-from gangcheck.logic.taints import taint_of, toleration_of
+from gangcheck.logic.placement.taints import taint_of, toleration_of
 from gangcheck.model.objects import request_of
 from tests.builders import node, pod_template
 from tests.unit import test_podgroup_decide as pg

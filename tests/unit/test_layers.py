@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "gangcheck"
 IO_LIBRARIES = {"kubernetes_asyncio", "aiohttp", "tenacity", "opentelemetry", "socket",
                 "subprocess", "urllib", "http", "ssl", "asyncio"}  # fmt: skip
-PURE = sorted([*(PACKAGE / "logic").glob("*.py"), *(PACKAGE / "model").glob("*.py")])
+PURE = sorted([*(PACKAGE / "logic").rglob("*.py"), *(PACKAGE / "model").glob("*.py")])
 IO_MODULES = tuple(
     f"gangcheck.{m}"
     for m in ("kube", "reconcile", "reclaim", "runtime", "app", "server", "telemetry")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic import naming
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
     CONSUME_ANNOTATION,
     AnnotateRequest,
     CreateRequest,
@@ -18,9 +18,9 @@ from gangcheck.logic.actions import (
     ReclaimArrivals,
     ReleaseMembers,
 )
-from gangcheck.logic.fulfillment import Capacity
-from gangcheck.logic.gating import GATE
-from gangcheck.logic.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.podgroups.gating import GATE
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.objects import request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec

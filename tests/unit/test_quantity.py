@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
 
 GIB = 2**30
 PROPERTY = settings(database=None, deadline=None, max_examples=200)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.fit import member_from_template
-from gangcheck.logic.fulfillment import is_new_arrival, proven_younger
-from gangcheck.logic.reclaim import Outcome, judge, unfence_ops
+from gangcheck.logic.attempt.fulfillment import is_new_arrival, proven_younger
+from gangcheck.logic.attempt.reclaim import Outcome, judge, unfence_ops
+from gangcheck.logic.placement.fit import member_from_template
 from gangcheck.logic.timefmt import parse_time
 
 REQUEST = "ns/gang-atomic-1"

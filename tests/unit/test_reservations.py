@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.fit import GangPodSet, NodeView, member_from_template, node_view
-from gangcheck.logic.reservations import (
+from gangcheck.logic.placement.fit import GangPodSet, NodeView, member_from_template, node_view
+from gangcheck.logic.placement.reservations import (
     Reservation,
     ReservedSplit,
     describe,

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gangcheck.logic import rollback
-from gangcheck.logic.actions import AnnotateRequest, ReclaimArrivals
-from gangcheck.logic.fulfillment import Capacity
+from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt.actions import AnnotateRequest, ReclaimArrivals
+from gangcheck.logic.attempt.fulfillment import Capacity
 from gangcheck.model.objects import request_of
 from tests.builders import T0, node, provisioning_request
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gangcheck.diagnose import GroupReport, StatusReport, render_text
-from gangcheck.logic.diagnosis import GangRow, Target
-from gangcheck.logic.group_diagnosis import group_row, group_verdict
+from gangcheck.logic.podgroups.group_diagnosis import group_row, group_verdict
+from gangcheck.logic.workloads.diagnosis import GangRow, Target
 from tests.unit.test_group_diagnosis import Case, facts_of, group, member, members, req
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gangcheck.logic.fit import GangPodSet, Member, NodeView, node_view
-from gangcheck.logic.topology import fit_in_domains
+from gangcheck.logic.placement.fit import GangPodSet, Member, NodeView, node_view
+from gangcheck.logic.placement.topology import fit_in_domains
 from tests.builders import node
 
 RACK, ZONE = "rack", "zone"

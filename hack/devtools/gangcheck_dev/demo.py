@@ -42,10 +42,10 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
-from gangcheck.logic.actions import ATTEMPT_ANNOTATION
-from gangcheck.logic.fulfillment import ARRIVED_FOR
-from gangcheck.logic.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
-from gangcheck.logic.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.logic.attempt.actions import ATTEMPT_ANNOTATION
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.podgroups.gating import GATE, OPT_IN_LABEL, OPT_IN_VALUE
+from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
 from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.certs import CertificateAuthority
 from gangcheck_dev.testbed.deploy import deploy_gangcheck, start_sim_cloud

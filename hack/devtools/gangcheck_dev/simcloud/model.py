@@ -29,7 +29,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from gangcheck.logic.quantity import parse_quantity
+from gangcheck.logic.placement.quantity import parse_quantity
 from gangcheck.model.provisioning_config import BEST_EFFORT_ATOMIC
 
 Obj = Mapping[str, Any]

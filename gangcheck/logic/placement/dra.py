@@ -2,7 +2,7 @@
 
 A member whose pod spec names ResourceClaimTemplates fits on a node only when kube-scheduler
 could allocate every one of its claims from the devices that node reaches. Inputs are raw API
-dicts; `gangcheck.logic.fit` asks `allocate` member by member, node by node.
+dicts; `gangcheck.logic.placement.fit` asks `allocate` member by member, node by node.
 
 The inventory (`build_inventory`) takes ResourceSlices, DeviceClasses and ResourceClaims:
 - slices form pools (driver, pool name); only a pool's newest generation counts. A pool that
@@ -57,8 +57,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.logic.quantity import QuantityError, parse_quantity
-from gangcheck.logic.taints import Taint, Toleration, taint_of, toleration_of
+from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
 
 Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]
@@ -137,7 +137,7 @@ class Problem:
 @dataclass(frozen=True)
 class NodeScope:
     """The nodes that reach a device: one by name, all, or those a NodeSelector (raw API
-    dict) matches; none set: no node. `gangcheck.logic.fit.scope_reaches` resolves it."""
+    dict) matches; none set: no node. `gangcheck.logic.placement.fit.scope_reaches` resolves it."""
 
     node_name: str = ""
     all_nodes: bool = False

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.fit import member_from_template
-from gangcheck.logic.fulfillment import Obj, Waiting, claim_of, is_new_arrival
-from gangcheck.logic.hold import is_arriving
-from gangcheck.logic.quantity import QuantityError
+from gangcheck.logic.attempt.fulfillment import Obj, Waiting, claim_of, is_new_arrival
+from gangcheck.logic.attempt.hold import is_arriving
+from gangcheck.logic.placement.fit import member_from_template
+from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.timefmt import parse_time
 
 

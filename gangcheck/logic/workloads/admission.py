@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic import backoff, naming, rollback
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import backoff, naming, rollback
+from gangcheck.logic.attempt.actions import (
     ATTEMPT_ANNOTATION,
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
@@ -39,7 +39,7 @@ from gangcheck.logic.actions import (
     Obj,
     ReleaseHold,
 )
-from gangcheck.logic.fulfillment import (
+from gangcheck.logic.attempt.fulfillment import (
     RESERVED_ANNOTATION,
     Capacity,
     GangSpec,
@@ -50,8 +50,11 @@ from gangcheck.logic.fulfillment import (
     reservations_of,
     reserved_split,
 )
-from gangcheck.logic.hold import held_nodes, hold_toleration
-from gangcheck.logic.podsets import (
+from gangcheck.logic.attempt.hold import held_nodes, hold_toleration
+from gangcheck.logic.attempt.reclaim import arrived_for
+from gangcheck.logic.placement.reservations import describe
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.logic.workloads.podsets import (
     MergedPodSet,
     merge_pod_sets,
     missing_flavors,
@@ -60,9 +63,6 @@ from gangcheck.logic.podsets import (
     required_pod_sets,
     unassigned_pod_sets,
 )
-from gangcheck.logic.reclaim import arrived_for
-from gangcheck.logic.reservations import describe
-from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.objects import (
     CheckState,
     Flavor,

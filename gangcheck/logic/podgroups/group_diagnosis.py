@@ -14,25 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gangcheck.logic import podgroup
-from gangcheck.logic.actions import FULFILLED, ROLLING_BACK, STARTED
-from gangcheck.logic.diagnosis import (
-    GangRow,
-    Placement,
-    RequestFacts,
-    Verdict,
-    World,
-    ended_verdict,
-    fit_verdict,
-    human_duration,
-    nodes_needed,
-    place_in,
-    request_facts,
-    until,
-)
-from gangcheck.logic.fulfillment import dra_hint
-from gangcheck.logic.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of, is_gated
-from gangcheck.logic.podgroup import (
+from gangcheck.logic.attempt.actions import FULFILLED, ROLLING_BACK, STARTED
+from gangcheck.logic.attempt.fulfillment import dra_hint
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.gating import OPT_IN_LABEL, OPT_IN_VALUE, group_of, is_gated
+from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
     BLOCKED,
     CONFIG_ANNOTATION,
@@ -52,6 +38,20 @@ from gangcheck.logic.podgroup import (
     WAITING,
 )
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.workloads.diagnosis import (
+    GangRow,
+    Placement,
+    RequestFacts,
+    Verdict,
+    World,
+    ended_verdict,
+    fit_verdict,
+    human_duration,
+    nodes_needed,
+    place_in,
+    request_facts,
+    until,
+)
 from gangcheck.model.objects import ProvisioningRequest, is_true, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 

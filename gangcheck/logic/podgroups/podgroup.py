@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic import backoff, naming, rollback
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import backoff, naming, rollback
+from gangcheck.logic.attempt.actions import (
     ATTEMPT_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
@@ -48,8 +48,7 @@ from gangcheck.logic.actions import (
     Obj,
     ReleaseMembers,
 )
-from gangcheck.logic.admission import TemplateInfo, adoptions, delete_request, release_hold
-from gangcheck.logic.fulfillment import (
+from gangcheck.logic.attempt.fulfillment import (
     RESERVED_ANNOTATION,
     Capacity,
     GangSpec,
@@ -61,10 +60,16 @@ from gangcheck.logic.fulfillment import (
     reservations_of,
     reserved_split,
 )
-from gangcheck.logic.gating import GATE, is_gated
-from gangcheck.logic.hold import hold_toleration
-from gangcheck.logic.podsets import limits_as_missing_requests, scheduling_requirements
+from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.podgroups.gating import GATE, is_gated
 from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.logic.workloads.admission import (
+    TemplateInfo,
+    adoptions,
+    delete_request,
+    release_hold,
+)
+from gangcheck.logic.workloads.podsets import limits_as_missing_requests, scheduling_requirements
 from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec

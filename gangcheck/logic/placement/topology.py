@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gangcheck.logic.dra import Inventory
-from gangcheck.logic.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
+from gangcheck.logic.placement.dra import Inventory
+from gangcheck.logic.placement.fit import FitResult, GangPodSet, NodeView, fit_gang, summarize
 
 Obj = Mapping[str, object]
 

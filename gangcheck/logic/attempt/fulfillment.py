@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from gangcheck.logic.dra import DraContext, Inventory, build_inventory
-from gangcheck.logic.fit import (
+from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
+from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
+from gangcheck.logic.placement.fit import (
     GangPodSet,
     Member,
     NodeView,
@@ -23,11 +24,10 @@ from gangcheck.logic.fit import (
     member_from_template,
     node_view,
 )
-from gangcheck.logic.hold import as_opened, hold_toleration, is_arriving
-from gangcheck.logic.reservations import Reservation, ReservedSplit, split_gang
-from gangcheck.logic.taints import toleration_of
+from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, split_gang
+from gangcheck.logic.placement.taints import toleration_of
+from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.topology import TopologyFit, fit_in_domains
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 

@@ -15,7 +15,7 @@ What is checked, per member and node, in the order the reasons are reported:
   `pods` count included;
 - DRA claims (when the member was built with a `DraContext`): every claim allocatable from
   the devices the node reaches, given what allocated ResourceClaims and the members placed
-  before hold (see `gangcheck.logic.dra`).
+  before hold (see `gangcheck.logic.placement.dra`).
 
 A member's requests are kube-scheduler's: limits copied into missing requests (as Kueue
 does for its templates), then max(sum of containers + restartable "sidecar" init
@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.logic.dra import (
+from gangcheck.logic.placement.dra import (
     ClaimNeeds,
     DeviceRoom,
     DraContext,
@@ -61,8 +61,8 @@ from gangcheck.logic.dra import (
     Usage,
     allocate,
 )
-from gangcheck.logic.quantity import NANO, QuantityError, format_quantity, parse_quantity
-from gangcheck.logic.taints import Taint, Toleration, taint_of, toleration_of
+from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
 
 Obj = Mapping[str, Any]
 Resources = Mapping[str, int]

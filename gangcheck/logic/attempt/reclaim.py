@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from gangcheck.logic.actions import CONSUME_ANNOTATION
-from gangcheck.logic.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
+from gangcheck.logic.attempt.actions import CONSUME_ANNOTATION
+from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR, OPT_OUT_LABEL, claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
 
 Obj = dict[str, Any]

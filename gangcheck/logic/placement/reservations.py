@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.logic.dra import Inventory
-from gangcheck.logic.fit import GangPodSet, NodeView, fit_gang
+from gangcheck.logic.placement.dra import Inventory
+from gangcheck.logic.placement.fit import GangPodSet, NodeView, fit_gang
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gangcheck.logic import checkconfig, naming
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
     CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
@@ -26,17 +26,7 @@ from gangcheck.logic.actions import (
     ROLLING_BACK,
     STARTED,
 )
-from gangcheck.logic.admission import Snapshot, gang_templates
-from gangcheck.logic.dra import DraContext, Inventory
-from gangcheck.logic.fit import (
-    FitResult,
-    Member,
-    NodeView,
-    Rejection,
-    member_from_template,
-    node_view,
-)
-from gangcheck.logic.fulfillment import (
+from gangcheck.logic.attempt.fulfillment import (
     Capacity,
     GangSpec,
     claim_of,
@@ -45,11 +35,22 @@ from gangcheck.logic.fulfillment import (
     request_key,
     tolerating_hold,
 )
-from gangcheck.logic.podsets import pod_template_spec
-from gangcheck.logic.quantity import QuantityError
-from gangcheck.logic.reclaim import Outcome
+from gangcheck.logic.attempt.reclaim import Outcome
+from gangcheck.logic.placement.dra import DraContext, Inventory
+from gangcheck.logic.placement.fit import (
+    FitResult,
+    Member,
+    NodeView,
+    Rejection,
+    member_from_template,
+    node_view,
+)
+from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.logic.placement.topology import fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.topology import fit_in_domains
+from gangcheck.logic.workloads import checkconfig
+from gangcheck.logic.workloads.admission import Snapshot, gang_templates
+from gangcheck.logic.workloads.podsets import pod_template_spec
 from gangcheck.model.objects import (
     WORKLOAD_UID_ANNOTATION,
     CheckState,

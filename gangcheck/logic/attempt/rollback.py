@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.actions import (
+from gangcheck.logic.attempt.actions import (
     DEADLINE_ANNOTATION,
     FULFILLED,
     OUTCOME_ANNOTATION,
@@ -34,8 +34,8 @@ from gangcheck.logic.actions import (
     Obj,
     ReclaimArrivals,
 )
-from gangcheck.logic.fulfillment import Capacity, GangSpec, assess, request_key
-from gangcheck.logic.reclaim import Outcome, arrived_for
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, request_key
+from gangcheck.logic.attempt.reclaim import Outcome, arrived_for
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Condition, ProvisioningRequest, is_true
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec

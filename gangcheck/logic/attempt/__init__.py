@@ -1,0 +1,5 @@
+"""One attempt at capacity for a gang.
+
+Actions, the arrival ledger, fulfillment, the capacity hold, rollback, reclaim safety, naming
+and backoff.
+"""

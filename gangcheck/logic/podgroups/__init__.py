@@ -1,0 +1,1 @@
+"""The PodGroup gang source: membership and gating, decide, diagnosis."""
