@@ -41,6 +41,17 @@ class Reclaimer(StrEnum):
     CORDON = "CordonAndTaint"
 
 
+class Backend(StrEnum):
+    """How capacity is asked for (docs/karpenter.md for the second)."""
+
+    PROVISIONING_REQUEST = "ProvisioningRequest"
+    KARPENTER = "Karpenter"
+
+
+#: Reclaimers that give a Karpenter node back (CordonAndTaint waits for cluster-autoscaler).
+KARPENTER_RECLAIMERS = frozenset({"DeleteNodeClaim", "DeleteNode", "None"})
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
@@ -85,6 +96,15 @@ class ReservationSpec(_Spec):
     nodes: Annotated[int, Field(ge=1)]
 
 
+class KarpenterSpec(_Spec):
+    """Where a gang's NodeClaims go: the first of ``nodePools`` able to take the whole gang."""
+
+    node_pools: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=253)], ...],
+        Field(alias="nodePools", min_length=1, max_length=16),
+    ]
+
+
 class AtomicProvisioningSpec(_Spec):
     provisioning_class_name: Annotated[
         str, Field(alias="provisioningClassName", min_length=1, max_length=253)
@@ -103,6 +123,23 @@ class AtomicProvisioningSpec(_Spec):
     pod_set_updates: Annotated[PodSetUpdatesSpec | None, Field(alias="podSetUpdates")] = None
     fulfillment: Fulfillment = Fulfillment()
     reservations: Annotated[tuple[ReservationSpec, ...], Field(max_length=16)] = ()
+    backend: Backend = Backend.PROVISIONING_REQUEST
+    karpenter: KarpenterSpec | None = None
+
+    @model_validator(mode="after")
+    def _backend_parameters(self) -> AtomicProvisioningSpec:
+        karpenter = self.backend is Backend.KARPENTER
+        if karpenter and self.karpenter is None:
+            raise ValueError("spec.karpenter: required when spec.backend is Karpenter")
+        if not karpenter and self.karpenter is not None:
+            raise ValueError("spec.karpenter: only with spec.backend: Karpenter")
+        if karpenter and self.fulfillment.reclaimer.value not in KARPENTER_RECLAIMERS:
+            raise ValueError(
+                f"spec.fulfillment.reclaimer: {self.fulfillment.reclaimer.value} waits for "
+                "cluster-autoscaler's scale-down; with spec.backend Karpenter use "
+                "DeleteNodeClaim"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_class(self) -> AtomicProvisioningSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from gangcheck.logic.karpenter.claims import (
     withdrawable,
 )
 from gangcheck.logic.karpenter.pools import choose_pool, label_problem, room
+from gangcheck.model.provisioning_config import Backend, parse_spec
 
 Obj = dict[str, Any]
 ATTEMPT = "team-a/train-gangcheck-1"
@@ -250,3 +252,46 @@ def test_bad_pools_are_reported_naming_the_field() -> None:
     assert "spec.karpenter.nodePools[1]: NodePool 'gpu' does not define label rack" in (
         choice.problem
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"backend": "Karpenter"}, "spec.karpenter: required when spec.backend is Karpenter"),
+        ({"karpenter": {"nodePools": ["gpu"]}}, "spec.karpenter: only with spec.backend"),
+        (
+            {"backend": "Karpenter", "karpenter": {"nodePools": ["gpu"]}},
+            "spec.fulfillment.reclaimer: CordonAndTaint waits for cluster-autoscaler",
+        ),
+        (
+            {
+                "backend": "Karpenter",
+                "karpenter": {"nodePools": []},
+                "fulfillment": {"reclaimer": "DeleteNodeClaim"},
+            },
+            "spec.karpenter.nodePools",
+        ),
+    ],
+    ids=[
+        "the Karpenter backend needs its parameters",
+        "Karpenter parameters need the Karpenter backend",
+        "CordonAndTaint does not give a Karpenter node back",
+        "at least one NodePool",
+    ],
+)
+def test_bad_backend_configs_name_the_field(spec: Obj, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_spec(spec)
+
+
+def test_a_karpenter_config_parses() -> None:
+    spec = parse_spec(
+        {
+            "backend": "Karpenter",
+            "karpenter": {"nodePools": ["gpu", "gpu-spare"]},
+            "fulfillment": {"reclaimer": "DeleteNodeClaim"},
+        }
+    )
+    assert spec.backend is Backend.KARPENTER
+    assert spec.karpenter is not None and spec.karpenter.node_pools == ("gpu", "gpu-spare")
+    assert parse_spec({}).backend is Backend.PROVISIONING_REQUEST
