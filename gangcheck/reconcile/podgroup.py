@@ -17,10 +17,11 @@ from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.capacity.backend import Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
-from gangcheck.logic.workloads.admission import TemplateInfo, delete_request
 from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
@@ -98,7 +99,7 @@ class PodGroupReconciler:
             == group.ref.uid
         )
         templates = {
-            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
+            t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
             for t in self._caches.templates_of_group(ns, key)
         }
         return GroupSnapshot(
@@ -189,7 +190,7 @@ class PodGroupReconciler:
                 len(reclaim),
                 extra={"object": f"{namespace}/{name}"},
             )
-            for action in (*reclaim, delete_request(orphan, GROUP_GONE)):
+            for action in (*reclaim, *PROVISIONING_REQUEST.withdraw(orphan, GROUP_GONE)):
                 await self._applier.apply(namespace, action)
         return Result()
 

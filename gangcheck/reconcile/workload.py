@@ -29,15 +29,15 @@ from gangcheck.logic.attempt.actions import (
     Event,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.capacity.backend import Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
     MAX_MESSAGE,
     Decision,
     Snapshot,
-    TemplateInfo,
     decide,
-    delete_request,
 )
 from gangcheck.model.objects import Workload, conditions_of, is_true, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
@@ -102,7 +102,7 @@ class WorkloadReconciler:
         )
         requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
         templates = {
-            t["metadata"]["name"]: TemplateInfo(t["metadata"]["name"], tuple(owner_uids(t)))
+            t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
             for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
         }
         return Snapshot(
@@ -158,7 +158,7 @@ class WorkloadReconciler:
                 len(reclaim),
                 extra={"object": f"{namespace}/{name}"},
             )
-            for action in (*reclaim, delete_request(orphan, WL_GONE)):
+            for action in (*reclaim, *PROVISIONING_REQUEST.withdraw(orphan, WL_GONE)):
                 await self._applier.apply(namespace, action)
         for tpl in templates:
             if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(

@@ -19,7 +19,8 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
-from gangcheck.logic.workloads.admission import Decision, Snapshot, TemplateInfo, decide
+from gangcheck.logic.capacity.backend import Owned as TemplateInfo
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request

@@ -35,15 +35,11 @@ from gangcheck.logic.attempt.actions import (
     CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     PHASE_ANNOTATION,
     STARTED,
     Action,
     AnnotateRequest,
     ClaimNode,
-    CreateRequest,
-    CreateTemplate,
     Event,
     Obj,
     ReleaseMembers,
@@ -61,14 +57,11 @@ from gangcheck.logic.attempt.fulfillment import (
     reserved_split,
 )
 from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.podgroups.gating import GATE, is_gated
 from gangcheck.logic.timefmt import format_time, parse_time
-from gangcheck.logic.workloads.admission import (
-    TemplateInfo,
-    adoptions,
-    delete_request,
-    release_hold,
-)
+from gangcheck.logic.workloads.admission import release_hold
 from gangcheck.logic.workloads.podsets import limits_as_missing_requests, scheduling_requirements
 from gangcheck.model.objects import ObjectRef, ProvisioningRequest, is_true
 from gangcheck.model.podgroups import PodGroup
@@ -113,10 +106,11 @@ class GroupSnapshot:
     config: AtomicProvisioningSpec | None
     config_problem: str = ""
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    templates: Mapping[str, Owned] = field(default_factory=dict)
     capacity: Capacity | None = None
     max_members: int = 5000
     """The most members one request may carry (a setting)."""
+    backend: CapacityBackend = PROVISIONING_REQUEST
     opted_in: bool = False
     """The namespace carries the webhook's opt-in label: its members should all be gated."""
 
@@ -238,24 +232,22 @@ def _first(
             ),
         )
     total = sum(count for _, count, _ in gang.pod_sets)
-    templates = tuple(
-        CreateTemplate(_template_body(snap, naming.template_name(name, ps), tpl))
-        for ps, _, tpl in gang.pod_sets
-        if naming.template_name(name, ps) not in snap.templates
-    )
-    request = _request_body(snap, gang, name, now)
-    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
-    request["metadata"]["annotations"][GANG_MEMBERS_ANNOTATION] = str(len(members.unbound))
+    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
+    record = {
+        ATTEMPT_ANNOTATION: str(attempt_of(snap.group)),
+        DEADLINE_ANNOTATION: format_time(deadline),
+        RESERVED_ANNOTATION: str(reserved),
+        GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
+    }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
-        request["metadata"]["annotations"][CONFIG_ANNOTATION] = config
+        record[CONFIG_ANNOTATION] = config
     message = f"provisioning request {name} created for {total} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     decision = _status(snap, PROVISIONING, message, request=name)
     event = Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}")
-    return replace(
-        decision, actions=(*templates, CreateRequest(request)), events=(*decision.events, event)
-    )
+    actions = snap.backend.ask(_ask(snap, gang, name, record))
+    return replace(decision, actions=actions, events=(*decision.events, event))
 
 
 def _follow(
@@ -265,7 +257,7 @@ def _follow(
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
     gang = gang_from_pods(snap.group, ours)
-    adopt = adoptions(snap.templates, req)
+    adopt = snap.backend.follow(req, snap.templates)
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, req, now)
     else:
@@ -511,7 +503,7 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
         if req.deleting:
             continue
         if not members.live:
-            actions.append(delete_request(req, "the gang has no members left"))
+            actions += snap.backend.withdraw(req, "the gang has no members left")
         elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
             actions += [*release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
@@ -658,7 +650,7 @@ def clean_up(snap: GroupSnapshot, why: str) -> GroupDecision:
             for action in (
                 *rollback.abandon(r, snap.capacity, reclaimer, why),
                 *release_hold(snap.capacity, r),
-                delete_request(r, why),
+                *snap.backend.withdraw(r, why),
             )
         )
     )
@@ -672,57 +664,26 @@ def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
         if r.name != current and not r.deleting
         for a in (
             *release_hold(snap.capacity, r),
-            delete_request(r, f"superseded by {current or 'waiting for members'}"),
+            *snap.backend.withdraw(r, f"superseded by {current or 'waiting for members'}"),
         )
     )
 
 
-def _metadata(snap: GroupSnapshot, name: str) -> Obj:
-    group = snap.group
-    return {
-        "name": name,
-        "namespace": group.ref.namespace,
-        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-        "annotations": {
-            GROUP_ANNOTATION: group_key(group),
-            GROUP_UID_ANNOTATION: group.ref.uid,
-        },
-    }
-
-
-def _template_body(snap: GroupSnapshot, name: str, template: Obj) -> Obj:
-    meta = _metadata(snap, name)
-    ref = snap.group.ref
-    meta["ownerReferences"] = [
-        {
-            "apiVersion": ref.api_version,
-            "kind": ref.kind,
-            "name": ref.name,
-            "uid": ref.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    return {"metadata": meta, "template": template}
-
-
-def _request_body(snap: GroupSnapshot, gang: GangSpec, name: str, now: datetime) -> Obj:
+def _ask(snap: GroupSnapshot, gang: GangSpec, name: str, record: Mapping[str, str]) -> Ask:
+    """The attempt's ask: a pod set per kind of member, the group owning its objects."""
     assert snap.config is not None
-    meta = _metadata(snap, name)
-    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
-    meta["annotations"][ATTEMPT_ANNOTATION] = str(attempt_of(snap.group))
-    meta["annotations"][DEADLINE_ANNOTATION] = format_time(deadline)
-    return {
-        "metadata": meta,
-        "spec": {
-            "provisioningClassName": snap.config.provisioning_class_name,
-            "parameters": dict(snap.config.parameters),
-            "podSets": [
-                {"podTemplateRef": {"name": naming.template_name(name, ps)}, "count": count}
-                for ps, count, _ in gang.pod_sets
-            ],
-        },
-    }
+    group = snap.group
+    return Ask(
+        attempt=name,
+        namespace=group.ref.namespace,
+        pod_sets=tuple(AskedPodSet(ps, count, tpl) for ps, count, tpl in gang.pod_sets),
+        identity={GROUP_ANNOTATION: group_key(group), GROUP_UID_ANNOTATION: group.ref.uid},
+        record=record,
+        capacity_class=snap.config.provisioning_class_name,
+        parameters=dict(snap.config.parameters),
+        owners=(owner_reference(group.ref, group.ref.api_version),),
+        existing=frozenset(snap.templates),
+    )
 
 
 # ---- status ----------------------------------------------------------------------------

@@ -21,19 +21,14 @@ from gangcheck.logic.attempt.actions import (
     CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     STARTED,
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
     Action,
-    AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
-    CreateRequest,
-    CreateTemplate,
     DeleteRequest,
     Event,
     Obj,
@@ -52,6 +47,8 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import held_nodes, hold_toleration
 from gangcheck.logic.attempt.reclaim import arrived_for
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.placement.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
@@ -66,7 +63,6 @@ from gangcheck.logic.workloads.podsets import (
 from gangcheck.model.objects import (
     CheckState,
     Flavor,
-    ObjectRef,
     ProvisioningRequest,
     Workload,
     is_true,
@@ -79,15 +75,7 @@ MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
 DEADLINE_SLACK_SECONDS = 2.0
-PROVREQ_API_VERSION = "autoscaling.x-k8s.io/v1"
-
-
-@dataclass(frozen=True)
-class TemplateInfo:
-    """A PodTemplate that exists, with the uids of its owners."""
-
-    name: str
-    owner_uids: tuple[str, ...]
+WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
 
 
 @dataclass(frozen=True)
@@ -98,8 +86,9 @@ class Snapshot:
     config_problem: str = ""
     flavors: Mapping[str, Flavor] = field(default_factory=dict)
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, TemplateInfo] = field(default_factory=dict)
+    templates: Mapping[str, Owned] = field(default_factory=dict)
     capacity: Capacity | None = None
+    backend: CapacityBackend = PROVISIONING_REQUEST
     competing: tuple[str, ...] = ()
     """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
     or Kueue's built-in one): a pod can consume only one."""
@@ -194,7 +183,7 @@ def clean_up(snap: Snapshot, why: str) -> Decision:
         for action in (
             *rollback.abandon(r, snap.capacity, reclaimer, why),
             *release_hold(snap.capacity, r),
-            delete_request(r, why),
+            *snap.backend.withdraw(r, why),
         )
     )
     return Decision(actions=actions)
@@ -208,16 +197,6 @@ def _why_cleanup(wl: Workload) -> str:
     if wl.is_evicted:
         return "Workload evicted"
     return "Workload has no quota reservation"
-
-
-def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
-    """Delete a request and the PodTemplates it points at."""
-    return DeleteRequest(
-        name=req.name,
-        uid=req.ref.uid,
-        templates=tuple(p.template_name for p in req.pod_sets),
-        reason=reason,
-    )
 
 
 def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
@@ -321,9 +300,10 @@ def _pending(
 ) -> Decision:
     name = _attempt_name(snap, state)
     stale = tuple(
-        delete_request(r, "superseded by attempt " + str(state.retry_count + 1))
+        action
         for r in snap.requests
         if r.name != name and not r.deleting
+        for action in snap.backend.withdraw(r, f"superseded by attempt {state.retry_count + 1}")
     )
     req = _find(snap.requests, name)
     if req is None:
@@ -361,16 +341,20 @@ def _create(
         merged = [
             replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
         ]
-    templates = _new_templates(snap, name, merged)
-    request = _request_body(snap, state, name, merged, now)
-    request["metadata"]["annotations"][RESERVED_ANNOTATION] = str(reserved)
+    deadline = now + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
+    record = {
+        ATTEMPT_ANNOTATION: str(state.retry_count + 1),
+        WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
+        DEADLINE_ANNOTATION: format_time(deadline),
+        RESERVED_ANNOTATION: str(reserved),
+    }
     message = f"provisioning request {name} created for {sum(m.count for m in merged)} pods"
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     decision = _transition(state, PENDING, message, now)
     return replace(
         decision,
-        actions=(*templates, CreateRequest(request)),
+        actions=snap.backend.ask(_ask(snap, name, merged, record=record)),
         events=(
             *decision.events,
             Event("ProvisioningRequestCreated", f"Created ProvisioningRequest {name!r}"),
@@ -394,107 +378,37 @@ def _cannot_request(snap: Snapshot, merged: list[MergedPodSet]) -> str | None:
     return None
 
 
-def _labels_and_annotations(snap: Snapshot, attempt: int) -> Obj:
-    return {
-        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-        "annotations": {
-            WORKLOAD_ANNOTATION: snap.workload.ref.name,
-            CHECK_ANNOTATION: snap.check,
-            ATTEMPT_ANNOTATION: str(attempt),
-        },
-    }
+def _merged(snap: Snapshot) -> list[MergedPodSet]:
+    assert snap.config is not None
+    wl = snap.workload
+    required = required_pod_sets(wl, snap.config.managed_resources)
+    return merge_pod_sets(wl, required, snap.config.pod_set_merge_policy)
 
 
-def _owner(ref: ObjectRef, api_version: str) -> Obj:
-    return {
-        "apiVersion": api_version,
-        "kind": ref.kind,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _new_templates(
+def _ask(
     snap: Snapshot,
-    request: str,
+    name: str,
     merged: list[MergedPodSet],
     *,
-    request_owner: ProvisioningRequest | None = None,
-) -> list[CreateTemplate]:
-    """The request's PodTemplates that do not exist yet, owned by the Workload (and by the
-    request, when it exists already: a template lost while it was in flight)."""
-    wl = snap.workload
-    owners = [_owner(wl.ref, "kueue.x-k8s.io/v1beta2")]
-    if request_owner is not None:
-        owners.append({**_owner(request_owner.ref, PROVREQ_API_VERSION), "controller": False})
-    out = []
-    for m in merged:
-        tname = naming.template_name(request, m.name)
-        if tname in snap.templates:
-            continue  # created by an earlier, interrupted reconcile
-        meta = _labels_and_annotations(snap, 0)
-        meta["annotations"].pop(ATTEMPT_ANNOTATION)
-        body = {
-            "metadata": {
-                "name": tname,
-                "namespace": wl.ref.namespace,
-                **meta,
-                "ownerReferences": owners,
-            },
-            "template": pod_template_spec(wl, m.name, m.template, snap.flavors),
-        }
-        out.append(CreateTemplate(body))
-    return out
-
-
-def _missing_templates(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
-    """Recreate the PodTemplates of a request in flight that are gone (garbage-collected
-    with an earlier request of the same name deleted by hand), so the attempt is not lost."""
+    record: Mapping[str, str] | None = None,
+) -> Ask:
+    """The attempt's ask: a pod set per merged pod set, the Workload owning its objects."""
     assert snap.config is not None
-    wanted = {ps.template_name for ps in req.pod_sets}
-    if wanted <= set(snap.templates):
-        return ()
     wl = snap.workload
-    merged = merge_pod_sets(
-        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
+    return Ask(
+        attempt=name,
+        namespace=wl.ref.namespace,
+        pod_sets=tuple(
+            AskedPodSet(m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors))
+            for m in merged
+        ),
+        identity={WORKLOAD_ANNOTATION: wl.ref.name, CHECK_ANNOTATION: snap.check},
+        record=record or {},
+        capacity_class=snap.config.provisioning_class_name,
+        parameters=request_parameters(snap.config.parameters, wl.annotations),
+        owners=(owner_reference(wl.ref, WORKLOAD_API_VERSION),),
+        existing=frozenset(snap.templates),
     )
-    mine = [m for m in merged if naming.template_name(req.name, m.name) in wanted]
-    return tuple(_new_templates(snap, req.name, mine, request_owner=req))
-
-
-def _request_body(
-    snap: Snapshot, state: CheckState, name: str, merged: list[MergedPodSet], now: datetime
-) -> Obj:
-    assert snap.config is not None
-    wl, attempt = snap.workload, state.retry_count + 1
-    meta = _labels_and_annotations(snap, attempt)
-    meta["annotations"][WORKLOAD_UID_ANNOTATION] = wl.ref.uid
-    deadline = now.timestamp() + snap.config.fulfillment.deadline_seconds
-    meta["annotations"][DEADLINE_ANNOTATION] = format_time(
-        datetime.fromtimestamp(deadline, now.tzinfo)
-    )
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": wl.ref.namespace,
-            # No ownerReference to the Workload: Kueue's own provisioning controller deletes
-            # every ProvisioningRequest whose owner is named like a Workload with quota and is
-            # not one of its requests (kueue v0.17 provisioning/controller.go,
-            # deleteUnusedProvisioningRequests). gangcheck deletes its requests itself, on
-            # finish, eviction, deletion, and in its orphan sweep at start.
-            **meta,
-        },
-        "spec": {
-            "provisioningClassName": snap.config.provisioning_class_name,
-            "parameters": request_parameters(snap.config.parameters, wl.annotations),
-            "podSets": [
-                {"podTemplateRef": {"name": naming.template_name(name, m.name)}, "count": m.count}
-                for m in merged
-            ],
-        },
-    }
 
 
 def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
@@ -505,11 +419,11 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
 
 def _follow(snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime) -> Decision:
     """The request exists: hand it its templates, replace it if stale, map its conditions."""
-    adopt = adoptions(snap.templates, req)
     if rollback.is_rolling_back(req):
         decision = _roll_back(snap, state, req, now)
+        adopt = snap.backend.follow(req, snap.templates)
         return replace(decision, actions=adopt + decision.actions)
-    adopt = _missing_templates(snap, req) + adopt
+    adopt = snap.backend.follow(req, snap.templates, _ask(snap, req.name, _merged(snap)))
     if not _is_synced(req, snap) and not is_true(req.conditions, "Provisioned"):
         decision = _config_changed(snap, state, req, now)
         return replace(decision, actions=adopt + decision.actions)
@@ -618,19 +532,8 @@ def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    return Decision(actions=(*release_hold(snap.capacity, req), delete_request(req, "rolled back")))
-
-
-def adoptions(
-    templates: Mapping[str, TemplateInfo], req: ProvisioningRequest
-) -> tuple[Action, ...]:
-    """Hand each of the request's PodTemplates that exists to the request, once."""
-    out: list[Action] = []
-    for ps in req.pod_sets:
-        info = templates.get(ps.template_name)
-        if info is not None and req.ref.uid not in info.owner_uids:
-            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
-    return tuple(out)
+    withdraw = snap.backend.withdraw(req, "rolled back")
+    return Decision(actions=(*release_hold(snap.capacity, req), *withdraw))
 
 
 def _from_conditions(
