@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 BEST_EFFORT_ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
 QUEUED_PROVISIONING = "queued-provisioning.gke.io"
+#: The class gangcheck serves itself with Karpenter NodeClaims (spec.backend: Karpenter).
+KARPENTER_CLASS = "karpenter.gangcheck.io"
+#: The request parameter carrying spec.karpenter.nodePools, comma-separated.
+NODE_POOLS_PARAMETER = "nodePools"
 KNOWN_CLASSES = frozenset({BEST_EFFORT_ATOMIC, CHECK_CAPACITY, QUEUED_PROVISIONING})
 
 MAX_PARAMETERS = 100
@@ -126,6 +130,29 @@ class AtomicProvisioningSpec(_Spec):
     backend: Backend = Backend.PROVISIONING_REQUEST
     karpenter: KarpenterSpec | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _karpenter_class(cls, data: object) -> object:
+        """With the Karpenter backend the attempt's request has gangcheck's own class, and the
+        NodePools as a parameter (the request is the attempt's record; docs/karpenter.md)."""
+        if not isinstance(data, dict) or data.get("backend") != Backend.KARPENTER.value:
+            return data
+        chosen = data.get("provisioningClassName", BEST_EFFORT_ATOMIC)
+        if chosen not in (BEST_EFFORT_ATOMIC, KARPENTER_CLASS):
+            raise ValueError(
+                f"spec.provisioningClassName: {chosen!r} is not used with spec.backend "
+                "Karpenter (gangcheck serves the attempt's request itself); leave it unset"
+            )
+        pools = (
+            (data.get("karpenter") or {}).get("nodePools")
+            if isinstance(data.get("karpenter"), dict)
+            else None
+        )
+        parameters = dict(data.get("parameters") or {})
+        if isinstance(pools, list):
+            parameters[NODE_POOLS_PARAMETER] = ",".join(str(p) for p in pools)
+        return {**data, "provisioningClassName": KARPENTER_CLASS, "parameters": parameters}
+
     @model_validator(mode="after")
     def _backend_parameters(self) -> AtomicProvisioningSpec:
         karpenter = self.backend is Backend.KARPENTER
@@ -143,7 +170,13 @@ class AtomicProvisioningSpec(_Spec):
 
     @model_validator(mode="after")
     def _known_class(self) -> AtomicProvisioningSpec:
-        if (
+        if self.provisioning_class_name == KARPENTER_CLASS:
+            if self.backend is not Backend.KARPENTER:
+                raise ValueError(
+                    f"provisioningClassName {KARPENTER_CLASS!r} is served by gangcheck's "
+                    "Karpenter backend only: set spec.backend: Karpenter"
+                )
+        elif (
             self.provisioning_class_name not in KNOWN_CLASSES
             and not self.allow_custom_provisioning_class
         ):

@@ -623,7 +623,9 @@ def test_the_karpenter_component_grants_the_backend_and_never_writes_pools(
     assert [(r["resources"], r["verbs"]) for r in added] == [
         (["nodepools"], ["get", "list", "watch"]),
         (["nodeclaims"], ["get", "list", "watch", "create", "patch", "delete"]),
+        (["provisioningrequests/status"], ["patch"]),
     ]
+    status = ("patch", "provisioningrequests.autoscaling.x-k8s.io", ALL, STATUS)
     apply(control_plane, yaml.safe_dump_all(with_component))
     try:
         for verb in ("get", "list", "watch"):
@@ -633,9 +635,11 @@ def test_the_karpenter_component_grants_the_backend_and_never_writes_pools(
         for verb in ("create", "patch", "update", "delete"):
             assert not can_i(control_plane, verb, "nodepools.karpenter.sh"), verb
         assert not can_i(control_plane, "update", "nodeclaims.karpenter.sh")
+        assert can_i(control_plane, *status)
     finally:
         apply(control_plane, yaml.safe_dump_all(installed))
     assert not can_i(control_plane, "create", "nodeclaims.karpenter.sh")
+    assert not can_i(control_plane, *status)
 
 
 # ---- the example ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gangcheck.logic.karpenter import names
+from gangcheck.logic.capacity.karpenter import names
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
 
 Obj = dict[str, Any]

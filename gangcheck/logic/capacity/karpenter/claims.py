@@ -26,7 +26,7 @@ from typing import Any
 
 from gangcheck.logic.attempt.hold import hold_taint, hold_value
 from gangcheck.logic.attempt.naming import fit
-from gangcheck.logic.karpenter import names
+from gangcheck.logic.capacity.karpenter import names
 
 Obj = dict[str, Any]
 

@@ -1,0 +1,255 @@
+"""gangcheck on real Karpenter (v1.15, kwok provider), with the real kube-scheduler and Kueue.
+
+gangcheck runs as its own process with its ServiceAccount's rights (base + ``karpenter`` +
+``reclaim-nodeclaim``). Each test makes its own NodePool (a label of its own, so that no other
+test's nodes match) and removes it, with every NodeClaim and node, afterwards.
+
+a. a 4 x 8-GPU gang through Kueue: one NodeClaim per member, all Initialized; check Ready,
+   every pod Running on the new nodes; once started, the nodes are neither held nor protected;
+b. the NodePool's limits leave room for 3 of the 4 nodes: no claim is made (the gang cannot be
+   whole), the attempt fails, Retry, then Rejected past ``backoffLimitCount``; no node left;
+c. a PodGroup gang gated by the webhook (not yet: see the module's report);
+d. consolidation (``WhenEmpty``, after 0 s) does not take the held, empty nodes while the
+   gang starts: every claim made for the attempt is still there, uncordoned, when it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from gangcheck_dev.testbed.deploy import ManagedProcess
+from gangcheck_dev.testbed.karpenter import GPU_8X, NodePool
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import JOB, NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST
+from gangcheck.logic.capacity.karpenter import names
+from tests.e2e.conftest import GPU_TAINT, Cluster
+from tests.e2e.helpers import (
+    container,
+    delete_quietly,
+    eventually,
+    is_true,
+    node_ready,
+    unique,
+)
+from tests.e2e.test_gangcheck import (
+    Timeline,
+    attempt_record,
+    check_state,
+    gpu_queue,
+    job_pods,
+    running,
+    until,
+    workload_of,
+)
+
+Obj = dict[str, Any]
+GPU = "nvidia.com/gpu"
+GPU_TYPE = "gangcheck.io/gpu-type"
+POOL_LABEL = "gangcheck.io/karpenter-e2e-pool"
+HOLD_TAINT = "status-taint.cluster-autoscaler.kubernetes.io/gangcheck-held-for"
+
+
+def karpenter_config(pool: str, *, deadline: int, backoff_limit: int = 3) -> Obj:
+    return {
+        "backend": "Karpenter",
+        "karpenter": {"nodePools": [pool]},
+        "managedResources": [GPU],
+        "retryStrategy": {
+            "backoffLimitCount": backoff_limit,
+            "backoffBaseSeconds": 1,
+            "backoffMaxSeconds": 2,
+        },
+        "fulfillment": {
+            "mode": "NodesFit",
+            "deadlineSeconds": deadline,
+            "startDeadlineSeconds": 120,
+            "reclaimer": "DeleteNodeClaim",
+        },
+    }
+
+
+def gang_job(name: str, count: int, labels: dict[str, str]) -> Obj:
+    return {
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {
+            "suspend": True,
+            "parallelism": count,
+            "completions": count,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container({"cpu": "1", "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
+                    "nodeSelector": dict(labels),
+                    "tolerations": [GPU_TAINT.toleration()],
+                }
+            },
+        },
+    }
+
+
+async def claims_of_pool(kube: Kube, pool: str) -> list[Obj]:
+    listed = await kube.list_objects(NODE_CLAIM, label_selector=f"{names.NODE_POOL_LABEL}={pool}")
+    return list(listed["items"])
+
+
+async def nodes_of_pool(kube: Kube, pool: str) -> list[Obj]:
+    listed = await kube.list_objects(NODE, label_selector=f"{names.NODE_POOL_LABEL}={pool}")
+    return list(listed["items"])
+
+
+@pytest.fixture
+async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator[Obj]:
+    """A NodePool of 8-GPU kwok machines, tainted like the GPU flavor, labelled uniquely;
+    ``request.param``: extra ``NodePool`` fields (limits, consolidation)."""
+    extra = getattr(request, "param", {})
+    name = unique("karp")
+    pool = NodePool(
+        name,
+        instance_types=(GPU_8X.name,),
+        labels={GPU_TYPE: "karpenter", POOL_LABEL: name},
+        taints=(GPU_TAINT,),
+        **extra,
+    )
+    created = await kube.create(NODE_POOL, pool.to_dict())
+    try:
+        yield created
+    finally:
+        await delete_quietly(kube, NODE_POOL, name)
+
+        async def all_gone() -> bool:
+            return not await claims_of_pool(kube, name) and not await nodes_of_pool(kube, name)
+
+        await eventually(all_gone, timeout=90, what=f"every claim and node of {name} gone")
+
+
+def flavor_labels(pool: Obj) -> dict[str, str]:
+    return dict(pool["spec"]["template"]["metadata"]["labels"])
+
+
+# -- a + d. a gang on new Karpenter capacity, consolidation kept off its held nodes ---------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "node_pool", [{"consolidation": "WhenEmpty", "consolidate_after": "0s"}], indirect=True
+)
+async def test_gang_on_karpenter_capacity_runs_on_its_own_new_nodes(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: ManagedProcess,
+    node_pool: Obj,
+) -> None:
+    count, pool = 4, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    config = karpenter_config(pool, deadline=120)
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
+        try:
+
+            async def all_running() -> list[Obj] | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, queue.check))
+                pods = running(await job_pods(kube, namespace, "gang"))
+                return pods if len(pods) == count else None
+
+            pods = await until(all_running, timeout=200, what="gang Running", timeline=timeline)
+            started_after = time.monotonic() - began
+            workload = await workload_of(kube, namespace, job)
+            assert workload is not None and is_true(workload, "Admitted")
+            (request,) = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+            key = f"{namespace}/{request['metadata']['name']}"
+            assert is_true(request, "Provisioned")
+            claims = await claims_of_pool(kube, pool)
+            # One claim per member, all made for this attempt, none lost (d: consolidation
+            # with consolidateAfter 0 s took none of the empty, held nodes before the start).
+            assert len(claims) == count
+            assert {c["metadata"]["annotations"][names.REQUESTED_FOR] for c in claims} == {key}
+            assert all(is_true(c, "Initialized") for c in claims)
+            claimed = {c["status"]["nodeName"] for c in claims}
+            assert {p["spec"]["nodeName"] for p in pods} == claimed
+            nodes = await nodes_of_pool(kube, pool)
+            assert {n["metadata"]["name"] for n in nodes} == claimed
+            assert all(node_ready(n) and not n["spec"].get("unschedulable") for n in nodes)
+
+            async def let_go() -> bool:
+                nodes = await nodes_of_pool(kube, pool)
+                claims = await claims_of_pool(kube, pool)
+                return all(not _protected(o) for o in [*nodes, *claims]) and not any(
+                    t["key"] == HOLD_TAINT for n in nodes for t in n["spec"].get("taints") or []
+                )
+
+            # Once the gang started: the hold is lifted and Karpenter may manage the nodes.
+            try:
+                await eventually(let_go, timeout=30, what="hold and do-not-disrupt removed")
+            except AssertionError as exc:
+                seen = [
+                    (n["metadata"].get("annotations"), n["spec"].get("taints"))
+                    for n in await nodes_of_pool(kube, pool)
+                ]
+                raise AssertionError(f"{exc}\nnodes: {seen}\n{controller.log_tail(30)}") from None
+            cluster.record(
+                f"a. Karpenter, {count} pods x 8 GPUs: all Running after {started_after:.1f}s "
+                f"on {count} NodeClaims of {pool}; check states: {' | '.join(timeline.states)}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+            for claim in await claims_of_pool(kube, pool):
+                await delete_quietly(kube, NODE_CLAIM, claim["metadata"]["name"])
+
+
+def _protected(obj: Obj) -> bool:
+    return (obj["metadata"].get("annotations") or {}).get(names.DO_NOT_DISRUPT) == "true"
+
+
+# -- b. limits that leave room for 3 of 4 ------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_pool", [{"limits": {GPU: "24"}}], indirect=True)
+async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_node(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: ManagedProcess,
+    node_pool: Obj,
+) -> None:
+    count, pool = 4, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    config = karpenter_config(pool, deadline=10, backoff_limit=1)
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
+        try:
+
+            async def deactivated() -> Obj | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, queue.check))
+                return workload if workload and workload["spec"].get("active") is False else None
+
+            workload = await until(
+                deactivated, timeout=120, what="the Workload Rejected", timeline=timeline
+            )
+            rejected_after = time.monotonic() - began
+            record = await attempt_record(kube, workload, queue.check)
+            assert record.went_to("Retry") and record.went_to("Rejected"), record
+            assert len(record.requests) == 2 and len(record.rolled_back) == 2, record
+            why = f"NodePool '{pool}': limits nvidia.com/gpu=24 leave room for 3 of 4 nodes"
+            assert all(why in m for m in record.rolled_back), record
+            assert await claims_of_pool(kube, pool) == []
+            assert await nodes_of_pool(kube, pool) == []
+            assert running(await job_pods(kube, namespace, "gang")) == []
+            cluster.record(
+                f"b. Karpenter, {count} pods x 8 GPUs, NodePool limit 24 GPUs: Rejected after "
+                f"{rejected_after:.1f}s, no NodeClaim made; rollbacks {record.rolled_back}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
