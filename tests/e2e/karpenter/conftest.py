@@ -1,6 +1,7 @@
 """The Karpenter e2e package: the full stack with Karpenter (kwok provider) in
 cluster-autoscaler's place, started once for this package (its NodePools are made per test),
-and gangcheck deployed with the ``karpenter`` and ``reclaim-nodeclaim`` components."""
+and gangcheck deployed with the ``karpenter`` and ``reclaim-nodeclaim`` components, serving
+its webhook on loopback (the PodGroup test registers it by URL)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_gangcheck
+from gangcheck_dev.testbed.certs import CertificateAuthority
+from gangcheck_dev.testbed.deploy import deploy_gangcheck
 from gangcheck_dev.testbed.launcher import ControlPlane
+from gangcheck_dev.testbed.process import free_ports
 from gangcheck_dev.testbed.stack import FULL_STACK
 
 from tests.e2e.conftest import _MEASUREMENTS, KUBECONFIG_ENV, Cluster
+from tests.e2e.test_podgroups import Hooked
 
 
 @pytest.fixture(scope="package")
@@ -34,19 +38,25 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="package")
-def controller(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ManagedProcess]:
+def controller(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hooked]:
+    workdir = tmp_path_factory.mktemp("gangcheck-karpenter")
+    authority = CertificateAuthority.create("gangcheck-e2e-webhook-ca")
+    certs = workdir / "certs"
+    certs.mkdir()
+    authority.issue_serving("gangcheck-webhook", ["127.0.0.1"]).write(
+        certs / "tls.crt", certs / "tls.key"
+    )
+    (port,) = free_ports(1)
     began = time.monotonic()
     process = deploy_gangcheck(
         Path(cluster.kubeconfig),
-        workdir=tmp_path_factory.mktemp("gangcheck-karpenter"),
-        extra_args=["--workers=4"],
+        workdir=workdir,
+        extra_args=["--workers=4", f"--webhook-port={port}", f"--webhook-cert-dir={certs}"],
         components=("karpenter", "reclaim-nodeclaim"),
     )
     cluster.record(f"gangcheck deployed and ready in {time.monotonic() - began:.1f}s")
     try:
-        yield process
+        yield Hooked(process, f"https://127.0.0.1:{port}/mutate-pods", authority.cert_pem)
     finally:
         alive = process.running
         process.stop()

@@ -8,7 +8,8 @@ a. a 4 x 8-GPU gang through Kueue: one NodeClaim per member, all Initialized; ch
    every pod Running on the new nodes; once started, the nodes are neither held nor protected;
 b. the NodePool's limits leave room for 3 of the 4 nodes: no claim is made (the gang cannot be
    whole), the attempt fails, Retry, then Rejected past ``backoffLimitCount``; no node left;
-c. a PodGroup gang gated by the webhook (not yet: see the module's report);
+c. a PodGroup gang gated by the webhook, its config naming the Karpenter backend: released
+   together once its NodeClaims arrived, every member Running on them;
 d. consolidation (``WhenEmpty``, after 0 s) does not take the held, empty nodes while the
    gang starts: every claim made for the attempt is still there, uncordoned, when it runs.
 """
@@ -20,11 +21,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from gangcheck_dev.testbed.deploy import ManagedProcess
 from gangcheck_dev.testbed.karpenter import GPU_8X, NodePool
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import JOB, NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST
+from gangcheck.kube.resources import (
+    ATOMIC_CONFIG,
+    JOB,
+    NAMESPACE,
+    NODE,
+    NODE_CLAIM,
+    NODE_POOL,
+    POD,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
 from gangcheck.logic.capacity.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import (
@@ -45,6 +55,7 @@ from tests.e2e.test_gangcheck import (
     until,
     workload_of,
 )
+from tests.e2e.test_podgroups import GATE, OPT_IN, Hooked, gated, webhook_registered
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -142,7 +153,7 @@ async def test_gang_on_karpenter_capacity_runs_on_its_own_new_nodes(
     kube: Kube,
     namespace: str,
     cluster: Cluster,
-    controller: ManagedProcess,
+    controller: Hooked,
     node_pool: Obj,
 ) -> None:
     count, pool = 4, node_pool["metadata"]["name"]
@@ -194,7 +205,7 @@ async def test_gang_on_karpenter_capacity_runs_on_its_own_new_nodes(
                     (n["metadata"].get("annotations"), n["spec"].get("taints"))
                     for n in await nodes_of_pool(kube, pool)
                 ]
-                raise AssertionError(f"{exc}\nnodes: {seen}\n{controller.log_tail(30)}") from None
+                raise AssertionError(f"{exc}\nnodes: {seen}") from None
             cluster.record(
                 f"a. Karpenter, {count} pods x 8 GPUs: all Running after {started_after:.1f}s "
                 f"on {count} NodeClaims of {pool}; check states: {' | '.join(timeline.states)}"
@@ -218,7 +229,7 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
     kube: Kube,
     namespace: str,
     cluster: Cluster,
-    controller: ManagedProcess,
+    controller: Hooked,
     node_pool: Obj,
 ) -> None:
     count, pool = 4, node_pool["metadata"]["name"]
@@ -253,3 +264,107 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
             )
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
+
+
+# -- c. a PodGroup gang ---------------------------------------------------------------------
+
+
+def member(name: str, group: str, labels: dict[str, str]) -> Obj:
+    gpus = {GPU: "8"}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGroup": {"podGroupName": group},
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "trainer:1",
+                    "resources": {"requests": {"cpu": "1", **gpus}, "limits": gpus},
+                }
+            ],
+            "nodeSelector": dict(labels),
+            "tolerations": [GPU_TAINT.toleration()],
+            "restartPolicy": "Never",
+        },
+    }
+
+
+async def gated_members(
+    kube: Kube, namespace: str, count: int, labels: dict[str, str]
+) -> list[Obj] | None:
+    """Creates the members; one created before the API server called the new webhook is
+    deleted and created again."""
+    pods = []
+    for i in range(count):
+        name = f"ddp-{i}"
+        existing = await kube.get_if_exists(POD, name, namespace)
+        if existing is not None and gated(existing):
+            pods.append(existing)
+            continue
+        if existing is not None:
+            await kube.delete(POD, name, namespace, grace_period_seconds=0)
+            return None
+        pods.append(await kube.create(POD, member(name, "ddp", labels), namespace))
+    return pods if all(map(gated, pods)) else None
+
+
+@pytest.mark.timeout(300)
+async def test_podgroup_gang_is_released_together_on_karpenter_capacity(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    node_pool: Obj,
+) -> None:
+    count, pool = 3, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    await kube.merge_patch(NAMESPACE, namespace, {"metadata": {"labels": OPT_IN}})
+    config = unique("e2e-karp-pg")
+    spec = karpenter_config(pool, deadline=120)
+    del spec["managedResources"]
+    await kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    group = {
+        "metadata": {"name": "ddp", "annotations": {"gangcheck.io/provisioning-config": config}},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": count}}},
+    }
+    try:
+        async with webhook_registered(kube, controller):
+            await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
+            began = time.monotonic()
+
+            async def all_gated() -> list[Obj] | None:
+                return await gated_members(kube, namespace, count, labels)
+
+            await eventually(all_gated, timeout=30, what="members gated by the webhook")
+
+        async def all_running() -> list[Obj] | None:
+            pods = (await kube.list_objects(POD, namespace))["items"]
+            early = [p for p in pods if p["spec"].get("nodeName") and gated(p)]
+            assert not early, "a member bound while gated"
+            ran = running(pods)
+            return ran if len(ran) == count else None
+
+        pods = await eventually(all_running, timeout=180, interval=0.5, what="members Running")
+        started_after = time.monotonic() - began
+        released = await kube.get(UPSTREAM_POD_GROUP_V1BETA1, "ddp", namespace)
+        assert (released["metadata"].get("annotations") or {}).get("gangcheck.io/state") in (
+            "Released",
+            "Started",
+        )
+        (request,) = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+        assert is_true(request, "Provisioned")
+        claims = await claims_of_pool(kube, pool)
+        assert len(claims) == count
+        assert {p["spec"]["nodeName"] for p in pods} == {c["status"]["nodeName"] for c in claims}
+        assert not any(GATE in str(p["spec"].get("schedulingGates")) for p in pods)
+        cluster.record(
+            f"c. PodGroup of {count} x 8 GPUs, webhook-gated, on Karpenter: all members "
+            f"Running after {started_after:.1f}s on {count} NodeClaims"
+        )
+    finally:
+        for i in range(count):
+            await delete_quietly(kube, POD, f"ddp-{i}", namespace)
+        await delete_quietly(kube, UPSTREAM_POD_GROUP_V1BETA1, "ddp", namespace)
+        await delete_quietly(kube, ATOMIC_CONFIG, config)
+        for claim in await claims_of_pool(kube, pool):
+            await delete_quietly(kube, NODE_CLAIM, claim["metadata"]["name"])
