@@ -25,6 +25,7 @@ from gangcheck_dev.testbed.karpenter import GPU_8X, NodePool
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
     ATOMIC_CONFIG,
     JOB,
     NAMESPACE,
@@ -38,6 +39,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.capacity.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import (
+    condition,
     container,
     delete_quietly,
     eventually,
@@ -368,3 +370,30 @@ async def test_podgroup_gang_is_released_together_on_karpenter_capacity(
         await delete_quietly(kube, ATOMIC_CONFIG, config)
         for claim in await claims_of_pool(kube, pool):
             await delete_quietly(kube, NODE_CLAIM, claim["metadata"]["name"])
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+async def test_a_config_naming_a_missing_node_pool_keeps_the_check_inactive(
+    kube: Kube, cluster: Cluster, controller: Hooked
+) -> None:
+    name = unique("e2e-karp-bad")
+    spec = karpenter_config("no-such-pool", deadline=30)
+    await kube.create(ATOMIC_CONFIG, {"metadata": {"name": name}, "spec": spec})
+    parameters = {"apiGroup": "gangcheck.io", "kind": "AtomicProvisioningConfig", "name": name}
+    check = {"controllerName": "gangcheck.io/atomic-provisioning", "parameters": parameters}
+    await kube.create(ADMISSION_CHECK, {"metadata": {"name": name}, "spec": check})
+    try:
+
+        async def inactive() -> Obj | None:
+            got = await kube.get(ADMISSION_CHECK, name)
+            active = condition(got, "Active") or {}
+            return active if active.get("status") == "False" else None
+
+        active = await eventually(inactive, timeout=30, what="the check marked inactive")
+        assert active["reason"] == "KarpenterBackendUnavailable"
+        assert active["message"] == "spec.karpenter.nodePools[0]: NodePool 'no-such-pool' not found"
+    finally:
+        await delete_quietly(kube, ADMISSION_CHECK, name)
+        await delete_quietly(kube, ATOMIC_CONFIG, name)

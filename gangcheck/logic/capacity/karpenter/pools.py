@@ -146,3 +146,17 @@ def choose_pool(
     if rooms:
         return PoolChoice(None, "; ".join(rooms), no_room=True)
     return PoolChoice(None, "; ".join(problems) or f"{FIELD}: no NodePool named")
+
+
+def unusable_pools(wanted: Sequence[str], served: Mapping[str, Obj] | None) -> str | None:
+    """Why a config's NodePools cannot be used at all (None: all exist). ``served``: the
+    cluster's NodePools by name, None when Karpenter's API is not served."""
+    if served is None:
+        return (
+            "the Karpenter backend is unavailable: the API server does not serve "
+            "karpenter.sh/v1 NodePools (install Karpenter's CRDs)"
+        )
+    missing = [
+        f"{FIELD}[{i}]: NodePool {n!r} not found" for i, n in enumerate(wanted) if n not in served
+    ]
+    return "; ".join(missing) or None
