@@ -119,7 +119,8 @@ async def nodes_of_pool(kube: Kube, pool: str) -> list[Obj]:
 async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator[Obj]:
     """A NodePool of 8-GPU kwok machines, tainted like the GPU flavor, labelled uniquely;
     ``request.param``: extra ``NodePool`` fields (limits, consolidation)."""
-    extra = getattr(request, "param", {})
+    extra = dict(getattr(request, "param", {}))
+    node_class = extra.pop("node_class", None)
     name = unique("karp")
     pool = NodePool(
         name,
@@ -128,7 +129,10 @@ async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator
         taints=(GPU_TAINT,),
         **extra,
     )
-    created = await kube.create(NODE_POOL, pool.to_dict())
+    body = pool.to_dict()
+    if node_class is not None:
+        body["spec"]["template"]["spec"]["nodeClassRef"]["name"] = node_class
+    created = await kube.create(NODE_POOL, body)
     try:
         yield created
     finally:
@@ -263,6 +267,52 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
             cluster.record(
                 f"b. Karpenter, {count} pods x 8 GPUs, NodePool limit 24 GPUs: Rejected after "
                 f"{rejected_after:.1f}s, no NodeClaim made; rollbacks {record.rolled_back}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+
+
+# -- b'. claims Karpenter cannot launch ------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_pool", [{"node_class": "no-such-class"}], indirect=True)
+async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retried_forever(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    node_pool: Obj,
+) -> None:
+    """The pool's node class does not exist: Karpenter's launch fails with insufficient
+    capacity and it deletes each claim (its kwok provider's stockout)."""
+    count, pool = 4, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    config = karpenter_config(pool, deadline=30, backoff_limit=1)
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
+        try:
+
+            async def deactivated() -> Obj | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, queue.check))
+                return workload if workload and workload["spec"].get("active") is False else None
+
+            workload = await until(
+                deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
+            )
+            rejected_after = time.monotonic() - began
+            record = await attempt_record(kube, workload, queue.check)
+            assert record.went_to("Retry") and record.went_to("Rejected"), record
+            assert len(record.rolled_back) == 2, record
+            assert all("lost before arriving" in m for m in record.rolled_back), record
+            assert await claims_of_pool(kube, pool) == []
+            assert await nodes_of_pool(kube, pool) == []
+            cluster.record(
+                f"b'. Karpenter cannot launch (node class missing): Rejected after "
+                f"{rejected_after:.1f}s; rollbacks {record.rolled_back}"
             )
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
