@@ -8,7 +8,8 @@ conditions at the resourceVersion read, deletes claims conditional on their uid,
 ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request missing from
 the cache is looked up live before its claims are withdrawn: a cache cannot prove absence.
 
-Without Karpenter's API (NodeClaims not served) a request of the class fails, saying so.
+Without Karpenter's API (NodeClaims not served, or not readable with gangcheck's rights) a
+request of the class fails, saying so.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gangcheck.kube.errors import (
     AlreadyExistsError,
     ApiError,
     ConflictError,
+    ForbiddenError,
     InvalidError,
     NotFoundError,
 )
@@ -100,8 +102,8 @@ class KarpenterProvisioner:
     async def _claims(self) -> list[Obj] | None:
         try:
             listed = await self._kube.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
-        except NotFoundError:
-            return None  # Karpenter's API is not served
+        except (NotFoundError, ForbiddenError):
+            return None  # Karpenter's API is not served, or gangcheck may not read it
         return list(listed.get("items") or [])
 
     async def _pools(self) -> Mapping[str, Obj | None]:
@@ -125,7 +127,10 @@ class KarpenterProvisioner:
             "type": "Failed",
             "status": "True",
             "reason": "KarpenterNotServed",
-            "message": "the API server does not serve karpenter.sh/v1 NodeClaims",
+            "message": (
+                "gangcheck cannot list karpenter.sh/v1 NodeClaims: not served, or not "
+                "permitted (manifests/components/karpenter)"
+            ),
         }
         for request in requests.values():
             await self._write_conditions(request, (failed,))
