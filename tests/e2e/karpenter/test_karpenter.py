@@ -8,6 +8,9 @@ a. a 4 x 8-GPU gang through Kueue: one NodeClaim per member, all Initialized; ch
    every pod Running on the new nodes; once started, the nodes are neither held nor protected;
 b. the NodePool's limits leave room for 3 of the 4 nodes: no claim is made (the gang cannot be
    whole), the attempt fails, Retry, then Rejected past ``backoffLimitCount``; no node left;
+b'. claims Karpenter cannot launch (insufficient capacity: it deletes them) are a partial
+   delivery: rolled back, Retry, Rejected; b''. capacity that comes but never fits is rolled
+   back at the deadline, every claim withdrawn, no node left;
 c. a PodGroup gang gated by the webhook, its config naming the Karpenter backend: released
    together once its NodeClaims arrived, every member Running on them;
 d. consolidation (``WhenEmpty``, after 0 s) does not take the held, empty nodes while the
@@ -85,7 +88,7 @@ def karpenter_config(pool: str, *, deadline: int, backoff_limit: int = 3) -> Obj
     }
 
 
-def gang_job(name: str, count: int, labels: dict[str, str]) -> Obj:
+def gang_job(name: str, count: int, labels: dict[str, str], *, cpu: str = "1") -> Obj:
     return {
         "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
         "spec": {
@@ -96,7 +99,7 @@ def gang_job(name: str, count: int, labels: dict[str, str]) -> Obj:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [container({"cpu": "1", "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
+                    "containers": [container({"cpu": cpu, "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
                     "nodeSelector": dict(labels),
                     "tolerations": [GPU_TAINT.toleration()],
                 }
@@ -313,6 +316,57 @@ async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retri
             cluster.record(
                 f"b'. Karpenter cannot launch (node class missing): Rejected after "
                 f"{rejected_after:.1f}s; rollbacks {record.rolled_back}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+
+
+# -- b''. capacity that comes but does not fit: the deadline ------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_capacity_that_never_fits_is_rolled_back_at_the_deadline_leaving_no_claim(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    node_pool: Obj,
+) -> None:
+    """Members ask for 40 CPUs, the pool's only machine has 32: the claims launch, but the
+    gang never fits; at the deadline everything asked for is withdrawn or reclaimed."""
+    count, pool = 2, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    deadline = 15
+    config = karpenter_config(pool, deadline=deadline, backoff_limit=1)
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, labels, cpu="40"), namespace)
+        try:
+
+            async def deactivated() -> Obj | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, queue.check))
+                return workload if workload and workload["spec"].get("active") is False else None
+
+            workload = await until(
+                deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
+            )
+            rejected_after = time.monotonic() - began
+            record = await attempt_record(kube, workload, queue.check)
+            assert record.went_to("Retry") and record.went_to("Rejected"), record
+            assert len(record.rolled_back) == 2, record
+            why = f"Deadline: the gang did not fit within {deadline}s"
+            assert all(why in m for m in record.rolled_back), record
+
+            async def all_gone() -> bool:
+                return not await claims_of_pool(kube, pool) and not await nodes_of_pool(kube, pool)
+
+            await eventually(all_gone, timeout=60, what="every claim and node of the pool gone")
+            cluster.record(
+                f"b''. Karpenter capacity that never fits ({count} x 40 CPUs on 32-CPU "
+                f"machines), deadline {deadline}s: Rejected after {rejected_after:.1f}s; "
+                f"rollbacks {record.rolled_back}"
             )
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
