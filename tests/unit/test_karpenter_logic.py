@@ -141,6 +141,15 @@ def test_a_launch_failure_reason_is_reported() -> None:
     assert state.message == "LaunchFailed: quota"
 
 
+def test_every_claim_launched_is_provisioned_before_any_arrived() -> None:
+    status = claims_status([claim(i, "Launched") for i in range(4)], ATTEMPT, 4)
+    assert status.phase is AttemptPhase.PROVISIONED
+    assert status.arrived == ()
+    assert claims_status(
+        [claim(i, "Launched") for i in range(3)] + [claim(3)], ATTEMPT, 4
+    ).phase is (AttemptPhase.PENDING)
+
+
 def test_every_claim_arrived_is_provisioned() -> None:
     done = ("Launched", "Registered", "Initialized")
     status = claims_status([claim(i, *done, node=f"n{i}") for i in range(4)], ATTEMPT, 4)

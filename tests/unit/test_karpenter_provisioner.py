@@ -132,6 +132,30 @@ def test_a_claim_lost_before_it_arrived_fails_the_request() -> None:
     assert "0 of 2 NodeClaims arrived; 1 lost" in failed["message"]
 
 
+def test_claims_all_launched_provision_the_request_noting_how_many_arrived() -> None:
+    done = served(request(("Accepted", "True")), claims("Launched"))
+    (provisioned,) = done.conditions
+    assert (provisioned["status"], provisioned["reason"]) == ("True", "NodeClaimsLaunched")
+    assert provisioned["message"] == "0 of 2 NodeClaims arrived"
+
+
+def test_an_ended_request_leaves_recorded_or_unheld_nodes_to_the_reclaim_rules() -> None:
+    arrived = claims("Launched", "Registered", "Initialized")
+    recorded, unheld = held("n0"), held("n1")
+    recorded["metadata"]["annotations"]["gangcheck.io/arrived-for"] = KEY
+    unheld["spec"]["taints"] = []
+    ended = request(("Accepted", "True"), ("Failed", "True"))
+    assert served(ended, arrived, nodes={"n0": recorded, "n1": unheld}).delete == ()
+    assert served(ended, arrived).delete == ()  # nodes not seen: kept
+
+
+def test_an_ended_request_withdraws_arrived_claims_the_ledger_never_recorded() -> None:
+    arrived = claims("Launched", "Registered", "Initialized")
+    ended = request(("Accepted", "True"), ("Failed", "True"))
+    done = served(ended, arrived, nodes={"n0": held("n0"), "n1": held("n1")})
+    assert len(done.delete) == 2
+
+
 def test_an_ended_request_withdraws_the_claims_not_arrived() -> None:
     made = claims("Launched")
     done = served(request(("Accepted", "True"), ("Failed", "True")), made)
@@ -139,9 +163,13 @@ def test_an_ended_request_withdraws_the_claims_not_arrived() -> None:
     assert done.conditions == ()
 
 
-def test_a_gone_request_withdraws_and_lets_go_of_arrived_nodes() -> None:
+def test_a_gone_request_lets_go_of_arrived_nodes_and_leaves_them_to_the_reclaim() -> None:
     made = claims("Launched", "Registered", "Initialized")
-    done = served(None, made, nodes={"n0": held("n0"), "n1": held("n1")})
+    nodes = {"n0": held("n0"), "n1": held("n1")}
+    for node in nodes.values():
+        node["metadata"]["annotations"]["gangcheck.io/arrived-for"] = KEY
+    done = served(None, made, nodes=nodes)
+    assert done.delete == ()
     assert ("node", "n0") in done.release and ("claim", made[0]["metadata"]["name"]) in done.release
 
 

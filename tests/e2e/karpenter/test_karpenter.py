@@ -19,6 +19,8 @@ d. consolidation (``WhenEmpty``, after 0 s) does not take the held, empty nodes 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +29,7 @@ import pytest
 from gangcheck_dev.testbed.karpenter import GPU_8X, NodePool
 
 from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -51,6 +54,7 @@ from tests.e2e.helpers import (
     unique,
 )
 from tests.e2e.test_gangcheck import (
+    AttemptRecord,
     Timeline,
     attempt_record,
     check_state,
@@ -124,6 +128,7 @@ async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator
     ``request.param``: extra ``NodePool`` fields (limits, consolidation)."""
     extra = dict(getattr(request, "param", {}))
     node_class = extra.pop("node_class", None)
+    startup_taints = extra.pop("startup_taints", [])
     name = unique("karp")
     pool = NodePool(
         name,
@@ -135,6 +140,8 @@ async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator
     body = pool.to_dict()
     if node_class is not None:
         body["spec"]["template"]["spec"]["nodeClassRef"]["name"] = node_class
+    if startup_taints:
+        body["spec"]["template"]["spec"]["startupTaints"] = startup_taints
     created = await kube.create(NODE_POOL, body)
     try:
         yield created
@@ -145,6 +152,17 @@ async def node_pool(kube: Kube, request: pytest.FixtureRequest) -> AsyncIterator
             return not await claims_of_pool(kube, name) and not await nodes_of_pool(kube, name)
 
         await eventually(all_gone, timeout=90, what=f"every claim and node of {name} gone")
+
+
+async def both_rolled_back(kube: Kube, workload: Obj, check: str) -> AttemptRecord:
+    """The Events of both attempts (the second RolledBack Event may follow the Rejected
+    verdict by a moment)."""
+
+    async def recorded() -> AttemptRecord | None:
+        record = await attempt_record(kube, workload, check)
+        return record if len(record.rolled_back) >= 2 else None
+
+    return await eventually(recorded, timeout=30, what="both attempts' RolledBack Events")
 
 
 def flavor_labels(pool: Obj) -> dict[str, str]:
@@ -259,7 +277,7 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
                 deactivated, timeout=120, what="the Workload Rejected", timeline=timeline
             )
             rejected_after = time.monotonic() - began
-            record = await attempt_record(kube, workload, queue.check)
+            record = await both_rolled_back(kube, workload, queue.check)
             assert record.went_to("Retry") and record.went_to("Rejected"), record
             assert len(record.requests) == 2 and len(record.rolled_back) == 2, record
             why = f"NodePool '{pool}': limits nvidia.com/gpu=24 leave room for 3 of 4 nodes"
@@ -307,7 +325,7 @@ async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retri
                 deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
             )
             rejected_after = time.monotonic() - began
-            record = await attempt_record(kube, workload, queue.check)
+            record = await both_rolled_back(kube, workload, queue.check)
             assert record.went_to("Retry") and record.went_to("Rejected"), record
             assert len(record.rolled_back) == 2, record
             assert all("lost before arriving" in m for m in record.rolled_back), record
@@ -353,7 +371,7 @@ async def test_capacity_that_never_fits_is_rolled_back_at_the_deadline_leaving_n
                 deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
             )
             rejected_after = time.monotonic() - began
-            record = await attempt_record(kube, workload, queue.check)
+            record = await both_rolled_back(kube, workload, queue.check)
             assert record.went_to("Retry") and record.went_to("Rejected"), record
             assert len(record.rolled_back) == 2, record
             why = f"Deadline: the gang did not fit within {deadline}s"
@@ -369,6 +387,87 @@ async def test_capacity_that_never_fits_is_rolled_back_at_the_deadline_leaving_n
                 f"rollbacks {record.rolled_back}"
             )
         finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+
+
+# -- b'''. a partial arrival: one node never becomes healthy ---------------------------------
+
+DRIVER_TAINT = {"key": "example.com/gpu-driver", "value": "pending", "effect": "NoSchedule"}
+
+
+async def play_gpu_drivers(kube: Kube, pool: str, broken: str) -> None:
+    """As the nodes' GPU driver agent: lift the startup taint of every node of ``pool`` except
+    the one of claim index ``broken``, whose GPU never becomes healthy."""
+    while True:
+        for node in await nodes_of_pool(kube, pool):
+            meta, taints = node["metadata"], node["spec"].get("taints") or []
+            index = (meta.get("annotations") or {}).get(names.CLAIM_INDEX)
+            if index == broken or DRIVER_TAINT not in taints:
+                continue
+            kept = [t for t in taints if t != DRIVER_TAINT]
+            patch = {
+                "metadata": {"resourceVersion": meta["resourceVersion"]},
+                "spec": {"taints": kept},
+            }
+            with contextlib.suppress(ApiError):
+                await kube.merge_patch(NODE, meta["name"], patch)
+        await asyncio.sleep(0.3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("node_pool", [{"startup_taints": [DRIVER_TAINT]}], indirect=True)
+async def test_a_partial_arrival_is_rolled_back_at_the_deadline_and_reclaimed(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    node_pool: Obj,
+) -> None:
+    """3 of 4 claims initialize; the 4th node's GPU driver never lifts its startup taint, so
+    the gang never fits. At the deadline the nodes recorded as arrived (all 4: the 4th came
+    for the gang too) are reclaimed with DeleteNodeClaim; no claim and no node is left."""
+    count, pool = 4, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    deadline = 20
+    config = karpenter_config(pool, deadline=deadline, backoff_limit=1)
+    drivers = asyncio.create_task(play_gpu_drivers(kube, pool, str(count - 1)))
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
+        try:
+
+            async def deactivated() -> Obj | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, queue.check))
+                return workload if workload and workload["spec"].get("active") is False else None
+
+            workload = await until(
+                deactivated, timeout=200, what="the Workload Rejected", timeline=timeline
+            )
+            rejected_after = time.monotonic() - began
+            record = await both_rolled_back(kube, workload, queue.check)
+            assert record.went_to("Retry") and record.went_to("Rejected"), record
+            assert len(record.rolled_back) == 2, record
+            why = f"Deadline: the gang did not fit within {deadline}s"
+            assert all(why in m for m in record.rolled_back), record
+            # Every node that came for an attempt was recorded and reclaimed (DeleteNodeClaim),
+            # the one whose GPU never became healthy too.
+            assert all(f"reclaimed {count} nodes" in m for m in record.rolled_back), record
+
+            async def all_gone() -> bool:
+                return not await claims_of_pool(kube, pool) and not await nodes_of_pool(kube, pool)
+
+            await eventually(all_gone, timeout=90, what="every claim and node of the pool gone")
+            assert running(await job_pods(kube, namespace, "gang")) == []
+            cluster.record(
+                f"b'''. Karpenter, 3 of 4 nodes healthy, deadline {deadline}s: Rejected after "
+                f"{rejected_after:.1f}s; rollbacks {record.rolled_back}"
+            )
+        finally:
+            drivers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drivers
             await delete_quietly(kube, JOB, "gang", namespace)
 
 

@@ -9,8 +9,9 @@ and taints onto the Node when it registers, so the node is born held and protect
 Claim names are derived from the attempt (not ``generateName``), so a create whose answer was
 lost is answered ``AlreadyExists`` on the retry instead of launching a second machine.
 
-A claim has arrived when Karpenter marks it ``Initialized`` and names its node. A claim that is
-gone (or being deleted) before it arrived is lost: Karpenter deletes claims it cannot launch
+A claim has arrived when Karpenter marks it ``Initialized`` and names its node; the attempt is
+provisioned once every claim is launched. A claim that is gone (or being deleted) before it
+arrived is lost: Karpenter deletes claims it cannot launch
 (insufficient capacity, node class not ready) and claims not launched or registered in time.
 One lost claim makes the attempt a partial delivery.
 
@@ -209,14 +210,24 @@ class ClaimsStatus:
         return tuple(i for i in range(self.asked) if i not in present)
 
     @property
+    def launched(self) -> bool:
+        """Every claim asked for is launched (the cloud took it), or further."""
+        done = {ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.ARRIVED}
+        indexes = {c.index for c in self.claims if c.phase in done}
+        return all(i in indexes for i in range(self.asked))
+
+    @property
     def failing(self) -> tuple[ClaimState, ...]:
         return tuple(c for c in self.claims if c.phase is ClaimPhase.LAUNCH_FAILING)
 
     @property
     def phase(self) -> AttemptPhase:
+        """Failed on a lost claim; Provisioned once every claim is launched (as an autoscaler
+        says Provisioned once it scaled up: the ledger then records the nodes as they come,
+        and the fit, not this phase, says when the gang can start)."""
         if self.lost:
             return AttemptPhase.FAILED
-        if len(self.arrived) >= self.asked:
+        if self.launched:
             return AttemptPhase.PROVISIONED
         return AttemptPhase.PENDING
 

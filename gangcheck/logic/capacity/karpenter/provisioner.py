@@ -17,9 +17,12 @@ What this module decides for one request (``serve``):
   provably younger than the request (creationTimestamp has whole seconds), the age rule the
   arrival ledger records a node by;
 - asked: ``Failed`` when a claim was lost before it arrived (partial delivery), ``Provisioned``
-  when all arrived, else a note of how many have;
-- ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived; the
-  nodes that arrived are left to the reclaim rules (reclaimer ``DeleteNodeClaim``);
+  once every claim is launched (the ledger then records the nodes as they arrive and the fit
+  says when the gang can start, as with any autoscaler), with a note of how many arrived;
+- ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
+  (``Initialized``), and those that arrived but that the ledger did not record while their
+  node is still held for the request (nothing runs there); the nodes recorded as arrived are
+  left to the reclaim rules (reclaimer ``DeleteNodeClaim``), never deleted here;
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
   request is gone.
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.capacity.karpenter import names
 from gangcheck.logic.capacity.karpenter.claims import (
@@ -97,7 +101,8 @@ def serve(
     mine = attempt_claims(claims, key)
     release = _releases(mine, key, nodes, request_live=request is not None)
     if request is None or _has_ended(request):
-        return Served(delete=tuple(withdrawable(mine, key, [])), release=release)
+        keep = _left_to_reclaim(mine, key, nodes)
+        return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
     if not mine and not _true(request, "Accepted"):
         if not _second_passed(request, now):
             return Served()
@@ -109,6 +114,23 @@ def serve(
 def _second_passed(request: Obj, now: datetime) -> bool:
     created = parse_time(str((request.get("metadata") or {}).get("creationTimestamp") or ""))
     return created is not None and now.replace(microsecond=0) > created.replace(microsecond=0)
+
+
+def _left_to_reclaim(claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj]) -> list[str]:
+    """Nodes of claims that arrived which a withdrawal must not delete: recorded as arrived
+    (the reclaim rules give them back), no longer held for the request (pods may run there),
+    or not seen yet. A node that arrived but that the ledger did not record (it fits none of
+    the members) and that is still held for the request runs nothing of anyone's: withdrawn."""
+    keep = []
+    for claim in claims:
+        state = claim_state(claim)
+        if state.phase is not ClaimPhase.ARRIVED:
+            continue
+        node = nodes.get(state.node_name)
+        recorded = node is not None and claim_of(node) == key
+        if node is None or recorded or not _held_for(node, key):
+            keep.append(state.node_name)
+    return keep
 
 
 def _has_ended(request: Obj) -> bool:
@@ -184,7 +206,7 @@ def _follow(request: Obj, phase: AttemptPhase, message: str) -> tuple[Obj, ...]:
     if phase is AttemptPhase.FAILED:
         wanted = _condition("Failed", "True", "NodeClaimLost", message)
     elif phase is AttemptPhase.PROVISIONED:
-        wanted = _condition("Provisioned", "True", "NodeClaimsInitialized", message)
+        wanted = _condition("Provisioned", "True", "NodeClaimsLaunched", message)
     else:
         wanted = _condition("Provisioned", "False", "NodeClaimsPending", message)
     now = _conditions(request).get(wanted["type"]) or {}
