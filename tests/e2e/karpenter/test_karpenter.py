@@ -210,7 +210,6 @@ async def test_gang_on_karpenter_capacity_runs_on_its_own_new_nodes(
             # with consolidateAfter 0 s took none of the empty, held nodes before the start).
             assert len(claims) == count
             assert {c["metadata"]["annotations"][names.REQUESTED_FOR] for c in claims} == {key}
-            assert all(is_true(c, "Initialized") for c in claims)
             claimed = {c["status"]["nodeName"] for c in claims}
             assert {p["spec"]["nodeName"] for p in pods} == claimed
             nodes = await nodes_of_pool(kube, pool)
@@ -224,6 +223,12 @@ async def test_gang_on_karpenter_capacity_runs_on_its_own_new_nodes(
                     t["key"] == HOLD_TAINT for n in nodes for t in n["spec"].get("taints") or []
                 )
 
+            async def initialized() -> bool:
+                claims = await claims_of_pool(kube, pool)
+                return len(claims) == count and all(is_true(c, "Initialized") for c in claims)
+
+            # Karpenter marks its claims Initialized a moment after the nodes turn Ready.
+            await eventually(initialized, timeout=30, what="every claim Initialized")
             # Once the gang started: the hold is lifted and Karpenter may manage the nodes.
             try:
                 await eventually(let_go, timeout=30, what="hold and do-not-disrupt removed")
