@@ -59,9 +59,10 @@ soak: install binaries ## the long fault suite: more gangs, seeds, SIGKILLs (ten
 	GANGCHECK_SOAK=1 $(PYTEST) tests/integration/test_fault_suite.py -q -p no:cacheprovider
 
 .PHONY: bench
-bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA
+bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA; Karpenter side by side
 	$(PYTHON) benchmarks/partial_delivery.py
 	$(PYTHON) benchmarks/fit_scale.py --scale --repeat 3
+	$(PYTHON) benchmarks/karpenter_side_by_side.py
 
 .PHONY: demo
 demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up

@@ -33,6 +33,7 @@ from gangcheck.reconcile.arrivals import ArrivalGateReconciler
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.devices import DeviceProblemReconciler
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.reconcile.podgroup import API_GROUP_OF, PodGroupOptions, PodGroupReconciler
 from gangcheck.reconcile.workload import WorkloadReconciler
@@ -108,6 +109,7 @@ class Controller:
         )
         self.arrival_reconciler = ArrivalGateReconciler(kube, self.caches, clock=clock)
         self.device_reconciler = DeviceProblemReconciler(self.caches, events)
+        self.karpenter = KarpenterProvisioner(kube, self.caches, clock=clock)
         self.group_reconciler = (
             PodGroupReconciler(
                 kube, self.caches, events, applier, pod_groups, clock=clock, metrics=self.metrics
@@ -129,6 +131,7 @@ class Controller:
             log.info("caches synced", extra={"workloads": len(self.caches.workloads.store)})
             self.enqueue_everything()
             tg.create_task(run_workers(self.queue, self.reconcile, workers=self.workers))
+            tg.create_task(self.karpenter.run(), name="karpenter-provisioner")
             if self.group_reconciler is not None:
                 watcher = PodGroupApiWatcher.for_kube(self.kube)
                 on_change = functools.partial(self._serve_pod_groups, tg)

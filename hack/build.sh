@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local test bed from the pinned wrapper modules under hack/.
 #
-#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler otelcol
-#                                     helm (default: all present)
+#   hack/build.sh [component ...]     components: kubernetes etcd kwok kueue autoscaler karpenter
+#                                     otelcol helm (default: all present)
 #
 # Binaries land in $GANGCHECK_CACHE/bin/<component>-<key>/, where <key> hashes the wrapper's
 # go.mod, go.sum and sources, the component's build function, the build environment and the
-# Go version (editing one component's build here rebuilds that component only). A stamp file
-# is written last; a folder without it is rebuilt. One build of a component at a time: a second
-# caller waits on the component's lock, then finds the stamp. Prints the folder of each
-# component on stdout, progress on stderr.
+# version of the Go toolchain the component is built with (editing one component's build here
+# rebuilds that component only). A stamp file is written last; a folder without it is rebuilt.
+# One build of a component at a time: a second caller waits on the component's lock, then finds
+# the stamp. Prints the folder of each component on stdout, progress on stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+
+# The Go toolchain of a component. Karpenter needs a newer Go than the machine's, fetched
+# through the module proxy; GOTOOLCHAIN is set for that component's commands only.
+toolchain_of() {
+  case $1 in
+    karpenter) echo go1.27.3 ;;
+    *) go env GOTOOLCHAIN ;;
+  esac
+}
 
 key_of() {
   {
     cat "$here/$1/go.mod" "$here/$1/go.sum" "$here/$1"/*.go
     declare -f mod_version "build_$1"
     echo "CGO_ENABLED=$CGO_ENABLED GOFLAGS=$GOFLAGS"
-    go version
+    GOTOOLCHAIN=$(toolchain_of "$1") go version
   } | sha256sum | cut -c1-16
 }
 
@@ -63,6 +72,14 @@ build_autoscaler() {
   (cd "$here/autoscaler" && go build -trimpath -tags kwok -ldflags "-s -w" -o "$1/cluster-autoscaler" k8s.io/autoscaler/cluster-autoscaler)
 }
 
+# Karpenter with its kwok cloud provider (its NodeClaims become kwok nodes).
+build_karpenter() {
+  local -x GOTOOLCHAIN
+  GOTOOLCHAIN=$(toolchain_of karpenter)
+  echo "  building karpenter $(mod_version karpenter sigs.k8s.io/karpenter) (kwok provider, $GOTOOLCHAIN)" >&2
+  (cd "$here/karpenter" && go build -trimpath -ldflags "-s -w" -o "$1/karpenter" sigs.k8s.io/karpenter/kwok)
+}
+
 # An OpenTelemetry Collector (OTLP receiver, jsonfile and debug exporters) for the tracing tests.
 build_otelcol() {
   local ver
@@ -83,7 +100,7 @@ build_helm() {
 
 components=("$@")
 if [ ${#components[@]} -eq 0 ]; then
-  for c in kubernetes etcd kwok kueue autoscaler otelcol helm; do
+  for c in kubernetes etcd kwok kueue autoscaler karpenter otelcol helm; do
     [ -f "$here/$c/go.mod" ] && components+=("$c")
   done
 fi

@@ -64,6 +64,7 @@ NAMESPACE = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
 NODE_CLAIM = Resource("karpenter.sh", "v1", "nodeclaims", "NodeClaim", namespaced=False)
+NODE_POOL = Resource("karpenter.sh", "v1", "nodepools", "NodePool", namespaced=False)
 MACHINE = Resource("cluster.x-k8s.io", "v1beta1", "machines", "Machine")
 MACHINE_SET = Resource("cluster.x-k8s.io", "v1beta1", "machinesets", "MachineSet")
 MACHINE_DEPLOYMENT = Resource(

@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 BEST_EFFORT_ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
 QUEUED_PROVISIONING = "queued-provisioning.gke.io"
+#: The class gangcheck serves itself with Karpenter NodeClaims (spec.backend: Karpenter).
+KARPENTER_CLASS = "karpenter.gangcheck.io"
+#: The request parameter carrying spec.karpenter.nodePools, comma-separated.
+NODE_POOLS_PARAMETER = "nodePools"
 KNOWN_CLASSES = frozenset({BEST_EFFORT_ATOMIC, CHECK_CAPACITY, QUEUED_PROVISIONING})
 
 MAX_PARAMETERS = 100
@@ -39,6 +43,17 @@ class Reclaimer(StrEnum):
     DELETE_NODE_CLAIM = "DeleteNodeClaim"
     CAPI_MACHINE = "DeleteMachine"
     CORDON = "CordonAndTaint"
+
+
+class Backend(StrEnum):
+    """How capacity is asked for (docs/karpenter.md for the second)."""
+
+    PROVISIONING_REQUEST = "ProvisioningRequest"
+    KARPENTER = "Karpenter"
+
+
+#: Reclaimers that give a Karpenter node back (CordonAndTaint waits for cluster-autoscaler).
+KARPENTER_RECLAIMERS = frozenset({"DeleteNodeClaim", "DeleteNode", "None"})
 
 
 class _Spec(BaseModel):
@@ -85,6 +100,15 @@ class ReservationSpec(_Spec):
     nodes: Annotated[int, Field(ge=1)]
 
 
+class KarpenterSpec(_Spec):
+    """Where a gang's NodeClaims go: the first of ``nodePools`` able to take the whole gang."""
+
+    node_pools: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=253)], ...],
+        Field(alias="nodePools", min_length=1, max_length=16),
+    ]
+
+
 class AtomicProvisioningSpec(_Spec):
     provisioning_class_name: Annotated[
         str, Field(alias="provisioningClassName", min_length=1, max_length=253)
@@ -103,10 +127,56 @@ class AtomicProvisioningSpec(_Spec):
     pod_set_updates: Annotated[PodSetUpdatesSpec | None, Field(alias="podSetUpdates")] = None
     fulfillment: Fulfillment = Fulfillment()
     reservations: Annotated[tuple[ReservationSpec, ...], Field(max_length=16)] = ()
+    backend: Backend = Backend.PROVISIONING_REQUEST
+    karpenter: KarpenterSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _karpenter_class(cls, data: object) -> object:
+        """With the Karpenter backend the attempt's request has gangcheck's own class, and the
+        NodePools as a parameter (the request is the attempt's record; docs/karpenter.md)."""
+        if not isinstance(data, dict) or data.get("backend") != Backend.KARPENTER.value:
+            return data
+        chosen = data.get("provisioningClassName", BEST_EFFORT_ATOMIC)
+        if chosen not in (BEST_EFFORT_ATOMIC, KARPENTER_CLASS):
+            raise ValueError(
+                f"spec.provisioningClassName: {chosen!r} is not used with spec.backend "
+                "Karpenter (gangcheck serves the attempt's request itself); leave it unset"
+            )
+        pools = (
+            (data.get("karpenter") or {}).get("nodePools")
+            if isinstance(data.get("karpenter"), dict)
+            else None
+        )
+        parameters = dict(data.get("parameters") or {})
+        if isinstance(pools, list):
+            parameters[NODE_POOLS_PARAMETER] = ",".join(str(p) for p in pools)
+        return {**data, "provisioningClassName": KARPENTER_CLASS, "parameters": parameters}
+
+    @model_validator(mode="after")
+    def _backend_parameters(self) -> AtomicProvisioningSpec:
+        karpenter = self.backend is Backend.KARPENTER
+        if karpenter and self.karpenter is None:
+            raise ValueError("spec.karpenter: required when spec.backend is Karpenter")
+        if not karpenter and self.karpenter is not None:
+            raise ValueError("spec.karpenter: only with spec.backend: Karpenter")
+        if karpenter and self.fulfillment.reclaimer.value not in KARPENTER_RECLAIMERS:
+            raise ValueError(
+                f"spec.fulfillment.reclaimer: {self.fulfillment.reclaimer.value} waits for "
+                "cluster-autoscaler's scale-down; with spec.backend Karpenter use "
+                "DeleteNodeClaim"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_class(self) -> AtomicProvisioningSpec:
-        if (
+        if self.provisioning_class_name == KARPENTER_CLASS:
+            if self.backend is not Backend.KARPENTER:
+                raise ValueError(
+                    f"provisioningClassName {KARPENTER_CLASS!r} is served by gangcheck's "
+                    "Karpenter backend only: set spec.backend: Karpenter"
+                )
+        elif (
             self.provisioning_class_name not in KNOWN_CLASSES
             and not self.allow_custom_provisioning_class
         ):

@@ -7,14 +7,22 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, NotFoundError
-from gangcheck.kube.resources import ADMISSION_CHECK
+from gangcheck.kube.errors import ConflictError, ForbiddenError, NotFoundError
+from gangcheck.kube.resources import ADMISSION_CHECK, NODE_POOL
+from gangcheck.logic.capacity.karpenter.pools import unusable_pools
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.reconcile.caches import Caches
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)
+#: The Active condition's reason when a Karpenter config's NodePools (or Karpenter) are missing.
+KARPENTER_UNAVAILABLE = "KarpenterBackendUnavailable"
+RECHECK_SECONDS = 30.0
+NOT_PERMITTED = (
+    "the Karpenter backend is unavailable: gangcheck may not list NodePools (install "
+    "manifests/components/karpenter, or the chart with karpenter.enabled=true)"
+)
 
 
 class AdmissionCheckReconciler:
@@ -33,7 +41,7 @@ class AdmissionCheckReconciler:
         ac = self._caches.admission_checks.store.get(name)
         if ac is None or not checkconfig.is_ours(ac):
             return Result()
-        resolution = self._caches.resolve(name)
+        resolution = await self._with_backend(self._caches.resolve(name))
         conditions = (ac.get("status") or {}).get("conditions") or []
         previous = next((c for c in conditions if c.get("type") == "Active"), None)
         wanted = checkconfig.active_condition(
@@ -43,7 +51,7 @@ class AdmissionCheckReconciler:
             previous,
         )
         if previous == wanted:
-            return Result()
+            return self._recheck(resolution)
         others = [c for c in conditions if c.get("type") != "Active"]
         patch = {
             "metadata": {"resourceVersion": ac["metadata"]["resourceVersion"]},
@@ -56,6 +64,10 @@ class AdmissionCheckReconciler:
         except (ConflictError, NotFoundError):
             return Result()  # changed or gone meanwhile; its watch event brings us back
         self._caches.admission_checks.store.put_if_newer(updated)
+        self._log(name, wanted)
+        return self._recheck(resolution)
+
+    def _log(self, name: str, wanted: dict[str, object]) -> None:
         log.info(
             "admission check %s active=%s: %s",
             name,
@@ -63,4 +75,27 @@ class AdmissionCheckReconciler:
             wanted["message"],
             extra={"object": f"AdmissionCheck/{name}", "reason": wanted["reason"]},
         )
+
+    async def _with_backend(self, resolution: checkconfig.Resolution) -> checkconfig.Resolution:
+        """A Karpenter config is active only where its NodePools exist (asked live: a pool
+        created later is found by the recheck)."""
+        spec = resolution.spec
+        if spec is None or spec.karpenter is None:
+            return resolution
+        try:
+            listed = await self._kube.list_objects(NODE_POOL)
+            served = {p["metadata"]["name"]: p for p in listed.get("items") or []}
+        except NotFoundError:
+            served = None
+        except ForbiddenError:
+            return checkconfig.Resolution(None, KARPENTER_UNAVAILABLE, NOT_PERMITTED)
+        problem = unusable_pools(spec.karpenter.node_pools, served)
+        if problem is None:
+            return resolution
+        return checkconfig.Resolution(None, KARPENTER_UNAVAILABLE, problem)
+
+    @staticmethod
+    def _recheck(resolution: checkconfig.Resolution) -> Result:
+        if resolution.reason == KARPENTER_UNAVAILABLE:
+            return Result(requeue_after=RECHECK_SECONDS)
         return Result()

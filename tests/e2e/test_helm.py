@@ -108,6 +108,14 @@ def test_rendered_rbac_is_the_kustomize_builds_for_reclaimer(
     assert ours == theirs
 
 
+def test_rendered_rbac_with_karpenter_is_the_kustomize_build_with_its_component(
+    helm: Path, tmp_path: Path
+) -> None:
+    ours = rbac(template(helm, "reclaimer=DeleteNodeClaim", "karpenter.enabled=true"))
+    theirs = rbac(kustomize(tmp_path, ("reclaim-nodeclaim", "karpenter")))
+    assert ours == theirs
+
+
 def test_default_pod_is_confined_as_the_kustomize_deployment(helm: Path, tmp_path: Path) -> None:
     ours = deployment(template(helm))["spec"]["template"]["spec"]
     theirs = deployment(kustomize(tmp_path, ()))["spec"]["template"]["spec"]

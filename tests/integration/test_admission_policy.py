@@ -224,6 +224,24 @@ async def test_another_controllers_node_taint_label_and_annotation_are_kept(
     assert "example.com/owner" not in (node["metadata"].get("annotations") or {})
 
 
+async def test_karpenters_do_not_disrupt_may_only_be_removed(
+    account: Kube, cluster: Cluster
+) -> None:
+    """A gang's NodeClaims bring ``karpenter.sh/do-not-disrupt`` onto their nodes;
+    gangcheck removes it once the gang has started, and never sets or changes it."""
+    protected, plain = await cluster.add_nodes(2)
+    key = "karpenter.sh/do-not-disrupt"
+    await cluster.kube.merge_patch(NODE, protected, {"metadata": {"annotations": {key: "true"}}})
+    for name, value in ((plain, "true"), (protected, "false")):
+        patch = {"metadata": {"annotations": {key: value}}}
+        error = await refusal(lambda n=name, p=patch: account.merge_patch(NODE, n, p))
+        assert key in str(error)
+    await account.merge_patch(NODE, protected, {"metadata": {"annotations": {key: None}}})
+    node = await cluster.kube.get(NODE, protected)
+    assert key not in (node["metadata"].get("annotations") or {})
+    assert key not in ((await cluster.kube.get(NODE, plain))["metadata"].get("annotations") or {})
+
+
 async def test_a_node_not_recorded_as_arrived_is_never_deleted(
     account: Kube, cluster: Cluster, may_delete_nodes: None
 ) -> None:

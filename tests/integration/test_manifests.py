@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from gangcheck_dev.testbed import crds
+from gangcheck_dev.testbed.karpenter import KARPENTER_MODULE, KARPENTER_TOOLCHAIN
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
@@ -598,6 +599,48 @@ def test_a_reclaimer_component_grants_only_its_reclaimer_and_the_base_takes_it_b
     for verb, resource, flags in grants:
         if verb in ("delete", "patch"):
             assert not can_i(control_plane, verb, resource, *flags), f"{verb} {resource}"
+
+
+@pytest.fixture(scope="module")
+def node_pool_crd(control_plane: ControlPlane) -> Iterator[None]:
+    """Karpenter's NodePool CRD, from the module the test bed pins, so that kubectl knows the
+    type; removed again if this module installed it (NodeClaims: tests/crds)."""
+    module = crds.module_dir(KARPENTER_MODULE, wrapper="karpenter", toolchain=KARPENTER_TOOLCHAIN)
+    wanted = crds.load_crds([module / "kwok" / "charts" / "crds" / "karpenter.sh_nodepools.yaml"])
+    admin = control_plane.client()
+    missing = [c for c in wanted if admin.request("GET", _crd_path(c)).status == 404]
+    crds.install_crds(admin, missing)
+    yield
+    for crd in missing:
+        admin.request("DELETE", _crd_path(crd))
+
+
+def test_the_karpenter_component_grants_the_backend_and_never_writes_pools(
+    control_plane: ControlPlane, installed: list[Obj], node_pool_crd: None, tmp_path: Path
+) -> None:
+    with_component = documents(build(control_plane, overlay(tmp_path, "karpenter")))
+    base_rules = the(installed, "ClusterRole")["rules"]
+    added = [r for r in the(with_component, "ClusterRole")["rules"] if r not in base_rules]
+    assert [(r["resources"], r["verbs"]) for r in added] == [
+        (["nodepools"], ["get", "list", "watch"]),
+        (["nodeclaims"], ["get", "list", "watch", "create", "patch", "delete"]),
+        (["provisioningrequests/status"], ["patch"]),
+    ]
+    status = ("patch", "provisioningrequests.autoscaling.x-k8s.io", ALL, STATUS)
+    apply(control_plane, yaml.safe_dump_all(with_component))
+    try:
+        for verb in ("get", "list", "watch"):
+            assert can_i(control_plane, verb, "nodepools.karpenter.sh")
+        for verb in ("create", "patch", "delete", "watch"):
+            assert can_i(control_plane, verb, "nodeclaims.karpenter.sh")
+        for verb in ("create", "patch", "update", "delete"):
+            assert not can_i(control_plane, verb, "nodepools.karpenter.sh"), verb
+        assert not can_i(control_plane, "update", "nodeclaims.karpenter.sh")
+        assert can_i(control_plane, *status)
+    finally:
+        apply(control_plane, yaml.safe_dump_all(installed))
+    assert not can_i(control_plane, "create", "nodeclaims.karpenter.sh")
+    assert not can_i(control_plane, *status)
 
 
 # ---- the example ---------------------------------------------------------------------

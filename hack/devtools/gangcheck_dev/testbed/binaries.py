@@ -14,8 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 CONTROL_PLANE = ("etcd", "kubernetes")
-#: The families of the full local stack (it needs all of them).
-ALL_FAMILIES = (*CONTROL_PLANE, "kwok", "kueue", "autoscaler")
+#: Karpenter with its kwok cloud provider: the stack's other autoscaler (instead of
+#: cluster-autoscaler, never beside it).
+KARPENTER = ("karpenter",)
+#: The families of the full local stack, with either autoscaler.
+ALL_FAMILIES = (*CONTROL_PLANE, "kwok", "kueue", "autoscaler", *KARPENTER)
 #: The OpenTelemetry Collector the tracing tests send spans to (not part of the stack).
 OTEL_COLLECTOR = ("otelcol",)
 

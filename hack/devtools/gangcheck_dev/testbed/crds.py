@@ -52,14 +52,18 @@ THIRD_PARTY = (
 )
 
 
-def module_dir(module: str, wrapper: str = "crds") -> Path:
+def module_dir(module: str, wrapper: str = "crds", *, toolchain: str | None = None) -> Path:
     """The module's folder in the Go module cache (downloaded if needed), at the version the
-    wrapper module ``hack/<wrapper>`` pins."""
+    wrapper module ``hack/<wrapper>`` pins (``toolchain``: the ``GOTOOLCHAIN`` that wrapper's
+    go.mod needs, if newer than the machine's Go)."""
     workdir = repo_root() / "hack" / wrapper
+    env = {**os.environ, "GOWORK": "off"}
+    if toolchain is not None:
+        env["GOTOOLCHAIN"] = toolchain
     result = subprocess.run(
         ["go", "mod", "download", "-json", module],
         cwd=workdir,
-        env={**os.environ, "GOWORK": "off"},
+        env=env,
         capture_output=True,
         text=True,
         check=False,

@@ -6,6 +6,8 @@
 
     # The rest of a cluster, optional (see gangcheck_dev.testbed.stack):
     ControlPlane(components=FULL_STACK, node_groups=[NodeGroup("gpu", max=4, gpus=8)])
+    # ... with Karpenter (kwok provider) instead of cluster-autoscaler:
+    ControlPlane(components=FULL_STACK, autoscaler="karpenter", node_pools=[NodePool("gpu")])
 
 Everything lives in one folder (a fresh temp dir unless ``root`` is given; it must not exist
 yet): certificates, etcd's data, the kubeconfig and one log file per component. ``stop()``
@@ -31,6 +33,7 @@ from typing import Any
 from gangcheck_dev.testbed import crds, stack
 from gangcheck_dev.testbed.binaries import CONTROL_PLANE, ensure_binaries
 from gangcheck_dev.testbed.certs import ADMIN_USER, FRONT_PROXY_USER, KeyPair, PKIPaths, write_pki
+from gangcheck_dev.testbed.karpenter import DEFAULT_INSTANCE_TYPES, InstanceType, NodePool
 from gangcheck_dev.testbed.kubeconfig import write_kubeconfig
 from gangcheck_dev.testbed.nodes import DEFAULT_NODE_GROUPS, NodeGroup
 from gangcheck_dev.testbed.process import Component, free_ports
@@ -71,6 +74,9 @@ class ControlPlane:
     ``kwok``, ``kueue``, ``autoscaler``), started in that order whatever the order given;
     ``stack.FULL_STACK`` is all of them. ``node_groups``: cluster-autoscaler's node groups
     (default ``nodes.DEFAULT_NODE_GROUPS``). ``component_args``: extra flags by component.
+    ``autoscaler``: which autoscaler the requested ``autoscaler`` component is,
+    ``"cluster-autoscaler"`` (default) or ``"karpenter"``; Karpenter launches
+    ``instance_types`` (default ``karpenter.DEFAULT_INSTANCE_TYPES``) for ``node_pools``.
     """
 
     #: Feature gates of kube-apiserver, kube-scheduler and kube-controller-manager.
@@ -87,6 +93,9 @@ class ControlPlane:
         components: Sequence[str] = (),
         node_groups: Sequence[NodeGroup] | None = None,
         component_args: Mapping[str, Sequence[str]] | None = None,
+        autoscaler: str = stack.AUTOSCALER,
+        node_pools: Sequence[NodePool] = (),
+        instance_types: Sequence[InstanceType] = DEFAULT_INSTANCE_TYPES,
     ) -> None:
         self._requested_root = root
         self._binaries = dict(binaries) if binaries is not None else None
@@ -95,7 +104,11 @@ class ControlPlane:
         self.ready_timeout = ready_timeout
         self.node_groups = list(DEFAULT_NODE_GROUPS if node_groups is None else node_groups)
         self.component_args = {k: list(v) for k, v in (component_args or {}).items()}
-        self.requested = [stack.canonical(name) for name in components]
+        self.node_pools = list(node_pools)
+        self.instance_types = list(instance_types)
+        self.requested = stack.with_autoscaler(
+            [stack.canonical(name) for name in components], stack.canonical(autoscaler)
+        )
         self.addons: list[stack.Addon] = self._make_addons()  # validates the arguments
         needing = [a.name for a in self.addons if a.needs_crds]
         if needing and not install_crds:
@@ -319,7 +332,11 @@ class ControlPlane:
 
     def _make_addons(self) -> list[stack.Addon]:
         return stack.make_addons(
-            self.requested, node_groups=self.node_groups, component_args=self.component_args
+            self.requested,
+            node_groups=self.node_groups,
+            component_args=self.component_args,
+            node_pools=self.node_pools,
+            instance_types=self.instance_types,
         )
 
     def addon_ports(self) -> dict[str, dict[str, int]]:

@@ -15,6 +15,10 @@ Each :class:`Addon` becomes one :class:`~gangcheck_dev.testbed.process.Component
   from :class:`~gangcheck_dev.testbed.nodes.NodeGroup` specs, written to ConfigMaps before it
   starts (it reads them once); ready when ``/health-check`` answers and its first loop wrote
   the status ConfigMap.
+- ``karpenter`` (instead of cluster-autoscaler, never beside it) with its kwok cloud provider:
+  its CRDs from the module cache, a KWOKNodeClass, the instance types and NodePools of
+  :mod:`~gangcheck_dev.testbed.karpenter`; leader election off, no webhooks (v1.15 has none);
+  ready when ``/readyz`` answers (its caches synced, NodePool/NodeClaim served).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gangcheck_dev.testbed import crds
+from gangcheck_dev.testbed import karpenter as karp
 from gangcheck_dev.testbed.binaries import cache_dir
 from gangcheck_dev.testbed.certs import KeyPair
 from gangcheck_dev.testbed.kubeconfig import write_kubeconfig
@@ -54,8 +59,11 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 KWOK = "kwok"
 KUEUE = "kueue"
 AUTOSCALER = "cluster-autoscaler"
+KARPENTER = "karpenter"
 #: Start order of the optional components.
-ORDER = (SCHEDULER, CONTROLLER_MANAGER, KWOK, KUEUE, AUTOSCALER)
+ORDER = (SCHEDULER, CONTROLLER_MANAGER, KWOK, KUEUE, AUTOSCALER, KARPENTER)
+#: The autoscalers: a stack runs one of them (both would provision for the same pods).
+AUTOSCALERS = (AUTOSCALER, KARPENTER)
 #: Short names accepted for them.
 ALIASES = {
     "scheduler": SCHEDULER,
@@ -64,8 +72,9 @@ ALIASES = {
     "autoscaler": AUTOSCALER,
     "ca": AUTOSCALER,
 }
-#: Everything: ``ControlPlane(components=FULL_STACK)``.
-FULL_STACK = ORDER
+#: Everything, with cluster-autoscaler: ``ControlPlane(components=FULL_STACK)``; with
+#: ``autoscaler="karpenter"`` Karpenter takes cluster-autoscaler's place.
+FULL_STACK = (SCHEDULER, CONTROLLER_MANAGER, KWOK, KUEUE, AUTOSCALER)
 #: Binary family (``hack/build.sh`` argument) of each component.
 FAMILY = {
     SCHEDULER: "kubernetes",
@@ -73,6 +82,7 @@ FAMILY = {
     KWOK: "kwok",
     KUEUE: "kueue",
     AUTOSCALER: "autoscaler",
+    KARPENTER: "karpenter",
 }
 
 ROOT_CA_CONFIGMAP = "/api/v1/namespaces/kube-system/configmaps/kube-root-ca.crt"
@@ -124,6 +134,14 @@ def canonical(name: str) -> str:
     if full not in ORDER:
         raise ValueError(f"unknown component {name!r}; known: {', '.join(ORDER)} (or aliases)")
     return full
+
+
+def with_autoscaler(components: Sequence[str], autoscaler: str) -> list[str]:
+    """``components`` (canonical names) with cluster-autoscaler, if there, swapped for
+    ``autoscaler`` (a stack option: ``FULL_STACK`` names cluster-autoscaler)."""
+    if autoscaler not in AUTOSCALERS:
+        raise ValueError(f"unknown autoscaler {autoscaler!r}; known: {', '.join(AUTOSCALERS)}")
+    return [autoscaler if name == AUTOSCALER else name for name in components]
 
 
 #: Health probes go straight to loopback, whatever *_proxy variables say.
@@ -643,14 +661,75 @@ class Autoscaler(Addon):
         return self._component(plane, argv, probe, env)
 
 
+# -- Karpenter ----------------------------------------------------------------------------
+
+
+class Karpenter(Addon):
+    """Karpenter out of cluster with its kwok cloud provider (binary ``karpenter``)."""
+
+    name = KARPENTER
+
+    def __init__(
+        self,
+        node_pools: Sequence[karp.NodePool],
+        instance_types: Sequence[karp.InstanceType] = karp.DEFAULT_INSTANCE_TYPES,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(extra_args)
+        self.node_pools = list(node_pools)
+        self.instance_types = list(instance_types)
+
+    def crd_files(self) -> list[Path]:
+        module = crds.module_dir(
+            karp.KARPENTER_MODULE, wrapper="karpenter", toolchain=karp.KARPENTER_TOOLCHAIN
+        )
+        files = [f for folder in karp.CRD_FOLDERS for f in sorted((module / folder).glob("*.yaml"))]
+        if not files:
+            raise FileNotFoundError(f"no Karpenter CRDs under {karp.CRD_FOLDERS} in {module}")
+        return files
+
+    def prepare(self, plane: ControlPlane) -> None:
+        admin = plane.client()
+        crds.install_crds(admin, crds.load_crds(self.crd_files()), plane.ready_timeout)
+        node_class = karp.node_class()
+        admin.apply(
+            f"{karp.NODE_CLASSES}/{node_class['metadata']['name']}", node_class, crds.FIELD_MANAGER
+        )
+        for pool in self.node_pools:
+            admin.apply(f"{karp.NODE_POOLS}/{pool.name}", pool.to_dict(), crds.FIELD_MANAGER)
+        karp.write_instance_types(self.folder(plane) / "instance-types.json", self.instance_types)
+        self.ports.update(zip(("metrics", "health"), free_ports(2), strict=True))
+
+    def build(self, plane: ControlPlane) -> Component:
+        argv = [
+            str(plane.binary("karpenter")),
+            f"--instance-types-file-path={self.folder(plane) / 'instance-types.json'}",
+            "--disable-leader-election=true",
+            f"--metrics-port={self.ports['metrics']}",
+            f"--health-probe-port={self.ports['health']}",
+            # Short batching windows: a gang's pods arrive within a second of each other.
+            "--batch-idle-duration=1s",
+            "--batch-max-duration=3s",
+            "--log-level=debug",
+        ]
+        # controller-runtime reads $KUBECONFIG; Karpenter has no --kubeconfig flag.
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+        url = f"http://127.0.0.1:{self.ports['health']}/readyz"
+        return self._component(plane, argv, lambda: _http_status(url) == 200, env)
+
+
 def make_addons(
     components: Sequence[str],
     *,
     node_groups: Sequence[NodeGroup],
     component_args: Mapping[str, Sequence[str]],
+    node_pools: Sequence[karp.NodePool] = (),
+    instance_types: Sequence[karp.InstanceType] = karp.DEFAULT_INSTANCE_TYPES,
 ) -> list[Addon]:
     """The addons for ``components`` (any order, aliases allowed), in start order."""
     wanted = {canonical(c) for c in components}
+    if set(AUTOSCALERS) <= wanted:
+        raise ValueError(f"choose one autoscaler, not both: {', '.join(AUTOSCALERS)}")
     args = {canonical(k): list(v) for k, v in component_args.items() if canonical(k) in ORDER}
     addons: list[Addon] = []
     for name in ORDER:
@@ -665,6 +744,8 @@ def make_addons(
             addons.append(Kwok(extra))
         elif name == KUEUE:
             addons.append(Kueue(extra))
+        elif name == KARPENTER:
+            addons.append(Karpenter(node_pools, instance_types, extra))
         else:
             addons.append(Autoscaler(node_groups, extra))
     return addons

@@ -1,0 +1,285 @@
+"""The NodeClaims of one attempt: their bodies, and what their conditions say.
+
+gangcheck asks Karpenter for a gang's capacity by creating one NodeClaim per node the gang
+needs, all at once, from the chosen NodePool's template (as Karpenter's static-capacity
+controller does). Each claim carries the attempt's label, its index, the gang's size, the hold
+taint of the attempt and ``karpenter.sh/do-not-disrupt``; Karpenter copies labels, annotations
+and taints onto the Node when it registers, so the node is born held and protected.
+
+Claim names are derived from the attempt (not ``generateName``), so a create whose answer was
+lost is answered ``AlreadyExists`` on the retry instead of launching a second machine.
+
+A claim has arrived when Karpenter marks it ``Initialized`` and names its node; the attempt is
+provisioned once every claim is launched. A claim that is gone (or being deleted) before it
+arrived is lost: Karpenter deletes claims it cannot launch
+(insufficient capacity, node class not ready) and claims not launched or registered in time.
+One lost claim makes the attempt a partial delivery.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gangcheck.logic.attempt.hold import hold_taint, hold_value
+from gangcheck.logic.attempt.naming import fit
+from gangcheck.logic.capacity.karpenter import names
+from gangcheck.model.objects import Obj
+
+
+@dataclass(frozen=True)
+class ClaimAsk:
+    """What one attempt asks Karpenter for: ``nodes`` machines of ``pool``, each able to carry
+    ``requests``, carrying ``labels`` (the flavor's node labels)."""
+
+    attempt: str
+    nodes: int
+    requests: Mapping[str, str]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def claim_name(pool: str, attempt: str, index: int) -> str:
+    """Deterministic per attempt and index: ``<pool>-<hash of the attempt>-<index>``."""
+    return fit(pool, f"-{hold_value(attempt)[1:13]}-{index}")
+
+
+def claim_bodies(pool: Obj, ask: ClaimAsk) -> list[Obj]:
+    """The NodeClaims of ``ask``, built from ``pool``'s template."""
+    return [_claim(pool, ask, index) for index in range(ask.nodes)]
+
+
+def _claim(pool: Obj, ask: ClaimAsk, index: int) -> Obj:
+    meta = pool.get("metadata") or {}
+    template = (pool.get("spec") or {}).get("template") or {}
+    spec = template.get("spec") or {}
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.NODE_CLAIM_KIND,
+        "metadata": {
+            "name": claim_name(meta["name"], ask.attempt, index),
+            "labels": _labels(meta["name"], template, spec, ask),
+            "annotations": _annotations(meta, template, ask, index),
+            "ownerReferences": [_owner(meta)],
+        },
+        "spec": _claim_spec(spec, ask),
+    }
+
+
+def _labels(pool_name: str, template: Obj, spec: Obj, ask: ClaimAsk) -> dict[str, str]:
+    labels = dict((template.get("metadata") or {}).get("labels") or {})
+    labels.update(ask.labels)
+    ref = spec.get("nodeClassRef") or {}
+    if ref.get("group") and ref.get("kind"):
+        labels[f"{ref['group']}/{str(ref['kind']).lower()}"] = str(ref.get("name", ""))
+    labels[names.NODE_POOL_LABEL] = pool_name
+    labels[names.ATTEMPT_LABEL] = hold_value(ask.attempt)
+    return labels
+
+
+def _annotations(meta: Obj, template: Obj, ask: ClaimAsk, index: int) -> dict[str, str]:
+    annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+    pool_annotations = meta.get("annotations") or {}
+    for key in (names.POOL_HASH, names.POOL_HASH_VERSION):
+        if key in pool_annotations:
+            annotations[key] = str(pool_annotations[key])
+    annotations[names.DO_NOT_DISRUPT] = "true"
+    annotations[names.REQUESTED_FOR] = ask.attempt
+    annotations[names.GANG_NODES] = str(ask.nodes)
+    annotations[names.CLAIM_INDEX] = str(index)
+    return annotations
+
+
+def _owner(meta: Obj) -> Obj:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.NODE_POOL_KIND,
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "blockOwnerDeletion": True,
+    }
+
+
+_COPIED = ("nodeClassRef", "startupTaints", "expireAfter", "terminationGracePeriod")
+
+
+def _claim_spec(spec: Obj, ask: ClaimAsk) -> Obj:
+    body: Obj = {key: spec[key] for key in _COPIED if key in spec}
+    requirements = [dict(r) for r in spec.get("requirements") or []]
+    for key, value in sorted(ask.labels.items()):
+        requirements.append({"key": key, "operator": "In", "values": [value]})
+    body["requirements"] = requirements
+    body["taints"] = [*(spec.get("taints") or []), hold_taint(ask.attempt)]
+    body["resources"] = {"requests": dict(ask.requests)}
+    return body
+
+
+# -- following ---------------------------------------------------------------------------
+
+
+class ClaimPhase(StrEnum):
+    REQUESTED = "Requested"
+    LAUNCH_FAILING = "LaunchFailing"
+    LAUNCHED = "Launched"
+    REGISTERED = "Registered"
+    ARRIVED = "Initialized"
+    LOST = "Lost"
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    name: str
+    index: int | None
+    phase: ClaimPhase
+    node_name: str = ""
+    message: str = ""
+
+
+def _conditions(claim: Obj) -> dict[str, Obj]:
+    return {c.get("type", ""): c for c in (claim.get("status") or {}).get("conditions") or []}
+
+
+def _is_true(conditions: Mapping[str, Obj], kind: str) -> bool:
+    return (conditions.get(kind) or {}).get("status") == "True"
+
+
+def claim_state(claim: Obj) -> ClaimState:
+    """Where one claim stands (a claim being deleted before it arrived is lost)."""
+    meta = claim.get("metadata") or {}
+    status = claim.get("status") or {}
+    conditions = _conditions(claim)
+    index = _int((meta.get("annotations") or {}).get(names.CLAIM_INDEX))
+    node = str(status.get("nodeName") or "")
+    arrived = _is_true(conditions, "Initialized") and bool(node)
+    phase, message = _phase(
+        conditions, arrived=arrived, deleting=bool(meta.get("deletionTimestamp"))
+    )
+    return ClaimState(str(meta.get("name", "")), index, phase, node, message)
+
+
+def _phase(
+    conditions: Mapping[str, Obj], *, arrived: bool, deleting: bool
+) -> tuple[ClaimPhase, str]:
+    if arrived:
+        return ClaimPhase.ARRIVED, ""
+    if deleting:
+        return ClaimPhase.LOST, "being deleted before it arrived"
+    if _is_true(conditions, "Registered"):
+        return ClaimPhase.REGISTERED, ""
+    if _is_true(conditions, "Launched"):
+        return ClaimPhase.LAUNCHED, ""
+    launched = conditions.get("Launched") or {}
+    if launched.get("reason") not in (None, "", "AwaitingReconciliation", "Unknown"):
+        return ClaimPhase.LAUNCH_FAILING, f"{launched['reason']}: {launched.get('message', '')}"
+    return ClaimPhase.REQUESTED, ""
+
+
+def _int(text: object) -> int | None:
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
+class AttemptPhase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONED = "Provisioned"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class ClaimsStatus:
+    """The claims of one attempt that asked for ``asked`` nodes, taken together."""
+
+    asked: int
+    claims: tuple[ClaimState, ...]
+
+    @property
+    def arrived(self) -> tuple[str, ...]:
+        """Node names of the claims that arrived, in index order."""
+        return tuple(c.node_name for c in self.claims if c.phase is ClaimPhase.ARRIVED)
+
+    @property
+    def lost(self) -> tuple[int, ...]:
+        """Indexes asked for whose claim is gone, or going, before it arrived."""
+        present = {c.index for c in self.claims if c.phase is not ClaimPhase.LOST}
+        return tuple(i for i in range(self.asked) if i not in present)
+
+    @property
+    def launched(self) -> bool:
+        """Every claim asked for is launched (the cloud took it), or further."""
+        done = {ClaimPhase.LAUNCHED, ClaimPhase.REGISTERED, ClaimPhase.ARRIVED}
+        indexes = {c.index for c in self.claims if c.phase in done}
+        return all(i in indexes for i in range(self.asked))
+
+    @property
+    def failing(self) -> tuple[ClaimState, ...]:
+        return tuple(c for c in self.claims if c.phase is ClaimPhase.LAUNCH_FAILING)
+
+    @property
+    def phase(self) -> AttemptPhase:
+        """Failed on a lost claim; Provisioned once every claim is launched (as an autoscaler
+        says Provisioned once it scaled up: the ledger then records the nodes as they come,
+        and the fit, not this phase, says when the gang can start)."""
+        if self.lost:
+            return AttemptPhase.FAILED
+        if self.launched:
+            return AttemptPhase.PROVISIONED
+        return AttemptPhase.PENDING
+
+    @property
+    def message(self) -> str:
+        """One line for the gang's message: what arrived, what was lost and why it may be."""
+        parts = [f"{len(self.arrived)} of {self.asked} NodeClaims arrived"]
+        if self.lost:
+            parts.append(
+                f"{len(self.lost)} lost before arriving (Karpenter deletes a claim it cannot "
+                "launch, e.g. InsufficientCapacityError: see the claim's Events)"
+            )
+        parts.extend(f"{c.name}: {c.message}" for c in self.failing)
+        return "; ".join(parts)
+
+
+def attempt_claims(claims: Iterable[Obj], attempt: str) -> list[Obj]:
+    """The claims labelled with ``attempt`` (only these are ever deleted by a withdrawal)."""
+    value = hold_value(attempt)
+    return [
+        c
+        for c in claims
+        if ((c.get("metadata") or {}).get("labels") or {}).get(names.ATTEMPT_LABEL) == value
+        and ((c.get("metadata") or {}).get("annotations") or {}).get(names.REQUESTED_FOR) == attempt
+    ]
+
+
+def claims_status(claims: Iterable[Obj], attempt: str, asked: int) -> ClaimsStatus:
+    mine = attempt_claims(claims, attempt)
+    states = sorted((claim_state(c) for c in mine), key=lambda s: (s.index is None, s.index or 0))
+    return ClaimsStatus(asked, tuple(states))
+
+
+def withdrawable(claims: Iterable[Obj], attempt: str, arrived_nodes: Sequence[str]) -> list[Obj]:
+    """The attempt's claims a withdrawal deletes itself: every one not yet deleted whose node
+    is not recorded as arrived (those go through the reclaim safety rules instead)."""
+    keep = set(arrived_nodes)
+    return [
+        c
+        for c in attempt_claims(claims, attempt)
+        if not (c.get("metadata") or {}).get("deletionTimestamp")
+        and str((c.get("status") or {}).get("nodeName") or "") not in keep
+    ]
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def release_protection_patch(obj: Obj) -> list[Obj]:
+    """JSON patch removing ``karpenter.sh/do-not-disrupt: "true"`` from a Node or NodeClaim
+    once the gang has started (empty when it is not there: someone else's value is kept)."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(names.DO_NOT_DISRUPT) != "true":
+        return []
+    path = f"/metadata/annotations/{_pointer(names.DO_NOT_DISRUPT)}"
+    return [{"op": "test", "path": path, "value": "true"}, {"op": "remove", "path": path}]

@@ -1,0 +1,35 @@
+"""Karpenter's API names gangcheck reads and writes, and the ones gangcheck adds to claims."""
+
+from __future__ import annotations
+
+GROUP = "karpenter.sh"
+API_VERSION = "karpenter.sh/v1"
+NODE_POOL_KIND = "NodePool"
+NODE_CLAIM_KIND = "NodeClaim"
+#: On every NodeClaim (and its Node): the NodePool it belongs to; Karpenter's limits counter,
+#: disruption and metrics key on it.
+NODE_POOL_LABEL = "karpenter.sh/nodepool"
+#: On a Node or NodeClaim: consolidation and drift leave it alone (not expiry, not repair).
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+#: The NodePool's template hash, copied onto claims so that drift compares like Karpenter's own.
+POOL_HASH = "karpenter.sh/nodepool-hash"
+POOL_HASH_VERSION = "karpenter.sh/nodepool-hash-version"
+#: Labels Karpenter or the cloud provider set on every node whatever the NodePool says, so a
+#: flavor may select on them without the pool defining them.
+WELL_KNOWN_LABELS = frozenset(
+    {
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "node.kubernetes.io/instance-type",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "karpenter.sh/capacity-type",
+        NODE_POOL_LABEL,
+    }
+)
+#: On a gang's NodeClaims: the attempt they were created for (the hold value of its key).
+ATTEMPT_LABEL = "gangcheck.io/attempt"
+#: On a gang's NodeClaims: the attempt's key (``namespace/name``), its size and the claim's index.
+REQUESTED_FOR = "gangcheck.io/requested-for"
+GANG_NODES = "gangcheck.io/gang-nodes"
+CLAIM_INDEX = "gangcheck.io/claim-index"

@@ -1,0 +1,243 @@
+"""gangcheck serving ProvisioningRequests of the class ``KARPENTER_CLASS`` with NodeClaims.
+
+The attempt core asks, follows and withdraws through the ProvisioningRequest backend whatever
+the capacity is: the request is the attempt's durable record (its number, deadline, rollback
+steps, what arrived). With ``spec.backend: Karpenter`` the request's class is
+``KARPENTER_CLASS``, which no autoscaler serves; gangcheck serves it here, as
+cluster-autoscaler serves its classes: it creates the gang's NodeClaims (one per member, all at
+once, in the first NodePool of ``nodePools`` that can take them all) and writes what they say
+onto the request's conditions (``Accepted``, ``Provisioned``, ``Failed``). From there on the
+attempt runs as on any other backend: arrival ledger, hold, fit, deadline rollback, reclaim.
+
+What this module decides for one request (``serve``):
+
+- not yet asked: choose the pool (labels, limits) and create the claims, or fail the request
+  naming the pool and the limit, or the config field, that stand in the way. Claims are made
+  only in a second later than the request's ``creationTimestamp``: their nodes are then
+  provably younger than the request (creationTimestamp has whole seconds), the age rule the
+  arrival ledger records a node by;
+- asked: ``Failed`` when a claim was lost before it arrived (partial delivery), ``Provisioned``
+  once every claim is launched (the ledger then records the nodes as they arrive and the fit
+  says when the gang can start, as with any autoscaler), with a note of how many arrived;
+- ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
+  (``Initialized``), and those that arrived but that the ledger did not record while their
+  node is still held for the request (nothing runs there); the nodes recorded as arrived are
+  left to the reclaim rules (reclaimer ``DeleteNodeClaim``), never deleted here;
+- protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
+  is no longer held for the request (the gang started, or a rollback kept the node), or the
+  request is gone.
+
+Members are taken to be node-sized (one claim per member, asking for one member's requests):
+the shape of GPU gangs. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gangcheck.logic.attempt.fulfillment import claim_of
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.capacity.karpenter.claims import (
+    AttemptPhase,
+    ClaimAsk,
+    ClaimPhase,
+    attempt_claims,
+    claim_bodies,
+    claim_state,
+    claims_status,
+    withdrawable,
+)
+from gangcheck.logic.capacity.karpenter.pools import choose_pool
+from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import Obj
+from gangcheck.model.provisioning_config import KARPENTER_CLASS, NODE_POOLS_PARAMETER
+
+
+@dataclass(frozen=True)
+class Served:
+    """What serving one request takes: claims to create and delete, the request's conditions
+    to set, and the objects whose ``do-not-disrupt`` comes off (``("node"|"claim", name)``)."""
+
+    create: tuple[Obj, ...] = ()
+    delete: tuple[Obj, ...] = ()
+    conditions: tuple[Obj, ...] = ()
+    release: tuple[tuple[str, str], ...] = ()
+
+
+def is_served_here(request: Obj) -> bool:
+    return bool((request.get("spec") or {}).get("provisioningClassName") == KARPENTER_CLASS)
+
+
+def request_key(request: Obj) -> str:
+    meta = request.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _conditions(request: Obj) -> dict[str, Obj]:
+    return {c.get("type", ""): c for c in (request.get("status") or {}).get("conditions") or []}
+
+
+def _true(request: Obj, kind: str) -> bool:
+    return (_conditions(request).get(kind) or {}).get("status") == "True"
+
+
+def serve(
+    request: Obj | None,
+    key: str,
+    *,
+    templates: Mapping[str, Obj],
+    claims: Sequence[Obj],
+    pools: Mapping[str, Obj | None],
+    nodes: Mapping[str, Obj],
+    now: datetime,
+) -> Served:
+    """One request (None: gone) and everything its attempt's claims say, at ``now``."""
+    mine = attempt_claims(claims, key)
+    release = _releases(mine, key, nodes, request_live=request is not None)
+    if request is None or _has_ended(request):
+        keep = _left_to_reclaim(mine, key, nodes)
+        return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
+    if not mine and not _true(request, "Accepted"):
+        if not _second_passed(request, now):
+            return Served()
+        return _ask(request, key, templates, pools)
+    status = claims_status(mine, key, _asked(request))
+    return Served(conditions=_follow(request, status.phase, status.message), release=release)
+
+
+def _second_passed(request: Obj, now: datetime) -> bool:
+    created = parse_time(str((request.get("metadata") or {}).get("creationTimestamp") or ""))
+    return created is not None and now.replace(microsecond=0) > created.replace(microsecond=0)
+
+
+def _left_to_reclaim(claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj]) -> list[str]:
+    """Nodes of claims that arrived which a withdrawal must not delete: recorded as arrived
+    (the reclaim rules give them back), no longer held for the request (pods may run there),
+    or not seen yet. A node that arrived but that the ledger did not record (it fits none of
+    the members) and that is still held for the request runs nothing of anyone's: withdrawn."""
+    keep = []
+    for claim in claims:
+        state = claim_state(claim)
+        if state.phase is not ClaimPhase.ARRIVED:
+            continue
+        node = nodes.get(state.node_name)
+        recorded = node is not None and claim_of(node) == key
+        if node is None or recorded or not _held_for(node, key):
+            keep.append(state.node_name)
+    return keep
+
+
+def _has_ended(request: Obj) -> bool:
+    meta = request.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) or _true(request, "Failed")
+
+
+def _asked(request: Obj) -> int:
+    return sum(int(p.get("count", 0)) for p in (request.get("spec") or {}).get("podSets") or [])
+
+
+def _ask(
+    request: Obj, key: str, templates: Mapping[str, Obj], pools: Mapping[str, Obj | None]
+) -> Served:
+    shape = _member_shape(request, templates)
+    if isinstance(shape, str):
+        return Served(conditions=(_condition("Failed", "True", "NodeClaimsNotPossible", shape),))
+    requests, labels = shape
+    wanted = _pool_names(request)
+    choice = choose_pool(pools, wanted, labels=labels, per_node=requests, nodes=_asked(request))
+    if choice.pool is None:
+        reason = "NodePoolLimits" if choice.no_room else "NodePoolNotUsable"
+        return Served(conditions=(_condition("Failed", "True", reason, choice.problem),))
+    ask = ClaimAsk(key, _asked(request), requests, labels)
+    pool_name = choice.pool["metadata"]["name"]
+    message = f"created {ask.nodes} NodeClaims in NodePool {pool_name!r}"
+    return Served(
+        create=tuple(claim_bodies(choice.pool, ask)),
+        conditions=(_condition("Accepted", "True", "NodeClaimsCreated", message),),
+    )
+
+
+def _pool_names(request: Obj) -> list[str]:
+    raw = ((request.get("spec") or {}).get("parameters") or {}).get(NODE_POOLS_PARAMETER, "")
+    return [p.strip() for p in str(raw).split(",") if p.strip()]
+
+
+def _member_shape(
+    request: Obj, templates: Mapping[str, Obj]
+) -> tuple[dict[str, str], dict[str, str]] | str:
+    """One member's requests and node labels (every pod set must agree: one claim shape)."""
+    shapes = []
+    for pod_set in (request.get("spec") or {}).get("podSets") or []:
+        name = (pod_set.get("podTemplateRef") or {}).get("name", "")
+        template = templates.get(name)
+        if template is None:
+            return f"PodTemplate {name!r} of the request not found"
+        shapes.append(_shape_of((template.get("template") or {}).get("spec") or {}))
+    if not shapes:
+        return "the request has no pod sets"
+    if any(s[1] != shapes[0][1] for s in shapes):
+        return "pod sets select different node labels: one NodePool takes the whole gang"
+    requests: dict[str, int] = {}
+    for shape, _ in shapes:
+        for resource, amount in shape.items():
+            requests[resource] = max(requests.get(resource, 0), amount)
+    return {r: format_quantity(n) for r, n in requests.items()}, shapes[0][1]
+
+
+def _shape_of(spec: Obj) -> tuple[dict[str, int], dict[str, str]]:
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for resource, amount in ((container.get("resources") or {}).get("requests") or {}).items():
+            try:
+                total[resource] = total.get(resource, 0) + parse_quantity(amount)
+            except QuantityError:
+                continue
+    labels = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+    return total, labels
+
+
+def _follow(request: Obj, phase: AttemptPhase, message: str) -> tuple[Obj, ...]:
+    if phase is AttemptPhase.FAILED:
+        wanted = _condition("Failed", "True", "NodeClaimLost", message)
+    elif phase is AttemptPhase.PROVISIONED:
+        wanted = _condition("Provisioned", "True", "NodeClaimsLaunched", message)
+    else:
+        wanted = _condition("Provisioned", "False", "NodeClaimsPending", message)
+    now = _conditions(request).get(wanted["type"]) or {}
+    same = all(now.get(k) == wanted[k] for k in ("status", "reason", "message"))
+    return () if same else (wanted,)
+
+
+def _condition(kind: str, status: str, reason: str, message: str) -> Obj:
+    return {"type": kind, "status": status, "reason": reason, "message": message[:32768]}
+
+
+def _releases(
+    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, request_live: bool
+) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for claim in claims:
+        state = claim_state(claim)
+        node = nodes.get(state.node_name) if state.phase is ClaimPhase.ARRIVED else None
+        if node is None or (request_live and _held_for(node, key)):
+            continue
+        if _protected(node):
+            out.append(("node", state.node_name))
+        if _protected(claim):
+            out.append(("claim", state.name))
+    return tuple(out)
+
+
+def _held_for(node: Obj, key: str) -> bool:
+    value = hold_value(key)
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(t.get("key") == HOLD_TAINT and t.get("value") == value for t in taints)
+
+
+def _protected(obj: Obj) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(names.DO_NOT_DISRUPT) == "true"

@@ -1,0 +1,183 @@
+"""gangcheck serving its Karpenter class: one request, its claims, what is done (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.capacity.karpenter.provisioner import Served, serve
+from gangcheck.model.provisioning_config import KARPENTER_CLASS
+from tests.unit.test_karpenter_logic import GPU, pool
+
+Obj = dict[str, Any]
+KEY = "team-a/train-check-1"
+NOW = datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC)
+LABELS = {"team": "ml"}
+
+
+def request(*conditions: tuple[str, str], created: str = "2026-12-01T10:00:00Z") -> Obj:
+    return {
+        "metadata": {
+            "name": "train-check-1",
+            "namespace": "team-a",
+            "creationTimestamp": created,
+            "resourceVersion": "7",
+        },
+        "spec": {
+            "provisioningClassName": KARPENTER_CLASS,
+            "parameters": {"nodePools": "gpu"},
+            "podSets": [{"podTemplateRef": {"name": "ppt-train-main"}, "count": 2}],
+        },
+        "status": {
+            "conditions": [
+                {"type": t, "status": s, "reason": "R", "message": ""} for t, s in conditions
+            ]
+        },
+    }
+
+
+TEMPLATES = {
+    "ppt-train-main": {
+        "template": {
+            "spec": {
+                "containers": [
+                    {"resources": {"requests": {GPU: "8", "cpu": "2"}}},
+                    {"resources": {"requests": {"cpu": "500m"}}},
+                ],
+                "nodeSelector": LABELS,
+            }
+        }
+    }
+}
+
+
+def claims(*conditions: str, node: str = "n") -> list[Obj]:
+    bodies = claim_bodies(pool(), ClaimAsk(KEY, 2, {GPU: "8"}, LABELS))
+    for i, body in enumerate(bodies):
+        body["status"] = {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "nodeName": f"{node}{i}" if conditions else "",
+        }
+    return bodies
+
+
+def held(name: str, *, protected: bool = True) -> Obj:
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": {names.DO_NOT_DISRUPT: "true"} if protected else {},
+        },
+        "spec": {"taints": [{"key": HOLD_TAINT, "value": hold_value(KEY), "effect": "NoSchedule"}]},
+    }
+
+
+def served(
+    req: Obj | None,
+    made: list[Obj],
+    pools: dict[str, Obj | None] | None = None,
+    *,
+    nodes: dict[str, Obj] | None = None,
+    now: datetime = NOW,
+) -> Served:
+    return serve(
+        req,
+        KEY,
+        templates=TEMPLATES,
+        claims=made,
+        pools={"gpu": pool()} if pools is None else pools,
+        nodes=nodes or {},
+        now=now,
+    )
+
+
+def test_a_new_request_gets_one_claim_per_member_sized_like_a_member() -> None:
+    done = served(request(), [])
+    assert len(done.create) == 2
+    assert done.create[0]["spec"]["resources"]["requests"] == {GPU: "8", "cpu": "2500m"}
+    assert [(c["type"], c["status"]) for c in done.conditions] == [("Accepted", "True")]
+
+
+def test_no_claim_is_made_in_the_requests_own_second() -> None:
+    same_second = datetime(2026, 12, 1, 10, 0, 0, 900000, tzinfo=UTC)
+    assert served(request(), [], now=same_second).create == ()
+
+
+def test_a_pool_without_room_fails_the_request_naming_the_limit() -> None:
+    full = pool(limits={GPU: "8"})
+    done = served(request(), [], pools={"gpu": full})
+    assert done.create == ()
+    (failed,) = done.conditions
+    assert (failed["type"], failed["reason"]) == ("Failed", "NodePoolLimits")
+    assert "leave room for 1 of 2 nodes" in failed["message"]
+
+
+def test_a_missing_pool_fails_the_request_naming_the_field() -> None:
+    (failed,) = served(request(), [], pools={}).conditions
+    assert failed["reason"] == "NodePoolNotUsable"
+    assert "spec.karpenter.nodePools[0]: NodePool 'gpu' not found" in failed["message"]
+
+
+def test_claims_all_initialized_provision_the_request() -> None:
+    done = served(request(("Accepted", "True")), claims("Launched", "Registered", "Initialized"))
+    assert [(c["type"], c["status"]) for c in done.conditions] == [("Provisioned", "True")]
+
+
+def test_a_claim_lost_before_it_arrived_fails_the_request() -> None:
+    made = claims("Launched")[:1]
+    (failed,) = served(request(("Accepted", "True")), made).conditions
+    assert (failed["type"], failed["reason"]) == ("Failed", "NodeClaimLost")
+    assert "0 of 2 NodeClaims arrived; 1 lost" in failed["message"]
+
+
+def test_claims_all_launched_provision_the_request_noting_how_many_arrived() -> None:
+    done = served(request(("Accepted", "True")), claims("Launched"))
+    (provisioned,) = done.conditions
+    assert (provisioned["status"], provisioned["reason"]) == ("True", "NodeClaimsLaunched")
+    assert provisioned["message"] == "0 of 2 NodeClaims arrived"
+
+
+def test_an_ended_request_leaves_recorded_or_unheld_nodes_to_the_reclaim_rules() -> None:
+    arrived = claims("Launched", "Registered", "Initialized")
+    recorded, unheld = held("n0"), held("n1")
+    recorded["metadata"]["annotations"]["gangcheck.io/arrived-for"] = KEY
+    unheld["spec"]["taints"] = []
+    ended = request(("Accepted", "True"), ("Failed", "True"))
+    assert served(ended, arrived, nodes={"n0": recorded, "n1": unheld}).delete == ()
+    assert served(ended, arrived).delete == ()  # nodes not seen: kept
+
+
+def test_an_ended_request_withdraws_arrived_claims_the_ledger_never_recorded() -> None:
+    arrived = claims("Launched", "Registered", "Initialized")
+    ended = request(("Accepted", "True"), ("Failed", "True"))
+    done = served(ended, arrived, nodes={"n0": held("n0"), "n1": held("n1")})
+    assert len(done.delete) == 2
+
+
+def test_an_ended_request_withdraws_the_claims_not_arrived() -> None:
+    made = claims("Launched")
+    done = served(request(("Accepted", "True"), ("Failed", "True")), made)
+    assert [c["metadata"]["name"] for c in done.delete] == [c["metadata"]["name"] for c in made]
+    assert done.conditions == ()
+
+
+def test_a_gone_request_lets_go_of_arrived_nodes_and_leaves_them_to_the_reclaim() -> None:
+    made = claims("Launched", "Registered", "Initialized")
+    nodes = {"n0": held("n0"), "n1": held("n1")}
+    for node in nodes.values():
+        node["metadata"]["annotations"]["gangcheck.io/arrived-for"] = KEY
+    done = served(None, made, nodes=nodes)
+    assert done.delete == ()
+    assert ("node", "n0") in done.release and ("claim", made[0]["metadata"]["name"]) in done.release
+
+
+def test_protection_stays_while_the_node_is_held_and_goes_once_the_hold_is_lifted() -> None:
+    made = claims("Launched", "Registered", "Initialized")
+    live = request(("Accepted", "True"), ("Provisioned", "True"))
+    assert served(live, made, nodes={"n0": held("n0"), "n1": held("n1")}).release == ()
+    started = held("n0")
+    started["spec"]["taints"] = []
+    done = served(live, made, nodes={"n0": started, "n1": held("n1")})
+    assert done.release == (("node", "n0"), ("claim", made[0]["metadata"]["name"]))
