@@ -39,10 +39,10 @@ from gangcheck.logic.capacity.karpenter.provisioner import (
     serve,
 )
 from gangcheck.logic.timefmt import format_time
+from gangcheck.model.objects import Obj
 from gangcheck.reconcile.caches import Caches
 
 log = logging.getLogger(__name__)
-from gangcheck.model.objects import Obj
 
 #: Seconds between passes while requests of the class are in flight.
 INTERVAL = 1.0
