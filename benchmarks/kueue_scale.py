@@ -16,10 +16,17 @@ cluster-autoscaler. Then:
 
 - gangcheck runs as its own process (``python -m gangcheck run`` with its ServiceAccount's
   token, as ``gangcheck_dev.testbed.deploy`` starts it), so its API requests, RSS and CPU are
-  its own; the simulated cloud (``gangcheck_dev sim-cloud``) answers the ProvisioningRequests
-  of both sides, of one class, at once (Accepted and Provisioned within a second, no node
-  delivered): the capacity exists before the burst, kwok nodes enough for every pod of both
-  sides with room to spare, so the controllers, not the cloud, are measured;
+  its own;
+- the capacity exists before the burst (kwok nodes enough for every pod of both sides, with
+  room to spare) and one provisioner answers the requests of both sides (one class) at once,
+  so the controllers, not the cloud, are measured. By default that is the benchmark's own
+  ``instant`` provisioner: on the watch event of a new request, one status write with
+  ``Accepted`` and ``Provisioned`` (as cluster-autoscaler answers a request whose capacity
+  exists). ``--provisioner sim-cloud`` runs the simulated cloud (``gangcheck_dev sim-cloud``,
+  a rule that answers at once and delivers no node) instead; it decides one request at a
+  time (a read of the request and its PodTemplates, a list of Nodes, a write of its plan), so
+  at N = 50 it took 3.5 s p50 / 12 s p99 from request to Provisioned, on both sides: then it,
+  not the controllers, sets the pace. The table shows the provisioner's own delay either way;
 - two ClusterQueues, each with its own ResourceFlavor, LocalQueue and namespace, the same
   quota (room for every gang at once): ``gangcheck`` (AdmissionCheck of controller
   ``gangcheck.io/atomic-provisioning``, an AtomicProvisioningConfig in ``NodesFit`` mode) and
@@ -128,6 +135,8 @@ NODE_PODS = 250
 NODE_FILL = 200
 SIM_CONFIG_MAP = f"{GANGCHECK_NAMESPACE}/bench-sim-cloud"
 CREATE_CONCURRENCY = 16
+#: How often the progress of a run is shown (on stderr).
+PROGRESS_SECONDS = 30
 #: Kueue's client limits. Its defaults (20 requests/s, bursts of 30) make the client's
 #: rate limiter, not the controller, decide how fast gangs are admitted: at N = 20, Kueue
 #: sent exactly 20 requests in every second of the run. Raised far above what it sends.
@@ -669,9 +678,14 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
             await burst(kube, namespaces, n)
             created = time.time()
             deadline = time.monotonic() + timeout
+            shown = time.monotonic()
             while any(recorder.admitted(side) < n for side in SIDES):
                 if time.monotonic() > deadline:
                     break
+                if time.monotonic() - shown >= PROGRESS_SECONDS:
+                    shown = time.monotonic()
+                    done = ", ".join(f"{side} {recorder.admitted(side)}" for side in SIDES)
+                    print(f"N = {n}: {time.time() - start:.0f} s, admitted {done}", file=sys.stderr)
                 if not stack.gangcheck.running:
                     raise RuntimeError(f"gangcheck died:\n{stack.gangcheck.log_tail(40)}")
                 await asyncio.sleep(0.5)
