@@ -49,7 +49,9 @@ Figures per side (the table prints them with the ratio):
   gangcheck's ServiceAccount and the admin user Kueue runs as, told apart from kwok by user
   agent), every verb but watch, between the burst start and the last admission: gangcheck's
   user (its Node patches, the node ledger, counted apart), Kueue's user in each side's
-  namespace (plus the side's ClusterQueue, AdmissionCheck and config), and both together;
+  namespace (plus the side's ClusterQueue, AdmissionCheck and config), both together, and
+  the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang of its side
+  minus those per gang of gangcheck's side: the rest of Kueue's work is the same);
 - RSS at the end and CPU seconds during the burst (``/proc/PID/status`` and ``/proc/PID/stat``)
   of gangcheck's process and of the Kueue manager. Kueue's figures cover both sides (one
   manager runs both queues and the Jobs of both); gangcheck's only its own side.
@@ -758,6 +760,13 @@ def figures(
         else:
             own = node_writes = 0
         kueue_requests = counts.get(f"kueue_{side}", 0)
+        # The check's own requests: gangcheck's; for Kueue's check, what Kueue sends for a gang
+        # of its side beyond what it sends for one of gangcheck's side (same Jobs, Workloads,
+        # scheduler; only the check differs).
+        if side == "gangcheck":
+            check_requests = own
+        else:
+            check_requests = kueue_requests - counts.get("kueue_gangcheck", 0)
         sides[side] = {
             "admitted": len(admitted),
             "workloads": len(workloads),
@@ -772,6 +781,7 @@ def figures(
             "node_ledger_writes_per_gang": node_writes / n,
             "kueue_requests_per_gang": kueue_requests / n,
             "controllers_requests_per_gang": (own + kueue_requests) / n,
+            "check_requests_per_gang": check_requests / n,
             "rss_mib": rss[side],
             "cpu_s": cpu[side],
             "cpu_ms_per_gang": 1000 * cpu[side] / n,
@@ -847,6 +857,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         k["gangcheck_requests_per_gang"],
     )
     add("  of which Kueue's user", g["kueue_requests_per_gang"], k["kueue_requests_per_gang"])
+    add(
+        "API req/gang, the check alone",
+        g["check_requests_per_gang"],
+        k["check_requests_per_gang"],
+    )
     add("node ledger writes/gang (apart)", g["node_ledger_writes_per_gang"], None)
     add("controller RSS at the end", g["rss_mib"], k["rss_mib"], " MiB", 0)
     add("controller CPU during the burst", g["cpu_s"], k["cpu_s"], " s", 1)
