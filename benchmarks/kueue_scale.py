@@ -895,7 +895,14 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def print_table(result: dict[str, Any]) -> None:
     n = result["n"]
-    state = "" if result["complete"] else "  (INCOMPLETE: not every gang was admitted)"
+    state = (
+        ""
+        if result["complete"]
+        else (
+            "  (INCOMPLETE: not every gang was admitted; per-gang figures divide by N and do not "
+            "compare)"
+        )
+    )
     if result.get("gangcheck_exited_s") is not None:
         state += (
             f"\nGANGCHECK EXITED {result['gangcheck_exited_s']:.0f} s after the burst started: "
