@@ -58,11 +58,15 @@ test: install lint typecheck binaries ## every test: lint, types, unit, integrat
 soak: install binaries ## the long fault suite: more gangs, seeds, SIGKILLs (tens of minutes)
 	GANGCHECK_SOAK=1 $(PYTEST) tests/integration/test_fault_suite.py -q -p no:cacheprovider
 
+#: N (gangs per side) of the scale benchmark: make bench BENCH_SIZES=50
+BENCH_SIZES ?= 500,2000
+
 .PHONY: bench
-bench: install ## benchmarks: a partial delivery beside Kueue's behaviour; fit cost with DRA; Karpenter side by side
+bench: install binaries ## benchmarks: partial delivery; fit cost at scale; Karpenter side by side; N gangs beside Kueue's check (BENCH_SIZES=500,2000)
 	$(PYTHON) benchmarks/partial_delivery.py
 	$(PYTHON) benchmarks/fit_scale.py --scale --repeat 3
 	$(PYTHON) benchmarks/karpenter_side_by_side.py
+	$(PYTHON) benchmarks/kueue_scale.py --sizes $(BENCH_SIZES)
 
 .PHONY: demo
 demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up

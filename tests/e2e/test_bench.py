@@ -1,0 +1,53 @@
+"""Smoke test of the scale benchmark (``benchmarks/kueue_scale.py``): at a tiny N it runs end to
+end on a local full stack of its own (its kube-apiserver writes an audit log) and reports every
+figure for both sides. Nothing about the figures' values is asserted: timings on a shared test
+machine say nothing; ``make bench`` is where they are read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from benchmarks import kueue_scale
+from tests.e2e.conftest import KUBECONFIG_ENV
+
+N = 6
+#: Rows of the table that have no figure on Kueue's side by design.
+ONE_SIDED = ("node ledger writes",)
+
+
+@pytest.mark.timeout(600)
+def test_scale_benchmark_reports_every_figure_for_both_sides(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if os.environ.get(KUBECONFIG_ENV):
+        pytest.skip("the benchmark starts a local stack of its own (with an audit log)")
+    result = kueue_scale.run_size(N, 300, (), keep=False, sim_cloud=False)
+
+    assert result["complete"], result
+    for side in kueue_scale.SIDES:
+        figures = result["sides"][side]
+        assert figures["admitted"] == N, (side, figures)
+        assert figures["requests_created"] >= N, (side, figures)
+        for key in (
+            "ready_after_provisioned_s",
+            "request_after_quota_s",
+            "provisioned_after_request_s",
+        ):
+            assert figures[key] is not None and len(figures[key]) == 2, (side, key, figures)
+        for key in ("admitted_per_s", "rss_mib", "controllers_requests_per_gang"):
+            assert figures[key] > 0 and not math.isnan(figures[key]), (side, key, figures)
+        assert figures["cpu_s"] >= 0, (side, figures)
+    assert result["sides"]["gangcheck"]["gangcheck_requests_per_gang"] > 0
+    assert result["sides"]["kueue"]["kueue_requests_per_gang"] > 0
+
+    for label, ours, theirs, _ in kueue_scale.rows(result):
+        assert ours != "-", label
+        assert theirs != "-" or label.startswith(ONE_SIDED), label
+    kueue_scale.print_table(result)
+    printed = capsys.readouterr().out
+    assert f"N = {N} gangs" in printed
+    assert kueue_scale.LABELS["gangcheck"] in printed and kueue_scale.LABELS["kueue"] in printed
