@@ -782,10 +782,14 @@ def _group_lines(report: GroupReport) -> list[str]:
 
 
 def _claim_lines(claims: NodeClaimFacts) -> list[str]:
-    """The summary of the attempt's NodeClaims, then one row per claim."""
+    """The summary of the attempt's NodeClaims, then one row per claim (and its message)."""
     lines = _wrapped(claims.line)
-    rows = claim_rows(claims)
-    lines += [f"  {_cut(line, WIDTH - 12)}" for line in _table(rows)]
+    table = _table(claim_rows(claims))
+    lines += [f"  {_cut(line, WIDTH - 12)}" for line in table[:1]]
+    for line, claim in zip(table[1:], claims.claims, strict=True):
+        lines.append(f"  {_cut(line, WIDTH - 12)}")
+        if claim.message:
+            lines += _wrapped(claim.message, indent=4)
     return lines
 
 

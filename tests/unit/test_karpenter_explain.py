@@ -59,7 +59,9 @@ NO_CAPACITY = {
 
 
 def rows_of(facts: NodeClaimFacts) -> list[tuple[str, ...]]:
-    return [tuple(row) for row in claim_rows(facts)[1:]]
+    """Each claim's row, and its message ("-": none)."""
+    rows = claim_rows(facts)[1:]
+    return [(*row, c.message or "-") for row, c in zip(rows, facts.claims, strict=True)]
 
 
 @pytest.mark.parametrize(
@@ -191,9 +193,10 @@ def test_diagnose_shows_a_claims_section_in_text_and_json() -> None:
     text = render_text(workload_report(SOME)).splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("claims "))
     assert text[start] == f"claims    {SOME.summary}"
-    assert text[start + 1].split() == ["NAME", "NODEPOOL", "PHASE", "NODE", "MESSAGE"]
-    assert text[start + 2].split() == ["gpu-abc-0", "gpu", "Initialized", "n-0", "-"]
-    assert text[start + 3].split()[:4] == ["gpu-abc-1", "gpu", "LaunchFailing", "-"]
+    assert text[start + 1].split() == ["NAME", "NODEPOOL", "PHASE", "NODE"]
+    assert text[start + 2].split() == ["gpu-abc-0", "gpu", "Initialized", "n-0"]
+    assert text[start + 3].split() == ["gpu-abc-1", "gpu", "LaunchFailing", "-"]
+    assert text[start + 4] == f"{'':10}    InsufficientCapacity: none"
     got = to_json(workload_report(SOME))["nodeClaims"]
     assert (got["readable"], got["asked"], got["arrived"]) == (True, 2, 1)
     assert got["claims"][1] == {

@@ -21,7 +21,7 @@ from gangcheck.logic.capacity.karpenter.claims import attempt_claims, claims_sta
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 
-HEADER = ("NAME", "NODEPOOL", "PHASE", "NODE", "MESSAGE")
+HEADER = ("NAME", "NODEPOOL", "PHASE", "NODE")
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,12 @@ def unreadable(asked: int, problem: str) -> NodeClaimFacts:
 
 
 def claim_rows(facts: NodeClaimFacts) -> list[list[str]]:
-    """The claims as table rows, header first (none when there is no claim to show)."""
+    """The claims as table rows, header first, in the order of ``facts.claims`` (none when
+    there is no claim to show; each claim's message goes on a line of its own)."""
     if not facts.claims:
         return []
     rows = [list(HEADER)]
-    rows += [
-        [c.name, c.node_pool or "-", c.phase, c.node or "-", c.message or "-"] for c in facts.claims
-    ]
+    rows += [[c.name, c.node_pool or "-", c.phase, c.node or "-"] for c in facts.claims]
     return rows
 
 
