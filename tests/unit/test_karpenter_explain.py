@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from gangcheck.diagnose import DiagnoseReport, GroupReport, StatusReport, render_text, to_json
+from gangcheck.diagnose import (
+    DiagnoseReport,
+    GroupReport,
+    StatusReport,
+    attempt_node_claims,
+    render_text,
+    to_json,
+)
 from gangcheck.logic.attempt.explain import RequestFacts, Verdict
 from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.capacity.karpenter.explain import (
@@ -28,6 +35,7 @@ from gangcheck.logic.capacity.karpenter.explain import (
 from gangcheck.logic.workloads.diagnosis import Facts, Target
 from gangcheck.model.objects import Condition
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
+from tests.fakes.kube import FakeKube
 from tests.unit.test_group_diagnosis import Case, facts_of, group, members
 from tests.unit.test_karpenter_logic import ASK, ATTEMPT, pool
 from tests.unit.test_status_table import cells, table, workload_row
@@ -233,3 +241,36 @@ def test_status_shows_arrived_of_asked_claims_for_karpenter_attempts() -> None:
         0,
         2,
     )
+
+
+# ---- the edge: one list, optional ---------------------------------------------------------
+
+
+async def test_diagnose_lists_the_attempts_claims_once_by_its_label() -> None:
+    kube = FakeKube()
+    mine = claim_bodies(pool(), ClaimAsk("team-a/train-1", 2, {"cpu": "1"}))
+    kube.add(*mine, *claim_bodies(pool("other"), ClaimAsk("team-a/other-1", 1, {"cpu": "1"})))
+    facts = await attempt_node_claims(kube, "team-a", request(Accepted="True"))
+    assert facts is not None and [c.name for c in facts.claims] == [
+        c["metadata"]["name"] for c in mine
+    ]
+    assert [(c.verb, c.kind) for c in kube.calls] == [("list", "NodeClaim")]
+    assert await attempt_node_claims(kube, "team-a", request("other.example.com")) is None
+    assert len(kube.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "problem"),
+    [
+        (404, "NodeClaims are not served here: Karpenter's CRDs are not installed"),
+        (403, "forbidden: NodeClaim '': Forbidden"),
+        (500, "500 InternalError: NodeClaim '': InternalError"),
+    ],
+)
+async def test_claims_that_cannot_be_listed_are_not_readable_never_an_error(
+    status: int, problem: str
+) -> None:
+    kube = FakeKube()
+    kube.fail("list", "NodeClaim", error=status)
+    facts = await attempt_node_claims(kube, "team-a", request())
+    assert facts == unreadable(2, problem)
