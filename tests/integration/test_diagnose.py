@@ -31,10 +31,19 @@ from gangcheck.diagnose import (
 )
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import ADMISSION_CHECK, NODE_CLAIM, POD, PROVISIONING_REQUEST
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    NODE_CLAIM,
+    POD,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.podgroup import PROVISIONING
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, STATE_ANNOTATION
+from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, now
@@ -368,6 +377,12 @@ async def karpenter_attempt(cluster: Cluster) -> tuple[str, str]:
     await cluster.kube.replace(ADMISSION_CHECK, check, subresource="status")
     workload = await cluster.submit(gang("wl", members=2))
     request = naming.request_name(workload, cluster.check, 1)
+    await karpenter_request(cluster, request)
+    return workload, request
+
+
+async def karpenter_request(cluster: Cluster, request: str) -> None:
+    """A 2-member request of gangcheck's Karpenter class, Accepted as its provisioner does."""
     body = {
         "metadata": {
             "name": request,
@@ -382,7 +397,6 @@ async def karpenter_attempt(cluster: Cluster) -> tuple[str, str]:
     }
     await cluster.kube.create(PROVISIONING_REQUEST, body, cluster.ns)
     await cluster.set_request_conditions(request, {"Accepted": "created 2 NodeClaims"})
-    return workload, request
 
 
 def _pool() -> dict[str, Any]:
@@ -517,3 +531,41 @@ async def test_without_karpenters_crds_node_claims_are_not_readable_not_an_error
     listed = await status(cluster.kube, cluster.ns)
     (row,) = listed.gangs
     assert (row.name, row.claims_asked) == (workload, None)
+
+
+async def test_a_podgroups_karpenter_attempt_shows_its_node_claims(
+    cluster: Cluster,
+    control_plane: Any,
+    karpenter_crd: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = {
+        "metadata": {
+            "name": "train",
+            "namespace": cluster.ns,
+            "annotations": {STATE_ANNOTATION: PROVISIONING},
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+    group = pod_group_of(await cluster.kube.create(UPSTREAM_POD_GROUP_V1BETA1, body))
+    request = podgroup.request_name(group, 1)
+    await karpenter_request(cluster, request)
+    first, second = await create_claims(cluster, request)
+
+    argv = [f"podgroup/{cluster.ns}/train", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    at = lines.index(
+        f"claims    1 of 2 NodeClaims arrived; {second}: InsufficientCapacity: no offering left"
+    )
+    assert lines[at + 2].split() == [first, "gpu", "Initialized", f"{cluster.ns}-n0"]
+    assert lines[at + 3].split() == [second, "gpu", "LaunchFailing", "-"]
+
+    code, out, err = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    claims = json.loads(out)["nodeClaims"]
+    assert [(c["name"], c["phase"]) for c in claims["claims"]] == [
+        (first, "Initialized"),
+        (second, "LaunchFailing"),
+    ]
