@@ -2,7 +2,8 @@
 
 A gang is a Kueue Workload or a PodGroup (either API). This module fetches (with ``Kube``) and
 renders; ``gangcheck.logic.workloads.diagnosis`` and
-``gangcheck.logic.podgroups.group_diagnosis`` judge. The
+``gangcheck.logic.podgroups.group_diagnosis`` judge (an attempt served with NodeClaims:
+``gangcheck.logic.capacity.karpenter.explain`` says what its claims say). The
 entry points ``main_diagnose`` and ``main_status`` take their own arguments (``TARGET``,
 ``-n``, ``--kubeconfig``, ``-o text|json``) and return the exit code: 0 when diagnosed, 1
 with a one-line error on stderr when the target does not exist or is not a gang.

@@ -139,13 +139,13 @@ def test_claims_of_other_attempts_are_not_shown() -> None:
     unlabelled["metadata"]["labels"] = {}
     facts = node_claim_facts([*other, unlabelled, claim(1, INITIALIZED)], ATTEMPT, 2)
     assert [c.name for c in facts.claims] == [FOUR[1]]
-    assert (facts.arrived, facts.cell) == (1, "1/2 claims")
+    assert (facts.arrived, facts.asked) == (1, 2)
 
 
 def test_unreadable_claims_say_why_and_count_nothing() -> None:
     facts = unreadable(4, "NodeClaims are not served here")
     assert facts.line == "NodeClaims: not readable (NodeClaims are not served here)"
-    assert (facts.claims, facts.cell, claim_rows(facts)) == ((), "", [])
+    assert (facts.claims, facts.arrived, claim_rows(facts)) == ((), 0, [])
 
 
 def request(class_name: str = KARPENTER_CLASS, found: bool = True, **conds: str) -> RequestFacts:
@@ -176,7 +176,8 @@ def test_a_requests_claims_are_found_by_its_key_and_selector() -> None:
     body = claim_bodies(pool(), ClaimAsk(key, 2, {"cpu": "1"}))
     label, value = attempt_selector(key).split("=")
     assert all(b["metadata"]["labels"][label] == value for b in body)
-    assert request_claims(body, "team-a", request(Accepted="True")).cell == "0/2 claims"
+    found = request_claims(body, "team-a", request(Accepted="True"))
+    assert (len(found.claims), found.arrived, found.asked) == (2, 0, 2)
     assert request_claims([], "team-a", request()).line == "no NodeClaims for this attempt"
 
 

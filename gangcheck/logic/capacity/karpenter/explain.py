@@ -57,11 +57,6 @@ class NodeClaimFacts:
             return "no NodeClaims for this attempt"
         return self.summary
 
-    @property
-    def cell(self) -> str:
-        """Arrived of asked claims, for a table (empty when they could not be read)."""
-        return f"{self.arrived}/{self.asked} claims" if self.readable else ""
-
 
 def is_karpenter(request: RequestFacts | None) -> bool:
     """The attempt's request exists and gangcheck serves it with NodeClaims."""
