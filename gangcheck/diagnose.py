@@ -2,7 +2,8 @@
 
 A gang is a Kueue Workload or a PodGroup (either API). This module fetches (with ``Kube``) and
 renders; ``gangcheck.logic.workloads.diagnosis`` and
-``gangcheck.logic.podgroups.group_diagnosis`` judge. The
+``gangcheck.logic.podgroups.group_diagnosis`` judge (an attempt served with NodeClaims:
+``gangcheck.logic.capacity.karpenter.explain`` says what its claims say). The
 entry points ``main_diagnose`` and ``main_status`` take their own arguments (``TARGET``,
 ``-n``, ``--kubeconfig``, ``-o text|json``) and return the exit code: 0 when diagnosed, 1
 with a one-line error on stderr when the target does not exist or is not a gang.
@@ -17,7 +18,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from gangcheck.kube.resources import (
     LOCAL_QUEUE,
     NAMESPACE,
     NODE,
+    NODE_CLAIM,
     POD,
     PROVISIONING_REQUEST,
     RESOURCE_CLAIM,
@@ -50,6 +52,16 @@ from gangcheck.logic.attempt.explain import (
     Verdict,
     World,
     human_duration,
+)
+from gangcheck.logic.capacity.karpenter.explain import (
+    ANY_ATTEMPT,
+    NodeClaimFacts,
+    attempt_key,
+    attempt_selector,
+    claim_rows,
+    is_karpenter,
+    request_claims,
+    unreadable,
 )
 from gangcheck.logic.capacity.provreq import CONDITION_TYPES
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, PodGroupRef, group_of
@@ -116,6 +128,8 @@ class DiagnoseReport:
     facts: Facts
     verdict: Verdict
     now: datetime
+    claims: NodeClaimFacts | None = None
+    """The attempt's NodeClaims, when Karpenter serves its request."""
 
     @property
     def workload(self) -> str:
@@ -131,6 +145,8 @@ class GroupReport:
     verdict: Verdict
     now: datetime
     via: Target | None = None
+    claims: NodeClaimFacts | None = None
+    """The attempt's NodeClaims, when Karpenter serves its request."""
 
     @property
     def group(self) -> str:
@@ -165,7 +181,8 @@ async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> R
     world = await fetch_world(kube, parsed.namespace)
     when = now or datetime.now(UTC)
     facts = gather(workload, world)
-    return DiagnoseReport(parsed, facts, verdict(facts, when), when)
+    claims = await attempt_node_claims(kube, facts.namespace, facts.request)
+    return DiagnoseReport(parsed, facts, verdict(facts, when), when, claims)
 
 
 async def diagnose_group(
@@ -205,7 +222,8 @@ async def diagnose_group(
         served=resources.get(api_group) is not None,
         opted_in=opted_in,
     )
-    return GroupReport(target, facts, group_verdict(facts, when), when, via)
+    claims = await attempt_node_claims(kube, ns, facts.request)
+    return GroupReport(target, facts, group_verdict(facts, when), when, via, claims)
 
 
 def _missing_group(served: ServedPodGroups, target: Target, api_group: str) -> str:
@@ -234,19 +252,62 @@ async def status(
         _maybe(kube, NAMESPACE, None),
     )
     when = now or datetime.now(UTC)
-    rows = [
-        gang_row(gather(wl, world), when)
-        for wl in workloads
-        if is_gang(wl, world) and not _is_finished(wl)
-    ]
+    gangs = [gather(wl, world) for wl in workloads if is_gang(wl, world) and not _is_finished(wl)]
+    rows = [(gang_row(facts, when), facts.request) for facts in gangs]
     opted_in = None if namespaces is None else {_name(n): _is_opted_in(n) for n in namespaces}
     rows += [
-        group_row(facts, when)
+        (group_row(facts, when), facts.request)
         for facts in _group_facts(groups, world, namespace, opted_in)
         if in_flight(facts)
     ]
-    rows.sort(key=lambda r: (r.namespace, r.name, r.kind))
-    return StatusReport(namespace, tuple(rows), when)
+    with_claims = await _with_claims(kube, rows)
+    with_claims.sort(key=lambda r: (r.namespace, r.name, r.kind))
+    return StatusReport(namespace, tuple(with_claims), when)
+
+
+async def _with_claims(
+    kube: Kube, rows: Sequence[tuple[GangRow, RequestFacts | None]]
+) -> list[GangRow]:
+    """The rows, those of Karpenter attempts with their arrived/asked NodeClaims (one list of
+    every gang's claims; none when they cannot be read)."""
+    if not any(is_karpenter(req) for _, req in rows):
+        return [row for row, _ in rows]
+    listed = await _node_claims(kube, ANY_ATTEMPT)
+    if isinstance(listed, str):
+        return [row for row, _ in rows]
+    out = []
+    for row, req in rows:
+        if req is not None and is_karpenter(req):
+            claims = request_claims(listed, row.namespace, req)
+            out.append(replace(row, claims_arrived=claims.arrived, claims_asked=claims.asked))
+        else:
+            out.append(row)
+    return out
+
+
+async def attempt_node_claims(
+    kube: Kube, namespace: str, request: RequestFacts | None
+) -> NodeClaimFacts | None:
+    """The NodeClaims of the attempt whose request is ``request``, when Karpenter serves it:
+    one list, optional (``not readable`` without Karpenter's CRDs or the right to list)."""
+    if request is None or not is_karpenter(request):
+        return None
+    listed = await _node_claims(kube, attempt_selector(attempt_key(namespace, request)))
+    if isinstance(listed, str):
+        return unreadable(request.members, listed)
+    return request_claims(listed, namespace, request)
+
+
+async def _node_claims(kube: Kube, selector: str) -> list[Obj] | str:
+    """The NodeClaims the selector matches, or why they cannot be listed."""
+    try:
+        return await _items(kube, NODE_CLAIM, label_selector=selector)
+    except NotFoundError:
+        return "NodeClaims are not served here: Karpenter's CRDs are not installed"
+    except ForbiddenError as e:
+        return f"forbidden: {e.message}"
+    except ApiError as e:
+        return f"{e.status} {e.reason}: {e.message}"
 
 
 def _group_facts(
@@ -584,6 +645,8 @@ def _diagnosis_lines(report: DiagnoseReport) -> list[str]:
         lines += _section("request", _request_lines(facts, now))
     if facts.placement is not None:
         lines += _section("nodes", _node_lines(facts))
+    if report.claims is not None:
+        lines += _section("claims", _claim_lines(report.claims))
     if facts.start is not None:
         start = facts.start
         lines += _section("start", [f"{start.scheduled} of {start.total} members scheduled"])
@@ -714,7 +777,21 @@ def _group_lines(report: GroupReport) -> list[str]:
         lines += _section("request", _lines_of_request(f.namespace, f.request, now))
     if f.placement is not None:
         lines += _section("nodes", _lines_of_placement(f.placement))
+    if report.claims is not None:
+        lines += _section("claims", _claim_lines(report.claims))
     return [*lines, "", report.verdict.line]
+
+
+def _claim_lines(claims: NodeClaimFacts) -> list[str]:
+    """The summary of the attempt's NodeClaims, then one row per claim (and its message)."""
+    lines = _wrapped(claims.line)
+    table = _table(claim_rows(claims))
+    lines += [f"  {_cut(line, WIDTH - 12)}" for line in table[:1]]
+    for line, claim in zip(table[1:], claims.claims, strict=True):
+        lines.append(f"  {_cut(line, WIDTH - 12)}")
+        if claim.message:
+            lines += _wrapped(claim.message, indent=4)
+    return lines
 
 
 def _gang_line(f: GroupFacts) -> str:
@@ -837,6 +914,8 @@ def _row_json(g: GangRow) -> dict[str, Any]:
         "ageSeconds": g.age_seconds,
         "nodesArrived": g.arrived,
         "nodesNeeded": g.needed,
+        "nodeClaimsArrived": g.claims_arrived,
+        "nodeClaimsAsked": g.claims_asked,
         "membersPlaceable": g.placeable,
         "members": g.total,
         "verdict": g.verdict,
@@ -870,6 +949,7 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
         "fulfillmentMode": facts.mode,
         "request": _request_json(facts, now),
         "nodes": _nodes_json(facts),
+        "nodeClaims": _claims_json(report.claims),
         "start": (
             None
             if facts.start is None
@@ -938,6 +1018,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
         },
         "request": _request_facts_json(f.request, now),
         "nodes": _placement_json(f.placement),
+        "nodeClaims": _claims_json(report.claims),
         "verdict": {
             "blocked": report.verdict.blocked,
             "step": report.verdict.step,
@@ -968,6 +1049,28 @@ def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, An
         "secondsLeft": int(left) if left is not None else None,
         "rollbackReason": req.rollback_reason,
         "outcome": json.loads(req.outcome.to_annotation()) if req.outcome else None,
+    }
+
+
+def _claims_json(claims: NodeClaimFacts | None) -> dict[str, Any] | None:
+    if claims is None:
+        return None
+    return {
+        "readable": claims.readable,
+        "problem": claims.problem or None,
+        "asked": claims.asked,
+        "arrived": claims.arrived if claims.readable else None,
+        "summary": claims.line,
+        "claims": [
+            {
+                "name": c.name,
+                "nodePool": c.node_pool,
+                "phase": c.phase,
+                "node": c.node or None,
+                "message": c.message,
+            }
+            for c in claims.claims
+        ],
     }
 
 

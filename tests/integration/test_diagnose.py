@@ -10,9 +10,13 @@ import asyncio
 import contextlib
 import json
 import re
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed import crds
+from gangcheck_dev.testbed.karpenter import KARPENTER_MODULE, KARPENTER_TOOLCHAIN
 
 from gangcheck.diagnose import (
     CLUSTER_QUEUE,
@@ -27,8 +31,20 @@ from gangcheck.diagnose import (
 )
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import POD
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    NODE_CLAIM,
+    POD,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
 from gangcheck.logic.attempt import naming
+from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.podgroup import PROVISIONING
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, STATE_ANNOTATION
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, now
 
@@ -289,3 +305,267 @@ async def test_status_with_nothing_in_flight_says_so(
     argv = ["-n", cluster.ns, "--kubeconfig", str(control_plane.kubeconfig)]
     code, out, _ = await run_cli(main_status, argv, capsys)
     assert (code, out) == (0, f"No gangs in flight in namespace {cluster.ns}.\n")
+
+
+# ---- a Karpenter attempt's NodeClaims --------------------------------------------------
+
+CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+NODE_CLAIM_CRD = f"{CRD_API}/nodeclaims.karpenter.sh"
+NOT_SERVED = "NodeClaims are not served here: Karpenter's CRDs are not installed"
+
+
+def _wait_crd_gone(admin: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while admin.request("GET", NODE_CLAIM_CRD).status != 404:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the NodeClaim CRD is still there")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def node_claim_crd(control_plane: Any, *, installed: bool) -> Iterator[None]:
+    """Karpenter's own NodeClaim CRD (from the module the test bed pins; only that CRD)
+    installed, or no NodeClaim CRD at all; as it was again afterwards (another test module
+    may have installed its own test CRD of the same name)."""
+    admin = control_plane.client()
+    found = admin.request("GET", NODE_CLAIM_CRD)
+    before = found.json() if found.status == 200 else None
+    if before is not None:
+        admin.request("DELETE", NODE_CLAIM_CRD)
+        _wait_crd_gone(admin)
+    if installed:
+        module = crds.module_dir(
+            KARPENTER_MODULE, wrapper="karpenter", toolchain=KARPENTER_TOOLCHAIN
+        )
+        path = module / "kwok" / "charts" / "crds" / "karpenter.sh_nodeclaims.yaml"
+        crds.install_crds(admin, crds.load_crds([path]))
+    try:
+        yield
+    finally:
+        if installed:
+            admin.request("DELETE", NODE_CLAIM_CRD)
+            _wait_crd_gone(admin)
+        if before is not None:
+            meta = before["metadata"]
+            again = {
+                "apiVersion": before["apiVersion"],
+                "kind": before["kind"],
+                "metadata": {"name": meta["name"], "labels": meta.get("labels") or {}},
+                "spec": before["spec"],
+            }
+            crds.install_crds(admin, [again])
+
+
+@pytest.fixture
+def karpenter_crd(control_plane: Any) -> Iterator[None]:
+    with node_claim_crd(control_plane, installed=True):
+        yield
+
+
+@pytest.fixture
+def no_karpenter_crd(control_plane: Any) -> Iterator[None]:
+    with node_claim_crd(control_plane, installed=False):
+        yield
+
+
+async def karpenter_attempt(cluster: Cluster) -> tuple[str, str]:
+    """A reserved 2-member gang whose attempt 1 has a Karpenter-class request, Accepted (no
+    controller runs: the test plays gangcheck's Karpenter provisioner); (workload, request)."""
+    await cluster.install_check(fit(deadline=120))
+    check = await cluster.kube.get(ADMISSION_CHECK, cluster.check)
+    check["status"] = {"conditions": [_condition("Active", "True", "Active")]}
+    await cluster.kube.replace(ADMISSION_CHECK, check, subresource="status")
+    workload = await cluster.submit(gang("wl", members=2))
+    request = naming.request_name(workload, cluster.check, 1)
+    await karpenter_request(cluster, request)
+    return workload, request
+
+
+async def karpenter_request(cluster: Cluster, request: str) -> None:
+    """A 2-member request of gangcheck's Karpenter class, Accepted as its provisioner does."""
+    body = {
+        "metadata": {
+            "name": request,
+            "namespace": cluster.ns,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        },
+        "spec": {
+            "provisioningClassName": KARPENTER_CLASS,
+            "parameters": {"nodePools": "gpu"},
+            "podSets": [{"podTemplateRef": {"name": f"{request}-workers"}, "count": 2}],
+        },
+    }
+    await cluster.kube.create(PROVISIONING_REQUEST, body, cluster.ns)
+    await cluster.set_request_conditions(request, {"Accepted": "created 2 NodeClaims"})
+
+
+def _pool() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gpu", "uid": "u-gpu"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeClassRef": {
+                        "group": "karpenter.kwok.sh",
+                        "kind": "KWOKNodeClass",
+                        "name": "default",
+                    },
+                    "requirements": [
+                        {
+                            "key": "karpenter.sh/capacity-type",
+                            "operator": "In",
+                            "values": ["on-demand"],
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def _condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now(),
+    }
+
+
+async def create_claims(cluster: Cluster, request: str) -> list[str]:
+    """Two NodeClaims labelled for the attempt, as the provisioner makes them: the first
+    Initialized with a node, the second Launched=False (InsufficientCapacity)."""
+    ask = ClaimAsk(f"{cluster.ns}/{request}", 2, {"nvidia.com/gpu": "1"}, cluster.pool)
+    names = []
+    statuses = [
+        {
+            "nodeName": f"{cluster.ns}-n0",
+            "conditions": [
+                _condition("Launched", "True", "Launched"),
+                _condition("Registered", "True", "Registered"),
+                _condition("Initialized", "True", "Initialized"),
+            ],
+        },
+        {
+            "conditions": [
+                _condition("Launched", "False", "InsufficientCapacity", "no offering left"),
+            ]
+        },
+    ]
+    for body, state in zip(claim_bodies(_pool(), ask), statuses, strict=True):
+        body["metadata"].pop("ownerReferences")  # no such NodePool here
+        created = await cluster.kube.create(NODE_CLAIM, body)
+        created["status"] = state
+        await cluster.kube.replace(NODE_CLAIM, created, subresource="status")
+        names.append(str(created["metadata"]["name"]))
+    return names
+
+
+async def test_a_karpenter_attempt_shows_its_node_claims(
+    cluster: Cluster,
+    control_plane: Any,
+    karpenter_crd: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    workload, request = await karpenter_attempt(cluster)
+    first, second = await create_claims(cluster, request)
+    summary = f"1 of 2 NodeClaims arrived; {second}: InsufficientCapacity: no offering left"
+
+    report = await diagnose(cluster.kube, f"workload/{cluster.ns}/{workload}")
+    assert report.claims is not None and report.claims.summary == summary
+    lines = render_text(report).splitlines()
+    at = lines.index(f"claims    {summary}")
+    assert lines[at + 1].split() == ["NAME", "NODEPOOL", "PHASE", "NODE"]
+    assert lines[at + 2].split() == [first, "gpu", "Initialized", f"{cluster.ns}-n0"]
+    assert lines[at + 3].split() == [second, "gpu", "LaunchFailing", "-"]
+    assert lines[at + 4].strip() == "InsufficientCapacity: no offering left"
+    assert max(len(line) for line in lines[:-1]) <= 100, "\n".join(lines)
+    assert (
+        lines[-1] == f"blocked: waiting for the autoscaler: {request} accepted, not provisioned yet"
+    )
+
+    argv = [f"workload/{cluster.ns}/{workload}", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    claims = json.loads(out)["nodeClaims"]
+    assert (claims["readable"], claims["asked"], claims["arrived"]) == (True, 2, 1)
+    assert claims["summary"] == summary
+    assert [(c["name"], c["nodePool"], c["phase"], c["node"]) for c in claims["claims"]] == [
+        (first, "gpu", "Initialized", f"{cluster.ns}-n0"),
+        (second, "gpu", "LaunchFailing", None),
+    ]
+    assert claims["claims"][1]["message"] == "InsufficientCapacity: no offering left"
+
+    listed = await status(cluster.kube, cluster.ns)
+    (row,) = listed.gangs
+    assert (row.name, row.claims_arrived, row.claims_asked, row.nodes_cell) == (
+        workload,
+        1,
+        2,
+        "1/2 claims",
+    )
+    code, out, _ = await run_cli(main_status, ["-n", cluster.ns, *argv[1:], "-o", "json"], capsys)
+    (item,) = json.loads(out)["items"]
+    assert (code, item["nodeClaimsArrived"], item["nodeClaimsAsked"]) == (0, 1, 2)
+
+
+async def test_without_karpenters_crds_node_claims_are_not_readable_not_an_error(
+    cluster: Cluster,
+    control_plane: Any,
+    no_karpenter_crd: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    workload, _ = await karpenter_attempt(cluster)
+    argv = [f"workload/{cluster.ns}/{workload}", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, err) == (0, "")
+    section = out[out.index("\nclaims    ") + 1 : out.index("\n\n", out.index("\nclaims    "))]
+    assert " ".join(section.split()) == f"claims NodeClaims: not readable ({NOT_SERVED})"
+
+    code, out, err = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    claims = json.loads(out)["nodeClaims"]
+    assert (claims["readable"], claims["problem"], claims["claims"]) == (False, NOT_SERVED, [])
+
+    listed = await status(cluster.kube, cluster.ns)
+    (row,) = listed.gangs
+    assert (row.name, row.claims_asked) == (workload, None)
+
+
+async def test_a_podgroups_karpenter_attempt_shows_its_node_claims(
+    cluster: Cluster,
+    control_plane: Any,
+    karpenter_crd: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = {
+        "metadata": {
+            "name": "train",
+            "namespace": cluster.ns,
+            "annotations": {STATE_ANNOTATION: PROVISIONING},
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+    group = pod_group_of(await cluster.kube.create(UPSTREAM_POD_GROUP_V1BETA1, body))
+    request = podgroup.request_name(group, 1)
+    await karpenter_request(cluster, request)
+    first, second = await create_claims(cluster, request)
+
+    argv = [f"podgroup/{cluster.ns}/train", "--kubeconfig", str(control_plane.kubeconfig)]
+    code, out, err = await run_cli(main_diagnose, argv, capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    at = lines.index(
+        f"claims    1 of 2 NodeClaims arrived; {second}: InsufficientCapacity: no offering left"
+    )
+    assert lines[at + 2].split() == [first, "gpu", "Initialized", f"{cluster.ns}-n0"]
+    assert lines[at + 3].split() == [second, "gpu", "LaunchFailing", "-"]
+
+    code, out, err = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert (code, err) == (0, "")
+    claims = json.loads(out)["nodeClaims"]
+    assert [(c["name"], c["phase"]) for c in claims["claims"]] == [
+        (first, "Initialized"),
+        (second, "LaunchFailing"),
+    ]

@@ -100,6 +100,8 @@ class RequestFacts:
     outcome: Outcome | None = None
     deleting: bool = False
     members: int = 0
+    class_name: str = ""
+    """The request's provisioningClassName (which backend serves it)."""
 
     @property
     def status(self) -> AttemptStatus:
@@ -156,6 +158,7 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         outcome=Outcome.from_annotation(raw_outcome) if raw_outcome else None,
         deleting=req.deleting,
         members=sum(p.count for p in req.pod_sets),
+        class_name=req.class_name,
     )
 
 
@@ -464,10 +467,16 @@ class GangRow:
     PodGroup.scheduling.x-k8s.io."""
     members_note: str = ""
     """What the members column says when no fit was computed (a PodGroup's "2/4 exist")."""
+    claims_arrived: int | None = None
+    claims_asked: int | None = None
+    """Of an attempt served with NodeClaims (Karpenter), when they could be read."""
 
     @property
     def nodes_cell(self) -> str:
-        """Arrived of needed nodes; what is known when the need is not ("-": nothing)."""
+        """Arrived of needed nodes (of asked NodeClaims for a Karpenter attempt: ``1/4
+        claims``); what is known when the need is not ("-": nothing)."""
+        if self.claims_asked is not None:
+            return f"{self.claims_arrived or 0}/{self.claims_asked} claims"
         if self.needed is not None:
             return f"{self.arrived}/{self.needed}"
         return f"{self.arrived} arrived, none usable" if self.arrived else "-"
