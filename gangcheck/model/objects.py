@@ -32,6 +32,15 @@ class Condition:
         return self.status == "True"
 
 
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases after which a pod holds no resources and never runs again."""
+
+
+def is_finished(pod: ReadOnlyObj) -> bool:
+    """The pod ran to its end (Succeeded or Failed)."""
+    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+
+
 def conditions_of(obj: Obj) -> dict[str, Condition]:
     """The object's status.conditions by type."""
     return {

@@ -25,7 +25,7 @@ from gangcheck.model.names import (
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
 )
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, is_finished
 
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
@@ -44,7 +44,7 @@ def is_daemonset_pod(pod: Obj) -> bool:
 
 
 def is_terminal(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return is_finished(pod)
 
 
 def pod_name(pod: Obj) -> str:

@@ -27,8 +27,7 @@ from gangcheck.logic.placement.fit import (
 )
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.model.objects import ReadOnlyObj as Obj
-
-DONE_PHASES = frozenset({"Succeeded", "Failed"})
+from gangcheck.model.objects import is_finished
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ class ClusterCapacity:
 
     def _add_pod(self, pod: Obj) -> None:
         node = _dict(pod, "spec").get("nodeName")
-        if not node or _dict(pod, "status").get("phase") in DONE_PHASES:
+        if not node or is_finished(pod):
             return
         key = _key(pod)
         if value := _tally_of(pod, self._tally):
@@ -214,7 +213,7 @@ def _tally_of(pod: Obj, annotation: str) -> str:
 
 
 def _counts(pod: Obj) -> bool:
-    return _dict(pod, "status").get("phase") not in DONE_PHASES
+    return not is_finished(pod)
 
 
 def _extended(view: NodeView) -> list[str]:

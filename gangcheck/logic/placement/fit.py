@@ -64,6 +64,7 @@ from gangcheck.logic.placement.dra import (
 from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
 from gangcheck.model.objects import ReadOnlyObj as Obj
+from gangcheck.model.objects import is_finished
 
 Resources = Mapping[str, int]
 
@@ -73,7 +74,6 @@ KNOWN_EFFECTS = BLOCKING_EFFECTS | {"PreferNoSchedule"}
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", PODS})
 SUMMARY_LIMIT = 300
 MAX_ORDERS_TRIED_POD_SETS = 4
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 # --- reasons -------------------------------------------------------------------------------
@@ -474,7 +474,7 @@ def used_resources(bound_pods: Bound) -> Mapping[str, Resources]:
     used: dict[str, dict[str, int]] = {}
     for pod in bound_pods:
         node_name = _dict(pod, "spec").get("nodeName")
-        if not node_name or _dict(pod, "status").get("phase") in _DONE_PHASES:
+        if not node_name or is_finished(pod):
             continue
         requests = pod_requests(_dict(pod, "spec"))
         used[str(node_name)] = _total([used.get(str(node_name), {}), requests])

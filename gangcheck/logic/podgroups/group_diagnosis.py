@@ -56,14 +56,13 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, ProvisioningRequest, request_of
+from gangcheck.model.objects import Obj, ProvisioningRequest, is_finished, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 
 GroupKey = tuple[str, str, str]
 """(namespace, API group, name) of a PodGroup."""
 
 NAMES_SHOWN = 5
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 # ---- facts -------------------------------------------------------------------------------
@@ -267,10 +266,7 @@ def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningR
 
 
 def _live(pod: Obj) -> bool:
-    return (
-        not (pod.get("metadata") or {}).get("deletionTimestamp")
-        and (pod.get("status") or {}).get("phase") not in _DONE_PHASES
-    )
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and not is_finished(pod)
 
 
 def _node(pod: Obj) -> str:

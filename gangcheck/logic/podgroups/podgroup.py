@@ -70,7 +70,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest
+from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest, is_finished
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -87,7 +87,6 @@ GAVE_UP = "GaveUp"
 (``kubectl annotate podgroup NAME gangcheck.io/state-``) starts over."""
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 1024
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -482,8 +481,7 @@ def _members(snap: GroupSnapshot) -> _Members:
     live = tuple(
         p
         for p in sorted(snap.members, key=_name)
-        if not (p.get("metadata") or {}).get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") not in _DONE_PHASES
+        if not (p.get("metadata") or {}).get("deletionTimestamp") and not is_finished(p)
     )
     gated = tuple(p for p in live if is_gated(p))
     unbound = tuple(p for p in live if not (p.get("spec") or {}).get("nodeName"))

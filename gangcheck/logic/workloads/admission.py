@@ -63,6 +63,7 @@ from gangcheck.model.objects import (
     Obj,
     ProvisioningRequest,
     Workload,
+    is_finished,
 )
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
@@ -332,7 +333,7 @@ def members_scheduled(capacity: Capacity | None, request: str) -> int:
         for pod in (capacity.pods if capacity else ())
         if (pod.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) == request
         and (pod.get("spec") or {}).get("nodeName")
-        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not is_finished(pod)
     )
 
 
