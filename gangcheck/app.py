@@ -17,6 +17,7 @@ from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
+from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
@@ -315,9 +316,10 @@ class Controller:
             self._on_request(None, req)
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
-        self._on_recorded(old)
-        self._on_recorded(new)
-        self._on_capacity_change(old, new)
+        if node_change_matters(old, new):
+            self._on_recorded(old)
+            self._on_recorded(new)
+            self._on_capacity_change(old, new)
         if new is not None:
             self._add_node_keys(new)
 
@@ -340,10 +342,14 @@ class Controller:
         )
         if old is None or new is None or was != now or phase[0] != phase[1]:
             self._on_consumer(new if new is not None else old)
+            freed = frees_capacity(old, new)
             for node in {was, now} - {None, ""}:
                 obj = self.caches.nodes.store.get(str(node))
                 if obj is not None:
-                    self._on_node(None, obj)
+                    self._on_recorded(obj)
+                    if freed:  # room given back: a gang waiting for capacity may fit now
+                        self._on_capacity_change(None, obj)
+                    self._add_node_keys(obj)
 
 
 @dataclass(frozen=True)

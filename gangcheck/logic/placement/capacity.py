@@ -236,3 +236,40 @@ def _version(obj: Obj) -> str:
 def _dict(obj: Obj, key: str) -> Obj:
     value = obj.get(key)
     return value if isinstance(value, Mapping) else {}
+
+
+def node_facts(node: Obj) -> tuple[object, ...]:
+    """What any decision reads of a Node: its labels, annotations, deletion, spec (taints,
+    unschedulable), allocatable and capacity, and each condition's type and status. A change
+    outside these (a heartbeat's times, images, addresses) can change no decision."""
+    meta, status = _dict(node, "metadata"), _dict(node, "status")
+    conditions = sorted(
+        (str(c.get("type", "")), str(c.get("status", "")))
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+    )
+    return (
+        _dict(meta, "labels"),
+        _dict(meta, "annotations"),
+        meta.get("deletionTimestamp"),
+        _dict(node, "spec"),
+        _dict(status, "allocatable"),
+        _dict(status, "capacity"),
+        conditions,
+    )
+
+
+def node_change_matters(old: Obj | None, new: Obj | None) -> bool:
+    """Whether a Node event can change a decision (an add or a delete always can)."""
+    return old is None or new is None or node_facts(old) != node_facts(new)
+
+
+def frees_capacity(old: Obj | None, new: Obj | None) -> bool:
+    """Whether a Pod event gives room back on a node: a bound pod unbound, moved, finished
+    or gone. A pod newly bound or starting only takes room, which lets no waiting gang fit."""
+    was = str(_dict(old or {}, "spec").get("nodeName") or "")
+    if not was or old is None or is_finished(old):
+        return False
+    if new is None or is_finished(new):
+        return True
+    return str(_dict(new, "spec").get("nodeName") or "") != was

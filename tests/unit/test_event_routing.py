@@ -1,0 +1,115 @@
+"""Which gangs a Node or Pod event requeues (the controller's event routing, on the fake Kube):
+only events that can change a decision reach the gangs waiting for capacity."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gangcheck.app import Controller
+from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from tests.builders import node, provisioning_request
+from tests.fakes.kube import FakeKube
+
+Obj = dict[str, Any]
+WAITING_GANG = "wl:default/wl"
+
+
+def controller_with_a_waiting_gang() -> tuple[Controller, Obj]:
+    kube = FakeKube()
+    n1 = node("n1")
+    kube.add(n1)
+    request = provisioning_request("wl-atomic-1", conditions={"Provisioned": ""})
+    request["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}  # what gangcheck lists
+    kube.add(request)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    assert controller.caches.in_flight.open_requests()  # the gang waits for capacity
+    return controller, n1
+
+
+def heartbeat(n: Obj) -> Obj:
+    beat = copy.deepcopy(n)
+    beat["metadata"]["resourceVersion"] = "8"
+    beat["status"]["conditions"] = [
+        {**c, "lastHeartbeatTime": "2026-11-30T10:09:00Z"} for c in n["status"]["conditions"]
+    ]
+    return beat
+
+
+def tainted(n: Obj) -> Obj:
+    changed = copy.deepcopy(n)
+    changed["spec"]["taints"] = [{"key": "gpu-broken", "effect": "NoSchedule"}]
+    return changed
+
+
+def pod(node_name: str | None, phase: str = "Running") -> Obj:
+    spec: Obj = {"containers": [{"name": "c"}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    meta = {"name": "p", "namespace": "other", "uid": "uid-p"}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+def test_a_node_heartbeat_requeues_no_gang() -> None:
+    controller, n1 = controller_with_a_waiting_gang()
+    controller._on_node(n1, heartbeat(n1))
+    assert len(controller.queue) == 0
+
+
+def test_a_node_change_a_fit_reads_requeues_the_waiting_gang() -> None:
+    controller, n1 = controller_with_a_waiting_gang()
+    controller._on_node(n1, tainted(n1))
+    assert controller.queue._ready == [WAITING_GANG]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "requeued"),
+    [
+        (pod(None), pod("n1"), []),
+        (pod("n1", "Pending"), pod("n1", "Running"), []),
+        (pod("n1"), pod("n1", "Succeeded"), [WAITING_GANG]),
+        (pod("n1"), None, [WAITING_GANG]),
+        (pod("n1", "Failed"), None, []),
+    ],
+    ids=[
+        "a pod bound elsewhere only takes room: no waiting gang requeued",
+        "a pod starting takes no more room: none requeued",
+        "a pod finishing gives room back: the waiting gang is requeued",
+        "a bound pod deleted gives room back: the waiting gang is requeued",
+        "a finished pod deleted gave its room back already: none requeued",
+    ],
+)
+def test_pod_events_requeue_waiting_gangs_only_when_room_is_given_back(
+    old: Obj | None, new: Obj | None, requeued: list[str]
+) -> None:
+    controller, _ = controller_with_a_waiting_gang()
+    controller._on_pod(old, new)
+    assert controller.queue._ready == requeued
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "matters"),
+    [
+        (None, node("n1"), True),
+        (node("n1"), None, True),
+        (node("n1"), heartbeat(node("n1")), False),
+        (node("n1"), tainted(node("n1")), True),
+        (node("n1"), node("n1", gpu=4), True),
+        (node("n1"), node("n1", ready=False), True),
+        (node("n1"), node("n1", labels={"pool": "b"}), True),
+        (node("n1"), node("n1", annotations={"gangcheck.io/arrived-for": "ns/r"}), True),
+    ],
+    ids=["added", "deleted", "heartbeat only", "taint", "allocatable", "Ready", "label",
+         "arrival record"],
+)  # fmt: skip
+def test_which_node_changes_matter(old: Obj | None, new: Obj | None, matters: bool) -> None:
+    assert node_change_matters(old, new) is matters
+
+
+def test_a_pod_never_bound_frees_nothing() -> None:
+    assert not frees_capacity(pod(None), None)
+    assert not frees_capacity(None, pod("n1"))
