@@ -53,6 +53,13 @@ def unassigned(builder: WorkloadBuilder, pod_set: str) -> WorkloadBuilder:
     return builder
 
 
+def without_assignments(builder: WorkloadBuilder) -> WorkloadBuilder:
+    """Quota reserved, but the admission assigns no pod set at all."""
+    builder.reserve_quota().check()
+    builder.obj["status"]["admission"]["podSetAssignments"] = []
+    return builder
+
+
 def gang(count: int = 4) -> WorkloadBuilder:
     return WorkloadBuilder().pod_set("workers", count).reserve_quota().check()
 
@@ -215,6 +222,12 @@ CASES = [
         unassigned(WorkloadBuilder().pod_set("driver", 1).pod_set("workers", 4), "workers"),
         state="Pending",
         message="the admission is inconsistent: no podSetAssignment for pod set workers",
+    ),
+    Case(
+        "an admission with no assignment at all: reported, no request made from spec counts",
+        without_assignments(WorkloadBuilder().pod_set("driver", 1).pod_set("workers", 4)),
+        state="Pending",
+        message="the admission is inconsistent: no podSetAssignment for pod set driver, workers",
     ),
     Case(
         "request not yet accepted: pending, nothing new created",

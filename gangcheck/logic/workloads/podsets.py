@@ -54,8 +54,9 @@ def required_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) ->
 
 def unassigned_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) -> list[str]:
     """Pod sets that need capacity but that the admission has no assignment for: an
-    inconsistent admission (Kueue stops with errInconsistentPodSetAssignments)."""
-    if not workload.assignments:
+    inconsistent admission (Kueue stops with errInconsistentPodSetAssignments). An admission
+    with no assignment at all is inconsistent too; no admission yet is not."""
+    if workload.assignments is None:
         return []
     return [
         ps.name
