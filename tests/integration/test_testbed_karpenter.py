@@ -138,7 +138,9 @@ def test_pending_pods_become_nodeclaims_ready_nodes_and_running_pods(
         for name in ("p0", "p1"):
             admin.create("/api/v1/namespaces/default/pods", _gpu_pod(name))
         pods = _until(lambda: _running(admin, ["p0", "p1"]), 120, "both pods Running")
-        claims = admin.get(NODE_CLAIMS)["items"]
+        # Karpenter marks a claim Initialized a moment after its node turns Ready (the pods
+        # may run first): wait for that record rather than read it at one poll.
+        claims = _until(lambda: _initialized(admin, 2), 60, "both NodeClaims Initialized")
         nodes = {n["metadata"]["name"]: n for n in admin.get("/api/v1/nodes")["items"]}
         pids = [c.pid for c in plane.components.values()]
         ports = [p for by_use in plane.addon_ports().values() for p in by_use.values()]
@@ -164,6 +166,19 @@ def test_pending_pods_become_nodeclaims_ready_nodes_and_running_pods(
     assert not any(pid is not None and pid_alive(pid) for pid in pids)
     assert all(port_is_free(port) for port in ports)
     assert not root.exists()
+
+
+def _initialized(admin: RestClient, count: int) -> list[dict[str, Any]] | None:
+    claims: list[dict[str, Any]] = admin.get(NODE_CLAIMS)["items"]
+    done = [
+        c
+        for c in claims
+        if any(
+            x["type"] == "Initialized" and x["status"] == "True"
+            for x in (c.get("status") or {}).get("conditions") or []
+        )
+    ]
+    return claims if len(claims) >= count and len(done) == len(claims) else None
 
 
 def _running(admin: RestClient, names: list[str]) -> list[dict[str, Any]] | None:
