@@ -15,7 +15,7 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.arrivals import arrival_verdict
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting, assess
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting, assess, unrecorded_arrivals
 from gangcheck.logic.attempt.hold import (
     ARRIVING_TAINT,
     HOLD_TAINT,
@@ -279,6 +279,20 @@ def test_a_closed_node_that_arrived_for_the_request_is_recorded_and_opened_for_i
     assert not verdict.fits  # it counts once recorded...
     assert verdict.claims == (("n1", "7"),)  # ...which this assessment asks for
     assert taints_holding(closed, KEY) == [OTHER, HELD_BY_ME]
+
+
+def test_an_arrival_not_ready_yet_is_recorded_once_ready_and_the_next_left_for_others() -> None:
+    """A gang of one member whose own arrival is not Ready yet takes the next arrival (perhaps
+    another gang's) only if that one is usable: never both."""
+    mine = request_of(req(conditions={"Provisioned": ""}))
+    gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
+    booting = node("n1", labels=GPU_POOL, taints=[ARRIVING], created=NEW, ready=False)
+    ready = node("n2", labels=GPU_POOL, taints=[ARRIVING], created=NOW_TEXT)
+    verdict = assess(Capacity(nodes=(booting, ready)), mine, gang_sets)
+    assert verdict.claims == (("n2", "7"),)
+    waiting = assess(Capacity(nodes=(booting,)), mine, gang_sets)
+    assert not waiting.fits and waiting.claims == ()
+    assert unrecorded_arrivals(Capacity(nodes=(booting,)), mine, gang_sets) == (("n1", "7"),)
 
 
 def test_a_closed_node_older_than_the_request_is_not_counted() -> None:

@@ -157,7 +157,10 @@ def assess(
     """Whether the gang fits on the nodes this request may count, and which nodes to claim.
 
     New arrivals are claimed one at a time, only until the gang fits, so a node the gang does
-    not need stays free for the next one.
+    not need stays free for the next one. An arrival not usable yet (not Ready, no allocatable
+    reported) is claimed once it is: claimed now, it would take none of the gang's members and
+    the next arrival, perhaps another gang's, would be claimed in its place. A rollback
+    records every arrival left (`unrecorded_arrivals`).
     """
     capacity, spec = capacity or Capacity(), GangSpec.of(gang)
     context, devices = capacity.dra(req.ref.namespace)
@@ -177,8 +180,11 @@ def assess(
     for node in candidates:
         if result.fits:
             break
+        view = node_view(as_opened(node))
+        if not view.is_usable:
+            continue
         claims.append(node)
-        views.append(node_view(as_opened(node)))
+        views.append(view)
         result = fit()
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
@@ -189,6 +195,23 @@ def assess(
             (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in claims
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
+    )
+
+
+def unrecorded_arrivals(
+    capacity: Capacity | None,
+    req: AttemptRecord,
+    gang: Sequence[tuple[str, int, Obj]] | GangSpec,
+    now: datetime | None = None,
+) -> tuple[tuple[str, str], ...]:
+    """(name, resourceVersion) of every arrival this request may claim and has not recorded,
+    usable or not: what a rollback records before it reclaims."""
+    capacity, spec = capacity or Capacity(), GangSpec.of(gang)
+    context, _ = capacity.dra(req.ref.namespace)
+    members = [g.member for g in gang_of(spec.pod_sets, context)]
+    _, candidates = _partition(capacity, req, members, now)
+    return tuple(
+        (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in candidates
     )
 
 

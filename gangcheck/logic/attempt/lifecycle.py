@@ -25,7 +25,14 @@ from enum import StrEnum
 
 from gangcheck.logic.attempt import backoff, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event, ReleaseHold
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, dra_hint, request_key
+from gangcheck.logic.attempt.fulfillment import (
+    Capacity,
+    GangSpec,
+    assess,
+    dra_hint,
+    request_key,
+    unrecorded_arrivals,
+)
 from gangcheck.logic.attempt.hold import held_nodes
 from gangcheck.logic.attempt.records import arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
@@ -173,13 +180,14 @@ def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -
 
 
 def _last_claims(attempt: Attempt, now: datetime | None) -> tuple[tuple[str, str], ...]:
-    """(name, resourceVersion) of the arrivals a provisioned attempt in fit mode may still
-    claim: none otherwise (claims are made only once the backend says Provisioned)."""
+    """(name, resourceVersion) of every arrival a provisioned attempt in fit mode may still
+    claim, usable or not: none otherwise (claims are made only once the backend says
+    Provisioned)."""
     if not attempt.fit or attempt.capacity is None:
         return ()
     if not attempt.status.has(Phase.PROVISIONED):
         return ()
-    return assess(attempt.capacity, attempt.request, attempt.gang, now).claims
+    return unrecorded_arrivals(attempt.capacity, attempt.request, attempt.gang, now)
 
 
 def roll_back(attempt: Attempt) -> Step:
