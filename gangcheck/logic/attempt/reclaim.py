@@ -43,10 +43,6 @@ def is_daemonset_pod(pod: Obj) -> bool:
     return any(r.get("kind") == "DaemonSet" and r.get("controller") for r in refs)
 
 
-def is_terminal(pod: Obj) -> bool:
-    return is_finished(pod)
-
-
 def pod_name(pod: Obj) -> str:
     meta = pod.get("metadata", {})
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -72,7 +68,7 @@ def judge(
 def _judge_pods(pods: Iterable[Obj], request_name: str) -> Judgement:
     gang_pods = []
     for pod in pods:
-        if is_terminal(pod) or is_daemonset_pod(pod):
+        if is_finished(pod) or is_daemonset_pod(pod):
             continue
         annotations = pod.get("metadata", {}).get("annotations") or {}
         if annotations.get(CONSUME_ANNOTATION) != request_name:
@@ -92,7 +88,7 @@ def pods_that_keep(pods: Iterable[Obj], request: str) -> tuple[str, ...]:
     return tuple(
         pod_name(p)
         for p in pods
-        if not is_terminal(p)
+        if not is_finished(p)
         and not is_daemonset_pod(p)
         and (p.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) != request_name
     )
