@@ -273,12 +273,15 @@ NOW_TEXT = "2026-11-30T10:05:00Z"  # younger than the request (10:00), 10 s befo
 
 def test_a_closed_node_that_arrived_for_the_request_is_recorded_and_opened_for_it() -> None:
     mine = request_of(req(conditions={"Provisioned": ""}))
-    gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
+    tolerates = [{"key": OTHER["key"], "operator": "Exists", "effect": "NoSchedule"}]
+    template = pod_template(gpu=8, node_selector=GPU_POOL, tolerations=tolerates)
     closed = node("n1", labels=GPU_POOL, taints=[ARRIVING, OTHER], created=NEW)
-    verdict = assess(Capacity(nodes=(closed,)), mine, gang_sets)
-    assert not verdict.fits  # it counts once recorded...
-    assert verdict.claims == (("n1", "7"),)  # ...which this assessment asks for
+    verdict = assess(Capacity(nodes=(closed,)), mine, [("workers", 1, template)])
+    assert verdict.fits and verdict.claims == (("n1", "7"),)  # counted as it is recorded
     assert taints_holding(closed, KEY) == [OTHER, HELD_BY_ME]
+    # a taint the gang does not tolerate: the node can take no member, so it is not recorded
+    untolerated = assess(Capacity(nodes=(closed,)), mine, [("workers", 1, pod_template(gpu=8))])
+    assert untolerated.claims == ()
 
 
 def test_an_arrival_not_ready_yet_is_recorded_once_ready_and_the_next_left_for_others() -> None:
@@ -293,6 +296,34 @@ def test_an_arrival_not_ready_yet_is_recorded_once_ready_and_the_next_left_for_o
     waiting = assess(Capacity(nodes=(booting,)), mine, gang_sets)
     assert not waiting.fits and waiting.claims == ()
     assert unrecorded_arrivals(Capacity(nodes=(booting,)), mine, gang_sets) == (("n1", "7"),)
+    # Ready, but its not-ready taint not lifted yet (the node lifecycle controller lifts it a
+    # moment later): it can take no member yet, so it is not recorded yet either
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    tainted = node("n1", labels=GPU_POOL, taints=[ARRIVING, not_ready], created=NEW)
+    verdict = assess(Capacity(nodes=(tainted, ready)), mine, gang_sets)
+    assert verdict.claims == (("n2", "7"),)
+
+
+@pytest.mark.parametrize("gpus_taken", [8, 4], ids=["full", "half"])
+def test_an_arrival_already_taken_by_another_pod_is_not_recorded_the_next_is(
+    gpus_taken: int,
+) -> None:
+    """An arrival opened (by the backstop, say) and taken by someone else's pod can take no
+    member of an 8-GPU gang: recording it would take it from nobody and claim the next
+    arrival, perhaps another gang's, besides. Only the arrival that takes a member is recorded."""
+    mine = request_of(req(conditions={"Provisioned": ""}))
+    gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
+    taken = node("n1", labels=GPU_POOL, created=NEW)
+    free = node("n2", labels=GPU_POOL, taints=[ARRIVING], created=NOW_TEXT)
+    others = {
+        "metadata": {"namespace": "other", "name": "p"},
+        "spec": {"nodeName": "n1", **pod_template(gpu=gpus_taken)["spec"]},
+        "status": {"phase": "Running"},
+    }
+    verdict = assess(Capacity(nodes=(taken, free), pods=(others,)), mine, gang_sets)
+    assert verdict.claims == (("n2", "7"),)
+    alone = assess(Capacity(nodes=(taken,), pods=(others,)), mine, gang_sets)
+    assert not alone.fits and alone.claims == ()
 
 
 def test_a_closed_node_older_than_the_request_is_not_counted() -> None:

@@ -25,6 +25,7 @@ from gangcheck.logic.placement.fit import (
     Member,
     NodeView,
     could_be_made_for,
+    fit_gang,
     member_from_template,
     node_view,
 )
@@ -158,7 +159,8 @@ def assess(
 
     New arrivals are claimed one at a time, only until the gang fits, so a node the gang does
     not need stays free for the next one. An arrival not usable yet (not Ready, no allocatable
-    reported) is claimed once it is: claimed now, it would take none of the gang's members and
+    reported) is claimed once it is, and one that can take no member as it is (pods of others
+    bound to it already) is not claimed: claimed, it would take none of the gang's members and
     the next arrival, perhaps another gang's, would be claimed in its place. A rollback
     records every arrival left (`unrecorded_arrivals`).
     """
@@ -181,7 +183,7 @@ def assess(
         if result.fits:
             break
         view = node_view(as_opened(node))
-        if not view.is_usable:
+        if not view.is_usable or not takes_a_member(pod_sets, view, bound, devices):
             continue
         claims.append(node)
         views.append(view)
@@ -196,6 +198,13 @@ def assess(
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
     )
+
+
+def takes_a_member(
+    pod_sets: Sequence[GangPodSet], view: NodeView, bound: Bound, devices: Inventory
+) -> bool:
+    """Whether the node, with what is bound to it already, can take a member of the gang."""
+    return fit_gang(pod_sets, [view], bound, devices).placeable > 0
 
 
 def unrecorded_arrivals(
