@@ -281,7 +281,8 @@ def test_a_closed_node_that_arrived_for_the_request_is_recorded_and_opened_for_i
     assert taints_holding(closed, KEY) == [OTHER, HELD_BY_ME]
     # a taint the gang does not tolerate: the node can take no member, so it is not recorded
     untolerated = assess(Capacity(nodes=(closed,)), mine, [("workers", 1, pod_template(gpu=8))])
-    assert untolerated.claims == ()
+    assert untolerated.claims == () and not untolerated.fits
+    assert f"taint {OTHER['key']}" in untolerated.summary  # the one line says why
 
 
 def test_an_arrival_not_ready_yet_is_recorded_once_ready_and_the_next_left_for_others() -> None:
@@ -324,6 +325,7 @@ def test_an_arrival_already_taken_by_another_pod_is_not_recorded_the_next_is(
     assert verdict.claims == (("n2", "7"),)
     alone = assess(Capacity(nodes=(taken,), pods=(others,)), mine, gang_sets)
     assert not alone.fits and alone.claims == ()
+    assert "nvidia.com/gpu" in alone.summary, alone.summary
 
 
 def test_a_closed_node_older_than_the_request_is_not_counted() -> None:

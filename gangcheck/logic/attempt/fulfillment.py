@@ -179,15 +179,19 @@ def assess(
 
     result = fit()
     claims: list[Obj] = []
+    passed_over = False
     for node in candidates:
         if result.fits:
             break
         view = node_view(as_opened(node))
+        views.append(view)  # one passed over takes no member: there, only to say why not
         if not view.is_usable or not takes_a_member(pod_sets, view, bound, devices):
+            passed_over = True
             continue
         claims.append(node)
-        views.append(view)
         result = fit()
+    if passed_over and not result.fits:
+        result = fit()  # the message names why the arrivals passed over take no member
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
     return _fulfillment(
