@@ -219,11 +219,13 @@ class Kube:
         timeout_seconds: int = 300,
         label_selector: str | None = None,
         quiet_seconds: float = WATCH_QUIET_SECONDS,
+        opened: Callable[[], None] | None = None,
     ) -> AsyncGenerator[Obj]:
         """Yield watch events ({type, object}) from resource_version until the server ends it.
 
         Bookmarks are asked for; a watch quiet for `quiet_seconds` (no event, no bookmark) is
         taken as stalled and raised as a TransientError rather than waited on to its end.
+        `opened` is called once the server has answered the watch (before its first event).
         """
         query = {
             "watch": "true",
@@ -238,6 +240,8 @@ class Kube:
         try:
             if resp.status >= 300:
                 raise _error_of(resp, await resp.read(), target=path)
+            if opened is not None:
+                opened()
             while line := await _next_line(resp, quiet_seconds, target=path):
                 if not line.endswith(b"\n"):  # the stream ended inside an event: cut
                     raise TransientError(0, "WatchBroken", "cut inside an event", target=path)

@@ -12,6 +12,12 @@ optional resource answers 404. Absence is what cleanup acts on, so nothing is de
 word of a cache that is not authoritative. A resource served before and then answering 404 is
 kept as last seen for `absent_grace` seconds (a proxy's or a restarting server's 404 is not a
 CRD removed), retried with backoff, and only then emptied.
+
+``current`` says whether the store may be trusted to hold every change made until a moment
+ago: false from a failed list or watch (or a stalled one) until a list is answered, or a watch
+has been answered again for ``CURRENT_AFTER_SECONDS`` (the changes missed meanwhile, from the
+last version seen, come first). What is decided from the whole set of objects, such as which
+nodes arrived for an attempt being rolled back, waits for it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ Handler = Callable[[Obj | None, Obj | None], None]
 Transform = Callable[[Obj], Obj]
 """What a cache keeps of an object: the fields the controller reads, to save memory."""
 MAX_BACKOFF_SECONDS = 30.0
+#: How long a watch answered again after a failure runs before the store counts as current.
+CURRENT_AFTER_SECONDS = 1.0
 
 
 def jittered(base: float, failures: int, *, cap: float = MAX_BACKOFF_SECONDS) -> float:
@@ -211,9 +219,33 @@ class Informer:
         uncertain: only then does an object missing from the store mean it is gone."""
         self.relists = 0
         """Lists made after the first (each one after a 410, or a failed list)."""
+        self._stale_since: float | None = None
+        self._opened_at: float | None = None
 
     def add_handler(self, handler: Handler) -> None:
         self._handlers.append(handler)
+
+    @property
+    def current(self) -> bool:
+        """No list or watch failure since the last list, or a watch answered again since the
+        last failure and running for CURRENT_AFTER_SECONDS (see the module doc)."""
+        if self._stale_since is None:
+            return True
+        opened = self._opened_at
+        if opened is None or opened < self._stale_since:
+            return False
+        if time.monotonic() - opened < CURRENT_AFTER_SECONDS:
+            return False
+        self._stale_since = None
+        return True
+
+    def _stale(self) -> None:
+        """A list or watch failed, or a watch stalled: changes may be missing until healed."""
+        if self._stale_since is None:
+            self._stale_since = time.monotonic()
+
+    def _opened(self) -> None:
+        self._opened_at = time.monotonic()
 
     async def run(self) -> None:
         """List, then watch forever from the last resourceVersion; relist only after 410."""
@@ -251,11 +283,13 @@ class Informer:
             except ApiError as e:  # broken, cut or stalled: watch again from where we were
                 if e.reason == "WatchStalled":  # a quiet resource, or a stuck connection
                     log.info("%s; watching again", e, extra={"resource": self.resource.plural})
+                    self._stale()
                     continue
                 await asyncio.sleep(self._failed(e))
 
     def _failed(self, error: Exception) -> float:
         """Log a failed list or watch; the jittered backoff before the next try."""
+        self._stale()
         self._failures += 1
         delay = jittered(self._retry_delay, self._failures)
         log.warning(
@@ -270,6 +304,7 @@ class Informer:
     def _not_found(self, error: NotFoundError) -> float:
         """A 404 on the list or watch: the wait before looking again."""
         self.authoritative = False
+        self._stale()
         if not self._optional:
             return self._failed(error)
         if not self.synced.is_set() or not self.served:
@@ -306,6 +341,7 @@ class Informer:
         self.served = True
         self.authoritative = True
         self._absent_since = None
+        self._stale_since = None
         self._failures = 0
         self.synced.set()
         return str(listing["metadata"]["resourceVersion"])
@@ -318,6 +354,7 @@ class Informer:
             timeout_seconds=self._watch_timeout,
             label_selector=self._selector,
             quiet_seconds=self._quiet_seconds,
+            opened=self._opened,
         )
         async with contextlib.aclosing(events):
             async for event in events:

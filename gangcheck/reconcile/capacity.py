@@ -19,6 +19,7 @@ def in_flight_capacity(caches: Caches, *, copied: bool = False) -> Capacity:
         waiting=caches.in_flight.waiting(),
         cluster=caches.capacity,
         devices=caches,
+        nodes_current=caches.nodes.current,
     )
     if not copied:
         return capacity

@@ -36,9 +36,8 @@ def scenarios() -> list[Scenario]:
         return [
             Scenario("api faults", seed=11, gangs=8, rates=API_FAULTS),
             Scenario("sigkill + leader churn", seed=12, gangs=8, rates=API_FAULTS, kills=3),
-            # kube-apiserver restarts run in `make soak` only: a node that registers while
-            # gangcheck's node watch is down, past its request's deadline, is never recorded
-            # (a known gap, docs/faults.md).
+            # kube-apiserver restarts run in `make soak` only: the suite's own deliveries wait
+            # for the server too, so deadlines pass before the nodes exist (docs/faults.md).
             Scenario("404 on workloads", seed=13, gangs=8, rates=API_FAULTS, not_found_bursts=3),
         ]
     out = []

@@ -1,5 +1,5 @@
 """Watches and retries under faults: relist only on 410, resume a cut watch, notice a stalled
-one, back off with jitter, wait as long as Retry-After asks.
+one, back off with jitter, wait as long as Retry-After asks, say whether the cache is current.
 
 Real kube-apiserver behind the fault-injecting proxy (tests/faults/proxy.py): the cuts, stalls,
 410s, 500s and 429s are the proxy's; the objects and resourceVersions are the server's.
@@ -114,6 +114,34 @@ async def test_a_stalled_watch_is_noticed_within_its_quiet_period(
         await make(kube, cluster, "during-stall")
         await eventually(seen(informer, cluster, "during-stall"), timeout=10, what="seen")
         assert informer.relists == 0
+
+
+async def test_a_cache_whose_watch_fails_is_not_current_until_watched_again(
+    kube: Kube, proxied_kube: Kube, proxy: FaultProxy, faults: Faults, cluster: Cluster
+) -> None:
+    """While every watch is refused (an apiserver restarting), the cache may miss changes and
+    says so; once a watch is answered again and has run a moment, it is current, and holds
+    what was made while it was not."""
+    async with running(config_maps(proxied_kube, cluster, retry_delay=0.2)) as informer:
+        assert informer.current
+        refused = Rule(STATUS, status=500, path=r"/configmaps$", watch=True)
+        faults.rules.append(refused)
+
+        async def refused_twice() -> bool:
+            proxy.cut(r"/configmaps$")  # a watch answered before the rule: cut
+            return _refused_watches(faults) >= 2
+
+        await eventually(refused_twice, what="watches refused")
+        await make(kube, cluster, "while-refused")
+        assert not informer.current  # every watch since the cut was refused: nothing healed
+        faults.rules.remove(refused)
+        await eventually(lambda: _async(informer.current), timeout=30, what="current again")
+        assert informer.store.get("while-refused", cluster.ns) is not None
+        assert informer.relists == 0
+
+
+def _refused_watches(faults: Faults) -> int:
+    return sum(1 for _, kind, *_ in faults.log if kind == "500")
 
 
 async def test_list_failures_back_off_growing_with_jitter(

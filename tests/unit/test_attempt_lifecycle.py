@@ -167,3 +167,21 @@ def test_a_rollback_records_the_arrivals_it_may_still_claim(
     assert isinstance(annotate, AnnotateRequest)  # after the claims: recorded only once claimed
     recorded = json.loads(annotate.annotations["gangcheck.io/rollback-nodes"])
     assert sorted(recorded) == sorted(["n-recorded", *claimed])
+
+
+def test_a_rollback_does_not_start_from_a_node_cache_that_has_not_caught_up() -> None:
+    """Its watch failed (an apiserver restart): a node that registered meanwhile is missing
+    from the cache, and a rollback recording the arrivals now would leave it unrecorded. It
+    writes nothing and looks again; once the cache is current it starts as ever."""
+    case = Case("-", {"Provisioned": ""}, now=LATER)
+    base = attempt(case)
+    stale = Capacity(nodes=[RECORDED], in_flight=frozenset({KEY}), nodes_current=False)
+    step = lifecycle.follow(Attempt(**{**base.__dict__, "capacity": stale}), case.now)
+    assert step.progress is Progress.ROLLING_BACK
+    assert step.actions == () and step.events == ()
+    assert step.requeue_after == lifecycle.CATCH_UP_REQUEUE_SECONDS
+    assert "node cache" in step.message and step.message.startswith("Deadline")
+    caught_up = Capacity(nodes=[RECORDED, UNRECORDED], in_flight=frozenset({KEY}))
+    step = lifecycle.follow(Attempt(**{**base.__dict__, "capacity": caught_up}), case.now)
+    claims = [a.name for a in step.actions if isinstance(a, ClaimNode)]
+    assert claims == ["n-unrecorded"] and isinstance(step.actions[-1], AnnotateRequest)

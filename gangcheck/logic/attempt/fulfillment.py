@@ -75,6 +75,9 @@ class Capacity:
     them instead of parsing `nodes` and `pods` again."""
     devices: DeviceSource | None = None
     """When set, the DRA inputs kept current from events, instead of the objects above."""
+    nodes_current: bool = True
+    """Whether `nodes` can be taken to hold every node that exists: false while the node
+    cache may miss changes (its watch failed and has not been answered again long enough)."""
 
     def view(self, node: Obj) -> NodeView:
         return self.cluster.view_of(node) if self.cluster is not None else node_view(node)

@@ -49,6 +49,8 @@ from gangcheck.model.names import (
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, RetryStrategy
 
 ROLLBACK_REQUEUE_SECONDS = 0.2
+#: How often a rollback waiting for the node cache to catch up looks again.
+CATCH_UP_REQUEUE_SECONDS = 1.0
 LOOK_AGAIN_SECONDS = 5.0
 
 
@@ -162,9 +164,17 @@ def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -
 
     Arrivals the request may claim but has not recorded yet (one that registered since the
     last look, or whose record was lost with an answer or an apiserver restart) are recorded
-    now, by the same rules as while it waited, so that they are reclaimed with the rest.
+    now, by the same rules as while it waited, so that they are reclaimed with the rest. So
+    the rollback does not start while the node cache may miss nodes (its watch failed and is
+    not answered again yet): a node that registered meanwhile would be left unrecorded.
     """
     req = attempt.request
+    if attempt.capacity is not None and not attempt.capacity.nodes_current:
+        return Step(
+            Progress.ROLLING_BACK,
+            f"{why}; the rollback waits until the node cache has caught up",
+            requeue_after=CATCH_UP_REQUEUE_SECONDS,
+        )
     claims = _last_claims(attempt, now)
     annotate, event = rollback.start(
         req, attempt.capacity, why, also=tuple(name for name, _ in claims)
