@@ -162,10 +162,12 @@ def assess(
 
     New arrivals are claimed one at a time, only until the gang fits, so a node the gang does
     not need stays free for the next one. An arrival not usable yet (not Ready, no allocatable
-    reported) is claimed once it is, and one that can take no member as it is (pods of others
-    bound to it already) is not claimed: claimed, it would take none of the gang's members and
-    the next arrival, perhaps another gang's, would be claimed in its place. A rollback
-    records every arrival left (`unrecorded_arrivals`).
+    reported) is claimed once it is, and one that can take no member as it is (a taint the
+    gang does not tolerate, such as the not-ready taint not lifted yet, or pods of others bound
+    to it already) is not claimed: claimed, it would take none of the gang's members and the
+    next arrival, perhaps another gang's, would be claimed in its place. It still counts in
+    the message, which says why it takes none. A rollback records every arrival left
+    (`unrecorded_arrivals`).
     """
     capacity, spec = capacity or Capacity(), GangSpec.of(gang)
     context, devices = capacity.dra(req.ref.namespace)
