@@ -328,6 +328,21 @@ def test_an_arrival_already_taken_by_another_pod_is_not_recorded_the_next_is(
     assert "nvidia.com/gpu" in alone.summary, alone.summary
 
 
+def test_an_arrival_held_for_another_request_is_never_this_ones_to_record() -> None:
+    """A node that registered held for another gang (a Karpenter node of its NodeClaim) but
+    carries no record yet: neither a waiting gang nor a rollback or an abandoned attempt of
+    another request may record it (recorded for them, it would be reclaimed from its gang)."""
+    mine = request_of(req(conditions={"Provisioned": ""}))
+    held = {**HELD_BY_OTHER}
+    tolerates = [{"key": HOLD_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL, tolerations=tolerates))]
+    theirs = node("n1", labels=GPU_POOL, taints=[held], created=NEW)
+    assert assess(Capacity(nodes=(theirs,)), mine, gang_sets).claims == ()
+    assert unrecorded_arrivals(Capacity(nodes=(theirs,)), mine, gang_sets) == ()
+    ours = node("n1", labels=GPU_POOL, taints=[HELD_BY_ME], created=NEW)
+    assert unrecorded_arrivals(Capacity(nodes=(ours,)), mine, gang_sets) == (("n1", "7"),)
+
+
 def test_a_closed_node_older_than_the_request_is_not_counted() -> None:
     mine = request_of(req(conditions={"Provisioned": ""}))
     gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]

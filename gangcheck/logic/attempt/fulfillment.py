@@ -14,7 +14,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
-from gangcheck.logic.attempt.hold import as_opened, hold_toleration, is_arriving
+from gangcheck.logic.attempt.hold import (
+    as_opened,
+    held_for_another,
+    hold_toleration,
+    is_arriving,
+)
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus
 from gangcheck.logic.placement.capacity import ClusterCapacity
@@ -286,6 +291,8 @@ def _partition(
             continue  # another gang's arrival
         elif not is_new_arrival(node, created, members, view=capacity.view):
             base.append(node)  # capacity that predates the request, shared by all
+        elif held_for_another(node, key):
+            continue  # another gang's arrival, not recorded yet: never this one's to claim
         elif _may_claim(capacity, key, node, now):
             candidates.append(node)
     return base, sorted(candidates, key=_arrival_order)

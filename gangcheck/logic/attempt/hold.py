@@ -65,6 +65,13 @@ def is_held(node: Mapping[str, Any]) -> bool:
     return any(t.get("key") == HOLD_TAINT for t in _taints(node))
 
 
+def held_for_another(node: Mapping[str, Any], request_key: str) -> bool:
+    """Held for the gang of another request: it carries a hold whose value is not this
+    request's (a Karpenter node registers so, before any record is written on it)."""
+    mine = hold_value(request_key)
+    return any(t.get("key") == HOLD_TAINT and t.get("value") != mine for t in _taints(node))
+
+
 def is_arriving(node: Mapping[str, Any]) -> bool:
     """Registered closed (``ARRIVING_TAINT``) and not yet recorded or opened."""
     return any(t.get("key") == ARRIVING_TAINT for t in _taints(node))
