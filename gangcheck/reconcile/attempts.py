@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 
-from gangcheck.logic.attempt import rollback
+from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.capacity.backend import CapacityBackend, Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import Obj, request_of
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.capacity import in_flight_capacity
@@ -32,18 +34,19 @@ async def withdraw_orphans(
     requests: Iterable[Obj],
     *,
     is_orphan: Callable[[Obj], bool],
-    reclaimer_of: Callable[[Obj], str],
+    config_of: Callable[[Obj], AtomicProvisioningSpec | None],
     why: str,
     at: str,
     backend: CapacityBackend = PROVISIONING_REQUEST,
 ) -> None:
-    """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it."""
+    """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
+    the config it was made with, `config_of`)."""
     capacity = in_flight_capacity(caches, copied=True)  # read across the awaits below
     for obj in requests:
         if not is_orphan(obj):
             continue
         orphan = request_of(obj)
-        reclaim = rollback.abandon(orphan, capacity, reclaimer_of(obj), why)
+        reclaim = lifecycle.abandon(orphan, capacity, config_of(obj), why, now=datetime.now(UTC))
         log.info(
             "withdrawing %s: %s (%d steps to reclaim what arrived)",
             orphan.name,

@@ -39,6 +39,7 @@ from gangcheck.model.names import (
     WORKLOAD_ANNOTATION,
 )
 from gangcheck.model.objects import Flavor, Obj, flavor_of
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.ingest import trim_node, trim_pod
 
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -164,9 +165,13 @@ class Caches:
     def resolve(self, check: str) -> checkconfig.Resolution:
         return checkconfig.resolve(self.admission_checks.store.get(check), self.configs.store.get)
 
+    def config_of(self, check: str) -> AtomicProvisioningSpec | None:
+        """The check's config, None when it cannot be read."""
+        return self.resolve(check).spec if check else None
+
     def reclaimer_of(self, check: str) -> str:
         """The reclaimer the check's config names (the default when it cannot be read)."""
-        return rollback.reclaimer_of(self.resolve(check).spec if check else None)
+        return rollback.reclaimer_of(self.config_of(check))
 
     def flavors_by_name(self) -> dict[str, Flavor]:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}

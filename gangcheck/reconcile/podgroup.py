@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
-from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
@@ -174,7 +173,7 @@ class PodGroupReconciler:
             self._caches,
             requests,
             is_orphan=lambda r: _annotations(r).get(GROUP_UID_ANNOTATION) != live_uid,
-            reclaimer_of=lambda r: self._reclaimer(_annotations(r).get(CONFIG_ANNOTATION, "")),
+            config_of=lambda r: self._config_of(_annotations(r).get(CONFIG_ANNOTATION, "")),
             why=GROUP_GONE,
             at=f"{namespace}/{name}",
         )
@@ -192,11 +191,11 @@ class PodGroupReconciler:
             return UNCONFIRMED
         return str(live["metadata"]["uid"]) if live is not None else None
 
-    def _reclaimer(self, config_name: str) -> str:
-        """The reclaimer of the config the request was made under (recorded on it, since
-        the group that named it is gone), else of the provisioner's default config."""
+    def _config_of(self, config_name: str) -> AtomicProvisioningSpec | None:
+        """The config the request was made under (recorded on it, since the group that
+        named it is gone), else the provisioner's default config."""
         config, _ = self._config_named(config_name or self._options.config)
-        return rollback.reclaimer_of(config)
+        return config
 
     async def _note_missing(self, pod: Obj, api_group: str, name: str, *, served: bool) -> None:
         text = podgroup.missing_group_message(api_group, name, served=served)

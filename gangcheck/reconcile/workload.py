@@ -142,7 +142,7 @@ class WorkloadReconciler:
             self._caches,
             requests,
             is_orphan=lambda r: request_of(r).workload_uid != live_uid,
-            reclaimer_of=lambda r: self._caches.reclaimer_of(check_of(r)),
+            config_of=lambda r: self._caches.config_of(check_of(r)),
             why=WL_GONE,
             at=f"{namespace}/{name}",
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
@@ -23,7 +24,14 @@ from gangcheck.kube.resources import (
 from gangcheck.model.names import CONFIG_ANNOTATION
 from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, RunningController, eventually, never
-from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name
+from tests.integration.test_fulfillment import (
+    GPU_TAINT,
+    _check_message,
+    arrived_for,
+    fit,
+    gang,
+    req_name,
+)
 from tests.integration.test_podgroups import Groups, controller_running
 
 pytestmark = pytest.mark.integration
@@ -167,6 +175,34 @@ async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     assert not await cluster.templates()
     listing = await cluster.kube.list_objects(PROVISIONING_REQUEST, cluster.ns)
     assert not listing.get("items")
+
+
+async def test_a_workload_deleted_mid_attempt_has_the_arrivals_it_passed_over_reclaimed(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """An arrival the gang passed over (a taint its members do not tolerate: it could take
+    none of them, so it was never recorded while the gang waited) came for it all the same:
+    when the Workload is deleted mid-attempt it is recorded and reclaimed with the rest."""
+    await cluster.install_check(fit(deadline=120))
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    usable = await cluster.add_nodes(2)
+    tainted = await cluster.add_nodes(1, taints=[GPU_TAINT])
+
+    async def seen() -> Any:
+        recorded = await arrived_for(cluster, name) == sorted(usable)
+        return recorded and await _check_message(cluster, "wl", GPU_TAINT["key"])
+
+    await eventually(seen, what="2 arrivals recorded and the tainted one named")
+    assert await arrived_for(cluster, name) == sorted(usable)  # the tainted one is not
+    await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def reclaimed() -> bool:
+        return not await cluster.nodes()
+
+    await eventually(reclaimed, what=f"the arrived nodes reclaimed, {tainted} too")
 
 
 async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(

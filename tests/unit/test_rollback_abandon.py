@@ -1,18 +1,20 @@
-"""An attempt whose gang is gone (logic/rollback.abandon): what is reclaimed before its request
-is deleted. Pure logic, by table."""
+"""An attempt whose gang is gone (lifecycle.abandon, rollback.abandon): what is reclaimed
+before its request is deleted. Pure logic, by table."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt import rollback
-from gangcheck.logic.attempt.actions import AnnotateRequest, ReclaimArrivals
-from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt import lifecycle, rollback
+from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, ReclaimArrivals
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
 from gangcheck.model.objects import request_of
-from tests.builders import T0, node, provisioning_request
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import T0, node, pod_template, provisioning_request
 
 REQ = "wl-atomic-1"
 ARRIVED = {"gangcheck.io/arrived-for": f"default/{REQ}"}
@@ -86,3 +88,59 @@ def test_abandon(case: Case) -> None:
         )
     else:
         assert first == []
+
+
+# ---- lifecycle.abandon: the arrivals an abandoned attempt had not recorded yet -------------
+
+KEY = f"default/{REQ}"
+POOL = {"pool": "gpu"}
+LATER_NODE = "2026-11-30T10:01:00Z"  # younger than the request (T0)
+DRIVER = {"key": "example.com/gpu-driver", "value": "installing", "effect": "NoSchedule"}
+
+
+def _abandoned(mode: str | None, waiting: bool) -> tuple[Any, ...]:
+    """A Provisioned request whose gang is gone, with one node it recorded and one arrival
+    it passed over (a taint its members do not tolerate), and one of another pool."""
+    req = request_of(provisioning_request(REQ, conditions={"Provisioned": ""}))
+    nodes = (
+        node("n-recorded", gpu=8, labels=POOL, created=LATER_NODE, annotations=ARRIVED),
+        node("n-tainted", gpu=8, labels=POOL, created=LATER_NODE, taints=[DRIVER]),
+        node("n-elsewhere", gpu=8, labels={"pool": "cpu"}, created=LATER_NODE),
+    )
+    template = {"spec": pod_template(gpu=8, node_selector=POOL)["spec"]}
+    queued = (Waiting(KEY, (template,), T0),) if waiting else ()
+    capacity = Capacity(nodes=nodes, in_flight=frozenset({KEY}), waiting=queued)
+    config = None if mode is None else parse_spec({"fulfillment": {"mode": mode}})
+    return lifecycle.abandon(req, capacity, config, "Workload deleted")
+
+
+def test_an_abandoned_attempt_records_the_arrivals_it_passed_over_then_reclaims_them() -> None:
+    """Before: only the nodes it had recorded were reclaimed; an arrival it had passed over
+    (tainted against the gang, or not Ready yet) was left behind when its request was deleted."""
+    claim, annotate, reclaim = _abandoned("NodesFit", waiting=True)
+    assert claim == ClaimNode("n-tainted", "7", KEY)
+    assert isinstance(annotate, AnnotateRequest)
+    assert set(json.loads(annotate.annotations["gangcheck.io/rollback-nodes"])) == {
+        "n-recorded",
+        "n-tainted",
+    }
+    assert isinstance(reclaim, ReclaimArrivals)
+    assert reclaim.nodes == ("n-recorded", "n-tainted")
+
+
+@pytest.mark.parametrize(
+    ("mode", "waiting"),
+    [("TrustProvisioned", True), (None, True), ("NodesFit", False)],
+    ids=[
+        "trusting Provisioned, nothing is recorded or reclaimed beyond what was",
+        "its config unreadable: only what it recorded",
+        "not waiting (not Provisioned, or fulfilled): only what it recorded",
+    ],
+)
+def test_an_abandoned_attempt_records_no_more_unless_waiting_in_fit_mode(
+    mode: str | None, waiting: bool
+) -> None:
+    *first, reclaim = _abandoned(mode, waiting)
+    assert not [a for a in first if isinstance(a, ClaimNode)]
+    assert isinstance(reclaim, ReclaimArrivals)
+    assert reclaim.nodes == ("n-recorded",)

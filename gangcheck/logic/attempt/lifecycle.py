@@ -46,7 +46,11 @@ from gangcheck.model.names import (
     RESERVED_ANNOTATION,
     STARTED,
 )
-from gangcheck.model.provisioning_config import AtomicProvisioningSpec, RetryStrategy
+from gangcheck.model.provisioning_config import (
+    AtomicProvisioningSpec,
+    FulfillmentMode,
+    RetryStrategy,
+)
 
 ROLLBACK_REQUEUE_SECONDS = 0.2
 #: How often a rollback waiting for the node cache to catch up looks again.
@@ -272,18 +276,51 @@ def clean_up(
     why: str,
 ) -> tuple[Action, ...]:
     """Withdraw every attempt of a gang, after reclaiming what arrived for an unfinished one
-    (rollback.abandon) and lifting the hold from what stays."""
-    reclaimer = rollback.reclaimer_of(config)
+    (`abandon`) and lifting the hold from what stays."""
     return tuple(
         action
         for r in requests
         if not r.deleting
         for action in (
-            *rollback.abandon(r, capacity, reclaimer, why),
+            *abandon(r, capacity, config, why),
             *release_hold(capacity, r),
             *backend.withdraw(r, why),
         )
     )
+
+
+def abandon(
+    req: AttemptRecord,
+    capacity: Capacity | None,
+    config: AtomicProvisioningSpec | None,
+    why: str,
+    *,
+    now: datetime | None = None,
+) -> tuple[Action, ...]:
+    """The gang of this attempt is gone: reclaim what arrived for it (rollback.abandon),
+    with the arrivals it had not recorded yet recorded first, by the rules of a rollback
+    (`unrecorded_arrivals`): in fit mode, for a request still waiting (Provisioned, open),
+    whose pod templates say which arrivals could be its. Without its config nothing more
+    than what it recorded is reclaimed."""
+    also = _unrecorded_when_abandoned(req, capacity, config, now)
+    return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also)
+
+
+def _unrecorded_when_abandoned(
+    req: AttemptRecord,
+    capacity: Capacity | None,
+    config: AtomicProvisioningSpec | None,
+    now: datetime | None,
+) -> tuple[tuple[str, str], ...]:
+    if capacity is None or config is None or config.fulfillment.mode is not FulfillmentMode.FIT:
+        return ()
+    key = request_key(req)
+    waiting = next((w for w in capacity.waiting if w.key == key), None)
+    if waiting is None or not waiting.templates:
+        return ()
+    pod_sets = tuple((str(i), 1, t) for i, t in enumerate(waiting.templates))
+    gang = GangSpec(pod_sets, namespace=req.ref.namespace)
+    return unrecorded_arrivals(capacity, req, gang, now)
 
 
 def superseded(

@@ -19,7 +19,13 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReclaimArrivals
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    ClaimNode,
+    Event,
+    ReclaimArrivals,
+)
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, claim_of, request_key
 from gangcheck.logic.attempt.records import Outcome, arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord
@@ -109,14 +115,19 @@ def start(
     return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}", warning=True)
 
 
-def reclaim(req: AttemptRecord, capacity: Capacity | None, reclaimer: str) -> ReclaimArrivals:
-    """Reclaim the nodes recorded when the rollback began, plus any that arrived since."""
+def reclaim(
+    req: AttemptRecord, capacity: Capacity | None, reclaimer: str, *, also: Collection[str] = ()
+) -> ReclaimArrivals:
+    """Reclaim the nodes recorded when the rollback began, plus any that arrived since (and
+    `also`, the ones recorded in the same step)."""
     try:
         recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
     except (ValueError, TypeError):
         recorded = {}
-    for n in arrived_for(_nodes(capacity), request_key(req)):
-        recorded[n["metadata"]["name"]] = n["metadata"].get("creationTimestamp", "")
+    claiming = set(also)
+    for n in _nodes(capacity):
+        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming:
+            recorded[n["metadata"]["name"]] = n["metadata"].get("creationTimestamp", "")
     arrived = {str(k): str(v) for k, v in recorded.items()}
     return ReclaimArrivals(
         req.name,
@@ -129,22 +140,33 @@ def reclaim(req: AttemptRecord, capacity: Capacity | None, reclaimer: str) -> Re
 
 
 def abandon(
-    req: AttemptRecord, capacity: Capacity | None, reclaimer: str, why: str
+    req: AttemptRecord,
+    capacity: Capacity | None,
+    reclaimer: str,
+    why: str,
+    *,
+    also: Sequence[tuple[str, str]] = (),
 ) -> tuple[Action, ...]:
     """The gang of this attempt is gone: what to do before its request is deleted.
 
     The nodes that arrived for it are reclaimed as in any rollback, recorded on the request
-    first. Nothing is left to reclaim once the gang was fulfilled or started (the nodes were
-    its to use), once a rollback recorded its outcome, or when nothing arrived.
+    first; `also`: (name, resourceVersion) of arrivals it had not recorded yet, recorded for
+    it now (lifecycle.abandon says which). Nothing is left to reclaim once the gang was
+    fulfilled or started (the nodes were its to use), once a rollback recorded its outcome,
+    or when nothing arrived.
     """
     phase = req.annotations.get(PHASE_ANNOTATION)
     if req.deleting or phase in (FULFILLED, STARTED) or OUTCOME_ANNOTATION in req.annotations:
         return ()
     arrived = arrived_for(_nodes(capacity), request_key(req))
-    if not arrived and ROLLBACK_NODES_ANNOTATION not in req.annotations:
+    if not arrived and not also and ROLLBACK_NODES_ANNOTATION not in req.annotations:
         return ()
-    recorded: tuple[Action, ...] = () if is_rolling_back(req) else (start(req, capacity, why)[0],)
-    return (*recorded, reclaim(req, capacity, reclaimer))
+    names = tuple(name for name, _ in also)
+    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in also)
+    recorded: tuple[Action, ...] = (
+        () if is_rolling_back(req) else (start(req, capacity, why, also=names)[0],)
+    )
+    return (*claims, *recorded, reclaim(req, capacity, reclaimer, also=names))
 
 
 def reclaimer_of(config: AtomicProvisioningSpec | None) -> str:
