@@ -14,7 +14,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -149,6 +149,18 @@ class World:
         assert plan is not None
         return plan
 
+    async def plan_when(
+        self, name: str, done: Callable[[model.Plan], bool], what: str
+    ) -> model.Plan:
+        """The plan as the sim saved it, once it says `done`: the sim saves it after the step
+        it records (a node is usable a moment before the plan counts it delivered)."""
+
+        async def probe() -> model.Plan | None:
+            plan = await self.plan(name)
+            return plan if done(plan) else None
+
+        return await eventually(probe, what=what)
+
     # ---- nodes --------------------------------------------------------------------------
 
     async def nodes(self) -> list[Obj]:
@@ -223,7 +235,7 @@ async def test_full_delivery_sets_provisioned_before_any_node_exists(world: Worl
         assert node["spec"]["providerID"] == f"sim://{meta['name']}"
         assert node["spec"]["taints"] == [GPU_TAINT]
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
-    plan = await world.plan("full")
+    plan = await world.plan_when("full", lambda p: len(p.delivered) >= len(nodes), "saved")
     assert sorted(plan.delivered) == sorted(n["metadata"]["name"] for n in nodes)
 
 
@@ -241,7 +253,7 @@ async def test_partial_delivery_brings_11_of_16(world: World) -> None:
         return count if count != 11 else 0
 
     await never(more_than_11, seconds=1.0, what="a node beyond the 11 delivered")
-    plan = await world.plan("partial")
+    plan = await world.plan_when("partial", lambda p: len(p.delivered) >= 11, "11, saved")
     assert (plan.needed, len(plan.delivered)) == (16, 11)
 
 
@@ -285,7 +297,7 @@ async def test_revocation_deletes_the_delivered_nodes(world: World) -> None:
     revoked = await world.wait_condition("revoked", "CapacityRevoked")
     assert revoked["reason"] == "CapacityRevoked"
     await world.wait_nodes(0)
-    assert (await world.plan("revoked")).revoked
+    await world.plan_when("revoked", lambda p: p.revoked, "the revocation saved")
 
 
 async def test_too_big_for_max_nodes_is_not_found_counting_existing_nodes(world: World) -> None:
@@ -329,8 +341,8 @@ async def test_restarted_sim_continues_without_delivering_twice(world: World) ->
 
     names = {n["metadata"]["name"] for n in nodes}
     assert reclaimed not in names
-    plan = await world.plan("restart")
-    assert sorted(plan.delivered) == sorted(names | {reclaimed})
+    plan = await world.plan_when("restart", lambda p: len(p.delivered) >= 4, "4 delivered, saved")
+    assert sorted(plan.delivered) == sorted(names | {reclaimed})  # each once, none twice
     started = datetime.fromtimestamp(plan.started_at, UTC)
     for node in nodes:
         created = datetime.fromisoformat(
