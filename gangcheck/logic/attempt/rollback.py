@@ -98,12 +98,7 @@ def start(
 ) -> tuple[AnnotateRequest, Event]:
     """Mark the request rolling back, with the nodes that arrived for it so far (those it
     records and those it claims in the same step, `also`)."""
-    claiming = set(also)
-    arrived = {
-        n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
-        for n in _nodes(capacity)
-        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming
-    }
+    arrived = _arrived(req, capacity, also)
     annotate = AnnotateRequest(
         req.name,
         {
@@ -115,6 +110,19 @@ def start(
     return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}", warning=True)
 
 
+def _arrived(
+    req: AttemptRecord, capacity: Capacity | None, also: Collection[str]
+) -> dict[str, str]:
+    """Name -> creationTimestamp of the nodes recorded for the request, and of `also` (the
+    ones recorded for it in the same step)."""
+    claiming = set(also)
+    return {
+        n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
+        for n in _nodes(capacity)
+        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming
+    }
+
+
 def reclaim(
     req: AttemptRecord, capacity: Capacity | None, reclaimer: str, *, also: Collection[str] = ()
 ) -> ReclaimArrivals:
@@ -124,10 +132,7 @@ def reclaim(
         recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
     except (ValueError, TypeError):
         recorded = {}
-    claiming = set(also)
-    for n in _nodes(capacity):
-        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming:
-            recorded[n["metadata"]["name"]] = n["metadata"].get("creationTimestamp", "")
+    recorded.update(_arrived(req, capacity, also))
     arrived = {str(k): str(v) for k, v in recorded.items()}
     return ReclaimArrivals(
         req.name,
