@@ -232,17 +232,16 @@ class Informer:
         if self._stale_since is None:
             return True
         opened = self._opened_at
-        if opened is None or opened < self._stale_since:
-            return False
-        if time.monotonic() - opened < CURRENT_AFTER_SECONDS:
-            return False
-        self._stale_since = None
-        return True
+        return (
+            opened is not None
+            and opened > self._stale_since
+            and (time.monotonic() - opened >= CURRENT_AFTER_SECONDS)
+        )
 
     def _stale(self) -> None:
-        """A list or watch failed, or a watch stalled: changes may be missing until healed."""
-        if self._stale_since is None:
-            self._stale_since = time.monotonic()
+        """A list or watch failed, or a watch stalled: changes may be missing until a watch is
+        answered after this, the latest failure."""
+        self._stale_since = time.monotonic()
 
     def _opened(self) -> None:
         self._opened_at = time.monotonic()
