@@ -98,6 +98,16 @@ async def served_resources(kube: Kube, candidates: Iterable[Resource]) -> dict[s
     return served
 
 
+async def serves(kube: Kube, res: Resource) -> bool:
+    """Whether ``kube``'s server lists ``res`` in its group version's discovery document (a
+    404 there: not served). Other errors are raised: the answer is not known."""
+    path = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+    listing = await _get_or_none(kube, path)
+    return listing is not None and res.plural in {
+        str(r.get("name")) for r in _mappings(listing.get("resources"))
+    }
+
+
 async def _get_or_none(kube: Kube, path: str) -> dict[str, Any] | None:
     try:
         return await kube.request("GET", path)

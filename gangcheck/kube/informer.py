@@ -9,9 +9,12 @@ it to work-queue keys.
 ``authoritative`` says whether the store may be trusted to show that an object is *absent*:
 true only after a list the server answered, false again as soon as a list or watch of an
 optional resource answers 404. Absence is what cleanup acts on, so nothing is deleted on the
-word of a cache that is not authoritative. A resource served before and then answering 404 is
-kept as last seen for `absent_grace` seconds (a proxy's or a restarting server's 404 is not a
-CRD removed), retried with backoff, and only then emptied.
+word of a cache that is not authoritative. A 404 on a list or watch is taken for "not served"
+only when discovery agrees (the resource is missing from its group version's document); a
+resource discovery serves is listed again with the usual backoff, kept as last seen. One
+served before and then not is kept as last seen for `absent_grace` seconds (a restarting
+server's discovery is not a CRD removed), and only then emptied. A resource not served is
+looked for again with a backoff growing to `absent_retry` seconds.
 
 ``current`` says whether the store may be trusted to hold every change made until a moment
 ago: false from a failed list or watch (or a stalled one) until a list is answered, or a watch
@@ -31,6 +34,7 @@ from collections.abc import Callable, Collection, Iterator, Set
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
+from gangcheck.kube.discovery import serves
 from gangcheck.kube.errors import ApiError, GoneError, NotFoundError, TransientError
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
@@ -260,7 +264,7 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except NotFoundError as e:
-                await asyncio.sleep(self._not_found(e))
+                await asyncio.sleep(await self._not_found(e))
             except Exception as e:  # a failed list: the cache lists again, never dies
                 await asyncio.sleep(self._failed(e))
 
@@ -300,26 +304,33 @@ class Informer:
         )
         return delay
 
-    def _not_found(self, error: NotFoundError) -> float:
+    async def _not_found(self, error: NotFoundError) -> float:
         """A 404 on the list or watch: the wait before looking again."""
         self.authoritative = False
         self._stale()
         if not self._optional:
             return self._failed(error)
+        try:
+            served = await serves(self.kube, self.resource)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # discovery failed too: not known, look again soon
+            return self._failed(e)
+        if served:  # a passing 404 (a proxy, a server starting): kept as last seen
+            return self._failed(error)
         if not self.synced.is_set() or not self.served:
-            self._absent()  # never served here (or absent already): empty, look again later
-            return self._absent_retry
+            return self._absent()  # never served here (or absent already): empty
         now = time.monotonic()
         if self._absent_since is None:
             self._absent_since = now
         if now - self._absent_since >= self._absent_grace:
-            self._absent()
-            return self._absent_retry
-        return self._failed(error)  # kept as last seen meanwhile: a 404 may be passing
+            return self._absent()
+        return self._failed(error)  # kept as last seen meanwhile: discovery may be catching up
 
-    def _absent(self) -> None:
+    def _absent(self) -> float:
         """An optional resource this server does not serve: an empty cache, synced, not
-        authoritative, and a look again later (a CRD installed, a feature turned on)."""
+        authoritative; the wait before looking again (a CRD installed, a feature turned on),
+        growing to `absent_retry`."""
         if self.served:
             log.info("not served here; treated as empty", extra={"resource": self.resource.plural})
         self.served = False
@@ -328,6 +339,8 @@ class Informer:
         for obj in removed:
             self._notify(obj, None)
         self.synced.set()
+        self._failures += 1
+        return jittered(self._retry_delay, self._failures, cap=self._absent_retry)
 
     async def _list(self) -> str:
         listing = await self.kube.list_objects(self.resource, label_selector=self._selector)

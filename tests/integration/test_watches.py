@@ -180,3 +180,34 @@ async def test_retry_after_is_waited_for(
 
 async def _async(value: object) -> object:
     return value
+
+
+async def test_a_first_list_answered_404_of_a_served_resource_is_retried_not_emptied(
+    kube: Kube, proxied_kube: Kube, faults: Faults, cluster: Cluster
+) -> None:
+    """An optional resource that discovery serves, its first list answered 404 (a proxy, a
+    server starting): before, the cache was declared not served and empty for a minute,
+    and a leader starting then acted on no Workloads at all; now the list is retried with
+    the usual backoff and the cache holds what exists."""
+    await make(kube, cluster, "before-start")
+    faults.rules.append(Rule(STATUS, status=404, path=r"/configmaps$", watch=False, times=1))
+    informer = config_maps(proxied_kube, cluster, retry_delay=0.2, optional=True, absent_retry=60)
+    async with running(informer):
+        assert informer.served and informer.authoritative
+        assert informer.store.get("before-start", cluster.ns) is not None
+    assert sum(1 for _, kind, *_ in faults.log if kind == "404") == 1
+
+
+async def test_an_optional_resource_not_served_at_first_is_seen_once_served(
+    kube: Kube, proxied_kube: Kube, faults: Faults, cluster: Cluster
+) -> None:
+    """Discovery itself answered 404 at first (the resource looks not served): the cache is
+    empty and synced, and it is listed again soon enough to hold what exists."""
+    await make(kube, cluster, "served-later")
+    faults.rules.append(Rule(STATUS, status=404, path=r"/configmaps$", watch=False, times=1))
+    faults.rules.append(Rule(STATUS, status=404, path=r"^/api/v1$", times=1))
+    informer = config_maps(proxied_kube, cluster, retry_delay=0.2, optional=True, absent_retry=2)
+    async with running(informer):
+        await eventually(seen(informer, cluster, "served-later"), timeout=20, what="listed again")
+        assert informer.served and informer.authoritative
+    assert sum(1 for _, kind, *_ in faults.log if kind == "404") == 2  # the list, discovery
