@@ -38,15 +38,22 @@ async def withdraw_orphans(
     why: str,
     at: str,
     backend: CapacityBackend = PROVISIONING_REQUEST,
-) -> None:
+) -> bool:
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
-    the config it was made with, `config_of`)."""
+    the config it was made with, `config_of`). False when one waits for the node cache to
+    catch up (lifecycle.clean_up_waits): look again shortly."""
     capacity = in_flight_capacity(caches, copied=True)  # read across the awaits below
+    done = True
     for obj in requests:
         if not is_orphan(obj):
             continue
         orphan = request_of(obj)
-        reclaim = lifecycle.abandon(orphan, capacity, config_of(obj), why, now=datetime.now(UTC))
+        config = config_of(obj)
+        if lifecycle.clean_up_waits((orphan,), capacity, config):
+            log.info("%s waits for the node cache to catch up", orphan.name, extra={"object": at})
+            done = False
+            continue
+        reclaim = lifecycle.abandon(orphan, capacity, config, why, now=datetime.now(UTC))
         log.info(
             "withdrawing %s: %s (%d steps to reclaim what arrived)",
             orphan.name,
@@ -56,3 +63,4 @@ async def withdraw_orphans(
         )
         for action in (*reclaim, *backend.withdraw(orphan, why)):
             await applier.apply(orphan.ref.namespace, action)
+    return done

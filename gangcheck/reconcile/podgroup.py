@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
+from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
@@ -168,7 +169,7 @@ class PodGroupReconciler:
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-        await withdraw_orphans(
+        withdrawn = await withdraw_orphans(
             self._applier,
             self._caches,
             requests,
@@ -177,6 +178,8 @@ class PodGroupReconciler:
             why=GROUP_GONE,
             at=f"{namespace}/{name}",
         )
+        if not withdrawn:
+            return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
         return Result()
 
     async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:

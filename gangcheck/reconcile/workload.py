@@ -16,7 +16,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt import lifecycle, naming
 from gangcheck.logic.attempt.actions import Action, DeleteRequest, DeleteTemplate, Event
 from gangcheck.logic.capacity.backend import Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
@@ -137,7 +137,7 @@ class WorkloadReconciler:
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        await withdraw_orphans(
+        withdrawn = await withdraw_orphans(
             self._applier,
             self._caches,
             requests,
@@ -146,6 +146,8 @@ class WorkloadReconciler:
             why=WL_GONE,
             at=f"{namespace}/{name}",
         )
+        if not withdrawn:
+            return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
         for tpl in templates:
             if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace

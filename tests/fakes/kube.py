@@ -176,6 +176,7 @@ class FakeKube(Kube):
             for obj in self._matching(informer.resource, None, informer._selector):
                 informer.store.put_if_newer(copy.deepcopy(obj))
             informer.served = informer.authoritative = True
+            informer._stale_since = None  # listed: current (kube/informer.py)
             informer.synced.set()
 
     # ---- the code's side: the verbs of Kube ------------------------------------------------

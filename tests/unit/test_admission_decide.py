@@ -95,6 +95,7 @@ class Case:
     now: datetime = NOW
     annotates: tuple[dict[str, str], ...] = ()
     reclaims: tuple[str, ...] | None = None
+    nodes_current: bool = True
 
 
 def templates_of(case: Case) -> dict[str, tuple[str, ...]]:
@@ -122,6 +123,7 @@ def run(case: Case) -> Decision:
             pods=tuple(case.pods),
             in_flight=case.in_flight | frozenset(w.key for w in case.waiting),
             waiting=case.waiting,
+            nodes_current=case.nodes_current,
         ),
         competing=case.competing,
     )
@@ -938,3 +940,28 @@ def test_state_change_records_an_event() -> None:
     d = run(Case("", gang(), requests=[req(conditions={"Failed": "x"})]))
     assert [e.reason for e in d.events] == ["AdmissionCheckUpdated"]
     assert d.events[0].warning
+
+
+@pytest.mark.parametrize("current", [False, True], ids=["node cache behind", "node cache current"])
+def test_a_finished_gangs_waiting_attempt_is_withdrawn_once_the_node_cache_is_current(
+    current: bool,
+) -> None:
+    """Withdrawing an attempt still waiting in fit mode records the arrivals it passed over
+    first (lifecycle.abandon); with a node cache that may miss some (its watch failed), it
+    writes nothing and looks again shortly, as a rollback does. Before: it withdrew at once."""
+    decision = run(
+        Case(
+            "finished, waiting, fit mode",
+            gang().condition("Finished"),
+            config={"fulfillment": {"mode": "NodesFit"}},
+            requests=[req(conditions={"Provisioned": ""})],
+            waiting=(Waiting(f"default/{REQ1}", (pod_template(gpu=8),)),),
+            nodes_current=current,
+        )
+    )
+    deleted = [a.name for a in decision.actions if isinstance(a, DeleteRequest)]
+    if current:
+        assert deleted == [REQ1]
+    else:
+        assert decision.actions == () and decision.check is None
+        assert decision.requeue_after == 1.0

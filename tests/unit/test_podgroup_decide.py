@@ -17,13 +17,13 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
     ReleaseMembers,
 )
-from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import container, node, provisioning_request
+from tests.builders import container, node, pod_template, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 LATER = "2026-11-30T10:20:00Z"
@@ -548,3 +548,31 @@ def test_an_autoscaler_that_cannot_size_dra_claims_is_named_not_waited_on() -> N
 
     plain = Case("no dra", case.group, [member(0)], requests=[request])
     assert "#10065" not in (_decide(plain).status or {})["gangcheck.io/message"]
+
+
+@pytest.mark.parametrize("current", [False, True], ids=["node cache behind", "node cache current"])
+def test_a_deleted_groups_waiting_attempt_is_withdrawn_once_the_node_cache_is_current(
+    current: bool,
+) -> None:
+    """As for Workloads: withdrawing an attempt still waiting in fit mode records the arrivals
+    it passed over first, so it waits for a node cache that may miss some."""
+    deleted = {**group(2), "metadata": {**group(2)["metadata"], "deletionTimestamp": LATER}}
+    request = req(conditions={"Provisioned": "ok"})
+    waiting = Waiting(f"default/{REQ1}", (pod_template(gpu=1),))
+    snap = GroupSnapshot(
+        group=pod_group_of(deleted),
+        members=tuple(members(2)),
+        config=parse_spec({}),
+        config_problem="",
+        requests=(request_of(request),),
+        capacity=Capacity(
+            waiting=(waiting,), in_flight=frozenset({waiting.key}), nodes_current=current
+        ),
+    )
+    decision = decide(snap, NOW)
+    withdrawn = [a.name for a in decision.actions if isinstance(a, DeleteRequest)]
+    if current:
+        assert withdrawn == [REQ1]
+    else:
+        assert decision.actions == () and decision.status is None
+        assert decision.requeue_after == 1.0

@@ -101,6 +101,11 @@ DRIVER = {"key": "example.com/gpu-driver", "value": "installing", "effect": "NoS
 def _abandoned(mode: str | None, waiting: bool) -> tuple[Any, ...]:
     """A Provisioned request whose gang is gone, with one node it recorded and one arrival
     it passed over (a taint its members do not tolerate), and one of another pool."""
+    req, capacity, config = _gone(mode, waiting)
+    return lifecycle.abandon(req, capacity, config, "Workload deleted")
+
+
+def _gone(mode: str | None, waiting: bool, *, current: bool = True) -> tuple[Any, ...]:
     req = request_of(provisioning_request(REQ, conditions={"Provisioned": ""}))
     nodes = (
         node("n-recorded", gpu=8, labels=POOL, created=LATER_NODE, annotations=ARRIVED),
@@ -109,9 +114,11 @@ def _abandoned(mode: str | None, waiting: bool) -> tuple[Any, ...]:
     )
     template = {"spec": pod_template(gpu=8, node_selector=POOL)["spec"]}
     queued = (Waiting(KEY, (template,), T0),) if waiting else ()
-    capacity = Capacity(nodes=nodes, in_flight=frozenset({KEY}), waiting=queued)
+    capacity = Capacity(
+        nodes=nodes, in_flight=frozenset({KEY}), waiting=queued, nodes_current=current
+    )
     config = None if mode is None else parse_spec({"fulfillment": {"mode": mode}})
-    return lifecycle.abandon(req, capacity, config, "Workload deleted")
+    return req, capacity, config
 
 
 def test_an_abandoned_attempt_records_the_arrivals_it_passed_over_then_reclaims_them() -> None:
@@ -144,3 +151,27 @@ def test_an_abandoned_attempt_records_no_more_unless_waiting_in_fit_mode(
     assert not [a for a in first if isinstance(a, ClaimNode)]
     assert isinstance(reclaim, ReclaimArrivals)
     assert reclaim.nodes == ("n-recorded",)
+
+
+@pytest.mark.parametrize(
+    ("mode", "waiting", "current", "waits"),
+    [
+        ("NodesFit", True, False, True),
+        ("NodesFit", True, True, False),
+        ("TrustProvisioned", True, False, False),
+        (None, True, False, False),
+        ("NodesFit", False, False, False),
+    ],
+    ids=[
+        "fit mode, waiting, node cache behind: wait (an arrival may be missing)",
+        "node cache current: withdraw now",
+        "trusting Provisioned: nothing more is recorded, no need to wait",
+        "config unreadable: nothing more is recorded, no need to wait",
+        "not waiting: nothing more is recorded, no need to wait",
+    ],
+)
+def test_withdrawing_waits_for_the_node_cache_only_when_it_would_record_arrivals(
+    mode: str | None, waiting: bool, current: bool, waits: bool
+) -> None:
+    req, capacity, config = _gone(mode, waiting, current=current)
+    assert lifecycle.clean_up_waits((req,), capacity, config) is waits

@@ -215,6 +215,26 @@ async def test_a_workload_deleted_has_its_request_and_template_deleted() -> None
     assert world.kube.all_of(world.caches.templates.resource) == []
 
 
+async def test_a_deleted_workload_waiting_for_nodes_is_withdrawn_once_nodes_are_current() -> None:
+    """The Workload is gone while its attempt waits (Provisioned, not fitting yet) and the
+    node watch has failed: the orphan sweep would record the arrivals the attempt passed
+    over, so it waits for the node cache, writing nothing, then withdraws."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the four workers: waiting
+    await world.settle()
+    world.kube.remove(world.caches.workloads.resource, "wl", "default")
+    world.kube.sync(world.caches)
+    world.caches.nodes._stale()  # a node watch failed: nodes may be missing
+    writes = len(world.kube.writes)
+    result = await world.reconciler.reconcile(KEY)
+    assert result.requeue_after == 1.0
+    assert len(world.kube.writes) == writes
+    assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
+    await world.settle()  # listed again: current
+    assert world.requests() == []
+
+
 async def test_a_workload_the_cache_misses_but_the_server_has_is_left_alone() -> None:
     world = World(gang())
     await world.settle()

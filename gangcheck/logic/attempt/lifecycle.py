@@ -46,6 +46,7 @@ from gangcheck.model.names import (
     RESERVED_ANNOTATION,
     STARTED,
 )
+from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import (
     AtomicProvisioningSpec,
     FulfillmentMode,
@@ -306,19 +307,44 @@ def abandon(
     return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also)
 
 
+def clean_up_waits(
+    requests: Sequence[AttemptRecord],
+    capacity: Capacity | None,
+    config: AtomicProvisioningSpec | None,
+) -> bool:
+    """Whether withdrawing these attempts (`clean_up`, the orphan sweep) must wait until the
+    node cache has caught up: one of them would record the arrivals it had passed over
+    (`abandon`), and a node that registered while the node watch was down would be missed,
+    as `start_rollback` waits for the same reason."""
+    return (
+        capacity is not None
+        and not capacity.nodes_current
+        and any(not r.deleting and _waiting_templates(r, capacity, config) for r in requests)
+    )
+
+
+def _waiting_templates(
+    req: AttemptRecord, capacity: Capacity | None, config: AtomicProvisioningSpec | None
+) -> tuple[Obj, ...]:
+    """The pod templates of this attempt when abandoning it records its passed-over
+    arrivals: in fit mode, for a request still waiting; else none."""
+    if capacity is None or config is None or config.fulfillment.mode is not FulfillmentMode.FIT:
+        return ()
+    key = request_key(req)
+    waiting = next((w for w in capacity.waiting if w.key == key), None)
+    return waiting.templates if waiting is not None else ()
+
+
 def _unrecorded_when_abandoned(
     req: AttemptRecord,
     capacity: Capacity | None,
     config: AtomicProvisioningSpec | None,
     now: datetime | None,
 ) -> tuple[tuple[str, str], ...]:
-    if capacity is None or config is None or config.fulfillment.mode is not FulfillmentMode.FIT:
+    templates = _waiting_templates(req, capacity, config)
+    if capacity is None or not templates:
         return ()
-    key = request_key(req)
-    waiting = next((w for w in capacity.waiting if w.key == key), None)
-    if waiting is None or not waiting.templates:
-        return ()
-    pod_sets = tuple((str(i), 1, t) for i, t in enumerate(waiting.templates))
+    pod_sets = tuple((str(i), 1, t) for i, t in enumerate(templates))
     gang = GangSpec(pod_sets, namespace=req.ref.namespace)
     return unrecorded_arrivals(capacity, req, gang, now)
 

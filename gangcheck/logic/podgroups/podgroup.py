@@ -601,7 +601,10 @@ def group_key(group: PodGroup) -> str:
 
 
 def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
-    """Withdraw the group's attempts (lifecycle.clean_up)."""
+    """Withdraw the group's attempts (lifecycle.clean_up), once the node cache allows it
+    (lifecycle.clean_up_waits)."""
+    if lifecycle.clean_up_waits(snap.requests, snap.capacity, snap.config):
+        return GroupDecision(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
     return GroupDecision(
         actions=lifecycle.clean_up(
             snap.requests,

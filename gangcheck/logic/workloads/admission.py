@@ -158,17 +158,27 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     """The decision, plus deleting every request of the check, each with an Event."""
-    gone = _withdraw_attempts(snap, why).actions
+    withdrawn = _withdraw_attempts(snap, why)
+    gone = withdrawn.actions
     events = tuple(
         Event("ProvisioningRequestDeleted", f"Deleted ProvisioningRequest {a.name!r}: {why}")
         for a in gone
         if isinstance(a, DeleteRequest)
     )
-    return replace(decision, actions=(*gone, *decision.actions), events=(*decision.events, *events))
+    waits = [t for t in (decision.requeue_after, withdrawn.requeue_after) if t is not None]
+    return replace(
+        decision,
+        actions=(*gone, *decision.actions),
+        events=(*decision.events, *events),
+        requeue_after=min(waits, default=None),
+    )
 
 
 def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
-    """Withdraw every attempt this Workload has for this check (lifecycle.clean_up)."""
+    """Withdraw every attempt this Workload has for this check (lifecycle.clean_up), once
+    the node cache allows it (lifecycle.clean_up_waits)."""
+    if lifecycle.clean_up_waits(snap.requests, snap.capacity, snap.config):
+        return Decision(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
     return Decision(
         actions=lifecycle.clean_up(
             snap.requests,
