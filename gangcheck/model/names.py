@@ -59,6 +59,9 @@ RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
 is being retried). Written with the fence, in the same patch, so a fence is always recorded;
 cleared when the reclaim is done or the node is kept."""
 RECLAIM_TAINT = "gangcheck.io/reclaiming"
+FENCE_LABEL = RECLAIM_TAINT
+"""On a fenced Node, with the value "true": the parameter of the fence policy
+(manifests/base/fence-policy.yaml), under which kube-apiserver refuses every bind to it."""
 
 # ---- gangcheck.io: on Cluster API objects (the Machine reclaimer) -----------------------
 SCALED_DOWN_FOR = "gangcheck.io/scaled-down-for-machine"

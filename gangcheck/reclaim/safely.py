@@ -1,16 +1,18 @@
 """Reclaim one arrived node safely: judge, fence, let binds in flight land, judge again with
 fresh pods, then act; and say which of four things happened.
 
-Fencing (cordon plus the `gangcheck.io/reclaiming` taint, written with the node's
+Fencing (cordon, the `gangcheck.io/reclaiming` taint and label, written with the node's
 resourceVersion as precondition) keeps the scheduler from placing pods that do not tolerate
-it. It cannot stop a pod tolerating every taint, nor a pod whose spec.nodeName is set
-directly, and binding a pod does not change the Node: so after fencing gangcheck waits
-``SETTLE_SECONDS`` for binds already under way, lists again the pods bound or nominated to
-the node, and acts only if none but DaemonSet pods are there, with the resourceVersion of the
-node it judged. A pod found there wins: the fence is undone and the node kept. What remains
-is one round trip, between that last list and the act, that no Kubernetes precondition
-covers (a bind does not touch the Node); a pod bound then is named in the result
-(``bound_too_late``) and reported, never lost silently.
+it. Cordon and taint cannot stop a pod tolerating every taint, nor a pod whose spec.nodeName
+is set directly, and binding a pod does not change the Node: so after fencing gangcheck waits
+``SETTLE_SECONDS`` for binds already under way (and for kube-apiserver to see the label),
+lists again the pods bound or nominated to the node, and acts only if none but DaemonSet pods
+are there, with the resourceVersion of the node it judged. A pod found there wins: the fence
+is undone and the node kept. What remains is one round trip, between that last list and the
+act, that no precondition covers (a bind does not touch the Node). The fence policy
+(manifests/base/fence-policy.yaml) closes it where it is installed: kube-apiserver refuses
+every bind to a node with the label. Without it, or should it let one through, a pod bound
+then is named in the result (``bound_too_late``) and reported, never lost silently.
 
 The fence is recorded in the same patch (the `reclaim-when-idle` mark, with whether the node
 was cordoned before), so a reclaim interrupted after fencing is completed or undone by the
@@ -45,7 +47,7 @@ from gangcheck.logic.attempt.reclaim import (
     unfence_ops,
 )
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import RECLAIM_TAINT, RECLAIM_WHEN_IDLE
+from gangcheck.model.names import FENCE_LABEL, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
@@ -275,13 +277,15 @@ def _uid(node: Obj) -> str:
 
 
 async def _fence(kube: Kube, node: Obj, target: Target) -> Obj:
-    """Cordon, taint and record the fence in one write, on the node as read (resourceVersion):
-    the whole taint list is written, so the precondition is what keeps others' taints."""
+    """Cordon, taint, label (binds refused by the fence policy) and record the fence in one
+    write, on the node as read (resourceVersion): the whole taint list is written, so the
+    precondition is what keeps others' taints."""
     meta, spec = node["metadata"], node.get("spec") or {}
     taints = [t for t in spec.get("taints") or [] if t.get("key") != RECLAIM_TAINT]
     patch = {
         "metadata": {
             "resourceVersion": meta["resourceVersion"],
+            "labels": {FENCE_LABEL: "true"},
             "annotations": {RECLAIM_WHEN_IDLE: target.mark()},
         },
         "spec": {"unschedulable": True, "taints": [*taints, RECLAIM_TAINT_ENTRY]},

@@ -185,8 +185,9 @@ def test_webhook_with_a_provided_secret_uses_it_and_its_ca(helm: Path) -> None:
             "crd/gangcheck.io_atomicprovisioningconfigs.yaml",
         ),
         ("files/admission-policy.yaml", "base/admission-policy.yaml"),
+        ("files/fence-policy.yaml", "base/fence-policy.yaml"),
     ],
-    ids=["the CRD", "the admission policy"],
+    ids=["the CRD", "the admission policy", "the fence policy"],
 )
 def test_chart_copy_is_the_manifests_file(in_chart: str, in_manifests: str) -> None:
     manifests = repo_root() / "manifests"
@@ -195,23 +196,31 @@ def test_chart_copy_is_the_manifests_file(in_chart: str, in_manifests: str) -> N
 
 def test_rendered_admission_policy_is_the_kustomize_builds(helm: Path, tmp_path: Path) -> None:
     kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    ours = [o for o in template(helm) if o["kind"] in kinds]
-    theirs = [o for o in kustomize(tmp_path, ()) if o["kind"] in kinds]
+
+    def key(o: dict[str, Any]) -> tuple[str, str]:
+        return o["kind"], o["metadata"]["name"]
+
+    ours = sorted((o for o in template(helm) if o["kind"] in kinds), key=key)
+    theirs = sorted((o for o in kustomize(tmp_path, ()) if o["kind"] in kinds), key=key)
     # kustomize sets its namespace on these cluster-scoped kinds too; kubectl ignores it.
     for obj in theirs:
         obj["metadata"].pop("namespace", None)
-    assert len(ours) == 2
+    assert len(ours) == 4  # the admission policy and the fence policy, each with its binding
     assert ours == theirs
 
 
 def test_admission_policy_follows_the_release(helm: Path) -> None:
     objects = template(helm, release="team-a")
-    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy")
-    assert policy["metadata"]["name"] == "team-a-gangcheck-writes-only-its-own"
+    policies = {
+        o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+    }
+    assert sorted(policies) == ["team-a-gangcheck-fence", "team-a-gangcheck-writes-only-its-own"]
+    policy = policies["team-a-gangcheck-writes-only-its-own"]
     (condition,) = policy["spec"]["matchConditions"]
     assert "system:serviceaccount:gangcheck-system:team-a-gangcheck" in condition["expression"]
-    binding = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert "matchConditions" not in policies["team-a-gangcheck-fence"]["spec"]  # every writer
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
 
 
 @pytest.mark.parametrize(

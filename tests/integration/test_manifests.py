@@ -218,7 +218,9 @@ def test_the_base_builds_into_the_objects_an_operator_expects(
         "Service/gangcheck-metrics",
         "Service/gangcheck-webhook",
         "ServiceAccount/gangcheck",
+        "ValidatingAdmissionPolicy/gangcheck-fence",
         "ValidatingAdmissionPolicy/gangcheck-writes-only-its-own",
+        "ValidatingAdmissionPolicyBinding/gangcheck-fence",
         "ValidatingAdmissionPolicyBinding/gangcheck-writes-only-its-own",
     ]
     crd_file = MANIFESTS / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"

@@ -144,16 +144,25 @@ class Bed:
         return True
 
 
-@pytest.fixture
-async def bed(kube: Kube) -> AsyncIterator[Bed]:
+@contextlib.asynccontextmanager
+async def new_bed(kube: Kube) -> AsyncIterator[Bed]:
+    """A bed in a namespace of its own; its nodes are deleted after."""
     ns = f"rc{next(_ids)}-{datetime.now(UTC).strftime('%H%M%S%f')}"
     await kube.create(NAMESPACE, {"metadata": {"name": ns}})
     await kube.create(SERVICE_ACCOUNT, {"metadata": {"name": "default", "namespace": ns}})
     b = Bed(kube, ns)
-    yield b
-    for node in b.nodes:
-        with contextlib.suppress(NotFoundError):
-            await kube.delete(NODE, node)
+    try:
+        yield b
+    finally:
+        for node in b.nodes:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(NODE, node)
+
+
+@pytest.fixture
+async def bed(kube: Kube) -> AsyncIterator[Bed]:
+    async with new_bed(kube) as b:
+        yield b
 
 
 NOW = datetime.now

@@ -138,6 +138,12 @@ def fenced_node(taints: list[dict[str, Any]], *, cordoned: bool = True) -> dict[
     }
 
 
+def labelled(node: dict[str, Any]) -> dict[str, Any]:
+    """The node with gangcheck's fence label beside another writer's label."""
+    labels = {"gangcheck.io/reclaiming": "true", "example.com/pool": "gpu"}
+    return {**node, "metadata": {**node["metadata"], "labels": labels}}
+
+
 OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
 THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
 
@@ -159,11 +165,25 @@ THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSc
             {"op": "remove", "path": "/spec/taints/0"},
         ]),
         (fenced_node([THEIRS], cordoned=True), False, False, []),
+        (labelled(fenced_node([OURS])), False, False, [
+            {"op": "test", "path": "/spec/taints/0", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/0"},
+            {"op": "test", "path": "/spec/unschedulable", "value": True},
+            {"op": "remove", "path": "/spec/unschedulable"},
+            {"op": "test", "path": "/metadata/labels/gangcheck.io~1reclaiming", "value": "true"},
+            {"op": "remove", "path": "/metadata/labels/gangcheck.io~1reclaiming"},
+        ]),
+        (labelled(fenced_node([THEIRS], cordoned=False)), False, False, [
+            {"op": "test", "path": "/metadata/labels/gangcheck.io~1reclaiming", "value": "true"},
+            {"op": "remove", "path": "/metadata/labels/gangcheck.io~1reclaiming"},
+        ]),
     ],
     ids=[
         "unfencing removes only our taint, tested in place, our cordon and our mark",
         "a node cordoned before the fence stays cordoned",
         "a node without our taint is left alone, its cordon too",
+        "the fence label goes with the fence (binds allowed again), no other label",
+        "a fence label left without our taint goes alone",
     ],
 )  # fmt: skip
 def test_unfencing_touches_only_our_keys(

@@ -21,6 +21,7 @@ from gangcheck.logic.attempt.fulfillment import claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
+    FENCE_LABEL,
     OPT_OUT_LABEL,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
@@ -111,8 +112,9 @@ def is_fenced(node: Obj) -> bool:
 def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
     """JSON patch ops that undo gangcheck's fence and nothing else: each taint of ours is
     tested before it is removed (another writer's taint added or removed meanwhile fails the
-    test, never gets dropped), the cordon goes only if gangcheck set it, and the mark only
-    when `forget`. Empty when there is nothing of ours to undo."""
+    test, never gets dropped), the cordon goes only if gangcheck set it, the fence label
+    (binds allowed again), and the mark only when `forget`. Empty when there is nothing of
+    ours to undo."""
     spec = node.get("spec") or {}
     taints = spec.get("taints") or []
     ops: list[Obj] = []
@@ -123,9 +125,15 @@ def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
     if ours and not was_cordoned and spec.get("unschedulable"):
         ops += [{"op": "test", "path": "/spec/unschedulable", "value": True},
                 {"op": "remove", "path": "/spec/unschedulable"}]  # fmt: skip
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    meta = node.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    if FENCE_LABEL in labels:
+        ops += _test_and_remove("labels", FENCE_LABEL, labels[FENCE_LABEL])
     if forget and RECLAIM_WHEN_IDLE in annotations:
-        path = "/metadata/annotations/" + RECLAIM_WHEN_IDLE.replace("~", "~0").replace("/", "~1")
-        ops += [{"op": "test", "path": path, "value": annotations[RECLAIM_WHEN_IDLE]},
-                {"op": "remove", "path": path}]  # fmt: skip
+        ops += _test_and_remove("annotations", RECLAIM_WHEN_IDLE, annotations[RECLAIM_WHEN_IDLE])
     return ops
+
+
+def _test_and_remove(field: str, key: str, value: str) -> list[Obj]:
+    path = f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")
+    return [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]

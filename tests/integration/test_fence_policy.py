@@ -1,0 +1,186 @@
+"""The fence policy (manifests/base/fence-policy.yaml) on a real kube-apiserver: while a node
+carries gangcheck's fence label, the API server refuses every bind to it, so a pod bound in
+the last round trip of a reclaim (between gangcheck's last look at the node's pods and the
+delete: issue 11, defect 3) cannot land on a node about to go. Without the policy that pod
+is only reported (tests/integration/test_reclaim.py).
+
+The policy is applied as a person would (kubectl, server-side) for this module and removed
+after it. Where a bind must happen at an exact moment of the reclaim, the test wraps the
+client's pod list around the real server (as test_reclaim.py does); everything else, the
+refusal above all, is the server's own behaviour.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from gangcheck_dev.testbed.launcher import ControlPlane
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
+from gangcheck.kube.resources import NODE, POD
+from tests.builders import container
+from tests.integration.harness import eventually
+from tests.integration.test_manifests import BASE, apply, kubectl
+from tests.integration.test_reclaim import (
+    Bed,
+    after_first_recheck,
+    fence_of,
+    new_bed,
+    reclaim_safely,
+)
+
+pytestmark = pytest.mark.integration
+FENCE_LABEL = "gangcheck.io/reclaiming"
+POLICY_FILE = BASE / "fence-policy.yaml"
+
+
+@pytest.fixture(scope="module")
+def fence_policy(control_plane: ControlPlane) -> Iterator[None]:
+    text = POLICY_FILE.read_text()
+    apply(control_plane, text)
+    try:
+        yield
+    finally:
+        kubectl(control_plane, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+@pytest.fixture
+async def fenced(fence_policy: None, control_plane: ControlPlane) -> AsyncIterator[Bed]:
+    """A bed (test_reclaim.py's), once the API server enforces the policy (it loads policies
+    and their parameters from informers): a dry-run pod onto a probe node with the label is
+    refused."""
+    async with await Kube.connect(str(control_plane.kubeconfig)) as kube, new_bed(kube) as bed:
+        await until_enforced(bed)
+        yield bed
+
+
+async def until_enforced(bed: Bed) -> None:
+    probe = await bed.node(labels={FENCE_LABEL: "true"})
+
+    async def refused() -> bool:
+        try:
+            await bed.kube.request(
+                "POST", POD.collection_path(bed.ns), query={"dryRun": "All"},
+                body=pod_on(bed.ns, f"probe-{uuid.uuid4().hex[:6]}", probe),
+            )  # fmt: skip
+        except ForbiddenError as e:
+            return "being reclaimed by gangcheck" in str(e)
+        return False
+
+    await eventually(refused, timeout=30, what="the fence policy to be enforced")
+
+
+def pod_on(ns: str, name: str, node: str, **annotations: str) -> dict[str, Any]:
+    """A pod created with spec.nodeName set (no scheduler), tolerating every taint."""
+    meta = {"name": name, "namespace": ns, "annotations": annotations}
+    spec = {"nodeName": node, "tolerations": [{"operator": "Exists"}], "containers": [container()]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+class Binder:
+    """Binds a pod tolerating every taint at the moment the wrapper calls it, and keeps the
+    API server's answer."""
+
+    def __init__(self, bed: Bed, name: str, node: str) -> None:
+        self.bed, self.name, self.node = bed, name, node
+        self.refused: ApiError | None = None
+        self.called = False
+
+    async def __call__(self) -> None:
+        self.called = True
+        try:
+            await self.bed.bind(self.name, self.node)
+        except ForbiddenError as e:
+            self.refused = e
+
+    async def pod_node(self) -> str | None:
+        pod = await self.bed.kube.get(POD, self.name, self.bed.ns)
+        node: str | None = pod["spec"].get("nodeName")
+        return node
+
+
+@pytest.mark.parametrize(
+    "lists",
+    [1, 4],
+    ids=["right after the fence", "in the last round trip, after the last look"],
+)
+async def test_a_bind_to_a_node_being_reclaimed_is_refused_and_the_node_reclaimed(
+    fenced: Bed, lists: int
+) -> None:
+    """Defect 3, closed: a pod tolerating every taint, bound as kube-scheduler binds, right
+    after the fence or between the last look and the delete. The API server refuses the
+    bind; the node is reclaimed with no pod on it, and the pod is not lost: it exists,
+    unbound, for the scheduler to place elsewhere."""
+    node = await fenced.node()
+    binder = Binder(fenced, "tolerates-all", node)
+    restore = after_first_recheck(fenced.kube, node, binder, lists=lists)
+    try:
+        result = await reclaim_safely(fenced.kube, fenced.target(node), datetime.now(UTC))
+    finally:
+        restore()
+    assert binder.called
+    assert binder.refused is not None, "the bind to a fenced node went through"
+    assert f"node {node} is being reclaimed by gangcheck" in str(binder.refused)
+    assert result.verdict == "reclaimed"
+    assert result.bound_too_late == ()
+    assert not await fenced.exists(node)
+    assert await binder.pod_node() is None
+
+
+async def test_a_pod_created_onto_a_fenced_node_is_refused_but_a_mirror_pod_is_not(
+    fenced: Bed,
+) -> None:
+    """spec.nodeName set at creation bypasses the scheduler: refused on a fenced node. A
+    mirror pod (a static pod its kubelet reports) is let through; a node without the label
+    takes any pod."""
+    node = await fenced.node(labels={FENCE_LABEL: "true"})
+    with pytest.raises(ForbiddenError, match="being reclaimed by gangcheck"):
+        await fenced.kube.create(POD, pod_on(fenced.ns, "direct", node))
+    with pytest.raises(NotFoundError):
+        await fenced.kube.get(POD, "direct", fenced.ns)
+    mirror = {"kubernetes.io/config.mirror": "abc"}
+    await fenced.kube.create(POD, pod_on(fenced.ns, "static", node, **mirror))
+    other = await fenced.node()
+    await fenced.kube.create(POD, pod_on(fenced.ns, "elsewhere", other))
+    assert (await fenced.kube.get(POD, "elsewhere", fenced.ns))["spec"]["nodeName"] == other
+
+
+async def test_a_node_kept_after_the_fence_takes_binds_again(fenced: Bed) -> None:
+    """A pod nominated to the node right after the fence keeps it (the re-check sees it):
+    gangcheck undoes the fence, its label included, and the API server lets binds through
+    again; the node is exactly as before."""
+    node = await fenced.node(labels={"example.com/pool": "gpu"})
+    before = await fenced.kube.get(NODE, node)
+
+    async def nominate() -> None:
+        await fenced.kube.create(POD, {"metadata": {"name": "nominated", "namespace": fenced.ns},
+                                       "spec": {"containers": [container()]}})  # fmt: skip
+        await fenced.kube.merge_patch(
+            POD, "nominated", {"status": {"nominatedNodeName": node}}, fenced.ns,
+            subresource="status",
+        )  # fmt: skip
+
+    restore = after_first_recheck(fenced.kube, node, nominate)
+    try:
+        result = await reclaim_safely(fenced.kube, fenced.target(node), datetime.now(UTC))
+    finally:
+        restore()
+    assert result.verdict == "keep"
+    assert "nominated" in result.reason
+    after = await fenced.kube.get(NODE, node)
+    assert fence_of(after) == (False, [], None)
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+
+    async def bound() -> bool:
+        try:
+            await fenced.bind(f"after-{uuid.uuid4().hex[:6]}", node)
+        except ForbiddenError:
+            return False  # the API server's informer has not seen the label go yet
+        return True
+
+    await eventually(bound, timeout=30, what="binds to the unfenced node to be let through")
