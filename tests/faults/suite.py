@@ -4,7 +4,8 @@ gangcheck runs as real processes (two replicas with leader election, each throug
 fault-injecting proxy to the test bed's kube-apiserver); the suite plays Kueue core and the
 autoscaler for every gang, following a plan drawn from a seed: full deliveries, partial
 deliveries rolled back at the deadline, late failures, gangs deleted mid-attempt. Chaos kills
-replicas with SIGKILL at random moments and starts them again.
+replicas with SIGKILL at random moments and starts them again; an adversary binds pods
+tolerating every taint to nodes about to be reclaimed, at random moments around their fence.
 
 At the end it counts, from durable records only (the objects on the server and the proxies'
 logs of every write): duplicate requests per attempt, leaked requests / templates / nodes,
@@ -33,12 +34,12 @@ from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
-from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
 from gangcheck.model.names import ARRIVED_FOR, OPT_OUT_LABEL
-from tests.builders import WorkloadBuilder, pod_template
+from tests.builders import WorkloadBuilder, container, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
-from tests.integration.harness import Cluster
+from tests.integration.harness import FENCE_LABEL, Cluster
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
 LEASE_NAMESPACE = "default"
@@ -60,6 +61,10 @@ class Scenario:
     """Moments the Workload watches are cut and the next lists and watches answered 404."""
     restarts: int = 0
     """kube-apiserver restarts (stopped and started again on the same port and etcd)."""
+    binds: int = 0
+    """Adversarial binds: pods tolerating every taint bound (pods/binding, as kube-scheduler
+    binds) to nodes arrived for attempts that will be rolled back, at random moments, most to
+    a node gangcheck is fencing at that moment."""
     deadline: int = 6
     timeout: float = 240.0
 
@@ -89,6 +94,8 @@ class Tally:
     overlapping_writes: int = 0
     kills: int = 0
     restarts: int = 0
+    binds_accepted: int = 0
+    binds_refused: int = 0
     seconds: float = 0.0
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
@@ -275,6 +282,23 @@ class Ledger:
     """Nodes an attempt ended without recording (their claim lost to faults)."""
     converged: set[str] = field(default_factory=set)
     attempts: int = 0
+    binds: list[Bind] = field(default_factory=list)
+
+    def bound(self) -> set[str]:
+        """Nodes a pod was bound to: gangcheck must keep them (or have deleted them before)."""
+        return {b.node for b in self.binds if b.accepted}
+
+
+@dataclass(frozen=True)
+class Bind:
+    """One adversarial bind and the API server's answer."""
+
+    node: str
+    fenced: bool
+    """The node carried gangcheck's fence label when it was picked."""
+    sent: float
+    answered: float
+    accepted: bool
 
 
 def spec(deadline: int) -> dict[str, Any]:
@@ -322,7 +346,7 @@ async def drive(
         if outcome == DELETED:
             await cluster.kube.delete(WORKLOAD, gang.name, cluster.ns)
             await cluster.wait_request_gone(name, timeout=patience)
-            await _reclaimed(cluster, nodes, patience)
+            await _reclaimed(cluster, nodes, patience, ledger)
             await _retire(cluster, opted)
             ledger.converged.add(key)
             return
@@ -397,14 +421,70 @@ async def _retire(cluster: Cluster, opted: list[str]) -> None:
             await _retrying(cluster.kube.delete, NODE, name)
 
 
-async def _reclaimed(cluster: Cluster, nodes: list[str], patience: float) -> None:
+async def _reclaimed(cluster: Cluster, nodes: list[str], patience: float, ledger: Ledger) -> None:
+    """Wait until the nodes are reclaimed, but those a pod was bound to (kept, rightly)."""
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
         present = {n["metadata"]["name"] for n in await cluster.nodes()}
-        if not present & set(nodes):
+        if not present & (set(nodes) - ledger.bound()):
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"{nodes} not reclaimed in {patience}s")
+
+
+async def adversary(
+    kube: Kube, scenario: Scenario, ledger: Ledger, rng: random.Random, stop: asyncio.Event
+) -> None:
+    """Bind pods tolerating every taint to nodes arrived for attempts that will be rolled
+    back, at random moments, until `stop`: most to a node gangcheck is fencing (its label on
+    it) when one is, else to any such node. A bind the API server accepts makes the node one
+    gangcheck must keep; the fence policy refuses a bind to a fenced node."""
+    for i in range(scenario.binds):
+        await asyncio.sleep(rng.uniform(0.2, 1.5))
+        picked = await _pick(kube, ledger, rng, prefer_fenced=rng.random() < 0.7, stop=stop)
+        if picked is None:
+            return
+        node, fenced = picked
+        namespace = ledger.made_for[node].split("/", 1)[0]
+        name = f"adversary-{i}"
+        spec = {"tolerations": [{"operator": "Exists"}], "containers": [container()]}
+        pod = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        await _retrying(kube.create, POD, pod)
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        sent = time.monotonic()
+        try:
+            await kube.request("POST", POD.object_path(name, namespace) + "/binding", body=binding)
+            accepted = True
+        except ApiError as e:
+            if e.status not in (403, 409):
+                raise
+            # 409: the client retried a bind whose answer was lost; the pod says if it landed
+            landed = (await kube.get(POD, name, namespace))["spec"].get("nodeName")
+            accepted = e.status == 409 and landed == node
+        ledger.binds.append(Bind(node, fenced, sent, time.monotonic(), accepted))
+
+
+async def _pick(
+    kube: Kube, ledger: Ledger, rng: random.Random, *, prefer_fenced: bool, stop: asyncio.Event
+) -> tuple[str, bool] | None:
+    """A node arrived for an attempt that will be rolled back, present now, not opted out and
+    not bound to yet, with whether it is fenced; fenced ones first for up to 10 s when
+    preferred. None once `stop` is set."""
+    deadline = time.monotonic() + 10
+    while not stop.is_set():
+        listed = (await kube.list_objects(NODE)).get("items") or []
+        nodes = {
+            n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(FENCE_LABEL) == "true"
+            for n in listed
+        }
+        open_ = sorted(set(nodes) & (ledger.may_reclaim - ledger.opted_out - ledger.bound()))
+        fenced = [n for n in open_ if nodes[n]]
+        if fenced or (open_ and (not prefer_fenced or time.monotonic() > deadline)):
+            node = rng.choice(fenced or open_)
+            return node, nodes[node]
+        await asyncio.sleep(0.1)
+    return None
 
 
 # ---- one run -------------------------------------------------------------------------------
@@ -448,6 +528,8 @@ async def _run(  # noqa: PLR0917
         ):
             rng = random.Random(scenario.seed + 2)
             killing = asyncio.create_task(chaos(running, scenario, tally, control_plane))
+            binds, stop = random.Random(scenario.seed + 3), asyncio.Event()
+            binding = asyncio.create_task(adversary(kube, scenario, ledger, binds, stop))
             gangs = [
                 asyncio.create_task(drive(c, g, scenario, ledger, random.Random(rng.random())))
                 for c, g in zip(clusters, plans, strict=True)
@@ -455,6 +537,8 @@ async def _run(  # noqa: PLR0917
             done = await asyncio.gather(*gangs, return_exceptions=True)
             tally.seconds = time.monotonic() - began
             await killing
+            stop.set()
+            await binding
             for gang, outcome in zip(plans, done, strict=True):
                 if isinstance(outcome, BaseException):
                     tally.problems.append(f"{gang.name}: {outcome}")
@@ -473,7 +557,7 @@ async def _settle(clusters: list[Cluster], ledger: Ledger) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         present = {n["metadata"]["name"] for c in clusters for n in await c.nodes()}
-        if not present & (ledger.may_reclaim - ledger.opted_out):
+        if not present & (ledger.may_reclaim - ledger.opted_out - ledger.bound()):
             return
         await asyncio.sleep(0.3)
 
@@ -507,22 +591,29 @@ async def count(
                 tally.problems.append(f"leaked template {template['metadata']['name']}")
         for node in await cluster.nodes():
             name = node["metadata"]["name"]
-            if name in ledger.may_reclaim and name not in ledger.opted_out:
+            if name in ledger.may_reclaim - ledger.opted_out - ledger.bound():
                 tally.leaked_nodes += 1
                 tally.problems.append(f"leaked node {name} (made for {ledger.made_for[name]})")
-    deleted = [
-        w.path.rsplit("/", 1)[-1]
-        for w in faults.writes
-        if w.method == "DELETE" and "/api/v1/nodes/" in w.path and w.status < 300
-    ]
+    node_deletes = [w for w in faults.writes if w.method == "DELETE" and "/api/v1/nodes/" in w.path]
+    deleted = [w.path.rsplit("/", 1)[-1] for w in node_deletes if w.status < 300]
     tally.reclaimed = len(deleted)
     safe = ledger.may_reclaim - ledger.opted_out - ledger.unrecorded
     unsafe = [n for n in deleted if n not in safe]
+    unsafe += [n for n in deleted if n in safe and _ran_a_pod(n, node_deletes, ledger.binds)]
     tally.unsafe_reclaims = len(unsafe)
     tally.problems.extend(f"unsafe reclaim of {n}" for n in unsafe)
+    tally.binds_accepted = sum(1 for b in ledger.binds if b.accepted)
+    tally.binds_refused = sum(1 for b in ledger.binds if not b.accepted)
     overlaps = overlapping_writes(faults.writes)
     tally.overlapping_writes = len(overlaps)
     tally.problems.extend(f"write while another led: {w}" for w in overlaps[:5])
+
+
+def _ran_a_pod(node: str, deletes: list[Write], binds: list[Bind]) -> bool:
+    """A pod was bound to the node before gangcheck's delete of it was answered: the node was
+    deleted with a pod on it, or possibly so (a bind sent while the delete was in flight)."""
+    gone = max((w.answered for w in deletes if w.path.rsplit("/", 1)[-1] == node), default=0.0)
+    return any(b.node == node and b.accepted and b.sent < gone for b in binds)
 
 
 def _done(cluster: Cluster, gang: GangPlan, ledger: Ledger) -> bool:
@@ -590,17 +681,18 @@ def table(tallies: list[Tally], baseline: Tally | None) -> str:
     head = (
         f"{'scenario':<28} {'gangs':>5} {'conv':>5} {'att':>4} {'dup':>4} {'leak r/t/n':>10} "
         f"{'unsafe':>6} {'reclaim':>7} {'unrec':>5} {'2 leaders':>9} {'kills':>5} {'restarts':>8} "
-        f"{'seconds':>7} {'vs base':>7}"
+        f"{'binds ok/no':>11} {'seconds':>7} {'vs base':>7}"
     )
     rows = [head, "-" * len(head)]
     for t in tallies:
         ratio = f"{t.seconds / baseline.seconds:.2f}x" if baseline and baseline.seconds else "-"
         leaks = f"{t.leaked_requests}/{t.leaked_templates}/{t.leaked_nodes}"
+        binds = f"{t.binds_accepted}/{t.binds_refused}"
         rows.append(
             f"{t.scenario:<28} {t.gangs:>5} {t.converged:>5} {t.attempts:>4} {t.duplicates:>4} "
             f"{leaks:>10} {t.unsafe_reclaims:>6} {t.reclaimed:>7} {t.unrecorded:>5} "
             f"{t.overlapping_writes:>9} "
-            f"{t.kills:>5} {t.restarts:>8} {t.seconds:>7.1f} {ratio:>7}"
+            f"{t.kills:>5} {t.restarts:>8} {binds:>11} {t.seconds:>7.1f} {ratio:>7}"
         )
     rows.append("")
     rows.append("faults injected:")

@@ -7,12 +7,16 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
+
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.errors import ConflictError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -30,10 +34,52 @@ from gangcheck.logic.timefmt import format_time
 from tests.builders import CONTROLLER, WorkloadBuilder, container, node
 
 TEST_LABEL = "gangcheck-test"
+FENCE_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "fence-policy.yaml"
+FENCE_LABEL = "gangcheck.io/reclaiming"
+FENCE_REFUSAL = "is being reclaimed by gangcheck"
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 _ids = itertools.count(1)
+
+
+@contextlib.contextmanager
+def fence_policy_installed(cp: ControlPlane) -> Iterator[None]:
+    """manifests/base/fence-policy.yaml applied as a person would (kubectl, server-side), and
+    removed afterwards."""
+    text = FENCE_POLICY.read_text()
+    args = ("apply", "--server-side", "--field-manager=gangcheck-tests", "-f", "-")
+    done = cp.run_kubectl(*args, stdin=text, check=False)
+    assert done.returncode == 0, f"kubectl apply failed: {done.stderr}"
+    try:
+        yield
+    finally:
+        cp.run_kubectl("delete", "--ignore-not-found", "-f", "-", stdin=text, check=False)
+
+
+async def until_fence_enforced(kube: Kube, namespace: str) -> None:
+    """The API server loads policies and their parameters from informers: wait until a
+    dry-run pod onto a probe node carrying the fence label is refused. The probe node is
+    deleted again."""
+    probe = f"fence-probe-{uuid.uuid4().hex[:8]}"
+    await kube.create(NODE, {"metadata": {"name": probe, "labels": {FENCE_LABEL: "true"}}})
+
+    async def refused() -> bool:
+        meta = {"name": probe, "namespace": namespace}
+        spec = {"nodeName": probe, "containers": [container()]}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        try:
+            await kube.request("POST", POD.collection_path(namespace), query={"dryRun": "All"},
+                               body=body)  # fmt: skip
+        except ForbiddenError as e:
+            return FENCE_REFUSAL in str(e)
+        return False
+
+    try:
+        await eventually(refused, timeout=30, what="the fence policy to be enforced")
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(NODE, probe)
 
 
 def now() -> str:

@@ -24,8 +24,13 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
 from tests.builders import container
-from tests.integration.harness import eventually
-from tests.integration.test_manifests import BASE, apply, kubectl
+from tests.integration.harness import (
+    FENCE_LABEL,
+    FENCE_REFUSAL,
+    eventually,
+    fence_policy_installed,
+    until_fence_enforced,
+)
 from tests.integration.test_reclaim import (
     Bed,
     after_first_recheck,
@@ -35,44 +40,20 @@ from tests.integration.test_reclaim import (
 )
 
 pytestmark = pytest.mark.integration
-FENCE_LABEL = "gangcheck.io/reclaiming"
-POLICY_FILE = BASE / "fence-policy.yaml"
 
 
 @pytest.fixture(scope="module")
 def fence_policy(control_plane: ControlPlane) -> Iterator[None]:
-    text = POLICY_FILE.read_text()
-    apply(control_plane, text)
-    try:
+    with fence_policy_installed(control_plane):
         yield
-    finally:
-        kubectl(control_plane, "delete", "--ignore-not-found", "-f", "-", stdin=text)
 
 
 @pytest.fixture
 async def fenced(fence_policy: None, control_plane: ControlPlane) -> AsyncIterator[Bed]:
-    """A bed (test_reclaim.py's), once the API server enforces the policy (it loads policies
-    and their parameters from informers): a dry-run pod onto a probe node with the label is
-    refused."""
+    """A bed (test_reclaim.py's), once the API server enforces the policy."""
     async with await Kube.connect(str(control_plane.kubeconfig)) as kube, new_bed(kube) as bed:
-        await until_enforced(bed)
+        await until_fence_enforced(kube, bed.ns)
         yield bed
-
-
-async def until_enforced(bed: Bed) -> None:
-    probe = await bed.node(labels={FENCE_LABEL: "true"})
-
-    async def refused() -> bool:
-        try:
-            await bed.kube.request(
-                "POST", POD.collection_path(bed.ns), query={"dryRun": "All"},
-                body=pod_on(bed.ns, f"probe-{uuid.uuid4().hex[:6]}", probe),
-            )  # fmt: skip
-        except ForbiddenError as e:
-            return "being reclaimed by gangcheck" in str(e)
-        return False
-
-    await eventually(refused, timeout=30, what="the fence policy to be enforced")
 
 
 def pod_on(ns: str, name: str, node: str, **annotations: str) -> dict[str, Any]:
@@ -139,7 +120,7 @@ async def test_a_pod_created_onto_a_fenced_node_is_refused_but_a_mirror_pod_is_n
     mirror pod (a static pod its kubelet reports) is let through; a node without the label
     takes any pod."""
     node = await fenced.node(labels={FENCE_LABEL: "true"})
-    with pytest.raises(ForbiddenError, match="being reclaimed by gangcheck"):
+    with pytest.raises(ForbiddenError, match=FENCE_REFUSAL):
         await fenced.kube.create(POD, pod_on(fenced.ns, "direct", node))
     with pytest.raises(NotFoundError):
         await fenced.kube.get(POD, "direct", fenced.ns)
