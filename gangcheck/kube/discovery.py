@@ -93,8 +93,7 @@ async def served_resources(kube: Kube, candidates: Iterable[Resource]) -> dict[s
         for version in (v for v in versions if v in listed):
             listing = await _get_or_none(kube, f"/apis/{group}/{version}")
             if listing is not None:
-                names = {str(r.get("name")) for r in _mappings(listing.get("resources"))}
-                served[f"{group}/{version}"] = names
+                served[f"{group}/{version}"] = _resource_names(listing)
     return served
 
 
@@ -103,9 +102,12 @@ async def serves(kube: Kube, res: Resource) -> bool:
     404 there: not served). Other errors are raised: the answer is not known."""
     path = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
     listing = await _get_or_none(kube, path)
-    return listing is not None and res.plural in {
-        str(r.get("name")) for r in _mappings(listing.get("resources"))
-    }
+    return listing is not None and res.plural in _resource_names(listing)
+
+
+def _resource_names(listing: Mapping[str, Any]) -> set[str]:
+    """The resource names (plurals, subresources too) a group version's document lists."""
+    return {str(r.get("name")) for r in _mappings(listing.get("resources"))}
 
 
 async def _get_or_none(kube: Kube, path: str) -> dict[str, Any] | None:

@@ -3,13 +3,13 @@ or as the container of its image.
 
 :func:`deploy_gangcheck` installs what ``manifests/base`` grants the controller (Namespace,
 CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus the
-``reclaim-delete-node`` component, mints a token for the ServiceAccount (TokenRequest API),
+``reclaim-delete-node`` component and the base's fence policy, mints a token for the ServiceAccount (TokenRequest API),
 writes a kubeconfig holding only that token, and runs ``python -m gangcheck run`` with it: the
 controller has exactly the permissions the manifests give it, nothing of the admin's.
 :func:`start_sim_cloud` writes the simulated cloud's ConfigMap and runs
 ``python -m gangcheck_dev sim-cloud``. Both return a :class:`ManagedProcess`.
 
-Only the RBAC and the CRD are applied, never the Deployment: on this test bed there is no
+Only these are applied, never the Deployment: on this test bed there is no
 kubelet to run an image, so the controller runs here as a child process, or, given an image
 (:func:`gangcheck_dev.testbed.container.ensure_image`), as the container the Deployment
 describes, run by docker on the host's network (:func:`run_controller_container`).
@@ -69,6 +69,11 @@ _APPLIED_KINDS = frozenset(
         "RoleBinding",
     }
 )
+#: Of the base's admission policies, the fence (kube-apiserver refuses binds to a node
+#: gangcheck is reclaiming), so kube-scheduler's binds meet it as in a cluster installed from
+#: the base. The ServiceAccount's policy is proven in tests/integration/test_admission_policy.py.
+_APPLIED_POLICIES = frozenset({"gangcheck-fence"})
+_POLICY_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 _FIELD_MANAGER = "gangcheck-testbed"
 _TOKEN_SECONDS = 24 * 3600
 _READY_TIMEOUT = 60.0
@@ -185,9 +190,14 @@ def kustomize_objects(
 
 
 def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> list[dict[str, Any]]:
-    """:func:`kustomize_objects`, keeping only the kinds in ``_APPLIED_KINDS``."""
-    docs = kustomize_objects(kubectl, workdir, components)
-    return [doc for doc in docs if doc.get("kind") in _APPLIED_KINDS]
+    """:func:`kustomize_objects`, keeping only what :func:`deploy_gangcheck` applies."""
+    return [doc for doc in kustomize_objects(kubectl, workdir, components) if _applied(doc)]
+
+
+def _applied(doc: dict[str, Any]) -> bool:
+    if doc.get("kind") in _POLICY_KINDS:
+        return doc["metadata"]["name"] in _APPLIED_POLICIES
+    return doc.get("kind") in _APPLIED_KINDS
 
 
 def _token_kubeconfig(
@@ -304,7 +314,7 @@ def deploy_gangcheck(
     workdir.mkdir(parents=True, exist_ok=True)
     kubectl = kubectl or find_kubectl()
     rendered = kustomize_objects(kubectl, workdir / name, components)
-    objects = [o for o in rendered if o.get("kind") in _APPLIED_KINDS]
+    objects = [o for o in rendered if _applied(o)]
     # The namespace and CRD first: the namespaced objects and the config informer need them.
     first = [o for o in objects if o["kind"] in ("Namespace", "CustomResourceDefinition")]
     _apply(kubectl, kubeconfig, first)
