@@ -283,7 +283,7 @@ class FaultProxy:
             request.method,
             self.server + request.path_qs,
             data=body or None,
-            headers=_forwarded(request.headers),
+            headers=_upstream_headers(request.headers),
         ) as upstream:
             data = await upstream.read()
             headers = _forwarded(upstream.headers)
@@ -313,7 +313,7 @@ class FaultProxy:
             await response.prepare(request)
             await asyncio.Event().wait()
         async with self._session.get(
-            self.server + request.path_qs, headers=_forwarded(request.headers)
+            self.server + request.path_qs, headers=_upstream_headers(request.headers)
         ) as upstream:
             response.set_status(upstream.status)
             response.headers.update(_forwarded(upstream.headers))
@@ -361,6 +361,14 @@ def _name_of(request: web.Request, body: bytes) -> str:
 
 def _forwarded(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+
+
+def _upstream_headers(headers: Any) -> dict[str, str]:
+    """The client's headers, asking the server for an uncompressed answer: the proxy passes
+    bodies on as they come (and reads lists to empty them), and its own HTTP client would
+    otherwise ask for gzip, which kube-apiserver uses for answers over 128 KiB."""
+    kept = {k: v for k, v in _forwarded(headers).items() if k.lower() != "accept-encoding"}
+    return {**kept, "Accept-Encoding": "identity"}
 
 
 def _status(rule: Rule) -> web.Response:
