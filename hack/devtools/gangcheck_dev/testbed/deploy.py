@@ -3,9 +3,10 @@ or as the container of its image.
 
 :func:`deploy_gangcheck` installs what ``manifests/base`` grants the controller (Namespace,
 CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus the
-``reclaim-delete-node`` component and the base's fence policy, mints a token for the ServiceAccount (TokenRequest API),
-writes a kubeconfig holding only that token, and runs ``python -m gangcheck run`` with it: the
-controller has exactly the permissions the manifests give it, nothing of the admin's.
+``reclaim-delete-node`` component and the base's fence policy, mints a token for the
+ServiceAccount (TokenRequest API), writes a kubeconfig holding only that token, and runs
+``python -m gangcheck run`` with it: the controller has exactly the permissions the manifests
+give it, nothing of the admin's.
 :func:`start_sim_cloud` writes the simulated cloud's ConfigMap and runs
 ``python -m gangcheck_dev sim-cloud``. Both return a :class:`ManagedProcess`.
 
