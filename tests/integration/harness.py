@@ -57,15 +57,16 @@ def fence_policy_installed(cp: ControlPlane) -> Iterator[None]:
         cp.run_kubectl("delete", "--ignore-not-found", "-f", "-", stdin=text, check=False)
 
 
-async def until_fence_enforced(kube: Kube, namespace: str) -> None:
-    """The API server loads policies and their parameters from informers: wait until a
-    dry-run pod onto a probe node carrying the fence label is refused. The probe node is
-    deleted again."""
-    probe = f"fence-probe-{uuid.uuid4().hex[:8]}"
-    await kube.create(NODE, {"metadata": {"name": probe, "labels": {FENCE_LABEL: "true"}}})
+async def until_fence_enforced(kube: Kube, namespace: str, node: str | None = None) -> None:
+    """The API server loads policies and their parameters (the fenced nodes) from informers:
+    wait until a dry-run pod onto `node` (which carries the fence label), or else onto a
+    probe node made with it and deleted again, is refused."""
+    probe = node or f"fence-probe-{uuid.uuid4().hex[:8]}"
+    if node is None:
+        await kube.create(NODE, {"metadata": {"name": probe, "labels": {FENCE_LABEL: "true"}}})
 
     async def refused() -> bool:
-        meta = {"name": probe, "namespace": namespace}
+        meta = {"name": f"fence-probe-{uuid.uuid4().hex[:8]}", "namespace": namespace}
         spec = {"nodeName": probe, "containers": [container()]}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
         try:
@@ -76,10 +77,11 @@ async def until_fence_enforced(kube: Kube, namespace: str) -> None:
         return False
 
     try:
-        await eventually(refused, timeout=30, what="the fence policy to be enforced")
+        await eventually(refused, timeout=30, what=f"binds to {probe} to be refused")
     finally:
-        with contextlib.suppress(NotFoundError):
-            await kube.delete(NODE, probe)
+        if node is None:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(NODE, probe)
 
 
 def now() -> str:
