@@ -918,3 +918,156 @@ def test_the_diagnosis_counts_devices_as_the_controller_does() -> None:
     assert 'claim "gpu"' in counted.summary
     blind = place(gang, world.nodes, world.pods)  # claims ignored: what diagnose said before
     assert blind is not None and blind.placeable == 3
+
+
+# --- nodes alike: trial allocations shared by node shape --------------------------------------
+
+
+def counters(name: str = "c", units: str = "1") -> Obj:
+    return {"name": name, "counters": {"units": {"value": units}}}
+
+
+def counted(name: str, counter_set: str = "c") -> Obj:
+    """A GPU taking one unit of `counter_set` of its pool."""
+    return device(
+        name, consumesCounters=[{"counterSet": counter_set, "counters": {"units": {"value": "1"}}}]
+    )
+
+
+def one_pool_two_counted(node_name: str) -> list[Obj]:
+    """Two GPUs sharing one counter of one unit: one usable at a time."""
+    pool = dict(node=node_name, pool=node_name, count=2)
+    return [
+        rslice(f"{node_name}-counters", **pool, sharedCounters=[counters()]),
+        rslice(f"{node_name}-gpus", [counted("gpu-0"), counted("gpu-1")], **pool),
+    ]
+
+
+def two_pools_one_counted_each(node_name: str) -> list[Obj]:
+    """The same two GPUs, each in its own pool with its own unit: both usable."""
+    out = []
+    for i in range(2):
+        pool = dict(node=node_name, pool=f"{node_name}-{i}", count=2)
+        out += [
+            rslice(f"{node_name}-{i}-counters", **pool, sharedCounters=[counters()]),
+            rslice(f"{node_name}-{i}-gpus", [counted(f"gpu-{i}")], **pool),
+        ]
+    return out
+
+
+def shared_on(node_name: str) -> Obj:
+    claim = allocated("fabric", "gpu-0", pool="fabric")
+    claim["status"]["allocation"]["nodeSelector"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+        ]
+    }
+    return claim
+
+
+@pytest.mark.parametrize(
+    ("slices", "claims", "pod", "per_member", "placements"),
+    [
+        pytest.param(
+            [*one_pool_two_counted("n1"), *two_pools_one_counted_each("n2")],
+            [],
+            pod_spec(),
+            2,
+            {"n2": ("w",)},
+            id="alike devices, counters shared on n1 only",
+        ),
+        pytest.param(
+            [rslice("s1", gpus(4), node="n1"), rslice("s2", gpus(4), node="n2")],
+            [allocated("busy", "gpu-0", pool="n1")],
+            pod_spec(),
+            4,
+            {"n2": ("w",)},
+            id="alike devices, one in use on n1",
+        ),
+        pytest.param(
+            [rslice("s1", gpus(1), node="n1"), rslice("s2", gpus(1), node="n2")],
+            [shared_on("n2")],
+            pod_spec((("gpu", "tpl"), ("fabric", "named:fabric"))),
+            1,
+            {"n2": ("w",)},
+            id="alike devices, the member's allocated claim usable on n2 only",
+        ),
+    ],
+)
+def test_nodes_of_one_shape_share_a_trial_not_nodes_that_only_look_alike(
+    slices: list[Obj], claims: list[Obj], pod: Obj, per_member: int, placements: Obj
+) -> None:
+    """Trial allocations are worked out once per node shape: nodes whose devices differ only
+    in name share one; these pairs look alike device by device and must not."""
+    named = {c["metadata"]["name"]: c for c in claims}
+    tpl = {"tpl": template("tpl", [exactly(count=per_member)])}
+    member = member_from_pod_spec(pod, DraContext(tpl, named))
+    inventory = build_inventory(slices, [device_class()], claims)
+    result = fit_gang([("w", 2, member)], [node("n1"), node("n2")], (), inventory)
+    assert result.placements == placements
+    assert result.placeable == 1
+
+
+@settings(database=None, deadline=None, max_examples=150)
+@given(
+    nodes=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.sampled_from(["a100", "h100"]), st.booleans()), max_size=4),
+            st.sampled_from(["4", "8"]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    pod_sets=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans(), st.sampled_from(["1", "3"])),
+        min_size=1,
+        max_size=2,
+    ),
+)
+def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
+    nodes: list[tuple[list[tuple[str, bool]], str]], pod_sets: list[tuple[int, int, bool, str]]
+) -> None:
+    """What is shared between alike nodes (trial allocations, reasons) changes no answer:
+    the fit equals the one that works out every node apart."""
+    from unittest import mock
+
+    from gangcheck.logic.placement import fit
+
+    slices, busy, views = [], [], []
+    for i, (gpu_list, cpu) in enumerate(nodes):
+        name = f"n{i}"
+        views.append(node(name, cpu=cpu))
+        if gpu_list:
+            slices.append(
+                rslice(
+                    f"s{i}",
+                    [device(f"gpu-{k}", model=m) for k, (m, _) in enumerate(gpu_list)],
+                    node=name,
+                )
+            )
+        busy += [
+            allocated(f"busy-{i}-{k}", f"gpu-{k}", pool=name)
+            for k, (_, b) in enumerate(gpu_list)
+            if b
+        ]
+    templates = {}
+    gang = []
+    for j, (count, per_member, h100, cpu) in enumerate(pod_sets):
+        selectors = cel('device.attributes["model"] == "h100"') if h100 else []
+        extra = {"selectors": selectors} if selectors else {}
+        templates[f"t{j}"] = template(f"t{j}", [exactly(count=per_member, **extra)])
+        spec = pod_spec((("gpu", f"t{j}"),), cpu=cpu)
+        gang.append((f"ps{j}", count, member_from_pod_spec(spec, DraContext(templates))))
+    inventory = build_inventory(slices, [device_class()], busy)
+    shared = fit_gang(gang, views, (), inventory)
+    apart = build_inventory(slices, [device_class()], busy)
+    with (
+        mock.patch.object(fit, "_device_shape", lambda *_: (object(),)),
+        mock.patch.object(
+            fit._Reasons,
+            "_resources",
+            lambda self, free: fit._resource_rejection(self.member.requests, free),
+        ),
+    ):
+        alone = fit_gang(gang, views, (), apart)
+    assert shared == alone

@@ -93,7 +93,7 @@ class ClusterCapacity:
         pods would raise) while a bound pod has a malformed request."""
         if self._malformed:
             raise QuantityError(next(iter(self._malformed.values())))
-        return BoundUsage(self._used, self._offering, frozenset(self._views))
+        return BoundUsage(self._used, self._offering, self._views.keys())
 
     def used(self) -> dict[str, dict[str, int]]:
         """A copy of what bound pods use per node, zero amounts left out."""

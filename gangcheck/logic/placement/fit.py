@@ -320,15 +320,63 @@ def host_rejection(
 ) -> Rejection | None:
     """Why `node` cannot take one `member` given `free` room (default: all allocatable) and,
     when given, the `devices` it reaches (without: the member's DRA claims are not checked)."""
-    if devices is not None and member.devices.problem is not None:
-        problem = member.devices.problem
-        return node.problem or static_rejection(member, node) or _rejection(problem)
-    return (
-        node.problem
-        or static_rejection(member, node)
-        or _resource_rejection(member.requests, node.allocatable if free is None else free)
-        or _device_rejection(member.devices, devices)
-    )
+    return _Reasons(member).of(node, free, devices)
+
+
+class _Reasons:
+    """`host_rejection` and `could_be_made_for` of one member, asked of many nodes: what
+    depends only on amounts (the room left; the devices reached and their use) is worked
+    out once per amount, so the alike nodes of a large cluster share one answer."""
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self._wanted = _wanted(member.requests)
+        self._short: dict[tuple[int, ...], Rejection | None] = {}
+        self._devices: dict[tuple[object, ...], Rejection | None] = {}
+
+    def of(
+        self, node: NodeView, free: Resources | None = None, devices: DeviceRoom | None = None
+    ) -> Rejection | None:
+        member = self.member
+        if devices is not None and member.devices.problem is not None:
+            problem = member.devices.problem
+            return node.problem or static_rejection(member, node) or _rejection(problem)
+        return (
+            node.problem
+            or static_rejection(member, node)
+            or self._resources(node.allocatable if free is None else free)
+            or self._device(devices)
+        )
+
+    def made_for(self, node: NodeView) -> bool:
+        """See `could_be_made_for`."""
+        member = self.member
+        return (
+            _selector_rejection(member.node_selector, node) is None
+            and _affinity_rejection(member.affinity, node) is None
+            and self._resources(node.allocatable) is None
+        )
+
+    def _resources(self, free: Resources) -> Rejection | None:
+        amounts = tuple(free.get(name, 0) for name in self._wanted)
+        if amounts not in self._short:
+            self._short[amounts] = _resource_rejection(self.member.requests, free)
+        return self._short[amounts]
+
+    def _device(self, room: DeviceRoom | None) -> Rejection | None:
+        needs = self.member.devices
+        if not needs or room is None:
+            return None
+        shape = (_device_shape(room.devices, room.usage, needs), room.devices.pending)
+        if shape in self._devices:
+            return self._devices[shape]
+        outcome = room.take(needs)
+        if not isinstance(outcome, Shortfall):
+            self._devices[shape] = None
+            return None
+        if not outcome.fatal:  # a fatal one names the device it failed on: not shared
+            self._devices[shape] = _rejection(outcome)
+        return _rejection(outcome)
 
 
 def node_could_host(member: Member, node: NodeView) -> bool:
@@ -346,6 +394,8 @@ def static_rejection(member: Member, node: NodeView) -> Rejection | None:
 
 
 def _selector_rejection(selector: Mapping[str, str], node: NodeView) -> Rejection | None:
+    if not selector:
+        return None
     missing = [f"{k}={v}" for k, v in sorted(selector.items()) if node.labels.get(k) != v]
     if not missing:
         return None
@@ -369,13 +419,6 @@ def _taint_rejection(
         if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in tolerations):
             return Rejection(f"taint {taint.short} not tolerated", f"taint {taint} not tolerated")
     return None
-
-
-def _device_rejection(needs: ClaimNeeds, devices: DeviceRoom | None) -> Rejection | None:
-    if not needs or devices is None:
-        return None
-    outcome = devices.take(needs)
-    return _rejection(outcome) if isinstance(outcome, Shortfall) else None
 
 
 def _rejection(shortfall: Shortfall) -> Rejection:
@@ -421,8 +464,34 @@ def scope_reaches(scope: NodeScope, node: NodeView) -> bool:
 
 
 def node_devices(inventory: Inventory, node: NodeView) -> NodeDevices:
-    """The devices of `inventory` that `node` reaches, in kube-scheduler's order."""
-    return inventory.on_node(node.name, lambda scope: scope_reaches(scope, node))
+    """The devices of `inventory` that `node` reaches, in kube-scheduler's order (kept by the
+    inventory for this very view: a node's reach changes only with the node)."""
+    return inventory.on_node(node.name, lambda scope: scope_reaches(scope, node), of=node)
+
+
+def _device_shape(reach: NodeDevices, usage: Usage, needs: ClaimNeeds) -> tuple[object, ...]:
+    """What allocating `needs` on a node reads: each device's shape, which of the node's pools
+    it is in (counters are shared within a pool), its use and its counters' totals and use;
+    whether a pool reaching it offers nothing now; and which of the member's already
+    allocated claims the node can use. Nodes of one shape get the same allocation."""
+    inventory = reach.inventory
+    pools: dict[tuple[str, str], int] = {}
+    parts = []
+    for device in reach.devices:
+        pool = pools.setdefault((device.driver, device.pool), len(pools))
+        shared = usage.shared.get(device.id)
+        counters = tuple(
+            (
+                name,
+                tuple(sorted(inventory.counter_total((device.driver, device.pool, name)).items())),
+                tuple(sorted(usage.counters.get((device.driver, device.pool, name), {}).items())),
+            )
+            for name in device.consumes
+        )
+        spent = None if shared is None else tuple(sorted(shared.items()))
+        parts.append((device.shape, pool, device.id in usage.taken, spent, counters))
+    reached = tuple(reach.reaches(claim.scope) for claim in needs.shared)
+    return (tuple(parts), bool(reach.pending), reached)
 
 
 class _Devices:
@@ -431,6 +500,19 @@ class _Devices:
     def __init__(self, nodes: Mapping[str, NodeDevices], usage: Usage) -> None:
         self.nodes = nodes
         self.usage = usage
+        self._rooms: dict[tuple[object, ...], int] = {}
+
+    def room(self, node: str, needs: ClaimNeeds, most: int) -> int:
+        """How many members with `needs` (up to `most`) `node` could take now, nothing
+        committed. Worked out once per node *shape*: nodes whose devices are alike (as
+        `Device.shape`, pools in the same pattern) and alike in use get the same answer, so a
+        cluster of identical GPU nodes costs a few trial allocations, not one per node. (The
+        `needs` are told apart by identity: the gang holding them outlives this object.)"""
+        key = (id(needs), _device_shape(self.nodes[node], self.usage, needs), most)
+        found = self._rooms.get(key)
+        if found is None:
+            found = self._rooms[key] = self.place(node, needs, most, commit=False)
+        return found
 
     def place(self, node: str, needs: ClaimNeeds, most: int, *, commit: bool) -> int:
         """How many members with `needs` (up to `most`) get devices on `node`, one after the
@@ -689,16 +771,16 @@ def _place(
     requests, left = plan.pod_set.member.requests, plan.pod_set.count
     needs = plan.pod_set.member.devices
     shapes = _Shapes(requests, plan.wanted)
-    room = {n.name: shapes.of(n, free[n.name])[0] for n in plan.eligible}
+    known = {n.name: shapes.of(n, free[n.name]) for n in plan.eligible}
+    room = {name: fits for name, (fits, _) in known.items()}
     if needs and devices is not None:
         room = {
-            name: devices.place(name, needs, min(most, left), commit=False) if most else 0
+            name: devices.room(name, needs, min(most, left)) if most else 0
             for name, most in room.items()
         }
 
     def best_fit(node: NodeView) -> tuple[int, float, str]:
-        after = shapes.of(node, free[node.name])[1]
-        return (room[node.name] if needs and devices else 0, after, node.name)
+        return (room[node.name] if needs and devices else 0, known[node.name][1], node.name)
 
     for node in sorted((n for n in plan.eligible if room[n.name] > 0), key=best_fit):
         take = min(left, room[node.name])
@@ -768,24 +850,25 @@ def _result(
     reasons: dict[str, Rejection] = {}
     in_use: dict[str, Rejection] = {}
     unrelated: set[str] = set()
+    why = _Reasons(blocking.member) if blocking is not None else None
     for node in views:
         room = None
         if reach is not None and best.usage is not None:
             room = DeviceRoom(reach[node.name], best.usage)
         if node.name in best.placements:
-            member = blocking.member if blocking is not None else None
+            member = why.member if why is not None else None
             allowed = member is not None and static_rejection(member, node) is None
-            if member is not None and member.devices and room is not None and allowed:
-                reason = host_rejection(member, node, best.free[node.name], room)
+            if why is not None and why.member.devices and room is not None and allowed:
+                reason = why.of(node, best.free[node.name], room)
                 if reason is not None:
                     in_use[node.name] = reason
             continue
         reason = node.problem
-        if reason is None and blocking is not None:
-            reason = host_rejection(blocking.member, node, best.free[node.name], room)
+        if reason is None and why is not None:
+            reason = why.of(node, best.free[node.name], room)
         if reason is not None:
             reasons[node.name] = reason
-            if blocking is not None and not could_be_made_for(blocking.member, node):
+            if why is not None and not why.made_for(node):
                 unrelated.add(node.name)
     total = sum(ps.count for ps in gang)
     return FitResult(
@@ -920,8 +1003,4 @@ def could_be_made_for(member: Member, node: NodeView) -> bool:
     """Whether an autoscaler could have added `node` for `member`: its labels, affinity and
     room fit, whatever its taints, readiness or cordon (those come and go after it registers;
     a node the gang cannot use because of them is still one that arrived for it)."""
-    return (
-        _selector_rejection(member.node_selector, node) is None
-        and _affinity_rejection(member.affinity, node) is None
-        and _resource_rejection(member.requests, node.allocatable) is None
-    )
+    return _Reasons(member).made_for(node)

@@ -73,6 +73,7 @@ def with_claims(inventory: Inventory, claims: Iterable[Obj]) -> Inventory:
             inventory._matches,
             inventory._counter_sets,
             inventory._by_node,
+            inventory._reach,
         )
 
     return same_devices(_allocated(same_devices(Usage(), ()), claims), inventory.problems)

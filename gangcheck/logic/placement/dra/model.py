@@ -148,6 +148,20 @@ class Device:
     def id(self) -> DeviceId:
         return (self.driver, self.pool, self.name)
 
+    @functools.cached_property
+    def shape(self) -> tuple[object, ...]:
+        """All that allocation reads of the device but its identity (pool and name, which CEL
+        cannot see): devices of one shape, alike in use, serve the same claims."""
+        consumes = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in self.consumes.items()))
+        return (
+            self.driver,
+            tuple(sorted(self.attributes.items())),
+            tuple(sorted(self.capacity.items())),
+            consumes,
+            self.multiple,
+            self.taints,
+        )
+
     def attribute(self, domain: str, name: str) -> AttributeValue | None:
         return self.attributes.get(f"{domain}/{name}")
 
@@ -210,6 +224,9 @@ class Inventory:
     _by_node: dict[str, list[tuple[int, int, Device]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _reach: dict[str, tuple[object, NodeDevices]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     _problem_pools: tuple[Pool, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -218,8 +235,23 @@ class Inventory:
     """Devices of usable pools by the one node they name (built on first use), and under ""
     those whose scope is every node or a selector: a node looks only at its own and those."""
 
-    def on_node(self, node: str, reaches: Callable[[NodeScope], bool]) -> NodeDevices:
-        """The devices `node` reaches; `reaches` tells whether a scope includes the node."""
+    def on_node(
+        self, node: str, reaches: Callable[[NodeScope], bool], *, of: object = None
+    ) -> NodeDevices:
+        """The devices `node` reaches; `reaches` tells whether a scope includes the node.
+
+        `of`: what `reaches` was made of (the node's view): the answer is kept, and given
+        again while it is asked for with that very object."""
+        if of is not None:
+            kept = self._reach.get(node)
+            if kept is not None and kept[0] is of:
+                return kept[1]
+        found = self._on_node(node, reaches)
+        if of is not None:
+            self._reach[node] = (of, found)
+        return found
+
+    def _on_node(self, node: str, reaches: Callable[[NodeScope], bool]) -> NodeDevices:
         seen: dict[int, bool] = {}
 
         def reached(scope: NodeScope) -> bool:
