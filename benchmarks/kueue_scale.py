@@ -48,7 +48,8 @@ Figures per side (the table prints them with the ratio):
 - API requests per gang, from the apiserver's audit log (policy level Metadata, only for
   gangcheck's ServiceAccount and the admin user Kueue runs as, told apart from kwok by user
   agent), every verb but watch, between the burst start and the last admission: gangcheck's
-  user (its Node patches, the node ledger, counted apart), Kueue's user in each side's
+  user (its Node patches, the node ledger, and its leader election's Lease requests counted
+  apart: Kueue's Lease, in its own namespace, is not counted either), Kueue's user in each side's
   namespace (plus the side's ClusterQueue, AdmissionCheck and config), both together, and
   the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang of its side
   minus those per gang of gangcheck's side: the rest of Kueue's work is the same);
@@ -630,11 +631,11 @@ def count_requests(
         )
         what = f"{event.get('verb')} {resource}"
         if client == "gangcheck":
-            key = (
-                "gangcheck_node_writes"
-                if resource == "nodes" and event["verb"] in ("patch", "update")
-                else "gangcheck"
-            )
+            key = "gangcheck"
+            if resource == "nodes" and event["verb"] in ("patch", "update"):
+                key = "gangcheck_node_writes"
+            elif resource == "leases":
+                key = "gangcheck_leases"  # as Kueue's, in its own namespace, are not counted
         else:
             side = side_of.get(ref.get("namespace", "")) or names.get(ref.get("name", ""))
             key = f"kueue_{side}" if side else "kueue_other"
@@ -781,8 +782,9 @@ def figures(
         if side == "gangcheck":
             own = counts.get("gangcheck", 0)
             node_writes = counts.get("gangcheck_node_writes", 0)
+            leases = counts.get("gangcheck_leases", 0)
         else:
-            own = node_writes = 0
+            own = node_writes = leases = 0
         kueue_requests = counts.get(f"kueue_{side}", 0)
         # The check's own requests: gangcheck's; for Kueue's check, what Kueue sends for a gang
         # of its side beyond what it sends for one of gangcheck's side (same Jobs, Workloads,
@@ -803,6 +805,7 @@ def figures(
             "provisioned_after_request_s": quantiles(answered),
             "gangcheck_requests_per_gang": own / n,
             "node_ledger_writes_per_gang": node_writes / n,
+            "leader_election_requests_per_gang": leases / n,
             "kueue_requests_per_gang": kueue_requests / n,
             "controllers_requests_per_gang": (own + kueue_requests) / n,
             "check_requests_per_gang": check_requests / n,
@@ -887,6 +890,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         k["check_requests_per_gang"],
     )
     add("node ledger writes/gang (apart)", g["node_ledger_writes_per_gang"], None)
+    add("leader election req/gang (apart)", g["leader_election_requests_per_gang"], None)
     add("controller RSS at the end", g["rss_mib"], k["rss_mib"], " MiB", 0)
     add("controller CPU during the burst", g["cpu_s"], k["cpu_s"], " s", 1)
     add("controller CPU per gang", g["cpu_ms_per_gang"], k["cpu_ms_per_gang"], " ms", 1)

@@ -14,7 +14,7 @@ from benchmarks import kueue_scale
 
 N = 6
 #: Rows of the table that have no figure on Kueue's side by design.
-ONE_SIDED = ("node ledger writes",)
+ONE_SIDED = ("node ledger writes", "leader election")
 
 
 @pytest.mark.timeout(600)
