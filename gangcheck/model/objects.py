@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.model.names import WORKLOAD_UID_ANNOTATION
+from gangcheck.model.names import CONSUME_ANNOTATION, GATE, WORKLOAD_UID_ANNOTATION
 
 Obj = dict[str, Any]
 """An API object (or any JSON object) as the API server sends it: a plain, mutable dict."""
@@ -39,6 +39,15 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 def is_finished(pod: ReadOnlyObj) -> bool:
     """The pod ran to its end (Succeeded or Failed)."""
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+
+
+def scheduling_gates(pod: ReadOnlyObj) -> tuple[str, ...]:
+    """The names of the pod's scheduling gates (`spec.schedulingGates`), in order."""
+    spec = pod.get("spec")
+    gates = spec.get("schedulingGates") if isinstance(spec, Mapping) else None
+    if not isinstance(gates, list):
+        return ()
+    return tuple(str(g.get("name") or "") for g in gates if isinstance(g, Mapping))
 
 
 def conditions_of(obj: Obj) -> dict[str, Condition]:
@@ -86,6 +95,70 @@ def ref_of(obj: Obj) -> ObjectRef:
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
         api_version=obj.get("apiVersion", ""),
+    )
+
+
+@dataclass(frozen=True)
+class Pod:
+    """What the logic reads of a Pod, parsed once at the edge: who it is, where it runs or is
+    nominated to, whether it still counts, what holds it back and which request it consumes.
+    `raw` is the object itself, for what a decision passes through (the template a member
+    stands for, the group it names, patches)."""
+
+    ref: ObjectRef
+    raw: ReadOnlyObj = field(repr=False, compare=False)
+    resource_version: str = ""
+    created: str = ""
+    node_name: str = ""
+    nominated_node_name: str = ""
+    phase: str = ""
+    deleting: bool = False
+    gates: tuple[str, ...] = ()
+    consumes: str = ""
+    """The ProvisioningRequest it consumes (the autoscaler's annotation), by name."""
+    daemonset: bool = False
+    """Controlled by a DaemonSet."""
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor being deleted: it still counts."""
+        return not self.deleting and not self.finished
+
+    @property
+    def gated(self) -> bool:
+        """Still held back by gangcheck's scheduling gate."""
+        return GATE in self.gates
+
+
+def pod_of(obj: ReadOnlyObj) -> Pod:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    owners = meta.get("ownerReferences") or []
+    return Pod(
+        ref=ObjectRef(
+            kind="Pod",
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            api_version="v1",
+        ),
+        raw=obj,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        created=str(meta.get("creationTimestamp") or ""),
+        node_name=str(spec.get("nodeName") or ""),
+        nominated_node_name=str(status.get("nominatedNodeName") or ""),
+        phase=str(status.get("phase") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        gates=scheduling_gates(obj),
+        consumes=str((meta.get("annotations") or {}).get(CONSUME_ANNOTATION) or ""),
+        daemonset=any(r.get("kind") == "DaemonSet" and r.get("controller") for r in owners),
     )
 
 

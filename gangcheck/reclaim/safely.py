@@ -48,7 +48,7 @@ from gangcheck.logic.attempt.reclaim import (
 )
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import FENCE_LABEL, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, pod_of
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
     name = node["metadata"]["name"]
     bound = await kube.list_objects(POD, field_selector=f"spec.nodeName={name}")
     nominated = await kube.list_objects(POD, field_selector=f"status.nominatedNodeName={name}")
-    pods = [*(bound.get("items") or []), *(nominated.get("items") or [])]
+    pods = [pod_of(p) for p in (*(bound.get("items") or []), *(nominated.get("items") or []))]
     created = parse_time(target.request_created)
     return judge(node, pods, request=target.request, request_created=created)
 
@@ -220,7 +220,7 @@ async def _bound_too_late(kube: Kube, target: Target) -> tuple[str, ...]:
     """Pods bound to the node in the one round trip between the last look and the act (no
     precondition covers it): named, so they are reported, never silently lost."""
     listed = await kube.list_objects(POD, field_selector=f"spec.nodeName={target.node}")
-    late = pods_that_keep(listed.get("items") or [], target.request)
+    late = pods_that_keep([pod_of(p) for p in listed.get("items") or []], target.request)
     if late:
         log.error(
             "node %s was reclaimed as pods were bound to it: %s",

@@ -38,7 +38,7 @@ from gangcheck.model.names import (
     OPT_IN_LABEL,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.model.objects import Flavor, Obj, flavor_of
+from gangcheck.model.objects import Flavor, Obj, Pod, flavor_of, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.ingest import trim_node, trim_pod
 
@@ -69,6 +69,8 @@ class Caches:
     """Node views and what bound pods use per node, kept current from node and pod events."""
     device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
     """The DRA inventory, built again only when a slice, class or claim changed."""
+    pod_views: dict[str, Pod] = field(default_factory=dict)
+    """Every cached Pod's typed view by `namespace/name`, parsed once per pod event."""
     in_flight: InFlight = field(init=False)
     """The requests capacity may still arrive for, kept from request and template events."""
 
@@ -78,9 +80,17 @@ class Caches:
         self.templates.store.add_indexer(self.in_flight.on_template)
         self.nodes.store.add_indexer(self.capacity.on_node)
         self.pods.store.add_indexer(self.capacity.on_pod)
+        self.pods.store.add_indexer(self._on_pod)
         self.resource_slices.store.add_indexer(self.device_inventory.on_published)
         self.device_classes.store.add_indexer(self.device_inventory.on_published)
         self.resource_claims.store.add_indexer(self.device_inventory.on_claim)
+
+    def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        if new is not None:
+            view = pod_of(new)
+            self.pod_views[view.ref.key] = view
+        elif old is not None:
+            self.pod_views.pop(pod_of(old).ref.key, None)
 
     def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
         """A fit's DRA inputs: the namespace's claim templates and claims, and the devices."""
@@ -193,6 +203,14 @@ class Caches:
         return [
             p for p in self.pods.store.in_namespace(namespace) if group_of(p) == (api_group, name)
         ]
+
+    def member_views(self, namespace: str, api_group: str, name: str) -> tuple[Pod, ...]:
+        """The members (`members_of`) as the logic reads them."""
+        views = []
+        for pod in self.members_of(namespace, api_group, name):
+            kept = self.pod_views.get(f"{namespace}/{pod['metadata']['name']}")
+            views.append(kept if kept is not None and kept.raw is pod else pod_of(pod))
+        return tuple(views)
 
     def opted_in(self, namespace: str) -> bool:
         return self.opted_in_obj(self.namespaces.store.get(namespace) or {})

@@ -100,7 +100,7 @@ class PodGroupReconciler:
         templates = owners_by_name(self._caches.templates_of_group(ns, key))
         return GroupSnapshot(
             group=group,
-            members=tuple(self._caches.members_of(ns, api_group, group.ref.name)),
+            members=self._caches.member_views(ns, api_group, group.ref.name),
             config=config,
             config_problem=problem,
             requests=requests,

@@ -20,6 +20,7 @@ from gangcheck.logic.podgroups.group_diagnosis import (
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
 from gangcheck.logic.workloads.diagnosis import Target, parse_target
 from gangcheck.model.names import GATE
+from gangcheck.model.objects import pod_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
 from tests.builders import container, node, provisioning_request
 
@@ -454,7 +455,7 @@ def facts_of(case: Case) -> Any:
     api_group = PLUGINS if case.group and case.group["apiVersion"].startswith(PLUGINS) else UPSTREAM
     return gather_group(
         case.group,
-        case.members,
+        [pod_of(p) for p in case.members],
         world,
         namespace="default",
         name="g",
@@ -549,13 +550,13 @@ def test_members_are_found_by_either_api() -> None:
     }
     plain = {"metadata": {"name": "p", "namespace": "default"}, "spec": {}}
     assert members_by_group([upstream, plugins, plain]) == {
-        ("default", UPSTREAM, "g"): [upstream],
-        ("ns", PLUGINS, "g"): [plugins],
+        ("default", UPSTREAM, "g"): [pod_of(upstream)],
+        ("ns", PLUGINS, "g"): [pod_of(plugins)],
     }
 
 
 def test_members_with_the_same_requirements_share_a_pod_set() -> None:
-    pods = [member(0), member(1, gpu=2), member(2)]
+    pods = [pod_of(member(0)), pod_of(member(1, gpu=2)), pod_of(member(2))]
     gang = gang_from_pods(pod_group_of(group(3)), pods)
     assert [(name, count) for name, count, _ in gang.pod_sets] == [("ps-0", 2), ("ps-1", 1)]
     assert gang.namespace == "default"

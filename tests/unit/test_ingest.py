@@ -6,6 +6,7 @@ from typing import Any
 
 from gangcheck.logic.placement.fit import node_view, pod_requests
 from gangcheck.logic.podgroups.podgroup import pod_template
+from gangcheck.model.objects import pod_of
 from gangcheck.reconcile.ingest import trim_node, trim_pod
 
 Obj = dict[str, Any]
@@ -53,9 +54,30 @@ def test_a_pod_keeps_what_a_fit_counts_and_drops_the_rest() -> None:
     assert "volumes" not in kept["spec"] and "image" not in kept["spec"]["containers"][0]
 
 
+def test_a_pod_keeps_all_its_typed_view_reads() -> None:
+    full = pod()
+    full["metadata"].update(
+        creationTimestamp="2026-01-01T00:00:00Z",
+        deletionTimestamp="2026-01-01T00:01:00Z",
+        ownerReferences=[{"kind": "DaemonSet", "name": "d", "uid": "d", "controller": True}],
+        annotations={"autoscaling.x-k8s.io/consume-provisioning-request": "r"},
+    )
+    full["spec"]["schedulingGates"] = [{"name": "gangcheck.io/provisioning"}]
+    full["status"]["nominatedNodeName"] = "n2"
+    view = pod_of(trim_pod(full))
+    assert view == pod_of(full)
+    assert (view.node_name, view.nominated_node_name, view.phase) == ("n1", "n2", "Running")
+    assert view.deleting and view.daemonset and view.gated and view.consumes == "r"
+    assert (view.created, view.resource_version, view.ref.key) == (
+        "2026-01-01T00:00:00Z",
+        "7",
+        "ns/p",
+    )
+
+
 def test_a_pod_group_member_keeps_its_whole_spec_for_its_gang_s_template() -> None:
     full = pod({"scheduling.x-k8s.io/pod-group": "g"})
-    assert pod_template(trim_pod(full)) == pod_template(full)
+    assert pod_template(pod_of(trim_pod(full))) == pod_template(pod_of(full))
 
 
 def test_a_node_keeps_what_a_fit_reads_and_not_its_images() -> None:

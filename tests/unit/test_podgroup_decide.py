@@ -20,7 +20,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION, GATE
-from gangcheck.model.objects import request_of
+from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import container, node, pod_template, provisioning_request
@@ -447,7 +447,7 @@ CASES = [
 def _decide(case: Case) -> GroupDecision:
     snap = GroupSnapshot(
         group=pod_group_of(case.group),
-        members=tuple(case.members),
+        members=tuple(map(pod_of, case.members)),
         config=None if case.config is None else parse_spec(case.config),
         config_problem=case.config_problem,
         requests=tuple(request_of(r) for r in case.requests),
@@ -561,7 +561,7 @@ def test_a_deleted_groups_waiting_attempt_is_withdrawn_once_the_node_cache_is_cu
     waiting = Waiting(f"default/{REQ1}", (pod_template(gpu=1),))
     snap = GroupSnapshot(
         group=pod_group_of(deleted),
-        members=tuple(members(2)),
+        members=tuple(map(pod_of, members(2))),
         config=parse_spec({}),
         config_problem="",
         requests=(request_of(request),),

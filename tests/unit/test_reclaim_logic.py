@@ -15,6 +15,7 @@ from gangcheck.logic.attempt.reclaim import judge, unfence_ops
 from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.placement.fit import member_from_template
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.objects import pod_of
 
 REQUEST = "ns/gang-atomic-1"
 CREATED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -59,7 +60,7 @@ def test_reclaim_only_what_is_safe(
 ) -> None:
     verdict = judge(
         node_obj(claim=claim, opt_out=opt_out, born_offset=born_offset),
-        [pod_obj(p) for p in pods],
+        [pod_of(pod_obj(p)) for p in pods],
         request=REQUEST,
         request_created=CREATED,
     ).verdict

@@ -20,13 +20,12 @@ from typing import Literal
 from gangcheck.logic.attempt.fulfillment import claim_of, proven_younger
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
-    CONSUME_ANNOTATION,
     FENCE_LABEL,
     OPT_OUT_LABEL,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
 )
-from gangcheck.model.objects import Obj, is_finished
+from gangcheck.model.objects import Obj, Pod
 
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
@@ -39,18 +38,8 @@ class Judgement:
     reason: str = ""
 
 
-def is_daemonset_pod(pod: Obj) -> bool:
-    refs = pod.get("metadata", {}).get("ownerReferences") or []
-    return any(r.get("kind") == "DaemonSet" and r.get("controller") for r in refs)
-
-
-def pod_name(pod: Obj) -> str:
-    meta = pod.get("metadata", {})
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
 def judge(
-    node: Obj, pods_on_node: Iterable[Obj], *, request: str, request_created: datetime | None
+    node: Obj, pods_on_node: Iterable[Pod], *, request: str, request_created: datetime | None
 ) -> Judgement:
     """May this node, arrived for `request` (`ns/name`), be reclaimed now?"""
     meta = node.get("metadata", {})
@@ -66,32 +55,27 @@ def judge(
     return _judge_pods(pods_on_node, request.split("/", 1)[-1])
 
 
-def _judge_pods(pods: Iterable[Obj], request_name: str) -> Judgement:
+def _judge_pods(pods: Iterable[Pod], request_name: str) -> Judgement:
     gang_pods = []
     for pod in pods:
-        if is_finished(pod) or is_daemonset_pod(pod):
+        if pod.finished or pod.daemonset:
             continue
-        annotations = pod.get("metadata", {}).get("annotations") or {}
-        if annotations.get(CONSUME_ANNOTATION) != request_name:
-            if not (pod.get("spec") or {}).get("nodeName"):
-                return Judgement("keep", f"pod {pod_name(pod)} is nominated to it")
-            return Judgement("keep", f"runs pod {pod_name(pod)}")
+        if pod.consumes != request_name:
+            if not pod.node_name:
+                return Judgement("keep", f"pod {pod.ref.key} is nominated to it")
+            return Judgement("keep", f"runs pod {pod.ref.key}")
         gang_pods.append(pod)
     if gang_pods:
         return Judgement("drain", f"{len(gang_pods)} gang pods still on it")
     return Judgement("reclaim")
 
 
-def pods_that_keep(pods: Iterable[Obj], request: str) -> tuple[str, ...]:
+def pods_that_keep(pods: Iterable[Pod], request: str) -> tuple[str, ...]:
     """The pods (ns/name) that would keep a node: neither finished, nor DaemonSet pods, nor
     pods of the gang of `request` (`ns/name`)."""
     request_name = request.split("/", 1)[-1]
     return tuple(
-        pod_name(p)
-        for p in pods
-        if not is_finished(p)
-        and not is_daemonset_pod(p)
-        and (p.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) != request_name
+        p.ref.key for p in pods if not p.finished and not p.daemonset and p.consumes != request_name
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import GATE, GATED_AT
+from gangcheck.model.objects import scheduling_gates
 
 OPT_IN_VALUE = "enabled"
 
@@ -72,11 +73,8 @@ def _gates(spec: Mapping[str, Any]) -> list[Any] | None:
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod still carries gangcheck's scheduling gate."""
-    spec = _mapping(pod.get("spec")) or {}
-    return any(
-        isinstance(gate, Mapping) and gate.get("name") == GATE for gate in _gates(spec) or ()
-    )
+    """Whether the pod (as the API sends it) still carries gangcheck's scheduling gate."""
+    return GATE in scheduling_gates(pod)
 
 
 def gated_at(pod: Mapping[str, Any]) -> datetime | None:

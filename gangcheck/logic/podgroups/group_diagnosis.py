@@ -30,7 +30,7 @@ from gangcheck.logic.attempt.explain import (
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
-from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of, is_gated
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
     BLOCKED,
@@ -56,7 +56,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, ProvisioningRequest, is_finished, request_of
+from gangcheck.model.objects import Obj, Pod, ProvisioningRequest, pod_of, request_of
 from gangcheck.model.podgroups import UPSTREAM, pod_group_of
 
 GroupKey = tuple[str, str, str]
@@ -129,20 +129,21 @@ class GroupFacts:
         return "PodGroup" if self.api_group == UPSTREAM else f"PodGroup.{self.api_group}"
 
 
-def members_by_group(pods: Sequence[Obj]) -> dict[GroupKey, list[Obj]]:
-    """The pods that name a PodGroup, by (namespace, API group, name)."""
-    out: dict[GroupKey, list[Obj]] = {}
+def members_by_group(pods: Sequence[Obj]) -> dict[GroupKey, list[Pod]]:
+    """The pods that name a PodGroup, by (namespace, API group, name), as the logic reads
+    them."""
+    out: dict[GroupKey, list[Pod]] = {}
     for pod in pods:
         ref = group_of(pod)
         if ref is not None:
-            ns = str((pod.get("metadata") or {}).get("namespace") or "")
-            out.setdefault((ns, ref.api_group, ref.name), []).append(pod)
+            view = pod_of(pod)
+            out.setdefault((view.ref.namespace, ref.api_group, ref.name), []).append(view)
     return out
 
 
 def gather_group(
     obj: Obj | None,
-    members: Sequence[Obj],
+    members: Sequence[Pod],
     world: World,
     *,
     namespace: str,
@@ -153,7 +154,7 @@ def gather_group(
 ) -> GroupFacts:
     """Everything the chain needs about one PodGroup (`obj`, None when it does not exist)
     and the pods naming it."""
-    live = sorted((p for p in members if _live(p)), key=_name)
+    live = sorted((p for p in members if p.live), key=lambda p: p.name)
     if obj is None:
         return GroupFacts(
             namespace,
@@ -174,7 +175,7 @@ def gather_group(
     request = None
     if req is not None or (state == PROVISIONING and name_of_request):
         request = request_facts(req, name_of_request, attempt)
-    unbound = [p for p in live if not _node(p)]
+    unbound = [p for p in live if not p.node_name]
     placement, hint = None, ""
     late = _late_members(unbound, req, released=state == RELEASED)
     if (
@@ -219,35 +220,31 @@ def gather_group(
 
 
 def _late_members(
-    unbound: Sequence[Obj], req: ProvisioningRequest | None, *, released: bool
+    unbound: Sequence[Pod], req: ProvisioningRequest | None, *, released: bool
 ) -> tuple[str, ...]:
     """Gated members created after the gang was read: once released, the gated ones; while
     a request is in flight, those beyond the members it was made for."""
     if released:
-        return tuple(_name(p) for p in unbound if is_gated(p))
+        return tuple(p.name for p in unbound if p.gated)
     if req is None:
         return ()
-    ours = {_name(p) for p in podgroup.attempt_members(unbound, req)}
-    return tuple(_name(p) for p in unbound if is_gated(p) and _name(p) not in ours)
+    ours = {p.name for p in podgroup.attempt_members(unbound, req)}
+    return tuple(p.name for p in unbound if p.gated and p.name not in ours)
 
 
 def _count(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _member_facts(live: Sequence[Obj], min_count: int) -> MemberFacts:
+def _member_facts(live: Sequence[Pod], min_count: int) -> MemberFacts:
     return MemberFacts(
         exist=len(live),
         min_count=min_count,
-        gated=tuple(_name(p) for p in live if is_gated(p)),
-        bound=tuple(_name(p) for p in live if _node(p)),
-        ungated=tuple(_name(p) for p in live if not is_gated(p)),
-        newest=max(filter(None, (parse_time(_created(p)) for p in live)), default=None),
+        gated=tuple(p.name for p in live if p.gated),
+        bound=tuple(p.name for p in live if p.node_name),
+        ungated=tuple(p.name for p in live if not p.gated),
+        newest=max(filter(None, (parse_time(p.created) for p in live)), default=None),
     )
-
-
-def _created(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
 
 
 def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
@@ -263,18 +260,6 @@ def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningR
         if not made_for or not uid or made_for == uid:
             return request_of(obj)
     return None
-
-
-def _live(pod: Obj) -> bool:
-    return not (pod.get("metadata") or {}).get("deletionTimestamp") and not is_finished(pod)
-
-
-def _node(pod: Obj) -> str:
-    return str((pod.get("spec") or {}).get("nodeName") or "")
-
-
-def _name(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 # ---- the verdict -------------------------------------------------------------------------

@@ -49,7 +49,6 @@ from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
-from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
@@ -70,7 +69,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest, is_finished
+from gangcheck.model.objects import Obj, Pod, ProvisioningRequest
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -92,7 +91,7 @@ MAX_MESSAGE = 1024
 @dataclass(frozen=True)
 class GroupSnapshot:
     group: PodGroup
-    members: tuple[Obj, ...]
+    members: tuple[Pod, ...]
     """Pods in the group's namespace that name it."""
     config: AtomicProvisioningSpec | None
     config_problem: str = ""
@@ -119,10 +118,10 @@ class GroupDecision:
 
 @dataclass(frozen=True)
 class _Members:
-    live: tuple[Obj, ...]
-    gated: tuple[Obj, ...]
-    unbound: tuple[Obj, ...]
-    newly_ungated: tuple[Obj, ...]
+    live: tuple[Pod, ...]
+    gated: tuple[Pod, ...]
+    unbound: tuple[Pod, ...]
+    newly_ungated: tuple[Pod, ...]
 
 
 def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
@@ -181,7 +180,7 @@ def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDeci
 
 def _settling(members: _Members, now: datetime) -> GroupDecision | None:
     """Members still arriving: read them once the newest is SETTLE_SECONDS old."""
-    born = [t for t in (parse_time(_created(p)) for p in members.unbound) if t is not None]
+    born = [t for t in (parse_time(p.created) for p in members.unbound) if t is not None]
     if not born:
         return None
     left = SETTLE_SECONDS - (now - max(born)).total_seconds()
@@ -258,7 +257,7 @@ def _in_flight(
 
 def _outcome(
     snap: GroupSnapshot,
-    ours: Sequence[Obj],
+    ours: Sequence[Pod],
     req: ProvisioningRequest,
     step: lifecycle.Step,
     now: datetime,
@@ -323,7 +322,7 @@ def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
 
 def _release(
     snap: GroupSnapshot,
-    gang: Sequence[Obj],
+    gang: Sequence[Pod],
     req: ProvisioningRequest | None,
     domains: Mapping[str, tuple[str, str]],
     message: str,
@@ -334,7 +333,7 @@ def _release(
     domain. The group records how many were released together."""
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     pins = dict(domains.values())
-    gated = tuple(sorted(_name(p) for p in gang if is_gated(p)))
+    gated = tuple(sorted(p.name for p in gang if p.gated))
     actions: tuple[Action, ...] = ()
     if gated:
         actions = (ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req)),)
@@ -360,7 +359,7 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     if not members.gated:
         return _after_release(snap, members)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
-    binding = [p for p in members.unbound if not is_gated(p) and _name(p) not in reported]
+    binding = [p for p in members.unbound if not p.gated and p.name not in reported]
     if binding:
         return GroupDecision(requeue_after=LATE_RETRY_SECONDS)
     late = tuple(sorted(members.gated, key=_age_order))
@@ -369,11 +368,11 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     fitting, summary = _fitting_prefix(snap.group, late, pins, capacity)
     # The gang itself is bound: its request is marked started, late members or not.
     actions: tuple[Action, ...] = _after_release(
-        snap, replace(members, unbound=tuple(p for p in members.unbound if not is_gated(p)))
+        snap, replace(members, unbound=tuple(p for p in members.unbound if not p.gated))
     ).actions
     events: list[Event] = []
     if fitting:
-        names = tuple(sorted(_name(p) for p in late[:fitting]))
+        names = tuple(sorted(p.name for p in late[:fitting]))
         actions = (*actions, ReleaseMembers(names, {}, pins, GATE))
         text = f"Released {fitting} late member(s) onto nodes that exist: {', '.join(names)}"
         events.append(Event("LateMembersReleased", text[:MAX_MESSAGE]))
@@ -406,7 +405,7 @@ def _not_held_by_others(snap: GroupSnapshot) -> Capacity:
 
 
 def _fitting_prefix(
-    group: PodGroup, late: Sequence[Obj], pins: Mapping[str, str], capacity: Capacity
+    group: PodGroup, late: Sequence[Pod], pins: Mapping[str, str], capacity: Capacity
 ) -> tuple[int, str]:
     """How many of the late members (in order) fit together, and why the next one does not."""
     low, high, why = 0, len(late), ""
@@ -478,15 +477,11 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
 
 
 def _members(snap: GroupSnapshot) -> _Members:
-    live = tuple(
-        p
-        for p in sorted(snap.members, key=_name)
-        if not (p.get("metadata") or {}).get("deletionTimestamp") and not is_finished(p)
-    )
-    gated = tuple(p for p in live if is_gated(p))
-    unbound = tuple(p for p in live if not (p.get("spec") or {}).get("nodeName"))
+    live = tuple(p for p in sorted(snap.members, key=lambda p: p.name) if p.live)
+    gated = tuple(p for p in live if p.gated)
+    unbound = tuple(p for p in live if not p.node_name)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
-    newly = tuple(p for p in unbound if not is_gated(p) and _name(p) not in reported)
+    newly = tuple(p for p in unbound if not p.gated and p.name not in reported)
     return _Members(live, gated, unbound, newly)
 
 
@@ -497,7 +492,7 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
         return None
     if not snap.opted_in and not members.gated and not state:
         return None  # a gang gangcheck was never asked to hold
-    names = [_name(p) for p in members.newly_ungated]
+    names = [p.name for p in members.newly_ungated]
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
     text = (
         f"{len(names)} member(s) were created without the {GATE} scheduling gate (was the "
@@ -506,7 +501,7 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
     )
     events = [Event("MemberNotGated", text[:MAX_MESSAGE], warning=True)]
     for pod in members.newly_ungated:
-        about = _pod_ref(pod)
+        about = pod.ref
         events.append(
             Event(
                 "MemberNotGated",
@@ -539,7 +534,7 @@ def _with(first: GroupDecision | None, second: GroupDecision | None) -> GroupDec
     )
 
 
-def attempt_members(unbound: Sequence[Obj], req: ProvisioningRequest) -> tuple[Obj, ...]:
+def attempt_members(unbound: Sequence[Pod], req: ProvisioningRequest) -> tuple[Pod, ...]:
     """The unbound members an attempt's request was made for: as many as it records, oldest
     first by creation (a member that replaced one of them takes its place; newer ones are
     late)."""
@@ -561,10 +556,10 @@ def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:
     return gang_from_pods(snap.group, members.unbound)
 
 
-def gang_from_pods(group: PodGroup, pods: Sequence[Obj]) -> GangSpec:
+def gang_from_pods(group: PodGroup, pods: Sequence[Pod]) -> GangSpec:
     """The pods (in the order given) grouped by identical scheduling requirements into pod
     sets ``ps-0``, ``ps-1``…, with the group's topology and namespace."""
-    groups: dict[str, list[Obj]] = {}
+    groups: dict[str, list[Pod]] = {}
     for pod in pods:
         key = repr(scheduling_requirements(pod_template(pod)))
         groups.setdefault(key, []).append(pod)
@@ -574,16 +569,16 @@ def gang_from_pods(group: PodGroup, pods: Sequence[Obj]) -> GangSpec:
     return GangSpec(pod_sets, together=group.topology_key, namespace=group.ref.namespace)
 
 
-def pod_template(pod: Obj) -> Obj:
+def pod_template(pod: Pod) -> Obj:
     """The PodTemplateSpec a member stands for: its labels and spec, without what binds it to
     this pod (node, gates, group membership), limits copied into missing requests."""
-    spec = copy.deepcopy(pod.get("spec") or {})
+    spec = copy.deepcopy(pod.raw.get("spec") or {})
     for key in ("nodeName", "schedulingGates", "schedulingGroup", "hostname"):
         spec.pop(key, None)
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
             limits_as_missing_requests(container)
-    labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    labels = dict((pod.raw.get("metadata") or {}).get("labels") or {})
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
@@ -680,28 +675,9 @@ def _status(
     return GroupDecision(status=changed, events=events)
 
 
-def _name(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
-
-
-def _created(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-
-
-def _age_order(pod: Obj) -> tuple[str, str]:
+def _age_order(pod: Pod) -> tuple[str, str]:
     """Oldest first (RFC 3339 UTC times sort as text; none sorts first), then by name."""
-    return (_created(pod), _name(pod))
-
-
-def _pod_ref(pod: Obj) -> ObjectRef:
-    meta = pod.get("metadata") or {}
-    return ObjectRef(
-        kind="Pod",
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        api_version="v1",
-    )
+    return (pod.created, pod.name)
 
 
 def missing_group_message(api_group: str, name: str, *, served: bool) -> str:

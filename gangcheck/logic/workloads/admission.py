@@ -63,7 +63,7 @@ from gangcheck.model.objects import (
     Obj,
     ProvisioningRequest,
     Workload,
-    is_finished,
+    pod_of,
 )
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
@@ -338,13 +338,8 @@ def members_scheduled(capacity: Capacity | None, request: str) -> int:
     """Pods consuming the request that are bound to a node and not finished."""
     if capacity is not None and capacity.cluster is not None:
         return capacity.cluster.tallied(request)
-    return sum(
-        1
-        for pod in (capacity.pods if capacity else ())
-        if (pod.get("metadata", {}).get("annotations") or {}).get(CONSUME_ANNOTATION) == request
-        and (pod.get("spec") or {}).get("nodeName")
-        and not is_finished(pod)
-    )
+    pods = map(pod_of, capacity.pods if capacity else ())
+    return sum(1 for pod in pods if pod.consumes == request and pod.node_name and not pod.finished)
 
 
 def _attempt_name(snap: Snapshot, state: CheckState) -> str:

@@ -36,7 +36,6 @@ from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Snapshot, gang_templates
 from gangcheck.logic.workloads.podsets import pod_template_spec
 from gangcheck.model.names import (
-    CONSUME_ANNOTATION,
     FULFILLED,
     ROLLING_BACK,
     STARTED,
@@ -50,6 +49,7 @@ from gangcheck.model.objects import (
     ProvisioningRequest,
     Workload,
     conditions_of,
+    pod_of,
     request_of,
     workload_of,
 )
@@ -372,11 +372,10 @@ def _start_facts(
         return None
     members = [
         p
-        for p in world.pods
-        if (p.get("metadata") or {}).get("namespace") == req.ref.namespace
-        and ((p.get("metadata") or {}).get("annotations") or {}).get(CONSUME_ANNOTATION) == req.name
+        for p in map(pod_of, world.pods)
+        if p.ref.namespace == req.ref.namespace and p.consumes == req.name
     ]
-    scheduled = sum(1 for p in members if (p.get("spec") or {}).get("nodeName"))
+    scheduled = sum(1 for p in members if p.node_name)
     deadline = None
     if spec is not None and state.admitted_at is not None:
         seconds = spec.fulfillment.start_deadline_seconds
@@ -386,9 +385,6 @@ def _start_facts(
     return StartFacts(
         scheduled=scheduled, total=sum(p.count for p in req.pod_sets), deadline=deadline
     )
-
-
-# ---- per-node fit ------------------------------------------------------------------------
 
 
 # ---- the verdict -------------------------------------------------------------------------
