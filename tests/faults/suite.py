@@ -36,10 +36,10 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
-from gangcheck.model.names import ARRIVED_FOR, OPT_OUT_LABEL
+from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, OPT_OUT_LABEL
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
-from tests.integration.harness import FENCE_LABEL, Cluster
+from tests.integration.harness import Cluster
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
 LEASE_NAMESPACE = "default"

@@ -31,30 +31,52 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.timefmt import format_time
+from gangcheck.model.names import FENCE_LABEL
 from tests.builders import CONTROLLER, WorkloadBuilder, container, node
 
 TEST_LABEL = "gangcheck-test"
 FENCE_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "fence-policy.yaml"
-FENCE_LABEL = "gangcheck.io/reclaiming"
 FENCE_REFUSAL = "is being reclaimed by gangcheck"
+FIELD_MANAGER = "gangcheck-tests"
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 _ids = itertools.count(1)
 
 
+def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
+    done = cp.run_kubectl(*args, stdin=stdin, check=False)
+    assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
+    return done.stdout
+
+
+def apply(
+    cp: ControlPlane, manifests: str, *extra: str, manager: str = FIELD_MANAGER
+) -> tuple[str, str]:
+    """Server-side apply, as a person would; returns kubectl's (stdout, stderr), stderr
+    holding any warning."""
+    args = ("apply", "--server-side", f"--field-manager={manager}", "-f", "-", *extra)
+    done = cp.run_kubectl(*args, stdin=manifests, check=False)
+    assert done.returncode == 0, f"kubectl apply failed: {done.stderr}"
+    return done.stdout, done.stderr
+
+
 @contextlib.contextmanager
 def fence_policy_installed(cp: ControlPlane) -> Iterator[None]:
-    """manifests/base/fence-policy.yaml applied as a person would (kubectl, server-side), and
-    removed afterwards."""
+    """manifests/base/fence-policy.yaml applied (`apply`), and removed afterwards."""
     text = FENCE_POLICY.read_text()
-    args = ("apply", "--server-side", "--field-manager=gangcheck-tests", "-f", "-")
-    done = cp.run_kubectl(*args, stdin=text, check=False)
-    assert done.returncode == 0, f"kubectl apply failed: {done.stderr}"
+    apply(cp, text)
     try:
         yield
     finally:
         cp.run_kubectl("delete", "--ignore-not-found", "-f", "-", stdin=text, check=False)
+
+
+def pod_on(ns: str, name: str, node: str, **annotations: str) -> Obj:
+    """A pod created with spec.nodeName set (no scheduler), tolerating every taint."""
+    meta = {"name": name, "namespace": ns, "annotations": annotations}
+    spec = {"nodeName": node, "tolerations": [{"operator": "Exists"}], "containers": [container()]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 async def until_fence_enforced(kube: Kube, namespace: str, node: str | None = None) -> None:
@@ -66,9 +88,7 @@ async def until_fence_enforced(kube: Kube, namespace: str, node: str | None = No
         await kube.create(NODE, {"metadata": {"name": probe, "labels": {FENCE_LABEL: "true"}}})
 
     async def refused() -> bool:
-        meta = {"name": f"fence-probe-{uuid.uuid4().hex[:8]}", "namespace": namespace}
-        spec = {"nodeName": probe, "containers": [container()]}
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        body = pod_on(namespace, f"fence-probe-{uuid.uuid4().hex[:8]}", probe)
         try:
             await kube.request("POST", POD.collection_path(namespace), query={"dryRun": "All"},
                                body=body)  # fmt: skip

@@ -15,7 +15,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
@@ -23,12 +22,13 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import NODE, POD
+from gangcheck.model.names import FENCE_LABEL
 from tests.builders import container
 from tests.integration.harness import (
-    FENCE_LABEL,
     FENCE_REFUSAL,
     eventually,
     fence_policy_installed,
+    pod_on,
     until_fence_enforced,
 )
 from tests.integration.test_reclaim import (
@@ -54,13 +54,6 @@ async def fenced(fence_policy: None, control_plane: ControlPlane) -> AsyncIterat
     async with await Kube.connect(str(control_plane.kubeconfig)) as kube, new_bed(kube) as bed:
         await until_fence_enforced(kube, bed.ns)
         yield bed
-
-
-def pod_on(ns: str, name: str, node: str, **annotations: str) -> dict[str, Any]:
-    """A pod created with spec.nodeName set (no scheduler), tolerating every taint."""
-    meta = {"name": name, "namespace": ns, "annotations": annotations}
-    spec = {"nodeName": node, "tolerations": [{"operator": "Exists"}], "containers": [container()]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 class Binder:

@@ -46,7 +46,8 @@ from gangcheck.model.names import OPT_IN_LABEL
 from gangcheck.model.provisioning_config import parse_spec
 from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import eventually
+from tests.integration import harness
+from tests.integration.harness import eventually, kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -66,18 +67,8 @@ CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
 # ---- kubectl -----------------------------------------------------------------------------
 
 
-def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    done = cp.run_kubectl(*args, stdin=stdin, check=False)
-    assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
-    return done.stdout
-
-
 def apply(cp: ControlPlane, manifests: str, *extra: str) -> tuple[str, str]:
-    """Server-side apply; returns kubectl's (stdout, stderr), stderr holding any warning."""
-    args = ("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-", *extra)
-    done = cp.run_kubectl(*args, stdin=manifests, check=False)
-    assert done.returncode == 0, f"kubectl apply failed: {done.stderr}"
-    return done.stdout, done.stderr
+    return harness.apply(cp, manifests, *extra, manager=FIELD_MANAGER)
 
 
 def build(cp: ControlPlane, folder: Path) -> str:
