@@ -87,14 +87,16 @@ class ObjectRef:
         return f"{self.kind}/{self.key}"
 
 
-def ref_of(obj: Obj) -> ObjectRef:
-    meta = obj.get("metadata", {})
+def ref_of(obj: ReadOnlyObj, kind: str = "", api_version: str = "") -> ObjectRef:
+    """The object's reference; `kind` and `api_version` where the object does not say (a
+    cached or listed object may not)."""
+    meta = obj.get("metadata") or {}
     return ObjectRef(
-        kind=obj.get("kind", ""),
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        api_version=obj.get("apiVersion", ""),
+        kind=str(obj.get("kind") or kind),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        api_version=str(obj.get("apiVersion") or api_version),
     )
 
 
@@ -142,13 +144,7 @@ def pod_of(obj: ReadOnlyObj) -> Pod:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     owners = meta.get("ownerReferences") or []
     return Pod(
-        ref=ObjectRef(
-            kind="Pod",
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            uid=str(meta.get("uid") or ""),
-            api_version="v1",
-        ),
+        ref=ref_of(obj, "Pod", "v1"),
         raw=obj,
         resource_version=str(meta.get("resourceVersion") or ""),
         created=str(meta.get("creationTimestamp") or ""),
@@ -252,7 +248,7 @@ def workload_of(obj: Obj) -> Workload:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     admission = status.get("admission")
     return Workload(
-        ref=ref_of({"kind": "Workload", "apiVersion": obj.get("apiVersion", ""), **obj}),
+        ref=ref_of(obj, "Workload"),
         resource_version=meta.get("resourceVersion", ""),
         annotations=dict(meta.get("annotations") or {}),
         pod_sets=tuple(
@@ -305,7 +301,7 @@ class ProvisioningRequest:
 def request_of(obj: Obj) -> ProvisioningRequest:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
     return ProvisioningRequest(
-        ref=ref_of({"kind": "ProvisioningRequest", **obj}),
+        ref=ref_of(obj, "ProvisioningRequest"),
         resource_version=meta.get("resourceVersion", ""),
         class_name=spec.get("provisioningClassName", ""),
         parameters={k: str(v) for k, v in (spec.get("parameters") or {}).items()},

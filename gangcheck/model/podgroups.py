@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gangcheck.model.objects import ObjectRef, ReadOnlyObj
+from gangcheck.model.objects import ObjectRef, ReadOnlyObj, ref_of
 
 UPSTREAM = "scheduling.k8s.io"
 PLUGINS = "scheduling.x-k8s.io"
@@ -56,13 +56,7 @@ def pod_group_of(obj: ReadOnlyObj) -> PodGroup:
         min_count, problem = _upstream_size(spec)
         topology = _upstream_topology(spec)
     return PodGroup(
-        ref=ObjectRef(
-            kind="PodGroup",
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            uid=str(meta.get("uid") or ""),
-            api_version=api_version,
-        ),
+        ref=replace(ref_of(obj), kind="PodGroup"),
         api_group=group,
         resource_version=str(meta.get("resourceVersion") or ""),
         min_count=min_count,
