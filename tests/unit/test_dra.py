@@ -1023,17 +1023,27 @@ def test_nodes_of_one_shape_share_a_trial_not_nodes_that_only_look_alike(
         min_size=1,
         max_size=2,
     ),
+    shared=st.lists(st.booleans(), max_size=2),
 )
 def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
-    nodes: list[tuple[list[tuple[str, bool]], str]], pod_sets: list[tuple[int, int, bool, str]]
+    nodes: list[tuple[list[tuple[str, bool]], str]],
+    pod_sets: list[tuple[int, int, bool, str]],
+    shared: list[bool],
 ) -> None:
     """What is shared between alike nodes (trial allocations, reasons) changes no answer:
-    the fit equals the one that works out every node apart."""
+    the fit equals the one that works out every node apart. Nodes have GPUs of their own,
+    some in use, and may all reach `shared` GPUs (in use or not) of one more pool."""
     from unittest import mock
 
     from gangcheck.logic.placement import fit
 
     slices, busy, views = [], [], []
+    if shared:
+        fabric = [device(f"f-{k}", model="h100") for k in range(len(shared))]
+        slices.append(rslice("fabric", fabric, node=None, pool="fabric", allNodes=True))
+        busy += [
+            allocated(f"f-busy-{k}", f"f-{k}", pool="fabric") for k, b in enumerate(shared) if b
+        ]
     for i, (gpu_list, cpu) in enumerate(nodes):
         name = f"n{i}"
         views.append(node(name, cpu=cpu))

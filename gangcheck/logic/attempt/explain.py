@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -55,34 +55,19 @@ STATIC_KINDS = frozenset({"taint", "selector", "affinity", "cordoned", "unusable
 
 
 @dataclass(frozen=True)
-class World:
-    """The objects around a gang (a Workload or a PodGroup), as the edge fetched them."""
+class World(Capacity):
+    """What a diagnosis reads, as the edge fetched it once: the capacity a decision reads
+    (`Capacity`: the nodes, the pods not finished, the DRA objects) and the objects around
+    a gang (a Workload's or a PodGroup's)."""
 
     admission_checks: Mapping[str, Obj] = field(default_factory=dict)
     configs: Mapping[str, Obj] = field(default_factory=dict)
     flavors: Mapping[str, Flavor] = field(default_factory=dict)
     requests: tuple[Obj, ...] = ()
     """ProvisioningRequests gangcheck manages, in every namespace (in-flight claims)."""
-    nodes: tuple[Obj, ...] = ()
-    pods: tuple[Obj, ...] = ()
-    """Pods not finished: bound ones take room on nodes; members consume a request."""
     cluster_queues: Mapping[str, Obj] | None = None
     local_queues: Mapping[str, Obj] | None = None
     """Keyed `namespace/name`. None: not fetched (or not readable)."""
-    device_classes: tuple[Obj, ...] = ()
-    resource_slices: tuple[Obj, ...] = ()
-    resource_claims: tuple[Obj, ...] = ()
-    claim_templates: tuple[Obj, ...] = ()
-    """The DRA objects (empty where the API is not served or not readable)."""
-
-    def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
-        """The namespace's claim templates and claims, and the devices: as the controller."""
-        return Capacity(
-            device_classes=self.device_classes,
-            resource_slices=self.resource_slices,
-            resource_claims=self.resource_claims,
-            claim_templates=self.claim_templates,
-        ).dra(namespace)
 
 
 @dataclass(frozen=True)
@@ -187,8 +172,8 @@ def place_in(
 
 def place(
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
-    nodes: Sequence[Obj],
-    pods: Sequence[Obj],
+    nodes: Collection[Obj],
+    pods: Collection[Obj],
     *,
     request: ProvisioningRequest | None = None,
     in_flight: frozenset[str] = frozenset(),
@@ -224,7 +209,7 @@ def place(
 
 
 def _considered(
-    nodes: Sequence[Obj],
+    nodes: Collection[Obj],
     members: list[Member],
     request: ProvisioningRequest | None,
     in_flight: frozenset[str],

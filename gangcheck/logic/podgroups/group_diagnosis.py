@@ -9,7 +9,7 @@ that blocks, and ``group_row`` condenses the same facts for ``gangcheck status``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -129,7 +129,7 @@ class GroupFacts:
         return "PodGroup" if self.api_group == UPSTREAM else f"PodGroup.{self.api_group}"
 
 
-def members_by_group(pods: Sequence[Obj]) -> dict[GroupKey, list[Pod]]:
+def members_by_group(pods: Iterable[Obj]) -> dict[GroupKey, list[Pod]]:
     """The pods that name a PodGroup, by (namespace, API group, name), as the logic reads
     them."""
     out: dict[GroupKey, list[Pod]] = {}
