@@ -348,6 +348,16 @@ class _Reasons:
             or self._device(devices)
         )
 
+    def in_use(
+        self, node: NodeView, free: Resources, devices: DeviceRoom | None
+    ) -> Rejection | None:
+        """For a node that took members: why it takes no more of this member, when the
+        member's devices may be what is short there (its selectors and tolerations allow it)."""
+        member = self.member
+        if not member.devices or devices is None or static_rejection(member, node) is not None:
+            return None
+        return self.of(node, free, devices)
+
     def made_for(self, node: NodeView) -> bool:
         """See `could_be_made_for`."""
         member = self.member
@@ -856,12 +866,9 @@ def _result(
         if reach is not None and best.usage is not None:
             room = DeviceRoom(reach[node.name], best.usage)
         if node.name in best.placements:
-            member = why.member if why is not None else None
-            allowed = member is not None and static_rejection(member, node) is None
-            if why is not None and why.member.devices and room is not None and allowed:
-                reason = why.of(node, best.free[node.name], room)
-                if reason is not None:
-                    in_use[node.name] = reason
+            reason = why.in_use(node, best.free[node.name], room) if why is not None else None
+            if reason is not None:
+                in_use[node.name] = reason
             continue
         reason = node.problem
         if reason is None and why is not None:
