@@ -19,9 +19,6 @@ from gangcheck_dev.testbed import crds
 from gangcheck_dev.testbed.karpenter import KARPENTER_MODULE, KARPENTER_TOOLCHAIN
 
 from gangcheck.diagnose import (
-    CLUSTER_QUEUE,
-    JOB,
-    LOCAL_QUEUE,
     diagnose,
     main_diagnose,
     main_status,
@@ -33,6 +30,9 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
+    CLUSTER_QUEUE,
+    JOB,
+    LOCAL_QUEUE,
     NODE_CLAIM,
     POD,
     PROVISIONING_REQUEST,

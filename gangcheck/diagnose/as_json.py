@@ -1,0 +1,226 @@
+"""A report as JSON (`-o json`)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
+from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
+from gangcheck.logic.capacity.karpenter.explain import NodeClaimFacts
+from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.workloads.diagnosis import Facts
+
+
+def to_json(report: Report | StatusReport) -> dict[str, Any]:
+    if isinstance(report, StatusReport):
+        return {
+            "kind": "GangStatusList",
+            "namespace": report.namespace,
+            "time": format_time(report.now),
+            "items": [_row_json(g) for g in report.gangs],
+        }
+    if isinstance(report, GroupReport):
+        return _group_json(report)
+    return _diagnosis_json(report)
+
+
+def _row_json(g: GangRow) -> dict[str, Any]:
+    return {
+        "kind": g.kind,
+        "namespace": g.namespace,
+        "name": g.name,
+        "check": g.check,
+        "state": g.state,
+        "phase": g.phase,
+        "attempt": g.attempt,
+        "request": g.request,
+        "ageSeconds": g.age_seconds,
+        "nodesArrived": g.arrived,
+        "nodesNeeded": g.needed,
+        "nodeClaimsArrived": g.claims_arrived,
+        "nodeClaimsAsked": g.claims_asked,
+        "membersPlaceable": g.placeable,
+        "members": g.total,
+        "verdict": g.verdict,
+    }
+
+
+def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
+    facts, now = report.facts, report.now
+    return {
+        "kind": "GangDiagnosis",
+        "target": str(report.target),
+        "time": format_time(now),
+        "workload": {"namespace": facts.namespace, "name": facts.name},
+        "quota": _quota_json(facts),
+        "checks": [
+            {
+                "name": c.name,
+                "ours": c.ours,
+                "exists": c.exists,
+                "controller": c.controller,
+                "state": c.state,
+                "message": c.message,
+                "retryCount": c.retry_count,
+                "requeueAfterSeconds": c.requeue_after_seconds,
+                "active": c.active,
+                "inactiveReason": c.problem,
+            }
+            for c in facts.checks
+        ],
+        "focus": facts.focus,
+        "fulfillmentMode": facts.mode,
+        "request": _request_json(facts, now),
+        "nodes": _nodes_json(facts),
+        "nodeClaims": _claims_json(report.claims),
+        "start": (
+            None
+            if facts.start is None
+            else {"scheduled": facts.start.scheduled, "members": facts.start.total}
+        ),
+        "verdict": {
+            "blocked": report.verdict.blocked,
+            "step": report.verdict.step,
+            "reason": report.verdict.reason,
+            "line": report.verdict.line,
+        },
+    }
+
+
+def _quota_json(facts: Facts) -> dict[str, Any]:
+    st = facts.state
+    cond = st.quota_condition
+    return {
+        "reserved": st.reserved,
+        "admitted": st.admitted,
+        "active": st.active,
+        "clusterQueue": st.cluster_queue,
+        "localQueue": st.local_queue,
+        "reason": cond.reason if cond else "",
+        "message": cond.message if cond else "",
+        "requeueAt": format_time(st.requeue_at) if st.requeue_at else None,
+    }
+
+
+def _group_json(report: GroupReport) -> dict[str, Any]:
+    f, now, m = report.facts, report.now, report.facts.members
+    return {
+        "kind": "PodGroupDiagnosis",
+        "target": str(report.target),
+        "via": str(report.via) if report.via else None,
+        "time": format_time(now),
+        "podGroup": {
+            "namespace": f.namespace,
+            "name": f.name,
+            "apiGroup": f.api_group,
+            "apiVersion": f.api_version,
+            "found": f.found,
+            "served": f.served,
+            "minCount": f.min_count,
+            "gang": f.is_gang,
+            "topologyKey": f.topology_key,
+            "config": f.config,
+            "problem": f.problem,
+        },
+        "state": {
+            "state": f.state,
+            "message": f.message,
+            "attempt": f.attempt,
+            "request": f.request_name,
+            "nextAttemptAt": format_time(f.next_attempt_at) if f.next_attempt_at else None,
+            "reportedUngated": list(f.reported_ungated),
+        },
+        "members": {
+            "exist": m.exist,
+            "minCount": m.min_count,
+            "gated": list(m.gated),
+            "bound": list(m.bound),
+            "ungated": list(m.ungated),
+            "late": list(f.late),
+            "namespaceOptedIn": f.opted_in,
+        },
+        "request": _request_facts_json(f.request, now),
+        "nodes": _placement_json(f.placement),
+        "nodeClaims": _claims_json(report.claims),
+        "verdict": {
+            "blocked": report.verdict.blocked,
+            "step": report.verdict.step,
+            "reason": report.verdict.reason,
+            "line": report.verdict.line,
+        },
+    }
+
+
+def _request_json(facts: Facts, now: datetime) -> dict[str, Any] | None:
+    return _request_facts_json(facts.request, now)
+
+
+def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, Any] | None:
+    if req is None:
+        return None
+    left = (req.deadline - now).total_seconds() if req.deadline else None
+    return {
+        "name": req.name,
+        "attempt": req.attempt,
+        "found": req.found,
+        "conditions": [
+            {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
+            for c in req.conditions.values()
+        ],
+        "phase": req.phase,
+        "deadline": format_time(req.deadline) if req.deadline else None,
+        "secondsLeft": int(left) if left is not None else None,
+        "rollbackReason": req.rollback_reason,
+        "outcome": json.loads(req.outcome.to_annotation()) if req.outcome else None,
+    }
+
+
+def _claims_json(claims: NodeClaimFacts | None) -> dict[str, Any] | None:
+    if claims is None:
+        return None
+    return {
+        "readable": claims.readable,
+        "problem": claims.problem or None,
+        "asked": claims.asked,
+        "arrived": claims.arrived if claims.readable else None,
+        "summary": claims.line,
+        "claims": [
+            {
+                "name": c.name,
+                "nodePool": c.node_pool,
+                "phase": c.phase,
+                "node": c.node or None,
+                "message": c.message,
+            }
+            for c in claims.claims
+        ],
+    }
+
+
+def _nodes_json(facts: Facts) -> dict[str, Any] | None:
+    return _placement_json(facts.placement)
+
+
+def _placement_json(placement: Placement | None) -> dict[str, Any] | None:
+    if placement is None:
+        return None
+    return {
+        "placeable": placement.placeable,
+        "members": placement.total,
+        "fits": placement.fits,
+        "arrived": [n.name for n in placement.arrived],
+        "summary": placement.summary,
+        "perNode": [
+            {
+                "name": n.name,
+                "arrived": n.arrived,
+                "recorded": n.recorded,
+                "members": n.members,
+                "reason": n.reason,
+                "kind": n.kind,
+            }
+            for n in placement.nodes
+        ],
+    }
