@@ -35,6 +35,7 @@ from gangcheck.reconcile.attempts import owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.progress import HeldMessages
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -63,20 +64,26 @@ class WorkloadReconciler:
         self._applier = applier
         self._clock = clock
         self.metrics = metrics
+        self.held_messages = HeldMessages()
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)
         obj = self._caches.workloads.store.get(name, namespace)
         if obj is None:
+            self.held_messages.forget(key)
             return await self._remove_orphans(namespace, name)
         wl = workload_of(obj)
         delays = []
         for check in self._checks_of(wl):
             decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
-            if not await self._apply(wl, check, decision):
+            applied, held = await self._apply(wl, check, decision)
+            if not applied:
                 delays.append(STALE_RETRY_SECONDS)
-            elif decision.requeue_after is not None:
+                continue
+            if decision.requeue_after is not None:
                 delays.append(decision.requeue_after)
+            if held is not None:
+                delays.append(held)
         return Result(requeue_after=min(delays) if delays else None)
 
     def _checks_of(self, wl: Workload) -> list[str]:
@@ -155,14 +162,17 @@ class WorkloadReconciler:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result()
 
-    async def _apply(self, wl: Workload, check: str, decision: Decision) -> bool:
-        """Apply the actions, then write the check and emit events; False if cut short."""
+    async def _apply(
+        self, wl: Workload, check: str, decision: Decision
+    ) -> tuple[bool, float | None]:
+        """Apply the actions, then write the check (a new message alone may be held: see
+        `progress`) and emit events. False if cut short; the seconds a held message waits."""
         for action in decision.actions:
             try:
                 await self._applier.apply(wl.ref.namespace, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
-                return False
+                return False, None
             except (InvalidError, ForbiddenError, NameCollisionError) as e:
                 await self._report_failed_create(wl, check, action, e)
                 raise
@@ -173,14 +183,19 @@ class WorkloadReconciler:
                     action.reason,
                     extra={"object": str(wl.ref)},
                 )
-        if decision.check is not None:
-            written = await self._write_check(wl, decision.check.to_obj())
-            if not written:
-                return False  # the Workload changed meanwhile; its watch event brings us back
-            self._count(wl, check, decision)
+        key, held = wl.ref.key, None
+        if decision.check is None:
+            self.held_messages.forget(key, check)
+        else:
+            before = wl.checks.get(check)
+            held = self.held_messages.hold(key, check, before, decision.check, self._clock())
+            if held is None and not await self._write_check(wl, decision.check.to_obj()):
+                return False, None  # the Workload changed meanwhile; its watch event brings us back
+            if held is None:
+                self._count(wl, check, decision)
         for event in decision.events:
             await self._events.emit(wl.ref, event)
-        return True
+        return True, held
 
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""
