@@ -48,11 +48,14 @@ Figures per side (the table prints them with the ratio):
 - API requests per gang, from the apiserver's audit log (policy level Metadata, only for
   gangcheck's ServiceAccount and the admin user Kueue runs as, told apart from kwok by user
   agent), every verb but watch, between the burst start and the last admission: gangcheck's
-  user (its Node patches, the node ledger, and its leader election's Lease requests counted
-  apart: Kueue's Lease, in its own namespace, is not counted either), Kueue's user in each side's
-  namespace (plus the side's ClusterQueue, AdmissionCheck and config), both together, and
-  the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang of its side
-  minus those per gang of gangcheck's side: the rest of Kueue's work is the same);
+  user (its Node patches, the node ledger, its patches that only set a request's phase
+  annotation, the request's part of that ledger (``Fulfilled``: it claims no more new nodes;
+  ``Started``: its nodes are released to the gang's pods; told apart by the patch's body, which
+  the audit policy keeps for these patches alone), and its leader election's Lease requests
+  counted apart: Kueue's Lease, in its own namespace, is not counted either), Kueue's user in
+  each side's namespace (plus the side's ClusterQueue, AdmissionCheck and config), both
+  together, and the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang
+  of its side minus those per gang of gangcheck's side: the rest of Kueue's work is the same);
 - RSS at the end and CPU seconds during the burst (``/proc/PID/status`` and ``/proc/PID/stat``)
   of gangcheck's process and of the Kueue manager. Kueue's figures cover both sides (one
   manager runs both queues and the Jobs of both); gangcheck's only its own side.
@@ -113,6 +116,7 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.timefmt import format_time
+from gangcheck.model.names import PHASE_ANNOTATION
 from gangcheck.model.objects import WORKLOAD_UID_ANNOTATION
 
 Obj = dict[str, Any]
@@ -147,12 +151,21 @@ KUEUE_CLIENT = {"qps": 1000, "burst": 2000}
 #: The same for kube-controller-manager (the Job controller creates the pods of admitted gangs):
 #: pods follow admissions instead of trailing behind at 20/s.
 CONTROLLER_MANAGER_ARGS = ("--kube-api-qps=500", "--kube-api-burst=1000")
-#: The audit policy: Metadata for the two controllers' users, nothing for the others.
+#: The audit policy: Metadata for the two controllers' users, nothing for the others; the body
+#: of gangcheck's patches of requests too, to tell its phase records apart.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived", "ResponseStarted"],
     "rules": [
+        {
+            "level": "Request",
+            "users": [GANGCHECK_USER],
+            "verbs": ["patch"],
+            "resources": [
+                {"group": PROVISIONING_REQUEST.group, "resources": ["provisioningrequests"]}
+            ],
+        },
         {"level": "Metadata", "users": [GANGCHECK_USER, ADMIN_USER]},
         {"level": "None"},
     ],
@@ -605,6 +618,20 @@ def client_of(event: Obj) -> str | None:
     return None
 
 
+def is_phase_record(event: Obj) -> bool:
+    """A patch of a request that sets its phase annotation and nothing else: the record of
+    NodesFit's ledger that the request stopped claiming new nodes (Fulfilled) or released them
+    to the gang's pods (Started)."""
+    body = event.get("requestObject")
+    return (
+        event.get("verb") == "patch"
+        and isinstance(body, dict)
+        and set(body) == {"metadata"}
+        and set(body["metadata"]) == {"annotations"}
+        and set(body["metadata"]["annotations"]) == {PHASE_ANNOTATION}
+    )
+
+
 def count_requests(
     events: Iterable[Obj], window: tuple[float, float], namespaces: dict[str, str]
 ) -> dict[str, Any]:
@@ -636,6 +663,8 @@ def count_requests(
                 key = "gangcheck_node_writes"
             elif resource == "leases":
                 key = "gangcheck_leases"  # as Kueue's, in its own namespace, are not counted
+            elif resource == "provisioningrequests" and is_phase_record(event):
+                key = "gangcheck_phase_records"
         else:
             side = side_of.get(ref.get("namespace", "")) or names.get(ref.get("name", ""))
             key = f"kueue_{side}" if side else "kueue_other"
@@ -783,8 +812,9 @@ def figures(
             own = counts.get("gangcheck", 0)
             node_writes = counts.get("gangcheck_node_writes", 0)
             leases = counts.get("gangcheck_leases", 0)
+            phases = counts.get("gangcheck_phase_records", 0)
         else:
-            own = node_writes = leases = 0
+            own = node_writes = leases = phases = 0
         kueue_requests = counts.get(f"kueue_{side}", 0)
         # The check's own requests: gangcheck's; for Kueue's check, what Kueue sends for a gang
         # of its side beyond what it sends for one of gangcheck's side (same Jobs, Workloads,
@@ -806,6 +836,7 @@ def figures(
             "gangcheck_requests_per_gang": own / n,
             "node_ledger_writes_per_gang": node_writes / n,
             "leader_election_requests_per_gang": leases / n,
+            "phase_records_per_gang": phases / n,
             "kueue_requests_per_gang": kueue_requests / n,
             "controllers_requests_per_gang": (own + kueue_requests) / n,
             "check_requests_per_gang": check_requests / n,
@@ -890,6 +921,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         k["check_requests_per_gang"],
     )
     add("node ledger writes/gang (apart)", g["node_ledger_writes_per_gang"], None)
+    add("  request phase records/gang (apart)", g["phase_records_per_gang"], None)
     add("leader election req/gang (apart)", g["leader_election_requests_per_gang"], None)
     add("controller RSS at the end", g["rss_mib"], k["rss_mib"], " MiB", 0)
     add("controller CPU during the burst", g["cpu_s"], k["cpu_s"], " s", 1)
