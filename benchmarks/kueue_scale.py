@@ -55,7 +55,10 @@ Figures per side (the table prints them with the ratio):
   counted apart: Kueue's Lease, in its own namespace, is not counted either), Kueue's user in
   each side's namespace (plus the side's ClusterQueue, AdmissionCheck and config), both
   together, and the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang
-  of its side minus those per gang of gangcheck's side: the rest of Kueue's work is the same);
+  of its side minus those per gang of gangcheck's side: the rest of Kueue's work is the same),
+  with the Events among them apart, and ProvisioningRequestCreated Events per request created
+  (the audit policy keeps the body of Event creates, so they are counted by reason: an Event
+  the controller's recorder dropped is not sent);
 - RSS at the end and CPU seconds during the burst (``/proc/PID/status`` and ``/proc/PID/stat``)
   of gangcheck's process and of the Kueue manager. Kueue's figures cover both sides (one
   manager runs both queues and the Jobs of both); gangcheck's only its own side.
@@ -152,7 +155,8 @@ KUEUE_CLIENT = {"qps": 1000, "burst": 2000}
 #: pods follow admissions instead of trailing behind at 20/s.
 CONTROLLER_MANAGER_ARGS = ("--kube-api-qps=500", "--kube-api-burst=1000")
 #: The audit policy: Metadata for the two controllers' users, nothing for the others; the body
-#: of gangcheck's patches of requests too, to tell its phase records apart.
+#: of gangcheck's patches of requests too, to tell its phase records apart, and of Events, to
+#: count them by reason.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
@@ -165,6 +169,12 @@ AUDIT_POLICY = {
             "resources": [
                 {"group": PROVISIONING_REQUEST.group, "resources": ["provisioningrequests"]}
             ],
+        },
+        {
+            "level": "Request",
+            "users": [GANGCHECK_USER, ADMIN_USER],
+            "verbs": ["create"],
+            "resources": [{"group": "", "resources": ["events"]}, {"group": "events.k8s.io"}],
         },
         {"level": "Metadata", "users": [GANGCHECK_USER, ADMIN_USER]},
         {"level": "None"},
@@ -640,6 +650,7 @@ def count_requests(
     names = {f"bench-{side}": side for side in SIDES}
     counts: Counter[str] = Counter()
     detail: dict[str, Counter[str]] = {}
+    reasons: dict[str, Counter[str]] = {}
     agents: Counter[str] = Counter()
     for event in events:
         if event.get("verb") == "watch":
@@ -670,9 +681,12 @@ def count_requests(
             key = f"kueue_{side}" if side else "kueue_other"
         counts[key] += 1
         detail.setdefault(key, Counter())[what] += 1
+        if resource == "events" and isinstance(event.get("requestObject"), dict):
+            reasons.setdefault(key, Counter())[str(event["requestObject"].get("reason"))] += 1
     return {
         "counts": dict(counts),
         "detail": {k: dict(v.most_common()) for k, v in detail.items()},
+        "event_reasons": {k: dict(v.most_common()) for k, v in reasons.items()},
         "admin_agents": dict(agents),
     }
 
@@ -819,14 +833,20 @@ def figures(
         # The check's own requests: gangcheck's; for Kueue's check, what Kueue sends for a gang
         # of its side beyond what it sends for one of gangcheck's side (same Jobs, Workloads,
         # scheduler; only the check differs).
+        detail, reasons = audit["detail"], audit.get("event_reasons", {})
+        events = {key: detail.get(key, {}).get("create events", 0) for key in detail}
         if side == "gangcheck":
-            check_requests = own
+            check_requests, check_events, sender = own, events.get("gangcheck", 0), "gangcheck"
         else:
             check_requests = kueue_requests - counts.get("kueue_gangcheck", 0)
+            check_events = events.get("kueue_kueue", 0) - events.get("kueue_gangcheck", 0)
+            sender = "kueue_kueue"
+        requests_created = sum(len(by_owner.get(uid, [])) for uid in uids)
+        created_events = reasons.get(sender, {}).get("ProvisioningRequestCreated", 0)
         sides[side] = {
             "admitted": len(admitted),
             "workloads": len(workloads),
-            "requests_created": sum(len(by_owner.get(uid, [])) for uid in uids),
+            "requests_created": requests_created,
             "admitted_per_s": len(admitted) / (last - start) if admitted else 0.0,
             "ready_after_provisioned_s": quantiles(ready_watch),
             "ready_after_provisioned_api_s": quantiles(ready_api),
@@ -840,6 +860,10 @@ def figures(
             "kueue_requests_per_gang": kueue_requests / n,
             "controllers_requests_per_gang": (own + kueue_requests) / n,
             "check_requests_per_gang": check_requests / n,
+            "check_events_per_gang": check_events / n,
+            "created_events_per_request": (
+                created_events / requests_created if requests_created else math.nan
+            ),
             "rss_mib": rss[side],
             "cpu_s": cpu[side],
             "cpu_ms_per_gang": 1000 * cpu[side] / n,
@@ -919,6 +943,12 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         "API req/gang, the check alone",
         g["check_requests_per_gang"],
         k["check_requests_per_gang"],
+    )
+    add("  of which Events", g["check_events_per_gang"], k["check_events_per_gang"])
+    add(
+        "ProvisioningRequestCreated Events/request",
+        g["created_events_per_request"],
+        k["created_events_per_request"],
     )
     add("node ledger writes/gang (apart)", g["node_ledger_writes_per_gang"], None)
     add("  request phase records/gang (apart)", g["phase_records_per_gang"], None)
