@@ -73,9 +73,15 @@ class Caches:
     """Every cached Pod's typed view by `namespace/name`, parsed once per pod event."""
     in_flight: InFlight = field(init=False)
     """The requests capacity may still arrive for, kept from request and template events."""
+    made_requests: MadeFor = field(init=False)
+    """The requests made for each Workload or PodGroup."""
+    made_templates: MadeFor = field(init=False)
+    """The pod templates made for each Workload or PodGroup."""
 
     def __post_init__(self) -> None:
         self.in_flight = InFlight(self.requests.store, self.templates.store)
+        self.made_requests = MadeFor(self.requests.store)
+        self.made_templates = MadeFor(self.templates.store)
         self.requests.store.add_indexer(self.in_flight.on_request)
         self.templates.store.add_indexer(self.in_flight.on_template)
         self.nodes.store.add_indexer(self.capacity.on_node)
@@ -187,16 +193,16 @@ class Caches:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}
 
     def requests_of(self, namespace: str, workload: str) -> list[Obj]:
-        return _made_for(self.requests.store, namespace, workload)
+        return self.made_requests.of(WORKLOAD_ANNOTATION, namespace, workload)
 
     def templates_of(self, namespace: str, workload: str) -> list[Obj]:
-        return _made_for(self.templates.store, namespace, workload)
+        return self.made_templates.of(WORKLOAD_ANNOTATION, namespace, workload)
 
     def requests_of_group(self, namespace: str, group_key: str) -> list[Obj]:
-        return _made_for(self.requests.store, namespace, group_key, GROUP_ANNOTATION)
+        return self.made_requests.of(GROUP_ANNOTATION, namespace, group_key)
 
     def templates_of_group(self, namespace: str, group_key: str) -> list[Obj]:
-        return _made_for(self.templates.store, namespace, group_key, GROUP_ANNOTATION)
+        return self.made_templates.of(GROUP_ANNOTATION, namespace, group_key)
 
     def members_of(self, namespace: str, api_group: str, name: str) -> list[Obj]:
         """Pods of the namespace that name this PodGroup."""
@@ -262,15 +268,40 @@ class InFlight:
         return self._open_order
 
 
-def _made_for(
-    store: Store, namespace: str, owner: str, annotation: str = WORKLOAD_ANNOTATION
-) -> list[Obj]:
-    """The objects gangcheck made for a Workload or a PodGroup (named in an annotation)."""
-    return [
-        o
-        for o in store.in_namespace(namespace)
-        if (o["metadata"].get("annotations") or {}).get(annotation) == owner
-    ]
+class MadeFor:
+    """The objects of a store that gangcheck made for each Workload or PodGroup (named in an
+    annotation), kept from the store's changes: a reconcile reads its own gang's objects, not
+    every object of the namespace. Names are kept, the objects read from the store."""
+
+    ANNOTATIONS = (WORKLOAD_ANNOTATION, GROUP_ANNOTATION)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._names: dict[tuple[str, str, str], set[str]] = {}
+        store.add_indexer(self._on_change)
+
+    def _on_change(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            for key in self._owners(old):
+                names = self._names.get(key)
+                if names is not None:
+                    names.discard(old["metadata"]["name"])
+                    if not names:
+                        del self._names[key]
+        if new is not None:
+            for key in self._owners(new):
+                self._names.setdefault(key, set()).add(new["metadata"]["name"])
+
+    def _owners(self, obj: Obj) -> list[tuple[str, str, str]]:
+        meta = obj["metadata"]
+        annotations = meta.get("annotations") or {}
+        namespace = str(meta.get("namespace") or "")
+        return [(a, namespace, str(annotations[a])) for a in self.ANNOTATIONS if a in annotations]
+
+    def of(self, annotation: str, namespace: str, owner: str) -> list[Obj]:
+        """The objects whose `annotation` names `owner`, in `namespace`, by name."""
+        names = sorted(self._names.get((annotation, namespace, owner), ()))
+        return [o for n in names if (o := self._store.get(n, namespace)) is not None]
 
 
 def check_of(obj: Obj) -> str:
