@@ -30,7 +30,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Collection, Iterator, Set
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Set
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
@@ -161,6 +161,35 @@ class Store:
         for old, new in changed:
             self._tell(old, new)
         return removed, changed
+
+
+class Index:
+    """A store's objects by keys worked out from each object (`keys_of`), kept from the
+    store's changes: a lookup reads the objects of one key, not every object of a namespace.
+    Store keys are kept, the objects read from the store."""
+
+    def __init__(self, store: Store, keys_of: Callable[[Obj], Iterable[Hashable]]) -> None:
+        self._store = store
+        self._keys_of = keys_of
+        self._members: dict[Hashable, set[str]] = {}
+        store.add_indexer(self._on_change)
+
+    def _on_change(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None:
+            for key in self._keys_of(old):
+                members = self._members.get(key)
+                if members is not None:
+                    members.discard(object_key(old))
+                    if not members:
+                        del self._members[key]
+        if new is not None:
+            for key in self._keys_of(new):
+                self._members.setdefault(key, set()).add(object_key(new))
+
+    def of(self, key: Hashable) -> list[Obj]:
+        """The objects with `key`, ordered by namespace and name."""
+        found = sorted(self._members.get(key, ()))
+        return [o for k in found if (o := self._store.get(k)) is not None]
 
 
 def _namespace(obj: Obj) -> str:

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.informer import Informer, Store, Transform
+from gangcheck.kube.informer import Index, Informer, Store, Transform, object_key
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -73,15 +73,18 @@ class Caches:
     """Every cached Pod's typed view by `namespace/name`, parsed once per pod event."""
     in_flight: InFlight = field(init=False)
     """The requests capacity may still arrive for, kept from request and template events."""
-    made_requests: MadeFor = field(init=False)
-    """The requests made for each Workload or PodGroup."""
-    made_templates: MadeFor = field(init=False)
-    """The pod templates made for each Workload or PodGroup."""
+    made_requests: Index = field(init=False)
+    """The requests made for each Workload or PodGroup (`made_for`)."""
+    made_templates: Index = field(init=False)
+    """The pod templates made for each Workload or PodGroup (`made_for`)."""
+    members: Index = field(init=False)
+    """The pods naming each PodGroup (`member_of`)."""
 
     def __post_init__(self) -> None:
         self.in_flight = InFlight(self.requests.store, self.templates.store)
-        self.made_requests = MadeFor(self.requests.store)
-        self.made_templates = MadeFor(self.templates.store)
+        self.made_requests = Index(self.requests.store, made_for)
+        self.made_templates = Index(self.templates.store, made_for)
+        self.members = Index(self.pods.store, member_of)
         self.requests.store.add_indexer(self.in_flight.on_request)
         self.templates.store.add_indexer(self.in_flight.on_template)
         self.nodes.store.add_indexer(self.capacity.on_node)
@@ -96,7 +99,7 @@ class Caches:
             view = pod_of(new)
             self.pod_views[view.ref.key] = view
         elif old is not None:
-            self.pod_views.pop(pod_of(old).ref.key, None)
+            self.pod_views.pop(object_key(old), None)
 
     def dra(self, namespace: str) -> tuple[DraContext, Inventory]:
         """A fit's DRA inputs: the namespace's claim templates and claims, and the devices."""
@@ -193,22 +196,20 @@ class Caches:
         return {f["metadata"]["name"]: flavor_of(f) for f in self.flavors.store}
 
     def requests_of(self, namespace: str, workload: str) -> list[Obj]:
-        return self.made_requests.of(WORKLOAD_ANNOTATION, namespace, workload)
+        return self.made_requests.of((WORKLOAD_ANNOTATION, namespace, workload))
 
     def templates_of(self, namespace: str, workload: str) -> list[Obj]:
-        return self.made_templates.of(WORKLOAD_ANNOTATION, namespace, workload)
+        return self.made_templates.of((WORKLOAD_ANNOTATION, namespace, workload))
 
     def requests_of_group(self, namespace: str, group_key: str) -> list[Obj]:
-        return self.made_requests.of(GROUP_ANNOTATION, namespace, group_key)
+        return self.made_requests.of((GROUP_ANNOTATION, namespace, group_key))
 
     def templates_of_group(self, namespace: str, group_key: str) -> list[Obj]:
-        return self.made_templates.of(GROUP_ANNOTATION, namespace, group_key)
+        return self.made_templates.of((GROUP_ANNOTATION, namespace, group_key))
 
     def members_of(self, namespace: str, api_group: str, name: str) -> list[Obj]:
         """Pods of the namespace that name this PodGroup."""
-        return [
-            p for p in self.pods.store.in_namespace(namespace) if group_of(p) == (api_group, name)
-        ]
+        return self.members.of((namespace, api_group, name))
 
     def member_views(self, namespace: str, api_group: str, name: str) -> tuple[Pod, ...]:
         """The members (`members_of`) as the logic reads them."""
@@ -268,40 +269,22 @@ class InFlight:
         return self._open_order
 
 
-class MadeFor:
-    """The objects of a store that gangcheck made for each Workload or PodGroup (named in an
-    annotation), kept from the store's changes: a reconcile reads its own gang's objects, not
-    every object of the namespace. Names are kept, the objects read from the store."""
+MADE_FOR_ANNOTATIONS = (WORKLOAD_ANNOTATION, GROUP_ANNOTATION)
 
-    ANNOTATIONS = (WORKLOAD_ANNOTATION, GROUP_ANNOTATION)
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._names: dict[tuple[str, str, str], set[str]] = {}
-        store.add_indexer(self._on_change)
+def made_for(obj: Obj) -> list[tuple[str, str, str]]:
+    """The Workloads and PodGroups gangcheck made the object for (named in its annotations):
+    (annotation, namespace, the name it gives)."""
+    meta = obj["metadata"]
+    annotations = meta.get("annotations") or {}
+    namespace = str(meta.get("namespace") or "")
+    return [(a, namespace, str(annotations[a])) for a in MADE_FOR_ANNOTATIONS if a in annotations]
 
-    def _on_change(self, old: Obj | None, new: Obj | None) -> None:
-        if old is not None:
-            for key in self._owners(old):
-                names = self._names.get(key)
-                if names is not None:
-                    names.discard(old["metadata"]["name"])
-                    if not names:
-                        del self._names[key]
-        if new is not None:
-            for key in self._owners(new):
-                self._names.setdefault(key, set()).add(new["metadata"]["name"])
 
-    def _owners(self, obj: Obj) -> list[tuple[str, str, str]]:
-        meta = obj["metadata"]
-        annotations = meta.get("annotations") or {}
-        namespace = str(meta.get("namespace") or "")
-        return [(a, namespace, str(annotations[a])) for a in self.ANNOTATIONS if a in annotations]
-
-    def of(self, annotation: str, namespace: str, owner: str) -> list[Obj]:
-        """The objects whose `annotation` names `owner`, in `namespace`, by name."""
-        names = sorted(self._names.get((annotation, namespace, owner), ()))
-        return [o for n in names if (o := self._store.get(n, namespace)) is not None]
+def member_of(pod: Obj) -> list[tuple[str, str, str]]:
+    """The PodGroup the pod names, if any: (namespace, API group, name)."""
+    ref = group_of(pod)
+    return [] if ref is None else [(str(pod["metadata"].get("namespace") or ""), *ref)]
 
 
 def check_of(obj: Obj) -> str:
