@@ -76,14 +76,9 @@ class WorkloadReconciler:
         delays = []
         for check in self._checks_of(wl):
             decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
-            applied, held = await self._apply(wl, check, decision)
-            if not applied:
-                delays.append(STALE_RETRY_SECONDS)
-                continue
-            if decision.requeue_after is not None:
-                delays.append(decision.requeue_after)
-            if held is not None:
-                delays.append(held)
+            delay = await self._apply(wl, check, decision)
+            if delay is not None:
+                delays.append(delay)
         return Result(requeue_after=min(delays) if delays else None)
 
     def _checks_of(self, wl: Workload) -> list[str]:
@@ -162,17 +157,17 @@ class WorkloadReconciler:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result()
 
-    async def _apply(
-        self, wl: Workload, check: str, decision: Decision
-    ) -> tuple[bool, float | None]:
+    async def _apply(self, wl: Workload, check: str, decision: Decision) -> float | None:
         """Apply the actions, then write the check (a new message alone may be held: see
-        `progress`) and emit events. False if cut short; the seconds a held message waits."""
+        `progress`) and emit events. Returns the seconds until the check wants another look:
+        the decision's requeue, a held message falling due, or a short retry when cut short
+        by a change meanwhile; None when nothing is due."""
         for action in decision.actions:
             try:
                 await self._applier.apply(wl.ref.namespace, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
-                return False, None
+                return STALE_RETRY_SECONDS
             except (InvalidError, ForbiddenError, NameCollisionError) as e:
                 await self._report_failed_create(wl, check, action, e)
                 raise
@@ -189,13 +184,14 @@ class WorkloadReconciler:
         else:
             before = wl.checks.get(check)
             held = self.held_messages.hold(key, check, before, decision.check, self._clock())
-            if held is None and not await self._write_check(wl, decision.check.to_obj()):
-                return False, None  # the Workload changed meanwhile; its watch event brings us back
             if held is None:
+                if not await self._write_check(wl, decision.check.to_obj()):
+                    return STALE_RETRY_SECONDS  # the Workload changed meanwhile
                 self._count(wl, check, decision)
         for event in decision.events:
             await self._events.emit(wl.ref, event)
-        return True, held
+        due = [d for d in (decision.requeue_after, held) if d is not None]
+        return min(due) if due else None
 
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""
