@@ -47,7 +47,10 @@ Figures per side (the table prints them with the ratio):
   too;
 - API requests per gang, from the apiserver's audit log (policy level Metadata, only for
   gangcheck's ServiceAccount and the admin user Kueue runs as, told apart from kwok by user
-  agent), every verb but watch, between the burst start and the last admission: gangcheck's
+  agent), every verb but watch, between the burst start and the last admission (Event writes
+  until neither controller has written one for 10 s after it: Kueue's recorder, client-go's,
+  sends its Events one at a time from a queue, so under a burst many come after the last
+  admission; those are also shown apart): gangcheck's
   user (its Node patches, the node ledger, its patches that only set a request's phase
   annotation, the request's part of that ledger (``Fulfilled``: it claims no more new nodes;
   ``Started``: its nodes are released to the gang's pods; told apart by the patch's body, which
@@ -57,8 +60,7 @@ Figures per side (the table prints them with the ratio):
   together, and the check alone (gangcheck's user; for Kueue's check, Kueue's requests per gang
   of its side minus those per gang of gangcheck's side: the rest of Kueue's work is the same),
   with the Events among them apart, and ProvisioningRequestCreated Events per request created
-  (the audit policy keeps the body of Event creates, so they are counted by reason: an Event
-  the controller's recorder dropped is not sent);
+  (the audit policy keeps the body of Event creates, so they are counted by reason);
 - RSS at the end and CPU seconds during the burst (``/proc/PID/status`` and ``/proc/PID/stat``)
   of gangcheck's process and of the Kueue manager. Kueue's figures cover both sides (one
   manager runs both queues and the Jobs of both); gangcheck's only its own side.
@@ -154,6 +156,11 @@ KUEUE_CLIENT = {"qps": 1000, "burst": 2000}
 #: The same for kube-controller-manager (the Job controller creates the pods of admitted gangs):
 #: pods follow admissions instead of trailing behind at 20/s.
 CONTROLLER_MANAGER_ARGS = ("--kube-api-qps=500", "--kube-api-burst=1000")
+#: Events are counted until neither controller has sent one for this long after the last gang
+#: was admitted (at most EVENTS_DRAIN_SECONDS): client-go's recorder, Kueue's, sends its Events
+#: one at a time from a queue, so under a burst they come well after what they tell of.
+EVENTS_QUIET_SECONDS = 10.0
+EVENTS_DRAIN_SECONDS = 600.0
 #: The audit policy: Metadata for the two controllers' users, nothing for the others; the body
 #: of gangcheck's patches of requests too, to tell its phase records apart, and of Events, to
 #: count them by reason.
@@ -618,6 +625,50 @@ def audit_events(folder: Path) -> Iterator[Obj]:
                     yield json.loads(line)
 
 
+class AuditTail:
+    """The audit log's records as they are written: each `new()` reads what was added since
+    the last (the first, what was added since the tail was made)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._path = folder / "audit.log"
+        self._offset = self._path.stat().st_size
+        self._rest = b""
+
+    def new(self) -> Iterator[Obj]:
+        with open(self._path, "rb") as log:
+            log.seek(self._offset)
+            data = log.read()
+        self._offset += len(data)
+        lines = (self._rest + data).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            if b'"events"' in line:  # only Event records are asked for; skip parsing the rest
+                with contextlib.suppress(ValueError):
+                    yield json.loads(line)
+
+
+def is_controller_event(event: Obj) -> bool:
+    """A record of gangcheck or Kueue writing an Event."""
+    return (
+        client_of(event) is not None
+        and (event.get("objectRef") or {}).get("resource") == "events"
+        and event.get("verb") in ("create", "patch", "update")
+    )
+
+
+async def events_settled(
+    tail: AuditTail, *, quiet: float = EVENTS_QUIET_SECONDS, cap: float = EVENTS_DRAIN_SECONDS
+) -> float:
+    """Wait until neither controller has written an Event for `quiet` seconds (at most `cap`
+    seconds); the time it settled."""
+    began = last = time.monotonic()
+    while time.monotonic() - last < quiet and time.monotonic() - began < cap:
+        if any(is_controller_event(e) for e in tail.new()):
+            last = time.monotonic()
+        await asyncio.sleep(1.0)
+    return time.time()
+
+
 def client_of(event: Obj) -> str | None:
     user = (event.get("user") or {}).get("username")
     if user == GANGCHECK_USER:
@@ -643,27 +694,34 @@ def is_phase_record(event: Obj) -> bool:
 
 
 def count_requests(
-    events: Iterable[Obj], window: tuple[float, float], namespaces: dict[str, str]
+    events: Iterable[Obj],
+    window: tuple[float, float],
+    namespaces: dict[str, str],
+    events_until: float | None = None,
 ) -> dict[str, Any]:
-    """Requests (no watches) of each client in the window, by side, verb and resource."""
+    """Requests (no watches) of each client in the window, by side, verb and resource; Event
+    writes until `events_until` (the end of the window if None), those after the window
+    counted apart too."""
+    until = {"events": window[1] if events_until is None else max(events_until, window[1])}
     side_of = {ns: side for side, ns in namespaces.items()}
     names = {f"bench-{side}": side for side in SIDES}
     counts: Counter[str] = Counter()
     detail: dict[str, Counter[str]] = {}
     reasons: dict[str, Counter[str]] = {}
     agents: Counter[str] = Counter()
+    late: Counter[str] = Counter()
     for event in events:
         if event.get("verb") == "watch":
             continue
+        ref = event.get("objectRef") or {}
         began = api_time(event.get("requestReceivedTimestamp"))
-        if began is None or not window[0] <= began <= window[1]:
+        if began is None or not window[0] <= began <= until.get(ref.get("resource"), window[1]):
             continue
         client = client_of(event)
         if (event.get("user") or {}).get("username") == ADMIN_USER:
             agents[str(event.get("userAgent") or "").split(" ")[0]] += 1
         if client is None:
             continue
-        ref = event.get("objectRef") or {}
         resource = ref.get("resource", "") + (
             f"/{ref['subresource']}" if ref.get("subresource") else ""
         )
@@ -681,6 +739,8 @@ def count_requests(
             key = f"kueue_{side}" if side else "kueue_other"
         counts[key] += 1
         detail.setdefault(key, Counter())[what] += 1
+        if began > window[1]:
+            late[f"{key} {what}"] += 1
         if resource == "events" and isinstance(event.get("requestObject"), dict):
             reasons.setdefault(key, Counter())[str(event["requestObject"].get("reason"))] += 1
     return {
@@ -688,6 +748,7 @@ def count_requests(
         "detail": {k: dict(v.most_common()) for k, v in detail.items()},
         "event_reasons": {k: dict(v.most_common()) for k, v in reasons.items()},
         "admin_agents": dict(agents),
+        "after_window": dict(late),
     }
 
 
@@ -752,15 +813,17 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
                 name: round(cpu_seconds(pid) - others_before[name], 2)
                 for name, pid in others.items()
             }
+            settled = await events_settled(AuditTail(stack.audit_dir))
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
-    audit = count_requests(audit_events(stack.audit_dir), (start, end), namespaces)
+    audit = count_requests(audit_events(stack.audit_dir), (start, end), namespaces, settled)
     result = figures(
         n, recorder=recorder, start=start, created=created, end=end, cpu=cpu, rss=rss, audit=audit
     )
     result["other_cpu_s"] = others_cpu
+    result["events_settled_s"] = settled - end
     result["gangcheck_exited_s"] = exited
     return result
 
@@ -835,12 +898,19 @@ def figures(
         # scheduler; only the check differs).
         detail, reasons = audit["detail"], audit.get("event_reasons", {})
         events = {key: detail.get(key, {}).get("create events", 0) for key in detail}
+        late = {
+            key.removesuffix(" create events"): count
+            for key, count in audit.get("after_window", {}).items()
+            if key.endswith(" create events")
+        }
         if side == "gangcheck":
             check_requests, check_events, sender = own, events.get("gangcheck", 0), "gangcheck"
+            late_events = late.get("gangcheck", 0)
         else:
             check_requests = kueue_requests - counts.get("kueue_gangcheck", 0)
             check_events = events.get("kueue_kueue", 0) - events.get("kueue_gangcheck", 0)
             sender = "kueue_kueue"
+            late_events = late.get("kueue_kueue", 0) - late.get("kueue_gangcheck", 0)
         requests_created = sum(len(by_owner.get(uid, [])) for uid in uids)
         created_events = reasons.get(sender, {}).get("ProvisioningRequestCreated", 0)
         sides[side] = {
@@ -861,6 +931,7 @@ def figures(
             "controllers_requests_per_gang": (own + kueue_requests) / n,
             "check_requests_per_gang": check_requests / n,
             "check_events_per_gang": check_events / n,
+            "check_events_late_per_gang": late_events / n,
             "created_events_per_request": (
                 created_events / requests_created if requests_created else math.nan
             ),
@@ -946,6 +1017,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     )
     add("  of which Events", g["check_events_per_gang"], k["check_events_per_gang"])
     add(
+        "    sent after the last admission",
+        g["check_events_late_per_gang"],
+        k["check_events_late_per_gang"],
+    )
+    add(
         "ProvisioningRequestCreated Events/request",
         g["created_events_per_request"],
         k["created_events_per_request"],
@@ -976,7 +1052,8 @@ def print_table(result: dict[str, Any]) -> None:
         )
     print(
         f"\nN = {n} gangs of {result['members']} pods per side, {result['nodes']} nodes; "
-        f"Jobs created in {result['jobs_created_s']:.1f} s, run {result['burst_s']:.1f} s, "
+        f"Jobs created in {result['jobs_created_s']:.1f} s, run {result['burst_s']:.1f} s "
+        f"(Events until {result['events_settled_s']:.0f} s after), "
         f"provisioner {result['provisioner']}{state}"
     )
     head = ("", LABELS["gangcheck"], LABELS["kueue"], "ratio")

@@ -41,6 +41,9 @@ def test_scale_benchmark_reports_every_figure_for_both_sides(
     # every gang's request was marked Fulfilled when its check turned Ready, before admission
     assert result["sides"]["gangcheck"]["phase_records_per_gang"] >= 1, result["audit"]
     assert result["sides"]["kueue"]["kueue_requests_per_gang"] > 0
+    # Events are counted until both recorders went quiet: every request's Event, on each side
+    for side in kueue_scale.SIDES:
+        assert result["sides"][side]["created_events_per_request"] >= 1, result["audit"]
 
     for label, ours, theirs, _ in kueue_scale.rows(result):
         assert ours != "-", label
