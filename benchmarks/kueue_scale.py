@@ -700,9 +700,10 @@ def count_requests(
     events_until: float | None = None,
 ) -> dict[str, Any]:
     """Requests (no watches) of each client in the window, by side, verb and resource; Event
-    writes until `events_until` (the end of the window if None), those after the window
-    counted apart too."""
-    until = {"events": window[1] if events_until is None else max(events_until, window[1])}
+    writes and gangcheck's phase records (both written after the state change they follow)
+    until `events_until` (the end of the window if None), those after the window counted
+    apart too."""
+    late_until = window[1] if events_until is None else max(events_until, window[1])
     side_of = {ns: side for side, ns in namespaces.items()}
     names = {f"bench-{side}": side for side in SIDES}
     counts: Counter[str] = Counter()
@@ -715,16 +716,18 @@ def count_requests(
             continue
         ref = event.get("objectRef") or {}
         began = api_time(event.get("requestReceivedTimestamp"))
-        if began is None or not window[0] <= began <= until.get(ref.get("resource"), window[1]):
+        if began is None or not window[0] <= began <= late_until:
+            continue
+        resource = ref.get("resource", "") + (
+            f"/{ref['subresource']}" if ref.get("subresource") else ""
+        )
+        if began > window[1] and not (resource == "events" or is_phase_record(event)):
             continue
         client = client_of(event)
         if (event.get("user") or {}).get("username") == ADMIN_USER:
             agents[str(event.get("userAgent") or "").split(" ")[0]] += 1
         if client is None:
             continue
-        resource = ref.get("resource", "") + (
-            f"/{ref['subresource']}" if ref.get("subresource") else ""
-        )
         what = f"{event.get('verb')} {resource}"
         if client == "gangcheck":
             key = "gangcheck"

@@ -50,6 +50,19 @@ def test_events_after_the_window_count_until_they_settle_and_apart() -> None:
     assert within["after_window"] == {}
 
 
+def test_phase_records_after_the_window_count_until_events_settle_other_patches_do_not() -> None:
+    """gangcheck marks a request Fulfilled right after its check turns Ready, so the last
+    gangs' marks may come after the last admission: counted as Events are."""
+    ours = NAMESPACES["gangcheck"]
+    phase = record(25, "patch", "provisioningrequests", kueue=False, namespace=ours)
+    phase["requestObject"] = {"metadata": {"annotations": {kueue_scale.PHASE_ANNOTATION: "x"}}}
+    other = record(26, "patch", "provisioningrequests", kueue=False, namespace=ours)
+    other["requestObject"] = {"metadata": {"annotations": {"example.com/other": "x"}}}
+    audit = kueue_scale.count_requests([phase, other], (0.0, 20.0), NAMESPACES, events_until=30.0)
+    assert audit["counts"] == {"gangcheck_phase_records": 1}
+    assert audit["after_window"] == {"gangcheck_phase_records patch provisioningrequests": 1}
+
+
 def test_the_tail_reads_what_was_added_and_a_half_written_record_whole(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     before = record(1, "create", "events", kueue=False, namespace="bench-gangcheck")
