@@ -28,6 +28,7 @@ from gangcheck.reconcile.attempts import owners_by_name, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.progress import HeldMessages
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -74,6 +75,7 @@ class PodGroupReconciler:
         self._options = options or PodGroupOptions()
         self._clock = clock
         self.metrics = metrics
+        self.held_messages = HeldMessages()
 
     async def reconcile(self, key: str) -> Result:
         short, namespace, name = key.split("/", 2)
@@ -81,13 +83,12 @@ class PodGroupReconciler:
         informer = self._caches.pod_groups.get(api_group)
         obj = informer.store.get(name, namespace) if informer else None
         if obj is None:
+            self.held_messages.forget(key)
             return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
         snap = self._snapshot(group, api_group)
         decision = traced_decision(decide, snap, self._clock())
-        if not await self._apply(obj, decision):
-            return Result(requeue_after=STALE_RETRY_SECONDS)
-        return Result(requeue_after=decision.requeue_after)
+        return Result(requeue_after=await self._apply(key, obj, decision))
 
     def _snapshot(self, group: PodGroup, api_group: str) -> GroupSnapshot:
         ns, key = group.ref.namespace, podgroup.group_key(group)
@@ -124,7 +125,11 @@ class PodGroupReconciler:
         except ValueError as e:
             return None, f"{ATOMIC_CONFIG.kind} {name!r}: {e}"
 
-    async def _apply(self, obj: Obj, decision: GroupDecision) -> bool:
+    async def _apply(self, key: str, obj: Obj, decision: GroupDecision) -> float | None:
+        """Apply the actions, then write the group's status (a new message alone may be
+        held: see `progress`) and emit events. Returns the seconds until the group wants
+        another look: the decision's requeue, a held message falling due, or a short retry
+        when cut short by a change meanwhile; None when nothing is due."""
         group = pod_group_of(obj)
         ns = group.ref.namespace
         for action in decision.actions:
@@ -132,14 +137,21 @@ class PodGroupReconciler:
                 await self._applier.apply(ns, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(group.ref)})
-                return False
+                return STALE_RETRY_SECONDS
+        held = None
         if decision.status:
-            await self._write_status(obj, decision.status)
+            only = set(decision.status) == {MESSAGE_ANNOTATION}
+            held = self.held_messages.hold(key, "", message_only=only, now=self._clock())
+            if held is None:
+                await self._write_status(obj, decision.status)
+        else:
+            self.held_messages.forget(key)
         if decision.capacity_used:
             self.metrics.capacity_used(decision.capacity_used)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)
-        return True
+        due = [d for d in (decision.requeue_after, held) if d is not None]
+        return min(due) if due else None
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
         """Merge our annotations into the group (an empty value removes one)."""

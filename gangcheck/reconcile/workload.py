@@ -35,7 +35,7 @@ from gangcheck.reconcile.attempts import owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import HeldMessages
+from gangcheck.reconcile.progress import HeldMessages, progress_only
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -183,7 +183,9 @@ class WorkloadReconciler:
             self.held_messages.forget(key, check)
         else:
             before = wl.checks.get(check)
-            held = self.held_messages.hold(key, check, before, decision.check, self._clock())
+            held = self.held_messages.hold(
+                key, check, message_only=progress_only(before, decision.check), now=self._clock()
+            )
             if held is None:
                 if not await self._write_check(wl, decision.check.to_obj()):
                     return STALE_RETRY_SECONDS  # the Workload changed meanwhile

@@ -24,6 +24,7 @@ from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.podgroup import PodGroupReconciler
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
 from gangcheck.runtime.queue import Result
 from tests.builders import container, node
 from tests.fakes.kube import FakeKube
@@ -221,3 +222,55 @@ async def test_a_member_of_a_group_that_does_not_exist_is_told_why_it_waits() ->
     assert "g" in pod["metadata"]["annotations"][MESSAGE_ANNOTATION]
     assert [w.body["reason"] for w in world.kube.writes_of("Event")] == ["PodGroupNotFound"]
     assert world.requests() == []
+
+
+GROUP_PATCH = ("PodGroup", "patch")
+
+
+async def flush(world: World) -> None:
+    """Let every held message fall due and be written."""
+    world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
+    await world.settle()
+    assert len(world.reconciler.held_messages) == 0
+
+
+async def test_a_progress_message_alone_is_held_then_written_with_what_it_says_by_then() -> None:
+    """As for a Workload's check (`progress`): a new message with nothing else changed waits
+    up to the delay; the group asks to be looked at again when it falls due."""
+    world = World(*gang())
+    await world.settle()
+    await flush(world)  # what the request's creation left held ("waiting ... accepted")
+    state = world.group_says()[STATE_ANNOTATION]
+    writes = len(world.kube.writes_of(*GROUP_PATCH))
+    said = world.group_says()[MESSAGE_ANNOTATION]
+    world.provision("n1")  # room for two of the three: a new message, the same state
+    result = await world.reconcile()
+    assert result.requeue_after is not None and 0 < result.requeue_after <= PROGRESS_DELAY_SECONDS
+    await world.settle()
+    assert len(world.kube.writes_of(*GROUP_PATCH)) == writes
+    assert world.group_says()[MESSAGE_ANNOTATION] == said
+    world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
+    await world.settle()
+    assert len(world.kube.writes_of(*GROUP_PATCH)) == writes + 1
+    assert world.group_says()[STATE_ANNOTATION] == state
+    assert world.group_says()[MESSAGE_ANNOTATION] != said
+    assert len(world.reconciler.held_messages) == 0
+
+
+async def test_a_gang_released_before_its_held_message_was_written_has_the_group_written_once() -> (
+    None
+):
+    world = World(*gang())
+    await world.settle()
+    await flush(world)
+    writes = len(world.kube.writes_of(*GROUP_PATCH))
+    world.provision("n1")  # a new message alone: held
+    await world.settle()
+    world.kube.add(node("n2", gpu=2, created=stamp(world.now)))  # now the gang fits
+    await world.settle()
+    assert world.gated() == []
+    assert len(world.kube.writes_of(*GROUP_PATCH)) == writes + 1  # the new state, at once
+    assert len(world.reconciler.held_messages) == 0
+    world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
+    await world.settle()
+    assert len(world.kube.writes_of(*GROUP_PATCH)) == writes + 1  # nothing held written late

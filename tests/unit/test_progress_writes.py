@@ -40,22 +40,24 @@ def test_only_a_write_that_changes_the_message_alone_is_progress(
 def test_a_held_message_falls_due_once_after_the_delay_from_when_it_was_first_held() -> None:
     held = HeldMessages()
     first = replace(BEFORE, message="created")
-    assert held.hold("ns/wl", "gpu", BEFORE, first, T0) == PROGRESS_DELAY_SECONDS
+    assert (
+        held.hold("ns/wl", "gpu", message_only=progress_only(BEFORE, first), now=T0)
+        == PROGRESS_DELAY_SECONDS
+    )
     later = T0 + timedelta(seconds=1)
-    second = replace(BEFORE, message="accepted")
-    assert held.hold("ns/wl", "gpu", BEFORE, second, later) == PROGRESS_DELAY_SECONDS - 1
-    assert held.hold("ns/wl", "gpu", BEFORE, second, T0 + timedelta(seconds=3)) is None
+    assert held.hold("ns/wl", "gpu", message_only=True, now=later) == PROGRESS_DELAY_SECONDS - 1
+    assert held.hold("ns/wl", "gpu", message_only=True, now=T0 + timedelta(seconds=3)) is None
     assert len(held) == 0  # due: written now, nothing held any more
     # the next message alone waits its own delay
-    assert held.hold("ns/wl", "gpu", second, first, T0 + timedelta(seconds=4)) == 3.0
+    assert held.hold("ns/wl", "gpu", message_only=True, now=T0 + timedelta(seconds=4)) == 3.0
 
 
 def test_a_state_change_is_never_held_and_drops_what_was_held() -> None:
     held = HeldMessages()
-    held.hold("ns/wl", "gpu", BEFORE, replace(BEFORE, message="created"), T0)
-    held.hold("ns/wl", "other", BEFORE, replace(BEFORE, message="created"), T0)
+    held.hold("ns/wl", "gpu", message_only=True, now=T0)
+    held.hold("ns/wl", "other", message_only=True, now=T0)
     ready = replace(BEFORE, state="Ready", message="fits")
-    assert held.hold("ns/wl", "gpu", BEFORE, ready, T0) is None
+    assert held.hold("ns/wl", "gpu", message_only=progress_only(BEFORE, ready), now=T0) is None
     assert len(held) == 1
     held.forget("ns/wl")
     assert len(held) == 0
