@@ -601,15 +601,17 @@ def admitted(retry_count: int = 0) -> WorkloadBuilder:
     )
 
 
-def member(name: str, *, bound: bool) -> dict[str, Any]:
+def member(
+    name: str, *, bound: bool, namespace: str = "default", phase: str = "Running"
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
-            "namespace": "default",
+            "namespace": namespace,
             "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
         },
         "spec": {"nodeName": "n1" if bound else ""},
-        "status": {"phase": "Running" if bound else "Pending"},
+        "status": {"phase": phase if bound else "Pending"},
     }
 
 
@@ -765,6 +767,26 @@ CASES += [
         requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
         pods=[member(f"p{i}", bound=True) for i in range(4)],
         annotates=({"gangcheck.io/phase": "Started"},),
+    ),
+    Case(
+        "watchdog: pods of another namespace consuming a request of that name do not count",
+        admitted(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        pods=[
+            *(member(f"p{i}", bound=True) for i in range(3)),
+            member("p3", bound=True, namespace="elsewhere"),
+        ],
+    ),
+    Case(
+        "watchdog: a finished member does not count as scheduled",
+        admitted(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        pods=[
+            *(member(f"p{i}", bound=True) for i in range(3)),
+            member("p3", bound=True, phase="Failed"),
+        ],
     ),
     Case(
         "watchdog: within the start deadline a half-scheduled gang waits",

@@ -8,6 +8,7 @@ a fit given the pods; the same for the DRA inventory under slice, class and clai
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 from unittest.mock import patch
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
+from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory, tally
 from gangcheck.logic.placement.dra import DraContext, build_inventory
 from gangcheck.logic.placement.fit import (
     STANDARD_RESOURCES,
@@ -161,15 +162,17 @@ def test_events_leave_the_capacity_recomputing_gives(events: list[Any], relist: 
             if amount > 0 and resource not in STANDARD_RESOURCES:
                 offering.setdefault(resource, set()).add(name)
     assert world.capacity.offering() == offering
-    for request in ("r1", "r2"):
+    for namespace, request in itertools.product(("a", "b"), ("r1", "r2")):
         scheduled = [
             p
             for p in pods
-            if p["metadata"]["annotations"].get(CONSUMES) == request
+            if p["metadata"]["namespace"] == namespace
+            and p["metadata"]["annotations"].get(CONSUMES) == request
             and p["spec"].get("nodeName")
             and p["status"]["phase"] not in ("Succeeded", "Failed")
         ]
-        assert world.capacity.tallied(request) == len(scheduled)
+        assert world.capacity.tallied(namespace, request) == len(scheduled)
+        assert tally(pods, CONSUMES, namespace, request) == len(scheduled)
 
 
 GANGS = [

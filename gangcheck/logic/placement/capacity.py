@@ -44,7 +44,7 @@ class ClusterCapacity:
 
     def __init__(self, *, tally: str = "") -> None:
         self._tally = tally
-        self._tallied: dict[str, set[str]] = {}
+        self._tallied: dict[tuple[str, str], set[str]] = {}
         self._views: dict[str, tuple[Obj, NodeView]] = {}
         self._bound: dict[str, _Bound] = {}
         self._used: dict[str, dict[str, int]] = {}
@@ -117,7 +117,7 @@ class ClusterCapacity:
         return (
             _key(old) == _key(new)
             and _counts(old) == _counts(new)
-            and _tally_of(old, self._tally) == _tally_of(new, self._tally)
+            and _tally_key(old, self._tally) == _tally_key(new, self._tally)
             and old.get("spec") == new.get("spec")
         )
 
@@ -132,17 +132,18 @@ class ClusterCapacity:
                 if not nodes:
                     del self._offering[resource]
 
-    def tallied(self, value: str) -> int:
-        """How many bound, unfinished pods give the `tally` annotation this value."""
-        return len(self._tallied.get(value, ()))
+    def tallied(self, namespace: str, value: str) -> int:
+        """How many bound, unfinished pods of the namespace give the `tally` annotation this
+        value: `tally` from scratch, kept current."""
+        return len(self._tallied.get((namespace, value), ()))
 
     def _add_pod(self, pod: Obj) -> None:
         node = _dict(pod, "spec").get("nodeName")
         if not node or is_finished(pod):
             return
         key = _key(pod)
-        if value := _tally_of(pod, self._tally):
-            self._tallied.setdefault(value, set()).add(key)
+        if tallied := _tally_key(pod, self._tally):
+            self._tallied.setdefault(tallied, set()).add(key)
         try:
             requests = pod_requests(_dict(pod, "spec"))
         except QuantityError as e:
@@ -153,10 +154,10 @@ class ClusterCapacity:
         self._count(bound, +1)
 
     def _drop_pod(self, key: str, pod: Obj) -> None:
-        if (value := _tally_of(pod, self._tally)) and value in self._tallied:
-            self._tallied[value].discard(key)
-            if not self._tallied[value]:
-                del self._tallied[value]
+        if (tallied := _tally_key(pod, self._tally)) and tallied in self._tallied:
+            self._tallied[tallied].discard(key)
+            if not self._tallied[tallied]:
+                del self._tallied[tallied]
         self._malformed.pop(key, None)
         bound = self._bound.pop(key, None)
         if bound is not None:
@@ -206,10 +207,24 @@ class DeviceInventory:
         return self._inventory
 
 
-def _tally_of(pod: Obj, annotation: str) -> str:
-    if not annotation:
-        return ""
-    return str(_dict(_dict(pod, "metadata"), "annotations").get(annotation) or "")
+def tally(pods: Iterable[Obj], annotation: str, namespace: str, value: str) -> int:
+    """How many pods of the namespace that give the annotation this value are bound to a node
+    and not finished (a gang's members consuming its request: ClusterCapacity keeps this
+    count current)."""
+    return sum(
+        1
+        for pod in pods
+        if _tally_key(pod, annotation) == (namespace, value)
+        and _dict(pod, "spec").get("nodeName")
+        and not is_finished(pod)
+    )
+
+
+def _tally_key(pod: Obj, annotation: str) -> tuple[str, str] | None:
+    """(namespace, value) the pod gives the annotation; None without one."""
+    meta = _dict(pod, "metadata")
+    value = _dict(meta, "annotations").get(annotation) if annotation else None
+    return (str(meta.get("namespace") or ""), str(value)) if value else None
 
 
 def _counts(pod: Obj) -> bool:

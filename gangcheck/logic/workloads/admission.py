@@ -33,6 +33,7 @@ from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.logic.placement.capacity import tally
 from gangcheck.logic.placement.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
@@ -63,7 +64,6 @@ from gangcheck.model.objects import (
     Obj,
     ProvisioningRequest,
     Workload,
-    pod_of,
 )
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
@@ -327,7 +327,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     assert snap.config is not None
     req = attempt.request
     total = sum(p.count for p in req.pod_sets)
-    scheduled = members_scheduled(snap.capacity, req.name)
+    scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
         return Decision(actions=(*lifecycle.release_hold(snap.capacity, req), started))
@@ -342,12 +342,12 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     return _rolling(lifecycle.start_rollback(attempt, trigger, now=now))
 
 
-def members_scheduled(capacity: Capacity | None, request: str) -> int:
-    """Pods consuming the request that are bound to a node and not finished."""
+def members_scheduled(capacity: Capacity | None, namespace: str, request: str) -> int:
+    """Pods of the namespace consuming the request that are bound to a node and not finished
+    (the count the cluster capacity keeps, or counted from the pods)."""
     if capacity is not None and capacity.cluster is not None:
-        return capacity.cluster.tallied(request)
-    pods = map(pod_of, capacity.pods if capacity else ())
-    return sum(1 for pod in pods if pod.consumes == request and pod.node_name and not pod.finished)
+        return capacity.cluster.tallied(namespace, request)
+    return tally(capacity.pods if capacity else (), CONSUME_ANNOTATION, namespace, request)
 
 
 def _attempt_name(snap: Snapshot, state: CheckState) -> str:

@@ -33,7 +33,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
-from gangcheck.logic.workloads.admission import Snapshot, gang_templates
+from gangcheck.logic.workloads.admission import Snapshot, gang_templates, members_scheduled
 from gangcheck.logic.workloads.podsets import pod_template_spec
 from gangcheck.model.names import (
     FULFILLED,
@@ -49,7 +49,6 @@ from gangcheck.model.objects import (
     ProvisioningRequest,
     Workload,
     conditions_of,
-    pod_of,
     request_of,
     workload_of,
 )
@@ -370,12 +369,7 @@ def _start_facts(
 ) -> StartFacts | None:
     if not state.admitted or req is None:
         return None
-    members = [
-        p
-        for p in map(pod_of, world.pods)
-        if p.ref.namespace == req.ref.namespace and p.consumes == req.name
-    ]
-    scheduled = sum(1 for p in members if p.node_name)
+    scheduled = members_scheduled(world, req.ref.namespace, req.name)
     deadline = None
     if spec is not None and state.admitted_at is not None:
         seconds = spec.fulfillment.start_deadline_seconds
