@@ -623,9 +623,9 @@ def _ready(
     """Ready. The request is marked fulfilled (it no longer claims or holds back new nodes)
     by the next decision, right after this one's check write (`_while_ready`; asked for at
     once): the gang's start waits for one write, not two. Until then the request is still
-    open, as it was before Ready: a node arriving meanwhile may be claimed and held for its
-    gang (released when the gang starts), and a restart between the writes only delays the
-    mark to the first reconcile after it."""
+    open, as it was before Ready: a node registering closed meanwhile stays closed for it,
+    and younger requests leave new nodes to it (a Ready check claims none itself). A restart
+    between the writes only delays the mark to the first reconcile after it."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
     return replace(decision, requeue_after=0.0, capacity_used=capacity_used(req))
