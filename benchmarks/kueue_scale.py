@@ -700,7 +700,7 @@ def count_requests(
     events_until: float | None = None,
 ) -> dict[str, Any]:
     """Requests (no watches) of each client in the window, by side, verb and resource; Event
-    writes and gangcheck's phase records (both written after the state change they follow)
+    writes and gangcheck's phase records (`Started` follows the gang's pods, after admission)
     until `events_until` (the end of the window if None), those after the window counted
     apart too."""
     late_until = window[1] if events_until is None else max(events_until, window[1])

@@ -75,13 +75,8 @@ async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(
     check = await cluster.wait_check("wl", "Ready")
     assert "the whole gang fits" in check["message"]
     assert await arrived_for(cluster, name) == sorted(first + second)
-    # marked right after the check was written (the gang's start waits for that one write)
-    await eventually(lambda: _phase_is(cluster, name, "Fulfilled"), what="request fulfilled")
-
-
-async def _phase_is(cluster: Cluster, request: str, phase: str) -> bool:
-    req = await cluster.request(request)
-    return req is not None and req["metadata"]["annotations"].get("gangcheck.io/phase") == phase
+    req = await cluster.request(name)
+    assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
 
 
 async def _check_message(cluster: Cluster, workload: str, text: str) -> Any:

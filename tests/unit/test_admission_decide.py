@@ -283,9 +283,7 @@ CASES = [
         .reserve_quota()
         .condition("Admitted")
         .check(state="Ready"),
-        requests=[
-            req(conditions={"Provisioned": "", "BookingExpired": "x"}, annotations=FULFILLED)
-        ],
+        requests=[req(conditions={"Provisioned": "", "BookingExpired": "x"})],
     ),
     Case(
         "capacity revoked while pending rejects",
@@ -313,9 +311,7 @@ CASES = [
     Case(
         "ready, not yet admitted, booking expired: Retry (as Kueue)",
         gang().check(state="Ready"),
-        requests=[
-            req(conditions={"Provisioned": "", "BookingExpired": "over"}, annotations=FULFILLED)
-        ],
+        requests=[req(conditions={"Provisioned": "", "BookingExpired": "over"})],
         state="Retry",
         requeue_after_seconds=60,
         message="Retrying after booking expired: over",
@@ -323,7 +319,7 @@ CASES = [
     Case(
         "ready, not yet admitted, request failed: Retry (as Kueue)",
         gang().check(state="Ready"),
-        requests=[req(conditions={"Provisioned": "", "Failed": "broke"}, annotations=FULFILLED)],
+        requests=[req(conditions={"Provisioned": "", "Failed": "broke"})],
         state="Retry",
         requeue_after_seconds=60,
         message="Retrying after failure: broke",
@@ -351,9 +347,7 @@ CASES = [
         .reserve_quota()
         .condition("Admitted")
         .check(state="Ready"),
-        requests=[
-            req(conditions={"Provisioned": "", "CapacityRevoked": "gone"}, annotations=FULFILLED)
-        ],
+        requests=[req(conditions={"Provisioned": "", "CapacityRevoked": "gone"})],
         state="Rejected",
         message="gone",
     ),
@@ -372,6 +366,7 @@ CASES = [
         state="Ready",
         message="resize done",
         consume_pod_sets=("workers",),
+        annotates=(FULFILLED,),
     ),
     Case(
         "merged pod sets each get the consume annotation",
@@ -383,6 +378,7 @@ CASES = [
         state="Ready",
         consume_pod_sets=("a", "b"),
         message="capacity provisioned",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, provisioned but no node exists: pending with progress",
@@ -405,6 +401,7 @@ CASES = [
         claims=("n1", "n2"),
         consume_pod_sets=("workers",),
         message="the whole gang fits on nodes that exist",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, only as many new nodes as the gang needs are claimed",
@@ -419,6 +416,7 @@ CASES = [
         claims=("n1", "n2"),
         consume_pod_sets=("workers",),
         message="the whole gang fits on nodes that exist",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, a younger request leaves new nodes to the older one waiting",
@@ -444,6 +442,7 @@ CASES = [
         claims=("n1",),
         consume_pod_sets=("workers",),
         message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, after the grace period any waiting request may claim a new node",
@@ -456,6 +455,7 @@ CASES = [
         claims=("n1",),
         consume_pod_sets=("workers",),
         message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "fit mode, a node another in-flight request claimed is not counted",
@@ -577,6 +577,7 @@ CASES = [
         state="Ready",
         consume_pod_sets=("workers",),
         message="capacity provisioned",
+        annotates=(FULFILLED,),
     ),
     Case(
         "a new attempt deletes the old request and creates its own",
@@ -681,6 +682,7 @@ CASES += [
         state="Ready",
         consume_pod_sets=("workers",),
         message="the whole gang fits",
+        annotates=(FULFILLED,),
     ),
     Case(
         "rollback under way: only the nodes that arrived for this request are reclaimed",
@@ -764,7 +766,7 @@ CASES += [
         "watchdog: every member scheduled marks the attempt started",
         admitted(),
         config={},
-        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        requests=[req(conditions={"Provisioned": ""})],
         pods=[member(f"p{i}", bound=True) for i in range(4)],
         annotates=({"gangcheck.io/phase": "Started"},),
     ),
@@ -792,7 +794,7 @@ CASES += [
         "watchdog: within the start deadline a half-scheduled gang waits",
         admitted(),
         config={},
-        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        requests=[req(conditions={"Provisioned": ""})],
         pods=[member("p0", bound=True), member("p1", bound=False)],
     ),
     Case(
@@ -800,7 +802,7 @@ CASES += [
         admitted(),
         config={},
         now=datetime(2026, 11, 30, 10, 11, tzinfo=UTC),
-        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        requests=[req(conditions={"Provisioned": ""})],
         pods=[member("p0", bound=True), member("p1", bound=True), member("p2", bound=False)],
         annotates=(
             {
@@ -960,51 +962,6 @@ def test_state_change_records_an_event() -> None:
     d = run(Case("", gang(), requests=[req(conditions={"Failed": "x"})]))
     assert [e.reason for e in d.events] == ["AdmissionCheckUpdated"]
     assert d.events[0].warning
-
-
-def annotations_of(d: Decision) -> list[dict[str, str]]:
-    return [dict(a.annotations) for a in d.actions if isinstance(a, AnnotateRequest)]
-
-
-@pytest.mark.parametrize("fit", [False, True], ids=["trusting Provisioned", "fit mode"])
-def test_ready_is_written_first_and_the_request_marked_fulfilled_by_the_next_decision(
-    fit: bool,
-) -> None:
-    """The check turns Ready with no request write before it, and asks to be looked at
-    again at once; the next decision, on the Ready check, marks the request fulfilled
-    (before anything else it does), and the one after that has nothing to mark."""
-    config: dict[str, Any] = {} if fit else dict(TRUST)
-    nodes = [node("n1", gpu=8, labels={"pool": "gpu"}, annotations=MINE)] if fit else []
-    provisioned = {"Provisioned": ""}
-    ready = run(
-        Case("", gang(), config=config, requests=[req(conditions=provisioned)], nodes=nodes)
-    )
-    assert ready.check is not None and ready.check.state == "Ready"
-    assert annotations_of(ready) == [] and ready.requeue_after == 0.0
-
-    after = Case("", gang().check(state="Ready"), config=config, nodes=nodes)
-    after.requests = [req(conditions=provisioned)]
-    assert annotations_of(run(after)) == [FULFILLED]
-    after.requests = [req(conditions=provisioned, annotations=FULFILLED)]
-    assert annotations_of(run(after)) == []
-
-    # admitted meanwhile with every member bound: marked fulfilled, then started
-    started = Case("", admitted(), config={}, requests=[req(conditions=provisioned)])
-    started.pods = [member(f"p{i}", bound=True) for i in range(4)]
-    assert annotations_of(run(started)) == [FULFILLED, {"gangcheck.io/phase": "Started"}]
-
-
-@pytest.mark.parametrize(
-    "annotations",
-    [ROLLING, {"gangcheck.io/phase": "Started"}, FULFILLED],
-    ids=["rolling back", "started", "fulfilled"],
-)
-def test_a_ready_checks_request_with_a_phase_is_not_marked_fulfilled(
-    annotations: dict[str, str],
-) -> None:
-    case = Case("", gang().check(state="Ready"), config={})
-    case.requests = [req(conditions={"Provisioned": ""}, annotations=annotations)]
-    assert FULFILLED not in annotations_of(run(case))
 
 
 @pytest.mark.parametrize("current", [False, True], ids=["node cache behind", "node cache current"])

@@ -51,8 +51,8 @@ def test_events_after_the_window_count_until_they_settle_and_apart() -> None:
 
 
 def test_phase_records_after_the_window_count_until_events_settle_other_patches_do_not() -> None:
-    """gangcheck marks a request Fulfilled right after its check turns Ready, so the last
-    gangs' marks may come after the last admission: counted as Events are."""
+    """gangcheck marks a request Started once its gang's pods are bound, so the last gangs'
+    marks come after the last admission: counted as Events are."""
     ours = NAMESPACES["gangcheck"]
     phase = record(25, "patch", "provisioningrequests", kueue=False, namespace=ours)
     phase["requestObject"] = {"metadata": {"annotations": {kueue_scale.PHASE_ANNOTATION: "x"}}}

@@ -44,7 +44,6 @@ from gangcheck.model.names import (
     FULFILLED,
     PHASE_ANNOTATION,
     RESERVED_ANNOTATION,
-    ROLLING_BACK,
     STARTED,
 )
 from gangcheck.model.objects import Obj
@@ -237,9 +236,8 @@ def backoff_seconds(attempt: int, strategy: RetryStrategy) -> int:
 
 
 def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
-    """Mark the request fulfilled: it no longer claims or holds back new nodes. Once it has
-    a phase (fulfilled, started, rolling back) there is nothing to mark."""
-    if req.deleting or req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED, ROLLING_BACK):
+    """Mark the request fulfilled: it no longer claims or holds back new nodes."""
+    if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
         return ()
     return (AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED}),)
 

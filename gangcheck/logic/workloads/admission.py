@@ -211,19 +211,11 @@ def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
-    """After Ready: the request is marked fulfilled first (see `_ready`), then a revoked
-    capacity rejects; in fit mode the start watchdog runs."""
+    """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs."""
+    wl = snap.workload
     req = _find(snap.requests, _attempt_name(snap, state))
     if req is None:
         return Decision()
-    decision = _after_ready(snap, state, req, now)
-    return replace(decision, actions=(*lifecycle.fulfilled(req), *decision.actions))
-
-
-def _after_ready(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
-) -> Decision:
-    wl = snap.workload
     attempt = _attempt(snap, req)
     if rollback.is_rolling_back(req):
         return _outcome(snap, state, req, lifecycle.roll_back(attempt), now)
@@ -620,15 +612,15 @@ def _ready(
     *,
     domains: Mapping[str, tuple[str, str]] | None = None,
 ) -> Decision:
-    """Ready. The request is marked fulfilled (it no longer claims or holds back new nodes)
-    by the next decision, right after this one's check write (`_while_ready`; asked for at
-    once): the gang's start waits for one write, not two. Until then the request is still
-    open, as it was before Ready: a node registering closed meanwhile stays closed for it,
-    and younger requests leave new nodes to it (a Ready check claims none itself). A restart
-    between the writes only delays the mark to the first reconcile after it."""
+    """Ready, and the request marked fulfilled: it no longer claims or holds back new nodes.
+    The mark is written before the check, not after: a gang withdrawn between the two writes
+    (deleted, finished, a replica killed meanwhile) would have its arrivals reclaimed
+    (`rollback.abandon`) while its pods may already be bound there. Written the other way
+    round, the fault suite caught that as an unsafe reclaim."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
-    return replace(decision, requeue_after=0.0, capacity_used=capacity_used(req))
+    actions = (*decision.actions, *lifecycle.fulfilled(req))
+    return replace(decision, actions=actions, capacity_used=capacity_used(req))
 
 
 def pod_set_updates(
