@@ -29,7 +29,7 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import HeldMessages
-from gangcheck.runtime.queue import Result
+from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
 log = logging.getLogger(__name__)
@@ -150,8 +150,7 @@ class PodGroupReconciler:
             self.metrics.capacity_used(decision.capacity_used)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)
-        due = [d for d in (decision.requeue_after, held) if d is not None]
-        return min(due) if due else None
+        return soonest(decision.requeue_after, held)
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
         """Merge our annotations into the group (an empty value removes one)."""

@@ -36,7 +36,7 @@ from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import HeldMessages, progress_only
-from gangcheck.runtime.queue import Result
+from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,8 @@ class WorkloadReconciler:
         delays = []
         for check in self._checks_of(wl):
             decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
-            delay = await self._apply(wl, check, decision)
-            if delay is not None:
-                delays.append(delay)
-        return Result(requeue_after=min(delays) if delays else None)
+            delays.append(await self._apply(wl, check, decision))
+        return Result(requeue_after=soonest(*delays))
 
     def _checks_of(self, wl: Workload) -> list[str]:
         """Our checks the Workload lists, plus any that still own a request of it."""
@@ -192,8 +190,7 @@ class WorkloadReconciler:
                 self._count(wl, check, decision)
         for event in decision.events:
             await self._events.emit(wl.ref, event)
-        due = [d for d in (decision.requeue_after, held) if d is not None]
-        return min(due) if due else None
+        return soonest(decision.requeue_after, held)
 
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""

@@ -28,6 +28,12 @@ class Result:
 Reconcile = Callable[[str], Awaitable[Result]]
 
 
+def soonest(*delays: float | None) -> float | None:
+    """The shortest of the delays asked for (seconds), or None when none is."""
+    asked = [d for d in delays if d is not None]
+    return min(asked) if asked else None
+
+
 @dataclass
 class WorkQueue:
     """Keys waiting to be reconciled, with delays, per-key backoff and no double processing."""
