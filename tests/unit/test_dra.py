@@ -1008,6 +1008,43 @@ def test_nodes_of_one_shape_share_a_trial_not_nodes_that_only_look_alike(
     assert result.placeable == 1
 
 
+def test_a_shared_device_with_capacity_consumed_is_not_alike_a_fresh_one() -> None:
+    """Two nodes with alike NICs that members share; on n1 a claim consumes 60 of 100: n1
+    has room for one member of 35, n2 for two. Only what is consumed tells the nodes apart
+    (no device is taken whole), and the trial of one node is not the other's."""
+    nic = [device("nic-0", capacity=BANDWIDTH, allowMultipleAllocations=True)]
+    slices = [rslice(f"nic-{n}", nic, node=n) for n in ("n1", "n2")]
+    busy = allocated("busy", "nic-0", pool="n1", shareID="u1", consumedCapacity={"bandwidth": "60"})
+    tpl = {"tpl": template("tpl", [exactly(capacity={"requests": {"bandwidth": "35"}})])}
+    member = member_from_pod_spec(pod_spec(), DraContext(tpl))
+    inventory = build_inventory(slices, [device_class()], [busy])
+    result = fit_gang([("w", 4, member)], [node("n1"), node("n2")], (), inventory)
+    assert result.placements == {"n1": ("w",), "n2": ("w", "w")}
+    assert result.placeable == 3
+
+
+def test_a_counter_consumed_elsewhere_in_the_pool_tells_alike_nodes_apart() -> None:
+    """n1 and n2 each have one GPU taking the only unit of their pool's counter; on n1 that
+    unit is held by a device of the same pool that n1 does not reach (a slice of another
+    node). No device n1 reaches is in use, yet its GPU cannot be allocated: n2's trial is
+    not n1's."""
+    slices = []
+    for n in ("n1", "n2"):
+        pool = dict(pool=n, count=3 if n == "n1" else 2)
+        slices += [
+            rslice(f"{n}-counters", node=n, **pool, sharedCounters=[counters()]),
+            rslice(f"{n}-gpus", [counted("gpu-0")], node=n, **pool),
+        ]
+    slices.append(rslice("n1-far", [counted("far-0")], node="n3", pool="n1", count=3))
+    busy = allocated("busy", "far-0", pool="n1")
+    tpl = {"tpl": template("tpl", [exactly()])}
+    member = member_from_pod_spec(pod_spec(), DraContext(tpl))
+    inventory = build_inventory(slices, [device_class()], [busy])
+    result = fit_gang([("w", 2, member)], [node("n1"), node("n2")], (), inventory)
+    assert result.placements == {"n2": ("w",)}
+    assert result.placeable == 1
+
+
 @settings(database=None, deadline=None, max_examples=150)
 @given(
     nodes=st.lists(

@@ -480,28 +480,11 @@ def node_devices(inventory: Inventory, node: NodeView) -> NodeDevices:
 
 
 def _device_shape(reach: NodeDevices, usage: Usage, needs: ClaimNeeds) -> tuple[object, ...]:
-    """What allocating `needs` on a node reads: each device's shape, which of the node's pools
-    it is in (counters are shared within a pool), its use and its counters' totals and use;
-    whether a pool reaching it offers nothing now; and which of the member's already
-    allocated claims the node can use. Nodes of one shape get the same allocation."""
-    inventory = reach.inventory
-    pools: dict[tuple[str, str], int] = {}
-    parts = []
-    for device in reach.devices:
-        pool = pools.setdefault((device.driver, device.pool), len(pools))
-        shared = usage.shared.get(device.id)
-        counters = tuple(
-            (
-                name,
-                tuple(sorted(inventory.counter_total((device.driver, device.pool, name)).items())),
-                tuple(sorted(usage.counters.get((device.driver, device.pool, name), {}).items())),
-            )
-            for name in device.consumes
-        )
-        spent = None if shared is None else tuple(sorted(shared.items()))
-        parts.append((device.shape, pool, device.id in usage.taken, spent, counters))
+    """What allocating `needs` on a node reads: its devices' layout (`NodeDevices.layout`),
+    their use (`NodeDevices.use`), and which of the member's already allocated claims the
+    node can use. Nodes of one shape get the same allocation."""
     reached = tuple(reach.reaches(claim.scope) for claim in needs.shared)
-    return (tuple(parts), bool(reach.pending), reached)
+    return (reach.layout, reach.use(usage), reached)
 
 
 class _Devices:
@@ -757,9 +740,9 @@ def _initial_free(
 ) -> dict[str, dict[str, int]]:
     free: dict[str, dict[str, int]] = {}
     for node in views:
-        taken = used.get(node.name, {})
-        names = set(node.allocatable) | set(taken)
-        free[node.name] = {r: node.allocatable.get(r, 0) - taken.get(r, 0) for r in names}
+        room = free[node.name] = dict(node.allocatable)
+        for name, amount in used.get(node.name, {}).items():
+            room[name] = room.get(name, 0) - amount
     return free
 
 
@@ -780,8 +763,7 @@ def _place(
     """Fill the eligible nodes, best fit first; returns how many members are left over."""
     requests, left = plan.pod_set.member.requests, plan.pod_set.count
     needs = plan.pod_set.member.devices
-    shapes = _Shapes(requests, plan.wanted)
-    known = {n.name: shapes.of(n, free[n.name]) for n in plan.eligible}
+    known = _by_shape(requests, plan.wanted, plan.eligible, free)
     room = {name: fits for name, (fits, _) in known.items()}
     if needs and devices is not None:
         room = {
@@ -807,28 +789,28 @@ def _place(
     return left
 
 
-class _Shapes:
-    """How many members fit on a node and the room left after one (`_fits`, `_room_after`),
+def _by_shape(
+    requests: Resources,
+    wanted: Sequence[str],
+    nodes: Iterable[NodeView],
+    free: Mapping[str, Resources],
+) -> dict[str, tuple[int, float]]:
+    """Per node, how many members fit and the room left after one (`_fits`, `_room_after`),
     worked out once per node shape (free and allocatable amounts of the wanted resources):
     nodes alike in a large cluster share one answer."""
-
-    def __init__(self, requests: Resources, wanted: Sequence[str]) -> None:
-        self._requests = requests
-        self._wanted = wanted
-        self._known: dict[tuple[int, ...], tuple[int, float]] = {}
-
-    def of(self, node: NodeView, free: Resources) -> tuple[int, float]:
-        allocatable = node.allocatable
-        shape = tuple(free.get(r, 0) for r in self._wanted) + tuple(
-            allocatable.get(r, 0) for r in self._wanted
-        )
-        known = self._known.get(shape)
-        if known is None:
-            known = self._known[shape] = (
-                _fits(self._requests, self._wanted, free),
-                _room_after(self._requests, self._wanted, node, free),
+    known: dict[tuple[int, ...], tuple[int, float]] = {}
+    out: dict[str, tuple[int, float]] = {}
+    for node in nodes:
+        room, allocatable = free[node.name], node.allocatable
+        shape = (*[room.get(r, 0) for r in wanted], *[allocatable.get(r, 0) for r in wanted])
+        answer = known.get(shape)
+        if answer is None:
+            answer = known[shape] = (
+                _fits(requests, wanted, room),
+                _room_after(requests, wanted, node, room),
             )
-        return known
+        out[node.name] = answer
+    return out
 
 
 def _fits(requests: Resources, wanted: Sequence[str], free: Resources) -> int:

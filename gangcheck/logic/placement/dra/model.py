@@ -307,6 +307,56 @@ class NodeDevices:
     reaches: Callable[[NodeScope], bool] = field(compare=False, repr=False)
     inventory: Inventory = field(compare=False, repr=False)
 
+    @functools.cached_property
+    def layout(self) -> tuple[object, ...]:
+        """What allocation reads of the node's devices that use does not change: each
+        device's shape, which of the node's pools it is in (counters are shared within a
+        pool), its counter sets' totals; and whether a pool reaching it offers nothing now."""
+        pools: dict[tuple[str, str], int] = {}
+        parts = []
+        for device in self.devices:
+            pool = pools.setdefault((device.driver, device.pool), len(pools))
+            totals = tuple(
+                (name, tuple(sorted(self.inventory.counter_total(counter_set).items())))
+                for name, counter_set in _counter_sets(device)
+            )
+            parts.append((device.shape, pool, totals))
+        return (tuple(parts), bool(self.pending))
+
+    @functools.cached_property
+    def device_ids(self) -> frozenset[DeviceId]:
+        return frozenset(device.id for device in self.devices)
+
+    @functools.cached_property
+    def counter_sets(self) -> tuple[CounterSetId, ...]:
+        """The counter sets the node's devices consume from."""
+        return tuple({cs: None for d in self.devices for _, cs in _counter_sets(d)})
+
+    def use(self, usage: Usage) -> tuple[object, ...] | None:
+        """What of `usage` allocation reads on this node, per device (taken, capacity
+        consumed, its counters' use); None when none of it touches the node's devices."""
+        shared, counters = usage.shared, usage.counters
+        if (
+            self.device_ids.isdisjoint(usage.taken)
+            and not (shared and any(i in shared for i in self.device_ids))
+            and not (counters and any(cs in counters for cs in self.counter_sets))
+        ):
+            return None
+        parts = []
+        for device in self.devices:
+            spent = shared.get(device.id)
+            used = tuple(
+                (name, tuple(sorted(counters.get(counter_set, {}).items())))
+                for name, counter_set in _counter_sets(device)
+            )
+            spent_items = None if spent is None else tuple(sorted(spent.items()))
+            parts.append((device.id in usage.taken, spent_items, used))
+        return tuple(parts)
+
+
+def _counter_sets(device: Device) -> Iterable[tuple[str, CounterSetId]]:
+    return ((name, (device.driver, device.pool, name)) for name in device.consumes)
+
 
 # --- what a member claims --------------------------------------------------------------------
 
