@@ -19,7 +19,6 @@ from gangcheck.kube.errors import (
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import (
     Action,
-    AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
     CreateRequest,
@@ -115,11 +114,11 @@ class Applier:
         self.metrics = metrics
 
     async def apply(self, namespace: str, action: Action) -> None:
-        """Apply one action; a delete or adoption of something already gone is done."""
+        """Apply one action; a delete of something already gone is done."""
         try:
             await _APPLY[type(action)](self, namespace, action)
         except NotFoundError:
-            if not isinstance(action, DeleteRequest | DeleteTemplate | AdoptTemplate):
+            if not isinstance(action, DeleteRequest | DeleteTemplate):
                 raise
 
     async def _create_template(self, namespace: str, action: Action) -> None:
@@ -141,39 +140,6 @@ class Applier:
             if not made_for(created, body):
                 raise NameCollisionError(res.kind, meta["name"]) from None
         informer.store.put_if_newer(created)
-
-    async def _adopt_template(self, namespace: str, action: Action) -> None:
-        """Add the request as an owner, keeping the Workload (or PodGroup): a request deleted
-        by hand then leaves its templates to be used again, not garbage-collected."""
-        assert isinstance(action, AdoptTemplate)
-        cached = self._caches.templates.store.get(action.name, namespace)
-        if cached is None:
-            return  # not seen yet, or gone: the next decision hands it over or recreates it
-        owner = {
-            "apiVersion": PROVISIONING_REQUEST.api_version,
-            "kind": PROVISIONING_REQUEST.kind,
-            "name": action.request,
-            "uid": action.request_uid,
-            "blockOwnerDeletion": True,
-        }
-        kept = [
-            r
-            for r in cached["metadata"].get("ownerReferences") or []
-            if r.get("kind") != PROVISIONING_REQUEST.kind
-        ]
-        if not any(r.get("controller") for r in kept):
-            owner["controller"] = True
-        patch = {
-            "metadata": {
-                "resourceVersion": cached["metadata"]["resourceVersion"],
-                "ownerReferences": [*kept, owner],
-            }
-        }
-        try:
-            updated = await self._kube.merge_patch(POD_TEMPLATE, action.name, patch, namespace)
-        except ConflictError as e:
-            raise StaleDecisionError(f"PodTemplate {action.name} changed meanwhile") from e
-        self._caches.templates.store.put_if_newer(updated)
 
     async def _delete_request(self, namespace: str, action: Action) -> None:
         assert isinstance(action, DeleteRequest)
@@ -309,7 +275,6 @@ class Applier:
 _APPLY = {
     CreateTemplate: Applier._create_template,
     CreateRequest: Applier._create_request,
-    AdoptTemplate: Applier._adopt_template,
     DeleteRequest: Applier._delete_request,
     DeleteTemplate: Applier._delete_template,
     AnnotateRequest: Applier._annotate_request,

@@ -4,11 +4,11 @@ the attempts of a gang that is gone (the orphan sweep)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.capacity.backend import CapacityBackend, Owned
+from gangcheck.logic.capacity.backend import CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
@@ -23,9 +23,9 @@ def owner_uids(obj: Obj) -> list[str]:
     return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
 
 
-def owners_by_name(objs: Iterable[Obj]) -> Mapping[str, Owned]:
-    """The objects made for a gang's attempts (PodTemplates), by name, with their owners."""
-    return {o["metadata"]["name"]: Owned(o["metadata"]["name"], tuple(owner_uids(o))) for o in objs}
+def names_of(objs: Iterable[Obj]) -> frozenset[str]:
+    """The names of the objects made for a gang's attempts (PodTemplates)."""
+    return frozenset(o["metadata"]["name"] for o in objs)
 
 
 async def withdraw_orphans(

@@ -24,7 +24,7 @@ from gangcheck.model.objects import Obj, ObjectRef, request_of
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
-from gangcheck.reconcile.attempts import owners_by_name, withdraw_orphans
+from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
@@ -98,7 +98,7 @@ class PodGroupReconciler:
             for r in self._caches.requests_of_group(ns, key)
             if (r["metadata"].get("annotations") or {}).get(GROUP_UID_ANNOTATION) == group.ref.uid
         )
-        templates = owners_by_name(self._caches.templates_of_group(ns, key))
+        templates = names_of(self._caches.templates_of_group(ns, key))
         return GroupSnapshot(
             group=group,
             members=self._caches.member_views(ns, api_group, group.ref.name),

@@ -18,7 +18,6 @@ from gangcheck.kube.errors import (
 from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic.attempt import lifecycle, naming
 from gangcheck.logic.attempt.actions import Action, DeleteRequest, DeleteTemplate, Event
-from gangcheck.logic.capacity.backend import Owned
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.timefmt import parse_time
@@ -31,7 +30,7 @@ from gangcheck.logic.workloads.admission import (
 )
 from gangcheck.model.objects import Obj, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
-from gangcheck.reconcile.attempts import owner_uids, withdraw_orphans
+from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
@@ -94,10 +93,7 @@ class WorkloadReconciler:
             if check_of(r) == check
         )
         requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
-        templates = {
-            t["metadata"]["name"]: Owned(t["metadata"]["name"], tuple(owner_uids(t)))
-            for t in self._caches.templates_of(wl.ref.namespace, wl.ref.name)
-        }
+        templates = names_of(self._caches.templates_of(wl.ref.namespace, wl.ref.name))
         return Snapshot(
             workload=wl,
             check=check,

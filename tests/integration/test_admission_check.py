@@ -59,14 +59,13 @@ async def test_happy_path_one_request_then_ready(
     assert req["metadata"]["annotations"]["gangcheck.io/workload-uid"] == wl["metadata"]["uid"]
     assert "ownerReferences" not in req["metadata"]
 
-    async def templates_owned_by_request() -> bool:
-        owners = [
-            {r["uid"] for r in t["metadata"]["ownerReferences"]} for t in await cluster.templates()
-        ]
-        both = {req["metadata"]["uid"], wl["metadata"]["uid"]}
-        return len(owners) == 2 and all(o == both for o in owners)
+    async def both_templates() -> list[Any] | None:
+        found = await cluster.templates()
+        return found if len(found) == 2 else None
 
-    await eventually(templates_owned_by_request, what="templates handed to the request")
+    made = await eventually(both_templates, what="the request's two templates")
+    owners = [[r["uid"] for r in t["metadata"]["ownerReferences"]] for t in made]
+    assert owners == [[wl["metadata"]["uid"]]] * 2
     template = next(
         t for t in await cluster.templates() if t["metadata"]["name"].endswith("workers")
     )

@@ -428,20 +428,12 @@ MAY = [
     ask("delete", "provisioningrequests.autoscaling.x-k8s.io", ALL, id="deletes requests"),
     ask("watch", "provisioningrequests.autoscaling.x-k8s.io", ALL, id="watches requests"),
     ask("create", "podtemplates", ALL, id="creates pod templates"),
-    ask("patch", "podtemplates", ALL, id="hands pod templates to their request"),
     ask(
         "update",
         "workloads.kueue.x-k8s.io",
         ALL,
         "--subresource=finalizers",
         id="may block deletion of the workloads that own its objects",
-    ),
-    ask(
-        "update",
-        "provisioningrequests.autoscaling.x-k8s.io",
-        ALL,
-        "--subresource=finalizers",
-        id="may block deletion of the requests that own its pod templates",
     ),
     ask("delete", "podtemplates", ALL, id="deletes pod templates"),
     ask(
@@ -471,6 +463,7 @@ MAY = [
 
 MAY_NOT = [
     ask("delete", "nodes", id="deletes no node without the component"),
+    ask("patch", "podtemplates", ALL, id="changes no pod template"),
     ask("update", "nodes", id="replaces no node"),
     ask("create", "nodes", id="creates no node"),
     ask("patch", "nodes", STATUS, id="writes no node status"),
@@ -798,14 +791,14 @@ async def gang_gets_its_request(admin: Kube, namespace: str) -> Obj:
     )
     template = naming.template_name(name, "workers")
 
-    async def handed_over() -> bool:
-        found = await get_or_none(admin, POD_TEMPLATE, template, namespace)
-        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
-        # The request adopts it; the Workload stays an owner (a request deleted by hand
-        # must not take its templates with it).
-        return request["metadata"]["uid"] in [o["uid"] for o in owners]
-
-    await eventually(handed_over, what=f"PodTemplate {template} owned by its request")
+    made: Obj = await eventually(
+        lambda: get_or_none(admin, POD_TEMPLATE, template, namespace),
+        what=f"PodTemplate {template}",
+    )
+    # Owned by the Workload alone (a request deleted by hand must not take it with it).
+    owners = made["metadata"].get("ownerReferences") or []
+    owner = await admin.get(WORKLOAD, workload, namespace)
+    assert [o["uid"] for o in owners] == [owner["metadata"]["uid"]]
 
     async def recorded() -> list[Obj]:
         items = (await admin.list_objects(EVENT, namespace)).get("items") or []

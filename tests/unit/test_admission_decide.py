@@ -10,7 +10,6 @@ import pytest
 
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
-    AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
     CreateRequest,
@@ -19,7 +18,6 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
-from gangcheck.logic.capacity.backend import Owned as TemplateInfo
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
@@ -75,7 +73,7 @@ class Case:
     workload: WorkloadBuilder
     config: dict[str, Any] | None = field(default_factory=lambda: dict(TRUST))
     requests: list[Any] = field(default_factory=list)
-    templates: dict[str, tuple[str, ...]] | None = None
+    templates: frozenset[str] | None = None  # None: those of the requests
     """PodTemplates that exist, by owner uids; None: each request's own, owned by it too."""
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
@@ -88,7 +86,6 @@ class Case:
     creates: int = 0  # CreateTemplate count, when a request is created
     created_request: bool = False
     deletes: tuple[str, ...] = ()
-    adopts: tuple[str, ...] = ()
     claims: tuple[str, ...] = ()
     consume_pod_sets: tuple[str, ...] = ()
     pods: list[Any] = field(default_factory=list)
@@ -98,14 +95,12 @@ class Case:
     nodes_current: bool = True
 
 
-def templates_of(case: Case) -> dict[str, tuple[str, ...]]:
+def templates_of(case: Case) -> frozenset[str]:
     if case.templates is not None:
         return case.templates
-    return {
-        p["podTemplateRef"]["name"]: ("uid-wl", r["metadata"]["uid"])
-        for r in case.requests
-        for p in r["spec"]["podSets"]
-    }
+    return frozenset(
+        p["podTemplateRef"]["name"] for r in case.requests for p in r["spec"]["podSets"]
+    )
 
 
 def run(case: Case) -> Decision:
@@ -117,7 +112,7 @@ def run(case: Case) -> Decision:
         config_problem="AtomicProvisioningConfig 'gpu' not found",
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
-        templates={n: TemplateInfo(n, owners) for n, owners in templates_of(case).items()},
+        templates=templates_of(case),
         capacity=Capacity(
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
@@ -503,26 +498,24 @@ CASES = [
     Case(
         "a template left by an interrupted reconcile is reused, not created again",
         gang(),
-        templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
+        templates=frozenset({naming.template_name(REQ1, "workers")}),
         state="Pending",
         created_request=True,
         creates=0,
         message=f"provisioning request {REQ1} created for 4 pods",
     ),
     Case(
-        "templates still owned by the Workload are handed to the request",
+        "a request in flight whose templates exist: nothing is written but the check",
         gang(),
         requests=[req()],
-        templates={naming.template_name(REQ1, "workers"): ("uid-wl",)},
-        adopts=(naming.template_name(REQ1, "workers"),),
         state="Pending",
         message=f"waiting for provisioning request {REQ1} to be accepted",
     ),
     Case(
-        "a template lost while its request is in flight is recreated, owned by both",
+        "a template lost while its request is in flight is recreated",
         gang(),
         requests=[req()],
-        templates={},
+        templates=frozenset(),
         creates=1,
         state="Pending",
         message=f"waiting for provisioning request {REQ1} to be accepted",
@@ -847,7 +840,6 @@ def test_decide(case: Case) -> None:
     assert sum(isinstance(a, CreateTemplate) for a in d.actions) == case.creates
     assert any(isinstance(a, CreateRequest) for a in d.actions) == case.created_request
     assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes
-    assert tuple(a.name for a in d.actions if isinstance(a, AdoptTemplate)) == case.adopts
     assert tuple(a.name for a in d.actions if isinstance(a, ClaimNode)) == case.claims
     assert (
         tuple(a.annotations for a in d.actions if isinstance(a, AnnotateRequest)) == case.annotates
@@ -865,11 +857,19 @@ def test_decide(case: Case) -> None:
             assert annotations["autoscaling.x-k8s.io/provisioning-class-name"]
 
 
-def test_a_recreated_template_is_owned_by_the_workload_and_the_request() -> None:
-    d = run(Case("", gang(), requests=[req()], templates={}))
+def test_a_request_in_flight_with_its_templates_costs_no_write_but_the_check() -> None:
+    """Kueue hands each template to its request (a patch per gang); gangcheck leaves them
+    owned by the Workload, which is what keeps them from the garbage collector anyway."""
+    d = run(Case("", gang(), requests=[req()]))
+    assert d.actions == ()
+    assert d.check is not None
+
+
+def test_a_recreated_template_is_owned_by_the_workload_alone() -> None:
+    d = run(Case("", gang(), requests=[req()], templates=frozenset()))
     body = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
     owners = [(o["kind"], o["uid"], o["controller"]) for o in body["metadata"]["ownerReferences"]]
-    assert owners == [("Workload", "uid-wl", True), ("ProvisioningRequest", f"uid-{REQ1}", False)]
+    assert owners == [("Workload", "uid-wl", True)]
 
 
 def test_templates_are_created_before_the_request() -> None:

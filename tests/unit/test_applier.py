@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
-from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
-    AdoptTemplate,
     AnnotateRequest,
     ClaimNode,
     CreateRequest,
@@ -56,9 +55,8 @@ def managed(name: str, **annotations: str) -> Obj:
     }
 
 
-def template(name: str = "wl-main", owners: list[Obj] | None = None) -> Obj:
+def template(name: str = "wl-main") -> Obj:
     meta = managed(name)
-    meta["ownerReferences"] = owners or []
     return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": meta, "template": {}}
 
 
@@ -125,38 +123,6 @@ async def test_a_refused_create_is_raised_and_nothing_is_cached() -> None:
     with pytest.raises(ApiError):
         await applier.apply(NS, CreateTemplate(template()))
     assert cached(applier).templates.store.get("wl-main", NS) is None
-
-
-async def test_adopting_a_template_adds_the_request_and_keeps_the_workload_in_control() -> None:
-    workload = {
-        "apiVersion": "v1",
-        "kind": "Workload",
-        "name": "wl",
-        "uid": "u",
-        "controller": True,
-    }
-    kube, applier = setup(template(owners=[workload]))
-    await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
-    stored = kube.stored(POD_TEMPLATE, "wl-main", NS)
-    assert stored is not None
-    owners = stored["metadata"]["ownerReferences"]
-    assert [(o["name"], o.get("controller", False)) for o in owners] == [
-        ("wl", True),
-        (REQUEST, False),
-    ]
-
-
-async def test_adopting_a_template_changed_since_it_was_read_drops_the_decision() -> None:
-    kube, applier = setup(template())
-    await kube.merge_patch(POD_TEMPLATE, "wl-main", {"metadata": {"labels": {"x": "y"}}}, NS)
-    with pytest.raises(StaleDecisionError):
-        await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
-
-
-async def test_adopting_a_template_not_seen_yet_writes_nothing() -> None:
-    kube, applier = setup()
-    await applier.apply(NS, AdoptTemplate("wl-main", REQUEST, "uid-r"))
-    assert kube.writes == []
 
 
 async def test_delete_request_deletes_it_by_uid_and_its_templates() -> None:

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gangcheck.logic.attempt.actions import (
-    AdoptTemplate,
-    CreateRequest,
-    CreateTemplate,
-    DeleteRequest,
-)
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, ProvisioningRequestBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
 from gangcheck.model.objects import request_of
@@ -104,18 +99,16 @@ def test_an_ask_skips_templates_that_exist() -> None:
     assert [type(a) for a in actions] == [CreateRequest]
 
 
-def test_following_hands_templates_over_and_makes_lost_ones_again() -> None:
+def test_following_writes_nothing_while_the_templates_exist_and_makes_lost_ones_again() -> None:
     req = request_of(
         provisioning_request("wl-atomic-1", templates=[("ppt-wl-atomic-1-workers", 4)])
     )
-    made = {"ppt-wl-atomic-1-workers": Owned("ppt-wl-atomic-1-workers", ("u",))}
-    (adopt,) = PROVISIONING_REQUEST.follow(req, made)
-    assert adopt == AdoptTemplate("ppt-wl-atomic-1-workers", "wl-atomic-1", "uid-wl-atomic-1")
-    (again,) = PROVISIONING_REQUEST.follow(req, {}, ask())
+    assert PROVISIONING_REQUEST.follow(req, ask(frozenset({"ppt-wl-atomic-1-workers"}))) == ()
+    (again,) = PROVISIONING_REQUEST.follow(req, ask())
     assert isinstance(again, CreateTemplate)
-    owners = again.body["metadata"]["ownerReferences"]
-    assert [o["name"] for o in owners] == ["wl", "wl-atomic-1"]
-    assert owners[1]["controller"] is False
+    assert again.body["metadata"]["name"] == "ppt-wl-atomic-1-workers"
+    # Owned by the gang's object alone, as when first made: no write hands it to the request.
+    assert [o["name"] for o in again.body["metadata"]["ownerReferences"]] == ["wl"]
 
 
 def test_withdrawing_deletes_the_request_and_its_templates() -> None:

@@ -34,12 +34,10 @@ import pytest
 
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
-    AdoptTemplate,
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
 )
-from gangcheck.logic.capacity.backend import Owned
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
@@ -76,10 +74,7 @@ class Scene:
     check: str = CHECK
     requests: tuple[Obj, ...] = ()
     templates: tuple[str, ...] | None = None
-    """PodTemplates that exist (owned by the Workload and their request); None: each
-    request's own."""
-    adopted: bool = True
-    """Whether the existing templates list their request as an owner already."""
+    """PodTemplates that exist (owned by the Workload); None: each request's own."""
     config_problem: str = "ProvisioningRequestConfig 'config1' not found"
 
 
@@ -90,7 +85,6 @@ def snapshot(scene: Scene) -> Snapshot:
         if scene.templates is not None
         else tuple(p.template_name for r in requests for p in r.pod_sets)
     )
-    owners = {p.template_name: r.ref.uid for r in requests for p in r.pod_sets if scene.adopted}
     return Snapshot(
         workload=workload_of(scene.workload),
         check=scene.check,
@@ -98,7 +92,7 @@ def snapshot(scene: Scene) -> Snapshot:
         config_problem=scene.config_problem,
         flavors=FLAVORS,
         requests=requests,
-        templates={n: Owned(n, tuple(u for u in ("uid-wl", owners.get(n)) if u)) for n in names},
+        templates=frozenset(names),
     )
 
 
@@ -303,8 +297,8 @@ class Want:
     """Whether that object counts as created (ours) or is reported as a collision."""
     template_owners: tuple[tuple[str, bool], ...] | None = None
     """Every created template's owners: (kind, controller)."""
-    adopts: tuple[str, ...] | None = None
-    """Templates handed to their request (the request added as an owner)."""
+    writes_check_only: bool = False
+    """No action at all: nothing is written but the check (no template handed over)."""
 
 
 def check_step(d: Decision, want: Want) -> None:
@@ -342,8 +336,8 @@ def check_step(d: Decision, want: Want) -> None:
             if isinstance(a, CreateTemplate):
                 refs = a.body["metadata"]["ownerReferences"]
                 assert tuple((r["kind"], r["controller"]) for r in refs) == want.template_owners
-    if want.adopts is not None:
-        assert tuple(a.name for a in d.actions if isinstance(a, AdoptTemplate)) == want.adopts
+    if want.writes_check_only:
+        assert d.actions == (), d.actions
 
 
 def _check_templates(d: Decision, wanted: Mapping[str, Mapping[str, Any]]) -> None:
@@ -574,21 +568,21 @@ CREATED_BASE = Want(
     template_owners=(("Workload", True),),
 )
 OWNERS = (
-    "Kueue moves each template's controller reference from the Workload to the request; "
-    "gangcheck keeps the Workload as controller and adds the request as an owner, so a "
-    "request deleted by hand does not take its templates with it (docs/kueue-differences.md, "
-    "'PodTemplates')"
+    "Kueue moves each template's controller reference from the Workload to the request, a "
+    "patch per template; gangcheck leaves the Workload its only owner (the garbage collector "
+    "keeps a dependent while any owner lives), so a request deleted by hand does not take its "
+    "templates with it and no write hands them over (docs/kueue-differences.md, 'PodTemplates')"
 )
 
 
 def handed_over(scene: Scene, req: Obj) -> tuple[Scene, Want]:
-    """The next reconcile: the request exists, its templates owned by the Workload only; each
-    template is handed to the request."""
+    """The next reconcile: the request exists, its templates owned by the Workload; where
+    Kueue hands each template to the request, gangcheck writes nothing but the check."""
     names = tuple(p["podTemplateRef"]["name"] for p in req["spec"]["podSets"])
-    after = replace(scene, requests=(req,), templates=names, adopted=False)
+    after = replace(scene, requests=(req,), templates=names)
     name = req["metadata"]["name"]
     return after, Want(
-        "Pending", f"waiting for provisioning request {name} to be accepted", adopts=names
+        "Pending", f"waiting for provisioning request {name} to be accepted", writes_check_only=True
     )
 
 

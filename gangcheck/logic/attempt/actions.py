@@ -19,15 +19,6 @@ class CreateRequest:
 
 
 @dataclass(frozen=True)
-class AdoptTemplate:
-    """Hand a PodTemplate from the Workload to the request that uses it."""
-
-    name: str
-    request: str
-    request_uid: str
-
-
-@dataclass(frozen=True)
 class DeleteRequest:
     """Delete a request and the PodTemplates it points at."""
 
@@ -105,7 +96,6 @@ class Event:
 Action = (
     CreateTemplate
     | CreateRequest
-    | AdoptTemplate
     | DeleteRequest
     | DeleteTemplate
     | AnnotateRequest

@@ -62,14 +62,6 @@ class Ask:
     """Names of the attempt's objects that exist already (an interrupted reconcile)."""
 
 
-@dataclass(frozen=True)
-class Owned:
-    """An object a backend made for an attempt, with the uids of its owners."""
-
-    name: str
-    owner_uids: tuple[str, ...]
-
-
 class AttemptRecord(Protocol):
     """The object anchoring an attempt, as the attempt core reads it: its identity, when it
     was made, what it asks for, and gangcheck's record of it (annotations: number, deadline,
@@ -109,11 +101,9 @@ class CapacityBackend(Protocol):
         """What the backend says of the attempt now."""
         ...
 
-    def follow(
-        self, attempt: AttemptRecord, made: Mapping[str, Owned], ask: Ask | None = None
-    ) -> tuple[Action, ...]:
-        """Upkeep while the attempt is in flight: objects handed to it, lost ones (of `ask`)
-        made again."""
+    def follow(self, attempt: AttemptRecord, ask: Ask) -> tuple[Action, ...]:
+        """Upkeep while the attempt is in flight: the objects of `ask` that are gone, made
+        again."""
         ...
 
     def withdraw(self, attempt: AttemptRecord, reason: str) -> tuple[Action, ...]:

@@ -12,14 +12,13 @@ from dataclasses import replace
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     Action,
-    AdoptTemplate,
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
 )
-from gangcheck.logic.capacity.backend import Ask, AttemptRecord, CapacityBackend, Owned
+from gangcheck.logic.capacity.backend import Ask, AttemptRecord, CapacityBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, PROVREQ_API_VERSION
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.objects import Condition, Obj, ObjectRef, ProvisioningRequest
 
 KIND = "ProvisioningRequest"
@@ -58,13 +57,13 @@ def _signal(condition: Condition) -> Signal:
     return Signal(condition.reason, condition.message, condition.last_transition_time)
 
 
-def owner_reference(ref: ObjectRef, api_version: str, *, controller: bool = True) -> Obj:
+def owner_reference(ref: ObjectRef, api_version: str) -> Obj:
     return {
         "apiVersion": api_version,
         "kind": ref.kind,
         "name": ref.name,
         "uid": ref.uid,
-        "controller": controller,
+        "controller": True,
         "blockOwnerDeletion": True,
     }
 
@@ -93,14 +92,15 @@ def request_body(ask: Ask) -> Obj:
     }
 
 
-def template_bodies(
-    ask: Ask, *, also_owned_by: ProvisioningRequest | None = None
-) -> tuple[Obj, ...]:
-    """The attempt's PodTemplates that do not exist yet, owned by the gang's object (and by
-    the request, when it exists already: a template lost while it was in flight)."""
+def template_bodies(ask: Ask) -> tuple[Obj, ...]:
+    """The attempt's PodTemplates that do not exist yet, owned by the gang's object only.
+
+    Kueue hands its templates to the request; gangcheck does not: the garbage collector
+    deletes a dependent only once every owner is gone, so while the gang's object owns a
+    template, the request as a second owner would change nothing but cost a write per gang.
+    gangcheck deletes the templates with their request (DeleteRequest), and the orphan sweep
+    those of a gang that is gone; a request deleted by hand leaves its templates in place."""
     owners = list(ask.owners)
-    if also_owned_by is not None:
-        owners.append(owner_reference(also_owned_by.ref, PROVREQ_API_VERSION, controller=False))
     out = []
     for p in ask.pod_sets:
         name = naming.template_name(ask.attempt, p.name)
@@ -128,25 +128,15 @@ def delete_request(req: ProvisioningRequest, reason: str) -> DeleteRequest:
     )
 
 
-def adoptions(templates: Mapping[str, Owned], req: ProvisioningRequest) -> tuple[Action, ...]:
-    """Hand each of the request's PodTemplates that exists to the request, once."""
-    out: list[Action] = []
-    for ps in req.pod_sets:
-        info = templates.get(ps.template_name)
-        if info is not None and req.ref.uid not in info.owner_uids:
-            out.append(AdoptTemplate(ps.template_name, req.name, req.ref.uid))
-    return tuple(out)
-
-
 def missing_templates(req: ProvisioningRequest, ask: Ask) -> tuple[Action, ...]:
-    """Make again the PodTemplates of a request in flight that are gone (garbage-collected
-    with an earlier request of the same name deleted by hand), so the attempt is not lost."""
+    """Make again the PodTemplates of a request in flight that are gone (deleted by hand, or
+    by gangcheck with an earlier request of the same name), so the attempt is not lost."""
     wanted = {ps.template_name for ps in req.pod_sets}
     if wanted <= ask.existing:
         return ()
     mine = tuple(p for p in ask.pod_sets if naming.template_name(req.name, p.name) in wanted)
     again = replace(ask, pod_sets=mine)
-    return tuple(CreateTemplate(b) for b in template_bodies(again, also_owned_by=req))
+    return tuple(CreateTemplate(b) for b in template_bodies(again))
 
 
 class ProvisioningRequestBackend:
@@ -161,12 +151,8 @@ class ProvisioningRequestBackend:
     def status_of(self, attempt: AttemptRecord) -> AttemptStatus:
         return status_of(_request(attempt))
 
-    def follow(
-        self, attempt: AttemptRecord, made: Mapping[str, Owned], ask: Ask | None = None
-    ) -> tuple[Action, ...]:
-        req = _request(attempt)
-        again = missing_templates(req, ask) if ask is not None else ()
-        return again + adoptions(made, req)
+    def follow(self, attempt: AttemptRecord, ask: Ask) -> tuple[Action, ...]:
+        return missing_templates(_request(attempt), ask)
 
     def withdraw(self, attempt: AttemptRecord, reason: str) -> tuple[Action, ...]:
         return (delete_request(_request(attempt), reason),)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from gangcheck.logic.attempt import lifecycle, naming, rollback
@@ -47,7 +47,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -96,7 +96,8 @@ class GroupSnapshot:
     config: AtomicProvisioningSpec | None
     config_problem: str = ""
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, Owned] = field(default_factory=dict)
+    templates: frozenset[str] = frozenset()
+    """Names of the PodTemplates made for the group's attempts that exist."""
     capacity: Capacity | None = None
     max_members: int = 5000
     """The most members one request may carry (a setting)."""
@@ -250,9 +251,7 @@ def _in_flight(
         capacity=snap.capacity,
         config=snap.config,
     )
-    decision = _outcome(snap, ours, req, lifecycle.follow(attempt, now), now)
-    adopt = snap.backend.follow(req, snap.templates)
-    return replace(decision, actions=adopt + decision.actions)
+    return _outcome(snap, ours, req, lifecycle.follow(attempt, now), now)
 
 
 def _outcome(
@@ -635,7 +634,7 @@ def _ask(snap: GroupSnapshot, gang: GangSpec, name: str, record: Mapping[str, st
         capacity_class=snap.config.provisioning_class_name,
         parameters=dict(snap.config.parameters),
         owners=(owner_reference(group.ref, group.ref.api_version),),
-        existing=frozenset(snap.templates),
+        existing=snap.templates,
     )
 
 

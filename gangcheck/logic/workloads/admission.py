@@ -30,7 +30,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend, Owned
+from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.placement.capacity import tally
@@ -82,7 +82,8 @@ class Snapshot:
     config_problem: str = ""
     flavors: Mapping[str, Flavor] = field(default_factory=dict)
     requests: tuple[ProvisioningRequest, ...] = ()
-    templates: Mapping[str, Owned] = field(default_factory=dict)
+    templates: frozenset[str] = frozenset()
+    """Names of the PodTemplates made for the Workload's attempts that exist."""
     capacity: Capacity | None = None
     backend: CapacityBackend = PROVISIONING_REQUEST
     competing: tuple[str, ...] = ()
@@ -460,7 +461,7 @@ def _ask(
         capacity_class=snap.config.provisioning_class_name,
         parameters=request_parameters(snap.config.parameters, wl.annotations),
         owners=(owner_reference(wl.ref, KUEUE_API_VERSION),),
-        existing=frozenset(snap.templates),
+        existing=snap.templates,
     )
 
 
@@ -473,22 +474,21 @@ def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
 def _in_flight(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
 ) -> Decision:
-    """The request exists: hand it its templates, replace it if stale, then as the core says."""
+    """The request exists: make again its templates that are gone, replace it if stale, then
+    as the core says."""
     if rollback.is_rolling_back(req):
-        decision = _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
-        adopt = snap.backend.follow(req, snap.templates)
-        return replace(decision, actions=adopt + decision.actions)
-    adopt = snap.backend.follow(req, snap.templates, _ask(snap, req.name, _merged(snap)))
+        return _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
+    upkeep = snap.backend.follow(req, _ask(snap, req.name, _merged(snap)))
     status = snap.backend.status_of(req)
     if not _is_synced(req, snap) and not status.has(Phase.PROVISIONED):
         decision = _config_changed(snap, state, req, now)
-        return replace(decision, actions=adopt + decision.actions)
+        return replace(decision, actions=upkeep + decision.actions)
     if _fit_mode(snap):
         req, redeadline = _current_deadline(snap, req)
-        adopt += redeadline
+        upkeep += redeadline
     step = lifecycle.follow(_attempt(snap, req, status), now)
     decision = _outcome(snap, state, req, step, now)
-    return replace(decision, actions=adopt + decision.actions)
+    return replace(decision, actions=upkeep + decision.actions)
 
 
 CONFIG_CHANGED = "ConfigChanged"
