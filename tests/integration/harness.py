@@ -168,6 +168,8 @@ class CrashingController(RunningController):
         super().__init__(kubeconfig)
         self.after_writes = after_writes
         self.writes = 0
+        self.written: list[str] = []
+        """Each write as `METHOD path` (Events left out, as from the count)."""
         self._dead = asyncio.Event()
 
     async def crashed(self) -> bool:
@@ -184,6 +186,7 @@ class CrashingController(RunningController):
             result = await original(method, path, **kw)
             if method != "GET" and "/events" not in path:
                 self.writes += 1
+                self.written.append(f"{method} {path}")
                 if self.writes >= self.after_writes:
                     self._dead.set()
             return result
