@@ -3,8 +3,9 @@
 Both run in the same control plane against the same simulated cloud, at the same time: a
 16-member gang (one GPU each, one GPU per node) whose first request gets 11 nodes; every later
 request gets all 16. The script plays Kueue core (admits on Ready, evicts and requeues on
-Retry after requeueAfterSeconds). A gang "starts" once its check is Ready AND all 16 members fit
-on the nodes of its pool (judged with gangcheck's own fit logic: there is no kubelet here).
+Retry after requeueAfterSeconds). A gang "starts" once its check is Ready AND all 16 members,
+as Kueue would start them (the check's podSetUpdates merged in), fit on the nodes of its pool
+(judged with gangcheck's own fit logic: there is no kubelet here).
 
 Figures per mode, within the horizon:
 - time to start: seconds from the first quota reservation to the start, or "did not start";
@@ -84,8 +85,17 @@ async def pool_nodes(kube: Kube, pool: str) -> list[dict[str, Any]]:
     return list(listing.get("items") or [])
 
 
-def gang_fits(nodes: list[dict[str, Any]]) -> bool:
-    member = member_from_template(pod_template(gpu=1, node_selector=None))
+def gang_fits(nodes: list[dict[str, Any]], check: dict[str, Any]) -> bool:
+    """Whether the 16 members fit as Kueue would start them: the pod set's template with the
+    check's podSetUpdates merged in (gangcheck's hold toleration and node selector among them:
+    the nodes it holds for the gang are tainted for everyone else)."""
+    update = next((u for u in check.get("podSetUpdates") or [] if u["name"] == "workers"), {})
+    template = pod_template(
+        gpu=1,
+        tolerations=list(update.get("tolerations") or []),
+        node_selector=dict(update.get("nodeSelector") or {}),
+    )
+    member = member_from_template(template)
     return fit_gang([GangPodSet("workers", MEMBERS, member)], [node_view(n) for n in nodes]).fits
 
 
@@ -101,8 +111,9 @@ async def play_kueue(run: Run, horizon_end: float) -> None:
             run.node_first_seen.setdefault(name, now)
         for name in set(run.node_first_seen) - names:
             run.node_gone.setdefault(name, now)
-        state = (await c.check_state("wl"))["state"]
-        if state == "Ready" and gang_fits(nodes):
+        check = await c.check_state("wl")
+        state = check["state"]
+        if state == "Ready" and gang_fits(nodes, check):
             run.started_at = now
         elif state == "Retry" and requeue_at is None:
             delay = (await c.check_state("wl")).get("requeueAfterSeconds") or 0
