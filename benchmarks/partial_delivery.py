@@ -116,7 +116,7 @@ async def play_kueue(run: Run, horizon_end: float) -> None:
         if state == "Ready" and gang_fits(nodes, check):
             run.started_at = now
         elif state == "Retry" and requeue_at is None:
-            delay = (await c.check_state("wl")).get("requeueAfterSeconds") or 0
+            delay = check.get("requeueAfterSeconds") or 0
             await c.evict_and_requeue("wl")
             requeue_at = now + float(delay)
         elif requeue_at is not None and now >= requeue_at:

@@ -167,9 +167,8 @@ class CrashingController(RunningController):
     def __init__(self, kubeconfig: str, *, after_writes: int) -> None:
         super().__init__(kubeconfig)
         self.after_writes = after_writes
-        self.writes = 0
         self.written: list[str] = []
-        """Each write as `METHOD path` (Events left out, as from the count)."""
+        """Each write so far, as `METHOD path` (Events left out); the n-th one kills it."""
         self._dead = asyncio.Event()
 
     async def crashed(self) -> bool:
@@ -185,9 +184,8 @@ class CrashingController(RunningController):
                 await asyncio.Event().wait()  # a dead process does nothing more
             result = await original(method, path, **kw)
             if method != "GET" and "/events" not in path:
-                self.writes += 1
                 self.written.append(f"{method} {path}")
-                if self.writes >= self.after_writes:
+                if len(self.written) >= self.after_writes:
                     self._dead.set()
             return result
 
