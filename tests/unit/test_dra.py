@@ -1045,31 +1045,64 @@ def test_a_counter_consumed_elsewhere_in_the_pool_tells_alike_nodes_apart() -> N
     assert result.placeable == 1
 
 
+class OneByOne:
+    """The devices of a fit attempt worked out the plain way: each member allocated on its
+    node, one after the other, nothing shared between nodes."""
+
+    def __init__(self, nodes: Any, usage: Usage) -> None:
+        self.nodes, self.usage = nodes, usage
+
+    def room(self, node: str, needs: Any, most: int) -> int:
+        return self._allocated(node, needs, most)[0]
+
+    def place(self, node: str, needs: Any, most: int) -> int:
+        placed, self.usage = self._allocated(node, needs, most)
+        return placed
+
+    def _allocated(self, node: str, needs: Any, most: int) -> tuple[int, Usage]:
+        usage, placed = self.usage, 0
+        while placed < most:
+            outcome = allocate(needs, self.nodes[node], usage)
+            if isinstance(outcome, Shortfall):
+                break
+            usage, placed = outcome, placed + 1
+        return placed, usage
+
+
 @settings(database=None, deadline=None, max_examples=150)
 @given(
     nodes=st.lists(
         st.tuples(
             st.lists(st.tuples(st.sampled_from(["a100", "h100"]), st.booleans()), max_size=4),
             st.sampled_from(["4", "8"]),
+            st.sampled_from([None, "1", "2", "3"]),
+            st.booleans(),
         ),
         min_size=1,
         max_size=5,
     ),
     pod_sets=st.lists(
-        st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans(), st.sampled_from(["1", "3"])),
+        st.tuples(
+            st.integers(1, 4),
+            st.integers(1, 3),
+            st.sampled_from(["any", "h100", "nic"]),
+            st.sampled_from(["1", "3"]),
+        ),
         min_size=1,
         max_size=2,
     ),
     shared=st.lists(st.booleans(), max_size=2),
 )
 def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
-    nodes: list[tuple[list[tuple[str, bool]], str]],
-    pod_sets: list[tuple[int, int, bool, str]],
+    nodes: list[tuple[list[tuple[str, bool]], str, str | None, bool]],
+    pod_sets: list[tuple[int, int, str, str]],
     shared: list[bool],
 ) -> None:
-    """What is shared between alike nodes (trial allocations, reasons) changes no answer:
-    the fit equals the one that works out every node apart. Nodes have GPUs of their own,
-    some in use, and may all reach `shared` GPUs (in use or not) of one more pool."""
+    """What is shared between alike nodes (trial allocations and what they took, reasons)
+    changes no answer: the fit equals the one that works out every node apart. Nodes have
+    GPUs of their own, some in use, some drawing on a counter of their pool with fewer
+    units than GPUs, maybe a NIC that members share by bandwidth, and may all reach `shared`
+    GPUs (in use or not) of one more pool."""
     from unittest import mock
 
     from gangcheck.logic.placement import fit
@@ -1081,17 +1114,24 @@ def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
         busy += [
             allocated(f"f-busy-{k}", f"f-{k}", pool="fabric") for k, b in enumerate(shared) if b
         ]
-    for i, (gpu_list, cpu) in enumerate(nodes):
+    for i, (gpu_list, cpu, units, nic) in enumerate(nodes):
         name = f"n{i}"
         views.append(node(name, cpu=cpu))
-        if gpu_list:
-            slices.append(
-                rslice(
-                    f"s{i}",
-                    [device(f"gpu-{k}", model=m) for k, (m, _) in enumerate(gpu_list)],
-                    node=name,
-                )
+        consumes = {} if units is None else {
+            "consumesCounters": [{"counterSet": "c", "counters": {"units": {"value": "1"}}}]
+        }  # fmt: skip
+        found = [device(f"gpu-{k}", model=m, **consumes) for k, (m, _) in enumerate(gpu_list)]
+        if nic:
+            found.append(
+                device("nic-0", model="nic", capacity=BANDWIDTH, allowMultipleAllocations=True)
             )
+        if found:
+            if units is None:
+                slices.append(rslice(f"s{i}", found, node=name))
+            else:
+                pool = dict(node=name, pool=name, count=2)
+                slices.append(rslice(f"c{i}", **pool, sharedCounters=[counters(units=units)]))
+                slices.append(rslice(f"s{i}", found, **pool))
         busy += [
             allocated(f"busy-{i}-{k}", f"gpu-{k}", pool=name)
             for k, (_, b) in enumerate(gpu_list)
@@ -1099,10 +1139,13 @@ def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
         ]
     templates = {}
     gang = []
-    for j, (count, per_member, h100, cpu) in enumerate(pod_sets):
-        selectors = cel('device.attributes["model"] == "h100"') if h100 else []
-        extra = {"selectors": selectors} if selectors else {}
-        templates[f"t{j}"] = template(f"t{j}", [exactly(count=per_member, **extra)])
+    for j, (count, per_member, model, cpu) in enumerate(pod_sets):
+        extra: Obj = {"count": per_member}
+        if model != "any":
+            extra["selectors"] = cel(f'device.attributes["{DRIVER}"].model == "{model}"')
+        if model == "nic":
+            extra.update(count=1, capacity={"requests": {"bandwidth": "35"}})
+        templates[f"t{j}"] = template(f"t{j}", [exactly(**extra)])
         spec = pod_spec((("gpu", f"t{j}"),), cpu=cpu)
         gang.append((f"ps{j}", count, member_from_pod_spec(spec, DraContext(templates))))
     inventory = build_inventory(slices, [device_class()], busy)
@@ -1110,6 +1153,7 @@ def test_the_fit_is_the_same_with_every_node_worked_out_on_its_own(
     apart = build_inventory(slices, [device_class()], busy)
     with (
         mock.patch.object(fit, "_device_shape", lambda *_: (object(),)),
+        mock.patch.object(fit, "_Devices", OneByOne),
         mock.patch.object(
             fit._Reasons,
             "_resources",

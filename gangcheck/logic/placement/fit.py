@@ -488,39 +488,86 @@ def _device_shape(reach: NodeDevices, usage: Usage, needs: ClaimNeeds) -> tuple[
 
 
 class _Devices:
-    """One attempt's devices: what each node reaches, and what is in use so far."""
+    """One attempt's devices: what each node reaches, and what is in use so far.
+
+    Members go on many nodes alike (in devices and in their use): the devices one node of a
+    shape gives `count` members are worked out once (`_trial`) and, by position in the node's
+    device list, stand for those of every node of that shape. The attempt's `usage` is its
+    own copy, added to in place: a new copy per placement would cost the whole cluster's use
+    each time."""
 
     def __init__(self, nodes: Mapping[str, NodeDevices], usage: Usage) -> None:
         self.nodes = nodes
-        self.usage = usage
-        self._rooms: dict[tuple[object, ...], int] = {}
+        self._taken, self._shared = set(usage.taken), dict(usage.shared)
+        self._counters = dict(usage.counters)
+        self.usage = Usage(self._taken, self._shared, self._counters)
+        self._trials: dict[tuple[object, ...], tuple[int, _Added]] = {}
 
     def room(self, node: str, needs: ClaimNeeds, most: int) -> int:
         """How many members with `needs` (up to `most`) `node` could take now, nothing
-        committed. Worked out once per node *shape*: nodes whose devices are alike (as
-        `Device.shape`, pools in the same pattern) and alike in use get the same answer, so a
-        cluster of identical GPU nodes costs a few trial allocations, not one per node. (The
-        `needs` are told apart by identity: the gang holding them outlives this object.)"""
-        key = (id(needs), _device_shape(self.nodes[node], self.usage, needs), most)
-        found = self._rooms.get(key)
+        committed. (The `needs` are told apart by identity: the gang holding them outlives
+        this object.)"""
+        return self._trial(node, needs, most)[0]
+
+    def place(self, node: str, needs: ClaimNeeds, most: int) -> int:
+        """How many members with `needs` (up to `most`) get devices on `node`, one after the
+        other; their devices are then in use."""
+        placed, added = self._trial(node, needs, most)
+        reach = self.nodes[node]
+        for index in added.taken:
+            self._taken.add(reach.devices[index].id)
+        for index, spent in added.shared:
+            self._shared[reach.devices[index].id] = spent
+        for index, used in added.counters:
+            self._counters[reach.counter_sets[index]] = used
+        return placed
+
+    def _trial(self, node: str, needs: ClaimNeeds, most: int) -> tuple[int, _Added]:
+        reach = self.nodes[node]
+        key = (id(needs), _device_shape(reach, self.usage, needs), most)
+        found = self._trials.get(key)
         if found is None:
-            found = self._rooms[key] = self.place(node, needs, most, commit=False)
+            usage, placed = self.usage, 0
+            bound = most_members(needs, reach, usage)
+            most = most if bound is None else min(most, bound)
+            while placed < most:
+                outcome = allocate(needs, reach, usage)
+                if isinstance(outcome, Shortfall):
+                    break
+                usage, placed = outcome, placed + 1
+            found = self._trials[key] = (placed, _Added.between(reach, self.usage, usage))
         return found
 
-    def place(self, node: str, needs: ClaimNeeds, most: int, *, commit: bool) -> int:
-        """How many members with `needs` (up to `most`) get devices on `node`, one after the
-        other; with `commit`, their devices are then in use."""
-        usage, placed = self.usage, 0
-        bound = most_members(needs, self.nodes[node], usage)
-        most = most if bound is None else min(most, bound)
-        while placed < most:
-            outcome = allocate(needs, self.nodes[node], usage)
-            if isinstance(outcome, Shortfall):
-                break
-            usage, placed = outcome, placed + 1
-        if commit:
-            self.usage = usage
-        return placed
+
+@dataclass(frozen=True)
+class _Added:
+    """What placing members on a node added to the use of its devices, by position: the
+    devices taken, the capacity consumed on shared ones, and the counters consumed (totals),
+    by position in `NodeDevices.counter_sets`."""
+
+    taken: tuple[int, ...]
+    shared: tuple[tuple[int, Mapping[str, int]], ...]
+    counters: tuple[tuple[int, Mapping[str, int]], ...]
+
+    @staticmethod
+    def between(reach: NodeDevices, before: Usage, after: Usage) -> _Added:
+        if after is before:
+            return _Added((), (), ())
+        devices = reach.devices
+        taken = tuple(
+            i for i, d in enumerate(devices) if d.id in after.taken and d.id not in before.taken
+        )
+        shared = tuple(
+            (i, after.shared[d.id])
+            for i, d in enumerate(devices)
+            if after.shared.get(d.id) is not before.shared.get(d.id)
+        )
+        counters = tuple(
+            (i, after.counters[cs])
+            for i, cs in enumerate(reach.counter_sets)
+            if after.counters.get(cs) is not before.counters.get(cs)
+        )
+        return _Added(taken, shared, counters)
 
 
 # --- bound pods ------------------------------------------------------------------------------
@@ -777,7 +824,7 @@ def _place(
     for node in sorted((n for n in plan.eligible if room[n.name] > 0), key=best_fit):
         take = min(left, room[node.name])
         if needs and devices is not None:
-            take = devices.place(node.name, needs, take, commit=True)
+            take = devices.place(node.name, needs, take)
             if not take:
                 continue
         for name in plan.wanted:

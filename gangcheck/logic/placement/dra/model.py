@@ -4,7 +4,7 @@ member claims (see the package doc)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -200,9 +200,10 @@ class DeviceClass:
 @dataclass(frozen=True)
 class Usage:
     """What is in use, cluster-wide: devices taken whole, capacity consumed on devices that
-    allow multiple allocations (in use while listed), counters consumed from counter sets."""
+    allow multiple allocations (in use while listed), counters consumed from counter sets.
+    Allocation never changes one (it returns a new one); a fit attempt adds to its own copy."""
 
-    taken: frozenset[DeviceId] = frozenset()
+    taken: Set[DeviceId] = frozenset()
     shared: Mapping[DeviceId, Mapping[str, int]] = field(default_factory=dict)
     counters: Mapping[CounterSetId, Mapping[str, int]] = field(default_factory=dict)
 
