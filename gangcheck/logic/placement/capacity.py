@@ -46,6 +46,7 @@ class ClusterCapacity:
         self._tally = tally
         self._tallied: dict[tuple[str, str], set[str]] = {}
         self._views: dict[str, tuple[Obj, NodeView]] = {}
+        self._by_name: list[NodeView] | None = None
         self._bound: dict[str, _Bound] = {}
         self._used: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
@@ -56,6 +57,7 @@ class ClusterCapacity:
 
     def on_node(self, old: Obj | None, new: Obj | None) -> None:
         """A Node added, changed or deleted: its view and the offering index follow."""
+        self._by_name = None
         if old is not None:
             self._drop_node(_name(old))
         if new is not None:
@@ -85,8 +87,11 @@ class ClusterCapacity:
         return node_view(node)
 
     def node_views(self) -> list[NodeView]:
-        """The views of every node, as kept."""
-        return [view for _, view in self._views.values()]
+        """The views of every node, as kept, by name (the order fits take them in, kept
+        between node events)."""
+        if self._by_name is None:
+            self._by_name = [self._views[name][1] for name in sorted(self._views)]
+        return list(self._by_name)
 
     def usage(self) -> BoundUsage:
         """What bound pods use per node, and the offering index; QuantityError (as parsing the

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
+from dataclasses import dataclass, field
 
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
@@ -358,6 +358,16 @@ class _Reasons:
             return None
         return self.of(node, free, devices)
 
+    def related(self, node: NodeView, room: DeviceRoom | None) -> bool:
+        """Whether the member is of the kind `node` serves: `made_for`, and when the member
+        needs a device (and devices are counted), the node reaches one, or a pool that offers
+        nothing yet."""
+        if not self.made_for(node):
+            return False
+        if room is None or not self.member.devices.needs_a_device:
+            return True
+        return bool(room.devices.devices or room.devices.pending)
+
     def made_for(self, node: NodeView) -> bool:
         """See `could_be_made_for`."""
         member = self.member
@@ -648,8 +658,18 @@ def fit_gang(
     """
     gang = [ps if isinstance(ps, GangPodSet) else GangPodSet(*ps) for ps in pod_sets]
     gang = [ps for ps in gang if ps.count > 0]
-    views = sorted({n.name: n for n in nodes}.values(), key=lambda n: n.name)
+    views = _by_name(nodes)
     return _fit(gang, views, _placing(gang, views, bound_pods, devices), bound_pods, devices)
+
+
+def _by_name(nodes: Iterable[NodeView]) -> list[NodeView]:
+    """The nodes by name, once each (the last view of a name counts)."""
+    views = list(nodes)
+    names = [view.name for view in views]
+    if all(a < b for a, b in itertools.pairwise(names)):
+        return views  # as kept (`ClusterCapacity.node_views`): nothing to do
+    by_name = {view.name: view for view in views}
+    return [by_name[name] for name in sorted(by_name)]
 
 
 def _placing(
@@ -696,7 +716,8 @@ def _fit(
 ) -> FitResult:
     """Placement on the `placing` nodes (no other node could take a member, so it is the
     placement on all `views`); the reasons over all of them when the gang does not fit (when
-    it does, only the unusable nodes have one, and those are among `placing`)."""
+    it does, only the unusable nodes have one, and those are among `placing`). The other
+    nodes' reasons are worked out when read (`_NodeReasons`)."""
     used = used_resources(bound_pods)
     start = _initial_free(placing, used)
     inventory = devices or Inventory()
@@ -712,10 +733,57 @@ def _fit(
     if not best.unplaced or len(placing) == len(views):
         return _result(gang, placing, best, reach)
     others = [view for view in views if view.name not in start]
-    free = {**_initial_free(others, used), **best.free}
-    if reach is not None:
-        reach = {**{view.name: node_devices(inventory, view) for view in others}, **reach}
-    return _result(gang, views, replace(best, free=free), reach)
+    return _result(gang, placing, best, reach, _Elsewhere(others, used, inventory))
+
+
+@dataclass(frozen=True)
+class _Elsewhere:
+    """The nodes a fit left out (the index says they could host no member: they offer none
+    of the extended resources asked for, or reach no device), and what their reasons read."""
+
+    views: Sequence[NodeView]
+    used: Mapping[str, Resources]
+    inventory: Inventory
+
+
+class _NodeReasons(Mapping[str, Rejection]):
+    """Every node's reason when a gang does not fit: those of the nodes placement looked at,
+    and those of the nodes left out, worked out when read: telling why a gang does not fit
+    costs the nodes that could host it, however many others the cluster has."""
+
+    def __init__(
+        self,
+        known: dict[str, Rejection],
+        others: Sequence[NodeView],
+        reason: Callable[[NodeView], Rejection],
+    ) -> None:
+        self._known = known
+        self._others = {view.name: view for view in others}
+        self._reason = reason
+        self._worked: dict[str, Rejection] = {}
+        self._names: list[str] | None = None
+
+    def __getitem__(self, name: str) -> Rejection:
+        found = self._known.get(name) or self._worked.get(name)
+        if found is None:
+            found = self._worked[name] = self._reason(self._others[name])
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        if self._names is None:  # by name, as the nodes are (both parts are in that order)
+            self._names = sorted(itertools.chain(self._known, self._others))
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._known) + len(self._others)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._known or name in self._others
+
+
+_RECOUNTED = Rejection("changed since its capacity was counted")
+"""A left-out node that could take a member after all: it changed after the index counted it
+(the next event brings it in)."""
 
 
 @dataclass(frozen=True)
@@ -772,7 +840,7 @@ def _orders(plans: Sequence[_Plan]) -> Iterable[tuple[_Plan, ...]]:
 def _attempt(
     order: tuple[_Plan, ...], start: Mapping[str, Resources], devices: _Devices | None
 ) -> _Attempt:
-    free = {name: dict(room) for name, room in start.items()}
+    free = dict(start)  # a node's room is copied when members go there (`_place`)
     placements: dict[str, list[str]] = {}
     unplaced: dict[str, int] = {}
     for plan in order:
@@ -785,12 +853,15 @@ def _attempt(
 def _initial_free(
     views: Sequence[NodeView], used: Mapping[str, Resources]
 ) -> dict[str, dict[str, int]]:
-    free: dict[str, dict[str, int]] = {}
-    for node in views:
-        room = free[node.name] = dict(node.allocatable)
-        for name, amount in used.get(node.name, {}).items():
-            room[name] = room.get(name, 0) - amount
-    return free
+    return {node.name: _free(node, used) for node in views}
+
+
+def _free(node: NodeView, used: Mapping[str, Resources]) -> dict[str, int]:
+    """The node's room: allocatable less what its bound pods request."""
+    room = dict(node.allocatable)
+    for name, amount in used.get(node.name, {}).items():
+        room[name] = room.get(name, 0) - amount
+    return room
 
 
 def _demand_order(pod_set: GangPodSet) -> tuple[int, int, int, str]:
@@ -803,7 +874,7 @@ def _demand_order(pod_set: GangPodSet) -> tuple[int, int, int, str]:
 
 def _place(
     plan: _Plan,
-    free: dict[str, dict[str, int]],
+    free: dict[str, Resources],
     placements: dict[str, list[str]],
     devices: _Devices | None,
 ) -> int:
@@ -827,8 +898,9 @@ def _place(
             take = devices.place(node.name, needs, take)
             if not take:
                 continue
+        room_left = free[node.name] = dict(free[node.name])  # others start from the one there
         for name in plan.wanted:
-            free[node.name][name] = free[node.name].get(name, 0) - take * requests[name]
+            room_left[name] = room_left.get(name, 0) - take * requests[name]
         placements.setdefault(node.name, []).extend([plan.pod_set.name] * take)
         left -= take
         if left == 0:
@@ -883,6 +955,7 @@ def _result(
     views: Sequence[NodeView],
     best: _Attempt,
     reach: Mapping[str, NodeDevices] | None,
+    elsewhere: _Elsewhere | None = None,
 ) -> FitResult:
     order = [plan.pod_set for plan in best.order]
     blocking = next((ps for ps in order if ps.name in best.unplaced), None)
@@ -904,8 +977,13 @@ def _result(
             reason = why.of(node, best.free[node.name], room)
         if reason is not None:
             reasons[node.name] = reason
-            if why is not None and not why.made_for(node):
+            if why is not None and not why.related(node, room):
                 unrelated.add(node.name)
+    node_reasons: Mapping[str, Rejection] = reasons
+    if elsewhere is not None and why is not None:
+        worked_out = _reason_elsewhere(why, elsewhere, best)
+        node_reasons = _NodeReasons(reasons, elsewhere.views, worked_out)
+        unrelated.update(view.name for view in elsewhere.views)
     total = sum(ps.count for ps in gang)
     return FitResult(
         fits=not best.unplaced,
@@ -913,12 +991,25 @@ def _result(
         total=total,
         placements={name: tuple(best.placements[name]) for name in sorted(best.placements)},
         unplaced=dict(best.unplaced),
-        node_reasons=reasons,
+        node_reasons=node_reasons,
         blocking_pod_set=blocking.name if blocking else None,
         pod_sets=len(gang),
         in_use_reasons=in_use,
         unrelated=frozenset(unrelated),
     )
+
+
+def _reason_elsewhere(
+    why: _Reasons, elsewhere: _Elsewhere, best: _Attempt
+) -> Callable[[NodeView], Rejection]:
+    """How the reason of a node left out is worked out: as for the others, on its room."""
+    inventory, usage = elsewhere.inventory, best.usage
+
+    def reason(view: NodeView) -> Rejection:
+        room = None if usage is None else DeviceRoom(node_devices(inventory, view), usage)
+        return why.of(view, _free(view, elsewhere.used), room) or _RECOUNTED
+
+    return reason
 
 
 # --- words -----------------------------------------------------------------------------------
@@ -938,12 +1029,12 @@ def summarize(result: FitResult, limit: int = SUMMARY_LIMIT) -> str:
     if result.fits:
         return head
     head += _left_over(result)
-    reasons = list(result.node_reasons.values())
-    blocked = [r for n, r in result.node_reasons.items() if n not in result.unrelated]
+    reasons = result.node_reasons
+    blocked = [reasons[name] for name in reasons if name not in result.unrelated]
     if not blocked:
         if reasons and not used:
             text = f"{head}; no node could take a member even empty: "
-            return _truncate(text, limit, reasons, 0)
+            return _truncate(text, limit, list(reasons.values()), 0)
         tail = "; no nodes" if not used else "; the nodes in use have no room for the rest"
         in_use = list(result.in_use_reasons.values())
         if in_use:

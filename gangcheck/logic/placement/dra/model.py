@@ -272,9 +272,10 @@ class Inventory:
 
     def nodes_reaching(self) -> frozenset[str] | None:
         """The nodes a device of a usable pool names; None when some device reaches nodes by
-        a selector or all of them (then any node may reach one)."""
+        a selector or all of them (then any node may reach one), or a pool offers nothing
+        right now (the nodes it reaches are told apart from those reaching nothing)."""
         index = self._device_index()
-        return None if "" in index else frozenset(index)
+        return None if "" in index or self._problem_pools else frozenset(index)
 
     def _device_index(self) -> dict[str, list[tuple[int, int, Device]]]:
         """The devices by the node their scope names ("" for all other scopes), in the
@@ -335,14 +336,17 @@ class NodeDevices:
 
     def use(self, usage: Usage) -> tuple[object, ...] | None:
         """What of `usage` allocation reads on this node, per device (taken, capacity
-        consumed, its counters' use); None when none of it touches the node's devices."""
-        shared, counters = usage.shared, usage.counters
-        if (
-            self.device_ids.isdisjoint(usage.taken)
-            and not (shared and any(i in shared for i in self.device_ids))
-            and not (counters and any(cs in counters for cs in self.counter_sets))
+        consumed, its counters' use); None when none of it touches the node's devices; the
+        positions of the devices taken when that is all."""
+        shared, counters, taken = usage.shared, usage.counters, usage.taken
+        if not (shared and any(i in shared for i in self.device_ids)) and not (
+            counters and any(cs in counters for cs in self.counter_sets)
         ):
-            return None
+            # Only whole devices taken, if any: which of them says it all (the rest of each
+            # device's part below follows from the layout).
+            if self.device_ids.isdisjoint(taken):
+                return None
+            return tuple(i for i, device in enumerate(self.devices) if device.id in taken)
         parts = []
         for device in self.devices:
             spent = shared.get(device.id)
