@@ -26,6 +26,8 @@ from gangcheck.logic.placement.fit import (
     fit_gang,
     member_from_pod_spec,
     node_view,
+    reason_lines,
+    summarize,
     used_resources,
 )
 from gangcheck.logic.placement.quantity import QuantityError
@@ -200,7 +202,9 @@ def test_a_fit_given_the_kept_capacity_decides_as_one_given_the_pods(
     ]
     views = [world.capacity.view_of(n) for n in world.nodes.values()]
     kept = fit_gang(gang, views, world.capacity.usage())
-    assert kept == fit_gang(gang, views, list(world.pods.values()))
+    scratch = fit_gang(gang, views, list(world.pods.values()))
+    assert kept == scratch
+    assert (summarize(kept), reason_lines(kept)) == (summarize(scratch), reason_lines(scratch))
 
 
 def container(requests: dict[str, str]) -> Obj:
@@ -218,6 +222,22 @@ def test_a_malformed_bound_pod_fails_the_fit_as_parsing_it_would() -> None:
         used_resources([bad])
     capacity.on_pod(bad, None)
     assert capacity.usage() == BoundUsage({}, {}, frozenset())
+
+
+def test_a_node_left_out_that_could_take_a_member_after_all_says_it_changed() -> None:
+    """The views handed to a fit are newer than the index: n1 now offers GPUs, the index
+    counted it without. The fit does not place on it (the next node event brings it in), and
+    says why, rather than a reason that is not true of the node it was given."""
+    capacity = ClusterCapacity()
+    capacity.on_node(None, node("n0", 2, 1, True, False))  # one GPU
+    capacity.on_node(None, node("n1", 0, 1, True, False))  # none
+    newer = node_view(node("n1", 1, 2, True, False))  # four GPUs now
+    gang = [GangPodSet("gpu", 2, member_from_pod_spec({"containers": [container(
+        {"nvidia.com/gpu": "1"})]}))]  # fmt: skip
+    result = fit_gang(gang, [capacity.view_of(node("n0", 2, 1, True, False)), newer],
+                      capacity.usage())  # fmt: skip
+    assert (result.placeable, dict(result.placements)) == (1, {"n0": ("gpu",)})
+    assert str(result.node_reasons["n1"]) == "changed since its capacity was counted"
 
 
 def test_a_status_update_parses_nothing_again() -> None:
@@ -345,3 +365,16 @@ def test_dra_events_leave_the_inventory_building_gives(events: list[Any], member
     assert kept_fit == fit_gang(gang, views, (), scratch)
     with patch("gangcheck.logic.placement.fit.most_members", lambda *_: None):
         assert fit_gang(gang, views, (), scratch) == kept_fit  # the bound changes nothing
+    # With the capacity kept, a fit leaves out the nodes reaching no device (here n3, and the
+    # nodes whose slices are gone): it decides and tells as one that reads every node.
+    capacity = ClusterCapacity()
+    for name in [*SLICE_NODES, "n3"]:
+        capacity.on_node(None, node(name, 0, 1, True, False))
+    everyone = capacity.node_views()
+    indexed = fit_gang(gang, everyone, capacity.usage(), inventory)
+    read_all = fit_gang(gang, everyone, (), scratch)
+    assert indexed == read_all
+    assert (summarize(indexed), reason_lines(indexed)) == (
+        summarize(read_all),
+        reason_lines(read_all),
+    )

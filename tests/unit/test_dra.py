@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gangcheck.logic.attempt.explain import World, place
+from gangcheck.logic.placement.capacity import ClusterCapacity
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
     DeviceRoom,
@@ -145,15 +146,17 @@ def allocated(name: str, *devices: str, pool: str = "n1", **result: Any) -> Obj:
 
 
 def node(name: str = "n1", labels: dict[str, str] | None = None, cpu: str = "32") -> NodeView:
-    return node_view(
-        {
-            "metadata": {"name": name, "labels": labels or {}},
-            "status": {
-                "allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110"},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        }
-    )
+    return node_view(node_obj(name, labels, cpu))
+
+
+def node_obj(name: str, labels: dict[str, str] | None = None, cpu: str = "32") -> Obj:
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 # --- one node, member after member -----------------------------------------------------------
@@ -787,10 +790,12 @@ CLUSTER = [rslice("s1", gpus(4), node="n1"), rslice("s2", gpus(4), node="n2")]
 TWO_GPUS = DraContext.of([template("tpl", [exactly(count=2)])])
 
 
-def gang_fit(slices: Sequence[Obj], members: int = 4, nodes: Sequence[str] = ("n1", "n2")) -> Any:
+def gang_fit(
+    slices: Sequence[Obj], members: int = 4, nodes: Sequence[str] = ("n1", "n2"), bound: Any = ()
+) -> Any:
     member = member_from_template({"spec": pod_spec()}, TWO_GPUS)
     inventory = build_inventory(slices, [device_class()])
-    return fit_gang([("workers", members, member)], [node(n) for n in nodes], (), inventory)
+    return fit_gang([("workers", members, member)], [node(n) for n in nodes], bound, inventory)
 
 
 def test_a_gang_of_four_needing_two_gpus_each_fits_on_two_nodes_of_four() -> None:
@@ -818,6 +823,37 @@ def test_empty_nodes_short_of_devices_are_named() -> None:
     assert reason_lines(result) == [
         'node "n2": claim "gpu" request "g": 2 devices of class "gpu" needed, 1 free'
     ]
+
+
+@pytest.mark.parametrize(
+    ("slices", "blocked"),
+    [
+        pytest.param([rslice("s2", gpus(1), node="n2")], "1 node can take none", id="no pool"),
+        pytest.param(
+            [rslice("s2", gpus(1), node="n2"), rslice("s3", gpus(2), node="n3", count=2)],
+            "2 nodes can take none",
+            id="n3's pool offers nothing yet (one slice of two)",
+        ),
+    ],
+)
+def test_nodes_reaching_no_device_are_not_counted_against_a_gang_that_needs_one(
+    slices: list[Obj], blocked: str
+) -> None:
+    """n1 and n3 reach no device (a CPU pool): the gang's message counts the nodes that fail
+    it (n2, one GPU short), not them, as it does not count nodes without an extended resource
+    asked for. A node whose pool offers nothing yet is one that could serve: it counts."""
+    for bound in ((), node_capacity(["n1", "n2", "n3"]).usage()):
+        result = gang_fit(slices, members=3, nodes=("n1", "n2", "n3"), bound=bound)
+        assert not result.fits
+        assert set(result.node_reasons) == {"n1", "n2", "n3"}
+        assert f"; {blocked}: " in summarize(result)
+
+
+def node_capacity(names: Sequence[str]) -> ClusterCapacity:
+    capacity = ClusterCapacity()
+    for name in names:
+        capacity.on_node(None, node_obj(name))
+    return capacity
 
 
 def test_a_member_that_cannot_be_served_anywhere_says_why_on_every_node() -> None:

@@ -639,8 +639,10 @@ class FitResult:
     in_use_reasons: Mapping[str, Rejection] = field(default_factory=dict)
     unrelated: frozenset[str] = frozenset()
     """Nodes in `node_reasons` that could not take a member of `blocking_pod_set` even empty:
-    its node selector or required affinity rule them out, or they are too small (another
-    pool, the control plane). Messages do not count them among the nodes that fail the gang."""
+    its node selector or required affinity rule them out, they are too small (another pool,
+    the control plane), or it needs a device and they reach none. Messages do not count them
+    among the nodes that fail the gang. (Given a `BoundUsage`, the reasons of the nodes that
+    could host no member at all are worked out when read.)"""
 
 
 def fit_gang(
