@@ -17,6 +17,8 @@ others CPU only), and 50,000 bound pods, 10 per node (on 1 in 8 GPU nodes one of
 through DRA claims, fitted as the controller fits it (`fits_now`, from the cached objects);
 then the same fit right after one bound pod changed (deleted), as the next reconcile sees it;
 and the same for a gang waiting for capacity (it does not fit: every node gets a reason).
+Then the same fits with 1, 10 and 20 bound pods per node (5,000 to 100,000 pods), side by
+side: the ratio of the last to the first shows whether a fit's time follows the pod count.
 
 Usage: python benchmarks/fit_scale.py [--nodes 32,128,512] [--repeat 5] [--scale [--scale-only]]
 """
@@ -154,15 +156,15 @@ def timed(work: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 SCALE_NODES, PODS_PER_NODE, GPU_NODE_EVERY, SCALE_MEMBERS = 5000, 10, 5, 16
 
 
-def scale_objects(dra: bool) -> dict[str, list[Obj]]:
+def scale_objects(dra: bool, pods_per_node: int = PODS_PER_NODE) -> dict[str, list[Obj]]:
     """The cluster at scale as the caches hold it: nodes, bound pods, DRA objects."""
     gpu_nodes = range(0, SCALE_NODES, GPU_NODE_EVERY)
     nodes = [node(i) if i % GPU_NODE_EVERY == 0 else cpu_node(i) for i in range(SCALE_NODES)]
     if dra:
         for i in gpu_nodes:
             del nodes[i]["status"]["allocatable"]["nvidia.com/gpu"]
-    pods = [small_pod(i, k) for i in range(SCALE_NODES) for k in range(PODS_PER_NODE - 1)] + [
-        busy_pod(i, dra) if i % (8 * GPU_NODE_EVERY) == 0 else small_pod(i, PODS_PER_NODE - 1)
+    pods = [small_pod(i, k) for i in range(SCALE_NODES) for k in range(pods_per_node - 1)] + [
+        busy_pod(i, dra) if i % (8 * GPU_NODE_EVERY) == 0 else small_pod(i, pods_per_node - 1)
         for i in range(SCALE_NODES)
     ]
     objects: dict[str, list[Obj]] = {"nodes": nodes, "pods": pods}
@@ -258,7 +260,7 @@ def run_scale(repeat: int) -> None:
     """One fit at cluster scale, and one right after a bound pod changed."""
     print(f"{SCALE_NODES} nodes, {SCALE_NODES * PODS_PER_NODE} bound pods, "
           f"a gang of {SCALE_MEMBERS} x {GPUS} GPUs")  # fmt: skip
-    print(f"{'case':22} {'one fit ms':>11} {'after 1 pod ms':>15}  verdict")
+    print(f"{'case':26} {'one fit ms':>11} {'after 1 pod ms':>15}  verdict")
     for dra in (False, True):
         objects = scale_objects(dra)
         gang = scale_gang(dra)
@@ -266,12 +268,35 @@ def run_scale(repeat: int) -> None:
         one, result = timed(functools.partial(fits_now, capacity, gang), repeat)
         changed = timed_after_change(capacity, objects["pods"], gang, repeat)
         case = "DRA claims" if dra else "extended resource"
-        print(f"{case:22} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
+        print(f"{case:26} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
         waiting = waiting_gang(dra)
         one, result = timed(functools.partial(fits_now, capacity, waiting), repeat)
         changed = timed_after_change(capacity, objects["pods"], waiting, repeat)
         case = f"{case}, no fit"
-        print(f"{case:22} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
+        print(f"{case:26} {one:>11.1f} {changed:>15.1f}  {result.placeable}/{result.total}")
+
+
+POD_COUNTS = (1, 10, 20)
+"""Bound pods per node in the sweep: 5,000 to 100,000 bound pods."""
+
+
+def run_pods_sweep(repeat: int) -> None:
+    """The same fits with ever more bound pods: what a fit reads is kept per node, so its
+    time should not follow the number of pods."""
+    counts = [f"{SCALE_NODES * n:,} pods" for n in POD_COUNTS]
+    print(f"\n{'fit ms, 5,000 nodes with':26}" + "".join(f"{c:>13}" for c in counts) + "  ratio")
+    rows: dict[str, list[float]] = {}
+    for per_node in POD_COUNTS:
+        for dra in (False, True):
+            capacity = scale_capacity(scale_objects(dra, per_node))
+            case = "DRA claims" if dra else "extended resource"
+            for name, gang in ((case, scale_gang(dra)), (f"{case}, no fit", waiting_gang(dra))):
+                fits_now(capacity, gang)  # the first fit fills what is kept between fits
+                ms, _ = timed(functools.partial(fits_now, capacity, gang), repeat)
+                rows.setdefault(name, []).append(ms)
+    for name, figures in rows.items():
+        cells = "".join(f"{ms:>13.1f}" for ms in figures)
+        print(f"{name:26}{cells}  {figures[-1] / figures[0]:.2f}x")
 
 
 def waiting_gang(dra: bool) -> GangSpec:
@@ -303,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scale or args.scale_only:
         run_scale(args.repeat)
+        run_pods_sweep(args.repeat)
     if args.scale_only:
         return 0
     print(f"{'nodes':>5} {'case':9} {'baseline ms':>12} {'DRA ms':>9} {'ratio':>6}  verdicts")
