@@ -357,11 +357,13 @@ def _unclaimed(
 ) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
     """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
     in_flight = capacity.in_flight
-    free = [
-        view
-        for view in capacity.views()
-        if not (owner := view.annotations.get(ARRIVED_FOR)) or owner not in in_flight
-    ]
+    free = list(capacity.views())
+    if in_flight:  # else no node can be claimed: nothing to look for
+        free = [
+            view
+            for view in free
+            if not (owner := view.annotations.get(ARRIVED_FOR)) or owner not in in_flight
+        ]
     context, devices = capacity.dra(gang.namespace)
     return free, gang_of(gang.pod_sets, context), devices
 

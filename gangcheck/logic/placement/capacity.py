@@ -14,7 +14,7 @@ nothing here reads a clock or the API.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gangcheck.logic.placement.dra import Inventory, build_inventory, with_claims
@@ -46,7 +46,7 @@ class ClusterCapacity:
         self._tally = tally
         self._tallied: dict[tuple[str, str], set[str]] = {}
         self._views: dict[str, tuple[Obj, NodeView]] = {}
-        self._by_name: list[NodeView] | None = None
+        self._by_name: Sequence[NodeView] | None = None
         self._bound: dict[str, _Bound] = {}
         self._used: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
@@ -86,12 +86,12 @@ class ClusterCapacity:
             return kept[1]
         return node_view(node)
 
-    def node_views(self) -> list[NodeView]:
+    def node_views(self) -> Sequence[NodeView]:
         """The views of every node, as kept, by name (the order fits take them in, kept
-        between node events)."""
+        between node events: not to be changed)."""
         if self._by_name is None:
             self._by_name = [self._views[name][1] for name in sorted(self._views)]
-        return list(self._by_name)
+        return self._by_name
 
     def usage(self) -> BoundUsage:
         """What bound pods use per node, and the offering index; QuantityError (as parsing the

@@ -642,7 +642,8 @@ class FitResult:
     its node selector or required affinity rule them out, they are too small (another pool,
     the control plane), or it needs a device and they reach none. Messages do not count them
     among the nodes that fail the gang. (Given a `BoundUsage`, the reasons of the nodes that
-    could host no member at all are worked out when read.)"""
+    could host no member at all are worked out when read: read them before the capacity it
+    was given changes, as a reconcile does, in one go.)"""
 
 
 def fit_gang(
