@@ -9,6 +9,7 @@ a fit given the pods; the same for the DRA inventory under slice, class and clai
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 from unittest.mock import patch
 
@@ -25,6 +26,7 @@ from gangcheck.logic.placement.fit import (
     Member,
     fit_gang,
     member_from_pod_spec,
+    node_room,
     node_view,
     reason_lines,
     summarize,
@@ -187,24 +189,38 @@ GANGS = [
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.one_of(node_events, pod_events), max_size=30),
+    st.lists(st.tuples(st.one_of(node_events, pod_events), st.booleans()), max_size=30),
     st.sampled_from(range(len(GANGS))),
 )
 def test_a_fit_given_the_kept_capacity_decides_as_one_given_the_pods(
     events: list[Any], which: int
 ) -> None:
+    """After any events, and with fits in between (what they keep, such as each node's room,
+    is then used again), a fit given the kept capacity decides and tells as one that parses
+    the pods."""
     world = World()
-    for event in events:
-        world.apply(event)
     gang = [
         GangPodSet(name, count, member_from_pod_spec({"containers": [container(requests)]}))
         for name, count, requests in GANGS[which]
     ]
-    views = [world.capacity.view_of(n) for n in world.nodes.values()]
-    kept = fit_gang(gang, views, world.capacity.usage())
-    scratch = fit_gang(gang, views, list(world.pods.values()))
-    assert kept == scratch
-    assert (summarize(kept), reason_lines(kept)) == (summarize(scratch), reason_lines(scratch))
+    for event, look in [*events, (None, True)]:
+        if event is not None:
+            world.apply(event)
+        if not look:
+            continue
+        views = world.capacity.node_views()
+        used = used_resources(list(world.pods.values()))
+        for view in views:
+            room = world.capacity.room_of(view)
+            assert nonzero(room) == nonzero(node_room(view, used))
+        kept = fit_gang(gang, views, world.capacity.usage())
+        scratch = fit_gang(gang, views, list(world.pods.values()))
+        assert kept == scratch
+        assert (summarize(kept), reason_lines(kept)) == (summarize(scratch), reason_lines(scratch))
+
+
+def nonzero(amounts: Mapping[str, int]) -> dict[str, int]:
+    return {name: amount for name, amount in amounts.items() if amount}
 
 
 def container(requests: dict[str, str]) -> Obj:

@@ -22,6 +22,8 @@ from gangcheck.logic.placement.fit import (
     STANDARD_RESOURCES,
     BoundUsage,
     NodeView,
+    Resources,
+    node_room,
     node_view,
     pod_requests,
 )
@@ -47,6 +49,7 @@ class ClusterCapacity:
         self._tallied: dict[tuple[str, str], set[str]] = {}
         self._views: dict[str, tuple[Obj, NodeView]] = {}
         self._by_name: Sequence[NodeView] | None = None
+        self._rooms: dict[str, tuple[NodeView, Resources]] = {}
         self._bound: dict[str, _Bound] = {}
         self._used: dict[str, dict[str, int]] = {}
         self._pods_on: dict[str, int] = {}
@@ -60,6 +63,7 @@ class ClusterCapacity:
         self._by_name = None
         if old is not None:
             self._drop_node(_name(old))
+            self._rooms.pop(_name(old), None)  # kept for that view only: a new one has none
         if new is not None:
             view = node_view(new)
             self._views[view.name] = (new, view)
@@ -98,7 +102,19 @@ class ClusterCapacity:
         pods would raise) while a bound pod has a malformed request."""
         if self._malformed:
             raise QuantityError(next(iter(self._malformed.values())))
-        return BoundUsage(self._used, self._offering, self._views.keys())
+        return BoundUsage(self._used, self._offering, self._views.keys(), self.room_of)
+
+    def room_of(self, view: NodeView) -> Resources:
+        """The view's room (`node_room`): kept for the node's kept view until the node or
+        what its pods use changes."""
+        kept = self._rooms.get(view.name)
+        if kept is not None and kept[0] is view:
+            return kept[1]
+        room = node_room(view, self._used)
+        known = self._views.get(view.name)
+        if known is not None and known[1] is view:
+            self._rooms[view.name] = (view, room)
+        return room
 
     def used(self) -> dict[str, dict[str, int]]:
         """A copy of what bound pods use per node, zero amounts left out."""
@@ -169,6 +185,7 @@ class ClusterCapacity:
             self._count(bound, -1)
 
     def _count(self, bound: _Bound, sign: int) -> None:
+        self._rooms.pop(bound.node, None)
         pods = self._pods_on.get(bound.node, 0) + sign
         if pods == 0:
             del self._pods_on[bound.node]

@@ -593,6 +593,8 @@ class BoundUsage:
     by_node: Mapping[str, Resources]
     offering: Mapping[str, Set[str]] = field(default_factory=dict)
     indexed: Set[str] = frozenset()
+    room: Callable[[NodeView], Resources] | None = field(default=None, compare=False)
+    """A node view's room as `node_room` gives it, kept between fits (not to be changed)."""
 
 
 Bound = Iterable[Obj] | BoundUsage
@@ -722,7 +724,8 @@ def _fit(
     it does, only the unusable nodes have one, and those are among `placing`). The other
     nodes' reasons are worked out when read (`_NodeReasons`)."""
     used = used_resources(bound_pods)
-    start = _initial_free(placing, used)
+    room_of = _rooms(bound_pods, used)
+    start = {view.name: room_of(view) for view in placing}
     inventory = devices or Inventory()
     reach = None
     if any(ps.member.devices for ps in gang):
@@ -736,7 +739,7 @@ def _fit(
     if not best.unplaced or len(placing) == len(views):
         return _result(gang, placing, best, reach)
     others = [view for view in views if view.name not in start]
-    return _result(gang, placing, best, reach, _Elsewhere(others, used, inventory))
+    return _result(gang, placing, best, reach, _Elsewhere(others, room_of, inventory))
 
 
 @dataclass(frozen=True)
@@ -745,7 +748,7 @@ class _Elsewhere:
     of the extended resources asked for, or reach no device), and what their reasons read."""
 
     views: Sequence[NodeView]
-    used: Mapping[str, Resources]
+    room: Callable[[NodeView], Resources]
     inventory: Inventory
 
 
@@ -853,14 +856,15 @@ def _attempt(
     return _Attempt(order, free, placements, unplaced, devices.usage if devices else None)
 
 
-def _initial_free(
-    views: Sequence[NodeView], used: Mapping[str, Resources]
-) -> dict[str, dict[str, int]]:
-    return {node.name: _free(node, used) for node in views}
+def _rooms(bound: Bound, used: Mapping[str, Resources]) -> Callable[[NodeView], Resources]:
+    """How a fit gets a node's room: as kept with the bound usage, or worked out now."""
+    if isinstance(bound, BoundUsage) and bound.room is not None:
+        return bound.room
+    return lambda view: node_room(view, used)
 
 
-def _free(node: NodeView, used: Mapping[str, Resources]) -> dict[str, int]:
-    """The node's room: allocatable less what its bound pods request."""
+def node_room(node: NodeView, used: Mapping[str, Resources]) -> dict[str, int]:
+    """The node's room: allocatable less what its bound pods request (`used`, per node)."""
     room = dict(node.allocatable)
     for name, amount in used.get(node.name, {}).items():
         room[name] = room.get(name, 0) - amount
@@ -1010,7 +1014,7 @@ def _reason_elsewhere(
 
     def reason(view: NodeView) -> Rejection:
         room = None if usage is None else DeviceRoom(node_devices(inventory, view), usage)
-        return why.of(view, _free(view, elsewhere.used), room) or _RECOUNTED
+        return why.of(view, elsewhere.room(view), room) or _RECOUNTED
 
     return reason
 
