@@ -754,26 +754,29 @@ class _Elsewhere:
 
 class _NodeReasons(Mapping[str, Rejection]):
     """Every node's reason when a gang does not fit: those of the nodes placement looked at,
-    and those of the nodes left out, worked out when read: telling why a gang does not fit
-    costs the nodes that could host it, however many others the cluster has."""
+    and those of the nodes left out, worked out when read (as for the others, on their room):
+    telling why a gang does not fit costs the nodes that could host it, however many others
+    the cluster has."""
 
     def __init__(
-        self,
-        known: dict[str, Rejection],
-        others: Sequence[NodeView],
-        reason: Callable[[NodeView], Rejection],
+        self, known: dict[str, Rejection], elsewhere: _Elsewhere, why: _Reasons, usage: Usage | None
     ) -> None:
         self._known = known
-        self._others = {view.name: view for view in others}
-        self._reason = reason
+        self._elsewhere, self._why, self._usage = elsewhere, why, usage
+        self._others = {view.name: view for view in elsewhere.views}
         self._worked: dict[str, Rejection] = {}
         self._names: list[str] | None = None
 
     def __getitem__(self, name: str) -> Rejection:
         found = self._known.get(name) or self._worked.get(name)
         if found is None:
-            found = self._worked[name] = self._reason(self._others[name])
+            found = self._worked[name] = self._worked_out(self._others[name])
         return found
+
+    def _worked_out(self, view: NodeView) -> Rejection:
+        elsewhere, usage = self._elsewhere, self._usage
+        room = None if usage is None else DeviceRoom(node_devices(elsewhere.inventory, view), usage)
+        return self._why.of(view, elsewhere.room(view), room) or _RECOUNTED
 
     def __iter__(self) -> Iterator[str]:
         if self._names is None:  # by name, as the nodes are (both parts are in that order)
@@ -988,8 +991,7 @@ def _result(
                 unrelated.add(node.name)
     node_reasons: Mapping[str, Rejection] = reasons
     if elsewhere is not None and why is not None:
-        worked_out = _reason_elsewhere(why, elsewhere, best)
-        node_reasons = _NodeReasons(reasons, elsewhere.views, worked_out)
+        node_reasons = _NodeReasons(reasons, elsewhere, why, best.usage)
         unrelated.update(view.name for view in elsewhere.views)
     total = sum(ps.count for ps in gang)
     return FitResult(
@@ -1004,19 +1006,6 @@ def _result(
         in_use_reasons=in_use,
         unrelated=frozenset(unrelated),
     )
-
-
-def _reason_elsewhere(
-    why: _Reasons, elsewhere: _Elsewhere, best: _Attempt
-) -> Callable[[NodeView], Rejection]:
-    """How the reason of a node left out is worked out: as for the others, on its room."""
-    inventory, usage = elsewhere.inventory, best.usage
-
-    def reason(view: NodeView) -> Rejection:
-        room = None if usage is None else DeviceRoom(node_devices(inventory, view), usage)
-        return why.of(view, elsewhere.room(view), room) or _RECOUNTED
-
-    return reason
 
 
 # --- words -----------------------------------------------------------------------------------
