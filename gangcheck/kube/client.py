@@ -14,12 +14,17 @@ timeout that ends before the lease could expire.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from tenacity import (
@@ -52,6 +57,10 @@ MAX_RETRY_AFTER = 10.0
 WATCH_QUIET_SECONDS = 90.0
 """A watch that brought nothing, not even a bookmark (the API server sends one about every
 minute), for this long is stalled: it is ended so the informer watches again."""
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig (or the in-cluster configuration) is missing or cannot be used."""
 
 
 class Kube:
@@ -90,19 +99,19 @@ class Kube:
     ) -> Kube:
         """Connect with a kubeconfig file, or with the pod's service account when in a cluster;
         transient failures of a call are retried `retry_attempts` times within
-        `retry_seconds`."""
+        `retry_seconds`. A kubeconfig that is missing or cannot be used raises
+        ``KubeconfigError`` (one line, for the command line to print)."""
         configuration = k8s_client.Configuration()
-        if in_cluster:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            await k8s_config.load_kube_config(
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        return cls(
-            k8s_client.ApiClient(configuration=configuration),
-            retry_attempts=retry_attempts,
-            retry_seconds=retry_seconds,
-        )
+        with contextlib.ExitStack() as in_memory:  # the TLS files live until the client is made
+            if in_cluster:
+                _load_in_cluster(configuration)
+            else:
+                await _load_kubeconfig(kubeconfig, configuration, in_memory)
+            try:
+                api = k8s_client.ApiClient(configuration=configuration)
+            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+                raise KubeconfigError(f"unusable TLS material in the kubeconfig: {e}") from e
+        return cls(api, retry_attempts=retry_attempts, retry_seconds=retry_seconds)
 
     @property
     def host(self) -> str:
@@ -361,3 +370,78 @@ async def _next_line(resp: Any, quiet_seconds: float, *, target: str) -> bytes:
 
 def _sub(path: str, subresource: str | None) -> str:
     return f"{path}/{subresource}" if subresource else path
+
+
+# ---- configuration ---------------------------------------------------------------------
+
+#: Embedded TLS material of a kubeconfig: ``<field>-data`` (base64) stands in for ``<field>``.
+_EMBEDDED = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key")}
+
+
+def _load_in_cluster(configuration: Any) -> None:
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except k8s_config.ConfigException as e:
+        raise KubeconfigError(f"cannot use the in-cluster configuration: {_one_line(e)}") from e
+
+
+async def _load_kubeconfig(path: str | None, configuration: Any, in_memory: Any) -> None:
+    """Load a kubeconfig (``path``, else $KUBECONFIG, else ~/.kube/config) with its embedded
+    certificates and key held in memory files: the client library would write each to a
+    temporary file, which a read-only root without a writable /tmp refuses."""
+    location = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    try:
+        merged = _read_kubeconfig(path, location, in_memory)
+        loader = k8s_config.kube_config.KubeConfigLoader(config_dict=merged)
+        await loader.load_and_set(configuration)
+    except KubeconfigError:
+        raise
+    except (k8s_config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError) as e:
+        raise KubeconfigError(f"cannot load the kubeconfig {location}: {_one_line(e)}") from e
+
+
+def _read_kubeconfig(path: str | None, location: str, in_memory: Any) -> Any:
+    """The merged kubeconfig (the library's own merge of $KUBECONFIG's files), embedded TLS
+    material moved to memory files."""
+    if path is not None and not os.path.isfile(path):
+        raise KubeconfigError(f"kubeconfig {path} not found")
+    merged = k8s_config.kube_config.KubeConfigMerger(location).config
+    if merged is None:
+        raise KubeconfigError(f"no kubeconfig at {location} (give --kubeconfig or --in-cluster)")
+    for section, fields in _EMBEDDED.items():
+        for entry in merged.value.get(f"{section}s") or []:
+            body = getattr(entry, "value", entry).get(section)
+            if isinstance(body, dict):
+                _embedded_to_memory(body, fields, in_memory)
+    return merged
+
+
+def _embedded_to_memory(body: dict[str, Any], fields: tuple[str, ...], in_memory: Any) -> None:
+    """``<field>-data`` becomes ``<field>``: the path of an anonymous in-memory file."""
+    if not hasattr(os, "memfd_create"):  # not Linux: the library's temporary files
+        return
+    for field in fields:
+        data = body.get(f"{field}-data")
+        if not data:
+            continue
+        try:
+            content = base64.standard_b64decode(data)
+        except (binascii.Error, TypeError) as e:
+            raise KubeconfigError(f"{field}-data is not base64: {e}") from e
+        body[field] = _memory_file(content, in_memory)
+        del body[f"{field}-data"]
+
+
+def _memory_file(content: bytes, in_memory: Any) -> str:
+    """A path that reads `content` from memory (memfd); closed when `in_memory` closes."""
+    fd = os.memfd_create("gangcheck-kubeconfig", os.MFD_CLOEXEC)
+    in_memory.callback(os.close, fd)
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view) :]
+    return f"/proc/self/fd/{fd}"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
