@@ -3,6 +3,7 @@ image's read-only root without /tmp): the CA, client certificate and key stay in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ssl
 import tempfile
@@ -92,7 +93,7 @@ async def test_embedded_ca_and_client_certificate_need_no_temporary_file(
         tempfile.mkstemp()  # the simulated image: no temporary file can be made
     async with await Kube.connect(str(kubeconfig)) as kube:
         assert await kube.request("GET", "/version") == {"gitVersion": "v1.37.2"}
-    assert not no_temp_dir.exists()
+    assert not await asyncio.to_thread(no_temp_dir.exists)
 
 
 async def test_the_kubeconfig_file_is_left_as_it_was(
@@ -100,10 +101,10 @@ async def test_the_kubeconfig_file_is_left_as_it_was(
 ) -> None:
     server, ca = tls_server
     kubeconfig = _kubeconfig(tmp_path / "kubeconfig", server, ca)
-    before = kubeconfig.read_text()
+    before = await asyncio.to_thread(kubeconfig.read_text)
     async with await Kube.connect(str(kubeconfig)):
         pass
-    assert kubeconfig.read_text() == before
+    assert await asyncio.to_thread(kubeconfig.read_text) == before
 
 
 @pytest.mark.parametrize(
