@@ -29,6 +29,10 @@ placed on reserved nodes); on a released group: the members released together.""
 CONFIG_ANNOTATION = "gangcheck.io/provisioning-config"
 """On a PodGroup: the AtomicProvisioningConfig to use instead of the configured default (and
 copied onto its requests, read if the group is gone)."""
+ATTEMPT_CONFIG_ANNOTATION = "gangcheck.io/attempt-config"
+"""On a request: the AtomicProvisioningConfig spec its attempt was made under (JSON, defaults
+left out), so the attempt can be followed and rolled back as it was asked even when its
+config is later deleted or made invalid."""
 ROLLING_BACK = "RollingBack"
 FULFILLED = "Fulfilled"
 STARTED = "Started"

@@ -193,6 +193,23 @@ class AtomicProvisioningSpec(_Spec):
         return self
 
 
+def spec_record(spec: AtomicProvisioningSpec) -> str:
+    """The spec as an attempt records it: compact JSON by the API's field names, defaults
+    left out (`recorded_spec` reads it back)."""
+    return spec.model_dump_json(by_alias=True, exclude_defaults=True)
+
+
+def recorded_spec(raw: str | None) -> AtomicProvisioningSpec | None:
+    """The spec an attempt recorded (`spec_record`); None when there is none or it no longer
+    validates (a record from an older version)."""
+    if not raw:
+        return None
+    try:
+        return AtomicProvisioningSpec.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
 def parse_spec(spec: object) -> AtomicProvisioningSpec:
     """Validate a config's spec; raise ValueError with one readable line on bad input."""
     try:

@@ -33,6 +33,8 @@ ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": 
 OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n1", "n2"]}'
 DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
 MINE = {"gangcheck.io/arrived-for": f"default/{REQ1}"}
+#: The config an attempt recorded when it was made: a fit-mode config reclaiming by DeleteNode.
+MADE_UNDER = {"gangcheck.io/attempt-config": '{"fulfillment":{"reclaimer":"DeleteNode"}}'}
 OLDER_GPU = Waiting("default/older-1", (pod_template(gpu=1, node_selector={"pool": "gpu"}),))
 
 
@@ -67,6 +69,20 @@ def req(name: str = REQ1, *, conditions: dict[str, str] | None = None, **kw: Any
     return provisioning_request(name, conditions=conditions, templates=templates, **kw)
 
 
+def member(
+    name: str, *, bound: bool, namespace: str = "default", phase: str = "Running"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
+        },
+        "spec": {"nodeName": "n1" if bound else ""},
+        "status": {"phase": phase if bound else "Pending"},
+    }
+
+
 @dataclass
 class Case:
     id: str
@@ -92,6 +108,7 @@ class Case:
     now: datetime = NOW
     annotates: tuple[dict[str, str], ...] = ()
     reclaims: tuple[str, ...] | None = None
+    reclaimer: str | None = None
     nodes_current: bool = True
 
 
@@ -165,16 +182,85 @@ CASES = [
         config=None,
         state="Pending",
         message="the check is not active: AtomicProvisioningConfig 'gpu' not found; "
-        "no provisioning request is kept while it is inactive",
+        "no provisioning request is made",
     ),
     Case(
-        "config missing with a request in flight: the request is deleted (as Kueue)",
+        # Kueue deletes it; nothing provisioned is lost here (docs/kueue-differences.md)
+        "config missing with a request in flight that recorded no config: the request is kept",
         gang(),
         config=None,
         requests=[req(conditions={"Accepted": ""})],
         state="Pending",
-        deletes=(REQ1,),
-        message="the check is not active: AtomicProvisioningConfig 'gpu' not found",
+        message="the check is not active: AtomicProvisioningConfig 'gpu' not found; no "
+        f"provisioning request is made (provisioning request {REQ1} is kept as it is",
+    ),
+    Case(
+        "config missing: the attempt in flight goes on under the config it recorded",
+        gang(),
+        config=None,
+        requests=[req(conditions={"Provisioned": ""}, annotations={**DEADLINE, **MADE_UNDER})],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        state="Pending",
+        message="capacity requested, not yet usable",
+    ),
+    Case(
+        "config missing: past its deadline the attempt rolls back under the config it recorded",
+        gang(),
+        config=None,
+        now=LATER,
+        requests=[req(conditions={"Provisioned": ""}, annotations={**DEADLINE, **MADE_UNDER})],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "Deadline: the gang did not fit within 420s "
+                "(0 of 4 members placeable; no node could take a member even empty: node "
+                "selector mismatch (needs pool=gpu))",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:02:00Z"}',
+            },
+        ),
+    ),
+    Case(
+        "config missing: a rollback under way reclaims with the reclaimer the attempt recorded",
+        gang(),
+        config=None,
+        requests=[
+            req(
+                conditions={"Provisioned": ""},
+                annotations={
+                    **MADE_UNDER,
+                    "gangcheck.io/phase": "RollingBack",
+                    "gangcheck.io/rollback-reason": "Deadline: x",
+                    "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:02:00Z"}',
+                },
+            )
+        ],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        reclaims=("n1",),
+        reclaimer="DeleteNode",
+    ),
+    Case(
+        "config missing: an admitted gang's check stays Ready and its request is kept",
+        WorkloadBuilder()
+        .pod_set("workers", 4)
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready"),
+        config=None,
+        requests=[req(conditions={"Provisioned": ""}, annotations={**FULFILLED})],
+        pods=[member("p0", bound=True)],
+    ),
+    Case(
+        "config missing: an admitted gang whose request recorded its config keeps its watchdog",
+        WorkloadBuilder()
+        .pod_set("workers", 4)
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready"),
+        config=None,
+        requests=[req(conditions={"Provisioned": ""}, annotations={**FULFILLED, **MADE_UNDER})],
+        pods=[member(f"p{i}", bound=True) for i in range(4)],
+        annotates=({"gangcheck.io/phase": "Started"},),
     ),
     Case(
         "managedResources leaves no pod set: ready, no request needed",
@@ -595,20 +681,6 @@ def admitted(retry_count: int = 0) -> WorkloadBuilder:
     )
 
 
-def member(
-    name: str, *, bound: bool, namespace: str = "default", phase: str = "Running"
-) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
-        },
-        "spec": {"nodeName": "n1" if bound else ""},
-        "status": {"phase": phase if bound else "Pending"},
-    }
-
-
 CASES += [
     Case(
         "fit mode: a failed request starts a rollback, recorded on the request first",
@@ -846,6 +918,10 @@ def test_decide(case: Case) -> None:
     )
     reclaims = [a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)]
     assert reclaims == ([] if case.reclaims is None else [case.reclaims])
+    if case.reclaimer is not None:
+        assert [a.reclaimer for a in d.actions if isinstance(a, ReclaimArrivals)] == [
+            case.reclaimer
+        ]
     if case.consume_pod_sets:
         assert d.check is not None
         updates = {u["name"]: u["annotations"] for u in d.check.pod_set_updates}

@@ -115,6 +115,7 @@ def test_a_new_attempt_records_its_number_deadline_and_reserved_members() -> Non
         "gangcheck.io/attempt": "2",
         "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
         "gangcheck.io/reserved-members": "3",
+        "gangcheck.io/attempt-config": "{}",
     }
 
 

@@ -1765,8 +1765,8 @@ SUITE_CASES = [
         "Should keep the provisioning config in sync",
         BY_DESIGN,
         "a class or parameter change before Provisioned ends the attempt (Retry) and the next "
-        "one uses the new config, twice; a missing config deletes the request and the check "
-        "says it is not active",
+        "one uses the new config, twice; a missing config keeps the request in flight and the "
+        "check says it is not active",
         (
             (suite(), Want("Pending", creates=(S1,), class_name="provisioning-class")),
             (
@@ -1788,12 +1788,13 @@ SUITE_CASES = [
             ),
             (
                 suite(UPDATED_REQUEST, retry_count=1, cfg=None),
-                Want("Pending", "the check is not active", deletes=(S2,)),
+                Want("Pending", "the check is not active"),
             ),
         ),
         why="Kueue replaces the request under the same name with the new class and parameters, "
-        "twice (config edited, then the check pointed at another config); "
-        "docs/kueue-differences.md, 'Config class or parameters changed before Provisioned'",
+        "twice (config edited, then the check pointed at another config), and deletes it when "
+        "the config is missing; docs/kueue-differences.md, 'Config class or parameters changed "
+        "before Provisioned' and 'Config deleted or made invalid while an attempt is in flight'",
     ),
     Replay(
         SUITE,

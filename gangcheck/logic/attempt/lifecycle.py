@@ -40,6 +40,7 @@ from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
+    ATTEMPT_CONFIG_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
     PHASE_ANNOTATION,
@@ -51,6 +52,8 @@ from gangcheck.model.provisioning_config import (
     AtomicProvisioningSpec,
     FulfillmentMode,
     RetryStrategy,
+    recorded_spec,
+    spec_record,
 )
 
 ROLLBACK_REQUEUE_SECONDS = 0.2
@@ -210,7 +213,7 @@ def roll_back(attempt: Attempt) -> Step:
     req = attempt.request
     done = rollback.verdict(req)
     if done is None:
-        reclaimer = attempt.config.fulfillment.reclaimer.value
+        reclaimer = rollback.reclaimer_of(made_under(req, attempt.config))
         action = rollback.reclaim(req, attempt.capacity, reclaimer)
         return Step(
             Progress.ROLLING_BACK, actions=(action,), requeue_after=ROLLBACK_REQUEUE_SECONDS
@@ -245,13 +248,30 @@ def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
 def record(
     attempt: int, config: AtomicProvisioningSpec, now: datetime, *, reserved: int
 ) -> dict[str, str]:
-    """gangcheck's record of a new attempt: its number, deadline, members on reserved nodes."""
+    """gangcheck's record of a new attempt: its number, deadline, members on reserved nodes,
+    and the config it is made under (`recorded_config`)."""
     deadline = now + timedelta(seconds=config.fulfillment.deadline_seconds)
     return {
         ATTEMPT_ANNOTATION: str(attempt),
         DEADLINE_ANNOTATION: format_time(deadline),
         RESERVED_ANNOTATION: str(reserved),
+        ATTEMPT_CONFIG_ANNOTATION: spec_record(config),
     }
+
+
+def recorded_config(req: AttemptRecord) -> AtomicProvisioningSpec | None:
+    """The config the attempt was made under, as it recorded it (None for a record without
+    one, made by an older version)."""
+    return recorded_spec(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
+
+
+def made_under(
+    req: AttemptRecord, config: AtomicProvisioningSpec | None
+) -> AtomicProvisioningSpec | None:
+    """The config an attempt is finished under: the one it recorded, else `config` (the
+    gang's config now). An attempt carries what it needs to finish its own rollback, so a
+    config deleted, made invalid or changed since does not change how its arrivals go back."""
+    return recorded_config(req) or config
 
 
 def asked(backend: CapacityBackend, attempt: str) -> Event:
@@ -301,8 +321,10 @@ def abandon(
     """The gang of this attempt is gone: reclaim what arrived for it (rollback.abandon),
     with the arrivals it had not recorded yet recorded first, by the rules of a rollback
     (`unrecorded_arrivals`): in fit mode, for a request still waiting (Provisioned, open),
-    whose pod templates say which arrivals could be its. Without its config nothing more
-    than what it recorded is reclaimed."""
+    whose pod templates say which arrivals could be its. The config is the one the attempt
+    was made under (`made_under`); without any, nothing more than what it recorded is
+    reclaimed."""
+    config = made_under(req, config)
     also = _unrecorded_when_abandoned(req, capacity, config, now)
     return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also)
 
@@ -319,7 +341,10 @@ def clean_up_waits(
     return (
         capacity is not None
         and not capacity.nodes_current
-        and any(not r.deleting and _waiting_templates(r, capacity, config) for r in requests)
+        and any(
+            not r.deleting and _waiting_templates(r, capacity, made_under(r, config))
+            for r in requests
+        )
     )
 
 

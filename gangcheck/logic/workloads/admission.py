@@ -149,12 +149,31 @@ def _competing(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
-    """No valid config: Pending, saying why, and (as Kueue) no request kept in flight."""
-    message = (
-        f"the check is not active: {snap.config_problem}; "
-        "no provisioning request is kept while it is inactive"
-    )
-    return _with_deletions(snap, _transition(state, PENDING, message, now), message)
+    """No valid config (deleted, or made invalid): nothing new is asked for, and nothing
+    asked for or provisioned is lost. The attempt in flight goes on, and is rolled back if
+    it must be, under the config it was made with (recorded on its request); a Ready check
+    stays Ready, its gang untouched. When the config is back, the same attempt goes on."""
+    req = _find(snap.requests, _attempt_name(snap, state))
+    recorded = lifecycle.recorded_config(req) if req is not None else None
+    if recorded is not None:
+        decision = decide(replace(snap, config=recorded, config_problem=""), now)
+        if decision.check is None or decision.check.state != PENDING:
+            return decision
+        note = f" (the check is not active: {snap.config_problem}; {ATTEMPT_GOES_ON})"
+        return replace(
+            decision, check=replace(decision.check, message=decision.check.message + note)
+        )
+    if state.state == READY:
+        return Decision()
+    if state.state in (RETRY, REJECTED):
+        return _after_rollback(snap, state)
+    message = f"the check is not active: {snap.config_problem}; no provisioning request is made"
+    if req is not None:
+        message += f" (provisioning request {req.name} is kept as it is until the config is back)"
+    return _transition(state, PENDING, message, now)
+
+
+ATTEMPT_GOES_ON = "the attempt in flight goes on under the config it was made with"
 
 
 def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
