@@ -8,8 +8,19 @@ conditions at the resourceVersion read, deletes claims conditional on their uid,
 ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request missing from
 the cache is looked up live before its claims are withdrawn: a cache cannot prove absence.
 
-Without Karpenter's API (NodeClaims not served, or not readable with gangcheck's rights) a
-request of the class fails, saying so.
+Every claim of the pools is listed (at once, not from a cache that may lag) in a pass that has
+a request to ask for, and each claim created in that pass is added to what the next request of
+the same pass is charged with: the room of a pool counts every claim that exists and every one
+just made, whatever Karpenter's ``status.resources`` says yet (``pools.pool_use``). Only the
+leader runs these passes, each from fresh lists, so a restart or a new leader starts from
+what the API server holds.
+
+Without Karpenter's API (NodeClaims not served) a request of the class fails, saying so.
+Without the rights of ``manifests/components/karpenter`` (403) it is said once, and again when
+what is refused changes: a warning in the log, an Event on each request of the class and on
+the gang it was made for, and the request ``Failed`` naming the component where its status
+may still be written; the passes back off to a minute and resume once allowed
+(``logic.capacity.karpenter.access``).
 """
 
 from __future__ import annotations
@@ -17,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
@@ -30,17 +42,20 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
-from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.capacity.karpenter import access, names
 from gangcheck.logic.capacity.karpenter.claims import release_protection_patch
 from gangcheck.logic.capacity.karpenter.provisioner import (
     Served,
+    is_asking,
     is_served_here,
     request_key,
     serve,
 )
 from gangcheck.logic.timefmt import format_time
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, ObjectRef, ref_of
 from gangcheck.reconcile.caches import Caches
+from gangcheck.reconcile.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,15 @@ log = logging.getLogger(__name__)
 INTERVAL = 1.0
 #: Seconds between passes looking only for claims whose request is gone.
 ORPHAN_INTERVAL = 30.0
+T = TypeVar("T")
+
+
+class NotPermittedError(Exception):
+    """A call of a pass was refused (403): ``action`` says what was refused."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(access.not_permitted(action))
+        self.action = action
 
 
 class KarpenterProvisioner:
@@ -58,36 +82,62 @@ class KarpenterProvisioner:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         interval: float = INTERVAL,
+        events: EventRecorder | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._clock = clock
         self.interval = interval
+        self._events = events or EventRecorder(kube, clock=clock)
+        self._sleep = sleep
         self._since_orphan_pass = ORPHAN_INTERVAL
+        self.denials = access.Denials(interval)
+        """What the passes were last refused, and the wait it makes before the next."""
+        self._told: dict[str, str] = {}
+        """The refusal each request of the class was told of, by request key."""
 
     async def run(self) -> None:
         while True:
             try:
-                await self.pass_once()
+                await self._pass()
             except ApiError as e:
                 log.warning("karpenter provisioner pass failed: %s", e)
-            await asyncio.sleep(self.interval)
-            self._since_orphan_pass += self.interval
+            delay = self.denials.delay
+            await self._sleep(delay)
+            self._since_orphan_pass += delay
+
+    async def _pass(self) -> None:
+        try:
+            await self.pass_once()
+        except NotPermittedError as e:
+            await self._refused(e)
+        else:
+            self._allowed()
 
     async def pass_once(self) -> None:
-        requests = {request_key(r): r for r in self._caches.requests.store if is_served_here(r)}
+        requests = self._requests()
         if not requests and self._since_orphan_pass < ORPHAN_INTERVAL:
             return
         self._since_orphan_pass = 0.0
-        claims = await self._claims()
+        try:
+            claims = await self._claims()
+        except NotPermittedError:
+            if not requests:
+                return  # nothing to serve: gangcheck need not read claims it cannot have made
+            raise
         if claims is None:
             await self._unserved(requests)
             return
         keys = set(requests) | {_requested_for(c) for c in claims} - {""}
         pools = await self._pools() if requests else {}
         nodes = {n["metadata"]["name"]: n for n in self._caches.nodes.store}
+        pool_claims: list[Obj] | None = None
         for key in sorted(keys):
             request = requests.get(key) or await self._live_request(key)
+            now = self._clock()
+            if pool_claims is None and is_asking(request, key, claims, now):
+                pool_claims = await self._pool_claims()
             served = serve(
                 request,
                 key,
@@ -95,20 +145,83 @@ class KarpenterProvisioner:
                 claims=claims,
                 pools=pools,
                 nodes=nodes,
-                now=self._clock(),
+                now=now,
+                pool_claims=pool_claims or (),
             )
-            await self._apply(request, served, claims, nodes)
+            created = await self._apply(request, served, claims, nodes)
+            # Made in this pass: charged to the room of the next request's pool at once.
+            claims.extend(created)
+            if pool_claims is not None:
+                pool_claims.extend(created)
+
+    def _requests(self) -> dict[str, Obj]:
+        return {request_key(r): r for r in self._caches.requests.store if is_served_here(r)}
+
+    @staticmethod
+    async def _permitted(action: str, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except ForbiddenError as e:
+            raise NotPermittedError(action) from e
 
     async def _claims(self) -> list[Obj] | None:
+        """The claims of gangcheck's attempts (None: Karpenter's API is not served)."""
         try:
-            listed = await self._kube.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
-        except (NotFoundError, ForbiddenError):
-            return None  # Karpenter's API is not served, or gangcheck may not read it
+            listed = await self._permitted(
+                "list karpenter.sh NodeClaims",
+                self._kube.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL),
+            )
+        except NotFoundError:
+            return None
+        return list(listed.get("items") or [])
+
+    async def _pool_claims(self) -> list[Obj]:
+        """Every claim of every NodePool, whoever made it: what the pools' limits are charged
+        with (read at once, never from a cache that may not show a claim made a moment ago)."""
+        listed = await self._permitted(
+            "list karpenter.sh NodeClaims",
+            self._kube.list_objects(NODE_CLAIM, label_selector=names.NODE_POOL_LABEL),
+        )
         return list(listed.get("items") or [])
 
     async def _pools(self) -> Mapping[str, Obj | None]:
-        listed = await self._kube.list_objects(NODE_POOL)
+        listed = await self._permitted(
+            "list karpenter.sh NodePools", self._kube.list_objects(NODE_POOL)
+        )
         return {p["metadata"]["name"]: p for p in listed.get("items") or []}
+
+    def _allowed(self) -> None:
+        if self.denials.allow():
+            log.info("karpenter provisioner: permitted again, serving requests")
+        self._told.clear()
+
+    async def _refused(self, error: NotPermittedError) -> None:
+        """Said once per refusal (and per request of the class), then the passes back off."""
+        message = str(error)
+        if self.denials.refuse(message):
+            log.warning(
+                "%s; requests of the Karpenter class wait, passes back off to %.0fs",
+                message,
+                self.denials.cap,
+                extra={"reason": access.REASON},
+            )
+        requests = self._requests()
+        self._told = {k: m for k, m in self._told.items() if k in requests}
+        for key, request in sorted(requests.items()):
+            if self._told.get(key) != message and not _failed_for(request, message):
+                self._told[key] = message
+                await self._tell(request, message)
+
+    async def _tell(self, request: Obj, message: str) -> None:
+        event = Event(access.REASON, message, warning=True)
+        for ref in (
+            ref_of(request, PROVISIONING_REQUEST.kind, PROVISIONING_REQUEST.api_version),
+            *_owners(request),
+        ):
+            await self._events.emit(ref, event)
+        failed = {"type": "Failed", "status": "True", "reason": access.REASON, "message": message}
+        with contextlib.suppress(NotPermittedError):  # said by the Events
+            await self._write_conditions(request, (failed,))
 
     async def _live_request(self, key: str) -> Obj | None:
         namespace, _, name = key.partition("/")
@@ -128,23 +241,31 @@ class KarpenterProvisioner:
             "status": "True",
             "reason": "KarpenterNotServed",
             "message": (
-                "gangcheck cannot list karpenter.sh/v1 NodeClaims: not served, or not "
-                "permitted (manifests/components/karpenter)"
+                "gangcheck cannot list karpenter.sh/v1 NodeClaims: the API server does not "
+                "serve them (install Karpenter and its CRDs)"
             ),
         }
         for request in requests.values():
-            await self._write_conditions(request, (failed,))
+            if not _failed_for(request, failed["message"]):
+                await self._write_conditions(request, (failed,))
 
     async def _apply(
-        self, request: Obj | None, served: Served, claims: list[Obj], nodes: Mapping[str, Obj]
-    ) -> None:
-        for body in served.create:
-            with contextlib.suppress(AlreadyExistsError):
-                await self._kube.create(NODE_CLAIM, body)
+        self,
+        request: Obj | None,
+        served: Served,
+        claims: Sequence[Obj],
+        nodes: Mapping[str, Obj],
+    ) -> list[Obj]:
+        """Applies ``served``; the claims created (as the server answered, or as sent when a
+        retry found it made already)."""
+        created = [await self._create(body) for body in served.create]
         for claim in served.delete:
             meta = claim["metadata"]
             with contextlib.suppress(NotFoundError, ConflictError):
-                await self._kube.delete(NODE_CLAIM, meta["name"], uid=meta.get("uid"))
+                await self._permitted(
+                    "delete karpenter.sh NodeClaims",
+                    self._kube.delete(NODE_CLAIM, meta["name"], uid=meta.get("uid")),
+                )
         if request is not None and served.conditions:
             await self._write_conditions(request, served.conditions)
         by_name = {c["metadata"]["name"]: c for c in claims}
@@ -160,6 +281,16 @@ class KarpenterProvisioner:
                 len(served.release),
                 extra={"object": request_key(request) if request else ""},
             )
+        return created
+
+    async def _create(self, body: Obj) -> Obj:
+        try:
+            made: Obj = await self._permitted(
+                "create karpenter.sh NodeClaims", self._kube.create(NODE_CLAIM, body)
+            )
+        except AlreadyExistsError:  # an answer lost on an earlier try: it is there
+            return body
+        return made
 
     async def _write_conditions(self, request: Obj, wanted: tuple[Obj, ...]) -> None:
         meta = request["metadata"]
@@ -180,12 +311,15 @@ class KarpenterProvisioner:
         }
         # A conflict: judged on a stale request; the next pass judges again.
         with contextlib.suppress(ConflictError, NotFoundError):
-            await self._kube.merge_patch(
-                PROVISIONING_REQUEST,
-                meta["name"],
-                patch,
-                meta["namespace"],
-                subresource="status",
+            await self._permitted(
+                "patch provisioningrequests/status",
+                self._kube.merge_patch(
+                    PROVISIONING_REQUEST,
+                    meta["name"],
+                    patch,
+                    meta["namespace"],
+                    subresource="status",
+                ),
             )
 
     async def _release(self, res: Resource, obj: Obj) -> None:
@@ -194,10 +328,36 @@ class KarpenterProvisioner:
             return
         # Gone, or the value changed since it was read (the test op fails: Invalid).
         with contextlib.suppress(NotFoundError, ConflictError, InvalidError):
-            await self._kube.json_patch(res, obj["metadata"]["name"], ops)
+            await self._permitted(
+                f"patch {res.plural}", self._kube.json_patch(res, obj["metadata"]["name"], ops)
+            )
 
 
 def _requested_for(claim: Obj) -> str:
     return str(
         ((claim.get("metadata") or {}).get("annotations") or {}).get(names.REQUESTED_FOR, "")
+    )
+
+
+def _owners(request: Obj) -> list[ObjectRef]:
+    """The gang objects the request was made for (its owners, in its namespace)."""
+    meta = request.get("metadata") or {}
+    return [
+        ObjectRef(
+            kind=str(o.get("kind", "")),
+            namespace=str(meta.get("namespace") or ""),
+            name=str(o.get("name", "")),
+            uid=str(o.get("uid", "")),
+            api_version=str(o.get("apiVersion", "")),
+        )
+        for o in meta.get("ownerReferences") or []
+    ]
+
+
+def _failed_for(request: Obj, message: str) -> bool:
+    """The request says already that it failed for ``message`` (told before a restart)."""
+    conditions = (request.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("message") == message
+        for c in conditions
     )

@@ -19,7 +19,7 @@ from gangcheck.logic.capacity.karpenter.claims import (
     release_protection_patch,
     withdrawable,
 )
-from gangcheck.logic.capacity.karpenter.pools import choose_pool, label_problem, room
+from gangcheck.logic.capacity.karpenter.pools import choose_pool, label_problem, pool_use, room
 from gangcheck.model.provisioning_config import Backend, parse_spec
 
 Obj = dict[str, Any]
@@ -222,6 +222,104 @@ def test_room_left_by_limits(
     limits: dict[str, str], used: dict[str, str], expected: int | None
 ) -> None:
     assert room(pool(limits=limits, used=used), {GPU: "8", "cpu": "30"}) == expected
+
+
+def pool_claim(
+    name: str,
+    *,
+    pool_name: str = "gpu",
+    gpus: str = "8",
+    capacity: str | None = None,
+    launched: bool = False,
+    deleting: bool = False,
+    terminating: bool = False,
+) -> Obj:
+    """A NodeClaim of ``pool_name`` asking for ``gpus``; launched: it has a provider id and
+    the instance's ``capacity`` (as Karpenter's launch writes them)."""
+    status: Obj = {"conditions": []}
+    if launched:
+        status["providerID"] = f"kwok://{name}"
+        status["capacity"] = {GPU: capacity or gpus, "cpu": "32"}
+    if terminating:
+        status["conditions"].append({"type": "InstanceTerminating", "status": "True"})
+    meta: Obj = {"name": name, "labels": {names.NODE_POOL_LABEL: pool_name}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    return {
+        "metadata": meta,
+        "spec": {"resources": {"requests": {GPU: gpus, "cpu": "1"}}},
+        "status": status,
+    }
+
+
+def launched(*names_: str) -> list[Obj]:
+    return [pool_claim(n, launched=True) for n in names_]
+
+
+def unlaunched(*names_: str) -> list[Obj]:
+    return [pool_claim(n) for n in names_]
+
+
+@pytest.mark.parametrize(
+    ("limits", "reported", "claims", "expected"),
+    [
+        ({GPU: "32"}, {}, unlaunched("a", "b", "c"), 1),
+        ({GPU: "32"}, {}, launched("a", "b", "c"), 1),
+        ({GPU: "32"}, {GPU: "24", "nodes": "3"}, launched("a", "b", "c"), 1),
+        ({GPU: "32"}, {GPU: "16", "nodes": "2"}, launched("a", "b", "c"), 1),
+        ({GPU: "32"}, {GPU: "24", "nodes": "3"}, launched("a", "b"), 1),
+        ({GPU: "32"}, {GPU: "16"}, [*launched("a", "b"), *unlaunched("c")], 1),
+        ({GPU: "32"}, {GPU: "24"}, [*launched("a", "b"), *unlaunched("c")], 0),
+        ({GPU: "32"}, {}, [pool_claim("x", pool_name="other"), *unlaunched("a")], 3),
+        (
+            {GPU: "32"},
+            {},
+            [pool_claim("a", deleting=True), pool_claim("b", launched=True, terminating=True)],
+            4,
+        ),
+        ({GPU: "32"}, {}, [pool_claim("a", gpus="8", capacity="16", launched=True)], 2),
+        ({"nodes": "4"}, {"nodes": "1"}, [*launched("a"), *unlaunched("b", "c")], 1),
+        ({"nodes": "4"}, {}, [pool_claim("k", gpus="0")], 3),
+    ],
+    ids=[
+        "claims not launched yet count though Karpenter reports nothing of them",
+        "launched claims Karpenter has not counted yet count",
+        "launched claims Karpenter counted already are not counted twice",
+        "a launched claim not yet counted by Karpenter counts once",
+        "a claim gone since Karpenter counted still counts until it says so",
+        "a claim not launched is never in status.resources: added to what Karpenter counted",
+        "Karpenter's count and the claims it cannot know of add up",
+        "claims of another pool are not charged",
+        "claims being deleted or terminating are not charged, as in Karpenter",
+        "a launched claim counts its instance's capacity, not what it asked",
+        "a nodes limit counts every live claim once",
+        "a claim of Karpenter's own asking nothing limited still takes a node",
+    ],
+)
+def test_room_is_charged_with_every_claim_of_the_pool_once(
+    limits: dict[str, str], reported: dict[str, str], claims: list[Obj], expected: int
+) -> None:
+    assert room(pool(limits=limits, used=reported), {GPU: "8"}, claims) == expected
+
+
+def test_a_pools_use_tells_claims_counted_from_what_karpenter_reported() -> None:
+    claims = [*launched("a"), *unlaunched("b"), pool_claim("c", deleting=True)]
+    use = pool_use(pool(used={GPU: "16"}), claims)
+    assert use.claims == 2
+    assert [c["metadata"]["name"] for c in use.launched] == ["a"]
+    assert [c["metadata"]["name"] for c in use.unlaunched] == ["b"]
+    assert use.used(GPU) == 16 * 10**9 + 8 * 10**9
+
+
+def test_no_room_names_the_limit_and_what_the_pools_claims_take() -> None:
+    pools = {"gpu": pool(limits={GPU: "32"})}
+    claims = unlaunched("a", "b", "c")
+    choice = choose_pool(pools, ["gpu"], labels={}, per_node={GPU: "8"}, nodes=3, claims=claims)
+    assert choice.pool is None and choice.no_room
+    assert choice.problem == (
+        "NodePool 'gpu': limits nvidia.com/gpu=32 leave room for 1 of 3 nodes "
+        "(in use or asked, 3 NodeClaims counted: nvidia.com/gpu=24)"
+    )
 
 
 def test_flavor_labels_must_be_labels_the_pool_can_carry() -> None:

@@ -5,22 +5,39 @@ by its requirements, or well known (zone, instance type, arch, os, capacity type
 what Karpenter itself demands of a pod's node selector.
 
 Karpenter enforces a NodePool's ``spec.limits`` only on the claims it creates; a claim created
-through the API launches whatever the limits. So gangcheck checks the room first
-(``spec.limits`` minus ``status.resources``, which counts every claim labelled with the pool,
-gangcheck's included) and asks for nothing when the whole gang does not fit. A node's use of a
-limited resource is estimated by what the claim requests of it; ``nodes`` counts one per claim.
+through the API launches whatever the limits. So gangcheck checks the room first and asks for
+nothing when the whole gang does not fit. The room is ``spec.limits`` minus what the pool's
+claims use (``pool_use``), worked out as Karpenter's counter counts, without waiting for it:
+
+- ``status.resources`` is written by Karpenter's counter (``nodepool/counter``, every few
+  seconds) from its cluster state (``state/cluster.go``, ``updateNodePoolResources``): the
+  capacity of every *launched* claim (one with a provider id) of the pool plus one node each,
+  leaving out claims being deleted or whose instance is terminating. It lags: a claim
+  launched since its last write is missing, one deleted since is still there;
+- a claim not launched yet is never in ``status.resources``: counted here by what it asks
+  (``spec.resources.requests``), one node each. Claims gangcheck has just created (in this
+  pass, not yet listed) are passed in with the listed ones and count the same way;
+- launched claims may or may not be in ``status.resources`` yet: counted once, by whichever
+  of ``status.resources`` and their own sum (their ``status.capacity``, else what they ask)
+  is larger, so a claim is never counted twice and the count never drops below what
+  Karpenter reported;
+- claims being deleted (``deletionTimestamp``, or ``InstanceTerminating``) count nothing, as
+  in Karpenter.
+
+A node's use of a limited resource is estimated by what the claim requests of it; ``nodes``
+counts one per claim.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
 from gangcheck.model.objects import Obj
 
 NODES = "nodes"
@@ -77,24 +94,103 @@ def labels_problem(pool: Obj, labels: Mapping[str, str]) -> str | None:
     return "; ".join(found) if found else None
 
 
-def room(pool: Obj, per_node: Mapping[str, str]) -> int | None:
-    """How many more nodes of ``per_node`` the pool's limits allow (None: no limit applies)."""
-    spec = pool.get("spec") or {}
-    limits = spec.get("limits") or {}
-    used = (pool.get("status") or {}).get("resources") or {}
+def _is_of_pool(claim: Obj, name: str) -> bool:
+    labels = (claim.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(names.NODE_POOL_LABEL) == name)
+
+
+def _is_going(claim: Obj) -> bool:
+    """Being deleted, or its instance terminating: Karpenter counts it no more."""
+    if (claim.get("metadata") or {}).get("deletionTimestamp"):
+        return True
+    conditions = (claim.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == "InstanceTerminating" and c.get("status") == "True" for c in conditions
+    )
+
+
+def is_launched(claim: Obj) -> bool:
+    """Has a provider id: from then on Karpenter's cluster state counts it."""
+    return bool((claim.get("status") or {}).get("providerID"))
+
+
+def _amount(claim: Obj, resource: str) -> int:
+    """What one claim takes of ``resource``: its capacity once launched, else what it asks."""
+    if resource == NODES:
+        return parse_quantity("1")
+    capacity = (claim.get("status") or {}).get("capacity") or {}
+    asked = ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    amount = capacity.get(resource) if is_launched(claim) else None
+    try:
+        return parse_quantity(amount if amount is not None else asked.get(resource, "0"))
+    except QuantityError:
+        return 0
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """What a pool's limits are charged with (see the module doc)."""
+
+    reported: Mapping[str, str]
+    """``status.resources``: Karpenter's count as of its last write."""
+    launched: tuple[Obj, ...]
+    """Live launched claims: in ``reported`` already, or not yet."""
+    unlaunched: tuple[Obj, ...]
+    """Live claims without a provider id (listed, or created a moment ago): never reported."""
+
+    @property
+    def claims(self) -> int:
+        return len(self.launched) + len(self.unlaunched)
+
+    def used(self, resource: str) -> int:
+        try:
+            reported = parse_quantity(self.reported.get(resource, "0"))
+        except QuantityError:
+            reported = 0
+        launched = sum(_amount(c, resource) for c in self.launched)
+        return max(reported, launched) + sum(_amount(c, resource) for c in self.unlaunched)
+
+
+def pool_use(pool: Obj, claims: Iterable[Obj]) -> PoolUse:
+    """The use of ``pool`` by ``claims`` (every NodeClaim known, of any pool: those listed
+    and those just created) and by what Karpenter reported."""
+    name = (pool.get("metadata") or {}).get("name", "")
+    live = [c for c in claims if _is_of_pool(c, name) and not _is_going(c)]
+    return PoolUse(
+        reported=(pool.get("status") or {}).get("resources") or {},
+        launched=tuple(c for c in live if is_launched(c)),
+        unlaunched=tuple(c for c in live if not is_launched(c)),
+    )
+
+
+def room(pool: Obj, per_node: Mapping[str, str], claims: Iterable[Obj] = ()) -> int | None:
+    """How many more nodes of ``per_node`` the pool's limits allow, charged with its use by
+    ``claims`` (None: no limit applies)."""
+    limits = (pool.get("spec") or {}).get("limits") or {}
+    use = pool_use(pool, claims)
     fits: list[int] = []
     for resource, limit in limits.items():
         each = "1" if resource == NODES else per_node.get(resource)
         if each is None:
             continue  # the claim asks nothing of it: the instance's share is unknown here
         try:
-            left = parse_quantity(limit) - parse_quantity(used.get(resource, "0"))
+            left = parse_quantity(limit) - use.used(resource)
             need = parse_quantity(each)
         except QuantityError:
             continue
         if need > 0:
             fits.append(max(0, left // need))
     return min(fits) if fits else None
+
+
+def _use_note(pool: Obj, claims: Iterable[Obj]) -> str:
+    """Says what the limits are charged with, when claims count (empty: only reported use)."""
+    use = pool_use(pool, claims)
+    if not use.claims:
+        return ""
+    limits = (pool.get("spec") or {}).get("limits") or {}
+    used = ", ".join(f"{r}={format_quantity(use.used(r))}" for r in sorted(limits))
+    return f" (in use or asked, {use.claims} NodeClaims counted: {used})"
 
 
 def limit_names(pool: Obj) -> str:
@@ -123,9 +219,11 @@ def choose_pool(
     labels: Mapping[str, str],
     per_node: Mapping[str, str],
     nodes: int,
+    claims: Sequence[Obj] = (),
 ) -> PoolChoice:
     """The first pool of ``wanted`` (in config order) that exists, can carry ``labels`` and has
-    room for ``nodes`` nodes. ``pools``: every pool by name (absent: not found)."""
+    room for ``nodes`` nodes. ``pools``: every pool by name (absent: not found); ``claims``:
+    every NodeClaim known, those just created included (their use is charged to the room)."""
     problems: list[str] = []
     rooms: list[str] = []
     for i, name in enumerate(wanted):
@@ -137,11 +235,12 @@ def choose_pool(
         if problem:
             problems.append(f"{FIELD}[{i}]: {problem}")
             continue
-        left = room(pool, per_node)
+        left = room(pool, per_node, claims)
         if left is None or left >= nodes:
             return PoolChoice(pool)
         rooms.append(
-            f"NodePool {name!r}: limits {limit_names(pool)} leave room for {left} of {nodes} nodes"
+            f"NodePool {name!r}: limits {limit_names(pool)} leave room for {left} of {nodes} "
+            f"nodes{_use_note(pool, claims)}"
         )
     if rooms:
         return PoolChoice(None, "; ".join(rooms), no_room=True)

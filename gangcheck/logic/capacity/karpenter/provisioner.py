@@ -12,7 +12,10 @@ attempt runs as on any other backend: arrival ledger, hold, fit, deadline rollba
 What this module decides for one request (``serve``):
 
 - not yet asked: choose the pool (labels, limits) and create the claims, or fail the request
-  naming the pool and the limit, or the config field, that stand in the way. Claims are made
+  naming the pool and the limit, or the config field, that stand in the way. The room a pool's
+  limits leave is charged with every claim of the pool known (``pool_claims``: listed, and
+  those created earlier in the same pass for other requests), not only with what Karpenter's
+  lagging ``status.resources`` says (``pools.pool_use``). Claims are made
   only in a second later than the request's ``creationTimestamp``: their nodes are then
   provably younger than the request (creationTimestamp has whole seconds), the age rule the
   arrival ledger records a node by;
@@ -94,8 +97,11 @@ def serve(
     pools: Mapping[str, Obj | None],
     nodes: Mapping[str, Obj],
     now: datetime,
+    pool_claims: Sequence[Obj] = (),
 ) -> Served:
-    """One request (None: gone) and everything its attempt's claims say, at ``now``."""
+    """One request (None: gone) and everything its attempt's claims say, at ``now``.
+    ``pool_claims``: every NodeClaim of the pools, read only when the request asks
+    (``is_asking``)."""
     mine = attempt_claims(claims, key)
     release = _releases(mine, key, nodes, request_live=request is not None)
     if request is None or _has_ended(request):
@@ -104,9 +110,21 @@ def serve(
     if not mine and not _true(request, "Accepted"):
         if not _second_passed(request, now):
             return Served()
-        return _ask(request, key, templates, pools)
+        return _ask(request, key, templates, pools, pool_claims)
     status = claims_status(mine, key, _asked(request))
     return Served(conditions=_follow(request, status.phase, status.message), release=release)
+
+
+def is_asking(request: Obj | None, key: str, claims: Sequence[Obj], now: datetime) -> bool:
+    """Whether serving ``request`` now chooses a pool and creates claims (and so needs every
+    claim of the pools to know their room)."""
+    return (
+        request is not None
+        and not _has_ended(request)
+        and not attempt_claims(claims, key)
+        and not _true(request, "Accepted")
+        and _second_passed(request, now)
+    )
 
 
 def _second_passed(request: Obj, now: datetime) -> bool:
@@ -141,14 +159,20 @@ def _asked(request: Obj) -> int:
 
 
 def _ask(
-    request: Obj, key: str, templates: Mapping[str, Obj], pools: Mapping[str, Obj | None]
+    request: Obj,
+    key: str,
+    templates: Mapping[str, Obj],
+    pools: Mapping[str, Obj | None],
+    pool_claims: Sequence[Obj],
 ) -> Served:
     shape = _member_shape(request, templates)
     if isinstance(shape, str):
         return Served(conditions=(_condition("Failed", "True", "NodeClaimsNotPossible", shape),))
     requests, labels = shape
     wanted = _pool_names(request)
-    choice = choose_pool(pools, wanted, labels=labels, per_node=requests, nodes=_asked(request))
+    choice = choose_pool(
+        pools, wanted, labels=labels, per_node=requests, nodes=_asked(request), claims=pool_claims
+    )
     if choice.pool is None:
         reason = "NodePoolLimits" if choice.no_room else "NodePoolNotUsable"
         return Served(conditions=(_condition("Failed", "True", reason, choice.problem),))

@@ -1,0 +1,280 @@
+"""The Karpenter provisioner against the fake API server: the room of a pool under gangs asking
+together, and what it does without the Karpenter rights (403)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.resources import (
+    EVENT,
+    NODE_CLAIM,
+    NODE_POOL,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+)
+from gangcheck.logic.capacity.karpenter import access, names
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.model.provisioning_config import KARPENTER_CLASS
+from gangcheck.reconcile.karpenter import KarpenterProvisioner
+from tests.fakes.kube import FakeKube
+from tests.unit.test_karpenter_logic import GPU, pool
+
+Obj = dict[str, Any]
+NOW = datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC)
+NAMESPACE = "team-a"
+LOGGER = "gangcheck.reconcile.karpenter"
+
+
+def gang_request(name: str, count: int = 3) -> Obj:
+    """A request of the Karpenter class for ``count`` 8-GPU members, made by a Workload."""
+    return {
+        "apiVersion": PROVISIONING_REQUEST.api_version,
+        "kind": PROVISIONING_REQUEST.kind,
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "ownerReferences": [
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "Workload",
+                    "name": f"{name}-wl",
+                    "uid": f"wl-{name}",
+                }
+            ],
+        },
+        "spec": {
+            "provisioningClassName": KARPENTER_CLASS,
+            "parameters": {"nodePools": "gpu"},
+            "podSets": [{"podTemplateRef": {"name": f"ppt-{name}"}, "count": count}],
+        },
+    }
+
+
+def template(name: str) -> Obj:
+    return {
+        "apiVersion": POD_TEMPLATE.api_version,
+        "kind": POD_TEMPLATE.kind,
+        "metadata": {
+            "name": f"ppt-{name}",
+            "namespace": NAMESPACE,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        },
+        "template": {
+            "spec": {
+                "containers": [{"name": "c", "resources": {"requests": {GPU: "8", "cpu": "1"}}}],
+                "nodeSelector": {"team": "ml"},
+            }
+        },
+    }
+
+
+def node_pool(limits: dict[str, str], used: dict[str, str] | None = None) -> Obj:
+    return {"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool(
+        limits=limits, used=used
+    )
+
+
+def stack(*gangs: str, limits: dict[str, str], used: dict[str, str] | None = None) -> FakeKube:
+    kube = FakeKube(clock=lambda: NOW)
+    kube.add(node_pool(limits, used))
+    for name in gangs:
+        kube.add(gang_request(name), template(name))
+    return kube
+
+
+def provisioner(kube: FakeKube) -> KarpenterProvisioner:
+    return KarpenterProvisioner(kube, kube.caches(), clock=lambda: NOW)
+
+
+def claims_of(kube: FakeKube, gang: str) -> list[Obj]:
+    key = f"{NAMESPACE}/{gang}"
+    return [
+        c
+        for c in kube.all_of(NODE_CLAIM)
+        if (c["metadata"].get("annotations") or {}).get(names.REQUESTED_FOR) == key
+    ]
+
+
+def gpus(claims: list[Obj]) -> int:
+    return sum(int(c["spec"]["resources"]["requests"][GPU]) for c in claims)
+
+
+def condition(kube: FakeKube, gang: str, kind: str) -> Obj | None:
+    request = kube.stored(PROVISIONING_REQUEST, gang, NAMESPACE) or {}
+    found = [c for c in (request.get("status") or {}).get("conditions") or [] if c["type"] == kind]
+    return found[0] if found else None
+
+
+def launch(kube: FakeKube, claim: Obj) -> None:
+    """Plays Karpenter's launch: a provider id and the instance's capacity."""
+    claim["status"] = {"providerID": f"kwok://{claim['metadata']['name']}", "capacity": {GPU: "8"}}
+    kube.add(claim)
+
+
+# -- the room of a pool ---------------------------------------------------------------------
+
+
+async def test_two_gangs_asking_in_one_pass_get_no_more_than_the_pools_limit() -> None:
+    """32 GPUs, two gangs of 3 x 8 and status.resources saying nothing yet: one gang's claims
+    are made, the other's request fails naming the limit and what the first gang's take."""
+    kube = stack("a", "b", limits={GPU: "32"})
+    await provisioner(kube).pass_once()
+    assert gpus(kube.all_of(NODE_CLAIM)) == 24
+    assert len(claims_of(kube, "a")) == 3 and claims_of(kube, "b") == []
+    failed = condition(kube, "b", "Failed") or {}
+    assert failed.get("reason") == "NodePoolLimits"
+    assert failed["message"] == (
+        "NodePool 'gpu': limits nvidia.com/gpu=32 leave room for 1 of 3 nodes "
+        "(in use or asked, 3 NodeClaims counted: nvidia.com/gpu=24)"
+    )
+
+
+async def test_claims_made_in_an_earlier_pass_count_before_karpenter_counts_them() -> None:
+    kube = stack("a", limits={GPU: "32"})
+    await provisioner(kube).pass_once()
+    kube.add(gang_request("b"), template("b"))
+    await provisioner(kube).pass_once()  # a new process too: it reads what the server holds
+    assert claims_of(kube, "b") == []
+    assert (condition(kube, "b", "Failed") or {}).get("reason") == "NodePoolLimits"
+
+
+async def test_claims_karpenter_counted_already_are_not_counted_twice() -> None:
+    """48 GPUs: gang a's 3 launched claims are in status.resources (24) and listed; gang b's
+    3 fit in the 24 left."""
+    kube = stack("a", limits={GPU: "48"})
+    await provisioner(kube).pass_once()
+    for claim in claims_of(kube, "a"):
+        launch(kube, claim)
+    kube.add(node_pool({GPU: "48"}, {GPU: "24", "nodes": "3"}))
+    kube.add(gang_request("b"), template("b"))
+    await provisioner(kube).pass_once()
+    assert len(claims_of(kube, "b")) == 3
+    assert gpus(kube.all_of(NODE_CLAIM)) == 48
+
+
+async def test_claims_being_deleted_give_their_room_back() -> None:
+    kube = stack("a", limits={GPU: "32"})
+    await provisioner(kube).pass_once()
+    for claim in claims_of(kube, "a"):
+        claim["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:04Z"
+        kube.add(claim)
+    kube.add(gang_request("b"), template("b"))
+    await provisioner(kube).pass_once()
+    assert len(claims_of(kube, "b")) == 3
+
+
+async def test_claims_of_the_pool_karpenter_made_are_charged_too() -> None:
+    kube = stack("a", limits={GPU: "32"})
+    theirs = {
+        "apiVersion": NODE_CLAIM.api_version,
+        "kind": NODE_CLAIM.kind,
+        "metadata": {"name": "gpu-x1", "labels": {names.NODE_POOL_LABEL: "gpu"}},
+        "spec": {"resources": {"requests": {GPU: "16"}}},
+    }
+    kube.add(theirs)
+    await provisioner(kube).pass_once()
+    assert claims_of(kube, "a") == []
+    assert "leave room for 2 of 3 nodes" in (condition(kube, "a", "Failed") or {})["message"]
+
+
+# -- without the Karpenter rights -----------------------------------------------------------
+
+
+class Passes:
+    """A sleep that records each wait and ends the run after ``passes`` passes."""
+
+    def __init__(self, passes: int) -> None:
+        self.left = passes
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.left -= 1
+        if not self.left:
+            raise _Stop
+
+
+class _Stop(Exception):
+    pass
+
+
+async def run_passes(kube: FakeKube, passes: int) -> tuple[KarpenterProvisioner, list[float]]:
+    sleep = Passes(passes)
+    karpenter = KarpenterProvisioner(kube, kube.caches(), clock=lambda: NOW, sleep=sleep)
+    with pytest.raises(_Stop):
+        await karpenter.run()
+    return karpenter, sleep.waits
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING
+    ]
+
+
+async def test_without_the_rights_it_is_said_once_naming_the_component_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NodeClaims not listable and the request's status not writable (the base RBAC alone):
+    20 passes give one warning, one Event on the request and one on its Workload, both naming
+    manifests/components/karpenter, and waits that double up to a minute."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    kube = stack("a", limits={GPU: "32"})
+    kube.fail("list", NODE_CLAIM.kind, error=403, times=1000)
+    kube.fail("patch", PROVISIONING_REQUEST.kind, error=403, times=1000)
+    karpenter, waits = await run_passes(kube, 20)
+    (warning,) = warnings(caplog)
+    assert access.COMPONENT in warning and "list karpenter.sh NodeClaims" in warning
+    events = kube.all_of(EVENT)
+    assert sorted(e["involvedObject"]["kind"] for e in events) == [
+        "ProvisioningRequest",
+        "Workload",
+    ]
+    assert {e["reason"] for e in events} == {access.REASON}
+    assert all(access.COMPONENT in e["message"] for e in events)
+    assert waits[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
+    assert set(waits[5:]) == {60.0}
+    assert len([c for c in kube.calls if c.verb == "patch"]) == 1  # the Failed write, tried once
+    assert karpenter.denials.message == warning.split("; requests of")[0]
+
+
+async def test_where_the_status_may_be_written_the_request_fails_naming_the_component() -> None:
+    kube = stack("a", limits={GPU: "32"})
+    kube.fail("list", NODE_CLAIM.kind, error=403, times=1000)
+    await run_passes(kube, 5)
+    failed = condition(kube, "a", "Failed") or {}
+    assert failed.get("reason") == access.REASON
+    assert access.COMPONENT in failed["message"]
+
+
+async def test_a_refusal_that_changes_is_said_again_and_permission_back_resumes_passes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    kube = stack("a", limits={GPU: "32"})
+    kube.fail("list", NODE_POOL.kind, error=403, times=3)
+    kube.fail("create", NODE_CLAIM.kind, error=403, times=3)
+    _, waits = await run_passes(kube, 10)
+    said = warnings(caplog)
+    assert len(said) == 2
+    assert "list karpenter.sh NodePools" in said[0]
+    assert "create karpenter.sh NodeClaims" in said[1]
+    assert waits[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
+    assert waits[6:] == [1.0] * 4
+    assert len(claims_of(kube, "a")) == 3
+    assert any("permitted again" in r.getMessage() for r in caplog.records)
+
+
+async def test_without_requests_of_the_class_a_refusal_is_not_said() -> None:
+    kube = FakeKube(clock=lambda: NOW)
+    kube.fail("list", NODE_CLAIM.kind, error=403, times=1000)
+    karpenter, waits = await run_passes(kube, 3)
+    assert karpenter.denials.message is None
+    assert kube.all_of(EVENT) == []
+    assert waits == [1.0, 1.0, 1.0]
