@@ -238,6 +238,8 @@ class WebhookServer:
             review = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError):
             return self._malformed("the body is not JSON")
+        except RecursionError:  # arrays or objects nested deeper than the parser goes
+            return self._malformed("the body is nested too deeply")
         problem = _problem(review)
         if problem:
             return self._malformed(problem)

@@ -217,6 +217,14 @@ MALFORMED = [
         id="no request",
     ),
     pytest.param(json.dumps(review(member(), uid="")).encode(), "no uid", id="no uid"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, "nested too deeply", id="nested arrays"),
+    pytest.param(
+        json.dumps(review(member())).encode().replace(
+            b'"object": {', b'"object": {"x": ' + b'{"x": ' * 100_000 + b"0" + b"}" * 100_000 + b", "
+        ),
+        "nested too deeply",
+        id="a pod nested too deeply",
+    ),
 ]
 
 
