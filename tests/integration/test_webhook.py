@@ -203,6 +203,8 @@ async def test_anything_else_is_allowed_unpatched(
     assert webhook.errors == []
 
 
+_DEEP = b'"x": ' + b'{"x": ' * 100_000 + b"0" + b"}" * 100_000 + b", "
+"""A member deeper than Python's JSON parser goes (its recursion limit)."""
 MALFORMED = [
     pytest.param(b"{not json", "not JSON", id="not JSON"),
     pytest.param(b"[]", "not a JSON object", id="a list"),
@@ -219,9 +221,7 @@ MALFORMED = [
     pytest.param(json.dumps(review(member(), uid="")).encode(), "no uid", id="no uid"),
     pytest.param(b"[" * 100_000 + b"]" * 100_000, "nested too deeply", id="nested arrays"),
     pytest.param(
-        json.dumps(review(member())).encode().replace(
-            b'"object": {', b'"object": {"x": ' + b'{"x": ' * 100_000 + b"0" + b"}" * 100_000 + b", "
-        ),
+        json.dumps(review(member())).encode().replace(b'"object": {', b'"object": {' + _DEEP),
         "nested too deeply",
         id="a pod nested too deeply",
     ),
