@@ -44,6 +44,8 @@ MESSAGE_ANNOTATION = "gangcheck.io/message"
 REQUEST_ANNOTATION = "gangcheck.io/request"
 NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
 UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
+RELEASED_AT_ANNOTATION = "gangcheck.io/released-at"
+"""On a released group: when its gang was released (RFC 3339), for the start watchdog."""
 DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
 """On a released group: the domain its members were pinned to (``key=value``), for late ones."""
 

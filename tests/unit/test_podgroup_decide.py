@@ -26,6 +26,7 @@ from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import container, node, pod_template, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+NOW_TEXT = "2026-11-30T10:05:00Z"
 LATER = "2026-11-30T10:20:00Z"
 RACK = "rack"
 Obj = dict[str, Any]
@@ -112,6 +113,8 @@ class Case:
     state: str | None = None  # None: no state written
     message: str = ""
     released: tuple[str, ...] | None = None
+    late_released: tuple[str, ...] | None = None
+    """Released with the gang: no part of its request (nothing consumed, no toleration)."""
     consume: str | None = None
     pins: dict[str, str] = field(default_factory=dict)
     request_counts: list[int] | None = None
@@ -292,7 +295,7 @@ CASES = [
     ),
     Case(
         "minCount 4, a request made for the 4 members then existing, 6 now: the fit and the "
-        "release are for the 4 oldest, not 6",
+        "release are for the 4 oldest; the 2 late ones are released with them, consuming nothing",
         group(4, annotations={"gangcheck.io/state": "Provisioning"}),
         [member(i, created=f"2026-11-30T10:00:0{i // 4}Z") for i in range(6)],
         requests=[
@@ -305,8 +308,9 @@ CASES = [
         nodes=[node("n1", gpu=4)],
         state="Released",
         released=("m0", "m1", "m2", "m3"),
+        late_released=("m4", "m5"),
         consume=REQ1,
-        status={"gangcheck.io/gang-members": "4"},
+        status={"gangcheck.io/gang-members": "4", "gangcheck.io/released-at": NOW_TEXT},
     ),
     Case(
         "members still being created: no request until the newest is 2 s old",
@@ -428,11 +432,14 @@ CASES = [
         events=("LateMembersReleased",),
     ),
     Case(
-        "released, the gang not bound yet: late members wait for it to bind first",
+        "released, the gang not bound yet: a member gated since is released at once, since "
+        "kube-scheduler holds a PodGroup back while any member is gated",
         group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
         [member(0, gated=False), member(1, gated=False), member(2)],
         requests=[req(conditions={"Provisioned": "ok"}, count=2)],
         nodes=[node("n1", gpu=8)],
+        released=("m2",),
+        events=("LateMembersReleased",),
     ),
     Case(
         "the group is deleted: its requests are deleted",
@@ -474,7 +481,11 @@ def test_decide(case: Case) -> None:
     if case.released is None:
         assert releases == []
     else:
-        assert [r.pods for r in releases] == [case.released]
+        late = [case.late_released] if case.late_released else []
+        assert [r.pods for r in releases] == [case.released, *late]
+        if late:
+            assert releases[1].annotations == {}
+            assert releases[1].tolerations == ()
         assert releases[0].gate == GATE
         assert releases[0].annotations.get(CONSUME_ANNOTATION) == case.consume
         assert releases[0].node_selector == case.pins
@@ -576,3 +587,104 @@ def test_a_deleted_groups_waiting_attempt_is_withdrawn_once_the_node_cache_is_cu
     else:
         assert decision.actions == () and decision.status is None
         assert decision.requeue_after == 1.0
+
+
+# ---- the start watchdog of a released gang ----------------------------------------------
+
+RELEASED_AT = "2026-11-30T09:54:00Z"  # 660 s before NOW: past the default 600 s start deadline
+RELEASED = {
+    "gangcheck.io/state": "Released",
+    "gangcheck.io/request": REQ1,
+    "gangcheck.io/released-at": RELEASED_AT,
+}
+
+
+def consuming(i: int, *, node_name: str = "") -> Obj:
+    pod = member(i, gated=False, node_name=node_name)
+    pod["metadata"]["annotations"] = {CONSUME_ANNOTATION: REQ1}
+    return pod
+
+
+def _watchdog(
+    annotations: dict[str, str],
+    pods: list[Obj],
+    request_annotations: dict[str, str],
+    *,
+    config: dict[str, Any] | None = None,
+) -> GroupDecision:
+    snap = GroupSnapshot(
+        group=pod_group_of(group(2, annotations=annotations)),
+        members=tuple(map(pod_of, pods)),
+        config=None if config is None else parse_spec(config),
+        config_problem="AtomicProvisioningConfig 'gone' not found",
+        requests=(
+            request_of(
+                req(
+                    conditions={"Provisioned": "ok"},
+                    count=2,
+                    annotations={"gangcheck.io/phase": "Fulfilled", **request_annotations},
+                )
+            ),
+        ),
+        capacity=Capacity(nodes=(node("n1", gpu=8),), pods=tuple(pods)),
+    )
+    return decide(snap, NOW)
+
+
+def test_a_released_gang_not_bound_within_the_start_deadline_is_rolled_back() -> None:
+    decision = _watchdog(RELEASED, [consuming(0, node_name="n1"), consuming(1)], {}, config={})
+    marks = [a.annotations for a in decision.actions if isinstance(a, AnnotateRequest)]
+    assert [m["gangcheck.io/phase"] for m in marks] == ["RollingBack"]
+    assert marks[0]["gangcheck.io/rollback-reason"].startswith(
+        "StartDeadline: 1 of 2 members released together bound within 600s of their release"
+    )
+
+
+def test_a_released_gang_within_its_start_deadline_waits_and_looks_again_by_it() -> None:
+    annotations = {**RELEASED, "gangcheck.io/released-at": "2026-11-30T10:04:00Z"}
+    decision = _watchdog(annotations, [consuming(0), consuming(1)], {}, config={})
+    assert not any(isinstance(a, AnnotateRequest) for a in decision.actions)
+    assert decision.requeue_after is not None and decision.requeue_after <= 15.0
+
+
+def test_the_start_deadline_is_the_one_the_attempt_recorded_when_the_config_is_gone() -> None:
+    recorded = {"gangcheck.io/attempt-config": '{"fulfillment":{"startDeadlineSeconds":900}}'}
+    decision = _watchdog(RELEASED, [consuming(0), consuming(1)], recorded, config=None)
+    assert not any(isinstance(a, AnnotateRequest) for a in decision.actions)  # 660 s < 900 s
+
+
+def test_a_start_rollback_done_gives_up_saying_the_members_are_no_longer_held() -> None:
+    done = {
+        "gangcheck.io/phase": "RollingBack",
+        "gangcheck.io/rollback-reason": "StartDeadline: 1 of 2",
+        "gangcheck.io/outcome": '{"draining": [], "kept": {}, "nodeSeconds": 60, "reclaimed": []}',
+    }
+    decision = _watchdog(RELEASED, [consuming(0, node_name="n1"), consuming(1)], done, config={})
+    assert (decision.status or {})["gangcheck.io/state"] == "GaveUp"
+    assert "gates are lifted" in (decision.status or {})["gangcheck.io/message"]
+
+
+def test_a_config_gone_mid_attempt_leaves_the_attempt_in_flight_under_its_recorded_config() -> None:
+    snap = GroupSnapshot(
+        group=pod_group_of(group(2, annotations={"gangcheck.io/state": "Provisioning"})),
+        members=tuple(map(pod_of, members(2))),
+        config=None,
+        config_problem="AtomicProvisioningConfig 'gone' not found",
+        requests=(
+            request_of(
+                req(
+                    conditions={"Provisioned": "ok"},
+                    count=2,
+                    deadline="2026-11-30T10:00:00Z",
+                    annotations={
+                        "gangcheck.io/attempt-config": '{"fulfillment":{"reclaimer":"DeleteNode"}}'
+                    },
+                )
+            ),
+        ),
+        capacity=Capacity(nodes=()),
+    )
+    decision = decide(snap, NOW)
+    marks = [a.annotations for a in decision.actions if isinstance(a, AnnotateRequest)]
+    assert [m["gangcheck.io/phase"] for m in marks] == ["RollingBack"]  # past its deadline
+    assert "gangcheck.io/state" not in (decision.status or {})  # not Blocked

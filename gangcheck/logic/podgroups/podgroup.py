@@ -11,10 +11,19 @@ on nodes that exist they are annotated to consume the request and their gates ar
 together. Past the deadline the attempt is rolled back like a Workload's (lifecycle.py)
 and retried with backoff.
 
-Members created after the gang was read are late: they are no part of its request. Once the
-released gang is bound, each late member is released (oldest first) when it fits on nodes
-that exist and no other gang's request holds; until then it stays gated, the reason on the
-group. Upstream gang scheduling likewise admits pods beyond ``minCount`` one by one.
+Members created after the gang was read are late: they are no part of its request.
+kube-scheduler starts a PodGroup only when none of its members is gated, so late members are
+released with the gang, and any member gated while the released gang is not yet bound is
+released at once (pinned to its domain, without the hold's toleration: they use no capacity
+asked for the gang). Once the released gang is bound, each late member is released (oldest
+first) when it fits on nodes that exist and no other gang's request holds; until then it
+stays gated, the reason on the group. Upstream gang scheduling likewise admits pods beyond
+``minCount`` one by one.
+
+A released gang whose members are not all bound within ``startDeadlineSeconds`` of the release
+(the start watchdog) is rolled back like any attempt: what arrived for it and runs nothing is
+reclaimed. Its members' gates are lifted by then, so they cannot be held for a new attempt:
+the group gives up, saying so.
 
 ``decide`` is pure. The state that must survive a restart lives on the API objects: the
 attempt number, the time of the next attempt and the state shown to people as annotations on
@@ -63,6 +72,7 @@ from gangcheck.model.names import (
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
+    RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
     RESERVED_ANNOTATION,
     STARTED,
@@ -142,7 +152,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
 def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -> GroupDecision:
     group = snap.group
     if state == RELEASED:
-        return _release_late(snap, members)
+        return _released(snap, members, now)
     if state == GAVE_UP:
         return _withdraw_attempts(snap, "the PodGroup gave up")
     if group.problem:
@@ -151,7 +161,7 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
         why = "not a gang (no gang policy): its members are released as they come"
         return _release(snap, members.gated, None, {}, why, state=NOT_A_GANG)
     if snap.config is None:
-        return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
+        return _without_config(snap, members, now)
     if group.min_count > snap.max_members:
         message = (
             f"minCount {group.min_count} exceeds the {snap.max_members} members one "
@@ -162,6 +172,20 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
         message = f"waiting for members: {len(members.live)} of {group.min_count} exist"
         return replace(_status(snap, WAITING, message), actions=_stale(snap, ""))
     return _attempt(snap, members, now)
+
+
+def _without_config(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    """No valid config (deleted, or made invalid): nothing new is asked for; the attempt in
+    flight goes on, and is rolled back if it must be, under the config it was made with
+    (recorded on its request). Without one the group is Blocked, its request kept as it is."""
+    req = next(
+        (r for r in snap.requests if r.name == request_name(snap.group, attempt_of(snap.group))),
+        None,
+    )
+    recorded = lifecycle.recorded_config(req) if req is not None and not req.deleting else None
+    if recorded is None or len(members.live) < snap.group.min_count:
+        return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
+    return _attempt(replace(snap, config=recorded, config_problem=""), members, now)
 
 
 def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
@@ -210,7 +234,7 @@ def _first(
     here = fits_now(snap.capacity, gang)
     if here.fits:
         message = f"the whole gang fits on nodes that exist: {here.summary}"
-        released = _release(snap, members.unbound, None, here.domains, message)
+        released = _release(snap, members.unbound, None, here.domains, message, now=now)
         used = {"reserved": reserved, "existing": here.total - reserved}
         return replace(released, capacity_used={k: v for k, v in used.items() if v})
     if split is not None:
@@ -251,7 +275,7 @@ def _in_flight(
         capacity=snap.capacity,
         config=snap.config,
     )
-    return _outcome(snap, ours, req, lifecycle.follow(attempt, now), now)
+    return _outcome(snap, ours, req, lifecycle.follow(attempt, now), now, gated=members.gated)
 
 
 def _outcome(
@@ -260,6 +284,8 @@ def _outcome(
     req: ProvisioningRequest,
     step: lifecycle.Step,
     now: datetime,
+    *,
+    gated: Sequence[Pod] = (),
 ) -> GroupDecision:
     """Where the attempt stands, written on the group (and, when it fits, its members)."""
     if step.progress is Progress.ROLLED_BACK:
@@ -270,10 +296,15 @@ def _outcome(
             actions=step.actions, events=step.events, requeue_after=step.requeue_after
         )
     if step.progress is Progress.FITS:
-        released = _release(snap, ours, req, step.domains, step.message)
+        released = _release(snap, ours, req, step.domains, step.message, now=now)
+        chosen = {p.name for p in ours}
+        late = _release_with_gang(
+            tuple(p for p in gated if p.name not in chosen), dict(step.domains.values())
+        )
         return replace(
             released,
-            actions=(*step.actions, *released.actions, *lifecycle.fulfilled(req)),
+            actions=(*step.actions, *released.actions, *late.actions, *lifecycle.fulfilled(req)),
+            events=(*released.events, *late.events),
             capacity_used=capacity_used(req),
         )
     return replace(
@@ -327,6 +358,7 @@ def _release(
     message: str,
     *,
     state: str = RELEASED,
+    now: datetime | None = None,
 ) -> GroupDecision:
     """Lift the gang's gates together: annotated to consume the request, pinned to the
     domain. The group records how many were released together."""
@@ -343,6 +375,7 @@ def _release(
         request=req.name if req else "",
         domain=_domain_text(pins),
         gang_members=str(len(gang)) if state == RELEASED else None,
+        released_at=format_time(now) if state == RELEASED and now is not None else None,
     )
     events = decision.events
     if gated:
@@ -351,7 +384,93 @@ def _release(
     return replace(decision, actions=actions, events=events)
 
 
-def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
+def _release_with_gang(late: Sequence[Pod], pins: Mapping[str, str]) -> GroupDecision:
+    """Release gated members that are no part of the gang's request together with it (or
+    while it binds): kube-scheduler starts a PodGroup only when none of its members is gated.
+    They are pinned to the gang's domain and get no toleration of its hold: they use no
+    capacity asked for the gang, only room on other nodes, if any."""
+    names = tuple(sorted(p.name for p in late))
+    if not names:
+        return GroupDecision()
+    text = (
+        f"Released {len(names)} member(s) created after the gang was read together with it, "
+        "since kube-scheduler starts a PodGroup only when none of its members is gated (no "
+        f"capacity is asked for them): {', '.join(names)}"
+    )
+    return GroupDecision(
+        actions=(ReleaseMembers(names, {}, dict(pins), GATE),),
+        events=(Event("LateMembersReleased", text[:MAX_MESSAGE]),),
+    )
+
+
+def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    """A released gang: the start watchdog while it binds, then its late members."""
+    group = snap.group
+    name = group.annotations.get(REQUEST_ANNOTATION, "")
+    req = next((r for r in snap.requests if r.name == name and not r.deleting), None)
+    if req is None or req.annotations.get(PHASE_ANNOTATION) == STARTED:
+        return _release_late(snap, members)
+    config = lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec()
+    attempt = lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=gang_from_pods(group, attempt_members(members.unbound, req)),
+        capacity=snap.capacity,
+        config=config,
+    )
+    if rollback.is_rolling_back(req):
+        step = lifecycle.roll_back(attempt)
+        if step.progress is Progress.ROLLED_BACK:
+            assert step.verdict is not None
+            message = (
+                f"gave up after attempt {attempt_of(group)}: {step.verdict.message}; its members' "
+                "gates are lifted, so gangcheck cannot hold them back for a new attempt"
+            )
+            gave_up = _status(snap, GAVE_UP, message)
+            return replace(gave_up, events=(*gave_up.events, *step.events), requeue_after=0.2)
+        return GroupDecision(
+            actions=step.actions, events=step.events, requeue_after=step.requeue_after
+        )
+    late = _release_late(snap, members, now=now)
+    expired = _start_deadline_passed(snap, req, members, config, now)
+    if expired is None:
+        return late
+    if isinstance(expired, float):
+        due = expired if late.requeue_after is None else min(late.requeue_after, expired)
+        return replace(late, requeue_after=due)
+    step = lifecycle.start_rollback(attempt, expired, now=now)
+    return GroupDecision(actions=step.actions, events=step.events, requeue_after=step.requeue_after)
+
+
+def _start_deadline_passed(
+    snap: GroupSnapshot,
+    req: ProvisioningRequest,
+    members: _Members,
+    config: AtomicProvisioningSpec,
+    now: datetime,
+) -> str | float | None:
+    """The start watchdog of a released gang: None when its members consuming the request
+    are all bound (or its release time is not recorded), the seconds left while they bind, or
+    why it must roll back."""
+    released = parse_time(snap.group.annotations.get(RELEASED_AT_ANNOTATION, ""))
+    mine = [p for p in members.live if p.consumes == req.name]
+    waiting = [p for p in mine if not p.node_name]
+    if released is None or not waiting:
+        return None
+    limit = config.fulfillment.start_deadline_seconds
+    left = limit - (now - released).total_seconds()
+    if left > 0:
+        return max(0.2, min(LATE_RETRY_SECONDS, left))
+    unbound = ", ".join(sorted(p.name for p in waiting)[:5])
+    return (
+        f"StartDeadline: {len(mine) - len(waiting)} of {len(mine)} members released together "
+        f"bound within {limit}s of their release (unbound: {unbound})"
+    )
+
+
+def _release_late(
+    snap: GroupSnapshot, members: _Members, *, now: datetime | None = None
+) -> GroupDecision:
     """Members gated after the gang was read are no part of its request: once the released
     gang is bound, each is released (oldest first) when it fits on nodes that exist and no
     other gang's request holds, pinned to the gang's domain; the rest wait, said on the group."""
@@ -359,8 +478,9 @@ def _release_late(snap: GroupSnapshot, members: _Members) -> GroupDecision:
         return _after_release(snap, members)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
     binding = [p for p in members.unbound if not p.gated and p.name not in reported]
-    if binding:
-        return GroupDecision(requeue_after=LATE_RETRY_SECONDS)
+    if binding:  # the gang binds only once none of its members is gated: release them now
+        pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
+        return replace(_release_with_gang(members.gated, pins), requeue_after=LATE_RETRY_SECONDS)
     late = tuple(sorted(members.gated, key=_age_order))
     pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
     capacity = _not_held_by_others(snap)
@@ -653,6 +773,7 @@ def _status(
     request: str | None = None,
     domain: str | None = None,
     gang_members: str | None = None,
+    released_at: str | None = None,
     warn: str = "",
 ) -> GroupDecision:
     """The group's state and one-line message, written (with an Event) only when changed."""
@@ -663,6 +784,8 @@ def _status(
         wanted[DOMAIN_ANNOTATION] = domain
     if gang_members is not None:
         wanted[GANG_MEMBERS_ANNOTATION] = gang_members
+    if released_at is not None and not snap.group.annotations.get(RELEASED_AT_ANNOTATION):
+        wanted[RELEASED_AT_ANNOTATION] = released_at
     current = snap.group.annotations
     changed = {k: v for k, v in wanted.items() if current.get(k, "") != v}
     if not changed:
