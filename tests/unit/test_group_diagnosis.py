@@ -61,6 +61,18 @@ def member(i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "", **m
     return {"metadata": {"name": f"m{i}", "namespace": "default", **meta}, "spec": spec}
 
 
+def unschedulable(pod: Obj) -> Obj:
+    """The pod as kube-scheduler leaves one it cannot place."""
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+    }
+    return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
+
+
 def members(count: int, **kw: Any) -> list[Obj]:
     return [member(i, **kw) for i in range(count)]
 
@@ -405,6 +417,24 @@ CASES = [
         "blocked: released: 2 members released together; 1 member(s) created since are still "
         "gated (m2); gangcheck releases each once the gang is bound and it fits on nodes that "
         "exist (is the controller running?)",
+        "released",
+    ),
+    Case(
+        "released, the gang still binding while a member is gated: the gate is the blocker",
+        group(3, state="Released"),
+        [member(0, gated=False, node_name="n0"), member(1, gated=False), member(2)],
+        "blocked: released: 2 members released together; kube-scheduler starts a PodGroup "
+        "only when none of its members is gated, and 1 still are (m2): gangcheck releases "
+        "them at once while the gang binds (is the controller running?)",
+        "released",
+    ),
+    Case(
+        "released, a member kube-scheduler cannot place: its word is the blocker",
+        group(2, state="Released"),
+        [member(0, gated=False, node_name="n0"), unschedulable(member(1, gated=False))],
+        "blocked: released: 2 members released together; 1 of 2 bound so far (kube-scheduler's "
+        "turn): kube-scheduler says m1: Unschedulable: 0/3 nodes are available: 3 Insufficient "
+        "nvidia.com/gpu.",
         "released",
     ),
     Case(

@@ -81,6 +81,9 @@ class MemberFacts:
     """Without the gate: released by gangcheck, or never gated (the webhook did not run)."""
     newest: datetime | None = None
     """When the newest member was created."""
+    unschedulable: str = ""
+    """What kube-scheduler last said of an unbound member it could not place (its
+    PodScheduled=False condition), "" when it said nothing."""
 
     @property
     def unbound(self) -> int:
@@ -244,7 +247,21 @@ def _member_facts(live: Sequence[Pod], min_count: int) -> MemberFacts:
         bound=tuple(p.name for p in live if p.node_name),
         ungated=tuple(p.name for p in live if not p.gated),
         newest=max(filter(None, (parse_time(p.created) for p in live)), default=None),
+        unschedulable=next(
+            (said for p in live if not p.node_name and not p.gated and (said := _unschedulable(p))),
+            "",
+        ),
     )
+
+
+def _unschedulable(pod: Pod) -> str:
+    """kube-scheduler's word on a pod it could not place: its PodScheduled=False condition."""
+    conditions = (pod.raw.get("status") or {}).get("conditions") or []
+    for c in conditions:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            reason, message = c.get("reason") or "", c.get("message") or ""
+            return f"{pod.name}: {reason}: {message}" if message else f"{pod.name}: {reason}"
+    return ""
 
 
 def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
@@ -322,14 +339,24 @@ def _released_verdict(f: GroupFacts) -> Verdict:
     head = f"released: {together} member{'s' if together != 1 else ''} released together"
     if out > together:
         head += f", {out - together} more since"
+    binding = m.unbound - len(m.gated)
+    if m.gated and binding:
+        return Verdict(
+            True,
+            "release",
+            f"{head}; kube-scheduler starts a PodGroup only when none of its members is gated, "
+            f"and {len(m.gated)} still are ({_names(m.gated)}): gangcheck releases them at once "
+            "while the gang binds (is the controller running?)",
+        )
     if m.gated:
         return Verdict(True, "release", f"{head}; {_late(f)}")
     if not m.unbound:
         return Verdict(False, "release", f"{head}, all bound")
+    said = f": kube-scheduler says {m.unschedulable}" if m.unschedulable else ""
     return Verdict(
-        False,
+        bool(said),
         "release",
-        f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)",
+        f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn){said}",
     )
 
 
