@@ -11,11 +11,25 @@ import signal
 import socket
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from gangcheck.kube.client import Kube
+    from gangcheck.kube.errors import ApiError
+
+#: How long ``gangcheck run`` waits at start for the API server to answer before it gives up.
+REACH_SECONDS = 30.0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a command line it refuses is one line on stderr (exit 2), not the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="gangcheck",
         description="All-or-nothing provisioning for GPU gangs (a Kueue AdmissionCheck).",
     )
@@ -28,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     # Each flag below overrides its settings field (file, then GANGCHECK_<SECTION>__<FIELD>).
     for flag, kind, text in _RUN_FLAGS:
         run.add_argument(flag, type=kind, default=None, help=text)
-    run.add_argument("--leader-elect", action="store_const", const=True, default=None)
+    run.add_argument(
+        "--leader-elect",
+        action="store_const",
+        const=True,
+        default=None,
+        help="reconcile only while this replica holds the leader Lease (--lease-*); others stand by",
+    )
     sub.add_parser(
         "diagnose", help="why is this gang pending? (KIND/NAMESPACE/NAME)", add_help=False
     )
@@ -75,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # (flag, type, help, settings section, settings field)
 _RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
     ("--workers", int, "concurrent reconciles", "controller", "workers"),
-    ("--log-level", str, "DEBUG, INFO, WARNING or ERROR", "logging", "level"),
+    ("--log-level", str, "DEBUG, INFO, WARNING, ERROR or CRITICAL", "logging", "level"),
     ("--lease-namespace", str, "namespace of the leader Lease", "leader_election", "namespace"),
     ("--lease-name", str, "name of the leader Lease", "leader_election", "name"),
     ("--identity", str, "this replica on the lease", "leader_election", "identity"),
@@ -92,28 +112,57 @@ _RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FI
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    """The settings file and environment, overridden by the flags given."""
+    """The settings file and environment, overridden by the flags given (validated as the
+    file is: a flag's value the file would refuse is refused, naming the flag)."""
     from gangcheck.settings import load_settings
 
     settings = load_settings(args.config, os.environ)
     updates: dict[str, dict[str, Any]] = {}
+    flags: dict[tuple[str, str], str] = {}
     for flag, _, _, section, field in _RUN_FLAG_FIELDS:
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
         if value is not None:
             updates.setdefault(section, {})[field] = value
+            flags[section, field] = flag
     if args.leader_elect:
         updates.setdefault("leader_election", {})["enabled"] = True
     if args.webhook_port is not None:
         updates.setdefault("webhook", {})["enabled"] = True
     sections = {
-        name: getattr(settings, name).model_copy(update=fields) for name, fields in updates.items()
+        name: _updated(getattr(settings, name), fields, flags, name)
+        for name, fields in updates.items()
     }
     return settings.model_copy(update=sections)
 
 
+def _updated(
+    section: Any, fields: dict[str, Any], flags: dict[tuple[str, str], str], name: str
+) -> Any:
+    """`section` with `fields` set, validated; a refusal names the flag that set the field."""
+    from pydantic import ValidationError
+
+    from gangcheck.settings import SettingsError
+
+    try:
+        return type(section).model_validate({**section.model_dump(), **fields})
+    except ValidationError as e:
+        problems = []
+        for item in e.errors():
+            field = str(item["loc"][0]) if item["loc"] else ""
+            by_name = {info.alias or key: key for key, info in type(section).model_fields.items()}
+            flag = flags.get((name, by_name.get(field, field)), f"{name}.{field}".rstrip("."))
+            problems.append(f"{flag}: {_plain(str(item['msg']))}")
+        raise SettingsError(problems) from e
+
+
+def _plain(message: str) -> str:
+    return message.removeprefix("Value error, ").replace("Input should be", "must be")
+
+
 def _run(args: argparse.Namespace) -> int:
     from gangcheck.app import RunOptions, WebhookOptions, run_controller
-    from gangcheck.kube.client import Kube
+    from gangcheck.kube.client import Kube, KubeconfigError
+    from gangcheck.kube.errors import ApiError
     from gangcheck.reconcile.podgroup import PodGroupOptions
     from gangcheck.runtime.leader import LeaseConfig
     from gangcheck.settings import SettingsError
@@ -161,11 +210,44 @@ def _run(args: argparse.Namespace) -> int:
     async def go() -> None:
         kube = await Kube.connect(args.kubeconfig, in_cluster=args.in_cluster)
         async with kube:
+            await _reachable(kube, REACH_SECONDS)
             await _until_terminated(run_controller(kube, options))
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(go())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(go())
+    except KubeconfigError as e:
+        return _fail(str(e))
+    except ApiError as e:
+        return _fail(_unanswered(e))
     return 0
+
+
+async def _reachable(kube: Kube, seconds: float) -> None:
+    """Return once the API server answers ``/version``; raise its error after `seconds` of
+    failing to reach it, or at once on an answer that is not a transient failure (401 ...)."""
+    from gangcheck.kube.errors import TransientError
+
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            await kube.request("GET", "/version")
+            return
+        except TransientError:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+        await asyncio.sleep(1)
+
+
+def _unanswered(error: ApiError) -> str:
+    if error.status == 0:
+        return f"cannot reach the API server: {error.message}"
+    return f"the API server answered {error.status} {error.reason}: {error.message}"
+
+
+def _fail(message: str) -> int:
+    print(f"gangcheck: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    return 1
 
 
 def _identity() -> str:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from gangcheck.cli import ArgumentParser
 from gangcheck.diagnose.as_json import to_json
 from gangcheck.diagnose.fetch import diagnose, status, target_of
 from gangcheck.diagnose.reports import DiagnoseError, Report, StatusReport
@@ -44,7 +45,7 @@ def main_status(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"gangcheck {command}", description=description)
+    parser = ArgumentParser(prog=f"gangcheck {command}", description=description)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     return parser
