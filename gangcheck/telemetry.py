@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
@@ -50,11 +50,12 @@ SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and every `extra` field."""
+    """One JSON object per line: time, level, logger, message and every `extra` field. The
+    time is RFC 3339 in UTC to the microsecond (``2026-12-04T20:15:43.123456+00:00``)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
