@@ -27,6 +27,7 @@ from gangcheck_dev.testbed.process import free_ports
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
+    EVENT,
     MUTATING_WEBHOOK,
     NAMESPACE,
     POD,
@@ -238,3 +239,89 @@ async def test_podgroup_gang_is_gated_provisioned_by_the_autoscaler_and_released
         await delete_quietly(kube, UPSTREAM_POD_GROUP_V1BETA1, "ddp", namespace)
         await _drain_and_delete_new_nodes(kube, namespace, selector, before)
         await delete_quietly(kube, ATOMIC_CONFIG, config)
+
+
+@pytest.mark.timeout(300)
+async def test_members_joining_while_the_gang_is_provisioned_do_not_deadlock_it(
+    kube: Kube, namespace: str, cluster: Cluster, hooked: Hooked
+) -> None:
+    """minCount 2 and 2 members; 2 more join once the request exists, before the release.
+    kube-scheduler starts a PodGroup only when none of its members is gated, so the late ones
+    are released with the gang (consuming nothing, held off the gang's nodes): the gang's
+    members run on the nodes asked for them. Before, the late members stayed gated until the
+    gang was bound and the gang never bound."""
+    count, joining = 2, 2
+    selector = f"{NODE_GROUP_LABEL}={BIG.name}"
+    before = {n["metadata"]["name"] for n in await nodes_with(kube, selector)}
+    await kube.merge_patch(NAMESPACE, namespace, {"metadata": {"labels": OPT_IN}})
+    config = unique("e2e-pg-late")
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    group = {
+        "metadata": {"name": "late", "annotations": {"gangcheck.io/provisioning-config": config}},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": count}}},
+    }
+    names = [f"late-{i}" for i in range(count + joining)]
+    try:
+        async with webhook_registered(kube, hooked):
+            await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
+
+            async def created_gated(batch: list[str]) -> bool | None:
+                for name in batch:
+                    with contextlib.suppress(Exception):
+                        existing = await kube.get(POD, name, namespace)
+                        if gated(existing):
+                            continue
+                        await kube.delete(POD, name, namespace, grace_period_seconds=0)
+                        return None
+                    await kube.create(
+                        POD, joiner(name) if name in late else member(name, "late"), namespace
+                    )
+                    return None
+                return True
+
+            late = set(names[count:])
+            await eventually(
+                lambda: created_gated(names[:count]), timeout=30, what="the gang's members gated"
+            )
+
+            async def requested() -> list[Obj] | None:
+                items = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+                return items or None
+
+            await eventually(requested, timeout=60, interval=0.2, what="the gang's request")
+            await eventually(
+                lambda: created_gated(names[count:]), timeout=30, what="late members gated"
+            )
+
+        async def gang_running() -> list[Obj] | None:
+            pods = running((await kube.list_objects(POD, namespace))["items"])
+            gang = [p for p in pods if p["metadata"]["name"] in names[:count]]
+            return gang if len(gang) == count else None
+
+        pods = await eventually(gang_running, timeout=180, interval=0.5, what="the gang Running")
+        (request,) = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+        assert {p["metadata"]["annotations"][CONSUME] for p in pods} == {
+            request["metadata"]["name"]
+        }
+        for name in sorted(late):
+            pod = await kube.get(POD, name, namespace)
+            assert not gated(pod), f"{name} still gated: the gang cannot start"
+            assert CONSUME not in (pod["metadata"].get("annotations") or {})
+            assert not pod["spec"].get("nodeName")  # it fits nowhere: held off the gang's nodes
+        events = (await kube.list_objects(EVENT, namespace))["items"]
+        assert any(e.get("reason") == "LateMembersReleased" for e in events)
+    finally:
+        for name in names:
+            await delete_quietly(kube, POD, name, namespace)
+        await delete_quietly(kube, UPSTREAM_POD_GROUP_V1BETA1, "late", namespace)
+        await _drain_and_delete_new_nodes(kube, namespace, selector, before)
+        await delete_quietly(kube, ATOMIC_CONFIG, config)
+
+
+def joiner(name: str) -> Obj:
+    """A member that fits on no node (a node selector no node carries): nothing is ever
+    asked or scaled up for it, so what the test sees is the gang's alone."""
+    pod = member(name, "late")
+    pod["spec"]["nodeSelector"] = {"gangcheck.io/e2e-nowhere": "true"}
+    return pod

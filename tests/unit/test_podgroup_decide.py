@@ -688,3 +688,39 @@ def test_a_config_gone_mid_attempt_leaves_the_attempt_in_flight_under_its_record
     marks = [a.annotations for a in decision.actions if isinstance(a, AnnotateRequest)]
     assert [m["gangcheck.io/phase"] for m in marks] == ["RollingBack"]  # past its deadline
     assert "gangcheck.io/state" not in (decision.status or {})  # not Blocked
+
+
+# ---- late members waiting for room: one message counting them all, one Event per change --
+
+WAITING_GROUP = {"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}
+
+
+def _late_waiting(annotations: dict[str, str]) -> GroupDecision:
+    pods = [member(0, gated=False, node_name="n1"), member(1, gated=False, node_name="n1")]
+    pods += [member(2, gpu=8), member(3, gpu=8)]  # room for neither
+    snap = GroupSnapshot(
+        group=pod_group_of(group(2, annotations=annotations)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec({}),
+        requests=(request_of(req(conditions={"Provisioned": "ok"}, count=2)),),
+        capacity=Capacity(nodes=(node("n1", gpu=4),), pods=tuple(pods)),
+    )
+    return decide(snap, NOW)
+
+
+def test_late_members_waiting_are_all_counted_in_the_message() -> None:
+    decision = _late_waiting(WAITING_GROUP)
+    message = (decision.status or {})["gangcheck.io/message"]
+    assert message.startswith("released; 2 member(s) created after the gang was read wait")
+    assert "0 of 2 members placeable" in message
+    assert [e.reason for e in decision.events] == ["LateMembersWaiting"]
+
+
+def test_late_members_waiting_are_said_once_while_the_same_members_wait() -> None:
+    said = (
+        "released; 2 member(s) created after the gang was read wait for room on nodes that "
+        "exist (no request is made for them): worded otherwise before"
+    )
+    decision = _late_waiting({**WAITING_GROUP, "gangcheck.io/message": said})
+    assert decision.status  # the new wording is written
+    assert decision.events == ()  # but no second Event for the same members waiting

@@ -496,6 +496,8 @@ def _release_late(
         text = f"Released {fitting} late member(s) onto nodes that exist: {', '.join(names)}"
         events.append(Event("LateMembersReleased", text[:MAX_MESSAGE]))
     waiting = late[fitting:]
+    if waiting and fitting:  # what keeps the rest waiting, as the rest
+        summary = fits_now(capacity, _pinned(gang_from_pods(snap.group, waiting), pins)).summary
     if not waiting:
         message = f"released; {fitting} member(s) created later released onto nodes that exist"
         return GroupDecision(
@@ -506,7 +508,9 @@ def _release_late(
         f"nodes that exist (no request is made for them): {summary}"
     )
     status = _status(snap, RELEASED, message)
-    if status.status:
+    said = snap.group.annotations.get(MESSAGE_ANNOTATION, "")
+    if status.status and said.partition(":")[0] != message.partition(":")[0]:
+        # said when the members waiting change, not each time their fit is worded anew
         events.append(Event("LateMembersWaiting", message[:MAX_MESSAGE], warning=True))
     return GroupDecision(
         status=status.status,
@@ -526,18 +530,18 @@ def _not_held_by_others(snap: GroupSnapshot) -> Capacity:
 def _fitting_prefix(
     group: PodGroup, late: Sequence[Pod], pins: Mapping[str, str], capacity: Capacity
 ) -> tuple[int, str]:
-    """How many of the late members (in order) fit together, and why the next one does not."""
-    low, high, why = 0, len(late), ""
+    """How many of the late members (in order) fit together, and, when not all do, the fit of
+    them all (its summary counts every one that waits)."""
+    low, high = 0, len(late)
     while low < high:
         middle = (low + high + 1) // 2
-        fit = fits_now(capacity, _pinned(gang_from_pods(group, late[:middle]), pins))
-        if fit.fits:
+        if fits_now(capacity, _pinned(gang_from_pods(group, late[:middle]), pins)).fits:
             low = middle
         else:
-            high, why = middle - 1, fit.summary
-    if not why and low < len(late):
-        why = fits_now(capacity, _pinned(gang_from_pods(group, late), pins)).summary
-    return low, why
+            high = middle - 1
+    if low == len(late):
+        return low, ""
+    return low, fits_now(capacity, _pinned(gang_from_pods(group, late), pins)).summary
 
 
 def _pinned(gang: GangSpec, pins: Mapping[str, str]) -> GangSpec:
