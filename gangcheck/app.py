@@ -158,6 +158,7 @@ class Controller:
             started.append(informer)
         await asyncio.gather(*(i.synced.wait() for i in started))
         self.served_pod_groups = served
+        self.caches.pod_groups_discovered = True
         log.info("serving PodGroups of: %s", served)
         for pod in self.caches.pods.store:
             self._on_pod_member(pod)

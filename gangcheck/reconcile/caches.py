@@ -63,6 +63,9 @@ class Caches:
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
+    pod_groups_discovered: bool = False
+    """Discovery has answered once and its PodGroup informers have synced: until then a
+    PodGroup missing from `pod_groups` says nothing of what the server serves."""
     capacity: ClusterCapacity = field(
         default_factory=lambda: ClusterCapacity(tally=CONSUME_ANNOTATION)
     )

@@ -170,6 +170,10 @@ class PodGroupReconciler:
         and, once the API server confirms the group is gone, reclaim what arrived for each
         unfinished attempt and delete what gangcheck made for it. A cache not authoritative
         (an API not served now, a relist under way, a 404) proves no absence."""
+        if not self._caches.pod_groups_discovered:
+            # Discovery has not answered yet (a start): nothing can be said of the group; the
+            # members are looked at again once it has (App._serve_pod_groups).
+            return Result()
         served = api_group in self._caches.pod_groups
         for pod in self._caches.members_of(namespace, api_group, name):
             if is_gated(pod):

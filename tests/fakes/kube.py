@@ -162,6 +162,7 @@ class FakeKube(Kube):
         caches = Caches.create(self)
         for res in pod_groups:
             caches.pod_groups[res.group] = Informer(self, res)
+        caches.pod_groups_discovered = True  # as discovery answered: these APIs are served
         self.sync(caches)
         return caches
 

@@ -224,6 +224,23 @@ async def test_a_member_of_a_group_that_does_not_exist_is_told_why_it_waits() ->
     assert world.requests() == []
 
 
+async def test_before_discovery_has_answered_a_member_is_not_told_its_group_is_not_served() -> None:
+    """At a start, the members' events come before discovery has said which PodGroup APIs
+    the server serves: no PodGroupNotFound then; said once discovery has answered."""
+    world = World(member(0))
+    world.caches.pod_groups.clear()
+    world.caches.pod_groups_discovered = False
+    await world.settle()
+    assert world.kube.writes_of("Event") == []
+    pod = world.kube.stored(POD, "m0", "default")
+    assert pod is not None and MESSAGE_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+    world.caches.pod_groups_discovered = True  # discovery answered: no PodGroup API served
+    await world.settle()
+    event = world.kube.writes_of("Event")[0].body
+    assert event["reason"] == "PodGroupNotFound"
+    assert "does not serve" in event["message"]
+
+
 GROUP_PATCH = ("PodGroup", "patch")
 
 
