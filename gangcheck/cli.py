@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_const",
         const=True,
         default=None,
-        help="reconcile only while this replica holds the leader Lease (--lease-*); others stand by",
+        help="reconcile only while this replica holds the leader Lease (--lease-*); "
+        "others stand by",
     )
     sub.add_parser(
         "diagnose", help="why is this gang pending? (KIND/NAMESPACE/NAME)", add_help=False
