@@ -1,7 +1,17 @@
 # gangcheck — `make help` lists the targets.
-PYTHON ?= python3
-PYTEST ?= $(PYTHON) -m pytest
+#
+# Every target runs in the project's own virtual environment, $(VENV), which make creates
+# (hack/venv.sh) with $(PYTHON3), a Python >= 3.11, and installs into: nothing goes into the
+# system's Python. Its bin/ comes first on PATH for the scripts the targets run.
+PYTHON3 ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+PYTEST := $(PYTHON) -m pytest
+HOST_PATH := $(PATH)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE = 1
+#: Kueue v0.17 reads its metrics certificate from this folder, fixed in its code.
+KUEUE_METRICS_CERTS := /etc/kueue/metrics/certs
 
 .DEFAULT_GOAL := help
 
@@ -9,16 +19,36 @@ export PYTHONDONTWRITEBYTECODE = 1
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-.PHONY: install
-install: ## install gangcheck, its test tools and the dev tooling of hack/devtools (editable)
+$(PYTHON):
+	PATH='$(HOST_PATH)' hack/venv.sh '$(PYTHON3)' '$(VENV)'
+
+$(VENV)/.installed: pyproject.toml hack/devtools/pyproject.toml | $(PYTHON)
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e hack/devtools
+	touch $@
+
+.PHONY: venv
+venv: $(PYTHON) ## make the virtual environment .venv with python3, or PYTHON3=... (every target does it first)
+
+.PHONY: install
+install: $(VENV)/.installed ## install gangcheck, its test tools and hack/devtools' gangcheck-dev into .venv (editable)
+
+.PHONY: kueue-metrics-cert
+kueue-metrics-cert: ## once, as root (sudo make kueue-metrics-cert): the certificate Kueue v0.17 reads from /etc/kueue/metrics/certs, so stacks with Kueue start as any user
+	@[ "$$(id -u)" = 0 ] || { echo "gangcheck: writing $(KUEUE_METRICS_CERTS) needs root: sudo make kueue-metrics-cert" >&2; exit 1; }
+	mkdir -p $(KUEUE_METRICS_CERTS)
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+	  -subj /CN=kueue-metrics -addext subjectAltName=IP:127.0.0.1 \
+	  -keyout $(KUEUE_METRICS_CERTS)/tls.key -out $(KUEUE_METRICS_CERTS)/tls.crt 2>/dev/null
+	@# A self-signed pair for a metrics endpoint on 127.0.0.1 that nothing reads: readable by
+	@# whoever starts Kueue. The test bed uses a pair it did not make as it is, and never removes it.
+	chmod 0644 $(KUEUE_METRICS_CERTS)/tls.crt $(KUEUE_METRICS_CERTS)/tls.key
 
 .PHONY: binaries
 binaries: ## build the test bed's Go binaries from the pinned modules (cached)
 	hack/build.sh
 
 .PHONY: image
-image: ## build the controller image offline on a local Debian base (starts dockerd if none answers)
+image: install ## build the controller image offline on a local Debian base (starts dockerd if none answers)
 	hack/image.sh build
 
 .PHONY: image-stop
@@ -30,24 +60,24 @@ lock: ## regenerate the image's hashed lock files from pyproject.toml (needs pip
 	hack/lock.sh
 
 .PHONY: lint
-lint: ## ruff lint and format check
+lint: install ## ruff lint and format check
 	$(PYTHON) -m ruff check gangcheck hack/devtools tests benchmarks
 	$(PYTHON) -m ruff format --check gangcheck hack/devtools tests benchmarks
 
 .PHONY: typecheck
-typecheck: ## mypy, strict, on gangcheck and its dev tooling
+typecheck: install ## mypy, strict, on gangcheck and its dev tooling
 	$(PYTHON) -m mypy
 
 .PHONY: unit
-unit: ## unit tests (pure logic; no cluster)
+unit: install ## unit tests (pure logic; no cluster)
 	$(PYTEST) tests/unit -q
 
 .PHONY: integration
-integration: ## integration tests on a local kube-apiserver + etcd
+integration: install ## integration tests on a local kube-apiserver + etcd
 	$(PYTEST) tests/integration -q
 
 .PHONY: e2e
-e2e: ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBECONFIG)
+e2e: install ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBECONFIG)
 	$(PYTEST) tests/e2e -q
 
 .PHONY: test
@@ -73,7 +103,7 @@ demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolle
 	$(PYTHON) -m gangcheck_dev demo up
 
 .PHONY: demo-down
-demo-down: ## remove the demo's stack and processes
+demo-down: install ## remove the demo's stack and processes
 	$(PYTHON) -m gangcheck_dev demo down
 
 .PHONY: dev-up
@@ -81,5 +111,5 @@ dev-up: install ## start a local control plane in the background and print its k
 	$(PYTHON) -m gangcheck_dev dev up
 
 .PHONY: dev-down
-dev-down: ## stop the local control plane and remove its state
+dev-down: install ## stop the local control plane and remove its state
 	$(PYTHON) -m gangcheck_dev dev down
