@@ -110,6 +110,8 @@ class Case:
     reclaims: tuple[str, ...] | None = None
     reclaimer: str | None = None
     nodes_current: bool = True
+    events: tuple[str, ...] = ()
+    """Reasons of the Events emitted besides the check's own (AdmissionCheckUpdated)."""
 
 
 def templates_of(case: Case) -> frozenset[str]:
@@ -571,6 +573,26 @@ CASES = [
         deletes=(REQ1,),
     ),
     Case(
+        "evicted mid-provisioning with arrivals: they are reclaimed, and the check says so",
+        gang().condition("Evicted"),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        state="Pending",
+        message=f"Workload evicted: provisioning request {REQ1} withdrawn; the 1 node(s) that "
+        "arrived for it are reclaimed safely",
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "Workload evicted",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:02:00Z"}',
+            },
+        ),
+        reclaims=("n1",),
+        deletes=(REQ1,),
+        events=("ReclaimingArrivals",),
+    ),
+    Case(
         "finished workload: requests deleted",
         gang().condition("Finished"),
         requests=[req()],
@@ -918,6 +940,8 @@ def test_decide(case: Case) -> None:
     )
     reclaims = [a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)]
     assert reclaims == ([] if case.reclaims is None else [case.reclaims])
+    emitted = tuple(e.reason for e in d.events if e.reason != "AdmissionCheckUpdated")
+    assert emitted == case.events or not case.events
     if case.reclaimer is not None:
         assert [a.reclaimer for a in d.actions if isinstance(a, ReclaimArrivals)] == [
             case.reclaimer

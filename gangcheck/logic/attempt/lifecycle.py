@@ -24,7 +24,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from gangcheck.logic.attempt import backoff, rollback
-from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event, ReleaseHold
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    ClaimNode,
+    Event,
+    ReclaimArrivals,
+    ReleaseHold,
+)
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
     GangSpec,
@@ -307,6 +314,21 @@ def clean_up(
             *release_hold(capacity, r),
             *backend.withdraw(r, why),
         )
+    )
+
+
+def reclaiming(actions: Sequence[Action], why: str) -> tuple[Event, ...]:
+    """The Events saying, for each attempt withdrawn with arrivals to reclaim (`clean_up`),
+    which nodes are reclaimed and why: a gang withdrawn mid-attempt (evicted, deleted) says
+    what became of what arrived for it."""
+    return tuple(
+        Event(
+            "ReclaimingArrivals",
+            f"Withdrawing {a.request} ({why}): reclaiming safely the {len(a.nodes)} node(s) "
+            f"that arrived for it: {', '.join(a.nodes)}",
+        )
+        for a in actions
+        if isinstance(a, ReclaimArrivals) and a.nodes
     )
 
 

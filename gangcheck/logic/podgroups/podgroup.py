@@ -723,15 +723,10 @@ def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
     (lifecycle.clean_up_waits)."""
     if lifecycle.clean_up_waits(snap.requests, snap.capacity, snap.config):
         return GroupDecision(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
-    return GroupDecision(
-        actions=lifecycle.clean_up(
-            snap.requests,
-            capacity=snap.capacity,
-            config=snap.config,
-            backend=snap.backend,
-            why=why,
-        )
+    actions = lifecycle.clean_up(
+        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
     )
+    return GroupDecision(actions=actions, events=lifecycle.reclaiming(actions, why))
 
 
 def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:

@@ -19,6 +19,7 @@ from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     DeleteRequest,
     Event,
+    ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
@@ -105,7 +106,7 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     """Everything the check controller does for one Workload and one of our checks."""
     wl, state = snap.workload, snap.workload.checks.get(snap.check)
     if wl.deleting or wl.is_finished or wl.is_evicted:
-        return _withdraw_attempts(snap, _why_cleanup(wl))
+        return _withdrawn(snap, state, now)
     if state is None:
         return _withdraw_attempts(snap, "the check is no longer listed on the Workload")
     if not wl.has_quota_reservation:
@@ -208,6 +209,26 @@ def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
             why=why,
         )
     )
+
+
+def _withdrawn(snap: Snapshot, state: CheckState | None, now: datetime) -> Decision:
+    """The gang is gone or evicted: every attempt withdrawn, what arrived reclaimed, each
+    said in an Event; an evicted Workload whose arrivals are reclaimed has its check say so
+    instead of its last progress."""
+    why = _why_cleanup(snap.workload)
+    decision = _withdraw_attempts(snap, why)
+    events = lifecycle.reclaiming(decision.actions, why)
+    reclaimed = sum(len(a.nodes) for a in decision.actions if isinstance(a, ReclaimArrivals))
+    evicted = snap.workload.is_evicted and not (snap.workload.deleting or snap.workload.is_finished)
+    if not (evicted and reclaimed and state is not None and state.state == PENDING):
+        return replace(decision, events=events)  # as Kueue: the check is left as it is
+    gone = ", ".join(a.name for a in decision.actions if isinstance(a, DeleteRequest))
+    message = (
+        f"{why}: provisioning request {gone} withdrawn; the {reclaimed} node(s) that arrived "
+        "for it are reclaimed safely"
+    )
+    noted = _transition(state, PENDING, message, now)
+    return replace(decision, check=noted.check, events=(*noted.events, *events))
 
 
 def _why_cleanup(wl: Workload) -> str:
