@@ -99,16 +99,20 @@ bench: install binaries ## benchmarks: partial delivery; fit cost at scale; Karp
 	$(PYTHON) benchmarks/kueue_scale.py --sizes $(BENCH_SIZES)
 
 .PHONY: demo
-demo: install ## the demo: local full stack, gangcheck, two GPU gangs (one rolled back); stays up
+demo: install ## the local full stack and gangcheck, then three GPU gangs: two Kueue Jobs (one partly delivered, rolled back and retried) and a PodGroup; stays up
 	$(PYTHON) -m gangcheck_dev demo up
 
 .PHONY: demo-down
 demo-down: install ## remove the demo's stack and processes
 	$(PYTHON) -m gangcheck_dev demo down
 
+#: What dev-up starts: minimal (etcd + kube-apiserver), full, or karpenter (full with
+#: Karpenter in cluster-autoscaler's place): make dev-up STACK=karpenter
+STACK ?= minimal
+
 .PHONY: dev-up
-dev-up: install ## start a local control plane in the background and print its kubeconfig
-	$(PYTHON) -m gangcheck_dev dev up
+dev-up: install ## start a local control plane in the background and print its kubeconfig (STACK=minimal|full|karpenter)
+	$(PYTHON) -m gangcheck_dev dev up --stack $(STACK)
 
 .PHONY: dev-down
 dev-down: install ## stop the local control plane and remove its state

@@ -343,14 +343,31 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
         _detached("gangcheck_dev", sim_args, work / "sim-cloud.log"),
     ]
     (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
-    out.write(
-        f"\nthe stack keeps running: export KUBECONFIG={info.kubeconfig}\n"
-        f"  {info.kubectl} get workloads,provisioningrequests,nodes -A\n"
-        "  gangcheck status; gangcheck diagnose job/demo/partial; "
-        "gangcheck diagnose podgroup/demo/ddp\n"
+    out.write(explore_hints(info.kubeconfig, info.kubectl))
+    return 0 if all(g.started for g in gangs) else 1
+
+
+#: What the demo made, each by its full resource name: on Kubernetes 1.37 a bare `workloads`
+#: is scheduling.k8s.io's Workload, not Kueue's, and `podgroups` could be either PodGroup.
+EXPLORE = (
+    "workloads.kueue.x-k8s.io",
+    "provisioningrequests.autoscaling.x-k8s.io",
+    "podgroups.scheduling.k8s.io",
+    "nodes",
+)
+
+
+def explore_hints(kubeconfig: Path, kubectl: Path) -> str:
+    """What to type to look around the stack the demo leaves running."""
+    gangcheck = Path(sys.executable).parent / "gangcheck"  # the one beside this Python
+    return (
+        f"\nthe stack keeps running: export KUBECONFIG={kubeconfig}\n"
+        f"  {kubectl} get {','.join(EXPLORE)} -A\n"
+        f"  {gangcheck} status\n"
+        f"  {gangcheck} diagnose job/demo/partial\n"
+        f"  {gangcheck} diagnose podgroup/demo/ddp\n"
         "remove everything with: make demo-down\n"
     )
-    return 0 if all(g.started for g in gangs) else 1
 
 
 def _detached(module: str, args: list[str], log: Path) -> int:

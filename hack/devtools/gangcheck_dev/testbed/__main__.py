@@ -2,7 +2,9 @@
 
 ``up`` starts etcd + kube-apiserver; ``up --stack full`` the whole cluster (kube-scheduler,
 kube-controller-manager, kwok, Kueue, cluster-autoscaler), with ``--node-groups FILE`` for
-cluster-autoscaler's node groups. ``serve`` is internal: the detached supervisor ``up`` starts.
+cluster-autoscaler's node groups; ``up --stack karpenter`` the same with Karpenter (its kwok
+cloud provider) in cluster-autoscaler's place. ``serve`` is internal: the detached
+supervisor ``up`` starts.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.binaries import BuildError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gangcheck_dev.testbed",
+        prog=prog,
         description="Local Kubernetes control plane on 127.0.0.1: etcd + kube-apiserver, or "
         "with --stack full the whole cluster (scheduler, controller manager, kwok, Kueue, "
-        "cluster-autoscaler).",
+        "cluster-autoscaler), or with --stack karpenter the same with Karpenter in "
+        "cluster-autoscaler's place.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
@@ -41,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                 "--stack",
                 choices=sorted(dev.STACKS),
                 default="minimal",
-                help="minimal: etcd + kube-apiserver (default); full: every component",
+                help="minimal: etcd + kube-apiserver (default); full: every component; "
+                "karpenter: every component, Karpenter in cluster-autoscaler's place",
             )
             command.add_argument(
                 "--node-groups",
@@ -56,8 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m gangcheck_dev.testbed") -> int:
+    args = _parser(prog).parse_args(argv)
     state_dir: Path = args.state_dir or dev.default_state_dir()
     if args.command == "serve":
         return dev.serve(

@@ -4,7 +4,8 @@
 supervisor, ``python -m gangcheck_dev.testbed serve``, that owns a :class:`ControlPlane` and stops
 it on SIGTERM. ``up --stack full`` adds kube-scheduler, kube-controller-manager, kwok, Kueue and
 cluster-autoscaler (node groups from ``--node-groups FILE``, YAML or JSON, else the defaults of
-:mod:`gangcheck_dev.testbed.nodes`). The state folder holds::
+:mod:`gangcheck_dev.testbed.nodes`); ``up --stack karpenter`` the same with Karpenter in
+cluster-autoscaler's place. The state folder holds::
 
     serve.pid    the supervisor's pid (written first)
     serve.log    the supervisor's output
@@ -34,8 +35,9 @@ from typing import Any, TextIO
 import yaml
 
 from gangcheck_dev.testbed.binaries import ensure_binaries
+from gangcheck_dev.testbed.karpenter import NodePool
 from gangcheck_dev.testbed.launcher import ControlPlane
-from gangcheck_dev.testbed.nodes import NodeGroup, load_node_groups
+from gangcheck_dev.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint, load_node_groups
 from gangcheck_dev.testbed.process import kill_group, log_tail, pid_alive, pid_cmdline
 from gangcheck_dev.testbed.stack import FULL_STACK, MetricsCert
 
@@ -47,7 +49,11 @@ SERVE_MODULE = "gangcheck_dev.testbed"
 START_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 #: ``--stack`` choices: the optional components each starts.
-STACKS: dict[str, tuple[str, ...]] = {"minimal": (), "full": FULL_STACK}
+STACKS: dict[str, tuple[str, ...]] = {"minimal": (), "full": FULL_STACK, "karpenter": FULL_STACK}
+#: Stacks whose autoscaler is Karpenter with its kwok cloud provider, in cluster-autoscaler's
+#: place, with one NodePool ``gpu`` of the default 8-GPU instance type, tainted as GPU nodes are.
+KARPENTER_STACKS = frozenset({"karpenter"})
+KARPENTER_POOLS = (NodePool("gpu", taints=(Taint(GPU_RESOURCE, "present", "NoSchedule"),)),)
 
 
 class DevError(RuntimeError):
@@ -136,6 +142,12 @@ def _plane(root: Path, stack: str, node_groups_file: Path | None) -> ControlPlan
     if stack not in STACKS:
         raise DevError(f"unknown stack {stack!r}; choose from {', '.join(STACKS)}")
     groups = read_node_groups(node_groups_file) if node_groups_file else None
+    if stack in KARPENTER_STACKS:
+        if groups is not None:
+            raise DevError("--node-groups are cluster-autoscaler's; the karpenter stack has none")
+        return ControlPlane(
+            root=root, components=STACKS[stack], autoscaler="karpenter", node_pools=KARPENTER_POOLS
+        )
     return ControlPlane(root=root, components=STACKS[stack], node_groups=groups)
 
 
