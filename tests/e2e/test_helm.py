@@ -205,7 +205,7 @@ def test_rendered_admission_policy_is_the_kustomize_builds(helm: Path, tmp_path:
     # kustomize sets its namespace on these cluster-scoped kinds too; kubectl ignores it.
     for obj in theirs:
         obj["metadata"].pop("namespace", None)
-    assert len(ours) == 4  # the admission policy and the fence policy, each with its binding
+    assert len(ours) == 8  # the three admission policies and the fence policy, with bindings
     assert ours == theirs
 
 
@@ -214,10 +214,11 @@ def test_admission_policy_follows_the_release(helm: Path) -> None:
     policies = {
         o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
     }
-    assert sorted(policies) == ["team-a-gangcheck-fence", "team-a-gangcheck-writes-only-its-own"]
-    policy = policies["team-a-gangcheck-writes-only-its-own"]
-    (condition,) = policy["spec"]["matchConditions"]
-    assert "system:serviceaccount:gangcheck-system:team-a-gangcheck" in condition["expression"]
+    own = "team-a-gangcheck-writes-only-its-own"
+    assert sorted(policies) == ["team-a-gangcheck-fence", own, f"{own}-arrivals", f"{own}-checks"]
+    for name in (own, f"{own}-arrivals", f"{own}-checks"):
+        condition = policies[name]["spec"]["matchConditions"][0]
+        assert "system:serviceaccount:gangcheck-system:team-a-gangcheck" in condition["expression"]
     assert "matchConditions" not in policies["team-a-gangcheck-fence"]["spec"]  # every writer
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)

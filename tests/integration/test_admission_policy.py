@@ -9,26 +9,63 @@ token. Everything applied is removed again.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
-from gangcheck.kube.resources import NAMESPACE, NODE, POD, SERVICE_ACCOUNT, Resource
-from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
-from gangcheck.model.names import ARRIVED_FOR, GATE, OPT_IN_LABEL
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    EVENT,
+    NAMESPACE,
+    NODE,
+    POD,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+    SERVICE_ACCOUNT,
+    WORKLOAD,
+    Resource,
+)
+from gangcheck.logic.attempt.hold import (
+    ARRIVING_TAINT,
+    HOLD_TAINT,
+    hold_taint,
+    hold_toleration,
+    taints_holding,
+)
+from gangcheck.logic.attempt.reclaim import RECLAIM_TAINT_ENTRY
+from gangcheck.logic.capacity.karpenter.names import ATTEMPT_LABEL
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    FENCE_LABEL,
+    GATE,
+    KUEUE_PROVISIONING,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OPT_IN_LABEL,
+    OPT_OUT_LABEL,
+    PHASE_ANNOTATION,
+    RECLAIM_TAINT,
+    RECLAIM_WHEN_IDLE,
+    WORKLOAD_ANNOTATION,
+)
 from gangcheck.reclaim.safely import Target, reclaim_safely
-from tests.builders import container
+from tests.builders import WorkloadBuilder, container
 from tests.integration.harness import Cluster, eventually
 from tests.integration.test_manifests import (
     ACCOUNT,
+    MANIFESTS,
     NAMESPACE_NAME,
+    apply,
     base_installed,
+    documents,
     service_account_kubeconfig,
 )
 from tests.integration.test_podgroups import Groups, controller_running
@@ -37,6 +74,7 @@ pytestmark = pytest.mark.integration
 
 Obj = dict[str, Any]
 POLICY = "gangcheck-writes-only-its-own"
+POLICY_FILE = MANIFESTS / "base" / "admission-policy.yaml"
 CLUSTER_ROLE = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False)
 CLUSTER_ROLE_BINDING = Resource(
     "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
@@ -86,11 +124,10 @@ async def until_enforced(account: Kube, admin: Kube) -> None:
         await admin.delete(NODE, name)
 
 
-@pytest.fixture
-async def may_delete_nodes(kube: Kube) -> AsyncIterator[None]:
-    """What manifests/components/reclaim-delete-node grants, for the reclaim tests."""
-    name = f"gangcheck-delete-nodes-{uuid.uuid4().hex[:6]}"
-    rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]}
+@contextlib.asynccontextmanager
+async def granted(kube: Kube, rule: Obj) -> AsyncIterator[None]:
+    """One more rule for the ServiceAccount, as a component of manifests/components grants it."""
+    name = f"gangcheck-component-{uuid.uuid4().hex[:6]}"
     await kube.create(CLUSTER_ROLE, {"metadata": {"name": name}, "rules": [rule]})
     subject = {"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE_NAME}
     ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
@@ -101,6 +138,25 @@ async def may_delete_nodes(kube: Kube) -> AsyncIterator[None]:
     finally:
         await kube.delete(CLUSTER_ROLE_BINDING, name)
         await kube.delete(CLUSTER_ROLE, name)
+
+
+@pytest.fixture
+async def may_delete_nodes(kube: Kube) -> AsyncIterator[None]:
+    """What manifests/components/reclaim-delete-node grants, for the reclaim tests."""
+    async with granted(kube, {"apiGroups": [""], "resources": ["nodes"], "verbs": ["delete"]}):
+        yield
+
+
+@pytest.fixture
+async def may_write_request_status(kube: Kube) -> AsyncIterator[None]:
+    """What manifests/components/karpenter grants on requests (gangcheck serves its class)."""
+    rule = {
+        "apiGroups": ["autoscaling.x-k8s.io"],
+        "resources": ["provisioningrequests/status"],
+        "verbs": ["patch"],
+    }
+    async with granted(kube, rule):
+        yield
 
 
 @pytest.fixture
@@ -133,16 +189,31 @@ async def gated_pod(
     return await kube.create(POD, body, namespace)
 
 
-def refused_by_policy(error: ApiError) -> bool:
-    return error.status in (403, 422) and f"ValidatingAdmissionPolicy '{POLICY}'" in str(error)
+def refused_by_policy(error: ApiError, policy: str = POLICY) -> bool:
+    return error.status in (403, 422) and f"ValidatingAdmissionPolicy '{policy}'" in str(error)
 
 
-async def refusal(write: Any) -> ApiError:
-    """The API server's refusal of ``write`` by the policy."""
+async def refusal(write: Any, policy: str = POLICY) -> ApiError:
+    """The API server's refusal of ``write`` by the policy (the base's main one unless named)."""
     with pytest.raises(ApiError) as refused:
         await write()
-    assert refused_by_policy(refused.value), refused.value
+    assert refused_by_policy(refused.value, policy), refused.value
     return refused.value
+
+
+async def claim(
+    account: Kube, admin: Kube, node: str, request: str, *, dry_run: bool = False
+) -> Obj:
+    """Record the node as arrived for ``request`` and hold it, in one write, as gangcheck's
+    applier does (reconcile/apply.py ``_claim_node``)."""
+    current = await admin.get(NODE, node)
+    patch = {
+        "metadata": {"annotations": {ARRIVED_FOR: request}},
+        "spec": {"taints": taints_holding(current, request)},
+    }
+    query = {"dryRun": "All"} if dry_run else None
+    path = NODE.object_path(node, None)
+    return await account.request("PATCH", path, query=query, body=patch, content_type=MERGE_PATCH)
 
 
 # ---- refused ---------------------------------------------------------------------------
@@ -227,11 +298,17 @@ async def test_another_controllers_node_taint_label_and_annotation_are_kept(
 async def test_karpenters_do_not_disrupt_may_only_be_removed(
     account: Kube, cluster: Cluster
 ) -> None:
-    """A gang's NodeClaims bring ``karpenter.sh/do-not-disrupt`` onto their nodes;
-    gangcheck removes it once the gang has started, and never sets or changes it."""
-    protected, plain = await cluster.add_nodes(2)
+    """A gang's NodeClaims bring ``karpenter.sh/do-not-disrupt`` onto their nodes (and
+    their ``gangcheck.io/attempt`` label); gangcheck removes it once the gang has started,
+    never sets or changes it, and removes it from no node of anyone else's."""
+    protected, plain, others = await cluster.add_nodes(3)
     key = "karpenter.sh/do-not-disrupt"
-    await cluster.kube.merge_patch(NODE, protected, {"metadata": {"annotations": {key: "true"}}})
+    gangs = {"annotations": {key: "true"}, "labels": {ATTEMPT_LABEL: "r" + "0" * 40}}
+    await cluster.kube.merge_patch(NODE, protected, {"metadata": gangs})
+    await cluster.kube.merge_patch(NODE, others, {"metadata": {"annotations": {key: "true"}}})
+    lift = {"metadata": {"annotations": {key: None}}}
+    error = await refusal(lambda: account.merge_patch(NODE, others, lift))
+    assert key in str(error)
     for name, value in ((plain, "true"), (protected, "false")):
         patch = {"metadata": {"annotations": {key: value}}}
         error = await refusal(lambda n=name, p=patch: account.merge_patch(NODE, n, p))
@@ -249,6 +326,431 @@ async def test_a_node_not_recorded_as_arrived_is_never_deleted(
     error = await refusal(lambda: account.delete(NODE, name))
     assert ARRIVED_FOR in str(error)
     assert await cluster.kube.get(NODE, name)
+
+
+# ---- nodes: only the exact keys, values and effects gangcheck writes -----------------------
+
+
+async def test_an_arrival_is_recorded_once_with_the_hold_and_never_moved_or_removed(
+    account: Kube, cluster: Cluster
+) -> None:
+    """Recording a node (``gangcheck.io/arrived-for``) is what makes it deletable: the account
+    may write it only as gangcheck does (with the hold of that request), once."""
+    fresh, recorded = await cluster.add_nodes(2)
+    alone = {"metadata": {"annotations": {ARRIVED_FOR: f"{cluster.ns}/gang-check-1"}}}
+    error = await refusal(lambda: account.merge_patch(NODE, fresh, alone))
+    assert ARRIVED_FOR in str(error)
+    await claim(account, cluster.kube, recorded, f"{cluster.ns}/gang-check-1")
+    for value in (f"{cluster.ns}/gang-check-2", None):
+        moved = {"metadata": {"annotations": {ARRIVED_FOR: value}}}
+        error = await refusal(lambda p=moved: account.merge_patch(NODE, recorded, p))
+        assert ARRIVED_FOR in str(error)
+    node = await cluster.kube.get(NODE, recorded)
+    assert node["metadata"]["annotations"][ARRIVED_FOR] == f"{cluster.ns}/gang-check-1"
+    assert ARRIVED_FOR not in (
+        (await cluster.kube.get(NODE, fresh))["metadata"].get("annotations") or {}
+    )
+
+
+def _adding(taint: Obj) -> Callable[[list[Obj]], list[Obj]]:
+    return lambda taints: [*taints, taint]
+
+
+def _hold_moved(taints: list[Obj]) -> list[Obj]:
+    """The node's hold given to another request's gang, with no recording."""
+    return [t for t in taints if t["key"] != HOLD_TAINT] + [hold_taint("default/someone")]
+
+
+NODE_TAINTS_GANGCHECK_NEVER_WRITES = {
+    "NoExecute with its key": _adding(
+        {"key": RECLAIM_TAINT, "value": "true", "effect": "NoExecute"}
+    ),
+    "another gangcheck.io key": _adding({"key": "gangcheck.io/evict", "effect": "NoSchedule"}),
+    "its fence with another value": _adding(
+        {"key": RECLAIM_TAINT, "value": "x", "effect": "NoSchedule"}
+    ),
+    "its hold for another request": _hold_moved,
+    "the arrival taint": _adding({"key": ARRIVING_TAINT, "effect": "NoSchedule"}),
+}
+
+
+@pytest.mark.parametrize("what", NODE_TAINTS_GANGCHECK_NEVER_WRITES)
+async def test_a_taint_gangcheck_never_writes_is_refused(
+    account: Kube, cluster: Cluster, what: str
+) -> None:
+    """Not even on a node recorded as arrived: a NoExecute taint would evict its pods."""
+    (name,) = await cluster.add_nodes(1)
+    await claim(account, cluster.kube, name, f"{cluster.ns}/gang-check-1")
+    node = await cluster.kube.get(NODE, name)
+    taints = NODE_TAINTS_GANGCHECK_NEVER_WRITES[what](node["spec"]["taints"])
+    error = await refusal(lambda: account.merge_patch(NODE, name, {"spec": {"taints": taints}}))
+    assert "taint" in str(error), what
+    assert (await cluster.kube.get(NODE, name))["spec"]["taints"] == node["spec"]["taints"]
+
+
+async def test_the_fence_goes_only_on_a_node_recorded_as_arrived(
+    account: Kube, cluster: Cluster
+) -> None:
+    """The fence label makes the fence policy refuse every bind to the node; cordon and the
+    fence taint keep the scheduler off it: none of them on a node gangcheck did not record."""
+    (name,) = await cluster.add_nodes(1)
+    writes = {
+        "label": {"metadata": {"labels": {FENCE_LABEL: "true"}}},
+        "taint": {"spec": {"taints": [RECLAIM_TAINT_ENTRY]}},
+        "cordon": {"spec": {"unschedulable": True}},
+        "mark": {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: "{}"}}},
+    }
+    for what, patch in writes.items():
+        error = await refusal(lambda p=patch: account.merge_patch(NODE, name, p))
+        assert "gangcheck may" in str(error), what
+    node = await cluster.kube.get(NODE, name)
+    assert FENCE_LABEL not in node["metadata"]["labels"]
+    assert not node["spec"].get("unschedulable")
+
+
+async def test_a_cordon_or_opt_out_label_of_someone_else_stays(
+    account: Kube, cluster: Cluster
+) -> None:
+    """An administrator's cordon and ``gangcheck.io/do-not-reclaim`` are not gangcheck's to
+    lift, even on a node it recorded."""
+    (name,) = await cluster.add_nodes(1)
+    await cluster.kube.merge_patch(
+        NODE,
+        name,
+        {"metadata": {"labels": {OPT_OUT_LABEL: "true"}}, "spec": {"unschedulable": True}},
+    )
+    await claim(account, cluster.kube, name, f"{cluster.ns}/gang-check-1")
+    for what, patch in {
+        "uncordon": {"spec": {"unschedulable": None}},
+        "opt-out label": {"metadata": {"labels": {OPT_OUT_LABEL: None}}},
+    }.items():
+        error = await refusal(lambda p=patch: account.merge_patch(NODE, name, p))
+        assert "gangcheck may" in str(error), what
+    node = await cluster.kube.get(NODE, name)
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"][OPT_OUT_LABEL] == "true"
+
+
+async def test_a_node_recorded_but_not_fenced_or_opted_out_is_never_deleted(
+    account: Kube, cluster: Cluster, may_delete_nodes: None
+) -> None:
+    """Deleting needs the node recorded, fenced as gangcheck fences, and not opted out."""
+    recorded, opted_out = await cluster.add_nodes(2)
+    request = f"{cluster.ns}/gang-check-1"
+    await claim(account, cluster.kube, recorded, request)
+    error = await refusal(lambda: account.delete(NODE, recorded))
+    assert "fenced" in str(error)
+    await cluster.kube.merge_patch(
+        NODE, opted_out, {"metadata": {"labels": {OPT_OUT_LABEL: "true"}}}
+    )
+    await claim(account, cluster.kube, opted_out, request)
+    node = await cluster.kube.get(NODE, opted_out)
+    fence = {
+        "metadata": {"labels": {FENCE_LABEL: "true"}},
+        "spec": {"unschedulable": True, "taints": [*node["spec"]["taints"], RECLAIM_TAINT_ENTRY]},
+    }
+    await account.merge_patch(NODE, opted_out, fence)
+    error = await refusal(lambda: account.delete(NODE, opted_out))
+    assert OPT_OUT_LABEL in str(error)
+    for name in (recorded, opted_out):
+        assert await cluster.kube.get(NODE, name)
+
+
+WINDOW = 3
+ARRIVALS = "gangcheck-writes-only-its-own-arrivals"
+CHECKS = "gangcheck-writes-only-its-own-checks"
+
+
+@pytest.fixture
+def arrivals_within(policy: str, control_plane: ControlPlane) -> Iterator[None]:
+    """The arrivals policy with its hour cut to a few seconds, restored afterwards: a node an
+    hour old cannot be made on a test bed, one a few seconds old can."""
+    text = POLICY_FILE.read_text()
+    (original,) = (
+        d
+        for d in documents(text)
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == ARRIVALS
+    )
+    shipped = yaml.safe_dump(original)
+    assert 'duration("1h")' in shipped
+    apply(control_plane, shipped.replace('duration("1h")', f'duration("{WINDOW}s")'))
+    try:
+        yield
+    finally:
+        apply(control_plane, shipped)
+
+
+async def test_only_a_new_node_or_one_that_came_closed_or_held_can_be_recorded(
+    account: Kube, cluster: Cluster, arrivals_within: None
+) -> None:
+    """A node older than the window (an hour as shipped) cannot be recorded as arrived, so
+    never fenced or deleted by the account: the API server's own identity Leases tell it
+    the time. A node that registered closed (the arrival taint) or held (the hold taint a
+    gang's NodeClaim gives it) can be, whatever its age: the account cannot add either."""
+    request = f"{cluster.ns}/gang-check-1"
+    (closed,) = await cluster.add_nodes(1, taints=[{"key": ARRIVING_TAINT, "effect": "NoSchedule"}])
+    (held,) = await cluster.add_nodes(1, taints=[hold_taint(request)])
+    (old,) = await cluster.add_nodes(1)
+
+    async def refused() -> bool:
+        try:
+            await claim(account, cluster.kube, old, request, dry_run=True)
+        except ApiError as e:
+            if refused_by_policy(e, ARRIVALS):
+                return True
+            raise
+        return False
+
+    await eventually(refused, timeout=30, what=f"node {old} too old to be recorded")
+    error = await refusal(lambda: claim(account, cluster.kube, old, request), ARRIVALS)
+    assert "created in the last" in str(error)
+    for name in (closed, held):
+        node = await claim(account, cluster.kube, name, request)
+        assert node["metadata"]["annotations"][ARRIVED_FOR] == request
+        assert hold_taint(request) in node["spec"]["taints"]
+    assert ARRIVED_FOR not in (
+        (await cluster.kube.get(NODE, old))["metadata"].get("annotations") or {}
+    )
+
+
+# ---- requests, templates, events: only those it made, where it works --------------------
+
+
+def provisioning_request(name: str, *, ours: bool) -> Obj:
+    meta: Obj = {"name": name}
+    if ours:
+        meta["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    spec = {
+        "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+        "podSets": [{"podTemplateRef": {"name": f"{name}-main"}, "count": 1}],
+    }
+    return {"metadata": meta, "spec": spec}
+
+
+def pod_template(name: str, *, ours: bool) -> Obj:
+    meta: Obj = {"name": name}
+    if ours:
+        meta["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    return {"metadata": meta, "template": {"spec": {"containers": [container()]}}}
+
+
+async def test_a_request_or_template_it_did_not_make_is_neither_deleted_nor_changed(
+    account: Kube, cluster: Cluster
+) -> None:
+    """gangcheck's mark (``app.kubernetes.io/managed-by=gangcheck``) is set when it creates
+    and never added later, so what carries it is what it made."""
+    ns = cluster.ns
+    await cluster.kube.create(PROVISIONING_REQUEST, provisioning_request("theirs", ours=False), ns)
+    await cluster.kube.create(POD_TEMPLATE, pod_template("theirs-main", ours=False), ns)
+    for res, name in ((PROVISIONING_REQUEST, "theirs"), (POD_TEMPLATE, "theirs-main")):
+        error = await refusal(lambda r=res, n=name: account.delete(r, n, ns))
+        assert "it made" in str(error)
+    mark = {"metadata": {"labels": {MANAGED_BY_LABEL: MANAGED_BY}}}
+    await refusal(lambda: account.merge_patch(PROVISIONING_REQUEST, "theirs", mark, ns))
+    phase = {"metadata": {"annotations": {PHASE_ANNOTATION: "RollingBack"}}}
+    await refusal(lambda: account.merge_patch(PROVISIONING_REQUEST, "theirs", phase, ns))
+    request = await cluster.kube.get(PROVISIONING_REQUEST, "theirs", ns)
+    assert MANAGED_BY_LABEL not in (request["metadata"].get("labels") or {})
+    assert await cluster.kube.get(POD_TEMPLATE, "theirs-main", ns)
+
+
+async def test_its_own_request_keeps_its_identity_and_its_status_is_not_its_to_write(
+    account: Kube, cluster: Cluster, may_write_request_status: None
+) -> None:
+    """On its own requests gangcheck writes its annotations (phase, outcome); not the
+    identity ones that tie a request to its gang, nor the status of a class it does not
+    serve (the autoscaler's Provisioned=True)."""
+    ns = cluster.ns
+    await account.create(PROVISIONING_REQUEST, provisioning_request("ours", ours=True), ns)
+    await account.merge_patch(
+        PROVISIONING_REQUEST,
+        "ours",
+        {"metadata": {"annotations": {PHASE_ANNOTATION: "Started"}}},
+        ns,
+    )
+    for patch in (
+        {"metadata": {"annotations": {WORKLOAD_ANNOTATION: "someone-else"}}},
+        {"metadata": {"annotations": {"example.com/note": "x"}}},
+    ):
+        await refusal(lambda p=patch: account.merge_patch(PROVISIONING_REQUEST, "ours", p, ns))
+    provisioned = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Provisioned",
+                    "status": "True",
+                    "reason": "Provisioned",
+                    "message": "",
+                    "lastTransitionTime": LONG_AGO,
+                }
+            ]
+        }
+    }
+    await refusal(
+        lambda: account.merge_patch(
+            PROVISIONING_REQUEST, "ours", provisioned, ns, subresource="status"
+        )
+    )
+    request = await cluster.kube.get(PROVISIONING_REQUEST, "ours", ns)
+    assert request["metadata"]["annotations"] == {PHASE_ANNOTATION: "Started"}
+    assert not (request.get("status") or {}).get("conditions")
+    await account.delete(PROVISIONING_REQUEST, "ours", ns)
+
+
+@pytest.mark.parametrize("what", ["a ProvisioningRequest", "a PodTemplate", "an Event"])
+async def test_nothing_is_created_in_kube_system(account: Kube, kube: Kube, what: str) -> None:
+    name = f"gangcheck-{uuid.uuid4().hex[:6]}"
+    res, body = {
+        "a ProvisioningRequest": (PROVISIONING_REQUEST, provisioning_request(name, ours=True)),
+        "a PodTemplate": (POD_TEMPLATE, pod_template(name, ours=True)),
+        "an Event": (EVENT, event(name, "kube-system", "Pod", "kube-system")),
+    }[what]
+    error = await refusal(lambda: account.create(res, body, "kube-system"))
+    assert "kube-system" in str(error)
+    with pytest.raises(NotFoundError):
+        await kube.get(res, name, "kube-system")
+
+
+def event(name: str, namespace: str, kind: str, about_namespace: str) -> Obj:
+    """An Event as reconcile/events.py writes it."""
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": kind,
+            "name": "x",
+            "namespace": about_namespace,
+        },
+        "reason": "Test",
+        "message": "m",
+        "type": "Normal",
+        "source": {"component": "gangcheck"},
+        "reportingComponent": "gangcheck",
+        "reportingInstance": "gangcheck",
+        "firstTimestamp": LONG_AGO,
+        "lastTimestamp": LONG_AGO,
+        "count": 1,
+    }
+
+
+async def test_events_only_as_gangcheck(account: Kube, cluster: Cluster) -> None:
+    """An Event reported as another component (the kubelet) is refused; gangcheck's own, on
+    a Workload of the namespace or a Node (in default), are made."""
+    ns = cluster.ns
+    kubelet = {**event("kubelet", ns, "Pod", ns), "reportingComponent": "kubelet"}
+    error = await refusal(lambda: account.create(EVENT, kubelet, ns))
+    assert "reportingComponent" in str(error)
+    await account.create(EVENT, event("here", ns, "Workload", ns), ns)
+    name = f"n-{uuid.uuid4().hex[:6]}"
+    await account.create(EVENT, event(name, "default", "Node", ""), "default")
+    await cluster.kube.delete(EVENT, name, "default")
+
+
+# ---- Workloads: only its own admission-check entries --------------------------------------
+
+
+@pytest.fixture
+async def gang_with_two_checks(cluster: Cluster) -> AsyncIterator[tuple[str, str]]:
+    """A Workload whose status lists gangcheck's check and a check of another controller
+    (Kueue's own ProvisioningRequest check), both Pending; (workload, other check)."""
+    await cluster.install_check({})
+    other = f"kueue-provisioning-{cluster.ns}"
+    await cluster.kube.create(
+        ADMISSION_CHECK,
+        {"metadata": {"name": other}, "spec": {"controllerName": KUEUE_PROVISIONING}},
+    )
+    builder = WorkloadBuilder("gang").pod_set("main", 1).reserve_quota().check("atomic")
+    name = await cluster.submit(builder)
+
+    def add_other(wl: Obj) -> None:
+        entries = wl["status"]["admissionChecks"]
+        entries.append({**entries[0], "name": other})
+
+    await cluster.update_status(name, add_other)
+    try:
+        yield name, other
+    finally:
+        await cluster.kube.delete(ADMISSION_CHECK, other)
+        await cluster.kube.delete(ADMISSION_CHECK, cluster.check)
+
+
+def entry_index(wl: Obj, check: str) -> int:
+    return next(i for i, e in enumerate(wl["status"]["admissionChecks"]) if e["name"] == check)
+
+
+async def test_a_workload_status_write_touches_only_its_own_check_entry(
+    account: Kube, cluster: Cluster, gang_with_two_checks: tuple[str, str]
+) -> None:
+    """Its own entry may go Ready (as reconcile/workload.py writes it: a JSON patch of the
+    entry); another controller's entry, a condition (Finished=True, Admitted) or a new entry
+    may not."""
+    name, other = gang_with_two_checks
+    ns, check = cluster.ns, cluster.check
+
+    async def write(ops: Callable[[Obj], list[Obj]]) -> Obj:
+        wl = await cluster.workload(name)
+        return await account.json_patch(WORKLOAD, name, ops(wl), ns, subresource="status")
+
+    def ready(check: str) -> Callable[[Obj], list[Obj]]:
+        def ops(wl: Obj) -> list[Obj]:
+            i = entry_index(wl, check)
+            entry = {**wl["status"]["admissionChecks"][i], "state": "Ready", "message": "fits"}
+            return [{"op": "replace", "path": f"/status/admissionChecks/{i}", "value": entry}]
+
+        return ops
+
+    error = await refusal(lambda: write(ready(other)), CHECKS)
+    assert other in str(error)
+    finished = {
+        "type": "Finished",
+        "status": "True",
+        "reason": "Succeeded",
+        "message": "",
+        "lastTransitionTime": LONG_AGO,
+    }
+    added = {**finished, "type": "Admitted"}
+    for ops in (
+        lambda wl: [{"op": "add", "path": "/status/conditions/-", "value": finished}],
+        lambda wl: [{"op": "add", "path": "/status/conditions/-", "value": added}],
+        lambda wl: [
+            {
+                "op": "add",
+                "path": "/status/admissionChecks/-",
+                "value": {**wl["status"]["admissionChecks"][0], "name": "invented"},
+            }
+        ],
+        lambda wl: [{"op": "remove", "path": f"/status/admissionChecks/{entry_index(wl, check)}"}],
+    ):
+        await refusal(lambda o=ops: write(o))
+    await write(ready(check))
+    wl = await cluster.workload(name)
+    states = {e["name"]: e["state"] for e in wl["status"]["admissionChecks"]}
+    assert states == {check: "Ready", other: "Pending"}
+    assert [c["type"] for c in wl["status"]["conditions"]] == ["QuotaReserved"]
+
+
+async def test_only_its_own_admission_checks_status_is_written(
+    account: Kube, cluster: Cluster, gang_with_two_checks: tuple[str, str]
+) -> None:
+    _, other = gang_with_two_checks
+    inactive = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Active",
+                    "status": "False",
+                    "reason": "Broken",
+                    "message": "",
+                    "lastTransitionTime": LONG_AGO,
+                }
+            ]
+        }
+    }
+    error = await refusal(
+        lambda: account.merge_patch(ADMISSION_CHECK, other, inactive, subresource="status")
+    )
+    assert "controllerName" in str(error)
+    await account.merge_patch(ADMISSION_CHECK, cluster.check, inactive, subresource="status")
 
 
 # ---- what gangcheck does still works ---------------------------------------------------
@@ -273,7 +775,7 @@ async def test_a_node_is_claimed_fenced_and_deleted_by_the_service_account(
 ) -> None:
     (name,) = await cluster.add_nodes(1, taints=[CA_TAINT])
     request = f"{cluster.ns}/gang-check-1"
-    await account.merge_patch(NODE, name, {"metadata": {"annotations": {ARRIVED_FOR: request}}})
+    await claim(account, cluster.kube, name, request)
     target = Target(name, request, LONG_AGO, "DeleteNode")
     result = await reclaim_safely(account, target, datetime.now(UTC))
     assert result.verdict == "reclaimed", result
@@ -291,7 +793,7 @@ async def test_a_node_is_claimed_fenced_and_deleted_by_the_service_account(
 async def test_cordon_and_taint_keeps_other_taints(account: Kube, cluster: Cluster) -> None:
     (name,) = await cluster.add_nodes(1, taints=[CA_TAINT])
     request = f"{cluster.ns}/gang-check-1"
-    await account.merge_patch(NODE, name, {"metadata": {"annotations": {ARRIVED_FOR: request}}})
+    await claim(account, cluster.kube, name, request)
     target = Target(name, request, LONG_AGO, "CordonAndTaint")
     result = await reclaim_safely(account, target, datetime.now(UTC))
     assert result.verdict == "reclaimed", result

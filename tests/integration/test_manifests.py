@@ -211,8 +211,12 @@ def test_the_base_builds_into_the_objects_an_operator_expects(
         "ServiceAccount/gangcheck",
         "ValidatingAdmissionPolicy/gangcheck-fence",
         "ValidatingAdmissionPolicy/gangcheck-writes-only-its-own",
+        "ValidatingAdmissionPolicy/gangcheck-writes-only-its-own-arrivals",
+        "ValidatingAdmissionPolicy/gangcheck-writes-only-its-own-checks",
         "ValidatingAdmissionPolicyBinding/gangcheck-fence",
         "ValidatingAdmissionPolicyBinding/gangcheck-writes-only-its-own",
+        "ValidatingAdmissionPolicyBinding/gangcheck-writes-only-its-own-arrivals",
+        "ValidatingAdmissionPolicyBinding/gangcheck-writes-only-its-own-checks",
     ]
     crd_file = MANIFESTS / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"
     assert the(manifests, "CustomResourceDefinition") == yaml.safe_load(crd_file.read_text())
