@@ -18,6 +18,8 @@ ARG BASE_IMAGE=python:3.11.15-slim-bookworm@sha256:d29f48a31a8b408ed19272ca1e7b1
 
 # ---- builder: gangcheck and its locked dependencies, installed into a venv -------------------
 FROM ${BASE_IMAGE} AS builder
+# hack/image.sh removes the image this stage leaves behind (docker's classic builder keeps it).
+LABEL io.gangcheck.stage=builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1

@@ -4,7 +4,8 @@
 #
 #   hack/image.sh build    install what is missing (docker.io, debootstrap), start dockerd if
 #                          none answers, make or reuse the base, fetch the locked wheels,
-#                          build; prints image=<id>, tag=<name:version>, base=<tag> on stdout
+#                          build, remove the builder stage's image; prints image=<id>,
+#                          tag=<name:version>, base=<tag> on stdout
 #   hack/image.sh base     only the base image; prints base=<tag>
 #   hack/image.sh stop     stop the dockerd this script started (never another one)
 #
@@ -24,6 +25,7 @@ cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}/image
 suite=bookworm
 base_packages=python3,python3-venv,ca-certificates
 pidfile=$cache/dockerd.pid
+builder_label=io.gangcheck.stage=builder  # the Dockerfile's builder stage
 
 say() { echo "gangcheck image: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -54,8 +56,7 @@ ensure_daemon() {
   say "starting dockerd (--bridge=none; log $cache/dockerd.log)"
   setsid dockerd --bridge=none --iptables=false --pidfile "$pidfile" \
     >"$cache/dockerd.log" 2>&1 </dev/null &
-  local i
-  for i in $(seq 1 120); do
+  for _ in $(seq 1 120); do
     daemon_answers && return
     sleep 0.5
   done
@@ -64,14 +65,14 @@ ensure_daemon() {
 }
 
 stop_daemon() {
-  local pid i
+  local pid
   pid=$(cat "$pidfile" 2>/dev/null) || { say "no dockerd of ours to stop"; return; }
   if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != dockerd ]; then
     rm -f "$pidfile"; say "dockerd $pid is gone already"; return
   fi
   say "stopping dockerd $pid"
   kill -TERM "$pid"
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     [ -d "/proc/$pid" ] || { rm -f "$pidfile"; return; }
     sleep 0.5
   done
@@ -84,6 +85,7 @@ stop_daemon() {
 debian_mirror() {  # the mirror this machine's apt uses for $suite, if it is a Debian one
   [ -n "${GANGCHECK_DEBIAN_MIRROR:-}" ] && { echo "$GANGCHECK_DEBIAN_MIRROR"; return; }
   command -v apt-get >/dev/null 2>&1 || return 0
+  # shellcheck disable=SC2016 # apt's own $(FIELD) format, not the shell's
   apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 2>/dev/null |
     awk -v suite="$suite" '$2 == suite && $3 == "main" { print $1; exit }'
 }
@@ -94,7 +96,8 @@ make_rootfs_tarball() {  # make_rootfs_tarball TARBALL
   root=$(mktemp -d "$cache/rootfs.XXXXXX")
   # shellcheck disable=SC2064
   trap "rm -rf '$root'" EXIT
-  # An empty mirror lets debootstrap use its own default.
+  # An empty mirror lets debootstrap use its own default (no argument at all, hence unquoted).
+  # shellcheck disable=SC2046
   debootstrap --variant=minbase --include="$base_packages" "$suite" "$root" \
     $(debian_mirror) >&2
   # Package caches and lists, manual pages and translations: nothing the image runs.
@@ -170,8 +173,18 @@ build_context() {  # build_context DIR WHEELS: what `docker build .` would see, 
   cp "$2"/*.whl "$ctx/requirements/wheels/"
 }
 
+# docker's classic builder keeps the builder stage (the build venv and tools, ~250 MB) as an
+# untagged image; the Dockerfile labels that stage, so it goes here. So does the image the tag
+# named before, when this build made another one (BuildKit leaves neither: nothing to do).
+remove_leftovers() {  # remove_leftovers PREVIOUS_ID NEW_ID
+  docker image prune --force --filter "label=$builder_label" >/dev/null
+  if [ -n "$1" ] && [ "$1" != "$2" ]; then
+    docker image rm "$1" >/dev/null 2>&1 || true  # still used by a container: kept
+  fi
+}
+
 build_image() {
-  local base wheels ctx version start
+  local base wheels ctx version start previous
   base=$(ensure_base)
   wheels=$(ensure_wheels)
   version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml" | head -n 1)
@@ -180,10 +193,12 @@ build_image() {
   trap "rm -rf '$ctx'" EXIT
   build_context "$ctx" "$wheels"
   start=$(date +%s)
+  previous=$(docker image inspect --format '{{.Id}}' "gangcheck:$version" 2>/dev/null || true)
   say "building gangcheck:$version on $base (no network)"
   docker build --quiet --network none --build-arg "BASE_IMAGE=$base" \
     --iidfile "$ctx/iid" -t "gangcheck:$version" "$ctx" >&2
   say "built gangcheck:$version in $(seconds_since "$start")s"
+  remove_leftovers "$previous" "$(cat "$ctx/iid")"
   echo "image=$(cat "$ctx/iid")"
   echo "tag=gangcheck:$version"
   echo "base=$base"
