@@ -61,7 +61,13 @@ def group(
 
 
 def member(
-    i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "", created: str = ""
+    i: int,
+    *,
+    gated: bool = True,
+    gpu: int = 1,
+    node_name: str = "",
+    created: str = "",
+    consumes: str = "",
 ) -> Obj:
     spec: Obj = {"containers": [container(gpu=gpu)], "schedulingGroup": {"podGroupName": "g"}}
     if gated:
@@ -71,6 +77,8 @@ def member(
     meta: Obj = {"name": f"m{i}", "namespace": "default"}
     if created:
         meta["creationTimestamp"] = created
+    if consumes:
+        meta["annotations"] = {CONSUME_ANNOTATION: consumes}
     return {"metadata": meta, "spec": spec}
 
 
@@ -435,9 +443,9 @@ CASES = [
         "released, the gang not bound yet: a member gated since is released at once, since "
         "kube-scheduler holds a PodGroup back while any member is gated",
         group(2, annotations={"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}),
-        [member(0, gated=False), member(1, gated=False), member(2)],
+        [member(0, gated=False, consumes=REQ1), member(1, gated=False, consumes=REQ1), member(2)],
         requests=[req(conditions={"Provisioned": "ok"}, count=2)],
-        nodes=[node("n1", gpu=8)],
+        nodes=[node("n1", gpu=0)],  # no room for it: released all the same
         released=("m2",),
         events=("LateMembersReleased",),
     ),
@@ -600,9 +608,7 @@ RELEASED = {
 
 
 def consuming(i: int, *, node_name: str = "") -> Obj:
-    pod = member(i, gated=False, node_name=node_name)
-    pod["metadata"]["annotations"] = {CONSUME_ANNOTATION: REQ1}
-    return pod
+    return member(i, gated=False, node_name=node_name, consumes=REQ1)
 
 
 def _watchdog(

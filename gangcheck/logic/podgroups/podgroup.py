@@ -477,7 +477,14 @@ def _release_late(
     if not members.gated:
         return _after_release(snap, members)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
-    binding = [p for p in members.unbound if not p.gated and p.name not in reported]
+    request = snap.group.annotations.get(REQUEST_ANNOTATION, "")
+    binding = [
+        p
+        for p in members.unbound
+        if not p.gated
+        and p.name not in reported
+        and (p.consumes == request if request else True)  # late ones released consume none
+    ]
     if binding:  # the gang binds only once none of its members is gated: release them now
         pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
         return replace(_release_with_gang(members.gated, pins), requeue_after=LATE_RETRY_SECONDS)
