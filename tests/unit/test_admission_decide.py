@@ -83,6 +83,30 @@ def member(
     }
 
 
+def intruder(node_name: str, *, gpu: int) -> dict[str, Any]:
+    """A pod of someone else that tolerates every taint, bound to the node."""
+    return {
+        "metadata": {"name": "intruder", "namespace": "other"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpu)}}}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def daemon(node_name: str) -> dict[str, Any]:
+    """A DaemonSet's pod on the node: never a stray."""
+    pod = intruder(node_name, gpu=0)
+    pod["metadata"] = {
+        "name": "agent",
+        "namespace": "kube-system",
+        "ownerReferences": [{"kind": "DaemonSet", "name": "agent", "controller": True}],
+    }
+    return pod
+
+
 @dataclass
 class Case:
     id: str
@@ -770,6 +794,36 @@ CASES += [
         consume_pod_sets=("workers",),
         message="the whole gang fits",
         annotates=(FULFILLED,),
+    ),
+    Case(
+        "a pod not of the gang took a node that arrived for it, and the gang would fit but "
+        "for it: rolled back at once, not at the deadline",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
+        pods=[intruder("n1", gpu=2)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
+                "that arrived for it: other/intruder on n1",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
+            },
+        ),
+    ),
+    Case(
+        "a pod not of the gang on a node that arrived for it, more capacity still to come: "
+        "named in the message at once",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=2, labels={"pool": "gpu"}, annotations=MINE)],
+        pods=[intruder("n1", gpu=1), daemon("n1")],
+        state="Pending",
+        message="capacity requested, not yet usable: 1 of 4 members placeable on 1 node; the "
+        "nodes in use have no room for the rest; pods not of this gang took nodes that arrived "
+        "for it: other/intruder on n1",
     ),
     Case(
         "rollback under way: only the nodes that arrived for this request are reclaimed",

@@ -39,7 +39,7 @@ from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR, RESERVED_ANNOTATION
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, Pod, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 
@@ -212,6 +212,43 @@ def assess(
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
     )
+
+
+def strays(
+    capacity: Capacity | None, req: AttemptRecord, nodes: Collection[str]
+) -> tuple[Pod, ...]:
+    """Pods of others bound to nodes that arrived for this request: neither consuming it (the
+    gang's own members do) nor a DaemonSet's, not finished. A pod tolerating every taint can
+    land on a held node (docs/capacity-hold.md)."""
+    if capacity is None or not nodes:
+        return ()
+    found = []
+    for obj in capacity.pods:
+        if (obj.get("spec") or {}).get("nodeName") not in nodes:
+            continue
+        pod = pod_of(obj)
+        if pod.live and not pod.daemonset and pod.consumes != req.name:
+            found.append(pod)
+    return tuple(sorted(found, key=lambda p: (p.node_name, p.ref.namespace, p.name)))
+
+
+def fits_without(
+    capacity: Capacity,
+    req: AttemptRecord,
+    gang: Sequence[tuple[str, int, Obj]] | GangSpec,
+    others: Collection[Pod],
+    now: datetime | None = None,
+) -> bool:
+    """Whether the gang would fit on the nodes this request counts were `others` not bound
+    there (read from the pods themselves: a case rare enough to parse them)."""
+    gone = {(p.ref.namespace, p.name) for p in others}
+    pods = tuple(
+        p
+        for p in capacity.pods
+        if ((p.get("metadata") or {}).get("namespace"), (p.get("metadata") or {}).get("name"))
+        not in gone
+    )
+    return assess(replace(capacity, pods=pods, cluster=None), req, gang, now).fits
 
 
 def takes_a_member(

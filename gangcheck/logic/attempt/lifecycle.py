@@ -37,7 +37,9 @@ from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
     assess,
     dra_hint,
+    fits_without,
     request_key,
+    strays,
     unrecorded_arrivals,
 )
 from gangcheck.logic.attempt.hold import held_nodes
@@ -153,12 +155,19 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
     if verdict.fits:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
         return Step(Progress.FITS, message, actions=claims, domains=verdict.domains)
-    return Step(
-        Progress.WAITING,
-        f"capacity requested, not yet usable: {verdict.summary}",
-        actions=claims,
-        requeue_after=until_deadline(req, now),
-    )
+    message = f"capacity requested, not yet usable: {verdict.summary}"
+    others = strays(attempt.capacity, req, verdict.arrived)
+    if others:
+        named = ", ".join(f"{p.ref.namespace}/{p.name} on {p.node_name}" for p in others[:5])
+        taken = f"pods not of this gang took nodes that arrived for it: {named}"
+        if attempt.capacity is not None and fits_without(
+            attempt.capacity, req, attempt.gang, others, now
+        ):
+            # Everything asked has arrived and the gang would fit there but for them: no more
+            # capacity comes for this request, so waiting for the deadline would only hold it.
+            return start_rollback(attempt, f"StrayPods: {taken}", now=now)
+        message += f"; {taken}"
+    return Step(Progress.WAITING, message, actions=claims, requeue_after=until_deadline(req, now))
 
 
 def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
