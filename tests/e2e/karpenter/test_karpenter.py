@@ -8,6 +8,10 @@ a. a 4 x 8-GPU gang through Kueue: one NodeClaim per member, all Initialized; ch
    every pod Running on the new nodes; once started, the nodes are neither held nor protected;
 b. the NodePool's limits leave room for 3 of the 4 nodes: no claim is made (the gang cannot be
    whole), the attempt fails, Retry, then Rejected past ``backoffLimitCount``; no node left;
+e. two gangs of 3 x 8 GPUs submitted together to a pool limited to 32 GPUs: one gang's claims
+   are made, the other's attempts fail naming the limit while the first holds the room, and it
+   gets the room once the first is done and its claims are given back; the pool's live claims
+   never ask for more than 32 GPUs;
 b'. claims Karpenter cannot launch (insufficient capacity: it deletes them) are a partial
    delivery: rolled back, Retry, Rejected; b''. capacity that comes but never fits is rolled
    back at the deadline, every claim withdrawn, no node left;
@@ -296,6 +300,109 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
             )
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
+
+
+# -- e. two gangs submitted together to a limited pool -------------------------------------
+
+
+def claim_gpus(claims: list[Obj]) -> int:
+    """GPUs the live claims (not being deleted) ask for."""
+    live = [c for c in claims if not c["metadata"].get("deletionTimestamp")]
+    return sum(int(c["spec"]["resources"]["requests"].get(GPU, "0")) for c in live)
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("node_pool", [{"limits": {GPU: "32"}}], indirect=True)
+async def test_two_gangs_submitted_together_never_take_more_than_the_pools_limit(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    node_pool: Obj,
+) -> None:
+    """Room for 4 of the 6 nodes asked: one gang runs on 3 claims (24 GPUs); the other is not
+    admitted, its attempts failing with the limit named, until the first is done and gives its
+    claims back; then it runs on 3 claims of its own."""
+    count, pool = 3, node_pool["metadata"]["name"]
+    labels = flavor_labels(node_pool)
+    timeline = Timeline()
+    config = karpenter_config(pool, deadline=60, backoff_limit=40)
+    async with gpu_queue(kube, namespace, labels, ours=config) as queue:
+        began = time.monotonic()
+        jobs = dict(
+            zip(
+                ("one", "two"),
+                await asyncio.gather(
+                    *(
+                        kube.create(JOB, gang_job(n, count, labels), namespace)
+                        for n in ("one", "two")
+                    )
+                ),
+                strict=True,
+            )
+        )
+        try:
+
+            async def one_running() -> str | None:
+                for name, job in jobs.items():
+                    timeline.see(check_state(await workload_of(kube, namespace, job), queue.check))
+                    if len(running(await job_pods(kube, namespace, name))) == count:
+                        return name
+                return None
+
+            first = await until(one_running, timeout=120, what="a gang Running", timeline=timeline)
+            second = "two" if first == "one" else "one"
+            first_after = time.monotonic() - began
+            held = await claims_of_pool(kube, pool)
+            assert claim_gpus(held) <= 32, [c["metadata"]["name"] for c in held]
+
+            async def second_turned_away() -> AttemptRecord | None:
+                workload = await workload_of(kube, namespace, jobs[second])
+                assert workload is not None and not is_true(workload, "Admitted")
+                record = await attempt_record(kube, workload, queue.check)
+                return record if record.rolled_back else None
+
+            record = await eventually(
+                second_turned_away, timeout=60, what=f"gang {second}'s attempt rolled back"
+            )
+            why = f"NodePool '{pool}': limits nvidia.com/gpu=32 leave room for 1 of 3 nodes"
+            assert all(why in m for m in record.rolled_back), record
+            assert claim_gpus(await claims_of_pool(kube, pool)) <= 32
+            turned_away = len(record.rolled_back)
+
+            # The first gang is done: its Job goes and its nodes are given back.
+            await delete_quietly(kube, JOB, first, namespace)
+            for claim in held:
+                await delete_quietly(kube, NODE_CLAIM, claim["metadata"]["name"])
+
+            async def second_running() -> list[Obj] | None:
+                workload = await workload_of(kube, namespace, jobs[second])
+                timeline.see(check_state(workload, queue.check))
+                pods = running(await job_pods(kube, namespace, second))
+                return pods if len(pods) == count else None
+
+            pods = await until(
+                second_running, timeout=180, what=f"gang {second} Running", timeline=timeline
+            )
+            second_after = time.monotonic() - began
+            claims = await claims_of_pool(kube, pool)
+            assert claim_gpus(claims) <= 32
+            live = [c for c in claims if not c["metadata"].get("deletionTimestamp")]
+            assert {p["spec"]["nodeName"] for p in pods} <= {
+                c["status"].get("nodeName") for c in live
+            }
+            cluster.record(
+                f"e. two gangs of {count} x 8 GPUs together, NodePool limit 32 GPUs: gang "
+                f"{first} Running after {first_after:.1f}s on {len(held)} claims "
+                f"({claim_gpus(held)} GPUs); gang {second} turned away {turned_away}+ times "
+                f"({record.rolled_back[0]!r}), Running after {second_after:.1f}s on "
+                f"{len(live)} claims once the first gave its back"
+            )
+        finally:
+            for name in jobs:
+                await delete_quietly(kube, JOB, name, namespace)
+            for claim in await claims_of_pool(kube, pool):
+                await delete_quietly(kube, NODE_CLAIM, claim["metadata"]["name"])
 
 
 # -- b'. claims Karpenter cannot launch ------------------------------------------------------
