@@ -346,3 +346,77 @@ async def test_a_gang_that_fits_on_its_reservation_needs_no_request(
     check = await cluster.wait_check("wl", "Ready")
     assert "fits on reserved capacity: 4 of 4 members" in check["message"]
     assert await cluster.requests() == []
+
+
+async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_was_asked(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The config is deleted while a gang waits with one of two nodes arrived: the check goes
+    inactive, but the request is kept, and past its deadline the attempt rolls back with the
+    reclaimer it was made with (DeleteNode: the node is gone, not left cordoned). No second
+    request is made, under that name or any, while the config is gone."""
+    await cluster.install_check(fit(deadline=8))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (arrived,) = await cluster.add_nodes(1)
+    await eventually(lambda: _arrived_count(cluster, name, 1), what="the arrival recorded")
+    await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
+
+    async def inactive() -> bool:
+        cond = await cluster.active_condition()
+        return cond is not None and cond["status"] == "False"
+
+    await eventually(inactive, what="the check inactive")
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    assert "reclaimed 1 node" in check["message"]
+    assert await cluster.nodes() == []  # deleted by the attempt's own reclaimer
+    (request,) = await cluster.requests()  # the rolled-back one, kept until Kueue requeues
+    assert request["metadata"]["name"] == name
+    assert "gangcheck.io/outcome" in request["metadata"]["annotations"]
+    assert arrived not in {n["metadata"]["name"] for n in await cluster.nodes()}
+
+
+async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """An admitted, running gang keeps its Ready check and its request when the config is
+    deleted, and no new capacity is asked for it when the config comes back."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    nodes = await cluster.add_nodes(2)
+    await cluster.wait_check("wl", "Ready")
+    await cluster.set_workload_condition("wl", "Admitted")
+    for i, node_name in enumerate(nodes):
+        await cluster.create_pod(f"member-{i}", node_name=node_name, consume=name)
+
+    async def started() -> bool:
+        req = await cluster.request(name)
+        return req is not None and req["metadata"]["annotations"].get("gangcheck.io/phase") == (
+            "Started"
+        )
+
+    await eventually(started, what="the gang started")
+    config = await cluster.kube.get(ATOMIC_CONFIG, cluster.config)
+    await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
+
+    async def inactive() -> bool:
+        cond = await cluster.active_condition()
+        return cond is not None and cond["status"] == "False"
+
+    await eventually(inactive, what="the check inactive")
+    await cluster.kube.create(
+        ATOMIC_CONFIG, {"metadata": {"name": cluster.config}, "spec": config["spec"]}
+    )
+
+    async def active() -> bool:
+        cond = await cluster.active_condition()
+        return cond is not None and cond["status"] == "True"
+
+    await eventually(active, what="the check active again")
+    check = await cluster.check_state("wl")
+    assert check["state"] == "Ready"
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+    assert len(await cluster.nodes()) == 2
