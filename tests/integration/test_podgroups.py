@@ -618,3 +618,46 @@ async def test_a_resource_slice_of_a_driver_no_device_class_selects_gets_an_even
     (said,) = await eventually(event, what="an Event on the stray ResourceSlice")
     assert said["involvedObject"]["kind"] == "ResourceSlice"
     assert "is not selected by any DeviceClass" in said["message"]
+
+
+async def test_a_podgroup_attempt_in_flight_follows_its_config_as_a_workloads_does(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """The config a group names changes under its attempt in flight: a new deadlineSeconds
+    moves the attempt's deadline; a new class before Provisioned replaces the attempt at once
+    (no backoff) by one made under the new config (before, a PodGroup's attempt ignored both)."""
+    config = f"drift-{groups.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 600}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("drift", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"drift-{i}", "drift")
+        first = await groups.cluster.wait_request("drift-pg-1")
+        deadline = first["metadata"]["annotations"]["gangcheck.io/fulfillment-deadline"]
+
+        async def set_spec(new: dict[str, Any]) -> None:
+            obj = await groups.kube.get(ATOMIC_CONFIG, config)
+            obj["spec"] = new
+            await groups.kube.replace(ATOMIC_CONFIG, obj)
+
+        await set_spec({"fulfillment": {"deadlineSeconds": 900}})
+
+        async def moved() -> str | None:
+            req = await groups.cluster.request("drift-pg-1")
+            now = (req or {}).get("metadata", {}).get("annotations", {})
+            said = now.get("gangcheck.io/fulfillment-deadline")
+            return said if said and said != deadline else None
+
+        later = await eventually(moved, what="the attempt's deadline moved")
+        assert later > deadline  # RFC 3339 UTC times sort as text
+
+        queued = "queued-provisioning.gke.io"
+        await set_spec({"fulfillment": {"deadlineSeconds": 900}, "provisioningClassName": queued})
+        second = await groups.cluster.wait_request("drift-pg-2", timeout=30)
+        assert second["spec"]["provisioningClassName"] == queued
+        await groups.cluster.wait_request_gone("drift-pg-1")
+        (replaced,) = await groups.cluster.wait_events("RollbackStarted")
+        assert "ConfigChanged: class" in replaced["message"]
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)

@@ -205,7 +205,13 @@ CASES = [
         "deadline passed without the gang fitting: rollback starts",
         group(3, annotations={"gangcheck.io/state": "Provisioning"}),
         members(3),
-        requests=[req(conditions={"Provisioned": "ok"}, deadline="2026-11-30T10:00:00Z")],
+        requests=[
+            req(
+                conditions={"Provisioned": "ok"},
+                deadline="2026-11-30T10:00:00Z",
+                created="2026-11-30T09:53:00Z",  # 420 s before: the config's deadlineSeconds
+            )
+        ],
         events=("RollbackStarted",),
     ),
     Case(
@@ -682,6 +688,7 @@ def test_a_config_gone_mid_attempt_leaves_the_attempt_in_flight_under_its_record
                     conditions={"Provisioned": "ok"},
                     count=2,
                     deadline="2026-11-30T10:00:00Z",
+                    created="2026-11-30T09:53:00Z",
                     annotations={
                         "gangcheck.io/attempt-config": '{"fulfillment":{"reclaimer":"DeleteNode"}}'
                     },
@@ -730,3 +737,23 @@ def test_late_members_waiting_are_said_once_while_the_same_members_wait() -> Non
     decision = _late_waiting({**WAITING_GROUP, "gangcheck.io/message": said})
     assert decision.status  # the new wording is written
     assert decision.events == ()  # but no second Event for the same members waiting
+
+
+def test_a_config_change_rollback_is_followed_by_the_next_attempt_at_once() -> None:
+    """As a Workload's check: an attempt ended by a config change is no failure; the next
+    attempt, under the new config, is made at once, whatever backoffLimitCount allows."""
+    done = {
+        "gangcheck.io/phase": "RollingBack",
+        "gangcheck.io/rollback-reason": "ConfigChanged: the request parameters changed",
+        "gangcheck.io/outcome": '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}',
+    }
+    snap = GroupSnapshot(
+        group=pod_group_of(group(2, annotations={"gangcheck.io/state": "Provisioning"})),
+        members=tuple(map(pod_of, members(2))),
+        config=parse_spec({"retryStrategy": {"backoffLimitCount": 0}}),
+        requests=(request_of(req(count=2, annotations=done)),),
+    )
+    status = decide(snap, NOW).status or {}
+    assert status["gangcheck.io/state"] == "BackingOff"
+    assert status["gangcheck.io/attempt"] == "2"
+    assert status["gangcheck.io/next-attempt-at"] == NOW_TEXT

@@ -19,7 +19,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -46,7 +46,7 @@ from gangcheck.logic.attempt.hold import held_nodes
 from gangcheck.logic.attempt.records import arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
-from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
     ATTEMPT_CONFIG_ANNOTATION,
@@ -56,7 +56,7 @@ from gangcheck.model.names import (
     RESERVED_ANNOTATION,
     STARTED,
 )
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import (
     AtomicProvisioningSpec,
     FulfillmentMode,
@@ -176,10 +176,52 @@ def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
         attempt.status,
         attempt.capacity,
         attempt.gang,
-        deadline_seconds=attempt.config.fulfillment.deadline_seconds,
         started=attempt.started,
         now=now,
     )
+
+
+#: The reason a rollback begins when the config changed under an attempt not yet provisioned:
+#: the next attempt follows at once under the new config (no backoff, no retry counted).
+CONFIG_CHANGED = "ConfigChanged"
+#: How far an attempt's deadline may sit from creation + deadlineSeconds before it is moved.
+DEADLINE_SLACK_SECONDS = 2.0
+
+
+def drift(req: ProvisioningRequest, class_name: str, parameters: Mapping[str, str]) -> str | None:
+    """How the attempt's record differs from what the config asks now (class, parameters),
+    in words; None when it does not."""
+    if req.class_name != class_name:
+        return f"class {req.class_name!r} -> {class_name!r}"
+    if dict(req.parameters) != dict(parameters):
+        return "the request parameters changed"
+    return None
+
+
+def replaced(attempt: Attempt, status: AttemptStatus, change: str, now: datetime) -> Step | None:
+    """The config changed under an attempt (`drift`): before Provisioned the attempt ends, in
+    fit mode rolled back (CONFIG_CHANGED) so what arrived goes back, and the next one uses the
+    new config; None once Provisioned, when its capacity is there and it is kept."""
+    if status.has(Phase.PROVISIONED):
+        return None
+    return start_rollback(attempt, f"{CONFIG_CHANGED}: {change}", now=now)
+
+
+def current_deadline(
+    req: ProvisioningRequest, config: AtomicProvisioningSpec
+) -> tuple[ProvisioningRequest, tuple[Action, ...]]:
+    """deadlineSeconds applies to the attempt in flight: its deadline is moved to creation +
+    the config's deadlineSeconds when the config changed it (the record as it will be, and
+    the write)."""
+    created, deadline = parse_time(req.creation_timestamp), rollback.deadline_of(req)
+    if created is None or deadline is None:
+        return req, ()
+    wanted = created + timedelta(seconds=config.fulfillment.deadline_seconds)
+    if abs((deadline - wanted).total_seconds()) <= DEADLINE_SLACK_SECONDS:
+        return req, ()
+    annotations = {DEADLINE_ANNOTATION: format_time(wanted)}
+    moved = replace(req, annotations={**req.annotations, **annotations})
+    return moved, (AnnotateRequest(req.name, annotations),)
 
 
 def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -> Step:

@@ -60,7 +60,6 @@ def trigger(
     capacity: Capacity | None,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     *,
-    deadline_seconds: int,
     started: bool,
     now: datetime,
 ) -> str | None:
@@ -81,7 +80,11 @@ def trigger(
     verdict = assess(capacity, req, gang, now)
     if phase is Phase.PROVISIONED and verdict.fits:
         return None
-    why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
+    created = parse_time(req.creation_timestamp)
+    # the deadline the attempt had, not the config's now (it may have been changed since)
+    seconds = round((deadline - created).total_seconds()) if created else None
+    within = f"within {seconds}s" if seconds is not None else "by its deadline"
+    why = f"Deadline: the gang did not fit {within} ({verdict.summary})"
     return why + _autoscaler_said(status.note)
 
 

@@ -268,14 +268,26 @@ def _in_flight(
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
+    status = snap.backend.status_of(req)
     attempt = lifecycle.Attempt(
         request=req,
-        status=snap.backend.status_of(req),
+        status=status,
         gang=gang_from_pods(snap.group, ours),
         capacity=snap.capacity,
         config=snap.config,
     )
-    return _outcome(snap, ours, req, lifecycle.follow(attempt, now), now, gated=members.gated)
+    if rollback.is_rolling_back(req):
+        return _outcome(snap, ours, req, lifecycle.roll_back(attempt), now)
+    # The config applies to the attempt in flight as to a Workload's (admission._in_flight).
+    config = snap.config
+    change = lifecycle.drift(req, config.provisioning_class_name, dict(config.parameters))
+    replaced = lifecycle.replaced(attempt, status, change, now) if change else None
+    if replaced is not None:
+        return _outcome(snap, ours, req, replaced, now)
+    req, moved = lifecycle.current_deadline(req, config)
+    step = lifecycle.follow(replace(attempt, request=req), now)
+    decision = _outcome(snap, ours, req, step, now, gated=members.gated)
+    return replace(decision, actions=moved + decision.actions)
 
 
 def _outcome(
@@ -326,6 +338,8 @@ def _rolled_back(
     assert snap.config is not None
     attempt = attempt_of(snap.group)
     delay = lifecycle.next_attempt(attempt, snap.config.retry_strategy)
+    if done.reason.startswith(lifecycle.CONFIG_CHANGED):
+        delay = 0  # the next attempt, under the new config, at once (as a Workload's)
     if done.revoked or delay is None:
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
         return replace(failed, events=(*failed.events, *step.events), requeue_after=0.2)

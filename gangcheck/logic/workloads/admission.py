@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from gangcheck.logic.attempt import lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
@@ -50,7 +50,6 @@ from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
-    DEADLINE_ANNOTATION,
     KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
@@ -72,7 +71,6 @@ PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
-DEADLINE_SLACK_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -334,7 +332,7 @@ def _rolled_back(
         decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
     elif done.revoked:
         decision = _transition(state, REJECTED, done.message, now)
-    elif done.reason.startswith(CONFIG_CHANGED):
+    elif done.reason.startswith(lifecycle.CONFIG_CHANGED):
         decision = _retry(snap, state, f"Retrying after config change: {done.message}", now)
     else:
         decision = _retry_or_reject(snap, state, "rollback", done.message, now)
@@ -505,75 +503,51 @@ def _ask(
     )
 
 
-def _is_synced(req: ProvisioningRequest, snap: Snapshot) -> bool:
-    assert snap.config is not None
-    wanted = request_parameters(snap.config.parameters, snap.workload.annotations)
-    return req.class_name == snap.config.provisioning_class_name and req.parameters == wanted
-
-
 def _in_flight(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
 ) -> Decision:
-    """The request exists: make again its templates that are gone, replace it if stale, then
-    as the core says."""
+    """The request exists: make again its templates that are gone, replace it if the config
+    changed under it, then as the core says."""
     if rollback.is_rolling_back(req):
         return _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
+    assert snap.config is not None
     upkeep = snap.backend.follow(req, _ask(snap, req.name, _merged(snap)))
     status = snap.backend.status_of(req)
-    if not _is_synced(req, snap) and not status.has(Phase.PROVISIONED):
-        decision = _config_changed(snap, state, req, now)
+    wanted = request_parameters(snap.config.parameters, snap.workload.annotations)
+    change = lifecycle.drift(req, snap.config.provisioning_class_name, wanted)
+    if change is not None and not status.has(Phase.PROVISIONED):
+        decision = _config_changed(snap, state, req, change, now)
         return replace(decision, actions=upkeep + decision.actions)
     if _fit_mode(snap):
-        req, redeadline = _current_deadline(snap, req)
+        req, redeadline = lifecycle.current_deadline(req, snap.config)
         upkeep += redeadline
     step = lifecycle.follow(_attempt(snap, req, status), now)
     decision = _outcome(snap, state, req, step, now)
     return replace(decision, actions=upkeep + decision.actions)
 
 
-CONFIG_CHANGED = "ConfigChanged"
-
-
 def _config_changed(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, change: str, now: datetime
 ) -> Decision:
     """The config's class or parameters changed before the request was Provisioned: the
     attempt ends (rolled back in fit mode) and the next one, under a new attempt name, is
     made with the new config. A Provisioned request is kept: its capacity is there."""
-    assert snap.config is not None
-    detail = (
-        f"class {req.class_name!r} -> {snap.config.provisioning_class_name!r}"
-        if req.class_name != snap.config.provisioning_class_name
-        else "the request parameters changed"
-    )
-    event = Event(
-        "ProvisioningRequestReplaced",
-        f"ProvisioningRequest {req.name!r} no longer matches the config; the next attempt "
-        "uses the new config",
-    )
-    if _fit_mode(snap):
-        step = lifecycle.start_rollback(_attempt(snap, req), f"{CONFIG_CHANGED}: {detail}", now=now)
+    event = replaced_event(req.name)
+    step = lifecycle.replaced(_attempt(snap, req), snap.backend.status_of(req), change, now)
+    if _fit_mode(snap) and step is not None:
         decision = _outcome(snap, state, req, step, now)
     else:
-        decision = _retry(snap, state, f"Retrying after config change: {detail}", now)
+        decision = _retry(snap, state, f"Retrying after config change: {change}", now)
     return replace(decision, events=(*decision.events, event))
 
 
-def _current_deadline(
-    snap: Snapshot, req: ProvisioningRequest
-) -> tuple[ProvisioningRequest, tuple[Action, ...]]:
-    """deadlineSeconds applies to the attempt in flight: its deadline is moved to
-    creation + the config's deadlineSeconds when the config changed it."""
-    assert snap.config is not None
-    created, deadline = parse_time(req.creation_timestamp), rollback.deadline_of(req)
-    if created is None or deadline is None:
-        return req, ()
-    wanted = created + timedelta(seconds=snap.config.fulfillment.deadline_seconds)
-    if abs((deadline - wanted).total_seconds()) <= DEADLINE_SLACK_SECONDS:
-        return req, ()
-    annotations = {DEADLINE_ANNOTATION: format_time(wanted)}
-    moved = replace(req, annotations={**req.annotations, **annotations})
-    return moved, (AnnotateRequest(req.name, annotations),)
+def replaced_event(name: str) -> Event:
+    """The Event saying an attempt is replaced because the config changed under it."""
+    return Event(
+        "ProvisioningRequestReplaced",
+        f"ProvisioningRequest {name!r} no longer matches the config; the next attempt uses the "
+        "new config",
+    )
 
 
 # ---- rollback --------------------------------------------------------------------------
