@@ -28,13 +28,14 @@ class User:
     def __init__(self, name: str | None, home: Path) -> None:
         self.name = name
         self.home = home
+        self.transcript: list[str] = []
 
     def run(
         self, *argv: str | Path, cwd: Path, timeout: float = 180
     ) -> subprocess.CompletedProcess[str]:
         env = ["env", "-i", f"PATH={USER_PATH}", f"HOME={self.home}", "LANG=C.UTF-8"]
         prefix = ["runuser", "-u", self.name, "--"] if self.name else []
-        return subprocess.run(
+        result = subprocess.run(
             [*prefix, *env, *map(str, argv)],
             cwd=cwd,
             capture_output=True,
@@ -42,6 +43,11 @@ class User:
             timeout=timeout,
             check=False,
         )
+        who = self.name or "user"
+        self.transcript.append(f"{who}@{cwd.name}$ {' '.join(map(str, argv))}")
+        self.transcript.extend((result.stdout + result.stderr).splitlines())
+        self.transcript.append(f"(exit {result.returncode})")
+        return result
 
 
 def _copy_of_the_repository(into: Path) -> Path:
@@ -131,7 +137,4 @@ def test_make_installs_into_its_own_venv_as_a_user_with_the_system_python(
     assert "All checks passed" in _ok(user.run("make", "lint", cwd=clone, timeout=240))
     help_text = _ok(user.run("make", "help", cwd=clone))
     assert "kueue-metrics-cert" in help_text and "demo" in help_text
-    print(
-        f"as {user.name or 'this user'}: make install, gangcheck, gangcheck-dev, make lint: ok",
-        file=sys.stderr,
-    )
+    print("\n".join(user.transcript), file=sys.stderr)  # shown with -s, or on a failure
