@@ -293,9 +293,9 @@ async def test_late_members_are_released_with_the_gang_and_later_ones_only_onto_
     await eventually(all_released, what="the late members released with the gang")
     await eventually(lambda: groups.cluster.events("LateMembersReleased"), what="the Event")
     for name in ("late-2", "late-3"):
-        pod = await groups.pod(name)
-        assert CONSUME_ANNOTATION not in _annotations(pod)
-        tolerations = pod["spec"].get("tolerations") or []
+        late = await groups.pod(name)
+        assert CONSUME_ANNOTATION not in _annotations(late)
+        tolerations = late["spec"].get("tolerations") or []
         assert not [t for t in tolerations if t.get("key") == HOLD_TAINT], name
     for pod, node in zip(("late-0", "late-1"), arrived, strict=True):
         await groups.bind(pod, node)
