@@ -2,10 +2,13 @@
 
 gangcheck talks plain HTTP to the proxy (a kubeconfig of its own per replica, so every call
 is known by the replica that made it); the proxy forwards to kube-apiserver over TLS with the
-test bed's admin credentials. On the way it injects what a real cluster does to a client and a
-real server cannot do on demand: 5xx answers, 429 with Retry-After, connections reset before
-the request is sent, answers lost *after* the write was applied, watches cut or left silent,
-a 404 on a list or watch (the resource "not served"), calls that hang, and an outage.
+test bed's admin credentials, impersonating gangcheck's ServiceAccount (``Impersonate-User``;
+installed with the shipped RBAC and admission policies, testbed/identity.py), so gangcheck's
+calls meet what they meet in a cluster installed from the manifests. On the way it injects
+what a real cluster does to a client and a real server cannot do on demand: 5xx answers, 429
+with Retry-After, connections reset before the request is sent, answers lost *after* the
+write was applied, watches cut or left silent, a 404 on a list or watch (the resource "not
+served"), calls that hang, and an outage.
 
 Faults are chosen by rules (a fixed plan, for one defect's test) or at rates from a seeded
 random generator (the fault suite); every fault injected is counted by kind, and every write
@@ -33,6 +36,7 @@ from typing import Any
 import aiohttp
 import yaml
 from aiohttp import web
+from gangcheck_dev.testbed.identity import HARNESS, Identity, ensure_identity
 
 READS = frozenset({"GET", "HEAD"})
 HOP_HEADERS = frozenset(
@@ -186,9 +190,19 @@ def _label(rule: Rule) -> str:
 class FaultProxy:
     """One replica's door to kube-apiserver; start() then kubeconfig() for gangcheck."""
 
-    def __init__(self, upstream_kubeconfig: Path, faults: Faults, *, replica: str) -> None:
+    def __init__(
+        self,
+        upstream_kubeconfig: Path,
+        faults: Faults,
+        *,
+        replica: str,
+        identity: Identity | None = HARNESS,
+    ) -> None:
+        """``identity``: whom every call is made as (None: the admin of the kubeconfig)."""
         self.faults = faults
         self.replica = replica
+        self.identity = identity
+        self._upstream_kubeconfig = upstream_kubeconfig
         self._upstream = yaml.safe_load(upstream_kubeconfig.read_text())
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -202,6 +216,8 @@ class FaultProxy:
         return str(cluster["server"])
 
     async def start(self) -> FaultProxy:
+        if self.identity is not None:
+            await asyncio.to_thread(ensure_identity, self._upstream_kubeconfig, self.identity)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self._ssl()),
             timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
@@ -234,7 +250,7 @@ class FaultProxy:
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig that sends gangcheck through this proxy (plain HTTP, no credentials:
-        the proxy adds the test bed's)."""
+        the proxy adds the test bed's, and the identity it impersonates)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -262,6 +278,18 @@ class FaultProxy:
 
     # ---- one call ----------------------------------------------------------------------
 
+    def _headers(self, request: web.Request) -> dict[str, str]:
+        """What goes upstream: the client's headers (no impersonation of its own), and the
+        identity's name to impersonate."""
+        headers = {
+            k: v
+            for k, v in _upstream_headers(request.headers).items()
+            if not k.lower().startswith("impersonate-")
+        }
+        if self.identity is not None:
+            headers["Impersonate-User"] = self.identity.username
+        return headers
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch") in ("true", "1")
         rule = self.faults.choose(self.replica, request.method, request.path, watch)
@@ -283,7 +311,7 @@ class FaultProxy:
             request.method,
             self.server + request.path_qs,
             data=body or None,
-            headers=_upstream_headers(request.headers),
+            headers=self._headers(request),
         ) as upstream:
             data = await upstream.read()
             headers = _forwarded(upstream.headers)
@@ -313,7 +341,7 @@ class FaultProxy:
             await response.prepare(request)
             await asyncio.Event().wait()
         async with self._session.get(
-            self.server + request.path_qs, headers=_upstream_headers(request.headers)
+            self.server + request.path_qs, headers=self._headers(request)
         ) as upstream:
             response.set_status(upstream.status)
             response.headers.update(_forwarded(upstream.headers))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gangcheck_dev.testbed.identity import HARNESS
 from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.process import free_ports
 
@@ -42,7 +43,9 @@ from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, p
 from tests.integration.harness import Cluster
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
-LEASE_NAMESPACE = "default"
+LEASE_NAMESPACE = HARNESS.namespace
+LEASE_NAME = "gangcheck"
+"""The Lease the shipped leader-election Role lets the ServiceAccount hold (in its namespace)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ class Replica:
             "leaderElection": {
                 "enabled": True,
                 "namespace": LEASE_NAMESPACE,
-                "name": f"gangcheck-{self.folder.name}",
+                "name": LEASE_NAME,
                 "identity": f"{self.identity}-{self.starts}",
                 "leaseDurationSeconds": 4,
                 "renewDeadlineSeconds": 3,
@@ -202,6 +205,9 @@ async def fleet(
 ) -> AsyncIterator[Fleet]:
     names = [f"replica-{chr(ord('a') + i)}" for i in range(count)]
     async with proxies(control_plane.kubeconfig, faults, names, folder) as started:
+        # A previous run's Lease, held by a replica gone: this run starts without waiting it out.
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{LEASE_NAME}"
+        await asyncio.to_thread(control_plane.client().request, "DELETE", lease)
         made = [Replica(name, folder / f"{name}.kubeconfig", folder) for name in names]
         try:
             for replica in made:

@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+from gangcheck_dev.testbed.identity import HARNESS, Identity, ensure_identity
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, ForbiddenError, NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -133,17 +135,52 @@ async def never(probe: Callable[[], Awaitable[object]], *, seconds: float, what:
         await asyncio.sleep(0.1)
 
 
-class RunningController:
-    """gangcheck's controller as a task with its own API connection; kill and restart at will."""
+def as_identity(kubeconfig: str, identity: Identity = HARNESS) -> str:
+    """A kubeconfig that runs gangcheck as ``identity`` with only what the shipped manifests
+    give it (the base's RBAC, every component's, the base's admission policies), installed on
+    the cluster of the admin ``kubeconfig`` the first time (testbed/identity.py). A kubeconfig
+    without credentials is a fault proxy's, which forwards as that identity itself."""
+    path = Path(kubeconfig)
+    user = (yaml.safe_load(path.read_text()).get("users") or [{}])[0].get("user") or {}
+    return str(ensure_identity(path, identity)) if user else kubeconfig
 
-    def __init__(self, kubeconfig: str) -> None:
+
+class RunningController:
+    """gangcheck's controller as a task with its own API connection; kill and restart at will.
+
+    It runs as gangcheck's ServiceAccount under the shipped RBAC and admission policies
+    (:func:`as_identity`), so a test it passes in proves none of them refuses gangcheck's own
+    writes; ``identity=None`` runs it with the kubeconfig's own credentials. The fence policy
+    is not installed for it: it refuses binds of every writer, and the tests of reclaim
+    install it (or leave it out) themselves."""
+
+    def __init__(self, kubeconfig: str, *, identity: Identity | None = HARNESS) -> None:
         self.kubeconfig = kubeconfig
+        self.identity = identity
         self._task: asyncio.Task[None] | None = None
         self._kube: Kube | None = None
         self.controller: Controller | None = None
+        self.refused: list[str] = []
+        """Every write the API server refused as forbidden (RBAC) or by an admission policy;
+        :meth:`stop` fails the test if there is one. (Reads are left out: a kube-apiserver
+        just restarted answers them 403 until its RBAC informers have synced.)"""
 
     async def start(self) -> Controller:
-        self._kube = await Kube.connect(self.kubeconfig)
+        kubeconfig = self.kubeconfig
+        if self.identity is not None:
+            kubeconfig = await asyncio.to_thread(as_identity, kubeconfig, self.identity)
+        self._kube = await Kube.connect(kubeconfig)
+        original = self._kube.request
+
+        async def request(method: str, path: str, **kw: Any) -> Any:
+            try:
+                return await original(method, path, **kw)
+            except ApiError as e:
+                if method != "GET" and (e.status == 403 or "ValidatingAdmissionPolicy" in str(e)):
+                    self.refused.append(f"{method} {path}: {e}")
+                raise
+
+        self._kube.request = request  # type: ignore[method-assign]
         self.controller = Controller(self._kube, workers=2, watch_timeout=30)
         self._task = asyncio.create_task(self.controller.run())
         # Every cache lists the whole (shared, test-filled) control plane first.
@@ -159,6 +196,9 @@ class RunningController:
         if self._kube is not None:
             await self._kube.close()
             self._kube = None
+        assert not self.refused, "the API server refused gangcheck's own calls:\n" + "\n".join(
+            self.refused
+        )
 
 
 class CrashingController(RunningController):

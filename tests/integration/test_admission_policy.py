@@ -13,16 +13,19 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from gangcheck_dev.testbed.identity import HARNESS
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
+    CONFIG_MAP,
     EVENT,
     NAMESPACE,
     NODE,
@@ -58,7 +61,8 @@ from gangcheck.model.names import (
 )
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from tests.builders import WorkloadBuilder, container
-from tests.integration.harness import Cluster, eventually
+from tests.faults.proxy import FaultProxy, Faults
+from tests.integration.harness import Cluster, RunningController, eventually
 from tests.integration.test_manifests import (
     ACCOUNT,
     MANIFESTS,
@@ -841,3 +845,48 @@ async def bind(kube: Kube, namespace: str, pod: str, node: str) -> None:
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     await kube.request("POST", f"{POD.object_path(pod, namespace)}/binding", body=body)
+
+
+# ---- the suites run gangcheck under all this ----------------------------------------------
+
+
+async def who(kube: Kube) -> str:
+    """The user the API server sees behind ``kube``."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    answer = await kube.request("POST", path, body=review)
+    return str(answer["status"]["userInfo"]["username"])
+
+
+async def test_the_harness_and_the_fault_proxy_run_gangcheck_as_its_service_account(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """RunningController (and so the integration tests' controller) and the fault proxy (the
+    fault suite's replicas) call the API server as gangcheck's ServiceAccount, under the
+    shipped RBAC and policies (testbed/identity.py), not as the admin."""
+    running = RunningController(str(control_plane.kubeconfig))
+    controller = await running.start()
+    try:
+        assert await who(controller.kube) == HARNESS.username
+    finally:
+        await running.stop()
+    proxy = await FaultProxy(control_plane.kubeconfig, Faults(), replica="r").start()
+    try:
+        kubeconfig = proxy.kubeconfig(tmp_path / "proxied.kubeconfig")
+        async with await Kube.connect(str(kubeconfig)) as proxied:
+            assert await who(proxied) == HARNESS.username
+    finally:
+        await proxy.stop()
+
+
+async def test_a_call_refused_to_the_harness_controller_fails_the_test(
+    control_plane: ControlPlane,
+) -> None:
+    """What makes every test running the controller a proof: a refused write fails it."""
+    running = RunningController(str(control_plane.kubeconfig))
+    controller = await running.start()
+    config_map = {"metadata": {"name": f"x-{uuid.uuid4().hex[:6]}"}}
+    with pytest.raises(ApiError):
+        await controller.kube.create(CONFIG_MAP, config_map, "default")
+    with pytest.raises(AssertionError, match="refused gangcheck's own calls"):
+        await running.stop()

@@ -32,7 +32,9 @@ async def faults() -> Faults:
 
 @pytest.fixture
 async def proxy(control_plane: ControlPlane, faults: Faults) -> AsyncIterator[FaultProxy]:
-    started = await FaultProxy(control_plane.kubeconfig, faults, replica="gangcheck").start()
+    # The client's watches are under test, on ConfigMaps: as the admin, not gangcheck's account.
+    proxy = FaultProxy(control_plane.kubeconfig, faults, replica="gangcheck", identity=None)
+    started = await proxy.start()
     yield started
     faults.enabled = False
     await started.stop()

@@ -3,7 +3,8 @@ or as the container of its image.
 
 :func:`deploy_gangcheck` installs what ``manifests/base`` grants the controller (Namespace,
 CRD, ServiceAccount, ClusterRole + binding, leader-election Role + binding) plus the
-``reclaim-delete-node`` component and the base's fence policy, mints a token for the
+``reclaim-delete-node`` component (or the components asked for) and every admission policy of
+the base (the ServiceAccount's and the fence), mints a token for the
 ServiceAccount (TokenRequest API), writes a kubeconfig holding only that token, and runs
 ``python -m gangcheck run`` with it: the controller has exactly the permissions the manifests
 give it, nothing of the admin's.
@@ -70,10 +71,10 @@ _APPLIED_KINDS = frozenset(
         "RoleBinding",
     }
 )
-#: Of the base's admission policies, the fence (kube-apiserver refuses binds to a node
-#: gangcheck is reclaiming), so kube-scheduler's binds meet it as in a cluster installed from
-#: the base. The ServiceAccount's policy is proven in tests/integration/test_admission_policy.py.
-_APPLIED_POLICIES = frozenset({"gangcheck-fence"})
+#: Every admission policy of the base: the ServiceAccount's (it may write only what gangcheck
+#: writes), so that a scenario passing proves none refuses gangcheck's own writes, and the
+#: fence (kube-apiserver refuses binds to a node gangcheck is reclaiming), so kube-scheduler's
+#: binds meet it as in a cluster installed from the base.
 _POLICY_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 _FIELD_MANAGER = "gangcheck-testbed"
 _TOKEN_SECONDS = 24 * 3600
@@ -196,9 +197,7 @@ def rbac_objects(kubectl: Path, workdir: Path, components: Sequence[str]) -> lis
 
 
 def _applied(doc: dict[str, Any]) -> bool:
-    if doc.get("kind") in _POLICY_KINDS:
-        return doc["metadata"]["name"] in _APPLIED_POLICIES
-    return doc.get("kind") in _APPLIED_KINDS
+    return doc.get("kind") in _APPLIED_KINDS | _POLICY_KINDS
 
 
 def _token_kubeconfig(
