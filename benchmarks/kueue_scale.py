@@ -76,10 +76,13 @@ import json
 import math
 import os
 import shutil
+import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +93,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml
+from gangcheck_dev.testbed import deploy
 from gangcheck_dev.testbed.certs import ADMIN_USER
 from gangcheck_dev.testbed.deploy import (
     NAMESPACE as GANGCHECK_NAMESPACE,
@@ -104,7 +108,17 @@ from gangcheck_dev.testbed.deploy import (
 )
 from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.nodes import Taint, kwok_node
-from gangcheck_dev.testbed.stack import CONTROLLER_MANAGER, KUEUE, KWOK, SCHEDULER, Addon, Kueue
+from gangcheck_dev.testbed.process import Component, free_ports
+from gangcheck_dev.testbed.stack import (
+    CONTROLLER_MANAGER,
+    KUEUE,
+    KUEUE_NAMESPACE,
+    KWOK,
+    SCHEDULER,
+    Addon,
+    Kueue,
+    Scheduler,
+)
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
@@ -121,8 +135,7 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.timefmt import format_time
-from gangcheck.model.names import PHASE_ANNOTATION
-from gangcheck.model.objects import WORKLOAD_UID_ANNOTATION
+from gangcheck.model.names import PHASE_ANNOTATION, WORKLOAD_UID_ANNOTATION
 
 Obj = dict[str, Any]
 
@@ -149,13 +162,35 @@ SIM_CONFIG_MAP = f"{GANGCHECK_NAMESPACE}/bench-sim-cloud"
 CREATE_CONCURRENCY = 16
 #: How often the progress of a run is shown (on stderr).
 PROGRESS_SECONDS = 30
-#: Kueue's client limits. Its defaults (20 requests/s, bursts of 30) make the client's
-#: rate limiter, not the controller, decide how fast gangs are admitted: at N = 20, Kueue
-#: sent exactly 20 requests in every second of the run. Raised far above what it sends.
-KUEUE_CLIENT = {"qps": 1000, "burst": 2000}
-#: The same for kube-controller-manager (the Job controller creates the pods of admitted gangs):
-#: pods follow admissions instead of trailing behind at 20/s.
-CONTROLLER_MANAGER_ARGS = ("--kube-api-qps=500", "--kube-api-burst=1000")
+#: Kueue's controller concurrency as its manifests and Helm chart ship it
+#: (config/components/manager/controller_manager_config.yaml, ``controller.groupKindConcurrency``).
+#: Kueue v0.17 has no default for it: unset, every Kueue controller, its ProvisioningRequest
+#: check among them, runs one worker.
+KUEUE_SHIPPED_CONCURRENCY = {
+    "Job.batch": 5,
+    "Pod": 5,
+    "Workload.kueue.x-k8s.io": 5,
+    "LocalQueue.kueue.x-k8s.io": 1,
+    "Cohort.kueue.x-k8s.io": 1,
+    "ClusterQueue.kueue.x-k8s.io": 1,
+    "ResourceFlavor.kueue.x-k8s.io": 1,
+}
+#: One client rate limit for every component with one (Kueue, kube-scheduler,
+#: kube-controller-manager). Kueue ships 50 requests/s (bursts of 100), kube-scheduler and
+#: kube-controller-manager default to 50/100 and 20/30: any of them then sets the pace of the
+#: burst (at N = 20, Kueue at 20/s sent exactly 20 requests in every second of the run), not
+#: the controllers compared. gangcheck's client has no rate limiter.
+CLIENT_QPS, CLIENT_BURST = 500, 1000
+KUEUE_CLIENT = {"qps": CLIENT_QPS, "burst": CLIENT_BURST}
+CONTROLLER_MANAGER_ARGS = (f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}")
+#: How long each CPU profile of Kueue (its pprof endpoint) lasts during the burst: the share
+#: of its samples in its ProvisioningRequest check's package apportions its CPU to the check.
+PROFILE_SECONDS = 15
+KUEUE_CHECK_PACKAGE = "pkg/controller/admissionchecks/provisioning"
+KUEUE_CHECK_CONTROLLER = "provisioning_workload"
+GANGCHECK_WORKLOAD_CONTROLLER = "workload"
+#: Verbs that write.
+WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: Events are counted until neither controller has sent one for this long after the last gang
 #: was admitted (at most EVENTS_DRAIN_SECONDS): client-go's recorder, Kueue's, sends its Events
 #: one at a time from a queue, so under a burst they come well after what they tell of.
@@ -214,15 +249,77 @@ class Stack:
         return pid
 
 
+class BenchScheduler(Scheduler):
+    """kube-scheduler with the benchmark's client rate limit (its flags for it are ignored
+    once it reads a config file, as the test bed's does)."""
+
+    def build(self, plane: ControlPlane) -> Component:
+        config = self.folder(plane) / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(self.kubeconfig(plane)),
+                        "qps": CLIENT_QPS,
+                        "burst": CLIENT_BURST,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
+        argv = [
+            str(plane.binary("kube-scheduler")),
+            f"--config={config}",
+            *self.serving_args(plane),
+            f"--feature-gates={','.join(plane.feature_gates)}",
+        ]
+        return self._component(plane, argv, self.probe_path(plane, "/readyz"))
+
+
 class BenchPlane(ControlPlane):
-    """The test bed's control plane, Kueue's client not rate-limited below the load."""
+    """The test bed's control plane: Kueue configured as it ships (its controllers'
+    concurrency), every component's client at one rate limit, Kueue's pprof served."""
+
+    pprof_port = 0
 
     def _make_addons(self) -> list[Addon]:
         addons = super()._make_addons()
-        for addon in addons:
+        for i, addon in enumerate(addons):
             if isinstance(addon, Kueue):
+                (self.pprof_port,) = free_ports(1)
                 addon.config_overrides["clientConnection"] = dict(KUEUE_CLIENT)
+                addon.config_overrides["controller"] = {
+                    "groupKindConcurrency": dict(KUEUE_SHIPPED_CONCURRENCY)
+                }
+                addon.config_overrides["pprofBindAddress"] = f"127.0.0.1:{self.pprof_port}"
+            elif isinstance(addon, Scheduler):
+                addons[i] = BenchScheduler(addon.extra_args)
         return addons
+
+    @property
+    def kueue_metrics_port(self) -> int:
+        (kueue,) = [a for a in self.addons if isinstance(a, Kueue)]
+        return int(kueue.ports["metrics"])
+
+
+def settings_lines(gangcheck_args: Sequence[str]) -> list[str]:
+    """Every setting of the run that differs from the components' defaults, both sides."""
+    concurrency = ", ".join(f"{k} {v}" for k, v in KUEUE_SHIPPED_CONCURRENCY.items())
+    return [
+        f"Kueue (as its manifests ship it): groupKindConcurrency {concurrency}; "
+        f"client qps {CLIENT_QPS}, burst {CLIENT_BURST} (ships 50/100); pprof served; "
+        "no leader election, internal cert management off (the local stack)",
+        f"kube-scheduler: client qps {CLIENT_QPS}, burst {CLIENT_BURST} (default 50/100); "
+        f"kube-controller-manager: --kube-api-qps={CLIENT_QPS} --kube-api-burst={CLIENT_BURST} "
+        "(default 20/30)",
+        f"gangcheck: its defaults ({gangcheck_defaults()}; no client rate limiter; leader "
+        "election on, its Lease requests counted)"
+        + (f", flags {' '.join(gangcheck_args)}" if gangcheck_args else ""),
+        "checks: AtomicProvisioningConfig NodesFit, deadlineSeconds and startDeadlineSeconds "
+        "7200; ProvisioningRequestConfig with the provisioning class only",
+    ]
 
 
 @contextlib.contextmanager
@@ -614,6 +711,184 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+# -- the checks' own work: reconciles, Kueue's check's share of its CPU ------------------------
+
+
+def gangcheck_defaults() -> str:
+    """gangcheck's worker count, as the code it runs has it."""
+    code = "from gangcheck.settings import ControllerSettings as C; print(C().workers)"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=deploy._python_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = "?"
+    return f"{out} workers"
+
+
+def _get(url: str, headers: dict[str, str] | None = None, timeout: float = 30) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the local stack's self-signed serving certificate
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
+        data: bytes = reply.read()
+        return data
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            with contextlib.suppress(ValueError):
+                total += float(value)
+    return total
+
+
+async def metrics_token(kube: Kube) -> str:
+    """A token Kueue's metrics endpoint accepts (it asks the API server: TokenReview and
+    SubjectAccessReview): a ServiceAccount allowed GET /metrics."""
+    name, ns = "bench-metrics", KUEUE_NAMESPACE
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    for path, body in (
+        (f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": name}}),
+        (
+            f"{rbac}/clusterroles",
+            {
+                "metadata": {"name": name},
+                "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+            },
+        ),
+        (
+            f"{rbac}/clusterrolebindings",
+            {
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+            },
+        ),
+    ):
+        with contextlib.suppress(ApiError):
+            await kube.request("POST", path, body=body)
+    reply = await kube.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    return str(reply["status"]["token"])
+
+
+@dataclass
+class Reconciles:
+    """Workload reconciles of each check, read from the controllers' metrics."""
+
+    kueue_url: str
+    kueue_token: str
+    gangcheck_url: str
+
+    async def read(self) -> dict[str, float]:
+        out = {"gangcheck": math.nan, "kueue": math.nan}
+        with contextlib.suppress(OSError, ValueError):
+            text = (await asyncio.to_thread(_get, self.gangcheck_url)).decode()
+            out["gangcheck"] = metric_sum(
+                text,
+                "gangcheck_reconcile_duration_seconds_count",
+                controller=GANGCHECK_WORKLOAD_CONTROLLER,
+            )
+        with contextlib.suppress(OSError, ValueError):
+            headers = {"Authorization": f"Bearer {self.kueue_token}"}
+            text = (await asyncio.to_thread(_get, self.kueue_url, headers)).decode()
+            out["kueue"] = metric_sum(
+                text, "controller_runtime_reconcile_total", controller=KUEUE_CHECK_CONTROLLER
+            )
+        return out
+
+
+class KueueProfiler:
+    """CPU profiles of Kueue, one after another, while the burst runs (its pprof endpoint)."""
+
+    def __init__(self, port: int, folder: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}/debug/pprof/profile?seconds={PROFILE_SECONDS}"
+        self.folder = folder
+        self.files: list[Path] = []
+        self.first = asyncio.Event()
+        folder.mkdir(parents=True, exist_ok=True)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                data = await asyncio.to_thread(_get, self.url, None, PROFILE_SECONDS + 30)
+            except OSError as exc:
+                print(f"Kueue profile failed: {exc}", file=sys.stderr)
+                await asyncio.sleep(1)
+                continue
+            path = self.folder / f"kueue-{len(self.files):03d}.pb.gz"
+            path.write_bytes(data)
+            self.files.append(path)
+            self.first.set()
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """Stop profiling; a burst shorter than one profile waits for its first to end."""
+        if not self.files:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.first.wait(), PROFILE_SECONDS + 30)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def check_share(self) -> float:
+        """The share of Kueue's CPU samples with a frame in its ProvisioningRequest check's
+        package (its reconciles and event handlers; the shared caches and client not)."""
+        if not self.files:
+            return math.nan
+        try:
+            traces = subprocess.run(
+                ["go", "tool", "pprof", "-traces", *map(str, self.files)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"go tool pprof failed: {exc}", file=sys.stderr)
+            return math.nan
+        total = ours = 0.0
+        for block in traces.split("-----------+")[1:]:
+            lines = [ln for ln in block.splitlines()[1:] if ln.strip()]
+            if not lines:
+                continue
+            value = _duration(lines[0].split()[0])
+            if value is None:
+                continue
+            total += value
+            if any(KUEUE_CHECK_PACKAGE in ln for ln in lines):
+                ours += value
+        return ours / total if total else math.nan
+
+
+def _duration(text: str) -> float | None:
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            with contextlib.suppress(ValueError):
+                return float(text[: -len(unit)]) * units[unit]
+            return None
+    return None
+
+
 # -- the audit log ----------------------------------------------------------------------------
 
 
@@ -707,6 +982,7 @@ def count_requests(
     side_of = {ns: side for side, ns in namespaces.items()}
     names = {f"bench-{side}": side for side in SIDES}
     counts: Counter[str] = Counter()
+    writes: Counter[str] = Counter()
     detail: dict[str, Counter[str]] = {}
     reasons: dict[str, Counter[str]] = {}
     agents: Counter[str] = Counter()
@@ -741,6 +1017,8 @@ def count_requests(
             side = side_of.get(ref.get("namespace", "")) or names.get(ref.get("name", ""))
             key = f"kueue_{side}" if side else "kueue_other"
         counts[key] += 1
+        if event.get("verb") in WRITES:
+            writes[key] += 1
         detail.setdefault(key, Counter())[what] += 1
         if began > window[1]:
             late[f"{key} {what}"] += 1
@@ -748,6 +1026,7 @@ def count_requests(
             reasons.setdefault(key, Counter())[str(event["requestObject"].get("reason"))] += 1
     return {
         "counts": dict(counts),
+        "writes": dict(writes),
         "detail": {k: dict(v.most_common()) for k, v in detail.items()},
         "event_reasons": {k: dict(v.most_common()) for k, v in reasons.items()},
         "admin_agents": dict(agents),
@@ -775,6 +1054,14 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
         for side, ns in namespaces.items():
             await create_queue(kube, side, ns, n)
         await wait_active(kube)
+        plane = stack.plane
+        assert isinstance(plane, BenchPlane)
+        reconciles = Reconciles(
+            kueue_url=f"https://127.0.0.1:{plane.kueue_metrics_port}/metrics",
+            kueue_token=await metrics_token(kube),
+            gangcheck_url=f"http://127.0.0.1:{stack.gangcheck.metrics_port}/metrics",
+        )
+        profiler = KueueProfiler(plane.pprof_port, stack.audit_dir.parent / "pprof")
         provisioner = None if stack.sim is not None else InstantProvisioner(kube)
         recorder = Recorder(kube, namespaces, provisioner)
         watching = asyncio.create_task(recorder.run())
@@ -784,32 +1071,17 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
             others = stack.other_pids()
             cpu_before = {side: cpu_seconds(pid) for side, pid in pids.items()}
             others_before = {name: cpu_seconds(pid) for name, pid in others.items()}
+            reconciles_before = await reconciles.read()
+            profiling = asyncio.create_task(profiler.run())
             start = time.time()
             await burst(kube, namespaces, n)
             created = time.time()
-            deadline = time.monotonic() + timeout
-            shown = time.monotonic()
-            usage = {side: sample(pid) for side, pid in pids.items()}
-            exited: float | None = None
-            while any(recorder.admitted(side) < n for side in waited_for(exited)):
-                if time.monotonic() > deadline:
-                    break
-                if time.monotonic() - shown >= PROGRESS_SECONDS:
-                    shown = time.monotonic()
-                    done = ", ".join(f"{side} {recorder.admitted(side)}" for side in SIDES)
-                    print(f"N = {n}: {time.time() - start:.0f} s, admitted {done}", file=sys.stderr)
-                if exited is None and not stack.gangcheck.running:
-                    exited = time.time() - start
-                    print(
-                        f"gangcheck exited {exited:.0f} s after the burst started; waiting for "
-                        f"Kueue's side alone. Its log's end:\n{stack.gangcheck.log_tail(20)}",
-                        file=sys.stderr,
-                    )
-                for side, pid in pids.items():
-                    if side != "gangcheck" or exited is None:
-                        usage[side] = sample(pid, usage[side])
-                await asyncio.sleep(0.5)
+            usage, exited = await follow(
+                stack, recorder, n, pids=pids, start=start, timeout=timeout
+            )
             end = time.time()
+            await profiler.stop(profiling)
+            reconciles_after = await reconciles.read()
             cpu = {side: usage[side][0] - cpu_before[side] for side in SIDES}
             rss = {side: usage[side][1] for side in SIDES}
             others_cpu = {
@@ -825,10 +1097,71 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
     result = figures(
         n, recorder=recorder, start=start, created=created, end=end, cpu=cpu, rss=rss, audit=audit
     )
+    share = await asyncio.to_thread(profiler.check_share)
+    add_check_figures(result, n, cpu, share, (reconciles_before, reconciles_after))
+    result["kueue_profiles"] = len(profiler.files)
     result["other_cpu_s"] = others_cpu
     result["events_settled_s"] = settled - end
     result["gangcheck_exited_s"] = exited
     return result
+
+
+async def follow(
+    stack: Stack,
+    recorder: Recorder,
+    n: int,
+    *,
+    pids: dict[str, int],
+    start: float,
+    timeout: float,
+) -> tuple[dict[str, tuple[float, float]], float | None]:
+    """Wait until every gang of both sides is admitted (or the timeout), sampling the
+    controllers' CPU and RSS; (the last samples, when gangcheck exited or None)."""
+    deadline = time.monotonic() + timeout
+    shown = time.monotonic()
+    usage = {side: sample(pid) for side, pid in pids.items()}
+    exited: float | None = None
+    while any(recorder.admitted(side) < n for side in waited_for(exited)):
+        if time.monotonic() > deadline:
+            break
+        if time.monotonic() - shown >= PROGRESS_SECONDS:
+            shown = time.monotonic()
+            done = ", ".join(f"{side} {recorder.admitted(side)}" for side in SIDES)
+            print(f"N = {n}: {time.time() - start:.0f} s, admitted {done}", file=sys.stderr)
+        if exited is None and not stack.gangcheck.running:
+            exited = time.time() - start
+            print(
+                f"gangcheck exited {exited:.0f} s after the burst started; waiting for "
+                f"Kueue's side alone. Its log's end:\n{stack.gangcheck.log_tail(20)}",
+                file=sys.stderr,
+            )
+        for side, pid in pids.items():
+            if side != "gangcheck" or exited is None:
+                usage[side] = sample(pid, usage[side])
+        await asyncio.sleep(0.5)
+    return usage, exited
+
+
+def add_check_figures(
+    result: dict[str, Any],
+    n: int,
+    cpu: dict[str, float],
+    share: float,
+    reconciles: tuple[dict[str, float], dict[str, float]],
+) -> None:
+    """Workload reconciles of each check per gang, and each check's CPU per Workload it
+    handles: gangcheck's process is its check; Kueue's check is its share of Kueue's CPU."""
+    for side in SIDES:
+        made = reconciles[1][side] - reconciles[0][side]
+        g = result["sides"][side]
+        g["workload_reconciles_per_gang"] = made / n
+        check_cpu = cpu[side] if side == "gangcheck" else cpu[side] * share
+        g["check_cpu_s"] = check_cpu
+        g["check_cpu_ms_per_workload"] = 1000 * check_cpu / n
+        # Kueue's manager handles the Workloads of both sides (queues, Jobs, its check's
+        # controller reconciles every Workload): its whole CPU over the 2N it handles.
+        g["process_cpu_ms_per_workload"] = 1000 * cpu[side] / (n if side == "gangcheck" else 2 * n)
+    result["kueue_check_cpu_share"] = share
 
 
 def waited_for(exited: float | None) -> tuple[str, ...]:
@@ -896,13 +1229,17 @@ def figures(
                 ready_watch.append(seen.received["ready"] - last_request.received["provisioned"])
                 if "ready" in seen.api and "provisioned" in last_request.api:
                     ready_api.append(seen.api["ready"] - last_request.api["provisioned"])
+        writes = audit.get("writes", {})
         if side == "gangcheck":
             own = counts.get("gangcheck", 0)
             node_writes = counts.get("gangcheck_node_writes", 0)
             leases = counts.get("gangcheck_leases", 0)
             phases = counts.get("gangcheck_phase_records", 0)
+            all_writes = sum(v for k, v in writes.items() if k.startswith("gangcheck"))
+            lease_writes = writes.get("gangcheck_leases", 0)
         else:
-            own = node_writes = leases = phases = 0
+            own = node_writes = leases = phases = lease_writes = 0
+            all_writes = writes.get("kueue_kueue", 0) - writes.get("kueue_gangcheck", 0)
         kueue_requests = counts.get(f"kueue_{side}", 0)
         # The check's own requests: gangcheck's; for Kueue's check, what Kueue sends for a gang
         # of its side beyond what it sends for one of gangcheck's side (same Jobs, Workloads,
@@ -910,7 +1247,8 @@ def figures(
         detail, reasons = audit["detail"], audit.get("event_reasons", {})
         events = {key: detail.get(key, {}).get("create events", 0) for key in detail}
         if side == "gangcheck":
-            check_requests, check_events, sender = own, events.get("gangcheck", 0), "gangcheck"
+            check_requests = own + node_writes + leases + phases
+            check_events, sender = events.get("gangcheck", 0), "gangcheck"
         else:
             check_requests = kueue_requests - counts.get("kueue_gangcheck", 0)
             check_events = events.get("kueue_kueue", 0) - events.get("kueue_gangcheck", 0)
@@ -935,6 +1273,8 @@ def figures(
             "controllers_requests_per_gang": (own + kueue_requests) / n,
             "check_requests_per_gang": check_requests / n,
             "check_events_per_gang": check_events / n,
+            "check_writes_per_gang": all_writes / n,
+            "lease_writes_per_gang": lease_writes / n,
             "late_events_per_gang": late_events(audit, side) / n,
             "created_events_per_request": (
                 created_events / requests_created if requests_created else math.nan
@@ -963,6 +1303,7 @@ def run_size(
         with full_stack(workdir, gangcheck_args, sim_cloud=sim_cloud) as stack:
             result = asyncio.run(measure(stack, n, timeout))
             result["provisioner"] = "sim-cloud" if sim_cloud else "instant"
+            result["settings"] = settings_lines(gangcheck_args)
             return result
     finally:
         if keep:
@@ -1020,22 +1361,47 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         k["late_events_per_gang"],
     )
     add(
-        "API req/gang, the check alone",
+        "API req/gang, the check alone (all)",
         g["check_requests_per_gang"],
         k["check_requests_per_gang"],
     )
     add("  of which Events", g["check_events_per_gang"], k["check_events_per_gang"])
+    add("  of which node ledger writes", g["node_ledger_writes_per_gang"], None)
+    add("  of which request phase records", g["phase_records_per_gang"], None)
+    add("  of which leader election (Leases)", g["leader_election_requests_per_gang"], None)
+    add(
+        "API writes/gang, the check alone (all)",
+        g["check_writes_per_gang"],
+        k["check_writes_per_gang"],
+    )
+    add("  of which Lease writes", g["lease_writes_per_gang"], None)
+    add(
+        "Workload reconciles/gang, the check",
+        g.get("workload_reconciles_per_gang"),
+        k.get("workload_reconciles_per_gang"),
+    )
     add(
         "ProvisioningRequestCreated Events/request",
         g["created_events_per_request"],
         k["created_events_per_request"],
     )
-    add("node ledger writes/gang (apart)", g["node_ledger_writes_per_gang"], None)
-    add("  request phase records/gang (apart)", g["phase_records_per_gang"], None)
-    add("leader election req/gang (apart)", g["leader_election_requests_per_gang"], None)
     add("controller RSS at the end", g["rss_mib"], k["rss_mib"], " MiB", 0)
-    add("controller CPU during the burst", g["cpu_s"], k["cpu_s"], " s", 1)
-    add("controller CPU per gang", g["cpu_ms_per_gang"], k["cpu_ms_per_gang"], " ms", 1)
+    add("process CPU during the burst", g["cpu_s"], k["cpu_s"], " s", 1)
+    add("check CPU during the burst", g.get("check_cpu_s"), k.get("check_cpu_s"), " s", 1)
+    add(
+        "check CPU per Workload handled",
+        g.get("check_cpu_ms_per_workload"),
+        k.get("check_cpu_ms_per_workload"),
+        " ms",
+        2,
+    )
+    add(
+        "process CPU per Workload handled",
+        g.get("process_cpu_ms_per_workload"),
+        k.get("process_cpu_ms_per_workload"),
+        " ms",
+        2,
+    )
     return out
 
 
@@ -1066,8 +1432,14 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{label:36} {a:>22} {b:>22} {ratio:>8}")
     print(
         "times: watch-event receive times in this process (API conditions have 1 s resolution); "
-        "Kueue's RSS/CPU: one manager for both sides"
+        "Kueue's RSS and process CPU: one manager for both sides; Kueue's check CPU: "
+        f"{_num(100 * result.get('kueue_check_cpu_share', math.nan), ' %', 1)} of its CPU "
+        f"samples ({result.get('kueue_profiles', 0)} profiles of {PROFILE_SECONDS} s) have a "
+        f"frame in {KUEUE_CHECK_PACKAGE}; gangcheck's: its whole process. Process CPU per "
+        "Workload handled: gangcheck's over its N, Kueue's manager's over the 2N of both sides"
     )
+    for line in result.get("settings", []):
+        print(f"settings: {line}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1085,7 +1457,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gangcheck-arg", action="append", default=[], help="an extra flag of gangcheck run"
     )
+    parser.add_argument(
+        "--gangcheck-source",
+        type=Path,
+        help="run gangcheck's package (and manifests) from this folder: an earlier commit's",
+    )
     args = parser.parse_args(argv)
+    if args.gangcheck_source is not None:
+        source = args.gangcheck_source.resolve()
+        deploy.repo_root = lambda: source  # type: ignore[attr-defined]
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
     for n in sizes:

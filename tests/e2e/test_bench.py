@@ -14,7 +14,12 @@ from benchmarks import kueue_scale
 
 N = 6
 #: Rows of the table that have no figure on Kueue's side by design.
-ONE_SIDED = ("node ledger writes", "  request phase records", "leader election")
+ONE_SIDED = (
+    "  of which node ledger writes",
+    "  of which request phase records",
+    "  of which leader election",
+    "  of which Lease writes",
+)
 
 
 @pytest.mark.timeout(600)
@@ -37,6 +42,11 @@ def test_scale_benchmark_reports_every_figure_for_both_sides(
         for key in ("admitted_per_s", "rss_mib", "controllers_requests_per_gang"):
             assert figures[key] > 0 and not math.isnan(figures[key]), (side, key, figures)
         assert figures["cpu_s"] >= 0, (side, figures)
+        # each check's own work: its Workload reconciles (metrics) and CPU (Kueue's: its
+        # share of Kueue's CPU profile)
+        for key in ("workload_reconciles_per_gang", "check_cpu_ms_per_workload"):
+            assert figures[key] > 0 and not math.isnan(figures[key]), (side, key, figures)
+        assert figures["check_writes_per_gang"] > 0, (side, figures)
     assert result["sides"]["gangcheck"]["gangcheck_requests_per_gang"] > 0
     # every gang's request was marked Fulfilled when its check turned Ready, before admission
     assert result["sides"]["gangcheck"]["phase_records_per_gang"] >= 1, result["audit"]
@@ -50,5 +60,6 @@ def test_scale_benchmark_reports_every_figure_for_both_sides(
         assert theirs != "-" or label.startswith(ONE_SIDED), label
     kueue_scale.print_table(result)
     printed = capsys.readouterr().out
+    assert "groupKindConcurrency" in printed  # every setting that is not a default is stated
     assert f"N = {N} gangs" in printed
     assert kueue_scale.LABELS["gangcheck"] in printed and kueue_scale.LABELS["kueue"] in printed
