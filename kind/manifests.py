@@ -47,7 +47,7 @@ def _stages() -> list[dict[str, Any]]:
 
 
 def _node_groups() -> list[dict[str, Any]]:
-    from tests.e2e.conftest import E2E_NODE_GROUPS
+    from tests.e2e.conftest import E2E_NODE_GROUPS  # noqa: PLC0415 - only this command needs pytest
 
     return nodes.autoscaler_configmaps(E2E_NODE_GROUPS, "kube-system")
 
