@@ -29,6 +29,7 @@ from gangcheck.kube.resources import (
     EVENT,
     NAMESPACE,
     NODE,
+    PLUGINS_POD_GROUP,
     POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
@@ -57,6 +58,7 @@ from gangcheck.model.names import (
     PHASE_ANNOTATION,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
+    STATE_ANNOTATION,
     WORKLOAD_ANNOTATION,
 )
 from gangcheck.reclaim.safely import Target, reclaim_safely
@@ -847,6 +849,24 @@ async def bind(kube: Kube, namespace: str, pod: str, node: str) -> None:
     await kube.request("POST", f"{POD.object_path(pod, namespace)}/binding", body=body)
 
 
+async def test_a_podgroups_spec_and_labels_are_not_gangchecks_to_change(
+    account: Kube, groups: Groups
+) -> None:
+    """gangcheck writes only its state annotations on a PodGroup (reconcile/podgroup.py)."""
+    await groups.coscheduling("ddp", 2)
+    ns = groups.ns
+    for patch in (
+        {"spec": {"minMember": 1}},
+        {"metadata": {"labels": {"team": "x"}}},
+        {"metadata": {"annotations": {"example.com/note": "x"}}},
+    ):
+        error = await refusal(lambda p=patch: account.merge_patch(PLUGINS_POD_GROUP, "ddp", p, ns))
+        assert "PodGroup" in str(error)
+    state = {"metadata": {"annotations": {STATE_ANNOTATION: "Waiting"}}}
+    group = await account.merge_patch(PLUGINS_POD_GROUP, "ddp", state, ns)
+    assert group["spec"]["minMember"] == 2
+
+
 # ---- the suites run gangcheck under all this ----------------------------------------------
 
 
@@ -870,11 +890,17 @@ async def test_the_harness_and_the_fault_proxy_run_gangcheck_as_its_service_acco
         assert await who(controller.kube) == HARNESS.username
     finally:
         await running.stop()
-    proxy = await FaultProxy(control_plane.kubeconfig, Faults(), replica="r").start()
+    faults = Faults()
+    proxy = await FaultProxy(control_plane.kubeconfig, faults, replica="r").start()
     try:
         kubeconfig = proxy.kubeconfig(tmp_path / "proxied.kubeconfig")
         async with await Kube.connect(str(kubeconfig)) as proxied:
             assert await who(proxied) == HARNESS.username
+            assert faults.refused == []  # what the fault suite counts as refused writes
+            config_map = {"metadata": {"name": f"x-{uuid.uuid4().hex[:6]}"}}
+            with pytest.raises(ApiError):
+                await proxied.create(CONFIG_MAP, config_map, "default")
+            assert len(faults.refused) == 1, faults.refused
     finally:
         await proxy.stop()
 
