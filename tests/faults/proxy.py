@@ -126,6 +126,10 @@ class Faults:
     """Every fault injected: (monotonic time, kind, replica, method, path)."""
     calls: list[Write] = field(default_factory=list)
     """Every call forwarded to the server (watches excepted), reads and writes."""
+    refused: list[str] = field(default_factory=list)
+    """Every write the server refused as forbidden (RBAC) or by an admission policy, with its
+    message; not the 403s of a kube-apiserver whose RBAC informers are still filling after a
+    restart (their message lists the roles it could not find, "RBAC: [...]")."""
     down: bool = False
     """Every call is refused (connection reset), as while kube-apiserver restarts."""
     enabled: bool = True
@@ -327,6 +331,9 @@ class FaultProxy:
                 _name_of(request, body),
             )
         )
+        if request.method not in READS and _refused(status, data):
+            text = data.decode(errors="replace")[:500]
+            self.faults.refused.append(f"{self.replica} {request.method} {request.path}: {text}")
         if rule is not None and rule.kind == LOSE:
             return _reset(request)
         if rule is not None and rule.kind == EMPTY and status == 200:
@@ -385,6 +392,13 @@ def _name_of(request: web.Request, body: bytes) -> str:
         return str(json.loads(body)["metadata"]["name"])
     except (ValueError, KeyError, TypeError):
         return ""
+
+
+def _refused(status: int, body: bytes) -> bool:
+    """Refused by RBAC or by an admission policy (not by an authorizer still warming up)."""
+    if b"ValidatingAdmissionPolicy" in body:
+        return status in (403, 422)
+    return status == 403 and b"RBAC: [" not in body
 
 
 def _forwarded(headers: Any) -> dict[str, str]:

@@ -9,7 +9,9 @@ tolerating every taint to nodes about to be reclaimed, at random moments around 
 
 At the end it counts, from durable records only (the objects on the server and the proxies'
 logs of every write): duplicate requests per attempt, leaked requests / templates / nodes,
-unsafe reclaims, gangs not converged, and writes made by a replica while another held the lease.
+unsafe reclaims, gangs not converged, writes made by a replica while another held the lease,
+and writes refused by RBAC or an admission policy (the replicas run as gangcheck's
+ServiceAccount under the shipped RBAC and policies: the proxies impersonate it).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class Tally:
     reclaimed: int = 0
     unrecorded: int = 0
     overlapping_writes: int = 0
+    refused_writes: int = 0
+    """gangcheck's writes the API server refused (RBAC or an admission policy)."""
     kills: int = 0
     restarts: int = 0
     binds_accepted: int = 0
@@ -111,6 +115,7 @@ class Tally:
             and not (self.leaked_requests + self.leaked_templates + self.leaked_nodes)
             and not self.unsafe_reclaims
             and not self.overlapping_writes
+            and not self.refused_writes
         )
 
 
@@ -613,6 +618,8 @@ async def count(
     overlaps = overlapping_writes(faults.writes)
     tally.overlapping_writes = len(overlaps)
     tally.problems.extend(f"write while another led: {w}" for w in overlaps[:5])
+    tally.refused_writes = len(faults.refused)
+    tally.problems.extend(f"write refused: {r}" for r in faults.refused[:5])
 
 
 def _ran_a_pod(node: str, deletes: list[Write], binds: list[Bind]) -> bool:
