@@ -13,6 +13,7 @@ from gangcheck.kube.errors import (
     AlreadyExistsError,
     ApiError,
     ConflictError,
+    ForbiddenError,
     InvalidError,
     NotFoundError,
 )
@@ -183,6 +184,17 @@ class Applier:
             raise StaleDecisionError(
                 f"node {action.name} changed before it could be claimed"
             ) from e
+        except ForbiddenError as e:
+            # The admission policy records an arrival only on a new node (or one that came
+            # closed or held, manifests/base/admission-policy.yaml): one refused stays
+            # unrecorded, so it is never reclaimed, and the rest of the decision goes on.
+            log.warning(
+                "node %s could not be recorded as arrived for %s: %s",
+                action.name,
+                action.request,
+                e.message,
+            )
+            return
         self._caches.nodes.store.put_if_newer(updated)
         log.info("node %s arrived for %s and is held for its gang", action.name, action.request)
 

@@ -213,6 +213,21 @@ async def test_claim_node_that_loses_to_a_concurrent_write_drops_the_decision() 
         await applier.apply(NS, ClaimNode("n1", rv, REQUEST_KEY))
 
 
+async def test_claim_node_refused_by_the_policy_leaves_it_unrecorded_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The admission policy refuses to record a node older than its window: the node stays
+    unrecorded (never reclaimed) and a rollback that records arrivals is not stopped by it."""
+    kube, applier = setup(node("n1"))
+    rv = cached(applier).nodes.store.get("n1")["metadata"]["resourceVersion"]
+    kube.fail("patch", "Node", "n1", 403)
+    await applier.apply(NS, ClaimNode("n1", rv, REQUEST_KEY))
+    stored = kube.stored(NODE, "n1")
+    assert stored is not None
+    assert ARRIVED_FOR not in (stored["metadata"].get("annotations") or {})
+    assert "could not be recorded as arrived" in caplog.text
+
+
 async def test_release_hold_lifts_only_the_hold() -> None:
     held = node("n1", taints=[OTHER_TAINT, hold_taint(REQUEST_KEY)])
     kube, applier = setup(held, node("n2"))
