@@ -370,11 +370,12 @@ async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_wa
     await eventually(inactive, what="the check inactive")
     check = await cluster.wait_check("wl", "Retry", timeout=30)
     assert "reclaimed 1 node" in check["message"]
-    assert await cluster.nodes() == []  # deleted by the attempt's own reclaimer
-    (request,) = await cluster.requests()  # the rolled-back one, kept until Kueue requeues
-    assert request["metadata"]["name"] == name
-    assert "gangcheck.io/outcome" in request["metadata"]["annotations"]
-    assert arrived not in {n["metadata"]["name"] for n in await cluster.nodes()}
+    assert await cluster.nodes() == []  # {arrived} deleted by the attempt's own reclaimer
+    (rolled_back,) = await cluster.wait_events("RolledBack")
+    assert f"rolled back {name}" in rolled_back["message"]
+    assert "reclaimed 1 node" in rolled_back["message"]
+    made = await cluster.events("ProvisioningRequestCreated")
+    assert len(made) == 1  # no second request while the config is gone
 
 
 async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(

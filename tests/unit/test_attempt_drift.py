@@ -155,3 +155,28 @@ def test_both_gang_sources_follow_a_config_changed_under_their_attempt(
     assert written.get("gangcheck.io/fulfillment-deadline") == case.deadline
     assert written.get("gangcheck.io/phase") == case.phase
     assert written.get("gangcheck.io/rollback-reason", "").startswith(case.reason)
+
+
+def test_outside_fit_mode_a_workloads_attempt_ends_at_once_a_podgroups_rolls_back() -> None:
+    """TrustProvisioned counts no arrival, so a Workload's attempt is not rolled back: its
+    check goes Retry (as Kueue). A PodGroup's members are released only when they fit, so its
+    attempts are always followed in fit mode, and its attempt is rolled back."""
+    case = Case(
+        "-",
+        {"fulfillment": {"mode": "TrustProvisioned"}, "parameters": {"x": "y"}},
+        {"Accepted": ""},
+    )
+    wl = WorkloadBuilder().pod_set("workers", 2).reserve_quota().check()
+    name = naming.request_name("wl", CHECK, 1)
+    snap = Snapshot(
+        workload=workload_of(wl.build()),
+        check=CHECK,
+        config=parse_spec(case.config),
+        requests=(request_of(request(name, case.conditions, {})),),
+        templates=frozenset({naming.template_name(name, "ps-0")}),
+    )
+    check = decide_workload(snap, NOW).check
+    assert check is not None and check.state == "Retry"
+    assert check.message.startswith("Retrying after config change: the request parameters")
+    marks = [a.annotations for a in through_pod_group(case) if isinstance(a, AnnotateRequest)]
+    assert [m.get("gangcheck.io/phase") for m in marks] == ["RollingBack"]

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -94,7 +94,6 @@ BACKING_OFF, BLOCKED, FAILED, NOT_A_GANG = "BackingOff", "Blocked", "Failed", "N
 GAVE_UP = "GaveUp"
 """Terminal: every attempt rolled back. Members stay gated; removing the state annotation
 (``kubectl annotate podgroup NAME gangcheck.io/state-``) starts over."""
-MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 1024
 
 
@@ -214,10 +213,10 @@ def _settling(members: _Members, now: datetime) -> GroupDecision | None:
 
 def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetime) -> GroupDecision:
     gang = gang_of(snap, members)
-    if len(gang.pod_sets) > MAX_REQUEST_POD_SETS:
+    if driver.too_many_pod_sets(len(gang.pod_sets)):
         message = (
             f"the members have {len(gang.pod_sets)} distinct scheduling requirements; one "
-            f"ProvisioningRequest carries at most {MAX_REQUEST_POD_SETS} pod sets"
+            f"ProvisioningRequest carries at most {driver.MAX_REQUEST_POD_SETS} pod sets"
         )
         return _status(snap, FAILED, message, warn="GangTooLarge")
     return _first(snap, members, gang, name, now)
@@ -246,20 +245,15 @@ def _first(
                 if ps in split.remainder
             ),
         )
-    total = sum(count for _, count, _ in gang.pod_sets)
     record = {
         **lifecycle.record(attempt_of(snap.group), snap.config, now, reserved=reserved),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
         record[CONFIG_ANNOTATION] = config
-    message = f"provisioning request {name} created for {total} pods"
-    if reserved:
-        message += f" ({reserved} more placed on reserved capacity)"
-    decision = _status(snap, PROVISIONING, message, request=name)
-    event = lifecycle.asked(snap.backend, name)
-    actions = snap.backend.ask(_ask(snap, gang, name, record))
-    return replace(decision, actions=actions, events=(*decision.events, event))
+    asked = driver.ask(snap.backend, _ask(snap, gang, name, record), reserved=reserved)
+    decision = _status(snap, PROVISIONING, asked.message, request=name)
+    return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
 
 
 def _in_flight(
@@ -276,18 +270,19 @@ def _in_flight(
         capacity=snap.capacity,
         config=snap.config,
     )
-    if rollback.is_rolling_back(req):
-        return _outcome(snap, ours, req, lifecycle.roll_back(attempt), now)
-    # The config applies to the attempt in flight as to a Workload's (admission._in_flight).
-    config = snap.config
-    change = lifecycle.drift(req, config.provisioning_class_name, dict(config.parameters))
-    replaced = lifecycle.replaced(attempt, status, change, now) if change else None
-    if replaced is not None:
-        return _outcome(snap, ours, req, replaced, now)
-    req, moved = lifecycle.current_deadline(req, config)
-    step = lifecycle.follow(replace(attempt, request=req), now)
-    decision = _outcome(snap, ours, req, step, now, gated=members.gated)
-    return replace(decision, actions=moved + decision.actions)
+    config = snap.config  # applied to the attempt in flight as to a Workload's
+    followed = driver.in_flight(
+        attempt,
+        now,
+        class_name=config.provisioning_class_name,
+        parameters=config.parameters,
+    )
+    assert followed.step is not None  # a group's attempt is always followed in fit mode
+    req = followed.request
+    decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated)
+    if followed.change is not None:
+        decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
+    return replace(decision, actions=followed.upkeep + decision.actions)
 
 
 def _outcome(
@@ -343,15 +338,22 @@ def _rolled_back(
     if done.revoked or delay is None:
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
         return replace(failed, events=(*failed.events, *step.events), requeue_after=0.2)
+    return replace(_next_attempt(snap, delay, done.message, now), events=step.events)
+
+
+def _next_attempt(snap: GroupSnapshot, delay: int, why: str, now: datetime) -> GroupDecision:
+    """The attempt ended: the next one's number and time on the group, before its request
+    goes (as superseded)."""
+    attempt = attempt_of(snap.group)
     at = format_time(now + timedelta(seconds=delay))
-    message = f"attempt {attempt + 1} at {at}: {done.message}"
+    message = f"attempt {attempt + 1} at {at}: {why}"
     status = {
         **_status_annotations(BACKING_OFF, message),
         ATTEMPT_ANNOTATION: str(attempt + 1),
         NEXT_ATTEMPT_ANNOTATION: at,
         REQUEST_ANNOTATION: "",
     }
-    return GroupDecision(status=status, events=step.events, requeue_after=0.2)
+    return GroupDecision(status=status, requeue_after=0.2)
 
 
 def _backing_off(snap: GroupSnapshot, now: datetime) -> GroupDecision | None:
@@ -740,14 +742,11 @@ def group_key(group: PodGroup) -> str:
 
 
 def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
-    """Withdraw the group's attempts (lifecycle.clean_up), once the node cache allows it
-    (lifecycle.clean_up_waits)."""
-    if lifecycle.clean_up_waits(snap.requests, snap.capacity, snap.config):
-        return GroupDecision(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
-    actions = lifecycle.clean_up(
+    """Withdraw the group's attempts (driver.withdraw)."""
+    gone = driver.withdraw(
         snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
     )
-    return GroupDecision(actions=actions, events=lifecycle.reclaiming(actions, why))
+    return GroupDecision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
 
 def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:

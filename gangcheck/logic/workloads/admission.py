@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -68,7 +68,6 @@ from gangcheck.model.objects import (
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
-MAX_REQUEST_POD_SETS = 32
 MAX_MESSAGE = 32768
 NOT_NEEDED = "the provisioning request is not needed"
 
@@ -179,7 +178,7 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
     """The decision, plus deleting every request of the check, each with an Event."""
     withdrawn = _withdraw_attempts(snap, why)
     gone = withdrawn.actions
-    events = tuple(
+    events = withdrawn.events + tuple(
         Event("ProvisioningRequestDeleted", f"Deleted ProvisioningRequest {a.name!r}: {why}")
         for a in gone
         if isinstance(a, DeleteRequest)
@@ -194,19 +193,11 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
 
 
 def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
-    """Withdraw every attempt this Workload has for this check (lifecycle.clean_up), once
-    the node cache allows it (lifecycle.clean_up_waits)."""
-    if lifecycle.clean_up_waits(snap.requests, snap.capacity, snap.config):
-        return Decision(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
-    return Decision(
-        actions=lifecycle.clean_up(
-            snap.requests,
-            capacity=snap.capacity,
-            config=snap.config,
-            backend=snap.backend,
-            why=why,
-        )
+    """Withdraw every attempt this Workload has for this check (driver.withdraw)."""
+    gone = driver.withdraw(
+        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
     )
+    return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
 
 def _withdrawn(snap: Snapshot, state: CheckState | None, now: datetime) -> Decision:
@@ -215,7 +206,7 @@ def _withdrawn(snap: Snapshot, state: CheckState | None, now: datetime) -> Decis
     instead of its last progress."""
     why = _why_cleanup(snap.workload)
     decision = _withdraw_attempts(snap, why)
-    events = lifecycle.reclaiming(decision.actions, why)
+    events = decision.events
     reclaimed = sum(len(a.nodes) for a in decision.actions if isinstance(a, ReclaimArrivals))
     evicted = snap.workload.is_evicted and not (snap.workload.deleting or snap.workload.is_finished)
     if not (evicted and reclaimed and state is not None and state.state == PENDING):
@@ -440,26 +431,17 @@ def _create(
         **lifecycle.record(state.retry_count + 1, snap.config, now, reserved=reserved),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
     }
-    message = f"provisioning request {name} created for {sum(m.count for m in merged)} pods"
-    if reserved:
-        message += f" ({reserved} more placed on reserved capacity)"
-    decision = _transition(state, PENDING, message, now)
-    return replace(
-        decision,
-        actions=snap.backend.ask(_ask(snap, name, merged, record=record)),
-        events=(
-            *decision.events,
-            lifecycle.asked(snap.backend, name),
-        ),
-    )
+    asked = driver.ask(snap.backend, _ask(snap, name, merged, record=record), reserved=reserved)
+    decision = _transition(state, PENDING, asked.message, now)
+    return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
 
 
 def _cannot_request(snap: Snapshot, merged: list[MergedPodSet]) -> str | None:
     assert snap.config is not None
-    if len(merged) > MAX_REQUEST_POD_SETS:
+    if driver.too_many_pod_sets(len(merged)):
         return (
             f"the gang has {len(merged)} distinct pod sets; a ProvisioningRequest carries at "
-            f"most {MAX_REQUEST_POD_SETS} (set podSetMergePolicy to merge similar pod sets)"
+            f"most {driver.MAX_REQUEST_POD_SETS} (set podSetMergePolicy to merge similar pod sets)"
         )
     params = request_parameters(snap.config.parameters, snap.workload.annotations)
     if len(params) > 100:
@@ -506,48 +488,24 @@ def _ask(
 def _in_flight(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
 ) -> Decision:
-    """The request exists: make again its templates that are gone, replace it if the config
-    changed under it, then as the core says."""
-    if rollback.is_rolling_back(req):
-        return _outcome(snap, state, req, lifecycle.roll_back(_attempt(snap, req)), now)
+    """The request exists: as the driver follows it (its templates made again where gone),
+    written as the check entry; a config changed under it ends it (driver.in_flight)."""
     assert snap.config is not None
-    upkeep = snap.backend.follow(req, _ask(snap, req.name, _merged(snap)))
-    status = snap.backend.status_of(req)
-    wanted = request_parameters(snap.config.parameters, snap.workload.annotations)
-    change = lifecycle.drift(req, snap.config.provisioning_class_name, wanted)
-    if change is not None and not status.has(Phase.PROVISIONED):
-        decision = _config_changed(snap, state, req, change, now)
-        return replace(decision, actions=upkeep + decision.actions)
-    if _fit_mode(snap):
-        req, redeadline = lifecycle.current_deadline(req, snap.config)
-        upkeep += redeadline
-    step = lifecycle.follow(_attempt(snap, req, status), now)
-    decision = _outcome(snap, state, req, step, now)
-    return replace(decision, actions=upkeep + decision.actions)
-
-
-def _config_changed(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, change: str, now: datetime
-) -> Decision:
-    """The config's class or parameters changed before the request was Provisioned: the
-    attempt ends (rolled back in fit mode) and the next one, under a new attempt name, is
-    made with the new config. A Provisioned request is kept: its capacity is there."""
-    event = replaced_event(req.name)
-    step = lifecycle.replaced(_attempt(snap, req), snap.backend.status_of(req), change, now)
-    if _fit_mode(snap) and step is not None:
-        decision = _outcome(snap, state, req, step, now)
-    else:
-        decision = _retry(snap, state, f"Retrying after config change: {change}", now)
-    return replace(decision, events=(*decision.events, event))
-
-
-def replaced_event(name: str) -> Event:
-    """The Event saying an attempt is replaced because the config changed under it."""
-    return Event(
-        "ProvisioningRequestReplaced",
-        f"ProvisioningRequest {name!r} no longer matches the config; the next attempt uses the "
-        "new config",
+    followed = driver.in_flight(
+        _attempt(snap, req),
+        now,
+        class_name=snap.config.provisioning_class_name,
+        parameters=request_parameters(snap.config.parameters, snap.workload.annotations),
+        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap))),
     )
+    if followed.step is None:  # config changed, not in fit mode: as Kueue, Retry
+        assert followed.change is not None
+        decision = _retry(snap, state, f"Retrying after config change: {followed.change}", now)
+    else:
+        decision = _outcome(snap, state, followed.request, followed.step, now)
+    if followed.change is not None:
+        decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
+    return replace(decision, actions=followed.upkeep + decision.actions)
 
 
 # ---- rollback --------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""The attempt driver: what every gang source does around one attempt, once.
+
+A gang source (a Kueue Workload's check, a PodGroup) is an adapter. It builds the view of its
+gang (the attempt's name and requests, the demand, the config), calls the driver, and maps
+what comes back onto its own state (the check entry; the group's annotations), plus what is
+truly its own (podSetUpdates and the start watchdog; gating and late members). The driver
+owns the steps that must not differ between sources:
+
+- ``ask``: a new attempt's ask, its one-line message and the Event saying it was made;
+- ``in_flight``: following the attempt in flight: a rollback under way, the config changed
+  under it (``lifecycle.drift``: rolled back before Provisioned, and the next attempt made at
+  once under the new config), a moved ``deadlineSeconds``, then ``lifecycle.follow``;
+- ``withdraw``: every attempt of a gang that is gone, what arrived for each reclaimed (after
+  the node cache has caught up), each said in an Event.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from gangcheck.logic.attempt import lifecycle, rollback
+from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.capacity.backend import Ask, CapacityBackend
+from gangcheck.logic.capacity.status import Phase
+from gangcheck.model.objects import ProvisioningRequest
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
+
+#: The most pod sets one ProvisioningRequest carries (the API's limit).
+MAX_REQUEST_POD_SETS = 32
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A new attempt: what to say, the backend's actions making it, and its Event."""
+
+    message: str
+    actions: tuple[Action, ...]
+    events: tuple[Event, ...]
+
+
+def ask(backend: CapacityBackend, asked: Ask, *, reserved: int) -> Asked:
+    """Make the attempt `asked` describes; `reserved`: members placed on reserved capacity,
+    not asked for."""
+    total = sum(p.count for p in asked.pod_sets)
+    message = f"provisioning request {asked.attempt} created for {total} pods"
+    if reserved:
+        message += f" ({reserved} more placed on reserved capacity)"
+    return Asked(message, backend.ask(asked), (lifecycle.asked(backend, asked.attempt),))
+
+
+def too_many_pod_sets(count: int) -> bool:
+    return count > MAX_REQUEST_POD_SETS
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Where the attempt in flight stands, for the source to write."""
+
+    step: lifecycle.Step | None
+    """None: the config changed under an attempt outside fit mode, which ends at once (no
+    rollback: nothing is counted as arrived for it); `change` says how."""
+    request: ProvisioningRequest
+    """The attempt's record as it will be (its deadline moved)."""
+    upkeep: tuple[Action, ...] = ()
+    """Actions before the step's: the backend's upkeep, a deadline moved."""
+    change: str | None = None
+    """The config changed under the attempt before Provisioned: how (`lifecycle.drift`)."""
+
+
+def in_flight(
+    attempt: lifecycle.Attempt,
+    now: datetime,
+    *,
+    class_name: str,
+    parameters: Mapping[str, str],
+    upkeep: Callable[[], tuple[Action, ...]] = tuple,
+) -> InFlight:
+    """Follow the attempt in flight under the config now (class and parameters as the source
+    would ask them now): a rollback under way goes on; a config changed before Provisioned
+    ends the attempt (rolled back in fit mode); in fit mode a changed ``deadlineSeconds``
+    moves its deadline; then as the core says. `upkeep`: the backend's upkeep of a request
+    still followed (not of one rolling back)."""
+    req = attempt.request
+    assert isinstance(req, ProvisioningRequest)
+    if rollback.is_rolling_back(req):
+        return InFlight(lifecycle.roll_back(attempt), req)
+    actions = upkeep()
+    change = lifecycle.drift(req, class_name, parameters)
+    if change is not None and not attempt.status.has(Phase.PROVISIONED):
+        step = lifecycle.replaced(attempt, attempt.status, change, now) if attempt.fit else None
+        return InFlight(step, req, actions, change)
+    if attempt.fit:
+        req, moved = lifecycle.current_deadline(req, attempt.config)
+        actions += moved
+    step = lifecycle.follow(replace(attempt, request=req), now)
+    return InFlight(step, req, actions)
+
+
+def replaced_event(name: str) -> Event:
+    """The Event saying an attempt is replaced because the config changed under it."""
+    return Event(
+        "ProvisioningRequestReplaced",
+        f"ProvisioningRequest {name!r} no longer matches the config; the next attempt uses the "
+        "new config",
+    )
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+
+
+def withdraw(
+    requests: Sequence[ProvisioningRequest],
+    *,
+    capacity: Capacity | None,
+    config: AtomicProvisioningSpec | None,
+    backend: CapacityBackend,
+    why: str,
+) -> Withdrawal:
+    """Withdraw every attempt of a gang (lifecycle.clean_up: what arrived reclaimed under the
+    config each was made with), once the node cache allows it (lifecycle.clean_up_waits);
+    the reclaims said in Events (lifecycle.reclaiming)."""
+    if lifecycle.clean_up_waits(requests, capacity, config):
+        return Withdrawal(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
+    actions = lifecycle.clean_up(
+        requests, capacity=capacity, config=config, backend=backend, why=why
+    )
+    return Withdrawal(actions, lifecycle.reclaiming(actions, why))
