@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,11 @@ class DeployError(RuntimeError):
     """A kubectl step of the deployment failed; carries its output."""
 
 
+#: How gangcheck logs an API error (``METHOD path: status reason: message``) of a refused
+#: write, or any refusal by an admission policy.
+_REFUSED_WRITE = re.compile(r"ValidatingAdmissionPolicy|\b(POST|PUT|PATCH|DELETE) /\S+: 403 ")
+
+
 @dataclass
 class ManagedProcess:
     """One child process of ours, in its own session, its output in ``log_path``."""
@@ -100,6 +106,10 @@ class ManagedProcess:
     metrics_port: int | None = None
     #: The docker container this process runs (``docker run``), removed when it stops.
     container: str | None = None
+    #: gangcheck's controller: :meth:`stop` fails if its log tells of a write the API server
+    #: refused (:meth:`refused_writes`), so a suite passing proves the shipped RBAC and
+    #: admission policies refuse none of gangcheck's own writes.
+    refusals_checked: bool = False
 
     @property
     def pid(self) -> int:
@@ -115,11 +125,27 @@ class ManagedProcess:
     def log_tail(self, n: int = 30) -> str:
         return log_tail(self.log_path, n)
 
+    def refused_writes(self) -> list[str]:
+        """The log's lines telling of a write the API server refused: by an admission policy,
+        or forbidden (403) on a create, update, patch or delete."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        return [line for line in lines if _REFUSED_WRITE.search(line)]
+
     def stop(self) -> None:
-        """SIGTERM to its process group, SIGKILL after 10 s; returns once it is gone."""
+        """SIGTERM to its process group, SIGKILL after 10 s; returns once it is gone. Raises
+        :class:`DeployError` naming them if gangcheck's writes were refused."""
         self.component.stop()
         if self.container is not None:
             remove_container(self.container)
+        refused = self.refused_writes() if self.refusals_checked else []
+        if refused:
+            shown = "\n".join(line[:400] for line in refused[:10])
+            raise DeployError(
+                f"the API server refused {len(refused)} writes of {self.name}:\n{shown}"
+            )
 
     def __enter__(self) -> ManagedProcess:
         return self
@@ -362,7 +388,9 @@ def deploy_gangcheck(
         stop_timeout=_STOP_TIMEOUT,
     )
     _start(component)
-    return ManagedProcess(name, component, log_path, token_config, health, metrics)
+    process = ManagedProcess(name, component, log_path, token_config, health, metrics)
+    process.refusals_checked = True
+    return process
 
 
 def _service_account_token(kubectl: Path, admin: Path, namespace: str, account: str) -> str:
@@ -436,7 +464,14 @@ def run_controller_container(
         remove_container(container_name)
         raise
     return ManagedProcess(
-        name, component, log_path, token_config, health, metrics, container=container_name
+        name,
+        component,
+        log_path,
+        token_config,
+        health,
+        metrics,
+        container=container_name,
+        refusals_checked=True,
     )
 
 
