@@ -20,6 +20,7 @@ from gangcheck.logic.attempt.hold import (
     hold_toleration,
     is_arriving,
 )
+from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus
 from gangcheck.logic.placement.capacity import ClusterCapacity
@@ -38,7 +39,7 @@ from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, s
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import ARRIVED_FOR, RESERVED_ANNOTATION
+from gangcheck.model.names import ARRIVED_FOR
 from gangcheck.model.objects import Obj, Pod, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -411,8 +412,7 @@ def reservations_of(config: AtomicProvisioningSpec) -> tuple[Reservation, ...]:
 
 def capacity_used(req: AttemptRecord) -> dict[str, int]:
     """A fulfilled request's gang by capacity: reserved (placed before asking) and new."""
-    raw = req.annotations.get(RESERVED_ANNOTATION, "0")
-    reserved = int(raw) if raw.isdigit() else 0
+    reserved = Record.of(req.annotations).reserved
     used = {"new": sum(p.count for p in req.pod_sets)}
     return {**used, "reserved": reserved} if reserved else used
 

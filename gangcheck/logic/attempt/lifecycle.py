@@ -43,7 +43,7 @@ from gangcheck.logic.attempt.fulfillment import (
     unrecorded_arrivals,
 )
 from gangcheck.logic.attempt.hold import held_nodes
-from gangcheck.logic.attempt.records import arrived_for
+from gangcheck.logic.attempt.records import RollbackCause, arrived_for
 from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time, parse_time
@@ -54,7 +54,6 @@ from gangcheck.model.names import (
     FULFILLED,
     PHASE_ANNOTATION,
     RESERVED_ANNOTATION,
-    STARTED,
 )
 from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import (
@@ -183,7 +182,7 @@ def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
 
 #: The reason a rollback begins when the config changed under an attempt not yet provisioned:
 #: the next attempt follows at once under the new config (no backoff, no retry counted).
-CONFIG_CHANGED = "ConfigChanged"
+CONFIG_CHANGED = RollbackCause.CONFIG_CHANGED.value
 #: How far an attempt's deadline may sit from creation + deadlineSeconds before it is moved.
 DEADLINE_SLACK_SECONDS = 2.0
 
@@ -298,7 +297,7 @@ def backoff_seconds(attempt: int, strategy: RetryStrategy) -> int:
 
 def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
     """Mark the request fulfilled: it no longer claims or holds back new nodes."""
-    if req.annotations.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
+    if rollback.record_of(req).settled:
         return ()
     return (AnnotateRequest(req.name, {PHASE_ANNOTATION: FULFILLED}),)
 

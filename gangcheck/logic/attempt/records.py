@@ -1,13 +1,30 @@
 """What an attempt leaves on API objects, read back: the arrival ledger on nodes, and the
-outcome of a rollback on its request. A leaf: imports nothing of logic/."""
+attempt's record on its request (number, deadline, phase, rollback and its outcome, members,
+config), parsed once into a typed `Record`. A leaf: imports nothing of logic/."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
 
-from gangcheck.model.names import ARRIVED_FOR
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    ATTEMPT_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    FULFILLED,
+    GANG_MEMBERS_ANNOTATION,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    RESERVED_ANNOTATION,
+    ROLLBACK_NODES_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
+)
 from gangcheck.model.objects import Obj
 
 
@@ -75,3 +92,96 @@ class Outcome:
 def _each(reasons: dict[str, str]) -> str:
     """Every node with its reason: `n1 (why), n2 (why)`."""
     return ", ".join(f"{name} ({why})" for name, why in sorted(reasons.items()))
+
+
+class AttemptPhase(StrEnum):
+    """Where an attempt is, as its record says (PHASE_ANNOTATION)."""
+
+    ASKED = ""
+    """Asked for and followed: no phase recorded yet."""
+    ROLLING_BACK = ROLLING_BACK
+    FULFILLED = FULFILLED
+    """The gang fits: the request claims and holds back no new node."""
+    STARTED = STARTED
+    """Every member is scheduled: its nodes are the gang's."""
+
+
+class RollbackCause(StrEnum):
+    """Why a rollback began: the word its reason starts with."""
+
+    DEADLINE = "Deadline"
+    START_DEADLINE = "StartDeadline"
+    FAILED = "Failed"
+    REVOKED = "CapacityRevoked"
+    EXPIRED = "BookingExpired"
+    CONFIG_CHANGED = "ConfigChanged"
+    """The config changed under the attempt: the next follows at once, no retry counted."""
+    STRAY_PODS = "StrayPods"
+    GANG_GONE = "GangGone"
+    """The gang was withdrawn (deleted, finished, evicted, gave up): any other reason."""
+
+    @classmethod
+    def of(cls, reason: str) -> RollbackCause:
+        word = reason.partition(":")[0]
+        return next((c for c in cls if c.value == word), cls.GANG_GONE)
+
+
+@dataclass(frozen=True)
+class Record:
+    """gangcheck's record of one attempt, as its request carries it."""
+
+    number: int | None = None
+    deadline: datetime | None = None
+    phase: AttemptPhase = AttemptPhase.ASKED
+    reason: str = ""
+    """Why its rollback began ("" when none did)."""
+    reserved: int = 0
+    gang_members: int | None = None
+    raw_nodes: str = ""
+    raw_outcome: str = ""
+
+    @property
+    def cause(self) -> RollbackCause | None:
+        return RollbackCause.of(self.reason) if self.reason else None
+
+    @property
+    def rollback_nodes(self) -> dict[str, str]:
+        """The nodes recorded when the rollback began: name -> creationTimestamp."""
+        return _nodes_of(self.raw_nodes)
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """What the rollback did, once recorded."""
+        return Outcome.from_annotation(self.raw_outcome) if self.raw_outcome else None
+
+    @property
+    def settled(self) -> bool:
+        """Fulfilled or started: its nodes are the gang's, nothing of it is to reclaim."""
+        return self.phase in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
+
+    @classmethod
+    def of(cls, annotations: Mapping[str, str]) -> Record:
+        """The record in these annotations; what is missing or unreadable is left unset."""
+        phase = annotations.get(PHASE_ANNOTATION, "")
+        return cls(
+            number=_count(annotations.get(ATTEMPT_ANNOTATION)),
+            deadline=parse_time(annotations.get(DEADLINE_ANNOTATION) or ""),
+            phase=AttemptPhase(phase) if phase in set(AttemptPhase) else AttemptPhase.ASKED,
+            reason=annotations.get(ROLLBACK_REASON_ANNOTATION, ""),
+            reserved=_count(annotations.get(RESERVED_ANNOTATION)) or 0,
+            gang_members=_count(annotations.get(GANG_MEMBERS_ANNOTATION)),
+            raw_nodes=annotations.get(ROLLBACK_NODES_ANNOTATION, ""),
+            raw_outcome=annotations.get(OUTCOME_ANNOTATION, ""),
+        )
+
+
+def _count(raw: str | None) -> int | None:
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def _nodes_of(raw: str | None) -> dict[str, str]:
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

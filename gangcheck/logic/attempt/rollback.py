@@ -27,31 +27,36 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, claim_of, request_key
-from gangcheck.logic.attempt.records import Outcome, arrived_for
+from gangcheck.logic.attempt.records import (
+    AttemptPhase,
+    Record,
+    RollbackCause,
+    arrived_for,
+)
 from gangcheck.logic.capacity.backend import AttemptRecord
 from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
-    DEADLINE_ANNOTATION,
-    FULFILLED,
-    OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     ROLLBACK_NODES_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
-    STARTED,
 )
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 
+def record_of(req: AttemptRecord) -> Record:
+    """The attempt's record, as its request carries it."""
+    return Record.of(req.annotations)
+
+
 def is_rolling_back(req: AttemptRecord) -> bool:
-    return req.annotations.get(PHASE_ANNOTATION) == ROLLING_BACK
+    return record_of(req).phase is AttemptPhase.ROLLING_BACK
 
 
 def deadline_of(req: AttemptRecord) -> datetime | None:
-    raw = req.annotations.get(DEADLINE_ANNOTATION)
-    return parse_time(raw) if raw else None
+    return record_of(req).deadline
 
 
 def trigger(
@@ -131,10 +136,7 @@ def reclaim(
 ) -> ReclaimArrivals:
     """Reclaim the nodes recorded when the rollback began, plus any that arrived since (and
     `also`, the ones recorded in the same step)."""
-    try:
-        recorded = dict(json.loads(req.annotations.get(ROLLBACK_NODES_ANNOTATION, "{}")))
-    except (ValueError, TypeError):
-        recorded = {}
+    recorded = record_of(req).rollback_nodes
     recorded.update(_arrived(req, capacity, also))
     arrived = {str(k): str(v) for k, v in recorded.items()}
     return ReclaimArrivals(
@@ -163,11 +165,11 @@ def abandon(
     fulfilled or started (the nodes were its to use), once a rollback recorded its outcome,
     or when nothing arrived.
     """
-    phase = req.annotations.get(PHASE_ANNOTATION)
-    if req.deleting or phase in (FULFILLED, STARTED) or OUTCOME_ANNOTATION in req.annotations:
+    record = record_of(req)
+    if req.deleting or record.settled or record.raw_outcome:
         return ()
     arrived = arrived_for(_nodes(capacity), request_key(req))
-    if not arrived and not also and ROLLBACK_NODES_ANNOTATION not in req.annotations:
+    if not arrived and not also and not record.raw_nodes:
         return ()
     names = tuple(name for name, _ in also)
     claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in also)
@@ -190,18 +192,21 @@ class Verdict:
     message: str
 
     @property
+    def cause(self) -> RollbackCause:
+        return RollbackCause.of(self.reason)
+
+    @property
     def revoked(self) -> bool:
-        return self.reason.startswith(Phase.REVOKED)
+        return self.cause is RollbackCause.REVOKED
 
 
 def verdict(req: AttemptRecord) -> Verdict | None:
     """The recorded outcome of the rollback, once the reclaim is done."""
-    raw = req.annotations.get(OUTCOME_ANNOTATION)
-    if not raw:
+    record = record_of(req)
+    if record.outcome is None:
         return None
-    reason = req.annotations.get(ROLLBACK_REASON_ANNOTATION, "rolled back")
-    summary = Outcome.from_annotation(raw).summary()
-    return Verdict(reason, f"rolled back {req.name} ({reason}); {summary}")
+    reason = record.reason or "rolled back"
+    return Verdict(reason, f"rolled back {req.name} ({reason}); {record.outcome.summary()}")
 
 
 def _nodes(capacity: Capacity | None) -> Collection[Obj]:

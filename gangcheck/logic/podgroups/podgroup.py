@@ -56,6 +56,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
@@ -74,7 +75,6 @@ from gangcheck.model.names import (
     PHASE_ANNOTATION,
     RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
-    RESERVED_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
@@ -333,7 +333,7 @@ def _rolled_back(
     assert snap.config is not None
     attempt = attempt_of(snap.group)
     delay = lifecycle.next_attempt(attempt, snap.config.retry_strategy)
-    if done.reason.startswith(lifecycle.CONFIG_CHANGED):
+    if done.cause is RollbackCause.CONFIG_CHANGED:
         delay = 0  # the next attempt, under the new config, at once (as a Workload's)
     if done.revoked or delay is None:
         failed = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {done.message}")
@@ -424,7 +424,7 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     group = snap.group
     name = group.annotations.get(REQUEST_ANNOTATION, "")
     req = next((r for r in snap.requests if r.name == name and not r.deleting), None)
-    if req is None or req.annotations.get(PHASE_ANNOTATION) == STARTED:
+    if req is None or rollback.record_of(req).phase is AttemptPhase.STARTED:
         return _release_late(snap, members)
     config = lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec()
     attempt = lifecycle.Attempt(
@@ -611,10 +611,10 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
             continue
         if not members.live:
             actions += snap.backend.withdraw(req, "the gang has no members left")
-        elif not members.unbound and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+        elif not members.unbound and rollback.record_of(req).phase is not AttemptPhase.STARTED:
             actions += [*lifecycle.release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
-        elif req.annotations.get(PHASE_ANNOTATION) == STARTED:
+        elif rollback.record_of(req).phase is AttemptPhase.STARTED:
             actions += [*lifecycle.release_hold(snap.capacity, req)]
     return GroupDecision(actions=tuple(actions))
 
@@ -689,11 +689,10 @@ def attempt_members(unbound: Sequence[Pod], req: ProvisioningRequest) -> tuple[P
 
 def gang_size(req: ProvisioningRequest) -> int:
     """The members the request's attempt was made for: recorded, else asked plus reserved."""
-    raw = req.annotations.get(GANG_MEMBERS_ANNOTATION, "")
-    if raw.isdigit():
-        return int(raw)
-    reserved = req.annotations.get(RESERVED_ANNOTATION, "0")
-    return sum(p.count for p in req.pod_sets) + (int(reserved) if reserved.isdigit() else 0)
+    record = rollback.record_of(req)
+    if record.gang_members is not None:
+        return record.gang_members
+    return sum(p.count for p in req.pod_sets) + record.reserved
 
 
 def gang_of(snap: GroupSnapshot, members: _Members) -> GangSpec:

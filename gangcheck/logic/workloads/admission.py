@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.capacity.status import AttemptStatus, Phase
@@ -257,9 +258,10 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
         return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost, now=now), now)
     if lost is not None:  # as Kueue: Retry (or Rejected)
         return _outcome(snap, state, req, lifecycle.from_status(attempt, now), now)
-    if attempt.fit and wl.is_admitted and req.annotations.get(PHASE_ANNOTATION) != STARTED:
+    started = rollback.record_of(req).phase is AttemptPhase.STARTED
+    if attempt.fit and wl.is_admitted and not started:
         return _watch_start(snap, attempt, now)
-    if req.annotations.get(PHASE_ANNOTATION) == STARTED:
+    if started:
         return Decision(actions=lifecycle.release_hold(snap.capacity, req))
     return Decision()
 
@@ -323,7 +325,7 @@ def _rolled_back(
         decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
     elif done.revoked:
         decision = _transition(state, REJECTED, done.message, now)
-    elif done.reason.startswith(lifecycle.CONFIG_CHANGED):
+    elif done.cause is RollbackCause.CONFIG_CHANGED:
         decision = _retry(snap, state, f"Retrying after config change: {done.message}", now)
     else:
         decision = _retry_or_reject(snap, state, "rollback", done.message, now)
