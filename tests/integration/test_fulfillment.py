@@ -359,7 +359,7 @@ async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_wa
     await cluster.submit(gang(members=2))
     name = req_name(cluster)
     await cluster.set_request_conditions(name, {"Provisioned": ""})
-    (arrived,) = await cluster.add_nodes(1)
+    await cluster.add_nodes(1)
     await eventually(lambda: _arrived_count(cluster, name, 1), what="the arrival recorded")
     await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
 
@@ -370,7 +370,7 @@ async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_wa
     await eventually(inactive, what="the check inactive")
     check = await cluster.wait_check("wl", "Retry", timeout=30)
     assert "reclaimed 1 node" in check["message"]
-    assert await cluster.nodes() == []  # {arrived} deleted by the attempt's own reclaimer
+    assert await cluster.nodes() == []  # deleted by the attempt's own reclaimer
     (rolled_back,) = await cluster.wait_events("RolledBack")
     assert f"rolled back {name}" in rolled_back["message"]
     assert "reclaimed 1 node" in rolled_back["message"]
