@@ -26,7 +26,7 @@ from gangcheck.model.names import (
     RECLAIM_WHEN_IDLE,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, is_finished
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
 from gangcheck.reconcile.apply import Applier
@@ -41,6 +41,7 @@ from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
 from gangcheck.server import HealthServer
+from gangcheck.settings import DEFAULT_WORKERS
 from gangcheck.telemetry import Metrics, reconcile_span
 from gangcheck.webhook import WebhookServer
 
@@ -79,6 +80,23 @@ def _meta(old: Obj | None, new: Obj | None) -> dict[str, object]:
     return dict((obj or {}).get("metadata") or {})
 
 
+def _is_echo(old: Obj | None, new: Obj | None) -> bool:
+    """The watch bringing back a version the cache holds already: gangcheck's own write, put
+    in the cache when it was answered. Its writer decided again on it then (the Workload
+    reconciler does, see `WorkloadReconciler._settle`), so the echo changes nothing."""
+    if old is None or new is None:
+        return False
+    version = (old.get("metadata") or {}).get("resourceVersion")
+    return bool(version) and version == (new.get("metadata") or {}).get("resourceVersion")
+
+
+def _counted(pod: Obj | None) -> bool:
+    """A pod bound to a node and not finished: what a gang's start is counted in."""
+    return (
+        pod is not None and bool((pod.get("spec") or {}).get("nodeName")) and not is_finished(pod)
+    )
+
+
 class Controller:
     """Wires informers to the queue and the queue to the reconcilers."""
 
@@ -86,7 +104,7 @@ class Controller:
         self,
         kube: Kube,
         *,
-        workers: int = 4,
+        workers: int = DEFAULT_WORKERS,
         watch_timeout: int = 300,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: Metrics | None = None,
@@ -99,7 +117,8 @@ class Controller:
         self.queue = WorkQueue()
         self.workers = workers
         self._watch_timeout = watch_timeout
-        events = EventRecorder(kube, clock=clock)
+        # Events are sent in the background: a worker does not wait a round trip for one.
+        events = self.events = EventRecorder(kube, clock=clock, background=True)
         applier = Applier(kube, self.caches, clock=clock, metrics=self.metrics)
         self.workload_reconciler = WorkloadReconciler(
             kube, self.caches, events, applier, clock=clock, metrics=self.metrics
@@ -224,6 +243,8 @@ class Controller:
         self.queue.add(f"{WORKLOAD_KEY}{namespace}/{name}")
 
     def _on_workload(self, old: Obj | None, new: Obj | None) -> None:
+        if _is_echo(old, new):
+            return
         meta = _meta(old, new)
         self._add_workload(meta["namespace"], meta["name"])
 
@@ -257,12 +278,23 @@ class Controller:
         meta = _meta(old, new)
         annotations = meta.get("annotations")
         annotations = annotations if isinstance(annotations, dict) else {}
-        if workload := annotations.get(WORKLOAD_ANNOTATION):
+        workload = annotations.get(WORKLOAD_ANNOTATION)
+        if workload and not self._echo_of_workload_write(old, new, meta["namespace"], workload):
             self._add_workload(meta["namespace"], workload)
         if group := annotations.get(GROUP_ANNOTATION):
             short, _, name = str(group).partition("/")
             if short in API_GROUP_OF:
                 self.queue.add(f"{GROUP_KEY}{short}/{meta['namespace']}/{name}")
+
+    def _echo_of_workload_write(
+        self, old: Obj | None, new: Obj | None, namespace: object, workload: object
+    ) -> bool:
+        """A request's echo, while its Workload is cached (its reconciler decided again on
+        the write); a request of a Workload gone is followed through its echoes as before
+        (the orphan's withdrawal, `WorkloadReconciler._remove_orphans`)."""
+        return _is_echo(old, new) and (
+            self.caches.workloads.store.get(str(workload), str(namespace)) is not None
+        )
 
     def _add_group(self, api_group: str, namespace: object, name: object) -> None:
         self.queue.add(f"{GROUP_KEY}{SHORT[api_group]}/{namespace}/{name}")
@@ -341,8 +373,9 @@ class Controller:
             ((old or {}).get("status") or {}).get("phase"),
             ((new or {}).get("status") or {}).get("phase"),
         )
-        if old is None or new is None or was != now or phase[0] != phase[1]:
+        if _counted(old) != _counted(new):  # bound or unbound, finished: a start moved
             self._on_consumer(new if new is not None else old)
+        if old is None or new is None or was != now or phase[0] != phase[1]:
             freed = frees_capacity(old, new)
             for node in {was, now} - {None, ""}:
                 obj = self.caches.nodes.store.get(str(node))
@@ -366,7 +399,7 @@ class WebhookOptions:
 class RunOptions:
     """How one controller process runs (the CLI fills it from flags and the settings file)."""
 
-    workers: int = 4
+    workers: int = DEFAULT_WORKERS
     leader_election: LeaseConfig | None = None
     bind_address: str = "0.0.0.0"
     health_port: int = 8081

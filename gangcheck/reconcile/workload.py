@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube
@@ -17,7 +17,18 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic.attempt import lifecycle, naming
-from gangcheck.logic.attempt.actions import Action, DeleteRequest, DeleteTemplate, Event
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+    Event,
+    ReleaseHold,
+    ReleaseMembers,
+)
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.capacity.status import Phase
 from gangcheck.logic.timefmt import parse_time
@@ -42,6 +53,29 @@ log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
 ORPHAN_RECHECK_SECONDS = 5.0
 WL_GONE = "Workload deleted"
+
+
+#: Decisions made in one reconcile of a Workload's check, each on the writes of the last.
+MAX_PASSES = 3
+#: Actions whose result the applier puts in the caches (the next decision sees it).
+CACHED_ACTIONS = (
+    CreateTemplate,
+    CreateRequest,
+    AnnotateRequest,
+    ClaimNode,
+    ReleaseHold,
+    ReleaseMembers,
+)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying one decision did: the seconds until another look is due, whether
+    anything was written, and whether every write is in the caches."""
+
+    delay: float | None
+    wrote: bool = False
+    cached: bool = True
 
 
 class WorkloadReconciler:
@@ -74,9 +108,29 @@ class WorkloadReconciler:
         wl = workload_of(obj)
         delays = []
         for check in self._checks_of(wl):
-            decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
-            delays.append(await self._apply(wl, check, decision))
+            delays.append(await self._settle(wl, check))
         return Result(requeue_after=soonest(*delays))
+
+    async def _settle(self, wl: Workload, check: str) -> float | None:
+        """Decide and apply, then decide again at once on what was written, as long as all of
+        it is in the caches (the check, requests and templates created or annotated, nodes
+        and pods patched: each write's answer is put there): the decision the watch's echo
+        of those writes would have asked for, made without a trip through the queue (the
+        controller routes no echo of a write of gangcheck's own here: `app._is_echo`). A
+        write the caches do not show yet (a delete) asks for another reconcile at once, as
+        its echo did; so does a Workload still deciding after `MAX_PASSES`."""
+        for _ in range(MAX_PASSES):
+            decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
+            applied = await self._apply(wl, check, decision)
+            if not applied.wrote:
+                return applied.delay
+            if not applied.cached:
+                return 0.0
+            obj = self._caches.workloads.store.get(wl.ref.name, wl.ref.namespace)
+            if obj is None:
+                return applied.delay
+            wl = workload_of(obj)
+        return 0.0
 
     def _checks_of(self, wl: Workload) -> list[str]:
         """Our checks the Workload lists, plus any that still own a request of it."""
@@ -151,17 +205,17 @@ class WorkloadReconciler:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result()
 
-    async def _apply(self, wl: Workload, check: str, decision: Decision) -> float | None:
+    async def _apply(self, wl: Workload, check: str, decision: Decision) -> Applied:
         """Apply the actions, then write the check (a new message alone may be held: see
-        `progress`) and emit events. Returns the seconds until the check wants another look:
-        the decision's requeue, a held message falling due, or a short retry when cut short
-        by a change meanwhile; None when nothing is due."""
+        `progress`) and emit events. Returns what was written and the seconds until the
+        check wants another look: the decision's requeue, a held message falling due, or a
+        short retry when cut short by a change meanwhile; None when nothing is due."""
         for action in decision.actions:
             try:
                 await self._applier.apply(wl.ref.namespace, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
-                return STALE_RETRY_SECONDS
+                return Applied(STALE_RETRY_SECONDS)
             except (InvalidError, ForbiddenError, NameCollisionError) as e:
                 await self._report_failed_create(wl, check, action, e)
                 raise
@@ -172,7 +226,7 @@ class WorkloadReconciler:
                     action.reason,
                     extra={"object": str(wl.ref)},
                 )
-        key, held = wl.ref.key, None
+        key, held, written = wl.ref.key, None, False
         if decision.check is None:
             self.held_messages.forget(key, check)
         else:
@@ -180,13 +234,18 @@ class WorkloadReconciler:
             held = self.held_messages.hold(
                 key, check, message_only=progress_only(before, decision.check), now=self._clock()
             )
-            if held is None:
+            if held is None and decision.check != before:
                 if not await self._write_check(wl, decision.check.to_obj()):
-                    return STALE_RETRY_SECONDS  # the Workload changed meanwhile
+                    return Applied(STALE_RETRY_SECONDS)  # the Workload changed meanwhile
                 self._count(wl, check, decision)
+                written = True
         for event in decision.events:
             await self._events.emit(wl.ref, event)
-        return soonest(decision.requeue_after, held)
+        return Applied(
+            soonest(decision.requeue_after, held),
+            wrote=written or bool(decision.actions),
+            cached=all(isinstance(a, CACHED_ACTIONS) for a in decision.actions),
+        )
 
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""

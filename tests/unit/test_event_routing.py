@@ -10,8 +10,9 @@ import pytest
 
 from gangcheck.app import Controller
 from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
-from tests.builders import node, provisioning_request
+from gangcheck.model.names import CONSUME_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.runtime.queue import WorkQueue
+from tests.builders import WorkloadBuilder, node, provisioning_request
 from tests.fakes.kube import FakeKube
 
 Obj = dict[str, Any]
@@ -113,3 +114,72 @@ def test_which_node_changes_matter(old: Obj | None, new: Obj | None, matters: bo
 def test_a_pod_never_bound_frees_nothing() -> None:
     assert not frees_capacity(pod(None), None)
     assert not frees_capacity(None, pod("n1"))
+
+
+def consumer(node_name: str | None, phase: str = "Running") -> Obj:
+    """A member of the waiting gang: a pod consuming its request."""
+    member = pod(node_name, phase)
+    member["metadata"]["namespace"] = "default"
+    member["metadata"]["annotations"] = {CONSUME_ANNOTATION: "wl-atomic-1"}
+    return member
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "requeued"),
+    [
+        (None, consumer(None, "Pending"), []),
+        (consumer(None, "Pending"), consumer("n1", "Pending"), [WAITING_GANG]),
+        (consumer("n1", "Pending"), consumer("n1", "Running"), []),
+        (consumer("n1"), consumer("n1", "Succeeded"), [WAITING_GANG]),
+        (consumer(None, "Pending"), None, []),
+    ],
+    ids=[
+        "a member created unbound: its gang not requeued",
+        "a member bound: its gang's start moved, requeued",
+        "a bound member starting: nothing its gang counts moved",
+        "a member finishing: requeued",
+        "an unbound member deleted: nothing moved",
+    ],
+)
+def test_a_member_requeues_its_gang_only_when_its_start_moves(
+    old: Obj | None, new: Obj | None, requeued: list[str]
+) -> None:
+    controller, _ = controller_with_a_waiting_gang()
+    controller._on_pod(old, new)
+    assert controller.queue._ready == requeued
+
+
+def with_version(obj: Obj, version: str) -> Obj:
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = version
+    return changed
+
+
+def test_the_echo_of_a_workload_write_requeues_nothing_a_change_does() -> None:
+    """The watch bringing back the version gangcheck wrote (and put in its cache) is not
+    routed: the reconcile that wrote it decided again on it."""
+    controller, _ = controller_with_a_waiting_gang()
+    wl = with_version(WorkloadBuilder().build(), "5")
+    controller._on_workload(wl, copy.deepcopy(wl))
+    assert len(controller.queue) == 0
+    controller._on_workload(wl, with_version(wl, "6"))
+    assert controller.queue._ready == [WAITING_GANG]
+
+
+def test_the_echo_of_a_request_write_requeues_its_gang_only_once_the_gang_is_gone() -> None:
+    kube = FakeKube()
+    request = provisioning_request("wl-atomic-1")
+    request["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    kube.add(WorkloadBuilder().build(), request)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    stored = controller.caches.requests.store.get("wl-atomic-1", "default")
+    assert stored is not None
+    controller._on_request(stored, copy.deepcopy(stored))
+    assert len(controller.queue) == 0  # its Workload is cached: the writer decided on it
+    controller._on_request(stored, with_version(stored, "99"))
+    assert controller.queue._ready == [WAITING_GANG]  # a change by someone else
+    controller.queue = WorkQueue()
+    controller.caches.workloads.store._pop(WorkloadBuilder().build())
+    controller._on_request(stored, copy.deepcopy(stored))
+    assert controller.queue._ready == [WAITING_GANG]  # an orphan's withdrawal follows it

@@ -242,3 +242,44 @@ async def test_a_workload_the_cache_misses_but_the_server_has_is_left_alone() ->
     await world.reconciler.reconcile(KEY)
     assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
     assert world.kube.writes_of("ProvisioningRequest", "delete") == []
+
+
+async def test_nodes_claimed_then_the_gang_ready_in_one_reconcile_on_what_was_written() -> None:
+    """The decisions after a write are made at once on the caches that hold it (the watch's
+    echo of gangcheck's own writes requeues nothing): the arrived nodes are claimed, then
+    on those claims the request is marked Fulfilled and the check written Ready, in this
+    order, in one reconcile; the next reconcile writes nothing."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    before = len(world.kube.writes)
+    result = await world.reconcile()
+    assert world.check()["state"] == "Ready"
+    written = [(w.verb, w.kind) for w in world.kube.writes[before:] if w.kind != "Event"]
+    assert written == [
+        ("patch", "Node"),
+        ("patch", "Node"),
+        ("patch", "ProvisioningRequest"),  # the Fulfilled mark, before the check
+        ("patch", "Workload"),
+    ], written
+    assert result.requeue_after != 0.0
+    after = len(world.kube.writes)
+    await world.reconcile()
+    assert len(world.kube.writes) == after
+
+
+async def test_a_reconcile_that_deletes_asks_to_be_reconciled_again_at_once() -> None:
+    """A delete is not in the caches until its watch event: no decision is made on it in
+    the same reconcile, the Workload is queued again at once instead."""
+    world = World(gang())
+    await world.settle()
+    wl = world.kube.stored(WORKLOAD, "wl", "default")
+    assert wl is not None
+    wl["status"]["conditions"].append(
+        {"type": "Finished", "status": "True", "reason": "Succeeded", "message": "",
+         "lastTransitionTime": stamp(world.now)}
+    )  # fmt: skip
+    world.kube.add(wl)
+    result = await world.reconcile()
+    assert world.kube.writes_of("ProvisioningRequest", "delete")
+    assert result.requeue_after == 0.0
