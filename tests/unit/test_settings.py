@@ -39,7 +39,7 @@ def value_at(settings: Settings, dotted: str) -> Any:
 def test_no_file_and_no_environment_gives_the_defaults() -> None:
     settings = load_settings(None, {})
     assert settings == Settings()
-    assert settings.controller.workers == 4
+    assert settings.controller.workers == 16
     assert settings.leader_election.enabled is True
     assert settings.leader_election.namespace == "gangcheck-system"
     assert settings.leader_election.name == "gangcheck"
@@ -97,13 +97,13 @@ def _name(model: type[Any], alias: str) -> str:
         pytest.param(
             "controller:\n  # workers: 2\n",
             {},
-            {"controller.workers": 4},
+            {"controller.workers": 16},
             id="a section whose keys are all commented out is empty",
         ),
         pytest.param(
             "",
             {},
-            {"controller.workers": 4},
+            {"controller.workers": 16},
             id="an empty file gives the defaults",
         ),
         pytest.param(
@@ -154,7 +154,7 @@ def _name(model: type[Any], alias: str) -> str:
         pytest.param(
             "",
             {"GANGCHECK_CACHE": "/somewhere", "KUBECONFIG": "/elsewhere"},
-            {"controller.workers": 4},
+            {"controller.workers": 16},
             id="variables without a section separator are not settings",
         ),
     ],
