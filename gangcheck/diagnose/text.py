@@ -8,8 +8,8 @@ from datetime import datetime
 
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt.explain import NodeFit, Placement, RequestFacts, human_duration
+from gangcheck.logic.attempt.status import CONDITION_TYPES
 from gangcheck.logic.capacity.karpenter.explain import NodeClaimFacts, claim_rows
-from gangcheck.logic.capacity.provreq import CONDITION_TYPES
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.podgroups.podgroup import RELEASED

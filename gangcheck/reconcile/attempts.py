@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.capacity.backend import CapacityBackend
+from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec

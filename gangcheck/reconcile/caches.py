@@ -23,8 +23,9 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt import rollback, waiting
+from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.logic.capacity import waiting
 from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
 from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
@@ -232,7 +233,7 @@ class Caches:
 
 
 class InFlight:
-    """The open requests (capacity may still arrive for them: see logic/attempt/waiting.py),
+    """The open requests (capacity may still arrive for them: see logic/capacity/waiting.py),
     kept from request events, and the waiting order worked out again only after a request or
     a template changed, not on every reconcile."""
 

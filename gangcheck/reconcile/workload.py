@@ -30,7 +30,7 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
-from gangcheck.logic.capacity.status import Phase
+from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (

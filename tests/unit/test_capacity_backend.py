@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
+from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
+from gangcheck.logic.attempt.status import AttemptStatus, Phase, Signal
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, ProvisioningRequestBackend
-from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
 from gangcheck.model.objects import request_of
 from tests.builders import pod_template, provisioning_request
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gangcheck.logic.attempt.actions import Action
-from gangcheck.logic.capacity.status import AttemptStatus
+from gangcheck.logic.attempt.status import AttemptStatus
 from gangcheck.model.objects import Obj, ObjectRef, RequestPodSet
 
 

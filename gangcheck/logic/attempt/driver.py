@@ -24,9 +24,9 @@ from datetime import datetime
 
 from gangcheck.logic.attempt import lifecycle, rollback
 from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import Capacity
-from gangcheck.logic.capacity.backend import Ask, CapacityBackend
-from gangcheck.logic.capacity.status import Phase
+from gangcheck.logic.attempt.status import Phase
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 

@@ -23,8 +23,7 @@ from gangcheck.logic.attempt.fulfillment import (
     tolerating_hold,
 )
 from gangcheck.logic.attempt.records import Outcome
-from gangcheck.logic.capacity.provreq import status_from
-from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
 from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.placement.fit import (
     FitResult,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from gangcheck.logic.attempt.backend import AttemptRecord
 from gangcheck.logic.attempt.hold import (
     as_opened,
     held_for_another,
@@ -21,8 +22,7 @@ from gangcheck.logic.attempt.hold import (
     is_arriving,
 )
 from gangcheck.logic.attempt.records import Record
-from gangcheck.logic.capacity.backend import AttemptRecord
-from gangcheck.logic.capacity.status import AttemptStatus
+from gangcheck.logic.attempt.status import AttemptStatus
 from gangcheck.logic.placement.capacity import ClusterCapacity
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (

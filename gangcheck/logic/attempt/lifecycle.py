@@ -32,6 +32,7 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
     ReleaseHold,
 )
+from gangcheck.logic.attempt.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
     GangSpec,
@@ -44,8 +45,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import held_nodes
 from gangcheck.logic.attempt.records import RollbackCause, arrived_for
-from gangcheck.logic.capacity.backend import AttemptRecord, CapacityBackend
-from gangcheck.logic.capacity.status import AttemptStatus, Phase
+from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,

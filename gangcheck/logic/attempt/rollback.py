@@ -26,6 +26,7 @@ from gangcheck.logic.attempt.actions import (
     Event,
     ReclaimArrivals,
 )
+from gangcheck.logic.attempt.backend import AttemptRecord
 from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, claim_of, request_key
 from gangcheck.logic.attempt.records import (
     AttemptPhase,
@@ -33,8 +34,7 @@ from gangcheck.logic.attempt.records import (
     RollbackCause,
     arrived_for,
 )
-from gangcheck.logic.capacity.backend import AttemptRecord
-from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
+from gangcheck.logic.attempt.status import AttemptStatus, Phase, Signal
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     PHASE_ANNOTATION,

@@ -12,6 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gangcheck.model.objects import Condition
+
+CAPACITY_NOT_FOUND = "CapacityIsNotFound"
+"""The reason cluster-autoscaler gives when no node group can host the pods."""
+
 
 class Phase(StrEnum):
     PENDING = "Pending"
@@ -84,3 +89,28 @@ class AttemptStatus:
     @property
     def note_text(self) -> str:
         return self.note.message if self.note else ""
+
+
+def status_from(conds: Mapping[str, Condition]) -> AttemptStatus:
+    """Conditions of a request as an attempt status: the one place they are read."""
+    provisioned = conds.get(Phase.PROVISIONED.value)
+    failed = conds.get(Phase.FAILED.value)
+    return AttemptStatus(
+        signals={
+            phase: _signal(c)
+            for phase in Phase
+            if (c := conds.get(phase.value)) is not None and c.is_true
+        },
+        note=_signal(provisioned) if provisioned and not provisioned.is_true else None,
+        capacity_not_found=any(
+            c is not None and c.reason == CAPACITY_NOT_FOUND for c in (provisioned, failed)
+        ),
+    )
+
+
+CONDITION_TYPES = tuple(p.value for p in Phase if p is not Phase.PENDING)
+"""The request conditions gangcheck reads (shown by diagnose)."""
+
+
+def _signal(condition: Condition) -> Signal:
+    return Signal(condition.reason, condition.message, condition.last_transition_time)

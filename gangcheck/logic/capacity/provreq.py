@@ -6,7 +6,6 @@ Pure: builds bodies and actions, parses status; reconcile/apply.py creates and d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
 from gangcheck.logic.attempt import naming
@@ -16,45 +15,18 @@ from gangcheck.logic.attempt.actions import (
     CreateTemplate,
     DeleteRequest,
 )
-from gangcheck.logic.capacity.backend import Ask, AttemptRecord, CapacityBackend
-from gangcheck.logic.capacity.status import AttemptStatus, Phase, Signal
+from gangcheck.logic.attempt.backend import Ask, AttemptRecord, CapacityBackend
+from gangcheck.logic.attempt.status import AttemptStatus, status_from
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
-from gangcheck.model.objects import Condition, Obj, ObjectRef, ProvisioningRequest
+from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest
 
 KIND = "ProvisioningRequest"
-CAPACITY_NOT_FOUND = "CapacityIsNotFound"
-"""The reason cluster-autoscaler gives when no node group can host the pods."""
 
 
 def status_of(req: ProvisioningRequest) -> AttemptStatus:
     """The request's conditions as an attempt status."""
     status = status_from(req.conditions)
     return replace(status, created=req.creation_timestamp, asked=sum(p.count for p in req.pod_sets))
-
-
-def status_from(conds: Mapping[str, Condition]) -> AttemptStatus:
-    """Conditions of a request as an attempt status: the one place they are read."""
-    provisioned = conds.get(Phase.PROVISIONED.value)
-    failed = conds.get(Phase.FAILED.value)
-    return AttemptStatus(
-        signals={
-            phase: _signal(c)
-            for phase in Phase
-            if (c := conds.get(phase.value)) is not None and c.is_true
-        },
-        note=_signal(provisioned) if provisioned and not provisioned.is_true else None,
-        capacity_not_found=any(
-            c is not None and c.reason == CAPACITY_NOT_FOUND for c in (provisioned, failed)
-        ),
-    )
-
-
-CONDITION_TYPES = tuple(p.value for p in Phase if p is not Phase.PENDING)
-"""The request conditions gangcheck reads (shown by diagnose)."""
-
-
-def _signal(condition: Condition) -> Signal:
-    return Signal(condition.reason, condition.message, condition.last_transition_time)
 
 
 def owner_reference(ref: ObjectRef, api_version: str) -> Obj:

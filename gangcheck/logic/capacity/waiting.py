@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
-from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.model.names import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
 from gangcheck.model.objects import Obj, request_of
 

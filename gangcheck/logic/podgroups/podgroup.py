@@ -44,6 +44,7 @@ from gangcheck.logic.attempt.actions import (
     Event,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
@@ -57,7 +58,6 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (

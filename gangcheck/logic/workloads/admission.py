@@ -21,6 +21,7 @@ from gangcheck.logic.attempt.actions import (
     Event,
     ReclaimArrivals,
 )
+from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import (
     Capacity,
     GangSpec,
@@ -32,9 +33,8 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
-from gangcheck.logic.capacity.backend import Ask, AskedPodSet, CapacityBackend
+from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
-from gangcheck.logic.capacity.status import AttemptStatus, Phase
 from gangcheck.logic.placement.capacity import tally
 from gangcheck.logic.placement.reservations import describe
 from gangcheck.logic.timefmt import format_time, parse_time
