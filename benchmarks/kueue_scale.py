@@ -120,6 +120,7 @@ from gangcheck_dev.testbed.stack import (
     Scheduler,
 )
 
+from benchmarks import ready_path
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import (
@@ -1094,12 +1095,14 @@ async def measure(stack: Stack, n: int, timeout: float) -> dict[str, Any]:
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
     audit = count_requests(audit_events(stack.audit_dir), (start, end), namespaces, settled)
+    path = ready_path.breakdown(audit_events(stack.audit_dir))
     result = figures(
         n, recorder=recorder, start=start, created=created, end=end, cpu=cpu, rss=rss, audit=audit
     )
     share = await asyncio.to_thread(profiler.check_share)
     add_check_figures(result, n, cpu, share, (reconciles_before, reconciles_after))
     result["kueue_profiles"] = len(profiler.files)
+    result["ready_path"] = path
     result["other_cpu_s"] = others_cpu
     result["events_settled_s"] = settled - end
     result["gangcheck_exited_s"] = exited
@@ -1438,6 +1441,8 @@ def print_table(result: dict[str, Any]) -> None:
         f"frame in {KUEUE_CHECK_PACKAGE}; gangcheck's: its whole process. Process CPU per "
         "Workload handled: gangcheck's over its N, Kueue's manager's over the 2N of both sides"
     )
+    if "ready_path" in result:
+        print("\n".join(ready_path.lines(result["ready_path"])))
     for line in result.get("settings", []):
         print(f"settings: {line}")
 
@@ -1466,6 +1471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.gangcheck_source is not None:
         source = args.gangcheck_source.resolve()
         deploy.repo_root = lambda: source  # type: ignore[attr-defined]
+        # The child's sys.path starts with its working folder (python -c), ahead of its
+        # PYTHONPATH: run it from the source folder, or this checkout's package is imported.
+        os.chdir(source)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
     for n in sizes:
