@@ -1,23 +1,27 @@
-"""The capacity-backend seam: ask for capacity for one gang attempt, follow it, withdraw it.
+"""The capacity seam: ask for capacity for one gang attempt, follow it, withdraw it.
 
-A decision never builds a backend's objects itself: it says what it wants in the
-backend-neutral terms below (an `Ask`, a withdrawal, the status it reads), and the backend
-turns that into its actions (for ProvisioningRequest: PodTemplates and a request to create;
-the request to delete). The edge applies those actions (reconcile/apply.py).
+The attempt core (lifecycle.py, driver.py) and the gang sources talk to capacity only through
+this contract; the backends live in logic/capacity/ and import the core, never the reverse.
+A decision never builds a backend's objects itself: it says what it wants in the neutral terms
+below (an `Ask`, a withdrawal, the status it reads), and the backend turns that into its
+actions, which the edge applies (reconcile/apply.py).
 
-What a second backend implements (Karpenter, say: one NodeClaim per node of the gang, each
-labelled with the attempt and naming a NodePool):
-- ``ask``: the objects to create for a new attempt (NodeClaims sized for the pod sets);
-- ``status_of``: its objects' state as an `AttemptStatus` (all Launched/Registered ->
-  Provisioned; a claim failing with InsufficientCapacity -> Failed, a partial delivery);
-- ``follow``: upkeep while the attempt is in flight (nothing, or re-creating a lost claim);
-- ``withdraw``: the actions that end the ask (delete the NodeClaims).
-Reclaiming what arrived for a rolled-back attempt is a seam of its own (gangcheck/reclaim/).
+Today there is one backend, the ProvisioningRequest (capacity/provreq.py): one request per
+attempt, with a PodTemplate per pod set; whoever serves the request's class answers it with
+conditions. cluster-autoscaler serves its classes; gangcheck's own Karpenter provisioner
+(capacity/karpenter/, reconcile/karpenter.py) serves ``karpenter.gangcheck.io`` by creating
+the gang's NodeClaims. So a new place to ask is, first, a new class and a provisioner
+answering its requests: the request stays the attempt's record, and nothing here changes.
 
-At the edge, a second backend adds its action types (logic/attempt/actions.py) with their
-handlers (reconcile/apply.py), and hands the snapshots of both gang sources its records
-(`AttemptRecord`, e.g. read from an object it anchors each attempt on) and itself as
-``backend`` (an instance may hold what ``status_of`` reads, such as the attempt's NodeClaims).
+A source that cannot be a request class implements `CapacityBackend`:
+- ``ask``: the actions creating what a new attempt asks for;
+- ``status_of``: what its objects say, as an `AttemptStatus` (Phase: Accepted, Provisioned,
+  Failed, ...); the record it reads (`AttemptRecord`) is anchored on an object it makes;
+- ``follow``: upkeep while the attempt is in flight (what was lost, made again);
+- ``withdraw``: the actions ending the ask.
+Its new action types go into logic/attempt/actions.py with their handlers in
+reconcile/apply.py, and the gang sources' snapshots are handed it as ``backend``. Reclaiming
+what arrived for a rolled-back attempt is a seam of its own (gangcheck/reclaim/).
 """
 
 from __future__ import annotations
