@@ -79,6 +79,11 @@ async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(
     assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
 
 
+async def _active_is(cluster: Cluster, status: str) -> bool:
+    cond = await cluster.active_condition()
+    return cond is not None and cond["status"] == status
+
+
 async def _check_message(cluster: Cluster, workload: str, text: str) -> Any:
     entry = await cluster.check_state(workload)
     return entry if text in entry["message"] else None
@@ -363,11 +368,7 @@ async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_wa
     await eventually(lambda: _arrived_count(cluster, name, 1), what="the arrival recorded")
     await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
 
-    async def inactive() -> bool:
-        cond = await cluster.active_condition()
-        return cond is not None and cond["status"] == "False"
-
-    await eventually(inactive, what="the check inactive")
+    await eventually(lambda: _active_is(cluster, "False"), what="the check inactive")
     check = await cluster.wait_check("wl", "Retry", timeout=30)
     assert "reclaimed 1 node" in check["message"]
     assert await cluster.nodes() == []  # deleted by the attempt's own reclaimer
@@ -403,20 +404,12 @@ async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(
     config = await cluster.kube.get(ATOMIC_CONFIG, cluster.config)
     await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
 
-    async def inactive() -> bool:
-        cond = await cluster.active_condition()
-        return cond is not None and cond["status"] == "False"
-
-    await eventually(inactive, what="the check inactive")
+    await eventually(lambda: _active_is(cluster, "False"), what="the check inactive")
     await cluster.kube.create(
         ATOMIC_CONFIG, {"metadata": {"name": cluster.config}, "spec": config["spec"]}
     )
 
-    async def active() -> bool:
-        cond = await cluster.active_condition()
-        return cond is not None and cond["status"] == "True"
-
-    await eventually(active, what="the check active again")
+    await eventually(lambda: _active_is(cluster, "True"), what="the check active again")
     check = await cluster.check_state("wl")
     assert check["state"] == "Ready"
     assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]

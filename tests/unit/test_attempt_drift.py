@@ -14,7 +14,7 @@ from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
-from gangcheck.logic.workloads.admission import Snapshot
+from gangcheck.logic.workloads.admission import Decision, Snapshot
 from gangcheck.logic.workloads.admission import decide as decide_workload
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
@@ -91,7 +91,7 @@ def request(name: str, conditions: dict[str, str], identity: dict[str, str]) -> 
     )
 
 
-def through_workload(case: Case) -> tuple[Action, ...]:
+def workload_decision(case: Case) -> Decision:
     wl = WorkloadBuilder().pod_set("workers", 2).reserve_quota().check()
     name = naming.request_name("wl", CHECK, 1)
     snap = Snapshot(
@@ -101,7 +101,11 @@ def through_workload(case: Case) -> tuple[Action, ...]:
         requests=(request_of(request(name, case.conditions, {})),),
         templates=frozenset({naming.template_name(name, "ps-0")}),
     )
-    return decide_workload(snap, NOW).actions
+    return decide_workload(snap, NOW)
+
+
+def through_workload(case: Case) -> tuple[Action, ...]:
+    return workload_decision(case).actions
 
 
 def through_pod_group(case: Case) -> tuple[Action, ...]:
@@ -166,16 +170,7 @@ def test_outside_fit_mode_a_workloads_attempt_ends_at_once_a_podgroups_rolls_bac
         {"fulfillment": {"mode": "TrustProvisioned"}, "parameters": {"x": "y"}},
         {"Accepted": ""},
     )
-    wl = WorkloadBuilder().pod_set("workers", 2).reserve_quota().check()
-    name = naming.request_name("wl", CHECK, 1)
-    snap = Snapshot(
-        workload=workload_of(wl.build()),
-        check=CHECK,
-        config=parse_spec(case.config),
-        requests=(request_of(request(name, case.conditions, {})),),
-        templates=frozenset({naming.template_name(name, "ps-0")}),
-    )
-    check = decide_workload(snap, NOW).check
+    check = workload_decision(case).check
     assert check is not None and check.state == "Retry"
     assert check.message.startswith("Retrying after config change: the request parameters")
     marks = [a.annotations for a in through_pod_group(case) if isinstance(a, AnnotateRequest)]
