@@ -246,7 +246,22 @@ class Controller:
         if _is_echo(old, new):
             return
         meta = _meta(old, new)
-        self._add_workload(meta["namespace"], meta["name"])
+        if self._concerns_us(old, new, str(meta["namespace"]), str(meta["name"])):
+            self._add_workload(meta["namespace"], meta["name"])
+
+    def _concerns_us(self, old: Obj | None, new: Obj | None, namespace: str, name: str) -> bool:
+        """Whether a Workload's change can change what gangcheck does: it lists, or listed,
+        one of gangcheck's checks, or gangcheck made requests or templates for it. Any other
+        Workload's reconcile decides nothing (a check that becomes gangcheck's requeues the
+        Workloads listing it: `_on_admission_check`)."""
+        ours = self.caches.our_check_names()
+        for obj in (old, new):
+            checks = ((obj or {}).get("status") or {}).get("admissionChecks") or []
+            if any(ch.get("name") in ours for ch in checks):
+                return True
+        return bool(
+            self.caches.requests_of(namespace, name) or self.caches.templates_of(namespace, name)
+        )
 
     def _on_admission_check(self, old: Obj | None, new: Obj | None) -> None:
         if not any(o is not None and checkconfig.is_ours(o) for o in (old, new)):

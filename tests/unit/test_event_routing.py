@@ -12,7 +12,7 @@ from gangcheck.app import Controller
 from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
 from gangcheck.model.names import CONSUME_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.runtime.queue import WorkQueue
-from tests.builders import WorkloadBuilder, node, provisioning_request
+from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node, provisioning_request
 from tests.fakes.kube import FakeKube
 
 Obj = dict[str, Any]
@@ -183,3 +183,29 @@ def test_the_echo_of_a_request_write_requeues_its_gang_only_once_the_gang_is_gon
     controller.caches.workloads.store._pop(WorkloadBuilder().build())
     controller._on_request(stored, copy.deepcopy(stored))
     assert controller.queue._ready == [WAITING_GANG]  # an orphan's withdrawal follows it
+
+
+def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
+    """A Workload that lists none of gangcheck's checks and has nothing of gangcheck's is not
+    reconciled on its changes (its reconcile decides nothing); one that lists, or listed,
+    gangcheck's check is."""
+    kube = FakeKube()
+    ours = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": CHECK},
+        "spec": {"controllerName": CONTROLLER},
+    }
+    kube.add(ours)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    theirs = with_version(WorkloadBuilder("other").check("kueue-provreq").build(), "5")
+    controller._on_workload(theirs, with_version(theirs, "6"))
+    controller._on_workload(None, theirs)
+    assert len(controller.queue) == 0
+    listed = with_version(WorkloadBuilder("mine").check(CHECK).build(), "5")
+    controller._on_workload(listed, with_version(listed, "6"))
+    assert controller.queue._ready == ["wl:default/mine"]
+    controller.queue = WorkQueue()
+    controller._on_workload(listed, None)  # deleted: what it listed still counts
+    assert controller.queue._ready == ["wl:default/mine"]
