@@ -73,6 +73,17 @@ def unschedulable(pod: Obj) -> Obj:
     return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
 
 
+def still_gated_condition(pod: Obj) -> Obj:
+    """The pod as the API server leaves one created gated, until the scheduler looks."""
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "SchedulingGated",
+        "message": "Scheduling is blocked due to non-empty scheduling gates",
+    }
+    return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
+
+
 def members(count: int, **kw: Any) -> list[Obj]:
     return [member(i, **kw) for i in range(count)]
 
@@ -435,6 +446,14 @@ CASES = [
         "blocked: released: 2 members released together; 1 of 2 bound so far (kube-scheduler's "
         "turn): kube-scheduler says m1: Unschedulable: 0/3 nodes are available: 3 Insufficient "
         "nvidia.com/gpu.",
+        "released",
+    ),
+    Case(
+        "released, a member whose PodScheduled still says SchedulingGated: kube-scheduler's turn",
+        group(2, state="Released"),
+        [member(0, gated=False, node_name="n0"), still_gated_condition(member(1, gated=False))],
+        "not blocked: released: 2 members released together; 1 of 2 bound so far "
+        "(kube-scheduler's turn)",
         "released",
     ),
     Case(

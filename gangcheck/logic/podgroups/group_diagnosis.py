@@ -258,7 +258,12 @@ def _unschedulable(pod: Pod) -> str:
     """kube-scheduler's word on a pod it could not place: its PodScheduled=False condition."""
     conditions = (pod.raw.get("status") or {}).get("conditions") or []
     for c in conditions:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+        # SchedulingGated is the API server's word for a gate (left until the scheduler looks)
+        if (
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") != "SchedulingGated"
+        ):
             reason, message = c.get("reason") or "", c.get("message") or ""
             return f"{pod.name}: {reason}: {message}" if message else f"{pod.name}: {reason}"
     return ""
