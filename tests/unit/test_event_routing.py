@@ -64,7 +64,7 @@ def test_a_node_heartbeat_requeues_no_gang() -> None:
 def test_a_node_change_a_fit_reads_requeues_the_waiting_gang() -> None:
     controller, n1 = controller_with_a_waiting_gang()
     controller._on_node(n1, tainted(n1))
-    assert controller.queue._ready == [WAITING_GANG]
+    assert list(controller.queue._ready) == [WAITING_GANG]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_pod_events_requeue_waiting_gangs_only_when_room_is_given_back(
 ) -> None:
     controller, _ = controller_with_a_waiting_gang()
     controller._on_pod(old, new)
-    assert controller.queue._ready == requeued
+    assert list(controller.queue._ready) == requeued
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ def test_a_member_requeues_its_gang_only_when_its_start_moves(
 ) -> None:
     controller, _ = controller_with_a_waiting_gang()
     controller._on_pod(old, new)
-    assert controller.queue._ready == requeued
+    assert list(controller.queue._ready) == requeued
 
 
 def with_version(obj: Obj, version: str) -> Obj:
@@ -163,7 +163,7 @@ def test_the_echo_of_a_workload_write_requeues_nothing_a_change_does() -> None:
     controller._on_workload(wl, copy.deepcopy(wl))
     assert len(controller.queue) == 0
     controller._on_workload(wl, with_version(wl, "6"))
-    assert controller.queue._ready == [WAITING_GANG]
+    assert list(controller.queue._ready) == [WAITING_GANG]
 
 
 def test_the_echo_of_a_request_write_requeues_its_gang_only_once_the_gang_is_gone() -> None:
@@ -178,11 +178,11 @@ def test_the_echo_of_a_request_write_requeues_its_gang_only_once_the_gang_is_gon
     controller._on_request(stored, copy.deepcopy(stored))
     assert len(controller.queue) == 0  # its Workload is cached: the writer decided on it
     controller._on_request(stored, with_version(stored, "99"))
-    assert controller.queue._ready == [WAITING_GANG]  # a change by someone else
+    assert list(controller.queue._ready) == [WAITING_GANG]  # a change by someone else
     controller.queue = WorkQueue()
     controller.caches.workloads.store._pop(WorkloadBuilder().build())
     controller._on_request(stored, copy.deepcopy(stored))
-    assert controller.queue._ready == [WAITING_GANG]  # an orphan's withdrawal follows it
+    assert list(controller.queue._ready) == [WAITING_GANG]  # an orphan's withdrawal follows it
 
 
 def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
@@ -205,7 +205,7 @@ def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
     assert len(controller.queue) == 0
     listed = with_version(WorkloadBuilder("mine").check(CHECK).build(), "5")
     controller._on_workload(listed, with_version(listed, "6"))
-    assert controller.queue._ready == ["wl:default/mine"]
+    assert list(controller.queue._ready) == ["wl:default/mine"]
     controller.queue = WorkQueue()
     controller._on_workload(listed, None)  # deleted: what it listed still counts
-    assert controller.queue._ready == ["wl:default/mine"]
+    assert list(controller.queue._ready) == ["wl:default/mine"]

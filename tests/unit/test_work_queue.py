@@ -207,3 +207,46 @@ async def test_a_reconcile_asking_to_be_called_again_is_called_again() -> None:
     queue.add("a")
     await run_for(queue, reconcile, until=finished, workers=1)
     assert calls == ["a", "a"]
+
+
+async def test_a_key_made_ready_wakes_one_idle_worker_not_all() -> None:
+    queue = WorkQueue()
+    getters = [asyncio.create_task(queue.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert len(queue._idle) == 3
+    queue.add("a")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    finished = [t for t in getters if t.done()]
+    assert [t.result() for t in finished] == ["a"]
+    assert len(queue._idle) == 2  # the other two were never woken
+    queue.add("b")
+    queue.add("c")
+    await asyncio.wait_for(asyncio.gather(*getters), 1)
+    assert sorted(t.result() for t in getters) == ["a", "b", "c"]
+
+
+async def test_a_delayed_key_reaches_one_of_many_idle_workers_when_due() -> None:
+    queue = WorkQueue()
+    getters = [asyncio.create_task(queue.get()) for _ in range(4)]
+    await asyncio.sleep(0)
+    queue.add("late", after=60)
+    queue.add("soon", after=0.05)  # earlier than the one time is kept for: the keeper wakes
+    done, pending = await asyncio.wait(getters, timeout=2, return_when=asyncio.FIRST_COMPLETED)
+    assert [t.result() for t in done] == ["soon"]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    assert not queue._idle and queue._timekeeper is None
+
+
+async def test_a_woken_worker_cancelled_passes_its_wake_on() -> None:
+    queue = WorkQueue()
+    first = asyncio.create_task(queue.get())
+    second = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    queue.add("a")  # wakes the first
+    first.cancel()
+    assert await asyncio.wait_for(second, 1) == "a"
+    with contextlib.suppress(asyncio.CancelledError):
+        await first
