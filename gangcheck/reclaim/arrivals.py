@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from gangcheck.kube.client import Kube
 from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
@@ -18,10 +18,16 @@ from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reclaim.safely import Result, Target, reclaim_safely
-from gangcheck.reconcile.events import EventRecorder
 
 log = logging.getLogger(__name__)
 PARALLEL = 8
+
+
+class EventRecorder(Protocol):
+    """Where the reclaim tells what became of a node (reconcile/events.py is one): the
+    reclaimers depend on the edge only through this."""
+
+    async def emit(self, ref: ObjectRef, event: Event) -> None: ...
 
 
 async def reclaim_arrivals(
