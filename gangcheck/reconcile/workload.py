@@ -29,8 +29,8 @@ from gangcheck.logic.attempt.actions import (
     ReleaseHold,
     ReleaseMembers,
 )
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.attempt.status import Phase
+from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
@@ -118,10 +118,15 @@ class WorkloadReconciler:
         of those writes would have asked for, made without a trip through the queue (the
         controller routes no echo of a write of gangcheck's own here: `app._is_echo`). A
         write the caches do not show yet (a delete) asks for another reconcile at once, as
-        its echo did; so does a Workload still deciding after `MAX_PASSES`."""
+        its echo did; so does a Workload still deciding after `MAX_PASSES`. A decision that
+        repeats the last one is not applied again: the write changed nothing it reads."""
+        last: tuple[Decision, float | None] | None = None
         for _ in range(MAX_PASSES):
             decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
+            if last is not None and decision == last[0]:
+                return last[1]  # what was written changed nothing this decides on
             applied = await self._apply(wl, check, decision)
+            last = (decision, applied.delay)
             if not applied.wrote:
                 return applied.delay
             if not applied.cached:

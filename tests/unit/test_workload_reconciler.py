@@ -11,7 +11,10 @@ import pytest
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import AnnotateRequest
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.workloads.admission import Decision
+from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
@@ -283,3 +286,18 @@ async def test_a_reconcile_that_deletes_asks_to_be_reconciled_again_at_once() ->
     result = await world.reconcile()
     assert world.kube.writes_of("ProvisioningRequest", "delete")
     assert result.requeue_after == 0.0
+
+
+async def test_a_decision_repeated_on_its_own_writes_is_applied_once_and_not_requeued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write that changes nothing the decision reads (the same annotation again) makes the
+    same decision: it is not applied again, and the Workload is not queued again at once."""
+    world = World(gang())
+    await world.settle()
+    same = Decision(actions=(AnnotateRequest(REQUEST, {"example.com/note": "x"}),))
+    monkeypatch.setattr(workload_module, "decide", lambda _snap, _now: same)
+    before = len(world.kube.writes_of("ProvisioningRequest", "patch"))
+    result = await world.reconcile()
+    assert len(world.kube.writes_of("ProvisioningRequest", "patch")) == before + 1
+    assert result.requeue_after is None
