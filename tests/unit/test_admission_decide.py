@@ -18,10 +18,11 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
+from tests.builders import CHECK, T0, WorkloadBuilder, node, pod_template, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
@@ -1141,3 +1142,21 @@ def test_a_finished_gangs_waiting_attempt_is_withdrawn_once_the_node_cache_is_cu
     else:
         assert decision.actions == () and decision.check is None
         assert decision.requeue_after == 1.0
+
+
+def test_a_gang_waiting_for_its_members_is_looked_at_again_at_its_start_deadline() -> None:
+    """Its members' binds requeue it (the controller routes them); the watchdog itself asks
+    only for its deadline, not for a poll every few seconds."""
+    decision = run(
+        Case(
+            "watchdog",
+            admitted(),
+            config={},
+            requests=[req(conditions={"Provisioned": ""})],
+            pods=[member("p0", bound=True), member("p1", bound=False)],
+        )
+    )
+    assert decision.actions == ()
+    admitted_at = parse_time(T0)
+    assert admitted_at is not None
+    assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())

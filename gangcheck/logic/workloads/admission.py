@@ -358,8 +358,8 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     limit = snap.config.fulfillment.start_deadline_seconds
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
-    if waited < limit:
-        return Decision(requeue_after=min(5.0, limit - waited))
+    if waited < limit:  # a member bound or gone requeues the gang: only the deadline is due
+        return Decision(requeue_after=limit - waited)
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
