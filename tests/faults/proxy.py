@@ -443,11 +443,19 @@ def _reset(request: web.Request) -> web.Response:
 
 @contextlib.asynccontextmanager
 async def proxies(
-    upstream_kubeconfig: Path, faults: Faults, replicas: list[str], folder: Path
+    upstream_kubeconfig: Path,
+    faults: Faults,
+    replicas: list[str],
+    folder: Path,
+    *,
+    identity: Identity | None = HARNESS,
 ) -> AsyncIterator[list[FaultProxy]]:
     """Started proxies, one per replica, each with its kubeconfig written in `folder`
-    (``folder / f"{replica}.kubeconfig"``)."""
-    started = [await FaultProxy(upstream_kubeconfig, faults, replica=r).start() for r in replicas]
+    (``folder / f"{replica}.kubeconfig"``), forwarding as `identity` (None: the admin)."""
+    started = [
+        await FaultProxy(upstream_kubeconfig, faults, replica=r, identity=identity).start()
+        for r in replicas
+    ]
     try:
         for proxy in started:
             proxy.kubeconfig(folder / f"{proxy.replica}.kubeconfig")

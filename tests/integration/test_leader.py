@@ -65,7 +65,9 @@ async def replicas(
     control_plane: ControlPlane, faults: Faults, tmp_path: Path, config: LeaseConfig, n: int
 ) -> AsyncIterator[list[Replica]]:
     names = [f"replica-{chr(ord('a') + i)}" for i in range(n)]
-    async with proxies(control_plane.kubeconfig, faults, names, tmp_path):
+    # The elector alone, with a Lease and a ConfigMap of the test's namespace: as the admin
+    # (gangcheck's own Role grants its one Lease, in its namespace; the suites prove that).
+    async with proxies(control_plane.kubeconfig, faults, names, tmp_path, identity=None):
         kubes = [await Kube.connect(str(tmp_path / f"{name}.kubeconfig")) for name in names]
         made = [
             Replica(name, kube, LeaseConfig(**{**config.__dict__, "identity": name}))

@@ -175,6 +175,7 @@ def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:
         attempt.status,
         attempt.capacity,
         attempt.gang,
+        deadline_seconds=attempt.config.fulfillment.deadline_seconds,
         started=attempt.started,
         now=now,
     )

@@ -35,7 +35,6 @@ from gangcheck.logic.attempt.records import (
     arrived_for,
 )
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, Signal
-from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     PHASE_ANNOTATION,
     ROLLBACK_NODES_ANNOTATION,
@@ -65,6 +64,7 @@ def trigger(
     capacity: Capacity | None,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     *,
+    deadline_seconds: int,
     started: bool,
     now: datetime,
 ) -> str | None:
@@ -85,11 +85,9 @@ def trigger(
     verdict = assess(capacity, req, gang, now)
     if phase is Phase.PROVISIONED and verdict.fits:
         return None
-    created = parse_time(req.creation_timestamp)
-    # the deadline the attempt had, not the config's now (it may have been changed since)
-    seconds = round((deadline - created).total_seconds()) if created else None
-    within = f"within {seconds}s" if seconds is not None else "by its deadline"
-    why = f"Deadline: the gang did not fit {within} ({verdict.summary})"
+    # `deadline_seconds`: the config in force, which the deadline follows (within a slack:
+    # lifecycle.current_deadline moves it when deadlineSeconds changes)
+    why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
     return why + _autoscaler_said(status.note)
 
 
