@@ -534,8 +534,16 @@ def traced_decision(decide: Callable[[Snap, datetime], Made], snap: Snap, now: d
         else:  # pragma: no cover - the type variables pair them
             attributes = {}
         span.set_attributes(attributes)
-    reconcile.set_attributes(attributes)
+    # A reconcile may decide more than once (again on its own writes): it is known by its
+    # first decision, or by a later one that changed the check or group, not by one that only
+    # carried on what an earlier one began.
+    said = getattr(reconcile, "attributes", None) or {}
+    if _CHANGED not in said or attributes.get(_CHANGED):
+        reconcile.set_attributes(attributes)
     return decision
+
+
+_CHANGED = "gangcheck.decision.changed"
 
 
 def _check_outcome(snap: Snapshot, decision: Decision) -> dict[str, AttributeValue]:
@@ -551,7 +559,7 @@ def _check_outcome(snap: Snapshot, decision: Decision) -> dict[str, AttributeVal
         "gangcheck.attempt": (before.retry_count if before else 0) + 1,
         "gangcheck.decision.outcome": outcome,
         "gangcheck.decision.reason": reason[:MAX_REASON],
-        "gangcheck.decision.changed": decision.check is not None,
+        _CHANGED: decision.check is not None,
         "gangcheck.decision.actions": len(decision.actions),
     }
 
@@ -568,7 +576,7 @@ def _group_outcome(snap: GroupSnapshot, decision: GroupDecision) -> dict[str, At
         "gangcheck.attempt": pg.attempt_of(snap.group),
         "gangcheck.decision.outcome": outcome,
         "gangcheck.decision.reason": reason[:MAX_REASON],
-        "gangcheck.decision.changed": decision.status is not None,
+        _CHANGED: decision.status is not None,
         "gangcheck.decision.actions": len(decision.actions),
     }
 

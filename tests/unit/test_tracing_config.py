@@ -213,3 +213,37 @@ def test_gangcheck_run_refuses_a_bad_otel_endpoint_before_connecting(
     assert "OTEL_EXPORTER_OTLP_ENDPOINT: must be an http:// or https:// URL" in (
         capsys.readouterr().err
     )
+
+
+def test_a_reconcile_deciding_again_is_known_by_its_first_decision_or_one_that_changed() -> None:
+    """A reconcile decides again on its own writes: its span keeps the first decision's
+    outcome unless a later decision changed the check (the Ready written on the second pass)."""
+    from datetime import UTC, datetime
+
+    from opentelemetry import trace
+
+    from gangcheck import telemetry
+    from gangcheck.logic.workloads.admission import Decision, Snapshot
+    from gangcheck.model.objects import CheckState, workload_of
+    from tests.builders import CHECK, WorkloadBuilder
+
+    snap = Snapshot(
+        workload=workload_of(WorkloadBuilder().pod_set("w", 1).reserve_quota().check().build()),
+        check=CHECK,
+        config=None,
+    )
+    ready = CheckState(CHECK, "Ready", "the whole gang fits", "2026-11-30T10:00:00Z")
+    provider = TracerProvider(shutdown_on_exit=False)
+    tracer = provider.get_tracer("test")
+    later = Decision(requeue_after=1.0, actions=(object(),))  # type: ignore[arg-type]
+    with tracer.start_as_current_span("reconcile workload") as span:
+        telemetry.traced_decision(lambda _s, _n: Decision(), snap, datetime.now(UTC))
+        first = dict(span.attributes or {})  # type: ignore[attr-defined]
+        telemetry.traced_decision(lambda _s, _n: later, snap, datetime.now(UTC))
+        assert dict(span.attributes or {}) == first  # type: ignore[attr-defined]
+        telemetry.traced_decision(lambda _s, _n: Decision(check=ready), snap, datetime.now(UTC))
+        telemetry.traced_decision(lambda _s, _n: later, snap, datetime.now(UTC))
+        said = dict(span.attributes or {})  # type: ignore[attr-defined]
+    assert said["gangcheck.decision.outcome"] == "ready"
+    assert said["gangcheck.decision.changed"] is True
+    assert trace.get_current_span() is not span
