@@ -92,7 +92,7 @@ def in_flight(
     actions = upkeep()
     change = lifecycle.drift(req, class_name, parameters)
     if change is not None and not attempt.status.has(Phase.PROVISIONED):
-        step = lifecycle.replaced(attempt, attempt.status, change, now) if attempt.fit else None
+        step = lifecycle.replaced(attempt, change, now) if attempt.fit else None
         return InFlight(step, req, actions, change)
     if attempt.fit:
         req, moved = lifecycle.current_deadline(req, attempt.config)

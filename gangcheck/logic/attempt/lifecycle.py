@@ -198,12 +198,10 @@ def drift(req: ProvisioningRequest, class_name: str, parameters: Mapping[str, st
     return None
 
 
-def replaced(attempt: Attempt, status: AttemptStatus, change: str, now: datetime) -> Step | None:
-    """The config changed under an attempt (`drift`): before Provisioned the attempt ends, in
-    fit mode rolled back (CONFIG_CHANGED) so what arrived goes back, and the next one uses the
-    new config; None once Provisioned, when its capacity is there and it is kept."""
-    if status.has(Phase.PROVISIONED):
-        return None
+def replaced(attempt: Attempt, change: str, now: datetime) -> Step:
+    """The config changed under an attempt not yet Provisioned (`drift`): it is rolled back
+    (CONFIG_CHANGED) so what arrived goes back, and the next one uses the new config. (Once
+    Provisioned an attempt is kept: its capacity is there.)"""
     return start_rollback(attempt, f"{CONFIG_CHANGED}: {change}", now=now)
 
 
