@@ -61,27 +61,22 @@ def member(i: int, *, gated: bool = True, gpu: int = 1, node_name: str = "", **m
     return {"metadata": {"name": f"m{i}", "namespace": "default", **meta}, "spec": spec}
 
 
+def not_scheduled(pod: Obj, reason: str, message: str) -> Obj:
+    """The pod with PodScheduled=False as the API server or kube-scheduler leaves it."""
+    condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+    return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
+
+
 def unschedulable(pod: Obj) -> Obj:
     """The pod as kube-scheduler leaves one it cannot place."""
     message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-    condition = {
-        "type": "PodScheduled",
-        "status": "False",
-        "reason": "Unschedulable",
-        "message": message,
-    }
-    return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
+    return not_scheduled(pod, "Unschedulable", message)
 
 
 def still_gated_condition(pod: Obj) -> Obj:
     """The pod as the API server leaves one created gated, until the scheduler looks."""
-    condition = {
-        "type": "PodScheduled",
-        "status": "False",
-        "reason": "SchedulingGated",
-        "message": "Scheduling is blocked due to non-empty scheduling gates",
-    }
-    return {**pod, "status": {"phase": "Pending", "conditions": [condition]}}
+    message = "Scheduling is blocked due to non-empty scheduling gates"
+    return not_scheduled(pod, "SchedulingGated", message)
 
 
 def members(count: int, **kw: Any) -> list[Obj]:
