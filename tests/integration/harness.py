@@ -187,6 +187,14 @@ class RunningController:
         await asyncio.wait_for(self.controller.caches.wait_synced(), 60)
         return self.controller
 
+    def forgive_rbac_refusals(self) -> list[str]:
+        """Drop the refusals by RBAC seen so far (a kube-apiserver just restarted answers 403
+        until its RBAC informers have synced), keeping those of an admission policy; returns
+        the ones dropped."""
+        dropped = [r for r in self.refused if _by_rbac(r)]
+        self.refused[:] = [r for r in self.refused if not _by_rbac(r)]
+        return dropped
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -530,3 +538,8 @@ def _set_condition(status: Obj, kind: str, value: str, reason: str) -> None:
             "lastTransitionTime": now(),
         }
     )
+
+
+def _by_rbac(refusal: str) -> bool:
+    """A refusal by RBAC, not by an admission policy."""
+    return "403" in refusal and "ValidatingAdmissionPolicy" not in refusal
