@@ -44,13 +44,22 @@ def test_scale_benchmark_reports_every_figure_for_both_sides(
         assert figures["cpu_s"] >= 0, (side, figures)
         # each check's own work: its Workload reconciles (metrics) and CPU (Kueue's: its
         # share of Kueue's CPU profile)
-        for key in ("workload_reconciles_per_gang", "check_cpu_ms_per_workload"):
-            assert figures[key] > 0 and not math.isnan(figures[key]), (side, key, figures)
+        assert figures["workload_reconciles_per_gang"] > 0, (side, figures)
+        # a CPU profile samples every 10 ms: at this N Kueue's check may do less work than one
+        # sample (CI once saw 0 of its samples); a share of 0 is a measurement, not a gap
+        cpu_ms = figures["check_cpu_ms_per_workload"]
+        assert cpu_ms >= 0 and not math.isnan(cpu_ms), (side, figures)
+        if side == "gangcheck":
+            assert cpu_ms > 0, figures
         assert figures["check_writes_per_gang"] > 0, (side, figures)
     assert result["sides"]["gangcheck"]["gangcheck_requests_per_gang"] > 0
     # every gang's request was marked Fulfilled when its check turned Ready, before admission
     assert result["sides"]["gangcheck"]["phase_records_per_gang"] >= 1, result["audit"]
     assert result["sides"]["kueue"]["kueue_requests_per_gang"] > 0
+    # Kueue was profiled while the burst ran, and its profiles held samples (a NaN share says
+    # none did, or pprof could not read them)
+    assert result["kueue_profiles"] >= 1, result
+    assert not math.isnan(result["kueue_check_cpu_share"]), result
     # Events are counted until both recorders went quiet: every request's Event, on each side
     for side in kueue_scale.SIDES:
         assert result["sides"][side]["created_events_per_request"] >= 1, result["audit"]
