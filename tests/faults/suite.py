@@ -36,7 +36,7 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.process import free_ports
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, NotFoundError
+from gangcheck.kube.errors import ApiError, GoneError, NotFoundError
 from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
 from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, OPT_OUT_LABEL
@@ -45,6 +45,7 @@ from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, p
 from tests.integration.harness import Cluster
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
+ADVERSARY_LABEL = "gangcheck-test/adversary"
 LEASE_NAMESPACE = HARNESS.namespace
 LEASE_NAME = "gangcheck"
 """The Lease the shipped leader-election Role lets the ServiceAccount hold (in its namespace)."""
@@ -103,6 +104,8 @@ class Tally:
     restarts: int = 0
     binds_accepted: int = 0
     binds_refused: int = 0
+    binds_after_delete: int = 0
+    """Binds accepted after the node's delete (by revision): they landed on no node."""
     seconds: float = 0.0
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
@@ -280,6 +283,28 @@ async def chaos(
 
 
 @dataclass
+class Revisions:
+    """The etcd revisions at which nodes were deleted and adversary pods bound, read off
+    watches: they order a bind and a delete whose calls overlapped in time. Binding a pod to a
+    node that no longer exists is accepted (nothing checks the node, and the fence policy has
+    no fenced node left to match), so a bind sent while a delete is in flight may land after
+    it: no pod ran on the node then."""
+
+    deleted: dict[str, int] = field(default_factory=dict)
+    """node -> the revision of its deletion"""
+    bound: dict[str, int] = field(default_factory=dict)
+    """adversary pod -> the revision at which it got its node"""
+
+    def order(self, bind: Bind) -> bool | None:
+        """Whether the bind landed before the node's delete; None when a revision is
+        missing (a watch could not resume across a gap)."""
+        deleted, bound = self.deleted.get(bind.node), self.bound.get(bind.pod)
+        if deleted is None or bound is None:
+            return None
+        return bound < deleted
+
+
+@dataclass
 class Ledger:
     """What the suite (as the cloud) made, to judge each reclaim and count leaks."""
 
@@ -294,6 +319,7 @@ class Ledger:
     converged: set[str] = field(default_factory=set)
     attempts: int = 0
     binds: list[Bind] = field(default_factory=list)
+    revisions: Revisions = field(default_factory=Revisions)
 
     def bound(self) -> set[str]:
         """Nodes a pod was bound to: gangcheck must keep them (or have deleted them before)."""
@@ -304,6 +330,7 @@ class Ledger:
 class Bind:
     """One adversarial bind and the API server's answer."""
 
+    pod: str
     node: str
     fenced: bool
     """The node carried gangcheck's fence label when it was picked."""
@@ -443,6 +470,50 @@ async def _reclaimed(cluster: Cluster, nodes: list[str], patience: float, ledger
     raise AssertionError(f"{nodes} not reclaimed in {patience}s")
 
 
+async def follow_revisions(kube: Kube, revisions: Revisions) -> None:
+    """Record node deletions and adversary binds until cancelled."""
+
+    def on_node(event: dict[str, Any]) -> None:
+        obj = event["object"]
+        if event["type"] == "DELETED":
+            revisions.deleted[obj["metadata"]["name"]] = int(obj["metadata"]["resourceVersion"])
+
+    def on_pod(event: dict[str, Any]) -> None:
+        obj = event["object"]
+        name = obj["metadata"]["name"]
+        if (obj.get("spec") or {}).get("nodeName") and name not in revisions.bound:
+            revisions.bound[name] = int(obj["metadata"]["resourceVersion"])
+
+    await asyncio.gather(
+        _follow(kube, NODE, None, on_node),
+        _follow(kube, POD, f"{ADVERSARY_LABEL}=true", on_pod),
+    )
+
+
+async def _follow(kube: Kube, res: Any, selector: str | None, handle: Any) -> None:
+    """List, then watch from the list's revision, resuming across broken watches (and an
+    apiserver restart); a watch too old to resume lists again (what was missed stays
+    unknown, never guessed)."""
+    version = ""
+    while True:
+        try:
+            if not version:
+                listed = await kube.list_objects(res, label_selector=selector)
+                version = listed["metadata"]["resourceVersion"]
+            async for event in kube.watch(res, resource_version=version, label_selector=selector):
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    version = "" if obj.get("code") == 410 else version
+                    break
+                if event.get("type") != "BOOKMARK":
+                    handle(event)
+                version = obj.get("metadata", {}).get("resourceVersion") or version
+        except GoneError:
+            version = ""
+        except ApiError:
+            await asyncio.sleep(0.5)
+
+
 async def adversary(
     kube: Kube, scenario: Scenario, ledger: Ledger, rng: random.Random, stop: asyncio.Event
 ) -> None:
@@ -459,7 +530,8 @@ async def adversary(
         namespace = ledger.made_for[node].split("/", 1)[0]
         name = f"adversary-{i}"
         spec = {"tolerations": [{"operator": "Exists"}], "containers": [container()]}
-        pod = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        labels = {ADVERSARY_LABEL: "true"}
+        pod = {"metadata": {"name": name, "namespace": namespace, "labels": labels}, "spec": spec}
         await _retrying(kube.create, POD, pod)
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
@@ -473,7 +545,7 @@ async def adversary(
             # 409: the client retried a bind whose answer was lost; the pod says if it landed
             landed = (await kube.get(POD, name, namespace))["spec"].get("nodeName")
             accepted = e.status == 409 and landed == node
-        ledger.binds.append(Bind(node, fenced, sent, time.monotonic(), accepted))
+        ledger.binds.append(Bind(name, node, fenced, sent, time.monotonic(), accepted))
 
 
 async def _pick(
@@ -534,6 +606,7 @@ async def _run(  # noqa: PLR0917
         for cluster in clusters:
             await cluster.install_check(spec(scenario.deadline))
         async with (
+            _background(follow_revisions(kube, ledger.revisions)),
             fleet(control_plane, faults, scenario.replicas, folder) as running,
             _background(supervise(running.replicas)),
         ):
@@ -555,12 +628,28 @@ async def _run(  # noqa: PLR0917
                     tally.problems.append(f"{gang.name}: {outcome}")
             await _settle(clusters, ledger)
             faults.enabled = False
+            await _caught_up(ledger, faults)
         await count(tally, clusters=clusters, ledger=ledger, faults=faults, plans=plans)
     finally:
         for cluster in clusters:
             await _remove(cluster)
     tally.faults = faults.injected
     return tally
+
+
+async def _caught_up(ledger: Ledger, faults: Faults) -> None:
+    """Let the revision watches see every node delete the proxies answered (a few seconds at
+    most; one they never see is judged by the calls' times alone)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        deleted = {
+            w.path.rsplit("/", 1)[-1]
+            for w in faults.writes
+            if w.method == "DELETE" and "/api/v1/nodes/" in w.path and w.status < 300
+        }
+        if deleted <= set(ledger.revisions.deleted):
+            return
+        await asyncio.sleep(0.2)
 
 
 async def _settle(clusters: list[Cluster], ledger: Ledger) -> None:
@@ -610,11 +699,14 @@ async def count(
     tally.reclaimed = len(deleted)
     safe = ledger.may_reclaim - ledger.opted_out - ledger.unrecorded
     unsafe = [n for n in deleted if n not in safe]
-    unsafe += [n for n in deleted if n in safe and _ran_a_pod(n, node_deletes, ledger.binds)]
+    unsafe += [n for n in deleted if n in safe and _ran_a_pod(n, node_deletes, ledger)]
     tally.unsafe_reclaims = len(unsafe)
     tally.problems.extend(f"unsafe reclaim of {n}" for n in unsafe)
     tally.binds_accepted = sum(1 for b in ledger.binds if b.accepted)
     tally.binds_refused = sum(1 for b in ledger.binds if not b.accepted)
+    tally.binds_after_delete = sum(
+        1 for b in ledger.binds if b.accepted and ledger.revisions.order(b) is False
+    )
     overlaps = overlapping_writes(faults.writes)
     tally.overlapping_writes = len(overlaps)
     tally.problems.extend(f"write while another led: {w}" for w in overlaps[:5])
@@ -622,11 +714,13 @@ async def count(
     tally.problems.extend(f"write refused: {r}" for r in faults.refused[:5])
 
 
-def _ran_a_pod(node: str, deletes: list[Write], binds: list[Bind]) -> bool:
-    """A pod was bound to the node before gangcheck's delete of it was answered: the node was
-    deleted with a pod on it, or possibly so (a bind sent while the delete was in flight)."""
+def _ran_a_pod(node: str, deletes: list[Write], ledger: Ledger) -> bool:
+    """A pod was bound to the node before gangcheck deleted it. A bind sent before the delete
+    was answered is ordered by the revisions (a bind that landed on a node already deleted ran
+    no pod there); one the watches missed counts as unsafe."""
     gone = max((w.answered for w in deletes if w.path.rsplit("/", 1)[-1] == node), default=0.0)
-    return any(b.node == node and b.accepted and b.sent < gone for b in binds)
+    overlapping = [b for b in ledger.binds if b.node == node and b.accepted and b.sent < gone]
+    return any(ledger.revisions.order(b) is not False for b in overlapping)
 
 
 def _done(cluster: Cluster, gang: GangPlan, ledger: Ledger) -> bool:
@@ -712,4 +806,7 @@ def table(tallies: list[Tally], baseline: Tally | None) -> str:
     for t in tallies:
         faults = ", ".join(f"{k} x{v}" for k, v in sorted(t.faults.items())) or "none"
         rows.append(f"  {t.scenario}: {faults}")
+    late = [f"{t.scenario}: {t.binds_after_delete}" for t in tallies if t.binds_after_delete]
+    if late:
+        rows.append(f"binds accepted after their node was deleted (no pod ran): {', '.join(late)}")
     return "\n".join(rows)
