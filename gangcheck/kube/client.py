@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from tenacity import (
@@ -35,6 +36,7 @@ from tenacity import (
     wait_random_exponential,
 )
 from tenacity import RetryCallState as _RetryState
+from yarl import URL
 
 from gangcheck.kube.errors import NotFoundError, TransientError, error_from_status
 from gangcheck.kube.resources import Resource
@@ -111,6 +113,7 @@ class Kube:
                 api = k8s_client.ApiClient(configuration=configuration)
             except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
                 raise KubeconfigError(f"unusable TLS material in the kubeconfig: {e}") from e
+        _environment_read_once(api)
         return cls(api, retry_attempts=retry_attempts, retry_seconds=retry_seconds)
 
     @property
@@ -335,6 +338,23 @@ class Kube:
             raise TransientError(
                 0, "ConnectionError", str(e) or type(e).__name__, target=path
             ) from e
+
+
+def _environment_read_once(api: Any) -> None:
+    """Read the proxy variables (HTTPS_PROXY, NO_PROXY, ...) for the API server once, here,
+    rather than on every request: kubernetes-asyncio's session trusts the environment, and
+    aiohttp then looks up the proxy variables and ``~/.netrc`` in a worker thread for each
+    request (a quarter of the controller's CPU samples at N = 2,000 gangs). A proxy the
+    kubeconfig names wins; ``~/.netrc`` is not read (the kubeconfig carries the credentials)."""
+    rest = api.rest_client
+    if not rest.proxy:
+        with contextlib.suppress(LookupError):
+            proxy, proxy_auth = get_env_proxy_for_url(URL(api.configuration.host))
+            rest.proxy = str(proxy)
+            if proxy_auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+    # aiohttp has no public setter: the flag is read per request, and only there
+    rest.pool_manager._trust_env = False
 
 
 _JITTERED = wait_random_exponential(multiplier=0.2, max=3)
