@@ -33,6 +33,9 @@ ATTEMPT_CONFIG_ANNOTATION = "gangcheck.io/attempt-config"
 """On a request: the AtomicProvisioningConfig spec its attempt was made under (JSON, defaults
 left out), so the attempt can be followed and rolled back as it was asked even when its
 config is later deleted or made invalid."""
+SOURCE_ANNOTATION = "gangcheck.io/capacity-source"
+"""On a request: the index (in spec.capacitySources) of the source its attempt asks; absent
+for the first source."""
 ROLLING_BACK = "RollingBack"
 FULFILLED = "Fulfilled"
 STARTED = "Started"

@@ -7,6 +7,8 @@ AdmissionCheck's Active condition instead of breaking reconciles.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
 
@@ -109,6 +111,52 @@ class KarpenterSpec(_Spec):
     ]
 
 
+#: The most capacity sources a config lists (naming.MAX_SOURCES: as many names per attempt).
+MAX_SOURCES = 8
+
+
+class SourcePolicy(StrEnum):
+    """How an attempt uses its capacity sources (docs/configure.md)."""
+
+    IN_ORDER = "InOrder"
+    """Ask the first; on its failure (or past its deadline) the next, in the same attempt."""
+
+
+class CapacitySource(_Spec):
+    """One place to ask for a gang's capacity: a ProvisioningRequest class with its
+    parameters, or Karpenter NodePools; `nodeSelector` pins the ask (the request's pod
+    templates) and the gang (its podSetUpdates) to this source's nodes."""
+
+    name: Annotated[str | None, Field(min_length=1, max_length=63)] = None
+    provisioning_class_name: Annotated[
+        str | None, Field(alias="provisioningClassName", min_length=1, max_length=253)
+    ] = None
+    parameters: Annotated[dict[str, str], Field(max_length=MAX_PARAMETERS)] = Field(
+        default_factory=dict
+    )
+    karpenter: KarpenterSpec | None = None
+    node_selector: Annotated[dict[str, str], Field(alias="nodeSelector", max_length=16)] = Field(
+        default_factory=dict
+    )
+    deadline_seconds: Annotated[int | None, Field(alias="deadlineSeconds", ge=1)] = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """A capacity source as an attempt asks it: resolved from the config (`sources`)."""
+
+    index: int
+    name: str
+    class_name: str
+    parameters: Mapping[str, str]
+    node_selector: Mapping[str, str]
+    deadline_seconds: int
+
+    @property
+    def karpenter(self) -> bool:
+        return self.class_name == KARPENTER_CLASS
+
+
 class AtomicProvisioningSpec(_Spec):
     provisioning_class_name: Annotated[
         str, Field(alias="provisioningClassName", min_length=1, max_length=253)
@@ -129,6 +177,87 @@ class AtomicProvisioningSpec(_Spec):
     reservations: Annotated[tuple[ReservationSpec, ...], Field(max_length=16)] = ()
     backend: Backend = Backend.PROVISIONING_REQUEST
     karpenter: KarpenterSpec | None = None
+    capacity_sources: Annotated[
+        tuple[CapacitySource, ...] | None, Field(alias="capacitySources", max_length=MAX_SOURCES)
+    ] = None
+    capacity_source_policy: Annotated[SourcePolicy, Field(alias="capacitySourcePolicy")] = (
+        SourcePolicy.IN_ORDER
+    )
+
+    def sources(self) -> tuple[Source, ...]:
+        """The places an attempt asks, in order: `capacitySources`, or the single class the
+        top-level fields name (a list of one)."""
+        deadline = self.fulfillment.deadline_seconds
+        if self.capacity_sources is None:
+            single = Source(
+                0, "default", self.provisioning_class_name, self.parameters, {}, deadline
+            )
+            return (single,)
+        return tuple(
+            Source(
+                i,
+                s.name or f"source-{i}",
+                _source_class(s),
+                _source_parameters(s),
+                s.node_selector,
+                s.deadline_seconds or deadline,
+            )
+            for i, s in enumerate(self.capacity_sources)
+        )
+
+    def source(self, index: int) -> Source | None:
+        found = self.sources()
+        return found[index] if 0 <= index < len(found) else None
+
+    def for_source(self, index: int) -> AtomicProvisioningSpec:
+        """The config as an attempt asking source `index` follows it: with that source's
+        deadline (the config as it is when there is no such source)."""
+        source = self.source(index)
+        if source is None or source.deadline_seconds == self.fulfillment.deadline_seconds:
+            return self
+        fulfillment = self.fulfillment.model_copy(
+            update={"deadline_seconds": source.deadline_seconds}
+        )
+        return self.model_copy(update={"fulfillment": fulfillment})
+
+    @model_validator(mode="after")
+    def _capacity_sources(self) -> AtomicProvisioningSpec:
+        if self.capacity_sources is None:
+            return self
+        if not self.capacity_sources:
+            raise ValueError("spec.capacitySources: list at least one source, or leave it unset")
+        # the API server defaults the single-class fields: only a value other than the
+        # default says they were set
+        set_too = [
+            alias
+            for alias, changed in (
+                ("provisioningClassName", self.provisioning_class_name != BEST_EFFORT_ATOMIC),
+                ("parameters", bool(self.parameters)),
+                ("backend", self.backend is not Backend.PROVISIONING_REQUEST),
+                ("karpenter", self.karpenter is not None),
+            )
+            if changed
+        ]
+        if set_too:
+            raise ValueError(
+                f"spec.{set_too[0]}: not with spec.capacitySources (each source names its "
+                "own class and parameters)"
+            )
+        names: set[str] = set()
+        for i, source in enumerate(self.capacity_sources):
+            where = f"spec.capacitySources[{i}]"
+            _check_source(source, where, self.allow_custom_provisioning_class)
+            name = source.name or f"source-{i}"
+            if name in names:
+                raise ValueError(f"{where}.name: {name!r} names an earlier source too")
+            names.add(name)
+            if source.karpenter and self.fulfillment.reclaimer.value not in KARPENTER_RECLAIMERS:
+                raise ValueError(
+                    f"spec.fulfillment.reclaimer: {self.fulfillment.reclaimer.value} waits for "
+                    f"cluster-autoscaler's scale-down; {where} is Karpenter: use "
+                    "DeleteNodeClaim or DeleteNode"
+                )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -193,6 +322,44 @@ class AtomicProvisioningSpec(_Spec):
         return self
 
 
+def _source_class(source: CapacitySource) -> str:
+    if source.karpenter is not None:
+        return KARPENTER_CLASS
+    return source.provisioning_class_name or BEST_EFFORT_ATOMIC
+
+
+def _source_parameters(source: CapacitySource) -> dict[str, str]:
+    if source.karpenter is None:
+        return dict(source.parameters)
+    return {**source.parameters, NODE_POOLS_PARAMETER: ",".join(source.karpenter.node_pools)}
+
+
+def _check_source(source: CapacitySource, where: str, allow_custom: bool) -> None:
+    """One source's class and parameters, by the rules of the single-class fields."""
+    chosen = source.provisioning_class_name
+    if source.karpenter is not None and chosen is not None:
+        raise ValueError(
+            f"{where}.provisioningClassName: not with {where}.karpenter (gangcheck serves a "
+            "Karpenter source's request itself)"
+        )
+    if chosen == KARPENTER_CLASS:
+        raise ValueError(
+            f"{where}.provisioningClassName: {KARPENTER_CLASS!r} is served through "
+            f"{where}.karpenter.nodePools"
+        )
+    if chosen is not None and chosen not in KNOWN_CLASSES and not allow_custom:
+        raise ValueError(
+            f"{where}.provisioningClassName: {chosen!r} is not a class any known autoscaler "
+            "serves (cluster-autoscaler ignores unknown classes silently); set "
+            "spec.allowCustomProvisioningClass: true if a custom provisioner serves it"
+        )
+    for key, value in _source_parameters(source).items():
+        if len(value) > MAX_PARAMETER_LENGTH:
+            raise ValueError(
+                f"{where}.parameters: {key!r} is longer than {MAX_PARAMETER_LENGTH} characters"
+            )
+
+
 def spec_record(spec: AtomicProvisioningSpec) -> str:
     """The spec as an attempt records it: compact JSON by the API's field names, defaults
     left out (`recorded_spec` reads it back)."""
@@ -221,6 +388,7 @@ def parse_spec(spec: object) -> AtomicProvisioningSpec:
 def _one_line(err: ValidationError) -> str:
     parts = []
     for item in err.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "spec"
-        parts.append(f"spec.{where}: {item['msg']}" if where != "spec" else item["msg"])
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        parts.append(f"spec{where}: {message}" if where else message)
     return "; ".join(parts)

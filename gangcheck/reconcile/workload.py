@@ -272,8 +272,19 @@ class WorkloadReconciler:
             self.metrics.provisioned_to_fit((now - provisioned).total_seconds())
 
     def _provisioned_since(self, wl: Workload, check: str, attempt: int) -> datetime | None:
-        name = naming.request_name(wl.ref.name, check, attempt)
-        obj = self._caches.requests.store.get(name, wl.ref.namespace)
+        store = self._caches.requests.store
+        obj = next(  # the request of the latest capacity source asked
+            (
+                found
+                for source in reversed(range(naming.MAX_SOURCES))
+                if (
+                    found := store.get(
+                        naming.request_name(wl.ref.name, check, attempt, source), wl.ref.namespace
+                    )
+                )
+            ),
+            None,
+        )
         status = PROVISIONING_REQUEST.status_of(request_of(obj)) if obj else None
         return parse_time(status.signal(Phase.PROVISIONED).since) if status else None
 

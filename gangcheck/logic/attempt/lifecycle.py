@@ -54,6 +54,7 @@ from gangcheck.model.names import (
     FULFILLED,
     PHASE_ANNOTATION,
     RESERVED_ANNOTATION,
+    SOURCE_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import (
@@ -94,6 +95,9 @@ class Attempt:
     """Fit mode: the gang must fit on nodes that exist, else the attempt rolls back."""
     started: bool = False
     """The gang's pods may already run (an admitted Workload): an expired booking is moot."""
+    fallback: str | None = None
+    """The capacity source asked next should this one fail (spec.capacitySources), by name:
+    then a source that says it cannot find the capacity is left at once."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,23 @@ def follow(attempt: Attempt, now: datetime) -> Step:
     if rollback.is_rolling_back(req):
         return roll_back(attempt)
     trigger = _rollback_trigger(attempt, now) if attempt.fit else None
-    if trigger:
+    if trigger is None and attempt.fallback is not None:
+        trigger = _not_found(attempt)
+    if trigger and attempt.fit:
         return start_rollback(attempt, trigger, now=now)
+    if trigger:  # nothing is counted as arrived outside fit mode: the next source at once
+        return Step(Progress.FAILED, trigger)
     return from_status(attempt, now)
+
+
+def _not_found(attempt: Attempt) -> str | None:
+    """The source said it cannot find the capacity (cluster-autoscaler's CapacityIsNotFound,
+    which it would otherwise try again later) while another source is next in line."""
+    status = attempt.status
+    if not status.capacity_not_found or status.has(Phase.PROVISIONED):
+        return None
+    said = status.note_text or "no node group can host the gang"
+    return f"{RollbackCause.NOT_FOUND.value}: {said}"
 
 
 def from_status(attempt: Attempt, now: datetime) -> Step:
@@ -302,17 +320,24 @@ def fulfilled(req: AttemptRecord) -> tuple[Action, ...]:
 
 
 def record(
-    attempt: int, config: AtomicProvisioningSpec, now: datetime, *, reserved: int
+    attempt: int,
+    config: AtomicProvisioningSpec,
+    now: datetime,
+    *,
+    reserved: int,
+    source: int = 0,
 ) -> dict[str, str]:
-    """gangcheck's record of a new attempt: its number, deadline, members on reserved nodes,
-    and the config it is made under (`recorded_config`)."""
-    deadline = now + timedelta(seconds=config.fulfillment.deadline_seconds)
-    return {
+    """gangcheck's record of a new attempt: its number, deadline (the source's), members on
+    reserved nodes, the capacity source it asks (after the first), and the config it is made
+    under (`recorded_config`)."""
+    deadline = now + timedelta(seconds=config.for_source(source).fulfillment.deadline_seconds)
+    made = {
         ATTEMPT_ANNOTATION: str(attempt),
         DEADLINE_ANNOTATION: format_time(deadline),
         RESERVED_ANNOTATION: str(reserved),
         ATTEMPT_CONFIG_ANNOTATION: spec_record(config),
     }
+    return {**made, SOURCE_ANNOTATION: str(source)} if source else made
 
 
 def recorded_config(req: AttemptRecord) -> AtomicProvisioningSpec | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Collection
 
 MAX_NAME = 253
 HASH_LENGTH = 8
@@ -30,8 +31,27 @@ def fit(head: str, tail: str, *, limit: int = MAX_NAME) -> str:
     return f"{cut}-{digest}{tail}" if cut else f"{digest}{tail}"
 
 
-def request_name(workload: str, check: str, attempt: int) -> str:
-    return fit(f"{workload}-{check}", f"-{attempt}")
+def request_name(workload: str, check: str, attempt: int, source: int = 0) -> str:
+    """Kueue's name for the first capacity source's request of an attempt; a later source's
+    (spec.capacitySources) adds ``-s<index>``, which no first source's name ends with."""
+    tail = f"-{attempt}" if source == 0 else f"-{attempt}-s{source}"
+    return fit(f"{workload}-{check}", tail)
+
+
+#: The most capacity sources one attempt asks (spec.capacitySources' limit).
+MAX_SOURCES = 8
+
+
+def current_request(
+    existing: Collection[str], workload: str, check: str, attempt: int
+) -> tuple[str, int]:
+    """The request of an attempt in flight among the `existing` names, with its capacity
+    source: the latest source asked; the first source's name when none exists yet."""
+    for source in reversed(range(MAX_SOURCES)):
+        name = request_name(workload, check, attempt, source)
+        if name in existing:
+            return name, source
+    return request_name(workload, check, attempt), 0
 
 
 def template_name(request: str, pod_set: str) -> str:
@@ -45,8 +65,8 @@ def event_name(object_name: str, token: str) -> str:
 
 def attempt_of(name: str, workload: str, check: str) -> int | None:
     """The attempt number a request name carries for this workload and check, if it is one."""
-    match = re.fullmatch(r"(.*)-([0-9]+)", name)
+    match = re.fullmatch(r"(.*)-([0-9]+)(?:-s([0-9]+))?", name)
     if match is None:
         return None
-    attempt = int(match.group(2))
-    return attempt if request_name(workload, check, attempt) == name else None
+    attempt, source = int(match.group(2)), int(match.group(3) or 0)
+    return attempt if request_name(workload, check, attempt, source) == name else None

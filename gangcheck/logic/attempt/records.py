@@ -23,6 +23,7 @@ from gangcheck.model.names import (
     ROLLBACK_NODES_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
     ROLLING_BACK,
+    SOURCE_ANNOTATION,
     STARTED,
 )
 from gangcheck.model.objects import Obj
@@ -117,6 +118,8 @@ class RollbackCause(StrEnum):
     CONFIG_CHANGED = "ConfigChanged"
     """The config changed under the attempt: the next follows at once, no retry counted."""
     STRAY_PODS = "StrayPods"
+    NOT_FOUND = "CapacityIsNotFound"
+    """The source said it cannot find the capacity, and another source is next in line."""
     GANG_GONE = "GangGone"
     """The gang was withdrawn (deleted, finished, evicted, gave up): any other reason."""
 
@@ -139,6 +142,8 @@ class Record:
     gang_members: int | None = None
     raw_nodes: str = ""
     raw_outcome: str = ""
+    source: int = 0
+    """The capacity source the attempt asks (its index in spec.capacitySources)."""
 
     @property
     def cause(self) -> RollbackCause | None:
@@ -172,6 +177,7 @@ class Record:
             gang_members=_count(annotations.get(GANG_MEMBERS_ANNOTATION)),
             raw_nodes=annotations.get(ROLLBACK_NODES_ANNOTATION, ""),
             raw_outcome=annotations.get(OUTCOME_ANNOTATION, ""),
+            source=_count(annotations.get(SOURCE_ANNOTATION)) or 0,
         )
 
 

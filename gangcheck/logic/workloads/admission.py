@@ -152,7 +152,7 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     asked for or provisioned is lost. The attempt in flight goes on, and is rolled back if
     it must be, under the config it was made with (recorded on its request); a Ready check
     stays Ready, its gang untouched. When the config is back, the same attempt goes on."""
-    req = _find(snap.requests, _attempt_name(snap, state))
+    req = _find(snap.requests, _current(snap, state)[0])
     recorded = lifecycle.recorded_config(req) if req is not None else None
     if recorded is not None:
         decision = decide(replace(snap, config=recorded, config_problem=""), now)
@@ -244,7 +244,7 @@ def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs."""
     wl = snap.workload
-    req = _find(snap.requests, _attempt_name(snap, state))
+    req = _find(snap.requests, _current(snap, state)[0])
     if req is None:
         return Decision()
     attempt = _attempt(snap, req)
@@ -269,16 +269,20 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 def _attempt(
     snap: Snapshot, req: ProvisioningRequest, status: AttemptStatus | None = None
 ) -> lifecycle.Attempt:
-    """The attempt of this request, as the core reads it."""
+    """The attempt of this request, as the core reads it: under its capacity source's
+    deadline and node labels, with the source next in line."""
     assert snap.config is not None
+    index = rollback.record_of(req).source
+    following = snap.config.source(index + 1)
     return lifecycle.Attempt(
         request=req,
         status=status or snap.backend.status_of(req),
-        gang=gang_templates(snap),
+        gang=gang_templates(snap, source=index),
         capacity=snap.capacity,
-        config=snap.config,
+        config=snap.config.for_source(index),
         fit=_fit_mode(snap),
         started=snap.workload.is_admitted,
+        fallback=following.name if following is not None else None,
     )
 
 
@@ -288,10 +292,14 @@ def _outcome(
     """Where the attempt stands, written as the check entry."""
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
-        return _rolled_back(snap, state, step, step.verdict, now)
+        return _rolled_back(snap, state, req, step, now)
     if step.progress is Progress.FITS:
         ready = _ready(snap, state, req, step.message, now, domains=step.domains)
         return replace(ready, actions=(*step.actions, *ready.actions))
+    if step.progress in (Progress.FAILED, Progress.EXPIRED):
+        fell_back = _fall_back(snap, state, req, step.message, now)
+        if fell_back is not None:
+            return fell_back
     if step.progress is Progress.FAILED:
         return _retry_or_reject(snap, state, "failure", step.message, now)
     if step.progress is Progress.EXPIRED:
@@ -316,12 +324,20 @@ def _rolling(step: lifecycle.Step) -> Decision:
 def _rolled_back(
     snap: Snapshot,
     state: CheckState,
+    req: ProvisioningRequest,
     step: lifecycle.Step,
-    done: rollback.Verdict,
     now: datetime,
 ) -> Decision:
-    """The rollback is done: Retry or Rejected (a revoked capacity rejects)."""
-    if done.revoked and not snap.workload.active:
+    """The rollback is done: the next capacity source, else Retry or Rejected (a revoked
+    capacity rejects)."""
+    done = step.verdict
+    assert done is not None
+    fell_back = None
+    if not done.revoked and done.cause not in _NO_FALLBACK:
+        fell_back = _fall_back(snap, state, req, done.message, now)
+    if fell_back is not None:
+        decision = fell_back
+    elif done.revoked and not snap.workload.active:
         decision = Decision()  # as Kueue: a deactivated Workload is not rejected again
     elif done.revoked:
         decision = _transition(state, REJECTED, done.message, now)
@@ -330,6 +346,40 @@ def _rolled_back(
     else:
         decision = _retry_or_reject(snap, state, "rollback", done.message, now)
     return replace(decision, events=(*decision.events, *step.events))
+
+
+#: Rollbacks after which the attempt does not ask the next capacity source: the config
+#: changed (the next attempt follows it), or the gang had its capacity and did not start.
+_NO_FALLBACK = frozenset({RollbackCause.CONFIG_CHANGED, RollbackCause.START_DEADLINE})
+
+
+def _fall_back(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, why: str, now: datetime
+) -> Decision | None:
+    """The capacity source of this attempt could not deliver: ask the next one in the same
+    attempt (no retry of Kueue's is used), the new request made before the old one is
+    withdrawn; None when no source is next (then Retry or Rejected, as with one source)."""
+    assert snap.config is not None
+    if state.state != PENDING:
+        return None
+    index = rollback.record_of(req).source
+    following = snap.config.source(index + 1)
+    if following is None:
+        return None
+    failed = snap.config.source(index)
+    failed_name = failed.name if failed is not None else f"source-{index}"
+    name = _request_name(snap, state, following.index)
+    said = f"capacity source {failed_name!r} could not deliver ({why}); "
+    created = _create(snap, state, name, _merged(snap), now, source=following.index, said=said)
+    why_withdrawn = f"capacity source {failed_name!r} could not deliver"
+    gone = (*lifecycle.release_hold(snap.capacity, req), *snap.backend.withdraw(req, why_withdrawn))
+    event = Event(
+        "CapacitySourceFailed",
+        f"Capacity source {failed_name!r} could not deliver for {req.name} ({why}); asking "
+        f"{following.name!r} with {name}",
+        warning=True,
+    )
+    return replace(created, actions=(*created.actions, *gone), events=(*created.events, event))
 
 
 def _lost_before_admission(status: AttemptStatus) -> str | None:
@@ -374,8 +424,15 @@ def members_scheduled(capacity: Capacity | None, namespace: str, request: str) -
     return tally(capacity.pods if capacity else (), CONSUME_ANNOTATION, namespace, request)
 
 
-def _attempt_name(snap: Snapshot, state: CheckState) -> str:
-    return naming.request_name(snap.workload.ref.name, snap.check, state.retry_count + 1)
+def _request_name(snap: Snapshot, state: CheckState, source: int = 0) -> str:
+    return naming.request_name(snap.workload.ref.name, snap.check, state.retry_count + 1, source)
+
+
+def _current(snap: Snapshot, state: CheckState) -> tuple[str, int]:
+    """The request of the attempt in flight (its name, its capacity source)."""
+    names = {r.name for r in snap.requests}
+    wl = snap.workload
+    return naming.current_request(names, wl.ref.name, snap.check, state.retry_count + 1)
 
 
 def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningRequest | None:
@@ -385,7 +442,7 @@ def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningR
 def _pending(
     snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
 ) -> Decision:
-    name = _attempt_name(snap, state)
+    name, source = _current(snap, state)
     stale = lifecycle.superseded(
         snap.requests,
         name,
@@ -395,7 +452,7 @@ def _pending(
     )
     req = _find(snap.requests, name)
     if req is None:
-        decision = _create(snap, state, name, merged, now)
+        decision = _create(snap, state, name, merged, now, source=source)
     elif req.deleting:
         decision = Decision(requeue_after=1.0)
     else:
@@ -404,10 +461,19 @@ def _pending(
 
 
 def _create(
-    snap: Snapshot, state: CheckState, name: str, merged: list[MergedPodSet], now: datetime
+    snap: Snapshot,
+    state: CheckState,
+    name: str,
+    merged: list[MergedPodSet],
+    now: datetime,
+    *,
+    source: int = 0,
+    said: str = "",
 ) -> Decision:
+    """Ask capacity source `source` for the gang; `said`: what comes first in the message
+    (why an earlier source was left)."""
     assert snap.config is not None
-    problem = _cannot_request(snap, merged)
+    problem = _cannot_request(snap, merged, source)
     if problem is not None:
         return _transition(state, REJECTED, problem, now)
     missing = missing_flavors(
@@ -420,7 +486,9 @@ def _create(
         return replace(_transition(state, PENDING, message, now), requeue_after=10.0)
     reserved = 0
     if snap.config.reservations:
-        split = reserved_split(snap.capacity, gang_templates(snap), reservations_of(snap.config))
+        split = reserved_split(
+            snap.capacity, gang_templates(snap, source=source), reservations_of(snap.config)
+        )
         if not split.remainder:
             message = f"the whole gang fits on reserved capacity: {describe(split)}"
             ready = _transition(state, READY, message, now, pod_set_updates=())
@@ -430,22 +498,34 @@ def _create(
             replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
         ]
     record = {
-        **lifecycle.record(state.retry_count + 1, snap.config, now, reserved=reserved),
+        **lifecycle.record(
+            state.retry_count + 1, snap.config, now, reserved=reserved, source=source
+        ),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
     }
-    asked = driver.ask(snap.backend, _ask(snap, name, merged, record=record), reserved=reserved)
-    decision = _transition(state, PENDING, asked.message, now)
+    ask = _ask(snap, name, merged, record=record, source=source)
+    asked = driver.ask(snap.backend, ask, reserved=reserved)
+    message = said + asked.message + _source_said(snap.config, source)
+    decision = _transition(state, PENDING, message, now)
     return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
 
 
-def _cannot_request(snap: Snapshot, merged: list[MergedPodSet]) -> str | None:
+def _source_said(config: AtomicProvisioningSpec, index: int) -> str:
+    """Which capacity source an ask went to, when the config lists more than one."""
+    sources = config.sources()
+    if len(sources) < 2 or index >= len(sources):
+        return ""
+    return f" from capacity source {sources[index].name!r} ({index + 1} of {len(sources)})"
+
+
+def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0) -> str | None:
     assert snap.config is not None
     if driver.too_many_pod_sets(len(merged)):
         return (
             f"the gang has {len(merged)} distinct pod sets; a ProvisioningRequest carries at "
             f"most {driver.MAX_REQUEST_POD_SETS} (set podSetMergePolicy to merge similar pod sets)"
         )
-    params = request_parameters(snap.config.parameters, snap.workload.annotations)
+    params = _parameters(snap, source)
     if len(params) > 100:
         return f"{len(params)} request parameters (config plus provreq annotations); at most 100"
     too_long = sorted(k for k, v in params.items() if len(v) > 255)
@@ -467,21 +547,28 @@ def _ask(
     merged: list[MergedPodSet],
     *,
     record: Mapping[str, str] | None = None,
+    source: int = 0,
 ) -> Ask:
-    """The attempt's ask: a pod set per merged pod set, the Workload owning its objects."""
+    """The attempt's ask of capacity source `source`: a pod set per merged pod set (pinned
+    to the source's node labels), the Workload owning its objects."""
     assert snap.config is not None
     wl = snap.workload
+    pinned = _source_labels(snap.config, source)
     return Ask(
         attempt=name,
         namespace=wl.ref.namespace,
         pod_sets=tuple(
-            AskedPodSet(m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors))
+            AskedPodSet(
+                m.name,
+                m.count,
+                pod_template_spec(wl, m.name, m.template, snap.flavors, pinned=pinned),
+            )
             for m in merged
         ),
         identity={WORKLOAD_ANNOTATION: wl.ref.name, CHECK_ANNOTATION: snap.check},
         record=record or {},
-        capacity_class=snap.config.provisioning_class_name,
-        parameters=request_parameters(snap.config.parameters, wl.annotations),
+        capacity_class=_source_class(snap.config, source),
+        parameters=_parameters(snap, source),
         owners=(owner_reference(wl.ref, KUEUE_API_VERSION),),
         existing=snap.templates,
     )
@@ -493,12 +580,15 @@ def _in_flight(
     """The request exists: as the driver follows it (its templates made again where gone),
     written as the check entry; a config changed under it ends it (driver.in_flight)."""
     assert snap.config is not None
+    index = rollback.record_of(req).source
+    source = snap.config.source(index)
     followed = driver.in_flight(
         _attempt(snap, req),
         now,
-        class_name=snap.config.provisioning_class_name,
-        parameters=request_parameters(snap.config.parameters, snap.workload.annotations),
-        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap))),
+        class_name=_source_class(snap.config, index),
+        parameters=_parameters(snap, index),
+        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), source=index)),
+        gone=None if source is not None else f"capacity source {index} left the config",
     )
     if followed.step is None:  # config changed, not in fit mode: as Kueue, Retry
         assert followed.change is not None
@@ -515,7 +605,7 @@ def _in_flight(
 
 def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     """With the verdict written, a rolled-back request is deleted (ending CA's booking)."""
-    req = _find(snap.requests, _attempt_name(snap, state))
+    req = _find(snap.requests, _current(snap, state)[0])
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
     withdraw = snap.backend.withdraw(req, "rolled back")
@@ -550,11 +640,13 @@ def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> De
     return _transition(state, RETRY, message, now, requeue_after_seconds=delay)
 
 
-def gang_templates(snap: Snapshot) -> GangSpec:
-    """(name, count, pod template) of each request pod set, as the PodTemplates hold them,
-    and the topology level each must sit inside (Kueue's required-topology annotation)."""
+def gang_templates(snap: Snapshot, *, source: int = 0) -> GangSpec:
+    """(name, count, pod template) of each request pod set, as the PodTemplates hold them
+    (pinned to capacity source `source`), and the topology level each must sit inside
+    (Kueue's required-topology annotation)."""
     assert snap.config is not None
     wl = snap.workload
+    pinned = _source_labels(snap.config, source)
     merged = merge_pod_sets(
         wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
     )
@@ -569,7 +661,11 @@ def gang_templates(snap: Snapshot) -> GangSpec:
     }
     return GangSpec(
         tuple(
-            (m.name, m.count, pod_template_spec(wl, m.name, m.template, snap.flavors))
+            (
+                m.name,
+                m.count,
+                pod_template_spec(wl, m.name, m.template, snap.flavors, pinned=pinned),
+            )
             for m in merged
         ),
         topology,
@@ -608,7 +704,10 @@ def pod_set_updates(
         required_pod_sets(snap.workload, snap.config.managed_resources),
         snap.config.pod_set_merge_policy,
     )
-    detail = _detail_node_selector(snap.config, req)
+    detail = {
+        **_source_labels(snap.config, rollback.record_of(req).source),
+        **_detail_node_selector(snap.config, req),
+    }
     pin = {member: domains[m.name] for m in merged if m.name in domains for member in m.members}
     updates = []
     for member in sorted(n for m in merged for n in m.members):
@@ -623,6 +722,25 @@ def pod_set_updates(
             update["tolerations"] = [hold_toleration(request_key(req))]
         updates.append(update)
     return tuple(updates)
+
+
+def _source_labels(config: AtomicProvisioningSpec, index: int) -> Mapping[str, str]:
+    source = config.source(index)
+    return source.node_selector if source is not None else {}
+
+
+def _source_class(config: AtomicProvisioningSpec, index: int) -> str:
+    source = config.source(index)
+    return source.class_name if source is not None else config.provisioning_class_name
+
+
+def _parameters(snap: Snapshot, index: int) -> dict[str, str]:
+    """The request parameters for capacity source `index`: its own, and the Workload's
+    provreq annotations."""
+    assert snap.config is not None
+    source = snap.config.source(index)
+    own = source.parameters if source is not None else snap.config.parameters
+    return request_parameters(own, snap.workload.annotations)
 
 
 def _detail_node_selector(

@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
 from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
+from gangcheck.logic.attempt.rollback import record_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import Snapshot, gang_templates, members_scheduled
@@ -198,8 +199,8 @@ def gather(workload: Obj, world: World) -> Facts:
     resolution = _resolution(world, focus)
     spec = resolution.spec if resolution else None
     req = _find_request(world, wl, focus, checks)
-    request = _request_facts(req, focus, checks, wl) if focus else None
-    gang = _gang(wl, focus, spec, world.flavors)
+    request = _request_facts(world, req, focus, checks, wl) if focus else None
+    gang = _gang(wl, focus, spec, world.flavors, req)
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place_in(world, gang, wl.ref.namespace, req)
@@ -320,10 +321,19 @@ def _resolution(world: World, check: str) -> checkconfig.Resolution | None:
     return checkconfig.resolve(world.admission_checks.get(check), world.configs.get)
 
 
-def _attempt_name(wl: Workload, check: str, checks: Sequence[CheckFacts]) -> tuple[str, int]:
+def _attempt_name(
+    world: World, wl: Workload, check: str, checks: Sequence[CheckFacts]
+) -> tuple[str, int]:
+    """The request of the attempt in flight (the latest capacity source asked), and the
+    attempt's number."""
     facts = next((c for c in checks if c.name == check), None)
     attempt = facts.attempt if facts else 1
-    return naming.request_name(wl.ref.name, check, attempt), attempt
+    existing = {
+        str((o.get("metadata") or {}).get("name"))
+        for o in world.requests
+        if (o.get("metadata") or {}).get("namespace") == wl.ref.namespace
+    }
+    return naming.current_request(existing, wl.ref.name, check, attempt)[0], attempt
 
 
 def _find_request(
@@ -331,7 +341,7 @@ def _find_request(
 ) -> ProvisioningRequest | None:
     if not check:
         return None
-    name, _ = _attempt_name(wl, check, checks)
+    name, _ = _attempt_name(world, wl, check, checks)
     for obj in world.requests:
         meta = obj.get("metadata") or {}
         if meta.get("namespace") == wl.ref.namespace and meta.get("name") == name:
@@ -340,19 +350,29 @@ def _find_request(
 
 
 def _request_facts(
-    req: ProvisioningRequest | None, check: str, checks: Sequence[CheckFacts], wl: Workload
+    world: World,
+    req: ProvisioningRequest | None,
+    check: str,
+    checks: Sequence[CheckFacts],
+    wl: Workload,
 ) -> RequestFacts:
-    name, attempt = _attempt_name(wl, check, checks)
+    name, attempt = _attempt_name(world, wl, check, checks)
     return request_facts(req, name, attempt)
 
 
 def _gang(
-    wl: Workload, check: str, spec: AtomicProvisioningSpec | None, flavors: Mapping[str, Flavor]
+    wl: Workload,
+    check: str,
+    spec: AtomicProvisioningSpec | None,
+    flavors: Mapping[str, Flavor],
+    req: ProvisioningRequest | None,
 ) -> GangSpec:
-    """(pod set, count, template) as the controller assesses them; every pod set without a
-    config to say which need capacity."""
+    """(pod set, count, template) as the controller assesses them (pinned to the capacity
+    source the request asks); every pod set without a config to say which need capacity."""
     if spec is not None:
-        return gang_templates(Snapshot(workload=wl, check=check, config=spec, flavors=flavors))
+        snap = Snapshot(workload=wl, check=check, config=spec, flavors=flavors)
+        source = record_of(req).source if req is not None else 0
+        return gang_templates(snap, source=source)
     return GangSpec(
         tuple(
             (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))

@@ -99,9 +99,15 @@ def can_merge(a: PodSet, b: PodSet, policy: MergePolicy) -> bool:
 
 
 def pod_template_spec(
-    workload: Workload, pod_set_name: str, template: Obj, flavors: Mapping[str, Flavor]
+    workload: Workload,
+    pod_set_name: str,
+    template: Obj,
+    flavors: Mapping[str, Flavor],
+    *,
+    pinned: Mapping[str, str] | None = None,
 ) -> Obj:
-    """The pod set's template with its flavors' node labels and tolerations merged in."""
+    """The pod set's template with its flavors' node labels and tolerations merged in, and
+    the node labels of the capacity source asked (`pinned`)."""
     out = copy.deepcopy(template)
     spec = out.setdefault("spec", {})
     for flavor_name in sorted(assigned_flavors(workload, pod_set_name)):
@@ -111,6 +117,8 @@ def pod_template_spec(
         spec["nodeSelector"] = {**flavor.node_labels, **(spec.get("nodeSelector") or {})}
         existing = spec.setdefault("tolerations", [])
         existing.extend(t for t in flavor.tolerations if t not in existing)
+    if pinned:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **pinned}
     for container in _containers(spec):
         limits_as_missing_requests(container)
     return out
