@@ -14,12 +14,19 @@ from gangcheck.logic.attempt.actions import (
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
+    ReleaseMembers,
 )
+from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.podgroups.podgroup import GroupSnapshot
+from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
-from gangcheck.model.objects import request_of, workload_of
+from gangcheck.model.objects import pod_of, request_of, workload_of
+from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec
-from tests.builders import CHECK, WorkloadBuilder, provisioning_request
+from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
+from tests.unit.test_podgroup_decide import group, members
+from tests.unit.test_podgroup_decide import req as group_req
 
 FIRST, SECOND = "wl-atomic-1", "wl-atomic-1-s1"
 SOURCES = {
@@ -272,3 +279,67 @@ def test_the_single_class_fields_are_a_list_of_one() -> None:
     )
     assert karpenter.sources()[0].karpenter
     assert karpenter.sources()[0].parameters["nodePools"] == "p1,p2"
+
+
+# ---- PodGroups: the same sources, through the group's decision --------------------------
+
+
+def _group_decide(config: dict[str, Any], requests: list[Any], nodes: tuple[Any, ...] = ()) -> Any:
+    pods = members(3)
+    snap = GroupSnapshot(
+        group=pod_group_of(group(3)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(config),
+        requests=tuple(request_of(r) for r in requests),
+        capacity=Capacity(nodes=nodes, pods=tuple(pods)),
+    )
+    return decide_group(snap, NOW)
+
+
+def _group_request(name: str, *, source: int = 0, **annotations: str) -> Any:
+
+    extra = {"gangcheck.io/capacity-source": str(source)} if source else {}
+    kw: dict[str, Any] = {"class_name": CHECK_CAPACITY, "parameters": {"x": "1"}} if source else {}
+    return group_req(name, annotations={**annotations, **extra}, **kw)
+
+
+def test_a_pod_group_asks_its_first_source_pinned_to_its_nodes() -> None:
+    d = _group_decide(SOURCES, [])
+    req = next(a.body for a in d.actions if isinstance(a, CreateRequest))
+    template = next(a.body for a in d.actions if isinstance(a, CreateTemplate))
+    assert req["metadata"]["name"] == "g-pg-1"
+    assert template["template"]["spec"]["nodeSelector"] == {"pool": "a"}
+    assert "from capacity source 'on-demand' (1 of 2)" in d.status["gangcheck.io/message"]
+
+
+def test_a_pod_group_leaves_a_source_rolled_back_for_the_next_in_the_same_attempt() -> None:
+    rolled = _group_request(
+        "g-pg-1",
+        **{
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "CapacityIsNotFound: no node group",
+            "gangcheck.io/outcome": OUTCOME,
+        },
+    )
+    d = _group_decide(SOURCES, [rolled])
+    req = next(a.body for a in d.actions if isinstance(a, CreateRequest))
+    template = next(a.body for a in d.actions if isinstance(a, CreateTemplate))
+    assert req["metadata"]["name"] == "g-pg-1-s1"
+    assert req["spec"]["provisioningClassName"] == CHECK_CAPACITY
+    assert template["template"]["spec"]["nodeSelector"] == {"pool": "b"}
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["g-pg-1"]
+    assert d.status["gangcheck.io/state"] == "Provisioning"  # not BackingOff: same attempt
+    assert "gangcheck.io/attempt" not in d.status
+    assert "CapacitySourceFailed" in {e.reason for e in d.events}
+
+
+def test_a_pod_group_released_from_a_later_source_is_pinned_to_its_nodes() -> None:
+
+    ready = _group_request("g-pg-1-s1", source=1)
+    ready["status"]["conditions"] = [
+        {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": ""}
+    ]
+    nodes = tuple(node(f"n{i}", gpu=1, labels={"pool": "b"}) for i in range(3))
+    d = _group_decide(SOURCES, [ready], nodes)
+    release = next(a for a in d.actions if isinstance(a, ReleaseMembers))
+    assert release.node_selector.get("pool") == "b"

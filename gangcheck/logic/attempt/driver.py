@@ -26,6 +26,7 @@ from gangcheck.logic.attempt import lifecycle, rollback
 from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.attempt.status import Phase
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
@@ -51,6 +52,34 @@ def ask(backend: CapacityBackend, asked: Ask, *, reserved: int) -> Asked:
     if reserved:
         message += f" ({reserved} more placed on reserved capacity)"
     return Asked(message, backend.ask(asked), (lifecycle.asked(backend, asked.attempt),))
+
+
+#: Rollbacks after which an attempt does not ask its next capacity source: the config
+#: changed (the next attempt follows it), or the gang had its capacity and did not start.
+NO_FALLBACK = frozenset({RollbackCause.CONFIG_CHANGED, RollbackCause.START_DEADLINE})
+
+
+def source_name(config: AtomicProvisioningSpec, index: int) -> str:
+    source = config.source(index)
+    return source.name if source is not None else f"source-{index}"
+
+
+def source_said(config: AtomicProvisioningSpec, index: int) -> str:
+    """Which capacity source an ask went to, when the config lists more than one."""
+    sources = config.sources()
+    if len(sources) < 2 or index >= len(sources):
+        return ""
+    return f" from capacity source {sources[index].name!r} ({index + 1} of {len(sources)})"
+
+
+def source_failed_event(left: str, request: str, why: str, following: str, name: str) -> Event:
+    """The Event saying an attempt left a capacity source for the next."""
+    return Event(
+        "CapacitySourceFailed",
+        f"Capacity source {left!r} could not deliver for {request} ({why}); asking "
+        f"{following!r} with {name}",
+        warning=True,
+    )
 
 
 def too_many_pod_sets(count: int) -> bool:

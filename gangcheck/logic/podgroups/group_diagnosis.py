@@ -173,7 +173,8 @@ def gather_group(
     state = notes.get(STATE_ANNOTATION, "")
     attempt = podgroup.attempt_of(group)
     current = podgroup.request_name(group, attempt)
-    name_of_request = notes.get(REQUEST_ANNOTATION, "") if state == RELEASED else current
+    recorded = notes.get(REQUEST_ANNOTATION, "")  # the latest capacity source's, once asked
+    name_of_request = recorded if state == RELEASED or recorded else current
     req = _request(world, group.ref.namespace, name_of_request, group.ref.uid)
     request = None
     if req is not None or (state == PROVISIONING and name_of_request):

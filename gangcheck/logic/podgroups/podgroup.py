@@ -177,19 +177,23 @@ def _without_config(snap: GroupSnapshot, members: _Members, now: datetime) -> Gr
     """No valid config (deleted, or made invalid): nothing new is asked for; the attempt in
     flight goes on, and is rolled back if it must be, under the config it was made with
     (recorded on its request). Without one the group is Blocked, its request kept as it is."""
-    req = next(
-        (r for r in snap.requests if r.name == request_name(snap.group, attempt_of(snap.group))),
-        None,
-    )
+    name, _ = _current(snap)
+    req = next((r for r in snap.requests if r.name == name), None)
     recorded = lifecycle.recorded_config(req) if req is not None and not req.deleting else None
     if recorded is None or len(members.live) < snap.group.min_count:
         return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
     return _attempt(replace(snap, config=recorded, config_problem=""), members, now)
 
 
+def _current(snap: GroupSnapshot) -> tuple[str, int]:
+    """The request of the attempt in flight (the latest capacity source asked), its source."""
+    group = snap.group
+    names = {r.name for r in snap.requests}
+    return naming.current_request(names, group.ref.name, group.short, attempt_of(group))
+
+
 def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
-    group, attempt = snap.group, attempt_of(snap.group)
-    name = request_name(group, attempt)
+    name, _ = _current(snap)
     req = next((r for r in snap.requests if r.name == name), None)
     stale = _stale(snap, name)
     if req is None:
@@ -223,17 +227,27 @@ def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetim
 
 
 def _first(
-    snap: GroupSnapshot, members: _Members, gang: GangSpec, name: str, now: datetime
+    snap: GroupSnapshot,
+    members: _Members,
+    gang: GangSpec,
+    name: str,
+    now: datetime,
+    *,
+    source: int = 0,
+    said: str = "",
 ) -> GroupDecision:
-    """No request yet: release at once if the gang fits on free nodes, else ask for capacity."""
+    """No request yet: release at once if the gang fits on free nodes (of the capacity source
+    asked), else ask that source for capacity; `said`: why an earlier source was left."""
     assert snap.config is not None
+    gang = _pinned(gang, _source_labels(snap.config, source))
     reservations = reservations_of(snap.config)
     split = reserved_split(snap.capacity, gang, reservations) if reservations else None
     reserved = split.reserved_members if split else 0
     here = fits_now(snap.capacity, gang)
     if here.fits:
-        message = f"the whole gang fits on nodes that exist: {here.summary}"
-        released = _release(snap, members.unbound, None, here.domains, message, now=now)
+        message = f"{said}the whole gang fits on nodes that exist: {here.summary}"
+        domains = {**here.domains, **_source_domain(snap.config, source)}
+        released = _release(snap, members.unbound, None, domains, message, now=now)
         used = {"reserved": reserved, "existing": here.total - reserved}
         return replace(released, capacity_used={k: v for k, v in used.items() if v})
     if split is not None:
@@ -246,13 +260,16 @@ def _first(
             ),
         )
     record = {
-        **lifecycle.record(attempt_of(snap.group), snap.config, now, reserved=reserved),
+        **lifecycle.record(
+            attempt_of(snap.group), snap.config, now, reserved=reserved, source=source
+        ),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
         record[CONFIG_ANNOTATION] = config
-    asked = driver.ask(snap.backend, _ask(snap, gang, name, record), reserved=reserved)
-    decision = _status(snap, PROVISIONING, asked.message, request=name)
+    asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=reserved)
+    message = said + asked.message + driver.source_said(snap.config, source)
+    decision = _status(snap, PROVISIONING, message, request=name)
     return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
 
 
@@ -263,23 +280,27 @@ def _in_flight(
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
     status = snap.backend.status_of(req)
+    config = snap.config  # applied to the attempt in flight as to a Workload's
+    index = rollback.record_of(req).source
+    source, following = config.source(index), config.source(index + 1)
     attempt = lifecycle.Attempt(
         request=req,
         status=status,
-        gang=gang_from_pods(snap.group, ours),
+        gang=_pinned(gang_from_pods(snap.group, ours), _source_labels(config, index)),
         capacity=snap.capacity,
-        config=snap.config,
+        config=config.for_source(index),
+        fallback=following.name if following is not None else None,
     )
-    config = snap.config  # applied to the attempt in flight as to a Workload's
     followed = driver.in_flight(
         attempt,
         now,
-        class_name=config.provisioning_class_name,
-        parameters=config.parameters,
+        class_name=source.class_name if source is not None else config.provisioning_class_name,
+        parameters=source.parameters if source is not None else config.parameters,
+        gone=None if source is not None else f"capacity source {index} left the config",
     )
     assert followed.step is not None  # a group's attempt is always followed in fit mode
     req = followed.request
-    decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated)
+    decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
     if followed.change is not None:
         decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
     return replace(decision, actions=followed.upkeep + decision.actions)
@@ -293,11 +314,14 @@ def _outcome(
     now: datetime,
     *,
     gated: Sequence[Pod] = (),
+    members: _Members | None = None,
 ) -> GroupDecision:
-    """Where the attempt stands, written on the group (and, when it fits, its members)."""
+    """Where the attempt stands, written on the group (and, when it fits, its members);
+    `members`: all of them, for the next capacity source when this one could not deliver."""
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
-        return _rolled_back(snap, step, step.verdict, now)
+        fell_back = _fall_back(snap, members, req, step, now) if members else None
+        return fell_back or _rolled_back(snap, step, step.verdict, now)
     if step.progress is Progress.ROLLING_BACK:
         return GroupDecision(
             actions=step.actions, events=step.events, requeue_after=step.requeue_after
@@ -318,6 +342,43 @@ def _outcome(
         _status(snap, PROVISIONING, step.message, request=req.name),
         actions=step.actions,
         requeue_after=step.requeue_after,
+    )
+
+
+def _fall_back(
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest,
+    step: lifecycle.Step,
+    now: datetime,
+) -> GroupDecision | None:
+    """The capacity source of this attempt could not deliver: ask the next one in the same
+    attempt (as a Workload's check does), the new request made before the old one goes;
+    None when no source is next or the rollback is not one a next source answers."""
+    assert snap.config is not None and step.verdict is not None
+    done = step.verdict
+    if done.revoked or done.cause in driver.NO_FALLBACK:
+        return None
+    index = rollback.record_of(req).source
+    following = snap.config.source(index + 1)
+    if following is None:
+        return None
+    left = driver.source_name(snap.config, index)
+    group = snap.group
+    name = naming.request_name(group.ref.name, group.short, attempt_of(group), following.index)
+    said = f"capacity source {left!r} could not deliver ({done.message}); "
+    made = _first(
+        snap, members, gang_of(snap, members), name, now, source=following.index, said=said
+    )
+    gone = (
+        *lifecycle.release_hold(snap.capacity, req),
+        *snap.backend.withdraw(req, f"capacity source {left!r} could not deliver"),
+    )
+    event = driver.source_failed_event(left, req.name, done.message, following.name, name)
+    return replace(
+        made,
+        actions=(*made.actions, *gone),
+        events=(*step.events, *made.events, event),
     )
 
 
@@ -379,7 +440,9 @@ def _release(
     """Lift the gang's gates together: annotated to consume the request, pinned to the
     domain. The group records how many were released together."""
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
-    pins = dict(domains.values())
+    source = rollback.record_of(req).source if req is not None else None
+    pinned = _source_domain(snap.config, source) if snap.config and source is not None else {}
+    pins = dict({**domains, **pinned}.values())
     gated = tuple(sorted(p.name for p in gang if p.gated))
     actions: tuple[Action, ...] = ()
     if gated:
@@ -565,6 +628,16 @@ def _fitting_prefix(
     if low == len(late):
         return low, ""
     return low, fits_now(capacity, _pinned(gang_from_pods(group, late), pins)).summary
+
+
+def _source_labels(config: AtomicProvisioningSpec, index: int) -> Mapping[str, str]:
+    source = config.source(index)
+    return source.node_selector if source is not None else {}
+
+
+def _source_domain(config: AtomicProvisioningSpec, index: int) -> dict[str, tuple[str, str]]:
+    """The capacity source's node labels as pins of the release (one per label)."""
+    return {f"source:{k}": (k, v) for k, v in _source_labels(config, index).items()}
 
 
 def _pinned(gang: GangSpec, pins: Mapping[str, str]) -> GangSpec:
@@ -759,18 +832,23 @@ def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
     )
 
 
-def _ask(snap: GroupSnapshot, gang: GangSpec, name: str, record: Mapping[str, str]) -> Ask:
-    """The attempt's ask: a pod set per kind of member, the group owning its objects."""
+def _ask(
+    snap: GroupSnapshot, gang: GangSpec, name: str, record: Mapping[str, str], source: int = 0
+) -> Ask:
+    """The attempt's ask of capacity source `source`: a pod set per kind of member (pinned to
+    the source's node labels), the group owning its objects."""
     assert snap.config is not None
     group = snap.group
+    gang = _pinned(gang, _source_labels(snap.config, source))
+    chosen = snap.config.source(source)
     return Ask(
         attempt=name,
         namespace=group.ref.namespace,
         pod_sets=tuple(AskedPodSet(ps, count, tpl) for ps, count, tpl in gang.pod_sets),
         identity={GROUP_ANNOTATION: group_key(group), GROUP_UID_ANNOTATION: group.ref.uid},
         record=record,
-        capacity_class=snap.config.provisioning_class_name,
-        parameters=dict(snap.config.parameters),
+        capacity_class=chosen.class_name if chosen else snap.config.provisioning_class_name,
+        parameters=dict(chosen.parameters if chosen else snap.config.parameters),
         owners=(owner_reference(group.ref, group.ref.api_version),),
         existing=snap.templates,
     )

@@ -333,7 +333,7 @@ def _rolled_back(
     done = step.verdict
     assert done is not None
     fell_back = None
-    if not done.revoked and done.cause not in _NO_FALLBACK:
+    if not done.revoked and done.cause not in driver.NO_FALLBACK:
         fell_back = _fall_back(snap, state, req, done.message, now)
     if fell_back is not None:
         decision = fell_back
@@ -346,11 +346,6 @@ def _rolled_back(
     else:
         decision = _retry_or_reject(snap, state, "rollback", done.message, now)
     return replace(decision, events=(*decision.events, *step.events))
-
-
-#: Rollbacks after which the attempt does not ask the next capacity source: the config
-#: changed (the next attempt follows it), or the gang had its capacity and did not start.
-_NO_FALLBACK = frozenset({RollbackCause.CONFIG_CHANGED, RollbackCause.START_DEADLINE})
 
 
 def _fall_back(
@@ -366,19 +361,13 @@ def _fall_back(
     following = snap.config.source(index + 1)
     if following is None:
         return None
-    failed = snap.config.source(index)
-    failed_name = failed.name if failed is not None else f"source-{index}"
+    failed_name = driver.source_name(snap.config, index)
     name = _request_name(snap, state, following.index)
     said = f"capacity source {failed_name!r} could not deliver ({why}); "
     created = _create(snap, state, name, _merged(snap), now, source=following.index, said=said)
     why_withdrawn = f"capacity source {failed_name!r} could not deliver"
     gone = (*lifecycle.release_hold(snap.capacity, req), *snap.backend.withdraw(req, why_withdrawn))
-    event = Event(
-        "CapacitySourceFailed",
-        f"Capacity source {failed_name!r} could not deliver for {req.name} ({why}); asking "
-        f"{following.name!r} with {name}",
-        warning=True,
-    )
+    event = driver.source_failed_event(failed_name, req.name, why, following.name, name)
     return replace(created, actions=(*created.actions, *gone), events=(*created.events, event))
 
 
@@ -505,17 +494,9 @@ def _create(
     }
     ask = _ask(snap, name, merged, record=record, source=source)
     asked = driver.ask(snap.backend, ask, reserved=reserved)
-    message = said + asked.message + _source_said(snap.config, source)
+    message = said + asked.message + driver.source_said(snap.config, source)
     decision = _transition(state, PENDING, message, now)
     return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
-
-
-def _source_said(config: AtomicProvisioningSpec, index: int) -> str:
-    """Which capacity source an ask went to, when the config lists more than one."""
-    sources = config.sources()
-    if len(sources) < 2 or index >= len(sources):
-        return ""
-    return f" from capacity source {sources[index].name!r} ({index + 1} of {len(sources)})"
 
 
 def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0) -> str | None:
