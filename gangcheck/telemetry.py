@@ -86,6 +86,7 @@ class AttemptMetrics(Protocol):
     def capacity_used(self, used: Mapping[str, int]) -> None: ...
     def quota_to_ready(self, seconds: float) -> None: ...
     def provisioned_to_fit(self, seconds: float) -> None: ...
+    def source(self, source: str, outcome: str, reason: str, seconds: float) -> None: ...
 
 
 class NoMetrics:
@@ -110,6 +111,9 @@ class NoMetrics:
         pass
 
     def provisioned_to_fit(self, seconds: float) -> None:
+        pass
+
+    def source(self, source: str, outcome: str, reason: str, seconds: float) -> None:
         pass
 
 
@@ -170,6 +174,28 @@ class Metrics:
         self._webhook_errors = meter.create_counter(
             "gangcheck_webhook_errors", description="Admission reviews the webhook could not serve"
         )
+        self._source_asks = meter.create_counter(
+            "gangcheck_source_asks", description="Asks of each capacity source"
+        )
+        self._source_deliveries = meter.create_counter(
+            "gangcheck_source_deliveries",
+            description="Gangs a capacity source delivered whole",
+        )
+        self._source_failures = meter.create_counter(
+            "gangcheck_source_failures",
+            description=(
+                "Asks a capacity source could not deliver (stockouts and the like), by the "
+                "rollback's cause: CapacityIsNotFound, Failed, Deadline, ..."
+            ),
+        )
+        self._source_delivery = meter.create_histogram(
+            "gangcheck_source_delivery_seconds",
+            description="A capacity source asked to the whole gang fitting on its nodes",
+        )
+        self._source_stranded = meter.create_counter(
+            "gangcheck_source_stranded_node_seconds",
+            description="Node time held by what a failed capacity source delivered, reclaimed",
+        )
         self._reconcile = meter.create_histogram(
             "gangcheck_reconcile_duration_seconds", description="Reconcile latency"
         )
@@ -229,6 +255,17 @@ class Metrics:
     def capacity_used(self, used: Mapping[str, int]) -> None:
         for capacity, members in used.items():
             self._members.add(members, {"capacity": capacity})
+
+    def source(self, source: str, outcome: str, reason: str, seconds: float) -> None:
+        labels = {"source": source}
+        if outcome == "asked":
+            self._source_asks.add(1, labels)
+        elif outcome == "delivered":
+            self._source_deliveries.add(1, labels)
+            self._source_delivery.record(seconds, labels)
+        elif outcome == "failed":
+            self._source_failures.add(1, {**labels, "reason": reason})
+            self._source_stranded.add(int(seconds), labels)
 
     def pod_gated(self, api_group: str) -> None:
         self._gated.add(1, {"api_group": api_group})

@@ -148,6 +148,8 @@ class PodGroupReconciler:
             self.held_messages.forget(key)
         if decision.capacity_used:
             self.metrics.capacity_used(decision.capacity_used)
+        for note in decision.sources:
+            self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)
         return soonest(decision.requeue_after, held)

@@ -246,6 +246,8 @@ class WorkloadReconciler:
                 written = True
         for event in decision.events:
             await self._events.emit(wl.ref, event)
+        for note in decision.sources:
+            self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
         return Applied(
             soonest(decision.requeue_after, held),
             wrote=written or bool(decision.actions),

@@ -33,3 +33,6 @@ class RecordedMetrics:
 
     def provisioned_to_fit(self, seconds: float) -> None:
         self.calls.append(("provisioned_to_fit", (seconds,)))
+
+    def source(self, source: str, outcome: str, reason: str, seconds: float) -> None:
+        self.calls.append(("source", (source, outcome, reason, seconds)))

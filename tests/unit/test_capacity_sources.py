@@ -23,6 +23,7 @@ from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec
+from gangcheck.telemetry import Metrics
 from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
 from tests.unit.test_podgroup_decide import group, members
@@ -343,3 +344,33 @@ def test_a_pod_group_released_from_a_later_source_is_pinned_to_its_nodes() -> No
     d = _group_decide(SOURCES, [ready], nodes)
     release = next(a for a in d.actions if isinstance(a, ReleaseMembers))
     assert release.node_selector.get("pool") == "b"
+
+
+def test_each_source_says_what_happened_there_for_its_metrics() -> None:
+    asked = run(SOURCES, [])
+    assert [(n.source, n.outcome) for n in asked.sources] == [("on-demand", "asked")]
+    left = run(TRUST, [request(FIRST, conditions={"Failed": "no capacity"})])
+    assert [(n.source, n.outcome, n.reason) for n in left.sources] == [
+        ("on-demand", "failed", "Failed"),
+        ("dws", "asked", ""),
+    ]
+    ready = run(TRUST, [request(SECOND, source=1, conditions={"Provisioned": "ok"})])
+    ((name, outcome, seconds),) = [(n.source, n.outcome, n.seconds) for n in ready.sources]
+    assert (name, outcome) == ("dws", "delivered")
+    assert seconds == 300.0  # asked at T0, 10:00; delivered at NOW, 10:05
+
+
+def test_the_source_metrics_are_exposed_by_source() -> None:
+    metrics = Metrics()
+    metrics.source("on-demand", "asked", "", 0)
+    metrics.source("on-demand", "failed", "CapacityIsNotFound", 120)
+    metrics.source("dws", "asked", "", 0)
+    metrics.source("dws", "delivered", "", 42.0)
+    text = metrics.render()
+    assert 'gangcheck_source_asks_total{source="on-demand"} 1' in text
+    assert (
+        'gangcheck_source_failures_total{reason="CapacityIsNotFound",source="on-demand"} 1' in text
+    )
+    assert 'gangcheck_source_stranded_node_seconds_total{source="on-demand"} 120' in text
+    assert 'gangcheck_source_deliveries_total{source="dws"} 1' in text
+    assert 'gangcheck_source_delivery_seconds_count{source="dws"} 1' in text

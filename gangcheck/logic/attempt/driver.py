@@ -28,6 +28,7 @@ from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import Capacity
 from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.attempt.status import Phase
+from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -57,6 +58,46 @@ def ask(backend: CapacityBackend, asked: Ask, *, reserved: int) -> Asked:
 #: Rollbacks after which an attempt does not ask its next capacity source: the config
 #: changed (the next attempt follows it), or the gang had its capacity and did not start.
 NO_FALLBACK = frozenset({RollbackCause.CONFIG_CHANGED, RollbackCause.START_DEADLINE})
+
+
+@dataclass(frozen=True)
+class SourceNote:
+    """What happened at one capacity source, for its metrics: asked, delivered (the whole gang
+    fits; `seconds` since it was asked), or failed (`reason`: the rollback's cause; `seconds`:
+    node-seconds held by what arrived from it and went back)."""
+
+    source: str
+    outcome: str
+    reason: str = ""
+    seconds: float = 0.0
+
+
+def asked_note(config: AtomicProvisioningSpec, index: int) -> SourceNote:
+    return SourceNote(source_name(config, index), "asked")
+
+
+def delivered_note(
+    config: AtomicProvisioningSpec | None, req: ProvisioningRequest, now: datetime
+) -> tuple[SourceNote, ...]:
+    """The attempt's source delivered: how long after it was asked."""
+    if config is None:
+        return ()
+    created = parse_time(req.creation_timestamp)
+    seconds = max(0.0, (now - created).total_seconds()) if created else 0.0
+    name = source_name(config, rollback.record_of(req).source)
+    return (SourceNote(name, "delivered", seconds=seconds),)
+
+
+def failed_note(
+    config: AtomicProvisioningSpec | None, req: ProvisioningRequest, reason: str
+) -> tuple[SourceNote, ...]:
+    """The attempt's source could not deliver: why, and the node time it held."""
+    if config is None:
+        return ()
+    record = rollback.record_of(req)
+    held = float(record.outcome.node_seconds) if record.outcome else 0.0
+    cause = RollbackCause.of(reason).value if reason else "Failed"
+    return (SourceNote(source_name(config, record.source), "failed", cause, held),)
 
 
 def source_name(config: AtomicProvisioningSpec, index: int) -> str:

@@ -124,6 +124,8 @@ class GroupDecision:
     requeue_after: float | None = None
     capacity_used: Mapping[str, int] | None = None
     """When the gang is released: its members by capacity (reserved, existing, new)."""
+    sources: tuple[driver.SourceNote, ...] = ()
+    """What happened at the capacity sources, for their metrics."""
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,12 @@ def _first(
     asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=reserved)
     message = said + asked.message + driver.source_said(snap.config, source)
     decision = _status(snap, PROVISIONING, message, request=name)
-    return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
+    return replace(
+        decision,
+        actions=asked.actions,
+        events=(*decision.events, *asked.events),
+        sources=(driver.asked_note(snap.config, source),),
+    )
 
 
 def _in_flight(
@@ -321,7 +328,9 @@ def _outcome(
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
         fell_back = _fall_back(snap, members, req, step, now) if members else None
-        return fell_back or _rolled_back(snap, step, step.verdict, now)
+        ended = fell_back or _rolled_back(snap, step, step.verdict, now)
+        failed = driver.failed_note(snap.config, req, step.verdict.reason)
+        return replace(ended, sources=(*failed, *ended.sources))
     if step.progress is Progress.ROLLING_BACK:
         return GroupDecision(
             actions=step.actions, events=step.events, requeue_after=step.requeue_after
@@ -337,6 +346,7 @@ def _outcome(
             actions=(*step.actions, *released.actions, *late.actions, *lifecycle.fulfilled(req)),
             events=(*released.events, *late.events),
             capacity_used=capacity_used(req),
+            sources=driver.delivered_note(snap.config, req, now),
         )
     return replace(
         _status(snap, PROVISIONING, step.message, request=req.name),

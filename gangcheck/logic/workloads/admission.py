@@ -98,6 +98,8 @@ class Decision:
     requeue_after: float | None = None
     capacity_used: Mapping[str, int] | None = None
     """When the gang turns Ready: its members by the capacity they use (reserved, new)."""
+    sources: tuple[driver.SourceNote, ...] = ()
+    """What happened at the capacity sources, for their metrics."""
 
 
 def decide(snap: Snapshot, now: datetime) -> Decision:
@@ -292,18 +294,23 @@ def _outcome(
     """Where the attempt stands, written as the check entry."""
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
-        return _rolled_back(snap, state, req, step, now)
+        rolled = _rolled_back(snap, state, req, step, now)
+        failed = driver.failed_note(snap.config, req, step.verdict.reason)
+        return replace(rolled, sources=(*failed, *rolled.sources))
     if step.progress is Progress.FITS:
         ready = _ready(snap, state, req, step.message, now, domains=step.domains)
-        return replace(ready, actions=(*step.actions, *ready.actions))
+        delivered = driver.delivered_note(snap.config, req, now)
+        return replace(ready, actions=(*step.actions, *ready.actions), sources=delivered)
     if step.progress in (Progress.FAILED, Progress.EXPIRED):
-        fell_back = _fall_back(snap, state, req, step.message, now)
-        if fell_back is not None:
-            return fell_back
-    if step.progress is Progress.FAILED:
-        return _retry_or_reject(snap, state, "failure", step.message, now)
-    if step.progress is Progress.EXPIRED:
-        return _retry_or_reject(snap, state, "booking expired", step.message, now)
+        cause = RollbackCause.FAILED if step.progress is Progress.FAILED else RollbackCause.EXPIRED
+        said = step.message if step.message.startswith(RollbackCause.NOT_FOUND.value) else ""
+        failed = driver.failed_note(snap.config, req, said or cause.value)
+        ended = _fall_back(snap, state, req, step.message, now)
+        if ended is None and step.progress is Progress.FAILED:
+            ended = _retry_or_reject(snap, state, "failure", step.message, now)
+        elif ended is None:
+            ended = _retry_or_reject(snap, state, "booking expired", step.message, now)
+        return replace(ended, sources=(*failed, *ended.sources))
     if step.progress is Progress.REVOKED and not snap.workload.active:
         # as Kueue: only an active Workload is rejected (deactivated)
         message = f"{step.message}; the Workload is deactivated, so the check is not rejected"
@@ -496,7 +503,12 @@ def _create(
     asked = driver.ask(snap.backend, ask, reserved=reserved)
     message = said + asked.message + driver.source_said(snap.config, source)
     decision = _transition(state, PENDING, message, now)
-    return replace(decision, actions=asked.actions, events=(*decision.events, *asked.events))
+    return replace(
+        decision,
+        actions=asked.actions,
+        events=(*decision.events, *asked.events),
+        sources=(driver.asked_note(snap.config, source),),
+    )
 
 
 def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0) -> str | None:
