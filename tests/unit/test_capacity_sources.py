@@ -146,7 +146,7 @@ def test_a_source_that_cannot_deliver_is_left_for_the_next_in_the_same_attempt(
     assert kinds.index(CreateRequest) < kinds.index(DeleteRequest)
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [FIRST]
     assert d.check is not None and d.check.state == "Pending"  # no retry of Kueue's used
-    assert d.check.message.startswith("capacity source 'on-demand' could not deliver (")
+    assert d.check.message.startswith("capacity source 'on-demand' (1 of 2) could not deliver (")
     assert why in d.check.message
     assert d.check.message.endswith(
         f"{SECOND} created for 4 pods from capacity source 'dws' (2 of 2)"

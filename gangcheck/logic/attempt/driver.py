@@ -105,22 +105,11 @@ def source_name(config: AtomicProvisioningSpec, index: int) -> str:
     return source.name if source is not None else f"source-{index}"
 
 
-def source_said(config: AtomicProvisioningSpec, index: int) -> str:
-    """Which capacity source an ask went to, when the config lists more than one."""
-    sources = config.sources()
-    if len(sources) < 2 or index >= len(sources):
-        return ""
-    return f" from capacity source {sources[index].name!r} ({index + 1} of {len(sources)})"
-
-
 def source_failed_event(left: str, request: str, why: str, following: str, name: str) -> Event:
-    """The Event saying an attempt left a capacity source for the next."""
-    return Event(
-        "CapacitySourceFailed",
-        f"Capacity source {left!r} could not deliver for {request} ({why}); asking "
-        f"{following!r} with {name}",
-        warning=True,
-    )
+    """The Event saying an attempt left a place (a capacity source, a topology domain) for
+    the next; `left` and `following` as `places.Place.describe` says them."""
+    text = f"{left} could not deliver for {request} ({why}); asking {following} with {name}"
+    return Event("CapacitySourceFailed", text[:1].upper() + text[1:], warning=True)
 
 
 def too_many_pod_sets(count: int) -> bool:

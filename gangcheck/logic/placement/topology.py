@@ -84,7 +84,7 @@ def fit_in_domains(
         if key is None or ps.count == 0:
             continue
         best: tuple[int, str] | None = None
-        for value in domains_of(nodes, key):
+        for value in _values(ps, nodes, key):
             trial = _apply({**chosen, ps.name: (key, value)}, gang)
             result = fit_gang(trial, nodes, bound, devices)
             left = result.unplaced.get(ps.name, 0)
@@ -101,6 +101,13 @@ def fit_in_domains(
     return TopologyFit(fit_gang(_apply(chosen, gang), nodes, bound, devices), chosen)
 
 
+def _values(pod_set: GangPodSet, nodes: Sequence[NodeView], key: str) -> list[str]:
+    """The domains a pod set may take: the one its node selector already names (an ask
+    scoped to one domain), else every domain of the level."""
+    named = pod_set.member.node_selector.get(key)
+    return [named] if named is not None else domains_of(nodes, key)
+
+
 def _apply(pins: Mapping[str, tuple[str, str]], gang: Sequence[GangPodSet]) -> list[GangPodSet]:
     return [pinned(ps, *pins[ps.name]) if ps.name in pins else ps for ps in gang]
 
@@ -114,7 +121,9 @@ def _fit_together(
 ) -> TopologyFit:
     """The whole gang in the first domain of `key` (by name) that takes it all."""
     best: tuple[FitResult, str] | None = None
-    for value in domains_of(nodes, key):
+    chosen = {ps.member.node_selector[key] for ps in gang if key in ps.member.node_selector}
+    values = sorted(chosen) if chosen else domains_of(nodes, key)
+    for value in values:
         result = fit_gang([pinned(ps, key, value) for ps in gang], nodes, bound, devices)
         pins = {ps.name: (key, value) for ps in gang}
         if result.fits:

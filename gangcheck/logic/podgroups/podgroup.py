@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -188,7 +188,7 @@ def _without_config(snap: GroupSnapshot, members: _Members, now: datetime) -> Gr
 
 
 def _current(snap: GroupSnapshot) -> tuple[str, int]:
-    """The request of the attempt in flight (the latest capacity source asked), its source."""
+    """The request of the attempt in flight: its name, and which ask of the attempt it is."""
     group = snap.group
     names = {r.name for r in snap.requests}
     return naming.current_request(names, group.ref.name, group.short, attempt_of(group))
@@ -225,7 +225,20 @@ def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetim
             f"ProvisioningRequest carries at most {driver.MAX_REQUEST_POD_SETS} pod sets"
         )
         return _status(snap, FAILED, message, warn="GangTooLarge")
-    return _first(snap, members, gang, name, now)
+    assert snap.config is not None
+    first = places.first_place(snap.config, _gang_by_source(snap, gang), snap.capacity)
+    return _first(snap, members, gang, name, now, place=first)
+
+
+def _gang_by_source(snap: GroupSnapshot, gang: GangSpec) -> places.GangOf:
+    """The gang as each capacity source would be asked for it."""
+    assert snap.config is not None
+    config = snap.config
+    return lambda index: _pinned(gang, _source_labels(config, index))
+
+
+def _place_of(req: ProvisioningRequest) -> places.Place:
+    return places.place_of(rollback.record_of(req), req.annotations)
 
 
 def _first(
@@ -235,13 +248,15 @@ def _first(
     name: str,
     now: datetime,
     *,
-    source: int = 0,
+    place: places.Place,
     said: str = "",
 ) -> GroupDecision:
     """No request yet: release at once if the gang fits on free nodes (of the capacity source
-    asked), else ask that source for capacity; `said`: why an earlier source was left."""
+    and topology domain of `place`), else ask there for capacity; `said`: why an earlier
+    place was left."""
     assert snap.config is not None
-    gang = _pinned(gang, _source_labels(snap.config, source))
+    source = place.source
+    gang = places.pinned(_pinned(gang, _source_labels(snap.config, source)), {}, place.domain)
     reservations = reservations_of(snap.config)
     split = reserved_split(snap.capacity, gang, reservations) if reservations else None
     reserved = split.reserved_members if split else 0
@@ -265,12 +280,14 @@ def _first(
         **lifecycle.record(
             attempt_of(snap.group), snap.config, now, reserved=reserved, source=source
         ),
+        **place.record(),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
         record[CONFIG_ANNOTATION] = config
     asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=reserved)
-    message = said + asked.message + driver.source_said(snap.config, source)
+    where = place.describe(snap.config)
+    message = said + asked.message + (f" from {where}" if where else "")
     decision = _status(snap, PROVISIONING, message, request=name)
     return replace(
         decision,
@@ -288,15 +305,20 @@ def _in_flight(
     ours = attempt_members(members.unbound, req)
     status = snap.backend.status_of(req)
     config = snap.config  # applied to the attempt in flight as to a Workload's
-    index = rollback.record_of(req).source
-    source, following = config.source(index), config.source(index + 1)
+    place = _place_of(req)
+    index = place.source
+    source = config.source(index)
+    gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
+    following = places.next_place(
+        config, place, _gang_by_source(snap, gang_of(snap, members)), snap.capacity
+    )
     attempt = lifecycle.Attempt(
         request=req,
         status=status,
-        gang=_pinned(gang_from_pods(snap.group, ours), _source_labels(config, index)),
+        gang=places.pinned(gang, {}, place.domain),
         capacity=snap.capacity,
         config=config.for_source(index),
-        fallback=following.name if following is not None else None,
+        fallback=(following.describe(config) or "next") if following is not None else None,
     )
     followed = driver.in_flight(
         attempt,
@@ -369,22 +391,23 @@ def _fall_back(
     done = step.verdict
     if done.revoked or done.cause in driver.NO_FALLBACK:
         return None
-    index = rollback.record_of(req).source
-    following = snap.config.source(index + 1)
+    place = _place_of(req)
+    gang = gang_of(snap, members)
+    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
     if following is None:
         return None
-    left = driver.source_name(snap.config, index)
+    left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
     group = snap.group
-    name = naming.request_name(group.ref.name, group.short, attempt_of(group), following.index)
-    said = f"capacity source {left!r} could not deliver ({done.message}); "
-    made = _first(
-        snap, members, gang_of(snap, members), name, now, source=following.index, said=said
-    )
+    _, asks = _current(snap)
+    name = naming.request_name(group.ref.name, group.short, attempt_of(group), asks + 1)
+    said = f"{left} could not deliver ({done.message}); "
+    made = _first(snap, members, gang, name, now, place=following, said=said)
     gone = (
         *lifecycle.release_hold(snap.capacity, req),
-        *snap.backend.withdraw(req, f"capacity source {left!r} could not deliver"),
+        *snap.backend.withdraw(req, f"{left} could not deliver"),
     )
-    event = driver.source_failed_event(left, req.name, done.message, following.name, name)
+    where = following.describe(snap.config)
+    event = driver.source_failed_event(left, req.name, done.message, where, name)
     return replace(
         made,
         actions=(*made.actions, *gone),

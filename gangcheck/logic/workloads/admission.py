@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -271,21 +271,30 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 def _attempt(
     snap: Snapshot, req: ProvisioningRequest, status: AttemptStatus | None = None
 ) -> lifecycle.Attempt:
-    """The attempt of this request, as the core reads it: under its capacity source's
-    deadline and node labels, with the source next in line."""
+    """The attempt of this request, as the core reads it: under its place's deadline, node
+    labels and domain, with the place next in line."""
     assert snap.config is not None
-    index = rollback.record_of(req).source
-    following = snap.config.source(index + 1)
+    place = _place_of(req)
+    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
     return lifecycle.Attempt(
         request=req,
         status=status or snap.backend.status_of(req),
-        gang=gang_templates(snap, source=index),
+        gang=gang_templates(snap, place=place),
         capacity=snap.capacity,
-        config=snap.config.for_source(index),
+        config=snap.config.for_source(place.source),
         fit=_fit_mode(snap),
         started=snap.workload.is_admitted,
-        fallback=following.name if following is not None else None,
+        fallback=following.describe(snap.config) or "next" if following is not None else None,
     )
+
+
+def _place_of(req: ProvisioningRequest) -> places.Place:
+    return places.place_of(rollback.record_of(req), req.annotations)
+
+
+def _gang_of(snap: Snapshot) -> places.GangOf:
+    """The gang as each capacity source would be asked for it."""
+    return lambda index: gang_templates(snap, place=places.Place(index))
 
 
 def _outcome(
@@ -358,23 +367,28 @@ def _rolled_back(
 def _fall_back(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, why: str, now: datetime
 ) -> Decision | None:
-    """The capacity source of this attempt could not deliver: ask the next one in the same
-    attempt (no retry of Kueue's is used), the new request made before the old one is
-    withdrawn; None when no source is next (then Retry or Rejected, as with one source)."""
+    """The place this attempt asked (a capacity source, a topology domain) could not
+    deliver: ask the next in the same attempt (no retry of Kueue's is used), the new request
+    made before the old one is withdrawn; None when no place is next (then Retry or
+    Rejected, as with one source)."""
     assert snap.config is not None
     if state.state != PENDING:
         return None
-    index = rollback.record_of(req).source
-    following = snap.config.source(index + 1)
+    place = _place_of(req)
+    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
     if following is None:
         return None
-    failed_name = driver.source_name(snap.config, index)
-    name = _request_name(snap, state, following.index)
-    said = f"capacity source {failed_name!r} could not deliver ({why}); "
-    created = _create(snap, state, name, _merged(snap), now, source=following.index, said=said)
-    why_withdrawn = f"capacity source {failed_name!r} could not deliver"
-    gone = (*lifecycle.release_hold(snap.capacity, req), *snap.backend.withdraw(req, why_withdrawn))
-    event = driver.source_failed_event(failed_name, req.name, why, following.name, name)
+    left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
+    _, asks = _current(snap, state)
+    name = _request_name(snap, state, asks + 1)
+    said = f"{left} could not deliver ({why}); "
+    created = _create(snap, state, name, _merged(snap), now, place=following, said=said)
+    gone = (
+        *lifecycle.release_hold(snap.capacity, req),
+        *snap.backend.withdraw(req, f"{left} could not deliver"),
+    )
+    where = following.describe(snap.config)
+    event = driver.source_failed_event(left, req.name, why, where, name)
     return replace(created, actions=(*created.actions, *gone), events=(*created.events, event))
 
 
@@ -420,12 +434,12 @@ def members_scheduled(capacity: Capacity | None, namespace: str, request: str) -
     return tally(capacity.pods if capacity else (), CONSUME_ANNOTATION, namespace, request)
 
 
-def _request_name(snap: Snapshot, state: CheckState, source: int = 0) -> str:
-    return naming.request_name(snap.workload.ref.name, snap.check, state.retry_count + 1, source)
+def _request_name(snap: Snapshot, state: CheckState, ask: int = 0) -> str:
+    return naming.request_name(snap.workload.ref.name, snap.check, state.retry_count + 1, ask)
 
 
 def _current(snap: Snapshot, state: CheckState) -> tuple[str, int]:
-    """The request of the attempt in flight (its name, its capacity source)."""
+    """The request of the attempt in flight: its name, and which ask of the attempt it is."""
     names = {r.name for r in snap.requests}
     wl = snap.workload
     return naming.current_request(names, wl.ref.name, snap.check, state.retry_count + 1)
@@ -438,7 +452,8 @@ def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningR
 def _pending(
     snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
 ) -> Decision:
-    name, source = _current(snap, state)
+    assert snap.config is not None
+    name, _ = _current(snap, state)
     stale = lifecycle.superseded(
         snap.requests,
         name,
@@ -448,7 +463,8 @@ def _pending(
     )
     req = _find(snap.requests, name)
     if req is None:
-        decision = _create(snap, state, name, merged, now, source=source)
+        first = places.first_place(snap.config, _gang_of(snap), snap.capacity)
+        decision = _create(snap, state, name, merged, now, place=first)
     elif req.deleting:
         decision = Decision(requeue_after=1.0)
     else:
@@ -463,12 +479,13 @@ def _create(
     merged: list[MergedPodSet],
     now: datetime,
     *,
-    source: int = 0,
+    place: places.Place,
     said: str = "",
 ) -> Decision:
-    """Ask capacity source `source` for the gang; `said`: what comes first in the message
-    (why an earlier source was left)."""
+    """Ask for the gang at `place` (a capacity source, a topology domain); `said`: what comes
+    first in the message (why an earlier place was left)."""
     assert snap.config is not None
+    source = place.source
     problem = _cannot_request(snap, merged, source)
     if problem is not None:
         return _transition(state, REJECTED, problem, now)
@@ -483,7 +500,7 @@ def _create(
     reserved = 0
     if snap.config.reservations:
         split = reserved_split(
-            snap.capacity, gang_templates(snap, source=source), reservations_of(snap.config)
+            snap.capacity, gang_templates(snap, place=place), reservations_of(snap.config)
         )
         if not split.remainder:
             message = f"the whole gang fits on reserved capacity: {describe(split)}"
@@ -497,11 +514,13 @@ def _create(
         **lifecycle.record(
             state.retry_count + 1, snap.config, now, reserved=reserved, source=source
         ),
+        **place.record(),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
     }
-    ask = _ask(snap, name, merged, record=record, source=source)
+    ask = _ask(snap, name, merged, record=record, place=place)
     asked = driver.ask(snap.backend, ask, reserved=reserved)
-    message = said + asked.message + driver.source_said(snap.config, source)
+    where = place.describe(snap.config)
+    message = said + asked.message + (f" from {where}" if where else "")
     decision = _transition(state, PENDING, message, now)
     return replace(
         decision,
@@ -540,13 +559,15 @@ def _ask(
     merged: list[MergedPodSet],
     *,
     record: Mapping[str, str] | None = None,
-    source: int = 0,
+    place: places.Place | None = None,
 ) -> Ask:
-    """The attempt's ask of capacity source `source`: a pod set per merged pod set (pinned
-    to the source's node labels), the Workload owning its objects."""
+    """The attempt's ask at `place`: a pod set per merged pod set (pinned to its capacity
+    source's node labels and its topology domain), the Workload owning its objects."""
     assert snap.config is not None
     wl = snap.workload
-    pinned = _source_labels(snap.config, source)
+    place = place or places.Place()
+    source = place.source
+    pinned = {ps: tpl for ps, _, tpl in gang_templates(snap, place=place).pod_sets}
     return Ask(
         attempt=name,
         namespace=wl.ref.namespace,
@@ -554,7 +575,7 @@ def _ask(
             AskedPodSet(
                 m.name,
                 m.count,
-                pod_template_spec(wl, m.name, m.template, snap.flavors, pinned=pinned),
+                pinned.get(m.name) or pod_template_spec(wl, m.name, m.template, snap.flavors),
             )
             for m in merged
         ),
@@ -573,14 +594,15 @@ def _in_flight(
     """The request exists: as the driver follows it (its templates made again where gone),
     written as the check entry; a config changed under it ends it (driver.in_flight)."""
     assert snap.config is not None
-    index = rollback.record_of(req).source
+    place = _place_of(req)
+    index = place.source
     source = snap.config.source(index)
     followed = driver.in_flight(
         _attempt(snap, req),
         now,
         class_name=_source_class(snap.config, index),
         parameters=_parameters(snap, index),
-        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), source=index)),
+        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), place=place)),
         gone=None if source is not None else f"capacity source {index} left the config",
     )
     if followed.step is None:  # config changed, not in fit mode: as Kueue, Retry
@@ -633,13 +655,14 @@ def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> De
     return _transition(state, RETRY, message, now, requeue_after_seconds=delay)
 
 
-def gang_templates(snap: Snapshot, *, source: int = 0) -> GangSpec:
+def gang_templates(snap: Snapshot, *, place: places.Place | None = None) -> GangSpec:
     """(name, count, pod template) of each request pod set, as the PodTemplates hold them
-    (pinned to capacity source `source`), and the topology level each must sit inside
-    (Kueue's required-topology annotation)."""
+    (pinned to the capacity source and topology domain of `place`), and the topology level
+    each must sit inside (Kueue's required-topology annotation)."""
     assert snap.config is not None
     wl = snap.workload
-    pinned = _source_labels(snap.config, source)
+    place = place or places.Place()
+    pinned = _source_labels(snap.config, place.source)
     merged = merge_pod_sets(
         wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
     )
@@ -652,7 +675,7 @@ def gang_templates(snap: Snapshot, *, source: int = 0) -> GangSpec:
             )
         )
     }
-    return GangSpec(
+    gang = GangSpec(
         tuple(
             (
                 m.name,
@@ -664,6 +687,7 @@ def gang_templates(snap: Snapshot, *, source: int = 0) -> GangSpec:
         topology,
         namespace=wl.ref.namespace,
     )
+    return places.pinned(gang, {}, place.domain)
 
 
 def _ready(

@@ -1,0 +1,176 @@
+"""Asks scoped to one topology domain: a gang that must sit inside one rack asks inside one
+rack (its request's templates carry the rack), the best rack first, and the next rack inside
+the same attempt when that one cannot deliver; never across two."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gangcheck.logic.attempt import naming, places
+from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
+from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, fits_now
+from gangcheck.logic.podgroups.podgroup import GroupSnapshot
+from gangcheck.logic.podgroups.podgroup import decide as decide_group
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.model.objects import pod_of, request_of, workload_of
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
+from tests.unit.test_admission_decide import GPU_FLAVOR, NOW
+from tests.unit.test_podgroup_decide import group, members
+
+RACK = "example.com/rack"
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
+TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
+
+
+def racked(count: int = 4) -> WorkloadBuilder:
+    """A gang whose one pod set must sit inside one rack (Kueue's required topology)."""
+    template = pod_template(gpu=8)
+    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": RACK}}
+    return WorkloadBuilder().pod_set("workers", count, template).reserve_quota().check()
+
+
+def gpu_node(name: str, rack: str, *, gpu: int = 8) -> Any:
+    return node(name, gpu=gpu, labels={RACK: rack, "pool": "gpu"}, taints=[])
+
+
+def run(requests: list[Any], nodes: list[Any], config: dict[str, Any] | None = None) -> Decision:
+    snap = Snapshot(
+        workload=workload_of(racked().build()),
+        check=CHECK,
+        config=parse_spec(config or TRUST),
+        flavors=GPU_FLAVOR,
+        requests=tuple(request_of(r) for r in requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+        ),
+        capacity=Capacity(nodes=tuple(nodes)),
+    )
+    return decide(snap, NOW)
+
+
+def asked(d: Decision) -> tuple[dict[str, Any], dict[str, Any]]:
+    req = next(a.body for a in d.actions if isinstance(a, CreateRequest))
+    template = next(a.body for a in d.actions if isinstance(a, CreateTemplate))
+    return req, template
+
+
+def request(name: str, rack: str, *, tried: str = "", **annotations: str) -> Any:
+    notes = {"gangcheck.io/attempt": "1", "gangcheck.io/topology-domain": f"{RACK}={rack}"}
+    if tried:
+        notes["gangcheck.io/domains-tried"] = tried
+    templates = [(naming.template_name(name, "workers"), 4)]
+    return provisioning_request(name, templates=templates, annotations={**notes, **annotations})
+
+
+def failed(name: str, rack: str, *, tried: str = "") -> Any:
+    return request(
+        name,
+        rack,
+        tried=tried,
+        **{
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "Deadline: the gang did not fit",
+            "gangcheck.io/outcome": OUTCOME,
+        },
+    )
+
+
+def test_the_ask_is_scoped_to_the_rack_where_most_members_place_now() -> None:
+    # r1 has no free node; r2 has two free 8-GPU nodes: two members place there now
+    nodes = [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2"), gpu_node("c", "r2")]
+    d = run([], nodes)
+    req, template = asked(d)
+    assert template["template"]["spec"]["nodeSelector"][RACK] == "r2"
+    annotations = req["metadata"]["annotations"]
+    assert annotations["gangcheck.io/topology-domain"] == f"{RACK}=r2"
+    assert d.check is not None
+    assert d.check.message.endswith(f"from topology domain {RACK}=r2")
+
+
+def test_a_rack_that_could_not_deliver_is_left_for_the_next_in_the_same_attempt() -> None:
+    nodes = [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")]
+    d = run([failed("wl-atomic-1", "r2")], nodes)
+    req, template = asked(d)
+    assert req["metadata"]["name"] == "wl-atomic-1-s1"
+    assert template["template"]["spec"]["nodeSelector"][RACK] == "r1"
+    annotations = req["metadata"]["annotations"]
+    assert annotations["gangcheck.io/topology-domain"] == f"{RACK}=r1"
+    assert annotations["gangcheck.io/domains-tried"] == "r2"
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["wl-atomic-1"]
+    assert d.check is not None and d.check.state == "Pending"
+    assert d.check.message.startswith(f"topology domain {RACK}=r2 could not deliver")
+
+
+def test_every_rack_tried_ends_the_attempt() -> None:
+    nodes = [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")]
+    d = run([failed("wl-atomic-1-s1", "r1", tried="r2")], nodes)
+    assert not any(isinstance(a, CreateRequest) for a in d.actions)
+    assert d.check is not None and d.check.state == "Retry"
+
+
+def test_racks_are_tried_in_each_source_in_turn() -> None:
+    config = {
+        **TRUST,
+        "capacitySources": [
+            {"name": "on-demand", "nodeSelector": {"pool": "gpu"}},
+            {"name": "spot", "nodeSelector": {"pool": "spot"}},
+        ],
+    }
+    nodes = [gpu_node("a", "r1"), {**gpu_node("s", "r9")}]
+    nodes[1]["metadata"]["labels"]["pool"] = "spot"
+    d = run([failed("wl-atomic-1", "r1")], nodes, config)
+    req, template = asked(d)
+    # r1 was the on-demand pool's only rack: the spot pool next, in its own rack
+    selector = template["template"]["spec"]["nodeSelector"]
+    assert (selector["pool"], selector[RACK]) == ("spot", "r9")
+    assert req["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "1"
+    assert "gangcheck.io/domains-tried" not in req["metadata"]["annotations"]
+
+
+def test_a_level_no_node_shows_asks_without_a_domain() -> None:
+    d = run([], [node("x", gpu=8, labels={"pool": "gpu"})])
+    req, template = asked(d)
+    assert RACK not in template["template"]["spec"]["nodeSelector"]
+    assert "gangcheck.io/topology-domain" not in req["metadata"]["annotations"]
+
+
+def test_reserved_nodes_rank_a_rack_first() -> None:
+    gang = GangSpec(
+        (("w", 2, pod_template(gpu=8, node_selector={"pool": "gpu"})),),
+        {"w": RACK},
+    )
+    nodes = (
+        gpu_node("a", "r1", gpu=0),
+        gpu_node("b", "r2"),
+        gpu_node("c", "r2"),
+        {**gpu_node("d", "r3", gpu=0)},
+    )
+    nodes[3]["metadata"]["labels"]["reserved"] = "yes"
+    ranked = places.ranked_domains(gang, Capacity(nodes=nodes), [{"reserved": "yes"}])
+    assert ranked == ["r3", "r2", "r1"]
+
+
+def test_a_scoped_ask_fits_only_inside_its_domain() -> None:
+    """Room in another rack does not make the gang fit for an ask scoped to r1."""
+    gang = GangSpec((("w", 1, pod_template(gpu=8)),), {"w": RACK})
+    room_elsewhere = Capacity(nodes=(gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")))
+    assert fits_now(room_elsewhere, gang).fits
+    assert not fits_now(room_elsewhere, places.pinned(gang, {}, (RACK, "r1"))).fits
+
+
+def test_a_pod_group_with_a_topology_asks_inside_its_best_domain() -> None:
+    pods = members(3)
+    nodes = (gpu_node("a", "r1", gpu=0), gpu_node("b", "r2", gpu=2))
+    snap = GroupSnapshot(
+        group=pod_group_of(group(3, topology=RACK)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec({}),
+        capacity=Capacity(nodes=nodes, pods=tuple(pods)),
+    )
+    d = decide_group(snap, NOW)
+    req = next(a.body for a in d.actions if isinstance(a, CreateRequest))
+    template = next(a.body for a in d.actions if isinstance(a, CreateTemplate))
+    assert template["template"]["spec"]["nodeSelector"][RACK] == "r2"
+    assert req["metadata"]["annotations"]["gangcheck.io/topology-domain"] == f"{RACK}=r2"
