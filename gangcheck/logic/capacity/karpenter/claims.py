@@ -2,9 +2,11 @@
 
 gangcheck asks Karpenter for a gang's capacity by creating one NodeClaim per node the gang
 needs, all at once, from the chosen NodePool's template (as Karpenter's static-capacity
-controller does). Each claim carries the attempt's label, its index, the gang's size, the hold
-taint of the attempt and ``karpenter.sh/do-not-disrupt``; Karpenter copies labels, annotations
-and taints onto the Node when it registers, so the node is born held and protected.
+controller does). Each claim carries the attempt's label, its index, how many claims the
+attempt made, how many members it is for, the hold taint of the attempt and
+``karpenter.sh/do-not-disrupt``; Karpenter copies labels, annotations and taints onto the Node
+when it registers, so the node is born held and protected. A claim packed with several members
+(``packing``) asks for their sum and names the instance types that hold it.
 
 Claim names are derived from the attempt (not ``generateName``), so a create whose answer was
 lost is answered ``AlreadyExists`` on the retry instead of launching a second machine.
@@ -20,6 +22,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -27,18 +30,36 @@ from enum import StrEnum
 from gangcheck.logic.attempt.hold import hold_taint, hold_value
 from gangcheck.logic.attempt.naming import fit
 from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.capacity.karpenter.packing import PackedClaim
 from gangcheck.model.objects import Obj
 
 
 @dataclass(frozen=True)
 class ClaimAsk:
     """What one attempt asks Karpenter for: ``nodes`` machines of ``pool``, each able to carry
-    ``requests``, carrying ``labels`` (the flavor's node labels)."""
+    ``requests``, carrying ``labels`` (the flavor's node labels); or, with ``packed``, one
+    machine per packed claim, each asking for its own members' sum (``ClaimAsk.packing``)."""
 
     attempt: str
     nodes: int
     requests: Mapping[str, str]
     labels: Mapping[str, str] = field(default_factory=dict)
+    packed: tuple[PackedClaim, ...] = ()
+
+    @classmethod
+    def packing(
+        cls, attempt: str, packed: Sequence[PackedClaim], labels: Mapping[str, str]
+    ) -> ClaimAsk:
+        return cls(attempt, len(packed), {}, dict(labels), tuple(packed))
+
+    def requests_of(self, index: int) -> dict[str, str]:
+        return self.packed[index].asked() if self.packed else dict(self.requests)
+
+    def instance_types_of(self, index: int) -> tuple[str, ...]:
+        return self.packed[index].instance_types if self.packed else ()
+
+    def members_of(self, index: int) -> int:
+        return len(self.packed[index].members) if self.packed else 1
 
 
 def claim_name(pool: str, attempt: str, index: int) -> str:
@@ -64,7 +85,7 @@ def _claim(pool: Obj, ask: ClaimAsk, index: int) -> Obj:
             "annotations": _annotations(meta, template, ask, index),
             "ownerReferences": [_owner(meta)],
         },
-        "spec": _claim_spec(spec, ask),
+        "spec": _claim_spec(spec, ask, index),
     }
 
 
@@ -89,6 +110,7 @@ def _annotations(meta: Obj, template: Obj, ask: ClaimAsk, index: int) -> dict[st
     annotations[names.REQUESTED_FOR] = ask.attempt
     annotations[names.GANG_NODES] = str(ask.nodes)
     annotations[names.CLAIM_INDEX] = str(index)
+    annotations[names.CLAIM_MEMBERS] = str(ask.members_of(index))
     return annotations
 
 
@@ -105,15 +127,28 @@ def _owner(meta: Obj) -> Obj:
 _COPIED = ("nodeClassRef", "startupTaints", "expireAfter", "terminationGracePeriod")
 
 
-def _claim_spec(spec: Obj, ask: ClaimAsk) -> Obj:
+def _claim_spec(spec: Obj, ask: ClaimAsk, index: int) -> Obj:
     body: Obj = {key: spec[key] for key in _COPIED if key in spec}
     requirements = [dict(r) for r in spec.get("requirements") or []]
     for key, value in sorted(ask.labels.items()):
         requirements.append({"key": key, "operator": "In", "values": [value]})
+    types = ask.instance_types_of(index)
+    if types:
+        requirements = _narrowed(requirements, types)
     body["requirements"] = requirements
     body["taints"] = [*(spec.get("taints") or []), hold_taint(ask.attempt)]
-    body["resources"] = {"requests": dict(ask.requests)}
+    body["resources"] = {"requests": ask.requests_of(index)}
     return body
+
+
+def _narrowed(requirements: list[Obj], types: Sequence[str]) -> list[Obj]:
+    """``requirements`` with the instance types that hold the claim first, in place of the
+    ``In`` requirements of that key (the types are among what those admit). First: a cloud
+    provider may read only the first requirement of the key (the kwok provider's ``toNode``
+    does)."""
+    key = names.INSTANCE_TYPE_LABEL
+    kept = [r for r in requirements if not (r.get("key") == key and r.get("operator") == "In")]
+    return [{"key": key, "operator": "In", "values": list(types)}, *kept]
 
 
 # -- following ---------------------------------------------------------------------------
@@ -254,9 +289,27 @@ def attempt_claims(claims: Iterable[Obj], attempt: str) -> list[Obj]:
 
 
 def claims_status(claims: Iterable[Obj], attempt: str, asked: int) -> ClaimsStatus:
+    """The attempt's claims taken together, ``asked`` claims made (``claims_made``: a packed
+    attempt makes fewer claims than it has members)."""
     mine = attempt_claims(claims, attempt)
     states = sorted((claim_state(c) for c in mine), key=lambda s: (s.index is None, s.index or 0))
     return ClaimsStatus(asked, tuple(states))
+
+
+_CREATED = re.compile(r"^created (\d+) NodeClaims? ")
+
+
+def claims_made(accepted_message: str) -> int | None:
+    """How many claims the ``Accepted`` condition's message says were made (None: it does not
+    say): what a request whose claims are all gone was asked with."""
+    found = _CREATED.match(accepted_message or "")
+    return int(found.group(1)) if found else None
+
+
+def created_message(claims: int, members: int, pool: str) -> str:
+    """The ``Accepted`` condition's message (``claims_made`` reads it back)."""
+    packed = f" for {members} members" if members != claims else ""
+    return f"created {claims} NodeClaims{packed} in NodePool {pool!r}"
 
 
 def withdrawable(claims: Iterable[Obj], attempt: str, arrived_nodes: Sequence[str]) -> list[Obj]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gangcheck.logic.attempt.explain import RequestFacts
 from gangcheck.logic.attempt.hold import hold_value
 from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import attempt_claims, claims_status
+from gangcheck.logic.capacity.karpenter.claims import attempt_claims, claims_made, claims_status
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 
@@ -117,10 +117,11 @@ def claim_rows(facts: NodeClaimFacts) -> list[list[str]]:
 def request_claims(claims: Iterable[Obj], namespace: str, request: RequestFacts) -> NodeClaimFacts:
     """The facts of the claims of ``request``'s attempt (a Karpenter-class request)."""
     accepted = request.conditions.get("Accepted")
+    made = claims_made(accepted.message) if accepted is not None else None
     return node_claim_facts(
         claims,
         attempt_key(namespace, request),
-        request.members,
+        request.members if made is None else made,
         accepted=accepted is not None and accepted.is_true,
     )
 

@@ -14,13 +14,15 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 #: The NodePool's template hash, copied onto claims so that drift compares like Karpenter's own.
 POOL_HASH = "karpenter.sh/nodepool-hash"
 POOL_HASH_VERSION = "karpenter.sh/nodepool-hash-version"
+#: The requirement (and node label) naming the machine a claim launches.
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 #: Labels Karpenter or the cloud provider set on every node whatever the NodePool says, so a
 #: flavor may select on them without the pool defining them.
 WELL_KNOWN_LABELS = frozenset(
     {
         "topology.kubernetes.io/zone",
         "topology.kubernetes.io/region",
-        "node.kubernetes.io/instance-type",
+        INSTANCE_TYPE_LABEL,
         "kubernetes.io/arch",
         "kubernetes.io/os",
         "karpenter.sh/capacity-type",
@@ -33,3 +35,8 @@ ATTEMPT_LABEL = "gangcheck.io/attempt"
 REQUESTED_FOR = "gangcheck.io/requested-for"
 GANG_NODES = "gangcheck.io/gang-nodes"
 CLAIM_INDEX = "gangcheck.io/claim-index"
+#: On a gang's NodeClaims: how many of the gang's members it is asked for.
+CLAIM_MEMBERS = "gangcheck.io/claim-members"
+#: On a NodePool: the instance types it launches and what one node of each offers to pods
+#: (JSON), which gangcheck packs the gang's members by (``packing``).
+INSTANCE_TYPES = "gangcheck.io/instance-types"

@@ -32,11 +32,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.capacity.karpenter.packing import Packing
 from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
 from gangcheck.model.objects import Obj
 
@@ -183,6 +184,42 @@ def room(pool: Obj, per_node: Mapping[str, str], claims: Iterable[Obj] = ()) -> 
     return min(fits) if fits else None
 
 
+def claims_room(
+    pool: Obj, asks: Sequence[Mapping[str, str]], claims: Iterable[Obj] = ()
+) -> int | None:
+    """How many of ``asks`` (each a claim's requests, one node each), taken in order, the
+    pool's limits allow, charged with its use by ``claims`` (None: no limit applies). For
+    claims all alike, what ``room`` says, capped at their number."""
+    limits = (pool.get("spec") or {}).get("limits") or {}
+    use = pool_use(pool, claims)
+    left: dict[str, int] = {}
+    for resource, limit in limits.items():
+        try:
+            left[resource] = parse_quantity(limit) - use.used(resource)
+        except QuantityError:
+            continue
+    if not left:
+        return None
+    taken = 0
+    for ask in asks:
+        need = {r: _need(ask, r) for r in left}
+        if any(n > 0 and n > left[r] for r, n in need.items()):
+            break
+        for resource, amount in need.items():
+            left[resource] -= amount
+        taken += 1
+    return taken
+
+
+def _need(ask: Mapping[str, str], resource: str) -> int:
+    """What one claim asks of a limited resource (nothing it does not ask for: the machine's
+    share is unknown here, as in ``room``)."""
+    try:
+        return parse_quantity("1" if resource == NODES else ask.get(resource, "0"))
+    except QuantityError:
+        return 0
+
+
 def _use_note(pool: Obj, claims: Iterable[Obj]) -> str:
     """Says what the limits are charged with, when claims count (empty: only reported use)."""
     use = pool_use(pool, claims)
@@ -207,6 +244,10 @@ class PoolChoice:
     #: The gang cannot be whole in any pool now (limits), but may be later: a failed attempt,
     #: not a bad config.
     no_room: bool = False
+    #: The claims the gang takes in ``pool`` (with ``packing``).
+    packing: Packing | None = None
+    #: A member no instance type of any usable pool can take.
+    too_big: bool = False
 
 
 FIELD = "spec.karpenter.nodePools"
@@ -217,15 +258,19 @@ def choose_pool(
     wanted: Sequence[str],
     *,
     labels: Mapping[str, str],
-    per_node: Mapping[str, str],
-    nodes: int,
+    per_node: Mapping[str, str] | None = None,
+    nodes: int = 0,
     claims: Sequence[Obj] = (),
+    packing: Callable[[Obj], Packing] | None = None,
 ) -> PoolChoice:
     """The first pool of ``wanted`` (in config order) that exists, can carry ``labels`` and has
-    room for ``nodes`` nodes. ``pools``: every pool by name (absent: not found); ``claims``:
-    every NodeClaim known, those just created included (their use is charged to the room)."""
+    room for the gang's claims: ``nodes`` claims of ``per_node`` each, or those ``packing``
+    makes of the gang in that pool (a pool it cannot pack the gang into is passed over, saying
+    why). ``pools``: every pool by name (absent: not found); ``claims``: every NodeClaim known,
+    those just created included (their use is charged to the room)."""
     problems: list[str] = []
     rooms: list[str] = []
+    too_big = False
     for i, name in enumerate(wanted):
         pool = pools.get(name)
         if pool is None:
@@ -235,16 +280,25 @@ def choose_pool(
         if problem:
             problems.append(f"{FIELD}[{i}]: {problem}")
             continue
-        left = room(pool, per_node, claims)
-        if left is None or left >= nodes:
-            return PoolChoice(pool)
+        packed = packing(pool) if packing is not None else None
+        if packed is not None and packed.problem:
+            problems.append(f"{FIELD}[{i}]: {packed.problem}")
+            too_big = too_big or packed.too_big
+            continue
+        asks = (
+            [c.asked() for c in packed.claims] if packed is not None else [per_node or {}] * nodes
+        )
+        left = claims_room(pool, asks, claims)
+        if left is None or left >= len(asks):
+            return PoolChoice(pool, packing=packed)
         rooms.append(
-            f"NodePool {name!r}: limits {limit_names(pool)} leave room for {left} of {nodes} "
-            f"nodes{_use_note(pool, claims)}"
+            f"NodePool {name!r}: limits {limit_names(pool)} leave room for {left} of "
+            f"{len(asks)} nodes{_use_note(pool, claims)}"
         )
     if rooms:
         return PoolChoice(None, "; ".join(rooms), no_room=True)
-    return PoolChoice(None, "; ".join(problems) or f"{FIELD}: no NodePool named")
+    problem = "; ".join(problems) or f"{FIELD}: no NodePool named"
+    return PoolChoice(None, problem, too_big=too_big)
 
 
 def unusable_pools(wanted: Sequence[str], served: Mapping[str, Obj] | None) -> str | None:

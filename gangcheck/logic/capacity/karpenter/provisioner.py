@@ -4,15 +4,17 @@ The attempt core asks, follows and withdraws through the ProvisioningRequest bac
 the capacity is: the request is the attempt's durable record (its number, deadline, rollback
 steps, what arrived). With ``spec.backend: Karpenter`` the request's class is
 ``KARPENTER_CLASS``, which no autoscaler serves; gangcheck serves it here, as
-cluster-autoscaler serves its classes: it creates the gang's NodeClaims (one per member, all at
-once, in the first NodePool of ``nodePools`` that can take them all) and writes what they say
+cluster-autoscaler serves its classes: it creates the gang's NodeClaims (all at once, the
+members packed onto as few as the pool's declared instance types allow, in the first NodePool
+of ``nodePools`` that can take them all) and writes what they say
 onto the request's conditions (``Accepted``, ``Provisioned``, ``Failed``). From there on the
 attempt runs as on any other backend: arrival ledger, hold, fit, deadline rollback, reclaim.
 
 What this module decides for one request (``serve``):
 
-- not yet asked: choose the pool (labels, limits) and create the claims, or fail the request
-  naming the pool and the limit, or the config field, that stand in the way. The room a pool's
+- not yet asked: choose the pool (labels, instance types, limits) and create the claims, or
+  fail the request naming the pool and the limit, the member, or the config field, that
+  stand in the way. The room a pool's
   limits leave is charged with every claim of the pool known (``pool_claims``: listed, and
   those created earlier in the same pass for other requests), not only with what Karpenter's
   lagging ``status.resources`` says (``pools.pool_use``). Claims are made
@@ -30,8 +32,11 @@ What this module decides for one request (``serve``):
   is no longer held for the request (the gang started, or a rollback kept the node), or the
   request is gone.
 
-Members are taken to be node-sized (one claim per member, asking for one member's requests):
-the shape of GPU gangs. Pure: no I/O.
+How members are packed onto claims is ``packing``'s: by the instance types the NodePool
+declares (``gangcheck.io/instance-types``), first-fit decreasing, each claim asking for its
+members' sum; without a declaration, one claim per member asking for its requests. A member
+no declared type can take fails the request at once (``NoInstanceTypeFits``), naming the pool
+and the member. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -50,11 +55,14 @@ from gangcheck.logic.capacity.karpenter.claims import (
     attempt_claims,
     claim_bodies,
     claim_state,
+    claims_made,
     claims_status,
+    created_message,
     withdrawable,
 )
+from gangcheck.logic.capacity.karpenter.packing import Member, pack
 from gangcheck.logic.capacity.karpenter.pools import choose_pool
-from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS, NODE_POOLS_PARAMETER
@@ -111,7 +119,7 @@ def serve(
         if not _second_passed(request, now):
             return Served()
         return _ask(request, key, templates, pools, pool_claims)
-    status = claims_status(mine, key, _asked(request))
+    status = claims_status(mine, key, _claims_asked(request))
     return Served(conditions=_follow(request, status.phase, status.message), release=release)
 
 
@@ -158,6 +166,14 @@ def _asked(request: Obj) -> int:
     return sum(int(p.get("count", 0)) for p in (request.get("spec") or {}).get("podSets") or [])
 
 
+def _claims_asked(request: Obj) -> int:
+    """How many claims the request was served with: what its ``Accepted`` message says (the
+    claims say it too while any is left), else one per member."""
+    accepted = _conditions(request).get("Accepted") or {}
+    made = claims_made(str(accepted.get("message") or ""))
+    return _asked(request) if made is None else made
+
+
 def _ask(
     request: Obj,
     key: str,
@@ -165,20 +181,27 @@ def _ask(
     pools: Mapping[str, Obj | None],
     pool_claims: Sequence[Obj],
 ) -> Served:
-    shape = _member_shape(request, templates)
-    if isinstance(shape, str):
-        return Served(conditions=(_condition("Failed", "True", "NodeClaimsNotPossible", shape),))
-    requests, labels = shape
+    gang = _members(request, templates)
+    if isinstance(gang, str):
+        return Served(conditions=(_condition("Failed", "True", "NodeClaimsNotPossible", gang),))
+    members, labels = gang
     wanted = _pool_names(request)
     choice = choose_pool(
-        pools, wanted, labels=labels, per_node=requests, nodes=_asked(request), claims=pool_claims
+        pools,
+        wanted,
+        labels=labels,
+        claims=pool_claims,
+        packing=lambda pool: pack(members, pool, labels),
     )
-    if choice.pool is None:
-        reason = "NodePoolLimits" if choice.no_room else "NodePoolNotUsable"
+    if choice.pool is None or choice.packing is None:
+        reason = "NodePoolNotUsable"
+        if choice.no_room:
+            reason = "NodePoolLimits"
+        elif choice.too_big:
+            reason = "NoInstanceTypeFits"
         return Served(conditions=(_condition("Failed", "True", reason, choice.problem),))
-    ask = ClaimAsk(key, _asked(request), requests, labels)
-    pool_name = choice.pool["metadata"]["name"]
-    message = f"created {ask.nodes} NodeClaims in NodePool {pool_name!r}"
+    ask = ClaimAsk.packing(key, choice.packing.claims, labels)
+    message = created_message(ask.nodes, len(members), choice.pool["metadata"]["name"])
     return Served(
         create=tuple(claim_bodies(choice.pool, ask)),
         conditions=(_condition("Accepted", "True", "NodeClaimsCreated", message),),
@@ -190,26 +213,27 @@ def _pool_names(request: Obj) -> list[str]:
     return [p.strip() for p in str(raw).split(",") if p.strip()]
 
 
-def _member_shape(
+def _members(
     request: Obj, templates: Mapping[str, Obj]
-) -> tuple[dict[str, str], dict[str, str]] | str:
-    """One member's requests and node labels (every pod set must agree: one claim shape)."""
-    shapes = []
+) -> tuple[list[Member], dict[str, str]] | str:
+    """Every member of the gang with its pod's requests, and the node labels they select
+    (every pod set must agree: one NodePool takes the whole gang)."""
+    members: list[Member] = []
+    selected: list[dict[str, str]] = []
     for pod_set in (request.get("spec") or {}).get("podSets") or []:
         name = (pod_set.get("podTemplateRef") or {}).get("name", "")
         template = templates.get(name)
         if template is None:
             return f"PodTemplate {name!r} of the request not found"
-        shapes.append(_shape_of((template.get("template") or {}).get("spec") or {}))
-    if not shapes:
+        requests, labels = _shape_of((template.get("template") or {}).get("spec") or {})
+        selected.append(labels)
+        count = int(pod_set.get("count", 0))
+        members += [Member(f"member {i} of PodTemplate {name!r}", requests) for i in range(count)]
+    if not selected:
         return "the request has no pod sets"
-    if any(s[1] != shapes[0][1] for s in shapes):
+    if any(s != selected[0] for s in selected):
         return "pod sets select different node labels: one NodePool takes the whole gang"
-    requests: dict[str, int] = {}
-    for shape, _ in shapes:
-        for resource, amount in shape.items():
-            requests[resource] = max(requests.get(resource, 0), amount)
-    return {r: format_quantity(n) for r, n in requests.items()}, shapes[0][1]
+    return members, selected[0]
 
 
 def _shape_of(spec: Obj) -> tuple[dict[str, int], dict[str, str]]:
