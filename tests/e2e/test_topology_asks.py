@@ -1,0 +1,158 @@
+"""Asks scoped to one topology domain, end to end: a PodGroup whose members must sit in one
+rack, two racks of the simulated cloud (it creates real Node objects; the real
+cluster-autoscaler's node groups carry no rack label here), one node already in each. Rack 2
+has room for a member now and rack 1 none, so gangcheck asks inside rack 2 only; the sim
+delivers there, the members are released pinned to rack 2, and no node comes up in rack 1.
+The sim stands in because the test bed's cluster-autoscaler node groups are not racked."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import pytest
+from gangcheck_dev.testbed.nodes import kwok_node
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import (
+    ATOMIC_CONFIG,
+    NAMESPACE,
+    NODE,
+    POD,
+    PROVISIONING_REQUEST,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
+from tests.e2e.conftest import GPU_TAINT, Cluster
+from tests.e2e.helpers import delete_quietly, eventually, unique
+from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
+    GPU,
+    GPU_TYPE,
+    SIM_CLASS,
+    SIM_POOL,
+    SimCloud,
+    delete_nodes,
+    nodes_with,
+    running,
+    sim,
+    sim_group,
+    workdir,
+)
+from tests.e2e.test_podgroups import OPT_IN, Hooked, gated, hooked, webhook_registered  # noqa: F401
+
+Obj = dict[str, Any]
+RACK = "gangcheck.io/e2e-rack"
+
+
+def racked_group(pool: str, rack: str, max_nodes: int) -> Obj:
+    group = sim_group(f"{pool}-{rack}", max_nodes)
+    group["labels"] = {**group["labels"], SIM_POOL: pool, RACK: rack}
+    return group
+
+
+def member(name: str, pool: str) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGroup": {"podGroupName": "ring"},
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "trainer:1",
+                    "resources": {
+                        "requests": {"cpu": "1", "memory": "1Gi", GPU: "8"},
+                        "limits": {GPU: "8"},
+                    },
+                }
+            ],
+            "nodeSelector": {GPU_TYPE: "e2e", SIM_POOL: pool},
+            "tolerations": [GPU_TAINT.toleration()],
+            "restartPolicy": "Never",
+        },
+    }
+
+
+@pytest.mark.timeout(300)
+async def test_a_gang_bound_to_one_rack_is_asked_for_in_the_rack_with_room_only(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    hooked: Hooked,  # noqa: F811
+    sim: SimCloud,  # noqa: F811
+) -> None:
+    count = 3
+    pool = unique("rack")
+    sim.configure(racked_group(pool, "r1", 4))
+    sim.configure(racked_group(pool, "r2", 4))
+    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
+    # one node in each rack: r1's is cordoned (no room), r2's can take one member now
+    full = kwok_node(f"{pool}-r1-x", gpus=8, labels={**labels, RACK: "r1"}, taints=[GPU_TAINT])
+    full["spec"]["unschedulable"] = True
+    await kube.create(NODE, full)
+    await kube.create(
+        NODE, kwok_node(f"{pool}-r2-x", gpus=8, labels={**labels, RACK: "r2"}, taints=[GPU_TAINT])
+    )
+    await kube.merge_patch(NAMESPACE, namespace, {"metadata": {"labels": OPT_IN}})
+    config = unique("e2e-rack")
+    spec = {
+        "provisioningClassName": SIM_CLASS,
+        "allowCustomProvisioningClass": True,
+        "fulfillment": {"deadlineSeconds": 60, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1, "backoffMaxSeconds": 2},
+    }
+    await kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    group = {
+        "metadata": {"name": "ring", "annotations": {"gangcheck.io/provisioning-config": config}},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": count}},
+            "schedulingConstraints": {"topology": [{"key": RACK}]},
+        },
+    }
+    try:
+        async with webhook_registered(kube, hooked):
+            await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
+            began = time.monotonic()
+
+            async def all_gated() -> list[Obj] | None:
+                pods = []
+                for i in range(count):
+                    name = f"ring-{i}"
+                    with contextlib.suppress(Exception):
+                        existing = await kube.get(POD, name, namespace)
+                        if gated(existing):
+                            pods.append(existing)
+                            continue
+                        await kube.delete(POD, name, namespace, grace_period_seconds=0)
+                        return None
+                    pods.append(await kube.create(POD, member(name, pool), namespace))
+                return pods if all(map(gated, pods)) else None
+
+            await eventually(all_gated, timeout=30, what="members gated by the webhook")
+
+        async def all_running() -> list[Obj] | None:
+            pods = running((await kube.list_objects(POD, namespace))["items"])
+            return pods if len(pods) == count else None
+
+        pods = await eventually(all_running, timeout=120, interval=0.5, what="members Running")
+        started_after = time.monotonic() - began
+        racks = {
+            n["metadata"]["name"]: n["metadata"]["labels"].get(RACK)
+            for n in await nodes_with(kube, f"{SIM_POOL}={pool}")
+        }
+        assert {racks[p["spec"]["nodeName"]] for p in pods} == {"r2"}, (pods, racks)
+        assert [n for n, r in racks.items() if r == "r1"] == [f"{pool}-r1-x"], racks
+        (request,) = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+        notes = request["metadata"]["annotations"]
+        assert notes["gangcheck.io/topology-domain"] == f"{RACK}=r2", notes
+        cluster.record(
+            f"h. PodGroup of {count} x 8 GPUs bound to one rack, sim cloud with racks r1 (no "
+            f"room) and r2 (room for 1): asked in {notes['gangcheck.io/topology-domain']} only, "
+            f"Running after {started_after:.1f}s, all in r2, "
+            f"nodes in r1: {sum(1 for r in racks.values() if r == 'r1')} (the one there before)"
+        )
+    finally:
+        for i in range(count):
+            await delete_quietly(kube, POD, f"ring-{i}", namespace)
+        await delete_quietly(kube, UPSTREAM_POD_GROUP_V1BETA1, "ring", namespace)
+        await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
+        await delete_quietly(kube, ATOMIC_CONFIG, config)
