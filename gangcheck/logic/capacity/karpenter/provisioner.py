@@ -167,8 +167,8 @@ def _asked(request: Obj) -> int:
 
 
 def _claims_asked(request: Obj) -> int:
-    """How many claims the request was served with: what its ``Accepted`` message says (the
-    claims say it too while any is left), else one per member."""
+    """How many claims the request was served with: what its ``Accepted`` message says (a
+    packed gang has fewer claims than members), else one per member."""
     accepted = _conditions(request).get("Accepted") or {}
     made = claims_made(str(accepted.get("message") or ""))
     return _asked(request) if made is None else made
