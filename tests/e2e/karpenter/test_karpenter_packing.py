@@ -3,7 +3,9 @@
 f. eight 1-GPU members of one Kueue gang, in a NodePool that may launch an 8-GPU machine and a
    cheaper CPU one and declares both (``gangcheck.io/instance-types``): one NodeClaim asking for
    the eight members' sum, naming only the 8-GPU machine (the kwok provider launches the
-   cheapest type a claim names), one node, and all eight pods Running on it.
+   cheapest type a claim names), one node, and all eight pods Running on it;
+g. a gang whose 16-GPU member no declared machine takes: every attempt fails at once naming the
+   pool and the member, no claim made, Retry, then Rejected.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tests.e2e.karpenter.test_karpenter import (
     GPU,
     GPU_TYPE,
     POOL_LABEL,
+    both_rolled_back,
     claims_of_pool,
     flavor_labels,
     karpenter_config,
@@ -73,7 +76,7 @@ async def declaring_pool(kube: Kube) -> AsyncIterator[Obj]:
         await eventually(all_gone, timeout=90, what=f"every claim and node of {name} gone")
 
 
-def one_gpu_gang(name: str, count: int, labels: dict[str, str]) -> Obj:
+def one_gpu_gang(name: str, count: int, labels: dict[str, str], *, gpus: int = 1) -> Obj:
     return {
         "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
         "spec": {
@@ -84,7 +87,9 @@ def one_gpu_gang(name: str, count: int, labels: dict[str, str]) -> Obj:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [container({"cpu": "1", "memory": "1Gi", GPU: "1"}, {GPU: "1"})],
+                    "containers": [
+                        container({"cpu": "1", "memory": "1Gi", GPU: str(gpus)}, {GPU: str(gpus)})
+                    ],
                     "nodeSelector": dict(labels),
                     "tolerations": [GPU_TAINT.toleration()],
                 }
@@ -141,3 +146,46 @@ async def test_eight_one_gpu_members_share_one_eight_gpu_claim_and_all_run(
             await delete_quietly(kube, JOB, "gang", namespace)
             for made in await claims_of_pool(kube, pool):
                 await delete_quietly(kube, NODE_CLAIM, made["metadata"]["name"])
+
+
+@pytest.mark.timeout(300)
+async def test_a_member_no_declared_machine_takes_fails_every_attempt_at_once(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    controller: Hooked,
+    declaring_pool: Obj,
+) -> None:
+    pool = declaring_pool["metadata"]["name"]
+    labels = flavor_labels(declaring_pool)
+    timeline = Timeline()
+    config = karpenter_config(pool, deadline=10, backoff_limit=1)
+    async with gpu_queue(kube, namespace, labels, ours=config) as q:
+        began = time.monotonic()
+        job = await kube.create(JOB, one_gpu_gang("gang", 2, labels, gpus=16), namespace)
+        try:
+
+            async def deactivated() -> Obj | None:
+                workload = await workload_of(kube, namespace, job)
+                timeline.see(check_state(workload, q.check))
+                return workload if workload and workload["spec"].get("active") is False else None
+
+            workload = await until(
+                deactivated, timeout=120, what="the Workload Rejected", timeline=timeline
+            )
+            rejected_after = time.monotonic() - began
+            record = await both_rolled_back(kube, workload, q.check)
+            assert record.went_to("Retry") and record.went_to("Rejected"), record
+            why = (
+                f"NodePool {pool!r}: no instance type it may launch can take member 0 of "
+                "PodTemplate"
+            )
+            assert all(why in m and f"{GPU}=16)" in m for m in record.rolled_back), record
+            assert await claims_of_pool(kube, pool) == []
+            assert await nodes_of_pool(kube, pool) == []
+            cluster.record(
+                f"g. Karpenter, 2 pods x 16 GPUs, machines of 8 declared: Rejected after "
+                f"{rejected_after:.1f}s, no NodeClaim made; rollbacks {record.rolled_back}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
