@@ -80,13 +80,17 @@ integration: install ## integration tests on a local kube-apiserver + etcd
 e2e: install ## end-to-end suite (local full stack, or the cluster of GANGCHECK_E2E_KUBECONFIG)
 	$(PYTEST) tests/e2e -q
 
+.PHONY: devtools-tests
+devtools-tests: install ## the dev tooling's tests (hack/devtools/tests: test bed, simulated cloud, demo, kind script)
+	$(PYTEST) hack/devtools/tests -q
+
 .PHONY: test
-test: install lint typecheck binaries ## every test: lint, types, unit, integration, e2e (builds the image)
-	$(PYTEST) tests -q -p no:cacheprovider
+test: install lint typecheck binaries ## every test but the long ones: lint, types, unit, integration, e2e, the dev tooling's (builds the image)
+	$(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider
 
 .PHONY: soak
-soak: install binaries ## the long fault suite: more gangs, seeds, SIGKILLs (tens of minutes)
-	GANGCHECK_SOAK=1 $(PYTEST) tests/integration/test_fault_suite.py -q -p no:cacheprovider
+soak: install binaries ## the long scenarios (docs/testing.md): the long fault suite, long waits, comparisons (tens of minutes)
+	GANGCHECK_SOAK=1 $(PYTEST) tests -q -p no:cacheprovider
 
 #: N (gangs per side) of the scale benchmark: make bench BENCH_SIZES=50
 BENCH_SIZES ?= 500,2000

@@ -12,7 +12,7 @@ from gangcheck_dev.cli import DEMO, main
 
 from gangcheck.kube.resources import PROVISIONING_REQUEST, UPSTREAM_POD_GROUP_V1BETA1, WORKLOAD
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _words(text: str) -> str:

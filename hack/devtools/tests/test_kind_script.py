@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = (REPO / "kind" / "e2e.sh").read_text()
 
 
