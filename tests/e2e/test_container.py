@@ -160,6 +160,7 @@ async def test_container_gets_a_gang_provisioned_by_cluster_autoscaler_running(
     )
 
 
+@pytest.mark.soak  # the container's second scenario (docs/testing.md)
 @pytest.mark.timeout(240)
 async def test_container_rolls_back_a_partial_delivery_retries_and_admits(
     kube: Kube,

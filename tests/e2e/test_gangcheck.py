@@ -484,6 +484,7 @@ async def _drain_and_delete_new_nodes(
 # -- b. too large for its node group: rollback, retry, rejected -----------------------------
 
 
+@pytest.mark.soak  # two 30 s deadlines on the real autoscaler (docs/testing.md)
 @pytest.mark.timeout(300)
 async def test_gang_beyond_the_groups_max_is_retried_then_rejected_leaving_no_node(
     kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None
@@ -702,6 +703,7 @@ async def second_namespace(kube: Kube) -> AsyncIterator[str]:
         yield name
 
 
+@pytest.mark.soak  # a comparison over a 90 s horizon (docs/testing.md)
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("controller")
 async def test_side_by_side_with_kueues_provisioning_check(

@@ -333,6 +333,7 @@ async def test_autoscaler_does_not_provision_beyond_a_groups_max(
         await delete_quietly(kube, PROVISIONING_REQUEST, "pr", namespace)
 
 
+@pytest.mark.soak  # 65 s of waiting for a heartbeat timeout (docs/testing.md)
 @pytest.mark.timeout(180)
 async def test_kwok_nodes_stay_ready_past_the_node_monitor_grace_period(kube: Kube) -> None:
     """kube-controller-manager's node lifecycle controller marks a node unreachable when its

@@ -459,6 +459,7 @@ async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retri
 # -- b''. capacity that comes but does not fit: the deadline ------------------------------
 
 
+@pytest.mark.soak  # two deadlines; the partial arrival below rolls back at one too
 @pytest.mark.timeout(300)
 async def test_capacity_that_never_fits_is_rolled_back_at_the_deadline_leaving_no_claim(
     kube: Kube,
