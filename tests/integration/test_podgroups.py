@@ -368,8 +368,10 @@ async def test_required_rack_topology_refuses_a_spread_gang_and_pins_the_rack(
     await groups.cluster.set_request_conditions("tp-pg-1", {"Provisioned": "ok"})
 
     async def says_rack() -> Obj | None:
+        # (the message on asking names the rack asked in too: wait for the fit's verdict)
         obj = await groups.group("tp")
-        return obj if RACK in _annotations(obj).get(MESSAGE_ANNOTATION, "") else None
+        said = _annotations(obj).get(MESSAGE_ANNOTATION, "")
+        return obj if f"one {RACK} domain" in said else None
 
     refused = await eventually(says_rack, what="the rack named in the message")
     assert "one topology.example.com/rack domain" in _annotations(refused)[MESSAGE_ANNOTATION]

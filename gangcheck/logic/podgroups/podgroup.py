@@ -252,11 +252,11 @@ def _first(
     said: str = "",
 ) -> GroupDecision:
     """No request yet: release at once if the gang fits on free nodes (of the capacity source
-    and topology domain of `place`), else ask there for capacity; `said`: why an earlier
-    place was left."""
+    of `place`, in any one domain), else ask there for capacity, scoped to its topology
+    domain; `said`: why an earlier place was left."""
     assert snap.config is not None
     source = place.source
-    gang = places.pinned(_pinned(gang, _source_labels(snap.config, source)), {}, place.domain)
+    gang = _pinned(gang, _source_labels(snap.config, source))
     reservations = reservations_of(snap.config)
     split = reserved_split(snap.capacity, gang, reservations) if reservations else None
     reserved = split.reserved_members if split else 0
@@ -285,7 +285,8 @@ def _first(
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
         record[CONFIG_ANNOTATION] = config
-    asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=reserved)
+    scoped = places.pinned(gang, {}, place.domain)  # the ask, not the fit: room anywhere wins
+    asked = driver.ask(snap.backend, _ask(snap, scoped, name, record, source), reserved=reserved)
     where = place.describe(snap.config)
     message = said + asked.message + (f" from {where}" if where else "")
     decision = _status(snap, PROVISIONING, message, request=name)
@@ -315,7 +316,7 @@ def _in_flight(
     attempt = lifecycle.Attempt(
         request=req,
         status=status,
-        gang=places.pinned(gang, {}, place.domain),
+        gang=gang,  # in any one domain: the ask is scoped, the fit takes room where it is
         capacity=snap.capacity,
         config=config.for_source(index),
         fallback=(following.describe(config) or "next") if following is not None else None,

@@ -279,7 +279,7 @@ def _attempt(
     return lifecycle.Attempt(
         request=req,
         status=status or snap.backend.status_of(req),
-        gang=gang_templates(snap, place=place),
+        gang=gang_templates(snap, place=places.Place(place.source)),  # any one domain
         capacity=snap.capacity,
         config=snap.config.for_source(place.source),
         fit=_fit_mode(snap),
@@ -500,7 +500,9 @@ def _create(
     reserved = 0
     if snap.config.reservations:
         split = reserved_split(
-            snap.capacity, gang_templates(snap, place=place), reservations_of(snap.config)
+            snap.capacity,
+            gang_templates(snap, place=places.Place(place.source)),
+            reservations_of(snap.config),
         )
         if not split.remainder:
             message = f"the whole gang fits on reserved capacity: {describe(split)}"

@@ -371,8 +371,8 @@ def _gang(
     source the request asks); every pod set without a config to say which need capacity."""
     if spec is not None:
         snap = Snapshot(workload=wl, check=check, config=spec, flavors=flavors)
-        place = places.place_of(record_of(req), req.annotations) if req is not None else None
-        return gang_templates(snap, place=place)
+        source = record_of(req).source if req is not None else 0
+        return gang_templates(snap, place=places.Place(source))  # fitted in any one domain
     return GangSpec(
         tuple(
             (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))
