@@ -120,6 +120,10 @@ class SourcePolicy(StrEnum):
 
     IN_ORDER = "InOrder"
     """Ask the first; on its failure (or past its deadline) the next, in the same attempt."""
+    RACE = "Race"
+    """Ask the first `raceWidth` at once; the first to deliver the whole gang wins, the others
+    are withdrawn and what arrived for them reclaimed; a failed racer's place goes to the
+    next source not asked yet."""
 
 
 class CapacitySource(_Spec):
@@ -183,6 +187,42 @@ class AtomicProvisioningSpec(_Spec):
     capacity_source_policy: Annotated[SourcePolicy, Field(alias="capacitySourcePolicy")] = (
         SourcePolicy.IN_ORDER
     )
+    race_width: Annotated[int | None, Field(alias="raceWidth", ge=2, le=MAX_SOURCES)] = None
+
+    @property
+    def racing(self) -> int:
+        """How many sources an attempt asks at once: 1 unless the policy is Race."""
+        if self.capacity_source_policy is not SourcePolicy.RACE:
+            return 1
+        return self.race_width or 2
+
+    def _race_rules(self) -> None:
+        """Race needs as many sources as it asks at once, each telling its nodes apart."""
+        assert self.capacity_sources is not None
+        race = self.capacity_source_policy is SourcePolicy.RACE
+        if self.race_width is not None and not race:
+            raise ValueError("spec.raceWidth: only with spec.capacitySourcePolicy: Race")
+        if not race:
+            return
+        sources = self.capacity_sources
+        if self.racing > len(sources):
+            raise ValueError(
+                f"spec.raceWidth: {self.racing} sources at once, but spec.capacitySources "
+                f"lists {len(sources)}"
+            )
+        for i, source in enumerate(sources):
+            if not source.node_selector:
+                raise ValueError(
+                    f"spec.capacitySources[{i}].nodeSelector: Race needs each source's node "
+                    "labels, to tell whose nodes arrived"
+                )
+            for j in range(i):
+                if not _apart(source.node_selector, sources[j].node_selector):
+                    raise ValueError(
+                        f"spec.capacitySources[{i}].nodeSelector: its nodes cannot be told "
+                        f"apart from spec.capacitySources[{j}]'s (no label both name with "
+                        "different values)"
+                    )
 
     def sources(self) -> tuple[Source, ...]:
         """The places an attempt asks, in order: `capacitySources`, or the single class the
@@ -223,6 +263,10 @@ class AtomicProvisioningSpec(_Spec):
     @model_validator(mode="after")
     def _capacity_sources(self) -> AtomicProvisioningSpec:
         if self.capacity_sources is None:
+            if self.capacity_source_policy is SourcePolicy.RACE or self.race_width is not None:
+                raise ValueError(
+                    "spec.capacitySourcePolicy: Race needs spec.capacitySources to race"
+                )
             return self
         if not self.capacity_sources:
             raise ValueError("spec.capacitySources: list at least one source, or leave it unset")
@@ -243,6 +287,7 @@ class AtomicProvisioningSpec(_Spec):
                 f"spec.{set_too[0]}: not with spec.capacitySources (each source names its "
                 "own class and parameters)"
             )
+        self._race_rules()
         names: set[str] = set()
         for i, source in enumerate(self.capacity_sources):
             where = f"spec.capacitySources[{i}]"
@@ -320,6 +365,11 @@ class AtomicProvisioningSpec(_Spec):
                     f"parameter {key!r} is longer than {MAX_PARAMETER_LENGTH} characters"
                 )
         return self
+
+
+def _apart(one: Mapping[str, str], other: Mapping[str, str]) -> bool:
+    """Whether no node can carry both selectors: a label both name, with different values."""
+    return any(key in other and other[key] != value for key, value in one.items())
 
 
 def _source_class(source: CapacitySource) -> str:

@@ -40,6 +40,9 @@ def request_name(workload: str, check: str, attempt: int, source: int = 0) -> st
 
 #: The most capacity sources one attempt asks (spec.capacitySources' limit).
 MAX_SOURCES = 8
+#: The most asks one attempt makes (sources, and topology domains within them): the next
+#: place after the last is not asked; the attempt ends as when no place is left.
+MAX_ASKS = 32
 
 
 def current_request(
@@ -47,10 +50,10 @@ def current_request(
 ) -> tuple[str, int]:
     """The request of an attempt in flight among the `existing` names, with its capacity
     source: the latest source asked; the first source's name when none exists yet."""
-    for source in reversed(range(MAX_SOURCES)):
-        name = request_name(workload, check, attempt, source)
+    for ask in reversed(range(MAX_ASKS)):
+        name = request_name(workload, check, attempt, ask)
         if name in existing:
-            return name, source
+            return name, ask
     return request_name(workload, check, attempt), 0
 
 

@@ -226,6 +226,12 @@ def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetim
         )
         return _status(snap, FAILED, message, warn="GangTooLarge")
     assert snap.config is not None
+    if snap.config.racing > 1:
+        message = (
+            "spec.capacitySourcePolicy: Race is served for Kueue Workloads only; give the "
+            "PodGroup a config with InOrder (annotation gangcheck.io/provisioning-config)"
+        )
+        return _status(snap, BLOCKED, message, warn="ConfigProblem")
     first = places.first_place(snap.config, _gang_by_source(snap, gang), snap.capacity)
     return _first(snap, members, gang, name, now, place=first)
 
@@ -395,11 +401,11 @@ def _fall_back(
     place = _place_of(req)
     gang = gang_of(snap, members)
     following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
-    if following is None:
+    _, asks = _current(snap)
+    if following is None or asks + 1 >= naming.MAX_ASKS:
         return None
     left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
     group = snap.group
-    _, asks = _current(snap)
     name = naming.request_name(group.ref.name, group.short, attempt_of(group), asks + 1)
     said = f"{left} could not deliver ({done.message}); "
     made = _first(snap, members, gang, name, now, place=following, said=said)

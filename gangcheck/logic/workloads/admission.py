@@ -244,11 +244,17 @@ def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
-    """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs."""
+    """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs; asks of
+    the attempt that lost a race and are not withdrawn yet are withdrawn."""
     wl = snap.workload
-    req = _find(snap.requests, _current(snap, state)[0])
+    req = _find(snap.requests, _ready_request(snap, state))
     if req is None:
         return Decision()
+    losers = [r for _, r in _asks(snap, state) if r.name != req.name and not r.deleting]
+    if losers:
+        withdrawn = _withdraw_losers(snap, losers)
+        if withdrawn.actions or withdrawn.requeue_after is not None:
+            return withdrawn
     attempt = _attempt(snap, req)
     if rollback.is_rolling_back(req):
         return _outcome(snap, state, req, lifecycle.roll_back(attempt), now)
@@ -376,10 +382,10 @@ def _fall_back(
         return None
     place = _place_of(req)
     following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
-    if following is None:
+    _, asks = _current(snap, state)
+    if following is None or asks + 1 >= naming.MAX_ASKS:
         return None
     left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
-    _, asks = _current(snap, state)
     name = _request_name(snap, state, asks + 1)
     said = f"{left} could not deliver ({why}); "
     created = _create(snap, state, name, _merged(snap), now, place=following, said=said)
@@ -445,6 +451,27 @@ def _current(snap: Snapshot, state: CheckState) -> tuple[str, int]:
     return naming.current_request(names, wl.ref.name, snap.check, state.retry_count + 1)
 
 
+def _ready_request(snap: Snapshot, state: CheckState) -> str:
+    """The request a Ready check's gang consumes (its podSetUpdates say which: with Race it
+    need not be the latest ask), else the attempt's current one."""
+    for update in state.pod_set_updates:
+        name = (update.get("annotations") or {}).get(CONSUME_ANNOTATION)
+        if name:
+            return str(name)
+    return _current(snap, state)[0]
+
+
+def _asks(snap: Snapshot, state: CheckState) -> list[tuple[int, ProvisioningRequest]]:
+    """Every request of the attempt in flight, with its number among the attempt's asks."""
+    wl, attempt = snap.workload, state.retry_count + 1
+    by_name = {r.name: r for r in snap.requests}
+    names = [
+        (k, naming.request_name(wl.ref.name, snap.check, attempt, k))
+        for k in range(naming.MAX_ASKS)
+    ]
+    return [(k, by_name[n]) for k, n in names if n in by_name]
+
+
 def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningRequest | None:
     return next((r for r in requests if r.name == name), None)
 
@@ -453,6 +480,8 @@ def _pending(
     snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
 ) -> Decision:
     assert snap.config is not None
+    if snap.config.racing > 1:
+        return _race(snap, state, merged, now)
     name, _ = _current(snap, state)
     stale = lifecycle.superseded(
         snap.requests,
@@ -470,6 +499,185 @@ def _pending(
     else:
         decision = _in_flight(snap, state, req, now)
     return replace(decision, actions=stale + decision.actions)
+
+
+# ---- Race --------------------------------------------------------------------------------
+
+
+def _race(snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime) -> Decision:
+    """capacitySourcePolicy Race: the first `raceWidth` sources asked at once; the first to
+    deliver the whole gang wins (Ready, pinned to its nodes) and the others are withdrawn,
+    what arrived for them reclaimed as a rollback's; a racer that fails gives its place to
+    the next source not asked yet; when every source failed, Retry or Rejected."""
+    asks = _asks(snap, state)
+    mine = {r.name for _, r in asks}
+    why = f"superseded by attempt {state.retry_count + 1}"
+    stale = tuple(
+        a
+        for r in snap.requests
+        if r.name not in mine and not r.deleting
+        for a in (*lifecycle.release_hold(snap.capacity, r), *snap.backend.withdraw(r, why))
+    )
+    if not asks:
+        decision = _start_race(snap, state, merged, now)
+    else:
+        decision = _follow_race(snap, state, merged, asks, now)
+    return replace(decision, actions=stale + decision.actions)
+
+
+def _start_race(
+    snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
+) -> Decision:
+    assert snap.config is not None
+    width = min(snap.config.racing, len(snap.config.sources()))
+    made = [
+        _create(snap, state, _request_name(snap, state, k), merged, now, place=places.Place(k))
+        for k in range(width)
+    ]
+    settled = next((d for d in made if d.check is not None and d.check.state != PENDING), None)
+    return settled or _raced(snap, state, made, now)
+
+
+def _raced(snap: Snapshot, state: CheckState, made: list[Decision], now: datetime) -> Decision:
+    """The racers' decisions as one: all their actions, Events and notes; one message."""
+    said = "; ".join(d.check.message for d in made if d.check is not None)
+    decision = _transition(state, PENDING, f"racing: {said}", now)
+    waits = [d.requeue_after for d in made if d.requeue_after is not None]
+    return replace(
+        decision,
+        actions=tuple(a for d in made for a in d.actions),
+        events=(*decision.events, *(e for d in made for e in d.events)),
+        sources=tuple(n for d in made for n in d.sources),
+        requeue_after=min(waits, default=None),
+    )
+
+
+def _follow_race(
+    snap: Snapshot,
+    state: CheckState,
+    merged: list[MergedPodSet],
+    asks: list[tuple[int, ProvisioningRequest]],
+    now: datetime,
+) -> Decision:
+    """Each racer followed; the first that fits wins; each that ended is withdrawn and its
+    place goes to the next source not asked yet."""
+    assert snap.config is not None
+    live = [r for _, r in asks if not r.deleting]
+    asked = {_place_of(r).source for _, r in asks}
+    unasked = [s.index for s in snap.config.sources() if s.index not in asked]
+    followed = {r.name: _follow_racer(snap, r, len(live) > 1 or bool(unasked), now) for r in live}
+    for r in live:
+        step = followed[r.name].step
+        if step is not None and step.progress is Progress.FITS:
+            return _won(snap, state, winner=r, followed=followed[r.name], live=live, now=now)
+    going: list[Decision] = []
+    ended: list[tuple[ProvisioningRequest, str]] = []
+    for r in live:
+        f = followed[r.name]
+        step, where = f.step, _place_of(r).describe(snap.config)
+        if step is None or step.progress in (Progress.FAILED, Progress.EXPIRED, Progress.REVOKED):
+            ended.append((r, step.message if step is not None else f.change or "config changed"))
+        elif step.progress is Progress.ROLLED_BACK:
+            assert step.verdict is not None
+            ended.append((r, step.verdict.message))
+            going.append(Decision(events=step.events))
+        else:
+            message = f"{where}: {step.message or 'rolling back'}"
+            going.append(
+                Decision(
+                    check=replace(state, message=message),
+                    actions=(*f.upkeep, *step.actions),
+                    events=step.events,
+                    requeue_after=step.requeue_after,
+                )
+            )
+    next_ask = max(k for k, _ in asks) + 1
+    for i, (r, why) in enumerate(ended):
+        reason = rollback.record_of(r).reason or f"Failed: {why}"
+        withdrawn = snap.backend.withdraw(r, "it could not deliver in the race")
+        going.append(
+            Decision(
+                actions=(*lifecycle.release_hold(snap.capacity, r), *withdrawn),
+                sources=driver.failed_note(snap.config, r, reason),
+            )
+        )
+        if i < len(unasked):
+            name = _request_name(snap, state, next_ask + i)
+            made = _create(snap, state, name, merged, now, place=places.Place(unasked[i]))
+            going.append(made)
+    if any(d.check is not None for d in going):
+        return _raced(snap, state, going, now)
+    last = ended[-1][1] if ended else "no source left"
+    out = _retry_or_reject(snap, state, "rollback", f"every capacity source failed: {last}", now)
+    return replace(
+        out,
+        actions=(*out.actions, *(a for d in going for a in d.actions)),
+        events=(*out.events, *(e for d in going for e in d.events)),
+        sources=tuple(n for d in going for n in d.sources),
+    )
+
+
+def _follow_racer(
+    snap: Snapshot, req: ProvisioningRequest, others: bool, now: datetime
+) -> driver.InFlight:
+    """One racer, as an attempt of its own; `others`: another racer or source remains, so a
+    racer whose source says CapacityIsNotFound ends at once."""
+    assert snap.config is not None
+    place = _place_of(req)
+    attempt = replace(_attempt(snap, req), fallback="the race" if others else None)
+    return driver.in_flight(
+        attempt,
+        now,
+        class_name=_source_class(snap.config, place.source),
+        parameters=_parameters(snap, place.source),
+        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), place=place)),
+    )
+
+
+def _won(
+    snap: Snapshot,
+    state: CheckState,
+    *,
+    winner: ProvisioningRequest,
+    followed: driver.InFlight,
+    live: list[ProvisioningRequest],
+    now: datetime,
+) -> Decision:
+    """The first racer to deliver the whole gang: Ready on it; the others withdrawn, what
+    arrived for them reclaimed by the safe path of a rollback."""
+    assert followed.step is not None and snap.config is not None
+    won = _outcome(snap, state, followed.request, followed.step, now)
+    losers = [r for r in live if r.name != winner.name]
+    gone = _withdraw_losers(snap, losers)
+    lost = tuple(
+        note
+        for r in losers
+        for note in driver.failed_note(snap.config, r, "RaceLost: another source delivered")
+    )
+    names = ", ".join(r.name for r in losers) or "none"
+    event = Event(
+        "CapacityRaceWon",
+        f"{_place_of(winner).describe(snap.config)} delivered the whole gang first "
+        f"({winner.name}); withdrawing the others: {names}",
+    )
+    return replace(
+        won,
+        actions=(*followed.upkeep, *won.actions, *gone.actions),
+        events=(*won.events, *gone.events, event),
+        sources=(*won.sources, *lost),
+    )
+
+
+def _withdraw_losers(snap: Snapshot, losers: list[ProvisioningRequest]) -> Decision:
+    """Racers that lost: withdrawn, what arrived for them reclaimed (driver.withdraw)."""
+    gone = driver.withdraw(
+        losers,
+        capacity=snap.capacity,
+        config=snap.config,
+        backend=snap.backend,
+        why="another capacity source delivered the gang first",
+    )
+    return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
 
 def _create(

@@ -1,0 +1,223 @@
+"""capacitySourcePolicy Race, through the admission check's decision: the first raceWidth
+sources asked at once, the first to deliver the whole gang wins and the others are withdrawn
+with what arrived for them reclaimed; a failed racer's place goes to the next source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    ReclaimArrivals,
+)
+from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.podgroups.podgroup import GroupSnapshot
+from gangcheck.logic.podgroups.podgroup import decide as decide_group
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.model.objects import pod_of, request_of, workload_of
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, node, provisioning_request
+from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
+from tests.unit.test_podgroup_decide import group, members
+
+A, B, C = "wl-atomic-1", "wl-atomic-1-s1", "wl-atomic-1-s2"
+RACE = {
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a"}},
+        {"name": "b", "nodeSelector": {"pool": "b"}},
+        {"name": "c", "nodeSelector": {"pool": "c"}},
+    ],
+    "capacitySourcePolicy": "Race",
+    "fulfillment": {"reclaimer": "DeleteNode"},
+}
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
+
+
+def racer(name: str, source: int, **kw: Any) -> Any:
+    notes = {"gangcheck.io/attempt": "1", **kw.pop("annotations", {})}
+    if source:
+        notes["gangcheck.io/capacity-source"] = str(source)
+    templates = [(naming.template_name(name, "workers"), 4)]
+    return provisioning_request(name, templates=templates, annotations=notes, **kw)
+
+
+def provisioned(req: Any) -> Any:
+    req["status"]["conditions"] = [
+        {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": ""}
+    ]
+    return req
+
+
+def arrived(name: str, pool: str, request: str) -> Any:
+    return node(
+        name,
+        gpu=8,
+        labels={"pool": pool},
+        annotations={"gangcheck.io/arrived-for": f"default/{request}"},
+    )
+
+
+def run(
+    requests: list[Any], nodes: list[Any] = (), config: dict[str, Any] | None = None
+) -> Decision:  # type: ignore[assignment]
+    snap = Snapshot(
+        workload=workload_of(gang(4).build()),
+        check=CHECK,
+        config=parse_spec(config or RACE),
+        flavors=GPU_FLAVOR,
+        requests=tuple(request_of(r) for r in requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+        ),
+        capacity=Capacity(
+            nodes=tuple(nodes),
+            in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+        ),
+    )
+    return decide(snap, NOW)
+
+
+def created(d: Decision) -> list[dict[str, Any]]:
+    return [a.body for a in d.actions if isinstance(a, CreateRequest)]
+
+
+def test_the_first_race_width_sources_are_asked_at_once_each_pinned_to_its_nodes() -> None:
+    d = run([])
+    made = created(d)
+    assert [r["metadata"]["name"] for r in made] == [A, B]
+    templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert [t["template"]["spec"]["nodeSelector"]["pool"] for t in templates] == ["a", "b"]
+    assert d.check is not None and d.check.state == "Pending"
+    assert d.check.message.startswith("racing: ")
+
+
+def test_the_first_to_deliver_wins_and_the_others_are_withdrawn_with_their_arrivals() -> None:
+    nodes = [
+        *(arrived(f"b{i}", "b", B) for i in range(4)),  # b delivered the whole gang
+        arrived("a0", "a", A),  # a delivered one node so far
+    ]
+    d = run([racer(A, 0, conditions={"Accepted": "ok"}), provisioned(racer(B, 1))], nodes)
+    assert d.check is not None and d.check.state == "Ready"
+    update = d.check.pod_set_updates[0]
+    assert update["nodeSelector"] == {"pool": "b"}
+    assert update["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == B
+    reclaims = [a for a in d.actions if isinstance(a, ReclaimArrivals)]
+    assert [(r.request, r.nodes) for r in reclaims] == [(A, ("a0",))]
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [A]
+    assert "CapacityRaceWon" in {e.reason for e in d.events}
+
+
+def test_a_failed_racer_gives_its_place_to_the_next_source() -> None:
+    rolled = racer(
+        A,
+        0,
+        annotations={
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "Failed: stocked out",
+            "gangcheck.io/outcome": OUTCOME,
+        },
+    )
+    d = run([rolled, racer(B, 1, conditions={"Accepted": "ok"})])
+    made = created(d)
+    assert [r["metadata"]["name"] for r in made] == [C]
+    assert made[0]["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "2"
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [A]
+    assert d.check is not None and d.check.state == "Pending"
+
+
+def test_every_racer_failed_with_no_source_left_retries() -> None:
+    failed = {"Failed": "stocked out"}
+    d = run(
+        [
+            racer(A, 0, conditions=failed),
+            racer(B, 1, conditions=failed),
+            racer(C, 2, conditions=failed),
+        ],
+        config={**RACE, "fulfillment": {"mode": "TrustProvisioned"}},
+    )
+    assert d.check is not None and d.check.state == "Retry"
+    assert "every capacity source failed" in d.check.message
+    assert sorted(a.name for a in d.actions if isinstance(a, DeleteRequest)) == [A, B, C]
+
+
+def test_a_ready_race_withdraws_a_loser_left_behind() -> None:
+    """A loser not yet withdrawn when the check turned Ready (the node cache was behind) is
+    withdrawn after, the winner kept."""
+    ready = gang(4)
+    wl = ready.build()
+    wl["status"]["admissionChecks"][0].update(
+        {
+            "state": "Ready",
+            "podSetUpdates": [
+                {
+                    "name": "workers",
+                    "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": B},
+                }
+            ],
+        }
+    )
+    snap = Snapshot(
+        workload=workload_of(wl),
+        check=CHECK,
+        config=parse_spec(RACE),
+        requests=(request_of(racer(A, 0)), request_of(provisioned(racer(B, 1)))),
+        capacity=Capacity(),
+    )
+    d = decide(snap, NOW)
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [A]
+
+
+@pytest.mark.parametrize(
+    ("spec", "names"),
+    [
+        (
+            {**RACE, "raceWidth": 4},
+            "spec.raceWidth: 4 sources at once, but spec.capacitySources lists 3",
+        ),
+        (
+            {
+                "capacitySources": [{"nodeSelector": {"pool": "a"}}, {}],
+                "capacitySourcePolicy": "Race",
+            },
+            "spec.capacitySources[1].nodeSelector: Race needs each source's node labels",
+        ),
+        (
+            {
+                "capacitySources": [
+                    {"nodeSelector": {"pool": "a"}},
+                    {"nodeSelector": {"zone": "z1"}},
+                ],
+                "capacitySourcePolicy": "Race",
+            },
+            "spec.capacitySources[1].nodeSelector: its nodes cannot be told apart from "
+            "spec.capacitySources[0]'s",
+        ),
+        ({"capacitySources": [{}], "raceWidth": 2}, "spec.raceWidth: only with"),
+    ],
+)
+def test_a_race_that_cannot_be_run_is_refused_naming_the_field(
+    spec: dict[str, Any], names: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_spec(spec)
+    assert names in str(refused.value)
+
+
+def test_a_pod_group_is_not_raced_and_says_so() -> None:
+    pods = members(3)
+    snap = GroupSnapshot(
+        group=pod_group_of(group(3)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(RACE),
+        capacity=Capacity(pods=tuple(pods)),
+    )
+    d = decide_group(snap, NOW)
+    assert d.status is not None and d.status["gangcheck.io/state"] == "Blocked"
+    assert "Race is served for Kueue Workloads only" in d.status["gangcheck.io/message"]
+    assert not any(isinstance(a, CreateRequest) for a in d.actions)
