@@ -14,23 +14,29 @@ import pytest
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import JOB, PROVISIONING_REQUEST
 from tests.e2e.conftest import Cluster
-from tests.e2e.helpers import delete_quietly, events_of, eventually, is_true, messages
+from tests.e2e.helpers import delete_quietly, events_of, eventually, is_true, messages, unique
 from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     BIG,
     GPU,
     GPU_TYPE,
     NODE_GROUP_LABEL,
+    SIM_CLASS,
+    SIM_POOL,
     SMALL,
+    SimCloud,
     Timeline,
     _drain_and_delete_new_nodes,
     attempt_record,
     check_state,
     controller,
+    delete_nodes,
     gang_job,
     gpu_queue,
     job_pods,
     nodes_with,
     running,
+    sim,
+    sim_group,
     until,
     workdir,
     workload_of,
@@ -119,3 +125,80 @@ async def test_in_order_the_gang_runs_from_the_second_source_when_the_first_cann
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
             await _drain_and_delete_new_nodes(kube, namespace, big, before)
+
+
+def race(slow: str, fast: str) -> Obj:
+    return {
+        "managedResources": [GPU],
+        "allowCustomProvisioningClass": True,
+        "capacitySources": [
+            {"name": "slow", "provisioningClassName": SIM_CLASS, "nodeSelector": {SIM_POOL: slow}},
+            {"name": "fast", "provisioningClassName": SIM_CLASS, "nodeSelector": {SIM_POOL: fast}},
+        ],
+        "capacitySourcePolicy": "Race",
+        "retryStrategy": {"backoffLimitCount": 0, "backoffBaseSeconds": 1},
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 120, "reclaimer": "DeleteNode"},
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("controller")
+async def test_race_the_fast_source_wins_and_the_slow_ones_arrivals_are_reclaimed(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    sim: SimCloud,  # noqa: F811
+) -> None:
+    """Simulated cloud (it creates real Node objects): the slow pool delivers one node at
+    once and the rest a minute later; the fast pool the whole gang in about a second."""
+    count = 3
+    slow, fast = unique("slow"), unique("fast")
+    sim.configure(
+        sim_group(slow, 4),
+        {"name": f"slow-{slow}", "match": {"name": ".*-1"}, "nodeDelaySeconds": [0, 60, 60]},
+    )
+    sim.configure(
+        sim_group(fast, 4),
+        {"name": f"fast-{fast}", "match": {"name": ".*-1-s1"}, "nodeDelaySeconds": 3},
+    )
+    async with gpu_queue(kube, namespace, {GPU_TYPE: "e2e"}, ours=race(slow, fast)) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, 8), namespace)
+        try:
+
+            async def all_running() -> list[Obj] | None:
+                pods = running(await job_pods(kube, namespace, "gang"))
+                return pods if len(pods) == count else None
+
+            pods = await eventually(all_running, timeout=120, interval=0.5, what="gang Running")
+            started_after = time.monotonic() - began
+            on_fast = {n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={fast}")}
+            assert {p["spec"]["nodeName"] for p in pods} <= on_fast, (pods, on_fast)
+
+            async def slow_gone() -> bool:
+                return await nodes_with(kube, f"{SIM_POOL}={slow}") == []
+
+            # the slow pool's early node is reclaimed, and no more come: its request is gone
+            await eventually(slow_gone, timeout=60, what="the slow pool's arrivals reclaimed")
+            workload = await workload_of(kube, namespace, job)
+            assert workload is not None
+            name = workload["metadata"]["name"]
+            listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
+            left = {r["metadata"]["name"] for r in listing["items"]}
+            assert f"{name}-{queue.check}-1" not in left, left
+            events = await events_of(kube, workload)
+            (won,) = messages(events, "CapacityRaceWon")
+            assert "'fast'" in won, won
+            # the slow pool's first node had arrived: the withdrawal reclaimed it, and said so
+            reclaiming = messages(events, "ReclaimingArrivals")
+            assert any(slow in m for m in reclaiming), reclaiming
+            cluster.record(
+                f"i. capacity sources Race, sim cloud, {count} x 8 GPUs, a slow pool (1 node at "
+                f"once, the rest after 60 s) and a fast one (all after 3 s): Running after "
+                f"{started_after:.1f}s on the fast pool; the slow pool's arrival reclaimed, 0 "
+                f"nodes left there; {won}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+            for pool in (slow, fast):
+                await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
