@@ -174,6 +174,9 @@ def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, An
         "secondsLeft": int(left) if left is not None else None,
         "rollbackReason": req.rollback_reason,
         "outcome": json.loads(req.outcome.to_annotation()) if req.outcome else None,
+        "capacitySource": req.source,
+        "topologyDomain": req.domain or None,
+        "domainsTried": list(req.domains_tried),
     }
 
 

@@ -118,6 +118,13 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
     if req.deadline is not None:
         when = f"; deadline {format_time(req.deadline)} ({_relative(req.deadline, now)})"
     lines.append(f"  phase {req.phase or '-'}{when}")
+    if req.source or req.domain:
+        place = [f"capacity source #{req.source + 1} ({req.class_name})"] if req.source else []
+        place += [f"topology domain {req.domain}"] if req.domain else []
+        tried = (
+            f"; domains left before: {', '.join(req.domains_tried)}" if req.domains_tried else ""
+        )
+        lines.append(f"  asks {' in '.join(reversed(place))}{tried}")
     if req.rollback_reason:
         lines += _wrapped(f"rollback: {req.rollback_reason}", indent=2)
     if req.outcome is not None:

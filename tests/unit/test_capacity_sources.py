@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose import as_json as diagnose_json
+from gangcheck.diagnose import text as diagnose_text
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -16,6 +18,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.explain import request_facts
 from gangcheck.logic.attempt.fulfillment import Capacity
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
@@ -374,3 +377,29 @@ def test_the_source_metrics_are_exposed_by_source() -> None:
     assert 'gangcheck_source_stranded_node_seconds_total{source="on-demand"} 120' in text
     assert 'gangcheck_source_deliveries_total{source="dws"} 1' in text
     assert 'gangcheck_source_delivery_seconds_count{source="dws"} 1' in text
+
+
+def test_diagnose_says_which_source_and_domain_the_request_asks() -> None:
+    req = request_of(
+        request(
+            SECOND,
+            source=1,
+            annotations={
+                "gangcheck.io/topology-domain": "rack=r2",
+                "gangcheck.io/domains-tried": "r1",
+            },
+        )
+    )
+    facts = request_facts(req, SECOND, 1)
+    lines = diagnose_text._lines_of_request("default", facts, NOW)
+    assert (
+        f"  asks topology domain rack=r2 in capacity source #2 ({CHECK_CAPACITY}); "
+        "domains left before: r1"
+    ) in lines
+    out = diagnose_json._request_facts_json(facts, NOW)
+    assert out is not None
+    assert (out["capacitySource"], out["topologyDomain"], out["domainsTried"]) == (
+        1,
+        "rack=r2",
+        ["r1"],
+    )

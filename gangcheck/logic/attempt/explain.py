@@ -22,7 +22,7 @@ from gangcheck.logic.attempt.fulfillment import (
     request_key,
     tolerating_hold,
 )
-from gangcheck.logic.attempt.records import Outcome
+from gangcheck.logic.attempt.records import Outcome, Record
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
 from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.placement.fit import (
@@ -38,6 +38,8 @@ from gangcheck.logic.placement.topology import fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
+    DOMAIN_ANNOTATION,
+    DOMAINS_TRIED_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
@@ -86,6 +88,11 @@ class RequestFacts:
     members: int = 0
     class_name: str = ""
     """The request's provisioningClassName (which backend serves it)."""
+    source: int = 0
+    """Which of spec.capacitySources its ask went to."""
+    domain: str = ""
+    """The topology domain its ask is scoped to (``level=value``), if any."""
+    domains_tried: tuple[str, ...] = ()
 
     @property
     def status(self) -> AttemptStatus:
@@ -143,6 +150,9 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         deleting=req.deleting,
         members=sum(p.count for p in req.pod_sets),
         class_name=req.class_name,
+        source=Record.of(notes).source,
+        domain=notes.get(DOMAIN_ANNOTATION, ""),
+        domains_tried=tuple(t for t in notes.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t),
     )
 
 
