@@ -90,7 +90,7 @@ test: install lint typecheck binaries ## every test but the long ones: lint, typ
 
 .PHONY: soak
 soak: install binaries ## the long scenarios (docs/testing.md): the long fault suite, long waits, comparisons (tens of minutes)
-	GANGCHECK_SOAK=1 $(PYTEST) tests -q -p no:cacheprovider
+	GANGCHECK_SOAK=1 $(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider
 
 #: N (gangs per side) of the scale benchmark: make bench BENCH_SIZES=50
 BENCH_SIZES ?= 500,2000

@@ -44,6 +44,7 @@ def _kubectl(state: dict[str, Any], *args: str, stdin: str | None = None) -> str
     return result.stdout
 
 
+@pytest.mark.soak  # a Karpenter stack of its own, 20 s (docs/testing.md)
 @pytest.mark.timeout(1500)  # builds Karpenter first where it is not cached yet
 def test_dev_up_stack_karpenter_runs_a_gpu_pod_on_a_node_karpenter_made(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"

@@ -120,6 +120,7 @@ def test_karpenter_replaces_cluster_autoscaler_never_joins_it() -> None:
         ControlPlane(components=FULL_STACK, autoscaler="keda")
 
 
+@pytest.mark.soak  # the e2e Karpenter package runs the same pipeline in make test
 @pytest.mark.timeout(240)
 def test_pending_pods_become_nodeclaims_ready_nodes_and_running_pods(
     karpenter_binaries: dict[str, Path],
