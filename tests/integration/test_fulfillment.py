@@ -186,14 +186,17 @@ async def test_two_gangs_never_count_one_node_twice(
 async def test_a_node_running_another_pod_is_kept_on_rollback(
     cluster: Cluster, controller: RunningController
 ) -> None:
-    await cluster.install_check(fit(deadline=8))
+    # The request fails once the pod runs (no deadline to race: it is far off).
+    await cluster.install_check(fit(deadline=60))
     await cluster.submit(gang(members=4))
     name = req_name(cluster)
     await cluster.set_request_conditions(name, {"Provisioned": ""})
     busy, _idle = await cluster.add_nodes(2)
     await eventually(lambda: _arrived_count(cluster, name, 2), what="arrivals recorded")
     await cluster.create_pod("someone-else", node_name=busy)
+    await cluster.set_request_conditions(name, {"Failed": "capacity lost"})
     check = await cluster.wait_check("wl", "Retry", timeout=20)
+    assert "Failed: capacity lost" in check["message"]
     assert "reclaimed 1 node" in check["message"]
     assert f"kept {busy} (runs pod {cluster.ns}/someone-else)" in check["message"]
     left = {n["metadata"]["name"]: n for n in await cluster.nodes()}
@@ -226,7 +229,7 @@ async def test_a_stray_pod_on_a_held_node_is_named_and_the_attempt_rolled_back_a
 
 
 async def test_restart_mid_rollback_completes_once(control_plane: Any, cluster: Cluster) -> None:
-    await cluster.install_check(fit(deadline=8))
+    await cluster.install_check(fit(deadline=60))
     first = RunningController(str(control_plane.kubeconfig))
     await first.start()
     await cluster.submit(gang(members=4))
@@ -235,6 +238,8 @@ async def test_restart_mid_rollback_completes_once(control_plane: Any, cluster: 
     await cluster.add_nodes(2)
     await eventually(lambda: _arrived_count(cluster, name, 2), what="arrivals recorded")
     await first.stop()
+    # The request fails while no controller runs: the next one starts the rollback.
+    await cluster.set_request_conditions(name, {"Failed": "capacity lost"})
 
     # Dies right after writing RollingBack, then after the first node is deleted.
     for writes in (1, 2):
