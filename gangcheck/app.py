@@ -229,6 +229,7 @@ class Controller:
         c.configs.add_handler(self._on_config)
         c.flavors.add_handler(lambda _o, _n: self._add_workloads_with_our_checks())
         c.requests.add_handler(self._on_request)
+        c.requests.add_handler(self.karpenter.on_request)
         # A PodTemplate gone while its request is in flight is recreated by its gang's owner.
         c.templates.add_handler(lambda old, new: None if new else self._on_request(old, new))
         c.nodes.add_handler(self._on_node)

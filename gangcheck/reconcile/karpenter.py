@@ -1,6 +1,12 @@
 """Serves the ProvisioningRequests of gangcheck's Karpenter class with NodeClaims.
 
-Every pass (``interval`` seconds) looks at each request of ``KARPENTER_CLASS`` in the cache and
+Passes run when something changed, not on a clock: a request of the class changed (the
+requests informer wakes the provisioner), or one of gangcheck's NodeClaims did (a watch of
+them runs from the revision of the pass's own list while requests of the class are in
+flight, so no change between the list and the watch is missed); and at most ``resync``
+seconds apart as a safety net (``ORPHAN_INTERVAL`` with no request of the class).
+
+A pass looks at each request of ``KARPENTER_CLASS`` in the cache and
 at every NodeClaim labelled with an attempt, decides with
 ``logic.capacity.karpenter.provisioner.serve`` and applies: creates claims (a lost answer is
 answered AlreadyExists on the retry: names are derived from the attempt), writes the request's
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -59,8 +66,10 @@ from gangcheck.reconcile.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
-#: Seconds between passes while requests of the class are in flight.
+#: The base of the backoff while passes are refused (403).
 INTERVAL = 1.0
+#: Seconds between passes with requests of the class in flight when nothing wakes them.
+RESYNC_SECONDS = 10.0
 #: Seconds between passes looking only for claims whose request is gone.
 ORPHAN_INTERVAL = 30.0
 T = TypeVar("T")
@@ -82,30 +91,98 @@ class KarpenterProvisioner:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         interval: float = INTERVAL,
+        resync: float = RESYNC_SECONDS,
         events: EventRecorder | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self._kube = kube
         self._caches = caches
         self._clock = clock
         self.interval = interval
+        self.resync = resync
         self._events = events or EventRecorder(kube, clock=clock)
-        self._sleep = sleep
+        self._sleep = sleep or self._until_woken
+        self._woken = asyncio.Event()
+        self._claims_version = ""
+        """The revision of the last list of gangcheck's NodeClaims: their watch starts there."""
+        self._watching: asyncio.Task[None] | None = None
+        self.passes = 0
+        self._answered: set[str] = set()
+        """Requests of the class a pass of this process answered (its cache may lag)."""
         self._since_orphan_pass = ORPHAN_INTERVAL
         self.denials = access.Denials(interval)
         """What the passes were last refused, and the wait it makes before the next."""
         self._told: dict[str, str] = {}
         """The refusal each request of the class was told of, by request key."""
 
+    def wake(self) -> None:
+        """Something a pass reads changed: run one soon."""
+        self._woken.set()
+
+    def on_request(self, old: Obj | None, new: Obj | None) -> None:
+        """A requests-informer handler: a request of the class changed."""
+        if is_served_here(new or old or {}):
+            self.wake()
+
+    async def _until_woken(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), seconds)
+
     async def run(self) -> None:
-        while True:
-            try:
-                await self._pass()
-            except ApiError as e:
-                log.warning("karpenter provisioner pass failed: %s", e)
-            delay = self.denials.delay
-            await self._sleep(delay)
-            self._since_orphan_pass += delay
+        try:
+            while True:
+                self._woken.clear()
+                began = time.monotonic()
+                try:
+                    await self._pass()
+                except ApiError as e:
+                    log.warning("karpenter provisioner pass failed: %s", e)
+                self.passes += 1
+                self._follow_claims()
+                await self._sleep(self._next_delay())
+                self._since_orphan_pass += time.monotonic() - began
+        finally:
+            self._stop_watching()
+
+    def _next_delay(self) -> float:
+        if self.denials.refused:
+            return self.denials.delay
+        requests = self._requests()
+        fresh = [k for k, r in requests.items() if k not in self._answered and _unanswered(r)]
+        if fresh:
+            return self.interval  # a new request is asked once its first second has passed
+        return self.resync if requests else ORPHAN_INTERVAL
+
+    def _follow_claims(self) -> None:
+        """While requests of the class are in flight, watch gangcheck's NodeClaims from the
+        last list's revision; each change wakes a pass (the watch ends with the requests)."""
+        if not self._requests() or self.denials.refused:
+            self._stop_watching()
+            return
+        idle = self._watching is None or self._watching.done()
+        if idle and self._claims_version:
+            self._watching = asyncio.create_task(self._watch_claims(self._claims_version))
+
+    def _stop_watching(self) -> None:
+        if self._watching is not None and not self._watching.done():
+            self._watching.cancel()
+        self._watching = None
+
+    async def _watch_claims(self, version: str) -> None:
+        """Wake a pass on each change of gangcheck's NodeClaims; end on any error (the next
+        pass lists again and watches from there)."""
+        try:
+            async for event in self._kube.watch(
+                NODE_CLAIM, resource_version=version, label_selector=names.ATTEMPT_LABEL
+            ):
+                if event.get("type") != "BOOKMARK":
+                    self.wake()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # however it ends, the next pass lists and watches again
+            log.debug("NodeClaim watch ended: %s", e)
+        self._claims_version = ""  # a fresh list first: the revision may be too old now
+        self.wake()
 
     async def _pass(self) -> None:
         try:
@@ -149,13 +226,17 @@ class KarpenterProvisioner:
                 pool_claims=pool_claims or (),
             )
             created = await self._apply(request, served, claims, nodes)
+            if served.create or served.conditions:
+                self._answered.add(key)
             # Made in this pass: charged to the room of the next request's pool at once.
             claims.extend(created)
             if pool_claims is not None:
                 pool_claims.extend(created)
 
     def _requests(self) -> dict[str, Obj]:
-        return {request_key(r): r for r in self._caches.requests.store if is_served_here(r)}
+        found = {request_key(r): r for r in self._caches.requests.store if is_served_here(r)}
+        self._answered &= set(found)
+        return found
 
     @staticmethod
     async def _permitted(action: str, call: Awaitable[T]) -> T:
@@ -173,6 +254,7 @@ class KarpenterProvisioner:
             )
         except NotFoundError:
             return None
+        self._claims_version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
         return list(listed.get("items") or [])
 
     async def _pool_claims(self) -> list[Obj]:
@@ -352,6 +434,12 @@ def _owners(request: Obj) -> list[ObjectRef]:
         )
         for o in meta.get("ownerReferences") or []
     ]
+
+
+def _unanswered(request: Obj) -> bool:
+    """A request of the class no pass has answered yet (no condition): it is asked for a
+    second after it was made, which no event marks."""
+    return not (request.get("status") or {}).get("conditions")
 
 
 def _failed_for(request: Obj, message: str) -> bool:

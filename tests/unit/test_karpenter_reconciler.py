@@ -19,7 +19,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.capacity.karpenter import access, names
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
-from gangcheck.reconcile.karpenter import KarpenterProvisioner
+from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner
 from tests.fakes.kube import FakeKube
 from tests.unit.test_karpenter_logic import GPU, pool
 
@@ -266,7 +266,9 @@ async def test_a_refusal_that_changes_is_said_again_and_permission_back_resumes_
     assert "list karpenter.sh NodePools" in said[0]
     assert "create karpenter.sh NodeClaims" in said[1]
     assert waits[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
-    assert waits[6:] == [1.0] * 4
+    # allowed again: a pass runs when something wakes it, else after the resync (the passes
+    # no longer run every second)
+    assert waits[6:] == [RESYNC_SECONDS] * 4
     assert len(claims_of(kube, "a")) == 3
     assert any("permitted again" in r.getMessage() for r in caplog.records)
 
@@ -277,4 +279,24 @@ async def test_without_requests_of_the_class_a_refusal_is_not_said() -> None:
     karpenter, waits = await run_passes(kube, 3)
     assert karpenter.denials.message is None
     assert kube.all_of(EVENT) == []
-    assert waits == [1.0, 1.0, 1.0]
+    # with no request of the class, passes wait for one (a request event wakes them) or for
+    # the orphan sweep's interval
+    assert waits == [ORPHAN_INTERVAL] * 3
+
+
+async def test_passes_wake_on_a_request_of_the_class_and_tick_only_while_one_is_unanswered() -> (
+    None
+):
+    """Passes are driven by changes: a request of the class wakes one; a request no pass has
+    answered yet is looked at again in a second (it is asked once its first second passed);
+    once answered, only changes (or the resync) bring the next pass."""
+    kube = stack("a", limits={GPU: "32"})
+    karpenter = provisioner(kube)
+    karpenter.on_request(None, {"spec": {"provisioningClassName": "other.example.com"}})
+    assert not karpenter._woken.is_set()
+    karpenter.on_request(None, gang_request("a"))
+    assert karpenter._woken.is_set()
+    assert karpenter._next_delay() == karpenter.interval
+    await karpenter.pass_once()
+    assert len(claims_of(kube, "a")) == 3
+    assert karpenter._next_delay() == RESYNC_SECONDS
