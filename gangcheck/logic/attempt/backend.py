@@ -12,6 +12,9 @@ conditions. cluster-autoscaler serves its classes; gangcheck's own Karpenter pro
 (capacity/karpenter/, reconcile/karpenter.py) serves ``karpenter.gangcheck.io`` by creating
 the gang's NodeClaims. So a new place to ask is, first, a new class and a provisioner
 answering its requests: the request stays the attempt's record, and nothing here changes.
+One attempt may ask several places (spec.capacitySources, in order or in a race; topology
+domains within a source): each ask is a request of its own, named by its number in the
+attempt and carrying its place (places.py), followed by the same core.
 
 A source that cannot be a request class implements `CapacityBackend`:
 - ``ask``: the actions creating what a new attempt asks for;
