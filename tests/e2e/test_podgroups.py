@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,28 @@ def gated(pod: Obj) -> bool:
     return any(g.get("name") == GATE for g in pod["spec"].get("schedulingGates") or [])
 
 
+async def create_gated(
+    kube: Kube, namespace: str, names: list[str], make: Callable[[str], Obj], what: str
+) -> None:
+    """Create the members `names` (made by `make`) and wait until each is gated by the
+    webhook: the API server may take a moment to call a new webhook, and a member created
+    before that is deleted and created again."""
+
+    async def all_gated() -> bool | None:
+        for name in names:
+            with contextlib.suppress(Exception):
+                existing = await kube.get(POD, name, namespace)
+                if gated(existing):
+                    continue
+                await kube.delete(POD, name, namespace, grace_period_seconds=0)
+                return None
+            await kube.create(POD, make(name), namespace)
+            return None
+        return True
+
+    await eventually(all_gated, timeout=30, what=what)
+
+
 @pytest.mark.timeout(300)
 async def test_podgroup_gang_is_gated_provisioned_by_the_autoscaler_and_released_together(
     kube: Kube, namespace: str, cluster: Cluster, hooked: Hooked
@@ -177,23 +200,9 @@ async def test_podgroup_gang_is_gated_provisioned_by_the_autoscaler_and_released
             await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
             began = time.monotonic()
 
-            async def all_gated() -> list[Obj] | None:
-                # The API server may take a moment to call a new webhook: a member created
-                # before that is deleted and created again.
-                pods = []
-                for i in range(count):
-                    name = f"ddp-{i}"
-                    with contextlib.suppress(Exception):
-                        existing = await kube.get(POD, name, namespace)
-                        if gated(existing):
-                            pods.append(existing)
-                            continue
-                        await kube.delete(POD, name, namespace, grace_period_seconds=0)
-                        return None
-                    pods.append(await kube.create(POD, member(name, "ddp"), namespace))
-                return pods if all(map(gated, pods)) else None
-
-            await eventually(all_gated, timeout=30, what="members gated by the webhook")
+            names = [f"ddp-{i}" for i in range(count)]
+            made = functools.partial(member, group="ddp")
+            await create_gated(kube, namespace, names, made, "members gated by the webhook")
 
         async def released() -> Obj | None:
             obj = await kube.get(UPSTREAM_POD_GROUP_V1BETA1, "ddp", namespace)
@@ -266,33 +275,19 @@ async def test_members_joining_while_the_gang_is_provisioned_do_not_deadlock_it(
         async with webhook_registered(kube, hooked):
             await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
 
-            async def created_gated(batch: list[str]) -> bool | None:
-                for name in batch:
-                    with contextlib.suppress(Exception):
-                        existing = await kube.get(POD, name, namespace)
-                        if gated(existing):
-                            continue
-                        await kube.delete(POD, name, namespace, grace_period_seconds=0)
-                        return None
-                    await kube.create(
-                        POD, joiner(name) if name in late else member(name, "late"), namespace
-                    )
-                    return None
-                return True
-
             late = set(names[count:])
-            await eventually(
-                lambda: created_gated(names[:count]), timeout=30, what="the gang's members gated"
-            )
+
+            def made(name: str) -> Obj:
+                return joiner(name) if name in late else member(name, "late")
+
+            await create_gated(kube, namespace, names[:count], made, "the gang's members gated")
 
             async def requested() -> list[Obj] | None:
                 items = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
                 return items or None
 
             await eventually(requested, timeout=60, interval=0.2, what="the gang's request")
-            await eventually(
-                lambda: created_gated(names[count:]), timeout=30, what="late members gated"
-            )
+            await create_gated(kube, namespace, names[count:], made, "late members gated")
 
         async def gang_running() -> list[Obj] | None:
             pods = running((await kube.list_objects(POD, namespace))["items"])

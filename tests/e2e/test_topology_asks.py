@@ -7,7 +7,7 @@ The sim stands in because the test bed's cluster-autoscaler node groups are not 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from typing import Any
 
@@ -38,7 +38,13 @@ from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     sim_group,
     workdir,
 )
-from tests.e2e.test_podgroups import OPT_IN, Hooked, gated, hooked, webhook_registered  # noqa: F401
+from tests.e2e.test_podgroups import (  # noqa: F401 (fixtures)
+    OPT_IN,
+    Hooked,
+    create_gated,
+    hooked,
+    webhook_registered,
+)
 
 Obj = dict[str, Any]
 RACK = "gangcheck.io/e2e-rack"
@@ -113,21 +119,9 @@ async def test_a_gang_bound_to_one_rack_is_asked_for_in_the_rack_with_room_only(
             await kube.create(UPSTREAM_POD_GROUP_V1BETA1, group, namespace)
             began = time.monotonic()
 
-            async def all_gated() -> list[Obj] | None:
-                pods = []
-                for i in range(count):
-                    name = f"ring-{i}"
-                    with contextlib.suppress(Exception):
-                        existing = await kube.get(POD, name, namespace)
-                        if gated(existing):
-                            pods.append(existing)
-                            continue
-                        await kube.delete(POD, name, namespace, grace_period_seconds=0)
-                        return None
-                    pods.append(await kube.create(POD, member(name, pool), namespace))
-                return pods if all(map(gated, pods)) else None
-
-            await eventually(all_gated, timeout=30, what="members gated by the webhook")
+            names = [f"ring-{i}" for i in range(count)]
+            made = functools.partial(member, pool=pool)
+            await create_gated(kube, namespace, names, made, "members gated by the webhook")
 
         async def all_running() -> list[Obj] | None:
             pods = running((await kube.list_objects(POD, namespace))["items"])

@@ -127,14 +127,23 @@ def declared_types(pool: Obj) -> list[InstanceType] | str | None:
     return types
 
 
-def _admits(requirement: Mapping[str, Any], value: str) -> bool:
+def admits(requirement: Mapping[str, Any], value: str) -> bool:
+    """Whether a node label `value` meets one NodePool requirement on its key."""
     operator = requirement.get("operator")
     values = [str(v) for v in requirement.get("values") or []]
     if operator == "In":
         return value in values
     if operator == "NotIn":
         return value not in values
-    return operator == "Exists"
+    if operator == "Exists":
+        return True
+    if operator in ("Gt", "Lt") and values:
+        try:
+            number, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return number > bound if operator == "Gt" else number < bound
+    return False  # DoesNotExist, or an operator this model does not know
 
 
 def admitted(
@@ -147,7 +156,7 @@ def admitted(
     requirements = [r for r in spec.get("requirements") or [] if r.get("key") == key]
     if key in labels:
         requirements.append({"key": key, "operator": "In", "values": [labels[key]]})
-    return [t for t in types if all(_admits(r, t.name) for r in requirements)]
+    return [t for t in types if all(admits(r, t.name) for r in requirements)]
 
 
 def _share(member: Member, biggest: Mapping[str, int]) -> tuple[float, float]:

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.packing import Packing
+from gangcheck.logic.capacity.karpenter.packing import Packing, admits
 from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
 from gangcheck.model.objects import Obj
 
@@ -59,7 +58,7 @@ def label_problem(pool: Obj, key: str, value: str) -> str | None:
         for r in (_template(pool).get("spec") or {}).get("requirements") or []
         if r.get("key") == key
     ]
-    refused = [r for r in requirements if not _admits(r, value)]
+    refused = [r for r in requirements if not admits(r, value)]
     if refused:
         r = refused[0]
         return f"NodePool {name!r} requires {key} {r.get('operator')} {r.get('values', [])}"
@@ -69,24 +68,6 @@ def label_problem(pool: Obj, key: str, value: str) -> str | None:
         f"NodePool {name!r} does not define label {key} "
         "(neither its template labels nor its requirements)"
     )
-
-
-def _admits(requirement: Mapping[str, Any], value: str) -> bool:
-    operator = requirement.get("operator")
-    values = [str(v) for v in requirement.get("values") or []]
-    if operator == "In":
-        return value in values
-    if operator == "NotIn":
-        return value not in values
-    if operator == "Exists":
-        return True
-    if operator in ("Gt", "Lt") and values:
-        try:
-            number, bound = int(value), int(values[0])
-        except ValueError:
-            return False
-        return number > bound if operator == "Gt" else number < bound
-    return False  # DoesNotExist, or an operator this model does not know
 
 
 def labels_problem(pool: Obj, labels: Mapping[str, str]) -> str | None:
