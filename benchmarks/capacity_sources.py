@@ -138,7 +138,6 @@ class Arm:
     started_at: float | None = None
     idle: dict[str, float] = field(default_factory=dict)  # node -> idle seconds
     place_of: dict[str, str] = field(default_factory=dict)  # node -> place key
-    gone: set[str] = field(default_factory=set)
     idle_now: set[str] = field(default_factory=set)
     left: dict[str, int] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
@@ -166,11 +165,6 @@ def places(arm: Arm) -> list[Place]:
         Place("a", a_max, {**base, PLACE_LABEL: "a"}),
         Place("b", 2 * MEMBERS, {**base, PLACE_LABEL: "b"}),
     ]
-
-
-def place_selector(arm: Arm, place: Place) -> dict[str, str]:
-    """The labels that tell the place's nodes apart (a flavor's or a source's)."""
-    return {k: v for k, v in place.labels.items() if k != ARM_LABEL} | {ARM_LABEL: arm.name}
 
 
 def kueue_check_name(arm: Arm, place: Place) -> str:
@@ -283,7 +277,7 @@ async def make_side(kube: Kube, arm: Arm) -> None:
     else:
         for place in places(arm):
             flavor_name = check_name = kueue_check_name(arm, place)
-            flavor = {"nodeLabels": place_selector(arm, place)}
+            flavor = {"nodeLabels": dict(place.labels)}
             await kube.create(RESOURCE_FLAVOR, {"metadata": {"name": flavor_name}, "spec": flavor})
             resource_group["flavors"].append({"name": flavor_name, "resources": quota()})
             await kube.create(
@@ -411,7 +405,6 @@ async def sample(kube: Kube, arms: Sequence[Arm], dt: float) -> None:
             if arm.started_at is None or name not in busy:
                 arm.idle[name] = arm.idle.get(name, 0.0) + dt
                 arm.idle_now.add(name)
-        arm.gone |= set(arm.place_of) - set(mine)
 
 
 async def finish(kube: Kube, arm: Arm) -> None:
