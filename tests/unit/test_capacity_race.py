@@ -221,3 +221,11 @@ def test_a_pod_group_is_not_raced_and_says_so() -> None:
     assert d.status is not None and d.status["gangcheck.io/state"] == "Blocked"
     assert "Race is served for Kueue Workloads only" in d.status["gangcheck.io/message"]
     assert not any(isinstance(a, CreateRequest) for a in d.actions)
+
+
+def test_the_losers_are_counted_as_failures_of_their_source_by_race_lost() -> None:
+    nodes = [*(arrived(f"b{i}", "b", B) for i in range(4))]
+    d = run([racer(A, 0, conditions={"Accepted": "ok"}), provisioned(racer(B, 1))], nodes)
+    notes = {(n.source, n.outcome, n.reason) for n in d.sources}
+    assert ("a", "failed", "RaceLost") in notes
+    assert ("b", "delivered", "") in notes

@@ -120,6 +120,8 @@ class RollbackCause(StrEnum):
     STRAY_PODS = "StrayPods"
     NOT_FOUND = "CapacityIsNotFound"
     """The source said it cannot find the capacity, and another source is next in line."""
+    RACE_LOST = "RaceLost"
+    """Another capacity source of the race delivered the whole gang first."""
     GANG_GONE = "GangGone"
     """The gang was withdrawn (deleted, finished, evicted, gave up): any other reason."""
 

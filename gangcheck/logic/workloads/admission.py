@@ -652,7 +652,7 @@ def _won(
     lost = tuple(
         note
         for r in losers
-        for note in driver.failed_note(snap.config, r, "RaceLost: another source delivered")
+        for note in driver.failed_note(snap.config, r, RollbackCause.RACE_LOST.value)
     )
     names = ", ".join(r.name for r in losers) or "none"
     event = Event(
