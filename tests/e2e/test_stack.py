@@ -42,6 +42,7 @@ Obj = dict[str, Any]
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 NODE_GROUP_LABEL = "gangcheck.io/nodegroup"
 BIG, SMALL = E2E_NODE_GROUPS
+STATUS_CONFIG_MAP = "cluster-autoscaler-status"
 
 
 async def _ready_kwok_nodes(kube: Kube, pool: str, count: int) -> list[str]:
@@ -299,6 +300,26 @@ async def test_autoscaler_provisions_an_atomic_request_with_ready_kwok_nodes(
             await delete_quietly(kube, NODE, node["metadata"]["name"])
 
 
+#: The autoscaler's loops watched after its refusal for anything partial.
+LOOPS_AFTER_REFUSAL = 3
+
+
+async def _autoscaler_loops(kube: Kube, loops: int) -> None:
+    """Return once cluster-autoscaler has finished ``loops`` more loops: each ends writing
+    its status ConfigMap (kube-system/cluster-autoscaler-status, with the loop's time), so
+    its resourceVersion moves once per loop."""
+    seen: list[str] = []
+
+    async def versions() -> list[str] | None:
+        status = await get_or_none(kube, CONFIG_MAP, STATUS_CONFIG_MAP, "kube-system")
+        version = status["metadata"]["resourceVersion"] if status is not None else ""
+        if version and version not in seen:
+            seen.append(version)
+        return seen if len(seen) > loops else None
+
+    await eventually(versions, timeout=60, interval=0.2, what=f"{loops} autoscaler loops")
+
+
 @pytest.mark.timeout(300)
 async def test_autoscaler_does_not_provision_beyond_a_groups_max(
     kube: Kube, namespace: str, cluster: Cluster
@@ -319,15 +340,17 @@ async def test_autoscaler_does_not_provision_beyond_a_groups_max(
         request = await eventually(decided, timeout=120, what="a refusal", interval=0.5)
         decided_after = time.monotonic() - began
         assert not is_true(request, "Provisioned"), _conditions(request)
-        # Nothing partial either: watch a few more loops (scan interval 2 s).
-        await asyncio.sleep(10)
+        # Nothing partial either: the autoscaler's next loops (it writes its status ConfigMap
+        # at the end of each) make no node and do not turn the request Provisioned.
+        await _autoscaler_loops(kube, LOOPS_AFTER_REFUSAL)
         again = await kube.get(PROVISIONING_REQUEST, "pr", namespace)
         assert not is_true(again, "Provisioned"), _conditions(again)
         assert await _group_nodes(kube, SMALL.name) == []
         cluster.record(
             f"atomic ProvisioningRequest for {count} nodes of {SMALL.name} (max {SMALL.max}): "
             f"refused after {decided_after:.1f}s, no node created; conditions then: "
-            f"{_conditions(request)}; 10 s later: {_conditions(again)}"
+            f"{_conditions(request)}; {LOOPS_AFTER_REFUSAL} autoscaler loops later: "
+            f"{_conditions(again)}"
         )
     finally:
         await delete_quietly(kube, PROVISIONING_REQUEST, "pr", namespace)
