@@ -37,6 +37,7 @@ from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.reconcile.podgroup import API_GROUP_OF, PodGroupOptions, PodGroupReconciler
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
 from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
@@ -110,6 +111,7 @@ class Controller:
         metrics: Metrics | None = None,
         pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS,
         discovery_seconds: float = 60.0,
+        progress_delay_seconds: float = PROGRESS_DELAY_SECONDS,
     ) -> None:
         self.kube = kube
         self.metrics = metrics or Metrics()
@@ -121,7 +123,13 @@ class Controller:
         events = self.events = EventRecorder(kube, clock=clock, background=True)
         applier = Applier(kube, self.caches, clock=clock, metrics=self.metrics)
         self.workload_reconciler = WorkloadReconciler(
-            kube, self.caches, events, applier, clock=clock, metrics=self.metrics
+            kube,
+            self.caches,
+            events,
+            applier,
+            clock=clock,
+            metrics=self.metrics,
+            progress_delay=progress_delay_seconds,
         )
         self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
         self.node_reconciler = DrainingNodeReconciler(
@@ -132,7 +140,14 @@ class Controller:
         self.karpenter = KarpenterProvisioner(kube, self.caches, clock=clock)
         self.group_reconciler = (
             PodGroupReconciler(
-                kube, self.caches, events, applier, pod_groups, clock=clock, metrics=self.metrics
+                kube,
+                self.caches,
+                events,
+                applier,
+                pod_groups,
+                clock=clock,
+                metrics=self.metrics,
+                progress_delay=progress_delay_seconds,
             )
             if pod_groups is not None
             else None
@@ -422,6 +437,7 @@ class RunOptions:
     metrics_port: int = 8080
     pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS
     discovery_seconds: float = 60.0
+    progress_delay_seconds: float = PROGRESS_DELAY_SECONDS
     webhook: WebhookOptions | None = None
 
 
@@ -435,6 +451,7 @@ async def run_controller(kube: Kube, options: RunOptions) -> None:
         metrics=metrics,
         pod_groups=options.pod_groups,
         discovery_seconds=options.discovery_seconds,
+        progress_delay_seconds=options.progress_delay_seconds,
     )
 
     def ready() -> bool:

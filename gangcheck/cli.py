@@ -201,6 +201,7 @@ def _run(args: argparse.Namespace) -> int:
             else None
         ),
         discovery_seconds=settings.pod_groups.discovery_seconds,
+        progress_delay_seconds=settings.controller.progress_delay_seconds,
         webhook=(
             WebhookOptions(settings.webhook.port, settings.webhook.cert_dir)
             if settings.webhook.enabled

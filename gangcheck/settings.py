@@ -93,6 +93,19 @@ class ControllerSettings(_Section):
             ),
         ),
     ] = 300
+    progress_delay_seconds: Annotated[
+        float,
+        Field(
+            alias="progressDelaySeconds",
+            ge=0,
+            le=60,
+            description=(
+                "Seconds a status write that changes only a progress message is held, to be "
+                "made with the message of then; a write that changes anything else is made at "
+                "once. 0 writes every message at once."
+            ),
+        ),
+    ] = 3.0
 
 
 class LeaderElectionSettings(_Section):

@@ -28,7 +28,7 @@ from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import HeldMessages
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -67,6 +67,7 @@ class PodGroupReconciler:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: AttemptMetrics = NO_METRICS,
+        progress_delay: float = PROGRESS_DELAY_SECONDS,
     ) -> None:
         self._kube = kube
         self._caches = caches
@@ -75,7 +76,7 @@ class PodGroupReconciler:
         self._options = options or PodGroupOptions()
         self._clock = clock
         self.metrics = metrics
-        self.held_messages = HeldMessages()
+        self.held_messages = HeldMessages(progress_delay)
 
     async def reconcile(self, key: str) -> Result:
         short, namespace, name = key.split("/", 2)

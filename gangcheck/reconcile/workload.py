@@ -45,7 +45,7 @@ from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
 from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import HeldMessages, progress_only
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages, progress_only
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -90,6 +90,7 @@ class WorkloadReconciler:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: AttemptMetrics = NO_METRICS,
+        progress_delay: float = PROGRESS_DELAY_SECONDS,
     ) -> None:
         self._kube = kube
         self._caches = caches
@@ -97,7 +98,7 @@ class WorkloadReconciler:
         self._applier = applier
         self._clock = clock
         self.metrics = metrics
-        self.held_messages = HeldMessages()
+        self.held_messages = HeldMessages(progress_delay)
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)

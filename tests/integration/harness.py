@@ -37,6 +37,9 @@ from gangcheck.model.names import FENCE_LABEL
 from tests.builders import CONTROLLER, WorkloadBuilder, container, node
 
 TEST_LABEL = "gangcheck-test"
+#: The controller's progressDelaySeconds in these tests (3 s shipped): a progress message
+#: still waits behind a held write, but a test that reads one waits less (docs/testing.md).
+PROGRESS_DELAY = 0.5
 FENCE_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "fence-policy.yaml"
 FENCE_REFUSAL = "is being reclaimed by gangcheck"
 FIELD_MANAGER = "gangcheck-tests"
@@ -181,7 +184,9 @@ class RunningController:
                 raise
 
         self._kube.request = request  # type: ignore[method-assign]
-        self.controller = Controller(self._kube, workers=2, watch_timeout=30)
+        self.controller = Controller(
+            self._kube, workers=2, watch_timeout=30, progress_delay_seconds=PROGRESS_DELAY
+        )
         self._task = asyncio.create_task(self.controller.run())
         # Every cache lists the whole (shared, test-filled) control plane first.
         await asyncio.wait_for(self.controller.caches.wait_synced(), 60)

@@ -41,7 +41,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.reconcile.podgroup import PodGroupOptions
 from tests.builders import container
-from tests.integration.harness import Cluster, eventually
+from tests.integration.harness import PROGRESS_DELAY, Cluster, eventually
 from tests.integration.test_dra_api import Devices, claim_template, devices, gpu  # noqa: F401
 from tests.integration.test_webhook import (  # the webhook's fixtures, reused
     Certs,
@@ -163,7 +163,11 @@ async def controller_running(
 ) -> AsyncIterator[Controller]:
     kube = await Kube.connect(kubeconfig)
     controller = Controller(
-        kube, workers=2, watch_timeout=30, pod_groups=options or PodGroupOptions()
+        kube,
+        workers=2,
+        watch_timeout=30,
+        pod_groups=options or PodGroupOptions(),
+        progress_delay_seconds=PROGRESS_DELAY,
     )
     task = asyncio.create_task(controller.run())
     try:

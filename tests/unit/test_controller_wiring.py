@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from gangcheck.app import Controller
 from gangcheck.telemetry import Metrics
 from tests.builders import WorkloadBuilder
@@ -33,3 +35,13 @@ async def test_a_workload_key_is_reconciled_through_the_controller_on_the_fake()
     await controller.reconcile(key)
     assert kube.writes == []  # no check of ours on it: nothing to do
     assert "gangcheck_reconcile_duration_seconds" in controller.metrics.render()
+
+
+def test_the_progress_delay_reaches_both_reconcilers() -> None:
+    """A message-only write is held for the controller's progressDelaySeconds, by the Workload
+    and the PodGroup reconciler alike."""
+    controller = Controller(FakeKube(), progress_delay_seconds=0.5)
+    assert controller.group_reconciler is not None
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for reconciler in (controller.workload_reconciler, controller.group_reconciler):
+        assert reconciler.held_messages.hold("ns/wl", "", message_only=True, now=now) == 0.5

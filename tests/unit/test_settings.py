@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
 from gangcheck.settings import SECTIONS, Settings, SettingsError, load_settings
 
 SHIPPED = Path(__file__).resolve().parents[2] / "config" / "gangcheck.yaml"
@@ -372,3 +373,7 @@ def test_settings_are_frozen() -> None:
     settings = load_settings(None, {})
     with pytest.raises(ValueError, match="frozen"):
         settings.controller.workers = 2  # type: ignore[misc]
+
+
+def test_the_progress_delay_defaults_to_the_reconcilers_own() -> None:
+    assert Settings().controller.progress_delay_seconds == PROGRESS_DELAY_SECONDS
