@@ -757,3 +757,39 @@ def test_a_config_change_rollback_is_followed_by_the_next_attempt_at_once() -> N
     assert status["gangcheck.io/state"] == "BackingOff"
     assert status["gangcheck.io/attempt"] == "2"
     assert status["gangcheck.io/next-attempt-at"] == NOW_TEXT
+
+
+def test_a_min_count_raised_above_the_attempts_members_replaces_the_attempt() -> None:
+    """The attempt asked for 3; minCount is now 5 and 5 members exist: kube-scheduler would
+    hold the group until 5 run, so the attempt is rolled back before it is provisioned and
+    the next one asks for all 5."""
+    decision = _decide(
+        Case(
+            "",
+            group(5),
+            members(5),
+            requests=[req(annotations={"gangcheck.io/gang-members": "3"})],
+        )
+    )
+    rolling = next(a for a in decision.actions if isinstance(a, AnnotateRequest))
+    reason = rolling.annotations["gangcheck.io/rollback-reason"]
+    assert reason.startswith("ConfigChanged: minCount raised to 5 above the 3 members")
+
+
+def test_a_min_count_lowered_keeps_the_attempt() -> None:
+    decision = _decide(
+        Case(
+            "",
+            group(2),
+            members(3),
+            requests=[req(annotations={"gangcheck.io/gang-members": "3"})],
+        )
+    )
+    rollbacks = [
+        a
+        for a in decision.actions
+        if isinstance(a, AnnotateRequest) and "gangcheck.io/rollback-reason" in a.annotations
+    ]
+    assert rollbacks == []
+    assert decision.status is not None
+    assert decision.status["gangcheck.io/state"] == "Provisioning"

@@ -138,20 +138,21 @@ def in_flight(
     class_name: str,
     parameters: Mapping[str, str],
     upkeep: Callable[[], tuple[Action, ...]] = tuple,
-    gone: str | None = None,
+    changed: str | None = None,
 ) -> InFlight:
     """Follow the attempt in flight under the config now (class and parameters as the source
     would ask them now): a rollback under way goes on; a config changed before Provisioned
     ends the attempt (rolled back in fit mode); in fit mode a changed ``deadlineSeconds``
     moves its deadline; then as the core says. `upkeep`: the backend's upkeep of a request
-    still followed (not of one rolling back). `gone`: the attempt's capacity source left the
-    config (how, in words): a change like any other."""
+    still followed (not of one rolling back). `changed`: a change the source found that the
+    attempt cannot follow (its capacity source left the config, the gang grew), in words: a
+    change like any other."""
     req = attempt.request
     assert isinstance(req, ProvisioningRequest)
     if rollback.is_rolling_back(req):
         return InFlight(lifecycle.roll_back(attempt), req)
     actions = upkeep()
-    change = gone or lifecycle.drift(req, class_name, parameters)
+    change = changed or lifecycle.drift(req, class_name, parameters)
     if change is not None and not attempt.status.has(Phase.PROVISIONED):
         step = lifecycle.replaced(attempt, change, now) if attempt.fit else None
         return InFlight(step, req, actions, change)

@@ -332,7 +332,8 @@ def _in_flight(
         now,
         class_name=source.class_name if source is not None else config.provisioning_class_name,
         parameters=source.parameters if source is not None else config.parameters,
-        gone=None if source is not None else f"capacity source {index} left the config",
+        changed=_grown(snap.group, req)
+        or (None if source is not None else f"capacity source {index} left the config"),
     )
     assert followed.step is not None  # a group's attempt is always followed in fit mode
     req = followed.request
@@ -798,6 +799,16 @@ def attempt_members(unbound: Sequence[Pod], req: ProvisioningRequest) -> tuple[P
     first by creation (a member that replaced one of them takes its place; newer ones are
     late)."""
     return tuple(sorted(unbound, key=_age_order)[: gang_size(req)])
+
+
+def _grown(group: PodGroup, req: ProvisioningRequest) -> str | None:
+    """minCount raised above the members the attempt was made for: it cannot start the gang
+    (kube-scheduler waits for minCount), so it is replaced by one for them all before it is
+    provisioned (once provisioned it is kept, and the start watchdog judges it)."""
+    size = gang_size(req)
+    if group.min_count <= size:
+        return None
+    return f"minCount raised to {group.min_count} above the {size} members the attempt asks for"
 
 
 def gang_size(req: ProvisioningRequest) -> int:

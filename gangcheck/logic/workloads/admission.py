@@ -813,7 +813,7 @@ def _in_flight(
         class_name=_source_class(snap.config, index),
         parameters=_parameters(snap, index),
         upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), place=place)),
-        gone=None if source is not None else f"capacity source {index} left the config",
+        changed=None if source is not None else f"capacity source {index} left the config",
     )
     if followed.step is None:  # config changed, not in fit mode: as Kueue, Retry
         assert followed.change is not None
