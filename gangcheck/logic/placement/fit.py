@@ -61,7 +61,12 @@ from gangcheck.logic.placement.dra import (
     allocate,
     most_members,
 )
-from gangcheck.logic.placement.quantity import NANO, QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.placement.quantity import (
+    NANO,
+    QuantityError,
+    format_resource,
+    parse_quantity,
+)
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
 from gangcheck.model.objects import ReadOnlyObj as Obj
 from gangcheck.model.objects import is_finished
@@ -450,8 +455,8 @@ def _resource_rejection(requests: Resources, free: Resources) -> Rejection | Non
     if not short:
         return None
     detail = "; ".join(
-        f"insufficient {name} (requested {_amount(name, requests[name])}, "
-        f"free {_amount(name, max(free.get(name, 0), 0))})"
+        f"insufficient {name} (requested {format_resource(name, requests[name])}, "
+        f"free {format_resource(name, max(free.get(name, 0), 0))})"
         for name in short
     )
     return Rejection(f"insufficient {', '.join(short)}", detail)
@@ -1067,11 +1072,6 @@ def _plural(count: int, noun: str) -> str:
 
 
 # --- small helpers ---------------------------------------------------------------------------
-
-
-def _amount(resource: str, nanos: int) -> str:
-    binary = resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-")
-    return format_quantity(nanos, binary=binary)
 
 
 def _quoted(value: object) -> str:

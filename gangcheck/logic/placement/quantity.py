@@ -75,6 +75,12 @@ def _scaled(value: int, power: int) -> int:
     return value * scale if power >= 0 else -(-value // scale)
 
 
+def format_resource(resource: str, nanos: int) -> str:
+    """`format_quantity` with the suffixes the resource is written in: binary for bytes."""
+    binary = resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-")
+    return format_quantity(nanos, binary=binary)
+
+
 def format_quantity(nanos: int, *, binary: bool = False) -> str:
     """A short exact text for `nanos` that parse_quantity reads back to the same value.
 

@@ -317,9 +317,10 @@ def _outcome(
         delivered = driver.delivered_note(snap.config, req, now)
         return replace(ready, actions=(*step.actions, *ready.actions), sources=delivered)
     if step.progress in (Progress.FAILED, Progress.EXPIRED):
-        cause = RollbackCause.FAILED if step.progress is Progress.FAILED else RollbackCause.EXPIRED
-        said = step.message if step.message.startswith(RollbackCause.NOT_FOUND.value) else ""
-        failed = driver.failed_note(snap.config, req, said or cause.value)
+        ended = RollbackCause.FAILED if step.progress is Progress.FAILED else RollbackCause.EXPIRED
+        said = RollbackCause.of(step.message)  # CapacityIsNotFound when the step says so
+        cause = said if said is RollbackCause.NOT_FOUND else ended
+        failed = driver.failed_note(snap.config, req, cause.value)
         ended = _fall_back(snap, state, req, step.message, now)
         if ended is None and step.progress is Progress.FAILED:
             ended = _retry_or_reject(snap, state, "failure", step.message, now)

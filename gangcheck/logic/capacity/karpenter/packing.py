@@ -33,19 +33,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.placement.quantity import (
+    QuantityError,
+    format_resource,
+    parse_quantity,
+)
 from gangcheck.model.objects import Obj
 
 PODS = "pods"
 
 
-def _format(resource: str, amount: int) -> str:
-    binary = resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-")
-    return format_quantity(amount, binary=binary)
-
-
 def _quantities(amounts: Mapping[str, int]) -> str:
-    return ", ".join(f"{r}={_format(r, n)}" for r, n in sorted(amounts.items())) or "nothing"
+    return (
+        ", ".join(f"{r}={format_resource(r, n)}" for r, n in sorted(amounts.items())) or "nothing"
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class PackedClaim:
 
     def asked(self) -> dict[str, str]:
         """``spec.resources.requests`` of the claim."""
-        return {r: _format(r, n) for r, n in sorted(self.requests.items())}
+        return {r: format_resource(r, n) for r, n in sorted(self.requests.items())}
 
 
 @dataclass(frozen=True)
