@@ -317,9 +317,9 @@ def _outcome(
         delivered = driver.delivered_note(snap.config, req, now)
         return replace(ready, actions=(*step.actions, *ready.actions), sources=delivered)
     if step.progress in (Progress.FAILED, Progress.EXPIRED):
-        ended = RollbackCause.FAILED if step.progress is Progress.FAILED else RollbackCause.EXPIRED
+        given = RollbackCause.FAILED if step.progress is Progress.FAILED else RollbackCause.EXPIRED
         said = RollbackCause.of(step.message)  # CapacityIsNotFound when the step says so
-        cause = said if said is RollbackCause.NOT_FOUND else ended
+        cause = said if said is RollbackCause.NOT_FOUND else given
         failed = driver.failed_note(snap.config, req, cause.value)
         ended = _fall_back(snap, state, req, step.message, now)
         if ended is None and step.progress is Progress.FAILED:
