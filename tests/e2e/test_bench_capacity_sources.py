@@ -22,6 +22,7 @@ FIGURES = (
 )
 
 
+@pytest.mark.soak  # a benchmark smoke of its own; test_bench keeps the kind in make test
 @pytest.mark.timeout(300)
 def test_capacity_sources_benchmark_reports_every_figure_for_both_sides(
     capsys: pytest.CaptureFixture[str],
