@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, fits_now
-from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import GangPodSet, member_from_template, node_view
 from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.placement.usage import DeviceInventory, NodeUsage
 
 Obj = dict[str, Any]
 GPUS = 8
@@ -238,14 +238,14 @@ class KeptDevices:
         return DraContext.of(here), inventory
 
 
-def scale_capacity(objects: dict[str, list[Obj]]) -> Capacity:
+def scale_capacity(objects: dict[str, list[Obj]]) -> ClusterView:
     """The capacity a reconcile reads: node views and bound pods' use kept from events."""
-    cluster = ClusterCapacity()
+    cluster = NodeUsage()
     for obj in objects["nodes"]:
         cluster.on_node(None, obj)
     for obj in objects["pods"]:
         cluster.on_pod(None, obj)
-    return Capacity(nodes=tuple(objects["nodes"]), cluster=cluster, devices=KeptDevices(objects))
+    return ClusterView(nodes=tuple(objects["nodes"]), cluster=cluster, devices=KeptDevices(objects))
 
 
 def scale_gang(dra: bool) -> GangSpec:
@@ -305,7 +305,9 @@ def waiting_gang(dra: bool) -> GangSpec:
     return GangSpec((("a", members, template(dra, "1Gi")),), namespace="bench")
 
 
-def timed_after_change(capacity: Capacity, pods: list[Obj], gang: GangSpec, repeat: int) -> float:
+def timed_after_change(
+    capacity: ClusterView, pods: list[Obj], gang: GangSpec, repeat: int
+) -> float:
     """A bound pod deleted (its event applied), then the fit: what the next reconcile pays."""
     assert capacity.cluster is not None
     samples = []

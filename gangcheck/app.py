@@ -17,7 +17,7 @@ from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
-from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
+from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (

@@ -4,7 +4,7 @@ A gang is a Kueue Workload or a PodGroup (either API). This package fetches (``f
 ``Kube``) and renders (``text``, ``as_json``; the reports in ``reports``, the command line in
 ``command``); ``gangcheck.logic.workloads.diagnosis`` and
 ``gangcheck.logic.podgroups.group_diagnosis`` judge (an attempt served with NodeClaims:
-``gangcheck.logic.capacity.karpenter.explain`` says what its claims say). The
+``gangcheck.logic.sources.karpenter.explain`` says what its claims say). The
 entry points ``main_diagnose`` and ``main_status`` take their own arguments (``TARGET``,
 ``-n``, ``--kubeconfig``, ``-o text|json``) and return the exit code: 0 when diagnosed, 1
 with a one-line error on stderr when the target does not exist or is not a gang.

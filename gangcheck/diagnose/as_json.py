@@ -8,7 +8,7 @@ from typing import Any
 
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
-from gangcheck.logic.capacity.karpenter.explain import NodeClaimFacts
+from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import Facts
 

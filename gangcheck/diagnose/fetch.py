@@ -41,15 +41,6 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
-from gangcheck.logic.capacity.karpenter.explain import (
-    ANY_ATTEMPT,
-    NodeClaimFacts,
-    attempt_key,
-    attempt_selector,
-    is_karpenter,
-    request_claims,
-    unreadable,
-)
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -58,6 +49,15 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     group_verdict,
     in_flight,
     members_by_group,
+)
+from gangcheck.logic.sources.karpenter.explain import (
+    ANY_ATTEMPT,
+    NodeClaimFacts,
+    attempt_key,
+    attempt_selector,
+    is_karpenter,
+    request_claims,
+    unreadable,
 )
 from gangcheck.logic.workloads.diagnosis import (
     Target,

@@ -8,9 +8,9 @@ from datetime import datetime
 
 from gangcheck.kube.discovery import ServedPodGroups
 from gangcheck.logic.attempt.explain import GangRow, Verdict
-from gangcheck.logic.capacity.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.podgroups.gating import PodGroupRef
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
+from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.workloads.diagnosis import Facts, Target
 from gangcheck.model.objects import Obj
 

@@ -9,10 +9,10 @@ from datetime import datetime
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt.explain import NodeFit, Placement, RequestFacts, human_duration
 from gangcheck.logic.attempt.status import CONDITION_TYPES
-from gangcheck.logic.capacity.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.podgroups.podgroup import RELEASED
+from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import Facts
 from gangcheck.model.names import GATE, OPT_IN_LABEL, UNGATED_ANNOTATION

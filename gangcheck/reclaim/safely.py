@@ -56,7 +56,7 @@ ATTEMPTS = 5
 SETTLE_SECONDS = 1.0
 """After fencing, how long binds already decided (before the fence was seen) get to land."""
 
-Verdict = Literal["reclaimed", "gone", "drain", "keep", "failed"]
+ReclaimResult = Literal["reclaimed", "gone", "drain", "keep", "failed"]
 _locks: dict[str, tuple[asyncio.Lock, int]] = {}
 """Per node while reclaims of it run or wait (the applier, the draining-node reconciler):
 the lock and how many use it."""
@@ -101,7 +101,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Result:
-    verdict: Verdict
+    verdict: ReclaimResult
     reason: str = ""
     held_seconds: int = 0
     node_uid: str = ""

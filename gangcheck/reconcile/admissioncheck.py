@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import ADMISSION_CHECK, NODE_POOL
-from gangcheck.logic.capacity.karpenter.pools import unusable_pools
+from gangcheck.logic.sources.karpenter.pools import unusable_pools
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.reconcile.caches import Caches

@@ -12,7 +12,7 @@ from gangcheck.logic.attempt.arrivals import arrival_verdict
 from gangcheck.logic.attempt.hold import taints_opened
 from gangcheck.reconcile.apply import write_taints
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.capacity import open_requests
+from gangcheck.reconcile.view import open_requests
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)

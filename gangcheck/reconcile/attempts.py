@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.backend import CapacityBackend
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.capacity import in_flight_capacity
+from gangcheck.reconcile.view import cluster_view
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ async def withdraw_orphans(
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
     the config it was made with, `config_of`). False when one waits for the node cache to
     catch up (lifecycle.clean_up_waits): look again shortly."""
-    capacity = in_flight_capacity(caches, copied=True)  # read across the awaits below
+    capacity = cluster_view(caches, copied=True)  # read across the awaits below
     done = True
     for obj in requests:
         if not is_orphan(obj):

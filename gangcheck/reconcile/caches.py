@@ -25,10 +25,10 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.fulfillment import Waiting
-from gangcheck.logic.capacity import waiting
-from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory
 from gangcheck.logic.placement.dra import DraContext, Inventory
+from gangcheck.logic.placement.usage import DeviceInventory, NodeUsage
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
+from gangcheck.logic.sources import waiting
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     CHECK_ANNOTATION,
@@ -67,9 +67,7 @@ class Caches:
     pod_groups_discovered: bool = False
     """Discovery has answered once and its PodGroup informers have synced: until then a
     PodGroup missing from `pod_groups` says nothing of what the server serves."""
-    capacity: ClusterCapacity = field(
-        default_factory=lambda: ClusterCapacity(tally=CONSUME_ANNOTATION)
-    )
+    capacity: NodeUsage = field(default_factory=lambda: NodeUsage(tally=CONSUME_ANNOTATION))
     """Node views and what bound pods use per node, kept current from node and pod events."""
     device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
     """The DRA inventory, built again only when a slice, class or claim changed."""
@@ -233,7 +231,7 @@ class Caches:
 
 
 class InFlight:
-    """The open requests (capacity may still arrive for them: see logic/capacity/waiting.py),
+    """The open requests (capacity may still arrive for them: see logic/sources/waiting.py),
     kept from request events, and the waiting order worked out again only after a request or
     a template changed, not on every reconcile."""
 

@@ -8,7 +8,7 @@ seconds apart as a safety net (``ORPHAN_INTERVAL`` with no request of the class)
 
 A pass looks at each request of ``KARPENTER_CLASS`` in the cache and
 at every NodeClaim labelled with an attempt, decides with
-``logic.capacity.karpenter.provisioner.serve`` and applies: creates claims (a lost answer is
+``logic.sources.karpenter.provisioner.serve`` and applies: creates claims (a lost answer is
 answered AlreadyExists on the retry: names are derived from the attempt), writes the request's
 conditions at the resourceVersion read, deletes claims conditional on their uid, and removes
 ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request missing from
@@ -26,7 +26,7 @@ Without the rights of ``manifests/components/karpenter`` (403) it is said once, 
 what is refused changes: a warning in the log, an Event on each request of the class and on
 the gang it was made for, and the request ``Failed`` naming the component where its status
 may still be written; the passes back off to a minute and resume once allowed
-(``logic.capacity.karpenter.access``).
+(``logic.sources.karpenter.access``).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
-from gangcheck.logic.capacity.karpenter import access, names
-from gangcheck.logic.capacity.karpenter.claims import release_protection_patch
-from gangcheck.logic.capacity.karpenter.provisioner import (
+from gangcheck.logic.sources.karpenter import access, names
+from gangcheck.logic.sources.karpenter.claims import release_protection_patch
+from gangcheck.logic.sources.karpenter.provisioner import (
     Served,
     is_asking,
     is_served_here,

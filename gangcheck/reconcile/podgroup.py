@@ -26,9 +26,9 @@ from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_sp
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
+from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -107,7 +107,7 @@ class PodGroupReconciler:
             config_problem=problem,
             requests=requests,
             templates=templates,
-            capacity=in_flight_capacity(self._caches),
+            capacity=cluster_view(self._caches),
             max_members=self._options.max_members,
             opted_in=self._caches.opted_in(ns),
         )

@@ -30,7 +30,7 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.status import Phase
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
@@ -43,9 +43,9 @@ from gangcheck.model.objects import Obj, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
-from gangcheck.reconcile.capacity import in_flight_capacity
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages, progress_only
+from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
 
@@ -162,7 +162,7 @@ class WorkloadReconciler:
             flavors=self._caches.flavors_by_name(),
             requests=requests,
             templates=templates,
-            capacity=in_flight_capacity(self._caches),
+            capacity=cluster_view(self._caches),
             competing=self._competing(wl, check),
         )
 

@@ -45,7 +45,7 @@ from gangcheck.logic.attempt.hold import (
     taints_holding,
 )
 from gangcheck.logic.attempt.reclaim import RECLAIM_TAINT_ENTRY
-from gangcheck.logic.capacity.karpenter.names import ATTEMPT_LABEL
+from gangcheck.logic.sources.karpenter.names import ATTEMPT_LABEL
 from gangcheck.model.names import (
     ARRIVED_FOR,
     FENCE_LABEL,

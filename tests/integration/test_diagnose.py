@@ -39,9 +39,9 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
 )
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.podgroup import PROVISIONING
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, STATE_ANNOTATION
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import KARPENTER_CLASS

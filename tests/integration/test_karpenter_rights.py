@@ -16,7 +16,7 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import EVENT, NAMESPACE, POD_TEMPLATE, PROVISIONING_REQUEST
-from gangcheck.logic.capacity.karpenter import access
+from gangcheck.logic.sources.karpenter import access
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.caches import Caches

@@ -17,7 +17,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     ReclaimArrivals,
 )
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import Flavor, request_of, workload_of
@@ -157,7 +157,7 @@ def run(case: Case) -> Decision:
         flavors=GPU_FLAVOR,
         requests=tuple(request_of(r) for r in case.requests),
         templates=templates_of(case),
-        capacity=Capacity(
+        capacity=ClusterView(
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
             in_flight=case.in_flight | frozenset(w.key for w in case.waiting),

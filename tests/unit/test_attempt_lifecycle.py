@@ -11,9 +11,9 @@ import pytest
 
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, ReclaimArrivals
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec
 from gangcheck.logic.attempt.lifecycle import Attempt, Progress
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import request_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import node, pod_template, provisioning_request
@@ -82,7 +82,7 @@ def attempt(case: Case) -> Attempt:
         request=req,
         status=PROVISIONING_REQUEST.status_of(req),
         gang=GANG,
-        capacity=Capacity(),
+        capacity=ClusterView(),
         config=parse_spec({"fulfillment": {"mode": mode}}),
         fit=case.fit,
         started=case.started,
@@ -122,7 +122,7 @@ def test_a_new_attempt_records_its_number_deadline_and_reserved_members() -> Non
 def _rolling_back_with(nodes: list[dict[str, Any]], conditions: dict[str, str]) -> Any:
     case = Case("-", conditions, now=LATER)
     base = attempt(case)
-    capacity = Capacity(nodes=nodes, in_flight=frozenset({KEY, "default/other-1"}))
+    capacity = ClusterView(nodes=nodes, in_flight=frozenset({KEY, "default/other-1"}))
     return lifecycle.follow(Attempt(**{**base.__dict__, "capacity": capacity}), case.now)
 
 
@@ -176,13 +176,13 @@ def test_a_rollback_does_not_start_from_a_node_cache_that_has_not_caught_up() ->
     writes nothing and looks again; once the cache is current it starts as ever."""
     case = Case("-", {"Provisioned": ""}, now=LATER)
     base = attempt(case)
-    stale = Capacity(nodes=[RECORDED], in_flight=frozenset({KEY}), nodes_current=False)
+    stale = ClusterView(nodes=[RECORDED], in_flight=frozenset({KEY}), nodes_current=False)
     step = lifecycle.follow(Attempt(**{**base.__dict__, "capacity": stale}), case.now)
     assert step.progress is Progress.ROLLING_BACK
     assert step.actions == () and step.events == ()
     assert step.requeue_after == lifecycle.CATCH_UP_REQUEUE_SECONDS
     assert "node cache" in step.message and step.message.startswith("Deadline")
-    caught_up = Capacity(nodes=[RECORDED, UNRECORDED], in_flight=frozenset({KEY}))
+    caught_up = ClusterView(nodes=[RECORDED, UNRECORDED], in_flight=frozenset({KEY}))
     step = lifecycle.follow(Attempt(**{**base.__dict__, "capacity": caught_up}), case.now)
     claims = [a.name for a in step.actions if isinstance(a, ClaimNode)]
     assert claims == ["n-unrecorded"] and isinstance(step.actions[-1], AnnotateRequest)

@@ -1,7 +1,7 @@
 """Capacity kept current from events equals capacity recomputed from the objects.
 
 Any sequence of Node and Pod adds, updates and deletes (as the informer reports them,
-including a delete of an object never seen and a relist's replays) leaves `ClusterCapacity`
+including a delete of an object never seen and a relist's replays) leaves `NodeUsage`
 holding what `node_view` and `used_resources` give from scratch, and a fit given it decides as
 a fit given the pods; the same for the DRA inventory under slice, class and claim events.
 """
@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gangcheck.logic.placement.capacity import ClusterCapacity, DeviceInventory, tally
 from gangcheck.logic.placement.dra import DraContext, build_inventory
 from gangcheck.logic.placement.fit import (
     STANDARD_RESOURCES,
@@ -33,6 +32,7 @@ from gangcheck.logic.placement.fit import (
     used_resources,
 )
 from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.logic.placement.usage import DeviceInventory, NodeUsage, tally
 
 Obj = dict[str, Any]
 NODES = ["n0", "n1", "n2", "n3"]
@@ -112,7 +112,7 @@ class World:
     def __init__(self) -> None:
         self.nodes: dict[str, Obj] = {}
         self.pods: dict[tuple[str, str], Obj] = {}
-        self.capacity = ClusterCapacity(tally=CONSUMES)
+        self.capacity = NodeUsage(tally=CONSUMES)
         self.version = 0
 
     def apply(self, event: tuple[Any, ...]) -> None:
@@ -228,7 +228,7 @@ def container(requests: dict[str, str]) -> Obj:
 
 
 def test_a_malformed_bound_pod_fails_the_fit_as_parsing_it_would() -> None:
-    capacity = ClusterCapacity()
+    capacity = NodeUsage()
     bad = pod(("a", "p0"), "n0", 0, "Running")
     bad["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "lots"}
     capacity.on_pod(None, bad)
@@ -244,7 +244,7 @@ def test_a_node_left_out_that_could_take_a_member_after_all_says_it_changed() ->
     """The views handed to a fit are newer than the index: n1 now offers GPUs, the index
     counted it without. The fit does not place on it (the next node event brings it in), and
     says why, rather than a reason that is not true of the node it was given."""
-    capacity = ClusterCapacity()
+    capacity = NodeUsage()
     capacity.on_node(None, node("n0", 2, 1, True, False))  # one GPU
     capacity.on_node(None, node("n1", 0, 1, True, False))  # none
     newer = node_view(node("n1", 1, 2, True, False))  # four GPUs now
@@ -257,7 +257,7 @@ def test_a_node_left_out_that_could_take_a_member_after_all_says_it_changed() ->
 
 
 def test_a_status_update_parses_nothing_again() -> None:
-    capacity = ClusterCapacity()
+    capacity = NodeUsage()
     running = pod(("a", "p0"), "n0", 1, "Running")
     capacity.on_pod(None, running)
     kept = capacity.usage().by_node["n0"]
@@ -383,7 +383,7 @@ def test_dra_events_leave_the_inventory_building_gives(events: list[Any], member
         assert fit_gang(gang, views, (), scratch) == kept_fit  # the bound changes nothing
     # With the capacity kept, a fit leaves out the nodes reaching no device (here n3, and the
     # nodes whose slices are gone): it decides and tells as one that reads every node.
-    capacity = ClusterCapacity()
+    capacity = NodeUsage()
     for name in [*SLICE_NODES, "n3"]:
         capacity.on_node(None, node(name, 0, 1, True, False))
     everyone = capacity.node_views()

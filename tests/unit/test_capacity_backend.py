@@ -7,7 +7,7 @@ import pytest
 from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
 from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, Signal
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, ProvisioningRequestBackend
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, ProvisioningRequestBackend
 from gangcheck.model.objects import request_of
 from tests.builders import pod_template, provisioning_request
 

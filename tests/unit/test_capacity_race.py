@@ -15,7 +15,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     ReclaimArrivals,
 )
-from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
@@ -75,7 +75,7 @@ def run(
         templates=frozenset(
             p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
         ),
-        capacity=Capacity(
+        capacity=ClusterView(
             nodes=tuple(nodes),
             in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
         ),
@@ -167,7 +167,7 @@ def test_a_ready_race_withdraws_a_loser_left_behind() -> None:
         check=CHECK,
         config=parse_spec(RACE),
         requests=(request_of(racer(A, 0)), request_of(provisioned(racer(B, 1)))),
-        capacity=Capacity(),
+        capacity=ClusterView(),
     )
     d = decide(snap, NOW)
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [A]
@@ -215,7 +215,7 @@ def test_a_pod_group_is_not_raced_and_says_so() -> None:
         group=pod_group_of(group(3)),
         members=tuple(map(pod_of, pods)),
         config=parse_spec(RACE),
-        capacity=Capacity(pods=tuple(pods)),
+        capacity=ClusterView(pods=tuple(pods)),
     )
     d = decide_group(snap, NOW)
     assert d.status is not None and d.status["gangcheck.io/state"] == "Blocked"

@@ -19,7 +19,7 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.explain import request_facts
-from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
@@ -295,7 +295,7 @@ def _group_decide(config: dict[str, Any], requests: list[Any], nodes: tuple[Any,
         members=tuple(map(pod_of, pods)),
         config=parse_spec(config),
         requests=tuple(request_of(r) for r in requests),
-        capacity=Capacity(nodes=nodes, pods=tuple(pods)),
+        capacity=ClusterView(nodes=nodes, pods=tuple(pods)),
     )
     return decide_group(snap, NOW)
 

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gangcheck.logic.attempt.explain import World, place
-from gangcheck.logic.placement.capacity import ClusterCapacity
 from gangcheck.logic.placement.dra import (
     ClaimNeeds,
     DeviceRoom,
@@ -37,6 +36,7 @@ from gangcheck.logic.placement.fit import (
     scope_reaches,
     summarize,
 )
+from gangcheck.logic.placement.usage import NodeUsage
 
 Obj = dict[str, Any]
 DRIVER = "gpu.example.com"
@@ -849,8 +849,8 @@ def test_nodes_reaching_no_device_are_not_counted_against_a_gang_that_needs_one(
         assert f"; {blocked}: " in summarize(result)
 
 
-def node_capacity(names: Sequence[str]) -> ClusterCapacity:
-    capacity = ClusterCapacity()
+def node_capacity(names: Sequence[str]) -> NodeUsage:
+    capacity = NodeUsage()
     for name in names:
         capacity.on_node(None, node_obj(name))
     return capacity
@@ -922,11 +922,11 @@ def test_one_pod_set_on_node_local_devices_places_the_exact_maximum(
 def test_reserved_nodes_count_their_devices_for_members_with_claims() -> None:
     """Reservations and DRA together: the reserved node's two devices take two of three
     members; the third is the remainder to request."""
-    from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, reserved_split
+    from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, reserved_split
     from gangcheck.logic.placement.reservations import Reservation
     from tests.builders import node as node_obj
 
-    capacity = Capacity(
+    capacity = ClusterView(
         nodes=(node_obj("n1", gpu=0, labels={"res": "r"}),),
         device_classes=(device_class(),),
         resource_slices=(rslice("n1-gpus", gpus(2)),),

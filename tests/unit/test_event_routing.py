@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gangcheck.app import Controller
-from gangcheck.logic.placement.capacity import frees_capacity, node_change_matters
+from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
 from gangcheck.model.names import CONSUME_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.runtime.queue import WorkQueue
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node, provisioning_request

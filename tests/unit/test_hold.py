@@ -15,7 +15,7 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.arrivals import arrival_verdict
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting, assess, unrecorded_arrivals
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting, assess, unrecorded_arrivals
 from gangcheck.logic.attempt.hold import (
     ARRIVING_TAINT,
     HOLD_TAINT,
@@ -110,11 +110,11 @@ def test_a_node_held_for_another_request_does_not_serve_this_gang() -> None:
     mine = request_of(req(conditions={"Provisioned": ""}))
     gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=gpu))]
     theirs = node("n1", labels=gpu, taints=[HELD_BY_OTHER], created="2026-11-30T10:01:00Z")
-    assert not assess(Capacity(nodes=(theirs,)), mine, gang_sets).fits
+    assert not assess(ClusterView(nodes=(theirs,)), mine, gang_sets).fits
     recorded = node(
         "n1", labels=gpu, taints=[HELD_BY_ME], annotations=MINE, created="2026-11-30T10:01:00Z"
     )
-    assert assess(Capacity(nodes=(recorded,)), mine, gang_sets).fits
+    assert assess(ClusterView(nodes=(recorded,)), mine, gang_sets).fits
 
 
 # ---- decisions -----------------------------------------------------------------------
@@ -276,11 +276,11 @@ def test_a_closed_node_that_arrived_for_the_request_is_recorded_and_opened_for_i
     tolerates = [{"key": OTHER["key"], "operator": "Exists", "effect": "NoSchedule"}]
     template = pod_template(gpu=8, node_selector=GPU_POOL, tolerations=tolerates)
     closed = node("n1", labels=GPU_POOL, taints=[ARRIVING, OTHER], created=NEW)
-    verdict = assess(Capacity(nodes=(closed,)), mine, [("workers", 1, template)])
+    verdict = assess(ClusterView(nodes=(closed,)), mine, [("workers", 1, template)])
     assert verdict.fits and verdict.claims == (("n1", "7"),)  # counted as it is recorded
     assert taints_holding(closed, KEY) == [OTHER, HELD_BY_ME]
     # a taint the gang does not tolerate: the node can take no member, so it is not recorded
-    untolerated = assess(Capacity(nodes=(closed,)), mine, [("workers", 1, pod_template(gpu=8))])
+    untolerated = assess(ClusterView(nodes=(closed,)), mine, [("workers", 1, pod_template(gpu=8))])
     assert untolerated.claims == () and not untolerated.fits
     assert f"taint {OTHER['key']}" in untolerated.summary  # the one line says why
 
@@ -292,16 +292,16 @@ def test_an_arrival_not_ready_yet_is_recorded_once_ready_and_the_next_left_for_o
     gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
     booting = node("n1", labels=GPU_POOL, taints=[ARRIVING], created=NEW, ready=False)
     ready = node("n2", labels=GPU_POOL, taints=[ARRIVING], created=NOW_TEXT)
-    verdict = assess(Capacity(nodes=(booting, ready)), mine, gang_sets)
+    verdict = assess(ClusterView(nodes=(booting, ready)), mine, gang_sets)
     assert verdict.claims == (("n2", "7"),)
-    waiting = assess(Capacity(nodes=(booting,)), mine, gang_sets)
+    waiting = assess(ClusterView(nodes=(booting,)), mine, gang_sets)
     assert not waiting.fits and waiting.claims == ()
-    assert unrecorded_arrivals(Capacity(nodes=(booting,)), mine, gang_sets) == (("n1", "7"),)
+    assert unrecorded_arrivals(ClusterView(nodes=(booting,)), mine, gang_sets) == (("n1", "7"),)
     # Ready, but its not-ready taint not lifted yet (the node lifecycle controller lifts it a
     # moment later): it can take no member yet, so it is not recorded yet either
     not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
     tainted = node("n1", labels=GPU_POOL, taints=[ARRIVING, not_ready], created=NEW)
-    verdict = assess(Capacity(nodes=(tainted, ready)), mine, gang_sets)
+    verdict = assess(ClusterView(nodes=(tainted, ready)), mine, gang_sets)
     assert verdict.claims == (("n2", "7"),)
 
 
@@ -321,9 +321,9 @@ def test_an_arrival_already_taken_by_another_pod_is_not_recorded_the_next_is(
         "spec": {"nodeName": "n1", **pod_template(gpu=gpus_taken)["spec"]},
         "status": {"phase": "Running"},
     }
-    verdict = assess(Capacity(nodes=(taken, free), pods=(others,)), mine, gang_sets)
+    verdict = assess(ClusterView(nodes=(taken, free), pods=(others,)), mine, gang_sets)
     assert verdict.claims == (("n2", "7"),)
-    alone = assess(Capacity(nodes=(taken,), pods=(others,)), mine, gang_sets)
+    alone = assess(ClusterView(nodes=(taken,), pods=(others,)), mine, gang_sets)
     assert not alone.fits and alone.claims == ()
     assert "nvidia.com/gpu" in alone.summary, alone.summary
 
@@ -337,17 +337,17 @@ def test_an_arrival_held_for_another_request_is_never_this_ones_to_record() -> N
     tolerates = [{"key": HOLD_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
     gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL, tolerations=tolerates))]
     theirs = node("n1", labels=GPU_POOL, taints=[held], created=NEW)
-    assert assess(Capacity(nodes=(theirs,)), mine, gang_sets).claims == ()
-    assert unrecorded_arrivals(Capacity(nodes=(theirs,)), mine, gang_sets) == ()
+    assert assess(ClusterView(nodes=(theirs,)), mine, gang_sets).claims == ()
+    assert unrecorded_arrivals(ClusterView(nodes=(theirs,)), mine, gang_sets) == ()
     ours = node("n1", labels=GPU_POOL, taints=[HELD_BY_ME], created=NEW)
-    assert unrecorded_arrivals(Capacity(nodes=(ours,)), mine, gang_sets) == (("n1", "7"),)
+    assert unrecorded_arrivals(ClusterView(nodes=(ours,)), mine, gang_sets) == (("n1", "7"),)
 
 
 def test_a_closed_node_older_than_the_request_is_not_counted() -> None:
     mine = request_of(req(conditions={"Provisioned": ""}))
     gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
     closed = node("n1", labels=GPU_POOL, taints=[ARRIVING], created="2026-11-30T09:00:00Z")
-    verdict = assess(Capacity(nodes=(closed,)), mine, gang_sets)
+    verdict = assess(ClusterView(nodes=(closed,)), mine, gang_sets)
     assert not verdict.fits and verdict.claims == ()
 
 

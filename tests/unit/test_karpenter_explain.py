@@ -20,8 +20,8 @@ from gangcheck.diagnose import (
     to_json,
 )
 from gangcheck.logic.attempt.explain import RequestFacts, Verdict
-from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
-from gangcheck.logic.capacity.karpenter.explain import (
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.sources.karpenter.explain import (
     ClaimFacts,
     NodeClaimFacts,
     attempt_key,

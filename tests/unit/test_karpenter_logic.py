@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import (
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import (
     AttemptPhase,
     ClaimAsk,
     ClaimPhase,
@@ -19,7 +19,7 @@ from gangcheck.logic.capacity.karpenter.claims import (
     release_protection_patch,
     withdrawable,
 )
-from gangcheck.logic.capacity.karpenter.pools import choose_pool, label_problem, pool_use, room
+from gangcheck.logic.sources.karpenter.pools import choose_pool, label_problem, pool_use, room
 from gangcheck.model.provisioning_config import Backend, parse_spec
 
 Obj = dict[str, Any]

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies, claims_made
-from gangcheck.logic.capacity.karpenter.packing import Member, pack
-from gangcheck.logic.capacity.karpenter.provisioner import serve
 from gangcheck.logic.placement.fit import GangPodSet, fit_gang, member_from_pod_spec, node_view
 from gangcheck.logic.placement.quantity import parse_quantity
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies, claims_made
+from gangcheck.logic.sources.karpenter.packing import Member, pack
+from gangcheck.logic.sources.karpenter.provisioner import serve
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
 

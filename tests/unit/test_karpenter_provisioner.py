@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import ClaimAsk, claim_bodies
-from gangcheck.logic.capacity.karpenter.provisioner import Served, serve
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.sources.karpenter.provisioner import Served, serve
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
 

@@ -16,7 +16,7 @@ from gangcheck.kube.resources import (
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
 )
-from gangcheck.logic.capacity.karpenter import access, names
+from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner

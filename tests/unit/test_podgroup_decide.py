@@ -17,7 +17,7 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
     ReleaseMembers,
 )
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import pod_of, request_of
@@ -472,7 +472,7 @@ def _decide(case: Case) -> GroupDecision:
         config=None if case.config is None else parse_spec(case.config),
         config_problem=case.config_problem,
         requests=tuple(request_of(r) for r in case.requests),
-        capacity=Capacity(nodes=tuple(case.nodes), pods=tuple(case.members)),
+        capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.members)),
         max_members=case.max_members,
         opted_in=case.opted_in,
     )
@@ -590,7 +590,7 @@ def test_a_deleted_groups_waiting_attempt_is_withdrawn_once_the_node_cache_is_cu
         config=parse_spec({}),
         config_problem="",
         requests=(request_of(request),),
-        capacity=Capacity(
+        capacity=ClusterView(
             waiting=(waiting,), in_flight=frozenset({waiting.key}), nodes_current=current
         ),
     )
@@ -638,7 +638,7 @@ def _watchdog(
                 )
             ),
         ),
-        capacity=Capacity(nodes=(node("n1", gpu=8),), pods=tuple(pods)),
+        capacity=ClusterView(nodes=(node("n1", gpu=8),), pods=tuple(pods)),
     )
     return decide(snap, NOW)
 
@@ -695,7 +695,7 @@ def test_a_config_gone_mid_attempt_leaves_the_attempt_in_flight_under_its_record
                 )
             ),
         ),
-        capacity=Capacity(nodes=()),
+        capacity=ClusterView(nodes=()),
     )
     decision = decide(snap, NOW)
     marks = [a.annotations for a in decision.actions if isinstance(a, AnnotateRequest)]
@@ -716,7 +716,7 @@ def _late_waiting(annotations: dict[str, str]) -> GroupDecision:
         members=tuple(map(pod_of, pods)),
         config=parse_spec({}),
         requests=(request_of(req(conditions={"Provisioned": "ok"}, count=2)),),
-        capacity=Capacity(nodes=(node("n1", gpu=4),), pods=tuple(pods)),
+        capacity=ClusterView(nodes=(node("n1", gpu=4),), pods=tuple(pods)),
     )
     return decide(snap, NOW)
 

@@ -11,7 +11,7 @@ import pytest
 
 from gangcheck.logic.attempt import lifecycle, rollback
 from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, ReclaimArrivals
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.model.objects import request_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import T0, node, pod_template, provisioning_request
@@ -70,7 +70,7 @@ CASES = [
 def test_abandon(case: Case) -> None:
     req = request_of(provisioning_request(REQ, annotations=case.annotations))
     nodes = tuple(node(f"n{i}", created=T0, annotations=a) for i, a in enumerate(case.nodes))
-    actions = rollback.abandon(req, Capacity(nodes=nodes), "cordon", "Workload deleted")
+    actions = rollback.abandon(req, ClusterView(nodes=nodes), "cordon", "Workload deleted")
     if case.reclaims is None:
         assert actions == ()
         return
@@ -114,7 +114,7 @@ def _gone(mode: str | None, waiting: bool, *, current: bool = True) -> tuple[Any
     )
     template = {"spec": pod_template(gpu=8, node_selector=POOL)["spec"]}
     queued = (Waiting(KEY, (template,), T0),) if waiting else ()
-    capacity = Capacity(
+    capacity = ClusterView(
         nodes=nodes, in_flight=frozenset({KEY}), waiting=queued, nodes_current=current
     )
     config = None if mode is None else parse_spec({"fulfillment": {"mode": mode}})

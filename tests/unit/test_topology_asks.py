@@ -8,7 +8,7 @@ from typing import Any
 
 from gangcheck.logic.attempt import naming, places
 from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, fits_now
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
@@ -45,7 +45,7 @@ def run(requests: list[Any], nodes: list[Any], config: dict[str, Any] | None = N
         templates=frozenset(
             p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
         ),
-        capacity=Capacity(nodes=tuple(nodes)),
+        capacity=ClusterView(nodes=tuple(nodes)),
     )
     return decide(snap, NOW)
 
@@ -148,14 +148,14 @@ def test_reserved_nodes_rank_a_rack_first() -> None:
         {**gpu_node("d", "r3", gpu=0)},
     )
     nodes[3]["metadata"]["labels"]["reserved"] = "yes"
-    ranked = places.ranked_domains(gang, Capacity(nodes=nodes), [{"reserved": "yes"}])
+    ranked = places.ranked_domains(gang, ClusterView(nodes=nodes), [{"reserved": "yes"}])
     assert ranked == ["r3", "r2", "r1"]
 
 
 def test_a_scoped_ask_fits_only_inside_its_domain() -> None:
     """Room in another rack does not make the gang fit for an ask scoped to r1."""
     gang = GangSpec((("w", 1, pod_template(gpu=8)),), {"w": RACK})
-    room_elsewhere = Capacity(nodes=(gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")))
+    room_elsewhere = ClusterView(nodes=(gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")))
     assert fits_now(room_elsewhere, gang).fits
     assert not fits_now(room_elsewhere, places.pinned(gang, {}, (RACK, "r1"))).fits
 
@@ -167,7 +167,7 @@ def test_a_pod_group_with_a_topology_asks_inside_its_best_domain() -> None:
         group=pod_group_of(group(3, topology=RACK)),
         members=tuple(map(pod_of, pods)),
         config=parse_spec({}),
-        capacity=Capacity(nodes=nodes, pods=tuple(pods)),
+        capacity=ClusterView(nodes=nodes, pods=tuple(pods)),
     )
     d = decide_group(snap, NOW)
     req = next(a.body for a in d.actions if isinstance(a, CreateRequest))

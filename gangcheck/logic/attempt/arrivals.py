@@ -29,7 +29,7 @@ from gangcheck.model.objects import Obj
 
 
 @dataclass(frozen=True)
-class ArrivalVerdict:
+class ArrivalCheck:
     open: bool
     reason: str
     recheck_after: float | None = None
@@ -38,20 +38,20 @@ class ArrivalVerdict:
 
 def arrival_verdict(
     node: Obj, waiting: Sequence[Waiting], *, now: datetime, open_after_seconds: float
-) -> ArrivalVerdict:
+) -> ArrivalCheck:
     """Whether to open this closed node now, and why."""
     if not is_arriving(node):
-        return ArrivalVerdict(False, "not closed")
+        return ArrivalCheck(False, "not closed")
     if claim_of(node):
-        return ArrivalVerdict(True, f"recorded for {claim_of(node)}")
+        return ArrivalCheck(True, f"recorded for {claim_of(node)}")
     born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
     closed_for = (now - born).total_seconds() if born is not None else open_after_seconds
     if closed_for >= open_after_seconds:
-        return ArrivalVerdict(True, f"no waiting gang recorded it within {open_after_seconds:g}s")
+        return ArrivalCheck(True, f"no waiting gang recorded it within {open_after_seconds:g}s")
     wanted_by = _first_that_could_use(node, waiting)
     if wanted_by is None:
-        return ArrivalVerdict(True, "no gang waiting for capacity could use it")
-    return ArrivalVerdict(
+        return ArrivalCheck(True, "no gang waiting for capacity could use it")
+    return ArrivalCheck(
         False, f"kept for {wanted_by}", recheck_after=open_after_seconds - closed_for
     )
 

@@ -1,15 +1,15 @@
 """The capacity seam: ask for capacity for one gang attempt, follow it, withdraw it.
 
 The attempt core (lifecycle.py, driver.py) and the gang sources talk to capacity only through
-this contract; the backends live in logic/capacity/ and import the core, never the reverse.
+this contract; the backends live in logic/sources/ and import the core, never the reverse.
 A decision never builds a backend's objects itself: it says what it wants in the neutral terms
 below (an `Ask`, a withdrawal, the status it reads), and the backend turns that into its
 actions, which the edge applies (reconcile/apply.py).
 
-Today there is one backend, the ProvisioningRequest (capacity/provreq.py): one request per
+Today there is one backend, the ProvisioningRequest (sources/provreq.py): one request per
 attempt, with a PodTemplate per pod set; whoever serves the request's class answers it with
 conditions. cluster-autoscaler serves its classes; gangcheck's own Karpenter provisioner
-(capacity/karpenter/, reconcile/karpenter.py) serves ``karpenter.gangcheck.io`` by creating
+(sources/karpenter/, reconcile/karpenter.py) serves ``karpenter.gangcheck.io`` by creating
 the gang's NodeClaims. So a new place to ask is, first, a new class and a provisioner
 answering its requests: the request stays the attempt's record, and nothing here changes.
 One attempt may ask several places (spec.capacitySources, in order or in a race; topology

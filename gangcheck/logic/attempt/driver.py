@@ -25,7 +25,7 @@ from datetime import datetime
 from gangcheck.logic.attempt import lifecycle, rollback
 from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
-from gangcheck.logic.attempt.fulfillment import Capacity
+from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.timefmt import parse_time
@@ -182,7 +182,7 @@ class Withdrawal:
 def withdraw(
     requests: Sequence[ProvisioningRequest],
     *,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     config: AtomicProvisioningSpec | None,
     backend: CapacityBackend,
     why: str,

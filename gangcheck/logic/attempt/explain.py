@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import (
-    Capacity,
+    ClusterView,
     GangSpec,
     claim_of,
     gang_of,
@@ -56,9 +56,9 @@ STATIC_KINDS = frozenset({"taint", "selector", "affinity", "cordoned", "unusable
 
 
 @dataclass(frozen=True)
-class World(Capacity):
+class World(ClusterView):
     """What a diagnosis reads, as the edge fetched it once: the capacity a decision reads
-    (`Capacity`: the nodes, the pods not finished, the DRA objects) and the objects around
+    (`ClusterView`: the nodes, the pods not finished, the DRA objects) and the objects around
     a gang (a Workload's or a PodGroup's)."""
 
     admission_checks: Mapping[str, Obj] = field(default_factory=dict)

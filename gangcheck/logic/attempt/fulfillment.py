@@ -23,7 +23,6 @@ from gangcheck.logic.attempt.hold import (
 )
 from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.attempt.status import AttemptStatus
-from gangcheck.logic.placement.capacity import ClusterCapacity
 from gangcheck.logic.placement.dra import DraContext, Inventory, build_inventory
 from gangcheck.logic.placement.fit import (
     Bound,
@@ -38,6 +37,7 @@ from gangcheck.logic.placement.fit import (
 from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, split_gang
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
+from gangcheck.logic.placement.usage import NodeUsage
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR
 from gangcheck.model.objects import Obj, Pod, pod_of
@@ -61,7 +61,7 @@ class DeviceSource(Protocol):
 
 
 @dataclass(frozen=True)
-class Capacity:
+class ClusterView:
     """The nodes and pods the caches hold, and which requests are in flight (`ns/name`)."""
 
     nodes: Collection[Obj] = ()
@@ -76,7 +76,7 @@ class Capacity:
     claim_templates: tuple[Obj, ...] = ()
     """DRA objects: what a gang's ResourceClaimTemplates ask is counted against the devices
     the ResourceSlices publish, less what allocated claims hold."""
-    cluster: ClusterCapacity | None = None
+    cluster: NodeUsage | None = None
     """Node views and what bound pods use, kept current from events: when set, fits read
     them instead of parsing `nodes` and `pods` again."""
     devices: DeviceSource | None = None
@@ -159,7 +159,7 @@ def gang_of(
 
 
 def assess(
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     req: AttemptRecord,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     now: datetime | None = None,
@@ -175,7 +175,7 @@ def assess(
     the message, which says why it takes none. A rollback records every arrival left
     (`unrecorded_arrivals`).
     """
-    capacity, spec = capacity or Capacity(), GangSpec.of(gang)
+    capacity, spec = capacity or ClusterView(), GangSpec.of(gang)
     context, devices = capacity.dra(req.ref.namespace)
     pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), request_key(req))
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
@@ -216,7 +216,7 @@ def assess(
 
 
 def strays(
-    capacity: Capacity | None, req: AttemptRecord, nodes: Collection[str]
+    capacity: ClusterView | None, req: AttemptRecord, nodes: Collection[str]
 ) -> tuple[Pod, ...]:
     """Pods of others bound to nodes that arrived for this request: neither consuming it (the
     gang's own members do) nor a DaemonSet's, not finished. A pod tolerating every taint can
@@ -234,7 +234,7 @@ def strays(
 
 
 def fits_without(
-    capacity: Capacity,
+    capacity: ClusterView,
     req: AttemptRecord,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     others: Collection[Pod],
@@ -260,14 +260,14 @@ def takes_a_member(
 
 
 def unrecorded_arrivals(
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     req: AttemptRecord,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     now: datetime | None = None,
 ) -> tuple[tuple[str, str], ...]:
     """(name, resourceVersion) of every arrival this request may claim and has not recorded,
     usable or not: what a rollback records before it reclaims."""
-    capacity, spec = capacity or Capacity(), GangSpec.of(gang)
+    capacity, spec = capacity or ClusterView(), GangSpec.of(gang)
     context, _ = capacity.dra(req.ref.namespace)
     members = [g.member for g in gang_of(spec.pod_sets, context)]
     _, candidates = _partition(capacity, req, members, now)
@@ -285,9 +285,9 @@ def tolerating_hold(pod_sets: list[GangPodSet], key: str) -> list[GangPodSet]:
     ]
 
 
-def fits_now(capacity: Capacity | None, gang: GangSpec) -> Fulfillment:
+def fits_now(capacity: ClusterView | None, gang: GangSpec) -> Fulfillment:
     """Whether the gang fits, with no request, on the nodes no in-flight request claims."""
-    capacity = capacity or Capacity()
+    capacity = capacity or ClusterView()
     free, pod_sets, devices = _unclaimed(capacity, gang)
     fitted = fit_in_domains(
         pod_sets, free, capacity.bound(), gang.topology, together=gang.together, devices=devices
@@ -316,7 +316,7 @@ def _fulfillment(
 
 
 def _partition(
-    capacity: Capacity, req: AttemptRecord, members: list[Member], now: datetime | None
+    capacity: ClusterView, req: AttemptRecord, members: list[Member], now: datetime | None
 ) -> tuple[list[Obj], list[Obj]]:
     """(nodes the request counts already, new arrivals it may claim in order)."""
     key, created = request_key(req), parse_time(req.creation_timestamp)
@@ -336,7 +336,7 @@ def _partition(
     return base, sorted(candidates, key=_arrival_order)
 
 
-def _may_claim(capacity: Capacity, key: str, node: Obj, now: datetime | None) -> bool:
+def _may_claim(capacity: ClusterView, key: str, node: Obj, now: datetime | None) -> bool:
     """Older waiting requests the node could serve claim it first; after a grace, anyone may."""
     view = capacity.view(node)
     for older in capacity.waiting:
@@ -382,16 +382,16 @@ def is_new_arrival(
 
 
 def reserved_split(
-    capacity: Capacity | None, gang: GangSpec, reservations: Sequence[Reservation]
+    capacity: ClusterView | None, gang: GangSpec, reservations: Sequence[Reservation]
 ) -> ReservedSplit:
     """How much of the gang the reserved nodes no in-flight request claims can take now."""
-    capacity = capacity or Capacity()
+    capacity = capacity or ClusterView()
     free, pod_sets, devices = _unclaimed(capacity, gang)
     return split_gang(pod_sets, free, capacity.bound(), reservations, devices)
 
 
 def _unclaimed(
-    capacity: Capacity, gang: GangSpec
+    capacity: ClusterView, gang: GangSpec
 ) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
     """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
     in_flight = capacity.in_flight

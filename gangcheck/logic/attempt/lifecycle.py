@@ -34,7 +34,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import (
-    Capacity,
+    ClusterView,
     GangSpec,
     assess,
     dra_hint,
@@ -89,7 +89,7 @@ class Attempt:
     """The attempt's record (gangcheck's annotations on the backend's object)."""
     status: AttemptStatus
     gang: GangSpec
-    capacity: Capacity | None
+    capacity: ClusterView | None
     config: AtomicProvisioningSpec
     fit: bool = True
     """Fit mode: the gang must fit on nodes that exist, else the attempt rolls back."""
@@ -111,7 +111,7 @@ class Step:
     requeue_after: float | None = None
     domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """FITS: the topology domain each constrained pod set was placed in."""
-    verdict: rollback.Verdict | None = None
+    verdict: rollback.RolledBack | None = None
     """ROLLED_BACK: what the rollback did, and why it began."""
 
 
@@ -360,7 +360,7 @@ def asked(backend: CapacityBackend, attempt: str) -> Event:
     return Event(f"{backend.kind}Created", f"Created {backend.kind} {attempt!r}")
 
 
-def release_hold(capacity: Capacity | None, req: AttemptRecord) -> tuple[Action, ...]:
+def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Action, ...]:
     """Lift the hold from the nodes recorded for this request that still carry one: its gang
     has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
     nodes = capacity.nodes if capacity else ()
@@ -372,7 +372,7 @@ def release_hold(capacity: Capacity | None, req: AttemptRecord) -> tuple[Action,
 def clean_up(
     requests: Sequence[AttemptRecord],
     *,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     config: AtomicProvisioningSpec | None,
     backend: CapacityBackend,
     why: str,
@@ -408,7 +408,7 @@ def reclaiming(actions: Sequence[Action], why: str) -> tuple[Event, ...]:
 
 def abandon(
     req: AttemptRecord,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     config: AtomicProvisioningSpec | None,
     why: str,
     *,
@@ -427,7 +427,7 @@ def abandon(
 
 def clean_up_waits(
     requests: Sequence[AttemptRecord],
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     config: AtomicProvisioningSpec | None,
 ) -> bool:
     """Whether withdrawing these attempts (`clean_up`, the orphan sweep) must wait until the
@@ -445,7 +445,7 @@ def clean_up_waits(
 
 
 def _waiting_templates(
-    req: AttemptRecord, capacity: Capacity | None, config: AtomicProvisioningSpec | None
+    req: AttemptRecord, capacity: ClusterView | None, config: AtomicProvisioningSpec | None
 ) -> tuple[Obj, ...]:
     """The pod templates of this attempt when abandoning it records its passed-over
     arrivals: in fit mode, for a request still waiting; else none."""
@@ -458,7 +458,7 @@ def _waiting_templates(
 
 def _unrecorded_when_abandoned(
     req: AttemptRecord,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     config: AtomicProvisioningSpec | None,
     now: datetime | None,
 ) -> tuple[tuple[str, str], ...]:
@@ -474,7 +474,7 @@ def superseded(
     requests: Sequence[AttemptRecord],
     current: str,
     *,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     backend: CapacityBackend,
     why: str,
 ) -> tuple[Action, ...]:

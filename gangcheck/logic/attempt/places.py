@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, fits_now
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
 from gangcheck.logic.attempt.records import Record
 from gangcheck.model.names import DOMAIN_ANNOTATION, DOMAINS_TRIED_ANNOTATION, SOURCE_ANNOTATION
 from gangcheck.model.objects import Obj
@@ -122,7 +122,7 @@ class Ranked:
 
 
 def ranked_domains(
-    gang: GangSpec, capacity: Capacity | None, reserved_labels: Sequence[Mapping[str, str]]
+    gang: GangSpec, capacity: ClusterView | None, reserved_labels: Sequence[Mapping[str, str]]
 ) -> list[str]:
     """The domains of the gang's level the nodes that exist show (among those its node
     selector admits), best first: most reserved nodes, then most members placeable there
@@ -148,14 +148,14 @@ def ranked_domains(
 
 
 def first_place(
-    config: AtomicProvisioningSpec, gang_of: GangOf, capacity: Capacity | None
+    config: AtomicProvisioningSpec, gang_of: GangOf, capacity: ClusterView | None
 ) -> Place:
     """Where an attempt asks first: its first source, in its best domain."""
     return _in_source(config, 0, gang_of, capacity, ()) or Place(0)
 
 
 def next_place(
-    config: AtomicProvisioningSpec, place: Place, gang_of: GangOf, capacity: Capacity | None
+    config: AtomicProvisioningSpec, place: Place, gang_of: GangOf, capacity: ClusterView | None
 ) -> Place | None:
     """Where to ask after `place` could not deliver: the next domain of its source not tried
     yet, else the next source (in its best domain); None when nothing is left."""
@@ -175,7 +175,7 @@ def _in_source(
     config: AtomicProvisioningSpec,
     index: int,
     gang_of: GangOf,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     tried: tuple[str, ...],
 ) -> Place | None:
     """Source `index` in its best domain not tried; without a domain when its gang has no

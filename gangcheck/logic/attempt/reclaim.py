@@ -29,12 +29,12 @@ from gangcheck.model.objects import Obj, Pod
 
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
-Verdict = Literal["reclaim", "drain", "keep"]
+NodeFate = Literal["reclaim", "drain", "keep"]
 
 
 @dataclass(frozen=True)
 class Judgement:
-    verdict: Verdict
+    verdict: NodeFate
     reason: str = ""
 
 

@@ -27,7 +27,7 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.backend import AttemptRecord
-from gangcheck.logic.attempt.fulfillment import Capacity, GangSpec, assess, claim_of, request_key
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, assess, claim_of, request_key
 from gangcheck.logic.attempt.records import (
     AttemptPhase,
     Record,
@@ -61,7 +61,7 @@ def deadline_of(req: AttemptRecord) -> datetime | None:
 def trigger(
     req: AttemptRecord,
     status: AttemptStatus,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     gang: Sequence[tuple[str, int, Obj]] | GangSpec,
     *,
     deadline_seconds: int,
@@ -100,7 +100,7 @@ def _autoscaler_said(note: Signal | None) -> str:
 
 
 def start(
-    req: AttemptRecord, capacity: Capacity | None, why: str, *, also: Sequence[str] = ()
+    req: AttemptRecord, capacity: ClusterView | None, why: str, *, also: Sequence[str] = ()
 ) -> tuple[AnnotateRequest, Event]:
     """Mark the request rolling back, with the nodes that arrived for it so far (those it
     records and those it claims in the same step, `also`)."""
@@ -117,7 +117,7 @@ def start(
 
 
 def _arrived(
-    req: AttemptRecord, capacity: Capacity | None, also: Collection[str]
+    req: AttemptRecord, capacity: ClusterView | None, also: Collection[str]
 ) -> dict[str, str]:
     """Name -> creationTimestamp of the nodes recorded for the request, and of `also` (the
     ones recorded for it in the same step)."""
@@ -130,7 +130,7 @@ def _arrived(
 
 
 def reclaim(
-    req: AttemptRecord, capacity: Capacity | None, reclaimer: str, *, also: Collection[str] = ()
+    req: AttemptRecord, capacity: ClusterView | None, reclaimer: str, *, also: Collection[str] = ()
 ) -> ReclaimArrivals:
     """Reclaim the nodes recorded when the rollback began, plus any that arrived since (and
     `also`, the ones recorded in the same step)."""
@@ -149,7 +149,7 @@ def reclaim(
 
 def abandon(
     req: AttemptRecord,
-    capacity: Capacity | None,
+    capacity: ClusterView | None,
     reclaimer: str,
     why: str,
     *,
@@ -183,7 +183,7 @@ def reclaimer_of(config: AtomicProvisioningSpec | None) -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RolledBack:
     """A finished rollback: why it began, and the one line saying what it did."""
 
     reason: str
@@ -198,14 +198,14 @@ class Verdict:
         return self.cause is RollbackCause.REVOKED
 
 
-def verdict(req: AttemptRecord) -> Verdict | None:
+def verdict(req: AttemptRecord) -> RolledBack | None:
     """The recorded outcome of the rollback, once the reclaim is done."""
     record = record_of(req)
     if record.outcome is None:
         return None
     reason = record.reason or "rolled back"
-    return Verdict(reason, f"rolled back {req.name} ({reason}); {record.outcome.summary()}")
+    return RolledBack(reason, f"rolled back {req.name} ({reason}); {record.outcome.summary()}")
 
 
-def _nodes(capacity: Capacity | None) -> Collection[Obj]:
+def _nodes(capacity: ClusterView | None) -> Collection[Obj]:
     return capacity.nodes if capacity else ()

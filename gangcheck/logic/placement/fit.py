@@ -591,7 +591,7 @@ class _Added:
 @dataclass(frozen=True)
 class BoundUsage:
     """What bound pods use per node, as `used_resources` gives it, kept current from events
-    (`gangcheck.logic.placement.capacity`), and the nodes `indexed`, by the extended
+    (`gangcheck.logic.placement.usage`), and the nodes `indexed`, by the extended
     resources they offer (`offering`): a fit given it parses no pod and, when it can, reads
     only the nodes that could host a member."""
 
@@ -677,7 +677,7 @@ def _by_name(nodes: Iterable[NodeView]) -> list[NodeView]:
     views = list(nodes)
     names = [view.name for view in views]
     if all(a < b for a, b in itertools.pairwise(names)):
-        return views  # as kept (`ClusterCapacity.node_views`): nothing to do
+        return views  # as kept (`NodeUsage.node_views`): nothing to do
     by_name = {view.name: view for view in views}
     return [by_name[name] for name in sorted(by_name)]
 

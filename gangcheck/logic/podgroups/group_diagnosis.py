@@ -28,7 +28,6 @@ from gangcheck.logic.attempt.explain import (
     request_facts,
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.podgroup import (
@@ -42,6 +41,7 @@ from gangcheck.logic.podgroups.podgroup import (
     SETTLE_SECONDS,
     WAITING,
 )
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,

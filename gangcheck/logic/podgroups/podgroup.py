@@ -47,7 +47,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
 from gangcheck.logic.attempt.fulfillment import (
-    Capacity,
+    ClusterView,
     GangSpec,
     capacity_used,
     fits_now,
@@ -58,7 +58,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
@@ -107,7 +107,7 @@ class GroupSnapshot:
     requests: tuple[ProvisioningRequest, ...] = ()
     templates: frozenset[str] = frozenset()
     """Names of the PodTemplates made for the group's attempts that exist."""
-    capacity: Capacity | None = None
+    capacity: ClusterView | None = None
     max_members: int = 5000
     """The most members one request may carry (a setting)."""
     backend: CapacityBackend = PROVISIONING_REQUEST
@@ -424,7 +424,7 @@ def _fall_back(
 
 
 def _rolled_back(
-    snap: GroupSnapshot, step: lifecycle.Step, done: rollback.Verdict, now: datetime
+    snap: GroupSnapshot, step: lifecycle.Step, done: rollback.RolledBack, now: datetime
 ) -> GroupDecision:
     """The rollback is done: schedule the next attempt (or give up).
 
@@ -647,15 +647,15 @@ def _release_late(
     )
 
 
-def _not_held_by_others(snap: GroupSnapshot) -> Capacity:
+def _not_held_by_others(snap: GroupSnapshot) -> ClusterView:
     """The capacity, counting nodes that arrived for this group's own requests as free."""
-    capacity = snap.capacity or Capacity()
+    capacity = snap.capacity or ClusterView()
     own = {request_key(r) for r in snap.requests}
     return replace(capacity, in_flight=capacity.in_flight - own)
 
 
 def _fitting_prefix(
-    group: PodGroup, late: Sequence[Pod], pins: Mapping[str, str], capacity: Capacity
+    group: PodGroup, late: Sequence[Pod], pins: Mapping[str, str], capacity: ClusterView
 ) -> tuple[int, str]:
     """How many of the late members (in order) fit together, and, when not all do, the fit of
     them all (its summary counts every one that waits)."""

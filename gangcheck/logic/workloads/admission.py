@@ -23,7 +23,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.backend import Ask, AskedPodSet, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import (
-    Capacity,
+    ClusterView,
     GangSpec,
     capacity_used,
     request_key,
@@ -34,9 +34,9 @@ from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST, owner_reference
-from gangcheck.logic.placement.capacity import tally
 from gangcheck.logic.placement.reservations import describe
+from gangcheck.logic.placement.usage import tally
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
     MergedPodSet,
@@ -83,7 +83,7 @@ class Snapshot:
     requests: tuple[ProvisioningRequest, ...] = ()
     templates: frozenset[str] = frozenset()
     """Names of the PodTemplates made for the Workload's attempts that exist."""
-    capacity: Capacity | None = None
+    capacity: ClusterView | None = None
     backend: CapacityBackend = PROVISIONING_REQUEST
     competing: tuple[str, ...] = ()
     """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
@@ -433,7 +433,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     return _rolling(lifecycle.start_rollback(attempt, trigger, now=now))
 
 
-def members_scheduled(capacity: Capacity | None, namespace: str, request: str) -> int:
+def members_scheduled(capacity: ClusterView | None, namespace: str, request: str) -> int:
     """Pods of the namespace consuming the request that are bound to a node and not finished
     (the count the cluster capacity keeps, or counted from the pods)."""
     if capacity is not None and capacity.cluster is not None:

@@ -46,7 +46,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.sources.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import (
     condition,

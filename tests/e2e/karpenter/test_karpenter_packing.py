@@ -20,7 +20,7 @@ from gangcheck_dev.testbed.karpenter import CPU_4X, GPU_8X, NodePool
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import JOB, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST
-from gangcheck.logic.capacity.karpenter import names
+from gangcheck.logic.sources.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import container, delete_quietly, eventually, is_true, unique
 from tests.e2e.karpenter.test_karpenter import (

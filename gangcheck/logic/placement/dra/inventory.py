@@ -10,8 +10,8 @@ from gangcheck.logic.placement.dra.allocation import _Ledger
 from gangcheck.logic.placement.dra.cel import compile_selector
 from gangcheck.logic.placement.dra.model import (
     AttributeValue,
-    Capacity,
     Device,
+    DeviceCapacity,
     DeviceClass,
     Inventory,
     NodeScope,
@@ -194,7 +194,7 @@ def _attribute(raw: object) -> AttributeValue | None:
     return None
 
 
-def _capacity(raw: object) -> Capacity:
+def _capacity(raw: object) -> DeviceCapacity:
     raw = raw if isinstance(raw, Mapping) else {}
     policy = _dict(raw, "requestPolicy")
     limits = _dict(policy, "validRange")
@@ -202,7 +202,7 @@ def _capacity(raw: object) -> Capacity:
     def optional(obj: Obj, key: str) -> int | None:
         return None if obj.get(key) is None else parse_quantity(obj[key])
 
-    return Capacity(
+    return DeviceCapacity(
         value=parse_quantity(raw.get("value", "0")),
         default=optional(policy, "default"),
         valid_values=tuple(parse_quantity(v) for v in policy.get("validValues") or ()),

@@ -99,7 +99,7 @@ class NodeScope:
 
 
 @dataclass(frozen=True)
-class Capacity:
+class DeviceCapacity:
     """One capacity of a device, in nano-units, with its request policy (if any)."""
 
     value: int
@@ -138,7 +138,7 @@ class Device:
     pool: str
     name: str
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
-    capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    capacity: Mapping[str, DeviceCapacity] = field(default_factory=dict)
     consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     multiple: bool = False
     taints: tuple[Taint, ...] = ()
@@ -165,7 +165,7 @@ class Device:
     def attribute(self, domain: str, name: str) -> AttributeValue | None:
         return self.attributes.get(f"{domain}/{name}")
 
-    def capacity_of(self, domain: str, name: str) -> Capacity | None:
+    def capacity_of(self, domain: str, name: str) -> DeviceCapacity | None:
         found = self.capacity.get(f"{domain}/{name}")
         if found is None and domain == self.driver:
             found = self.capacity.get(name)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from gangcheck.logic.attempt.explain import RequestFacts
 from gangcheck.logic.attempt.hold import hold_value
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import attempt_claims, claims_made, claims_status
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import attempt_claims, claims_made, claims_status
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 

@@ -2,7 +2,7 @@
 
 A fit needs, per node, its `NodeView` and what the pods bound to it request. Recomputing
 those from every cached Node and Pod parses every bound pod's requests on every fit;
-`ClusterCapacity` parses a node when it changes and a pod's requests when the pod changes,
+`NodeUsage` parses a node when it changes and a pod's requests when the pod changes,
 and keeps per-node totals by integer addition and subtraction. What it holds is what
 `node_view` of every node and `used_resources` of every pod give (a property test holds it
 to that), with one more thing: the nodes by the extended resources they offer, so a fit can
@@ -40,7 +40,7 @@ class _Bound:
     requests: Mapping[str, int]
 
 
-class ClusterCapacity:
+class NodeUsage:
     """Node views and what bound pods use, per node, kept current from events; and, with a
     `tally` annotation, the bound unfinished pods by the value they give it."""
 
@@ -231,7 +231,7 @@ class DeviceInventory:
 
 def tally(pods: Iterable[Obj], annotation: str, namespace: str, value: str) -> int:
     """How many pods of the namespace that give the annotation this value are bound to a node
-    and not finished (a gang's members consuming its request: ClusterCapacity keeps this
+    and not finished (a gang's members consuming its request: NodeUsage keeps this
     count current)."""
     return sum(
         1

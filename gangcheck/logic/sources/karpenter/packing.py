@@ -32,12 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.logic.capacity.karpenter import names
 from gangcheck.logic.placement.quantity import (
     QuantityError,
     format_resource,
     parse_quantity,
 )
+from gangcheck.logic.sources.karpenter import names
 from gangcheck.model.objects import Obj
 
 PODS = "pods"

@@ -47,8 +47,9 @@ from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.claims import (
+from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import (
     AttemptPhase,
     ClaimAsk,
     ClaimPhase,
@@ -60,9 +61,8 @@ from gangcheck.logic.capacity.karpenter.claims import (
     created_message,
     withdrawable,
 )
-from gangcheck.logic.capacity.karpenter.packing import Member, pack
-from gangcheck.logic.capacity.karpenter.pools import choose_pool
-from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.sources.karpenter.packing import Member, pack
+from gangcheck.logic.sources.karpenter.pools import choose_pool
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS, NODE_POOLS_PARAMETER

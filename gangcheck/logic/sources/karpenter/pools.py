@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.packing import Packing, admits
 from gangcheck.logic.placement.quantity import QuantityError, format_quantity, parse_quantity
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.packing import Packing, admits
 from gangcheck.model.objects import Obj
 
 NODES = "nodes"

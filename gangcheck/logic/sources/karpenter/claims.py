@@ -29,8 +29,8 @@ from enum import StrEnum
 
 from gangcheck.logic.attempt.hold import hold_taint, hold_value
 from gangcheck.logic.attempt.naming import fit
-from gangcheck.logic.capacity.karpenter import names
-from gangcheck.logic.capacity.karpenter.packing import PackedClaim
+from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.model.objects import Obj
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from gangcheck.logic.attempt.fulfillment import Waiting
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
-from gangcheck.logic.capacity.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.model.names import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
 from gangcheck.model.objects import Obj, request_of
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gangcheck.logic.attempt.fulfillment import Capacity, Waiting
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.reconcile.caches import Caches
 
 
-def in_flight_capacity(caches: Caches, *, copied: bool = False) -> Capacity:
+def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
     """The nodes and pods the caches hold, the requests in flight, oldest waiting first, and
     the capacity kept from events. Not copied unless `copied` (to read it after an await):
     a decision reads it before the caches change again."""
-    capacity = Capacity(
+    capacity = ClusterView(
         nodes=caches.nodes.store.values(),
         pods=caches.pods.store.values(),
         in_flight=caches.requests.store.keys(),
