@@ -28,8 +28,9 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj, is_finished
 from gangcheck.model.podgroups import SHORT
+from gangcheck.reconcile import provreq
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
-from gangcheck.reconcile.apply import Applier
+from gangcheck.reconcile.apply import Applier, Sources
 from gangcheck.reconcile.arrivals import ArrivalGateReconciler
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.devices import DeviceProblemReconciler
@@ -45,6 +46,10 @@ from gangcheck.server import HealthServer
 from gangcheck.settings import DEFAULT_WORKERS
 from gangcheck.telemetry import Metrics, reconcile_span
 from gangcheck.webhook import WebhookServer
+
+#: The capacity sources the edge serves (reconcile/apply.Sources): every place a gang asks
+#: is a ProvisioningRequest class today (cluster-autoscaler's, gangcheck's Karpenter one).
+SOURCES = Sources(provreq.EDGE)
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +126,7 @@ class Controller:
         self._watch_timeout = watch_timeout
         # Events are sent in the background: a worker does not wait a round trip for one.
         events = self.events = EventRecorder(kube, clock=clock, background=True)
-        applier = Applier(kube, self.caches, clock=clock, metrics=self.metrics)
+        applier = Applier(kube, self.caches, SOURCES, clock=clock, metrics=self.metrics)
         self.workload_reconciler = WorkloadReconciler(
             kube,
             self.caches,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,19 +17,15 @@ from gangcheck.kube.errors import (
     InvalidError,
     NotFoundError,
 )
-from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST, Resource
+from gangcheck.kube.resources import NODE, POD, Resource
 from gangcheck.logic.attempt.actions import (
     Action,
-    AnnotateRequest,
     ClaimNode,
-    CreateRequest,
-    CreateTemplate,
-    DeleteRequest,
-    DeleteTemplate,
     ReclaimArrivals,
     ReleaseHold,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -39,7 +35,6 @@ from gangcheck.model.names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     OUTCOME_ANNOTATION,
-    ROLLBACK_REASON_ANNOTATION,
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
 )
@@ -94,6 +89,48 @@ async def write_taints(kube: Kube, node: Obj, taints: list[Obj]) -> Obj:
     return await kube.merge_patch(NODE, node["metadata"]["name"], patch)
 
 
+@dataclass(frozen=True)
+class SourceEdge:
+    """What a capacity source brings to the edge: the backend its decisions use
+    (logic/attempt/backend.py), a handler for each action type it adds, and how it writes a
+    record on the object its attempts are anchored on (the outcome of a reclaim)."""
+
+    backend: CapacityBackend
+    handlers: Mapping[type, Handler]
+    record: Callable[[str, Mapping[str, str]], Action]
+
+
+class Sources:
+    """The registry of capacity sources the edge serves: each action type is applied by the
+    core or by exactly one source."""
+
+    def __init__(self, *edges: SourceEdge) -> None:
+        if not edges:
+            raise ValueError("at least one capacity source")
+        self._edges = edges
+        self._handlers: dict[type, Handler] = {}
+        for edge in edges:
+            for kind, handler in edge.handlers.items():
+                if kind in _APPLY or kind in self._handlers:
+                    raise ValueError(f"{kind.__name__} is already applied by another handler")
+                self._handlers[kind] = handler
+
+    @property
+    def default(self) -> CapacityBackend:
+        """The backend of a gang whose config names no other (the first registered)."""
+        return self._edges[0].backend
+
+    def backend(self, kind: str) -> CapacityBackend | None:
+        return next((e.backend for e in self._edges if e.backend.kind == kind), None)
+
+    def handler(self, kind: type) -> Handler | None:
+        return self._handlers.get(kind)
+
+    def record(self, attempt: str, annotations: Mapping[str, str]) -> Action:
+        """The action writing `annotations` on `attempt`'s record, by the default source."""
+        return self._edges[0].record(attempt, annotations)
+
+
 class StaleDecisionError(Exception):
     """The caches were behind the server: drop the rest of the decision and decide again."""
 
@@ -105,32 +142,34 @@ class Applier:
         self,
         kube: Kube,
         caches: Caches,
+        sources: Sources,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: AttemptMetrics = NO_METRICS,
     ) -> None:
         self._kube = kube
         self._caches = caches
+        self.sources = sources
         self._clock = clock
         self.metrics = metrics
 
     async def apply(self, namespace: str, action: Action) -> None:
-        """Apply one action; a delete of something already gone is done."""
-        try:
-            await _APPLY[type(action)](self, namespace, action)
-        except NotFoundError:
-            if not isinstance(action, DeleteRequest | DeleteTemplate):
-                raise
+        """Apply one action, by the handler of its type: the core's own, or the one the
+        capacity source that made it registered (`Sources`)."""
+        handler = _APPLY.get(type(action)) or self.sources.handler(type(action))
+        if handler is None:
+            raise TypeError(f"no handler for {type(action).__name__}: register its source")
+        await handler(self, namespace, action)
 
-    async def _create_template(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, CreateTemplate)
-        await self._create(POD_TEMPLATE, action.body, self._caches.templates)
+    @property
+    def kube(self) -> Kube:
+        return self._kube
 
-    async def _create_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, CreateRequest)
-        await self._create(PROVISIONING_REQUEST, action.body, self._caches.requests)
+    @property
+    def caches(self) -> Caches:
+        return self._caches
 
-    async def _create(self, res: Resource, body: Obj, informer: Any) -> None:
+    async def create_owned(self, res: Resource, body: Obj, informer: Any) -> None:
         """Create; an object of that name that is ours (made by an earlier, interrupted
         reconcile) counts as created, anyone else's is a collision, reported."""
         try:
@@ -141,28 +180,6 @@ class Applier:
             if not made_for(created, body):
                 raise NameCollisionError(res.kind, meta["name"]) from None
         informer.store.put_if_newer(created)
-
-    async def _delete_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, DeleteRequest)
-        # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
-        with contextlib.suppress(NotFoundError, ConflictError):
-            await self._kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
-        for template in action.templates:
-            await self._delete_template(namespace, DeleteTemplate(template))
-
-    async def _delete_template(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, DeleteTemplate)
-        with contextlib.suppress(NotFoundError):
-            await self._kube.delete(POD_TEMPLATE, action.name, namespace)
-
-    async def _annotate_request(self, namespace: str, action: Action) -> None:
-        assert isinstance(action, AnnotateRequest)
-        reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
-        if reason:
-            self.metrics.rollback(reason.split(":", 1)[0])
-        patch = {"metadata": {"annotations": action.annotations}}
-        updated = await self._kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
-        self._caches.requests.store.put_if_newer(updated)
 
     async def _claim_node(self, namespace: str, action: Action) -> None:
         """Record the node as arrived for the request and hold it for the request's gang, in
@@ -231,10 +248,8 @@ class Applier:
         outcome = await reclaim_arrivals(
             self._kube, action, self._clock(), events=events, metrics=self.metrics
         )
-        await self._annotate_request(
-            namespace,
-            AnnotateRequest(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()}),
-        )
+        record = self.sources.record(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()})
+        await self.apply(namespace, record)
 
     async def _release_members(self, namespace: str, action: Action) -> None:
         """Annotate and pin each gated member, lifting the gate in the same write (a gated
@@ -284,12 +299,11 @@ class Applier:
         self._caches.pods.store.put_if_newer(updated)
 
 
-_APPLY = {
-    CreateTemplate: Applier._create_template,
-    CreateRequest: Applier._create_request,
-    DeleteRequest: Applier._delete_request,
-    DeleteTemplate: Applier._delete_template,
-    AnnotateRequest: Applier._annotate_request,
+Handler = Callable[[Applier, str, Any], Awaitable[None]]
+"""How an action is applied: by the applier (its client, caches, clock, metrics), in a
+namespace (the gang's)."""
+
+_APPLY: Mapping[type, Handler] = {
     ClaimNode: Applier._claim_node,
     ReclaimArrivals: Applier._reclaim_arrivals,
     ReleaseMembers: Applier._release_members,

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.backend import CapacityBackend
-from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.apply import Applier
@@ -37,12 +36,13 @@ async def withdraw_orphans(
     config_of: Callable[[Obj], AtomicProvisioningSpec | None],
     why: str,
     at: str,
-    backend: CapacityBackend = PROVISIONING_REQUEST,
+    backend: CapacityBackend | None = None,
 ) -> bool:
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
     the config it was made with, `config_of`). False when one waits for the node cache to
     catch up (lifecycle.clean_up_waits): look again shortly."""
     capacity = cluster_view(caches, copied=True)  # read across the awaits below
+    backend = backend or applier.sources.default
     done = True
     for obj in requests:
         if not is_orphan(obj):

@@ -30,7 +30,6 @@ from gangcheck.logic.attempt.actions import (
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.status import Phase
-from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
@@ -288,7 +287,7 @@ class WorkloadReconciler:
             ),
             None,
         )
-        status = PROVISIONING_REQUEST.status_of(request_of(obj)) if obj else None
+        status = self._applier.sources.default.status_of(request_of(obj)) if obj else None
         return parse_time(status.signal(Phase.PROVISIONED).since) if status else None
 
     async def _report_failed_create(

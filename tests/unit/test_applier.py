@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
 from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
@@ -78,7 +79,9 @@ def gated_pod(name: str, **spec: Any) -> Obj:
 def setup(*objs: Obj, metrics: RecordedMetrics | None = None) -> tuple[FakeKube, Applier]:
     kube = FakeKube(clock=lambda: NOW)
     kube.add(*objs)
-    applier = Applier(kube, kube.caches(), clock=lambda: NOW, metrics=metrics or RecordedMetrics())
+    applier = Applier(
+        kube, kube.caches(), SOURCES, clock=lambda: NOW, metrics=metrics or RecordedMetrics()
+    )
     return kube, applier
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
     NODE,
@@ -83,7 +84,7 @@ class World:
         self.kube.add(namespace(), *objs)
         self.caches: Caches = self.kube.caches(GROUPS)
         events = EventRecorder(self.kube, clock=self.clock)
-        applier = Applier(self.kube, self.caches, clock=self.clock)
+        applier = Applier(self.kube, self.caches, SOURCES, clock=self.clock)
         self.reconciler = PodGroupReconciler(
             self.kube, self.caches, events, applier, clock=self.clock
         )

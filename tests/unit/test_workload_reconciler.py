@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
@@ -66,7 +67,7 @@ class World:
         self.kube.add(admission_check(), gpu_flavor(), *objs)
         self.caches: Caches = self.kube.caches()
         events = EventRecorder(self.kube, clock=self.clock)
-        applier = Applier(self.kube, self.caches, clock=self.clock)
+        applier = Applier(self.kube, self.caches, SOURCES, clock=self.clock)
         self.metrics = RecordedMetrics()
         self.reconciler = WorkloadReconciler(
             self.kube, self.caches, events, applier, clock=self.clock, metrics=self.metrics

@@ -16,15 +16,18 @@ One attempt may ask several places (spec.capacitySources, in order or in a race;
 domains within a source): each ask is a request of its own, named by its number in the
 attempt and carrying its place (places.py), followed by the same core.
 
-A source that cannot be a request class implements `CapacityBackend`:
-- ``ask``: the actions creating what a new attempt asks for;
-- ``status_of``: what its objects say, as an `AttemptStatus` (Phase: Accepted, Provisioned,
-  Failed, ...); the record it reads (`AttemptRecord`) is anchored on an object it makes;
-- ``follow``: upkeep while the attempt is in flight (what was lost, made again);
-- ``withdraw``: the actions ending the ask.
-Its new action types go into logic/attempt/actions.py with their handlers in
-reconcile/apply.py, and the gang sources' snapshots are handed it as ``backend``. Reclaiming
-what arrived for a rolled-back attempt is a seam of its own (gangcheck/reclaim/).
+A source that cannot be a request class implements:
+1. `CapacityBackend` (below), pure: ``ask`` (the actions creating what a new attempt asks
+   for), ``status_of`` (what its objects say, as an `AttemptStatus`: Accepted, Provisioned,
+   Failed, ...; the record it reads, `AttemptRecord`, is anchored on an object it makes),
+   ``follow`` (upkeep in flight: what was lost, made again) and ``withdraw`` (the actions
+   ending the ask); its new action types go into logic/attempt/actions.py;
+2. at the edge, a `SourceEdge` (reconcile/apply.py): a handler for each of its action types
+   and how it writes a record on its attempt's object, registered in ``app.SOURCES`` beside
+   reconcile/provreq.py's; the applier dispatches through that registry, which refuses an
+   action type claimed twice.
+The attempt core never imports a source. Reclaiming what arrived for a rolled-back attempt is
+a seam of its own (gangcheck/reclaim/).
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""The ProvisioningRequest source at the edge: its objects created, annotated and deleted.
+
+The one source registered today (app.py): cluster-autoscaler serves its classes and
+gangcheck's Karpenter provisioner serves ``karpenter.gangcheck.io``, both answering the
+request. A new source registers a `SourceEdge` of its own beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.resources import POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+)
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST as BACKEND
+from gangcheck.model.names import ROLLBACK_REASON_ANNOTATION
+from gangcheck.reconcile.apply import Applier, SourceEdge
+
+
+async def create_template(applier: Applier, namespace: str, action: Action) -> None:
+    assert isinstance(action, CreateTemplate)
+    await applier.create_owned(POD_TEMPLATE, action.body, applier.caches.templates)
+
+
+async def create_request(applier: Applier, namespace: str, action: Action) -> None:
+    assert isinstance(action, CreateRequest)
+    await applier.create_owned(PROVISIONING_REQUEST, action.body, applier.caches.requests)
+
+
+async def delete_request(applier: Applier, namespace: str, action: Action) -> None:
+    """Delete the request at its uid, then its templates; one already gone is done."""
+    assert isinstance(action, DeleteRequest)
+    # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
+    with contextlib.suppress(NotFoundError, ConflictError):
+        await applier.kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
+    for template in action.templates:
+        await delete_template(applier, namespace, DeleteTemplate(template))
+
+
+async def delete_template(applier: Applier, namespace: str, action: Action) -> None:
+    assert isinstance(action, DeleteTemplate)
+    with contextlib.suppress(NotFoundError):
+        await applier.kube.delete(POD_TEMPLATE, action.name, namespace)
+
+
+async def annotate_request(applier: Applier, namespace: str, action: Action) -> None:
+    """Write the attempt's record on its request (a rollback's reason is counted)."""
+    assert isinstance(action, AnnotateRequest)
+    reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
+    if reason:
+        applier.metrics.rollback(reason.split(":", 1)[0])
+    patch = {"metadata": {"annotations": action.annotations}}
+    updated = await applier.kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
+    applier.caches.requests.store.put_if_newer(updated)
+
+
+def _record(request: str, annotations: Mapping[str, str]) -> Action:
+    return AnnotateRequest(request, dict(annotations))
+
+
+EDGE = SourceEdge(
+    backend=BACKEND,
+    handlers={
+        CreateTemplate: create_template,
+        CreateRequest: create_request,
+        DeleteRequest: delete_request,
+        DeleteTemplate: delete_template,
+        AnnotateRequest: annotate_request,
+    },
+    record=_record,
+)
