@@ -7,6 +7,8 @@ PYTHON3 ?= python3
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST := $(PYTHON) -m pytest
+#: make test's pytest workers (pytest-xdist): what shares a stack runs on one (tests/conftest.py).
+TEST_WORKERS ?= 2
 HOST_PATH := $(PATH)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE = 1
@@ -86,7 +88,7 @@ devtools-tests: install ## the dev tooling's tests (hack/devtools/tests: test be
 
 .PHONY: test
 test: install lint typecheck binaries ## every test but the long ones: lint, types, unit, integration, e2e, the dev tooling's (builds the image)
-	$(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider --durations=30
+	$(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: soak
 soak: install binaries ## the long scenarios (docs/testing.md): the long fault suite, long waits, comparisons (tens of minutes)

@@ -1,8 +1,14 @@
-"""Session-wide: the soak split, and a green run leaves no temp folder behind.
+"""Session-wide: the soak split, the workers' groups, the measurements shown at the end, and
+a green run leaves no temp folder behind.
 
 Tests marked ``soak`` (the long scenarios: more seeds, long waits, comparisons) run in
 ``make soak`` (``GANGCHECK_SOAK=1``) and only there; every other test runs in ``make test``
 and only there. docs/testing.md lists what runs where and why.
+
+``make test`` runs on two workers (pytest-xdist, ``--dist loadgroup``): what shares a started
+stack runs on one worker, so each stack starts once. The e2e tests on the session's full stack
+are one group, each folder of tests/e2e with a stack of its own (Karpenter's) another, and
+every other module a group of its own (its module-scoped fixtures start once).
 
 pytest removes a green session's temp folders itself (``tmp_path_retention_policy`` in
 pyproject.toml) but keeps the per-user folder it makes them in; that one goes too once empty.
@@ -12,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
 SOAK_ENV = "GANGCHECK_SOAK"
+E2E = Path(__file__).parent / "e2e"
+MEASUREMENTS = pytest.StashKey[list[str]]()
+_WORKER_OUTPUT = "measurements"
 
 
 def soak() -> bool:
@@ -34,10 +44,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item.path)))
+
+
+def worker_group(path: Path) -> str:
+    """The group a test runs in (module doc): tests/e2e's top level on the session's full
+    stack, each folder below it on a stack of its own, any other module by itself."""
+    if path.is_relative_to(E2E):
+        inside = path.relative_to(E2E).parts
+        return "e2e" if len(inside) == 1 else f"e2e/{inside[0]}"
+    return str(path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[MEASUREMENTS] = []
+
+
+def measurements(config: pytest.Config) -> list[str]:
+    """Lines the session shows at its end (stack start-up, image build), whatever worker ran
+    the test that measured them."""
+    return config.stash[MEASUREMENTS]
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    """A worker's measurements, handed to the session that shows them."""
+    sent = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT, [])
+    config: pytest.Config = node.config  # type: ignore[attr-defined]
+    measurements(config).extend(sent)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = measurements(terminalreporter.config)
+    if lines:
+        terminalreporter.section("e2e measurements")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a worker: the session shows them (pytest_testnodedown)
+        output[_WORKER_OUTPUT] = list(measurements(session.config))
     factory = getattr(session.config, "_tmp_path_factory", None)
     basetemp = getattr(factory, "_basetemp", None)
     if basetemp is None or getattr(factory, "_given_basetemp", None) is not None:

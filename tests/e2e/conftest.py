@@ -27,6 +27,7 @@ from gangcheck_dev.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
 from gangcheck_dev.testbed.stack import FULL_STACK
 
 from gangcheck.kube.client import Kube
+from tests.conftest import measurements
 from tests.e2e.helpers import fresh_namespace
 
 KUBECONFIG_ENV = "GANGCHECK_E2E_KUBECONFIG"
@@ -56,7 +57,6 @@ E2E_NODE_GROUPS = (
 #: The families the e2e suite needs: the full stack's, and helm for the chart's tests.
 E2E_FAMILIES = (*ALL_FAMILIES, "helm")
 _BUILD_ERROR = pytest.StashKey[BuildError]()
-_MEASUREMENTS = pytest.StashKey[list[str]]()
 _IMAGE = pytest.StashKey[Image | BuildError]()
 _ENGINE = pytest.StashKey[DockerEngine]()
 _IMAGE_FIXTURE = "controller_image"
@@ -64,7 +64,6 @@ _IMAGE_FIXTURE = "controller_image"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: needs a whole cluster (the local full stack)")
-    config.stash[_MEASUREMENTS] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,7 +93,7 @@ def _build_image(config: pytest.Config) -> None:
     except BuildError as exc:
         config.stash[_IMAGE] = exc
         return
-    config.stash[_MEASUREMENTS].append(
+    measurements(config).append(
         f"image built or reused in {time.monotonic() - began:.1f}s (hack/image.sh build)"
     )
 
@@ -103,14 +102,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     engine = config.stash.get(_ENGINE, None)
     if engine is not None:
         engine.release()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    lines = terminalreporter.config.stash.get(_MEASUREMENTS, [])
-    if lines:
-        terminalreporter.section("e2e measurements")
-        for line in lines:
-            terminalreporter.write_line(line)
 
 
 @dataclass
@@ -138,10 +129,10 @@ def controller_image(pytestconfig: pytest.Config) -> Image:
 
 @pytest.fixture(scope="session")
 def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
-    measurements = pytestconfig.stash[_MEASUREMENTS]
+    shown = measurements(pytestconfig)
     foreign = os.environ.get(KUBECONFIG_ENV)
     if foreign:
-        yield Cluster(kubeconfig=foreign, measurements=measurements)
+        yield Cluster(kubeconfig=foreign, measurements=shown)
         return
     failed = pytestconfig.stash.get(_BUILD_ERROR, None)
     if failed is not None:
@@ -150,8 +141,8 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     plane.start()
     try:
         timings = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in plane.timings.items())
-        measurements.append(f"stack started in {plane.startup_seconds:.1f}s: {timings}")
-        yield Cluster(kubeconfig=str(plane.kubeconfig), plane=plane, measurements=measurements)
+        shown.append(f"stack started in {plane.startup_seconds:.1f}s: {timings}")
+        yield Cluster(kubeconfig=str(plane.kubeconfig), plane=plane, measurements=shown)
     finally:
         plane.stop()
 

@@ -17,7 +17,8 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.process import free_ports
 from gangcheck_dev.testbed.stack import FULL_STACK
 
-from tests.e2e.conftest import _MEASUREMENTS, KUBECONFIG_ENV, Cluster
+from tests.conftest import measurements
+from tests.e2e.conftest import KUBECONFIG_ENV, Cluster
 from tests.e2e.test_podgroups import Hooked
 
 
@@ -26,13 +27,13 @@ def cluster(pytestconfig: pytest.Config) -> Iterator[Cluster]:
     """The stack with Karpenter; never a foreign cluster (GANGCHECK_E2E_KUBECONFIG names one
     running cluster-autoscaler)."""
     assert not os.environ.get(KUBECONFIG_ENV), "the Karpenter e2e tests start their own stack"
-    measurements = pytestconfig.stash[_MEASUREMENTS]
+    shown = measurements(pytestconfig)
     plane = ControlPlane(components=FULL_STACK, autoscaler="karpenter")
     plane.start()
     try:
         timings = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in plane.timings.items())
-        measurements.append(f"Karpenter stack started in {plane.startup_seconds:.1f}s: {timings}")
-        yield Cluster(kubeconfig=str(plane.kubeconfig), plane=plane, measurements=measurements)
+        shown.append(f"Karpenter stack started in {plane.startup_seconds:.1f}s: {timings}")
+        yield Cluster(kubeconfig=str(plane.kubeconfig), plane=plane, measurements=shown)
     finally:
         plane.stop()
 

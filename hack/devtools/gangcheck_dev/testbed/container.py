@@ -70,10 +70,18 @@ def _script(*args: str, capture: bool) -> str:
 
 
 def ensure_image() -> Image:
-    """Builds the image (cached layers make a rebuild of unchanged sources take seconds)."""
-    reported = dict(
-        line.split("=", 1) for line in _script("build", capture=True).splitlines() if "=" in line
-    )
+    """Builds the image (cached layers make a rebuild of unchanged sources take seconds); one
+    build at a time on this machine (test sessions run by several workers each ask for it):
+    the next one waits, then finds it built."""
+    directory = cache_dir() / "image"
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            built = _script("build", capture=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    reported = dict(line.split("=", 1) for line in built.splitlines() if "=" in line)
     try:
         return Image(id=reported["image"], tag=reported["tag"], base=reported["base"])
     except KeyError as missing:

@@ -42,13 +42,34 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
+def _port_slot() -> tuple[int, int]:
+    """This process's share of the port numbers: (index, of how many). A test session run by
+    several workers (pytest-xdist sets ``PYTEST_XDIST_WORKER=gw<i>`` and the count) gives each
+    worker the ports ``p // 2 % count == i`` (Linux hands ``bind`` even ports, keeping odd ones
+    for ``connect``, so not ``p % count``): a port one worker picked and released for a server
+    to take is never handed to another worker's server meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return 0, 1
+    return int(worker[2:]) % max(int(count), 1), max(int(count), 1)
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 (held together so they differ)."""
+    """``count`` distinct TCP ports free on 127.0.0.1 (held together so they differ), from
+    this process's share of the port numbers (`_port_slot`)."""
+    index, of = _port_slot()
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
+        chosen: list[int] = []
+        for _ in range(count * of * 64):
+            sock = stack.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+            port = int(sock.getsockname()[1])
+            if port // 2 % of == index:
+                chosen.append(port)
+                if len(chosen) == count:
+                    return chosen
+    raise OSError(f"no {count} free ports in share {index} of {of}")
 
 
 def port_is_free(port: int) -> bool:
