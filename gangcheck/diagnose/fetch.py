@@ -100,7 +100,7 @@ async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> R
         return await diagnose_group(kube, group, now=now, via=parsed)
     world = await fetch_world(kube, parsed.namespace)
     when = now or datetime.now(UTC)
-    facts = gather(workload, world)
+    facts = gather(workload, world, now=when)
     claims = await attempt_node_claims(kube, facts.namespace, facts.request)
     return DiagnoseReport(parsed, facts, verdict(facts, when), when, claims)
 
@@ -172,7 +172,11 @@ async def status(
         _maybe(kube, NAMESPACE, None),
     )
     when = now or datetime.now(UTC)
-    gangs = [gather(wl, world) for wl in workloads if is_gang(wl, world) and not _is_finished(wl)]
+    gangs = [
+        gather(wl, world, now=when)
+        for wl in workloads
+        if is_gang(wl, world) and not _is_finished(wl)
+    ]
     rows = [(gang_row(facts, when), facts.request) for facts in gangs]
     opted_in = None if namespaces is None else {_name(n): _is_opted_in(n) for n in namespaces}
     rows += [

@@ -31,13 +31,13 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.workloads import checkconfig
 from gangcheck.logic.workloads.admission import (
     MAX_MESSAGE,
     Decision,
     Snapshot,
     decide,
 )
+from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.objects import Obj, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
@@ -145,35 +145,17 @@ class WorkloadReconciler:
         return listed + sorted(leftover - set(listed) - {""})
 
     def _snapshot(self, wl: Workload, check: str) -> Snapshot:
-        resolution = self._caches.resolve(check)
-        of_check = (
-            request_of(r)
-            for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
-            if check_of(r) == check
-        )
-        requests = tuple(r for r in of_check if r.workload_uid == wl.ref.uid)
-        templates = names_of(self._caches.templates_of(wl.ref.namespace, wl.ref.name))
-        return Snapshot(
-            workload=wl,
-            check=check,
-            config=resolution.spec,
-            config_problem=resolution.message,
-            flavors=self._caches.flavors_by_name(),
-            requests=requests,
-            templates=templates,
-            capacity=cluster_view(self._caches),
-            competing=self._competing(wl, check),
-        )
-
-    def _competing(self, wl: Workload, check: str) -> tuple[str, ...]:
-        """The Workload's other checks that provision capacity (gangcheck's or Kueue's)."""
-        store = self._caches.admission_checks.store
-        return tuple(
-            sorted(
-                name
-                for name in wl.checks
-                if name != check and (ac := store.get(name)) and checkconfig.provisions(ac)
-            )
+        caches = self._caches
+        namespace, name = wl.ref.namespace, wl.ref.name
+        return snapshot_of(
+            wl,
+            check,
+            admission_check=caches.admission_checks.store.get,
+            config=caches.configs.store.get,
+            requests=caches.requests_of(namespace, name),
+            flavors=caches.flavors_by_name(),
+            capacity=cluster_view(caches),
+            templates=names_of(caches.templates_of(namespace, name)),
         )
 
     async def _remove_orphans(self, namespace: str, name: str) -> Result:

@@ -37,12 +37,20 @@ from gangcheck.kube.resources import (
     POD,
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
+    WORKLOAD,
 )
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.podgroup import PROVISIONING
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL, STATE_ANNOTATION
+from gangcheck.model.names import (
+    CHECK_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    STATE_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+)
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.builders import WorkloadBuilder, container, pod_template
@@ -371,23 +379,31 @@ def no_karpenter_crd(control_plane: Any) -> Iterator[None]:
 async def karpenter_attempt(cluster: Cluster) -> tuple[str, str]:
     """A reserved 2-member gang whose attempt 1 has a Karpenter-class request, Accepted (no
     controller runs: the test plays gangcheck's Karpenter provisioner); (workload, request)."""
-    await cluster.install_check(fit(deadline=120))
+    karpenter = {"backend": "Karpenter", "karpenter": {"nodePools": ["gpu"]}}
+    await cluster.install_check({**fit(deadline=120), **karpenter})
     check = await cluster.kube.get(ADMISSION_CHECK, cluster.check)
     check["status"] = {"conditions": [_condition("Active", "True", "Active")]}
     await cluster.kube.replace(ADMISSION_CHECK, check, subresource="status")
     workload = await cluster.submit(gang("wl", members=2))
     request = naming.request_name(workload, cluster.check, 1)
-    await karpenter_request(cluster, request)
+    uid = (await cluster.kube.get(WORKLOAD, workload, cluster.ns))["metadata"]["uid"]
+    made_for = {WORKLOAD_ANNOTATION: workload, CHECK_ANNOTATION: cluster.check}
+    await karpenter_request(cluster, request, {**made_for, WORKLOAD_UID_ANNOTATION: uid})
     return workload, request
 
 
-async def karpenter_request(cluster: Cluster, request: str) -> None:
-    """A 2-member request of gangcheck's Karpenter class, Accepted as its provisioner does."""
+async def karpenter_request(
+    cluster: Cluster, request: str, made_for: dict[str, str] | None = None
+) -> None:
+    """A 2-member request of gangcheck's Karpenter class, Accepted as its provisioner does;
+    `made_for`: the annotations gangcheck puts on a request it makes for a Workload's check
+    (the diagnosis replays the controller's decision, which counts only those)."""
     body = {
         "metadata": {
             "name": request,
             "namespace": cluster.ns,
             "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": made_for or {},
         },
         "spec": {
             "provisioningClassName": KARPENTER_CLASS,

@@ -19,11 +19,13 @@ from gangcheck.logic.attempt.explain import (
     nodes_needed,
     place,
 )
+from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.placement.fit import Rejection
 from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,
     Facts,
+    Replay,
     StartFacts,
     Target,
     TargetError,
@@ -92,7 +94,10 @@ def gang(
     fit: Placement | None = None,
     start: StartFacts | None = None,
     mode: str = "NodesFit",
+    progress: Progress | None = None,
+    replay: Replay | None = None,
 ) -> Facts:
+    """`progress`: where the decision replayed on the objects says the attempt stands."""
     return Facts(
         "team-a",
         "wl",
@@ -103,6 +108,7 @@ def gang(
         request=req,
         placement=fit,
         start=start,
+        replay=replay or Replay(progress, state="Pending"),
     )
 
 
@@ -115,6 +121,7 @@ class Case:
 
 
 PROVISIONED = request("Accepted", "Provisioned=resize done")
+WAITING, FITS = Progress.WAITING, Progress.FITS
 
 CASES = [
     Case(
@@ -237,20 +244,24 @@ CASES = [
                 ),
             ),
             req=RequestFacts(REQ, 1, found=False),
+            replay=Replay(
+                state="Pending",
+                message="waiting for ResourceFlavor gpu (named by the admission, not found)",
+            ),
         ),
         "blocked: the check gpu is Pending: waiting for ResourceFlavor gpu (named by the "
         "admission, not found)",
     ),
     Case(
-        "no request though the check says it was created: is the controller running",
-        gang(req=RequestFacts(REQ, 1, found=False)),
+        "no request, and the decision would ask for one now: is the controller running",
+        gang(req=RequestFacts(REQ, 1, found=False), replay=Replay(state="Pending", asks=True)),
         f"blocked: ProvisioningRequest {REQ} does not exist yet (is the gangcheck controller "
         "running?)",
         "request",
     ),
     Case(
         "a request not yet accepted waits for the autoscaler, with the deadline",
-        gang(req=request()),
+        gang(req=request(), progress=Progress.WAITING),
         f"blocked: waiting for the autoscaler to accept {REQ}, deadline in 42s",
         "request",
     ),
@@ -264,23 +275,29 @@ CASES = [
                     "Accepted": cond("Accepted"),
                     "Provisioned": cond("Provisioned", "ETA 5m", "False"),
                 },
-            )
+            ),
+            progress=Progress.WAITING,
         ),
         f"blocked: waiting for the autoscaler: {REQ} accepted, not provisioned yet (ETA 5m)",
     ),
     Case(
         "a failed request quotes the autoscaler",
-        gang(req=request("Accepted", "Failed=CapacityIsNotFound")),
+        gang(req=request("Accepted", "Failed=CapacityIsNotFound"), progress=Progress.ROLLING_BACK),
         f"blocked: the autoscaler failed {REQ}: CapacityIsNotFound",
     ),
     Case(
         "revoked capacity is named",
-        gang(req=request("Provisioned", "CapacityRevoked=zone lost")),
+        gang(
+            req=request("Provisioned", "CapacityRevoked=zone lost"), progress=Progress.ROLLING_BACK
+        ),
         f"blocked: the autoscaler revoked the capacity of {REQ}: zone lost",
     ),
     Case(
         "an expired booking is named",
-        gang(req=request("Provisioned", "BookingExpired=booked 10m, unused")),
+        gang(
+            req=request("Provisioned", "BookingExpired=booked 10m, unused"),
+            progress=Progress.ROLLING_BACK,
+        ),
         f"blocked: the booking of {REQ} expired: booked 10m, unused",
     ),
     Case(
@@ -291,52 +308,65 @@ CASES = [
                 phase="RollingBack",
                 rollback_reason="Deadline: the gang did not fit within 420s",
                 outcome=Outcome(reclaimed=("n1", "n2"), node_seconds=600),
-            )
+            ),
+            progress=Progress.ROLLED_BACK,
         ),
         "blocked: rolling back attempt 1: Deadline: the gang did not fit within 420s; "
         "reclaimed 2 nodes (10.0 node-minutes held)",
     ),
     Case(
         "provisioned with nothing arrived waits for the autoscaler",
-        gang(req=PROVISIONED, fit=placement([], 0)),
+        gang(req=PROVISIONED, progress=WAITING, fit=placement([], 0)),
         "blocked: waiting for the autoscaler: no node has arrived yet (0 of 16 members "
         "placeable), deadline in 42s",
         "nodes",
     ),
     Case(
         "partial delivery: 11 of 16 members placeable, and the deadline",
-        gang(req=PROVISIONED, fit=placement(arrived(11, members=1), 11)),
+        gang(req=PROVISIONED, progress=WAITING, fit=placement(arrived(11, members=1), 11)),
         "blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline in 42s",
         "nodes",
     ),
     Case(
-        "a passed deadline says how long ago",
+        "past the deadline the decision starts the rollback: its trigger is named",
         gang(
             req=replace(PROVISIONED, deadline=NOW - timedelta(seconds=3)),
             fit=placement(arrived(11, members=1), 11),
+            replay=Replay(
+                Progress.ROLLING_BACK,
+                "Deadline: the gang did not fit within 420s (11 of 16 members placeable)",
+                "Pending",
+            ),
         ),
-        "blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline passed 3s ago",
+        "blocked: rolling back attempt 1: Deadline: the gang did not fit within 420s (11 of 16 "
+        "members placeable)",
+        "request",
     ),
     Case(
         "every arrived node has a taint the gang does not tolerate: the taint is named",
-        gang(req=PROVISIONED, fit=placement(tainted(3), 0, 2)),
+        gang(req=PROVISIONED, progress=WAITING, fit=placement(tainted(3), 0, 2)),
         f"blocked: 3 nodes arrived but none tolerates {TAINT}",
         "nodes",
     ),
     Case(
         "one tainted arrival reads in the singular",
-        gang(req=PROVISIONED, fit=placement(tainted(1), 0, 2)),
+        gang(req=PROVISIONED, progress=WAITING, fit=placement(tainted(1), 0, 2)),
         f"blocked: 1 node arrived but it does not tolerate {TAINT}",
     ),
     Case(
         "arrivals with two different taints name both",
-        gang(req=PROVISIONED, fit=placement(tainted(1) + tainted(1, "gpu:NoExecute"), 0, 2)),
+        gang(
+            req=PROVISIONED,
+            progress=WAITING,
+            fit=placement(tainted(1) + tainted(1, "gpu:NoExecute"), 0, 2),
+        ),
         f"blocked: 2 nodes arrived but none tolerates its taints (gpu:NoExecute, {TAINT})",
     ),
     Case(
         "arrivals failing for different reasons are counted by reason",
         gang(
             req=PROVISIONED,
+            progress=WAITING,
             fit=placement(tainted(2) + arrived(1, kind="not-ready", short="not Ready"), 0, 2),
         ),
         f"blocked: 3 nodes arrived but none can take a member: taint {TAINT} not tolerated (2), "
@@ -344,13 +374,18 @@ CASES = [
     ),
     Case(
         "some unusable arrivals are named beside the members placeable",
-        gang(req=PROVISIONED, fit=placement(arrived(11, members=1) + tainted(2), 11)),
+        gang(
+            req=PROVISIONED,
+            progress=WAITING,
+            fit=placement(arrived(11, members=1) + tainted(2), 11),
+        ),
         f"blocked: 2 of 13 arrived nodes do not tolerate {TAINT}; 11 of 16 members placeable",
     ),
     Case(
         "arrivals not Ready yet are waited for",
         gang(
             req=PROVISIONED,
+            progress=WAITING,
             fit=placement(
                 arrived(11, members=1) + arrived(2, kind="not-ready", short="not Ready"), 11
             ),
@@ -362,6 +397,7 @@ CASES = [
         "arrivals without the labels the gang selects name the labels",
         gang(
             req=PROVISIONED,
+            progress=WAITING,
             fit=placement(
                 arrived(
                     2,
@@ -378,6 +414,7 @@ CASES = [
         "arrivals without room name the resource",
         gang(
             req=PROVISIONED,
+            progress=WAITING,
             fit=placement(
                 arrived(
                     2,
@@ -393,14 +430,18 @@ CASES = [
     ),
     Case(
         "the gang fits but the check is still pending: is the controller running",
-        gang(req=PROVISIONED, fit=placement(arrived(16, members=1), 16)),
+        gang(
+            req=PROVISIONED,
+            fit=placement(arrived(16, members=1), 16),
+            progress=FITS,
+        ),
         "blocked: the whole gang fits on nodes that exist; waiting for gangcheck to mark the "
         "check Ready (is the controller running?)",
         "check",
     ),
     Case(
         "trusting Provisioned, a provisioned request waits only for the controller",
-        gang(req=PROVISIONED, mode="TrustProvisioned"),
+        gang(req=PROVISIONED, mode="TrustProvisioned", progress=FITS),
         f"blocked: {REQ} is Provisioned; waiting for gangcheck to mark the check Ready (is the "
         "controller running?)",
     ),
@@ -539,26 +580,28 @@ def arrival(name: str, *, claimed_for: str = "default/wl-atomic-1", **kw: Any) -
 
 def test_tainted_arrivals_are_named_from_the_objects() -> None:
     nodes = tuple(arrival(f"gpu-{i}", taints=[GPU_TAINT]) for i in range(3))
-    facts = gather(workload(), world(requests=(our_request(),), nodes=nodes))
+    facts = gather(workload(), world(requests=(our_request(),), nodes=nodes), now=NOW)
     assert [n.kind for n in facts.placement.nodes] == ["taint"] * 3  # type: ignore[union-attr]
     assert verdict(facts, NOW).line == f"blocked: 3 nodes arrived but none tolerates {TAINT}"
 
 
 def test_a_dangling_config_makes_the_check_inactive() -> None:
-    facts = gather(workload(), world(configs={}))
+    facts = gather(workload(), world(configs={}), now=NOW)
     assert verdict(facts, NOW).line == (
         f"blocked: the AdmissionCheck {CHECK} is inactive: AtomicProvisioningConfig 'cfg' not found"
     )
 
 
 def test_a_check_the_controller_has_not_activated_is_inactive() -> None:
-    facts = gather(workload(), world(admission_checks={CHECK: admission_check(active=False)}))
+    facts = gather(
+        workload(), world(admission_checks={CHECK: admission_check(active=False)}), now=NOW
+    )
     check = facts.focus_check
     assert check is not None and not check.active
 
 
 def test_the_request_of_the_current_attempt_is_read() -> None:
-    facts = gather(workload(), world(requests=(our_request(),)))
+    facts = gather(workload(), world(requests=(our_request(),)), now=NOW)
     req = facts.request
     assert req is not None and req.found and req.attempt == 1
     assert req.deadline == datetime(2026, 11, 30, 10, 7, tzinfo=UTC)
@@ -573,7 +616,9 @@ def test_the_cluster_queue_names_the_checks_before_the_workload_lists_them() -> 
         "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}},
     }
     facts = gather(
-        wl, world(configs={}, cluster_queues={"cq": cq}, local_queues={"default/lq": lq})
+        wl,
+        world(configs={}, cluster_queues={"cq": cq}, local_queues={"default/lq": lq}),
+        now=NOW,
     )
     assert facts.state.cluster_queue == "cq"
     assert verdict(facts, NOW).step == "check"
@@ -723,7 +768,7 @@ def test_nodes_needed_extrapolates_from_the_nodes_in_use() -> None:
 
 def test_a_status_row_carries_the_verdict() -> None:
     facts = replace(
-        gang(req=PROVISIONED, fit=placement(arrived(11, members=1), 11)),
+        gang(req=PROVISIONED, fit=placement(arrived(11, members=1), 11), progress=WAITING),
         state=replace(RESERVED, created=NOW - timedelta(minutes=3)),
     )
     row = gang_row(facts, NOW)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import (
@@ -22,6 +22,7 @@ from gangcheck.logic.attempt.fulfillment import (
     request_key,
     tolerating_hold,
 )
+from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome, Record
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
 from gangcheck.logic.placement.dra import DraContext, Inventory
@@ -35,6 +36,7 @@ from gangcheck.logic.placement.fit import (
 )
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.sources.waiting import waiting_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
@@ -153,6 +155,20 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         source=Record.of(notes).source,
         domain=notes.get(DOMAIN_ANNOTATION, ""),
         domains_tried=tuple(t for t in notes.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t),
+    )
+
+
+def capacity_of(world: World) -> World:
+    """The world as the capacity a decision reads: the requests in flight (nodes arrived for
+    them are theirs) and those waiting, oldest first, as the controller's caches give them.
+    (The diagnosis reads no PodTemplates: a waiting request's templates are not known, so no
+    older request is taken to claim a new node first.)"""
+    if world.in_flight:
+        return world
+    return replace(
+        world,
+        in_flight=in_flight_keys(world),
+        waiting=waiting_of(world.requests, lambda _name, _namespace: None),
     )
 
 
@@ -336,6 +352,45 @@ def in_flight_verdict(
     ended = ended_verdict(req, hint)
     if ended is not None:
         return ended
+    deadline = until("deadline", req.deadline, now)
+    phase = req.status.phase()
+    if phase is Phase.PROVISIONED:
+        return provisioned(deadline)
+    return waiting(phase is Phase.ACCEPTED, req.status.note_text, deadline)
+
+
+def step_verdict(
+    progress: Progress | None,
+    message: str,
+    req: RequestFacts,
+    now: datetime,
+    *,
+    hint: str = "",
+    fits: Callable[[], Verdict],
+    provisioned: Callable[[str], Verdict],
+    waiting: Callable[[bool, str, str], Verdict],
+) -> Verdict | None:
+    """Where the decision replayed on the live read says the attempt stands (the lifecycle's
+    progress, and the step's message), in one line; None when it followed no attempt.
+
+    ROLLING_BACK / ROLLED_BACK: a rollback under way names its trigger and what it reclaimed;
+    one that starts now names what triggers it (the backend's word when it ended the attempt).
+    FAILED / REVOKED / EXPIRED: the backend's word. FITS: `fits()`. WAITING: provisioned, the
+    fit (`provisioned(deadline)`), else `waiting(accepted, eta, deadline)` for the backend."""
+    if progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
+        if req.phase == ROLLING_BACK:
+            done = f"; {req.outcome.summary()}" if req.outcome else ""
+            why = req.rollback_reason or message
+            return Verdict(True, "request", f"rolling back attempt {req.attempt}: {why}{done}")
+        return ended_verdict(req, hint) or Verdict(
+            True, "request", f"rolling back attempt {req.attempt}: {message}"
+        )
+    if progress in (Progress.FAILED, Progress.REVOKED, Progress.EXPIRED):
+        return ended_verdict(req, hint) or Verdict(True, "request", f"{req.name}: {message}")
+    if progress is Progress.FITS:
+        return fits()
+    if progress is None:
+        return None
     deadline = until("deadline", req.deadline, now)
     phase = req.status.phase()
     if phase is Phase.PROVISIONED:

@@ -100,6 +100,9 @@ class Decision:
     """When the gang turns Ready: its members by the capacity they use (reserved, new)."""
     sources: tuple[driver.SourceNote, ...] = ()
     """What happened at the capacity sources, for their metrics."""
+    step: lifecycle.Step | None = None
+    """Where the attempt followed stands (None: no attempt was followed): what a diagnosis
+    explains (logic/workloads/diagnosis.py replays this decision on a live read)."""
 
 
 def decide(snap: Snapshot, now: datetime) -> Decision:
@@ -306,7 +309,13 @@ def _gang_of(snap: Snapshot) -> places.GangOf:
 def _outcome(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, step: lifecycle.Step, now: datetime
 ) -> Decision:
-    """Where the attempt stands, written as the check entry."""
+    """Where the attempt stands, written as the check entry (the step kept on the decision)."""
+    return replace(_written(snap, state, req, step, now), step=step)
+
+
+def _written(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, step: lifecycle.Step, now: datetime
+) -> Decision:
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
         rolled = _rolled_back(snap, state, req, step, now)
@@ -341,7 +350,9 @@ def _outcome(
 
 def _rolling(step: lifecycle.Step) -> Decision:
     """A rollback under way: its actions only; the check is written when it is done."""
-    return Decision(actions=step.actions, events=step.events, requeue_after=step.requeue_after)
+    return Decision(
+        actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
+    )
 
 
 def _rolled_back(

@@ -20,22 +20,30 @@ from gangcheck.logic.attempt.explain import (
     Verdict,
     World,
     attempt_phase,
+    capacity_of,
     fit_verdict,
     human_duration,
-    in_flight_verdict,
     nodes_needed,
     place_in,
     request_facts,
+    step_verdict,
     until,
 )
 from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
+from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.rollback import record_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig
-from gangcheck.logic.workloads.admission import Snapshot, gang_templates, members_scheduled
+from gangcheck.logic.workloads.admission import (
+    Snapshot,
+    decide,
+    gang_templates,
+    members_scheduled,
+)
 from gangcheck.logic.workloads.podsets import pod_template_spec
+from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.names import (
     FULFILLED,
     ROLLING_BACK,
@@ -173,6 +181,21 @@ class StartFacts:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """The decision `admission.decide` makes for the check now, on the Snapshot the controller
+    would read (built by the same function, from the live read instead of its caches)."""
+
+    progress: Progress | None = None
+    """Where the attempt it followed stands (None: it followed none)."""
+    message: str = ""
+    """The step's message, else the check's message after the decision."""
+    state: str = ""
+    """The check's state after the decision (written now, or kept)."""
+    asks: bool = False
+    """The decision asks for capacity: no request exists for the attempt yet."""
+
+
+@dataclass(frozen=True)
 class Facts:
     namespace: str
     name: str
@@ -184,14 +207,17 @@ class Facts:
     request: RequestFacts | None = None
     placement: Placement | None = None
     start: StartFacts | None = None
+    replay: Replay | None = None
+    """The controller's decision for the focus check, replayed on what was read."""
 
     @property
     def focus_check(self) -> CheckFacts | None:
         return next((c for c in self.checks if c.name == self.focus), None)
 
 
-def gather(workload: Obj, world: World) -> Facts:
-    """Everything the chain needs about one Workload, read from the objects."""
+def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
+    """Everything the chain needs about one Workload, read from the objects; the decision
+    the controller makes for its check now, replayed on them (`replay`)."""
     wl = workload_of(workload)
     state = workload_state(workload, wl, world)
     checks = check_facts(wl, world, _cluster_queue_checks(state, world))
@@ -214,6 +240,33 @@ def gather(workload: Obj, world: World) -> Facts:
         request=request,
         placement=placement,
         start=_start_facts(state, req, world, spec),
+        replay=replay(_snapshot(wl, focus, world), now) if focus else None,
+    )
+
+
+def replay(snap: Snapshot, now: datetime) -> Replay:
+    """`decide` on the snapshot, as a diagnosis reads it."""
+    decision = decide(snap, now)
+    entry = decision.check or snap.workload.checks.get(snap.check)
+    step = decision.step
+    return Replay(
+        progress=step.progress if step is not None else None,
+        message=(step.message if step is not None and step.message else "")
+        or (entry.message if entry else ""),
+        state=entry.state if entry else "",
+        asks=any(note.outcome == "asked" for note in decision.sources),
+    )
+
+
+def _snapshot(wl: Workload, check: str, world: World) -> Snapshot:
+    return snapshot_of(
+        wl,
+        check,
+        admission_check=world.admission_checks.get,
+        config=world.configs.get,
+        requests=world.requests,
+        flavors=world.flavors,
+        capacity=capacity_of(world),
     )
 
 
@@ -530,22 +583,36 @@ def _other_checks(facts: Facts) -> Verdict | None:
 
 
 def _attempt_verdict(facts: Facts, check: CheckFacts, now: datetime) -> Verdict:
-    req = facts.request
+    """The check Pending: what the decision replayed on the live read says of its attempt."""
+    req, done = facts.request, facts.replay or Replay(state=check.state, message=check.message)
+    name = req.name if req else "?"
     if req is None or not req.found:
-        name = req.name if req else "?"
-        if check.message and name not in check.message:
-            return Verdict(True, "check", f"the check {check.name} is Pending: {check.message}")
-        return Verdict(
-            True,
-            "request",
-            f"ProvisioningRequest {name} does not exist yet (is the gangcheck controller running?)",
-        )
-    return in_flight_verdict(
+        if done.asks:
+            return Verdict(
+                True,
+                "request",
+                f"ProvisioningRequest {name} does not exist yet (is the gangcheck controller "
+                "running?)",
+            )
+        return _pending_check(check.name, done)
+    if req.deleting:
+        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
+    said = step_verdict(
+        done.progress,
+        done.message,
         req,
         now,
+        fits=lambda: _fits_verdict(facts, req),
         provisioned=lambda deadline: _provisioned_verdict(facts, req, deadline),
         waiting=lambda accepted, eta, deadline: _waiting_verdict(req, accepted, eta, deadline),
     )
+    return said or _pending_check(check.name, done)
+
+
+def _pending_check(name: str, done: Replay) -> Verdict:
+    state = done.state or "not listed yet"
+    message = f": {done.message}" if done.message else ""
+    return Verdict(True, "check", f"the check {name} is {state}{message}")
 
 
 def _waiting_verdict(req: RequestFacts, accepted: bool, eta: str, deadline: str) -> Verdict:
@@ -561,15 +628,17 @@ def _waiting_verdict(req: RequestFacts, accepted: bool, eta: str, deadline: str)
     )
 
 
-def _provisioned_verdict(facts: Facts, req: RequestFacts, deadline: str) -> Verdict:
-    placement = facts.placement
+def _fits_verdict(facts: Facts, req: RequestFacts) -> Verdict:
     if facts.mode == FulfillmentMode.TRUST_PROVISIONED.value:
         return Verdict(True, "check", f"{req.name} is Provisioned; {_MARK_READY}")
-    if placement is None:
+    return Verdict(True, "check", f"the whole gang fits on nodes that exist; {_MARK_READY}")
+
+
+def _provisioned_verdict(facts: Facts, req: RequestFacts, deadline: str) -> Verdict:
+    """Provisioned, and the decision waits for the gang to fit: the fit says why not."""
+    if facts.placement is None:
         return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
-    if placement.fits or req.phase == FULFILLED:
-        return Verdict(True, "check", f"the whole gang fits on nodes that exist; {_MARK_READY}")
-    return fit_verdict(placement, deadline)
+    return fit_verdict(facts.placement, deadline)
 
 
 _MARK_READY = "waiting for gangcheck to mark the check Ready (is the controller running?)"
