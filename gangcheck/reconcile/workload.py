@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
@@ -31,6 +32,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.workloads import slices
 from gangcheck.logic.workloads.admission import (
     MAX_MESSAGE,
     Decision,
@@ -122,7 +124,7 @@ class WorkloadReconciler:
         repeats the last one is not applied again: the write changed nothing it reads."""
         last: tuple[Decision, float | None] | None = None
         for _ in range(MAX_PASSES):
-            decision = traced_decision(decide, self._snapshot(wl, check), self._clock())
+            decision = traced_decision(self._decider(wl), self._snapshot(wl, check), self._clock())
             if last is not None and decision == last[0]:
                 return last[1]  # what was written changed nothing this decides on
             applied = await self._apply(wl, check, decision)
@@ -235,6 +237,11 @@ class WorkloadReconciler:
             wrote=written or bool(decision.actions),
             cached=all(isinstance(a, CACHED_ACTIONS) for a in decision.actions),
         )
+
+    def _decider(self, wl: Workload) -> Callable[[Snapshot, datetime], Decision]:
+        """`decide`; for a Kueue Workload slice, with the slice it replaces (slices.py)."""
+        predecessor = slices.predecessor_of(wl, self._caches.workloads.store.get)
+        return decide if predecessor is None else partial(slices.decide, predecessor=predecessor)
 
     def _count(self, wl: Workload, check: str, decision: Decision) -> None:
         """Metrics for a written state change: outcomes, time to Ready, rollbacks."""

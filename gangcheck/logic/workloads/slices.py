@@ -1,0 +1,384 @@
+"""Gangs that grow: Kueue Workload slices (the ``ElasticJobsViaWorkloadSlices`` gate).
+
+Scaling a running elastic Job up (``kueue.x-k8s.io/elastic-job: "true"``) makes Kueue create a
+new Workload, a *slice*, carrying the Job's whole new size (8, not the 4 added) and annotated
+``kueue.x-k8s.io/workload-slice-replacement-for: <namespace>/<old slice>``. When the new slice
+gets its quota, Kueue's scheduler finishes the old one (``Finished``, reason
+``WorkloadSliceReplaced``; its ``Admitted`` condition stays) and the admission checks run on
+the new slice while the Job's running pods go on; the added pods wait behind Kueue's
+``kueue.x-k8s.io/elastic-job`` scheduling gate until the new slice is admitted. Scaling down
+changes the admitted slice's counts in place: no new slice, nothing to ask.
+
+So for a slice the check asks only for the difference: each pod set's count less what the
+slice it replaces was admitted with (its members run: their usage is on the nodes already, so
+the difference fitting whole on what is free is the whole slice fitting). The running members
+are never counted as missing, never asked for again, never touched.
+
+Two things differ from a fixed-size gang, both because Kueue would stop the whole Job:
+
+- *No Retry, no Rejected.* Kueue evicts a Workload whose check says Retry or Rejected, and
+  evicting the new slice suspends the Job, killing the running members. A slice's attempt is
+  rolled back as any other (request deleted, arrivals reclaimed safely), and the check stays
+  Pending: the next attempt follows after Kueue's backoff (the attempts counted by gangcheck
+  on its own requests, not in Kueue's retryCount); with no attempt left it waits, saying so.
+- *No start watchdog, no hold after Ready.* The added pods are the Job's: Kueue does not apply
+  the new slice's podSetUpdates to a running Job, so they carry the first slice's (its hold
+  toleration, not this request's). The nodes held for the difference are opened when the
+  check turns Ready, and the attempt is marked started.
+
+The difference is recorded on the request (``SLICE_ANNOTATION``) when it is made, so an
+attempt in flight goes on as asked even if the old slice's Workload is deleted meanwhile.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, CreateRequest, Event
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.logic.workloads import admission
+from gangcheck.logic.workloads.admission import MAX_MESSAGE, Decision, Snapshot
+from gangcheck.logic.workloads.podsets import admitted_count
+from gangcheck.model.names import CONSUME_ANNOTATION, OUTCOME_ANNOTATION, PHASE_ANNOTATION, STARTED
+from gangcheck.model.objects import (
+    CheckState,
+    Obj,
+    PodSet,
+    PodSetAssignment,
+    ProvisioningRequest,
+    Workload,
+    workload_of,
+)
+
+#: Kueue's annotation on a new slice: the ``namespace/name`` of the slice it replaces.
+REPLACEMENT_FOR = "kueue.x-k8s.io/workload-slice-replacement-for"
+#: Kueue's Finished reason on the slice a new one replaced.
+REPLACED_REASON = "WorkloadSliceReplaced"
+#: On a slice's request: the slice it adds to and the members per pod set that slice runs.
+SLICE_ANNOTATION = "gangcheck.io/slice-base"
+
+PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+
+
+@dataclass(frozen=True)
+class Predecessor:
+    """The slice a Workload names as the one it replaces, as the caches hold it."""
+
+    key: str
+    """``namespace/name`` as the annotation says."""
+    workload: Workload | None
+    """None: no such Workload (deleted, or the annotation names none)."""
+
+
+@dataclass(frozen=True)
+class Base:
+    """What a slice adds to: the slice it replaces and the members per pod set running."""
+
+    replaces: str
+    running: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.running.values())
+
+    def to_annotation(self) -> str:
+        return json.dumps(
+            {"replaces": self.replaces, "running": dict(self.running)}, sort_keys=True
+        )
+
+    @classmethod
+    def from_annotation(cls, raw: str) -> Base | None:
+        try:
+            data = json.loads(raw)
+            running = {str(k): int(v) for k, v in dict(data["running"]).items()}
+            return cls(str(data["replaces"]), running)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def replaced_key(wl: Workload) -> str:
+    return wl.annotations.get(REPLACEMENT_FOR, "")
+
+
+def predecessor_of(wl: Workload, lookup: Callable[[str, str], Obj | None]) -> Predecessor | None:
+    """The slice `wl` replaces, looked up by (name, namespace); None when `wl` is no slice."""
+    key = replaced_key(wl)
+    if not key:
+        return None
+    namespace, _, name = key.partition("/")
+    obj = lookup(name, namespace) if name else None
+    return Predecessor(key, workload_of(obj) if obj is not None else None)
+
+
+def base_of(wl: Workload, pred: Predecessor) -> Base | str:
+    """The members the replaced slice runs per pod set, or why they cannot be told."""
+    old = pred.workload
+    if old is None:
+        return (
+            f"this Workload is a slice replacing {pred.key}, which is gone: which of the Job's "
+            "members run already cannot be told, so nothing is asked (delete the Job's pending "
+            "slice, or scale the Job again, for Kueue to make a new one)"
+        )
+    finished = old.conditions.get("Finished")
+    if (
+        finished is not None
+        and finished.is_true
+        and finished.reason == REPLACED_REASON
+        and wl.ref.uid
+        and wl.ref.uid not in finished.message
+    ):
+        return (
+            f"this Workload is a slice replacing {pred.key}, which another slice replaced "
+            f"already ({finished.message}): two slices raced for one Job; nothing is asked "
+            "for this one"
+        )
+    if not old.is_admitted:
+        return Base(pred.key, {})  # it never ran: the slice is the whole gang
+    return Base(pred.key, {ps.name: admitted_count(old, ps) for ps in old.pod_sets})
+
+
+def shrunk(wl: Workload, base: Base) -> Workload:
+    """The Workload with each pod set's count less the members running: what to ask for."""
+
+    def less(name: str, count: int | None) -> int | None:
+        return None if count is None else max(0, count - base.running.get(name, 0))
+
+    pod_sets = tuple(
+        PodSet(ps.name, less(ps.name, ps.count) or 0, ps.template) for ps in wl.pod_sets
+    )
+    assignments = (
+        None
+        if wl.assignments is None
+        else tuple(
+            PodSetAssignment(a.name, less(a.name, a.count), a.flavors) for a in wl.assignments
+        )
+    )
+    return replace(wl, pod_sets=pod_sets, assignments=assignments)
+
+
+def describe(wl: Workload, base: Base) -> str:
+    """The slice's relation to the running one: 'adds 4 members to default/x running 4'."""
+    added = sum(admitted_count(shrunk(wl, base), ps) for ps in wl.pod_sets)
+    return f"workload slice: adds {added} members to {base.replaces} running {base.total}"
+
+
+def decide(snap: Snapshot, now: datetime, *, predecessor: Predecessor) -> Decision:
+    """`admission.decide` for a Workload that replaces a running slice (`predecessor`): the
+    difference asked for, the running members left alone."""
+    wl = snap.workload
+    state = wl.checks.get(snap.check)
+    if (
+        state is None
+        or wl.deleting
+        or wl.is_finished
+        or wl.is_evicted
+        or not wl.has_quota_reservation
+        or snap.competing
+        or snap.config is None
+        or state.state in (RETRY, REJECTED)
+    ):
+        return admission.decide(snap, now)  # nothing a slice does otherwise
+    recorded = _recorded(snap, state)
+    base = recorded if recorded is not None else base_of(wl, predecessor)
+    if state.state == READY:
+        return _while_ready(snap, state)
+    if isinstance(base, str):
+        return _cannot_tell(snap, state, base)
+    said = describe(wl, base)
+    latest = _latest(snap, state)
+    if latest is None:
+        return _difference(snap, state, base, said, attempts=state.retry_count, now=now)
+    number, req = latest
+    if OUTCOME_ANNOTATION not in req.annotations:
+        return _difference(snap, state, base, said, attempts=number - 1, now=now)
+    # the latest attempt is rolled back: say so once, then the next after its backoff
+    ended = _difference(snap, state, base, said, attempts=number - 1, now=now)
+    if ended.check is not None:
+        return ended
+    assert snap.config is not None
+    due = _due(snap, number, req)
+    if lifecycle.next_attempt(number, snap.config.retry_strategy) is None:
+        return Decision()
+    if due is not None and now < due:
+        return Decision(requeue_after=max(1.0, (due - now).total_seconds()))
+    return _difference(snap, state, base, said, attempts=number, now=now)
+
+
+def _difference(
+    snap: Snapshot, state: CheckState, base: Base, said: str, *, attempts: int, now: datetime
+) -> Decision:
+    """`admission.decide` on the difference, shown a check entry whose retryCount is the
+    slice's own `attempts` made (request names follow it), written as a slice writes it."""
+    shown = replace(state, retry_count=attempts, message=state.message.removeprefix(f"{said}; "))
+    wl = snap.workload
+    view = replace(
+        snap, workload=replace(shrunk(wl, base), checks={**wl.checks, snap.check: shown})
+    )
+    decision = _restored(admission.decide(view, now), state)
+    written = _slice_written(snap, state, decision, base=base, said=said, now=now)
+    if written.check is not None and written.check == state:
+        return replace(written, check=None, events=())
+    return written
+
+
+def _recorded(snap: Snapshot, state: CheckState) -> Base | None:
+    """The base recorded on the slice's latest request, if any."""
+    latest = _latest(snap, state)
+    if latest is None:
+        return None
+    return Base.from_annotation(latest[1].annotations.get(SLICE_ANNOTATION, ""))
+
+
+def _latest(snap: Snapshot, state: CheckState) -> tuple[int, ProvisioningRequest] | None:
+    """The slice's latest attempt at or after Kueue's (its number, its current request)."""
+    wl = snap.workload
+    attempts = {
+        a: r
+        for r in snap.requests
+        if (a := naming.attempt_of(r.name, wl.ref.name, snap.check)) is not None
+        and a >= state.retry_count + 1
+    }
+    if not attempts:
+        return None
+    number = max(attempts)
+    names = {r.name for r in snap.requests}
+    current, _ = naming.current_request(names, wl.ref.name, snap.check, number)
+    req = next((r for r in snap.requests if r.name == current), attempts[number])
+    return number, req
+
+
+def _then(snap: Snapshot, state: CheckState) -> str:
+    """When the next attempt of a slice whose latest was rolled back follows."""
+    assert snap.config is not None
+    latest = _latest(snap, state)
+    if latest is None:
+        return "the next attempt follows"
+    number, req = latest
+    if lifecycle.next_attempt(number, snap.config.retry_strategy) is None:
+        limit = snap.config.retry_strategy.backoff_limit_count
+        return f"backoffLimitCount {limit} allows no more attempts (scale the Job back to drop it)"
+    due = _due(snap, number, req)
+    return f"the next attempt at {format_time(due)}" if due else "the next attempt follows"
+
+
+def _due(snap: Snapshot, number: int, req: ProvisioningRequest) -> datetime | None:
+    assert snap.config is not None
+    since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
+    if since is None:
+        return None
+    return since + timedelta(seconds=lifecycle.backoff_seconds(number, snap.config.retry_strategy))
+
+
+def _requeue(snap: Snapshot, state: CheckState, now: datetime) -> float | None:
+    latest = _latest(snap, state)
+    if latest is None:
+        return None
+    due = _due(snap, *latest)
+    return max(1.0, (due - now).total_seconds()) if due is not None and due > now else None
+
+
+def _restored(decision: Decision, state: CheckState) -> Decision:
+    """The decision with Kueue's retryCount and requeue back in its check entry."""
+    if decision.check is None:
+        return decision
+    check = replace(
+        decision.check,
+        retry_count=state.retry_count,
+        requeue_after_seconds=state.requeue_after_seconds,
+    )
+    return replace(decision, check=None if check == state else check)
+
+
+def _slice_written(
+    snap: Snapshot, state: CheckState, decision: Decision, *, base: Base, said: str, now: datetime
+) -> Decision:
+    """The difference's decision as a slice writes it: the base recorded on a new request; a
+    Retry or Rejected kept Pending; Ready opening the nodes held for the difference."""
+    actions = tuple(_recording(a, base) for a in decision.actions)
+    decision = replace(decision, actions=actions)
+    check = decision.check
+    if check is None:
+        return decision
+    if check.state in (RETRY, REJECTED):
+        message = (
+            f"{said}; {check.message}; {_then(snap, state)}; the slice waits Pending, its "
+            f"{base.total} running members untouched (Retry or Rejected would have Kueue evict "
+            "it and suspend the whole Job)"
+        )
+        events = tuple(e for e in decision.events if e.reason != "AdmissionCheckUpdated")
+        noted = Event("SliceRolledBack", message, warning=True)
+        wait = _requeue(snap, state, now) or 1.0
+        kept = _say(state, message, requeue=wait)
+        return replace(decision, check=kept.check, events=(*events, noted), requeue_after=wait)
+    if check.state == READY:
+        req = _consumed(snap, check)
+        opened: tuple[Action, ...] = ()
+        if req is not None:
+            started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
+            opened = (*lifecycle.release_hold(snap.capacity, req), started)
+        message = f"{said}; {check.message}" if check.message else said
+        return replace(
+            decision, check=replace(check, message=message), actions=(*decision.actions, *opened)
+        )
+    return replace(decision, check=replace(check, message=f"{said}; {check.message}"))
+
+
+def _recording(action: Action, base: Base) -> Action:
+    """A new request of the slice, with the base it adds to recorded on it."""
+    if not isinstance(action, CreateRequest):
+        return action
+    body = dict(action.body)
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        SLICE_ANNOTATION: base.to_annotation(),
+    }
+    body["metadata"] = meta
+    return CreateRequest(body)
+
+
+def _consumed(snap: Snapshot, check: CheckState) -> ProvisioningRequest | None:
+    for update in check.pod_set_updates:
+        name = (update.get("annotations") or {}).get(CONSUME_ANNOTATION)
+        if name:
+            return next((r for r in snap.requests if r.name == name), None)
+    return None
+
+
+def _while_ready(snap: Snapshot, state: CheckState) -> Decision:
+    """After Ready the added members are the Job's: the nodes held for them opened, nothing
+    else (no start watchdog: its rollback would need a Retry, which stops the whole Job)."""
+    req = _consumed(snap, state)
+    if req is None or req.deleting:
+        return Decision()
+    actions = lifecycle.release_hold(snap.capacity, req)
+    if req.annotations.get(PHASE_ANNOTATION) != STARTED:
+        actions = (*actions, AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
+    return Decision(actions=actions)
+
+
+def _cannot_tell(snap: Snapshot, state: CheckState, why: str) -> Decision:
+    """The difference cannot be told: nothing asked, anything asked before withdrawn (what
+    arrived for it reclaimed safely), said on the check and in a Warning Event."""
+    withdrawn = driver.withdraw(
+        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+    )
+    said = _say(state, why)
+    events = withdrawn.events
+    if said.check is not None:
+        events = (*events, Event("WorkloadSliceUnclear", why, warning=True))
+    return replace(
+        said, actions=withdrawn.actions, events=events, requeue_after=withdrawn.requeue_after
+    )
+
+
+def _say(state: CheckState, message: str, *, requeue: float | None = None) -> Decision:
+    """The check Pending with `message` (no write when it says so already)."""
+    check = replace(state, state=PENDING, message=message[:MAX_MESSAGE])
+    return Decision(check=None if check == state else check, requeue_after=requeue)

@@ -1,0 +1,368 @@
+"""Table tests of the decision for a Kueue Workload slice (an elastic Job scaled up): only the
+difference is asked for, the running members are counted as placed, and a rollback keeps the
+slice Pending (Retry would have Kueue stop the whole Job)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    DeleteRequest,
+    ReleaseHold,
+)
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.hold import hold_taint
+from gangcheck.logic.workloads import slices
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.model.objects import Flavor, request_of, workload_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
+OLD = "default/wl-old"
+REQ1, REQ2 = "wl-atomic-1", "wl-atomic-2"
+BASE4 = json.dumps({"replaces": OLD, "running": {"workers": 4}}, sort_keys=True)
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n2"]}'
+ROLLED = {
+    "gangcheck.io/phase": "RollingBack",
+    "gangcheck.io/rollback-reason": "Deadline: 3 of 4 members placeable",
+    "gangcheck.io/fulfillment-deadline": "2026-11-30T10:02:00Z",
+    "gangcheck.io/outcome": OUTCOME,
+    slices.SLICE_ANNOTATION: BASE4,
+}
+
+
+def new_slice(count: int = 8, *, state: str = "Pending", **kw: Any) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder("wl")
+        .pod_set("workers", count)
+        .annotation(slices.REPLACEMENT_FOR, OLD)
+        .reserve_quota()
+        .check(state=state, **kw)
+    )
+
+
+def old_slice(count: int = 4, *, admitted: bool = True, replaced_by: str = "uid-wl") -> Any:
+    b = WorkloadBuilder("wl-old").pod_set("workers", count).reserve_quota().check(state="Ready")
+    if admitted:
+        b.condition("Admitted")
+    if replaced_by:
+        b.condition("Finished", reason=slices.REPLACED_REASON)
+        for c in b.obj["status"]["conditions"]:
+            if c["type"] == "Finished":
+                c["message"] = (
+                    f"Replaced to accommodate a workload (UID: {replaced_by}, JobUID: j) due to "
+                    "workload slice aggregation"
+                )
+    return b.build()
+
+
+def running(n: int, node_name: str = "n1") -> list[dict[str, Any]]:
+    """The old slice's members, bound and running, each using one GPU."""
+    return [
+        {
+            "metadata": {
+                "name": f"job-{i}",
+                "namespace": "default",
+                "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": "first-1"},
+            },
+            "spec": {
+                "nodeName": node_name,
+                "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+            },
+            "status": {"phase": "Running"},
+        }
+        for i in range(n)
+    ]
+
+
+def req(name: str = REQ1, count: int = 4, **kw: Any) -> Any:
+    return provisioning_request(
+        name, templates=[(naming.template_name(name, "workers"), count)], **kw
+    )
+
+
+@dataclass
+class Case:
+    id: str
+    workload: WorkloadBuilder
+    predecessor: Any = field(default_factory=old_slice)  # None: gone
+    requests: list[Any] = field(default_factory=list)
+    nodes: list[Any] = field(default_factory=list)
+    pods: list[Any] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    now: datetime = NOW
+    # expectations
+    state: str | None = None  # None: no check write
+    message: tuple[str, ...] = ()
+    asked: int | None = None  # the count of the request created, if one is
+    asked_name: str = REQ1
+    deletes: tuple[str, ...] = ()
+    claims: tuple[str, ...] = ()
+    started: bool = False
+    released: tuple[str, ...] = ()
+    events: tuple[str, ...] = ()
+    retry_count: int = 0
+
+
+def run(case: Case) -> Decision:
+    snap = Snapshot(
+        workload=workload_of(case.workload.build()),
+        check=CHECK,
+        config=parse_spec(case.config),
+        flavors=GPU_FLAVOR,
+        requests=tuple(request_of(r) for r in case.requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in case.requests for p in r["spec"]["podSets"]
+        ),
+        capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.pods)),
+    )
+    pred = slices.Predecessor(
+        OLD, workload_of(case.predecessor) if case.predecessor is not None else None
+    )
+    return slices.decide(snap, case.now, predecessor=pred)
+
+
+CASES = [
+    Case(
+        "scale up 4 -> 8: the request asks for the 4 added, the base recorded on it",
+        new_slice(),
+        state="Pending",
+        message=("workload slice: adds 4 members to default/wl-old running 4", "for 4 pods"),
+        asked=4,
+    ),
+    Case(
+        "the replaced slice never ran: the whole slice is asked for",
+        new_slice(),
+        predecessor=old_slice(admitted=False),
+        message=("adds 8 members to default/wl-old running 0",),
+        state="Pending",
+        asked=8,
+    ),
+    Case(
+        "the difference fits on a new node, the running members' usage counted: Ready; the "
+        "node claimed, its hold lifted at once (the Job's pods tolerate another), started",
+        new_slice(),
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        nodes=[
+            node("n1", gpu=4, labels={"pool": "gpu"}),  # the 4 running members fill it
+            node("n2", gpu=4, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        pods=running(4),
+        state="Ready",
+        message=("adds 4 members to default/wl-old running 4", "the whole gang fits"),
+        claims=("n2",),
+        started=True,
+    ),
+    Case(
+        "the running members fill their node: 3 of the 4 added fit, the check waits",
+        new_slice(),
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        nodes=[
+            node("n1", gpu=4, labels={"pool": "gpu"}),
+            node("n2", gpu=3, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        pods=running(4),
+        state="Pending",
+        message=("adds 4 members to default/wl-old running 4", "3 of 4 members placeable"),
+        claims=("n2",),
+    ),
+    Case(
+        "rolled back past the deadline: Pending, never Retry (Kueue would stop the Job)",
+        new_slice(message="workload slice: adds 4 members to default/wl-old running 4; x"),
+        requests=[req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+        state="Pending",
+        message=(
+            "rolled back wl-atomic-1",
+            "the next attempt at 2026-11-30T10:03:00Z",
+            "4 running members untouched",
+        ),
+        events=("SliceRolledBack",),
+    ),
+    Case(
+        "the replaced slice is gone and nothing asked yet: nothing asked, said in an Event",
+        new_slice(),
+        predecessor=None,
+        state="Pending",
+        message=("replacing default/wl-old, which is gone", "nothing is asked"),
+        events=("WorkloadSliceUnclear",),
+    ),
+    Case(
+        "the replaced slice is gone after the ask: the attempt goes on as recorded",
+        new_slice(),
+        predecessor=None,
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        state="Pending",
+        message=("adds 4 members to default/wl-old running 4", "0 of 4 members placeable"),
+    ),
+    Case(
+        "two slices raced: the replaced one was replaced by another, nothing asked",
+        new_slice(),
+        predecessor=old_slice(replaced_by="uid-other"),
+        state="Pending",
+        message=("two slices raced for one Job",),
+        events=("WorkloadSliceUnclear",),
+    ),
+    Case(
+        "the slice adds nothing beyond what runs: Ready, no request",
+        new_slice(4),
+        state="Ready",
+        message=("adds 0 members", "not needed"),
+    ),
+    Case(
+        "a Ready slice scaled down in place: nothing is reclaimed, only its hold kept lifted",
+        new_slice(
+            2,
+            state="Ready",
+            pod_set_updates=[
+                {
+                    "name": "workers",
+                    "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
+                }
+            ],
+        ),
+        requests=[
+            req(
+                conditions={"Provisioned": ""},
+                annotations={slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/phase": "Started"},
+            )
+        ],
+        nodes=[
+            node(
+                "n2",
+                labels={"pool": "gpu"},
+                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+                taints=[hold_taint(f"default/{REQ1}")],
+            )
+        ],
+        released=("n2",),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_slice(case: Case) -> None:
+    d = run(case)
+    if case.state is None:
+        assert d.check is None
+    else:
+        assert d.check is not None and d.check.state == case.state, d.check
+        for part in case.message:
+            assert part in d.check.message, d.check.message
+        assert d.check.retry_count == case.retry_count
+    created = [a for a in d.actions if isinstance(a, CreateRequest)]
+    if case.asked is None:
+        assert not created
+    else:
+        (body,) = (a.body for a in created)
+        assert body["metadata"]["name"] == case.asked_name
+        assert [p["count"] for p in body["spec"]["podSets"]] == [case.asked]
+        recorded = slices.Base.from_annotation(
+            body["metadata"]["annotations"][slices.SLICE_ANNOTATION]
+        )
+        assert recorded is not None and recorded.replaces == OLD
+    assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes
+    assert tuple(a.name for a in d.actions if isinstance(a, ClaimNode)) == case.claims
+    starts = [
+        a
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and a.annotations.get("gangcheck.io/phase") == "Started"
+    ]
+    assert bool(starts) == case.started
+    released = tuple(n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes)
+    assert released == case.released
+    reasons = {e.reason for e in d.events} - {"AdmissionCheckUpdated", "ProvisioningRequestCreated"}
+    assert reasons >= set(case.events), d.events
+    assert not {"Retry", "Rejected"} & {e.reason for e in d.events}
+
+
+def test_a_workload_that_is_no_slice_is_decided_as_a_whole_gang() -> None:
+    wl = workload_of(WorkloadBuilder("wl").pod_set("workers", 8).reserve_quota().check().build())
+    assert slices.predecessor_of(wl, lambda name, ns: None) is None
+
+
+def test_the_predecessor_is_looked_up_by_the_annotations_namespace_and_name() -> None:
+    wl = workload_of(new_slice().build())
+    seen: list[tuple[str, str]] = []
+
+    def lookup(name: str, namespace: str) -> Any:
+        seen.append((name, namespace))
+        return old_slice()
+
+    pred = slices.predecessor_of(wl, lookup)
+    assert seen == [("wl-old", "default")]
+    assert pred is not None and pred.workload is not None and pred.key == OLD
+
+
+def test_a_slice_rolled_back_past_its_last_attempt_waits_pending_without_a_new_ask() -> None:
+    case = Case(
+        "",
+        new_slice(message="said"),
+        config={"retryStrategy": {"backoffLimitCount": 0}},
+        requests=[req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+    )
+    first = run(replace_case(case, workload=new_slice()))
+    assert first.check is not None and first.check.state == "Pending"
+    assert "allows no more attempts" in first.check.message
+    again = run(
+        replace_case(
+            case,
+            workload=new_slice(message=first.check.message),
+            now=datetime(2027, 1, 1, tzinfo=UTC),
+        )
+    )
+    assert again.check is None and not [a for a in again.actions if isinstance(a, CreateRequest)]
+
+
+def test_the_whole_decide_is_unchanged_for_the_same_snapshot_without_a_predecessor() -> None:
+    """Without the slice's predecessor the decision is the fixed-size gang's: the whole 8."""
+    snap = Snapshot(
+        workload=workload_of(new_slice().build()),
+        check=CHECK,
+        config=parse_spec({}),
+        flavors=GPU_FLAVOR,
+    )
+    created = [a for a in decide(snap, NOW).actions if isinstance(a, CreateRequest)]
+    assert [p["count"] for p in created[0].body["spec"]["podSets"]] == [8]
+
+
+def replace_case(case: Case, **kw: Any) -> Case:
+    from dataclasses import replace
+
+    return replace(case, **kw)
+
+
+def test_a_rolled_back_slice_says_so_once_then_asks_again_after_its_backoff() -> None:
+    case = Case("", new_slice(), requests=[req(conditions={"Provisioned": ""}, annotations=ROLLED)])
+    said = run(case)
+    assert said.check is not None and said.check.state == "Pending"
+    waiting = replace_case(
+        case,
+        workload=new_slice(message=said.check.message),
+        now=datetime(2026, 11, 30, 10, 2, 30, tzinfo=UTC),  # before 10:03, the backoff's end
+    )
+    early = run(waiting)
+    assert early.check is None and early.actions == () and early.requeue_after == 30.0
+    later = run(replace_case(waiting, now=NOW))
+    created = [a.body for a in later.actions if isinstance(a, CreateRequest)]
+    assert [b["metadata"]["name"] for b in created] == [REQ2]
+    assert [p["count"] for p in created[0]["spec"]["podSets"]] == [4]
+    assert [a.name for a in later.actions if isinstance(a, DeleteRequest)] == [REQ1]
+    assert later.check is not None and later.check.retry_count == 0
+    assert f"provisioning request {REQ2} created for 4 pods" in later.check.message
