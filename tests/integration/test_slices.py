@@ -1,0 +1,205 @@
+"""Kueue Workload slices (an elastic Job scaled up) against a real kube-apiserver.
+
+The test plays Kueue core as v0.17 does with ElasticJobsViaWorkloadSlices on: the old slice,
+admitted, its members running on a node; the new slice with the Job's whole new size,
+annotated ``kueue.x-k8s.io/workload-slice-replacement-for: <ns>/<old>``, its quota reserved,
+and the old slice Finished (``WorkloadSliceReplaced``, naming the new slice's UID). The cloud
+is played by creating Nodes; gangcheck runs in fit mode with short deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import NODE, POD, WORKLOAD
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.hold import HOLD_TAINT
+from gangcheck.logic.workloads import slices
+from tests.builders import WorkloadBuilder, pod_template
+from tests.integration.harness import Cluster, RunningController, eventually, now
+
+pytestmark = pytest.mark.integration
+
+ARRIVED = "gangcheck.io/arrived-for"
+
+
+def fit(deadline: int) -> dict[str, Any]:
+    return {
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": deadline, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 5},
+    }
+
+
+def slice_of(name: str, members: int, *, replaces: str = "", check: str = "Pending") -> Any:
+    builder = WorkloadBuilder(name).pod_set("workers", members, pod_template(gpu=1))
+    if replaces:
+        builder.annotation(slices.REPLACEMENT_FOR, replaces)
+    return builder.reserve_quota().check(state=check)
+
+
+async def running_slice(cluster: Cluster, members: int = 4) -> tuple[str, list[str]]:
+    """The old slice as Kueue leaves it once admitted: its check Ready, Admitted, and its
+    members running on a node that was there before (not one that arrived for any request)."""
+    await cluster.submit(slice_of("old", members, check="Ready"))
+    await cluster.set_workload_condition("old", "Admitted")
+    (node,) = await cluster.add_nodes(1, gpu=members, prefix="running")
+    pods = [
+        (await cluster.create_pod(f"job-{i}", node_name=node, consume="first-request"))["metadata"][
+            "name"
+        ]
+        for i in range(members)
+    ]
+    return node, pods
+
+
+async def replace_with(cluster: Cluster, members: int, *, old: str = "old") -> str:
+    """The new slice, its quota reserved; the old one finished as replaced by it."""
+    name = await cluster.submit(slice_of("new", members, replaces=f"{cluster.ns}/{old}"))
+    uid = (await cluster.workload(name))["metadata"]["uid"]
+    await finish_as_replaced(cluster, old, by=uid)
+    return name
+
+
+async def finish_as_replaced(cluster: Cluster, name: str, *, by: str) -> None:
+    def finish(wl: Any) -> None:
+        conds = [c for c in wl["status"].get("conditions") or [] if c["type"] != "Finished"]
+        conds.append(
+            {
+                "type": "Finished",
+                "status": "True",
+                "reason": slices.REPLACED_REASON,
+                "message": f"Replaced to accommodate a workload (UID: {by}, JobUID: j) due to "
+                "workload slice aggregation",
+                "lastTransitionTime": now(),
+            }
+        )
+        wl["status"]["conditions"] = conds
+
+    await cluster.update_status(name, finish)
+
+
+async def untouched(cluster: Cluster, node: str, pods: list[str]) -> None:
+    """The running members and their node as they were: every pod there, bound, the node
+    neither cordoned nor tainted by gangcheck, nor recorded as arrived for anything."""
+    got = await cluster.kube.get(NODE, node)
+    assert not got["spec"].get("unschedulable")
+    assert not [t for t in got["spec"].get("taints") or [] if "gangcheck" in t["key"]]
+    assert ARRIVED not in (got["metadata"].get("annotations") or {})
+    for pod in pods:
+        assert (await cluster.kube.get(POD, pod, cluster.ns))["spec"]["nodeName"] == node
+
+
+async def _message(cluster: Cluster, text: str) -> Any:
+    entry = await cluster.check_state("new")
+    return entry if text in entry["message"] else None
+
+
+async def test_a_scaled_up_slice_asks_for_the_added_members_only_and_turns_ready_when_they_fit(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60))
+    node, pods = await running_slice(cluster)
+    await replace_with(cluster, 8)
+    name = naming.request_name("new", cluster.check, 1)
+    req = await cluster.wait_request(name)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [4]
+    base = json.loads(req["metadata"]["annotations"][slices.SLICE_ANNOTATION])
+    assert base == {"replaces": f"{cluster.ns}/old", "running": {"workers": 4}}
+    await eventually(
+        lambda: _message(cluster, f"adds 4 members to {cluster.ns}/old running 4"),
+        what="the slice's relation in the check message",
+    )
+
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (added,) = await cluster.add_nodes(1, gpu=4)
+    check = await cluster.wait_check("new", "Ready")
+    assert f"adds 4 members to {cluster.ns}/old running 4" in check["message"]
+
+    async def opened_and_started() -> bool:
+        got = await cluster.kube.get(NODE, added)
+        r = await cluster.request(name)
+        return (
+            r is not None
+            and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+            and got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"
+            and not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+        )
+
+    await eventually(opened_and_started, what="the added node recorded, its hold lifted")
+    await untouched(cluster, node, pods)
+    # the old slice's check, finished, was left as it was: no request made for it
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+
+
+async def test_a_slice_whose_added_members_do_not_fit_is_rolled_back_and_stays_pending(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """3 of the 4 added fit by the deadline: the difference is rolled back (its node
+    reclaimed), the check stays Pending (no Retry: Kueue would suspend the whole Job), the
+    4 running members untouched; after the backoff the next attempt asks for the 4 again."""
+    await cluster.install_check(fit(deadline=4))
+    node, pods = await running_slice(cluster)
+    await replace_with(cluster, 8)
+    first = naming.request_name("new", cluster.check, 1)
+    await cluster.set_request_conditions(first, {"Provisioned": ""})
+    (partial,) = await cluster.add_nodes(1, gpu=3)
+
+    event = (await cluster.wait_events("SliceRolledBack", timeout=30))[0]
+    assert "3 of 4 members placeable" in event["message"]
+    assert "its 4 running members untouched" in event["message"]
+    with pytest.raises(NotFoundError):
+        await cluster.kube.get(NODE, partial)
+    await untouched(cluster, node, pods)
+    assert not await cluster.events("AdmissionCheckUpdated") or all(
+        "to Retry" not in e["message"] and "to Rejected" not in e["message"]
+        for e in await cluster.events("AdmissionCheckUpdated")
+    )
+
+    second = naming.request_name("new", cluster.check, 2)
+    req = await cluster.wait_request(second, timeout=30)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [4]
+    await cluster.wait_request_gone(first)
+    entry = await cluster.check_state("new")
+    assert entry["state"] == "Pending"
+    assert int(entry.get("retryCount") or 0) == 0  # Kueue's count: gangcheck never wrote one
+    await untouched(cluster, node, pods)
+
+
+async def test_a_slice_whose_predecessor_is_gone_asks_nothing_and_says_why(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(slice_of("new", 8, replaces=f"{cluster.ns}/vanished"))
+    check = await eventually(
+        lambda: _message(cluster, "which is gone"), what="the check saying the slice is gone"
+    )
+    assert check["state"] == "Pending"
+    events = await cluster.wait_events("WorkloadSliceUnclear")
+    assert all(f"{cluster.ns}/vanished" in e["message"] for e in events)
+    assert await cluster.requests() == []
+
+
+async def test_two_slices_racing_for_one_job_the_loser_asks_nothing(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    await cluster.install_check(fit(deadline=60))
+    node, pods = await running_slice(cluster)
+    winner = await replace_with(cluster, 8)
+    loser = await cluster.submit(slice_of("late", 12, replaces=f"{cluster.ns}/old"))
+    assert winner != loser
+
+    async def raced() -> Any:
+        wl = await cluster.kube.get(WORKLOAD, loser, cluster.ns)
+        entries = (wl.get("status") or {}).get("admissionChecks") or []
+        entry = next(e for e in entries if e["name"] == cluster.check)
+        return entry if "two slices raced" in entry["message"] else None
+
+    assert (await eventually(raced, what="the losing slice saying so"))["state"] == "Pending"
+    await cluster.wait_events("WorkloadSliceUnclear", about=loser)
+    names = [r["metadata"]["name"] for r in await cluster.requests()]
+    assert names == [naming.request_name("new", cluster.check, 1)]
+    await untouched(cluster, node, pods)
