@@ -92,7 +92,10 @@ KUEUE_NAME_PREFIX = "kueue-"  # what Kueue's config/default kustomization prefix
 KUEUE_FRAMEWORKS = ("batch/job",)
 #: VisibilityOnDemand serves an aggregated API (visibility.kueue.x-k8s.io) that would need an
 #: APIService pointing at a Service in the cluster; off out of cluster.
-KUEUE_FEATURE_GATES = ("VisibilityOnDemand=false",)
+#: ElasticJobsViaWorkloadSlices (alpha in v0.17) makes workload slices of the Jobs annotated
+#: ``kueue.x-k8s.io/elastic-job: "true"`` only (tests/e2e/test_elastic.py); every other Job
+#: is admitted as before (its pods carry one more annotation, the workload slice's name).
+KUEUE_FEATURE_GATES = ("VisibilityOnDemand=false", "ElasticJobsViaWorkloadSlices=true")
 #: Kueue v0.17 reads its metrics serving certificate from this hard-coded folder whenever
 #: internal cert management is off (cmd/kueue/main.go), and exits if the files are missing.
 KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")

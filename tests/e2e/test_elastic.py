@@ -1,0 +1,238 @@
+"""Elastic Jobs end to end: Kueue's workload slices (``ElasticJobsViaWorkloadSlices``, on in
+the test bed) with gangcheck's check, on the real Kueue, kube-scheduler, controller-manager and
+kwok. The nodes come from the simulated cloud (``gangcheck-dev sim-cloud``): a partial
+delivery of the added members cannot be produced on demand with the real cluster-autoscaler.
+
+a. a Job of 4 whole-node pods scaled to 8: the new slice asks for the 4 added only, they get
+   their nodes, the Job runs 8, the first 4 never moved; then scaled back to 4: nothing
+   gangcheck recorded is reclaimed, the members left keep running on their nodes;
+b. scaled 4 -> 8 with capacity for 3 of the 4 added: the difference is rolled back (its 3
+   nodes deleted), the slice stays Pending (no Retry: Kueue would suspend the whole Job), the
+   4 running members untouched, the Job stays at 4 running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gangcheck_dev.testbed.deploy import ManagedProcess
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.workloads import slices
+from tests.e2e.conftest import Cluster
+from tests.e2e.helpers import JOB, delete_quietly, events_of, eventually, is_true, messages, unique
+from tests.e2e.test_gangcheck import (
+    ARRIVED_FOR,
+    GPU_TYPE,
+    SIM_CLASS,
+    SIM_POOL,
+    Queue,
+    SimCloud,
+    check_state,
+    delete_nodes,
+    gang_job,
+    gpu_queue,
+    job_pods,
+    nodes_with,
+    our_config,
+    running,
+    sim_group,
+)
+from tests.e2e.test_gangcheck import controller as controller  # noqa: PLC0414 (the fixture)
+
+Obj = dict[str, Any]
+ELASTIC = {"kueue.x-k8s.io/elastic-job": "true"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gangcheck-e2e-elastic")
+
+
+@pytest.fixture(scope="module")
+def sim(cluster: Cluster, workdir: Path) -> Iterator[SimCloud]:
+    cloud = SimCloud(cluster, workdir)
+    try:
+        yield cloud
+    finally:
+        if cloud.process is not None:
+            cloud.process.stop()
+
+
+def elastic_job(name: str, count: int, pool: str) -> Obj:
+    """A Job of `count` whole-node pods that may grow and shrink: no completions (they are
+    immutable; parallelism is what scales)."""
+    job = gang_job(name, count, 8, {SIM_POOL: pool})
+    job["metadata"]["annotations"] = dict(ELASTIC)
+    del job["spec"]["completions"]
+    return job
+
+
+@contextlib.asynccontextmanager
+async def elastic_setup(
+    kube: Kube,
+    namespace: str,
+    sim: SimCloud,
+    *,
+    max_nodes: int,
+    scenarios: list[Obj],
+    backoff_limit: int = 3,
+) -> AsyncIterator[tuple[str, Queue]]:
+    pool = unique("elastic")
+    sim.configure(sim_group(pool, max_nodes), *scenarios)
+    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
+    ours = our_config(klass=SIM_CLASS, deadline=8, backoff_limit=backoff_limit)
+    async with gpu_queue(kube, namespace, labels, ours=ours) as queue:
+        try:
+            yield pool, queue
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+
+            async def no_pods() -> bool:
+                return not (await kube.list_objects(POD, namespace))["items"]
+
+            with contextlib.suppress(AssertionError):
+                await eventually(no_pods, timeout=30, what="the Job's pods to go")
+            await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
+
+
+async def placed(kube: Kube, namespace: str, count: int) -> dict[str, str] | None:
+    """The Job's running pods by name -> node, once exactly `count` run."""
+    pods = running(await job_pods(kube, namespace, "gang"))
+    return (
+        {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods} if len(pods) == count else None
+    )
+
+
+async def new_slice(kube: Kube, namespace: str) -> Obj | None:
+    for wl in (await kube.list_objects(WORKLOAD, namespace))["items"]:
+        if slices.REPLACEMENT_FOR in (wl["metadata"].get("annotations") or {}):
+            return dict(wl)
+    return None
+
+
+async def slice_request(kube: Kube, namespace: str) -> Obj | None:
+    for req in (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]:
+        if slices.SLICE_ANNOTATION in (req["metadata"].get("annotations") or {}):
+            return dict(req)
+    return None
+
+
+async def untouched(kube: Kube, namespace: str, before: dict[str, str]) -> None:
+    """The members that ran before still run where they ran, on nodes gangcheck neither
+    cordoned nor fenced."""
+    for pod, node in before.items():
+        got = await kube.get(POD, pod, namespace)
+        assert got["spec"]["nodeName"] == node and got["status"]["phase"] == "Running"
+        n = await kube.get(NODE, node)
+        assert not n["spec"].get("unschedulable"), f"{node} cordoned"
+        assert not [t for t in n["spec"].get("taints") or [] if "gangcheck" in t["key"]]
+
+
+@pytest.mark.timeout(180)
+async def test_a_job_scaled_up_gets_the_added_members_all_at_once_and_scaled_down_keeps_its_own(
+    kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None, sim: SimCloud
+) -> None:
+    async with elastic_setup(kube, namespace, sim, max_nodes=8, scenarios=[]) as (pool, queue):
+        began = time.monotonic()
+        await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
+        first = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
+        at_four = time.monotonic() - began
+
+        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
+        scaled = time.monotonic()
+        req = await eventually(lambda: slice_request(kube, namespace), what="the slice's ask")
+        assert [p["count"] for p in req["spec"]["podSets"]] == [4]
+        eight = await eventually(lambda: placed(kube, namespace, 8), timeout=60, what="8 running")
+        at_eight = time.monotonic() - scaled
+        await untouched(kube, namespace, first)
+        added = {node for pod, node in eight.items() if pod not in first}
+        assert len(added) == 4 and not added & set(first.values())
+        key = f"{namespace}/{req['metadata']['name']}"
+        for node in added:
+            got = await kube.get(NODE, node)
+            assert got["metadata"]["annotations"][ARRIVED_FOR] == key
+        wl = await new_slice(kube, namespace)
+        assert wl is not None and is_true(wl, "Admitted")
+        state = check_state(wl, queue.check)
+        old = wl["metadata"]["annotations"][slices.REPLACEMENT_FOR]
+        assert state["state"] == "Ready"
+        assert f"adds 4 members to {old} running 4" in state["message"]
+
+        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 4}}, namespace)
+        kept = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="back to 4")
+        await untouched(kube, namespace, kept)
+        # Nothing gangcheck recorded was reclaimed: the nodes left empty are the normal
+        # scale-down's (the simulated cloud has none), every one of the 8 is still there.
+        assert len(await nodes_with(kube, f"{SIM_POOL}={pool}")) == 8
+        wl = await new_slice(kube, namespace)
+        assert wl is not None and check_state(wl, queue.check)["state"] == "Ready"
+        assert not messages(await events_of(kube, wl), "RolledBack")
+        cluster.record(
+            f"elastic a. sim, whole-node pods: 4 running after {at_four:.1f}s; scaled to 8, "
+            f"8 running {at_eight:.1f}s later (the slice asked for 4); scaled back to 4, "
+            "nothing reclaimed"
+        )
+
+
+@pytest.mark.timeout(180)
+async def test_a_scale_up_whose_added_members_do_not_all_fit_is_rolled_back_the_job_runs_on(
+    kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None, sim: SimCloud
+) -> None:
+    scenarios = [
+        {"name": f"first-{namespace}", "match": {"namespace": namespace}, "times": 1},
+        {
+            "name": f"three-of-four-{namespace}",
+            "match": {"namespace": namespace},
+            "times": 1,
+            "deliver": 3,
+        },
+    ]
+    setup = elastic_setup(kube, namespace, sim, max_nodes=8, scenarios=scenarios, backoff_limit=0)
+    async with setup as (pool, queue):
+        await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
+        first = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
+        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
+        scaled = time.monotonic()
+        req = await eventually(lambda: slice_request(kube, namespace), what="the slice's ask")
+        name = req["metadata"]["name"]
+
+        async def rolled_back() -> list[str] | None:
+            wl = await new_slice(kube, namespace)
+            return messages(await events_of(kube, wl), "SliceRolledBack") if wl else None
+
+        (said,) = await eventually(rolled_back, timeout=40, what="the difference rolled back")
+        took = time.monotonic() - scaled
+        assert "3 of 4 members placeable" in said and "its 4 running members untouched" in said
+        # The 3 nodes that came for the difference are gone; the 4 of the running members not.
+        nodes = await nodes_with(kube, f"{SIM_POOL}={pool}")
+        assert {n["metadata"]["name"] for n in nodes} == set(first.values())
+        assert not [
+            n
+            for n in nodes
+            if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR, "").endswith(name)
+        ]
+        await untouched(kube, namespace, first)
+        assert await placed(kube, namespace, 4) == first
+        wl = await new_slice(kube, namespace)
+        assert wl is not None and not is_true(wl, "Admitted")
+
+        async def said_on_the_check() -> Obj | None:
+            # a message-only write lags the Event by up to the progress delay (3 s)
+            state = check_state(await new_slice(kube, namespace), queue.check)
+            return state if "allows no more attempts" in state.get("message", "") else None
+
+        state = await eventually(said_on_the_check, timeout=10, what="the check saying so")
+        assert state["state"] == "Pending"
+        updates = messages(await events_of(kube, wl), "AdmissionCheckUpdated")
+        assert not [m for m in updates if "to Retry" in m or "to Rejected" in m]
+        cluster.record(
+            f"elastic b. sim, 3 of the 4 added delivered: rolled back {took:.1f}s after the "
+            "scale-up, the Job still running its 4"
+        )
