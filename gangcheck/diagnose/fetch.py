@@ -141,6 +141,7 @@ async def diagnose_group(
         api_group=api_group,
         served=resources.get(api_group) is not None,
         opted_in=opted_in,
+        now=when,
     )
     claims = await attempt_node_claims(kube, ns, facts.request)
     return GroupReport(target, facts, group_verdict(facts, when), when, via, claims)
@@ -181,7 +182,7 @@ async def status(
     opted_in = None if namespaces is None else {_name(n): _is_opted_in(n) for n in namespaces}
     rows += [
         (group_row(facts, when), facts.request)
-        for facts in _group_facts(groups, world, namespace, opted_in)
+        for facts in _group_facts(groups, world, namespace, opted_in, now=when)
         if in_flight(facts)
     ]
     with_claims = await _with_claims(kube, rows)
@@ -239,6 +240,8 @@ def _group_facts(
     world: World,
     namespace: str | None,
     opted_in: dict[str, bool] | None,
+    *,
+    now: datetime,
 ) -> list[GroupFacts]:
     """Every PodGroup listed, and every PodGroup gated members name that does not exist."""
     served, groups = pod_groups
@@ -257,6 +260,7 @@ def _group_facts(
                 name=key[2],
                 api_group=api_group,
                 opted_in=opted_in.get(key[0]) if opted_in is not None else None,
+                now=now,
             )
         )
     for key, members in by_group.items():
@@ -273,6 +277,7 @@ def _group_facts(
                 api_group=api_group,
                 served=any(res.group == api_group for res in served.resources),
                 opted_in=opted_in.get(ns) if opted_in is not None else None,
+                now=now,
             )
         )
     return out
@@ -418,14 +423,17 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
 
 
 async def fetch_group_world(kube: Kube, namespace: str) -> World:
-    """What a PodGroup's diagnosis reads: the requests in flight, the nodes, the pods."""
+    """What a PodGroup's diagnosis reads: the requests in flight, the nodes, the pods, the
+    configs (a group names one; none when they cannot be read)."""
     managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-    requests, nodes, pods = await asyncio.gather(
+    requests, nodes, pods, configs = await asyncio.gather(
         _everywhere(kube, PROVISIONING_REQUEST, namespace, label_selector=managed),
         _items(kube, NODE),
         _everywhere(kube, POD, namespace, field_selector=NOT_FINISHED),
+        _maybe(kube, ATOMIC_CONFIG, None),
     )
     return World(
+        configs=_by_key(configs or []),
         requests=tuple(requests),
         nodes=tuple(nodes),
         pods=tuple(pods),

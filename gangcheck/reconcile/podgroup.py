@@ -13,16 +13,17 @@ from datetime import UTC, datetime
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
-from gangcheck.kube.resources import ATOMIC_CONFIG, POD
+from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import is_gated
+from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
 from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSAGE_ANNOTATION
-from gangcheck.model.objects import Obj, ObjectRef, request_of
+from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
-from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.apply import Applier, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
@@ -93,38 +94,22 @@ class PodGroupReconciler:
 
     def _snapshot(self, group: PodGroup, api_group: str) -> GroupSnapshot:
         ns, key = group.ref.namespace, podgroup.group_key(group)
-        config, problem = self._config(group)
-        requests = tuple(
-            request_of(r)
-            for r in self._caches.requests_of_group(ns, key)
-            if (r["metadata"].get("annotations") or {}).get(GROUP_UID_ANNOTATION) == group.ref.uid
-        )
-        templates = names_of(self._caches.templates_of_group(ns, key))
-        return GroupSnapshot(
-            group=group,
-            members=self._caches.member_views(ns, api_group, group.ref.name),
-            config=config,
-            config_problem=problem,
-            requests=requests,
-            templates=templates,
+        return group_snapshot_of(
+            group,
+            self._caches.member_views(ns, api_group, group.ref.name),
+            config=self._config(group),
+            requests=self._caches.requests_of_group(ns, key),
             capacity=cluster_view(self._caches),
             max_members=self._options.max_members,
             opted_in=self._caches.opted_in(ns),
+            templates=names_of(self._caches.templates_of_group(ns, key)),
         )
 
     def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
         return self._config_named(group.annotations.get(CONFIG_ANNOTATION) or self._options.config)
 
     def _config_named(self, name: str) -> tuple[AtomicProvisioningSpec | None, str]:
-        if not name:
-            return AtomicProvisioningSpec(), ""
-        obj = self._caches.configs.store.get(name)
-        if obj is None:
-            return None, f"{ATOMIC_CONFIG.kind} {name!r} not found"
-        try:
-            return parse_spec(obj.get("spec")), ""
-        except ValueError as e:
-            return None, f"{ATOMIC_CONFIG.kind} {name!r}: {e}"
+        return config_named(name, self._caches.configs.store.get)
 
     async def _apply(self, key: str, obj: Obj, decision: GroupDecision) -> float | None:
         """Apply the actions, then write the group's status (a new message alone may be

@@ -506,6 +506,7 @@ def facts_of(case: Case) -> Any:
         api_group=api_group,
         served=case.served,
         opted_in=case.opted_in,
+        now=NOW,
     )
 
 

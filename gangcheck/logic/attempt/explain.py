@@ -1,8 +1,10 @@
 """Explaining an attempt, for any gang source: the facts a diagnosis reads (the request, the
-placement of the gang on the nodes it may use) and the verdicts they give.
+placement of the gang on the nodes it may use) and the words for where the attempt stands.
 
 Pure. The gang sources' diagnoses (logic/workloads/diagnosis.py, logic/podgroups/
-group_diagnosis.py) read their gang, then explain its attempt with these.
+group_diagnosis.py) replay their source's `decide` on a live read (`capacity_of` makes the
+read the capacity a decision reads) and say the step it returns with `step_verdict`; the
+placement names, node by node, why the fit fails (`fit_verdict`).
 """
 
 from __future__ import annotations
@@ -329,34 +331,6 @@ def ended_verdict(req: RequestFacts, hint: str = "") -> Verdict | None:
         why = status.signal(phase).message or "booking expired"
         return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
     return None
-
-
-def in_flight_verdict(
-    req: RequestFacts,
-    now: datetime,
-    *,
-    hint: str = "",
-    provisioned: Callable[[str], Verdict],
-    waiting: Callable[[bool, str, str], Verdict],
-) -> Verdict:
-    """An attempt in flight: rolling back, being deleted, ended by the backend, provisioned
-    (`provisioned(deadline)`, the source says what then), else `waiting(accepted, eta,
-    deadline)` for the backend."""
-    if req.phase == ROLLING_BACK:
-        done = f"; {req.outcome.summary()}" if req.outcome else ""
-        return Verdict(
-            True, "request", f"rolling back attempt {req.attempt}: {req.rollback_reason}{done}"
-        )
-    if req.deleting:
-        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
-    ended = ended_verdict(req, hint)
-    if ended is not None:
-        return ended
-    deadline = until("deadline", req.deadline, now)
-    phase = req.status.phase()
-    if phase is Phase.PROVISIONED:
-        return provisioned(deadline)
-    return waiting(phase is Phase.ACCEPTED, req.status.note_text, deadline)
 
 
 def step_verdict(

@@ -3,8 +3,12 @@
 Pure: the edge (``gangcheck.diagnose``) fetches the PodGroup, the pods naming it and the
 objects around them; here ``gather_group`` reads them into ``GroupFacts`` (the group and the
 state gangcheck keeps on it → its members, gated or not → the current attempt's
-ProvisioningRequest → the fit on the nodes it may use), ``group_verdict`` names the one link
-that blocks, and ``group_row`` condenses the same facts for ``gangcheck status``.
+ProvisioningRequest → the fit on the nodes it may use) and replays the provisioner's decision
+on them (``replay_group``: ``podgroup.decide`` on the GroupSnapshot ``group_snapshot_of``
+builds, as the provisioner builds it from its caches). ``group_verdict`` names the one link
+that blocks: the group and its members as read, the state the provisioner wrote, then what
+the replayed decision does (releases, asks, waits for the members) or the step it returns.
+``group_row`` condenses the same facts for ``gangcheck status``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from gangcheck.logic.attempt import lifecycle
+from gangcheck.logic.attempt.actions import ReleaseMembers
 from gangcheck.logic.attempt.explain import (
     GangRow,
     Placement,
@@ -20,16 +26,19 @@ from gangcheck.logic.attempt.explain import (
     Verdict,
     World,
     attempt_phase,
+    capacity_of,
     fit_verdict,
     human_duration,
-    in_flight_verdict,
     nodes_needed,
     place_in,
     request_facts,
+    step_verdict,
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
+from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
+from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
 from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
     BLOCKED,
@@ -40,24 +49,24 @@ from gangcheck.logic.podgroups.podgroup import (
     RELEASED,
     SETTLE_SECONDS,
     WAITING,
+    GroupSnapshot,
 )
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,
-    FULFILLED,
     GANG_MEMBERS_ANNOTATION,
     GROUP_UID_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     OPT_IN_LABEL,
     REQUEST_ANNOTATION,
-    STARTED,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, Pod, ProvisioningRequest, pod_of, request_of
-from gangcheck.model.podgroups import UPSTREAM, pod_group_of
+from gangcheck.model.podgroups import UPSTREAM, PodGroup, pod_group_of
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 GroupKey = tuple[str, str, str]
 """(namespace, API group, name) of a PodGroup."""
@@ -88,6 +97,53 @@ class MemberFacts:
     @property
     def unbound(self) -> int:
         return self.exist - len(self.bound)
+
+
+@dataclass(frozen=True)
+class GroupReplay:
+    """The decision `podgroup.decide` makes for the group now, on the GroupSnapshot the
+    provisioner would read (built by the same function, from the live read)."""
+
+    progress: Progress | None = None
+    """Where the attempt it followed stands (None: it followed none)."""
+    message: str = ""
+    """The step's message, else the group's message after the decision."""
+    state: str = ""
+    """The group's state after the decision (written now, or kept)."""
+    asks: bool = False
+    """The decision asks for capacity: no request exists for the attempt yet."""
+    releases: bool = False
+    """The decision lifts the gang's gates (it fits on nodes that exist)."""
+    waits: bool = False
+    """The decision only waits (members still being created, read once they settle)."""
+
+
+def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
+    """`decide` on the snapshot, as a diagnosis reads it."""
+    decision = podgroup.decide(snap, now)
+    status, notes, step = decision.status or {}, snap.group.annotations, decision.step
+    said = status.get(MESSAGE_ANNOTATION, notes.get(MESSAGE_ANNOTATION, ""))
+    return GroupReplay(
+        progress=step.progress if step is not None else None,
+        message=(step.message if step is not None and step.message else "") or said,
+        state=status.get(STATE_ANNOTATION, notes.get(STATE_ANNOTATION, "")),
+        asks=any(note.outcome == "asked" for note in decision.sources),
+        releases=any(isinstance(a, ReleaseMembers) for a in decision.actions),
+        waits=not (decision.status or decision.actions) and decision.requeue_after is not None,
+    )
+
+
+def _config_of(
+    group: PodGroup, req: ProvisioningRequest | None, world: World
+) -> tuple[AtomicProvisioningSpec | None, str]:
+    """The config the provisioner decides under: the one the group names; else the one the
+    attempt in flight recorded (the provisioner's default when it was made: its setting is
+    not readable here); else the defaults."""
+    name = group.annotations.get(CONFIG_ANNOTATION, "")
+    if name:
+        return config_named(name, world.configs.get)
+    recorded = lifecycle.recorded_config(req) if req is not None else None
+    return recorded or AtomicProvisioningSpec(), ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +182,8 @@ class GroupFacts:
     """Once released: how many members were released together (the gang gangcheck read)."""
     late: tuple[str, ...] = ()
     """Gated members created after the gang was read: no part of its request."""
+    replay: GroupReplay | None = None
+    """The provisioner's decision for the group, replayed on what was read."""
 
     @property
     def kind(self) -> str:
@@ -154,9 +212,11 @@ def gather_group(
     api_group: str = UPSTREAM,
     served: bool = True,
     opted_in: bool | None = None,
+    now: datetime,
 ) -> GroupFacts:
     """Everything the chain needs about one PodGroup (`obj`, None when it does not exist)
-    and the pods naming it."""
+    and the pods naming it; the decision the provisioner makes for it now, replayed on them
+    (`replay`)."""
     live = sorted((p for p in members if p.live), key=lambda p: p.name)
     if obj is None:
         return GroupFacts(
@@ -194,6 +254,15 @@ def gather_group(
         placement = place_in(world, gang, group.ref.namespace, req)
         hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
+    snap = group_snapshot_of(
+        group,
+        members,
+        config=_config_of(group, req, world),
+        requests=world.requests,
+        capacity=capacity_of(world),
+        max_members=GroupSnapshot.max_members,
+        opted_in=bool(opted_in),
+    )
     return GroupFacts(
         namespace=group.ref.namespace,
         name=group.ref.name,
@@ -220,6 +289,7 @@ def gather_group(
         hint=hint,
         released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
         late=late,
+        replay=replay_group(snap, now),
     )
 
 
@@ -407,7 +477,7 @@ def _with_ungated(f: GroupFacts, found: Verdict) -> Verdict:
 
 
 def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
-    if not f.state:
+    if not f.state and (f.request is None or not f.request.found):
         done = "set no state on" if f.reported_ungated else "not acted on"
         return Verdict(
             True,
@@ -423,54 +493,63 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
             "backoff",
             f"backing off: attempt {f.attempt} starts in {wait}" + (f"; {why}" if why else ""),
         )
-    req, placement = f.request, f.placement
+    req, decided = f.request, f.replay or GroupReplay(state=f.state, message=f.message)
     if req is None or not req.found:
-        newest = f.members.newest
-        if newest is not None and (now - newest).total_seconds() < SETTLE_SECONDS + 1:
-            return Verdict(
-                True,
-                "members",
-                f"reading the members: {f.members.exist} exist (minCount {f.min_count}); "
-                f"gangcheck acts once none has been created for {SETTLE_SECONDS:.0f}s",
-            )
-        if placement is not None and placement.fits:
-            return Verdict(
-                True,
-                "release",
-                "the whole gang fits on nodes that exist; waiting for gangcheck to release it "
-                "(is the controller running?)",
-            )
+        return _no_request_verdict(f, decided)
+    said = step_verdict(
+        decided.progress,
+        decided.message,
+        req,
+        now,
+        hint=f.hint,
+        fits=lambda: Verdict(
+            True,
+            "release",
+            f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
+            "release the members (is the controller running?)",
+        ),
+        provisioned=lambda deadline: _provisioned_verdict(f, req, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
+    )
+    return said or _said(decided)
+
+
+def _no_request_verdict(f: GroupFacts, done: GroupReplay) -> Verdict:
+    """No request for the attempt: the decision releases the gang (it fits on nodes that
+    exist), asks for one, or waits for the members to settle."""
+    if done.releases:
+        return Verdict(
+            True,
+            "release",
+            "the whole gang fits on nodes that exist; waiting for gangcheck to release it "
+            "(is the controller running?)",
+        )
+    if done.asks:
         return Verdict(
             True,
             "request",
             f"ProvisioningRequest {f.request_name} does not exist yet "
             "(is the gangcheck controller running?)",
         )
-    return _request_verdict(f, req, now)
+    if done.waits:
+        return Verdict(
+            True,
+            "members",
+            f"reading the members: {f.members.exist} exist (minCount {f.min_count}); "
+            f"gangcheck acts once none has been created for {SETTLE_SECONDS:.0f}s",
+        )
+    return _said(done)
 
 
-def _request_verdict(f: GroupFacts, req: RequestFacts, now: datetime) -> Verdict:
-    return in_flight_verdict(
-        req,
-        now,
-        hint=f.hint,
-        provisioned=lambda deadline: _provisioned_verdict(f, req, deadline),
-        waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
-    )
+def _said(done: GroupReplay) -> Verdict:
+    return Verdict(True, "group", f"{done.state or 'no state'}: {done.message or 'no message'}")
 
 
 def _provisioned_verdict(f: GroupFacts, req: RequestFacts, deadline: str) -> Verdict:
-    placement = f.placement
-    if placement is None:
+    """Provisioned, and the decision waits for the gang to fit: the fit says why not."""
+    if f.placement is None:
         return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
-    if placement.fits or req.phase in (FULFILLED, STARTED):
-        return Verdict(
-            True,
-            "release",
-            f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
-            "release the members (is the controller running?)",
-        )
-    return fit_verdict(placement, deadline)
+    return fit_verdict(f.placement, deadline)
 
 
 def _waiting_verdict(

@@ -126,6 +126,9 @@ class GroupDecision:
     """When the gang is released: its members by capacity (reserved, existing, new)."""
     sources: tuple[driver.SourceNote, ...] = ()
     """What happened at the capacity sources, for their metrics."""
+    step: lifecycle.Step | None = None
+    """Where the attempt followed stands (None: no attempt was followed): what a diagnosis
+    explains (logic/podgroups/group_diagnosis.py replays this decision on a live read)."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +341,7 @@ def _in_flight(
     assert followed.step is not None  # a group's attempt is always followed in fit mode
     req = followed.request
     decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
+    decision = replace(decision, step=followed.step)
     if followed.change is not None:
         decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
     return replace(decision, actions=followed.upkeep + decision.actions)
@@ -547,9 +551,10 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
                 "gates are lifted, so gangcheck cannot hold them back for a new attempt"
             )
             gave_up = _status(snap, GAVE_UP, message)
-            return replace(gave_up, events=(*gave_up.events, *step.events), requeue_after=0.2)
+            events = (*gave_up.events, *step.events)
+            return replace(gave_up, events=events, requeue_after=0.2, step=step)
         return GroupDecision(
-            actions=step.actions, events=step.events, requeue_after=step.requeue_after
+            actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
         )
     late = _release_late(snap, members, now=now)
     expired = _start_deadline_passed(snap, req, members, config, now)
@@ -559,7 +564,9 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
         due = expired if late.requeue_after is None else min(late.requeue_after, expired)
         return replace(late, requeue_after=due)
     step = lifecycle.start_rollback(attempt, expired, now=now)
-    return GroupDecision(actions=step.actions, events=step.events, requeue_after=step.requeue_after)
+    return GroupDecision(
+        actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
+    )
 
 
 def _start_deadline_passed(

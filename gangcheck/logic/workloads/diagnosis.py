@@ -2,8 +2,13 @@
 
 Pure: the edge (``gangcheck.diagnose``) fetches the objects; here ``gather`` reads one
 Workload and the cluster objects around it into ``Facts`` (quota → check state → the current
-attempt's ProvisioningRequest → arrived nodes → per-node fit), ``verdict`` names the first
-broken link as one line, and ``gang_row`` condenses the same facts for ``gangcheck status``.
+attempt's ProvisioningRequest → arrived nodes → per-node fit) and replays the controller's
+decision on them (``replay``: ``admission.decide`` on the Snapshot ``snapshot_of`` builds, as
+the controller builds it from its caches). ``verdict`` names the first broken link as one
+line: first what ``decide`` cannot know (the Workload itself, quota and queues, an inactive
+AdmissionCheck, other checks, a Retry or Rejected already written, the start watchdog of an
+admitted Workload), then the step the replayed decision returns. ``gang_row`` condenses the
+same facts for ``gangcheck status``.
 """
 
 from __future__ import annotations
