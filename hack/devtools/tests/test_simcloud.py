@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 from gangcheck_dev.simcloud import SimCloud, model
+from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import CONFIG_MAP, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.kube.resources import CONFIG_MAP, EVENT, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from tests.integration.harness import eventually, never
 
@@ -255,6 +256,13 @@ async def test_partial_delivery_brings_11_of_16(world: World) -> None:
     await never(more_than_11, seconds=1.0, what="a node beyond the 11 delivered")
     plan = await world.plan_when("partial", lambda p: len(p.delivered) >= 11, "11, saved")
     assert (plan.needed, len(plan.delivered)) == (16, 11)
+    # Each delivery is recorded as an Event on the request, naming the node.
+    events = await world.kube.list_objects(
+        EVENT, world.ns, field_selector=f"reason={DELIVERED_REASON}"
+    )
+    named = sorted(e["message"].split()[1] for e in events["items"])
+    assert named == sorted(plan.delivered)
+    assert {e["involvedObject"]["name"] for e in events["items"]} == {"partial"}
 
 
 # ---- failures -----------------------------------------------------------------------------

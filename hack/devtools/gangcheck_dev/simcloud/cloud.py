@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
 from gangcheck.kube.informer import Informer
-from gangcheck.kube.resources import CONFIG_MAP, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.kube.resources import (
+    CONFIG_MAP,
+    EVENT,
+    NODE,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+)
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import Obj
 from gangcheck_dev.simcloud import model
@@ -33,6 +39,8 @@ from gangcheck_dev.simcloud.model import Condition, Plan, PlannedNode, SimConfig
 log = logging.getLogger(__name__)
 
 CONFIG_KEY = "config"
+#: The reason of the Event recorded on a request for each node delivered for it.
+DELIVERED_REASON = "NodeDelivered"
 _RETRY_DELAY = 1.0
 _WRITE_ATTEMPTS = 10
 T = TypeVar("T")
@@ -233,7 +241,8 @@ class SimCloud:
     async def _apply(self, step: Step, plan: Plan, request: Obj) -> Plan:
         meta = request["metadata"]
         if step.node is not None:
-            await self._deliver(step.node, plan, f"{meta['namespace']}/{meta['name']}")
+            if await self._deliver(step.node, plan, f"{meta['namespace']}/{meta['name']}"):
+                await self._record_delivery(request, step.node.name)
             plan = plan.with_delivered(step.node.name)
         elif step.revoke:
             await self._delete_nodes(plan.delivered)
@@ -264,7 +273,8 @@ class SimCloud:
                 return
         raise ConflictError(409, "Conflict", "request status kept changing", target=name)
 
-    async def _deliver(self, node: PlannedNode, plan: Plan, request: str) -> None:
+    async def _deliver(self, node: PlannedNode, plan: Plan, request: str) -> bool:
+        """Creates the node and makes it Ready; False if it existed already."""
         group = plan.groups[node.group]
         # A real node comes up seconds after the request: never stamp one in the second the
         # request was seen (creationTimestamp has 1 s resolution; gangcheck counts a node as
@@ -283,9 +293,38 @@ class SimCloud:
             created = await self.kube.create(NODE, body)
         except AlreadyExistsError:
             log.warning("sim-cloud node %s already exists; counted as delivered", node.name)
-            return
+            return False
         await self._mark_ready(created, group)
         log.info("sim-cloud delivered node %s for %s", node.name, request)
+        return True
+
+    async def _record_delivery(self, request: Obj, node: str) -> None:
+        """An Event on the request naming the node delivered for it (reason
+        ``NodeDelivered``): the record of a scale-up that outlives the node and the request,
+        as a cloud's own log would."""
+        meta = request["metadata"]
+        now = format_time(datetime.now(UTC))
+        event = {
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": PROVISIONING_REQUEST.api_version,
+                "kind": PROVISIONING_REQUEST.kind,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": DELIVERED_REASON,
+            "message": f"node {node} delivered",
+            "type": "Normal",
+            "source": {"component": "sim-cloud"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.create(EVENT, event)
+        except ApiError as exc:
+            log.warning("sim-cloud could not record the delivery of %s: %s", node, exc)
 
     async def _mark_ready(self, node: Obj, group: model.NodeGroup) -> None:
         """Ready=True through the status subresource, then lift the not-ready taint the API

@@ -1,0 +1,368 @@
+"""Across clusters: Kueue's MultiKueue sends a gang's Workload to several workers, each worker's
+gangcheck provisions for it, one wins; the losers withdraw and give back what arrived.
+
+Jobs are queued in the manager; its ClusterQueue carries MultiKueue's AdmissionCheck. In each
+worker the same LocalQueue leads to a ClusterQueue with gangcheck's AdmissionCheck and a
+flavor pinned to that worker's simulated cloud (conftest.py: worker-1 stocked out after one
+node, worker-2 with room).
+
+- Kueue's AllAtOnce dispatcher (the default), then its Incremental one (with two workers its
+  first round nominates both): the gang runs in worker-2; worker-1 scaled up one node for it,
+  and when the manager removed worker-1's copy of the Workload, worker-1's gangcheck withdrew
+  its request and reclaimed that node: nothing is left there.
+- The Job deleted in the manager mid-flight (both workers holding one node for it): nothing
+  is left in any cluster.
+
+What is asserted is durable: the manager's Workload (``status.clusterName``), the objects
+left in each worker, and the Events each worker's cloud records on a request for every node
+it delivered for it (``NodeDelivered``), which outlive the nodes and the requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
+from gangcheck_dev.testbed.multicluster import ALL_AT_ONCE, CHECK, INCREMENTAL
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    ATOMIC_CONFIG,
+    EVENT,
+    NAMESPACE,
+    NODE,
+    POD,
+    POD_TEMPLATE,
+    PROVISIONING_REQUEST,
+    RESOURCE_FLAVOR,
+    WORKLOAD,
+)
+from tests.e2e.helpers import (
+    CLUSTER_QUEUE,
+    JOB,
+    LOCAL_QUEUE,
+    SERVICE_ACCOUNT,
+    container,
+    delete_quietly,
+    eventually,
+    get_or_none,
+    is_true,
+    unique,
+)
+from tests.e2e.multicluster.conftest import (
+    GPU_TAINT,
+    GPU_TYPE,
+    POOL,
+    SIM_CLASS,
+    SIM_POOL,
+    STOCKED_OUT,
+    WITH_ROOM,
+    Bed,
+)
+
+Obj = dict[str, Any]
+GPU = "nvidia.com/gpu"
+ARRIVED_FOR = "gangcheck.io/arrived-for"
+OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
+MANAGER = "manager"
+MEMBERS = 2
+#: Well past anything in this module: a worker's attempt ends only because its copy goes.
+DEADLINE = 300
+
+
+# -- queues, gangs ----------------------------------------------------------------------------
+
+
+async def fresh_namespace(kubes: dict[str, Kube]) -> str:
+    """One namespace of the same name in every cluster (MultiKueue copies into the same)."""
+    name = unique("mc")
+    for kube in kubes.values():
+        await kube.create(NAMESPACE, {"metadata": {"name": name}})
+    for cluster, kube in kubes.items():
+        if cluster != MANAGER:  # pods run in the workers only
+
+            async def account(kube: Kube = kube) -> object:
+                return await get_or_none(kube, SERVICE_ACCOUNT, "default", name)
+
+            await eventually(account, timeout=30, what=f"{cluster}: ServiceAccount {name}/default")
+    return name
+
+
+def cluster_queue(flavor: str, check: str) -> Obj:
+    quota = [
+        {"name": "cpu", "nominalQuota": "1000"},
+        {"name": "memory", "nominalQuota": "10Ti"},
+        {"name": GPU, "nominalQuota": "256"},
+    ]
+    return {
+        "metadata": {"name": flavor},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", GPU],
+                    "flavors": [{"name": flavor, "resources": quota}],
+                }
+            ],
+            "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def queues(kubes: dict[str, Kube], namespace: str) -> AsyncIterator[str]:
+    """LocalQueue ``lq`` in every cluster: in the manager through MultiKueue's check, in each
+    worker through gangcheck's, on a flavor pinned to that worker's cloud. Removed after."""
+    name = unique("mc-gang")
+    made: list[tuple[Kube, Any, str, str | None]] = []
+
+    async def create(kube: Kube, res: Any, body: Obj, ns: str | None = None) -> None:
+        await kube.create(res, body, ns)
+        made.append((kube, res, body["metadata"]["name"], ns))
+
+    try:
+        manager = kubes[MANAGER]
+        await create(manager, RESOURCE_FLAVOR, {"metadata": {"name": name}})
+        await create(manager, CLUSTER_QUEUE, cluster_queue(name, CHECK))
+        await create(
+            manager,
+            LOCAL_QUEUE,
+            {"metadata": {"name": "lq"}, "spec": {"clusterQueue": name}},
+            namespace,
+        )
+        for cluster, kube in kubes.items():
+            if cluster == MANAGER:
+                continue
+            spec = {
+                "provisioningClassName": SIM_CLASS,
+                "allowCustomProvisioningClass": True,
+                "managedResources": [GPU],
+                "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1},
+                "fulfillment": {
+                    "mode": "NodesFit",
+                    "deadlineSeconds": DEADLINE,
+                    "reclaimer": "DeleteNode",
+                },
+            }
+            await create(kube, ATOMIC_CONFIG, {"metadata": {"name": name}, "spec": spec})
+            check = {
+                "controllerName": OUR_CONTROLLER,
+                "parameters": {
+                    "apiGroup": "gangcheck.io",
+                    "kind": "AtomicProvisioningConfig",
+                    "name": name,
+                },
+            }
+            await create(kube, ADMISSION_CHECK, {"metadata": {"name": name}, "spec": check})
+            flavor = {
+                "nodeLabels": {SIM_POOL: POOL},
+                "nodeTaints": [GPU_TAINT.to_dict()],
+                "tolerations": [GPU_TAINT.toleration()],
+            }
+            await create(kube, RESOURCE_FLAVOR, {"metadata": {"name": name}, "spec": flavor})
+            await create(kube, CLUSTER_QUEUE, cluster_queue(name, name))
+            lq = {"metadata": {"name": "lq"}, "spec": {"clusterQueue": name}}
+            await create(kube, LOCAL_QUEUE, lq, namespace)
+        for cluster, kube in kubes.items():
+
+            async def active(kube: Kube = kube) -> bool:
+                return is_true(await kube.get(CLUSTER_QUEUE, name), "Active")
+
+            await eventually(active, timeout=30, what=f"{cluster}: ClusterQueue {name} Active")
+        yield name
+    finally:
+        for kube, res, obj, ns in reversed(made):
+            await delete_quietly(kube, res, obj, ns)
+
+
+def gang_job(name: str) -> Obj:
+    """A suspended Job of ``MEMBERS`` pods that must all run, each on a whole 8-GPU node."""
+    return {
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {
+            "suspend": True,
+            "parallelism": MEMBERS,
+            "completions": MEMBERS,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container({"cpu": "1", "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
+                    "nodeSelector": {GPU_TYPE: "e2e"},
+                    "tolerations": [GPU_TAINT.toleration()],
+                }
+            },
+        },
+    }
+
+
+# -- what a cluster holds ---------------------------------------------------------------------
+
+
+async def items(kube: Kube, res: Any, namespace: str | None = None, **kw: str) -> list[Obj]:
+    return list((await kube.list_objects(res, namespace, **kw)).get("items") or [])
+
+
+async def delivered(kube: Kube, namespace: str) -> list[str]:
+    """The nodes the worker's cloud delivered for the gang of ``namespace``: the Events it
+    records on each request (reason NodeDelivered), which outlive the nodes and requests."""
+    events = await items(kube, EVENT, namespace, field_selector=f"reason={DELIVERED_REASON}")
+    return sorted(e["message"].split()[1] for e in events)
+
+
+async def holding(kube: Kube, namespace: str) -> dict[str, list[str]]:
+    """What a worker still holds for the gang of ``namespace``: its Workloads, requests,
+    templates, and any node its cloud delivered for it or recorded as arrived for it."""
+    nodes = await items(kube, NODE)
+    names = {n["metadata"]["name"] for n in nodes}
+    marks = {n["metadata"]["name"]: _arrived_for(n) for n in nodes}
+    return {
+        "workloads": _names(await items(kube, WORKLOAD, namespace)),
+        "requests": _names(await items(kube, PROVISIONING_REQUEST, namespace)),
+        "templates": _names(await items(kube, POD_TEMPLATE, namespace)),
+        "arrived": sorted(n for n, mark in marks.items() if mark.startswith(f"{namespace}/")),
+        "delivered": sorted(set(await delivered(kube, namespace)) & names),
+    }
+
+
+def _names(objs: list[Obj]) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in objs)
+
+
+def _arrived_for(node: Obj) -> str:
+    return str((node["metadata"].get("annotations") or {}).get(ARRIVED_FOR, ""))
+
+
+async def until_empty(kube: Kube, namespace: str, what: str) -> None:
+    """Waits until the worker holds nothing for the gang (``holding``), else says what."""
+
+    async def empty() -> bool:
+        return not any((await holding(kube, namespace)).values())
+
+    try:
+        await eventually(empty, timeout=30, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still held: {await holding(kube, namespace)}") from None
+
+
+async def manager_workload(kube: Kube, namespace: str) -> Obj | None:
+    found = await items(kube, WORKLOAD, namespace)
+    return found[0] if found else None
+
+
+async def cleanup_winner(kube: Kube, namespace: str) -> None:
+    """The nodes that came for the winning gang (it ran on them: nothing reclaims them)."""
+    for node in await items(kube, NODE):
+        mark = (node["metadata"].get("annotations") or {}).get(ARRIVED_FOR, "")
+        if mark.startswith(f"{namespace}/"):
+            await delete_quietly(kube, NODE, node["metadata"]["name"])
+
+
+# -- the race -------------------------------------------------------------------------------
+
+
+async def race(bed: Bed, kubes: dict[str, Kube], dispatcher: str) -> None:
+    """A gang in two workers at once: worker-2 wins, worker-1 withdraws and gives back."""
+    bed.clusters.set_dispatcher(dispatcher)
+    manager, loser, winner = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace):
+        began = time.monotonic()
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+
+            async def placed() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                done = wl is not None and (wl.get("status") or {}).get("clusterName")
+                return wl if done and is_true(wl, "Admitted") else None
+
+            wl = await eventually(placed, timeout=60, what="the manager's Workload admitted")
+            admitted = time.monotonic()
+            assert wl["status"]["clusterName"] == WITH_ROOM
+
+            async def all_running() -> list[Obj] | None:
+                pods = await items(winner, POD, namespace)
+                up = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+                return up if len(up) == MEMBERS else None
+
+            pods = await eventually(all_running, timeout=30, what="the gang Running in worker-2")
+            started = time.monotonic()
+            pool = {
+                n["metadata"]["name"]
+                for n in await items(winner, NODE, label_selector=f"{SIM_POOL}={POOL}")
+            }
+            assert {p["spec"]["nodeName"] for p in pods} <= pool
+
+            await until_empty(loser, namespace, f"{STOCKED_OUT} holding nothing")
+            emptied = time.monotonic()
+            scaled = await delivered(loser, namespace)
+            assert scaled, "worker-1's cloud brought up no node: the race proves nothing"
+            bed.measurements.append(
+                f"{dispatcher.rsplit('/', 1)[-1]}: admitted in {WITH_ROOM} "
+                f"{admitted - began:.1f}s after the Job, Running at {started - began:.1f}s; "
+                f"{STOCKED_OUT} had scaled up {len(scaled)} node(s) and held 0 nodes, 0 "
+                f"requests, 0 Workloads {emptied - admitted:.1f}s after the admission"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(winner, namespace)
+
+
+@pytest.mark.timeout(180)
+async def test_all_at_once_the_gang_runs_where_it_fits_and_the_stocked_out_worker_gives_back(
+    bed: Bed, kubes: dict[str, Kube]
+) -> None:
+    await race(bed, kubes, ALL_AT_ONCE)
+
+
+@pytest.mark.soak  # the same race as above, after a restart of the manager's Kueue: 12 s more
+@pytest.mark.timeout(180)
+async def test_incremental_the_gang_runs_where_it_fits_and_the_stocked_out_worker_gives_back(
+    bed: Bed, kubes: dict[str, Kube]
+) -> None:
+    await race(bed, kubes, INCREMENTAL)
+
+
+@pytest.mark.timeout(180)
+async def test_a_job_deleted_mid_flight_leaves_nothing_in_any_worker(
+    bed: Bed, kubes: dict[str, Kube]
+) -> None:
+    """Both workers hold one node of two for the gang when its Job is deleted in the manager:
+    the garbage collector deletes the manager's Workload, MultiKueue removes both copies, and
+    each worker's gangcheck reclaims its node."""
+    manager = kubes[MANAGER]
+    workers = {name: kube for name, kube in kubes.items() if name != MANAGER}
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace):
+        await manager.create(JOB, gang_job("gang-partial"), namespace)
+        try:
+            for name, kube in workers.items():
+
+                async def one_arrived(kube: Kube = kube) -> list[str]:
+                    return (await holding(kube, namespace))["arrived"]
+
+                await eventually(one_arrived, timeout=30, what=f"{name}: a node arrived for it")
+            deleted = time.monotonic()
+            await manager.delete(JOB, "gang-partial", namespace)
+
+            async def manager_empty() -> bool:
+                return await manager_workload(manager, namespace) is None
+
+            await eventually(manager_empty, timeout=30, what="the manager's Workload deleted")
+            left = []
+            for name, kube in workers.items():
+                await until_empty(kube, namespace, f"{name} holding nothing")
+                scaled = await delivered(kube, namespace)
+                assert scaled, f"{name}'s cloud brought up no node"
+                left.append(f"{name} scaled up {len(scaled)}, holds 0")
+            bed.measurements.append(
+                f"Job deleted mid-flight: {'; '.join(left)}, "
+                f"{time.monotonic() - deleted:.1f}s after the delete"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang-partial", namespace)
