@@ -736,6 +736,7 @@ def test_durations_read_short(seconds: float, text: str) -> None:
         (gang(req=PROVISIONED, fit=placement([], 0)), "provisioned"),
         (gang(req=PROVISIONED, fit=placement(arrived(3, members=1), 3)), "fulfilling"),
         (gang(req=request("Provisioned", phase="RollingBack")), "rolling back"),
+        (gang(req=PROVISIONED, progress=Progress.ROLLING_BACK), "rolling back"),
         (gang(checks=(replace(OURS, state="Retry"),)), "retrying"),
         (gang(checks=(replace(OURS, state="Ready"),), req=request(phase="Fulfilled")), "ready"),
         (
@@ -750,6 +751,7 @@ def test_durations_read_short(seconds: float, text: str) -> None:
         "provisioned",
         "fulfilling",
         "rolling back",
+        "a rollback the decision starts now",
         "retrying",
         "ready",
         "started",

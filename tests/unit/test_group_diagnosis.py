@@ -299,7 +299,7 @@ CASES = [
         group(2, **PROVISIONING),
         members(2),
         "blocked: the autoscaler failed g-pg-1: out of quota in zone a",
-        "requested",
+        "rolling back",  # the provisioner starts the rollback at once
         requests=[req(count=2, Failed="out of quota in zone a")],
     ),
     Case(
@@ -307,7 +307,7 @@ CASES = [
         group(2, **PROVISIONING),
         members(2),
         "blocked: the booking of g-pg-1 expired: booked for 10m",
-        "provisioned",
+        "rolling back",
         requests=[req(count=2, Provisioned="ok", BookingExpired="booked for 10m")],
     ),
     Case(

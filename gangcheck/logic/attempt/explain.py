@@ -512,11 +512,15 @@ class GangRow:
         return self.members_note or "-"
 
 
-def attempt_phase(req: RequestFacts | None, placement: Placement | None) -> str:
-    """pending, rolling back, provisioned, fulfilling or requested: where the attempt is."""
+def attempt_phase(
+    req: RequestFacts | None, placement: Placement | None, progress: Progress | None = None
+) -> str:
+    """pending, rolling back, provisioned, fulfilling or requested: where the attempt is;
+    `progress`: where the decision replayed on the read says it stands (a rollback it starts
+    now is one)."""
     if req is None or not req.found:
         return "pending"
-    if req.phase == ROLLING_BACK:
+    if req.phase == ROLLING_BACK or progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
         return "rolling back"
     if req.status.has(Phase.PROVISIONED):
         return "fulfilling" if placement is not None and placement.arrived else "provisioned"

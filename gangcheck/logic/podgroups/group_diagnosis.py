@@ -616,7 +616,7 @@ def group_phase(f: GroupFacts) -> str:
         return "backoff"
     if not f.state:
         return "new"
-    return attempt_phase(req, f.placement)
+    return attempt_phase(req, f.placement, f.replay.progress if f.replay else None)
 
 
 def group_row(facts: GroupFacts, now: datetime) -> GangRow:

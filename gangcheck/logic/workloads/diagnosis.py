@@ -40,7 +40,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.rollback import record_of
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.logic.workloads import checkconfig
+from gangcheck.logic.workloads import checkconfig, slices
 from gangcheck.logic.workloads.admission import (
     Snapshot,
     decide,
@@ -250,8 +250,10 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
 
 
 def replay(snap: Snapshot, now: datetime) -> Replay:
-    """`decide` on the snapshot, as a diagnosis reads it."""
-    decision = decide(snap, now)
+    """`decide` on the snapshot, as a diagnosis reads it (a Kueue workload slice by the
+    difference its request records: slices.py)."""
+    sliced = slices.recorded_predecessor(snap)
+    decision = decide(snap, now) if sliced is None else slices.decide(snap, now, predecessor=sliced)
     entry = decision.check or snap.workload.checks.get(snap.check)
     step = decision.step
     return Replay(
@@ -705,7 +707,7 @@ def phase_of(facts: Facts) -> str:
         return "rolling back"
     if (check is not None and check.state == READY) or (req is not None and req.phase == FULFILLED):
         return "ready"
-    return attempt_phase(req, facts.placement)
+    return attempt_phase(req, facts.placement, facts.replay.progress if facts.replay else None)
 
 
 def _our_checks(world: World) -> set[str]:
