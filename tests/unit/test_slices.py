@@ -23,6 +23,7 @@ from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.workloads import slices
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.logic.workloads.diagnosis import replay
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
@@ -366,3 +367,60 @@ def test_a_rolled_back_slice_says_so_once_then_asks_again_after_its_backoff() ->
     assert [a.name for a in later.actions if isinstance(a, DeleteRequest)] == [REQ1]
     assert later.check is not None and later.check.retry_count == 0
     assert f"provisioning request {REQ2} created for 4 pods" in later.check.message
+
+
+def test_a_slice_whose_config_is_deleted_goes_on_under_its_attempts_recorded_config() -> None:
+    """Not the whole gang (its fit would never be met, and the rollback at the deadline would
+    have Kueue stop the Job): the difference the request records, under its recorded config."""
+    made_under = {"gangcheck.io/attempt-config": '{"fulfillment":{"reclaimer":"DeleteNode"}}'}
+    snap = Snapshot(
+        workload=workload_of(new_slice().build()),
+        check=CHECK,
+        config=None,
+        config_problem="AtomicProvisioningConfig 'gpu' not found",
+        flavors=GPU_FLAVOR,
+        requests=(
+            request_of(
+                req(
+                    conditions={"Provisioned": ""},
+                    annotations={slices.SLICE_ANNOTATION: BASE4, **made_under},
+                )
+            ),
+        ),
+        templates=frozenset({naming.template_name(REQ1, "workers")}),
+        capacity=ClusterView(
+            nodes=(node("n2", gpu=3, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),)
+        ),
+    )
+    d = slices.decide(snap, NOW, predecessor=slices.Predecessor(OLD, None))
+    assert d.check is not None and d.check.state == "Pending"
+    assert "3 of 4 members placeable" in d.check.message, d.check.message
+
+
+def test_a_diagnosis_replays_a_slice_by_the_difference_its_request_records() -> None:
+    snap = Snapshot(
+        workload=workload_of(new_slice().build()),
+        check=CHECK,
+        config=parse_spec({}),
+        flavors=GPU_FLAVOR,
+        requests=(
+            request_of(
+                req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+            ),
+        ),
+        templates=frozenset({naming.template_name(REQ1, "workers")}),
+    )
+    replayed = replay(snap, NOW)
+    assert "adds 4 members to default/wl-old running 4" in replayed.message
+    assert "0 of 4 members placeable" in replayed.message
+    nothing_asked = replace_case(Case("", new_slice()))
+    assert (
+        slices.recorded_predecessor(
+            Snapshot(
+                workload=workload_of(nothing_asked.workload.build()),
+                check=CHECK,
+                config=parse_spec({}),
+            )
+        )
+        is None
+    )

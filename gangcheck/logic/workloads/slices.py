@@ -180,10 +180,15 @@ def decide(snap: Snapshot, now: datetime, *, predecessor: Predecessor) -> Decisi
         or wl.is_evicted
         or not wl.has_quota_reservation
         or snap.competing
-        or snap.config is None
         or state.state in (RETRY, REJECTED)
     ):
         return admission.decide(snap, now)  # nothing a slice does otherwise
+    if snap.config is None:  # as admission's: the attempt in flight goes on as it was made
+        latest = _latest(snap, state)
+        made = lifecycle.recorded_config(latest[1]) if latest is not None else None
+        if made is None:
+            return admission.decide(snap, now)  # nothing asked: the check says it is inactive
+        snap = replace(snap, config=made, config_problem="")
     recorded = _recorded(snap, state)
     base = recorded if recorded is not None else base_of(wl, predecessor)
     if state.state == READY:
@@ -225,6 +230,17 @@ def _difference(
     if written.check is not None and written.check == state:
         return replace(written, check=None, events=())
     return written
+
+
+def recorded_predecessor(snap: Snapshot) -> Predecessor | None:
+    """For a diagnosis, which reads no other Workload: the slice's predecessor as its latest
+    request recorded it; None when the Workload is no slice or nothing was asked yet (a
+    replay of the whole gang then, the check's own message saying what the slice adds)."""
+    key = replaced_key(snap.workload)
+    state = snap.workload.checks.get(snap.check)
+    if not key or state is None or _recorded(snap, state) is None:
+        return None
+    return Predecessor(key, None)
 
 
 def _recorded(snap: Snapshot, state: CheckState) -> Base | None:
@@ -302,6 +318,10 @@ def _slice_written(
     Retry or Rejected kept Pending; Ready opening the nodes held for the difference."""
     actions = tuple(_recording(a, base) for a in decision.actions)
     decision = replace(decision, actions=actions)
+    if decision.step is not None and decision.step.message:  # what a diagnosis says
+        decision = replace(
+            decision, step=replace(decision.step, message=f"{said}; {decision.step.message}")
+        )
     check = decision.check
     if check is None:
         return decision
