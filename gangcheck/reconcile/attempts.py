@@ -4,10 +4,11 @@ the attempts of a gang that is gone (the orphan sweep)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
+from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
@@ -37,10 +38,14 @@ async def withdraw_orphans(
     why: str,
     at: str,
     backend: CapacityBackend | None = None,
+    tell: Callable[[Obj, Event], Awaitable[None]] | None = None,
 ) -> bool:
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
     the config it was made with, `config_of`). False when one waits for the node cache to
-    catch up (lifecycle.clean_up_waits): look again shortly."""
+    catch up (lifecycle.clean_up_waits): look again shortly. `tell` records, for a request
+    with arrivals to reclaim, the Event saying which (lifecycle.reclaiming): a gang deleted
+    outright (a MultiKueue worker's copy of a Workload, removed by the manager) leaves no
+    other record in its cluster of what arrived for it."""
     capacity = cluster_view(caches, copied=True)  # read across the awaits below
     backend = backend or applier.sources.default
     done = True
@@ -63,4 +68,7 @@ async def withdraw_orphans(
         )
         for action in (*reclaim, *backend.withdraw(orphan, why)):
             await applier.apply(orphan.ref.namespace, action)
+        if tell is not None:
+            for event in lifecycle.reclaiming(reclaim, why):
+                await tell(obj, event)
     return done

@@ -40,7 +40,7 @@ from gangcheck.logic.workloads.admission import (
     decide,
 )
 from gangcheck.logic.workloads.snapshot import snapshot_of
-from gangcheck.model.objects import Obj, Workload, request_of, workload_of
+from gangcheck.model.objects import Obj, ObjectRef, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
@@ -184,6 +184,7 @@ class WorkloadReconciler:
             config_of=lambda r: self._caches.config_of(check_of(r)),
             why=WL_GONE,
             at=f"{namespace}/{name}",
+            tell=lambda r, event: self._events.emit(_gone(r, namespace, name), event),
         )
         if not withdrawn:
             return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
@@ -315,6 +316,12 @@ class WorkloadReconciler:
             return False
         self._caches.workloads.store.put_if_newer(updated)
         return True
+
+
+def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:
+    """The Workload a request was made for, gone now (its uid from the request)."""
+    uid = request_of(request).workload_uid
+    return ObjectRef("Workload", namespace, name, uid, WORKLOAD.api_version)
 
 
 def _owner_name(obj: Obj) -> str:

@@ -165,6 +165,7 @@ async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
         return await arrived_for(cluster, name) == sorted(arrived)
 
     await eventually(recorded, what="3 arrivals recorded")
+    uid = (await cluster.kube.get(WORKLOAD, "wl", cluster.ns))["metadata"]["uid"]
     await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
     await cluster.wait_request_gone(name)
 
@@ -175,6 +176,12 @@ async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     assert not await cluster.templates()
     listing = await cluster.kube.list_objects(PROVISIONING_REQUEST, cluster.ns)
     assert not listing.get("items")
+    # The Workload is gone outright (as MultiKueue removes a worker's copy): an Event on it,
+    # by uid, is the record left in the cluster of what arrived for it and was reclaimed.
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="wl")
+    assert event["involvedObject"]["uid"] == uid
+    assert all(node in event["message"] for node in arrived), event["message"]
+    assert "Workload deleted" in event["message"]
 
 
 async def test_a_workload_deleted_mid_attempt_has_the_arrivals_it_passed_over_reclaimed(

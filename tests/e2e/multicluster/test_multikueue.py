@@ -14,8 +14,10 @@ node, worker-2 with room).
   is left in any cluster.
 
 What is asserted is durable: the manager's Workload (``status.clusterName``), the objects
-left in each worker, and the Events each worker's cloud records on a request for every node
-it delivered for it (``NodeDelivered``), which outlive the nodes and the requests.
+left in each worker, the Events each worker's cloud records on a request for every node it
+delivered for it (``NodeDelivered``), which outlive the nodes and the requests, and
+gangcheck's Event on the gone Workload copy naming the nodes it reclaimed
+(``ReclaimingArrivals``).
 """
 
 from __future__ import annotations
@@ -238,6 +240,20 @@ def _arrived_for(node: Obj) -> str:
     return str((node["metadata"].get("annotations") or {}).get(ARRIVED_FOR, ""))
 
 
+async def told_reclaimed(kube: Kube, namespace: str, nodes: list[str]) -> None:
+    """gangcheck's Event (ReclaimingArrivals, on the Workload copy that is gone) names each
+    of ``nodes`` as reclaimed because the Workload was deleted."""
+
+    async def told() -> list[str]:
+        events = await items(kube, EVENT, namespace, field_selector="reason=ReclaimingArrivals")
+        return [str(e.get("message") or "") for e in events]
+
+    messages = await eventually(told, timeout=15, what="a ReclaimingArrivals Event")
+    text = " ".join(messages)
+    assert "Workload deleted" in text, messages
+    assert all(node in text for node in nodes), (nodes, messages)
+
+
 async def until_empty(kube: Kube, namespace: str, what: str) -> None:
     """Waits until the worker holds nothing for the gang (``holding``), else says what."""
 
@@ -302,6 +318,7 @@ async def race(bed: Bed, kubes: dict[str, Kube], dispatcher: str) -> None:
             emptied = time.monotonic()
             scaled = await delivered(loser, namespace)
             assert scaled, "worker-1's cloud brought up no node: the race proves nothing"
+            await told_reclaimed(loser, namespace, scaled)
             bed.measurements.append(
                 f"{dispatcher.rsplit('/', 1)[-1]}: admitted in {WITH_ROOM} "
                 f"{admitted - began:.1f}s after the Job, Running at {started - began:.1f}s; "
@@ -359,6 +376,7 @@ async def test_a_job_deleted_mid_flight_leaves_nothing_in_any_worker(
                 await until_empty(kube, namespace, f"{name} holding nothing")
                 scaled = await delivered(kube, namespace)
                 assert scaled, f"{name}'s cloud brought up no node"
+                await told_reclaimed(kube, namespace, scaled)
                 left.append(f"{name} scaled up {len(scaled)}, holds 0")
             bed.measurements.append(
                 f"Job deleted mid-flight: {'; '.join(left)}, "
