@@ -207,7 +207,13 @@ def test_the_one_line_diagnosis_says_what_decide_says(read: Read) -> None:
     assert kind_of(line) in expected(progress, line), (progress, line)
     if progress is Progress.WAITING and "Provisioned" in read.conditions:
         placement = facts.placement
-        arrived = placement.arrived if placement is not None else ()
+        assert placement is not None and step is not None
+        # the fit explained node by node is the fit the decision judged
+        assert f"{placement.placeable} of {placement.total} members" in step.message, (
+            placement,
+            step.message,
+        )
+        arrived = placement.arrived
         idle = [n for n in arrived if not n.members]
         if arrived and len(idle) == len(arrived) and all(n.kind == "taint" for n in idle):
             assert "tolerate" in line, line  # the fit's failing reason is named
@@ -377,7 +383,13 @@ def test_a_podgroups_one_line_diagnosis_says_what_decide_says(read: GroupRead) -
     assert group_kind_of(line) in expected(progress, line), (progress, line)
     if progress is Progress.WAITING and "Provisioned" in read.conditions:
         placement = facts.placement
-        arrived = placement.arrived if placement is not None else ()
+        assert placement is not None and step is not None
+        # the fit explained node by node is the fit the decision judged
+        assert f"{placement.placeable} of {placement.total} members" in step.message, (
+            placement,
+            step.message,
+        )
+        arrived = placement.arrived
         idle = [n for n in arrived if not n.members]
         if arrived and len(idle) == len(arrived) and all(n.kind == "taint" for n in idle):
             assert "tolerate" in line, line

@@ -19,11 +19,12 @@ from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
     claim_of,
+    counted,
     gang_of,
-    is_new_arrival,
     request_key,
     tolerating_hold,
 )
+from gangcheck.logic.attempt.hold import is_arriving
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome, Record
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
@@ -184,16 +185,24 @@ def in_flight_keys(world: World) -> frozenset[str]:
 
 
 def place_in(
-    world: World, gang: GangSpec, namespace: str, request: ProvisioningRequest | None
+    world: World,
+    gang: GangSpec,
+    namespace: str,
+    request: ProvisioningRequest | None,
+    now: datetime | None = None,
 ) -> Placement | None:
-    """`place` on what the world holds: its nodes, pods, in-flight requests and devices."""
+    """`place` on what the world holds: its nodes, pods, in-flight requests (and those
+    waiting, which claim new nodes first) and devices."""
+    capacity = capacity_of(world)
     return place(
         gang,
         world.nodes,
         world.pods,
         request=request,
-        in_flight=in_flight_keys(world),
+        in_flight=frozenset(capacity.in_flight),
         dra=world.dra(namespace),
+        capacity=capacity,
+        now=now,
     )
 
 
@@ -205,10 +214,14 @@ def place(
     request: ProvisioningRequest | None = None,
     in_flight: frozenset[str] = frozenset(),
     dra: tuple[DraContext, Inventory] | None = None,
+    capacity: ClusterView | None = None,
+    now: datetime | None = None,
 ) -> Placement | None:
     """Fit the gang on the nodes arrived for `request` (recorded, or new and unrecorded) and
     on the nodes its selectors match that no other in-flight request holds; with `dra`, its
-    members' resource claims against the devices, as the controller fits them."""
+    members' resource claims against the devices, as the controller fits them. With a
+    request, the nodes are those the controller judges its fit on (`fulfillment.counted`,
+    on `capacity`, else on `nodes` and `in_flight`)."""
     spec = GangSpec.of(gang)
     context, devices = dra if dra is not None else (None, None)
     try:
@@ -218,7 +231,8 @@ def place(
             pod_sets = tolerating_hold(pod_sets, request_key(request))
     except QuantityError:
         return None
-    considered = _considered(nodes, members, request, in_flight)
+    capacity = capacity or ClusterView(nodes=nodes, in_flight=in_flight)
+    considered = _considered(capacity, members, request, now)
     views = [node_view(n) for n, _, _ in considered]
     fitted = fit_in_domains(
         pod_sets, views, pods, spec.topology, together=spec.together, devices=devices
@@ -236,26 +250,33 @@ def place(
 
 
 def _considered(
-    nodes: Collection[Obj],
+    capacity: ClusterView,
     members: list[Member],
     request: ProvisioningRequest | None,
-    in_flight: frozenset[str],
+    now: datetime | None,
 ) -> list[tuple[Obj, bool, bool]]:
-    """(node, arrived, recorded) for every node the gang may count."""
-    key = request_key(request) if request else ""
-    created = parse_time(request.creation_timestamp) if request else None
+    """(node, arrived, recorded) for every node the gang may count: with a request, those it
+    counts or may claim as the controller partitions them (a node still closed on arrival
+    only once recorded, as `assess` counts it); shared nodes only where its selectors match."""
+
+    def selected(node: Obj) -> bool:
+        return any(is_selected(m, node_view(node)) for m in members)
+
+    if request is None:
+        return [
+            (node, False, False)
+            for node in capacity.nodes
+            if not (claim_of(node) and claim_of(node) in capacity.in_flight) and selected(node)
+        ]
+    key = request_key(request)
+    base, candidates = counted(capacity, request, members, now)
     out = []
-    for node in nodes:
-        owner = claim_of(node)
-        if key and owner == key:
+    for node in (n for n in base if not is_arriving(n)):
+        if claim_of(node) == key:
             out.append((node, True, True))
-        elif owner and owner in in_flight:
-            continue  # another gang's arrival
-        elif request is not None and is_new_arrival(node, created, members):
-            out.append((node, True, False))
-        elif any(is_selected(m, node_view(node)) for m in members):
+        elif selected(node):
             out.append((node, False, False))
-    return out
+    return out + [(node, True, False) for node in candidates]
 
 
 def is_selected(member: Member, node: NodeView) -> bool:

@@ -315,6 +315,14 @@ def _fulfillment(
     )
 
 
+def counted(
+    capacity: ClusterView, req: AttemptRecord, members: list[Member], now: datetime | None
+) -> tuple[list[Obj], list[Obj]]:
+    """(nodes the request counts already, new arrivals it may claim in order): the nodes a
+    fit of its gang is judged on (`assess`), and a diagnosis explains (explain.place)."""
+    return _partition(capacity, req, members, now)
+
+
 def _partition(
     capacity: ClusterView, req: AttemptRecord, members: list[Member], now: datetime | None
 ) -> tuple[list[Obj], list[Obj]]:

@@ -251,7 +251,7 @@ def gather_group(
     ):
         ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
         gang = podgroup.gang_from_pods(group, ours)
-        placement = place_in(world, gang, group.ref.namespace, req)
+        placement = place_in(world, gang, group.ref.namespace, req, now)
         hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
     snap = group_snapshot_of(

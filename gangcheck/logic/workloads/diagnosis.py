@@ -234,7 +234,7 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
     gang = _gang(wl, focus, spec, world.flavors, req)
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
-        placement = place_in(world, gang, wl.ref.namespace, req)
+        placement = place_in(world, gang, wl.ref.namespace, req, now)
     return Facts(
         namespace=wl.ref.namespace,
         name=wl.ref.name,
