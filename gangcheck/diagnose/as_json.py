@@ -8,9 +8,10 @@ from typing import Any
 
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
+from gangcheck.logic.podgroups.group_diagnosis import GroupReplay
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
-from gangcheck.logic.workloads.diagnosis import Facts
+from gangcheck.logic.workloads.diagnosis import Facts, Replay
 
 
 def to_json(report: Report | StatusReport) -> dict[str, Any]:
@@ -80,6 +81,7 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
             if facts.start is None
             else {"scheduled": facts.start.scheduled, "members": facts.start.total}
         ),
+        "decision": _decision_json(facts.replay),
         "verdict": {
             "blocked": report.verdict.blocked,
             "step": report.verdict.step,
@@ -144,12 +146,26 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
         "request": _request_facts_json(f.request, now),
         "nodes": _placement_json(f.placement),
         "nodeClaims": _claims_json(report.claims),
+        "decision": _decision_json(f.replay),
         "verdict": {
             "blocked": report.verdict.blocked,
             "step": report.verdict.step,
             "reason": report.verdict.reason,
             "line": report.verdict.line,
         },
+    }
+
+
+def _decision_json(replay: Replay | GroupReplay | None) -> dict[str, Any] | None:
+    """The controller's decision replayed on what was read: where the attempt it follows
+    stands (`progress`, null when it follows none), and the state and message it leaves."""
+    if replay is None:
+        return None
+    return {
+        "progress": replay.progress.value if replay.progress is not None else None,
+        "state": replay.state,
+        "message": replay.message,
+        "asks": replay.asks,
     }
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose.as_json import to_json
+from gangcheck.diagnose.reports import DiagnoseReport
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.explain import (
     NodeFit,
@@ -583,6 +585,19 @@ def test_tainted_arrivals_are_named_from_the_objects() -> None:
     facts = gather(workload(), world(requests=(our_request(),), nodes=nodes), now=NOW)
     assert [n.kind for n in facts.placement.nodes] == ["taint"] * 3  # type: ignore[union-attr]
     assert verdict(facts, NOW).line == f"blocked: 3 nodes arrived but none tolerates {TAINT}"
+
+
+def test_the_json_says_the_decision_replayed_on_the_objects() -> None:
+    nodes = tuple(arrival(f"gpu-{i}", taints=[GPU_TAINT]) for i in range(3))
+    facts = gather(workload(), world(requests=(our_request(),), nodes=nodes), now=NOW)
+    report = DiagnoseReport(Target("workload", "default", "wl"), facts, verdict(facts, NOW), NOW)
+    decision = to_json(report)["decision"]
+    assert (decision["progress"], decision["state"], decision["asks"]) == (
+        "Waiting",
+        "Pending",
+        False,
+    )
+    assert decision["message"].startswith("capacity requested, not yet usable: 0 of 2 members")
 
 
 def test_a_dangling_config_makes_the_check_inactive() -> None:
