@@ -16,10 +16,10 @@ from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Event
-from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
-from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSAGE_ANNOTATION
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
@@ -89,7 +89,7 @@ class PodGroupReconciler:
             return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
         snap = self._snapshot(group, api_group)
-        decision = traced_decision(decide, snap, self._clock())
+        decision = traced_decision(growth.decide, snap, self._clock())
         return Result(requeue_after=await self._apply(key, obj, decision))
 
     def _snapshot(self, group: PodGroup, api_group: str) -> GroupSnapshot:

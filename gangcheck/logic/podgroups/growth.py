@@ -1,0 +1,380 @@
+"""PodGroups that grow: ``minCount`` raised on a released (running) group.
+
+The members running are never touched. When ``minCount`` rises above them, the members added
+(gated by the webhook, created by whoever scales the group) are provisioned all or nothing:
+the oldest ``minCount - running`` of the gated members are the *growth*; if they fit together
+on nodes that exist they are released at once, else one ProvisioningRequest asks for them
+(``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when it was
+made), and they are released together, annotated to consume it, when they fit whole on
+nodes that exist. Past the deadline the growth is rolled back like any attempt (what arrived
+for it reclaimed by the safe path), the group stays Released, its running members untouched,
+and the next growth attempt follows after Kueue's backoff, counted from the rolled-back
+attempt's deadline (its request is the record until then); past ``backoffLimitCount`` the
+growth waits, saying so.
+
+Lowered again to what runs or less, a growth not delivered is withdrawn (its arrivals, on
+which nothing of the group runs, reclaimed safely); capacity members use is never withdrawn.
+A ``minCount`` above the members that exist is said on the group (Event
+``MinCountAboveMembers``) until they exist.
+
+While a growth is in flight its members and its requests are left out of what
+``podgroup.decide`` sees, so it neither releases them one by one as late members nor counts
+the growth's nodes as free for others.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
+from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
+from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import AttemptPhase
+from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.podgroup import (
+    RELEASED,
+    GroupDecision,
+    GroupSnapshot,
+    _ask,
+    _domain_of,
+    _pinned,
+    _status,
+    gang_from_pods,
+)
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.names import (
+    CLASS_ANNOTATION,
+    CONSUME_ANNOTATION,
+    DOMAIN_ANNOTATION,
+    GANG_MEMBERS_ANNOTATION,
+    GATE,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    STARTED,
+    STATE_ANNOTATION,
+)
+from gangcheck.model.objects import Pod, ProvisioningRequest
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
+
+#: On a growth request: how many members ran when it was made.
+GROWS_ANNOTATION = "gangcheck.io/grows-group"
+
+
+def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
+    """`podgroup.decide`, and for a released group whose minCount rose above the members
+    running, the growth: asked for all or nothing, the running members left alone."""
+    group = snap.group
+    growing = tuple(r for r in snap.requests if GROWS_ANNOTATION in r.annotations)
+    state = group.annotations.get(STATE_ANNOTATION, "")
+    if state != RELEASED or group.deleting or not group.is_gang or group.problem:
+        return podgroup.decide(snap, now)  # deleted: every request withdrawn, growth's too
+    live = [p for p in snap.members if p.live]
+    running = [p for p in live if not p.gated]
+    gated = sorted((p for p in live if p.gated), key=lambda p: (p.created, p.name))
+    need = group.min_count - len(running)
+    if need <= 0 and not growing:
+        return podgroup.decide(snap, now)
+    latest = _latest(snap, growing)
+    config = snap.config or (lifecycle.recorded_config(latest[1]) if latest else None)
+    if config is None:
+        return podgroup.decide(snap, now)  # no config: late members as before, nothing asked
+    snap = replace(snap, config=config)
+    in_flight = (
+        latest is not None
+        and not _settled(latest[1])
+        and _phase(latest[1]) not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
+    )
+    size = _members_of(latest[1]) if latest is not None and in_flight else max(need, 0)
+    chosen = tuple(gated[:size]) if need > 0 or in_flight else ()
+    rest = replace(
+        snap,
+        members=tuple(p for p in snap.members if p not in chosen),
+        requests=tuple(r for r in snap.requests if r not in growing),
+    )
+    base = podgroup.decide(rest, now)
+    grown = _grow(snap, growing, latest=latest, chosen=chosen, running=running, need=need, now=now)
+    return _merged(base, grown)
+
+
+def _grow(
+    snap: GroupSnapshot,
+    growing: tuple[ProvisioningRequest, ...],
+    *,
+    latest: tuple[int, ProvisioningRequest] | None,
+    chosen: Sequence[Pod],
+    running: Sequence[Pod],
+    need: int,
+    now: datetime,
+) -> GroupDecision:
+    group = snap.group
+    done = _delivered(snap, growing, running)
+    if latest is not None and _phase(latest[1]) in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
+        return done  # the growth delivered: its members are the group's, running or binding
+    if need <= 0:
+        return _lowered(snap, growing, len(running), done)
+    if len(chosen) < need:
+        message = (
+            f"released; minCount {group.min_count} is above the members that exist: "
+            f"{len(running)} run, {len(chosen)} more are waiting to be released; nothing is "
+            f"asked until {need - len(chosen)} more exist"
+        )
+        return _with(done, _status(snap, RELEASED, message, warn="MinCountAboveMembers"))
+    said = f"minCount raised to {group.min_count}: {need} member(s) added to {len(running)} running"
+    if latest is None:
+        return _with(done, _first(snap, chosen, 1, said, now, gone=()))
+    number, req = latest
+    if not _settled(req):
+        return _with(done, _follow(snap, req, chosen, said, now))
+    assert snap.config is not None
+    reason = rollback.record_of(req).reason or "rolled back"
+    if lifecycle.next_attempt(number, snap.config.retry_strategy) is None:
+        limit = snap.config.retry_strategy.backoff_limit_count
+        message = (
+            f"released; {said}; growth attempt {number} was rolled back ({reason}) and "
+            f"backoffLimitCount {limit} allows no more; the {len(running)} running members "
+            "are untouched"
+        )
+        return _with(done, _status(snap, RELEASED, message, warn="GrowthRolledBack"))
+    due = _due(snap.config, number, req)
+    if due is not None and now < due:
+        message = (
+            f"released; {said}; growth attempt {number} was rolled back ({reason}); the "
+            f"{len(running)} running members are untouched; the next at {format_time(due)}"
+        )
+        wait = max(0.2, (due - now).total_seconds())
+        status = _status(snap, RELEASED, message, warn="GrowthRolledBack")
+        return _with(done, replace(status, requeue_after=wait))
+    gone = tuple(
+        a
+        for r in growing
+        if not r.deleting
+        for a in (
+            *lifecycle.release_hold(snap.capacity, r),
+            *snap.backend.withdraw(r, "superseded"),
+        )
+    )
+    return _with(done, _first(snap, chosen, number + 1, said, now, gone=gone))
+
+
+def _first(
+    snap: GroupSnapshot,
+    chosen: Sequence[Pod],
+    number: int,
+    said: str,
+    now: datetime,
+    *,
+    gone: tuple[Action, ...],
+) -> GroupDecision:
+    """No growth request in flight: release the added members at once if they fit together
+    on nodes that exist, else ask for them."""
+    assert snap.config is not None
+    group = snap.group
+    pins = _domain_of(group.annotations.get(DOMAIN_ANNOTATION, ""))
+    gang = _pinned(gang_from_pods(group, chosen), pins)
+    here = fits_now(_others_held(snap), gang)
+    names = tuple(sorted(p.name for p in chosen))
+    if here.fits:
+        message = f"released; {said}: they fit on nodes that exist, released together"
+        status = _status(snap, RELEASED, message)
+        event = Event("GangGrown", f"Released {len(names)} members together: {message}")
+        return replace(
+            status,
+            actions=(*gone, ReleaseMembers(names, {}, pins, GATE)),
+            events=(*status.events, event),
+        )
+    name = _request_name(snap, number)
+    record = {
+        **lifecycle.record(number, snap.config, now, reserved=0),
+        GANG_MEMBERS_ANNOTATION: str(len(chosen)),
+        GROWS_ANNOTATION: str(group.min_count - len(chosen)),
+    }
+    asked = driver.ask(snap.backend, _ask(snap, gang, name, record), reserved=0)
+    status = _status(snap, RELEASED, f"released; {said}: {asked.message}")
+    return replace(
+        status,
+        actions=(*gone, *asked.actions),
+        events=(*status.events, *asked.events),
+        requeue_after=lifecycle.LOOK_AGAIN_SECONDS,
+    )
+
+
+def _follow(
+    snap: GroupSnapshot, req: ProvisioningRequest, chosen: Sequence[Pod], said: str, now: datetime
+) -> GroupDecision:
+    """The growth request in flight, for the members it was made for."""
+    assert snap.config is not None
+    group = snap.group
+    pins = _domain_of(group.annotations.get(DOMAIN_ANNOTATION, ""))
+    config = lifecycle.made_under(req, snap.config) or snap.config
+    attempt = lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=_pinned(gang_from_pods(group, chosen), pins),
+        capacity=snap.capacity,
+        config=config,
+    )
+    followed = driver.in_flight(
+        attempt, now, class_name=req.class_name, parameters=dict(req.parameters)
+    )
+    step = followed.step
+    assert step is not None  # always in fit mode
+    if step.progress is Progress.FITS:
+        names = tuple(sorted(p.name for p in chosen))
+        consume = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name}
+        toleration = (hold_toleration(request_key(req)),)
+        message = f"released; {said}: they fit whole, released together: {step.message}"
+        status = _status(snap, RELEASED, message)
+        event = Event("GangGrown", f"Released {len(names)} members together: {message}")
+        return replace(
+            status,
+            actions=(
+                *followed.upkeep,
+                *step.actions,
+                ReleaseMembers(names, consume, pins, GATE, toleration),
+                *lifecycle.fulfilled(req),
+            ),
+            events=(*status.events, event),
+            step=step,
+        )
+    if step.progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
+        return GroupDecision(
+            actions=(*followed.upkeep, *step.actions),
+            events=step.events,
+            requeue_after=step.requeue_after or 0.2,
+            step=step,
+        )
+    status = _status(snap, RELEASED, f"released; {said}: {step.message}")
+    return replace(
+        status,
+        actions=(*followed.upkeep, *step.actions),
+        requeue_after=step.requeue_after,
+        step=step,
+    )
+
+
+def _delivered(
+    snap: GroupSnapshot, growing: Sequence[ProvisioningRequest], running: Sequence[Pod]
+) -> GroupDecision:
+    """Growth requests delivered: started (their hold lifted) once every member consuming
+    them is bound; withdrawn once the group has no member left."""
+    actions: list[Action] = []
+    for req in growing:
+        phase = _phase(req)
+        if req.deleting or phase not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
+            continue
+        if not running and not any(p.live for p in snap.members):
+            actions += snap.backend.withdraw(req, "the gang has no members left")
+            continue
+        mine = [p for p in snap.members if p.live and p.consumes == req.name]
+        if phase is AttemptPhase.STARTED or (mine and all(p.node_name for p in mine)):
+            actions += lifecycle.release_hold(snap.capacity, req)
+            if phase is not AttemptPhase.STARTED:
+                actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
+    return GroupDecision(actions=tuple(actions))
+
+
+def _lowered(
+    snap: GroupSnapshot,
+    growing: Sequence[ProvisioningRequest],
+    running: int,
+    done: GroupDecision,
+) -> GroupDecision:
+    """minCount back at or below what runs: a growth not delivered is no longer needed."""
+    pending = [
+        r
+        for r in growing
+        if not r.deleting
+        and _phase(r) not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
+        and not _settled(r)
+    ]
+    if not pending:
+        return done
+    why = (
+        f"minCount lowered to {snap.group.min_count}, at or below the {running} members "
+        "running: the growth asked for is no longer needed"
+    )
+    gone = driver.withdraw(
+        pending, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+    )
+    status = _status(snap, RELEASED, f"released; {why}")
+    return _with(
+        done,
+        replace(
+            status,
+            actions=gone.actions,
+            events=(*status.events, *gone.events, Event("GrowthWithdrawn", why)),
+            requeue_after=gone.requeue_after,
+        ),
+    )
+
+
+def _latest(
+    snap: GroupSnapshot, growing: Sequence[ProvisioningRequest]
+) -> tuple[int, ProvisioningRequest] | None:
+    """The latest growth attempt: its number and its request."""
+    numbered = []
+    for req in growing:
+        tail = req.name.rsplit("-", 1)[-1]
+        if tail.isdigit() and req.name == _request_name(snap, int(tail)):
+            numbered.append((int(tail), req))
+    return max(numbered, key=lambda n: n[0], default=None)
+
+
+def _request_name(snap: GroupSnapshot, number: int) -> str:
+    group = snap.group
+    return naming.fit(f"{group.ref.name}-{group.short}-grow", f"-{number}")
+
+
+def _settled(req: ProvisioningRequest) -> bool:
+    """Rolled back, its outcome recorded."""
+    return OUTCOME_ANNOTATION in req.annotations
+
+
+def _phase(req: ProvisioningRequest) -> AttemptPhase | None:
+    return rollback.record_of(req).phase
+
+
+def _members_of(req: ProvisioningRequest) -> int:
+    raw = req.annotations.get(GANG_MEMBERS_ANNOTATION, "")
+    return int(raw) if raw.isdigit() else sum(p.count for p in req.pod_sets)
+
+
+def _due(config: AtomicProvisioningSpec, number: int, req: ProvisioningRequest) -> datetime | None:
+    since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
+    if since is None:
+        return None
+    return since + timedelta(seconds=lifecycle.backoff_seconds(number, config.retry_strategy))
+
+
+def _others_held(snap: GroupSnapshot) -> ClusterView:
+    """The capacity, counting nodes that arrived for this group's own requests as free."""
+    capacity = snap.capacity or ClusterView()
+    own = {request_key(r) for r in snap.requests}
+    return replace(capacity, in_flight=capacity.in_flight - own)
+
+
+def _with(first: GroupDecision, second: GroupDecision) -> GroupDecision:
+    return _merged(first, second)
+
+
+def _merged(base: GroupDecision, mine: GroupDecision) -> GroupDecision:
+    """Both decisions as one; where both write the group, the growth's words win."""
+    status = None
+    if base.status is not None or mine.status is not None:
+        status = {**(base.status or {}), **(mine.status or {})}
+    waits = [t for t in (base.requeue_after, mine.requeue_after) if t is not None]
+    return GroupDecision(
+        status=status,
+        actions=(*base.actions, *mine.actions),
+        events=(*base.events, *mine.events),
+        requeue_after=min(waits, default=None),
+        capacity_used=mine.capacity_used or base.capacity_used,
+        sources=(*base.sources, *mine.sources),
+        step=mine.step or base.step,
+    )

@@ -1,0 +1,264 @@
+"""Table tests of a released PodGroup whose minCount is raised (and lowered): the members
+added are provisioned all or nothing, the running ones never touched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    CreateRequest,
+    DeleteRequest,
+    ReleaseHold,
+    ReleaseMembers,
+)
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.hold import hold_taint
+from gangcheck.logic.podgroups import growth
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
+from gangcheck.model.names import CONSUME_ANNOTATION, GATE
+from gangcheck.model.objects import pod_of, request_of
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import container, node, provisioning_request
+
+NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+Obj = dict[str, Any]
+FIRST = "g-pg-1"
+GROW1, GROW2 = "g-pg-grow-1", "g-pg-grow-2"
+RELEASED = {
+    "gangcheck.io/state": "Released",
+    "gangcheck.io/message": "released",
+    "gangcheck.io/request": FIRST,
+    "gangcheck.io/gang-members": "4",
+    "gangcheck.io/released-at": "2026-11-30T10:01:00Z",
+}
+ROLLED = {
+    "gangcheck.io/phase": "RollingBack",
+    "gangcheck.io/rollback-reason": "Deadline: 1 of 2 members placeable",
+    "gangcheck.io/fulfillment-deadline": "2026-11-30T10:02:00Z",
+    "gangcheck.io/outcome": '{"draining": [], "kept": {}, "nodeSeconds": 60, "reclaimed": []}',
+}
+
+
+def group(min_count: int) -> Obj:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "g",
+            "namespace": "default",
+            "uid": "uid-g",
+            "annotations": dict(RELEASED),
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}},
+    }
+
+
+def pod(name: str, *, gated: bool, node_name: str = "", consumes: str = "") -> Obj:
+    spec: Obj = {"containers": [container(gpu=1)], "schedulingGroup": {"podGroupName": "g"}}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
+    if node_name:
+        spec["nodeName"] = node_name
+    created = "2026-11-30T10:00:30Z" if not gated else "2026-11-30T10:03:00Z"
+    meta: Obj = {"name": name, "namespace": "default", "creationTimestamp": created}
+    if consumes:
+        meta["annotations"] = {CONSUME_ANNOTATION: consumes}
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Running" if node_name else ""}}
+
+
+def running(n: int = 4) -> list[Obj]:
+    return [pod(f"run{i}", gated=False, node_name="old", consumes=FIRST) for i in range(n)]
+
+
+def added(n: int = 2, **kw: Any) -> list[Obj]:
+    return [pod(f"new{i}", gated=True, **kw) for i in range(n)]
+
+
+def grow_req(name: str = GROW1, count: int = 2, **kw: Any) -> Any:
+    annotations = {
+        "gangcheck.io/pod-group": "pg/g",
+        "gangcheck.io/pod-group-uid": "uid-g",
+        "gangcheck.io/fulfillment-deadline": "2026-11-30T10:20:00Z",
+        "gangcheck.io/gang-members": str(count),
+        growth.GROWS_ANNOTATION: "4",
+        **kw.pop("annotations", {}),
+    }
+    return provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "ps-0"), count)],
+        annotations=annotations,
+        **kw,
+    )
+
+
+OLD_NODE = node("old", gpu=4)  # the 4 running members fill it
+
+
+@dataclass
+class Case:
+    id: str
+    min_count: int
+    members: list[Obj]
+    requests: list[Any] = field(default_factory=list)
+    nodes: list[Obj] = field(default_factory=lambda: [OLD_NODE])
+    now: datetime = NOW
+    # expectations
+    message: str = ""
+    asked: tuple[str, int] | None = None
+    released: tuple[str, ...] = ()
+    consume: str = ""
+    deletes: tuple[str, ...] = ()
+    started: bool = False
+    events: tuple[str, ...] = ()
+
+
+CASES = [
+    Case(
+        "minCount raised 4 -> 6 on a running group, no room: one request for the 2 added",
+        6,
+        [*running(), *added()],
+        message="minCount raised to 6: 2 member(s) added to 4 running",
+        asked=(GROW1, 2),
+    ),
+    Case(
+        "raised, and the 2 added fit on nodes that exist: released together, nothing asked",
+        6,
+        [*running(), *added()],
+        nodes=[OLD_NODE, node("free", gpu=2)],
+        message="they fit on nodes that exist, released together",
+        released=("new0", "new1"),
+        events=("GangGrown",),
+    ),
+    Case(
+        "the growth provisioned, a node for 1 of the 2 arrived: no member released alone",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=1, created="2026-11-30T10:04:00Z")],
+        message="1 of 2 members placeable",
+    ),
+    Case(
+        "the growth fits whole: its members released together, consuming its request",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message="they fit whole, released together",
+        released=("new0", "new1"),
+        consume=GROW1,
+        events=("GangGrown",),
+    ),
+    Case(
+        "the growth rolled back, in its backoff: the running members untouched, said",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+        now=datetime(2026, 11, 30, 10, 2, 30, tzinfo=UTC),
+        message="growth attempt 1 was rolled back",
+        events=("GrowthRolledBack",),
+    ),
+    Case(
+        "the growth rolled back, its backoff over: the next asks for the 2 again",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+        asked=(GROW2, 2),
+        deletes=(GROW1,),
+    ),
+    Case(
+        "minCount above the members that exist: said, nothing asked",
+        8,
+        [*running(), *added()],
+        message="minCount 8 is above the members that exist",
+        events=("MinCountAboveMembers",),
+    ),
+    Case(
+        "minCount lowered back while the growth is asked for: withdrawn, nothing running moved",
+        4,
+        [*running(), *added()],
+        requests=[grow_req()],
+        deletes=(GROW1,),
+        message="minCount lowered to 4",
+        events=("GrowthWithdrawn",),
+    ),
+    Case(
+        "minCount lowered below the running members: nothing withdrawn, nothing asked",
+        2,
+        running(),
+    ),
+    Case(
+        "the growth's members all bound: its request started, its hold lifted",
+        6,
+        [
+            *running(),
+            *(pod(f"new{i}", gated=False, node_name="n2", consumes=GROW1) for i in (0, 1)),
+        ],
+        requests=[grow_req(annotations={"gangcheck.io/phase": "Fulfilled"})],
+        nodes=[
+            OLD_NODE,
+            node(
+                "n2",
+                gpu=2,
+                created="2026-11-30T10:04:00Z",
+                annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+                taints=[hold_taint(f"default/{GROW1}")],
+            ),
+        ],
+        started=True,
+    ),
+]
+
+
+def run(case: Case) -> GroupDecision:
+    obj = group(case.min_count)
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, case.members)),
+        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        requests=tuple(request_of(r) for r in case.requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in case.requests for p in r["spec"]["podSets"]
+        ),
+        capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.members)),
+        opted_in=True,
+    )
+    return growth.decide(snap, case.now)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_growth(case: Case) -> None:
+    d = run(case)
+    status = {**RELEASED, **(d.status or {})}
+    assert status["gangcheck.io/state"] == "Released"
+    assert case.message in status["gangcheck.io/message"], status["gangcheck.io/message"]
+    created = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    if case.asked is None:
+        assert not created
+    else:
+        (body,) = created
+        assert body["metadata"]["name"] == case.asked[0]
+        assert sum(p["count"] for p in body["spec"]["podSets"]) == case.asked[1]
+        assert body["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "4"
+    releases = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    assert tuple(n for a in releases for n in a.pods) == case.released
+    for release in releases:
+        assert release.annotations.get(CONSUME_ANNOTATION, "") == case.consume
+    # the running members are never in any action
+    assert not [n for a in releases for n in a.pods if n.startswith("run")]
+    assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes
+    starts = [
+        a
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and a.annotations.get("gangcheck.io/phase") == "Started"
+    ]
+    assert bool(starts) == case.started
+    if case.started:
+        assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
+    assert {e.reason for e in d.events} >= set(case.events), d.events
