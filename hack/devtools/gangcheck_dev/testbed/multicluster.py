@@ -14,12 +14,14 @@ and kube-apiserver on 127.0.0.1.
   kwok and Kueue; the capacity source and gangcheck are deployed into it by the caller
   (:func:`gangcheck_dev.testbed.deploy.start_sim_cloud`, ``deploy_gangcheck``).
 - As Kueue's MultiKueue setup describes: one Secret per worker in the manager's Kueue
-  namespace, its key ``kubeconfig`` holding a kubeconfig of the worker (certificate data
-  inline, no file paths: Kueue v0.17 refuses those unless ``MultiKueueAllowInsecureKubeconfigs``
-  is on), a ``MultiKueueCluster`` per worker naming its Secret (``locationType: Secret``), one
-  ``MultiKueueConfig`` listing them and an ``AdmissionCheck`` of controller
-  ``kueue.x-k8s.io/multikueue`` with that config as its parameters. ``start()`` returns once
-  every MultiKueueCluster is ``Active`` and the check too.
+  namespace, its key ``kubeconfig`` holding a kubeconfig of the worker for a ServiceAccount
+  there with only what MultiKueue does in a worker (:func:`worker_kubeconfig`: its token,
+  the CA inline; Kueue v0.17 refuses file paths and token files unless
+  ``MultiKueueAllowInsecureKubeconfigs`` is on), a ``MultiKueueCluster`` per worker naming
+  its Secret (``locationType: Secret``), one ``MultiKueueConfig`` listing them and an
+  ``AdmissionCheck`` of controller ``kueue.x-k8s.io/multikueue`` with that config as its
+  parameters. ``start()`` returns once every MultiKueueCluster is ``Active`` and the check
+  too.
 
 The three control planes start side by side (threads); nothing else is shared but the binary
 cache and Kueue's metrics certificate (:class:`gangcheck_dev.testbed.stack.MetricsCert`).
@@ -256,7 +258,7 @@ class MultiCluster:
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "metadata": {"name": name, "namespace": namespace},
-                "data": {KUBECONFIG_KEY: _b64(worker.kubeconfig.read_bytes())},
+                "data": {KUBECONFIG_KEY: _b64(worker_kubeconfig(worker))},
             }
             admin.apply(
                 f"/api/v1/namespaces/{namespace}/secrets/{name}", secret, crds.FIELD_MANAGER
@@ -311,6 +313,91 @@ class MultiCluster:
 
     def describe(self) -> dict[str, Any]:
         return {name: plane.describe() for name, plane in self.planes.items()}
+
+
+#: The identity the manager's Kueue has in a worker, as Kueue's MultiKueue setup makes it: a
+#: ServiceAccount in the worker's Kueue namespace, bound to a ClusterRole that lets it manage
+#: the copies of Workloads and the Jobs it creates there, and a token for it.
+IDENTITY = "multikueue-sa"
+TOKEN_SECONDS = 24 * 3600
+IDENTITY_RULES = (
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["create", "delete", "get", "list", "watch"],
+    },
+    {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
+    {
+        "apiGroups": ["kueue.x-k8s.io"],
+        "resources": ["workloads"],
+        "verbs": ["create", "delete", "get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["kueue.x-k8s.io"],
+        "resources": ["workloads/status"],
+        "verbs": ["get", "patch", "update"],
+    },
+)
+
+
+def worker_kubeconfig(worker: ControlPlane) -> bytes:
+    """A kubeconfig of the worker for the manager's Kueue: the restricted identity's token
+    (``IDENTITY``, ``IDENTITY_RULES``) and the worker's CA inline (Kueue v0.17 refuses file
+    paths and token files unless ``MultiKueueAllowInsecureKubeconfigs`` is on)."""
+    admin = worker.client()
+    namespace = stack.KUEUE_NAMESPACE
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": IDENTITY, "namespace": namespace},
+    }
+    admin.apply(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{IDENTITY}", account, crds.FIELD_MANAGER
+    )
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": f"{IDENTITY}-role"},
+        "rules": list(IDENTITY_RULES),
+    }
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    admin.apply(f"{rbac}/clusterroles/{IDENTITY}-role", role, crds.FIELD_MANAGER)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{IDENTITY}-crb"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{IDENTITY}-role",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": IDENTITY, "namespace": namespace}],
+    }
+    admin.apply(f"{rbac}/clusterrolebindings/{IDENTITY}-crb", binding, crds.FIELD_MANAGER)
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": TOKEN_SECONDS},
+    }
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{IDENTITY}/token"
+    token = str(admin.create(path, request).json()["status"]["token"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "worker",
+                "cluster": {
+                    "server": worker.server,
+                    "certificate-authority-data": _b64(worker.pki.ca_cert.read_bytes()),
+                },
+            }
+        ],
+        "users": [{"name": IDENTITY, "user": {"token": token}}],
+        "contexts": [{"name": "worker", "context": {"cluster": "worker", "user": IDENTITY}}],
+        "current-context": "worker",
+    }
+    return yaml.safe_dump(config, sort_keys=False).encode()
 
 
 def _active(admin: RestClient, path: str) -> str:
