@@ -600,6 +600,28 @@ def test_the_json_says_the_decision_replayed_on_the_objects() -> None:
     assert decision["message"].startswith("capacity requested, not yet usable: 0 of 2 members")
 
 
+def test_an_admitted_gang_past_its_start_deadline_is_rolled_back_as_decide_does() -> None:
+    """The start watchdog is replayed too: past startDeadlineSeconds with members
+    unscheduled, the line says the rollback the decision starts, not a deadline passed."""
+    admitted = (
+        WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready")
+    ).condition("Admitted")
+    name = naming.request_name("wl", CHECK, 1)
+    fulfilled = provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "workers"), 2)],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations={"gangcheck.io/phase": "Fulfilled"},
+    )
+    config = {"spec": {"fulfillment": {"mode": "NodesFit", "startDeadlineSeconds": 60}}}
+    facts = gather(admitted.build(), world(requests=(fulfilled,), configs={"cfg": config}), now=NOW)
+    assert verdict(facts, NOW).line == (
+        "blocked: admitted, but rolling back attempt 1: StartDeadline: 0 of 2 members "
+        "scheduled within 60s of admission"
+    )
+    assert phase_of(facts) == "admitted"
+
+
 def test_a_dangling_config_makes_the_check_inactive() -> None:
     facts = gather(workload(), world(configs={}), now=NOW)
     assert verdict(facts, NOW).line == (

@@ -19,6 +19,7 @@ from gangcheck.logic.podgroups.group_diagnosis import (
 )
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
 from gangcheck.logic.workloads.diagnosis import Target, parse_target
+from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
 from gangcheck.model.names import GATE
 from gangcheck.model.objects import pod_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
@@ -407,6 +408,15 @@ CASES = [
         "not blocked: released: 4 members released together, all bound",
         "started",
         requests=[req(count=4, Provisioned="ok")],
+    ),
+    Case(
+        "released, its members unbound past the start deadline: the watchdog's rollback",
+        group(2, state="Released", request="g-pg-1", released_at="2026-11-30T09:00:00Z"),
+        [member(i, gated=False, annotations={CONSUME: "g-pg-1"}) for i in range(2)],
+        "blocked: released, but rolling back attempt 1: StartDeadline: 0 of 2 members released "
+        "together bound within 600s of their release (unbound: m0, m1)",
+        "released",
+        requests=[req(count=2, Provisioned="ok")],
     ),
     Case(
         "released, scheduler still placing",

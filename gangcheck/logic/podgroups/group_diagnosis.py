@@ -72,6 +72,8 @@ GroupKey = tuple[str, str, str]
 """(namespace, API group, name) of a PodGroup."""
 
 NAMES_SHOWN = 5
+ROLLBACK = (Progress.ROLLING_BACK, Progress.ROLLED_BACK)
+"""A rollback the replayed decision starts or runs (the start watchdog's, once released)."""
 
 
 # ---- facts -------------------------------------------------------------------------------
@@ -407,7 +409,13 @@ def _settled_verdict(f: GroupFacts) -> Verdict | None:
 
 
 def _released_verdict(f: GroupFacts) -> Verdict:
-    m = f.members
+    m, req, done = f.members, f.request, f.replay
+    if req is not None and done is not None and done.progress in ROLLBACK:
+        why = req.rollback_reason or done.message  # the start watchdog's rollback
+        outcome = f"; {req.outcome.summary()}" if req.outcome else ""
+        return Verdict(
+            True, "release", f"released, but rolling back attempt {f.attempt}: {why}{outcome}"
+        )
     if not m.exist:
         return Verdict(False, "release", "released; the gang has no members left")
     out = m.exist - len(m.gated)

@@ -6,8 +6,9 @@ attempt's ProvisioningRequest → arrived nodes → per-node fit) and replays th
 decision on them (``replay``: ``admission.decide`` on the Snapshot ``snapshot_of`` builds, as
 the controller builds it from its caches). ``verdict`` names the first broken link as one
 line: first what ``decide`` cannot know (the Workload itself, quota and queues, an inactive
-AdmissionCheck, other checks, a Retry or Rejected already written, the start watchdog of an
-admitted Workload), then the step the replayed decision returns. ``gang_row`` condenses the
+AdmissionCheck, other checks, a Retry or Rejected already written; an admitted Workload's
+members scheduled so far), then the step the replayed decision returns (the start
+watchdog's rollback too). ``gang_row`` condenses the
 same facts for ``gangcheck status``.
 """
 
@@ -505,6 +506,10 @@ def _start_verdict(facts: Facts, now: datetime) -> Verdict:
     start, req = facts.start, facts.request
     if req is not None and req.phase == STARTED:
         return Verdict(False, "start", "admitted and running")
+    done = facts.replay
+    if req is not None and done is not None and done.progress in ROLLBACK:
+        why = f"{req.rollback_reason or done.message}{_reclaimed(req)}"
+        return Verdict(True, "start", f"admitted, but rolling back attempt {req.attempt}: {why}")
     if start is None or start.total == 0:
         return Verdict(False, "start", "admitted")
     if start.scheduled >= start.total:
@@ -515,6 +520,14 @@ def _start_verdict(facts: Facts, now: datetime) -> Verdict:
         "start",
         f"admitted, but only {start.scheduled} of {start.total} members are scheduled{when}",
     )
+
+
+ROLLBACK = (Progress.ROLLING_BACK, Progress.ROLLED_BACK)
+"""A rollback the replayed decision starts or runs (the start watchdog's, once admitted)."""
+
+
+def _reclaimed(req: RequestFacts) -> str:
+    return f"; {req.outcome.summary()}" if req.outcome else ""
 
 
 def _quota_verdict(facts: Facts, now: datetime) -> Verdict | None:
