@@ -88,7 +88,7 @@ devtools-tests: install ## the dev tooling's tests (hack/devtools/tests: test be
 
 .PHONY: test
 test: install lint typecheck binaries ## every test but the long ones: lint, types, unit, integration, e2e, the dev tooling's (builds the image)
-	$(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) --dist loadgroup
+	$(PYTEST) tests hack/devtools/tests -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) --dist loadscope
 
 .PHONY: soak
 soak: install binaries ## the long scenarios (docs/testing.md): the long fault suite, long waits, comparisons (tens of minutes)

@@ -5,10 +5,11 @@ Tests marked ``soak`` (the long scenarios: more seeds, long waits, comparisons) 
 ``make soak`` (``GANGCHECK_SOAK=1``) and only there; every other test runs in ``make test``
 and only there. docs/testing.md lists what runs where and why.
 
-``make test`` runs on two workers (pytest-xdist, ``--dist loadgroup``): what shares a started
-stack runs on one worker, so each stack starts once. The e2e tests on the session's full stack
-are one group, each folder of tests/e2e with a stack of its own (Karpenter's) another, and
-every other module a group of its own (its module-scoped fixtures start once).
+``make test`` runs on two workers (pytest-xdist, ``--dist loadscope`` with the scopes of
+`worker_group`): what shares a started stack runs on one worker, so each stack starts once.
+The e2e tests on the session's full stack are one group, each folder of tests/e2e (a stack of
+its own: Karpenter's, the clusters') one, and every other module a group of its own (its
+module-scoped fixtures start once); the largest groups are handed out first.
 
 pytest removes a green session's temp folders itself (``tmp_path_retention_policy`` in
 pyproject.toml) but keeps the per-user folder it makes them in; that one goes too once empty.
@@ -18,12 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 SOAK_ENV = "GANGCHECK_SOAK"
-E2E = Path(__file__).parent / "e2e"
 MEASUREMENTS = pytest.StashKey[list[str]]()
 _WORKER_OUTPUT = "measurements"
 
@@ -44,17 +44,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(worker_group(item.path)))
 
 
-def worker_group(path: Path) -> str:
-    """The group a test runs in (module doc): tests/e2e's top level on the session's full
-    stack, each folder below it on a stack of its own, any other module by itself."""
-    if path.is_relative_to(E2E):
-        inside = path.relative_to(E2E).parts
-        return "e2e" if len(inside) == 1 else f"e2e/{inside[0]}"
-    return str(path)
+#: Modules of tests/e2e that start a stack of their own (not the session's full stack).
+OWN_STACK = frozenset({"test_kind_deploy.py", "test_bench.py", "test_bench_capacity_sources.py"})
+
+
+def worker_group(nodeid: str) -> str:
+    """The group a test runs in (module doc): tests/e2e's tests on the session's full stack
+    together, each folder below tests/e2e (a stack of its own) together, any other module by
+    itself. `nodeid` is relative to the repository's root."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if parts[:2] != ["tests", "e2e"] or len(parts) < 3:
+        return path
+    if len(parts) > 3:
+        return "/".join(parts[:3])
+    return path if parts[2] in OWN_STACK else "tests/e2e"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with `worker_group` as the scope (pytest-xdist's own
+    ``loadgroup`` does not group under this pytest)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByStack(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ByStack(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,6 +88,7 @@ def measurements(config: pytest.Config) -> list[str]:
     return config.stash[MEASUREMENTS]
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
     """A worker's measurements, handed to the session that shows them."""
     sent = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT, [])
