@@ -21,7 +21,7 @@ import yaml
 from gangcheck_dev.testbed.identity import HARNESS
 from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.kube.client import MERGE_PATCH, Kube
+from gangcheck.kube.client import JSON_PATCH, MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -705,6 +705,23 @@ async def test_a_workload_status_write_touches_only_its_own_check_entry(
 
         return ops
 
+    # The API server loads a policy's params (here the AdmissionChecks) from an informer of
+    # their own: until it has the fixture's new check, that check's entry has no param to
+    # guard it. Wait until a dry run of the write is refused, then make it for real.
+    async def other_guarded() -> bool:
+        wl = await cluster.workload(name)
+        path = f"{WORKLOAD.object_path(name, ns)}/status"
+        try:
+            body = ready(other)(wl)
+            dry = {"dryRun": "All"}
+            await account.request("PATCH", path, query=dry, body=body, content_type=JSON_PATCH)
+        except ApiError as e:
+            if refused_by_policy(e, CHECKS):
+                return True
+            raise
+        return False
+
+    await eventually(other_guarded, timeout=30, what=f"the policy guarding {other}'s entry")
     error = await refusal(lambda: write(ready(other)), CHECKS)
     assert other in str(error)
     finished = {
