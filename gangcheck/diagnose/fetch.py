@@ -40,7 +40,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
+from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World, capacity_of
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -409,7 +409,7 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
     cqs, lqs = await asyncio.gather(
         _maybe(kube, CLUSTER_QUEUE, None), _maybe(kube, LOCAL_QUEUE, namespace)
     )
-    return World(
+    world = World(
         admission_checks=_by_key(checks),
         configs=_by_key(configs),
         flavors={f["metadata"]["name"]: flavor_of(f) for f in flavors},
@@ -420,6 +420,7 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
         local_queues=_by_key(lqs) if lqs is not None else None,
         **_device_fields(await _devices(kube)),
     )
+    return capacity_of(world)  # the requests in flight and waiting, worked out once
 
 
 async def fetch_group_world(kube: Kube, namespace: str) -> World:
@@ -432,13 +433,14 @@ async def fetch_group_world(kube: Kube, namespace: str) -> World:
         _everywhere(kube, POD, namespace, field_selector=NOT_FINISHED),
         _maybe(kube, ATOMIC_CONFIG, None),
     )
-    return World(
+    world = World(
         configs=_by_key(configs or []),
         requests=tuple(requests),
         nodes=tuple(nodes),
         pods=tuple(pods),
         **_device_fields(await _devices(kube)),
     )
+    return capacity_of(world)
 
 
 Devices = tuple[tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...]]

@@ -35,13 +35,14 @@ from gangcheck.logic.placement.fit import (
     NodeView,
     Rejection,
     member_from_template,
-    node_view,
 )
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.placement.usage import NodeUsage
 from gangcheck.logic.sources.waiting import waiting_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
     DOMAINS_TRIED_ANNOTATION,
@@ -165,13 +166,20 @@ def capacity_of(world: World) -> World:
     """The world as the capacity a decision reads: the requests in flight (nodes arrived for
     them are theirs) and those waiting, oldest first, as the controller's caches give them.
     (The diagnosis reads no PodTemplates: a waiting request's templates are not known, so no
-    older request is taken to claim a new node first.)"""
-    if world.in_flight:
+    older request is taken to claim a new node first.) The node views and what bound pods
+    use are kept as the controller keeps them (`NodeUsage`), parsed once for every gang."""
+    if world.cluster is not None:
         return world
+    usage = NodeUsage(tally=CONSUME_ANNOTATION)
+    for node in world.nodes:
+        usage.on_node(None, node)
+    for pod in world.pods:
+        usage.on_pod(None, pod)
     return replace(
         world,
         in_flight=in_flight_keys(world),
         waiting=waiting_of(world.requests, lambda _name, _namespace: None),
+        cluster=usage,
     )
 
 
@@ -231,11 +239,11 @@ def place(
             pod_sets = tolerating_hold(pod_sets, request_key(request))
     except QuantityError:
         return None
-    capacity = capacity or ClusterView(nodes=nodes, in_flight=in_flight)
+    capacity = capacity or ClusterView(nodes=nodes, pods=pods, in_flight=in_flight)
     considered = _considered(capacity, members, request, now)
-    views = [node_view(n) for n, _, _ in considered]
+    views = [capacity.view(n) for n, _, _ in considered]
     fitted = fit_in_domains(
-        pod_sets, views, pods, spec.topology, together=spec.together, devices=devices
+        pod_sets, views, capacity.bound(), spec.topology, together=spec.together, devices=devices
     )
     result = fitted.result
     fits = [_node_fit(node, arrived, recorded, result) for node, arrived, recorded in considered]
@@ -260,7 +268,7 @@ def _considered(
     only once recorded, as `assess` counts it); shared nodes only where its selectors match."""
 
     def selected(node: Obj) -> bool:
-        return any(is_selected(m, node_view(node)) for m in members)
+        return any(is_selected(m, capacity.view(node)) for m in members)
 
     if request is None:
         return [
