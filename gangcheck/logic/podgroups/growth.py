@@ -211,7 +211,7 @@ def _follow(
     assert snap.config is not None
     group = snap.group
     pins = _domain_of(group.annotations.get(DOMAIN_ANNOTATION, ""))
-    config = lifecycle.made_under(req, snap.config) or snap.config
+    config = snap.config  # now's, as for the group's own attempt: a deadline change applies
     attempt = lifecycle.Attempt(
         request=req,
         status=snap.backend.status_of(req),

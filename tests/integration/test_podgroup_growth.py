@@ -1,0 +1,157 @@
+"""A released PodGroup whose minCount is raised and lowered, on a real API server (1.37,
+GenericWorkload on). The test plays the webhook (members created gated), kube-scheduler (it
+binds the released members) and the autoscaler (request conditions, nodes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import ATOMIC_CONFIG, NODE, UPSTREAM_POD_GROUP_V1BETA1
+from gangcheck.logic.podgroups import growth
+from gangcheck.model.names import CONFIG_ANNOTATION, CONSUME_ANNOTATION, MESSAGE_ANNOTATION
+from tests.integration.harness import eventually
+from tests.integration.test_podgroups import Groups
+from tests.integration.test_podgroups import groups as groups  # noqa: PLC0414 (fixture)
+from tests.integration.test_podgroups import provisioner as provisioner  # noqa: PLC0414
+
+pytestmark = pytest.mark.integration
+Obj = dict[str, Any]
+
+
+async def released_and_bound(groups: Groups, name: str, members: int) -> dict[str, str]:
+    """A group of `members` released onto nodes that arrived for it, its members bound (as
+    kube-scheduler would): pod -> node."""
+    for i in range(members):
+        await groups.member(f"{name}-{i}", name)
+    first = f"{name}-pg-1"
+    await groups.cluster.set_request_conditions(first, {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(members, gpu=1)
+    await groups.wait_state(name, "Released")
+    placed = {f"{name}-{i}": node for i, node in enumerate(nodes)}
+    for pod, node in placed.items():
+        await groups.bind(pod, node)
+    return placed
+
+
+async def set_min_count(groups: Groups, name: str, count: int) -> None:
+    patch = {"spec": {"schedulingPolicy": {"gang": {"minCount": count}}}}
+    await groups.kube.merge_patch(UPSTREAM_POD_GROUP_V1BETA1, name, patch, groups.ns)
+
+
+async def said(groups: Groups, name: str, text: str) -> Obj | None:
+    obj = await groups.group(name)
+    notes = obj["metadata"].get("annotations") or {}
+    return obj if text in notes.get(MESSAGE_ANNOTATION, "") else None
+
+
+async def untouched(groups: Groups, placed: dict[str, str]) -> None:
+    for pod, node in placed.items():
+        got = await groups.pod(pod)
+        assert got["spec"]["nodeName"] == node
+        n = await groups.kube.get(NODE, node)
+        assert not n["spec"].get("unschedulable")
+
+
+@pytest.fixture
+async def short_deadline(groups: Groups) -> Any:
+    config = f"grow-{groups.ns}"
+    spec = {
+        "fulfillment": {"deadlineSeconds": 3, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 4},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    yield config
+    await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_raised_on_a_running_group_the_added_members_are_provisioned_all_or_nothing(
+    groups: Groups,
+    provisioner: Any,
+    short_deadline: str,
+) -> None:
+    """minCount 2 -> 4 on a running group: one request for the 2 added; a node for 1 of them
+    is rolled back at the deadline (the 2 running untouched, the 2 added still gated); the
+    next growth attempt gets both nodes and releases the 2 together, consuming it."""
+    await groups.upstream("grow", 2, annotations={CONFIG_ANNOTATION: short_deadline})
+    placed = await released_and_bound(groups, "grow", 2)
+
+    await set_min_count(groups, "grow", 4)
+    await groups.member("grow-2", "grow")
+    await groups.member("grow-3", "grow")
+    first = await groups.cluster.wait_request("grow-pg-grow-1")
+    assert sum(p["count"] for p in first["spec"]["podSets"]) == 2
+    assert first["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "2"
+    await groups.cluster.set_request_conditions("grow-pg-grow-1", {"Provisioned": "ok"})
+    (one,) = await groups.cluster.add_nodes(1, gpu=1)
+
+    await groups.cluster.wait_events("GrowthRolledBack", timeout=30)
+    with pytest.raises(NotFoundError):
+        await groups.kube.get(NODE, one)
+    assert await groups.gated("grow-2", "grow-3") == [True, True]
+    await untouched(groups, placed)
+    assert (await groups.group("grow"))["metadata"]["annotations"]["gangcheck.io/state"] == (
+        "Released"
+    )
+
+    # The next attempt must not race the short deadline: a deadline change applies at once.
+    config = await groups.kube.get(ATOMIC_CONFIG, short_deadline)
+    config["spec"]["fulfillment"]["deadlineSeconds"] = 60
+    await groups.kube.replace(ATOMIC_CONFIG, config)
+    await groups.cluster.set_request_conditions("grow-pg-grow-2", {"Provisioned": "ok"})
+    await groups.cluster.wait_request_gone("grow-pg-grow-1")
+    await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released_together() -> bool | None:
+        return True if await groups.gated("grow-2", "grow-3") == [False, False] else None
+
+    await eventually(released_together, timeout=20, what="the 2 added released together")
+    for pod in ("grow-2", "grow-3"):
+        annotations = (await groups.pod(pod))["metadata"].get("annotations") or {}
+        assert annotations.get(CONSUME_ANNOTATION) == "grow-pg-grow-2"
+        assert annotations[CONSUME_ANNOTATION] == "grow-pg-grow-2"
+    await groups.cluster.wait_events("GangGrown")
+    await untouched(groups, placed)
+
+    # Lowered again: nothing members use is withdrawn.
+    await set_min_count(groups, "grow", 2)
+    await groups.member("grow-4", "grow")  # a member beyond minCount: a late one, no request
+    await eventually(lambda: said(groups, "grow", "wait for room"), what="the late one waits")
+    assert await groups.cluster.request("grow-pg-grow-2") is not None
+    await untouched(groups, placed)
+
+
+async def test_lowered_before_the_growth_is_delivered_the_request_is_withdrawn(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    await groups.upstream("shrink", 2)
+    placed = await released_and_bound(groups, "shrink", 2)
+    await set_min_count(groups, "shrink", 4)
+    await groups.member("shrink-2", "shrink")
+    await groups.member("shrink-3", "shrink")
+    await groups.cluster.wait_request("shrink-pg-grow-1")
+
+    await set_min_count(groups, "shrink", 2)
+    await groups.cluster.wait_request_gone("shrink-pg-grow-1")
+    await groups.cluster.wait_events("GrowthWithdrawn")
+    await untouched(groups, placed)
+
+
+async def test_min_count_above_the_members_that_exist_is_said_and_nothing_asked(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    await groups.upstream("short", 2)
+    placed = await released_and_bound(groups, "short", 2)
+    await groups.member("short-2", "short")
+    await set_min_count(groups, "short", 6)
+    await eventually(
+        lambda: said(groups, "short", "minCount 6 is above the members that exist"),
+        what="the group saying so",
+    )
+    await groups.cluster.wait_events("MinCountAboveMembers")
+    assert [r["metadata"]["name"] for r in await groups.cluster.requests()] == ["short-pg-1"]
+    await untouched(groups, placed)
