@@ -424,3 +424,22 @@ def test_a_diagnosis_replays_a_slice_by_the_difference_its_request_records() -> 
         )
         is None
     )
+
+
+def test_a_slice_past_its_last_attempt_scaled_back_to_what_runs_turns_ready_asking_nothing() -> (
+    None
+):
+    """Kueue shrinks the pending slice in place (its spec; the admission keeps 8): the slice
+    adds nothing now, so the check is Ready and the rolled-back request goes."""
+    builder = new_slice()
+    builder.obj["spec"]["podSets"][0]["count"] = 4
+    case = Case(
+        "",
+        builder,
+        config={"retryStrategy": {"backoffLimitCount": 0}},
+        requests=[req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+    )
+    d = run(case)
+    assert d.check is not None and d.check.state == "Ready", d.check
+    assert "adds 0 members" in d.check.message
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [REQ1]

@@ -144,19 +144,25 @@ def base_of(wl: Workload, pred: Predecessor) -> Base | str:
 
 
 def shrunk(wl: Workload, base: Base) -> Workload:
-    """The Workload with each pod set's count less the members running: what to ask for."""
+    """The Workload with each pod set's count less the members running: what to ask for.
+    The count is the Job's now (the spec: Kueue changes it in place when a pending slice is
+    scaled down) within what the admission assigned."""
+    spec = {ps.name: ps.count for ps in wl.pod_sets}
 
-    def less(name: str, count: int | None) -> int | None:
-        return None if count is None else max(0, count - base.running.get(name, 0))
+    def less(name: str, count: int) -> int:
+        return max(0, count - base.running.get(name, 0))
 
-    pod_sets = tuple(
-        PodSet(ps.name, less(ps.name, ps.count) or 0, ps.template) for ps in wl.pod_sets
-    )
+    pod_sets = tuple(PodSet(ps.name, less(ps.name, ps.count), ps.template) for ps in wl.pod_sets)
     assignments = (
         None
         if wl.assignments is None
         else tuple(
-            PodSetAssignment(a.name, less(a.name, a.count), a.flavors) for a in wl.assignments
+            PodSetAssignment(
+                a.name,
+                None if a.count is None else less(a.name, min(a.count, spec.get(a.name, a.count))),
+                a.flavors,
+            )
+            for a in wl.assignments
         )
     )
     return replace(wl, pod_sets=pod_sets, assignments=assignments)
@@ -164,7 +170,8 @@ def shrunk(wl: Workload, base: Base) -> Workload:
 
 def describe(wl: Workload, base: Base) -> str:
     """The slice's relation to the running one: 'adds 4 members to default/x running 4'."""
-    added = sum(admitted_count(shrunk(wl, base), ps) for ps in wl.pod_sets)
+    less = shrunk(wl, base)
+    added = sum(admitted_count(less, ps) for ps in less.pod_sets)
     return f"workload slice: adds {added} members to {base.replaces} running {base.total}"
 
 
