@@ -85,10 +85,13 @@ def members(count: int, **kw: Any) -> list[Obj]:
 
 
 def req(name: str = "g-pg-1", count: int = 3, **conditions: str) -> Obj:
+    """A request as the provisioner makes one, made at 10:00 under a config whose
+    deadlineSeconds (1200, recorded with the attempt) puts its deadline at LATER."""
     annotations = {
         "gangcheck.io/pod-group": "pg/g",
         "gangcheck.io/pod-group-uid": "uid-g",
         "gangcheck.io/fulfillment-deadline": LATER,
+        "gangcheck.io/attempt-config": '{"fulfillment":{"deadlineSeconds":1200}}',
     }
     return provisioning_request(
         name,

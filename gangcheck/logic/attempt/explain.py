@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
@@ -360,6 +361,25 @@ def ended_verdict(req: RequestFacts, hint: str = "") -> Verdict | None:
         why = status.signal(phase).message or "booking expired"
         return Verdict(True, "request", f"the booking of {req.name} expired: {why}")
     return None
+
+
+def moved_deadlines(actions: Sequence[Action]) -> dict[str, datetime]:
+    """The deadlines a decision moves requests to, by request (a changed deadlineSeconds
+    applies to the attempt in flight)."""
+    out = {}
+    for action in actions:
+        if isinstance(action, AnnotateRequest):
+            moved = parse_time(action.annotations.get(DEADLINE_ANNOTATION, ""))
+            if moved is not None:
+                out[action.name] = moved
+    return out
+
+
+def as_decided(req: RequestFacts | None, moved: Mapping[str, datetime]) -> RequestFacts | None:
+    """The request as the decision goes by it: with the deadline it moved it to, if any."""
+    if req is None or req.name not in moved:
+        return req
+    return replace(req, deadline=moved[req.name])
 
 
 def step_verdict(

@@ -13,8 +13,8 @@ the replayed decision does (releases, asks, waits for the members) or the step i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangcheck.logic.attempt import lifecycle
@@ -25,10 +25,12 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
+    as_decided,
     attempt_phase,
     capacity_of,
     fit_verdict,
     human_duration,
+    moved_deadlines,
     nodes_needed,
     place_in,
     request_facts,
@@ -36,7 +38,7 @@ from gangcheck.logic.attempt.explain import (
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
 from gangcheck.logic.podgroups.podgroup import (
@@ -118,11 +120,13 @@ class GroupReplay:
     """The decision lifts the gang's gates (it fits on nodes that exist)."""
     waits: bool = False
     """The decision only waits (members still being created, read once they settle)."""
+    deadlines: Mapping[str, datetime] = field(default_factory=dict)
+    """The deadlines it moves requests to (deadlineSeconds changed under the attempt)."""
 
 
 def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
     """`decide` on the snapshot, as a diagnosis reads it."""
-    decision = podgroup.decide(snap, now)
+    decision = growth.decide(snap, now)  # a running group's growth too (growth.py)
     status, notes, step = decision.status or {}, snap.group.annotations, decision.step
     said = status.get(MESSAGE_ANNOTATION, notes.get(MESSAGE_ANNOTATION, ""))
     return GroupReplay(
@@ -132,6 +136,7 @@ def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
         asks=any(note.outcome == "asked" for note in decision.sources),
         releases=any(isinstance(a, ReleaseMembers) for a in decision.actions),
         waits=not (decision.status or decision.actions) and decision.requeue_after is not None,
+        deadlines=moved_deadlines(decision.actions),
     )
 
 
@@ -265,6 +270,7 @@ def gather_group(
         max_members=GroupSnapshot.max_members,
         opted_in=bool(opted_in),
     )
+    decided = replay_group(snap, now)
     return GroupFacts(
         namespace=group.ref.namespace,
         name=group.ref.name,
@@ -286,12 +292,12 @@ def gather_group(
         config=notes.get(CONFIG_ANNOTATION, ""),
         opted_in=opted_in,
         members=_member_facts(live, group.min_count),
-        request=request,
+        request=as_decided(request, decided.deadlines),
         placement=placement,
         hint=hint,
         released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
         late=late,
-        replay=replay_group(snap, now),
+        replay=decided,
     )
 
 

@@ -15,7 +15,7 @@ same facts for ``gangcheck status``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from gangcheck.logic.attempt import naming, places
@@ -25,10 +25,12 @@ from gangcheck.logic.attempt.explain import (
     RequestFacts,
     Verdict,
     World,
+    as_decided,
     attempt_phase,
     capacity_of,
     fit_verdict,
     human_duration,
+    moved_deadlines,
     nodes_needed,
     place_in,
     request_facts,
@@ -199,6 +201,8 @@ class Replay:
     """The check's state after the decision (written now, or kept)."""
     asks: bool = False
     """The decision asks for capacity: no request exists for the attempt yet."""
+    deadlines: Mapping[str, datetime] = field(default_factory=dict)
+    """The deadlines it moves requests to (deadlineSeconds changed under the attempt)."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place_in(world, gang, wl.ref.namespace, req, now)
+    decided = replay(_snapshot(wl, focus, world), now) if focus else None
     return Facts(
         namespace=wl.ref.namespace,
         name=wl.ref.name,
@@ -243,10 +248,10 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
         checks=checks,
         focus=focus,
         mode=(spec.fulfillment.mode.value if spec else FulfillmentMode.FIT.value),
-        request=request,
+        request=as_decided(request, decided.deadlines) if decided else request,
         placement=placement,
         start=_start_facts(state, req, world, spec),
-        replay=replay(_snapshot(wl, focus, world), now) if focus else None,
+        replay=decided,
     )
 
 
@@ -263,6 +268,7 @@ def replay(snap: Snapshot, now: datetime) -> Replay:
         or (entry.message if entry else ""),
         state=entry.state if entry else "",
         asks=any(note.outcome == "asked" for note in decision.sources),
+        deadlines=moved_deadlines(decision.actions),
     )
 
 
