@@ -262,3 +262,17 @@ def test_growth(case: Case) -> None:
     if case.started:
         assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
     assert {e.reason for e in d.events} >= set(case.events), d.events
+
+
+def test_a_diagnosis_replays_a_running_groups_growth() -> None:
+    from gangcheck.logic.podgroups.group_diagnosis import replay_group
+
+    case = CASES[0]
+    obj = group(case.min_count)
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, case.members)),
+        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.members)),
+    )
+    assert "minCount raised to 6: 2 member(s) added to 4 running" in replay_group(snap, NOW).message
