@@ -8,7 +8,7 @@ check, deployed as a user deploys it (its ServiceAccount's token, the RBAC of
 
 The two clouds differ on purpose:
 
-- worker-1 is stocked out: it delivers 1 node of any request and no more;
+- worker-1 is stocked out: it delivers 1 node of any request, as soon as it can, and no more;
 - worker-2 has room: it delivers every node, 3 s after the request (so worker-1's node has
   arrived by the time worker-2's gang fits); a request of a Job named ``*-partial-*`` gets 1
   node there too.
@@ -53,7 +53,14 @@ GROUP = {
     "taints": [GPU_TAINT.to_dict()],
 }
 SCENARIOS: dict[str, list[dict[str, Any]]] = {
-    STOCKED_OUT: [{"name": "stockout-after-one", "deliver": 1}],
+    STOCKED_OUT: [
+        {
+            "name": "stockout-after-one",
+            "deliver": 1,
+            "provisionAfterSeconds": 0,
+            "nodeDelaySeconds": 0,
+        }
+    ],
     WITH_ROOM: [
         {"name": "partial", "match": {"name": ".*-partial-.*"}, "deliver": 1},
         {"name": "room", "provisionAfterSeconds": ROOM_DELAY},

@@ -12,6 +12,8 @@ node, worker-2 with room).
   its request and reclaimed that node: nothing is left there.
 - The Job deleted in the manager mid-flight (both workers holding one node for it): nothing
   is left in any cluster.
+- An external dispatcher (Kueue started with a dispatcher name it does not own; the test
+  nominates) moving the gang from worker-1 to worker-2: worker-1 gives back its node.
 
 What is asserted is durable: the manager's Workload (``status.clusterName``), the objects
 left in each worker, the Events each worker's cloud records on a request for every node it
@@ -31,7 +33,7 @@ import pytest
 from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
 from gangcheck_dev.testbed.multicluster import ALL_AT_ONCE, CHECK, INCREMENTAL
 
-from gangcheck.kube.client import Kube
+from gangcheck.kube.client import APPLY_PATCH, Kube
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     ATOMIC_CONFIG,
@@ -44,6 +46,7 @@ from gangcheck.kube.resources import (
     RESOURCE_FLAVOR,
     WORKLOAD,
 )
+from gangcheck.logic.dispatch import DISPATCHER
 from tests.e2e.helpers import (
     CLUSTER_QUEUE,
     JOB,
@@ -384,3 +387,89 @@ async def test_a_job_deleted_mid_flight_leaves_nothing_in_any_worker(
             )
         finally:
             await delete_quietly(manager, JOB, "gang-partial", namespace)
+
+
+#: The field manager of Kueue's own writes of a Workload's admission status.
+KUEUE_ADMISSION = "kueue-admission"
+
+
+async def nominate_cluster(kube: Kube, name: str, namespace: str, cluster: str) -> None:
+    """As an external dispatcher must: a server-side apply of ``nominatedClusterNames`` as
+    Kueue's admission field manager. Kueue v0.17 applies ``clusterName`` and drops the
+    nomination in one apply when a worker admits; a nomination owned by another manager
+    survives that apply, and the API server refuses the status ("clusterName and
+    nominatedClusterNames are mutually exclusive"): the Workload never leaves Pending."""
+    body = {
+        "apiVersion": WORKLOAD.api_version,
+        "kind": WORKLOAD.kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"nominatedClusterNames": [cluster]},
+    }
+    await kube.request(
+        "PATCH",
+        f"{WORKLOAD.object_path(name, namespace)}/status",
+        query={"fieldManager": KUEUE_ADMISSION, "force": "true"},
+        body=body,
+        content_type=APPLY_PATCH,
+    )
+
+
+@pytest.mark.soak  # a restart of the manager's Kueue (3 s) and a race of its own (10 s); the
+# worker's side is the same removal of its copy as in the AllAtOnce race above
+@pytest.mark.timeout(180)
+async def test_an_external_dispatcher_moving_on_leaves_nothing_in_the_worker_it_left(
+    bed: Bed, kubes: dict[str, Kube]
+) -> None:
+    """Kueue started with a dispatcher name it does not own copies a Workload only into the
+    workers in its ``status.nominatedClusterNames`` (the test plays the dispatcher): worker-1
+    first, where one node arrives for the gang and no more; then worker-2 alone. Kueue
+    removes worker-1's copy, worker-1's gangcheck reclaims the node, the gang runs in
+    worker-2."""
+    bed.clusters.set_dispatcher(DISPATCHER)
+    manager, loser, winner = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace):
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+
+            async def reserved() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                return wl if wl is not None and is_true(wl, "QuotaReserved") else None
+
+            wl = await eventually(reserved, timeout=30, what="quota reserved in the manager")
+            name = wl["metadata"]["name"]
+
+            async def nominate(cluster: str) -> None:
+                await nominate_cluster(manager, name, namespace, cluster)
+
+            await nominate(STOCKED_OUT)
+
+            async def one_arrived() -> list[str]:
+                return (await holding(loser, namespace))["arrived"]
+
+            await eventually(one_arrived, timeout=30, what=f"{STOCKED_OUT}: a node arrived")
+            assert not await items(winner, WORKLOAD, namespace), "a copy where none was asked"
+            moved = time.monotonic()
+            await nominate(WITH_ROOM)
+            await until_empty(loser, namespace, f"{STOCKED_OUT} holding nothing")
+            emptied = time.monotonic()
+
+            async def placed() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                done = wl is not None and (wl.get("status") or {}).get("clusterName")
+                return wl if done and is_true(wl, "Admitted") else None
+
+            wl = await eventually(placed, timeout=60, what="the manager's Workload admitted")
+            assert wl["status"]["clusterName"] == WITH_ROOM
+            assert not wl["status"].get("nominatedClusterNames")
+            scaled = await delivered(loser, namespace)
+            assert scaled, f"{STOCKED_OUT}'s cloud brought up no node"
+            await told_reclaimed(loser, namespace, scaled)
+            bed.measurements.append(
+                f"external dispatcher moved from {STOCKED_OUT} to {WITH_ROOM}: {STOCKED_OUT} "
+                f"had scaled up {len(scaled)} node(s) and held 0 "
+                f"{emptied - moved:.1f}s after the move"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(winner, namespace)
