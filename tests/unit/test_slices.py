@@ -443,3 +443,42 @@ def test_a_slice_past_its_last_attempt_scaled_back_to_what_runs_turns_ready_aski
     assert d.check is not None and d.check.state == "Ready", d.check
     assert "adds 0 members" in d.check.message
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [REQ1]
+
+
+def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_says() -> None:
+    from gangcheck.logic.attempt.explain import World
+    from gangcheck.logic.workloads.diagnosis import gather, verdict
+    from tests.builders import CONTROLLER
+
+    said = "workload slice: adds 4 members to default/wl-old running 4; waiting"
+    workload = new_slice(message=said).build()
+    made = req(
+        conditions={"Provisioned": "ok"},
+        annotations={
+            slices.SLICE_ANNOTATION: BASE4,
+            "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
+        },
+    )
+    check = {
+        "metadata": {"name": CHECK},
+        "spec": {
+            "controllerName": CONTROLLER,
+            "parameters": {
+                "apiGroup": "gangcheck.io",
+                "kind": "AtomicProvisioningConfig",
+                "name": "c",
+            },
+        },
+        "status": {"conditions": [{"type": "Active", "status": "True"}]},
+    }
+    world = World(
+        admission_checks={CHECK: check},
+        configs={"c": {"spec": {}}},
+        flavors=GPU_FLAVOR,
+        requests=(made,),
+        nodes=(node("n1", gpu=3, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),),
+    )
+    facts = gather(workload, world, now=NOW)
+    assert "3 of 4 members placeable" in verdict(facts, NOW).line  # not "3 of 8"
+    (ours,) = [c for c in facts.checks if c.name == CHECK]
+    assert "adds 4 members to default/wl-old running 4" in ours.message

@@ -236,7 +236,7 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
     spec = resolution.spec if resolution else None
     req = _find_request(world, wl, focus, checks)
     request = _request_facts(world, req, focus, checks, wl) if focus else None
-    gang = _gang(wl, focus, spec, world.flavors, req)
+    gang = _gang(slices.as_asked(wl, req), focus, spec, world.flavors, req)  # a slice: its ask
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place_in(world, gang, wl.ref.namespace, req, now)

@@ -168,6 +168,15 @@ def shrunk(wl: Workload, base: Base) -> Workload:
     return replace(wl, pod_sets=pod_sets, assignments=assignments)
 
 
+def as_asked(wl: Workload, req: ProvisioningRequest | None) -> Workload:
+    """The Workload as its request asked for it: for a slice whose request records what the
+    replaced slice runs, less those members (what a diagnosis fits); else as it is."""
+    if req is None or not replaced_key(wl):
+        return wl
+    base = Base.from_annotation(req.annotations.get(SLICE_ANNOTATION, ""))
+    return wl if base is None else shrunk(wl, base)
+
+
 def describe(wl: Workload, base: Base) -> str:
     """The slice's relation to the running one: 'adds 4 members to default/x running 4'."""
     less = shrunk(wl, base)
