@@ -30,6 +30,7 @@ cache and Kueue's metrics certificate (:class:`gangcheck_dev.testbed.stack.Metri
 from __future__ import annotations
 
 import base64
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -145,6 +146,7 @@ class MultiCluster:
         #: Seconds each start phase took: one entry per control plane, then ``multikueue``.
         self.timings: dict[str, float] = {}
         self.startup_seconds: float | None = None
+        self._made_root = False
 
     @property
     def binaries(self) -> dict[str, Path]:
@@ -166,6 +168,7 @@ class MultiCluster:
     def start(self) -> MultiCluster:
         began = time.monotonic()
         binaries = self.binaries
+        self._made_root = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         self.manager = ManagerPlane(
             self.manager_kueue,
@@ -227,6 +230,9 @@ class MultiCluster:
             thread.start()
         for thread in threads:
             thread.join()
+        if self._made_root:
+            with contextlib.suppress(OSError):  # only if empty: the planes removed theirs
+                self.root.rmdir()
 
     def __enter__(self) -> MultiCluster:
         return self.start()
