@@ -120,6 +120,12 @@ install_kueue() {  # last: its webhooks then see every pod created after it, non
   say "Kueue $version (config/default, as its release builds it)"
   kustomized "$work" "$dir" config/default us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue \
     registry.k8s.io/kueue/kueue "$version" | kubectl apply --server-side --force-conflicts -f -
+  # as the local test bed: workload slices for Jobs that opt in (tests/e2e/test_elastic.py)
+  local gate=--feature-gates=ElasticJobsViaWorkloadSlices=true
+  kubectl -n kueue-system get deployment kueue-controller-manager \
+    -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q -- "$gate" ||
+    kubectl -n kueue-system patch deployment kueue-controller-manager --type=json -p \
+      "[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/args/-\", \"value\": \"$gate\"}]"
   rollout kueue-system kueue-controller-manager
 }
 

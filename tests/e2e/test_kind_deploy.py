@@ -135,3 +135,13 @@ def test_the_webhook_trusts_the_certificate_gangcheck_serves(
     served = base64.b64decode(secret["data"]["tls.crt"])
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == served
     assert hook["clientConfig"]["service"]["name"] == "gangcheck-webhook"
+
+
+@pytest.mark.timeout(60)
+def test_kueue_runs_with_workload_slices_on_as_the_test_bed(
+    deployed: subprocess.CompletedProcess[str], bare_stack: ControlPlane
+) -> None:
+    """test_elastic.py needs ElasticJobsViaWorkloadSlices, on in the local test bed too."""
+    deployment = _get(bare_stack, "-n", "kueue-system", "deployment", "kueue-controller-manager")
+    (manager, *_) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--feature-gates=ElasticJobsViaWorkloadSlices=true" in manager["args"]
