@@ -304,8 +304,14 @@ async def test_members_joining_while_the_gang_is_provisioned_do_not_deadlock_it(
             assert not gated(pod), f"{name} still gated: the gang cannot start"
             assert CONSUME not in (pod["metadata"].get("annotations") or {})
             assert not pod["spec"].get("nodeName")  # it fits nowhere: held off the gang's nodes
-        events = (await kube.list_objects(EVENT, namespace))["items"]
-        assert any(e.get("reason") == "LateMembersReleased" for e in events)
+
+        # Events are sent in the background, beside the release: the record may land after
+        # the pods it tells of run.
+        async def told() -> bool:
+            events = (await kube.list_objects(EVENT, namespace))["items"]
+            return any(e.get("reason") == "LateMembersReleased" for e in events)
+
+        await eventually(told, timeout=30, interval=0.5, what="the late members' release told")
     finally:
         for name in names:
             await delete_quietly(kube, POD, name, namespace)
