@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,24 @@ async def account(policy: str, kube: Kube) -> AsyncIterator[Kube]:
         yield account
 
 
+async def until_refused(
+    dry_run: Callable[[], Awaitable[object]], policy: str, what: str, *, timeout: float = 30
+) -> None:
+    """The API server loads policies and their params from informers: wait until it refuses
+    `dry_run` (a write with dryRun=All, allowed by RBAC) by `policy`."""
+
+    async def refused() -> bool:
+        try:
+            await dry_run()
+        except ApiError as e:
+            if refused_by_policy(e, policy):
+                return True
+            raise
+        return False
+
+    await eventually(refused, timeout=timeout, what=what)
+
+
 async def until_enforced(account: Kube, admin: Kube) -> None:
     """The API server loads policies from an informer: wait until it refuses a dry-run change
     of a probe node's label (allowed by RBAC, refused by the policy)."""
@@ -113,19 +131,12 @@ async def until_enforced(account: Kube, admin: Kube) -> None:
     path = NODE.object_path(name, None)
     patch = {"metadata": {"labels": {"example.com/probe": "1"}}}
 
-    async def refused() -> bool:
-        try:
-            await account.request(
-                "PATCH", path, query={"dryRun": "All"}, body=patch, content_type=MERGE_PATCH
-            )
-        except ApiError as e:
-            if refused_by_policy(e):
-                return True
-            raise
-        return False
+    def dry_run() -> Awaitable[object]:
+        query = {"dryRun": "All"}
+        return account.request("PATCH", path, query=query, body=patch, content_type=MERGE_PATCH)
 
     try:
-        await eventually(refused, timeout=30, what="the policy enforced")
+        await until_refused(dry_run, POLICY, "the policy enforced")
     finally:
         await admin.delete(NODE, name)
 
@@ -498,20 +509,15 @@ async def test_only_a_new_node_or_one_that_came_closed_or_held_can_be_recorded(
     (closed,) = await cluster.add_nodes(1, taints=[{"key": ARRIVING_TAINT, "effect": "NoSchedule"}])
     (held,) = await cluster.add_nodes(1, taints=[hold_taint(request)])
     (old,) = await cluster.add_nodes(1)
-
-    async def refused() -> bool:
-        try:
-            await claim(account, cluster.kube, old, request, dry_run=True)
-        except ApiError as e:
-            if refused_by_policy(e, ARRIVALS):
-                return True
-            raise
-        return False
-
     # The node is too old once the API server's identity Lease, renewed every 10 s, is read
     # more than the window after the node's creation: one renewal, delivered to the policy
     # by the API server's param informer; both lag on a loaded machine (30 s was not enough).
-    await eventually(refused, timeout=90, what=f"node {old} too old to be recorded")
+    await until_refused(
+        lambda: claim(account, cluster.kube, old, request, dry_run=True),
+        ARRIVALS,
+        f"node {old} too old to be recorded",
+        timeout=90,
+    )
     error = await refusal(lambda: claim(account, cluster.kube, old, request), ARRIVALS)
     assert "created in the last" in str(error)
     for name in (closed, held):
@@ -712,20 +718,12 @@ async def test_a_workload_status_write_touches_only_its_own_check_entry(
     # The API server loads a policy's params (here the AdmissionChecks) from an informer of
     # their own: until it has the fixture's new check, that check's entry has no param to
     # guard it. Wait until a dry run of the write is refused, then make it for real.
-    async def other_guarded() -> bool:
-        wl = await cluster.workload(name)
+    async def dry_run() -> object:
         path = f"{WORKLOAD.object_path(name, ns)}/status"
-        try:
-            body = ready(other)(wl)
-            dry = {"dryRun": "All"}
-            await account.request("PATCH", path, query=dry, body=body, content_type=JSON_PATCH)
-        except ApiError as e:
-            if refused_by_policy(e, CHECKS):
-                return True
-            raise
-        return False
+        body, dry = ready(other)(await cluster.workload(name)), {"dryRun": "All"}
+        return await account.request("PATCH", path, query=dry, body=body, content_type=JSON_PATCH)
 
-    await eventually(other_guarded, timeout=30, what=f"the policy guarding {other}'s entry")
+    await until_refused(dry_run, CHECKS, f"the policy guarding {other}'s entry")
     error = await refusal(lambda: write(ready(other)), CHECKS)
     assert other in str(error)
     finished = {
