@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -253,7 +253,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = _find(snap.requests, _ready_request(snap, state))
     if req is None:
         return Decision()
-    losers = [r for _, r in _asks(snap, state) if r.name != req.name and not r.deleting]
+    losers = race.left_behind(_asks(snap, state), req.name)
     if losers:
         withdrawn = _withdraw_losers(snap, losers)
         if withdrawn.actions or withdrawn.requeue_after is not None:
@@ -473,15 +473,9 @@ def _ready_request(snap: Snapshot, state: CheckState) -> str:
     return _current(snap, state)[0]
 
 
-def _asks(snap: Snapshot, state: CheckState) -> list[tuple[int, ProvisioningRequest]]:
+def _asks(snap: Snapshot, state: CheckState) -> list[race.Ask]:
     """Every request of the attempt in flight, with its number among the attempt's asks."""
-    wl, attempt = snap.workload, state.retry_count + 1
-    by_name = {r.name: r for r in snap.requests}
-    names = [
-        (k, naming.request_name(wl.ref.name, snap.check, attempt, k))
-        for k in range(naming.MAX_ASKS)
-    ]
-    return [(k, by_name[n]) for k, n in names if n in by_name]
+    return race.asks(snap.requests, lambda k: _request_name(snap, state, k))
 
 
 def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningRequest | None:
@@ -517,18 +511,18 @@ def _pending(
 
 
 def _race(snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime) -> Decision:
-    """capacitySourcePolicy Race: the first `raceWidth` sources asked at once; the first to
-    deliver the whole gang wins (Ready, pinned to its nodes) and the others are withdrawn,
-    what arrived for them reclaimed as a rollback's; a racer that fails gives its place to
-    the next source not asked yet; when every source failed, Retry or Rejected."""
+    """capacitySourcePolicy Race (logic/attempt/race.py): the first `raceWidth` sources asked
+    at once; the first to deliver the whole gang wins (Ready, pinned to its nodes) and the
+    others are withdrawn, what arrived for them reclaimed as a rollback's; a racer that fails
+    gives its place to the next source not asked yet; when every source failed, Retry or
+    Rejected."""
     asks = _asks(snap, state)
-    mine = {r.name for _, r in asks}
-    why = f"superseded by attempt {state.retry_count + 1}"
-    stale = tuple(
-        a
-        for r in snap.requests
-        if r.name not in mine and not r.deleting
-        for a in (*lifecycle.release_hold(snap.capacity, r), *snap.backend.withdraw(r, why))
+    stale = race.stale(
+        snap.requests,
+        asks,
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=f"superseded by attempt {state.retry_count + 1}",
     )
     if not asks:
         decision = _start_race(snap, state, merged, now)
@@ -541,10 +535,9 @@ def _start_race(
     snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
 ) -> Decision:
     assert snap.config is not None
-    width = min(snap.config.racing, len(snap.config.sources()))
     made = [
-        _create(snap, state, _request_name(snap, state, k), merged, now, place=places.Place(k))
-        for k in range(width)
+        _create(snap, state, _request_name(snap, state, p.source), merged, now, place=p)
+        for p in race.starting(snap.config)
     ]
     settled = next((d for d in made if d.check is not None and d.check.state != PENDING), None)
     return settled or _raced(snap, state, made, now)
@@ -552,8 +545,8 @@ def _start_race(
 
 def _raced(snap: Snapshot, state: CheckState, made: list[Decision], now: datetime) -> Decision:
     """The racers' decisions as one: all their actions, Events and notes; one message."""
-    said = "; ".join(d.check.message for d in made if d.check is not None)
-    decision = _transition(state, PENDING, f"racing: {said}", now)
+    said = [d.check.message for d in made if d.check is not None]
+    decision = _transition(state, PENDING, race.racing(said), now)
     waits = [d.requeue_after for d in made if d.requeue_after is not None]
     return replace(
         decision,
@@ -568,59 +561,40 @@ def _follow_race(
     snap: Snapshot,
     state: CheckState,
     merged: list[MergedPodSet],
-    asks: list[tuple[int, ProvisioningRequest]],
+    asks: list[race.Ask],
     now: datetime,
 ) -> Decision:
-    """Each racer followed; the first that fits wins; each that ended is withdrawn and its
-    place goes to the next source not asked yet."""
+    """The race as it stands (race.follow), written as the check entry: Ready on the winner;
+    else the racers going, a new ask for each place given up; else Retry or Rejected."""
     assert snap.config is not None
-    live = [r for _, r in asks if not r.deleting]
-    asked = {_place_of(r).source for _, r in asks}
-    unasked = [s.index for s in snap.config.sources() if s.index not in asked]
-    followed = {r.name: _follow_racer(snap, r, len(live) > 1 or bool(unasked), now) for r in live}
-    for r in live:
-        step = followed[r.name].step
-        if step is not None and step.progress is Progress.FITS:
-            return _won(snap, state, winner=r, followed=followed[r.name], live=live, now=now)
-    going: list[Decision] = []
-    ended: list[tuple[ProvisioningRequest, str]] = []
-    for r in live:
-        f = followed[r.name]
-        step, where = f.step, _place_of(r).describe(snap.config)
-        if step is None or step.progress in (Progress.FAILED, Progress.EXPIRED, Progress.REVOKED):
-            ended.append((r, step.message if step is not None else f.change or "config changed"))
-        elif step.progress is Progress.ROLLED_BACK:
-            assert step.verdict is not None
-            ended.append((r, step.verdict.message))
-            going.append(Decision(events=step.events))
-        else:
-            message = f"{where}: {step.message or 'rolling back'}"
-            going.append(
-                Decision(
-                    check=replace(state, message=message),
-                    actions=(*f.upkeep, *step.actions),
-                    events=step.events,
-                    requeue_after=step.requeue_after,
-                )
-            )
-    next_ask = max(k for k, _ in asks) + 1
-    for i, (r, why) in enumerate(ended):
-        reason = rollback.record_of(r).reason or f"Failed: {why}"
-        withdrawn = snap.backend.withdraw(r, "it could not deliver in the race")
-        going.append(
-            Decision(
-                actions=(*lifecycle.release_hold(snap.capacity, r), *withdrawn),
-                sources=driver.failed_note(snap.config, r, reason),
-            )
+    standing = race.follow(
+        asks,
+        lambda r, others: _follow_racer(snap, r, others, now),
+        config=snap.config,
+        capacity=snap.capacity,
+        backend=snap.backend,
+    )
+    if standing.won is not None:
+        return _won(snap, state, standing.won, now)
+    going: list[Decision] = [
+        Decision(
+            check=replace(state, message=g.message) if g.message is not None else None,
+            actions=g.actions,
+            events=g.events,
+            requeue_after=g.requeue_after,
         )
-        if i < len(unasked):
-            name = _request_name(snap, state, next_ask + i)
-            made = _create(snap, state, name, merged, now, place=places.Place(unasked[i]))
-            going.append(made)
+        for g in standing.going
+    ]
+    for e in standing.ended:
+        going.append(Decision(actions=e.actions, sources=e.notes))
+        if e.replacement is not None:
+            ask, place = e.replacement
+            name = _request_name(snap, state, ask)
+            going.append(_create(snap, state, name, merged, now, place=place))
     if any(d.check is not None for d in going):
         return _raced(snap, state, going, now)
-    last = ended[-1][1] if ended else "no source left"
-    out = _retry_or_reject(snap, state, "rollback", f"every capacity source failed: {last}", now)
+    failed = race.every_source_failed(standing)
+    out = _retry_or_reject(snap, state, "rollback", failed, now)
     return replace(
         out,
         actions=(*out.actions, *(a for d in going for a in d.actions)),
@@ -646,48 +620,25 @@ def _follow_racer(
     )
 
 
-def _won(
-    snap: Snapshot,
-    state: CheckState,
-    *,
-    winner: ProvisioningRequest,
-    followed: driver.InFlight,
-    live: list[ProvisioningRequest],
-    now: datetime,
-) -> Decision:
+def _won(snap: Snapshot, state: CheckState, won: race.Won, now: datetime) -> Decision:
     """The first racer to deliver the whole gang: Ready on it; the others withdrawn, what
-    arrived for them reclaimed by the safe path of a rollback."""
-    assert followed.step is not None and snap.config is not None
-    won = _outcome(snap, state, followed.request, followed.step, now)
-    losers = [r for r in live if r.name != winner.name]
-    gone = _withdraw_losers(snap, losers)
-    lost = tuple(
-        note
-        for r in losers
-        for note in driver.failed_note(snap.config, r, RollbackCause.RACE_LOST.value)
-    )
-    names = ", ".join(r.name for r in losers) or "none"
-    event = Event(
-        "CapacityRaceWon",
-        f"{_place_of(winner).describe(snap.config)} delivered the whole gang first "
-        f"({winner.name}); withdrawing the others: {names}",
-    )
+    arrived for them reclaimed by the safe path of a rollback (race.won)."""
+    followed = won.followed
+    assert followed.step is not None
+    out = _outcome(snap, state, followed.request, followed.step, now)
+    gone = won.withdrawal
     return replace(
-        won,
-        actions=(*followed.upkeep, *won.actions, *gone.actions),
-        events=(*won.events, *gone.events, event),
-        sources=(*won.sources, *lost),
+        out,
+        actions=(*followed.upkeep, *out.actions, *gone.actions),
+        events=(*out.events, *gone.events, won.event),
+        sources=(*out.sources, *won.notes),
     )
 
 
 def _withdraw_losers(snap: Snapshot, losers: list[ProvisioningRequest]) -> Decision:
-    """Racers that lost: withdrawn, what arrived for them reclaimed (driver.withdraw)."""
-    gone = driver.withdraw(
-        losers,
-        capacity=snap.capacity,
-        config=snap.config,
-        backend=snap.backend,
-        why="another capacity source delivered the gang first",
+    """Racers that lost: withdrawn, what arrived for them reclaimed (race.withdraw_losers)."""
+    gone = race.withdraw_losers(
+        losers, capacity=snap.capacity, config=snap.config, backend=snap.backend
     )
     return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 

@@ -1,0 +1,242 @@
+"""capacitySourcePolicy Race, for any gang: what does not depend on who the gang is.
+
+An attempt under Race asks the first ``raceWidth`` capacity sources at once (its asks named as
+InOrder's, ``-s<n>`` after the first, each recording its source). Each racer is followed as an
+attempt of its own (``driver.in_flight``). The first to deliver the whole gang wins; the
+others are withdrawn at once and what arrived for them is reclaimed by the same safe path as a
+rollback (``driver.withdraw``). A racer that fails (rolled back, or ended outside fit mode) is
+withdrawn and its place goes to the next source not asked yet. When every source has failed,
+the attempt ends as one with a single source would (the adapter retries or gives up).
+
+The adapter (a Workload's check, a PodGroup) says how one racer is followed and how an ask is
+made, and writes what the race comes to on its own state: a Workload's check entry and
+podSetUpdates; a PodGroup's annotations and its members' release. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.backend import CapacityBackend
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import RollbackCause
+from gangcheck.model.objects import ProvisioningRequest
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
+
+#: Why a racer that lost is withdrawn.
+LOST = "another capacity source delivered the gang first"
+#: Why a racer that could not deliver is withdrawn.
+COULD_NOT = "it could not deliver in the race"
+
+Ask = tuple[int, ProvisioningRequest]
+"""A request of the attempt, with its number among the attempt's asks."""
+FollowOne = Callable[[ProvisioningRequest, bool], driver.InFlight]
+"""How the adapter follows one racer (`driver.in_flight` on its attempt); the flag: another
+racer or source remains, so a racer whose source says CapacityIsNotFound ends at once."""
+
+
+def place_of(req: ProvisioningRequest) -> places.Place:
+    return places.place_of(rollback.record_of(req), req.annotations)
+
+
+def asks(requests: Sequence[ProvisioningRequest], name_of: Callable[[int], str]) -> list[Ask]:
+    """Every request of the attempt in flight (`name_of`: the attempt's n-th ask's name), with
+    its number among the attempt's asks."""
+    by_name = {r.name: r for r in requests}
+    names = [(k, name_of(k)) for k in range(naming.MAX_ASKS)]
+    return [(k, by_name[n]) for k, n in names if n in by_name]
+
+
+def stale(
+    requests: Sequence[ProvisioningRequest],
+    mine: Sequence[Ask],
+    *,
+    capacity: ClusterView | None,
+    backend: CapacityBackend,
+    why: str,
+) -> tuple[Action, ...]:
+    """Withdraw the requests that are no ask of the attempt in flight (an earlier attempt's),
+    lifting the hold from what they kept."""
+    ours = {r.name for _, r in mine}
+    return tuple(
+        a
+        for r in requests
+        if r.name not in ours and not r.deleting
+        for a in (*lifecycle.release_hold(capacity, r), *backend.withdraw(r, why))
+    )
+
+
+def starting(config: AtomicProvisioningSpec) -> tuple[places.Place, ...]:
+    """The places a race starts at: the first `raceWidth` sources, the k-th ask at source k."""
+    width = min(config.racing, len(config.sources()))
+    return tuple(places.Place(k) for k in range(width))
+
+
+@dataclass(frozen=True)
+class Won:
+    """The first racer to deliver the whole gang, and the others withdrawn."""
+
+    winner: ProvisioningRequest
+    followed: driver.InFlight
+    """The winner as the driver followed it (its step FITS)."""
+    losers: tuple[ProvisioningRequest, ...]
+    withdrawal: driver.Withdrawal
+    """The losers withdrawn, what arrived for them reclaimed (`driver.withdraw`)."""
+    notes: tuple[driver.SourceNote, ...]
+    """Each loser's source failed by RaceLost."""
+    event: Event
+    """CapacityRaceWon."""
+
+
+@dataclass(frozen=True)
+class Going:
+    """A racer still in the running (waiting, or its rollback under way), or one rolled back
+    whose Events are still to say (`message` None: it is no longer in the running)."""
+
+    request: ProvisioningRequest
+    message: str | None
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A racer that could not deliver: withdrawn, and the place it gives to the next source
+    not asked yet (the ask's number and place), if one is left."""
+
+    request: ProvisioningRequest
+    why: str
+    actions: tuple[Action, ...]
+    notes: tuple[driver.SourceNote, ...]
+    replacement: tuple[int, places.Place] | None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a race in flight stands: won, or its racers going and ended."""
+
+    won: Won | None = None
+    going: tuple[Going, ...] = ()
+    ended: tuple[Ended, ...] = ()
+
+    @property
+    def last(self) -> str:
+        """Why the last racer that ended could not deliver."""
+        return self.ended[-1].why if self.ended else "no source left"
+
+
+def follow(
+    asked: Sequence[Ask],
+    follow_one: FollowOne,
+    *,
+    config: AtomicProvisioningSpec,
+    capacity: ClusterView | None,
+    backend: CapacityBackend,
+) -> Standing:
+    """Each racer followed; the first that fits wins (the others withdrawn); each that ended
+    is withdrawn and its place goes to the next source not asked yet."""
+    live = [r for _, r in asked if not r.deleting]
+    sources = {place_of(r).source for _, r in asked}
+    unasked = [s.index for s in config.sources() if s.index not in sources]
+    others = len(live) > 1 or bool(unasked)
+    followed = {r.name: follow_one(r, others) for r in live}
+    for r in live:
+        step = followed[r.name].step
+        if step is not None and step.progress is Progress.FITS:
+            return Standing(
+                won=won(
+                    r, followed[r.name], live, config=config, capacity=capacity, backend=backend
+                )
+            )
+    going: list[Going] = []
+    ended: list[tuple[ProvisioningRequest, str]] = []
+    for r in live:
+        f = followed[r.name]
+        step = f.step
+        if step is None or step.progress in (Progress.FAILED, Progress.EXPIRED, Progress.REVOKED):
+            ended.append((r, step.message if step is not None else f.change or "config changed"))
+        elif step.progress is Progress.ROLLED_BACK:
+            assert step.verdict is not None
+            ended.append((r, step.verdict.message))
+            going.append(Going(r, None, events=step.events))
+        else:
+            where = place_of(r).describe(config)
+            going.append(
+                Going(
+                    r,
+                    f"{where}: {step.message or 'rolling back'}",
+                    (*f.upkeep, *step.actions),
+                    step.events,
+                    step.requeue_after,
+                )
+            )
+    next_ask = max((k for k, _ in asked), default=-1) + 1
+    out = tuple(
+        Ended(
+            r,
+            why,
+            (*lifecycle.release_hold(capacity, r), *backend.withdraw(r, COULD_NOT)),
+            driver.failed_note(config, r, rollback.record_of(r).reason or f"Failed: {why}"),
+            (next_ask + i, places.Place(unasked[i])) if i < len(unasked) else None,
+        )
+        for i, (r, why) in enumerate(ended)
+    )
+    return Standing(going=tuple(going), ended=out)
+
+
+def won(
+    winner: ProvisioningRequest,
+    followed: driver.InFlight,
+    live: Sequence[ProvisioningRequest],
+    *,
+    config: AtomicProvisioningSpec,
+    capacity: ClusterView | None,
+    backend: CapacityBackend,
+) -> Won:
+    """`winner` delivered the whole gang first: the other racers withdrawn, what arrived for
+    them reclaimed by the safe path of a rollback, each counted as failed by RaceLost."""
+    losers = tuple(r for r in live if r.name != winner.name)
+    gone = withdraw_losers(losers, capacity=capacity, config=config, backend=backend)
+    lost = tuple(
+        note
+        for r in losers
+        for note in driver.failed_note(config, r, RollbackCause.RACE_LOST.value)
+    )
+    names = ", ".join(r.name for r in losers) or "none"
+    event = Event(
+        "CapacityRaceWon",
+        f"{place_of(winner).describe(config)} delivered the whole gang first "
+        f"({winner.name}); withdrawing the others: {names}",
+    )
+    return Won(winner, followed, losers, gone, lost, event)
+
+
+def withdraw_losers(
+    losers: Sequence[ProvisioningRequest],
+    *,
+    capacity: ClusterView | None,
+    config: AtomicProvisioningSpec | None,
+    backend: CapacityBackend,
+) -> driver.Withdrawal:
+    """Racers that lost: withdrawn, what arrived for them reclaimed (driver.withdraw)."""
+    return driver.withdraw(losers, capacity=capacity, config=config, backend=backend, why=LOST)
+
+
+def left_behind(asked: Sequence[Ask], winner: str) -> list[ProvisioningRequest]:
+    """Racers of an attempt whose gang was given the winner's capacity that are not withdrawn
+    yet (the node cache was behind when the race was won)."""
+    return [r for _, r in asked if r.name != winner and not r.deleting]
+
+
+def racing(said: Sequence[str]) -> str:
+    """The gang's one-line message while racers are in the running."""
+    return f"racing: {'; '.join(said)}"
+
+
+def every_source_failed(standing: Standing) -> str:
+    return f"every capacity source failed: {standing.last}"
