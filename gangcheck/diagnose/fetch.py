@@ -40,7 +40,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World, capacity_of
+from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -59,6 +59,7 @@ from gangcheck.logic.sources.karpenter.explain import (
     request_claims,
     unreadable,
 )
+from gangcheck.logic.sources.world import capacity_of
 from gangcheck.logic.workloads.diagnosis import (
     Target,
     TargetError,

@@ -17,11 +17,12 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from gangcheck.logic.attempt import lifecycle, naming, rollback
-from gangcheck.logic.attempt.explain import World, capacity_of, until
+from gangcheck.logic.attempt.explain import World, until
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.group_diagnosis import gather_group, group_verdict
 from gangcheck.logic.podgroups.group_snapshot import group_snapshot_of
+from gangcheck.logic.sources.world import capacity_of
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.admission import decide
 from gangcheck.logic.workloads.diagnosis import gather, verdict

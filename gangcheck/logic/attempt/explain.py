@@ -2,9 +2,9 @@
 placement of the gang on the nodes it may use) and the words for where the attempt stands.
 
 Pure. The gang sources' diagnoses (logic/workloads/diagnosis.py, logic/podgroups/
-group_diagnosis.py) replay their source's `decide` on a live read (`capacity_of` makes the
-read the capacity a decision reads) and say the step it returns with `step_verdict`; the
-placement names, node by node, why the fit fails (`fit_verdict`).
+group_diagnosis.py) replay their source's `decide` on a live read (logic/sources/world.py
+makes the read the capacity a decision reads) and say the step it returns with
+`step_verdict`; the placement names, node by node, why the fit fails (`fit_verdict`).
 """
 
 from __future__ import annotations
@@ -39,11 +39,8 @@ from gangcheck.logic.placement.fit import (
 )
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.topology import fit_in_domains
-from gangcheck.logic.placement.usage import NodeUsage
-from gangcheck.logic.sources.waiting import waiting_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
-    CONSUME_ANNOTATION,
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
     DOMAINS_TRIED_ANNOTATION,
@@ -160,58 +157,6 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         source=Record.of(notes).source,
         domain=notes.get(DOMAIN_ANNOTATION, ""),
         domains_tried=tuple(t for t in notes.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t),
-    )
-
-
-def capacity_of(world: World) -> World:
-    """The world as the capacity a decision reads: the requests in flight (nodes arrived for
-    them are theirs) and those waiting, oldest first, as the controller's caches give them.
-    (The diagnosis reads no PodTemplates: a waiting request's templates are not known, so no
-    older request is taken to claim a new node first.) The node views and what bound pods
-    use are kept as the controller keeps them (`NodeUsage`), parsed once for every gang."""
-    if world.cluster is not None:
-        return world
-    usage = NodeUsage(tally=CONSUME_ANNOTATION)
-    for node in world.nodes:
-        usage.on_node(None, node)
-    for pod in world.pods:
-        usage.on_pod(None, pod)
-    return replace(
-        world,
-        in_flight=in_flight_keys(world),
-        waiting=waiting_of(world.requests, lambda _name, _namespace: None),
-        cluster=usage,
-    )
-
-
-def in_flight_keys(world: World) -> frozenset[str]:
-    """`namespace/name` of every request gangcheck manages: nodes arrived for them are theirs."""
-    keys = set()
-    for req in world.requests:
-        meta = req.get("metadata") or {}
-        keys.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-    return frozenset(keys)
-
-
-def place_in(
-    world: World,
-    gang: GangSpec,
-    namespace: str,
-    request: ProvisioningRequest | None,
-    now: datetime | None = None,
-) -> Placement | None:
-    """`place` on what the world holds: its nodes, pods, in-flight requests (and those
-    waiting, which claim new nodes first) and devices."""
-    capacity = capacity_of(world)
-    return place(
-        gang,
-        world.nodes,
-        world.pods,
-        request=request,
-        in_flight=frozenset(capacity.in_flight),
-        dra=world.dra(namespace),
-        capacity=capacity,
-        now=now,
     )
 
 

@@ -27,12 +27,10 @@ from gangcheck.logic.attempt.explain import (
     World,
     as_decided,
     attempt_phase,
-    capacity_of,
     fit_verdict,
     human_duration,
     moved_deadlines,
     nodes_needed,
-    place_in,
     request_facts,
     step_verdict,
 )
@@ -54,6 +52,7 @@ from gangcheck.logic.podgroups.podgroup import (
     GroupSnapshot,
 )
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,

@@ -27,12 +27,10 @@ from gangcheck.logic.attempt.explain import (
     World,
     as_decided,
     attempt_phase,
-    capacity_of,
     fit_verdict,
     human_duration,
     moved_deadlines,
     nodes_needed,
-    place_in,
     request_facts,
     step_verdict,
     until,
@@ -42,6 +40,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.rollback import record_of
+from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig, slices
 from gangcheck.logic.workloads.admission import (
