@@ -20,14 +20,20 @@ at a time:
    by fewer recent stockouts;
 5. ties by name, so the choice is the same every time.
 
-Pure: no I/O; the edge that would read MultiKueueClusters and each worker's state and write
-``nominatedClusterNames`` does not exist yet.
+`decide` is the whole step of the dispatcher for one Workload: from what is recorded on the
+manager's Workload (``DispatchRecord``, the annotation ``RECORD_ANNOTATION``: who is
+nominated, who was tried and why each failed, who was skipped and why) and the facts of each
+worker now, the clusters to nominate and the record to write. A restart reads the record and
+goes on from it: a worker nominated stays nominated until its attempt is seen to fail.
+
+Pure: no I/O; the edge is ``gangcheck.dispatcher``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 #: The ``multiKueue.dispatcherName`` this dispatcher would answer to.
@@ -70,6 +76,12 @@ class WorkerFacts:
     reachable: bool = True
     fits_now: bool = False
     sources: tuple[SourceHistory, ...] = ()
+    skip: str = ""
+    """Why it cannot be used now (set with ``reachable=False``): unreachable, its Secret
+    missing or wrong, no gangcheck there."""
+    failure: str = ""
+    """Why the attempt of its copy of the Workload failed (Retry, Rejected, evicted), read
+    only for a worker nominated; empty: trying, or no copy yet."""
 
 
 @dataclass(frozen=True)
@@ -138,3 +150,113 @@ def _why_none(workers: Sequence[WorkerFacts], failed: Sequence[str]) -> str:
     if tried:
         parts.append(f"tried and failed: {', '.join(tried)}")
     return "no worker left to try (" + "; ".join(parts) + ")"
+
+
+#: The annotation on the manager's Workload holding the dispatcher's record (JSON).
+RECORD_ANNOTATION = "gangcheck.io/dispatch"
+
+
+@dataclass(frozen=True)
+class DispatchRecord:
+    """What the dispatcher wrote on a Workload: the workers nominated now, every worker ever
+    nominated for it (in order), those whose attempt failed and why, those skipped at the
+    last step and why, and the reason of the last choice."""
+
+    nominated: tuple[str, ...] = ()
+    tried: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    reason: str = ""
+
+    def to_annotation(self) -> str:
+        return json.dumps(
+            {
+                "nominated": list(self.nominated),
+                "tried": list(self.tried),
+                "failed": dict(self.failed),
+                "skipped": dict(self.skipped),
+                "reason": self.reason,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_annotation(cls, raw: str | None) -> DispatchRecord:
+        """The record, or an empty one when there is none; an unreadable one keeps what can
+        be read (a worker it names as nominated stays so: never two at once by accident)."""
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return cls(reason=f"unreadable record {raw[:80]!r}")
+        if not isinstance(data, dict):
+            return cls(reason=f"unreadable record {raw[:80]!r}")
+        return cls(
+            nominated=tuple(str(c) for c in data.get("nominated") or ()),
+            tried=tuple(str(c) for c in data.get("tried") or ()),
+            failed={str(k): str(v) for k, v in (data.get("failed") or {}).items()},
+            skipped={str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+            reason=str(data.get("reason") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the dispatcher does for one Workload now: the ``nominatedClusterNames`` to write,
+    the record to write, the workers newly nominated and those newly given up (worker ->
+    why), for Events and metrics. ``changed``: something to write."""
+
+    nominated: tuple[str, ...]
+    record: DispatchRecord
+    newly_nominated: tuple[str, ...] = ()
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.newly_nominated or self.fallbacks)
+
+
+def decide(record: DispatchRecord, workers: Sequence[WorkerFacts], *, at_once: int = 1) -> Step:
+    """The dispatcher's step for one Workload (module doc). ``at_once``: how many workers
+    may try at the same time (1 by default: one cluster scales up for a gang at a time).
+
+    A worker nominated whose copy failed (``failure``), or that became unreachable, is given
+    up (recorded as failed: not nominated again for this gang) and the next is nominated; a
+    worker nominated and still trying is kept."""
+    facts = {w.name: w for w in workers}
+    failed = dict(record.failed)
+    fallbacks: dict[str, str] = {}
+    keep: list[str] = []
+    for cluster in record.nominated:
+        worker = facts.get(cluster)
+        if cluster in failed:
+            continue
+        why = (
+            "no longer configured"
+            if worker is None
+            else worker.failure or ("" if worker.reachable else f"unreachable: {worker.skip}")
+        )
+        if why:
+            failed[cluster] = why
+            fallbacks[cluster] = why
+        else:
+            keep.append(cluster)
+    chosen = list(keep)
+    reason = record.reason if keep else ""
+    while len(chosen) < max(at_once, 1):
+        pick = nominate(workers, failed=[*failed, *chosen])
+        if pick.cluster is None:
+            if not chosen:
+                reason = pick.reason
+            break
+        chosen.append(pick.cluster)
+        reason = pick.reason
+    if fallbacks and reason:
+        given_up = ", ".join(f"{c} ({why})" for c, why in sorted(fallbacks.items()))
+        reason = f"given up: {given_up}; {reason}"
+    newly = tuple(c for c in chosen if c not in keep)
+    tried = record.tried + tuple(c for c in newly if c not in record.tried)
+    skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
+    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason)
+    return Step(tuple(chosen), new, newly, fallbacks)

@@ -8,10 +8,12 @@ import pytest
 
 from gangcheck.logic.dispatch import (
     DISPATCHER,
+    DispatchRecord,
     Nomination,
     Outcome,
     SourceHistory,
     WorkerFacts,
+    decide,
     nominate,
 )
 
@@ -103,3 +105,114 @@ def test_the_nomination_is_one_cluster_or_none() -> None:
 
 def test_the_dispatcher_name_is_not_kueues() -> None:
     assert not DISPATCHER.startswith("kueue.x-k8s.io/")
+
+
+# -- decide: the step over the Workload's record ----------------------------------------------
+
+
+def failing(name: str, why: str, *sources: SourceHistory) -> WorkerFacts:
+    return WorkerFacts(name, sources=sources, failure=why)
+
+
+def down(name: str, why: str) -> WorkerFacts:
+    return WorkerFacts(name, reachable=False, skip=why)
+
+
+@dataclass(frozen=True)
+class Step_:
+    record: DispatchRecord
+    workers: tuple[WorkerFacts, ...]
+    nominated: tuple[str, ...]
+    newly: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    at_once: int = 1
+
+
+NONE = DispatchRecord()
+ON_A = DispatchRecord(nominated=("a",), tried=("a",), reason="a's sources")
+
+STEPS = {
+    "first step: the one where the gang fits now, alone": Step_(
+        NONE, (w("a", DELIVERS), w("b", fits=True)), ("b",), newly=("b",)
+    ),
+    "the one nominated is kept while it tries, even if another fits now": Step_(
+        ON_A, (w("a", ALWAYS_OUT), w("b", fits=True)), ("a",)
+    ),
+    "its copy failed: given up, the next nominated": Step_(
+        ON_A,
+        (failing("a", "check Retry: rolled back"), w("b", MOSTLY)),
+        ("b",),
+        newly=("b",),
+        fallbacks=("a",),
+    ),
+    "it became unreachable while nominated: given up, the next": Step_(
+        ON_A, (down("a", "MultiKueueCluster not Active"), w("b")), ("b",), ("b",), ("a",)
+    ),
+    "a worker given up before is never nominated again, even when it fits": Step_(
+        DispatchRecord(("b",), ("a", "b"), {"a": "Rejected"}),
+        (w("a", fits=True), failing("b", "evicted")),
+        (),
+        fallbacks=("b",),
+    ),
+    "nothing fits anywhere and every one failed: none, left queued": Step_(
+        NONE, (down("a", "Secret kueue-system/a not found"), down("b", "no gangcheck")), ()
+    ),
+    "two at once when configured": Step_(
+        NONE,
+        (w("a", DELIVERS), w("b", MOSTLY), w("c", ALWAYS_OUT)),
+        ("a", "b"),
+        ("a", "b"),
+        at_once=2,
+    ),
+    "two at once: one failed, one kept, one more": Step_(
+        DispatchRecord(("a", "b"), ("a", "b")),
+        (failing("a", "Retry"), w("b"), w("c")),
+        ("b", "c"),
+        ("c",),
+        ("a",),
+        at_once=2,
+    ),
+    "a worker no longer configured while nominated: given up": Step_(
+        ON_A, (w("b"),), ("b",), ("b",), ("a",)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", STEPS.values(), ids=STEPS.keys())
+def test_decide(case: Step_) -> None:
+    step = decide(case.record, case.workers, at_once=case.at_once)
+    assert step.nominated == case.nominated
+    assert step.newly_nominated == case.newly
+    assert tuple(sorted(step.fallbacks)) == case.fallbacks
+    assert step.changed == bool(case.newly or case.fallbacks)
+    assert step.record.nominated == case.nominated
+    for cluster in case.fallbacks:
+        assert cluster in step.record.failed
+    assert set(case.record.tried) | set(case.nominated) == set(step.record.tried)
+
+
+def test_decide_records_why_each_worker_was_skipped_and_the_choice() -> None:
+    step = decide(NONE, (down("a", "unreachable: connection refused"), w("b", fits=True)))
+    assert step.record.skipped == {"a": "unreachable: connection refused"}
+    assert "fits now in b" in step.record.reason
+    failed = decide(step.record, (w("a"), failing("b", "check Rejected")))
+    assert failed.record.failed == {"b": "check Rejected"}
+    assert failed.nominated == ("a",)
+    assert failed.record.reason.startswith("given up: b (check Rejected); ")
+    assert failed.record.tried == ("b", "a")
+
+
+def test_a_restart_resumes_from_the_record_without_a_second_nomination() -> None:
+    first = decide(NONE, (w("a", DELIVERS), w("b", MOSTLY)))
+    again = DispatchRecord.from_annotation(first.record.to_annotation())
+    assert again == first.record
+    # the facts changed (b fits now), but a is still trying: kept, nothing newly nominated
+    step = decide(again, (w("a", DELIVERS), w("b", fits=True)))
+    assert step.nominated == ("a",)
+    assert not step.changed
+
+
+def test_an_unreadable_record_reads_as_none() -> None:
+    assert DispatchRecord.from_annotation(None) == DispatchRecord()
+    assert DispatchRecord.from_annotation("[1]").nominated == ()
+    assert "unreadable" in DispatchRecord.from_annotation("{").reason
