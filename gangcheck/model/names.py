@@ -53,6 +53,8 @@ NEXT_ATTEMPT_ANNOTATION = "gangcheck.io/next-attempt-at"
 UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
 RELEASED_AT_ANNOTATION = "gangcheck.io/released-at"
 """On a released group: when its gang was released (RFC 3339), for the start watchdog."""
+RACE_WON_ANNOTATION = "gangcheck.io/race-won-by"
+"""On a group released under capacitySourcePolicy Race: the capacity source that won."""
 DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
 """On a released group: the domain its members were pinned to (``key=value``), for late ones."""
 

@@ -667,3 +667,80 @@ async def test_a_podgroup_attempt_in_flight_follows_its_config_as_a_workloads_do
         assert "ConfigChanged: class" in replaced["message"]
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_podgroup_race_is_won_by_the_first_source_to_deliver_and_the_loser_reclaimed(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """capacitySourcePolicy Race for a PodGroup (issue 32): both sources asked at once, each
+    request pinned to its source's nodes; source a delivers one node of two, source b the
+    whole gang: the members are released onto b's request (consuming it), the group records
+    b as the winner, and a's request is withdrawn with the node that arrived for it
+    reclaimed by the safe path (DeleteNode)."""
+    config = f"race-{groups.ns}"
+    src = "race.example.com/source"
+    spec = {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {src: "a"}},
+            {"name": "b", "nodeSelector": {src: "b"}},
+        ],
+        "capacitySourcePolicy": "Race",
+        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("race", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"race-{i}", "race", gpu=2)
+        first = await groups.cluster.wait_request("race-pg-1")
+        second = await groups.cluster.wait_request("race-pg-1-s1")
+        assert second["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "1"
+        racing = await groups.wait_state("race", "Provisioning")
+        assert _annotations(racing)[MESSAGE_ANNOTATION].startswith("racing: ")
+        pinned = {
+            t["metadata"]["name"]: t["template"]["spec"]["nodeSelector"][src]
+            for t in await groups.cluster.templates()
+        }
+        named = {p["podTemplateRef"]["name"] for p in first["spec"]["podSets"]}
+        assert {pinned[n] for n in named} == {"a"}
+
+        # As the autoscaler of source a: Provisioned, one node of the two the gang needs.
+        await groups.cluster.set_request_conditions("race-pg-1", {"Provisioned": "ok"})
+        (partial,) = await groups.cluster.add_nodes(1, gpu=2, labels={src: "a"})
+
+        async def recorded() -> bool:
+            obj = await groups.kube.get(NODE, partial)
+            return _annotations(obj).get(ARRIVED_FOR) == f"{groups.ns}/race-pg-1"
+
+        await eventually(recorded, what="the partial delivery recorded for race-pg-1")
+        assert await groups.gated("race-0", "race-1") == [True, True]
+
+        # As the autoscaler of source b: the whole gang.
+        await groups.cluster.set_request_conditions("race-pg-1-s1", {"Provisioned": "ok"})
+        await groups.cluster.add_nodes(2, gpu=2, labels={src: "b"})
+        released = await groups.wait_state("race", "Released", timeout=30)
+        notes = _annotations(released)
+        assert notes["gangcheck.io/request"] == "race-pg-1-s1"
+        assert notes["gangcheck.io/race-won-by"] == "b"
+        pods = [await groups.pod(f"race-{i}") for i in range(2)]
+        assert {_annotations(p)[CONSUME_ANNOTATION] for p in pods} == {"race-pg-1-s1"}
+        assert {p["spec"]["nodeSelector"][src] for p in pods} == {"b"}
+        assert await groups.gated("race-0", "race-1") == [False, False]
+
+        await groups.cluster.wait_request_gone("race-pg-1")
+        assert await groups.cluster.request("race-pg-1-s1") is not None
+
+        async def reclaimed() -> bool:
+            try:
+                await groups.kube.get(NODE, partial)
+            except NotFoundError:
+                return True
+            return False
+
+        await eventually(reclaimed, what="the node that arrived for the loser reclaimed")
+        (won,) = await groups.cluster.wait_events("CapacityRaceWon")
+        assert "race-pg-1-s1" in won["message"]
+        said = await groups.cluster.wait_events("ReclaimingArrivals")
+        assert any(partial in e["message"] and "race-pg-1" in e["message"] for e in said)
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)

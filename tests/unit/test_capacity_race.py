@@ -16,15 +16,11 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView
-from gangcheck.logic.podgroups.podgroup import GroupSnapshot
-from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
-from gangcheck.model.objects import pod_of, request_of, workload_of
-from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.objects import request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
-from tests.unit.test_podgroup_decide import group, members
 
 A, B, C = "wl-atomic-1", "wl-atomic-1-s1", "wl-atomic-1-s2"
 RACE = {
@@ -207,20 +203,6 @@ def test_a_race_that_cannot_be_run_is_refused_naming_the_field(
     with pytest.raises(ValueError) as refused:
         parse_spec(spec)
     assert names in str(refused.value)
-
-
-def test_a_pod_group_is_not_raced_and_says_so() -> None:
-    pods = members(3)
-    snap = GroupSnapshot(
-        group=pod_group_of(group(3)),
-        members=tuple(map(pod_of, pods)),
-        config=parse_spec(RACE),
-        capacity=ClusterView(pods=tuple(pods)),
-    )
-    d = decide_group(snap, NOW)
-    assert d.status is not None and d.status["gangcheck.io/state"] == "Blocked"
-    assert "Race is served for Kueue Workloads only" in d.status["gangcheck.io/message"]
-    assert not any(isinstance(a, CreateRequest) for a in d.actions)
 
 
 def test_the_losers_are_counted_as_failures_of_their_source_by_race_lost() -> None:

@@ -142,7 +142,10 @@ def follow(
     is withdrawn and its place goes to the next source not asked yet."""
     live = [r for _, r in asked if not r.deleting]
     sources = {place_of(r).source for _, r in asked}
-    unasked = [s.index for s in config.sources() if s.index not in sources]
+    next_ask = max((k for k, _ in asked), default=-1) + 1
+    # The k-th ask of a race is at source k (`starting`, then each place given up goes to
+    # the next source), so a source below the next ask was asked, its request gone or not.
+    unasked = [s.index for s in config.sources() if s.index not in sources and s.index >= next_ask]
     others = len(live) > 1 or bool(unasked)
     followed = {r.name: follow_one(r, others) for r in live}
     for r in live:
@@ -175,7 +178,6 @@ def follow(
                     step.requeue_after,
                 )
             )
-    next_ask = max((k for k, _ in asked), default=-1) + 1
     out = tuple(
         Ended(
             r,

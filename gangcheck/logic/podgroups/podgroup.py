@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -73,6 +73,7 @@ from gangcheck.model.names import (
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
+    RACE_WON_ANNOTATION,
     RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
     STARTED,
@@ -198,6 +199,9 @@ def _current(snap: GroupSnapshot) -> tuple[str, int]:
 
 
 def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    assert snap.config is not None
+    if snap.config.racing > 1:
+        return _race(snap, members, now)
     name, _ = _current(snap)
     req = next((r for r in snap.requests if r.name == name), None)
     stale = _stale(snap, name)
@@ -222,21 +226,22 @@ def _settling(members: _Members, now: datetime) -> GroupDecision | None:
 
 def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetime) -> GroupDecision:
     gang = gang_of(snap, members)
-    if driver.too_many_pod_sets(len(gang.pod_sets)):
-        message = (
-            f"the members have {len(gang.pod_sets)} distinct scheduling requirements; one "
-            f"ProvisioningRequest carries at most {driver.MAX_REQUEST_POD_SETS} pod sets"
-        )
-        return _status(snap, FAILED, message, warn="GangTooLarge")
+    too_large = _too_large(snap, gang)
+    if too_large is not None:
+        return too_large
     assert snap.config is not None
-    if snap.config.racing > 1:
-        message = (
-            "spec.capacitySourcePolicy: Race is served for Kueue Workloads only; give the "
-            "PodGroup a config with InOrder (annotation gangcheck.io/provisioning-config)"
-        )
-        return _status(snap, BLOCKED, message, warn="ConfigProblem")
     first = places.first_place(snap.config, _gang_by_source(snap, gang), snap.capacity)
     return _first(snap, members, gang, name, now, place=first)
+
+
+def _too_large(snap: GroupSnapshot, gang: GangSpec) -> GroupDecision | None:
+    if not driver.too_many_pod_sets(len(gang.pod_sets)):
+        return None
+    message = (
+        f"the members have {len(gang.pod_sets)} distinct scheduling requirements; one "
+        f"ProvisioningRequest carries at most {driver.MAX_REQUEST_POD_SETS} pod sets"
+    )
+    return _status(snap, FAILED, message, warn="GangTooLarge")
 
 
 def _gang_by_source(snap: GroupSnapshot, gang: GangSpec) -> places.GangOf:
@@ -311,33 +316,8 @@ def _in_flight(
     snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, now: datetime
 ) -> GroupDecision:
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
-    assert snap.config is not None
     ours = attempt_members(members.unbound, req)
-    status = snap.backend.status_of(req)
-    config = snap.config  # applied to the attempt in flight as to a Workload's
-    place = _place_of(req)
-    index = place.source
-    source = config.source(index)
-    gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
-    following = places.next_place(
-        config, place, _gang_by_source(snap, gang_of(snap, members)), snap.capacity
-    )
-    attempt = lifecycle.Attempt(
-        request=req,
-        status=status,
-        gang=gang,  # in any one domain: the ask is scoped, the fit takes room where it is
-        capacity=snap.capacity,
-        config=config.for_source(index),
-        fallback=(following.describe(config) or "next") if following is not None else None,
-    )
-    followed = driver.in_flight(
-        attempt,
-        now,
-        class_name=source.class_name if source is not None else config.provisioning_class_name,
-        parameters=source.parameters if source is not None else config.parameters,
-        changed=_grown(snap.group, req)
-        or (None if source is not None else f"capacity source {index} left the config"),
-    )
+    followed = _followed(snap, members, req, now)
     assert followed.step is not None  # a group's attempt is always followed in fit mode
     req = followed.request
     decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
@@ -345,6 +325,243 @@ def _in_flight(
     if followed.change is not None:
         decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
     return replace(decision, actions=followed.upkeep + decision.actions)
+
+
+def _followed(
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest,
+    now: datetime,
+    *,
+    racing: bool | None = None,
+) -> driver.InFlight:
+    """The attempt of `req` as the driver follows it, for the members it was made for, with
+    the place next in line (InOrder); `racing`: a racer, with another racer or source left
+    (a racer whose source says CapacityIsNotFound then ends at once) or not."""
+    assert snap.config is not None
+    ours = attempt_members(members.unbound, req)
+    config = snap.config  # applied to the attempt in flight as to a Workload's
+    place = _place_of(req)
+    index = place.source
+    source = config.source(index)
+    gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
+    if racing is None:
+        following = places.next_place(
+            config, place, _gang_by_source(snap, gang_of(snap, members)), snap.capacity
+        )
+        fallback = (following.describe(config) or "next") if following is not None else None
+    else:
+        fallback = "the race" if racing else None
+    attempt = lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=gang,  # in any one domain: the ask is scoped, the fit takes room where it is
+        capacity=snap.capacity,
+        config=config.for_source(index),
+        fallback=fallback,
+    )
+    return driver.in_flight(
+        attempt,
+        now,
+        class_name=source.class_name if source is not None else config.provisioning_class_name,
+        parameters=source.parameters if source is not None else config.parameters,
+        changed=_grown(snap.group, req)
+        or (None if source is not None else f"capacity source {index} left the config"),
+    )
+
+
+# ---- Race ------------------------------------------------------------------------------
+
+
+def _asks(snap: GroupSnapshot) -> list[race.Ask]:
+    """Every request of the attempt in flight, with its number among the attempt's asks."""
+    group = snap.group
+    attempt = attempt_of(group)
+    return race.asks(
+        snap.requests, lambda k: naming.request_name(group.ref.name, group.short, attempt, k)
+    )
+
+
+def _race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    """capacitySourcePolicy Race (logic/attempt/race.py): the first `raceWidth` sources asked
+    at once, each request pinned to its source's nodes; the first to deliver the whole gang
+    wins (its members released onto it, consuming it and tolerating its hold) and the others
+    are withdrawn, what arrived for them reclaimed as a rollback's; a racer that fails gives
+    its place to the next source not asked yet; when every source failed, the next attempt
+    after the backoff (or GaveUp)."""
+    asks = _asks(snap)
+    stale = race.stale(
+        snap.requests,
+        asks,
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=f"superseded by attempt {attempt_of(snap.group)}",
+    )
+    if not asks:
+        wait = _backing_off(snap, now) or _settling(members, now)
+        decision = wait or _start_race(snap, members, now)
+    elif all(r.deleting for _, r in asks):
+        decision = GroupDecision(requeue_after=1.0)
+    else:
+        decision = _follow_race(snap, members, asks, now)
+    return replace(decision, actions=stale + decision.actions)
+
+
+def _racer_name(snap: GroupSnapshot, ask: int) -> str:
+    group = snap.group
+    return naming.request_name(group.ref.name, group.short, attempt_of(group), ask)
+
+
+def _said(decision: GroupDecision) -> str:
+    return (decision.status or {}).get(MESSAGE_ANNOTATION, "")
+
+
+def _start_race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+    """The racers asked at once; a gang that fits on nodes of a source that exist is
+    released at once instead, as with InOrder."""
+    assert snap.config is not None
+    gang = gang_of(snap, members)
+    too_large = _too_large(snap, gang)
+    if too_large is not None:
+        return too_large
+    made = [
+        _first(snap, members, gang, _racer_name(snap, p.source), now, place=p)
+        for p in race.starting(snap.config)
+    ]
+    settled = next((d for d in made if (d.status or {}).get(STATE_ANNOTATION) == RELEASED), None)
+    return settled or _raced(snap, [_said(d) for d in made], made)
+
+
+def _raced(
+    snap: GroupSnapshot, said: Sequence[str], parts: Sequence[GroupDecision]
+) -> GroupDecision:
+    """The racers' decisions as one: all their actions, Events and notes; one message."""
+    status = _status(snap, PROVISIONING, race.racing(said), request="")
+    waits = [d.requeue_after for d in parts if d.requeue_after is not None]
+    return replace(
+        status,
+        actions=tuple(a for d in parts for a in d.actions),
+        events=(*status.events, *(e for d in parts for e in d.events)),
+        sources=tuple(n for d in parts for n in d.sources),
+        requeue_after=min(waits, default=None),
+    )
+
+
+def _follow_race(
+    snap: GroupSnapshot, members: _Members, asks: list[race.Ask], now: datetime
+) -> GroupDecision:
+    """The race as it stands (race.follow), written on the group: released onto the winner;
+    else the racers going, a new ask for each place given up (made before the racer that
+    gave it up is withdrawn); else the next attempt, or GaveUp."""
+    assert snap.config is not None
+    standing = race.follow(
+        asks,
+        lambda r, others: _followed(snap, members, r, now, racing=others),
+        config=snap.config,
+        capacity=snap.capacity,
+        backend=snap.backend,
+    )
+    if standing.won is not None:
+        return _won(snap, members, standing.won, now)
+    said: list[str] = []
+    parts: list[GroupDecision] = []
+    for g in standing.going:
+        if g.message is not None:
+            said.append(g.message)
+        parts.append(
+            GroupDecision(actions=g.actions, events=g.events, requeue_after=g.requeue_after)
+        )
+    for e in standing.ended:
+        if e.replacement is not None:
+            ask, place = e.replacement
+            gang = gang_of(snap, members)
+            made = _first(snap, members, gang, _racer_name(snap, ask), now, place=place)
+            if (made.status or {}).get(STATE_ANNOTATION) == RELEASED:
+                # room appeared on the next source's nodes: released there; the racers left
+                # are withdrawn as left behind (`_released`)
+                return _with(_joined(parts, standing), made)
+            said.append(_said(made))
+            parts.append(made)
+        parts.append(GroupDecision(actions=e.actions, sources=e.notes))
+    if said:
+        return _raced(snap, said, parts)
+    return _race_lost(snap, standing, parts, now)
+
+
+def _joined(parts: Sequence[GroupDecision], standing: race.Standing) -> GroupDecision:
+    """The racers' actions, Events and notes, and the ended ones withdrawn."""
+    ended = [GroupDecision(actions=e.actions, sources=e.notes) for e in standing.ended]
+    every = [*parts, *ended]
+    return GroupDecision(
+        actions=tuple(a for d in every for a in d.actions),
+        events=tuple(e for d in every for e in d.events),
+        sources=tuple(n for d in every for n in d.sources),
+    )
+
+
+def _race_lost(
+    snap: GroupSnapshot, standing: race.Standing, parts: Sequence[GroupDecision], now: datetime
+) -> GroupDecision:
+    """Every source failed: the next attempt after the backoff, or GaveUp. As after a
+    rollback, only the group's annotations are written with it (and the racers' Events and
+    notes): its requests go as superseded by the next attempt, or as the group's that gave up."""
+    assert snap.config is not None
+    attempt = attempt_of(snap.group)
+    why = race.every_source_failed(standing)
+    delay = lifecycle.next_attempt(attempt, snap.config.retry_strategy)
+    if delay is None:
+        gave_up = _status(snap, GAVE_UP, f"gave up after attempt {attempt}: {why}")
+        out = replace(gave_up, requeue_after=0.2)
+    else:
+        out = _next_attempt(snap, delay, why, now)
+    return replace(
+        out,
+        events=(*out.events, *(e for d in parts for e in d.events)),
+        sources=tuple(n for d in parts for n in d.sources),
+    )
+
+
+def _won(snap: GroupSnapshot, members: _Members, won: race.Won, now: datetime) -> GroupDecision:
+    """The first racer to deliver the whole gang: its members released onto it (consuming it,
+    tolerating its hold, pinned to its source's nodes), the group recording the source that
+    won; the others withdrawn, what arrived for them reclaimed by the safe path of a
+    rollback (race.won)."""
+    assert snap.config is not None
+    followed = won.followed
+    assert followed.step is not None
+    req = followed.request
+    ours = attempt_members(members.unbound, req)
+    out = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
+    gone = won.withdrawal
+    source = driver.source_name(snap.config, race.place_of(req).source)
+    return replace(
+        out,
+        status={**(out.status or {}), RACE_WON_ANNOTATION: source},
+        actions=(*followed.upkeep, *out.actions, *gone.actions),
+        events=(*out.events, *gone.events, won.event),
+        sources=(*out.sources, *won.notes),
+        requeue_after=gone.requeue_after,
+        step=followed.step,
+    )
+
+
+def _left_behind(snap: GroupSnapshot, consumed: str) -> GroupDecision | None:
+    """A released group's racers other than the one it consumes, not withdrawn yet (the node
+    cache was behind when the race was won): withdrawn, their arrivals reclaimed. Only for
+    an attempt made under Race (InOrder withdraws a source it leaves as it leaves it)."""
+    asks = _asks(snap)
+    made = lifecycle.made_under(asks[0][1], snap.config) if asks else None
+    if made is None or made.racing < 2:
+        return None
+    losers = race.left_behind(asks, consumed)
+    if not losers:
+        return None
+    gone = race.withdraw_losers(
+        losers, capacity=snap.capacity, config=snap.config, backend=snap.backend
+    )
+    if not gone.actions and gone.requeue_after is None:
+        return None
+    return GroupDecision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
 
 def _outcome(
@@ -531,6 +748,9 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     """A released gang: the start watchdog while it binds, then its late members."""
     group = snap.group
     name = group.annotations.get(REQUEST_ANNOTATION, "")
+    behind = _left_behind(snap, name)
+    if behind is not None:
+        return behind
     req = next((r for r in snap.requests if r.name == name and not r.deleting), None)
     if req is None or rollback.record_of(req).phase is AttemptPhase.STARTED:
         return _release_late(snap, members)

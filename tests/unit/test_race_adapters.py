@@ -1,0 +1,414 @@
+"""capacitySourcePolicy Race through both adapters (issue 32): the same cases, run through a
+Kueue Workload's check (admission.decide) and a PodGroup (podgroup.decide), must come to the
+same race (logic/attempt/race.py): the same racers asked, the same winner, the same losers
+withdrawn with their arrivals reclaimed, the same place given to the next source; each adapter
+then writes it on its own state (the check entry; the group's annotations and members)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
+    Action,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    Event,
+    ReclaimArrivals,
+    ReleaseMembers,
+)
+from gangcheck.logic.attempt.driver import SourceNote
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.podgroups.podgroup import GroupSnapshot
+from gangcheck.logic.podgroups.podgroup import decide as decide_group
+from gangcheck.logic.workloads.admission import Snapshot, decide
+from gangcheck.model.names import CONSUME_ANNOTATION
+from gangcheck.model.objects import pod_of, request_of, workload_of
+from gangcheck.model.podgroups import pod_group_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, node, provisioning_request
+from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
+from tests.unit.test_podgroup_decide import group, members
+
+Obj = dict[str, Any]
+RACE: Obj = {
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a"}},
+        {"name": "b", "nodeSelector": {"pool": "b"}},
+        {"name": "c", "nodeSelector": {"pool": "c"}},
+    ],
+    "capacitySourcePolicy": "Race",
+    "fulfillment": {"reclaimer": "DeleteNode"},
+    "retryStrategy": {"backoffLimitCount": 3},
+}
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
+ROLLED_BACK = {
+    "gangcheck.io/phase": "RollingBack",
+    "gangcheck.io/rollback-reason": "Failed: stocked out",
+    "gangcheck.io/outcome": OUTCOME,
+}
+
+
+@dataclass(frozen=True)
+class Racer:
+    """A racer as a case states it: its ask (0: the first source), conditions, annotations."""
+
+    ask: int
+    conditions: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node that arrived from a source's pool for the ask `ask`."""
+
+    name: str
+    pool: str
+    ask: int
+    gpu: int = 8
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a decision came to, in words both adapters share."""
+
+    state: str
+    """asking, racing, won, retry"""
+    created: list[str]
+    sources_created: list[str]
+    deleted: list[str]
+    reclaimed: list[tuple[str, tuple[str, ...]]]
+    consumed: str = ""
+    pinned: dict[str, str] = field(default_factory=dict)
+    tolerates: str = ""
+    """The request whose hold the gang's members tolerate."""
+    recorded_winner: str = ""
+    events: frozenset[str] = frozenset()
+    notes: frozenset[tuple[str, str, str]] = frozenset()
+
+
+def _kind_of(a: Action) -> str:
+    return type(a).__name__
+
+
+class Adapter:
+    name: str
+    ask: Callable[[int], str]
+
+    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
+        raise NotImplementedError
+
+
+def _request(adapter: Adapter, r: Racer, extra: dict[str, str], pod_set: str) -> Obj:
+    name = adapter.ask(r.ask)
+    notes = {"gangcheck.io/attempt": "1", **extra, **r.annotations}
+    if r.ask:
+        notes["gangcheck.io/capacity-source"] = str(r.ask)
+    req = provisioning_request(
+        name,
+        templates=[(naming.template_name(name, pod_set), 4)],
+        annotations=notes,
+        conditions={k: v for k, v in r.conditions.items() if k != "Provisioned"} or None,
+    )
+    if "Provisioned" in r.conditions:
+        req["status"]["conditions"] = [
+            {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": ""}
+        ]
+    return req
+
+
+def _nodes(adapter: Adapter, nodes: list[Node]) -> list[Obj]:
+    return [
+        node(
+            n.name,
+            gpu=n.gpu,
+            labels={"pool": n.pool},
+            annotations={"gangcheck.io/arrived-for": f"default/{adapter.ask(n.ask)}"},
+        )
+        for n in nodes
+    ]
+
+
+def _common(
+    actions: tuple[Action, ...], events: tuple[Event, ...], notes: tuple[SourceNote, ...]
+) -> dict[str, Any]:
+    made = [a.body for a in actions if isinstance(a, CreateRequest)]
+    templates = [a.body for a in actions if isinstance(a, CreateTemplate)]
+    return {
+        "created": [r["metadata"]["name"] for r in made],
+        "sources_created": [t["template"]["spec"]["nodeSelector"]["pool"] for t in templates],
+        "deleted": sorted(a.name for a in actions if isinstance(a, DeleteRequest)),
+        "reclaimed": [(a.request, a.nodes) for a in actions if isinstance(a, ReclaimArrivals)],
+        "events": frozenset(e.reason for e in events),
+        "notes": frozenset((n.source, n.outcome, n.reason) for n in notes),
+    }
+
+
+class Workloads(Adapter):
+    name = "Workload"
+
+    @staticmethod
+    def ask(k: int) -> str:
+        return naming.request_name("wl", CHECK, 1, k)
+
+    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
+        wl = gang(4).build()
+        if ready:
+            wl["status"]["admissionChecks"][0].update(
+                {
+                    "state": "Ready",
+                    "podSetUpdates": [
+                        {"name": "workers", "annotations": {CONSUME_ANNOTATION: ready}}
+                    ],
+                }
+            )
+        requests = [_request(self, r, {}, "workers") for r in racers]
+        snap = Snapshot(
+            workload=workload_of(wl),
+            check=CHECK,
+            config=parse_spec(spec),
+            flavors=GPU_FLAVOR,
+            requests=tuple(request_of(r) for r in requests),
+            templates=frozenset(
+                p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+            ),
+            capacity=ClusterView(
+                nodes=tuple(_nodes(self, nodes)),
+                in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+            ),
+        )
+        d = decide(snap, NOW)
+        seen = _common(d.actions, d.events, d.sources)
+        check = d.check
+        state = check.state if check is not None else "Ready" if ready else ""
+        words = {"Ready": "won", "Retry": "retry", "Pending": "racing"}.get(state, state)
+        if words == "racing" and check is not None and not check.message.startswith("racing: "):
+            words = "asking"
+        consumed, pinned, tolerates = "", {}, ""
+        if check is not None and check.state == "Ready":
+            update = check.pod_set_updates[0]
+            consumed = update["annotations"][CONSUME_ANNOTATION]
+            pinned = dict(update.get("nodeSelector") or {})
+            tolerates = _tolerated(update.get("tolerations") or [])
+        return Seen(words, consumed=consumed, pinned=pinned, tolerates=tolerates, **seen)
+
+
+class PodGroups(Adapter):
+    name = "PodGroup"
+
+    @staticmethod
+    def ask(k: int) -> str:
+        return naming.request_name("g", "pg", 1, k)
+
+    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
+        notes = {"gangcheck.io/state": "Released", "gangcheck.io/request": ready} if ready else {}
+        pods = members(4, gated=not ready)
+        extra = {
+            "gangcheck.io/pod-group": "pg/g",
+            "gangcheck.io/pod-group-uid": "uid-g",
+            "gangcheck.io/gang-members": "4",
+        }
+        requests = [_request(self, r, extra, "ps-0") for r in racers]
+        if ready:  # the winner records the race it was made under
+            for r in requests:
+                r["metadata"]["annotations"]["gangcheck.io/attempt-config"] = (
+                    '{"capacitySourcePolicy": "Race", "capacitySources": '
+                    '[{"name": "a", "nodeSelector": {"pool": "a"}}, '
+                    '{"name": "b", "nodeSelector": {"pool": "b"}}]}'
+                )
+        snap = GroupSnapshot(
+            group=pod_group_of(group(4, annotations=notes)),
+            members=tuple(map(pod_of, pods)),
+            config=parse_spec(spec),
+            requests=tuple(request_of(r) for r in requests),
+            templates=frozenset(
+                p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+            ),
+            capacity=ClusterView(
+                nodes=tuple(_nodes(self, nodes)),
+                pods=tuple(pods),
+                in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+            ),
+        )
+        d = decide_group(snap, NOW)
+        seen = _common(d.actions, d.events, d.sources)
+        status = d.status or {}
+        state = status.get("gangcheck.io/state", "Released" if ready else "")
+        message = status.get("gangcheck.io/message", "")
+        words = {"Released": "won", "BackingOff": "retry", "Provisioning": "racing"}.get(
+            state, state
+        )
+        if words == "racing" and not message.startswith("racing: "):
+            words = "asking"
+        released = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+        consumed, pinned, tolerates = "", {}, ""
+        if released:
+            consumed = released[0].annotations.get(CONSUME_ANNOTATION, "")
+            pinned = dict(released[0].node_selector)
+            tolerates = _tolerated(released[0].tolerations)
+        return Seen(
+            words,
+            consumed=consumed,
+            pinned=pinned,
+            tolerates=tolerates,
+            recorded_winner=status.get("gangcheck.io/race-won-by", ""),
+            **seen,
+        )
+
+
+def _tolerated(tolerations: Any) -> str:
+    """The request whose hold these tolerations let the members onto."""
+    for k in range(3):
+        for adapter in (Workloads, PodGroups):
+            name = adapter.ask(k)
+            if hold_toleration(f"default/{name}") in list(tolerations):
+                return name
+    return ""
+
+
+ADAPTERS = [Workloads(), PodGroups()]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    racers: list[Racer]
+    nodes: list[Node] = field(default_factory=list)
+    spec: Obj = field(default_factory=lambda: RACE)
+    ready: int | None = None
+    """The gang already runs on this ask's capacity (Ready; Released)."""
+    # expectations, by ask number
+    state: str = "racing"
+    created: list[int] = field(default_factory=list)
+    sources_created: list[str] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+    deleted_by: dict[str, list[int]] = field(default_factory=dict)
+    """Where the adapters differ: the requests one of them deletes in this decision."""
+    reclaimed: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    consumed: int | None = None
+    pinned: dict[str, str] = field(default_factory=dict)
+    events: set[str] = field(default_factory=set)
+    notes: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+CASES = [
+    Case(
+        "the first raceWidth sources are asked at once, each pinned to its nodes",
+        racers=[],
+        created=[0, 1],
+        sources_created=["a", "b"],
+        notes={("a", "asked", ""), ("b", "asked", "")},
+    ),
+    Case(
+        "the first to deliver wins; the loser is withdrawn and what arrived for it reclaimed",
+        racers=[Racer(0, {"Accepted": "ok"}), Racer(1, {"Provisioned": "ok"})],
+        nodes=[*(Node(f"b{i}", "b", 1) for i in range(4)), Node("a0", "a", 0)],
+        state="won",
+        deleted=[0],
+        reclaimed=[(0, ("a0",))],
+        consumed=1,
+        pinned={"pool": "b"},
+        events={"CapacityRaceWon", "ReclaimingArrivals"},
+        notes={("a", "failed", "RaceLost"), ("b", "delivered", "")},
+    ),
+    Case(
+        "a racer that delivered part of the gang only does not win",
+        racers=[Racer(0, {"Provisioned": "ok"}), Racer(1, {"Accepted": "ok"})],
+        nodes=[Node("a0", "a", 0, gpu=1)],
+        state="racing",
+    ),
+    Case(
+        "a failed racer is withdrawn and its place goes to the next source",
+        racers=[Racer(0, annotations=ROLLED_BACK), Racer(1, {"Accepted": "ok"})],
+        created=[2],
+        sources_created=["c"],
+        deleted=[0],
+        events={"RolledBack"},
+        notes={("a", "failed", "Failed"), ("c", "asked", "")},
+    ),
+    Case(
+        "a source asked earlier in the attempt is not asked again once its request is gone",
+        racers=[Racer(1, annotations=ROLLED_BACK), Racer(2, {"Accepted": "ok"})],
+        deleted=[1],
+        events={"RolledBack"},
+        notes={("b", "failed", "Failed")},
+    ),
+    Case(
+        "every racer failed and no source is left: the next attempt",
+        racers=[
+            Racer(0, annotations=ROLLED_BACK),
+            Racer(1, annotations=ROLLED_BACK),
+            Racer(2, annotations=ROLLED_BACK),
+        ],
+        state="retry",
+        # A Workload's check withdraws them with the Retry; a group writes only its next
+        # attempt first, and its racers go as superseded by it (never a gap in which a
+        # restart would make the same attempt again).
+        deleted_by={"Workload": [0, 1, 2], "PodGroup": []},
+        events={"RolledBack"},
+        notes={("a", "failed", "Failed"), ("b", "failed", "Failed"), ("c", "failed", "Failed")},
+    ),
+    Case(
+        "a loser left behind when the gang got the winner's capacity is withdrawn after",
+        racers=[Racer(0), Racer(1, {"Provisioned": "ok"})],
+        ready=1,
+        state="won",
+        deleted=[0],
+    ),
+]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_the_same_race_through_both_adapters(case: Case, adapter: Adapter) -> None:
+    ready = adapter.ask(case.ready) if case.ready is not None else ""
+    seen = adapter.run(case.racers, case.nodes, case.spec, ready=ready)
+    assert seen.state == case.state
+    assert seen.created == [adapter.ask(k) for k in case.created]
+    assert seen.sources_created == case.sources_created
+    deleted = case.deleted_by.get(adapter.name, case.deleted)
+    assert seen.deleted == sorted(adapter.ask(k) for k in deleted)
+    assert seen.reclaimed == [(adapter.ask(k), nodes) for k, nodes in case.reclaimed]
+    if case.consumed is not None and case.ready is None:
+        winner = adapter.ask(case.consumed)
+        assert seen.consumed == winner
+        assert seen.tolerates == winner
+        assert seen.pinned == case.pinned
+        if isinstance(adapter, PodGroups):
+            assert seen.recorded_winner == "b"
+    assert case.events <= seen.events
+    assert seen.notes == case.notes
+
+
+def test_a_pod_group_racing_again_withdraws_the_racers_of_the_attempt_before() -> None:
+    """After every source failed, the group's next attempt is on it first; the racers of the
+    attempt before then go as superseded, and the next race starts after the backoff."""
+    pods = members(4)
+    extra = {"gangcheck.io/pod-group": "pg/g", "gangcheck.io/pod-group-uid": "uid-g"}
+    old = [_request(PodGroups(), Racer(k, annotations=ROLLED_BACK), extra, "ps-0") for k in (0, 1)]
+    notes = {
+        "gangcheck.io/state": "BackingOff",
+        "gangcheck.io/attempt": "2",
+        "gangcheck.io/next-attempt-at": "2026-11-30T10:04:00Z",
+    }
+    snap = GroupSnapshot(
+        group=pod_group_of(group(4, annotations=notes)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(RACE),
+        requests=tuple(request_of(r) for r in old),
+        capacity=ClusterView(pods=tuple(pods)),
+    )
+    d = decide_group(snap, NOW)
+    assert sorted(a.name for a in d.actions if isinstance(a, DeleteRequest)) == [
+        "g-pg-1",
+        "g-pg-1-s1",
+    ]
+    made = [a.body["metadata"]["name"] for a in d.actions if isinstance(a, CreateRequest)]
+    assert made == ["g-pg-2", "g-pg-2-s1"]
+    assert d.status is not None and d.status["gangcheck.io/message"].startswith("racing: ")
