@@ -13,6 +13,7 @@ from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     CreateRequest,
+    CreateTemplate,
     DeleteRequest,
     ReleaseHold,
     ReleaseMembers,
@@ -276,3 +277,36 @@ def test_a_diagnosis_replays_a_running_groups_growth() -> None:
         capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.members)),
     )
     assert "minCount raised to 6: 2 member(s) added to 4 running" in replay_group(snap, NOW).message
+
+
+def test_a_group_released_onto_a_later_source_grows_from_that_source() -> None:
+    """A group released onto its second capacity source (InOrder fell back, or it won a
+    Race) asks for its growth there, pinned to that source's nodes, not the first source's."""
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    spec = {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {"pool": "a"}},
+            {
+                "name": "b",
+                "nodeSelector": {"pool": "b"},
+                "provisioningClassName": "queued-provisioning.gke.io",
+            },
+        ],
+        "capacitySourcePolicy": "Race",
+        "fulfillment": {"reclaimer": "DeleteNode"},
+    }
+    pods = [*running(), *added()]
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(spec),
+        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
+        opted_in=True,
+    )
+    d = growth.decide(snap, NOW)
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert body["metadata"]["name"] == GROW1
+    assert body["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {"b"}

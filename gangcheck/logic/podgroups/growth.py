@@ -6,7 +6,9 @@ the oldest ``minCount - running`` of the gated members are the *growth*; if they
 on nodes that exist they are released at once, else one ProvisioningRequest asks for them
 (``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when it was
 made), and they are released together, annotated to consume it, when they fit whole on
-nodes that exist. Past the deadline the growth is rolled back like any attempt (what arrived
+nodes that exist. The growth asks the capacity source the group was released onto (the one
+InOrder reached, or the one that won a Race), one source only: it neither falls back to the
+next source nor races. Past the deadline the growth is rolled back like any attempt (what arrived
 for it reclaimed by the safe path), the group stays Released, its running members untouched,
 and the next growth attempt follows after Kueue's backoff, counted from the rolled-back
 attempt's deadline (its request is the record until then); past ``backoffLimitCount`` the
@@ -194,7 +196,8 @@ def _first(
         GANG_MEMBERS_ANNOTATION: str(len(chosen)),
         GROWS_ANNOTATION: str(group.min_count - len(chosen)),
     }
-    asked = driver.ask(snap.backend, _ask(snap, gang, name, record), reserved=0)
+    source = _released_on(snap.config, pins)
+    asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=0)
     status = _status(snap, RELEASED, f"released; {said}: {asked.message}")
     return replace(
         status,
@@ -202,6 +205,17 @@ def _first(
         events=(*status.events, *asked.events),
         requeue_after=lifecycle.LOOK_AGAIN_SECONDS,
     )
+
+
+def _released_on(config: AtomicProvisioningSpec, pins: dict[str, str]) -> int:
+    """The capacity source the group was released onto (its pins carry that source's node
+    labels: the one InOrder reached, or the one that won a Race): the growth asks it, so the
+    members added land beside the running ones; the first source when none is pinned."""
+    for source in config.sources():
+        labels = source.node_selector
+        if labels and all(pins.get(k) == v for k, v in labels.items()):
+            return source.index
+    return 0
 
 
 def _follow(
