@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gangcheck.dispatcher import Dispatcher
 from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError
@@ -483,6 +484,39 @@ async def run_controller(kube: Kube, options: RunOptions) -> None:
     finally:
         if webhook is not None:
             await webhook.stop()
+        await server.stop()
+
+
+async def run_dispatcher(kube: Kube, options: RunOptions, *, at_once: int = 1) -> None:
+    """The manager cluster's role (``gangcheck run --role dispatcher``): serve health and
+    metrics, then dispatch Workloads to worker clusters (gangcheck.dispatcher), at once or
+    once elected leader (one dispatcher writes nominations at a time)."""
+    metrics = Metrics()
+    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
+    dispatcher = Dispatcher(
+        kube.fenced(elector.write_fence) if elector is not None else kube,
+        metrics=metrics,
+        at_once=at_once,
+    )
+
+    def ready() -> bool:
+        standby = elector is not None and not elector.is_leader
+        return standby or dispatcher.passes > 0
+
+    server = HealthServer(
+        metrics=metrics,
+        ready=ready,
+        bind_address=options.bind_address,
+        health_port=options.health_port,
+        metrics_port=options.metrics_port,
+    )
+    await server.start()
+    try:
+        if elector is None:
+            await dispatcher.run()
+        else:
+            await elector.run(dispatcher.run)
+    finally:
         await server.stop()
 
 

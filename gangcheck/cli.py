@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 #: How long ``gangcheck run`` waits at start for the API server to answer before it gives up.
 REACH_SECONDS = 30.0
+#: The leader Lease of ``--role dispatcher`` unless ``--lease-name`` (or the settings) names one.
+DISPATCHER_LEASE = "gangcheck-dispatcher"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -39,6 +41,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="settings file (see config/gangcheck.yaml)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or in-cluster)")
     run.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    run.add_argument(
+        "--role",
+        choices=("controller", "dispatcher"),
+        default="controller",
+        help="controller: the provisioning check (in each cluster that runs gangs); "
+        "dispatcher: the capacity-aware MultiKueue dispatcher, in the manager cluster "
+        "(docs/multicluster.md)",
+    )
+    run.add_argument(
+        "--dispatch-at-once",
+        type=int,
+        default=1,
+        help="dispatcher: how many worker clusters may try one gang at the same time",
+    )
     # Each flag below overrides its settings field (file, then GANGCHECK_<SECTION>__<FIELD>).
     for flag, kind, text in _RUN_FLAGS:
         run.add_argument(flag, type=kind, default=None, help=text)
@@ -161,7 +177,7 @@ def _plain(message: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gangcheck.app import RunOptions, WebhookOptions, run_controller
+    from gangcheck.app import RunOptions, WebhookOptions, run_controller, run_dispatcher
     from gangcheck.kube.client import Kube, KubeconfigError
     from gangcheck.kube.errors import ApiError
     from gangcheck.reconcile.podgroup import PodGroupOptions
@@ -169,6 +185,9 @@ def _run(args: argparse.Namespace) -> int:
     from gangcheck.settings import SettingsError
     from gangcheck.telemetry import setup_logging, setup_tracing
 
+    if args.dispatch_at_once < 1:
+        print("gangcheck: invalid settings: --dispatch-at-once: must be 1 or more", file=sys.stderr)
+        return 2
     try:
         settings = _settings(args)
     except SettingsError as e:
@@ -177,6 +196,9 @@ def _run(args: argparse.Namespace) -> int:
     setup_logging(settings.logging.level, json_lines=settings.logging.json_lines)
     setup_tracing(settings.tracing.otlp_endpoint, settings.tracing.service_name)
     election = settings.leader_election
+    if args.role == "dispatcher" and args.lease_name is None and election.name == "gangcheck":
+        # a Lease of its own: it never stands by for a controller in the same cluster
+        election = election.model_copy(update={"name": DISPATCHER_LEASE})
     lease = (
         LeaseConfig(
             election.namespace,
@@ -213,7 +235,11 @@ def _run(args: argparse.Namespace) -> int:
         kube = await Kube.connect(args.kubeconfig, in_cluster=args.in_cluster)
         async with kube:
             await _reachable(kube, REACH_SECONDS)
-            await _until_terminated(run_controller(kube, options))
+            if args.role == "dispatcher":
+                work = run_dispatcher(kube, options, at_once=args.dispatch_at_once)
+            else:
+                work = run_controller(kube, options)
+            await _until_terminated(work)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):

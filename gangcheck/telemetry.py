@@ -199,6 +199,21 @@ class Metrics:
         self._reconcile = meter.create_histogram(
             "gangcheck_reconcile_duration_seconds", description="Reconcile latency"
         )
+        self._nominations = meter.create_counter(
+            "gangcheck_dispatch_nominations",
+            description="Worker clusters the dispatcher nominated for a gang, by cluster",
+        )
+        self._fallbacks = meter.create_counter(
+            "gangcheck_dispatch_fallbacks",
+            description=(
+                "Workers the dispatcher gave up on for a gang (its copy failed, or it became "
+                "unreachable while nominated) before nominating the next, by cluster"
+            ),
+        )
+        self._clusters_tried = meter.create_histogram(
+            "gangcheck_dispatch_clusters_per_gang",
+            description="Worker clusters nominated so far for a gang, at each nomination",
+        )
 
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             yield Observation(in_flight())
@@ -284,6 +299,15 @@ class Metrics:
 
     def reconciled(self, controller: str, seconds: float) -> None:
         self._reconcile.record(seconds, {"controller": controller})
+
+    def dispatch_nomination(self, cluster: str) -> None:
+        self._nominations.add(1, {"cluster": cluster})
+
+    def dispatch_fallback(self, cluster: str) -> None:
+        self._fallbacks.add(1, {"cluster": cluster})
+
+    def dispatch_clusters_tried(self, clusters: int) -> None:
+        self._clusters_tried.record(clusters)
 
     def render(self) -> str:
         """Everything recorded so far, in the Prometheus text exposition format."""

@@ -16,6 +16,7 @@ from gangcheck.logic.dispatch import (
     decide,
     nominate,
 )
+from gangcheck.telemetry import Metrics
 
 DELIVERS = SourceHistory(deliveries=4, stockouts=0, last=Outcome.DELIVERED)
 MOSTLY = SourceHistory(deliveries=3, stockouts=1, last=Outcome.DELIVERED)
@@ -216,3 +217,24 @@ def test_an_unreadable_record_reads_as_none() -> None:
     assert DispatchRecord.from_annotation(None) == DispatchRecord()
     assert DispatchRecord.from_annotation("[1]").nominated == ()
     assert "unreadable" in DispatchRecord.from_annotation("{").reason
+
+
+def test_the_dispatch_metrics_are_exposed() -> None:
+    metrics = Metrics()
+    metrics.dispatch_nomination("worker-1")
+    metrics.dispatch_fallback("worker-1")
+    metrics.dispatch_nomination("worker-2")
+    metrics.dispatch_clusters_tried(2)
+    text = metrics.render()
+    assert 'gangcheck_dispatch_nominations_total{cluster="worker-2"} 1' in text
+    assert 'gangcheck_dispatch_fallbacks_total{cluster="worker-1"} 1' in text
+    assert "gangcheck_dispatch_clusters_per_gang_count 1" in text
+
+
+def test_the_cli_runs_the_dispatcher_role_on_a_lease_of_its_own() -> None:
+    from gangcheck.cli import DISPATCHER_LEASE, _parser
+
+    args = _parser().parse_args(["run", "--role", "dispatcher", "--dispatch-at-once", "2"])
+    assert (args.role, args.dispatch_at_once) == ("dispatcher", 2)
+    assert _parser().parse_args(["run"]).role == "controller"
+    assert DISPATCHER_LEASE == "gangcheck-dispatcher"  # as manifests/dispatcher/rbac.yaml names it

@@ -1,4 +1,5 @@
-"""Kueue's MultiKueue across three clusters, started once per module.
+"""Kueue's MultiKueue across three clusters, started once for the folder (``bed`` is
+package-scoped: test_multikueue.py and test_dispatcher.py share it).
 
 A manager (etcd, kube-apiserver, the garbage collector, Kueue with MultiKueue) and two
 workers (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok, Kueue), each
@@ -140,7 +141,7 @@ class Bed:
         return self.clusters.workers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def bed(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     workdir = tmp_path_factory.mktemp("multicluster")
     began = time.monotonic()

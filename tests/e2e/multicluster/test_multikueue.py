@@ -120,9 +120,12 @@ def cluster_queue(flavor: str, check: str) -> Obj:
 
 
 @contextlib.asynccontextmanager
-async def queues(kubes: dict[str, Kube], namespace: str) -> AsyncIterator[str]:
+async def queues(
+    kubes: dict[str, Kube], namespace: str, *, deadline: int = DEADLINE, backoff: int = 1
+) -> AsyncIterator[str]:
     """LocalQueue ``lq`` in every cluster: in the manager through MultiKueue's check, in each
-    worker through gangcheck's, on a flavor pinned to that worker's cloud. Removed after."""
+    worker through gangcheck's (its ``deadline`` and retry ``backoff``, in seconds), on a
+    flavor pinned to that worker's cloud. Removed after."""
     name = unique("mc-gang")
     made: list[tuple[Kube, Any, str, str | None]] = []
 
@@ -147,10 +150,10 @@ async def queues(kubes: dict[str, Kube], namespace: str) -> AsyncIterator[str]:
                 "provisioningClassName": SIM_CLASS,
                 "allowCustomProvisioningClass": True,
                 "managedResources": [GPU],
-                "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1},
+                "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": backoff},
                 "fulfillment": {
                     "mode": "NodesFit",
-                    "deadlineSeconds": DEADLINE,
+                    "deadlineSeconds": deadline,
                     "reclaimer": "DeleteNode",
                 },
             }

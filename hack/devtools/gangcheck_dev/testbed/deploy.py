@@ -52,7 +52,9 @@ __all__ = [
     "SERVICE_ACCOUNT",
     "DeployError",
     "ManagedProcess",
+    "deploy_dispatcher",
     "deploy_gangcheck",
+    "restart",
     "run_controller_container",
     "start_sim_cloud",
 ]
@@ -375,6 +377,8 @@ def deploy_gangcheck(
         f"--metrics-port={metrics}",
         "--bind-address=127.0.0.1",
         f"--lease-namespace={NAMESPACE}",
+        # one identity, as a pod's name: started again after a kill it holds the Lease at once
+        f"--identity={name}-0",
         *extra_args,
     )
     log_path = workdir / f"{name}.log"
@@ -391,6 +395,68 @@ def deploy_gangcheck(
     process = ManagedProcess(name, component, log_path, token_config, health, metrics)
     process.refusals_checked = True
     return process
+
+
+DISPATCHER_ACCOUNT = "gangcheck-dispatcher"
+
+
+def deploy_dispatcher(
+    manager: Path,
+    workers: Sequence[Path],
+    *,
+    workdir: Path,
+    name: str = "gangcheck-dispatcher",
+    extra_args: Sequence[str] = (),
+    kubectl: Path | None = None,
+) -> ManagedProcess:
+    """gangcheck's MultiKueue dispatcher as a user deploys it: the manager's RBAC of
+    ``manifests/dispatcher/rbac.yaml`` (its ServiceAccount, ClusterRole, the Role on Kueue's
+    Secrets), in each worker ``manifests/dispatcher/worker/reader.yaml`` (read-only rights
+    for the identity MultiKueue's Secret holds), then ``gangcheck run --role dispatcher``
+    with the ServiceAccount's token until ``/readyz`` answers 200 (its first pass done).
+    Writes refused by the API server fail :meth:`ManagedProcess.stop`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    kubectl = kubectl or find_kubectl()
+    folder = repo_root() / "manifests" / "dispatcher"
+    objects = [o for o in yaml.safe_load_all((folder / "rbac.yaml").read_text()) if o]
+    _apply(kubectl, manager, [o for o in objects if o["kind"] == "Namespace"])
+    _apply(kubectl, manager, [o for o in objects if o["kind"] != "Namespace"])
+    reader = [o for o in yaml.safe_load_all((folder / "worker" / "reader.yaml").read_text()) if o]
+    for worker in workers:
+        _apply(kubectl, worker, reader)
+    token = _service_account_token(kubectl, manager, NAMESPACE, DISPATCHER_ACCOUNT)
+    token_config = _token_kubeconfig(kubectl, manager, token, workdir / f"{name}.kubeconfig")
+    health, metrics = free_ports(2)
+    argv = _python_module(
+        "gangcheck",
+        "run",
+        "--role=dispatcher",
+        f"--kubeconfig={token_config}",
+        f"--lease-namespace={NAMESPACE}",
+        f"--health-port={health}",
+        f"--metrics-port={metrics}",
+        "--bind-address=127.0.0.1",
+        *extra_args,
+    )
+    log_path = workdir / f"{name}.log"
+    component = Component(
+        name=name,
+        argv=argv,
+        log_path=log_path,
+        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        env=_python_env(),
+        ready_timeout=_READY_TIMEOUT,
+        stop_timeout=_STOP_TIMEOUT,
+    )
+    _start(component)
+    process = ManagedProcess(name, component, log_path, token_config, health, metrics)
+    process.refusals_checked = True
+    return process
+
+
+def restart(process: ManagedProcess) -> None:
+    """Starts a stopped process again, as it was started; returns once it is ready."""
+    _start(process.component)
 
 
 def _service_account_token(kubectl: Path, admin: Path, namespace: str, account: str) -> str:

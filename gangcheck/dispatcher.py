@@ -1,0 +1,422 @@
+"""The capacity-aware MultiKueue dispatcher (``gangcheck run --role dispatcher``, in the
+manager cluster): the thin edge around :func:`gangcheck.logic.dispatch.decide`.
+
+Every ``interval`` seconds it lists, in the manager, the AdmissionChecks of MultiKueue's
+controller, the MultiKueueClusters and the Workloads; for each Workload that carries such a
+check, has quota reserved and is not yet placed (no ``status.clusterName``), it gathers the
+facts of every worker and takes one step:
+
+- a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
+  unusable, that does not answer, or that runs no gangcheck (no AdmissionCheck of gangcheck's
+  controller ``Active`` there) is skipped, with the reason;
+- whether the gang fits now on the worker's nodes (the manager Workload's pod sets against
+  its nodes less what bound pods use);
+- its capacity sources' recent outcomes, from the records gangcheck leaves on its
+  ProvisioningRequests there (fulfilled or started: delivered; rolled back: a stockout);
+- for a worker nominated, whether its copy of the Workload failed: a check ``Retry`` or
+  ``Rejected``, ``Evicted``, requeued, or deactivated.
+
+It then writes the record (annotation ``gangcheck.io/dispatch``) on the manager's Workload
+first and the nomination second, by server-side apply of ``status.nominatedClusterNames`` as
+field manager ``kueue-admission`` (Kueue drops the nomination with that manager when a worker
+admits; another manager's nomination would make that write fail). A restart reads the record
+and resumes: a worker nominated stays so until its copy fails. Nothing is ever written in a
+worker: the worker's identity (the Secret MultiKueue already holds) is only read through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gangcheck.kube.client import APPLY_PATCH, Kube
+from gangcheck.kube.errors import ApiError
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    NODE,
+    POD,
+    PROVISIONING_REQUEST,
+    WORKLOAD,
+    Resource,
+)
+from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.dispatch import (
+    RECORD_ANNOTATION,
+    DispatchRecord,
+    Outcome,
+    SourceHistory,
+    Step,
+    WorkerFacts,
+    decide,
+)
+from gangcheck.logic.placement.fit import GangPodSet, fit_gang, member_from_template, node_view
+from gangcheck.model.names import (
+    CONTROLLER_NAME,
+    FULFILLED,
+    PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    SOURCE_ANNOTATION,
+    STARTED,
+)
+from gangcheck.model.objects import Obj, ObjectRef
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+#: Kueue's field manager of a Workload's admission status (see the module doc).
+KUEUE_ADMISSION = "kueue-admission"
+KUBECONFIG_KEY = "kubeconfig"
+DEFAULT_INTERVAL = 2.0
+#: How many of a source's latest outcomes count.
+RECENT = 10
+MULTIKUEUE_CLUSTER = Resource(
+    "kueue.x-k8s.io", "v1beta2", "multikueueclusters", "MultiKueueCluster", namespaced=False
+)
+SECRET = Resource("", "v1", "secrets", "Secret")
+
+
+@dataclass
+class _Worker:
+    """A worker as the manager holds it: its client (None: skipped) and why not."""
+
+    name: str
+    kube: Kube | None = None
+    skip: str = ""
+    secret_version: str = ""
+
+
+class Dispatcher:
+    """One pass every ``interval`` seconds over the manager's Workloads (module doc)."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        metrics: Metrics | None = None,
+        kueue_namespace: str = "kueue-system",
+        interval: float = DEFAULT_INTERVAL,
+        at_once: int = 1,
+    ) -> None:
+        self.kube = kube
+        self.metrics = metrics or Metrics()
+        self.kueue_namespace = kueue_namespace
+        self.interval = interval
+        self.at_once = at_once
+        self.events = EventRecorder(kube, clock=lambda: datetime.now(UTC))
+        self._workers: dict[str, _Worker] = {}
+        self.passes = 0
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    await self.pass_once()
+                except ApiError as e:
+                    log.warning("dispatch pass failed: %s", e)
+                self.passes += 1
+                await asyncio.sleep(self.interval)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for worker in self._workers.values():
+            if worker.kube is not None:
+                await worker.kube.close()
+        self._workers.clear()
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    async def pass_once(self) -> None:
+        checks = await _items(self.kube, ADMISSION_CHECK)
+        ours = {
+            c["metadata"]["name"]
+            for c in checks
+            if (c.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
+        }
+        if not ours:
+            return
+        waiting = [wl for wl in await _items(self.kube, WORKLOAD) if _to_dispatch(wl, ours)]
+        if not waiting:
+            return
+        clusters = await _items(self.kube, MULTIKUEUE_CLUSTER)
+        workers = [await self._worker(c) for c in clusters]
+        for wl in waiting:
+            try:
+                await self._dispatch(wl, workers)
+            except ApiError as e:
+                log.warning("dispatching %s failed: %s", _ref(wl).name, e)
+
+    async def _dispatch(self, wl: Obj, workers: Sequence[_Worker]) -> None:
+        meta = wl["metadata"]
+        record = DispatchRecord.from_annotation(
+            (meta.get("annotations") or {}).get(RECORD_ANNOTATION)
+        )
+        facts = [
+            await self._facts(worker, wl, nominated=worker.name in record.nominated)
+            for worker in workers
+        ]
+        step = decide(record, facts, at_once=self.at_once)
+        status = wl.get("status") or {}
+        written = list(status.get("nominatedClusterNames") or [])
+        if step.record != record:
+            await self._write_record(wl, step.record)
+        if list(step.nominated) != written:
+            await self._nominate(wl, step.nominated)
+        if step.changed or (step.record.skipped != record.skipped):
+            await self._tell(wl, step)
+
+    async def _write_record(self, wl: Obj, record: DispatchRecord) -> None:
+        meta = wl["metadata"]
+        patch = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "annotations": {RECORD_ANNOTATION: record.to_annotation()},
+            }
+        }
+        reply = await self.kube.merge_patch(WORKLOAD, meta["name"], patch, meta["namespace"])
+        wl["metadata"] = reply["metadata"]
+
+    async def _nominate(self, wl: Obj, clusters: Sequence[str]) -> None:
+        meta = wl["metadata"]
+        body = {
+            "apiVersion": WORKLOAD.api_version,
+            "kind": WORKLOAD.kind,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": {"nominatedClusterNames": list(clusters)},
+        }
+        await self.kube.request(
+            "PATCH",
+            f"{WORKLOAD.object_path(meta['name'], meta['namespace'])}/status",
+            query={"fieldManager": KUEUE_ADMISSION, "force": "true"},
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+
+    async def _tell(self, wl: Obj, step: Step) -> None:
+        ref = _ref(wl)
+        for cluster, why in step.fallbacks.items():
+            self.metrics.dispatch_fallback(cluster)
+            await self.events.emit(
+                ref, Event("DispatchFallback", f"gave up on {cluster}: {why}", warning=True)
+            )
+        for cluster in step.newly_nominated:
+            self.metrics.dispatch_nomination(cluster)
+            await self.events.emit(
+                ref, Event("Nominated", f"nominated {cluster}: {step.record.reason}")
+            )
+        if step.newly_nominated:
+            self.metrics.dispatch_clusters_tried(len(step.record.tried))
+        if not step.nominated:
+            skipped = "; ".join(f"{c}: {why}" for c, why in sorted(step.record.skipped.items()))
+            message = step.record.reason + (f" (skipped: {skipped})" if skipped else "")
+            await self.events.emit(ref, Event("NoWorker", message, warning=True))
+
+    # -- a worker's facts -------------------------------------------------------------------
+
+    async def _worker(self, cluster: Obj) -> _Worker:
+        """The worker's client, made again when its Secret changes; else why it is skipped."""
+        name = cluster["metadata"]["name"]
+        held = self._workers.get(name) or _Worker(name)
+        self._workers[name] = held
+        active = _condition(cluster, "Active")
+        if active is None or active.get("status") != "True":
+            why = (
+                "no Active condition"
+                if active is None
+                else f"{active.get('reason')}: {active.get('message')}"
+            )
+            return _Worker(name, skip=f"MultiKueueCluster not Active ({why})")
+        source = ((cluster.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {}
+        if source.get("locationType", "Secret") != "Secret":
+            return _Worker(name, skip="its kubeconfig is not in a Secret (only Secrets are read)")
+        secret_name = str(source.get("location") or "")
+        try:
+            secret = await self.kube.get_if_exists(SECRET, secret_name, self.kueue_namespace)
+        except ApiError as e:
+            return _Worker(name, skip=f"Secret {self.kueue_namespace}/{secret_name}: {e}")
+        if secret is None:
+            return _Worker(name, skip=f"Secret {self.kueue_namespace}/{secret_name} not found")
+        version = str(secret["metadata"].get("resourceVersion") or "")
+        if held.kube is not None and held.secret_version == version:
+            return held
+        if held.kube is not None:
+            await held.kube.close()
+            held.kube = None
+        raw = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+        if not raw:
+            held.skip = f"Secret {self.kueue_namespace}/{secret_name} has no key {KUBECONFIG_KEY}"
+            return _Worker(name, skip=held.skip)
+        try:
+            held.kube = await _connect(base64.b64decode(raw))
+        except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
+            return _Worker(
+                name, skip=f"Secret {self.kueue_namespace}/{secret_name}: unusable kubeconfig ({e})"
+            )
+        held.secret_version = version
+        held.skip = ""
+        return held
+
+    async def _facts(self, worker: _Worker, wl: Obj, *, nominated: bool) -> WorkerFacts:
+        if worker.kube is None:
+            return WorkerFacts(worker.name, reachable=False, skip=worker.skip)
+        kube = worker.kube
+        try:
+            if not await _runs_gangcheck(kube):
+                return WorkerFacts(
+                    worker.name,
+                    reachable=False,
+                    skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there",
+                )
+            failure = await _copy_failure(kube, wl) if nominated else ""
+            fits = await _fits_now(kube, wl)
+            sources = await _sources(kube)
+        except ApiError as e:
+            return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
+        return WorkerFacts(worker.name, fits_now=fits, sources=sources, failure=failure)
+
+
+# -- reads in a worker ----------------------------------------------------------------------------
+
+
+async def _connect(kubeconfig: bytes) -> Kube:
+    """A client of the worker from the kubeconfig held in its Secret (read from a file only
+    while the client is made, then removed). Few retries: an unreachable worker is skipped."""
+    fd, path = tempfile.mkstemp(prefix="gangcheck-worker-", suffix=".kubeconfig")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(kubeconfig)
+        return await Kube.connect(path, retry_attempts=1, retry_seconds=2)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+async def _runs_gangcheck(kube: Kube) -> bool:
+    for check in await _items(kube, ADMISSION_CHECK):
+        if (check.get("spec") or {}).get("controllerName") == CONTROLLER_NAME:
+            active = _condition(check, "Active")
+            if active is not None and active.get("status") == "True":
+                return True
+    return False
+
+
+async def _copy_failure(kube: Kube, wl: Obj) -> str:
+    """Why the worker's copy of ``wl`` failed, or '' (trying, or no copy yet)."""
+    meta = wl["metadata"]
+    copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
+    if copy is None:
+        return ""
+    status = copy.get("status") or {}
+    for check in status.get("admissionChecks") or []:
+        if check.get("state") in ("Retry", "Rejected"):
+            said = f"check {check.get('name')} {check.get('state')}"
+            return f"{said}: {check.get('message')}" if check.get("message") else said
+    evicted = _condition(copy, "Evicted")
+    if evicted is not None and evicted.get("status") == "True":
+        return f"evicted: {evicted.get('reason')}: {evicted.get('message', '')}"
+    if int((status.get("requeueState") or {}).get("count") or 0) > 0:
+        return "requeued after a failed attempt"
+    if (copy.get("spec") or {}).get("active") is False:
+        return "deactivated"
+    return ""
+
+
+async def _fits_now(kube: Kube, wl: Obj) -> bool:
+    """The manager's pod sets, whole, on the worker's nodes as they are now."""
+    pod_sets = []
+    for ps in (wl.get("spec") or {}).get("podSets") or []:
+        count = int(ps.get("count") or 0)
+        pod_sets.append(
+            GangPodSet(str(ps.get("name")), count, member_from_template(ps.get("template") or {}))
+        )
+    if not pod_sets:
+        return False
+    nodes = [
+        node_view(n) for n in await _items(kube, NODE) if not n["metadata"].get("deletionTimestamp")
+    ]
+    pods = await _items(kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed")
+    return fit_gang(pod_sets, nodes, pods).fits
+
+
+async def _sources(kube: Kube) -> tuple[SourceHistory, ...]:
+    """Each capacity source's recent outcomes, from gangcheck's records on the requests."""
+    outcomes: dict[str, list[tuple[str, Outcome]]] = {}
+    for req in await _items(kube, PROVISIONING_REQUEST):
+        notes = req["metadata"].get("annotations") or {}
+        if ROLLBACK_REASON_ANNOTATION in notes:
+            outcome = Outcome.STOCKOUT
+        elif notes.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
+            outcome = Outcome.DELIVERED
+        else:
+            continue
+        klass = (req.get("spec") or {}).get("provisioningClassName")
+        key = f"{klass}#{notes.get(SOURCE_ANNOTATION, '0')}"
+        stamp = str(req["metadata"].get("creationTimestamp") or "")
+        outcomes.setdefault(key, []).append((stamp, outcome))
+    histories = []
+    for _, seen in sorted(outcomes.items()):
+        recent = [o for _, o in sorted(seen)][-RECENT:]
+        histories.append(
+            SourceHistory(
+                deliveries=recent.count(Outcome.DELIVERED),
+                stockouts=recent.count(Outcome.STOCKOUT),
+                last=recent[-1],
+            )
+        )
+    return tuple(histories)
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _to_dispatch(wl: Obj, checks: set[str]) -> bool:
+    """Carries a MultiKueue check, quota reserved, not placed yet, not finished."""
+    status = wl.get("status") or {}
+    if status.get("clusterName") or wl["metadata"].get("deletionTimestamp"):
+        return False
+    names = {c.get("name") for c in status.get("admissionChecks") or []}
+    if not names & checks:
+        return False
+    reserved = _condition(wl, "QuotaReserved")
+    finished = _condition(wl, "Finished")
+    return (
+        reserved is not None
+        and reserved.get("status") == "True"
+        and (finished is None or finished.get("status") != "True")
+    )
+
+
+def _condition(obj: Obj, kind: str) -> Mapping[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def _ref(wl: Obj) -> ObjectRef:
+    meta = wl["metadata"]
+    return ObjectRef(
+        WORKLOAD.kind, meta["namespace"], meta["name"], meta.get("uid", ""), WORKLOAD.api_version
+    )
+
+
+async def _items(kube: Kube, res: Resource, **kw: str) -> list[Obj]:
+    return list((await kube.list_objects(res, **kw)).get("items") or [])
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+__all__ = ["DEFAULT_INTERVAL", "Dispatcher"]

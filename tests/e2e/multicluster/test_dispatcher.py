@@ -1,0 +1,243 @@
+"""gangcheck's capacity-aware dispatcher in the manager cluster (``gangcheck run --role
+dispatcher``; Kueue's ``multiKueue.dispatcherName: gangcheck.io/capacity-aware``), on the
+multi-cluster bed of conftest.py: real kube-apiservers, real Kueue in every cluster,
+gangcheck in each worker; the simulated cloud stands in for a cloud's stockouts (worker-1's
+delivers one node of any request and no more: stocked out; worker-2's delivers in full).
+
+The dispatcher runs as a user deploys it: the manager's RBAC of ``manifests/dispatcher``, in
+each worker the read-only rights of ``manifests/dispatcher/worker/reader.yaml`` for the
+identity MultiKueue's Secret holds, a ServiceAccount token; a write the API server refuses
+fails the test at teardown.
+
+What is asserted is durable: the dispatcher's record on the manager's Workload (annotation
+``gangcheck.io/dispatch``), its Events there (``Nominated``, ``DispatchFallback``), the
+Workload's ``status.clusterName``, and the ``NodeDelivered`` Events each worker's cloud
+records on a request for each node it delivered (they outlive the nodes and requests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
+from gangcheck_dev.simcloud.model import REQUEST_ANNOTATION as SIM_REQUEST
+from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_dispatcher, restart
+from gangcheck_dev.testbed.nodes import kwok_node
+
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.dispatch import DISPATCHER, RECORD_ANNOTATION
+from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
+from tests.e2e.multicluster.conftest import (
+    GPU_TAINT,
+    GPU_TYPE,
+    POOL,
+    SIM_POOL,
+    STOCKED_OUT,
+    WITH_ROOM,
+    Bed,
+)
+from tests.e2e.multicluster.test_multikueue import (
+    MANAGER,
+    cleanup_winner,
+    fresh_namespace,
+    gang_job,
+    items,
+    manager_workload,
+    queues,
+)
+
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def dispatcher(bed: Bed) -> Iterator[ManagedProcess]:
+    """Kueue in the manager restarted with the external dispatcher's name, and gangcheck's
+    dispatcher started there; stopped after the module (its refused writes fail it)."""
+    bed.clusters.set_dispatcher(DISPATCHER)
+    began = time.monotonic()
+    process = deploy_dispatcher(
+        bed.manager.kubeconfig,
+        [worker.kubeconfig for worker in bed.workers.values()],
+        workdir=bed.workdir / "dispatcher",
+        kubectl=bed.manager.kubectl,
+    )
+    bed.measurements.append(f"dispatcher deployed and ready in {time.monotonic() - began:.1f}s")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def record_of(wl: Obj) -> dict[str, Any]:
+    raw = (wl["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    return dict(json.loads(raw)) if raw else {}
+
+
+async def events_on(kube: Kube, wl: Obj, reason: str) -> list[Obj]:
+    selector = f"involvedObject.uid={wl['metadata']['uid']},reason={reason}"
+    found = await items(kube, EVENT, wl["metadata"]["namespace"], field_selector=selector)
+    return sorted(found, key=lambda e: str(e.get("firstTimestamp") or ""))
+
+
+async def deliveries(kube: Kube, namespace: str) -> list[Obj]:
+    """The worker cloud's NodeDelivered Events for the gang of ``namespace``."""
+    return await items(kube, EVENT, namespace, field_selector=f"reason={DELIVERED_REASON}")
+
+
+async def placed(manager: Kube, namespace: str) -> Obj | None:
+    wl = await manager_workload(manager, namespace)
+    done = wl is not None and (wl.get("status") or {}).get("clusterName")
+    return wl if done and is_true(wl, "Admitted") else None
+
+
+@pytest.fixture
+async def free_nodes(kubes: dict[str, Kube]) -> AsyncIterator[list[str]]:
+    """Two idle 8-GPU nodes in worker-2, as its cloud makes them, Ready: room now."""
+    kube = kubes[WITH_ROOM]
+    names = [unique("room") for _ in range(2)]
+    labels = {GPU_TYPE: "e2e", SIM_POOL: POOL}
+    for name in names:
+        await kube.create(NODE, kwok_node(name, gpus=8, labels=labels, taints=[GPU_TAINT]))
+
+    async def ready() -> bool:
+        nodes = [await kube.get(NODE, name) for name in names]
+        return all(is_true(node, "Ready") for node in nodes)
+
+    await eventually(ready, timeout=30, what="worker-2's idle nodes Ready")
+    try:
+        yield names
+    finally:
+        for name in names:
+            await delete_quietly(kube, NODE, name)
+
+
+@pytest.mark.timeout(120)
+async def test_the_gang_goes_where_it_fits_now_and_the_stocked_out_worker_never_scales_up(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess, free_nodes: list[str]
+) -> None:
+    """worker-2 has room now (two idle 8-GPU nodes), worker-1 is stocked out: the dispatcher
+    nominates worker-2 alone, the gang is admitted there, and worker-1 never got a copy of
+    the Workload nor a node."""
+    manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace):
+        began = time.monotonic()
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+
+            async def admitted() -> Obj | None:
+                return await placed(manager, namespace)
+
+            wl = await eventually(admitted, timeout=60, what="the manager's Workload admitted")
+            took = time.monotonic() - began
+            assert wl["status"]["clusterName"] == WITH_ROOM
+            record = record_of(wl)
+            assert record["tried"] == [WITH_ROOM], record
+            assert record["nominated"] == [WITH_ROOM], record
+            assert not record["failed"], record
+            assert "fits now" in record["reason"], record
+            nominated = await events_on(manager, wl, "Nominated")
+            assert [e["message"].split(":")[0] for e in nominated] == [f"nominated {WITH_ROOM}"]
+            # worker-1: never a copy (Kueue records Events on a copy it admits or evicts; a
+            # copy's gangcheck would have asked its cloud), never a node
+            assert not await deliveries(stocked_out, namespace)
+            events = await items(stocked_out, EVENT, namespace)
+            assert not [e for e in events if e["involvedObject"]["kind"] == "Workload"], events
+            assert not await items(stocked_out, WORKLOAD, namespace)
+            bed.measurements.append(
+                f"dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after the "
+                f"Job; {STOCKED_OUT} got no copy and no node"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(with_room, namespace)
+            await cleanup_delivered(with_room, namespace)
+
+
+async def cleanup_delivered(kube: Kube, namespace: str) -> None:
+    """Once the worker holds no request for the gang, every node its cloud made for one (the
+    gang ran on the idle nodes; what its gangcheck also asked for may have come after)."""
+
+    async def no_request() -> bool:
+        return not await items(kube, PROVISIONING_REQUEST, namespace)
+
+    await eventually(no_request, timeout=30, what="worker-2 holding no request for the gang")
+    for node in await items(kube, NODE):
+        made_for = (node["metadata"].get("annotations") or {}).get(SIM_REQUEST, "")
+        if made_for.startswith(f"{namespace}/"):
+            await delete_quietly(kube, NODE, node["metadata"]["name"])
+
+
+@pytest.mark.timeout(150)
+async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nominates_nothing_twice(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
+) -> None:
+    """No room now anywhere and no record of either cloud: worker-1 is nominated alone (by
+    name). Its cloud stocks out after one node; gangcheck there rolls back at its deadline
+    (6 s) and its check goes Retry. Meanwhile the dispatcher is killed and started again:
+    it resumes from its record on the Workload (worker-1 still nominated, not nominated
+    again). On worker-1's failure it gives worker-1 up and nominates worker-2, whose cloud
+    delivers: the gang is admitted there. worker-2's cloud delivered nothing before worker-1
+    was given up (one cluster scaling up for the gang at a time)."""
+    manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+
+    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
+        pool = await items(with_room, NODE, label_selector=f"{SIM_POOL}={POOL}")
+        return not pool and not await items(with_room, PROVISIONING_REQUEST)
+
+    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    # a long backoff: worker-1 does not start a second attempt before it is given up
+    async with queues(kubes, namespace, deadline=6, backoff=60):
+        began = time.monotonic()
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+
+            async def on_worker_1() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                return wl if wl is not None and record_of(wl).get("nominated") else None
+
+            wl = await eventually(on_worker_1, timeout=30, what="a first nomination")
+            assert record_of(wl)["nominated"] == [STOCKED_OUT], record_of(wl)
+            os.killpg(dispatcher.pid, signal.SIGKILL)  # mid-dispatch: worker-1 trying
+            dispatcher.component.stop()  # reaps it
+            restart(dispatcher)
+
+            async def admitted() -> Obj | None:
+                return await placed(manager, namespace)
+
+            wl = await eventually(admitted, timeout=90, what="the manager's Workload admitted")
+            took = time.monotonic() - began
+            assert wl["status"]["clusterName"] == WITH_ROOM
+            record = record_of(wl)
+            assert record["tried"] == [STOCKED_OUT, WITH_ROOM], record
+            assert list(record["failed"]) == [STOCKED_OUT], record
+            nominated = await events_on(manager, wl, "Nominated")
+            assert [e["message"].split(":")[0] for e in nominated] == [
+                f"nominated {STOCKED_OUT}",
+                f"nominated {WITH_ROOM}",
+            ], [e["message"] for e in nominated]
+            (fallback,) = await events_on(manager, wl, "DispatchFallback")
+            assert STOCKED_OUT in fallback["message"]
+            assert await deliveries(stocked_out, namespace), "worker-1 scaled up nothing"
+            delivered = await deliveries(with_room, namespace)
+            assert delivered, "worker-2's cloud delivered nothing: the gang ran on what?"
+            gave_up = str(fallback["firstTimestamp"])
+            assert all(str(e["firstTimestamp"]) >= gave_up for e in delivered), (
+                gave_up,
+                [e["firstTimestamp"] for e in delivered],
+            )
+            bed.measurements.append(
+                f"dispatcher, {STOCKED_OUT} failing (restarted mid-dispatch): admitted in "
+                f"{WITH_ROOM} {took:.1f}s after the Job, 2 nominations, 1 fallback"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(with_room, namespace)
