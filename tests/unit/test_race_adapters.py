@@ -412,3 +412,18 @@ def test_a_pod_group_racing_again_withdraws_the_racers_of_the_attempt_before() -
     made = [a.body["metadata"]["name"] for a in d.actions if isinstance(a, CreateRequest)]
     assert made == ["g-pg-2", "g-pg-2-s1"]
     assert d.status is not None and d.status["gangcheck.io/message"].startswith("racing: ")
+
+
+def test_a_pod_group_race_is_said_once_and_each_ask_in_its_own_event() -> None:
+    pods = members(4)
+    snap = GroupSnapshot(
+        group=pod_group_of(group(4)),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(RACE),
+        capacity=ClusterView(pods=tuple(pods)),
+    )
+    d = decide_group(snap, NOW)
+    reasons = [e.reason for e in d.events]
+    assert reasons.count("Provisioning") == 1
+    assert reasons.count("ProvisioningRequestCreated") == 2
+    assert d.status is not None and d.status["gangcheck.io/message"].startswith("racing: ")

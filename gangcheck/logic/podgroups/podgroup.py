@@ -438,10 +438,12 @@ def _raced(
     """The racers' decisions as one: all their actions, Events and notes; one message."""
     status = _status(snap, PROVISIONING, race.racing(said), request="")
     waits = [d.requeue_after for d in parts if d.requeue_after is not None]
+    # each ask's own state Event is said once, as the race's
+    events = (e for d in parts for e in d.events if e.reason != PROVISIONING)
     return replace(
         status,
         actions=tuple(a for d in parts for a in d.actions),
-        events=(*status.events, *(e for d in parts for e in d.events)),
+        events=(*status.events, *events),
         sources=tuple(n for d in parts for n in d.sources),
         requeue_after=min(waits, default=None),
     )
