@@ -82,6 +82,17 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
             else {"scheduled": facts.start.scheduled, "members": facts.start.total}
         ),
         "decision": _decision_json(facts.replay),
+        "dispatch": (
+            None
+            if report.dispatch is None
+            else {
+                "nominated": list(report.dispatch.nominated),
+                "tried": list(report.dispatch.tried),
+                "failed": dict(report.dispatch.failed),
+                "skipped": dict(report.dispatch.skipped),
+                "reason": report.dispatch.reason,
+            }
+        ),
         "verdict": {
             "blocked": report.verdict.blocked,
             "step": report.verdict.step,

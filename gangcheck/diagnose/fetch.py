@@ -41,6 +41,7 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
+from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -103,7 +104,9 @@ async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> R
     when = now or datetime.now(UTC)
     facts = gather(workload, world, now=when)
     claims = await attempt_node_claims(kube, facts.namespace, facts.request)
-    return DiagnoseReport(parsed, facts, verdict(facts, when), when, claims)
+    raw = (workload["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    dispatch = DispatchRecord.from_annotation(raw) if raw else None
+    return DiagnoseReport(parsed, facts, verdict(facts, when), when, claims, dispatch)
 
 
 async def diagnose_group(

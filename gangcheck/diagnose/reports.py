@@ -8,6 +8,7 @@ from datetime import datetime
 
 from gangcheck.kube.discovery import ServedPodGroups
 from gangcheck.logic.attempt.explain import GangRow, Verdict
+from gangcheck.logic.dispatch import DispatchRecord
 from gangcheck.logic.podgroups.gating import PodGroupRef
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
@@ -35,6 +36,8 @@ class DiagnoseReport:
     now: datetime
     claims: NodeClaimFacts | None = None
     """The attempt's NodeClaims, when Karpenter serves its request."""
+    dispatch: DispatchRecord | None = None
+    """In a MultiKueue manager: gangcheck's dispatcher's record on the Workload, if any."""
 
     @property
     def workload(self) -> str:

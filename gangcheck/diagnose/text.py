@@ -9,6 +9,7 @@ from datetime import datetime
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt.explain import NodeFit, Placement, RequestFacts, human_duration
 from gangcheck.logic.attempt.status import CONDITION_TYPES
+from gangcheck.logic.dispatch import describe
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.podgroups.podgroup import RELEASED
@@ -38,6 +39,8 @@ def _diagnosis_lines(report: DiagnoseReport) -> list[str]:
     lines = [head, ""]
     lines += _section("quota", _quota_lines(facts, now))
     lines += _section("checks", _check_lines(facts))
+    if report.dispatch is not None:
+        lines += _section("dispatch", describe(report.dispatch))
     if facts.request is not None:
         lines += _section("request", _request_lines(facts, now))
     if facts.placement is not None:

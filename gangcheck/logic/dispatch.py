@@ -260,3 +260,15 @@ def decide(record: DispatchRecord, workers: Sequence[WorkerFacts], *, at_once: i
     skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
     new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason)
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def describe(record: DispatchRecord) -> list[str]:
+    """The record as diagnose prints it: which worker is being tried and why, which were
+    given up and skipped, and why."""
+    if record.nominated:
+        lines = [f"trying {', '.join(record.nominated)}: {record.reason}"]
+    else:
+        lines = [f"no worker nominated: {record.reason or 'nothing decided yet'}"]
+    lines += [f"given up: {c} ({why})" for c, why in sorted(record.failed.items())]
+    lines += [f"skipped: {c} ({why})" for c, why in sorted(record.skipped.items())]
+    return lines

@@ -14,6 +14,7 @@ from gangcheck.logic.dispatch import (
     SourceHistory,
     WorkerFacts,
     decide,
+    describe,
     nominate,
 )
 from gangcheck.telemetry import Metrics
@@ -238,3 +239,21 @@ def test_the_cli_runs_the_dispatcher_role_on_a_lease_of_its_own() -> None:
     assert (args.role, args.dispatch_at_once) == ("dispatcher", 2)
     assert _parser().parse_args(["run"]).role == "controller"
     assert DISPATCHER_LEASE == "gangcheck-dispatcher"  # as manifests/dispatcher/rbac.yaml names it
+
+
+def test_diagnose_says_who_is_tried_and_why_others_are_not() -> None:
+    record = DispatchRecord(
+        nominated=("b",),
+        tried=("a", "b"),
+        failed={"a": "check Retry"},
+        skipped={"c": "unreachable: connection refused"},
+        reason="a failed; the gang fits now in b",
+    )
+    assert describe(record) == [
+        "trying b: a failed; the gang fits now in b",
+        "given up: a (check Retry)",
+        "skipped: c (unreachable: connection refused)",
+    ]
+    assert describe(DispatchRecord(reason="no worker left to try (unreachable: a)")) == [
+        "no worker nominated: no worker left to try (unreachable: a)"
+    ]

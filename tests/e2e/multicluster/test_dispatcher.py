@@ -30,6 +30,8 @@ from gangcheck_dev.simcloud.model import REQUEST_ANNOTATION as SIM_REQUEST
 from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_dispatcher, restart
 from gangcheck_dev.testbed.nodes import kwok_node
 
+from gangcheck.diagnose.fetch import diagnose
+from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.dispatch import DISPATCHER, RECORD_ANNOTATION
@@ -185,7 +187,8 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
     it resumes from its record on the Workload (worker-1 still nominated, not nominated
     again). On worker-1's failure it gives worker-1 up and nominates worker-2, whose cloud
     delivers: the gang is admitted there. worker-2's cloud delivered nothing before worker-1
-    was given up (one cluster scaling up for the gang at a time)."""
+    was given up (one cluster scaling up for the gang at a time). ``gangcheck diagnose`` on
+    the manager's Workload says so."""
     manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
     namespace = await fresh_namespace(kubes)
 
@@ -234,6 +237,11 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
                 gave_up,
                 [e["firstTimestamp"] for e in delivered],
             )
+            text = render_text(
+                await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+            )
+            assert f"trying {WITH_ROOM}" in text, text
+            assert f"given up: {STOCKED_OUT}" in text, text
             bed.measurements.append(
                 f"dispatcher, {STOCKED_OUT} failing (restarted mid-dispatch): admitted in "
                 f"{WITH_ROOM} {took:.1f}s after the Job, 2 nominations, 1 fallback"

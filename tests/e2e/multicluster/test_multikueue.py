@@ -358,6 +358,7 @@ async def test_a_job_deleted_mid_flight_leaves_nothing_in_any_worker(
     """Both workers hold one node of two for the gang when its Job is deleted in the manager:
     the garbage collector deletes the manager's Workload, MultiKueue removes both copies, and
     each worker's gangcheck reclaims its node."""
+    bed.clusters.set_dispatcher(ALL_AT_ONCE)  # whatever ran before in the folder
     manager = kubes[MANAGER]
     workers = {name: kube for name, kube in kubes.items() if name != MANAGER}
     namespace = await fresh_namespace(kubes)
