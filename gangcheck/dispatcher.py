@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -41,9 +41,11 @@ from gangcheck.kube.client import APPLY_PATCH, Kube
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
+    MULTIKUEUE_CLUSTER,
     NODE,
     POD,
     PROVISIONING_REQUEST,
+    SECRET,
     WORKLOAD,
     Resource,
 )
@@ -79,10 +81,6 @@ KUBECONFIG_KEY = "kubeconfig"
 DEFAULT_INTERVAL = 2.0
 #: How many of a source's latest outcomes count.
 RECENT = 10
-MULTIKUEUE_CLUSTER = Resource(
-    "kueue.x-k8s.io", "v1beta2", "multikueueclusters", "MultiKueueCluster", namespaced=False
-)
-SECRET = Resource("", "v1", "secrets", "Secret")
 
 
 @dataclass
@@ -106,6 +104,7 @@ class Dispatcher:
         kueue_namespace: str = "kueue-system",
         interval: float = DEFAULT_INTERVAL,
         at_once: int = 1,
+        connect: Callable[[bytes], Awaitable[Kube]] | None = None,
     ) -> None:
         self.kube = kube
         self.metrics = metrics or Metrics()
@@ -114,6 +113,7 @@ class Dispatcher:
         self.at_once = at_once
         self.events = EventRecorder(kube, clock=lambda: datetime.now(UTC))
         self._workers: dict[str, _Worker] = {}
+        self._connect = connect or _connect
         self.passes = 0
 
     async def run(self) -> None:
@@ -257,7 +257,7 @@ class Dispatcher:
             held.skip = f"Secret {self.kueue_namespace}/{secret_name} has no key {KUBECONFIG_KEY}"
             return _Worker(name, skip=held.skip)
         try:
-            held.kube = await _connect(base64.b64decode(raw))
+            held.kube = await self._connect(base64.b64decode(raw))
         except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
             return _Worker(
                 name, skip=f"Secret {self.kueue_namespace}/{secret_name}: unusable kubeconfig ({e})"

@@ -58,6 +58,10 @@ ATOMIC_CONFIG = Resource(
 POD_TEMPLATE = Resource("", "v1", "podtemplates", "PodTemplate")
 POD = Resource("", "v1", "pods", "Pod")
 NODE = Resource("", "v1", "nodes", "Node", namespaced=False)
+SECRET = Resource("", "v1", "secrets", "Secret")
+MULTIKUEUE_CLUSTER = Resource(
+    KUEUE_GROUP, KUEUE_VERSION, "multikueueclusters", "MultiKueueCluster", namespaced=False
+)
 EVENT = Resource("", "v1", "events", "Event")
 SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 NAMESPACE = Resource("", "v1", "namespaces", "Namespace", namespaced=False)

@@ -1,0 +1,255 @@
+"""The dispatcher's edge (gangcheck.dispatcher) on in-memory API servers: a manager and its
+workers, each a FakeKube. Bad input: a MultiKueueCluster not Active, its Secret missing or
+without a kubeconfig, a worker without gangcheck, a worker that does not answer; the
+Workload keeps its quota and gets the reasons; the copy of the nominated worker failing;
+a restart; nothing ever written in a worker."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gangcheck.dispatcher import KUEUE_ADMISSION, Dispatcher
+from gangcheck.kube.client import Kube
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    EVENT,
+    MULTIKUEUE_CLUSTER,
+    WORKLOAD,
+)
+from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord
+from gangcheck.model.names import CONTROLLER_NAME
+from gangcheck.model.objects import Obj
+from gangcheck.telemetry import Metrics
+from tests.fakes.kube import FakeKube
+
+NS = "team"
+KUEUE_NS = "kueue-system"
+
+
+class Manager(FakeKube):
+    """The manager: also answers the server-side apply of a Workload's status, as the API
+    server would for the fields sent (only ``nominatedClusterNames`` here), and records the
+    field manager it came as."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[tuple[str, list[str]]] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
+        assert method == "PATCH" and path.endswith("/status"), (method, path)
+        body, query = kwargs["body"], kwargs["query"]
+        name = body["metadata"]["name"]
+        self.applied.append((query["fieldManager"], body["status"]["nominatedClusterNames"]))
+        return await self.merge_patch(
+            WORKLOAD, name, {"status": body["status"]}, NS, subresource="status"
+        )
+
+
+def active(status: str = "True", reason: str = "Active", message: str = "") -> list[Obj]:
+    return [{"type": "Active", "status": status, "reason": reason, "message": message}]
+
+
+def workload(name: str = "job-gang") -> Obj:
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "c", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "8"}}}
+            ]
+        }
+    }
+    return {
+        "apiVersion": WORKLOAD.api_version,
+        "kind": WORKLOAD.kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"podSets": [{"name": "main", "count": 2, "template": template}]},
+        "status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True"}],
+            "admissionChecks": [{"name": "multikueue", "state": "Pending"}],
+        },
+    }
+
+
+def gpu_node(name: str) -> Obj:
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "status": {
+            "allocatable": resources,
+            "capacity": resources,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def worker(*, gangcheck: bool = True, nodes: int = 0) -> FakeKube:
+    kube = FakeKube()
+    if gangcheck:
+        kube.add(
+            {
+                "apiVersion": ADMISSION_CHECK.api_version,
+                "kind": ADMISSION_CHECK.kind,
+                "metadata": {"name": "gpu"},
+                "spec": {"controllerName": CONTROLLER_NAME},
+                "status": {"conditions": active()},
+            }
+        )
+    kube.add(*(gpu_node(f"n{i}") for i in range(nodes)))
+    return kube
+
+
+Connect = Callable[[bytes], Awaitable[Kube]]
+
+
+def bed(
+    workers: dict[str, FakeKube | None], *, inactive: tuple[str, ...] = ()
+) -> tuple[Manager, Dispatcher, Connect]:
+    """A manager with MultiKueue's check, one MultiKueueCluster and Secret per worker (None:
+    the Secret is missing), a Workload to dispatch; the dispatcher connecting to the fakes."""
+    manager = Manager()
+    manager.add(
+        {
+            "apiVersion": ADMISSION_CHECK.api_version,
+            "kind": ADMISSION_CHECK.kind,
+            "metadata": {"name": "multikueue"},
+            "spec": {"controllerName": "kueue.x-k8s.io/multikueue"},
+        },
+        workload(),
+    )
+    by_config: dict[bytes, FakeKube] = {}
+    for name, kube in workers.items():
+        cluster = {
+            "apiVersion": MULTIKUEUE_CLUSTER.api_version,
+            "kind": MULTIKUEUE_CLUSTER.kind,
+            "metadata": {"name": name},
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": name}}},
+            "status": {
+                "conditions": active("False", "BadConfig", "x") if name in inactive else active()
+            },
+        }
+        manager.add(cluster)
+        if kube is not None:
+            config = f"kubeconfig of {name}".encode()
+            by_config[config] = kube
+            manager.add(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": name, "namespace": KUEUE_NS},
+                    "data": {"kubeconfig": base64.b64encode(config).decode()},
+                }
+            )
+
+    async def connect(config: bytes) -> FakeKube:
+        return by_config[config]
+
+    return manager, Dispatcher(manager, metrics=Metrics(), connect=connect), connect
+
+
+def record(manager: FakeKube) -> DispatchRecord:
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    return DispatchRecord.from_annotation(
+        wl["metadata"].get("annotations", {}).get(RECORD_ANNOTATION)
+    )
+
+
+def events(manager: FakeKube) -> list[tuple[str, str]]:
+    return [(e["reason"], e["message"]) for e in manager.all_of(EVENT)]
+
+
+async def test_the_gang_goes_where_it_fits_now_written_as_kueue_admission() -> None:
+    one, two = worker(), worker(nodes=2)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    await dispatcher.pass_once()
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-2"])]
+    assert record(manager).nominated == ("worker-2",)
+    assert "fits now in worker-2" in record(manager).reason
+    assert [r for r, _ in events(manager)] == ["Nominated"]
+    assert not one.writes and not two.writes  # nothing written in a worker
+
+
+BAD = {
+    "Secret missing": ({"worker-1": None}, (), "Secret kueue-system/worker-1 not found"),
+    "MultiKueueCluster not Active": ({}, ("worker-1",), "not Active (BadConfig: x)"),
+    "no gangcheck in the worker": ({"worker-1": worker(gangcheck=False)}, (), "no gangcheck"),
+}
+
+
+@pytest.mark.parametrize(("given", "inactive", "why"), BAD.values(), ids=BAD.keys())
+async def test_a_bad_worker_is_skipped_with_its_reason_and_the_next_used(
+    given: dict[str, FakeKube | None], inactive: tuple[str, ...], why: str
+) -> None:
+    workers: dict[str, FakeKube | None] = {"worker-1": worker(nodes=2), **given}
+    workers["worker-2"] = worker()
+    manager, dispatcher, _ = bed(workers, inactive=inactive)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert why in got.skipped["worker-1"], got.skipped
+
+
+async def test_an_unreachable_worker_is_skipped() -> None:
+    one = worker(nodes=2)
+    one.fail("list", "*", error=503, times=99)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-2",)
+    assert record(manager).skipped["worker-1"].startswith("unreachable")
+
+
+async def test_nowhere_to_go_the_workload_stays_queued_with_the_reasons() -> None:
+    manager, dispatcher, _ = bed({"worker-1": None, "worker-2": worker(gangcheck=False)})
+    await dispatcher.pass_once()
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    assert not wl["status"].get("nominatedClusterNames")
+    assert wl["status"]["conditions"][0]["type"] == "QuotaReserved"  # untouched: queued
+    assert not manager.applied
+    ((reason, message),) = events(manager)
+    assert reason == "NoWorker"
+    assert "worker-1: Secret" in message and "worker-2: no AdmissionCheck" in message
+
+
+async def test_the_copy_failing_moves_on_and_a_restart_nominates_nothing_twice() -> None:
+    one, two = worker(), worker()
+    manager, first, connect = bed({"worker-1": one, "worker-2": two})
+    await first.pass_once()
+    assert record(manager).nominated == ("worker-1",)  # by name: nothing known of either
+    # a restart: a new dispatcher reads the record; worker-1 still trying -> nothing written
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect)
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
+    # worker-1's copy: gangcheck's check went Retry
+    copy = workload()
+    copy["status"]["admissionChecks"] = [
+        {"name": "gpu", "state": "Retry", "message": "rolled back"}
+    ]
+    one.add(copy)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.tried == ("worker-1", "worker-2")
+    assert got.failed == {"worker-1": "check gpu Retry: rolled back"}
+    assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
+    assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
+    text = dispatcher.metrics.render()
+    assert 'gangcheck_dispatch_fallbacks_total{cluster="worker-1"} 1' in text
+    assert not one.writes and not two.writes
+
+
+async def test_a_placed_workload_is_left_alone() -> None:
+    manager, dispatcher, _ = bed({"worker-1": worker(nodes=2)})
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["status"]["clusterName"] = "worker-1"
+    manager.add(wl)
+    await dispatcher.pass_once()
+    assert not manager.writes
