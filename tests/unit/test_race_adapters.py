@@ -427,3 +427,15 @@ def test_a_pod_group_race_is_said_once_and_each_ask_in_its_own_event() -> None:
     assert reasons.count("Provisioning") == 1
     assert reasons.count("ProvisioningRequestCreated") == 2
     assert d.status is not None and d.status["gangcheck.io/message"].startswith("racing: ")
+
+
+def test_a_pod_group_started_over_forgets_the_winner_of_its_earlier_race() -> None:
+    pods = members(4)
+    snap = GroupSnapshot(
+        group=pod_group_of(group(4, annotations={"gangcheck.io/race-won-by": "b"})),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(RACE),
+        capacity=ClusterView(pods=tuple(pods)),
+    )
+    d = decide_group(snap, NOW)
+    assert d.status is not None and d.status["gangcheck.io/race-won-by"] == ""

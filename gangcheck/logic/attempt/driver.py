@@ -11,7 +11,10 @@ owns the steps that must not differ between sources:
   under it (``lifecycle.drift``: rolled back before Provisioned, and the next attempt made at
   once under the new config), a moved ``deadlineSeconds``, then ``lifecycle.follow``;
 - ``withdraw``: every attempt of a gang that is gone, what arrived for each reclaimed (after
-  the node cache has caught up), each said in an Event.
+  the node cache has caught up), each said in an Event;
+- ``fall_back``: InOrder, a place (capacity source, topology domain) that could not deliver
+  left for the next inside the same attempt: where, under which ask, the one left withdrawn;
+- Race: ``race.py`` beside this module.
 
 Pure: no I/O.
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import lifecycle, rollback
+from gangcheck.logic.attempt import lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView
@@ -196,3 +199,51 @@ def withdraw(
         requests, capacity=capacity, config=config, backend=backend, why=why
     )
     return Withdrawal(actions, lifecycle.reclaiming(actions, why))
+
+
+@dataclass(frozen=True)
+class FallBack:
+    """InOrder: the place that could not deliver left for the next, in the same attempt."""
+
+    place: places.Place
+    """Where the next ask goes."""
+    ask: int
+    """Its number among the attempt's asks (its request's name says it: ``-s<n>``)."""
+    said: str
+    """What the gang's message says first: which place was left, and why."""
+    gone: tuple[Action, ...]
+    """The request left withdrawn (after the next is made), the hold lifted from its nodes
+    (its rollback has reclaimed what arrived for it)."""
+    left: str
+    why: str
+
+    def event(self, config: AtomicProvisioningSpec, request: str, name: str) -> Event:
+        """CapacitySourceFailed: `request` left for the next ask, `name`."""
+        return source_failed_event(self.left, request, self.why, self.place.describe(config), name)
+
+
+def fall_back(
+    config: AtomicProvisioningSpec,
+    req: ProvisioningRequest,
+    *,
+    asks: int,
+    gang_of: places.GangOf,
+    capacity: ClusterView | None,
+    backend: CapacityBackend,
+    why: str,
+) -> FallBack | None:
+    """The place `req` asked could not deliver (`why`): the next place of the attempt (the
+    next domain of its source, else the next source), asked as ask ``asks + 1``; None when
+    no place is next or the attempt has made its most asks (then it ends as with one
+    source)."""
+    place = places.place_of(rollback.record_of(req), req.annotations)
+    following = places.next_place(config, place, gang_of, capacity)
+    if following is None or asks + 1 >= naming.MAX_ASKS:
+        return None
+    left = place.describe(config) or source_name(config, place.source)
+    gone = (
+        *lifecycle.release_hold(capacity, req),
+        *backend.withdraw(req, f"{left} could not deliver"),
+    )
+    said = f"{left} could not deliver ({why}); "
+    return FallBack(following, asks + 1, said, gone, left, why)

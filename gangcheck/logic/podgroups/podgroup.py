@@ -407,7 +407,7 @@ def _race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecisio
     return replace(decision, actions=stale + decision.actions)
 
 
-def _racer_name(snap: GroupSnapshot, ask: int) -> str:
+def _ask_name(snap: GroupSnapshot, ask: int) -> str:
     group = snap.group
     return naming.request_name(group.ref.name, group.short, attempt_of(group), ask)
 
@@ -425,7 +425,7 @@ def _start_race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupD
     if too_large is not None:
         return too_large
     made = [
-        _first(snap, members, gang, _racer_name(snap, p.source), now, place=p)
+        _first(snap, members, gang, _ask_name(snap, p.source), now, place=p)
         for p in race.starting(snap.config)
     ]
     settled = next((d for d in made if (d.status or {}).get(STATE_ANNOTATION) == RELEASED), None)
@@ -437,6 +437,8 @@ def _raced(
 ) -> GroupDecision:
     """The racers' decisions as one: all their actions, Events and notes; one message."""
     status = _status(snap, PROVISIONING, race.racing(said), request="")
+    if snap.group.annotations.get(RACE_WON_ANNOTATION):  # a race of an earlier start
+        status = replace(status, status={**(status.status or {}), RACE_WON_ANNOTATION: ""})
     waits = [d.requeue_after for d in parts if d.requeue_after is not None]
     # each ask's own state Event is said once, as the race's
     events = (e for d in parts for e in d.events if e.reason != PROVISIONING)
@@ -477,7 +479,7 @@ def _follow_race(
         if e.replacement is not None:
             ask, place = e.replacement
             gang = gang_of(snap, members)
-            made = _first(snap, members, gang, _racer_name(snap, ask), now, place=place)
+            made = _first(snap, members, gang, _ask_name(snap, ask), now, place=place)
             if (made.status or {}).get(STATE_ANNOTATION) == RELEASED:
                 # room appeared on the next source's nodes: released there; the racers left
                 # are withdrawn as left behind (`_released`)
@@ -616,32 +618,32 @@ def _fall_back(
     now: datetime,
 ) -> GroupDecision | None:
     """The capacity source of this attempt could not deliver: ask the next one in the same
-    attempt (as a Workload's check does), the new request made before the old one goes;
-    None when no source is next or the rollback is not one a next source answers."""
+    attempt (driver.fall_back, as a Workload's check does), the new request made before the
+    old one goes; None when no source is next or the rollback is not one a next source
+    answers."""
     assert snap.config is not None and step.verdict is not None
     done = step.verdict
     if done.revoked or done.cause in driver.NO_FALLBACK:
         return None
-    place = _place_of(req)
     gang = gang_of(snap, members)
-    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
     _, asks = _current(snap)
-    if following is None or asks + 1 >= naming.MAX_ASKS:
-        return None
-    left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
-    group = snap.group
-    name = naming.request_name(group.ref.name, group.short, attempt_of(group), asks + 1)
-    said = f"{left} could not deliver ({done.message}); "
-    made = _first(snap, members, gang, name, now, place=following, said=said)
-    gone = (
-        *lifecycle.release_hold(snap.capacity, req),
-        *snap.backend.withdraw(req, f"{left} could not deliver"),
+    nxt = driver.fall_back(
+        snap.config,
+        req,
+        asks=asks,
+        gang_of=_gang_by_source(snap, gang),
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=done.message,
     )
-    where = following.describe(snap.config)
-    event = driver.source_failed_event(left, req.name, done.message, where, name)
+    if nxt is None:
+        return None
+    name = _ask_name(snap, nxt.ask)
+    made = _first(snap, members, gang, name, now, place=nxt.place, said=nxt.said)
+    event = nxt.event(snap.config, req.name, name)
     return replace(
         made,
-        actions=(*made.actions, *gone),
+        actions=(*made.actions, *nxt.gone),
         events=(*step.events, *made.events, event),
     )
 

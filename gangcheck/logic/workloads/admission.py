@@ -386,28 +386,28 @@ def _fall_back(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, why: str, now: datetime
 ) -> Decision | None:
     """The place this attempt asked (a capacity source, a topology domain) could not
-    deliver: ask the next in the same attempt (no retry of Kueue's is used), the new request
-    made before the old one is withdrawn; None when no place is next (then Retry or
-    Rejected, as with one source)."""
+    deliver: ask the next in the same attempt (driver.fall_back; no retry of Kueue's is
+    used), the new request made before the old one is withdrawn; None when no place is next
+    (then Retry or Rejected, as with one source)."""
     assert snap.config is not None
     if state.state != PENDING:
         return None
-    place = _place_of(req)
-    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
     _, asks = _current(snap, state)
-    if following is None or asks + 1 >= naming.MAX_ASKS:
-        return None
-    left = place.describe(snap.config) or driver.source_name(snap.config, place.source)
-    name = _request_name(snap, state, asks + 1)
-    said = f"{left} could not deliver ({why}); "
-    created = _create(snap, state, name, _merged(snap), now, place=following, said=said)
-    gone = (
-        *lifecycle.release_hold(snap.capacity, req),
-        *snap.backend.withdraw(req, f"{left} could not deliver"),
+    nxt = driver.fall_back(
+        snap.config,
+        req,
+        asks=asks,
+        gang_of=_gang_of(snap),
+        capacity=snap.capacity,
+        backend=snap.backend,
+        why=why,
     )
-    where = following.describe(snap.config)
-    event = driver.source_failed_event(left, req.name, why, where, name)
-    return replace(created, actions=(*created.actions, *gone), events=(*created.events, event))
+    if nxt is None:
+        return None
+    name = _request_name(snap, state, nxt.ask)
+    created = _create(snap, state, name, _merged(snap), now, place=nxt.place, said=nxt.said)
+    event = nxt.event(snap.config, req.name, name)
+    return replace(created, actions=(*created.actions, *nxt.gone), events=(*created.events, event))
 
 
 def _lost_before_admission(status: AttemptStatus) -> str | None:
