@@ -27,6 +27,7 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     CONFIG_MAP,
     EVENT,
+    LEASE,
     NAMESPACE,
     NODE,
     PLUGINS_POD_GROUP,
@@ -474,6 +475,7 @@ async def test_a_node_recorded_but_not_fenced_or_opted_out_is_never_deleted(
 
 
 WINDOW = 3
+IDENTITY = "apiserver.kubernetes.io/identity"
 ARRIVALS = "gangcheck-writes-only-its-own-arrivals"
 CHECKS = "gangcheck-writes-only-its-own-checks"
 
@@ -512,12 +514,22 @@ async def test_only_a_new_node_or_one_that_came_closed_or_held_can_be_recorded(
     # The node is too old once the API server's identity Lease, renewed every 10 s, is read
     # more than the window after the node's creation: one renewal, delivered to the policy
     # by the API server's param informer; both lag on a loaded machine (30 s was not enough).
-    await until_refused(
-        lambda: claim(account, cluster.kube, old, request, dry_run=True),
-        ARRIVALS,
-        f"node {old} too old to be recorded",
-        timeout=90,
-    )
+    try:
+        await until_refused(
+            lambda: claim(account, cluster.kube, old, request, dry_run=True),
+            ARRIVALS,
+            f"node {old} too old to be recorded",
+            timeout=90,
+        )
+    except AssertionError as e:  # say what the policy compared
+        leases = await cluster.kube.list_objects(LEASE, "kube-system")
+        times = {
+            lease["metadata"]["name"]: lease["spec"].get("renewTime")
+            for lease in leases["items"]
+            if (lease["metadata"].get("labels") or {}).get(IDENTITY) == "kube-apiserver"
+        }
+        made = (await cluster.kube.get(NODE, old))["metadata"]["creationTimestamp"]
+        raise AssertionError(f"{e}; node created {made}; identity Leases renewed {times}") from e
     error = await refusal(lambda: claim(account, cluster.kube, old, request), ARRIVALS)
     assert "created in the last" in str(error)
     for name in (closed, held):
