@@ -191,7 +191,13 @@ class Dispatcher:
         body = {
             "apiVersion": WORKLOAD.api_version,
             "kind": WORKLOAD.kind,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                # the Workload as read (or as the record left it): a status Kueue changed
+                # meanwhile (placed, evicted) refuses the nomination; the next pass reads it
+                "resourceVersion": meta["resourceVersion"],
+            },
             "status": {"nominatedClusterNames": list(clusters)},
         }
         await self.kube.request(
