@@ -54,8 +54,8 @@ OWN_STACK = frozenset({"test_kind_deploy.py", "test_bench.py", "test_bench_capac
 #: control plane, run together in their file order (the order `make test` ran them in before
 #: it had workers): after the fence policy's module and an install and removal of the base,
 #: kube-apiserver 1.37 was seen not to enforce the arrivals policy (paramKind Lease) when the
-#: base was installed again — its evaluation erred, which failurePolicy Ignore lets through
-#: (docs/security.md).
+#: base was installed again (no evaluation of it counted; failurePolicy Ignore lets an error
+#: through; docs/security.md).
 POLICY_MODULES = frozenset(
     {
         "tests/integration/test_admission_policy.py",
