@@ -106,9 +106,13 @@ async def test_the_fast_source_wins_the_podgroup_and_the_slow_ones_arrivals_are_
             return await nodes_with(kube, f"{SIM_POOL}={slow}") == []
 
         await eventually(slow_gone, timeout=60, what="the slow pool's arrivals reclaimed")
-        listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
-        left = {r["metadata"]["name"] for r in listing["items"]}
-        assert "ring-pg-1" not in left, left
+
+        async def loser_withdrawn() -> bool:
+            # withdrawn after its arrivals are reclaimed: a moment after the nodes are gone
+            listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
+            return {r["metadata"]["name"] for r in listing["items"]} == {"ring-pg-1-s1"}
+
+        await eventually(loser_withdrawn, timeout=30, what="only the winner's request left")
         obj = await kube.get(UPSTREAM_POD_GROUP_V1BETA1, "ring", namespace)
         notes = obj["metadata"]["annotations"]
         assert notes["gangcheck.io/race-won-by"] == "fast", notes
