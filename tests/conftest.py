@@ -50,28 +50,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 OWN_STACK = frozenset({"test_kind_deploy.py", "test_bench.py", "test_bench_capacity_sources.py"})
 
 
-#: Modules that install, change and remove gangcheck's admission policies on the worker's
-#: control plane, run together in their file order (the order `make test` ran them in before
-#: it had workers): after the fence policy's module and an install and removal of the base,
-#: kube-apiserver 1.37 was seen not to enforce the arrivals policy (paramKind Lease) when the
-#: base was installed again (no evaluation of it counted; failurePolicy Ignore lets an error
-#: through; docs/security.md).
-POLICY_MODULES = frozenset(
-    {
-        "tests/integration/test_admission_policy.py",
-        "tests/integration/test_fence_policy.py",
-        "tests/integration/test_karpenter_rights.py",
-    }
-)
-
-
 def worker_group(nodeid: str) -> str:
     """The group a test runs in (module doc): tests/e2e's tests on the session's full stack
     together, each folder below tests/e2e (a stack of its own) together, any other module by
     itself. `nodeid` is relative to the repository's root."""
     path = nodeid.split("::", 1)[0]
-    if path in POLICY_MODULES:
-        return "tests/integration/policies"
     parts = path.split("/")
     if parts[:2] != ["tests", "e2e"] or len(parts) < 3:
         return path

@@ -18,8 +18,6 @@ from tests.conftest import worker_group
         ("tests/e2e/karpenter/test_packing.py::test_p", "tests/e2e/karpenter"),
         ("tests/integration/test_leader.py::test_l", "tests/integration/test_leader.py"),
         ("tests/unit/test_hold.py::test_h[x]", "tests/unit/test_hold.py"),
-        ("tests/integration/test_fence_policy.py::test_f", "tests/integration/policies"),
-        ("tests/integration/test_admission_policy.py::test_a", "tests/integration/policies"),
         ("hack/devtools/tests/test_testbed.py::test_t", "hack/devtools/tests/test_testbed.py"),
     ],
 )
