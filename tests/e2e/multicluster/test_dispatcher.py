@@ -222,11 +222,15 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
             record = record_of(wl)
             assert record["tried"] == [STOCKED_OUT, WITH_ROOM], record
             assert list(record["failed"]) == [STOCKED_OUT], record
-            nominated = await events_on(manager, wl, "Nominated")
-            assert [e["message"].split(":")[0] for e in nominated] == [
-                f"nominated {STOCKED_OUT}",
-                f"nominated {WITH_ROOM}",
-            ], [e["message"] for e in nominated]
+            # The record above is the durable proof of one nomination at a time. Events are
+            # sent after it: the SIGKILL may take the first one with it, never add one.
+            nominated = [
+                e["message"].split(":")[0] for e in await events_on(manager, wl, "Nominated")
+            ]
+            assert nominated in (
+                [f"nominated {STOCKED_OUT}", f"nominated {WITH_ROOM}"],
+                [f"nominated {WITH_ROOM}"],
+            ), nominated
             (fallback,) = await events_on(manager, wl, "DispatchFallback")
             assert STOCKED_OUT in fallback["message"]
             assert await deliveries(stocked_out, namespace), "worker-1 scaled up nothing"
