@@ -6,10 +6,11 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gangcheck.dispatcher import Dispatcher
 from gangcheck.kube.client import Kube
@@ -460,31 +461,14 @@ async def run_controller(kube: Kube, options: RunOptions) -> None:
         progress_delay_seconds=options.progress_delay_seconds,
     )
 
-    def ready() -> bool:
-        standby = elector is not None and not elector.is_leader
-        return standby or controller.caches.synced
-
-    server = HealthServer(
-        metrics=metrics,
-        ready=ready,
-        bind_address=options.bind_address,
-        health_port=options.health_port,
-        metrics_port=options.metrics_port,
+    await _serve(
+        options,
+        metrics,
+        elector,
+        controller.run,
+        serving=lambda: controller.caches.synced,
+        webhook=_webhook(options, metrics),
     )
-    await server.start()
-    webhook = _webhook(options, metrics)
-    if webhook is not None:  # on every replica: the Service sends reviews to all of them
-        await webhook.start()
-        log.info("webhook serving on port %d", webhook.port)
-    try:
-        if elector is None:
-            await controller.run()
-        else:
-            await elector.run(controller.run)
-    finally:
-        if webhook is not None:
-            await webhook.stop()
-        await server.stop()
 
 
 async def run_dispatcher(kube: Kube, options: RunOptions, *, at_once: int = 1) -> None:
@@ -499,9 +483,24 @@ async def run_dispatcher(kube: Kube, options: RunOptions, *, at_once: int = 1) -
         at_once=at_once,
     )
 
+    await _serve(options, metrics, elector, dispatcher.run, serving=lambda: dispatcher.passes > 0)
+
+
+async def _serve(
+    options: RunOptions,
+    metrics: Metrics,
+    elector: LeaderElector | None,
+    run: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    serving: Callable[[], bool],
+    webhook: WebhookServer | None = None,
+) -> None:
+    """Health and metrics (and the webhook: on every replica, the Service sends reviews to
+    all of them) served around `run`, which runs at once, or once `elector` leads. Ready
+    while standing by behind another leader, or once `serving()`."""
+
     def ready() -> bool:
-        standby = elector is not None and not elector.is_leader
-        return standby or dispatcher.passes > 0
+        return (elector is not None and not elector.is_leader) or serving()
 
     server = HealthServer(
         metrics=metrics,
@@ -511,12 +510,17 @@ async def run_dispatcher(kube: Kube, options: RunOptions, *, at_once: int = 1) -
         metrics_port=options.metrics_port,
     )
     await server.start()
+    if webhook is not None:
+        await webhook.start()
+        log.info("webhook serving on port %d", webhook.port)
     try:
         if elector is None:
-            await dispatcher.run()
+            await run()
         else:
-            await elector.run(dispatcher.run)
+            await elector.run(run)
     finally:
+        if webhook is not None:
+            await webhook.stop()
         await server.stop()
 
 

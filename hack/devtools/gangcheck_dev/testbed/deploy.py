@@ -366,35 +366,15 @@ def deploy_gangcheck(
             extra_args=extra_args,
             kubectl=kubectl,
         )
-    token = _service_account_token(kubectl, kubeconfig, NAMESPACE, SERVICE_ACCOUNT)
-    token_config = _token_kubeconfig(kubectl, kubeconfig, token, workdir / f"{name}.kubeconfig")
-    health, metrics = free_ports(2)
-    argv = _python_module(
-        "gangcheck",
-        "run",
-        f"--kubeconfig={token_config}",
-        f"--health-port={health}",
-        f"--metrics-port={metrics}",
-        "--bind-address=127.0.0.1",
-        f"--lease-namespace={NAMESPACE}",
-        # one identity, as a pod's name: started again after a kill it holds the Lease at once
-        f"--identity={name}-0",
-        *extra_args,
-    )
-    log_path = workdir / f"{name}.log"
-    component = Component(
+    return _run_as(
+        kubectl,
+        kubeconfig,
+        SERVICE_ACCOUNT,
+        workdir=workdir,
         name=name,
-        argv=argv,
-        log_path=log_path,
-        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
-        env=_python_env(),
-        ready_timeout=_READY_TIMEOUT,
-        stop_timeout=_STOP_TIMEOUT,
+        # one identity, as a pod's name: started again after a kill it holds the Lease at once
+        args=(f"--identity={name}-0", *extra_args),
     )
-    _start(component)
-    process = ManagedProcess(name, component, log_path, token_config, health, metrics)
-    process.refusals_checked = True
-    return process
 
 
 DISPATCHER_ACCOUNT = "gangcheck-dispatcher"
@@ -424,19 +404,34 @@ def deploy_dispatcher(
     reader = [o for o in yaml.safe_load_all((folder / "worker" / "reader.yaml").read_text()) if o]
     for worker in workers:
         _apply(kubectl, worker, reader)
-    token = _service_account_token(kubectl, manager, NAMESPACE, DISPATCHER_ACCOUNT)
-    token_config = _token_kubeconfig(kubectl, manager, token, workdir / f"{name}.kubeconfig")
+    return _run_as(
+        kubectl,
+        manager,
+        DISPATCHER_ACCOUNT,
+        workdir=workdir,
+        name=name,
+        args=("--role=dispatcher", *extra_args),
+    )
+
+
+def _run_as(
+    kubectl: Path, admin: Path, account: str, *, workdir: Path, name: str, args: Sequence[str]
+) -> ManagedProcess:
+    """``gangcheck run *args`` with a token of `account` (in gangcheck's namespace, where it
+    holds its Lease), health and metrics on free ports, until ``/readyz`` answers 200. Writes
+    the API server refused fail :meth:`ManagedProcess.stop`."""
+    token = _service_account_token(kubectl, admin, NAMESPACE, account)
+    token_config = _token_kubeconfig(kubectl, admin, token, workdir / f"{name}.kubeconfig")
     health, metrics = free_ports(2)
     argv = _python_module(
         "gangcheck",
         "run",
-        "--role=dispatcher",
         f"--kubeconfig={token_config}",
-        f"--lease-namespace={NAMESPACE}",
         f"--health-port={health}",
         f"--metrics-port={metrics}",
         "--bind-address=127.0.0.1",
-        *extra_args,
+        f"--lease-namespace={NAMESPACE}",
+        *args,
     )
     log_path = workdir / f"{name}.log"
     component = Component(
