@@ -647,3 +647,46 @@ def test_in_flight_the_fit_is_for_the_members_the_request_was_made_for() -> None
     facts = facts_of(Case("x", group(4, **PROVISIONING), pods, "", "", requests=[made_for_4]))
     assert facts.placement is not None and facts.placement.total == 4
     assert facts.late == ("m4", "m5")
+
+
+RACE_CONFIG = (
+    '{"capacitySourcePolicy": "Race", "capacitySources": ['
+    '{"name": "a", "nodeSelector": {"pool": "a"}}, {"name": "b", "nodeSelector": {"pool": "b"}}, '
+    '{"name": "c", "nodeSelector": {"pool": "c"}}], "fulfillment": {"deadlineSeconds": 1200}}'
+)
+
+
+def racer(name: str, source: int) -> Obj:
+    """A racer of attempt 1, made under the race config (the group names none)."""
+    made = req(name, Accepted="ok")
+    made["metadata"]["annotations"]["gangcheck.io/attempt-config"] = RACE_CONFIG
+    if source:
+        made["metadata"]["annotations"]["gangcheck.io/capacity-source"] = str(source)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("racers", "said", "latest"),
+    [
+        ([racer("g-pg-1", 0), racer("g-pg-1-s1", 1)], ["g-pg-1", "g-pg-1-s1"], "g-pg-1-s1"),
+        # the first racer failed and was withdrawn, its place given to source c: read from the
+        # first racer alone, the replay ran under the default config and named no racer
+        ([racer("g-pg-1-s1", 1), racer("g-pg-1-s2", 2)], ["g-pg-1-s1", "g-pg-1-s2"], "g-pg-1-s2"),
+    ],
+    ids=["both racers", "the first racer gone"],
+)
+def test_a_pod_group_race_is_diagnosed_with_every_racer(
+    racers: list[Obj], said: list[str], latest: str
+) -> None:
+    pods = members(3)
+    world = World(requests=tuple(racers), pods=tuple(pods))
+    obj = group(3, state="Provisioning", attempt="1", message="racing: …")
+    facts = gather_group(
+        obj, [pod_of(p) for p in pods], world, namespace="default", name="g", now=NOW
+    )
+    line = group_verdict(facts, NOW).line
+    assert line.startswith("blocked: Provisioning: racing: "), line
+    for name in said:
+        assert f"provisioning request {name} accepted" in line
+    assert "left the config" not in line
+    assert group_row(facts, NOW).request == latest

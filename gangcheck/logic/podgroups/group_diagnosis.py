@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gangcheck.logic.attempt import lifecycle
+from gangcheck.logic.attempt import lifecycle, naming
 from gangcheck.logic.attempt.actions import ReleaseMembers
 from gangcheck.logic.attempt.explain import (
     GangRow,
@@ -238,7 +238,7 @@ def gather_group(
     notes = group.annotations
     state = notes.get(STATE_ANNOTATION, "")
     attempt = podgroup.attempt_of(group)
-    current = podgroup.request_name(group, attempt)
+    current = _latest_ask(world, group, attempt)
     recorded = notes.get(REQUEST_ANNOTATION, "")  # the latest capacity source's, once asked
     name_of_request = recorded if state == RELEASED or recorded else current
     req = _request(world, group.ref.namespace, name_of_request, group.ref.uid)
@@ -345,6 +345,22 @@ def _unschedulable(pod: Pod) -> str:
             reason, message = c.get("reason") or "", c.get("message") or ""
             return f"{pod.name}: {reason}: {message}" if message else f"{pod.name}: {reason}"
     return ""
+
+
+def _latest_ask(world: World, group: PodGroup, attempt: int) -> str:
+    """The request of the attempt in flight, as a Workload's diagnosis reads its check's: the
+    latest ask of the attempt that exists (InOrder's next source; in a race, the racer given
+    the place of one that failed), else the first ask's name. A race records no request on
+    the group, and its first racer may be gone: read from it, the config would be the
+    default's and the replay a wrong one."""
+    ns, uid = group.ref.namespace, group.ref.uid
+    names = {
+        str((obj.get("metadata") or {}).get("name"))
+        for obj in world.requests
+        if (obj.get("metadata") or {}).get("namespace") == ns
+        and _request(world, ns, str((obj.get("metadata") or {}).get("name")), uid) is not None
+    }
+    return naming.current_request(names, group.ref.name, group.short, attempt)[0]
 
 
 def _request(world: World, namespace: str, name: str, uid: str) -> ProvisioningRequest | None:
