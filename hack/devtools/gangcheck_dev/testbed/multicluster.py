@@ -74,8 +74,10 @@ class ManagerKueue(stack.Kueue):
     """Kueue with MultiKueue configured: the dispatcher named, a short garbage-collection
     interval. :meth:`restart` takes another dispatcher (Kueue reads it once, at start)."""
 
-    def __init__(self, dispatcher: str = ALL_AT_ONCE) -> None:
-        super().__init__()
+    def __init__(
+        self, dispatcher: str = ALL_AT_ONCE, config_overrides: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(config_overrides=config_overrides)
         self.dispatcher = dispatcher
 
     def configuration(self, plane: ControlPlane) -> dict[str, Any]:
@@ -124,6 +126,21 @@ class ManagerPlane(ControlPlane):
         return [GarbageCollector(self.component_args.get(stack.CONTROLLER_MANAGER, ())), self.kueue]
 
 
+class WorkerPlane(ControlPlane):
+    """A worker: its Kueue given ``kueue_overrides`` (top-level keys of its Configuration)."""
+
+    def __init__(self, kueue_overrides: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.kueue_overrides = dict(kueue_overrides or {})
+        super().__init__(**kwargs)
+
+    def _make_addons(self) -> list[stack.Addon]:
+        addons = super()._make_addons()
+        for addon in addons:
+            if isinstance(addon, stack.Kueue):
+                addon.config_overrides.update(self.kueue_overrides)
+        return addons
+
+
 class MultiCluster:
     """A manager and ``workers`` (names), each a :class:`ControlPlane`, wired by MultiKueue."""
 
@@ -135,11 +152,16 @@ class MultiCluster:
         dispatcher: str = ALL_AT_ONCE,
         binaries: Mapping[str, Path] | None = None,
         ready_timeout: float = 90.0,
+        kueue_overrides: Mapping[str, Any] | None = None,
     ) -> None:
+        """``kueue_overrides``: top-level keys of every Kueue's Configuration, the manager's
+        and the workers' (e.g. ``controller.groupKindConcurrency`` as Kueue's manifests ship
+        it); the manager's ``multiKueue`` is always the bed's."""
         self.root = root
         self.ready_timeout = ready_timeout
         self._binaries = dict(binaries) if binaries is not None else None
-        self.manager_kueue = ManagerKueue(dispatcher)
+        self.kueue_overrides = dict(kueue_overrides or {})
+        self.manager_kueue = ManagerKueue(dispatcher, self.kueue_overrides)
         self.manager: ControlPlane | None = None
         self.workers: dict[str, ControlPlane] = {}
         self._worker_names = list(workers)
@@ -177,7 +199,8 @@ class MultiCluster:
             ready_timeout=self.ready_timeout,
         )
         for name in self._worker_names:
-            self.workers[name] = ControlPlane(
+            self.workers[name] = WorkerPlane(
+                self.kueue_overrides,
                 root=self.root / name,
                 binaries=binaries,
                 components=WORKER_COMPONENTS,

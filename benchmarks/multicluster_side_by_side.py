@@ -1,0 +1,627 @@
+"""Across clusters, four ways side by side: where MultiKueue sends a gang and what each worker
+scales up for it (issue 33).
+
+(a) Kueue's AllAtOnce dispatcher + Kueue's built-in ProvisioningRequest check in the workers;
+(b) Kueue's Incremental dispatcher + Kueue's check;
+(c) AllAtOnce + gangcheck as the workers' check;
+(d) gangcheck's dispatcher (``gangcheck run --role dispatcher``) + gangcheck.
+
+Everything is real but the cloud: the multi-cluster test bed
+(:mod:`gangcheck_dev.testbed.multicluster`: a manager with etcd, kube-apiserver, the garbage
+collector and Kueue v0.17 with MultiKueue; two workers each with etcd, kube-apiserver,
+kube-scheduler, kube-controller-manager, kwok and Kueue), every Kueue with its controllers'
+concurrency as its manifests ship it; in each worker gangcheck as its own process (its
+ServiceAccount's rights) and the simulated cloud answering the ProvisioningRequests of both
+checks (class ``best-effort-atomic-scale-up``) by creating real kwok Nodes. MultiKueue copies
+the Jobs, kube-scheduler binds the pods, kwok runs them. Nothing plays Kueue.
+
+Three scenarios, each a burst of GANGS gangs (a Job of MEMBERS pods of 8 GPUs, one pod per
+8-GPU node), the worker clouds' room in nodes:
+
+- ``stockout``: worker-1 stocked out (room for no node: ``CapacityIsNotFound``), worker-2
+  room for every gang;
+- ``room``: both workers with room for every gang;
+- ``half``: each worker with room for half the gangs.
+
+The configurations run one after another on one bed: (a) and (c) under AllAtOnce, then (b)
+(the manager's Kueue restarted with Incremental), then (d) (restarted with gangcheck's
+dispatcher name, the dispatcher deployed with the RBAC of ``manifests/dispatcher``); each
+scenario in a namespace and queues of its own, a node group of its own in each cloud, and
+between two runs every Job, request and node of the run is removed (so neither the clouds'
+room nor the dispatcher's view of the workers carries over).
+
+Per gang, over a fixed horizon from the Jobs' creation, sampled every SAMPLE seconds:
+
+- the clusters that scaled up for it: the workers whose cloud delivered a node for one of
+  its requests (the cloud's ``NodeDelivered`` Events, which outlive the nodes, and the
+  nodes seen);
+- stranded node-minutes, as ``benchmarks/capacity_sources.py`` counts them: node time of
+  the nodes that came for the gang while it had not started, and after it started, of those
+  running none of its members; and of which in the clusters it did not run in;
+- Job -> all pods Running (in one worker), or "did not start".
+
+Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
+[--scenarios stockout,room,half] [--gangs N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
+from gangcheck_dev.simcloud.model import NODEGROUP_LABEL, REQUEST_ANNOTATION
+from gangcheck_dev.testbed.deploy import (
+    ManagedProcess,
+    deploy_dispatcher,
+    deploy_gangcheck,
+    start_sim_cloud,
+)
+from gangcheck_dev.testbed.multicluster import (
+    ALL_AT_ONCE,
+    CHECK,
+    INCREMENTAL,
+    WORKERS,
+    MultiCluster,
+)
+
+from benchmarks.kueue_scale import KUEUE_SHIPPED_CONCURRENCY
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ApiError
+from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
+    ATOMIC_CONFIG,
+    CLUSTER_QUEUE,
+    EVENT,
+    JOB,
+    LOCAL_QUEUE,
+    NAMESPACE,
+    NODE,
+    POD,
+    PROVISIONING_REQUEST,
+    RESOURCE_FLAVOR,
+    SERVICE_ACCOUNT,
+    WORKLOAD,
+    Resource,
+)
+from gangcheck.logic.dispatch import DISPATCHER
+
+Obj = dict[str, Any]
+
+GANGS = 2
+MEMBERS = 2
+GPU = "nvidia.com/gpu"
+SAMPLE = 0.5
+HORIZON = 45.0
+MANAGER = "manager"
+W1, W2 = WORKERS
+CONFIGS = ("a", "b", "c", "d")
+#: The order they run in: the manager's Kueue restarted as few times as can be.
+RUN_ORDER = ("a", "c", "b", "d")
+LABELS = {
+    "a": "(a) AllAtOnce + Kueue's check",
+    "b": "(b) Incremental + Kueue's check",
+    "c": "(c) AllAtOnce + gangcheck",
+    "d": "(d) gangcheck's dispatcher + gangcheck",
+}
+DISPATCHERS = {"a": ALL_AT_ONCE, "b": INCREMENTAL, "c": ALL_AT_ONCE, "d": DISPATCHER}
+CHECK_KIND = {"a": "kueue", "b": "kueue", "c": "gangcheck", "d": "gangcheck"}
+SCENARIOS = ("stockout", "room", "half")
+TITLES = {
+    "stockout": "1. worker-1 stocked out, worker-2 has room for every gang",
+    "room": "2. both workers have room for every gang",
+    "half": "3. each worker has room for half the gangs",
+}
+SCENARIO_LABEL = "gangcheck.io/bench-scenario"
+OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
+KUEUE_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+PROVREQ_CONFIG = Resource(
+    "kueue.x-k8s.io", "v1beta2", "provisioningrequestconfigs", "ProvisioningRequestConfig", False
+)
+SIM_CONFIG_MAP = "gangcheck-system/bench-multicluster-sim"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+#: gangcheck's settings in the workers that are not its defaults (printed under the tables).
+GANGCHECK_DEADLINE = 15
+GANGCHECK_BACKOFF = 5
+GANGCHECK_RECLAIMER = "DeleteNode"
+
+
+def room(scenario: str, worker: str, gangs: int) -> int:
+    """Nodes the worker's cloud has room for in ``scenario``."""
+    whole = gangs * MEMBERS
+    if scenario == "stockout":
+        return 0 if worker == W1 else whole
+    if scenario == "half":
+        return (gangs // 2) * MEMBERS
+    return whole
+
+
+def sim_config(worker: str, gangs: int) -> Obj:
+    groups = [
+        {
+            "name": f"bench-{scenario}",
+            "maxNodes": room(scenario, worker, gangs),
+            "cpu": "32",
+            "memory": "256Gi",
+            "gpus": 8,
+            "labels": {SCENARIO_LABEL: scenario},
+        }
+        for scenario in SCENARIOS
+    ]
+    return {
+        "provisioningClassNames": [CLASS],
+        "nodeGroups": groups,
+        "scenarios": [{"name": "whole", "bookingSeconds": 3600}],
+    }
+
+
+# -- one run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gang:
+    name: str
+    created: float = 0.0
+    started_at: float | None = None
+    ran_in: str = ""
+    cluster: str = ""  # the manager Workload's status.clusterName at the end
+    idle: dict[tuple[str, str], float] = field(default_factory=dict)  # (worker, node) -> s
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    idle_now: set[tuple[str, str]] = field(default_factory=set)
+    scaled: set[str] = field(default_factory=set)
+
+    @property
+    def prefix(self) -> str:
+        """How its Workload's name (and so its requests' names) begin."""
+        return f"job-{self.name}-"
+
+    def figures(self) -> Obj:
+        outside = [k for k in self.idle if k[0] != self.ran_in]
+        return {
+            "gang": self.name,
+            "clusters_scaled_up": sorted(self.scaled),
+            "ran_in": self.ran_in or None,
+            "stranded_node_min": round(sum(self.idle.values()) / 60, 2),
+            "stranded_node_min_elsewhere": round(sum(self.idle[k] for k in outside) / 60, 2),
+            "nodes_left": len(self.idle_now),
+            "time_to_start_s": (
+                None if self.started_at is None else round(self.started_at - self.created, 1)
+            ),
+        }
+
+
+def gang_of(gangs: Sequence[Gang], request: str) -> Gang | None:
+    for gang in gangs:
+        if request.startswith(gang.prefix):
+            return gang
+    return None
+
+
+async def items(kube: Kube, res: Resource, namespace: str | None = None, **kw: str) -> list[Obj]:
+    return list((await kube.list_objects(res, namespace, **kw)).get("items") or [])
+
+
+async def sample(
+    kubes: Mapping[str, Kube], scenario: str, ns: str, gangs: Sequence[Gang], dt: float
+) -> None:
+    now = time.monotonic()
+    for worker in WORKERS:
+        kube = kubes[worker]
+        nodes = await items(kube, NODE, label_selector=f"{NODEGROUP_LABEL}=bench-{scenario}")
+        pods = await items(kube, POD, ns)
+        running: dict[str, list[Obj]] = {}
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase") == "Running":
+                job = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")
+                running.setdefault(job, []).append(pod)
+        for gang in gangs:
+            mine = running.get(gang.name, [])
+            if gang.started_at is None and len(mine) >= MEMBERS:
+                gang.started_at, gang.ran_in = now, worker
+        for gang in gangs:
+            gang.idle_now = {k for k in gang.idle_now if k[0] != worker}
+        for node in nodes:
+            made_for = (node["metadata"].get("annotations") or {}).get(REQUEST_ANNOTATION, "")
+            req_ns, _, request = made_for.partition("/")
+            gang = gang_of(gangs, request) if req_ns == ns else None
+            if gang is None:
+                continue
+            key = (worker, node["metadata"]["name"])
+            gang.seen.add(key)
+            gang.scaled.add(worker)
+            busy = {p["spec"].get("nodeName") for p in running.get(gang.name, [])}
+            if gang.started_at is None or key[1] not in busy:
+                gang.idle[key] = gang.idle.get(key, 0.0) + dt
+                gang.idle_now.add(key)
+
+
+async def run_one(
+    kubes: Mapping[str, Kube], config: str, scenario: str, gangs_n: int, horizon: float
+) -> list[Obj]:
+    ns = f"{scenario}-{config}-{int(time.time()) % 100000}"
+    async with queues(kubes, ns, config, scenario):
+        gangs = [Gang(f"g{i + 1}") for i in range(gangs_n)]
+        for gang in gangs:
+            await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
+            gang.created = time.monotonic()
+        begin = last = time.monotonic()
+        while time.monotonic() - begin < horizon:
+            await asyncio.sleep(SAMPLE)
+            now = time.monotonic()
+            await sample(kubes, scenario, ns, gangs, now - last)
+            last = now
+        for worker in WORKERS:
+            for event in await items(
+                kubes[worker], EVENT, ns, field_selector=f"reason={DELIVERED_REASON}"
+            ):
+                gang = gang_of(gangs, str(event["involvedObject"].get("name", "")))
+                if gang is not None:
+                    gang.scaled.add(worker)
+        for wl in await items(kubes[MANAGER], WORKLOAD, ns):
+            gang = gang_of(gangs, wl["metadata"]["name"])
+            if gang is not None:
+                gang.cluster = str((wl.get("status") or {}).get("clusterName") or "")
+        started = sum(1 for g in gangs if g.started_at is not None)
+        print(f"  {LABELS[config]}, {scenario}: {started} of {gangs_n} started", file=sys.stderr)
+        try:
+            return [g.figures() for g in gangs]
+        finally:
+            await clean(kubes, ns, scenario)
+
+
+def gang_job(name: str, scenario: str) -> Obj:
+    return {
+        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {
+            "suspend": True,
+            "parallelism": MEMBERS,
+            "completions": MEMBERS,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "trainer:1",
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "1Gi", GPU: "8"},
+                                "limits": {GPU: "8"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def quota(nodes: int) -> list[Obj]:
+    return [
+        {"name": "cpu", "nominalQuota": str(32 * nodes)},
+        {"name": "memory", "nominalQuota": f"{256 * nodes}Gi"},
+        {"name": GPU, "nominalQuota": str(8 * nodes)},
+    ]
+
+
+def cluster_queue(name: str, checks: list[Obj], nodes: int) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", GPU],
+                    "flavors": [{"name": name, "resources": quota(nodes)}],
+                }
+            ],
+            "admissionChecksStrategy": {"admissionChecks": checks},
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def queues(
+    kubes: Mapping[str, Kube], ns: str, config: str, scenario: str
+) -> AsyncIterator[None]:
+    """The namespace in every cluster; LocalQueue ``lq`` in each: in the manager through
+    MultiKueue's check, in each worker through the configuration's check on a flavor pinned
+    to the scenario's node group. Every queue object removed after."""
+    made: list[tuple[Kube, Resource, str, str | None]] = []
+    nodes = 64  # quota is never what holds a gang back
+
+    async def create(kube: Kube, res: Resource, body: Obj, namespace: str | None = None) -> None:
+        await kube.create(res, body, namespace)
+        made.append((kube, res, body["metadata"]["name"], namespace))
+
+    name = ns
+    try:
+        for kube in kubes.values():
+            await kube.create(NAMESPACE, {"metadata": {"name": ns}})
+        manager = kubes[MANAGER]
+        await create(manager, RESOURCE_FLAVOR, {"metadata": {"name": name}})
+        await create(manager, CLUSTER_QUEUE, cluster_queue(name, [{"name": CHECK}], nodes))
+        lq = {"metadata": {"name": "lq"}, "spec": {"clusterQueue": name}}
+        await create(manager, LOCAL_QUEUE, lq, ns)
+        for worker in WORKERS:
+            kube = kubes[worker]
+            if CHECK_KIND[config] == "gangcheck":
+                spec = {
+                    "provisioningClassName": CLASS,
+                    "managedResources": [GPU],
+                    "retryStrategy": {"backoffBaseSeconds": GANGCHECK_BACKOFF},
+                    "fulfillment": {
+                        "deadlineSeconds": GANGCHECK_DEADLINE,
+                        "reclaimer": GANGCHECK_RECLAIMER,
+                    },
+                }
+                await create(kube, ATOMIC_CONFIG, {"metadata": {"name": name}, "spec": spec})
+                params = {"apiGroup": "gangcheck.io", "kind": "AtomicProvisioningConfig"}
+                controller = OUR_CONTROLLER
+            else:
+                spec = {"provisioningClassName": CLASS}
+                await create(kube, PROVREQ_CONFIG, {"metadata": {"name": name}, "spec": spec})
+                params = {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig"}
+                controller = KUEUE_CONTROLLER
+            check = {"controllerName": controller, "parameters": {**params, "name": name}}
+            await create(kube, ADMISSION_CHECK, {"metadata": {"name": name}, "spec": check})
+            flavor = {"nodeLabels": {SCENARIO_LABEL: scenario}}
+            await create(kube, RESOURCE_FLAVOR, {"metadata": {"name": name}, "spec": flavor})
+            await create(kube, CLUSTER_QUEUE, cluster_queue(name, [{"name": name}], nodes))
+            await create(kube, LOCAL_QUEUE, lq, ns)
+        for cluster, kube in kubes.items():
+            await until(lambda kube=kube: active(kube, name), f"{cluster}: queue {name} Active")
+            if cluster != MANAGER:
+                await until(
+                    lambda kube=kube: exists(kube, SERVICE_ACCOUNT, "default", ns),
+                    f"{cluster}: ServiceAccount {ns}/default",
+                )
+        yield
+    finally:
+        for kube, res, obj, namespace in reversed(made):
+            with contextlib.suppress(ApiError):
+                await kube.delete(res, obj, namespace)
+
+
+async def active(kube: Kube, name: str) -> bool:
+    found = await kube.get_if_exists(CLUSTER_QUEUE, name)
+    conds = ((found or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Active" and c.get("status") == "True" for c in conds)
+
+
+async def exists(kube: Kube, res: Resource, name: str, ns: str) -> bool:
+    return await kube.get_if_exists(res, name, ns) is not None
+
+
+async def until(probe: Any, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout:.0f}s: {what}")
+        await asyncio.sleep(0.25)
+
+
+async def clean(kubes: Mapping[str, Kube], ns: str, scenario: str) -> None:
+    """Every Job, request and node of the run gone, and the namespace (so the next run starts
+    on empty clouds and the dispatcher sees no node nor request of this one)."""
+    manager = kubes[MANAGER]
+    for job in await items(manager, JOB, ns):
+        with contextlib.suppress(ApiError):
+            await manager.delete(JOB, job["metadata"]["name"], ns)
+
+    async def manager_empty() -> bool:
+        return not await items(manager, WORKLOAD, ns)
+
+    await until(manager_empty, "the manager's Workloads gone")
+    selector = f"{NODEGROUP_LABEL}=bench-{scenario}"
+    for worker in WORKERS:
+        kube = kubes[worker]
+        for res in (JOB, PROVISIONING_REQUEST):
+            for obj in await items(kube, res, ns):
+                with contextlib.suppress(ApiError):
+                    await kube.delete(res, obj["metadata"]["name"], ns)
+        for node in await items(kube, NODE, label_selector=selector):
+            with contextlib.suppress(ApiError):
+                await kube.delete(NODE, node["metadata"]["name"])
+
+        async def empty(kube: Kube = kube) -> bool:
+            return not (
+                await items(kube, NODE, label_selector=selector)
+                or await items(kube, POD, ns)
+                or await items(kube, WORKLOAD, ns)
+                or await items(kube, PROVISIONING_REQUEST, ns)
+            )
+
+        await until(empty, f"{worker}: the run's nodes, pods, Workloads and requests gone")
+    for kube in kubes.values():
+        with contextlib.suppress(ApiError):
+            await kube.delete(NAMESPACE, ns)
+
+
+async def run_config(
+    bed: MultiCluster, config: str, scenarios: Sequence[str], gangs: int, horizon: float
+) -> dict[str, list[Obj]]:
+    async with contextlib.AsyncExitStack() as stack:
+        kubes = {
+            name: await stack.enter_async_context(await Kube.connect(str(plane.kubeconfig)))
+            for name, plane in bed.planes.items()
+        }
+        return {s: await run_one(kubes, config, s, gangs, horizon) for s in scenarios}
+
+
+# -- the bed ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def testbed(workdir: Path, gangs: int) -> Iterator[tuple[MultiCluster, list[ManagedProcess]]]:
+    """The bed, Kueue as its manifests ship it everywhere; in each worker the simulated cloud
+    and gangcheck. Stopped after, whatever fails."""
+    bed = MultiCluster(
+        workdir / "planes",
+        kueue_overrides={"controller": {"groupKindConcurrency": dict(KUEUE_SHIPPED_CONCURRENCY)}},
+    )
+    bed.start()
+    processes: list[ManagedProcess] = []
+    try:
+        for name, worker in bed.workers.items():
+            processes.append(
+                start_sim_cloud(
+                    worker.kubeconfig,
+                    workdir=workdir / name,
+                    config_map=SIM_CONFIG_MAP,
+                    config=sim_config(name, gangs),
+                    kubectl=worker.kubectl,
+                )
+            )
+            processes.append(
+                deploy_gangcheck(worker.kubeconfig, workdir=workdir / name, kubectl=worker.kubectl)
+            )
+        yield bed, processes
+    finally:
+        stop_all(processes)
+        bed.stop()
+
+
+def stop_all(processes: list[ManagedProcess]) -> None:
+    for process in reversed(processes):
+        try:
+            process.stop()
+        except Exception as exc:  # a refused write: said, never hidden
+            print(f"{process.name}: {exc}", file=sys.stderr)
+    processes.clear()
+
+
+def run(
+    configs: Sequence[str], scenarios: Sequence[str], gangs: int, horizon: float, keep: bool
+) -> Obj:
+    workdir = Path(tempfile.mkdtemp(prefix="multicluster-bench-"))
+    results: dict[str, dict[str, list[Obj]]] = {}
+    began = time.monotonic()
+    try:
+        with testbed(workdir, gangs) as (bed, processes):
+            print(f"bed up in {time.monotonic() - began:.0f}s", file=sys.stderr)
+            for config in [c for c in RUN_ORDER if c in configs]:
+                bed.set_dispatcher(DISPATCHERS[config])
+                if config == "d":
+                    manager = bed.planes[MANAGER]
+                    processes.append(
+                        deploy_dispatcher(
+                            manager.kubeconfig,
+                            [w.kubeconfig for w in bed.workers.values()],
+                            workdir=workdir / "dispatcher",
+                            kubectl=manager.kubectl,
+                        )
+                    )
+                results[config] = asyncio.run(run_config(bed, config, scenarios, gangs, horizon))
+    finally:
+        if keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "gangs": gangs,
+        "members": MEMBERS,
+        "horizon_s": horizon,
+        "results": {s: {c: results[c][s] for c in CONFIGS if c in results} for s in scenarios},
+        "settings": settings_lines(gangs),
+        "took_s": round(time.monotonic() - began),
+    }
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def table_lines(result: Obj) -> list[str]:
+    out = [
+        f"{result['gangs']} gangs of {result['members']} pods x 8 GPUs per scenario, "
+        f"horizon {result['horizon_s']:.0f} s per run, one run"
+    ]
+    gangs = result["gangs"]
+    for scenario, by_config in result["results"].items():
+        w1, w2 = (room(scenario, w, gangs) // MEMBERS for w in WORKERS)
+        out += ["", f"{TITLES[scenario]} (room for {w1} and {w2} gangs)"]
+        head = (
+            f"{'':42} {'gang':>4} {'scaled up':>18} {'ran in':>9} {'stranded node-min':>17} "
+            f"{'elsewhere':>9} {'Job -> all Running':>18}"
+        )
+        out.append(head)
+        for config, figures in by_config.items():
+            for i, f in enumerate(figures):
+                label = LABELS[config] if i == 0 else ""
+                scaled = ", ".join(f["clusters_scaled_up"]) or "none"
+                start = (
+                    "did not start" if f["time_to_start_s"] is None else f"{f['time_to_start_s']} s"
+                )
+                out.append(
+                    f"{label:42} {f['gang']:>4} {scaled:>18} {f['ran_in'] or '-':>9} "
+                    f"{f['stranded_node_min']:>17} {f['stranded_node_min_elsewhere']:>9} "
+                    f"{start:>18}"
+                )
+    out += [f"settings: {line}" for line in result["settings"]]
+    return out
+
+
+def settings_lines(gangs: int) -> list[str]:
+    concurrency = ", ".join(f"{k} {v}" for k, v in KUEUE_SHIPPED_CONCURRENCY.items())
+    return [
+        f"Kueue v0.17 in every cluster (as its manifests ship it): groupKindConcurrency "
+        f"{concurrency}; leader election off, internal cert management off (the local stack); "
+        "manager: multiKueue.dispatcherName per configuration, gcInterval 10s (default 1m; the "
+        "bed's), MultiKueue's other fields at their defaults",
+        f"Kueue's check in the workers ((a), (b)): ProvisioningRequestConfig naming the class "
+        f"{CLASS} only (retryStrategy at its defaults: backoffLimitCount 3, "
+        "backoffBaseSeconds 60)",
+        f"gangcheck in the workers ((c), (d)): its own process at its defaults; "
+        f"AtomicProvisioningConfig managedResources [{GPU}], fulfillment.deadlineSeconds "
+        f"{GANGCHECK_DEADLINE} (default 420), retryStrategy.backoffBaseSeconds "
+        f"{GANGCHECK_BACKOFF} (default 60), fulfillment.reclaimer {GANGCHECK_RECLAIMER} "
+        "(default CordonAndTaint), the rest at its defaults",
+        "gangcheck's dispatcher ((d)): gangcheck run --role dispatcher at its defaults (a pass "
+        "every 2 s, one worker at a time), the RBAC of manifests/dispatcher",
+        "cloud: the simulated cloud in each worker answering both checks' requests by creating "
+        "real kwok Nodes (32 cpu, 256Gi, 8 GPUs; one member each; about 1 s after the request); "
+        "a request that does not fit the room left is answered CapacityIsNotFound and never "
+        "looked at again (cluster-autoscaler would try again each loop; the room is held by "
+        "the nodes that came, which no one here scales down); no cluster-autoscaler",
+        f"gang: a Job of {MEMBERS} pods of 8 GPUs, {gangs} created at once per scenario; "
+        "kube-scheduler and kwok start the pods",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--horizon", type=float, default=HORIZON)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--gangs", type=int, default=GANGS)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    args = parser.parse_args(argv)
+    configs = [c for c in args.configs.split(",") if c]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if set(configs) - set(CONFIGS) or set(scenarios) - set(SCENARIOS):
+        parser.error(f"configs among {CONFIGS}, scenarios among {SCENARIOS}")
+    if args.gangs < 2 or args.gangs % 2:
+        parser.error("--gangs must be even (half the gangs fit in each worker)")
+    result = run(configs, scenarios, args.gangs, args.horizon, args.keep)
+    print("\n".join(table_lines(result)))
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
