@@ -5,7 +5,11 @@ each reclaimer, whose RBAC must be the kustomize build's (``manifests/base`` plu
 ``manifests/components/reclaim-*``, rendered by the test bed's kubectl) object for object;
 the pod's confinement identical to the base's Deployment; the ValidatingAdmissionPolicy the
 base's, following the release's ServiceAccount; and values that make no sense
-refused by ``values.schema.json`` at template time, naming the value.
+refused by ``values.schema.json`` at template time, naming the value. With ``role:
+dispatcher`` (a MultiKueue manager) the chart renders the dispatcher alone, with the RBAC of
+``manifests/dispatcher`` object for object and its Deployment's confinement; with
+``dispatcherReader.enabled`` (a worker) the read-only rights of
+``manifests/dispatcher/worker/reader.yaml``.
 
 Then ``helm install`` into the local stack: the Deployment helm created, run from the image as
 its pod would be (the test bed has no kubelet; see ``gangcheck_dev.testbed.container``) with the
@@ -249,6 +253,81 @@ def test_template_refuses_nonsense_naming_the_value(
 ) -> None:
     args = [f"--set={s}" for s in sets]
     result = run_helm(helm, "template", "gangcheck", str(CHART), *args)
+    assert result.returncode != 0, f"rendered although {sets}"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert named in result.stderr, result.stderr
+
+
+# -- the MultiKueue dispatcher (role: dispatcher), and its reader in the workers ----------------
+
+DISPATCHER_MANIFESTS = repo_root() / "manifests" / "dispatcher"
+
+
+def manifest_objects(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_chart_as_a_dispatcher_passes_helm_lint_strict(helm: Path) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), "--set=role=dispatcher")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dispatcher_role_renders_the_dispatchers_rbac_and_nothing_of_the_controller(
+    helm: Path,
+) -> None:
+    objects = template(helm, "role=dispatcher")
+    assert sorted(o["kind"] for o in objects) == sorted(
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"]
+        + ["Role", "RoleBinding"] * 2  # Kueue's Secrets, its Lease
+    )
+    assert rbac(objects) == rbac(manifest_objects(DISPATCHER_MANIFESTS / "rbac.yaml"))
+
+
+def test_dispatcher_pod_is_confined_and_run_as_the_manifests_deployment(helm: Path) -> None:
+    ours = deployment(template(helm, "role=dispatcher", "dispatcher.atOnce=2"))
+    theirs = deployment(manifest_objects(DISPATCHER_MANIFESTS / "deployment.yaml"))
+    assert ours["metadata"]["name"] == theirs["metadata"]["name"] == "gangcheck-dispatcher"
+    pod, their_pod = ours["spec"]["template"]["spec"], theirs["spec"]["template"]["spec"]
+    assert pod["securityContext"] == their_pod["securityContext"]
+    assert pod["serviceAccountName"] == their_pod["serviceAccountName"]
+    (container,), (their_container,) = pod["containers"], their_pod["containers"]
+    assert container["resources"] == their_container["resources"]
+    for key in ("allowPrivilegeEscalation", "readOnlyRootFilesystem", "capabilities"):
+        assert container["securityContext"][key] == their_container["securityContext"][key], key
+    args = container["args"]
+    assert args[:3] == ["run", "--in-cluster", "--role=dispatcher"]
+    assert "--dispatch-at-once=2" in args
+    assert "--lease-name=gangcheck-dispatcher" in args  # the Lease its Role grants
+    selector = ours["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/component"] == "dispatcher"
+
+
+def test_dispatcher_reader_is_the_workers_manifest(helm: Path) -> None:
+    objects = [
+        o
+        for o in template(helm, "dispatcherReader.enabled=true")
+        if "dispatcher" in o["metadata"]["name"]
+    ]
+    assert rbac(objects) == rbac(manifest_objects(DISPATCHER_MANIFESTS / "worker" / "reader.yaml"))
+    assert not [o for o in template(helm) if "dispatcher" in o["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [
+        pytest.param(["role=manager"], "role", id="an unknown role"),
+        pytest.param(["role=dispatcher", "dispatcher.atOnce=0"], "atOnce", id="no worker at once"),
+        pytest.param(
+            ["role=dispatcher", "webhook.enabled=true", "webhook.certManager.enabled=true"],
+            "webhook",
+            id="a webhook for the dispatcher",
+        ),
+    ],
+)
+def test_template_refuses_dispatcher_nonsense_naming_the_value(
+    helm: Path, sets: list[str], named: str
+) -> None:
+    result = run_helm(helm, "template", "gangcheck", str(CHART), *(f"--set={s}" for s in sets))
     assert result.returncode != 0, f"rendered although {sets}"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert named in result.stderr, result.stderr

@@ -37,3 +37,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "gangcheck.webhookSecret" -}}
 {{- .Values.webhook.secretName | default (printf "%s-webhook-cert" (include "gangcheck.fullname" .)) -}}
 {{- end -}}
+
+{{/* role: dispatcher: its ServiceAccount, RBAC objects and Deployment share this name. */}}
+{{- define "gangcheck.dispatcherName" -}}
+{{- printf "%s-dispatcher" (include "gangcheck.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gangcheck.dispatcherSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: dispatcher
+{{- end -}}
+
+{{- define "gangcheck.dispatcherLeaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "gangcheck.dispatcherName" .) -}}
+{{- end -}}
