@@ -68,6 +68,9 @@ GATED_AT = "gangcheck.io/gated-at"
 
 # ---- gangcheck.io: on nodes (the arrival ledger, reclaim) -------------------------------
 ARRIVED_FOR = "gangcheck.io/arrived-for"
+HOLD_AS = "gangcheck.io/hold-as"
+"""On a request: the key (``namespace/name``) of the request whose hold its arrivals carry, when
+not its own (a workload slice's: the hold the Job's pods tolerate, given by its first slice)."""
 OPT_OUT_LABEL = "gangcheck.io/do-not-reclaim"
 RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
 """On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim

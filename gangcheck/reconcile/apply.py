@@ -193,7 +193,7 @@ class Applier:
                 "resourceVersion": action.resource_version,
                 "annotations": {ARRIVED_FOR: action.request},
             },
-            "spec": {"taints": taints_holding(node, action.request)},
+            "spec": {"taints": taints_holding(node, action.hold or action.request)},
         }
         try:
             updated = await self._kube.merge_patch(NODE, action.name, patch)

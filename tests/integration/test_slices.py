@@ -17,8 +17,11 @@ import pytest
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import NODE, POD, WORKLOAD
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.attempt.hold import HOLD_TAINT
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_taint, hold_toleration
+from gangcheck.logic.placement.taints import taint_of, toleration_of
 from gangcheck.logic.workloads import slices
+from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
+from gangcheck.model.names import HOLD_AS
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, now
 
@@ -202,4 +205,78 @@ async def test_two_slices_racing_for_one_job_the_loser_asks_nothing(
     await cluster.wait_events("WorkloadSliceUnclear", about=loser)
     names = [r["metadata"]["name"] for r in await cluster.requests()]
     assert names == [naming.request_name("new", cluster.check, 1)]
+    await untouched(cluster, node, pods)
+
+
+def job_template(namespace: str, first: str) -> Any:
+    """The Job's pod template as Kueue leaves it once the first slice started: the first
+    slice's podSetUpdates merged in (its consume annotation, the toleration of its hold).
+    Kueue builds every later slice from this template and applies no slice's updates to the
+    running Job, so the added members carry the same."""
+    template = pod_template(gpu=1, tolerations=[hold_toleration(f"{namespace}/{first}")])
+    template["metadata"] = {"annotations": {CONSUME: first}}
+    return template
+
+
+async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its_members_run(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The slice turns Ready when its 4 added members fit on the node that came; that node
+    stays held, as the Job's pods tolerate it (the first slice's hold), so no other pod can be
+    scheduled there before Kueue lifts the elastic gate; once every member of the slice is
+    scheduled the hold is lifted and the attempt is marked started."""
+    await cluster.install_check(fit(deadline=60))
+    first = "first-request"
+    template = job_template(cluster.ns, first)
+    await cluster.submit(
+        WorkloadBuilder("old").pod_set("workers", 4, template).reserve_quota().check(state="Ready")
+    )
+    await cluster.set_workload_condition("old", "Admitted")
+    (node,) = await cluster.add_nodes(1, gpu=4, prefix="running")
+    pods = [
+        (await cluster.create_pod(f"job-{i}", node_name=node, consume=first))["metadata"]["name"]
+        for i in range(4)
+    ]
+    new = await cluster.submit(
+        WorkloadBuilder("new")
+        .pod_set("workers", 8, template)
+        .annotation(slices.REPLACEMENT_FOR, f"{cluster.ns}/old")
+        .reserve_quota()
+        .check(state="Pending")
+    )
+    await finish_as_replaced(cluster, "old", by=(await cluster.workload(new))["metadata"]["uid"])
+    name = naming.request_name("new", cluster.check, 1)
+    req = await cluster.wait_request(name)
+    assert req["metadata"]["annotations"][HOLD_AS] == f"{cluster.ns}/{first}"
+
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (added,) = await cluster.add_nodes(1, gpu=4)
+    await cluster.wait_check("new", "Ready")
+    # gangcheck writes the check after the decision's other writes: what Ready was decided
+    # with is on the Node and the request now
+    got = await cluster.kube.get(NODE, added)
+    assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"
+    holds = [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+    assert holds == [hold_taint(f"{cluster.ns}/{first}")]
+    # the Job's added pods may go there; a pod without the toleration may not
+    assert toleration_of(template["spec"]["tolerations"][0]).tolerates(taint_of(holds[0]))
+    assert holds[0]["effect"] == "NoSchedule"
+    r = await cluster.request(name)
+    assert r is not None and r["metadata"]["annotations"].get("gangcheck.io/phase") != "Started"
+
+    for i in range(4, 8):  # Kueue lifts the elastic gate; the scheduler binds the 4 added
+        await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
+
+    async def opened_and_started() -> bool:
+        n = await cluster.kube.get(NODE, added)
+        r = await cluster.request(name)
+        return (
+            r is not None
+            and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+            and not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+        )
+
+    await eventually(opened_and_started, what="the hold lifted once the 8 members run")
+    check = await cluster.check_state("new")
+    assert check["state"] == "Ready"
     await untouched(cluster, node, pods)

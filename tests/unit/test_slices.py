@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,13 +20,13 @@ from gangcheck.logic.attempt.actions import (
     ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView
-from gangcheck.logic.attempt.hold import hold_taint
+from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
 from gangcheck.logic.workloads import slices
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.logic.workloads.diagnosis import replay
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
+from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
@@ -482,3 +482,119 @@ def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_s
     assert "3 of 4 members placeable" in verdict(facts, NOW).line  # not "3 of 8"
     (ours,) = [c for c in facts.checks if c.name == CHECK]
     assert "adds 4 members to default/wl-old running 4" in ours.message
+
+
+# ---- the added nodes held for the Job's pods after Ready --------------------------------
+
+FIRST = "default/first-1"
+HELD = {slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/hold-as": FIRST}
+CONSUMES_REQ1 = [
+    {"name": "workers", "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1}}
+]
+
+
+def job_template() -> dict[str, Any]:
+    """The Job's pod template after its first slice started, as Kueue copies it into every
+    later slice: the first slice's consume annotation and hold toleration merged in."""
+    template = pod_template(gpu=1, tolerations=[hold_toleration(FIRST)])
+    template["metadata"] = {
+        "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": "first-1"}
+    }
+    return template
+
+
+def held_slice(count: int = 8, *, state: str = "Pending", **kw: Any) -> WorkloadBuilder:
+    return (
+        WorkloadBuilder("wl")
+        .pod_set("workers", count, job_template())
+        .annotation(slices.REPLACEMENT_FOR, OLD)
+        .reserve_quota()
+        .check(state=state, **kw)
+    )
+
+
+def added(n: int, node_name: str = "n2") -> list[dict[str, Any]]:
+    """Added members, bound: they consume the first slice's request, as the Job's pods do."""
+    pods = running(n, node_name)
+    for i, p in enumerate(pods):
+        p["metadata"]["name"] = f"job-added-{i}"
+    return pods
+
+
+def held_node() -> Any:
+    return node(
+        "n2",
+        gpu=4,
+        labels={"pool": "gpu"},
+        created="2026-11-30T10:01:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+        taints=[hold_taint(FIRST)],
+    )
+
+
+def test_a_slice_of_a_job_whose_pods_tolerate_a_hold_records_it_on_its_request() -> None:
+    d = run(Case("ask", held_slice()))
+    (body,) = (a.body for a in d.actions if isinstance(a, CreateRequest))
+    assert body["metadata"]["annotations"]["gangcheck.io/hold-as"] == FIRST
+    assert slices.held_as(workload_of(held_slice().build())) == FIRST
+    assert slices.held_as(workload_of(new_slice().build())) == ""  # no toleration: none
+
+
+def test_a_template_whose_toleration_names_another_request_holds_as_none() -> None:
+    template = job_template()
+    template["spec"]["tolerations"] = [hold_toleration("default/other")]
+    wl = WorkloadBuilder("wl").pod_set("workers", 8, template).build()
+    assert slices.held_as(workload_of(wl)) == ""
+
+
+def test_turning_ready_claims_the_added_node_held_as_the_jobs_pods_and_keeps_it_held() -> None:
+    case = Case(
+        "ready",
+        held_slice(),
+        requests=[req(conditions={"Provisioned": ""}, annotations=HELD)],
+        nodes=[
+            node("n1", gpu=4, labels={"pool": "gpu"}),
+            node("n2", gpu=4, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        pods=running(4),
+    )
+    d = run(case)
+    assert d.check is not None and d.check.state == "Ready"
+    (claim,) = [a for a in d.actions if isinstance(a, ClaimNode)]
+    assert (claim.name, claim.request, claim.hold) == ("n2", f"default/{REQ1}", FIRST)
+    assert not [a for a in d.actions if isinstance(a, ReleaseHold)]
+    marks = [
+        a.annotations.get("gangcheck.io/phase") for a in d.actions if isinstance(a, AnnotateRequest)
+    ]
+    assert "Started" not in marks
+    assert d.requeue_after is not None and d.requeue_after <= slices.MEMBERS_POLL_SECONDS
+    # the podSetUpdates name the same hold (Kueue does not apply them to the running Job)
+    assert d.check.pod_set_updates[0]["tolerations"] == [hold_toleration(FIRST)]
+
+
+@pytest.mark.parametrize(
+    ("scheduled", "now", "opened"),
+    [
+        (3, NOW, False),  # 7 of 8 scheduled, within the start deadline: held
+        (4, NOW, True),  # every member scheduled: opened, started
+        (3, NOW + timedelta(seconds=600), True),  # the start deadline passed since Ready
+    ],
+)
+def test_after_ready_the_hold_is_kept_until_every_member_is_scheduled(
+    scheduled: int, now: datetime, opened: bool
+) -> None:
+    case = Case(
+        "after",
+        held_slice(state="Ready", pod_set_updates=CONSUMES_REQ1),
+        requests=[req(conditions={"Provisioned": ""}, annotations=HELD)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), held_node()],
+        pods=[*running(4), *added(scheduled)],
+        now=now,
+    )
+    d = run(case)
+    assert d.check is None
+    released = [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes]
+    starts = [a for a in d.actions if isinstance(a, AnnotateRequest)]
+    assert (released == ["n2"], len(starts) == 1) == (opened, opened)
+    if not opened:
+        assert d.requeue_after is not None

@@ -47,6 +47,8 @@ class ClaimNode:
     name: str
     resource_version: str
     request: str
+    hold: str = ""
+    """The request whose hold the node is given, when not `request` (fulfillment.hold_key)."""
 
 
 @dataclass(frozen=True)

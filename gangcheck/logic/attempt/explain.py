@@ -22,6 +22,7 @@ from gangcheck.logic.attempt.fulfillment import (
     claim_of,
     counted,
     gang_of,
+    hold_key,
     request_key,
     tolerating_hold,
 )
@@ -182,7 +183,7 @@ def place(
         members = [member_from_template(t, context) for _, _, t in spec.pod_sets]
         pod_sets = gang_of(spec.pod_sets, context)
         if request is not None:
-            pod_sets = tolerating_hold(pod_sets, request_key(request))
+            pod_sets = tolerating_hold(pod_sets, hold_key(request))
     except QuantityError:
         return None
     capacity = capacity or ClusterView(nodes=nodes, pods=pods, in_flight=in_flight)

@@ -39,7 +39,7 @@ from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
 from gangcheck.logic.placement.usage import NodeUsage
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import ARRIVED_FOR
+from gangcheck.model.names import ARRIVED_FOR, HOLD_AS
 from gangcheck.model.objects import Obj, Pod, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -146,6 +146,17 @@ def request_key(req: AttemptRecord) -> str:
     return f"{req.ref.namespace}/{req.name}"
 
 
+def held_as(req: AttemptRecord) -> str:
+    """The other request whose hold this request's arrivals carry (``HOLD_AS``: a workload
+    slice's arrivals are held as the Job's pods tolerate), or '' for its own."""
+    return req.annotations.get(HOLD_AS, "")
+
+
+def hold_key(req: AttemptRecord) -> str:
+    """The request whose hold this request's arrivals carry: `held_as`, else its own."""
+    return held_as(req) or request_key(req)
+
+
 def claim_of(node: Obj) -> str:
     return str((node.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR, ""))
 
@@ -177,7 +188,7 @@ def assess(
     """
     capacity, spec = capacity or ClusterView(), GangSpec.of(gang)
     context, devices = capacity.dra(req.ref.namespace)
-    pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), request_key(req))
+    pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), hold_key(req))
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
     # A node still closed on arrival counts only once this request records it (which opens it).
     views = [capacity.view(n) for n in base if not is_arriving(n)]

@@ -39,6 +39,7 @@ from gangcheck.logic.attempt.fulfillment import (
     assess,
     dra_hint,
     fits_without,
+    held_as,
     request_key,
     strays,
     unrecorded_arrivals,
@@ -168,7 +169,8 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
         said = attempt.status.signal(Phase.PROVISIONED).message
         return Step(Progress.FITS, said or "capacity provisioned")
     verdict = assess(attempt.capacity, req, attempt.gang, now)
-    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in verdict.claims)
+    held = held_as(req)
+    claims = tuple(ClaimNode(name, rv, request_key(req), held) for name, rv in verdict.claims)
     if verdict.fits:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
         return Step(Progress.FITS, message, actions=claims, domains=verdict.domains)
@@ -261,7 +263,7 @@ def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -
     annotate, event = rollback.start(
         req, attempt.capacity, why, also=tuple(name for name, _ in claims)
     )
-    recorded = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in claims)
+    recorded = tuple(ClaimNode(name, rv, request_key(req), held_as(req)) for name, rv in claims)
     return Step(
         Progress.ROLLING_BACK,
         why,

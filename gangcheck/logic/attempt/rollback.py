@@ -27,7 +27,14 @@ from gangcheck.logic.attempt.actions import (
     ReclaimArrivals,
 )
 from gangcheck.logic.attempt.backend import AttemptRecord
-from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, assess, claim_of, request_key
+from gangcheck.logic.attempt.fulfillment import (
+    ClusterView,
+    GangSpec,
+    assess,
+    claim_of,
+    held_as,
+    request_key,
+)
 from gangcheck.logic.attempt.records import (
     AttemptPhase,
     Record,
@@ -170,7 +177,7 @@ def abandon(
     if not arrived and not also and not record.raw_nodes:
         return ()
     names = tuple(name for name, _ in also)
-    claims = tuple(ClaimNode(name, rv, request_key(req)) for name, rv in also)
+    claims = tuple(ClaimNode(name, rv, request_key(req), held_as(req)) for name, rv in also)
     recorded: tuple[Action, ...] = (
         () if is_rolling_back(req) else (start(req, capacity, why, also=names)[0],)
     )

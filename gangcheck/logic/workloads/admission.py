@@ -26,7 +26,7 @@ from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
     capacity_used,
-    request_key,
+    hold_key,
     reservations_of,
     reserved_split,
 )
@@ -909,7 +909,7 @@ def pod_set_updates(
         if selector:
             update["nodeSelector"] = dict(selector)
         if _fit_mode(snap):
-            update["tolerations"] = [hold_toleration(request_key(req))]
+            update["tolerations"] = [hold_toleration(hold_key(req))]
         updates.append(update)
     return tuple(updates)
 

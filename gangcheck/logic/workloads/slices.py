@@ -21,10 +21,15 @@ Two things differ from a fixed-size gang, both because Kueue would stop the whol
   rolled back as any other (request deleted, arrivals reclaimed safely), and the check stays
   Pending: the next attempt follows after Kueue's backoff (the attempts counted by gangcheck
   on its own requests, not in Kueue's retryCount); with no attempt left it waits, saying so.
-- *No start watchdog, no hold after Ready.* The added pods are the Job's: Kueue does not apply
-  the new slice's podSetUpdates to a running Job, so they carry the first slice's (its hold
-  toleration, not this request's). The nodes held for the difference are opened when the
-  check turns Ready, and the attempt is marked started.
+- *No start watchdog.* Its rollback would need a Retry. The added pods are the Job's: Kueue
+  does not apply the new slice's podSetUpdates to a running Job, so they carry the first
+  slice's (its consume annotation and hold toleration, not this request's); Kueue builds each
+  slice from that template, so the slice says which hold the Job's pods tolerate
+  (``held_as``). The nodes that arrive for the difference are held *as that* (``HOLD_AS`` on
+  the request), so after Ready they stay closed to every pod but the Job's until the slice's
+  members are all scheduled, or the start deadline has passed since Ready; then the hold is
+  lifted and the attempt marked started (nothing is rolled back). A Job whose pods tolerate no
+  hold of gangcheck's (its first slice fitted with no request) has its nodes opened at Ready.
 
 The difference is recorded on the request (``SLICE_ANNOTATION``) when it is made, so an
 attempt in flight goes on as asked even if the old slice's Workload is deleted meanwhile.
@@ -41,11 +46,18 @@ from datetime import datetime, timedelta
 
 from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, CreateRequest, Event
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads import admission
 from gangcheck.logic.workloads.admission import MAX_MESSAGE, Decision, Snapshot
 from gangcheck.logic.workloads.podsets import admitted_count
-from gangcheck.model.names import CONSUME_ANNOTATION, OUTCOME_ANNOTATION, PHASE_ANNOTATION, STARTED
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    HOLD_AS,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    STARTED,
+)
 from gangcheck.model.objects import (
     CheckState,
     Obj,
@@ -64,6 +76,10 @@ REPLACED_REASON = "WorkloadSliceReplaced"
 SLICE_ANNOTATION = "gangcheck.io/slice-base"
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+#: After Ready, how often a slice whose added members are not all scheduled looks again (a
+#: member bound onto a node that arrived for the slice wakes it at once; one bound elsewhere
+#: is seen here).
+MEMBERS_POLL_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,25 @@ def as_asked(wl: Workload, req: ProvisioningRequest | None) -> Workload:
     return wl if base is None else shrunk(wl, base)
 
 
+def held_as(wl: Workload) -> str:
+    """The request (``namespace/name``) whose hold the Job's pods tolerate: the consume
+    annotation and the hold toleration the first slice's check gave the Job's pod template,
+    which Kueue copies into every slice it makes from it; '' when a pod set carries none."""
+    keys = set()
+    for ps in wl.pod_sets:
+        meta = ps.template.get("metadata") or {}
+        name = (meta.get("annotations") or {}).get(CONSUME_ANNOTATION)
+        if not name:
+            return ""
+        key = f"{wl.ref.namespace}/{name}"
+        value = hold_value(key)
+        tolerations = (ps.template.get("spec") or {}).get("tolerations") or []
+        if not any(t.get("key") == HOLD_TAINT and t.get("value") == value for t in tolerations):
+            return ""
+        keys.add(key)
+    return keys.pop() if len(keys) == 1 else ""
+
+
 def describe(wl: Workload, base: Base) -> str:
     """The slice's relation to the running one: 'adds 4 members to default/x running 4'."""
     less = shrunk(wl, base)
@@ -208,7 +243,7 @@ def decide(snap: Snapshot, now: datetime, *, predecessor: Predecessor) -> Decisi
     recorded = _recorded(snap, state)
     base = recorded if recorded is not None else base_of(wl, predecessor)
     if state.state == READY:
-        return _while_ready(snap, state)
+        return _while_ready(snap, state, now)
     if isinstance(base, str):
         return _cannot_tell(snap, state, base)
     said = describe(wl, base)
@@ -332,7 +367,7 @@ def _slice_written(
 ) -> Decision:
     """The difference's decision as a slice writes it: the base recorded on a new request; a
     Retry or Rejected kept Pending; Ready opening the nodes held for the difference."""
-    actions = tuple(_recording(a, base) for a in decision.actions)
+    actions = tuple(_recording(a, base, held_as(snap.workload)) for a in decision.actions)
     decision = replace(decision, actions=actions)
     if decision.step is not None and decision.step.message:  # what a diagnosis says
         decision = replace(
@@ -354,19 +389,20 @@ def _slice_written(
         return replace(decision, check=kept.check, events=(*events, noted), requeue_after=wait)
     if check.state == READY:
         req = _consumed(snap, check)
-        opened: tuple[Action, ...] = ()
-        if req is not None:
-            started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
-            opened = (*lifecycle.release_hold(snap.capacity, req), started)
+        after = _held_until_used(snap, req, now, since=now) if req is not None else Decision()
         message = f"{said}; {check.message}" if check.message else said
         return replace(
-            decision, check=replace(check, message=message), actions=(*decision.actions, *opened)
+            decision,
+            check=replace(check, message=message),
+            actions=(*decision.actions, *after.actions),
+            requeue_after=after.requeue_after or decision.requeue_after,
         )
     return replace(decision, check=replace(check, message=f"{said}; {check.message}"))
 
 
-def _recording(action: Action, base: Base) -> Action:
-    """A new request of the slice, with the base it adds to recorded on it."""
+def _recording(action: Action, base: Base, held: str) -> Action:
+    """A new request of the slice, with the base it adds to recorded on it, and the hold its
+    arrivals are to carry (`held_as`), if the Job's pods tolerate one."""
     if not isinstance(action, CreateRequest):
         return action
     body = dict(action.body)
@@ -374,6 +410,7 @@ def _recording(action: Action, base: Base) -> Action:
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
         SLICE_ANNOTATION: base.to_annotation(),
+        **({HOLD_AS: held} if held else {}),
     }
     body["metadata"] = meta
     return CreateRequest(body)
@@ -387,14 +424,39 @@ def _consumed(snap: Snapshot, check: CheckState) -> ProvisioningRequest | None:
     return None
 
 
-def _while_ready(snap: Snapshot, state: CheckState) -> Decision:
-    """After Ready the added members are the Job's: the nodes held for them opened, nothing
-    else (no start watchdog: its rollback would need a Retry, which stops the whole Job)."""
+def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """After Ready the added members are the Job's: the nodes that arrived for them held for
+    the Job's pods until they are used, then opened; nothing else (no start watchdog: its
+    rollback would need a Retry, which stops the whole Job)."""
     req = _consumed(snap, state)
     if req is None or req.deleting:
         return Decision()
+    return _held_until_used(snap, req, now, since=parse_time(state.last_transition_time))
+
+
+def _held_until_used(
+    snap: Snapshot, req: ProvisioningRequest, now: datetime, *, since: datetime | None
+) -> Decision:
+    """The hold on the nodes that arrived for the slice's request kept while the slice's
+    members are not all scheduled (counted as the pods consuming the request the Job's pods
+    name, `HOLD_AS`) and the start deadline since Ready (`since`) has not passed; then lifted
+    and the attempt marked started. A request held as its own (the Job's pods tolerate no
+    hold of gangcheck's: nothing else could use the nodes) is opened at once."""
+    started = req.annotations.get(PHASE_ANNOTATION) == STARTED
+    held = req.annotations.get(HOLD_AS, "")
+    if held and not started:
+        assert snap.config is not None
+        wl = snap.workload
+        total = sum(admitted_count(wl, ps) for ps in wl.pod_sets)
+        scheduled = admission.members_scheduled(
+            snap.capacity, wl.ref.namespace, held.partition("/")[2]
+        )
+        limit = snap.config.fulfillment.start_deadline_seconds
+        waited = (now - since).total_seconds() if since is not None else 0.0
+        if scheduled < total and waited < limit:
+            return Decision(requeue_after=max(1.0, min(limit - waited, MEMBERS_POLL_SECONDS)))
     actions = lifecycle.release_hold(snap.capacity, req)
-    if req.annotations.get(PHASE_ANNOTATION) != STARTED:
+    if not started:
         actions = (*actions, AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
     return Decision(actions=actions)
 
