@@ -21,6 +21,19 @@ def to_json(report: Report | StatusReport) -> dict[str, Any]:
             "namespace": report.namespace,
             "time": format_time(report.now),
             "items": [_row_json(g) for g in report.gangs],
+            "workers": [
+                {
+                    "worker": w.worker or None,
+                    "namespace": w.namespace,
+                    "name": w.name,
+                    "placement": w.placement,
+                    "check": w.check,
+                    "state": w.state,
+                    "ageSeconds": w.age_seconds,
+                    "detail": w.detail,
+                }
+                for w in report.workers
+            ],
         }
     if isinstance(report, GroupReport):
         return _group_json(report)

@@ -41,7 +41,12 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
-from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord
+from gangcheck.logic.dispatch import (
+    MULTIKUEUE_CONTROLLER,
+    RECORD_ANNOTATION,
+    DispatchRecord,
+    worker_rows,
+)
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_diagnosis import (
     GroupFacts,
@@ -191,7 +196,13 @@ async def status(
     ]
     with_claims = await _with_claims(kube, rows)
     with_claims.sort(key=lambda r: (r.namespace, r.name, r.kind))
-    return StatusReport(namespace, tuple(with_claims), when)
+    multikueue = [
+        name
+        for name, check in world.admission_checks.items()
+        if (check.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
+    ]
+    workers = worker_rows(workloads, multikueue, when)
+    return StatusReport(namespace, tuple(with_claims), when, tuple(workers))
 
 
 async def _with_claims(

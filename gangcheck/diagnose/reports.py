@@ -8,7 +8,7 @@ from datetime import datetime
 
 from gangcheck.kube.discovery import ServedPodGroups
 from gangcheck.logic.attempt.explain import GangRow, Verdict
-from gangcheck.logic.dispatch import DispatchRecord
+from gangcheck.logic.dispatch import DispatchRecord, WorkerRow
 from gangcheck.logic.podgroups.gating import PodGroupRef
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
@@ -70,3 +70,5 @@ class StatusReport:
     namespace: str | None
     gangs: tuple[GangRow, ...]
     now: datetime
+    workers: tuple[WorkerRow, ...] = ()
+    """In a MultiKueue manager: its gangs per worker cluster (``dispatch.worker_rows``)."""

@@ -248,9 +248,35 @@ def _member_lines(f: GroupFacts) -> list[str]:
 
 
 def _status_text(report: StatusReport) -> str:
-    if not report.gangs:
+    if not report.gangs and not report.workers:
         where = f" in namespace {report.namespace}" if report.namespace else ""
         return f"No gangs in flight{where}.\n"
+    text = _gangs_text(report) if report.gangs else ""
+    if report.workers:
+        text += ("\n" if text else "") + _workers_text(report)
+    return text
+
+
+def _workers_text(report: StatusReport) -> str:
+    """A MultiKueue manager's gangs per worker cluster."""
+    head = ["WORKER", "NAMESPACE/NAME", "PLACEMENT", "CHECK", "STATE", "AGE", "DETAIL"]
+    rows = [head]
+    for w in report.workers:
+        rows.append(
+            [
+                w.worker or "(none)",
+                f"{w.namespace}/{w.name}",
+                w.placement,
+                w.check or "-",
+                w.state or "-",
+                human_duration(w.age_seconds) if w.age_seconds is not None else "-",
+                _cut(w.detail, 80) or "-",
+            ]
+        )
+    return "Across worker clusters (MultiKueue):\n" + "\n".join(_table(rows)) + "\n"
+
+
+def _gangs_text(report: StatusReport) -> str:
     head = ["KIND", "NAMESPACE/NAME", "CHECK", "STATE", "PHASE", "ATTEMPT", "AGE", "NODES"]
     rows = [[*head, "MEMBERS", "VERDICT"]]
     for g in report.gangs:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 
 #: The ``multiKueue.dispatcherName`` this dispatcher would answer to.
@@ -272,3 +273,110 @@ def describe(record: DispatchRecord) -> list[str]:
     lines += [f"given up: {c} ({why})" for c, why in sorted(record.failed.items())]
     lines += [f"skipped: {c} ({why})" for c, why in sorted(record.skipped.items())]
     return lines
+
+
+#: The controller of MultiKueue's AdmissionCheck (Kueue v0.17).
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One gang of a MultiKueue manager under one worker, as ``gangcheck status`` lists it.
+
+    ``placement``: ``placed`` (its copy there reserved quota: ``status.clusterName``),
+    ``nominated`` (``status.nominatedClusterNames``: a copy there, trying), ``recorded`` (the
+    dispatcher's record names it, the nomination not written yet), ``given up`` (tried there
+    and failed, from the record) or ``waiting`` (no worker yet: ``worker`` is empty)."""
+
+    worker: str
+    namespace: str
+    name: str
+    placement: str
+    check: str
+    state: str
+    age_seconds: int | None
+    detail: str
+
+
+def worker_rows(
+    workloads: Sequence[Mapping[str, object]], checks: Sequence[str], now: datetime
+) -> list[WorkerRow]:
+    """The manager's gangs per worker: every Workload not finished that lists one of
+    ``checks`` (MultiKueue's AdmissionChecks) or carries the dispatcher's record, once under
+    each worker it is placed in, nominated to or was given up by, from
+    ``status.clusterName``, ``status.nominatedClusterNames`` and the record
+    (``RECORD_ANNOTATION``); a gang with no worker yet once, under none. Sorted by worker,
+    then namespace and name."""
+    rows: list[WorkerRow] = []
+    for wl in workloads:
+        meta = _dict(wl.get("metadata"))
+        status = _dict(wl.get("status"))
+        annotations = _dict(meta.get("annotations"))
+        raw = annotations.get(RECORD_ANNOTATION)
+        mk = [
+            _dict(c) for c in _list(status.get("admissionChecks")) if _dict(c).get("name") in checks
+        ]
+        if (not mk and raw is None) or _finished(status):
+            continue
+        record = DispatchRecord.from_annotation(str(raw) if raw is not None else None)
+        check = mk[0] if mk else {}
+
+        base = WorkerRow(
+            worker="",
+            namespace=str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or ""),
+            placement="waiting",
+            check=str(check.get("name") or ""),
+            state=str(check.get("state") or ""),
+            age_seconds=_age(meta.get("creationTimestamp"), now),
+            detail="",
+        )
+        message = str(check.get("message") or "")
+        placed = str(status.get("clusterName") or "")
+        nominated = [str(c) for c in _list(status.get("nominatedClusterNames"))]
+        if placed:
+            rows.append(replace(base, worker=placed, placement="placed", detail=message))
+        elif nominated:
+            rows += [
+                replace(base, worker=c, placement="nominated", detail=record.reason or message)
+                for c in nominated
+            ]
+        elif record.nominated:
+            rows += [
+                replace(base, worker=c, placement="recorded", detail=record.reason)
+                for c in record.nominated
+            ]
+        rows += [
+            replace(base, worker=c, placement="given up", detail=why)
+            for c, why in sorted(record.failed.items())
+            if c != placed and c not in nominated
+        ]
+        if not placed and not nominated and not record.nominated:
+            rows.append(replace(base, detail=record.reason or message))
+    rows.sort(key=lambda r: (r.worker == "", r.worker, r.namespace, r.name, r.placement))
+    return rows
+
+
+def _dict(value: object) -> dict[str, object]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _finished(status: Mapping[str, object]) -> bool:
+    return any(
+        _dict(c).get("type") == "Finished" and _dict(c).get("status") == "True"
+        for c in _list(status.get("conditions"))
+    )
+
+
+def _age(created: object, now: datetime) -> int | None:
+    if not isinstance(created, str) or not created:
+        return None
+    try:
+        when = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0, int((now - when).total_seconds()))
