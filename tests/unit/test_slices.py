@@ -445,6 +445,61 @@ def test_a_slice_past_its_last_attempt_scaled_back_to_what_runs_turns_ready_aski
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [REQ1]
 
 
+def slice_world(made: Any) -> Any:
+    """What a diagnosis reads for a slice whose request `made` is in flight on one node."""
+    from gangcheck.logic.attempt.explain import World
+    from tests.builders import CONTROLLER
+
+    check = {
+        "metadata": {"name": CHECK},
+        "spec": {
+            "controllerName": CONTROLLER,
+            "parameters": {
+                "apiGroup": "gangcheck.io",
+                "kind": "AtomicProvisioningConfig",
+                "name": "c",
+            },
+        },
+        "status": {"conditions": [{"type": "Active", "status": "True"}]},
+    }
+    return World(
+        admission_checks={CHECK: check},
+        configs={"c": {"spec": {}}},
+        flavors=GPU_FLAVOR,
+        requests=(made,),
+        nodes=(node("n1", gpu=3, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),),
+    )
+
+
+def test_gangcheck_status_shows_a_slices_relation_in_the_words_of_its_check_message() -> None:
+    """The status row of a slice says what it adds to what runs, with the same function that
+    writes the check message (slices.describe), before its fit; a Workload that is no slice
+    says nothing of the kind."""
+    from gangcheck.diagnose.reports import StatusReport
+    from gangcheck.diagnose.text import render_text
+    from gangcheck.logic.workloads.diagnosis import gang_row, gather
+
+    made = req(
+        conditions={"Provisioned": "ok"},
+        annotations={
+            slices.SLICE_ANNOTATION: json.dumps(
+                {"replaces": OLD, "running": {"workers": 8}}, sort_keys=True
+            ),
+            "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
+        },
+    )
+    row = gang_row(gather(new_slice(12).build(), slice_world(made), now=NOW), NOW)
+    said = slices.describe(workload_of(new_slice(12).build()), slices.Base(OLD, {"workers": 8}))
+    assert said == "workload slice: adds 4 members to default/wl-old running 8"
+    assert row.verdict.startswith(f"{said}; ")
+    assert "3 of 4 members placeable" in row.verdict  # the fit as asked, not of 12
+    assert said in render_text(StatusReport(None, (row,), NOW))
+
+    whole = WorkloadBuilder("wl").pod_set("workers", 4).reserve_quota().check().build()
+    plain = gang_row(gather(whole, slice_world(req()), now=NOW), NOW)
+    assert "workload slice" not in plain.verdict
+
+
 def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_says() -> None:
     from gangcheck.logic.attempt.explain import World
     from gangcheck.logic.workloads.diagnosis import gather, verdict

@@ -218,6 +218,9 @@ class Facts:
     start: StartFacts | None = None
     replay: Replay | None = None
     """The controller's decision for the focus check, replayed on what was read."""
+    relation: str = ""
+    """A workload slice's relation to the running one, in the check message's words
+    (`slices.relation`); '' for a Workload that is no slice."""
 
     @property
     def focus_check(self) -> CheckFacts | None:
@@ -251,6 +254,7 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
         placement=placement,
         start=_start_facts(state, req, world, spec),
         replay=decided,
+        relation=slices.relation(wl, req),
     )
 
 
@@ -692,6 +696,9 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
     placement, req = facts.placement, facts.request
     arrived = len(placement.arrived) if placement else 0
     created = facts.state.created
+    line = verdict(facts, now).line
+    if facts.relation and facts.relation not in line:  # a slice: what it adds to what runs
+        line = f"{facts.relation}; {line}"
     return GangRow(
         namespace=facts.namespace,
         name=facts.name,
@@ -705,7 +712,7 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
         needed=nodes_needed(placement),
         placeable=placement.placeable if placement else None,
         total=placement.total if placement else (req.members if req and req.found else None),
-        verdict=verdict(facts, now).line,
+        verdict=line,
     )
 
 

@@ -219,6 +219,16 @@ def describe(wl: Workload, base: Base) -> str:
     return f"workload slice: adds {added} members to {base.replaces} running {base.total}"
 
 
+def relation(wl: Workload, req: ProvisioningRequest | None) -> str:
+    """The slice's relation to the running one (`describe`) as its request recorded it: what
+    the check message begins with, for `gangcheck status`; '' for a Workload that is no slice
+    or a slice with nothing asked yet."""
+    if req is None or not replaced_key(wl):
+        return ""
+    base = Base.from_annotation(req.annotations.get(SLICE_ANNOTATION, ""))
+    return describe(wl, base) if base is not None else ""
+
+
 def decide(snap: Snapshot, now: datetime, *, predecessor: Predecessor) -> Decision:
     """`admission.decide` for a Workload that replaces a running slice (`predecessor`): the
     difference asked for, the running members left alone."""
