@@ -43,7 +43,13 @@ DOMAINS_TRIED_ANNOTATION = "gangcheck.io/domains-tried"
 ROLLING_BACK = "RollingBack"
 FULFILLED = "Fulfilled"
 STARTED = "Started"
-"""Values of PHASE_ANNOTATION."""
+KEPT = "Kept"
+"""Values of PHASE_ANNOTATION. Kept: the source stopped short and what arrived from it is kept
+for the attempt, the next source asked for the rest (logic/attempt/topup.py)."""
+KEPT_FROM_ANNOTATION = "gangcheck.io/kept-from"
+"""On a request topping others up: the requests of its attempt whose arrivals it counts on."""
+KEPT_MEMBERS_ANNOTATION = "gangcheck.io/kept-members"
+"""On a request topping others up: the members placed on the kept nodes (not asked for)."""
 
 # ---- gangcheck.io: on a PodGroup (its state, shown to people) ---------------------------
 STATE_ANNOTATION = "gangcheck.io/state"

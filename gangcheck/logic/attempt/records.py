@@ -17,6 +17,7 @@ from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
     FULFILLED,
     GANG_MEMBERS_ANNOTATION,
+    KEPT,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     RESERVED_ANNOTATION,
@@ -105,6 +106,9 @@ class AttemptPhase(StrEnum):
     """The gang fits: the request claims and holds back no new node."""
     STARTED = STARTED
     """Every member is scheduled: its nodes are the gang's."""
+    KEPT = KEPT
+    """The source stopped short: what arrived is kept for the attempt, the next source asked
+    for the rest (topup.py). It claims no new node."""
 
 
 class RollbackCause(StrEnum):

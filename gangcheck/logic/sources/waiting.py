@@ -1,7 +1,8 @@
 """Which in-flight requests wait for capacity, and the order they claim new nodes in.
 
 A request is *open* while capacity may still arrive for it: not being deleted, not
-fulfilled, started or rolling back, and not ended (Failed, CapacityRevoked, BookingExpired).
+fulfilled, started, rolling back or kept (its source stopped short: logic/attempt/topup.py),
+and not ended (Failed, CapacityRevoked, BookingExpired).
 It is *waiting* when it is open and Provisioned: only then may it claim arrivals. Older
 requests claim first (by creationTimestamp, then `namespace/name`).
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterable
 from gangcheck.logic.attempt.fulfillment import Waiting
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
-from gangcheck.model.names import FULFILLED, PHASE_ANNOTATION, ROLLING_BACK, STARTED
+from gangcheck.model.names import FULFILLED, KEPT, PHASE_ANNOTATION, ROLLING_BACK, STARTED
 from gangcheck.model.objects import Obj, request_of
 
 
@@ -35,7 +36,7 @@ def is_open(req: Obj) -> bool:
     if req["metadata"].get("deletionTimestamp"):
         return False
     phase = (req["metadata"].get("annotations") or {}).get(PHASE_ANNOTATION)
-    if phase in (FULFILLED, STARTED, ROLLING_BACK):
+    if phase in (FULFILLED, STARTED, ROLLING_BACK, KEPT):
         return False
     return not _status(req).has_ended
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback, topup
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -51,6 +51,7 @@ from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
+    KEPT_FROM_ANNOTATION,
     KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
@@ -253,7 +254,8 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = _find(snap.requests, _ready_request(snap, state))
     if req is None:
         return Decision()
-    losers = race.left_behind(_asks(snap, state), req.name)
+    kept = {r.name for r in _kept_for(snap, req)}  # topped up, not raced: the gang's too
+    losers = [r for r in race.left_behind(_asks(snap, state), req.name) if r.name not in kept]
     if losers:
         withdrawn = _withdraw_losers(snap, losers)
         if withdrawn.actions or withdrawn.requeue_after is not None:
@@ -273,8 +275,25 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if attempt.fit and wl.is_admitted and not started:
         return _watch_start(snap, attempt, now)
     if started:
-        return Decision(actions=lifecycle.release_hold(snap.capacity, req))
+        return Decision(actions=_release_holds(snap, req))
     return Decision()
+
+
+def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
+    """Lift the hold from the nodes of the request and of the requests it tops up."""
+    every = (req, *_kept_for(snap, req))
+    return tuple(a for r in every for a in lifecycle.release_hold(snap.capacity, r))
+
+
+def _kept_for(snap: Snapshot, req: ProvisioningRequest) -> tuple[ProvisioningRequest, ...]:
+    """The requests whose kept arrivals `req` tops up (topup.py), those that exist."""
+    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
+    return tuple(r for n in names if (r := _find(snap.requests, n)) is not None)
+
+
+def _kept_in(snap: Snapshot, state: CheckState) -> tuple[ProvisioningRequest, ...]:
+    """The requests of the attempt in flight whose arrivals are kept for it."""
+    return topup.kept_of(r for _, r in _asks(snap, state))
 
 
 def _attempt(
@@ -285,11 +304,17 @@ def _attempt(
     assert snap.config is not None
     place = _place_of(req)
     following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
+    gang = gang_templates(snap, place=places.Place(place.source))  # any one domain
+    capacity = snap.capacity
+    kept = _kept_for(snap, req)
+    if kept:  # topping kept arrivals up: the gang on their nodes and its own
+        gang = topup.tolerating(gang_templates(snap, labels=_kept_labels(snap, req, kept)), kept)
+        capacity = topup.view(snap.capacity, kept)
     return lifecycle.Attempt(
         request=req,
         status=status or snap.backend.status_of(req),
-        gang=gang_templates(snap, place=places.Place(place.source)),  # any one domain
-        capacity=snap.capacity,
+        gang=gang,
+        capacity=capacity,
         config=snap.config.for_source(place.source),
         fit=_fit_mode(snap),
         started=snap.workload.is_admitted,
@@ -299,6 +324,16 @@ def _attempt(
 
 def _place_of(req: ProvisioningRequest) -> places.Place:
     return places.place_of(rollback.record_of(req), req.annotations)
+
+
+def _kept_labels(
+    snap: Snapshot, req: ProvisioningRequest, kept: tuple[ProvisioningRequest, ...]
+) -> dict[str, str]:
+    """The node labels a gang on the nodes of `req`'s source and of the kept requests'
+    sources is pinned to: those all of them share."""
+    assert snap.config is not None
+    sources = [_place_of(r).source for r in (req, *kept)]
+    return topup.common_labels(snap.config, sources)
 
 
 def _gang_of(snap: Snapshot) -> places.GangOf:
@@ -343,7 +378,7 @@ def _written(
     if step.progress is Progress.REVOKED:
         return _transition(state, REJECTED, step.message, now)
     if step.progress is Progress.ROLLING_BACK:
-        return _rolling(step)
+        return _keep(snap, state, req, step, now) or _rolling(step)
     pending = _transition(state, PENDING, step.message, now)
     return replace(pending, actions=step.actions, requeue_after=step.requeue_after)
 
@@ -369,6 +404,11 @@ def _rolled_back(
     fell_back = None
     if not done.revoked and done.cause not in driver.NO_FALLBACK:
         fell_back = _fall_back(snap, state, req, done.message, now)
+    kept = _kept_for(snap, req)
+    if fell_back is None and topup.outstanding(kept):
+        # the attempt ends: what was kept for it goes back first, each by its own record
+        gone = topup.roll_back(kept, snap.capacity, snap.config, done.message)
+        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
     if fell_back is not None:
         decision = fell_back
     elif done.revoked and not snap.workload.active:
@@ -404,10 +444,125 @@ def _fall_back(
     )
     if nxt is None:
         return None
+    kept = topup.kept_of(_kept_for(snap, req))
+    place = _place_of(req)
+    if kept and not topup.allowed(snap.config, _gang_of(snap)(place.source), place, nxt.place):
+        gone = topup.roll_back(kept, snap.capacity, snap.config, why)
+        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
     name = _request_name(snap, state, nxt.ask)
-    created = _create(snap, state, name, _merged(snap), now, place=nxt.place, said=nxt.said)
+    created = _create(
+        snap, state, name, _merged(snap), now, place=nxt.place, said=nxt.said, kept=kept
+    )
     event = nxt.event(snap.config, req.name, name)
     return replace(created, actions=(*created.actions, *nxt.gone), events=(*created.events, event))
+
+
+def _split(
+    snap: Snapshot,
+    capacity: ClusterView | None,
+    place: places.Place,
+    kept: tuple[ProvisioningRequest, ...],
+) -> topup.Split:
+    """The gang (pinned to the labels `place`'s source and the kept requests' sources
+    share) divided between the kept nodes and the ask at `place`."""
+    assert snap.config is not None
+    labels = topup.common_labels(snap.config, [place.source, *(_place_of(r).source for r in kept)])
+    return topup.split(capacity, gang_templates(snap, labels=labels), kept)
+
+
+def _keep(
+    snap: Snapshot,
+    state: CheckState,
+    req: ProvisioningRequest,
+    step: lifecycle.Step,
+    now: datetime,
+) -> Decision | None:
+    """InOrder tops up instead of throwing away (topup.py): a rollback starting on a source
+    that stopped short after part of the gang arrived from it becomes keeping what arrived
+    (the same write, the phase Kept), and the next place is asked for the members the kept
+    nodes cannot hold; None when the rollback goes on as before (a required topology, no
+    place next, nothing kept that holds a member, a cause that never falls back)."""
+    assert snap.config is not None
+    if state.state != PENDING or not _fit_mode(snap) or snap.backend is not PROVISIONING_REQUEST:
+        return None
+    cause = RollbackCause.of(step.message)
+    if cause in driver.NO_FALLBACK or cause is RollbackCause.REVOKED:
+        return None
+    actions = topup.keeping(step.actions, req)
+    if actions is None:
+        return None
+    place = _place_of(req)
+    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
+    _, asks = _current(snap, state)
+    if following is None or asks + 1 >= naming.MAX_ASKS:
+        return None
+    if not topup.allowed(snap.config, _gang_of(snap)(place.source), place, following):
+        return None
+    kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
+    return _top_up(
+        snap,
+        state,
+        req,
+        now,
+        kept=kept,
+        following=following,
+        ask=asks + 1,
+        why=step.message,
+        actions=actions,
+    )
+
+
+def _top_up(
+    snap: Snapshot,
+    state: CheckState,
+    req: ProvisioningRequest,
+    now: datetime,
+    *,
+    kept: tuple[ProvisioningRequest, ...],
+    following: places.Place,
+    ask: int,
+    why: str,
+    actions: tuple[Action, ...] = (),
+) -> Decision | None:
+    """`req` kept (its keep written by `actions`, or already recorded): the next place
+    asked for the members the kept nodes cannot hold. None when they hold none, or all."""
+    assert snap.config is not None
+    split = _split(snap, topup.with_claims(snap.capacity, actions), following, kept)
+    if not split.kept_members or not split.remainder:
+        return None
+    left = _place_of(req).describe(snap.config) or driver.source_name(
+        snap.config, _place_of(req).source
+    )
+    total = split.kept_members + split.remainder_members
+    said = (
+        f"{left} stopped short ({why}); {split.kept_members} of {total} members are kept on "
+        f"the {len(split.nodes)} node(s) that arrived; "
+    )
+    name = _request_name(snap, state, ask)
+    created = _create(
+        snap,
+        state,
+        name,
+        _merged(snap),
+        now,
+        place=following,
+        said=said,
+        kept=kept,
+        kept_split=split,
+    )
+    text = (
+        f"{left} stopped short for {req.name} ({why}): kept {len(split.nodes)} node(s) for "
+        f"{split.kept_members} member(s) ({', '.join(split.nodes)}); asking "
+        f"{following.describe(snap.config)} for the other {split.remainder_members} with {name}"
+    )
+    event = Event("CapacityToppedUp", text[:1].upper() + text[1:])
+    failed = driver.failed_note(snap.config, req, why)
+    return replace(
+        created,
+        actions=(*actions, *created.actions),
+        events=(*created.events, event),
+        sources=(*failed, *created.sources),
+    )
 
 
 def _lost_before_admission(status: AttemptStatus) -> str | None:
@@ -428,11 +583,12 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     """The start watchdog: every member scheduled within the start deadline, or roll back."""
     assert snap.config is not None
     req = attempt.request
-    total = sum(p.count for p in req.pod_sets)
+    assert isinstance(req, ProvisioningRequest)
+    total = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
     scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
-        return Decision(actions=(*lifecycle.release_hold(snap.capacity, req), started))
+        return Decision(actions=(*_release_holds(snap, req), started))
     limit = snap.config.fulfillment.start_deadline_seconds
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
@@ -488,9 +644,10 @@ def _pending(
     assert snap.config is not None
     if snap.config.racing > 1:
         return _race(snap, state, merged, now)
-    name, _ = _current(snap, state)
+    name, ask = _current(snap, state)
+    kept = _kept_in(snap, state)
     stale = lifecycle.superseded(
-        snap.requests,
+        [r for r in snap.requests if r not in kept],
         name,
         capacity=snap.capacity,
         backend=snap.backend,
@@ -502,9 +659,37 @@ def _pending(
         decision = _create(snap, state, name, merged, now, place=first)
     elif req.deleting:
         decision = Decision(requeue_after=1.0)
+    elif topup.is_kept(req):
+        decision = _kept_without_next(snap, state, req, ask, now)
     else:
         decision = _in_flight(snap, state, req, now)
     return replace(decision, actions=stale + decision.actions)
+
+
+def _kept_without_next(
+    snap: Snapshot, state: CheckState, req: ProvisioningRequest, ask: int, now: datetime
+) -> Decision:
+    """The latest ask of the attempt is kept and no next one exists (its making was lost:
+    a restart, an answer lost): the next place asked now, from the record. When no place can
+    top it up any more (the config changed, the nodes went), what was kept goes back and the
+    attempt ends as a rollback's would."""
+    assert snap.config is not None
+    place = _place_of(req)
+    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
+    kept = _kept_in(snap, state)
+    why = rollback.record_of(req).reason or "stopped short"
+    if following is not None and topup.allowed(
+        snap.config, _gang_of(snap)(place.source), place, following
+    ):
+        topped = _top_up(
+            snap, state, req, now, kept=kept, following=following, ask=ask + 1, why=why
+        )
+        if topped is not None:
+            return topped
+    gone = topup.roll_back(kept, snap.capacity, snap.config, why)
+    if gone:
+        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
+    return _retry_or_reject(snap, state, "rollback", why, now)
 
 
 # ---- Race --------------------------------------------------------------------------------
@@ -652,9 +837,12 @@ def _create(
     *,
     place: places.Place,
     said: str = "",
+    kept: tuple[ProvisioningRequest, ...] = (),
+    kept_split: topup.Split | None = None,
 ) -> Decision:
     """Ask for the gang at `place` (a capacity source, a topology domain); `said`: what comes
-    first in the message (why an earlier place was left)."""
+    first in the message (why an earlier place was left); `kept`: the requests of the attempt
+    whose arrivals are kept (topup.py): only the members their nodes cannot hold are asked."""
     assert snap.config is not None
     source = place.source
     problem = _cannot_request(snap, merged, source)
@@ -669,6 +857,11 @@ def _create(
         )
         return replace(_transition(state, PENDING, message, now), requeue_after=10.0)
     reserved = 0
+    on_kept = 0
+    if kept:
+        on = kept_split or _split(snap, snap.capacity, place, kept)
+        on_kept = on.kept_members
+        merged = [replace(m, count=on.remainder[m.name]) for m in merged if m.name in on.remainder]
     if snap.config.reservations:
         split = reserved_split(
             snap.capacity,
@@ -688,6 +881,7 @@ def _create(
             state.retry_count + 1, snap.config, now, reserved=reserved, source=source
         ),
         **place.record(),
+        **topup.record(kept, on_kept),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
     }
     ask = _ask(snap, name, merged, record=record, place=place)
@@ -796,8 +990,17 @@ def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     req = _find(snap.requests, _current(snap, state)[0])
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    withdraw = snap.backend.withdraw(req, "rolled back")
-    return Decision(actions=(*lifecycle.release_hold(snap.capacity, req), *withdraw))
+    every = (req, *(r for r in _kept_for(snap, req) if not r.deleting))
+    return Decision(
+        actions=tuple(
+            a
+            for r in every
+            for a in (
+                *lifecycle.release_hold(snap.capacity, r),
+                *snap.backend.withdraw(r, "rolled back"),
+            )
+        )
+    )
 
 
 def _retry_or_reject(
@@ -828,14 +1031,16 @@ def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> De
     return _transition(state, RETRY, message, now, requeue_after_seconds=delay)
 
 
-def gang_templates(snap: Snapshot, *, place: places.Place | None = None) -> GangSpec:
+def gang_templates(
+    snap: Snapshot, *, place: places.Place | None = None, labels: Mapping[str, str] | None = None
+) -> GangSpec:
     """(name, count, pod template) of each request pod set, as the PodTemplates hold them
     (pinned to the capacity source and topology domain of `place`), and the topology level
     each must sit inside (Kueue's required-topology annotation)."""
     assert snap.config is not None
     wl = snap.workload
     place = place or places.Place()
-    pinned = _source_labels(snap.config, place.source)
+    pinned = _source_labels(snap.config, place.source) if labels is None else labels
     merged = merge_pod_sets(
         wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
     )
@@ -879,7 +1084,8 @@ def _ready(
     round, the fault suite caught that as an unsafe reclaim."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
-    actions = (*decision.actions, *lifecycle.fulfilled(req))
+    kept = (a for r in _kept_for(snap, req) for a in lifecycle.fulfilled(r))
+    actions = (*decision.actions, *kept, *lifecycle.fulfilled(req))
     return replace(decision, actions=actions, capacity_used=capacity_used(req))
 
 
@@ -894,10 +1100,11 @@ def pod_set_updates(
         required_pod_sets(snap.workload, snap.config.managed_resources),
         snap.config.pod_set_merge_policy,
     )
-    detail = {
-        **_source_labels(snap.config, rollback.record_of(req).source),
-        **_detail_node_selector(snap.config, req),
-    }
+    kept = _kept_for(snap, req)
+    source = rollback.record_of(req).source
+    pinned = _kept_labels(snap, req, kept) if kept else _source_labels(snap.config, source)
+    detail = {**pinned, **_detail_node_selector(snap.config, req)}
+    holds = [hold_toleration(topup.key_of(r)) for r in kept]
     pin = {member: domains[m.name] for m in merged if m.name in domains for member in m.members}
     updates = []
     for member in sorted(n for m in merged for n in m.members):
@@ -910,6 +1117,7 @@ def pod_set_updates(
             update["nodeSelector"] = dict(selector)
         if _fit_mode(snap):
             update["tolerations"] = [hold_toleration(hold_key(req))]
+            update["tolerations"] += holds  # the kept requests' nodes (topup.py)
         updates.append(update)
     return tuple(updates)
 

@@ -1,0 +1,266 @@
+"""InOrder tops up instead of throwing away (issue 32).
+
+When a capacity source stops short (its deadline passes, or it ends its request: ``Failed``,
+a booking expired, ``StrayPods``) after part of the gang arrived from it, and the gang may sit
+on nodes of two sources (no required topology, no domain scoped ask), what arrived is *kept*
+for the attempt instead of reclaimed: its request is marked ``Kept`` (``PHASE_ANNOTATION``)
+with the nodes it holds and why it stopped (``ROLLBACK_NODES_ANNOTATION``,
+``ROLLBACK_REASON_ANNOTATION``), in the same write that a rollback would start with. The next
+source is then asked only for the members the kept nodes cannot hold (``split``); its request
+records the requests it tops up (``KEPT_FROM_ANNOTATION``) and the members placed on their
+nodes (``KEPT_MEMBERS_ANNOTATION``). The gang is ready when it fits, whole, on the kept nodes
+and the new ones.
+
+Why the kept request is not withdrawn: it is the record of its nodes. Each node stays recorded
+as arrived for it (``gangcheck.io/arrived-for``), held for it, younger than it, so every rule
+that protects or reclaims arrivals keeps working unchanged: another gang never counts them
+(the request is in flight), the reclaim's safety checks (recorded for that request, younger
+than it, fenced, read again) hold, and a rollback of the attempt reclaims them through the
+kept request's own record. A kept request no longer claims new nodes (it is not open), and it
+is kept only after the source said ``Provisioned``: gangcheck claims no arrival before that.
+cluster-autoscaler does nothing more for a ``Provisioned`` or ``Failed`` request (its pods are
+injected only while neither is true, processors/provreq/injector.go) and books the capacity of
+a ``Provisioned`` one (processors/provreq/processor.go), which keeps its nodes from its
+scale-down until the booking expires. A source that never said ``Provisioned`` has nothing
+kept: it is withdrawn as before, so the autoscaler stops retrying it.
+
+The kept requests follow the attempt: marked fulfilled with the request the gang turns Ready
+on (its nodes are the gang's), their hold lifted when the gang has started, rolled back
+(recorded, fenced, read again, reclaimed) when the attempt ends without the gang, and
+withdrawn with the gang's other requests.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gangcheck.logic.attempt import places, rollback
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode
+from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, claim_of, gang_of
+from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.attempt.lifecycle import made_under
+from gangcheck.logic.attempt.records import AttemptPhase
+from gangcheck.logic.placement.fit import fit_gang
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    KEPT,
+    KEPT_FROM_ANNOTATION,
+    KEPT_MEMBERS_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLBACK_NODES_ANNOTATION,
+    ROLLING_BACK,
+)
+from gangcheck.model.objects import Obj, ProvisioningRequest
+from gangcheck.model.provisioning_config import KARPENTER_CLASS, AtomicProvisioningSpec
+
+
+def key_of(req: ProvisioningRequest) -> str:
+    return f"{req.ref.namespace}/{req.name}"
+
+
+def is_kept(req: ProvisioningRequest) -> bool:
+    return rollback.record_of(req).phase is AttemptPhase.KEPT
+
+
+def kept_of(requests: Iterable[ProvisioningRequest]) -> tuple[ProvisioningRequest, ...]:
+    """The requests of an attempt whose arrivals are kept for it (not being deleted)."""
+    return tuple(r for r in requests if is_kept(r) and not r.deleting)
+
+
+def allowed(
+    config: AtomicProvisioningSpec, gang: GangSpec, place: places.Place, following: places.Place
+) -> bool:
+    """Whether nodes of the place left and of the place asked next may carry one gang:
+    InOrder, no required topology (a domain is never mixed), no reservations (their split
+    is made on the whole gang), and ProvisioningRequest sources on both sides (a Karpenter
+    source's NodeClaims are withdrawn with it)."""
+    if config.racing > 1 or config.reservations or places.level_of(gang) is not None:
+        return False
+    if place.domain is not None or following.domain is not None:
+        return False
+    for index in (place.source, following.source):
+        source = config.source(index)
+        if source is None or source.class_name == KARPENTER_CLASS:
+            return False
+    return True
+
+
+def common_labels(config: AtomicProvisioningSpec, sources: Iterable[int]) -> dict[str, str]:
+    """The node labels every one of these sources pins its nodes to (same key, same value):
+    what a gang on nodes of all of them can still be pinned to."""
+    selectors = [dict(s.node_selector) for i in sources if (s := config.source(i)) is not None]
+    if not selectors:
+        return {}
+    first, *rest = selectors
+    return {k: v for k, v in first.items() if all(r.get(k) == v for r in rest)}
+
+
+def tolerating(gang: GangSpec, kept: Sequence[ProvisioningRequest]) -> GangSpec:
+    """The gang's templates tolerating the hold on the kept requests' nodes."""
+    if not kept:
+        return gang
+    wanted = [hold_toleration(key_of(r)) for r in kept]
+
+    def tolerant(tpl: Obj) -> Obj:
+        spec = dict(tpl.get("spec") or {})
+        have = list(spec.get("tolerations") or [])
+        spec["tolerations"] = [*have, *(t for t in wanted if t not in have)]
+        return {**tpl, "spec": spec}
+
+    pod_sets = tuple((name, count, tolerant(tpl)) for name, count, tpl in gang.pod_sets)
+    return replace(gang, pod_sets=pod_sets)
+
+
+def view(capacity: ClusterView | None, kept: Sequence[ProvisioningRequest]) -> ClusterView | None:
+    """The cluster as the request topping `kept` up counts it: the kept requests' nodes are
+    not another gang's (they are older than it, so it counts them as capacity that was
+    there, and never claims them)."""
+    if capacity is None or not kept:
+        return capacity
+    keys = {key_of(r) for r in kept}
+    return replace(capacity, in_flight=frozenset(k for k in capacity.in_flight if k not in keys))
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the gang divides between the kept nodes and the next ask."""
+
+    on_kept: dict[str, int]
+    remainder: dict[str, int]
+    nodes: tuple[str, ...]
+
+    @property
+    def kept_members(self) -> int:
+        return sum(self.on_kept.values())
+
+    @property
+    def remainder_members(self) -> int:
+        return sum(self.remainder.values())
+
+
+def split(
+    capacity: ClusterView | None, gang: GangSpec, kept: Sequence[ProvisioningRequest]
+) -> Split:
+    """Place the gang (tolerating the kept holds) on the nodes recorded for the kept
+    requests, as far as it goes (the fit's best partial placement); the rest is asked for."""
+    wanted = {name: count for name, count, _ in gang.pod_sets if count > 0}
+    capacity = capacity or ClusterView()
+    keys = {key_of(r) for r in kept}
+    nodes = [n for n in capacity.nodes if claim_of(n) in keys]
+    if not nodes or not wanted:
+        return Split({}, wanted, ())
+    context, devices = capacity.dra(gang.namespace)
+    pod_sets = gang_of(tolerating(gang, kept).pod_sets, context)
+    views = [capacity.view(n) for n in nodes]
+    result = fit_gang(pod_sets, views, capacity.bound(), devices)
+    placed: Counter[str] = Counter()
+    for members in result.placements.values():
+        placed.update(members)
+    on_kept = {name: placed[name] for name in wanted if placed[name] > 0}
+    remainder = {name: count - placed[name] for name, count in wanted.items()}
+    names = tuple(sorted(str(n["metadata"]["name"]) for n in nodes))
+    return Split(on_kept, {k: v for k, v in remainder.items() if v > 0}, names)
+
+
+def keeping(step_actions: Sequence[Action], req: ProvisioningRequest) -> tuple[Action, ...] | None:
+    """A rollback starting on `req` (its arrivals recorded and the phase set in one write)
+    turned into keeping them: the same write with the phase ``Kept``; None when the actions
+    do not start one (a rollback waiting for the node cache, or one already under way)."""
+    if rollback.is_rolling_back(req):
+        return None
+    out: list[Action] = []
+    started = False
+    for action in step_actions:
+        notes = getattr(action, "annotations", None)
+        if (
+            isinstance(action, AnnotateRequest)
+            and action.name == req.name
+            and isinstance(notes, Mapping)
+            and notes.get(PHASE_ANNOTATION) == ROLLING_BACK
+        ):
+            out.append(AnnotateRequest(req.name, {**notes, PHASE_ANNOTATION: KEPT}))
+            started = True
+        else:
+            out.append(action)
+    return tuple(out) if started else None
+
+
+def as_kept(req: ProvisioningRequest, actions: Sequence[Action]) -> ProvisioningRequest:
+    """The request as the keep's write leaves it (to split the gang in the same decision)."""
+    notes = dict(req.annotations)
+    for action in actions:
+        if isinstance(action, AnnotateRequest) and action.name == req.name:
+            notes.update(action.annotations)
+    return replace(req, annotations=notes)
+
+
+def with_claims(capacity: ClusterView | None, actions: Sequence[Action]) -> ClusterView | None:
+    """The cluster as it will be once the nodes these actions claim are recorded."""
+    claims = {a.name: a.request for a in actions if isinstance(a, ClaimNode)}
+    if capacity is None or not claims:
+        return capacity
+
+    def claimed(node: Obj) -> Obj:
+        meta = node.get("metadata") or {}
+        owner = claims.get(str(meta.get("name")))
+        if owner is None:
+            return node
+        notes = {**(meta.get("annotations") or {}), ARRIVED_FOR: owner}
+        return {**node, "metadata": {**meta, "annotations": notes}}
+
+    return replace(capacity, nodes=tuple(claimed(n) for n in capacity.nodes))
+
+
+def kept_nodes(req: ProvisioningRequest) -> tuple[str, ...]:
+    """The nodes the keep recorded on `req`."""
+    return tuple(sorted(rollback.record_of(req).rollback_nodes))
+
+
+def record(kept: Sequence[ProvisioningRequest], members: int) -> dict[str, str]:
+    """What the request topping `kept` up records: which requests, how many members there."""
+    if not kept:
+        return {}
+    return {
+        KEPT_FROM_ANNOTATION: ",".join(r.name for r in kept),
+        KEPT_MEMBERS_ANNOTATION: str(members),
+    }
+
+
+def kept_members(req: ProvisioningRequest) -> int:
+    raw = req.annotations.get(KEPT_MEMBERS_ANNOTATION, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def roll_back(
+    kept: Sequence[ProvisioningRequest],
+    capacity: ClusterView | None,
+    config: AtomicProvisioningSpec | None,
+    why: str,
+) -> tuple[Action, ...]:
+    """The attempt ends without the gang (or the gang had them and did not start): what was
+    kept goes back by the safe path of a rollback, each under its own record (started, its
+    nodes recorded, then reclaimed; once its outcome is recorded, nothing)."""
+    actions: list[Action] = []
+    for req in kept:
+        record = rollback.record_of(req)
+        if record.raw_outcome:
+            continue
+        if record.phase is not AttemptPhase.ROLLING_BACK:
+            annotate, _ = rollback.start(req, capacity, why, also=kept_nodes(req))
+            notes = dict(annotate.annotations)
+            merged = {**record.rollback_nodes, **json.loads(notes[ROLLBACK_NODES_ANNOTATION])}
+            notes[ROLLBACK_NODES_ANNOTATION] = json.dumps(merged, sort_keys=True)
+            actions.append(AnnotateRequest(req.name, notes))
+        reclaimer = rollback.reclaimer_of(made_under(req, config))
+        actions.append(rollback.reclaim(req, capacity, reclaimer))
+    return tuple(actions)
+
+
+def outstanding(kept: Sequence[ProvisioningRequest]) -> bool:
+    """Whether a kept request's rollback has not recorded its outcome yet."""
+    return any(not rollback.record_of(r).raw_outcome for r in kept)

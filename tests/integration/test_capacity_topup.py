@@ -1,0 +1,119 @@
+"""InOrder tops up instead of throwing away (issue 32) on a real kube-apiserver: a capacity
+source that stops short after part of the gang arrived keeps its nodes for the attempt and the
+next source is asked only for the rest; the gang turns Ready on both sources' nodes; when the
+attempt ends without the gang, the kept nodes are reclaimed by their own request's record.
+
+The test plays Kueue core and the cloud (it creates the Nodes); gangcheck runs as its process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.hold import hold_toleration
+from tests.builders import WorkloadBuilder, pod_template
+from tests.integration.harness import Cluster, RunningController, eventually
+
+pytestmark = pytest.mark.integration
+
+ARRIVED = "gangcheck.io/arrived-for"
+CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
+
+
+def sources(deadline_a: int = 4) -> dict[str, Any]:
+    return {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {"src": "a"}, "deadlineSeconds": deadline_a},
+            {"name": "b", "nodeSelector": {"src": "b"}},
+        ],
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 60, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
+    }
+
+
+def gang() -> WorkloadBuilder:
+    return WorkloadBuilder("wl").pod_set("workers", 4, pod_template(gpu=1)).reserve_quota().check()
+
+
+async def kept_then_topped_up(cluster: Cluster) -> tuple[str, str, list[str]]:
+    """Source a delivers 2 of 4 nodes and no more; past its deadline it is kept and source b
+    asked for the other 2. Returns (a's request, b's request, a's nodes)."""
+    await cluster.install_check(sources())
+    await cluster.submit(gang())
+    a = naming.request_name("wl", cluster.check, 1)
+    b = naming.request_name("wl", cluster.check, 1, 1)
+    await cluster.set_request_conditions(a, {"Accepted": "", "Provisioned": "resize done"})
+    from_a = await cluster.add_nodes(2, labels={"src": "a"})
+    made = await cluster.wait_request(b, timeout=30)
+    assert [p["count"] for p in made["spec"]["podSets"]] == [2]
+    notes = made["metadata"]["annotations"]
+    assert notes["gangcheck.io/kept-from"] == a
+    assert notes["gangcheck.io/kept-members"] == "2"
+    kept = await cluster.request(a)
+    assert kept is not None, "the source left is not withdrawn while its nodes are kept"
+    record = kept["metadata"]["annotations"]
+    assert record["gangcheck.io/phase"] == "Kept"
+    assert sorted(json.loads(record["gangcheck.io/rollback-nodes"])) == sorted(from_a)
+    assert record["gangcheck.io/rollback-reason"].startswith("Deadline: ")
+    return a, b, from_a
+
+
+async def test_a_source_that_stops_short_is_topped_up_and_the_gang_fits_on_both(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    a, b, from_a = await kept_then_topped_up(cluster)
+    nodes = {n["metadata"]["name"]: n for n in await cluster.nodes()}
+    assert sorted(nodes) == sorted(from_a), "nothing of source a is reclaimed"
+    assert all(nodes[n]["metadata"]["annotations"][ARRIVED] == f"{cluster.ns}/{a}" for n in from_a)
+
+    await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
+    from_b = await cluster.add_nodes(2, labels={"src": "b"})
+    check = await cluster.wait_check("wl", "Ready", timeout=30)
+    update = check["podSetUpdates"][0]
+    assert update["annotations"][CONSUME] == b
+    assert "src" not in (update.get("nodeSelector") or {})
+    for request in (a, b):
+        assert hold_toleration(f"{cluster.ns}/{request}") in update["tolerations"]
+    for request in (a, b):
+        req = await cluster.request(request)
+        assert req is not None
+        assert req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
+    assert sorted(n["metadata"]["name"] for n in await cluster.nodes()) == sorted(from_a + from_b)
+    topped = await cluster.wait_events("CapacityToppedUp", about="wl")
+    assert b in topped[0]["message"] and all(n in topped[0]["message"] for n in from_a)
+
+
+async def test_the_attempt_ending_without_the_gang_reclaims_the_kept_nodes_too(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    a, b, from_a = await kept_then_topped_up(cluster)
+    await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
+    from_b = await cluster.add_nodes(1, labels={"src": "b"})
+
+    async def recorded() -> bool:
+        nodes = await cluster.nodes()
+        return any(
+            (n["metadata"].get("annotations") or {}).get(ARRIVED) == f"{cluster.ns}/{b}"
+            for n in nodes
+        )
+
+    await eventually(recorded, what=f"{from_b[0]} recorded for {b}")
+    assert {n["metadata"]["name"] for n in await cluster.nodes()} == {*from_a, *from_b}
+    await cluster.set_request_conditions(b, {"Failed": "the cloud gave up"})
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    assert "Failed" in check["message"]
+
+    async def gone() -> bool:
+        return not await cluster.nodes()
+
+    await eventually(gone, what="every node of the attempt reclaimed")
+    for request in (a, b):
+        req = await cluster.request(request)
+        if req is not None:  # withdrawn once the outcome is written
+            assert "gangcheck.io/outcome" in req["metadata"]["annotations"]
+    rolled = await cluster.wait_events("RollbackStarted")
+    assert {e["involvedObject"]["name"] for e in rolled} >= {"wl"}

@@ -1,0 +1,358 @@
+"""InOrder tops up instead of throwing away (issue 32, logic/attempt/topup.py), through a Kueue
+Workload's check (admission.decide): a source that stops short after part of the gang arrived
+from it is kept for the attempt (its request marked Kept with its nodes, never withdrawn while
+the attempt goes on) and the next source is asked only for the members its nodes cannot hold;
+the gang turns Ready on kept + new nodes; a rollback of the attempt reclaims the kept arrivals
+by their own record; with a required topology the source's arrivals go back as before."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    ClaimNode,
+    CreateRequest,
+    DeleteRequest,
+    ReclaimArrivals,
+    ReleaseHold,
+)
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
+from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.model.names import CONSUME_ANNOTATION
+from gangcheck.model.objects import Flavor, request_of, workload_of
+from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK, node, pod_template, provisioning_request
+from tests.unit.test_admission_decide import NOW, gang
+
+Obj = dict[str, Any]
+#: The flavor leaves the pool open: both pools' nodes carry its label.
+FLAVOR = {"gpu": Flavor("gpu", {"node-group": "gpu"}, ())}
+SPEC: Obj = {
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a"}, "deadlineSeconds": 20},
+        {"name": "b", "nodeSelector": {"pool": "b"}},
+    ],
+    "fulfillment": {"reclaimer": "DeleteNode"},
+    "retryStrategy": {"backoffLimitCount": 3},
+}
+PAST = "2026-11-30T10:04:00Z"  # a deadline NOW (10:05) is past
+LATER = "2026-11-30T10:12:00Z"
+ARRIVED = "2026-11-30T10:00:01Z"  # a second after A: proven younger
+B_MADE = "2026-11-30T10:00:05Z"  # B is asked once A's nodes are there
+B_ARRIVED = "2026-11-30T10:00:06Z"
+OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 40, "reclaimed": ["b0"]}'
+
+
+def ask(k: int) -> str:
+    return naming.request_name("wl", CHECK, 1, k)
+
+
+A, B = ask(0), ask(1)
+
+
+def request(
+    k: int, count: int, *, provisioned: bool = True, failed: bool = False, **notes: str
+) -> Obj:
+    annotations = {
+        "gangcheck.io/attempt": "1",
+        "gangcheck.io/fulfillment-deadline": LATER,
+        **{f"gangcheck.io/{key.replace('_', '-')}": value for key, value in notes.items()},
+    }
+    if k:
+        annotations["gangcheck.io/capacity-source"] = str(k)
+    conditions = {"Provisioned": ""} if provisioned else {"Accepted": ""}
+    if failed:
+        conditions["Failed"] = "the cloud gave up"
+    return provisioning_request(
+        ask(k),
+        templates=[(naming.template_name(ask(k), "workers"), count)],
+        annotations=annotations,
+        conditions=conditions,
+        created=B_MADE if k else "2026-11-30T10:00:00Z",
+    )
+
+
+def gpu_node(name: str, pool: str, *, arrived_for: str = "", held: bool = True) -> Obj:
+    notes = {"gangcheck.io/arrived-for": f"default/{arrived_for}"} if arrived_for else {}
+    taints = [hold_taint(f"default/{arrived_for}")] if arrived_for and held else []
+    return node(
+        name,
+        gpu=1,
+        created=B_ARRIVED if pool == "b" else ARRIVED,
+        labels={"pool": pool, "node-group": "gpu"},
+        annotations=notes,
+        taints=taints,
+    )
+
+
+def kept(**extra: str) -> dict[str, str]:
+    """A's record once kept (deadline passed with a0, a1 arrived)."""
+    return {
+        "phase": "Kept",
+        "rollback_reason": "Deadline: the gang did not fit within 20s",
+        "rollback_nodes": json.dumps({"a0": ARRIVED, "a1": ARRIVED}),
+        **extra,
+    }
+
+
+def run(
+    requests: list[Obj],
+    nodes: list[Obj],
+    *,
+    workload: Obj | None = None,
+    pods: tuple[Obj, ...] = (),
+) -> Decision:
+    wl = workload or gang(4).build()
+    snap = Snapshot(
+        workload=workload_of(wl),
+        check=CHECK,
+        config=parse_spec(SPEC),
+        flavors=FLAVOR,
+        requests=tuple(request_of(r) for r in requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+        ),
+        capacity=ClusterView(
+            nodes=tuple(nodes),
+            pods=pods,
+            in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+        ),
+    )
+    return decide(snap, NOW)
+
+
+@dataclass(frozen=True)
+class Seen:
+    annotated: dict[str, dict[str, str]]
+    claimed: list[str]
+    created: dict[str, tuple[int, dict[str, str]]]
+    """name -> (members asked, gangcheck's annotations)"""
+    deleted: list[str]
+    reclaimed: dict[str, tuple[str, ...]]
+    events: set[str] = field(default_factory=set)
+    state: str = ""
+    message: str = ""
+
+
+def seen(d: Decision) -> Seen:
+    created = {}
+    for a in d.actions:
+        if isinstance(a, CreateRequest):
+            meta = a.body["metadata"]
+            count = sum(p["count"] for p in a.body["spec"]["podSets"])
+            notes = {k: v for k, v in meta["annotations"].items() if k.startswith("gangcheck.io/")}
+            created[meta["name"]] = (count, notes)
+    annotated: dict[str, dict[str, str]] = {}
+    for a in d.actions:
+        if isinstance(a, AnnotateRequest):
+            annotated.setdefault(a.name, {}).update(a.annotations)
+    return Seen(
+        annotated=annotated,
+        claimed=[a.name for a in d.actions if isinstance(a, ClaimNode)],
+        created=created,
+        deleted=sorted(a.name for a in d.actions if isinstance(a, DeleteRequest)),
+        reclaimed={a.request: a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)},
+        events={e.reason for e in d.events},
+        state=d.check.state if d.check else "",
+        message=d.check.message if d.check else "",
+    )
+
+
+def test_a_source_past_its_deadline_is_kept_and_the_next_asked_for_the_rest() -> None:
+    a = request(0, 4, fulfillment_deadline=PAST)
+    s = seen(run([a], [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a", arrived_for=A)]))
+    assert s.annotated[A]["gangcheck.io/phase"] == "Kept"
+    assert json.loads(s.annotated[A]["gangcheck.io/rollback-nodes"]) == {
+        "a0": ARRIVED,
+        "a1": ARRIVED,
+    }
+    assert s.annotated[A]["gangcheck.io/rollback-reason"].startswith("Deadline: ")
+    count, notes = s.created[B]
+    assert count == 2  # 4 members, 2 held by the kept nodes
+    assert notes["gangcheck.io/kept-from"] == A
+    assert notes["gangcheck.io/kept-members"] == "2"
+    assert notes["gangcheck.io/capacity-source"] == "1"
+    assert s.deleted == [] and s.reclaimed == {}  # nothing withdrawn, nothing reclaimed
+    assert "CapacityToppedUp" in s.events
+    assert s.state == "Pending"
+    assert "2 of 4 members are kept on the 2 node(s) that arrived" in s.message
+
+
+def test_a_source_that_fails_after_a_partial_delivery_is_kept_too() -> None:
+    a = request(0, 4, failed=True)
+    s = seen(run([a], [gpu_node("a0", "a", arrived_for=A)]))
+    assert s.annotated[A]["gangcheck.io/phase"] == "Kept"
+    assert s.annotated[A]["gangcheck.io/rollback-reason"].startswith("Failed")
+    assert s.created[B][0] == 3
+    assert s.deleted == [] and s.reclaimed == {}
+
+
+def test_an_arrival_not_recorded_yet_is_recorded_with_the_keep_and_counted() -> None:
+    a = request(0, 4, fulfillment_deadline=PAST)
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a")]  # a1: not recorded yet
+    s = seen(run([a], nodes))
+    assert s.claimed == ["a1"]
+    assert set(json.loads(s.annotated[A]["gangcheck.io/rollback-nodes"])) == {"a0", "a1"}
+    assert s.created[B][0] == 2
+
+
+def test_a_source_that_delivered_nothing_is_rolled_back_as_before() -> None:
+    a = request(0, 4, fulfillment_deadline=PAST)
+    s = seen(run([a], []))
+    assert s.annotated[A]["gangcheck.io/phase"] == "RollingBack"
+    assert s.created == {}
+
+
+def test_a_source_never_provisioned_is_not_kept() -> None:
+    """Nothing is recorded as arrived before Provisioned; the autoscaler would go on
+    retrying a request kept Provisioned=False, so it is left as before."""
+    a = request(0, 4, provisioned=False, fulfillment_deadline=PAST)
+    s = seen(run([a], [gpu_node("a0", "a")]))
+    assert s.annotated[A]["gangcheck.io/phase"] == "RollingBack"
+    assert s.created == {}
+
+
+def test_with_a_required_topology_nothing_is_kept() -> None:
+    template = pod_template(gpu=1)
+    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": "rack"}}
+    wl = gang(4).build()
+    wl["spec"]["podSets"][0]["template"] = template
+    a = request(0, 4, fulfillment_deadline=PAST)
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a", arrived_for=A)]
+    s = seen(run([a], nodes, workload=wl))
+    assert s.annotated[A]["gangcheck.io/phase"] == "RollingBack"
+    assert s.created == {}
+
+
+def test_while_the_next_source_delivers_the_kept_request_stays() -> None:
+    a = request(0, 4, **kept())
+    b = request(1, 2, provisioned=False, kept_from=A, kept_members="2")
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a", arrived_for=A)]
+    s = seen(run([a, b], nodes))
+    assert s.deleted == [] and s.reclaimed == {} and s.created == {}
+
+
+def test_the_gang_is_ready_on_kept_and_new_nodes() -> None:
+    a = request(0, 4, **kept())
+    b = request(1, 2, kept_from=A, kept_members="2")
+    nodes = [
+        gpu_node("a0", "a", arrived_for=A),
+        gpu_node("a1", "a", arrived_for=A),
+        gpu_node("b0", "b", arrived_for=B),
+        gpu_node("b1", "b", arrived_for=B),
+    ]
+    d = run([a, b], nodes)
+    s = seen(d)
+    assert s.state == "Ready", s.message
+    assert s.annotated[A]["gangcheck.io/phase"] == "Fulfilled"
+    assert s.annotated[B]["gangcheck.io/phase"] == "Fulfilled"
+    assert d.check is not None
+    update = d.check.pod_set_updates[0]
+    assert update["annotations"][CONSUME_ANNOTATION] == B
+    assert "pool" not in (update.get("nodeSelector") or {})  # on both pools' nodes
+    tolerations = update["tolerations"]
+    assert hold_toleration(f"default/{A}") in tolerations
+    assert hold_toleration(f"default/{B}") in tolerations
+
+
+def test_the_gang_does_not_fit_on_kept_nodes_alone() -> None:
+    a = request(0, 4, **kept())
+    b = request(1, 2, kept_from=A, kept_members="2")
+    nodes = [
+        gpu_node("a0", "a", arrived_for=A),
+        gpu_node("a1", "a", arrived_for=A),
+        gpu_node("b0", "b", arrived_for=B),
+    ]
+    s = seen(run([a, b], nodes))
+    assert s.state == "Pending"
+    assert "3 of 4 members placeable" in s.message
+
+
+def test_once_started_the_kept_nodes_hold_is_lifted() -> None:
+    a = request(0, 4, **kept(phase="Fulfilled"))
+    b = request(1, 2, kept_from=A, kept_members="2", phase="Started")
+    wl = (
+        gang(4)
+        .check(
+            state="Ready",
+            pod_set_updates=[{"name": "workers", "annotations": {CONSUME_ANNOTATION: B}}],
+        )
+        .condition("Admitted")
+        .build()
+    )
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("b0", "b", arrived_for=B, held=False)]
+    d = run([a, b], nodes, workload=wl)
+    released = [n for act in d.actions if isinstance(act, ReleaseHold) for n in act.nodes]
+    assert released == ["a0"]
+
+
+def test_the_attempt_ending_rolls_the_kept_request_back_before_retry() -> None:
+    a = request(0, 4, **kept())
+    b_done = {
+        "kept_from": A,
+        "kept_members": "2",
+        "phase": "RollingBack",
+        "rollback_reason": "Failed: b stocked out",
+        "outcome": OUTCOME,
+    }
+    b = request(1, 2, **b_done)
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a", arrived_for=A)]
+    s = seen(run([a, b], nodes))
+    # the last source failed: what was kept goes back first, by A's own record
+    assert s.state == ""
+    assert s.annotated[A]["gangcheck.io/phase"] == "RollingBack"
+    assert s.reclaimed == {A: ("a0", "a1")}
+    # once A's outcome is recorded: Retry
+    a_done = request(0, 4, **kept(phase="RollingBack", outcome=OUTCOME))
+    s = seen(run([a_done, b], []))
+    assert s.state == "Retry"
+    assert s.reclaimed == {}
+
+
+def test_after_retry_both_requests_of_the_attempt_are_withdrawn() -> None:
+    a = request(0, 4, **kept(phase="RollingBack", outcome=OUTCOME))
+    b = request(1, 2, kept_from=A, phase="RollingBack", outcome=OUTCOME)
+    wl = gang(4).check(state="Retry").build()
+    s = seen(run([a, b], [], workload=wl))
+    assert s.deleted == sorted([A, B])
+
+
+def test_a_keep_whose_next_ask_was_lost_asks_it_from_the_record() -> None:
+    a = request(0, 4, **kept())
+    nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("a1", "a", arrived_for=A)]
+    s = seen(run([a], nodes))
+    assert s.created[B][0] == 2
+    assert s.created[B][1]["gangcheck.io/kept-from"] == A
+    assert s.deleted == [] and s.reclaimed == {}
+
+
+@pytest.mark.parametrize("gone", ["a0", "a0,a1"])
+def test_kept_nodes_gone_before_the_next_ask_are_not_counted(gone: str) -> None:
+    a = request(0, 4, **kept())
+    left = [n for n in ("a0", "a1") if n not in gone.split(",")]
+    s = seen(run([a], [gpu_node(n, "a", arrived_for=A) for n in left]))
+    if left:
+        assert s.created[B][0] == 3
+    else:  # nothing left to top up: A goes back, then the attempt ends as a rollback's
+        assert s.created == {}
+        assert s.annotated[A]["gangcheck.io/phase"] == "RollingBack"
+
+
+def test_a_ready_gang_keeps_the_request_it_was_topped_up_from() -> None:
+    """Only a race's losers are withdrawn once the gang is Ready: the kept request is the
+    record of nodes the gang runs on (and of their hold, lifted once it has started)."""
+    a = request(0, 4, **kept(phase="Fulfilled"))
+    b = request(1, 2, kept_from=A, kept_members="2", phase="Fulfilled")
+    wl = gang(4).check(
+        state="Ready",
+        pod_set_updates=[{"name": "workers", "annotations": {CONSUME_ANNOTATION: B}}],
+    )
+    s = seen(run([a, b], [gpu_node("a0", "a", arrived_for=A)], workload=wl.build()))
+    assert s.deleted == [] and s.reclaimed == {}
