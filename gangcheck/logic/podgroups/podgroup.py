@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback, topup
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -70,6 +70,7 @@ from gangcheck.model.names import (
     GATE,
     GROUP_ANNOTATION,
     GROUP_UID_ANNOTATION,
+    KEPT_FROM_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
@@ -202,17 +203,154 @@ def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDeci
     assert snap.config is not None
     if snap.config.racing > 1:
         return _race(snap, members, now)
-    name, _ = _current(snap)
+    name, ask = _current(snap)
     req = next((r for r in snap.requests if r.name == name), None)
-    stale = _stale(snap, name)
+    stale = _stale(snap, name, keep=_kept_in(snap))
     if req is None:
         wait = _backing_off(snap, now) or _settling(members, now)
         decision = wait or _new_attempt(snap, members, name, now)
     elif req.deleting:
         decision = GroupDecision(requeue_after=1.0)
+    elif topup.is_kept(req):
+        decision = _kept_without_next(snap, members, req, ask, now)
     else:
         decision = _in_flight(snap, members, req, now)
     return replace(decision, actions=stale + decision.actions)
+
+
+def _kept_for(snap: GroupSnapshot, req: ProvisioningRequest) -> tuple[ProvisioningRequest, ...]:
+    """The requests whose kept arrivals `req` tops up (topup.py), those that exist."""
+    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
+    found = {r.name: r for r in snap.requests}
+    return tuple(found[n] for n in names if n in found)
+
+
+def _kept_in(snap: GroupSnapshot) -> tuple[ProvisioningRequest, ...]:
+    """The requests of the attempt in flight whose arrivals are kept for it."""
+    return topup.kept_of(r for _, r in _asks(snap))
+
+
+def _kept_labels(
+    config: AtomicProvisioningSpec,
+    req: ProvisioningRequest | places.Place,
+    kept: Sequence[ProvisioningRequest],
+) -> dict[str, str]:
+    """The node labels the sources of `req` (or of a place) and of the kept requests share."""
+    place = req if isinstance(req, places.Place) else _place_of(req)
+    return topup.common_labels(config, [place.source, *(_place_of(r).source for r in kept)])
+
+
+def _keep(
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest,
+    step: lifecycle.Step,
+    now: datetime,
+) -> GroupDecision | None:
+    """InOrder tops up instead of throwing away (topup.py), as a Workload's check does: the
+    rollback starting on a source that stopped short becomes keeping what arrived, and the
+    next place is asked for the members the kept nodes cannot hold; None: as before."""
+    assert snap.config is not None
+    if snap.backend is not PROVISIONING_REQUEST:
+        return None
+    cause = RollbackCause.of(step.message)
+    if cause in driver.NO_FALLBACK or cause is RollbackCause.REVOKED:
+        return None
+    actions = topup.keeping(step.actions, req)
+    if actions is None:
+        return None
+    gang = gang_of(snap, members)
+    place = _place_of(req)
+    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
+    _, asks = _current(snap)
+    if following is None or asks + 1 >= naming.MAX_ASKS:
+        return None
+    if not topup.allowed(snap.config, gang, place, following):
+        return None
+    kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
+    return _top_up(
+        snap,
+        members,
+        req,
+        now,
+        kept=kept,
+        following=following,
+        ask=asks + 1,
+        why=step.message,
+        actions=actions,
+    )
+
+
+def _top_up(
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest,
+    now: datetime,
+    *,
+    kept: tuple[ProvisioningRequest, ...],
+    following: places.Place,
+    ask: int,
+    why: str,
+    actions: tuple[Action, ...] = (),
+) -> GroupDecision | None:
+    """`req` kept: the next place asked for the members the kept nodes cannot hold; None
+    when they hold none, or all."""
+    assert snap.config is not None
+    gang = gang_of(snap, members)
+    labels = _kept_labels(snap.config, following, kept)
+    split = topup.split(topup.with_claims(snap.capacity, actions), _pinned(gang, labels), kept)
+    if not split.kept_members or not split.remainder:
+        return None
+    left = _place_of(req).describe(snap.config) or driver.source_name(
+        snap.config, _place_of(req).source
+    )
+    total = split.kept_members + split.remainder_members
+    said = (
+        f"{left} stopped short ({why}); {split.kept_members} of {total} members are kept on "
+        f"the {len(split.nodes)} node(s) that arrived; "
+    )
+    name = _ask_name(snap, ask)
+    made = _first(
+        snap, members, gang, name, now, place=following, said=said, kept=kept, kept_split=split
+    )
+    text = (
+        f"{left} stopped short for {req.name} ({why}): kept {len(split.nodes)} node(s) for "
+        f"{split.kept_members} member(s) ({', '.join(split.nodes)}); asking "
+        f"{following.describe(snap.config)} for the other {split.remainder_members} with {name}"
+    )
+    event = Event("CapacityToppedUp", text[:1].upper() + text[1:])
+    failed = driver.failed_note(snap.config, req, why)
+    return replace(
+        made,
+        actions=(*actions, *made.actions),
+        events=(*made.events, event),
+        sources=(*failed, *made.sources),
+    )
+
+
+def _kept_without_next(
+    snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, ask: int, now: datetime
+) -> GroupDecision:
+    """The latest ask of the attempt is kept and no next one exists (its making was lost):
+    the next place asked now, from the record; else what was kept goes back and the attempt
+    ends as a rollback's would."""
+    assert snap.config is not None
+    place = _place_of(req)
+    gang = gang_of(snap, members)
+    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
+    kept = _kept_in(snap)
+    why = rollback.record_of(req).reason or "stopped short"
+    if following is not None and topup.allowed(snap.config, gang, place, following):
+        topped = _top_up(
+            snap, members, req, now, kept=kept, following=following, ask=ask + 1, why=why
+        )
+        if topped is not None:
+            return topped
+    gone = topup.roll_back(kept, snap.capacity, snap.config, why)
+    if gone:
+        return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
+    done = rollback.RolledBack(why, f"rolled back {req.name} ({why})")
+    return _rolled_back(snap, lifecycle.Step(Progress.ROLLED_BACK, why, verdict=done), done, now)
 
 
 def _settling(members: _Members, now: datetime) -> GroupDecision | None:
@@ -264,18 +402,33 @@ def _first(
     *,
     place: places.Place,
     said: str = "",
+    kept: tuple[ProvisioningRequest, ...] = (),
+    kept_split: topup.Split | None = None,
 ) -> GroupDecision:
     """No request yet: release at once if the gang fits on free nodes (of the capacity source
     of `place`, in any one domain), else ask there for capacity, scoped to its topology
-    domain; `said`: why an earlier place was left."""
+    domain; `said`: why an earlier place was left; `kept`: the requests of the attempt whose
+    arrivals are kept (topup.py): only the members their nodes cannot hold are asked."""
     assert snap.config is not None
     source = place.source
+    whole = gang
     gang = _pinned(gang, _source_labels(snap.config, source))
     reservations = reservations_of(snap.config)
     split = reserved_split(snap.capacity, gang, reservations) if reservations else None
     reserved = split.reserved_members if split else 0
     here = fits_now(snap.capacity, gang)
-    if here.fits:
+    on_kept = 0
+    if kept:  # the kept nodes' members stay there: only the rest is asked
+        labels = _kept_labels(snap.config, place, kept)
+        on = kept_split or topup.split(snap.capacity, _pinned(whole, labels), kept)
+        on_kept = on.kept_members
+        gang = replace(
+            gang,
+            pod_sets=tuple(
+                (ps, on.remainder[ps], tpl) for ps, _, tpl in gang.pod_sets if ps in on.remainder
+            ),
+        )
+    elif here.fits:
         message = f"{said}the whole gang fits on nodes that exist: {here.summary}"
         domains = {**here.domains, **_source_domain(snap.config, source)}
         released = _release(snap, members.unbound, None, domains, message, now=now)
@@ -295,6 +448,7 @@ def _first(
             attempt_of(snap.group), snap.config, now, reserved=reserved, source=source
         ),
         **place.record(),
+        **topup.record(kept, on_kept),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
@@ -345,6 +499,12 @@ def _followed(
     index = place.source
     source = config.source(index)
     gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
+    capacity = snap.capacity
+    kept = _kept_for(snap, req)
+    if kept:  # topping kept arrivals up: the gang on their nodes and its own
+        labels = _kept_labels(config, req, kept)
+        gang = topup.tolerating(_pinned(gang_from_pods(snap.group, ours), labels), kept)
+        capacity = topup.view(snap.capacity, kept)
     if racing is None:
         following = places.next_place(
             config, place, _gang_by_source(snap, gang_of(snap, members)), snap.capacity
@@ -356,7 +516,7 @@ def _followed(
         request=req,
         status=snap.backend.status_of(req),
         gang=gang,  # in any one domain: the ask is scoped, the fit takes room where it is
-        capacity=snap.capacity,
+        capacity=capacity,
         config=config.for_source(index),
         fallback=fallback,
     )
@@ -583,11 +743,17 @@ def _outcome(
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
         fell_back = _fall_back(snap, members, req, step, now) if members else None
+        kept = _kept_for(snap, req)
+        if fell_back is None and topup.outstanding(kept):
+            # the attempt ends: what was kept for it goes back first, by its own record
+            gone = topup.roll_back(kept, snap.capacity, snap.config, step.verdict.message)
+            return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
         ended = fell_back or _rolled_back(snap, step, step.verdict, now)
         failed = driver.failed_note(snap.config, req, step.verdict.reason)
         return replace(ended, sources=(*failed, *ended.sources))
     if step.progress is Progress.ROLLING_BACK:
-        return GroupDecision(
+        keeping = _keep(snap, members, req, step, now) if members else None
+        return keeping or GroupDecision(
             actions=step.actions, events=step.events, requeue_after=step.requeue_after
         )
     if step.progress is Progress.FITS:
@@ -596,9 +762,10 @@ def _outcome(
         late = _release_with_gang(
             tuple(p for p in gated if p.name not in chosen), dict(step.domains.values())
         )
+        fulfilled = (a for r in (*_kept_for(snap, req), req) for a in lifecycle.fulfilled(r))
         return replace(
             released,
-            actions=(*step.actions, *released.actions, *late.actions, *lifecycle.fulfilled(req)),
+            actions=(*step.actions, *released.actions, *late.actions, *fulfilled),
             events=(*released.events, *late.events),
             capacity_used=capacity_used(req),
             sources=driver.delivered_note(snap.config, req, now),
@@ -638,8 +805,12 @@ def _fall_back(
     )
     if nxt is None:
         return None
+    kept = topup.kept_of(_kept_for(snap, req))
+    if kept and not topup.allowed(snap.config, gang, _place_of(req), nxt.place):
+        gone = topup.roll_back(kept, snap.capacity, snap.config, done.message)
+        return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
     name = _ask_name(snap, nxt.ask)
-    made = _first(snap, members, gang, name, now, place=nxt.place, said=nxt.said)
+    made = _first(snap, members, gang, name, now, place=nxt.place, said=nxt.said, kept=kept)
     event = nxt.event(snap.config, req.name, name)
     return replace(
         made,
@@ -708,11 +879,17 @@ def _release(
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     source = rollback.record_of(req).source if req is not None else None
     pinned = _source_domain(snap.config, source) if snap.config and source is not None else {}
+    kept = _kept_for(snap, req) if req is not None else ()
+    holds = _hold_toleration(req)
+    if kept and snap.config is not None and req is not None:  # on kept and new nodes
+        shared = _kept_labels(snap.config, req, kept)
+        pinned = {f"source:{k}": (k, v) for k, v in shared.items()}
+        holds = (*holds, *(hold_toleration(topup.key_of(r)) for r in kept))
     pins = dict({**domains, **pinned}.values())
     gated = tuple(sorted(p.name for p in gang if p.gated))
     actions: tuple[Action, ...] = ()
     if gated:
-        actions = (ReleaseMembers(gated, annotations, pins, GATE, _hold_toleration(req)),)
+        actions = (ReleaseMembers(gated, annotations, pins, GATE, holds),)
     decision = _status(
         snap,
         state,
@@ -768,6 +945,11 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     )
     if rollback.is_rolling_back(req):
         step = lifecycle.roll_back(attempt)
+        kept = _kept_for(snap, req)
+        if step.progress is Progress.ROLLED_BACK and topup.outstanding(kept):
+            assert step.verdict is not None  # what was kept goes back too, by its own record
+            gone = topup.roll_back(kept, snap.capacity, snap.config, step.verdict.message)
+            return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
         if step.progress is Progress.ROLLED_BACK:
             assert step.verdict is not None
             message = (
@@ -1103,10 +1285,13 @@ def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
     return GroupDecision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
 
-def _stale(snap: GroupSnapshot, current: str) -> tuple[Action, ...]:
-    """Withdraw the attempts before `current`, lifting the hold from what they kept."""
+def _stale(
+    snap: GroupSnapshot, current: str, *, keep: Sequence[ProvisioningRequest] = ()
+) -> tuple[Action, ...]:
+    """Withdraw the attempts before `current`, lifting the hold from what they kept; not
+    the requests `keep` (kept for the attempt in flight, topup.py)."""
     return lifecycle.superseded(
-        snap.requests,
+        [r for r in snap.requests if r not in keep],
         current,
         capacity=snap.capacity,
         backend=snap.backend,
