@@ -47,7 +47,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: Modules of tests/e2e that start a stack of their own (not the session's full stack).
-OWN_STACK = frozenset({"test_kind_deploy.py", "test_bench.py", "test_bench_capacity_sources.py"})
+OWN_STACK = frozenset(
+    {
+        "test_kind_deploy.py",
+        "test_bench.py",
+        "test_bench_capacity_sources.py",
+        "test_bench_elastic.py",
+    }
+)
 
 
 def worker_group(nodeid: str) -> str:
