@@ -24,7 +24,10 @@ from gangcheck_dev.testbed.deploy import ManagedProcess
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.logic.workloads import slices
+from gangcheck.model.names import HOLD_AS
 from tests.e2e.conftest import Cluster
 from tests.e2e.helpers import JOB, delete_quietly, events_of, eventually, is_true, messages, unique
 from tests.e2e.test_gangcheck import (
@@ -164,6 +167,14 @@ async def test_a_job_scaled_up_gets_the_added_members_all_at_once_and_scaled_dow
         old = wl["metadata"]["annotations"][slices.REPLACEMENT_FOR]
         assert state["state"] == "Ready"
         assert f"adds 4 members to {old} running 4" in state["message"]
+        # the added nodes were held as the Job's pods tolerate: the first slice's request,
+        # read from the slice's template as Kueue copied it from the Job
+        old_ns, _, old_name = old.partition("/")
+        first_request = naming.request_name(old_name, queue.check, 1)
+        assert req["metadata"]["annotations"][HOLD_AS] == f"{old_ns}/{first_request}"
+        for node in added:  # and opened once the 8 ran
+            got = await kube.get(NODE, node)
+            assert not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
 
         await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 4}}, namespace)
         kept = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="back to 4")
