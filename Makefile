@@ -8,7 +8,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PYTEST := $(PYTHON) -m pytest
 #: make test's pytest workers (pytest-xdist): what shares a stack runs on one (tests/conftest.py).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 HOST_PATH := $(PATH)
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE = 1
