@@ -744,3 +744,58 @@ async def test_a_podgroup_race_is_won_by_the_first_source_to_deliver_and_the_los
         assert any(partial in e["message"] and "race-pg-1" in e["message"] for e in said)
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_released_on_both(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """InOrder (issue 32): source a delivers one of the two nodes the gang needs and no more;
+    past its deadline its node is kept for the attempt (its request marked Kept, not
+    withdrawn) and source b is asked for the other member only; the gang is released onto
+    both sources' nodes, consuming b's request and tolerating both holds."""
+    config = f"topup-{groups.ns}"
+    src = "topup.example.com/source"
+    spec = {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {src: "a"}, "deadlineSeconds": 4},
+            {"name": "b", "nodeSelector": {src: "b"}},
+        ],
+        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("topup", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"topup-{i}", "topup", gpu=2)
+        await groups.cluster.wait_request("topup-pg-1")
+        await groups.cluster.set_request_conditions("topup-pg-1", {"Provisioned": "ok"})
+        (partial,) = await groups.cluster.add_nodes(1, gpu=2, labels={src: "a"})
+
+        made = await groups.cluster.wait_request("topup-pg-1-s1", timeout=30)
+        assert [p["count"] for p in made["spec"]["podSets"]] == [1]
+        assert _annotations(made)["gangcheck.io/kept-from"] == "topup-pg-1"
+        kept = await groups.cluster.request("topup-pg-1")
+        assert kept is not None and _annotations(kept)["gangcheck.io/phase"] == "Kept"
+        assert await groups.gated("topup-0", "topup-1") == [True, True]
+
+        await groups.cluster.set_request_conditions("topup-pg-1-s1", {"Provisioned": "ok"})
+        await groups.cluster.add_nodes(1, gpu=2, labels={src: "b"})
+        released = await groups.wait_state("topup", "Released", timeout=30)
+        assert _annotations(released)["gangcheck.io/request"] == "topup-pg-1-s1"
+        pods = [await groups.pod(f"topup-{i}") for i in range(2)]
+        assert {_annotations(p)[CONSUME_ANNOTATION] for p in pods} == {"topup-pg-1-s1"}
+        assert all(src not in (p["spec"].get("nodeSelector") or {}) for p in pods)
+        values = {
+            t.get("value")
+            for p in pods
+            for t in p["spec"].get("tolerations") or []
+            if t.get("key") == HOLD_TAINT
+        }
+        assert len(values) == 2, values  # the holds of both sources' nodes
+        assert await groups.gated("topup-0", "topup-1") == [False, False]
+        node = await groups.kube.get(NODE, partial)  # kept: not reclaimed
+        assert _annotations(node)[ARRIVED_FOR] == f"{groups.ns}/topup-pg-1"
+        (topped,) = await groups.cluster.wait_events("CapacityToppedUp")
+        assert partial in topped["message"] and "topup-pg-1-s1" in topped["message"]
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
