@@ -35,9 +35,12 @@ Per gang, over a fixed horizon from the Jobs' creation, sampled every SAMPLE sec
 - the clusters that scaled up for it: the workers whose cloud delivered a node for one of
   its requests (the cloud's ``NodeDelivered`` Events, which outlive the nodes, and the
   nodes seen);
-- stranded node-minutes, as ``benchmarks/capacity_sources.py`` counts them: node time of
-  the nodes that came for the gang while it had not started, and after it started, of those
-  running none of its members; and of which in the clusters it did not run in;
+- stranded node-minutes, as ``benchmarks/capacity_sources.py`` counts them, for several
+  gangs: node time of the nodes that came for the gang (the cloud records on each node the
+  request it came for) while they run no member of a gang that has started (all its pods
+  Running): nodes waiting for their gang, or left behind; and of which in the clusters the
+  gang did not run in. Kueue's check does not keep a gang's nodes for it, so a member may run
+  on a node that came for the other gang: the node is of use, whichever gang it came for;
 - Job -> all pods Running (in one worker), or "did not start".
 
 Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
@@ -233,6 +236,14 @@ async def sample(
                 gang.started_at, gang.ran_in = now, worker
         for gang in gangs:
             gang.idle_now = {k for k in gang.idle_now if k[0] != worker}
+        # A node is of use while it runs a member of a gang that has started (a scheduler
+        # may put one gang's member on another's node: Kueue's check holds none for its gang)
+        busy = {
+            p["spec"].get("nodeName")
+            for gang in gangs
+            if gang.started_at is not None and gang.ran_in == worker
+            for p in running.get(gang.name, [])
+        }
         for node in nodes:
             made_for = (node["metadata"].get("annotations") or {}).get(REQUEST_ANNOTATION, "")
             req_ns, _, request = made_for.partition("/")
@@ -242,8 +253,7 @@ async def sample(
             key = (worker, node["metadata"]["name"])
             gang.seen.add(key)
             gang.scaled.add(worker)
-            busy = {p["spec"].get("nodeName") for p in running.get(gang.name, [])}
-            if gang.started_at is None or key[1] not in busy:
+            if key[1] not in busy:
                 gang.idle[key] = gang.idle.get(key, 0.0) + dt
                 gang.idle_now.add(key)
 
