@@ -42,7 +42,10 @@ Per side, sampled every SAMPLE seconds over the horizon:
   deletion or the end of the horizon) while the gang had not started, and after it started,
   of the nodes that run none of its members; in total and in the place given up on (pool A,
   rack 1): for gangcheck the place it left, for Kueue the place it stays on (Kueue never
-  leaves it: see the results in docs/benchmarks.md);
+  leaves it: see the results in docs/benchmarks.md); and of that, the node time of the nodes
+  there that never carried a member of the started gang (all of them when it did not start):
+  what was thrown away there, as opposed to held until the gang started on it (gangcheck
+  keeps a source's partial delivery and tops it up from the next, logic/attempt/topup.py);
 - nodes left behind at the end (stranded in the last sample) in that place and in all, and
   the ProvisioningRequests at the end.
 
@@ -139,6 +142,7 @@ class Arm:
     idle: dict[str, float] = field(default_factory=dict)  # node -> idle seconds
     place_of: dict[str, str] = field(default_factory=dict)  # node -> place key
     idle_now: set[str] = field(default_factory=set)
+    carried: set[str] = field(default_factory=set)  # nodes that ran a member once started
     left: dict[str, int] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     check_state: str = ""
@@ -399,6 +403,8 @@ async def sample(kube: Kube, arms: Sequence[Arm], dt: float) -> None:
         busy = {p["spec"].get("nodeName") for p in running}
         if arm.started_at is None and len(running) >= MEMBERS:
             arm.started_at = time.monotonic()
+        if arm.started_at is not None:
+            arm.carried.update(n for n in busy if n in mine)
         arm.idle_now = set()
         for name, labels in mine.items():
             arm.place_of.setdefault(name, labels.get(RACK_LABEL) or labels.get(PLACE_LABEL, "?"))
@@ -532,6 +538,9 @@ def figures(arm: Arm) -> dict[str, Any]:
         "time_to_start_s": started,
         "stranded_node_min": round(sum(arm.idle.values()) / 60, 2),
         "stranded_node_min_first_place": round(sum(arm.idle.get(n, 0.0) for n in first) / 60, 2),
+        "thrown_node_min_first_place": round(
+            sum(arm.idle.get(n, 0.0) for n in first if n not in arm.carried) / 60, 2
+        ),
         "nodes_seen": len(arm.place_of),
         "nodes_seen_first_place": len(first),
         "nodes_left": sum(arm.left.values()),
@@ -588,6 +597,10 @@ def rows(scenario: str, result: dict[str, Any]) -> list[tuple[str, str, str, str
         ("time to start (Job -> all pods Running)", start(g), start(k), start_ratio),
         ("stranded node-minutes, total", *number("stranded_node_min")),
         (f"  of which in {first}", *number("stranded_node_min_first_place")),
+        (
+            f"  thrown away in {first} (ran no member)",
+            *number("thrown_node_min_first_place"),
+        ),
         (
             f"nodes that came, in {first}",
             str(g["nodes_seen_first_place"]),

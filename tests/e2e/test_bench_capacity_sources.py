@@ -15,6 +15,7 @@ HORIZON = 40.0
 FIGURES = (
     "stranded_node_min",
     "stranded_node_min_first_place",
+    "thrown_node_min_first_place",
     "nodes_seen",
     "nodes_seen_first_place",
     "nodes_left",
