@@ -472,3 +472,22 @@ def test_a_ready_gang_keeps_the_request_it_was_topped_up_from() -> None:
     )
     s = seen(run([a, b], [gpu_node("a0", "a", arrived_for=A)], workload=wl.build()))
     assert s.deleted == [] and s.reclaimed == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kept_request_rolling_back_is_not_withdrawn_before_its_outcome(kind: str) -> None:
+    """The attempt ends and the kept request's rollback is under way (no outcome yet): it is
+    reclaimed again, never withdrawn as superseded meanwhile (its record would go with it)."""
+    b_done = {
+        "kept_from": A,
+        "kept_members": "2",
+        "phase": "RollingBack",
+        "rollback_reason": "Failed: b stocked out",
+        "outcome": OUTCOME,
+    }
+    rolling = kept(phase="RollingBack")
+    requests = [request(0, 4, kind=kind, **rolling), request(1, 2, kind=kind, **b_done)]
+    nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
+    s = through(kind, requests, nodes)
+    assert s.deleted == []
+    assert s.reclaimed == {ask(0, kind): ("a0", "a1")}

@@ -205,7 +205,9 @@ def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDeci
         return _race(snap, members, now)
     name, ask = _current(snap)
     req = next((r for r in snap.requests if r.name == name), None)
-    stale = _stale(snap, name, keep=_kept_in(snap))
+    # the kept requests of the attempt, and those the current one tops up (rolling back too)
+    keep = (*_kept_in(snap), *(_kept_for(snap, req) if req is not None else ()))
+    stale = _stale(snap, name, keep=keep)
     if req is None:
         wait = _backing_off(snap, now) or _settling(members, now)
         decision = wait or _new_attempt(snap, members, name, now)
@@ -1291,7 +1293,7 @@ def _stale(
     """Withdraw the attempts before `current`, lifting the hold from what they kept; not
     the requests `keep` (kept for the attempt in flight, topup.py)."""
     return lifecycle.superseded(
-        [r for r in snap.requests if r not in keep],
+        [r for r in snap.requests if r.name not in {k.name for k in keep}],
         current,
         capacity=snap.capacity,
         backend=snap.backend,

@@ -645,15 +645,16 @@ def _pending(
     if snap.config.racing > 1:
         return _race(snap, state, merged, now)
     name, ask = _current(snap, state)
-    kept = _kept_in(snap, state)
+    req = _find(snap.requests, name)
+    # the kept requests of the attempt, and those the current one tops up (rolling back too)
+    kept = {r.name for r in (*_kept_in(snap, state), *(_kept_for(snap, req) if req else ()))}
     stale = lifecycle.superseded(
-        [r for r in snap.requests if r not in kept],
+        [r for r in snap.requests if r.name not in kept],
         name,
         capacity=snap.capacity,
         backend=snap.backend,
         why=f"superseded by attempt {state.retry_count + 1}",
     )
-    req = _find(snap.requests, name)
     if req is None:
         first = places.first_place(snap.config, _gang_of(snap), snap.capacity)
         decision = _create(snap, state, name, merged, now, place=first)
