@@ -27,17 +27,20 @@ from gangcheck.logic.attempt.actions import (
     ReleaseHold,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.explain import World
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.logic.workloads.diagnosis import gather
 from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import Flavor, pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, node, pod_template, provisioning_request
 from tests.unit.test_admission_decide import NOW, gang
+from tests.unit.test_diagnosis import admission_check
 from tests.unit.test_podgroup_decide import group, members
 
 Obj = dict[str, Any]
@@ -491,3 +494,25 @@ def test_a_kept_request_rolling_back_is_not_withdrawn_before_its_outcome(kind: s
     s = through(kind, requests, nodes)
     assert s.deleted == []
     assert s.reclaimed == {ask(0, kind): ("a0", "a1")}
+
+
+def test_diagnose_fits_a_topped_up_request_on_the_kept_nodes_and_its_own() -> None:
+    """gangcheck diagnose replays the fit as the controller makes it: the kept request's
+    nodes count for the request topping them up (before, only its own source's did)."""
+    a = request(0, 4, **kept())
+    b = request(1, 2, kept_from=A, kept_members="2")
+    nodes = [
+        *(gpu_node(n, "a", arrived_for=A) for n in ("a0", "a1")),
+        gpu_node("b0", "b", arrived_for=B),
+    ]
+    world = World(
+        nodes=tuple(nodes),
+        admission_checks={CHECK: admission_check()},
+        configs={"cfg": {"spec": SPEC}},
+        flavors=FLAVOR,
+        requests=(a, b),
+    )
+    facts = gather(gang(4).build(), world, now=NOW)
+    assert facts.request is not None and facts.request.name == B
+    assert facts.placement is not None
+    assert (facts.placement.placeable, facts.placement.total) == (3, 4)

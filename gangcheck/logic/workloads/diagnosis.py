@@ -15,10 +15,10 @@ same facts for ``gangcheck status``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import naming, places
+from gangcheck.logic.attempt import naming, places, topup
 from gangcheck.logic.attempt.explain import (
     GangRow,
     Placement,
@@ -53,6 +53,7 @@ from gangcheck.logic.workloads.podsets import pod_template_spec
 from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.names import (
     FULFILLED,
+    KEPT_FROM_ANNOTATION,
     ROLLING_BACK,
     STARTED,
     WORKLOAD_UID_ANNOTATION,
@@ -239,9 +240,13 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
     req = _find_request(world, wl, focus, checks)
     request = _request_facts(world, req, focus, checks, wl) if focus else None
     gang = _gang(slices.as_asked(wl, req), focus, spec, world.flavors, req)  # a slice: its ask
+    fitted_in = world
+    kept = _kept(world, req)
+    if kept and spec is not None:  # topping kept arrivals up: fitted on their nodes and its own
+        gang, fitted_in = _topped_up(wl, focus, spec, world, req=req, kept=kept)
     placement = None
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
-        placement = place_in(world, gang, wl.ref.namespace, req, now)
+        placement = place_in(fitted_in, gang, wl.ref.namespace, req, now)
     decided = replay(_snapshot(wl, focus, world), now) if focus else None
     return Facts(
         namespace=wl.ref.namespace,
@@ -449,6 +454,46 @@ def _gang(
             for ps in wl.pod_sets
         )
     )
+
+
+def _kept(world: World, req: ProvisioningRequest | None) -> tuple[ProvisioningRequest, ...]:
+    """The requests whose kept arrivals `req` tops up (logic/attempt/topup.py)."""
+    if req is None:
+        return ()
+    names = {n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n}
+    return tuple(
+        request_of(o)
+        for o in world.requests
+        if (o.get("metadata") or {}).get("namespace") == req.ref.namespace
+        and (o.get("metadata") or {}).get("name") in names
+    )
+
+
+def _topped_up(
+    wl: Workload,
+    check: str,
+    spec: AtomicProvisioningSpec,
+    world: World,
+    *,
+    req: ProvisioningRequest | None,
+    kept: tuple[ProvisioningRequest, ...],
+) -> tuple[GangSpec, World]:
+    """The gang as the controller fits a request topping kept arrivals up: pinned to the
+    labels the sources share, tolerating every hold, counting the kept requests' nodes."""
+    assert req is not None
+    snap = Snapshot(workload=wl, check=check, config=spec, flavors=world.flavors)
+    sources = [record_of(r).source for r in (req, *kept)]
+    gang = topup.tolerating(gang_templates(snap, labels=topup.common_labels(spec, sources)), kept)
+    names = {r.name for r in kept}
+    left = tuple(
+        o
+        for o in world.requests
+        if not (
+            (o.get("metadata") or {}).get("namespace") == req.ref.namespace
+            and (o.get("metadata") or {}).get("name") in names
+        )
+    )
+    return gang, replace(world, requests=left)
 
 
 def _start_facts(
