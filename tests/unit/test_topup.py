@@ -30,6 +30,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.explain import World
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
+from gangcheck.logic.podgroups.group_diagnosis import gather_group
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
@@ -514,5 +515,32 @@ def test_diagnose_fits_a_topped_up_request_on_the_kept_nodes_and_its_own() -> No
     )
     facts = gather(gang(4).build(), world, now=NOW)
     assert facts.request is not None and facts.request.name == B
+    assert facts.placement is not None
+    assert (facts.placement.placeable, facts.placement.total) == (3, 4)
+
+
+def test_diagnose_fits_a_topped_up_pod_group_on_the_kept_nodes_and_its_own() -> None:
+    a = request(0, 4, kind="PodGroup", **kept())
+    b = request(1, 2, kind="PodGroup", kept_from=A, kept_members="2")
+    nodes = [
+        *(gpu_node(n, "a", arrived_for=A, kind="PodGroup") for n in ("a0", "a1")),
+        gpu_node("b0", "b", arrived_for=B, kind="PodGroup"),
+    ]
+    pods = members(4)
+    notes = {
+        "gangcheck.io/state": "Provisioning",
+        "gangcheck.io/attempt": "1",
+        "gangcheck.io/request": ask(1, "PodGroup"),
+    }
+    world = World(nodes=tuple(nodes), pods=tuple(pods), requests=(a, b))
+    facts = gather_group(
+        group(4, annotations=notes),
+        [pod_of(p) for p in pods],
+        world,
+        namespace="default",
+        name="g",
+        now=NOW,
+    )
+    assert facts.request is not None and facts.request.name == ask(1, "PodGroup")
     assert facts.placement is not None
     assert (facts.placement.placeable, facts.placement.total) == (3, 4)

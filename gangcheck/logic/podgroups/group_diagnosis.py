@@ -14,10 +14,10 @@ the replayed decision does (releases, asks, waits for the members) or the step i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import lifecycle, naming
+from gangcheck.logic.attempt import lifecycle, naming, topup
 from gangcheck.logic.attempt.actions import ReleaseMembers
 from gangcheck.logic.attempt.explain import (
     GangRow,
@@ -58,6 +58,7 @@ from gangcheck.model.names import (
     CONFIG_ANNOTATION,
     GANG_MEMBERS_ANNOTATION,
     GROUP_UID_ANNOTATION,
+    KEPT_FROM_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     OPT_IN_LABEL,
@@ -257,7 +258,13 @@ def gather_group(
     ):
         ours = podgroup.attempt_members(unbound, req) if req is not None else unbound
         gang = podgroup.gang_from_pods(group, ours)
-        placement = place_in(world, gang, group.ref.namespace, req, now)
+        fitted_in, kept = world, _kept(world, req)
+        if kept:  # topping kept arrivals up: fitted on their nodes and its own, as decided
+            gang = topup.tolerating(gang, kept)
+            gone = {topup.key_of(r) for r in kept}
+            left = tuple(r for r in world.requests if topup.key_of(request_of(r)) not in gone)
+            fitted_in = replace(world, requests=left)
+        placement = place_in(fitted_in, gang, group.ref.namespace, req, now)
         hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
     snap = group_snapshot_of(
@@ -345,6 +352,15 @@ def _unschedulable(pod: Pod) -> str:
             reason, message = c.get("reason") or "", c.get("message") or ""
             return f"{pod.name}: {reason}: {message}" if message else f"{pod.name}: {reason}"
     return ""
+
+
+def _kept(world: World, req: ProvisioningRequest | None) -> tuple[ProvisioningRequest, ...]:
+    """The requests whose kept arrivals `req` tops up (logic/attempt/topup.py)."""
+    if req is None:
+        return ()
+    names = {n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n}
+    found = (request_of(o) for o in world.requests)
+    return tuple(r for r in found if r.ref.namespace == req.ref.namespace and r.name in names)
 
 
 def _latest_ask(world: World, group: PodGroup, attempt: int) -> str:
