@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gangcheck.kube.resources import PROVISIONING_REQUEST
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.hold import hold_toleration
 from tests.builders import WorkloadBuilder, pod_template
@@ -20,6 +21,7 @@ from tests.integration.harness import Cluster, RunningController, eventually
 
 pytestmark = pytest.mark.integration
 
+Obj = dict[str, Any]
 ARRIVED = "gangcheck.io/arrived-for"
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 
@@ -117,3 +119,57 @@ async def test_the_attempt_ending_without_the_gang_reclaims_the_kept_nodes_too(
             assert "gangcheck.io/outcome" in req["metadata"]["annotations"]
     rolled = await cluster.wait_events("RollbackStarted")
     assert {e["involvedObject"]["name"] for e in rolled} >= {"wl"}
+
+
+async def test_a_restart_between_the_keep_and_the_next_ask_asks_it_from_the_record(
+    control_plane: Any, cluster: Cluster
+) -> None:
+    """The keep is written on a's request before the next ask is made: a controller that
+    stops in between (killed, its answer lost) leaves a Kept request and no next one. A fresh
+    controller reads the keep from the record and asks b for the rest, once; nothing of a is
+    reclaimed. (The stop is played by stopping the controller and writing the keep's record as
+    it leaves it: the request writes do not all go through one client a crash could cut.)"""
+    await cluster.install_check(sources(deadline_a=60))
+    first = RunningController(str(control_plane.kubeconfig))
+    await first.start()
+    await cluster.submit(gang())
+    a = naming.request_name("wl", cluster.check, 1)
+    b = naming.request_name("wl", cluster.check, 1, 1)
+    await cluster.set_request_conditions(a, {"Accepted": "", "Provisioned": "resize done"})
+    from_a = await cluster.add_nodes(2, labels={"src": "a"})
+
+    async def recorded() -> list[Obj]:
+        nodes = await cluster.nodes()
+        mine = [n for n in nodes if (n["metadata"].get("annotations") or {}).get(ARRIVED)]
+        return mine if len(mine) == 2 else []
+
+    arrived = await eventually(recorded, what="a's arrivals recorded")
+    await first.stop()
+    # as the keep leaves it: a ended, Kept with its nodes, the next ask not made
+    await cluster.set_request_conditions(a, {"Failed": "the cloud gave up"})
+    nodes = {n["metadata"]["name"]: n["metadata"]["creationTimestamp"] for n in arrived}
+    keep = {
+        "gangcheck.io/phase": "Kept",
+        "gangcheck.io/rollback-reason": "Failed: the cloud gave up",
+        "gangcheck.io/rollback-nodes": json.dumps(nodes, sort_keys=True),
+    }
+    await cluster.kube.merge_patch(
+        PROVISIONING_REQUEST, a, {"metadata": {"annotations": keep}}, namespace=cluster.ns
+    )
+    assert await cluster.request(b) is None
+
+    fresh = RunningController(str(control_plane.kubeconfig))
+    await fresh.start()
+    try:
+        made = await cluster.wait_request(b, timeout=30)
+        assert [p["count"] for p in made["spec"]["podSets"]] == [2]
+        assert made["metadata"]["annotations"]["gangcheck.io/kept-from"] == a
+        await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
+        from_b = await cluster.add_nodes(2, labels={"src": "b"})
+        await cluster.wait_check("wl", "Ready", timeout=30)
+    finally:
+        await fresh.stop()
+    names = sorted(n["metadata"]["name"] for n in await cluster.nodes())
+    assert names == sorted(from_a + from_b), "nothing of source a reclaimed"
+    asks = sorted(r["metadata"]["name"] for r in await cluster.requests())
+    assert asks == sorted([a, b]), "the next source asked once"
