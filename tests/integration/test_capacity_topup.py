@@ -128,7 +128,8 @@ async def test_a_restart_between_the_keep_and_the_next_ask_asks_it_from_the_reco
     stops in between (killed, its answer lost) leaves a Kept request and no next one. A fresh
     controller reads the keep from the record and asks b for the rest, once; nothing of a is
     reclaimed. (The stop is played by stopping the controller and writing the keep's record as
-    it leaves it: the request writes do not all go through one client a crash could cut.)"""
+    it leaves it: the harness's CrashingController, tried first, did not count the keep's own
+    write among those it cuts after, so it could not stop right there.)"""
     await cluster.install_check(sources(deadline_a=60))
     first = RunningController(str(control_plane.kubeconfig))
     await first.start()
