@@ -2,7 +2,8 @@
 cluster-autoscaler: two node groups of one flavor, the first too small for the gang. The
 gang's first source (pinned to the small group) says CapacityIsNotFound; gangcheck leaves it
 inside the same attempt, asks the second (pinned to the big group), and the gang runs there,
-with no node in the first group and no retry of Kueue's used."""
+with no node in the first group and no retry of Kueue's used. On the simulated cloud: Race,
+and InOrder topping up a pool that delivered part of the gang from the next one."""
 
 from __future__ import annotations
 
@@ -201,4 +202,88 @@ async def test_race_the_fast_source_wins_and_the_slow_ones_arrivals_are_reclaime
         finally:
             await delete_quietly(kube, JOB, "gang", namespace)
             for pool in (slow, fast):
+                await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
+
+
+def in_order_sim(first: str, second: str, first_deadline: int) -> Obj:
+    return {
+        "managedResources": [GPU],
+        "allowCustomProvisioningClass": True,
+        "capacitySources": [
+            {
+                "name": "first",
+                "provisioningClassName": SIM_CLASS,
+                "nodeSelector": {SIM_POOL: first},
+                "deadlineSeconds": first_deadline,
+            },
+            {
+                "name": "second",
+                "provisioningClassName": SIM_CLASS,
+                "nodeSelector": {SIM_POOL: second},
+            },
+        ],
+        "retryStrategy": {"backoffLimitCount": 0, "backoffBaseSeconds": 1},
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 120, "reclaimer": "DeleteNode"},
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("controller")
+async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_runs_on_both(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    sim: SimCloud,  # noqa: F811
+) -> None:
+    """Simulated cloud (it creates real Node objects): the first pool delivers one node of the
+    three the gang needs and no more; past its 10 s deadline that node is kept, the second
+    pool is asked for the other two, and kube-scheduler runs the gang on both pools' nodes."""
+    count = 3
+    first, second = unique("first"), unique("second")
+    sim.configure(
+        sim_group(first, 4), {"name": f"short-{first}", "match": {"name": ".*-1"}, "deliver": 1}
+    )
+    sim.configure(sim_group(second, 4))
+    spec = in_order_sim(first, second, 10)
+    async with gpu_queue(kube, namespace, {GPU_TYPE: "e2e"}, ours=spec) as queue:
+        began = time.monotonic()
+        job = await kube.create(JOB, gang_job("gang", count, 8), namespace)
+        try:
+
+            async def all_running() -> list[Obj] | None:
+                pods = running(await job_pods(kube, namespace, "gang"))
+                return pods if len(pods) == count else None
+
+            pods = await eventually(all_running, timeout=120, interval=0.5, what="gang Running")
+            started_after = time.monotonic() - began
+            on_first = {
+                n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={first}")
+            }
+            on_second = {
+                n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={second}")
+            }
+            assert len(on_first) == 1 and len(on_second) == 2, (on_first, on_second)
+            # the first pool's node was kept and runs a member: nothing of it was reclaimed
+            assert {p["spec"]["nodeName"] for p in pods} == on_first | on_second, pods
+            workload = await workload_of(kube, namespace, job)
+            assert workload is not None
+            name = workload["metadata"]["name"]
+            kept, topped = f"{name}-{queue.check}-1", f"{name}-{queue.check}-1-s1"
+            listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
+            by_name = {r["metadata"]["name"]: r for r in listing["items"]}
+            assert set(by_name) == {kept, topped}, set(by_name)
+            assert [p["count"] for p in by_name[topped]["spec"]["podSets"]] == [2]
+            assert by_name[topped]["metadata"]["annotations"]["gangcheck.io/kept-from"] == kept
+            events = await events_of(kube, workload)
+            (said,) = messages(events, "CapacityToppedUp")
+            assert all(n in said for n in on_first), said
+            assert not messages(events, "ReclaimingArrivals")
+            cluster.record(
+                f"j. capacity sources InOrder topped up, sim cloud, {count} x 8 GPUs, the first "
+                f"pool delivering 1 node and no more (deadline 10 s), the second all: Running "
+                f"after {started_after:.1f}s on 1 + 2 nodes, nothing reclaimed; {said}"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+            for pool in (first, second):
                 await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
