@@ -71,8 +71,8 @@ typecheck: install ## mypy, strict, on gangcheck and its dev tooling
 	$(PYTHON) -m mypy
 
 .PHONY: unit
-unit: install ## unit tests (pure logic; no cluster)
-	$(PYTEST) tests/unit -q
+unit: install ## unit tests (pure logic; no cluster), on both cores
+	$(PYTEST) tests/unit -q -n 2
 
 .PHONY: integration
 integration: install ## integration tests on a local kube-apiserver + etcd

@@ -9,7 +9,10 @@ and only there. docs/testing.md lists what runs where and why.
 `worker_group`): what shares a started stack runs on one worker, so each stack starts once.
 The e2e tests on the session's full stack are one group, each folder of tests/e2e (a stack of
 its own: Karpenter's, the clusters') one, and every other module a group of its own (its
-module-scoped fixtures start once); the largest groups are handed out first.
+module-scoped fixtures start once). The groups that start a stack of their own (the e2e groups)
+are handed out first, then the integration and dev tooling modules, the unit modules last:
+pytest-xdist orders groups by their number of tests, which would leave a minute-long group of
+four tests to start near the end of the run.
 
 pytest removes a green session's temp folders itself (``tmp_path_retention_policy`` in
 pyproject.toml) but keeps the per-user folder it makes them in; that one goes too once empty.
@@ -70,6 +73,29 @@ def worker_group(nodeid: str) -> str:
     return path if parts[2] in OWN_STACK else "tests/e2e"
 
 
+def group_order(group: str, tests: int) -> tuple[int, int]:
+    """Sort key of a group (`worker_group`) of `tests` tests: the e2e groups first (each starts
+    a stack and runs for minutes), then tests/integration and hack/devtools/tests, tests/unit
+    last; within each, the larger first."""
+    if group.startswith("tests/e2e"):
+        kind = 0
+    elif group.startswith("tests/unit/"):
+        kind = 2
+    else:
+        kind = 1
+    return kind, -tests
+
+
+def ordered(nodeids: list[str]) -> list[str]:
+    """`nodeids` grouped as the workers take them, in `group_order`, each group in the order
+    collected."""
+    groups: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        groups.setdefault(worker_group(nodeid), []).append(nodeid)
+    keys = sorted(groups, key=lambda g: group_order(g, len(groups[g])))
+    return [nodeid for key in keys for nodeid in groups[key]]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` with `worker_group` as the scope (pytest-xdist's own
@@ -81,6 +107,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ByStack(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
+
+        def schedule(self) -> None:
+            """The first distribution in `group_order` (the collection reordered, xdist's
+            own reordering by size off); later calls as xdist's."""
+            first = self.collection is None and self.collection_is_completed
+            if first and self._check_nodes_have_same_collection():
+                for node, collected in self.registered_collections.items():
+                    self.registered_collections[node] = ordered(list(collected))
+                self.config.option.loadscopereorder = False
+            super().schedule()
 
     return ByStack(config, log)
 
