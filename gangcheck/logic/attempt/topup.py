@@ -39,12 +39,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gangcheck.logic.attempt import places, rollback
-from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, claim_of, gang_of
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import made_under
-from gangcheck.logic.attempt.records import AttemptPhase
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.placement.fit import fit_gang
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -188,6 +188,64 @@ def keeping(step_actions: Sequence[Action], req: ProvisioningRequest) -> tuple[A
         else:
             out.append(action)
     return tuple(out) if started else None
+
+
+def keep_write(step: lifecycle.Step, req: ProvisioningRequest) -> tuple[Action, ...] | None:
+    """The write that keeps `req` in place of the rollback `step` starts on it; None when
+    this rollback goes on as before: a cause that never falls back, revoked capacity, or
+    actions that start no rollback (`keeping`)."""
+    cause = RollbackCause.of(step.message)
+    if cause in driver.NO_FALLBACK or cause is RollbackCause.REVOKED:
+        return None
+    return keeping(step.actions, req)
+
+
+def may_ask_next(
+    config: AtomicProvisioningSpec,
+    gang: GangSpec,
+    place: places.Place,
+    following: places.Place | None,
+    asks: int,
+) -> places.Place | None:
+    """The place to top `place` up from: the next one, while the attempt may still ask and
+    nodes of both may carry one gang (`allowed`); None: no top-up."""
+    if following is None or asks + 1 >= naming.MAX_ASKS:
+        return None
+    return following if allowed(config, gang, place, following) else None
+
+
+def _left(config: AtomicProvisioningSpec, req: ProvisioningRequest) -> str:
+    place = places.place_of(rollback.record_of(req), req.annotations)
+    return place.describe(config) or driver.source_name(config, place.source)
+
+
+def stopped_short(
+    config: AtomicProvisioningSpec, req: ProvisioningRequest, why: str, on: Split
+) -> str:
+    """What the next ask's check message begins with: what stopped short, and what is kept."""
+    total = on.kept_members + on.remainder_members
+    return (
+        f"{_left(config, req)} stopped short ({why}); {on.kept_members} of {total} members are "
+        f"kept on the {len(on.nodes)} node(s) that arrived; "
+    )
+
+
+def topped_up(
+    config: AtomicProvisioningSpec,
+    req: ProvisioningRequest,
+    why: str,
+    on: Split,
+    *,
+    following: places.Place,
+    name: str,
+) -> Event:
+    """The Event of a top-up: `req` kept, `following` asked with request `name`."""
+    text = (
+        f"{_left(config, req)} stopped short for {req.name} ({why}): kept {len(on.nodes)} "
+        f"node(s) for {on.kept_members} member(s) ({', '.join(on.nodes)}); asking "
+        f"{following.describe(config)} for the other {on.remainder_members} with {name}"
+    )
+    return Event("CapacityToppedUp", text[:1].upper() + text[1:])
 
 
 def as_kept(req: ProvisioningRequest, actions: Sequence[Action]) -> ProvisioningRequest:

@@ -253,21 +253,20 @@ def _keep(
     rollback starting on a source that stopped short becomes keeping what arrived, and the
     next place is asked for the members the kept nodes cannot hold; None: as before."""
     assert snap.config is not None
-    if snap.backend is not PROVISIONING_REQUEST:
-        return None
-    cause = RollbackCause.of(step.message)
-    if cause in driver.NO_FALLBACK or cause is RollbackCause.REVOKED:
-        return None
-    actions = topup.keeping(step.actions, req)
+    actions = topup.keep_write(step, req) if snap.backend is PROVISIONING_REQUEST else None
     if actions is None:
         return None
     gang = gang_of(snap, members)
     place = _place_of(req)
-    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
     _, asks = _current(snap)
-    if following is None or asks + 1 >= naming.MAX_ASKS:
-        return None
-    if not topup.allowed(snap.config, gang, place, following):
+    following = topup.may_ask_next(
+        snap.config,
+        gang,
+        place,
+        places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity),
+        asks,
+    )
+    if following is None:
         return None
     kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
     return _top_up(
@@ -303,24 +302,12 @@ def _top_up(
     split = topup.split(topup.with_claims(snap.capacity, actions), _pinned(gang, labels), kept)
     if not split.kept_members or not split.remainder:
         return None
-    left = _place_of(req).describe(snap.config) or driver.source_name(
-        snap.config, _place_of(req).source
-    )
-    total = split.kept_members + split.remainder_members
-    said = (
-        f"{left} stopped short ({why}); {split.kept_members} of {total} members are kept on "
-        f"the {len(split.nodes)} node(s) that arrived; "
-    )
     name = _ask_name(snap, ask)
+    said = topup.stopped_short(snap.config, req, why, split)
     made = _first(
         snap, members, gang, name, now, place=following, said=said, kept=kept, kept_split=split
     )
-    text = (
-        f"{left} stopped short for {req.name} ({why}): kept {len(split.nodes)} node(s) for "
-        f"{split.kept_members} member(s) ({', '.join(split.nodes)}); asking "
-        f"{following.describe(snap.config)} for the other {split.remainder_members} with {name}"
-    )
-    event = Event("CapacityToppedUp", text[:1].upper() + text[1:])
+    event = topup.topped_up(snap.config, req, why, split, following=following, name=name)
     failed = driver.failed_note(snap.config, req, why)
     return replace(
         made,

@@ -485,18 +485,19 @@ def _keep(
     assert snap.config is not None
     if state.state != PENDING or not _fit_mode(snap) or snap.backend is not PROVISIONING_REQUEST:
         return None
-    cause = RollbackCause.of(step.message)
-    if cause in driver.NO_FALLBACK or cause is RollbackCause.REVOKED:
-        return None
-    actions = topup.keeping(step.actions, req)
+    actions = topup.keep_write(step, req)
     if actions is None:
         return None
     place = _place_of(req)
-    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
     _, asks = _current(snap, state)
-    if following is None or asks + 1 >= naming.MAX_ASKS:
-        return None
-    if not topup.allowed(snap.config, _gang_of(snap)(place.source), place, following):
+    following = topup.may_ask_next(
+        snap.config,
+        _gang_of(snap)(place.source),
+        place,
+        places.next_place(snap.config, place, _gang_of(snap), snap.capacity),
+        asks,
+    )
+    if following is None:
         return None
     kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
     return _top_up(
@@ -530,14 +531,6 @@ def _top_up(
     split = _split(snap, topup.with_claims(snap.capacity, actions), following, kept)
     if not split.kept_members or not split.remainder:
         return None
-    left = _place_of(req).describe(snap.config) or driver.source_name(
-        snap.config, _place_of(req).source
-    )
-    total = split.kept_members + split.remainder_members
-    said = (
-        f"{left} stopped short ({why}); {split.kept_members} of {total} members are kept on "
-        f"the {len(split.nodes)} node(s) that arrived; "
-    )
     name = _request_name(snap, state, ask)
     created = _create(
         snap,
@@ -546,16 +539,11 @@ def _top_up(
         _merged(snap),
         now,
         place=following,
-        said=said,
+        said=topup.stopped_short(snap.config, req, why, split),
         kept=kept,
         kept_split=split,
     )
-    text = (
-        f"{left} stopped short for {req.name} ({why}): kept {len(split.nodes)} node(s) for "
-        f"{split.kept_members} member(s) ({', '.join(split.nodes)}); asking "
-        f"{following.describe(snap.config)} for the other {split.remainder_members} with {name}"
-    )
-    event = Event("CapacityToppedUp", text[:1].upper() + text[1:])
+    event = topup.topped_up(snap.config, req, why, split, following=following, name=name)
     failed = driver.failed_note(snap.config, req, why)
     return replace(
         created,
