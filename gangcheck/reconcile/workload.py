@@ -221,8 +221,14 @@ class WorkloadReconciler:
             self.held_messages.forget(key, check)
         else:
             before = wl.checks.get(check)
+            # A message that tells of a request withdrawn now is written now: the next pass
+            # finds it gone and could not say it again (an evicted gang's reclaimed arrivals).
+            withdrawing = any(isinstance(a, DeleteRequest) for a in decision.actions)
             held = self.held_messages.hold(
-                key, check, message_only=progress_only(before, decision.check), now=self._clock()
+                key,
+                check,
+                message_only=progress_only(before, decision.check) and not withdrawing,
+                now=self._clock(),
             )
             if held is None and decision.check != before:
                 if not await self._write_check(wl, decision.check.to_obj()):

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gangcheck.kube.resources import WORKLOAD
 from gangcheck.model.objects import CheckState
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages, progress_only
 from tests.unit.test_workload_reconciler import KEY, World, gang
@@ -106,3 +107,33 @@ async def test_a_deleted_workload_leaves_nothing_held() -> None:
     world.kube.sync(world.caches)
     await world.reconciler.reconcile(KEY)
     assert len(world.reconciler.held_messages) == 0
+
+
+async def test_an_evicted_gangs_withdrawal_is_said_on_its_check_at_once() -> None:
+    """Evicted with one node arrived: the pass that withdraws the request writes the check's
+    message saying so at once. Held, it was never written: the next pass finds the request
+    gone and has nothing to say, so the check kept "capacity requested, not yet usable"."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")  # room for 2 of the 4 workers
+    await world.settle()
+    world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
+    await world.settle()
+    assert "capacity requested, not yet usable" in world.check()["message"]
+    wl = world.kube.stored(WORKLOAD, "wl", "default")
+    assert wl is not None
+    wl["status"]["conditions"].append(
+        {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted",
+         "lastTransitionTime": "2026-11-30T10:03:00Z"}
+    )  # fmt: skip
+    world.kube.add(wl)
+    await world.reconcile()
+    said = world.check()
+    assert said["state"] == "Pending"
+    assert said["message"].startswith("Workload evicted: provisioning request")
+    assert "the 1 node(s) that arrived for it are reclaimed safely" in said["message"]
+    await world.settle()
+    world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
+    await world.settle()
+    assert world.check()["message"] == said["message"]
+    assert world.requests() == []
