@@ -7,6 +7,7 @@ cloud process has its own tests); gangcheck runs in fit mode with short deadline
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -16,11 +17,18 @@ from gangcheck.kube.errors import InvalidError
 from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, CrashingController, RunningController, eventually
+from tests.integration.harness import (
+    Cluster,
+    CrashingController,
+    RunningController,
+    eventually,
+    now,
+)
 
 pytestmark = pytest.mark.integration
 
 ARRIVED = "gangcheck.io/arrived-for"
+ATTEMPT_CONFIG = "gangcheck.io/attempt-config"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
@@ -77,6 +85,11 @@ async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(
     assert await arrived_for(cluster, name) == sorted(first + second)
     req = await cluster.request(name)
     assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
+
+
+async def _inactive(cluster: Cluster) -> Any:
+    cond = await cluster.active_condition()
+    return cond if cond is not None and cond["status"] == "False" else None
 
 
 async def _active_is(cluster: Cluster, status: str) -> bool:
@@ -384,6 +397,148 @@ async def test_a_config_deleted_mid_flight_leaves_the_attempt_to_finish_as_it_wa
     assert len(made) == 1  # no second request while the config is gone
 
 
+async def test_a_config_made_invalid_mid_flight_leaves_the_attempt_to_finish_as_it_was_asked(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """As a deleted config, one made invalid (a custom provisioning class not allowed) while a
+    gang waits with one of two nodes arrived: the check goes inactive naming the config, the
+    request keeps the config it was made with (its attempt-config record), and past its
+    deadline the attempt rolls back with that record's reclaimer (DeleteNode: the node is
+    gone, not left cordoned by the default reclaimer). No second request is made."""
+    await cluster.install_check(fit(deadline=8))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    await cluster.add_nodes(1)
+    await eventually(lambda: _arrived_count(cluster, name, 1), what="the arrival recorded")
+    recorded = (await cluster.wait_request(name))["metadata"]["annotations"][ATTEMPT_CONFIG]
+    assert json.loads(recorded)["fulfillment"]["reclaimer"] == "DeleteNode"
+    await cluster.set_config({**fit(deadline=8), "provisioningClassName": "mine.example.com"})
+
+    cond = await eventually(lambda: _inactive(cluster), what="the check inactive")
+    assert cond["reason"] == "InvalidConfig"
+    assert cluster.config in cond["message"]
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    assert "reclaimed 1 node" in check["message"]
+    assert await cluster.nodes() == []  # deleted by the attempt's own reclaimer
+    (rolled_back,) = await cluster.wait_events("RolledBack")
+    assert f"rolled back {name}" in rolled_back["message"]
+    assert "reclaimed 1 node" in rolled_back["message"]
+    assert len(await cluster.events("ProvisioningRequestCreated")) == 1
+
+
+async def test_a_config_made_invalid_mid_flight_loses_nothing_already_provisioned(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The config made invalid with one of two nodes arrived, the second arriving after: the
+    attempt goes on under its recorded config and the gang is Ready on both nodes, each
+    recorded for the one request; nothing is reclaimed, withdrawn or asked again."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    first = await cluster.add_nodes(1)
+    await eventually(lambda: _arrived_count(cluster, name, 1), what="the first arrival recorded")
+    await cluster.set_config({**fit(deadline=60), "provisioningClassName": "mine.example.com"})
+    await eventually(lambda: _inactive(cluster), what="the check inactive")
+
+    second = await cluster.add_nodes(1)
+    check = await cluster.wait_check("wl", "Ready")
+    assert "2 of 2 members placeable" in check["message"]
+    assert await arrived_for(cluster, name) == sorted(first + second)
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+    assert not await cluster.events("RolledBack")
+    assert len(await cluster.events("ProvisioningRequestCreated")) == 1
+
+
+async def test_a_config_restored_after_a_rollback_under_its_deletion_asks_under_a_new_name(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """An attempt rolled back while its config is deleted, the gang requeued by Kueue while
+    it is still gone, then the config restored: the next request has a new name (attempt 2),
+    never the withdrawn one's, which the node reclaimed by cordon and taint still names in
+    its arrived-for record. One name never stands for two requests."""
+    spec = fit(deadline=6, fulfillment={"reclaimer": "CordonAndTaint"})
+    await cluster.install_check(spec)
+    builder = gang(members=2)
+    await cluster.submit(builder)
+    first = req_name(cluster)
+    await cluster.set_request_conditions(first, {"Provisioned": ""})
+    (arrived,) = await cluster.add_nodes(1)
+    await eventually(lambda: _arrived_count(cluster, first, 1), what="the arrival recorded")
+    await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    assert "reclaimed 1 node" in check["message"]
+    await cluster.wait_request_gone(first)
+
+    await cluster.evict_and_requeue("wl")
+    await cluster.reserve_again("wl", builder)
+    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": cluster.config}, "spec": spec})
+
+    second = req_name(cluster, attempt=2)
+    await cluster.wait_request(second)
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [second]
+    made = sorted(e["message"] for e in await cluster.events("ProvisioningRequestCreated"))
+    assert made == sorted(f"Created ProvisioningRequest {n!r}" for n in (first, second))
+    (node,) = await cluster.nodes()
+    assert node["metadata"]["name"] == arrived
+    assert node["spec"].get("unschedulable") is True  # reclaimed by cordon and taint
+    assert node["metadata"]["annotations"][ARRIVED] == f"{cluster.ns}/{first}"
+
+
+async def test_a_gang_evicted_mid_provisioning_has_its_check_and_an_event_say_what_was_reclaimed(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """Kueue evicts a gang waiting with one of two nodes arrived (as Kueue v0.17's Evict does:
+    Evicted=True, a Pending check left as it is, its quota released once the Job stops): the
+    check no longer says "capacity requested, not yet usable" but that the request was
+    withdrawn and the arrived node is reclaimed, and a ReclaimingArrivals Event names it."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (node,) = await cluster.add_nodes(1)
+    await eventually(
+        lambda: _check_message(cluster, "wl", "capacity requested, not yet usable"),
+        what="the check's progress",
+    )
+
+    def evict(wl: dict[str, Any]) -> None:  # Kueue's prepareForEviction
+        _condition(wl["status"], "Evicted", "True", "Preempted")
+
+    await cluster.update_status("wl", evict)
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="wl")
+    assert f"Withdrawing {name} (Workload evicted)" in event["message"]
+    assert node in event["message"]
+
+    def release_quota(wl: dict[str, Any]) -> None:  # once the Job is suspended
+        _condition(wl["status"], "QuotaReserved", "False", "Pending")
+        wl["status"].pop("admission", None)
+
+    await cluster.update_status("wl", release_quota)
+    await cluster.wait_request_gone(name)
+    await eventually(lambda: _no_nodes(cluster), what="the arrived node reclaimed")
+    check = await cluster.check_state("wl")
+    assert check["state"] == "Pending"
+    assert "not yet usable" not in check["message"]
+    assert f"Workload evicted: provisioning request {name} withdrawn" in check["message"]
+    assert "the 1 node(s) that arrived for it are reclaimed safely" in check["message"]
+    assert len(await cluster.events("ReclaimingArrivals")) == 1
+
+
+async def _no_nodes(cluster: Cluster) -> bool:
+    return await cluster.nodes() == []
+
+
+def _condition(status: dict[str, Any], kind: str, value: str, reason: str) -> None:
+    conds = status.setdefault("conditions", [])
+    conds[:] = [c for c in conds if c["type"] != kind]
+    conds.append(
+        {"type": kind, "status": value, "reason": reason, "message": reason,
+         "lastTransitionTime": now()}
+    )  # fmt: skip
+
+
 async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(
     cluster: Cluster, controller: RunningController
 ) -> None:
@@ -406,6 +561,7 @@ async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(
         )
 
     await eventually(started, what="the gang started")
+    ready = await cluster.check_state("wl")
     config = await cluster.kube.get(ATOMIC_CONFIG, cluster.config)
     await cluster.kube.delete(ATOMIC_CONFIG, cluster.config)
 
@@ -415,7 +571,19 @@ async def test_a_config_deleted_under_a_running_gang_leaves_it_alone(
     )
 
     await eventually(lambda: _active_is(cluster, "True"), what="the check active again")
+    # A gang submitted after the restore is asked for: the controller has acted on the
+    # config restored; the running gang got nothing new before or since.
+    await cluster.submit(gang("later", members=1))
+    later = req_name(cluster, "later")
+    await cluster.wait_request(later)
     check = await cluster.check_state("wl")
     assert check["state"] == "Ready"
-    assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+    # Never flipped (Ready -> Pending -> Ready would have moved its transition time).
+    assert check["lastTransitionTime"] == ready["lastTransitionTime"]
+    assert sorted(r["metadata"]["name"] for r in await cluster.requests()) == sorted([name, later])
+    made = await cluster.events("ProvisioningRequestCreated")
+    assert sorted(e["message"] for e in made) == sorted(
+        f"Created ProvisioningRequest {n!r}" for n in (name, later)
+    )
+    assert not await cluster.events("RolledBack")
     assert len(await cluster.nodes()) == 2
