@@ -101,8 +101,9 @@ class ControllerSettings(_Section):
             le=60,
             description=(
                 "Seconds a status write that changes only a progress message is held, to be "
-                "made with the message of then; a write that changes anything else is made at "
-                "once. 0 writes every message at once."
+                "made with the message of then; a write that changes anything else, or whose "
+                "message tells of a request withdrawn (a Workload's check) or comes with an "
+                "Event (a PodGroup's), is made at once. 0 writes every message at once."
             ),
         ),
     ] = 3.0

@@ -126,7 +126,10 @@ class PodGroupReconciler:
                 return STALE_RETRY_SECONDS
         held = None
         if decision.status:
-            only = set(decision.status) == {MESSAGE_ANNOTATION}
+            # A new message that comes with an Event is written with it: the decision says
+            # an Event when the message changes (LateMembersWaiting), and while its write
+            # were held every pass would find the old message and say the Event again.
+            only = set(decision.status) == {MESSAGE_ANNOTATION} and not decision.events
             held = self.held_messages.hold(key, "", message_only=only, now=self._clock())
             if held is None:
                 await self._write_status(obj, decision.status)

@@ -326,6 +326,76 @@ async def test_late_members_are_released_with_the_gang_and_later_ones_only_onto_
     assert CONSUME_ANNOTATION not in _annotations(await groups.pod("late-4"))
 
 
+async def test_late_members_waiting_are_said_once_with_their_real_count(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """Two members come once the gang is bound, with no room for them: one LateMembersWaiting
+    Event names both (2 waiting, 0 of 2 placeable), and it is not said again while the same
+    members wait, however often the group is reconciled and the fit worded anew (a node that
+    does not help comes meanwhile), until room for both comes and they are released."""
+    await groups.upstream("wait", 2)
+    for i in range(2):
+        await groups.member(f"wait-{i}", "wait")
+    await groups.cluster.set_request_conditions("wait-pg-1", {"Provisioned": "ok"})
+    arrived = await groups.cluster.add_nodes(2, gpu=1)
+    await groups.wait_state("wait", "Released")
+    for pod, node in zip(("wait-0", "wait-1"), arrived, strict=True):
+        await groups.bind(pod, node)
+
+    async def gang_started() -> bool:
+        request = await groups.cluster.request("wait-pg-1")
+        return request is not None and (
+            request["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+        )
+
+    await eventually(gang_started, what="the gang's request marked started")
+    await groups.member("wait-2", "wait")
+    await groups.member("wait-3", "wait")
+    two = "released; 2 member(s) created after the gang was read wait for room"
+
+    async def group_says(text: str) -> Obj | None:
+        obj = await groups.group("wait")
+        return obj if text in _annotations(obj).get(MESSAGE_ANNOTATION, "") else None
+
+    async def said_for_two() -> list[Obj]:
+        return [e for e in await groups.cluster.events("LateMembersWaiting") if two in e["message"]]
+
+    await eventually(lambda: group_says(two), what="both late members said to wait")
+    # (The first may have been read alone: "1 member(s)" waiting is said then, rightly.)
+    told = await eventually(said_for_two, what="a LateMembersWaiting Event for both")
+    assert len(told) == 1, [(e["metadata"]["creationTimestamp"], e["message"]) for e in told]
+    (said,) = told
+    assert "0 of 2 members placeable" in said["message"]
+    before = _annotations(await groups.group("wait"))[MESSAGE_ANNOTATION]
+    untolerated = {"key": "example.com/other", "value": "x", "effect": "NoSchedule"}
+    await groups.cluster.add_nodes(1, gpu=2, taints=[untolerated])  # no help: reworded fit
+
+    async def reworded() -> Obj | None:
+        obj = await groups.group("wait")
+        return obj if _annotations(obj).get(MESSAGE_ANNOTATION, "") != before else None
+
+    await eventually(reworded, timeout=30, what="the late members' fit worded anew")
+    await groups.cluster.add_nodes(1, gpu=2)  # room for both
+    await groups.cluster.wait_events("LateMembersReleased", timeout=30)
+    await eventually(
+        lambda: group_says("2 member(s) created later released onto nodes that exist"),
+        what="the late members released",
+    )
+    assert await groups.gated("wait-2", "wait-3") == [False, False]
+    # The durable record: one Event for the two that waited, none for the rewording; at most
+    # one more, for the first alone if it was read before the second came.
+    told = await said_for_two()
+    assert len(told) == 1, [(e["metadata"]["creationTimestamp"], e["message"]) for e in told]
+    assert told[0]["metadata"]["name"] == said["metadata"]["name"]
+    others = [
+        e
+        for e in await groups.cluster.events("LateMembersWaiting")
+        if e["metadata"]["name"] != said["metadata"]["name"]
+    ]
+    assert len(others) <= 1, [e["message"] for e in others]
+    assert all("released; 1 member(s) created after" in e["message"] for e in others)
+
+
 async def test_partial_delivery_is_rolled_back_and_retried_with_backoff(
     groups: Groups, provisioner: Controller
 ) -> None:
