@@ -1,8 +1,10 @@
 """gangcheck end to end as its image runs it: the controller is the container of the Deployment
 in ``manifests/base`` (plus the ``reclaim-delete-node`` component), run by docker as a kubelet
 would run it: uid 65532, read-only root filesystem, every capability dropped, no privilege
-escalation, ``/tmp`` an emptyDir (tmpfs), the memory and CPU limits, and only its
-ServiceAccount's token (a kubeconfig, mounted). The host's network stands in for the pod's.
+escalation, the memory and CPU limits, and only its ServiceAccount's token (a kubeconfig,
+mounted). The Deployment's ``/tmp`` emptyDir is left out: with ``--kubeconfig`` the image
+writes nothing, not even the kubeconfig's CA to a temporary file (issue 29, item 5). The
+host's network stands in for the pod's.
 
 The image is the one ``hack/image.sh`` builds here on a debootstrapped Debian base (no
 registry), from the hashed lock files. First what the image promises on its own (a real
@@ -13,6 +15,7 @@ partial delivery from the simulated cloud rolled back, retried and admitted.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -124,13 +127,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def controller(
     cluster: Cluster, workdir: Path, controller_image: Image
 ) -> Iterator[ManagedProcess]:
-    """The Deployment's container, from the image, with only its ServiceAccount's token."""
+    """The Deployment's container, from the image, with only its ServiceAccount's token, and
+    no writable ``/tmp``."""
     began = time.monotonic()
     process = deploy_gangcheck(
         Path(cluster.kubeconfig),
         workdir=workdir,
         extra_args=["--workers=4"],
         image=controller_image.id,
+        without_mounts=["/tmp"],
     )
     cluster.record(f"gangcheck container deployed and ready in {time.monotonic() - began:.1f}s")
     try:
@@ -155,6 +160,22 @@ def sim(cluster: Cluster, workdir: Path) -> Iterator[scenarios.SimCloud]:
 async def test_container_gets_a_gang_provisioned_by_cluster_autoscaler_running(
     kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess
 ) -> None:
+    # It started and serves (its fixture waited for /readyz) on a read-only root with
+    # --kubeconfig and nothing writable at /tmp (issue 29, item 5): none is mounted there,
+    # and a file cannot be made there.
+    assert controller.container is not None
+    (inspected,) = json.loads(docker("container", "inspect", controller.container))
+    assert inspected["HostConfig"]["ReadonlyRootfs"] is True
+    assert "/tmp" not in (inspected["HostConfig"].get("Tmpfs") or {})
+    assert "/tmp" not in [m["Destination"] for m in inspected["Mounts"]]
+    assert "--kubeconfig" in " ".join(inspected["Args"])
+    probe = await asyncio.to_thread(
+        subprocess.run,
+        ["docker", "exec", controller.container, "/opt/gangcheck/bin/python", "-c",
+         "import tempfile; tempfile.mkstemp(dir='/tmp')"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr, probe.stderr
     await scenarios.test_gang_provisioned_by_cluster_autoscaler_runs_on_new_nodes(
         kube, namespace, cluster, controller
     )

@@ -24,6 +24,7 @@ the pinned Go modules), else the first on ``PATH``.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import re
@@ -329,10 +330,12 @@ def deploy_gangcheck(
     components: Sequence[str] = ("reclaim-delete-node",),
     kubectl: Path | None = None,
     image: str | None = None,
+    without_mounts: Sequence[str] = (),
 ) -> ManagedProcess:
     """Apply the RBAC (and CRD) of ``manifests/base`` + ``components``, mint a ServiceAccount
     token, and run the controller with it until ``/readyz`` answers 200: as a process, or
-    given ``image``, as the container of the base's Deployment (:func:`run_controller_container`).
+    given ``image``, as the container of the base's Deployment (:func:`run_controller_container`),
+    less its volume mounts at the paths ``without_mounts``.
 
     ``extra_args`` go to ``gangcheck run`` (e.g. ``--workers 2``, ``--leader-elect``). Raises
     :class:`~gangcheck_dev.testbed.process.ComponentError` (with the log's tail) if the process
@@ -365,6 +368,7 @@ def deploy_gangcheck(
             name=name,
             extra_args=extra_args,
             kubectl=kubectl,
+            without_mounts=without_mounts,
         )
     return _run_as(
         kubectl,
@@ -476,16 +480,20 @@ def run_controller_container(
     name: str = "gangcheck",
     extra_args: Sequence[str] = (),
     kubectl: Path | None = None,
+    without_mounts: Sequence[str] = (),
 ) -> ManagedProcess:
     """Run the ``controller`` container of ``deployment`` (already applied RBAC: its
     ServiceAccount exists) from ``image`` with docker, as its pod would run, until ``/readyz``
-    answers 200 (see :mod:`gangcheck_dev.testbed.container` for what differs from a kubelet).
+    answers 200 (see :mod:`gangcheck_dev.testbed.container` for what differs from a kubelet);
+    its volume mounts at the paths ``without_mounts`` are left out (e.g. ``/tmp``).
 
     The container gets a kubeconfig with a token of the Deployment's ServiceAccount, and free
     ports on 127.0.0.1 for health, metrics and the webhook; ``extra_args`` follow.
     """
     kubeconfig = Path(kubeconfig)
     kubectl = kubectl or find_kubectl()
+    if without_mounts:
+        deployment = _without_mounts(deployment, without_mounts)
     meta, pod_spec = deployment["metadata"], deployment["spec"]["template"]["spec"]
     namespace = meta.get("namespace") or NAMESPACE
     token = _service_account_token(kubectl, kubeconfig, namespace, pod_spec["serviceAccountName"])
@@ -534,6 +542,15 @@ def run_controller_container(
         container=container_name,
         refusals_checked=True,
     )
+
+
+def _without_mounts(deployment: Mapping[str, Any], paths: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``deployment`` whose containers mount nothing at ``paths``."""
+    changed: dict[str, Any] = copy.deepcopy(dict(deployment))
+    for container in changed["spec"]["template"]["spec"]["containers"]:
+        mounts = container.get("volumeMounts") or []
+        container["volumeMounts"] = [m for m in mounts if m["mountPath"] not in paths]
+    return changed
 
 
 def _serves_webhook(deployment: Mapping[str, Any]) -> bool:
