@@ -28,21 +28,12 @@ import pytest
 from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
 from gangcheck_dev.simcloud.model import REQUEST_ANNOTATION as SIM_REQUEST
 from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_dispatcher, restart
-from gangcheck_dev.testbed.launcher import APISERVER
 from gangcheck_dev.testbed.nodes import kwok_node
-from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
 from gangcheck.diagnose.fetch import diagnose, status
 from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import (
-    EVENT,
-    MULTIKUEUE_CLUSTER,
-    NODE,
-    PROVISIONING_REQUEST,
-    SECRET,
-    WORKLOAD,
-)
+from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.dispatch import DISPATCHER, RECORD_ANNOTATION
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import (
@@ -268,65 +259,3 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
         finally:
             await delete_quietly(manager, JOB, "gang", namespace)
             await cleanup_winner(with_room, namespace)
-
-
-@pytest.mark.timeout(240)
-async def test_a_worker_whose_api_server_is_down_is_skipped_and_the_gang_runs_in_the_other(
-    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
-) -> None:
-    """worker-1's kube-apiserver stopped (its watches end: Kueue marks the client
-    reconnecting and the MultiKueueCluster not Active): the dispatcher skips worker-1 and
-    nominates worker-2, and Kueue, which reads the copies only in workers it is connected to,
-    places the gang there. worker-1's API server (and its gangcheck, stopped with it) is
-    started again after, and Kueue reconnects to it (its Secret touched, so it does not wait
-    out its reconnect backoff)."""
-    manager, with_room = kubes[MANAGER], kubes[WITH_ROOM]
-    namespace = await fresh_namespace(kubes)
-    # worker-1's gangcheck leads through a Lease there: it would exit on losing it (as it
-    # must: its Deployment restarts it). Stopped first and started again after, on purpose.
-    (keeper,) = [k for k in bed.keepers if k.worker_name == STOCKED_OUT]
-    (gangcheck,) = [p for p in keeper.processes if p.name == "gangcheck"]
-    async with queues(kubes, namespace):
-        apiserver = bed.workers[STOCKED_OUT].components[APISERVER]
-        gangcheck.stop()
-        apiserver.stop()
-        try:
-
-            async def kueue_lost_it() -> bool:
-                cluster = await manager.get(MULTIKUEUE_CLUSTER, STOCKED_OUT)
-                return not is_true(cluster, "Active")
-
-            await eventually(kueue_lost_it, timeout=60, what=f"{STOCKED_OUT} not Active")
-            began = time.monotonic()
-            await manager.create(JOB, gang_job("gang"), namespace)
-
-            async def admitted() -> Obj | None:
-                return await placed(manager, namespace)
-
-            wl = await eventually(admitted, timeout=60, what="the manager's Workload admitted")
-            took = time.monotonic() - began
-            assert wl["status"]["clusterName"] == WITH_ROOM
-            record = record_of(wl)
-            assert record["tried"] == [WITH_ROOM], record
-            assert STOCKED_OUT in record["skipped"], record
-            assert not record["failed"], record
-            bed.measurements.append(
-                f"dispatcher, {STOCKED_OUT}'s API server down: admitted in {WITH_ROOM} "
-                f"{took:.1f}s after the Job ({STOCKED_OUT} skipped: "
-                f"{record['skipped'][STOCKED_OUT][:60]})"
-            )
-        finally:
-            await delete_quietly(manager, JOB, "gang", namespace)
-            # in this thread: a child of the bed is bound to the thread that starts it
-            apiserver.start()
-            apiserver.wait_ready()
-            restart(gangcheck)
-            touch = {"metadata": {"annotations": {"gangcheck.io/e2e-reconnect": unique("r")}}}
-            await manager.merge_patch(SECRET, STOCKED_OUT, touch, KUEUE_NAMESPACE)
-
-            async def reconnected() -> bool:
-                return is_true(await manager.get(MULTIKUEUE_CLUSTER, STOCKED_OUT), "Active")
-
-            await eventually(reconnected, timeout=90, what=f"{STOCKED_OUT} Active again")
-            await cleanup_winner(with_room, namespace)
-            await cleanup_delivered(with_room, namespace)
