@@ -12,9 +12,12 @@ from gangcheck_dev.testbed.multicluster import (
     ALL_AT_ONCE,
     IDENTITY_RULES,
     INCREMENTAL,
+    WORKER_COMPONENTS,
     ManagerKueue,
     MultiCluster,
+    WorkerPlane,
 )
+from gangcheck_dev.testbed.stack import Kueue
 
 
 def _plane(root: Path) -> ControlPlane:
@@ -55,3 +58,19 @@ def test_a_bed_never_started_stops_and_keeps_its_dispatcher(tmp_path: Path) -> N
     bed.stop()
     bed.stop()
     assert not (tmp_path / "bed").exists()
+
+
+def test_kueue_overrides_reach_every_kueue_and_the_manager_keeps_its_multikueue(
+    tmp_path: Path,
+) -> None:
+    """As the side-by-side benchmark runs Kueue: its controllers' concurrency as shipped, in
+    the manager and in each worker; the manager's multiKueue is the bed's whatever is given."""
+    shipped = {"controller": {"groupKindConcurrency": {"Workload.kueue.x-k8s.io": 5}}}
+    bed = MultiCluster(tmp_path / "bed", kueue_overrides=shipped, dispatcher=INCREMENTAL)
+    bed.manager_kueue.ports.update(webhook=1, health=2, metrics=3)
+    config: dict[str, Any] = bed.manager_kueue.configuration(_plane(tmp_path))
+    assert config["controller"] == shipped["controller"]
+    assert config["multiKueue"]["dispatcherName"] == INCREMENTAL
+    worker = WorkerPlane(shipped, root=tmp_path / "worker", components=WORKER_COMPONENTS)
+    (kueue,) = [a for a in worker._make_addons() if isinstance(a, Kueue)]
+    assert kueue.config_overrides == shipped
