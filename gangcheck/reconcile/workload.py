@@ -40,7 +40,7 @@ from gangcheck.logic.workloads.admission import (
     decide,
 )
 from gangcheck.logic.workloads.snapshot import snapshot_of
-from gangcheck.model.objects import Obj, ObjectRef, Workload, request_of, workload_of
+from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, request_of, workload_of
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import Caches, check_of
@@ -231,7 +231,10 @@ class WorkloadReconciler:
                 now=self._clock(),
             )
             if held is None and decision.check != before:
-                if not await self._write_check(wl, decision.check.to_obj()):
+                entry = decision.check.to_obj()
+                if not await self._write_check(wl, entry) and not (
+                    withdrawing and await self._write_check_again(wl, entry, before)
+                ):
                     return Applied(STALE_RETRY_SECONDS)  # the Workload changed meanwhile
                 self._count(wl, check, decision)
                 written = True
@@ -296,6 +299,21 @@ class WorkloadReconciler:
         if state is not None and state.message != message:
             await self._write_check(wl, replace(state, message=message[:MAX_MESSAGE]).to_obj())
         await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
+
+    async def _write_check_again(self, wl: Workload, entry: Obj, before: CheckState | None) -> bool:
+        """The check of a pass that withdrew a request, refused because the Workload changed
+        meanwhile (Kueue releasing an evicted gang's quota just after evicting it): written
+        on the Workload of now if our entry there is still the one this pass read. No later
+        pass could say it: the request is gone, and with it what its withdrawal reclaimed."""
+        try:
+            obj = await self._kube.get(WORKLOAD, wl.ref.name, wl.ref.namespace)
+        except NotFoundError:
+            return False
+        now = workload_of(obj)
+        if now.ref.uid != wl.ref.uid or now.checks.get(entry["name"]) != before:
+            return False
+        self._caches.workloads.store.put_if_newer(obj)
+        return await self._write_check(now, entry)
 
     async def _write_check(self, wl: Workload, entry: Obj) -> bool:
         """Replace only our entry of status.admissionChecks, if the Workload is unchanged."""

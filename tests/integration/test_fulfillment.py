@@ -526,6 +526,43 @@ async def test_a_gang_evicted_mid_provisioning_has_its_check_and_an_event_say_wh
     assert len(await cluster.events("ReclaimingArrivals")) == 1
 
 
+async def test_a_gang_evicted_and_its_quota_released_at_once_still_says_what_was_reclaimed(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """As above, but Kueue releases the quota right after evicting, as it does once the Job
+    is suspended: the pass that withdrew the request finds the Workload changed when it
+    writes the check, and writes it on the Workload of then (its entry unchanged) instead of
+    leaving "not yet usable" with no Event, the request and the node already gone."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang(members=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (node,) = await cluster.add_nodes(1)
+    await eventually(
+        lambda: _check_message(cluster, "wl", "capacity requested, not yet usable"),
+        what="the check's progress",
+    )
+
+    def evict(wl: dict[str, Any]) -> None:
+        _condition(wl["status"], "Evicted", "True", "Preempted")
+
+    def release_quota(wl: dict[str, Any]) -> None:
+        _condition(wl["status"], "QuotaReserved", "False", "Pending")
+        wl["status"].pop("admission", None)
+
+    await cluster.update_status("wl", evict)
+    await cluster.update_status("wl", release_quota)
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="wl")
+    assert f"Withdrawing {name} (Workload evicted)" in event["message"]
+    assert node in event["message"]
+    await cluster.wait_request_gone(name)
+    await eventually(lambda: _no_nodes(cluster), what="the arrived node reclaimed")
+    check = await cluster.check_state("wl")
+    assert check["state"] == "Pending"
+    assert f"Workload evicted: provisioning request {name} withdrawn" in check["message"]
+    assert "the 1 node(s) that arrived for it are reclaimed safely" in check["message"]
+
+
 async def _no_nodes(cluster: Cluster) -> bool:
     return await cluster.nodes() == []
 
