@@ -481,6 +481,25 @@ async def test_a_member_created_without_the_gate_is_reported(
     assert any("leaky-1" in e["message"] for e in events)
 
 
+async def test_members_already_gated_at_a_start_are_never_told_their_group_is_not_served(
+    groups: Groups, control_plane: Any
+) -> None:
+    """A PodGroup and its gated members made while no controller runs: at its start the
+    members' events come before discovery has said which PodGroup APIs the server serves.
+    None is told its group does not exist or is not served (no PodGroupNotFound Event, no
+    such reason on a member); the group is provisioned as any other (its request made)."""
+    await groups.upstream("early", 2)
+    for i in range(2):
+        await groups.member(f"early-{i}", "early")
+    async with controller_running(str(control_plane.kubeconfig)):
+        await groups.cluster.wait_request("early-pg-1")
+        await groups.wait_state("early", "Provisioning")
+    assert await groups.cluster.events("PodGroupNotFound") == []
+    for name in ("early-0", "early-1"):
+        said = _annotations(await groups.pod(name)).get(MESSAGE_ANNOTATION, "")
+        assert "does not serve" not in said and "does not exist" not in said, said
+
+
 async def test_a_member_naming_a_missing_podgroup_says_why_it_waits(
     groups: Groups, provisioner: Controller
 ) -> None:
