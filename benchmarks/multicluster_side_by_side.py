@@ -600,7 +600,8 @@ def settings_lines(gangs: int) -> list[str]:
         f"{GANGCHECK_BACKOFF} (default 60), fulfillment.reclaimer {GANGCHECK_RECLAIMER} "
         "(default CordonAndTaint), the rest at its defaults",
         "gangcheck's dispatcher ((d)): gangcheck run --role dispatcher at its defaults (a pass "
-        "every 2 s, one worker at a time), the RBAC of manifests/dispatcher",
+        "on each change of a manager's Workload and every 1 s, one worker at a time), the RBAC "
+        "of manifests/dispatcher",
         "cloud: the simulated cloud in each worker answering both checks' requests by creating "
         "real kwok Nodes (32 cpu, 256Gi, 8 GPUs; one member each; about 1 s after the request); "
         "a request that does not fit the room left is answered CapacityIsNotFound and never "

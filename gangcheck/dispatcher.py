@@ -1,20 +1,27 @@
 """The capacity-aware MultiKueue dispatcher (``gangcheck run --role dispatcher``, in the
 manager cluster): the thin edge around :func:`gangcheck.logic.dispatch.decide`.
 
-Every ``interval`` seconds it lists, in the manager, the AdmissionChecks of MultiKueue's
-controller, the MultiKueueClusters and the Workloads; for each Workload that carries such a
-check, has quota reserved and is not yet placed (no ``status.clusterName``), it gathers the
-facts of every worker and takes one step:
+It makes a pass as soon as a Workload of the manager changes (a watch on Workloads) and at
+least every ``interval`` seconds (what changes in a worker is seen by that poll). A pass
+lists, in the manager, the AdmissionChecks of MultiKueue's controller, the
+MultiKueueClusters and the Workloads; for each Workload that carries such a check, has quota
+reserved and is not yet placed (no ``status.clusterName``), it gathers the facts of every
+worker and takes one step:
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer, or that runs no gangcheck (no AdmissionCheck of gangcheck's
   controller ``Active`` there) is skipped, with the reason;
-- whether the gang fits now on the worker's nodes (the manager Workload's pod sets against
-  its nodes less what bound pods use);
+- whether the gang fits now on the worker's nodes (the manager Workload's pod sets, with
+  those of the other gangs nominated there and not placed yet, against its nodes less what
+  bound pods use), and how many such other gangs there are;
+- whether it was given up lately for another gang (the records on the manager's Workloads:
+  ``recent_failures``);
 - its capacity sources' recent outcomes, from the records gangcheck leaves on its
   ProvisioningRequests there (fulfilled or started: delivered; rolled back: a stockout);
 - for a worker nominated, whether its copy of the Workload failed: a check ``Retry`` or
-  ``Rejected``, ``Evicted``, requeued, or deactivated.
+  ``Rejected``, ``Evicted``, requeued, or deactivated; or whether gangcheck's request for
+  it there says its capacity source cannot deliver (``cannot_deliver``: ``Failed``, or
+  cluster-autoscaler's ``CapacityIsNotFound``), without waiting for gangcheck's deadline.
 
 It then writes the record (annotation ``gangcheck.io/dispatch``) on the manager's Workload
 first and the nomination second, by server-side apply of ``status.nominatedClusterNames`` as
@@ -57,7 +64,9 @@ from gangcheck.logic.dispatch import (
     SourceHistory,
     Step,
     WorkerFacts,
+    cannot_deliver,
     decide,
+    recent_failures,
 )
 from gangcheck.logic.placement.fit import GangPodSet, fit_gang, member_from_template, node_view
 from gangcheck.model.names import (
@@ -67,6 +76,7 @@ from gangcheck.model.names import (
     ROLLBACK_REASON_ANNOTATION,
     SOURCE_ANNOTATION,
     STARTED,
+    WORKLOAD_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.events import EventRecorder
@@ -78,7 +88,9 @@ MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 #: Kueue's field manager of a Workload's admission status (see the module doc).
 KUEUE_ADMISSION = "kueue-admission"
 KUBECONFIG_KEY = "kubeconfig"
-DEFAULT_INTERVAL = 2.0
+#: The poll (seconds) behind the watch on the manager's Workloads: what changes in a worker
+#: (a request saying its source cannot deliver, nodes arriving) is seen within it.
+DEFAULT_INTERVAL = 1.0
 #: How many of a source's latest outcomes count.
 RECENT = 10
 
@@ -94,7 +106,8 @@ class _Worker:
 
 
 class Dispatcher:
-    """One pass every ``interval`` seconds over the manager's Workloads (module doc)."""
+    """A pass over the manager's Workloads on each change, and every ``interval`` seconds
+    (module doc)."""
 
     def __init__(
         self,
@@ -114,19 +127,40 @@ class Dispatcher:
         self.events = EventRecorder(kube, clock=lambda: datetime.now(UTC))
         self._workers: dict[str, _Worker] = {}
         self._connect = connect or _connect
+        self._wake = asyncio.Event()
         self.passes = 0
 
     async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch_workloads())
         try:
             while True:
+                self._wake.clear()
                 try:
                     await self.pass_once()
                 except ApiError as e:
                     log.warning("dispatch pass failed: %s", e)
                 self.passes += 1
-                await asyncio.sleep(self.interval)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             await self.close()
+
+    async def _watch_workloads(self) -> None:
+        """Wakes the loop on any change of a manager's Workload; on an error, the poll goes
+        on alone and the watch is opened again after ``interval``."""
+        while True:
+            try:
+                listing = await self.kube.list_objects(WORKLOAD)
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                async for event in self.kube.watch(WORKLOAD, resource_version=version):
+                    if event.get("type") != "BOOKMARK":
+                        self._wake.set()
+            except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
+                log.debug("watch on Workloads ended: %s", e)
+            await asyncio.sleep(self.interval)
 
     async def close(self) -> None:
         for worker in self._workers.values():
@@ -145,27 +179,63 @@ class Dispatcher:
         }
         if not ours:
             return
-        waiting = [wl for wl in await _items(self.kube, WORKLOAD) if _to_dispatch(wl, ours)]
+        workloads = await _items(self.kube, WORKLOAD)
+        waiting = [wl for wl in workloads if _to_dispatch(wl, ours)]
         if not waiting:
             return
         clusters = await _items(self.kube, MULTIKUEUE_CLUSTER)
         workers = [await self._worker(c) for c in clusters]
+        # oldest first: a burst is spread in the order Kueue reserved its quota
+        waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
+        records = {_key(wl): _record(wl) for wl in workloads}
+        nominated = {
+            _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
+        }
+        pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
         for wl in waiting:
+            key = _key(wl)
+            failures = recent_failures(
+                (r for k, r in records.items() if k != key), datetime.now(UTC)
+            )
+            others: dict[str, list[GangPodSet]] = {}
+            for k, clusters_of in nominated.items():
+                if k == key:
+                    continue
+                for cluster in clusters_of:
+                    others.setdefault(cluster, []).extend(pod_sets.get(k, []))
+            counts = {
+                c: sum(1 for k, cs in nominated.items() if k != key and c in cs) for c in others
+            }
             try:
-                await self._dispatch(wl, workers)
+                step = await self._dispatch(wl, workers, others, counts, failures)
             except ApiError as e:
                 log.warning("dispatching %s failed: %s", _ref(wl).name, e)
+                continue
+            if step is not None:
+                records[key] = step.record
+                nominated[key] = tuple(step.nominated)
 
-    async def _dispatch(self, wl: Obj, workers: Sequence[_Worker]) -> None:
-        meta = wl["metadata"]
-        record = DispatchRecord.from_annotation(
-            (meta.get("annotations") or {}).get(RECORD_ANNOTATION)
-        )
+    async def _dispatch(
+        self,
+        wl: Obj,
+        workers: Sequence[_Worker],
+        others: Mapping[str, Sequence[GangPodSet]],
+        counts: Mapping[str, int],
+        failures: Mapping[str, str],
+    ) -> Step | None:
+        record = _record(wl)
         facts = [
-            await self._facts(worker, wl, nominated=worker.name in record.nominated)
+            await self._facts(
+                worker,
+                wl,
+                nominated=worker.name in record.nominated,
+                others=others.get(worker.name, ()),
+                pending=counts.get(worker.name, 0),
+                lately_failed=failures.get(worker.name, ""),
+            )
             for worker in workers
         ]
-        step = decide(record, facts, at_once=self.at_once)
+        step = decide(record, facts, at_once=self.at_once, now=datetime.now(UTC))
         status = wl.get("status") or {}
         written = list(status.get("nominatedClusterNames") or [])
         if step.record != record:
@@ -174,6 +244,7 @@ class Dispatcher:
             await self._nominate(wl, step.nominated)
         if step.changed or (step.record.skipped != record.skipped):
             await self._tell(wl, step)
+        return step
 
     async def _write_record(self, wl: Obj, record: DispatchRecord) -> None:
         meta = wl["metadata"]
@@ -272,7 +343,16 @@ class Dispatcher:
         held.skip = ""
         return held
 
-    async def _facts(self, worker: _Worker, wl: Obj, *, nominated: bool) -> WorkerFacts:
+    async def _facts(
+        self,
+        worker: _Worker,
+        wl: Obj,
+        *,
+        nominated: bool,
+        others: Sequence[GangPodSet] = (),
+        pending: int = 0,
+        lately_failed: str = "",
+    ) -> WorkerFacts:
         if worker.kube is None:
             return WorkerFacts(worker.name, reachable=False, skip=worker.skip)
         kube = worker.kube
@@ -284,11 +364,18 @@ class Dispatcher:
                     skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there",
                 )
             failure = await _copy_failure(kube, wl) if nominated else ""
-            fits = await _fits_now(kube, wl)
+            fits = await _fits_now(kube, wl, others)
             sources = await _sources(kube)
         except ApiError as e:
             return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
-        return WorkerFacts(worker.name, fits_now=fits, sources=sources, failure=failure)
+        return WorkerFacts(
+            worker.name,
+            fits_now=fits,
+            sources=sources,
+            failure=failure,
+            pending=pending,
+            lately_failed=lately_failed,
+        )
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -317,11 +404,21 @@ async def _runs_gangcheck(kube: Kube) -> bool:
 
 
 async def _copy_failure(kube: Kube, wl: Obj) -> str:
-    """Why the worker's copy of ``wl`` failed, or '' (trying, or no copy yet)."""
+    """Why the worker's copy of ``wl`` failed, or '' (trying, or no copy yet): its state, or
+    gangcheck's requests for it there saying their capacity source cannot deliver."""
     meta = wl["metadata"]
     copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
     if copy is None:
         return ""
+    requests = [
+        req
+        for req in await _items(kube, PROVISIONING_REQUEST, namespace=meta["namespace"])
+        if (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
+        and not req["metadata"].get("deletionTimestamp")
+    ]
+    said = cannot_deliver(requests)
+    if said:
+        return said
     status = copy.get("status") or {}
     for check in status.get("admissionChecks") or []:
         if check.get("state") in ("Retry", "Rejected"):
@@ -337,16 +434,13 @@ async def _copy_failure(kube: Kube, wl: Obj) -> str:
     return ""
 
 
-async def _fits_now(kube: Kube, wl: Obj) -> bool:
-    """The manager's pod sets, whole, on the worker's nodes as they are now."""
-    pod_sets = []
-    for ps in (wl.get("spec") or {}).get("podSets") or []:
-        count = int(ps.get("count") or 0)
-        pod_sets.append(
-            GangPodSet(str(ps.get("name")), count, member_from_template(ps.get("template") or {}))
-        )
-    if not pod_sets:
+async def _fits_now(kube: Kube, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
+    """The manager's pod sets, whole, on the worker's nodes as they are now, next to those
+    of the other gangs nominated there and not placed yet (``others``)."""
+    own = _pod_sets(wl)
+    if not own:
         return False
+    pod_sets = [*others, *own]
     nodes = [
         node_view(n) for n in await _items(kube, NODE) if not n["metadata"].get("deletionTimestamp")
     ]
@@ -383,6 +477,43 @@ async def _sources(kube: Kube) -> tuple[SourceHistory, ...]:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def _pod_sets(wl: Obj) -> list[GangPodSet]:
+    pod_sets = []
+    for ps in (wl.get("spec") or {}).get("podSets") or []:
+        count = int(ps.get("count") or 0)
+        pod_sets.append(
+            GangPodSet(str(ps.get("name")), count, member_from_template(ps.get("template") or {}))
+        )
+    return pod_sets
+
+
+def _key(wl: Obj) -> tuple[str, str]:
+    return (str(wl["metadata"].get("namespace") or ""), str(wl["metadata"].get("name") or ""))
+
+
+def _record(wl: Obj) -> DispatchRecord:
+    return DispatchRecord.from_annotation(
+        (wl["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    )
+
+
+def _pending(wl: Obj) -> bool:
+    """Not placed yet, not finished, not being deleted."""
+    status = wl.get("status") or {}
+    finished = _condition(wl, "Finished")
+    return not (
+        status.get("clusterName")
+        or wl["metadata"].get("deletionTimestamp")
+        or (finished is not None and finished.get("status") == "True")
+    )
+
+
+def _nominated_to(wl: Obj, record: DispatchRecord) -> tuple[str, ...]:
+    """The workers a Workload is nominated to: written, else recorded."""
+    written = (wl.get("status") or {}).get("nominatedClusterNames") or []
+    return tuple(str(c) for c in written) or record.nominated
 
 
 def _to_dispatch(wl: Obj, checks: set[str]) -> bool:

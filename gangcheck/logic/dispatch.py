@@ -9,16 +9,21 @@ longer listed. This is the choice such a dispatcher makes, from facts per worker
 at a time:
 
 1. never a worker that is unreachable (its MultiKueueCluster not Active), nor one already
-   tried for this gang whose attempt failed (rolled back, rejected, stocked out);
+   tried for this gang whose attempt failed (rolled back, rejected, stocked out: its request
+   for the gang there says its capacity source cannot deliver, see ``cannot_deliver``);
 2. while the worker nominated last is still trying, keep it (one at a time: nothing is
    scaled up twice for one gang);
-3. first the workers where the gang fits now, on nodes that exist or are reserved (nothing
-   needs to arrive, so their sources' record does not matter);
-4. then the workers whose capacity sources delivered lately, not those that last stocked out:
-   by whether any of its sources' last outcome was not a stockout, then by its sources' share
-   of deliveries among their recent outcomes (a source with none counts as even odds), then
-   by fewer recent stockouts;
-5. ties by name, so the choice is the same every time.
+3. first the workers where the gang fits now, on nodes that exist or are reserved, next to
+   the gangs already nominated there and not placed yet (nothing needs to arrive, so their
+   sources' record does not matter);
+4. then the workers not given up lately for another gang (``recent_failures``: a stockout
+   seen in the last ``FAILURE_MEMORY`` seconds, read from the records on the Workloads);
+5. then the workers whose capacity sources delivered lately, not those that last stocked out:
+   by whether any of its sources' last outcome was not a stockout, then by fewer gangs
+   nominated there and not placed yet (``pending``: a burst is spread), then by its sources'
+   share of deliveries among their recent outcomes (a source with none counts as even odds),
+   then by fewer recent stockouts;
+6. ties by name, so the choice is the same every time.
 
 `decide` is the whole step of the dispatcher for one Workload: from what is recorded on the
 manager's Workload (``DispatchRecord``, the annotation ``RECORD_ANNOTATION``: who is
@@ -32,15 +37,24 @@ Pure: no I/O; the edge is ``gangcheck.dispatcher``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
+
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, SOURCE_ANNOTATION
 
 #: The ``multiKueue.dispatcherName`` this dispatcher would answer to.
 DISPATCHER = "gangcheck.io/capacity-aware"
 #: The share of deliveries assumed for a source with no recent outcome.
 UNKNOWN_SHARE = 0.5
+#: How long (seconds) a worker given up for one gang is tried after the others for the next
+#: gangs (``recent_failures``): long enough for a burst, short enough that a worker whose
+#: stockout ended is tried again soon (it is only ranked lower, never left out).
+FAILURE_MEMORY = 120.0
+#: cluster-autoscaler's reason on ``Provisioned=False`` (and on ``Failed=True`` with
+#: ``noRetry``) when no node group can host the pods: its word for a stockout.
+CAPACITY_NOT_FOUND = "CapacityIsNotFound"
 
 
 class Outcome(StrEnum):
@@ -81,8 +95,13 @@ class WorkerFacts:
     """Why it cannot be used now (set with ``reachable=False``): unreachable, its Secret
     missing or wrong, no gangcheck there."""
     failure: str = ""
-    """Why the attempt of its copy of the Workload failed (Retry, Rejected, evicted), read
-    only for a worker nominated; empty: trying, or no copy yet."""
+    """Why the attempt of its copy of the Workload failed (Retry, Rejected, evicted, its
+    capacity source cannot deliver), read only for a worker nominated; empty: trying, or no
+    copy yet."""
+    pending: int = 0
+    """Other gangs nominated to it and not placed yet (counted against its room)."""
+    lately_failed: str = ""
+    """Why it was given up for another gang lately (``recent_failures``); empty: not."""
 
 
 @dataclass(frozen=True)
@@ -116,27 +135,40 @@ def nominate(
     return Nomination(best.name, _why(best, current, failed))
 
 
-def _rank(worker: WorkerFacts) -> tuple[bool, bool, float, int, str]:
-    """Smaller is better: fits now (then only the name counts: nothing has to arrive), a
-    source open, share of deliveries, stockouts, name."""
+def _rank(worker: WorkerFacts) -> tuple[bool, bool, bool, int, float, int, str]:
+    """Smaller is better: fits now (then only the name counts: nothing has to arrive), not
+    given up lately for another gang, a source open, fewer gangs pending there, share of
+    deliveries, stockouts, name."""
     if worker.fits_now:
-        return (False, False, 0.0, 0, worker.name)
+        return (False, False, False, 0, 0.0, 0, worker.name)
     sources = worker.sources
     is_open = not sources or any(s.open for s in sources)
     share = max((s.share for s in sources), default=UNKNOWN_SHARE)
     stockouts = sum(s.stockouts for s in sources)
-    return (not worker.fits_now, not is_open, -share, stockouts, worker.name)
+    return (
+        True,
+        bool(worker.lately_failed),
+        not is_open,
+        worker.pending,
+        -share,
+        stockouts,
+        worker.name,
+    )
 
 
 def _why(best: WorkerFacts, current: str | None, failed: Sequence[str]) -> str:
     if best.fits_now:
         reason = f"the gang fits now in {best.name}, on nodes that exist or are reserved"
+    elif best.lately_failed:
+        reason = f"every candidate was given up lately for another gang; {best.name} by rank"
     elif not best.sources:
         reason = f"{best.name} has no record of its capacity sources; tried by name"
     elif any(s.open for s in best.sources):
         reason = f"{best.name}'s capacity sources delivered best lately"
     else:
         reason = f"every candidate's sources last stocked out; {best.name} did so least"
+    if best.pending and not best.fits_now:
+        reason += f" ({best.pending} other gang(s) pending there)"
     if current is not None and current in failed:
         reason = f"{current} failed; {reason}"
     return reason
@@ -160,26 +192,28 @@ RECORD_ANNOTATION = "gangcheck.io/dispatch"
 @dataclass(frozen=True)
 class DispatchRecord:
     """What the dispatcher wrote on a Workload: the workers nominated now, every worker ever
-    nominated for it (in order), those whose attempt failed and why, those skipped at the
-    last step and why, and the reason of the last choice."""
+    nominated for it (in order), those whose attempt failed and why, and when each was given
+    up (RFC 3339; what ``recent_failures`` reads for the next gangs), those skipped at the last
+    step and why, and the reason of the last choice."""
 
     nominated: tuple[str, ...] = ()
     tried: tuple[str, ...] = ()
     failed: Mapping[str, str] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     reason: str = ""
+    failed_at: Mapping[str, str] = field(default_factory=dict)
 
     def to_annotation(self) -> str:
-        return json.dumps(
-            {
-                "nominated": list(self.nominated),
-                "tried": list(self.tried),
-                "failed": dict(self.failed),
-                "skipped": dict(self.skipped),
-                "reason": self.reason,
-            },
-            sort_keys=True,
-        )
+        data: dict[str, object] = {
+            "nominated": list(self.nominated),
+            "tried": list(self.tried),
+            "failed": dict(self.failed),
+            "skipped": dict(self.skipped),
+            "reason": self.reason,
+        }
+        if self.failed_at:
+            data["failedAt"] = dict(self.failed_at)
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_annotation(cls, raw: str | None) -> DispatchRecord:
@@ -199,6 +233,7 @@ class DispatchRecord:
             failed={str(k): str(v) for k, v in (data.get("failed") or {}).items()},
             skipped={str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
             reason=str(data.get("reason") or ""),
+            failed_at={str(k): str(v) for k, v in (data.get("failedAt") or {}).items()},
         )
 
 
@@ -218,15 +253,24 @@ class Step:
         return bool(self.newly_nominated or self.fallbacks)
 
 
-def decide(record: DispatchRecord, workers: Sequence[WorkerFacts], *, at_once: int = 1) -> Step:
+def decide(
+    record: DispatchRecord,
+    workers: Sequence[WorkerFacts],
+    *,
+    at_once: int = 1,
+    now: datetime | None = None,
+) -> Step:
     """The dispatcher's step for one Workload (module doc). ``at_once``: how many workers
-    may try at the same time (1 by default: one cluster scales up for a gang at a time).
+    may try at the same time (1 by default: one cluster scales up for a gang at a time);
+    ``now``: the time stamped on a worker given up (none: not stamped).
 
-    A worker nominated whose copy failed (``failure``), or that became unreachable, is given
-    up (recorded as failed: not nominated again for this gang) and the next is nominated; a
-    worker nominated and still trying is kept."""
+    A worker nominated whose copy failed (``failure``: its check Retry or Rejected, evicted,
+    or its capacity source there says it cannot deliver), or that became unreachable, is
+    given up (recorded as failed: not nominated again for this gang) in the same step as the
+    next is nominated; a worker nominated and still trying is kept."""
     facts = {w.name: w for w in workers}
     failed = dict(record.failed)
+    failed_at = dict(record.failed_at)
     fallbacks: dict[str, str] = {}
     keep: list[str] = []
     for cluster in record.nominated:
@@ -241,6 +285,8 @@ def decide(record: DispatchRecord, workers: Sequence[WorkerFacts], *, at_once: i
         if why:
             failed[cluster] = why
             fallbacks[cluster] = why
+            if now is not None:
+                failed_at[cluster] = _stamp(now)
         else:
             keep.append(cluster)
     chosen = list(keep)
@@ -259,8 +305,91 @@ def decide(record: DispatchRecord, workers: Sequence[WorkerFacts], *, at_once: i
     newly = tuple(c for c in chosen if c not in keep)
     tried = record.tried + tuple(c for c in newly if c not in record.tried)
     skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
-    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason)
+    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason, failed_at)
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def recent_failures(
+    records: Iterable[DispatchRecord], now: datetime, *, memory: float = FAILURE_MEMORY
+) -> dict[str, str]:
+    """Each worker given up for some gang in the last ``memory`` seconds, with the latest
+    reason: from the records on the manager's Workloads (durable: a restart reads them
+    again; a Workload deleted takes its part with it)."""
+    latest: dict[str, tuple[datetime, str]] = {}
+    since = now - timedelta(seconds=memory)
+    for record in records:
+        for cluster, stamp in record.failed_at.items():
+            when = _parse(stamp)
+            if when is None or when < since:
+                continue
+            if cluster not in latest or latest[cluster][0] < when:
+                latest[cluster] = (when, record.failed.get(cluster, "failed"))
+    return {c: why for c, (_, why) in latest.items()}
+
+
+def cannot_deliver(requests: Sequence[Mapping[str, object]]) -> str:
+    """Why the capacity source of a worker cannot deliver for a gang, from the worker's
+    requests for it (ProvisioningRequests of gangcheck for that Workload), or '' (trying,
+    or none yet). Said when every one of them says so (``Failed=True``, or
+    ``Provisioned=False`` with cluster-autoscaler's ``CapacityIsNotFound``) and one of them
+    asks the last capacity source of its attempt (with a source after it, gangcheck moves
+    on inside the worker: as InOrder sources do in one cluster)."""
+    if not requests:
+        return ""
+    saids: list[str] = []
+    last = False
+    for req in requests:
+        said = _not_delivering(req)
+        if not said:
+            return ""
+        saids.append(said)
+        last = last or _on_last_source(req)
+    return f"its capacity source cannot deliver ({saids[0]})" if last else ""
+
+
+def _not_delivering(req: Mapping[str, object]) -> str:
+    conds = {
+        str(_dict(c).get("type")): _dict(c)
+        for c in _list(_dict(req.get("status")).get("conditions"))
+    }
+    failed = conds.get("Failed") or {}
+    if failed.get("status") == "True":
+        return _said("Failed", failed)
+    provisioned = conds.get("Provisioned") or {}
+    if provisioned.get("status") == "False" and provisioned.get("reason") == CAPACITY_NOT_FOUND:
+        return _said(CAPACITY_NOT_FOUND, provisioned)
+    return ""
+
+
+def _said(kind: str, cond: Mapping[str, object]) -> str:
+    reason, message = str(cond.get("reason") or ""), str(cond.get("message") or "")
+    head = kind if reason in ("", kind) else f"{kind}: {reason}"
+    return f"{head}: {message}" if message else head
+
+
+def _on_last_source(req: Mapping[str, object]) -> bool:
+    notes = _dict(_dict(req.get("metadata")).get("annotations"))
+    try:
+        index = int(str(notes.get(SOURCE_ANNOTATION) or 0))
+    except ValueError:
+        return True
+    try:
+        config = json.loads(str(notes.get(ATTEMPT_CONFIG_ANNOTATION) or "{}"))
+    except ValueError:
+        return True
+    sources = _list(_dict(config).get("capacitySources"))
+    return index >= len(sources) - 1
+
+
+def _stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(stamp: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def describe(record: DispatchRecord) -> list[str]:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gangcheck.logic.dispatch import (
     DISPATCHER,
+    FAILURE_MEMORY,
     DispatchRecord,
     Nomination,
     Outcome,
     SourceHistory,
     WorkerFacts,
+    cannot_deliver,
     decide,
     describe,
     nominate,
+    recent_failures,
 )
 from gangcheck.telemetry import Metrics
 
@@ -257,3 +262,113 @@ def test_diagnose_says_who_is_tried_and_why_others_are_not() -> None:
     assert describe(DispatchRecord(reason="no worker left to try (unreachable: a)")) == [
         "no worker nominated: no worker left to try (unreachable: a)"
     ]
+
+
+# -- a stockout seen, remembered, and the gangs just nominated --------------------------------
+
+LATELY = "its capacity source cannot deliver (CapacityIsNotFound)"
+
+
+def wf(name: str, *, pending: int = 0, lately: str = "", fits: bool = False) -> WorkerFacts:
+    return WorkerFacts(name, fits_now=fits, pending=pending, lately_failed=lately)
+
+
+MORE = {
+    "a worker given up lately for another gang is tried after the others": Case(
+        (wf("a", lately=LATELY), wf("b")), "b", "no record"
+    ),
+    "... even after one with more gangs pending": Case(
+        (wf("a", lately=LATELY), wf("b", pending=3)), "b", "3 other gang(s) pending there"
+    ),
+    "... but still tried when every one was": Case(
+        (wf("a", lately=LATELY), wf("b", lately="check gpu Retry")), "a", "given up lately"
+    ),
+    "... and fitting now beats it all": Case(
+        (wf("a", lately=LATELY, fits=True), wf("b")), "a", "fits now in a"
+    ),
+    "a burst is spread: fewer gangs pending there first": Case(
+        (wf("a", pending=1), wf("b")), "b", "no record"
+    ),
+    "pending counts after a source open": Case(
+        (WorkerFacts("a", sources=(ALWAYS_OUT,)), wf("b", pending=1)), "b", "pending there"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MORE.values(), ids=MORE.keys())
+def test_nominate_with_stockouts_remembered_and_gangs_pending(case: Case) -> None:
+    test_nominate(case)
+
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def test_a_worker_whose_source_cannot_deliver_is_given_up_at_once_and_stamped() -> None:
+    step = decide(ON_A, (failing("a", LATELY), w("b")), now=NOW)
+    assert step.nominated == ("b",)  # never two at once: a given up, b nominated
+    assert step.record.failed == {"a": LATELY}
+    assert step.record.failed_at == {"a": "2026-01-01T12:00:00Z"}
+    again = DispatchRecord.from_annotation(step.record.to_annotation())
+    assert again == step.record
+
+
+RECENT = {
+    "within the memory: remembered with its reason": (60.0, {"a": "CapacityIsNotFound"}),
+    "older than the memory: forgotten": (200.0, {}),
+}
+
+
+@pytest.mark.parametrize(("age", "wanted"), RECENT.values(), ids=RECENT.keys())
+def test_recent_failures(age: float, wanted: dict[str, str]) -> None:
+    stamp = (NOW - timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    records = [
+        DispatchRecord(failed={"a": "CapacityIsNotFound"}, failed_at={"a": stamp}),
+        DispatchRecord(failed={"b": "Retry"}),  # no stamp (written before): not counted
+        DispatchRecord(failed={"a": "x"}, failed_at={"a": "not a time"}),
+    ]
+    assert recent_failures(records, NOW, memory=FAILURE_MEMORY) == wanted
+
+
+def request(
+    *conds: dict[str, str], source: int | None = None, sources: int = 0
+) -> dict[str, object]:
+    notes: dict[str, str] = {}
+    if source is not None:
+        notes["gangcheck.io/capacity-source"] = str(source)
+    if sources:
+        notes["gangcheck.io/attempt-config"] = json.dumps(
+            {"capacitySources": [{"name": f"s{i}"} for i in range(sources)]}
+        )
+    return {"metadata": {"annotations": notes}, "status": {"conditions": list(conds)}}
+
+
+NOT_FOUND = {"type": "Provisioned", "status": "False", "reason": "CapacityIsNotFound"}
+FAILED = {"type": "Failed", "status": "True", "reason": "CapacityIsNotFound", "message": "m"}
+ACCEPTED = {"type": "Accepted", "status": "True", "reason": "Accepted"}
+PROVISIONED = {"type": "Provisioned", "status": "True", "reason": "CapacityIsProvisioned"}
+
+CANNOT = {
+    "no request yet: trying": ((), ""),
+    "accepted: trying": ((request(ACCEPTED),), ""),
+    "provisioned: delivering": ((request(ACCEPTED, PROVISIONED),), ""),
+    "CapacityIsNotFound, one source": ((request(ACCEPTED, NOT_FOUND),), "CapacityIsNotFound"),
+    "Failed=True": ((request(FAILED),), "Failed: CapacityIsNotFound: m"),
+    "CapacityIsNotFound on a first source of two: gangcheck moves on there": (
+        (request(NOT_FOUND, source=0, sources=2),),
+        "",
+    ),
+    "CapacityIsNotFound on the last of two": (
+        (request(NOT_FOUND, source=1, sources=2),),
+        "CapacityIsNotFound",
+    ),
+    "one of two racers still trying": (
+        (request(NOT_FOUND, source=1, sources=2), request(ACCEPTED, source=0, sources=2)),
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize(("requests", "said"), CANNOT.values(), ids=CANNOT.keys())
+def test_cannot_deliver(requests: tuple[dict[str, object], ...], said: str) -> None:
+    got = cannot_deliver(requests)
+    assert (said in got) if said else got == "", got

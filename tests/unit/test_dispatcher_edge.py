@@ -6,8 +6,10 @@ a restart; nothing ever written in a worker."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -18,10 +20,11 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
     MULTIKUEUE_CLUSTER,
+    PROVISIONING_REQUEST,
     WORKLOAD,
 )
 from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord
-from gangcheck.model.names import CONTROLLER_NAME
+from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.fakes.kube import FakeKube
@@ -253,3 +256,105 @@ async def test_a_placed_workload_is_left_alone() -> None:
     manager.add(wl)
     await dispatcher.pass_once()
     assert not manager.writes
+
+
+# -- a stockout seen at once, remembered for the next gangs; a burst spread --------------------
+
+
+def not_found_request(name: str = "job-gang") -> Obj:
+    """gangcheck's request in a worker for the Workload ``name``, as cluster-autoscaler
+    leaves it when no node group can host the pods."""
+    return {
+        "apiVersion": PROVISIONING_REQUEST.api_version,
+        "kind": PROVISIONING_REQUEST.kind,
+        "metadata": {
+            "name": f"{name}-gpu-1",
+            "namespace": NS,
+            "annotations": {WORKLOAD_ANNOTATION: name},
+        },
+        "spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"},
+        "status": {
+            "conditions": [
+                {"type": "Accepted", "status": "True", "reason": "Accepted"},
+                {
+                    "type": "Provisioned",
+                    "status": "False",
+                    "reason": "CapacityIsNotFound",
+                    "message": "Capacity is not found, CA will try to find it later.",
+                },
+            ]
+        },
+    }
+
+
+def nominated_of(manager: FakeKube, name: str) -> list[str]:
+    wl = manager.stored(WORKLOAD, name, NS)
+    assert wl is not None
+    return list(wl["status"].get("nominatedClusterNames") or [])
+
+
+async def test_a_source_that_cannot_deliver_is_given_up_at_once_and_remembered() -> None:
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]  # by name: nothing known
+    one.add(workload(), not_found_request())  # its copy there, its request not found
+    await dispatcher.pass_once()  # no deadline waited for: the next pass moves on
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert "CapacityIsNotFound" in got.failed["worker-1"]
+    assert "worker-1" in got.failed_at
+    assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
+    # worker-1 removed its copy and request (gangcheck's rollback): the record remembers
+    one.remove(WORKLOAD, "job-gang", NS)
+    one.remove(PROVISIONING_REQUEST, "job-gang-gpu-1", NS)
+    manager.add(workload("job-gang-2"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang-2") == ["worker-2"]
+    assert not one.writes and not two.writes
+
+
+async def test_a_burst_goes_one_gang_per_worker_when_nothing_is_known() -> None:
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    manager.add(workload("job-gang-2"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    assert nominated_of(manager, "job-gang-2") == ["worker-2"]
+
+
+async def test_room_for_one_gang_is_counted_with_the_gang_just_nominated_there() -> None:
+    manager, dispatcher, _ = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
+    manager.add(workload("job-gang-2"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]  # fits now
+    assert nominated_of(manager, "job-gang-2") == ["worker-2"]  # not next to it
+
+
+async def test_a_change_of_a_workload_wakes_a_pass_before_the_poll() -> None:
+    changed = asyncio.Event()
+
+    class Watched(Manager):
+        async def watch(self, res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
+            await changed.wait()
+            yield {"type": "MODIFIED", "object": {}}
+            await asyncio.Event().wait()  # then quiet
+
+    manager = Watched()
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=60.0)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        for _ in range(100):
+            if dispatcher.passes:
+                break
+            await asyncio.sleep(0.01)
+        assert dispatcher.passes == 1
+        changed.set()
+        for _ in range(100):
+            if dispatcher.passes > 1:
+                break
+            await asyncio.sleep(0.01)
+        assert dispatcher.passes == 2  # woken, not the 60 s poll
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
