@@ -66,7 +66,9 @@ async def withdraw_orphans(
             len(reclaim),
             extra={"object": at},
         )
-        for action in (*reclaim, *backend.withdraw(orphan, why)):
+        # as lifecycle.clean_up: the hold lifted from what stays (a node kept for its pods)
+        held = lifecycle.release_hold(capacity, orphan)
+        for action in (*reclaim, *held, *backend.withdraw(orphan, why)):
             await applier.apply(orphan.ref.namespace, action)
         if tell is not None:
             for event in lifecycle.reclaiming(reclaim, why):

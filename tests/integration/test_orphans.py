@@ -184,6 +184,32 @@ async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     assert "Workload deleted" in event["message"]
 
 
+async def test_a_workload_deleted_after_ready_before_it_started_has_its_nodes_reclaimed(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """A MultiKueue worker whose copy lost the race after its check turned Ready: the manager
+    deletes the copy before any member ran. Before, the fulfilled request's nodes were left
+    (held for a gang that had left) for the autoscaler; now they are reclaimed by the safe
+    path, as a deletion mid-attempt's are."""
+    await cluster.install_check(fit(deadline=120))
+    await cluster.submit(gang(members=2, gpu=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(2, gpu=2)
+    await cluster.wait_check("wl", "Ready")
+    req = await cluster.request(name)
+    assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Fulfilled"
+    await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def reclaimed() -> bool:
+        return not await cluster.nodes()
+
+    await eventually(reclaimed, what="the 2 nodes of the fulfilled, never started gang reclaimed")
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="wl")
+    assert all(node in event["message"] for node in arrived), event["message"]
+
+
 async def test_a_workload_deleted_mid_attempt_has_the_arrivals_it_passed_over_reclaimed(
     cluster: Cluster, proxied: RunningController
 ) -> None:

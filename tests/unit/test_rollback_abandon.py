@@ -54,12 +54,16 @@ CASES = [
         nodes=(ARRIVED,),
     ),
     Case(
-        "a fulfilled gang's nodes were its own to use: left to the autoscaler",
+        # a MultiKueue worker whose copy lost after it turned Ready; a gang evicted before its
+        # pods ran (was: left to the autoscaler, held for a gang that had left)
+        "a fulfilled gang gone before it started: what arrived is recorded and reclaimed",
         annotations={"gangcheck.io/phase": "Fulfilled"},
-        nodes=(ARRIVED,),
+        nodes=(ARRIVED, ELSEWHERE),
+        records_first=True,
+        reclaims=("n0",),
     ),
     Case(
-        "a started gang's nodes are left alone",
+        "a started gang's nodes were its own to use: left to the autoscaler",
         annotations={"gangcheck.io/phase": "Started"},
         nodes=(ARRIVED,),
     ),

@@ -166,12 +166,15 @@ def abandon(
 
     The nodes that arrived for it are reclaimed as in any rollback, recorded on the request
     first; `also`: (name, resourceVersion) of arrivals it had not recorded yet, recorded for
-    it now (lifecycle.abandon says which). Nothing is left to reclaim once the gang was
-    fulfilled or started (the nodes were its to use), once a rollback recorded its outcome,
-    or when nothing arrived.
+    it now (lifecycle.abandon says which). A gang gone after its request was fulfilled but
+    before it started leaves what arrived for it to reclaim too (a MultiKueue worker whose
+    copy lost the race after it turned Ready, a gang evicted before its pods ran): the safe
+    path keeps any node that runs a pod. Nothing is left to reclaim once the gang started
+    (the nodes were its to use: they go to the autoscaler's scale-down as it leaves them),
+    once a rollback recorded its outcome, or when nothing arrived.
     """
     record = record_of(req)
-    if req.deleting or record.settled or record.raw_outcome:
+    if req.deleting or record.phase is AttemptPhase.STARTED or record.raw_outcome:
         return ()
     arrived = arrived_for(_nodes(capacity), request_key(req))
     if not arrived and not also and not record.raw_nodes:
