@@ -58,7 +58,7 @@ async def withdraw_orphans(
             log.info("%s waits for the node cache to catch up", orphan.name, extra={"object": at})
             done = False
             continue
-        reclaim = lifecycle.abandon(orphan, capacity, config, why, now=datetime.now(UTC))
+        reclaim = lifecycle.abandon(orphan, capacity, config, why, now=datetime.now(UTC), gone=True)
         log.info(
             "withdrawing %s: %s (%d steps to reclaim what arrived)",
             orphan.name,

@@ -29,6 +29,8 @@ class Case:
     records_first: bool = False
     reclaims: tuple[str, ...] | None = None
     """The nodes reclaimed; None: nothing is done before the delete."""
+    gone: bool = False
+    """The gang is deleted (not evicted, finished or requeued)."""
 
 
 CASES = [
@@ -54,18 +56,25 @@ CASES = [
         nodes=(ARRIVED,),
     ),
     Case(
-        # a MultiKueue worker whose copy lost after it turned Ready; a gang evicted before its
-        # pods ran (was: left to the autoscaler, held for a gang that had left)
-        "a fulfilled gang gone before it started: what arrived is recorded and reclaimed",
+        # a MultiKueue worker whose copy lost the race after it turned Ready (was: left to the
+        # autoscaler, held for a gang that had left)
+        "a fulfilled gang deleted before it started: what arrived is recorded and reclaimed",
         annotations={"gangcheck.io/phase": "Fulfilled"},
         nodes=(ARRIVED, ELSEWHERE),
         records_first=True,
         reclaims=("n0",),
+        gone=True,
+    ),
+    Case(
+        "a fulfilled gang evicted or requeued: its nodes are left for it to come back to",
+        annotations={"gangcheck.io/phase": "Fulfilled"},
+        nodes=(ARRIVED,),
     ),
     Case(
         "a started gang's nodes were its own to use: left to the autoscaler",
         annotations={"gangcheck.io/phase": "Started"},
         nodes=(ARRIVED,),
+        gone=True,
     ),
 ]
 
@@ -74,7 +83,9 @@ CASES = [
 def test_abandon(case: Case) -> None:
     req = request_of(provisioning_request(REQ, annotations=case.annotations))
     nodes = tuple(node(f"n{i}", created=T0, annotations=a) for i, a in enumerate(case.nodes))
-    actions = rollback.abandon(req, ClusterView(nodes=nodes), "cordon", "Workload deleted")
+    actions = rollback.abandon(
+        req, ClusterView(nodes=nodes), "cordon", "Workload deleted", gone=case.gone
+    )
     if case.reclaims is None:
         assert actions == ()
         return

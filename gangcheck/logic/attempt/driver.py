@@ -189,6 +189,7 @@ def withdraw(
     config: AtomicProvisioningSpec | None,
     backend: CapacityBackend,
     why: str,
+    gone: bool = False,
 ) -> Withdrawal:
     """Withdraw every attempt of a gang (lifecycle.clean_up: what arrived reclaimed under the
     config each was made with), once the node cache allows it (lifecycle.clean_up_waits);
@@ -196,7 +197,7 @@ def withdraw(
     if lifecycle.clean_up_waits(requests, capacity, config):
         return Withdrawal(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
     actions = lifecycle.clean_up(
-        requests, capacity=capacity, config=config, backend=backend, why=why
+        requests, capacity=capacity, config=config, backend=backend, why=why, gone=gone
     )
     return Withdrawal(actions, lifecycle.reclaiming(actions, why))
 

@@ -378,15 +378,17 @@ def clean_up(
     config: AtomicProvisioningSpec | None,
     backend: CapacityBackend,
     why: str,
+    gone: bool = False,
 ) -> tuple[Action, ...]:
     """Withdraw every attempt of a gang, after reclaiming what arrived for an unfinished one
-    (`abandon`) and lifting the hold from what stays."""
+    (`abandon`; a fulfilled one's too when the gang is `gone`) and lifting the hold from what
+    stays."""
     return tuple(
         action
         for r in requests
         if not r.deleting
         for action in (
-            *abandon(r, capacity, config, why),
+            *abandon(r, capacity, config, why, gone=gone),
             *release_hold(capacity, r),
             *backend.withdraw(r, why),
         )
@@ -415,8 +417,10 @@ def abandon(
     why: str,
     *,
     now: datetime | None = None,
+    gone: bool = False,
 ) -> tuple[Action, ...]:
-    """The gang of this attempt is gone: reclaim what arrived for it (rollback.abandon),
+    """The attempt is withdrawn: reclaim what arrived for it (rollback.abandon; `gone`: the
+    gang is deleted),
     with the arrivals it had not recorded yet recorded first, by the rules of a rollback
     (`unrecorded_arrivals`): in fit mode, for a request still waiting (Provisioned, open),
     whose pod templates say which arrivals could be its. The config is the one the attempt
@@ -424,7 +428,7 @@ def abandon(
     reclaimed."""
     config = made_under(req, config)
     also = _unrecorded_when_abandoned(req, capacity, config, now)
-    return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also)
+    return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also, gone=gone)
 
 
 def clean_up_waits(

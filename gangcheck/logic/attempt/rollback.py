@@ -161,20 +161,25 @@ def abandon(
     why: str,
     *,
     also: Sequence[tuple[str, str]] = (),
+    gone: bool = False,
 ) -> tuple[Action, ...]:
-    """The gang of this attempt is gone: what to do before its request is deleted.
+    """The attempt is withdrawn (its gang gone, evicted, finished): what to do before its
+    request is deleted.
 
     The nodes that arrived for it are reclaimed as in any rollback, recorded on the request
     first; `also`: (name, resourceVersion) of arrivals it had not recorded yet, recorded for
-    it now (lifecycle.abandon says which). A gang gone after its request was fulfilled but
-    before it started leaves what arrived for it to reclaim too (a MultiKueue worker whose
-    copy lost the race after it turned Ready, a gang evicted before its pods ran): the safe
-    path keeps any node that runs a pod. Nothing is left to reclaim once the gang started
+    it now (lifecycle.abandon says which). Nothing is left to reclaim once the gang started
     (the nodes were its to use: they go to the autoscaler's scale-down as it leaves them),
-    once a rollback recorded its outcome, or when nothing arrived.
+    once a rollback recorded its outcome, or when nothing arrived; nor once it was fulfilled,
+    unless the gang is `gone` (deleted: a MultiKueue worker whose copy lost the race after it
+    turned Ready) — an evicted or requeued gang may come back to its unheld nodes, which the
+    autoscaler scales down otherwise. The safe path keeps any node that runs a pod.
     """
     record = record_of(req)
+    fulfilled = record.phase is AttemptPhase.FULFILLED
     if req.deleting or record.phase is AttemptPhase.STARTED or record.raw_outcome:
+        return ()
+    if fulfilled and not gone:
         return ()
     arrived = arrived_for(_nodes(capacity), request_key(req))
     if not arrived and not also and not record.raw_nodes:

@@ -200,9 +200,15 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
 
 
 def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
-    """Withdraw every attempt this Workload has for this check (driver.withdraw)."""
+    """Withdraw every attempt this Workload has for this check (driver.withdraw); a deleted
+    Workload's fulfilled attempt has its arrivals reclaimed too (rollback.abandon)."""
     gone = driver.withdraw(
-        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+        snap.requests,
+        capacity=snap.capacity,
+        config=snap.config,
+        backend=snap.backend,
+        why=why,
+        gone=snap.workload.deleting,
     )
     return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
 
