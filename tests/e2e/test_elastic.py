@@ -1,14 +1,19 @@
 """Elastic Jobs end to end: Kueue's workload slices (``ElasticJobsViaWorkloadSlices``, on in
 the test bed) with gangcheck's check, on the real Kueue, kube-scheduler, controller-manager and
-kwok. The nodes come from the simulated cloud (``gangcheck-dev sim-cloud``): a partial
-delivery of the added members cannot be produced on demand with the real cluster-autoscaler.
+kwok. The nodes of a. and b. come from the simulated cloud (``gangcheck-dev sim-cloud``): a
+partial delivery of the added members cannot be produced on demand with the real
+cluster-autoscaler; c. runs on the real cluster-autoscaler, for its scale-down.
 
 a. a Job of 4 whole-node pods scaled to 8: the new slice asks for the 4 added only, they get
    their nodes, the Job runs 8, the first 4 never moved; then scaled back to 4: nothing
    gangcheck recorded is reclaimed, the members left keep running on their nodes;
 b. scaled 4 -> 8 with capacity for 3 of the 4 added: the difference is rolled back (its 3
    nodes deleted), the slice stays Pending (no Retry: Kueue would suspend the whole Job), the
-   4 running members untouched, the Job stays at 4 running.
+   4 running members untouched, the Job stays at 4 running;
+c. on cluster-autoscaler's nodes, a Job of 2 scaled to 4 and back to 2: the 2 members left run
+   untouched, gangcheck reclaims nothing and withdraws the slice's request (its members are
+   gone; left Provisioned, cluster-autoscaler would book its capacity on the emptied nodes for
+   10 minutes), and cluster-autoscaler's own scale-down removes the 2 emptied nodes.
 """
 
 from __future__ import annotations
@@ -29,14 +34,27 @@ from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.logic.workloads import slices
 from gangcheck.model.names import HOLD_AS
 from tests.e2e.conftest import Cluster
-from tests.e2e.helpers import JOB, delete_quietly, events_of, eventually, is_true, messages, unique
+from tests.e2e.helpers import (
+    CONFIG_MAP,
+    JOB,
+    delete_quietly,
+    events_of,
+    eventually,
+    get_or_none,
+    is_true,
+    messages,
+    unique,
+)
 from tests.e2e.test_gangcheck import (
     ARRIVED_FOR,
+    BIG,
     GPU_TYPE,
+    NODE_GROUP_LABEL,
     SIM_CLASS,
     SIM_POOL,
     Queue,
     SimCloud,
+    _drain_and_delete_new_nodes,
     check_state,
     delete_nodes,
     gang_job,
@@ -68,10 +86,10 @@ def sim(cluster: Cluster, workdir: Path) -> Iterator[SimCloud]:
             cloud.process.stop()
 
 
-def elastic_job(name: str, count: int, pool: str) -> Obj:
+def elastic_job(name: str, count: int, pool: str, *, label: str = SIM_POOL) -> Obj:
     """A Job of `count` whole-node pods that may grow and shrink: no completions (they are
-    immutable; parallelism is what scales)."""
-    job = gang_job(name, count, 8, {SIM_POOL: pool})
+    immutable; parallelism is what scales). Its pods go to the nodes labelled `label=pool`."""
+    job = gang_job(name, count, 8, {label: pool})
     job["metadata"]["annotations"] = dict(ELASTIC)
     del job["spec"]["completions"]
     return job
@@ -247,3 +265,94 @@ async def test_a_scale_up_whose_added_members_do_not_all_fit_is_rolled_back_the_
             f"elastic b. sim, 3 of the 4 added delivered: rolled back {took:.1f}s after the "
             "scale-up, the Job still running its 4"
         )
+
+
+@pytest.mark.timeout(300)
+async def test_a_job_scaled_down_on_autoscaler_nodes_leaves_the_emptied_nodes_to_its_scale_down(
+    kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None
+) -> None:
+    assert BIG.max >= 4
+    group = f"{NODE_GROUP_LABEL}={BIG.name}"
+    before = {n["metadata"]["name"] for n in await nodes_with(kube, group)}
+    labels = {GPU_TYPE: "e2e", NODE_GROUP_LABEL: BIG.name}
+    async with gpu_queue(kube, namespace, labels, ours=our_config(deadline=60)) as queue:
+        try:
+            began = time.monotonic()
+            job = elastic_job("gang", 2, BIG.name, label=NODE_GROUP_LABEL)
+            await kube.create(JOB, job, namespace)
+            first = await eventually(
+                lambda: placed(kube, namespace, 2), timeout=120, what="2 running"
+            )
+            at_two = time.monotonic() - began
+            assert not set(first.values()) & before
+
+            await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 4}}, namespace)
+            scaled = time.monotonic()
+            req = await eventually(lambda: slice_request(kube, namespace), what="the slice's ask")
+            assert [p["count"] for p in req["spec"]["podSets"]] == [2]
+            four = await eventually(
+                lambda: placed(kube, namespace, 4), timeout=120, what="4 running"
+            )
+            at_four = time.monotonic() - scaled
+            await untouched(kube, namespace, first)
+            added = {node for pod, node in four.items() if pod not in first}
+            assert len(added) == 2 and not added & set(first.values()) and not added & before
+
+            await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 2}}, namespace)
+            down = time.monotonic()
+            kept = await eventually(
+                lambda: placed(kube, namespace, 2), timeout=60, what="back to 2"
+            )
+            await untouched(kube, namespace, kept)
+            emptied = set(four.values()) - set(kept.values())
+            assert len(emptied) == 2
+            gone = {name: await kube.get(NODE, name) for name in emptied}
+
+            async def scaled_down() -> bool:
+                return not {n["metadata"]["name"] for n in await nodes_with(kube, group)} & emptied
+
+            await eventually(scaled_down, timeout=120, what="the emptied nodes removed")
+            removed_after = time.monotonic() - down
+            # By cluster-autoscaler's scale-down, on its own records: an Event on each node,
+            # two on its status ConfigMap for each (its "nodes removed" Event on the node, written
+            # after the deletion, was not found on the deleted node's uid).
+            status = await get_or_none(kube, CONFIG_MAP, "cluster-autoscaler-status", "kube-system")
+            assert status is not None
+
+            async def recorded() -> dict[str, list[str]] | None:
+                said = {"status": messages(await events_of(kube, status), "ScaleDownEmpty")}
+                for name, node in gone.items():
+                    said[name] = messages(await events_of(kube, node), "ScaleDown")
+                done = all(
+                    "marked the node as toBeDeleted/unschedulable" in said[name]
+                    and f'Scale-down: removing empty node "{name}"' in said["status"]
+                    and f"Scale-down: empty node {name} removed" in said["status"]
+                    for name in gone
+                )
+                seen.append(said)
+                return said if done else None
+
+            seen: list[dict[str, list[str]]] = []
+            try:
+                await eventually(recorded, timeout=20, what="cluster-autoscaler's Events")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; Events seen: {seen[-1:]}") from None
+            # The members left untouched; gangcheck reclaimed nothing.
+            await untouched(kube, namespace, kept)
+            assert await placed(kube, namespace, 2) == kept
+            wl = await new_slice(kube, namespace)
+            assert wl is not None and check_state(wl, queue.check)["state"] == "Ready"
+            # its request withdrawn once the members it asked for were gone: a Provisioned
+            # request left has cluster-autoscaler book its capacity on the emptied nodes
+            assert await slice_request(kube, namespace) is None
+            events = await events_of(kube, wl)
+            assert not messages(events, "ReclaimingArrivals")
+            assert not [e for e in events if "RolledBack" in str(e.get("reason"))]
+            cluster.record(
+                f"elastic c. real CA, whole-node pods: 2 running after {at_two:.1f}s; scaled to "
+                f"4, 4 running {at_four:.1f}s later (the slice asked for 2); scaled back to 2, "
+                f"the 2 emptied nodes removed by CA's scale-down {removed_after:.1f}s later"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+            await _drain_and_delete_new_nodes(kube, namespace, group, before)

@@ -17,6 +17,7 @@ from gangcheck.logic.attempt.actions import (
     ClaimNode,
     CreateRequest,
     DeleteRequest,
+    ReclaimArrivals,
     ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView
@@ -114,6 +115,7 @@ class Case:
     released: tuple[str, ...] = ()
     events: tuple[str, ...] = ()
     retry_count: int = 0
+    reclaims: bool | None = None  # None: not looked at
 
 
 def run(case: Case) -> Decision:
@@ -227,7 +229,8 @@ CASES = [
         message=("adds 0 members", "not needed"),
     ),
     Case(
-        "a Ready slice scaled down in place: nothing is reclaimed, only its hold kept lifted",
+        "a Ready slice scaled back to what the replaced one ran: its request withdrawn (ending "
+        "the autoscaler's booking), nothing reclaimed, its hold kept lifted",
         new_slice(
             2,
             state="Ready",
@@ -253,6 +256,39 @@ CASES = [
             )
         ],
         released=("n2",),
+        deletes=(REQ1,),
+        reclaims=False,
+    ),
+    Case(
+        "a Ready slice scaled down in place but still adding members: its request kept, "
+        "nothing reclaimed",
+        new_slice(
+            6,
+            state="Ready",
+            pod_set_updates=[
+                {
+                    "name": "workers",
+                    "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
+                }
+            ],
+        ),
+        requests=[
+            req(
+                conditions={"Provisioned": ""},
+                annotations={slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/phase": "Started"},
+            )
+        ],
+        nodes=[
+            node(
+                "n2",
+                labels={"pool": "gpu"},
+                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+                taints=[hold_taint(f"default/{REQ1}")],
+            )
+        ],
+        released=("n2",),
+        deletes=(),
+        reclaims=False,
     ),
 ]
 
@@ -288,6 +324,8 @@ def test_slice(case: Case) -> None:
     assert bool(starts) == case.started
     released = tuple(n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes)
     assert released == case.released
+    if case.reclaims is not None:
+        assert any(isinstance(a, ReclaimArrivals) for a in d.actions) == case.reclaims
     reasons = {e.reason for e in d.events} - {"AdmissionCheckUpdated", "ProvisioningRequestCreated"}
     assert reasons >= set(case.events), d.events
     assert not {"Retry", "Rejected"} & {e.reason for e in d.events}

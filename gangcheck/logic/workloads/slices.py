@@ -441,7 +441,35 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = _consumed(snap, state)
     if req is None or req.deleting:
         return Decision()
+    base = Base.from_annotation(req.annotations.get(SLICE_ANNOTATION, ""))
+    started = req.annotations.get(PHASE_ANNOTATION) == STARTED
+    if started and base is not None and not _adds(snap.workload, base):
+        return _departed(snap, req, base)
     return _held_until_used(snap, req, now, since=parse_time(state.last_transition_time))
+
+
+def _adds(wl: Workload, base: Base) -> int:
+    """How many members the slice adds now (the Job's count, which Kueue lowers in place when
+    the Job is scaled down, less what the replaced slice runs)."""
+    return sum(ps.count for ps in shrunk(wl, base).pod_sets)
+
+
+def _departed(snap: Snapshot, req: ProvisioningRequest, base: Base) -> Decision:
+    """The Job scaled back to what the replaced slice ran (or less): the members the slice's
+    request asked for are gone, so is the request, as a gang's is once the gang goes. A
+    `Provisioned` request left in place has cluster-autoscaler book its capacity (its pods
+    placed in its simulation wherever they fit) for 10 minutes from `Provisioned`, which keeps
+    the nodes the departed members left empty from its scale-down. Nothing is reclaimed: the
+    attempt started, its nodes are the Job's to leave to the autoscaler (rollback.abandon)."""
+    why = f"the members it added to {base.replaces} are gone (the Job scaled back)"
+    withdrawn = driver.withdraw(
+        [req], capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+    )
+    return Decision(
+        actions=withdrawn.actions,
+        events=withdrawn.events,
+        requeue_after=withdrawn.requeue_after,
+    )
 
 
 def _held_until_used(
