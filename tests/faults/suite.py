@@ -42,7 +42,7 @@ from gangcheck.logic.attempt import naming
 from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, OPT_OUT_LABEL
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, eventually
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
 ADVERSARY_LABEL = "gangcheck-test/adversary"
@@ -317,6 +317,9 @@ class Ledger:
     unrecorded: set[str] = field(default_factory=set)
     """Nodes an attempt ended without recording (their claim lost to faults)."""
     converged: set[str] = field(default_factory=set)
+    ready_at: dict[str, str] = field(default_factory=dict)
+    """namespace -> the request its gang turned Ready on before its plan ran out (a partial
+    delivery it fit on all the same, with nodes an earlier rollback kept)."""
     attempts: int = 0
     binds: list[Bind] = field(default_factory=list)
     revisions: Revisions = field(default_factory=Revisions)
@@ -390,10 +393,39 @@ async def drive(
             return
         if outcome == FAILED and not missed:
             await _retrying(cluster.set_request_conditions, name, {"Failed": "no more"})
-        await cluster.wait_check(gang.name, "Retry", timeout=patience)
+        if await _ended(cluster, gang.name, patience) == "Ready":
+            # The gang fits, whole, on what exists: this attempt's partial delivery and
+            # nodes an earlier rollback kept (one an adversary's pod was bound to keeps its
+            # free GPU). Converged; its nodes are the gang's, none of them to reclaim.
+            assert len(await _schedulable(cluster)) >= scenario.members, gang.name
+            ledger.may_reclaim.difference_update(nodes)
+            ledger.converged.add(key)
+            ledger.ready_at[cluster.ns] = name
+            return
         await _retire(cluster, opted)
         await cluster.evict_and_requeue(gang.name)
         await cluster.reserve_again(gang.name, made)
+
+
+async def _ended(cluster: Cluster, gang: str, patience: float) -> str:
+    """The state an attempt with a partial delivery ends in: Retry (rolled back), or Ready
+    when the gang fits on what exists all the same."""
+
+    async def ended() -> str | None:
+        state = str((await cluster.check_state(gang))["state"])
+        return state if state in ("Retry", "Ready") else None
+
+    return str(await eventually(ended, timeout=patience, what=f"check Retry or Ready on {gang}"))
+
+
+async def _schedulable(cluster: Cluster) -> list[dict[str, Any]]:
+    """This cluster's nodes a member could be placed on: not cordoned, not being deleted."""
+    return [
+        n
+        for n in await cluster.nodes()
+        if not (n.get("spec") or {}).get("unschedulable")
+        and not n["metadata"].get("deletionTimestamp")
+    ]
 
 
 async def _deliver(
@@ -676,10 +708,11 @@ async def count(
     tally.duplicates = _duplicates(faults.writes)
     live_requests: set[str] = set()
     for cluster, gang in zip(clusters, plans, strict=True):
-        final = naming.request_name(gang.name, cluster.check, len(gang.attempts))
+        early = ledger.ready_at.get(cluster.ns)
+        final = _final(cluster, gang, ledger)
         for req in await cluster.requests():
             req_name = req["metadata"]["name"]
-            if gang.attempts[-1] == FULL and req_name == final:
+            if (gang.attempts[-1] == FULL or early) and req_name == final:
                 live_requests.add(req_name)
                 continue
             tally.leaked_requests += 1
@@ -723,9 +756,14 @@ def _ran_a_pod(node: str, deletes: list[Write], ledger: Ledger) -> bool:
     return any(ledger.revisions.order(b) is not False for b in overlapping)
 
 
+def _final(cluster: Cluster, gang: GangPlan, ledger: Ledger) -> str:
+    """The request a gang ends on: the one it turned Ready on early, else its plan's last."""
+    planned = naming.request_name(gang.name, cluster.check, len(gang.attempts))
+    return ledger.ready_at.get(cluster.ns) or planned
+
+
 def _done(cluster: Cluster, gang: GangPlan, ledger: Ledger) -> bool:
-    final = naming.request_name(gang.name, cluster.check, len(gang.attempts))
-    return f"{cluster.ns}/{final}" in ledger.converged
+    return f"{cluster.ns}/{_final(cluster, gang, ledger)}" in ledger.converged
 
 
 def _duplicates(writes: list[Write]) -> int:
