@@ -391,12 +391,17 @@ async def drive(
             await _retire(cluster, opted)
             ledger.converged.add(key)
             return
-        if outcome == FAILED and not missed:
+        failed = outcome == FAILED and not missed
+        if failed:
             await _retrying(cluster.set_request_conditions, name, {"Failed": "no more"})
-        if await _ended(cluster, gang.name, patience) == "Ready":
-            # The gang fits, whole, on what exists: this attempt's partial delivery and
-            # nodes an earlier rollback kept (one an adversary's pod was bound to keeps its
-            # free GPU). Converged; its nodes are the gang's, none of them to reclaim.
+            # Ready before the Failed was read is rolled back all the same (the capacity
+            # may be gone before admission): only Retry ends this attempt.
+            await cluster.wait_check(gang.name, "Retry", timeout=patience)
+        elif await _ended(cluster, gang.name, patience) == "Ready":
+            # Nothing failed: the gang fits, whole, on what exists (this attempt's partial
+            # delivery and nodes an earlier rollback kept, e.g. one an adversary's pod was
+            # bound to, its GPU free), and a Ready check not failed stays so here (the suite
+            # admits nothing). Converged; its nodes are the gang's, none to reclaim.
             assert len(await _schedulable(cluster)) >= scenario.members, gang.name
             ledger.may_reclaim.difference_update(nodes)
             ledger.converged.add(key)
