@@ -174,6 +174,13 @@ CASES = [
         deletes=(GROW1,),
     ),
     Case(
+        # seen end to end: one of the 2 members released was not back in the cache yet
+        "minCount at the gang released, a member missing from the cache: no growth, no warning",
+        4,
+        running(3),
+        message="released",
+    ),
+    Case(
         "minCount above the members that exist: said, nothing asked",
         8,
         [*running(), *added()],
@@ -263,6 +270,8 @@ def test_growth(case: Case) -> None:
     if case.started:
         assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
     assert {e.reason for e in d.events} >= set(case.events), d.events
+    if "MinCountAboveMembers" not in case.events:
+        assert "MinCountAboveMembers" not in {e.reason for e in d.events}, d.events
 
 
 def test_a_diagnosis_replays_a_running_groups_growth() -> None:

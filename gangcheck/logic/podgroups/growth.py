@@ -28,7 +28,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -81,6 +81,10 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     gated = sorted((p for p in live if p.gated), key=lambda p: (p.created, p.name))
     need = group.min_count - len(running)
     if need <= 0 and not growing:
+        return podgroup.decide(snap, now)
+    if not growing and group.min_count <= _released(group.annotations):
+        # minCount is not above the gang released: a member missing here (gone, or not yet
+        # back in the cache after its release) is no growth to ask or warn of
         return podgroup.decide(snap, now)
     latest = _latest(snap, growing)
     config = snap.config or (lifecycle.recorded_config(latest[1]) if latest else None)
@@ -371,6 +375,12 @@ def _others_held(snap: GroupSnapshot) -> ClusterView:
     capacity = snap.capacity or ClusterView()
     own = {request_key(r) for r in snap.requests}
     return replace(capacity, in_flight=capacity.in_flight - own)
+
+
+def _released(annotations: Mapping[str, str]) -> int:
+    """How many members the group released together (0: not recorded)."""
+    raw = annotations.get(GANG_MEMBERS_ANNOTATION, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 def _with(first: GroupDecision, second: GroupDecision) -> GroupDecision:
