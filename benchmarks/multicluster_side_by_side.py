@@ -43,8 +43,15 @@ Per gang, over a fixed horizon from the Jobs' creation, sampled every SAMPLE sec
   on a node that came for the other gang: the node is of use, whichever gang it came for;
 - Job -> all pods Running (in one worker), or "did not start".
 
+With ``--trace``, each run also watches, in every cluster, the run's Workloads,
+ProvisioningRequests, pods and nodes, and prints per gang when each changed, from the Job's
+creation (seconds, as the watch event arrived here): the manager's Workload created, quota
+reserved, the dispatcher's record and nomination written, each worker's copy created, its
+check's state and message, gangcheck's or Kueue's request and its conditions, the nodes,
+the admissions, the pods Running. That is where a gang's time goes.
+
 Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
-[--scenarios stockout,room,half] [--gangs N] [--json]
+[--scenarios stockout,room,half] [--gangs N] [--json] [--trace]
 """
 
 from __future__ import annotations
@@ -258,12 +265,191 @@ async def sample(
                 gang.idle_now.add(key)
 
 
+class Tracer:
+    """With ``--trace``: watches of the run's objects in every cluster, each change that
+    matters to a gang's timeline kept as (seconds since ``t0``, cluster, what, gang)."""
+
+    def __init__(self, kubes: Mapping[str, Kube], ns: str, scenario: str, gangs: Sequence[Gang]):
+        self.kubes, self.ns, self.scenario, self.gangs = kubes, ns, scenario, gangs
+        self.t0 = time.monotonic()
+        self.lines: list[tuple[float, str, str, str]] = []
+        self._seen: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        opened: list[asyncio.Event] = []
+        for cluster, kube in self.kubes.items():
+            watched: list[tuple[Resource, str | None, str | None]] = [(WORKLOAD, self.ns, None)]
+            if cluster != MANAGER:
+                selector = f"{NODEGROUP_LABEL}=bench-{self.scenario}"
+                watched += [
+                    (PROVISIONING_REQUEST, self.ns, None),
+                    (POD, self.ns, None),
+                    (NODE, None, selector),
+                ]
+            for res, namespace, selector in watched:
+                ready = asyncio.Event()
+                opened.append(ready)
+                self._tasks.append(
+                    asyncio.create_task(
+                        self._watch(
+                            cluster,
+                            kube=kube,
+                            res=res,
+                            namespace=namespace,
+                            selector=selector,
+                            ready=ready,
+                        )
+                    )
+                )
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in opened)), 30)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _watch(
+        self,
+        cluster: str,
+        *,
+        kube: Kube,
+        res: Resource,
+        namespace: str | None,
+        selector: str | None,
+        ready: asyncio.Event,
+    ) -> None:
+        listing = await kube.list_objects(res, namespace, label_selector=selector)
+        version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+        while True:
+            try:
+                async for event in kube.watch(
+                    res,
+                    namespace,
+                    resource_version=version,
+                    label_selector=selector,
+                    opened=ready.set,
+                ):
+                    obj = event.get("object") or {}
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK":
+                        self._note(cluster, res, str(event.get("type")), obj)
+            except ApiError:
+                await asyncio.sleep(0.1)
+
+    def _note(self, cluster: str, res: Resource, kind: str, obj: Obj) -> None:
+        at = time.monotonic() - self.t0
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        gang = self._gang_of(res, obj)
+        if gang is None:
+            return
+        key = (cluster, res.kind, name)
+        if kind == "DELETED":
+            self._seen.pop(key, None)
+            self.lines.append((at, cluster, f"{res.kind} {name} deleted", gang.name))
+            return
+        new = _signature(res, obj)
+        old = self._seen.get(key)
+        self._seen[key] = new
+        if old is None:
+            said = "created" if kind == "ADDED" else "seen"
+            self.lines.append((at, cluster, f"{res.kind} {name} {said}: {_show(new)}", gang.name))
+        elif new != old:
+            changed = [f"{a}" for a, b in zip(new, old, strict=True) if a != b]
+            self.lines.append((at, cluster, f"{res.kind} {name}: {'; '.join(changed)}", gang.name))
+
+    def _gang_of(self, res: Resource, obj: Obj) -> Gang | None:
+        meta = obj.get("metadata") or {}
+        if res is POD:
+            job = (meta.get("labels") or {}).get(JOB_NAME_LABEL, "")
+            return next((g for g in self.gangs if g.name == job), None)
+        if res is NODE:
+            made_for = (meta.get("annotations") or {}).get(REQUEST_ANNOTATION, "")
+            req_ns, _, request = made_for.partition("/")
+            return gang_of(self.gangs, request) if req_ns == self.ns else None
+        return gang_of(self.gangs, str(meta.get("name") or ""))
+
+    def timeline(self, gang: Gang) -> list[str]:
+        offset = gang.created - self.t0
+        return [
+            f"{at - offset:7.2f} {cluster:9} {what}"
+            for at, cluster, what, name in sorted(self.lines)
+            if name == gang.name
+        ]
+
+
+def _signature(res: Resource, obj: Obj) -> tuple[Any, ...]:
+    """What of an object the trace follows, as labelled strings (a change of any is noted)."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    conds = {str(c.get("type")): c for c in status.get("conditions") or [] if isinstance(c, dict)}
+
+    def cond(kind: str) -> str:
+        c = conds.get(kind)
+        if c is None:
+            return f"{kind}=-"
+        reason = f" {c.get('reason')}" if c.get("status") != "True" or kind == "Provisioned" else ""
+        return f"{kind}={c.get('status')}{reason}"
+
+    if res is WORKLOAD:
+        notes = meta.get("annotations") or {}
+        record = notes.get("gangcheck.io/dispatch")
+        if record:
+            data = json.loads(record)
+            failed = sorted(data.get("failed") or {})
+            record = f"record nominated={data.get('nominated')} failed={failed}"
+        checks = [
+            f"check {c.get('name')}={c.get('state')}: {str(c.get('message') or '')[:90]}"
+            for c in status.get("admissionChecks") or []
+        ]
+        return (
+            cond("QuotaReserved"),
+            cond("Admitted"),
+            cond("Evicted"),
+            f"nominatedClusterNames={status.get('nominatedClusterNames')}",
+            f"clusterName={status.get('clusterName')}",
+            f"{record or 'no record'}",
+            *checks,
+        )
+    if res is PROVISIONING_REQUEST:
+        notes = meta.get("annotations") or {}
+        phase = notes.get("gangcheck.io/phase")
+        return (
+            cond("Accepted"),
+            cond("Provisioned"),
+            cond("Failed"),
+            f"phase={phase}",
+            f"deleting={bool(meta.get('deletionTimestamp'))}",
+        )
+    if res is POD:
+        return (f"phase={status.get('phase')}", f"node={(obj.get('spec') or {}).get('nodeName')}")
+    return (f"deleting={bool(meta.get('deletionTimestamp'))}",)
+
+
+def _show(signature: tuple[Any, ...]) -> str:
+    return "; ".join(
+        str(s) for s in signature if not str(s).endswith(("=-", "=None", "=False", "no record"))
+    )
+
+
 async def run_one(
-    kubes: Mapping[str, Kube], config: str, scenario: str, gangs_n: int, horizon: float
+    kubes: Mapping[str, Kube],
+    config: str,
+    scenario: str,
+    gangs_n: int,
+    horizon: float,
+    *,
+    trace: bool = False,
 ) -> list[Obj]:
     ns = f"{scenario}-{config}-{int(time.time()) % 100000}"
     async with queues(kubes, ns, config, scenario):
         gangs = [Gang(f"g{i + 1}") for i in range(gangs_n)]
+        tracer = Tracer(kubes, ns, scenario, gangs) if trace else None
+        if tracer is not None:
+            await tracer.start()
         for gang in gangs:
             await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
             gang.created = time.monotonic()
@@ -286,8 +472,16 @@ async def run_one(
                 gang.cluster = str((wl.get("status") or {}).get("clusterName") or "")
         started = sum(1 for g in gangs if g.started_at is not None)
         print(f"  {LABELS[config]}, {scenario}: {started} of {gangs_n} started", file=sys.stderr)
+        figures = [g.figures() for g in gangs]
+        if tracer is not None:
+            await tracer.stop()
+            for gang, fig in zip(gangs, figures, strict=True):
+                fig["trace"] = tracer.timeline(gang)
+                print(f"  trace {LABELS[config]}, {scenario}, {gang.name}:", file=sys.stderr)
+                for line in fig["trace"]:
+                    print(f"    {line}", file=sys.stderr)
         try:
-            return [g.figures() for g in gangs]
+            return figures
         finally:
             await clean(kubes, ns, scenario)
 
@@ -462,14 +656,20 @@ async def clean(kubes: Mapping[str, Kube], ns: str, scenario: str) -> None:
 
 
 async def run_config(
-    bed: MultiCluster, config: str, scenarios: Sequence[str], gangs: int, horizon: float
+    bed: MultiCluster,
+    config: str,
+    scenarios: Sequence[str],
+    gangs: int,
+    horizon: float,
+    *,
+    trace: bool = False,
 ) -> dict[str, list[Obj]]:
     async with contextlib.AsyncExitStack() as stack:
         kubes = {
             name: await stack.enter_async_context(await Kube.connect(str(plane.kubeconfig)))
             for name, plane in bed.planes.items()
         }
-        return {s: await run_one(kubes, config, s, gangs, horizon) for s in scenarios}
+        return {s: await run_one(kubes, config, s, gangs, horizon, trace=trace) for s in scenarios}
 
 
 # -- the bed ------------------------------------------------------------------------------------
@@ -515,7 +715,13 @@ def stop_all(processes: list[ManagedProcess]) -> None:
 
 
 def run(
-    configs: Sequence[str], scenarios: Sequence[str], gangs: int, horizon: float, keep: bool
+    configs: Sequence[str],
+    scenarios: Sequence[str],
+    gangs: int,
+    horizon: float,
+    keep: bool,
+    *,
+    trace: bool = False,
 ) -> Obj:
     workdir = Path(tempfile.mkdtemp(prefix="multicluster-bench-"))
     results: dict[str, dict[str, list[Obj]]] = {}
@@ -535,7 +741,9 @@ def run(
                             kubectl=manager.kubectl,
                         )
                     )
-                results[config] = asyncio.run(run_config(bed, config, scenarios, gangs, horizon))
+                results[config] = asyncio.run(
+                    run_config(bed, config, scenarios, gangs, horizon, trace=trace)
+                )
     finally:
         if keep:
             print(f"kept {workdir}", file=sys.stderr)
@@ -620,6 +828,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=GANGS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    parser.add_argument(
+        "--trace", action="store_true", help="print each gang's timeline (watched) to stderr"
+    )
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -627,7 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"configs among {CONFIGS}, scenarios among {SCENARIOS}")
     if args.gangs < 2 or args.gangs % 2:
         parser.error("--gangs must be even (half the gangs fit in each worker)")
-    result = run(configs, scenarios, args.gangs, args.horizon, args.keep)
+    result = run(configs, scenarios, args.gangs, args.horizon, args.keep, trace=args.trace)
     print("\n".join(table_lines(result)))
     if args.json:
         print(json.dumps(result, indent=1))
