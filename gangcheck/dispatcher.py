@@ -1,12 +1,17 @@
 """The capacity-aware MultiKueue dispatcher (``gangcheck run --role dispatcher``, in the
 manager cluster): the thin edge around :func:`gangcheck.logic.dispatch.decide`.
 
-It makes a pass as soon as a Workload of the manager changes (a watch on Workloads) and at
-least every ``interval`` seconds (what changes in a worker is seen by that poll). A pass
-lists, in the manager, the AdmissionChecks of MultiKueue's controller, the
-MultiKueueClusters and the Workloads; for each Workload that carries such a check, has quota
-reserved and is not yet placed (no ``status.clusterName``), it gathers the facts of every
-worker and takes one step:
+It makes a pass as soon as a Workload of the manager changes (a watch on Workloads), as soon
+as a ProvisioningRequest changes in a worker (a watch there, through the worker's client:
+gangcheck's request saying its source cannot deliver moves the gang on at once), and at least
+every ``interval`` seconds (the poll: what else changes in a worker, such as nodes arriving or
+a copy evicted, is seen within it). A pass lists, in the manager, the AdmissionChecks of
+MultiKueue's controller, the MultiKueueClusters and the Workloads; for each Workload that
+carries such a check, has quota reserved and is not yet placed (no ``status.clusterName``),
+oldest first, it gathers the facts of every worker and takes one step. Each worker is read
+once per pass (its AdmissionChecks, nodes, pods and ProvisioningRequests, side by side, the
+workers side by side), for every Workload of the pass; the copy of the worker nominated is
+read per Workload:
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer, or that runs no gangcheck (no AdmissionCheck of gangcheck's
@@ -26,7 +31,8 @@ worker and takes one step:
 It then writes the record (annotation ``gangcheck.io/dispatch``) on the manager's Workload
 first and the nomination second, by server-side apply of ``status.nominatedClusterNames`` as
 field manager ``kueue-admission`` (Kueue drops the nomination with that manager when a worker
-admits; another manager's nomination would make that write fail). A restart reads the record
+admits; another manager's nomination would make that write fail); the Events of a pass
+follow all its nominations. A restart reads the record
 and resumes: a worker nominated stays so until its copy fails. Nothing is ever written in a
 worker: the worker's identity (the Secret MultiKueue already holds) is only read through.
 """
@@ -40,12 +46,12 @@ import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import APPLY_PATCH, Kube
-from gangcheck.kube.errors import ApiError
+from gangcheck.kube.errors import ApiError, ForbiddenError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     MULTIKUEUE_CLUSTER,
@@ -68,7 +74,13 @@ from gangcheck.logic.dispatch import (
     decide,
     recent_failures,
 )
-from gangcheck.logic.placement.fit import GangPodSet, fit_gang, member_from_template, node_view
+from gangcheck.logic.placement.fit import (
+    GangPodSet,
+    NodeView,
+    fit_gang,
+    member_from_template,
+    node_view,
+)
 from gangcheck.model.names import (
     CONTROLLER_NAME,
     FULFILLED,
@@ -91,6 +103,9 @@ KUBECONFIG_KEY = "kubeconfig"
 #: The poll (seconds) behind the watch on the manager's Workloads: what changes in a worker
 #: (a request saying its source cannot deliver, nodes arriving) is seen within it.
 DEFAULT_INTERVAL = 1.0
+#: How long (seconds) before a worker's watch refused (no ``watch`` in its reader's rights)
+#: is tried again; meanwhile the poll alone sees its changes.
+WORKER_WATCH_RETRY = 300.0
 #: How many of a source's latest outcomes count.
 RECENT = 10
 
@@ -128,9 +143,16 @@ class Dispatcher:
         self._workers: dict[str, _Worker] = {}
         self._connect = connect or _connect
         self._wake = asyncio.Event()
+        self._running = False
+        self._worker_watches: dict[str, asyncio.Task[None]] = {}
+        # per worker, the Workloads (namespace, name) nominated there and waiting: a change
+        # of a request of one of them wakes a pass
+        self._followed: dict[str, set[tuple[str, str]]] = {}
         self.passes = 0
+        self.woken_by_workers = 0
 
     async def run(self) -> None:
+        self._running = True
         watcher = asyncio.create_task(self._watch_workloads())
         try:
             while True:
@@ -143,6 +165,7 @@ class Dispatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
+            self._running = False
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -162,7 +185,56 @@ class Dispatcher:
                 log.debug("watch on Workloads ended: %s", e)
             await asyncio.sleep(self.interval)
 
+    async def _watch_worker(self, name: str, kube: Kube) -> None:
+        """Wakes the loop on a change of a ProvisioningRequest in the worker ``name`` for a
+        Workload nominated there and waiting (gangcheck's request saying its source cannot
+        deliver, a rollback recorded): the dispatcher moves on when the worker's source says
+        so, not at the next poll. Read-only (``list``, ``watch``); refused (a reader without
+        ``watch``), or ended, the poll goes on alone and the watch is opened again later."""
+        while True:
+            try:
+                listing = await kube.list_objects(PROVISIONING_REQUEST)
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                async for event in kube.watch(PROVISIONING_REQUEST, resource_version=version):
+                    if event.get("type") != "BOOKMARK" and self._follows(name, event):
+                        self.woken_by_workers += 1
+                        self._wake.set()
+            except ForbiddenError as e:
+                log.warning(
+                    "no watch on ProvisioningRequests in %s (%s): its changes are seen by "
+                    "the %.0f s poll only",
+                    name,
+                    _first_line(e),
+                    self.interval,
+                )
+                await asyncio.sleep(WORKER_WATCH_RETRY)
+                continue
+            except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
+                log.debug("watch on ProvisioningRequests in %s ended: %s", name, e)
+            await asyncio.sleep(self.interval)
+
+    def _follows(self, worker: str, event: Mapping[str, Any]) -> bool:
+        meta = (event.get("object") or {}).get("metadata") or {}
+        workload = (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION)
+        return (str(meta.get("namespace") or ""), str(workload)) in self._followed.get(worker, ())
+
+    def _start_watching(self, name: str, kube: Kube) -> None:
+        self._stop_watching(name)
+        if self._running:
+            self._worker_watches[name] = asyncio.create_task(self._watch_worker(name, kube))
+
+    def _stop_watching(self, name: str) -> None:
+        task = self._worker_watches.pop(name, None)
+        if task is not None:
+            task.cancel()
+
     async def close(self) -> None:
+        tasks = list(self._worker_watches.values())
+        for name in list(self._worker_watches):
+            self._stop_watching(name)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for worker in self._workers.values():
             if worker.kube is not None:
                 await worker.kube.close()
@@ -178,13 +250,23 @@ class Dispatcher:
             if (c.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
         }
         if not ours:
+            self._followed = {}
             return
         workloads = await _items(self.kube, WORKLOAD)
         waiting = [wl for wl in workloads if _to_dispatch(wl, ours)]
         if not waiting:
+            self._followed = {}
             return
         clusters = await _items(self.kube, MULTIKUEUE_CLUSTER)
-        workers = [await self._worker(c) for c in clusters]
+        workers = list(await asyncio.gather(*(self._worker(c) for c in clusters)))
+        # each worker read once per pass, the workers side by side
+        views = dict(
+            zip(
+                (w.name for w in workers),
+                await asyncio.gather(*(self._view(w) for w in workers)),
+                strict=True,
+            )
+        )
         # oldest first: a burst is spread in the order Kueue reserved its quota
         waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
         records = {_key(wl): _record(wl) for wl in workloads}
@@ -192,6 +274,7 @@ class Dispatcher:
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
         pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
+        told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
         for wl in waiting:
             key = _key(wl)
             failures = recent_failures(
@@ -207,26 +290,45 @@ class Dispatcher:
                 c: sum(1 for k, cs in nominated.items() if k != key and c in cs) for c in others
             }
             try:
-                step = await self._dispatch(wl, workers, others, counts, failures)
+                step, tell = await self._dispatch(
+                    wl, workers, views=views, others=others, counts=counts, failures=failures
+                )
             except ApiError as e:
                 log.warning("dispatching %s failed: %s", _ref(wl).name, e)
                 continue
-            if step is not None:
-                records[key] = step.record
-                nominated[key] = tuple(step.nominated)
+            records[key] = step.record
+            nominated[key] = tuple(step.nominated)
+            if tell:
+                told.append((wl, step))
+        followed: dict[str, set[tuple[str, str]]] = {}
+        for key in {_key(wl) for wl in waiting}:
+            for cluster in nominated.get(key, ()):
+                followed.setdefault(cluster, set()).add(key)
+        self._followed = followed
+        for wl, step in told:
+            try:
+                await self._tell(wl, step)
+            except ApiError as e:
+                log.warning("events of %s not recorded: %s", _ref(wl).name, e)
 
     async def _dispatch(
         self,
         wl: Obj,
         workers: Sequence[_Worker],
+        *,
+        views: Mapping[str, _View],
         others: Mapping[str, Sequence[GangPodSet]],
         counts: Mapping[str, int],
         failures: Mapping[str, str],
-    ) -> Step | None:
+    ) -> tuple[Step, bool]:
+        """The step for ``wl``, written (the record, then the nomination), and whether it
+        has something to tell (Events, metrics: told by the caller, after the pass's other
+        nominations)."""
         record = _record(wl)
         facts = [
             await self._facts(
                 worker,
+                views[worker.name],
                 wl,
                 nominated=worker.name in record.nominated,
                 others=others.get(worker.name, ()),
@@ -242,9 +344,7 @@ class Dispatcher:
             await self._write_record(wl, step.record)
         if list(step.nominated) != written:
             await self._nominate(wl, step.nominated)
-        if step.changed or (step.record.skipped != record.skipped):
-            await self._tell(wl, step)
-        return step
+        return step, step.changed or step.record.skipped != record.skipped
 
     async def _write_record(self, wl: Obj, record: DispatchRecord) -> None:
         meta = wl["metadata"]
@@ -327,6 +427,7 @@ class Dispatcher:
         if held.kube is not None and held.secret_version == version:
             return held
         if held.kube is not None:
+            self._stop_watching(name)
             await held.kube.close()
             held.kube = None
         raw = (secret.get("data") or {}).get(KUBECONFIG_KEY)
@@ -341,11 +442,41 @@ class Dispatcher:
             )
         held.secret_version = version
         held.skip = ""
+        self._start_watching(name, held.kube)
         return held
+
+    async def _view(self, worker: _Worker) -> _View:
+        """What a pass reads of one worker, once for every Workload it dispatches: whether
+        gangcheck runs there, its nodes, its pods, gangcheck's requests (read side by side)."""
+        if worker.kube is None:
+            return _View(skip=worker.skip)
+        kube = worker.kube
+        reads = await asyncio.gather(
+            _items(kube, ADMISSION_CHECK),
+            _items(kube, NODE),
+            _items(kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"),
+            _items(kube, PROVISIONING_REQUEST),
+            return_exceptions=True,
+        )
+        for read in reads:
+            if isinstance(read, ApiError):
+                return _View(skip=f"unreachable: {_first_line(read)}")
+            if isinstance(read, BaseException):
+                raise read
+        checks, nodes, pods, requests = (r for r in reads if not isinstance(r, BaseException))
+        if not _runs_gangcheck(checks):
+            return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
+        return _View(
+            nodes=[node_view(n) for n in nodes if not n["metadata"].get("deletionTimestamp")],
+            pods=pods,
+            requests=requests,
+            sources=_sources(requests),
+        )
 
     async def _facts(
         self,
         worker: _Worker,
+        view: _View,
         wl: Obj,
         *,
         nominated: bool,
@@ -353,29 +484,31 @@ class Dispatcher:
         pending: int = 0,
         lately_failed: str = "",
     ) -> WorkerFacts:
-        if worker.kube is None:
-            return WorkerFacts(worker.name, reachable=False, skip=worker.skip)
-        kube = worker.kube
+        if view.skip or worker.kube is None:
+            return WorkerFacts(worker.name, reachable=False, skip=view.skip or worker.skip)
         try:
-            if not await _runs_gangcheck(kube):
-                return WorkerFacts(
-                    worker.name,
-                    reachable=False,
-                    skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there",
-                )
-            failure = await _copy_failure(kube, wl) if nominated else ""
-            fits = await _fits_now(kube, wl, others)
-            sources = await _sources(kube)
+            failure = await _copy_failure(worker.kube, wl, view.requests) if nominated else ""
         except ApiError as e:
             return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
         return WorkerFacts(
             worker.name,
-            fits_now=fits,
-            sources=sources,
+            fits_now=_fits_now(view, wl, others),
+            sources=view.sources,
             failure=failure,
             pending=pending,
             lately_failed=lately_failed,
         )
+
+
+@dataclass
+class _View:
+    """One worker as a pass read it (``skip``: why it cannot be used now)."""
+
+    skip: str = ""
+    nodes: list[NodeView] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)
+    requests: list[Obj] = field(default_factory=list)
+    sources: tuple[SourceHistory, ...] = ()
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -394,8 +527,8 @@ async def _connect(kubeconfig: bytes) -> Kube:
             os.unlink(path)
 
 
-async def _runs_gangcheck(kube: Kube) -> bool:
-    for check in await _items(kube, ADMISSION_CHECK):
+def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
+    for check in checks:
         if (check.get("spec") or {}).get("controllerName") == CONTROLLER_NAME:
             active = _condition(check, "Active")
             if active is not None and active.get("status") == "True":
@@ -403,20 +536,23 @@ async def _runs_gangcheck(kube: Kube) -> bool:
     return False
 
 
-async def _copy_failure(kube: Kube, wl: Obj) -> str:
+async def _copy_failure(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> str:
     """Why the worker's copy of ``wl`` failed, or '' (trying, or no copy yet): its state, or
-    gangcheck's requests for it there saying their capacity source cannot deliver."""
+    gangcheck's requests for it there (``requests``: the worker's, as the pass read them)
+    saying their capacity source cannot deliver."""
     meta = wl["metadata"]
     copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
     if copy is None:
         return ""
-    requests = [
-        req
-        for req in await _items(kube, PROVISIONING_REQUEST, namespace=meta["namespace"])
-        if (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
-        and not req["metadata"].get("deletionTimestamp")
-    ]
-    said = cannot_deliver(requests)
+    said = cannot_deliver(
+        [
+            req
+            for req in requests
+            if req["metadata"].get("namespace") == meta["namespace"]
+            and (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
+            and not req["metadata"].get("deletionTimestamp")
+        ]
+    )
     if said:
         return said
     status = copy.get("status") or {}
@@ -434,24 +570,19 @@ async def _copy_failure(kube: Kube, wl: Obj) -> str:
     return ""
 
 
-async def _fits_now(kube: Kube, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
-    """The manager's pod sets, whole, on the worker's nodes as they are now, next to those
-    of the other gangs nominated there and not placed yet (``others``)."""
+def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
+    """The manager's pod sets, whole, on the worker's nodes as the pass read them, next to
+    those of the other gangs nominated there and not placed yet (``others``)."""
     own = _pod_sets(wl)
     if not own:
         return False
-    pod_sets = [*others, *own]
-    nodes = [
-        node_view(n) for n in await _items(kube, NODE) if not n["metadata"].get("deletionTimestamp")
-    ]
-    pods = await _items(kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed")
-    return fit_gang(pod_sets, nodes, pods).fits
+    return fit_gang([*others, *own], view.nodes, view.pods).fits
 
 
-async def _sources(kube: Kube) -> tuple[SourceHistory, ...]:
+def _sources(requests: Sequence[Obj]) -> tuple[SourceHistory, ...]:
     """Each capacity source's recent outcomes, from gangcheck's records on the requests."""
     outcomes: dict[str, list[tuple[str, Outcome]]] = {}
-    for req in await _items(kube, PROVISIONING_REQUEST):
+    for req in requests:
         notes = req["metadata"].get("annotations") or {}
         if ROLLBACK_REASON_ANNOTATION in notes:
             outcome = Outcome.STOCKOUT

@@ -16,6 +16,7 @@ import pytest
 
 from gangcheck.dispatcher import KUEUE_ADMISSION, Dispatcher
 from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ForbiddenError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
@@ -90,8 +91,8 @@ def gpu_node(name: str) -> Obj:
     }
 
 
-def worker(*, gangcheck: bool = True, nodes: int = 0) -> FakeKube:
-    kube = FakeKube()
+def worker(*, gangcheck: bool = True, nodes: int = 0, kube: FakeKube | None = None) -> FakeKube:
+    kube = kube if kube is not None else FakeKube()
     if gangcheck:
         kube.add(
             {
@@ -354,6 +355,80 @@ async def test_a_change_of_a_workload_wakes_a_pass_before_the_poll() -> None:
                 break
             await asyncio.sleep(0.01)
         assert dispatcher.passes == 2  # woken, not the 60 s poll
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# -- a change in a worker wakes a pass: its requests watched -------------------------------------
+
+
+class WatchedWorker(FakeKube):
+    """A worker whose watch on ProvisioningRequests brings, once ``changed`` is set, a change
+    of each request in ``changes`` (or is refused: ``forbidden``), then stays quiet."""
+
+    def __init__(self, *, forbidden: bool = False) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+        self.forbidden = forbidden
+        self.watched: list[str] = []
+        self.changes: list[Obj] = []
+
+    async def watch(self, res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
+        self.watched.append(res.kind)
+        if self.forbidden:
+            raise ForbiddenError(403, "Forbidden", "cannot watch provisioningrequests")
+        await self.changed.wait()
+        for obj in self.changes:
+            yield {"type": "MODIFIED", "object": obj}
+        await asyncio.Event().wait()  # then quiet
+
+
+async def until(probe: Callable[[], bool]) -> None:
+    for _ in range(300):
+        if probe():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within 3 s")
+
+
+async def test_a_change_of_a_request_in_a_worker_wakes_a_pass_before_the_poll() -> None:
+    one = worker(kube=WatchedWorker())
+    assert isinstance(one, WatchedWorker)
+    manager, _, connect = bed({"worker-1": one})
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=60.0, connect=connect)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: dispatcher.passes == 1 and one.watched == ["ProvisioningRequest"])
+        assert nominated_of(manager, "job-gang") == ["worker-1"]
+        # worker-1's copy and its request, not found: only the watch can tell before 60 s (a
+        # request of a Workload not waiting there wakes nothing)
+        one.add(workload(), not_found_request())
+        one.changes = [not_found_request("job-other"), not_found_request()]
+        one.changed.set()
+        await until(lambda: dispatcher.passes > 1)
+        assert dispatcher.woken_by_workers == 1
+        assert "CapacityIsNotFound" in record(manager).failed["worker-1"]
+        assert not one.writes  # read-only there
+        watches = list(dispatcher._worker_watches.values())
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert watches and all(t.done() for t in watches)  # none left running
+
+
+async def test_a_worker_refusing_the_watch_is_still_followed_by_the_poll() -> None:
+    one = worker(kube=WatchedWorker(forbidden=True))
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.05, connect=connect)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: nominated_of(manager, "job-gang") == ["worker-1"])
+        one.add(workload(), not_found_request())
+        await until(lambda: nominated_of(manager, "job-gang") == ["worker-2"])
+        assert dispatcher.woken_by_workers == 0
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
