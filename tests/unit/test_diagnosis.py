@@ -21,9 +21,11 @@ from gangcheck.logic.attempt.explain import (
     nodes_needed,
     place,
 )
+from gangcheck.logic.attempt.fulfillment import fit_words
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome
-from gangcheck.logic.placement.fit import Rejection
+from gangcheck.logic.placement.fit import FitResult, Rejection
+from gangcheck.logic.placement.topology import TopologyFit
 from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,
     Facts,
@@ -85,7 +87,24 @@ def tainted(count: int, taint: str = TAINT) -> list[NodeFit]:
 
 
 def placement(nodes: list[NodeFit], placeable: int, total: int = 16) -> Placement:
-    return Placement(placeable, total, placeable >= total, tuple(nodes))
+    """The placement on `nodes` (named n0, n1, ... in order), its words made by the product
+    (`fit_words`) from the fit those nodes describe: the members each takes, the reason of
+    each that takes none."""
+    nodes = [replace(n, name=f"n{i}") for i, n in enumerate(nodes)]
+    result = FitResult(
+        fits=placeable >= total,
+        placeable=placeable,
+        total=total,
+        placements={n.name: ("workers",) * n.members for n in nodes if n.members},
+        unplaced={"workers": total - placeable} if placeable < total else {},
+        node_reasons={
+            n.name: Rejection(n.short, "" if n.reason == n.short else n.reason)
+            for n in nodes
+            if n.short
+        },
+    )
+    words = fit_words(TopologyFit(result))
+    return Placement(placeable, total, placeable >= total, tuple(nodes), summary=words)
 
 
 def gang(
@@ -319,14 +338,15 @@ CASES = [
     Case(
         "provisioned with nothing arrived waits for the autoscaler",
         gang(req=PROVISIONED, progress=WAITING, fit=placement([], 0)),
-        "blocked: waiting for the autoscaler: no node has arrived yet (0 of 16 members "
-        "placeable), deadline in 42s",
+        "blocked: waiting for the autoscaler, no node has arrived yet: 0 of 16 members "
+        "placeable; no nodes, deadline in 42s",
         "nodes",
     ),
     Case(
         "partial delivery: 11 of 16 members placeable, and the deadline",
         gang(req=PROVISIONED, progress=WAITING, fit=placement(arrived(11, members=1), 11)),
-        "blocked: waiting for the autoscaler: 11 of 16 members placeable, deadline in 42s",
+        "blocked: waiting for the autoscaler: 11 of 16 members placeable on 11 nodes; the nodes "
+        "in use have no room for the rest, deadline in 42s",
         "nodes",
     ),
     Case(
@@ -347,13 +367,15 @@ CASES = [
     Case(
         "every arrived node has a taint the gang does not tolerate: the taint is named",
         gang(req=PROVISIONED, progress=WAITING, fit=placement(tainted(3), 0, 2)),
-        f"blocked: 3 nodes arrived but none tolerates {TAINT}",
+        f"blocked: 3 nodes arrived, none usable: 0 of 2 members placeable; 3 nodes can take "
+        f"none: 3 × taint {TAINT} not tolerated",  # noqa: RUF001
         "nodes",
     ),
     Case(
         "one tainted arrival reads in the singular",
         gang(req=PROVISIONED, progress=WAITING, fit=placement(tainted(1), 0, 2)),
-        f"blocked: 1 node arrived but it does not tolerate {TAINT}",
+        f"blocked: 1 node arrived, none usable: 0 of 2 members placeable; 1 node can take "
+        f"none: 1 × taint {TAINT} not tolerated",  # noqa: RUF001
     ),
     Case(
         "arrivals with two different taints name both",
@@ -362,7 +384,8 @@ CASES = [
             progress=WAITING,
             fit=placement(tainted(1) + tainted(1, "gpu:NoExecute"), 0, 2),
         ),
-        f"blocked: 2 nodes arrived but none tolerates its taints (gpu:NoExecute, {TAINT})",
+        "blocked: 2 nodes arrived, none usable: 0 of 2 members placeable; 2 nodes can take "
+        f"none: 1 × taint gpu:NoExecute not tolerated, 1 × taint {TAINT} not tolerated",  # noqa: RUF001
     ),
     Case(
         "arrivals failing for different reasons are counted by reason",
@@ -371,8 +394,8 @@ CASES = [
             progress=WAITING,
             fit=placement(tainted(2) + arrived(1, kind="not-ready", short="not Ready"), 0, 2),
         ),
-        f"blocked: 3 nodes arrived but none can take a member: taint {TAINT} not tolerated (2), "
-        "not Ready",
+        "blocked: 3 nodes arrived, none usable: 0 of 2 members placeable; 3 nodes can take "
+        f"none: 2 × taint {TAINT} not tolerated, 1 × not Ready",  # noqa: RUF001
     ),
     Case(
         "some unusable arrivals are named beside the members placeable",
@@ -381,7 +404,8 @@ CASES = [
             progress=WAITING,
             fit=placement(arrived(11, members=1) + tainted(2), 11),
         ),
-        f"blocked: 2 of 13 arrived nodes do not tolerate {TAINT}; 11 of 16 members placeable",
+        "blocked: 13 nodes arrived, 2 not usable: 11 of 16 members placeable on 11 nodes; "
+        f"2 nodes can take none: 2 × taint {TAINT} not tolerated",  # noqa: RUF001
     ),
     Case(
         "arrivals not Ready yet are waited for",
@@ -392,8 +416,8 @@ CASES = [
                 arrived(11, members=1) + arrived(2, kind="not-ready", short="not Ready"), 11
             ),
         ),
-        "blocked: waiting for the autoscaler: 11 of 16 members placeable; 2 nodes not Ready yet, "
-        "deadline in 42s",
+        "blocked: waiting for the autoscaler: 11 of 16 members placeable on 11 nodes; 2 nodes "
+        "can take none: 2 × not Ready, deadline in 42s",  # noqa: RUF001
     ),
     Case(
         "arrivals without the labels the gang selects name the labels",
@@ -410,7 +434,8 @@ CASES = [
                 0,
             ),
         ),
-        "blocked: 2 nodes arrived but none has the labels the gang selects (pool=a)",
+        "blocked: 2 nodes arrived, none usable: 0 of 16 members placeable; 2 nodes can take "
+        "none: 2 × node selector mismatch (needs pool=a)",  # noqa: RUF001
     ),
     Case(
         "arrivals without room name the resource",
@@ -427,8 +452,9 @@ CASES = [
                 0,
             ),
         ),
-        "blocked: 2 nodes arrived but none has room for a member (insufficient nvidia.com/gpu "
-        "(requested 2, free 1))",
+        "blocked: 2 nodes arrived, none usable: 0 of 16 members placeable; 2 nodes can take "
+        "none: 2 × insufficient nvidia.com/gpu; node n0: insufficient nvidia.com/gpu "  # noqa: RUF001
+        "(requested 2, free 1)",
     ),
     Case(
         "the gang fits but the check is still pending: is the controller running",
@@ -584,7 +610,11 @@ def test_tainted_arrivals_are_named_from_the_objects() -> None:
     nodes = tuple(arrival(f"gpu-{i}", taints=[GPU_TAINT]) for i in range(3))
     facts = gather(workload(), world(requests=(our_request(),), nodes=nodes), now=NOW)
     assert [n.kind for n in facts.placement.nodes] == ["taint"] * 3  # type: ignore[union-attr]
-    assert verdict(facts, NOW).line == f"blocked: 3 nodes arrived but none tolerates {TAINT}"
+    assert verdict(facts, NOW).line == (
+        "blocked: 3 nodes arrived, none usable: 0 of 2 members placeable; 3 nodes can take none: "
+        f"3 × taint {TAINT} not tolerated; node gpu-0: taint nvidia.com/gpu=present:NoSchedule "  # noqa: RUF001
+        "not tolerated"
+    )
 
 
 def test_the_json_says_the_decision_replayed_on_the_objects() -> None:

@@ -5,7 +5,8 @@ request's conditions, deadline and rollback record; the nodes that arrived: tain
 Ready, too small) are diagnosed, and the same objects are decided on the snapshot the
 controller builds: the line's kind must be the progress's kind, both ways (waiting ⇔ says
 waiting, and names why the arrivals take no member; fits ⇔ says it fits; a rollback or an
-ended attempt ⇔ says so)."""
+ended attempt ⇔ says so). While it waits on a fit, the line says the fit in the check
+message's own words (the same function makes both)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,20 @@ def said_deadline(moved: bool, line: str, request: ProvisioningRequest, fit: boo
         assert deadline == ", deadline in 1m", deadline
 
 
+NOT_USABLE = "capacity requested, not yet usable: "
+
+
+def said_fit(message: str, summary: str, line: str) -> None:
+    """The fit the check message says is, word for word, the fit the diagnosis explains
+    node by node, and a part of its line: one function says a fit (`fit_words`)."""
+    assert message.startswith(NOT_USABLE), message
+    fit = message.removeprefix(NOT_USABLE).split("; pods not of this gang")[0]
+    assert fit == summary, (message, summary)
+    assert f": {fit}" in line, (message, line)
+    if "taint" in fit:
+        assert "not tolerated" in line, line  # the fit's failing reason is named
+
+
 def objects(read: Read) -> tuple[Obj, World]:
     workload = (
         WorkloadBuilder().pod_set("workers", read.members).reserve_quota().check(CHECK).build()
@@ -193,7 +208,7 @@ def kind_of(line: str) -> str:
         return "fits"
     if (
         "waiting for the autoscaler" in line
-        or " arrived " in line
+        or " arrived, " in line
         or "could not be computed" in line
     ):
         return "waiting"
@@ -235,15 +250,7 @@ def test_the_one_line_diagnosis_says_what_decide_says(read: Read) -> None:
     if progress is Progress.WAITING and "Provisioned" in read.conditions:
         placement = facts.placement
         assert placement is not None and step is not None
-        # the fit explained node by node is the fit the decision judged
-        assert f"{placement.placeable} of {placement.total} members" in step.message, (
-            placement,
-            step.message,
-        )
-        arrived = placement.arrived
-        idle = [n for n in arrived if not n.members]
-        if arrived and len(idle) == len(arrived) and all(n.kind == "taint" for n in idle):
-            assert "tolerate" in line, line  # the fit's failing reason is named
+        said_fit(step.message, placement.summary, line)
     if progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK) and read.rolling_back:
         assert f"rolling back attempt 1: {REASON}" in line
 
@@ -359,7 +366,12 @@ def group_kind_of(line: str) -> str:
         return "ended"
     if "and the whole gang fits" in line:
         return "fits"
-    waiting = ("capacity requested (", "waiting for the autoscaler", " arrived ", "not be computed")
+    waiting = (
+        "capacity requested (",
+        "waiting for the autoscaler",
+        " arrived, ",
+        "not be computed",
+    )
     if any(said in line for said in waiting):
         return "waiting"
     return "other"
@@ -416,14 +428,6 @@ def test_a_podgroups_one_line_diagnosis_says_what_decide_says(read: GroupRead) -
     if progress is Progress.WAITING and "Provisioned" in read.conditions:
         placement = facts.placement
         assert placement is not None and step is not None
-        # the fit explained node by node is the fit the decision judged
-        assert f"{placement.placeable} of {placement.total} members" in step.message, (
-            placement,
-            step.message,
-        )
-        arrived = placement.arrived
-        idle = [n for n in arrived if not n.members]
-        if arrived and len(idle) == len(arrived) and all(n.kind == "taint" for n in idle):
-            assert "tolerate" in line, line
+        said_fit(step.message, placement.summary, line)
     if progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK) and read.rolling_back:
         assert f"rolling back attempt 1: {REASON}" in line

@@ -268,7 +268,8 @@ CASES = [
         "provisioned, one of two nodes arrived",
         group(2, **PROVISIONING),
         members(2, gpu=2),
-        "blocked: waiting for the autoscaler: 1 of 2 members placeable, deadline in 15m",
+        "blocked: waiting for the autoscaler: 1 of 2 members placeable on 1 node; the nodes in "
+        "use have no room for the rest, deadline in 15m",
         "fulfilling",
         requests=[req(count=2, Provisioned="ok")],
         nodes=[node("n0", gpu=2, created=ARRIVED)],
@@ -277,7 +278,9 @@ CASES = [
         "provisioned, arrived with a taint",
         group(1, **PROVISIONING),
         members(1),
-        "blocked: 1 node arrived but it does not tolerate nvidia.com/gpu:NoSchedule",
+        "blocked: 1 node arrived, none usable: 0 of 1 members placeable; 1 node can take none: "
+        "1 × taint nvidia.com/gpu:NoSchedule not tolerated; node n0: taint "  # noqa: RUF001
+        "nvidia.com/gpu=x:NoSchedule not tolerated",
         "fulfilling",
         requests=[req(count=1, Provisioned="ok")],
         nodes=[

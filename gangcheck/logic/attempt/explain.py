@@ -4,13 +4,13 @@ placement of the gang on the nodes it may use) and the words for where the attem
 Pure. The gang sources' diagnoses (logic/workloads/diagnosis.py, logic/podgroups/
 group_diagnosis.py) replay their source's `decide` on a live read (logic/sources/world.py
 makes the read the capacity a decision reads) and say the step it returns with
-`step_verdict`; the placement names, node by node, why the fit fails (`fit_verdict`).
+`step_verdict`; a fit that leaves the gang waiting is said in the check message's own words
+(`fulfillment.fit_words`, made on the nodes `assess` judges), then node by node (`fit_verdict`).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -21,8 +21,10 @@ from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
     claim_of,
     counted,
+    fit_words,
     gang_of,
     hold_key,
+    judged_views,
     request_key,
     tolerating_hold,
 )
@@ -187,8 +189,7 @@ def place(
     except QuantityError:
         return None
     capacity = capacity or ClusterView(nodes=nodes, pods=pods, in_flight=in_flight)
-    considered = _considered(capacity, members, request, now)
-    views = [capacity.view(n) for n, _, _ in considered]
+    considered, views = _considered(capacity, members, request, now)
     fitted = fit_in_domains(
         pod_sets, views, capacity.bound(), spec.topology, together=spec.together, devices=devices
     )
@@ -200,7 +201,7 @@ def place(
         total=result.total,
         fits=fitted.fits,
         nodes=tuple(fits),
-        summary=fitted.summary(),
+        summary=fit_words(fitted, devices),
     )
 
 
@@ -209,20 +210,22 @@ def _considered(
     members: list[Member],
     request: ProvisioningRequest | None,
     now: datetime | None,
-) -> list[tuple[Obj, bool, bool]]:
-    """(node, arrived, recorded) for every node the gang may count: with a request, those it
-    counts or may claim as the controller partitions them (a node still closed on arrival
-    only once recorded, as `assess` counts it); shared nodes only where its selectors match."""
+) -> tuple[list[tuple[Obj, bool, bool]], list[NodeView]]:
+    """(node, arrived, recorded) for every node the gang may count, and the views the fit is
+    judged on. With a request, those it counts or may claim as the controller partitions them
+    (`fulfillment.judged_views`: a node still closed on arrival only once recorded, a new
+    arrival as recording opens it, as `assess` fits them); without, every node no in-flight
+    request claims (as `fits_now`). Listed: shared nodes only where its selectors match (the
+    others take no member, and the fit's words leave them out)."""
 
     def selected(node: Obj) -> bool:
         return any(is_selected(m, capacity.view(node)) for m in members)
 
     if request is None:
-        return [
-            (node, False, False)
-            for node in capacity.nodes
-            if not (claim_of(node) and claim_of(node) in capacity.in_flight) and selected(node)
+        free = [
+            n for n in capacity.nodes if not (claim_of(n) and claim_of(n) in capacity.in_flight)
         ]
+        return [(n, False, False) for n in free if selected(n)], [capacity.view(n) for n in free]
     key = request_key(request)
     base, candidates = counted(capacity, request, members, now)
     out = []
@@ -231,7 +234,8 @@ def _considered(
             out.append((node, True, True))
         elif selected(node):
             out.append((node, False, False))
-    return out + [(node, True, False) for node in candidates]
+    listed = out + [(node, True, False) for node in candidates]
+    return listed, judged_views(capacity, base, candidates)
 
 
 def is_selected(member: Member, node: NodeView) -> bool:
@@ -368,72 +372,31 @@ def step_verdict(
 
 
 def fit_verdict(placement: Placement, deadline: str = "") -> Verdict:
-    """Provisioned, yet the gang does not fit: bad nodes, or too few of them so far."""
+    """Provisioned, yet the gang does not fit: the fit in the words the check message says it
+    in (`Placement.summary`, made by `fulfillment.fit_words`), after where it leaves the
+    attempt: blocked on arrived nodes that can take no member for a reason more time does not
+    lift (every arrival takes none, or some fail on a taint, labels, affinity, a cordon),
+    else waiting for the autoscaler (the deadline then)."""
     arrived = placement.arrived
     idle = [n for n in arrived if n.members == 0 and n.kind]
+    fit = placement.summary
     if arrived and len(idle) == len(arrived):
-        return Verdict(True, "nodes", f"{_nodes(len(arrived))} arrived but {_none_can(idle)}")
-    placeable = f"{placement.placeable} of {placement.total} members placeable"
+        said = f"{_nodes(len(arrived))} arrived, none usable: {fit}{_detail(idle)}"
+        return Verdict(True, "nodes", said)
     stuck = [n for n in idle if n.kind in STATIC_KINDS]
     if stuck:
-        return Verdict(
-            True,
-            "nodes",
-            f"{len(stuck)} of {len(arrived)} arrived nodes {_they_fail(stuck)}; {placeable}",
-        )
-    waiting = placeable if arrived else f"no node has arrived yet ({placeable})"
-    not_ready = sum(1 for n in idle if n.kind == "not-ready")
-    unready = f"; {_nodes(not_ready)} not Ready yet" if not_ready else ""
-    return Verdict(True, "nodes", f"waiting for the autoscaler: {waiting}{unready}{deadline}")
+        said = f"{_nodes(len(arrived))} arrived, {len(stuck)} not usable: {fit}{_detail(stuck)}"
+        return Verdict(True, "nodes", said)
+    waiting = "waiting for the autoscaler" + ("" if arrived else ", no node has arrived yet")
+    return Verdict(True, "nodes", f"{waiting}: {fit}{deadline}")
 
 
-def _none_can(idle: Sequence[NodeFit]) -> str:
-    """How a group of nodes that took no member fails the gang, as the end of a sentence."""
-    kinds = {n.kind for n in idle}
-    one = len(idle) == 1
-    if len(kinds) > 1:
-        return f"none can take a member: {_reasons(idle)}"
-    kind, first = kinds.pop(), idle[0]
-    subjects = ", ".join(sorted({n.subject for n in idle if n.subject}))
-    if kind == "taint":
-        if len({n.subject for n in idle}) > 1:
-            return f"none tolerates its taints ({subjects})"
-        return f"it does not tolerate {subjects}" if one else f"none tolerates {subjects}"
-    phrases = {
-        "selector": (f"it lacks the labels the gang selects ({subjects})",
-                     f"none has the labels the gang selects ({subjects})"),
-        "affinity": ("it does not satisfy the gang's required node affinity",
-                     "none satisfies the gang's required node affinity"),
-        "not-ready": ("it is not Ready yet", "none is Ready yet"),
-        "cordoned": ("it is cordoned", "all are cordoned"),
-        "resources": (f"it has no room for a member ({first.reason})",
-                      f"none has room for a member ({first.reason})"),
-    }  # fmt: skip
-    singular, plural = phrases.get(kind, (f"it is not usable: {first.reason}", ""))
-    if kind == "affinity" and subjects:
-        singular, plural = f"{singular} ({subjects})", f"{plural} ({subjects})"
-    return singular if one else plural or f"none is usable: {_reasons(idle)}"
-
-
-def _they_fail(nodes: Sequence[NodeFit]) -> str:
-    """How some of the arrived nodes fail the gang, as a verb phrase in the plural."""
-    kinds = {n.kind for n in nodes}
-    subjects = ", ".join(sorted({n.subject for n in nodes if n.subject}))
-    if len(kinds) > 1:
-        return f"can take no member: {_reasons(nodes)}"
-    phrases = {
-        "taint": f"do not tolerate {subjects}",
-        "selector": f"lack the labels the gang selects ({subjects})",
-        "affinity": "fail the gang's required node affinity",
-        "cordoned": "are cordoned",
-    }
-    return phrases.get(kinds.pop(), f"are not usable: {_reasons(nodes)}")
-
-
-def _reasons(nodes: Sequence[NodeFit]) -> str:
-    counts = Counter(n.short for n in nodes).most_common()
-    counts.sort(key=lambda c: (-c[1], c[0]))
-    return ", ".join(f"{short} ({count})" if count > 1 else short for short, count in counts)
+def _detail(nodes: Sequence[NodeFit]) -> str:
+    """The first of `nodes` whose reason says more than the fit's words group it by (the
+    taint's value, the amounts short): `; node gpu-3: insufficient nvidia.com/gpu
+    (requested 2, free 1)`."""
+    said = next((n for n in nodes if n.reason and n.reason != n.short), None)
+    return f"; node {said.name}: {said.reason}" if said else ""
 
 
 def _nodes(count: int) -> str:

@@ -190,8 +190,7 @@ def assess(
     context, devices = capacity.dra(req.ref.namespace)
     pod_sets = tolerating_hold(gang_of(spec.pod_sets, context), hold_key(req))
     base, candidates = _partition(capacity, req, [g.member for g in pod_sets], now)
-    # A node still closed on arrival counts only once this request records it (which opens it).
-    views = [capacity.view(n) for n in base if not is_arriving(n)]
+    views = judged_views(capacity, base)
     bound = capacity.bound()
 
     def fit() -> TopologyFit:
@@ -205,7 +204,7 @@ def assess(
     for node in candidates:
         if result.fits:
             break
-        view = node_view(as_opened(node))
+        view = arrival_view(node)
         views.append(view)  # one passed over takes no member: there, only to say why not
         if not view.is_usable or not takes_a_member(pod_sets, view, bound, devices):
             passed_over = True
@@ -306,18 +305,44 @@ def fits_now(capacity: ClusterView | None, gang: GangSpec) -> Fulfillment:
     return _fulfillment(fitted, devices)
 
 
+def judged_views(
+    capacity: ClusterView, base: Collection[Obj], arrivals: Collection[Obj] = ()
+) -> list[NodeView]:
+    """The nodes a request's fit is judged on: those it counts already (`counted`), but for
+    one still closed on arrival (it counts only once this request records it, which opens
+    it), then the new `arrivals` as they will be once recorded. `assess` adds the arrivals
+    one at a time while the gang does not fit: one that does not fit in the end has them all."""
+    views = [capacity.view(n) for n in base if not is_arriving(n)]
+    return views + [arrival_view(n) for n in arrivals]
+
+
+def arrival_view(node: Obj) -> NodeView:
+    """A new arrival as a fit sees it: opened, as recording it for the request will leave it."""
+    return node_view(as_opened(node))
+
+
+def fit_words(result: TopologyFit, devices: Inventory | None = None) -> str:
+    """The words of a fit, the one place they are made: how many members are placeable (on
+    how many nodes, in which topology domains), and why the nodes that take none take none
+    (a taint not tolerated, labels missing, not Ready, cordoned, no room), then the first
+    device problem of a gang that does not fit. The check message (the Workload's, the
+    PodGroup's) says a fit in these words, and `gangcheck diagnose` says the same fit in them
+    (explain.fit_verdict) before its node-by-node detail."""
+    words = result.summary()
+    if not result.fits and devices is not None and devices.problems:
+        words += f"; {devices.problems[0]}"
+    return words
+
+
 def _fulfillment(
     result: TopologyFit,
     devices: Inventory,
     claims: tuple[tuple[str, str], ...] = (),
     arrived: tuple[str, ...] = (),
 ) -> Fulfillment:
-    summary = result.summary()
-    if not result.fits and devices.problems:
-        summary += f"; {devices.problems[0]}"
     return Fulfillment(
         fits=result.fits,
-        summary=summary,
+        summary=fit_words(result, devices),
         placeable=result.result.placeable,
         total=result.result.total,
         claims=claims,
