@@ -33,14 +33,9 @@ from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome, Record
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
 from gangcheck.logic.placement.dra import DraContext, Inventory
-from gangcheck.logic.placement.fit import (
-    FitResult,
-    Member,
-    NodeView,
-    Rejection,
-    member_from_template,
-)
+from gangcheck.logic.placement.fit import FitResult, Member, NodeView, member_from_template
 from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.topology import fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (

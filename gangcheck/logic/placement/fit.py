@@ -67,6 +67,8 @@ from gangcheck.logic.placement.quantity import (
     format_resource,
     parse_quantity,
 )
+from gangcheck.logic.placement.raw import dict_at, list_at
+from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.taints import Taint, Toleration, taint_of, toleration_of
 from gangcheck.model.objects import ReadOnlyObj as Obj
 from gangcheck.model.objects import is_finished
@@ -79,20 +81,6 @@ KNOWN_EFFECTS = BLOCKING_EFFECTS | {"PreferNoSchedule"}
 STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage", PODS})
 SUMMARY_LIMIT = 300
 MAX_ORDERS_TRIED_POD_SETS = 4
-
-
-# --- reasons -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Why a node cannot take a member: `short` groups alike nodes, `detail` names values."""
-
-    short: str
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return self.detail or self.short
 
 
 # --- taints, tolerations, selectors ----------------------------------------------------------
@@ -179,7 +167,7 @@ class GangPodSet:
 
 def member_from_template(template: Obj, dra: DraContext | None = None) -> Member:
     """The member a PodTemplateSpec (`{metadata, spec}`) describes (see member_from_pod_spec)."""
-    return member_from_pod_spec(_dict(template, "spec"), dra)
+    return member_from_pod_spec(dict_at(template, "spec"), dra)
 
 
 def member_from_pod_spec(spec: Obj, dra: DraContext | None = None) -> Member:
@@ -190,19 +178,19 @@ def member_from_pod_spec(spec: Obj, dra: DraContext | None = None) -> Member:
     """
     return Member(
         requests=pod_requests(spec),
-        node_selector={str(k): str(v) for k, v in _dict(spec, "nodeSelector").items()},
+        node_selector={str(k): str(v) for k, v in dict_at(spec, "nodeSelector").items()},
         affinity=_required_affinity(spec),
-        tolerations=tuple(toleration_of(t) for t in _list(spec, "tolerations")),
+        tolerations=tuple(toleration_of(t) for t in list_at(spec, "tolerations")),
         devices=dra.needs(spec) if dra is not None else ClaimNeeds(),
     )
 
 
 def pod_requests(spec: Obj) -> dict[str, int]:
     """Effective requests of a pod spec, as kube-scheduler counts them (see module doc)."""
-    containers = _total(_container_requests(c) for c in _list(spec, "containers"))
+    containers = _total(_container_requests(c) for c in list_at(spec, "containers"))
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
-    for container in _list(spec, "initContainers"):
+    for container in list_at(spec, "initContainers"):
         requests = _container_requests(container)
         if container.get("restartPolicy") == "Always":
             sidecars = _total([sidecars, requests])
@@ -211,27 +199,27 @@ def pod_requests(spec: Obj) -> dict[str, int]:
             init_peak = _peak([init_peak, _total([sidecars, requests])])
     effective = _peak([_total([containers, sidecars]), init_peak])
     effective.update(_container_requests(spec))
-    return _total([effective, _parse_resources(_dict(spec, "overhead")), {PODS: NANO}])
+    return _total([effective, _parse_resources(dict_at(spec, "overhead")), {PODS: NANO}])
 
 
 def _container_requests(container: Obj) -> dict[str, int]:
     """Requests of a container (or of a pod's `spec.resources`), limits filling the gaps."""
-    resources = _dict(container, "resources")
-    return _parse_resources({**_dict(resources, "limits"), **_dict(resources, "requests")})
+    resources = dict_at(container, "resources")
+    return _parse_resources({**dict_at(resources, "limits"), **dict_at(resources, "requests")})
 
 
 def _required_affinity(spec: Obj) -> tuple[SelectorTerm, ...] | None:
-    node_affinity = _dict(_dict(spec, "affinity"), "nodeAffinity")
+    node_affinity = dict_at(dict_at(spec, "affinity"), "nodeAffinity")
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not isinstance(required, Mapping):
         return None
-    return tuple(_selector_term(t) for t in _list(required, "nodeSelectorTerms"))
+    return tuple(_selector_term(t) for t in list_at(required, "nodeSelectorTerms"))
 
 
 def _selector_term(term: Obj) -> SelectorTerm:
     return SelectorTerm(
-        expressions=tuple(_requirement(r) for r in _list(term, "matchExpressions")),
-        fields=tuple(_requirement(r) for r in _list(term, "matchFields")),
+        expressions=tuple(_requirement(r) for r in list_at(term, "matchExpressions")),
+        fields=tuple(_requirement(r) for r in list_at(term, "matchFields")),
     )
 
 
@@ -265,15 +253,15 @@ class NodeView:
 
 def node_view(node: Obj) -> NodeView:
     """A NodeView of a Node dict; malformed data makes it unusable, never usable."""
-    meta, spec, status = _dict(node, "metadata"), _dict(node, "spec"), _dict(node, "status")
-    taints = tuple(taint_of(t) for t in _list(spec, "taints"))
-    allocatable, malformed = _parse_allocatable(_dict(status, "allocatable"))
+    meta, spec, status = dict_at(node, "metadata"), dict_at(node, "spec"), dict_at(node, "status")
+    taints = tuple(taint_of(t) for t in list_at(spec, "taints"))
+    allocatable, malformed = _parse_allocatable(dict_at(status, "allocatable"))
     ready, unschedulable = _is_ready(status), bool(spec.get("unschedulable"))
     problem = malformed or _node_problem(status, taints, ready=ready, cordoned=unschedulable)
     return NodeView(
         name=str(meta.get("name") or ""),
-        labels=_strings(_dict(meta, "labels")),
-        annotations=_strings(_dict(meta, "annotations")),
+        labels=_strings(dict_at(meta, "labels")),
+        annotations=_strings(dict_at(meta, "annotations")),
         taints=taints,
         allocatable=allocatable,
         ready=ready,
@@ -297,7 +285,7 @@ def _parse_allocatable(raw: Obj) -> tuple[dict[str, int], Rejection | None]:
 def _node_problem(
     status: Obj, taints: Sequence[Taint], *, ready: bool, cordoned: bool
 ) -> Rejection | None:
-    if not _dict(status, "allocatable"):
+    if not dict_at(status, "allocatable"):
         return Rejection("no allocatable resources reported")
     unknown = [t for t in taints if t.effect not in KNOWN_EFFECTS]
     if unknown:
@@ -311,7 +299,7 @@ def _node_problem(
 
 
 def _is_ready(status: Obj) -> bool:
-    for condition in _list(status, "conditions"):
+    for condition in list_at(status, "conditions"):
         if condition.get("type") == "Ready":
             return condition.get("status") == "True"
     return False
@@ -484,7 +472,7 @@ def scope_reaches(scope: NodeScope, node: NodeView) -> bool:
         return True
     if scope.node_selector is None:
         return False
-    terms = [_selector_term(t) for t in _list(scope.node_selector, "nodeSelectorTerms")]
+    terms = [_selector_term(t) for t in list_at(scope.node_selector, "nodeSelectorTerms")]
     return any(term.first_failure(node) is None for term in terms)
 
 
@@ -612,10 +600,10 @@ def used_resources(bound_pods: Bound) -> Mapping[str, Resources]:
         return bound_pods.by_node
     used: dict[str, dict[str, int]] = {}
     for pod in bound_pods:
-        node_name = _dict(pod, "spec").get("nodeName")
+        node_name = dict_at(pod, "spec").get("nodeName")
         if not node_name or is_finished(pod):
             continue
-        requests = pod_requests(_dict(pod, "spec"))
+        requests = pod_requests(dict_at(pod, "spec"))
         used[str(node_name)] = _total([used.get(str(node_name), {}), requests])
     return used
 
@@ -1108,18 +1096,6 @@ def _peak(parts: Iterable[Resources]) -> dict[str, int]:
 
 def _strings(raw: Obj) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()}
-
-
-def _dict(obj: Obj, key: str) -> Obj:
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(obj: Obj, key: str) -> list[Obj]:
-    value = obj.get(key)
-    if not isinstance(value, list):
-        return []
-    return [item for item in value if isinstance(item, Mapping)]
 
 
 def could_be_made_for(member: Member, node: NodeView) -> bool:

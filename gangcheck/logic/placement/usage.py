@@ -28,6 +28,7 @@ from gangcheck.logic.placement.fit import (
     pod_requests,
 )
 from gangcheck.logic.placement.quantity import QuantityError
+from gangcheck.logic.placement.raw import dict_at
 from gangcheck.model.objects import ReadOnlyObj as Obj
 from gangcheck.model.objects import is_finished
 
@@ -159,14 +160,14 @@ class NodeUsage:
         return len(self._tallied.get((namespace, value), ()))
 
     def _add_pod(self, pod: Obj) -> None:
-        node = _dict(pod, "spec").get("nodeName")
+        node = dict_at(pod, "spec").get("nodeName")
         if not node or is_finished(pod):
             return
         key = _key(pod)
         if tallied := _tally_key(pod, self._tally):
             self._tallied.setdefault(tallied, set()).add(key)
         try:
-            requests = pod_requests(_dict(pod, "spec"))
+            requests = pod_requests(dict_at(pod, "spec"))
         except QuantityError as e:
             self._malformed[key] = str(e)
             return
@@ -214,7 +215,7 @@ class DeviceInventory:
 
     def on_claim(self, old: Obj | None, new: Obj | None) -> None:
         """A ResourceClaim added, changed or deleted: only its allocation matters here."""
-        if old is None or new is None or _dict(old, "status") != _dict(new, "status"):
+        if old is None or new is None or dict_at(old, "status") != dict_at(new, "status"):
             self._claims_changed = True
 
     def inventory(
@@ -237,15 +238,15 @@ def tally(pods: Iterable[Obj], annotation: str, namespace: str, value: str) -> i
         1
         for pod in pods
         if _tally_key(pod, annotation) == (namespace, value)
-        and _dict(pod, "spec").get("nodeName")
+        and dict_at(pod, "spec").get("nodeName")
         and not is_finished(pod)
     )
 
 
 def _tally_key(pod: Obj, annotation: str) -> tuple[str, str] | None:
     """(namespace, value) the pod gives the annotation; None without one."""
-    meta = _dict(pod, "metadata")
-    value = _dict(meta, "annotations").get(annotation) if annotation else None
+    meta = dict_at(pod, "metadata")
+    value = dict_at(meta, "annotations").get(annotation) if annotation else None
     return (str(meta.get("namespace") or ""), str(value)) if value else None
 
 
@@ -258,40 +259,35 @@ def _extended(view: NodeView) -> list[str]:
 
 
 def _key(obj: Obj) -> str:
-    meta = _dict(obj, "metadata")
+    meta = dict_at(obj, "metadata")
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
 def _name(obj: Obj) -> str:
-    return str(_dict(obj, "metadata").get("name") or "")
+    return str(dict_at(obj, "metadata").get("name") or "")
 
 
 def _version(obj: Obj) -> str:
-    return str(_dict(obj, "metadata").get("resourceVersion") or "")
-
-
-def _dict(obj: Obj, key: str) -> Obj:
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
+    return str(dict_at(obj, "metadata").get("resourceVersion") or "")
 
 
 def node_facts(node: Obj) -> tuple[object, ...]:
     """What any decision reads of a Node: its labels, annotations, deletion, spec (taints,
     unschedulable), allocatable and capacity, and each condition's type and status. A change
     outside these (a heartbeat's times, images, addresses) can change no decision."""
-    meta, status = _dict(node, "metadata"), _dict(node, "status")
+    meta, status = dict_at(node, "metadata"), dict_at(node, "status")
     conditions = sorted(
         (str(c.get("type", "")), str(c.get("status", "")))
         for c in status.get("conditions") or []
         if isinstance(c, Mapping)
     )
     return (
-        _dict(meta, "labels"),
-        _dict(meta, "annotations"),
+        dict_at(meta, "labels"),
+        dict_at(meta, "annotations"),
         meta.get("deletionTimestamp"),
-        _dict(node, "spec"),
-        _dict(status, "allocatable"),
-        _dict(status, "capacity"),
+        dict_at(node, "spec"),
+        dict_at(status, "allocatable"),
+        dict_at(status, "capacity"),
         conditions,
     )
 
@@ -304,9 +300,9 @@ def node_change_matters(old: Obj | None, new: Obj | None) -> bool:
 def frees_capacity(old: Obj | None, new: Obj | None) -> bool:
     """Whether a Pod event gives room back on a node: a bound pod unbound, moved, finished
     or gone. A pod newly bound or starting only takes room, which lets no waiting gang fit."""
-    was = str(_dict(old or {}, "spec").get("nodeName") or "")
+    was = str(dict_at(old or {}, "spec").get("nodeName") or "")
     if not was or old is None or is_finished(old):
         return False
     if new is None or is_finished(new):
         return True
-    return str(_dict(new, "spec").get("nodeName") or "") != was
+    return str(dict_at(new, "spec").get("nodeName") or "") != was

@@ -188,11 +188,10 @@ class _Relation(_Node):
     right: _Node
 
     def eval(self, device: Device) -> CelValue | CelError:
-        left, right = self.left.eval(device), self.right.eval(device)
-        if isinstance(left, CelError):
-            return left
-        if isinstance(right, CelError):
-            return right
+        both = _operands(device, self.left, self.right)
+        if isinstance(both, CelError):
+            return both
+        left, right = both
         if self.operator in ("==", "!="):
             return _same(left, right) == (self.operator == "==")
         if type(left) is not type(right) or not isinstance(left, bool | int | str):
@@ -214,17 +213,26 @@ class _Method(_Node):
     argument: _Node
 
     def eval(self, device: Device) -> CelValue | CelError:
-        target, argument = self.target.eval(device), self.argument.eval(device)
-        if isinstance(target, CelError):
-            return target
-        if isinstance(argument, CelError):
-            return argument
+        both = _operands(device, self.target, self.argument)
+        if isinstance(both, CelError):
+            return both
+        target, argument = both
         if not isinstance(target, Quantity) or not isinstance(argument, Quantity):
             return _no_overload(self.method, target, argument)
         order = (target.nanos > argument.nanos) - (target.nanos < argument.nanos)
         return {"compareTo": order, "isGreaterThan": order > 0, "isLessThan": order < 0}[
             self.method
         ]
+
+
+def _operands(device: Device, first: _Node, second: _Node) -> tuple[CelValue, CelValue] | CelError:
+    """Both operands of a binary operator, evaluated; the first error, if either fails."""
+    one, other = first.eval(device), second.eval(device)
+    if isinstance(one, CelError):
+        return one
+    if isinstance(other, CelError):
+        return other
+    return one, other
 
 
 class _Parser:

@@ -18,15 +18,14 @@ from gangcheck.logic.placement.dra.model import (
     SharedClaim,
     Shortfall,
     _by_name,
-    _dict,
     _expressions,
     _fatal,
-    _list,
     _not_evaluable,
     _quoted,
     _where,
 )
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.placement.raw import dict_at, list_at
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.model.objects import ReadOnlyObj as Obj
 
@@ -54,7 +53,7 @@ def claim_needs(
     allocates every claim of the pod."""
     parsed: list[Claim] = []
     shared: list[SharedClaim] = []
-    for entry in _list(pod_spec, "resourceClaims"):
+    for entry in list_at(pod_spec, "resourceClaims"):
         name = str(entry.get("name") or "")
         template, named = entry.get("resourceClaimTemplateName"), entry.get("resourceClaimName")
         outcome: Claim | SharedClaim | Shortfall
@@ -76,12 +75,12 @@ def claim_needs(
 def _from_template(name: str, template: str, obj: Obj | None) -> Claim | Shortfall:
     if obj is None:
         return _fatal(f"claim {_quoted(name)}: ResourceClaimTemplate {_quoted(template)} not found")
-    devices = _dict(_dict(_dict(obj, "spec"), "spec"), "devices")
+    devices = dict_at(dict_at(dict_at(obj, "spec"), "spec"), "devices")
     requests: list[tuple[Request, ...]] = []
-    for raw in _list(devices, "requests"):
+    for raw in list_at(devices, "requests"):
         request_name = str(raw.get("name") or "")
         exactly = raw.get("exactly")
-        subrequests = _list(raw, "firstAvailable")
+        subrequests = list_at(raw, "firstAvailable")
         if isinstance(exactly, Mapping):
             alternatives = [_request(name, request_name, exactly)]
         elif subrequests:
@@ -98,7 +97,7 @@ def _from_template(name: str, template: str, obj: Obj | None) -> Claim | Shortfa
                 return alternative
         requests.append(tuple(a for a in alternatives if isinstance(a, Request)))
     constraints = []
-    for raw in _list(devices, "constraints"):
+    for raw in list_at(devices, "constraints"):
         names = tuple(str(r) for r in raw.get("requests") or ())
         if raw.get("matchAttribute"):
             constraints.append(Constraint(names, str(raw["matchAttribute"])))
@@ -122,7 +121,8 @@ def _request(claim: str, name: str, raw: Obj) -> Request | Shortfall:
         selectors.append(selector)
     try:
         capacity = {
-            str(k): parse_quantity(v) for k, v in _dict(_dict(raw, "capacity"), "requests").items()
+            str(k): parse_quantity(v)
+            for k, v in dict_at(dict_at(raw, "capacity"), "requests").items()
         }
     except QuantityError as exc:
         return _fatal(f"{_where(claim, name)}: {exc}")
@@ -133,7 +133,7 @@ def _request(claim: str, name: str, raw: Obj) -> Request | Shortfall:
         mode=mode,
         count=count,
         capacity=capacity,
-        tolerations=tuple(toleration_of(t) for t in _list(raw, "tolerations")),
+        tolerations=tuple(toleration_of(t) for t in list_at(raw, "tolerations")),
         admin=raw.get("adminAccess") is True,
     )
 
@@ -141,7 +141,7 @@ def _request(claim: str, name: str, raw: Obj) -> Request | Shortfall:
 def _shared_claim(name: str, claim: str, obj: Obj | None) -> SharedClaim | Shortfall:
     if obj is None:
         return _fatal(f"claim {_quoted(name)}: ResourceClaim {_quoted(claim)} not found")
-    allocation = _dict(_dict(obj, "status"), "allocation")
+    allocation = dict_at(dict_at(obj, "status"), "allocation")
     if not allocation:
         return _fatal(
             f"claim {_quoted(name)}: ResourceClaim {_quoted(claim)} is not allocated yet "

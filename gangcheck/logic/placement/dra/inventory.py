@@ -19,13 +19,12 @@ from gangcheck.logic.placement.dra.model import (
     Problem,
     Usage,
     Version,
-    _dict,
     _expressions,
     _int,
-    _list,
     _quoted,
 )
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
+from gangcheck.logic.placement.raw import dict_at, list_at
 from gangcheck.logic.placement.taints import taint_of
 from gangcheck.model.objects import ReadOnlyObj as Obj
 
@@ -40,8 +39,8 @@ def build_inventory(
     problems: list[Problem] = []
     classes = {}
     for obj in device_classes:
-        name = str(_dict(obj, "metadata").get("name") or "")
-        selectors = tuple(compile_selector(e) for e in _expressions(_dict(obj, "spec")))
+        name = str(dict_at(obj, "metadata").get("name") or "")
+        selectors = tuple(compile_selector(e) for e in _expressions(dict_at(obj, "spec")))
         for selector in selectors:
             if not selector.evaluable:
                 message = f"CEL selector gangcheck cannot evaluate: {selector.expression}"
@@ -82,12 +81,12 @@ def with_claims(inventory: Inventory, claims: Iterable[Obj]) -> Inventory:
 def _newest_slices(slices: Iterable[Obj]) -> dict[tuple[str, str], list[Obj]]:
     pools: dict[tuple[str, str], list[Obj]] = {}
     for obj in slices:
-        spec = _dict(obj, "spec")
-        pool = _dict(spec, "pool")
+        spec = dict_at(obj, "spec")
+        pool = dict_at(spec, "pool")
         key = (str(spec.get("driver") or ""), str(pool.get("name") or ""))
         kept = pools.setdefault(key, [])
         generation = _int(pool.get("generation"))
-        newest = _int(_dict(_dict(kept[0], "spec"), "pool").get("generation")) if kept else None
+        newest = _int(dict_at(dict_at(kept[0], "spec"), "pool").get("generation")) if kept else None
         if newest is None or generation == newest:
             kept.append(obj)
         elif generation > newest:
@@ -96,13 +95,13 @@ def _newest_slices(slices: Iterable[Obj]) -> dict[tuple[str, str], list[Obj]]:
 
 
 def _pool(driver: str, name: str, slices: list[Obj], problems: list[Problem]) -> Pool:
-    slices = sorted(slices, key=lambda s: str(_dict(s, "metadata").get("name") or ""))
-    expected = _int(_dict(_dict(slices[0], "spec"), "pool").get("resourceSliceCount"))
+    slices = sorted(slices, key=lambda s: str(dict_at(s, "metadata").get("name") or ""))
+    expected = _int(dict_at(dict_at(slices[0], "spec"), "pool").get("resourceSliceCount"))
     scopes = tuple(
         scope
-        for spec in (_dict(s, "spec") for s in slices)
+        for spec in (dict_at(s, "spec") for s in slices)
         for scope in (
-            map(_scope, _list(spec, "devices"))
+            map(_scope, list_at(spec, "devices"))
             if spec.get("perDeviceNodeSelection") is True
             else (_scope(spec),)
         )
@@ -114,14 +113,14 @@ def _pool(driver: str, name: str, slices: list[Obj], problems: list[Problem]) ->
     counters: dict[str, Mapping[str, int]] = {}
     problem = ""
     for obj in slices:
-        spec, slice_name = _dict(obj, "spec"), str(_dict(obj, "metadata").get("name") or "")
-        for counter_set in _list(spec, "sharedCounters"):
+        spec, slice_name = dict_at(obj, "spec"), str(dict_at(obj, "metadata").get("name") or "")
+        for counter_set in list_at(spec, "sharedCounters"):
             set_name = str(counter_set.get("name") or "")
             if set_name in counters:
                 problem = problem or f"invalid: counter set {_quoted(set_name)} is defined twice"
             counters[set_name] = _counters(counter_set)
         per_device = spec.get("perDeviceNodeSelection") is True
-        for raw in _list(spec, "devices"):
+        for raw in list_at(spec, "devices"):
             try:
                 scope = _scope(raw) if per_device else _scope(spec)
                 devices.append(_device(driver, name, raw, scope))
@@ -156,7 +155,7 @@ def _unknown_counter(device: Device, counters: Mapping[str, Mapping[str, int]]) 
 def _device(driver: str, pool: str, raw: Obj, scope: NodeScope) -> Device:
     """A Device of a slice's device entry; QuantityError on a malformed quantity."""
     attributes = {}
-    for key, value in _dict(raw, "attributes").items():
+    for key, value in dict_at(raw, "attributes").items():
         parsed = _attribute(value)
         if parsed is not None:
             attributes[key if "/" in key else f"{driver}/{key}"] = parsed
@@ -165,12 +164,12 @@ def _device(driver: str, pool: str, raw: Obj, scope: NodeScope) -> Device:
         pool=pool,
         name=str(raw.get("name") or ""),
         attributes=attributes,
-        capacity={str(k): _capacity(v) for k, v in _dict(raw, "capacity").items()},
+        capacity={str(k): _capacity(v) for k, v in dict_at(raw, "capacity").items()},
         consumes={
-            str(c.get("counterSet") or ""): _counters(c) for c in _list(raw, "consumesCounters")
+            str(c.get("counterSet") or ""): _counters(c) for c in list_at(raw, "consumesCounters")
         },
         multiple=raw.get("allowMultipleAllocations") is True,
-        taints=tuple(taint_of(t) for t in _list(raw, "taints")),
+        taints=tuple(taint_of(t) for t in list_at(raw, "taints")),
         scope=scope,
     )
 
@@ -196,8 +195,8 @@ def _attribute(raw: object) -> AttributeValue | None:
 
 def _capacity(raw: object) -> DeviceCapacity:
     raw = raw if isinstance(raw, Mapping) else {}
-    policy = _dict(raw, "requestPolicy")
-    limits = _dict(policy, "validRange")
+    policy = dict_at(raw, "requestPolicy")
+    limits = dict_at(policy, "validRange")
 
     def optional(obj: Obj, key: str) -> int | None:
         return None if obj.get(key) is None else parse_quantity(obj[key])
@@ -213,8 +212,10 @@ def _capacity(raw: object) -> DeviceCapacity:
 
 
 def _counters(raw: Obj) -> dict[str, int]:
-    counters = _dict(raw, "counters")
-    return {str(name): parse_quantity(_dict(counters, name).get("value", "0")) for name in counters}
+    counters = dict_at(raw, "counters")
+    return {
+        str(name): parse_quantity(dict_at(counters, name).get("value", "0")) for name in counters
+    }
 
 
 def _scope(raw: Obj) -> NodeScope:
@@ -237,9 +238,9 @@ def _unknown_drivers(slices: Sequence[Obj], classes: Iterable[DeviceClass]) -> l
         named |= drivers
     problems = []
     for obj in slices:
-        driver = str(_dict(obj, "spec").get("driver") or "")
+        driver = str(dict_at(obj, "spec").get("driver") or "")
         if driver not in named:
-            name = str(_dict(obj, "metadata").get("name") or "")
+            name = str(dict_at(obj, "metadata").get("name") or "")
             message = f"driver {_quoted(driver)} is not selected by any DeviceClass"
             problems.append(Problem("ResourceSlice", name, message))
     return problems
@@ -250,13 +251,13 @@ def _allocated(inventory: Inventory, claims: Iterable[Obj]) -> Usage:
     ledger = _Ledger(inventory, Usage())
     seen: set[tuple[str, str]] = set()
     for claim in claims:
-        meta = _dict(claim, "metadata")
+        meta = dict_at(claim, "metadata")
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         if key in seen:
             continue
         seen.add(key)
-        allocation = _dict(_dict(claim, "status"), "allocation")
-        for result in _list(_dict(allocation, "devices"), "results"):
+        allocation = dict_at(dict_at(claim, "status"), "allocation")
+        for result in list_at(dict_at(allocation, "devices"), "results"):
             if result.get("adminAccess") is True:
                 continue
             device_id = (
@@ -265,7 +266,7 @@ def _allocated(inventory: Inventory, claims: Iterable[Obj]) -> Usage:
                 str(result.get("device") or ""),
             )
             consumed = {}
-            for name, value in _dict(result, "consumedCapacity").items():
+            for name, value in dict_at(result, "consumedCapacity").items():
                 try:
                     consumed[str(name)] = parse_quantity(value)
                 except QuantityError:

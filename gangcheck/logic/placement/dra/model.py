@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gangcheck.logic.placement.raw import dict_at, list_at
+from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.taints import Taint, Toleration
 
 if TYPE_CHECKING:
@@ -59,18 +61,12 @@ class CelError:
 
 
 @dataclass(frozen=True)
-class Shortfall:
-    """Why a node's devices cannot serve a member: `short` groups alike nodes.
+class Shortfall(Rejection):
+    """Why a node's devices cannot serve a member: a `Rejection` (`short` groups alike
+    nodes, `detail` names values) that may be `fatal`: the same on every node (an error, a
+    missing class), so no alternative is tried."""
 
-    `fatal`: the same on every node (an error, a missing class), so no alternative is tried.
-    """
-
-    short: str
-    detail: str = ""
     fatal: bool = False
-
-    def __str__(self) -> str:
-        return self.detail or self.short
 
 
 @dataclass(frozen=True)
@@ -484,24 +480,12 @@ def _quoted(value: object) -> str:
 
 
 def _expressions(spec: Obj) -> list[str]:
-    return [str(_dict(s, "cel").get("expression") or "") for s in _list(spec, "selectors")]
+    return [str(dict_at(s, "cel").get("expression") or "") for s in list_at(spec, "selectors")]
 
 
 def _by_name(objects: Iterable[Obj]) -> dict[str, Obj]:
-    return {str(_dict(o, "metadata").get("name") or ""): o for o in objects}
+    return {str(dict_at(o, "metadata").get("name") or ""): o for o in objects}
 
 
 def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _dict(obj: Obj, key: str) -> Obj:
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(obj: Obj, key: str) -> list[Obj]:
-    value = obj.get(key)
-    if not isinstance(value, list):
-        return []
-    return [item for item in value if isinstance(item, Mapping)]
