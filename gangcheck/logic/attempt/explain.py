@@ -366,12 +366,15 @@ def step_verdict(
     return waiting(phase is Phase.ACCEPTED, req.status.note_text, deadline)
 
 
-def fit_verdict(placement: Placement, deadline: str = "") -> Verdict:
-    """Provisioned, yet the gang does not fit: the fit in the words the check message says it
-    in (`Placement.summary`, made by `fulfillment.fit_words`), after where it leaves the
-    attempt: blocked on arrived nodes that can take no member for a reason more time does not
-    lift (every arrival takes none, or some fail on a taint, labels, affinity, a cordon),
-    else waiting for the autoscaler (the deadline then)."""
+def fit_verdict(placement: Placement | None, req: RequestFacts, deadline: str = "") -> Verdict:
+    """Provisioned (`req`), yet the gang does not fit: the fit in the words the check message
+    says it in (`Placement.summary`, made by `fulfillment.fit_words`), after where it leaves
+    the attempt: blocked on arrived nodes that can take no member for a reason more time does
+    not lift (every arrival takes none, or some fail on a taint, labels, affinity, a cordon),
+    else waiting for the autoscaler (the deadline then). No placement: it could not be
+    computed (a malformed quantity in the gang)."""
+    if placement is None:
+        return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
     arrived = placement.arrived
     idle = [n for n in arrived if n.members == 0 and n.kind]
     fit = placement.summary

@@ -553,7 +553,7 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
             f"{req.name} is Provisioned and the whole gang fits; waiting for gangcheck to "
             "release the members (is the controller running?)",
         ),
-        provisioned=lambda deadline: _provisioned_verdict(f, req, deadline),
+        provisioned=lambda deadline: fit_verdict(f.placement, req, deadline),
         waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
     )
     return said or _said(decided)
@@ -588,13 +588,6 @@ def _no_request_verdict(f: GroupFacts, done: GroupReplay) -> Verdict:
 
 def _said(done: GroupReplay) -> Verdict:
     return Verdict(True, "group", f"{done.state or 'no state'}: {done.message or 'no message'}")
-
-
-def _provisioned_verdict(f: GroupFacts, req: RequestFacts, deadline: str) -> Verdict:
-    """Provisioned, and the decision waits for the gang to fit: the fit says why not."""
-    if f.placement is None:
-        return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
-    return fit_verdict(f.placement, deadline)
 
 
 def _waiting_verdict(

@@ -677,7 +677,7 @@ def _attempt_verdict(facts: Facts, check: CheckFacts, now: datetime) -> Verdict:
         req,
         now,
         fits=lambda: _fits_verdict(facts, req),
-        provisioned=lambda deadline: _provisioned_verdict(facts, req, deadline),
+        provisioned=lambda deadline: fit_verdict(facts.placement, req, deadline),
         waiting=lambda accepted, eta, deadline: _waiting_verdict(req, accepted, eta, deadline),
     )
     return said or _pending_check(check.name, done)
@@ -706,13 +706,6 @@ def _fits_verdict(facts: Facts, req: RequestFacts) -> Verdict:
     if facts.mode == FulfillmentMode.TRUST_PROVISIONED.value:
         return Verdict(True, "check", f"{req.name} is Provisioned; {_MARK_READY}")
     return Verdict(True, "check", f"the whole gang fits on nodes that exist; {_MARK_READY}")
-
-
-def _provisioned_verdict(facts: Facts, req: RequestFacts, deadline: str) -> Verdict:
-    """Provisioned, and the decision waits for the gang to fit: the fit says why not."""
-    if facts.placement is None:
-        return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
-    return fit_verdict(facts.placement, deadline)
 
 
 _MARK_READY = "waiting for gangcheck to mark the check Ready (is the controller running?)"
