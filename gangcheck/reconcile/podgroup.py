@@ -28,7 +28,8 @@ from gangcheck.reconcile.apply import Applier, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
+from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
+from gangcheck.reconcile.reconciler import GangReconciler
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
@@ -55,7 +56,7 @@ def group_key(api_group: str, namespace: str, name: str) -> str:
     return f"{SHORT[api_group]}/{namespace}/{name}"
 
 
-class PodGroupReconciler:
+class PodGroupReconciler(GangReconciler):
     """The PodGroup provisioner, one group at a time."""
 
     def __init__(
@@ -70,14 +71,16 @@ class PodGroupReconciler:
         metrics: AttemptMetrics = NO_METRICS,
         progress_delay: float = PROGRESS_DELAY_SECONDS,
     ) -> None:
-        self._kube = kube
-        self._caches = caches
-        self._events = events
-        self._applier = applier
+        super().__init__(
+            kube,
+            caches,
+            events,
+            applier,
+            clock=clock,
+            metrics=metrics,
+            progress_delay=progress_delay,
+        )
         self._options = options or PodGroupOptions()
-        self._clock = clock
-        self.metrics = metrics
-        self.held_messages = HeldMessages(progress_delay)
 
     async def reconcile(self, key: str) -> Result:
         short, namespace, name = key.split("/", 2)

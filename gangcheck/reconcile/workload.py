@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 
-from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
@@ -41,14 +40,14 @@ from gangcheck.logic.workloads.admission import (
 )
 from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, request_of, workload_of
-from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
+from gangcheck.reconcile.apply import NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
-from gangcheck.reconcile.caches import Caches, check_of
-from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages, progress_only
+from gangcheck.reconcile.caches import check_of
+from gangcheck.reconcile.progress import progress_only
+from gangcheck.reconcile.reconciler import GangReconciler
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
-from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
+from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
@@ -79,27 +78,8 @@ class Applied:
     cached: bool = True
 
 
-class WorkloadReconciler:
+class WorkloadReconciler(GangReconciler):
     """The admission check controller, one Workload key (`namespace/name`) at a time."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        caches: Caches,
-        events: EventRecorder,
-        applier: Applier,
-        *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        metrics: AttemptMetrics = NO_METRICS,
-        progress_delay: float = PROGRESS_DELAY_SECONDS,
-    ) -> None:
-        self._kube = kube
-        self._caches = caches
-        self._events = events
-        self._applier = applier
-        self._clock = clock
-        self.metrics = metrics
-        self.held_messages = HeldMessages(progress_delay)
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)
