@@ -21,6 +21,8 @@ from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Counter as CounterMetric
+from opentelemetry.metrics import Histogram as HistogramMetric
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -120,6 +122,51 @@ class NoMetrics:
 NO_METRICS: AttemptMetrics = NoMetrics()
 
 
+METRICS: dict[str, str] = {
+    # name: description, of the counters and histograms `Metrics` makes, in this order
+    "gangcheck_attempts": "Check state changes by outcome",
+    "gangcheck_rollbacks": "Rollbacks by reason",
+    "gangcheck_nodes_reclaimed": "Nodes reclaimed after rollbacks",
+    "gangcheck_reclaim_failures": (
+        "Reclaims that failed with an error and will be retried, by error"
+    ),
+    "gangcheck_stranded_node_seconds": "Node time held by gangs that did not start",
+    "gangcheck_api_errors": "API errors by status code",
+    "gangcheck_quota_to_ready_seconds": "Quota reserved to check Ready",
+    "gangcheck_provisioned_to_fit_seconds": "Provisioned=True to the whole gang fitting on nodes",
+    "gangcheck_gang_members": (
+        "Members of gangs made ready, by the capacity they use: reserved (placed on "
+        "reservation-backed nodes), existing (other nodes that were there), new "
+        "(asked for)"
+    ),
+    "gangcheck_webhook_gated_pods": "PodGroup members gated at creation",
+    "gangcheck_webhook_errors": "Admission reviews the webhook could not serve",
+    "gangcheck_source_asks": "Asks of each capacity source",
+    "gangcheck_source_deliveries": "Gangs a capacity source delivered whole",
+    "gangcheck_source_failures": (
+        "Asks a capacity source could not deliver (stockouts and the like), by the "
+        "rollback's cause: CapacityIsNotFound, Failed, Deadline, ..."
+    ),
+    "gangcheck_source_delivery_seconds": (
+        "A capacity source asked to the whole gang fitting on its nodes"
+    ),
+    "gangcheck_source_stranded_node_seconds": (
+        "Node time held by what a failed capacity source delivered, reclaimed"
+    ),
+    "gangcheck_reconcile_duration_seconds": "Reconcile latency",
+    "gangcheck_dispatch_nominations": (
+        "Worker clusters the dispatcher nominated for a gang, by cluster"
+    ),
+    "gangcheck_dispatch_fallbacks": (
+        "Workers the dispatcher gave up on for a gang (its copy failed, or it became "
+        "unreachable while nominated) before nominating the next, by cluster"
+    ),
+    "gangcheck_dispatch_clusters_per_gang": (
+        "Worker clusters nominated so far for a gang, at each nomination"
+    ),
+}
+
+
 class Metrics:
     """The controller's metrics (DESIGN.md §5), recorded through one OpenTelemetry meter."""
 
@@ -133,87 +180,33 @@ class Metrics:
         )
         self.provider = MeterProvider(metric_readers=[self._reader], views=[seconds])
         meter = self.provider.get_meter("gangcheck")
-        self._attempts = meter.create_counter(
-            "gangcheck_attempts", description="Check state changes by outcome"
-        )
-        self._rollbacks = meter.create_counter(
-            "gangcheck_rollbacks", description="Rollbacks by reason"
-        )
-        self._reclaimed = meter.create_counter(
-            "gangcheck_nodes_reclaimed", description="Nodes reclaimed after rollbacks"
-        )
-        self._reclaim_failures = meter.create_counter(
-            "gangcheck_reclaim_failures",
-            description="Reclaims that failed with an error and will be retried, by error",
-        )
-        self._stranded = meter.create_counter(
-            "gangcheck_stranded_node_seconds",
-            description="Node time held by gangs that did not start",
-        )
-        self._api_errors = meter.create_counter(
-            "gangcheck_api_errors", description="API errors by status code"
-        )
-        self._to_ready = meter.create_histogram(
-            "gangcheck_quota_to_ready_seconds", description="Quota reserved to check Ready"
-        )
-        self._to_fit = meter.create_histogram(
-            "gangcheck_provisioned_to_fit_seconds",
-            description="Provisioned=True to the whole gang fitting on nodes",
-        )
-        self._members = meter.create_counter(
-            "gangcheck_gang_members",
-            description=(
-                "Members of gangs made ready, by the capacity they use: reserved (placed on "
-                "reservation-backed nodes), existing (other nodes that were there), new "
-                "(asked for)"
-            ),
-        )
-        self._gated = meter.create_counter(
-            "gangcheck_webhook_gated_pods", description="PodGroup members gated at creation"
-        )
-        self._webhook_errors = meter.create_counter(
-            "gangcheck_webhook_errors", description="Admission reviews the webhook could not serve"
-        )
-        self._source_asks = meter.create_counter(
-            "gangcheck_source_asks", description="Asks of each capacity source"
-        )
-        self._source_deliveries = meter.create_counter(
-            "gangcheck_source_deliveries",
-            description="Gangs a capacity source delivered whole",
-        )
-        self._source_failures = meter.create_counter(
-            "gangcheck_source_failures",
-            description=(
-                "Asks a capacity source could not deliver (stockouts and the like), by the "
-                "rollback's cause: CapacityIsNotFound, Failed, Deadline, ..."
-            ),
-        )
-        self._source_delivery = meter.create_histogram(
-            "gangcheck_source_delivery_seconds",
-            description="A capacity source asked to the whole gang fitting on its nodes",
-        )
-        self._source_stranded = meter.create_counter(
-            "gangcheck_source_stranded_node_seconds",
-            description="Node time held by what a failed capacity source delivered, reclaimed",
-        )
-        self._reconcile = meter.create_histogram(
-            "gangcheck_reconcile_duration_seconds", description="Reconcile latency"
-        )
-        self._nominations = meter.create_counter(
-            "gangcheck_dispatch_nominations",
-            description="Worker clusters the dispatcher nominated for a gang, by cluster",
-        )
-        self._fallbacks = meter.create_counter(
-            "gangcheck_dispatch_fallbacks",
-            description=(
-                "Workers the dispatcher gave up on for a gang (its copy failed, or it became "
-                "unreachable while nominated) before nominating the next, by cluster"
-            ),
-        )
-        self._clusters_tried = meter.create_histogram(
-            "gangcheck_dispatch_clusters_per_gang",
-            description="Worker clusters nominated so far for a gang, at each nomination",
-        )
+
+        def counter(name: str) -> CounterMetric:
+            return meter.create_counter(name, description=METRICS[name])
+
+        def histogram(name: str) -> HistogramMetric:
+            return meter.create_histogram(name, description=METRICS[name])
+
+        self._attempts = counter("gangcheck_attempts")
+        self._rollbacks = counter("gangcheck_rollbacks")
+        self._reclaimed = counter("gangcheck_nodes_reclaimed")
+        self._reclaim_failures = counter("gangcheck_reclaim_failures")
+        self._stranded = counter("gangcheck_stranded_node_seconds")
+        self._api_errors = counter("gangcheck_api_errors")
+        self._to_ready = histogram("gangcheck_quota_to_ready_seconds")
+        self._to_fit = histogram("gangcheck_provisioned_to_fit_seconds")
+        self._members = counter("gangcheck_gang_members")
+        self._gated = counter("gangcheck_webhook_gated_pods")
+        self._webhook_errors = counter("gangcheck_webhook_errors")
+        self._source_asks = counter("gangcheck_source_asks")
+        self._source_deliveries = counter("gangcheck_source_deliveries")
+        self._source_failures = counter("gangcheck_source_failures")
+        self._source_delivery = histogram("gangcheck_source_delivery_seconds")
+        self._source_stranded = counter("gangcheck_source_stranded_node_seconds")
+        self._reconcile = histogram("gangcheck_reconcile_duration_seconds")
+        self._nominations = counter("gangcheck_dispatch_nominations")
+        self._fallbacks = counter("gangcheck_dispatch_fallbacks")
+        self._clusters_tried = histogram("gangcheck_dispatch_clusters_per_gang")
 
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             yield Observation(in_flight())
