@@ -10,6 +10,8 @@
 # rebuilds that component only). A stamp file is written last; a folder without it is rebuilt.
 # One build of a component at a time: a second caller waits on the component's lock, then finds
 # the stamp. Prints the folder of each component on stdout, progress on stderr.
+# build_<component> and mod_version are called by name (ensure, key_of):
+# shellcheck disable=SC2329
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GANGCHECK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gangcheck}
@@ -104,8 +106,9 @@ if [ ${#components[@]} -eq 0 ]; then
     [ -f "$here/$c/go.mod" ] && components+=("$c")
   done
 fi
-mkdir -p "$cache/bin"
-for c in "${components[@]}"; do
+# Builds component $1 unless its stamp is there, then prints "<component>=<folder>".
+ensure() {
+  local c=$1 dir lock start
   dir="$cache/bin/$c-$(key_of "$c")"
   exec {lock}>"$cache/bin/.$c.lock"
   flock "$lock"
@@ -119,4 +122,25 @@ for c in "${components[@]}"; do
   fi
   exec {lock}>&-
   echo "$c=$dir"
+}
+
+# Components are dealt in turn to $GANGCHECK_BUILD_LANES lanes (default 2) that build side by
+# side, each one component at a time. A go build keeps both cores busy while it compiles,
+# but not while it downloads modules, loads packages or links (one thread): a second lane
+# fills those gaps (on a fresh two-core machine the builds take minutes less). 1: one by one.
+lanes=${GANGCHECK_BUILD_LANES:-2}
+mkdir -p "$cache/bin"
+pids=()
+for ((lane = 0; lane < lanes && lane < ${#components[@]}; lane++)); do
+  (
+    for ((i = lane; i < ${#components[@]}; i += lanes)); do
+      ensure "${components[i]}"
+    done
+  ) &
+  pids+=("$!")
 done
+failed=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || failed=1
+done
+exit "$failed"
