@@ -336,6 +336,12 @@ CASES = [
         "reclaimed 2 nodes (10.0 node-minutes held)",
     ),
     Case(
+        "provisioned, and the fit could not be computed: that is said",
+        gang(req=PROVISIONED, progress=WAITING, fit=None),
+        f"blocked: {REQ} is Provisioned; the fit could not be computed",
+        "nodes",
+    ),
+    Case(
         "provisioned with nothing arrived waits for the autoscaler",
         gang(req=PROVISIONED, progress=WAITING, fit=placement([], 0)),
         "blocked: waiting for the autoscaler, no node has arrived yet: 0 of 16 members "
