@@ -16,6 +16,10 @@ owns the steps that must not differ between sources:
   left for the next inside the same attempt: where, under which ask, the one left withdrawn;
 - Race: ``race.py`` beside this module.
 
+The plumbing around these calls, which each adapter would otherwise write over its own
+snapshot (the InOrder attempt in flight, top-ups, the fall-back, the race's entry), is
+``flow.py``: one function for both, over the facts the adapter gives of its gang.
+
 Pure: no I/O.
 """
 
@@ -61,6 +65,23 @@ def ask(backend: CapacityBackend, asked: Ask, *, reserved: int) -> Asked:
 #: Rollbacks after which an attempt does not ask its next capacity source: the config
 #: changed (the next attempt follows it), or the gang had its capacity and did not start.
 NO_FALLBACK = frozenset({RollbackCause.CONFIG_CHANGED, RollbackCause.START_DEADLINE})
+
+
+def falls_back(done: rollback.RolledBack) -> bool:
+    """Whether the next place of the attempt is asked after this rollback: not after revoked
+    capacity, nor a cause that never falls back (`NO_FALLBACK`)."""
+    return not done.revoked and done.cause not in NO_FALLBACK
+
+
+def next_in_line(
+    config: AtomicProvisioningSpec,
+    place: places.Place,
+    gang_of: places.GangOf,
+    capacity: ClusterView | None,
+) -> str | None:
+    """The place asked next should `place` fail, by name (lifecycle.Attempt.fallback)."""
+    following = places.next_place(config, place, gang_of, capacity)
+    return (following.describe(config) or "next") if following is not None else None
 
 
 @dataclass(frozen=True)
@@ -237,7 +258,7 @@ def fall_back(
     next domain of its source, else the next source), asked as ask ``asks + 1``; None when
     no place is next or the attempt has made its most asks (then it ends as with one
     source)."""
-    place = places.place_of(rollback.record_of(req), req.annotations)
+    place = places.of_request(req)
     following = places.next_place(config, place, gang_of, capacity)
     if following is None or asks + 1 >= naming.MAX_ASKS:
         return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
 from gangcheck.logic.attempt.records import Record
 from gangcheck.model.names import DOMAIN_ANNOTATION, DOMAINS_TRIED_ANNOTATION, SOURCE_ANNOTATION
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 GangOf = Callable[[int], GangSpec]
@@ -73,6 +73,11 @@ def place_of(record: Record, annotations: Mapping[str, str]) -> Place:
     key, sep, value = raw.partition("=")
     tried = tuple(t for t in annotations.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t)
     return Place(record.source, (key, value) if sep and key else None, tried)
+
+
+def of_request(req: ProvisioningRequest) -> Place:
+    """The place a request's ask recorded."""
+    return place_of(Record.of(req.annotations), req.annotations)
 
 
 def level_of(gang: GangSpec) -> str | None:

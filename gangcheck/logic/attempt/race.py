@@ -39,10 +39,6 @@ FollowOne = Callable[[ProvisioningRequest, bool], driver.InFlight]
 racer or source remains, so a racer whose source says CapacityIsNotFound ends at once."""
 
 
-def place_of(req: ProvisioningRequest) -> places.Place:
-    return places.place_of(rollback.record_of(req), req.annotations)
-
-
 def asks(requests: Sequence[ProvisioningRequest], name_of: Callable[[int], str]) -> list[Ask]:
     """Every request of the attempt in flight (`name_of`: the attempt's n-th ask's name), with
     its number among the attempt's asks."""
@@ -141,7 +137,7 @@ def follow(
     """Each racer followed; the first that fits wins (the others withdrawn); each that ended
     is withdrawn and its place goes to the next source not asked yet."""
     live = [r for _, r in asked if not r.deleting]
-    sources = {place_of(r).source for _, r in asked}
+    sources = {places.of_request(r).source for _, r in asked}
     next_ask = max((k for k, _ in asked), default=-1) + 1
     # The k-th ask of a race is at source k (`starting`, then each place given up goes to
     # the next source), so a source below the next ask was asked, its request gone or not.
@@ -168,7 +164,7 @@ def follow(
             ended.append((r, step.verdict.message))
             going.append(Going(r, None, events=step.events))
         else:
-            where = place_of(r).describe(config)
+            where = places.of_request(r).describe(config)
             going.append(
                 Going(
                     r,
@@ -212,7 +208,7 @@ def won(
     names = ", ".join(r.name for r in losers) or "none"
     event = Event(
         "CapacityRaceWon",
-        f"{place_of(winner).describe(config)} delivered the whole gang first "
+        f"{places.of_request(winner).describe(config)} delivered the whole gang first "
         f"({winner.name}); withdrawing the others: {names}",
     )
     return Won(winner, followed, losers, gone, lost, event)

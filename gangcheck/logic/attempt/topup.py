@@ -72,6 +72,16 @@ def kept_of(requests: Iterable[ProvisioningRequest]) -> tuple[ProvisioningReques
     return tuple(r for r in requests if is_kept(r) and not r.deleting)
 
 
+def kept_for(
+    requests: Iterable[ProvisioningRequest], req: ProvisioningRequest
+) -> tuple[ProvisioningRequest, ...]:
+    """The requests whose kept arrivals `req` tops up (its record names them), those that
+    exist."""
+    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
+    found = {r.name: r for r in requests}
+    return tuple(found[n] for n in names if n in found)
+
+
 def allowed(
     config: AtomicProvisioningSpec, gang: GangSpec, place: places.Place, following: places.Place
 ) -> bool:
@@ -98,6 +108,14 @@ def common_labels(config: AtomicProvisioningSpec, sources: Iterable[int]) -> dic
         return {}
     first, *rest = selectors
     return {k: v for k, v in first.items() if all(r.get(k) == v for r in rest)}
+
+
+def shared_labels(
+    config: AtomicProvisioningSpec, place: places.Place, kept: Iterable[ProvisioningRequest]
+) -> dict[str, str]:
+    """The node labels a gang on the nodes of `place`'s source and of the kept requests'
+    sources is pinned to: those all of them share."""
+    return common_labels(config, [place.source, *(places.of_request(r).source for r in kept)])
 
 
 def tolerating(gang: GangSpec, kept: Sequence[ProvisioningRequest]) -> GangSpec:
@@ -215,7 +233,7 @@ def may_ask_next(
 
 
 def _left(config: AtomicProvisioningSpec, req: ProvisioningRequest) -> str:
-    place = places.place_of(rollback.record_of(req), req.annotations)
+    place = places.of_request(req)
     return place.describe(config) or driver.source_name(config, place.source)
 
 

@@ -36,8 +36,9 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache, partial
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback, topup
+from gangcheck.logic.attempt import driver, flow, lifecycle, naming, places, race, rollback, topup
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -70,7 +71,6 @@ from gangcheck.model.names import (
     GATE,
     GROUP_ANNOTATION,
     GROUP_UID_ANNOTATION,
-    KEPT_FROM_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     PHASE_ANNOTATION,
@@ -118,19 +118,12 @@ class GroupSnapshot:
 
 
 @dataclass(frozen=True)
-class GroupDecision:
+class GroupDecision(flow.Decided):
+    """The group's annotations to write, and what every gang source's decision carries
+    (flow.Decided; a diagnosis, logic/podgroups/group_diagnosis.py, replays it)."""
+
     status: Mapping[str, str] | None = None
     """Annotations to write on the PodGroup (None: nothing changed); "" deletes one."""
-    actions: tuple[Action, ...] = ()
-    events: tuple[Event, ...] = ()
-    requeue_after: float | None = None
-    capacity_used: Mapping[str, int] | None = None
-    """When the gang is released: its members by capacity (reserved, existing, new)."""
-    sources: tuple[driver.SourceNote, ...] = ()
-    """What happened at the capacity sources, for their metrics."""
-    step: lifecycle.Step | None = None
-    """Where the attempt followed stands (None: no attempt was followed): what a diagnosis
-    explains (logic/podgroups/group_diagnosis.py replays this decision on a live read)."""
 
 
 @dataclass(frozen=True)
@@ -195,151 +188,51 @@ def _without_config(snap: GroupSnapshot, members: _Members, now: datetime) -> Gr
 def _current(snap: GroupSnapshot) -> tuple[str, int]:
     """The request of the attempt in flight: its name, and which ask of the attempt it is."""
     group = snap.group
-    names = {r.name for r in snap.requests}
-    return naming.current_request(names, group.ref.name, group.short, attempt_of(group))
+    return flow.current(snap.requests, group.ref.name, group.short, attempt_of(group))
 
 
 def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
     assert snap.config is not None
     if snap.config.racing > 1:
         return _race(snap, members, now)
-    name, ask = _current(snap)
-    req = next((r for r in snap.requests if r.name == name), None)
-    # the kept requests of the attempt, and those the current one tops up (rolling back too)
-    keep = (*_kept_in(snap), *(_kept_for(snap, req) if req is not None else ()))
-    stale = _stale(snap, name, keep=keep)
-    if req is None:
-        wait = _backing_off(snap, now) or _settling(members, now)
-        decision = wait or _new_attempt(snap, members, name, now)
-    elif req.deleting:
-        decision = GroupDecision(requeue_after=1.0)
-    elif topup.is_kept(req):
-        decision = _kept_without_next(snap, members, req, ask, now)
-    else:
-        decision = _in_flight(snap, members, req, now)
-    return replace(decision, actions=stale + decision.actions)
+    gang = _gang(snap, members, now)
 
+    def first(name: str) -> GroupDecision:
+        return _backing_off(snap, now) or _settling(members, now) or _new_attempt(snap, gang, name)
 
-def _kept_for(snap: GroupSnapshot, req: ProvisioningRequest) -> tuple[ProvisioningRequest, ...]:
-    """The requests whose kept arrivals `req` tops up (topup.py), those that exist."""
-    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
-    found = {r.name: r for r in snap.requests}
-    return tuple(found[n] for n in names if n in found)
-
-
-def _kept_in(snap: GroupSnapshot) -> tuple[ProvisioningRequest, ...]:
-    """The requests of the attempt in flight whose arrivals are kept for it."""
-    return topup.kept_of(r for _, r in _asks(snap))
-
-
-def _kept_labels(
-    config: AtomicProvisioningSpec,
-    req: ProvisioningRequest | places.Place,
-    kept: Sequence[ProvisioningRequest],
-) -> dict[str, str]:
-    """The node labels the sources of `req` (or of a place) and of the kept requests share."""
-    place = req if isinstance(req, places.Place) else _place_of(req)
-    return topup.common_labels(config, [place.source, *(_place_of(r).source for r in kept)])
-
-
-def _keep(
-    snap: GroupSnapshot,
-    members: _Members,
-    req: ProvisioningRequest,
-    step: lifecycle.Step,
-    now: datetime,
-) -> GroupDecision | None:
-    """InOrder tops up instead of throwing away (topup.py), as a Workload's check does: the
-    rollback starting on a source that stopped short becomes keeping what arrived, and the
-    next place is asked for the members the kept nodes cannot hold; None: as before."""
-    assert snap.config is not None
-    actions = topup.keep_write(step, req) if snap.backend is PROVISIONING_REQUEST else None
-    if actions is None:
-        return None
-    gang = gang_of(snap, members)
-    place = _place_of(req)
-    _, asks = _current(snap)
-    following = topup.may_ask_next(
-        snap.config,
+    return flow.in_order(
         gang,
-        place,
-        places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity),
-        asks,
-    )
-    if following is None:
-        return None
-    kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
-    return _top_up(
-        snap,
-        members,
-        req,
-        now,
-        kept=kept,
-        following=following,
-        ask=asks + 1,
-        why=step.message,
-        actions=actions,
+        first=first,
+        in_flight=lambda req: _in_flight(gang, snap, members, req, now),
+        why=f"superseded by {gang.current()[0]}",
     )
 
 
-def _top_up(
-    snap: GroupSnapshot,
-    members: _Members,
-    req: ProvisioningRequest,
-    now: datetime,
-    *,
-    kept: tuple[ProvisioningRequest, ...],
-    following: places.Place,
-    ask: int,
-    why: str,
-    actions: tuple[Action, ...] = (),
-) -> GroupDecision | None:
-    """`req` kept: the next place asked for the members the kept nodes cannot hold; None
-    when they hold none, or all."""
+def _gang(snap: GroupSnapshot, members: _Members, now: datetime) -> flow.Gang[GroupDecision]:
+    """The group's gang as the attempt flow (flow.py) reads it: its unbound members, each ask
+    made by `_first` (released at once where they fit); an attempt that ends backs off to the
+    next (or gives up)."""
     assert snap.config is not None
-    gang = gang_of(snap, members)
-    labels = _kept_labels(snap.config, following, kept)
-    split = topup.split(topup.with_claims(snap.capacity, actions), _pinned(gang, labels), kept)
-    if not split.kept_members or not split.remainder:
-        return None
-    name = _ask_name(snap, ask)
-    said = topup.stopped_short(snap.config, req, why, split)
-    made = _first(
-        snap, members, gang, name, now, place=following, said=said, kept=kept, kept_split=split
-    )
-    event = topup.topped_up(snap.config, req, why, split, following=following, name=name)
-    failed = driver.failed_note(snap.config, req, why)
-    return replace(
-        made,
-        actions=(*actions, *made.actions),
-        events=(*made.events, event),
-        sources=(*failed, *made.sources),
-    )
+    config = snap.config
+    group = snap.group
+    whole = cache(lambda: gang_of(snap, members))  # read once, when first needed
 
+    def ended(req: ProvisioningRequest, why: str) -> GroupDecision:
+        done = rollback.RolledBack(why, f"rolled back {req.name} ({why})")
+        step = lifecycle.Step(Progress.ROLLED_BACK, why, verdict=done)
+        return _rolled_back(snap, step, done, now)
 
-def _kept_without_next(
-    snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, ask: int, now: datetime
-) -> GroupDecision:
-    """The latest ask of the attempt is kept and no next one exists (its making was lost):
-    the next place asked now, from the record; else what was kept goes back and the attempt
-    ends as a rollback's would."""
-    assert snap.config is not None
-    place = _place_of(req)
-    gang = gang_of(snap, members)
-    following = places.next_place(snap.config, place, _gang_by_source(snap, gang), snap.capacity)
-    kept = _kept_in(snap)
-    why = rollback.record_of(req).reason or "stopped short"
-    if following is not None and topup.allowed(snap.config, gang, place, following):
-        topped = _top_up(
-            snap, members, req, now, kept=kept, following=following, ask=ask + 1, why=why
-        )
-        if topped is not None:
-            return topped
-    gone = topup.roll_back(kept, snap.capacity, snap.config, why)
-    if gone:
-        return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
-    done = rollback.RolledBack(why, f"rolled back {req.name} ({why})")
-    return _rolled_back(snap, lifecycle.Step(Progress.ROLLED_BACK, why, verdict=done), done, now)
+    return flow.Gang(
+        kind=GroupDecision,
+        held=snap,
+        owner=group.ref.name,
+        short=group.short,
+        attempt=attempt_of(group),
+        gang_of=lambda index: _pinned(whole(), _source_labels(config, index)),
+        pinned=lambda labels: _pinned(whole(), labels),
+        create=lambda name, new: _first(snap, members, whole(), name, new, now=now),
+        ended=ended,
+    )
 
 
 def _settling(members: _Members, now: datetime) -> GroupDecision | None:
@@ -351,14 +244,11 @@ def _settling(members: _Members, now: datetime) -> GroupDecision | None:
     return GroupDecision(requeue_after=max(0.2, left)) if left > 0 else None
 
 
-def _new_attempt(snap: GroupSnapshot, members: _Members, name: str, now: datetime) -> GroupDecision:
-    gang = gang_of(snap, members)
-    too_large = _too_large(snap, gang)
+def _new_attempt(snap: GroupSnapshot, gang: flow.Gang[GroupDecision], name: str) -> GroupDecision:
+    too_large = _too_large(snap, gang.whole())
     if too_large is not None:
         return too_large
-    assert snap.config is not None
-    first = places.first_place(snap.config, _gang_by_source(snap, gang), snap.capacity)
-    return _first(snap, members, gang, name, now, place=first)
+    return flow.first_ask(gang, name)
 
 
 def _too_large(snap: GroupSnapshot, gang: GangSpec) -> GroupDecision | None:
@@ -371,34 +261,21 @@ def _too_large(snap: GroupSnapshot, gang: GangSpec) -> GroupDecision | None:
     return _status(snap, FAILED, message, warn="GangTooLarge")
 
 
-def _gang_by_source(snap: GroupSnapshot, gang: GangSpec) -> places.GangOf:
-    """The gang as each capacity source would be asked for it."""
-    assert snap.config is not None
-    config = snap.config
-    return lambda index: _pinned(gang, _source_labels(config, index))
-
-
-def _place_of(req: ProvisioningRequest) -> places.Place:
-    return places.place_of(rollback.record_of(req), req.annotations)
-
-
 def _first(
     snap: GroupSnapshot,
     members: _Members,
     gang: GangSpec,
     name: str,
-    now: datetime,
+    new: flow.NewAsk,
     *,
-    place: places.Place,
-    said: str = "",
-    kept: tuple[ProvisioningRequest, ...] = (),
-    kept_split: topup.Split | None = None,
+    now: datetime,
 ) -> GroupDecision:
     """No request yet: release at once if the gang fits on free nodes (of the capacity source
-    of `place`, in any one domain), else ask there for capacity, scoped to its topology
-    domain; `said`: why an earlier place was left; `kept`: the requests of the attempt whose
-    arrivals are kept (topup.py): only the members their nodes cannot hold are asked."""
+    of the new ask's place, in any one domain), else ask there for capacity, scoped to its
+    topology domain, the message beginning with what the ask says (why an earlier place was
+    left); with kept requests (topup.py) only the members their nodes cannot hold are asked."""
     assert snap.config is not None
+    place, said = new.place, new.said
     source = place.source
     whole = gang
     gang = _pinned(gang, _source_labels(snap.config, source))
@@ -406,16 +283,11 @@ def _first(
     split = reserved_split(snap.capacity, gang, reservations) if reservations else None
     reserved = split.reserved_members if split else 0
     here = fits_now(snap.capacity, gang)
-    on_kept = 0
-    if kept:  # the kept nodes' members stay there: only the rest is asked
-        labels = _kept_labels(snap.config, place, kept)
-        on = kept_split or topup.split(snap.capacity, _pinned(whole, labels), kept)
-        on_kept = on.kept_members
+    new = flow.with_split(new, snap, lambda labels: _pinned(whole, labels))
+    if new.kept_split is not None:  # the kept nodes' members stay there: only the rest is asked
+        on = new.kept_split.remainder
         gang = replace(
-            gang,
-            pod_sets=tuple(
-                (ps, on.remainder[ps], tpl) for ps, _, tpl in gang.pod_sets if ps in on.remainder
-            ),
+            gang, pod_sets=tuple((ps, on[ps], tpl) for ps, _, tpl in gang.pod_sets if ps in on)
         )
     elif here.fits:
         message = f"{said}the whole gang fits on nodes that exist: {here.summary}"
@@ -433,41 +305,31 @@ def _first(
             ),
         )
     record = {
-        **lifecycle.record(
-            attempt_of(snap.group), snap.config, now, reserved=reserved, source=source
-        ),
-        **place.record(),
-        **topup.record(kept, on_kept),
+        **flow.record(attempt_of(snap.group), snap.config, now, new, reserved=reserved),
         GANG_MEMBERS_ANNOTATION: str(len(members.unbound)),
     }
     if config := snap.group.annotations.get(CONFIG_ANNOTATION):  # read if the group is gone
         record[CONFIG_ANNOTATION] = config
     scoped = places.pinned(gang, {}, place.domain)  # the ask, not the fit: room anywhere wins
-    asked = driver.ask(snap.backend, _ask(snap, scoped, name, record, source), reserved=reserved)
-    where = place.describe(snap.config)
-    message = said + asked.message + (f" from {where}" if where else "")
-    decision = _status(snap, PROVISIONING, message, request=name)
-    return replace(
-        decision,
-        actions=asked.actions,
-        events=(*decision.events, *asked.events),
-        sources=(driver.asked_note(snap.config, source),),
-    )
+    made = _ask(snap, scoped, name, record, source)
+    write = partial(_status, snap, PROVISIONING, request=name)
+    return flow.ask(snap, made, new, reserved=reserved, write=write)
 
 
 def _in_flight(
-    snap: GroupSnapshot, members: _Members, req: ProvisioningRequest, now: datetime
+    gang: flow.Gang[GroupDecision],
+    snap: GroupSnapshot,
+    members: _Members,
+    req: ProvisioningRequest,
+    now: datetime,
 ) -> GroupDecision:
     """The attempt in flight, for the members it was made for (late ones wait their turn)."""
     ours = attempt_members(members.unbound, req)
-    followed = _followed(snap, members, req, now)
+    followed = _followed(snap, members, req, now, following=gang.gang_of)
     assert followed.step is not None  # a group's attempt is always followed in fit mode
     req = followed.request
-    decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
-    decision = replace(decision, step=followed.step)
-    if followed.change is not None:
-        decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
-    return replace(decision, actions=followed.upkeep + decision.actions)
+    decision = _outcome(snap, ours, req, followed.step, now, gated=members.gated, gang=gang)
+    return flow.followed(replace(decision, step=followed.step), followed, req.name)
 
 
 def _followed(
@@ -477,28 +339,27 @@ def _followed(
     now: datetime,
     *,
     racing: bool | None = None,
+    following: places.GangOf | None = None,
 ) -> driver.InFlight:
     """The attempt of `req` as the driver follows it, for the members it was made for, with
-    the place next in line (InOrder); `racing`: a racer, with another racer or source left
-    (a racer whose source says CapacityIsNotFound then ends at once) or not."""
+    the place next in line (InOrder: `following`, the gang as each source is asked for it);
+    `racing`: a racer, with another racer or source left (a racer whose source says
+    CapacityIsNotFound then ends at once) or not."""
     assert snap.config is not None
     ours = attempt_members(members.unbound, req)
     config = snap.config  # applied to the attempt in flight as to a Workload's
-    place = _place_of(req)
+    place = places.of_request(req)
     index = place.source
     source = config.source(index)
     gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
     capacity = snap.capacity
-    kept = _kept_for(snap, req)
+    kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
-        labels = _kept_labels(config, req, kept)
+        labels = topup.shared_labels(config, place, kept)
         gang = topup.tolerating(_pinned(gang_from_pods(snap.group, ours), labels), kept)
         capacity = topup.view(snap.capacity, kept)
-    if racing is None:
-        following = places.next_place(
-            config, place, _gang_by_source(snap, gang_of(snap, members)), snap.capacity
-        )
-        fallback = (following.describe(config) or "next") if following is not None else None
+    if following is not None:
+        fallback = driver.next_in_line(config, place, following, snap.capacity)
     else:
         fallback = "the race" if racing else None
     attempt = lifecycle.Attempt(
@@ -538,45 +399,30 @@ def _race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecisio
     are withdrawn, what arrived for them reclaimed as a rollback's; a racer that fails gives
     its place to the next source not asked yet; when every source failed, the next attempt
     after the backoff (or GaveUp)."""
-    asks = _asks(snap)
-    stale = race.stale(
-        snap.requests,
-        asks,
-        capacity=snap.capacity,
-        backend=snap.backend,
-        why=f"superseded by attempt {attempt_of(snap.group)}",
-    )
-    if not asks:
-        wait = _backing_off(snap, now) or _settling(members, now)
-        decision = wait or _start_race(snap, members, now)
-    elif all(r.deleting for _, r in asks):
-        decision = GroupDecision(requeue_after=1.0)
-    else:
-        decision = _follow_race(snap, members, asks, now)
-    return replace(decision, actions=stale + decision.actions)
+    gang = _gang(snap, members, now)
 
+    def start() -> GroupDecision:
+        return _backing_off(snap, now) or _settling(members, now) or _start_race(snap, gang)
 
-def _ask_name(snap: GroupSnapshot, ask: int) -> str:
-    group = snap.group
-    return naming.request_name(group.ref.name, group.short, attempt_of(group), ask)
+    def follow(asks: list[race.Ask]) -> GroupDecision:
+        if all(r.deleting for _, r in asks):
+            return GroupDecision(requeue_after=1.0)
+        return _follow_race(gang, snap, members, asks, now)
+
+    return flow.race_attempt(gang, start=start, follow=follow)
 
 
 def _said(decision: GroupDecision) -> str:
     return (decision.status or {}).get(MESSAGE_ANNOTATION, "")
 
 
-def _start_race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
+def _start_race(snap: GroupSnapshot, gang: flow.Gang[GroupDecision]) -> GroupDecision:
     """The racers asked at once; a gang that fits on nodes of a source that exist is
     released at once instead, as with InOrder."""
-    assert snap.config is not None
-    gang = gang_of(snap, members)
-    too_large = _too_large(snap, gang)
+    too_large = _too_large(snap, gang.whole())
     if too_large is not None:
         return too_large
-    made = [
-        _first(snap, members, gang, _ask_name(snap, p.source), now, place=p)
-        for p in race.starting(snap.config)
-    ]
+    made = flow.racers(gang)
     settled = next((d for d in made if (d.status or {}).get(STATE_ANNOTATION) == RELEASED), None)
     return settled or _raced(snap, [_said(d) for d in made], made)
 
@@ -588,31 +434,22 @@ def _raced(
     status = _status(snap, PROVISIONING, race.racing(said), request="")
     if snap.group.annotations.get(RACE_WON_ANNOTATION):  # a race of an earlier start
         status = replace(status, status={**(status.status or {}), RACE_WON_ANNOTATION: ""})
-    waits = [d.requeue_after for d in parts if d.requeue_after is not None]
     # each ask's own state Event is said once, as the race's
-    events = (e for d in parts for e in d.events if e.reason != PROVISIONING)
-    return replace(
-        status,
-        actions=tuple(a for d in parts for a in d.actions),
-        events=(*status.events, *events),
-        sources=tuple(n for d in parts for n in d.sources),
-        requeue_after=min(waits, default=None),
-    )
+    return flow.joined(status, parts, said=lambda e: e.reason != PROVISIONING)
 
 
 def _follow_race(
-    snap: GroupSnapshot, members: _Members, asks: list[race.Ask], now: datetime
+    gang: flow.Gang[GroupDecision],
+    snap: GroupSnapshot,
+    members: _Members,
+    asks: list[race.Ask],
+    now: datetime,
 ) -> GroupDecision:
     """The race as it stands (race.follow), written on the group: released onto the winner;
     else the racers going, a new ask for each place given up (made before the racer that
     gave it up is withdrawn); else the next attempt, or GaveUp."""
-    assert snap.config is not None
-    standing = race.follow(
-        asks,
-        lambda r, others: _followed(snap, members, r, now, racing=others),
-        config=snap.config,
-        capacity=snap.capacity,
-        backend=snap.backend,
+    standing = flow.standing(
+        gang, asks, lambda r, others: _followed(snap, members, r, now, racing=others)
     )
     if standing.won is not None:
         return _won(snap, members, standing.won, now)
@@ -625,10 +462,8 @@ def _follow_race(
             GroupDecision(actions=g.actions, events=g.events, requeue_after=g.requeue_after)
         )
     for e in standing.ended:
-        if e.replacement is not None:
-            ask, place = e.replacement
-            gang = gang_of(snap, members)
-            made = _first(snap, members, gang, _ask_name(snap, ask), now, place=place)
+        made = flow.replacement(gang, e)
+        if made is not None:
             if (made.status or {}).get(STATE_ANNOTATION) == RELEASED:
                 # room appeared on the next source's nodes: released there; the racers left
                 # are withdrawn as left behind (`_released`)
@@ -684,16 +519,12 @@ def _won(snap: GroupSnapshot, members: _Members, won: race.Won, now: datetime) -
     assert followed.step is not None
     req = followed.request
     ours = attempt_members(members.unbound, req)
-    out = _outcome(snap, ours, req, followed.step, now, gated=members.gated, members=members)
-    gone = won.withdrawal
-    source = driver.source_name(snap.config, race.place_of(req).source)
+    out = flow.won(_outcome(snap, ours, req, followed.step, now, gated=members.gated), won)
+    source = driver.source_name(snap.config, places.of_request(req).source)
     return replace(
         out,
         status={**(out.status or {}), RACE_WON_ANNOTATION: source},
-        actions=(*followed.upkeep, *out.actions, *gone.actions),
-        events=(*out.events, *gone.events, won.event),
-        sources=(*out.sources, *won.notes),
-        requeue_after=gone.requeue_after,
+        requeue_after=won.withdrawal.requeue_after,
         step=followed.step,
     )
 
@@ -714,7 +545,7 @@ def _left_behind(snap: GroupSnapshot, consumed: str) -> GroupDecision | None:
     )
     if not gone.actions and gone.requeue_after is None:
         return None
-    return GroupDecision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
+    return flow.decided(GroupDecision, gone)
 
 
 def _outcome(
@@ -725,33 +556,34 @@ def _outcome(
     now: datetime,
     *,
     gated: Sequence[Pod] = (),
-    members: _Members | None = None,
+    gang: flow.Gang[GroupDecision] | None = None,
 ) -> GroupDecision:
     """Where the attempt stands, written on the group (and, when it fits, its members);
-    `members`: all of them, for the next capacity source when this one could not deliver."""
+    `gang`: the attempt's (flow.py), for the next place when this one could not deliver, or
+    to top what arrived up from it (None: neither)."""
     if step.progress is Progress.ROLLED_BACK:
         assert step.verdict is not None
-        fell_back = _fall_back(snap, members, req, step, now) if members else None
-        kept = _kept_for(snap, req)
-        if fell_back is None and topup.outstanding(kept):
-            # the attempt ends: what was kept for it goes back first, by its own record
-            gone = topup.roll_back(kept, snap.capacity, snap.config, step.verdict.message)
-            return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
+        fell_back = _fall_back(gang, req, step) if gang is not None else None
+        # the attempt ends: what was kept for it goes back first, by its own record
+        going_back = flow.outstanding(GroupDecision, snap, req, step.verdict.message)
+        if fell_back is None and going_back is not None:
+            return going_back
         ended = fell_back or _rolled_back(snap, step, step.verdict, now)
         failed = driver.failed_note(snap.config, req, step.verdict.reason)
         return replace(ended, sources=(*failed, *ended.sources))
     if step.progress is Progress.ROLLING_BACK:
-        keeping = _keep(snap, members, req, step, now) if members else None
-        return keeping or GroupDecision(
-            actions=step.actions, events=step.events, requeue_after=step.requeue_after
-        )
+        # InOrder tops up instead of throwing away, as a Workload's check does (flow.keep)
+        keeps = gang is not None and snap.backend is PROVISIONING_REQUEST
+        keeping = flow.keep(gang, req, step) if keeps and gang is not None else None
+        return keeping or flow.rolling(GroupDecision, step)
     if step.progress is Progress.FITS:
         released = _release(snap, ours, req, step.domains, step.message, now=now)
         chosen = {p.name for p in ours}
         late = _release_with_gang(
             tuple(p for p in gated if p.name not in chosen), dict(step.domains.values())
         )
-        fulfilled = (a for r in (*_kept_for(snap, req), req) for a in lifecycle.fulfilled(r))
+        kept = topup.kept_for(snap.requests, req)
+        fulfilled = (a for r in (*kept, req) for a in lifecycle.fulfilled(r))
         return replace(
             released,
             actions=(*step.actions, *released.actions, *late.actions, *fulfilled),
@@ -767,45 +599,15 @@ def _outcome(
 
 
 def _fall_back(
-    snap: GroupSnapshot,
-    members: _Members,
-    req: ProvisioningRequest,
-    step: lifecycle.Step,
-    now: datetime,
+    gang: flow.Gang[GroupDecision], req: ProvisioningRequest, step: lifecycle.Step
 ) -> GroupDecision | None:
-    """The capacity source of this attempt could not deliver: ask the next one in the same
-    attempt (driver.fall_back, as a Workload's check does), the new request made before the
-    old one goes; None when no source is next or the rollback is not one a next source
-    answers."""
-    assert snap.config is not None and step.verdict is not None
-    done = step.verdict
-    if done.revoked or done.cause in driver.NO_FALLBACK:
+    """The place of this attempt could not deliver: the next asked in the same attempt
+    (flow.fall_back, as a Workload's check does), the new request made before the old one
+    goes; None when no place is next or the rollback is not one a next place answers."""
+    assert step.verdict is not None
+    if not driver.falls_back(step.verdict):
         return None
-    gang = gang_of(snap, members)
-    _, asks = _current(snap)
-    nxt = driver.fall_back(
-        snap.config,
-        req,
-        asks=asks,
-        gang_of=_gang_by_source(snap, gang),
-        capacity=snap.capacity,
-        backend=snap.backend,
-        why=done.message,
-    )
-    if nxt is None:
-        return None
-    kept = topup.kept_of(_kept_for(snap, req))
-    if kept and not topup.allowed(snap.config, gang, _place_of(req), nxt.place):
-        gone = topup.roll_back(kept, snap.capacity, snap.config, done.message)
-        return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
-    name = _ask_name(snap, nxt.ask)
-    made = _first(snap, members, gang, name, now, place=nxt.place, said=nxt.said, kept=kept)
-    event = nxt.event(snap.config, req.name, name)
-    return replace(
-        made,
-        actions=(*made.actions, *nxt.gone),
-        events=(*step.events, *made.events, event),
-    )
+    return flow.fall_back(gang, req, step.verdict.message, before=step.events)
 
 
 def _rolled_back(
@@ -868,10 +670,10 @@ def _release(
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
     source = rollback.record_of(req).source if req is not None else None
     pinned = _source_domain(snap.config, source) if snap.config and source is not None else {}
-    kept = _kept_for(snap, req) if req is not None else ()
+    kept = topup.kept_for(snap.requests, req) if req is not None else ()
     holds = _hold_toleration(req)
     if kept and snap.config is not None and req is not None:  # on kept and new nodes
-        shared = _kept_labels(snap.config, req, kept)
+        shared = topup.shared_labels(snap.config, places.of_request(req), kept)
         pinned = {f"source:{k}": (k, v) for k, v in shared.items()}
         holds = (*holds, *(hold_toleration(topup.key_of(r)) for r in kept))
     pins = dict({**domains, **pinned}.values())
@@ -934,13 +736,11 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     )
     if rollback.is_rolling_back(req):
         step = lifecycle.roll_back(attempt)
-        kept = _kept_for(snap, req)
-        if step.progress is Progress.ROLLED_BACK and topup.outstanding(kept):
-            assert step.verdict is not None  # what was kept goes back too, by its own record
-            gone = topup.roll_back(kept, snap.capacity, snap.config, step.verdict.message)
-            return GroupDecision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
         if step.progress is Progress.ROLLED_BACK:
-            assert step.verdict is not None
+            assert step.verdict is not None  # what was kept goes back too, by its own record
+            going_back = flow.outstanding(GroupDecision, snap, req, step.verdict.message)
+            if going_back is not None:
+                return going_back
             message = (
                 f"gave up after attempt {attempt_of(group)}: {step.verdict.message}; its members' "
                 "gates are lifted, so gangcheck cannot hold them back for a new attempt"
@@ -948,9 +748,7 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
             gave_up = _status(snap, GAVE_UP, message)
             events = (*gave_up.events, *step.events)
             return replace(gave_up, events=events, requeue_after=0.2, step=step)
-        return GroupDecision(
-            actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
-        )
+        return flow.rolling(GroupDecision, step)
     late = _release_late(snap, members, now=now)
     expired = _start_deadline_passed(snap, req, members, config, now)
     if expired is None:
@@ -958,10 +756,7 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     if isinstance(expired, float):
         due = expired if late.requeue_after is None else min(late.requeue_after, expired)
         return replace(late, requeue_after=due)
-    step = lifecycle.start_rollback(attempt, expired, now=now)
-    return GroupDecision(
-        actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
-    )
+    return flow.rolling(GroupDecision, lifecycle.start_rollback(attempt, expired, now=now))
 
 
 def _start_deadline_passed(
@@ -1267,11 +1062,8 @@ def group_key(group: PodGroup) -> str:
 
 
 def _withdraw_attempts(snap: GroupSnapshot, why: str) -> GroupDecision:
-    """Withdraw the group's attempts (driver.withdraw)."""
-    gone = driver.withdraw(
-        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
-    )
-    return GroupDecision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
+    """Withdraw the group's attempts (flow.withdraw)."""
+    return flow.withdraw(GroupDecision, snap, why)
 
 
 def _stale(

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback, topup
+from gangcheck.logic.attempt import driver, flow, lifecycle, naming, places, race, rollback, topup
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -51,7 +52,6 @@ from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
-    KEPT_FROM_ANNOTATION,
     KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
@@ -92,18 +92,11 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Decision(flow.Decided):
+    """The check entry to write (None: unchanged), and what every gang source's decision
+    carries (flow.Decided; a diagnosis, logic/workloads/diagnosis.py, replays it)."""
+
     check: CheckState | None = None
-    actions: tuple[Action, ...] = ()
-    events: tuple[Event, ...] = ()
-    requeue_after: float | None = None
-    capacity_used: Mapping[str, int] | None = None
-    """When the gang turns Ready: its members by the capacity they use (reserved, new)."""
-    sources: tuple[driver.SourceNote, ...] = ()
-    """What happened at the capacity sources, for their metrics."""
-    step: lifecycle.Step | None = None
-    """Where the attempt followed stands (None: no attempt was followed): what a diagnosis
-    explains (logic/workloads/diagnosis.py replays this decision on a live read)."""
 
 
 def decide(snap: Snapshot, now: datetime) -> Decision:
@@ -133,9 +126,7 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
         return _not_needed(snap, state, now)
     if state.state == READY:
         return _while_ready(snap, state, now)
-    return _pending(
-        snap, state, merge_pod_sets(wl, pod_sets, snap.config.pod_set_merge_policy), now
-    )
+    return _pending(snap, state, now)
 
 
 def _competing(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
@@ -158,7 +149,7 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     asked for or provisioned is lost. The attempt in flight goes on, and is rolled back if
     it must be, under the config it was made with (recorded on its request); a Ready check
     stays Ready, its gang untouched. When the config is back, the same attempt goes on."""
-    req = _find(snap.requests, _current(snap, state)[0])
+    req = flow.find(snap.requests, _current(snap, state)[0])
     recorded = lifecycle.recorded_config(req) if req is not None else None
     if recorded is not None:
         decision = decide(replace(snap, config=recorded, config_problem=""), now)
@@ -200,17 +191,9 @@ def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:
 
 
 def _withdraw_attempts(snap: Snapshot, why: str) -> Decision:
-    """Withdraw every attempt this Workload has for this check (driver.withdraw); a deleted
+    """Withdraw every attempt this Workload has for this check (flow.withdraw); a deleted
     Workload's fulfilled attempt has its arrivals reclaimed too (rollback.abandon)."""
-    gone = driver.withdraw(
-        snap.requests,
-        capacity=snap.capacity,
-        config=snap.config,
-        backend=snap.backend,
-        why=why,
-        gone=snap.workload.deleting,
-    )
-    return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
+    return flow.withdraw(Decision, snap, why, gone=snap.workload.deleting)
 
 
 def _withdrawn(snap: Snapshot, state: CheckState | None, now: datetime) -> Decision:
@@ -257,10 +240,11 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs; asks of
     the attempt that lost a race and are not withdrawn yet are withdrawn."""
     wl = snap.workload
-    req = _find(snap.requests, _ready_request(snap, state))
+    req = flow.find(snap.requests, _ready_request(snap, state))
     if req is None:
         return Decision()
-    kept = {r.name for r in _kept_for(snap, req)}  # topped up, not raced: the gang's too
+    # topped up, not raced: the gang's too
+    kept = {r.name for r in topup.kept_for(snap.requests, req)}
     losers = [r for r in race.left_behind(_asks(snap, state), req.name) if r.name not in kept]
     if losers:
         withdrawn = _withdraw_losers(snap, losers)
@@ -287,19 +271,8 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
     """Lift the hold from the nodes of the request and of the requests it tops up."""
-    every = (req, *_kept_for(snap, req))
+    every = (req, *topup.kept_for(snap.requests, req))
     return tuple(a for r in every for a in lifecycle.release_hold(snap.capacity, r))
-
-
-def _kept_for(snap: Snapshot, req: ProvisioningRequest) -> tuple[ProvisioningRequest, ...]:
-    """The requests whose kept arrivals `req` tops up (topup.py), those that exist."""
-    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
-    return tuple(r for n in names if (r := _find(snap.requests, n)) is not None)
-
-
-def _kept_in(snap: Snapshot, state: CheckState) -> tuple[ProvisioningRequest, ...]:
-    """The requests of the attempt in flight whose arrivals are kept for it."""
-    return topup.kept_of(r for _, r in _asks(snap, state))
 
 
 def _attempt(
@@ -308,13 +281,13 @@ def _attempt(
     """The attempt of this request, as the core reads it: under its place's deadline, node
     labels and domain, with the place next in line."""
     assert snap.config is not None
-    place = _place_of(req)
-    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
+    place = places.of_request(req)
     gang = gang_templates(snap, place=places.Place(place.source))  # any one domain
     capacity = snap.capacity
-    kept = _kept_for(snap, req)
+    kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
-        gang = topup.tolerating(gang_templates(snap, labels=_kept_labels(snap, req, kept)), kept)
+        labels = topup.shared_labels(snap.config, place, kept)
+        gang = topup.tolerating(gang_templates(snap, labels=labels), kept)
         capacity = topup.view(snap.capacity, kept)
     return lifecycle.Attempt(
         request=req,
@@ -324,27 +297,30 @@ def _attempt(
         config=snap.config.for_source(place.source),
         fit=_fit_mode(snap),
         started=snap.workload.is_admitted,
-        fallback=following.describe(snap.config) or "next" if following is not None else None,
+        fallback=driver.next_in_line(snap.config, place, _gang_of(snap), snap.capacity),
     )
-
-
-def _place_of(req: ProvisioningRequest) -> places.Place:
-    return places.place_of(rollback.record_of(req), req.annotations)
-
-
-def _kept_labels(
-    snap: Snapshot, req: ProvisioningRequest, kept: tuple[ProvisioningRequest, ...]
-) -> dict[str, str]:
-    """The node labels a gang on the nodes of `req`'s source and of the kept requests'
-    sources is pinned to: those all of them share."""
-    assert snap.config is not None
-    sources = [_place_of(r).source for r in (req, *kept)]
-    return topup.common_labels(snap.config, sources)
 
 
 def _gang_of(snap: Snapshot) -> places.GangOf:
     """The gang as each capacity source would be asked for it."""
     return lambda index: gang_templates(snap, place=places.Place(index))
+
+
+def _gang(snap: Snapshot, state: CheckState, now: datetime) -> flow.Gang[Decision]:
+    """The Workload's gang as the attempt flow (flow.py) reads it: its attempt is the check's
+    retry, each ask made by `_create`; an attempt that ends Retries or is Rejected."""
+    assert snap.config is not None
+    return flow.Gang(
+        kind=Decision,
+        held=snap,
+        owner=snap.workload.ref.name,
+        short=snap.check,
+        attempt=state.retry_count + 1,
+        gang_of=_gang_of(snap),
+        pinned=lambda labels: gang_templates(snap, labels=labels),
+        create=partial(_create, snap, state, now),
+        ended=lambda _, why: _retry_or_reject(snap, state, "rollback", why, now),
+    )
 
 
 def _outcome(
@@ -384,16 +360,9 @@ def _written(
     if step.progress is Progress.REVOKED:
         return _transition(state, REJECTED, step.message, now)
     if step.progress is Progress.ROLLING_BACK:
-        return _keep(snap, state, req, step, now) or _rolling(step)
+        return _keep(snap, state, req, step, now) or flow.rolling(Decision, step)
     pending = _transition(state, PENDING, step.message, now)
     return replace(pending, actions=step.actions, requeue_after=step.requeue_after)
-
-
-def _rolling(step: lifecycle.Step) -> Decision:
-    """A rollback under way: its actions only; the check is written when it is done."""
-    return Decision(
-        actions=step.actions, events=step.events, requeue_after=step.requeue_after, step=step
-    )
 
 
 def _rolled_back(
@@ -408,13 +377,12 @@ def _rolled_back(
     done = step.verdict
     assert done is not None
     fell_back = None
-    if not done.revoked and done.cause not in driver.NO_FALLBACK:
+    if driver.falls_back(done):
         fell_back = _fall_back(snap, state, req, done.message, now)
-    kept = _kept_for(snap, req)
-    if fell_back is None and topup.outstanding(kept):
-        # the attempt ends: what was kept for it goes back first, each by its own record
-        gone = topup.roll_back(kept, snap.capacity, snap.config, done.message)
-        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
+    # the attempt ends: what was kept for it goes back first, each by its own record
+    going_back = flow.outstanding(Decision, snap, req, done.message)
+    if fell_back is None and going_back is not None:
+        return going_back
     if fell_back is not None:
         decision = fell_back
     elif done.revoked and not snap.workload.active:
@@ -431,49 +399,12 @@ def _rolled_back(
 def _fall_back(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, why: str, now: datetime
 ) -> Decision | None:
-    """The place this attempt asked (a capacity source, a topology domain) could not
-    deliver: ask the next in the same attempt (driver.fall_back; no retry of Kueue's is
-    used), the new request made before the old one is withdrawn; None when no place is next
-    (then Retry or Rejected, as with one source)."""
-    assert snap.config is not None
+    """The place this attempt asked could not deliver: the next asked in the same attempt
+    (flow.fall_back; no retry of Kueue's is used); None when no place is next (then Retry or
+    Rejected, as with one source), or once the check is no longer Pending."""
     if state.state != PENDING:
         return None
-    _, asks = _current(snap, state)
-    nxt = driver.fall_back(
-        snap.config,
-        req,
-        asks=asks,
-        gang_of=_gang_of(snap),
-        capacity=snap.capacity,
-        backend=snap.backend,
-        why=why,
-    )
-    if nxt is None:
-        return None
-    kept = topup.kept_of(_kept_for(snap, req))
-    place = _place_of(req)
-    if kept and not topup.allowed(snap.config, _gang_of(snap)(place.source), place, nxt.place):
-        gone = topup.roll_back(kept, snap.capacity, snap.config, why)
-        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
-    name = _request_name(snap, state, nxt.ask)
-    created = _create(
-        snap, state, name, _merged(snap), now, place=nxt.place, said=nxt.said, kept=kept
-    )
-    event = nxt.event(snap.config, req.name, name)
-    return replace(created, actions=(*created.actions, *nxt.gone), events=(*created.events, event))
-
-
-def _split(
-    snap: Snapshot,
-    capacity: ClusterView | None,
-    place: places.Place,
-    kept: tuple[ProvisioningRequest, ...],
-) -> topup.Split:
-    """The gang (pinned to the labels `place`'s source and the kept requests' sources
-    share) divided between the kept nodes and the ask at `place`."""
-    assert snap.config is not None
-    labels = topup.common_labels(snap.config, [place.source, *(_place_of(r).source for r in kept)])
-    return topup.split(capacity, gang_templates(snap, labels=labels), kept)
+    return flow.fall_back(_gang(snap, state, now), req, why)
 
 
 def _keep(
@@ -483,80 +414,11 @@ def _keep(
     step: lifecycle.Step,
     now: datetime,
 ) -> Decision | None:
-    """InOrder tops up instead of throwing away (topup.py): a rollback starting on a source
-    that stopped short after part of the gang arrived from it becomes keeping what arrived
-    (the same write, the phase Kept), and the next place is asked for the members the kept
-    nodes cannot hold; None when the rollback goes on as before (a required topology, no
-    place next, nothing kept that holds a member, a cause that never falls back)."""
-    assert snap.config is not None
+    """InOrder tops up instead of throwing away (flow.keep), while the check is Pending, in
+    fit mode, with ProvisioningRequests; None when the rollback goes on as before."""
     if state.state != PENDING or not _fit_mode(snap) or snap.backend is not PROVISIONING_REQUEST:
         return None
-    actions = topup.keep_write(step, req)
-    if actions is None:
-        return None
-    place = _place_of(req)
-    _, asks = _current(snap, state)
-    following = topup.may_ask_next(
-        snap.config,
-        _gang_of(snap)(place.source),
-        place,
-        places.next_place(snap.config, place, _gang_of(snap), snap.capacity),
-        asks,
-    )
-    if following is None:
-        return None
-    kept = (*topup.kept_of(_kept_for(snap, req)), topup.as_kept(req, actions))
-    return _top_up(
-        snap,
-        state,
-        req,
-        now,
-        kept=kept,
-        following=following,
-        ask=asks + 1,
-        why=step.message,
-        actions=actions,
-    )
-
-
-def _top_up(
-    snap: Snapshot,
-    state: CheckState,
-    req: ProvisioningRequest,
-    now: datetime,
-    *,
-    kept: tuple[ProvisioningRequest, ...],
-    following: places.Place,
-    ask: int,
-    why: str,
-    actions: tuple[Action, ...] = (),
-) -> Decision | None:
-    """`req` kept (its keep written by `actions`, or already recorded): the next place
-    asked for the members the kept nodes cannot hold. None when they hold none, or all."""
-    assert snap.config is not None
-    split = _split(snap, topup.with_claims(snap.capacity, actions), following, kept)
-    if not split.kept_members or not split.remainder:
-        return None
-    name = _request_name(snap, state, ask)
-    created = _create(
-        snap,
-        state,
-        name,
-        _merged(snap),
-        now,
-        place=following,
-        said=topup.stopped_short(snap.config, req, why, split),
-        kept=kept,
-        kept_split=split,
-    )
-    event = topup.topped_up(snap.config, req, why, split, following=following, name=name)
-    failed = driver.failed_note(snap.config, req, why)
-    return replace(
-        created,
-        actions=(*actions, *created.actions),
-        events=(*created.events, event),
-        sources=(*failed, *created.sources),
-    )
+    return flow.keep(_gang(snap, state, now), req, step)
 
 
 def _lost_before_admission(status: AttemptStatus) -> str | None:
@@ -591,7 +453,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     trigger = (
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
-    return _rolling(lifecycle.start_rollback(attempt, trigger, now=now))
+    return flow.rolling(Decision, lifecycle.start_rollback(attempt, trigger, now=now))
 
 
 def members_scheduled(capacity: ClusterView | None, namespace: str, request: str) -> int:
@@ -608,9 +470,7 @@ def _request_name(snap: Snapshot, state: CheckState, ask: int = 0) -> str:
 
 def _current(snap: Snapshot, state: CheckState) -> tuple[str, int]:
     """The request of the attempt in flight: its name, and which ask of the attempt it is."""
-    names = {r.name for r in snap.requests}
-    wl = snap.workload
-    return naming.current_request(names, wl.ref.name, snap.check, state.retry_count + 1)
+    return flow.current(snap.requests, snap.workload.ref.name, snap.check, state.retry_count + 1)
 
 
 def _ready_request(snap: Snapshot, state: CheckState) -> str:
@@ -628,97 +488,40 @@ def _asks(snap: Snapshot, state: CheckState) -> list[race.Ask]:
     return race.asks(snap.requests, lambda k: _request_name(snap, state, k))
 
 
-def _find(requests: tuple[ProvisioningRequest, ...], name: str) -> ProvisioningRequest | None:
-    return next((r for r in requests if r.name == name), None)
-
-
-def _pending(
-    snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
-) -> Decision:
+def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     assert snap.config is not None
     if snap.config.racing > 1:
-        return _race(snap, state, merged, now)
-    name, ask = _current(snap, state)
-    req = _find(snap.requests, name)
-    # the kept requests of the attempt, and those the current one tops up (rolling back too)
-    kept = {r.name for r in (*_kept_in(snap, state), *(_kept_for(snap, req) if req else ()))}
-    stale = lifecycle.superseded(
-        [r for r in snap.requests if r.name not in kept],
-        name,
-        capacity=snap.capacity,
-        backend=snap.backend,
-        why=f"superseded by attempt {state.retry_count + 1}",
+        return _race(snap, state, now)
+    gang = _gang(snap, state, now)
+    return flow.in_order(
+        gang,
+        first=partial(flow.first_ask, gang),
+        in_flight=lambda req: _in_flight(snap, state, req, now),
+        why=gang.superseded,
     )
-    if req is None:
-        first = places.first_place(snap.config, _gang_of(snap), snap.capacity)
-        decision = _create(snap, state, name, merged, now, place=first)
-    elif req.deleting:
-        decision = Decision(requeue_after=1.0)
-    elif topup.is_kept(req):
-        decision = _kept_without_next(snap, state, req, ask, now)
-    else:
-        decision = _in_flight(snap, state, req, now)
-    return replace(decision, actions=stale + decision.actions)
-
-
-def _kept_without_next(
-    snap: Snapshot, state: CheckState, req: ProvisioningRequest, ask: int, now: datetime
-) -> Decision:
-    """The latest ask of the attempt is kept and no next one exists (its making was lost:
-    a restart, an answer lost): the next place asked now, from the record. When no place can
-    top it up any more (the config changed, the nodes went), what was kept goes back and the
-    attempt ends as a rollback's would."""
-    assert snap.config is not None
-    place = _place_of(req)
-    following = places.next_place(snap.config, place, _gang_of(snap), snap.capacity)
-    kept = _kept_in(snap, state)
-    why = rollback.record_of(req).reason or "stopped short"
-    if following is not None and topup.allowed(
-        snap.config, _gang_of(snap)(place.source), place, following
-    ):
-        topped = _top_up(
-            snap, state, req, now, kept=kept, following=following, ask=ask + 1, why=why
-        )
-        if topped is not None:
-            return topped
-    gone = topup.roll_back(kept, snap.capacity, snap.config, why)
-    if gone:
-        return Decision(actions=gone, requeue_after=lifecycle.ROLLBACK_REQUEUE_SECONDS)
-    return _retry_or_reject(snap, state, "rollback", why, now)
 
 
 # ---- Race --------------------------------------------------------------------------------
 
 
-def _race(snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime) -> Decision:
+def _race(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """capacitySourcePolicy Race (logic/attempt/race.py): the first `raceWidth` sources asked
     at once; the first to deliver the whole gang wins (Ready, pinned to its nodes) and the
     others are withdrawn, what arrived for them reclaimed as a rollback's; a racer that fails
     gives its place to the next source not asked yet; when every source failed, Retry or
     Rejected."""
-    asks = _asks(snap, state)
-    stale = race.stale(
-        snap.requests,
-        asks,
-        capacity=snap.capacity,
-        backend=snap.backend,
-        why=f"superseded by attempt {state.retry_count + 1}",
+    gang = _gang(snap, state, now)
+    return flow.race_attempt(
+        gang,
+        start=lambda: _start_race(snap, state, gang, now),
+        follow=lambda asks: _follow_race(snap, state, gang, asks, now),
     )
-    if not asks:
-        decision = _start_race(snap, state, merged, now)
-    else:
-        decision = _follow_race(snap, state, merged, asks, now)
-    return replace(decision, actions=stale + decision.actions)
 
 
 def _start_race(
-    snap: Snapshot, state: CheckState, merged: list[MergedPodSet], now: datetime
+    snap: Snapshot, state: CheckState, gang: flow.Gang[Decision], now: datetime
 ) -> Decision:
-    assert snap.config is not None
-    made = [
-        _create(snap, state, _request_name(snap, state, p.source), merged, now, place=p)
-        for p in race.starting(snap.config)
-    ]
+    made = flow.racers(gang)
     settled = next((d for d in made if d.check is not None and d.check.state != PENDING), None)
     return settled or _raced(snap, state, made, now)
 
@@ -726,34 +529,19 @@ def _start_race(
 def _raced(snap: Snapshot, state: CheckState, made: list[Decision], now: datetime) -> Decision:
     """The racers' decisions as one: all their actions, Events and notes; one message."""
     said = [d.check.message for d in made if d.check is not None]
-    decision = _transition(state, PENDING, race.racing(said), now)
-    waits = [d.requeue_after for d in made if d.requeue_after is not None]
-    return replace(
-        decision,
-        actions=tuple(a for d in made for a in d.actions),
-        events=(*decision.events, *(e for d in made for e in d.events)),
-        sources=tuple(n for d in made for n in d.sources),
-        requeue_after=min(waits, default=None),
-    )
+    return flow.joined(_transition(state, PENDING, race.racing(said), now), made)
 
 
 def _follow_race(
     snap: Snapshot,
     state: CheckState,
-    merged: list[MergedPodSet],
+    gang: flow.Gang[Decision],
     asks: list[race.Ask],
     now: datetime,
 ) -> Decision:
     """The race as it stands (race.follow), written as the check entry: Ready on the winner;
     else the racers going, a new ask for each place given up; else Retry or Rejected."""
-    assert snap.config is not None
-    standing = race.follow(
-        asks,
-        lambda r, others: _follow_racer(snap, r, others, now),
-        config=snap.config,
-        capacity=snap.capacity,
-        backend=snap.backend,
-    )
+    standing = flow.standing(gang, asks, lambda r, others: _follow_racer(snap, r, others, now))
     if standing.won is not None:
         return _won(snap, state, standing.won, now)
     going: list[Decision] = [
@@ -767,10 +555,9 @@ def _follow_race(
     ]
     for e in standing.ended:
         going.append(Decision(actions=e.actions, sources=e.notes))
-        if e.replacement is not None:
-            ask, place = e.replacement
-            name = _request_name(snap, state, ask)
-            going.append(_create(snap, state, name, merged, now, place=place))
+        made = flow.replacement(gang, e)
+        if made is not None:
+            going.append(made)
     if any(d.check is not None for d in going):
         return _raced(snap, state, going, now)
     failed = race.every_source_failed(standing)
@@ -789,7 +576,7 @@ def _follow_racer(
     """One racer, as an attempt of its own; `others`: another racer or source remains, so a
     racer whose source says CapacityIsNotFound ends at once."""
     assert snap.config is not None
-    place = _place_of(req)
+    place = places.of_request(req)
     attempt = replace(_attempt(snap, req), fallback="the race" if others else None)
     return driver.in_flight(
         attempt,
@@ -805,14 +592,7 @@ def _won(snap: Snapshot, state: CheckState, won: race.Won, now: datetime) -> Dec
     arrived for them reclaimed by the safe path of a rollback (race.won)."""
     followed = won.followed
     assert followed.step is not None
-    out = _outcome(snap, state, followed.request, followed.step, now)
-    gone = won.withdrawal
-    return replace(
-        out,
-        actions=(*followed.upkeep, *out.actions, *gone.actions),
-        events=(*out.events, *gone.events, won.event),
-        sources=(*out.sources, *won.notes),
-    )
+    return flow.won(_outcome(snap, state, followed.request, followed.step, now), won)
 
 
 def _withdraw_losers(snap: Snapshot, losers: list[ProvisioningRequest]) -> Decision:
@@ -820,26 +600,23 @@ def _withdraw_losers(snap: Snapshot, losers: list[ProvisioningRequest]) -> Decis
     gone = race.withdraw_losers(
         losers, capacity=snap.capacity, config=snap.config, backend=snap.backend
     )
-    return Decision(actions=gone.actions, events=gone.events, requeue_after=gone.requeue_after)
+    return flow.decided(Decision, gone)
 
 
 def _create(
     snap: Snapshot,
     state: CheckState,
-    name: str,
-    merged: list[MergedPodSet],
     now: datetime,
-    *,
-    place: places.Place,
-    said: str = "",
-    kept: tuple[ProvisioningRequest, ...] = (),
-    kept_split: topup.Split | None = None,
+    name: str,
+    new: flow.NewAsk,
 ) -> Decision:
-    """Ask for the gang at `place` (a capacity source, a topology domain); `said`: what comes
-    first in the message (why an earlier place was left); `kept`: the requests of the attempt
-    whose arrivals are kept (topup.py): only the members their nodes cannot hold are asked."""
+    """Ask for the gang at the new ask's place (a capacity source, a topology domain), its
+    message beginning with what the ask says (why an earlier place was left); with kept
+    requests (topup.py) only the members their nodes cannot hold are asked."""
     assert snap.config is not None
+    place = new.place
     source = place.source
+    merged = _merged(snap)
     problem = _cannot_request(snap, merged, source)
     if problem is not None:
         return _transition(state, REJECTED, problem, now)
@@ -852,11 +629,10 @@ def _create(
         )
         return replace(_transition(state, PENDING, message, now), requeue_after=10.0)
     reserved = 0
-    on_kept = 0
-    if kept:
-        on = kept_split or _split(snap, snap.capacity, place, kept)
-        on_kept = on.kept_members
-        merged = [replace(m, count=on.remainder[m.name]) for m in merged if m.name in on.remainder]
+    new = flow.with_split(new, snap, lambda labels: gang_templates(snap, labels=labels))
+    if new.kept_split is not None:
+        on = new.kept_split.remainder
+        merged = [replace(m, count=on[m.name]) for m in merged if m.name in on]
     if snap.config.reservations:
         split = reserved_split(
             snap.capacity,
@@ -872,24 +648,12 @@ def _create(
             replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
         ]
     record = {
-        **lifecycle.record(
-            state.retry_count + 1, snap.config, now, reserved=reserved, source=source
-        ),
-        **place.record(),
-        **topup.record(kept, on_kept),
+        **flow.record(state.retry_count + 1, snap.config, now, new, reserved=reserved),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
     }
-    ask = _ask(snap, name, merged, record=record, place=place)
-    asked = driver.ask(snap.backend, ask, reserved=reserved)
-    where = place.describe(snap.config)
-    message = said + asked.message + (f" from {where}" if where else "")
-    decision = _transition(state, PENDING, message, now)
-    return replace(
-        decision,
-        actions=asked.actions,
-        events=(*decision.events, *asked.events),
-        sources=(driver.asked_note(snap.config, source),),
-    )
+    made = _ask(snap, name, merged, record=record, place=place)
+    write = partial(_transition, state, PENDING, now=now)
+    return flow.ask(snap, made, new, reserved=reserved, write=write)
 
 
 def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0) -> str | None:
@@ -956,7 +720,7 @@ def _in_flight(
     """The request exists: as the driver follows it (its templates made again where gone),
     written as the check entry; a config changed under it ends it (driver.in_flight)."""
     assert snap.config is not None
-    place = _place_of(req)
+    place = places.of_request(req)
     index = place.source
     source = snap.config.source(index)
     followed = driver.in_flight(
@@ -972,9 +736,7 @@ def _in_flight(
         decision = _retry(snap, state, f"Retrying after config change: {followed.change}", now)
     else:
         decision = _outcome(snap, state, followed.request, followed.step, now)
-    if followed.change is not None:
-        decision = replace(decision, events=(*decision.events, driver.replaced_event(req.name)))
-    return replace(decision, actions=followed.upkeep + decision.actions)
+    return flow.followed(decision, followed, req.name)
 
 
 # ---- rollback --------------------------------------------------------------------------
@@ -982,10 +744,10 @@ def _in_flight(
 
 def _after_rollback(snap: Snapshot, state: CheckState) -> Decision:
     """With the verdict written, a rolled-back request is deleted (ending CA's booking)."""
-    req = _find(snap.requests, _current(snap, state)[0])
+    req = flow.find(snap.requests, _current(snap, state)[0])
     if req is None or req.deleting or OUTCOME_ANNOTATION not in req.annotations:
         return Decision()
-    every = (req, *(r for r in _kept_for(snap, req) if not r.deleting))
+    every = (req, *(r for r in topup.kept_for(snap.requests, req) if not r.deleting))
     return Decision(
         actions=tuple(
             a
@@ -1079,7 +841,7 @@ def _ready(
     round, the fault suite caught that as an unsafe reclaim."""
     updates = pod_set_updates(snap, req, domains or {})
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
-    kept = (a for r in _kept_for(snap, req) for a in lifecycle.fulfilled(r))
+    kept = (a for r in topup.kept_for(snap.requests, req) for a in lifecycle.fulfilled(r))
     actions = (*decision.actions, *kept, *lifecycle.fulfilled(req))
     return replace(decision, actions=actions, capacity_used=capacity_used(req))
 
@@ -1095,9 +857,13 @@ def pod_set_updates(
         required_pod_sets(snap.workload, snap.config.managed_resources),
         snap.config.pod_set_merge_policy,
     )
-    kept = _kept_for(snap, req)
-    source = rollback.record_of(req).source
-    pinned = _kept_labels(snap, req, kept) if kept else _source_labels(snap.config, source)
+    kept = topup.kept_for(snap.requests, req)
+    place = places.of_request(req)
+    pinned = (
+        topup.shared_labels(snap.config, place, kept)
+        if kept
+        else _source_labels(snap.config, place.source)
+    )
     detail = {**pinned, **_detail_node_selector(snap.config, req)}
     holds = [hold_toleration(topup.key_of(r)) for r in kept]
     pin = {member: domains[m.name] for m in merged if m.name in domains for member in m.members}
