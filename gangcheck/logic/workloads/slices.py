@@ -44,9 +44,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt import flow, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, CreateRequest, Event
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.attempt.records import AttemptPhase
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads import admission
 from gangcheck.logic.workloads.admission import MAX_MESSAGE, Decision, Snapshot
@@ -442,7 +443,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if req is None or req.deleting:
         return Decision()
     base = Base.from_annotation(req.annotations.get(SLICE_ANNOTATION, ""))
-    started = req.annotations.get(PHASE_ANNOTATION) == STARTED
+    started = rollback.record_of(req).phase is AttemptPhase.STARTED
     if started and base is not None and not _adds(snap.workload, base):
         return _departed(snap, req, base)
     return _held_until_used(snap, req, now, since=parse_time(state.last_transition_time))
@@ -462,14 +463,7 @@ def _departed(snap: Snapshot, req: ProvisioningRequest, base: Base) -> Decision:
     the nodes the departed members left empty from its scale-down. Nothing is reclaimed: the
     attempt started, its nodes are the Job's to leave to the autoscaler (rollback.abandon)."""
     why = f"the members it added to {base.replaces} are gone (the Job scaled back)"
-    withdrawn = driver.withdraw(
-        [req], capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
-    )
-    return Decision(
-        actions=withdrawn.actions,
-        events=withdrawn.events,
-        requeue_after=withdrawn.requeue_after,
-    )
+    return flow.withdraw(Decision, snap, why, requests=[req])
 
 
 def _held_until_used(
@@ -480,7 +474,7 @@ def _held_until_used(
     name, `HOLD_AS`) and the start deadline since Ready (`since`) has not passed; then lifted
     and the attempt marked started. A request held as its own (the Job's pods tolerate no
     hold of gangcheck's: nothing else could use the nodes) is opened at once."""
-    started = req.annotations.get(PHASE_ANNOTATION) == STARTED
+    started = rollback.record_of(req).phase is AttemptPhase.STARTED
     held = req.annotations.get(HOLD_AS, "")
     if held and not started:
         assert snap.config is not None
@@ -502,9 +496,7 @@ def _held_until_used(
 def _cannot_tell(snap: Snapshot, state: CheckState, why: str) -> Decision:
     """The difference cannot be told: nothing asked, anything asked before withdrawn (what
     arrived for it reclaimed safely), said on the check and in a Warning Event."""
-    withdrawn = driver.withdraw(
-        snap.requests, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
-    )
+    withdrawn = flow.withdraw(Decision, snap, why)
     said = _say(state, why)
     events = withdrawn.events
     if said.check is not None:
