@@ -5,7 +5,7 @@ Tests marked ``soak`` (the long scenarios: more seeds, long waits, comparisons) 
 ``make soak`` (``GANGCHECK_SOAK=1``) and only there; every other test runs in ``make test``
 and only there. docs/testing.md lists what runs where and why.
 
-``make test`` runs on two workers (pytest-xdist, ``--dist loadscope`` with the scopes of
+``make test`` runs on three workers (pytest-xdist, ``--dist loadscope`` with the scopes of
 `worker_group`): what shares a started stack runs on one worker, so each stack starts once.
 The e2e tests on the session's full stack are one group, each folder of tests/e2e (a stack of
 its own: Karpenter's, the clusters') one, and every other module a group of its own (its
@@ -13,6 +13,10 @@ module-scoped fixtures start once). The groups that start a stack of their own (
 are handed out first, then the integration and dev tooling modules, the unit modules last:
 pytest-xdist orders groups by their number of tests, which would leave a minute-long group of
 four tests to start near the end of the run.
+
+Hypothesis times each example of a property (200 ms by default): on a loaded machine that
+fails a property whose logic holds, so the suite's profile has no such deadline (the tests'
+own timeouts bound them).
 
 pytest removes a green session's temp folders itself (``tmp_path_retention_policy`` in
 pyproject.toml) but keeps the per-user folder it makes them in; that one goes too once empty.
@@ -25,6 +29,10 @@ import os
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+hypothesis_settings.register_profile("gangcheck", deadline=None)
+hypothesis_settings.load_profile("gangcheck")
 
 SOAK_ENV = "GANGCHECK_SOAK"
 MEASUREMENTS = pytest.StashKey[list[str]]()
