@@ -338,6 +338,9 @@ class Tracer:
                         self._note(cluster, res, str(event.get("type")), obj)
             except ApiError:
                 await asyncio.sleep(0.1)
+            except Exception as exc:  # a defect here must not end the trace unseen
+                self.lines.append((time.monotonic() - self.t0, cluster, f"trace broke: {exc}", ""))
+                raise
 
     def _note(self, cluster: str, res: Resource, kind: str, obj: Obj) -> None:
         at = time.monotonic() - self.t0
@@ -358,7 +361,7 @@ class Tracer:
             said = "created" if kind == "ADDED" else "seen"
             self.lines.append((at, cluster, f"{res.kind} {name} {said}: {_show(new)}", gang.name))
         elif new != old:
-            changed = [f"{a}" for a, b in zip(new, old, strict=True) if a != b]
+            changed = [str(a) for a in new if a not in old]  # checks come and go
             self.lines.append((at, cluster, f"{res.kind} {name}: {'; '.join(changed)}", gang.name))
 
     def _gang_of(self, res: Resource, obj: Obj) -> Gang | None:
@@ -808,7 +811,8 @@ def settings_lines(gangs: int) -> list[str]:
         f"{GANGCHECK_BACKOFF} (default 60), fulfillment.reclaimer {GANGCHECK_RECLAIMER} "
         "(default CordonAndTaint), the rest at its defaults",
         "gangcheck's dispatcher ((d)): gangcheck run --role dispatcher at its defaults (a pass "
-        "on each change of a manager's Workload and every 1 s, one worker at a time), the RBAC "
+        "on each change of a manager's Workload, on each change in a worker of a request for a "
+        "Workload nominated there and waiting, and every 1 s; one worker at a time), the RBAC "
         "of manifests/dispatcher",
         "cloud: the simulated cloud in each worker answering both checks' requests by creating "
         "real kwok Nodes (32 cpu, 256Gi, 8 GPUs; one member each; about 1 s after the request); "

@@ -70,6 +70,7 @@ from gangcheck.logic.dispatch import (
     SourceHistory,
     Step,
     WorkerFacts,
+    admission_status,
     cannot_deliver,
     decide,
     recent_failures,
@@ -144,7 +145,7 @@ class Dispatcher:
         self._connect = connect or _connect
         self._wake = asyncio.Event()
         self._running = False
-        self._worker_watches: dict[str, asyncio.Task[None]] = {}
+        self._worker_watches: dict[str, list[asyncio.Task[None]]] = {}
         # per worker, the Workloads (namespace, name) nominated there and waiting: a change
         # of a request of one of them wakes a pass
         self._followed: dict[str, set[tuple[str, str]]] = {}
@@ -185,24 +186,26 @@ class Dispatcher:
                 log.debug("watch on Workloads ended: %s", e)
             await asyncio.sleep(self.interval)
 
-    async def _watch_worker(self, name: str, kube: Kube) -> None:
-        """Wakes the loop on a change of a ProvisioningRequest in the worker ``name`` for a
-        Workload nominated there and waiting (gangcheck's request saying its source cannot
-        deliver, a rollback recorded): the dispatcher moves on when the worker's source says
-        so, not at the next poll. Read-only (``list``, ``watch``); refused (a reader without
-        ``watch``), or ended, the poll goes on alone and the watch is opened again later."""
+    async def _watch_worker(self, name: str, kube: Kube, res: Resource) -> None:
+        """Wakes the loop on a change in the worker ``name`` of a ProvisioningRequest (``res``)
+        of a Workload nominated there and waiting (gangcheck's request saying its source
+        cannot deliver, a rollback recorded), or of its copy there (``WORKLOAD``: its check
+        state, evicted, admitted): the dispatcher moves on, or records the admission, when
+        the worker says so, not at the next poll. Read-only (``list``, ``watch``); refused (a
+        reader without ``watch``), or ended, the poll goes on alone and the watch is opened
+        again later."""
         while True:
             try:
-                listing = await kube.list_objects(PROVISIONING_REQUEST)
+                listing = await kube.list_objects(res)
                 version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-                async for event in kube.watch(PROVISIONING_REQUEST, resource_version=version):
-                    if event.get("type") != "BOOKMARK" and self._follows(name, event):
+                async for event in kube.watch(res, resource_version=version):
+                    if event.get("type") != "BOOKMARK" and self._follows(name, res, event):
                         self.woken_by_workers += 1
                         self._wake.set()
             except ForbiddenError as e:
                 log.warning(
-                    "no watch on ProvisioningRequests in %s (%s): its changes are seen by "
-                    "the %.0f s poll only",
+                    "no watch on %s in %s (%s): its changes are seen by the %.0f s poll only",
+                    res.plural,
                     name,
                     _first_line(e),
                     self.interval,
@@ -210,26 +213,31 @@ class Dispatcher:
                 await asyncio.sleep(WORKER_WATCH_RETRY)
                 continue
             except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
-                log.debug("watch on ProvisioningRequests in %s ended: %s", name, e)
+                log.debug("watch on %s in %s ended: %s", res.plural, name, e)
             await asyncio.sleep(self.interval)
 
-    def _follows(self, worker: str, event: Mapping[str, Any]) -> bool:
+    def _follows(self, worker: str, res: Resource, event: Mapping[str, Any]) -> bool:
         meta = (event.get("object") or {}).get("metadata") or {}
-        workload = (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION)
+        if res is WORKLOAD:
+            workload = meta.get("name")
+        else:
+            workload = (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION)
         return (str(meta.get("namespace") or ""), str(workload)) in self._followed.get(worker, ())
 
     def _start_watching(self, name: str, kube: Kube) -> None:
         self._stop_watching(name)
         if self._running:
-            self._worker_watches[name] = asyncio.create_task(self._watch_worker(name, kube))
+            self._worker_watches[name] = [
+                asyncio.create_task(self._watch_worker(name, kube, res))
+                for res in (PROVISIONING_REQUEST, WORKLOAD)
+            ]
 
     def _stop_watching(self, name: str) -> None:
-        task = self._worker_watches.pop(name, None)
-        if task is not None:
+        for task in self._worker_watches.pop(name, []):
             task.cancel()
 
     async def close(self) -> None:
-        tasks = list(self._worker_watches.values())
+        tasks = [t for ts in self._worker_watches.values() for t in ts]
         for name in list(self._worker_watches):
             self._stop_watching(name)
         for task in tasks:
@@ -369,7 +377,8 @@ class Dispatcher:
                 # meanwhile (placed, evicted) refuses the nomination; the next pass reads it
                 "resourceVersion": meta["resourceVersion"],
             },
-            "status": {"nominatedClusterNames": list(clusters)},
+            # every field of kueue-admission as it is, or the apply would drop them
+            "status": admission_status(wl.get("status") or {}, clusters),
         }
         await self.kube.request(
             "PATCH",
@@ -487,7 +496,9 @@ class Dispatcher:
         if view.skip or worker.kube is None:
             return WorkerFacts(worker.name, reachable=False, skip=view.skip or worker.skip)
         try:
-            failure = await _copy_failure(worker.kube, wl, view.requests) if nominated else ""
+            failure, admitted = (
+                await _copy_state(worker.kube, wl, view.requests) if nominated else ("", False)
+            )
         except ApiError as e:
             return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
         return WorkerFacts(
@@ -497,6 +508,7 @@ class Dispatcher:
             failure=failure,
             pending=pending,
             lately_failed=lately_failed,
+            admitted=admitted,
         )
 
 
@@ -536,14 +548,21 @@ def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
     return False
 
 
-async def _copy_failure(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> str:
-    """Why the worker's copy of ``wl`` failed, or '' (trying, or no copy yet): its state, or
-    gangcheck's requests for it there (``requests``: the worker's, as the pass read them)
-    saying their capacity source cannot deliver."""
+async def _copy_state(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> tuple[str, bool]:
+    """The worker's copy of ``wl``: why it failed ('' if not) and whether it is admitted."""
     meta = wl["metadata"]
     copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
     if copy is None:
-        return ""
+        return "", False
+    failure = _copy_failure(copy, meta, requests)
+    admitted = _condition(copy, "Admitted")
+    return failure, not failure and admitted is not None and admitted.get("status") == "True"
+
+
+def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -> str:
+    """Why the worker's copy of a Workload (``meta``: the manager's) failed, or '' (trying):
+    its state, or gangcheck's requests for it there (``requests``: the worker's, as the pass
+    read them) saying their capacity source cannot deliver."""
     said = cannot_deliver(
         [
             req

@@ -16,6 +16,7 @@ from gangcheck.logic.dispatch import (
     Outcome,
     SourceHistory,
     WorkerFacts,
+    admission_status,
     cannot_deliver,
     decide,
     describe,
@@ -372,3 +373,75 @@ CANNOT = {
 def test_cannot_deliver(requests: tuple[dict[str, object], ...], said: str) -> None:
     got = cannot_deliver(requests)
     assert (said in got) if said else got == "", got
+
+
+# -- the nomination's apply keeps every field of kueue-admission -----------------------------------
+
+QUOTA = {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "m"}
+PODS_READY = {"type": "PodsReady", "status": "False", "reason": "PodsReady", "message": "m"}
+MK_CHECK = {"name": "multikueue", "state": "Pending", "message": ""}
+ADMISSION = {"clusterQueue": "cq", "podSetAssignments": [{"name": "main", "count": 2}]}
+
+APPLY = {
+    "reserved: admission, its conditions and checks kept, requests emptied": (
+        {
+            "admission": ADMISSION,
+            "conditions": [QUOTA, PODS_READY],
+            "admissionChecks": [MK_CHECK],
+            "resourceRequests": [{"name": "main"}],
+            "requeueState": {"count": 1},
+        },
+        ["worker-2"],
+        {
+            "admission": ADMISSION,
+            "resourceRequests": [],
+            "requeueState": {"count": 1},
+            "conditions": [QUOTA],
+            "admissionChecks": [MK_CHECK],
+            "nominatedClusterNames": ["worker-2"],
+        },
+    ),
+    "not reserved: its requests kept, an empty requeue state left out": (
+        {"resourceRequests": [{"name": "main"}], "requeueState": {}},
+        [],
+        {"resourceRequests": [{"name": "main"}], "nominatedClusterNames": []},
+    ),
+    "evictions' stats, cluster name, gates and execution time kept": (
+        {
+            "schedulingStats": {"evictions": [{"reason": "x", "count": 1}]},
+            "clusterName": "worker-1",
+            "preemptionGates": [],
+            "unhealthyNodes": [{"name": "n1"}],
+            "accumulatedPastExecutionTimeSeconds": 3,
+        },
+        ["worker-1"],
+        {
+            "schedulingStats": {"evictions": [{"reason": "x", "count": 1}]},
+            "clusterName": "worker-1",
+            "preemptionGates": [],
+            "unhealthyNodes": [{"name": "n1"}],
+            "accumulatedPastExecutionTimeSeconds": 3,
+            "nominatedClusterNames": ["worker-1"],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize(("status", "nominated", "applied"), APPLY.values(), ids=APPLY.keys())
+def test_the_nomination_applies_every_field_kueue_admission_owns(
+    status: dict[str, object], nominated: list[str], applied: dict[str, object]
+) -> None:
+    assert admission_status(status, nominated) == applied
+
+
+def test_a_nominated_worker_whose_copy_is_admitted_is_recorded_and_kept() -> None:
+    record = DispatchRecord(nominated=("w2",), tried=("w1", "w2"), failed={"w1": "x"})
+    step = decide(record, [WorkerFacts("w1"), WorkerFacts("w2", admitted=True)])
+    assert step.nominated == ("w2",)
+    assert step.record.admitted == "w2"
+    assert not step.changed  # nothing to tell: only the record to write
+    assert DispatchRecord.from_annotation(step.record.to_annotation()) == step.record
+    assert "admitted in w2: MultiKueue places the gang there" in describe(step.record)
+    # a worker not nominated is never recorded as admitted
+    other = decide(DispatchRecord(nominated=("w1",)), [WorkerFacts("w2", admitted=True)])
+    assert not other.record.admitted

@@ -365,8 +365,9 @@ async def test_a_change_of_a_workload_wakes_a_pass_before_the_poll() -> None:
 
 
 class WatchedWorker(FakeKube):
-    """A worker whose watch on ProvisioningRequests brings, once ``changed`` is set, a change
-    of each request in ``changes`` (or is refused: ``forbidden``), then stays quiet."""
+    """A worker whose watches (of ProvisioningRequests, of Workloads) bring, once ``changed``
+    is set, a change of each object of their kind in ``changes`` (or are refused:
+    ``forbidden``), then stay quiet."""
 
     def __init__(self, *, forbidden: bool = False) -> None:
         super().__init__()
@@ -378,10 +379,11 @@ class WatchedWorker(FakeKube):
     async def watch(self, res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
         self.watched.append(res.kind)
         if self.forbidden:
-            raise ForbiddenError(403, "Forbidden", "cannot watch provisioningrequests")
+            raise ForbiddenError(403, "Forbidden", f"cannot watch {res.plural}")
         await self.changed.wait()
         for obj in self.changes:
-            yield {"type": "MODIFIED", "object": obj}
+            if obj["kind"] == res.kind:
+                yield {"type": "MODIFIED", "object": obj}
         await asyncio.Event().wait()  # then quiet
 
 
@@ -400,7 +402,12 @@ async def test_a_change_of_a_request_in_a_worker_wakes_a_pass_before_the_poll() 
     dispatcher = Dispatcher(manager, metrics=Metrics(), interval=60.0, connect=connect)
     task = asyncio.create_task(dispatcher.run())
     try:
-        await until(lambda: dispatcher.passes == 1 and one.watched == ["ProvisioningRequest"])
+        await until(
+            lambda: (
+                dispatcher.passes == 1
+                and sorted(one.watched) == ["ProvisioningRequest", "Workload"]
+            )
+        )
         assert nominated_of(manager, "job-gang") == ["worker-1"]
         # worker-1's copy and its request, not found: only the watch can tell before 60 s (a
         # request of a Workload not waiting there wakes nothing)
@@ -416,7 +423,7 @@ async def test_a_change_of_a_request_in_a_worker_wakes_a_pass_before_the_poll() 
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    assert watches and all(t.done() for t in watches)  # none left running
+    assert watches and all(t.done() for ts in watches for t in ts)  # none left running
 
 
 async def test_a_worker_refusing_the_watch_is_still_followed_by_the_poll() -> None:
@@ -429,6 +436,34 @@ async def test_a_worker_refusing_the_watch_is_still_followed_by_the_poll() -> No
         one.add(workload(), not_found_request())
         await until(lambda: nominated_of(manager, "job-gang") == ["worker-2"])
         assert dispatcher.woken_by_workers == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_the_copy_admitted_in_the_worker_is_recorded_at_once() -> None:
+    """Its copy admitted in the nominated worker (seen by the watch on its Workloads), the
+    record says so: a change of the manager's Workload, which has MultiKueue place it at once
+    instead of after its 1 s batch of a worker's changes."""
+    one = worker(kube=WatchedWorker(), nodes=2)
+    assert isinstance(one, WatchedWorker)
+    manager, _, connect = bed({"worker-1": one})
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=60.0, connect=connect)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: dispatcher.passes == 1)
+        assert record(manager).nominated == ("worker-1",)
+        assert not record(manager).admitted
+        copy = workload()
+        copy["status"]["conditions"].append({"type": "Admitted", "status": "True"})
+        one.add(copy)
+        one.changes = [copy]
+        one.changed.set()
+        await until(lambda: record(manager).admitted == "worker-1")
+        assert record(manager).nominated == ("worker-1",)
+        assert [r for r, _ in events(manager)] == ["Nominated"]  # nothing more to tell
+        assert not one.writes
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -234,6 +234,10 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
             ), nominated
             (fallback,) = await events_on(manager, wl, "DispatchFallback")
             assert STOCKED_OUT in fallback["message"]
+            # both nominations kept Kueue's quota reservation (a nomination that dropped it had
+            # Kueue's scheduler reserve the quota again: one more QuotaReserved Event each)
+            reserved = await events_on(manager, wl, "QuotaReserved")
+            assert sum(int(e.get("count") or 1) for e in reserved) == 1, reserved
             assert await deliveries(stocked_out, namespace), "worker-1 scaled up nothing"
             delivered = await deliveries(with_room, namespace)
             assert delivered, "worker-2's cloud delivered nothing: the gang ran on what?"
