@@ -4,7 +4,10 @@ List, mark synced, watch from the list's resourceVersion with bookmarks. A broke
 watch is watched again from the last resourceVersion seen (after an exponential backoff with
 jitter); only 410 Gone, the server saying that version is no longer kept, makes it relist.
 Every change calls the handlers with the object's old and new state so the controller can map
-it to work-queue keys.
+it to work-queue keys. After a write of ours the store holds the object the API server
+answered (`Store.put_if_newer`) and never goes back to an earlier version the watch still
+brings; the handlers hear the watch's versions one after the other, so the echo of our own
+write says nothing new and another writer's change before it is still heard.
 
 ``authoritative`` says whether the store may be trusted to show that an object is *absent*:
 true only after a list the server answered, false again as soon as a list or watch of an
@@ -70,6 +73,9 @@ class Store:
         self._objects: dict[str, Obj] = {}
         self._by_namespace: dict[str, dict[str, Obj]] = {}
         self._indexers: list[Handler] = []
+        self._behind: dict[str, Obj] = {}
+        """Keys whose stored object is our own write, not yet brought back by the watch: the
+        last version the watch brought, the handlers' old state until it catches up."""
         self.transform = transform
         """What is kept of each object (None: all of it), applied to everything stored."""
 
@@ -106,9 +112,28 @@ class Store:
         """Write-through after our own write, unless the watch already brought a newer one."""
         if self.transform is not None:
             obj = self.transform(obj)
-        old = self._objects.get(object_key(obj))
+        key = object_key(obj)
+        old = self._objects.get(key)
         if old is None or _rv_number(old) <= _rv_number(obj):
+            if old is not None:
+                self._behind.setdefault(key, old)
             self._put(obj)
+
+    def _from_watch(self, obj: Obj) -> tuple[Obj | None, Obj]:
+        """A version the watch brought, stored, unless our own write stored a later one:
+        the watch still brings the changes made before that write, and storing them would
+        show, until it catches up, an object without our write (a gang decided again on it
+        would undo what it just wrote). Returns (old, new) for the handlers: the versions as
+        the watch brought them, one after the other, so another writer's change is heard and
+        the echo of our own write is not."""
+        key = object_key(obj)
+        watched = self._behind.pop(key, None)
+        if watched is not None:
+            stored = self._objects.get(key)
+            if stored is not None and 0 <= _rv_number(obj) < _rv_number(stored):
+                self._behind[key] = obj
+                return watched, obj
+        return self._put(obj), obj
 
     def _put(self, obj: Obj) -> Obj | None:
         key = object_key(obj)
@@ -122,6 +147,7 @@ class Store:
 
     def _pop(self, obj: Obj) -> Obj | None:
         key = object_key(obj)
+        self._behind.pop(key, None)
         old = self._objects.pop(key, None)
         if old is not None:
             self._unindex(key, old)
@@ -153,6 +179,7 @@ class Store:
             if _rv(self._objects.get(k)) != _rv(o)
         ]
         self._objects = fresh
+        self._behind = {}
         self._by_namespace = {}
         for key, obj in fresh.items():
             self._index(key, obj)
@@ -414,7 +441,7 @@ class Informer:
         if kind == "DELETED":
             self._notify(self.store._pop(obj) or obj, None)
         else:
-            self._notify(self.store._put(obj), obj)
+            self._notify(*self.store._from_watch(obj))
         return new_rv
 
     def _typed(self, obj: Obj) -> Obj:
