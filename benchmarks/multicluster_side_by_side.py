@@ -811,9 +811,9 @@ def settings_lines(gangs: int) -> list[str]:
         f"{GANGCHECK_BACKOFF} (default 60), fulfillment.reclaimer {GANGCHECK_RECLAIMER} "
         "(default CordonAndTaint), the rest at its defaults",
         "gangcheck's dispatcher ((d)): gangcheck run --role dispatcher at its defaults (a pass "
-        "on each change of a manager's Workload, on each change in a worker of a request for a "
-        "Workload nominated there and waiting, and every 1 s; one worker at a time), the RBAC "
-        "of manifests/dispatcher",
+        "on each change of a manager's Workload, on each change in a worker of a Workload "
+        "nominated there and waiting or of its request, and every 1 s; one worker at a time), "
+        "the RBAC of manifests/dispatcher",
         "cloud: the simulated cloud in each worker answering both checks' requests by creating "
         "real kwok Nodes (32 cpu, 256Gi, 8 GPUs; one member each; about 1 s after the request); "
         "a request that does not fit the room left is answered CapacityIsNotFound and never "
