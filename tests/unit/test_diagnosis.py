@@ -24,7 +24,7 @@ from gangcheck.logic.attempt.explain import (
 from gangcheck.logic.attempt.fulfillment import fit_words
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome
-from gangcheck.logic.placement.fit import FitResult, Rejection
+from gangcheck.logic.placement.fit import FitResult, Rejection, host_rejection, node_view
 from gangcheck.logic.placement.topology import TopologyFit
 from gangcheck.logic.workloads.diagnosis import (
     CheckFacts,
@@ -49,6 +49,11 @@ from tests.builders import (
     pod_template,
     provisioning_request,
 )
+from tests.unit.test_fit import affinity as fit_affinity
+from tests.unit.test_fit import expr as fit_expr
+from tests.unit.test_fit import member as fit_member
+from tests.unit.test_fit import node as fit_node
+from tests.unit.test_fit import taint as fit_taint
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 REQ = "wl-gpu-1"
@@ -741,24 +746,32 @@ def test_bound_pods_take_room_on_nodes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("short", "detail", "expected"),
+    ("spec", "raw", "expected"),
     [
-        (f"taint {TAINT} not tolerated", "", ("taint", TAINT)),
-        ("node selector mismatch (needs pool=a, zone=b)", "", ("selector", "pool=a, zone=b")),
+        ({"gpu": 1}, fit_node("n", gpu=8, taints=[fit_taint()]), ("taint", TAINT)),
         (
-            "required node affinity not satisfied",
-            "required node affinity not satisfied (zone In [a])",
+            {"selector": {"pool": "a", "zone": "b"}},
+            fit_node("n", labels={"pool": "a"}),
+            ("selector", "zone=b"),
+        ),
+        (
+            {"affinity": fit_affinity({"matchExpressions": [fit_expr("zone", "In", "a")]})},
+            fit_node("n", labels={"zone": "b"}),
             ("affinity", "zone In [a]"),
         ),
-        ("not Ready", "", ("not-ready", "")),
-        ("unschedulable (cordoned)", "", ("cordoned", "")),
-        ("insufficient cpu, nvidia.com/gpu", "", ("resources", "cpu, nvidia.com/gpu")),
-        ("no allocatable", "", ("unusable", "no allocatable")),
+        ({}, fit_node("n", ready=False), ("not-ready", "")),
+        ({}, fit_node("n", unschedulable=True), ("cordoned", "")),
+        ({"gpu": 2, "cpu": "64"}, fit_node("n", gpu=1), ("resources", "cpu, nvidia.com/gpu")),
+        ({}, fit_node("n", allocatable={}), ("unusable", "no allocatable resources reported")),
     ],
     ids=["taint", "selector", "affinity", "not ready", "cordoned", "resources", "other"],
 )
-def test_rejections_are_classified(short: str, detail: str, expected: tuple[str, str]) -> None:
-    assert classify(Rejection(short, detail)) == expected
+def test_rejections_are_classified_as_the_fit_made_them(
+    spec: dict[str, Any], raw: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    rejection = host_rejection(fit_member(**spec), node_view(raw))
+    assert rejection is not None
+    assert classify(rejection) == expected
 
 
 # ---- targets, durations, status rows -------------------------------------------------------

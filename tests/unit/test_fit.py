@@ -627,7 +627,7 @@ def test_node_view_reads_the_node() -> None:
 def test_node_without_a_ready_condition_is_not_ready() -> None:
     raw = node("n1")
     raw["status"]["conditions"] = []
-    assert node_view(raw).problem == Rejection("not Ready")
+    assert node_view(raw).problem == Rejection("not Ready", kind="not-ready")
 
 
 def test_node_could_host_ignores_usage_but_not_constraints() -> None:

@@ -259,27 +259,12 @@ def _node_fit(node: Obj, arrived: bool, recorded: bool, result: FitResult) -> No
 
 
 def classify(rejection: Rejection) -> tuple[str, str]:
-    """(kind, subject) of a fit rejection: `taint nvidia.com/gpu:NoSchedule not tolerated`
-    is (taint, nvidia.com/gpu:NoSchedule)."""
-    short = rejection.short
-    if short.startswith("taint ") and short.endswith(" not tolerated"):
-        return "taint", short.removeprefix("taint ").removesuffix(" not tolerated")
-    if short.startswith("node selector mismatch"):
-        return "selector", _inside(short).removeprefix("needs ")
-    if short.startswith("required node affinity"):
-        return "affinity", _inside(rejection.detail) if rejection.detail else ""
-    if short == "not Ready":
-        return "not-ready", ""
-    if short.startswith("unschedulable"):
-        return "cordoned", ""
-    if short.startswith("insufficient "):
-        return "resources", short.removeprefix("insufficient ")
+    """(kind, subject) of a fit rejection, as the fit made it: `taint
+    nvidia.com/gpu:NoSchedule not tolerated` is (taint, nvidia.com/gpu:NoSchedule); any
+    other rejection is (unusable, its words)."""
+    if rejection.kind:
+        return rejection.kind, rejection.subject
     return "unusable", str(rejection)
-
-
-def _inside(text: str) -> str:
-    start, end = text.find("("), text.rfind(")")
-    return text[start + 1 : end] if 0 <= start < end else ""
 
 
 @dataclass(frozen=True)

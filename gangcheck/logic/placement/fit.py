@@ -294,8 +294,8 @@ def _node_problem(
             f"taint {unknown[0]} has unknown effect {_quoted(unknown[0].effect)}",
         )
     if not ready:
-        return Rejection("not Ready")
-    return Rejection("unschedulable (cordoned)") if cordoned else None
+        return Rejection("not Ready", kind="not-ready")
+    return Rejection("unschedulable (cordoned)", kind="cordoned") if cordoned else None
 
 
 def _is_ready(status: Obj) -> bool:
@@ -412,7 +412,8 @@ def _selector_rejection(selector: Mapping[str, str], node: NodeView) -> Rejectio
     missing = [f"{k}={v}" for k, v in sorted(selector.items()) if node.labels.get(k) != v]
     if not missing:
         return None
-    return Rejection(f"node selector mismatch (needs {', '.join(missing)})")
+    needs = ", ".join(missing)
+    return Rejection(f"node selector mismatch (needs {needs})", kind="selector", subject=needs)
 
 
 def _affinity_rejection(terms: tuple[SelectorTerm, ...] | None, node: NodeView) -> Rejection | None:
@@ -422,7 +423,8 @@ def _affinity_rejection(terms: tuple[SelectorTerm, ...] | None, node: NodeView) 
     if any(failure is None for failure in failures):
         return None
     short = "required node affinity not satisfied"
-    return Rejection(short, f"{short} ({failures[0]})" if len(failures) == 1 else short)
+    one = f"{failures[0]}" if len(failures) == 1 else ""
+    return Rejection(short, f"{short} ({one})" if one else short, kind="affinity", subject=one)
 
 
 def _taint_rejection(
@@ -430,7 +432,12 @@ def _taint_rejection(
 ) -> Rejection | None:
     for taint in taints:
         if taint.effect in BLOCKING_EFFECTS and not any(t.tolerates(taint) for t in tolerations):
-            return Rejection(f"taint {taint.short} not tolerated", f"taint {taint} not tolerated")
+            return Rejection(
+                f"taint {taint.short} not tolerated",
+                f"taint {taint} not tolerated",
+                kind="taint",
+                subject=taint.short,
+            )
     return None
 
 
@@ -447,7 +454,8 @@ def _resource_rejection(requests: Resources, free: Resources) -> Rejection | Non
         f"free {format_resource(name, max(free.get(name, 0), 0))})"
         for name in short
     )
-    return Rejection(f"insufficient {', '.join(short)}", detail)
+    names = ", ".join(short)
+    return Rejection(f"insufficient {names}", detail, kind="resources", subject=names)
 
 
 def capacity(requests: Resources, free: Resources) -> int:

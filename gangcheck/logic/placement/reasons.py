@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a node cannot take a member: `short` groups alike nodes, `detail` names values."""
+    """Why a node cannot take a member: `short` groups alike nodes, `detail` names values;
+    `kind` says which check failed (taint, selector, affinity, not-ready, cordoned,
+    resources; empty: any other) and `subject` what it names (the taint, the labels, the
+    resources short), for the words of a diagnosis."""
 
     short: str
     detail: str = ""
+    kind: str = field(default="", kw_only=True)
+    subject: str = field(default="", kw_only=True)
 
     def __str__(self) -> str:
         return self.detail or self.short
