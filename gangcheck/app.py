@@ -151,7 +151,7 @@ class Controller:
                 self.caches,
                 events,
                 applier,
-                pod_groups,
+                options=pod_groups,
                 clock=clock,
                 metrics=self.metrics,
                 progress_delay=progress_delay_seconds,

@@ -7,11 +7,10 @@ Keys are ``<short>/<namespace>/<name>``, short being ``pg`` (scheduling.k8s.io) 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import Unpack
 
-from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
@@ -24,15 +23,12 @@ from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSA
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
-from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.apply import StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
-from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
-from gangcheck.reconcile.reconciler import GangReconciler
+from gangcheck.reconcile.reconciler import GangOptions, GangParts, GangReconciler
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
-from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
+from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 API_GROUP_OF = {short: group for group, short in SHORT.items()}
@@ -61,25 +57,12 @@ class PodGroupReconciler(GangReconciler):
 
     def __init__(
         self,
-        kube: Kube,
-        caches: Caches,
-        events: EventRecorder,
-        applier: Applier,
+        *parts: *GangParts,
         options: PodGroupOptions | None = None,
-        *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        metrics: AttemptMetrics = NO_METRICS,
-        progress_delay: float = PROGRESS_DELAY_SECONDS,
+        **kwargs: Unpack[GangOptions],
     ) -> None:
-        super().__init__(
-            kube,
-            caches,
-            events,
-            applier,
-            clock=clock,
-            metrics=metrics,
-            progress_delay=progress_delay,
-        )
+        """`GangReconciler`'s parameters, and the provisioner's options (keyword only)."""
+        super().__init__(*parts, **kwargs)
         self._options = options or PodGroupOptions()
 
     async def reconcile(self, key: str) -> Result:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypedDict
 
 from gangcheck.kube.client import Kube
 from gangcheck.reconcile.apply import Applier
@@ -11,6 +12,18 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
+
+
+class GangOptions(TypedDict, total=False):
+    """`GangReconciler`'s keyword parameters, for a subclass to pass on as they came."""
+
+    clock: Callable[[], datetime]
+    metrics: AttemptMetrics
+    progress_delay: float
+
+
+GangParts = tuple[Kube, Caches, EventRecorder, Applier]
+"""`GangReconciler`'s positional parameters."""
 
 
 class GangReconciler:
