@@ -175,10 +175,13 @@ build_context() {  # build_context DIR WHEELS: what `docker build .` would see, 
 
 # docker's classic builder keeps the builder stage (the build venv and tools, ~250 MB) as an
 # untagged image; the Dockerfile labels that stage, so it goes here. So does the image the tag
-# named before, when this build made another one (BuildKit leaves neither: nothing to do).
+# named before, when this build made another one (BuildKit leaves neither: nothing to do),
+# unless another tag still names it: a test session holds the image it runs by a tag of its
+# own (gangcheck:held-<pid>) while another session may build from other sources.
 remove_leftovers() {  # remove_leftovers PREVIOUS_ID NEW_ID
   docker image prune --force --filter "label=$builder_label" >/dev/null
-  if [ -n "$1" ] && [ "$1" != "$2" ]; then
+  if [ -n "$1" ] && [ "$1" != "$2" ] &&
+    [ "$(docker image inspect --format '{{len .RepoTags}}' "$1" 2>/dev/null)" = 0 ]; then
     docker image rm "$1" >/dev/null 2>&1 || true  # still used by a container: kept
   fi
 }

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from gangcheck_dev.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
-from gangcheck_dev.testbed.container import DockerEngine, Image, ensure_image
+from gangcheck_dev.testbed.container import DockerEngine, Image, ensure_image, let_go
 from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.nodes import GPU_RESOURCE, NodeGroup, Taint
 from gangcheck_dev.testbed.stack import FULL_STACK
@@ -99,6 +99,9 @@ def _build_image(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    image = config.stash.get(_IMAGE, None)
+    if isinstance(image, Image):
+        let_go(image)
     engine = config.stash.get(_ENGINE, None)
     if engine is not None:
         engine.release()

@@ -36,6 +36,7 @@ __all__ = [
     "PodIdentity",
     "docker_run_argv",
     "ensure_image",
+    "let_go",
 ]
 
 #: Where the ServiceAccount's kubeconfig is mounted in the container.
@@ -46,11 +47,16 @@ _BINARY_SUFFIXES = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
 
 @dataclass(frozen=True)
 class Image:
-    """What ``hack/image.sh build`` reported: the image's id, its tag, and the base's tag."""
+    """What ``hack/image.sh build`` reported: the image's id, its tag, and the base's tag; and
+    the tag this process holds the image by (`hold`, see `ensure_image`)."""
 
     id: str
     tag: str
     base: str
+    hold: str = ""
+
+
+_HOLD_PREFIX = "gangcheck:held-"
 
 
 def _script(*args: str, capture: bool) -> str:
@@ -74,7 +80,13 @@ def ensure_image() -> Image:
     """Builds the image (cached layers make a rebuild of unchanged sources take seconds); one
     build at a time on this machine. A session that asked while another's build ran (the
     workers of one test run ask together) takes that build's image: it was built from the
-    sources both asked with."""
+    sources both asked with.
+
+    The image is held for this process by a tag of its own (``gangcheck:held-<pid>``) until
+    `let_go`: ``hack/image.sh`` removes the image its tag named before a build only when
+    nothing else tags it, so another session's build from other sources (another checkout)
+    never removes the image a session still runs. Holds of processes that are gone are
+    dropped here."""
     directory = cache_dir() / "image"
     directory.mkdir(parents=True, exist_ok=True)
     last = directory / "last-build.txt"
@@ -91,13 +103,41 @@ def ensure_image() -> Image:
             else:
                 built = _script("build", capture=True)
                 last.write_text(built)
+            reported = dict(line.split("=", 1) for line in built.splitlines() if "=" in line)
+            try:
+                image = Image(id=reported["image"], tag=reported["tag"], base=reported["base"])
+            except KeyError as missing:
+                raise BuildError(f"hack/image.sh build did not report {missing}") from None
+            _drop_stale_holds()
+            hold = f"{_HOLD_PREFIX}{os.getpid()}"
+            _docker("tag", image.id, hold)
+            return Image(id=image.id, tag=image.tag, base=image.base, hold=hold)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    reported = dict(line.split("=", 1) for line in built.splitlines() if "=" in line)
-    try:
-        return Image(id=reported["image"], tag=reported["tag"], base=reported["base"])
-    except KeyError as missing:
-        raise BuildError(f"hack/image.sh build did not report {missing}") from None
+
+
+def let_go(image: Image) -> None:
+    """Ends this process's hold of the image: its tag goes (and the image with it when no
+    other tag names it and no container uses it: a build since moved the tag on)."""
+    if image.hold:
+        subprocess.run(["docker", "image", "rm", image.hold], capture_output=True, check=False)
+
+
+def _drop_stale_holds() -> None:
+    listed = subprocess.run(
+        ["docker", "images", "gangcheck", "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    for tag in listed.stdout.split():
+        pid = tag.removeprefix(_HOLD_PREFIX)
+        if tag.startswith(_HOLD_PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["docker", "image", "rm", tag], capture_output=True, check=False)
+
+
+def _docker(*args: str) -> None:
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"docker {' '.join(args)} failed: {result.stderr.strip()}")
 
 
 class DockerEngine:
