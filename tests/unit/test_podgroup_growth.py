@@ -319,3 +319,68 @@ def test_a_group_released_onto_a_later_source_grows_from_that_source() -> None:
     assert body["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
     templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
     assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {"b"}
+
+
+def _topped_up_request(name: str, source: int, phase: str) -> Any:
+    """A request of the attempt the group was released on: `source` asked, in `phase`."""
+    annotations = {
+        "gangcheck.io/pod-group": "pg/g",
+        "gangcheck.io/pod-group-uid": "uid-g",
+        "gangcheck.io/gang-members": "4",
+        "gangcheck.io/phase": phase,
+        **({"gangcheck.io/capacity-source": str(source)} if source else {}),
+    }
+    return provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "ps-0"), 2)],
+        annotations=annotations,
+        conditions={"Provisioned": "True"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("latest_source", "asked_pool"), [(1, "b"), (0, "a")], ids=["topped-up-from-b", "from-a"]
+)
+def test_a_group_topped_up_grows_from_the_source_that_delivered_last(
+    latest_source: int, asked_pool: str
+) -> None:
+    """An InOrder top-up releases the group across the kept source (a, stopped short) and
+    the next (b): its pins name neither. Its growth asks the source of the group's latest
+    request (b), not the first one (a); before, it asked a, the source that had stopped short.
+    With the latest request of a, a is asked."""
+    latest = "g-pg-1-b" if latest_source else FIRST
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/request"] = latest
+    spec = {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {"pool": "a"}},
+            {
+                "name": "b",
+                "nodeSelector": {"pool": "b"},
+                "provisioningClassName": "queued-provisioning.gke.io",
+            },
+        ],
+        "fulfillment": {"reclaimer": "DeleteNode"},
+    }
+    requests = [_topped_up_request(FIRST, 0, "Kept" if latest_source else "Started")]
+    if latest_source:
+        requests.append(_topped_up_request(latest, 1, "Started"))
+    pods = [*running(), *added()]
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, pods)),
+        requests=tuple(map(request_of, requests)),
+        config=parse_spec(spec),
+        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
+        opted_in=True,
+    )
+    d = growth.decide(snap, NOW)
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert body["metadata"]["name"] == GROW1
+    classes = {
+        "a": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+        "b": "queued-provisioning.gke.io",
+    }
+    assert body["spec"]["provisioningClassName"] == classes[asked_pool]
+    templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {asked_pool}

@@ -7,7 +7,8 @@ on nodes that exist they are released at once, else one ProvisioningRequest asks
 (``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when it was
 made), and they are released together, annotated to consume it, when they fit whole on
 nodes that exist. The growth asks the capacity source the group was released onto (the one
-InOrder reached, or the one that won a Race), one source only: it neither falls back to the
+InOrder reached, or the one that won a Race; after an InOrder top-up, the source topped up
+from), one source only: it neither falls back to the
 next source nor races. Past the deadline the growth is rolled back like any attempt (what arrived
 for it reclaimed by the safe path), the group stays Released, its running members untouched,
 and the next growth attempt follows after Kueue's backoff, counted from the rolled-back
@@ -32,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
@@ -58,6 +59,7 @@ from gangcheck.model.names import (
     GATE,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
+    REQUEST_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
 )
@@ -200,7 +202,7 @@ def _first(
         GANG_MEMBERS_ANNOTATION: str(len(chosen)),
         GROWS_ANNOTATION: str(group.min_count - len(chosen)),
     }
-    source = _released_on(snap.config, pins)
+    source = _released_on(snap.config, pins, _recorded_source(snap))
     asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=0)
     status = _status(snap, RELEASED, f"released; {said}: {asked.message}")
     return replace(
@@ -211,15 +213,26 @@ def _first(
     )
 
 
-def _released_on(config: AtomicProvisioningSpec, pins: dict[str, str]) -> int:
-    """The capacity source the group was released onto (its pins carry that source's node
-    labels: the one InOrder reached, or the one that won a Race): the growth asks it, so the
-    members added land beside the running ones; the first source when none is pinned."""
+def _released_on(config: AtomicProvisioningSpec, pins: dict[str, str], recorded: int) -> int:
+    """The capacity source the group was released onto: the one whose node labels its pins
+    carry (the one InOrder reached, or the one that won a Race), else the one the group's
+    latest request asked (`recorded`: an InOrder top-up releases the group across the kept
+    source and the next, pinned to neither; the growth asks the one that delivered last, not
+    the first, which stopped short). The growth asks it, so the members added land beside the
+    running ones."""
     for source in config.sources():
         labels = source.node_selector
         if labels and all(pins.get(k) == v for k, v in labels.items()):
             return source.index
-    return 0
+    return recorded
+
+
+def _recorded_source(snap: GroupSnapshot) -> int:
+    """The source the group's latest request asked (REQUEST_ANNOTATION names it); the first
+    when the request is gone or none is named."""
+    name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
+    req = next((r for r in snap.requests if name and r.name == name), None)
+    return places.of_request(req).source if req is not None else 0
 
 
 def _follow(
