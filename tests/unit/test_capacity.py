@@ -1,8 +1,9 @@
 """Capacity kept current from events equals capacity recomputed from the objects.
 
-Any sequence of Node and Pod adds, updates and deletes (as the informer reports them,
-including a delete of an object never seen and a relist's replays) leaves `NodeUsage`
-holding what `node_view` and `used_resources` give from scratch, and a fit given it decides as
+Any sequence of Node, Pod and Karpenter NodeClaim adds, updates and deletes (as the
+informer reports them, including a delete of an object never seen and a relist's replays)
+leaves `NodeUsage` holding what `node_view` (with `deleting_claim_of` the claims) and
+`used_resources` give from scratch, and a fit given it decides as
 a fit given the pods; the same for the DRA inventory under slice, class and claim events.
 """
 
@@ -23,6 +24,7 @@ from gangcheck.logic.placement.fit import (
     BoundUsage,
     GangPodSet,
     Member,
+    NodeView,
     fit_gang,
     member_from_pod_spec,
     node_room,
@@ -32,7 +34,12 @@ from gangcheck.logic.placement.fit import (
     used_resources,
 )
 from gangcheck.logic.placement.quantity import QuantityError
-from gangcheck.logic.placement.usage import DeviceInventory, NodeUsage, tally
+from gangcheck.logic.placement.usage import (
+    DeviceInventory,
+    NodeUsage,
+    deleting_claim_of,
+    tally,
+)
 
 Obj = dict[str, Any]
 NODES = ["n0", "n1", "n2", "n3"]
@@ -56,6 +63,8 @@ REQUESTS = [
 
 def node(name: str, variant: int, version: int, ready: bool, tainted: bool) -> Obj:
     spec: Obj = {"taints": [{"key": "k", "effect": "NoSchedule"}]} if tainted else {}
+    if variant % 2:  # some nodes have a providerID (a NodeClaim may name them by it)
+        spec["providerID"] = f"kwok://{name}"
     status = {
         "allocatable": ALLOCATABLE[variant],
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -91,6 +100,28 @@ node_events = st.tuples(
         ),
     ),
 )
+CLAIMS = ["c0", "c1", "c2"]
+
+
+def node_claim(name: str, node_name: str, provider: str, deleting: bool) -> Obj:
+    meta: Obj = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-02T00:00:00Z"
+    return {"metadata": meta, "status": {"nodeName": node_name, "providerID": provider}}
+
+
+claim_events = st.tuples(
+    st.just("claim"),
+    st.sampled_from(CLAIMS),
+    st.one_of(
+        st.none(),
+        st.tuples(
+            st.sampled_from(["", *NODES, "gone"]),
+            st.sampled_from(["", *(f"kwok://{n}" for n in NODES), "kwok://gone"]),
+            st.booleans(),
+        ),
+    ),
+)
 pod_events = st.tuples(
     st.just("pod"),
     st.sampled_from(PODS),
@@ -112,18 +143,27 @@ class World:
     def __init__(self) -> None:
         self.nodes: dict[str, Obj] = {}
         self.pods: dict[tuple[str, str], Obj] = {}
+        self.claims: dict[str, Obj] = {}
         self.capacity = NodeUsage(tally=CONSUMES)
         self.version = 0
 
     def apply(self, event: tuple[Any, ...]) -> None:
         kind, key, change = event
         self.version += 1
-        store = self.nodes if kind == "node" else self.pods
-        handler = self.capacity.on_node if kind == "node" else self.capacity.on_pod
+        store: dict[Any, Obj] = {"node": self.nodes, "pod": self.pods, "claim": self.claims}[kind]
+        handler = {
+            "node": self.capacity.on_node,
+            "pod": self.capacity.on_pod,
+            "claim": self.capacity.on_node_claim,
+        }[kind]
         old = store.get(key)
         if change is None:  # a delete, of an object seen or not (the informer reports both)
             store.pop(key, None)
-            unseen = (0, True, False, False) if kind == "node" else ("n0", 0, "Running")
+            unseen = {
+                "node": (0, True, False, False),
+                "pod": ("n0", 0, "Running"),
+                "claim": ("n0", "kwok://n1", True),
+            }[kind]
             handler(old or self._build(kind, key, unseen), None)
             return
         store[key] = self._build(kind, key, change)
@@ -135,12 +175,20 @@ class World:
             self.capacity.on_node(obj, obj)
         for obj in self.pods.values():
             self.capacity.on_pod(obj, obj)
+        for obj in self.claims.values():
+            self.capacity.on_node_claim(obj, obj)
 
     def _build(self, kind: str, key: Any, change: tuple[Any, ...]) -> Obj:
         if kind == "node":
             variant, ready, tainted, bump = change
             return node(key, variant, self.version if bump else 1, ready, tainted)
+        if kind == "claim":
+            return node_claim(key, *change)
         return pod(key, *change)
+
+    def view(self, raw: Obj) -> NodeView:
+        """The node's view from scratch: its claims being deleted read from all of them."""
+        return node_view(raw, deleting_claim=deleting_claim_of(raw, self.claims.values()))
 
 
 def from_scratch_used(pods: list[Obj]) -> dict[str, dict[str, int]]:
@@ -149,7 +197,7 @@ def from_scratch_used(pods: list[Obj]) -> dict[str, dict[str, int]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(node_events, pod_events), max_size=40), st.booleans())
+@given(st.lists(st.one_of(node_events, pod_events, claim_events), max_size=40), st.booleans())
 def test_events_leave_the_capacity_recomputing_gives(events: list[Any], relist: bool) -> None:
     world = World()
     for event in events:
@@ -158,8 +206,10 @@ def test_events_leave_the_capacity_recomputing_gives(events: list[Any], relist: 
         world.relist()
     pods = list(world.pods.values())
     assert world.capacity.used() == from_scratch_used(pods)
-    views = {n["metadata"]["name"]: node_view(n) for n in world.nodes.values()}
+    views = {n["metadata"]["name"]: world.view(n) for n in world.nodes.values()}
     assert world.capacity.views() == views
+    for raw in world.nodes.values():  # a view asked of a copy (not the kept object) as well
+        assert world.capacity.view_of(dict(raw, metadata={**raw["metadata"]})) == world.view(raw)
     offering: dict[str, set[str]] = {}
     for name, view in views.items():
         for resource, amount in view.allocatable.items():
@@ -189,7 +239,9 @@ GANGS = [
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.tuples(st.one_of(node_events, pod_events), st.booleans()), max_size=30),
+    st.lists(
+        st.tuples(st.one_of(node_events, pod_events, claim_events), st.booleans()), max_size=30
+    ),
     st.sampled_from(range(len(GANGS))),
 )
 def test_a_fit_given_the_kept_capacity_decides_as_one_given_the_pods(

@@ -67,6 +67,11 @@ def node(
     }
 
 
+def deleting(raw: Obj) -> Obj:
+    """The node with a deletionTimestamp (finalizers keep it while it drains)."""
+    return {**raw, "metadata": {**raw["metadata"], "deletionTimestamp": "2026-01-02T00:00:00Z"}}
+
+
 def taint(key: str = GPU, value: str = "present", effect: str = "NoSchedule") -> Obj:
     return {"key": key, "value": value, "effect": effect}
 
@@ -277,6 +282,27 @@ CASES: dict[str, Case] = {
         fits=False,
         placeable=0,
         reasons={"z": "unschedulable (cordoned)"},
+    ),
+    "node being deleted takes nothing, however roomy and Ready": Case(
+        [("worker", 1, member(gpu=1))],
+        [deleting(node("d", gpu=8))],
+        fits=False,
+        placeable=0,
+        reasons={"d": "being deleted"},
+    ),
+    "node being deleted is said so before it is said cordoned or not Ready": Case(
+        [("worker", 1, member(gpu=1))],
+        [deleting(node("d", gpu=8, ready=False, unschedulable=True))],
+        fits=False,
+        placeable=0,
+        reasons={"d": "being deleted"},
+    ),
+    "node being deleted leaves the gang to the nodes that stay": Case(
+        [("worker", 2, member(gpu=4))],
+        [deleting(node("a", gpu=8)), node("b", gpu=8)],
+        fits=True,
+        placeable=2,
+        reasons={"a": "being deleted"},
     ),
     "node selector mismatch is named with the label it needs": Case(
         [("worker", 1, member(gpu=1, selector={"pool": "gpu"}))],

@@ -3,9 +3,12 @@
 Inputs are raw API dicts: Node objects, bound Pod objects, and pod template specs.
 
 What is checked, per member and node, in the order the reasons are reported:
-- the node is usable: allocatable present and well formed, every taint effect known,
-  condition Ready=True, not cordoned (`spec.unschedulable`; a member tolerating the
-  `node.kubernetes.io/unschedulable` taint is not let through, unlike kube-scheduler);
+- the node is usable: not being deleted (`metadata.deletionTimestamp`), nor its Karpenter
+  NodeClaim (`node_view`'s `deleting_claim`: Karpenter deletes the Node only after the claim,
+  and taints it `karpenter.sh/disrupted:NoSchedule` only after that, so until then the Node
+  itself looks usable though it is going), allocatable present and well formed, every taint
+  effect known, condition Ready=True, not cordoned (`spec.unschedulable`; a member tolerating
+  the `node.kubernetes.io/unschedulable` taint is not let through, unlike kube-scheduler);
 - `nodeSelector` labels; required node affinity (`nodeSelectorTerms` ORed, requirements
   in a term ANDed; In, NotIn, Exists, DoesNotExist, Gt, Lt on labels; In, NotIn on the
   `metadata.name` field; a term with nothing in it, or anything invalid, matches nothing);
@@ -251,13 +254,21 @@ class NodeView:
         return self.problem is None
 
 
-def node_view(node: Obj) -> NodeView:
-    """A NodeView of a Node dict; malformed data makes it unusable, never usable."""
+def node_view(node: Obj, *, deleting_claim: str = "") -> NodeView:
+    """A NodeView of a Node dict; malformed data makes it unusable, never usable.
+
+    `deleting_claim`: the name of the node's Karpenter NodeClaim when that claim is being
+    deleted (`gangcheck.logic.placement.usage.deleting_claim_of`): the node is going too.
+    """
     meta, spec, status = dict_at(node, "metadata"), dict_at(node, "spec"), dict_at(node, "status")
     taints = tuple(taint_of(t) for t in list_at(spec, "taints"))
     allocatable, malformed = _parse_allocatable(dict_at(status, "allocatable"))
     ready, unschedulable = _is_ready(status), bool(spec.get("unschedulable"))
-    problem = malformed or _node_problem(status, taints, ready=ready, cordoned=unschedulable)
+    problem = (
+        _deletion_problem(meta, deleting_claim)
+        or malformed
+        or _node_problem(status, taints, ready=ready, cordoned=unschedulable)
+    )
     return NodeView(
         name=str(meta.get("name") or ""),
         labels=_strings(dict_at(meta, "labels")),
@@ -280,6 +291,25 @@ def _parse_allocatable(raw: Obj) -> tuple[dict[str, int], Rejection | None]:
             detail = f"malformed allocatable {_quoted(name)}: {_quoted(value)}"
             return parsed, Rejection("malformed allocatable", detail)
     return parsed, None
+
+
+DELETING = "deleting"
+"""Rejection kind: the Node has a deletionTimestamp."""
+CLAIM_DELETING = "claim-deleting"
+"""Rejection kind: the Node's Karpenter NodeClaim has a deletionTimestamp."""
+
+
+def _deletion_problem(meta: Obj, deleting_claim: str) -> Rejection | None:
+    """A node on its way out: capacity that is going, never counted (the fit would place a
+    gang there and Karpenter would drain it). The Node's own deletion first: it is the later
+    step of the two (Karpenter deletes the Node once its claim is being deleted)."""
+    if meta.get("deletionTimestamp"):
+        return Rejection("being deleted", kind=DELETING)
+    if deleting_claim:
+        short = "its NodeClaim is being deleted"
+        detail = f"its NodeClaim {_quoted(deleting_claim)} is being deleted"
+        return Rejection(short, detail, kind=CLAIM_DELETING, subject=deleting_claim)
+    return None
 
 
 def _node_problem(

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 class Rejection:
     """Why a node cannot take a member: `short` groups alike nodes, `detail` names values;
     `kind` says which check failed (taint, selector, affinity, not-ready, cordoned,
-    resources; empty: any other) and `subject` what it names (the taint, the labels, the
-    resources short), for the words of a diagnosis."""
+    deleting, claim-deleting, resources; empty: any other) and `subject` what it names (the
+    taint, the labels, the resources short, the NodeClaim), for the words of a diagnosis."""
 
     short: str
     detail: str = ""

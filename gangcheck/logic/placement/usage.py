@@ -8,6 +8,12 @@ and keeps per-node totals by integer addition and subtraction. What it holds is 
 to that), with one more thing: the nodes by the extended resources they offer, so a fit can
 leave out the nodes that could host no member (`BoundUsage.offering`).
 
+And the Karpenter NodeClaims being deleted (`on_node_claim`): the view of a node whose claim
+has a deletionTimestamp carries that problem (`node_view`'s `deleting_claim`), as
+`deleting_claim_of` the claims at hand says. A claim is a node's when its `status.providerID`
+is the Node's `spec.providerID` (what Karpenter itself goes by) or its `status.nodeName` is
+the Node's name.
+
 Events are the informer's `(old, new)` pairs: old None on add, new None on delete. Pure:
 nothing here reads a clock or the API.
 """
@@ -56,6 +62,12 @@ class NodeUsage:
         self._pods_on: dict[str, int] = {}
         self._offering: dict[str, set[str]] = {}
         self._malformed: dict[str, str] = {}
+        self._deleting: dict[str, _Link] = {}
+        """The NodeClaims being deleted, by name, and the node each names."""
+        self._deleting_by: dict[str, set[str]] = {}
+        """The deleting claims by what they name: `node:<name>`, `provider:<id>`."""
+        self._providers: dict[str, str] = {}
+        """The kept nodes by providerID."""
 
     # ---- events ----------------------------------------------------------------------
 
@@ -65,11 +77,66 @@ class NodeUsage:
         if old is not None:
             self._drop_node(_name(old))
             self._rooms.pop(_name(old), None)  # kept for that view only: a new one has none
+            if self._providers.get(_provider(old)) == _name(old):
+                del self._providers[_provider(old)]
         if new is not None:
-            view = node_view(new)
+            view = node_view(new, deleting_claim=self.deleting_claim_of(new))
             self._views[view.name] = (new, view)
+            if _provider(new):
+                self._providers[_provider(new)] = view.name
             for resource in _extended(view):
                 self._offering.setdefault(resource, set()).add(view.name)
+
+    def on_node_claim(self, old: Obj | None, new: Obj | None) -> None:
+        """A Karpenter NodeClaim added, changed or deleted: when whether it is being deleted,
+        or the node it names, changed, the views of the nodes it names (before and after)
+        are made again."""
+        before, after = _deleting_link(old), _deleting_link(new)
+        if before == after:
+            return
+        if old is not None and before is not None:
+            self._forget_claim(_name(old), before)
+        if new is not None and after is not None:
+            self._deleting[_name(new)] = after
+            for key in after.index_keys():
+                self._deleting_by.setdefault(key, set()).add(_name(new))
+        for name in self._nodes_named(before) | self._nodes_named(after):
+            kept = self._views[name][0]
+            self.on_node(kept, kept)
+
+    def _forget_claim(self, name: str, link: _Link) -> None:
+        if self._deleting.get(name) != link:
+            return
+        del self._deleting[name]
+        for key in link.index_keys():
+            claims = self._deleting_by.get(key)
+            if claims is not None:
+                claims.discard(name)
+                if not claims:
+                    del self._deleting_by[key]
+
+    def _nodes_named(self, link: _Link | None) -> set[str]:
+        """The kept nodes a claim's link names."""
+        if link is None:
+            return set()
+        found = {link.node} if link.node in self._views else set()
+        by_provider = self._providers.get(link.provider) if link.provider else None
+        return found | ({by_provider} if by_provider else set())
+
+    def deleting_claim_of(self, node: Obj) -> str:
+        """The name of a NodeClaim being deleted that is the node's ("" if none; the first
+        by name if several), as `deleting_claim_of` the claims told of says."""
+        if not self._deleting:
+            return ""
+        claims: set[str] = set()
+        for key in _Link(_name(node), _provider(node)).index_keys():
+            claims |= self._deleting_by.get(key, set())
+        return min(claims, default="")
+
+    def nodes_of_claim(self, claim: Obj | None) -> list[str]:
+        """The kept nodes a NodeClaim is of (by providerID or node name), by name."""
+        link = _link(claim) if claim is not None else None
+        return sorted(self._nodes_named(link))
 
     def on_pod(self, old: Obj | None, new: Obj | None) -> None:
         """A Pod added, changed or deleted: its requests are parsed again only if its spec
@@ -89,7 +156,7 @@ class NodeUsage:
         kept = self._views.get(_name(node))
         if kept is not None and (kept[0] is node or _version(kept[0]) == _version(node) != ""):
             return kept[1]
-        return node_view(node)
+        return node_view(node, deleting_claim=self.deleting_claim_of(node))
 
     def node_views(self) -> Sequence[NodeView]:
         """The views of every node, as kept, by name (the order fits take them in, kept
@@ -230,6 +297,56 @@ class DeviceInventory:
         return self._inventory
 
 
+@dataclass(frozen=True)
+class _Link:
+    """What a NodeClaim names of its node: the node's name and its providerID (either may be
+    empty: a claim not launched or not registered yet)."""
+
+    node: str
+    provider: str
+
+    def index_keys(self) -> list[str]:
+        return [f"{k}{v}" for k, v in (("node:", self.node), ("provider:", self.provider)) if v]
+
+
+def _link(claim: Obj) -> _Link:
+    status = dict_at(claim, "status")
+    return _Link(str(status.get("nodeName") or ""), str(status.get("providerID") or ""))
+
+
+def _deleting_link(claim: Obj | None) -> _Link | None:
+    """What a NodeClaim being deleted names; None when it is not being deleted (or names
+    nothing: no node to take out of the count)."""
+    if claim is None or not dict_at(claim, "metadata").get("deletionTimestamp"):
+        return None
+    link = _link(claim)
+    return link if link.node or link.provider else None
+
+
+def deleting_claim_of(node: Obj, claims: Iterable[Obj]) -> str:
+    """The name of a Karpenter NodeClaim among `claims` that is the node's and is being
+    deleted ("" if none; the first by name if several). A claim is the node's when its
+    `status.providerID` is the Node's `spec.providerID`, or its `status.nodeName` the Node's
+    name. Karpenter, once a claim is being deleted, deletes its Node (the Node then gets its
+    own deletionTimestamp), whose termination then taints it `karpenter.sh/disrupted`: until
+    then, only the claim says the node is going."""
+    name, provider = _name(node), _provider(node)
+    found = []
+    for claim in claims:
+        link = _deleting_link(claim)
+        if link is None:
+            continue
+        if (link.node and link.node == name) or (link.provider and link.provider == provider):
+            found.append(_name(claim))
+    return min(found, default="")
+
+
+def node_claim_change_matters(old: Obj | None, new: Obj | None) -> bool:
+    """Whether a NodeClaim event can change whether a node is usable: the claim's deletion
+    began (or the claim went, being deleted), or a deleting claim came to name another node."""
+    return _deleting_link(old) != _deleting_link(new)
+
+
 def tally(pods: Iterable[Obj], annotation: str, namespace: str, value: str) -> int:
     """How many pods of the namespace that give the annotation this value are bound to a node
     and not finished (a gang's members consuming its request: NodeUsage keeps this
@@ -265,6 +382,10 @@ def _key(obj: Obj) -> str:
 
 def _name(obj: Obj) -> str:
     return str(dict_at(obj, "metadata").get("name") or "")
+
+
+def _provider(node: Obj) -> str:
+    return str(dict_at(node, "spec").get("providerID") or "")
 
 
 def _version(obj: Obj) -> str:
