@@ -82,6 +82,10 @@ RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
 """On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
 is being retried). Written with the fence, in the same patch, so a fence is always recorded;
 cleared when the reclaim is done or the node is kept."""
+SCALE_DOWN_GUARD = "gangcheck.io/scale-down-disabled-for"
+"""On a Node: gangcheck set cluster-autoscaler's ``scale-down-disabled`` on it, in the same
+write, for this request (``namespace/name``) whose arrivals are kept for a top-up
+(logic/attempt/scaledown.py); gangcheck removes that annotation only where this record is."""
 RECLAIM_TAINT = "gangcheck.io/reclaiming"
 FENCE_LABEL = RECLAIM_TAINT
 """On a fenced Node, with the value "true": the parameter of the fence policy

@@ -16,7 +16,10 @@ then is named in the result (``bound_too_late``) and reported, never lost silent
 
 The fence is recorded in the same patch (the `reclaim-when-idle` mark, with whether the node
 was cordoned before), so a reclaim interrupted after fencing is completed or undone by the
-draining-node reconciler after a restart. Results:
+draining-node reconciler after a restart. Before anything is judged, the scale-down guard
+gangcheck set on the node for this request while it was kept for a top-up
+(logic/attempt/scaledown.py) is taken off: a node reclaimed, or kept and so given back to the
+pool, does not keep it. Results:
 - ``reclaimed`` / ``gone``: done (a node already gone is done, not kept);
 - ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go;
 - ``drain``: the gang's own pods are still there; the mark stays, the fence goes;
@@ -49,6 +52,7 @@ from gangcheck.logic.attempt.reclaim import (
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import FENCE_LABEL, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj, pod_of
+from gangcheck.reclaim.guard import unguard
 from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
 
 log = logging.getLogger(__name__)
@@ -127,11 +131,19 @@ async def reclaim_safely(
 
 
 async def _reclaim(kube: Kube, target: Target, now: datetime, settle_seconds: float) -> Result:
-    if target.reclaimer not in RECLAIMERS:
-        return Result("keep", f"reclaimer {target.reclaimer}: nodes are left alone")
     node = await _get(kube, target.node)
     if node is None:
         return Result("gone", "node no longer exists")
+    try:  # what goes back to the pool, or is kept, is no longer kept for a top-up
+        unguarded = await unguard(kube, node, target.request)
+    except ApiError as e:
+        await _hold(kube, node, target)
+        return Result("failed", f"scale-down guard: {e.status} {e.reason}", node_uid=_uid(node))
+    if unguarded is None:
+        return Result("gone", "node no longer exists")
+    node = unguarded
+    if target.reclaimer not in RECLAIMERS:
+        return Result("keep", f"reclaimer {target.reclaimer}: nodes are left alone")
     target = _with_cordon(target, node)
     judged = await _judge(kube, node, target)
     if judged.verdict != "reclaim":

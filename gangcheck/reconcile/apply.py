@@ -21,6 +21,7 @@ from gangcheck.kube.resources import NODE, POD, Resource
 from gangcheck.logic.attempt.actions import (
     Action,
     ClaimNode,
+    GuardScaleDown,
     ReclaimArrivals,
     ReleaseHold,
     ReleaseMembers,
@@ -40,6 +41,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj
 from gangcheck.reclaim.arrivals import reclaim_arrivals
+from gangcheck.reclaim.guard import guard, unguard
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
@@ -235,6 +237,24 @@ class Applier:
                 log.info("hold lifted from node %s", name)
                 break
 
+    async def _guard_scale_down(self, namespace: str, action: Action) -> None:
+        """Set (or take off) the scale-down guard on each node as scaledown.py decides on the
+        node as read: a conflict or a failed test reads it again (reclaim/guard.py); a node
+        gone is done."""
+        assert isinstance(action, GuardScaleDown)
+        step = guard if action.on else unguard
+        for name in action.nodes:
+            node = self._caches.nodes.store.get(name) or await self._fresh(name)
+            updated = await step(self._kube, node, action.request) if node else None
+            if updated is not None and updated is not node:
+                self._caches.nodes.store.put_if_newer(updated)
+                log.info(
+                    "scale-down of node %s %s for %s",
+                    name,
+                    "disabled" if action.on else "enabled again",
+                    action.request,
+                )
+
     async def _fresh(self, node: str) -> Obj | None:
         try:
             return await self._kube.get(NODE, node)
@@ -308,4 +328,5 @@ _APPLY: Mapping[type, Handler] = {
     ReclaimArrivals: Applier._reclaim_arrivals,
     ReleaseMembers: Applier._release_members,
     ReleaseHold: Applier._release_hold,
+    GuardScaleDown: Applier._guard_scale_down,
 }

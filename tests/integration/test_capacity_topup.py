@@ -2,6 +2,8 @@
 source that stops short after part of the gang arrived keeps its nodes for the attempt and the
 next source is asked only for the rest; the gang turns Ready on both sources' nodes; when the
 attempt ends without the gang, the kept nodes are reclaimed by their own request's record.
+While kept, those nodes carry cluster-autoscaler's scale-down-disabled with gangcheck's record,
+taken off (only where gangcheck set it) when the gang starts or the attempt is rolled back.
 
 The test plays Kueue core and the cloud (it creates the Nodes); gangcheck runs as its process.
 """
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.resources import PROVISIONING_REQUEST
+from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.hold import hold_toleration
 from tests.builders import WorkloadBuilder, pod_template
@@ -174,3 +176,92 @@ async def test_a_restart_between_the_keep_and_the_next_ask_asks_it_from_the_reco
     assert names == sorted(from_a + from_b), "nothing of source a reclaimed"
     asks = sorted(r["metadata"]["name"] for r in await cluster.requests())
     assert asks == sorted([a, b]), "the next source asked once"
+
+
+# ---- kept nodes and cluster-autoscaler's scale-down (logic/attempt/scaledown.py) ---------
+
+SDD = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+GUARD = "gangcheck.io/scale-down-disabled-for"
+
+
+async def annotations_of(cluster: Cluster, name: str) -> dict[str, str]:
+    return dict((await cluster.kube.get(NODE, name))["metadata"].get("annotations") or {})
+
+
+async def guarded(cluster: Cluster, nodes: list[str], request: str) -> None:
+    """Wait until each of `nodes` carries the guard gangcheck sets for `request`."""
+
+    async def all_guarded() -> bool:
+        for n in nodes:
+            notes = await annotations_of(cluster, n)
+            if notes.get(SDD) != "true" or notes.get(GUARD) != f"{cluster.ns}/{request}":
+                return False
+        return True
+
+    await eventually(all_guarded, what=f"{', '.join(nodes)} kept from scale-down for {request}")
+
+
+async def test_a_kept_requests_nodes_are_kept_from_scale_down_until_the_gang_starts(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """While a is kept, its nodes carry cluster-autoscaler's scale-down-disabled with
+    gangcheck's record; a node that carried it already (someone else's) is left as it is,
+    never recorded as ours; once the gang's pods are bound (b Started), gangcheck takes off
+    what it set and nothing else."""
+    await cluster.install_check(sources())
+    await cluster.submit(gang())
+    a = naming.request_name("wl", cluster.check, 1)
+    b = naming.request_name("wl", cluster.check, 1, 1)
+    await cluster.set_request_conditions(a, {"Accepted": "", "Provisioned": "resize done"})
+    theirs, ours = await cluster.add_nodes(2, labels={"src": "a"})
+    # an administrator's own opt-out, there before a is kept (a's deadline is 4 s away)
+    await cluster.kube.merge_patch(NODE, theirs, {"metadata": {"annotations": {SDD: "true"}}})
+    await cluster.wait_request(b, timeout=30)
+    await guarded(cluster, [ours], a)
+    notes = await annotations_of(cluster, theirs)
+    assert notes.get(SDD) == "true" and GUARD not in notes, "someone else's is not ours"
+
+    await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
+    from_b = await cluster.add_nodes(2, labels={"src": "b"})
+    await cluster.wait_check("wl", "Ready", timeout=30)
+    for n in from_b:  # b's own nodes are booked by the autoscaler: no guard
+        assert SDD not in await annotations_of(cluster, n)
+    assert (await annotations_of(cluster, ours)).get(GUARD) == f"{cluster.ns}/{a}"
+
+    # As Kueue admitting and kube-scheduler binding the gang onto a's and b's nodes.
+    await cluster.set_workload_condition("wl", "Admitted")
+    for i, n in enumerate([theirs, ours, *from_b]):
+        await cluster.create_pod(f"member-{i}", node_name=n, consume=b)
+
+    async def lifted() -> bool:
+        notes = await annotations_of(cluster, ours)
+        return SDD not in notes and GUARD not in notes
+
+    await eventually(lifted, what=f"the guard taken off {ours} once the gang started")
+    req = await cluster.request(b)
+    assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Started"
+    notes = await annotations_of(cluster, theirs)
+    assert notes.get(SDD) == "true" and GUARD not in notes, "someone else's stays"
+
+
+async def test_a_kept_node_given_back_by_the_rollback_does_not_keep_the_guard(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The attempt ends without the gang: a's nodes go back by the safe reclaim, which takes
+    the guard off first; one the reclaim keeps (opted out of reclaim) stays in the pool
+    without it, the other is reclaimed."""
+    a, b, from_a = await kept_then_topped_up(cluster)
+    await guarded(cluster, from_a, a)
+    kept, reclaimed = from_a
+    opt_out = {"metadata": {"labels": {"gangcheck.io/do-not-reclaim": "true"}}}
+    await cluster.kube.merge_patch(NODE, kept, opt_out)
+    await cluster.set_request_conditions(b, {"Accepted": "", "Failed": "the cloud gave up"})
+    await cluster.wait_check("wl", "Retry", timeout=30)
+
+    async def given_back() -> bool:
+        names = {n["metadata"]["name"] for n in await cluster.nodes()}
+        return names == {kept}
+
+    await eventually(given_back, what=f"{reclaimed} reclaimed, {kept} kept")
+    notes = await annotations_of(cluster, kept)
+    assert SDD not in notes and GUARD not in notes, "a node back in the pool is not guarded"

@@ -86,6 +86,17 @@ class ReleaseHold:
 
 
 @dataclass(frozen=True)
+class GuardScaleDown:
+    """Set cluster-autoscaler's ``scale-down-disabled`` on these nodes, with gangcheck's record
+    naming `request` (``namespace/name``), where neither is there (`on`); or take both off
+    where that record names `request` (not `on`). scaledown.py decides each node's patch."""
+
+    request: str
+    nodes: tuple[str, ...]
+    on: bool = True
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event on the object reconciled, or on `about` when set (a member pod)."""
 
@@ -105,4 +116,5 @@ Action = (
     | ReclaimArrivals
     | ReleaseMembers
     | ReleaseHold
+    | GuardScaleDown
 )

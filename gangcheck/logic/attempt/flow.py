@@ -26,7 +26,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, race, rollback, topup
+from gangcheck.logic.attempt import (
+    driver,
+    lifecycle,
+    naming,
+    places,
+    race,
+    rollback,
+    scaledown,
+    topup,
+)
 from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec
@@ -276,7 +285,9 @@ def in_order(
         decision = kept_without_next(gang, req, asked)
     else:
         decision = in_flight(req)
-    return replace(decision, actions=stale + decision.actions)
+    # the kept requests' nodes kept from the autoscaler's scale-down (scaledown.py)
+    guarded = scaledown.guard(gang.kept_in(), gang.capacity)
+    return replace(decision, actions=stale + guarded + decision.actions)
 
 
 def kept_back(

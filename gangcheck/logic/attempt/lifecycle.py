@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gangcheck.logic.attempt import backoff, rollback
+from gangcheck.logic.attempt import backoff, rollback, scaledown
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -364,11 +364,12 @@ def asked(backend: CapacityBackend, attempt: str) -> Event:
 
 def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Action, ...]:
     """Lift the hold from the nodes recorded for this request that still carry one: its gang
-    has started, or its rollback is done (what was not reclaimed is no longer the gang's)."""
+    has started, or its rollback is done (what was not reclaimed is no longer the gang's);
+    and the scale-down guard gangcheck set on them while they were kept (scaledown.py)."""
     nodes = capacity.nodes if capacity else ()
     recorded = [n["metadata"]["name"] for n in arrived_for(nodes, request_key(req))]
     held = held_nodes(nodes, recorded)
-    return (ReleaseHold(held),) if held else ()
+    return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(capacity, req))
 
 
 def clean_up(

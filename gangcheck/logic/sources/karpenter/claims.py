@@ -29,6 +29,7 @@ from enum import StrEnum
 
 from gangcheck.logic.attempt.hold import hold_taint, hold_value
 from gangcheck.logic.attempt.naming import fit
+from gangcheck.logic.attempt.scaledown import removal
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.model.objects import Obj
@@ -324,15 +325,8 @@ def withdrawable(claims: Iterable[Obj], attempt: str, arrived_nodes: Sequence[st
     ]
 
 
-def _pointer(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def release_protection_patch(obj: Obj) -> list[Obj]:
     """JSON patch removing ``karpenter.sh/do-not-disrupt: "true"`` from a Node or NodeClaim
-    once the gang has started (empty when it is not there: someone else's value is kept)."""
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    if annotations.get(names.DO_NOT_DISRUPT) != "true":
-        return []
-    path = f"/metadata/annotations/{_pointer(names.DO_NOT_DISRUPT)}"
-    return [{"op": "test", "path": path, "value": "true"}, {"op": "remove", "path": path}]
+    once the gang has started (empty when it is not there: someone else's value is kept), as
+    a kept node's cluster-autoscaler guard is taken off (logic/attempt/scaledown.py)."""
+    return removal(obj, names.DO_NOT_DISRUPT)
