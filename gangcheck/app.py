@@ -19,7 +19,11 @@ from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
-from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
+from gangcheck.logic.placement.usage import (
+    frees_capacity,
+    node_change_matters,
+    node_claim_change_matters,
+)
 from gangcheck.logic.podgroups.gating import group_of
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
@@ -255,6 +259,7 @@ class Controller:
         # A PodTemplate gone while its request is in flight is recreated by its gang's owner.
         c.templates.add_handler(lambda old, new: None if new else self._on_request(old, new))
         c.nodes.add_handler(self._on_node)
+        c.node_claims.add_handler(self._on_node_claim)
         c.pods.add_handler(self._on_pod)
         c.namespaces.add_handler(self._on_namespace)
         for devices in (c.resource_slices, c.resource_claims, c.device_classes):
@@ -393,6 +398,21 @@ class Controller:
             self._on_capacity_change(old, new)
         if new is not None:
             self._add_node_keys(new)
+
+    def _on_node_claim(self, old: Obj | None, new: Obj | None) -> None:
+        """A NodeClaim whose deletion began (or that went, or named another node while being
+        deleted) changed whether its nodes are usable: what a node event that matters reaches."""
+        if not node_claim_change_matters(old, new):
+            return
+        names = {
+            *self.caches.capacity.nodes_of_claim(old),
+            *self.caches.capacity.nodes_of_claim(new),
+        }
+        if not names:
+            return  # no node of it known yet: the node's own event will tell when it comes
+        for name in sorted(names):
+            self._on_recorded(self.caches.nodes.store.get(name))
+        self._on_capacity_change(old, new)
 
     def _add_node_keys(self, node: Obj) -> None:
         """The node's own keys: an idle reclaim to finish, an arrival to open."""

@@ -433,6 +433,7 @@ async def fetch_world(kube: Kube, namespace: str | None) -> World:
         pods=tuple(pods),
         cluster_queues=_by_key(cqs) if cqs is not None else None,
         local_queues=_by_key(lqs) if lqs is not None else None,
+        node_claims=await _every_node_claim(kube),
         **_device_fields(await _devices(kube)),
     )
     return capacity_of(world)  # the requests in flight and waiting, worked out once
@@ -453,9 +454,20 @@ async def fetch_group_world(kube: Kube, namespace: str) -> World:
         requests=tuple(requests),
         nodes=tuple(nodes),
         pods=tuple(pods),
+        node_claims=await _every_node_claim(kube),
         **_device_fields(await _devices(kube)),
     )
     return capacity_of(world)
+
+
+async def _every_node_claim(kube: Kube) -> tuple[Obj, ...]:
+    """Karpenter's NodeClaims (a node whose claim is being deleted is going), as the
+    controller's cache holds them: none where Karpenter is not served or they may not be
+    listed."""
+    try:
+        return tuple(await _items(kube, NODE_CLAIM, optional=True))
+    except ForbiddenError:
+        return ()
 
 
 Devices = tuple[tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...], tuple[Obj, ...]]

@@ -17,7 +17,10 @@ only when discovery agrees (the resource is missing from its group version's doc
 resource discovery serves is listed again with the usual backoff, kept as last seen. One
 served before and then not is kept as last seen for `absent_grace` seconds (a restarting
 server's discovery is not a CRD removed), and only then emptied. A resource not served is
-looked for again with a backoff growing to `absent_retry` seconds.
+looked for again with a backoff growing to `absent_retry` seconds. With `forbidden_is_absent`
+(an optional resource the controller can do without, whose rights an install may not grant),
+a list refused (403) is taken the same way: an empty cache, synced, a warning logged, and
+listed again with that backoff until allowed.
 
 ``current`` says whether the store may be trusted to hold every change made until a moment
 ago: false from a failed list or watch (or a stalled one) until a list is answered, or a watch
@@ -38,7 +41,13 @@ from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
 from gangcheck.kube.discovery import serves
-from gangcheck.kube.errors import ApiError, GoneError, NotFoundError, TransientError
+from gangcheck.kube.errors import (
+    ApiError,
+    ForbiddenError,
+    GoneError,
+    NotFoundError,
+    TransientError,
+)
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
 
@@ -254,6 +263,7 @@ class Informer:
         optional: bool = False,
         absent_retry: float = 60.0,
         absent_grace: float = 60.0,
+        forbidden_is_absent: bool = False,
         quiet_seconds: float = WATCH_QUIET_SECONDS,
         transform: Transform | None = None,
     ) -> None:
@@ -268,6 +278,7 @@ class Informer:
         self._optional = optional
         self._absent_retry = absent_retry
         self._absent_grace = absent_grace
+        self._forbidden_is_absent = forbidden_is_absent and optional
         self._quiet_seconds = quiet_seconds
         self._failures = 0
         self._rv = ""
@@ -321,6 +332,8 @@ class Informer:
                 raise
             except NotFoundError as e:
                 await asyncio.sleep(await self._not_found(e))
+            except ForbiddenError as e:
+                await asyncio.sleep(self._forbidden(e))
             except Exception as e:  # a failed list: the cache lists again, never dies
                 await asyncio.sleep(self._failed(e))
 
@@ -383,11 +396,24 @@ class Informer:
             return self._absent()
         return self._failed(error)  # kept as last seen meanwhile: discovery may be catching up
 
-    def _absent(self) -> float:
+    def _forbidden(self, error: ForbiddenError) -> float:
+        """A list refused (403): with `forbidden_is_absent`, as not served (said once, as a
+        warning: the install lacks a right); else a failure like any other."""
+        if not self._forbidden_is_absent:
+            return self._failed(error)
+        if self.served:
+            log.warning(
+                "not allowed to list (%s); treated as empty until allowed",
+                error,
+                extra={"resource": self.resource.plural},
+            )
+        return self._absent(told=True)
+
+    def _absent(self, *, told: bool = False) -> float:
         """An optional resource this server does not serve: an empty cache, synced, not
         authoritative; the wait before looking again (a CRD installed, a feature turned on),
         growing to `absent_retry`."""
-        if self.served:
+        if self.served and not told:
             log.info("not served here; treated as empty", extra={"resource": self.resource.plural})
         self.served = False
         self.authoritative = False

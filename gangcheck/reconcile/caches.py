@@ -13,6 +13,7 @@ from gangcheck.kube.resources import (
     DEVICE_CLASS,
     NAMESPACE,
     NODE,
+    NODE_CLAIM,
     POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
@@ -46,6 +47,18 @@ from gangcheck.reconcile.ingest import trim_node, trim_pod
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 
+def trim_node_claim(claim: Obj) -> Obj:
+    """A NodeClaim as the capacity reads it: its name, whether it is being deleted, and the
+    node it is (`status.nodeName`, `status.providerID`); not its spec or conditions."""
+    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+    kept = ("name", "uid", "resourceVersion", "deletionTimestamp")
+    return {
+        **{k: claim[k] for k in ("apiVersion", "kind") if k in claim},
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "status": {k: status[k] for k in ("nodeName", "providerID") if k in status},
+    }
+
+
 @dataclass
 class Caches:
     workloads: Informer
@@ -61,6 +74,10 @@ class Caches:
     resource_slices: Informer
     resource_claims: Informer
     claim_templates: Informer
+    node_claims: Informer
+    """Karpenter's NodeClaims: a node whose claim is being deleted is going, never counted as
+    capacity (fed to `capacity`). Optional, and a list refused (403) counts as none: without
+    Karpenter, or without the right, the nodes are judged on themselves alone."""
     pod_groups: dict[str, Informer] = field(default_factory=dict)
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
@@ -95,6 +112,7 @@ class Caches:
         self.resource_slices.store.add_indexer(self.device_inventory.on_published)
         self.device_classes.store.add_indexer(self.device_inventory.on_published)
         self.resource_claims.store.add_indexer(self.device_inventory.on_claim)
+        self.node_claims.store.add_indexer(self.capacity.on_node_claim)
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None:
@@ -124,6 +142,7 @@ class Caches:
             *,
             optional: bool = False,
             transform: Transform | None = None,
+            forbidden_is_absent: bool = False,
         ) -> Informer:
             return Informer(
                 kube,
@@ -132,10 +151,13 @@ class Caches:
                 watch_timeout=watch_timeout,
                 optional=optional,
                 transform=transform,
+                forbidden_is_absent=forbidden_is_absent,
             )
 
         # Optional: Kueue (a cluster may run only PodGroup gangs) and DRA (Kubernetes < 1.34,
         # or turned off): while not served, their caches are empty and everything else runs.
+        # Karpenter's NodeClaims as well, and also while their list is refused (an install
+        # without the rule of manifests/base that reads them).
         return cls(
             workloads=informer(WORKLOAD, optional=True),
             admission_checks=informer(ADMISSION_CHECK, optional=True),
@@ -150,6 +172,9 @@ class Caches:
             resource_slices=informer(RESOURCE_SLICE, optional=True),
             resource_claims=informer(RESOURCE_CLAIM, optional=True),
             claim_templates=informer(RESOURCE_CLAIM_TEMPLATE, optional=True),
+            node_claims=informer(
+                NODE_CLAIM, optional=True, transform=trim_node_claim, forbidden_is_absent=True
+            ),
         )
 
     def all(self) -> list[Informer]:
@@ -167,6 +192,7 @@ class Caches:
             self.resource_slices,
             self.resource_claims,
             self.claim_templates,
+            self.node_claims,
         ]
 
     async def wait_synced(self) -> None:

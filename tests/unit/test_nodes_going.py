@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt.explain import classify
+from gangcheck.app import Controller
+from gangcheck.logic.attempt.explain import World, classify
+from gangcheck.logic.attempt.fulfillment import ClusterView, arrival_view
 from gangcheck.logic.placement.fit import (
     CLAIM_DELETING,
     DELETING,
@@ -25,6 +27,11 @@ from gangcheck.logic.placement.usage import (
     deleting_claim_of,
     node_claim_change_matters,
 )
+from gangcheck.logic.sources.world import capacity_of
+from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from tests import builders
+from tests.builders import provisioning_request
+from tests.fakes.kube import FakeKube
 
 Obj = dict[str, Any]
 GONE = "2026-01-02T00:00:00Z"
@@ -213,3 +220,82 @@ def test_a_node_that_registers_after_its_claim_began_deleting_is_going_from_the_
     usage.on_node(None, late)
     assert usage.views()["late"].problem == node_view(late, deleting_claim="c").problem
     assert usage.nodes_of_claim(claim("c", provider="kwok://late")) == ["late"]
+
+
+# ---- the gangs a claim event requeues --------------------------------------------------------
+
+WAITING_GANG = "wl:default/wl"
+
+
+def controller_with_a_waiting_gang() -> Controller:
+    kube = FakeKube()
+    kube.add(builders.node("n1"))
+    request = provisioning_request("wl-atomic-1", conditions={"Provisioned": ""})
+    request["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}  # what gangcheck lists
+    kube.add(request)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    assert controller.caches.in_flight.open_requests()  # the gang waits for capacity
+    return controller
+
+
+def claim_event(controller: Controller, old: Obj | None, new: Obj | None) -> None:
+    """As the informer tells it: the store's indexers (the capacity), then the handlers."""
+    controller.caches.capacity.on_node_claim(old, new)
+    controller._on_node_claim(old, new)
+
+
+REQUEUES = {
+    "a claim of a node starts deleting: the waiting gang is requeued": (
+        claim("c", node_name="n1"),
+        claim("c", node_name="n1", deleting=True),
+        [WAITING_GANG],
+        True,
+    ),
+    "a claim being deleted goes: its node is usable again, requeued": (
+        claim("c", node_name="n1", deleting=True),
+        None,
+        [WAITING_GANG],
+        False,
+    ),
+    "a claim made: nothing changes for any node": (None, claim("c", node_name="n1"), [], False),
+    "a claim being deleted updated alike: none requeued": (
+        claim("c", node_name="n1", deleting=True),
+        claim("c", node_name="n1", deleting=True),
+        [],
+        True,
+    ),
+    "a claim of no node known starts deleting: none requeued (the node's event will)": (
+        claim("c", node_name="n9"),
+        claim("c", node_name="n9", deleting=True),
+        [],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "requeued", "n1_going"), list(REQUEUES.values()), ids=list(REQUEUES)
+)
+def test_claim_events_requeue_the_waiting_gangs_a_node_event_would(
+    old: Obj | None, new: Obj | None, requeued: list[str], n1_going: bool
+) -> None:
+    controller = controller_with_a_waiting_gang()
+    if old is not None:  # the claim as the caches had it before
+        controller.caches.capacity.on_node_claim(None, old)
+    claim_event(controller, old, new)
+    assert list(controller.queue._ready) == requeued
+    assert (controller.caches.capacity.views()["n1"].problem is not None) == n1_going
+
+
+def test_a_diagnosis_judges_the_nodes_with_their_claims_as_the_controller_does() -> None:
+    """`gangcheck diagnose` reads the NodeClaims too (fetch_world): its world, as the capacity
+    a decision reads, and a ClusterView of the objects alone, give the nodes the same views."""
+    raw = node("a", provider="kwok://a")
+    going = claim("c", provider="kwok://a", deleting=True)
+    world = World(nodes=(raw,), node_claims=(going,))
+    expected = node_view(raw, deleting_claim="c")
+    assert capacity_of(world).view(raw) == expected
+    assert list(capacity_of(world).views()) == [expected]
+    assert list(ClusterView(nodes=(raw,), node_claims=(going,)).views()) == [expected]
+    assert arrival_view(raw, capacity_of(world)) == expected

@@ -37,7 +37,7 @@ from gangcheck.logic.placement.fit import (
 from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, split_gang
 from gangcheck.logic.placement.taints import toleration_of
 from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
-from gangcheck.logic.placement.usage import NodeUsage
+from gangcheck.logic.placement.usage import NodeUsage, deleting_claim_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR, HOLD_AS
 from gangcheck.model.objects import Obj, Pod, pod_of
@@ -76,6 +76,9 @@ class ClusterView:
     claim_templates: tuple[Obj, ...] = ()
     """DRA objects: what a gang's ResourceClaimTemplates ask is counted against the devices
     the ResourceSlices publish, less what allocated claims hold."""
+    node_claims: tuple[Obj, ...] = ()
+    """Karpenter NodeClaims: a node whose claim is being deleted is going (read when
+    `cluster` is not set; `cluster` keeps them itself)."""
     cluster: NodeUsage | None = None
     """Node views and what bound pods use, kept current from events: when set, fits read
     them instead of parsing `nodes` and `pods` again."""
@@ -86,13 +89,21 @@ class ClusterView:
     cache may miss changes (its watch failed and has not been answered again long enough)."""
 
     def view(self, node: Obj) -> NodeView:
-        return self.cluster.view_of(node) if self.cluster is not None else node_view(node)
+        if self.cluster is not None:
+            return self.cluster.view_of(node)
+        return node_view(node, deleting_claim=self.deleting_claim(node))
+
+    def deleting_claim(self, node: Obj) -> str:
+        """The node's Karpenter NodeClaim being deleted ("": none)."""
+        if self.cluster is not None:
+            return self.cluster.deleting_claim_of(node)
+        return deleting_claim_of(node, self.node_claims) if self.node_claims else ""
 
     def views(self) -> Collection[NodeView]:
         """Views of all `nodes`: the ones kept, or parsed now."""
         if self.cluster is not None:
             return self.cluster.node_views()
-        return [node_view(n) for n in self.nodes]
+        return [self.view(n) for n in self.nodes]
 
     def bound(self) -> Bound:
         """What the bound pods use: kept current, or the pods to sum."""
@@ -204,7 +215,7 @@ def assess(
     for node in candidates:
         if result.fits:
             break
-        view = arrival_view(node)
+        view = arrival_view(node, capacity)
         views.append(view)  # one passed over takes no member: there, only to say why not
         if not view.is_usable or not takes_a_member(pod_sets, view, bound, devices):
             passed_over = True
@@ -313,18 +324,21 @@ def judged_views(
     it), then the new `arrivals` as they will be once recorded. `assess` adds the arrivals
     one at a time while the gang does not fit: one that does not fit in the end has them all."""
     views = [capacity.view(n) for n in base if not is_arriving(n)]
-    return views + [arrival_view(n) for n in arrivals]
+    return views + [arrival_view(n, capacity) for n in arrivals]
 
 
-def arrival_view(node: Obj) -> NodeView:
-    """A new arrival as a fit sees it: opened, as recording it for the request will leave it."""
-    return node_view(as_opened(node))
+def arrival_view(node: Obj, capacity: ClusterView | None = None) -> NodeView:
+    """A new arrival as a fit sees it: opened, as recording it for the request will leave it
+    (and going, as any node, when its NodeClaim is being deleted)."""
+    claim = capacity.deleting_claim(node) if capacity is not None else ""
+    return node_view(as_opened(node), deleting_claim=claim)
 
 
 def fit_words(result: TopologyFit, devices: Inventory | None = None) -> str:
     """The words of a fit, the one place they are made: how many members are placeable (on
     how many nodes, in which topology domains), and why the nodes that take none take none
-    (a taint not tolerated, labels missing, not Ready, cordoned, no room), then the first
+    (a taint not tolerated, labels missing, not Ready, cordoned, being deleted or its NodeClaim
+    being deleted, no room), then the first
     device problem of a gang that does not fit. The check message (the Workload's, the
     PodGroup's) says a fit in these words, and `gangcheck diagnose` says the same fit in them
     (explain.fit_verdict) before its node-by-node detail."""

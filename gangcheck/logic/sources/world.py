@@ -21,10 +21,13 @@ def capacity_of(world: World) -> World:
     them are theirs) and those waiting, oldest first, as the controller's caches give them.
     (The diagnosis reads no PodTemplates: a waiting request's templates are not known, so no
     older request is taken to claim a new node first.) The node views and what bound pods
-    use are kept as the controller keeps them (`NodeUsage`), parsed once for every gang."""
+    use are kept as the controller keeps them (`NodeUsage`, with the NodeClaims being deleted),
+    parsed once for every gang."""
     if world.cluster is not None:
         return world
     usage = NodeUsage(tally=CONSUME_ANNOTATION)
+    for claim in world.node_claims:
+        usage.on_node_claim(None, claim)
     for node in world.nodes:
         usage.on_node(None, node)
     for pod in world.pods:
