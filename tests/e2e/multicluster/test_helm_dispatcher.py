@@ -77,7 +77,7 @@ from tests.e2e.multicluster.test_multikueue import (
     items,
     queues,
 )
-from tests.e2e.test_helm import CHART, helm, run_helm
+from tests.e2e.test_helm import CHART, helm, manifest_objects, rbac, run_helm, template
 
 __all__ = ["free_nodes", "helm"]  # fixtures, used here
 
@@ -179,6 +179,15 @@ def as_run(deployment: Obj) -> Obj:
     assert container["name"] == "dispatcher", container["name"]
     container["name"] = "controller"
     return copied
+
+
+def test_role_reader_renders_the_workers_reader_alone(helm: Path) -> None:
+    """What ``role=reader`` installs in a worker: the rights of
+    ``manifests/dispatcher/worker/reader.yaml``, object for object, and nothing else (no
+    controller, no dispatcher). Rendering only: no cluster."""
+    objects = template(helm, "role=reader")
+    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding"]
+    assert rbac(objects) == rbac(manifest_objects(MANIFESTS / "worker" / "reader.yaml"))
 
 
 @pytest.fixture(scope="module")
