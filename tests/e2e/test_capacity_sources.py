@@ -13,10 +13,22 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import JOB, PROVISIONING_REQUEST
-from tests.e2e.conftest import Cluster
-from tests.e2e.helpers import delete_quietly, events_of, eventually, is_true, messages, unique
+from gangcheck.kube.resources import JOB, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
+from gangcheck.logic.attempt.scaledown import SCALE_DOWN_DISABLED
+from gangcheck.model.names import SCALE_DOWN_GUARD
+from tests.e2e.conftest import GPU_TAINT, Cluster
+from tests.e2e.helpers import (
+    container,
+    delete_quietly,
+    events_of,
+    eventually,
+    is_true,
+    messages,
+    unique,
+)
 from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
+    ARRIVED_FOR,
+    ATOMIC,
     BIG,
     GPU,
     GPU_TYPE,
@@ -287,3 +299,178 @@ async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_runs
             await delete_quietly(kube, JOB, "gang", namespace)
             for pool in (first, second):
                 await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
+
+
+def booking(name: str, count: int) -> tuple[Obj, Obj]:
+    """Someone else's ProvisioningRequest of cluster-autoscaler's own class, for ``count``
+    nodes of the big group (a PodTemplate and the request): what makes the autoscaler add
+    nodes to that group here."""
+    template = {
+        "metadata": {"name": name},
+        "template": {
+            "spec": {
+                "containers": [container({"cpu": "1", "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
+                "nodeSelector": {GPU_TYPE: "e2e", NODE_GROUP_LABEL: BIG.name},
+                "tolerations": [GPU_TAINT.toleration()],
+            }
+        },
+    }
+    request = {
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "provisioningClassName": ATOMIC,
+            "podSets": [{"podTemplateRef": {"name": name}, "count": count}],
+        },
+    }
+    return template, request
+
+
+async def fail_request(kube: Kube, name: str, namespace: str, message: str) -> None:
+    """As the cloud giving up on a request: its Failed condition set, the others kept."""
+    current = await kube.get(PROVISIONING_REQUEST, name, namespace)
+    conditions = [
+        c for c in (current.get("status") or {}).get("conditions") or [] if c["type"] != "Failed"
+    ]
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "CapacityIsNotFound",
+        "message": message,
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    patch = {
+        "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+        "status": {"conditions": [*conditions, failed]},
+    }
+    await kube.merge_patch(PROVISIONING_REQUEST, name, patch, namespace, subresource="status")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("controller")
+async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_the_gang_runs(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    sim: SimCloud,  # noqa: F811
+) -> None:
+    """Real cluster-autoscaler (scale-down-unneeded-time 10 s in the test bed): the gang's
+    first source stops short after two of its three nodes arrived in the autoscaler's big
+    group, and fails; the two are kept, and the second source (the simulated cloud) delivers
+    the third node only 45 s later. While kept, gangcheck marks the two
+    ``cluster-autoscaler.kubernetes.io/scale-down-disabled`` (with its record), so they are
+    still there and the gang runs on them; once it runs the mark is taken off.
+
+    Before that mark, the failed request had no booking in the autoscaler (it books only
+    Provisioned requests of its own classes) and the two held, empty nodes were scale-down
+    candidates: the autoscaler deleted them within the 45 s, the third node arrived to a gang
+    that no longer fitted, and the gang never ran (run with the guard left out: "timed out
+    after 150s waiting for gang Running"; gangcheck later rolled the top-up back, "the gang
+    did not fit within 120s (1 of 3 members placeable on 1 node)").
+
+    The first source is the simulated cloud's class pinned to the big group, saying
+    Provisioned and delivering nothing itself; the two nodes come from the autoscaler,
+    scaled up for someone else's request of its own class (deleted once they are recorded),
+    as nodes of a group gangcheck asked for arrive."""
+    count = 3
+    big = f"{NODE_GROUP_LABEL}={BIG.name}"
+
+    async def big_group_empty() -> bool:  # the autoscaler scales idle nodes down in ~20 s
+        return not await nodes_with(kube, big)
+
+    await eventually(big_group_empty, timeout=90, what=f"no node in {BIG.name}")
+    before: set[str] = set()
+    ghost, second = unique("ghost"), unique("second")
+    # this test's rules first: an earlier test's rule (any namespace) may match its names too
+    sim.scenarios[:0] = [
+        {"name": f"nothing-{ghost}", "match": {"namespace": namespace, "name": ".*-1"},
+         "deliver": 0},
+        {"name": f"late-{second}", "match": {"namespace": namespace, "name": ".*-1-s1"},
+         "provisionAfterSeconds": 45},
+    ]  # fmt: skip
+    sim.groups.append(
+        {**sim_group(ghost, 4), "labels": {GPU_TYPE: "e2e", NODE_GROUP_LABEL: BIG.name}}
+    )
+    sim.configure(sim_group(second, 4))
+    spec = in_order_sim(ghost, second, 240)
+    spec["capacitySources"][0]["nodeSelector"] = {NODE_GROUP_LABEL: BIG.name}
+    async with gpu_queue(kube, namespace, {GPU_TYPE: "e2e"}, ours=spec) as queue:
+        job = await kube.create(JOB, gang_job("gang", count, 8), namespace)
+        template, other = booking("someone-else", 2)
+        try:
+
+            async def made() -> Obj | None:
+                return await workload_of(kube, namespace, job)
+
+            workload = await eventually(made, timeout=60, what="the Workload")
+            first = f"{workload['metadata']['name']}-{queue.check}-1"
+            topped = f"{first}-s1"
+            key = f"{namespace}/{first}"
+
+            async def provisioned() -> bool:
+                req = await kube.get(PROVISIONING_REQUEST, first, namespace)
+                return is_true(req, "Provisioned")
+
+            await eventually(provisioned, timeout=60, what=f"{first} Provisioned")
+            # the autoscaler adds two nodes to the big group, for someone else's request
+            await kube.create(POD_TEMPLATE, template, namespace)
+            await kube.create(PROVISIONING_REQUEST, other, namespace)
+
+            async def arrived() -> list[str] | None:
+                nodes = await nodes_with(kube, big)
+                mine = [
+                    n["metadata"]["name"]
+                    for n in nodes
+                    if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR) == key
+                ]
+                return sorted(mine) if len(mine) == 2 else None
+
+            kept = await eventually(arrived, timeout=90, what=f"2 nodes recorded for {first}")
+            await delete_quietly(kube, PROVISIONING_REQUEST, other["metadata"]["name"], namespace)
+            await fail_request(kube, first, namespace, "the cloud gave up")
+            kept_at = time.monotonic()
+
+            async def all_running() -> list[Obj] | None:
+                pods = running(await job_pods(kube, namespace, "gang"))
+                return pods if len(pods) == count else None
+
+            pods = await eventually(all_running, timeout=150, interval=0.5, what="gang Running")
+            ran_after = time.monotonic() - kept_at
+            on_second = {
+                n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={second}")
+            }
+            assert len(on_second) == 1, on_second
+            # the kept nodes outlived the autoscaler's unneeded time and run two members
+            assert {p["spec"]["nodeName"] for p in pods} == {*kept, *on_second}, pods
+            req = await kube.get(PROVISIONING_REQUEST, topped, namespace)
+            assert req["metadata"]["annotations"]["gangcheck.io/kept-from"] == first
+            events = await events_of(kube, workload)
+            (said,) = messages(events, "CapacityToppedUp")
+            assert all(n in said for n in kept), said
+
+            async def unguarded() -> bool:
+                for name in kept:
+                    notes = (await kube.get(NODE, name))["metadata"].get("annotations") or {}
+                    if SCALE_DOWN_DISABLED in notes or SCALE_DOWN_GUARD in notes:
+                        return False
+                return True
+
+            await eventually(unguarded, timeout=30, what="the mark taken off the kept nodes")
+            cluster.record(
+                f"k. capacity sources InOrder topped up, real CA (unneeded time 10 s), "
+                f"{count} x 8 GPUs, 2 nodes of {BIG.name} kept after the first source failed, "
+                f"the third from the second source 45 s later: Running {ran_after:.1f}s after "
+                f"the keep on the kept nodes and the new one"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "gang", namespace)
+            await delete_quietly(kube, PROVISIONING_REQUEST, other["metadata"]["name"], namespace)
+
+            async def withdrawn() -> bool:  # gangcheck done in the namespace before it goes
+                listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
+                return not listing["items"]
+
+            await eventually(withdrawn, timeout=90, what="gangcheck's requests withdrawn")
+            await _drain_and_delete_new_nodes(kube, namespace, big, before)
+            await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={second}"))
