@@ -40,7 +40,6 @@ applies the manifests again.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import subprocess
 import time
@@ -170,17 +169,6 @@ def uninstall(helm: Path, plane: ControlPlane) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def as_run(deployment: Obj) -> Obj:
-    """The installed Deployment as ``run_controller_container`` runs it: that helper runs the
-    container named ``controller``; the dispatcher's is ``dispatcher``. Only the name changes
-    (args, env, confinement, mounts and ServiceAccount are the installed ones)."""
-    copied: Obj = copy.deepcopy(deployment)
-    (container,) = copied["spec"]["template"]["spec"]["containers"]
-    assert container["name"] == "dispatcher", container["name"]
-    container["name"] = "controller"
-    return copied
-
-
 def test_role_reader_renders_the_workers_reader_alone(helm: Path) -> None:
     """What ``role=reader`` installs in a worker: the rights of
     ``manifests/dispatcher/worker/reader.yaml``, object for object, and nothing else (no
@@ -221,7 +209,7 @@ def chart_dispatcher(
         deployment = get_json(bed.manager.kubeconfig, "deployment", DISPATCHER_NAME, NAMESPACE)
         process = run_controller_container(
             bed.manager.kubeconfig,
-            deployment=as_run(deployment),
+            deployment=deployment,
             image=controller_image.id,
             workdir=folder,
             name=DISPATCHER_NAME,

@@ -181,9 +181,15 @@ class PodIdentity:
     namespace: str
 
 
+#: The names of gangcheck's containers: the controller's Deployment, the dispatcher's.
+_GANGCHECK_CONTAINERS = ("controller", "dispatcher")
+
+
 def _controller_container(deployment: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod spec, and its one container that runs gangcheck (the controller's or the
+    dispatcher's)."""
     pod = deployment["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == "controller"]
+    (container,) = [c for c in pod["containers"] if c["name"] in _GANGCHECK_CONTAINERS]
     return dict(pod), dict(container)
 
 
