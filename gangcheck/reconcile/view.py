@@ -24,7 +24,15 @@ def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
     if not copied:
         return capacity
     nodes, pods, keys = tuple(capacity.nodes), tuple(capacity.pods), capacity.in_flight
-    return replace(capacity, nodes=nodes, pods=pods, in_flight=frozenset(keys), cluster=None)
+    claims = tuple(caches.node_claims.store.values())  # what `cluster` knew of them, copied
+    return replace(
+        capacity,
+        nodes=nodes,
+        pods=pods,
+        in_flight=frozenset(keys),
+        cluster=None,
+        node_claims=claims,
+    )
 
 
 def open_requests(caches: Caches) -> tuple[Waiting, ...]:

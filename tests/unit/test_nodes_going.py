@@ -29,6 +29,7 @@ from gangcheck.logic.placement.usage import (
 )
 from gangcheck.logic.sources.world import capacity_of
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.reconcile.view import cluster_view
 from tests import builders
 from tests.builders import provisioning_request
 from tests.fakes.kube import FakeKube
@@ -299,3 +300,19 @@ def test_a_diagnosis_judges_the_nodes_with_their_claims_as_the_controller_does()
     assert list(capacity_of(world).views()) == [expected]
     assert list(ClusterView(nodes=(raw,), node_claims=(going,)).views()) == [expected]
     assert arrival_view(raw, capacity_of(world)) == expected
+
+
+def test_a_copied_cluster_view_judges_the_nodes_with_their_claims_as_the_kept_one() -> None:
+    """`cluster_view(copied=True)` (read across awaits, withdraw_orphans) leaves the kept
+    capacity behind: it carries the claims the caches hold, so a node whose claim is being
+    deleted is going in it too (before, the copy judged the Node alone: usable)."""
+    kube = FakeKube()
+    kube.add(builders.node("n1"), claim("c", node_name="n1", deleting=True))
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    kept = cluster_view(controller.caches)
+    copied = cluster_view(controller.caches, copied=True)
+    assert copied.cluster is None
+    (n1,) = copied.nodes
+    assert copied.view(n1).problem == kept.view(n1).problem
+    assert copied.view(n1).problem is not None and copied.view(n1).problem.kind == CLAIM_DELETING
