@@ -476,7 +476,7 @@ class Dispatcher:
         if not _runs_gangcheck(checks):
             return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
         return _View(
-            nodes=[node_view(n) for n in nodes if not n["metadata"].get("deletionTimestamp")],
+            nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
             pods=pods,
             requests=requests,
             sources=_sources(requests),
