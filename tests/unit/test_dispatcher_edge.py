@@ -178,6 +178,20 @@ async def test_the_gang_goes_where_it_fits_now_written_as_kueue_admission() -> N
     assert not one.writes and not two.writes  # nothing written in a worker
 
 
+async def test_a_gang_does_not_fit_now_on_a_workers_nodes_being_deleted() -> None:
+    """Worker-1's nodes are being deleted (a scale-down, a NodeClaim gone): capacity going,
+    not room; worker-2's are idle. The gang fits now in worker-2 only."""
+    one = worker()
+    for name in ("n0", "n1"):
+        going = gpu_node(name)
+        going["metadata"]["deletionTimestamp"] = "2026-12-05T10:00:00Z"
+        one.add(going)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-2",)
+    assert "fits now in worker-2" in record(manager).reason
+
+
 BAD = {
     "Secret missing": ({"worker-1": None}, (), "Secret kueue-system/worker-1 not found"),
     "MultiKueueCluster not Active": ({}, ("worker-1",), "not Active (BadConfig: x)"),
