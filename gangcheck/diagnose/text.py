@@ -118,7 +118,7 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
     ]
     lines += [f"  {line}" for line in _table(rows)] or ["  no conditions yet"]
     when = ""
-    if req.deadline is not None:
+    if req.deadline is not None and not req.phase:  # a deadline past its phase holds nothing
         when = f"; deadline {format_time(req.deadline)} ({_relative(req.deadline, now)})"
     lines.append(f"  phase {req.phase or '-'}{when}")
     if req.source or req.domain:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose import text as diagnose_text
 from gangcheck.diagnose.as_json import to_json
 from gangcheck.diagnose.reports import DiagnoseReport
 from gangcheck.logic.attempt import naming
@@ -868,3 +869,24 @@ def test_a_status_row_carries_the_verdict() -> None:
         180,
     )
     assert row.verdict.startswith("blocked: waiting for the autoscaler: 11 of 16")
+
+
+@pytest.mark.parametrize(
+    ("phase", "said"),
+    [
+        ("", "  phase -; deadline 2026-"),
+        ("Fulfilled", "  phase Fulfilled"),
+        ("Started", "  phase Started"),
+        ("RollingBack", "  phase RollingBack"),
+    ],
+)
+def test_the_request_line_gives_the_deadline_only_while_it_can_roll_the_attempt_back(
+    phase: str, said: str
+) -> None:
+    """A fulfilled or started request's deadline holds nothing any more (the demo showed
+    "phase Started; deadline … (in 5s)" beside a running gang): said only while the attempt is
+    in flight."""
+    lines = diagnose_text._lines_of_request("default", request("Provisioned", phase=phase), NOW)
+    (line,) = [x for x in lines if x.startswith("  phase")]
+    assert line.startswith(said), line
+    assert ("deadline" in line) == (phase == ""), line
