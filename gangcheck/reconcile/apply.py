@@ -240,12 +240,18 @@ class Applier:
     async def _guard_scale_down(self, namespace: str, action: Action) -> None:
         """Set (or take off) the scale-down guard on each node as scaledown.py decides on the
         node as read: a conflict or a failed test reads it again (reclaim/guard.py); a node
-        gone is done."""
+        gone is done; a write refused (403) is logged and the next node goes on."""
         assert isinstance(action, GuardScaleDown)
         step = guard if action.on else unguard
         for name in action.nodes:
             node = self._caches.nodes.store.get(name) or await self._fresh(name)
-            updated = await step(self._kube, node, action.request) if node else None
+            try:
+                updated = await step(self._kube, node, action.request) if node else None
+            except ForbiddenError as e:
+                # An admission policy older than this version refuses the guard: the rest of
+                # the decision goes on (the nodes are then as exposed as before it).
+                log.warning("scale-down guard of node %s refused: %s", name, e.message)
+                continue
             if updated is not None and updated is not node:
                 self._caches.nodes.store.put_if_newer(updated)
                 log.info(

@@ -46,6 +46,7 @@ from gangcheck.logic.attempt.hold import (
     taints_holding,
 )
 from gangcheck.logic.attempt.reclaim import RECLAIM_TAINT_ENTRY
+from gangcheck.logic.attempt.scaledown import SCALE_DOWN_DISABLED
 from gangcheck.logic.sources.karpenter.names import ATTEMPT_LABEL
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -59,6 +60,7 @@ from gangcheck.model.names import (
     PHASE_ANNOTATION,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
+    SCALE_DOWN_GUARD,
     STATE_ANNOTATION,
     WORKLOAD_ANNOTATION,
 )
@@ -349,6 +351,45 @@ async def test_karpenters_do_not_disrupt_may_only_be_removed(
     node = await cluster.kube.get(NODE, protected)
     assert key not in (node["metadata"].get("annotations") or {})
     assert key not in ((await cluster.kube.get(NODE, plain))["metadata"].get("annotations") or {})
+
+
+async def test_scale_down_disabled_only_with_gangchecks_record_on_a_recorded_node(
+    account: Kube, cluster: Cluster
+) -> None:
+    """While a request is kept for a top-up, gangcheck marks its nodes with
+    cluster-autoscaler's ``scale-down-disabled: "true"`` and its own record naming the node's
+    arrival, in one write, and takes both off together (logic/attempt/scaledown.py): never the
+    autoscaler's key alone, another value, on a node it did not record, or someone else's."""
+    sdd, guard = SCALE_DOWN_DISABLED, SCALE_DOWN_GUARD
+    plain, recorded, theirs = await cluster.add_nodes(3)
+    request = f"{cluster.ns}/gang-check-1"
+    for name in (recorded, theirs):
+        await claim(account, cluster.kube, name, request)
+    await cluster.kube.merge_patch(NODE, theirs, {"metadata": {"annotations": {sdd: "true"}}})
+    refused = {
+        plain: [{sdd: "true", guard: request}],  # not recorded as arrived
+        recorded: [
+            {sdd: "true"},  # without the record
+            {sdd: "false", guard: request},  # another value
+            {sdd: "true", guard: f"{cluster.ns}/another"},  # a record naming another request
+        ],
+        theirs: [{sdd: None}, {sdd: None, guard: request}],  # someone else's, never taken off
+    }
+    for name, writes in refused.items():
+        for notes in writes:
+            patch = {"metadata": {"annotations": notes}}
+            error = await refusal(lambda n=name, p=patch: account.merge_patch(NODE, n, p))
+            assert "scale-down-disabled" in str(error), (name, notes)
+    ours = {"metadata": {"annotations": {sdd: "true", guard: request}}}
+    notes = (await account.merge_patch(NODE, recorded, ours))["metadata"]["annotations"]
+    assert (notes[sdd], notes[guard]) == ("true", request)
+    alone = {"metadata": {"annotations": {sdd: None}}}
+    error = await refusal(lambda: account.merge_patch(NODE, recorded, alone))
+    assert "scale-down-disabled" in str(error)
+    lift = {"metadata": {"annotations": {sdd: None, guard: None}}}
+    notes = (await account.merge_patch(NODE, recorded, lift))["metadata"]["annotations"]
+    assert sdd not in notes and guard not in notes
+    assert (await cluster.kube.get(NODE, theirs))["metadata"]["annotations"][sdd] == "true"
 
 
 async def test_a_node_not_recorded_as_arrived_is_never_deleted(

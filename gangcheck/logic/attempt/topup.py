@@ -20,9 +20,12 @@ kept request's own record. A kept request no longer claims new nodes (it is not 
 is kept only after the source said ``Provisioned``: gangcheck claims no arrival before that.
 cluster-autoscaler does nothing more for a ``Provisioned`` or ``Failed`` request (its pods are
 injected only while neither is true, processors/provreq/injector.go) and books the capacity of
-a ``Provisioned`` one (processors/provreq/processor.go), which keeps its nodes from its
-scale-down until the booking expires. A source that never said ``Provisioned`` has nothing
-kept: it is withdrawn as before, so the autoscaler stops retrying it.
+a ``Provisioned`` one only (processors/provreq/processor.go), until the booking expires: a
+kept request that ended ``Failed`` has none, so its held, empty nodes would be scaled down
+under the gang. While a request is kept its nodes carry the autoscaler's
+``scale-down-disabled`` with gangcheck's record (scaledown.py), taken off when the attempt
+ends. A source that never said ``Provisioned`` has nothing kept: it is withdrawn as before,
+so the autoscaler stops retrying it.
 
 The kept requests follow the attempt: marked fulfilled with the request the gang turns Ready
 on (its nodes are the gang's), their hold lifted when the gang has started, rolled back
