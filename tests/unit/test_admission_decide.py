@@ -1160,3 +1160,16 @@ def test_a_gang_waiting_for_its_members_is_looked_at_again_at_its_start_deadline
     admitted_at = parse_time(T0)
     assert admitted_at is not None
     assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())
+
+
+def test_the_requeue_delay_is_retrys_alone() -> None:
+    """Kueue resets a Retry check to Pending keeping its requeueAfterSeconds; gangcheck's next
+    entry (here Ready) drops it, as Kueue's own check writes its entries (before, a Ready check
+    still said "requeue after 30s" in diagnose)."""
+    builder = gang()
+    builder.obj["status"]["admissionChecks"][0].update(
+        state="Pending", requeueAfterSeconds=30, message="Reset to Pending after eviction"
+    )
+    d = run(Case("reset", builder, config={**TRUST, "managedResources": ["example.com/fpga"]}))
+    assert d.check is not None and d.check.state == "Ready"
+    assert d.check.requeue_after_seconds is None

@@ -923,12 +923,14 @@ def _transition(
     pod_set_updates: tuple[Obj, ...] | None = None,
     requeue_after_seconds: int | None = None,
 ) -> Decision:
-    """The check entry after this decision, or no write when nothing changes."""
+    """The check entry after this decision, or no write when nothing changes. The requeue
+    delay is Retry's alone: a check leaving Retry (Kueue resets it to Pending keeping the
+    delay) drops it, as Kueue's own check writes its entries."""
     message = message[:MAX_MESSAGE]
     updates = state.pod_set_updates if pod_set_updates is None else pod_set_updates
-    requeue = (
-        state.requeue_after_seconds if requeue_after_seconds is None else requeue_after_seconds
-    )
+    requeue = requeue_after_seconds
+    if requeue is None and new_state == RETRY == state.state:
+        requeue = state.requeue_after_seconds
     new = replace(
         state,
         state=new_state,
