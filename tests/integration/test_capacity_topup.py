@@ -129,9 +129,10 @@ async def test_a_restart_between_the_keep_and_the_next_ask_asks_it_from_the_reco
     """The keep is written on a's request before the next ask is made: a controller that
     stops in between (killed, its answer lost) leaves a Kept request and no next one. A fresh
     controller reads the keep from the record and asks b for the rest, once; nothing of a is
-    reclaimed. (The stop is played by stopping the controller and writing the keep's record as
-    it leaves it: the harness's CrashingController, tried first, did not count the keep's own
-    write among those it cuts after, so it could not stop right there.)"""
+    reclaimed, and a's nodes are kept from the autoscaler's scale-down. (The stop is played
+    by stopping the controller and writing the keep's record as it leaves it: the harness's
+    CrashingController, tried first, did not count the keep's own write among those it cuts
+    after, so it could not stop right there.)"""
     await cluster.install_check(sources(deadline_a=60))
     first = RunningController(str(control_plane.kubeconfig))
     await first.start()
@@ -167,6 +168,7 @@ async def test_a_restart_between_the_keep_and_the_next_ask_asks_it_from_the_reco
         made = await cluster.wait_request(b, timeout=30)
         assert [p["count"] for p in made["spec"]["podSets"]] == [2]
         assert made["metadata"]["annotations"]["gangcheck.io/kept-from"] == a
+        await guarded(cluster, from_a, a)  # from the record too: kept from scale-down
         await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
         from_b = await cluster.add_nodes(2, labels={"src": "b"})
         await cluster.wait_check("wl", "Ready", timeout=30)
