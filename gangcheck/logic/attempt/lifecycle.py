@@ -367,9 +367,9 @@ def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Acti
     has started, or its rollback is done (what was not reclaimed is no longer the gang's);
     and the scale-down guard gangcheck set on them while they were kept (scaledown.py)."""
     nodes = capacity.nodes if capacity else ()
-    recorded = [n["metadata"]["name"] for n in arrived_for(nodes, request_key(req))]
-    held = held_nodes(nodes, recorded)
-    return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(capacity, req))
+    arrived = arrived_for(nodes, request_key(req))
+    held = held_nodes(nodes, [n["metadata"]["name"] for n in arrived])
+    return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(arrived, request_key(req)))
 
 
 def clean_up(

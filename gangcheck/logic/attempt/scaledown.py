@@ -32,7 +32,6 @@ from typing import Any
 
 from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.actions import GuardScaleDown
-from gangcheck.logic.attempt.backend import AttemptRecord
 from gangcheck.logic.attempt.fulfillment import ClusterView, claim_of, request_key
 from gangcheck.logic.attempt.records import AttemptPhase
 from gangcheck.model.names import SCALE_DOWN_GUARD
@@ -127,10 +126,9 @@ def guard(
     return tuple(out)
 
 
-def unguard(capacity: ClusterView | None, req: AttemptRecord) -> tuple[GuardScaleDown, ...]:
-    """The guard lifted from every node that carries gangcheck's record for `req`; nothing
-    when none does."""
-    key = request_key(req)
-    nodes = capacity.nodes if capacity else ()
-    names = tuple(sorted(str(n["metadata"]["name"]) for n in nodes if guarded_for(n) == key))
-    return (GuardScaleDown(key, names, on=False),) if names else ()
+def unguard(nodes: Iterable[Mapping[str, Any]], request: str) -> tuple[GuardScaleDown, ...]:
+    """The guard lifted from each of `nodes` (those recorded as arrived for `request`: the
+    guard goes on no other) that carries gangcheck's record for `request`; nothing when none
+    does."""
+    names = tuple(sorted(str(n["metadata"]["name"]) for n in nodes if guarded_for(n) == request))
+    return (GuardScaleDown(request, names, on=False),) if names else ()
