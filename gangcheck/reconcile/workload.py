@@ -26,6 +26,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     DeleteTemplate,
     Event,
+    GuardScaleDown,
     ReleaseHold,
     ReleaseMembers,
 )
@@ -63,6 +64,7 @@ CACHED_ACTIONS = (
     CreateRequest,
     AnnotateRequest,
     ClaimNode,
+    GuardScaleDown,
     ReleaseHold,
     ReleaseMembers,
 )
