@@ -496,8 +496,10 @@ class Dispatcher:
         if view.skip or worker.kube is None:
             return WorkerFacts(worker.name, reachable=False, skip=view.skip or worker.skip)
         try:
-            failure, admitted = (
-                await _copy_state(worker.kube, wl, view.requests) if nominated else ("", False)
+            failure, admitted, copied = (
+                await _copy_state(worker.kube, wl, view.requests)
+                if nominated
+                else ("", False, True)
             )
         except ApiError as e:
             return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
@@ -509,6 +511,7 @@ class Dispatcher:
             pending=pending,
             lately_failed=lately_failed,
             admitted=admitted,
+            copied=copied,
         )
 
 
@@ -548,15 +551,17 @@ def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
     return False
 
 
-async def _copy_state(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> tuple[str, bool]:
-    """The worker's copy of ``wl``: why it failed ('' if not) and whether it is admitted."""
+async def _copy_state(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> tuple[str, bool, bool]:
+    """The worker's copy of ``wl``: why it failed ('' if not), whether it is admitted, and
+    whether there is one."""
     meta = wl["metadata"]
     copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
     if copy is None:
-        return "", False
+        return "", False, False
     failure = _copy_failure(copy, meta, requests)
     admitted = _condition(copy, "Admitted")
-    return failure, not failure and admitted is not None and admitted.get("status") == "True"
+    placed = not failure and admitted is not None and admitted.get("status") == "True"
+    return failure, placed, True
 
 
 def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -> str:

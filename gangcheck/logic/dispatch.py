@@ -55,6 +55,10 @@ FAILURE_MEMORY = 120.0
 #: cluster-autoscaler's reason on ``Provisioned=False`` (and on ``Failed=True`` with
 #: ``noRetry``) when no node group can host the pods: its word for a stockout.
 CAPACITY_NOT_FOUND = "CapacityIsNotFound"
+#: How long (seconds) a worker nominated may go without Kueue's copy of the Workload before
+#: the reason says so: Kueue copies within a second or two; v0.17 copies no Workload of a
+#: MultiKueue check while a worker it counts connected does not answer (docs/multicluster.md).
+COPY_GRACE = 30.0
 
 
 class Outcome(StrEnum):
@@ -104,6 +108,8 @@ class WorkerFacts:
     """Why it was given up for another gang lately (``recent_failures``); empty: not."""
     admitted: bool = False
     """Its copy of the Workload is admitted there (read only for a worker nominated)."""
+    copied: bool = True
+    """Kueue's copy of the Workload is there (read only for a worker nominated)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,8 @@ class DispatchRecord:
     failed_at: Mapping[str, str] = field(default_factory=dict)
     admitted: str = ""
     """The worker nominated whose copy was seen admitted (MultiKueue places the gang there)."""
+    nominated_at: Mapping[str, str] = field(default_factory=dict)
+    """When each worker nominated now was nominated (RFC 3339)."""
 
     def to_annotation(self) -> str:
         data: dict[str, object] = {
@@ -219,6 +227,8 @@ class DispatchRecord:
             data["failedAt"] = dict(self.failed_at)
         if self.admitted:
             data["admitted"] = self.admitted
+        if self.nominated_at:
+            data["nominatedAt"] = dict(self.nominated_at)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -241,6 +251,7 @@ class DispatchRecord:
             reason=str(data.get("reason") or ""),
             failed_at={str(k): str(v) for k, v in (data.get("failedAt") or {}).items()},
             admitted=str(data.get("admitted") or ""),
+            nominated_at={str(k): str(v) for k, v in (data.get("nominatedAt") or {}).items()},
         )
 
 
@@ -277,7 +288,10 @@ def decide(
     next is nominated; a worker nominated and still trying is kept. A worker nominated whose
     copy is admitted there is recorded as such (``admitted``): the record written then is
     also what has MultiKueue, which otherwise looks at a worker's change only after its
-    1 s batch period, place the gang at once (a change of the manager's Workload)."""
+    1 s batch period, place the gang at once (a change of the manager's Workload). A worker
+    nominated ``COPY_GRACE`` seconds ago or more that has no copy of the Workload yet is said
+    in the reason (Kueue is not copying it: nothing the dispatcher can change, but why the gang
+    waits); it stays nominated."""
     facts = {w.name: w for w in workers}
     failed = dict(record.failed)
     failed_at = dict(record.failed_at)
@@ -316,8 +330,35 @@ def decide(
     tried = record.tried + tuple(c for c in newly if c not in record.tried)
     skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
     admitted = next((c for c in keep if c in facts and facts[c].admitted), "")
-    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason, failed_at, admitted)
+    since = {c: record.nominated_at[c] for c in keep if c in record.nominated_at}
+    if now is not None:
+        since |= {c: _stamp(now) for c in chosen if c not in since}
+    uncopied = _not_copied(keep, facts, since, now)
+    if uncopied and not fallbacks:
+        reason = uncopied
+    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since)
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def _not_copied(
+    keep: Sequence[str],
+    facts: Mapping[str, WorkerFacts],
+    since: Mapping[str, str],
+    now: datetime | None,
+) -> str:
+    """The reason for a worker nominated ``COPY_GRACE`` seconds ago or more whose copy of the
+    Workload Kueue has not made ('' when none): stable, so it is written once."""
+    for cluster in keep:
+        worker, when = facts.get(cluster), _parse(since.get(cluster, ""))
+        if worker is None or worker.copied or when is None or now is None:
+            continue
+        if (now - when).total_seconds() >= COPY_GRACE:
+            return (
+                f"{cluster} nominated at {since[cluster]}, and Kueue has not copied the "
+                "Workload there: is MultiKueue stuck on another worker it counts connected "
+                "that does not answer (a kubeconfig Secret pointing nowhere)?"
+            )
+    return ""
 
 
 def recent_failures(

@@ -445,3 +445,29 @@ def test_a_nominated_worker_whose_copy_is_admitted_is_recorded_and_kept() -> Non
     # a worker not nominated is never recorded as admitted
     other = decide(DispatchRecord(nominated=("w1",)), [WorkerFacts("w2", admitted=True)])
     assert not other.record.admitted
+
+
+@pytest.mark.parametrize(
+    ("waited", "copied", "stalled"),
+    [(31.0, False, True), (10.0, False, False), (31.0, True, False)],
+    ids=["no copy past the grace: said", "no copy yet: still trying", "copied: trying"],
+)
+def test_a_nominated_worker_kueue_does_not_copy_to_is_said_and_kept(
+    waited: float, copied: bool, stalled: bool
+) -> None:
+    """Kueue v0.17 copies no Workload of a MultiKueue check while a worker it counts connected
+    does not answer (a Secret pointing nowhere): the nominated worker never gets its copy.
+    Past COPY_GRACE the reason (and diagnose) says so; the worker stays nominated (another
+    would get no copy either) and nothing is written again afterwards (the reason is stable)."""
+    first = decide(DispatchRecord(), [WorkerFacts("b", fits_now=True)], now=NOW)
+    assert first.record.nominated_at == {"b": "2026-01-01T12:00:00Z"}
+    later = NOW + timedelta(seconds=waited)
+    step = decide(first.record, [WorkerFacts("b", copied=copied)], now=later)
+    assert step.nominated == ("b",)
+    assert step.record.nominated_at == first.record.nominated_at
+    said = "b nominated at 2026-01-01T12:00:00Z, and Kueue has not copied the Workload there"
+    assert (said in step.record.reason) == stalled, step.record.reason
+    assert (said in describe(step.record)[0]) == stalled
+    assert DispatchRecord.from_annotation(step.record.to_annotation()) == step.record
+    again = decide(step.record, [WorkerFacts("b", copied=copied)], now=later + timedelta(seconds=1))
+    assert again.record == step.record
