@@ -157,6 +157,7 @@ def reclaimer_crds(control_plane: ControlPlane) -> Iterator[None]:
     yield
     for crd in missing:
         admin.request("DELETE", _crd_path(crd))
+    crds.wait_gone(admin, [c["metadata"]["name"] for c in missing])  # gone before the next module
 
 
 def _crd_path(crd: Obj) -> str:
@@ -605,6 +606,7 @@ def node_pool_crd(control_plane: ControlPlane) -> Iterator[None]:
     yield
     for crd in missing:
         admin.request("DELETE", _crd_path(crd))
+    crds.wait_gone(admin, [c["metadata"]["name"] for c in missing])  # gone before the next module
 
 
 def test_the_karpenter_component_grants_the_backend_and_never_writes_pools(

@@ -140,14 +140,36 @@ def wait_listable(client: RestClient, crds: Sequence[dict[str, Any]], timeout: f
         time.sleep(0.1)
 
 
+def wait_gone(client: RestClient, names: Sequence[str], timeout: float = 60.0) -> None:
+    """Waits until none of the CRDs named is there (a deleted CRD stays, terminating, until
+    the server has removed its custom resources)."""
+    deadline = time.monotonic() + timeout
+    pending = list(names)
+    while pending:
+        pending = [n for n in pending if client.request("GET", f"{CRD_API}/{n}").status != 404]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise CRDError(f"CRDs still there {timeout:.0f}s after deletion: {', '.join(pending)}")
+        time.sleep(0.1)
+
+
+def _terminating(client: RestClient, name: str) -> bool:
+    found = client.request("GET", f"{CRD_API}/{name}")
+    return found.status == 200 and bool(found.json()["metadata"].get("deletionTimestamp"))
+
+
 def install_crds(
     client: RestClient, crds: Sequence[dict[str, Any]], timeout: float = 60.0
 ) -> list[str]:
     """Server-side applies every CRD, waits until all are Established and their resources
-    answer; returns the CRDs' names."""
+    answer; returns the CRDs' names. A CRD still terminating (deleted by someone before) is
+    waited out first: applied over, it would be removed a moment later."""
     names = []
     for crd in crds:
         name = crd["metadata"]["name"]
+        if _terminating(client, name):
+            wait_gone(client, [name], timeout)
         client.apply(f"{CRD_API}/{name}", crd, FIELD_MANAGER)
         names.append(name)
     wait_established(client, names, timeout)
