@@ -408,9 +408,9 @@ async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_t
             topped = f"{first}-s1"
             key = f"{namespace}/{first}"
 
-            async def provisioned() -> bool:
-                req = await kube.get(PROVISIONING_REQUEST, first, namespace)
-                return is_true(req, "Provisioned")
+            async def provisioned() -> bool:  # made once Kueue reserves quota: maybe not yet
+                req = await kube.get_if_exists(PROVISIONING_REQUEST, first, namespace)
+                return req is not None and is_true(req, "Provisioned")
 
             await eventually(provisioned, timeout=60, what=f"{first} Provisioned")
             # the autoscaler adds two nodes to the big group, for someone else's request
