@@ -347,6 +347,7 @@ async def fail_request(kube: Kube, name: str, namespace: str, message: str) -> N
     await kube.merge_patch(PROVISIONING_REQUEST, name, patch, namespace, subresource="status")
 
 
+@pytest.mark.soak  # waits out the autoscaler's unneeded time and a 45 s delivery (docs/testing.md)
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("controller")
 async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_the_gang_runs(
@@ -426,7 +427,23 @@ async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_t
                 ]
                 return sorted(mine) if len(mine) == 2 else None
 
-            kept = await eventually(arrived, timeout=90, what=f"2 nodes recorded for {first}")
+            try:
+                kept = await eventually(arrived, timeout=90, what=f"2 nodes recorded for {first}")
+            except AssertionError as e:  # what the autoscaler and gangcheck did instead
+                nodes = [
+                    (
+                        n["metadata"]["name"],
+                        (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR),
+                    )
+                    for n in await nodes_with(kube, big)
+                ]
+                theirs = await kube.get_if_exists(
+                    PROVISIONING_REQUEST, other["metadata"]["name"], namespace
+                )
+                said = (theirs or {}).get("status", {}).get("conditions")
+                raise AssertionError(
+                    f"{e}; nodes of {BIG.name}: {nodes}; {other['metadata']['name']}: {said}"
+                ) from e
             await delete_quietly(kube, PROVISIONING_REQUEST, other["metadata"]["name"], namespace)
             await fail_request(kube, first, namespace, "the cloud gave up")
             kept_at = time.monotonic()
