@@ -19,6 +19,19 @@ ReadOnlyObj = Mapping[str, Any]
 frozen mapping or a typed dict may be passed as well."""
 
 
+def json_pointer(*tokens: str) -> str:
+    """The JSON Pointer (RFC 6901) of a path in an object, its reference tokens escaped:
+    ``json_pointer("metadata", "annotations", "a/b")`` is ``/metadata/annotations/a~1b``."""
+    return "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in tokens)
+
+
+def tested_removal(field: str, key: str, value: str) -> list[Obj]:
+    """JSON patch ops (RFC 6902) removing ``metadata.<field>.<key>`` only while it still has
+    `value`: a value changed meanwhile fails the whole patch, never gets dropped."""
+    path = json_pointer("metadata", field, key)
+    return [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+
+
 @dataclass(frozen=True)
 class Condition:
     type: str

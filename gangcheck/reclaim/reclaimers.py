@@ -24,7 +24,7 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.model.names import OWNER_SCALED_DOWN, SCALED_DOWN_FOR
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, json_pointer
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
@@ -47,10 +47,6 @@ class Reclaimer(Protocol):
 
 def _annotations(obj: Obj) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-def _pointer(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 class DeleteNode:
@@ -188,7 +184,7 @@ def _decrement(obj: Obj, replicas: int, uid: str) -> list[Obj]:
         {"op": "replace", "path": "/spec/replicas", "value": replicas - 1},
     ]
     if "annotations" in (obj.get("metadata") or {}):
-        path = f"/metadata/annotations/{_pointer(SCALED_DOWN_FOR)}"
+        path = json_pointer("metadata", "annotations", SCALED_DOWN_FOR)
         return [*ops, {"op": "add", "path": path, "value": uid}]
     return [*ops, {"op": "add", "path": "/metadata/annotations", "value": {SCALED_DOWN_FOR: uid}}]
 

@@ -25,7 +25,7 @@ from gangcheck.model.names import (
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
 )
-from gangcheck.model.objects import Obj, Pod
+from gangcheck.model.objects import Obj, Pod, tested_removal
 
 RECLAIM_TAINT_ENTRY = {"key": RECLAIM_TAINT, "value": "true", "effect": "NoSchedule"}
 
@@ -112,12 +112,7 @@ def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
     meta = node.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     if FENCE_LABEL in labels:
-        ops += _test_and_remove("labels", FENCE_LABEL, labels[FENCE_LABEL])
+        ops += tested_removal("labels", FENCE_LABEL, labels[FENCE_LABEL])
     if forget and RECLAIM_WHEN_IDLE in annotations:
-        ops += _test_and_remove("annotations", RECLAIM_WHEN_IDLE, annotations[RECLAIM_WHEN_IDLE])
+        ops += tested_removal("annotations", RECLAIM_WHEN_IDLE, annotations[RECLAIM_WHEN_IDLE])
     return ops
-
-
-def _test_and_remove(field: str, key: str, value: str) -> list[Obj]:
-    path = f"/metadata/{field}/" + key.replace("~", "~0").replace("/", "~1")
-    return [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]

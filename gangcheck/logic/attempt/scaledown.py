@@ -35,7 +35,7 @@ from gangcheck.logic.attempt.actions import GuardScaleDown
 from gangcheck.logic.attempt.fulfillment import ClusterView, claim_of, request_key
 from gangcheck.logic.attempt.records import AttemptPhase
 from gangcheck.model.names import SCALE_DOWN_GUARD
-from gangcheck.model.objects import Obj, ProvisioningRequest
+from gangcheck.model.objects import Obj, ProvisioningRequest, tested_removal
 
 #: cluster-autoscaler's annotation marking a node as not eligible for scale-down
 #: (core/scaledown/eligibility, ``ScaleDownDisabledKey``); only the value "true" counts.
@@ -46,21 +46,13 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
-def pointer(key: str) -> str:
-    """The JSON pointer of an annotation."""
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-
-
 def removal(obj: Mapping[str, Any], key: str, value: str = "true") -> list[Obj]:
     """JSON patch ops removing the annotation `key` from `obj` if it has `value`, tested
     first (a value changed meanwhile fails the patch, never gets dropped); empty when the
     annotation has another value or none."""
     if _annotations(obj).get(key) != value:
         return []
-    return [
-        {"op": "test", "path": pointer(key), "value": value},
-        {"op": "remove", "path": pointer(key)},
-    ]
+    return tested_removal("annotations", key, value)
 
 
 def guarded_for(node: Mapping[str, Any]) -> str:

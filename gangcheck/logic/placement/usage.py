@@ -330,13 +330,11 @@ def deleting_claim_of(node: Obj, claims: Iterable[Obj]) -> str:
     name. Karpenter, once a claim is being deleted, deletes its Node (the Node then gets its
     own deletionTimestamp), whose termination then taints it `karpenter.sh/disrupted`: until
     then, only the claim says the node is going."""
-    name, provider = _name(node), _provider(node)
+    keys = set(_Link(_name(node), _provider(node)).index_keys())
     found = []
     for claim in claims:
         link = _deleting_link(claim)
-        if link is None:
-            continue
-        if (link.node and link.node == name) or (link.provider and link.provider == provider):
+        if link is not None and keys.intersection(link.index_keys()):
             found.append(_name(claim))
     return min(found, default="")
 

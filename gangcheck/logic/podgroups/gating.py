@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import GATE, GATED_AT
-from gangcheck.model.objects import scheduling_gates
+from gangcheck.model.objects import json_pointer, scheduling_gates
 
 OPT_IN_VALUE = "enabled"
 
@@ -85,11 +85,6 @@ def gated_at(pod: Mapping[str, Any]) -> datetime | None:
     return parse_time(raw) if isinstance(raw, str) else None
 
 
-def _pointer(token: str) -> str:
-    """One JSON Pointer reference token, escaped (RFC 6901)."""
-    return token.replace("~", "~0").replace("/", "~1")
-
-
 def gate_patch(pod: Mapping[str, Any], *, now: datetime) -> JsonPatch | None:
     """JSON patch operations (RFC 6902) that add ``GATE`` and the ``GATED_AT`` annotation
     (``now``) to a pod being created; None when the pod needs none:
@@ -115,6 +110,6 @@ def gate_patch(pod: Mapping[str, Any], *, now: datetime) -> JsonPatch | None:
     elif _mapping(metadata.get("annotations")) is None:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {GATED_AT: stamp}})
     else:
-        path = f"/metadata/annotations/{_pointer(GATED_AT)}"
+        path = json_pointer("metadata", "annotations", GATED_AT)
         ops.append({"op": "add", "path": path, "value": stamp})
     return ops
