@@ -290,8 +290,9 @@ def decide(
     also what has MultiKueue, which otherwise looks at a worker's change only after its
     1 s batch period, place the gang at once (a change of the manager's Workload). A worker
     nominated ``COPY_GRACE`` seconds ago or more that has no copy of the Workload yet is said
-    in the reason (Kueue is not copying it: nothing the dispatcher can change, but why the gang
-    waits); it stays nominated."""
+    after the reason (Kueue is not copying it: nothing the dispatcher can change, but why the
+    gang waits); it stays nominated. That part is derived again at each step from the copy
+    now: once Kueue copies the Workload, the reason is the choice's alone again."""
     facts = {w.name: w for w in workers}
     failed = dict(record.failed)
     failed_at = dict(record.failed_at)
@@ -314,7 +315,7 @@ def decide(
         else:
             keep.append(cluster)
     chosen = list(keep)
-    reason = record.reason if keep else ""
+    reason = _without_copy_wait(record.reason, keep, record.nominated_at) if keep else ""
     while len(chosen) < max(at_once, 1):
         pick = nominate(workers, failed=[*failed, *chosen])
         if pick.cluster is None:
@@ -335,7 +336,7 @@ def decide(
         since |= {c: _stamp(now) for c in chosen if c not in since}
     uncopied = _not_copied(keep, facts, since, now)
     if uncopied and not fallbacks:
-        reason = uncopied
+        reason = f"{reason}; {uncopied}" if reason else uncopied
     new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since)
     return Step(tuple(chosen), new, newly, fallbacks)
 
@@ -346,19 +347,38 @@ def _not_copied(
     since: Mapping[str, str],
     now: datetime | None,
 ) -> str:
-    """The reason for a worker nominated ``COPY_GRACE`` seconds ago or more whose copy of the
+    """What is said of a worker nominated ``COPY_GRACE`` seconds ago or more whose copy of the
     Workload Kueue has not made ('' when none): stable, so it is written once."""
     for cluster in keep:
         worker, when = facts.get(cluster), _parse(since.get(cluster, ""))
         if worker is None or worker.copied or when is None or now is None:
             continue
         if (now - when).total_seconds() >= COPY_GRACE:
-            return (
-                f"{cluster} nominated at {since[cluster]}, and Kueue has not copied the "
-                "Workload there: is MultiKueue stuck on another worker it counts connected "
-                "that does not answer (a kubeconfig Secret pointing nowhere)?"
-            )
+            return _copy_wait(cluster, since[cluster])
     return ""
+
+
+def _copy_wait(cluster: str, since: str) -> str:
+    return (
+        f"{cluster} nominated at {since}, and Kueue has not copied the Workload there: is "
+        "MultiKueue stuck on another worker it counts connected that does not answer (a "
+        "kubeconfig Secret pointing nowhere)?"
+    )
+
+
+def _without_copy_wait(reason: str, keep: Sequence[str], since: Mapping[str, str]) -> str:
+    """``reason`` less what ``_not_copied`` said after it at an earlier step (said again, or
+    not, from the copy now). A record written before that was said after the choice's reason
+    holds it alone: then the worker kept is said to be trying, as ``nominate`` says."""
+    for cluster in keep:
+        if cluster not in since:
+            continue
+        said = _copy_wait(cluster, since[cluster])
+        if reason == said:
+            return f"{cluster} is still trying"
+        if reason.endswith(f"; {said}"):
+            return reason.removesuffix(f"; {said}")
+    return reason
 
 
 def recent_failures(

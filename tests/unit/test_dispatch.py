@@ -471,3 +471,62 @@ def test_a_nominated_worker_kueue_does_not_copy_to_is_said_and_kept(
     assert DispatchRecord.from_annotation(step.record.to_annotation()) == step.record
     again = decide(step.record, [WorkerFacts("b", copied=copied)], now=later + timedelta(seconds=1))
     assert again.record == step.record
+
+
+FITS_B = "the gang fits now in b, on nodes that exist or are reserved"
+STALL_B = (
+    "b nominated at 2026-01-01T12:00:00Z, and Kueue has not copied the Workload there: is "
+    "MultiKueue stuck on another worker it counts connected that does not answer (a kubeconfig "
+    "Secret pointing nowhere)?"
+)
+#: (seconds after the nomination, whether b has Kueue's copy, the reason wanted then)
+COPY_LATE = {
+    "copied late: the choice's reason again, then stable": (
+        (31.0, False, f"{FITS_B}; {STALL_B}"),
+        (40.0, True, FITS_B),
+        (41.0, True, FITS_B),
+    ),
+    "the copy gone again past the grace: said again": (
+        (31.0, False, f"{FITS_B}; {STALL_B}"),
+        (40.0, True, FITS_B),
+        (80.0, False, f"{FITS_B}; {STALL_B}"),
+    ),
+    "copied before the grace: never said": (
+        (10.0, False, FITS_B),
+        (20.0, True, FITS_B),
+        (60.0, True, FITS_B),
+    ),
+}
+
+
+@pytest.mark.parametrize("timeline", COPY_LATE.values(), ids=COPY_LATE.keys())
+def test_the_copy_wait_reason_follows_whether_kueue_copied_the_workload(
+    timeline: tuple[tuple[float, bool, str], ...],
+) -> None:
+    """The reason is derived again at each step from the copy now: once Kueue copies the
+    Workload (its stuck worker answered again), the record says why b was chosen, as before
+    the wait, not that Kueue has not copied it; diagnose (``describe``) says the same."""
+    record = decide(DispatchRecord(), [WorkerFacts("b", fits_now=True)], now=NOW).record
+    assert record.reason == FITS_B
+    for waited, copied, wanted in timeline:
+        step = decide(
+            record, [WorkerFacts("b", copied=copied)], now=NOW + timedelta(seconds=waited)
+        )
+        assert step.nominated == ("b",)
+        assert not step.changed  # nothing to tell: b stays nominated, only the record
+        assert step.record.reason == wanted, (waited, copied)
+        assert describe(step.record)[0] == f"trying b: {wanted}"
+        assert DispatchRecord.from_annotation(step.record.to_annotation()) == step.record
+        record = step.record
+
+
+def test_a_copy_wait_said_alone_by_an_earlier_record_is_cleared_once_copied() -> None:
+    """A record written before the wait was added to the choice's reason holds the wait alone
+    as its reason: once the copy is there, b is said to be trying, as of a worker kept."""
+    earlier = DispatchRecord(
+        nominated=("b",), tried=("b",), reason=STALL_B, nominated_at={"b": "2026-01-01T12:00:00Z"}
+    )
+    later = NOW + timedelta(seconds=60)
+    assert decide(earlier, [WorkerFacts("b")], now=later).record.reason == "b is still trying"
+    still = decide(earlier, [WorkerFacts("b", copied=False)], now=later).record.reason
+    assert still == f"b is still trying; {STALL_B}"
