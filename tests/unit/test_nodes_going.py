@@ -28,11 +28,10 @@ from gangcheck.logic.placement.usage import (
     node_claim_change_matters,
 )
 from gangcheck.logic.sources.world import capacity_of
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.reconcile.view import cluster_view
 from tests import builders
-from tests.builders import provisioning_request
 from tests.fakes.kube import FakeKube
+from tests.unit.test_event_routing import WAITING_GANG, controller_with_a_waiting_gang
 
 Obj = dict[str, Any]
 GONE = "2026-01-02T00:00:00Z"
@@ -225,20 +224,6 @@ def test_a_node_that_registers_after_its_claim_began_deleting_is_going_from_the_
 
 # ---- the gangs a claim event requeues --------------------------------------------------------
 
-WAITING_GANG = "wl:default/wl"
-
-
-def controller_with_a_waiting_gang() -> Controller:
-    kube = FakeKube()
-    kube.add(builders.node("n1"))
-    request = provisioning_request("wl-atomic-1", conditions={"Provisioned": ""})
-    request["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}  # what gangcheck lists
-    kube.add(request)
-    controller = Controller(kube)
-    kube.sync(controller.caches)
-    assert controller.caches.in_flight.open_requests()  # the gang waits for capacity
-    return controller
-
 
 def claim_event(controller: Controller, old: Obj | None, new: Obj | None) -> None:
     """As the informer tells it: the store's indexers (the capacity), then the handlers."""
@@ -281,7 +266,7 @@ REQUEUES = {
 def test_claim_events_requeue_the_waiting_gangs_a_node_event_would(
     old: Obj | None, new: Obj | None, requeued: list[str], n1_going: bool
 ) -> None:
-    controller = controller_with_a_waiting_gang()
+    controller, _ = controller_with_a_waiting_gang()  # its node n1
     if old is not None:  # the claim as the caches had it before
         controller.caches.capacity.on_node_claim(None, old)
     claim_event(controller, old, new)

@@ -288,32 +288,41 @@ def test_a_diagnosis_replays_a_running_groups_growth() -> None:
     assert "minCount raised to 6: 2 member(s) added to 4 running" in replay_group(snap, NOW).message
 
 
+#: Two capacity sources: a, then b (its own provisioning class).
+TWO_SOURCES: Obj = {
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a"}},
+        {
+            "name": "b",
+            "nodeSelector": {"pool": "b"},
+            "provisioningClassName": "queued-provisioning.gke.io",
+        },
+    ],
+    "fulfillment": {"reclaimer": "DeleteNode"},
+}
+
+
+def grown_by_two(obj: Obj, spec: Obj, requests: tuple[Obj, ...] = ()) -> GroupDecision:
+    """The growth decision of the group ``obj`` (released, minCount raised to 6): its four
+    running members on ``OLD_NODE`` and the two added ones."""
+    pods = [*running(), *added()]
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, pods)),
+        requests=tuple(map(request_of, requests)),
+        config=parse_spec(spec),
+        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
+        opted_in=True,
+    )
+    return growth.decide(snap, NOW)
+
+
 def test_a_group_released_onto_a_later_source_grows_from_that_source() -> None:
     """A group released onto its second capacity source (InOrder fell back, or it won a
     Race) asks for its growth there, pinned to that source's nodes, not the first source's."""
     obj = group(6)
     obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
-    spec = {
-        "capacitySources": [
-            {"name": "a", "nodeSelector": {"pool": "a"}},
-            {
-                "name": "b",
-                "nodeSelector": {"pool": "b"},
-                "provisioningClassName": "queued-provisioning.gke.io",
-            },
-        ],
-        "capacitySourcePolicy": "Race",
-        "fulfillment": {"reclaimer": "DeleteNode"},
-    }
-    pods = [*running(), *added()]
-    snap = GroupSnapshot(
-        group=pod_group_of(obj),
-        members=tuple(map(pod_of, pods)),
-        config=parse_spec(spec),
-        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
-        opted_in=True,
-    )
-    d = growth.decide(snap, NOW)
+    d = grown_by_two(obj, {**TWO_SOURCES, "capacitySourcePolicy": "Race"})
     (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
     assert body["metadata"]["name"] == GROW1
     assert body["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
@@ -351,30 +360,10 @@ def test_a_group_topped_up_grows_from_the_source_that_delivered_last(
     latest = "g-pg-1-b" if latest_source else FIRST
     obj = group(6)
     obj["metadata"]["annotations"]["gangcheck.io/request"] = latest
-    spec = {
-        "capacitySources": [
-            {"name": "a", "nodeSelector": {"pool": "a"}},
-            {
-                "name": "b",
-                "nodeSelector": {"pool": "b"},
-                "provisioningClassName": "queued-provisioning.gke.io",
-            },
-        ],
-        "fulfillment": {"reclaimer": "DeleteNode"},
-    }
     requests = [_topped_up_request(FIRST, 0, "Kept" if latest_source else "Started")]
     if latest_source:
         requests.append(_topped_up_request(latest, 1, "Started"))
-    pods = [*running(), *added()]
-    snap = GroupSnapshot(
-        group=pod_group_of(obj),
-        members=tuple(map(pod_of, pods)),
-        requests=tuple(map(request_of, requests)),
-        config=parse_spec(spec),
-        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
-        opted_in=True,
-    )
-    d = growth.decide(snap, NOW)
+    d = grown_by_two(obj, TWO_SOURCES, tuple(requests))
     (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
     assert body["metadata"]["name"] == GROW1
     classes = {

@@ -35,6 +35,7 @@ from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
 from tests.unit.test_podgroup_decide import group, members
+from tests.unit.test_topup import in_flight
 
 Obj = dict[str, Any]
 RACE: Obj = {
@@ -222,20 +223,7 @@ class PodGroups(Adapter):
                     '[{"name": "a", "nodeSelector": {"pool": "a"}}, '
                     '{"name": "b", "nodeSelector": {"pool": "b"}}]}'
                 )
-        snap = GroupSnapshot(
-            group=pod_group_of(group(4, annotations=notes)),
-            members=tuple(map(pod_of, pods)),
-            config=parse_spec(spec),
-            requests=tuple(request_of(r) for r in requests),
-            templates=frozenset(
-                p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
-            ),
-            capacity=ClusterView(
-                nodes=tuple(_nodes(self, nodes)),
-                pods=tuple(pods),
-                in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
-            ),
-        )
+        snap = in_flight(group(4, annotations=notes), pods, spec, requests, _nodes(self, nodes))
         d = decide_group(snap, NOW)
         seen = _common(d.actions, d.events, d.sources)
         status = d.status or {}

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt.actions import GuardScaleDown, ReclaimArrivals
-from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.scaledown import (
     SCALE_DOWN_DISABLED,
     guard_patch,
@@ -20,23 +19,17 @@ from gangcheck.logic.attempt.scaledown import (
     removal,
     unguard_ops,
 )
-from gangcheck.logic.podgroups.podgroup import GroupSnapshot
-from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
 from gangcheck.model.names import CONSUME_ANNOTATION, SCALE_DOWN_GUARD
-from gangcheck.model.objects import pod_of, request_of
-from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import node
-from tests.unit.test_admission_decide import NOW, gang
-from tests.unit.test_podgroup_decide import group, members
+from tests.unit.test_admission_decide import gang
 from tests.unit.test_topup import (
     KINDS,
     OUTCOME,
-    SPEC,
     A,
     B,
     ask,
+    decide_provisioning,
     gpu_node,
     kept,
     request,
@@ -144,23 +137,7 @@ def decide_both(kind: str, requests: list[Obj], nodes: list[Obj]) -> tuple[Any, 
     """The decision's actions, through a Workload's check or a PodGroup (test_topup.py)."""
     if kind == "Workload":
         return run(requests, nodes).actions
-    pods = members(4)
-    notes = {"gangcheck.io/state": "Provisioning", "gangcheck.io/attempt": "1"}
-    snap = GroupSnapshot(
-        group=pod_group_of(group(4, annotations=notes)),
-        members=tuple(map(pod_of, pods)),
-        config=parse_spec(SPEC),
-        requests=tuple(request_of(r) for r in requests),
-        templates=frozenset(
-            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
-        ),
-        capacity=ClusterView(
-            nodes=tuple(nodes),
-            pods=tuple(pods),
-            in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
-        ),
-    )
-    return decide_group(snap, NOW).actions
+    return decide_provisioning(requests, nodes).actions
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -31,7 +31,7 @@ from gangcheck.logic.attempt.explain import World
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
 from gangcheck.logic.podgroups.group_diagnosis import gather_group
-from gangcheck.logic.podgroups.podgroup import GroupSnapshot
+from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.logic.workloads.diagnosis import gather
@@ -228,6 +228,41 @@ def seen(d: Decision) -> Seen:
     return _seen(d.actions, d.events, **more)
 
 
+def in_flight(
+    obj: Obj, pods: list[Obj], spec: Obj, requests: list[Obj], nodes: list[Obj]
+) -> GroupSnapshot:
+    """The snapshot of the PodGroup ``obj`` with its members ``pods`` while ``requests`` are
+    in flight (their templates made), ``nodes`` in the cluster (test_scaledown.py and
+    test_race_adapters.py decide on theirs too)."""
+    return GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, pods)),
+        config=parse_spec(spec),
+        requests=tuple(request_of(r) for r in requests),
+        templates=frozenset(
+            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+        ),
+        capacity=ClusterView(
+            nodes=tuple(nodes),
+            pods=tuple(pods),
+            in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+        ),
+    )
+
+
+#: A PodGroup's annotations while its first attempt provisions.
+PROVISIONING = {"gangcheck.io/state": "Provisioning", "gangcheck.io/attempt": "1"}
+
+
+def decide_provisioning(
+    requests: list[Obj], nodes: list[Obj], *, topology: str = ""
+) -> GroupDecision:
+    """The decision of a PodGroup of four members (``SPEC``) provisioning its first attempt
+    with ``requests`` in flight."""
+    obj = group(4, annotations=dict(PROVISIONING), topology=topology)
+    return decide_group(in_flight(obj, members(4), SPEC, requests, nodes), NOW)
+
+
 def through(
     kind: str,
     requests: list[Obj],
@@ -245,25 +280,9 @@ def through(
             }
             wl["spec"]["podSets"][0]["template"] = template
         return seen(run(requests, nodes, workload=wl))
-    pods = members(4)
-    notes = {"gangcheck.io/state": "Provisioning", "gangcheck.io/attempt": "1"}
-    snap = GroupSnapshot(
-        group=pod_group_of(group(4, annotations=notes, topology=topology)),
-        members=tuple(map(pod_of, pods)),
-        config=parse_spec(SPEC),
-        requests=tuple(request_of(r) for r in requests),
-        templates=frozenset(
-            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
-        ),
-        capacity=ClusterView(
-            nodes=tuple(nodes),
-            pods=tuple(pods),
-            in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
-        ),
-    )
-    d = decide_group(snap, NOW)
+    d = decide_provisioning(requests, nodes, topology=topology)
     status = d.status or {}  # only what changed is written
-    state = status.get("gangcheck.io/state", notes["gangcheck.io/state"] if status else "")
+    state = status.get("gangcheck.io/state", PROVISIONING["gangcheck.io/state"] if status else "")
     more: dict[str, Any] = {
         "state": WORDS.get(state, state),
         "message": status.get("gangcheck.io/message", ""),
