@@ -4,6 +4,7 @@ integration suite does, while gangcheck's controller runs in the same event loop
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import time
@@ -43,6 +44,10 @@ PROGRESS_DELAY = 0.5
 FENCE_POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "fence-policy.yaml"
 FENCE_REFUSAL = "is being reclaimed by gangcheck"
 FIELD_MANAGER = "gangcheck-tests"
+#: The test CRDs (tests/crds/: Karpenter's NodeClaim, Cluster API's machines).
+TEST_CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+#: gangcheck's record on a node of which request it arrived for (``<namespace>/<request>``).
+ARRIVED = "gangcheck.io/arrived-for"
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -53,6 +58,25 @@ def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> str:
     done = cp.run_kubectl(*args, stdin=stdin, check=False)
     assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
     return done.stdout
+
+
+def token_kubeconfig(cp: ControlPlane, user: str, token: str, path: Path) -> Path:
+    """A kubeconfig of ``cp`` (its CA embedded) whose user ``user`` authenticates with
+    ``token``, written to ``path`` (mode 0600)."""
+    ca = base64.b64encode(cp.pki.ca_cert.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "testbed", "cluster": {"server": cp.server, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "testbed", "user": user}}],
+        "current-context": user,
+    }
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def apply(
@@ -244,6 +268,16 @@ class CrashingController(RunningController):
 
         kube.request = request  # type: ignore[method-assign]
         return controller
+
+
+async def arrived_for(cluster: Cluster, request: str) -> list[str]:
+    """The nodes recorded as arrived for ``request`` of the cluster's namespace, by name."""
+    key = f"{cluster.ns}/{request}"
+    return sorted(
+        n["metadata"]["name"]
+        for n in await cluster.nodes()
+        if (n["metadata"].get("annotations") or {}).get(ARRIVED) == key
+    )
 
 
 class Cluster:

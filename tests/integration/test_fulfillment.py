@@ -18,16 +18,17 @@ from gangcheck.kube.resources import ATOMIC_CONFIG, POD
 from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
+    ARRIVED,
     Cluster,
     CrashingController,
     RunningController,
+    arrived_for,
     eventually,
     now,
 )
 
 pytestmark = pytest.mark.integration
 
-ARRIVED = "gangcheck.io/arrived-for"
 ATTEMPT_CONFIG = "gangcheck.io/attempt-config"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
@@ -53,15 +54,6 @@ def gang(name: str = "wl", members: int = 4, gpu: int = 1, **kw: Any) -> Workloa
 
 def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
     return naming.request_name(workload, cluster.check, attempt)
-
-
-async def arrived_for(cluster: Cluster, request: str) -> list[str]:
-    key = f"{cluster.ns}/{request}"
-    return sorted(
-        n["metadata"]["name"]
-        for n in await cluster.nodes()
-        if (n["metadata"].get("annotations") or {}).get(ARRIVED) == key
-    )
 
 
 async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(

@@ -10,7 +10,6 @@ removed again, except the CRD, which the test bed installed first and other test
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
@@ -47,7 +46,7 @@ from gangcheck.model.provisioning_config import parse_spec
 from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration import harness
-from tests.integration.harness import eventually, kubectl
+from tests.integration.harness import TEST_CRDS, eventually, kubectl, token_kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +150,7 @@ def reclaimer_crds(control_plane: ControlPlane) -> Iterator[None]:
     """The NodeClaim and Cluster API test CRDs (tests/crds/), so that kubectl knows those
     types; removed again if this module installed them."""
     admin = control_plane.client()
-    wanted = crds.load_crds(sorted((ROOT / "tests" / "crds").glob("*.yaml")))
+    wanted = crds.load_crds(TEST_CRDS)
     missing = [c for c in wanted if admin.request("GET", _crd_path(c)).status == 404]
     crds.install_crds(admin, missing)
     yield
@@ -676,21 +675,8 @@ def service_account_kubeconfig(cp: ControlPlane, folder: Path) -> Path:
     path = f"/api/v1/namespaces/{NAMESPACE_NAME}/serviceaccounts/{ACCOUNT}/token"
     reply = cp.client().request("POST", path, json.dumps(request).encode())
     assert reply.status == 201, reply.body
-    ca = base64.b64encode(cp.pki.ca_cert.read_bytes()).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "testbed", "cluster": {"server": cp.server, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": ACCOUNT, "user": {"token": reply.json()["status"]["token"]}}],
-        "contexts": [{"name": ACCOUNT, "context": {"cluster": "testbed", "user": ACCOUNT}}],
-        "current-context": ACCOUNT,
-    }
-    kubeconfig = folder / "service-account.kubeconfig"
-    kubeconfig.touch(mode=0o600)
-    kubeconfig.write_text(yaml.safe_dump(config))
-    return kubeconfig
+    token = reply.json()["status"]["token"]
+    return token_kubeconfig(cp, ACCOUNT, token, folder / "service-account.kubeconfig")
 
 
 async def active_condition(admin: Kube, check: str) -> Obj | None:

@@ -11,7 +11,6 @@ RBAC (the base's rule lists and watches NodeClaims).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -31,19 +30,20 @@ from gangcheck.logic.attempt import naming
 from gangcheck.model.objects import Obj
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
+    TEST_CRDS,
     Cluster,
     RunningController,
     apply,
+    arrived_for,
     eventually,
     kubectl,
+    token_kubeconfig,
 )
 
 pytestmark = pytest.mark.integration
 
-TEST_CRDS = sorted((Path(__file__).parent.parent / "crds").glob("*.yaml"))
 #: Kept on the test's claims, as Karpenter's termination finalizer keeps a claim being deleted.
 FINALIZER = "gangcheck.io/test-keeps-the-claim"
-ARRIVED = "gangcheck.io/arrived-for"
 
 
 @pytest.fixture(scope="module")
@@ -119,15 +119,6 @@ async def message_with(cluster: Cluster, text: str) -> Obj | None:
     return entry if text in entry["message"] else None
 
 
-async def arrived_for(cluster: Cluster, request: str) -> list[str]:
-    key = f"{cluster.ns}/{request}"
-    return sorted(
-        n["metadata"]["name"]
-        for n in await cluster.nodes()
-        if (n["metadata"].get("annotations") or {}).get(ARRIVED) == key
-    )
-
-
 async def test_a_gang_that_fits_only_where_a_claim_is_being_deleted_waits_for_a_node_that_stays(
     node_claim_crd: None, claims: Claims, cluster: Cluster, controller: RunningController
 ) -> None:
@@ -193,7 +184,7 @@ async def test_nodeclaims_refused_are_an_empty_cache_synced_until_allowed(
     grant = yaml.safe_dump_all(reader_rbac(name, cluster.ns))
     try:
         async with await Kube.connect(
-            str(token_kubeconfig(control_plane, cluster.ns, tmp_path))
+            str(default_account(control_plane, cluster.ns, tmp_path))
         ) as k:
             informer = Informer(
                 k,
@@ -254,21 +245,7 @@ def reader_rbac(name: str, namespace: str) -> list[Obj]:
     ]
 
 
-def token_kubeconfig(cp: ControlPlane, namespace: str, folder: Path) -> Path:
+def default_account(cp: ControlPlane, namespace: str, folder: Path) -> Path:
     """A kubeconfig of the namespace's default ServiceAccount, which nothing grants anything."""
     token = kubectl(cp, "create", "token", "default", "-n", namespace).strip()
-    ca = base64.b64encode(cp.pki.ca_cert.read_bytes()).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "testbed", "cluster": {"server": cp.server, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": "reader", "user": {"token": token}}],
-        "contexts": [{"name": "reader", "context": {"cluster": "testbed", "user": "reader"}}],
-        "current-context": "reader",
-    }
-    kubeconfig = folder / "reader.kubeconfig"
-    kubeconfig.touch(mode=0o600)
-    kubeconfig.write_text(yaml.safe_dump(config))
-    return kubeconfig
+    return token_kubeconfig(cp, "reader", token, folder / "reader.kubeconfig")

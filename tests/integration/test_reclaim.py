@@ -16,7 +16,6 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,11 +44,10 @@ from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
 from gangcheck.telemetry import Metrics
 from tests.builders import container
+from tests.integration.harness import ARRIVED, TEST_CRDS
 
 pytestmark = pytest.mark.integration
-TEST_CRDS = sorted((Path(__file__).parent.parent / "crds").glob("*.yaml"))
 _ids = itertools.count(1)
-ARRIVED = "gangcheck.io/arrived-for"
 Obj = dict[str, Any]
 MARK = "gangcheck.io/reclaim-when-idle"
 OUR_TAINT = "gangcheck.io/reclaiming"
