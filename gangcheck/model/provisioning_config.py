@@ -347,7 +347,7 @@ class AtomicProvisioningSpec(_Spec):
         if self.provisioning_class_name == KARPENTER_CLASS:
             if self.backend is not Backend.KARPENTER:
                 raise ValueError(
-                    f"provisioningClassName {KARPENTER_CLASS!r} is served by gangcheck's "
+                    f"spec.provisioningClassName: {KARPENTER_CLASS!r} is served by gangcheck's "
                     "Karpenter backend only: set spec.backend: Karpenter"
                 )
         elif (
@@ -355,14 +355,14 @@ class AtomicProvisioningSpec(_Spec):
             and not self.allow_custom_provisioning_class
         ):
             raise ValueError(
-                f"provisioningClassName {self.provisioning_class_name!r} is not a class any known "
-                "autoscaler serves (cluster-autoscaler ignores unknown classes silently); "
+                f"spec.provisioningClassName: {self.provisioning_class_name!r} is not a class any "
+                "known autoscaler serves (cluster-autoscaler ignores unknown classes silently); "
                 "set allowCustomProvisioningClass: true if a custom provisioner serves it"
             )
         for key, value in self.parameters.items():
             if len(value) > MAX_PARAMETER_LENGTH:
                 raise ValueError(
-                    f"parameter {key!r} is longer than {MAX_PARAMETER_LENGTH} characters"
+                    f"spec.parameters: {key!r} is longer than {MAX_PARAMETER_LENGTH} characters"
                 )
         return self
 
