@@ -342,6 +342,8 @@ COMMANDS = list(_commands())
 @pytest.mark.parametrize(("doc", "argv"), COMMANDS, ids=[" ".join(a) for _, a in COMMANDS])
 def test_the_commands_in_the_docs_parse(doc: str, argv: list[str]) -> None:
     command, *rest = argv
+    if rest == ["--help"]:
+        return  # every subcommand has it
     if command == "run":
         cli._parser().parse_args(argv)
     elif command == "diagnose":
@@ -403,3 +405,17 @@ def test_the_annotations_and_labels_the_docs_name_are_the_codes() -> None:
             if key == "gangcheck.io/v1alpha1":
                 continue  # the API version
             assert f'"{key}"' in source, f"{doc.name}: {key}"
+
+
+def test_the_run_flags_that_override_settings_are_listed() -> None:
+    section = _section(CONFIGURE.read_text(), "## The controller's own settings")
+    listed = set(re.findall(r"`(--[a-z-]+)", section))
+    overriding = {flag for flag, *_ in cli._RUN_FLAG_FIELDS} | {"--leader-elect"}
+    assert listed == overriding
+
+
+def test_a_flag_refused_is_named_as_the_docs_say(capsys: pytest.CaptureFixture[str]) -> None:
+    quoted = re.search(r"`(--workers: [^`]+)`", CONFIGURE.read_text())
+    assert quoted is not None
+    assert cli.main(["run", "--workers", "0"]) == 2
+    assert quoted[1].replace("\n", " ") in capsys.readouterr().err
