@@ -20,12 +20,11 @@ from gangcheck.logic.attempt.scaledown import (
     unguard_ops,
 )
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
-from gangcheck.model.names import CONSUME_ANNOTATION, SCALE_DOWN_GUARD
+from gangcheck.model.names import SCALE_DOWN_GUARD
 from tests.builders import node
-from tests.unit.test_admission_decide import gang
 from tests.unit.test_topup import (
     KINDS,
-    OUTCOME,
+    NEXT_FAILED,
     A,
     B,
     ask,
@@ -34,6 +33,8 @@ from tests.unit.test_topup import (
     kept,
     request,
     run,
+    started_top_up,
+    topping_up,
 )
 
 Obj = dict[str, Any]
@@ -142,23 +143,18 @@ def decide_both(kind: str, requests: list[Obj], nodes: list[Obj]) -> tuple[Any, 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_kept_requests_nodes_are_guarded_while_the_next_source_delivers(kind: str) -> None:
-    a = request(0, 4, kind=kind, **kept())
-    b = request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2")
-    nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
-    actions = decide_both(kind, [a, b], nodes)
+    actions = decide_both(kind, *topping_up(kind))
     assert guards(actions) == [GuardScaleDown(f"default/{ask(0, kind)}", ("a0", "a1"))]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_node_guarded_already_or_by_someone_else_is_not_asked_again(kind: str) -> None:
     key = f"default/{ask(0, kind)}"
-    a = request(0, 4, kind=kind, **kept())
-    b = request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2")
-    ours = annotated(gpu_node("a0", "a", arrived_for=A, kind=kind), **{SDD: "true", GUARD: key})
-    theirs = annotated(gpu_node("a1", "a", arrived_for=A, kind=kind), **{SDD: "true"})
-    assert guards(decide_both(kind, [a, b], [ours, theirs])) == []
-    bare = gpu_node("a1", "a", arrived_for=A, kind=kind)
-    assert guards(decide_both(kind, [a, b], [ours, bare])) == [GuardScaleDown(key, ("a1",))]
+    requests, (a0, a1) = topping_up(kind)
+    ours = annotated(a0, **{SDD: "true", GUARD: key})
+    theirs = annotated(a1, **{SDD: "true"})
+    assert guards(decide_both(kind, requests, [ours, theirs])) == []
+    assert guards(decide_both(kind, requests, [ours, a1])) == [GuardScaleDown(key, ("a1",))]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -169,42 +165,25 @@ def test_a_request_not_kept_is_not_guarded(kind: str) -> None:
 
 
 def test_once_started_the_guard_gangcheck_set_is_lifted_and_no_other() -> None:
-    a = request(0, 4, **kept(phase="Fulfilled"))
-    b = request(1, 2, kept_from=A, kept_members="2", phase="Started")
-    wl = (
-        gang(4)
-        .check(
-            state="Ready",
-            pod_set_updates=[{"name": "workers", "annotations": {CONSUME_ANNOTATION: B}}],
-        )
-        .condition("Admitted")
-        .build()
-    )
+    requests, wl = started_top_up()
     key = f"default/{A}"
     nodes = [
         annotated(gpu_node("a0", "a", arrived_for=A), **{SDD: "true", GUARD: key}),
         annotated(gpu_node("a1", "a", arrived_for=A, held=False), **{SDD: "true"}),
         gpu_node("b0", "b", arrived_for=B, held=False),
     ]
-    lifted = guards(run([a, b], nodes, workload=wl).actions)
+    lifted = guards(run(requests, nodes, workload=wl).actions)
     assert lifted == [GuardScaleDown(key, ("a0",), on=False)]
 
 
 def test_the_rollback_of_a_kept_request_reclaims_its_nodes_guard_and_all() -> None:
     """The guard goes in the safe reclaim itself (reclaim/safely.py, before it judges the
     node): the decision asks for the reclaim of the kept nodes, guarded or not."""
-    b_done = {
-        "kept_from": A,
-        "kept_members": "2",
-        "phase": "RollingBack",
-        "rollback_reason": "Failed: b stocked out",
-        "outcome": OUTCOME,
-    }
     key = f"default/{A}"
     nodes = [
         annotated(gpu_node(n, "a", arrived_for=A), **{SDD: "true", GUARD: key})
         for n in ("a0", "a1")
     ]
-    actions = run([request(0, 4, **kept()), request(1, 2, **b_done)], nodes).actions
+    actions = run([request(0, 4, **kept()), request(1, 2, **NEXT_FAILED)], nodes).actions
     reclaims = [a for a in actions if isinstance(a, ReclaimArrivals)]
     assert [(r.request, r.nodes) for r in reclaims] == [(A, ("a0", "a1"))]

@@ -368,12 +368,18 @@ def test_with_a_required_topology_nothing_is_kept(kind: str) -> None:
     assert s.created == {}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_while_the_next_source_delivers_the_kept_request_stays(kind: str) -> None:
+def topping_up(kind: str) -> tuple[list[Obj], list[Obj]]:
+    """The requests and nodes while the next source delivers: A kept with its two nodes
+    (a0, a1), B asking the next source for the two other members, not provisioned yet
+    (test_scaledown.py guards A's nodes on it)."""
     a = request(0, 4, kind=kind, **kept())
     b = request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2")
-    nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
-    s = through(kind, [a, b], nodes)
+    return [a, b], [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_while_the_next_source_delivers_the_kept_request_stays(kind: str) -> None:
+    s = through(kind, *topping_up(kind))
     assert s.deleted == [] and s.reclaimed == {} and s.created == {}
 
 
@@ -410,16 +416,19 @@ def test_the_gang_does_not_fit_on_kept_nodes_alone(kind: str) -> None:
         assert "3 of 4 members placeable" in s.message
 
 
+#: B's record once the next source (the last) failed and its arrivals went back.
+NEXT_FAILED: dict[str, Any] = {
+    "kept_from": A,
+    "kept_members": "2",
+    "phase": "RollingBack",
+    "rollback_reason": "Failed: b stocked out",
+    "outcome": OUTCOME,
+}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_attempt_ending_rolls_the_kept_request_back_before_the_next(kind: str) -> None:
-    b_done = {
-        "kept_from": A,
-        "kept_members": "2",
-        "phase": "RollingBack",
-        "rollback_reason": "Failed: b stocked out",
-        "outcome": OUTCOME,
-    }
-    b = request(1, 2, kind=kind, **b_done)
+    b = request(1, 2, kind=kind, **NEXT_FAILED)
     nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
     s = through(kind, [request(0, 4, kind=kind, **kept()), b], nodes)
     # the last source failed: what was kept goes back first, by A's own record
@@ -458,7 +467,9 @@ def test_kept_nodes_gone_before_the_next_ask_are_not_counted(kind: str, gone: st
 # ---- a Workload's check only -------------------------------------------------------------
 
 
-def test_once_started_the_kept_nodes_hold_is_lifted() -> None:
+def started_top_up() -> tuple[list[Obj], Obj]:
+    """A top-up whose gang started: A kept (Fulfilled), B Started, and the Workload admitted,
+    its check Ready on B (test_scaledown.py lifts its guard on it too)."""
     a = request(0, 4, **kept(phase="Fulfilled"))
     b = request(1, 2, kept_from=A, kept_members="2", phase="Started")
     wl = (
@@ -470,8 +481,13 @@ def test_once_started_the_kept_nodes_hold_is_lifted() -> None:
         .condition("Admitted")
         .build()
     )
+    return [a, b], wl
+
+
+def test_once_started_the_kept_nodes_hold_is_lifted() -> None:
+    requests, wl = started_top_up()
     nodes = [gpu_node("a0", "a", arrived_for=A), gpu_node("b0", "b", arrived_for=B, held=False)]
-    d = run([a, b], nodes, workload=wl)
+    d = run(requests, nodes, workload=wl)
     released = [n for act in d.actions if isinstance(act, ReleaseHold) for n in act.nodes]
     assert released == ["a0"]
 
