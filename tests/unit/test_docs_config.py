@@ -23,7 +23,7 @@ from gangcheck.model.provisioning_config import (
     parse_spec,
 )
 from gangcheck.settings import SettingsError, load_settings
-from gangcheck.telemetry import METRICS
+from gangcheck.telemetry import METRICS, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "gangcheck.io_atomicprovisioningconfigs.yaml"
@@ -296,13 +296,17 @@ def _source_text() -> str:
     return "\n".join(p.read_text() for p in sorted((REPO / "gangcheck").rglob("*.py")))
 
 
+#: The observable instruments telemetry.Metrics makes besides those of METRICS.
+OBSERVED = (
+    "gangcheck_inflight_gangs",
+    "gangcheck_trace_spans_exported",
+    "gangcheck_trace_spans_dropped",
+    "gangcheck_trace_spans_queued",
+)
+
+
 def test_the_metrics_the_docs_name_are_served() -> None:
-    served = set(METRICS) | {
-        "gangcheck_inflight_gangs",
-        "gangcheck_trace_spans_exported",
-        "gangcheck_trace_spans_dropped",
-        "gangcheck_trace_spans_queued",
-    }
+    served = set(METRICS) | set(OBSERVED)
     for doc in [*DOCS, *CHART_TEXT]:
         for name in set(re.findall(r"\bgangcheck_[a-z_]+", doc.read_text())):
             base = re.sub(r"_(total|bucket|sum|count)$", "", name)
@@ -419,3 +423,14 @@ def test_a_flag_refused_is_named_as_the_docs_say(capsys: pytest.CaptureFixture[s
     assert quoted is not None
     assert cli.main(["run", "--workers", "0"]) == 2
     assert quoted[1].replace("\n", " ") in capsys.readouterr().err
+
+
+def test_every_metric_is_in_the_metrics_page() -> None:
+    page = (REPO / "docs" / "metrics.md").read_text()
+    for name in [*METRICS, *OBSERVED]:
+        assert f"`{name}" in page, name
+
+
+def test_the_observed_instruments_are_those_the_metrics_render() -> None:
+    rendered = set(re.findall(r"^# TYPE (\S+)", Metrics().render(), re.M))
+    assert set(OBSERVED) <= rendered
