@@ -17,6 +17,7 @@ records on a request for each node it delivered (they outlive the nodes and requ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,6 +48,7 @@ from tests.e2e.multicluster.conftest import (
 )
 from tests.e2e.multicluster.test_multikueue import (
     MANAGER,
+    admitted_in_a_worker,
     cleanup_winner,
     fresh_namespace,
     gang_job,
@@ -93,10 +95,27 @@ async def deliveries(kube: Kube, namespace: str) -> list[Obj]:
     return await items(kube, EVENT, namespace, field_selector=f"reason={DELIVERED_REASON}")
 
 
-async def placed(manager: Kube, namespace: str) -> Obj | None:
-    wl = await manager_workload(manager, namespace)
-    done = wl is not None and (wl.get("status") or {}).get("clusterName")
-    return wl if done and is_true(wl, "Admitted") else None
+async def assert_placed_where_it_fits_now(kubes: dict[str, Kube], wl: Obj) -> dict[str, Any]:
+    """The gang admitted in worker-2, where it fits now, and worker-1 (stocked out) left
+    alone: the dispatcher's record on ``wl`` (the manager's Workload, admitted) has worker-2
+    alone tried and nominated because the gang fits there now, with one ``Nominated`` Event;
+    worker-1 never got a copy of the Workload (Kueue records Events on a copy it admits or
+    evicts; a copy's gangcheck would have asked its cloud) nor a node. Returns the record."""
+    manager, stocked_out = kubes[MANAGER], kubes[STOCKED_OUT]
+    namespace = wl["metadata"]["namespace"]
+    assert wl["status"]["clusterName"] == WITH_ROOM
+    record = record_of(wl)
+    assert record["tried"] == [WITH_ROOM], record
+    assert record["nominated"] == [WITH_ROOM], record
+    assert not record["failed"], record
+    assert "fits now" in record["reason"], record
+    nominated = await events_on(manager, wl, "Nominated")
+    assert [e["message"].split(":")[0] for e in nominated] == [f"nominated {WITH_ROOM}"]
+    assert not await deliveries(stocked_out, namespace)
+    events = await items(stocked_out, EVENT, namespace)
+    assert not [e for e in events if e["involvedObject"]["kind"] == "Workload"], events
+    assert not await items(stocked_out, WORKLOAD, namespace)
+    return record
 
 
 @pytest.fixture
@@ -127,36 +146,28 @@ async def test_the_gang_goes_where_it_fits_now_and_the_stocked_out_worker_never_
     """worker-2 has room now (two idle 8-GPU nodes), worker-1 is stocked out: the dispatcher
     nominates worker-2 alone, the gang is admitted there, and worker-1 never got a copy of
     the Workload nor a node."""
-    manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    async with gang_submitted(kubes) as (namespace, began):
+        wl = await admitted_in_a_worker(kubes[MANAGER], namespace)
+        took = time.monotonic() - began
+        await assert_placed_where_it_fits_now(kubes, wl)
+        bed.measurements.append(
+            f"dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after the "
+            f"Job; {STOCKED_OUT} got no copy and no node"
+        )
+
+
+@contextlib.asynccontextmanager
+async def gang_submitted(kubes: dict[str, Kube]) -> AsyncIterator[tuple[str, float]]:
+    """The gang's Job created in the manager, in a fresh namespace with its queues: (the
+    namespace, when the Job was created). After: the Job deleted, and what came for the gang
+    in worker-2 removed (the nodes it ran on, those its cloud made)."""
+    manager, with_room = kubes[MANAGER], kubes[WITH_ROOM]
     namespace = await fresh_namespace(kubes)
     async with queues(kubes, namespace):
         began = time.monotonic()
         await manager.create(JOB, gang_job("gang"), namespace)
         try:
-
-            async def admitted() -> Obj | None:
-                return await placed(manager, namespace)
-
-            wl = await eventually(admitted, timeout=60, what="the manager's Workload admitted")
-            took = time.monotonic() - began
-            assert wl["status"]["clusterName"] == WITH_ROOM
-            record = record_of(wl)
-            assert record["tried"] == [WITH_ROOM], record
-            assert record["nominated"] == [WITH_ROOM], record
-            assert not record["failed"], record
-            assert "fits now" in record["reason"], record
-            nominated = await events_on(manager, wl, "Nominated")
-            assert [e["message"].split(":")[0] for e in nominated] == [f"nominated {WITH_ROOM}"]
-            # worker-1: never a copy (Kueue records Events on a copy it admits or evicts; a
-            # copy's gangcheck would have asked its cloud), never a node
-            assert not await deliveries(stocked_out, namespace)
-            events = await items(stocked_out, EVENT, namespace)
-            assert not [e for e in events if e["involvedObject"]["kind"] == "Workload"], events
-            assert not await items(stocked_out, WORKLOAD, namespace)
-            bed.measurements.append(
-                f"dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after the "
-                f"Job; {STOCKED_OUT} got no copy and no node"
-            )
+            yield namespace, began
         finally:
             await delete_quietly(manager, JOB, "gang", namespace)
             await cleanup_winner(with_room, namespace)
@@ -213,11 +224,7 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
             os.killpg(dispatcher.pid, signal.SIGKILL)  # mid-dispatch: worker-1 trying
             dispatcher.component.stop()  # reaps it
             restart(dispatcher)
-
-            async def admitted() -> Obj | None:
-                return await placed(manager, namespace)
-
-            wl = await eventually(admitted, timeout=90, what="the manager's Workload admitted")
+            wl = await admitted_in_a_worker(manager, namespace, timeout=90)
             took = time.monotonic() - began
             assert wl["status"]["clusterName"] == WITH_ROOM
             record = record_of(wl)

@@ -54,27 +54,20 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import EVENT, LEASE, POD, WORKLOAD
+from gangcheck.kube.resources import LEASE
 from gangcheck.logic.dispatch import DISPATCHER
-from tests.e2e.helpers import JOB, delete_quietly, eventually, get_or_none
+from tests.e2e.helpers import eventually, get_or_none
 from tests.e2e.multicluster.conftest import STOCKED_OUT, WITH_ROOM, Bed
 from tests.e2e.multicluster.test_dispatcher import (
     Obj,
-    cleanup_delivered,
-    deliveries,
-    events_on,
+    assert_placed_where_it_fits_now,
     free_nodes,
-    placed,
-    record_of,
+    gang_submitted,
 )
 from tests.e2e.multicluster.test_multikueue import (
     MANAGER,
-    MEMBERS,
-    cleanup_winner,
-    fresh_namespace,
-    gang_job,
-    items,
-    queues,
+    admitted_in_a_worker,
+    gang_running,
 )
 from tests.e2e.test_helm import CHART, helm, manifest_objects, rbac, run_helm, template
 
@@ -234,7 +227,7 @@ async def test_the_chart_installed_dispatcher_places_the_gang_where_it_fits_now(
     """The dispatcher the chart installed (its container, its RBAC in the manager, its
     reader in each worker) leads through its Lease, nominates worker-2 alone, where the gang
     fits now, and the gang runs there; worker-1, stocked out, never gets a copy nor a node."""
-    manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    manager = kubes[MANAGER]
 
     async def leader() -> str | None:
         lease = await get_or_none(manager, LEASE, DISPATCHER_NAME, NAMESPACE)
@@ -242,47 +235,18 @@ async def test_the_chart_installed_dispatcher_places_the_gang_where_it_fits_now(
 
     holder = await eventually(leader, timeout=30, what=f"a holder of Lease {DISPATCHER_NAME}")
     assert holder == chart_dispatcher.container, holder  # its pod name: $(POD_NAME)
-    namespace = await fresh_namespace(kubes)
-    async with queues(kubes, namespace):
-        began = time.monotonic()
-        await manager.create(JOB, gang_job("gang"), namespace)
-        try:
-
-            async def admitted() -> Obj | None:
-                return await placed(manager, namespace)
-
-            wl = await eventually(admitted, timeout=60, what="the manager's Workload admitted")
-            took = time.monotonic() - began
-            assert wl["status"]["clusterName"] == WITH_ROOM
-            record = record_of(wl)
-            assert record["tried"] == [WITH_ROOM], record
-            assert record["nominated"] == [WITH_ROOM], record
-            assert not record["failed"], record
-            assert not record.get("skipped"), record  # both workers read through the reader
-            assert "fits now" in record["reason"], record
-            nominated = await events_on(manager, wl, "Nominated")
-            assert [e["message"].split(":")[0] for e in nominated] == [f"nominated {WITH_ROOM}"]
-
-            async def running() -> list[Obj] | None:
-                pods = await items(with_room, POD, namespace)
-                up = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-                return up if len(up) == MEMBERS else None
-
-            pods = await eventually(running, timeout=30, what="the gang Running in worker-2")
-            assert {p["spec"]["nodeName"] for p in pods} <= set(free_nodes), pods
-            assert not await deliveries(stocked_out, namespace)
-            events = await items(stocked_out, EVENT, namespace)
-            assert not [e for e in events if e["involvedObject"]["kind"] == "Workload"], events
-            assert not await items(stocked_out, WORKLOAD, namespace)
-            assert chart_dispatcher.running, chart_dispatcher.log_tail(40)
-            # nothing refused, reads and watches included (its teardown checks the writes)
-            log = chart_dispatcher.log_path.read_text(errors="replace").splitlines()
-            assert not [line for line in log if "forbidden" in line.lower()], log[-40:]
-            bed.measurements.append(
-                f"helm dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after "
-                f"the Job; {STOCKED_OUT} got no copy and no node"
-            )
-        finally:
-            await delete_quietly(manager, JOB, "gang", namespace)
-            await cleanup_winner(with_room, namespace)
-            await cleanup_delivered(with_room, namespace)
+    async with gang_submitted(kubes) as (namespace, began):
+        wl = await admitted_in_a_worker(manager, namespace)
+        took = time.monotonic() - began
+        pods = await gang_running(kubes[WITH_ROOM], namespace)
+        assert {p["spec"]["nodeName"] for p in pods} <= set(free_nodes), pods
+        record = await assert_placed_where_it_fits_now(kubes, wl)
+        assert not record.get("skipped"), record  # both workers read through the reader
+        assert chart_dispatcher.running, chart_dispatcher.log_tail(40)
+        # nothing refused, reads and watches included (its teardown checks the writes)
+        log = chart_dispatcher.log_path.read_text(errors="replace").splitlines()
+        assert not [line for line in log if "forbidden" in line.lower()], log[-40:]
+        bed.measurements.append(
+            f"helm dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after "
+            f"the Job; {STOCKED_OUT} got no copy and no node"
+        )

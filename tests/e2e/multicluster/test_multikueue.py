@@ -277,6 +277,29 @@ async def manager_workload(kube: Kube, namespace: str) -> Obj | None:
     return found[0] if found else None
 
 
+async def admitted_in_a_worker(manager: Kube, namespace: str, *, timeout: float = 60) -> Obj:
+    """The manager's Workload of the gang of ``namespace`` once a worker admitted it
+    (``status.clusterName`` set, ``Admitted``)."""
+
+    async def placed() -> Obj | None:
+        wl = await manager_workload(manager, namespace)
+        done = wl is not None and (wl.get("status") or {}).get("clusterName")
+        return wl if done and is_true(wl, "Admitted") else None
+
+    return await eventually(placed, timeout=timeout, what="the manager's Workload admitted")
+
+
+async def gang_running(kube: Kube, namespace: str) -> list[Obj]:
+    """The gang's ``MEMBERS`` pods in worker-2 (``kube``), once all are Running."""
+
+    async def all_running() -> list[Obj] | None:
+        pods = await items(kube, POD, namespace)
+        up = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return up if len(up) == MEMBERS else None
+
+    return await eventually(all_running, timeout=30, what="the gang Running in worker-2")
+
+
 async def cleanup_winner(kube: Kube, namespace: str) -> None:
     """The nodes that came for the winning gang (it ran on them: nothing reclaims them)."""
     for node in await items(kube, NODE):
@@ -297,22 +320,10 @@ async def race(bed: Bed, kubes: dict[str, Kube], dispatcher: str) -> None:
         began = time.monotonic()
         await manager.create(JOB, gang_job("gang"), namespace)
         try:
-
-            async def placed() -> Obj | None:
-                wl = await manager_workload(manager, namespace)
-                done = wl is not None and (wl.get("status") or {}).get("clusterName")
-                return wl if done and is_true(wl, "Admitted") else None
-
-            wl = await eventually(placed, timeout=60, what="the manager's Workload admitted")
+            wl = await admitted_in_a_worker(manager, namespace)
             admitted = time.monotonic()
             assert wl["status"]["clusterName"] == WITH_ROOM
-
-            async def all_running() -> list[Obj] | None:
-                pods = await items(winner, POD, namespace)
-                up = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-                return up if len(up) == MEMBERS else None
-
-            pods = await eventually(all_running, timeout=30, what="the gang Running in worker-2")
+            pods = await gang_running(winner, namespace)
             started = time.monotonic()
             pool = {
                 n["metadata"]["name"]
@@ -457,13 +468,7 @@ async def test_an_external_dispatcher_moving_on_leaves_nothing_in_the_worker_it_
             await nominate(WITH_ROOM)
             await until_empty(loser, namespace, f"{STOCKED_OUT} holding nothing")
             emptied = time.monotonic()
-
-            async def placed() -> Obj | None:
-                wl = await manager_workload(manager, namespace)
-                done = wl is not None and (wl.get("status") or {}).get("clusterName")
-                return wl if done and is_true(wl, "Admitted") else None
-
-            wl = await eventually(placed, timeout=60, what="the manager's Workload admitted")
+            wl = await admitted_in_a_worker(manager, namespace)
             assert wl["status"]["clusterName"] == WITH_ROOM
             assert not wl["status"].get("nominatedClusterNames")
             scaled = await delivered(loser, namespace)

@@ -26,15 +26,10 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import MULTIKUEUE_CLUSTER, SECRET
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import STOCKED_OUT, WITH_ROOM, Bed
-from tests.e2e.multicluster.test_dispatcher import (
-    Obj,
-    cleanup_delivered,
-    dispatcher,
-    placed,
-    record_of,
-)
+from tests.e2e.multicluster.test_dispatcher import cleanup_delivered, dispatcher, record_of
 from tests.e2e.multicluster.test_multikueue import (
     MANAGER,
+    admitted_in_a_worker,
     cleanup_winner,
     fresh_namespace,
     gang_job,
@@ -79,11 +74,7 @@ async def test_a_worker_whose_api_server_is_down_is_skipped_and_the_gang_runs_in
             await eventually(kueue_lost_it, timeout=60, what=f"{STOCKED_OUT} not Active")
             began = time.monotonic()
             await manager.create(JOB, gang_job("gang"), namespace)
-
-            async def admitted() -> Obj | None:
-                return await placed(manager, namespace)
-
-            wl = await eventually(admitted, timeout=60, what="the manager's Workload admitted")
+            wl = await admitted_in_a_worker(manager, namespace)
             took = time.monotonic() - began
             assert wl["status"]["clusterName"] == WITH_ROOM
             record = record_of(wl)
