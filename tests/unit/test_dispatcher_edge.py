@@ -2,7 +2,8 @@
 workers, each a FakeKube. Bad input: a MultiKueueCluster not Active, its Secret missing or
 without a kubeconfig, a worker without gangcheck, a worker that does not answer; the
 Workload keeps its quota and gets the reasons; the copy of the nominated worker failing;
-a restart; nothing ever written in a worker."""
+a restart; the record's word on a copy Kueue has not made, gone once it makes it; nothing
+ever written in a worker."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import base64
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,7 +27,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     WORKLOAD,
 )
-from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord
+from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord, describe
 from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
@@ -482,3 +485,37 @@ async def test_the_copy_admitted_in_the_worker_is_recorded_at_once() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_the_copy_wait_said_on_the_record_goes_once_kueue_copies_the_workload() -> None:
+    """A worker nominated a minute ago without Kueue's copy of the Workload: the record on the
+    manager's Workload says so, written once; once the copy is there, the next pass writes
+    the reason of the choice again, as ``gangcheck diagnose`` prints it (``describe``)."""
+    one = worker(nodes=2)
+    manager, dispatcher, _ = bed({"worker-1": one})
+    await dispatcher.pass_once()
+    chosen = record(manager)
+    assert chosen.nominated == ("worker-1",)
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    a_minute_ago = datetime.now(UTC) - timedelta(seconds=60)
+    stamp = a_minute_ago.strftime("%Y-%m-%dT%H:%M:%SZ")
+    earlier = replace(chosen, nominated_at={"worker-1": stamp})
+    wl["metadata"]["annotations"][RECORD_ANNOTATION] = earlier.to_annotation()
+    manager.add(wl)
+    await dispatcher.pass_once()
+    waiting = record(manager)
+    said = f"worker-1 nominated at {stamp}, and Kueue has not copied the Workload there"
+    assert said in waiting.reason, waiting.reason
+    assert said in describe(waiting)[0]
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes  # stable: written once
+    one.add(workload())  # Kueue's copy, trying there
+    await dispatcher.pass_once()
+    copied = record(manager)
+    assert copied.reason == chosen.reason, copied.reason
+    assert describe(copied)[0] == f"trying worker-1: {chosen.reason}"
+    assert copied.nominated == ("worker-1",) and copied.nominated_at == {"worker-1": stamp}
+    assert [r for r, _ in events(manager)] == ["Nominated"]  # nothing more to tell
+    assert not one.writes
