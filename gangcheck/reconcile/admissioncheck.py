@@ -9,14 +9,15 @@ from datetime import UTC, datetime
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ConflictError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import ADMISSION_CHECK, NODE_POOL
-from gangcheck.logic.sources.karpenter.pools import unusable_pools
+from gangcheck.logic.sources.karpenter.pools import named_pools, unusable_pools
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.reconcile.caches import Caches
 from gangcheck.runtime.queue import Result
 
 log = logging.getLogger(__name__)
-#: The Active condition's reason when a Karpenter config's NodePools (or Karpenter) are missing.
+#: The Active condition's reason when a NodePool a config names (top-level or a capacity
+#: source's), or Karpenter's API, is missing, or gangcheck may not list NodePools.
 KARPENTER_UNAVAILABLE = "KarpenterBackendUnavailable"
 RECHECK_SECONDS = 30.0
 NOT_PERMITTED = (
@@ -77,10 +78,13 @@ class AdmissionCheckReconciler:
         )
 
     async def _with_backend(self, resolution: checkconfig.Resolution) -> checkconfig.Resolution:
-        """A Karpenter config is active only where its NodePools exist (asked live: a pool
-        created later is found by the recheck)."""
+        """A config naming Karpenter NodePools (``spec.karpenter``, or any capacity source's
+        ``karpenter``) is active only where every one exists (asked live: a pool created
+        later is found by the recheck); the message names each missing pool's field. A config
+        naming none never asks for NodePools (Karpenter need not be installed)."""
         spec = resolution.spec
-        if spec is None or spec.karpenter is None:
+        named = named_pools(spec) if spec is not None else ()
+        if not named:
             return resolution
         try:
             listed = await self._kube.list_objects(NODE_POOL)
@@ -89,7 +93,7 @@ class AdmissionCheckReconciler:
             served = None
         except ForbiddenError:
             return checkconfig.Resolution(None, KARPENTER_UNAVAILABLE, NOT_PERMITTED)
-        problem = unusable_pools(spec.karpenter.node_pools, served)
+        problem = unusable_pools(named, served)
         if problem is None:
             return resolution
         return checkconfig.Resolution(None, KARPENTER_UNAVAILABLE, problem)

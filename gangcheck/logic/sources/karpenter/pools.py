@@ -39,6 +39,7 @@ from gangcheck.logic.placement.quantity import QuantityError, format_quantity, p
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.packing import Packing, admits
 from gangcheck.model.objects import Obj
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 NODES = "nodes"
 
@@ -231,7 +232,28 @@ class PoolChoice:
     too_big: bool = False
 
 
+#: The field of ``spec.backend: Karpenter``'s NodePools.
 FIELD = "spec.karpenter.nodePools"
+
+
+def source_field(index: int | None) -> str:
+    """The field naming a place's NodePools: ``spec.karpenter.nodePools`` for the top-level
+    ``spec.karpenter`` (``index`` None), else capacity source ``index``'s."""
+    if index is None:
+        return FIELD
+    return f"spec.capacitySources[{index}].karpenter.nodePools"
+
+
+def named_pools(spec: AtomicProvisioningSpec) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Every list of NodePools ``spec`` names, each with its field (``source_field``): the
+    top-level ``spec.karpenter``, or each Karpenter capacity source's, in order."""
+    if spec.capacity_sources is None:
+        return ((FIELD, spec.karpenter.node_pools),) if spec.karpenter is not None else ()
+    return tuple(
+        (source_field(i), source.karpenter.node_pools)
+        for i, source in enumerate(spec.capacity_sources)
+        if source.karpenter is not None
+    )
 
 
 def choose_pool(
@@ -243,27 +265,29 @@ def choose_pool(
     nodes: int = 0,
     claims: Sequence[Obj] = (),
     packing: Callable[[Obj], Packing] | None = None,
+    field: str = FIELD,
 ) -> PoolChoice:
     """The first pool of ``wanted`` (in config order) that exists, can carry ``labels`` and has
     room for the gang's claims: ``nodes`` claims of ``per_node`` each, or those ``packing``
     makes of the gang in that pool (a pool it cannot pack the gang into is passed over, saying
     why). ``pools``: every pool by name (absent: not found); ``claims``: every NodeClaim known,
-    those just created included (their use is charged to the room)."""
+    those just created included (their use is charged to the room); ``field``: where the config
+    names ``wanted`` (``source_field``), as the problems say."""
     problems: list[str] = []
     rooms: list[str] = []
     too_big = False
     for i, name in enumerate(wanted):
         pool = pools.get(name)
         if pool is None:
-            problems.append(f"{FIELD}[{i}]: NodePool {name!r} not found")
+            problems.append(f"{field}[{i}]: NodePool {name!r} not found")
             continue
         problem = labels_problem(pool, labels)
         if problem:
-            problems.append(f"{FIELD}[{i}]: {problem}")
+            problems.append(f"{field}[{i}]: {problem}")
             continue
         packed = packing(pool) if packing is not None else None
         if packed is not None and packed.problem:
-            problems.append(f"{FIELD}[{i}]: {packed.problem}")
+            problems.append(f"{field}[{i}]: {packed.problem}")
             too_big = too_big or packed.too_big
             continue
         asks = (
@@ -278,19 +302,25 @@ def choose_pool(
         )
     if rooms:
         return PoolChoice(None, "; ".join(rooms), no_room=True)
-    problem = "; ".join(problems) or f"{FIELD}: no NodePool named"
+    problem = "; ".join(problems) or f"{field}: no NodePool named"
     return PoolChoice(None, problem, too_big=too_big)
 
 
-def unusable_pools(wanted: Sequence[str], served: Mapping[str, Obj] | None) -> str | None:
-    """Why a config's NodePools cannot be used at all (None: all exist). ``served``: the
-    cluster's NodePools by name, None when Karpenter's API is not served."""
+def unusable_pools(
+    named: Sequence[tuple[str, Sequence[str]]], served: Mapping[str, Obj] | None
+) -> str | None:
+    """Why a config's NodePools cannot be used at all (None: all exist). ``named``: each list
+    of NodePools the config names with its field (``named_pools``); ``served``: the cluster's
+    NodePools by name, None when Karpenter's API is not served."""
     if served is None:
         return (
             "the Karpenter backend is unavailable: the API server does not serve "
             "karpenter.sh/v1 NodePools (install Karpenter's CRDs)"
         )
     missing = [
-        f"{FIELD}[{i}]: NodePool {n!r} not found" for i, n in enumerate(wanted) if n not in served
+        f"{field}[{i}]: NodePool {n!r} not found"
+        for field, wanted in named
+        for i, n in enumerate(wanted)
+        if n not in served
     ]
     return "; ".join(missing) or None

@@ -14,7 +14,9 @@ What this module decides for one request (``serve``):
 
 - not yet asked: choose the pool (labels, instance types, limits) and create the claims, or
   fail the request naming the pool and the limit, the member, or the config field, that
-  stand in the way. The room a pool's
+  stand in the way (``spec.karpenter.nodePools[j]``, or the capacity source's
+  ``spec.capacitySources[i].karpenter.nodePools[j]``: ``pools_field``, from what the attempt
+  recorded on its request). The room a pool's
   limits leave is charged with every claim of the pool known (``pool_claims``: listed, and
   those created earlier in the same pass for other requests), not only with what Karpenter's
   lagging ``status.resources`` says (``pools.pool_use``). Claims are made
@@ -62,10 +64,15 @@ from gangcheck.logic.sources.karpenter.claims import (
     withdrawable,
 )
 from gangcheck.logic.sources.karpenter.packing import Member, pack
-from gangcheck.logic.sources.karpenter.pools import choose_pool
+from gangcheck.logic.sources.karpenter.pools import choose_pool, source_field
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, SOURCE_ANNOTATION
 from gangcheck.model.objects import Obj
-from gangcheck.model.provisioning_config import KARPENTER_CLASS, NODE_POOLS_PARAMETER
+from gangcheck.model.provisioning_config import (
+    KARPENTER_CLASS,
+    NODE_POOLS_PARAMETER,
+    recorded_spec,
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,7 @@ def _ask(
         labels=labels,
         claims=pool_claims,
         packing=lambda pool: pack(members, pool, labels),
+        field=pools_field(request),
     )
     if choice.pool is None or choice.packing is None:
         reason = "NodePoolNotUsable"
@@ -206,6 +214,21 @@ def _ask(
         create=tuple(claim_bodies(choice.pool, ask)),
         conditions=(_condition("Accepted", "True", "NodeClaimsCreated", message),),
     )
+
+
+def pools_field(request: Obj) -> str:
+    """The config field the request's NodePools come from, as the attempt recorded it: the
+    capacity source it asks (``SOURCE_ANNOTATION``, absent for the first) when the config it
+    was made under (``ATTEMPT_CONFIG_ANNOTATION``) lists ``capacitySources``, else the
+    top-level ``spec.karpenter.nodePools``. A record without the config (an older version):
+    a source after the first is a capacity source; the first is taken as the top level."""
+    notes = (request.get("metadata") or {}).get("annotations") or {}
+    raw = str(notes.get(SOURCE_ANNOTATION) or "0")
+    index = int(raw) if raw.isascii() and raw.isdigit() else 0
+    config = recorded_spec(notes.get(ATTEMPT_CONFIG_ANNOTATION))
+    if config is not None:
+        return source_field(index if config.capacity_sources is not None else None)
+    return source_field(index or None)
 
 
 def _pool_names(request: Obj) -> list[str]:
