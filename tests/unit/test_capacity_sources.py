@@ -209,7 +209,7 @@ def test_a_source_gone_from_the_config_ends_its_request() -> None:
     one = {"capacitySources": SOURCES["capacitySources"][:1], **TRUST_MODE}
     d = run(one, [request(SECOND, source=1, conditions={"Accepted": "ok"})])
     assert d.check is not None and d.check.state == "Retry"
-    assert "capacity source 1 left the config" in d.check.message
+    assert "spec.capacitySources[1] left the config" in d.check.message
 
 
 def test_the_start_deadline_never_falls_back() -> None:

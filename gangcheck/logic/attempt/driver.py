@@ -8,8 +8,10 @@ owns the steps that must not differ between sources:
 
 - ``ask``: a new attempt's ask, its one-line message and the Event saying it was made;
 - ``in_flight``: following the attempt in flight: a rollback under way, the config changed
-  under it (``lifecycle.drift``: rolled back before Provisioned, and the next attempt made at
-  once under the new config), a moved ``deadlineSeconds``, then ``lifecycle.follow``;
+  under it (``lifecycle.source_drift``: the capacity source it was made with left the config
+  or changed, or the class or parameters did; rolled back before Provisioned, and the next
+  attempt made at once under the new config), a moved ``deadlineSeconds``, then
+  ``lifecycle.follow``;
 - ``withdraw``: every attempt of a gang that is gone, what arrived for each reclaimed (after
   the node cache has caught up), each said in an Event;
 - ``fall_back``: InOrder, a place (capacity source, topology domain) that could not deliver
@@ -103,12 +105,13 @@ def asked_note(config: AtomicProvisioningSpec, index: int) -> SourceNote:
 def delivered_note(
     config: AtomicProvisioningSpec | None, req: ProvisioningRequest, now: datetime
 ) -> tuple[SourceNote, ...]:
-    """The attempt's source delivered: how long after it was asked."""
+    """The attempt's source (the one it asked, `lifecycle.asked_source`) delivered: how long
+    after it was asked."""
     if config is None:
         return ()
     created = parse_time(req.creation_timestamp)
     seconds = max(0.0, (now - created).total_seconds()) if created else 0.0
-    name = source_name(config, rollback.record_of(req).source)
+    name = lifecycle.asked_source(req, config).name
     return (SourceNote(name, "delivered", seconds=seconds),)
 
 
@@ -121,7 +124,7 @@ def failed_note(
     record = rollback.record_of(req)
     held = float(record.outcome.node_seconds) if record.outcome else 0.0
     cause = RollbackCause.of(reason).value if reason else "Failed"
-    return (SourceNote(source_name(config, record.source), "failed", cause, held),)
+    return (SourceNote(lifecycle.asked_source(req, config).name, "failed", cause, held),)
 
 
 def source_name(config: AtomicProvisioningSpec, index: int) -> str:
@@ -164,19 +167,22 @@ def in_flight(
     upkeep: Callable[[], tuple[Action, ...]] = tuple,
     changed: str | None = None,
 ) -> InFlight:
-    """Follow the attempt in flight under the config now (class and parameters as the source
-    would ask them now): a rollback under way goes on; a config changed before Provisioned
-    ends the attempt (rolled back in fit mode); in fit mode a changed ``deadlineSeconds``
-    moves its deadline; then as the core says. `upkeep`: the backend's upkeep of a request
-    still followed (not of one rolling back). `changed`: a change the source found that the
-    attempt cannot follow (its capacity source left the config, the gang grew), in words: a
-    change like any other."""
+    """Follow the attempt in flight under the config now (`attempt.config`; class and
+    parameters as the source would ask them now): a rollback under way goes on; a config
+    changed before Provisioned ends the attempt (rolled back in fit mode): the capacity
+    source it was made with left the config, moved, or asks other nodes or another class or
+    parameters (`lifecycle.source_drift`); once Provisioned it is kept (the adapters pin it
+    and fit it to the source it asked, `lifecycle.asked_source`); in fit mode a changed
+    ``deadlineSeconds`` moves its deadline; then as the core says. `upkeep`: the backend's
+    upkeep of a request still followed (not of one rolling back). `changed`: a change the
+    source found that the attempt cannot follow (the gang grew), in words: a change like
+    any other."""
     req = attempt.request
     assert isinstance(req, ProvisioningRequest)
     if rollback.is_rolling_back(req):
         return InFlight(lifecycle.roll_back(attempt), req)
     actions = upkeep()
-    change = changed or lifecycle.drift(req, class_name, parameters)
+    change = changed or lifecycle.source_drift(req, attempt.config, class_name, parameters)
     if change is not None and not attempt.status.has(Phase.PROVISIONED):
         step = lifecycle.replaced(attempt, change, now) if attempt.fit else None
         return InFlight(step, req, actions, change)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 
 from gangcheck.logic.attempt import backoff, rollback, scaledown
 from gangcheck.logic.attempt.actions import (
@@ -62,6 +63,7 @@ from gangcheck.model.provisioning_config import (
     AtomicProvisioningSpec,
     FulfillmentMode,
     RetryStrategy,
+    Source,
     recorded_spec,
     spec_record,
 )
@@ -218,6 +220,139 @@ def drift(req: ProvisioningRequest, class_name: str, parameters: Mapping[str, st
     return None
 
 
+@dataclass(frozen=True)
+class AskedSource:
+    """The capacity source an attempt was made with, and where it stands in the config now
+    (`asked_source`)."""
+
+    index: int
+    """Its index when the attempt asked it (the request's gangcheck.io/capacity-source)."""
+    source: Source | None
+    """The source as the attempt asked it: the one the config it recorded lists at `index`
+    (a record without a config: the config's now at `index`, as before). What its pins and
+    its fit use, before and after Provisioned."""
+    now: int | None
+    """The same source's index in the config now; None: it left the config."""
+    field: str = ""
+    """The source as its config names it, for messages: ``spec.capacitySources[1] (dws)``."""
+    change: str | None = None
+    """How the config changed the source under the attempt (it left, moved, or asks other
+    nodes), in words naming the field; None: it did not. Its class and parameters are
+    compared with the request itself (`drift`)."""
+
+    @property
+    def node_selector(self) -> Mapping[str, str]:
+        return self.source.node_selector if self.source is not None else {}
+
+    @property
+    def name(self) -> str:
+        return self.source.name if self.source is not None else f"source-{self.index}"
+
+
+def asked_source(req: AttemptRecord, config: AtomicProvisioningSpec) -> AskedSource:
+    """The source `req` asked, from its record: the config it was made under (`made_under`)
+    at the index it recorded; and the same source in `config` (the config now).
+
+    A source's identity: its `name` when both the source asked and one of the config now
+    have one; else what it asks (class, parameters, Karpenter NodePools, nodeSelector).
+    `deadlineSeconds` is no part of it (a changed deadline applies to the attempt in
+    flight). Of several matches the one at the recorded index wins, else the first. A
+    record without a config (made by an older version), or a config of one class then and
+    now, is read by its index in the config now, as before."""
+    index = rollback.record_of(req).source
+    made = recorded_config(req)
+    asked = made.source(index) if made is not None else None
+    if made is None or asked is None:
+        return _by_index(index, config)
+    if made.capacity_sources is None and config.capacity_sources is None:
+        return AskedSource(index, asked, 0)
+    mine = _identities(made)[index]
+    theirs = _identities(config)
+    matches = [j for j, other in enumerate(theirs) if _same(mine, other)]
+    now = index if index in matches else (matches[0] if matches else None)
+    where = _field(made, index)
+    if now is None:
+        change: str | None = f"{where} left the config"
+    elif now != index:
+        change = f"{where} is spec.capacitySources[{now}] now"
+    else:
+        before, after = dict(asked.node_selector), dict(theirs[now][1][2])
+        change = f"{where}: nodeSelector {before} -> {after}" if before != after else None
+    return AskedSource(index, asked, now, where, change)
+
+
+def _by_index(index: int, config: AtomicProvisioningSpec) -> AskedSource:
+    """The source by its index in the config now (a record without a config)."""
+    source = config.source(index)
+    where = f"spec.capacitySources[{index}]"
+    if source is None:
+        return AskedSource(index, None, None, where, f"{where} left the config")
+    return AskedSource(index, source, index, where if config.capacity_sources else "")
+
+
+#: A capacity source's name (None: it has none) and what it asks: class, parameters (with
+#: Karpenter's NodePools), nodeSelector (`asked_source`).
+_Identity = tuple[str | None, tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]]
+
+
+def _identities(config: AtomicProvisioningSpec) -> list[_Identity]:
+    listed = config.capacity_sources
+    return [
+        (
+            listed[i].name if listed is not None else None,
+            (
+                s.class_name,
+                tuple(sorted(s.parameters.items())),
+                tuple(sorted(s.node_selector.items())),
+            ),
+        )
+        for i, s in enumerate(config.sources())
+    ]
+
+
+def _same(one: _Identity, other: _Identity) -> bool:
+    if one[0] is not None and other[0] is not None:
+        return one[0] == other[0]
+    return one[1] == other[1]
+
+
+def _field(config: AtomicProvisioningSpec, index: int) -> str:
+    """``spec.capacitySources[i] (name)``; the single class of a config without a list."""
+    listed = config.capacity_sources
+    if listed is None:
+        return f"spec.provisioningClassName ({config.provisioning_class_name})"
+    name = listed[index].name
+    return f"spec.capacitySources[{index}]" + (f" ({name})" if name else "")
+
+
+def source_drift(
+    req: ProvisioningRequest,
+    config: AtomicProvisioningSpec,
+    class_name: str,
+    parameters: Mapping[str, str],
+) -> str | None:
+    """How the config changed under the attempt, in words naming the field: the source it
+    asked left the config, moved, or asks other nodes (`asked_source`); else the class or
+    parameters the source asks now differ from the request's (`drift`). None: no change."""
+    asked = asked_source(req, config)
+    if asked.change is not None:
+        return asked.change
+    change = drift(req, class_name, parameters)
+    return f"{asked.field}: {change}" if change is not None and asked.field else change
+
+
+def source_config(config: AtomicProvisioningSpec, asked: AskedSource) -> AtomicProvisioningSpec:
+    """The config as the attempt follows it: with its source's deadline (the config's now
+    for that source; the one it asked with, once the source left)."""
+    if asked.now is not None or asked.source is None:
+        return config.for_source(asked.index if asked.now is None else asked.now)
+    seconds = asked.source.deadline_seconds
+    if seconds == config.fulfillment.deadline_seconds:
+        return config
+    fulfillment = config.fulfillment.model_copy(update={"deadline_seconds": seconds})
+    return config.model_copy(update={"fulfillment": fulfillment})
+
+
 def replaced(attempt: Attempt, change: str, now: datetime) -> Step:
     """The config changed under an attempt not yet Provisioned (`drift`): it is rolled back
     (CONFIG_CHANGED) so what arrived goes back, and the next one uses the new config. (Once
@@ -345,7 +480,14 @@ def record(
 def recorded_config(req: AttemptRecord) -> AtomicProvisioningSpec | None:
     """The config the attempt was made under, as it recorded it (None for a record without
     one, made by an older version)."""
-    return recorded_spec(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
+    return _recorded(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
+
+
+@lru_cache(maxsize=256)
+def _recorded(raw: str | None) -> AtomicProvisioningSpec | None:
+    """A recorded config, read once (the model is frozen): every decision on an attempt in
+    flight reads its record several times (`asked_source`, `made_under`)."""
+    return recorded_spec(raw)
 
 
 def made_under(

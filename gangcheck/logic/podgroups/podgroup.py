@@ -351,7 +351,8 @@ def _followed(
     place = places.of_request(req)
     index = place.source
     source = config.source(index)
-    gang = _pinned(gang_from_pods(snap.group, ours), _source_labels(config, index))
+    asked = lifecycle.asked_source(req, config)  # the source it was made with, not index's now
+    gang = _pinned(gang_from_pods(snap.group, ours), asked.node_selector)
     capacity = snap.capacity
     kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
@@ -367,7 +368,7 @@ def _followed(
         status=snap.backend.status_of(req),
         gang=gang,  # in any one domain: the ask is scoped, the fit takes room where it is
         capacity=capacity,
-        config=config.for_source(index),
+        config=lifecycle.source_config(config, asked),
         fallback=fallback,
     )
     return driver.in_flight(
@@ -375,8 +376,7 @@ def _followed(
         now,
         class_name=source.class_name if source is not None else config.provisioning_class_name,
         parameters=source.parameters if source is not None else config.parameters,
-        changed=_grown(snap.group, req)
-        or (None if source is not None else f"capacity source {index} left the config"),
+        changed=_grown(snap.group, req),
     )
 
 
@@ -668,8 +668,10 @@ def _release(
     """Lift the gang's gates together: annotated to consume the request, pinned to the
     domain. The group records how many were released together."""
     annotations = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name} if req else {}
-    source = rollback.record_of(req).source if req is not None else None
-    pinned = _source_domain(snap.config, source) if snap.config and source is not None else {}
+    pinned: dict[str, tuple[str, str]] = {}
+    if snap.config is not None and req is not None:  # the source it asked, as it asked it
+        labels = lifecycle.asked_source(req, snap.config).node_selector
+        pinned = {f"source:{k}": (k, v) for k, v in labels.items()}
     kept = topup.kept_for(snap.requests, req) if req is not None else ()
     holds = _hold_toleration(req)
     if kept and snap.config is not None and req is not None:  # on kept and new nodes

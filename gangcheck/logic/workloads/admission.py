@@ -278,11 +278,13 @@ def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ..
 def _attempt(
     snap: Snapshot, req: ProvisioningRequest, status: AttemptStatus | None = None
 ) -> lifecycle.Attempt:
-    """The attempt of this request, as the core reads it: under its place's deadline, node
-    labels and domain, with the place next in line."""
+    """The attempt of this request, as the core reads it: under its source's deadline, the
+    node labels of the source it asked (`lifecycle.asked_source`) and its domain, with the
+    place next in line."""
     assert snap.config is not None
     place = places.of_request(req)
-    gang = gang_templates(snap, place=places.Place(place.source))  # any one domain
+    asked = lifecycle.asked_source(req, snap.config)
+    gang = gang_templates(snap, labels=asked.node_selector)  # any one domain
     capacity = snap.capacity
     kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
@@ -294,7 +296,7 @@ def _attempt(
         status=status or snap.backend.status_of(req),
         gang=gang,
         capacity=capacity,
-        config=snap.config.for_source(place.source),
+        config=lifecycle.source_config(snap.config, asked),
         fit=_fit_mode(snap),
         started=snap.workload.is_admitted,
         fallback=driver.next_in_line(snap.config, place, _gang_of(snap), snap.capacity),
@@ -583,7 +585,7 @@ def _follow_racer(
         now,
         class_name=_source_class(snap.config, place.source),
         parameters=_parameters(snap, place.source),
-        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), place=place)),
+        upkeep=lambda: snap.backend.follow(req, _asked_again(snap, req)),
     )
 
 
@@ -686,14 +688,17 @@ def _ask(
     *,
     record: Mapping[str, str] | None = None,
     place: places.Place | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Ask:
     """The attempt's ask at `place`: a pod set per merged pod set (pinned to its capacity
-    source's node labels and its topology domain), the Workload owning its objects."""
+    source's node labels, or `labels`, and its topology domain), the Workload owning its
+    objects."""
     assert snap.config is not None
     wl = snap.workload
     place = place or places.Place()
     source = place.source
-    pinned = {ps: tpl for ps, _, tpl in gang_templates(snap, place=place).pod_sets}
+    gang = gang_templates(snap, place=place, labels=labels)
+    pinned = {ps: tpl for ps, _, tpl in gang.pod_sets}
     return Ask(
         attempt=name,
         namespace=wl.ref.namespace,
@@ -717,19 +722,17 @@ def _ask(
 def _in_flight(
     snap: Snapshot, state: CheckState, req: ProvisioningRequest, now: datetime
 ) -> Decision:
-    """The request exists: as the driver follows it (its templates made again where gone),
-    written as the check entry; a config changed under it ends it (driver.in_flight)."""
+    """The request exists: as the driver follows it (its templates made again where gone,
+    pinned to the source it asked), written as the check entry; a config changed under it
+    ends it (driver.in_flight)."""
     assert snap.config is not None
-    place = places.of_request(req)
-    index = place.source
-    source = snap.config.source(index)
+    index = places.of_request(req).source
     followed = driver.in_flight(
         _attempt(snap, req),
         now,
         class_name=_source_class(snap.config, index),
         parameters=_parameters(snap, index),
-        upkeep=lambda: snap.backend.follow(req, _ask(snap, req.name, _merged(snap), place=place)),
-        changed=None if source is not None else f"capacity source {index} left the config",
+        upkeep=lambda: snap.backend.follow(req, _asked_again(snap, req)),
     )
     if followed.step is None:  # config changed, not in fit mode: as Kueue, Retry
         assert followed.change is not None
@@ -737,6 +740,13 @@ def _in_flight(
     else:
         decision = _outcome(snap, state, followed.request, followed.step, now)
     return flow.followed(decision, followed, req.name)
+
+
+def _asked_again(snap: Snapshot, req: ProvisioningRequest) -> Ask:
+    """The ask of `req` as it was made: at its place, pinned to the source it asked."""
+    assert snap.config is not None
+    labels = lifecycle.asked_source(req, snap.config).node_selector
+    return _ask(snap, req.name, _merged(snap), place=places.of_request(req), labels=labels)
 
 
 # ---- rollback --------------------------------------------------------------------------
@@ -850,7 +860,9 @@ def pod_set_updates(
     snap: Snapshot, req: ProvisioningRequest, domains: Mapping[str, tuple[str, str]]
 ) -> tuple[Obj, ...]:
     """Consume and class annotations for every pod set the request covers, merged ones too;
-    a node selector pinning the topology domain chosen for a constrained pod set."""
+    a node selector pinning the capacity source the request asked (`lifecycle.asked_source`,
+    not whichever source sits at its index now) and the topology domain chosen for a
+    constrained pod set."""
     assert snap.config is not None
     merged = merge_pod_sets(
         snap.workload,
@@ -862,7 +874,7 @@ def pod_set_updates(
     pinned = (
         topup.shared_labels(snap.config, place, kept)
         if kept
-        else _source_labels(snap.config, place.source)
+        else lifecycle.asked_source(req, snap.config).node_selector
     )
     detail = {**pinned, **_detail_node_selector(snap.config, req)}
     holds = [hold_toleration(topup.key_of(r)) for r in kept]

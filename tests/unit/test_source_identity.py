@@ -1,0 +1,194 @@
+"""An attempt follows the capacity source it was made with (its record), not whichever source
+sits at its index now: a source removed or changed mid-attempt is seen (rolled back before
+Provisioned, as any config change), and a provisioned attempt is pinned to the nodes of the
+source it asked, for a Kueue Workload and for a PodGroup alike (driver.in_flight,
+lifecycle.asked_source)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.attempt.actions import AnnotateRequest, CreateRequest, ReleaseMembers
+from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
+from tests.builders import node
+from tests.unit.test_capacity_sources import (
+    SECOND,
+    TRUST_MODE,
+    _group_decide,
+    _group_request,
+    request,
+    run,
+)
+
+ON_DEMAND = {"name": "on-demand", "nodeSelector": {"pool": "a"}}
+DWS = {
+    "name": "dws",
+    "provisioningClassName": CHECK_CAPACITY,
+    "parameters": {"x": "1"},
+    "nodeSelector": {"pool": "b"},
+}
+SPOT = {**DWS, "name": "spot", "nodeSelector": {"pool": "c"}}
+MADE_UNDER = [ON_DEMAND, DWS, SPOT]
+
+
+def unnamed(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in s.items() if k != "name"} for s in sources]
+
+
+def config(sources: list[dict[str, Any]], *, trust: bool = False) -> dict[str, Any]:
+    return {"capacitySources": sources, **(TRUST_MODE if trust else {})}
+
+
+def recorded(sources: list[dict[str, Any]] | None) -> dict[str, str]:
+    """The record of an attempt made under `sources` (none: a record of an older version)."""
+    if sources is None:
+        return {}
+    return {"gangcheck.io/attempt-config": spec_record(parse_spec(config(sources)))}
+
+
+PROVISIONED = {"Provisioned": "ok"}
+
+
+@dataclass
+class Case:
+    id: str
+    now: list[dict[str, Any]]
+    """The config's sources now (the attempt asked dws, index 1, under MADE_UNDER)."""
+    provisioned: bool
+    made_under: list[dict[str, Any]] | None = field(default_factory=lambda: MADE_UNDER)
+    rolled_back: str | None = None
+    """Before Provisioned: the rollback reason (None: the attempt goes on)."""
+    pinned: str | None = None
+    """Provisioned: the pool the gang is pinned to."""
+
+
+CASES = [
+    Case(
+        "dws removed, not provisioned: rolled back naming the field",
+        [ON_DEMAND, SPOT],
+        provisioned=False,
+        rolled_back="ConfigChanged: spec.capacitySources[1] (dws) left the config",
+    ),
+    Case(
+        "dws removed, provisioned: kept, pinned to dws's nodes",
+        [ON_DEMAND, SPOT],
+        provisioned=True,
+        pinned="b",
+    ),
+    Case(
+        "unnamed dws removed, not provisioned: the spot source after it is not taken for it",
+        unnamed([ON_DEMAND, SPOT]),
+        made_under=unnamed(MADE_UNDER),
+        provisioned=False,
+        rolled_back="ConfigChanged: spec.capacitySources[1] left the config",
+    ),
+    Case(
+        "unnamed dws removed, provisioned: pinned to dws's nodes",
+        unnamed([ON_DEMAND, SPOT]),
+        made_under=unnamed(MADE_UNDER),
+        provisioned=True,
+        pinned="b",
+    ),
+    Case(
+        "dws's nodeSelector edited, not provisioned: rolled back",
+        [ON_DEMAND, {**DWS, "nodeSelector": {"pool": "d"}}, SPOT],
+        provisioned=False,
+        rolled_back=(
+            "ConfigChanged: spec.capacitySources[1] (dws): nodeSelector "
+            "{'pool': 'b'} -> {'pool': 'd'}"
+        ),
+    ),
+    Case(
+        "dws's nodeSelector edited, provisioned: pinned where it asked",
+        [ON_DEMAND, {**DWS, "nodeSelector": {"pool": "d"}}, SPOT],
+        provisioned=True,
+        pinned="b",
+    ),
+    Case(
+        "on-demand removed, not provisioned: dws moved up, spot is not taken for it",
+        [DWS, SPOT],
+        provisioned=False,
+        rolled_back="ConfigChanged: spec.capacitySources[1] (dws) is spec.capacitySources[0] now",
+    ),
+    Case(
+        "a record without attempt-config, its index gone: by index as before, the field named",
+        [ON_DEMAND],
+        made_under=None,
+        provisioned=False,
+        rolled_back="ConfigChanged: spec.capacitySources[1] left the config",
+    ),
+]
+
+
+def _workload_request(case: Case) -> Any:
+    return request(
+        SECOND,
+        source=1,
+        annotations=recorded(case.made_under),
+        conditions=PROVISIONED if case.provisioned else {"Accepted": "ok"},
+    )
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.provisioned], ids=lambda c: c.id)
+def test_a_workloads_attempt_whose_source_left_or_changed_is_rolled_back(case: Case) -> None:
+    d = run(config(case.now), [_workload_request(case)])
+    rolling = [a for a in d.actions if isinstance(a, AnnotateRequest)]
+    assert [a.annotations.get("gangcheck.io/rollback-reason") for a in rolling] == [
+        case.rolled_back
+    ]
+    assert rolling[0].annotations["gangcheck.io/phase"] == "RollingBack"
+    assert not any(isinstance(a, CreateRequest) for a in d.actions)
+    assert d.check is None  # the check stays Pending while what arrived goes back
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.provisioned], ids=lambda c: c.id)
+def test_trusting_provisioned_a_workload_retries_naming_the_source(case: Case) -> None:
+    d = run(config(case.now, trust=True), [_workload_request(case)])
+    assert d.check is not None and d.check.state == "Retry"
+    said = (case.rolled_back or "").removeprefix("ConfigChanged: ")
+    assert d.check.message == f"Retrying after config change: {said}"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.provisioned], ids=lambda c: c.id)
+def test_a_provisioned_workload_is_pinned_to_the_source_it_asked(case: Case) -> None:
+    d = run(config(case.now, trust=True), [_workload_request(case)])
+    assert d.check is not None and d.check.state == "Ready", d.check
+    for update in d.check.pod_set_updates:
+        assert update["nodeSelector"] == {"pool": case.pinned}
+    # its delivery is counted for the source it asked
+    assert [(n.source, n.outcome) for n in d.sources] == [
+        ("dws" if case.made_under == MADE_UNDER else "source-1", "delivered")
+    ]
+
+
+def _group_case_request(case: Case) -> Any:
+    made = _group_request("g-pg-1-s1", source=1, **recorded(case.made_under))
+    if case.provisioned:
+        made["status"]["conditions"] = [
+            {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": ""}
+        ]
+    return made
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.provisioned], ids=lambda c: c.id)
+def test_a_pod_groups_attempt_whose_source_left_or_changed_is_rolled_back(case: Case) -> None:
+    d = _group_decide(config(case.now), [_group_case_request(case)])
+    rolling = [a for a in d.actions if isinstance(a, AnnotateRequest)]
+    assert [a.annotations.get("gangcheck.io/rollback-reason") for a in rolling] == [
+        case.rolled_back
+    ]
+    assert not any(isinstance(a, ReleaseMembers) for a in d.actions)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.provisioned], ids=lambda c: c.id)
+def test_a_provisioned_pod_group_is_released_onto_the_source_it_asked(case: Case) -> None:
+    """The nodes came in the pool the attempt asked (b): the gang fits there and is pinned
+    there, whatever source sits at its index now."""
+    nodes = tuple(node(f"n{i}", gpu=1, labels={"pool": "b"}) for i in range(3))
+    d = _group_decide(config(case.now), [_group_case_request(case)], nodes)
+    release = next(a for a in d.actions if isinstance(a, ReleaseMembers))
+    assert release.node_selector.get("pool") == case.pinned
+    assert d.status["gangcheck.io/state"] == "Released"
