@@ -100,6 +100,10 @@ class AdmissionCheckReconciler:
 
     @staticmethod
     def _recheck(resolution: checkconfig.Resolution) -> Result:
-        if resolution.reason == KARPENTER_UNAVAILABLE:
+        """Looked at again in ``RECHECK_SECONDS`` while the config names NodePools, active or
+        not: a pool created later turns the check active, one deleted since inactive
+        (nothing else wakes this reconciler for a NodePool)."""
+        unavailable = resolution.reason == KARPENTER_UNAVAILABLE
+        if unavailable or (resolution.spec is not None and named_pools(resolution.spec)):
             return Result(requeue_after=RECHECK_SECONDS)
         return Result()

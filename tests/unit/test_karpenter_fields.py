@@ -270,7 +270,20 @@ async def test_a_second_sources_missing_pool_makes_the_check_inactive_naming_it(
     kube.add({"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool("x"))
     active, result = await active_after_reconcile(kube)
     assert (active["status"], active["reason"]) == ("True", "Active")
-    assert result == Result()
+    assert result == Result(requeue_after=RECHECK_SECONDS)
+
+
+async def test_a_sources_pool_deleted_while_active_turns_the_check_inactive() -> None:
+    kube = check_of(SECOND_KARPENTER, "x")
+    active, result = await active_after_reconcile(kube)
+    assert active["status"] == "True"
+    assert result == Result(requeue_after=RECHECK_SECONDS)  # looked at again while active
+    kube.remove(NODE_POOL, "x")
+    active, _ = await active_after_reconcile(kube)
+    assert (active["status"], active["message"]) == (
+        "False",
+        "spec.capacitySources[1].karpenter.nodePools[0]: NodePool 'x' not found",
+    )
 
 
 async def test_every_sources_missing_pool_is_named() -> None:
