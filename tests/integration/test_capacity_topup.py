@@ -267,3 +267,75 @@ async def test_a_kept_node_given_back_by_the_rollback_does_not_keep_the_guard(
     await eventually(given_back, what=f"{reclaimed} reclaimed, {kept} kept")
     notes = await annotations_of(cluster, kept)
     assert SDD not in notes and GUARD not in notes, "a node back in the pool is not guarded"
+
+
+# ---- the source an attempt was made with, removed from the config mid-attempt -------------
+
+CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
+
+
+def three_sources(*, without_b: bool = False) -> dict[str, Any]:
+    """a; b and c asking the same class and parameters, on other nodes (b: a DWS-like pool,
+    c: spot). Without b, c moves into its index."""
+    b = {
+        "name": "b",
+        "provisioningClassName": CHECK_CAPACITY,
+        "parameters": {"x": "1"},
+        "nodeSelector": {"src": "b"},
+    }
+    c = {**b, "name": "c", "nodeSelector": {"src": "c"}}
+    listed = [{"name": "a", "nodeSelector": {"src": "a"}}, *([] if without_b else [b]), c]
+    return {
+        "capacitySources": listed,
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 60, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
+    }
+
+
+async def asking_b(cluster: Cluster) -> str:
+    """Source a fails at once: the attempt asks b (index 1). Returns b's request."""
+    await cluster.install_check(three_sources())
+    await cluster.submit(gang())
+    a = naming.request_name("wl", cluster.check, 1)
+    b = naming.request_name("wl", cluster.check, 1, 1)
+    await cluster.wait_request(a, timeout=30)
+    await cluster.set_request_conditions(a, {"Failed": "no capacity in a"})
+    made = await cluster.wait_request(b, timeout=30)
+    assert made["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "1"
+    return b
+
+
+async def test_a_source_removed_before_provisioned_ends_the_attempt_naming_it(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """b removed while its request waits: c, now at index 1 with b's class and parameters, is
+    not taken for it; the attempt is rolled back and retried under the new list."""
+    b = await asking_b(cluster)
+    await cluster.set_request_conditions(b, {"Accepted": ""})
+    await cluster.set_config(three_sources(without_b=True))
+    check = await cluster.wait_check("wl", "Retry", timeout=30)
+    said = "ConfigChanged: spec.capacitySources[1] (b) left the config"
+    assert said in check["message"]
+    rolled = await cluster.wait_events("RollbackStarted", about="wl")
+    assert any(said in e["message"] for e in rolled)
+
+
+async def test_a_source_removed_after_provisioned_keeps_the_gang_on_its_nodes(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """b removed once its request is Provisioned: the attempt is kept, its nodes arrive in
+    b's pool, and the gang is pinned there (not to c's, now at b's index)."""
+    b = await asking_b(cluster)
+    await cluster.set_request_conditions(b, {"Accepted": "", "Provisioned": "resize done"})
+
+    async def waiting_on_nodes() -> bool:
+        state = await cluster.check_state("wl")
+        return str(state.get("message", "")).startswith("capacity requested, not yet usable")
+
+    await eventually(waiting_on_nodes, what=f"{b} seen Provisioned")
+    await cluster.set_config(three_sources(without_b=True))
+    await cluster.add_nodes(4, labels={"src": "b"})
+    check = await cluster.wait_check("wl", "Ready", timeout=30)
+    for update in check["podSetUpdates"]:
+        assert update["nodeSelector"]["src"] == "b"
+        assert update["annotations"][CONSUME] == b
