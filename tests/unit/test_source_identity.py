@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt.actions import AnnotateRequest, CreateRequest, ReleaseMembers
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.podgroups.podgroup import decide as decide_group
+from gangcheck.logic.workloads.admission import decide
+from gangcheck.model.objects import request_of, workload_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
-from tests.builders import node
+from tests.builders import CHECK, node
+from tests.unit import test_topup as topup_tests
+from tests.unit.test_admission_decide import NOW, gang
 from tests.unit.test_capacity_sources import (
     SECOND,
     TRUST_MODE,
@@ -22,6 +28,7 @@ from tests.unit.test_capacity_sources import (
     request,
     run,
 )
+from tests.unit.test_podgroup_decide import group, members
 
 ON_DEMAND = {"name": "on-demand", "nodeSelector": {"pool": "a"}}
 DWS = {
@@ -192,3 +199,76 @@ def test_a_provisioned_pod_group_is_released_onto_the_source_it_asked(case: Case
     release = next(a for a in d.actions if isinstance(a, ReleaseMembers))
     assert release.node_selector.get("pool") == case.pinned
     assert d.status["gangcheck.io/state"] == "Released"
+
+
+# ---- a provisioned attempt kept under a source that left: no next place from its index ----
+
+A_B_C = {
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a"}, "deadlineSeconds": 20},
+        {"name": "b", "nodeSelector": {"pool": "b"}},
+        {"name": "c", "nodeSelector": {"pool": "c"}},
+    ],
+    "fulfillment": {"reclaimer": "DeleteNode"},
+    "retryStrategy": {"backoffLimitCount": 3},
+}
+#: a removed: b sits at a's index now.
+B_C = {**A_B_C, "capacitySources": A_B_C["capacitySources"][1:]}
+ROLLED_BACK = {
+    "phase": "RollingBack",
+    "rollback_reason": "Deadline: the gang did not fit within 20s",
+    "outcome": '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}',
+}
+
+
+def _through(kind: str, requests: list[Any], nodes: list[Any]) -> Any:
+    if kind == "Workload":
+        snap = topup_tests.Snapshot(
+            workload=workload_of(gang(4).build()),
+            check=CHECK,
+            config=parse_spec(B_C),
+            flavors=topup_tests.FLAVOR,
+            requests=tuple(request_of(r) for r in requests),
+            templates=frozenset(
+                p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
+            ),
+            capacity=ClusterView(
+                nodes=tuple(nodes),
+                in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
+            ),
+        )
+        return topup_tests.seen(decide(snap, NOW))
+    obj = group(4, annotations=dict(topup_tests.PROVISIONING))
+    d = decide_group(topup_tests.in_flight(obj, members(4), B_C, requests, nodes), NOW)
+    state = (d.status or {}).get("gangcheck.io/state", "")
+    return topup_tests._seen(d.actions, d.events, state=topup_tests.WORDS.get(state, state))
+
+
+@pytest.mark.parametrize("kind", topup_tests.KINDS)
+def test_a_provisioned_attempt_whose_source_left_is_not_topped_up_from_its_index(
+    kind: str,
+) -> None:
+    """a delivered 2 of 4 and its deadline passed, a having left the config meanwhile: what
+    arrived goes back by a rollback, the attempt asks no next source from a's old index (b
+    now; c would be asked as 'next')."""
+    made = {"attempt_config": spec_record(parse_spec(A_B_C))}
+    req = topup_tests.request(0, 4, kind=kind, fulfillment_deadline=topup_tests.PAST, **made)
+    nodes = [topup_tests.gpu_node(n, "a", arrived_for=topup_tests.A, kind=kind) for n in "01"]
+    s = _through(kind, [req], nodes)
+    a = topup_tests.ask(0, kind)
+    assert s.annotated[a]["gangcheck.io/phase"] == "RollingBack"
+    assert s.annotated[a]["gangcheck.io/rollback-reason"].startswith("Deadline: ")
+    assert s.created == {}
+
+
+@pytest.mark.parametrize("kind", topup_tests.KINDS)
+def test_a_rolled_back_attempt_whose_source_left_does_not_fall_back_from_its_index(
+    kind: str,
+) -> None:
+    """Its rollback done, the attempt ends as a config change does: the next attempt (a
+    Workload's Retry, a PodGroup's next) asks the new list from its first source."""
+    made = {"attempt_config": spec_record(parse_spec(A_B_C)), **ROLLED_BACK}
+    req = topup_tests.request(0, 4, kind=kind, **made)
+    s = _through(kind, [req], [])
+    assert s.created == {}
+    assert s.state == "retry"

@@ -132,6 +132,15 @@ def source_name(config: AtomicProvisioningSpec, index: int) -> str:
     return source.name if source is not None else f"source-{index}"
 
 
+def source_changed(config: AtomicProvisioningSpec, req: ProvisioningRequest) -> bool:
+    """The capacity source `req` asked left the config, moved, or asks other nodes
+    (`lifecycle.asked_source`): an attempt kept under it (it was Provisioned) asks no next
+    place (falling back, topping up), since its recorded index no longer names its source
+    in the config now; when it ends, it ends as a config change does (the next attempt asks
+    the new list)."""
+    return lifecycle.asked_source(req, config).change is not None
+
+
 def source_failed_event(left: str, request: str, why: str, following: str, name: str) -> Event:
     """The Event saying an attempt left a place (a capacity source, a topology domain) for
     the next; `left` and `following` as `places.Place.describe` says them."""
@@ -262,8 +271,10 @@ def fall_back(
 ) -> FallBack | None:
     """The place `req` asked could not deliver (`why`): the next place of the attempt (the
     next domain of its source, else the next source), asked as ask ``asks + 1``; None when
-    no place is next or the attempt has made its most asks (then it ends as with one
-    source)."""
+    no place is next, the attempt has made its most asks (then it ends as with one source),
+    or its source changed under it (`source_changed`)."""
+    if source_changed(config, req):
+        return None
     place = places.of_request(req)
     following = places.next_place(config, place, gang_of, capacity)
     if following is None or asks + 1 >= naming.MAX_ASKS:

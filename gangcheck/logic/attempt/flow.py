@@ -343,9 +343,10 @@ def keep(gang: Gang[D], req: ProvisioningRequest, step: lifecycle.Step) -> D | N
     that stopped short after part of the gang arrived from it becomes keeping what arrived
     (the same write, the phase Kept), and the next place is asked for the members the kept
     nodes cannot hold; None when the rollback goes on as before (a required topology, no
-    place next, nothing kept that holds a member, a cause that never falls back)."""
+    place next, nothing kept that holds a member, a cause that never falls back, its source
+    changed under it: driver.source_changed)."""
     actions = topup.keep_write(step, req)
-    if actions is None:
+    if actions is None or driver.source_changed(gang.config, req):
         return None
     place = places.of_request(req)
     _, asks = gang.current()
