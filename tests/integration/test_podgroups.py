@@ -888,3 +888,43 @@ async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_rele
         assert partial in topped["message"] and "topup-pg-1-s1" in topped["message"]
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_podgroup_whose_source_left_after_provisioned_is_released_onto_its_nodes(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """The attempt asks b of [a, b, c] (c asks b's class and parameters on other nodes), b
+    is Provisioned, then b is removed from the config: c, now at b's index, is not taken for
+    it. The attempt is kept, b's nodes arrive, and the gang is released pinned to them
+    (before, it was pinned to c's nodes, and did not fit on b's)."""
+    config = f"left-{groups.ns}"
+    src = "left.example.com/source"
+    listed = [{"name": name, "nodeSelector": {src: name}} for name in ("a", "b", "c")]
+    spec = {"capacitySources": listed, "fulfillment": {"deadlineSeconds": 600}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("left", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"left-{i}", "left", gpu=2)
+        await groups.cluster.wait_request("left-pg-1")
+        await groups.cluster.set_request_conditions("left-pg-1", {"Failed": "no capacity in a"})
+        asked = await groups.cluster.wait_request("left-pg-1-s1", timeout=30)
+        assert _annotations(asked)["gangcheck.io/capacity-source"] == "1"
+        await groups.cluster.set_request_conditions("left-pg-1-s1", {"Provisioned": "ok"})
+
+        async def seen_provisioned() -> bool:
+            said = _annotations(await groups.group("left")).get(MESSAGE_ANNOTATION, "")
+            return said.startswith("capacity requested, not yet usable")
+
+        await eventually(seen_provisioned, what="left-pg-1-s1 seen Provisioned")
+        obj = await groups.kube.get(ATOMIC_CONFIG, config)
+        obj["spec"] = {**spec, "capacitySources": [listed[0], listed[2]]}
+        await groups.kube.replace(ATOMIC_CONFIG, obj)
+        await groups.cluster.add_nodes(2, gpu=2, labels={src: "b"})
+        released = await groups.wait_state("left", "Released", timeout=30)
+        assert _annotations(released)["gangcheck.io/request"] == "left-pg-1-s1"
+        pods = [await groups.pod(f"left-{i}") for i in range(2)]
+        assert {p["spec"]["nodeSelector"][src] for p in pods} == {"b"}
+        assert {_annotations(p)[CONSUME_ANNOTATION] for p in pods} == {"left-pg-1-s1"}
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
