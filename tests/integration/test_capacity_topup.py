@@ -4,6 +4,8 @@ next source is asked only for the rest; the gang turns Ready on both sources' no
 attempt ends without the gang, the kept nodes are reclaimed by their own request's record.
 While kept, those nodes carry cluster-autoscaler's scale-down-disabled with gangcheck's record,
 taken off (only where gangcheck set it) when the gang starts or the attempt is rolled back.
+A source removed from the config mid-attempt (the attempt follows the source it was made
+with): rolled back naming it before Provisioned, kept and pinned to its nodes after.
 
 The test plays Kueue core and the cloud (it creates the Nodes); gangcheck runs as its process.
 """

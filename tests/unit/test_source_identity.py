@@ -18,6 +18,7 @@ from gangcheck.logic.workloads.admission import decide
 from gangcheck.model.objects import request_of, workload_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
 from tests.builders import CHECK, node
+from tests.unit import test_race_adapters as race_tests
 from tests.unit import test_topup as topup_tests
 from tests.unit.test_admission_decide import NOW, gang
 from tests.unit.test_capacity_sources import (
@@ -272,3 +273,32 @@ def test_a_rolled_back_attempt_whose_source_left_does_not_fall_back_from_its_ind
     s = _through(kind, [req], [])
     assert s.created == {}
     assert s.state == "retry"
+
+
+# ---- Race: a racer whose source left once Provisioned wins as the source it asked ---------
+
+
+@pytest.mark.parametrize("adapter", race_tests.ADAPTERS, ids=lambda a: a.name)
+def test_a_racer_whose_source_left_after_provisioned_wins_as_the_source_it_asked(
+    adapter: race_tests.Adapter,
+) -> None:
+    """Racing a and b of [a, b, c]; b is removed (c moves to its index) after it said
+    Provisioned, and its nodes came in pool b: b wins, pinned to pool b, named b (its
+    delivery counted for b, the group's race-won-by b), not c."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(race_tests.RACE))}
+    now = {
+        **race_tests.RACE,
+        "capacitySources": [race_tests.RACE["capacitySources"][i] for i in (0, 2)],
+    }
+    racers = [
+        race_tests.Racer(0, {"Accepted": "ok"}, made),
+        race_tests.Racer(1, {"Provisioned": "ok"}, made),
+    ]
+    nodes = [race_tests.Node(f"b{i}", "b", 1) for i in range(4)]
+    seen = adapter.run(racers, nodes, now)
+    assert seen.state == "won"
+    assert seen.consumed == adapter.ask(1)
+    assert seen.pinned == {"pool": "b"}
+    assert ("b", "delivered", "") in seen.notes
+    if isinstance(adapter, race_tests.PodGroups):
+        assert seen.recorded_winner == "b"

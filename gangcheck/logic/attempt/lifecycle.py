@@ -12,7 +12,9 @@ backend reports, the gang's demand, the capacity that exists, the config) and th
 - ROLLED_BACK: the rollback is done; ``next_attempt`` says retry after N seconds or give up.
 
 Also here: withdrawing an attempt (``clean_up``, ``superseded``), lifting the hold, the
-attempt's record for a new ask, and how long to wait before looking again.
+attempt's record for a new ask, the capacity source it was made with and whether the config
+changed it since (``asked_source``, ``source_drift``), and how long to wait before looking
+again.
 Pure: no I/O.
 """
 

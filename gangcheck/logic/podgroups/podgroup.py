@@ -520,7 +520,7 @@ def _won(snap: GroupSnapshot, members: _Members, won: race.Won, now: datetime) -
     req = followed.request
     ours = attempt_members(members.unbound, req)
     out = flow.won(_outcome(snap, ours, req, followed.step, now, gated=members.gated), won)
-    source = driver.source_name(snap.config, places.of_request(req).source)
+    source = lifecycle.asked_source(req, snap.config).name  # as it asked, not its index now
     return replace(
         out,
         status={**(out.status or {}), RACE_WON_ANNOTATION: source},
