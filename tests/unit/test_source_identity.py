@@ -16,7 +16,12 @@ from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import decide
 from gangcheck.model.objects import request_of, workload_of
-from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
+from gangcheck.model.provisioning_config import (
+    CHECK_CAPACITY,
+    QUEUED_PROVISIONING,
+    parse_spec,
+    spec_record,
+)
 from tests.builders import CHECK, node
 from tests.unit import test_race_adapters as race_tests
 from tests.unit import test_topup as topup_tests
@@ -114,6 +119,15 @@ CASES = [
         [ON_DEMAND, {**DWS, "nodeSelector": {"pool": "d"}}, SPOT],
         provisioned=True,
         pinned="b",
+    ),
+    Case(
+        "dws's class edited, not provisioned: rolled back naming the field",
+        [ON_DEMAND, {**DWS, "provisioningClassName": QUEUED_PROVISIONING}, SPOT],
+        provisioned=False,
+        rolled_back=(
+            f"ConfigChanged: spec.capacitySources[1] (dws): class {CHECK_CAPACITY!r} -> "
+            f"{QUEUED_PROVISIONING!r}"
+        ),
     ),
     Case(
         "on-demand removed, not provisioned: dws moved up, spot is not taken for it",

@@ -268,19 +268,28 @@ def asked_source(req: AttemptRecord, config: AtomicProvisioningSpec) -> AskedSou
         return _by_index(index, config)
     if made.capacity_sources is None and config.capacity_sources is None:
         return AskedSource(index, asked, 0)
-    mine = _identities(made)[index]
     theirs = _identities(config)
-    matches = [j for j, other in enumerate(theirs) if _same(mine, other)]
-    now = index if index in matches else (matches[0] if matches else None)
+    now = _found(_identities(made)[index], theirs, index)
     where = _field(made, index)
+    return AskedSource(index, asked, now, where, _changed(where, asked, theirs, index, now))
+
+
+def _found(mine: _Identity, theirs: Sequence[_Identity], index: int) -> int | None:
+    """Where the source is among `theirs`: at `index` if it is there, else the first match."""
+    matches = [j for j, other in enumerate(theirs) if _same(mine, other)]
+    return index if index in matches else (matches[0] if matches else None)
+
+
+def _changed(
+    where: str, asked: Source, theirs: Sequence[_Identity], index: int, now: int | None
+) -> str | None:
+    """How the source asked stands in the config now, in words; None: as it was asked."""
     if now is None:
-        change: str | None = f"{where} left the config"
-    elif now != index:
-        change = f"{where} is spec.capacitySources[{now}] now"
-    else:
-        before, after = dict(asked.node_selector), dict(theirs[now][1][2])
-        change = f"{where}: nodeSelector {before} -> {after}" if before != after else None
-    return AskedSource(index, asked, now, where, change)
+        return f"{where} left the config"
+    if now != index:
+        return f"{where} is spec.capacitySources[{now}] now"
+    before, after = dict(asked.node_selector), dict(theirs[now][1][2])
+    return f"{where}: nodeSelector {before} -> {after}" if before != after else None
 
 
 def _by_index(index: int, config: AtomicProvisioningSpec) -> AskedSource:
