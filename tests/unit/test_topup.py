@@ -38,7 +38,7 @@ from gangcheck.logic.workloads.diagnosis import gather
 from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import Flavor, pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.model.provisioning_config import parse_spec, spec_record
 from tests.builders import CHECK, node, pod_template, provisioning_request
 from tests.unit.test_admission_decide import NOW, gang
 from tests.unit.test_diagnosis import admission_check
@@ -144,12 +144,13 @@ def run(
     *,
     workload: Obj | None = None,
     pods: tuple[Obj, ...] = (),
+    spec: Obj | None = None,
 ) -> Decision:
     wl = workload or gang(4).build()
     snap = Snapshot(
         workload=workload_of(wl),
         check=CHECK,
-        config=parse_spec(SPEC),
+        config=parse_spec(spec or SPEC),
         flavors=FLAVOR,
         requests=tuple(request_of(r) for r in requests),
         templates=frozenset(
@@ -255,12 +256,12 @@ PROVISIONING = {"gangcheck.io/state": "Provisioning", "gangcheck.io/attempt": "1
 
 
 def decide_provisioning(
-    requests: list[Obj], nodes: list[Obj], *, topology: str = ""
+    requests: list[Obj], nodes: list[Obj], *, topology: str = "", spec: Obj | None = None
 ) -> GroupDecision:
-    """The decision of a PodGroup of four members (``SPEC``) provisioning its first attempt
-    with ``requests`` in flight."""
+    """The decision of a PodGroup of four members (``spec``, else ``SPEC``) provisioning its
+    first attempt with ``requests`` in flight."""
     obj = group(4, annotations=dict(PROVISIONING), topology=topology)
-    return decide_group(in_flight(obj, members(4), SPEC, requests, nodes), NOW)
+    return decide_group(in_flight(obj, members(4), spec or SPEC, requests, nodes), NOW)
 
 
 def through(
@@ -269,8 +270,10 @@ def through(
     nodes: list[Obj],
     *,
     topology: str = "",
+    spec: Obj | None = None,
 ) -> Seen:
-    """The same case through a Workload's check or a PodGroup."""
+    """The same case through a Workload's check or a PodGroup (under ``spec``, else
+    ``SPEC``)."""
     if kind == "Workload":
         wl = gang(4).build()
         if topology:
@@ -279,8 +282,8 @@ def through(
                 "annotations": {"kueue.x-k8s.io/podset-required-topology": topology}
             }
             wl["spec"]["podSets"][0]["template"] = template
-        return seen(run(requests, nodes, workload=wl))
-    d = decide_provisioning(requests, nodes, topology=topology)
+        return seen(run(requests, nodes, workload=wl, spec=spec))
+    d = decide_provisioning(requests, nodes, topology=topology, spec=spec)
     status = d.status or {}  # only what changed is written
     state = status.get("gangcheck.io/state", PROVISIONING["gangcheck.io/state"] if status else "")
     more: dict[str, Any] = {
@@ -579,3 +582,38 @@ def test_diagnose_fits_a_topped_up_pod_group_on_the_kept_nodes_and_its_own() -> 
     assert facts.request is not None and facts.request.name == ask(1, "PodGroup")
     assert facts.placement is not None
     assert (facts.placement.placeable, facts.placement.total) == (3, 4)
+
+
+# ---- a top-up whose sources moved in the config once Provisioned: pinned as they asked ----
+
+#: a and b share a zone, c is in another: a gang on a's and b's nodes is pinned to zone z1.
+ZONED: Obj = {
+    **SPEC,
+    "capacitySources": [
+        {"name": "a", "nodeSelector": {"pool": "a", "zone": "z1"}, "deadlineSeconds": 20},
+        {"name": "b", "nodeSelector": {"pool": "b", "zone": "z1"}},
+        {"name": "c", "nodeSelector": {"pool": "c", "zone": "z2"}},
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_top_up_is_pinned_to_the_sources_it_asked_after_one_left(kind: str) -> None:
+    """A (source a) kept, B (source b) topping it up and Provisioned, both made under
+    [a, b, c]; then a is removed ([b, c]): the gang on a's and b's nodes is pinned to the
+    zone a and b share (z1), as it asked. Before, the sources were read by their index in
+    the config now (b for A, c for B): no shared label, the gang pinned to no zone."""
+    made = {"attempt_config": spec_record(parse_spec(ZONED))}
+    a = request(0, 4, kind=kind, **kept(), **made)
+    b = request(1, 2, kind=kind, kept_from=A, kept_members="2", **made)
+    nodes = [
+        *(gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")),
+        *(gpu_node(n, "b", arrived_for=B, kind=kind) for n in ("b0", "b1")),
+    ]
+    for n in nodes:
+        n["metadata"]["labels"]["zone"] = "z1"
+    now = {**ZONED, "capacitySources": ZONED["capacitySources"][1:]}
+    s = through(kind, [a, b], nodes, spec=now)
+    assert s.state == "ready", s.message
+    assert s.consumed == ask(1, kind)
+    assert s.pinned.get("zone") == "z1" and "pool" not in s.pinned

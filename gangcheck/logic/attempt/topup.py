@@ -103,22 +103,39 @@ def allowed(
     return True
 
 
-def common_labels(config: AtomicProvisioningSpec, sources: Iterable[int]) -> dict[str, str]:
-    """The node labels every one of these sources pins its nodes to (same key, same value):
-    what a gang on nodes of all of them can still be pinned to."""
-    selectors = [dict(s.node_selector) for i in sources if (s := config.source(i)) is not None]
-    if not selectors:
+def common_labels(selectors: Iterable[Mapping[str, str]]) -> dict[str, str]:
+    """The node labels every one of these node selectors pins to (same key, same value):
+    what a gang on nodes of all of their sources can still be pinned to."""
+    listed = [dict(s) for s in selectors]
+    if not listed:
         return {}
-    first, *rest = selectors
+    first, *rest = listed
     return {k: v for k, v in first.items() if all(r.get(k) == v for r in rest)}
 
 
 def shared_labels(
-    config: AtomicProvisioningSpec, place: places.Place, kept: Iterable[ProvisioningRequest]
+    config: AtomicProvisioningSpec,
+    place: places.Place | ProvisioningRequest,
+    kept: Iterable[ProvisioningRequest],
 ) -> dict[str, str]:
     """The node labels a gang on the nodes of `place`'s source and of the kept requests'
-    sources is pinned to: those all of them share."""
-    return common_labels(config, [place.source, *(places.of_request(r).source for r in kept)])
+    sources is pinned to: those all of them share. `place`: the request topping the kept
+    ones up, or the place about to be asked (its source in the config now). A request's
+    source is the one it asked (`lifecycle.asked_source`), so a source that left or moved in
+    the config since is not taken for the one now at its index; a request without a
+    recorded config is read by its index, as before (a source gone from there pins nothing).
+    """
+    return common_labels(s for one in (place, *kept) for s in _labels_of(config, one))
+
+
+def _labels_of(
+    config: AtomicProvisioningSpec, one: places.Place | ProvisioningRequest
+) -> list[Mapping[str, str]]:
+    if isinstance(one, ProvisioningRequest):
+        asked = lifecycle.asked_source(one, config)
+        return [asked.node_selector] if asked.source is not None else []
+    source = config.source(one.source)
+    return [source.node_selector] if source is not None else []
 
 
 def tolerating(gang: GangSpec, kept: Sequence[ProvisioningRequest]) -> GangSpec:

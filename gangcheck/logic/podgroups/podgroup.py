@@ -356,7 +356,7 @@ def _followed(
     capacity = snap.capacity
     kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
-        labels = topup.shared_labels(config, place, kept)
+        labels = topup.shared_labels(config, req, kept)
         gang = topup.tolerating(_pinned(gang_from_pods(snap.group, ours), labels), kept)
         capacity = topup.view(snap.capacity, kept)
     if following is not None:
@@ -675,7 +675,7 @@ def _release(
     kept = topup.kept_for(snap.requests, req) if req is not None else ()
     holds = _hold_toleration(req)
     if kept and snap.config is not None and req is not None:  # on kept and new nodes
-        shared = topup.shared_labels(snap.config, places.of_request(req), kept)
+        shared = topup.shared_labels(snap.config, req, kept)
         pinned = {f"source:{k}": (k, v) for k, v in shared.items()}
         holds = (*holds, *(hold_toleration(topup.key_of(r)) for r in kept))
     pins = dict({**domains, **pinned}.values())

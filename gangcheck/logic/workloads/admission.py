@@ -288,7 +288,7 @@ def _attempt(
     capacity = snap.capacity
     kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
-        labels = topup.shared_labels(snap.config, place, kept)
+        labels = topup.shared_labels(snap.config, req, kept)
         gang = topup.tolerating(gang_templates(snap, labels=labels), kept)
         capacity = topup.view(snap.capacity, kept)
     return lifecycle.Attempt(
@@ -870,9 +870,8 @@ def pod_set_updates(
         snap.config.pod_set_merge_policy,
     )
     kept = topup.kept_for(snap.requests, req)
-    place = places.of_request(req)
     pinned = (
-        topup.shared_labels(snap.config, place, kept)
+        topup.shared_labels(snap.config, req, kept)
         if kept
         else lifecycle.asked_source(req, snap.config).node_selector
     )

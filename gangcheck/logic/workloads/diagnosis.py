@@ -482,8 +482,7 @@ def _topped_up(
     labels the sources share, tolerating every hold, counting the kept requests' nodes."""
     assert req is not None
     snap = Snapshot(workload=wl, check=check, config=spec, flavors=world.flavors)
-    sources = [record_of(r).source for r in (req, *kept)]
-    gang = topup.tolerating(gang_templates(snap, labels=topup.common_labels(spec, sources)), kept)
+    gang = topup.tolerating(gang_templates(snap, labels=topup.shared_labels(spec, req, kept)), kept)
     names = {r.name for r in kept}
     left = tuple(
         o
