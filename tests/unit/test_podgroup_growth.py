@@ -25,7 +25,7 @@ from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.model.names import CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.model.provisioning_config import parse_spec, spec_record
 from tests.builders import container, node, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
@@ -330,9 +330,13 @@ def test_a_group_released_onto_a_later_source_grows_from_that_source() -> None:
     assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {"b"}
 
 
-def _topped_up_request(name: str, source: int, phase: str) -> Any:
-    """A request of the attempt the group was released on: `source` asked, in `phase`."""
+def _topped_up_request(
+    name: str, source: int, phase: str, record: dict[str, str] | None = None
+) -> Any:
+    """A request of the attempt the group was released on: `source` asked, in `phase`
+    (`record`: more of its record, the config it was made under)."""
     annotations = {
+        **(record or {}),
         "gangcheck.io/pod-group": "pg/g",
         "gangcheck.io/pod-group-uid": "uid-g",
         "gangcheck.io/gang-members": "4",
@@ -373,3 +377,26 @@ def test_a_group_topped_up_grows_from_the_source_that_delivered_last(
     assert body["spec"]["provisioningClassName"] == classes[asked_pool]
     templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
     assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {asked_pool}
+
+
+def test_a_group_topped_up_grows_from_the_source_it_asked_after_another_left() -> None:
+    """Topped up from a (kept) by b under [a, b, c]; then a is removed ([b, c]): the growth
+    asks b, the source the group's latest request asked (now at index 0), pinned to pool b.
+    Before, it asked the source now at that request's recorded index 1: c, pool c."""
+    made = [*TWO_SOURCES["capacitySources"], {"name": "c", "nodeSelector": {"pool": "c"}}]
+    record = {
+        "gangcheck.io/attempt-config": spec_record(
+            parse_spec({**TWO_SOURCES, "capacitySources": made})
+        )
+    }
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/request"] = "g-pg-1-b"
+    requests = [
+        _topped_up_request(FIRST, 0, "Kept", record),
+        _topped_up_request("g-pg-1-b", 1, "Started", record),
+    ]
+    d = grown_by_two(obj, {**TWO_SOURCES, "capacitySources": made[1:]}, tuple(requests))
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert body["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {"b"}

@@ -8,8 +8,8 @@ on nodes that exist they are released at once, else one ProvisioningRequest asks
 made), and they are released together, annotated to consume it, when they fit whole on
 nodes that exist. The growth asks the capacity source the group was released onto (the one
 InOrder reached, or the one that won a Race; after an InOrder top-up, the source topped up
-from), one source only: it neither falls back to the
-next source nor races. Past the deadline the growth is rolled back like any attempt (what arrived
+from, followed to its index in the config now by ``lifecycle.asked_source``), one source
+only: it neither falls back to the next source nor races. Past the deadline the growth is rolled back like any attempt (what arrived
 for it reclaimed by the safe path), the group stays Released, its running members untouched,
 and the next growth attempt follows after Kueue's backoff, counted from the rolled-back
 attempt's deadline (its request is the record until then); past ``backoffLimitCount`` the
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
@@ -228,11 +228,18 @@ def _released_on(config: AtomicProvisioningSpec, pins: dict[str, str], recorded:
 
 
 def _recorded_source(snap: GroupSnapshot) -> int:
-    """The source the group's latest request asked (REQUEST_ANNOTATION names it); the first
-    when the request is gone or none is named."""
+    """The source the group's latest request asked (REQUEST_ANNOTATION names it), at its
+    index in the config now (`lifecycle.asked_source`: a source that moved since, another
+    source removed before it, is followed, not the one now at its recorded index); the first
+    when the request is gone or none is named. A source that left the config, or a request
+    without a recorded config, is read by its recorded index, as before."""
+    assert snap.config is not None
     name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
     req = next((r for r in snap.requests if name and r.name == name), None)
-    return places.of_request(req).source if req is not None else 0
+    if req is None:
+        return 0
+    asked = lifecycle.asked_source(req, snap.config)
+    return asked.now if asked.now is not None else asked.index
 
 
 def _follow(
