@@ -32,7 +32,12 @@ from tests.e2e.helpers import fresh_namespace
 
 KUBECONFIG_ENV = "GANGCHECK_E2E_KUBECONFIG"
 GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
-#: A GPU group large enough for the provisioning tests, and one too small for them.
+#: The taint of the kept-nodes group's nodes: no pod of another test tolerates it.
+KEPT_TAINT = Taint("e2e.gangcheck.io/group", "kept", "NoSchedule")
+#: A GPU group large enough for the provisioning tests, one too small for them, and one of
+#: the kept-nodes test's own (test_capacity_sources.py): labelled and tainted so that no other
+#: test's pods, flavors or node selectors match it, with room for exactly the two nodes that
+#: test has the autoscaler add (a third could be claimed for its gang: docs/testing.md).
 E2E_NODE_GROUPS = (
     NodeGroup(
         name="e2e-gpu",
@@ -51,6 +56,15 @@ E2E_NODE_GROUPS = (
         gpus=8,
         labels={"gangcheck.io/gpu-type": "e2e"},
         taints=(GPU_TAINT,),
+    ),
+    NodeGroup(
+        name="e2e-gpu-kept",
+        max=2,
+        cpu="32",
+        memory="256Gi",
+        gpus=8,
+        labels={"gangcheck.io/gpu-type": "e2e-kept"},
+        taints=(GPU_TAINT, KEPT_TAINT),
     ),
 )
 

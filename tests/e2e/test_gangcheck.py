@@ -58,7 +58,7 @@ from tests.e2e.helpers import (
 
 Obj = dict[str, Any]
 T = TypeVar("T")
-BIG, SMALL = E2E_NODE_GROUPS
+BIG, SMALL = E2E_NODE_GROUPS[:2]
 GPU = "nvidia.com/gpu"
 GPU_TYPE = "gangcheck.io/gpu-type"
 NODE_GROUP_LABEL = "gangcheck.io/nodegroup"

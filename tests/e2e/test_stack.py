@@ -41,7 +41,7 @@ from tests.e2e.helpers import (
 Obj = dict[str, Any]
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 NODE_GROUP_LABEL = "gangcheck.io/nodegroup"
-BIG, SMALL = E2E_NODE_GROUPS
+BIG, SMALL = E2E_NODE_GROUPS[:2]
 STATUS_CONFIG_MAP = "cluster-autoscaler-status"
 
 
