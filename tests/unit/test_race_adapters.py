@@ -31,7 +31,7 @@ from gangcheck.logic.workloads.admission import Snapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.model.provisioning_config import parse_spec, spec_record
 from tests.builders import CHECK, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
 from tests.unit.test_podgroup_decide import group, members
@@ -92,6 +92,8 @@ class Seen:
     recorded_winner: str = ""
     events: frozenset[str] = frozenset()
     notes: frozenset[tuple[str, str, str]] = frozenset()
+    message: str = ""
+    """The gang's one-line message (the check's, the group's), when written."""
 
 
 def _kind_of(a: Action) -> str:
@@ -197,7 +199,10 @@ class Workloads(Adapter):
             consumed = update["annotations"][CONSUME_ANNOTATION]
             pinned = dict(update.get("nodeSelector") or {})
             tolerates = _tolerated(update.get("tolerations") or [])
-        return Seen(words, consumed=consumed, pinned=pinned, tolerates=tolerates, **seen)
+        message = check.message if check is not None else ""
+        return Seen(
+            words, consumed=consumed, pinned=pinned, tolerates=tolerates, message=message, **seen
+        )
 
 
 class PodGroups(Adapter):
@@ -246,6 +251,7 @@ class PodGroups(Adapter):
             pinned=pinned,
             tolerates=tolerates,
             recorded_winner=status.get("gangcheck.io/race-won-by", ""),
+            message=message,
             **seen,
         )
 
@@ -427,3 +433,34 @@ def test_a_pod_group_started_over_forgets_the_winner_of_its_earlier_race() -> No
     )
     d = decide_group(snap, NOW)
     assert d.status is not None and d.status["gangcheck.io/race-won-by"] == ""
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_racers_whose_sources_moved_are_named_as_the_sources_they_asked(
+    adapter: Adapter,
+) -> None:
+    """Racing a and b of [a, b, c], both Provisioned; then a source x is put first ([x, a, b,
+    c]): the race goes on, its message naming a (2 of 4) and b (3 of 4), the sources the
+    racers asked. Before, it named the sources now at their recorded indexes: x and a."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
+    x = {"name": "x", "nodeSelector": {"pool": "x"}}
+    now = {**RACE, "capacitySources": [x, *RACE["capacitySources"]]}
+    racers = [Racer(0, {"Provisioned": "ok"}, made), Racer(1, {"Provisioned": "ok"}, made)]
+    seen = adapter.run(racers, [], now)
+    assert seen.state == "racing", seen
+    assert "capacity source 'a' (2 of 4): " in seen.message
+    assert "capacity source 'b' (3 of 4): " in seen.message
+    assert "'x'" not in seen.message
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_a_racer_whose_source_left_is_named_by_the_source_it_asked(adapter: Adapter) -> None:
+    """Racing a and b of [a, b, c], both Provisioned; then b is removed ([a, c]): b's racer
+    is named as it asked ('b', left the config), not as c, now at its index."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
+    now = {**RACE, "capacitySources": [RACE["capacitySources"][i] for i in (0, 2)]}
+    racers = [Racer(0, {"Provisioned": "ok"}, made), Racer(1, {"Provisioned": "ok"}, made)]
+    seen = adapter.run(racers, [], now)
+    assert seen.state == "racing", seen
+    assert "capacity source 'b' (left the config): " in seen.message
+    assert "'c'" not in seen.message

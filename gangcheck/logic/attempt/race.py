@@ -16,7 +16,7 @@ podSetUpdates; a PodGroup's annotations and its members' release. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, Event
@@ -164,7 +164,7 @@ def follow(
             ended.append((r, step.verdict.message))
             going.append(Going(r, None, events=step.events))
         else:
-            where = places.of_request(r).describe(config)
+            where = named(config, r)
             going.append(
                 Going(
                     r,
@@ -208,7 +208,7 @@ def won(
     names = ", ".join(r.name for r in losers) or "none"
     event = Event(
         "CapacityRaceWon",
-        f"{places.of_request(winner).describe(config)} delivered the whole gang first "
+        f"{named(config, winner)} delivered the whole gang first "
         f"({winner.name}); withdrawing the others: {names}",
     )
     return Won(winner, followed, losers, gone, lost, event)
@@ -229,6 +229,24 @@ def left_behind(asked: Sequence[Ask], winner: str) -> list[ProvisioningRequest]:
     """Racers of an attempt whose gang was given the winner's capacity that are not withdrawn
     yet (the node cache was behind when the race was won)."""
     return [r for _, r in asked if r.name != winner and not r.deleting]
+
+
+def named(config: AtomicProvisioningSpec, req: ProvisioningRequest) -> str:
+    """How messages name the place a request asked (a racer, a source kept for a top-up):
+    the source it asked (`lifecycle.asked_source`), at its index in the config now, not the
+    source now at its recorded index; one that left the config by the name it asked with,
+    saying so; and its domain. A request without a recorded config: by its index, as
+    before."""
+    asked = lifecycle.asked_source(req, config)
+    place = places.of_request(req)
+    if asked.source is None:  # no recorded config, its index gone: as before
+        return place.describe(config)
+    if asked.now is not None:
+        return replace(place, source=asked.now).describe(config)
+    where = f"capacity source {asked.name!r} (left the config)"
+    if place.domain is None:
+        return where
+    return f"topology domain {place.domain[0]}={place.domain[1]} in {where}"
 
 
 def racing(said: Sequence[str]) -> str:
