@@ -62,6 +62,9 @@ TAINT = "nvidia.com/gpu:NoSchedule"
 RESERVED = WorkloadState(reserved=True, cluster_queue="cq", local_queue="lq")
 QUEUED = WorkloadState(local_queue="lq")
 OURS = CheckFacts("gpu", "Pending", message=f"provisioning request {REQ} created for 16 pods")
+KARPENTER_POOL_MISSING = (
+    "NodePool 'spot' named by spec.capacitySources[1].karpenter.nodePools[0] does not exist"
+)
 KUEUE_QUOTA = (
     "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu "
     "in flavor gpu, 8 more needed"
@@ -218,6 +221,30 @@ CASES = [
         ),
         "blocked: the AdmissionCheck gpu is inactive: AtomicProvisioningConfig 'x' not found",
         "check",
+    ),
+    Case(
+        "an inactive check over a gang with quota whose attempt goes on says both",
+        gang(
+            checks=(replace(OURS, active=False, problem=KARPENTER_POOL_MISSING),),
+            req=request(),
+            progress=Progress.WAITING,
+        ),
+        f"blocked: the AdmissionCheck gpu is inactive ({KARPENTER_POOL_MISSING}): no new gang "
+        "gets quota on ClusterQueue cq; this gang keeps its quota and its attempt goes on: "
+        f"waiting for the autoscaler to accept {REQ}, deadline in 42s",
+        "request",
+    ),
+    Case(
+        "an inactive check over a gang with quota that the decision would ask for now",
+        gang(
+            checks=(replace(OURS, active=False, problem=KARPENTER_POOL_MISSING),),
+            req=RequestFacts(REQ, 1, found=False),
+            replay=Replay(state="Pending", asks=True),
+        ),
+        f"blocked: the AdmissionCheck gpu is inactive ({KARPENTER_POOL_MISSING}): no new gang "
+        "gets quota on ClusterQueue cq; this gang keeps its quota and its attempt goes on: "
+        f"ProvisioningRequest {REQ} does not exist yet (is the gangcheck controller running?)",
+        "request",
     ),
     Case(
         "a rejected check quotes its message",
@@ -677,6 +704,28 @@ def test_a_check_the_controller_has_not_activated_is_inactive() -> None:
     )
     check = facts.focus_check
     assert check is not None and not check.active
+
+
+def test_a_gang_in_flight_under_a_check_kueue_sees_inactive_is_said_to_go_on() -> None:
+    """The check Active=False for a reason its config does not show (a Karpenter NodePool
+    missing): the controller goes on with the attempt by the config, and the line says so
+    beside the check being inactive; a gang without quota behind it stays blocked by it."""
+    ac = admission_check(active=False)
+    ac["status"]["conditions"][0]["message"] = KARPENTER_POOL_MISSING
+    facts = gather(
+        workload(), world(admission_checks={CHECK: ac}, requests=(our_request(),)), now=NOW
+    )
+    assert verdict(facts, NOW).line == (
+        f"blocked: the AdmissionCheck {CHECK} is inactive ({KARPENTER_POOL_MISSING}): no new "
+        "gang gets quota on ClusterQueue cq; this gang keeps its quota and its attempt goes "
+        "on: waiting for the autoscaler, no node has arrived yet: 0 of 2 members placeable; "
+        "no nodes, deadline in 2m"
+    )
+    queued = WorkloadBuilder().pod_set("workers", 2).check().build()
+    facts = gather(queued, world(admission_checks={CHECK: ac}), now=NOW)
+    assert verdict(facts, NOW).line == (
+        f"blocked: the AdmissionCheck {CHECK} is inactive: {KARPENTER_POOL_MISSING}"
+    )
 
 
 def test_the_request_of_the_current_attempt_is_read() -> None:

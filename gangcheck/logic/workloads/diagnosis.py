@@ -617,12 +617,34 @@ def _check_verdict(facts: Facts, now: datetime) -> Verdict | None:
     if focus is None or focus.state == READY:
         return _other_checks(facts)
     if not focus.active:
-        return _inactive(focus)
+        return _inactive_in_flight(facts, focus, now) or _inactive(focus)
     if focus.state == REJECTED:
         return Verdict(True, "check", f"the check {focus.name} rejected the gang: {focus.message}")
     if focus.state == RETRY:
         return _retry_verdict(focus, facts.request)
     return _attempt_verdict(facts, focus, now)
+
+
+def _inactive_in_flight(facts: Facts, check: CheckFacts, now: datetime) -> Verdict | None:
+    """An inactive check of ours over a gang that has its quota, whose attempt goes on: the
+    controller decides by the config (`checkconfig.resolve`: a check Active=False for another
+    reason, a Karpenter NodePool missing, still has one), or, with no valid config, by the
+    one the attempt recorded. Kueue (v0.17) keeps the reservations made and gives no new gang
+    quota on the ClusterQueue (pending, AdmissionCheckInactive). Both are said, with the
+    attempt's own line. None: the replayed decision follows no attempt and asks none (the
+    check is what blocks)."""
+    done = facts.replay
+    if check.state != PENDING or done is None or (done.progress is None and not done.asks):
+        return None
+    said = _attempt_verdict(facts, check, now)
+    cq = facts.state.cluster_queue
+    where = f" on ClusterQueue {cq}" if cq else ""
+    return Verdict(
+        said.blocked,
+        said.step,
+        f"the AdmissionCheck {check.name} is inactive ({check.problem}): no new gang gets "
+        f"quota{where}; this gang keeps its quota and its attempt goes on: {said.reason}",
+    )
 
 
 def _retry_verdict(check: CheckFacts, req: RequestFacts | None) -> Verdict:
