@@ -20,9 +20,18 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
+from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import CHECK, T0, WorkloadBuilder, node, pod_template, provisioning_request
+from tests.builders import (
+    CHECK,
+    CONTROLLER,
+    T0,
+    WorkloadBuilder,
+    node,
+    pod_template,
+    provisioning_request,
+)
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
@@ -1173,3 +1182,83 @@ def test_the_requeue_delay_is_retrys_alone() -> None:
     d = run(Case("reset", builder, config={**TRUST, "managedResources": ["example.com/fpga"]}))
     assert d.check is not None and d.check.state == "Ready"
     assert d.check.requeue_after_seconds is None
+
+
+# ---- a check Kueue sees inactive though its config resolves: the attempt goes on, noted ----
+
+POOL_MISSING = "spec.capacitySources[1].karpenter.nodePools[0]: NodePool 'spot' not found"
+GOES_ON = f" (the check is not active: {POOL_MISSING}; the attempt in flight goes on)"
+
+
+@dataclass
+class InactiveCase:
+    id: str
+    active: bool
+    said: str
+    """The check's message before this decision."""
+    message: str | None
+    """The check's message written (None: no write)."""
+
+
+INACTIVE_CASES = [
+    InactiveCase(
+        "Active=False, a config that resolves: the Pending message notes it",
+        active=False,
+        said=f"provisioning request {REQ1} created for 4 pods",
+        message="capacity requested, not yet usable: 0 of 4 members placeable; no nodes" + GOES_ON,
+    ),
+    InactiveCase(
+        "Active=False, the note already written: nothing written again",
+        active=False,
+        said="capacity requested, not yet usable: 0 of 4 members placeable; no nodes" + GOES_ON,
+        message=None,
+    ),
+    InactiveCase(
+        "Active=False, the message unchanged without the note: the note is added",
+        active=False,
+        said="capacity requested, not yet usable: 0 of 4 members placeable; no nodes",
+        message="capacity requested, not yet usable: 0 of 4 members placeable; no nodes" + GOES_ON,
+    ),
+    InactiveCase(
+        "active again: the note goes",
+        active=True,
+        said="capacity requested, not yet usable: 0 of 4 members placeable; no nodes" + GOES_ON,
+        message="capacity requested, not yet usable: 0 of 4 members placeable; no nodes",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", INACTIVE_CASES, ids=lambda c: c.id)
+def test_a_gang_in_flight_under_a_check_kueue_sees_inactive(case: InactiveCase) -> None:
+    """A NodePool a Karpenter source names is missing: the AdmissionCheck is Active=False
+    (its condition's message), its config still resolves and the attempt in flight goes on
+    by it; its Pending message says the check is not active, as with an invalid config."""
+    ac = {
+        "metadata": {"name": CHECK},
+        "spec": {
+            "controllerName": CONTROLLER,
+            "parameters": {
+                "apiGroup": "gangcheck.io",
+                "kind": "AtomicProvisioningConfig",
+                "name": "cfg",
+            },
+        },
+        "status": {
+            "conditions": [{"type": "Active", "status": str(case.active), "message": POOL_MISSING}]
+        },
+    }
+    wl = WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(CHECK, "Pending")
+    obj = wl.build()
+    obj["status"]["admissionChecks"][0]["message"] = case.said
+    snap = snapshot_of(
+        workload_of(obj),
+        CHECK,
+        admission_check={CHECK: ac}.get,
+        config={"cfg": {"spec": {}}}.get,
+        requests=[req(conditions={"Accepted": "", "Provisioned": ""}, annotations=DEADLINE)],
+        flavors=GPU_FLAVOR,
+        capacity=ClusterView(),
+        templates=frozenset({naming.template_name(REQ1, "workers")}),
+    )
+    d = decide(snap, NOW)
+    assert (d.check.message if d.check is not None else None) == case.message

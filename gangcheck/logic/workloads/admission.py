@@ -89,6 +89,11 @@ class Snapshot:
     competing: tuple[str, ...] = ()
     """Other checks on the Workload whose pods consume a ProvisioningRequest (gangcheck's
     or Kueue's built-in one): a pod can consume only one."""
+    inactive: str = ""
+    """Why the check is Active=False though its config resolves (its Active condition's
+    message: a NodePool a Karpenter source names is missing); '' when it is active. Kueue
+    gives no new gang quota on the ClusterQueue; the attempt of a gang that has its quota
+    goes on by the config, its Pending message noting the check (`_noted`)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,9 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
         return _competing(snap, state, now)
     if snap.config is None:
         return _inactive(snap, state, now)
+    if snap.inactive:
+        note = f" (the check is not active: {snap.inactive}; the attempt in flight goes on)"
+        return _noted(decide(replace(snap, inactive=""), now), state, note)
     if state.state in (RETRY, REJECTED):
         return _after_rollback(snap, state)  # then Kueue core evicts and requeues, or deactivates
     unassigned = unassigned_pod_sets(wl, snap.config.managed_resources)
@@ -152,13 +160,9 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = flow.find(snap.requests, _current(snap, state)[0])
     recorded = lifecycle.recorded_config(req) if req is not None else None
     if recorded is not None:
-        decision = decide(replace(snap, config=recorded, config_problem=""), now)
-        if decision.check is None or decision.check.state != PENDING:
-            return decision
+        decision = decide(replace(snap, config=recorded, config_problem="", inactive=""), now)
         note = f" (the check is not active: {snap.config_problem}; {ATTEMPT_GOES_ON})"
-        return replace(
-            decision, check=replace(decision.check, message=decision.check.message + note)
-        )
+        return _noted(decision, state, note)
     if state.state == READY:
         return Decision()
     if state.state in (RETRY, REJECTED):
@@ -170,6 +174,23 @@ def _inactive(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 ATTEMPT_GOES_ON = "the attempt in flight goes on under the config it was made with"
+
+
+def _noted(decision: Decision, state: CheckState, note: str) -> Decision:
+    """The decision made while the check is not active, its Pending message followed by
+    `note`; the entry written only when that changes it (the decision was made against the
+    entry with the note, so an unchanged message comes back without it). A decision that
+    leaves the entry alone while what arrived goes back (a rollback) leaves it alone."""
+    rolling = decision.step is not None and decision.step.progress in (
+        Progress.ROLLING_BACK,
+        Progress.ROLLED_BACK,
+    )
+    entry = decision.check or state
+    if entry.state != PENDING or (decision.check is None and rolling):
+        return decision
+    message = entry.message if entry.message.endswith(note) else entry.message + note
+    noted = replace(entry, message=message[:MAX_MESSAGE])
+    return replace(decision, check=None if noted == state else noted)
 
 
 def _with_deletions(snap: Snapshot, decision: Decision, why: str) -> Decision:

@@ -28,7 +28,8 @@ def snapshot_of(
     """What `decide` reads for the Workload's `check`: its config as resolved now, the
     requests made for this Workload (by uid) and this check, and the other checks of the
     Workload that provision capacity too. `requests` may hold any others: they are left out."""
-    resolution = checkconfig.resolve(admission_check(check), config)
+    ac = admission_check(check)
+    resolution = checkconfig.resolve(ac, config)
     mine = tuple(
         request_of(r)
         for r in requests
@@ -44,7 +45,17 @@ def snapshot_of(
         templates=templates,
         capacity=capacity,
         competing=competing(wl, check, admission_check),
+        inactive=_inactive(ac) if resolution.active else "",
     )
+
+
+def _inactive(ac: Obj | None) -> str:
+    """Why the check is Active=False though its config resolves (a NodePool a Karpenter
+    source names is missing): its Active condition's message; '' when it is not False."""
+    for cond in ((ac or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Active" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "Active is False")
+    return ""
 
 
 def competing(
