@@ -1262,3 +1262,32 @@ def test_a_gang_in_flight_under_a_check_kueue_sees_inactive(case: InactiveCase) 
     )
     d = decide(snap, NOW)
     assert (d.check.message if d.check is not None else None) == case.message
+
+
+@pytest.mark.parametrize("noted", [False, True], ids=["note missing", "note written"])
+def test_an_invalid_configs_note_is_written_once_on_an_unchanged_message(noted: bool) -> None:
+    """The config gone, the attempt in flight goes on under the one it recorded: a message
+    that did not change gets the note (before, only a changed message did), and is not
+    written again once it has it."""
+    said = "capacity requested, not yet usable: 0 of 4 members placeable; no nodes"
+    note = "the check is not active: AtomicProvisioningConfig 'gpu' not found; "
+    note += "the attempt in flight goes on under the config it was made with"
+    obj = WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(CHECK, "Pending").build()
+    obj["status"]["admissionChecks"][0]["message"] = said + (f" ({note})" if noted else "")
+    made = req(
+        conditions={"Accepted": "", "Provisioned": ""}, annotations={**DEADLINE, **MADE_UNDER}
+    )
+    snap = Snapshot(
+        workload=workload_of(obj),
+        check=CHECK,
+        config=None,
+        config_problem="AtomicProvisioningConfig 'gpu' not found",
+        flavors=GPU_FLAVOR,
+        requests=(request_of(made),),
+        templates=frozenset({naming.template_name(REQ1, "workers")}),
+        capacity=ClusterView(),
+    )
+    d = decide(snap, NOW)
+    assert (d.check.message if d.check is not None else None) == (
+        None if noted else f"{said} ({note})"
+    )
