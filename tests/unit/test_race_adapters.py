@@ -464,3 +464,22 @@ def test_a_racer_whose_source_left_is_named_by_the_source_it_asked(adapter: Adap
     assert seen.state == "racing", seen
     assert "capacity source 'b' (left the config): " in seen.message
     assert "'c'" not in seen.message
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_a_racer_ending_after_the_sources_moved_gives_no_place_by_index(
+    adapter: Adapter,
+) -> None:
+    """Racing a and b of [a, b, c]; x is put first ([x, a, b, c]) and a's racer fails: its
+    place is given to no source (the race goes on with b; when it ends, the attempt ends
+    and the next one asks the new list). Before, it went to the source now at index 2, b,
+    already racing: b was asked twice."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
+    x = {"name": "x", "nodeSelector": {"pool": "x"}}
+    now = {**RACE, "capacitySources": [x, *RACE["capacitySources"]]}
+    racers = [Racer(0, annotations={**ROLLED_BACK, **made}), Racer(1, {"Provisioned": "ok"}, made)]
+    seen = adapter.run(racers, [], now)
+    assert seen.state == "racing", seen
+    assert seen.created == [] and seen.sources_created == []
+    assert seen.deleted == [adapter.ask(0)]
+    assert seen.message.startswith("racing: capacity source 'b' (3 of 4): "), seen.message

@@ -141,7 +141,16 @@ def follow(
     next_ask = max((k for k, _ in asked), default=-1) + 1
     # The k-th ask of a race is at source k (`starting`, then each place given up goes to
     # the next source), so a source below the next ask was asked, its request gone or not.
-    unasked = [s.index for s in config.sources() if s.index not in sources and s.index >= next_ask]
+    # That holds while no racer's source moved or left in the config (`driver.source_changed`):
+    # once one did, the indexes no longer say which sources were asked, and no place is given
+    # to a next source (the race goes on with its racers; when they end, the attempt ends
+    # and the next one asks the new list), as an InOrder attempt asks no next place then.
+    moved = any(driver.source_changed(config, r) for _, r in asked)
+    unasked = [
+        s.index
+        for s in config.sources()
+        if not moved and s.index not in sources and s.index >= next_ask
+    ]
     others = len(live) > 1 or bool(unasked)
     followed = {r.name: follow_one(r, others) for r in live}
     for r in live:
