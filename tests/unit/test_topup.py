@@ -617,3 +617,26 @@ def test_a_top_up_is_pinned_to_the_sources_it_asked_after_one_left(kind: str) ->
     assert s.state == "ready", s.message
     assert s.consumed == ask(1, kind)
     assert s.pinned.get("zone") == "z1" and "pool" not in s.pinned
+
+
+def test_diagnose_fits_a_request_on_the_nodes_of_the_source_it_asked_after_it_left() -> None:
+    """B asked b of [a, b, c] and is Provisioned, its nodes in pool b; then b is removed
+    ([a, c]): gangcheck diagnose fits the gang where the controller does, on b's nodes
+    (lifecycle.asked_source). Before, it pinned the gang to c's, now at b's index: 0 of 4."""
+    made = {"attempt_config": spec_record(parse_spec(ZONED))}
+    b = request(1, 4, **made)
+    nodes = [gpu_node(f"b{i}", "b", arrived_for=B) for i in range(4)]
+    for n in nodes:
+        n["metadata"]["labels"]["zone"] = "z1"
+    now = {**ZONED, "capacitySources": [ZONED["capacitySources"][i] for i in (0, 2)]}
+    world = World(
+        nodes=tuple(nodes),
+        admission_checks={CHECK: admission_check()},
+        configs={"cfg": {"spec": now}},
+        flavors=FLAVOR,
+        requests=(b,),
+    )
+    facts = gather(gang(4).build(), world, now=NOW)
+    assert facts.request is not None and facts.request.name == B
+    assert facts.placement is not None
+    assert (facts.placement.placeable, facts.placement.total) == (4, 4)

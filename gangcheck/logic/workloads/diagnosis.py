@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import naming, places, topup
+from gangcheck.logic.attempt import lifecycle, naming, places, topup
 from gangcheck.logic.attempt.explain import (
     GangRow,
     Placement,
@@ -39,7 +39,6 @@ from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.rollback import record_of
 from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig, slices
@@ -443,11 +442,14 @@ def _gang(
     req: ProvisioningRequest | None,
 ) -> GangSpec:
     """(pod set, count, template) as the controller assesses them (pinned to the capacity
-    source the request asks); every pod set without a config to say which need capacity."""
+    source the request asked, `lifecycle.asked_source`, not the one now at its index; the
+    first source without a request); every pod set without a config to say which need
+    capacity."""
     if spec is not None:
         snap = Snapshot(workload=wl, check=check, config=spec, flavors=flavors)
-        source = record_of(req).source if req is not None else 0
-        return gang_templates(snap, place=places.Place(source))  # fitted in any one domain
+        if req is None:
+            return gang_templates(snap, place=places.Place(0))  # fitted in any one domain
+        return gang_templates(snap, labels=lifecycle.asked_source(req, spec).node_selector)
     return GangSpec(
         tuple(
             (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))
