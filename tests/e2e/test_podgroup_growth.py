@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -49,18 +48,9 @@ from tests.e2e.test_podgroups import (
     webhook_registered,
 )
 from tests.e2e.test_podgroups import hooked as hooked  # noqa: PLC0414 (the fixture)
+from tests.e2e.test_podgroups import sim as sim  # noqa: PLC0414 (the fixture)
 
 Obj = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def sim(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCloud]:
-    cloud = SimCloud(cluster, tmp_path_factory.mktemp("gangcheck-e2e-growth"))
-    try:
-        yield cloud
-    finally:
-        if cloud.process is not None:
-            cloud.process.stop()
 
 
 def member(name: str, *, group: str, pool: str) -> Obj:
