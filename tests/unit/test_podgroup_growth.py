@@ -302,16 +302,18 @@ TWO_SOURCES: Obj = {
 }
 
 
-def grown_by_two(obj: Obj, spec: Obj, requests: tuple[Obj, ...] = ()) -> GroupDecision:
+def grown_by_two(
+    obj: Obj, spec: Obj, requests: tuple[Obj, ...] = (), nodes: tuple[Obj, ...] = ()
+) -> GroupDecision:
     """The growth decision of the group ``obj`` (released, minCount raised to 6): its four
-    running members on ``OLD_NODE`` and the two added ones."""
+    running members on ``OLD_NODE`` (and ``nodes``) and the two added ones."""
     pods = [*running(), *added()]
     snap = GroupSnapshot(
         group=pod_group_of(obj),
         members=tuple(map(pod_of, pods)),
         requests=tuple(map(request_of, requests)),
         config=parse_spec(spec),
-        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(pods)),
+        capacity=ClusterView(nodes=(OLD_NODE, *nodes), pods=tuple(pods)),
         opted_in=True,
     )
     return growth.decide(snap, NOW)
@@ -400,3 +402,103 @@ def test_a_group_topped_up_grows_from_the_source_it_asked_after_another_left() -
     assert body["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
     templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
     assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {"b"}
+
+
+#: Three capacity sources: a, b (its own class), c; and [a, c]: b removed.
+ABC = [*TWO_SOURCES["capacitySources"], {"name": "c", "nodeSelector": {"pool": "c"}}]
+A_C = [ABC[0], ABC[2]]
+CLASS_A = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+
+
+@dataclass
+class Left:
+    id: str
+    now: list[Obj]  # the config's sources now
+    pins: str = ""  # the group's gangcheck.io/topology-domain
+    recorded: bool = True  # the latest request records the config it was made under ([a, b, c])
+    policy: str = "InOrder"
+    nodes: tuple[Obj, ...] = ()
+    # expectations: the growth asks (class, pool), or releases at once with these pins
+    asked: tuple[str, str] | None = None
+    released_pins: dict[str, str] | None = None
+
+
+LEFT = [
+    Left("topped-up-from-b-b-removed-asks-a", A_C, asked=(CLASS_A, "a")),
+    Left("released-onto-b-b-removed-asks-a", A_C, pins="pool=b", asked=(CLASS_A, "a")),
+    Left(
+        "raced-onto-b-b-removed-asks-a",
+        A_C,
+        pins="pool=b",
+        policy="Race",
+        asked=(CLASS_A, "a"),
+    ),
+    Left(
+        "b-removed-its-pin-dropped-released-where-they-fit",
+        A_C,
+        pins="pool=b,zone=z1",
+        nodes=(node("a1", gpu=2, labels={"pool": "a", "zone": "z1"}),),
+        released_pins={"zone": "z1"},
+    ),
+    Left("b-still-there-asks-b", ABC, asked=("queued-provisioning.gke.io", "b")),
+    Left("no-recorded-config-by-index-as-before", A_C, recorded=False, asked=(CLASS_A, "c")),
+]
+
+
+@pytest.mark.parametrize("case", LEFT, ids=[c.id for c in LEFT])
+def test_a_group_whose_source_left_grows_as_a_new_attempt_asks(case: Left) -> None:
+    """Released from b (its latest request asked b, index 1 of [a, b, c]); then b is removed
+    ([a, c]). The growth is a new ask for members the group has no capacity for: it asks
+    where a new attempt of the config now asks first, a, and b's node labels are no longer
+    pinned. Before, it asked the source now at b's recorded index: c, by accident of
+    position (and pinned to pool b, so nodes of a never fit). A record without a config is
+    read by its index, as before; a source still there is asked."""
+    made = parse_spec({**TWO_SOURCES, "capacitySources": ABC})
+    record = {"gangcheck.io/attempt-config": spec_record(made)} if case.recorded else {}
+    obj = group(6)
+    annotations = obj["metadata"]["annotations"]
+    annotations["gangcheck.io/request"] = "g-pg-1-b"
+    if case.pins:
+        annotations["gangcheck.io/topology-domain"] = case.pins
+    requests = [
+        _topped_up_request(FIRST, 0, "Kept", record),
+        _topped_up_request("g-pg-1-b", 1, "Started", record),
+    ]
+    spec = {**TWO_SOURCES, "capacitySources": case.now, "capacitySourcePolicy": case.policy}
+    d = grown_by_two(obj, spec, tuple(requests), case.nodes)
+    created = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    releases = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    if case.asked is None:
+        assert not created
+        (release,) = releases
+        assert release.pods == ("new0", "new1")
+        assert dict(release.node_selector) == case.released_pins
+        return
+    assert not releases
+    (body,) = created
+    assert body["metadata"]["name"] == GROW1
+    assert body["spec"]["provisioningClassName"] == case.asked[0]
+    templates = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert {t["template"]["spec"]["nodeSelector"]["pool"] for t in templates} == {case.asked[1]}
+
+
+def test_a_growth_in_flight_after_its_groups_source_left_fits_where_it_asked() -> None:
+    """Released onto b (pinned to pool b) of [a, b, c]; b removed, the growth asked a: its
+    nodes (pool a) arrived with room for both added members, released together consuming it,
+    pool b no longer pinned. Before, the fit stayed pinned to pool b: the nodes of a never
+    counted, and the growth was rolled back at its deadline."""
+    made = parse_spec({**TWO_SOURCES, "capacitySources": ABC})
+    record = {"gangcheck.io/attempt-config": spec_record(made)}
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/request"] = "g-pg-1-b"
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    requests = (
+        _topped_up_request("g-pg-1-b", 1, "Started", record),
+        grow_req(conditions={"Provisioned": "True"}),
+    )
+    arrived = node("n2", gpu=2, created="2026-11-30T10:04:00Z", labels={"pool": "a"})
+    d = grown_by_two(obj, {**TWO_SOURCES, "capacitySources": A_C}, requests, (arrived,))
+    (release,) = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    assert release.pods == ("new0", "new1")
+    assert release.annotations[CONSUME_ANNOTATION] == GROW1
+    assert "pool" not in release.node_selector

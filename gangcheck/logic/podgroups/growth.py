@@ -9,11 +9,13 @@ made), and they are released together, annotated to consume it, when they fit wh
 nodes that exist. The growth asks the capacity source the group was released onto (the one
 InOrder reached, or the one that won a Race; after an InOrder top-up, the source topped up
 from, followed to its index in the config now by ``lifecycle.asked_source``), one source
-only: it neither falls back to the next source nor races. Past the deadline the growth is rolled back like any attempt (what arrived
-for it reclaimed by the safe path), the group stays Released, its running members untouched,
-and the next growth attempt follows after Kueue's backoff, counted from the rolled-back
-attempt's deadline (its request is the record until then); past ``backoffLimitCount`` the
-growth waits, saying so.
+only: it neither falls back to the next source nor races. When that source left the config,
+the growth asks where a new attempt of the config now asks first (its first source), its
+node labels no longer pinned. Past the deadline the growth is rolled back like any attempt
+(what arrived for it reclaimed by the safe path), the group stays Released, its running
+members untouched, and the next growth attempt follows after Kueue's backoff, counted from
+the rolled-back attempt's deadline (its request is the record until then); past
+``backoffLimitCount`` the growth waits, saying so.
 
 Lowered again to what runs or less, a growth not delivered is withdrawn (its arrivals, on
 which nothing of the group runs, reclaimed safely); capacity members use is never withdrawn.
@@ -33,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, rollback
+from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
@@ -47,6 +49,7 @@ from gangcheck.logic.podgroups.podgroup import (
     _ask,
     _domain_of,
     _pinned,
+    _source_labels,
     _status,
     gang_from_pods,
 )
@@ -183,7 +186,7 @@ def _first(
     on nodes that exist, else ask for them."""
     assert snap.config is not None
     group = snap.group
-    pins = _domain_of(group.annotations.get(DOMAIN_ANNOTATION, ""))
+    source, pins = _source(snap, chosen)
     gang = _pinned(gang_from_pods(group, chosen), pins)
     here = fits_now(_others_held(snap), gang)
     names = tuple(sorted(p.name for p in chosen))
@@ -202,7 +205,6 @@ def _first(
         GANG_MEMBERS_ANNOTATION: str(len(chosen)),
         GROWS_ANNOTATION: str(group.min_count - len(chosen)),
     }
-    source = _released_on(snap.config, pins, _recorded_source(snap))
     asked = driver.ask(snap.backend, _ask(snap, gang, name, record, source), reserved=0)
     status = _status(snap, RELEASED, f"released; {said}: {asked.message}")
     return replace(
@@ -213,33 +215,39 @@ def _first(
     )
 
 
-def _released_on(config: AtomicProvisioningSpec, pins: dict[str, str], recorded: int) -> int:
-    """The capacity source the group was released onto: the one whose node labels its pins
-    carry (the one InOrder reached, or the one that won a Race), else the one the group's
-    latest request asked (`recorded`: an InOrder top-up releases the group across the kept
-    source and the next, pinned to neither; the growth asks the one that delivered last, not
-    the first, which stopped short). The growth asks it, so the members added land beside the
-    running ones."""
+def _source(snap: GroupSnapshot, chosen: Sequence[Pod]) -> tuple[int, dict[str, str]]:
+    """The capacity source a new growth attempt asks, and the group's pins it keeps.
+
+    The source the group was released onto: the one whose node labels its pins carry (the one
+    InOrder reached, or the one that won a Race), else the one the group's latest request
+    asked (an InOrder top-up releases the group across the kept source and the next, pinned
+    to neither; the growth asks the one that delivered last, not the first, which stopped
+    short), followed to its index in the config now (`lifecycle.asked_source`: moved, or
+    another source removed before it). The growth asks it, so the members added land beside
+    the running ones. When that source left the config, or the request is gone, the growth
+    is a new ask for capacity the group has none of: it asks where a new attempt of the
+    config now asks first (`places.first_place`, as `flow.first_ask`), and the left source's
+    node labels are dropped from its pins (no source asks those nodes now). A record without
+    a recorded config is read by its index, as before."""
+    config = snap.config
+    assert config is not None
+    pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
     for source in config.sources():
         labels = source.node_selector
         if labels and all(pins.get(k) == v for k, v in labels.items()):
-            return source.index
-    return recorded
-
-
-def _recorded_source(snap: GroupSnapshot) -> int:
-    """The source the group's latest request asked (REQUEST_ANNOTATION names it), at its
-    index in the config now (`lifecycle.asked_source`: a source that moved since, another
-    source removed before it, is followed, not the one now at its recorded index); the first
-    when the request is gone or none is named. A source that left the config, or a request
-    without a recorded config, is read by its recorded index, as before."""
-    assert snap.config is not None
+            return source.index, pins
     name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
     req = next((r for r in snap.requests if name and r.name == name), None)
-    if req is None:
-        return 0
-    asked = lifecycle.asked_source(req, snap.config)
-    return asked.now if asked.now is not None else asked.index
+    asked = lifecycle.asked_source(req, config) if req is not None else None
+    if asked is not None and asked.now is not None:
+        return asked.now, pins
+    if asked is not None:
+        pins = {k: v for k, v in pins.items() if asked.node_selector.get(k) != v}
+    gang = _pinned(gang_from_pods(snap.group, chosen), pins)
+    first = places.first_place(
+        config, lambda index: _pinned(gang, _source_labels(config, index)), snap.capacity
+    )
+    return first.source, pins
 
 
 def _follow(
@@ -248,7 +256,7 @@ def _follow(
     """The growth request in flight, for the members it was made for."""
     assert snap.config is not None
     group = snap.group
-    pins = _domain_of(group.annotations.get(DOMAIN_ANNOTATION, ""))
+    _, pins = _source(snap, chosen)  # a source left since: its labels no longer pinned
     config = snap.config  # now's, as for the group's own attempt: a deadline change applies
     attempt = lifecycle.Attempt(
         request=req,
