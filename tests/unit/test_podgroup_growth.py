@@ -502,3 +502,44 @@ def test_a_growth_in_flight_after_its_groups_source_left_fits_where_it_asked() -
     assert release.pods == ("new0", "new1")
     assert release.annotations[CONSUME_ANNOTATION] == GROW1
     assert "pool" not in release.node_selector
+
+
+#: TWO_SOURCES with a deadline of b's own.
+B_DEADLINE: Obj = {
+    **TWO_SOURCES,
+    "capacitySources": [
+        TWO_SOURCES["capacitySources"][0],
+        {**TWO_SOURCES["capacitySources"][1], "deadlineSeconds": 1200},
+    ],
+}
+
+
+def test_a_growth_records_the_source_it_asks_and_is_followed_by_its_deadline() -> None:
+    """Released onto b (its own deadlineSeconds 1200): the growth request records b
+    (capacity-source 1) and b's deadline, as an attempt of b does. Before, it recorded no
+    source (read as a: its deadline, and a change of a read as a change under the growth)."""
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    d = grown_by_two(obj, B_DEADLINE)
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    annotations = body["metadata"]["annotations"]
+    assert annotations["gangcheck.io/capacity-source"] == "1"
+    assert annotations["gangcheck.io/fulfillment-deadline"] == "2026-11-30T10:25:00Z"
+
+
+def test_a_growth_in_flight_keeps_the_deadline_of_the_source_it_asked() -> None:
+    """A growth asked of b (deadlineSeconds 1200), made at 10:00, deadline 10:20: followed,
+    its deadline stays. Before, the config's default 420 s was applied to it, the deadline
+    moved to 10:07."""
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    record = {"gangcheck.io/attempt-config": spec_record(parse_spec(B_DEADLINE))}
+    req = grow_req(annotations={**record, "gangcheck.io/capacity-source": "1"})
+    d = grown_by_two(obj, B_DEADLINE, (req,))
+    moved = [
+        a
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and "gangcheck.io/fulfillment-deadline" in a.annotations
+    ]
+    assert not moved, moved
+    assert not [a for a in d.actions if isinstance(a, DeleteRequest)]

@@ -2,20 +2,20 @@
 
 The members running are never touched. When ``minCount`` rises above them, the members added
 (gated by the webhook, created by whoever scales the group) are provisioned all or nothing:
-the oldest ``minCount - running`` of the gated members are the *growth*; if they fit together
-on nodes that exist they are released at once, else one ProvisioningRequest asks for them
-(``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when it was
-made), and they are released together, annotated to consume it, when they fit whole on
-nodes that exist. The growth asks the capacity source the group was released onto (the one
-InOrder reached, or the one that won a Race; after an InOrder top-up, the source topped up
-from, followed to its index in the config now by ``lifecycle.asked_source``), one source
-only: it neither falls back to the next source nor races. When that source left the config,
-the growth asks where a new attempt of the config now asks first (its first source), its
-node labels no longer pinned. Past the deadline the growth is rolled back like any attempt
-(what arrived for it reclaimed by the safe path), the group stays Released, its running
-members untouched, and the next growth attempt follows after Kueue's backoff, counted from
-the rolled-back attempt's deadline (its request is the record until then); past
-``backoffLimitCount`` the growth waits, saying so.
+the oldest ``minCount - running`` of the gated members are the *growth*; if they fit
+together on nodes that exist they are released at once, else one ProvisioningRequest asks
+for them (``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when
+it was made, and with the source it asks, whose deadline it has), and they are released
+together, annotated to consume it, when they fit whole on nodes that exist. The growth asks
+the capacity source the group was released onto (the one InOrder reached, or the one that
+won a Race; after an InOrder top-up, the source topped up from, followed to its index in the
+config now by ``lifecycle.asked_source``), one source only: it neither falls back to the
+next source nor races. When that source left the config, the growth asks where a new attempt
+of the config now asks first (its first source), its node labels no longer pinned. Past the
+deadline the growth is rolled back like any attempt (what arrived for it reclaimed by the
+safe path), the group stays Released, its running members untouched, and the next growth
+attempt follows after Kueue's backoff, counted from the rolled-back attempt's deadline (its
+request is the record until then); past ``backoffLimitCount`` the growth waits, saying so.
 
 Lowered again to what runs or less, a growth not delivered is withdrawn (its arrivals, on
 which nothing of the group runs, reclaimed safely); capacity members use is never withdrawn.
@@ -200,8 +200,8 @@ def _first(
             events=(*status.events, event),
         )
     name = _request_name(snap, number)
-    record = {
-        **lifecycle.record(number, snap.config, now, reserved=0),
+    record = {  # the source asked recorded: the growth is followed (deadline, drift) by it
+        **lifecycle.record(number, snap.config, now, reserved=0, source=source),
         GANG_MEMBERS_ANNOTATION: str(len(chosen)),
         GROWS_ANNOTATION: str(group.min_count - len(chosen)),
     }
@@ -257,7 +257,9 @@ def _follow(
     assert snap.config is not None
     group = snap.group
     _, pins = _source(snap, chosen)  # a source left since: its labels no longer pinned
-    config = snap.config  # now's, as for the group's own attempt: a deadline change applies
+    # now's, with the deadline of the source it asked, as for the group's own attempt: a
+    # deadline change applies
+    config = lifecycle.source_config(snap.config, lifecycle.asked_source(req, snap.config))
     attempt = lifecycle.Attempt(
         request=req,
         status=snap.backend.status_of(req),
