@@ -11,6 +11,28 @@ CHECK = "atomic"
 CONTROLLER = "gangcheck.io/atomic-provisioning"
 
 
+def admission_check(
+    *, config: str = "cfg", active: bool = True, message: str = "", name: str = CHECK
+) -> Obj:
+    """gangcheck's AdmissionCheck naming the AtomicProvisioningConfig `config`, its Active
+    condition `active` (with `message`, when given)."""
+    condition: Obj = {"type": "Active", "status": str(active)}
+    if message:
+        condition["message"] = message
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "controllerName": CONTROLLER,
+            "parameters": {
+                "apiGroup": "gangcheck.io",
+                "kind": "AtomicProvisioningConfig",
+                "name": config,
+            },
+        },
+        "status": {"conditions": [condition]},
+    }
+
+
 def container(cpu: str = "1", gpu: int = 0, memory: str = "1Gi", limits_only: bool = False) -> Obj:
     res: dict[str, str] = {"cpu": cpu, "memory": memory}
     gpus = {"nvidia.com/gpu": str(gpu)} if gpu else {}

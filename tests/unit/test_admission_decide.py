@@ -25,9 +25,9 @@ from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import (
     CHECK,
-    CONTROLLER,
     T0,
     WorkloadBuilder,
+    admission_check,
     node,
     pod_template,
     provisioning_request,
@@ -1233,20 +1233,7 @@ def test_a_gang_in_flight_under_a_check_kueue_sees_inactive(case: InactiveCase) 
     """A NodePool a Karpenter source names is missing: the AdmissionCheck is Active=False
     (its condition's message), its config still resolves and the attempt in flight goes on
     by it; its Pending message says the check is not active, as with an invalid config."""
-    ac = {
-        "metadata": {"name": CHECK},
-        "spec": {
-            "controllerName": CONTROLLER,
-            "parameters": {
-                "apiGroup": "gangcheck.io",
-                "kind": "AtomicProvisioningConfig",
-                "name": "cfg",
-            },
-        },
-        "status": {
-            "conditions": [{"type": "Active", "status": str(case.active), "message": POOL_MISSING}]
-        },
-    }
+    ac = admission_check(active=case.active, message=POOL_MISSING)
     wl = WorkloadBuilder().pod_set("workers", 4).reserve_quota().check(CHECK, "Pending")
     obj = wl.build()
     obj["status"]["admissionChecks"][0]["message"] = case.said

@@ -44,8 +44,8 @@ from gangcheck.logic.workloads.diagnosis import (
 from gangcheck.model.objects import Condition, Flavor, request_of
 from tests.builders import (
     CHECK,
-    CONTROLLER,
     WorkloadBuilder,
+    admission_check,
     node,
     pod_template,
     provisioning_request,
@@ -598,21 +598,6 @@ POOL = Flavor("gpu", {"pool": "gpu"}, ())
 FIT_CONFIG = {"spec": {"fulfillment": {"mode": "NodesFit"}}}
 LATER = "2026-11-30T10:01:00Z"
 EARLIER = "2026-11-30T09:00:00Z"
-
-
-def admission_check(*, config: str = "cfg", active: bool = True) -> dict[str, Any]:
-    return {
-        "metadata": {"name": CHECK},
-        "spec": {
-            "controllerName": CONTROLLER,
-            "parameters": {
-                "apiGroup": "gangcheck.io",
-                "kind": "AtomicProvisioningConfig",
-                "name": config,
-            },
-        },
-        "status": {"conditions": [{"type": "Active", "status": str(active)}]},
-    }
 
 
 def world(**kw: Any) -> World:

@@ -34,8 +34,8 @@ from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from tests.builders import (
     CHECK,
-    CONTROLLER,
     WorkloadBuilder,
+    admission_check,
     container,
     node,
     provisioning_request,
@@ -176,18 +176,7 @@ def objects(read: Read) -> tuple[Obj, World]:
         )
         for i, a in enumerate(read.arrivals)
     )
-    check = {
-        "metadata": {"name": CHECK},
-        "spec": {
-            "controllerName": CONTROLLER,
-            "parameters": {
-                "apiGroup": "gangcheck.io",
-                "kind": "AtomicProvisioningConfig",
-                "name": "cfg",
-            },
-        },
-        "status": {"conditions": [{"type": "Active", "status": "True"}]},
-    }
+    check = admission_check(config="cfg")
     world = World(
         admission_checks={CHECK: check},
         configs={"cfg": {"spec": {"fulfillment": {"mode": read.mode}}}},

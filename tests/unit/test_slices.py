@@ -27,7 +27,14 @@ from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.logic.workloads.diagnosis import replay
 from gangcheck.model.objects import Flavor, request_of, workload_of
 from gangcheck.model.provisioning_config import parse_spec
-from tests.builders import CHECK, WorkloadBuilder, node, pod_template, provisioning_request
+from tests.builders import (
+    CHECK,
+    WorkloadBuilder,
+    admission_check,
+    node,
+    pod_template,
+    provisioning_request,
+)
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 GPU_FLAVOR = {"gpu": Flavor("gpu", {"pool": "gpu"}, ({"key": "gpu", "operator": "Exists"},))}
@@ -486,20 +493,8 @@ def test_a_slice_past_its_last_attempt_scaled_back_to_what_runs_turns_ready_aski
 def slice_world(made: Any) -> Any:
     """What a diagnosis reads for a slice whose request `made` is in flight on one node."""
     from gangcheck.logic.attempt.explain import World
-    from tests.builders import CONTROLLER
 
-    check = {
-        "metadata": {"name": CHECK},
-        "spec": {
-            "controllerName": CONTROLLER,
-            "parameters": {
-                "apiGroup": "gangcheck.io",
-                "kind": "AtomicProvisioningConfig",
-                "name": "c",
-            },
-        },
-        "status": {"conditions": [{"type": "Active", "status": "True"}]},
-    }
+    check = admission_check(config="c")
     return World(
         admission_checks={CHECK: check},
         configs={"c": {"spec": {}}},
@@ -541,7 +536,6 @@ def test_gangcheck_status_shows_a_slices_relation_in_the_words_of_its_check_mess
 def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_says() -> None:
     from gangcheck.logic.attempt.explain import World
     from gangcheck.logic.workloads.diagnosis import gather, verdict
-    from tests.builders import CONTROLLER
 
     said = "workload slice: adds 4 members to default/wl-old running 4; waiting"
     workload = new_slice(message=said).build()
@@ -552,18 +546,7 @@ def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_s
             "gangcheck.io/fulfillment-deadline": "2026-11-30T10:12:00Z",
         },
     )
-    check = {
-        "metadata": {"name": CHECK},
-        "spec": {
-            "controllerName": CONTROLLER,
-            "parameters": {
-                "apiGroup": "gangcheck.io",
-                "kind": "AtomicProvisioningConfig",
-                "name": "c",
-            },
-        },
-        "status": {"conditions": [{"type": "Active", "status": "True"}]},
-    }
+    check = admission_check(config="c")
     world = World(
         admission_checks={CHECK: check},
         configs={"c": {"spec": {}}},
