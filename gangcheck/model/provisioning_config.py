@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -416,9 +417,11 @@ def spec_record(spec: AtomicProvisioningSpec) -> str:
     return spec.model_dump_json(by_alias=True, exclude_defaults=True)
 
 
+@lru_cache(maxsize=256)
 def recorded_spec(raw: str | None) -> AtomicProvisioningSpec | None:
     """The spec an attempt recorded (`spec_record`); None when there is none or it no longer
-    validates (a record from an older version)."""
+    validates (a record from an older version). Read once per record (the model is frozen):
+    every decision on an attempt in flight reads its record several times."""
     if not raw:
         return None
     try:

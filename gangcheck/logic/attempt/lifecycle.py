@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from functools import lru_cache
 
 from gangcheck.logic.attempt import backoff, rollback, scaledown
 from gangcheck.logic.attempt.actions import (
@@ -491,14 +490,7 @@ def record(
 def recorded_config(req: AttemptRecord) -> AtomicProvisioningSpec | None:
     """The config the attempt was made under, as it recorded it (None for a record without
     one, made by an older version)."""
-    return _recorded(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
-
-
-@lru_cache(maxsize=256)
-def _recorded(raw: str | None) -> AtomicProvisioningSpec | None:
-    """A recorded config, read once (the model is frozen): every decision on an attempt in
-    flight reads its record several times (`asked_source`, `made_under`)."""
-    return recorded_spec(raw)
+    return recorded_spec(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
 
 
 def made_under(

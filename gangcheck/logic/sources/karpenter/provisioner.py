@@ -49,6 +49,7 @@ from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import (
@@ -66,7 +67,7 @@ from gangcheck.logic.sources.karpenter.claims import (
 from gangcheck.logic.sources.karpenter.packing import Member, pack
 from gangcheck.logic.sources.karpenter.pools import choose_pool, source_field
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, SOURCE_ANNOTATION
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import (
     KARPENTER_CLASS,
@@ -223,8 +224,7 @@ def pools_field(request: Obj) -> str:
     top-level ``spec.karpenter.nodePools``. A record without the config (an older version):
     a source after the first is a capacity source; the first is taken as the top level."""
     notes = (request.get("metadata") or {}).get("annotations") or {}
-    raw = str(notes.get(SOURCE_ANNOTATION) or "0")
-    index = int(raw) if raw.isascii() and raw.isdigit() else 0
+    index = Record.of(notes).source
     config = recorded_spec(notes.get(ATTEMPT_CONFIG_ANNOTATION))
     if config is not None:
         return source_field(index if config.capacity_sources is not None else None)
