@@ -47,6 +47,28 @@ def test_an_empty_or_unreadable_record_leaves_its_fields_unset() -> None:
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        "²",  # a digit to str.isdigit, not to int
+        "\u0661",  # an Arabic-Indic one: not what gangcheck writes
+        "1" * 5000,  # past int()'s limit on digits
+        "9" * 19,  # beyond int64
+        "-1",
+        " 3",
+    ],
+)
+def test_a_count_written_by_hand_is_unreadable_not_an_error(raw: str) -> None:
+    notes = ("attempt", "reserved-members", "gang-members", "capacity-source")
+    record = Record.of({f"gangcheck.io/{n}": raw for n in notes})
+    assert (record.number, record.reserved, record.gang_members, record.source) == (
+        None,
+        0,
+        None,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
     ("reason", "cause"),
     [
         ("Deadline: the gang did not fit within 60s (...)", RollbackCause.DEADLINE),

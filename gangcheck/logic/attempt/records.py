@@ -175,20 +175,30 @@ class Record:
         """The record in these annotations; what is missing or unreadable is left unset."""
         phase = annotations.get(PHASE_ANNOTATION, "")
         return cls(
-            number=_count(annotations.get(ATTEMPT_ANNOTATION)),
+            number=count_of(annotations.get(ATTEMPT_ANNOTATION)),
             deadline=parse_time(annotations.get(DEADLINE_ANNOTATION) or ""),
             phase=AttemptPhase(phase) if phase in set(AttemptPhase) else AttemptPhase.ASKED,
             reason=annotations.get(ROLLBACK_REASON_ANNOTATION, ""),
-            reserved=_count(annotations.get(RESERVED_ANNOTATION)) or 0,
-            gang_members=_count(annotations.get(GANG_MEMBERS_ANNOTATION)),
+            reserved=count_of(annotations.get(RESERVED_ANNOTATION)) or 0,
+            gang_members=count_of(annotations.get(GANG_MEMBERS_ANNOTATION)),
             raw_nodes=annotations.get(ROLLBACK_NODES_ANNOTATION, ""),
             raw_outcome=annotations.get(OUTCOME_ANNOTATION, ""),
-            source=_count(annotations.get(SOURCE_ANNOTATION)) or 0,
+            source=count_of(annotations.get(SOURCE_ANNOTATION)) or 0,
         )
 
 
-def _count(raw: str | None) -> int | None:
-    return int(raw) if raw and raw.isdigit() else None
+MAX_COUNT_DIGITS = 18
+"""The longest count read from an annotation (int64's 19 digits, less one)."""
+
+
+def count_of(raw: str | None) -> int | None:
+    """A count gangcheck wrote in an annotation (ASCII digits, as `str(int)` writes them), or
+    None when it is missing or unreadable. A hand-written value is read the same way, never
+    raising: `'²'` (a digit to `str.isdigit`, not to `int`), other scripts' digits, or
+    thousands of digits (past `int`'s limit on digits) are unreadable."""
+    if not raw or len(raw) > MAX_COUNT_DIGITS or not (raw.isascii() and raw.isdigit()):
+        return None
+    return int(raw)
 
 
 def _nodes_of(raw: str | None) -> dict[str, str]:
