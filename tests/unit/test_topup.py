@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt import naming, topup
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -640,3 +640,14 @@ def test_diagnose_fits_a_request_on_the_nodes_of_the_source_it_asked_after_it_le
     assert facts.request is not None and facts.request.name == B
     assert facts.placement is not None
     assert (facts.placement.placeable, facts.placement.total) == (4, 4)
+
+
+@pytest.mark.parametrize(("raw", "members"), [("5", 5), ("²", 0), ("1" * 5000, 0), ("", 0)])
+def test_a_kept_members_record_written_by_hand_is_unreadable_not_an_error(
+    raw: str, members: int
+) -> None:
+    """`gangcheck.io/kept-members` as a hand could write it: '²' is a digit to str.isdigit,
+    not to int, and 5000 digits are past int()'s limit; both read as none kept (as 'x' is),
+    by the one rule of records.count_of, instead of raising in every decide that reads it."""
+    req = provisioning_request("wl-1-s1", annotations={"gangcheck.io/kept-members": raw})
+    assert topup.kept_members(request_of(req)) == members

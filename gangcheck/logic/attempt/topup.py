@@ -47,7 +47,7 @@ from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, 
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, claim_of, gang_of
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import made_under
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.placement.fit import fit_gang
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -328,8 +328,7 @@ def record(kept: Sequence[ProvisioningRequest], members: int) -> dict[str, str]:
 
 
 def kept_members(req: ProvisioningRequest) -> int:
-    raw = req.annotations.get(KEPT_MEMBERS_ANNOTATION, "")
-    return int(raw) if raw.isdigit() else 0
+    return count_of(req.annotations.get(KEPT_MEMBERS_ANNOTATION)) or 0
 
 
 def roll_back(

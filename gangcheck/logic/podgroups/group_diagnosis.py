@@ -36,6 +36,7 @@ from gangcheck.logic.attempt.explain import (
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import count_of
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
 from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
@@ -301,7 +302,7 @@ def gather_group(
         request=as_decided(request, decided.deadlines),
         placement=placement,
         hint=hint,
-        released_together=_count(notes.get(GANG_MEMBERS_ANNOTATION, "")),
+        released_together=count_of(notes.get(GANG_MEMBERS_ANNOTATION)),
         late=late,
         replay=decided,
     )
@@ -318,10 +319,6 @@ def _late_members(
         return ()
     ours = {p.name for p in podgroup.attempt_members(unbound, req)}
     return tuple(p.name for p in unbound if p.gated and p.name not in ours)
-
-
-def _count(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
 
 
 def _member_facts(live: Sequence[Pod], min_count: int) -> MemberFacts:
