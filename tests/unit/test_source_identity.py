@@ -11,10 +11,16 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt.actions import AnnotateRequest, CreateRequest, ReleaseMembers
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    CreateRequest,
+    DeleteRequest,
+    ReleaseMembers,
+)
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import decide
+from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import request_of, workload_of
 from gangcheck.model.provisioning_config import (
     CHECK_CAPACITY,
@@ -23,6 +29,7 @@ from gangcheck.model.provisioning_config import (
     spec_record,
 )
 from tests.builders import CHECK, node
+from tests.unit import test_podgroup_growth as growth_tests
 from tests.unit import test_race_adapters as race_tests
 from tests.unit import test_topup as topup_tests
 from tests.unit.test_admission_decide import NOW, gang
@@ -128,6 +135,18 @@ CASES = [
             f"ConfigChanged: spec.capacitySources[1] (dws): class {CHECK_CAPACITY!r} -> "
             f"{QUEUED_PROVISIONING!r}"
         ),
+    ),
+    Case(
+        "dws's parameters edited, not provisioned: rolled back naming the field",
+        [ON_DEMAND, {**DWS, "parameters": {"x": "2"}}, SPOT],
+        provisioned=False,
+        rolled_back="ConfigChanged: spec.capacitySources[1] (dws): the request parameters changed",
+    ),
+    Case(
+        "dws's class edited, provisioned: kept, pinned where it asked",
+        [ON_DEMAND, {**DWS, "provisioningClassName": QUEUED_PROVISIONING}, SPOT],
+        provisioned=True,
+        pinned="b",
     ),
     Case(
         "on-demand removed, not provisioned: dws moved up, spot is not taken for it",
@@ -316,3 +335,97 @@ def test_a_racer_whose_source_left_after_provisioned_wins_as_the_source_it_asked
     assert ("b", "delivered", "") in seen.notes
     if isinstance(adapter, race_tests.PodGroups):
         assert seen.recorded_winner == "b"
+
+
+# ---- a PodGroup's growth follows the source it asked as the group's own attempt does -----
+
+
+def _growth_request(case: Case, *, provisioned: bool, **more: str) -> Any:
+    """A growth of the group released onto dws (pinned to pool b), asking dws (index 1)
+    under `case.made_under`."""
+    annotations = {**recorded(case.made_under), "gangcheck.io/capacity-source": "1", **more}
+    return growth_tests.grow_req(
+        annotations=annotations,
+        class_name=CHECK_CAPACITY,
+        parameters={"x": "1"},
+        conditions={"Provisioned": ""} if provisioned else {"Accepted": "ok"},
+    )
+
+
+def _grown(case: Case, requests: tuple[Any, ...], nodes: tuple[Any, ...] = ()) -> Any:
+    obj = growth_tests.group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    return growth_tests.grown_by_two(obj, config(case.now), requests, nodes)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.provisioned], ids=lambda c: c.id)
+def test_a_growth_whose_source_left_or_changed_is_rolled_back(case: Case) -> None:
+    """Before Provisioned, a growth whose source left, moved, or asks another class,
+    parameters or nodes is rolled back as the group's own attempt is, naming the field.
+    Before, a growth compared its request's class and parameters with themselves: a class
+    or parameters edited under it went unseen."""
+    d = _grown(case, (_growth_request(case, provisioned=False),))
+    rolling = [a for a in d.actions if isinstance(a, AnnotateRequest)]
+    assert [(a.name, a.annotations.get("gangcheck.io/rollback-reason")) for a in rolling] == [
+        (growth_tests.GROW1, case.rolled_back)
+    ]
+    assert rolling[0].annotations["gangcheck.io/phase"] == "RollingBack"
+    assert not any(isinstance(a, CreateRequest | ReleaseMembers) for a in d.actions)
+    assert "ProvisioningRequestReplaced" in {e.reason for e in d.events}
+
+
+def test_a_growth_whose_source_is_as_it_asked_goes_on() -> None:
+    case = Case("unchanged", MADE_UNDER, provisioned=False)
+    deadline = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}  # dws's 420 s
+    d = _grown(case, (_growth_request(case, provisioned=False, **deadline),))
+    assert not [a for a in d.actions if isinstance(a, AnnotateRequest)], d.actions
+    assert "accepted" in d.status["gangcheck.io/message"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.provisioned], ids=lambda c: c.id)
+def test_a_provisioned_growth_is_kept_whatever_its_source_became(case: Case) -> None:
+    """Once Provisioned the growth is kept: its nodes came in pool b, its members are
+    released onto them together, consuming it."""
+    arrived = node("n2", gpu=2, created="2026-11-30T10:04:00Z", labels={"pool": "b"})
+    d = _grown(case, (_growth_request(case, provisioned=True),), (arrived,))
+    (release,) = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    assert release.pods == ("new0", "new1")
+    assert release.annotations[CONSUME_ANNOTATION] == (growth_tests.GROW1)
+    assert release.node_selector.get("pool") == case.pinned
+    assert not [
+        a
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and "gangcheck.io/rollback-reason" in a.annotations
+    ]
+
+
+@pytest.mark.parametrize("limit", [3, 0], ids=["in-its-backoff", "past-backoffLimitCount"])
+def test_a_growth_rolled_back_for_a_config_change_is_followed_at_once_by_the_new_list(
+    limit: int,
+) -> None:
+    """dws's class edited under the growth: once its rollback is done, the next growth asks
+    dws as it is now, at once, as the group's own attempt and a Workload's follow a config
+    change (no backoff, no retry counted). Before, it waited out Kueue's backoff as after a
+    failure, or gave up past backoffLimitCount."""
+    edited = [ON_DEMAND, {**DWS, "provisioningClassName": QUEUED_PROVISIONING}, SPOT]
+    case = Case("class edited", edited, provisioned=False)
+    reason = (
+        f"ConfigChanged: spec.capacitySources[1] (dws): class {CHECK_CAPACITY!r} -> "
+        f"{QUEUED_PROVISIONING!r}"
+    )
+    done = {
+        **growth_tests.ROLLED,
+        "gangcheck.io/rollback-reason": reason,
+        "gangcheck.io/fulfillment-deadline": "2026-11-30T10:04:30Z",
+    }
+    obj = growth_tests.group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    spec = {**config(case.now), "retryStrategy": {"backoffLimitCount": limit}}
+    d = growth_tests.grown_by_two(obj, spec, (_growth_request(case, provisioned=False, **done),))
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert body["metadata"]["name"] == growth_tests.GROW2
+    assert body["spec"]["provisioningClassName"] == QUEUED_PROVISIONING
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [growth_tests.GROW1]
+    assert "GrowthRolledBack" not in {e.reason for e in d.events}
+    said = f"growth attempt 1 was rolled back ({reason}), the next asks now"
+    assert said in (d.status or {}).get("gangcheck.io/message", "")

@@ -11,11 +11,16 @@ the capacity source the group was released onto (the one InOrder reached, or the
 won a Race; after an InOrder top-up, the source topped up from, followed to its index in the
 config now by ``lifecycle.asked_source``), one source only: it neither falls back to the
 next source nor races. When that source left the config, the growth asks where a new attempt
-of the config now asks first (its first source), its node labels no longer pinned. Past the
-deadline the growth is rolled back like any attempt (what arrived for it reclaimed by the
-safe path), the group stays Released, its running members untouched, and the next growth
-attempt follows after Kueue's backoff, counted from the rolled-back attempt's deadline (its
-request is the record until then); past ``backoffLimitCount`` the growth waits, saying so.
+of the config now asks first (its first source), its node labels no longer pinned. A growth
+in flight is followed as the group's own attempt is (`driver.in_flight`): before Provisioned,
+its source leaving the config, moving, or asking another class, parameters or nodes
+(`lifecycle.source_drift`) rolls it back (ConfigChanged, naming the field), and the next
+growth asks at once under the new config (no backoff, no retry counted); once Provisioned it
+is kept. Past the deadline the growth is rolled back like any attempt (what arrived for it
+reclaimed by the safe path), the group stays Released, its running members untouched, and the
+next growth attempt follows after Kueue's backoff, counted from the rolled-back attempt's
+deadline (its request is the record until then); past ``backoffLimitCount`` the growth waits,
+saying so.
 
 Lowered again to what runs or less, a growth not delivered is withdrawn (its arrivals, on
 which nothing of the group runs, reclaimed safely); capacity members use is never withdrawn.
@@ -35,12 +40,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
+from gangcheck.logic.attempt import driver, flow, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.records import AttemptPhase
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.podgroup import (
     RELEASED,
@@ -52,6 +57,7 @@ from gangcheck.logic.podgroups.podgroup import (
     _source_labels,
     _status,
     gang_from_pods,
+    source_asks,
 )
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -144,6 +150,11 @@ def _grow(
         return _with(done, _follow(snap, req, chosen, said, now))
     assert snap.config is not None
     reason = rollback.record_of(req).reason or "rolled back"
+    if RollbackCause.of(reason) is RollbackCause.CONFIG_CHANGED:
+        # the config changed under it: the next growth under the new config at once, as the
+        # group's own next attempt (no backoff, no retry counted)
+        said += f"; growth attempt {number} was rolled back ({reason}), the next asks now"
+        return _with(done, _first(snap, chosen, number + 1, said, now, gone=_gone(snap, growing)))
     if lifecycle.next_attempt(number, snap.config.retry_strategy) is None:
         limit = snap.config.retry_strategy.backoff_limit_count
         message = (
@@ -161,7 +172,12 @@ def _grow(
         wait = max(0.2, (due - now).total_seconds())
         status = _status(snap, RELEASED, message, warn="GrowthRolledBack")
         return _with(done, replace(status, requeue_after=wait))
-    gone = tuple(
+    return _with(done, _first(snap, chosen, number + 1, said, now, gone=_gone(snap, growing)))
+
+
+def _gone(snap: GroupSnapshot, growing: Sequence[ProvisioningRequest]) -> tuple[Action, ...]:
+    """The growth requests before the next one withdrawn (superseded), their hold lifted."""
+    return tuple(
         a
         for r in growing
         if not r.deleting
@@ -170,7 +186,6 @@ def _grow(
             *snap.backend.withdraw(r, "superseded"),
         )
     )
-    return _with(done, _first(snap, chosen, number + 1, said, now, gone=gone))
 
 
 def _first(
@@ -267,9 +282,11 @@ def _follow(
         capacity=snap.capacity,
         config=config,
     )
-    followed = driver.in_flight(
-        attempt, now, class_name=req.class_name, parameters=dict(req.parameters)
-    )
+    # compared with what its source asks now, as the group's own attempt (podgroup._followed):
+    # a source that left, moved, or asks another class, parameters or nodes ends it before
+    # Provisioned (rolled back, CONFIG_CHANGED)
+    class_name, parameters = source_asks(snap.config, places.of_request(req).source)
+    followed = driver.in_flight(attempt, now, class_name=class_name, parameters=parameters)
     step = followed.step
     assert step is not None  # always in fit mode
     if step.progress is Progress.FITS:
@@ -291,12 +308,13 @@ def _follow(
             step=step,
         )
     if step.progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
-        return GroupDecision(
-            actions=(*followed.upkeep, *step.actions),
+        rolling = GroupDecision(
+            actions=step.actions,
             events=step.events,
             requeue_after=step.requeue_after or 0.2,
             step=step,
         )
+        return flow.followed(rolling, followed, req.name)  # a replacement said, as the group's
     status = _status(snap, RELEASED, f"released; {said}: {step.message}")
     return replace(
         status,

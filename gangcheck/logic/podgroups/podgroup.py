@@ -350,7 +350,6 @@ def _followed(
     config = snap.config  # applied to the attempt in flight as to a Workload's
     place = places.of_request(req)
     index = place.source
-    source = config.source(index)
     asked = lifecycle.asked_source(req, config)  # the source it was made with, not index's now
     gang = _pinned(gang_from_pods(snap.group, ours), asked.node_selector)
     capacity = snap.capacity
@@ -371,13 +370,20 @@ def _followed(
         config=lifecycle.source_config(config, asked),
         fallback=fallback,
     )
+    class_name, parameters = source_asks(config, index)
     return driver.in_flight(
-        attempt,
-        now,
-        class_name=source.class_name if source is not None else config.provisioning_class_name,
-        parameters=source.parameters if source is not None else config.parameters,
-        changed=_grown(snap.group, req),
+        attempt, now, class_name=class_name, parameters=parameters, changed=_grown(snap.group, req)
     )
+
+
+def source_asks(config: AtomicProvisioningSpec, index: int) -> tuple[str, dict[str, str]]:
+    """The class and parameters capacity source `index` of `config` asks: what a group's
+    ask of it carries, and what an attempt that asked it is compared with while it is
+    followed (`lifecycle.source_drift`, through `driver.in_flight`)."""
+    source = config.source(index)
+    if source is None:
+        return config.provisioning_class_name, dict(config.parameters)
+    return source.class_name, dict(source.parameters)
 
 
 # ---- Race ------------------------------------------------------------------------------
@@ -1090,15 +1096,15 @@ def _ask(
     assert snap.config is not None
     group = snap.group
     gang = _pinned(gang, _source_labels(snap.config, source))
-    chosen = snap.config.source(source)
+    capacity_class, parameters = source_asks(snap.config, source)
     return Ask(
         attempt=name,
         namespace=group.ref.namespace,
         pod_sets=tuple(AskedPodSet(ps, count, tpl) for ps, count, tpl in gang.pod_sets),
         identity={GROUP_ANNOTATION: group_key(group), GROUP_UID_ANNOTATION: group.ref.uid},
         record=record,
-        capacity_class=chosen.class_name if chosen else snap.config.provisioning_class_name,
-        parameters=dict(chosen.parameters if chosen else snap.config.parameters),
+        capacity_class=capacity_class,
+        parameters=parameters,
         owners=(owner_reference(group.ref, group.ref.api_version),),
         existing=snap.templates,
     )
