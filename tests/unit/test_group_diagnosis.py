@@ -693,3 +693,16 @@ def test_a_pod_group_race_is_diagnosed_with_every_racer(
         assert f"provisioning request {name} accepted" in line
     assert "left the config" not in line
     assert group_row(facts, NOW).request == latest
+
+
+@pytest.mark.parametrize("raw", ["²", "1" * 5000])
+def test_a_groups_counts_written_by_hand_make_a_row_not_an_error(raw: str) -> None:
+    """A PodGroup's owner may write any `gangcheck.io/*` annotation on it. A count no
+    int() reads ('²' is a digit to str.isdigit; 5000 digits are past int()'s limit) is
+    read as unset (the attempt as 1), so `gangcheck status`, which gathers every group,
+    lists it and the others instead of failing on it."""
+    notes = {"state": "Released", "request": "g-pg-1", "attempt": raw, "gang_members": raw}
+    pods = members(3, gated=False, node_name="n0")
+    facts = facts_of(Case("x", group(3, **notes), pods, "", "", requests=[req()]))
+    row = group_row(facts, NOW)
+    assert (row.state, row.attempt, facts.released_together) == ("Released", 1, None)

@@ -793,3 +793,15 @@ def test_a_min_count_lowered_keeps_the_attempt() -> None:
     assert rollbacks == []
     assert decision.status is not None
     assert decision.status["gangcheck.io/state"] == "Provisioning"
+
+
+@pytest.mark.parametrize("raw", ["²", "1" * 5000, "0", "x"])
+def test_an_attempt_written_by_hand_on_the_group_is_read_as_the_first(raw: str) -> None:
+    """A PodGroup's owner may write any `gangcheck.io/*` annotation on it. An attempt no
+    int() reads ('²' is a digit to str.isdigit; 5000 digits are past int()'s limit) is read
+    as attempt 1, as 'x' and '0' are (records.count_of), instead of failing every reconcile
+    of the group with no word on it."""
+    notes = {"gangcheck.io/state": "Provisioning", "gangcheck.io/attempt": raw}
+    decision = _decide(Case("hand-written", group(3, annotations=notes), members(3)))
+    created = [a for a in decision.actions if isinstance(a, CreateRequest)]
+    assert [c.body["metadata"]["name"] for c in created] == [REQ1]

@@ -45,7 +45,7 @@ from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, Rele
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.podgroup import (
     RELEASED,
@@ -407,8 +407,8 @@ def _phase(req: ProvisioningRequest) -> AttemptPhase | None:
 
 
 def _members_of(req: ProvisioningRequest) -> int:
-    raw = req.annotations.get(GANG_MEMBERS_ANNOTATION, "")
-    return int(raw) if raw.isdigit() else sum(p.count for p in req.pod_sets)
+    recorded = count_of(req.annotations.get(GANG_MEMBERS_ANNOTATION))
+    return sum(p.count for p in req.pod_sets) if recorded is None else recorded
 
 
 def _due(config: AtomicProvisioningSpec, number: int, req: ProvisioningRequest) -> datetime | None:
@@ -427,8 +427,7 @@ def _others_held(snap: GroupSnapshot) -> ClusterView:
 
 def _released(annotations: Mapping[str, str]) -> int:
     """How many members the group released together (0: not recorded)."""
-    raw = annotations.get(GANG_MEMBERS_ANNOTATION, "")
-    return int(raw) if raw.isdigit() else 0
+    return count_of(annotations.get(GANG_MEMBERS_ANNOTATION)) or 0
 
 
 def _with(first: GroupDecision, second: GroupDecision) -> GroupDecision:

@@ -58,7 +58,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -1057,8 +1057,7 @@ def pod_template(pod: Pod) -> Obj:
 
 
 def attempt_of(group: PodGroup) -> int:
-    raw = group.annotations.get(ATTEMPT_ANNOTATION, "1")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    return count_of(group.annotations.get(ATTEMPT_ANNOTATION)) or 1
 
 
 def request_name(group: PodGroup, attempt: int) -> str:
