@@ -110,6 +110,10 @@ KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 KUEUE_PROVISIONING = "kueue.x-k8s.io/provisioning-request"
 """Kueue's built-in ProvisioningRequest check: its pods consume a request too."""
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+GANG_REQUIRED_TOPOLOGY_ANNOTATION = "gangcheck.io/podset-required-topology"
+"""gangcheck's own form of Kueue's annotation, on a Job's pod template: the same level, read by
+gangcheck alone, so Kueue (v0.17 refuses its own on a flavor without topology-aware
+scheduling) admits the Job and gangcheck asks, checks and pins inside one domain."""
 PROVREQ_ANNOTATION_PREFIX = "provreq.kueue.x-k8s.io/"
 WORKLOAD_NAME_ANNOTATION = "kueue.x-k8s.io/workload"
 PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"

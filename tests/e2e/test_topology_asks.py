@@ -1,9 +1,10 @@
 """Asks scoped to one topology domain, end to end: a PodGroup whose members must sit in one
-rack, two racks of the simulated cloud (it creates real Node objects; the real
-cluster-autoscaler's node groups carry no rack label here), one node already in each. Rack 2
-has room for a member now and rack 1 none, so gangcheck asks inside rack 2 only; the sim
-delivers there, the members are released pinned to rack 2, and no node comes up in rack 1.
-The sim stands in because the test bed's cluster-autoscaler node groups are not racked."""
+rack (and a Kueue Job whose pod template says so with gangcheck's own annotation), two racks
+of the simulated cloud (it creates real Node objects; the real cluster-autoscaler's node
+groups carry no rack label here), one node already in each. Rack 2 has room for a member now
+and rack 1 none, so gangcheck asks inside rack 2 only; the sim delivers there, the members are
+released pinned to rack 2, and no node comes up in rack 1. The sim stands in because the test
+bed's cluster-autoscaler node groups are not racked."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gangcheck_dev.testbed.nodes import kwok_node
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
+    JOB,
     NAMESPACE,
     NODE,
     POD,
@@ -31,12 +33,17 @@ from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     SIM_CLASS,
     SIM_POOL,
     SimCloud,
+    controller,
     delete_nodes,
+    gang_job,
+    gpu_queue,
+    job_pods,
     nodes_with,
     running,
     sim,
     sim_group,
     workdir,
+    workload_of,
 )
 from tests.e2e.test_podgroups import (  # noqa: F401 (fixtures)
     OPT_IN,
@@ -150,3 +157,72 @@ async def test_a_gang_bound_to_one_rack_is_asked_for_in_the_rack_with_room_only(
         await delete_quietly(kube, UPSTREAM_POD_GROUP_V1BETA1, "ring", namespace)
         await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))
         await delete_quietly(kube, ATOMIC_CONFIG, config)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("controller")
+async def test_a_kueue_job_bound_to_one_rack_by_gangchecks_annotation_is_asked_for_in_that_rack(
+    kube: Kube,
+    namespace: str,
+    cluster: Cluster,
+    sim: SimCloud,  # noqa: F811
+) -> None:
+    """Kueue v0.17 refuses its own podset-required-topology on a flavor without its
+    topology-aware scheduling; gangcheck's form of it on the Job's pod template passes Kueue
+    untouched: the ask goes to the rack with room only, the Job's pods are pinned there by the
+    check's podSetUpdates, and no node comes up in the other rack."""
+    count = 3
+    pool = unique("jrack")
+    sim.configure(racked_group(pool, "r1", 4))
+    sim.configure(racked_group(pool, "r2", 4))
+    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
+    full = kwok_node(f"{pool}-r1-x", gpus=8, labels={**labels, RACK: "r1"}, taints=[GPU_TAINT])
+    full["spec"]["unschedulable"] = True
+    await kube.create(NODE, full)
+    await kube.create(
+        NODE, kwok_node(f"{pool}-r2-x", gpus=8, labels={**labels, RACK: "r2"}, taints=[GPU_TAINT])
+    )
+    spec = {
+        "provisioningClassName": SIM_CLASS,
+        "allowCustomProvisioningClass": True,
+        "managedResources": [GPU],
+        "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 60, "reclaimer": "DeleteNode"},
+        "retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1, "backoffMaxSeconds": 2},
+    }
+    job = gang_job("racked", count, 8, {SIM_POOL: pool})
+    job["spec"]["template"]["metadata"] = {
+        "annotations": {"gangcheck.io/podset-required-topology": RACK}
+    }
+    async with gpu_queue(kube, namespace, labels, ours=spec):
+        began = time.monotonic()
+        created = await kube.create(JOB, job, namespace)
+        try:
+
+            async def all_running() -> list[Obj] | None:
+                pods = running(await job_pods(kube, namespace, "racked"))
+                return pods if len(pods) == count else None
+
+            pods = await eventually(all_running, timeout=120, interval=0.5, what="Job Running")
+            started_after = time.monotonic() - began
+            racks = {
+                n["metadata"]["name"]: n["metadata"]["labels"].get(RACK)
+                for n in await nodes_with(kube, f"{SIM_POOL}={pool}")
+            }
+            assert {racks[p["spec"]["nodeName"]] for p in pods} == {"r2"}, (pods, racks)
+            assert [n for n, r in racks.items() if r == "r1"] == [f"{pool}-r1-x"], racks
+            assert all(p["spec"]["nodeSelector"].get(RACK) == "r2" for p in pods), pods
+            (request,) = (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]
+            notes = request["metadata"]["annotations"]
+            assert notes["gangcheck.io/topology-domain"] == f"{RACK}=r2", notes
+            workload = await workload_of(kube, namespace, created)
+            assert workload is not None and workload["status"].get("admission"), workload
+            cluster.record(
+                f"h2. Kueue Job of {count} x 8 GPUs, gangcheck's podset-required-topology (a "
+                f"flavor without Kueue's topology-aware scheduling), racks r1 (no room) and r2: "
+                f"asked in {notes['gangcheck.io/topology-domain']} only, Running after "
+                f"{started_after:.1f}s, all in r2, nodes in r1: "
+                f"{sum(1 for r in racks.values() if r == 'r1')} (the one there before)"
+            )
+        finally:
+            await delete_quietly(kube, JOB, "racked", namespace)
+            await delete_nodes(kube, await nodes_with(kube, f"{SIM_POOL}={pool}"))

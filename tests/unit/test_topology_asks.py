@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gangcheck.logic.attempt import naming, places
 from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
@@ -24,10 +26,14 @@ OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
 TRUST = {"fulfillment": {"mode": "TrustProvisioned"}}
 
 
-def racked(count: int = 4) -> WorkloadBuilder:
+KUEUES = "kueue.x-k8s.io/podset-required-topology"
+OURS = "gangcheck.io/podset-required-topology"
+
+
+def racked(count: int = 4, annotations: dict[str, str] | None = None) -> WorkloadBuilder:
     """A gang whose one pod set must sit inside one rack (Kueue's required topology)."""
     template = pod_template(gpu=8)
-    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": RACK}}
+    template["metadata"] = {"annotations": annotations or {KUEUES: RACK}}
     return WorkloadBuilder().pod_set("workers", count, template).reserve_quota().check()
 
 
@@ -35,9 +41,14 @@ def gpu_node(name: str, rack: str, *, gpu: int = 8) -> Any:
     return node(name, gpu=gpu, labels={RACK: rack, "pool": "gpu"}, taints=[])
 
 
-def run(requests: list[Any], nodes: list[Any], config: dict[str, Any] | None = None) -> Decision:
+def run(
+    requests: list[Any],
+    nodes: list[Any],
+    config: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Decision:
     snap = Snapshot(
-        workload=workload_of(racked().build()),
+        workload=workload_of(racked(annotations=annotations).build()),
         check=CHECK,
         config=parse_spec(config or TRUST),
         flavors=GPU_FLAVOR,
@@ -87,6 +98,29 @@ def test_the_ask_is_scoped_to_the_rack_where_most_members_place_now() -> None:
     assert annotations["gangcheck.io/topology-domain"] == f"{RACK}=r2"
     assert d.check is not None
     assert d.check.message.endswith(f"from topology domain {RACK}=r2")
+
+
+@pytest.mark.parametrize(
+    ("annotations", "scoped"),
+    [
+        ({KUEUES: RACK}, True),
+        ({OURS: RACK}, True),  # gangcheck's own form: Kueue v0.17 admits it on any flavor
+        ({KUEUES: RACK, OURS: "example.com/block"}, True),  # both: Kueue's, which Kueue enforces
+        ({"example.com/other": RACK}, False),
+    ],
+)
+def test_either_annotation_scopes_the_ask_to_one_rack(
+    annotations: dict[str, str], scoped: bool
+) -> None:
+    nodes = [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2"), gpu_node("c", "r2")]
+    d = run([], nodes, annotations=annotations)
+    req, template = asked(d)
+    selector = template["template"]["spec"]["nodeSelector"]
+    domain = req["metadata"]["annotations"].get("gangcheck.io/topology-domain")
+    if scoped:
+        assert (selector[RACK], domain) == ("r2", f"{RACK}=r2")
+    else:
+        assert RACK not in selector and domain is None
 
 
 def test_a_rack_that_could_not_deliver_is_left_for_the_next_in_the_same_attempt() -> None:

@@ -45,6 +45,7 @@ from gangcheck.logic.workloads.podsets import (
     missing_flavors,
     pod_template_spec,
     request_parameters,
+    required_level,
     required_pod_sets,
     unassigned_pod_sets,
 )
@@ -55,7 +56,6 @@ from gangcheck.model.names import (
     KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
-    REQUIRED_TOPOLOGY_ANNOTATION,
     STARTED,
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
@@ -824,7 +824,7 @@ def gang_templates(
 ) -> GangSpec:
     """(name, count, pod template) of each request pod set, as the PodTemplates hold them
     (pinned to the capacity source and topology domain of `place`), and the topology level
-    each must sit inside (Kueue's required-topology annotation)."""
+    each must sit inside (`podsets.required_level`)."""
     assert snap.config is not None
     wl = snap.workload
     place = place or places.Place()
@@ -832,15 +832,7 @@ def gang_templates(
     merged = merge_pod_sets(
         wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
     )
-    topology = {
-        m.name: level
-        for m in merged
-        if (
-            level := ((m.template.get("metadata") or {}).get("annotations") or {}).get(
-                REQUIRED_TOPOLOGY_ANNOTATION
-            )
-        )
-    }
+    topology = {m.name: level for m in merged if (level := required_level(m.template))}
     gang = GangSpec(
         tuple(
             (

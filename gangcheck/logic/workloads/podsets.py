@@ -13,7 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gangcheck.logic.attempt.demand import limits_as_missing_requests, scheduling_requirements
-from gangcheck.model.names import PROVREQ_ANNOTATION_PREFIX
+from gangcheck.model.names import (
+    GANG_REQUIRED_TOPOLOGY_ANNOTATION,
+    PROVREQ_ANNOTATION_PREFIX,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+)
 from gangcheck.model.objects import Flavor, Obj, PodSet, Workload
 from gangcheck.model.provisioning_config import MergePolicy
 
@@ -40,6 +44,14 @@ def uses_any(template: Obj, resources: Iterable[str]) -> bool:
         if wanted & (set(res.get("requests") or {}) | set(res.get("limits") or {})):
             return True
     return False
+
+
+def required_level(template: Obj) -> str | None:
+    """The topology level a pod set's members must share one domain of: Kueue's
+    ``podset-required-topology`` on its template, else gangcheck's own form of it (which Kueue
+    does not read: it admits the Job on any flavor). Both there: Kueue's, which Kueue enforces."""
+    notes = (template.get("metadata") or {}).get("annotations") or {}
+    return notes.get(REQUIRED_TOPOLOGY_ANNOTATION) or notes.get(GANG_REQUIRED_TOPOLOGY_ANNOTATION)
 
 
 def required_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) -> list[PodSet]:
