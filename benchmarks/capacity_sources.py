@@ -19,13 +19,14 @@ other); a gang is a Job of MEMBERS pods of one GPU each, and every node holds on
 2. ``partial``: pool A delivers DELIVERED of the MEMBERS nodes and no more; pool B all;
 3. ``racks``: the gang must sit in one rack; rack 1 (which ranks first) has room for
    RACK1_MAX nodes only, rack 2 for the gang. gangcheck: one flavor over both racks and the
-   Job's pod template annotated ``kueue.x-k8s.io/podset-required-topology: <rack label>``.
-   Kueue: one flavor per rack (the flavor's node labels pin the rack), no annotation.
-   Measured: Kueue v0.17 never reserves quota for gangcheck's Job ("Flavor ... does not
-   support TopologyAwareScheduling": it refuses the annotation on a flavor without
-   topology-aware scheduling; on a TAS flavor it would place the gang on the nodes that exist
-   before any check runs, as it delays that only for its own ProvisioningRequest check), so
-   gangcheck is never asked;
+   Job's pod template annotated ``gangcheck.io/podset-required-topology: <rack label>``
+   (gangcheck's form of Kueue's annotation, which Kueue does not read). Kueue: one flavor per
+   rack (the flavor's node labels pin the rack), no annotation. With Kueue's own
+   ``kueue.x-k8s.io/podset-required-topology`` instead (measured in an earlier run), Kueue
+   v0.17 never reserves quota for gangcheck's Job ("Flavor ... does not support
+   TopologyAwareScheduling": it refuses the annotation on a flavor without topology-aware
+   scheduling; on a TAS flavor it would place the gang on the nodes that exist before any
+   check runs, as it delays that only for its own ProvisioningRequest check);
 3b. ``racks-sources``: the same racks, gangcheck given them as ``capacitySources`` [rack 1
    (deadlineSeconds SOURCE_DEADLINE), rack 2] (each source's nodeSelector names its rack), no
    annotation; Kueue as in 3.
@@ -108,7 +109,7 @@ GPU = "nvidia.com/gpu"
 ARM_LABEL = "gangcheck.io/bench-arm"
 PLACE_LABEL = "gangcheck.io/bench-place"
 RACK_LABEL = "gangcheck.io/bench-rack"
-REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+REQUIRED_TOPOLOGY = "gangcheck.io/podset-required-topology"
 OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
 KUEUE_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 PROVREQ_CONFIG = Resource(
