@@ -244,15 +244,27 @@ class DispatchRecord:
         if not isinstance(data, dict):
             return cls(reason=f"unreadable record {raw[:80]!r}")
         return cls(
-            nominated=tuple(str(c) for c in data.get("nominated") or ()),
-            tried=tuple(str(c) for c in data.get("tried") or ()),
-            failed={str(k): str(v) for k, v in (data.get("failed") or {}).items()},
-            skipped={str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+            nominated=_names(data.get("nominated")),
+            tried=_names(data.get("tried")),
+            failed=_by_name(data.get("failed")),
+            skipped=_by_name(data.get("skipped")),
             reason=str(data.get("reason") or ""),
-            failed_at={str(k): str(v) for k, v in (data.get("failedAt") or {}).items()},
+            failed_at=_by_name(data.get("failedAt")),
             admitted=str(data.get("admitted") or ""),
-            nominated_at={str(k): str(v) for k, v in (data.get("nominatedAt") or {}).items()},
+            nominated_at=_by_name(data.get("nominatedAt")),
         )
+
+
+def _names(value: object) -> tuple[str, ...]:
+    """Worker names as a record lists them (hand-edited too): a lone name is one, anything
+    but a non-empty string is left out, and each name counts once, in order."""
+    items = [value] if isinstance(value, str) else _list(value)
+    return tuple(dict.fromkeys(v for v in items if isinstance(v, str) and v))
+
+
+def _by_name(value: object) -> dict[str, str]:
+    """A record's map of worker -> text; anything but a map reads as none."""
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
 
 @dataclass(frozen=True)
@@ -458,10 +470,13 @@ def _stamp(when: datetime) -> str:
 
 
 def _parse(stamp: str) -> datetime | None:
+    """A time of the record; None when unreadable, as one without its zone is (every time
+    gangcheck writes ends in Z; one without cannot be compared with now)."""
     try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return when if when.tzinfo is not None else None
 
 
 def describe(record: DispatchRecord) -> list[str]:

@@ -226,6 +226,56 @@ def test_an_unreadable_record_reads_as_none() -> None:
     assert "unreadable" in DispatchRecord.from_annotation("{").reason
 
 
+HAND_EDITED = {
+    "a map of failures written as a list reads as none": (
+        {"nominated": ["a"], "failed": ["a"]},
+        DispatchRecord(nominated=("a",)),
+    ),
+    "a lone name nominated reads as that one": (
+        {"nominated": "a-1"},
+        DispatchRecord(("a-1",)),
+    ),
+    "a number nominated reads as none": ({"nominated": 5, "tried": {"a": 1}}, NONE),
+    "a name twice, or not a string, reads once": (
+        {"nominated": ["a", "a", 7, None, ""], "tried": ["a", "b", "a"]},
+        DispatchRecord(("a",), ("a", "b")),
+    ),
+    "maps of anything but maps read as none": (
+        {"skipped": "a", "failedAt": [1], "nominatedAt": 3},
+        NONE,
+    ),
+}
+
+
+@pytest.mark.parametrize(("data", "read"), HAND_EDITED.values(), ids=HAND_EDITED.keys())
+def test_a_hand_edited_record_reads_as_what_it_says_never_raising(
+    data: dict[str, object], read: DispatchRecord
+) -> None:
+    got = DispatchRecord.from_annotation(json.dumps(data))
+    assert got == read
+    decide(got, (w("a"), w("b")), now=NOW)  # and a step can be taken on it
+
+
+def test_a_time_without_its_zone_in_a_record_is_unreadable_not_an_error() -> None:
+    """Every time gangcheck writes ends in Z; one hand-written without a zone cannot be
+    compared with now (TypeError, which ended the dispatcher's pass for every Workload)."""
+    naive = "2026-01-01T11:59:00"
+    record = DispatchRecord.from_annotation(
+        json.dumps(
+            {
+                "nominated": ["a"],
+                "failed": {"b": "Retry"},
+                "failedAt": {"b": naive},
+                "nominatedAt": {"a": naive},
+            }
+        )
+    )
+    assert recent_failures([record], NOW) == {}
+    copy_missing = WorkerFacts("a", copied=False)
+    step = decide(record, (copy_missing, w("b")), now=NOW)
+    assert step.nominated == ("a",)
+
+
 def test_the_dispatch_metrics_are_exposed() -> None:
     metrics = Metrics()
     metrics.dispatch_nomination("worker-1")
