@@ -304,13 +304,17 @@ def decide(
     nominated ``COPY_GRACE`` seconds ago or more that has no copy of the Workload yet is said
     after the reason (Kueue is not copying it: nothing the dispatcher can change, but why the
     gang waits); it stays nominated. That part is derived again at each step from the copy
-    now: once Kueue copies the Workload, the reason is the choice's alone again."""
+    now: once Kueue copies the Workload, the reason is the choice's alone again.
+
+    Only the first ``at_once`` workers the record names are read as nominated (a record
+    hand-edited to name more, or written under a larger ``at_once``, never has more clusters
+    scale up for one gang than set; the others' nomination is dropped, not given up)."""
     facts = {w.name: w for w in workers}
     failed = dict(record.failed)
     failed_at = dict(record.failed_at)
     fallbacks: dict[str, str] = {}
     keep: list[str] = []
-    for cluster in record.nominated:
+    for cluster in record.nominated[: max(at_once, 1)]:
         worker = facts.get(cluster)
         if cluster in failed:
             continue

@@ -183,6 +183,22 @@ STEPS = {
     "a worker no longer configured while nominated: given up": Step_(
         ON_A, (w("b"),), ("b",), ("b",), ("a",)
     ),
+    "a record nominating two (hand-edited) keeps the first: never two at once unless set": Step_(
+        DispatchRecord(("b", "a"), ("b", "a")), (w("a"), w("b")), ("b",)
+    ),
+    "... nor more than at once allows": Step_(
+        DispatchRecord(("a", "b", "c"), ("a", "b", "c")),
+        (w("a"), w("b"), w("c")),
+        ("a", "b"),
+        at_once=2,
+    ),
+    "a record nominating a thousand unknown workers gives up one, not a thousand": Step_(
+        DispatchRecord(tuple(f"ghost-{i}" for i in range(1000))),
+        (w("a"),),
+        ("a",),
+        ("a",),
+        ("ghost-0",),
+    ),
 }
 
 
