@@ -347,7 +347,12 @@ def decide(
     tried = record.tried + tuple(c for c in newly if c not in record.tried)
     skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
     admitted = next((c for c in keep if c in facts and facts[c].admitted), "")
-    since = {c: record.nominated_at[c] for c in keep if c in record.nominated_at}
+    since = {
+        c: record.nominated_at[c]
+        for c in keep
+        if c in record.nominated_at
+        and (now is None or _when(record.nominated_at[c], now) is not None)
+    }
     if now is not None:
         since |= {c: _stamp(now) for c in chosen if c not in since}
     uncopied = _not_copied(keep, facts, since, now)
@@ -407,7 +412,7 @@ def recent_failures(
     since = now - timedelta(seconds=memory)
     for record in records:
         for cluster, stamp in record.failed_at.items():
-            when = _parse(stamp)
+            when = _when(stamp, now, memory=memory)
             if when is None or when < since:
                 continue
             if cluster not in latest or latest[cluster][0] < when:
@@ -471,6 +476,16 @@ def _on_last_source(req: Mapping[str, object]) -> bool:
 
 def _stamp(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _when(stamp: str, now: datetime, *, memory: float = FAILURE_MEMORY) -> datetime | None:
+    """A time of the record as it counts now: None when unreadable, or later than now by
+    more than ``memory`` seconds (no clock of another replica is that far off: hand-written,
+    it would count for ever)."""
+    when = _parse(stamp)
+    if when is None or when > now + timedelta(seconds=memory):
+        return None
+    return when
 
 
 def _parse(stamp: str) -> datetime | None:

@@ -272,6 +272,17 @@ def test_a_hand_edited_record_reads_as_what_it_says_never_raising(
     decide(got, (w("a"), w("b")), now=NOW)  # and a step can be taken on it
 
 
+def test_a_nomination_time_far_in_the_future_is_stamped_again() -> None:
+    """A ``nominatedAt`` of year 9999 (hand-edited) would keep the word on a copy Kueue does
+    not make from ever being said; it is read as unreadable and the worker kept is stamped
+    now, as one nominated without a time."""
+    record = DispatchRecord(("a",), ("a",), nominated_at={"a": "9999-01-01T00:00:00Z"})
+    step = decide(record, (WorkerFacts("a", copied=False),), now=NOW)
+    assert step.record.nominated_at == {"a": "2026-01-01T12:00:00Z"}
+    later = decide(step.record, (WorkerFacts("a", copied=False),), now=NOW + timedelta(minutes=1))
+    assert "Kueue has not copied the Workload" in later.record.reason
+
+
 def test_a_time_without_its_zone_in_a_record_is_unreadable_not_an_error() -> None:
     """Every time gangcheck writes ends in Z; one hand-written without a zone cannot be
     compared with now (TypeError, which ended the dispatcher's pass for every Workload)."""
@@ -382,6 +393,11 @@ def test_a_worker_whose_source_cannot_deliver_is_given_up_at_once_and_stamped() 
 RECENT = {
     "within the memory: remembered with its reason": (60.0, {"a": "CapacityIsNotFound"}),
     "older than the memory: forgotten": (200.0, {}),
+    "a little in the future (another replica's clock): remembered": (
+        -10.0,
+        {"a": "CapacityIsNotFound"},
+    ),
+    "far in the future (hand-edited): unreadable, not remembered for ever": (-1e9, {}),
 }
 
 
