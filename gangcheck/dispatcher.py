@@ -14,8 +14,8 @@ workers side by side), for every Workload of the pass; the copy of the worker no
 read per Workload:
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
-  unusable, that does not answer, or that runs no gangcheck (no AdmissionCheck of gangcheck's
-  controller ``Active`` there) is skipped, with the reason;
+  unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
+  (no AdmissionCheck of gangcheck's controller ``Active`` there) is skipped, with the reason;
 - whether the gang fits now on the worker's nodes (the manager Workload's pod sets, with
   those of the other gangs nominated there and not placed yet, against its nodes less what
   bound pods use), and how many such other gangs there are;
@@ -470,17 +470,16 @@ class Dispatcher:
         for read in reads:
             if isinstance(read, ApiError):
                 return _View(skip=f"unreachable: {_first_line(read)}")
+            if isinstance(read, Exception):  # a body that is not JSON
+                return _View(skip=_unreadable(read))
             if isinstance(read, BaseException):
                 raise read
         checks, nodes, pods, requests = (r for r in reads if not isinstance(r, BaseException))
-        if not _runs_gangcheck(checks):
-            return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
-        return _View(
-            nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
-            pods=pods,
-            requests=requests,
-            sources=_sources(requests),
-        )
+        try:
+            return _view_of(checks, nodes, pods, requests)
+        except Exception as e:  # a worker's objects not as its API serves them
+            log.warning("worker %s answered what cannot be read: %r", worker.name, e)
+            return _View(skip=_unreadable(e))
 
     async def _facts(
         self,
@@ -501,11 +500,15 @@ class Dispatcher:
                 if nominated
                 else ("", False, True)
             )
+            fits_now = _fits_now(view, wl, others)
         except ApiError as e:
             return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
+        except Exception as e:  # its answer (the copy, its pods) not as its API serves it
+            log.warning("worker %s answered what cannot be read: %r", worker.name, e)
+            return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
         return WorkerFacts(
             worker.name,
-            fits_now=_fits_now(view, wl, others),
+            fits_now=fits_now,
             sources=view.sources,
             failure=failure,
             pending=pending,
@@ -527,6 +530,22 @@ class _View:
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
+
+
+def _view_of(checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: list[Obj]) -> _View:
+    """A worker's reads made sense of (raises on objects not shaped as its API serves them)."""
+    if not _runs_gangcheck(checks):
+        return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
+    return _View(
+        nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
+        pods=pods,
+        requests=requests,
+        sources=_sources(requests),
+    )
+
+
+def _unreadable(error: BaseException) -> str:
+    return f"unreadable answer ({type(error).__name__}: {_first_line(error)})"
 
 
 async def _connect(kubeconfig: bytes) -> Kube:

@@ -519,3 +519,63 @@ async def test_the_copy_wait_said_on_the_record_goes_once_kueue_copies_the_workl
     assert copied.nominated == ("worker-1",) and copied.nominated_at == {"worker-1": stamp}
     assert [r for r, _ in events(manager)] == ["Nominated"]  # nothing more to tell
     assert not one.writes
+
+
+# -- a worker answering garbage ------------------------------------------------------------------
+
+
+class Garbled(FakeKube):
+    """A worker that answers the dispatcher's reads of ``kinds`` with ``answer``: an error
+    other than the API's (a body that is not JSON) when it is one, else that list's items."""
+
+    def __init__(self, kinds: tuple[str, ...], answer: BaseException | list[Any]) -> None:
+        super().__init__()
+        self.kinds, self.answer = kinds, answer
+
+    async def list_objects(self, res: Any, *args: Any, **kwargs: Any) -> Obj:
+        listing = await super().list_objects(res, *args, **kwargs)
+        if res.kind not in self.kinds:
+            return listing
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return {**listing, "items": self.answer}
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> Obj:
+        found = await super().get(res, name, namespace)
+        return {"metadata": found["metadata"], "status": "garbage"} if res is WORKLOAD else found
+
+
+NOT_JSON = ValueError("Expecting value: line 1 column 1 (char 0)")
+GARBAGE = {
+    "its lists answered with a body that is not JSON": (("Node",), NOT_JSON),
+    "its requests without metadata": (("ProvisioningRequest",), [{"spec": {}}]),
+    "its requests as strings": (("ProvisioningRequest",), ["garbage"]),
+    "its checks with a spec that is a string": (("AdmissionCheck",), [{"spec": "x"}]),
+}
+
+
+@pytest.mark.parametrize(("kinds", "answer"), GARBAGE.values(), ids=GARBAGE.keys())
+async def test_a_worker_answering_garbage_is_skipped_and_the_next_used(
+    kinds: tuple[str, ...], answer: BaseException | list[Any]
+) -> None:
+    """Before, the error ended the pass, and ``run`` (which goes on after an API error
+    only) with it: one worker's answer stopped the dispatch of every Workload."""
+    one = worker(kube=Garbled(kinds, answer), nodes=2)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped["worker-1"].startswith("unreadable answer"), got.skipped
+    assert not one.writes
+
+
+async def test_a_nominated_worker_whose_copy_is_garbage_is_given_up() -> None:
+    one, two = worker(kube=Garbled((), []), nodes=2), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)  # fits now
+    one.add(workload())  # its copy, answered as garbage
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed["worker-1"].startswith("unreachable: unreadable answer"), got.failed
