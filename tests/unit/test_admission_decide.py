@@ -75,8 +75,12 @@ def gang(count: int = 4) -> WorkloadBuilder:
 
 
 def req(name: str = REQ1, *, conditions: dict[str, str] | None = None, **kw: Any) -> Any:
+    """A request as gangcheck makes one: its deadline recorded (created at T0 + 420 s)."""
     templates = kw.pop("templates", [(naming.template_name(name, "workers"), 4)])
-    return provisioning_request(name, conditions=conditions, templates=templates, **kw)
+    annotations = {**DEADLINE, **kw.pop("annotations", {})}
+    return provisioning_request(
+        name, conditions=conditions, templates=templates, annotations=annotations, **kw
+    )
 
 
 def member(

@@ -42,6 +42,8 @@ class Case:
     """The rollback reason written begins so."""
     deadline: str | None = None
     """The deadline written on the request (None: not moved)."""
+    recorded: str | None = DEADLINE_420
+    """The deadline the request carries (None: none)."""
 
 
 CASES = [
@@ -78,16 +80,35 @@ CASES = [
         phase="RollingBack",
         reason="Deadline: the gang did not fit within 60s",
     ),
+    Case(
+        "the deadline record removed by hand: written again, creation + deadlineSeconds",
+        {},
+        {"Accepted": ""},
+        deadline=DEADLINE_420,
+        recorded=None,
+    ),
+    Case(
+        "the deadline record unreadable and the deadline passed: written again, rolled back",
+        {"fulfillment": {"deadlineSeconds": 60}},
+        {"Provisioned": ""},
+        deadline="2026-11-30T10:01:00Z",
+        phase="RollingBack",
+        reason="Deadline: the gang did not fit within 60s",
+        recorded="tomorrow",
+    ),
 ]
 
 
-def request(name: str, conditions: dict[str, str], identity: dict[str, str]) -> Obj:
+def request(
+    name: str, conditions: dict[str, str], identity: dict[str, str], deadline: str | None
+) -> Obj:
+    recorded = {} if deadline is None else {"gangcheck.io/fulfillment-deadline": deadline}
     return provisioning_request(
         name,
         conditions=conditions,
         templates=[(naming.template_name(name, "ps-0"), 2)],
         created=CREATED,
-        annotations={"gangcheck.io/fulfillment-deadline": DEADLINE_420, **identity},
+        annotations={**recorded, **identity},
     )
 
 
@@ -98,7 +119,7 @@ def workload_decision(case: Case) -> Decision:
         workload=workload_of(wl.build()),
         check=CHECK,
         config=parse_spec(case.config),
-        requests=(request_of(request(name, case.conditions, {})),),
+        requests=(request_of(request(name, case.conditions, {}, case.recorded)),),
         templates=frozenset({naming.template_name(name, "ps-0")}),
     )
     return decide_workload(snap, NOW)
@@ -136,7 +157,7 @@ def through_pod_group(case: Case) -> tuple[Action, ...]:
         group=pod_group_of(group),
         members=tuple(map(pod_of, members)),
         config=parse_spec(case.config),
-        requests=(request_of(request("g-pg-1", case.conditions, identity)),),
+        requests=(request_of(request("g-pg-1", case.conditions, identity, case.recorded)),),
     )
     return decide_group(snap, NOW).actions
 

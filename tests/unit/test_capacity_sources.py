@@ -50,8 +50,17 @@ TRUST = {**SOURCES, **TRUST_MODE}
 OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 0, "reclaimed": []}'
 
 
+DEADLINES = ("2026-11-30T10:01:00Z", "2026-11-30T10:07:00Z")
+"""Each source's deadline in SOURCES, for a request made at T0 (60 s, the default 420 s)."""
+
+
 def request(name: str, *, source: int = 0, **kw: Any) -> Any:
-    annotations = {"gangcheck.io/attempt": "1", **kw.pop("annotations", {})}
+    """A request as gangcheck makes one, asking SOURCES' source `source`."""
+    annotations = {
+        "gangcheck.io/attempt": "1",
+        "gangcheck.io/fulfillment-deadline": DEADLINES[source],
+        **kw.pop("annotations", {}),
+    }
     if source:  # the second source's class and parameters
         annotations["gangcheck.io/capacity-source"] = str(source)
         kw.setdefault("class_name", CHECK_CAPACITY)
@@ -164,7 +173,9 @@ def test_the_last_source_failing_retries_as_one_source_would() -> None:
 
 
 def test_a_source_that_cannot_find_the_capacity_is_left_at_once_when_another_is_next() -> None:
-    d = run(SOURCES, [not_found(request(FIRST))])
+    made = {"created": "2026-11-30T10:04:30Z"}  # its 60 s deadline is not past: left at once
+    deadline = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:05:30Z"}
+    d = run(SOURCES, [not_found(request(FIRST, annotations=deadline, **made))])
     rolling = next(a for a in d.actions if isinstance(a, AnnotateRequest))
     assert rolling.name == FIRST
     assert rolling.annotations["gangcheck.io/phase"] == "RollingBack"
@@ -181,7 +192,8 @@ def test_the_last_source_saying_not_found_is_waited_on_until_its_deadline() -> N
 
 
 def test_a_single_class_config_waits_on_not_found_as_before() -> None:
-    d = run({}, [not_found(request(FIRST))])
+    deadline = {"gangcheck.io/fulfillment-deadline": DEADLINES[1]}  # the default 420 s
+    d = run({}, [not_found(request(FIRST, annotations=deadline))])
     assert not any(isinstance(a, AnnotateRequest) for a in d.actions)
 
 

@@ -375,12 +375,13 @@ def current_deadline(
 ) -> tuple[ProvisioningRequest, tuple[Action, ...]]:
     """deadlineSeconds applies to the attempt in flight: its deadline is moved to creation +
     the config's deadlineSeconds when the config changed it (the record as it will be, and
-    the write)."""
+    the write). A record without a readable deadline (removed or rewritten by hand) is given
+    that one: without it the attempt would never be rolled back."""
     created, deadline = parse_time(req.creation_timestamp), rollback.deadline_of(req)
-    if created is None or deadline is None:
+    if created is None:
         return req, ()
     wanted = created + timedelta(seconds=config.fulfillment.deadline_seconds)
-    if abs((deadline - wanted).total_seconds()) <= DEADLINE_SLACK_SECONDS:
+    if deadline is not None and abs((deadline - wanted).total_seconds()) <= DEADLINE_SLACK_SECONDS:
         return req, ()
     annotations = {DEADLINE_ANNOTATION: format_time(wanted)}
     moved = replace(req, annotations={**req.annotations, **annotations})
