@@ -29,6 +29,7 @@ from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Snapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION
+from gangcheck.model.names import RACED_ANNOTATION as RACED
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec, spec_record
@@ -94,6 +95,8 @@ class Seen:
     notes: frozenset[tuple[str, str, str]] = frozenset()
     message: str = ""
     """The gang's one-line message (the check's, the group's), when written."""
+    records: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The annotations of each request created, by name."""
 
 
 def _kind_of(a: Action) -> str:
@@ -111,8 +114,8 @@ class Adapter:
 def _request(adapter: Adapter, r: Racer, extra: dict[str, str], pod_set: str) -> Obj:
     name = adapter.ask(r.ask)
     notes = {"gangcheck.io/attempt": "1", **extra, **r.annotations}
-    if r.ask:
-        notes["gangcheck.io/capacity-source"] = str(r.ask)
+    if r.ask:  # the k-th ask at source k, unless the case says where
+        notes.setdefault("gangcheck.io/capacity-source", str(r.ask))
     req = provisioning_request(
         name,
         templates=[(naming.template_name(name, pod_set), 4)],
@@ -145,6 +148,7 @@ def _common(
     templates = [a.body for a in actions if isinstance(a, CreateTemplate)]
     return {
         "created": [r["metadata"]["name"] for r in made],
+        "records": {r["metadata"]["name"]: r["metadata"]["annotations"] for r in made},
         "sources_created": [t["template"]["spec"]["nodeSelector"]["pool"] for t in templates],
         "deleted": sorted(a.name for a in actions if isinstance(a, DeleteRequest)),
         "reclaimed": [(a.request, a.nodes) for a in actions if isinstance(a, ReclaimArrivals)],
@@ -466,20 +470,94 @@ def test_a_racer_whose_source_left_is_named_by_the_source_it_asked(adapter: Adap
     assert "'c'" not in seen.message
 
 
+# ---- the race's hand-over follows the sources asked by identity, not by position ---------
+
+X = {"name": "x", "nodeSelector": {"pool": "x"}}
+Y = {"name": "y", "nodeSelector": {"pool": "y"}}
+A, B, C = RACE["capacitySources"]
+
+
+def _under(sources: list[Obj]) -> dict[str, str]:
+    """The record of an ask made under a race of `sources`."""
+    return {
+        "gangcheck.io/attempt-config": spec_record(parse_spec({**RACE, "capacitySources": sources}))
+    }
+
+
+@dataclass(frozen=True)
+class Relisted:
+    id: str
+    racers: list[Racer]
+    """The asks still there (the others withdrawn and gone)."""
+    now: list[Obj]
+    """The config's sources now."""
+    # expectations: the ask made for the place given up (its number, its pool, the sources
+    # it records the race has asked with it, in the config now), or none: the attempt ends
+    created: tuple[int, str, str] | None
+
+
+FAILED = {**ROLLED_BACK}
+AT_X = {"gangcheck.io/capacity-source": "0"}
+RELISTED = [
+    Relisted(
+        "[a, b] raced, a gave up (gone), x put first: b's place goes to x",
+        [Racer(1, annotations={**FAILED, **_under([A, B])})],
+        [X, A, B],
+        (2, "x", "0,1,2"),
+    ),
+    Relisted(
+        "[a, b] raced, a gave up (gone), a replaced by x ([x, b]): b's place goes to x",
+        [Racer(1, annotations={**FAILED, **_under([A, B])})],
+        [X, B],
+        (2, "x", "0,1"),
+    ),
+    Relisted(
+        "[a, b, c] raced a and b, x put first, a fails, b kept: a's place goes to x",
+        [
+            Racer(0, annotations={**FAILED, **_under([A, B, C])}),
+            Racer(1, {"Provisioned": "ok"}, _under([A, B, C])),
+        ],
+        [X, A, B, C],
+        (2, "x", "0,1,2"),
+    ),
+    Relisted(
+        "a and b gave up (gone), c asked for a; b moved below c ([x, y, c, b]): x, not b",
+        [Racer(2, annotations={**FAILED, **_under([A, B, C])})],
+        [X, Y, C, B],
+        (3, "x", "0,2,3"),
+    ),
+    Relisted(
+        "x asked for a and b (recorded), gone; x fails under [x, y, a, b]: y, not b again",
+        [Racer(2, annotations={**FAILED, **_under([X, Y, A, B]), **AT_X, RACED: "0,2,3"})],
+        [X, Y, A, B],
+        (3, "y", "0,1,2,3"),
+    ),
+    Relisted(
+        "[a, b] raced, a gave up (gone), nothing new: the attempt ends",
+        [Racer(1, annotations={**FAILED, **_under([A, B])})],
+        [A, B],
+        None,
+    ),
+]
+
+
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
-def test_a_racer_ending_after_the_sources_moved_gives_no_place_by_index(
-    adapter: Adapter,
+@pytest.mark.parametrize("case", RELISTED, ids=lambda c: c.id)
+def test_a_race_gives_a_place_to_a_source_it_has_not_asked_by_identity(
+    case: Relisted, adapter: Adapter
 ) -> None:
-    """Racing a and b of [a, b, c]; x is put first ([x, a, b, c]) and a's racer fails: its
-    place is given to no source (the race goes on with b; when it ends, the attempt ends
-    and the next one asks the new list). Before, it went to the source now at index 2, b,
-    already racing: b was asked twice."""
-    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
-    x = {"name": "x", "nodeSelector": {"pool": "x"}}
-    now = {**RACE, "capacitySources": [x, *RACE["capacitySources"]]}
-    racers = [Racer(0, annotations={**ROLLED_BACK, **made}), Racer(1, {"Provisioned": "ok"}, made)]
-    seen = adapter.run(racers, [], now)
-    assert seen.state == "racing", seen
-    assert seen.created == [] and seen.sources_created == []
-    assert seen.deleted == [adapter.ask(0)]
-    assert seen.message.startswith("racing: capacity source 'b' (3 of 4): "), seen.message
+    """A racer that could not deliver gives its place to the first source of the config now
+    that the attempt has not asked, the sources asked read by identity (the asks there,
+    each with the sources the race had asked when it was made), not by position. Before,
+    a source below the next ask's number was taken as asked and one at or above it as not:
+    with the list edited, x was skipped (the attempt ended) or b, asked and given up, was
+    asked again."""
+    seen = adapter.run(case.racers, [], {**RACE, "capacitySources": case.now})
+    if case.created is None:
+        assert seen.state == "retry", seen
+        assert seen.created == []
+        return
+    number, pool, raced = case.created
+    assert seen.created == [adapter.ask(number)], seen
+    assert seen.sources_created == [pool]
+    assert seen.records[adapter.ask(number)].get(RACED) == raced

@@ -22,8 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
-from gangcheck.logic.attempt.records import Record
-from gangcheck.model.names import DOMAIN_ANNOTATION, DOMAINS_TRIED_ANNOTATION, SOURCE_ANNOTATION
+from gangcheck.logic.attempt.records import Record, count_of
+from gangcheck.model.names import (
+    DOMAIN_ANNOTATION,
+    DOMAINS_TRIED_ANNOTATION,
+    RACED_ANNOTATION,
+    SOURCE_ANNOTATION,
+)
 from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -39,6 +44,9 @@ class Place:
     domain: tuple[str, str] | None = None
     tried: tuple[str, ...] = ()
     """Domains of this source asked before this one, in this attempt."""
+    raced: tuple[int, ...] = ()
+    """Race, an ask in place of a racer that could not deliver: the sources its attempt had
+    asked when it was made, its own too (indexes in the config it is made under; race.py)."""
 
     def record(self) -> dict[str, str]:
         """The annotations recording this place on its request (none for the first source
@@ -50,6 +58,8 @@ class Place:
             out[DOMAIN_ANNOTATION] = f"{self.domain[0]}={self.domain[1]}"
         if self.tried:
             out[DOMAINS_TRIED_ANNOTATION] = ",".join(self.tried)
+        if self.raced:
+            out[RACED_ANNOTATION] = ",".join(map(str, self.raced))
         return out
 
     def labels(self) -> dict[str, str]:
@@ -72,7 +82,9 @@ def place_of(record: Record, annotations: Mapping[str, str]) -> Place:
     raw = annotations.get(DOMAIN_ANNOTATION, "")
     key, sep, value = raw.partition("=")
     tried = tuple(t for t in annotations.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t)
-    return Place(record.source, (key, value) if sep and key else None, tried)
+    raced = annotations.get(RACED_ANNOTATION, "").split(",")
+    indexes = tuple(i for i in (count_of(r) for r in raced) if i is not None)
+    return Place(record.source, (key, value) if sep and key else None, tried, indexes)
 
 
 def of_request(req: ProvisioningRequest) -> Place:

@@ -24,6 +24,7 @@ from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import RollbackCause
+from gangcheck.model.names import SOURCE_ANNOTATION
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -137,20 +138,9 @@ def follow(
     """Each racer followed; the first that fits wins (the others withdrawn); each that ended
     is withdrawn and its place goes to the next source not asked yet."""
     live = [r for _, r in asked if not r.deleting]
-    sources = {places.of_request(r).source for _, r in asked}
     next_ask = max((k for k, _ in asked), default=-1) + 1
-    # The k-th ask of a race is at source k (`starting`, then each place given up goes to
-    # the next source), so a source below the next ask was asked, its request gone or not.
-    # That holds while no racer's source moved or left in the config (`driver.source_changed`):
-    # once one did, the indexes no longer say which sources were asked, and no place is given
-    # to a next source (the race goes on with its racers; when they end, the attempt ends
-    # and the next one asks the new list), as an InOrder attempt asks no next place then.
-    moved = any(driver.source_changed(config, r) for _, r in asked)
-    unasked = [
-        s.index
-        for s in config.sources()
-        if not moved and s.index not in sources and s.index >= next_ask
-    ]
+    raced = {i for k, r in asked for i in sources_asked(r, k, config)}
+    unasked = [s.index for s in config.sources() if s.index not in raced]
     others = len(live) > 1 or bool(unasked)
     followed = {r.name: follow_one(r, others) for r in live}
     for r in live:
@@ -189,11 +179,45 @@ def follow(
             why,
             (*lifecycle.release_hold(capacity, r), *backend.withdraw(r, COULD_NOT)),
             driver.failed_note(config, r, rollback.record_of(r).reason or f"Failed: {why}"),
-            (next_ask + i, places.Place(unasked[i])) if i < len(unasked) else None,
+            (next_ask + i, _given(unasked[i], raced | set(unasked[:i])))
+            if i < len(unasked)
+            else None,
         )
         for i, (r, why) in enumerate(ended)
     )
     return Standing(going=tuple(going), ended=out)
+
+
+def sources_asked(
+    req: ProvisioningRequest, number: int, config: AtomicProvisioningSpec
+) -> set[int]:
+    """The sources of `config` (the config now) the race of `req` had asked when `req` was
+    made, its own too: read by identity (`lifecycle.asked_source`), not by position, so an
+    attempt follows the sources it asked whatever the list became (one that left is not
+    among them). What the ask recorded (`places.Place.raced`, in the config it was made
+    under), else, by the rules it was made under: the race started at the first `raceWidth`
+    sources, and the `number`-th ask at source `number` after those. A record without a
+    config is read by its index, as before."""
+    made = lifecycle.recorded_config(req) or config
+    place = places.of_request(req)
+    indexes = set(place.raced) or set(range(max(number + 1, made.racing)))
+    return {
+        now
+        for i in indexes | {place.source}
+        if (now := lifecycle.asked_source(_asking(req, i), config).now) is not None
+    }
+
+
+def _asking(req: ProvisioningRequest, index: int) -> ProvisioningRequest:
+    """`req`'s record as if it had asked source `index` of the config it records."""
+    return replace(req, annotations={**req.annotations, SOURCE_ANNOTATION: str(index)})
+
+
+def _given(index: int, raced: set[int]) -> places.Place:
+    """The place a racer that could not deliver gives: source `index`, recording the sources
+    the race has asked (its own too), so the next place follows from the record by identity
+    even once the others' requests are gone."""
+    return places.Place(index, raced=tuple(sorted(raced | {index})))
 
 
 def won(
