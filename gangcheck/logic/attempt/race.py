@@ -5,7 +5,9 @@ InOrder's, ``-s<n>`` after the first, each recording its source). Each racer is 
 attempt of its own (``driver.in_flight``). The first to deliver the whole gang wins; the
 others are withdrawn at once and what arrived for them is reclaimed by the same safe path as a
 rollback (``driver.withdraw``). A racer that fails (rolled back, or ended outside fit mode) is
-withdrawn and its place goes to the next source not asked yet. When every source has failed,
+withdrawn and its place goes to the next source not asked yet: the first of the config now
+that the attempt has not asked, the sources asked known by identity (``sources_asked``), so a
+list edited mid-race neither skips a source nor asks one twice. When every source has failed,
 the attempt ends as one with a single source would (the adapter retries or gives up).
 
 The adapter (a Workload's check, a PodGroup) says how one racer is followed and how an ask is
