@@ -31,8 +31,9 @@ read per Workload:
 It then writes the record (annotation ``gangcheck.io/dispatch``) on the manager's Workload
 first and the nomination second, by server-side apply of ``status.nominatedClusterNames`` as
 field manager ``kueue-admission`` (Kueue drops the nomination with that manager when a worker
-admits; another manager's nomination would make that write fail); the Events of a pass
-follow all its nominations. A restart reads the record
+admits); a nomination another field manager owns (another dispatcher, a hand's write) is left
+as written, and the record says who wrote it. The Events of a pass follow all its
+nominations. A restart reads the record
 and resumes: a worker nominated stays so until its copy fails. Nothing is ever written in a
 worker: the worker's identity (the Secret MultiKueue already holds) is only read through.
 """
@@ -64,6 +65,7 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.dispatch import (
+    KUEUE_ADMISSION,
     RECORD_ANNOTATION,
     DispatchRecord,
     Outcome,
@@ -73,6 +75,8 @@ from gangcheck.logic.dispatch import (
     admission_status,
     cannot_deliver,
     decide,
+    left_to_another,
+    nominated_by_another,
     recent_failures,
 )
 from gangcheck.logic.placement.fit import (
@@ -98,8 +102,6 @@ from gangcheck.telemetry import Metrics
 log = logging.getLogger(__name__)
 
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
-#: Kueue's field manager of a Workload's admission status (see the module doc).
-KUEUE_ADMISSION = "kueue-admission"
 KUBECONFIG_KEY = "kubeconfig"
 #: The poll (seconds) behind the watch on the manager's Workloads: what changes in a worker
 #: (a request saying its source cannot deliver, nodes arriving) is seen within it.
@@ -345,9 +347,14 @@ class Dispatcher:
             )
             for worker in workers
         ]
-        step = decide(record, facts, at_once=self.at_once, now=datetime.now(UTC))
         status = wl.get("status") or {}
         written = list(status.get("nominatedClusterNames") or [])
+        another = nominated_by_another(wl["metadata"]) if written else ""
+        step = (
+            left_to_another(record, written, another)
+            if another
+            else decide(record, facts, at_once=self.at_once, now=datetime.now(UTC))
+        )
         if step.record != record:
             await self._write_record(wl, step.record)
         if list(step.nominated) != written:

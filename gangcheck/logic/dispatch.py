@@ -512,6 +512,34 @@ def describe(record: DispatchRecord) -> list[str]:
     return lines
 
 
+#: Kueue's field manager of a Workload's admission status (Kueue v0.17,
+#: ``constants.AdmissionName``), as which the dispatcher writes the nomination.
+KUEUE_ADMISSION = "kueue-admission"
+
+
+def nominated_by_another(meta: Mapping[str, object]) -> str:
+    """The field manager other than Kueue's that owns the Workload's
+    ``status.nominatedClusterNames`` (from ``meta``'s managedFields: another dispatcher, or
+    a hand's write), or '' when none does. Kueue's: ``KUEUE_ADMISSION`` (its server-side
+    apply, and gangcheck's), and ``kueue`` (its user agent, the manager of its merge patches
+    under the alpha gate ``WorkloadRequestUseMergePatch``)."""
+    for entry in _list(meta.get("managedFields")):
+        owned = _dict(_dict(_dict(entry).get("fieldsV1")).get("f:status"))
+        manager = str(_dict(entry).get("manager") or "")
+        if "f:nominatedClusterNames" in owned and manager not in (KUEUE_ADMISSION, "kueue"):
+            return manager or "an unnamed field manager"
+    return ""
+
+
+def left_to_another(record: DispatchRecord, written: Sequence[str], manager: str) -> Step:
+    """The step for a Workload whose nomination ``written`` another field manager wrote
+    (``nominated_by_another``): left as written, not fought (a forced apply would take it
+    back on every pass and the other write it again, each write waking the next pass); the
+    record says who wrote it (written once) and keeps gangcheck's own nomination."""
+    reason = f"nominated {', '.join(written)} by {manager}, not by gangcheck: left as written"
+    return Step(tuple(written), replace(record, reason=reason))
+
+
 #: The conditions Kueue's field manager ``kueue-admission`` owns on a Workload (Kueue v0.17,
 #: ``admissionManagedConditions``, pkg/workload/workload.go).
 ADMISSION_MANAGED_CONDITIONS = (

@@ -20,7 +20,9 @@ from gangcheck.logic.dispatch import (
     cannot_deliver,
     decide,
     describe,
+    left_to_another,
     nominate,
+    nominated_by_another,
     recent_failures,
 )
 from gangcheck.telemetry import Metrics
@@ -612,3 +614,55 @@ def test_a_copy_wait_said_alone_by_an_earlier_record_is_cleared_once_copied() ->
     assert decide(earlier, [WorkerFacts("b")], now=later).record.reason == "b is still trying"
     still = decide(earlier, [WorkerFacts("b", copied=False)], now=later).record.reason
     assert still == f"b is still trying; {STALL_B}"
+
+
+# -- a nomination written by another dispatcher -----------------------------------------------
+
+
+def owner(manager: str, *, status_field: str = "f:nominatedClusterNames") -> dict[str, object]:
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "subresource": "status",
+        "fieldsV1": {"f:status": {status_field: {}}},
+    }
+
+
+OWNERS = {
+    "Kueue's own manager (as which gangcheck writes too): none other": (
+        [owner("kueue-admission")],
+        "",
+    ),
+    "another manager owning the nomination": (
+        [owner("kueue-admission", status_field="f:admission"), owner("their-dispatcher")],
+        "their-dispatcher",
+    ),
+    "another manager owning other status fields only: none": (
+        [owner("their-controller", status_field="f:conditions")],
+        "",
+    ),
+    "Kueue's merge patch (its user agent, under WorkloadRequestUseMergePatch): none other": (
+        [owner("kueue")],
+        "",
+    ),
+    "no managed fields": ([], ""),
+    "managed fields not as the API serves them": ("garbage", ""),
+}
+
+
+@pytest.mark.parametrize(("fields", "who"), OWNERS.values(), ids=OWNERS.keys())
+def test_nominated_by_another(fields: object, who: str) -> None:
+    assert nominated_by_another({"managedFields": fields}) == who
+
+
+def test_a_nomination_of_another_dispatcher_is_left_as_written_and_said_once() -> None:
+    """Another dispatcher's nomination is not overwritten (each rewriting the other's would
+    loop, a pass woken by each write); the record says who wrote it, once."""
+    step = left_to_another(ON_A, ["c"], "their-dispatcher")
+    assert step.nominated == ("c",)
+    assert not step.changed
+    assert step.record.nominated == ON_A.nominated
+    assert step.record.reason == (
+        "nominated c by their-dispatcher, not by gangcheck: left as written"
+    )
+    assert left_to_another(step.record, ["c"], "their-dispatcher").record == step.record

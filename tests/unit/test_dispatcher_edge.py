@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.dispatcher import KUEUE_ADMISSION, Dispatcher
+from gangcheck.dispatcher import Dispatcher
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ForbiddenError
 from gangcheck.kube.resources import (
@@ -27,7 +27,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     WORKLOAD,
 )
-from gangcheck.logic.dispatch import RECORD_ANNOTATION, DispatchRecord, describe
+from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
 from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
@@ -579,3 +579,32 @@ async def test_a_nominated_worker_whose_copy_is_garbage_is_given_up() -> None:
     got = record(manager)
     assert got.nominated == ("worker-2",)
     assert got.failed["worker-1"].startswith("unreachable: unreadable answer"), got.failed
+
+
+async def test_a_nomination_written_by_another_dispatcher_is_not_fought() -> None:
+    """Another dispatcher (its own field manager) nominates worker-2 after gangcheck
+    nominated worker-1: gangcheck's apply (forced) would take it back on every pass, and the
+    other write it again, each write waking the next pass. It is left as written; the record
+    says who wrote it, written once."""
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["status"]["nominatedClusterNames"] = ["worker-2"]
+    wl["metadata"]["managedFields"] = [
+        {
+            "manager": "their-dispatcher",
+            "operation": "Update",
+            "subresource": "status",
+            "fieldsV1": {"f:status": {"f:nominatedClusterNames": {}}},
+        }
+    ]
+    manager.add(wl)
+    await dispatcher.pass_once()
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes  # no loop
+    assert nominated_of(manager, "job-gang") == ["worker-2"]
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]  # the first, before theirs
+    assert "by their-dispatcher, not by gangcheck" in record(manager).reason
