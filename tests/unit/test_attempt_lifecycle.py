@@ -110,6 +110,18 @@ def test_the_next_attempt_follows_kueues_backoff(attempt_number: int, seconds: A
     assert lifecycle.next_attempt(attempt_number, strategy) == seconds
 
 
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("attempt_number", [64, 2_147_483_647, 10**15])
+def test_a_huge_attempt_number_backs_off_by_the_most_at_once(attempt_number: int) -> None:
+    """A PodGroup's owner may write any attempt on it (gangcheck.io/attempt), and a config
+    may allow int32's most retries: the backoff is backoffMaxSeconds, worked out without
+    2 ** attempt (a number of a billion bits took seconds and hundreds of MB, on the one
+    thread that serves every gang)."""
+    strategy = parse_spec({"retryStrategy": {"backoffLimitCount": 2_147_483_647}}).retry_strategy
+    assert lifecycle.backoff_seconds(attempt_number, strategy) == 1800
+    assert lifecycle.next_attempt(min(attempt_number, 2_147_483_647), strategy) == 1800
+
+
 def test_a_new_attempt_records_its_number_deadline_and_reserved_members() -> None:
     assert lifecycle.record(2, parse_spec({}), NOW, reserved=3) == {
         "gangcheck.io/attempt": "2",

@@ -10,6 +10,8 @@ def requeue_after_seconds(retry_count: int, *, base_seconds: int, max_seconds: i
     set now); its jitter is negligible (factor 1e-4) and left out so the result is exact.
     """
     n = retry_count + 1
+    if n - 1 >= max_seconds.bit_length():  # 2^(n-1) alone exceeds max_seconds (base >= 1)
+        return max_seconds  # without 2 ** (n-1): a hand-written attempt may be huge
     return int(min(base_seconds * 2 ** (n - 1), max_seconds))
 
 
