@@ -25,7 +25,7 @@ from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.model.names import CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import parse_spec, spec_record
+from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
 from tests.builders import container, node, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
@@ -543,3 +543,43 @@ def test_a_growth_in_flight_keeps_the_deadline_of_the_source_it_asked() -> None:
     ]
     assert not moved, moved
     assert not [a for a in d.actions if isinstance(a, DeleteRequest)]
+
+
+def test_a_growth_of_an_older_version_asking_another_source_is_not_taken_for_the_first() -> None:
+    """A growth made by an older gangcheck recorded no source (read as the first, a) though it
+    asked b (its class, the group released onto b): followed as before, not rolled back for
+    asking another class than a's. A growth of a (its class a's) is compared with a now."""
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=b"
+    record = {"gangcheck.io/attempt-config": spec_record(parse_spec(TWO_SOURCES))}
+    deadline = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+    older = grow_req(
+        annotations={**record, **deadline},
+        class_name="queued-provisioning.gke.io",
+        conditions={"Accepted": ""},
+    )
+    d = grown_by_two(obj, TWO_SOURCES, (older,))
+    assert not [a for a in d.actions if isinstance(a, AnnotateRequest)], d.actions
+    assert "accepted" in (d.status or {}).get("gangcheck.io/message", "")
+    # a's class edited: a growth that asked a (its class a's) is rolled back
+    edited = {
+        **TWO_SOURCES,
+        "capacitySources": [
+            {
+                **TWO_SOURCES["capacitySources"][0],
+                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+            },
+            TWO_SOURCES["capacitySources"][1],
+        ],
+    }
+    of_a = grow_req(annotations={**record, **deadline}, conditions={"Accepted": ""})
+    obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "pool=a"
+    d = grown_by_two(obj, edited, (of_a,))
+    reasons = [
+        a.annotations.get("gangcheck.io/rollback-reason")
+        for a in d.actions
+        if isinstance(a, AnnotateRequest)
+    ]
+    assert reasons == [
+        f"ConfigChanged: spec.capacitySources[0] (a): class {CLASS_A!r} -> {CHECK_CAPACITY!r}"
+    ], d.actions

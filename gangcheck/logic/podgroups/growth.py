@@ -69,6 +69,7 @@ from gangcheck.model.names import (
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     REQUEST_ANNOTATION,
+    SOURCE_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
 )
@@ -285,7 +286,7 @@ def _follow(
     # compared with what its source asks now, as the group's own attempt (podgroup._followed):
     # a source that left, moved, or asks another class, parameters or nodes ends it before
     # Provisioned (rolled back, CONFIG_CHANGED)
-    class_name, parameters = source_asks(snap.config, places.of_request(req).source)
+    class_name, parameters = _asks_now(snap.config, req)
     followed = driver.in_flight(attempt, now, class_name=class_name, parameters=parameters)
     step = followed.step
     assert step is not None  # always in fit mode
@@ -322,6 +323,25 @@ def _follow(
         requeue_after=step.requeue_after,
         step=step,
     )
+
+
+def _asks_now(
+    config: AtomicProvisioningSpec, req: ProvisioningRequest
+) -> tuple[str, dict[str, str]]:
+    """The class and parameters the growth's source asks now (`podgroup.source_asks`).
+
+    A growth made by an older version recorded no source (read as the first) though it may
+    have asked another (the source the group was released onto): when its class or
+    parameters are not those of the first source as it recorded it (or, without a record,
+    as the config has it now), it asked another, and it is compared with its own, as then:
+    not rolled back for a change of a source it did not ask."""
+    index = places.of_request(req).source
+    if SOURCE_ANNOTATION not in req.annotations:
+        first = (lifecycle.recorded_config(req) or config).source(0)
+        mine = (req.class_name, dict(req.parameters))
+        if first is None or (first.class_name, dict(first.parameters)) != mine:
+            return mine
+    return source_asks(config, index)
 
 
 def _delivered(
