@@ -26,6 +26,9 @@ KNOWN_CLASSES = frozenset({BEST_EFFORT_ATOMIC, CHECK_CAPACITY, QUEUED_PROVISIONI
 
 MAX_PARAMETERS = 100
 MAX_PARAMETER_LENGTH = 255
+INT32_MAX = 2**31 - 1
+"""The most an integer field holds: the CRD says int32, which an API server without
+kube-openapi's int32 check stores whatever its size (a deadline past year 9999 otherwise)."""
 
 
 class MergePolicy(StrEnum):
@@ -64,9 +67,9 @@ class _Spec(BaseModel):
 
 
 class RetryStrategy(_Spec):
-    backoff_limit_count: Annotated[int, Field(alias="backoffLimitCount", ge=0)] = 3
-    backoff_base_seconds: Annotated[int, Field(alias="backoffBaseSeconds", ge=1)] = 60
-    backoff_max_seconds: Annotated[int, Field(alias="backoffMaxSeconds", ge=1)] = 1800
+    backoff_limit_count: Annotated[int, Field(alias="backoffLimitCount", ge=0, le=INT32_MAX)] = 3
+    backoff_base_seconds: Annotated[int, Field(alias="backoffBaseSeconds", ge=1, le=INT32_MAX)] = 60
+    backoff_max_seconds: Annotated[int, Field(alias="backoffMaxSeconds", ge=1, le=INT32_MAX)] = 1800
 
     @model_validator(mode="after")
     def _max_not_below_base(self) -> RetryStrategy:
@@ -90,8 +93,10 @@ class PodSetUpdatesSpec(_Spec):
 
 class Fulfillment(_Spec):
     mode: FulfillmentMode = FulfillmentMode.FIT
-    deadline_seconds: Annotated[int, Field(alias="deadlineSeconds", ge=1)] = 420
-    start_deadline_seconds: Annotated[int, Field(alias="startDeadlineSeconds", ge=1)] = 600
+    deadline_seconds: Annotated[int, Field(alias="deadlineSeconds", ge=1, le=INT32_MAX)] = 420
+    start_deadline_seconds: Annotated[
+        int, Field(alias="startDeadlineSeconds", ge=1, le=INT32_MAX)
+    ] = 600
     reclaimer: Reclaimer = Reclaimer.CORDON
 
 
@@ -100,7 +105,7 @@ class ReservationSpec(_Spec):
 
     name: Annotated[str, Field(min_length=1, max_length=63)]
     node_labels: Annotated[dict[str, str], Field(alias="nodeLabels", min_length=1)]
-    nodes: Annotated[int, Field(ge=1)]
+    nodes: Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 
 class KarpenterSpec(_Spec):
@@ -143,7 +148,9 @@ class CapacitySource(_Spec):
     node_selector: Annotated[dict[str, str], Field(alias="nodeSelector", max_length=16)] = Field(
         default_factory=dict
     )
-    deadline_seconds: Annotated[int | None, Field(alias="deadlineSeconds", ge=1)] = None
+    deadline_seconds: Annotated[int | None, Field(alias="deadlineSeconds", ge=1, le=INT32_MAX)] = (
+        None
+    )
 
 
 @dataclass(frozen=True)

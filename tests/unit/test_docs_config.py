@@ -245,6 +245,45 @@ def test_the_schema_check_sees_what_the_server_would_refuse_or_prune() -> None:
     assert _schema_problems({"raceWidth": 9}, schema, "spec") == ["spec.raceWidth: 9 out of range"]
 
 
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"fulfillment": {"deadlineSeconds": INT32_MAX + 1}}, "fulfillment.deadlineSeconds"),
+        ({"fulfillment": {"startDeadlineSeconds": 10**14}}, "fulfillment.startDeadlineSeconds"),
+        ({"retryStrategy": {"backoffLimitCount": 10**18}}, "retryStrategy.backoffLimitCount"),
+        (
+            {"retryStrategy": {"backoffBaseSeconds": 10**14, "backoffMaxSeconds": 10**14}},
+            "retryStrategy.backoffBaseSeconds",
+        ),
+        ({"retryStrategy": {"backoffMaxSeconds": 10**14}}, "retryStrategy.backoffMaxSeconds"),
+        ({"capacitySources": [{"deadlineSeconds": 10**14}]}, "capacitySources[0].deadlineSeconds"),
+        (
+            {"reservations": [{"name": "r", "nodeLabels": {"a": "b"}, "nodes": 10**14}]},
+            "reservations[0].nodes",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_an_integer_past_the_crds_int32_is_refused_naming_it(
+    spec: dict[str, Any], field: str
+) -> None:
+    """The CRD says int32, which a kube-apiserver of before kube-openapi's int32 check stores
+    whatever its size; gangcheck checks again what the schema checks. A deadline of 10**14 s
+    otherwise passed, and every decision on a gang under it failed on a date past year 9999."""
+    assert _schema_problems(spec, _spec_schema(), "spec") == []  # the schema's bounds alone
+    schema = _spec_schema()
+    for part in field.split("."):
+        schema = schema["properties"][part.split("[")[0]]
+        schema = schema["items"] if "[" in part else schema
+    assert (schema["type"], schema["format"]) == ("integer", "int32")
+    with pytest.raises(ValueError) as refused:
+        parse_spec(spec)
+    assert str(refused.value).startswith(f"spec.{field}: "), str(refused.value)
+
+
 # ---- bad input: the table in docs/configure.md is what gangcheck answers -------------------
 
 

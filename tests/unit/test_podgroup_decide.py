@@ -805,3 +805,24 @@ def test_an_attempt_written_by_hand_on_the_group_is_read_as_the_first(raw: str) 
     decision = _decide(Case("hand-written", group(3, annotations=notes), members(3)))
     created = [a for a in decision.actions if isinstance(a, CreateRequest)]
     assert [c.body["metadata"]["name"] for c in created] == [REQ1]
+
+
+def test_a_recorded_config_past_int32_is_no_record_not_an_error() -> None:
+    """The attempt's recorded config (gangcheck.io/attempt-config) as a hand could write it,
+    with a deadline of 10**14 s: it does not validate, so the attempt is followed under the
+    config now, as one without a record (before: OverflowError on every decision)."""
+    sources = {
+        "capacitySources": [{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}]
+    }
+    forged = {
+        "gangcheck.io/attempt-config": '{"fulfillment": {"deadlineSeconds": 100000000000000}}'
+    }
+    case = Case(
+        "forged record",
+        group(3, annotations={"gangcheck.io/state": "Provisioning"}),
+        members(3),
+        config=sources,
+        requests=[req(conditions={"Provisioned": "ok"}, annotations=forged)],
+    )
+    decision = _decide(case)
+    assert "0 of 3 members placeable" in (decision.status or {}).get("gangcheck.io/message", "")
