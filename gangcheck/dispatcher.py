@@ -6,9 +6,11 @@ as a ProvisioningRequest changes in a worker (a watch there, through the worker'
 gangcheck's request saying its source cannot deliver moves the gang on at once), and at least
 every ``interval`` seconds (the poll: what else changes in a worker, such as nodes arriving or
 a copy evicted, is seen within it). A pass lists, in the manager, the AdmissionChecks of
-MultiKueue's controller, the MultiKueueClusters and the Workloads; for each Workload that
-carries such a check, has quota reserved and is not yet placed (no ``status.clusterName``),
-oldest first, it gathers the facts of every worker and takes one step. Each worker is read
+MultiKueue's controller, the MultiKueueConfigs, the MultiKueueClusters and the Workloads; for
+each Workload that carries such a check, has quota reserved and is not yet placed (no
+``status.clusterName``), oldest first, it gathers the facts of every worker its checks'
+MultiKueueConfigs list (MultiKueue copies it to no other; a cluster listed without a
+MultiKueueCluster is skipped) and takes one step. Each worker is read
 once per pass (its AdmissionChecks, nodes, pods and ProvisioningRequests, side by side, the
 workers side by side), for every Workload of the pass; the copy of the worker nominated is
 read per Workload:
@@ -56,6 +58,7 @@ from gangcheck.kube.errors import ApiError, ForbiddenError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     MULTIKUEUE_CLUSTER,
+    MULTIKUEUE_CONFIG,
     NODE,
     POD,
     PROVISIONING_REQUEST,
@@ -66,7 +69,9 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.dispatch import (
     KUEUE_ADMISSION,
+    MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
+    CheckWorkers,
     DispatchRecord,
     Outcome,
     SourceHistory,
@@ -74,10 +79,12 @@ from gangcheck.logic.dispatch import (
     WorkerFacts,
     admission_status,
     cannot_deliver,
+    check_workers,
     decide,
     left_to_another,
     nominated_by_another,
     recent_failures,
+    workers_for,
 )
 from gangcheck.logic.placement.fit import (
     GangPodSet,
@@ -101,7 +108,6 @@ from gangcheck.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
-MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 KUBECONFIG_KEY = "kubeconfig"
 #: The poll (seconds) behind the watch on the manager's Workloads: what changes in a worker
 #: (a request saying its source cannot deliver, nodes arriving) is seen within it.
@@ -267,8 +273,8 @@ class Dispatcher:
         if not waiting:
             self._followed = {}
             return
-        clusters = await _items(self.kube, MULTIKUEUE_CLUSTER)
-        workers = list(await asyncio.gather(*(self._worker(c) for c in clusters)))
+        by_check = check_workers(checks, await _items(self.kube, MULTIKUEUE_CONFIG))
+        workers = await self._workers_listed(by_check)
         # each worker read once per pass, the workers side by side
         views = dict(
             zip(
@@ -299,9 +305,16 @@ class Dispatcher:
             counts = {
                 c: sum(1 for k, cs in nominated.items() if k != key and c in cs) for c in others
             }
+            mine = workers_for(_check_names(wl) & ours, by_check)
             try:
                 step, tell = await self._dispatch(
-                    wl, workers, views=views, others=others, counts=counts, failures=failures
+                    wl,
+                    [w for w in workers if w.name in mine.clusters],
+                    unconfigured=mine.problem,
+                    views=views,
+                    others=others,
+                    counts=counts,
+                    failures=failures,
                 )
             except ApiError as e:
                 log.warning("dispatching %s failed: %s", _ref(wl).name, e)
@@ -330,6 +343,7 @@ class Dispatcher:
         others: Mapping[str, Sequence[GangPodSet]],
         counts: Mapping[str, int],
         failures: Mapping[str, str],
+        unconfigured: str = "",
     ) -> tuple[Step, bool]:
         """The step for ``wl``, written (the record, then the nomination), and whether it
         has something to tell (Events, metrics: told by the caller, after the pass's other
@@ -353,13 +367,20 @@ class Dispatcher:
         step = (
             left_to_another(record, written, another)
             if another
-            else decide(record, facts, at_once=self.at_once, now=datetime.now(UTC))
+            else decide(
+                record,
+                facts,
+                at_once=self.at_once,
+                now=datetime.now(UTC),
+                unconfigured=unconfigured,
+            )
         )
         if step.record != record:
             await self._write_record(wl, step.record)
         if list(step.nominated) != written:
             await self._nominate(wl, step.nominated)
-        return step, step.changed or step.record.skipped != record.skipped
+        told = step.changed or step.record.skipped != record.skipped
+        return step, told or (not step.nominated and step.record.reason != record.reason)
 
     async def _write_record(self, wl: Obj, record: DispatchRecord) -> None:
         meta = wl["metadata"]
@@ -415,6 +436,19 @@ class Dispatcher:
             await self.events.emit(ref, Event("NoWorker", message, warning=True))
 
     # -- a worker's facts -------------------------------------------------------------------
+
+    async def _workers_listed(self, by_check: Mapping[str, CheckWorkers]) -> list[_Worker]:
+        """The workers the MultiKueueConfigs of MultiKueue's checks list (MultiKueue copies
+        a Workload to no other): each through its MultiKueueCluster, or skipped without one."""
+        listed = sorted({c for workers in by_check.values() for c in workers.clusters})
+        objects = {c["metadata"]["name"]: c for c in await _items(self.kube, MULTIKUEUE_CLUSTER)}
+
+        async def worker(name: str) -> _Worker:
+            if name not in objects:
+                return _Worker(name, skip=f"no MultiKueueCluster {name}")
+            return await self._worker(objects[name])
+
+        return list(await asyncio.gather(*(worker(name) for name in listed)))
 
     async def _worker(self, cluster: Obj) -> _Worker:
         """The worker's client, made again when its Secret changes; else why it is skipped."""
@@ -697,13 +731,16 @@ def _nominated_to(wl: Obj, record: DispatchRecord) -> tuple[str, ...]:
     return tuple(str(c) for c in written) or record.nominated
 
 
+def _check_names(wl: Obj) -> set[str]:
+    return {str(c.get("name")) for c in (wl.get("status") or {}).get("admissionChecks") or []}
+
+
 def _to_dispatch(wl: Obj, checks: set[str]) -> bool:
     """Carries a MultiKueue check, quota reserved, not placed yet, not finished."""
     status = wl.get("status") or {}
     if status.get("clusterName") or wl["metadata"].get("deletionTimestamp"):
         return False
-    names = {c.get("name") for c in status.get("admissionChecks") or []}
-    if not names & checks:
+    if not _check_names(wl) & checks:
         return False
     reserved = _condition(wl, "QuotaReserved")
     finished = _condition(wl, "Finished")

@@ -62,6 +62,9 @@ SECRET = Resource("", "v1", "secrets", "Secret")
 MULTIKUEUE_CLUSTER = Resource(
     KUEUE_GROUP, KUEUE_VERSION, "multikueueclusters", "MultiKueueCluster", namespaced=False
 )
+MULTIKUEUE_CONFIG = Resource(
+    KUEUE_GROUP, KUEUE_VERSION, "multikueueconfigs", "MultiKueueConfig", namespaced=False
+)
 EVENT = Resource("", "v1", "events", "Event")
 SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 NAMESPACE = Resource("", "v1", "namespaces", "Namespace", namespaced=False)

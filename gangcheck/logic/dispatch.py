@@ -182,6 +182,53 @@ def _why(best: WorkerFacts, current: str | None, failed: Sequence[str]) -> str:
     return reason
 
 
+@dataclass(frozen=True)
+class CheckWorkers:
+    """The worker clusters MultiKueue copies the Workloads of its AdmissionCheck(s) to: those
+    of the MultiKueueConfig the check's parameters name, each once, in order (Kueue v0.17,
+    ``remoteClientsForAC``: no other, whatever is nominated); ``problem``: why none."""
+
+    clusters: tuple[str, ...] = ()
+    problem: str = ""
+
+
+def check_workers(
+    checks: Sequence[Mapping[str, object]], configs: Sequence[Mapping[str, object]]
+) -> dict[str, CheckWorkers]:
+    """Each AdmissionCheck of MultiKueue's controller, by name, with its workers (the
+    manager's AdmissionChecks and MultiKueueConfigs as listed)."""
+    lists = {
+        str(_dict(_dict(c).get("metadata")).get("name") or ""): _names(
+            _dict(_dict(c).get("spec")).get("clusters")
+        )
+        for c in configs
+    }
+    out: dict[str, CheckWorkers] = {}
+    for check in checks:
+        spec = _dict(_dict(check).get("spec"))
+        if spec.get("controllerName") != MULTIKUEUE_CONTROLLER:
+            continue
+        name = str(_dict(_dict(check).get("metadata")).get("name") or "")
+        params = _dict(spec.get("parameters"))
+        config = str(params.get("name") or "") if params.get("kind") == "MultiKueueConfig" else ""
+        if not config:
+            out[name] = CheckWorkers(problem=f"AdmissionCheck {name} names no MultiKueueConfig")
+        elif config not in lists:
+            out[name] = CheckWorkers(problem=f"MultiKueueConfig {config} of {name} not found")
+        else:
+            out[name] = CheckWorkers(lists[config])
+    return out
+
+
+def workers_for(checks: Iterable[str], by_check: Mapping[str, CheckWorkers]) -> CheckWorkers:
+    """The workers of a Workload's MultiKueue checks (names, ``by_check`` from
+    ``check_workers``) together, each once; when none, why."""
+    found = [by_check[c] for c in sorted(set(checks)) if c in by_check]
+    clusters = tuple(dict.fromkeys(c for f in found for c in f.clusters))
+    problem = "" if clusters else "; ".join(f.problem for f in found if f.problem)
+    return CheckWorkers(clusters, problem)
+
+
 def _why_none(workers: Sequence[WorkerFacts], failed: Sequence[str]) -> str:
     if not workers:
         return "no worker cluster is configured"
@@ -289,10 +336,12 @@ def decide(
     *,
     at_once: int = 1,
     now: datetime | None = None,
+    unconfigured: str = "",
 ) -> Step:
     """The dispatcher's step for one Workload (module doc). ``at_once``: how many workers
     may try at the same time (1 by default: one cluster scales up for a gang at a time);
-    ``now``: the time stamped on a worker given up (none: not stamped).
+    ``now``: the time stamped on a worker given up (none: not stamped); ``unconfigured``: why
+    the Workload has no worker at all (``workers_for``), said when ``workers`` is empty.
 
     A worker nominated whose copy failed (``failure``: its check Retry or Rejected, evicted,
     or its capacity source there says it cannot deliver), or that became unreachable, is
@@ -337,6 +386,8 @@ def decide(
         if pick.cluster is None:
             if not chosen:
                 reason = pick.reason
+                if not workers and unconfigured:
+                    reason = f"{reason} ({unconfigured})"
             break
         chosen.append(pick.cluster)
         reason = pick.reason

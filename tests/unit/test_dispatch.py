@@ -11,6 +11,7 @@ import pytest
 from gangcheck.logic.dispatch import (
     DISPATCHER,
     FAILURE_MEMORY,
+    CheckWorkers,
     DispatchRecord,
     Nomination,
     Outcome,
@@ -18,12 +19,14 @@ from gangcheck.logic.dispatch import (
     WorkerFacts,
     admission_status,
     cannot_deliver,
+    check_workers,
     decide,
     describe,
     left_to_another,
     nominate,
     nominated_by_another,
     recent_failures,
+    workers_for,
 )
 from gangcheck.telemetry import Metrics
 
@@ -666,3 +669,66 @@ def test_a_nomination_of_another_dispatcher_is_left_as_written_and_said_once() -
         "nominated c by their-dispatcher, not by gangcheck: left as written"
     )
     assert left_to_another(step.record, ["c"], "their-dispatcher").record == step.record
+
+
+# -- the workers of a Workload's MultiKueue checks --------------------------------------------
+
+
+def mk_check(name: str, config: str | None, *, kind: str = "MultiKueueConfig") -> dict[str, object]:
+    spec: dict[str, object] = {"controllerName": "kueue.x-k8s.io/multikueue"}
+    if config is not None:
+        spec["parameters"] = {"apiGroup": "kueue.x-k8s.io", "kind": kind, "name": config}
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def mk_config(name: str, *clusters: object) -> dict[str, object]:
+    return {"metadata": {"name": name}, "spec": {"clusters": list(clusters)}}
+
+
+CHECKS = [
+    mk_check("team-a", "a"),
+    mk_check("team-b", "b"),
+    mk_check("no-params", None),
+    mk_check("other-kind", "a", kind="ProvisioningRequestConfig"),
+    mk_check("gone", "missing"),
+    {"metadata": {"name": "gpu"}, "spec": {"controllerName": "gangcheck.io/atomic-provisioning"}},
+]
+CONFIGS = [mk_config("a", "w1", "w2"), mk_config("b", "w2", "w3", 7)]
+
+WORKERS_FOR = {
+    "one check: its config's clusters": (("team-a",), CheckWorkers(("w1", "w2"))),
+    "two checks: both configs', each cluster once": (
+        ("team-b", "team-a"),
+        CheckWorkers(("w1", "w2", "w3")),
+    ),
+    "a check naming no config: none, said why": (
+        ("no-params",),
+        CheckWorkers(problem="AdmissionCheck no-params names no MultiKueueConfig"),
+    ),
+    "a check naming another kind: none": (
+        ("other-kind",),
+        CheckWorkers(problem="AdmissionCheck other-kind names no MultiKueueConfig"),
+    ),
+    "a config not found: none, said why": (
+        ("gone",),
+        CheckWorkers(problem="MultiKueueConfig missing of gone not found"),
+    ),
+    "a config not found beside one found: the found one's": (
+        ("gone", "team-a"),
+        CheckWorkers(("w1", "w2")),
+    ),
+    "a check not MultiKueue's: none": (("gpu",), CheckWorkers()),
+}
+
+
+@pytest.mark.parametrize(("names", "wanted"), WORKERS_FOR.values(), ids=WORKERS_FOR.keys())
+def test_workers_for(names: tuple[str, ...], wanted: CheckWorkers) -> None:
+    assert workers_for(names, check_workers(CHECKS, CONFIGS)) == wanted
+
+
+def test_no_worker_configured_says_why() -> None:
+    step = decide(NONE, (), unconfigured="MultiKueueConfig x of mk not found")
+    assert step.nominated == ()
+    assert step.record.reason == (
+        "no worker cluster is configured (MultiKueueConfig x of mk not found)"
+    )

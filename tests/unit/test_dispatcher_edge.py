@@ -24,6 +24,7 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
     MULTIKUEUE_CLUSTER,
+    MULTIKUEUE_CONFIG,
     PROVISIONING_REQUEST,
     WORKLOAD,
 )
@@ -113,19 +114,40 @@ def worker(*, gangcheck: bool = True, nodes: int = 0, kube: FakeKube | None = No
 Connect = Callable[[bytes], Awaitable[Kube]]
 
 
+def multikueue_config(*clusters: str) -> Obj:
+    return {
+        "apiVersion": MULTIKUEUE_CONFIG.api_version,
+        "kind": MULTIKUEUE_CONFIG.kind,
+        "metadata": {"name": "multikueue"},
+        "spec": {"clusters": list(clusters)},
+    }
+
+
 def bed(
-    workers: dict[str, FakeKube | None], *, inactive: tuple[str, ...] = ()
+    workers: dict[str, FakeKube | None],
+    *,
+    inactive: tuple[str, ...] = (),
+    config: tuple[str, ...] | None = None,
 ) -> tuple[Manager, Dispatcher, Connect]:
-    """A manager with MultiKueue's check, one MultiKueueCluster and Secret per worker (None:
-    the Secret is missing), a Workload to dispatch; the dispatcher connecting to the fakes."""
+    """A manager with MultiKueue's check and its MultiKueueConfig (listing ``config``, by
+    default every worker), one MultiKueueCluster and Secret per worker (None: the Secret is
+    missing), a Workload to dispatch; the dispatcher connecting to the fakes."""
     manager = Manager()
     manager.add(
         {
             "apiVersion": ADMISSION_CHECK.api_version,
             "kind": ADMISSION_CHECK.kind,
             "metadata": {"name": "multikueue"},
-            "spec": {"controllerName": "kueue.x-k8s.io/multikueue"},
+            "spec": {
+                "controllerName": "kueue.x-k8s.io/multikueue",
+                "parameters": {
+                    "apiGroup": "kueue.x-k8s.io",
+                    "kind": "MultiKueueConfig",
+                    "name": "multikueue",
+                },
+            },
         },
+        multikueue_config(*(config if config is not None else workers)),
         workload(),
     )
     by_config: dict[bytes, FakeKube] = {}
@@ -608,3 +630,40 @@ async def test_a_nomination_written_by_another_dispatcher_is_not_fought() -> Non
     assert nominated_of(manager, "job-gang") == ["worker-2"]
     assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]  # the first, before theirs
     assert "by their-dispatcher, not by gangcheck" in record(manager).reason
+
+
+# -- the workers of the Workload's MultiKueueConfig, and only those --------------------------------
+
+
+async def test_a_worker_outside_the_checks_multikueue_config_is_never_nominated() -> None:
+    """MultiKueue copies a Workload only to the clusters of its check's MultiKueueConfig
+    (Kueue v0.17, remoteClientsForAC): worker-1, where the gang fits now, is another
+    config's; nominated, the Workload would wait for a copy Kueue never makes."""
+    one = worker(nodes=2)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()}, config=("worker-2",))
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert "worker-1" not in got.skipped and "worker-1" not in got.tried
+    assert not one.calls  # not even read
+
+
+async def test_a_cluster_the_config_lists_without_a_multikueue_cluster_is_skipped() -> None:
+    manager, dispatcher, _ = bed({"worker-2": worker()}, config=("worker-1", "worker-2"))
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped == {"worker-1": "no MultiKueueCluster worker-1"}
+
+
+async def test_the_checks_multikueue_config_missing_leaves_the_workload_queued() -> None:
+    manager, dispatcher, _ = bed({"worker-1": worker(nodes=2)})
+    manager.remove(MULTIKUEUE_CONFIG, "multikueue")
+    await dispatcher.pass_once()
+    assert not manager.applied
+    ((reason, message),) = events(manager)
+    assert reason == "NoWorker"
+    assert "MultiKueueConfig multikueue of multikueue not found" in message, message
+    assert record(manager).reason == message
+    await dispatcher.pass_once()
+    assert len(events(manager)) == 1  # said once
