@@ -11,9 +11,9 @@ each Workload that carries such a check, has quota reserved and is not yet place
 ``status.clusterName``), oldest first, it gathers the facts of every worker its checks'
 MultiKueueConfigs list (MultiKueue copies it to no other; a cluster listed without a
 MultiKueueCluster is skipped) and takes one step. Each worker is read
-once per pass (its AdmissionChecks, nodes, pods and ProvisioningRequests, side by side, the
-workers side by side), for every Workload of the pass; the copy of the worker nominated is
-read per Workload:
+once per pass (its AdmissionChecks, nodes, pods, ProvisioningRequests and Workloads, side by
+side, the workers side by side), for every Workload of the pass, the copies of the Workloads
+nominated there included (a slow worker costs a pass its answer once, not once per Workload):
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
@@ -497,7 +497,8 @@ class Dispatcher:
 
     async def _view(self, worker: _Worker) -> _View:
         """What a pass reads of one worker, once for every Workload it dispatches: whether
-        gangcheck runs there, its nodes, its pods, gangcheck's requests (read side by side)."""
+        gangcheck runs there, its nodes, its pods, gangcheck's requests and its Workloads
+        (the copies; read side by side)."""
         if worker.kube is None:
             return _View(skip=worker.skip)
         kube = worker.kube
@@ -506,6 +507,7 @@ class Dispatcher:
             _items(kube, NODE),
             _items(kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"),
             _items(kube, PROVISIONING_REQUEST),
+            _items(kube, WORKLOAD),
             return_exceptions=True,
         )
         for read in reads:
@@ -515,9 +517,11 @@ class Dispatcher:
                 return _View(skip=_unreadable(read))
             if isinstance(read, BaseException):
                 raise read
-        checks, nodes, pods, requests = (r for r in reads if not isinstance(r, BaseException))
+        checks, nodes, pods, requests, copies = (
+            r for r in reads if not isinstance(r, BaseException)
+        )
         try:
-            return _view_of(checks, nodes, pods, requests)
+            return _view_of(checks, nodes, pods, requests, copies)
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return _View(skip=_unreadable(e))
@@ -536,14 +540,8 @@ class Dispatcher:
         if view.skip or worker.kube is None:
             return WorkerFacts(worker.name, reachable=False, skip=view.skip or worker.skip)
         try:
-            failure, admitted, copied = (
-                await _copy_state(worker.kube, wl, view.requests)
-                if nominated
-                else ("", False, True)
-            )
+            failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
             fits_now = _fits_now(view, wl, others)
-        except ApiError as e:
-            return WorkerFacts(worker.name, reachable=False, skip=f"unreachable: {_first_line(e)}")
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
@@ -568,12 +566,16 @@ class _View:
     pods: list[Obj] = field(default_factory=list)
     requests: list[Obj] = field(default_factory=list)
     sources: tuple[SourceHistory, ...] = ()
+    copies: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    """Its Workloads (Kueue's copies of the manager's), by namespace and name."""
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
 
 
-def _view_of(checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: list[Obj]) -> _View:
+def _view_of(
+    checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: list[Obj], copies: list[Obj]
+) -> _View:
     """A worker's reads made sense of (raises on objects not shaped as its API serves them)."""
     if not _runs_gangcheck(checks):
         return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
@@ -582,6 +584,7 @@ def _view_of(checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: lis
         pods=pods,
         requests=requests,
         sources=_sources(requests),
+        copies={_key(c): c for c in copies},
     )
 
 
@@ -611,14 +614,15 @@ def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
     return False
 
 
-async def _copy_state(kube: Kube, wl: Obj, requests: Sequence[Obj]) -> tuple[str, bool, bool]:
-    """The worker's copy of ``wl``: why it failed ('' if not), whether it is admitted, and
-    whether there is one."""
+def _copy_state(view: _View, wl: Obj) -> tuple[str, bool, bool]:
+    """The worker's copy of ``wl`` (as the pass listed its Workloads, once for every Workload
+    of the pass): why it failed ('' if not), whether it is admitted, and whether there is
+    one."""
     meta = wl["metadata"]
-    copy = await kube.get_if_exists(WORKLOAD, meta["name"], meta["namespace"])
+    copy = view.copies.get(_key(wl))
     if copy is None:
         return "", False, False
-    failure = _copy_failure(copy, meta, requests)
+    failure = _copy_failure(copy, meta, view.requests)
     admitted = _condition(copy, "Admitted")
     placed = not failure and admitted is not None and admitted.get("status") == "True"
     return failure, placed, True

@@ -562,10 +562,6 @@ class Garbled(FakeKube):
             raise self.answer
         return {**listing, "items": self.answer}
 
-    async def get(self, res: Any, name: str, namespace: str | None = None) -> Obj:
-        found = await super().get(res, name, namespace)
-        return {"metadata": found["metadata"], "status": "garbage"} if res is WORKLOAD else found
-
 
 NOT_JSON = ValueError("Expecting value: line 1 column 1 (char 0)")
 GARBAGE = {
@@ -592,12 +588,12 @@ async def test_a_worker_answering_garbage_is_skipped_and_the_next_used(
 
 
 async def test_a_nominated_worker_whose_copy_is_garbage_is_given_up() -> None:
-    one, two = worker(kube=Garbled((), []), nodes=2), worker()
+    copy = {"metadata": {"name": "job-gang", "namespace": NS}, "status": "garbage"}
+    one, two = worker(kube=Garbled(("Workload",), [copy]), nodes=2), worker()
     manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
     await dispatcher.pass_once()
     assert record(manager).nominated == ("worker-1",)  # fits now
-    one.add(workload())  # its copy, answered as garbage
-    await dispatcher.pass_once()
+    await dispatcher.pass_once()  # its copy read: garbage
     got = record(manager)
     assert got.nominated == ("worker-2",)
     assert got.failed["worker-1"].startswith("unreachable: unreadable answer"), got.failed
@@ -667,3 +663,18 @@ async def test_the_checks_multikueue_config_missing_leaves_the_workload_queued()
     assert record(manager).reason == message
     await dispatcher.pass_once()
     assert len(events(manager)) == 1  # said once
+
+
+async def test_a_workers_copies_are_read_once_per_pass_not_once_per_workload() -> None:
+    """A worker answering slowly cost that much per Workload nominated there (a get of its
+    copy each, one after another), and every Workload of the pass waited for them all: its
+    Workloads are listed once per pass, beside its other reads."""
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    for i in range(4):
+        manager.add(workload(f"job-gang-{i}"))
+    await dispatcher.pass_once()
+    assert sum(nominated_of(manager, n) == ["worker-1"] for n in ("job-gang", "job-gang-0")) >= 1
+    before = len(one.calls)
+    await dispatcher.pass_once()
+    assert [c.verb for c in one.calls[before:] if c.kind == "Workload"] == ["list"]
