@@ -463,10 +463,15 @@ class Dispatcher:
                 else f"{active.get('reason')}: {active.get('message')}"
             )
             return _Worker(name, skip=f"MultiKueueCluster not Active ({why})")
-        source = ((cluster.get("spec") or {}).get("clusterSource") or {}).get("kubeConfig") or {}
+        origin = (cluster.get("spec") or {}).get("clusterSource") or {}
+        source = origin.get("kubeConfig") or {}
         if source.get("locationType", "Secret") != "Secret":
             return _Worker(name, skip="its kubeconfig is not in a Secret (only Secrets are read)")
         secret_name = str(source.get("location") or "")
+        if not secret_name:  # asked for, '' would be the Secrets' collection
+            profile = (origin.get("clusterProfileRef") or {}).get("name")
+            why = f" (ClusterProfile {profile}: not read)" if profile else ""
+            return _Worker(name, skip=f"no kubeconfig Secret{why}")
         try:
             secret = await self.kube.get_if_exists(SECRET, secret_name, self.kueue_namespace)
         except ApiError as e:

@@ -678,3 +678,34 @@ async def test_a_workers_copies_are_read_once_per_pass_not_once_per_workload() -
     before = len(one.calls)
     await dispatcher.pass_once()
     assert [c.verb for c in one.calls[before:] if c.kind == "Workload"] == ["list"]
+
+
+SOURCES = {
+    "a ClusterProfile, no kubeconfig": (
+        {"clusterProfileRef": {"name": "w1-profile"}},
+        "no kubeconfig Secret (ClusterProfile w1-profile: not read)",
+    ),
+    "no source at all": ({}, "no kubeconfig Secret"),
+    "a kubeconfig naming no Secret": (
+        {"kubeConfig": {"locationType": "Secret", "location": ""}},
+        "no kubeconfig Secret",
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "why"), SOURCES.values(), ids=SOURCES.keys())
+async def test_a_multikueue_cluster_without_a_kubeconfig_secret_is_skipped_said_why(
+    source: dict[str, Any], why: str
+) -> None:
+    """Before, the Secret named '' was asked for: a GET of the Secrets' collection (a list,
+    which the dispatcher's Role on Secrets does not grant), or a list read as a Secret."""
+    manager, dispatcher, _ = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
+    cluster = manager.stored(MULTIKUEUE_CLUSTER, "worker-1")
+    assert cluster is not None
+    cluster["spec"]["clusterSource"] = source
+    manager.add(cluster)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped == {"worker-1": why}
+    assert not [c for c in manager.calls if c.kind == "Secret" and not c.name]
