@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import APPLY_PATCH, Kube
-from gangcheck.kube.errors import ApiError, ForbiddenError
+from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     MULTIKUEUE_CLUSTER,
@@ -515,9 +515,9 @@ class Dispatcher:
             _items(kube, WORKLOAD),
             return_exceptions=True,
         )
-        for read in reads:
+        for res, read in zip(_VIEW_READS, reads, strict=True):
             if isinstance(read, ApiError):
-                return _View(skip=f"unreachable: {_first_line(read)}")
+                return _View(skip=_refused(res, read))
             if isinstance(read, Exception):  # a body that is not JSON
                 return _View(skip=_unreadable(read))
             if isinstance(read, BaseException):
@@ -591,6 +591,27 @@ def _view_of(
         sources=_sources(requests),
         copies={_key(c): c for c in copies},
     )
+
+
+#: What ``Dispatcher._view`` lists in a worker, in order.
+_VIEW_READS = (ADMISSION_CHECK, NODE, POD, PROVISIONING_REQUEST, WORKLOAD)
+
+
+def _refused(res: Resource, error: ApiError) -> str:
+    """Why a worker is skipped when its list of ``res`` failed: its API not served there
+    (Kueue of another version: 404 on the list), the reader's rights not granted (403), or
+    it does not answer."""
+    said = _first_line(error)
+    if isinstance(error, NotFoundError):
+        kueue = res.group == ADMISSION_CHECK.group
+        extra = ": another Kueue version, or not installed" if kueue else ""
+        return f"{res.kind} ({res.api_version}) not served there{extra} ({said})"
+    if isinstance(error, ForbiddenError):
+        return (
+            "refused (the reader's rights, manifests/dispatcher/worker/reader.yaml, not granted "
+            f"there to this Secret's identity): {said}"
+        )
+    return f"unreachable: {said}"
 
 
 def _unreadable(error: BaseException) -> str:

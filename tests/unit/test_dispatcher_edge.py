@@ -709,3 +709,40 @@ async def test_a_multikueue_cluster_without_a_kubeconfig_secret_is_skipped_said_
     assert got.nominated == ("worker-2",)
     assert got.skipped == {"worker-1": why}
     assert not [c for c in manager.calls if c.kind == "Secret" and not c.name]
+
+
+WORKER_ERRORS = {
+    "Kueue's API of this version not served (another Kueue version)": (
+        "AdmissionCheck",
+        404,
+        "AdmissionCheck (kueue.x-k8s.io/v1beta2) not served there: another Kueue version, "
+        "or not installed",
+    ),
+    "ProvisioningRequests not served (no CRD)": (
+        "ProvisioningRequest",
+        404,
+        "ProvisioningRequest (autoscaling.x-k8s.io/v1) not served there",
+    ),
+    "the reader's rights missing": (
+        "Node",
+        403,
+        "refused (the reader's rights, manifests/dispatcher/worker/reader.yaml, not granted "
+        "there to this Secret's identity)",
+    ),
+    "a server error": ("Pod", 500, "unreachable: "),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "why"), WORKER_ERRORS.values(), ids=WORKER_ERRORS.keys()
+)
+async def test_a_workers_refusal_is_said_for_what_it_is(kind: str, status: int, why: str) -> None:
+    """Before, every error of a worker's reads was said 'unreachable', a worker of another
+    Kueue version (its API not served) or without the reader's rights included."""
+    one = worker(nodes=2)
+    one.fail("list", kind, error=status, times=99)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped["worker-1"].startswith(why), got.skipped
