@@ -259,22 +259,25 @@ class Dispatcher:
     # -- one pass ---------------------------------------------------------------------------
 
     async def pass_once(self) -> None:
-        checks = await _items(self.kube, ADMISSION_CHECK)
+        # The manager's reads side by side, two by two: each round trip in a row is time a
+        # gang waits for its nomination (the configs and clusters only when a Workload waits).
+        checks, workloads = await asyncio.gather(
+            _items(self.kube, ADMISSION_CHECK), _items(self.kube, WORKLOAD)
+        )
         ours = {
             c["metadata"]["name"]
             for c in checks
             if (c.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
         }
-        if not ours:
-            self._followed = {}
-            return
-        workloads = await _items(self.kube, WORKLOAD)
-        waiting = [wl for wl in workloads if _to_dispatch(wl, ours)]
+        waiting = [wl for wl in workloads if _to_dispatch(wl, ours)] if ours else []
         if not waiting:
             self._followed = {}
             return
-        by_check = check_workers(checks, await _items(self.kube, MULTIKUEUE_CONFIG))
-        workers = await self._workers_listed(by_check)
+        configs, clusters = await asyncio.gather(
+            _items(self.kube, MULTIKUEUE_CONFIG), _items(self.kube, MULTIKUEUE_CLUSTER)
+        )
+        by_check = check_workers(checks, configs)
+        workers = await self._workers_listed(by_check, clusters)
         # each worker read once per pass, the workers side by side
         views = dict(
             zip(
@@ -437,11 +440,14 @@ class Dispatcher:
 
     # -- a worker's facts -------------------------------------------------------------------
 
-    async def _workers_listed(self, by_check: Mapping[str, CheckWorkers]) -> list[_Worker]:
+    async def _workers_listed(
+        self, by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]
+    ) -> list[_Worker]:
         """The workers the MultiKueueConfigs of MultiKueue's checks list (MultiKueue copies
-        a Workload to no other): each through its MultiKueueCluster, or skipped without one."""
+        a Workload to no other): each through its MultiKueueCluster (``clusters``, the
+        manager's), or skipped without one."""
         listed = sorted({c for workers in by_check.values() for c in workers.clusters})
-        objects = {c["metadata"]["name"]: c for c in await _items(self.kube, MULTIKUEUE_CLUSTER)}
+        objects = {c["metadata"]["name"]: c for c in clusters}
 
         async def worker(name: str) -> _Worker:
             if name not in objects:
