@@ -404,6 +404,8 @@ def _signature(res: Resource, obj: Obj) -> tuple[Any, ...]:
             data = json.loads(record)
             failed = sorted(data.get("failed") or {})
             record = f"record nominated={data.get('nominated')} failed={failed}"
+            if data.get("admitted"):
+                record += f" admitted={data['admitted']}"
         checks = [
             f"check {c.get('name')}={c.get('state')}: {str(c.get('message') or '')[:90]}"
             for c in status.get("admissionChecks") or []
