@@ -376,6 +376,7 @@ class Dispatcher:
                 at_once=self.at_once,
                 now=datetime.now(UTC),
                 unconfigured=unconfigured,
+                written=written,
             )
         )
         if step.record != record:

@@ -337,11 +337,15 @@ def decide(
     at_once: int = 1,
     now: datetime | None = None,
     unconfigured: str = "",
+    written: Sequence[str] = (),
 ) -> Step:
     """The dispatcher's step for one Workload (module doc). ``at_once``: how many workers
     may try at the same time (1 by default: one cluster scales up for a gang at a time);
     ``now``: the time stamped on a worker given up (none: not stamped); ``unconfigured``: why
-    the Workload has no worker at all (``workers_for``), said when ``workers`` is empty.
+    the Workload has no worker at all (``workers_for``), said when ``workers`` is empty;
+    ``written``: the Workload's ``status.nominatedClusterNames``, read as nominated when the
+    record names none (a record lost, or unreadable when hand-edited: the worker trying
+    there is kept, not replaced by another that would scale up beside it).
 
     A worker nominated whose copy failed (``failure``: its check Retry or Rejected, evicted,
     or its capacity source there says it cannot deliver), or that became unreachable, is
@@ -358,6 +362,8 @@ def decide(
     Only the first ``at_once`` workers the record names are read as nominated (a record
     hand-edited to name more, or written under a larger ``at_once``, never has more clusters
     scale up for one gang than set; the others' nomination is dropped, not given up)."""
+    if not record.nominated and written:
+        record = replace(record, nominated=_names(list(written)))
     facts = {w.name: w for w in workers}
     failed = dict(record.failed)
     failed_at = dict(record.failed_at)
@@ -395,7 +401,7 @@ def decide(
         given_up = ", ".join(f"{c} ({why})" for c, why in sorted(fallbacks.items()))
         reason = f"given up: {given_up}; {reason}"
     newly = tuple(c for c in chosen if c not in keep)
-    tried = record.tried + tuple(c for c in newly if c not in record.tried)
+    tried = record.tried + tuple(c for c in chosen if c not in record.tried)
     skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
     admitted = next((c for c in keep if c in facts and facts[c].admitted), "")
     since = {

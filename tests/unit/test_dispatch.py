@@ -732,3 +732,16 @@ def test_no_worker_configured_says_why() -> None:
     assert step.record.reason == (
         "no worker cluster is configured (MultiKueueConfig x of mk not found)"
     )
+
+
+def test_a_record_naming_none_reads_the_nomination_written_on_the_workload() -> None:
+    """A record lost or unreadable (hand-edited) while ``a`` is nominated and trying: ``a``
+    is kept, not replaced by ``b`` where the gang fits now (Kueue would copy it there while
+    ``a``'s gangcheck still scales up, until the copy there is removed)."""
+    unreadable = DispatchRecord.from_annotation("{")
+    step = decide(unreadable, (w("a"), w("b", fits=True)), written=["a"], now=NOW)
+    assert step.nominated == ("a",)
+    assert not step.newly_nominated
+    assert step.record.nominated == ("a",) and step.record.tried == ("a",)
+    given_up = DispatchRecord(failed={"a": "Retry"})  # written, but given up: not kept
+    assert decide(given_up, (w("a"), w("b", fits=True)), written=["a"]).nominated == ("b",)
