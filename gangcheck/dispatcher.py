@@ -117,6 +117,8 @@ DEFAULT_INTERVAL = 1.0
 WORKER_WATCH_RETRY = 300.0
 #: How many of a source's latest outcomes count.
 RECENT = 10
+#: How many resourceVersions of its own writes the dispatcher keeps to know their events.
+OWN_WRITES_KEPT = 64
 
 
 @dataclass
@@ -159,6 +161,9 @@ class Dispatcher:
         self._followed: dict[str, set[tuple[str, str]]] = {}
         self.passes = 0
         self.woken_by_workers = 0
+        # the resourceVersions of the manager's Workloads as this dispatcher's own writes left
+        # them (the latest OWN_WRITES_KEPT): their watch events wake no pass
+        self._own_writes: dict[str, None] = {}
 
     async def run(self) -> None:
         self._running = True
@@ -188,11 +193,29 @@ class Dispatcher:
                 listing = await self.kube.list_objects(WORKLOAD)
                 version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
                 async for event in self.kube.watch(WORKLOAD, resource_version=version):
-                    if event.get("type") != "BOOKMARK":
+                    if event.get("type") != "BOOKMARK" and not self._own_write(event):
                         self._wake.set()
             except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
                 log.debug("watch on Workloads ended: %s", e)
             await asyncio.sleep(self.interval)
+
+    def _own_write(self, event: Mapping[str, Any]) -> bool:
+        """The event is of a Workload as this dispatcher's own write left it: the pass that
+        wrote it took it into account already (a pass woken by it would find nothing to do,
+        and a worker's change arriving meanwhile would wait for that pass to end)."""
+        meta = (event.get("object") or {}).get("metadata") or {}
+        version = str(meta.get("resourceVersion") or "")
+        if version not in self._own_writes:
+            return False
+        del self._own_writes[version]
+        return True
+
+    def _wrote(self, written: Mapping[str, Any]) -> None:
+        version = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
+        if version:
+            self._own_writes[version] = None
+            while len(self._own_writes) > OWN_WRITES_KEPT:
+                del self._own_writes[next(iter(self._own_writes))]
 
     async def _watch_worker(self, name: str, kube: Kube, res: Resource) -> None:
         """Wakes the loop on a change in the worker ``name`` of a ProvisioningRequest (``res``)
@@ -395,6 +418,7 @@ class Dispatcher:
             }
         }
         reply = await self.kube.merge_patch(WORKLOAD, meta["name"], patch, meta["namespace"])
+        self._wrote(reply)
         wl["metadata"] = reply["metadata"]
 
     async def _nominate(self, wl: Obj, clusters: Sequence[str]) -> None:
@@ -412,12 +436,14 @@ class Dispatcher:
             # every field of kueue-admission as it is, or the apply would drop them
             "status": admission_status(wl.get("status") or {}, clusters),
         }
-        await self.kube.request(
-            "PATCH",
-            f"{WORKLOAD.object_path(meta['name'], meta['namespace'])}/status",
-            query={"fieldManager": KUEUE_ADMISSION, "force": "true"},
-            body=body,
-            content_type=APPLY_PATCH,
+        self._wrote(
+            await self.kube.request(
+                "PATCH",
+                f"{WORKLOAD.object_path(meta['name'], meta['namespace'])}/status",
+                query={"fieldManager": KUEUE_ADMISSION, "force": "true"},
+                body=body,
+                content_type=APPLY_PATCH,
+            )
         )
 
     async def _tell(self, wl: Obj, step: Step) -> None:

@@ -400,6 +400,48 @@ async def test_a_change_of_a_workload_wakes_a_pass_before_the_poll() -> None:
             await task
 
 
+async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
+    """The watch brings back the Workload as the pass's record and nomination left it: that
+    pass took them into account, so they wake nothing (a pass woken by them finds nothing to
+    do, and a worker's change arriving meanwhile waits for it to end); Kueue's change after
+    them wakes a pass at once."""
+    manager, _, connect = bed({"worker-1": worker(), "worker-2": worker(nodes=2)})
+    echoes: asyncio.Queue[Obj] = asyncio.Queue()
+
+    async def watch(res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
+        while True:
+            yield {"type": "MODIFIED", "object": await echoes.get()}
+
+    writes: list[Obj] = []
+    patch = manager.merge_patch
+
+    async def merge_patch(*args: Any, **kwargs: Any) -> Obj:
+        reply = await patch(*args, **kwargs)
+        writes.append(reply)
+        return reply
+
+    manager.watch = watch  # type: ignore[method-assign]
+    manager.merge_patch = merge_patch  # type: ignore[method-assign]
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=60.0, connect=connect)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: dispatcher.passes == 1)
+        assert nominated_of(manager, "job-gang") == ["worker-2"]
+        # the Workload as each of its two writes left it (the record, then the nomination)
+        assert [w["kind"] for w in writes] == ["Workload", "Workload"]
+        for echo in writes:
+            await echoes.put(echo)
+        await until(echoes.empty)
+        await asyncio.sleep(0.2)
+        assert dispatcher.passes == 1
+        await echoes.put({"metadata": {"resourceVersion": str(manager.last_rv + 1)}})
+        await until(lambda: dispatcher.passes == 2)  # woken, not the 60 s poll
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 # -- a change in a worker wakes a pass: its requests watched -------------------------------------
 
 
