@@ -592,9 +592,12 @@ def left_to_another(record: DispatchRecord, written: Sequence[str], manager: str
     """The step for a Workload whose nomination ``written`` another field manager wrote
     (``nominated_by_another``): left as written, not fought (a forced apply would take it
     back on every pass and the other write it again, each write waking the next pass); the
-    record says who wrote it (written once) and keeps gangcheck's own nomination."""
+    record says who wrote it (written once) and names no worker nominated by gangcheck (its
+    own was replaced: once the other's is cleared, a worker is chosen afresh), its history
+    (tried, given up) kept."""
     reason = f"nominated {', '.join(written)} by {manager}, not by gangcheck: left as written"
-    return Step(tuple(written), replace(record, reason=reason))
+    left = replace(record, nominated=(), nominated_at={}, admitted="", reason=reason)
+    return Step(tuple(written), left)
 
 
 #: The conditions Kueue's field manager ``kueue-admission`` owns on a Workload (Kueue v0.17,

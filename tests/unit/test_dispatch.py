@@ -664,7 +664,11 @@ def test_a_nomination_of_another_dispatcher_is_left_as_written_and_said_once() -
     step = left_to_another(ON_A, ["c"], "their-dispatcher")
     assert step.nominated == ("c",)
     assert not step.changed
-    assert step.record.nominated == ON_A.nominated
+    assert step.record.nominated == ()  # gangcheck nominates none while it stands
+    assert step.record.tried == ON_A.tried
+    assert describe(step.record)[0] == (
+        "no worker nominated: nominated c by their-dispatcher, not by gangcheck: left as written"
+    )
     assert step.record.reason == (
         "nominated c by their-dispatcher, not by gangcheck: left as written"
     )
