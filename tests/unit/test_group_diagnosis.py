@@ -706,3 +706,17 @@ def test_a_groups_counts_written_by_hand_make_a_row_not_an_error(raw: str) -> No
     facts = facts_of(Case("x", group(3, **notes), pods, "", "", requests=[req()]))
     row = group_row(facts, NOW)
     assert (row.state, row.attempt, facts.released_together) == ("Released", 1, None)
+
+
+def test_the_next_attempt_is_said_only_while_the_group_backs_off() -> None:
+    """The group keeps gangcheck.io/next-attempt-at once the backoff is over and the next
+    attempt runs (Provisioning, attempt 2): diagnose said 'next attempt at … (2m34s ago)'
+    under a state that waits on a request, not on a backoff."""
+    notes = {"state": "Provisioning", "attempt": "2", "next_attempt_at": "2026-11-30T10:02:00Z"}
+    running = facts_of(
+        Case("x", group(2, **notes), members(2), "", "", requests=[req("g-pg-2", 2)])
+    )
+    assert running.next_attempt_at is None
+    notes = {**notes, "state": "BackingOff", "next_attempt_at": "2026-11-30T10:06:00Z"}
+    waiting = facts_of(Case("x", group(2, **notes), members(2), "", ""))
+    assert waiting.next_attempt_at == datetime(2026, 11, 30, 10, 6, tzinfo=UTC)

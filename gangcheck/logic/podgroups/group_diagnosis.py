@@ -294,7 +294,10 @@ def gather_group(
         message=notes.get(MESSAGE_ANNOTATION, ""),
         attempt=attempt,
         request_name=name_of_request,
-        next_attempt_at=parse_time(notes.get(NEXT_ATTEMPT_ANNOTATION, "")),
+        # kept on the group once the next attempt runs: said only while it backs off
+        next_attempt_at=parse_time(notes.get(NEXT_ATTEMPT_ANNOTATION, ""))
+        if state == BACKING_OFF
+        else None,
         reported_ungated=tuple(filter(None, notes.get(UNGATED_ANNOTATION, "").split(","))),
         config=notes.get(CONFIG_ANNOTATION, ""),
         opted_in=opted_in,
