@@ -928,3 +928,54 @@ async def test_a_podgroup_whose_source_left_after_provisioned_is_released_onto_i
         assert {_annotations(p)[CONSUME_ANNOTATION] for p in pods} == {"left-pg-1-s1"}
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_podgroup_race_gives_a_place_to_a_source_put_first_while_it_ran(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """Race over [a, b]: a fails and its request is withdrawn (no source left to give its
+    place to); then x is put first ([x, a, b]). b, not yet Provisioned, now sits at another
+    index: it ends as a config change (rolled back) and gives its place to x, the one source
+    the attempt has not asked, read by identity: a third ask of the same attempt, pinned to
+    x's nodes, records the sources the race asked (x, a, b). Before, the race gave no place
+    once a racer's source had moved, and the attempt ended as every source failed (the next
+    after the backoff)."""
+    config = f"relist-{groups.ns}"
+    src = "relist.example.com/source"
+    a, b, x = ({"name": n, "nodeSelector": {src: n}} for n in ("a", "b", "x"))
+    spec = {
+        "capacitySources": [a, b],
+        "capacitySourcePolicy": "Race",
+        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("relist", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"relist-{i}", "relist", gpu=2)
+        await groups.cluster.wait_request("relist-pg-1")
+        await groups.cluster.wait_request("relist-pg-1-s1")
+        await groups.cluster.set_request_conditions("relist-pg-1", {"Failed": "no capacity in a"})
+        await groups.cluster.wait_request_gone("relist-pg-1", timeout=30)
+        assert await groups.cluster.request("relist-pg-1-s2") is None
+
+        obj = await groups.kube.get(ATOMIC_CONFIG, config)
+        obj["spec"] = {**spec, "capacitySources": [x, a, b]}
+        await groups.kube.replace(ATOMIC_CONFIG, obj)
+        third = await groups.cluster.wait_request("relist-pg-1-s2", timeout=30)
+        notes = _annotations(third)
+        assert "gangcheck.io/capacity-source" not in notes  # source 0: x
+        assert notes["gangcheck.io/sources-raced"] == "0,1,2"
+        pinned = {
+            t["metadata"]["name"]: t["template"]["spec"]["nodeSelector"][src]
+            for t in await groups.cluster.templates()
+        }
+        named = {p["podTemplateRef"]["name"] for p in third["spec"]["podSets"]}
+        assert {pinned[n] for n in named} == {"x"}
+        await groups.cluster.wait_request_gone("relist-pg-1-s1", timeout=30)
+        rolled = await groups.cluster.wait_events("RollbackStarted")
+        assert any("ConfigChanged: spec.capacitySources[1] (b)" in e["message"] for e in rolled)
+        group = _annotations(await groups.wait_state("relist", "Provisioning"))
+        assert group.get("gangcheck.io/attempt", "1") == "1"  # the same attempt races on
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
