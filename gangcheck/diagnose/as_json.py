@@ -215,6 +215,7 @@ def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, An
         "rollbackReason": req.rollback_reason,
         "outcome": json.loads(req.outcome.to_annotation()) if req.outcome else None,
         "capacitySource": req.source,
+        "capacitySourceName": req.source_name or None,
         "topologyDomain": req.domain or None,
         "domainsTried": list(req.domains_tried),
     }

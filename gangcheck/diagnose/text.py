@@ -122,7 +122,10 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
         when = f"; deadline {format_time(req.deadline)} ({_relative(req.deadline, now)})"
     lines.append(f"  phase {req.phase or '-'}{when}")
     if req.source or req.domain:
-        place = [f"capacity source #{req.source + 1} ({req.class_name})"] if req.source else []
+        asked = f"#{req.source + 1} ({req.class_name})"
+        if req.source_name:  # as messages, Events and metrics name it
+            asked = f"'{req.source_name}' (#{req.source + 1}, {req.class_name})"
+        place = [f"capacity source {asked}"] if req.source else []
         place += [f"topology domain {req.domain}"] if req.domain else []
         tried = (
             f"; domains left before: {', '.join(req.domains_tried)}" if req.domains_tried else ""

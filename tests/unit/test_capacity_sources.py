@@ -25,7 +25,7 @@ from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
-from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec
+from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
 from gangcheck.telemetry import Metrics
 from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
@@ -415,3 +415,14 @@ def test_diagnose_says_which_source_and_domain_the_request_asks() -> None:
         "rack=r2",
         ["r1"],
     )
+
+
+def test_diagnose_names_the_source_a_request_asked_as_its_recorded_config_names_it() -> None:
+    """Messages, Events and metrics name a source by spec.capacitySources[].name; diagnose's
+    request section said only 'capacity source #2 (class)' (seen on the local full stack)."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(SOURCES))}
+    facts = request_facts(request_of(request(SECOND, source=1, annotations=made)), SECOND, 1)
+    lines = diagnose_text._lines_of_request("default", facts, NOW)
+    assert f"  asks capacity source 'dws' (#2, {CHECK_CAPACITY})" in lines
+    out = diagnose_json._request_facts_json(facts, NOW)
+    assert out is not None and (out["capacitySource"], out["capacitySourceName"]) == (1, "dws")

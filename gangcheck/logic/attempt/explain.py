@@ -29,7 +29,7 @@ from gangcheck.logic.attempt.fulfillment import (
     tolerating_hold,
 )
 from gangcheck.logic.attempt.hold import is_arriving
-from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.lifecycle import Progress, recorded_config
 from gangcheck.logic.attempt.records import Outcome, Record
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, status_from
 from gangcheck.logic.placement.dra import DraContext, Inventory
@@ -92,6 +92,8 @@ class RequestFacts:
     """The request's provisioningClassName (which backend serves it)."""
     source: int = 0
     """Which of spec.capacitySources its ask went to."""
+    source_name: str = ""
+    """That source's name in the config its attempt recorded ("" when none is recorded)."""
     domain: str = ""
     """The topology domain its ask is scoped to (``level=value``), if any."""
     domains_tried: tuple[str, ...] = ()
@@ -140,6 +142,8 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         return RequestFacts(name=name, attempt=attempt, found=False)
     notes = req.annotations
     raw_outcome = notes.get(OUTCOME_ANNOTATION)
+    index, made = Record.of(notes).source, recorded_config(req)
+    asked = made.source(index) if made is not None and made.capacity_sources else None
     return RequestFacts(
         name=name,
         attempt=attempt,
@@ -152,7 +156,8 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         deleting=req.deleting,
         members=sum(p.count for p in req.pod_sets),
         class_name=req.class_name,
-        source=Record.of(notes).source,
+        source=index,
+        source_name=asked.name if asked is not None else "",
         domain=notes.get(DOMAIN_ANNOTATION, ""),
         domains_tried=tuple(t for t in notes.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t),
     )
