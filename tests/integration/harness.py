@@ -499,6 +499,7 @@ class Cluster:
         prefix: str = "n",
         taints: list[Obj] | None = None,
         labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> list[str]:
         """As the cloud: Nodes that register and turn Ready, in a later second than anything
         made before the call (creationTimestamp has 1 s resolution, and gangcheck counts a
@@ -517,6 +518,11 @@ class Cluster:
             status = body.pop("status")
             body["metadata"].pop("creationTimestamp")
             body["metadata"].pop("resourceVersion")
+            if annotations:
+                body["metadata"]["annotations"] = {
+                    **(body["metadata"].get("annotations") or {}),
+                    **annotations,
+                }
             await self.kube.create(NODE, body)
             await self.kube.merge_patch(NODE, name, {"status": status}, subresource="status")
             await self._drop_not_ready_taint(name)
