@@ -192,6 +192,13 @@ class LeaderElector:
             await self._kube.create(LEASE, body)
         except (AlreadyExistsError, ConflictError):
             return False
+        except NotFoundError as e:  # the namespace: say whose, and which setting names it
+            why = (
+                f"the leader Lease's namespace {self.config.namespace!r} does not exist "
+                "(leaderElection.namespace, --lease-namespace): create it or name another; "
+                f"the API server said: {e.message}"
+            )
+            raise NotFoundError(e.status, e.reason, why, details=e.details) from e
         return True
 
     async def _write(self, lease: Obj, *, taking_over: bool) -> bool:

@@ -179,3 +179,17 @@ async def _transitions(kube: Kube, namespace: str) -> int:
     except NotFoundError:
         return -1
     return int(lease["spec"].get("leaseTransitions") or 0)
+
+
+async def test_a_lease_namespace_that_does_not_exist_is_named_with_its_setting(
+    kube: Kube,
+) -> None:
+    """`gangcheck run` outside the manifests (no gangcheck-system namespace) stopped with the
+    API server's words alone: 'namespaces "gangcheck-system" not found'. The answer now says
+    it is the leader Lease's namespace, and which setting names it."""
+    config = LeaseConfig(namespace="no-such-namespace", name="gangcheck", identity="a")
+    with pytest.raises(NotFoundError) as refused:
+        await LeaderElector(kube, config).try_acquire_or_renew()
+    said = str(refused.value.message)
+    assert "the leader Lease's namespace 'no-such-namespace' does not exist" in said
+    assert "leaderElection.namespace" in said and "--lease-namespace" in said
