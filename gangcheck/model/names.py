@@ -43,6 +43,10 @@ DOMAINS_TRIED_ANNOTATION = "gangcheck.io/domains-tried"
 RACED_ANNOTATION = "gangcheck.io/sources-raced"
 """On a request a Race asked in place of a racer that could not deliver: the capacity sources
 its attempt had asked when it was made, its own too, as indexes in the config it records."""
+RACED_ALL_ANNOTATION = "gangcheck.io/sources-raced-all"
+"""On a racer still in the running when another could not deliver and no source was left to
+ask in its place: the config then (as ATTEMPT_CONFIG_ANNOTATION records one), every capacity
+source of which its race had asked. Written before the other racer's request is withdrawn."""
 ROLLING_BACK = "RollingBack"
 FULFILLED = "Fulfilled"
 STARTED = "Started"

@@ -15,6 +15,7 @@ import pytest
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     Action,
+    AnnotateRequest,
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
@@ -29,6 +30,7 @@ from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Snapshot, decide
 from gangcheck.model.names import CONSUME_ANNOTATION
+from gangcheck.model.names import RACED_ALL_ANNOTATION as RACED_ALL
 from gangcheck.model.names import RACED_ANNOTATION as RACED
 from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
@@ -97,6 +99,10 @@ class Seen:
     """The gang's one-line message (the check's, the group's), when written."""
     records: dict[str, dict[str, str]] = field(default_factory=dict)
     """The annotations of each request created, by name."""
+    annotated: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The annotations written on each request there, by name."""
+    writes: list[tuple[str, str]] = field(default_factory=list)
+    """The requests created, told what the race asked (RACED_ALL) and deleted, in order."""
 
 
 def _kind_of(a: Action) -> str:
@@ -146,7 +152,23 @@ def _common(
 ) -> dict[str, Any]:
     made = [a.body for a in actions if isinstance(a, CreateRequest)]
     templates = [a.body for a in actions if isinstance(a, CreateTemplate)]
+    annotated: dict[str, dict[str, str]] = {}
+    for a in actions:
+        if isinstance(a, AnnotateRequest):
+            annotated[a.name] = {**annotated.get(a.name, {}), **a.annotations}
+    writes = [
+        ("create", a.body["metadata"]["name"])
+        if isinstance(a, CreateRequest)
+        else ("tell", a.name)
+        if isinstance(a, AnnotateRequest)
+        else ("delete", a.name)
+        for a in actions
+        if isinstance(a, CreateRequest | DeleteRequest)
+        or (isinstance(a, AnnotateRequest) and RACED_ALL in a.annotations)
+    ]
     return {
+        "annotated": annotated,
+        "writes": writes,
         "created": [r["metadata"]["name"] for r in made],
         "records": {r["metadata"]["name"]: r["metadata"]["annotations"] for r in made},
         "sources_created": [t["template"]["spec"]["nodeSelector"]["pool"] for t in templates],
@@ -561,3 +583,117 @@ def test_a_race_gives_a_place_to_a_source_it_has_not_asked_by_identity(
     assert seen.created == [adapter.ask(number)], seen
     assert seen.sources_created == [pool]
     assert seen.records[adapter.ask(number)].get(RACED) == raced
+
+
+# ---- what a racer withdrawn with no place to give knew is kept on the racers left ---------
+
+
+@dataclass(frozen=True)
+class Remembered:
+    id: str
+    racers: list[Racer]
+    """The asks there: one ends with no source of the config now left unasked."""
+    now: list[Obj]
+    withdrawn: int
+    remembers: list[int]
+    """The racers left that are told the race had asked every source of the config now."""
+    then: list[Obj]
+    """The config's sources when the racers left fail too."""
+    created: str | None
+    """The pool of the source then asked in their place, or none: the attempt ends."""
+
+
+UNDER_ABC = _under([A, B, C])
+RACED_FOR_A = {**_under([A, B, C]), RACED: "0,1,2"}
+X_FOR_A = {**_under([X, A, B]), **AT_X, RACED: "0,1,2"}
+REMEMBERED = [
+    Remembered(
+        "[a, b, c] width 2: a gone, c asked for it fails: b told; b fails: c not asked again",
+        [Racer(1, {"Accepted": "ok"}, UNDER_ABC), Racer(2, annotations={**FAILED, **RACED_FOR_A})],
+        [A, B, C],
+        withdrawn=2,
+        remembers=[1],
+        then=[A, B, C],
+        created=None,
+    ),
+    Remembered(
+        "[a, b] raced, x put first, asked for a, fails: b (made under [a, b]) told of x",
+        [Racer(1, {"Accepted": "ok"}, _under([A, B])), Racer(2, annotations={**FAILED, **X_FOR_A})],
+        [X, A, B],
+        withdrawn=2,
+        remembers=[1],
+        then=[X, A, B],
+        created=None,
+    ),
+    Remembered(
+        "as above, then y added: b's place goes to y, the one source not asked",
+        [Racer(1, {"Accepted": "ok"}, _under([A, B])), Racer(2, annotations={**FAILED, **X_FOR_A})],
+        [X, A, B],
+        withdrawn=2,
+        remembers=[1],
+        then=[X, A, B, Y],
+        created="y",
+    ),
+    Remembered(
+        "[a, b, c]: b fails, c (asked for a, its record knows a, b, c) is told nothing",
+        [Racer(1, annotations={**FAILED, **UNDER_ABC}), Racer(2, {"Accepted": "ok"}, RACED_FOR_A)],
+        [A, B, C],
+        withdrawn=1,
+        remembers=[],
+        then=[A, B, C],
+        created=None,
+    ),
+]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+@pytest.mark.parametrize("case", REMEMBERED, ids=lambda c: c.id)
+def test_a_racer_withdrawn_with_no_place_to_give_is_not_forgotten(
+    case: Remembered, adapter: Adapter
+) -> None:
+    """A racer that could not deliver when no source is left unasked is withdrawn, its place
+    given to none; the racers left whose records do not know every source were asked are
+    told (gangcheck.io/sources-raced-all: the config then, every source of it asked), before
+    the withdrawn racer's request goes. When they fail too, the attempt ends: a source is not
+    asked twice. Before, only the withdrawn request knew it had been asked (c, or x put first
+    later), and once it was gone the last racer's failure asked it again."""
+    seen = adapter.run(case.racers, [], {**RACE, "capacitySources": case.now})
+    assert seen.state == "racing", seen
+    assert seen.created == []
+    assert seen.deleted == [adapter.ask(case.withdrawn)]
+    told = [("tell", adapter.ask(k)) for k in case.remembers]
+    assert seen.writes == [*told, ("delete", adapter.ask(case.withdrawn))], seen
+    for k in case.remembers:  # the config now, every source of which was asked
+        now = parse_spec({**RACE, "capacitySources": case.now})
+        assert seen.annotated[adapter.ask(k)][RACED_ALL] == spec_record(now)
+    # the racers left fail in turn, the withdrawn request gone
+    left = [
+        Racer(
+            r.ask,
+            annotations={
+                **r.annotations,
+                **FAILED,
+                **seen.annotated.get(adapter.ask(r.ask), {}),
+            },
+        )
+        for r in case.racers
+        if r.ask != case.withdrawn
+    ]
+    after = adapter.run(left, [], {**RACE, "capacitySources": case.then})
+    if case.created is None:
+        assert after.state == "retry", after
+        assert after.created == []
+    else:
+        assert after.sources_created == [case.created], after
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_the_ask_in_a_withdrawn_racers_place_is_made_before_it_goes(adapter: Adapter) -> None:
+    """The ask in a racer's place records what the race had asked; made after the racer was
+    withdrawn, a restart between the two would lose both."""
+    racers = [
+        Racer(0, annotations={**FAILED, **UNDER_ABC}),
+        Racer(1, {"Accepted": "ok"}, UNDER_ABC),
+    ]
+    seen = adapter.run(racers, [], RACE)
+    assert seen.writes == [("create", adapter.ask(2)), ("delete", adapter.ask(0))], seen

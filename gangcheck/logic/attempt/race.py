@@ -7,8 +7,12 @@ others are withdrawn at once and what arrived for them is reclaimed by the same 
 rollback (``driver.withdraw``). A racer that fails (rolled back, or ended outside fit mode) is
 withdrawn and its place goes to the next source not asked yet: the first of the config now
 that the attempt has not asked, the sources asked known by identity (``sources_asked``), so a
-list edited mid-race neither skips a source nor asks one twice. When every source has failed,
-the attempt ends as one with a single source would (the adapter retries or gives up).
+list edited mid-race neither skips a source nor asks one twice. Each ask in a racer's place
+records the sources the race has asked (`_given`); a racer that ends with no source left to
+ask in its place tells the racers left, whose records do not know that much, that every
+source of the config then was asked (`_told`), before its request goes. When every source
+has failed, the attempt ends as one with a single source would (the adapter retries or gives
+up).
 
 The adapter (a Workload's check, a PodGroup) says how one racer is followed and how an ask is
 made, and writes what the race comes to on its own state: a Workload's check entry and
@@ -21,14 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
-from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event
 from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import RollbackCause
-from gangcheck.model.names import SOURCE_ANNOTATION
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, RACED_ALL_ANNOTATION, SOURCE_ANNOTATION
 from gangcheck.model.objects import ProvisioningRequest
-from gangcheck.model.provisioning_config import AtomicProvisioningSpec
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec, recorded_spec, spec_record
 
 #: Why a racer that lost is withdrawn.
 LOST = "another capacity source delivered the gang first"
@@ -138,10 +142,12 @@ def follow(
     backend: CapacityBackend,
 ) -> Standing:
     """Each racer followed; the first that fits wins (the others withdrawn); each that ended
-    is withdrawn and its place goes to the next source not asked yet."""
+    is withdrawn and its place goes to the next source not asked yet; when none is left, the
+    racers left are told every source was asked (`_told`)."""
     live = [r for _, r in asked if not r.deleting]
     next_ask = max((k for k, _ in asked), default=-1) + 1
-    raced = {i for k, r in asked for i in sources_asked(r, k, config)}
+    known = {r.name: sources_asked(r, k, config) for k, r in asked}
+    raced = {i for s in known.values() for i in s}
     unasked = [s.index for s in config.sources() if s.index not in raced]
     others = len(live) > 1 or bool(unasked)
     followed = {r.name: follow_one(r, others) for r in live}
@@ -187,7 +193,22 @@ def follow(
         )
         for i, (r, why) in enumerate(ended)
     )
+    if out and all(e.replacement is None for e in out):
+        going = [_told(g, known[g.request.name], config) for g in going]
     return Standing(going=tuple(going), ended=out)
+
+
+def _told(going: Going, known: set[int], config: AtomicProvisioningSpec) -> Going:
+    """A racer left when another ended with no source of `config` (the config now) left to
+    ask in its place: told that its race has asked every source of `config` (the config
+    recorded whole, so a source added after the racer was made is named too), unless its
+    record knows that much (`known`). Written before the other's request goes (the racers'
+    actions come first), so what that request alone knew survives it and a restart."""
+    every = {s.index for s in config.sources()}
+    if going.message is None or every <= known:
+        return going
+    told = AnnotateRequest(going.request.name, {RACED_ALL_ANNOTATION: spec_record(config)})
+    return replace(going, actions=(*going.actions, told))
 
 
 def sources_asked(
@@ -199,20 +220,31 @@ def sources_asked(
     among them). What the ask recorded (`places.Place.raced`, in the config it was made
     under), else, by the rules it was made under: the race started at the first `raceWidth`
     sources, and the `number`-th ask at source `number` after those. A record without a
-    config is read by its index, as before."""
+    config is read by its index, as before. And every source of the config `req` was told of
+    when another racer ended with none left to ask (`_told`)."""
     made = lifecycle.recorded_config(req) or config
     place = places.of_request(req)
     indexes = set(place.raced) or set(range(max(number + 1, made.racing)))
+    told = req.annotations.get(RACED_ALL_ANNOTATION)
+    then = recorded_spec(told)
+    every = [s.index for s in then.sources()] if then is not None else []
     return {
         now
-        for i in indexes | {place.source}
-        if (now := lifecycle.asked_source(_asking(req, i), config).now) is not None
+        for under, i in [
+            *((None, i) for i in indexes | {place.source}),
+            *((told, i) for i in every),
+        ]
+        if (now := lifecycle.asked_source(_asking(req, i, under), config).now) is not None
     }
 
 
-def _asking(req: ProvisioningRequest, index: int) -> ProvisioningRequest:
-    """`req`'s record as if it had asked source `index` of the config it records."""
-    return replace(req, annotations={**req.annotations, SOURCE_ANNOTATION: str(index)})
+def _asking(req: ProvisioningRequest, index: int, under: str | None = None) -> ProvisioningRequest:
+    """`req`'s record as if it had asked source `index` of the config it records, or of the
+    config recorded as `under`."""
+    notes = {**req.annotations, SOURCE_ANNOTATION: str(index)}
+    if under is not None:
+        notes[ATTEMPT_CONFIG_ANNOTATION] = under
+    return replace(req, annotations=notes)
 
 
 def _given(index: int, raced: set[int]) -> places.Place:

@@ -563,7 +563,8 @@ def _follow_race(
     now: datetime,
 ) -> Decision:
     """The race as it stands (race.follow), written as the check entry: Ready on the winner;
-    else the racers going, a new ask for each place given up; else Retry or Rejected."""
+    else the racers going, a new ask for each place given up (made before the racer that
+    gave it up is withdrawn); else Retry or Rejected."""
     standing = flow.standing(gang, asks, lambda r, others: _follow_racer(snap, r, others, now))
     if standing.won is not None:
         return _won(snap, state, standing.won, now)
@@ -577,10 +578,12 @@ def _follow_race(
         for g in standing.going
     ]
     for e in standing.ended:
-        going.append(Decision(actions=e.actions, sources=e.notes))
+        # the ask in its place first: it records what the race has asked (race._given), and
+        # a restart between the two must not find the racer gone and its place not given
         made = flow.replacement(gang, e)
         if made is not None:
             going.append(made)
+        going.append(Decision(actions=e.actions, sources=e.notes))
     if any(d.check is not None for d in going):
         return _raced(snap, state, going, now)
     failed = race.every_source_failed(standing)
