@@ -39,6 +39,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
+from gangcheck.model.provisioning_config import recorded_spec
 from gangcheck.reconcile.podgroup import PodGroupOptions
 from tests.builders import container
 from tests.integration.harness import PROGRESS_DELAY, Cluster, eventually
@@ -977,5 +978,50 @@ async def test_a_podgroup_race_gives_a_place_to_a_source_put_first_while_it_ran(
         assert any("ConfigChanged: spec.capacitySources[1] (b)" in e["message"] for e in rolled)
         group = _annotations(await groups.wait_state("relist", "Provisioning"))
         assert group.get("gangcheck.io/attempt", "1") == "1"  # the same attempt races on
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_podgroup_race_does_not_ask_again_a_source_whose_racer_was_withdrawn(
+    groups: Groups, control_plane: Any
+) -> None:
+    """Race over [a, b, c], width 2: a fails, c is asked in its place (recording a, b, c);
+    c fails with no source left and is withdrawn, b told first that every source was asked
+    (gangcheck.io/sources-raced-all). gangcheck restarts; then b fails: the attempt ends as
+    every source failed (BackingOff), c not asked again. Before, b's record knew only a and
+    b, and b's failure asked c again (thrice-pg-1-s2 made anew)."""
+    config = f"thrice-{groups.ns}"
+    src = "thrice.example.com/source"
+    spec = {
+        "capacitySources": [{"name": n, "nodeSelector": {src: n}} for n in ("a", "b", "c")],
+        "capacitySourcePolicy": "Race",
+        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    kubeconfig = str(control_plane.kubeconfig)
+    try:
+        async with controller_running(kubeconfig):
+            await groups.upstream("thrice", 2, annotations={CONFIG_ANNOTATION: config})
+            for i in range(2):
+                await groups.member(f"thrice-{i}", "thrice", gpu=2)
+            await groups.cluster.wait_request("thrice-pg-1")
+            await groups.cluster.wait_request("thrice-pg-1-s1")
+            await groups.cluster.set_request_conditions("thrice-pg-1", {"Failed": "none in a"})
+            third = await groups.cluster.wait_request("thrice-pg-1-s2", timeout=30)
+            assert _annotations(third)["gangcheck.io/sources-raced"] == "0,1,2"
+            await groups.cluster.wait_request_gone("thrice-pg-1", timeout=30)
+            await groups.cluster.set_request_conditions("thrice-pg-1-s2", {"Failed": "none in c"})
+            await groups.cluster.wait_request_gone("thrice-pg-1-s2", timeout=30)
+            b = await groups.cluster.request("thrice-pg-1-s1")
+            assert b is not None
+            told = recorded_spec(_annotations(b)["gangcheck.io/sources-raced-all"])
+            assert told is not None and [s.name for s in told.sources()] == ["a", "b", "c"]
+        async with controller_running(kubeconfig):  # a restart: nothing in memory
+            await groups.cluster.set_request_conditions("thrice-pg-1-s1", {"Failed": "none in b"})
+            ended = _annotations(await groups.wait_state("thrice", "BackingOff", timeout=30))
+            assert "every capacity source failed" in ended[MESSAGE_ANNOTATION]
+            assert ended["gangcheck.io/attempt"] == "2"  # the next, after the backoff
+            assert await groups.cluster.request("thrice-pg-1-s2") is None
+            assert await groups.cluster.request("thrice-pg-1-s3") is None
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
