@@ -145,9 +145,11 @@ def follow(
     is withdrawn and its place goes to the next source not asked yet; when none is left, the
     racers left are told every source was asked (`_told`)."""
     live = [r for _, r in asked if not r.deleting]
-    next_ask = max((k for k, _ in asked), default=-1) + 1
     known = {r.name: sources_asked(r, k, config) for k, r in asked}
     raced = {i for s in known.values() for i in s}
+    # each source raced was asked by an ask of its own: with the latest asks gone (withdrawn
+    # with no place to give), the next is still not named as one of them
+    next_ask = max(max((k for k, _ in asked), default=-1) + 1, len(raced))
     unasked = [s.index for s in config.sources() if s.index not in raced]
     others = len(live) > 1 or bool(unasked)
     followed = {r.name: follow_one(r, others) for r in live}
