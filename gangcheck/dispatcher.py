@@ -10,7 +10,10 @@ MultiKueue's controller, the MultiKueueConfigs, the MultiKueueClusters and the W
 each Workload that carries such a check, has quota reserved and is not yet placed (no
 ``status.clusterName``), oldest first, it gathers the facts of every worker its checks'
 MultiKueueConfigs list (MultiKueue copies it to no other; a cluster listed without a
-MultiKueueCluster is skipped) and takes one step. Each worker is read
+MultiKueueCluster is skipped) and takes one step. A worker's client (and its watches) is
+kept while a MultiKueueConfig of MultiKueue's checks lists it and its MultiKueueCluster and
+Secret are there, and made again when the kubeconfig in that Secret changes (its digest: an
+update leaving it as it was keeps the client). Each worker is read
 once per pass (its AdmissionChecks, nodes, pods, ProvisioningRequests and Workloads, side by
 side, the workers side by side), for every Workload of the pass, the copies of the Workloads
 nominated there included (a slow worker costs a pass its answer once, not once per Workload):
@@ -45,10 +48,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -123,12 +127,13 @@ OWN_WRITES_KEPT = 64
 
 @dataclass
 class _Worker:
-    """A worker as the manager holds it: its client (None: skipped) and why not."""
+    """A worker as the manager holds it: its client (None: skipped) and why not, and the
+    digest of the kubeconfig its client was made from (``_digest``)."""
 
     name: str
     kube: Kube | None = None
     skip: str = ""
-    secret_version: str = ""
+    kubeconfig: str = ""
 
 
 class Dispatcher:
@@ -151,6 +156,8 @@ class Dispatcher:
         self.interval = interval
         self.at_once = at_once
         self.events = EventRecorder(kube, clock=lambda: datetime.now(UTC))
+        # the workers connected (a client, and its watches while running), by name: those a
+        # MultiKueueConfig served lists, through their MultiKueueCluster's Secret as last read
         self._workers: dict[str, _Worker] = {}
         self._connect = connect or _connect
         self._wake = asyncio.Event()
@@ -256,34 +263,45 @@ class Dispatcher:
         return (str(meta.get("namespace") or ""), str(workload)) in self._followed.get(worker, ())
 
     def _start_watching(self, name: str, kube: Kube) -> None:
-        self._stop_watching(name)
         if self._running:
             self._worker_watches[name] = [
                 asyncio.create_task(self._watch_worker(name, kube, res))
                 for res in (PROVISIONING_REQUEST, WORKLOAD)
             ]
 
-    def _stop_watching(self, name: str) -> None:
-        for task in self._worker_watches.pop(name, []):
+    async def _drop(self, name: str) -> None:
+        """Ends the worker's watches and closes its client (when held)."""
+        held = self._workers.pop(name, None)
+        tasks = self._worker_watches.pop(name, [])
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if held is not None and held.kube is not None:
+            try:
+                await held.kube.close()
+            except Exception as e:  # closed anyway as far as the dispatcher is concerned
+                log.debug("closing the client of %s: %s", name, e)
+
+    async def _forget(self, by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]) -> None:
+        """Drops the workers held that no MultiKueueConfig of MultiKueue's checks lists any
+        more, or whose MultiKueueCluster is gone (their clients and watches would be kept
+        for nothing, reading with credentials the manager no longer holds)."""
+        held = self._workers.keys() | self._worker_watches.keys()
+        gone = _gone(held, by_check, clusters)
+        for name in sorted(gone):
+            log.info("worker %s no longer listed or its MultiKueueCluster gone: closed", name)
+        await asyncio.gather(*(self._drop(name) for name in gone))
 
     async def close(self) -> None:
-        tasks = [t for ts in self._worker_watches.values() for t in ts]
-        for name in list(self._worker_watches):
-            self._stop_watching(name)
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for worker in self._workers.values():
-            if worker.kube is not None:
-                await worker.kube.close()
-        self._workers.clear()
+        held = self._workers.keys() | self._worker_watches.keys()
+        await asyncio.gather(*(self._drop(name) for name in held))
 
     # -- one pass ---------------------------------------------------------------------------
 
     async def pass_once(self) -> None:
         # The manager's reads side by side, two by two: each round trip in a row is time a
-        # gang waits for its nomination (the configs and clusters only when a Workload waits).
+        # gang waits for its nomination (the configs and clusters only when a Workload waits,
+        # or, when none does, a worker is held: to close it once no longer listed).
         checks, workloads = await asyncio.gather(
             _items(self.kube, ADMISSION_CHECK), _items(self.kube, WORKLOAD)
         )
@@ -295,11 +313,17 @@ class Dispatcher:
         waiting = [wl for wl in workloads if _to_dispatch(wl, ours)] if ours else []
         if not waiting:
             self._followed = {}
+            if self._workers or self._worker_watches:  # the workers held, still listed?
+                configs, clusters = await asyncio.gather(
+                    _items(self.kube, MULTIKUEUE_CONFIG), _items(self.kube, MULTIKUEUE_CLUSTER)
+                )
+                await self._forget(check_workers(checks, configs), clusters)
             return
         configs, clusters = await asyncio.gather(
             _items(self.kube, MULTIKUEUE_CONFIG), _items(self.kube, MULTIKUEUE_CLUSTER)
         )
         by_check = check_workers(checks, configs)
+        await self._forget(by_check, clusters)
         workers = await self._workers_listed(by_check, clusters)
         # each worker read once per pass, the workers side by side
         views = dict(
@@ -484,10 +508,10 @@ class Dispatcher:
         return list(await asyncio.gather(*(worker(name) for name in listed)))
 
     async def _worker(self, cluster: Obj) -> _Worker:
-        """The worker's client, made again when its Secret changes; else why it is skipped."""
+        """The worker's client, made again when the kubeconfig in its Secret changes (its
+        digest: an update of the Secret leaving it as it was keeps the client); else why it
+        is skipped. A Secret gone, or without a kubeconfig, closes the client held."""
         name = cluster["metadata"]["name"]
-        held = self._workers.get(name) or _Worker(name)
-        self._workers[name] = held
         active = _condition(cluster, "Active")
         if active is None or active.get("status") != "True":
             why = (
@@ -510,27 +534,26 @@ class Dispatcher:
         except ApiError as e:
             return _Worker(name, skip=f"Secret {self.kueue_namespace}/{secret_name}: {e}")
         if secret is None:
+            await self._drop(name)
             return _Worker(name, skip=f"Secret {self.kueue_namespace}/{secret_name} not found")
-        version = str(secret["metadata"].get("resourceVersion") or "")
-        if held.kube is not None and held.secret_version == version:
-            return held
-        if held.kube is not None:
-            self._stop_watching(name)
-            await held.kube.close()
-            held.kube = None
-        raw = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+        raw = str((secret.get("data") or {}).get(KUBECONFIG_KEY) or "")
         if not raw:
-            held.skip = f"Secret {self.kueue_namespace}/{secret_name} has no key {KUBECONFIG_KEY}"
-            return _Worker(name, skip=held.skip)
+            await self._drop(name)
+            why = f"Secret {self.kueue_namespace}/{secret_name} has no key {KUBECONFIG_KEY}"
+            return _Worker(name, skip=why)
+        digest = _digest(raw)
+        held = self._workers.get(name)
+        if held is not None and held.kube is not None and held.kubeconfig == digest:
+            return held
+        await self._drop(name)  # a kubeconfig rotated: another server, other credentials
         try:
-            held.kube = await self._connect(base64.b64decode(raw))
+            kube = await self._connect(base64.b64decode(raw))
         except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
             return _Worker(
                 name, skip=f"Secret {self.kueue_namespace}/{secret_name}: unusable kubeconfig ({e})"
             )
-        held.secret_version = version
-        held.skip = ""
-        self._start_watching(name, held.kube)
+        held = self._workers[name] = _Worker(name, kube, kubeconfig=digest)
+        self._start_watching(name, kube)
         return held
 
     async def _view(self, worker: _Worker) -> _View:
@@ -662,6 +685,23 @@ async def _connect(kubeconfig: bytes) -> Kube:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _digest(kubeconfig: str) -> str:
+    """The kubeconfig's digest (the Secret's ``data`` value, base64 as the API serves it):
+    what a client held was made from, compared rather than the Secret's resourceVersion,
+    which any update of the Secret moves."""
+    return hashlib.sha256(kubeconfig.encode()).hexdigest()
+
+
+def _gone(
+    held: Iterable[str], by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]
+) -> set[str]:
+    """Of the workers ``held``, those no MultiKueueConfig of MultiKueue's checks lists
+    (``by_check``, from ``check_workers``), or without a MultiKueueCluster (``clusters``)."""
+    listed = {c for workers in by_check.values() for c in workers.clusters}
+    present = {str((c.get("metadata") or {}).get("name") or "") for c in clusters}
+    return set(held) - (listed & present)
 
 
 def _runs_gangcheck(checks: Sequence[Obj]) -> bool:

@@ -26,6 +26,7 @@ from gangcheck.kube.resources import (
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
     PROVISIONING_REQUEST,
+    SECRET,
     WORKLOAD,
 )
 from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
@@ -163,21 +164,24 @@ def bed(
         }
         manager.add(cluster)
         if kube is not None:
-            config = f"kubeconfig of {name}".encode()
-            by_config[config] = kube
-            manager.add(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": name, "namespace": KUEUE_NS},
-                    "data": {"kubeconfig": base64.b64encode(config).decode()},
-                }
-            )
+            kubeconfig = f"kubeconfig of {name}".encode()
+            by_config[kubeconfig] = kube
+            manager.add(secret(name, kubeconfig))
 
     async def connect(config: bytes) -> FakeKube:
         return by_config[config]
 
     return manager, Dispatcher(manager, metrics=Metrics(), connect=connect), connect
+
+
+def secret(name: str, kubeconfig: bytes) -> Obj:
+    """The Secret MultiKueue holds for the worker ``name``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": KUEUE_NS},
+        "data": {"kubeconfig": base64.b64encode(kubeconfig).decode()},
+    }
 
 
 def record(manager: FakeKube) -> DispatchRecord:
@@ -448,7 +452,8 @@ async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
 class WatchedWorker(FakeKube):
     """A worker whose watches (of ProvisioningRequests, of Workloads) bring, once ``changed``
     is set, a change of each object of their kind in ``changes`` (or are refused:
-    ``forbidden``), then stay quiet."""
+    ``forbidden``), then stay quiet. It counts the watches open on it now (``open``) and
+    the times its client was closed (``closed``)."""
 
     def __init__(self, *, forbidden: bool = False) -> None:
         super().__init__()
@@ -456,16 +461,25 @@ class WatchedWorker(FakeKube):
         self.forbidden = forbidden
         self.watched: list[str] = []
         self.changes: list[Obj] = []
+        self.open = 0
+        self.closed = 0
+
+    async def close(self) -> None:
+        self.closed += 1
 
     async def watch(self, res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
         self.watched.append(res.kind)
         if self.forbidden:
             raise ForbiddenError(403, "Forbidden", f"cannot watch {res.plural}")
-        await self.changed.wait()
-        for obj in self.changes:
-            if obj["kind"] == res.kind:
-                yield {"type": "MODIFIED", "object": obj}
-        await asyncio.Event().wait()  # then quiet
+        self.open += 1
+        try:
+            await self.changed.wait()
+            for obj in self.changes:
+                if obj["kind"] == res.kind:
+                    yield {"type": "MODIFIED", "object": obj}
+            await asyncio.Event().wait()  # then quiet
+        finally:
+            self.open -= 1
 
 
 async def until(probe: Callable[[], bool]) -> None:
@@ -788,3 +802,110 @@ async def test_a_workers_refusal_is_said_for_what_it_is(kind: str, status: int, 
     got = record(manager)
     assert got.nominated == ("worker-2",)
     assert got.skipped["worker-1"].startswith(why), got.skipped
+
+
+# -- the workers held: closed once no longer listed, made again when their kubeconfig changes -----
+
+
+def placed(manager: FakeKube) -> None:
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["status"]["clusterName"] = "worker-2"
+    manager.add(wl)
+
+
+GONE: dict[str, tuple[Callable[[FakeKube], None], bool]] = {
+    "dropped from its MultiKueueConfig": (
+        lambda m: m.add(multikueue_config("worker-2")),
+        False,
+    ),
+    "dropped from its MultiKueueConfig, no Workload waiting": (
+        lambda m: m.add(multikueue_config("worker-2")),
+        True,
+    ),
+    "its MultiKueueCluster deleted": (lambda m: m.remove(MULTIKUEUE_CLUSTER, "worker-1"), False),
+    "its MultiKueueCluster deleted, no Workload waiting": (
+        lambda m: m.remove(MULTIKUEUE_CLUSTER, "worker-1"),
+        True,
+    ),
+    "its Secret deleted": (lambda m: m.remove(SECRET, "worker-1", KUEUE_NS), False),
+}
+
+
+@pytest.mark.parametrize(("change", "idle"), GONE.values(), ids=GONE.keys())
+async def test_a_worker_gone_from_the_config_has_its_client_closed_and_watches_ended(
+    change: Callable[[FakeKube], None], idle: bool
+) -> None:
+    """Before, its client and watches were kept for good (a worker dropped from the config,
+    its MultiKueueCluster deleted: never read again, never closed). The other worker is kept
+    as it was; the one gone is not connected again."""
+    one, two = worker(kube=WatchedWorker()), worker(kube=WatchedWorker())
+    assert isinstance(one, WatchedWorker) and isinstance(two, WatchedWorker)
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    made: list[bytes] = []
+
+    async def connecting(kubeconfig: bytes) -> Kube:
+        made.append(kubeconfig)
+        return await connect(kubeconfig)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.02, connect=connecting)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: one.open == 2 and two.open == 2)
+        if idle:
+            placed(manager)
+        change(manager)
+        await until(lambda: "worker-1" not in dispatcher._workers)
+        passes = dispatcher.passes
+        await until(lambda: dispatcher.passes >= passes + 3)  # and stays so
+        assert "worker-1" not in dispatcher._workers
+        assert "worker-1" not in dispatcher._worker_watches
+        assert (one.open, one.closed) == (0, 1)
+        assert (two.open, two.closed) == (2, 0)
+        assert sorted(dispatcher._workers) == ["worker-2"]
+        assert len(made) == 2  # each connected once
+        assert not one.writes and not two.writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert (one.closed, two.closed) == (1, 1)  # the one left closed on the way out
+
+
+async def test_a_rotated_kubeconfig_is_read_through_and_a_no_op_update_keeps_the_client() -> None:
+    """The Secret of worker-1 rotated to another server: its old client is closed and its
+    watches ended, the new one read and watched. Before, the client of the first Secret was
+    kept until its resourceVersion moved, and any update of it, even one leaving the
+    kubeconfig as it was, made the client and its watches again."""
+    old, new = worker(kube=WatchedWorker()), worker(kube=WatchedWorker())
+    assert isinstance(old, WatchedWorker) and isinstance(new, WatchedWorker)
+    manager, _, connect = bed({"worker-1": old})
+    made: list[bytes] = []
+
+    async def connecting(kubeconfig: bytes) -> Kube:
+        made.append(kubeconfig)
+        return new if kubeconfig == b"rotated" else await connect(kubeconfig)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.02, connect=connecting)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: old.open == 2)
+        manager.add(secret("worker-1", b"kubeconfig of worker-1"))  # a no-op update
+        passes = dispatcher.passes
+        await until(lambda: dispatcher.passes >= passes + 3)
+        assert made == [b"kubeconfig of worker-1"]
+        assert (old.open, old.closed) == (2, 0)
+        manager.add(secret("worker-1", b"rotated"))
+        await until(lambda: new.open == 2)
+        assert made == [b"kubeconfig of worker-1", b"rotated"]
+        assert dispatcher._workers["worker-1"].kube is new
+        assert (old.open, old.closed) == (0, 1)
+        read = len(old.calls)
+        lists = len([c for c in new.calls if c.kind == "Node"])
+        await until(lambda: len([c for c in new.calls if c.kind == "Node"]) >= lists + 3)
+        assert len(old.calls) == read  # no read of the old server any more
+        assert not old.writes and not new.writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
