@@ -256,6 +256,7 @@ def _placement_json(placement: Placement | None) -> dict[str, Any] | None:
         "fits": placement.fits,
         "arrived": [n.name for n in placement.arrived],
         "summary": placement.summary,
+        "missingTopologyLevel": _missing_level_json(placement),
         "perNode": [
             {
                 "name": n.name,
@@ -268,3 +269,10 @@ def _placement_json(placement: Placement | None) -> dict[str, Any] | None:
             for n in placement.nodes
         ],
     }
+
+
+def _missing_level_json(placement: Placement) -> dict[str, str] | None:
+    """The required topology level none of the nodes carries: its key, and the pod set that
+    requires it ("" for the whole gang, a PodGroup's topology)."""
+    missing = placement.missing_level
+    return None if missing is None else {"key": missing.key, "podSet": missing.pod_set}

@@ -147,7 +147,12 @@ def _lines_of_placement(placement: Placement) -> list[str]:
     arrived = placement.arrived
     unrecorded = sum(1 for n in arrived if not n.recorded)
     head = f"{len(arrived)} arrived" + (f" ({unrecorded} not recorded yet)" if unrecorded else "")
-    lines = [head + f"; {placement.placeable} of {placement.total} members placeable"]
+    placeable = f"{placement.placeable} of {placement.total} members placeable"
+    if placement.missing_level is not None:
+        none = "none" if placement.nodes else "no node"
+        key = placement.missing_level.key
+        placeable = f"{none} carries the required topology level {key}; {placeable} ignoring it"
+    lines = [f"{head}; {placeable}"]
     shown: list[NodeFit] = list(arrived) if arrived else list(placement.nodes)
     others = [n for n in placement.nodes if not n.arrived] if arrived else []
     if not shown:

@@ -654,6 +654,83 @@ def test_the_json_says_the_decision_replayed_on_the_objects() -> None:
     assert decision["message"].startswith("capacity requested, not yet usable: 0 of 2 members")
 
 
+LEVEL = "none carries the required topology level rack (pod set workers)"
+NO_NODE_HAS_LEVEL = (
+    "no node the gang may use carries the required topology level rack (pod set workers): the "
+    "gang cannot fit in one domain; ignoring the level"
+)
+
+
+def racked_workload() -> dict[str, Any]:
+    """Two members that must sit inside one rack (Kueue's required topology)."""
+    template = pod_template(gpu=1)
+    template["metadata"] = {"annotations": {"kueue.x-k8s.io/podset-required-topology": "rack"}}
+    return WorkloadBuilder().pod_set("workers", 2, template).reserve_quota().check().build()
+
+
+@pytest.mark.parametrize(
+    ("nodes", "line", "head"),
+    [
+        pytest.param(
+            (arrival("gpu-0"), arrival("gpu-1")),
+            f"blocked: 2 nodes arrived for this attempt; {LEVEL}: the gang cannot fit in one "
+            "domain; ignoring the level, 2 of 2 members placeable on 2 nodes; waiting until the "
+            "deadline in case they are labelled, deadline in 2m",
+            "2 arrived; none carries the required topology level rack; 2 of 2 members placeable "
+            "ignoring it",
+            id="arrived for this attempt, recorded",
+        ),
+        pytest.param(
+            (arrival("gpu-0", claimed_for=""), arrival("gpu-1", claimed_for="")),
+            f"blocked: 2 nodes arrived for this attempt; {LEVEL}: the gang cannot fit in one "
+            "domain; ignoring the level, 2 of 2 members placeable on 2 nodes; waiting until the "
+            "deadline in case they are labelled, deadline in 2m",
+            "2 arrived (2 not recorded yet); none carries the required topology level rack; 2 of "
+            "2 members placeable ignoring it",
+            id="arrived for this attempt, not recorded yet",
+        ),
+        pytest.param(
+            tuple(node(f"gpu-{i}", gpu=1, created=EARLIER, labels={"pool": "gpu"}) for i in (0, 1)),
+            f"blocked: {NO_NODE_HAS_LEVEL}, 2 of 2 members placeable on 2 nodes, deadline in 2m",
+            "0 arrived; none carries the required topology level rack; 2 of 2 members placeable "
+            "ignoring it",
+            id="nodes of an earlier attempt, none arrived for this one: not 'no node has arrived'",
+        ),
+        pytest.param(
+            (),
+            "blocked: waiting for the autoscaler, no node has arrived yet: "
+            f"{NO_NODE_HAS_LEVEL}, 0 of 2 members placeable; no nodes, deadline in 2m",
+            "0 arrived; no node carries the required topology level rack; 0 of 2 members "
+            "placeable ignoring it",
+            id="no node at all: waiting for the autoscaler",
+        ),
+    ],
+)
+def test_provisioned_nodes_without_the_required_level_are_said_so(
+    nodes: tuple[dict[str, Any], ...], line: str, head: str
+) -> None:
+    """The level no node showed when asked: the autoscaler Provisioned, and what is there
+    lacks the label. The verdict says so in the check message's words (the decision replayed
+    says them too, minus where it leaves the attempt), text and JSON alike."""
+    facts = gather(racked_workload(), world(requests=(our_request(),), nodes=nodes), now=NOW)
+    found = verdict(facts, NOW)
+    assert (found.line, found.step) == (line, "nodes")
+    assert facts.replay is not None
+    fit = (
+        line.removeprefix("blocked: ")
+        .removeprefix("waiting for the autoscaler, no node has arrived yet: ")
+        .removesuffix(", deadline in 2m")
+    )
+    assert facts.replay.message == f"capacity requested, not yet usable: {fit}"
+    report = DiagnoseReport(Target("workload", "default", "wl"), facts, found, NOW)
+    text = diagnose_text.render_text(report).splitlines()
+    assert f"nodes     {head}" in text
+    assert text[-1] == line
+    json_nodes = to_json(report)["nodes"]
+    assert json_nodes["missingTopologyLevel"] == {"key": "rack", "podSet": "workers"}
+    assert to_json(report)["verdict"]["line"] == line
+
+
 def test_an_admitted_gang_past_its_start_deadline_is_rolled_back_as_decide_does() -> None:
     """The start watchdog is replayed too: past startDeadlineSeconds with members
     unscheduled, the line says the rollback the decision starts, not a deadline passed."""

@@ -102,6 +102,15 @@ def req(name: str = "g-pg-1", count: int = 3, **conditions: str) -> Obj:
 
 
 PROVISIONING = {"state": "Provisioning", "request": "g-pg-1"}
+
+
+def racked(pod_group: Obj, level: str = "rack") -> Obj:
+    """The group with a required topology level: the whole gang inside one domain of it."""
+    pod_group["spec"]["schedulingConstraints"] = {"topology": [{"key": level}]}
+    return pod_group
+
+
+NO_RACK = "none carries the required topology level rack: the gang cannot fit in one domain"
 ROLLED_BACK = "rolled back g-pg-1 (deadline passed); 1 node reclaimed"
 
 
@@ -290,6 +299,28 @@ CASES = [
                 created=ARRIVED,
             )
         ],
+    ),
+    Case(
+        "provisioned, the nodes that arrived carry no rack: said so, not 'no node has arrived'",
+        racked(group(2, **PROVISIONING)),
+        members(2),
+        f"blocked: 2 nodes arrived for this attempt; {NO_RACK}; ignoring the level, 2 of 2 "
+        "members placeable on 2 nodes; waiting until the deadline in case they are labelled, "
+        "deadline in 15m",
+        "fulfilling",
+        requests=[req(count=2, Provisioned="ok")],
+        nodes=[node(f"n{i}", gpu=1, created=ARRIVED) for i in range(2)],
+    ),
+    Case(
+        "provisioned, none arrived for it and the nodes there carry no rack",
+        racked(group(2, **PROVISIONING)),
+        members(2),
+        "blocked: no node the gang may use carries the required topology level rack: the gang "
+        "cannot fit in one domain; ignoring the level, 2 of 2 members placeable on 2 nodes, "
+        "deadline in 15m",
+        "provisioned",
+        requests=[req(count=2, Provisioned="ok")],
+        nodes=[node(f"n{i}", gpu=1, created="2026-11-30T09:00:00Z") for i in range(2)],
     ),
     Case(
         "provisioned and fits, not released",
@@ -640,6 +671,20 @@ def test_podgroup_targets_may_name_their_api(text: str, expected: Target) -> Non
 def test_a_podgroup_of_another_api_is_refused() -> None:
     with pytest.raises(ValueError, match=re.escape("podgroup.scheduling.x-k8s.io")):
         parse_target("podgroup.example.com/ns/g")
+
+
+def test_the_group_says_its_arrivals_carry_no_rack_as_its_diagnosis_does() -> None:
+    """The group's message (the decision replayed: what the provisioner writes) says it in
+    the diagnosis' words, minus where it leaves the attempt."""
+    case = next(c for c in CASES if c.id.startswith("provisioned, the nodes that arrived"))
+    facts = facts_of(case)
+    assert facts.replay is not None
+    assert facts.replay.state == "Provisioning"
+    assert facts.replay.message == (
+        f"capacity requested, not yet usable: 2 nodes arrived for this attempt; {NO_RACK}; "
+        "ignoring the level, 2 of 2 members placeable on 2 nodes; waiting until the deadline in "
+        "case they are labelled"
+    )
 
 
 def test_in_flight_the_fit_is_for_the_members_the_request_was_made_for() -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gangcheck.logic.placement.fit import GangPodSet, Member, NodeView, node_view
-from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
 from tests.builders import node
 
 RACK, ZONE = "rack", "zone"
@@ -32,6 +32,9 @@ class Case:
     fits: bool = True
     domains: dict[str, tuple[str, str]] = field(default_factory=dict)
     problem: str = ""
+    missing: MissingLevel | None = None
+    placeable: int | None = None
+    """Of a gang that does not fit, the members the fit places (its words say so)."""
 
 
 TWO_RACKS = [rack_node("a1", "a", 2), rack_node("b1", "b", 2)]
@@ -75,12 +78,50 @@ CASES = [
         domains={"ps": (RACK, "b"), "w": (RACK, "b")},
     ),
     Case(
-        "a level no node carries",
-        [GangPodSet("w", 1, gpus(1))],
+        "a level no node carries: said as such, the fit without it placing the members",
+        [GangPodSet("w", 3, gpus(1))],
         TWO_RACKS,
         required={"w": "block"},
         fits=False,
-        problem="pod set w needs all 1 members in one block domain: no node has it",
+        problem="no node the gang may use carries the required topology level block (pod set "
+        "w): the gang cannot fit in one domain",
+        missing=MissingLevel("block", "w"),
+        placeable=3,
+    ),
+    Case(
+        "the whole gang, a level no node carries",
+        [GangPodSet("ps", 1, gpus(1)), GangPodSet("w", 2, gpus(1))],
+        TWO_RACKS,
+        together="block",
+        fits=False,
+        problem="no node the gang may use carries the required topology level block: the gang "
+        "cannot fit in one domain",
+        missing=MissingLevel("block"),
+        placeable=3,
+    ),
+    Case(
+        "a level only nodes not usable carry is not missing: none usable has it",
+        [GangPodSet("w", 1, gpus(1))],
+        [
+            rack_node("a1", "a", 2),
+            node_view(node("blk", gpu=2, labels={"block": "x"}, ready=False)),
+        ],
+        required={"w": "block"},
+        fits=False,
+        problem="pod set w needs all 1 members in one block domain: no usable node has it",
+        placeable=1,
+    ),
+    Case(
+        "the whole gang, a level only nodes not usable carry",
+        [GangPodSet("w", 2, gpus(1))],
+        [
+            rack_node("a1", "a", 2),
+            node_view(node("blk", gpu=2, labels={"block": "x"}, ready=False)),
+        ],
+        together="block",
+        fits=False,
+        problem="all 2 members need one block domain: no usable node has it",
+        placeable=0,
     ),
     Case(
         "a wider level holds what a narrow one cannot",
@@ -110,3 +151,21 @@ def test_fit_in_domains(case: Case) -> None:
                     assert placed[node_name].labels[key] == value
     else:
         assert result.problem in result.summary()
+    assert result.missing == case.missing
+    if case.placeable is not None:
+        assert result.result.placeable == case.placeable
+
+
+def test_a_missing_level_counts_the_nodes_that_arrived_for_the_attempt() -> None:
+    gang = [GangPodSet("w", 3, gpus(1))]
+    result = fit_in_domains(gang, TWO_RACKS, (), {"w": "block"})
+    assert [result.summary(arrived) for arrived in (0, 1, 2)] == [
+        "no node the gang may use carries the required topology level block (pod set w): the "
+        "gang cannot fit in one domain; ignoring the level, 3 of 3 members placeable on 2 nodes",
+        "1 node arrived for this attempt; none carries the required topology level block (pod "
+        "set w): the gang cannot fit in one domain; ignoring the level, 3 of 3 members "
+        "placeable on 2 nodes",
+        "2 nodes arrived for this attempt; none carries the required topology level block (pod "
+        "set w): the gang cannot fit in one domain; ignoring the level, 3 of 3 members "
+        "placeable on 2 nodes",
+    ]

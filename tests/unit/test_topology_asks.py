@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt import naming, places
-from gangcheck.logic.attempt.actions import CreateRequest, CreateTemplate, DeleteRequest
+from gangcheck.logic.attempt.actions import ClaimNode, CreateRequest, CreateTemplate, DeleteRequest
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
@@ -208,3 +208,57 @@ def test_a_pod_group_with_a_topology_asks_inside_its_best_domain() -> None:
     template = next(a.body for a in d.actions if isinstance(a, CreateTemplate))
     assert template["template"]["spec"]["nodeSelector"][RACK] == "r2"
     assert req["metadata"]["annotations"]["gangcheck.io/topology-domain"] == f"{RACK}=r2"
+
+
+ARRIVED = "2026-11-30T10:00:01Z"
+"""A second after the request (builders' T0): proven younger, so it arrived for it."""
+UNDELIVERED = (
+    "no node the gang may use carries the required topology level example.com/rack (pod set "
+    "workers): the gang cannot fit in one domain; ignoring the level, 4 of 4 members placeable "
+    "on 4 nodes"
+)
+
+
+@pytest.mark.parametrize(
+    ("created", "arrivals", "said"),
+    [
+        pytest.param(
+            ARRIVED,
+            4,
+            "4 nodes arrived for this attempt; none carries the required topology level "
+            "example.com/rack (pod set workers): the gang cannot fit in one domain; ignoring the "
+            "level, 4 of 4 members placeable on 4 nodes; waiting until the deadline in case they "
+            "are labelled",
+            id="the nodes that arrived for it",
+        ),
+        pytest.param(
+            "2026-11-30T09:00:00Z", 0, UNDELIVERED, id="nodes of an earlier attempt, none new"
+        ),
+    ],
+)
+def test_a_delivery_without_the_level_is_said_so_and_waits_its_deadline(
+    created: str, arrivals: int, said: str
+) -> None:
+    """The level no node showed when asked (so asked without a domain): the autoscaler
+    Provisioned, and the nodes there lack the label. The check says so, counting the
+    arrivals, and the attempt waits its deadline (a node labeller may add it)."""
+    name = naming.request_name("wl", CHECK, 1)
+    provisioned = provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "workers"), 4)],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations={
+            "gangcheck.io/attempt": "1",
+            "gangcheck.io/fulfillment-deadline": "2026-11-30T10:10:00Z",
+        },
+    )
+    nodes = [node(f"n{i}", gpu=8, labels={"pool": "gpu"}, created=created) for i in range(4)]
+    d = run([provisioned], nodes, config={"fulfillment": {"deadlineSeconds": 600}})
+    assert d.check is not None
+    assert (d.check.state, d.check.message) == (
+        "Pending",
+        f"capacity requested, not yet usable: {said}",
+    )
+    claimed = [a for a in d.actions if isinstance(a, ClaimNode)]
+    assert len(claimed) == arrivals  # recorded as arrived for it, as any arrival
+    assert not any(isinstance(a, DeleteRequest) for a in d.actions)

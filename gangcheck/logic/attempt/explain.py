@@ -25,6 +25,7 @@ from gangcheck.logic.attempt.fulfillment import (
     gang_of,
     hold_key,
     judged_views,
+    level_wait,
     request_key,
     tolerating_hold,
 )
@@ -36,7 +37,7 @@ from gangcheck.logic.placement.dra import DraContext, Inventory
 from gangcheck.logic.placement.fit import FitResult, Member, NodeView, member_from_template
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.reasons import Rejection
-from gangcheck.logic.placement.topology import fit_in_domains
+from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
@@ -130,6 +131,8 @@ class Placement:
     fits: bool
     nodes: tuple[NodeFit, ...] = ()
     summary: str = ""
+    missing_level: MissingLevel | None = None
+    """A required topology level none of the nodes carries (`summary` says it)."""
 
     @property
     def arrived(self) -> tuple[NodeFit, ...]:
@@ -201,7 +204,8 @@ def place(
         total=result.total,
         fits=fitted.fits,
         nodes=tuple(fits),
-        summary=fit_words(fitted, devices),
+        summary=fit_words(fitted, devices, sum(1 for n in fits if n.arrived)),
+        missing_level=fitted.missing,
     )
 
 
@@ -359,15 +363,20 @@ def step_verdict(
 def fit_verdict(placement: Placement | None, req: RequestFacts, deadline: str = "") -> Verdict:
     """Provisioned (`req`), yet the gang does not fit: the fit in the words the check message
     says it in (`Placement.summary`, made by `fulfillment.fit_words`), after where it leaves
-    the attempt: blocked on arrived nodes that can take no member for a reason more time does
-    not lift (every arrival takes none, or some fail on a taint, labels, affinity, a cordon),
-    else waiting for the autoscaler (the deadline then). No placement: it could not be
-    computed (a malformed quantity in the gang)."""
+    the attempt: blocked on nodes that carry no required topology level (the fit's words say
+    so first, counting the arrivals; the attempt waits its deadline, as the check message
+    says), on arrived nodes that can take no member for a reason more time does not lift
+    (every arrival takes none, or some fail on a taint, labels, affinity, a cordon), else
+    waiting for the autoscaler (the deadline then). No placement: it could not be computed
+    (a malformed quantity in the gang)."""
     if placement is None:
         return Verdict(True, "nodes", f"{req.name} is Provisioned; the fit could not be computed")
     arrived = placement.arrived
     idle = [n for n in arrived if n.members == 0 and n.kind]
     fit = placement.summary
+    if placement.missing_level is not None and placement.nodes:
+        wait = level_wait(placement.missing_level, len(arrived))
+        return Verdict(True, "nodes", f"{fit}{_detail(idle)}{wait}{deadline}")
     if arrived and len(idle) == len(arrived):
         said = f"{_nodes(len(arrived))} arrived, none usable: {fit}{_detail(idle)}"
         return Verdict(True, "nodes", said)

@@ -36,7 +36,7 @@ from gangcheck.logic.placement.fit import (
 )
 from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, split_gang
 from gangcheck.logic.placement.taints import toleration_of
-from gangcheck.logic.placement.topology import TopologyFit, fit_in_domains
+from gangcheck.logic.placement.topology import MissingLevel, TopologyFit, fit_in_domains
 from gangcheck.logic.placement.usage import NodeUsage, deleting_claim_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR, HOLD_AS
@@ -151,6 +151,10 @@ class Fulfillment:
     """Nodes recorded (or being recorded) as arrived for this request."""
     domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """The topology domain each constrained pod set is pinned to: (label key, value)."""
+    missing_level: MissingLevel | None = None
+    """A required topology level no node the gang may use carries (`summary` says it)."""
+    arrivals: int = 0
+    """How many nodes arrived for the request, recorded or not (`summary` counts them)."""
 
 
 def request_key(req: AttemptRecord) -> str:
@@ -226,6 +230,7 @@ def assess(
         result = fit()  # the message names why the arrivals passed over take no member
     key = request_key(req)
     arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
+    came = arrived | {n["metadata"]["name"] for n in candidates}
     return _fulfillment(
         result,
         devices,
@@ -233,6 +238,7 @@ def assess(
             (n["metadata"]["name"], n["metadata"].get("resourceVersion", "")) for n in claims
         ),
         arrived=tuple(sorted(arrived | {n["metadata"]["name"] for n in claims})),
+        arrivals=len(came),
     )
 
 
@@ -334,18 +340,28 @@ def arrival_view(node: Obj, capacity: ClusterView | None = None) -> NodeView:
     return node_view(as_opened(node), deleting_claim=claim)
 
 
-def fit_words(result: TopologyFit, devices: Inventory | None = None) -> str:
+def fit_words(result: TopologyFit, devices: Inventory | None = None, arrived: int = 0) -> str:
     """The words of a fit, the one place they are made: how many members are placeable (on
     how many nodes, in which topology domains), and why the nodes that take none take none
     (a taint not tolerated, labels missing, not Ready, cordoned, being deleted or its NodeClaim
     being deleted, no room), then the first
     device problem of a gang that does not fit. The check message (the Workload's, the
     PodGroup's) says a fit in these words, and `gangcheck diagnose` says the same fit in them
-    (explain.fit_verdict) before its node-by-node detail."""
-    words = result.summary()
+    (explain.fit_verdict) before its node-by-node detail. A required topology level no node
+    carries is said first, with how many of the nodes `arrived` for the attempt (the
+    autoscaler delivered them without it)."""
+    words = result.summary(arrived)
     if not result.fits and devices is not None and devices.problems:
         words += f"; {devices.problems[0]}"
     return words
+
+
+def level_wait(missing: MissingLevel | None, arrivals: int) -> str:
+    """What a Provisioned attempt whose `arrivals` all lack a required topology level says
+    it does: it waits out its deadline, as any fit that does not pass, since a node labeller
+    may add the label shortly after a node registers ("" when none arrived or no level is
+    missing)."""
+    return "; waiting until the deadline in case they are labelled" if missing and arrivals else ""
 
 
 def _fulfillment(
@@ -353,15 +369,18 @@ def _fulfillment(
     devices: Inventory,
     claims: tuple[tuple[str, str], ...] = (),
     arrived: tuple[str, ...] = (),
+    arrivals: int = 0,
 ) -> Fulfillment:
     return Fulfillment(
         fits=result.fits,
-        summary=fit_words(result, devices),
+        summary=fit_words(result, devices, arrivals),
         placeable=result.result.placeable,
         total=result.result.total,
         claims=claims,
         arrived=arrived,
         domains=dict(result.domains) if result.fits else {},
+        missing_level=result.missing,
+        arrivals=arrivals,
     )
 
 

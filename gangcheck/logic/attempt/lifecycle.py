@@ -42,6 +42,7 @@ from gangcheck.logic.attempt.fulfillment import (
     dra_hint,
     fits_without,
     held_as,
+    level_wait,
     request_key,
     strays,
     unrecorded_arrivals,
@@ -178,6 +179,7 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
         message = f"the whole gang fits on nodes that exist: {verdict.summary}"
         return Step(Progress.FITS, message, actions=claims, domains=verdict.domains)
     message = f"capacity requested, not yet usable: {verdict.summary}"
+    message += level_wait(verdict.missing_level, verdict.arrivals)
     others = strays(attempt.capacity, req, verdict.arrived)
     if others:
         named = ", ".join(f"{p.ref.namespace}/{p.name} on {p.node_name}" for p in others[:5])

@@ -8,7 +8,8 @@ sharing one value, and the chosen value is what podSetUpdates (or the released p
 The search is greedy and deterministic: constrained pod sets are taken in the order given;
 each is pinned to the first domain (by name) in which it places whole together with the pod
 sets pinned before it. It never reports a placement that is not feasible; with two or more
-constrained pod sets it may miss a combination that is.
+constrained pod sets it may miss a combination that is. A level no node carries at all
+(`MissingLevel`: a label the nodes delivered lack) is said as such, with the fit without it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,26 @@ from gangcheck.logic.placement.fit import (
 
 
 @dataclass(frozen=True)
+class MissingLevel:
+    """A required topology level that no node the fit was given carries: there is no domain
+    to keep the pod set (or the whole gang) in, whatever room the nodes have."""
+
+    key: str
+    pod_set: str = ""
+    """The constrained pod set; "" for the whole gang (a PodGroup's topology)."""
+
+    def words(self, arrived: int = 0) -> str:
+        """The one line saying so; `arrived`: how many of those nodes arrived for the attempt
+        whose fit this is (they are named as such: the autoscaler delivered, unlabelled)."""
+        which = f" (pod set {self.pod_set})" if self.pod_set else ""
+        level = f"the required topology level {self.key}{which}: the gang cannot fit in one domain"
+        if not arrived:
+            return f"no node the gang may use carries {level}"
+        nodes = f"{arrived} node{'' if arrived == 1 else 's'}"
+        return f"{nodes} arrived for this attempt; none carries {level}"
+
+
+@dataclass(frozen=True)
 class TopologyFit:
     """The fit with every constrained pod set pinned, and the pins: pod set -> (key, value)."""
 
@@ -36,13 +57,20 @@ class TopologyFit:
     domains: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     problem: str = ""
     """Set when a constrained pod set fits in no single domain: which, and the best try."""
+    missing: MissingLevel | None = None
+    """Set when the reason is that no node carries the level at all (`problem` then says it,
+    and `result` is the fit without that level)."""
 
     @property
     def fits(self) -> bool:
         return self.result.fits and not self.problem
 
-    def summary(self) -> str:
+    def summary(self, arrived: int = 0) -> str:
+        """The fit in one line; `arrived`: the nodes among those given that arrived for the
+        attempt (said when no node carries a required level)."""
         text = summarize(self.result)
+        if self.missing is not None:
+            return f"{self.missing.words(arrived)}; ignoring the level, {text}"
         if self.problem:
             return f"{self.problem}; {text}"
         pins = ", ".join(f"{ps} in {k}={v}" for ps, (k, v) in sorted(self.domains.items()))
@@ -59,6 +87,11 @@ def pinned(pod_set: GangPodSet, key: str, value: str) -> GangPodSet:
 def domains_of(nodes: Iterable[NodeView], key: str) -> list[str]:
     """The values of `key` among usable nodes, by name."""
     return sorted({n.labels[key] for n in nodes if n.is_usable and key in n.labels})
+
+
+def _lacking(nodes: Sequence[NodeView], key: str, pod_set: str = "") -> MissingLevel | None:
+    """The level as missing when no node carries it; None when some do (none usable)."""
+    return None if any(key in n.labels for n in nodes) else MissingLevel(key, pod_set)
 
 
 def fit_in_domains(
@@ -94,10 +127,16 @@ def fit_in_domains(
             if best is None or ps.count - left > best[0]:
                 best = (ps.count - left, value)
         else:
-            where = f"; best {key}={best[1]} places {best[0]}" if best else ": no node has it"
+            missing = None if best else _lacking(nodes, key, ps.name)
+            where = (
+                f"; best {key}={best[1]} places {best[0]}" if best else ": no usable node has it"
+            )
             problem = f"pod set {ps.name} needs all {ps.count} members in one {key} domain{where}"
             pins = {**chosen, ps.name: (key, best[1])} if best else chosen
-            return TopologyFit(fit_gang(_apply(pins, gang), nodes, bound, devices), chosen, problem)
+            result = fit_gang(_apply(pins, gang), nodes, bound, devices)
+            if missing is not None:
+                return TopologyFit(result, chosen, missing.words(), missing)
+            return TopologyFit(result, chosen, problem)
     return TopologyFit(fit_gang(_apply(chosen, gang), nodes, bound, devices), chosen)
 
 
@@ -132,9 +171,14 @@ def _fit_together(
             best = (result, value)
     total = sum(ps.count for ps in gang)
     if best is None:
+        missing = _lacking(nodes, key)
+        if missing is not None:
+            return TopologyFit(
+                fit_gang(gang, nodes, bound, devices), problem=missing.words(), missing=missing
+            )
         return TopologyFit(
             fit_gang(gang, [], bound),
-            problem=f"all {total} members need one {key} domain: no node has it",
+            problem=f"all {total} members need one {key} domain: no usable node has it",
         )
     result, value = best
     problem = (
