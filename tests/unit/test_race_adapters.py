@@ -700,3 +700,24 @@ def test_the_ask_in_a_withdrawn_racers_place_is_made_before_it_goes(adapter: Ada
     ]
     seen = adapter.run(racers, [], RACE)
     assert seen.writes == [("create", adapter.ask(2)), ("delete", adapter.ask(0))], seen
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_no_place_is_given_past_the_most_asks_an_attempt_makes(adapter: Adapter) -> None:
+    """The 32nd ask of an attempt (a list edited mid-race again and again) fails while c is
+    not asked: its place goes to none, as InOrder's (an ask numbered 32 is no ask `asks`
+    finds: the next pass would withdraw it as an earlier attempt's); the racer left goes on,
+    not told c was asked."""
+    at = {"gangcheck.io/capacity-source": "0", RACED: "0,1", **UNDER_ABC}
+    racers = [
+        Racer(naming.MAX_ASKS - 2, {"Accepted": "ok"}, at),
+        Racer(
+            naming.MAX_ASKS - 1, annotations={**FAILED, **at, "gangcheck.io/capacity-source": "1"}
+        ),
+    ]
+    seen = adapter.run(racers, [], RACE)
+    assert seen.state == "racing", seen
+    assert seen.created == []
+    assert seen.deleted == [adapter.ask(naming.MAX_ASKS - 1)]
+    # c was not asked: the racer left is not told it was
+    assert not any(RACED_ALL in notes for notes in seen.annotated.values())

@@ -142,8 +142,9 @@ def follow(
     backend: CapacityBackend,
 ) -> Standing:
     """Each racer followed; the first that fits wins (the others withdrawn); each that ended
-    is withdrawn and its place goes to the next source not asked yet; when none is left, the
-    racers left are told every source was asked (`_told`)."""
+    is withdrawn and its place goes to the next source not asked yet (none past the most
+    asks an attempt makes, `naming.MAX_ASKS`: `asks` would not find it); when none is left,
+    the racers left are told every source was asked (`_told`)."""
     live = [r for _, r in asked if not r.deleting]
     known = {r.name: sources_asked(r, k, config) for k, r in asked}
     raced = {i for s in known.values() for i in s}
@@ -190,12 +191,12 @@ def follow(
             (*lifecycle.release_hold(capacity, r), *backend.withdraw(r, COULD_NOT)),
             driver.failed_note(config, r, rollback.record_of(r).reason or f"Failed: {why}"),
             (next_ask + i, _given(unasked[i], raced | set(unasked[:i])))
-            if i < len(unasked)
+            if i < len(unasked) and next_ask + i < naming.MAX_ASKS
             else None,
         )
         for i, (r, why) in enumerate(ended)
     )
-    if out and all(e.replacement is None for e in out):
+    if out and not unasked:
         going = [_told(g, known[g.request.name], config) for g in going]
     return Standing(going=tuple(going), ended=out)
 
