@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose import diagnose, render_text
 from gangcheck.kube.errors import InvalidError
-from gangcheck.kube.resources import ATOMIC_CONFIG, POD
+from gangcheck.kube.resources import ATOMIC_CONFIG, NODE, POD
 from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
@@ -325,6 +326,46 @@ async def test_a_required_rack_is_kept_and_pinned_in_pod_set_updates(
     check = await cluster.wait_check("wl", "Ready")
     (update,) = check["podSetUpdates"]
     assert update["nodeSelector"] == {"rack": "b"}
+
+
+async def test_arrivals_without_the_required_level_are_said_so_and_wait_for_a_labeller(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """gangcheck's podset-required-topology naming a level no node shows: asked without a
+    domain, Provisioned, and the nodes that arrive lack the label. The check and diagnose say
+    so in one line, counting the arrivals, and the attempt waits its deadline: labelled then
+    (as a node labeller would), the gang fits in one rack and is pinned there."""
+    await cluster.install_check(fit(deadline=60))
+    template = pod_template(gpu=1)
+    template["metadata"] = {"annotations": {"gangcheck.io/podset-required-topology": "rack"}}
+    await cluster.submit(
+        WorkloadBuilder("wl").pod_set("workers", 3, template).reserve_quota().check()
+    )
+    name = req_name(cluster)
+    request = await cluster.wait_request(name)
+    assert "gangcheck.io/topology-domain" not in request["metadata"]["annotations"]
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize done"})
+    nodes = await cluster.add_nodes(3, gpu=1)
+    said = (
+        "capacity requested, not yet usable: 3 nodes arrived for this attempt; none carries the "
+        "required topology level rack (pod set workers): the gang cannot fit in one domain; "
+        "ignoring the level, 3 of 3 members placeable on 3 nodes; waiting until the deadline in "
+        "case they are labelled"
+    )
+    check = await eventually(lambda: _check_message(cluster, "wl", said), what="the level named")
+    assert (check["state"], check["message"]) == ("Pending", said)
+    assert await arrived_for(cluster, name) == sorted(nodes)
+    report = await diagnose(cluster.kube, f"workload/{cluster.ns}/wl")
+    line = report.verdict.line
+    fit_said = said.removeprefix("capacity requested, not yet usable: ")
+    assert line.startswith(f"blocked: {fit_said}, deadline in "), line
+    assert "no node has arrived" not in render_text(report)
+
+    for node_name in nodes:  # as a node labeller, after registration
+        await cluster.kube.merge_patch(NODE, node_name, {"metadata": {"labels": {"rack": "a"}}})
+    check = await cluster.wait_check("wl", "Ready")
+    (update,) = check["podSetUpdates"]
+    assert update["nodeSelector"] == {"rack": "a"}
 
 
 async def test_reserved_nodes_are_used_first_and_only_the_rest_is_requested(
