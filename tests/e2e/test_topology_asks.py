@@ -26,7 +26,7 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
 )
 from tests.e2e.conftest import GPU_TAINT, Cluster
-from tests.e2e.helpers import delete_quietly, eventually, unique
+from tests.e2e.helpers import delete_quietly, eventually, node_ready, unique
 from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     GPU,
     GPU_TYPE,
@@ -65,16 +65,28 @@ def racked_group(pool: str, rack: str, max_nodes: int) -> Obj:
 
 async def two_racks(kube: Kube, sim: SimCloud, pool: str) -> dict[str, str]:  # noqa: F811
     """Racks r1 and r2 of the sim's `pool` (room for 4 nodes each), one node already in each:
-    r1's cordoned (no room), r2's can take one member now. Returns the pool's node labels."""
+    r1's cordoned (no room), r2's can take one member now (waited for until Ready). Returns
+    the pool's node labels."""
     sim.configure(racked_group(pool, "r1", 4))
     sim.configure(racked_group(pool, "r2", 4))
     labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
     full = kwok_node(f"{pool}-r1-x", gpus=8, labels={**labels, RACK: "r1"}, taints=[GPU_TAINT])
     full["spec"]["unschedulable"] = True
     await kube.create(NODE, full)
+    roomy = f"{pool}-r2-x"
     await kube.create(
-        NODE, kwok_node(f"{pool}-r2-x", gpus=8, labels={**labels, RACK: "r2"}, taints=[GPU_TAINT])
+        NODE, kwok_node(roomy, gpus=8, labels={**labels, RACK: "r2"}, taints=[GPU_TAINT])
     )
+
+    async def usable() -> bool:
+        # Ready and without the not-ready taint of its registration: until then r2 shows no
+        # room and the racks rank by name, r1 first (seen once in a full run: the Job was
+        # admitted and asked for before kwok had made r2's node Ready)
+        node = await kube.get(NODE, roomy)
+        taints = {t["key"] for t in node["spec"].get("taints") or []}
+        return node_ready(node) and "node.kubernetes.io/not-ready" not in taints
+
+    await eventually(usable, timeout=30, interval=0.2, what=f"{roomy} Ready and untainted")
     return labels
 
 
