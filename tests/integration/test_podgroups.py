@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -759,6 +759,29 @@ async def test_a_podgroup_attempt_in_flight_follows_its_config_as_a_workloads_do
         await groups.kube.delete(ATOMIC_CONFIG, config)
 
 
+async def race_config(groups: Groups, name: str, sources: Sequence[str]) -> tuple[str, str]:
+    """An AtomicProvisioningConfig racing `sources` (each pinned by a node label of its own
+    name's value; raceWidth at its default, 2). Returns (config, the sources' label key)."""
+    config, src = f"{name}-{groups.ns}", f"{name}.example.com/source"
+    spec = {
+        "capacitySources": [{"name": n, "nodeSelector": {src: n}} for n in sources],
+        "capacitySourcePolicy": "Race",
+        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
+    }
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    return config, src
+
+
+async def racing_group(groups: Groups, name: str, config: str) -> tuple[Obj, Obj]:
+    """A PodGroup `name` of 2 members under `config`; returns its first two asks (the race's
+    two first racers)."""
+    await groups.upstream(name, 2, annotations={CONFIG_ANNOTATION: config})
+    for i in range(2):
+        await groups.member(f"{name}-{i}", name, gpu=2)
+    first = await groups.cluster.wait_request(f"{name}-pg-1")
+    return first, await groups.cluster.wait_request(f"{name}-pg-1-s1")
+
+
 async def test_a_podgroup_race_is_won_by_the_first_source_to_deliver_and_the_loser_reclaimed(
     groups: Groups, provisioner: Controller
 ) -> None:
@@ -767,23 +790,9 @@ async def test_a_podgroup_race_is_won_by_the_first_source_to_deliver_and_the_los
     whole gang: the members are released onto b's request (consuming it), the group records
     b as the winner, and a's request is withdrawn with the node that arrived for it
     reclaimed by the safe path (DeleteNode)."""
-    config = f"race-{groups.ns}"
-    src = "race.example.com/source"
-    spec = {
-        "capacitySources": [
-            {"name": "a", "nodeSelector": {src: "a"}},
-            {"name": "b", "nodeSelector": {src: "b"}},
-        ],
-        "capacitySourcePolicy": "Race",
-        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
-    }
-    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    config, src = await race_config(groups, "race", ["a", "b"])
     try:
-        await groups.upstream("race", 2, annotations={CONFIG_ANNOTATION: config})
-        for i in range(2):
-            await groups.member(f"race-{i}", "race", gpu=2)
-        first = await groups.cluster.wait_request("race-pg-1")
-        second = await groups.cluster.wait_request("race-pg-1-s1")
+        first, second = await racing_group(groups, "race", config)
         assert second["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "1"
         racing = await groups.wait_state("race", "Provisioning")
         assert _annotations(racing)[MESSAGE_ANNOTATION].startswith("racing: ")
@@ -941,27 +950,16 @@ async def test_a_podgroup_race_gives_a_place_to_a_source_put_first_while_it_ran(
     x's nodes, records the sources the race asked (x, a, b). Before, the race gave no place
     once a racer's source had moved, and the attempt ended as every source failed (the next
     after the backoff)."""
-    config = f"relist-{groups.ns}"
-    src = "relist.example.com/source"
+    config, src = await race_config(groups, "relist", ["a", "b"])
     a, b, x = ({"name": n, "nodeSelector": {src: n}} for n in ("a", "b", "x"))
-    spec = {
-        "capacitySources": [a, b],
-        "capacitySourcePolicy": "Race",
-        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
-    }
-    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
     try:
-        await groups.upstream("relist", 2, annotations={CONFIG_ANNOTATION: config})
-        for i in range(2):
-            await groups.member(f"relist-{i}", "relist", gpu=2)
-        await groups.cluster.wait_request("relist-pg-1")
-        await groups.cluster.wait_request("relist-pg-1-s1")
+        await racing_group(groups, "relist", config)
         await groups.cluster.set_request_conditions("relist-pg-1", {"Failed": "no capacity in a"})
         await groups.cluster.wait_request_gone("relist-pg-1", timeout=30)
         assert await groups.cluster.request("relist-pg-1-s2") is None
 
         obj = await groups.kube.get(ATOMIC_CONFIG, config)
-        obj["spec"] = {**spec, "capacitySources": [x, a, b]}
+        obj["spec"] = {**obj["spec"], "capacitySources": [x, a, b]}
         await groups.kube.replace(ATOMIC_CONFIG, obj)
         third = await groups.cluster.wait_request("relist-pg-1-s2", timeout=30)
         notes = _annotations(third)
@@ -990,22 +988,11 @@ async def test_a_podgroup_race_does_not_ask_again_a_source_whose_racer_was_withd
     (gangcheck.io/sources-raced-all). gangcheck restarts; then b fails: the attempt ends as
     every source failed (BackingOff), c not asked again. Before, b's record knew only a and
     b, and b's failure asked c again (thrice-pg-1-s2 made anew)."""
-    config = f"thrice-{groups.ns}"
-    src = "thrice.example.com/source"
-    spec = {
-        "capacitySources": [{"name": n, "nodeSelector": {src: n}} for n in ("a", "b", "c")],
-        "capacitySourcePolicy": "Race",
-        "fulfillment": {"deadlineSeconds": 600, "reclaimer": "DeleteNode"},
-    }
-    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    config, _ = await race_config(groups, "thrice", ["a", "b", "c"])
     kubeconfig = str(control_plane.kubeconfig)
     try:
         async with controller_running(kubeconfig):
-            await groups.upstream("thrice", 2, annotations={CONFIG_ANNOTATION: config})
-            for i in range(2):
-                await groups.member(f"thrice-{i}", "thrice", gpu=2)
-            await groups.cluster.wait_request("thrice-pg-1")
-            await groups.cluster.wait_request("thrice-pg-1-s1")
+            await racing_group(groups, "thrice", config)
             await groups.cluster.set_request_conditions("thrice-pg-1", {"Failed": "none in a"})
             third = await groups.cluster.wait_request("thrice-pg-1-s2", timeout=30)
             assert _annotations(third)["gangcheck.io/sources-raced"] == "0,1,2"
