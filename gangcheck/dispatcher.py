@@ -16,7 +16,10 @@ Secret are there, and made again when the kubeconfig in that Secret changes (its
 update leaving it as it was keeps the client). Each worker is read
 once per pass (its AdmissionChecks, nodes, pods, ProvisioningRequests and Workloads, side by
 side, the workers side by side), for every Workload of the pass, the copies of the Workloads
-nominated there included (a slow worker costs a pass its answer once, not once per Workload):
+nominated there included (a slow worker costs a pass its answer once, not once per Workload,
+and at most ``answer_within`` seconds, ``ANSWER_WITHIN``: one that does not answer by then is
+skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, doubled up to
+``SILENT_MAX`` while it stays silent, then read again):
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
@@ -72,12 +75,14 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.dispatch import (
+    ANSWER_WITHIN,
     KUEUE_ADMISSION,
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
     CheckWorkers,
     DispatchRecord,
     Outcome,
+    Silence,
     SourceHistory,
     Step,
     WorkerFacts,
@@ -88,6 +93,9 @@ from gangcheck.logic.dispatch import (
     left_to_another,
     nominated_by_another,
     recent_failures,
+    silence,
+    silent_reason,
+    unread,
     workers_for,
 )
 from gangcheck.logic.placement.fit import (
@@ -149,13 +157,20 @@ class Dispatcher:
         interval: float = DEFAULT_INTERVAL,
         at_once: int = 1,
         connect: Callable[[bytes], Awaitable[Kube]] | None = None,
+        answer_within: float = ANSWER_WITHIN,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.kube = kube
         self.metrics = metrics or Metrics()
         self.kueue_namespace = kueue_namespace
         self.interval = interval
         self.at_once = at_once
-        self.events = EventRecorder(kube, clock=lambda: datetime.now(UTC))
+        self.answer_within = answer_within
+        self._now = clock or (lambda: datetime.now(UTC))
+        self.events = EventRecorder(kube, clock=self._now)
+        # the workers that did not answer within ``answer_within``, by name: skipped unread
+        # until their window ends (``silence``)
+        self._silent: dict[str, Silence] = {}
         # the workers connected (a client, and its watches while running), by name: those a
         # MultiKueueConfig served lists, through their MultiKueueCluster's Secret as last read
         self._workers: dict[str, _Worker] = {}
@@ -270,7 +285,9 @@ class Dispatcher:
             ]
 
     async def _drop(self, name: str) -> None:
-        """Ends the worker's watches and closes its client (when held)."""
+        """Ends the worker's watches and closes its client (when held), and forgets its
+        silence (another client, perhaps another server, is read afresh)."""
+        self._silent.pop(name, None)
         held = self._workers.pop(name, None)
         tasks = self._worker_watches.pop(name, [])
         for task in tasks:
@@ -343,9 +360,7 @@ class Dispatcher:
         told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
         for wl in waiting:
             key = _key(wl)
-            failures = recent_failures(
-                (r for k, r in records.items() if k != key), datetime.now(UTC)
-            )
+            failures = recent_failures((r for k, r in records.items() if k != key), self._now())
             others: dict[str, list[GangPodSet]] = {}
             for k, clusters_of in nominated.items():
                 if k == key:
@@ -421,7 +436,7 @@ class Dispatcher:
                 record,
                 facts,
                 at_once=self.at_once,
-                now=datetime.now(UTC),
+                now=self._now(),
                 unconfigured=unconfigured,
                 written=written,
             )
@@ -559,18 +574,41 @@ class Dispatcher:
     async def _view(self, worker: _Worker) -> _View:
         """What a pass reads of one worker, once for every Workload it dispatches: whether
         gangcheck runs there, its nodes, its pods, gangcheck's requests and its Workloads
-        (the copies; read side by side)."""
+        (the copies; read side by side). All of them within ``answer_within`` seconds, or
+        the worker is skipped as silent, and skipped unread by the next passes until its
+        window ends (``silence``, ``unread``)."""
         if worker.kube is None:
             return _View(skip=worker.skip)
         kube = worker.kube
-        reads = await asyncio.gather(
-            _items(kube, ADMISSION_CHECK),
-            _items(kube, NODE),
-            _items(kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"),
-            _items(kube, PROVISIONING_REQUEST),
-            _items(kube, WORKLOAD),
-            return_exceptions=True,
-        )
+        held = self._silent.get(worker.name)
+        said = unread(held, self._now(), within=self.answer_within)
+        if said:
+            return _View(skip=said)
+        try:
+            reads = await asyncio.wait_for(
+                asyncio.gather(
+                    _items(kube, ADMISSION_CHECK),
+                    _items(kube, NODE),
+                    _items(
+                        kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"
+                    ),
+                    _items(kube, PROVISIONING_REQUEST),
+                    _items(kube, WORKLOAD),
+                    return_exceptions=True,
+                ),
+                self.answer_within,
+            )
+        except TimeoutError:
+            silent = silence(held, self._now())
+            self._silent[worker.name] = silent
+            log.warning(
+                "worker %s did not answer within %gs: skipped until %s",
+                worker.name,
+                self.answer_within,
+                silent.until.isoformat(),
+            )
+            return _View(skip=silent_reason(silent, within=self.answer_within))
+        self._silent.pop(worker.name, None)
         for res, read in zip(_VIEW_READS, reads, strict=True):
             if isinstance(read, ApiError):
                 return _View(skip=_refused(res, read))

@@ -61,6 +61,49 @@ CAPACITY_NOT_FOUND = "CapacityIsNotFound"
 COPY_GRACE = 30.0
 
 
+#: How long (seconds) a pass waits for one worker's reads, all of them together: a worker that
+#: does not answer within it (a network black hole: no refusal, the request hangs until the
+#: client's own timeout) is skipped, and holds up the other Workloads' nominations no longer.
+ANSWER_WITHIN = 5.0
+#: How long (seconds) a worker that did not answer within ``ANSWER_WITHIN`` is skipped without
+#: being read, the first time; doubled each time it stays silent when tried again, up to
+#: ``SILENT_MAX`` (later passes do not wait for it again meanwhile).
+SILENT_FIRST = 30.0
+SILENT_MAX = 240.0
+
+
+@dataclass(frozen=True)
+class Silence:
+    """A worker that did not answer within ``ANSWER_WITHIN``: skipped unread until ``until``,
+    then read again (``wait``: the seconds of that window, doubled at the next silence)."""
+
+    until: datetime
+    wait: float
+
+
+def silence(previous: Silence | None, now: datetime) -> Silence:
+    """The window of a worker that did not answer when read at ``now`` (``previous``: its
+    window before, None when it answered last; an answer, an error included, ends it):
+    skipped unread for ``SILENT_FIRST`` seconds, twice as long as the last time when it was
+    silent already, at most ``SILENT_MAX``."""
+    wait = SILENT_FIRST if previous is None else min(previous.wait * 2, SILENT_MAX)
+    return Silence(now + timedelta(seconds=wait), wait)
+
+
+def unread(held: Silence | None, now: datetime, *, within: float = ANSWER_WITHIN) -> str:
+    """Why a worker is skipped without being read now ('' : read it): it did not answer
+    within ``within`` seconds, and its window (``held``) has not ended."""
+    if held is None or now >= held.until:
+        return ""
+    return silent_reason(held, within=within)
+
+
+def silent_reason(held: Silence, *, within: float = ANSWER_WITHIN) -> str:
+    """The reason recorded for a worker that did not answer (the same for the whole window:
+    the record is written once per window)."""
+    return f"unreachable: no answer within {within:g}s (tried again after {_stamp(held.until)})"
+
+
 class Outcome(StrEnum):
     """How an attempt at a capacity source ended."""
 

@@ -909,3 +909,94 @@ async def test_a_rotated_kubeconfig_is_read_through_and_a_no_op_update_keeps_the
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+# -- a worker that does not answer (a network black hole) ---------------------------------------
+
+
+class Hanging(FakeKube):
+    """A worker whose API server, once ``hanging``, never answers a list (a connect or read
+    that hangs, not refused); ``hung`` counts the lists it was asked for since."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hanging = False
+        self.hung = 0
+
+    async def list_objects(self, res: Any, *args: Any, **kwargs: Any) -> Obj:
+        if self.hanging:
+            self.hung += 1
+            await asyncio.Event().wait()  # no answer, ever: only the dispatcher's bound ends it
+        return await super().list_objects(res, *args, **kwargs)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+BOUND = 0.2
+
+
+def bounded(manager: Manager, connect: Connect, clock: Clock) -> Dispatcher:
+    return Dispatcher(manager, metrics=Metrics(), connect=connect, answer_within=BOUND, clock=clock)
+
+
+async def test_a_worker_that_does_not_answer_is_skipped_within_the_bound_then_unread() -> None:
+    """Before, a pass waited for every worker: one that did not answer held up the nomination
+    of every Workload for the client's request timeout, at every pass. Now it is skipped
+    after ``answer_within`` seconds, with the reason; the next passes skip it without asking
+    until its window ends, then ask it again, and its window doubles while it stays silent."""
+    one = Hanging()
+    worker(kube=one, nodes=2)  # the gang would fit now there
+    one.hanging = True
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
+    await asyncio.wait_for(dispatcher.pass_once(), 10)  # unbounded, it would never end
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-2"])]
+    assert got.skipped["worker-1"] == (
+        f"unreachable: no answer within {BOUND:g}s (tried again after 2026-12-05T12:00:30Z)"
+    )
+    asked = one.hung
+    assert asked == 5  # its five lists, side by side, once
+    writes = len(manager.writes)
+    for seconds in (1, 29.9):  # in its window: not asked, the record as it was
+        clock.now = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=seconds)
+        await asyncio.wait_for(dispatcher.pass_once(), 10)
+    assert one.hung == asked
+    assert len(manager.writes) == writes
+    clock.now = datetime(2026, 12, 5, 12, 0, 30, tzinfo=UTC)  # its window ended: asked again
+    await asyncio.wait_for(dispatcher.pass_once(), 10)
+    assert one.hung == 2 * asked
+    assert record(manager).skipped["worker-1"].endswith("(tried again after 2026-12-05T12:01:30Z)")
+    assert record(manager).nominated == ("worker-2",)  # kept, trying
+    one.hanging = False  # it answers again: read at the end of its window, used again
+    clock.now = datetime(2026, 12, 5, 12, 1, 30, tzinfo=UTC)
+    await asyncio.wait_for(dispatcher.pass_once(), 10)
+    assert "worker-1" not in record(manager).skipped
+    assert not one.writes
+
+
+async def test_a_nominated_worker_that_stops_answering_is_given_up_as_unreachable() -> None:
+    """As a nominated worker that is unreachable is: given up for this gang, the next
+    nominated in the same step (only the wait for it is bounded)."""
+    one = Hanging()
+    worker(kube=one, nodes=2)
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
+    dispatcher = bounded(manager, connect, Clock())
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)  # fits now
+    one.hanging = True
+    await asyncio.wait_for(dispatcher.pass_once(), 10)
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    said = f"unreachable: unreachable: no answer within {BOUND:g}s"
+    assert got.failed["worker-1"].startswith(said), got.failed
+    assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
+    assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
