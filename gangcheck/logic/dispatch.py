@@ -373,6 +373,12 @@ class Step:
         return bool(self.newly_nominated or self.fallbacks)
 
 
+def _unreachable(skip: str) -> str:
+    """Why a nominated worker that cannot be read now is given up: its skip reason, said as
+    unreachable once (a reason that says so already is not prefixed again)."""
+    return skip if skip.startswith("unreachable") else f"unreachable: {skip}"
+
+
 def decide(
     record: DispatchRecord,
     workers: Sequence[WorkerFacts],
@@ -419,7 +425,7 @@ def decide(
         why = (
             "no longer configured"
             if worker is None
-            else worker.failure or ("" if worker.reachable else f"unreachable: {worker.skip}")
+            else worker.failure or ("" if worker.reachable else _unreachable(worker.skip))
         )
         if why:
             failed[cluster] = why

@@ -996,7 +996,7 @@ async def test_a_nominated_worker_that_stops_answering_is_given_up_as_unreachabl
     await asyncio.wait_for(dispatcher.pass_once(), 10)
     got = record(manager)
     assert got.nominated == ("worker-2",)
-    said = f"unreachable: unreachable: no answer within {BOUND:g}s"
+    said = f"unreachable: no answer within {BOUND:g}s"
     assert got.failed["worker-1"].startswith(said), got.failed
     assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
     assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
