@@ -92,6 +92,7 @@ from gangcheck.logic.dispatch import (
     decide,
     left_to_another,
     nominated_by_another,
+    patient,
     recent_failures,
     silence,
     silent_reason,
@@ -583,7 +584,7 @@ class Dispatcher:
         held = self._silent.get(worker.name)
         said = unread(held, self._now(), within=self.answer_within)
         if said:
-            return _View(skip=said)
+            return _View(skip=said, patient=patient(held))
         try:
             reads = await asyncio.wait_for(
                 asyncio.gather(
@@ -607,7 +608,9 @@ class Dispatcher:
                 self.answer_within,
                 silent.until.isoformat(),
             )
-            return _View(skip=silent_reason(silent, within=self.answer_within))
+            return _View(
+                skip=silent_reason(silent, within=self.answer_within), patient=patient(silent)
+            )
         self._silent.pop(worker.name, None)
         for res, read in zip(_VIEW_READS, reads, strict=True):
             if isinstance(read, ApiError):
@@ -637,7 +640,12 @@ class Dispatcher:
         lately_failed: str = "",
     ) -> WorkerFacts:
         if view.skip or worker.kube is None:
-            return WorkerFacts(worker.name, reachable=False, skip=view.skip or worker.skip)
+            return WorkerFacts(
+                worker.name,
+                reachable=False,
+                skip=view.skip or worker.skip,
+                patience=nominated and view.patient,
+            )
         try:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
             fits_now = _fits_now(view, wl, others)
@@ -661,6 +669,8 @@ class _View:
     """One worker as a pass read it (``skip``: why it cannot be used now)."""
 
     skip: str = ""
+    patient: bool = False
+    """Skipped as silent, in its first window (``dispatch.patient``)."""
     nodes: list[NodeView] = field(default_factory=list)
     pods: list[Obj] = field(default_factory=list)
     requests: list[Obj] = field(default_factory=list)

@@ -90,6 +90,11 @@ def silence(previous: Silence | None, now: datetime) -> Silence:
     return Silence(now + timedelta(seconds=wait), wait)
 
 
+def patient(held: Silence | None) -> bool:
+    """A silent worker is waited for a while when nominated: in its first window only."""
+    return held is not None and held.wait <= SILENT_FIRST
+
+
 def unread(held: Silence | None, now: datetime, *, within: float = ANSWER_WITHIN) -> str:
     """Why a worker is skipped without being read now ('' : read it): it did not answer
     within ``within`` seconds, and its window (``held``) has not ended."""
@@ -153,6 +158,10 @@ class WorkerFacts:
     """Its copy of the Workload is admitted there (read only for a worker nominated)."""
     copied: bool = True
     """Kueue's copy of the Workload is there (read only for a worker nominated)."""
+    patience: bool = False
+    """A worker nominated that did not answer, in its first window of silence (``patient``):
+    kept nominated, since a stall is no stockout and moving on would throw away what it is
+    bringing up; given up as unreachable if it is silent again when that window ends."""
 
 
 @dataclass(frozen=True)
@@ -421,6 +430,9 @@ def decide(
     for cluster in record.nominated[: max(at_once, 1)]:
         worker = facts.get(cluster)
         if cluster in failed:
+            continue
+        if worker is not None and not worker.reachable and worker.patience:
+            keep.append(cluster)  # silent, first window: waited for (``WorkerFacts.patience``)
             continue
         why = (
             "no longer configured"

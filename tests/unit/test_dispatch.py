@@ -161,6 +161,17 @@ STEPS = {
     "it became unreachable while nominated: given up, the next": Step_(
         ON_A, (down("a", "MultiKueueCluster not Active"), w("b")), ("b",), ("b",), ("a",)
     ),
+    "silent while nominated, its first window: kept, waited for": Step_(
+        ON_A,
+        (
+            WorkerFacts("a", reachable=False, skip="unreachable: no answer", patience=True),
+            w("b", fits=True),
+        ),
+        ("a",),
+    ),
+    "silent again once that window ended: given up, the next": Step_(
+        ON_A, (down("a", "unreachable: no answer"), w("b")), ("b",), ("b",), ("a",)
+    ),
     "a worker given up before is never nominated again, even when it fits": Step_(
         DispatchRecord(("b",), ("a", "b"), {"a": "Rejected"}),
         (w("a", fits=True), failing("b", "evicted")),

@@ -11,6 +11,7 @@ from gangcheck.logic.dispatch import (
     SILENT_FIRST,
     SILENT_MAX,
     Silence,
+    patient,
     silence,
     silent_reason,
     unread,
@@ -74,3 +75,18 @@ def test_the_reason_says_the_bound_and_when_it_is_tried_again_the_same_all_windo
     assert said == "unreachable: no answer within 5s (tried again after 2026-12-05T12:00:30Z)"
     assert unread(held, NOW) == unread(held, NOW + timedelta(seconds=29)) == said
     assert silent_reason(held, within=0.5).startswith("unreachable: no answer within 0.5s")
+
+
+PATIENT = {
+    "answered (no window)": (None, False),
+    "its first window": (window(SILENT_FIRST), True),
+    "silent again: a doubled window": (window(2 * SILENT_FIRST), False),
+    "at the cap": (window(SILENT_MAX), False),
+}
+
+
+@pytest.mark.parametrize(("held", "waited"), PATIENT.values(), ids=PATIENT.keys())
+def test_a_nominated_silent_worker_is_waited_for_in_its_first_window_only(
+    held: Silence | None, waited: bool
+) -> None:
+    assert patient(held) is waited

@@ -983,16 +983,26 @@ async def test_a_worker_that_does_not_answer_is_skipped_within_the_bound_then_un
     assert not one.writes
 
 
-async def test_a_nominated_worker_that_stops_answering_is_given_up_as_unreachable() -> None:
-    """As a nominated worker that is unreachable is: given up for this gang, the next
-    nominated in the same step (only the wait for it is bounded)."""
+async def test_a_nominated_worker_that_stops_answering_is_given_up_once_silent_again() -> None:
+    """A nominated worker that stops answering is waited for through its first window of
+    silence (a stall is no stockout: moving on would throw away what it brings up), kept
+    nominated and not asked meanwhile; silent again when that window ends, it is given up as
+    an unreachable one is, the next nominated in the same step."""
     one = Hanging()
     worker(kube=one, nodes=2)
     manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
-    dispatcher = bounded(manager, connect, Clock())
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
     await dispatcher.pass_once()
     assert record(manager).nominated == ("worker-1",)  # fits now
     one.hanging = True
+    for seconds in (0, 10, 29.9):  # silent, its first window: kept
+        clock.now = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=seconds)
+        await asyncio.wait_for(dispatcher.pass_once(), 10)
+        got = record(manager)
+        assert got.nominated == ("worker-1",) and not got.failed, got
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
+    clock.now = datetime(2026, 12, 5, 12, 0, 30, tzinfo=UTC)  # asked again: still silent
     await asyncio.wait_for(dispatcher.pass_once(), 10)
     got = record(manager)
     assert got.nominated == ("worker-2",)
