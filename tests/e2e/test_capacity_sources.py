@@ -46,6 +46,7 @@ from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     gang_job,
     gpu_queue,
     job_pods,
+    job_running,
     nodes_with,
     running,
     sim,
@@ -181,12 +182,7 @@ async def test_race_the_fast_source_wins_and_the_slow_ones_arrivals_are_reclaime
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, 8), namespace)
         try:
-
-            async def all_running() -> list[Obj] | None:
-                pods = running(await job_pods(kube, namespace, "gang"))
-                return pods if len(pods) == count else None
-
-            pods = await eventually(all_running, timeout=120, interval=0.5, what="gang Running")
+            pods = await job_running(kube, namespace, "gang", count)
             started_after = time.monotonic() - began
             on_fast = {n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={fast}")}
             assert {p["spec"]["nodeName"] for p in pods} <= on_fast, (pods, on_fast)
@@ -264,12 +260,7 @@ async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_runs
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, 8), namespace)
         try:
-
-            async def all_running() -> list[Obj] | None:
-                pods = running(await job_pods(kube, namespace, "gang"))
-                return pods if len(pods) == count else None
-
-            pods = await eventually(all_running, timeout=120, interval=0.5, what="gang Running")
+            pods = await job_running(kube, namespace, "gang", count)
             started_after = time.monotonic() - began
             on_first = {
                 n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={first}")
@@ -476,11 +467,7 @@ async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_t
             await delete_quietly(kube, PROVISIONING_REQUEST, other["metadata"]["name"], namespace)
             kept_at = time.monotonic()
 
-            async def all_running() -> list[Obj] | None:
-                pods = running(await job_pods(kube, namespace, "gang"))
-                return pods if len(pods) == count else None
-
-            pods = await eventually(all_running, timeout=150, interval=0.5, what="gang Running")
+            pods = await job_running(kube, namespace, "gang", count, timeout=150)
             ran_after = time.monotonic() - kept_at
             on_second = {
                 n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={second}")

@@ -341,6 +341,18 @@ def check_state(workload: Obj | None, check: str) -> Obj:
     return {}
 
 
+async def job_running(
+    kube: Kube, namespace: str, job: str, count: int, *, timeout: float = 120.0
+) -> list[Obj]:
+    """Waits until the Job's `count` pods are all Running; returns them."""
+
+    async def all_running() -> list[Obj] | None:
+        pods = running(await job_pods(kube, namespace, job))
+        return pods if len(pods) == count else None
+
+    return await eventually(all_running, timeout=timeout, interval=0.5, what=f"{job} Running")
+
+
 async def job_pods(kube: Kube, namespace: str, job: str) -> list[Obj]:
     listing = await kube.list_objects(
         POD, namespace, label_selector=f"batch.kubernetes.io/job-name={job}"
@@ -447,11 +459,7 @@ async def test_gang_provisioned_by_cluster_autoscaler_runs_on_new_nodes(
 
             await eventually(admitted, timeout=30, what="Kueue admits the Workload")
 
-            async def all_running() -> list[Obj] | None:
-                pods = running(await job_pods(kube, namespace, "gang"))
-                return pods if len(pods) == count else None
-
-            pods = await eventually(all_running, timeout=60, interval=0.5, what="gang Running")
+            pods = await job_running(kube, namespace, "gang", count, timeout=60)
             started_after = time.monotonic() - began
             assert {p["spec"]["nodeName"] for p in pods} == {n["metadata"]["name"] for n in new}
             cluster.record(

@@ -38,6 +38,7 @@ from tests.e2e.test_gangcheck import (  # noqa: F401 (fixtures)
     gang_job,
     gpu_queue,
     job_pods,
+    job_running,
     nodes_with,
     running,
     sim,
@@ -216,12 +217,7 @@ async def test_a_kueue_job_bound_to_one_rack_by_gangchecks_annotation_is_asked_f
         began = time.monotonic()
         created = await kube.create(JOB, job, namespace)
         try:
-
-            async def all_running() -> list[Obj] | None:
-                pods = running(await job_pods(kube, namespace, "racked"))
-                return pods if len(pods) == count else None
-
-            pods = await eventually(all_running, timeout=120, interval=0.5, what="Job Running")
+            pods = await job_running(kube, namespace, "racked", count)
             started_after = time.monotonic() - began
             notes = await asked_and_run_in_rack_2(kube, namespace, pool, pods)
             assert all(p["spec"]["nodeSelector"].get(RACK) == "r2" for p in pods), pods
