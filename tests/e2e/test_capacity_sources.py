@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from gangcheck_dev.testbed.deploy import ManagedProcess
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import JOB, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
@@ -322,6 +323,53 @@ def booking(name: str, count: int) -> tuple[Obj, Obj]:
     return template, request
 
 
+async def kept_nodes_story(
+    kube: Kube,
+    namespace: str,
+    *,
+    group: str,
+    first: str,
+    other: Obj,
+    gangcheck: ManagedProcess | None,
+) -> str:
+    """What the autoscaler and gangcheck did with the kept-nodes test's group, for its failure
+    message: each node's age, taints and record, both requests' conditions, and gangcheck's
+    log lines naming a node of the group or the gang's request."""
+
+    def conditions(req: Obj | None) -> list[tuple[str, str, str, str]]:
+        found = (req or {}).get("status", {}).get("conditions") or []
+        return [
+            (c["type"], c["status"], c.get("reason", ""), c.get("lastTransitionTime", ""))
+            for c in found
+        ]
+
+    nodes = await nodes_with(kube, group)
+    seen = [
+        (
+            n["metadata"]["name"],
+            n["metadata"]["creationTimestamp"],
+            (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR),
+            [t["key"] for t in (n.get("spec") or {}).get("taints") or []],
+        )
+        for n in nodes
+    ]
+    ours = await kube.get_if_exists(PROVISIONING_REQUEST, first, namespace)
+    theirs = await kube.get_if_exists(PROVISIONING_REQUEST, other["metadata"]["name"], namespace)
+    names = {first, *(n["metadata"]["name"] for n in nodes)}
+    lines = []
+    if gangcheck is not None:
+        lines = [
+            line
+            for line in gangcheck.log_path.read_text(errors="replace").splitlines()
+            if any(name in line for name in names)
+        ][-12:]
+    return (
+        f"nodes of {KEPT.name} (name, created, arrived-for, taints): {seen}; {first} created "
+        f"{(ours or {}).get('metadata', {}).get('creationTimestamp')}: {conditions(ours)}; "
+        f"{other['metadata']['name']}: {conditions(theirs)}; gangcheck said: {lines}"
+    )
+
+
 async def fail_request(kube: Kube, name: str, namespace: str, message: str) -> None:
     """As the cloud giving up on a request: its Failed condition set, the others kept."""
     current = await kube.get(PROVISIONING_REQUEST, name, namespace)
@@ -343,12 +391,12 @@ async def fail_request(kube: Kube, name: str, namespace: str, message: str) -> N
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.usefixtures("controller")
 async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_the_gang_runs(
     kube: Kube,
     namespace: str,
     cluster: Cluster,
     sim: SimCloud,  # noqa: F811
+    controller: ManagedProcess | None,  # noqa: F811
 ) -> None:
     """Real cluster-autoscaler (scale-down-unneeded-time 10 s in the test bed): the gang's
     first source stops short after two of its three nodes arrived in an autoscaler group, and
@@ -436,20 +484,10 @@ async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_t
             try:
                 kept = await eventually(arrived, timeout=90, what=f"2 nodes recorded for {first}")
             except AssertionError as e:  # what the autoscaler and gangcheck did instead
-                nodes = [
-                    (
-                        n["metadata"]["name"],
-                        (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR),
-                    )
-                    for n in await nodes_with(kube, group)
-                ]
-                theirs = await kube.get_if_exists(
-                    PROVISIONING_REQUEST, other["metadata"]["name"], namespace
+                said = await kept_nodes_story(
+                    kube, namespace, group=group, first=first, other=other, gangcheck=controller
                 )
-                said = (theirs or {}).get("status", {}).get("conditions")
-                raise AssertionError(
-                    f"{e}; nodes of {KEPT.name}: {nodes}; {other['metadata']['name']}: {said}"
-                ) from e
+                raise AssertionError(f"{e}; {said}") from e
             await fail_request(kube, first, namespace, "the cloud gave up")
 
             async def marked() -> bool:
