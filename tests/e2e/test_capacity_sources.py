@@ -333,8 +333,8 @@ async def kept_nodes_story(
     gangcheck: ManagedProcess | None,
 ) -> str:
     """What the autoscaler and gangcheck did with the kept-nodes test's group, for its failure
-    message: each node's age, taints and record, both requests' conditions, and gangcheck's
-    log lines naming a node of the group or the gang's request."""
+    message: each node's age, record, taints and readiness, both requests' conditions, and
+    gangcheck's log lines naming a node of the group or the gang's request."""
 
     def conditions(req: Obj | None) -> list[tuple[str, str, str, str]]:
         found = (req or {}).get("status", {}).get("conditions") or []
@@ -350,6 +350,11 @@ async def kept_nodes_story(
             n["metadata"]["creationTimestamp"],
             (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR),
             [t["key"] for t in (n.get("spec") or {}).get("taints") or []],
+            [
+                (c["type"], c["status"], c.get("lastTransitionTime", ""))
+                for c in (n.get("status") or {}).get("conditions") or []
+                if c.get("type") == "Ready"
+            ],
         )
         for n in nodes
     ]
@@ -363,9 +368,10 @@ async def kept_nodes_story(
             for line in gangcheck.log_path.read_text(errors="replace").splitlines()
             if any(name in line for name in names)
         ][-12:]
+    made = (ours or {}).get("metadata", {}).get("creationTimestamp")
     return (
-        f"nodes of {KEPT.name} (name, created, arrived-for, taints): {seen}; {first} created "
-        f"{(ours or {}).get('metadata', {}).get('creationTimestamp')}: {conditions(ours)}; "
+        f"nodes of {KEPT.name} (name, created, arrived-for, taints, Ready): {seen}; "
+        f"{first} created {made}: {conditions(ours)}; "
         f"{other['metadata']['name']}: {conditions(theirs)}; gangcheck said: {lines}"
     )
 
