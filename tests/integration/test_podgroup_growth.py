@@ -11,7 +11,13 @@ import pytest
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, NODE, UPSTREAM_POD_GROUP_V1BETA1
 from gangcheck.logic.podgroups import growth
-from gangcheck.model.names import CONFIG_ANNOTATION, CONSUME_ANNOTATION, MESSAGE_ANNOTATION
+from gangcheck.model.names import (
+    CONFIG_ANNOTATION,
+    CONSUME_ANNOTATION,
+    MESSAGE_ANNOTATION,
+    PHASE_ANNOTATION,
+    STARTED,
+)
 from tests.integration.harness import eventually
 from tests.integration.test_podgroups import Groups
 from tests.integration.test_podgroups import groups as groups  # noqa: PLC0414 (fixture)
@@ -154,4 +160,60 @@ async def test_min_count_above_the_members_that_exist_is_said_and_nothing_asked(
     )
     await groups.cluster.wait_events("MinCountAboveMembers")
     assert [r["metadata"]["name"] for r in await groups.cluster.requests()] == ["short-pg-1"]
+    await untouched(groups, placed)
+
+
+async def test_raised_again_mid_growth_and_after_it_started_every_member_added_is_asked_for(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 3 -> 4 before the first growth is provisioned: the growth of 1 is
+    replaced by one of 2 (both added released together, consuming it); once they run,
+    4 -> 5: a third growth asks for the 1 added, the delivered growth kept, nothing running
+    touched. Before, the raise mid-growth said 'minCount 4 is above the members that exist'
+    with 2 gated members there, and a raise after a growth started asked for nothing."""
+    await groups.upstream("twice", 2)
+    placed = await released_and_bound(groups, "twice", 2)
+
+    await set_min_count(groups, "twice", 3)
+    await groups.member("twice-2", "twice")
+    first = await groups.cluster.wait_request("twice-pg-grow-1")
+    assert sum(p["count"] for p in first["spec"]["podSets"]) == 1
+
+    await set_min_count(groups, "twice", 4)
+    await groups.member("twice-3", "twice")
+    second = await groups.cluster.wait_request("twice-pg-grow-2")
+    assert sum(p["count"] for p in second["spec"]["podSets"]) == 2
+    assert second["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "2"
+    await groups.cluster.wait_request_gone("twice-pg-grow-1")
+    await groups.cluster.wait_events("ProvisioningRequestReplaced")
+    assert await groups.gated("twice-2", "twice-3") == [True, True]
+
+    await groups.cluster.set_request_conditions("twice-pg-grow-2", {"Provisioned": "ok"})
+    added = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released_together() -> bool | None:
+        return True if await groups.gated("twice-2", "twice-3") == [False, False] else None
+
+    await eventually(released_together, timeout=20, what="the 2 added released together")
+    for pod, node in zip(("twice-2", "twice-3"), added, strict=True):
+        annotations = (await groups.pod(pod))["metadata"].get("annotations") or {}
+        assert annotations.get(CONSUME_ANNOTATION) == "twice-pg-grow-2"
+        await groups.bind(pod, node)
+        placed[pod] = node
+
+    async def started() -> bool | None:
+        req = await groups.cluster.request("twice-pg-grow-2")
+        phase = ((req or {}).get("metadata") or {}).get("annotations", {}).get(PHASE_ANNOTATION)
+        return True if phase == STARTED else None
+
+    await eventually(started, timeout=20, what="the second growth marked started")
+
+    await set_min_count(groups, "twice", 5)
+    await groups.member("twice-4", "twice")
+    third = await groups.cluster.wait_request("twice-pg-grow-3")
+    assert sum(p["count"] for p in third["spec"]["podSets"]) == 1
+    assert third["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "4"
+    assert await groups.cluster.request("twice-pg-grow-2") is not None
+    assert await groups.gated("twice-4") == [True]
     await untouched(groups, placed)

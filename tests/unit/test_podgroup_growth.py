@@ -118,6 +118,7 @@ class Case:
     deletes: tuple[str, ...] = ()
     started: bool = False
     events: tuple[str, ...] = ()
+    grows: str = "4"  # how many ran when the growth asked was made
 
 
 CASES = [
@@ -224,6 +225,112 @@ CASES = [
 ]
 
 
+def grown(n: int = 2) -> list[Obj]:
+    """The members a first growth delivered, bound and running."""
+    return [pod(f"new{i}", gated=False, node_name="n2", consumes=GROW1) for i in range(n)]
+
+
+def later(n: int = 2) -> list[Obj]:
+    return [pod(f"later{i}", gated=True) for i in range(n)]
+
+
+REPLACED = {
+    **ROLLED,
+    "gangcheck.io/rollback-reason": (
+        "ConfigChanged: minCount raised to 8: 4 members to add, above the 2 the growth asks for"
+    ),
+}
+
+CASES += [
+    Case(
+        "raised again (6 -> 8) while the growth of 2 is asked for: replaced before Provisioned",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req()],
+        events=("RollbackStarted", "ProvisioningRequestReplaced"),
+    ),
+    Case(
+        "the growth replaced by the raise rolled back: the next asks for all 4 at once",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req(annotations=REPLACED)],
+        message="the next asks now",
+        asked=(GROW2, 4),
+        deletes=(GROW1,),
+    ),
+    Case(
+        "raised again once the growth of 2 is Provisioned: kept, its 2 released together "
+        "when they fit, the 2 beyond it not released alone (room for them or not)",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z"), node("free", gpu=2)],
+        message="the other 2 once it has started",
+        released=("new0", "new1"),
+        consume=GROW1,
+        events=("GangGrown",),
+    ),
+    Case(
+        "raised again once the growth Provisioned, not yet fitting: the 2 beyond it wait, "
+        "not released alone onto free room",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("free", gpu=1)],
+        message="the other 2 once it has started",
+    ),
+    Case(
+        "raised again (6 -> 8) after the first growth started: the next growth asks for the 2",
+        8,
+        [*running(), *grown(), *later()],
+        requests=[grow_req(annotations={"gangcheck.io/phase": "Started"})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message="2 member(s) added to 6 running",
+        asked=(GROW2, 2),
+        grows="6",
+    ),
+    Case(
+        "raised again while the first growth's members still bind: nothing asked yet",
+        8,
+        [
+            *running(),
+            *(pod(f"new{i}", gated=False, consumes=GROW1) for i in (0, 1)),
+            *later(),
+        ],
+        requests=[grow_req(annotations={"gangcheck.io/phase": "Fulfilled"})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+    ),
+    Case(
+        "a second growth rolled back, its backoff over: the third asks, the delivered first kept",
+        8,
+        [*running(), *grown(), *later()],
+        requests=[
+            grow_req(annotations={"gangcheck.io/phase": "Started"}),
+            grow_req(GROW2, annotations=ROLLED),
+        ],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        asked=("g-pg-grow-3", 2),
+        deletes=(GROW2,),
+        grows="6",
+    ),
+    Case(
+        "minCount raised to int32's max: said (GangTooLarge), nothing asked, nothing moved",
+        2**31 - 1,
+        [*running(), *added()],
+        message="more than the 5000 one ProvisioningRequest may carry",
+        events=("GangTooLarge",),
+    ),
+    Case(
+        "no longer a gang (minCount 0) while a growth is asked for: withdrawn",
+        0,
+        [*running(), *added()],
+        requests=[grow_req()],
+        deletes=(GROW1,),
+        events=("GrowthWithdrawn",),
+    ),
+]
+
+
 def run(case: Case) -> GroupDecision:
     obj = group(case.min_count)
     snap = GroupSnapshot(
@@ -253,7 +360,7 @@ def test_growth(case: Case) -> None:
         (body,) = created
         assert body["metadata"]["name"] == case.asked[0]
         assert sum(p["count"] for p in body["spec"]["podSets"]) == case.asked[1]
-        assert body["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "4"
+        assert body["metadata"]["annotations"][growth.GROWS_ANNOTATION] == case.grows
     releases = [a for a in d.actions if isinstance(a, ReleaseMembers)]
     assert tuple(n for a in releases for n in a.pods) == case.released
     for release in releases:

@@ -22,8 +22,16 @@ next growth attempt follows after Kueue's backoff, counted from the rolled-back 
 deadline (its request is the record until then); past ``backoffLimitCount`` the growth waits,
 saying so.
 
-Lowered again to what runs or less, a growth not delivered is withdrawn (its arrivals, on
-which nothing of the group runs, reclaimed safely); capacity members use is never withdrawn.
+Raised again while a growth is in flight, above the members it asks for: before Provisioned
+it is replaced (rolled back, ConfigChanged, the next asking for them all at once); once
+Provisioned it is kept, and the members beyond it wait (none released alone) until it has
+started, when the next growth asks for them, as for a raise after a growth has started; a
+delivered growth is never withdrawn as superseded. A growth of more members than
+``podGroups.maxMembers`` is said (Event ``GangTooLarge``) and not asked.
+
+Lowered again to what runs or less (or no longer a gang), a growth not delivered is withdrawn
+(its arrivals, on which nothing of the group runs, reclaimed safely); capacity members use is
+never withdrawn.
 A ``minCount`` above the members that exist is said on the group (Event
 ``MinCountAboveMembers``) until they exist.
 
@@ -86,7 +94,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     group = snap.group
     growing = tuple(r for r in snap.requests if GROWS_ANNOTATION in r.annotations)
     state = group.annotations.get(STATE_ANNOTATION, "")
-    if state != RELEASED or group.deleting or not group.is_gang or group.problem:
+    if state != RELEASED or group.deleting:
         return podgroup.decide(snap, now)  # deleted: every request withdrawn, growth's too
     live = [p for p in snap.members if p.live]
     running = [p for p in live if not p.gated]
@@ -110,13 +118,25 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     )
     size = _members_of(latest[1]) if latest is not None and in_flight else max(need, 0)
     chosen = tuple(gated[:size]) if need > 0 or in_flight else ()
+    # the members the growth asks for, and those minCount added beyond a growth in flight:
+    # none of them is released alone as a late member meanwhile
+    held = tuple(gated[: max(size, need)]) if need > 0 or in_flight else ()
     rest = replace(
         snap,
-        members=tuple(p for p in snap.members if p not in chosen),
+        members=tuple(p for p in snap.members if p not in held),
         requests=tuple(r for r in snap.requests if r not in growing),
     )
     base = podgroup.decide(rest, now)
-    grown = _grow(snap, growing, latest=latest, chosen=chosen, running=running, need=need, now=now)
+    grown = _grow(
+        snap,
+        growing,
+        latest=latest,
+        chosen=chosen,
+        waiting=len(gated),
+        running=running,
+        need=need,
+        now=now,
+    )
     return _merged(base, grown)
 
 
@@ -126,29 +146,45 @@ def _grow(
     *,
     latest: tuple[int, ProvisioningRequest] | None,
     chosen: Sequence[Pod],
+    waiting: int,
     running: Sequence[Pod],
     need: int,
     now: datetime,
 ) -> GroupDecision:
     group = snap.group
     done = _delivered(snap, growing, running)
-    if latest is not None and _phase(latest[1]) in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
+    if (
+        latest is not None
+        and _delivered_phase(latest[1])
+        and (need <= 0 or _phase(latest[1]) is not AttemptPhase.STARTED)
+    ):
         return done  # the growth delivered: its members are the group's, running or binding
     if need <= 0:
         return _lowered(snap, growing, len(running), done)
-    if len(chosen) < need:
+    in_flight = latest is not None and not _settled(latest[1]) and not _delivered_phase(latest[1])
+    if need > snap.max_members and not in_flight:
+        message = (
+            f"released; minCount {group.min_count} adds {need} members to the {len(running)} "
+            f"running, more than the {snap.max_members} one ProvisioningRequest may carry here "
+            "(setting podGroups.maxMembers); nothing is asked, the running members are untouched"
+        )
+        return _with(done, _status(snap, RELEASED, message, warn="GangTooLarge"))
+    if waiting < need and not in_flight:
         message = (
             f"released; minCount {group.min_count} is above the members that exist: "
-            f"{len(running)} run, {len(chosen)} more are waiting to be released; nothing is "
-            f"asked until {need - len(chosen)} more exist"
+            f"{len(running)} run, {waiting} more are waiting to be released; nothing is "
+            f"asked until {need - waiting} more exist"
         )
         return _with(done, _status(snap, RELEASED, message, warn="MinCountAboveMembers"))
     said = f"minCount raised to {group.min_count}: {need} member(s) added to {len(running)} running"
     if latest is None:
         return _with(done, _first(snap, chosen, 1, said, now, gone=()))
     number, req = latest
+    if _delivered_phase(req):
+        # raised again once the growth before started: the next asks for the members beyond
+        return _with(done, _first(snap, chosen, number + 1, said, now, gone=()))
     if not _settled(req):
-        return _with(done, _follow(snap, req, chosen, said, now))
+        return _with(done, _follow(snap, req, chosen, said, now, need=need))
     assert snap.config is not None
     reason = rollback.record_of(req).reason or "rolled back"
     if RollbackCause.of(reason) is RollbackCause.CONFIG_CHANGED:
@@ -177,11 +213,12 @@ def _grow(
 
 
 def _gone(snap: GroupSnapshot, growing: Sequence[ProvisioningRequest]) -> tuple[Action, ...]:
-    """The growth requests before the next one withdrawn (superseded), their hold lifted."""
+    """The growth requests before the next one withdrawn (superseded), their hold lifted; a
+    delivered one is kept: members consume it."""
     return tuple(
         a
         for r in growing
-        if not r.deleting
+        if not r.deleting and not _delivered_phase(r)
         for a in (
             *lifecycle.release_hold(snap.capacity, r),
             *snap.backend.withdraw(r, "superseded"),
@@ -267,11 +304,32 @@ def _source(snap: GroupSnapshot, chosen: Sequence[Pod]) -> tuple[int, dict[str, 
 
 
 def _follow(
-    snap: GroupSnapshot, req: ProvisioningRequest, chosen: Sequence[Pod], said: str, now: datetime
+    snap: GroupSnapshot,
+    req: ProvisioningRequest,
+    chosen: Sequence[Pod],
+    said: str,
+    now: datetime,
+    *,
+    need: int,
 ) -> GroupDecision:
-    """The growth request in flight, for the members it was made for."""
+    """The growth request in flight, for the members it was made for. minCount raised again
+    above them (`need` members to add now): replaced before it is Provisioned (rolled back,
+    CONFIG_CHANGED; the next asks for them all at once), kept once Provisioned (the members
+    beyond it are asked for once it has started)."""
     assert snap.config is not None
     group = snap.group
+    size = len(chosen)
+    grown = (
+        f"minCount raised to {group.min_count}: {need} members to add, above the {size} "
+        "the growth asks for"
+        if need > size
+        else None
+    )
+    if grown is not None:
+        said += (
+            f"; growth {req.name} asks for {size} of them, the other {need - size} once it "
+            "has started"
+        )
     _, pins = _source(snap, chosen)  # a source left since: its labels no longer pinned
     # now's, with the deadline of the source it asked, as for the group's own attempt: a
     # deadline change applies
@@ -287,7 +345,9 @@ def _follow(
     # a source that left, moved, or asks another class, parameters or nodes ends it before
     # Provisioned (rolled back, CONFIG_CHANGED)
     class_name, parameters = _asks_now(snap.config, req)
-    followed = driver.in_flight(attempt, now, class_name=class_name, parameters=parameters)
+    followed = driver.in_flight(
+        attempt, now, class_name=class_name, parameters=parameters, changed=grown
+    )
     step = followed.step
     assert step is not None  # always in fit mode
     if step.progress is Progress.FITS:
@@ -424,6 +484,11 @@ def _settled(req: ProvisioningRequest) -> bool:
 
 def _phase(req: ProvisioningRequest) -> AttemptPhase | None:
     return rollback.record_of(req).phase
+
+
+def _delivered_phase(req: ProvisioningRequest) -> bool:
+    """Its members were released onto it (binding or running)."""
+    return _phase(req) in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
 
 
 def _members_of(req: ProvisioningRequest) -> int:
