@@ -49,7 +49,7 @@ from gangcheck.reconcile.workload import WorkloadReconciler
 from gangcheck.runtime.leader import LeaderElector, LeaseConfig
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
 from gangcheck.server import HealthServer
-from gangcheck.settings import DEFAULT_WORKERS
+from gangcheck.settings import DEFAULT_WORKERS, LEASE_NAME, LEASE_NAMESPACE
 from gangcheck.telemetry import Metrics, reconcile_span
 from gangcheck.webhook import WebhookServer
 
@@ -491,16 +491,24 @@ async def run_controller(kube: Kube, options: RunOptions) -> None:
     )
 
 
-async def run_dispatcher(kube: Kube, options: RunOptions, *, at_once: int = 1) -> None:
+async def run_dispatcher(
+    kube: Kube,
+    options: RunOptions,
+    *,
+    at_once: int = 1,
+    worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
+) -> None:
     """The manager cluster's role (``gangcheck run --role dispatcher``): serve health and
     metrics, then dispatch Workloads to worker clusters (gangcheck.dispatcher), at once or
-    once elected leader (one dispatcher writes nominations at a time)."""
+    once elected leader (one dispatcher writes nominations at a time). ``worker_lease``:
+    gangcheck's leader Lease in each worker (namespace, name)."""
     metrics = Metrics()
     elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     dispatcher = Dispatcher(
         kube.fenced(elector.write_fence) if elector is not None else kube,
         metrics=metrics,
         at_once=at_once,
+        worker_lease=worker_lease,
     )
 
     await _serve(options, metrics, elector, dispatcher.run, serving=lambda: dispatcher.passes > 0)

@@ -124,6 +124,20 @@ _RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
     ("--bind-address", str, "address to serve on", "server", "bind_address"),
     ("--webhook-port", int, "serve the gating webhook on this port", "webhook", "port"),
     ("--webhook-cert-dir", str, "tls.crt and tls.key of the webhook", "webhook", "cert_dir"),
+    (
+        "--worker-lease-namespace",
+        str,
+        "dispatcher: namespace of gangcheck's leader Lease in each worker",
+        "dispatcher",
+        "worker_lease_namespace",
+    ),
+    (
+        "--worker-lease-name",
+        str,
+        "dispatcher: name of gangcheck's leader Lease in each worker",
+        "dispatcher",
+        "worker_lease_name",
+    ),
 )
 _RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FIELDS)
 
@@ -236,7 +250,15 @@ def _run(args: argparse.Namespace) -> int:
         async with kube:
             await _reachable(kube, REACH_SECONDS)
             if args.role == "dispatcher":
-                work = run_dispatcher(kube, options, at_once=args.dispatch_at_once)
+                work = run_dispatcher(
+                    kube,
+                    options,
+                    at_once=args.dispatch_at_once,
+                    worker_lease=(
+                        settings.dispatcher.worker_lease_namespace,
+                        settings.dispatcher.worker_lease_name,
+                    ),
+                )
             else:
                 work = run_controller(kube, options)
             await _until_terminated(work)

@@ -24,6 +24,13 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
   (no AdmissionCheck of gangcheck's controller ``Active`` there) is skipped, with the reason;
+- so is a worker whose gangcheck is down: its leader Lease there (``worker_lease``, read
+  beside the lists, within the same bound) last renewed longer ago than its duration plus
+  ``DOWN_GRACE`` (``lease_down``: the AdmissionCheck stays ``Active`` when gangcheck's
+  process dies, it wrote that condition itself). A worker nominated is kept so for
+  ``DOWN_PATIENCE`` seconds more, then given up as a failed copy is (``with_down``). No
+  Lease, or one the reader may not get (a reader's rights older than the Lease's rule), is
+  not known: not skipped, logged once;
 - whether the gang fits now on the worker's nodes (the manager Workload's pod sets, with
   those of the other gangs nominated there and not placed yet, against its nodes less what
   bound pods use), and how many such other gangs there are;
@@ -64,6 +71,7 @@ from gangcheck.kube.client import APPLY_PATCH, Kube
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
+    LEASE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
     NODE,
@@ -81,6 +89,7 @@ from gangcheck.logic.dispatch import (
     RECORD_ANNOTATION,
     CheckWorkers,
     DispatchRecord,
+    Down,
     Outcome,
     Silence,
     SourceHistory,
@@ -90,6 +99,7 @@ from gangcheck.logic.dispatch import (
     cannot_deliver,
     check_workers,
     decide,
+    lease_down,
     left_to_another,
     nominated_by_another,
     patient,
@@ -97,6 +107,7 @@ from gangcheck.logic.dispatch import (
     silence,
     silent_reason,
     unread,
+    with_down,
     workers_for,
 )
 from gangcheck.logic.placement.fit import (
@@ -117,6 +128,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from gangcheck.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -160,8 +172,13 @@ class Dispatcher:
         connect: Callable[[bytes], Awaitable[Kube]] | None = None,
         answer_within: float = ANSWER_WITHIN,
         clock: Callable[[], datetime] | None = None,
+        worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
     ) -> None:
         self.kube = kube
+        # gangcheck's leader Lease in each worker (namespace, name): stale, gangcheck is down
+        self.worker_lease = worker_lease
+        # per worker, why its Lease could not be read, as last logged (logged once)
+        self._lease_unknown: dict[str, str] = {}
         self.metrics = metrics or Metrics()
         self.kueue_namespace = kueue_namespace
         self.interval = interval
@@ -289,6 +306,7 @@ class Dispatcher:
         """Ends the worker's watches and closes its client (when held), and forgets its
         silence (another client, perhaps another server, is read afresh)."""
         self._silent.pop(name, None)
+        self._lease_unknown.pop(name, None)
         held = self._workers.pop(name, None)
         tasks = self._worker_watches.pop(name, [])
         for task in tasks:
@@ -581,21 +599,25 @@ class Dispatcher:
         if worker.kube is None:
             return _View(skip=worker.skip)
         kube = worker.kube
+        lease_namespace, lease_name = self.worker_lease
         held = self._silent.get(worker.name)
         said = unread(held, self._now(), within=self.answer_within)
         if said:
             return _View(skip=said, patient=patient(held))
         try:
-            reads = await asyncio.wait_for(
+            reads, lease = await asyncio.wait_for(
                 asyncio.gather(
-                    _items(kube, ADMISSION_CHECK),
-                    _items(kube, NODE),
-                    _items(
-                        kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"
+                    asyncio.gather(
+                        _items(kube, ADMISSION_CHECK),
+                        _items(kube, NODE),
+                        _items(
+                            kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"
+                        ),
+                        _items(kube, PROVISIONING_REQUEST),
+                        _items(kube, WORKLOAD),
+                        return_exceptions=True,
                     ),
-                    _items(kube, PROVISIONING_REQUEST),
-                    _items(kube, WORKLOAD),
-                    return_exceptions=True,
+                    _get_or_error(kube, LEASE, lease_name, lease_namespace),
                 ),
                 self.answer_within,
             )
@@ -623,10 +645,27 @@ class Dispatcher:
             r for r in reads if not isinstance(r, BaseException)
         )
         try:
-            return _view_of(checks, nodes, pods, requests, copies)
+            view = _view_of(checks, nodes, pods, requests, copies)
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return _View(skip=_unreadable(e))
+        view.down = lease_down(self._lease(worker.name, lease), self._now())
+        return view
+
+    def _lease(self, name: str, read: Obj | Exception) -> Obj | None:
+        """gangcheck's Lease as read in the worker ``name``, or None when it could not be
+        read: none there (404: leader election off, or another name), not granted to the
+        reader (403: its rights older than the Lease's rule), or any other failure. Not
+        known is no reason to skip a worker: said in the log once (again when the reason
+        changes), not on the Workload."""
+        if not isinstance(read, Exception):
+            self._lease_unknown.pop(name, None)
+            return read
+        why = _lease_unknown(read, self.worker_lease)
+        if self._lease_unknown.get(name) != why:
+            self._lease_unknown[name] = why
+            log.warning("worker %s: whether gangcheck is up there is not known: %s", name, why)
+        return None
 
     async def _facts(
         self,
@@ -652,7 +691,7 @@ class Dispatcher:
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
-        return WorkerFacts(
+        facts = WorkerFacts(
             worker.name,
             fits_now=fits_now,
             sources=view.sources,
@@ -662,6 +701,7 @@ class Dispatcher:
             admitted=admitted,
             copied=copied,
         )
+        return with_down(facts, view.down, nominated=nominated)
 
 
 @dataclass
@@ -677,6 +717,8 @@ class _View:
     sources: tuple[SourceHistory, ...] = ()
     copies: dict[tuple[str, str], Obj] = field(default_factory=dict)
     """Its Workloads (Kueue's copies of the manager's), by namespace and name."""
+    down: Down | None = None
+    """gangcheck there is down, from its leader Lease (``lease_down``); None: up, or not known."""
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -716,6 +758,22 @@ def _refused(res: Resource, error: ApiError) -> str:
             f"there to this Secret's identity): {said}"
         )
     return f"unreachable: {said}"
+
+
+def _lease_unknown(read: Exception, lease: tuple[str, str]) -> str:
+    """Why gangcheck's Lease ``lease`` (namespace, name) could not be read in a worker."""
+    where = f"Lease {lease[0]}/{lease[1]}"
+    if isinstance(read, NotFoundError):
+        return (
+            f"no {where} there (leader election off, or another Lease: the dispatcher's "
+            "workerLeaseNamespace and workerLeaseName)"
+        )
+    if isinstance(read, ForbiddenError):
+        return (
+            f"get on {where} refused (the reader's rights, manifests/dispatcher/worker/"
+            f"reader.yaml, older than its rule on that Lease): {_first_line(read)}"
+        )
+    return f"{where} not read: {_first_line(read)}"
 
 
 def _unreadable(error: BaseException) -> str:
@@ -914,6 +972,15 @@ def _ref(wl: Obj) -> ObjectRef:
     return ObjectRef(
         WORKLOAD.kind, meta["namespace"], meta["name"], meta.get("uid", ""), WORKLOAD.api_version
     )
+
+
+async def _get_or_error(kube: Kube, res: Resource, name: str, namespace: str) -> Obj | Exception:
+    """The object, or the error its get raised (read beside the lists: its failure is
+    not theirs)."""
+    try:
+        return await kube.get(res, name, namespace)
+    except Exception as e:  # any failure: the caller says what it means
+        return e
 
 
 async def _items(kube: Kube, res: Resource, **kw: str) -> list[Obj]:

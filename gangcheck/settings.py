@@ -109,6 +109,12 @@ class ControllerSettings(_Section):
     ] = 3.0
 
 
+#: gangcheck's leader Lease by default (``leaderElection``): where the dispatcher looks for it
+#: in each worker too (``dispatcher.workerLeaseNamespace``, ``dispatcher.workerLeaseName``).
+LEASE_NAMESPACE = "gangcheck-system"
+LEASE_NAME = "gangcheck"
+
+
 class LeaderElectionSettings(_Section):
     """The coordination.k8s.io Lease that lets one replica act while the others stand by."""
 
@@ -124,11 +130,11 @@ class LeaderElectionSettings(_Section):
     namespace: Annotated[
         str,
         Field(min_length=1, max_length=63, description="Namespace of the Lease."),
-    ] = "gangcheck-system"
+    ] = LEASE_NAMESPACE
     name: Annotated[
         str,
         Field(min_length=1, max_length=253, description="Name of the Lease."),
-    ] = "gangcheck"
+    ] = LEASE_NAME
     identity: Annotated[
         str | None,
         Field(
@@ -484,6 +490,46 @@ class WebhookSettings(_Section):
     ] = "/tmp/k8s-webhook-server/serving-certs"
 
 
+class DispatcherSettings(_Section):
+    """``gangcheck run --role dispatcher`` only (docs/multicluster.md): what it reads in each
+    worker to tell whether gangcheck runs there."""
+
+    worker_lease_namespace: Annotated[
+        str,
+        Field(
+            alias="workerLeaseNamespace",
+            min_length=1,
+            max_length=63,
+            description=(
+                "Namespace of gangcheck's leader Lease in each worker (its leaderElection."
+                "namespace there): a Lease not renewed for its duration plus a grace marks "
+                "gangcheck there down, and the worker is skipped."
+            ),
+        ),
+    ] = LEASE_NAMESPACE
+    worker_lease_name: Annotated[
+        str,
+        Field(
+            alias="workerLeaseName",
+            min_length=1,
+            max_length=253,
+            description=(
+                "Name of gangcheck's leader Lease in each worker (its leaderElection.name)."
+            ),
+        ),
+    ] = LEASE_NAME
+
+    @field_validator("worker_lease_namespace")
+    @classmethod
+    def _namespace_is_a_label(cls, value: str) -> str:
+        return LeaderElectionSettings._namespace_is_a_label(value)
+
+    @field_validator("worker_lease_name")
+    @classmethod
+    def _name_is_a_subdomain(cls, value: str) -> str:
+        return LeaderElectionSettings._name_is_a_subdomain(value)
+
+
 class Settings(_Section):
     """Everything the controller process reads at start; passed explicitly, never global."""
 
@@ -513,6 +559,10 @@ class Settings(_Section):
         WebhookSettings,
         Field(description="The pod scheduling-gate webhook."),
     ] = Field(default_factory=WebhookSettings)
+    dispatcher: Annotated[
+        DispatcherSettings,
+        Field(description="The MultiKueue dispatcher (--role dispatcher) only."),
+    ] = Field(default_factory=DispatcherSettings)
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -8,9 +8,11 @@ the workers listed in its ``status.nominatedClusterNames`` and removes the copie
 longer listed. This is the choice such a dispatcher makes, from facts per worker, one worker
 at a time:
 
-1. never a worker that is unreachable (its MultiKueueCluster not Active), nor one already
-   tried for this gang whose attempt failed (rolled back, rejected, stocked out: its request
-   for the gang there says its capacity source cannot deliver, see ``cannot_deliver``);
+1. never a worker that is unreachable (its MultiKueueCluster not Active), nor one whose
+   gangcheck is down (its leader Lease there not renewed: ``lease_down``; a worker nominated
+   is kept a while before it is given up, ``with_down``), nor one already tried for this gang
+   whose attempt failed (rolled back, rejected, stocked out: its request for the gang there
+   says its capacity source cannot deliver, see ``cannot_deliver``);
 2. while the worker nominated last is still trying, keep it (one at a time: nothing is
    scaled up twice for one gang);
 3. first the workers where the gang fits now, on nodes that exist or are reserved, next to
@@ -109,6 +111,94 @@ def silent_reason(held: Silence, *, within: float = ANSWER_WITHIN) -> str:
     return f"unreachable: no answer within {within:g}s (tried again after {_stamp(held.until)})"
 
 
+#: How long (seconds) past its ``leaseDurationSeconds`` the leader Lease of a worker's
+#: gangcheck may go unrenewed before gangcheck there counts as down (``lease_down``). A
+#: standby takes a Lease over once it has seen it unchanged for a whole duration, trying every
+#: retry period (2 s), each try bounded by half the renew deadline (5 s): a hand-over leaves
+#: the Lease at most about 7 s past its duration; a leader killed and started again in its pod
+#: (the same identity, which renews at once) a few seconds more; and the age is the manager's
+#: clock less the worker's ``renewTime``, so the two clocks' difference counts too. 20 s
+#: covers them with room; a worker skipped wrongly only has a new gang tried elsewhere.
+DOWN_GRACE = 20.0
+#: How long (seconds) more a worker NOMINATED whose gangcheck is down is kept nominated before
+#: it is given up as a failed copy is: giving up throws away what it is bringing up, and a pod
+#: rescheduled to another node (a node drained: image pulled, process started, then a whole
+#: duration before its new identity takes the Lease over) comes back later than a restart in
+#: place. Past ``leaseDurationSeconds`` + ``DOWN_GRACE`` + this (95 s at the default 15 s
+#: duration) gangcheck there is not coming back soon.
+DOWN_PATIENCE = 60.0
+
+
+@dataclass(frozen=True)
+class Down:
+    """gangcheck in a worker counted down from its leader Lease (``lease_down``): ``reason``,
+    what the record says of the worker skipped (the same at every pass while the Lease stays
+    unrenewed: written once), ``failure``, what it says of a worker nominated there when it is
+    given up (with the Lease's age then), and whether that is now (``give_up``: down for
+    ``DOWN_PATIENCE`` seconds more)."""
+
+    reason: str
+    failure: str
+    give_up: bool
+
+
+def lease_down(
+    lease: Mapping[str, object] | None,
+    now: datetime,
+    *,
+    grace: float = DOWN_GRACE,
+    patience: float = DOWN_PATIENCE,
+) -> Down | None:
+    """Whether gangcheck in a worker is down, from its leader Lease there (``lease``, as read):
+    down when its ``spec.renewTime`` is more than its ``leaseDurationSeconds`` plus ``grace``
+    seconds before ``now``. None (not down) when renewed within that, and when it cannot be
+    told: no Lease (None: leader election may be off there, or the Lease not readable), no
+    ``renewTime`` or no ``leaseDurationSeconds``, or either unreadable. A Lease released (no
+    holder: its leader stopped gracefully, and none took it over) counts from its last renewal
+    as well, with the duration it was left with."""
+    if lease is None:
+        return None
+    spec = _dict(lease.get("spec"))
+    renewed = _parse(str(spec.get("renewTime") or ""))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or isinstance(duration, bool) or not isinstance(duration, int | float):
+        return None
+    if duration <= 0:
+        return None
+    age = (now - renewed).total_seconds()
+    if age <= duration + grace:
+        return None
+    meta = _dict(lease.get("metadata"))
+    lease_of = f"its Lease {meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    held = "" if spec.get("holderIdentity") else ", no holder"
+    return Down(
+        reason=(
+            f"gangcheck down: {lease_of} last renewed at {_stamp(renewed)} "
+            f"(duration {duration:g}s{held})"
+        ),
+        failure=(
+            f"gangcheck down: {lease_of} last renewed {age:.0f}s ago, at {_stamp(renewed)} "
+            f"(duration {duration:g}s{held})"
+        ),
+        give_up=age > duration + grace + patience,
+    )
+
+
+def with_down(facts: WorkerFacts, down: Down | None, *, nominated: bool) -> WorkerFacts:
+    """The facts of a worker whose gangcheck is down (``down``: ``lease_down``; None: up, or
+    not known): skipped, with the reason; when ``nominated``, kept nominated (``patience``)
+    until ``down.give_up``, then given up as a failed copy is (``failure``: the record says
+    why, ``recent_failures`` counts it). A copy failed on its own is given up with its own
+    failure at once; a copy admitted there is left alone (gangcheck's part there is done:
+    MultiKueue places the gang), as is a worker skipped already for another reason."""
+    if down is None or not facts.reachable or facts.admitted:
+        return facts
+    if not nominated:
+        return replace(facts, reachable=False, skip=down.reason)
+    failure = facts.failure or (down.failure if down.give_up else "")
+    return replace(facts, reachable=False, skip=down.reason, failure=failure, patience=not failure)
+
+
 class Outcome(StrEnum):
     """How an attempt at a capacity source ended."""
 
@@ -159,9 +249,11 @@ class WorkerFacts:
     copied: bool = True
     """Kueue's copy of the Workload is there (read only for a worker nominated)."""
     patience: bool = False
-    """A worker nominated that did not answer, in its first window of silence (``patient``):
-    kept nominated, since a stall is no stockout and moving on would throw away what it is
-    bringing up; given up as unreachable if it is silent again when that window ends."""
+    """A worker nominated that did not answer, in its first window of silence (``patient``),
+    or whose gangcheck is down for less than ``DOWN_PATIENCE`` past ``DOWN_GRACE``
+    (``with_down``): kept nominated, since a stall is no stockout and moving on would throw
+    away what it is bringing up; given up as unreachable if it is silent again when that
+    window ends, with its ``failure`` once gangcheck there is down that long."""
 
 
 @dataclass(frozen=True)

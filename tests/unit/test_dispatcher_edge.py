@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from gangcheck.kube.errors import ForbiddenError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
+    LEASE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
     PROVISIONING_REQUEST,
@@ -1010,3 +1012,144 @@ async def test_a_nominated_worker_that_stops_answering_is_given_up_once_silent_a
     assert got.failed["worker-1"].startswith(said), got.failed
     assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
     assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
+
+
+def gangcheck_lease(renewed: datetime, *, duration: int = 15) -> Obj:
+    """gangcheck's leader Lease in a worker, as leader.py leaves it renewed at ``renewed``."""
+    return {
+        "apiVersion": LEASE.api_version,
+        "kind": LEASE.kind,
+        "metadata": {"name": "gangcheck", "namespace": "gangcheck-system"},
+        "spec": {
+            "holderIdentity": "gangcheck-0",
+            "leaseDurationSeconds": duration,
+            "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+STARTED = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
+
+
+async def test_a_worker_whose_gangcheck_lease_is_stale_is_skipped_said_why() -> None:
+    """worker-1's gangcheck died: its AdmissionCheck still says Active (gangcheck wrote it),
+    its Lease was last renewed 36 s ago (duration 15 s, grace 20 s). The gang fits now in
+    both; worker-1 would come first by name: it is skipped with the reason on the manager's
+    Workload, worker-2 nominated. Nothing is written in either worker."""
+    one, two = worker(nodes=2), worker(nodes=2)
+    one.add(gangcheck_lease(STARTED - timedelta(seconds=36)))
+    two.add(gangcheck_lease(STARTED - timedelta(seconds=1)))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-2"])]
+    assert got.skipped == {
+        "worker-1": (
+            "gangcheck down: its Lease gangcheck-system/gangcheck last renewed at "
+            "2026-12-05T11:59:24Z (duration 15s)"
+        )
+    }
+    assert f"skipped: worker-1 ({got.skipped['worker-1']})" in describe(got)
+    assert not got.failed
+    writes = len(manager.writes)
+    clock.now = STARTED + timedelta(seconds=5)  # still down, same Lease: nothing written again
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes
+    assert not one.writes and not two.writes
+    assert [c.verb for c in one.calls if c.kind == LEASE.kind] == ["get", "get"]
+
+
+async def test_a_lease_renewed_within_its_duration_and_grace_is_no_reason_to_skip() -> None:
+    one = worker(nodes=2)
+    one.add(gangcheck_lease(STARTED - timedelta(seconds=35)))  # a hand-over may take this long
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    await bounded(manager, connect, Clock()).pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.skipped
+
+
+@pytest.mark.parametrize("status", [403, 404, 500])
+async def test_a_lease_the_reader_cannot_get_is_not_known_no_skip_logged_once(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader's rights older than the Lease's rule (403), no Lease (404: leader election
+    off there), or any other failure of that one read: gangcheck there is not known to be
+    down, so the worker is used as before; the log says so once, not at every pass."""
+    one = worker(nodes=2)
+    one.add(gangcheck_lease(STARTED - timedelta(seconds=600)))  # would be stale if read
+    one.fail("get", LEASE.kind, error=status, times=10)
+    two = worker(nodes=2)
+    two.add(gangcheck_lease(STARTED))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    dispatcher = bounded(manager, connect, Clock())
+    with caplog.at_level(logging.WARNING, logger="gangcheck.dispatcher"):
+        for _ in range(3):
+            await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.skipped, got
+    said = [r.getMessage() for r in caplog.records if "is not known" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("worker worker-1: whether gangcheck is up there is not known")
+    assert "Lease gangcheck-system/gangcheck" in said[0]
+    if status == 403:
+        assert "reader.yaml" in said[0]
+
+
+async def test_the_lease_read_is_the_dispatchers_setting() -> None:
+    """``worker_lease`` (settings ``dispatcher.workerLeaseNamespace``, ``workerLeaseName``)
+    names the Lease read in each worker."""
+    one = worker(nodes=2)
+    stale = gangcheck_lease(STARTED - timedelta(seconds=600))
+    stale["metadata"] = {"name": "gc", "namespace": "ops"}
+    one.add(stale)
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    dispatcher = Dispatcher(
+        manager, metrics=Metrics(), connect=connect, clock=Clock(), worker_lease=("ops", "gc")
+    )
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped["worker-1"].startswith("gangcheck down: its Lease ops/gc last renewed")
+
+
+async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_the_bound() -> None:
+    """worker-1 nominated (the gang fits now there), then its gangcheck dies: its Lease last
+    renewed at 12:00:00. Kept nominated through a restart's or a hand-over's time (to 35 s:
+    not down) and then for DOWN_PATIENCE more (to 95 s: down, skipped, still nominated, its
+    copy left); past it, given up as a failed copy is, the record saying why, and worker-2
+    nominated in the same step (one cluster at a time)."""
+    one, two = worker(nodes=2), worker(nodes=2)
+    one.add(gangcheck_lease(STARTED))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)
+    one.add(workload())  # Kueue's copy there, trying
+    for seconds in (10, 35, 36, 60, 95):
+        clock.now = STARTED + timedelta(seconds=seconds)
+        await dispatcher.pass_once()
+        got = record(manager)
+        assert got.nominated == ("worker-1",) and not got.failed, (seconds, got)
+        down = seconds > 35
+        assert ("worker-1" in got.skipped) is down, (seconds, got.skipped)
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
+    assert [r for r, _ in events(manager)] == ["Nominated"]
+    clock.now = STARTED + timedelta(seconds=96)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed == {
+        "worker-1": (
+            "gangcheck down: its Lease gangcheck-system/gangcheck last renewed 96s ago, at "
+            "2026-12-05T12:00:00Z (duration 15s)"
+        )
+    }
+    assert got.failed_at == {"worker-1": "2026-12-05T12:01:36Z"}
+    assert got.tried == ("worker-1", "worker-2")
+    assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
+    assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
+    assert not one.writes and not two.writes

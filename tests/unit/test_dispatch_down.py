@@ -1,0 +1,245 @@
+"""A worker whose gangcheck is down (gangcheck.logic.dispatch: ``lease_down``, ``with_down``):
+when its leader Lease counts as stale, what the record says, and how ``decide`` skips the
+worker, keeps it while nominated, then gives it up as a failed copy, as tables."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from gangcheck.logic.dispatch import (
+    DOWN_GRACE,
+    DOWN_PATIENCE,
+    DispatchRecord,
+    Down,
+    WorkerFacts,
+    decide,
+    lease_down,
+    recent_failures,
+    with_down,
+)
+
+NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
+REASON = (
+    "gangcheck down: its Lease gangcheck-system/gangcheck last renewed at 2026-12-05T11:58:20Z "
+    "(duration 15s)"
+)
+FAILURE = (
+    "gangcheck down: its Lease gangcheck-system/gangcheck last renewed 100s ago, at "
+    "2026-12-05T11:58:20Z (duration 15s)"
+)
+
+
+def lease(
+    age: float | None = 0.0, duration: Any = 15, *, holder: str | None = "gangcheck-0"
+) -> dict[str, Any]:
+    """gangcheck's Lease as leader.py writes it: renewed ``age`` seconds before NOW."""
+    spec: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": duration}
+    if age is not None:
+        renewed = NOW - timedelta(seconds=age)
+        spec["renewTime"] = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"metadata": {"namespace": "gangcheck-system", "name": "gangcheck"}, "spec": spec}
+
+
+def test_the_bounds_are_those_the_docs_give() -> None:
+    assert (DOWN_GRACE, DOWN_PATIENCE) == (20.0, 60.0)
+
+
+LEASES = {
+    "renewed just now: up": (lease(0), None),
+    "within its duration: up": (lease(14.9), None),
+    "past its duration, within the grace (a hand-over): up": (lease(15 + DOWN_GRACE), None),
+    "past duration + grace: down, kept if nominated": (lease(15 + DOWN_GRACE + 0.1), False),
+    "down, the last moment before given up": (lease(15 + DOWN_GRACE + DOWN_PATIENCE), False),
+    "down past the patience too: given up if nominated": (
+        lease(15 + DOWN_GRACE + DOWN_PATIENCE + 0.1),
+        True,
+    ),
+    "a longer duration counts: 60 s + grace": (lease(60 + DOWN_GRACE, 60), None),
+    "no Lease (leader election off): not known": (None, None),
+    "no renewTime: not known": (lease(None), None),
+    "no duration: not known": (lease(100, None), None),
+    "a duration as text: not known": (lease(100, "15"), None),
+    "a duration of true: not known": (lease(100, True), None),
+    "a duration of 0: not known": (lease(100, 0), None),
+    "renewed in the future (another clock ahead): up": (lease(-30), None),
+    "released by its leader (no holder, duration 1), none took it": (
+        lease(1 + DOWN_GRACE + 0.1, 1, holder=None),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(("read", "give_up"), LEASES.values(), ids=LEASES.keys())
+def test_gangcheck_is_down_once_its_lease_is_past_its_duration_plus_the_grace(
+    read: dict[str, Any] | None, give_up: bool | None
+) -> None:
+    down = lease_down(read, NOW)
+    if give_up is None:
+        assert down is None
+    else:
+        assert down is not None and down.give_up is give_up
+
+
+def test_a_renew_time_without_its_zone_or_not_a_time_is_not_known() -> None:
+    for stamp in ("2026-12-05T11:00:00", "yesterday", 12):
+        read = lease(None)
+        read["spec"]["renewTime"] = stamp
+        assert lease_down(read, NOW) is None, stamp
+
+
+def test_the_reason_is_the_same_at_every_pass_the_failure_says_how_long_ago() -> None:
+    """The skip reason is written on the record once (a reason moving each second would
+    rewrite it at every pass); the failure is written once, when the worker is given up."""
+    down = lease_down(lease(100), NOW)
+    assert down == Down(REASON, FAILURE, give_up=True)
+    later = lease_down(lease(100), NOW + timedelta(seconds=10))  # the same Lease, read later
+    assert later is not None and later.reason == REASON
+    released = lease_down(lease(40, 1, holder=""), NOW)
+    assert released is not None
+    assert released.reason.endswith("(duration 1s, no holder)"), released.reason
+
+
+UP = WorkerFacts("worker-1", fits_now=True)
+DOWN = Down(REASON, FAILURE, give_up=False)
+LONG_DOWN = Down(REASON, FAILURE, give_up=True)
+FACTS = {
+    "up: as read": (UP, None, False, UP),
+    "down, not nominated: skipped with the reason": (
+        UP,
+        DOWN,
+        False,
+        WorkerFacts("worker-1", reachable=False, fits_now=True, skip=REASON),
+    ),
+    "down long, not nominated: skipped the same": (
+        UP,
+        LONG_DOWN,
+        False,
+        WorkerFacts("worker-1", reachable=False, fits_now=True, skip=REASON),
+    ),
+    "nominated, down a while: kept (patience)": (
+        UP,
+        DOWN,
+        True,
+        WorkerFacts("worker-1", reachable=False, fits_now=True, skip=REASON, patience=True),
+    ),
+    "nominated, down past the patience: failed, as a copy failing": (
+        UP,
+        LONG_DOWN,
+        True,
+        WorkerFacts("worker-1", reachable=False, fits_now=True, skip=REASON, failure=FAILURE),
+    ),
+    "nominated, its copy failed on its own: that failure, at once": (
+        WorkerFacts("worker-1", failure="check gpu Rejected"),
+        DOWN,
+        True,
+        WorkerFacts("worker-1", reachable=False, skip=REASON, failure="check gpu Rejected"),
+    ),
+    "nominated, its copy admitted: left alone (MultiKueue places the gang)": (
+        WorkerFacts("worker-1", admitted=True),
+        LONG_DOWN,
+        True,
+        WorkerFacts("worker-1", admitted=True),
+    ),
+    "skipped already for another reason: that reason": (
+        WorkerFacts("worker-1", reachable=False, skip="unreachable: 503"),
+        LONG_DOWN,
+        True,
+        WorkerFacts("worker-1", reachable=False, skip="unreachable: 503"),
+    ),
+}
+
+
+@pytest.mark.parametrize(("facts", "down", "nominated", "want"), FACTS.values(), ids=FACTS.keys())
+def test_a_worker_whose_gangcheck_is_down_is_skipped_and_kept_a_while_when_nominated(
+    facts: WorkerFacts, down: Down | None, nominated: bool, want: WorkerFacts
+) -> None:
+    assert with_down(facts, down, nominated=nominated) == want
+
+
+TWO = WorkerFacts("worker-2", fits_now=True)
+AT = "2026-12-05T12:00:00Z"
+STEPS = {
+    "fits in both, worker-1's gangcheck down: worker-2, worker-1 skipped": (
+        DispatchRecord(),
+        DOWN,
+        ("worker-2",),
+        {},
+    ),
+    "worker-1 nominated, down a while: kept, nothing given up": (
+        DispatchRecord(nominated=("worker-1",), tried=("worker-1",), reason="worker-1 fits"),
+        DOWN,
+        ("worker-1",),
+        {},
+    ),
+    "worker-1 nominated, down past the patience: given up, worker-2 nominated": (
+        DispatchRecord(nominated=("worker-1",), tried=("worker-1",), reason="worker-1 fits"),
+        LONG_DOWN,
+        ("worker-2",),
+        {"worker-1": FAILURE},
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "down", "nominated", "given_up"), STEPS.values(), ids=STEPS.keys()
+)
+def test_decide_skips_a_down_worker_and_gives_a_nominated_one_up_after_the_patience(
+    record: DispatchRecord,
+    down: Down,
+    nominated: tuple[str, ...],
+    given_up: dict[str, str],
+) -> None:
+    one = with_down(UP, down, nominated="worker-1" in record.nominated)
+    step = decide(record, [one, TWO], now=NOW)
+    assert step.nominated == nominated
+    assert dict(step.fallbacks) == given_up
+    assert step.record.skipped == {"worker-1": REASON}
+    assert dict(step.record.failed) == given_up
+    if given_up:
+        assert step.record.failed_at == {"worker-1": AT}
+        assert step.record.reason.startswith(f"given up: worker-1 ({FAILURE}); ")
+        assert step.record.tried == ("worker-1", "worker-2")
+        # counted against worker-1 for the next gangs, as any failed copy is
+        assert recent_failures([step.record], NOW) == {"worker-1": FAILURE}
+    else:
+        assert not step.record.failed_at
+
+
+def test_the_record_of_a_worker_kept_down_is_not_written_again_at_the_next_pass() -> None:
+    """A pass with gangcheck still down changes nothing the record holds: nothing to write."""
+    down = lease_down(lease(100), NOW)
+    assert down is not None
+    first = decide(DispatchRecord(), [with_down(UP, down, nominated=False), TWO], now=NOW)
+    later = lease_down(lease(100), NOW + timedelta(seconds=5))  # the same Lease, read later
+    assert later is not None
+    again = decide(
+        first.record,
+        [with_down(UP, later, nominated=False), TWO],
+        now=NOW + timedelta(seconds=5),
+    )
+    assert again.record == first.record
+    assert not again.changed
+
+
+def test_the_lease_read_in_the_workers_is_set_by_environment_or_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Section ``dispatcher`` of the settings: its defaults are gangcheck's own Lease; an
+    environment variable sets it, a flag of ``gangcheck run`` wins over both."""
+    from gangcheck.cli import _parser, _settings
+
+    def lease_read(*argv: str) -> tuple[str, str]:
+        got = _settings(_parser().parse_args(["run", "--role", "dispatcher", *argv])).dispatcher
+        return got.worker_lease_namespace, got.worker_lease_name
+
+    assert lease_read() == ("gangcheck-system", "gangcheck")
+    monkeypatch.setenv("GANGCHECK_DISPATCHER__WORKER_LEASE_NAMESPACE", "ops")
+    monkeypatch.setenv("GANGCHECK_DISPATCHER__WORKER_LEASE_NAME", "gc")
+    assert lease_read() == ("ops", "gc")
+    assert lease_read("--worker-lease-name", "gc2", "--worker-lease-namespace", "o2") == (
+        "o2",
+        "gc2",
+    )
