@@ -280,3 +280,32 @@ async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its
     check = await cluster.check_state("new")
     assert check["state"] == "Ready"
     await untouched(cluster, node, pods)
+
+
+async def test_a_job_scaled_again_while_its_slice_waits_asks_only_beyond_what_runs(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """4 running, scaled to 8 (slice 'mid' asks for 4), then to 12 before mid is admitted:
+    Kueue makes 'new' replacing mid (never admitted) and finishes mid as replaced. new asks
+    for the 8 beyond the 4 the first slice runs, not for 12 (mid ran nothing, the first
+    slice's members do); mid's request is withdrawn; the running members untouched."""
+    await cluster.install_check(fit(deadline=60))
+    node, pods = await running_slice(cluster)
+    mid = await cluster.submit(slice_of("mid", 8, replaces=f"{cluster.ns}/old"))
+    await finish_as_replaced(cluster, "old", by=(await cluster.workload(mid))["metadata"]["uid"])
+    mid_request = naming.request_name("mid", cluster.check, 1)
+    asked = await cluster.wait_request(mid_request)
+    assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+
+    await replace_with(cluster, 12, old="mid")
+    name = naming.request_name("new", cluster.check, 1)
+    req = await cluster.wait_request(name)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [8]
+    base = json.loads(req["metadata"]["annotations"][slices.SLICE_ANNOTATION])
+    assert base == {"replaces": f"{cluster.ns}/mid", "running": {"workers": 4}}
+    await eventually(
+        lambda: _message(cluster, f"adds 8 members to {cluster.ns}/mid running 4"),
+        what="the slice's relation in the check message",
+    )
+    await cluster.wait_request_gone(mid_request)
+    await untouched(cluster, node, pods)

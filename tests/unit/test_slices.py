@@ -674,3 +674,71 @@ def test_after_ready_the_hold_is_kept_until_every_member_is_scheduled(
     assert (released == ["n2"], len(starts) == 1) == (opened, opened)
     if not opened:
         assert d.requeue_after is not None
+
+
+def finished_as_replaced(b: WorkloadBuilder, by: str) -> WorkloadBuilder:
+    b.condition("Finished", reason=slices.REPLACED_REASON)
+    for c in b.obj["status"]["conditions"]:
+        if c["type"] == "Finished":
+            c["message"] = f"Replaced to accommodate a workload (UID: {by}, JobUID: j)"
+    return b
+
+
+def first_ran(count: int = 4) -> Any:
+    """The Job's first slice, admitted, its members running; replaced by the pending one."""
+    b = WorkloadBuilder("wl-first").pod_set("workers", count).reserve_quota().check(state="Ready")
+    return finished_as_replaced(b.condition("Admitted"), "uid-wl-old").build()
+
+
+def pending_slice(count: int = 8, *, of: str = "default/wl-first") -> Any:
+    """A slice never admitted (its check was pending when the Job was scaled again),
+    replaced by the new slice."""
+    b = WorkloadBuilder("wl-old").pod_set("workers", count).reserve_quota().check()
+    if of:
+        b.annotation(slices.REPLACEMENT_FOR, of)
+    return finished_as_replaced(b, "uid-wl").build()
+
+
+@pytest.mark.parametrize(
+    ("held", "running"),
+    [
+        ([first_ran(), pending_slice()], 4),
+        ([pending_slice(of="")], 0),
+        ([pending_slice()], "which is gone"),
+    ],
+    ids=[
+        "4 -> 8 -> 12 with the 8 never admitted: adds 8 to the 4 the first slice runs",
+        "the pending slice is no slice (the Job never ran): the whole 12 is asked",
+        "the first slice gone: which members run cannot be told, nothing asked",
+    ],
+)
+def test_a_slice_replacing_a_pending_slice_adds_to_what_the_first_runs(
+    held: list[Any], running: int | str
+) -> None:
+    """The Job scaled again while its slice waited on the check: Kueue makes a new slice
+    replacing the pending one (v0.17 EnsureWorkloadSlices: a scale-up of a slice with quota
+    reserved makes a new slice). The members that run are the first slice's, not none."""
+    store = {(w["metadata"]["name"], w["metadata"]["namespace"]): w for w in held}
+    wl = workload_of(new_slice(12).build())
+    pred = slices.predecessor_of(wl, lambda name, ns: store.get((name, ns)))
+    assert pred is not None
+    base = slices.base_of(wl, pred)
+    if isinstance(running, str):
+        assert isinstance(base, str) and running in base
+        return
+    assert isinstance(base, slices.Base) and base.replaces == OLD
+    assert base.total == running
+    snap = Snapshot(workload=wl, check=CHECK, config=parse_spec({}), flavors=GPU_FLAVOR)
+    created = [a for a in slices.decide(snap, NOW, predecessor=pred).actions]
+    (body,) = (a.body for a in created if isinstance(a, CreateRequest))
+    assert [p["count"] for p in body["spec"]["podSets"]] == [12 - running]
+
+
+def test_a_chain_of_pending_slices_is_followed_only_so_far() -> None:
+    """Slices that name each other in a loop (by hand) end the walk, not the controller."""
+    loop = pending_slice(of="default/wl-old")
+    wl = workload_of(new_slice(12).build())
+    pred = slices.predecessor_of(wl, lambda name, ns: loop)
+    assert pred is not None
+    base = slices.base_of(wl, pred)
+    assert isinstance(base, str) and "cannot be told" in base

@@ -31,6 +31,10 @@ Two things differ from a fixed-size gang, both because Kueue would stop the whol
   lifted and the attempt marked started (nothing is rolled back). A Job whose pods tolerate no
   hold of gangcheck's (its first slice fitted with no request) has its nodes opened at Ready.
 
+A Job scaled again while its slice waits on the check gets a new slice replacing the pending
+one (never admitted, so none of its members run): what runs is followed back to the slice
+that was admitted (`predecessor_of`, ``Predecessor.before``).
+
 The difference is recorded on the request (``SLICE_ANNOTATION``) when it is made, so an
 attempt in flight goes on as asked even if the old slice's Workload is deleted meanwhile.
 
@@ -91,6 +95,10 @@ class Predecessor:
     """``namespace/name`` as the annotation says."""
     workload: Workload | None
     """None: no such Workload (deleted, or the annotation names none)."""
+    before: Predecessor | None = None
+    """When `workload` was never admitted and is itself a slice (the Job scaled again while
+    its slice waited: Kueue makes a new slice replacing the pending one): the slice that one
+    replaced, whose members are what runs."""
 
 
 @dataclass(frozen=True)
@@ -123,26 +131,32 @@ def replaced_key(wl: Workload) -> str:
     return wl.annotations.get(REPLACEMENT_FOR, "")
 
 
-def predecessor_of(wl: Workload, lookup: Callable[[str, str], Obj | None]) -> Predecessor | None:
-    """The slice `wl` replaces, looked up by (name, namespace); None when `wl` is no slice."""
+#: The most never-admitted slices followed back to the one whose members run.
+MAX_PENDING_CHAIN = 16
+
+
+def predecessor_of(
+    wl: Workload, lookup: Callable[[str, str], Obj | None], *, depth: int = 0
+) -> Predecessor | None:
+    """The slice `wl` replaces, looked up by (name, namespace); None when `wl` is no slice.
+    A replaced slice never admitted that is itself a slice is followed back (`before`) to
+    the one whose members run."""
     key = replaced_key(wl)
     if not key:
         return None
     namespace, _, name = key.partition("/")
     obj = lookup(name, namespace) if name else None
-    return Predecessor(key, workload_of(obj) if obj is not None else None)
+    old = workload_of(obj) if obj is not None else None
+    before = None
+    if old is not None and not old.is_admitted and depth < MAX_PENDING_CHAIN:
+        before = predecessor_of(old, lookup, depth=depth + 1)
+    return Predecessor(key, old, before)
 
 
 def base_of(wl: Workload, pred: Predecessor) -> Base | str:
     """The members the replaced slice runs per pod set, or why they cannot be told."""
     old = pred.workload
-    if old is None:
-        return (
-            f"this Workload is a slice replacing {pred.key}, which is gone: which of the Job's "
-            "members run already cannot be told, so nothing is asked (delete the Job's pending "
-            "slice, or scale the Job again, for Kueue to make a new one)"
-        )
-    finished = old.conditions.get("Finished")
+    finished = old.conditions.get("Finished") if old is not None else None
     if (
         finished is not None
         and finished.is_true
@@ -155,9 +169,32 @@ def base_of(wl: Workload, pred: Predecessor) -> Base | str:
             f"already ({finished.message}): two slices raced for one Job; nothing is asked "
             "for this one"
         )
-    if not old.is_admitted:
-        return Base(pred.key, {})  # it never ran: the slice is the whole gang
-    return Base(pred.key, {ps.name: admitted_count(old, ps) for ps in old.pod_sets})
+    running = _running(pred)
+    return running if isinstance(running, str) else Base(pred.key, running)
+
+
+def _running(pred: Predecessor) -> dict[str, int] | str:
+    """The members per pod set that run under the replaced slice: its admitted counts; for
+    one never admitted, those of the slice it replaced in turn (nothing, when it is no slice:
+    the Job never ran, the slice is the whole gang)."""
+    old = pred.workload
+    if old is None:
+        return (
+            f"this Workload is a slice replacing {pred.key}, which is gone: which of the Job's "
+            "members run already cannot be told, so nothing is asked (delete the Job's pending "
+            "slice, or scale the Job again, for Kueue to make a new one)"
+        )
+    if old.is_admitted:
+        return {ps.name: admitted_count(old, ps) for ps in old.pod_sets}
+    if pred.before is None:
+        if replaced_key(old):  # a slice whose own predecessor was not followed (too deep)
+            return (
+                f"this Workload is a slice replacing {pred.key}, a slice never admitted, "
+                f"behind more than {MAX_PENDING_CHAIN} such slices: which of the Job's members "
+                "run cannot be told, so nothing is asked"
+            )
+        return {}  # it never ran: the slice is the whole gang
+    return _running(pred.before)
 
 
 def shrunk(wl: Workload, base: Base) -> Workload:
