@@ -167,8 +167,36 @@ def test_role_reader_renders_the_workers_reader_alone(helm: Path) -> None:
     ``manifests/dispatcher/worker/reader.yaml``, object for object, and nothing else (no
     controller, no dispatcher). Rendering only: no cluster."""
     objects = template(helm, "role=reader")
-    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding"]
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ]
     assert rbac(objects) == rbac(manifest_objects(MANIFESTS / "worker" / "reader.yaml"))
+    # gangcheck's leader Lease, that one and get only (whether gangcheck is up there), in its
+    # namespace; nothing else namespaced, and no write anywhere
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gangcheck"],
+            "verbs": ["get"],
+        }
+    ]
+    verbs = {v for o in objects for rule in o.get("rules") or [] for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}, verbs
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    # another gangcheck's Lease: named in the values
+    other = template(helm, "role=reader", "dispatcherReader.lease.namespace=ops",
+                     "dispatcherReader.lease.name=gc")  # fmt: skip
+    (moved,) = [o for o in other if o["kind"] == "Role"]
+    assert moved["metadata"]["namespace"] == "ops"
+    assert moved["rules"][0]["resourceNames"] == ["gc"]
 
 
 @pytest.fixture(scope="module")
