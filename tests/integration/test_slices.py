@@ -309,3 +309,37 @@ async def test_a_job_scaled_again_while_its_slice_waits_asks_only_beyond_what_ru
     )
     await cluster.wait_request_gone(mid_request)
     await untouched(cluster, node, pods)
+
+
+async def test_a_slice_evicted_and_admitted_again_asks_for_the_whole_job(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """4 running, scaled to 8 (the slice asks for 4); the slice is evicted, so Kueue stops
+    the whole Job (its 4 running members deleted), then admitted again (Evicted reset to
+    False, as Kueue's SetQuotaReservation does, the check Pending): nothing runs, so the
+    slice asks for all 8, not for the 4 it added before."""
+    await cluster.install_check(fit(deadline=60))
+    await running_slice(cluster)
+    await replace_with(cluster, 8)
+    name = naming.request_name("new", cluster.check, 1)
+    first = await cluster.wait_request(name)
+    assert [p["count"] for p in first["spec"]["podSets"]] == [4]
+
+    await cluster.set_workload_condition("new", "Evicted")
+    await cluster.wait_request_gone(name)
+    for i in range(4):  # Kueue stopped the Job
+        await cluster.kube.delete(POD, f"job-{i}", cluster.ns)
+    await cluster.set_workload_condition("new", "Evicted", "False")
+
+    async def asked_again() -> Any:
+        req = await cluster.request(name)
+        return req if req is not None and not req["metadata"].get("deletionTimestamp") else None
+
+    again = await eventually(asked_again, what="the slice asked again")
+    assert [p["count"] for p in again["spec"]["podSets"]] == [8]
+    base = json.loads(again["metadata"]["annotations"][slices.SLICE_ANNOTATION])
+    assert base == {"replaces": f"{cluster.ns}/old", "running": {}}
+    await eventually(
+        lambda: _message(cluster, f"adds 8 members to {cluster.ns}/old running 0"),
+        what="the slice's relation in the check message",
+    )

@@ -300,6 +300,28 @@ CASES = [
 ]
 
 
+CASES += [
+    Case(
+        "evicted once and admitted again (Kueue stopped the whole Job): the whole 8 asked",
+        new_slice().condition("Evicted", "False", "QuotaReserved"),
+        state="Pending",
+        message=("adds 8 members to default/wl-old running 0", "for 8 pods"),
+        asked=8,
+    ),
+    Case(
+        "evicted once, its request from before recording 4 running: fitted as the whole 8",
+        new_slice().condition("Evicted", "False", "QuotaReserved"),
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        nodes=[node("n2", gpu=4, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")],
+        state="Pending",
+        message=("adds 8 members to default/wl-old running 0", "4 of 8 members placeable"),
+        claims=("n2",),
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_slice(case: Case) -> None:
     d = run(case)

@@ -33,7 +33,8 @@ Two things differ from a fixed-size gang, both because Kueue would stop the whol
 
 A Job scaled again while its slice waits on the check gets a new slice replacing the pending
 one (never admitted, so none of its members run): what runs is followed back to the slice
-that was admitted (`predecessor_of`, ``Predecessor.before``).
+that was admitted (`predecessor_of`, ``Predecessor.before``). A slice evicted since it was
+made had Kueue stop the whole Job: nothing runs, the whole slice is asked (`stopped_since`).
 
 The difference is recorded on the request (``SLICE_ANNOTATION``) when it is made, so an
 attempt in flight goes on as asked even if the old slice's Workload is deleted meanwhile.
@@ -153,8 +154,18 @@ def predecessor_of(
     return Predecessor(key, old, before)
 
 
+def stopped_since(wl: Workload) -> bool:
+    """The slice was evicted since it was made (its ``Evicted`` condition, True or, once
+    admitted again, False: Kueue v0.17 `SetQuotaReservation` resets it, it does not remove
+    it): Kueue stopped the Job then (`jobframework` reconciler: an evicted Workload's job is
+    stopped), so none of the replaced slice's members run any more."""
+    return "Evicted" in wl.conditions
+
+
 def base_of(wl: Workload, pred: Predecessor) -> Base | str:
     """The members the replaced slice runs per pod set, or why they cannot be told."""
+    if stopped_since(wl):
+        return Base(pred.key, {})  # the Job was stopped: the slice is the whole gang
     old = pred.workload
     finished = old.conditions.get("Finished") if old is not None else None
     if (
@@ -289,6 +300,8 @@ def decide(snap: Snapshot, now: datetime, *, predecessor: Predecessor) -> Decisi
             return admission.decide(snap, now)  # nothing asked: the check says it is inactive
         snap = replace(snap, config=made, config_problem="")
     recorded = _recorded(snap, state)
+    if recorded is not None and recorded.total and stopped_since(wl):
+        recorded = None  # asked while members ran, which the eviction stopped
     base = recorded if recorded is not None else base_of(wl, predecessor)
     if state.state == READY:
         return _while_ready(snap, state, now)
