@@ -119,6 +119,7 @@ class Case:
     started: bool = False
     events: tuple[str, ...] = ()
     grows: str = "4"  # how many ran when the growth asked was made
+    step: str = ""  # in the attempt's step (what a rollback records as its reason)
 
 
 CASES = [
@@ -237,7 +238,8 @@ def later(n: int = 2) -> list[Obj]:
 REPLACED = {
     **ROLLED,
     "gangcheck.io/rollback-reason": (
-        "ConfigChanged: minCount raised to 8: 4 members to add, above the 2 the growth asks for"
+        "ConfigChanged: minCount 8 needs 4 members added to the 4 running, more than the 2 "
+        "the growth asks for"
     ),
 }
 
@@ -314,6 +316,24 @@ CASES += [
         grows="6",
     ),
     Case(
+        "a member of the growth in flight deleted: said, the growth not replaced, none released",
+        6,
+        [*running(), *added(1)],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message="minCount 6 is above the members that exist",
+        events=("MinCountAboveMembers",),
+    ),
+    Case(
+        "a running member gone while the growth of 2 is asked for (3 now needed, 3 gated): "
+        "replaced, said without claiming minCount was raised",
+        6,
+        [*running(3), *added(3)],
+        requests=[grow_req()],
+        events=("RollbackStarted", "ProvisioningRequestReplaced"),
+        step="minCount 6 needs 3 members added to the 3 running, more than the 2 the growth",
+    ),
+    Case(
         "minCount raised to int32's max: said (GangTooLarge), nothing asked, nothing moved",
         2**31 - 1,
         [*running(), *added()],
@@ -377,6 +397,8 @@ def test_growth(case: Case) -> None:
     if case.started:
         assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
     assert {e.reason for e in d.events} >= set(case.events), d.events
+    if case.step:
+        assert d.step is not None and case.step in d.step.message, d.step
     if "MinCountAboveMembers" not in case.events:
         assert "MinCountAboveMembers" not in {e.reason for e in d.events}, d.events
 

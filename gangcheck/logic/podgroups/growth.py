@@ -169,7 +169,10 @@ def _grow(
             "(setting podGroups.maxMembers); nothing is asked, the running members are untouched"
         )
         return _with(done, _status(snap, RELEASED, message, warn="GangTooLarge"))
-    if waiting < need and not in_flight:
+    # a growth in flight is followed once the members it asks for (or, fewer, those needed)
+    # exist; a new one is asked once every member needed does
+    enough = min(need, _members_of(latest[1])) if latest is not None and in_flight else need
+    if (len(chosen) if in_flight else waiting) < enough:
         message = (
             f"released; minCount {group.min_count} is above the members that exist: "
             f"{len(running)} run, {waiting} more are waiting to be released; nothing is "
@@ -318,10 +321,10 @@ def _follow(
     beyond it are asked for once it has started)."""
     assert snap.config is not None
     group = snap.group
-    size = len(chosen)
+    size = _members_of(req)
     grown = (
-        f"minCount raised to {group.min_count}: {need} members to add, above the {size} "
-        "the growth asks for"
+        f"minCount {group.min_count} needs {need} members added to the "
+        f"{group.min_count - need} running, more than the {size} the growth asks for"
         if need > size
         else None
     )
