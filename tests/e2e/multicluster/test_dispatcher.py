@@ -17,12 +17,14 @@ records on a request for each node it delivered (they outlive the nodes and requ
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -34,8 +36,9 @@ from gangcheck_dev.testbed.nodes import kwok_node
 from gangcheck.diagnose.fetch import diagnose, status
 from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
-from gangcheck.logic.dispatch import DISPATCHER, RECORD_ANNOTATION
+from gangcheck.kube.resources import EVENT, LEASE, NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.dispatch import DISPATCHER, DOWN_GRACE, RECORD_ANNOTATION
+from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import (
     GPU_TAINT,
@@ -121,18 +124,25 @@ async def assert_placed_where_it_fits_now(kubes: dict[str, Kube], wl: Obj) -> di
 @pytest.fixture
 async def free_nodes(kubes: dict[str, Kube]) -> AsyncIterator[list[str]]:
     """Two idle 8-GPU nodes in worker-2, as its cloud makes them, Ready: room now."""
-    kube = kubes[WITH_ROOM]
+    async with idle_nodes(kubes[WITH_ROOM], WITH_ROOM) as names:
+        yield names
+
+
+@contextlib.asynccontextmanager
+async def idle_nodes(kube: Kube, worker: str) -> AsyncIterator[list[str]]:
+    """Two idle 8-GPU nodes in the worker (``kube``), as its cloud makes them, Ready (room
+    now for the gang); deleted after."""
     names = [unique("room") for _ in range(2)]
     labels = {GPU_TYPE: "e2e", SIM_POOL: POOL}
-    for name in names:
-        await kube.create(NODE, kwok_node(name, gpus=8, labels=labels, taints=[GPU_TAINT]))
-
-    async def ready() -> bool:
-        nodes = [await kube.get(NODE, name) for name in names]
-        return all(is_true(node, "Ready") for node in nodes)
-
-    await eventually(ready, timeout=30, what="worker-2's idle nodes Ready")
     try:
+        for name in names:
+            await kube.create(NODE, kwok_node(name, gpus=8, labels=labels, taints=[GPU_TAINT]))
+
+        async def ready() -> bool:
+            nodes = [await kube.get(NODE, name) for name in names]
+            return all(is_true(node, "Ready") for node in nodes)
+
+        await eventually(ready, timeout=30, what=f"{worker}'s idle nodes Ready")
         yield names
     finally:
         for name in names:
@@ -270,3 +280,69 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
         finally:
             await delete_quietly(manager, JOB, "gang", namespace)
             await cleanup_winner(with_room, namespace)
+
+
+@pytest.mark.timeout(150)
+async def test_a_worker_whose_gangcheck_is_down_is_skipped_and_the_gang_runs_in_the_other(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess, free_nodes: list[str]
+) -> None:
+    """worker-1's gangcheck killed (SIGKILL: its leader Lease there left as it was, to go
+    stale; its AdmissionCheck, which it wrote, still says Active). A gang that fits now in
+    both workers (two idle nodes in each: worker-1 would come first by name), submitted once
+    the Lease is older than its duration plus the dispatcher's grace: the dispatcher skips
+    worker-1 with the reason on the manager's Workload, and the gang is placed in worker-2;
+    worker-1 never gets a copy of the Workload. worker-1's gangcheck is started again after
+    (the same identity: it holds its Lease again at once)."""
+    manager, stocked_out = kubes[MANAGER], kubes[STOCKED_OUT]
+    (keeper,) = [k for k in bed.keepers if k.worker_name == STOCKED_OUT]
+    (gangcheck,) = [p for p in keeper.processes if p.name == "gangcheck"]
+
+    async def nothing_asked_in_worker_1() -> bool:  # an earlier test's attempt withdrawn
+        return not await items(stocked_out, PROVISIONING_REQUEST)
+
+    await eventually(nothing_asked_in_worker_1, timeout=60, what="worker-1 holding no request")
+    namespace = await fresh_namespace(kubes)
+    # the queues first: gangcheck in each worker makes the namespace's AdmissionCheck Active
+    async with queues(kubes, namespace), idle_nodes(stocked_out, STOCKED_OUT):
+        os.killpg(gangcheck.pid, signal.SIGKILL)
+        gangcheck.component.stop()  # reaps it
+        try:
+            lease = await stocked_out.get(LEASE, LEASE_NAME, LEASE_NAMESPACE)
+            spec = lease["spec"]
+            renewed = datetime.fromisoformat(str(spec["renewTime"]).replace("Z", "+00:00"))
+            stale_at = renewed + timedelta(seconds=spec["leaseDurationSeconds"] + DOWN_GRACE)
+            await asyncio.sleep(max(0.0, (stale_at - datetime.now(UTC)).total_seconds()) + 1)
+            began = time.monotonic()
+            await manager.create(JOB, gang_job("gang"), namespace)
+            try:
+                wl = await admitted_in_a_worker(manager, namespace)
+                took = time.monotonic() - began
+                assert wl["status"]["clusterName"] == WITH_ROOM
+                record = record_of(wl)
+                assert record["tried"] == [WITH_ROOM], record
+                assert record["nominated"] == [WITH_ROOM], record
+                assert not record["failed"], record
+                said = (
+                    f"gangcheck down: its Lease {LEASE_NAMESPACE}/{LEASE_NAME} last renewed at "
+                    f"{renewed.strftime('%Y-%m-%dT%H:%M:%SZ')} "
+                    f"(duration {spec['leaseDurationSeconds']}s)"
+                )
+                assert record["skipped"] == {STOCKED_OUT: said}, record
+                assert not await items(stocked_out, WORKLOAD, namespace)
+                text = render_text(
+                    await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+                )
+                assert f"skipped: {STOCKED_OUT} ({said})" in text, text
+                # the Lease stayed as the killed gangcheck left it: nothing else renewed it
+                again = await stocked_out.get(LEASE, LEASE_NAME, LEASE_NAMESPACE)
+                assert again["spec"]["renewTime"] == spec["renewTime"]
+                bed.measurements.append(
+                    f"dispatcher, {STOCKED_OUT}'s gangcheck down: admitted in {WITH_ROOM} "
+                    f"{took:.1f}s after the Job ({STOCKED_OUT} skipped, its Lease stale)"
+                )
+            finally:
+                await delete_quietly(manager, JOB, "gang", namespace)
+                await cleanup_winner(kubes[WITH_ROOM], namespace)
+                await cleanup_delivered(kubes[WITH_ROOM], namespace)
+        finally:
+            restart(gangcheck)  # in this thread: a child of the bed is bound to its thread
