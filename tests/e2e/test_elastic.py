@@ -13,7 +13,9 @@ b. scaled 4 -> 8 with capacity for 3 of the 4 added: the difference is rolled ba
 c. on cluster-autoscaler's nodes, a Job of 2 scaled to 4 and back to 2: the 2 members left run
    untouched, gangcheck reclaims nothing and withdraws the slice's request (its members are
    gone; left Provisioned, cluster-autoscaler would book its capacity on the emptied nodes for
-   10 minutes), and cluster-autoscaler's own scale-down removes the 2 emptied nodes.
+   10 minutes), and cluster-autoscaler's own scale-down removes the 2 emptied nodes;
+d. scaled 4 -> 8 -> 12 while the slice for 8 waits on the check: Kueue's slice for 12
+   replaces the pending one, and asks for the 8 beyond the 4 the first slice runs.
 """
 
 from __future__ import annotations
@@ -264,6 +266,70 @@ async def test_a_scale_up_whose_added_members_do_not_all_fit_is_rolled_back_the_
         cluster.record(
             f"elastic b. sim, 3 of the 4 added delivered: rolled back {took:.1f}s after the "
             "scale-up, the Job still running its 4"
+        )
+
+
+async def slice_replacing(kube: Kube, namespace: str, key: str) -> Obj | None:
+    """The Workload slice replacing `key` (``namespace/name``)."""
+    for wl in (await kube.list_objects(WORKLOAD, namespace))["items"]:
+        if (wl["metadata"].get("annotations") or {}).get(slices.REPLACEMENT_FOR) == key:
+            return dict(wl)
+    return None
+
+
+async def request_of_slice(kube: Kube, namespace: str, workload: str) -> Obj | None:
+    """The latest request made for the slice named `workload` (its attempt's, not withdrawn)."""
+    for req in (await kube.list_objects(PROVISIONING_REQUEST, namespace))["items"]:
+        name = req["metadata"]["name"]
+        if name.startswith(f"{workload}-") and not req["metadata"].get("deletionTimestamp"):
+            return dict(req)
+    return None
+
+
+@pytest.mark.timeout(240)
+async def test_a_job_scaled_up_again_while_its_slice_waits_asks_beyond_what_runs(
+    kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None, sim: SimCloud
+) -> None:
+    """4 running; scaled to 8, and to 12 while the slice for 8 still waits on the check (its
+    capacity not delivered): Kueue makes a new slice replacing the pending one, and that
+    slice asks for the 8 beyond the 4 the first slice runs (the pending slice ran nothing,
+    the first slice's members do); the Job runs 12, the first 4 never moved."""
+    scenarios = [
+        {"name": f"first-{namespace}", "match": {"namespace": namespace}, "times": 1},
+        {"name": f"none-{namespace}", "match": {"namespace": namespace}, "times": 1, "deliver": 0},
+    ]
+    setup = elastic_setup(kube, namespace, sim, max_nodes=12, scenarios=scenarios)
+    async with setup as (pool, queue):
+        await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
+        first = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
+        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
+        pending = await eventually(lambda: new_slice(kube, namespace), what="the slice for 8")
+        pending_name = pending["metadata"]["name"]
+        asked = await eventually(
+            lambda: request_of_slice(kube, namespace, pending_name), what="the slice's ask"
+        )
+        assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+
+        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 12}}, namespace)
+        key = f"{namespace}/{pending_name}"
+        again = await eventually(
+            lambda: slice_replacing(kube, namespace, key), timeout=30, what="a slice for 12"
+        )
+        name = again["metadata"]["name"]
+        req = await eventually(
+            lambda: request_of_slice(kube, namespace, name), timeout=30, what="its ask"
+        )
+        assert [p["count"] for p in req["spec"]["podSets"]] == [8]
+        twelve = await eventually(
+            lambda: placed(kube, namespace, 12), timeout=90, what="12 running"
+        )
+        await untouched(kube, namespace, first)
+        assert set(first) <= set(twelve)
+        state = check_state(await kube.get(WORKLOAD, name, namespace), queue.check)
+        assert f"adds 8 members to {key} running 4" in state["message"]
+        cluster.record(
+            "elastic d. sim, scaled 4 -> 8 -> 12 while the slice for 8 waited: the slice for "
+            "12 asked for 8 (beyond the 4 running), 12 running, the first 4 never moved"
         )
 
 
