@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import ATOMIC_CONFIG, NODE, UPSTREAM_POD_GROUP_V1BETA1
+from gangcheck.kube.resources import (
+    ATOMIC_CONFIG,
+    NODE,
+    PLUGINS_POD_GROUP,
+    UPSTREAM_POD_GROUP_V1BETA1,
+)
 from gangcheck.logic.podgroups import growth
 from gangcheck.model.names import (
+    ARRIVED_FOR,
     CONFIG_ANNOTATION,
     CONSUME_ANNOTATION,
     MESSAGE_ANNOTATION,
@@ -217,3 +223,46 @@ async def test_raised_again_mid_growth_and_after_it_started_every_member_added_i
     assert await groups.cluster.request("twice-pg-grow-2") is not None
     assert await groups.gated("twice-4") == [True]
     await untouched(groups, placed)
+
+
+async def test_a_coscheduling_gang_whose_size_is_removed_mid_attempt_withdraws_its_request(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minMember removed (the CRD allows it: omitempty) while the gang's request has 2 of its
+    3 nodes: no longer a gang, its members are released as they come, the request is
+    withdrawn and the 2 nodes that arrived for it reclaimed (DeleteNode). Before, the request
+    was left standing, its nodes held, for as long as the group lived."""
+    config = f"cut-{groups.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        meta = {"name": "cut", "namespace": groups.ns, "annotations": {CONFIG_ANNOTATION: config}}
+        await groups.kube.create(PLUGINS_POD_GROUP, {"metadata": meta, "spec": {"minMember": 3}})
+        for i in range(3):
+            await groups.member(f"cut-{i}", "cut", plugins=True)
+        await groups.cluster.wait_request("cut-coscheduling-1")
+        await groups.cluster.set_request_conditions("cut-coscheduling-1", {"Provisioned": "ok"})
+        arrived = await groups.cluster.add_nodes(2, gpu=1)
+
+        async def recorded() -> bool:
+            for name in arrived:
+                notes = (await groups.kube.get(NODE, name))["metadata"].get("annotations") or {}
+                if ARRIVED_FOR not in notes:
+                    return False
+            return True
+
+        await eventually(recorded, what="the 2 nodes recorded as arrived for the request")
+        patch = {"spec": {"minMember": None}}
+        await groups.kube.merge_patch(PLUGINS_POD_GROUP, "cut", patch, groups.ns)
+        await groups.wait_state("cut", "NotAGang", plugins=True)
+        await groups.cluster.wait_request_gone("cut-coscheduling-1")
+        assert await groups.gated("cut-0", "cut-1", "cut-2") == [False, False, False]
+
+        async def reclaimed() -> bool:
+            names = {n["metadata"]["name"] for n in await groups.cluster.nodes()}
+            return not names & set(arrived)
+
+        await eventually(reclaimed, timeout=30, what="the 2 arrived nodes reclaimed")
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)

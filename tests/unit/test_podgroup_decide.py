@@ -479,6 +479,37 @@ def _decide(case: Case) -> GroupDecision:
     return decide(snap, NOW)
 
 
+ARRIVED_FOR_COSCHEDULING = node(
+    "n1",
+    gpu=1,
+    created="2026-11-30T10:04:00Z",
+    annotations={"gangcheck.io/arrived-for": "default/g-coscheduling-1"},
+)
+CASES += [
+    Case(
+        "coscheduling group's minMember removed mid-attempt (no longer a gang): members "
+        "released as they come, the attempt withdrawn, what arrived reclaimed safely",
+        group(
+            0,
+            plugins=True,
+            annotations={
+                "gangcheck.io/state": "Provisioning",
+                "gangcheck.io/request": "g-coscheduling-1",
+            },
+        ),
+        members(3),
+        requests=[
+            req("g-coscheduling-1", annotations={"gangcheck.io/pod-group": "coscheduling/g"})
+        ],
+        nodes=[ARRIVED_FOR_COSCHEDULING],
+        state="NotAGang",
+        released=("m0", "m1", "m2"),
+        deletes=("g-coscheduling-1",),
+        reclaims=True,
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decide(case: Case) -> None:
     decision = _decide(case)

@@ -158,7 +158,12 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
         return _status(snap, FAILED, group.problem, warn="InvalidPodGroup")
     if not group.is_gang:
         why = "not a gang (no gang policy): its members are released as they come"
-        return _release(snap, members.gated, None, {}, why, state=NOT_A_GANG)
+        released = _release(snap, members.gated, None, {}, why, state=NOT_A_GANG)
+        if not snap.requests:
+            return released
+        # no longer a gang mid-attempt (coscheduling's minMember removed): nothing will
+        # consume its requests, so they are withdrawn, what arrived reclaimed safely
+        return _with(released, _withdraw_attempts(snap, "the PodGroup is no longer a gang"))
     if snap.config is None:
         return _without_config(snap, members, now)
     if group.min_count > snap.max_members:
