@@ -721,17 +721,26 @@ def pending_slice(count: int = 8, *, of: str = "default/wl-first") -> Any:
     return finished_as_replaced(b, "uid-wl").build()
 
 
+def evicted(wl: Any) -> Any:
+    """The Workload with Kueue's Evicted condition (reset to False at its next reservation)."""
+    conds = wl["status"].setdefault("conditions", [])
+    conds.append({"type": "Evicted", "status": "False", "reason": "QuotaReserved", "message": ""})
+    return wl
+
+
 @pytest.mark.parametrize(
     ("held", "running"),
     [
         ([first_ran(), pending_slice()], 4),
         ([pending_slice(of="")], 0),
         ([pending_slice()], "which is gone"),
+        ([first_ran(), evicted(pending_slice())], 0),
     ],
     ids=[
         "4 -> 8 -> 12 with the 8 never admitted: adds 8 to the 4 the first slice runs",
         "the pending slice is no slice (the Job never ran): the whole 12 is asked",
         "the first slice gone: which members run cannot be told, nothing asked",
+        "the pending slice was evicted while it waited (Kueue stopped the Job): the whole 12",
     ],
 )
 def test_a_slice_replacing_a_pending_slice_adds_to_what_the_first_runs(

@@ -187,7 +187,8 @@ def base_of(wl: Workload, pred: Predecessor) -> Base | str:
 def _running(pred: Predecessor) -> dict[str, int] | str:
     """The members per pod set that run under the replaced slice: its admitted counts; for
     one never admitted, those of the slice it replaced in turn (nothing, when it is no slice:
-    the Job never ran, the slice is the whole gang)."""
+    the Job never ran, the slice is the whole gang; nothing either when it was evicted while
+    it waited, which stopped the Job)."""
     old = pred.workload
     if old is None:
         return (
@@ -197,6 +198,8 @@ def _running(pred: Predecessor) -> dict[str, int] | str:
         )
     if old.is_admitted:
         return {ps.name: admitted_count(old, ps) for ps in old.pod_sets}
+    if stopped_since(old):
+        return {}  # evicted while it waited: Kueue stopped the Job, nothing of it runs
     if pred.before is None:
         if replaced_key(old):  # a slice whose own predecessor was not followed (too deep)
             return (
