@@ -266,3 +266,45 @@ async def test_a_coscheduling_gang_whose_size_is_removed_mid_attempt_withdraws_i
         await eventually(reclaimed, timeout=30, what="the 2 arrived nodes reclaimed")
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_lowered_after_part_of_the_growth_arrived_withdraws_it_and_reclaims_the_arrival(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 4, the growth Provisioned and 1 of its 2 nodes arrived, then lowered
+    back to 2: the growth's request is withdrawn (GrowthWithdrawn) and the node that arrived
+    for it reclaimed (DeleteNode); the 2 running members and their nodes untouched."""
+    config = f"lower-{groups.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("lower", 2, annotations={CONFIG_ANNOTATION: config})
+        placed = await released_and_bound(groups, "lower", 2)
+        await set_min_count(groups, "lower", 4)
+        await groups.member("lower-2", "lower")
+        await groups.member("lower-3", "lower")
+        await groups.cluster.wait_request("lower-pg-grow-1")
+        await groups.cluster.set_request_conditions("lower-pg-grow-1", {"Provisioned": "ok"})
+        (one,) = await groups.cluster.add_nodes(1, gpu=1)
+
+        async def recorded() -> bool:
+            notes = (await groups.kube.get(NODE, one))["metadata"].get("annotations") or {}
+            return notes.get(ARRIVED_FOR) == f"{groups.ns}/lower-pg-grow-1"
+
+        await eventually(recorded, what="the node recorded as arrived for the growth")
+        await eventually(
+            lambda: said(groups, "lower", "1 of 2 members placeable"), what="the growth waiting"
+        )
+
+        await set_min_count(groups, "lower", 2)
+        await groups.cluster.wait_request_gone("lower-pg-grow-1")
+        await groups.cluster.wait_events("GrowthWithdrawn")
+
+        async def reclaimed() -> bool:
+            return one not in {n["metadata"]["name"] for n in await groups.cluster.nodes()}
+
+        await eventually(reclaimed, timeout=30, what="the arrived node reclaimed")
+        await untouched(groups, placed)
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
