@@ -343,3 +343,42 @@ async def test_a_slice_evicted_and_admitted_again_asks_for_the_whole_job(
         lambda: _message(cluster, f"adds 8 members to {cluster.ns}/old running 0"),
         what="the slice's relation in the check message",
     )
+
+
+async def test_a_job_scaled_back_while_its_slice_waits_withdraws_the_ask_and_reclaims_arrivals(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """4 running, scaled to 8 (the slice asks for 4, Provisioned, 2 of its nodes arrive),
+    then back to 4 before the slice is admitted: Kueue lowers the slice's counts in place
+    (a scale-down), so it adds 0 members; its check turns Ready with nothing to ask, its
+    request is withdrawn and the 2 nodes that arrived for it are reclaimed (DeleteNode), the
+    4 running members and their node untouched."""
+    await cluster.install_check(fit(deadline=120))
+    node, pods = await running_slice(cluster)
+    await replace_with(cluster, 8)
+    name = naming.request_name("new", cluster.check, 1)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(2, gpu=1)
+
+    async def recorded() -> bool:
+        for n in arrived:
+            notes = (await cluster.kube.get(NODE, n))["metadata"].get("annotations") or {}
+            if notes.get(ARRIVED) != f"{cluster.ns}/{name}":
+                return False
+        return True
+
+    await eventually(recorded, what="the 2 nodes recorded as arrived for the slice's request")
+    wl = await cluster.workload("new")
+    wl["spec"]["podSets"][0]["count"] = 4  # as Kueue's EnsureWorkloadSlices on a scale-down
+    await cluster.kube.replace(WORKLOAD, wl)
+
+    check = await cluster.wait_check("new", "Ready")
+    assert f"adds 0 members to {cluster.ns}/old running 4" in check["message"]
+    await cluster.wait_request_gone(name)
+
+    async def reclaimed() -> bool:
+        names = {n["metadata"]["name"] for n in await cluster.nodes()}
+        return not names & set(arrived)
+
+    await eventually(reclaimed, timeout=30, what="the 2 arrived nodes reclaimed")
+    await untouched(cluster, node, pods)
