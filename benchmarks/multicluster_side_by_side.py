@@ -431,6 +431,13 @@ def _signature(res: Resource, obj: Obj) -> tuple[Any, ...]:
         )
     if res is POD:
         return (f"phase={status.get('phase')}", f"node={(obj.get('spec') or {}).get('nodeName')}")
+    if res is NODE:  # when it turned Ready, and when gangcheck recorded it for a request
+        arrived = (meta.get("annotations") or {}).get("gangcheck.io/arrived-for")
+        return (
+            cond("Ready"),
+            f"arrived-for={arrived}",
+            f"deleting={bool(meta.get('deletionTimestamp'))}",
+        )
     return (f"deleting={bool(meta.get('deletionTimestamp'))}",)
 
 
