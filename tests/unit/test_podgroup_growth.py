@@ -301,6 +301,7 @@ CASES += [
         ],
         requests=[grow_req(annotations={"gangcheck.io/phase": "Fulfilled"})],
         nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message="needs 2 more member(s): asked for once the members of growth g-pg-grow-1",
     ),
     Case(
         "a second growth rolled back, its backoff over: the third asks, the delivered first kept",

@@ -158,7 +158,13 @@ def _grow(
         and _delivered_phase(latest[1])
         and (need <= 0 or _phase(latest[1]) is not AttemptPhase.STARTED)
     ):
-        return done  # the growth delivered: its members are the group's, running or binding
+        if need <= 0:
+            return done  # the growth delivered: its members are the group's, running or binding
+        message = (
+            f"released; minCount {group.min_count} needs {need} more member(s): asked for once "
+            f"the members of growth {latest[1].name} are all bound"
+        )
+        return _with(done, _status(snap, RELEASED, message))
     if need <= 0:
         return _lowered(snap, growing, len(running), done)
     in_flight = latest is not None and not _settled(latest[1]) and not _delivered_phase(latest[1])
