@@ -713,3 +713,29 @@ def test_a_growth_of_an_older_version_asking_another_source_is_not_taken_for_the
     assert reasons == [
         f"ConfigChanged: spec.capacitySources[0] (a): class {CLASS_A!r} -> {CHECK_CAPACITY!r}"
     ], d.actions
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["domain recorded", "record removed"])
+def test_a_group_with_a_required_topology_level_grows_in_its_running_members_domain(
+    recorded: bool,
+) -> None:
+    """Racks required: the 4 run in r1, r2 has room for the 2 added. The growth is asked in
+    r1, not released into r2, whether the group's domain record is there or was removed by
+    hand (then read from the running members' nodes)."""
+    obj = group(6)
+    obj["spec"]["schedulingConstraints"] = {"topology": [{"key": "rack"}]}
+    if recorded:
+        obj["metadata"]["annotations"]["gangcheck.io/topology-domain"] = "rack=r1"
+    members = [*running(), *added()]
+    nodes = [node("old", gpu=4, labels={"rack": "r1"}), node("free", gpu=2, labels={"rack": "r2"})]
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, members)),
+        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        capacity=ClusterView(nodes=tuple(nodes), pods=tuple(members)),
+        opted_in=True,
+    )
+    d = growth.decide(snap, NOW)
+    assert not [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    (template,) = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
+    assert template["template"]["spec"]["nodeSelector"] == {"rack": "r1"}
