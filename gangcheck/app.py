@@ -32,7 +32,7 @@ from gangcheck.model.names import (
     RECLAIM_WHEN_IDLE,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, is_finished
+from gangcheck.model.objects import Obj, is_finished, labels_of
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile import provreq
 from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
@@ -351,12 +351,11 @@ class Controller:
             self._add_group(group, meta["namespace"], meta["name"])
 
     def _on_namespace(self, old: Obj | None, new: Obj | None) -> None:
-        """Opting in or out changes what the groups there should say about ungated members."""
-        if (
-            old is None
-            or new is None
-            or self.caches.opted_in_obj(old) == self.caches.opted_in_obj(new)
-        ):
+        """A namespace's labels decide for the groups there: opting in or out changes what
+        they say about ungated members, and a config's namespaceSelector whether they may
+        use it. A namespace newly cached is read too (a group seen before it decided on no
+        labels)."""
+        if new is None or (old is not None and labels_of(old) == labels_of(new)):
             return
         namespace = new["metadata"]["name"]
         for informer in self.caches.pod_groups.values():

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from gangcheck.diagnose.reports import (
     DiagnoseError,
@@ -85,7 +85,7 @@ from gangcheck.model.names import (
     QUEUE_LABEL,
     WORKLOAD_NAME_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, flavor_of
+from gangcheck.model.objects import Obj, flavor_of, labels_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
 
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
@@ -130,7 +130,7 @@ async def diagnose_group(
         if res is not None and (obj := await _get(kube, res, name, ns)) is not None:
             api_group = api
             break
-    world, opted_in = await asyncio.gather(fetch_group_world(kube, ns), _opted_in(kube, ns))
+    world, namespace = await asyncio.gather(fetch_group_world(kube, ns), _namespace(kube, ns))
     by_group = members_by_group(world.pods)
     if not api_group:
         # Not found: whichever API its members name, else the first one served.
@@ -149,7 +149,8 @@ async def diagnose_group(
         name=name,
         api_group=api_group,
         served=resources.get(api_group) is not None,
-        opted_in=opted_in,
+        opted_in=_is_opted_in(namespace) if namespace is not None else None,
+        namespace_labels=labels_of(namespace) if namespace is not None else None,
         now=when,
     )
     claims = await attempt_node_claims(kube, ns, facts.request)
@@ -188,10 +189,10 @@ async def status(
         if is_gang(wl, world) and not _is_finished(wl)
     ]
     rows = [(gang_row(facts, when), facts.request) for facts in gangs]
-    opted_in = None if namespaces is None else {_name(n): _is_opted_in(n) for n in namespaces}
+    by_name = None if namespaces is None else {_name(n): n for n in namespaces}
     rows += [
         (group_row(facts, when), facts.request)
-        for facts in _group_facts(groups, world, namespace, opted_in, now=when)
+        for facts in _group_facts(groups, world, namespace, by_name, now=when)
         if in_flight(facts)
     ]
     with_claims = await _with_claims(kube, rows)
@@ -254,11 +255,12 @@ def _group_facts(
     pod_groups: PodGroups,
     world: World,
     namespace: str | None,
-    opted_in: dict[str, bool] | None,
+    namespaces: dict[str, Obj] | None,
     *,
     now: datetime,
 ) -> list[GroupFacts]:
-    """Every PodGroup listed, and every PodGroup gated members name that does not exist."""
+    """Every PodGroup listed, and every PodGroup gated members name that does not exist.
+    `namespaces` by name (None: not readable)."""
     served, groups = pod_groups
     by_group = members_by_group(world.pods)
     out, seen = [], set()
@@ -274,7 +276,7 @@ def _group_facts(
                 namespace=key[0],
                 name=key[2],
                 api_group=api_group,
-                opted_in=opted_in.get(key[0]) if opted_in is not None else None,
+                **_namespace_facts(namespaces, key[0]),
                 now=now,
             )
         )
@@ -291,7 +293,7 @@ def _group_facts(
                 name=name,
                 api_group=api_group,
                 served=any(res.group == api_group for res in served.resources),
-                opted_in=opted_in.get(ns) if opted_in is not None else None,
+                **_namespace_facts(namespaces, ns),
                 now=now,
             )
         )
@@ -509,18 +511,30 @@ async def _pod_groups(kube: Kube, namespace: str | None) -> PodGroups:
     ]
 
 
-async def _opted_in(kube: Kube, namespace: str) -> bool | None:
-    """Whether the namespace opted in to gating (None: it cannot be read)."""
+async def _namespace(kube: Kube, namespace: str) -> Obj | None:
+    """The namespace, for whether it opted in to gating and which configs serve it (None:
+    it cannot be read)."""
     try:
-        found = await _get(kube, NAMESPACE, namespace, None)
+        return await _get(kube, NAMESPACE, namespace, None)
     except ApiError:
         return None
-    return _is_opted_in(found) if found is not None else None
+
+
+class _NamespaceFacts(TypedDict):
+    opted_in: bool | None
+    namespace_labels: dict[str, str] | None
+
+
+def _namespace_facts(namespaces: dict[str, Obj] | None, name: str) -> _NamespaceFacts:
+    """What `gather_group` reads of the group's namespace: None for each when not read."""
+    found = namespaces.get(name) if namespaces is not None else None
+    if found is None:
+        return {"opted_in": None, "namespace_labels": None}
+    return {"opted_in": _is_opted_in(found), "namespace_labels": labels_of(found)}
 
 
 def _is_opted_in(namespace: Obj) -> bool:
-    labels = (namespace.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
+    return labels_of(namespace).get(OPT_IN_LABEL) == OPT_IN_VALUE
 
 
 def _name(obj: Obj) -> str:

@@ -49,6 +49,12 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases after which a pod holds no resources and never runs again."""
 
 
+def labels_of(obj: ReadOnlyObj) -> dict[str, str]:
+    """An object's labels (none when it has none or they are not a map)."""
+    labels = (obj.get("metadata") or {}).get("labels")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+
 def is_finished(pod: ReadOnlyObj) -> bool:
     """The pod ran to its end (Succeeded or Failed)."""
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES

@@ -7,6 +7,7 @@ AdmissionCheck's Active condition instead of breaking reconciles.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -117,6 +118,94 @@ class KarpenterSpec(_Spec):
     ]
 
 
+#: A label key's name part and a label value (empty allowed for a value): at most 63
+#: characters, alphanumeric at both ends, dashes, underscores and dots between.
+_LABEL_PART = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_SELECTOR_TERMS = 32
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is not a label key (an optional DNS-subdomain prefix and `/`, then a name
+    of at most 63 characters), as Kubernetes validates one; None when it is."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+        return f"{key!r} has no valid prefix (a DNS subdomain, then '/')"
+    if not name or len(name) > 63 or not _LABEL_PART.match(name):
+        return (
+            f"{key!r} is not a label key (a name of 1-63 alphanumerics, '-', '_', '.', "
+            "alphanumeric at both ends)"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why `value` is not a label value (at most 63 characters, as a key's name, or empty)."""
+    if len(value) > 63 or not _LABEL_PART.match(value):
+        return f"{value!r} is not a label value (at most 63 alphanumerics, '-', '_', '.')"
+    return None
+
+
+class SelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(_Spec):
+    """One metav1.LabelSelectorRequirement: `key operator values`."""
+
+    key: str
+    operator: SelectorOperator
+    values: Annotated[tuple[str, ...], Field(max_length=MAX_SELECTOR_TERMS)] = ()
+
+    @model_validator(mode="after")
+    def _valid(self) -> LabelSelectorRequirement:
+        listed = self.operator in (SelectorOperator.IN, SelectorOperator.NOT_IN)
+        if listed and not self.values:
+            raise ValueError(f"values: required with operator {self.operator.value}")
+        if not listed and self.values:
+            raise ValueError(f"values: not with operator {self.operator.value}")
+        problem = label_key_problem(self.key)
+        if problem is None:
+            problem = next(filter(None, map(label_value_problem, self.values)), None)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+class LabelSelector(_Spec):
+    """A metav1.LabelSelector: every matchLabels pair and every matchExpressions requirement
+    must hold; an empty one selects everything."""
+
+    match_labels: Annotated[
+        dict[str, str], Field(alias="matchLabels", max_length=MAX_SELECTOR_TERMS)
+    ] = Field(default_factory=dict)
+    match_expressions: Annotated[
+        tuple[LabelSelectorRequirement, ...],
+        Field(alias="matchExpressions", max_length=MAX_SELECTOR_TERMS),
+    ] = ()
+
+    @model_validator(mode="after")
+    def _valid_labels(self) -> LabelSelector:
+        for key, value in self.match_labels.items():
+            problem = label_key_problem(key) or label_value_problem(value)
+            if problem is not None:
+                raise ValueError(f"matchLabels: {problem}")
+        return self
+
+
+class PodGroupsSpec(_Spec):
+    """What the config allows PodGroups (Kueue Workloads are governed by their ClusterQueue
+    and the AdmissionCheck the admin chose)."""
+
+    namespace_selector: Annotated[LabelSelector | None, Field(alias="namespaceSelector")] = None
+    """The namespaces whose PodGroups may use the config. Unset: every namespace (the
+    configs made before the field keep serving the namespaces they served); `{}` too, as
+    Kueue's ClusterQueue reads it."""
+
+
 #: The most capacity sources a config lists (naming.MAX_SOURCES: as many names per attempt).
 MAX_SOURCES = 8
 
@@ -196,6 +285,7 @@ class AtomicProvisioningSpec(_Spec):
         SourcePolicy.IN_ORDER
     )
     race_width: Annotated[int | None, Field(alias="raceWidth", ge=2, le=MAX_SOURCES)] = None
+    pod_groups: Annotated[PodGroupsSpec, Field(alias="podGroups")] = PodGroupsSpec()
 
     @property
     def racing(self) -> int:
@@ -420,8 +510,10 @@ def _check_source(source: CapacitySource, where: str, allow_custom: bool) -> Non
 
 def spec_record(spec: AtomicProvisioningSpec) -> str:
     """The spec as an attempt records it: compact JSON by the API's field names, defaults
-    left out (`recorded_spec` reads it back)."""
-    return spec.model_dump_json(by_alias=True, exclude_defaults=True)
+    left out (`recorded_spec` reads it back). `podGroups` is left out too: it says who may
+    start an attempt, nothing an attempt needs to finish (and a record without it reads in a
+    version that predates the field)."""
+    return spec.model_dump_json(by_alias=True, exclude_defaults=True, exclude={"pod_groups"})
 
 
 @lru_cache(maxsize=256)

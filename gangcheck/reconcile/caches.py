@@ -40,7 +40,7 @@ from gangcheck.model.names import (
     OPT_IN_LABEL,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.model.objects import Flavor, Obj, Pod, flavor_of, pod_of
+from gangcheck.model.objects import Flavor, Obj, Pod, flavor_of, labels_of, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.ingest import trim_node, trim_pod
 
@@ -248,12 +248,12 @@ class Caches:
         return tuple(views)
 
     def opted_in(self, namespace: str) -> bool:
-        return self.opted_in_obj(self.namespaces.store.get(namespace) or {})
+        return self.namespace_labels(namespace).get(OPT_IN_LABEL) == OPT_IN_VALUE
 
-    @staticmethod
-    def opted_in_obj(namespace: Obj) -> bool:
-        labels = (namespace.get("metadata") or {}).get("labels") or {}
-        return bool(labels.get(OPT_IN_LABEL) == OPT_IN_VALUE)
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        """The namespace's labels; none while it is not cached (a selector then decides on
+        none: it is read again once the namespace is, `Controller._on_namespace`)."""
+        return labels_of(self.namespaces.store.get(namespace) or {})
 
 
 class InFlight:

@@ -17,7 +17,11 @@ from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import is_gated
-from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
+from gangcheck.logic.podgroups.group_snapshot import (
+    config_named,
+    config_serving,
+    group_snapshot_of,
+)
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
 from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSAGE_ANNOTATION
 from gangcheck.model.objects import Obj, ObjectRef
@@ -92,7 +96,15 @@ class PodGroupReconciler(GangReconciler):
         )
 
     def _config(self, group: PodGroup) -> tuple[AtomicProvisioningSpec | None, str]:
-        return self._config_named(group.annotations.get(CONFIG_ANNOTATION) or self._options.config)
+        """The config the group names, else the provisioner's default: either only if it
+        serves the group's namespace (its spec.podGroups.namespaceSelector)."""
+        ns = group.ref.namespace
+        return config_serving(
+            group.annotations.get(CONFIG_ANNOTATION) or self._options.config,
+            self._caches.configs.store.get,
+            namespace=ns,
+            labels=self._caches.namespace_labels(ns),
+        )
 
     def _config_named(self, name: str) -> tuple[AtomicProvisioningSpec | None, str]:
         return config_named(name, self._caches.configs.store.get)

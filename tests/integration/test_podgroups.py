@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from gangcheck.app import Controller
+from gangcheck.diagnose import diagnose
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import InvalidError, NotFoundError
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
     EVENT,
@@ -559,6 +560,67 @@ async def test_a_missing_config_blocks_with_a_reason_until_it_exists(
         assert await groups.gated("cfg-0") == [False]
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_config_serves_only_the_namespaces_its_selector_selects(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """A config whose spec.podGroups.namespaceSelector does not select the group's namespace:
+    the group is Blocked saying so (and diagnose says it), nothing is asked; the namespace
+    labelled, the gang is asked for; relabelled mid-attempt, the attempt goes on under the
+    config it recorded and the gang is released on what arrived."""
+    config = f"tenant-{groups.ns}"
+    selector = {"matchLabels": {"example.com/tenant": "a"}}
+    spec = {"podGroups": {"namespaceSelector": selector}, "fulfillment": {"reclaimer": "None"}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("tenant", 1, annotations={CONFIG_ANNOTATION: config})
+        await groups.member("tenant-0", "tenant")
+        blocked = await groups.wait_state("tenant", "Blocked")
+        said = (
+            f"AtomicProvisioningConfig '{config}' does not serve namespace '{groups.ns}' "
+            "(spec.podGroups.namespaceSelector)"
+        )
+        assert _annotations(blocked)[MESSAGE_ANNOTATION] == said
+        (event,) = await groups.cluster.wait_events("ConfigProblem")
+        assert event["message"] == said
+        report = await diagnose(groups.kube, f"podgroup/{groups.ns}/tenant")
+        assert report.verdict.line == f"blocked: blocked by the config: {said}"
+        assert await groups.cluster.request("tenant-pg-1") is None
+        assert await groups.gated("tenant-0") == [True]
+
+        await label_namespace(groups, "a")
+        await groups.cluster.wait_request("tenant-pg-1")
+        await groups.wait_state("tenant", "Provisioning")
+
+        await label_namespace(groups, "b")  # no longer served: the attempt in flight goes on
+        await groups.cluster.set_request_conditions("tenant-pg-1", {"Provisioned": "ok"})
+        await groups.cluster.add_nodes(1, gpu=1)
+        await groups.wait_state("tenant", "Released")
+        assert await groups.gated("tenant-0") == [False]
+        assert await groups.cluster.request("tenant-pg-2") is None
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_the_crd_refuses_a_namespace_selector_requirement_without_its_values(
+    groups: Groups,
+) -> None:
+    """In and NotIn need values, Exists and DoesNotExist take none (the CRD's rule, as
+    Kubernetes validates a LabelSelector); the model says the same of a config stored before."""
+    bad = {"matchExpressions": [{"key": "example.com/tenant", "operator": "In"}]}
+    body = {
+        "metadata": {"name": f"bad-{groups.ns}"},
+        "spec": {"podGroups": {"namespaceSelector": bad}},
+    }
+    with pytest.raises(InvalidError) as refused:
+        await groups.kube.create(ATOMIC_CONFIG, body)
+    assert "values are required with In and NotIn" in str(refused.value)
+
+
+async def label_namespace(groups: Groups, tenant: str) -> None:
+    patch = {"metadata": {"labels": {"example.com/tenant": tenant}}}
+    await groups.kube.merge_patch(NAMESPACE, groups.ns, patch)
 
 
 async def test_reserved_capacity_is_used_before_new_capacity_is_requested(

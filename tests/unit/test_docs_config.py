@@ -121,7 +121,12 @@ def test_every_field_is_in_the_configure_table_with_its_default() -> None:
     fields = _model_paths(AtomicProvisioningSpec)
     # leaves: a nested model's fields are the rows, not the model (capacitySources and
     # reservations are lists whose items are described beside the table)
-    listed = {"capacitySources", "reservations", "podSetUpdates.nodeSelector"}
+    listed = {
+        "capacitySources",
+        "reservations",
+        "podSetUpdates.nodeSelector",
+        "podGroups.namespaceSelector",
+    }
     wanted = {
         path
         for path in fields

@@ -39,7 +39,7 @@ from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import count_of
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
-from gangcheck.logic.podgroups.group_snapshot import config_named, group_snapshot_of
+from gangcheck.logic.podgroups.group_snapshot import config_serving, group_snapshot_of
 from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
     BLOCKED,
@@ -142,14 +142,19 @@ def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
 
 
 def _config_of(
-    group: PodGroup, req: ProvisioningRequest | None, world: World
+    group: PodGroup,
+    req: ProvisioningRequest | None,
+    world: World,
+    labels: Mapping[str, str] | None,
 ) -> tuple[AtomicProvisioningSpec | None, str]:
-    """The config the provisioner decides under: the one the group names; else the one the
-    attempt in flight recorded (the provisioner's default when it was made: its setting is
-    not readable here); else the defaults."""
+    """The config the provisioner decides under: the one the group names, if it serves the
+    namespace (`labels`, None: not read); else the one the attempt in flight recorded (the
+    provisioner's default when it was made: its setting is not readable here); else the
+    defaults."""
     name = group.annotations.get(CONFIG_ANNOTATION, "")
     if name:
-        return config_named(name, world.configs.get)
+        ns = group.ref.namespace
+        return config_serving(name, world.configs.get, namespace=ns, labels=labels)
     recorded = lifecycle.recorded_config(req) if req is not None else None
     return recorded or AtomicProvisioningSpec(), ""
 
@@ -220,11 +225,13 @@ def gather_group(
     api_group: str = UPSTREAM,
     served: bool = True,
     opted_in: bool | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
     now: datetime,
 ) -> GroupFacts:
     """Everything the chain needs about one PodGroup (`obj`, None when it does not exist)
     and the pods naming it; the decision the provisioner makes for it now, replayed on them
-    (`replay`)."""
+    (`replay`). `namespace_labels`: its namespace's (None: not read; a config's
+    namespaceSelector is then not applied)."""
     live = sorted((p for p in members if p.live), key=lambda p: p.name)
     if obj is None:
         return GroupFacts(
@@ -271,7 +278,7 @@ def gather_group(
     snap = group_snapshot_of(
         group,
         members,
-        config=_config_of(group, req, world),
+        config=_config_of(group, req, world, namespace_labels),
         requests=world.requests,
         capacity=capacity_of(world),
         max_members=GroupSnapshot.max_members,

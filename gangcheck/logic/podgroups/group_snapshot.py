@@ -5,14 +5,15 @@ provisioner makes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.placement.fit import Requirement
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.model.names import GROUP_UID_ANNOTATION
 from gangcheck.model.objects import Obj, Pod, request_of
 from gangcheck.model.podgroups import PodGroup
-from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
+from gangcheck.model.provisioning_config import AtomicProvisioningSpec, LabelSelector, parse_spec
 
 CONFIG_KIND = "AtomicProvisioningConfig"
 
@@ -30,6 +31,39 @@ def config_named(
         return parse_spec(obj.get("spec")), ""
     except ValueError as e:
         return None, f"{CONFIG_KIND} {name!r}: {e}"
+
+
+def config_serving(
+    name: str,
+    get: Callable[[str], Obj | None],
+    *,
+    namespace: str,
+    labels: Mapping[str, str] | None,
+) -> tuple[AtomicProvisioningSpec | None, str]:
+    """The config of that name for a group of `namespace` (`config_named`), or why there is
+    none: also when its `spec.podGroups.namespaceSelector` does not select the namespace's
+    `labels` (None: not known, the selector not read)."""
+    spec, problem = config_named(name, get)
+    if spec is None or labels is None:
+        return spec, problem
+    if not selects(spec.pod_groups.namespace_selector, labels):
+        return None, (
+            f"{CONFIG_KIND} {name!r} does not serve namespace {namespace!r} "
+            "(spec.podGroups.namespaceSelector)"
+        )
+    return spec, ""
+
+
+def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """Whether a label selector selects an object with these labels: every matchLabels pair
+    and every requirement holds (Kubernetes' rules: NotIn and DoesNotExist hold for a label
+    absent). None, no selector, selects everything: a config's namespaceSelector unset serves
+    every namespace, as configs did before the field."""
+    if selector is None:
+        return True
+    wanted = [Requirement(key, "In", (value,)) for key, value in selector.match_labels.items()]
+    wanted += [Requirement(r.key, r.operator.value, r.values) for r in selector.match_expressions]
+    return all(r.matches(labels) for r in wanted)
 
 
 def group_snapshot_of(
