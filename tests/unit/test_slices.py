@@ -773,3 +773,67 @@ def test_a_chain_of_pending_slices_is_followed_only_so_far() -> None:
     assert pred is not None
     base = slices.base_of(wl, pred)
     assert isinstance(base, str) and "cannot be told" in base
+
+
+def stopped_slice(**kw: Any) -> WorkloadBuilder:
+    """The slice evicted once and admitted again (Kueue stopped the Job meanwhile)."""
+    return held_slice(**kw).condition("Evicted", "False", "QuotaReserved")
+
+
+def test_a_slice_ready_after_an_eviction_gives_updates_kueue_can_start_the_job_with() -> None:
+    """Kueue v0.17 starts the stopped Job with the check's podSetUpdates merged into the
+    template and refuses a key the two give different values (the Workload then finishes,
+    FailedToStart): the Ready slice's updates keep the template's consume annotation (not
+    its own request's), with the hold toleration the template has; the request is still
+    followed (held until the members are scheduled)."""
+    base = json.dumps({"replaces": OLD, "running": {}}, sort_keys=True)
+    annotations = {slices.SLICE_ANNOTATION: base, "gangcheck.io/hold-as": FIRST}
+    case = Case(
+        "",
+        stopped_slice(),
+        requests=[req(count=8, conditions={"Provisioned": ""}, annotations=annotations)],
+        nodes=[
+            node("n2", gpu=8, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+    )
+    d = run(case)
+    assert d.check is not None and d.check.state == "Ready", d.check
+    template = job_template()
+    for update in d.check.pod_set_updates:
+        for key, value in (update.get("annotations") or {}).items():
+            assert template["metadata"]["annotations"].get(key, value) == value, update
+    assert [a.name for a in d.actions if isinstance(a, ClaimNode)] == ["n2"]
+
+    # the next look, with the updates as written: the request found, its hold kept while
+    # the members are not scheduled
+    later = run(
+        replace_case(
+            case,
+            workload=stopped_slice(state="Ready", pod_set_updates=list(d.check.pod_set_updates)),
+        )
+    )
+    assert later.check is None and later.requeue_after is not None
+
+
+def test_a_running_slices_updates_are_left_as_the_check_writes_them() -> None:
+    """Without an eviction Kueue never applies a slice's updates to the running Job: they
+    name the slice's own request (what the check consumes), as before."""
+    case = Case(
+        "",
+        new_slice(),
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        nodes=[
+            node("n1", gpu=4, labels={"pool": "gpu"}),
+            node("n2", gpu=4, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        pods=running(4),
+    )
+    d = run(case)
+    assert d.check is not None and d.check.state == "Ready"
+    names = {
+        (u.get("annotations") or {}).get("autoscaling.x-k8s.io/consume-provisioning-request")
+        for u in d.check.pod_set_updates
+    }
+    assert names == {REQ1}

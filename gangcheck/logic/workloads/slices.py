@@ -455,6 +455,8 @@ def _slice_written(
         req = _consumed(snap, check)
         after = _held_until_used(snap, req, now, since=now) if req is not None else Decision()
         message = f"{said}; {check.message}" if check.message else said
+        if stopped_since(snap.workload):  # Kueue starts the Job again with these
+            check = replace(check, pod_set_updates=compatible(snap.workload, check.pod_set_updates))
         return replace(
             decision,
             check=replace(check, message=message),
@@ -480,11 +482,47 @@ def _recording(action: Action, base: Base, held: str) -> Action:
     return CreateRequest(body)
 
 
+def compatible(wl: Workload, updates: tuple[Obj, ...]) -> tuple[Obj, ...]:
+    """The podSetUpdates without the annotations, labels and node selector entries the pod
+    set's template already has with another value. Kueue v0.17 refuses to start a Job whose
+    template and an admission check's podSetUpdate disagree on a key (`podset.Merge`: the
+    Workload then finishes, FailedToStart); a slice's template carries what the first slice's
+    check gave the Job (its consume annotation, naming the first request), so a slice whose
+    Job is started again (after an eviction) keeps those: its pods consume and tolerate as
+    the Job's pods always did, and its nodes are held as that (`held_as`)."""
+    templates = {ps.name: ps.template for ps in wl.pod_sets}
+    out = []
+    for update in updates:
+        template = templates.get(str(update.get("name") or ""), {})
+        meta, spec = template.get("metadata") or {}, template.get("spec") or {}
+        has = {
+            "annotations": meta.get("annotations") or {},
+            "labels": meta.get("labels") or {},
+            "nodeSelector": spec.get("nodeSelector") or {},
+        }
+        kept = dict(update)
+        for field_name, there in has.items():
+            if field_name in update:
+                mine = dict(update[field_name] or {})
+                same = {k: v for k, v in mine.items() if k not in there or there[k] == v}
+                if same:
+                    kept[field_name] = same
+                else:
+                    kept.pop(field_name)
+        out.append(kept)
+    return tuple(out)
+
+
 def _consumed(snap: Snapshot, check: CheckState) -> ProvisioningRequest | None:
+    """The request the Ready slice consumes: its podSetUpdates name it; for a slice whose
+    updates keep the Job's own consume annotation (`compatible`), its latest attempt's."""
     for update in check.pod_set_updates:
         name = (update.get("annotations") or {}).get(CONSUME_ANNOTATION)
         if name:
             return next((r for r in snap.requests if r.name == name), None)
+    if stopped_since(snap.workload):
+        latest = _latest(snap, check)
+        return latest[1] if latest is not None else None
     return None
 
 
