@@ -302,6 +302,31 @@ CASES = [
 
 CASES += [
     Case(
+        "the Job scaled to 0 while its slice waits (counts lowered in place): adds 0, Ready, "
+        "its request withdrawn and what arrived for it reclaimed safely",
+        new_slice(0),
+        requests=[
+            req(conditions={"Provisioned": ""}, annotations={slices.SLICE_ANNOTATION: BASE4})
+        ],
+        nodes=[
+            node("n1", gpu=4, labels={"pool": "gpu"}),
+            node(
+                "n2",
+                gpu=4,
+                labels={"pool": "gpu"},
+                created="2026-11-30T10:01:00Z",
+                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+            ),
+        ],
+        pods=running(4),
+        state="Ready",
+        message=("adds 0 members",),
+        deletes=(REQ1,),
+        reclaims=True,
+    ),
+]
+CASES += [
+    Case(
         "evicted once and admitted again (Kueue stopped the whole Job): the whole 8 asked",
         new_slice().condition("Evicted", "False", "QuotaReserved"),
         state="Pending",
