@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -54,8 +53,8 @@ from gangcheck.model.names import (
 from gangcheck.model.objects import Obj
 from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.certs import CertificateAuthority
-from gangcheck_dev.testbed.deploy import deploy_gangcheck, start_sim_cloud
-from gangcheck_dev.testbed.process import free_ports
+from gangcheck_dev.testbed.deploy import deploy_gangcheck, http_ok, start_sim_cloud
+from gangcheck_dev.testbed.process import free_ports, log_tail, pid_alive
 
 NAMESPACE_NAME = "demo"
 SIM_CLASS = "sim.gangcheck.io"
@@ -69,6 +68,8 @@ GROUP = "ddp"
 """The PodGroup gang (no Kueue): gated by the webhook, released together."""
 GANGS = (*JOB_GANGS, GROUP)
 WEBHOOK_NAME = "gangcheck-demo"
+READY_TIMEOUT = 60.0
+"""How long the controller left running may take to answer /readyz."""
 
 
 def sim_config() -> dict[str, Any]:
@@ -335,16 +336,40 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
         controller.stop()
         sim.stop()
     # Both stopped with this command's process; start them again, detached, for exploring.
-    run = ["run", "--kubeconfig", str(controller.kubeconfig), "--bind-address", "127.0.0.1"]
-    run += ["--health-port", "0", "--metrics-port", "0", *webhook]
+    health, metrics = free_ports(2)
+    run = explore_run_args(controller.kubeconfig, health, metrics, webhook)
     sim_args = ["sim-cloud", "--kubeconfig", str(info.kubeconfig), "--config-map", SIM_CONFIG_MAP]
+    log = work / "gangcheck.log"
     pids = [
-        _detached("gangcheck", run, work / "gangcheck.log"),
+        _detached("gangcheck", run, log),
         _detached("gangcheck_dev", sim_args, work / "sim-cloud.log"),
     ]
     (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
-    out.write(explore_hints(info.kubeconfig, info.kubectl))
+    if not _ready(pids[0], f"http://127.0.0.1:{health}/readyz"):
+        out.write(f"\ngangcheck did not stay up (its log: {log}):\n{log_tail(log)}\n")
+        out.write("remove everything with: make demo-down\n")
+        return 1
+    out.write(explore_hints(info.kubeconfig, info.kubectl, metrics))
     return 0 if all(g.started for g in gangs) else 1
+
+
+def explore_run_args(
+    kubeconfig: Path, health_port: int, metrics_port: int, webhook: list[str]
+) -> list[str]:
+    """`gangcheck run`'s arguments for the controller left running: the demo's ServiceAccount,
+    its webhook, health and metrics on the ports given (`gangcheck run` takes no 0)."""
+    run = ["run", "--kubeconfig", str(kubeconfig), "--bind-address", "127.0.0.1"]
+    return [*run, "--health-port", str(health_port), "--metrics-port", str(metrics_port), *webhook]
+
+
+def _ready(pid: int, url: str, timeout: float = READY_TIMEOUT) -> bool:
+    """Whether the process `pid` answers `url` within `timeout`; False once it has exited."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        if http_ok(url):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 #: What the demo made, each by its full resource name: on Kubernetes 1.37 a bare `workloads`
@@ -357,7 +382,7 @@ EXPLORE = (
 )
 
 
-def explore_hints(kubeconfig: Path, kubectl: Path) -> str:
+def explore_hints(kubeconfig: Path, kubectl: Path, metrics_port: int) -> str:
     """What to type to look around the stack the demo leaves running."""
     gangcheck = Path(sys.executable).parent / "gangcheck"  # the one beside this Python
     return (
@@ -366,21 +391,30 @@ def explore_hints(kubeconfig: Path, kubectl: Path) -> str:
         f"  {gangcheck} status\n"
         f"  {gangcheck} diagnose job/demo/partial\n"
         f"  {gangcheck} diagnose podgroup/demo/ddp\n"
+        f"  curl -s http://127.0.0.1:{metrics_port}/metrics   # gangcheck's metrics "
+        "(docs/metrics.md)\n"
         "remove everything with: make demo-down\n"
     )
 
 
 def _detached(module: str, args: list[str], log: Path) -> int:
-    """`python -m MODULE ARGS` in a session of its own, outliving this command; its pid."""
-    with log.open("a") as sink:
-        proc = subprocess.Popen(
+    """`python -m MODULE ARGS` in a session of its own, outliving this command; its pid.
+    Spawned, not a `Popen` dropped while it runs (which warns of a process still running)."""
+    sink = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        return os.posix_spawn(
+            sys.executable,
             [sys.executable, "-m", module, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, sink, 1),
+                (os.POSIX_SPAWN_DUP2, sink, 2),
+            ],
+            setsid=True,
         )
-    return proc.pid
+    finally:
+        os.close(sink)
 
 
 async def _namespace(kubeconfig: Path) -> None:

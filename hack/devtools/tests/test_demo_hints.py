@@ -48,7 +48,7 @@ def test_the_demo_runs_three_gangs_two_kueue_jobs_and_a_pod_group() -> None:
 
 
 def test_the_hints_name_kueues_workloads_by_group() -> None:
-    hints = demo.explore_hints(Path("/state/kubeconfig"), Path("/cache/kubectl"))
+    hints = demo.explore_hints(Path("/state/kubeconfig"), Path("/cache/kubectl"), 41002)
     (get,) = [line for line in hints.splitlines() if " get " in line]
     kinds = get.split(" get ")[1].split()[0].split(",")
     assert (

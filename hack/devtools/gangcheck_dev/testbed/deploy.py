@@ -264,7 +264,8 @@ def _token_kubeconfig(
     return path
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """True when ``url`` answers 200 within 2 s."""
     try:
         with urllib.request.urlopen(url, timeout=2) as reply:
             return int(reply.status) == 200
@@ -447,7 +448,7 @@ def _run_as(
         name=name,
         argv=argv,
         log_path=log_path,
-        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        probe=lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
         env=_python_env(),
         ready_timeout=_READY_TIMEOUT,
         stop_timeout=_STOP_TIMEOUT,
@@ -528,7 +529,7 @@ def run_controller_container(
         name=f"{name} (container)",
         argv=[sys.executable, "-c", _EXEC_GUARD, str(os.getpid()), *docker_argv],
         log_path=log_path,
-        probe=lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+        probe=lambda: http_ok(f"http://127.0.0.1:{health}/readyz"),
         ready_timeout=_READY_TIMEOUT,
         stop_timeout=_STOP_TIMEOUT,
     )
