@@ -209,7 +209,7 @@ def test_rendered_admission_policy_is_the_kustomize_builds(helm: Path, tmp_path:
     # kustomize sets its namespace on these cluster-scoped kinds too; kubectl ignores it.
     for obj in theirs:
         obj["metadata"].pop("namespace", None)
-    assert len(ours) == 8  # the three admission policies and the fence policy, with bindings
+    assert len(ours) == 10  # the four admission policies and the fence policy, with bindings
     assert ours == theirs
 
 
@@ -219,10 +219,15 @@ def test_admission_policy_follows_the_release(helm: Path) -> None:
         o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
     }
     own = "team-a-gangcheck-writes-only-its-own"
-    assert sorted(policies) == ["team-a-gangcheck-fence", own, f"{own}-arrivals", f"{own}-checks"]
+    guard = "team-a-gangcheck-guards-its-records"
+    assert sorted(policies) == sorted(
+        ["team-a-gangcheck-fence", guard, own, f"{own}-arrivals", f"{own}-checks"]
+    )
     for name in (own, f"{own}-arrivals", f"{own}-checks"):
         condition = policies[name]["spec"]["matchConditions"][0]
         assert "system:serviceaccount:gangcheck-system:team-a-gangcheck" in condition["expression"]
+    # The guard of gangcheck's records names no account: every release's passes it.
+    assert "serviceaccount" not in yaml.safe_dump(policies[guard])
     assert "matchConditions" not in policies["team-a-gangcheck-fence"]["spec"]  # every writer
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)

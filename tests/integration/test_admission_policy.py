@@ -1,6 +1,8 @@
 """The ValidatingAdmissionPolicy of manifests/base on a real kube-apiserver: with a token of
 gangcheck's ServiceAccount, the changes gangcheck makes go through, and every other change to
-Pods and Nodes is refused by the API server, even where RBAC would allow it.
+Pods and Nodes is refused by the API server, even where RBAC would allow it. The other way
+round, under the records guard, a user who may edit requests in a namespace cannot forge the
+records gangcheck keeps on the requests and PodTemplates it made.
 
 The base is applied as a person would (kubectl, server-side); gangcheck's own code (the
 PodGroup release, the node claim and the reclaim paths) then runs with the ServiceAccount's
@@ -67,7 +69,7 @@ from gangcheck.model.names import (
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from tests.builders import WorkloadBuilder, container
 from tests.faults.proxy import FaultProxy, Faults
-from tests.integration.harness import Cluster, RunningController, eventually
+from tests.integration.harness import Cluster, RunningController, eventually, token_kubeconfig
 from tests.integration.test_manifests import (
     ACCOUNT,
     MANIFESTS,
@@ -83,6 +85,8 @@ pytestmark = pytest.mark.integration
 
 Obj = dict[str, Any]
 POLICY = "gangcheck-writes-only-its-own"
+GUARD = "gangcheck-guards-its-records"
+GUARDS = (GUARD, f"{HARNESS.namespace}-guards-its-records")
 POLICY_FILE = MANIFESTS / "base" / "admission-policy.yaml"
 CLUSTER_ROLE = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False)
 CLUSTER_ROLE_BINDING = Resource(
@@ -224,7 +228,13 @@ async def gated_pod(
 
 
 def refused_by_policy(error: ApiError, policy: str = POLICY) -> bool:
-    return error.status in (403, 422) and f"ValidatingAdmissionPolicy '{policy}'" in str(error)
+    """Refused by `policy`; for the records guard, by the base's or the harness's (installed
+    here by the tests running the controller): both apply to every writer, and the API server
+    names the first that refused."""
+    names = GUARDS if policy == GUARD else (policy,)
+    return error.status in (403, 422) and any(
+        f"ValidatingAdmissionPolicy '{name}'" in str(error) for name in names
+    )
 
 
 async def refusal(write: Any, policy: str = POLICY) -> ApiError:
@@ -1002,3 +1012,238 @@ async def test_a_call_refused_to_the_harness_controller_fails_the_test(
         await controller.kube.create(CONFIG_MAP, config_map, "default")
     with pytest.raises(AssertionError, match="refused gangcheck's own calls"):
         await running.stop()
+
+
+# ---- gangcheck's records: nobody else writes them ---------------------------------------
+
+ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+EDITOR = "editor"
+PROVISIONED = {
+    "status": {
+        "conditions": [
+            {
+                "type": "Provisioned",
+                "status": "True",
+                "reason": "Provisioned",
+                "message": "",
+                "lastTransitionTime": LONG_AGO,
+            }
+        ]
+    }
+}
+
+
+@pytest.fixture
+async def editor(
+    control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> AsyncIterator[Kube]:
+    """A user with edit rights in the test's namespace (a ServiceAccount there, bound by a
+    Role): every verb on ProvisioningRequests, their status and PodTemplates, as Kueue users
+    are often given."""
+    ns, admin = cluster.ns, cluster.kube
+    verbs = ["get", "list", "watch", "create", "update", "patch", "delete"]
+    rules = [
+        {
+            "apiGroups": ["autoscaling.x-k8s.io"],
+            "resources": ["provisioningrequests", "provisioningrequests/status"],
+            "verbs": verbs,
+        },
+        {"apiGroups": [""], "resources": ["podtemplates"], "verbs": verbs},
+    ]
+    await admin.create(SERVICE_ACCOUNT, {"metadata": {"name": EDITOR}}, ns)
+    await admin.create(ROLE, {"metadata": {"name": EDITOR}, "rules": rules}, ns)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": EDITOR}
+    subject = {"kind": "ServiceAccount", "name": EDITOR, "namespace": ns}
+    binding = {"metadata": {"name": EDITOR}, "roleRef": ref, "subjects": [subject]}
+    await admin.create(ROLE_BINDING, binding, ns)
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    path = f"{SERVICE_ACCOUNT.object_path(EDITOR, ns)}/token"
+    token = (await admin.request("POST", path, body=review))["status"]["token"]
+    kubeconfig = token_kubeconfig(control_plane, EDITOR, token, tmp_path / "editor.kubeconfig")
+    async with await Kube.connect(str(kubeconfig)) as user:
+
+        async def granted() -> bool:  # the API server's RBAC cache has the Role
+            try:
+                await user.list_objects(PROVISIONING_REQUEST, ns)
+            except ApiError as e:
+                if e.status == 403:
+                    return False
+                raise
+            return True
+
+        await eventually(granted, what="the editor's Role granted")
+        yield user
+
+
+def annotated(name: str, annotations: dict[str, str | None]) -> Obj:
+    """A merge patch of the object's annotations (None removes one)."""
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+async def test_a_namespace_editor_cannot_forge_gangchecks_records(
+    account: Kube, editor: Kube, cluster: Cluster
+) -> None:
+    """On the request and PodTemplate gangcheck made, a user who may edit requests in the
+    namespace cannot add, change or remove a gangcheck.io/* annotation nor the managed-by
+    label, nor create an object carrying that label; gangcheck's ServiceAccount writes its
+    records, and the cluster's admin (system:masters) may repair them."""
+    ns, admin = cluster.ns, cluster.kube
+    request = provisioning_request("ours", ours=True)
+    request["metadata"]["annotations"] = {WORKLOAD_ANNOTATION: "gang"}
+    await account.create(PROVISIONING_REQUEST, request, ns)
+    template = pod_template("ours-main", ours=True)
+    template["metadata"]["annotations"] = {WORKLOAD_ANNOTATION: "gang"}
+    await account.create(POD_TEMPLATE, template, ns)
+    await account.merge_patch(
+        PROVISIONING_REQUEST, "ours", annotated("ours", {PHASE_ANNOTATION: "RollingBack"}), ns
+    )
+
+    def forge(patch: Obj, res: Resource = PROVISIONING_REQUEST, name: str = "ours") -> Any:
+        return lambda: editor.merge_patch(res, name, patch, ns)
+
+    def dry_run() -> Awaitable[object]:
+        path = PROVISIONING_REQUEST.object_path("ours", ns)
+        patch = annotated("ours", {PHASE_ANNOTATION: "Started"})
+        return editor.request(
+            "PATCH", path, query={"dryRun": "All"}, body=patch, content_type=MERGE_PATCH
+        )
+
+    await until_refused(dry_run, GUARD, "the records guard enforced")
+    started = await refusal(forge(annotated("ours", {PHASE_ANNOTATION: "Started"})), GUARD)
+    assert PHASE_ANNOTATION in str(started)
+    for patch in (
+        annotated("ours", {PHASE_ANNOTATION: None}),
+        annotated("ours", {"gangcheck.io/outcome": '{"reclaimed": []}'}),
+        annotated("ours", {"gangcheck.io/outcome": ""}),  # read by its presence alone
+        annotated("ours", {"gangcheck.io/attempt-config": '{"fulfillment": {}}'}),
+        {"metadata": {"labels": {MANAGED_BY_LABEL: None}}},
+        {"metadata": {"labels": {MANAGED_BY_LABEL: "someone"}}},
+    ):
+        await refusal(forge(patch), GUARD)
+    for patch in (
+        annotated("ours-main", {WORKLOAD_ANNOTATION: "another-gang"}),
+        {"metadata": {"labels": {MANAGED_BY_LABEL: None}}},
+    ):
+        await refusal(forge(patch, POD_TEMPLATE, "ours-main"), GUARD)
+    # Nothing labelled as gangcheck's is created by anyone else (gangcheck takes it as its own).
+    for res, body in (
+        (PROVISIONING_REQUEST, provisioning_request("forged", ours=True)),
+        (POD_TEMPLATE, pod_template("forged-main", ours=True)),
+    ):
+        error = await refusal(lambda r=res, b=body: editor.create(r, b, ns), GUARD)
+        assert "only gangcheck creates" in str(error)
+    # What is not a record goes through: another annotation, a finalizer (as the garbage
+    # collector writes them), and the status (as cluster-autoscaler writes it).
+    await editor.merge_patch(
+        PROVISIONING_REQUEST, "ours", annotated("ours", {"example.com/note": "x"}), ns
+    )
+    finalizer = {"metadata": {"finalizers": ["example.com/keep"]}}
+    await editor.merge_patch(PROVISIONING_REQUEST, "ours", finalizer, ns)
+    await editor.merge_patch(PROVISIONING_REQUEST, "ours", {"metadata": {"finalizers": None}}, ns)
+    await editor.merge_patch(PROVISIONING_REQUEST, "ours", PROVISIONED, ns, subresource="status")
+    # gangcheck writes its records; the admin repairs one by hand.
+    await account.merge_patch(
+        PROVISIONING_REQUEST, "ours", annotated("ours", {PHASE_ANNOTATION: "Fulfilled"}), ns
+    )
+    repaired = {"gangcheck.io/rollback-reason": "Deadline: repaired by hand"}
+    await admin.merge_patch(PROVISIONING_REQUEST, "ours", annotated("ours", repaired), ns)
+    kept = await admin.get(PROVISIONING_REQUEST, "ours", ns)
+    assert kept["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
+    assert kept["metadata"]["annotations"] == {
+        WORKLOAD_ANNOTATION: "gang",
+        PHASE_ANNOTATION: "Fulfilled",
+        "example.com/note": "x",
+        **repaired,
+    }
+    assert [c["type"] for c in kept["status"]["conditions"]] == ["Provisioned"]
+    assert "finalizers" not in kept["metadata"]
+    made = await admin.get(POD_TEMPLATE, "ours-main", ns)
+    assert made["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
+    assert made["metadata"]["annotations"] == {WORKLOAD_ANNOTATION: "gang"}
+    for res, name in ((PROVISIONING_REQUEST, "forged"), (POD_TEMPLATE, "forged-main")):
+        with pytest.raises(NotFoundError):
+            await admin.get(res, name, ns)
+    # Deleting stays allowed.
+    await editor.delete(PROVISIONING_REQUEST, "ours", ns)
+    await editor.delete(POD_TEMPLATE, "ours-main", ns)
+
+
+async def test_a_namespace_editor_still_writes_their_own_requests(
+    account: Kube, editor: Kube, cluster: Cluster
+) -> None:
+    """Requests and PodTemplates without gangcheck's label are not guarded: their user
+    creates, annotates (gangcheck.io/* keys too: gangcheck reads no record there), writes the
+    status of and deletes them; only adding gangcheck's label to one is refused."""
+    ns, admin = cluster.ns, cluster.kube
+    await until_refused(
+        lambda: editor.request(
+            "POST",
+            PROVISIONING_REQUEST.collection_path(ns),
+            query={"dryRun": "All"},
+            body={
+                "apiVersion": PROVISIONING_REQUEST.api_version,
+                "kind": PROVISIONING_REQUEST.kind,
+                **provisioning_request("probe", ours=True),
+            },
+        ),
+        GUARD,
+        "the records guard enforced",
+    )
+    await editor.create(PROVISIONING_REQUEST, provisioning_request("mine", ours=False), ns)
+    await editor.create(POD_TEMPLATE, pod_template("mine-main", ours=False), ns)
+    notes = {"example.com/note": "x", PHASE_ANNOTATION: "Started"}
+    await editor.merge_patch(PROVISIONING_REQUEST, "mine", annotated("mine", notes), ns)
+    await editor.merge_patch(POD_TEMPLATE, "mine-main", annotated("mine-main", notes), ns)
+    await editor.merge_patch(PROVISIONING_REQUEST, "mine", PROVISIONED, ns, subresource="status")
+    mark = {"metadata": {"labels": {MANAGED_BY_LABEL: MANAGED_BY}}}
+    await refusal(lambda: editor.merge_patch(PROVISIONING_REQUEST, "mine", mark, ns), GUARD)
+    await refusal(lambda: editor.merge_patch(POD_TEMPLATE, "mine-main", mark, ns), GUARD)
+    mine = await admin.get(PROVISIONING_REQUEST, "mine", ns)
+    assert mine["metadata"]["annotations"] == notes
+    assert MANAGED_BY_LABEL not in (mine["metadata"].get("labels") or {})
+    await editor.delete(PROVISIONING_REQUEST, "mine", ns)
+    await editor.delete(POD_TEMPLATE, "mine-main", ns)
+    for res, name in ((PROVISIONING_REQUEST, "mine"), (POD_TEMPLATE, "mine-main")):
+        with pytest.raises(NotFoundError):
+            await admin.get(res, name, ns)
+
+
+async def test_who_may_patch_every_namespaces_requests_may_write_the_records(
+    account: Kube, editor: Kube, cluster: Cluster
+) -> None:
+    """The guard exempts no account by name but whoever may patch ProvisioningRequests in
+    every namespace (a ClusterRoleBinding): gangcheck's ServiceAccount of any installation
+    (another Helm release's, the harness's), cluster-admin. The editor's Role grants the same
+    verb in one namespace only, and is refused; bound cluster-wide, the editor passes."""
+    ns, admin = cluster.ns, cluster.kube
+    await account.create(PROVISIONING_REQUEST, provisioning_request("ours", ours=True), ns)
+    forged = annotated("ours", {PHASE_ANNOTATION: "Started"})
+    await refusal(lambda: editor.merge_patch(PROVISIONING_REQUEST, "ours", forged, ns), GUARD)
+    name = f"requests-everywhere-{uuid.uuid4().hex[:6]}"
+    rule = {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"]}
+    await admin.create(
+        CLUSTER_ROLE, {"metadata": {"name": name}, "rules": [rule | {"verbs": ["patch"]}]}
+    )
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    subject = {"kind": "ServiceAccount", "name": EDITOR, "namespace": ns}
+    body = {"metadata": {"name": name}, "roleRef": ref, "subjects": [subject]}
+    await admin.create(CLUSTER_ROLE_BINDING, body)
+    try:
+
+        async def written() -> bool:  # once the API server's RBAC cache has the binding
+            try:
+                await editor.merge_patch(PROVISIONING_REQUEST, "ours", forged, ns)
+            except ApiError as e:
+                if refused_by_policy(e, GUARD):
+                    return False
+                raise
+            return True
+
+        await eventually(written, what="the editor bound cluster-wide writes the record")
+    finally:
+        await admin.delete(CLUSTER_ROLE_BINDING, name)
+        await admin.delete(CLUSTER_ROLE, name)
+    request = await admin.get(PROVISIONING_REQUEST, "ours", ns)
+    assert request["metadata"]["annotations"] == {PHASE_ANNOTATION: "Started"}
+    await account.delete(PROVISIONING_REQUEST, "ours", ns)

@@ -55,6 +55,7 @@ _RBAC_KINDS = frozenset(
 )
 _POLICY_KINDS = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 _OWN_POLICY = "gangcheck-writes-only-its-own"
+_GUARD_POLICY = "gangcheck-guards-its-records"
 _FENCE_POLICY = "gangcheck-fence"
 _FIELD_MANAGER = "gangcheck-identity"
 _GRANT_TIMEOUT = 30.0
@@ -114,7 +115,9 @@ def _moved(obj: dict[str, Any], identity: Identity) -> dict[str, Any]:
         f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}", identity.username
     )
     moved: dict[str, Any] = yaml.safe_load(
-        text.replace(_OWN_POLICY, f"{identity.namespace}-writes-only-its-own")
+        text.replace(_OWN_POLICY, f"{identity.namespace}-writes-only-its-own").replace(
+            _GUARD_POLICY, f"{identity.namespace}-guards-its-records"
+        )
     )
     meta = moved["metadata"]
     if kind == "Namespace":
