@@ -47,6 +47,7 @@ def main_status(argv: Sequence[str] | None = None) -> int:
 def _parser(command: str, description: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=f"gangcheck {command}", description=description)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
     return parser
 
@@ -58,7 +59,7 @@ def _main(
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         return _fail(f"kubeconfig {args.kubeconfig} not found")
     try:
-        report = asyncio.run(_with_kube(args.kubeconfig, work))
+        report = asyncio.run(_with_kube(args.kubeconfig, args.in_cluster, work))
     except DiagnoseError as e:
         return _fail(str(e))
     except ApiError as e:
@@ -72,11 +73,14 @@ def _main(
     return 0
 
 
-async def _with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[R]]) -> R:
+async def _with_kube(
+    kubeconfig: str | None, in_cluster: bool, work: Callable[[Kube], Awaitable[R]]
+) -> R:
     try:
-        kube = await Kube.connect(kubeconfig)
+        kube = await Kube.connect(kubeconfig, in_cluster=in_cluster)
     except Exception as e:  # the client's config errors are its own types; one line suffices
-        raise DiagnoseError(f"cannot load the kubeconfig: {e}") from e
+        said = "" if in_cluster else "cannot load the kubeconfig: "
+        raise DiagnoseError(f"{said}{e}") from e
     async with kube:
         return await work(kube)
 

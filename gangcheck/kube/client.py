@@ -425,7 +425,13 @@ def _read_kubeconfig(path: str | None, location: str, in_memory: Any) -> Any:
     material moved to memory files."""
     if path is not None and not os.path.isfile(path):
         raise KubeconfigError(f"kubeconfig {path} not found")
-    merged = k8s_config.kube_config.KubeConfigMerger(location).config
+    files = [os.path.expanduser(p) for p in location.split(os.pathsep) if p]
+    # Said here, in one line: the library would log its own warning first.
+    merged = (
+        k8s_config.kube_config.KubeConfigMerger(location).config
+        if any(os.path.exists(f) for f in files)
+        else None
+    )
     if merged is None:
         raise KubeconfigError(f"no kubeconfig at {location} (give --kubeconfig or --in-cluster)")
     for section, fields in _EMBEDDED.items():

@@ -122,13 +122,30 @@ def test_an_unreachable_server_is_one_line(
     _one_line_failure(capsys, argv, 1, "gangcheck: cannot reach the API server")
 
 
-def test_run_in_cluster_outside_a_cluster_is_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("command", COMMANDS)
+def test_in_cluster_outside_a_cluster_is_one_line(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Every command takes --in-cluster (diagnose and status from within gangcheck's pod)."""
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    _one_line_failure(
-        capsys, ["run", "--in-cluster"], 1, "gangcheck: cannot use the in-cluster configuration"
-    )
+    argv = [*COMMANDS[command][:1], "--in-cluster", *COMMANDS[command][1:]]
+    _one_line_failure(capsys, argv, 1, "gangcheck: cannot use the in-cluster configuration")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_kubeconfig_anywhere_is_one_line_naming_flags_the_command_takes(
+    command: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    _one_line_failure(capsys, COMMANDS[command], 1, "no kubeconfig at ~/.kube/config")
+    assert not [r for r in caplog.records if r.name.startswith("kubernetes_asyncio")]
+    for flag in ("--kubeconfig", "--in-cluster"):
+        assert flag in _help(capsys, *COMMANDS[command][:1])
 
 
 @pytest.mark.parametrize(
