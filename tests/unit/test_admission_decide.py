@@ -774,6 +774,24 @@ CASES += [
         ),
     ),
     Case(
+        "fit mode: past the deadline a gang that fits but was never provisioned rolls back, "
+        "saying so",
+        gang(),
+        config={},
+        now=LATER,
+        requests=[req(conditions={"Accepted": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=8, labels={"pool": "gpu"})],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": f"Deadline: {REQ1} was not provisioned within "
+                "420s, though the gang fits on nodes that exist (4 of 4 members placeable on "
+                "1 node)",
+                "gangcheck.io/rollback-nodes": "{}",
+            },
+        ),
+    ),
+    Case(
         "fit mode: a deadlineSeconds change moves the deadline of the attempt in flight",
         gang(),
         config={"fulfillment": {"deadlineSeconds": 900}},

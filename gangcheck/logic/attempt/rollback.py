@@ -94,7 +94,13 @@ def trigger(
         return None
     # `deadline_seconds`: the config in force, which the deadline follows (within a slack:
     # lifecycle.current_deadline moves it when deadlineSeconds changes)
-    why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
+    if verdict.fits:  # on nodes that exist: what never came is the autoscaler's Provisioned
+        why = (
+            f"Deadline: {req.name} was not provisioned within {deadline_seconds}s, though the "
+            f"gang fits on nodes that exist ({verdict.summary})"
+        )
+    else:
+        why = f"Deadline: the gang did not fit within {deadline_seconds}s ({verdict.summary})"
     return why + _autoscaler_said(status.note)
 
 
