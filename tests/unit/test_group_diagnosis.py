@@ -514,6 +514,25 @@ CASES = [
         "released",
     ),
     Case(
+        "released, a late member held since the gang's domain is not known: why, not 'is the "
+        "controller running?'",
+        group(
+            2,
+            state="Released",
+            gang_members="2",
+            message="released; 1 member(s) created after the gang was read stay gated, not "
+            "released outside the gang's topology domain: the group's record of its domain "
+            "(gangcheck.io/topology-domain) is gone and its running members are in 2 'rack' "
+            "domains: a, b",
+        ),
+        [*members(2, gated=False, node_name="n0"), member(2)],
+        "blocked: released: 2 members released together; 1 member(s) created after the gang "
+        "was read stay gated, not released outside the gang's topology domain: the group's "
+        "record of its domain (gangcheck.io/topology-domain) is gone and its running members "
+        "are in 2 'rack' domains: a, b (pod m2)",
+        "released",
+    ),
+    Case(
         "released 4 together, 2 more released later and pending: not 'all 6 together'",
         group(4, state="Released", gang_members="4"),
         [*members(4, gated=False, node_name="n0"), *[member(i, gated=False) for i in (4, 5)]],

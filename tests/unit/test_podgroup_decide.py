@@ -510,6 +510,99 @@ CASES += [
 ]
 
 
+# ---- late members of a group with a required topology level: pinned to the gang's domain --
+
+RACKS = [node("a1", gpu=4, labels={RACK: "a"}), node("b1", gpu=3, labels={RACK: "b"})]
+"""Room for a late member in both racks."""
+RECORDED = {"gangcheck.io/state": "Released", "gangcheck.io/request": REQ1}
+HELD = "1 member(s) created after the gang was read stay gated, not released outside the gang's"
+GONE = "the group's record of its domain (gangcheck.io/topology-domain) is gone and "
+
+
+def pinned_to(pod: Obj, rack: str) -> Obj:
+    """A member as released pinned to a rack (its nodeSelector)."""
+    pod["spec"]["nodeSelector"] = {RACK: rack}
+    return pod
+
+
+def late_in_racks(where: tuple[str, str], *, record: bool, **expect: Any) -> Case:
+    annotations = {**RECORDED, "gangcheck.io/topology-domain": "rack=b"} if record else RECORDED
+    bound = [member(i, gated=False, node_name=n) for i, n in enumerate(where)]
+    return Case(
+        expect.pop("id"),
+        group(2, topology=RACK, annotations=dict(annotations)),
+        [*bound, member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=RACKS,
+        **expect,
+    )
+
+
+CASES += [
+    late_in_racks(
+        ("b1", "b1"),
+        record=True,
+        id="racks required, the domain recorded: a late member is released pinned to it",
+        released=("m2",),
+        pins={RACK: "b"},
+        events=("LateMembersReleased",),
+    ),
+    late_in_racks(
+        ("b1", "b1"),
+        record=False,
+        id="racks required, the domain record removed by hand: a late member is released pinned "
+        "to the rack its running members' nodes share, not into another with room",
+        released=("m2",),
+        pins={RACK: "b"},
+        events=("LateMembersReleased",),
+    ),
+    late_in_racks(
+        ("a1", "b1"),
+        record=False,
+        id="racks required, the record removed and the running members in two racks: the late "
+        "member stays gated, why said",
+        state="Released",
+        message=f"{HELD} topology domain: {GONE}its running members are in 2 'rack' domains: a, b",
+        events=("LateMembersWaiting",),
+    ),
+    late_in_racks(
+        ("b1", "gone"),
+        record=False,
+        id="racks required, the record removed and a running member's node not known: the late "
+        "member stays gated, why said",
+        state="Released",
+        message=f"{GONE}the 'rack' label of node 'gone', where a member runs, is not known",
+        events=("LateMembersWaiting",),
+    ),
+    Case(
+        "racks required, the record removed while the gang binds: a member gated since is "
+        "released at once, pinned to the rack the gang was released into (its nodeSelector)",
+        group(2, topology=RACK, annotations=dict(RECORDED)),
+        [
+            pinned_to(member(0, gated=False, consumes=REQ1), "b"),
+            pinned_to(member(1, gated=False, consumes=REQ1), "b"),
+            member(2),
+        ],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=RACKS,
+        released=("m2",),
+        pins={RACK: "b"},
+        events=("LateMembersReleased",),
+    ),
+    Case(
+        "racks required, the record removed while the gang binds, its members pinned to no "
+        "rack: the member gated since stays gated, why said",
+        group(2, topology=RACK, annotations=dict(RECORDED)),
+        [member(0, gated=False, consumes=REQ1), member(1, gated=False, consumes=REQ1), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"}, count=2)],
+        nodes=RACKS,
+        state="Released",
+        message=f"{GONE}the members released together are not pinned to a 'rack'",
+        events=("LateMembersWaiting",),
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decide(case: Case) -> None:
     decision = _decide(case)

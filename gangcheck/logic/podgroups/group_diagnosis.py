@@ -492,7 +492,7 @@ def _late(f: GroupFacts) -> str:
     """Why members created after the gang was read are still gated."""
     late = f.members.gated
     said = f.message.removeprefix("released; ")
-    if said != f.message and "wait for room" in said:
+    if said != f.message and ("wait for room" in said or "stay gated" in said):
         return f"{said} ({_pods(late)})"
     return (
         f"{len(late)} member(s) created since are still gated ({_names(late)}); gangcheck "

@@ -60,10 +60,10 @@ from gangcheck.logic.podgroups.podgroup import (
     GroupDecision,
     GroupSnapshot,
     _ask,
-    _domain_of,
     _pinned,
     _source_labels,
     _status,
+    gang_domain,
     gang_from_pods,
     source_asks,
 )
@@ -71,7 +71,6 @@ from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
-    DOMAIN_ANNOTATION,
     GANG_MEMBERS_ANNOTATION,
     GATE,
     OUTCOME_ANNOTATION,
@@ -81,7 +80,7 @@ from gangcheck.model.names import (
     STARTED,
     STATE_ANNOTATION,
 )
-from gangcheck.model.objects import Pod, ProvisioningRequest, labels_of
+from gangcheck.model.objects import Pod, ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 #: On a growth request: how many members ran when it was made.
@@ -292,13 +291,10 @@ def _source(snap: GroupSnapshot, chosen: Sequence[Pod]) -> tuple[int, dict[str, 
     node labels are dropped from its pins (no source asks those nodes now). A record without
     a recorded config is read by its index, as before. A group with a required topology level
     whose domain record is gone (written over by hand) is pinned to the domain its running
-    members share (`_running_domain`), not released or asked across domains."""
+    members share (`podgroup.gang_domain`), not released or asked across domains."""
     config = snap.config
     assert config is not None
-    pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
-    key = snap.group.topology_key
-    if key and key not in pins:  # the group's record of its domain gone: where its members run
-        pins.update(_running_domain(snap, key))
+    pins, _ = gang_domain(snap)  # recorded, or (the record gone) where its members run
     for source in config.sources():
         labels = source.node_selector
         if labels and all(pins.get(k) == v for k, v in labels.items()):
@@ -315,23 +311,6 @@ def _source(snap: GroupSnapshot, chosen: Sequence[Pod]) -> tuple[int, dict[str, 
         config, lambda index: _pinned(gang, _source_labels(config, index)), snap.capacity
     )
     return first.source, pins
-
-
-def _running_domain(snap: GroupSnapshot, key: str) -> dict[str, str]:
-    """The required topology level's domain the group's running members share, read from
-    their nodes' labels: `{key: value}`, or nothing when they share none (or a node of one
-    is not known)."""
-    where = {p.node_name for p in snap.members if p.live and not p.gated and p.node_name}
-    labels = {
-        str((n.get("metadata") or {}).get("name") or ""): labels_of(n)
-        for n in (snap.capacity.nodes if snap.capacity is not None else ())
-    }
-    values = {labels.get(name, {}).get(key) for name in where}
-    if len(values) != 1 or None in values:
-        return {}
-    (value,) = values
-    assert value is not None
-    return {key: value}
 
 
 def _follow(

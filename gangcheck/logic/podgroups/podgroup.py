@@ -81,7 +81,7 @@ from gangcheck.model.names import (
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, Pod, ProvisioningRequest
+from gangcheck.model.objects import Obj, Pod, ProvisioningRequest, labels_of
 from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -803,7 +803,9 @@ def _release_late(
 ) -> GroupDecision:
     """Members gated after the gang was read are no part of its request: once the released
     gang is bound, each is released (oldest first) when it fits on nodes that exist and no
-    other gang's request holds, pinned to the gang's domain; the rest wait, said on the group."""
+    other gang's request holds, pinned to the gang's domain; the rest wait, said on the group.
+    A group with a required topology level whose domain is not known (`gang_domain`: its record
+    gone, its members' nodes not telling one) releases none: they stay gated, why said."""
     if not members.gated:
         return _after_release(snap, members)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
@@ -815,17 +817,20 @@ def _release_late(
         and p.name not in reported
         and (p.consumes == request if request else True)  # late ones released consume none
     ]
-    if binding:  # the gang binds only once none of its members is gated: release them now
-        pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
-        return replace(_release_with_gang(members.gated, pins), requeue_after=LATE_RETRY_SECONDS)
     late = tuple(sorted(members.gated, key=_age_order))
-    pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
+    pins, why = gang_domain(snap, binding)
+    if binding and not why:  # the gang binds only once none of its members is gated
+        return replace(_release_with_gang(late, pins), requeue_after=LATE_RETRY_SECONDS)
+    # The gang itself is bound: its request is marked started, late members or not.
+    actions: tuple[Action, ...] = ()
+    if not binding:
+        actions = _after_release(
+            snap, replace(members, unbound=tuple(p for p in members.unbound if not p.gated))
+        ).actions
+    if why:  # never released unpinned, into another domain than the gang's
+        return _late_held(snap, late, actions, why)
     capacity = _not_held_by_others(snap)
     fitting, summary = _fitting_prefix(snap.group, late, pins, capacity)
-    # The gang itself is bound: its request is marked started, late members or not.
-    actions: tuple[Action, ...] = _after_release(
-        snap, replace(members, unbound=tuple(p for p in members.unbound if not p.gated))
-    ).actions
     events: list[Event] = []
     if fitting:
         names = tuple(sorted(p.name for p in late[:fitting]))
@@ -855,6 +860,77 @@ def _release_late(
         events=tuple(events),
         requeue_after=LATE_RETRY_SECONDS,
     )
+
+
+def _late_held(
+    snap: GroupSnapshot, late: Sequence[Pod], actions: tuple[Action, ...], why: str
+) -> GroupDecision:
+    """Late members kept gated because the gang's domain is not known: said on the group (an
+    Event when the members held change), looked at again as late members are."""
+    message = (
+        f"released; {len(late)} member(s) created after the gang was read stay gated, not "
+        f"released outside the gang's topology domain: {why}"
+    )
+    status = _status(snap, RELEASED, message)
+    said = snap.group.annotations.get(MESSAGE_ANNOTATION, "")
+    events: tuple[Event, ...] = ()
+    if status.status and said.partition(":")[0] != message.partition(":")[0]:
+        events = (Event("LateMembersWaiting", message[:MAX_MESSAGE], warning=True),)
+    return GroupDecision(
+        status=status.status, actions=actions, events=events, requeue_after=LATE_RETRY_SECONDS
+    )
+
+
+def gang_domain(snap: GroupSnapshot, binding: Sequence[Pod] = ()) -> tuple[dict[str, str], str]:
+    """The domain late members (and a growth) are pinned to: the one recorded on the group
+    (`gangcheck.io/topology-domain`); for a group with a required topology level whose record
+    is gone (removed by hand), the one its running members share (`running_domain`), or, while
+    the released gang still binds (`binding`, none of it on a node yet), the one its members
+    were pinned to at their release (their nodeSelector). With none of these, the recorded
+    pins and why the domain is not known ("" when it is)."""
+    pins = _domain_of(snap.group.annotations.get(DOMAIN_ANNOTATION, ""))
+    key = snap.group.topology_key
+    if not key or key in pins:
+        return pins, ""
+    shared, why = running_domain(snap, key)
+    if not shared and binding:
+        shared, why = _pinned_domain(binding, key)
+    if not shared:
+        return pins, f"the group's record of its domain ({DOMAIN_ANNOTATION}) is gone and {why}"
+    return {**pins, **shared}, ""
+
+
+def running_domain(snap: GroupSnapshot, key: str) -> tuple[dict[str, str], str]:
+    """The required topology level's domain the group's running members share, read from
+    their nodes' labels: `({key: value}, "")`, or nothing and why (no member runs, a node of
+    one is not known or lacks the label, they run in more than one domain)."""
+    where = sorted({p.node_name for p in snap.members if p.live and not p.gated and p.node_name})
+    labels = {
+        str((n.get("metadata") or {}).get("name") or ""): labels_of(n)
+        for n in (snap.capacity.nodes if snap.capacity is not None else ())
+    }
+    if not where:
+        return {}, "none of its members runs on a node yet"
+    unknown = [name for name in where if key not in labels.get(name, {})]
+    if unknown:
+        return {}, f"the {key!r} label of node {unknown[0]!r}, where a member runs, is not known"
+    values = sorted({labels[name][key] for name in where})
+    if len(values) > 1:
+        return {}, f"its running members are in {len(values)} {key!r} domains: {', '.join(values)}"
+    return {key: values[0]}, ""
+
+
+def _pinned_domain(pods: Sequence[Pod], key: str) -> tuple[dict[str, str], str]:
+    """The value of `key` the released members were pinned to (their nodeSelector), if one."""
+    values = sorted(
+        {str(((p.raw.get("spec") or {}).get("nodeSelector") or {}).get(key) or "") for p in pods}
+    )
+    if values == [""]:
+        return {}, f"the members released together are not pinned to a {key!r}"
+    if len(values) > 1 or "" in values:
+        shown = ", ".join(v or "none" for v in values)
+        return {}, f"the members released together are pinned to {len(values)} {key!r}: {shown}"
+    return {key: values[0]}, ""
 
 
 def _not_held_by_others(snap: GroupSnapshot) -> ClusterView:
