@@ -982,6 +982,19 @@ def test_a_status_row_carries_the_verdict() -> None:
     assert row.verdict.startswith("blocked: waiting for the autoscaler: 11 of 16")
 
 
+def test_a_status_row_of_an_admitted_gang_says_its_members_scheduled() -> None:
+    """The demo's running gangs showed MEMBERS `-`, though diagnose said "4 of 4 members
+    scheduled"; as a released PodGroup's row says `4/4 bound`."""
+    running = gang(
+        state=replace(RESERVED, admitted=True),
+        checks=(replace(OURS, state="Ready"),),
+        req=request("Provisioned", phase="Started"),
+        start=StartFacts(3, 4),
+    )
+    assert gang_row(running, NOW).members_cell == "3/4 scheduled"
+    assert gang_row(replace(running, start=None), NOW).members_cell == "-"
+
+
 @pytest.mark.parametrize(
     ("phase", "said"),
     [

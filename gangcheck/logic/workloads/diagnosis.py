@@ -754,7 +754,7 @@ def _request_of_workload(req: Obj, wl: Workload) -> bool:
 
 def gang_row(facts: Facts, now: datetime) -> GangRow:
     check = facts.focus_check
-    placement, req = facts.placement, facts.request
+    placement, req, start = facts.placement, facts.request, facts.start
     arrived = len(placement.arrived) if placement else 0
     created = facts.state.created
     line = verdict(facts, now).line
@@ -774,6 +774,7 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
         placeable=placement.placeable if placement else None,
         total=placement.total if placement else (req.members if req and req.found else None),
         verdict=line,
+        members_note=f"{start.scheduled}/{start.total} scheduled" if start else "",
     )
 
 
