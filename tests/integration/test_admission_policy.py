@@ -1134,20 +1134,23 @@ async def test_a_namespace_editor_cannot_forge_gangchecks_records(
         error = await refusal(lambda r=res, b=body: editor.create(r, b, ns), GUARD)
         assert "only gangcheck creates" in str(error)
     # What is not a record goes through: another annotation, a finalizer (as the garbage
-    # collector writes them), and the status (as cluster-autoscaler writes it).
+    # collector writes them), and the status (as cluster-autoscaler writes it, below).
     await editor.merge_patch(
         PROVISIONING_REQUEST, "ours", annotated("ours", {"example.com/note": "x"}), ns
     )
     finalizer = {"metadata": {"finalizers": ["example.com/keep"]}}
     await editor.merge_patch(PROVISIONING_REQUEST, "ours", finalizer, ns)
     await editor.merge_patch(PROVISIONING_REQUEST, "ours", {"metadata": {"finalizers": None}}, ns)
-    await editor.merge_patch(PROVISIONING_REQUEST, "ours", PROVISIONED, ns, subresource="status")
     # gangcheck writes its records; the admin repairs one by hand.
     await account.merge_patch(
         PROVISIONING_REQUEST, "ours", annotated("ours", {PHASE_ANNOTATION: "Fulfilled"}), ns
     )
     repaired = {"gangcheck.io/rollback-reason": "Deadline: repaired by hand"}
     await admin.merge_patch(PROVISIONING_REQUEST, "ours", annotated("ours", repaired), ns)
+    # The status subresource is not matched, and changes no record: the API server keeps all
+    # of a custom resource but its status on that path.
+    status_too = annotated("ours", {PHASE_ANNOTATION: "Started"}) | PROVISIONED
+    await editor.merge_patch(PROVISIONING_REQUEST, "ours", status_too, ns, subresource="status")
     kept = await admin.get(PROVISIONING_REQUEST, "ours", ns)
     assert kept["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
     assert kept["metadata"]["annotations"] == {
