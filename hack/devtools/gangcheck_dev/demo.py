@@ -325,7 +325,19 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     asyncio.run(_namespace(info.kubeconfig))
     certs, url, ca_pem = _webhook_certs(work)
     webhook = ["--webhook-port", url.rsplit(":", 1)[1].split("/")[0], "--webhook-cert-dir", certs]
+    # Deployed as a user deploys it (RBAC, a token of its ServiceAccount), then run detached on
+    # that token: the controller that runs the gangs stays up to explore, its metrics with them.
     controller = deploy_gangcheck(info.kubeconfig, workdir=work, extra_args=webhook)
+    controller.stop()
+    health, metrics = free_ports(2)
+    run = explore_run_args(controller.kubeconfig, health, metrics, webhook)
+    log = work / "gangcheck.log"
+    pids = [_detached("gangcheck", run, log)]
+    (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))  # `demo down` stops it
+    if not _ready(pids[0], f"http://127.0.0.1:{health}/readyz"):
+        out.write(f"\ngangcheck did not start (its log: {log}):\n{log_tail(log)}\n")
+        out.write("remove everything with: make demo-down\n")
+        return 1
     sim = start_sim_cloud(
         info.kubeconfig, workdir=work, config_map=SIM_CONFIG_MAP, config=sim_config()
     )
@@ -333,19 +345,13 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
         asyncio.run(_register_webhook(info.kubeconfig, url, ca_pem))
         gangs = asyncio.run(_scenario(info.kubeconfig, out))
     finally:
-        controller.stop()
         sim.stop()
-    # Both stopped with this command's process; start them again, detached, for exploring.
-    health, metrics = free_ports(2)
-    run = explore_run_args(controller.kubeconfig, health, metrics, webhook)
+    controller.stop()  # again: raises if the log tells of writes the API server refused
+    # The simulated cloud stopped with this command's process; start it again, detached.
     sim_args = ["sim-cloud", "--kubeconfig", str(info.kubeconfig), "--config-map", SIM_CONFIG_MAP]
-    log = work / "gangcheck.log"
-    pids = [
-        _detached("gangcheck", run, log),
-        _detached("gangcheck_dev", sim_args, work / "sim-cloud.log"),
-    ]
+    pids.append(_detached("gangcheck_dev", sim_args, work / "sim-cloud.log"))
     (state_dir / PROCESSES_FILE).write_text(json.dumps(pids))
-    if not _ready(pids[0], f"http://127.0.0.1:{health}/readyz"):
+    if not pid_alive(pids[0]):
         out.write(f"\ngangcheck did not stay up (its log: {log}):\n{log_tail(log)}\n")
         out.write("remove everything with: make demo-down\n")
         return 1
@@ -356,8 +362,9 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
 def explore_run_args(
     kubeconfig: Path, health_port: int, metrics_port: int, webhook: list[str]
 ) -> list[str]:
-    """`gangcheck run`'s arguments for the controller left running: the demo's ServiceAccount,
-    its webhook, health and metrics on the ports given (`gangcheck run` takes no 0)."""
+    """`gangcheck run`'s arguments for the demo's controller, which stays running: the demo's
+    ServiceAccount, its webhook, health and metrics on the ports given (`gangcheck run` takes
+    no 0)."""
     run = ["run", "--kubeconfig", str(kubeconfig), "--bind-address", "127.0.0.1"]
     return [*run, "--health-port", str(health_port), "--metrics-port", str(metrics_port), *webhook]
 
