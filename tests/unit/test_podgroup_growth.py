@@ -22,7 +22,7 @@ from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.podgroups import growth
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
-from gangcheck.model.names import CONSUME_ANNOTATION, GATE
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, CONSUME_ANNOTATION, GATE
 from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
@@ -120,6 +120,9 @@ class Case:
     events: tuple[str, ...] = ()
     grows: str = "4"  # how many ran when the growth asked was made
     step: str = ""  # in the attempt's step (what a rollback records as its reason)
+    # why the group has no config now (deleted, invalid, not serving its namespace): its
+    # requests then carry the config they were made under
+    unserved: str = ""
 
 
 CASES = [
@@ -352,15 +355,97 @@ CASES += [
 ]
 
 
+def annotations_of(obj: Obj) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+NOT_SERVED = (
+    "AtomicProvisioningConfig 'team-a' does not serve namespace 'default' "
+    "(spec.podGroups.namespaceSelector)"
+)
+
+CASES += [
+    Case(
+        "config no longer serving the namespace, raised after a growth started: no growth "
+        "asked under the one recorded, said (ConfigProblem), the 2 kept gated",
+        8,
+        [*running(), *grown(), *later()],
+        requests=[grow_req(annotations={"gangcheck.io/phase": "Started"})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message=f"no growth is asked: {NOT_SERVED}",
+        events=("ConfigProblem",),
+        unserved=NOT_SERVED,
+    ),
+    Case(
+        "config no longer serving, the growth replaced by a raise rolled back: the next not "
+        "asked under the one recorded",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req(annotations=REPLACED)],
+        message=f"no growth is asked: {NOT_SERVED}",
+        events=("ConfigProblem",),
+        unserved=NOT_SERVED,
+    ),
+    Case(
+        "config no longer serving, a growth rolled back, its backoff over: none asked again",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(annotations=ROLLED)],
+        now=datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
+        message=f"no growth is asked: {NOT_SERVED}",
+        events=("ConfigProblem",),
+        unserved=NOT_SERVED,
+    ),
+    Case(
+        "config no longer serving, raised again while the growth is asked for: the growth in "
+        "flight is still replaced under the config it recorded (what arrived reclaimed)",
+        8,
+        [*running(), *added(4)],
+        requests=[grow_req()],
+        events=("RollbackStarted", "ProvisioningRequestReplaced"),
+        unserved=NOT_SERVED,
+    ),
+    Case(
+        "config no longer serving, the growth Provisioned and fitting: released onto it",
+        6,
+        [*running(), *added()],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        released=("new0", "new1"),
+        consume=GROW1,
+        events=("GangGrown",),
+        unserved=NOT_SERVED,
+    ),
+    Case(
+        "config no longer serving, lowered back: the growth withdrawn under its recorded config",
+        4,
+        [*running(), *added()],
+        requests=[grow_req()],
+        deletes=(GROW1,),
+        events=("GrowthWithdrawn",),
+        unserved=NOT_SERVED,
+    ),
+]
+
+
 def run(case: Case) -> GroupDecision:
     obj = group(case.min_count)
+    config = parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}})
+    requests = case.requests
+    if case.unserved:
+        record = {ATTEMPT_CONFIG_ANNOTATION: spec_record(config)}
+        requests = [
+            {**r, "metadata": {**r["metadata"], "annotations": {**record, **annotations_of(r)}}}
+            for r in requests
+        ]
     snap = GroupSnapshot(
         group=pod_group_of(obj),
         members=tuple(map(pod_of, case.members)),
-        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
-        requests=tuple(request_of(r) for r in case.requests),
+        config=None if case.unserved else config,
+        config_problem=case.unserved,
+        requests=tuple(request_of(r) for r in requests),
         templates=frozenset(
-            p["podTemplateRef"]["name"] for r in case.requests for p in r["spec"]["podSets"]
+            p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
         ),
         capacity=ClusterView(nodes=tuple(case.nodes), pods=tuple(case.members)),
         opted_in=True,

@@ -109,6 +109,9 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     config = snap.config or (lifecycle.recorded_config(latest[1]) if latest else None)
     if config is None:
         return podgroup.decide(snap, now)  # no config: late members as before, nothing asked
+    # a growth made is followed under the config it recorded; a new one needs the config now
+    # (deleted, invalid, or not serving the group's namespace: nothing new is asked)
+    unserved = "" if snap.config is not None else snap.config_problem or "no config"
     snap = replace(snap, config=config)
     in_flight = (
         latest is not None
@@ -135,6 +138,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
         running=running,
         need=need,
         now=now,
+        unserved=unserved,
     )
     return _merged(base, grown)
 
@@ -149,7 +153,11 @@ def _grow(
     running: Sequence[Pod],
     need: int,
     now: datetime,
+    unserved: str = "",
 ) -> GroupDecision:
+    """The growth: followed, replaced, withdrawn or asked. `unserved`: why the group has no
+    config now (its growth in flight followed under the config it recorded): no new growth
+    is asked or released then, the members it would take kept gated, the reason said."""
     group = snap.group
     done = _delivered(snap, growing, running)
     if (
@@ -185,6 +193,12 @@ def _grow(
         )
         return _with(done, _status(snap, RELEASED, message, warn="MinCountAboveMembers"))
     said = f"minCount raised to {group.min_count}: {need} member(s) added to {len(running)} running"
+    if unserved and not in_flight:
+        message = (
+            f"released; {said}; no growth is asked: {unserved}; the {len(running)} running "
+            "members are untouched"
+        )
+        return _with(done, _status(snap, RELEASED, message, warn="ConfigProblem"))
     if latest is None:
         return _with(done, _first(snap, chosen, 1, said, now, gone=()))
     number, req = latest
