@@ -649,7 +649,7 @@ class Dispatcher:
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return _View(skip=_unreadable(e))
-        view.down = lease_down(self._lease(worker.name, lease), self._now())
+        view.down = lease_down(self._lease(worker.name, lease), self._now(), name=self.worker_lease)
         return view
 
     def _lease(self, name: str, read: Obj | Exception) -> Obj | None:

@@ -142,12 +142,18 @@ class Down:
     give_up: bool
 
 
+#: The largest ``leaseDurationSeconds`` a Lease has (an int32): one larger, or not a finite
+#: number, is not a Lease's (not known, as an unreadable one is).
+MAX_LEASE_DURATION = 2**31 - 1
+
+
 def lease_down(
-    lease: Mapping[str, object] | None,
+    lease: object,
     now: datetime,
     *,
     grace: float = DOWN_GRACE,
     patience: float = DOWN_PATIENCE,
+    name: tuple[str, str] | None = None,
 ) -> Down | None:
     """Whether gangcheck in a worker is down, from its leader Lease there (``lease``, as read):
     down when its ``spec.renewTime`` is more than its ``leaseDurationSeconds`` plus ``grace``
@@ -155,21 +161,25 @@ def lease_down(
     told: no Lease (None: leader election may be off there, or the Lease not readable), no
     ``renewTime`` or no ``leaseDurationSeconds``, or either unreadable. A Lease released (no
     holder: its leader stopped gracefully, and none took it over) counts from its last renewal
-    as well, with the duration it was left with."""
-    if lease is None:
+    as well, with the duration it was left with. A worker's answer that is no Lease (not an
+    object, a duration beyond an int32's or not finite) is not known either. The reasons
+    name the Lease ``name`` (namespace, name: the one read), else as its metadata says."""
+    if not isinstance(lease, Mapping):
         return None
     spec = _dict(lease.get("spec"))
     renewed = _parse(str(spec.get("renewTime") or ""))
     duration = spec.get("leaseDurationSeconds")
     if renewed is None or isinstance(duration, bool) or not isinstance(duration, int | float):
         return None
-    if duration <= 0:
+    if not 0 < duration <= MAX_LEASE_DURATION:  # NaN fails it too
         return None
     age = (now - renewed).total_seconds()
     if age <= duration + grace:
         return None
-    meta = _dict(lease.get("metadata"))
-    lease_of = f"its Lease {meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    if name is None:
+        meta = _dict(lease.get("metadata"))
+        name = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    lease_of = f"its Lease {name[0]}/{name[1]}"
     held = "" if spec.get("holderIdentity") else ", no holder"
     return Down(
         reason=(

@@ -65,6 +65,14 @@ LEASES = {
     "a duration of true: not known": (lease(100, True), None),
     "a duration of 0: not known": (lease(100, 0), None),
     "renewed in the future (another clock ahead): up": (lease(-30), None),
+    "a duration beyond an int32's (no Lease's): not known": (lease(100, 2**31), None),
+    "a duration too large for a float: not known": (lease(100, 10**400), None),
+    "a duration NaN (a JSON decoder accepts it): not known": (lease(100, float("nan")), None),
+    "a duration infinite: not known": (lease(100, float("inf")), None),
+    "a negative duration: not known": (lease(100, -15), None),
+    "a list, not a Lease: not known": ([lease(100)], None),
+    "text, not a Lease: not known": ("garbage", None),
+    "a spec that is text: not known": ({"spec": "x"}, None),
     "released by its leader (no holder, duration 1), none took it": (
         lease(1 + DOWN_GRACE + 0.1, 1, holder=None),
         False,
@@ -74,13 +82,26 @@ LEASES = {
 
 @pytest.mark.parametrize(("read", "give_up"), LEASES.values(), ids=LEASES.keys())
 def test_gangcheck_is_down_once_its_lease_is_past_its_duration_plus_the_grace(
-    read: dict[str, Any] | None, give_up: bool | None
+    read: object, give_up: bool | None
 ) -> None:
     down = lease_down(read, NOW)
     if give_up is None:
         assert down is None
     else:
         assert down is not None and down.give_up is give_up
+
+
+def test_the_reasons_name_the_lease_read_not_what_its_metadata_says() -> None:
+    """A worker's answer names itself as it likes (10,000 characters, or nothing): the
+    reasons written on the record name the Lease the dispatcher read."""
+    read = lease(100, holder="h" * 10_000)
+    read["metadata"] = {"namespace": "n" * 10_000, "name": "x" * 10_000}
+    down = lease_down(read, NOW, name=("gangcheck-system", "gangcheck"))
+    assert down is not None
+    assert (down.reason, down.failure) == (REASON, FAILURE)
+    read["metadata"] = ["not", "a", "map"]
+    down = lease_down(read, NOW, name=("gangcheck-system", "gangcheck"))
+    assert down is not None and down.reason == REASON
 
 
 def test_a_renew_time_without_its_zone_or_not_a_time_is_not_known() -> None:

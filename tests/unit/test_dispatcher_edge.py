@@ -1098,6 +1098,58 @@ async def test_a_lease_the_reader_cannot_get_is_not_known_no_skip_logged_once(
         assert "reader.yaml" in said[0]
 
 
+class OddLease(FakeKube):
+    """A worker answering the get of gangcheck's Lease with ``answer``, whatever it is."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__()
+        self.answer = answer
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
+        if res.kind == LEASE.kind:
+            return self.answer
+        return await super().get(res, name, namespace)
+
+
+def odd_lease(**spec: Any) -> Obj:
+    return {"spec": {"renewTime": "2026-12-05T11:00:00Z", "leaseDurationSeconds": 15, **spec}}
+
+
+ODD_LEASES = {
+    "a list": ([1, 2], ""),
+    "text": ("garbage", ""),
+    "a duration too large for a float": (odd_lease(leaseDurationSeconds=10**400), ""),
+    "a duration NaN": (odd_lease(leaseDurationSeconds=float("nan")), ""),
+    "renewed a century ahead": (odd_lease(renewTime="2126-12-05T11:00:00Z"), ""),
+    "names of 10,000 characters, stale": (
+        {
+            **odd_lease(holderIdentity="h" * 10_000),
+            "metadata": {"namespace": "n" * 10_000, "name": "x" * 10_000},
+        },
+        "gangcheck down: its Lease gangcheck-system/gangcheck last renewed at "
+        "2026-12-05T11:00:00Z (duration 15s)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("answer", "skipped"), ODD_LEASES.values(), ids=ODD_LEASES.keys())
+async def test_a_worker_answering_an_odd_lease_ends_no_pass(answer: object, skipped: str) -> None:
+    """Before, a Lease read that was no object, or whose duration no float holds, raised out
+    of the pass (and ``run`` with it: no Workload dispatched any more), and a stale Lease's
+    own names (any length) were written into the record. Now such a Lease is not known (the
+    worker used as before) and the reason names the Lease read."""
+    one = worker(kube=OddLease(answer), nodes=2)
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    await bounded(manager, connect, Clock()).pass_once()
+    got = record(manager)
+    if skipped:
+        assert got.nominated == ("worker-2",)
+        assert got.skipped == {"worker-1": skipped}
+    else:
+        assert got.nominated == ("worker-1",) and not got.skipped, got
+    assert not one.writes
+
+
 async def test_the_lease_read_is_the_dispatchers_setting() -> None:
     """``worker_lease`` (settings ``dispatcher.workerLeaseNamespace``, ``workerLeaseName``)
     names the Lease read in each worker."""
