@@ -54,7 +54,13 @@ from gangcheck.model.objects import Obj
 from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.certs import CertificateAuthority
 from gangcheck_dev.testbed.deploy import deploy_gangcheck, http_ok, start_sim_cloud
-from gangcheck_dev.testbed.process import free_ports, log_tail, pid_alive
+from gangcheck_dev.testbed.process import (
+    free_ports,
+    kill_group,
+    log_tail,
+    pid_alive,
+    pid_cmdline,
+)
 
 NAMESPACE_NAME = "demo"
 SIM_CLASS = "sim.gangcheck.io"
@@ -70,6 +76,8 @@ GANGS = (*JOB_GANGS, GROUP)
 WEBHOOK_NAME = "gangcheck-demo"
 READY_TIMEOUT = 60.0
 """How long the controller left running may take to answer /readyz."""
+STOP_TIMEOUT = 15.0
+"""How long `demo down` waits for what it stops before SIGKILL."""
 
 
 def sim_config() -> dict[str, Any]:
@@ -319,6 +327,7 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     state_dir = state_dir or dev.default_state_dir()
     info = dev.up(state_dir, out=out, stack="full")
+    stop_recorded(state_dir)  # a demo already up: its processes make way for this one's
     work = state_dir / "demo"
     work.mkdir(parents=True, exist_ok=True)
     out.write("starting gangcheck (its own ServiceAccount, its webhook) and the simulated cloud\n")
@@ -486,11 +495,29 @@ async def _scenario(kubeconfig: Path, out: TextIO) -> list[Gang]:
 
 def down(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     state_dir = state_dir or dev.default_state_dir()
-    processes = state_dir / PROCESSES_FILE
-    if processes.exists():
-        for pid in json.loads(processes.read_text()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(pid), signal.SIGTERM)
-        processes.unlink()
+    stop_recorded(state_dir)
     dev.down(state_dir, out=out)
     return 0
+
+
+def stop_recorded(state_dir: Path, timeout: float = STOP_TIMEOUT) -> None:
+    """Stops what the last `demo up` left running (its gangcheck and simulated cloud, by the
+    pids it recorded), each only while it is still that process; SIGKILL after `timeout`."""
+    processes = state_dir / PROCESSES_FILE
+    if not processes.exists():
+        return
+    pids = [int(pid) for pid in json.loads(processes.read_text())]
+    ours = [pid for pid in pids if pid_alive(pid) and pid_cmdline(pid)[1:3] in _MODULES]
+    for pid in ours:
+        kill_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in ours:
+        if pid_alive(pid):
+            kill_group(pid, signal.SIGKILL)
+    processes.unlink()
+
+
+#: The command lines (after the interpreter) of the processes `demo up` leaves running.
+_MODULES = (["-m", "gangcheck"], ["-m", "gangcheck_dev"])

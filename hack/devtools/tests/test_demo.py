@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 from gangcheck_dev import demo
 from gangcheck_dev.testbed import dev
-from gangcheck_dev.testbed.process import pid_alive, pid_cmdline, port_is_free
+from gangcheck_dev.testbed.process import free_ports, pid_alive, pid_cmdline, port_is_free
 from gangcheck_dev.testbed.stack import KUEUE_METRICS_CERT_DIR, MetricsCert
 
 from gangcheck.cli import _parser, _settings
@@ -31,6 +33,32 @@ def test_the_controller_left_running_takes_its_arguments() -> None:
 def test_the_hints_say_where_the_metrics_are() -> None:
     hints = demo.explore_hints(Path("/state/kubeconfig"), Path("/cache/kubectl"), 41002)
     assert "curl -s http://127.0.0.1:41002/metrics" in hints and "docs/metrics.md" in hints
+
+
+def test_what_demo_up_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> None:
+    """`demo up` again, or `demo down`, stops the processes the last `demo up` recorded; a
+    recorded pid that is no longer such a process (reused) is left alone."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    health, metrics = free_ports(2)
+    args = demo.explore_run_args(kubeconfig, health, metrics, [])
+    controller = demo._detached("gangcheck", args, tmp_path / "gangcheck.log")  # retries 30 s
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (tmp_path / demo.PROCESSES_FILE).write_text(json.dumps([controller, other.pid]))
+        demo.stop_recorded(tmp_path, timeout=10)
+        assert not pid_alive(controller)
+        assert other.poll() is None
+        assert not (tmp_path / demo.PROCESSES_FILE).exists()
+    finally:
+        other.kill()
+        other.wait()
+        os.waitpid(controller, 0)
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -52,8 +80,8 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
         assert "provisioning requests left: 3" in said
         state = json.loads((state_dir / dev.STATE_FILE).read_text())
         pids = [state["pid"], *(c["pid"] for c in state["components"].values())]
-        left = json.loads((state_dir / demo.PROCESSES_FILE).read_text())
-        assert all(pid_alive(pid) for pid in [*pids, *left]), said
+        first = json.loads((state_dir / demo.PROCESSES_FILE).read_text())
+        assert all(pid_alive(pid) for pid in [*pids, *first]), said
         (port,) = re.findall(r"curl -s http://127\.0\.0\.1:(\d+)/metrics", said)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             metrics = reply.read().decode()
@@ -65,9 +93,17 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
         assert float(counted['gangcheck_rollbacks_total{reason="Deadline"}']) >= 1, metrics
         assert float(counted["gangcheck_nodes_reclaimed_total"]) >= 1, metrics
         assert float(counted['gangcheck_attempts_total{outcome="ready"}']) >= 2, metrics
+
+        # `make demo` again while it is up: what the first left running makes way
+        out = io.StringIO()
+        assert demo.up(state_dir, out=out) == 0, out.getvalue()
+        assert "control plane already running" in out.getvalue()
+        assert not any(pid_alive(pid) for pid in first)
+        left = json.loads((state_dir / demo.PROCESSES_FILE).read_text())
+        assert all(pid_alive(pid) for pid in left), out.getvalue()
     finally:
         demo.down(state_dir, out=io.StringIO())
-    assert not any(pid_alive(pid) for pid in [*pids, *left])
+    assert not any(pid_alive(pid) for pid in [*pids, *first, *left])
     assert port_is_free(int(port))
     assert not state_dir.exists()
     assert _processes_mentioning(str(state_dir)) == []
