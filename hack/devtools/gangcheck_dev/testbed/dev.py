@@ -274,6 +274,9 @@ def down(state_dir: Path | None = None, *, out: TextIO | None = None) -> bool:
         print(f"gangcheck: no control plane in {state_dir}", file=out)
         return False
     _clear(state_dir)
+    if not os.environ.get("GANGCHECK_STATE") and state_dir == default_state_dir():
+        with contextlib.suppress(OSError):  # `<state home>/gangcheck`, made by up, if empty
+            state_dir.parent.rmdir()
     print(f"gangcheck: control plane stopped, {state_dir} removed", file=out)
     return True
 
