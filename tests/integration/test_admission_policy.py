@@ -23,7 +23,7 @@ import yaml
 from gangcheck_dev.testbed.identity import HARNESS
 from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.kube.client import JSON_PATCH, MERGE_PATCH, Kube
+from gangcheck.kube.client import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -1170,6 +1170,114 @@ async def test_a_namespace_editor_cannot_forge_gangchecks_records(
     # Deleting stays allowed.
     await editor.delete(PROVISIONING_REQUEST, "ours", ns)
     await editor.delete(POD_TEMPLATE, "ours-main", ns)
+
+
+async def test_no_other_form_of_write_forges_a_record_either(
+    account: Kube, editor: Kube, cluster: Cluster
+) -> None:
+    """The guard reads the object before and after, whatever the write: a JSON patch of the
+    whole annotations map (emptied, removed, one key added through its escaped path), a merge
+    patch removing every annotation at once, a server-side apply by another field manager
+    forcing a record, a PUT of the whole object (its status too, or without annotations):
+    each refused to the namespace's editor, the request and its PodTemplate unchanged."""
+    ns, admin = cluster.ns, cluster.kube
+    request = provisioning_request("ours", ours=True)
+    request["metadata"]["annotations"] = {WORKLOAD_ANNOTATION: "gang", PHASE_ANNOTATION: "Created"}
+    await account.create(PROVISIONING_REQUEST, request, ns)
+    template = pod_template("ours-main", ours=True)
+    template["metadata"]["annotations"] = {WORKLOAD_ANNOTATION: "gang"}
+    await account.create(POD_TEMPLATE, template, ns)
+    path = PROVISIONING_REQUEST.object_path("ours", ns)
+
+    def dry_run() -> Awaitable[object]:
+        return editor.request(
+            "PATCH",
+            path,
+            query={"dryRun": "All"},
+            body=annotated("ours", {PHASE_ANNOTATION: "Started"}),
+            content_type=MERGE_PATCH,
+        )
+
+    await until_refused(dry_run, GUARD, "the records guard enforced")
+
+    def json_patch(ops: list[Obj], res: Resource = PROVISIONING_REQUEST, name: str = "ours") -> Any:
+        return lambda: editor.json_patch(res, name, ops, ns)
+
+    def applied(annotations: dict[str, str]) -> Any:
+        body = {
+            "apiVersion": PROVISIONING_REQUEST.api_version,
+            "kind": PROVISIONING_REQUEST.kind,
+            "metadata": {"name": "ours", "namespace": ns, "annotations": annotations},
+        }
+        return lambda: editor.request(
+            "PATCH",
+            path,
+            query={"fieldManager": "someone-else", "force": "true"},
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+
+    def put(res: Resource, name: str, change: Callable[[Obj], None]) -> Any:
+        async def write() -> object:
+            current = await editor.get(res, name, ns)
+            change(current)
+            return await editor.replace(res, current)
+
+        return write
+
+    def started_and_provisioned(obj: Obj) -> None:
+        obj["metadata"]["annotations"][PHASE_ANNOTATION] = "Started"
+        obj["status"] = PROVISIONED["status"]
+
+    def stripped(obj: Obj) -> None:
+        obj["metadata"].pop("annotations", None)
+
+    for write in (
+        json_patch([{"op": "replace", "path": "/metadata/annotations", "value": {}}]),
+        json_patch([{"op": "remove", "path": "/metadata/annotations"}]),
+        json_patch(
+            [{"op": "add", "path": "/metadata/annotations/gangcheck.io~1outcome", "value": ""}]
+        ),
+        json_patch(
+            [{"op": "replace", "path": "/metadata/annotations/gangcheck.io~1phase", "value": "x"}]
+        ),
+        json_patch([{"op": "remove", "path": "/metadata/labels"}]),
+        lambda: editor.merge_patch(
+            PROVISIONING_REQUEST, "ours", {"metadata": {"annotations": None}}, ns
+        ),
+        applied({PHASE_ANNOTATION: "Started"}),
+        put(PROVISIONING_REQUEST, "ours", started_and_provisioned),
+        put(PROVISIONING_REQUEST, "ours", stripped),
+    ):
+        await refusal(write, GUARD)
+    for write in (
+        json_patch(
+            [{"op": "replace", "path": "/metadata/annotations", "value": {}}],
+            POD_TEMPLATE,
+            "ours-main",
+        ),
+        put(POD_TEMPLATE, "ours-main", stripped),
+    ):
+        await refusal(write, GUARD)
+    kept = await admin.get(PROVISIONING_REQUEST, "ours", ns)
+    assert kept["metadata"]["labels"] == {MANAGED_BY_LABEL: MANAGED_BY}
+    assert kept["metadata"]["annotations"] == {
+        WORKLOAD_ANNOTATION: "gang",
+        PHASE_ANNOTATION: "Created",
+    }
+    assert "conditions" not in (kept.get("status") or {})
+    made = await admin.get(POD_TEMPLATE, "ours-main", ns)
+    assert made["metadata"]["annotations"] == {WORKLOAD_ANNOTATION: "gang"}
+    # the same forms pass when they leave the records as they were
+    await editor.json_patch(
+        PROVISIONING_REQUEST,
+        "ours",
+        [{"op": "add", "path": "/metadata/annotations/example.com~1note", "value": "x"}],
+        ns,
+    )
+    await applied({"example.com/other": "y"})()
+    await account.delete(PROVISIONING_REQUEST, "ours", ns)
+    await account.delete(POD_TEMPLATE, "ours-main", ns)
 
 
 async def test_a_namespace_editor_still_writes_their_own_requests(
