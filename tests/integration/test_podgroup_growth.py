@@ -4,6 +4,7 @@ binds the released members) and the autoscaler (request conditions, nodes)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -308,3 +309,55 @@ async def test_lowered_after_part_of_the_growth_arrived_withdraws_it_and_reclaim
         await untouched(groups, placed)
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_config_that_stops_serving_the_namespace_asks_no_new_growth(
+    groups: Groups,
+    provisioner: Any,
+    short_deadline: str,
+) -> None:
+    """minCount 2 -> 4 on a running group: its growth asked; the admin then takes the
+    namespace off the config (spec.podGroups.namespaceSelector). The growth in flight is
+    followed under the config it recorded (rolled back at its deadline, nothing arrived), but
+    no next growth is asked under that record once the backoff is over: said on the group,
+    Event ConfigProblem, the 2 added still gated, the 2 running untouched. The selector
+    removed, the next growth is asked. (Before, grow-2 was asked under grow-1's record.)"""
+    await groups.upstream("unserved", 2, annotations={CONFIG_ANNOTATION: short_deadline})
+    placed = await released_and_bound(groups, "unserved", 2)
+    await set_min_count(groups, "unserved", 4)
+    await groups.member("unserved-2", "unserved")
+    await groups.member("unserved-3", "unserved")
+    await groups.cluster.wait_request("unserved-pg-grow-1")
+    selector = {"matchLabels": {"team": "someone-else"}}
+    patch = {"spec": {"podGroups": {"namespaceSelector": selector}}}
+    await groups.kube.merge_patch(ATOMIC_CONFIG, short_deadline, patch)
+
+    await eventually(
+        lambda: said(groups, "unserved", "no growth is asked"),
+        timeout=30,
+        what="the group says no growth is asked",
+    )
+    said_on = await groups.group("unserved")
+    assert (
+        f"does not serve namespace '{groups.ns}'"
+        in (said_on["metadata"]["annotations"][MESSAGE_ANNOTATION])
+    )
+    await groups.cluster.wait_events("ConfigProblem", about="unserved")
+    rolled = await groups.cluster.request("unserved-pg-grow-1")
+    assert rolled is not None  # the record of the growth rolled back, kept until the next
+    # past grow-1's backoff (4 s base, from its 3 s deadline): still nothing asked
+    await asyncio.sleep(10)
+    assert await groups.cluster.request("unserved-pg-grow-2") is None
+    assert await groups.gated("unserved-2", "unserved-3") == [True, True]
+    assert (await groups.group("unserved"))["metadata"]["annotations"]["gangcheck.io/state"] == (
+        "Released"
+    )
+    await untouched(groups, placed)
+
+    # the namespace served again (the selector removed): the next growth is asked
+    config = await groups.kube.get(ATOMIC_CONFIG, short_deadline)
+    del config["spec"]["podGroups"]
+    await groups.kube.replace(ATOMIC_CONFIG, config)
+    grown = await groups.cluster.wait_request("unserved-pg-grow-2", timeout=30)
+    assert sum(p["count"] for p in grown["spec"]["podSets"]) == 2
+    await untouched(groups, placed)
