@@ -1324,25 +1324,45 @@ async def test_who_may_patch_every_namespaces_requests_may_write_the_records(
     account: Kube, editor: Kube, cluster: Cluster
 ) -> None:
     """The guard exempts no account by name but whoever may patch ProvisioningRequests in
-    every namespace (a ClusterRoleBinding): gangcheck's ServiceAccount of any installation
-    (another Helm release's, the harness's), cluster-admin. The editor's Role grants the same
-    verb in one namespace only, and is refused; bound cluster-wide, the editor passes."""
+    every namespace (a ClusterRoleBinding) and patch Nodes: gangcheck's ServiceAccount of any
+    installation (another Helm release's, the harness's), cluster-admin. The editor's Role
+    grants the same verb in one namespace only, and is refused; bound cluster-wide to patch
+    requests alone (as Kueue's manager is), still refused; to patch nodes too, it passes."""
     ns, admin = cluster.ns, cluster.kube
     await account.create(PROVISIONING_REQUEST, provisioning_request("ours", ours=True), ns)
     forged = annotated("ours", {PHASE_ANNOTATION: "Started"})
     await refusal(lambda: editor.merge_patch(PROVISIONING_REQUEST, "ours", forged, ns), GUARD)
     name = f"requests-everywhere-{uuid.uuid4().hex[:6]}"
     rule = {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"]}
-    await admin.create(
-        CLUSTER_ROLE, {"metadata": {"name": name}, "rules": [rule | {"verbs": ["patch"]}]}
-    )
+    role: Obj = {"metadata": {"name": name}, "rules": [rule | {"verbs": ["patch"]}]}
+    await admin.create(CLUSTER_ROLE, role)
     ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
     subject = {"kind": "ServiceAccount", "name": EDITOR, "namespace": ns}
     body = {"metadata": {"name": name}, "roleRef": ref, "subjects": [subject]}
     await admin.create(CLUSTER_ROLE_BINDING, body)
     try:
 
-        async def written() -> bool:  # once the API server's RBAC cache has the binding
+        async def may(group: str, resource: str) -> bool:  # as the API server's RBAC says now
+            review = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {"group": group, "resource": resource, "verb": "patch"}
+                },
+            }
+            path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+            answer = await editor.request("POST", path, body=review)
+            return bool(answer["status"].get("allowed"))
+
+        await eventually(
+            lambda: may("autoscaling.x-k8s.io", "provisioningrequests"),
+            what="the editor may patch every namespace's requests",
+        )
+        await refusal(lambda: editor.merge_patch(PROVISIONING_REQUEST, "ours", forged, ns), GUARD)
+        role["rules"].append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]})
+        await admin.merge_patch(CLUSTER_ROLE, name, {"rules": role["rules"]})
+
+        async def written() -> bool:  # once the API server's RBAC cache has the rule
             try:
                 await editor.merge_patch(PROVISIONING_REQUEST, "ours", forged, ns)
             except ApiError as e:
