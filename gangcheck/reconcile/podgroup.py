@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 API_GROUP_OF = {short: group for group, short in SHORT.items()}
 STALE_RETRY_SECONDS = 0.5
 ORPHAN_RECHECK_SECONDS = 5.0
+#: How soon a group whose namespace is not cached yet is looked at again (its namespace's
+#: watch event also brings it back at once, `Controller._on_namespace`).
+NAMESPACE_WAIT_SECONDS = 2.0
 GROUP_GONE = "PodGroup deleted"
 UNCONFIRMED = "?unconfirmed"
 """Not a uid: neither the group nor its absence could be confirmed."""
@@ -78,6 +81,11 @@ class PodGroupReconciler(GangReconciler):
             self.held_messages.forget(key)
             return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
+        if not group.deleting and self._caches.namespaces.store.get(namespace) is None:
+            # its namespace not cached yet (made with the group, its watch event behind the
+            # group's): its labels decide which config serves the group, so nothing is asked
+            # or said until they are known
+            return Result(requeue_after=NAMESPACE_WAIT_SECONDS)
         snap = self._snapshot(group, api_group)
         decision = traced_decision(growth.decide, snap, self._clock())
         return Result(requeue_after=await self._apply(key, obj, decision))

@@ -391,3 +391,41 @@ def test_diagnose_replays_the_namespace_selector(
         assert group_verdict(facts, diagnosis.NOW).line == f"blocked: Blocked: {NOT_SERVED}"
     else:
         assert facts.replay.asks
+
+
+async def test_a_group_seen_before_its_namespace_waits_for_it_saying_nothing() -> None:
+    """A namespace made with its group (a pipeline applying both): the group's watch event
+    may come before the namespace's. Its labels are not known then: the group is neither
+    asked for (the selector not applied) nor said Blocked (no ConfigProblem Event for a
+    namespace the config does serve); it is looked at again shortly, and once the
+    namespace is cached, asked for."""
+    world = World(CONFIGS["team-a"], named("team-a"), *gang()[1:])
+    world.kube.remove(NAMESPACE, "default")
+    result = await world.reconcile()
+    assert result.requeue_after is not None and result.requeue_after > 0
+    assert world.kube.writes == []
+    assert world.requests() == []
+    labelled(world, team="a")
+    await world.settle()
+    (req,) = world.requests()
+    assert req["spec"]["podSets"][0]["count"] == 3
+    reasons = [w.body["reason"] for w in world.kube.writes_of("Event")]
+    assert "ProvisioningRequestCreated" in reasons
+    assert "ConfigProblem" not in reasons, reasons
+
+
+async def test_a_group_being_deleted_is_followed_without_its_namespace() -> None:
+    """The namespace gone from the cache before its group (a namespace deleted): the group's
+    deletion still withdraws its requests, the namespace not waited for."""
+    world = World(CONFIGS["team-a"], named("team-a"), *gang()[1:])
+    labelled(world, team="a")
+    await world.settle()
+    assert len(world.requests()) == 1
+    world.kube.remove(NAMESPACE, "default")
+    group = world.kube.stored(GROUPS, "g", "default")
+    assert group is not None
+    group["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    group["metadata"]["finalizers"] = ["example.com/keep"]
+    world.kube.add(group)
+    await world.settle()
+    assert world.requests() == []
