@@ -12,8 +12,9 @@ import pytest
 
 from gangcheck.app import Controller
 from gangcheck.kube.informer import Informer
-from gangcheck.kube.resources import ATOMIC_CONFIG, NAMESPACE
+from gangcheck.kube.resources import ATOMIC_CONFIG, NAMESPACE, NODE, POD
 from gangcheck.logic.attempt.explain import World as ExplainWorld
+from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.logic.podgroups.group_diagnosis import gather_group, group_verdict
 from gangcheck.logic.podgroups.group_snapshot import config_serving, selects
 from gangcheck.model.names import CONFIG_ANNOTATION, MESSAGE_ANNOTATION, STATE_ANNOTATION
@@ -429,3 +430,31 @@ async def test_a_group_being_deleted_is_followed_without_its_namespace() -> None
     world.kube.add(group)
     await world.settle()
     assert world.requests() == []
+
+
+async def test_a_member_gone_mid_attempt_once_not_served_withdraws_the_attempt() -> None:
+    """Relabelled mid-attempt, then a member deleted (2 of 3 left): served, the group would
+    wait for members with its request withdrawn and its hold lifted; not served it did
+    neither: Blocked, the request kept as it was, holding what arrived for a gang that
+    cannot start, for as long as the namespace stays unserved. Now Blocked with the request
+    withdrawn, as when served."""
+    world = World(CONFIGS["team-a"], named("team-a"), *gang()[1:])
+    labelled(world, team="a")
+    await world.settle()
+    world.provision("n1")  # room for 2 of the 3: recorded for the request and held
+    await world.settle()
+    assert held("n1", world)
+    labelled(world, team="b")
+    world.kube.remove(POD, "m2", "default")
+    await world.settle()
+    says = world.group_says()
+    assert (says[STATE_ANNOTATION], says[MESSAGE_ANNOTATION]) == ("Blocked", NOT_SERVED)
+    assert world.requests() == []
+    assert not held("n1", world)  # free for others again
+    assert world.gated() == ["m0", "m1"]
+
+
+def held(name: str, world: World) -> bool:
+    stored = world.kube.stored(NODE, name)
+    assert stored is not None
+    return any(t["key"] == HOLD_TAINT for t in stored["spec"].get("taints") or [])

@@ -181,12 +181,18 @@ def _decide(snap: GroupSnapshot, members: _Members, state: str, now: datetime) -
 def _without_config(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
     """No valid config (deleted, or made invalid): nothing new is asked for; the attempt in
     flight goes on, and is rolled back if it must be, under the config it was made with
-    (recorded on its request). Without one the group is Blocked, its request kept as it is."""
+    (recorded on its request). Without one the group is Blocked, its request kept as it is.
+    With fewer members than minCount left, the attempt is withdrawn and the hold lifted from
+    what arrived for it, as for a group with its config waiting for members: kept, it would
+    hold those nodes for a gang that cannot start for as long as the config is missing."""
     name, _ = _current(snap)
     req = next((r for r in snap.requests if r.name == name), None)
     recorded = lifecycle.recorded_config(req) if req is not None and not req.deleting else None
-    if recorded is None or len(members.live) < snap.group.min_count:
+    if recorded is None:
         return _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
+    if len(members.live) < snap.group.min_count:
+        blocked = _status(snap, BLOCKED, snap.config_problem, warn="ConfigProblem")
+        return replace(blocked, actions=_stale(replace(snap, config=recorded), ""))
     return _attempt(replace(snap, config=recorded, config_problem=""), members, now)
 
 
