@@ -288,6 +288,32 @@ async def request_of_slice(kube: Kube, namespace: str, workload: str) -> Obj | N
     return None
 
 
+def first_only(namespace: str) -> list[Obj]:
+    """The simulated cloud's answers for a Job whose scale-up must wait: its first request
+    delivered, the next (the slice's) answered with nothing delivered."""
+    return [
+        {"name": f"first-{namespace}", "match": {"namespace": namespace}, "times": 1},
+        {"name": f"none-{namespace}", "match": {"namespace": namespace}, "times": 1, "deliver": 0},
+    ]
+
+
+async def waiting_for_four_more(
+    kube: Kube, namespace: str, pool: str
+) -> tuple[dict[str, str], str]:
+    """A Job of 4 running (where: pod -> node), scaled to 8: the name of its new slice, whose
+    request asks for the 4 added and gets nothing (`first_only`)."""
+    await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
+    first = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
+    await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
+    pending = await eventually(lambda: new_slice(kube, namespace), what="the slice for 8")
+    name = pending["metadata"]["name"]
+    asked = await eventually(
+        lambda: request_of_slice(kube, namespace, name), what="the slice's ask"
+    )
+    assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+    return first, name
+
+
 @pytest.mark.timeout(240)
 async def test_a_job_scaled_up_again_while_its_slice_waits_asks_beyond_what_runs(
     kube: Kube, namespace: str, cluster: Cluster, controller: ManagedProcess | None, sim: SimCloud
@@ -296,21 +322,9 @@ async def test_a_job_scaled_up_again_while_its_slice_waits_asks_beyond_what_runs
     capacity not delivered): Kueue makes a new slice replacing the pending one, and that
     slice asks for the 8 beyond the 4 the first slice runs (the pending slice ran nothing,
     the first slice's members do); the Job runs 12, the first 4 never moved."""
-    scenarios = [
-        {"name": f"first-{namespace}", "match": {"namespace": namespace}, "times": 1},
-        {"name": f"none-{namespace}", "match": {"namespace": namespace}, "times": 1, "deliver": 0},
-    ]
-    setup = elastic_setup(kube, namespace, sim, max_nodes=12, scenarios=scenarios)
+    setup = elastic_setup(kube, namespace, sim, max_nodes=12, scenarios=first_only(namespace))
     async with setup as (pool, queue):
-        await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
-        first = await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
-        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
-        pending = await eventually(lambda: new_slice(kube, namespace), what="the slice for 8")
-        pending_name = pending["metadata"]["name"]
-        asked = await eventually(
-            lambda: request_of_slice(kube, namespace, pending_name), what="the slice's ask"
-        )
-        assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+        first, pending_name = await waiting_for_four_more(kube, namespace, pool)
 
         await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 12}}, namespace)
         key = f"{namespace}/{pending_name}"
@@ -346,21 +360,9 @@ async def test_a_slice_evicted_while_it_waits_asks_for_the_whole_job_once_admitt
     Job whose template and an update disagree). Kueue v0.17 still does not start the Job:
     its own `kueue.x-k8s.io/workload` annotation for the slice disagrees with the template's,
     naming the first slice (recorded below; docs/elastic.md, Limits)."""
-    scenarios = [
-        {"name": f"first-{namespace}", "match": {"namespace": namespace}, "times": 1},
-        {"name": f"none-{namespace}", "match": {"namespace": namespace}, "times": 1, "deliver": 0},
-    ]
-    setup = elastic_setup(kube, namespace, sim, max_nodes=12, scenarios=scenarios)
+    setup = elastic_setup(kube, namespace, sim, max_nodes=12, scenarios=first_only(namespace))
     async with setup as (pool, queue):
-        await kube.create(JOB, elastic_job("gang", 4, pool), namespace)
-        await eventually(lambda: placed(kube, namespace, 4), timeout=60, what="4 running")
-        await kube.merge_patch(JOB, "gang", {"spec": {"parallelism": 8}}, namespace)
-        pending = await eventually(lambda: new_slice(kube, namespace), what="the slice for 8")
-        name = pending["metadata"]["name"]
-        asked = await eventually(
-            lambda: request_of_slice(kube, namespace, name), what="the slice's ask"
-        )
-        assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+        _, name = await waiting_for_four_more(kube, namespace, pool)
 
         await kube.merge_patch(WORKLOAD, name, {"spec": {"active": False}}, namespace)
 
