@@ -19,6 +19,7 @@ from gangcheck.kube.errors import ApiError
 from gangcheck.kube.informer import Informer
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
+from gangcheck.logic.dispatch import ANSWER_WITHIN
 from gangcheck.logic.placement.usage import (
     frees_capacity,
     node_change_matters,
@@ -496,11 +497,13 @@ async def run_dispatcher(
     *,
     at_once: int = 1,
     worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
+    answer_within: float = ANSWER_WITHIN,
 ) -> None:
     """The manager cluster's role (``gangcheck run --role dispatcher``): serve health and
     metrics, then dispatch Workloads to worker clusters (gangcheck.dispatcher), at once or
     once elected leader (one dispatcher writes nominations at a time). ``worker_lease``:
-    gangcheck's leader Lease in each worker (namespace, name)."""
+    gangcheck's leader Lease in each worker (namespace, name); ``answer_within``: the seconds
+    a pass waits for one worker's reads."""
     metrics = Metrics()
     elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     dispatcher = Dispatcher(
@@ -508,6 +511,7 @@ async def run_dispatcher(
         metrics=metrics,
         at_once=at_once,
         worker_lease=worker_lease,
+        answer_within=answer_within,
     )
 
     await _serve(options, metrics, elector, dispatcher.run, serving=lambda: dispatcher.passes > 0)

@@ -138,6 +138,13 @@ _RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
         "dispatcher",
         "worker_lease_name",
     ),
+    (
+        "--worker-answer-within",
+        float,
+        "dispatcher: seconds a pass waits for one worker's reads before it skips the worker",
+        "dispatcher",
+        "worker_answer_within_seconds",
+    ),
 )
 _RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FIELDS)
 
@@ -258,6 +265,7 @@ def _run(args: argparse.Namespace) -> int:
                         settings.dispatcher.worker_lease_namespace,
                         settings.dispatcher.worker_lease_name,
                     ),
+                    answer_within=settings.dispatcher.worker_answer_within_seconds,
                 )
             else:
                 work = run_controller(kube, options)

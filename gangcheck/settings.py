@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gangcheck.logic.dispatch import ANSWER_WITHIN
 from gangcheck.model.names import CONFIG_ANNOTATION
 
 ENV_PREFIX = "GANGCHECK_"
@@ -492,7 +493,7 @@ class WebhookSettings(_Section):
 
 class DispatcherSettings(_Section):
     """``gangcheck run --role dispatcher`` only (docs/multicluster.md): what it reads in each
-    worker to tell whether gangcheck runs there."""
+    worker to tell whether gangcheck runs there, and how long it waits for a worker's reads."""
 
     worker_lease_namespace: Annotated[
         str,
@@ -518,6 +519,21 @@ class DispatcherSettings(_Section):
             ),
         ),
     ] = LEASE_NAME
+
+    worker_answer_within_seconds: Annotated[
+        float,
+        Field(
+            alias="workerAnswerWithinSeconds",
+            gt=0,
+            le=300,
+            description=(
+                "Seconds a pass waits for one worker's reads, all of them together: a worker "
+                "that has not answered by then is skipped (unreachable: no answer within it) "
+                "and skipped unread for 30 s, doubling up to 4 min while it stays silent. Raise "
+                "it for workers whose lists take longer (very large clusters, far away)."
+            ),
+        ),
+    ] = ANSWER_WITHIN
 
     @field_validator("worker_lease_namespace")
     @classmethod

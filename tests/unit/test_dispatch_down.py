@@ -264,3 +264,26 @@ def test_the_lease_read_in_the_workers_is_set_by_environment_or_flag(
         "o2",
         "gc2",
     )
+
+
+def test_the_bound_on_a_workers_reads_is_set_by_file_environment_or_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``dispatcher.workerAnswerWithinSeconds``: the dispatcher's ``ANSWER_WITHIN`` by default;
+    an environment variable sets it, a flag of ``gangcheck run`` wins; a value that is no
+    positive number of seconds up to 300 is refused, naming the flag."""
+    from gangcheck.cli import _parser, _settings
+    from gangcheck.logic.dispatch import ANSWER_WITHIN
+    from gangcheck.settings import SettingsError
+
+    def bound(*argv: str) -> float:
+        args = _parser().parse_args(["run", "--role", "dispatcher", *argv])
+        return float(_settings(args).dispatcher.worker_answer_within_seconds)
+
+    assert bound() == ANSWER_WITHIN
+    monkeypatch.setenv("GANGCHECK_DISPATCHER__WORKER_ANSWER_WITHIN_SECONDS", "12.5")
+    assert bound() == 12.5
+    assert bound("--worker-answer-within", "30") == 30.0
+    for wrong in ("0", "-1", "301", "nan", "inf"):
+        with pytest.raises(SettingsError, match="--worker-answer-within"):
+            bound("--worker-answer-within", wrong)
