@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 from gangcheck_dev import demo
 from gangcheck_dev.testbed import dev
-from gangcheck_dev.testbed.process import free_ports, pid_alive, pid_cmdline, port_is_free
+from gangcheck_dev.testbed.process import (
+    free_ports,
+    pid_alive,
+    port_is_free,
+    processes_mentioning,
+)
 from gangcheck_dev.testbed.stack import KUEUE_METRICS_CERT_DIR, MetricsCert
 
 from gangcheck.cli import _parser, _settings
@@ -61,15 +66,6 @@ def test_what_demo_up_left_running_is_stopped_and_nothing_else(tmp_path: Path) -
         os.waitpid(controller, 0)
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        pid = int(entry.name) if entry.name.isdigit() else 0
-        if pid and pid_alive(pid) and any(text in arg for arg in pid_cmdline(pid)):
-            found.append(pid)
-    return found
-
-
 @pytest.mark.timeout(400)  # the stack (seconds once built), the three gangs (about a minute)
 def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
@@ -106,7 +102,7 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
     assert not any(pid_alive(pid) for pid in [*pids, *first, *left])
     assert port_is_free(int(port))
     assert not state_dir.exists()
-    assert _processes_mentioning(str(state_dir)) == []
+    assert processes_mentioning(str(state_dir)) == []
     owners = KUEUE_METRICS_CERT_DIR / MetricsCert.OWNERS
     if owners.exists():  # another stack on this machine may still hold the certificate
         assert str(state_dir) not in owners.read_text()

@@ -26,7 +26,7 @@ from gangcheck_dev.testbed.nodes import (
     autoscaler_configmaps,
     load_node_groups,
 )
-from gangcheck_dev.testbed.process import pid_alive, pid_cmdline, port_is_free
+from gangcheck_dev.testbed.process import pid_alive, port_is_free, processes_mentioning
 from gangcheck_dev.testbed.rest import RestClient
 from gangcheck_dev.testbed.stack import (
     FULL_STACK,
@@ -72,16 +72,6 @@ def _resources(client: RestClient, group_version: str) -> dict[str, str]:
     """Discovery: resource name -> kind for ``/apis/<group_version>``."""
     listing = client.get(f"/apis/{group_version}")
     return {r["name"]: r["kind"] for r in listing["resources"]}
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line mentions ``text`` (e.g. a control plane's folder)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        pid = int(entry.name) if entry.name.isdigit() else 0
-        if pid and pid_alive(pid) and any(text in arg for arg in pid_cmdline(pid)):
-            found.append(pid)
-    return found
 
 
 def test_apiserver_is_v1_37_2(control_plane: ControlPlane) -> None:
@@ -221,7 +211,7 @@ def test_stop_leaves_nothing_behind(testbed_binaries: dict[str, Path]) -> None:
     assert not any(pid is not None and pid_alive(pid) for pid in pids)
     assert all(port_is_free(p) for p in (ports.etcd_client, ports.etcd_peer, ports.apiserver))
     assert not root.exists()
-    assert _processes_mentioning(str(root)) == []
+    assert processes_mentioning(str(root)) == []
     plane.stop()  # idempotent
 
 
@@ -237,7 +227,7 @@ def test_failed_start_names_the_component_and_cleans_up(
     assert "unknown flag: --no-such-flag" in str(failure.value)
     root = failure.value.log_path.parent.parent
     assert not root.exists()
-    assert _processes_mentioning(str(root)) == []
+    assert processes_mentioning(str(root)) == []
 
 
 def test_dev_up_and_down(tmp_path: Path) -> None:
@@ -314,7 +304,7 @@ def test_full_stack_stop_leaves_nothing_behind(full_stack_binaries: dict[str, Pa
     assert not any(pid is not None and pid_alive(pid) for pid in pids)
     assert all(port_is_free(port) for port in ports)
     assert not root.exists()
-    assert _processes_mentioning(str(root)) == []
+    assert processes_mentioning(str(root)) == []
     if not cert_was_there and MetricsCert().present:
         # Another stack on this machine (a concurrent test run) may still hold it.
         owners = json.loads((KUEUE_METRICS_CERT_DIR / MetricsCert.OWNERS).read_text())
@@ -339,7 +329,7 @@ def test_failing_optional_component_is_named_with_its_log(
     assert "unknown flag: --no-such-flag" in failure.value.tail
     root = failure.value.log_path.parent.parent
     assert not root.exists()
-    assert _processes_mentioning(str(root)) == []
+    assert processes_mentioning(str(root)) == []
 
 
 def test_unknown_component_is_refused() -> None:

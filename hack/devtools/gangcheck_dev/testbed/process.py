@@ -108,6 +108,17 @@ def pid_cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions ``text`` (e.g. a control plane's folder):
+    what tests read to say nothing of theirs is left running."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        pid = int(entry.name) if entry.name.isdigit() else 0
+        if pid and pid_alive(pid) and any(text in arg for arg in pid_cmdline(pid)):
+            found.append(pid)
+    return found
+
+
 def kill_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
