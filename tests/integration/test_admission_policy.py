@@ -94,6 +94,20 @@ CLUSTER_ROLE_BINDING = Resource(
 )
 CA_TAINT = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"}
 LONG_AGO = "2020-01-01T00:00:00Z"
+#: A request's status as the autoscaler writes it once it has provisioned.
+PROVISIONED = {
+    "status": {
+        "conditions": [
+            {
+                "type": "Provisioned",
+                "status": "True",
+                "reason": "Provisioned",
+                "message": "",
+                "lastTransitionTime": LONG_AGO,
+            }
+        ]
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -666,22 +680,9 @@ async def test_its_own_request_keeps_its_identity_and_its_status_is_not_its_to_w
         {"metadata": {"annotations": {"example.com/note": "x"}}},
     ):
         await refusal(lambda p=patch: account.merge_patch(PROVISIONING_REQUEST, "ours", p, ns))
-    provisioned = {
-        "status": {
-            "conditions": [
-                {
-                    "type": "Provisioned",
-                    "status": "True",
-                    "reason": "Provisioned",
-                    "message": "",
-                    "lastTransitionTime": LONG_AGO,
-                }
-            ]
-        }
-    }
     await refusal(
         lambda: account.merge_patch(
-            PROVISIONING_REQUEST, "ours", provisioned, ns, subresource="status"
+            PROVISIONING_REQUEST, "ours", PROVISIONED, ns, subresource="status"
         )
     )
     request = await cluster.kube.get(PROVISIONING_REQUEST, "ours", ns)
@@ -1019,19 +1020,6 @@ async def test_a_call_refused_to_the_harness_controller_fails_the_test(
 ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 EDITOR = "editor"
-PROVISIONED = {
-    "status": {
-        "conditions": [
-            {
-                "type": "Provisioned",
-                "status": "True",
-                "reason": "Provisioned",
-                "message": "",
-                "lastTransitionTime": LONG_AGO,
-            }
-        ]
-    }
-}
 
 
 @pytest.fixture
