@@ -54,6 +54,20 @@ async def set_min_count(groups: Groups, name: str, count: int) -> None:
     await groups.kube.merge_patch(UPSTREAM_POD_GROUP_V1BETA1, name, patch, groups.ns)
 
 
+async def growing(
+    groups: Groups, name: str, config: str | None = None
+) -> tuple[dict[str, str], Obj]:
+    """A group of 2 released and bound, then raised to minCount 4 with its 2 added members
+    created (gated): the members placed (pod -> node) and the growth's request once asked."""
+    annotations = {CONFIG_ANNOTATION: config} if config else None
+    await groups.upstream(name, 2, annotations=annotations)
+    placed = await released_and_bound(groups, name, 2)
+    await set_min_count(groups, name, 4)
+    await groups.member(f"{name}-2", name)
+    await groups.member(f"{name}-3", name)
+    return placed, await groups.cluster.wait_request(f"{name}-pg-grow-1")
+
+
 async def said(groups: Groups, name: str, text: str) -> Obj | None:
     obj = await groups.group(name)
     notes = obj["metadata"].get("annotations") or {}
@@ -88,13 +102,7 @@ async def test_raised_on_a_running_group_the_added_members_are_provisioned_all_o
     """minCount 2 -> 4 on a running group: one request for the 2 added; a node for 1 of them
     is rolled back at the deadline (the 2 running untouched, the 2 added still gated); the
     next growth attempt gets both nodes and releases the 2 together, consuming it."""
-    await groups.upstream("grow", 2, annotations={CONFIG_ANNOTATION: short_deadline})
-    placed = await released_and_bound(groups, "grow", 2)
-
-    await set_min_count(groups, "grow", 4)
-    await groups.member("grow-2", "grow")
-    await groups.member("grow-3", "grow")
-    first = await groups.cluster.wait_request("grow-pg-grow-1")
+    placed, first = await growing(groups, "grow", short_deadline)
     assert sum(p["count"] for p in first["spec"]["podSets"]) == 2
     assert first["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "2"
     await groups.cluster.set_request_conditions("grow-pg-grow-1", {"Provisioned": "ok"})
@@ -140,12 +148,7 @@ async def test_lowered_before_the_growth_is_delivered_the_request_is_withdrawn(
     groups: Groups,
     provisioner: Any,
 ) -> None:
-    await groups.upstream("shrink", 2)
-    placed = await released_and_bound(groups, "shrink", 2)
-    await set_min_count(groups, "shrink", 4)
-    await groups.member("shrink-2", "shrink")
-    await groups.member("shrink-3", "shrink")
-    await groups.cluster.wait_request("shrink-pg-grow-1")
+    placed, _ = await growing(groups, "shrink")
 
     await set_min_count(groups, "shrink", 2)
     await groups.cluster.wait_request_gone("shrink-pg-grow-1")
@@ -280,12 +283,7 @@ async def test_lowered_after_part_of_the_growth_arrived_withdraws_it_and_reclaim
     spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
     await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
     try:
-        await groups.upstream("lower", 2, annotations={CONFIG_ANNOTATION: config})
-        placed = await released_and_bound(groups, "lower", 2)
-        await set_min_count(groups, "lower", 4)
-        await groups.member("lower-2", "lower")
-        await groups.member("lower-3", "lower")
-        await groups.cluster.wait_request("lower-pg-grow-1")
+        placed, _ = await growing(groups, "lower", config)
         await groups.cluster.set_request_conditions("lower-pg-grow-1", {"Provisioned": "ok"})
         (one,) = await groups.cluster.add_nodes(1, gpu=1)
 
@@ -322,12 +320,7 @@ async def test_a_config_that_stops_serving_the_namespace_asks_no_new_growth(
     no next growth is asked under that record once the backoff is over: said on the group,
     Event ConfigProblem, the 2 added still gated, the 2 running untouched. The selector
     removed, the next growth is asked. (Before, grow-2 was asked under grow-1's record.)"""
-    await groups.upstream("unserved", 2, annotations={CONFIG_ANNOTATION: short_deadline})
-    placed = await released_and_bound(groups, "unserved", 2)
-    await set_min_count(groups, "unserved", 4)
-    await groups.member("unserved-2", "unserved")
-    await groups.member("unserved-3", "unserved")
-    await groups.cluster.wait_request("unserved-pg-grow-1")
+    placed, _ = await growing(groups, "unserved", short_deadline)
     selector = {"matchLabels": {"team": "someone-else"}}
     patch = {"spec": {"podGroups": {"namespaceSelector": selector}}}
     await groups.kube.merge_patch(ATOMIC_CONFIG, short_deadline, patch)
