@@ -26,7 +26,8 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
   (no AdmissionCheck of gangcheck's controller ``Active`` there) is skipped, with the reason;
 - so is a worker whose gangcheck is down: its leader Lease there (``worker_lease``, read
   beside the lists, within the same bound) last renewed longer ago than its duration plus
-  ``DOWN_GRACE`` (``lease_down``: the AdmissionCheck stays ``Active`` when gangcheck's
+  ``DOWN_GRACE`` (``lease_down``, its age bounded by what this process saw of its renewals
+  by its own clock, ``sighted``: the AdmissionCheck stays ``Active`` when gangcheck's
   process dies, it wrote that condition itself). A worker nominated is kept so for
   ``DOWN_PATIENCE`` seconds more, then given up as a failed copy is (``with_down``). No
   Lease, or one the reader may not get (a reader's rights older than the Lease's rule), is
@@ -91,6 +92,7 @@ from gangcheck.logic.dispatch import (
     DispatchRecord,
     Down,
     Outcome,
+    Sighting,
     Silence,
     SourceHistory,
     Step,
@@ -104,6 +106,7 @@ from gangcheck.logic.dispatch import (
     nominated_by_another,
     patient,
     recent_failures,
+    sighted,
     silence,
     silent_reason,
     unread,
@@ -179,6 +182,9 @@ class Dispatcher:
         self.worker_lease = worker_lease
         # per worker, why its Lease could not be read, as last logged (logged once)
         self._lease_unknown: dict[str, str] = {}
+        # per worker, its Lease's renewals as this process read them (``sighted``): its age
+        # bounded by this clock, whatever the worker's says
+        self._sightings: dict[str, Sighting] = {}
         self.metrics = metrics or Metrics()
         self.kueue_namespace = kueue_namespace
         self.interval = interval
@@ -307,6 +313,7 @@ class Dispatcher:
         silence (another client, perhaps another server, is read afresh)."""
         self._silent.pop(name, None)
         self._lease_unknown.pop(name, None)
+        self._sightings.pop(name, None)
         held = self._workers.pop(name, None)
         tasks = self._worker_watches.pop(name, [])
         for task in tasks:
@@ -649,7 +656,11 @@ class Dispatcher:
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return _View(skip=_unreadable(e))
-        view.down = lease_down(self._lease(worker.name, lease), self._now(), name=self.worker_lease)
+        got, now = self._lease(worker.name, lease), self._now()
+        seen = sighted(self._sightings.get(worker.name), got, now)
+        if seen is not None:
+            self._sightings[worker.name] = seen
+        view.down = lease_down(got, now, name=self.worker_lease, seen=seen)
         return view
 
     def _lease(self, name: str, read: Obj | Exception) -> Obj | None:

@@ -116,9 +116,11 @@ def silent_reason(held: Silence, *, within: float = ANSWER_WITHIN) -> str:
 #: standby takes a Lease over once it has seen it unchanged for a whole duration, trying every
 #: retry period (2 s), each try bounded by half the renew deadline (5 s): a hand-over leaves
 #: the Lease at most about 7 s past its duration; a leader killed and started again in its pod
-#: (the same identity, which renews at once) a few seconds more; and the age is the manager's
-#: clock less the worker's ``renewTime``, so the two clocks' difference counts too. 20 s
-#: covers them with room; a worker skipped wrongly only has a new gang tried elsewhere.
+#: (the same identity, which renews at once) a few seconds more. 20 s covers them with room; a
+#: worker skipped wrongly only has a new gang tried elsewhere. The age is the manager's clock
+#: less the worker's ``renewTime``, bounded by what the dispatcher has seen itself
+#: (``Sighting``), so that two clocks apart by more than this neither hide a dead gangcheck
+#: nor make a live one look down for longer than one renewal.
 DOWN_GRACE = 20.0
 #: How long (seconds) more a worker NOMINATED whose gangcheck is down is kept nominated before
 #: it is given up as a failed copy is: giving up throws away what it is bringing up, and a pod
@@ -142,6 +144,37 @@ class Down:
     give_up: bool
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """A worker's leader Lease as the dispatcher has read it, by the dispatcher's own clock
+    (``sighted``). A value of ``renewTime`` read unchanged since ``first`` was written no
+    later than ``first``: the Lease is at least that old, however far ahead the worker's
+    clock is; a value that replaced another read at ``after`` was written after it: the
+    Lease is at most that old, however far behind the worker's clock is."""
+
+    renewed: str
+    """``spec.renewTime`` as read (compared as written: each renewal writes a new one)."""
+    first: datetime
+    """When this value was first read."""
+    last: datetime
+    """When it was last read."""
+    after: datetime | None = None
+    """When the value it replaced was last read; None: it replaced none that was read."""
+
+
+def sighted(previous: Sighting | None, lease: object, now: datetime) -> Sighting | None:
+    """The sighting of a worker's Lease read at ``now`` (``previous``: the one before; kept
+    as it was when this read has no ``renewTime``, so a Lease unreadable for a while is not
+    taken for renewed when it is read again unchanged)."""
+    spec = _dict(lease.get("spec")) if isinstance(lease, Mapping) else {}
+    renewed = spec.get("renewTime")
+    if not isinstance(renewed, str) or not renewed:
+        return previous
+    if previous is not None and previous.renewed == renewed:
+        return replace(previous, last=now)
+    return Sighting(renewed, first=now, last=now, after=previous.last if previous else None)
+
+
 #: The largest ``leaseDurationSeconds`` a Lease has (an int32): one larger, or not a finite
 #: number, is not a Lease's (not known, as an unreadable one is).
 MAX_LEASE_DURATION = 2**31 - 1
@@ -154,11 +187,17 @@ def lease_down(
     grace: float = DOWN_GRACE,
     patience: float = DOWN_PATIENCE,
     name: tuple[str, str] | None = None,
+    seen: Sighting | None = None,
 ) -> Down | None:
     """Whether gangcheck in a worker is down, from its leader Lease there (``lease``, as read):
-    down when its ``spec.renewTime`` is more than its ``leaseDurationSeconds`` plus ``grace``
-    seconds before ``now``. None (not down) when renewed within that, and when it cannot be
-    told: no Lease (None: leader election may be off there, or the Lease not readable), no
+    down when its age is more than its ``leaseDurationSeconds`` plus ``grace`` seconds. Its
+    age: ``now`` less its ``spec.renewTime``, bounded by ``seen`` (the dispatcher's sightings
+    of it, ``Sighting``) when it says so of this ``renewTime``: at least the time since that
+    value was first read, at most the time since the value it replaced was last read. Given
+    up (``give_up``) past ``patience`` seconds more, and, with ``seen``, only once the value
+    has been read unchanged for ``patience`` seconds (a live worker whose clock is behind is
+    never given up on its first reads). None (not down) when renewed within that, and when it
+    cannot be told: no Lease (None: leader election may be off there, or the Lease not readable), no
     ``renewTime`` or no ``leaseDurationSeconds``, or either unreadable. A Lease released (no
     holder: its leader stopped gracefully, and none took it over) counts from its last renewal
     as well, with the duration it was left with. A worker's answer that is no Lease (not an
@@ -173,7 +212,13 @@ def lease_down(
         return None
     if not 0 < duration <= MAX_LEASE_DURATION:  # NaN fails it too
         return None
-    age = (now - renewed).total_seconds()
+    stamped = age = (now - renewed).total_seconds()
+    watched: float | None = None
+    if seen is not None and seen.renewed == spec.get("renewTime"):
+        watched = (now - seen.first).total_seconds()
+        age = max(age, watched)
+        if seen.after is not None:
+            age = min(age, (now - seen.after).total_seconds())
     if age <= duration + grace:
         return None
     if name is None:
@@ -181,6 +226,16 @@ def lease_down(
         name = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
     lease_of = f"its Lease {name[0]}/{name[1]}"
     held = "" if spec.get("holderIdentity") else ", no holder"
+    if seen is not None and watched is not None and watched > stamped:  # its clock is ahead
+        since = f"unchanged since read at {_stamp(seen.first)} (renewTime {_stamp(renewed)}"
+        return Down(
+            reason=f"gangcheck down: {lease_of} {since}, duration {duration:g}s{held})",
+            failure=(
+                f"gangcheck down: {lease_of} not renewed for {age:.0f}s, {since} by its "
+                f"clock, duration {duration:g}s{held})"
+            ),
+            give_up=age > duration + grace + patience and watched >= patience,
+        )
     return Down(
         reason=(
             f"gangcheck down: {lease_of} last renewed at {_stamp(renewed)} "
@@ -190,7 +245,7 @@ def lease_down(
             f"gangcheck down: {lease_of} last renewed {age:.0f}s ago, at {_stamp(renewed)} "
             f"(duration {duration:g}s{held})"
         ),
-        give_up=age > duration + grace + patience,
+        give_up=age > duration + grace + patience and (watched is None or watched >= patience),
     )
 
 

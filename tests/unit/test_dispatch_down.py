@@ -14,10 +14,12 @@ from gangcheck.logic.dispatch import (
     DOWN_PATIENCE,
     DispatchRecord,
     Down,
+    Sighting,
     WorkerFacts,
     decide,
     lease_down,
     recent_failures,
+    sighted,
     with_down,
 )
 
@@ -121,6 +123,117 @@ def test_the_reason_is_the_same_at_every_pass_the_failure_says_how_long_ago() ->
     released = lease_down(lease(40, 1, holder=""), NOW)
     assert released is not None
     assert released.reason.endswith("(duration 1s, no holder)"), released.reason
+
+
+def renewed_at(stamp: datetime) -> dict[str, Any]:
+    """gangcheck's Lease renewed at ``stamp`` by the worker's clock."""
+    read = lease(None)
+    read["spec"]["renewTime"] = stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return read
+
+
+def reads(renewals: list[tuple[int, int]], *, until: int) -> list[tuple[int, Down | None]]:
+    """The dispatcher reading a worker's Lease once a second from NOW to NOW + ``until``:
+    ``renewals`` are (when by the manager's clock, the worker's renewTime then, as seconds
+    from NOW); what ``lease_down`` says at each read, with the sightings kept between."""
+    seen: Sighting | None = None
+    said: list[tuple[int, Down | None]] = []
+    for tick in range(until + 1):
+        done = [stamp for at, stamp in renewals if at <= tick]
+        if not done:
+            continue
+        now = NOW + timedelta(seconds=tick)
+        read = renewed_at(NOW + timedelta(seconds=done[-1]))
+        seen = sighted(seen, read, now)
+        said.append((tick, lease_down(read, now, seen=seen)))
+    return said
+
+
+def first_down(said: list[tuple[int, Down | None]]) -> float | None:
+    return next((t for t, d in said if d is not None), None)
+
+
+def first_given_up(said: list[tuple[int, Down | None]]) -> float | None:
+    return next((t for t, d in said if d is not None and d.give_up), None)
+
+
+def test_a_dead_gangcheck_whose_clock_is_ahead_is_down_from_what_the_dispatcher_saw() -> None:
+    """Its clock 100 s ahead, gangcheck renewed every 2 s until NOW + 10, then died: its last
+    renewTime reads 110 s in the manager's future for ever. Down once the dispatcher has read
+    it unchanged for the duration and the grace (at 10 + 36 s), given up 60 s later; the
+    reason says so, the same at every pass. Before, it was never down."""
+    renewals = [(t, t + 100) for t in range(0, 11, 2)]
+    said = reads(renewals, until=120)
+    assert first_down(said) == 10 + 15 + DOWN_GRACE + 1
+    assert first_given_up(said) == 10 + 15 + DOWN_GRACE + DOWN_PATIENCE + 1
+    reasons = {d.reason for _, d in said if d is not None}
+    assert reasons == {
+        "gangcheck down: its Lease gangcheck-system/gangcheck unchanged since read at "
+        "2026-12-05T12:00:10Z (renewTime 2026-12-05T12:01:50Z, duration 15s)"
+    }
+    last = said[-1][1]
+    assert last is not None and last.failure == (
+        "gangcheck down: its Lease gangcheck-system/gangcheck not renewed for 110s, unchanged "
+        "since read at 2026-12-05T12:00:10Z (renewTime 2026-12-05T12:01:50Z by its clock, "
+        "duration 15s)"
+    )
+
+
+def test_a_live_gangcheck_whose_clock_is_behind_is_down_at_most_until_its_next_renewal() -> None:
+    """Its clock 100 s behind, gangcheck renewing every 2 s: each renewTime reads 100 s ago.
+    The first read (no renewal seen yet) counts it down, never given up; from the first
+    renewal the dispatcher sees happen, up for good. Before, it was down, and given up when
+    nominated, for as long as it lived."""
+    renewals = [(t, t - 100) for t in range(0, 121, 2)]
+    said = reads(renewals, until=120)
+    assert [t for t, d in said if d is not None] == [0, 1]
+    assert first_given_up(said) is None
+
+
+def test_a_gangcheck_whose_clock_is_behind_is_down_once_it_stops_renewing() -> None:
+    """Its clock 100 s behind, renewing every 2 s until NOW + 10, then dead: down once the
+    last renewal seen happen is older than the duration and the grace (it came after the
+    read at 9 s), given up when read unchanged for the patience too."""
+    renewals = [(t, t - 100) for t in range(0, 11, 2)]
+    said = reads(renewals, until=120)
+    assert [t for t, d in said if d is not None][:3] == [0, 1, 9 + 15 + DOWN_GRACE + 1]
+    assert first_given_up(said) == 9 + 15 + DOWN_GRACE + DOWN_PATIENCE + 1
+
+
+def test_clocks_that_agree_count_as_before() -> None:
+    """The clocks agree: renewing every 2 s until NOW + 10, then dead: down and given up at
+    the renewTime's age, as without the sightings."""
+    said = reads([(t, t) for t in range(0, 11, 2)], until=120)
+    assert first_down(said) == 10 + 15 + DOWN_GRACE + 1
+    assert first_given_up(said) == 10 + 15 + DOWN_GRACE + DOWN_PATIENCE + 1
+    assert reads([(t, t) for t in range(0, 121, 2)], until=120)[-1][1] is None
+
+
+def test_a_dispatcher_that_starts_late_gives_a_long_dead_gangcheck_up_only_after_watching() -> None:
+    """The dispatcher started (or restarted) with a worker's gangcheck dead for 200 s by the
+    renewTime: down at the first read, given up only once it has read the Lease unchanged for
+    the patience itself (a clock behind looks the same on a first read)."""
+    read = lease(200)
+    seen = sighted(None, read, NOW)
+    down = lease_down(read, NOW, seen=seen)
+    assert down is not None and not down.give_up
+    later = NOW + timedelta(seconds=DOWN_PATIENCE)
+    seen = sighted(seen, read, later)
+    down = lease_down(read, later, seen=seen)
+    assert down is not None and down.give_up
+
+
+def test_a_read_without_a_renew_time_keeps_the_sighting_before() -> None:
+    """A Lease read without its renewTime (or none read) is no renewal: the sighting is kept,
+    so reading the old value again later is not taken for a renewal."""
+    seen = sighted(None, lease(0), NOW)
+    assert seen is not None
+    assert sighted(seen, lease(None), NOW + timedelta(seconds=5)) == seen
+    assert sighted(seen, None, NOW + timedelta(seconds=5)) == seen
+    again = sighted(seen, lease(0), NOW + timedelta(seconds=9))
+    assert again == Sighting(seen.renewed, first=NOW, last=NOW + timedelta(seconds=9))
+    released = lease(0, 1, holder=None)  # released: the holder cleared, renewTime kept
+    assert sighted(again, released, NOW + timedelta(seconds=10)).first == NOW  # type: ignore[union-attr]
 
 
 UP = WorkerFacts("worker-1", fits_now=True)

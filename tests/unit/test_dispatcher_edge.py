@@ -1205,3 +1205,58 @@ async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_th
     assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
     assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
     assert not one.writes and not two.writes
+
+
+async def test_a_nominated_worker_whose_clock_is_ahead_is_given_up_once_its_lease_stops() -> None:
+    """worker-1's clock is 100 s ahead of the manager's: its gangcheck's Lease reads renewed
+    in the manager's future. It dies at 12:00:00: the dispatcher, reading the Lease at each
+    pass, sees it unchanged and counts it down past the duration and the grace (36 s),
+    gives it up past the patience (96 s), as with clocks that agree; the record says why.
+    Before, a renewTime in the future kept it up for good."""
+    one, two = worker(nodes=2), worker(nodes=2)
+    one.add(gangcheck_lease(STARTED + timedelta(seconds=100)))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)
+    one.add(workload())  # Kueue's copy there, trying
+    for seconds in (10, 35, 36, 95):
+        clock.now = STARTED + timedelta(seconds=seconds)
+        await dispatcher.pass_once()
+        got = record(manager)
+        assert got.nominated == ("worker-1",) and not got.failed, (seconds, got)
+        assert ("worker-1" in got.skipped) is (seconds > 35), (seconds, got.skipped)
+    assert got.skipped["worker-1"] == (
+        "gangcheck down: its Lease gangcheck-system/gangcheck unchanged since read at "
+        "2026-12-05T12:00:00Z (renewTime 2026-12-05T12:01:40Z, duration 15s)"
+    )
+    clock.now = STARTED + timedelta(seconds=96)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed["worker-1"].startswith(
+        "gangcheck down: its Lease gangcheck-system/gangcheck not renewed for 96s"
+    )
+    assert not one.writes and not two.writes
+
+
+async def test_a_live_worker_whose_clock_is_behind_is_not_skipped_once_a_renewal_is_seen() -> None:
+    """worker-2's clock is 100 s behind: each renewTime of its live gangcheck reads 100 s
+    old. The first pass counts it down (no renewal seen yet): skipped, said why. Its
+    gangcheck renews; at the next pass the dispatcher has seen it renew: no longer skipped.
+    Before, worker-2 was skipped as down for as long as it lived."""
+    one, two = worker(nodes=2), worker(nodes=2)
+    one.add(gangcheck_lease(STARTED))
+    two.add(gangcheck_lease(STARTED - timedelta(seconds=100)))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    clock = Clock()
+    dispatcher = bounded(manager, connect, clock)
+    await dispatcher.pass_once()
+    assert record(manager).skipped["worker-2"].startswith("gangcheck down:")
+    clock.now = STARTED + timedelta(seconds=2)
+    one.add(gangcheck_lease(clock.now))
+    two.add(gangcheck_lease(clock.now - timedelta(seconds=100)))  # renewed, by its clock
+    await dispatcher.pass_once()
+    assert "worker-2" not in record(manager).skipped
+    assert not one.writes and not two.writes
