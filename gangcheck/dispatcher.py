@@ -1,11 +1,13 @@
 """The capacity-aware MultiKueue dispatcher (``gangcheck run --role dispatcher``, in the
 manager cluster): the thin edge around :func:`gangcheck.logic.dispatch.decide`.
 
-It makes a pass as soon as a Workload of the manager changes (a watch on Workloads), as soon
+It keeps the manager's AdmissionChecks, MultiKueueConfigs, MultiKueueClusters and Workloads
+in watch-fed caches while it runs (``_manager_items``: listed only while a cache is not
+filled or its watch is broken), and makes a pass as soon as one of them changes, as soon
 as a ProvisioningRequest changes in a worker (a watch there, through the worker's client:
 gangcheck's request saying its source cannot deliver moves the gang on at once), and at least
 every ``interval`` seconds (the poll: what else changes in a worker, such as nodes arriving or
-a copy evicted, is seen within it). A pass lists, in the manager, the AdmissionChecks of
+a copy evicted, is seen within it). A pass reads, in the manager, the AdmissionChecks of
 MultiKueue's controller, the MultiKueueConfigs, the MultiKueueClusters and the Workloads; for
 each Workload that carries such a check, has quota reserved and is not yet placed (no
 ``status.clusterName``), oldest first, it gathers the facts of every worker its checks'
@@ -70,6 +72,7 @@ from typing import Any
 
 from gangcheck.kube.client import APPLY_PATCH, Kube
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
+from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     LEASE,
@@ -104,6 +107,7 @@ from gangcheck.logic.dispatch import (
     lease_down,
     left_to_another,
     nominated_by_another,
+    owns_nomination,
     patient,
     recent_failures,
     sighted,
@@ -137,7 +141,7 @@ from gangcheck.telemetry import Metrics
 log = logging.getLogger(__name__)
 
 KUBECONFIG_KEY = "kubeconfig"
-#: The poll (seconds) behind the watch on the manager's Workloads: what changes in a worker
+#: The poll (seconds) behind the watches on the manager's objects: what changes in a worker
 #: (a request saying its source cannot deliver, nodes arriving) is seen within it.
 DEFAULT_INTERVAL = 1.0
 #: How long (seconds) before a worker's watch refused (no ``watch`` in its reader's rights)
@@ -147,6 +151,12 @@ WORKER_WATCH_RETRY = 300.0
 RECENT = 10
 #: How many resourceVersions of its own writes the dispatcher keeps to know their events.
 OWN_WRITES_KEPT = 64
+#: What a pass reads in the manager: from watch-fed caches while ``run`` keeps them
+#: (``_manager_items``), so that a pass over thousands of Workloads, once a second even when
+#: none waits, costs the manager's API server nothing.
+_MANAGER_READS = (ADMISSION_CHECK, WORKLOAD, MULTIKUEUE_CONFIG, MULTIKUEUE_CLUSTER)
+#: How long (seconds) ``run`` waits for those caches to be filled before its first pass.
+SYNC_WAIT = 30.0
 
 
 @dataclass
@@ -210,11 +220,18 @@ class Dispatcher:
         # the resourceVersions of the manager's Workloads as this dispatcher's own writes left
         # them (the latest OWN_WRITES_KEPT): their watch events wake no pass
         self._own_writes: dict[str, None] = {}
+        # the manager's objects a pass reads, kept by watches while ``run`` runs (empty: a
+        # pass lists them, as ``pass_once`` called alone does)
+        self._caches: dict[Resource, Informer] = {}
 
     async def run(self) -> None:
         self._running = True
-        watcher = asyncio.create_task(self._watch_workloads())
+        self._caches = {res: Informer(self.kube, res, transform=_slim) for res in _MANAGER_READS}
+        for res, informer in self._caches.items():
+            informer.add_handler(self._woken_by(res))
+        watchers = [asyncio.create_task(i.run()) for i in self._caches.values()]
         try:
+            await self._synced()
             while True:
                 self._wake.clear()
                 try:
@@ -226,42 +243,66 @@ class Dispatcher:
                     await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
             self._running = False
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in watchers:
+                task.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            self._caches = {}
             await self.close()
 
-    async def _watch_workloads(self) -> None:
-        """Wakes the loop on any change of a manager's Workload; on an error, the poll goes
-        on alone and the watch is opened again after ``interval``."""
-        while True:
-            try:
-                listing = await self.kube.list_objects(WORKLOAD)
-                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-                async for event in self.kube.watch(WORKLOAD, resource_version=version):
-                    if event.get("type") != "BOOKMARK" and not self._own_write(event):
-                        self._wake.set()
-            except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
-                log.debug("watch on Workloads ended: %s", e)
-            await asyncio.sleep(self.interval)
+    async def _synced(self) -> None:
+        """Waits, at most ``SYNC_WAIT`` seconds, until every cache is filled: the first pass
+        reads them (their first lists wake no pass more). One not filled by then (its CRD
+        not served yet) is listed by the passes meanwhile."""
+        waits = [asyncio.ensure_future(i.synced.wait()) for i in self._caches.values()]
+        try:
+            await asyncio.wait(waits, timeout=SYNC_WAIT)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
-    def _own_write(self, event: Mapping[str, Any]) -> bool:
-        """The event is of a Workload as this dispatcher's own write left it: the pass that
+    def _woken_by(self, res: Resource) -> Callable[[Obj | None, Obj | None], None]:
+        """Wakes the loop on any change of the manager's ``res`` (a Workload's, unless it is
+        as this dispatcher's own write left it: ``_own_write``)."""
+
+        def changed(_old: Obj | None, new: Obj | None) -> None:
+            if res is WORKLOAD and new is not None and self._own_write(new):
+                return
+            self._wake.set()
+
+        return changed
+
+    async def _manager_items(self, res: Resource) -> list[Obj]:
+        """The manager's objects of ``res``: from its cache while it is synced and current
+        (``run``), else listed (before the first list answered, while its watch is broken,
+        and for ``pass_once`` called alone). The cache's objects are not copied: a pass
+        changes none of them (``_dispatch`` works on a copy of what it writes)."""
+        informer = self._caches.get(res)
+        if informer is not None and informer.synced.is_set() and informer.current:
+            return list(informer.store)
+        return await _items(self.kube, res)
+
+    def _own_write(self, obj: Mapping[str, Any]) -> bool:
+        """The Workload ``obj`` is as this dispatcher's own write left it: the pass that
         wrote it took it into account already (a pass woken by it would find nothing to do,
         and a worker's change arriving meanwhile would wait for that pass to end)."""
-        meta = (event.get("object") or {}).get("metadata") or {}
-        version = str(meta.get("resourceVersion") or "")
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         if version not in self._own_writes:
             return False
         del self._own_writes[version]
         return True
 
-    def _wrote(self, written: Mapping[str, Any]) -> None:
+    def _wrote(self, written: Obj) -> None:
+        """After a write of a manager's Workload: its version is known as ours, and its cache
+        holds it (the next pass reads it, whether or not the watch brought it yet)."""
         version = str(((written or {}).get("metadata") or {}).get("resourceVersion") or "")
         if version:
             self._own_writes[version] = None
             while len(self._own_writes) > OWN_WRITES_KEPT:
                 del self._own_writes[next(iter(self._own_writes))]
+        cache = self._caches.get(WORKLOAD)
+        if cache is not None and written:
+            cache.store.put_if_newer(written)
 
     async def _watch_worker(self, name: str, kube: Kube, res: Resource) -> None:
         """Wakes the loop on a change in the worker ``name`` of a ProvisioningRequest (``res``)
@@ -346,24 +387,26 @@ class Dispatcher:
         # gang waits for its nomination (the configs and clusters only when a Workload waits,
         # or, when none does, a worker is held: to close it once no longer listed).
         checks, workloads = await asyncio.gather(
-            _items(self.kube, ADMISSION_CHECK), _items(self.kube, WORKLOAD)
+            self._manager_items(ADMISSION_CHECK), self._manager_items(WORKLOAD)
         )
         ours = {
             c["metadata"]["name"]
             for c in checks
             if (c.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
         }
-        waiting = [wl for wl in workloads if _to_dispatch(wl, ours)] if ours else []
+        # shallow copies: the record written replaces a copy's metadata, not the cache's
+        waiting = [dict(wl) for wl in workloads if _to_dispatch(wl, ours)] if ours else []
         if not waiting:
             self._followed = {}
             if self._workers or self._worker_watches:  # the workers held, still listed?
                 configs, clusters = await asyncio.gather(
-                    _items(self.kube, MULTIKUEUE_CONFIG), _items(self.kube, MULTIKUEUE_CLUSTER)
+                    self._manager_items(MULTIKUEUE_CONFIG),
+                    self._manager_items(MULTIKUEUE_CLUSTER),
                 )
                 await self._forget(check_workers(checks, configs), clusters)
             return
         configs, clusters = await asyncio.gather(
-            _items(self.kube, MULTIKUEUE_CONFIG), _items(self.kube, MULTIKUEUE_CLUSTER)
+            self._manager_items(MULTIKUEUE_CONFIG), self._manager_items(MULTIKUEUE_CLUSTER)
         )
         by_check = check_workers(checks, configs)
         await self._forget(by_check, clusters)
@@ -983,6 +1026,17 @@ def _ref(wl: Obj) -> ObjectRef:
     return ObjectRef(
         WORKLOAD.kind, meta["namespace"], meta["name"], meta.get("uid", ""), WORKLOAD.api_version
     )
+
+
+def _slim(obj: Obj) -> Obj:
+    """What the dispatcher's caches keep of a manager's object: all of it but the
+    managedFields entries that do not own ``status.nominatedClusterNames`` (the only ones a
+    pass reads, ``nominated_by_another``; most of a Workload's size)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("managedFields"), list):
+        return obj
+    kept = [e for e in meta["managedFields"] if owns_nomination(e)]
+    return {**obj, "metadata": {**meta, "managedFields": kept}}
 
 
 async def _get_or_error(kube: Kube, res: Resource, name: str, namespace: str) -> Obj | Exception:

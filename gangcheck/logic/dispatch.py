@@ -799,11 +799,15 @@ def nominated_by_another(meta: Mapping[str, object]) -> str:
     apply, and gangcheck's), and ``kueue`` (its user agent, the manager of its merge patches
     under the alpha gate ``WorkloadRequestUseMergePatch``)."""
     for entry in _list(meta.get("managedFields")):
-        owned = _dict(_dict(_dict(entry).get("fieldsV1")).get("f:status"))
         manager = str(_dict(entry).get("manager") or "")
-        if "f:nominatedClusterNames" in owned and manager not in (KUEUE_ADMISSION, "kueue"):
+        if owns_nomination(entry) and manager not in (KUEUE_ADMISSION, "kueue"):
             return manager or "an unnamed field manager"
     return ""
+
+
+def owns_nomination(entry: object) -> bool:
+    """Whether the managedFields ``entry`` owns ``status.nominatedClusterNames``."""
+    return "f:nominatedClusterNames" in _dict(_dict(_dict(entry).get("fieldsV1")).get("f:status"))
 
 
 def left_to_another(record: DispatchRecord, written: Sequence[str], manager: str) -> Step:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
@@ -381,8 +382,11 @@ async def test_a_change_of_a_workload_wakes_a_pass_before_the_poll() -> None:
 
     class Watched(Manager):
         async def watch(self, res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
-            await changed.wait()
-            yield {"type": "MODIFIED", "object": {}}
+            if res is WORKLOAD:
+                await changed.wait()
+                created = workload("job-new")
+                created["metadata"]["resourceVersion"] = "99"
+                yield {"type": "ADDED", "object": created}
             await asyncio.Event().wait()  # then quiet
 
     manager = Watched()
@@ -415,8 +419,9 @@ async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
     echoes: asyncio.Queue[Obj] = asyncio.Queue()
 
     async def watch(res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
-        while True:
+        while res is WORKLOAD:
             yield {"type": "MODIFIED", "object": await echoes.get()}
+        await asyncio.Event().wait()  # the other kinds: quiet
 
     writes: list[Obj] = []
     patch = manager.merge_patch
@@ -440,12 +445,43 @@ async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
         await until(echoes.empty)
         await asyncio.sleep(0.2)
         assert dispatcher.passes == 1
-        await echoes.put({"metadata": {"resourceVersion": str(manager.last_rv + 1)}})
+        kueues = copy.deepcopy(writes[-1])  # Kueue's change after them
+        kueues["metadata"]["resourceVersion"] = str(manager.last_rv + 1)
+        await echoes.put(kueues)
         await until(lambda: dispatcher.passes == 2)  # woken, not the 60 s poll
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_running_its_passes_read_the_managers_objects_from_caches_listed_once() -> None:
+    """Running, the dispatcher lists each kind it reads in the manager once, then keeps it by
+    watch: its passes (one every 0.01 s here; every second and on each change by default)
+    list nothing more there, and each reads the first pass's own writes (the record, the
+    nomination) from its cache before any watch brings them back: nothing written twice.
+    Before, every pass listed the manager's AdmissionChecks and all its Workloads (thousands
+    in a large manager), even with none waiting."""
+    manager, _, connect = bed({"worker-1": worker(), "worker-2": worker(nodes=2)})
+
+    async def quiet(res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
+        await asyncio.Event().wait()  # open, and nothing changes
+        yield {}
+
+    manager.watch = quiet  # type: ignore[method-assign]
+    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.01, connect=connect)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: dispatcher.passes >= 30)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    lists = sorted(c.kind for c in manager.calls if c.verb == "list")
+    kinds = (ADMISSION_CHECK, WORKLOAD, MULTIKUEUE_CONFIG, MULTIKUEUE_CLUSTER)
+    assert lists == sorted(res.kind for res in kinds)
+    assert nominated_of(manager, "job-gang") == ["worker-2"]
+    assert len(manager.writes_of(WORKLOAD.kind)) == 2  # the record, the nomination: once
 
 
 # -- a change in a worker wakes a pass: its requests watched -------------------------------------
