@@ -470,7 +470,8 @@ class RunOptions:
 
 async def run_controller(kube: Kube, options: RunOptions) -> None:
     """Serve health and metrics, then reconcile: at once, or once elected leader."""
-    metrics = Metrics(in_flight=lambda: len(controller.caches.requests.store))
+    # the gangs with an open request, read at each scrape from the controller made below
+    metrics = Metrics(in_flight=lambda: controller.caches.in_flight.gangs())  # noqa: PLW0108
     elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     controller = Controller(
         kube.fenced(elector.write_fence) if elector is not None else kube,

@@ -8,6 +8,10 @@ from aiohttp import web
 
 from gangcheck.telemetry import Metrics
 
+EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text format's media type, its version said (a scraper picks its parser by
+it; Prometheus 3 refuses a scrape whose type it cannot place)."""
+
 
 class HealthServer:
     """`/healthz` and `/readyz` on one port, `/metrics` on another (0 picks a free port)."""
@@ -56,4 +60,6 @@ class HealthServer:
         return web.Response(status=503, text="caches not synced")
 
     async def _render_metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=self._metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(
+            body=self._metrics.render().encode(), headers={"Content-Type": EXPOSITION_TYPE}
+        )

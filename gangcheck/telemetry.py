@@ -48,7 +48,24 @@ from gangcheck.model.names import MESSAGE_ANNOTATION, STATE_ANNOTATION
 from gangcheck.settings import OtlpTraces, TracingSettings, otlp_traces
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
-SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+"""Seconds one reconcile takes: most take milliseconds, a slow API server seconds."""
+WAIT_BUCKETS = (
+    *(1, 5, 10, 15, 30, 45, 60, 90, 120, 180, 240, 300, 420, 600),
+    *(900, 1200, 1800, 2700, 3600, 7200, 14400),
+)
+"""Seconds a gang waits for capacity: seconds to hours, dense around the minutes a deadline
+is set in (``fulfillment.deadlineSeconds`` is 420 by default)."""
+CLUSTER_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 16)
+"""Worker clusters nominated for one gang: a count, not seconds."""
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "gangcheck_quota_to_ready_seconds": WAIT_BUCKETS,
+    "gangcheck_provisioned_to_fit_seconds": WAIT_BUCKETS,
+    "gangcheck_source_delivery_seconds": WAIT_BUCKETS,
+    "gangcheck_reconcile_duration_seconds": RECONCILE_BUCKETS,
+    "gangcheck_dispatch_clusters_per_gang": CLUSTER_BUCKETS,
+}
+"""The bucket bounds of each histogram `Metrics` makes."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -174,11 +191,15 @@ class Metrics:
         self, *, in_flight: Callable[[], int] = lambda: 0, spans: SpanExportStats | None = None
     ) -> None:
         self._reader = InMemoryMetricReader()
-        seconds = View(
-            instrument_type=HistogramInstrument,
-            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
-        )
-        self.provider = MeterProvider(metric_readers=[self._reader], views=[seconds])
+        views = [
+            View(
+                instrument_type=HistogramInstrument,
+                instrument_name=name,
+                aggregation=ExplicitBucketHistogramAggregation(bounds),
+            )
+            for name, bounds in HISTOGRAM_BUCKETS.items()
+        ]
+        self.provider = MeterProvider(metric_readers=[self._reader], views=views)
         meter = self.provider.get_meter("gangcheck")
 
         def counter(name: str) -> CounterMetric:
@@ -212,7 +233,9 @@ class Metrics:
             yield Observation(in_flight())
 
         meter.create_observable_gauge(
-            "gangcheck_inflight_gangs", callbacks=[observe], description="Gangs with a request"
+            "gangcheck_inflight_gangs",
+            callbacks=[observe],
+            description="Gangs with a request capacity may still arrive for",
         )
         self._observe_span_export(meter, spans or span_export)
 
@@ -314,9 +337,12 @@ class Metrics:
 
 
 def _exposition(name: str, help_text: str, data: object) -> list[str]:
+    """One family in the text format (0.0.4): its HELP and TYPE lines name the family its
+    samples belong to, so a counter's are ``<name>_total`` like its samples (a parser files a
+    sample under the family of its own name, and one of another name as untyped)."""
     if isinstance(data, Sum):
-        kind, suffix = ("counter", "_total") if data.is_monotonic else ("gauge", "")
-        points = [(f"{name}{suffix}", p.attributes, p.value) for p in _numbers(data.data_points)]
+        kind, name = ("counter", f"{name}_total") if data.is_monotonic else ("gauge", name)
+        points = [(name, p.attributes, p.value) for p in _numbers(data.data_points)]
     elif isinstance(data, Gauge):
         kind, points = "gauge", [(name, p.attributes, p.value) for p in _numbers(data.data_points)]
     elif isinstance(data, Histogram):

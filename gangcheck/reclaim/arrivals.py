@@ -97,7 +97,7 @@ async def tell(
             node_ref(node, result.node_uid), Event("ReclaimFailed", message, warning=True)
         )
         if metrics is not None:
-            metrics.reclaim_failed(result.reason.split(":", 1)[-1].strip())
+            metrics.reclaim_failed(result.cause or "Unknown")
 
 
 def node_ref(name: str, uid: str) -> ObjectRef:

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -111,6 +112,22 @@ class Result:
     node_uid: str = ""
     bound_too_late: tuple[str, ...] = ()
     """Pods (ns/name) bound to a reclaimed node between the last look and the act."""
+    cause: str = ""
+    """A failure's cause in one word, from a few: the API's reason (`Forbidden`,
+    `ConnectionError`, ...; `failure_cause`) or `NodeChanging`."""
+
+
+NODE_CHANGING = "NodeChanging"
+"""The cause of a reclaim that failed because the node kept changing under it."""
+
+
+def failure_cause(error: ApiError) -> str:
+    """The API's reason for a failed call when it is one CamelCase word (a StatusReason:
+    `Forbidden`, `InternalError`, gangcheck's `ConnectionError`), else its status class
+    (``5xx``): never free text, so counting by it stays bounded."""
+    if re.fullmatch(r"[A-Z][A-Za-z]{0,39}", error.reason):
+        return error.reason
+    return f"{error.status // 100}xx" if error.status else "Unknown"
 
 
 async def reclaim_safely(
@@ -138,7 +155,12 @@ async def _reclaim(kube: Kube, target: Target, now: datetime, settle_seconds: fl
         unguarded = await unguard(kube, node, target.request)
     except ApiError as e:
         await _hold(kube, node, target)
-        return Result("failed", f"scale-down guard: {e.status} {e.reason}", node_uid=_uid(node))
+        return Result(
+            "failed",
+            f"scale-down guard: {e.status} {e.reason}",
+            node_uid=_uid(node),
+            cause=failure_cause(e),
+        )
     if unguarded is None:
         return Result("gone", "node no longer exists")
     node = unguarded
@@ -197,7 +219,12 @@ async def _recheck_and_act(kube: Kube, fenced: Obj, target: Target, now: datetim
             return acted
         fenced = acted
     await _hold(kube, fenced, target)
-    return Result("failed", "node kept changing while being reclaimed", node_uid=_uid(fenced))
+    return Result(
+        "failed",
+        "node kept changing while being reclaimed",
+        node_uid=_uid(fenced),
+        cause=NODE_CHANGING,
+    )
 
 
 async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result | Obj:
@@ -221,7 +248,9 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result
         if isinstance(e, NotFoundError) and await _get(kube, target.node) is None:
             return Result("gone", "node no longer exists", node_uid=uid)
         await _hold(kube, fenced, target)
-        return Result("failed", f"{failed}: {e.status} {e.reason}", node_uid=uid)
+        return Result(
+            "failed", f"{failed}: {e.status} {e.reason}", node_uid=uid, cause=failure_cause(e)
+        )
     await _forget(kube, target.node)
     log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
     late = await _bound_too_late(kube, target)
@@ -281,7 +310,9 @@ async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
                 return await _stand_down(kube, current, target, judged)
             node = current
     await _hold(kube, node, target)
-    return Result("failed", "node kept changing while being fenced", node_uid=_uid(node))
+    return Result(
+        "failed", "node kept changing while being fenced", node_uid=_uid(node), cause=NODE_CHANGING
+    )
 
 
 def _uid(node: Obj) -> str:

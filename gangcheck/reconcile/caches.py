@@ -282,6 +282,11 @@ class InFlight:
         """The open requests, in no particular order."""
         return list(self._open.values())
 
+    def gangs(self) -> int:
+        """The Workloads and PodGroups with an open request (several sources asked at once
+        count once; a gang running on what it was given, not at all)."""
+        return len({gang for req in self._open.values() for gang in made_for(req)})
+
     def waiting(self) -> tuple[Waiting, ...]:
         """The Provisioned open requests with their templates, oldest first."""
         if self._waiting is None:

@@ -20,6 +20,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     DeleteTemplate,
 )
+from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST as BACKEND
 from gangcheck.model.names import ROLLBACK_REASON_ANNOTATION
 from gangcheck.reconcile.apply import Applier, SourceEdge
@@ -52,14 +53,15 @@ async def delete_template(applier: Applier, namespace: str, action: Action) -> N
 
 
 async def annotate_request(applier: Applier, namespace: str, action: Action) -> None:
-    """Write the attempt's record on its request (a rollback's reason is counted)."""
+    """Write the attempt's record on its request; a rollback it starts is counted once
+    written, by its cause (`RollbackCause`: the word its reason starts with, a few known)."""
     assert isinstance(action, AnnotateRequest)
     reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
-    if reason:
-        applier.metrics.rollback(reason.split(":", 1)[0])
     patch = {"metadata": {"annotations": action.annotations}}
     updated = await applier.kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
     applier.caches.requests.store.put_if_newer(updated)
+    if reason:
+        applier.metrics.rollback(RollbackCause.of(reason).value)
 
 
 def _record(request: str, annotations: Mapping[str, str]) -> Action:

@@ -173,6 +173,29 @@ async def test_annotating_a_request_with_a_rollback_reason_counts_the_rollback()
     assert metrics.calls == [("rollback", ("Failed",))]
 
 
+async def test_a_rollback_is_counted_by_its_cause_not_its_words() -> None:
+    """A reason that starts with no known cause (a gang withdrawn, its words naming it) is
+    counted as GangGone: before, its text up to the first colon was the label."""
+    metrics = RecordedMetrics()
+    _, applier = setup(request(), metrics=metrics)
+    reason = {ROLLBACK_REASON_ANNOTATION: "the members it added to wl-7f3 are gone"}
+    await applier.apply(NS, AnnotateRequest(REQUEST, reason))
+    assert metrics.calls == [("rollback", ("GangGone",))]
+
+
+async def test_a_rollback_whose_record_was_not_written_is_not_counted() -> None:
+    """Counted once written: the pass that writes it next (after a conflict) counts it once."""
+    metrics = RecordedMetrics()
+    kube, applier = setup(request(), metrics=metrics)
+    kube.fail("patch", "ProvisioningRequest", REQUEST, 409)
+    reason = {ROLLBACK_REASON_ANNOTATION: "Deadline: the gang did not fit within 420s"}
+    with pytest.raises(ApiError):
+        await applier.apply(NS, AnnotateRequest(REQUEST, reason))
+    assert metrics.calls == []
+    await applier.apply(NS, AnnotateRequest(REQUEST, reason))
+    assert metrics.calls == [("rollback", ("Deadline",))]
+
+
 async def test_reclaimed_nodes_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
     metrics = RecordedMetrics()
