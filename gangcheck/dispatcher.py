@@ -91,6 +91,7 @@ from gangcheck.logic.dispatch import (
     KUEUE_ADMISSION,
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
+    WORKER_LEASE_ANNOTATION,
     CheckWorkers,
     DispatchRecord,
     Down,
@@ -115,6 +116,7 @@ from gangcheck.logic.dispatch import (
     silent_reason,
     unread,
     with_down,
+    worker_lease,
     workers_for,
 )
 from gangcheck.logic.placement.fit import (
@@ -168,6 +170,8 @@ class _Worker:
     kube: Kube | None = None
     skip: str = ""
     kubeconfig: str = ""
+    lease: tuple[str, str] | None = None
+    """gangcheck's leader Lease there (``worker_lease``; None: the dispatcher's setting)."""
 
 
 class Dispatcher:
@@ -192,9 +196,10 @@ class Dispatcher:
         self.worker_lease = worker_lease
         # per worker, why its Lease could not be read, as last logged (logged once)
         self._lease_unknown: dict[str, str] = {}
-        # per worker, its Lease's renewals as this process read them (``sighted``): its age
-        # bounded by this clock, whatever the worker's says
-        self._sightings: dict[str, Sighting] = {}
+        # per worker, its Lease's renewals as this process read them (``sighted``; with the
+        # Lease read, namespace and name): its age bounded by this clock, whatever the
+        # worker's says
+        self._sightings: dict[str, tuple[tuple[str, str], Sighting]] = {}
         self.metrics = metrics or Metrics()
         self.kueue_namespace = kueue_namespace
         self.interval = interval
@@ -604,6 +609,9 @@ class Dispatcher:
                 else f"{active.get('reason')}: {active.get('message')}"
             )
             return _Worker(name, skip=f"MultiKueueCluster not Active ({why})")
+        lease = worker_lease(cluster, self.worker_lease)
+        if isinstance(lease, str):
+            return _Worker(name, skip=lease)
         origin = (cluster.get("spec") or {}).get("clusterSource") or {}
         source = origin.get("kubeConfig") or {}
         if source.get("locationType", "Secret") != "Secret":
@@ -628,6 +636,7 @@ class Dispatcher:
         digest = _digest(raw)
         held = self._workers.get(name)
         if held is not None and held.kube is not None and held.kubeconfig == digest:
+            held.lease = lease
             return held
         await self._drop(name)  # a kubeconfig rotated: another server, other credentials
         try:
@@ -636,7 +645,7 @@ class Dispatcher:
             return _Worker(
                 name, skip=f"Secret {self.kueue_namespace}/{secret_name}: unusable kubeconfig ({e})"
             )
-        held = self._workers[name] = _Worker(name, kube, kubeconfig=digest)
+        held = self._workers[name] = _Worker(name, kube, kubeconfig=digest, lease=lease)
         self._start_watching(name, kube)
         return held
 
@@ -649,7 +658,8 @@ class Dispatcher:
         if worker.kube is None:
             return _View(skip=worker.skip)
         kube = worker.kube
-        lease_namespace, lease_name = self.worker_lease
+        lease_ref = worker.lease or self.worker_lease
+        lease_namespace, lease_name = lease_ref
         held = self._silent.get(worker.name)
         said = unread(held, self._now(), within=self.answer_within)
         if said:
@@ -699,14 +709,15 @@ class Dispatcher:
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return _View(skip=_unreadable(e))
-        got, now = self._lease(worker.name, lease), self._now()
-        seen = sighted(self._sightings.get(worker.name), got, now)
+        got, now = self._lease(worker.name, lease, lease_ref), self._now()
+        prior = self._sightings.get(worker.name)
+        seen = sighted(prior[1] if prior and prior[0] == lease_ref else None, got, now)
         if seen is not None:
-            self._sightings[worker.name] = seen
-        view.down = lease_down(got, now, name=self.worker_lease, seen=seen)
+            self._sightings[worker.name] = (lease_ref, seen)
+        view.down = lease_down(got, now, name=lease_ref, seen=seen)
         return view
 
-    def _lease(self, name: str, read: Obj | Exception) -> Obj | None:
+    def _lease(self, name: str, read: Obj | Exception, lease: tuple[str, str]) -> Obj | None:
         """gangcheck's Lease as read in the worker ``name``, or None when it could not be
         read: none there (404: leader election off, or another name), not granted to the
         reader (403: its rights older than the Lease's rule), or any other failure. Not
@@ -715,7 +726,7 @@ class Dispatcher:
         if not isinstance(read, Exception):
             self._lease_unknown.pop(name, None)
             return read
-        why = _lease_unknown(read, self.worker_lease)
+        why = _lease_unknown(read, lease)
         if self._lease_unknown.get(name) != why:
             self._lease_unknown[name] = why
             log.warning("worker %s: whether gangcheck is up there is not known: %s", name, why)
@@ -820,7 +831,8 @@ def _lease_unknown(read: Exception, lease: tuple[str, str]) -> str:
     if isinstance(read, NotFoundError):
         return (
             f"no {where} there (leader election off, or another Lease: the dispatcher's "
-            "workerLeaseNamespace and workerLeaseName)"
+            f"workerLeaseNamespace and workerLeaseName, or the MultiKueueCluster's annotation "
+            f"{WORKER_LEASE_ANNOTATION})"
         )
     if isinstance(read, ForbiddenError):
         return (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
@@ -22,13 +21,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gangcheck.logic.dispatch import ANSWER_WITHIN
-from gangcheck.model.names import CONFIG_ANNOTATION
+from gangcheck.model.names import CONFIG_ANNOTATION, is_dns_label, is_dns_subdomain
 
 ENV_PREFIX = "GANGCHECK_"
 ENV_SEPARATOR = "__"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 
@@ -184,14 +181,14 @@ class LeaderElectionSettings(_Section):
     @field_validator("namespace")
     @classmethod
     def _namespace_is_a_label(cls, value: str) -> str:
-        if not _DNS_LABEL.match(value):
+        if not is_dns_label(value):
             raise ValueError("must be a DNS label (lowercase letters, digits and '-')")
         return value
 
     @field_validator("name")
     @classmethod
     def _name_is_a_subdomain(cls, value: str) -> str:
-        if not _DNS_SUBDOMAIN.match(value):
+        if not is_dns_subdomain(value):
             raise ValueError("must be a DNS subdomain (lowercase letters, digits, '-' and '.')")
         return value
 

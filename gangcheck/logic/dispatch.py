@@ -44,7 +44,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, SOURCE_ANNOTATION
+from gangcheck.model.names import (
+    ATTEMPT_CONFIG_ANNOTATION,
+    SOURCE_ANNOTATION,
+    is_dns_label,
+    is_dns_subdomain,
+)
 
 #: The ``multiKueue.dispatcherName`` this dispatcher would answer to.
 DISPATCHER = "gangcheck.io/capacity-aware"
@@ -173,6 +178,31 @@ def sighted(previous: Sighting | None, lease: object, now: datetime) -> Sighting
     if previous is not None and previous.renewed == renewed:
         return replace(previous, last=now)
     return Sighting(renewed, first=now, last=now, after=previous.last if previous else None)
+
+
+#: On a MultiKueueCluster in the manager: gangcheck's leader Lease in that worker,
+#: ``<namespace>/<name>``, where it is not the dispatcher's setting (``workerLeaseNamespace``,
+#: ``workerLeaseName``): a worker whose gangcheck was installed otherwise.
+WORKER_LEASE_ANNOTATION = "gangcheck.io/worker-lease"
+
+
+def worker_lease(cluster: Mapping[str, object], default: tuple[str, str]) -> tuple[str, str] | str:
+    """gangcheck's leader Lease to read in the worker of the MultiKueueCluster ``cluster``
+    (namespace, name): its annotation ``WORKER_LEASE_ANNOTATION``, else ``default``; or, when
+    the annotation is no Lease's namespace and name, why (the worker is skipped, said why:
+    reading another Lease, or none, would hide its gangcheck's death)."""
+    annotations = _dict(_dict(cluster.get("metadata")).get("annotations"))
+    if WORKER_LEASE_ANNOTATION not in annotations:
+        return default
+    raw = annotations[WORKER_LEASE_ANNOTATION]
+    namespace, slash, name = raw.partition("/") if isinstance(raw, str) else ("", "", "")
+    if slash and is_dns_label(namespace) and is_dns_subdomain(name):
+        return (namespace, name)
+    shown = json.dumps(raw)[:80]
+    return (
+        f"its MultiKueueCluster's annotation {WORKER_LEASE_ANNOTATION} is {shown}, not "
+        "<namespace>/<name> of gangcheck's leader Lease there"
+    )
 
 
 #: The largest ``leaseDurationSeconds`` a Lease has (an int32): one larger, or not a finite

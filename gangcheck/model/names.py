@@ -6,6 +6,8 @@ ProvisioningRequest API's. Values only: what each means is said where it is deci
 
 from __future__ import annotations
 
+import re
+
 # ---- gangcheck.io: on the objects made for an attempt (requests, PodTemplates) ----------
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gangcheck"
@@ -134,3 +136,20 @@ PROVREQ_VERSION = "v1"
 PROVREQ_API_VERSION = f"{PROVREQ_GROUP}/{PROVREQ_VERSION}"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
+
+
+# ---- what a Kubernetes name may be -------------------------------------------------------
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_dns_label(value: str) -> bool:
+    """A DNS label (RFC 1123, as a namespace's name is): lowercase letters, digits and '-',
+    at most 63 characters, a letter or digit at each end."""
+    return _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """A DNS subdomain (RFC 1123, as most objects' names are): labels joined by '.', at most
+    253 characters."""
+    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None

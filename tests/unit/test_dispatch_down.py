@@ -21,6 +21,7 @@ from gangcheck.logic.dispatch import (
     recent_failures,
     sighted,
     with_down,
+    worker_lease,
 )
 
 NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
@@ -400,3 +401,39 @@ def test_the_bound_on_a_workers_reads_is_set_by_file_environment_or_flag(
     for wrong in ("0", "-1", "301", "nan", "inf"):
         with pytest.raises(SettingsError, match="--worker-answer-within"):
             bound("--worker-answer-within", wrong)
+
+
+DEFAULT_LEASE = ("gangcheck-system", "gangcheck")
+ANNOTATED = {
+    "no annotation: the dispatcher's setting": (None, DEFAULT_LEASE),
+    "namespace/name": ("ops/gc", ("ops", "gc")),
+    "a name with dots": ("ops/gangcheck.leader", ("ops", "gangcheck.leader")),
+    "no slash": ("gc", None),
+    "no name": ("ops/", None),
+    "no namespace": ("/gc", None),
+    "two slashes": ("ops/gc/x", None),
+    "upper case": ("Ops/gc", None),
+    "a namespace of 64 characters": ("n" * 64 + "/gc", None),
+    "a trailing newline": ("ops/gc\n", None),
+    "empty": ("", None),
+}
+
+
+@pytest.mark.parametrize(("value", "lease"), ANNOTATED.values(), ids=ANNOTATED.keys())
+def test_the_lease_read_in_a_worker_is_its_clusters_annotation_else_the_setting(
+    value: str | None, lease: tuple[str, str] | None
+) -> None:
+    """``gangcheck.io/worker-lease`` on a MultiKueueCluster names gangcheck's Lease in that
+    worker (installed in another namespace, or under another name); what is no namespace
+    and Lease name there is said, the annotation as written (bounded), for the worker to be
+    skipped with it."""
+    meta: dict[str, Any] = {"name": "worker-1"}
+    if value is not None:
+        meta["annotations"] = {"gangcheck.io/worker-lease": value}
+    got = worker_lease({"metadata": meta}, DEFAULT_LEASE)
+    if lease is not None:
+        assert got == lease
+    else:
+        assert isinstance(got, str)
+        assert got.startswith("its MultiKueueCluster's annotation gangcheck.io/worker-lease is ")
+        assert got.endswith("not <namespace>/<name> of gangcheck's leader Lease there")

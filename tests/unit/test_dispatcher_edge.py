@@ -1203,6 +1203,41 @@ async def test_the_lease_read_is_the_dispatchers_setting() -> None:
     assert got.skipped["worker-1"].startswith("gangcheck down: its Lease ops/gc last renewed")
 
 
+async def test_a_workers_cluster_annotation_names_the_lease_read_there() -> None:
+    """worker-1's gangcheck leads through ops/gc (installed otherwise): its MultiKueueCluster
+    says so (``gangcheck.io/worker-lease``), and that Lease is read there, stale: skipped,
+    said why; worker-2 reads the dispatcher's own setting. A MultiKueueCluster whose
+    annotation is no Lease's name is skipped, said why, its worker not read."""
+    one, two = worker(nodes=2), worker(nodes=2)
+    stale = gangcheck_lease(STARTED - timedelta(seconds=600))
+    stale["metadata"] = {"name": "gc", "namespace": "ops"}
+    one.add(stale)
+    two.add(gangcheck_lease(STARTED))
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    cluster = manager.stored(MULTIKUEUE_CLUSTER, "worker-1")
+    assert cluster is not None
+    cluster["metadata"]["annotations"] = {"gangcheck.io/worker-lease": "ops/gc"}
+    manager.add(cluster)
+    dispatcher = bounded(manager, connect, Clock())
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.skipped["worker-1"].startswith("gangcheck down: its Lease ops/gc last renewed")
+    leases = {(c.namespace, c.name) for k in (one, two) for c in k.calls if c.kind == LEASE.kind}
+    assert leases == {("ops", "gc"), ("gangcheck-system", "gangcheck")}
+
+    cluster["metadata"]["annotations"] = {"gangcheck.io/worker-lease": "gc"}
+    manager.add(cluster)
+    calls = len(one.calls)
+    await dispatcher.pass_once()
+    assert record(manager).skipped["worker-1"] == (
+        'its MultiKueueCluster\'s annotation gangcheck.io/worker-lease is "gc", not '
+        "<namespace>/<name> of gangcheck's leader Lease there"
+    )
+    assert len(one.calls) == calls  # not read
+    assert not one.writes and not two.writes
+
+
 async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_the_bound() -> None:
     """worker-1 nominated (the gang fits now there), then its gangcheck dies: its Lease last
     renewed at 12:00:00. Kept nominated through a restart's or a hand-over's time (to 35 s:
