@@ -98,7 +98,7 @@ soak: install binaries ## the long scenarios (docs/testing.md): the long fault s
 BENCH_SIZES ?= 500,2000
 
 .PHONY: bench
-bench: install binaries ## benchmarks: partial delivery; capacity sources beside Kueue's two flavors; fit cost at scale; Karpenter side by side; MultiKueue's dispatchers and checks side by side; an elastic Job's scale-up beside Kueue's check; N gangs beside Kueue's check (BENCH_SIZES=500,2000)
+bench: install binaries ## benchmarks: partial delivery; capacity sources beside Kueue's two flavors; fit cost at scale; Karpenter side by side; MultiKueue's dispatchers and checks side by side; an elastic Job's scale-up beside Kueue's check; N gangs beside Kueue's check (BENCH_SIZES=500,2000); what the MultiKueue dispatcher costs its manager (HEAD beside this checkout)
 	$(PYTHON) benchmarks/partial_delivery.py
 	$(PYTHON) benchmarks/capacity_sources.py
 	$(PYTHON) benchmarks/fit_scale.py --scale --repeat 3
@@ -106,6 +106,7 @@ bench: install binaries ## benchmarks: partial delivery; capacity sources beside
 	$(PYTHON) benchmarks/multicluster_side_by_side.py
 	$(PYTHON) benchmarks/elastic_side_by_side.py
 	$(PYTHON) benchmarks/kueue_scale.py --sizes $(BENCH_SIZES)
+	$(PYTHON) benchmarks/dispatcher_load.py
 
 .PHONY: demo
 demo: install ## the local full stack and gangcheck, then three GPU gangs: two Kueue Jobs (one partly delivered, rolled back and retried) and a PodGroup; stays up

@@ -1447,6 +1447,17 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"settings: {line}")
 
 
+def run_gangcheck_from(source: Path) -> None:
+    """gangcheck's processes started from now on (``deploy_gangcheck``, ``deploy_dispatcher``)
+    run the package and apply the manifests of the source tree ``source`` (an earlier
+    commit's checkout or worktree), not this checkout's. Changes the working folder."""
+    source = source.resolve()
+    deploy.repo_root = lambda: source  # type: ignore[attr-defined]
+    # The child's sys.path starts with its working folder (python -c), ahead of its
+    # PYTHONPATH: run it from the source folder, or this checkout's package is imported.
+    os.chdir(source)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--sizes", default="500,2000", help="comma-separated N (gangs per side)")
@@ -1469,11 +1480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.gangcheck_source is not None:
-        source = args.gangcheck_source.resolve()
-        deploy.repo_root = lambda: source  # type: ignore[attr-defined]
-        # The child's sys.path starts with its working folder (python -c), ahead of its
-        # PYTHONPATH: run it from the source folder, or this checkout's package is imported.
-        os.chdir(source)
+        run_gangcheck_from(args.gangcheck_source)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     results = []
     for n in sizes:
