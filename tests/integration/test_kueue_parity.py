@@ -9,6 +9,7 @@ owners exists any more.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -249,6 +250,47 @@ async def test_a_name_taken_by_someone_else_is_reported_not_called_created(
     assert await cluster.wait_events("FailedCreate")
     still = await cluster.request(name)
     assert still is not None and still["metadata"]["uid"] == foreign["metadata"]["uid"]
+
+
+async def test_a_create_refused_on_every_retry_is_one_event_counted_not_one_per_retry(
+    cluster: Cluster, controller: RunningController, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The name taken by someone else stays taken: every retry of the Workload (0.5 s, 1 s,
+    2 s ... backoff) is refused the same way. Before, each made a FailedCreate Event of its
+    own (with 2,000 gangs stuck so, an Event storm); now the first is created and the
+    retries are counted into the next one said after events.REPEAT_SECONDS."""
+    caplog.set_level(logging.DEBUG, logger="gangcheck.reconcile.events")
+    await cluster.install_check(TRUST)
+    await cluster.kube.create(
+        PROVISIONING_REQUEST,
+        {
+            "metadata": {"name": req_name(cluster), "namespace": cluster.ns},
+            "spec": {
+                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                "podSets": [{"podTemplateRef": {"name": "theirs"}, "count": 1}],
+            },
+        },
+    )
+    await cluster.submit(gang())
+
+    async def said() -> int:  # how often the recorder was told FailedCreate about this Workload
+        return max(
+            (
+                getattr(r, "count", 0)
+                for r in caplog.records
+                if getattr(r, "reason", "") == "FailedCreate"
+                and getattr(r, "object", "").endswith(f"{cluster.ns}/wl")
+            ),
+            default=0,
+        )
+
+    async def retried() -> bool:
+        return await said() >= 4
+
+    await eventually(retried, what="four refused creates told as FailedCreate")
+    events = await cluster.wait_events("FailedCreate", about="wl")
+    assert [e["count"] for e in events] == [1]
+    assert "\n" not in events[0]["message"]
 
 
 async def test_two_provisioning_checks_on_one_workload_are_reported_before_any_request(

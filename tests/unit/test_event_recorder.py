@@ -1,11 +1,17 @@
 """The Event recorder in the background (as the controller runs it): a reconcile does not wait
-for its Events, and every one is still sent."""
+for its Events, and every one is still sent; the same Event said again soon after is counted
+into the next create, not created anew."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from gangcheck.kube.resources import EVENT
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.model.objects import ObjectRef
+from gangcheck.reconcile import events
 from gangcheck.reconcile.events import EventRecorder
 from tests.fakes.kube import FakeKube
 
@@ -40,3 +46,87 @@ async def test_in_the_foreground_the_event_is_created_before_emit_returns() -> N
     recorder = EventRecorder(kube)
     await recorder.emit(REF, Event("Created", "now"))
     assert [e["reason"] for e in kube.all_of(EVENT)] == ["Created"]
+
+
+# ---- the same Event said again -------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+REFUSED = Event("FailedCreate", "Error creating Request: denied by policy", warning=True)
+
+
+async def test_an_event_repeated_by_retries_is_created_once_then_counted() -> None:
+    """A create refused on every retry (0.5 s, 1 s, 2 s ... backoff) said FailedCreate on
+    every retry: one new Event each. Now once, and again with its count only after
+    REPEAT_SECONDS."""
+    kube, clock = FakeKube(), Clock()
+    recorder = EventRecorder(kube, clock=clock)
+    for delay in (0.5, 1, 2, 4, 8, 16, 32, 60, 60, 60):
+        await recorder.emit(REF, REFUSED)
+        clock.advance(delay)
+    assert [(e["count"], e["firstTimestamp"]) for e in kube.all_of(EVENT)] == [
+        (1, "2026-12-05T10:00:00Z")
+    ]
+    clock.now = datetime(2026, 12, 5, 10, 5, 1, tzinfo=UTC)
+    await recorder.emit(REF, REFUSED)
+    events = sorted(kube.all_of(EVENT), key=lambda e: e["count"])
+    assert [(e["count"], e["firstTimestamp"], e["lastTimestamp"]) for e in events] == [
+        (1, "2026-12-05T10:00:00Z", "2026-12-05T10:00:00Z"),
+        (11, "2026-12-05T10:00:00Z", "2026-12-05T10:05:01Z"),
+    ]
+
+
+async def test_events_that_differ_in_object_reason_type_or_message_are_each_created() -> None:
+    kube = FakeKube()
+    recorder = EventRecorder(kube)
+    other = ObjectRef("Workload", "default", "wl-2", "uid-wl-2", "kueue.x-k8s.io/v1beta2")
+    await recorder.emit(REF, REFUSED)
+    await recorder.emit(other, REFUSED)
+    await recorder.emit(REF, Event("ReclaimFailed", REFUSED.message, warning=True))
+    await recorder.emit(REF, Event("FailedCreate", REFUSED.message))
+    await recorder.emit(REF, Event("FailedCreate", "Error creating Request: quota", warning=True))
+    assert len(kube.all_of(EVENT)) == 5
+
+
+async def test_a_repeat_of_an_event_the_server_refused_is_sent() -> None:
+    kube = FakeKube()
+    kube.fail("create", "Event", error=500)
+    recorder = EventRecorder(kube)
+    await recorder.emit(REF, REFUSED)
+    await recorder.emit(REF, REFUSED)
+    assert [e["count"] for e in kube.all_of(EVENT)] == [2]
+
+
+async def test_a_background_recorder_counts_repeats_too() -> None:
+    kube = FakeKube()
+    recorder = EventRecorder(kube, background=True)
+    for _ in range(20):
+        await recorder.emit(REF, REFUSED)
+    await recorder.flush()
+    assert [e["count"] for e in kube.all_of(EVENT)] == [1]
+
+
+async def test_a_message_of_several_lines_is_said_on_one() -> None:
+    kube = FakeKube()
+    await EventRecorder(kube).emit(REF, Event("FailedCreate", "denied:\n  rule 1\n  rule 2"))
+    assert [e["message"] for e in kube.all_of(EVENT)] == ["denied: rule 1 rule 2"]
+
+
+async def test_the_events_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least recently said is forgotten: memory stays flat over weeks of gangs."""
+    monkeypatch.setattr(events, "REMEMBERED", 2)
+    kube = FakeKube()
+    recorder = EventRecorder(kube)
+    for name in ("a", "b", "c", "a"):
+        await recorder.emit(REF, Event("Said", name))
+    assert sorted(e["message"] for e in kube.all_of(EVENT)) == ["a", "a", "b", "c"]
