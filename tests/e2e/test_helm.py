@@ -282,10 +282,30 @@ def test_dispatcher_role_renders_the_dispatchers_rbac_and_nothing_of_the_control
 ) -> None:
     objects = template(helm, "role=dispatcher")
     assert sorted(o["kind"] for o in objects) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"]
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"]
         + ["Role", "RoleBinding"] * 2  # Kueue's Secrets, its Lease
     )
     assert rbac(objects) == rbac(manifest_objects(DISPATCHER_MANIFESTS / "rbac.yaml"))
+
+
+@pytest.mark.parametrize("role", ["controller", "dispatcher"])
+def test_the_service_monitor_reaches_the_metrics_port_of_the_roles_pods(
+    helm: Path, role: str
+) -> None:
+    """Before, role: dispatcher rendered no metrics Service and no ServiceMonitor: its
+    nominations and fallbacks could not be scraped by prometheus-operator."""
+    objects = template(helm, f"role={role}", "metrics.serviceMonitor.enabled=true")
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    (service,) = [o for o in services if o["metadata"]["name"].endswith("-metrics")]
+    pods = deployment(objects)["spec"]["template"]
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    assert wanted.items() <= service["metadata"]["labels"].items()
+    assert service["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    (container,) = pods["spec"]["containers"]
+    assert "metrics" in [p["name"] for p in container["ports"]]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
 def test_dispatcher_pod_is_confined_and_run_as_the_manifests_deployment(helm: Path) -> None:
