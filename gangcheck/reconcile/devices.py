@@ -29,23 +29,27 @@ class DeviceProblemReconciler:
         self._said: set[tuple[str, str, str, str]] = set()
 
     async def reconcile(self, _key: str) -> Result:
+        """Say each problem not said yet; remember only the problems there are now (those of
+        objects gone, or versions replaced, are forgotten: memory stays flat over weeks)."""
         c = self._caches
         inventory = build_inventory(
             tuple(c.resource_slices.store),
             tuple(c.device_classes.store),
             tuple(c.resource_claims.store),
         )
+        now: set[tuple[str, str, str, str]] = set()
         for problem in inventory.problems:
             obj = self._object_of(problem)
             if obj is None:
                 continue
             meta = obj["metadata"]
             said = (problem.kind, problem.name, meta.get("resourceVersion", ""), problem.message)
+            now.add(said)
             if said in self._said:
                 continue
-            self._said.add(said)
             ref = ObjectRef(problem.kind, "", problem.name, meta.get("uid", ""), _API[problem.kind])
             await self._events.emit(ref, Event("DeviceProblem", str(problem), warning=True))
+        self._said = now
         return Result()
 
     def _object_of(self, problem: Problem) -> Obj | None:
