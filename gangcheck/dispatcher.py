@@ -137,6 +137,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.ingest import trim_node, trim_pod
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from gangcheck.telemetry import Metrics
 
@@ -146,9 +147,6 @@ KUBECONFIG_KEY = "kubeconfig"
 #: The poll (seconds) behind the watches on the manager's objects: what changes in a worker
 #: (a request saying its source cannot deliver, nodes arriving) is seen within it.
 DEFAULT_INTERVAL = 1.0
-#: How long (seconds) before a worker's watch refused (no ``watch`` in its reader's rights)
-#: is tried again; meanwhile the poll alone sees its changes.
-WORKER_WATCH_RETRY = 300.0
 #: How many of a source's latest outcomes count.
 RECENT = 10
 #: How many resourceVersions of its own writes the dispatcher keeps to know their events.
@@ -228,6 +226,8 @@ class Dispatcher:
         # the manager's objects a pass reads, kept by watches while ``run`` runs (empty: a
         # pass lists them, as ``pass_once`` called alone does)
         self._caches: dict[Resource, Informer] = {}
+        # per worker, its caches of what a pass reads there, while running (``_start_watching``)
+        self._worker_caches: dict[str, dict[Resource, Informer]] = {}
 
     async def run(self) -> None:
         self._running = True
@@ -309,38 +309,22 @@ class Dispatcher:
         if cache is not None and written:
             cache.store.put_if_newer(written)
 
-    async def _watch_worker(self, name: str, kube: Kube, res: Resource) -> None:
+    def _worker_changed(self, name: str, res: Resource) -> Callable[[Obj | None, Obj | None], None]:
         """Wakes the loop on a change in the worker ``name`` of a ProvisioningRequest (``res``)
         of a Workload nominated there and waiting (gangcheck's request saying its source
         cannot deliver, a rollback recorded), or of its copy there (``WORKLOAD``: its check
         state, evicted, admitted): the dispatcher moves on, or records the admission, when
-        the worker says so, not at the next poll. Read-only (``list``, ``watch``); refused (a
-        reader without ``watch``), or ended, the poll goes on alone and the watch is opened
-        again later."""
-        while True:
-            try:
-                listing = await kube.list_objects(res)
-                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-                async for event in kube.watch(res, resource_version=version):
-                    if event.get("type") != "BOOKMARK" and self._follows(name, res, event):
-                        self.woken_by_workers += 1
-                        self._wake.set()
-            except ForbiddenError as e:
-                log.warning(
-                    "no watch on %s in %s (%s): its changes are seen by the %.0f s poll only",
-                    res.plural,
-                    name,
-                    _first_line(e),
-                    self.interval,
-                )
-                await asyncio.sleep(WORKER_WATCH_RETRY)
-                continue
-            except Exception as e:  # any end of the watch: the poll goes on alone meanwhile
-                log.debug("watch on %s in %s ended: %s", res.plural, name, e)
-            await asyncio.sleep(self.interval)
+        the worker says so, not at the next poll."""
 
-    def _follows(self, worker: str, res: Resource, event: Mapping[str, Any]) -> bool:
-        meta = (event.get("object") or {}).get("metadata") or {}
+        def changed(old: Obj | None, new: Obj | None) -> None:
+            if self._follows(name, res, new or old or {}):
+                self.woken_by_workers += 1
+                self._wake.set()
+
+        return changed
+
+    def _follows(self, worker: str, res: Resource, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
         if res is WORKLOAD:
             workload = meta.get("name")
         else:
@@ -348,11 +332,19 @@ class Dispatcher:
         return (str(meta.get("namespace") or ""), str(workload)) in self._followed.get(worker, ())
 
     def _start_watching(self, name: str, kube: Kube) -> None:
+        """While running: the worker's caches of what a pass reads there (``_VIEW_READS``),
+        each listed once and kept by watch through the worker's client (read-only: ``list``,
+        ``watch``); a change of a request or a copy followed wakes a pass
+        (``_worker_changed``). A cache refused its watch (a reader's rights older than its
+        rule) or whose watch is broken is listed by the passes meanwhile (``_view``)."""
         if self._running:
-            self._worker_watches[name] = [
-                asyncio.create_task(self._watch_worker(name, kube, res))
-                for res in (PROVISIONING_REQUEST, WORKLOAD)
-            ]
+            caches = {
+                res: Informer(kube, res, transform=_WORKER_TRIM.get(res)) for res in _VIEW_READS
+            }
+            for res in (PROVISIONING_REQUEST, WORKLOAD):
+                caches[res].add_handler(self._worker_changed(name, res))
+            self._worker_caches[name] = caches
+            self._worker_watches[name] = [asyncio.create_task(c.run()) for c in caches.values()]
 
     async def _drop(self, name: str) -> None:
         """Ends the worker's watches and closes its client (when held), and forgets its
@@ -360,6 +352,7 @@ class Dispatcher:
         self._silent.pop(name, None)
         self._lease_unknown.pop(name, None)
         self._sightings.pop(name, None)
+        self._worker_caches.pop(name, None)
         held = self._workers.pop(name, None)
         tasks = self._worker_watches.pop(name, [])
         for task in tasks:
@@ -664,19 +657,11 @@ class Dispatcher:
         said = unread(held, self._now(), within=self.answer_within)
         if said:
             return _View(skip=said, patient=patient(held))
+        caches = self._worker_caches.get(worker.name, {})
         try:
             reads, lease = await asyncio.wait_for(
                 asyncio.gather(
-                    asyncio.gather(
-                        _items(kube, ADMISSION_CHECK),
-                        _items(kube, NODE),
-                        _items(
-                            kube, POD, field_selector="status.phase!=Succeeded,status.phase!=Failed"
-                        ),
-                        _items(kube, PROVISIONING_REQUEST),
-                        _items(kube, WORKLOAD),
-                        return_exceptions=True,
-                    ),
+                    _worker_reads(kube, caches),
                     _get_or_error(kube, LEASE, lease_name, lease_namespace),
                 ),
                 self.answer_within,
@@ -804,8 +789,37 @@ def _view_of(
     )
 
 
-#: What ``Dispatcher._view`` lists in a worker, in order.
+#: What ``Dispatcher._view`` reads in a worker, in order.
 _VIEW_READS = (ADMISSION_CHECK, NODE, POD, PROVISIONING_REQUEST, WORKLOAD)
+#: What a worker's caches keep of its nodes and pods: what a fit reads (as gangcheck's own).
+_WORKER_TRIM = {NODE: trim_node, POD: trim_pod}
+#: The pods a fit counts: not ended.
+_ENDED = ("Succeeded", "Failed")
+
+
+async def _worker_reads(
+    kube: Kube, caches: Mapping[Resource, Informer]
+) -> list[list[Obj] | BaseException]:
+    """What a pass reads in a worker (``_VIEW_READS``): from its caches when every one is
+    filled and current, else listed (each failure returned in its place)."""
+    if len(caches) == len(_VIEW_READS) and all(
+        c.synced.is_set() and c.current for c in caches.values()
+    ):
+        return [
+            [o for o in caches[res].store if (o.get("status") or {}).get("phase") not in _ENDED]
+            if res is POD
+            else list(caches[res].store)
+            for res in _VIEW_READS
+        ]
+    listed = await asyncio.gather(
+        _items(kube, ADMISSION_CHECK),
+        _items(kube, NODE),
+        _items(kube, POD, field_selector=f"status.phase!={_ENDED[0]},status.phase!={_ENDED[1]}"),
+        _items(kube, PROVISIONING_REQUEST),
+        _items(kube, WORKLOAD),
+        return_exceptions=True,
+    )
+    return list(listed)
 
 
 def _refused(res: Resource, error: ApiError) -> str:

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import copy
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,8 @@ from gangcheck.kube.resources import (
     LEASE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
+    NODE,
+    POD,
     PROVISIONING_REQUEST,
     SECRET,
     WORKLOAD,
@@ -455,14 +458,19 @@ async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
             await task
 
 
-async def test_running_its_passes_read_the_managers_objects_from_caches_listed_once() -> None:
-    """Running, the dispatcher lists each kind it reads in the manager once, then keeps it by
-    watch: its passes (one every 0.01 s here; every second and on each change by default)
-    list nothing more there, and each reads the first pass's own writes (the record, the
-    nomination) from its cache before any watch brings them back: nothing written twice.
-    Before, every pass listed the manager's AdmissionChecks and all its Workloads (thousands
-    in a large manager), even with none waiting."""
-    manager, _, connect = bed({"worker-1": worker(), "worker-2": worker(nodes=2)})
+async def test_running_its_passes_read_from_caches_listed_once() -> None:
+    """Running, the dispatcher lists each kind it reads in the manager, and in each worker,
+    once, then keeps it by watch: its passes (one every 0.01 s here; every second and on each
+    change by default) list nothing more, in the manager or in a worker (they get only
+    gangcheck's Lease there, one a pass: whether gangcheck is up, and whether the worker
+    answers), and each reads the first pass's own writes (the record, the nomination) from
+    its cache before any watch brings them back: nothing written twice. Before, every pass
+    listed the manager's AdmissionChecks and all its Workloads (thousands in a large
+    manager), even with none waiting, and while one waited, every node and pod of every
+    worker."""
+    one = worker(kube=WatchedWorker())
+    two = worker(kube=WatchedWorker(), nodes=2)
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
 
     async def quiet(res: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
         await asyncio.Event().wait()  # open, and nothing changes
@@ -482,6 +490,10 @@ async def test_running_its_passes_read_the_managers_objects_from_caches_listed_o
     assert lists == sorted(res.kind for res in kinds)
     assert nominated_of(manager, "job-gang") == ["worker-2"]
     assert len(manager.writes_of(WORKLOAD.kind)) == 2  # the record, the nomination: once
+    for held in (one, two):  # its caches' lists, and perhaps a first pass's before them
+        listed = Counter(c.kind for c in held.calls if c.verb == "list")
+        assert set(listed) == {res.kind for res in WATCHED} and max(listed.values()) <= 2
+        assert {c.kind for c in held.calls if c.verb == "get"} == {LEASE.kind}
 
 
 # -- a change in a worker wakes a pass: its requests watched -------------------------------------
@@ -520,6 +532,11 @@ class WatchedWorker(FakeKube):
             self.open -= 1
 
 
+#: What the dispatcher keeps by watch in each worker while it runs (a cache each).
+WATCHED = (ADMISSION_CHECK, NODE, POD, PROVISIONING_REQUEST, WORKLOAD)
+WATCHES = len(WATCHED)
+
+
 async def until(probe: Callable[[], bool]) -> None:
     for _ in range(300):
         if probe():
@@ -538,17 +555,22 @@ async def test_a_change_of_a_request_in_a_worker_wakes_a_pass_before_the_poll() 
         await until(
             lambda: (
                 dispatcher.passes == 1
-                and sorted(one.watched) == ["ProvisioningRequest", "Workload"]
+                and sorted(one.watched) == sorted(res.kind for res in WATCHED)
             )
         )
         assert nominated_of(manager, "job-gang") == ["worker-1"]
         # worker-1's copy and its request, not found: only the watch can tell before 60 s (a
         # request of a Workload not waiting there wakes nothing)
-        one.add(workload(), not_found_request())
-        one.changes = [not_found_request("job-other"), not_found_request()]
+        one.add(workload(), not_found_request(), not_found_request("job-other"))
+        stored = [
+            one.stored(PROVISIONING_REQUEST, "job-other-gpu-1", NS),
+            one.stored(WORKLOAD, "job-gang", NS),
+            one.stored(PROVISIONING_REQUEST, "job-gang-gpu-1", NS),
+        ]
+        one.changes = [obj for obj in stored if obj is not None]
         one.changed.set()
-        await until(lambda: dispatcher.passes > 1)
-        assert dispatcher.woken_by_workers == 1
+        await until(lambda: "worker-1" in record(manager).failed)
+        assert dispatcher.woken_by_workers == 2  # the copy, its request: not the other's
         assert "CapacityIsNotFound" in record(manager).failed["worker-1"]
         assert not one.writes  # read-only there
         watches = list(dispatcher._worker_watches.values())
@@ -889,7 +911,7 @@ async def test_a_worker_gone_from_the_config_has_its_client_closed_and_watches_e
     dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.02, connect=connecting)
     task = asyncio.create_task(dispatcher.run())
     try:
-        await until(lambda: one.open == 2 and two.open == 2)
+        await until(lambda: one.open == WATCHES and two.open == WATCHES)
         if idle:
             placed(manager)
         change(manager)
@@ -899,7 +921,7 @@ async def test_a_worker_gone_from_the_config_has_its_client_closed_and_watches_e
         assert "worker-1" not in dispatcher._workers
         assert "worker-1" not in dispatcher._worker_watches
         assert (one.open, one.closed) == (0, 1)
-        assert (two.open, two.closed) == (2, 0)
+        assert (two.open, two.closed) == (WATCHES, 0)
         assert sorted(dispatcher._workers) == ["worker-2"]
         assert len(made) == 2  # each connected once
         assert not one.writes and not two.writes
@@ -927,20 +949,20 @@ async def test_a_rotated_kubeconfig_is_read_through_and_a_no_op_update_keeps_the
     dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.02, connect=connecting)
     task = asyncio.create_task(dispatcher.run())
     try:
-        await until(lambda: old.open == 2)
+        await until(lambda: old.open == WATCHES)
         manager.add(secret("worker-1", b"kubeconfig of worker-1"))  # a no-op update
         passes = dispatcher.passes
         await until(lambda: dispatcher.passes >= passes + 3)
         assert made == [b"kubeconfig of worker-1"]
-        assert (old.open, old.closed) == (2, 0)
+        assert (old.open, old.closed) == (WATCHES, 0)
         manager.add(secret("worker-1", b"rotated"))
-        await until(lambda: new.open == 2)
+        await until(lambda: new.open == WATCHES)
         assert made == [b"kubeconfig of worker-1", b"rotated"]
         assert dispatcher._workers["worker-1"].kube is new
         assert (old.open, old.closed) == (0, 1)
         read = len(old.calls)
-        lists = len([c for c in new.calls if c.kind == "Node"])
-        await until(lambda: len([c for c in new.calls if c.kind == "Node"]) >= lists + 3)
+        gets = len([c for c in new.calls if c.kind == LEASE.kind])  # one a pass
+        await until(lambda: len([c for c in new.calls if c.kind == LEASE.kind]) >= gets + 3)
         assert len(old.calls) == read  # no read of the old server any more
         assert not old.writes and not new.writes
     finally:
