@@ -1260,14 +1260,39 @@ async def test_a_workers_cluster_annotation_names_the_lease_read_there() -> None
     assert not one.writes and not two.writes
 
 
-async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_the_bound() -> None:
+DIES = {
+    "clocks agree": (
+        0,
+        "gangcheck down: its Lease gangcheck-system/gangcheck last renewed at "
+        "2026-12-05T12:00:00Z (duration 15s)",
+        "gangcheck down: its Lease gangcheck-system/gangcheck last renewed 96s ago, at "
+        "2026-12-05T12:00:00Z (duration 15s)",
+    ),
+    # Before, a renewTime in the manager's future kept the worker up for good.
+    "its clock 100 s ahead": (
+        100,
+        "gangcheck down: its Lease gangcheck-system/gangcheck unchanged since read at "
+        "2026-12-05T12:00:00Z (renewTime 2026-12-05T12:01:40Z, duration 15s)",
+        "gangcheck down: its Lease gangcheck-system/gangcheck not renewed for 96s, unchanged "
+        "since read at 2026-12-05T12:00:00Z (renewTime 2026-12-05T12:01:40Z by its clock, "
+        "duration 15s)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("ahead", "skipped", "failed"), DIES.values(), ids=DIES.keys())
+async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_the_bound(
+    ahead: int, skipped: str, failed: str
+) -> None:
     """worker-1 nominated (the gang fits now there), then its gangcheck dies: its Lease last
-    renewed at 12:00:00. Kept nominated through a restart's or a hand-over's time (to 35 s:
-    not down) and then for DOWN_PATIENCE more (to 95 s: down, skipped, still nominated, its
-    copy left); past it, given up as a failed copy is, the record saying why, and worker-2
-    nominated in the same step (one cluster at a time)."""
+    renewed at 12:00:00 (by worker-1's clock, ``ahead`` seconds ahead of the manager's; the
+    dispatcher, reading it at each pass, sees it unchanged). Kept nominated through a
+    restart's or a hand-over's time (to 35 s: not down) and then for DOWN_PATIENCE more (to
+    95 s: down, skipped, still nominated, its copy left); past it, given up as a failed copy
+    is, the record saying why, and worker-2 nominated in the same step (one cluster at a
+    time)."""
     one, two = worker(nodes=2), worker(nodes=2)
-    one.add(gangcheck_lease(STARTED))
+    one.add(gangcheck_lease(STARTED + timedelta(seconds=ahead)))
     manager, _, connect = bed({"worker-1": one, "worker-2": two})
     clock = Clock()
     dispatcher = bounded(manager, connect, clock)
@@ -1281,56 +1306,18 @@ async def test_a_nominated_worker_whose_gangcheck_dies_is_given_up_only_after_th
         assert got.nominated == ("worker-1",) and not got.failed, (seconds, got)
         down = seconds > 35
         assert ("worker-1" in got.skipped) is down, (seconds, got.skipped)
+    assert got.skipped == {"worker-1": skipped}
     assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
     assert [r for r, _ in events(manager)] == ["Nominated"]
     clock.now = STARTED + timedelta(seconds=96)
     await dispatcher.pass_once()
     got = record(manager)
     assert got.nominated == ("worker-2",)
-    assert got.failed == {
-        "worker-1": (
-            "gangcheck down: its Lease gangcheck-system/gangcheck last renewed 96s ago, at "
-            "2026-12-05T12:00:00Z (duration 15s)"
-        )
-    }
+    assert got.failed == {"worker-1": failed}
     assert got.failed_at == {"worker-1": "2026-12-05T12:01:36Z"}
     assert got.tried == ("worker-1", "worker-2")
     assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
     assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
-    assert not one.writes and not two.writes
-
-
-async def test_a_nominated_worker_whose_clock_is_ahead_is_given_up_once_its_lease_stops() -> None:
-    """worker-1's clock is 100 s ahead of the manager's: its gangcheck's Lease reads renewed
-    in the manager's future. It dies at 12:00:00: the dispatcher, reading the Lease at each
-    pass, sees it unchanged and counts it down past the duration and the grace (36 s),
-    gives it up past the patience (96 s), as with clocks that agree; the record says why.
-    Before, a renewTime in the future kept it up for good."""
-    one, two = worker(nodes=2), worker(nodes=2)
-    one.add(gangcheck_lease(STARTED + timedelta(seconds=100)))
-    manager, _, connect = bed({"worker-1": one, "worker-2": two})
-    clock = Clock()
-    dispatcher = bounded(manager, connect, clock)
-    await dispatcher.pass_once()
-    assert record(manager).nominated == ("worker-1",)
-    one.add(workload())  # Kueue's copy there, trying
-    for seconds in (10, 35, 36, 95):
-        clock.now = STARTED + timedelta(seconds=seconds)
-        await dispatcher.pass_once()
-        got = record(manager)
-        assert got.nominated == ("worker-1",) and not got.failed, (seconds, got)
-        assert ("worker-1" in got.skipped) is (seconds > 35), (seconds, got.skipped)
-    assert got.skipped["worker-1"] == (
-        "gangcheck down: its Lease gangcheck-system/gangcheck unchanged since read at "
-        "2026-12-05T12:00:00Z (renewTime 2026-12-05T12:01:40Z, duration 15s)"
-    )
-    clock.now = STARTED + timedelta(seconds=96)
-    await dispatcher.pass_once()
-    got = record(manager)
-    assert got.nominated == ("worker-2",)
-    assert got.failed["worker-1"].startswith(
-        "gangcheck down: its Lease gangcheck-system/gangcheck not renewed for 96s"
-    )
     assert not one.writes and not two.writes
 
 
