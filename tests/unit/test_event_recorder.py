@@ -4,12 +4,15 @@ into the next create, not created anew."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from gangcheck.kube.resources import EVENT
 from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.podgroups import podgroup as pg
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reconcile import events
 from gangcheck.reconcile.events import EventRecorder
@@ -130,3 +133,16 @@ async def test_the_events_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch
     for name in ("a", "b", "c", "a"):
         await recorder.emit(REF, Event("Said", name))
     assert sorted(e["message"] for e in kube.all_of(EVENT)) == ["a", "a", "b", "c"]
+
+
+def test_every_event_reason_the_code_writes_is_one_camel_case_word() -> None:
+    """Reasons are what alerts and `kubectl get events --field-selector reason=` match on:
+    one stable CamelCase word each (the Event's message says the rest)."""
+    package = Path(events.__file__).parents[1]
+    source = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    reasons = set(re.findall(r'\bEvent\(\s*f?"([^"]*)"', source))
+    reasons |= {pg.WAITING, pg.PROVISIONING, pg.RELEASED, pg.BACKING_OFF, pg.BLOCKED}
+    reasons |= {pg.FAILED, pg.NOT_A_GANG, pg.GAVE_UP}  # a PodGroup's states, said as reasons
+    assert len(reasons) > 30
+    odd = sorted(r for r in reasons if not re.fullmatch(r"(\{backend\.kind\})?[A-Z][a-zA-Z]+", r))
+    assert odd == []
