@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import copy
 import json
@@ -99,12 +98,7 @@ from gangcheck_dev.testbed.launcher import APISERVER, ETCD, ControlPlane
 from gangcheck_dev.testbed.multicluster import (
     CHECK,
     CHECKS_PATH,
-    CLUSTERS_PATH,
-    CONFIG,
-    CONFIGS_PATH,
-    KUBECONFIG_KEY,
-    MULTIKUEUE_CONTROLLER,
-    worker_kubeconfig,
+    wire_multikueue,
 )
 from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
@@ -193,51 +187,7 @@ def wire(manager: ControlPlane, worker: ControlPlane) -> None:
     ):
         for name in names:
             plane.ensure_namespace(name)
-    admin = manager.client()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": WORKER, "namespace": KUEUE_NAMESPACE},
-        "data": {KUBECONFIG_KEY: base64.b64encode(worker_kubeconfig(worker)).decode()},
-    }
-    admin.apply(
-        f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{WORKER}", secret, crds.FIELD_MANAGER
-    )
-    source = {"kubeConfig": {"locationType": "Secret", "location": WORKER}}
-    for path, obj in (
-        (
-            f"{CLUSTERS_PATH}/{WORKER}",
-            {
-                "kind": "MultiKueueCluster",
-                "metadata": {"name": WORKER},
-                "spec": {"clusterSource": source},
-            },
-        ),
-        (
-            f"{CONFIGS_PATH}/{CONFIG}",
-            {
-                "kind": "MultiKueueConfig",
-                "metadata": {"name": CONFIG},
-                "spec": {"clusters": [WORKER]},
-            },
-        ),
-        (
-            f"{CHECKS_PATH}/{CHECK}",
-            {
-                "kind": "AdmissionCheck",
-                "metadata": {"name": CHECK},
-                "spec": {
-                    "controllerName": MULTIKUEUE_CONTROLLER,
-                    "parameters": {
-                        "apiGroup": "kueue.x-k8s.io",
-                        "kind": "MultiKueueConfig",
-                        "name": CONFIG,
-                    },
-                },
-            },
-        ),
-    ):
-        admin.apply(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **obj}, crds.FIELD_MANAGER)
+    wire_multikueue(manager.client(), {WORKER: worker})
     worker.client().apply(
         f"{CHECKS_PATH}/gangcheck",
         {

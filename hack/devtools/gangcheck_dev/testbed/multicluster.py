@@ -88,14 +88,8 @@ class ManagerKueue(stack.Kueue):
     def restart(self, plane: ControlPlane, dispatcher: str) -> None:
         """Stops Kueue, writes its configuration with ``dispatcher`` and starts it again on
         the same ports and certificates; returns once its webhooks answer."""
-        if self.component is None:
-            raise RuntimeError("Kueue is not started")
         self.dispatcher = dispatcher
-        self.component.stop()
-        (self.folder(plane) / "config.yaml").write_text(yaml.safe_dump(self.configuration(plane)))
-        self.component.start()
-        self.component.wait_ready()
-        self.after_ready(plane, self.component)
+        self.reconfigure(plane, self.config_overrides)
 
 
 class GarbageCollector(stack.ControllerManager):
@@ -279,49 +273,7 @@ class MultiCluster:
         self._wait_active()
 
     def _wire(self) -> None:
-        manager = self._manager()
-        admin = manager.client()
-        namespace = stack.KUEUE_NAMESPACE
-        for name, worker in self.workers.items():
-            secret = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": name, "namespace": namespace},
-                "data": {KUBECONFIG_KEY: _b64(worker_kubeconfig(worker))},
-            }
-            admin.apply(
-                f"/api/v1/namespaces/{namespace}/secrets/{name}", secret, crds.FIELD_MANAGER
-            )
-            cluster = {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "MultiKueueCluster",
-                "metadata": {"name": name},
-                "spec": {
-                    "clusterSource": {"kubeConfig": {"locationType": "Secret", "location": name}}
-                },
-            }
-            admin.apply(f"{CLUSTERS_PATH}/{name}", cluster, crds.FIELD_MANAGER)
-        config = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "MultiKueueConfig",
-            "metadata": {"name": CONFIG},
-            "spec": {"clusters": list(self.workers)},
-        }
-        admin.apply(f"{CONFIGS_PATH}/{CONFIG}", config, crds.FIELD_MANAGER)
-        check = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "AdmissionCheck",
-            "metadata": {"name": CHECK},
-            "spec": {
-                "controllerName": MULTIKUEUE_CONTROLLER,
-                "parameters": {
-                    "apiGroup": "kueue.x-k8s.io",
-                    "kind": "MultiKueueConfig",
-                    "name": CONFIG,
-                },
-            },
-        }
-        admin.apply(f"{CHECKS_PATH}/{CHECK}", check, crds.FIELD_MANAGER)
+        wire_multikueue(self._manager().client(), self.workers)
         self._wait_active()
 
     def _wait_active(self) -> None:
@@ -367,6 +319,50 @@ IDENTITY_RULES = (
         "verbs": ["get", "patch", "update"],
     },
 )
+
+
+def wire_multikueue(admin: RestClient, workers: Mapping[str, ControlPlane]) -> None:
+    """MultiKueue's objects in the manager (``admin``: its client) for ``workers`` (by name):
+    each one's kubeconfig Secret in Kueue's namespace (``worker_kubeconfig``) and its
+    MultiKueueCluster; the MultiKueueConfig ``CONFIG`` listing them all, and MultiKueue's
+    AdmissionCheck ``CHECK`` naming it."""
+    namespace = stack.KUEUE_NAMESPACE
+    for name, worker in workers.items():
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {KUBECONFIG_KEY: _b64(worker_kubeconfig(worker))},
+        }
+        admin.apply(f"/api/v1/namespaces/{namespace}/secrets/{name}", secret, crds.FIELD_MANAGER)
+        cluster = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "MultiKueueCluster",
+            "metadata": {"name": name},
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": name}}},
+        }
+        admin.apply(f"{CLUSTERS_PATH}/{name}", cluster, crds.FIELD_MANAGER)
+    config = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "MultiKueueConfig",
+        "metadata": {"name": CONFIG},
+        "spec": {"clusters": list(workers)},
+    }
+    admin.apply(f"{CONFIGS_PATH}/{CONFIG}", config, crds.FIELD_MANAGER)
+    check = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": CHECK},
+        "spec": {
+            "controllerName": MULTIKUEUE_CONTROLLER,
+            "parameters": {
+                "apiGroup": "kueue.x-k8s.io",
+                "kind": "MultiKueueConfig",
+                "name": CONFIG,
+            },
+        },
+    }
+    admin.apply(f"{CHECKS_PATH}/{CHECK}", check, crds.FIELD_MANAGER)
 
 
 def worker_kubeconfig(worker: ControlPlane) -> bytes:
