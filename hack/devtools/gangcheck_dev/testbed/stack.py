@@ -522,6 +522,19 @@ class Kueue(Addon):
         config.update(self.config_overrides)
         return config
 
+    def reconfigure(self, plane: ControlPlane, overrides: Mapping[str, Any]) -> None:
+        """Stops Kueue, writes its configuration with ``overrides`` (top-level keys, in place
+        of those given before) and starts it again on the same ports and certificates;
+        returns once its webhooks answer. Kueue reads its configuration once, at start."""
+        if self.component is None:
+            raise RuntimeError("Kueue is not started")
+        self.config_overrides = dict(overrides)
+        self.component.stop()
+        (self.folder(plane) / "config.yaml").write_text(yaml.safe_dump(self.configuration(plane)))
+        self.component.start()
+        self.component.wait_ready()
+        self.after_ready(plane, self.component)
+
     def prepare(self, plane: ControlPlane) -> None:
         folder = self.folder(plane)
         self.ports.update(zip(("webhook", "health", "metrics"), free_ports(3), strict=True))
@@ -563,7 +576,8 @@ class Kueue(Addon):
         for config in kueue_webhook_configurations(module, port, ca_pem):
             name = config["metadata"]["name"]
             admin.apply(f"{WEBHOOK_PATHS[config['kind']]}/{name}", config, crds.FIELD_MANAGER)
-            self.webhooks.append(name)
+            if name not in self.webhooks:  # registered again by a restart (reconfigure)
+                self.webhooks.append(name)
         conversions = kueue_conversion_patches(module, port, ca_pem)
         for crd, conversion in conversions.items():
             body = json.dumps({"spec": {"conversion": conversion}}).encode()
@@ -571,7 +585,8 @@ class Kueue(Addon):
             reply = admin.request("PATCH", path, body, "application/merge-patch+json")
             if reply.status != 200:
                 raise component.error(f"cannot patch the conversion of {crd}: {reply.body!r}")
-            self.converted_crds.append(crd)
+            if crd not in self.converted_crds:
+                self.converted_crds.append(crd)
         # A CRD whose conversion changed re-initialises its storage for a moment.
         changed = [admin.get(f"{crds.CRD_API}/{crd}") for crd in conversions]
         crds.wait_listable(admin, changed, plane.ready_timeout)
