@@ -286,6 +286,15 @@ def test_dispatcher_role_renders_the_dispatchers_rbac_and_nothing_of_the_control
         + ["Role", "RoleBinding"] * 2  # Kueue's Secrets, its Lease
     )
     assert rbac(objects) == rbac(manifest_objects(DISPATCHER_MANIFESTS / "rbac.yaml"))
+    # the metrics Service: the kustomize manifests' (name, selector, port) too
+    (chart,) = [o for o in objects if o["kind"] == "Service"]
+    (ours,) = manifest_objects(DISPATCHER_MANIFESTS / "service.yaml")
+    assert chart["metadata"]["name"] == ours["metadata"]["name"]
+    assert chart["spec"]["ports"] == ours["spec"]["ports"]
+    # the chart's selector adds the release (app.kubernetes.io/instance)
+    assert ours["spec"]["selector"].items() <= chart["spec"]["selector"].items()
+    kustomization = yaml.safe_load((DISPATCHER_MANIFESTS / "kustomization.yaml").read_text())
+    assert "service.yaml" in kustomization["resources"]
 
 
 @pytest.mark.parametrize("role", ["controller", "dispatcher"])
