@@ -41,7 +41,8 @@ FULFILLED = {"gangcheck.io/phase": "Fulfilled"}
 LATER = datetime(2026, 11, 30, 10, 20, tzinfo=UTC)  # past the default 420 s deadline
 ROLLING = {"gangcheck.io/phase": "RollingBack", "gangcheck.io/rollback-reason": "Failed: broke"}
 OUTCOME = '{"draining": [], "kept": {}, "nodeSeconds": 600, "reclaimed": ["n1", "n2"]}'
-DEADLINE = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z"}
+DEADLINE_KEY = "gangcheck.io/fulfillment-deadline"
+DEADLINE = {DEADLINE_KEY: "2026-11-30T10:07:00Z"}
 MINE = {"gangcheck.io/arrived-for": f"default/{REQ1}"}
 #: The config an attempt recorded when it was made: a fit-mode config reclaiming by DeleteNode.
 MADE_UNDER = {"gangcheck.io/attempt-config": '{"fulfillment":{"reclaimer":"DeleteNode"}}'}
@@ -67,6 +68,15 @@ def without_assignments(builder: WorkloadBuilder) -> WorkloadBuilder:
     """Quota reserved, but the admission assigns no pod set at all."""
     builder.reserve_quota().check()
     builder.obj["status"]["admission"]["podSetAssignments"] = []
+    return builder
+
+
+def lost_quota() -> WorkloadBuilder:
+    """Quota reserved once, then taken back without eviction (Kueue: the LocalQueue gone)."""
+    builder = WorkloadBuilder().pod_set("workers", 4).check()
+    builder.condition("QuotaReserved", "False", "Inadmissible")
+    conds = builder.obj["status"]["conditions"]
+    conds[-1]["message"] = "LocalQueue lq is terminating or missing"
     return builder
 
 
@@ -184,9 +194,53 @@ def run(case: Case) -> Decision:
 
 CASES = [
     Case(
-        "quota lost outside eviction: no write, the request is kept (as Kueue)",
+        "quota lost outside eviction before the deadline: no write, the request is kept (as Kueue)",
         WorkloadBuilder().pod_set("workers", 4).check(),
         requests=[req()],
+    ),
+    Case(
+        "quota lost outside eviction past the deadline: the attempt is withdrawn, what arrived "
+        "reclaimed, and the check says so",
+        lost_quota(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        now=LATER,
+        state="Pending",
+        message="Workload quota lost (Inadmissible: LocalQueue lq is terminating or missing) "
+        f"past the attempt's deadline: provisioning request {REQ1} withdrawn, the 1 node(s) "
+        "that arrived for it reclaimed safely; asked for again once Kueue reserves quota",
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "quota lost (Inadmissible: LocalQueue lq is "
+                "terminating or missing) past the attempt's deadline",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:02:00Z"}',
+            },
+        ),
+        reclaims=("n1",),
+        deletes=(REQ1,),
+        events=("ReclaimingArrivals", "ProvisioningRequestDeleted"),
+    ),
+    Case(
+        "quota lost outside eviction mid-rollback: the rollback goes on, the request withdrawn",
+        lost_quota(),
+        config={},
+        requests=[req(annotations=ROLLING)],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        state="Pending",
+        message=f"Workload quota lost (Inadmissible: LocalQueue lq is terminating or missing) "
+        f"past the attempt's deadline: provisioning request {REQ1} withdrawn, the 1 node(s)",
+        reclaims=("n1",),
+        deletes=(REQ1,),
+    ),
+    Case(
+        "quota lost outside eviction with the check Ready: the attempt is kept",
+        WorkloadBuilder().pod_set("workers", 4).check(state="Ready"),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=FULFILLED)],
+        nodes=[node("n1", gpu=8, annotations=MINE, created="2026-11-30T10:02:00Z")],
+        now=LATER,
     ),
     Case(
         "quota reserved and pending: templates first, then one request",
@@ -1173,6 +1227,14 @@ def test_a_finished_gangs_waiting_attempt_is_withdrawn_once_the_node_cache_is_cu
     else:
         assert decision.actions == () and decision.check is None
         assert decision.requeue_after == 1.0
+
+
+def test_an_attempt_that_lost_its_quota_is_looked_at_again_at_its_deadline() -> None:
+    """Kueue took the reservation back without evicting (its queue stopped or gone): nothing
+    is written, and the decision asks to look again when the attempt's deadline falls due."""
+    decision = run(Case("quota lost", lost_quota(), config={}, requests=[req()]))
+    assert decision.actions == () and decision.check is None
+    assert decision.requeue_after == (parse_time(DEADLINE[DEADLINE_KEY]) - NOW).total_seconds()
 
 
 def test_a_gang_waiting_for_its_members_is_looked_at_again_at_its_start_deadline() -> None:

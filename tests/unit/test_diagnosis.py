@@ -190,6 +190,21 @@ CASES = [
         "blocked: quota: LocalQueue lq does not exist in team-a",
     ),
     Case(
+        "quota taken back mid-attempt: the attempt is kept until its deadline, then withdrawn",
+        gang(
+            state=replace(
+                QUEUED,
+                quota_condition=cond(
+                    "QuotaReserved", "LocalQueue lq is terminating or missing", "False"
+                ),
+            ),
+            req=PROVISIONED,
+        ),
+        "blocked: quota: LocalQueue lq is terminating or missing; its attempt in flight "
+        f"({REQ}) is withdrawn at its deadline, what arrived for it reclaimed, deadline in 42s",
+        "quota",
+    ),
+    Case(
         "after a retry the backoff says when Kueue requeues",
         gang(
             state=replace(QUEUED, requeue_at=NOW + timedelta(seconds=90)),

@@ -112,7 +112,7 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     if state is None:
         return _withdraw_attempts(snap, "the check is no longer listed on the Workload")
     if not wl.has_quota_reservation:
-        return Decision()  # as Kueue: quota lost outside eviction keeps the request
+        return _without_quota(snap, state, now)
     if snap.competing:
         return _competing(snap, state, now)
     if snap.config is None:
@@ -135,6 +135,40 @@ def decide(snap: Snapshot, now: datetime) -> Decision:
     if state.state == READY:
         return _while_ready(snap, state, now)
     return _pending(snap, state, now)
+
+
+def _without_quota(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
+    """Quota lost outside eviction: Kueue takes a waiting gang's reservation back without
+    evicting it, its check left as it is, when its LocalQueue or ClusterQueue is stopped,
+    deleted or missing. As Kueue, the attempt in flight is kept, so a reservation regained
+    soon finds it where it was; but only until its deadline: then (or at once, when its
+    rollback had begun) it is withdrawn, what arrived for it reclaimed safely and its hold
+    lifted, so a gang that may never get its quota back holds no capacity, and the check
+    says so. The next reservation starts the attempt afresh. A Ready check's attempt is
+    kept (its gang is admitted as soon as it has quota again)."""
+    live = [r for r in snap.requests if not r.deleting]
+    if state.state != PENDING or not live:
+        return Decision()
+    rolling = any(rollback.is_rolling_back(r) for r in live)
+    deadlines = [d for r in live if (d := rollback.deadline_of(r)) is not None]
+    due = max(deadlines, default=None)
+    if not rolling and (due is None or now < due):
+        return Decision(requeue_after=(due - now).total_seconds() if due else None)
+    lost = snap.workload.conditions.get("QuotaReserved")
+    said = f" ({lost.reason}: {lost.message})" if lost and lost.message else ""
+    why = f"quota lost{said} past the attempt's deadline"
+    decision = _with_deletions(snap, Decision(), why)
+    if decision.requeue_after is not None and not decision.actions:
+        return decision  # the node cache is catching up: withdrawn once it has
+    gone = ", ".join(a.name for a in decision.actions if isinstance(a, DeleteRequest))
+    reclaimed = sum(len(a.nodes) for a in decision.actions if isinstance(a, ReclaimArrivals))
+    message = (
+        f"Workload {why}: provisioning request {gone} withdrawn"
+        + (f", the {reclaimed} node(s) that arrived for it reclaimed safely" if reclaimed else "")
+        + "; asked for again once Kueue reserves quota"
+    )
+    noted = _transition(state, PENDING, message, now)
+    return replace(decision, check=noted.check, events=(*noted.events, *decision.events))
 
 
 def _competing(snap: Snapshot, state: CheckState, now: datetime) -> Decision:

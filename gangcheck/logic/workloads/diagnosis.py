@@ -597,17 +597,34 @@ def _quota_verdict(facts: Facts, now: datetime) -> Verdict | None:
         after = f" after attempt {retried}" if retried else ""
         wait = human_duration((st.requeue_at - now).total_seconds())
         return Verdict(True, "quota", f"backoff{after}: Kueue requeues the Workload in {wait}")
+    return Verdict(True, "quota", f"quota: {_unreserved(facts)}{_attempt_kept(facts, now)}")
+
+
+def _unreserved(facts: Facts) -> str:
+    """Why Kueue holds no quota for the gang, in Kueue's words where it gave some."""
+    st = facts.state
     cond = st.quota_condition
     if cond is not None and cond.message:
         cq = st.cluster_queue
         prefix = f"ClusterQueue {cq}: " if cq and cq not in cond.message else ""
-        return Verdict(True, "quota", f"quota: {prefix}{cond.message}")
+        return f"{prefix}{cond.message}"
     if st.local_queue_found is False:
-        return Verdict(
-            True, "quota", f"quota: LocalQueue {st.local_queue} does not exist in {facts.namespace}"
-        )
+        return f"LocalQueue {st.local_queue} does not exist in {facts.namespace}"
     queue = f" (LocalQueue {st.local_queue})" if st.local_queue else ""
-    return Verdict(True, "quota", f"quota: not reserved yet; Kueue has not placed it{queue}")
+    return f"not reserved yet; Kueue has not placed it{queue}"
+
+
+def _attempt_kept(facts: Facts, now: datetime) -> str:
+    """Quota taken back without eviction (its queue stopped or gone) while an attempt was in
+    flight: the attempt is kept until its deadline, then withdrawn (admission._without_quota)."""
+    req, check = facts.request, facts.focus_check
+    if req is None or not req.found or req.deleting or check is None or check.state != PENDING:
+        return ""
+    when = until("deadline", req.deadline, now)
+    return (
+        f"; its attempt in flight ({req.name}) is withdrawn at its deadline, what arrived for "
+        f"it reclaimed{when}"
+    )
 
 
 def _inactive(check: CheckFacts) -> Verdict:
