@@ -216,9 +216,12 @@ async def gpu_queue(
     *,
     ours: Obj | None = None,
     kueue_class: str | None = None,
+    gpus: int = 256,
+    preemption: Obj | None = None,
 ) -> AsyncIterator[Queue]:
     """A queue whose gangs pass our check (``ours``: the AtomicProvisioningConfig spec) or
-    Kueue's built-in ProvisioningRequest check (``kueue_class``); removed afterwards."""
+    Kueue's built-in ProvisioningRequest check (``kueue_class``), with ``gpus`` of quota and
+    the ClusterQueue's ``preemption`` policy (Kueue's default when None); removed afterwards."""
     name = unique("e2e-gang")
     if ours is not None:
         config: tuple[Resource, str] = (ATOMIC_CONFIG, name)
@@ -264,7 +267,7 @@ async def gpu_queue(
     quota = [
         {"name": "cpu", "nominalQuota": "1000"},
         {"name": "memory", "nominalQuota": "10Ti"},
-        {"name": GPU, "nominalQuota": "256"},
+        {"name": GPU, "nominalQuota": str(gpus)},
     ]
     await kube.create(
         CLUSTER_QUEUE,
@@ -279,6 +282,7 @@ async def gpu_queue(
                     }
                 ],
                 "admissionChecksStrategy": {"admissionChecks": [{"name": name}]},
+                **({"preemption": preemption} if preemption is not None else {}),
             },
         },
     )
