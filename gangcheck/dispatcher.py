@@ -396,6 +396,7 @@ class Dispatcher:
         waiting = [dict(wl) for wl in workloads if _to_dispatch(wl, ours)] if ours else []
         if not waiting:
             self._followed = {}
+            self.metrics.dispatch_waiting(0, 0)
             if self._workers or self._worker_watches:  # the workers held, still listed?
                 configs, clusters = await asyncio.gather(
                     self._manager_items(MULTIKUEUE_CONFIG),
@@ -460,6 +461,8 @@ class Dispatcher:
             for cluster in nominated.get(key, ()):
                 followed.setdefault(cluster, set()).add(key)
         self._followed = followed
+        trying = sum(1 for wl in waiting if nominated.get(_key(wl)))
+        self.metrics.dispatch_waiting(trying, len(waiting) - trying)
         for wl, step in told:
             try:
                 await self._tell(wl, step)
@@ -510,6 +513,8 @@ class Dispatcher:
         )
         if step.record != record:
             await self._write_record(wl, step.record)
+            if step.record.admitted and not record.admitted:  # once per gang, as written
+                self.metrics.dispatch_clusters_tried(len(step.record.tried))
         if list(step.nominated) != written:
             await self._nominate(wl, step.nominated)
         told = step.changed or step.record.skipped != record.skipped
@@ -564,8 +569,6 @@ class Dispatcher:
             await self.events.emit(
                 ref, Event("Nominated", f"nominated {cluster}: {step.record.reason}")
             )
-        if step.newly_nominated:
-            self.metrics.dispatch_clusters_tried(len(step.record.tried))
         if not step.nominated:
             skipped = "; ".join(f"{c}: {why}" for c, why in sorted(step.record.skipped.items()))
             message = step.record.reason + (f" (skipped: {skipped})" if skipped else "")

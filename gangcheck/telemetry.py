@@ -179,7 +179,8 @@ METRICS: dict[str, str] = {
         "unreachable while nominated) before nominating the next, by cluster"
     ),
     "gangcheck_dispatch_clusters_per_gang": (
-        "Worker clusters nominated so far for a gang, at each nomination"
+        "Worker clusters nominated for a gang, counted once per gang, when its copy is "
+        "admitted in one of them"
     ),
 }
 
@@ -228,6 +229,21 @@ class Metrics:
         self._nominations = counter("gangcheck_dispatch_nominations")
         self._fallbacks = counter("gangcheck_dispatch_fallbacks")
         self._clusters_tried = histogram("gangcheck_dispatch_clusters_per_gang")
+        self._dispatch_waiting = {"nominated": 0, "no_worker": 0}
+
+        def waiting(_: CallbackOptions) -> Iterable[Observation]:
+            for state, gangs in sorted(self._dispatch_waiting.items()):
+                yield Observation(gangs, {"state": state})
+
+        meter.create_observable_gauge(
+            "gangcheck_dispatch_waiting_gangs",
+            callbacks=[waiting],
+            description=(
+                "The dispatcher only: gangs waiting for a worker cluster at its last pass, by "
+                "state: nominated (a worker is trying), no_worker (none to nominate: every "
+                "worker skipped or given up, said on the Workload)"
+            ),
+        )
 
         def observe(_: CallbackOptions) -> Iterable[Observation]:
             yield Observation(in_flight())
@@ -324,6 +340,10 @@ class Metrics:
 
     def dispatch_clusters_tried(self, clusters: int) -> None:
         self._clusters_tried.record(clusters)
+
+    def dispatch_waiting(self, nominated: int, no_worker: int) -> None:
+        """The gangs a dispatcher's pass left waiting, nominated or with no worker."""
+        self._dispatch_waiting = {"nominated": nominated, "no_worker": no_worker}
 
     def render(self) -> str:
         """Everything recorded so far, in the Prometheus text exposition format."""

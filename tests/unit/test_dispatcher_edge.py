@@ -267,6 +267,9 @@ async def test_nowhere_to_go_the_workload_stays_queued_with_the_reasons() -> Non
     ((reason, message),) = events(manager)
     assert reason == "NoWorker"
     assert "worker-1: Secret" in message and "worker-2: no AdmissionCheck" in message
+    text = dispatcher.metrics.render()  # for an alert: a gang with nowhere to go
+    assert 'gangcheck_dispatch_waiting_gangs{state="no_worker"} 1' in text
+    assert 'gangcheck_dispatch_waiting_gangs{state="nominated"} 0' in text
 
 
 async def test_the_copy_failing_moves_on_and_a_restart_nominates_nothing_twice() -> None:
@@ -295,6 +298,8 @@ async def test_the_copy_failing_moves_on_and_a_restart_nominates_nothing_twice()
     assert [r for r, _ in events(manager)] == ["Nominated", "DispatchFallback", "Nominated"]
     text = dispatcher.metrics.render()
     assert 'gangcheck_dispatch_fallbacks_total{cluster="worker-1"} 1' in text
+    assert 'gangcheck_dispatch_waiting_gangs{state="nominated"} 1' in text
+    assert "gangcheck_dispatch_clusters_per_gang_count" not in text  # not admitted yet
     assert not one.writes and not two.writes
 
 
@@ -618,6 +623,13 @@ async def test_the_copy_admitted_in_the_worker_is_recorded_at_once() -> None:
         await until(lambda: record(manager).admitted == "worker-1")
         assert record(manager).nominated == ("worker-1",)
         assert [r for r, _ in events(manager)] == ["Nominated"]  # nothing more to tell
+        passes = dispatcher.passes
+        dispatcher._wake.set()
+        await until(lambda: dispatcher.passes > passes)
+        # clusters tried, counted once for the gang (before: at each nomination)
+        text = dispatcher.metrics.render()
+        assert "gangcheck_dispatch_clusters_per_gang_count 1" in text
+        assert "gangcheck_dispatch_clusters_per_gang_sum 1" in text
         assert not one.writes
     finally:
         task.cancel()

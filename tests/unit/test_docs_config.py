@@ -346,6 +346,7 @@ OBSERVED = (
     "gangcheck_trace_spans_exported",
     "gangcheck_trace_spans_dropped",
     "gangcheck_trace_spans_queued",
+    "gangcheck_dispatch_waiting_gangs",
 )
 
 
