@@ -368,7 +368,14 @@ async def test_a_gang_deactivated_mid_attempt_gives_back_what_arrived_and_is_ask
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("how", ["LocalQueue deleted", "ClusterQueue HoldAndDrain"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "LocalQueue deleted",
+        # the same path in gangcheck (Kueue's quota taken back without eviction): make soak
+        pytest.param("ClusterQueue HoldAndDrain", marks=pytest.mark.soak),
+    ],
+)
 async def test_a_gang_whose_queue_stops_mid_attempt_gives_back_what_arrived_at_its_deadline(
     kube: Kube,
     namespace: str,
