@@ -189,7 +189,12 @@ class Metrics:
     """The controller's metrics (DESIGN.md §5), recorded through one OpenTelemetry meter."""
 
     def __init__(
-        self, *, in_flight: Callable[[], int] = lambda: 0, spans: SpanExportStats | None = None
+        self,
+        *,
+        in_flight: Callable[[], int] = lambda: 0,
+        spans: SpanExportStats | None = None,
+        queue_depth: Callable[[], int] = lambda: 0,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._reader = InMemoryMetricReader()
         views = [
@@ -252,6 +257,26 @@ class Metrics:
             "gangcheck_inflight_gangs",
             callbacks=[observe],
             description="Gangs with a request capacity may still arrive for",
+        )
+
+        def depth(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(queue_depth())
+
+        def leader(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(1 if leading() else 0)
+
+        meter.create_observable_gauge(
+            "gangcheck_workqueue_depth",
+            callbacks=[depth],
+            description=(
+                "Keys ready to be reconciled and not yet taken by a worker (delayed ones not "
+                "counted): growing, the workers do not keep up"
+            ),
+        )
+        meter.create_observable_gauge(
+            "gangcheck_leader",
+            callbacks=[leader],
+            description="1 while this replica leads (or runs without leader election), else 0",
         )
         self._observe_span_export(meter, spans or span_export)
 

@@ -72,6 +72,11 @@ class WorkQueue:
         return len(self._queued) + len(self._delayed)
 
     @property
+    def ready(self) -> int:
+        """Keys ready to be reconciled and not yet taken by a worker (not those delayed)."""
+        return len(self._queued)
+
+    @property
     def in_flight(self) -> int:
         return len(self._active)
 

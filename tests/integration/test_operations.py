@@ -149,6 +149,9 @@ async def test_health_readiness_and_metrics_are_served(
     assert asking[in_flight] - samples[in_flight] == 1
     # a counter's TYPE line names its samples' family (<name>_total), as parsers file them
     assert "# TYPE gangcheck_attempts_total counter" in text.splitlines()
+    # no leader election here: this replica counts as leading; its work queue is served
+    assert samples[("gangcheck_leader", ())] == 1
+    assert samples[("gangcheck_workqueue_depth", ())] >= 0
 
 
 async def _scrape(http: aiohttp.ClientSession, port: int) -> str:

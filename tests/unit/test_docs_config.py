@@ -347,6 +347,8 @@ OBSERVED = (
     "gangcheck_trace_spans_dropped",
     "gangcheck_trace_spans_queued",
     "gangcheck_dispatch_waiting_gangs",
+    "gangcheck_workqueue_depth",
+    "gangcheck_leader",
 )
 
 

@@ -16,6 +16,7 @@ from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.model.names import PHASE_ANNOTATION, STARTED
 from gangcheck.reclaim.safely import failure_cause
 from gangcheck.reconcile.caches import InFlight
+from gangcheck.runtime.queue import WorkQueue
 from gangcheck.telemetry import HISTOGRAM_BUCKETS, METRICS, Metrics
 from tests.builders import provisioning_request
 
@@ -190,3 +191,28 @@ def test_the_in_flight_gauge_counts_gangs_waiting_for_capacity(
 ) -> None:
     """Before, it was every cached request: running gangs' too, a racing gang's twice."""
     assert in_flight.gangs() == gangs
+
+
+def test_the_leader_and_work_queue_gauges_read_the_replica_at_each_scrape() -> None:
+    """``gangcheck_leader`` 1 while the replica leads, 0 while it stands by;
+    ``gangcheck_workqueue_depth`` the keys ready and not yet taken, as the queue says at the
+    scrape (saturation: the workers do not keep up)."""
+    state = {"leading": False, "ready": 0}
+    metrics = Metrics(
+        leading=lambda: bool(state["leading"]), queue_depth=lambda: int(state["ready"])
+    )
+    assert "gangcheck_leader 0" in metrics.render().splitlines()
+    state.update(leading=True, ready=7)
+    lines = metrics.render().splitlines()
+    assert "gangcheck_leader 1" in lines
+    assert "gangcheck_workqueue_depth 7" in lines
+
+
+async def test_the_work_queues_ready_keys_leave_out_the_delayed_and_the_taken() -> None:
+    queue = WorkQueue()
+    queue.add("a")
+    queue.add("b")
+    queue.add("c", after=60)
+    assert queue.ready == 2
+    assert await queue.get() == "a"
+    assert queue.ready == 1
