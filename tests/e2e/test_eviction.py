@@ -86,6 +86,15 @@ async def priorities(kube: Kube) -> AsyncIterator[dict[str, str]]:
             await delete_quietly(kube, PRIORITY_CLASS, name)
 
 
+def pool_of(
+    cloud: SimCloud, pool: str, *answers: Obj, deadline: int = 60
+) -> tuple[dict[str, str], Obj]:
+    """The pool's 6 nodes in the simulated cloud (``answers``: how it answers some requests),
+    and what a test's queue takes: the pool's node labels and gangcheck's config there."""
+    cloud.configure(sim_group(pool, 6), *answers)
+    return {GPU_TYPE: "e2e", SIM_POOL: pool}, our_config(klass=SIM_CLASS, deadline=deadline)
+
+
 def job(name: str, pool: str, priority: str | None = None) -> Obj:
     """A gang of two 8-GPU pods on the pool, at ``priority`` (a WorkloadPriorityClass)."""
     body = gang_job(name, 2, 8, {SIM_POOL: pool})
@@ -231,9 +240,7 @@ async def test_a_gang_preempted_while_waiting_gives_back_what_arrived_and_is_ask
     reclaims the node that arrived for it; High is provisioned and runs; once High is gone,
     Low is asked for again, on a request of its own, and runs."""
     pool = unique("preempt")
-    sim.configure(sim_group(pool, 6), partial(namespace, pool, "low"))
-    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
-    config = our_config(klass=SIM_CLASS, deadline=60)
+    labels, config = pool_of(sim, pool, partial(namespace, pool, "low"))
     try:
         async with (
             priorities(kube) as classes,
@@ -279,9 +286,7 @@ async def test_a_running_gang_preempted_leaves_its_nodes_as_they_are_and_runs_ag
     started gang's to use, free now for anyone); High runs; once High is gone Low runs
     again on a request of its own."""
     pool = unique("preempt-run")
-    sim.configure(sim_group(pool, 6))
-    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
-    config = our_config(klass=SIM_CLASS, deadline=60)
+    labels, config = pool_of(sim, pool)
     try:
         async with (
             priorities(kube) as classes,
@@ -329,9 +334,7 @@ async def test_a_gang_deactivated_mid_attempt_gives_back_what_arrived_and_is_ask
     for afresh and runs; deactivated once running, its request goes and its nodes stay, none
     held, and diagnose says it is deactivated."""
     pool = unique("deactivate")
-    sim.configure(sim_group(pool, 6), partial(namespace, pool, "low"))
-    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
-    config = our_config(klass=SIM_CLASS, deadline=60)
+    labels, config = pool_of(sim, pool, partial(namespace, pool, "low"))
     try:
         async with gpu_queue(kube, namespace, labels, ours=config):
             await kube.create(JOB, job("low", pool), namespace)
@@ -390,10 +393,8 @@ async def test_a_gang_whose_queue_stops_mid_attempt_gives_back_what_arrived_at_i
     and runs. Before, the request and the held node stayed for as long as the queue did not
     come back."""
     pool = unique("stopped")
-    sim.configure(sim_group(pool, 6), partial(namespace, pool, "low"))
-    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
     deadline = 6
-    config = our_config(klass=SIM_CLASS, deadline=deadline)
+    labels, config = pool_of(sim, pool, partial(namespace, pool, "low"), deadline=deadline)
     try:
         async with gpu_queue(kube, namespace, labels, ours=config) as queue:
             await kube.create(JOB, job("low", pool), namespace)
@@ -492,9 +493,7 @@ async def test_a_gang_whose_pods_are_not_ready_in_time_is_evicted_requeued_and_l
     or fenced for the gang: its nodes were delivered whole (the attempt fulfilled), so they
     stay, open to anyone, for the gang's next admission or the autoscaler's scale-down."""
     pool = unique("podsready")
-    sim.configure(sim_group(pool, 6))
-    labels = {GPU_TYPE: "e2e", SIM_POOL: pool}
-    config = our_config(klass=SIM_CLASS, deadline=60)
+    labels, config = pool_of(sim, pool)
     body = job("low", pool)
     body["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "e2e.gangcheck.io/never"}]
     try:
