@@ -90,12 +90,21 @@ debian_mirror() {  # the mirror this machine's apt uses for $suite, if it is a D
     awk -v suite="$suite" '$2 == suite && $3 == "main" { print $1; exit }'
 }
 
+remove_root() {  # remove_root DIR: unmount what is mounted under DIR (deepest first), remove it
+  # debootstrap mounts /proc (and may mount /sys) in its target and does not always unmount it
+  # (seen on a fresh machine): rm -rf would then stop at the mount and leave it behind.
+  local mounts
+  mounts=$(awk -v root="$1/" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r)
+  [ -z "$mounts" ] || echo "$mounts" | xargs -r umount
+  rm -rf "$1"
+}
+
 make_rootfs_tarball() {  # make_rootfs_tarball TARBALL
   local root
   ensure_command debootstrap debootstrap
   root=$(mktemp -d "$cache/rootfs.XXXXXX")
   # shellcheck disable=SC2064
-  trap "rm -rf '$root'" EXIT
+  trap "remove_root '$root'" EXIT
   # An empty mirror lets debootstrap use its own default (no argument at all, hence unquoted).
   # shellcheck disable=SC2046
   debootstrap --variant=minbase --include="$base_packages" "$suite" "$root" \
@@ -105,7 +114,7 @@ make_rootfs_tarball() {  # make_rootfs_tarball TARBALL
     "$root"/usr/share/man/* "$root"/usr/share/locale/*
   tar -C "$root" --numeric-owner -cf "$1.part" .
   mv "$1.part" "$1"
-  rm -rf "$root"
+  remove_root "$root"
   trap - EXIT
 }
 
