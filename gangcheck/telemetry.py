@@ -685,7 +685,7 @@ def _check_outcome(snap: Snapshot, decision: Decision) -> dict[str, AttributeVal
         "gangcheck.decision.outcome": outcome,
         "gangcheck.decision.reason": reason[:MAX_REASON],
         _CHANGED: decision.check is not None,
-        "gangcheck.decision.actions": len(decision.actions),
+        "gangcheck.decision.actions": len(decision.actions) + len(decision.after),
     }
 
 
@@ -702,7 +702,7 @@ def _group_outcome(snap: GroupSnapshot, decision: GroupDecision) -> dict[str, At
         "gangcheck.decision.outcome": outcome,
         "gangcheck.decision.reason": reason[:MAX_REASON],
         _CHANGED: decision.status is not None,
-        "gangcheck.decision.actions": len(decision.actions),
+        "gangcheck.decision.actions": len(decision.actions) + len(decision.after),
     }
 
 

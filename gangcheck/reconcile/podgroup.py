@@ -27,7 +27,6 @@ from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, MESSA
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
-from gangcheck.reconcile.apply import StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
 from gangcheck.reconcile.reconciler import GangOptions, GangParts, GangReconciler
 from gangcheck.reconcile.view import cluster_view
@@ -119,17 +118,13 @@ class PodGroupReconciler(GangReconciler):
 
     async def _apply(self, key: str, obj: Obj, decision: GroupDecision) -> float | None:
         """Apply the actions, then write the group's status (a new message alone may be
-        held: see `progress`) and emit events. Returns the seconds until the group wants
-        another look: the decision's requeue, a held message falling due, or a short retry
-        when cut short by a change meanwhile; None when nothing is due."""
+        held: see `progress`), then apply what comes after it (`flow.Decided.after`) and
+        emit events. Returns the seconds until the group wants another look: the decision's
+        requeue, a held message falling due, or a short retry when cut short by a change
+        meanwhile; None when nothing is due."""
         group = pod_group_of(obj)
-        ns = group.ref.namespace
-        for action in decision.actions:
-            try:
-                await self._applier.apply(ns, action)
-            except StaleDecisionError as e:
-                log.info("decision dropped: %s", e, extra={"object": str(group.ref)})
-                return STALE_RETRY_SECONDS
+        if not await self._applied(group.ref, decision.actions):
+            return STALE_RETRY_SECONDS
         held = None
         if decision.status:
             # A new message that comes with an Event is written with it: the decision says
@@ -141,13 +136,14 @@ class PodGroupReconciler(GangReconciler):
                 await self._write_status(obj, decision.status)
         else:
             self.held_messages.forget(key)
+        stale = not await self._applied(group.ref, decision.after)
         if decision.capacity_used:
             self.metrics.capacity_used(decision.capacity_used)
         for note in decision.sources:
             self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
         for event in decision.events:
             await self._events.emit(event.about or group.ref, event)
-        return soonest(decision.requeue_after, held)
+        return STALE_RETRY_SECONDS if stale else soonest(decision.requeue_after, held)
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
         """Merge our annotations into the group (an empty value removes one)."""

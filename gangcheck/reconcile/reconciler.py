@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TypedDict
 
 from gangcheck.kube.client import Kube
-from gangcheck.reconcile.apply import Applier
+from gangcheck.kube.errors import ForbiddenError, InvalidError
+from gangcheck.logic.attempt.actions import Action, DeleteRequest
+from gangcheck.model.objects import ObjectRef
+from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
@@ -24,6 +28,9 @@ class GangOptions(TypedDict, total=False):
 
 GangParts = tuple[Kube, Caches, EventRecorder, Applier]
 """`GangReconciler`'s positional parameters."""
+
+
+log = logging.getLogger(__name__)
 
 
 class GangReconciler:
@@ -48,3 +55,30 @@ class GangReconciler:
         self._clock = clock
         self.metrics = metrics
         self.held_messages = HeldMessages(progress_delay)
+
+    async def _applied(
+        self,
+        ref: ObjectRef,
+        actions: Sequence[Action],
+        *,
+        refused: Callable[[Action, Exception], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Apply a decision's actions for the gang ``ref`` in order; False when one met a
+        change meanwhile (the rest not applied: the decision is made again on what changed).
+        A write the API server refuses (invalid, forbidden, a name taken) is told to
+        ``refused`` before it is raised."""
+        for action in actions:
+            try:
+                await self._applier.apply(ref.namespace, action)
+            except StaleDecisionError as e:
+                log.info("decision dropped: %s", e, extra={"object": str(ref)})
+                return False
+            except (InvalidError, ForbiddenError, NameCollisionError) as e:
+                if refused is not None:
+                    await refused(action, e)
+                raise
+            if isinstance(action, DeleteRequest):
+                log.info(
+                    "deleted request %s: %s", action.name, action.reason, extra={"object": str(ref)}
+                )
+        return True

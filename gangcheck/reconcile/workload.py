@@ -11,7 +11,6 @@ from functools import partial
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
-    ForbiddenError,
     InvalidError,
     NotFoundError,
 )
@@ -41,7 +40,6 @@ from gangcheck.logic.workloads.admission import (
 )
 from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, request_of, workload_of
-from gangcheck.reconcile.apply import NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import check_of
 from gangcheck.reconcile.progress import progress_only
@@ -182,22 +180,9 @@ class WorkloadReconciler(GangReconciler):
         `progress`) and emit events. Returns what was written and the seconds until the
         check wants another look: the decision's requeue, a held message falling due, or a
         short retry when cut short by a change meanwhile; None when nothing is due."""
-        for action in decision.actions:
-            try:
-                await self._applier.apply(wl.ref.namespace, action)
-            except StaleDecisionError as e:
-                log.info("decision dropped: %s", e, extra={"object": str(wl.ref)})
-                return Applied(STALE_RETRY_SECONDS)
-            except (InvalidError, ForbiddenError, NameCollisionError) as e:
-                await self._report_failed_create(wl, check, action, e)
-                raise
-            if isinstance(action, DeleteRequest):
-                log.info(
-                    "deleted request %s: %s",
-                    action.name,
-                    action.reason,
-                    extra={"object": str(wl.ref)},
-                )
+        refused = partial(self._report_failed_create, wl, check)
+        if not await self._applied(wl.ref, decision.actions, refused=refused):
+            return Applied(STALE_RETRY_SECONDS)
         key, held, written = wl.ref.key, None, False
         if decision.check is None:
             self.held_messages.forget(key, check)
@@ -220,14 +205,18 @@ class WorkloadReconciler(GangReconciler):
                     return Applied(STALE_RETRY_SECONDS)  # the Workload changed meanwhile
                 self._count(wl, check, decision)
                 written = True
+        stale = not await self._applied(wl.ref, decision.after, refused=refused)
         for event in decision.events:
             await self._events.emit(wl.ref, event)
         for note in decision.sources:
             self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
+        if stale:  # as a stale decision: made again on what changed, soon
+            return Applied(STALE_RETRY_SECONDS)
+        done = (*decision.actions, *decision.after)
         return Applied(
             soonest(decision.requeue_after, held),
-            wrote=written or bool(decision.actions),
-            cached=all(isinstance(a, CACHED_ACTIONS) for a in decision.actions),
+            wrote=written or bool(done),
+            cached=all(isinstance(a, CACHED_ACTIONS) for a in done),
         )
 
     def _decider(self, wl: Workload) -> Callable[[Snapshot, datetime], Decision]:

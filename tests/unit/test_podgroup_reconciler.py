@@ -17,10 +17,17 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
+from gangcheck.logic.attempt.actions import ClaimNode
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.podgroups import growth
 from gangcheck.logic.podgroups.gating import GATE, OPT_IN_VALUE
-from gangcheck.logic.podgroups.podgroup import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.logic.podgroups.podgroup import (
+    MESSAGE_ANNOTATION,
+    STATE_ANNOTATION,
+    GroupDecision,
+)
 from gangcheck.model.names import OPT_IN_LABEL
+from gangcheck.reconcile import podgroup as podgroup_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
@@ -292,3 +299,21 @@ async def test_a_gang_released_before_its_held_message_was_written_has_the_group
     world.now += timedelta(seconds=PROGRESS_DELAY_SECONDS)
     await world.settle()
     assert len(world.kube.writes_of(*GROUP_PATCH)) == writes + 1  # nothing held written late
+
+
+async def test_the_group_is_written_though_what_comes_after_it_meets_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a decision does after the group's own record (a lost racer's withdrawal) does
+    not hold that record back: it is written, and the group looked at again soon for the
+    rest."""
+    world = World(*gang(), node("n1", gpu=2))
+    await world.settle()
+    (req,) = world.requests()
+    late = ClaimNode("n1", resource_version="not-its-version", request=req["metadata"]["name"])
+    decided = GroupDecision(status={STATE_ANNOTATION: "Released"}, after=(late,))
+    monkeypatch.setattr(growth, "decide", lambda _snap, _now: decided)
+    result = await world.reconcile()
+    assert world.group_says()[STATE_ANNOTATION] == "Released"
+    assert result.requeue_after == podgroup_module.STALE_RETRY_SECONDS
+    assert ARRIVED_FOR not in node_annotations(world, "n1")

@@ -213,7 +213,7 @@ class Workloads(Adapter):
             ),
         )
         d = decide(snap, NOW)
-        seen = _common(d.actions, d.events, d.sources)
+        seen = _common((*d.actions, *d.after), d.events, d.sources)
         check = d.check
         state = check.state if check is not None else "Ready" if ready else ""
         words = {"Ready": "won", "Retry": "retry", "Pending": "racing"}.get(state, state)
@@ -256,7 +256,7 @@ class PodGroups(Adapter):
                 )
         snap = in_flight(group(4, annotations=notes), pods, spec, requests, _nodes(self, nodes))
         d = decide_group(snap, NOW)
-        seen = _common(d.actions, d.events, d.sources)
+        seen = _common((*d.actions, *d.after), d.events, d.sources)
         status = d.status or {}
         state = status.get("gangcheck.io/state", "Released" if ready else "")
         message = status.get("gangcheck.io/message", "")

@@ -3,6 +3,7 @@ a handful of narrative cases, the test playing Kueue and the autoscaler."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,9 +13,10 @@ from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.attempt.actions import AnnotateRequest
+from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.workloads.admission import Decision
+from gangcheck.model.objects import workload_of
 from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
@@ -302,3 +304,28 @@ async def test_a_decision_repeated_on_its_own_writes_is_applied_once_and_not_req
     result = await world.reconcile()
     assert len(world.kube.writes_of("ProvisioningRequest", "patch")) == before + 1
     assert result.requeue_after is None
+
+
+async def test_the_check_is_written_though_what_comes_after_it_meets_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a decision does after the gang's own state (a lost racer's withdrawal) does not
+    hold that state back: the check is written, and the Workload looked at again soon for
+    the rest."""
+    world = World(gang())
+    await world.settle()
+    world.kube.add(node("n1", gpu=2, labels={"pool": "gpu"}))
+    world.kube.sync(world.caches)
+    stored = world.kube.stored(WORKLOAD, "wl", "default")
+    assert stored is not None
+    state = workload_of(stored).checks[CHECK]
+    ready = replace(state, state="Ready", message="the whole gang fits")
+    late = ClaimNode("n1", resource_version="not-its-version", request=REQUEST)
+    monkeypatch.setattr(
+        workload_module, "decide", lambda _snap, _now: Decision(check=ready, after=(late,))
+    )
+    result = await world.reconcile()
+    assert world.check()["state"] == "Ready"
+    assert result.requeue_after == workload_module.STALE_RETRY_SECONDS
+    n1 = world.kube.stored(NODE, "n1")
+    assert n1 is not None and ARRIVED_FOR not in (n1["metadata"].get("annotations") or {})

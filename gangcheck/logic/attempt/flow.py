@@ -49,6 +49,11 @@ class Decided:
     entry; a PodGroup's annotations)."""
 
     actions: tuple[Action, ...] = ()
+    """What is done before the gang's own state is written: what that state says is done."""
+    after: tuple[Action, ...] = ()
+    """What is done once the gang's own state is written, which does not wait for it: the
+    racers that lost, withdrawn (a restart between the two finds them left behind and
+    withdraws them then: race.left_behind)."""
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     capacity_used: Mapping[str, int] | None = None
@@ -468,11 +473,14 @@ def joined(
 
 def won(out: D, first: race.Won) -> D:
     """The winner's decision (`out`), after its upkeep; the other racers withdrawn, what
-    arrived for them reclaimed (race.won)."""
+    arrived for them reclaimed (race.won), once the winner is written: neither the gang's
+    state nor its members wait on a loser's withdrawal (its reclaim may meet a node changed
+    meanwhile and be tried again)."""
     gone = first.withdrawal
     return replace(
         out,
-        actions=(*first.followed.upkeep, *out.actions, *gone.actions),
+        actions=(*first.followed.upkeep, *out.actions),
+        after=(*out.after, *gone.actions),
         events=(*out.events, *gone.events, first.event),
         sources=(*out.sources, *first.notes),
     )

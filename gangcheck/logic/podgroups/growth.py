@@ -140,7 +140,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
         now=now,
         unserved=unserved,
     )
-    return _merged(base, grown)
+    return podgroup.merged(base, grown)
 
 
 def _grow(
@@ -540,21 +540,4 @@ def _released(annotations: Mapping[str, str]) -> int:
 
 
 def _with(first: GroupDecision, second: GroupDecision) -> GroupDecision:
-    return _merged(first, second)
-
-
-def _merged(base: GroupDecision, mine: GroupDecision) -> GroupDecision:
-    """Both decisions as one; where both write the group, the growth's words win."""
-    status = None
-    if base.status is not None or mine.status is not None:
-        status = {**(base.status or {}), **(mine.status or {})}
-    waits = [t for t in (base.requeue_after, mine.requeue_after) if t is not None]
-    return GroupDecision(
-        status=status,
-        actions=(*base.actions, *mine.actions),
-        events=(*base.events, *mine.events),
-        requeue_after=min(waits, default=None),
-        capacity_used=mine.capacity_used or base.capacity_used,
-        sources=(*base.sources, *mine.sources),
-        step=mine.step or base.step,
-    )
+    return podgroup.merged(first, second)

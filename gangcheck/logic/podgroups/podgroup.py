@@ -1068,21 +1068,31 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
 
 
 def _with(first: GroupDecision | None, second: GroupDecision | None) -> GroupDecision:
-    """Both decisions: their annotations merged, actions and events in order."""
+    """Both decisions: their annotations merged, actions and events in order, when the
+    second wants another look."""
     if first is None:
         return second or GroupDecision()
     if second is None:
         return first
-    status = (
-        {**(first.status or {}), **(second.status or {})}
-        if (first.status or second.status)
-        else None
-    )
+    return replace(merged(first, second), requeue_after=second.requeue_after)
+
+
+def merged(base: GroupDecision, mine: GroupDecision) -> GroupDecision:
+    """Both decisions as one (the sooner look of the two); where both write the group,
+    `mine`'s words win."""
+    status = None
+    if base.status is not None or mine.status is not None:
+        status = {**(base.status or {}), **(mine.status or {})}
+    waits = [t for t in (base.requeue_after, mine.requeue_after) if t is not None]
     return GroupDecision(
         status=status,
-        actions=first.actions + second.actions,
-        events=first.events + second.events,
-        requeue_after=second.requeue_after,
+        actions=(*base.actions, *mine.actions),
+        after=(*base.after, *mine.after),
+        events=(*base.events, *mine.events),
+        requeue_after=min(waits, default=None),
+        capacity_used=mine.capacity_used or base.capacity_used,
+        sources=(*base.sources, *mine.sources),
+        step=mine.step or base.step,
     )
 
 
