@@ -471,12 +471,13 @@ class RunOptions:
 async def run_controller(kube: Kube, options: RunOptions) -> None:
     """Serve health and metrics, then reconcile: at once, or once elected leader."""
     # the gangs with an open request, read at each scrape from the controller made below
-    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     metrics = Metrics(
         in_flight=lambda: controller.caches.in_flight.gangs(),  # noqa: PLW0108
         queue_depth=lambda: controller.queue.ready,
         leading=lambda: elector is None or elector.is_leader,
     )
+    kube = kube.observed(metrics.api_request)
+    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     controller = Controller(
         kube.fenced(elector.write_fence) if elector is not None else kube,
         workers=options.workers,
@@ -509,8 +510,9 @@ async def run_dispatcher(
     once elected leader (one dispatcher writes nominations at a time). ``worker_lease``:
     gangcheck's leader Lease in each worker (namespace, name); ``answer_within``: the seconds
     a pass waits for one worker's reads."""
-    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     metrics = Metrics(leading=lambda: elector is None or elector.is_leader)
+    kube = kube.observed(metrics.api_request)
+    elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
     dispatcher = Dispatcher(
         kube.fenced(elector.write_fence) if elector is not None else kube,
         metrics=metrics,

@@ -149,6 +149,10 @@ METRICS: dict[str, str] = {
     ),
     "gangcheck_stranded_node_seconds": "Node time held by gangs that did not start",
     "gangcheck_api_errors": "API errors by status code",
+    "gangcheck_api_requests": (
+        "Requests to the API server, each try of a retried one, by HTTP method and the "
+        "status answered (0: no answer)"
+    ),
     "gangcheck_quota_to_ready_seconds": "Quota reserved to check Ready",
     "gangcheck_provisioned_to_fit_seconds": "Provisioned=True to the whole gang fitting on nodes",
     "gangcheck_gang_members": (
@@ -220,6 +224,7 @@ class Metrics:
         self._reclaim_failures = counter("gangcheck_reclaim_failures")
         self._stranded = counter("gangcheck_stranded_node_seconds")
         self._api_errors = counter("gangcheck_api_errors")
+        self._api_requests = counter("gangcheck_api_requests")
         self._to_ready = histogram("gangcheck_quota_to_ready_seconds")
         self._to_fit = histogram("gangcheck_provisioned_to_fit_seconds")
         self._members = counter("gangcheck_gang_members")
@@ -347,6 +352,10 @@ class Metrics:
 
     def api_error(self, status: int) -> None:
         self._api_errors.add(1, {"code": str(status)})
+
+    def api_request(self, method: str, status: int) -> None:
+        """One request answered (``Kube.observed``)."""
+        self._api_requests.add(1, {"method": method, "code": str(status)})
 
     def quota_to_ready(self, seconds: float) -> None:
         self._to_ready.record(seconds)

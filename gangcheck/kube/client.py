@@ -61,6 +61,10 @@ WATCH_QUIET_SECONDS = 90.0
 minute), for this long is stalled: it is ended so the informer watches again."""
 
 
+AnswerObserver = Callable[[str, int], None]
+"""Told of each request: its HTTP method, and the status answered (0: no answer)."""
+
+
 class KubeconfigError(ValueError):
     """The kubeconfig (or the in-cluster configuration) is missing or cannot be used."""
 
@@ -75,11 +79,13 @@ class Kube:
         retry_attempts: int = 5,
         retry_seconds: float = 15,
         fence: WriteFence | None = None,
+        observe: AnswerObserver | None = None,
     ) -> None:
         self._api = api_client
         self._retry_attempts = retry_attempts
         self._retry_seconds = retry_seconds
         self._fence = fence
+        self._observe = observe
 
     def fenced(self, fence: WriteFence) -> Kube:
         """The same connection, every write of which asks `fence` first."""
@@ -88,6 +94,18 @@ class Kube:
             retry_attempts=self._retry_attempts,
             retry_seconds=self._retry_seconds,
             fence=fence,
+            observe=self._observe,
+        )
+
+    def observed(self, observe: AnswerObserver) -> Kube:
+        """The same connection, each request of which (each try of a retried one, each
+        watch) is told to `observe`: its HTTP method and the status answered (0: none)."""
+        return Kube(
+            self._api,
+            retry_attempts=self._retry_attempts,
+            retry_seconds=self._retry_seconds,
+            fence=self._fence,
+            observe=observe,
         )
 
     @classmethod
@@ -325,7 +343,7 @@ class Kube:
             headers["authorization"] = auth["BearerToken"]["value"]
         url = self._api.configuration.host + path
         try:
-            return await self._api.rest_client.request(
+            resp = await self._api.rest_client.request(
                 method,
                 url,
                 query_params=list((query or {}).items()),
@@ -335,9 +353,14 @@ class Kube:
                 _request_timeout=timeout,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            if self._observe is not None:
+                self._observe(method, 0)
             raise TransientError(
                 0, "ConnectionError", str(e) or type(e).__name__, target=path
             ) from e
+        if self._observe is not None:
+            self._observe(method, resp.status)
+        return resp
 
 
 def _environment_read_once(api: Any) -> None:

@@ -36,6 +36,7 @@ def everything_recorded() -> str:
     metrics.pod_gated("scheduling.k8s.io")
     metrics.webhook_error("malformed")
     metrics.api_error(409)
+    metrics.api_request("GET", 429)
     metrics.reconciled("workload", 0.003)
     metrics.dispatch_nomination("worker-1")
     metrics.dispatch_fallback("worker-1")
