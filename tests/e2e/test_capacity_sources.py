@@ -189,17 +189,18 @@ async def test_race_the_fast_source_wins_and_the_slow_ones_arrivals_are_reclaime
             on_fast = {n["metadata"]["name"] for n in await nodes_with(kube, f"{SIM_POOL}={fast}")}
             assert {p["spec"]["nodeName"] for p in pods} <= on_fast, (pods, on_fast)
 
-            async def slow_gone() -> bool:
-                return await nodes_with(kube, f"{SIM_POOL}={slow}") == []
-
-            # the slow pool's early node is reclaimed, and no more come: its request is gone
-            await eventually(slow_gone, timeout=60, what="the slow pool's arrivals reclaimed")
             workload = await workload_of(kube, namespace, job)
             assert workload is not None
-            name = workload["metadata"]["name"]
-            listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
-            left = {r["metadata"]["name"] for r in listing["items"]}
-            assert f"{name}-{queue.check}-1" not in left, left
+            loser = f"{workload['metadata']['name']}-{queue.check}-1"
+
+            async def slow_gone() -> bool:
+                listing = await kube.list_objects(PROVISIONING_REQUEST, namespace)
+                left = {r["metadata"]["name"] for r in listing["items"]}
+                return loser not in left and await nodes_with(kube, f"{SIM_POOL}={slow}") == []
+
+            # the slow pool's early node is reclaimed, and no more come: its request is gone
+            # (withdrawn once the winner is written: the gang may run before it is)
+            await eventually(slow_gone, timeout=60, what="the slow request and arrivals gone")
             events = await events_of(kube, workload)
             (won,) = messages(events, "CapacityRaceWon")
             assert "'fast'" in won, won

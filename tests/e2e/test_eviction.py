@@ -507,11 +507,19 @@ async def test_a_gang_whose_pods_are_not_ready_in_time_is_evicted_requeued_and_l
                 return got if got["spec"].get("active") is False else None
 
             final = await eventually(deactivated, timeout=60, what="Kueue deactivates the gang")
-            events = await events_of(kube, final)
+            limit = "EvictedDueToDeactivatedDueToRequeuingLimitExceeded"
+
+            async def told() -> list[Obj] | None:
+                # Kueue's recorder sends its Events after the writes they tell of, in the
+                # background: the deactivation's may come after spec.active=false
+                got = await events_of(kube, final)
+                return got if times(got, limit) else None
+
+            events = await eventually(told, timeout=30, what=f"Kueue's Event {limit}")
             said = [(e.get("reason"), e.get("count"), e.get("message")) for e in events]
             assert times(events, "Admitted") == 2, said
             assert times(events, "EvictedDueToPodsReadyTimeout") == 1, said
-            assert times(events, "EvictedDueToDeactivatedDueToRequeuingLimitExceeded") == 1, said
+            assert times(events, limit) == 1, said
 
             async def no_request() -> bool:
                 return not await requests_of(kube, namespace, low)

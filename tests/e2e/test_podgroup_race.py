@@ -115,9 +115,8 @@ async def test_the_fast_source_wins_the_podgroup_and_the_slow_ones_arrivals_are_
         await eventually(loser_withdrawn, timeout=30, what="only the winner's request left")
 
         async def recorded() -> Obj | None:
-            # the group's record of the release and its winner is written after the
-            # decision's actions; while one of them is retried (the loser's withdrawal, its
-            # node changing under the reclaim) it can come after the loser is gone
+            # the group's record of the release and its winner is written once the members
+            # are released (before the loser is withdrawn), so it is read as it settles
             obj = await kube.get(UPSTREAM_POD_GROUP_V1BETA1, "ring", namespace)
             notes = obj["metadata"].get("annotations") or {}
             return obj if notes.get("gangcheck.io/race-won-by") == "fast" else None
