@@ -180,6 +180,14 @@ async def reasons(kube: Kube, obj: Obj, reason: str) -> list[str]:
     return messages(await events_of(kube, obj), reason)
 
 
+async def told(kube: Kube, obj: Obj, reason: str) -> list[str]:
+    """Waits for Kueue's Event ``reason`` on ``obj``: its recorder sends Events in the
+    background, after the write they tell of."""
+    return await eventually(
+        lambda: reasons(kube, obj, reason), timeout=30, what=f"an Event {reason}"
+    )
+
+
 async def withdrawn(kube: Kube, namespace: str, wl: Obj, request: Obj, node: str) -> list[str]:
     """Waits until the node that arrived is reclaimed (deleted), the request deleted and the
     Event saying so recorded on the Workload; returns that Event's messages."""
@@ -255,7 +263,7 @@ async def test_a_gang_preempted_while_waiting_gives_back_what_arrived_and_is_ask
             node = arrived["metadata"]["name"]
             said = await withdrawn(kube, namespace, low, first, node)
             assert len(said) == 1 and node in said[0] and "Workload evicted" in said[0], said
-            assert await reasons(kube, low, "Preempted")
+            await told(kube, low, "Preempted")
             await gang_running(kube, namespace, "high")
             assert is_true(
                 await kube.get(WORKLOAD, high["metadata"]["name"], namespace), "Admitted"
@@ -301,7 +309,7 @@ async def test_a_running_gang_preempted_leaves_its_nodes_as_they_are_and_runs_ag
             await gang_running(kube, namespace, "high")
 
             assert await gone(kube, PROVISIONING_REQUEST, first["metadata"]["name"], namespace)
-            assert await reasons(kube, low, "Preempted")
+            await told(kube, low, "Preempted")
             assert await reasons(kube, low, "ReclaimingArrivals") == []
             for name in ran_on:  # never reclaimed, never held again
                 node = await kube.get(NODE, name)
@@ -508,14 +516,8 @@ async def test_a_gang_whose_pods_are_not_ready_in_time_is_evicted_requeued_and_l
 
             final = await eventually(deactivated, timeout=60, what="Kueue deactivates the gang")
             limit = "EvictedDueToDeactivatedDueToRequeuingLimitExceeded"
-
-            async def told() -> list[Obj] | None:
-                # Kueue's recorder sends its Events after the writes they tell of, in the
-                # background: the deactivation's may come after spec.active=false
-                got = await events_of(kube, final)
-                return got if times(got, limit) else None
-
-            events = await eventually(told, timeout=30, what=f"Kueue's Event {limit}")
+            await told(kube, final, limit)  # may come after spec.active=false
+            events = await events_of(kube, final)
             said = [(e.get("reason"), e.get("count"), e.get("message")) for e in events]
             assert times(events, "Admitted") == 2, said
             assert times(events, "EvictedDueToPodsReadyTimeout") == 1, said
