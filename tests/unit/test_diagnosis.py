@@ -1029,3 +1029,22 @@ def test_the_request_line_gives_the_deadline_only_while_it_can_roll_the_attempt_
     (line,) = [x for x in lines if x.startswith("  phase")]
     assert line.startswith(said), line
     assert ("deadline" in line) == (phase == ""), line
+
+
+def test_an_admitted_gang_counts_the_nodes_recorded_for_its_request() -> None:
+    """`gangcheck status` after admission: no fit is computed, and NODES says how many
+    nodes arrived for the request the gang was given (another request's are not counted)."""
+    admitted = (
+        WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready")
+    ).condition("Admitted")
+    name = naming.request_name("wl", CHECK, 1)
+    fulfilled = provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "workers"), 2)],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations={"gangcheck.io/phase": "Fulfilled"},
+    )
+    nodes = (arrival("gpu-0"), arrival("gpu-1"), arrival("gpu-2", claimed_for="default/other-1"))
+    facts = gather(admitted.build(), world(requests=(fulfilled,), nodes=nodes), now=NOW)
+    assert facts.placement is None
+    assert gang_row(facts, NOW).nodes_cell == "2 arrived"

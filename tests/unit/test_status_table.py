@@ -11,6 +11,7 @@ from gangcheck.diagnose import GroupReport, StatusReport, render_text
 from gangcheck.logic.attempt.explain import GangRow
 from gangcheck.logic.podgroups.group_diagnosis import group_row, group_verdict
 from gangcheck.logic.workloads.diagnosis import Target
+from tests.builders import node
 from tests.unit.test_group_diagnosis import Case, facts_of, group, member, members, req
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
@@ -111,3 +112,46 @@ def test_diagnose_names_members_created_after_the_gang_was_read() -> None:
     facts = facts_of(case)
     report = GroupReport(Target("podgroup", "default", "g"), facts, group_verdict(facts, NOW), NOW)
     assert "created after the gang was read, no part of its request: m2" in render_text(report)
+
+
+def test_a_gang_given_its_capacity_counts_the_nodes_recorded_for_its_request() -> None:
+    """Once released (admitted), no fit is computed: NODES says how many nodes arrived for
+    the request the gang was given, not '-', and never 'none usable'."""
+    arrived_for = "gangcheck.io/arrived-for"
+    nodes = [
+        node("n0", annotations={arrived_for: "default/g-pg-1"}),
+        node("n1", annotations={arrived_for: "default/g-pg-1"}),
+        node("n2", annotations={arrived_for: "default/other-1"}),
+        node("n3"),
+    ]
+    released = group_row(
+        facts_of(
+            Case(
+                "r",
+                group(2, state="Released", request="g-pg-1"),
+                members(2, gated=False, node_name="n0"),
+                "",
+                "",
+                requests=[req(count=2, Provisioned="ok")],
+                nodes=nodes,
+            )
+        ),
+        NOW,
+    )
+    on_existing = group_row(
+        facts_of(
+            Case(
+                "e",
+                group(2, state="Released", request="g-pg-1"),
+                members(2, gated=False, node_name="n3"),
+                "",
+                "",
+                requests=[req(count=2, Provisioned="ok")],
+                nodes=[node("n3")],
+            )
+        ),
+        NOW,
+    )
+    admitted = workload_row(phase="admitted", needed=None, placeable=None, arrived=3, given=True)
+    rows = table(released, on_existing, admitted)
+    assert cells(rows, "NODES") == ["2 arrived", "-", "3 arrived"]

@@ -40,6 +40,7 @@ from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
+    ARRIVED_FOR,
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
     DOMAINS_TRIED_ANNOTATION,
@@ -445,6 +446,9 @@ class GangRow:
     PodGroup.scheduling.x-k8s.io."""
     members_note: str = ""
     """What the members column says when no fit was computed (a PodGroup's "2/4 exist")."""
+    given: bool = False
+    """The gang was given its capacity (admitted, released): no fit is computed, and
+    `arrived` counts the nodes recorded for its request, the ones it was given."""
     claims_arrived: int | None = None
     claims_asked: int | None = None
     """Of an attempt served with NodeClaims (Karpenter), when they could be read."""
@@ -457,6 +461,8 @@ class GangRow:
             return f"{self.claims_arrived or 0}/{self.claims_asked} claims"
         if self.needed is not None:
             return f"{self.arrived}/{self.needed}"
+        if self.given:
+            return f"{self.arrived} arrived" if self.arrived else "-"
         return f"{self.arrived} arrived, none usable" if self.arrived else "-"
 
     @property
@@ -480,6 +486,12 @@ def attempt_phase(
     if req.status.has(Phase.PROVISIONED):
         return "fulfilling" if placement is not None and placement.arrived else "provisioned"
     return "requested"
+
+
+def recorded_for(nodes: Collection[Obj], namespace: str, request: str) -> int:
+    """The nodes recorded as arrived for the request (``ARRIVED_FOR``)."""
+    key = f"{namespace}/{request}"
+    return sum(1 for n in nodes if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR) == key)
 
 
 def nodes_needed(placement: Placement | None) -> int | None:

@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
     human_duration,
     moved_deadlines,
     nodes_needed,
+    recorded_for,
     request_facts,
     step_verdict,
 )
@@ -197,6 +198,8 @@ class GroupFacts:
     """Gated members created after the gang was read: no part of its request."""
     replay: GroupReplay | None = None
     """The provisioner's decision for the group, replayed on what was read."""
+    given_nodes: int = 0
+    """Once released: the nodes recorded as arrived for its request (`recorded_for`)."""
 
     @property
     def kind(self) -> str:
@@ -315,6 +318,11 @@ def gather_group(
         released_together=count_of(notes.get(GANG_MEMBERS_ANNOTATION)),
         late=late,
         replay=decided,
+        given_nodes=(
+            recorded_for(world.nodes, group.ref.namespace, name_of_request)
+            if state == RELEASED and name_of_request
+            else 0
+        ),
     )
 
 
@@ -666,6 +674,7 @@ def group_phase(f: GroupFacts) -> str:
 
 def group_row(facts: GroupFacts, now: datetime) -> GangRow:
     placement, req = facts.placement, facts.request
+    given = facts.state == RELEASED and placement is None
     return GangRow(
         namespace=facts.namespace,
         name=facts.name,
@@ -675,13 +684,14 @@ def group_row(facts: GroupFacts, now: datetime) -> GangRow:
         attempt=facts.attempt if facts.found else 0,
         request=req.name if req and req.found else "",
         age_seconds=int((now - facts.created).total_seconds()) if facts.created else None,
-        arrived=len(placement.arrived) if placement else 0,
+        arrived=facts.given_nodes if given else len(placement.arrived) if placement else 0,
         needed=nodes_needed(placement),
         placeable=placement.placeable if placement else None,
         total=placement.total if placement else (facts.members.exist or None),
         verdict=group_verdict(facts, now).line,
         kind=facts.kind,
         members_note=_members_note(facts),
+        given=given,
     )
 
 

@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
     human_duration,
     moved_deadlines,
     nodes_needed,
+    recorded_for,
     request_facts,
     step_verdict,
     until,
@@ -221,6 +222,8 @@ class Facts:
     relation: str = ""
     """A workload slice's relation to the running one, in the check message's words
     (`slices.relation`); '' for a Workload that is no slice."""
+    given_nodes: int = 0
+    """Once admitted: the nodes recorded as arrived for its request (`recorded_for`)."""
 
     @property
     def focus_check(self) -> CheckFacts | None:
@@ -259,6 +262,11 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
         start=_start_facts(state, req, world, spec),
         replay=decided,
         relation=slices.relation(wl, req),
+        given_nodes=(
+            recorded_for(world.nodes, wl.ref.namespace, request.name)
+            if state.admitted and request is not None and request.found
+            else 0
+        ),
     )
 
 
@@ -772,7 +780,8 @@ def _request_of_workload(req: Obj, wl: Workload) -> bool:
 def gang_row(facts: Facts, now: datetime) -> GangRow:
     check = facts.focus_check
     placement, req, start = facts.placement, facts.request, facts.start
-    arrived = len(placement.arrived) if placement else 0
+    given = facts.state.admitted and placement is None
+    arrived = facts.given_nodes if given else len(placement.arrived) if placement else 0
     created = facts.state.created
     line = verdict(facts, now).line
     if facts.relation and facts.relation not in line:  # a slice: what it adds to what runs
@@ -792,6 +801,7 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
         total=placement.total if placement else (req.members if req and req.found else None),
         verdict=line,
         members_note=f"{start.scheduled}/{start.total} scheduled" if start else "",
+        given=given,
     )
 
 
