@@ -91,6 +91,7 @@ from gangcheck.logic.dispatch import (
     KUEUE_ADMISSION,
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
+    UNANSWERED,
     WORKER_LEASE_ANNOTATION,
     CheckWorkers,
     DispatchRecord,
@@ -108,12 +109,14 @@ from gangcheck.logic.dispatch import (
     lease_down,
     left_to_another,
     nominated_by_another,
+    not_answering,
     owns_nomination,
     patient,
     recent_failures,
     sighted,
     silence,
     silent_reason,
+    unanswered,
     unread,
     with_down,
     worker_lease,
@@ -188,8 +191,15 @@ class Dispatcher:
         answer_within: float = ANSWER_WITHIN,
         clock: Callable[[], datetime] | None = None,
         worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
+        unanswered_within: float = UNANSWERED,
     ) -> None:
         self.kube = kube
+        # a copy gangcheck in a worker has left untouched for this long gives the worker up
+        # for its gang (``unanswered``): by (worker, namespace, copy uid), since when this
+        # process saw it so; kept from pass to pass only while it stays so
+        self.unanswered_within = unanswered_within
+        self._unanswered: dict[tuple[str, str, str], datetime] = {}
+        self._unanswered_seen: dict[tuple[str, str, str], datetime] = {}
         # gangcheck's leader Lease in each worker (namespace, name): stale, gangcheck is down
         self.worker_lease = worker_lease
         # per worker, why its Lease could not be read, as last logged (logged once)
@@ -420,6 +430,7 @@ class Dispatcher:
         )
         # oldest first: a burst is spread in the order Kueue reserved its quota
         waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
+        self._unanswered_seen = {}
         records = {_key(wl): _record(wl) for wl in workloads}
         nominated = {
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
@@ -461,6 +472,7 @@ class Dispatcher:
             for cluster in nominated.get(key, ()):
                 followed.setdefault(cluster, set()).add(key)
         self._followed = followed
+        self._unanswered = self._unanswered_seen
         trying = sum(1 for wl in waiting if nominated.get(_key(wl)))
         self.metrics.dispatch_waiting(trying, len(waiting) - trying)
         for wl, step in told:
@@ -720,6 +732,21 @@ class Dispatcher:
             log.warning("worker %s: whether gangcheck is up there is not known: %s", name, why)
         return None
 
+    def _not_answering(self, worker: str, view: _View, wl: Obj) -> str:
+        """Why ``worker`` is given up for ``wl``: gangcheck there has left its copy untouched
+        (``unanswered``) for ``unanswered_within`` seconds, timed from the first pass of
+        this process that saw it so (the worker's clock is not read; a restart waits anew);
+        '' otherwise."""
+        meta = wl["metadata"]
+        copy = view.copies.get(_key(wl))
+        if copy is None or not unanswered(copy, view.ours, _requests_for(view.requests, meta)):
+            return ""
+        key = (worker, str(meta["namespace"]), str(copy["metadata"].get("uid") or meta["name"]))
+        now = self._now()
+        since = self._unanswered.get(key) or now
+        self._unanswered_seen[key] = since
+        return not_answering(since, now, limit=self.unanswered_within)
+
     async def _facts(
         self,
         worker: _Worker,
@@ -740,6 +767,8 @@ class Dispatcher:
             )
         try:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
+            if nominated and not failure:
+                failure = self._not_answering(worker.name, view, wl)
             fits_now = _fits_now(view, wl, others)
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
@@ -772,6 +801,8 @@ class _View:
     """Its Workloads (Kueue's copies of the manager's), by namespace and name."""
     down: Down | None = None
     """gangcheck there is down, from its leader Lease (``lease_down``); None: up, or not known."""
+    ours: frozenset[str] = frozenset()
+    """The names of the AdmissionChecks gangcheck serves there."""
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -789,6 +820,7 @@ def _view_of(
         requests=requests,
         sources=_sources(requests),
         copies={_key(c): c for c in copies},
+        ours=_gangchecks(checks),
     )
 
 
@@ -893,6 +925,15 @@ def _gone(
     return set(held) - (listed & present)
 
 
+def _gangchecks(checks: Sequence[Obj]) -> frozenset[str]:
+    """The names of a worker's AdmissionChecks that gangcheck serves there."""
+    return frozenset(
+        str(c["metadata"]["name"])
+        for c in checks
+        if (c.get("spec") or {}).get("controllerName") == CONTROLLER_NAME
+    )
+
+
 def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
     for check in checks:
         if (check.get("spec") or {}).get("controllerName") == CONTROLLER_NAME:
@@ -920,15 +961,7 @@ def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -
     """Why the worker's copy of a Workload (``meta``: the manager's) failed, or '' (trying):
     its state, or gangcheck's requests for it there (``requests``: the worker's, as the pass
     read them) saying their capacity source cannot deliver."""
-    said = cannot_deliver(
-        [
-            req
-            for req in requests
-            if req["metadata"].get("namespace") == meta["namespace"]
-            and (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
-            and not req["metadata"].get("deletionTimestamp")
-        ]
-    )
+    said = cannot_deliver(_requests_for(requests, meta))
     if said:
         return said
     status = copy.get("status") or {}
@@ -944,6 +977,18 @@ def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -
     if (copy.get("spec") or {}).get("active") is False:
         return "deactivated"
     return ""
+
+
+def _requests_for(requests: Sequence[Obj], meta: Mapping[str, Any]) -> list[Obj]:
+    """gangcheck's requests in a worker (as the pass read them) for the copy of the Workload
+    ``meta`` (the manager's), not being deleted."""
+    return [
+        req
+        for req in requests
+        if req["metadata"].get("namespace") == meta["namespace"]
+        and (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
+        and not req["metadata"].get("deletionTimestamp")
+    ]
 
 
 def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:

@@ -12,7 +12,9 @@ at a time:
    gangcheck is down (its leader Lease there not renewed: ``lease_down``; a worker nominated
    is kept a while before it is given up, ``with_down``), nor one already tried for this gang
    whose attempt failed (rolled back, rejected, stocked out: its request for the gang there
-   says its capacity source cannot deliver, see ``cannot_deliver``);
+   says its capacity source cannot deliver, see ``cannot_deliver``), or where gangcheck left
+   the gang's copy untouched ``UNANSWERED`` seconds after its quota was reserved there
+   (``unanswered``: down without leader election, or stuck but still renewing its Lease);
 2. while the worker nominated last is still trying, keep it (one at a time: nothing is
    scaled up twice for one gang);
 3. first the workers where the gang fits now, on nodes that exist or are reserved, next to
@@ -723,6 +725,45 @@ def recent_failures(
             if cluster not in latest or latest[cluster][0] < when:
                 latest[cluster] = (when, record.failed.get(cluster, "failed"))
     return {c: why for c, (_, why) in latest.items()}
+
+
+#: How long (seconds) gangcheck in a nominated worker may leave Kueue's copy there untouched
+#: once the copy's quota is reserved before the worker is given up for the gang: gangcheck
+#: acts within seconds of the quota (a request made for the copy, or a word on its check),
+#: so one that does not is down or stuck. Its leader Lease does not show that when it runs
+#: without leader election, or is stuck but still renews it.
+UNANSWERED = 300.0
+
+
+def unanswered(
+    copy: Mapping[str, object], checks: Iterable[str], requests: Sequence[Mapping[str, object]]
+) -> bool:
+    """Kueue's copy of a gang in a worker waits on gangcheck there, which has not acted on
+    it: the copy's quota is reserved, not admitted, each of gangcheck's checks on it
+    (``checks``: the names of gangcheck's AdmissionChecks there) Pending with no word, and
+    gangcheck made no request for it (``requests``: its requests for the copy)."""
+    status = _dict(copy.get("status"))
+    conds = {str(_dict(c).get("type")): _dict(c) for c in _list(status.get("conditions"))}
+    if _dict(conds.get("QuotaReserved")).get("status") != "True" or requests:
+        return False
+    if _dict(conds.get("Admitted")).get("status") == "True":
+        return False
+    ours = set(checks)
+    states = [_dict(c) for c in _list(status.get("admissionChecks"))]
+    mine = [c for c in states if c.get("name") in ours]
+    return bool(mine) and all(c.get("state") == "Pending" and not c.get("message") for c in mine)
+
+
+def not_answering(since: datetime, now: datetime, *, limit: float = UNANSWERED) -> str:
+    """Why a worker is given up for a gang whose copy there gangcheck has left untouched
+    (``unanswered``) since ``since`` (as this dispatcher saw it), or '' (within ``limit``)."""
+    waited = (now - since).total_seconds()
+    if waited < limit:
+        return ""
+    return (
+        f"gangcheck there has not acted on the copy in {int(waited)}s since its quota was "
+        "reserved (no request made, no word on its check): down, or stuck"
+    )
 
 
 def cannot_deliver(requests: Sequence[Mapping[str, object]]) -> str:

@@ -26,6 +26,7 @@ from gangcheck.logic.dispatch import (
     nominate,
     nominated_by_another,
     recent_failures,
+    unanswered,
     workers_for,
 )
 from gangcheck.telemetry import Metrics
@@ -760,3 +761,47 @@ def test_a_record_naming_none_reads_the_nomination_written_on_the_workload() -> 
     assert step.record.nominated == ("a",) and step.record.tried == ("a",)
     given_up = DispatchRecord(failed={"a": "Retry"})  # written, but given up: not kept
     assert decide(given_up, (w("a"), w("b", fits=True)), written=["a"]).nominated == ("b",)
+
+
+def _copy(*conditions: str, checks: list[dict[str, str]] | None = None) -> dict[str, object]:
+    return {
+        "status": {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "admissionChecks": checks
+            if checks is not None
+            else [{"name": "gpu", "state": "Pending", "message": ""}],
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("copy", "requests", "expected"),
+    [
+        (_copy("QuotaReserved"), [], True),
+        (_copy(), [], False),  # no quota there yet: waiting on the worker's queue, not gangcheck
+        (_copy("QuotaReserved"), [{"metadata": {"name": "r"}}], False),  # a request made
+        (_copy("QuotaReserved", "Admitted"), [], False),
+        (
+            _copy("QuotaReserved", checks=[{"name": "gpu", "state": "Pending", "message": "x"}]),
+            [],
+            False,  # gangcheck said something on its check
+        ),
+        (_copy("QuotaReserved", checks=[{"name": "gpu", "state": "Ready"}]), [], False),
+        (_copy("QuotaReserved", checks=[{"name": "other", "state": "Pending"}]), [], False),
+        (
+            _copy(
+                "QuotaReserved",
+                checks=[
+                    {"name": "gpu", "state": "Pending"},
+                    {"name": "other", "state": "Pending"},
+                ],
+            ),
+            [],
+            True,  # another controller's check waiting too says nothing of gangcheck
+        ),
+    ],
+)
+def test_a_copy_left_untouched_by_gangcheck(
+    copy: dict[str, object], requests: list[dict[str, object]], expected: bool
+) -> None:
+    assert unanswered(copy, ["gpu"], requests) is expected

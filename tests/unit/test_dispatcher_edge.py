@@ -1352,3 +1352,80 @@ async def test_a_live_worker_whose_clock_is_behind_is_not_skipped_once_a_renewal
     await dispatcher.pass_once()
     assert "worker-2" not in record(manager).skipped
     assert not one.writes and not two.writes
+
+
+def waiting_copy(*, message: str = "") -> Obj:
+    """Kueue's copy of the gang in a worker: its quota reserved there, gangcheck's check
+    Pending (with ``message``: what gangcheck said on it, '' when it said nothing)."""
+    copy = workload()
+    copy["metadata"]["uid"] = "copy-uid"
+    copy["status"]["admissionChecks"] = [{"name": "gpu", "state": "Pending", "message": message}]
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("acted", "given_up"),
+    [
+        ("nothing", True),  # down without leader election, or stuck but renewing its Lease
+        ("a request", False),  # waiting on its autoscaler, however long
+        ("a word on its check", False),
+    ],
+)
+async def test_a_worker_whose_gangcheck_leaves_the_copy_untouched_is_given_up(
+    acted: str, given_up: bool
+) -> None:
+    """gangcheck acts within seconds of a copy's quota: a worker where it has done nothing
+    for ``unanswered_within`` seconds since (as the dispatcher saw it) is given up for the
+    gang, said why, and the next nominated; a request made, or a word on the check, keeps
+    the worker however long the gang waits there."""
+    one, two = worker(), worker()
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    now = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
+    dispatcher = Dispatcher(
+        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
+    )
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)
+    one.add(waiting_copy(message="asking cluster-autoscaler" if acted.startswith("a word") else ""))
+    if acted == "a request":
+        one.add(not_found_request() | {"status": {}})
+    await dispatcher.pass_once()  # seen untouched from here
+    now += timedelta(seconds=299)
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)
+    now += timedelta(seconds=2)
+    await dispatcher.pass_once()
+    got = record(manager)
+    if not given_up:
+        assert got.nominated == ("worker-1",) and not got.failed
+        return
+    assert got.nominated == ("worker-2",)
+    assert got.failed["worker-1"].startswith(
+        "gangcheck there has not acted on the copy in 301s since its quota was reserved"
+    ), got.failed
+    assert not one.writes and not two.writes
+
+
+async def test_the_untouched_copy_is_timed_anew_by_a_new_dispatcher() -> None:
+    """The time is this process's: a restart (the worker's clock never read) waits the
+    whole while again before giving the worker up."""
+    one, two = worker(), worker()
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    now = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
+    first = Dispatcher(
+        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
+    )
+    await first.pass_once()
+    one.add(waiting_copy())
+    await first.pass_once()
+    now += timedelta(seconds=200)
+    restarted = Dispatcher(
+        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
+    )
+    await restarted.pass_once()
+    now += timedelta(seconds=200)  # 400 s since the first saw it, 200 s since the restart
+    await restarted.pass_once()
+    assert record(manager).nominated == ("worker-1",)
+    now += timedelta(seconds=101)
+    await restarted.pass_once()
+    assert record(manager).nominated == ("worker-2",)
