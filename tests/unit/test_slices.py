@@ -862,3 +862,28 @@ def test_a_running_slices_updates_are_left_as_the_check_writes_them() -> None:
         for u in d.check.pod_set_updates
     }
     assert names == {REQ1}
+
+
+def test_a_ready_slice_withdraws_a_racer_left_behind() -> None:
+    """A slice's race won: Ready is written before the losers are withdrawn (flow.won), so
+    a loser whose withdrawal met a change, or a restart between the two, is left behind;
+    the Ready slice withdraws it after, as a whole gang's check does, the winner kept."""
+    race = {
+        "capacitySources": [
+            {"name": "a", "nodeSelector": {"pool": "gpu"}},
+            {"name": "b", "nodeSelector": {"pool": "b"}},
+        ],
+        "capacitySourcePolicy": "Race",
+    }
+    loser = naming.request_name("wl", CHECK, 1, 1)
+    lost = req(loser, annotations={**HELD, "gangcheck.io/capacity-source": "1"})
+    case = Case(
+        "left behind",
+        held_slice(state="Ready", pod_set_updates=CONSUMES_REQ1),
+        requests=[req(conditions={"Provisioned": ""}, annotations=HELD), lost],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), held_node()],
+        pods=[*running(4), *added(3)],
+        config=race,
+    )
+    d = run(case)
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [loser]
