@@ -298,13 +298,9 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     req = flow.find(snap.requests, _ready_request(snap, state))
     if req is None:
         return Decision()
-    # topped up, not raced: the gang's too
-    kept = {r.name for r in topup.kept_for(snap.requests, req)}
-    losers = [r for r in race.left_behind(_asks(snap, state), req.name) if r.name not in kept]
-    if losers:
-        withdrawn = _withdraw_losers(snap, losers)
-        if withdrawn.actions or withdrawn.requeue_after is not None:
-            return withdrawn
+    behind = left_behind(snap, req, state.retry_count + 1)
+    if behind is not None:
+        return behind
     attempt = _attempt(snap, req)
     if rollback.is_rolling_back(req):
         return _outcome(snap, state, req, lifecycle.roll_back(attempt), now)
@@ -322,6 +318,23 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if started:
         return Decision(actions=_release_holds(snap, req))
     return Decision()
+
+
+def left_behind(snap: Snapshot, req: ProvisioningRequest, attempt: int) -> Decision | None:
+    """The asks of attempt `attempt` other than `req`, the one the Ready gang consumes, not
+    withdrawn yet: racers that lost (Ready is written before they are withdrawn, flow.won,
+    so a withdrawal that met a change meanwhile, or a restart between the two, leaves them),
+    withdrawn now, what arrived for them reclaimed; None when none is left. The requests
+    `req` tops up are the gang's too (topped up, not raced)."""
+    asks = race.asks(
+        snap.requests, lambda k: naming.request_name(snap.workload.ref.name, snap.check, attempt, k)
+    )
+    kept = {r.name for r in topup.kept_for(snap.requests, req)}
+    losers = [r for r in race.left_behind(asks, req.name) if r.name not in kept]
+    if not losers:
+        return None
+    withdrawn = _withdraw_losers(snap, losers)
+    return withdrawn if withdrawn.actions or withdrawn.requeue_after is not None else None
 
 
 def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
@@ -538,11 +551,6 @@ def _ready_request(snap: Snapshot, state: CheckState) -> str:
         if name:
             return str(name)
     return _current(snap, state)[0]
-
-
-def _asks(snap: Snapshot, state: CheckState) -> list[race.Ask]:
-    """Every request of the attempt in flight, with its number among the attempt's asks."""
-    return race.asks(snap.requests, lambda k: _request_name(snap, state, k))
 
 
 def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:

@@ -528,11 +528,16 @@ def _consumed(snap: Snapshot, check: CheckState) -> ProvisioningRequest | None:
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """After Ready the added members are the Job's: the nodes that arrived for them held for
-    the Job's pods until they are used, then opened; nothing else (no start watchdog: its
+    the Job's pods until they are used, then opened, once the racers of its attempt that
+    lost are withdrawn (`admission.left_behind`); nothing else (no start watchdog: its
     rollback would need a Retry, which stops the whole Job)."""
     req = _consumed(snap, state)
     if req is None or req.deleting:
         return Decision()
+    attempt = naming.attempt_of(req.name, snap.workload.ref.name, snap.check)
+    behind = admission.left_behind(snap, req, attempt) if attempt is not None else None
+    if behind is not None:  # racers of the slice's attempt that lost, not withdrawn yet
+        return behind
     base = Base.from_annotation(req.annotations.get(SLICE_ANNOTATION, ""))
     started = rollback.record_of(req).phase is AttemptPhase.STARTED
     if started and base is not None and not _adds(snap.workload, base):
