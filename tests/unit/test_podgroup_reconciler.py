@@ -11,13 +11,14 @@ import pytest
 from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
+    EVENT,
     NODE,
     POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
-from gangcheck.logic.attempt.actions import ClaimNode
+from gangcheck.logic.attempt.actions import ClaimNode, DeleteRequest, Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.podgroups import growth
 from gangcheck.logic.podgroups.gating import GATE, OPT_IN_VALUE
@@ -317,3 +318,23 @@ async def test_the_group_is_written_though_what_comes_after_it_meets_a_change(
     assert world.group_says()[STATE_ANNOTATION] == "Released"
     assert result.requeue_after == podgroup_module.STALE_RETRY_SECONDS
     assert ARRIVED_FOR not in node_annotations(world, "n1")
+
+
+async def test_the_events_of_a_group_written_are_sent_though_what_comes_after_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group's record is written, then a lost racer's withdrawal fails (the API server
+    answers 500): the Events of the decision that wrote it are sent all the same; the next
+    pass finds the group released and could not say them again."""
+    world = World(*gang(), node("n1", gpu=2))
+    await world.settle()
+    (req,) = world.requests()
+    gone = DeleteRequest(req["metadata"]["name"], req["metadata"]["uid"], (), "lost the race")
+    won = Event("CapacityRaceWon", "source b delivered the whole gang first")
+    decided = GroupDecision(status={STATE_ANNOTATION: "Released"}, after=(gone,), events=(won,))
+    monkeypatch.setattr(growth, "decide", lambda _snap, _now: decided)
+    world.kube.fail("delete", "ProvisioningRequest", error=500)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    assert world.group_says()[STATE_ANNOTATION] == "Released"
+    assert "CapacityRaceWon" in [e["reason"] for e in world.kube.all_of(EVENT)]

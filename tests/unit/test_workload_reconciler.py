@@ -11,9 +11,9 @@ import pytest
 
 from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
-from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
-from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode
+from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, DeleteRequest, Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.workloads.admission import Decision
 from gangcheck.model.objects import workload_of
@@ -329,3 +329,30 @@ async def test_the_check_is_written_though_what_comes_after_it_meets_a_change(
     assert result.requeue_after == workload_module.STALE_RETRY_SECONDS
     n1 = world.kube.stored(NODE, "n1")
     assert n1 is not None and ARRIVED_FOR not in (n1["metadata"].get("annotations") or {})
+
+
+async def test_the_events_of_a_check_written_are_sent_though_what_comes_after_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check is written, then a lost racer's withdrawal fails (the API server answers
+    500): the Events of the decision that wrote it (the race won) are sent all the same. The
+    next pass finds the check Ready and only withdraws what is left behind: it could not say
+    them again."""
+    world = World(gang())
+    await world.settle()
+    stored = world.kube.stored(WORKLOAD, "wl", "default")
+    assert stored is not None
+    ready = replace(workload_of(stored).checks[CHECK], state="Ready", message="won")
+    (req,) = world.requests()
+    gone = DeleteRequest(REQUEST, req["metadata"]["uid"], (), "lost the race")
+    won = Event("CapacityRaceWon", "source b delivered the whole gang first")
+    monkeypatch.setattr(
+        workload_module,
+        "decide",
+        lambda _snap, _now: Decision(check=ready, after=(gone,), events=(won,)),
+    )
+    world.kube.fail("delete", "ProvisioningRequest", error=500)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    assert world.check()["state"] == "Ready"
+    assert "CapacityRaceWon" in [e["reason"] for e in world.kube.all_of(EVENT)]
