@@ -136,13 +136,15 @@ class PodGroupReconciler(GangReconciler):
                 await self._write_status(obj, decision.status)
         else:
             self.held_messages.forget(key)
-        stale = not await self._applied(group.ref, decision.after)
-        if decision.capacity_used:
-            self.metrics.capacity_used(decision.capacity_used)
-        for note in decision.sources:
-            self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
-        for event in decision.events:
-            await self._events.emit(event.about or group.ref, event)
+        try:
+            stale = not await self._applied(group.ref, decision.after)
+        finally:  # the group is written: what came with it is said, whatever comes after meets
+            if decision.capacity_used:
+                self.metrics.capacity_used(decision.capacity_used)
+            for note in decision.sources:
+                self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
+            for event in decision.events:
+                await self._events.emit(event.about or group.ref, event)
         return STALE_RETRY_SECONDS if stale else soonest(decision.requeue_after, held)
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:

@@ -205,11 +205,13 @@ class WorkloadReconciler(GangReconciler):
                     return Applied(STALE_RETRY_SECONDS)  # the Workload changed meanwhile
                 self._count(wl, check, decision)
                 written = True
-        stale = not await self._applied(wl.ref, decision.after, refused=refused)
-        for event in decision.events:
-            await self._events.emit(wl.ref, event)
-        for note in decision.sources:
-            self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
+        try:
+            stale = not await self._applied(wl.ref, decision.after, refused=refused)
+        finally:  # the check is written: what came with it is said, whatever comes after meets
+            for event in decision.events:
+                await self._events.emit(wl.ref, event)
+            for note in decision.sources:
+                self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
         if stale:  # as a stale decision: made again on what changed, soon
             return Applied(STALE_RETRY_SECONDS)
         done = (*decision.actions, *decision.after)
