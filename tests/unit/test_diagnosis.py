@@ -1048,3 +1048,33 @@ def test_an_admitted_gang_counts_the_nodes_recorded_for_its_request() -> None:
     facts = gather(admitted.build(), world(requests=(fulfilled,), nodes=nodes), now=NOW)
     assert facts.placement is None
     assert gang_row(facts, NOW).nodes_cell == "2 arrived"
+
+
+def test_an_admitted_gang_counts_the_nodes_of_the_request_it_consumes_not_a_later_ask() -> None:
+    """A race won by the first ask, a later one (the loser) not withdrawn yet: NODES counts
+    the nodes of the request the gang consumes (its podSetUpdates say which), not those of
+    the latest ask."""
+    won, lost = naming.request_name("wl", CHECK, 1), naming.request_name("wl", CHECK, 1, 1)
+    consumes = [
+        {
+            "name": "workers",
+            "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": won},
+        }
+    ]
+    admitted = (
+        WorkloadBuilder()
+        .pod_set("workers", 2)
+        .reserve_quota()
+        .check(CHECK, "Ready", pod_set_updates=consumes)
+    ).condition("Admitted")
+    requests = tuple(
+        provisioning_request(
+            name,
+            templates=[(naming.template_name(name, "workers"), 2)],
+            conditions={"Accepted": "", "Provisioned": ""},
+        )
+        for name in (won, lost)
+    )
+    nodes = (arrival("gpu-0"), arrival("gpu-1"), arrival("gpu-2", claimed_for=f"default/{lost}"))
+    facts = gather(admitted.build(), world(requests=requests, nodes=nodes), now=NOW)
+    assert gang_row(facts, NOW).nodes_cell == "2 arrived"
