@@ -544,13 +544,18 @@ def _current(snap: Snapshot, state: CheckState) -> tuple[str, int]:
 
 
 def _ready_request(snap: Snapshot, state: CheckState) -> str:
-    """The request a Ready check's gang consumes (its podSetUpdates say which: with Race it
-    need not be the latest ask), else the attempt's current one."""
+    """The request a Ready check's gang consumes, else the attempt's current one."""
+    return consumed_request(state) or _current(snap, state)[0]
+
+
+def consumed_request(state: CheckState) -> str:
+    """The request the check's podSetUpdates have the gang consume (with Race it need not be
+    the latest ask); '' when they name none."""
     for update in state.pod_set_updates:
         name = (update.get("annotations") or {}).get(CONSUME_ANNOTATION)
         if name:
             return str(name)
-    return _current(snap, state)[0]
+    return ""
 
 
 def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:

@@ -45,6 +45,7 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig, slices
 from gangcheck.logic.workloads.admission import (
     Snapshot,
+    consumed_request,
     decide,
     gang_templates,
     members_scheduled,
@@ -262,11 +263,7 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
         start=_start_facts(state, req, world, spec),
         replay=decided,
         relation=slices.relation(wl, req),
-        given_nodes=(
-            recorded_for(world.nodes, wl.ref.namespace, request.name)
-            if state.admitted and request is not None and request.found
-            else 0
-        ),
+        given_nodes=_given_nodes(wl, focus, request, world) if state.admitted else 0,
     )
 
 
@@ -775,6 +772,16 @@ def _request_of_workload(req: Obj, wl: Workload) -> bool:
     owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
     annotated = (meta.get("annotations") or {}).get(WORKLOAD_UID_ANNOTATION)
     return meta.get("namespace") == wl.ref.namespace and wl.ref.uid in {annotated, *owners}
+
+
+def _given_nodes(wl: Workload, check: str, request: RequestFacts | None, world: World) -> int:
+    """The nodes recorded as arrived for the request an admitted gang consumes (its check's
+    podSetUpdates name it; with Race not always the latest ask), else for the latest ask."""
+    entry = wl.checks.get(check)
+    name = consumed_request(entry) if entry is not None else ""
+    if not name and request is not None and request.found:
+        name = request.name
+    return recorded_for(world.nodes, wl.ref.namespace, name) if name else 0
 
 
 def gang_row(facts: Facts, now: datetime) -> GangRow:
