@@ -90,12 +90,18 @@ debian_mirror() {  # the mirror this machine's apt uses for $suite, if it is a D
     awk -v suite="$suite" '$2 == suite && $3 == "main" { print $1; exit }'
 }
 
-remove_root() {  # remove_root DIR: unmount what is mounted under DIR (deepest first), remove it
+unmount_under() {  # unmount_under DIR: what is mounted under DIR, deepest first
   # debootstrap mounts /proc (and may mount /sys) in its target and does not always unmount it
-  # (seen on a fresh machine): rm -rf would then stop at the mount and leave it behind.
-  local mounts
-  mounts=$(awk -v root="$1/" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r)
+  # (seen on a fresh machine): tar would archive the mount, rm -rf would stop at it. The
+  # kernel lists mounts by their resolved path.
+  local root mounts
+  root=$(readlink -f "$1")
+  mounts=$(awk -v root="$root/" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r)
   [ -z "$mounts" ] || echo "$mounts" | xargs -r umount
+}
+
+remove_root() {  # remove_root DIR: unmount what is mounted under DIR, then remove it
+  unmount_under "$1"
   rm -rf "$1"
 }
 
@@ -109,6 +115,7 @@ make_rootfs_tarball() {  # make_rootfs_tarball TARBALL
   # shellcheck disable=SC2046
   debootstrap --variant=minbase --include="$base_packages" "$suite" "$root" \
     $(debian_mirror) >&2
+  unmount_under "$root"
   # Package caches and lists, manual pages and translations: nothing the image runs.
   rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* \
     "$root"/usr/share/man/* "$root"/usr/share/locale/*
