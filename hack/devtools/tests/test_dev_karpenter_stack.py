@@ -44,6 +44,43 @@ def _kubectl(state: dict[str, Any], *args: str, stdin: str | None = None) -> str
     return result.stdout
 
 
+def _phase(state: dict[str, Any]) -> str:
+    """The pod's phase (the API server gives a new pod `Pending`); a pod gone fails, saying
+    what the cluster said of it."""
+    phase = ("get", "pod", "trainer", "--ignore-not-found", "-o", "jsonpath={.status.phase}")
+    result = subprocess.run(
+        [state["kubectl"], f"--kubeconfig={state['kubeconfig']}", *phase],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    if not result.stdout:  # applied, then gone: someone deleted it (seen once, in make soak)
+        raise AssertionError(_why(state, "the pod applied is gone"))
+    return result.stdout
+
+
+def _why(state: dict[str, Any], what: str) -> str:
+    """``what``, with the cluster's Events, its nodes and NodeClaims, and Karpenter's last
+    log lines: the stack is removed when the test ends."""
+    said = [what]
+    for args in (
+        ("get", "events", "-A", "--sort-by=.lastTimestamp"),
+        ("get", "nodes,nodeclaims.karpenter.sh", "-o", "wide"),
+    ):
+        got = subprocess.run(
+            [state["kubectl"], f"--kubeconfig={state['kubeconfig']}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        said.append(got.stdout + got.stderr)
+    log = Path(state["root"]) / "logs" / "karpenter.log"
+    if log.exists():
+        said.append("karpenter.log, the end:\n" + "\n".join(log.read_text().splitlines()[-60:]))
+    return "\n".join(said)
+
+
 @pytest.mark.soak  # a Karpenter stack of its own, 20 s (docs/testing.md)
 @pytest.mark.timeout(1500)  # builds Karpenter first where it is not cached yet
 def test_dev_up_stack_karpenter_runs_a_gpu_pod_on_a_node_karpenter_made(tmp_path: Path) -> None:
@@ -59,10 +96,8 @@ def test_dev_up_stack_karpenter_runs_a_gpu_pod_on_a_node_karpenter_made(tmp_path
         )
         _kubectl(state, "apply", "-f", "-", stdin=json.dumps(GPU_POD))
         deadline = time.monotonic() + 120
-        while (
-            _kubectl(state, "get", "pod", "trainer", "-o", "jsonpath={.status.phase}") != "Running"
-        ):
-            assert time.monotonic() < deadline, "the pod did not run within 120 s"
+        while _phase(state) != "Running":
+            assert time.monotonic() < deadline, _why(state, "the pod did not run within 120 s")
             time.sleep(0.5)
         node = _kubectl(state, "get", "pod", "trainer", "-o", "jsonpath={.spec.nodeName}")
         claims = json.loads(_kubectl(state, "get", "nodeclaims.karpenter.sh", "-o", "json"))[
