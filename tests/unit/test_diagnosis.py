@@ -746,9 +746,8 @@ def test_provisioned_nodes_without_the_required_level_are_said_so(
     assert to_json(report)["verdict"]["line"] == line
 
 
-def test_an_admitted_gang_past_its_start_deadline_is_rolled_back_as_decide_does() -> None:
-    """The start watchdog is replayed too: past startDeadlineSeconds with members
-    unscheduled, the line says the rollback the decision starts, not a deadline passed."""
+def admitted_on_fulfilled() -> tuple[WorkloadBuilder, dict[str, Any]]:
+    """A gang of 2 admitted, its check Ready, and its first attempt's request Fulfilled."""
     admitted = (
         WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready")
     ).condition("Admitted")
@@ -759,6 +758,13 @@ def test_an_admitted_gang_past_its_start_deadline_is_rolled_back_as_decide_does(
         conditions={"Accepted": "", "Provisioned": ""},
         annotations={"gangcheck.io/phase": "Fulfilled"},
     )
+    return admitted, fulfilled
+
+
+def test_an_admitted_gang_past_its_start_deadline_is_rolled_back_as_decide_does() -> None:
+    """The start watchdog is replayed too: past startDeadlineSeconds with members
+    unscheduled, the line says the rollback the decision starts, not a deadline passed."""
+    admitted, fulfilled = admitted_on_fulfilled()
     config = {"spec": {"fulfillment": {"mode": "NodesFit", "startDeadlineSeconds": 60}}}
     facts = gather(admitted.build(), world(requests=(fulfilled,), configs={"cfg": config}), now=NOW)
     assert verdict(facts, NOW).line == (
@@ -1034,16 +1040,7 @@ def test_the_request_line_gives_the_deadline_only_while_it_can_roll_the_attempt_
 def test_an_admitted_gang_counts_the_nodes_recorded_for_its_request() -> None:
     """`gangcheck status` after admission: no fit is computed, and NODES says how many
     nodes arrived for the request the gang was given (another request's are not counted)."""
-    admitted = (
-        WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready")
-    ).condition("Admitted")
-    name = naming.request_name("wl", CHECK, 1)
-    fulfilled = provisioning_request(
-        name,
-        templates=[(naming.template_name(name, "workers"), 2)],
-        conditions={"Accepted": "", "Provisioned": ""},
-        annotations={"gangcheck.io/phase": "Fulfilled"},
-    )
+    admitted, fulfilled = admitted_on_fulfilled()
     nodes = (arrival("gpu-0"), arrival("gpu-1"), arrival("gpu-2", claimed_for="default/other-1"))
     facts = gather(admitted.build(), world(requests=(fulfilled,), nodes=nodes), now=NOW)
     assert facts.placement is None

@@ -1354,6 +1354,13 @@ async def test_a_live_worker_whose_clock_is_behind_is_not_skipped_once_a_renewal
     assert not one.writes and not two.writes
 
 
+def timed(manager: Manager, connect: Connect, clock: Clock) -> Dispatcher:
+    """A dispatcher on ``clock`` giving a worker up after 300 s of gangcheck's silence there."""
+    return Dispatcher(
+        manager, metrics=Metrics(), connect=connect, clock=clock, unanswered_within=300
+    )
+
+
 def waiting_copy(*, message: str = "") -> Obj:
     """Kueue's copy of the gang in a worker: its quota reserved there, gangcheck's check
     Pending (with ``message``: what gangcheck said on it, '' when it said nothing)."""
@@ -1380,20 +1387,18 @@ async def test_a_worker_whose_gangcheck_leaves_the_copy_untouched_is_given_up(
     the worker however long the gang waits there."""
     one, two = worker(), worker()
     manager, _, connect = bed({"worker-1": one, "worker-2": two})
-    now = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
-    dispatcher = Dispatcher(
-        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
-    )
+    clock = Clock()
+    dispatcher = timed(manager, connect, clock)
     await dispatcher.pass_once()
     assert record(manager).nominated == ("worker-1",)
     one.add(waiting_copy(message="asking cluster-autoscaler" if acted.startswith("a word") else ""))
     if acted == "a request":
         one.add(not_found_request() | {"status": {}})
     await dispatcher.pass_once()  # seen untouched from here
-    now += timedelta(seconds=299)
+    clock.now += timedelta(seconds=299)
     await dispatcher.pass_once()
     assert record(manager).nominated == ("worker-1",)
-    now += timedelta(seconds=2)
+    clock.now += timedelta(seconds=2)
     await dispatcher.pass_once()
     got = record(manager)
     if not given_up:
@@ -1411,21 +1416,17 @@ async def test_the_untouched_copy_is_timed_anew_by_a_new_dispatcher() -> None:
     whole while again before giving the worker up."""
     one, two = worker(), worker()
     manager, _, connect = bed({"worker-1": one, "worker-2": two})
-    now = datetime(2026, 12, 6, 3, 0, tzinfo=UTC)
-    first = Dispatcher(
-        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
-    )
+    clock = Clock()
+    first = timed(manager, connect, clock)
     await first.pass_once()
     one.add(waiting_copy())
     await first.pass_once()
-    now += timedelta(seconds=200)
-    restarted = Dispatcher(
-        manager, metrics=Metrics(), connect=connect, clock=lambda: now, unanswered_within=300
-    )
+    clock.now += timedelta(seconds=200)
+    restarted = timed(manager, connect, clock)
     await restarted.pass_once()
-    now += timedelta(seconds=200)  # 400 s since the first saw it, 200 s since the restart
+    clock.now += timedelta(seconds=200)  # 400 s since the first saw it, 200 s since the restart
     await restarted.pass_once()
     assert record(manager).nominated == ("worker-1",)
-    now += timedelta(seconds=101)
+    clock.now += timedelta(seconds=101)
     await restarted.pass_once()
     assert record(manager).nominated == ("worker-2",)

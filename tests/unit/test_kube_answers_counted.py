@@ -7,25 +7,12 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import yaml
 from aiohttp import web
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import TransientError
 from gangcheck.telemetry import Metrics
-
-
-def _kubeconfig(path: Path, server: str) -> str:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+from tests.unit.test_kube_proxy_env import _kubeconfig
 
 
 def _counted(metrics: Metrics) -> dict[tuple[str, str], float]:
