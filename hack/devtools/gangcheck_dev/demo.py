@@ -77,6 +77,9 @@ WEBHOOK_NAME = "gangcheck-demo"
 READY_TIMEOUT = 60.0
 """How long the controller left running may take to answer /readyz."""
 STOP_TIMEOUT = 15.0
+#: How long `stop_recorded` waits for what it SIGKILLed to be gone (a loaded machine takes
+#: a moment to tear a process down).
+KILL_WAIT = 10.0
 """How long `demo down` waits for what it stops before SIGKILL."""
 
 
@@ -516,6 +519,9 @@ def stop_recorded(state_dir: Path, timeout: float = STOP_TIMEOUT) -> None:
     for pid in ours:
         if pid_alive(pid):
             kill_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT  # gone, not only signalled, when this returns
+    while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
+        time.sleep(0.1)
     processes.unlink()
 
 

@@ -18,6 +18,7 @@ from gangcheck_dev.testbed import dev
 from gangcheck_dev.testbed.process import (
     free_ports,
     pid_alive,
+    pid_cmdline,
     port_is_free,
     processes_mentioning,
 )
@@ -99,7 +100,8 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
         assert all(pid_alive(pid) for pid in left), out.getvalue()
     finally:
         demo.down(state_dir, out=io.StringIO())
-    assert not any(pid_alive(pid) for pid in [*pids, *first, *left])
+    alive = {pid: pid_cmdline(pid)[:3] for pid in [*pids, *first, *left] if pid_alive(pid)}
+    assert not alive, f"left running after down: {alive}"
     assert port_is_free(int(port))
     assert not state_dir.exists()
     assert processes_mentioning(str(state_dir)) == []

@@ -251,7 +251,7 @@ def _kill_leftovers(state: dict[str, Any]) -> None:
         pid, binary = component.get("pid"), component.get("binary")
         if pid and pid_alive(pid) and pid_cmdline(pid)[:1] == [binary]:
             kill_group(pid, signal.SIGKILL)
-            _wait_gone(pid, 5.0)
+            _wait_gone(pid, 10.0)
 
 
 def _clear(state_dir: Path) -> None:
