@@ -40,7 +40,6 @@ from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
-    ARRIVED_FOR,
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
     DOMAINS_TRIED_ANNOTATION,
@@ -491,7 +490,7 @@ def attempt_phase(
 def recorded_for(nodes: Collection[Obj], namespace: str, request: str) -> int:
     """The nodes recorded as arrived for the request (``ARRIVED_FOR``)."""
     key = f"{namespace}/{request}"
-    return sum(1 for n in nodes if (n["metadata"].get("annotations") or {}).get(ARRIVED_FOR) == key)
+    return sum(1 for n in nodes if claim_of(n) == key)
 
 
 def nodes_needed(placement: Placement | None) -> int | None:
