@@ -186,8 +186,19 @@ class Workloads(Adapter):
     def ask(k: int) -> str:
         return naming.request_name("wl", CHECK, 1, k)
 
-    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
-        wl = gang(4).build()
+    def run(
+        self,
+        racers: list[Racer],
+        nodes: list[Node],
+        spec: Obj,
+        *,
+        ready: str = "",
+        quota: bool = True,
+    ) -> Seen:
+        builder = gang(4)
+        if not quota:  # taken back without eviction (Kueue: its LocalQueue stopped, deleted)
+            builder.condition("QuotaReserved", "False", "Inadmissible")
+        wl = builder.build()
         if ready:
             wl["status"]["admissionChecks"][0].update(
                 {
@@ -404,6 +415,21 @@ def test_the_same_race_through_both_adapters(case: Case, adapter: Adapter) -> No
             assert seen.recorded_winner == "b"
     assert case.events <= seen.events
     assert seen.notes == case.notes
+
+
+def test_a_ready_workload_whose_quota_is_taken_back_still_withdraws_the_losers() -> None:
+    """Kueue takes a Ready gang's quota back without evicting it (its LocalQueue stopped):
+    the attempt it consumes is kept for when quota comes back, but a racer that lost to it
+    is not the gang's, quota or not: withdrawn now, what arrived for it reclaimed."""
+    adapter = Workloads()
+    racers = [Racer(0, {"Accepted": "ok"}), Racer(1, {"Provisioned": "ok"})]
+    nodes = [*(Node(f"b{i}", "b", 1) for i in range(4)), Node("a0", "a", 0)]
+    seen = adapter.run(racers, nodes, RACE, ready=adapter.ask(1), quota=False)
+    assert seen.deleted == [adapter.ask(0)]
+    assert seen.reclaimed == [(adapter.ask(0), ("a0",))]
+    assert seen.message == ""  # the Ready check is left as it is
+    kept = adapter.run([racers[1]], nodes[:4], RACE, ready=adapter.ask(1), quota=False)
+    assert kept.deleted == [] and kept.reclaimed == []  # the winner alone: nothing to do
 
 
 def test_a_pod_group_racing_again_withdraws_the_racers_of_the_attempt_before() -> None:

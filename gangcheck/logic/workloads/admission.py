@@ -145,8 +145,13 @@ def _without_quota(snap: Snapshot, state: CheckState, now: datetime) -> Decision
     rollback had begun) it is withdrawn, what arrived for it reclaimed safely and its hold
     lifted, so a gang that may never get its quota back holds no capacity, and the check
     says so. The next reservation starts the attempt afresh. A Ready check's attempt is
-    kept (its gang is admitted as soon as it has quota again)."""
+    kept (its gang is admitted as soon as it has quota again), but not the racers that lost
+    to it: they are not the gang's whether it has quota or not (`left_behind`)."""
     live = [r for r in snap.requests if not r.deleting]
+    if state.state == READY:
+        req = flow.find(snap.requests, _ready_request(snap, state))
+        behind = left_behind(snap, req, state.retry_count + 1) if req is not None else None
+        return behind or Decision()
     if state.state != PENDING or not live:
         return Decision()
     rolling = any(rollback.is_rolling_back(r) for r in live)
