@@ -812,7 +812,7 @@ def _view_of(
     checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: list[Obj], copies: list[Obj]
 ) -> _View:
     """A worker's reads made sense of (raises on objects not shaped as its API serves them)."""
-    if not _runs_gangcheck(checks):
+    if not _gangchecks(checks, active=True):
         return _View(skip=f"no AdmissionCheck of {CONTROLLER_NAME} Active: no gangcheck there")
     return _View(
         nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
@@ -925,22 +925,15 @@ def _gone(
     return set(held) - (listed & present)
 
 
-def _gangchecks(checks: Sequence[Obj]) -> frozenset[str]:
-    """The names of a worker's AdmissionChecks that gangcheck serves there."""
+def _gangchecks(checks: Sequence[Obj], *, active: bool = False) -> frozenset[str]:
+    """The names of a worker's AdmissionChecks that gangcheck serves there (``active``: of
+    those, the ones Kueue shows Active)."""
     return frozenset(
         str(c["metadata"]["name"])
         for c in checks
         if (c.get("spec") or {}).get("controllerName") == CONTROLLER_NAME
+        and (not active or (_condition(c, "Active") or {}).get("status") == "True")
     )
-
-
-def _runs_gangcheck(checks: Sequence[Obj]) -> bool:
-    for check in checks:
-        if (check.get("spec") or {}).get("controllerName") == CONTROLLER_NAME:
-            active = _condition(check, "Active")
-            if active is not None and active.get("status") == "True":
-                return True
-    return False
 
 
 def _copy_state(view: _View, wl: Obj) -> tuple[str, bool, bool]:

@@ -102,7 +102,13 @@ def gpu_node(name: str) -> Obj:
     }
 
 
-def worker(*, gangcheck: bool = True, nodes: int = 0, kube: FakeKube | None = None) -> FakeKube:
+def worker(
+    *,
+    gangcheck: bool = True,
+    nodes: int = 0,
+    kube: FakeKube | None = None,
+    check_active: str = "True",
+) -> FakeKube:
     kube = kube if kube is not None else FakeKube()
     if gangcheck:
         kube.add(
@@ -111,7 +117,7 @@ def worker(*, gangcheck: bool = True, nodes: int = 0, kube: FakeKube | None = No
                 "kind": ADMISSION_CHECK.kind,
                 "metadata": {"name": "gpu"},
                 "spec": {"controllerName": CONTROLLER_NAME},
-                "status": {"conditions": active()},
+                "status": {"conditions": active(check_active)},
             }
         )
     kube.add(*(gpu_node(f"n{i}") for i in range(nodes)))
@@ -231,6 +237,11 @@ BAD = {
     "Secret missing": ({"worker-1": None}, (), "Secret kueue-system/worker-1 not found"),
     "MultiKueueCluster not Active": ({}, ("worker-1",), "not Active (BadConfig: x)"),
     "no gangcheck in the worker": ({"worker-1": worker(gangcheck=False)}, (), "no gangcheck"),
+    "gangcheck's check there not Active": (
+        {"worker-1": worker(nodes=2, check_active="False")},
+        (),
+        "no AdmissionCheck of gangcheck.io/atomic-provisioning Active",
+    ),
 }
 
 
