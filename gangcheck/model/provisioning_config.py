@@ -14,7 +14,14 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 BEST_EFFORT_ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CHECK_CAPACITY = "check-capacity.autoscaling.x-k8s.io"
@@ -79,8 +86,34 @@ class RetryStrategy(_Spec):
         return self
 
 
+def _label_key(key: str) -> str:
+    """`key`, if it is a label key (gangcheck writes it as one); else ValueError."""
+    problem = label_key_problem(key)
+    if problem is not None:
+        raise ValueError(problem)
+    return key
+
+
+def _node_labels(labels: dict[str, str]) -> dict[str, str]:
+    """`labels`, if each is a label Kubernetes takes (gangcheck writes them as a pod's
+    nodeSelector); else ValueError naming the first that is not."""
+    for key, value in labels.items():
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+    return labels
+
+
+def _pool_name(name: str) -> str:
+    """`name`, if it can name a NodePool (a DNS subdomain: the pools join a comma-separated
+    request parameter); else ValueError."""
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        raise ValueError(f"{name!r} is not a NodePool name (a DNS subdomain: a-z, 0-9, '-', '.')")
+    return name
+
+
 class NodeSelectorFromDetail(_Spec):
-    key: Annotated[str, Field(min_length=1, max_length=317)]
+    key: Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_label_key)]
     value_from_provisioning_class_detail: Annotated[
         str, Field(alias="valueFromProvisioningClassDetail", min_length=1, max_length=32768)
     ]
@@ -113,7 +146,7 @@ class KarpenterSpec(_Spec):
     """Where a gang's NodeClaims go: the first of ``nodePools`` able to take the whole gang."""
 
     node_pools: Annotated[
-        tuple[Annotated[str, Field(min_length=1, max_length=253)], ...],
+        tuple[Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_pool_name)], ...],
         Field(alias="nodePools", min_length=1, max_length=16),
     ]
 
@@ -234,9 +267,9 @@ class CapacitySource(_Spec):
         default_factory=dict
     )
     karpenter: KarpenterSpec | None = None
-    node_selector: Annotated[dict[str, str], Field(alias="nodeSelector", max_length=16)] = Field(
-        default_factory=dict
-    )
+    node_selector: Annotated[
+        dict[str, str], Field(alias="nodeSelector", max_length=16), AfterValidator(_node_labels)
+    ] = Field(default_factory=dict)
     deadline_seconds: Annotated[int | None, Field(alias="deadlineSeconds", ge=1, le=INT32_MAX)] = (
         None
     )
