@@ -60,6 +60,15 @@ class InvalidError(ApiError):
     """422: the object failed validation (or a JSON-patch test failed)."""
 
 
+def refused(error: ApiError) -> bool:
+    """Whether the API server refused a write for what it says (its schema, a webhook, RBAC):
+    a 403, or a 422 naming its causes; not a 422 of a failed JSON-patch ``test``, which
+    names none (the object changed meanwhile: decide again)."""
+    if isinstance(error, ForbiddenError):
+        return True
+    return isinstance(error, InvalidError) and bool(error.details.get("causes"))
+
+
 class TransientError(ApiError):
     """429, 5xx or a broken connection: worth retrying."""
 

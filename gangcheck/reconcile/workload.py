@@ -11,8 +11,10 @@ from functools import partial
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
+    ForbiddenError,
     InvalidError,
     NotFoundError,
+    refused,
 )
 from gangcheck.kube.resources import WORKLOAD
 from gangcheck.logic.attempt import lifecycle, naming
@@ -269,9 +271,9 @@ class WorkloadReconciler(GangReconciler):
         state = wl.checks.get(check)
         what = type(action).__name__.removeprefix("Create")
         message = f"Error creating {what}: {error.message}"
+        await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
         if state is not None and state.message != message:
             await self._write_check(wl, replace(state, message=message[:MAX_MESSAGE]).to_obj())
-        await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
 
     async def _write_check_again(self, wl: Workload, entry: Obj, before: CheckState | None) -> bool:
         """The check of a pass that withdrew a request, refused because the Workload changed
@@ -289,7 +291,10 @@ class WorkloadReconciler(GangReconciler):
         return await self._write_check(now, entry)
 
     async def _write_check(self, wl: Workload, entry: Obj) -> bool:
-        """Replace only our entry of status.admissionChecks, if the Workload is unchanged."""
+        """Replace only our entry of status.admissionChecks, if the Workload is unchanged.
+        A write the API server refuses for what it says (Kueue's webhook, the CRD's schema)
+        is said as a FailedUpdate Event on the Workload, then raised: the queue backs off,
+        where reading it as a change meanwhile retried it every 0.5 s, said nowhere."""
         obj = self._caches.workloads.store.get(wl.ref.name, wl.ref.namespace) or {}
         entries = (obj.get("status") or {}).get("admissionChecks") or []
         index = next((i for i, e in enumerate(entries) if e.get("name") == entry["name"]), None)
@@ -304,7 +309,11 @@ class WorkloadReconciler(GangReconciler):
             updated = await self._kube.json_patch(
                 WORKLOAD, wl.ref.name, ops, wl.ref.namespace, subresource="status"
             )
-        except (ConflictError, InvalidError, NotFoundError) as e:
+        except (ConflictError, InvalidError, NotFoundError, ForbiddenError) as e:
+            if refused(e):
+                message = f"Error writing admission check {entry['name']}: {e.message}"
+                await self._events.emit(wl.ref, Event("FailedUpdate", message, warning=True))
+                raise
             log.info(
                 "check write skipped, the Workload changed: %s",
                 e.reason,

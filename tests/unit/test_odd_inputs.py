@@ -3,11 +3,16 @@ controller goes on serving the rest (the house rule: docs/troubleshooting.md).""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from gangcheck.kube.errors import ApiError, error_from_status
+from gangcheck.kube.resources import EVENT
 from gangcheck.model.provisioning_config import parse_spec
+from tests.builders import CHECK
+from tests.unit.test_workload_reconciler import World, gang
 
 # ---- AtomicProvisioningConfig: labels gangcheck writes, refused as the config's problem ----
 
@@ -93,3 +98,62 @@ def test_a_config_naming_labels_the_api_server_refuses_is_invalid(
 )
 def test_labels_and_pool_names_kubernetes_takes_are_taken(spec: dict[str, Any]) -> None:
     parse_spec(spec)
+
+
+# ---- a check write the API server refuses: said on the Workload, the queue backs off -------
+
+#: Kueue's Workload webhook refusing a podSetUpdates label (controller-runtime answers a
+#: validator's error 403; validatePodSetUpdates, Kueue v0.17).
+WEBHOOK_DENIAL = (
+    'admission webhook "vworkload.kb.io" denied the request: status.admissionChecks[0]'
+    '.podSetUpdates[0].nodeSelector: Invalid value: "x": name part must be 63 characters or less'
+)
+#: The CRD's schema refusing it (a 422 with causes; a failed JSON-patch test has none).
+SCHEMA_DENIAL = (
+    'Workload.kueue.x-k8s.io "wl" is invalid: status.admissionChecks[0].podSetUpdates[0]'
+    ".tolerations: Too many: 9: must have at most 8 items"
+)
+
+
+def _refusal(status: int, message: str) -> ApiError:
+    causes = [{"type": "FieldValueInvalid", "message": message, "field": "status"}]
+    body = {
+        "kind": "Status",
+        "status": "Failure",
+        "reason": "Forbidden" if status == 403 else "Invalid",
+        "message": message,
+        "code": status,
+        "details": {"name": "wl", "kind": "Workload", "causes": causes} if status == 422 else {},
+    }
+    return error_from_status(status, json.dumps(body), target="Workload/wl")
+
+
+@pytest.mark.parametrize(("status", "message"), [(403, WEBHOOK_DENIAL), (422, SCHEMA_DENIAL)])
+async def test_a_check_write_refused_is_said_on_the_workload_and_backed_off(
+    status: int, message: str
+) -> None:
+    """Before: the refusal was logged only (a 403 raised, a 422 read as "the Workload
+    changed" and tried again every 0.5 s, for ever); `kubectl describe workload` showed the
+    check Pending with nothing said."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    world.kube.fail("patch", "Workload", "wl", _refusal(status, message), times=100)
+    with pytest.raises(ApiError):  # the queue backs off (0.5 s, 1 s ... 60 s), no hot loop
+        await world.reconcile()
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+    assert [(e["type"], e["involvedObject"]["name"]) for e in events] == [("Warning", "wl")]
+    assert events[0]["message"] == f"Error writing admission check {CHECK}: {message}"
+    assert world.check()["state"] == "Pending"
+
+
+async def test_a_check_write_meeting_a_change_is_tried_again_soon_and_says_nothing() -> None:
+    """A failed JSON-patch test (422 without causes, as kube-apiserver answers it) is the
+    Workload changed meanwhile: decided again soon, no Event."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    world.kube.fail("patch", "Workload", "wl", 422)
+    result = await world.reconcile()
+    assert result.requeue_after is not None and result.requeue_after <= 0.5
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
