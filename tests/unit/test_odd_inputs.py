@@ -12,6 +12,8 @@ from gangcheck.kube.errors import ApiError, error_from_status
 from gangcheck.kube.resources import EVENT
 from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK
+from tests.unit.test_admission_decide import REQ1, TRUST, Case, req, run
+from tests.unit.test_admission_decide import gang as admission_gang
 from tests.unit.test_workload_reconciler import World, gang
 
 # ---- AtomicProvisioningConfig: labels gangcheck writes, refused as the config's problem ----
@@ -157,3 +159,38 @@ async def test_a_check_write_meeting_a_change_is_tried_again_soon_and_says_nothi
     result = await world.reconcile()
     assert result.requeue_after is not None and result.requeue_after <= 0.5
     assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+
+
+# ---- a class detail no label can carry: not pinned, said once ---------------------------
+
+
+@pytest.mark.parametrize("value", ["x" * 64, "two words", "-r"])
+def test_a_class_detail_that_is_no_label_value_is_not_pinned_and_is_said(value: str) -> None:
+    """The autoscaler's provisioningClassDetails value for a podSetUpdates nodeSelector key
+    that no label can carry matches no node, and Kueue's webhook refuses the check that
+    names it: before, the check stayed Pending for ever (the request already marked
+    fulfilled, its nodes held) and nothing but a log said why. Now the gang is Ready without
+    that pin, and a Warning Event names the detail."""
+    config = {
+        **TRUST,
+        "podSetUpdates": {
+            "nodeSelector": [
+                {"key": "cloud.example/reservation", "valueFromProvisioningClassDetail": "r"},
+                {"key": "cloud.example/zone", "valueFromProvisioningClassDetail": "z"},
+            ]
+        },
+    }
+    request = req(conditions={"Provisioned": ""})
+    request["status"]["provisioningClassDetails"] = {"r": value, "z": "zone-a"}
+    d = run(Case("", admission_gang(), config=config, requests=[request]))
+    assert d.check is not None and d.check.state == "Ready"
+    assert {u["nodeSelector"]["cloud.example/zone"] for u in d.check.pod_set_updates} == {"zone-a"}
+    assert not any(
+        "cloud.example/reservation" in u["nodeSelector"] for u in d.check.pod_set_updates
+    )
+    (said,) = [e for e in d.events if e.reason == "InvalidClassDetail"]
+    assert said.warning
+    assert said.message == (
+        f"provisioningClassDetails r of {REQ1} is {value!r}, not a label value: "
+        "the gang is not pinned to cloud.example/reservation"
+    )

@@ -67,7 +67,11 @@ from gangcheck.model.objects import (
     ProvisioningRequest,
     Workload,
 )
-from gangcheck.model.provisioning_config import AtomicProvisioningSpec, FulfillmentMode
+from gangcheck.model.provisioning_config import (
+    AtomicProvisioningSpec,
+    FulfillmentMode,
+    label_value_problem,
+)
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 MAX_MESSAGE = 32768
@@ -921,7 +925,23 @@ def _ready(
     decision = _transition(state, READY, message, now, pod_set_updates=updates)
     kept = (a for r in topup.kept_for(snap.requests, req) for a in lifecycle.fulfilled(r))
     actions = (*decision.actions, *kept, *lifecycle.fulfilled(req))
-    return replace(decision, actions=actions, capacity_used=capacity_used(req))
+    assert snap.config is not None
+    unpinned = tuple(
+        Event(
+            "InvalidClassDetail",
+            f"provisioningClassDetails {detail} of {req.name} is {value!r}, not a label "
+            f"value: the gang is not pinned to {key}",
+            warning=True,
+        )
+        for key, detail, value in _class_details(snap.config, req)
+        if label_value_problem(value) is not None
+    )
+    return replace(
+        decision,
+        actions=actions,
+        capacity_used=capacity_used(req),
+        events=(*decision.events, *unpinned),
+    )
 
 
 def pod_set_updates(
@@ -981,15 +1001,29 @@ def _parameters(snap: Snapshot, index: int) -> dict[str, str]:
     return request_parameters(own, snap.workload.annotations)
 
 
+def _class_details(
+    config: AtomicProvisioningSpec, req: ProvisioningRequest
+) -> list[tuple[str, str, str]]:
+    """The config's podSetUpdates.nodeSelector entries the request's class details fill:
+    (label key, detail, the detail's value)."""
+    if config.pod_set_updates is None:
+        return []
+    return [
+        (s.key, s.value_from_provisioning_class_detail, value)
+        for s in config.pod_set_updates.node_selector
+        if (value := req.class_details.get(s.value_from_provisioning_class_detail)) is not None
+    ]
+
+
 def _detail_node_selector(
     config: AtomicProvisioningSpec, req: ProvisioningRequest
 ) -> dict[str, str]:
-    if config.pod_set_updates is None:
-        return {}
+    """The node labels the class details pin the gang to; not a value no label can carry
+    (no node has it, and Kueue's webhook refuses the check naming it: `_ready` says so)."""
     return {
-        s.key: req.class_details[s.value_from_provisioning_class_detail]
-        for s in config.pod_set_updates.node_selector
-        if s.value_from_provisioning_class_detail in req.class_details
+        key: value
+        for key, _, value in _class_details(config, req)
+        if label_value_problem(value) is None
     }
 
 
