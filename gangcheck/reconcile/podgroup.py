@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Unpack
 
-from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+    refused,
+)
 from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Event
@@ -148,9 +154,12 @@ class PodGroupReconciler(GangReconciler):
         return STALE_RETRY_SECONDS if stale else soonest(decision.requeue_after, held)
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
-        """Merge our annotations into the group (an empty value removes one)."""
+        """Merge our annotations into the group (an empty value removes one). A write the
+        API server refuses for what it says (a policy webhook, the annotations' size) is
+        said as a FailedUpdate Event on the group, then raised: the queue backs off."""
         meta = obj["metadata"]
-        informer = self._caches.pod_groups[pod_group_of(obj).api_group]
+        group = pod_group_of(obj)
+        informer = self._caches.pod_groups[group.api_group]
         patch = {"metadata": {"annotations": {k: (v or None) for k, v in status.items()}}}
         try:
             updated = await self._kube.merge_patch(
@@ -158,6 +167,11 @@ class PodGroupReconciler(GangReconciler):
             )
         except NotFoundError:
             return
+        except (ForbiddenError, InvalidError) as e:
+            if refused(e):
+                message = f"Error writing the PodGroup's status: {e.message}"
+                await self._events.emit(group.ref, Event("FailedUpdate", message, warning=True))
+            raise
         informer.store.put_if_newer(updated)
 
     async def _without_group(self, api_group: str, short: str, namespace: str, name: str) -> Result:

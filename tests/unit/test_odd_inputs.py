@@ -14,6 +14,8 @@ from gangcheck.model.provisioning_config import parse_spec
 from tests.builders import CHECK
 from tests.unit.test_admission_decide import REQ1, TRUST, Case, req, run
 from tests.unit.test_admission_decide import gang as admission_gang
+from tests.unit.test_podgroup_reconciler import World as GroupWorld
+from tests.unit.test_podgroup_reconciler import gang as group_gang
 from tests.unit.test_workload_reconciler import World, gang
 
 # ---- AtomicProvisioningConfig: labels gangcheck writes, refused as the config's problem ----
@@ -194,3 +196,24 @@ def test_a_class_detail_that_is_no_label_value_is_not_pinned_and_is_said(value: 
         f"provisioningClassDetails r of {REQ1} is {value!r}, not a label value: "
         "the gang is not pinned to cloud.example/reservation"
     )
+
+
+# ---- a PodGroup write the API server refuses: said on the group, backed off -------------
+
+POLICY_DENIAL = (
+    'admission webhook "validate.example.io" denied the request: annotations of PodGroup g '
+    "may not be changed"
+)
+
+
+async def test_a_group_write_refused_is_said_on_the_group_and_backed_off() -> None:
+    """A policy webhook refusing gangcheck's annotations on a PodGroup: before, logged only
+    (the reconcile raised before the decision's Events were sent)."""
+    world = GroupWorld(*group_gang())
+    refusal = _refusal(403, POLICY_DENIAL)
+    world.kube.fail("patch", "PodGroup", "g", refusal, times=100)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+    assert [(e["type"], e["involvedObject"]["name"]) for e in events] == [("Warning", "g")]
+    assert events[0]["message"] == f"Error writing the PodGroup's status: {POLICY_DENIAL}"
