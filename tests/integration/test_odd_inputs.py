@@ -3,12 +3,18 @@ API server answers is read for what it is."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+import yaml
+from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.errors import ConflictError, InvalidError, refused
 from gangcheck.kube.resources import WORKLOAD
+from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually
+from tests.integration.harness import Cluster, RunningController, apply, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +77,94 @@ async def test_a_config_pinning_a_label_kubernetes_refuses_is_inactive_until_fix
 
     await cluster.set_config({"capacitySources": [{"name": "a", "nodeSelector": cluster.pool}]})
     await cluster.wait_request(f"wl-{cluster.check}-1")
+
+
+def _no_ready_policy(namespace: str, workload: str) -> str:
+    """A ValidatingAdmissionPolicy (reason left to its default, Invalid: a 422 naming its
+    cause) refusing the check of one Workload turning Ready, in one namespace."""
+    name = f"no-ready-{namespace}"
+    never_ready = (
+        f"object.metadata.name != '{workload}' || !has(object.status.admissionChecks) || "
+        "object.status.admissionChecks.all(c, c.state != 'Ready')"
+    )
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["kueue.x-k8s.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["UPDATE"],
+                        "resources": ["workloads/status"],
+                    }
+                ]
+            },
+            "validations": [{"expression": never_ready, "message": f"{workload} may not run"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    return yaml.safe_dump_all([policy, binding])
+
+
+async def test_a_check_write_a_policy_refuses_is_said_once_and_other_gangs_are_served(
+    cluster: Cluster, controller: RunningController, control_plane: ControlPlane
+) -> None:
+    """An admission policy refusing one gang's Ready: before, kube-apiserver's 422 was read
+    as the Workload changed meanwhile and the check written again every 0.5 s, said nowhere
+    a user looks. Now a FailedUpdate Warning Event on that Workload carries the policy's
+    message, its check stays Pending, and the other gang turns Ready."""
+    manifests = _no_ready_policy(cluster.ns, "bad")
+    apply(control_plane, manifests)
+    try:
+        await cluster.install_check({"fulfillment": {"mode": "TrustProvisioned"}})
+        for name in ("bad", "good"):
+            await cluster.submit(gang(name))
+        await _until_policy_refuses(control_plane, cluster.ns, "bad")
+        for name in ("bad", "good"):
+            request = naming.request_name(name, cluster.check, 1)
+            await cluster.set_request_conditions(request, {"Provisioned": "ok"})
+        await cluster.wait_check("good", "Ready")
+        (said,) = await cluster.wait_events("FailedUpdate", about="bad")
+        assert said["type"] == "Warning"
+        assert said["message"].startswith(f"Error writing admission check {cluster.check}: ")
+        assert "bad may not run" in said["message"]
+        assert (await cluster.check_state("bad"))["state"] == "Pending"
+        # the refusals are this test's policy's, of the Workload it names (the controller
+        # fixture fails a test on any refusal of gangcheck's writes)
+        policy = f"ValidatingAdmissionPolicy 'no-ready-{cluster.ns}'"
+        ours = [r for r in controller.refused if policy in r]
+        assert ours and all("/workloads/bad/status" in r for r in ours)
+        controller.refused[:] = [r for r in controller.refused if policy not in r]
+    finally:
+        control_plane.run_kubectl("delete", "-f", "-", stdin=manifests, check=False)
+
+
+async def _until_policy_refuses(cp: ControlPlane, namespace: str, workload: str) -> None:
+    """A policy takes effect a moment after it is made: a dry run of the write it refuses
+    tells when."""
+    patch = json.dumps(
+        [{"op": "replace", "path": "/status/admissionChecks/0/state", "value": "Ready"}]
+    )
+    argv = ("patch", "workloads.kueue.x-k8s.io", workload, "-n", namespace, "--subresource=status")
+    args = (*argv, "--type=json", "-p", patch, "--dry-run=server")
+
+    async def refused_now() -> bool:
+        done = await asyncio.to_thread(cp.run_kubectl, *args, check=False)
+        return done.returncode != 0 and "may not run" in done.stderr
+
+    await eventually(refused_now, what="the policy refusing a dry run")
