@@ -267,11 +267,11 @@ class WorkloadReconciler(GangReconciler):
     async def _report_failed_create(
         self, wl: Workload, check: str, action: Action, error: ApiError
     ) -> None:
-        """The API server refused what we built: say so on the check and as an Event."""
+        """The API server refused what we did: say so on the check and as an Event."""
         state = wl.checks.get(check)
-        what = type(action).__name__.removeprefix("Create")
-        message = f"Error creating {what}: {error.message}"
-        await self._events.emit(wl.ref, Event("FailedCreate", message, warning=True))
+        event = refusal_event(action, error.message)
+        message = event.message
+        await self._events.emit(wl.ref, event)
         if state is not None and state.message != message:
             await self._write_check(wl, replace(state, message=message[:MAX_MESSAGE]).to_obj())
 
@@ -322,6 +322,24 @@ class WorkloadReconciler(GangReconciler):
             return False
         self._caches.workloads.store.put_if_newer(updated)
         return True
+
+
+def refusal_event(action: Action, why: str) -> Event:
+    """The Warning Event saying the API server refused `action` (`why`: its message), named
+    for what the action did: FailedCreate ``Error creating Request: ...`` (Kueue's words),
+    FailedDelete, else FailedUpdate."""
+    kind = type(action).__name__
+    if kind.startswith("Create"):
+        message = f"Error creating {kind.removeprefix('Create')}: {why}"
+        return Event("FailedCreate", message, warning=True)
+    if isinstance(action, DeleteRequest | DeleteTemplate):
+        what = "ProvisioningRequest" if isinstance(action, DeleteRequest) else "PodTemplate"
+        return Event("FailedDelete", f"Error deleting {what} {action.name!r}: {why}", warning=True)
+    if isinstance(action, AnnotateRequest):
+        message = f"Error annotating ProvisioningRequest {action.name!r}: {why}"
+    else:
+        message = f"Error applying {kind}: {why}"
+    return Event("FailedUpdate", message, warning=True)
 
 
 def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:

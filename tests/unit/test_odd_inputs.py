@@ -10,7 +10,16 @@ import pytest
 
 from gangcheck.kube.errors import ApiError, error_from_status
 from gangcheck.kube.resources import EVENT
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    CreateRequest,
+    CreateTemplate,
+    DeleteRequest,
+    DeleteTemplate,
+    ReleaseHold,
+)
 from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.reconcile.workload import refusal_event
 from tests.builders import CHECK
 from tests.unit.test_admission_decide import REQ1, TRUST, Case, req, run
 from tests.unit.test_admission_decide import gang as admission_gang
@@ -217,3 +226,32 @@ async def test_a_group_write_refused_is_said_on_the_group_and_backed_off() -> No
     events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
     assert [(e["type"], e["involvedObject"]["name"]) for e in events] == [("Warning", "g")]
     assert events[0]["message"] == f"Error writing the PodGroup's status: {POLICY_DENIAL}"
+
+
+# ---- what a refused action is called where the user looks ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("action", "reason", "said"),
+    [
+        (CreateRequest({}), "FailedCreate", "Error creating Request: no"),
+        (CreateTemplate({}), "FailedCreate", "Error creating Template: no"),
+        (
+            DeleteRequest("wl-atomic-1", "uid-r", ("ppt-r-w",), "Failed: x"),
+            "FailedDelete",
+            "Error deleting ProvisioningRequest 'wl-atomic-1': no",
+        ),
+        (DeleteTemplate("ppt-r-w"), "FailedDelete", "Error deleting PodTemplate 'ppt-r-w': no"),
+        (
+            AnnotateRequest("wl-atomic-1", {"a": "b"}),
+            "FailedUpdate",
+            "Error annotating ProvisioningRequest 'wl-atomic-1': no",
+        ),
+        (ReleaseHold(("n1",)), "FailedUpdate", "Error applying ReleaseHold: no"),
+    ],
+)
+def test_a_refused_action_is_called_what_it_did(action: Any, reason: str, said: str) -> None:
+    """Before, every refusal was 'Error creating <action>' as FailedCreate: a policy
+    refusing a request's deletion read 'Error creating DeleteRequest: ...'."""
+    event = refusal_event(action, "no")
+    assert (event.reason, event.message, event.warning) == (reason, said, True)
