@@ -675,6 +675,65 @@ async def test_a_person_opting_a_failed_node_out_ends_the_retries(bed: Bed) -> N
     assert await bed.exists(node)
 
 
+class _ReadSignals:
+    """The reconciler's client: the real one, telling the test when a live read of a node
+    has been answered."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self.read = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    async def get(self, res: Any, name: str, *a: Any, **kw: Any) -> Any:
+        answer = await self._kube.get(res, name, *a, **kw)
+        if res is NODE:
+            self.read.set()
+        return answer
+
+
+async def test_a_mark_read_while_its_reclaim_was_under_way_is_not_reclaimed_again(
+    bed: Bed,
+) -> None:
+    """The fence's mark wakes the draining-node reconciler while the reclaim that wrote it
+    waits for binds to settle; its live read still shows the mark, and it then waits for that
+    reclaim's turn on the node. Once the reclaim is done (the mark forgotten), nothing is owed:
+    the node is not fenced and reclaimed a second time, nor counted twice (seen on the local
+    stack: a withdrawn gang's one node made gangcheck_nodes_reclaimed_total 2 and doubled
+    gangcheck_stranded_node_seconds_total)."""
+    node = await bed.node()
+    caches = _Caches(bed.kube)
+    reads = _ReadSignals(bed.kube)
+    reconciler = DrainingNodeReconciler(reads, caches)  # type: ignore[arg-type]
+    reconciler.metrics = Metrics()
+    original = bed.kube.merge_patch
+    fences: list[str] = []
+    woken: list[asyncio.Task[QueueResult]] = []
+
+    async def wake_on_fence(res: Any, name: str, body: Any, *a: Any, **kw: Any) -> Any:
+        answer = await original(res, name, body, *a, **kw)
+        if res is NODE and (body.get("spec") or {}).get("unschedulable") is True:
+            fences.append(name)
+            if not woken:  # the node watch delivers the mark: the reconciler reads it live
+                caches.nodes.store.seen[name] = answer
+                woken.append(asyncio.create_task(reconciler.reconcile(name)))
+                await reads.read.wait()
+        return answer
+
+    bed.kube.merge_patch = wake_on_fence  # type: ignore[method-assign]
+    try:
+        first = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
+        again = await woken[0]
+    finally:
+        bed.kube.merge_patch = original  # type: ignore[method-assign]
+    assert first.verdict == "reclaimed"
+    assert again == QueueResult()
+    assert fences == [node]  # fenced once, by the reclaim that marked it
+    assert fence_of(await bed.kube.get(NODE, node)) == (True, [OUR_TAINT], None)
+    assert "gangcheck_nodes_reclaimed_total" not in reconciler.metrics.render()
+
+
 async def test_every_kept_node_is_explained_in_the_outcome_an_event_and_a_log(
     bed: Bed, caplog: pytest.LogCaptureFixture
 ) -> None:
