@@ -20,7 +20,8 @@ draining-node reconciler after a restart. Before anything is judged, the scale-d
 gangcheck set on the node for this request while it was kept for a top-up
 (logic/attempt/scaledown.py) is taken off: a node reclaimed, or kept and so given back to the
 pool, does not keep it. Results:
-- ``reclaimed`` / ``gone``: done (a node already gone is done, not kept);
+- ``reclaimed`` / ``gone``: done (a node already gone is done, not kept; so is the reclaim
+  a mark owed, once the mark is gone: another reclaim of the node completed or undid it);
 - ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go;
 - ``drain``: the gang's own pods are still there; the mark stays, the fence goes;
 - ``failed``: an error (403, retries exhausted, a node that kept changing); the fence goes,
@@ -131,14 +132,22 @@ def failure_cause(error: ApiError) -> str:
 
 
 async def reclaim_safely(
-    kube: Kube, target: Target, now: datetime, *, settle_seconds: float = SETTLE_SECONDS
+    kube: Kube,
+    target: Target,
+    now: datetime,
+    *,
+    settle_seconds: float = SETTLE_SECONDS,
+    owed: bool = False,
 ) -> Result:
-    """Reclaim the node if every safety rule allows it; one reclaim per node at a time."""
+    """Reclaim the node if every safety rule allows it; one reclaim per node at a time.
+    `owed`: the reclaim a node's mark owes (the draining-node reconciler), done only while
+    the node, read once this reclaim's turn has come, still carries the mark: a reclaim that
+    held the node meanwhile may have completed or undone it."""
     lock, users = _locks.get(target.node) or (asyncio.Lock(), 0)
     _locks[target.node] = (lock, users + 1)
     try:
         async with lock:
-            return await _reclaim(kube, target, now, settle_seconds)
+            return await _reclaim(kube, target, now, settle_seconds, owed=owed)
     finally:
         lock, users = _locks[target.node]
         if users > 1:
@@ -147,10 +156,14 @@ async def reclaim_safely(
             del _locks[target.node]
 
 
-async def _reclaim(kube: Kube, target: Target, now: datetime, settle_seconds: float) -> Result:
+async def _reclaim(
+    kube: Kube, target: Target, now: datetime, settle_seconds: float, *, owed: bool
+) -> Result:
     node = await _get(kube, target.node)
     if node is None:
         return Result("gone", "node no longer exists")
+    if owed and _marked_for(node) != target.request:
+        return Result("gone", "no longer owed a reclaim: done or kept meanwhile", 0, _uid(node))
     try:  # what goes back to the pool, or is kept, is no longer kept for a top-up
         unguarded = await unguard(kube, node, target.request)
     except ApiError as e:

@@ -52,7 +52,8 @@ class DrainingNodeReconciler:
         if target is None:
             self._failures.pop(name, None)
             return Result()
-        result = await reclaim_safely(self._kube, target, self._clock())
+        # the mark read may be of a reclaim under way: owed only if it is still there in turn
+        result = await reclaim_safely(self._kube, target, self._clock(), owed=True)
         await tell(self._events, self.metrics, name, result, request=target.request)
         if result.verdict == "failed":
             failures = self._failures[name] = self._failures.get(name, 0) + 1

@@ -197,7 +197,9 @@ async def test_a_rollback_whose_record_was_not_written_is_not_counted() -> None:
 
 
 async def test_reclaimed_nodes_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
     metrics = RecordedMetrics()
     arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
     _, applier = setup(request(), arrived, metrics=metrics)
@@ -338,7 +340,9 @@ async def test_release_members_changed_meanwhile_is_read_again_once() -> None:
 async def test_reclaim_arrivals_reclaims_an_idle_node_and_records_the_outcome(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
     arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
     kube, applier = setup(request(), arrived)
     action = ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode")
@@ -352,7 +356,9 @@ async def test_reclaim_arrivals_reclaims_an_idle_node_and_records_the_outcome(
 async def test_reclaim_arrivals_keeps_a_node_running_someone_elses_pod(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
     arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
     stranger = gated_pod("stranger", nodeName="n1")
     kube, applier = setup(request(), arrived, stranger)

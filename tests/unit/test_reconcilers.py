@@ -222,7 +222,9 @@ def pod_on(node_name: str, name: str = "p", *, consumes: str = "") -> Obj:
 
 @pytest.fixture
 def no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0})
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
 
 
 def draining(kube: FakeKube) -> tuple[DrainingNodeReconciler, RecordedMetrics]:
