@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Unpack
 
 from gangcheck.kube.errors import (
+    ApiError,
     ConflictError,
     ForbiddenError,
     InvalidError,
@@ -20,7 +22,7 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.group_snapshot import (
@@ -34,7 +36,7 @@ from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.model.podgroups import SHORT, PodGroup, pod_group_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 from gangcheck.reconcile.attempts import names_of, withdraw_orphans
-from gangcheck.reconcile.reconciler import GangOptions, GangParts, GangReconciler
+from gangcheck.reconcile.reconciler import GangOptions, GangParts, GangReconciler, refusal_event
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import traced_decision
@@ -129,7 +131,8 @@ class PodGroupReconciler(GangReconciler):
         requeue, a held message falling due, or a short retry when cut short by a change
         meanwhile; None when nothing is due."""
         group = pod_group_of(obj)
-        if not await self._applied(group.ref, decision.actions):
+        refused = partial(self._report_refused, obj)
+        if not await self._applied(group.ref, decision.actions, refused=refused):
             return STALE_RETRY_SECONDS
         held = None
         if decision.status:
@@ -143,7 +146,7 @@ class PodGroupReconciler(GangReconciler):
         else:
             self.held_messages.forget(key)
         try:
-            stale = not await self._applied(group.ref, decision.after)
+            stale = not await self._applied(group.ref, decision.after, refused=refused)
         finally:  # the group is written: what came with it is said, whatever comes after meets
             if decision.capacity_used:
                 self.metrics.capacity_used(decision.capacity_used)
@@ -152,6 +155,14 @@ class PodGroupReconciler(GangReconciler):
             for event in decision.events:
                 await self._events.emit(event.about or group.ref, event)
         return STALE_RETRY_SECONDS if stale else soonest(decision.requeue_after, held)
+
+    async def _report_refused(self, obj: Obj, action: Action, error: ApiError) -> None:
+        """The API server refused what we did (a namespace's ResourceQuota, a policy): say
+        so as an Event and as the group's message, as a Workload's check says it."""
+        event = refusal_event(action, error.message)
+        await self._events.emit(pod_group_of(obj).ref, event)
+        if (obj["metadata"].get("annotations") or {}).get(MESSAGE_ANNOTATION) != event.message:
+            await self._write_status(obj, {MESSAGE_ANNOTATION: event.message})
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
         """Merge our annotations into the group (an empty value removes one). A write the

@@ -9,7 +9,13 @@ from typing import TypedDict
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ForbiddenError, InvalidError
-from gangcheck.logic.attempt.actions import Action, DeleteRequest
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    DeleteRequest,
+    DeleteTemplate,
+    Event,
+)
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches
@@ -31,6 +37,24 @@ GangParts = tuple[Kube, Caches, EventRecorder, Applier]
 
 
 log = logging.getLogger(__name__)
+
+
+def refusal_event(action: Action, why: str) -> Event:
+    """The Warning Event saying the API server refused `action` (`why`: its message), named
+    for what the action did: FailedCreate ``Error creating Request: ...`` (Kueue's words),
+    FailedDelete, else FailedUpdate."""
+    kind = type(action).__name__
+    if kind.startswith("Create"):
+        message = f"Error creating {kind.removeprefix('Create')}: {why}"
+        return Event("FailedCreate", message, warning=True)
+    if isinstance(action, DeleteRequest | DeleteTemplate):
+        what = "ProvisioningRequest" if isinstance(action, DeleteRequest) else "PodTemplate"
+        return Event("FailedDelete", f"Error deleting {what} {action.name!r}: {why}", warning=True)
+    if isinstance(action, AnnotateRequest):
+        message = f"Error annotating ProvisioningRequest {action.name!r}: {why}"
+    else:
+        message = f"Error applying {kind}: {why}"
+    return Event("FailedUpdate", message, warning=True)
 
 
 class GangReconciler:

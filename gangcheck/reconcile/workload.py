@@ -45,7 +45,7 @@ from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, reques
 from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
 from gangcheck.reconcile.caches import check_of
 from gangcheck.reconcile.progress import progress_only
-from gangcheck.reconcile.reconciler import GangReconciler
+from gangcheck.reconcile.reconciler import GangReconciler, refusal_event
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
 from gangcheck.telemetry import traced_decision
@@ -322,24 +322,6 @@ class WorkloadReconciler(GangReconciler):
             return False
         self._caches.workloads.store.put_if_newer(updated)
         return True
-
-
-def refusal_event(action: Action, why: str) -> Event:
-    """The Warning Event saying the API server refused `action` (`why`: its message), named
-    for what the action did: FailedCreate ``Error creating Request: ...`` (Kueue's words),
-    FailedDelete, else FailedUpdate."""
-    kind = type(action).__name__
-    if kind.startswith("Create"):
-        message = f"Error creating {kind.removeprefix('Create')}: {why}"
-        return Event("FailedCreate", message, warning=True)
-    if isinstance(action, DeleteRequest | DeleteTemplate):
-        what = "ProvisioningRequest" if isinstance(action, DeleteRequest) else "PodTemplate"
-        return Event("FailedDelete", f"Error deleting {what} {action.name!r}: {why}", warning=True)
-    if isinstance(action, AnnotateRequest):
-        message = f"Error annotating ProvisioningRequest {action.name!r}: {why}"
-    else:
-        message = f"Error applying {kind}: {why}"
-    return Event("FailedUpdate", message, warning=True)
 
 
 def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:

@@ -18,8 +18,9 @@ from gangcheck.logic.attempt.actions import (
     DeleteTemplate,
     ReleaseHold,
 )
+from gangcheck.model.names import MESSAGE_ANNOTATION
 from gangcheck.model.provisioning_config import parse_spec
-from gangcheck.reconcile.workload import refusal_event
+from gangcheck.reconcile.reconciler import refusal_event
 from tests.builders import CHECK
 from tests.unit.test_admission_decide import REQ1, TRUST, Case, req, run
 from tests.unit.test_admission_decide import gang as admission_gang
@@ -255,3 +256,20 @@ def test_a_refused_action_is_called_what_it_did(action: Any, reason: str, said: 
     refusing a request's deletion read 'Error creating DeleteRequest: ...'."""
     event = refusal_event(action, "no")
     assert (event.reason, event.message, event.warning) == (reason, said, True)
+
+
+@pytest.mark.parametrize("kind", ["ProvisioningRequest", "PodTemplate"])
+async def test_a_groups_create_refused_is_said_on_the_group_and_backed_off(kind: str) -> None:
+    """A namespace's ResourceQuota on object counts refusing a PodGroup's request (or its
+    template): before, said nowhere (no Event, nothing on the group), retried for ever;
+    a Workload's is said on its check and as FailedCreate."""
+    quota = "exceeded quota: q, requested: count/x=1, used: count/x=5, limited: count/x=5"
+    world = GroupWorld(*group_gang())
+    world.kube.fail("create", kind, error=_refusal(403, quota), times=100)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    what = "Request" if kind == "ProvisioningRequest" else "Template"
+    message = f"Error creating {what}: {quota}"
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedCreate"]
+    assert [(e["involvedObject"]["name"], e["message"]) for e in events] == [("g", message)]
+    assert world.group_says()[MESSAGE_ANNOTATION] == message
