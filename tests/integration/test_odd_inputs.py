@@ -10,13 +10,20 @@ import pytest
 import yaml
 from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.kube.errors import ConflictError, InvalidError, refused
-from gangcheck.kube.resources import WORKLOAD
+from gangcheck.app import Controller
+from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ConflictError, ForbiddenError, InvalidError, refused
+from gangcheck.kube.resources import PROVISIONING_REQUEST, WORKLOAD, Resource
 from gangcheck.logic.attempt import naming
+from gangcheck.model.names import MESSAGE_ANNOTATION
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, RunningController, apply, eventually
+from tests.integration.test_podgroups import Groups, groups, provisioner  # noqa: F401
 
 pytestmark = pytest.mark.integration
+
+RESOURCE_QUOTA = Resource("", "v1", "resourcequotas", "ResourceQuota")
+COUNT = "count/provisioningrequests.autoscaling.x-k8s.io"
 
 
 def gang(name: str = "wl") -> WorkloadBuilder:
@@ -168,3 +175,58 @@ async def _until_policy_refuses(cp: ControlPlane, namespace: str, workload: str)
         return done.returncode != 0 and "may not run" in done.stderr
 
     await eventually(refused_now, what="the policy refusing a dry run")
+
+
+async def test_a_groups_request_a_resource_quota_refuses_is_said_on_the_group(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+) -> None:
+    """A namespace's ResourceQuota allowing no ProvisioningRequest: kube-apiserver refuses
+    the group's request (403). Before, said nowhere (no Event, nothing on the group) and
+    retried for ever; now a FailedCreate Event on the group and its gangcheck.io/message
+    say it, as a Workload's check does."""
+    quota = {
+        "metadata": {"name": "no-requests", "namespace": groups.ns},
+        "spec": {"hard": {COUNT: "0"}},
+    }
+    created = await groups.kube.create(RESOURCE_QUOTA, quota)
+    # No kube-controller-manager runs here: its quota controller's status written by hand.
+    created["status"] = {"hard": quota["spec"]["hard"], "used": {COUNT: "0"}}
+    await groups.kube.replace(RESOURCE_QUOTA, created, subresource="status")
+    await _until_quota_refuses(groups.kube, groups.ns)
+    await groups.coscheduling("q", 2)
+    for i in range(2):
+        await groups.member(f"q-{i}", "q", plugins=True)
+    (said,) = await groups.cluster.wait_events("FailedCreate", about="q")
+    assert said["type"] == "Warning" and said["involvedObject"]["kind"] == "PodGroup"
+    assert said["message"].startswith("Error creating Request: ") and "quota" in said["message"]
+
+    async def on_the_group() -> str | None:
+        group = await groups.group("q", plugins=True)
+        message = (group["metadata"].get("annotations") or {}).get(MESSAGE_ANNOTATION)
+        return message if message == said["message"] else None
+
+    await eventually(on_the_group, what="the refusal in the group's message")
+    assert not await groups.cluster.requests()
+
+
+async def _until_quota_refuses(kube: Kube, namespace: str) -> None:
+    """A quota is enforced once kube-apiserver's quota admission has seen it: a request of
+    the test's own, refused, tells when (one let through meanwhile is deleted again)."""
+    probe = {
+        "metadata": {"name": "quota-probe", "namespace": namespace},
+        "spec": {
+            "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+            "podSets": [{"podTemplateRef": {"name": "none"}, "count": 1}],
+        },
+    }
+
+    async def refused_now() -> bool:
+        try:
+            await kube.create(PROVISIONING_REQUEST, probe)
+        except ForbiddenError:
+            return True
+        await kube.delete(PROVISIONING_REQUEST, "quota-probe", namespace)
+        return False
+
+    await eventually(refused_now, what="the quota refusing a request")
