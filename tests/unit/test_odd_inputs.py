@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.errors import ApiError, error_from_status
-from gangcheck.kube.resources import EVENT
+from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     CreateRequest,
@@ -273,3 +273,30 @@ async def test_a_groups_create_refused_is_said_on_the_group_and_backed_off(kind:
     events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedCreate"]
     assert [(e["involvedObject"]["name"], e["message"]) for e in events] == [("g", message)]
     assert world.group_says()[MESSAGE_ANNOTATION] == message
+
+
+async def test_a_reclaim_refused_on_every_node_is_said_on_the_workload() -> None:
+    """A policy refusing gangcheck's writes to Nodes during a rollback: the reclaim's fence
+    write is refused on a node (inside the reclaim's task group). Before, said nowhere but
+    the log: the check kept its progress message, no Warning but RollbackStarted. The
+    reclaim itself is as before (nothing more is written; the queue backs off)."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")
+    await world.settle()
+    request = world.kube.stored(PROVISIONING_REQUEST, "wl-atomic-1", "default")
+    assert request is not None
+    request["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "x", "message": "no",
+         "lastTransitionTime": "2026-11-30T10:05:00Z"}
+    )  # fmt: skip
+    world.kube.add(request)
+    world.kube.fail("patch", "Node", error=_refusal(403, "nodes are protected"), times=100)
+    with pytest.raises(ExceptionGroup):
+        await world.reconcile()
+    message = "Error applying ReclaimArrivals: nodes are protected"
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+    assert [(e["involvedObject"]["name"], e["message"]) for e in events] == [("wl", message)]
+    assert world.check()["message"] == message
+    node = world.kube.stored(NODE, "n1")
+    assert node is not None and not node["spec"].get("unschedulable")
