@@ -123,6 +123,20 @@ def test_either_annotation_scopes_the_ask_to_one_rack(
         assert RACK not in selector and domain is None
 
 
+@pytest.mark.parametrize("annotation", [KUEUES, OURS])
+@pytest.mark.parametrize("level", ["bad key", "example.com/" + "r" * 64, "a/b/c"])
+def test_a_level_no_node_can_carry_is_rejected_without_asking(annotation: str, level: str) -> None:
+    """A required level that is not a label key: no node carries it, so every ask would
+    deliver nodes the gang cannot be judged to sit inside, rolled back at each deadline; the
+    check says why, once, and asks nothing."""
+    d = run([], [gpu_node("b", "r2")], annotations={annotation: level})
+    assert not any(isinstance(a, CreateRequest | CreateTemplate) for a in d.actions)
+    assert d.check is not None and d.check.state == "Rejected"
+    assert d.check.message.startswith(
+        f"pod set workers requires one domain of topology level {level!r}, which no node can"
+    )
+
+
 def test_a_rack_that_could_not_deliver_is_left_for_the_next_in_the_same_attempt() -> None:
     nodes = [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")]
     d = run([failed("wl-atomic-1", "r2")], nodes)

@@ -70,6 +70,7 @@ from gangcheck.model.objects import (
 from gangcheck.model.provisioning_config import (
     AtomicProvisioningSpec,
     FulfillmentMode,
+    label_key_problem,
     label_value_problem,
 )
 
@@ -745,6 +746,14 @@ def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0)
             f"the gang has {len(merged)} distinct pod sets; a ProvisioningRequest carries at "
             f"most {driver.MAX_REQUEST_POD_SETS} (set podSetMergePolicy to merge similar pod sets)"
         )
+    for m in merged:
+        level = required_level(m.template)
+        problem = label_key_problem(level) if level else None
+        if problem is not None:
+            return (
+                f"pod set {m.name} requires one domain of topology level {level!r}, which no "
+                f"node can carry: {problem}"
+            )
     params = _parameters(snap, source)
     if len(params) > 100:
         return f"{len(params)} request parameters (config plus provreq annotations); at most 100"
