@@ -90,6 +90,14 @@ class WorkloadReconciler(GangReconciler):
             self.held_messages.forget(key)
             return await self._remove_orphans(namespace, name)
         wl = workload_of(obj)
+        if self._earlier_attempts(wl):
+            # An earlier Workload of this name, deleted and made again before a reconcile saw
+            # it gone (one key for both watch events; gangcheck down meanwhile), left its
+            # attempts: withdrawn first, as when it is seen gone, so none of its capacity is
+            # kept for ever and none of its names collides with the new Workload's asks.
+            swept = await self._remove_orphans(namespace, name)
+            if swept.requeue_after is not None or self._earlier_attempts(wl):
+                return Result(requeue_after=swept.requeue_after or STALE_RETRY_SECONDS)
         delays = []
         for check in self._checks_of(wl):
             delays.append(await self._settle(wl, check))
@@ -120,6 +128,13 @@ class WorkloadReconciler(GangReconciler):
                 return applied.delay
             wl = workload_of(obj)
         return 0.0
+
+    def _earlier_attempts(self, wl: Workload) -> bool:
+        """Whether a request of this name was made for another Workload (another uid)."""
+        return any(
+            request_of(r).workload_uid != wl.ref.uid
+            for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
+        )
 
     def _checks_of(self, wl: Workload) -> list[str]:
         """Our checks the Workload lists, plus any that still own a request of it."""

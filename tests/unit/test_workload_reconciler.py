@@ -16,6 +16,7 @@ from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, DeleteRequest, Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.workloads.admission import Decision
+from gangcheck.model.names import RECLAIM_TAINT
 from gangcheck.model.objects import workload_of
 from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.apply import Applier
@@ -356,3 +357,34 @@ async def test_the_events_of_a_check_written_are_sent_though_what_comes_after_it
         await world.reconcile()
     assert world.check()["state"] == "Ready"
     assert "CapacityRaceWon" in [e["reason"] for e in world.kube.all_of(EVENT)]
+
+
+async def test_a_workload_made_again_under_its_name_withdraws_the_old_attempt_first() -> None:
+    """The Workload is deleted and made again under the same name (a new uid) before a
+    reconcile saw it gone (the watch's two events read as one key; gangcheck restarted
+    meanwhile): the old Workload's request, waiting with one node arrived, is not the new
+    one's. It is withdrawn, what arrived for it reclaimed, and the new Workload is asked
+    for under its own uid; before, the old request stayed for ever, its node held, and the
+    new Workload's ask collided with its name ('already exists and was not made by
+    gangcheck for this attempt')."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the four workers: waiting, n1 claimed
+    await world.settle()
+    n1 = world.kube.stored(NODE, "n1")
+    assert n1 is not None and n1["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+    world.kube.remove(world.caches.workloads.resource, "wl", "default")
+    again = gang()
+    again["metadata"]["uid"] = "uid-wl-again"
+    world.kube.add(again)
+    await world.settle()
+    (req,) = world.requests()
+    assert req["metadata"]["annotations"]["gangcheck.io/workload-uid"] == "uid-wl-again"
+    assert world.kube.writes_of("ProvisioningRequest", "delete") != []
+    assert world.check()["state"] == "Pending"
+    assert "already exists" not in world.check()["message"]
+    events = [e["reason"] for e in world.kube.all_of(EVENT)]
+    assert "FailedCreate" not in events
+    fenced = world.kube.stored(NODE, "n1")  # reclaimed for the old attempt, not the new one's
+    assert fenced is not None and fenced["spec"]["unschedulable"] is True
+    assert [t["key"] for t in fenced["spec"]["taints"]] == [RECLAIM_TAINT]
