@@ -88,6 +88,14 @@ class PodGroupReconciler(GangReconciler):
             self.held_messages.forget(key)
             return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
+        if self._earlier_attempts(group):
+            # An earlier group of this name, deleted and made again before a reconcile saw it
+            # gone (one key for both watch events; gangcheck down meanwhile), left attempts:
+            # withdrawn first, as when it is seen gone, so none of its capacity is kept for
+            # ever and none of its names collides with the new group's asks.
+            swept = await self._withdraw_orphans(api_group, short, namespace, name)
+            if swept.requeue_after is not None or self._earlier_attempts(group):
+                return Result(requeue_after=swept.requeue_after or STALE_RETRY_SECONDS)
         if not group.deleting and self._caches.namespaces.store.get(namespace) is None:
             # its namespace not cached yet (made with the group, its watch event behind the
             # group's): its labels decide which config serves the group, so nothing is asked
@@ -198,6 +206,19 @@ class PodGroupReconciler(GangReconciler):
         for pod in self._caches.members_of(namespace, api_group, name):
             if is_gated(pod):
                 await self._note_missing(pod, api_group, name, served=served)
+        return await self._withdraw_orphans(api_group, short, namespace, name)
+
+    def _earlier_attempts(self, group: PodGroup) -> bool:
+        """Whether a request of this group's name was made for another group (another uid)."""
+        requests = self._caches.requests_of_group(group.ref.namespace, podgroup.group_key(group))
+        return any(_annotations(r).get(GROUP_UID_ANNOTATION) != group.ref.uid for r in requests)
+
+    async def _withdraw_orphans(
+        self, api_group: str, short: str, namespace: str, name: str
+    ) -> Result:
+        """Once the API server confirms which group of this name is there now (if any),
+        reclaim what arrived for each unfinished attempt made for another, and delete what
+        gangcheck made for it."""
         requests = self._caches.requests_of_group(namespace, f"{short}/{name}")
         if not requests:
             return Result()

@@ -27,7 +27,7 @@ from gangcheck.logic.podgroups.podgroup import (
     STATE_ANNOTATION,
     GroupDecision,
 )
-from gangcheck.model.names import OPT_IN_LABEL
+from gangcheck.model.names import GROUP_UID_ANNOTATION, OPT_IN_LABEL, RECLAIM_TAINT
 from gangcheck.reconcile import podgroup as podgroup_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
@@ -338,3 +338,31 @@ async def test_the_events_of_a_group_written_are_sent_though_what_comes_after_it
         await world.reconcile()
     assert world.group_says()[STATE_ANNOTATION] == "Released"
     assert "CapacityRaceWon" in [e["reason"] for e in world.kube.all_of(EVENT)]
+
+
+async def test_a_group_made_again_under_its_name_withdraws_the_old_attempt_first() -> None:
+    """The group is deleted and made again under the same name (a new uid) before a
+    reconcile saw it gone, its members still gated: the old group's request, waiting with
+    one node arrived, is not the new group's. It is withdrawn, what arrived for it
+    reclaimed, and the new group asked for under its own uid; before, the old request
+    stayed for ever, its node held, and the new group's ask collided with its name."""
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the three: waiting, n1 claimed
+    await world.settle()
+    (old,) = world.requests()
+    assert node_annotations(world, "n1")[ARRIVED_FOR] == f"default/{old['metadata']['name']}"
+    world.kube.remove(GROUPS, "g", "default")
+    again = pod_group()
+    again["metadata"]["uid"] = "uid-g-again"
+    world.kube.add(again)
+    await world.settle()
+    (req,) = world.requests()
+    assert req["metadata"]["annotations"][GROUP_UID_ANNOTATION] == "uid-g-again"
+    assert world.kube.writes_of("ProvisioningRequest", "delete") != []
+    assert "FailedCreate" not in [e["reason"] for e in world.kube.all_of(EVENT)]
+    assert "already exists" not in world.group_says().get(MESSAGE_ANNOTATION, "")
+    assert world.gated() == ["m0", "m1", "m2"]
+    fenced = world.kube.stored(NODE, "n1")  # reclaimed for the old attempt, not the new one's
+    assert fenced is not None and fenced["spec"]["unschedulable"] is True
+    assert [t["key"] for t in fenced["spec"]["taints"]] == [RECLAIM_TAINT]
