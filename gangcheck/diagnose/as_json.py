@@ -15,6 +15,12 @@ from gangcheck.logic.workloads.diagnosis import Facts, Replay
 
 
 def to_json(report: Report | StatusReport) -> dict[str, Any]:
+    """The report as JSON; `controllerDown`: why no gangcheck acts here (null when it does, or
+    when that cannot be told)."""
+    return {**_report_json(report), "controllerDown": report.controller or None}
+
+
+def _report_json(report: Report | StatusReport) -> dict[str, Any]:
     if isinstance(report, StatusReport):
         return {
             "kind": "GangStatusList",

@@ -8,15 +8,17 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from gangcheck.cli import ArgumentParser
 from gangcheck.diagnose.as_json import to_json
-from gangcheck.diagnose.fetch import diagnose, status, target_of
+from gangcheck.diagnose.fetch import controller_down, diagnose, status, target_of
 from gangcheck.diagnose.reports import DiagnoseError, Report, StatusReport
 from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError
+from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 
 R = TypeVar("R")
 
@@ -49,6 +51,13 @@ def _parser(command: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.add_argument(
+        "--lease",
+        metavar="NAMESPACE/NAME",
+        default=f"{LEASE_NAMESPACE}/{LEASE_NAME}",
+        help="gangcheck's leader Lease, read to say when no gangcheck acts here "
+        "(default: %(default)s; gangcheck's leaderElection.namespace/name)",
+    )
     return parser
 
 
@@ -58,8 +67,17 @@ def _main(
 ) -> int:
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         return _fail(f"kubeconfig {args.kubeconfig} not found")
+    namespace, _, name = str(args.lease).partition("/")
+    if not namespace or not name or "/" in name:
+        return _fail(f"--lease {args.lease!r}: expected NAMESPACE/NAME")
+
+    async def told(kube: Kube) -> Report | StatusReport:
+        report = await work(kube)
+        down = await controller_down(kube, report.now, (namespace, name))
+        return replace(report, controller=down) if down else report
+
     try:
-        report = asyncio.run(_with_kube(args.kubeconfig, args.in_cluster, work))
+        report = asyncio.run(_with_kube(args.kubeconfig, args.in_cluster, told))
     except DiagnoseError as e:
         return _fail(str(e))
     except ApiError as e:

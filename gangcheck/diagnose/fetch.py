@@ -27,6 +27,7 @@ from gangcheck.kube.resources import (
     CLUSTER_QUEUE,
     DEVICE_CLASS,
     JOB,
+    LEASE,
     LOCAL_QUEUE,
     NAMESPACE,
     NODE,
@@ -45,6 +46,7 @@ from gangcheck.logic.dispatch import (
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
     DispatchRecord,
+    lease_down,
     worker_rows,
 )
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
@@ -87,6 +89,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj, flavor_of, labels_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM
+from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -169,6 +172,23 @@ def _missing_group(served: ServedPodGroups, target: Target, api_group: str) -> s
         if res is None:
             return f"PodGroup {where}: this cluster does not serve {api_group} PodGroups"
     return f"PodGroup {where} not found"
+
+
+async def controller_down(
+    kube: Kube, now: datetime, lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME)
+) -> str:
+    """Why no gangcheck controller acts in this cluster, from its leader Lease (`lease`:
+    namespace, name), by the rule the dispatcher reads a worker's with (`dispatch.lease_down`:
+    not renewed for its duration plus a grace); '' when it is renewed, or when that cannot be
+    told (no Lease: gangcheck not installed, or running without leader election; not
+    readable with the caller's rights)."""
+    namespace, name = lease
+    try:
+        got = await kube.get_if_exists(LEASE, name, namespace)
+    except ApiError:
+        return ""
+    down = lease_down(got, now, name=lease)
+    return down.failure if down is not None else ""
 
 
 async def status(

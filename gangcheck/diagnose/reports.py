@@ -38,6 +38,8 @@ class DiagnoseReport:
     """The attempt's NodeClaims, when Karpenter serves its request."""
     dispatch: DispatchRecord | None = None
     """In a MultiKueue manager: gangcheck's dispatcher's record on the Workload, if any."""
+    controller: str = ""
+    """Why no gangcheck acts here (`fetch.controller_down`), or ''."""
 
     @property
     def workload(self) -> str:
@@ -55,6 +57,8 @@ class GroupReport:
     via: Target | None = None
     claims: NodeClaimFacts | None = None
     """The attempt's NodeClaims, when Karpenter serves its request."""
+    controller: str = ""
+    """Why no gangcheck acts here (`fetch.controller_down`), or ''."""
 
     @property
     def group(self) -> str:
@@ -72,3 +76,5 @@ class StatusReport:
     now: datetime
     workers: tuple[WorkerRow, ...] = ()
     """In a MultiKueue manager: its gangs per worker cluster (``dispatch.worker_rows``)."""
+    controller: str = ""
+    """Why no gangcheck acts here (`fetch.controller_down`), or ''."""

@@ -23,11 +23,23 @@ WIDTH = 100
 
 
 def render_text(report: Report | StatusReport) -> str:
+    return _controller_text(report.controller) + _report_text(report)
+
+
+def _report_text(report: Report | StatusReport) -> str:
     if isinstance(report, StatusReport):
         return _status_text(report)
     if isinstance(report, GroupReport):
         return "\n".join(_group_lines(report)) + "\n"
     return "\n".join(_diagnosis_lines(report)) + "\n"
+
+
+def _controller_text(down: str) -> str:
+    """First, when no gangcheck acts here: what follows is what it would do, not what it does."""
+    if not down:
+        return ""
+    said = f"{down}: no gangcheck acts on these gangs now; what follows is what it would do"
+    return "\n".join(["WARNING", *_wrapped(said, indent=2), ""]) + "\n"
 
 
 def _diagnosis_lines(report: DiagnoseReport) -> list[str]:

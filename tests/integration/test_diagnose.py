@@ -32,6 +32,7 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     CLUSTER_QUEUE,
     JOB,
+    LEASE,
     LOCAL_QUEUE,
     NODE_CLAIM,
     POD,
@@ -320,6 +321,45 @@ async def test_status_with_nothing_in_flight_says_so(
     argv = ["-n", cluster.ns, "--kubeconfig", str(control_plane.kubeconfig)]
     code, out, _ = await run_cli(main_status, argv, capsys)
     assert (code, out) == (0, f"No gangs in flight in namespace {cluster.ns}.\n")
+
+
+async def test_a_controller_whose_lease_went_stale_is_said_first(
+    cluster: Cluster, control_plane: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gangcheck uninstalled or stopped mid-flight leaves its gangs as they were, and status and
+    diagnose would describe what it would do as if it ran: they say first that it does not,
+    from its leader Lease (not renewed for its duration plus a grace), and say nothing of it
+    when the Lease is renewed or not there."""
+    kubeconfig = str(control_plane.kubeconfig)
+    argv = ["-n", cluster.ns, "--kubeconfig", kubeconfig, "--lease", f"{cluster.ns}/gc"]
+    nobody = f"No gangs in flight in namespace {cluster.ns}.\n"
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert (code, out) == (0, nobody)  # no Lease: nothing can be told
+    renewed = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(time.time() - 600))
+    lease = {
+        "metadata": {"name": "gc", "namespace": cluster.ns},
+        "spec": {"holderIdentity": "gc-0", "leaseDurationSeconds": 15, "renewTime": renewed},
+    }
+    await cluster.kube.create(LEASE, lease)
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert code == 0
+    head, _, rest = out.partition("\n\n")
+    assert head.startswith(f"WARNING\n  gangcheck down: its Lease {cluster.ns}/gc last renewed 6")
+    assert "no gangcheck acts on these gangs now" in " ".join(head.split())
+    assert rest == nobody
+    code, out, _ = await run_cli(main_status, [*argv, "-o", "json"], capsys)
+    assert json.loads(out)["controllerDown"].startswith("gangcheck down: its Lease")
+    await create_job(cluster, "idle", queue=False)
+    code, out, err = await run_cli(main_diagnose, [f"job/{cluster.ns}/idle", *argv[2:]], capsys)
+    assert code == 1 and "is not a gang" in err  # a target that cannot be diagnosed: no report
+    fresh = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    patch = {"spec": {"renewTime": fresh}}
+    await cluster.kube.merge_patch(LEASE, "gc", patch, cluster.ns)
+    code, out, _ = await run_cli(main_status, argv, capsys)
+    assert (code, out) == (0, nobody)
+    code, out, err = await run_cli(main_status, [*argv[:-1], "gc"], capsys)
+    assert (code, out) == (1, "")
+    assert err == "gangcheck: --lease 'gc': expected NAMESPACE/NAME\n"
 
 
 # ---- a Karpenter attempt's NodeClaims --------------------------------------------------
