@@ -8,6 +8,7 @@ autoscaler, as in test_fulfillment.py.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ from typing import Any
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
+from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
     PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
-from gangcheck.model.names import CONFIG_ANNOTATION
+from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, WORKLOAD_UID_ANNOTATION
 from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, RunningController, eventually, never
 from tests.integration.test_fulfillment import (
@@ -268,5 +270,95 @@ async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
                 return not await cluster.nodes()
 
             await eventually(reclaimed, what="the arrived node reclaimed")
+    finally:
+        await cluster.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_workload_made_again_under_its_name_while_gangcheck_was_down(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """The Workload is deleted and made again under the same name (a new uid) while gangcheck
+    is down: on its start it finds the new Workload and the old one's request, waiting with
+    one node arrived. The old attempt is withdrawn, its node reclaimed, and the new Workload
+    asked for under its own uid. Before, the old request and its held node stayed, and the
+    new Workload's ask met its name at every retry: FailedCreate 'ProvisioningRequest ...
+    already exists and was not made by gangcheck for this attempt'."""
+    await cluster.install_check(fit(deadline=120))
+    await cluster.submit(gang(members=4))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(1)  # one of the four members' room: waiting
+
+    async def recorded() -> bool:
+        return await arrived_for(cluster, name) == arrived
+
+    await eventually(recorded, what="the arrival recorded")
+    old = (await cluster.kube.get(WORKLOAD, "wl", cluster.ns))["metadata"]["uid"]
+    await proxied.stop()
+    await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
+    await cluster.submit(gang(members=4))
+    new = (await cluster.kube.get(WORKLOAD, "wl", cluster.ns))["metadata"]["uid"]
+    assert new != old
+    await proxied.start()
+
+    async def asked_anew() -> bool:
+        req = await cluster.request(name)
+        return bool(req) and req["metadata"]["annotations"][WORKLOAD_UID_ANNOTATION] == new
+
+    await eventually(asked_anew, what="the request made for the new Workload's uid")
+
+    async def reclaimed() -> bool:
+        return not await cluster.nodes()
+
+    await eventually(reclaimed, what="the old attempt's arrived node reclaimed")
+    assert not await cluster.events("FailedCreate")
+
+
+async def test_a_podgroup_made_again_under_its_name_while_gangcheck_was_down(
+    control_plane: ControlPlane, cluster: Cluster
+) -> None:
+    """The same for a PodGroup: deleted and made again under its name while gangcheck is
+    down, its members still gated; the old group's attempt is withdrawn, its arrived node
+    reclaimed, and the new group asked for under its own uid."""
+    groups = Groups(cluster)
+    await groups.opt_in()
+    config = f"pg-{cluster.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        async with controller_running(str(control_plane.kubeconfig)):
+            await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
+            await groups.member("big-0", "big", gpu=2)
+            await groups.member("big-1", "big", gpu=2)
+            await cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
+            arrived = await cluster.add_nodes(1, gpu=2)  # one of two
+
+            async def recorded() -> bool:
+                return await arrived_for(cluster, "big-pg-1") == arrived
+
+            await eventually(recorded, what="the node recorded as arrived")
+        await cluster.kube.delete(UPSTREAM_POD_GROUP_V1BETA1, "big", cluster.ns)
+        # its protection finalizer, lifted by kube-controller-manager (not run here) once
+        # no member is bound: none is
+        no_finalizers = {"metadata": {"finalizers": None}}
+        with contextlib.suppress(NotFoundError):
+            await cluster.kube.merge_patch(
+                UPSTREAM_POD_GROUP_V1BETA1, "big", no_finalizers, cluster.ns
+            )
+        made = await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
+        async with controller_running(str(control_plane.kubeconfig)):
+
+            async def asked_anew() -> bool:
+                req = await cluster.request("big-pg-1")
+                annotations = (req or {}).get("metadata", {}).get("annotations", {})
+                return bool(annotations.get(GROUP_UID_ANNOTATION) == made["metadata"]["uid"])
+
+            await eventually(asked_anew, what="the request made for the new group's uid")
+
+            async def reclaimed() -> bool:
+                return not await cluster.nodes()
+
+            await eventually(reclaimed, what="the old attempt's arrived node reclaimed")
+            assert not await cluster.events("FailedCreate")
     finally:
         await cluster.kube.delete(ATOMIC_CONFIG, config)
