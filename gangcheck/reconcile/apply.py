@@ -221,6 +221,12 @@ class Applier:
         """Lift the hold from each node, keeping every other taint: written at the node's
         resourceVersion, read again on a conflict; a node gone or not held is done."""
         assert isinstance(action, ReleaseHold)
+        if action.gone:
+            requests = self._caches.requests
+            live = await self._kube.get_if_exists(requests.resource, action.gone, namespace)
+            if live is not None:  # only the cache missed it: decide again on it
+                requests.store.put_if_newer(live)
+                raise StaleDecisionError(f"request {action.gone} is there: its hold stays")
         for name in action.nodes:
             node = self._caches.nodes.store.get(name)
             for _ in range(3):

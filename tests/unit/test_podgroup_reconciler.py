@@ -366,3 +366,45 @@ async def test_a_group_made_again_under_its_name_withdraws_the_old_attempt_first
     fenced = world.kube.stored(NODE, "n1")  # reclaimed for the old attempt, not the new one's
     assert fenced is not None and fenced["spec"]["unschedulable"] is True
     assert [t["key"] for t in fenced["spec"]["taints"]] == [RECLAIM_TAINT]
+
+
+async def test_a_released_gangs_request_deleted_by_hand_has_the_hold_it_left_lifted() -> None:
+    """The request whose capacity a released gang was given is deleted outside gangcheck
+    before its members are bound: no request is left whose record would ever lift the hold
+    on its nodes (Started, a rollback), so they stayed closed to every pod but the gang's
+    for ever, nothing said. Once the API server confirms the request gone, the hold is
+    lifted and a HoldLifted Warning Event names the nodes; nothing is asked again."""
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.gated() == []
+    (req,) = world.requests()
+    world.kube.remove(PROVISIONING_REQUEST, req["metadata"]["name"], "default")
+    await world.settle()
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None and not stored["spec"].get("taints"), stored["spec"]
+    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+    assert event["type"] == "Warning" and "n1, n2" in event["message"]
+    assert world.requests() == []
+
+
+async def test_a_released_gang_whose_members_all_left_before_binding_lifts_its_hold() -> None:
+    """Every member of a released gang is deleted before one is bound: its request is
+    withdrawn (the gang has no members left), and the hold on what arrived for it is lifted
+    with it, as a started gang's is. Before, the request went and the hold stayed, naming a
+    request that no longer exists: the nodes closed to every pod for ever."""
+    world = World(*gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.gated() == []
+    for i in range(3):
+        world.kube.remove(POD, f"m{i}", "default")
+    await world.settle()
+    assert world.requests() == []
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None and not stored["spec"].get("taints"), stored["spec"]
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]

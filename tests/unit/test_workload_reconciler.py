@@ -388,3 +388,48 @@ async def test_a_workload_made_again_under_its_name_withdraws_the_old_attempt_fi
     fenced = world.kube.stored(NODE, "n1")  # reclaimed for the old attempt, not the new one's
     assert fenced is not None and fenced["spec"]["unschedulable"] is True
     assert [t["key"] for t in fenced["spec"]["taints"]] == [RECLAIM_TAINT]
+
+
+async def test_a_ready_gangs_request_deleted_by_hand_has_the_hold_it_left_lifted() -> None:
+    """The request whose capacity a Ready gang was given is deleted outside gangcheck: the
+    hold on its nodes names it, no request is left whose record would ever lift it (Started,
+    a rollback, the Workload's end), so the nodes stayed closed to every pod but this gang's
+    for ever, nothing said. Once the API server confirms the request gone, the hold is
+    lifted and a HoldLifted Warning Event names the nodes; nothing is asked again and the
+    check stays Ready."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+    world.kube.remove(PROVISIONING_REQUEST, REQUEST, "default")
+    await world.settle()
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None
+        assert not stored["spec"].get("taints"), stored["spec"]
+        assert stored["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+    assert event["type"] == "Warning"
+    assert REQUEST in event["message"] and "n1, n2" in event["message"]
+    assert world.requests() == []
+    assert world.check()["state"] == "Ready"
+
+
+async def test_a_hold_is_not_lifted_for_a_request_only_the_cache_misses() -> None:
+    """A request the caches miss (a lagging list) but the API server has is not taken as
+    gone: its hold stays, and it is read into the cache for the next decision."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    world.kube.sync(world.caches)
+    cached = world.caches.requests.store.get(REQUEST, "default")
+    assert cached is not None
+    world.caches.requests.store._pop(cached)  # a lagging list left it out
+    await world.reconciler.reconcile(KEY)
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None and stored["spec"]["taints"], stored["spec"]
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+    assert world.caches.requests.store.get(REQUEST, "default") is not None

@@ -80,9 +80,12 @@ class ReleaseMembers:
 @dataclass(frozen=True)
 class ReleaseHold:
     """Lift the hold (hold.py) from these nodes: their gang has started, or a rollback
-    kept them."""
+    kept them; or (`gone`, a request's name in the gang's namespace) the request they are
+    held for is gone, deleted outside gangcheck: lifted only once the API server confirms
+    it is, never on its absence from a cache alone (a lagging list)."""
 
     nodes: tuple[str, ...]
+    gone: str = ""
 
 
 @dataclass(frozen=True)

@@ -520,6 +520,27 @@ def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Acti
     return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(arrived, request_key(req)))
 
 
+def release_hold_of_gone(
+    capacity: ClusterView | None, namespace: str, name: str
+) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
+    """The hold lifted from the nodes recorded for the gang's request `name`, which is gone
+    (deleted outside gangcheck after its capacity was given to the gang): no record is left
+    whose end (Started, a rollback, the gang's end) would lift it, so the nodes would stay
+    closed to every pod but the gang's for ever. Applied only once the API server confirms
+    the request is gone (`ReleaseHold.gone`); with the Warning Event saying so."""
+    nodes = capacity.nodes if capacity else ()
+    arrived = arrived_for(nodes, f"{namespace}/{name}")
+    held = held_nodes(nodes, [n["metadata"]["name"] for n in arrived])
+    if not held:
+        return (), ()
+    message = (
+        f"provisioning request {name}, whose capacity the gang was given, is gone (deleted "
+        f"outside gangcheck): the hold is lifted from {', '.join(held)}, which no request "
+        "holds for the gang any more"
+    )
+    return (ReleaseHold(held, gone=name),), (Event("HoldLifted", message, warning=True),)
+
+
 def clean_up(
     requests: Sequence[AttemptRecord],
     *,

@@ -743,7 +743,9 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
     if behind is not None:
         return behind
     req = next((r for r in snap.requests if r.name == name and not r.deleting), None)
-    if req is None or rollback.record_of(req).phase is AttemptPhase.STARTED:
+    if req is None:
+        return _with(_hold_of_gone(snap), _release_late(snap, members))
+    if rollback.record_of(req).phase is AttemptPhase.STARTED:
         return _release_late(snap, members)
     config = lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec()
     attempt = lifecycle.Attempt(
@@ -1015,14 +1017,25 @@ def _after_release(snap: GroupSnapshot, members: _Members) -> GroupDecision:
     for req in snap.requests:
         if req.deleting:
             continue
-        if not members.live:
+        if not members.live:  # the hold goes with it: its record does
+            actions += lifecycle.release_hold(snap.capacity, req)
             actions += snap.backend.withdraw(req, "the gang has no members left")
         elif not members.unbound and rollback.record_of(req).phase is not AttemptPhase.STARTED:
             actions += [*lifecycle.release_hold(snap.capacity, req)]
             actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
         elif rollback.record_of(req).phase is AttemptPhase.STARTED:
             actions += [*lifecycle.release_hold(snap.capacity, req)]
-    return GroupDecision(actions=tuple(actions))
+    return _with(GroupDecision(actions=tuple(actions)), _hold_of_gone(snap))
+
+
+def _hold_of_gone(snap: GroupSnapshot) -> GroupDecision | None:
+    """The request the released gang was given capacity by, gone (deleted outside
+    gangcheck): the hold it left lifted (lifecycle.release_hold_of_gone)."""
+    name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
+    if not name or any(r.name == name for r in snap.requests):
+        return None
+    lift, said = lifecycle.release_hold_of_gone(snap.capacity, snap.group.ref.namespace, name)
+    return GroupDecision(actions=lift, events=said) if lift else None
 
 
 # ---- members and requests --------------------------------------------------------------

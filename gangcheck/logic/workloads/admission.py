@@ -306,8 +306,11 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     the attempt that lost a race and are not withdrawn yet are withdrawn."""
     wl = snap.workload
     req = flow.find(snap.requests, _ready_request(snap, state))
-    if req is None:
-        return Decision()
+    if req is None:  # deleted by hand: what it held for the gang is held by nothing now
+        lift, said = lifecycle.release_hold_of_gone(
+            snap.capacity, wl.ref.namespace, _ready_request(snap, state)
+        )
+        return Decision(actions=lift, events=said)
     behind = left_behind(snap, req, state.retry_count + 1)
     if behind is not None:
         return behind
