@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.resources import NODE
+from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT, hold_taint, hold_toleration
 from tests.integration.harness import Cluster, RunningController, eventually
 from tests.integration.test_fulfillment import arrived_for, fit, gang, req_name
@@ -149,3 +149,30 @@ async def test_a_node_registering_closed_that_no_gang_may_record_is_opened(
         return await taints_of(cluster, node) == [DEDICATED]
 
     await eventually(opened, what="the node opened, its other taint kept")
+
+
+async def test_a_ready_gangs_request_deleted_by_hand_has_its_hold_lifted(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The request a Ready gang was given capacity by is deleted outside gangcheck: the hold
+    naming it is lifted from its nodes (no request is left whose record would lift it), the
+    other taint kept, and a HoldLifted Warning Event on the Workload names the nodes; the
+    check stays Ready and nothing is asked again."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(gang(members=2, tolerations=[{**DEDICATED, "operator": "Equal"}]))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Accepted": "", "Provisioned": "resize done"})
+    nodes = await cluster.add_nodes(2, gpu=1, taints=[DEDICATED])
+    await cluster.wait_check("wl", "Ready")
+    await cluster.kube.delete(PROVISIONING_REQUEST, name, cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def released() -> bool:
+        return all([await taints_of(cluster, n) == [DEDICATED] for n in nodes])
+
+    await eventually(released, what="the hold lifted, the other taint kept")
+    (event,) = await cluster.wait_events("HoldLifted", about="wl")
+    assert event["type"] == "Warning"
+    assert all(n in event["message"] for n in nodes), event["message"]
+    assert (await cluster.check_state("wl"))["state"] == "Ready"
+    assert await cluster.request(name) is None
