@@ -21,11 +21,12 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     Event,
     ReclaimArrivals,
+    ReleaseHold,
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.driver import SourceNote
 from gangcheck.logic.attempt.fulfillment import ClusterView
-from gangcheck.logic.attempt.hold import hold_toleration
+from gangcheck.logic.attempt.hold import hold_taint, hold_toleration
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Snapshot, decide
@@ -76,6 +77,8 @@ class Node:
     pool: str
     ask: int
     gpu: int = 8
+    held: bool = False
+    """Carries the hold of the ask it arrived for (as recorded)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class Seen:
     """The annotations written on each request there, by name."""
     writes: list[tuple[str, str]] = field(default_factory=list)
     """The requests created, told what the race asked (RACED_ALL) and deleted, in order."""
+    lifted: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    """The holds lifted once the request they name is confirmed gone: (request, nodes)."""
 
 
 def _kind_of(a: Action) -> str:
@@ -142,6 +147,7 @@ def _nodes(adapter: Adapter, nodes: list[Node]) -> list[Obj]:
             gpu=n.gpu,
             labels={"pool": n.pool},
             annotations={"gangcheck.io/arrived-for": f"default/{adapter.ask(n.ask)}"},
+            taints=[hold_taint(f"default/{adapter.ask(n.ask)}")] if n.held else None,
         )
         for n in nodes
     ]
@@ -174,6 +180,7 @@ def _common(
         "sources_created": [t["template"]["spec"]["nodeSelector"]["pool"] for t in templates],
         "deleted": sorted(a.name for a in actions if isinstance(a, DeleteRequest)),
         "reclaimed": [(a.request, a.nodes) for a in actions if isinstance(a, ReclaimArrivals)],
+        "lifted": [(a.gone, a.nodes) for a in actions if isinstance(a, ReleaseHold) and a.gone],
         "events": frozenset(e.reason for e in events),
         "notes": frozenset((n.source, n.outcome, n.reason) for n in notes),
     }
@@ -747,3 +754,24 @@ def test_no_place_is_given_past_the_most_asks_an_attempt_makes(adapter: Adapter)
     assert seen.deleted == [adapter.ask(naming.MAX_ASKS - 1)]
     # c was not asked: the racer left is not told it was
     assert not any(RACED_ALL in notes for notes in seen.annotated.values())
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+@pytest.mark.parametrize("won", [False, True], ids=["racing", "won"])
+def test_a_racer_deleted_by_hand_has_the_hold_it_left_lifted(adapter: Adapter, won: bool) -> None:
+    """A racer's request is deleted outside gangcheck after a node arrived for it: the race
+    goes on with the racers left (the person withdrew that ask), and the node, recorded and
+    held for a request that is gone, is held by nothing that would ever lift it (no record of
+    the racer is left to roll back or withdraw): its hold is lifted (once the API server
+    confirms the request gone) and said, the node not reclaimed (no record proves it younger
+    than a request), while the race goes on or when another racer wins. Before, it stayed
+    closed to every pod for ever, nothing said."""
+    delivered = {"Provisioned": "ok"} if won else {"Accepted": "ok"}
+    nodes = [Node("a0", "a", 0, held=True), *(Node(f"b{i}", "b", 1) for i in range(4) if won)]
+    seen = adapter.run([Racer(1, delivered)], nodes, RACE)
+    assert seen.state == ("won" if won else "racing")
+    assert seen.lifted == [(adapter.ask(0), ("a0",))]
+    assert "HoldLifted" in seen.events
+    assert seen.reclaimed == [] and seen.deleted == [] and seen.created == []
+    gone = adapter.run([Racer(1, delivered)], [Node("a0", "a", 0), *nodes[1:]], RACE)
+    assert gone.lifted == [] and "HoldLifted" not in gone.events  # no hold left: nothing

@@ -432,7 +432,26 @@ def race_attempt(
         gang.requests, asks, capacity=gang.capacity, backend=gang.backend, why=gang.superseded
     )
     decision = follow(asks) if asks else start()
-    return replace(decision, actions=stale + decision.actions)
+    lifted, said = _holds_of_gone(gang, asks)
+    return replace(
+        decision,
+        actions=(*stale, *lifted, *decision.actions),
+        events=(*decision.events, *said),
+    )
+
+
+def _holds_of_gone(
+    gang: Gang[D], asks: Sequence[race.Ask]
+) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
+    """The holds left on nodes recorded for asks of this attempt that are gone while the race
+    goes on: a racer's request deleted outside gangcheck (the race goes on without it; a
+    racer gangcheck withdraws has its hold lifted first). No record of it is left whose end
+    would lift them (lifecycle.release_holds_of_gone)."""
+    if not asks:
+        return (), ()
+    here = {r.name for _, r in asks}
+    gone = [n for k in range(naming.MAX_ASKS) if (n := gang.name_of(k)) not in here]
+    return lifecycle.release_holds_of_gone(gang.capacity, asks[0][1].ref.namespace, gone)
 
 
 def racers(gang: Gang[D]) -> list[D]:

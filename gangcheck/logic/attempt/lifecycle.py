@@ -20,7 +20,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -39,6 +39,7 @@ from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
     assess,
+    claim_of,
     dra_hint,
     fits_without,
     held_as,
@@ -47,7 +48,7 @@ from gangcheck.logic.attempt.fulfillment import (
     strays,
     unrecorded_arrivals,
 )
-from gangcheck.logic.attempt.hold import held_nodes
+from gangcheck.logic.attempt.hold import held_nodes, is_held
 from gangcheck.logic.attempt.records import RollbackCause, arrived_for
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time, parse_time
@@ -520,25 +521,32 @@ def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Acti
     return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(arrived, request_key(req)))
 
 
-def release_hold_of_gone(
-    capacity: ClusterView | None, namespace: str, name: str
+def release_holds_of_gone(
+    capacity: ClusterView | None, namespace: str, names: Collection[str]
 ) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
-    """The hold lifted from the nodes recorded for the gang's request `name`, which is gone
-    (deleted outside gangcheck after its capacity was given to the gang): no record is left
-    whose end (Started, a rollback, the gang's end) would lift it, so the nodes would stay
-    closed to every pod but the gang's for ever. Applied only once the API server confirms
-    the request is gone (`ReleaseHold.gone`); with the Warning Event saying so."""
-    nodes = capacity.nodes if capacity else ()
-    arrived = arrived_for(nodes, f"{namespace}/{name}")
-    held = held_nodes(nodes, [n["metadata"]["name"] for n in arrived])
-    if not held:
-        return (), ()
-    message = (
-        f"provisioning request {name}, whose capacity the gang was given, is gone (deleted "
-        f"outside gangcheck): the hold is lifted from {', '.join(held)}, which no request "
-        "holds for the gang any more"
-    )
-    return (ReleaseHold(held, gone=name),), (Event("HoldLifted", message, warning=True),)
+    """The hold lifted from the nodes recorded for each of the gang's requests `names` that
+    is gone, deleted outside gangcheck (the one a Ready gang was given capacity by; a racer
+    the race went on without): no record is left whose end (Started, a rollback, the gang's
+    end) would lift it, so the nodes would stay closed to every pod but the gang's for ever.
+    Applied only once the API server confirms the request is gone (`ReleaseHold.gone`);
+    each with the Warning Event saying so. One pass over the nodes."""
+    keys = {f"{namespace}/{name}": name for name in names}
+    held: dict[str, list[str]] = {}
+    for node in capacity.nodes if capacity else ():
+        name = keys.get(claim_of(node))
+        if name is not None and is_held(node):
+            held.setdefault(name, []).append(str(node["metadata"]["name"]))
+    actions, events = [], []
+    for name, nodes in sorted(held.items()):
+        listed = ", ".join(sorted(nodes))
+        actions.append(ReleaseHold(tuple(sorted(nodes)), gone=name))
+        message = (
+            f"provisioning request {name}, whose capacity was the gang's, is gone (deleted "
+            f"outside gangcheck): the hold is lifted from {listed}, which no request holds for "
+            "the gang any more"
+        )
+        events.append(Event("HoldLifted", message, warning=True))
+    return tuple(actions), tuple(events)
 
 
 def clean_up(

@@ -1034,7 +1034,7 @@ def _hold_of_gone(snap: GroupSnapshot) -> GroupDecision | None:
     name = snap.group.annotations.get(REQUEST_ANNOTATION, "")
     if not name or any(r.name == name for r in snap.requests):
         return None
-    lift, said = lifecycle.release_hold_of_gone(snap.capacity, snap.group.ref.namespace, name)
+    lift, said = lifecycle.release_holds_of_gone(snap.capacity, snap.group.ref.namespace, (name,))
     return GroupDecision(actions=lift, events=said) if lift else None
 
 

@@ -307,8 +307,8 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     wl = snap.workload
     req = flow.find(snap.requests, _ready_request(snap, state))
     if req is None:  # deleted by hand: what it held for the gang is held by nothing now
-        lift, said = lifecycle.release_hold_of_gone(
-            snap.capacity, wl.ref.namespace, _ready_request(snap, state)
+        lift, said = lifecycle.release_holds_of_gone(
+            snap.capacity, wl.ref.namespace, (_ready_request(snap, state),)
         )
         return Decision(actions=lift, events=said)
     behind = left_behind(snap, req, state.retry_count + 1)
