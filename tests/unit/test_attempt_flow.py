@@ -67,6 +67,7 @@ class Stand:
             kind=Said,
             held=held,
             owner="job",
+            namespace="default",
             short="check",
             attempt=attempt,
             gang_of=lambda index: pinned({"pool": "ab"[index]}),

@@ -775,3 +775,23 @@ def test_a_racer_deleted_by_hand_has_the_hold_it_left_lifted(adapter: Adapter, w
     assert seen.reclaimed == [] and seen.deleted == [] and seen.created == []
     gone = adapter.run([Racer(1, delivered)], [Node("a0", "a", 0), *nodes[1:]], RACE)
     assert gone.lifted == [] and "HoldLifted" not in gone.events  # no hold left: nothing
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_in_order_an_ask_deleted_by_hand_leaves_no_hold_but_its_own_names(
+    adapter: Adapter,
+) -> None:
+    """InOrder, the ask of a later source (after the first failed and was withdrawn) deleted
+    outside gangcheck after a node arrived for it: no ask of the attempt is left, so the
+    attempt asks again from its first (as a request deleted by hand is asked again under its
+    name). The node held for the deleted ask is held by nothing that would lift it: its hold
+    is lifted and said. A node held for the ask made again now is not: the ask made again
+    under its name counts it as before."""
+    in_order = {**RACE, "capacitySourcePolicy": "InOrder"}
+    seen = adapter.run([], [Node("b0", "b", 1, gpu=1, held=True)], in_order)
+    assert seen.created == [adapter.ask(0)]
+    assert seen.lifted == [(adapter.ask(1), ("b0",))]
+    assert "HoldLifted" in seen.events
+    again = adapter.run([], [Node("a0", "a", 0, gpu=1, held=True)], in_order)
+    assert again.created == [adapter.ask(0)]
+    assert again.lifted == [] and "HoldLifted" not in again.events

@@ -104,6 +104,8 @@ class Gang(Generic[D]):
     """The adapter's snapshot (with a config: an attempt is made and followed under one)."""
     owner: str
     """The name of the object the gang is (its requests are named after it)."""
+    namespace: str
+    """Its namespace, its requests' and their nodes' records' (``namespace/name``)."""
     short: str
     """What its request names carry after the owner's (the check; the PodGroup's kind)."""
     attempt: int
@@ -284,6 +286,14 @@ def in_order(
     )
     if req is None:
         decision = first(name)
+        # no ask of the attempt is left: what another of its asks held (its request deleted
+        # outside gangcheck) is held by nothing now; the one asked again counts its own
+        lifted, said = _holds_of_gone(gang, [], but=name)
+        decision = replace(
+            decision,
+            actions=(*lifted, *decision.actions),
+            events=(*decision.events, *said),
+        )
     elif req.deleting:
         decision = gang.kind(requeue_after=1.0)
     elif topup.is_kept(req):
@@ -432,7 +442,7 @@ def race_attempt(
         gang.requests, asks, capacity=gang.capacity, backend=gang.backend, why=gang.superseded
     )
     decision = follow(asks) if asks else start()
-    lifted, said = _holds_of_gone(gang, asks)
+    lifted, said = _holds_of_gone(gang, asks) if asks else ((), ())
     return replace(
         decision,
         actions=(*stale, *lifted, *decision.actions),
@@ -441,17 +451,16 @@ def race_attempt(
 
 
 def _holds_of_gone(
-    gang: Gang[D], asks: Sequence[race.Ask]
+    gang: Gang[D], asks: Sequence[race.Ask], *, but: str = ""
 ) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
-    """The holds left on nodes recorded for asks of this attempt that are gone while the race
-    goes on: a racer's request deleted outside gangcheck (the race goes on without it; a
-    racer gangcheck withdraws has its hold lifted first). No record of it is left whose end
-    would lift them (lifecycle.release_holds_of_gone)."""
-    if not asks:
-        return (), ()
-    here = {r.name for _, r in asks}
+    """The holds left on nodes recorded for asks of this attempt that are gone (other than
+    `asks` and `but`, the one asked again now): a request deleted outside gangcheck, a
+    racer the race goes on without or an InOrder ask whose attempt starts over (an ask
+    gangcheck withdraws has its hold lifted first). No record of it is left whose end would
+    lift them (lifecycle.release_holds_of_gone)."""
+    here = {but, *(r.name for _, r in asks)}
     gone = [n for k in range(naming.MAX_ASKS) if (n := gang.name_of(k)) not in here]
-    return lifecycle.release_holds_of_gone(gang.capacity, asks[0][1].ref.namespace, gone)
+    return lifecycle.release_holds_of_gone(gang.capacity, gang.namespace, gone)
 
 
 def racers(gang: Gang[D]) -> list[D]:

@@ -237,6 +237,7 @@ def _gang(snap: GroupSnapshot, members: _Members, now: datetime) -> flow.Gang[Gr
         kind=GroupDecision,
         held=snap,
         owner=group.ref.name,
+        namespace=group.ref.namespace,
         short=group.short,
         attempt=attempt_of(group),
         gang_of=lambda index: _pinned(whole(), _source_labels(config, index)),

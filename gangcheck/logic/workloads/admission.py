@@ -397,6 +397,7 @@ def _gang(snap: Snapshot, state: CheckState, now: datetime) -> flow.Gang[Decisio
         kind=Decision,
         held=snap,
         owner=snap.workload.ref.name,
+        namespace=snap.workload.ref.namespace,
         short=snap.check,
         attempt=state.retry_count + 1,
         gang_of=_gang_of(snap),
