@@ -23,6 +23,7 @@ from gangcheck.kube.resources import (
     NODE,
     PLUGINS_POD_GROUP,
     POD,
+    PROVISIONING_REQUEST,
     RESOURCE_CLAIM_TEMPLATE,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
@@ -903,6 +904,46 @@ async def test_a_podgroup_race_is_won_by_the_first_source_to_deliver_and_the_los
         assert "race-pg-1-s1" in won["message"]
         said = await groups.cluster.wait_events("ReclaimingArrivals")
         assert any(partial in e["message"] and "race-pg-1" in e["message"] for e in said)
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_racer_deleted_by_hand_has_the_hold_it_left_lifted_and_the_race_goes_on(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """Race: source a delivers one node of two, then its request is deleted by hand. The node
+    is recorded and held for a request that is gone, which nothing would ever lift: gangcheck
+    lifts the hold (a HoldLifted Warning Event on the group names it) and does not reclaim
+    the node; the race goes on with b, which delivers the whole gang and is released."""
+    config, src = await race_config(groups, "byhand", ["a", "b"])
+    try:
+        await racing_group(groups, "byhand", config)
+        await groups.cluster.set_request_conditions("byhand-pg-1", {"Provisioned": "ok"})
+        (partial,) = await groups.cluster.add_nodes(1, gpu=2, labels={src: "a"})
+
+        async def held() -> bool:
+            obj = await groups.kube.get(NODE, partial)
+            taints = obj["spec"].get("taints") or []
+            return _annotations(obj).get(ARRIVED_FOR) == f"{groups.ns}/byhand-pg-1" and any(
+                t["key"] == HOLD_TAINT for t in taints
+            )
+
+        await eventually(held, what="the partial delivery recorded and held for byhand-pg-1")
+        await groups.kube.delete(PROVISIONING_REQUEST, "byhand-pg-1", groups.ns)
+
+        async def lifted() -> bool:
+            obj = await groups.kube.get(NODE, partial)
+            return not any(t["key"] == HOLD_TAINT for t in obj["spec"].get("taints") or [])
+
+        await eventually(lifted, what="the hold of the deleted racer lifted")
+        (event,) = await groups.cluster.wait_events("HoldLifted", about="byhand")
+        assert partial in event["message"] and "byhand-pg-1" in event["message"]
+        await groups.cluster.set_request_conditions("byhand-pg-1-s1", {"Provisioned": "ok"})
+        await groups.cluster.add_nodes(2, gpu=2, labels={src: "b"})
+        released = await groups.wait_state("byhand", "Released", timeout=30)
+        assert _annotations(released)["gangcheck.io/request"] == "byhand-pg-1-s1"
+        await groups.kube.get(NODE, partial)  # not reclaimed: nothing proves it the racer's
+        assert await groups.cluster.request("byhand-pg-1") is None
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
 
