@@ -244,6 +244,8 @@ class Controller:
             self._add_workload(wl["metadata"]["namespace"], wl["metadata"]["name"])
         for req in self.caches.requests.store:
             self._on_request(None, req)
+        for template in self.caches.templates.store:  # one left by a Workload gone
+            self._on_template(None, template)
         for node in self.caches.nodes.store:  # every gang with a request is queued already
             self._add_node_keys(node)
 
@@ -257,8 +259,7 @@ class Controller:
         c.flavors.add_handler(lambda _o, _n: self._add_workloads_with_our_checks())
         c.requests.add_handler(self._on_request)
         c.requests.add_handler(self.karpenter.on_request)
-        # A PodTemplate gone while its request is in flight is recreated by its gang's owner.
-        c.templates.add_handler(lambda old, new: None if new else self._on_request(old, new))
+        c.templates.add_handler(self._on_template)
         c.nodes.add_handler(self._on_node)
         c.node_claims.add_handler(self._on_node_claim)
         c.pods.add_handler(self._on_pod)
@@ -329,6 +330,22 @@ class Controller:
             short, _, name = str(group).partition("/")
             if short in API_GROUP_OF:
                 self.queue.add(f"{GROUP_KEY}{short}/{meta['namespace']}/{name}")
+
+    def _on_template(self, old: Obj | None, new: Obj | None) -> None:
+        """A PodTemplate gone while its request is in flight is recreated by its gang's owner;
+        one seen for a Workload not cached goes to that Workload's orphan sweep
+        (`WorkloadReconciler._remove_orphans`): made as the Workload went (its create's answer
+        lost, retried after), it may reach the cache only after the sweep looked, which no
+        other event would run again (no garbage collector is assumed)."""
+        if new is None:
+            self._on_request(old, new)
+            return
+        meta = _meta(old, new)
+        annotations = meta.get("annotations")
+        workload = (annotations if isinstance(annotations, dict) else {}).get(WORKLOAD_ANNOTATION)
+        cached = self.caches.workloads.store.get(str(workload), str(meta["namespace"]))
+        if workload and cached is None:
+            self._add_workload(meta["namespace"], workload)
 
     def _echo_of_workload_write(
         self, old: Obj | None, new: Obj | None, namespace: object, workload: object

@@ -10,7 +10,12 @@ import pytest
 
 from gangcheck.app import Controller
 from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
-from gangcheck.model.names import CONSUME_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    WORKLOAD_ANNOTATION,
+)
 from gangcheck.runtime.queue import WorkQueue
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node, provisioning_request
 from tests.fakes.kube import FakeKube
@@ -183,6 +188,53 @@ def test_the_echo_of_a_request_write_requeues_its_gang_only_once_the_gang_is_gon
     controller.caches.workloads.store._pop(WorkloadBuilder().build())
     controller._on_request(stored, copy.deepcopy(stored))
     assert list(controller.queue._ready) == [WAITING_GANG]  # an orphan's withdrawal follows it
+
+
+def test_a_template_of_a_workload_gone_requeues_its_orphan_sweep() -> None:
+    """A PodTemplate made as its Workload went (the create's answer lost, then retried) can
+    reach the cache after the Workload's orphan sweep looked and found nothing: its arrival
+    routes the Workload's key again, so the sweep deletes it; one of a cached Workload (the
+    reconcile that made it decided on it) requeues nothing."""
+    kube = FakeKube()
+    kube.add(WorkloadBuilder().build())
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    template = {
+        "metadata": {
+            "name": "ppt-wl-atomic-1-workers",
+            "namespace": "default",
+            "annotations": {WORKLOAD_ANNOTATION: "wl"},
+        }
+    }
+    controller._on_template(None, template)
+    assert len(controller.queue) == 0
+    controller.caches.workloads.store._pop(WorkloadBuilder().build())
+    controller._on_template(None, template)
+    assert list(controller.queue._ready) == [WAITING_GANG]
+
+
+def test_a_leader_starting_sweeps_the_templates_of_workloads_gone() -> None:
+    """A leader that lost its Lease between a request's deletion and its template's (a 500 on
+    the template, the retry never run there): the next leader, starting, queues the gone
+    Workload's sweep for the template left, as it does for a request left."""
+    kube = FakeKube()
+    template = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {
+            "name": "ppt-wl-atomic-1-workers",
+            "namespace": "default",
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": {WORKLOAD_ANNOTATION: "wl"},
+        },
+    }
+    kube.add(template)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    assert controller.caches.templates.store.get("ppt-wl-atomic-1-workers", "default")
+    controller.queue = WorkQueue()
+    controller.enqueue_everything()
+    assert WAITING_GANG in list(controller.queue._ready)
 
 
 def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
