@@ -887,3 +887,25 @@ def test_a_ready_slice_withdraws_a_racer_left_behind() -> None:
     )
     d = run(case)
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [loser]
+
+
+def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifted() -> None:
+    """A Ready slice's request deleted outside gangcheck before its members were all
+    scheduled: the node that arrived for it is recorded for it and held as the Job's pods
+    (`HOLD_AS`); with the request gone nothing (Started, a rollback, the slice's end) would
+    lift that hold, so the node stayed closed to every pod but the Job's for ever, nothing
+    said. Lifted as a whole gang's is (once the API server confirms the request gone), said
+    by a HoldLifted Warning Event; nothing asked again, nothing reclaimed, the check kept."""
+    case = Case(
+        "gone after ready",
+        held_slice(state="Ready", pod_set_updates=CONSUMES_REQ1),
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), held_node()],
+        pods=[*running(4), *added(3)],
+    )
+    d = run(case)
+    assert d.check is None
+    assert [a for a in d.actions if isinstance(a, ReleaseHold)] == [ReleaseHold(("n2",), gone=REQ1)]
+    assert not [a for a in d.actions if isinstance(a, (CreateRequest, ReclaimArrivals))]
+    (event,) = d.events
+    assert (event.reason, event.warning) == ("HoldLifted", True)
+    assert REQ1 in event.message and "n2" in event.message

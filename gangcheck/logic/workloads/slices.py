@@ -514,25 +514,40 @@ def compatible(wl: Workload, updates: tuple[Obj, ...]) -> tuple[Obj, ...]:
 
 
 def _consumed(snap: Snapshot, check: CheckState) -> ProvisioningRequest | None:
-    """The request the Ready slice consumes: its podSetUpdates name it; for a slice whose
-    updates keep the Job's own consume annotation (`compatible`), its latest attempt's."""
+    """The request the Ready slice consumes (`_consumed_name`), None when it is gone."""
+    name = _consumed_name(snap, check)
+    return next((r for r in snap.requests if name and r.name == name), None)
+
+
+def _consumed_name(snap: Snapshot, check: CheckState) -> str:
+    """The name of the request the Ready slice consumes: its podSetUpdates name it; for a
+    slice whose updates keep the Job's own consume annotation (`compatible`), its latest
+    attempt's ('' when none is left)."""
     for update in check.pod_set_updates:
         name = (update.get("annotations") or {}).get(CONSUME_ANNOTATION)
         if name:
-            return next((r for r in snap.requests if r.name == name), None)
+            return str(name)
     if stopped_since(snap.workload):
         latest = _latest(snap, check)
-        return latest[1] if latest is not None else None
-    return None
+        return latest[1].name if latest is not None else ""
+    return ""
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """After Ready the added members are the Job's: the nodes that arrived for them held for
     the Job's pods until they are used, then opened, once the racers of its attempt that
     lost are withdrawn (`admission.left_behind`); nothing else (no start watchdog: its
-    rollback would need a Retry, which stops the whole Job)."""
+    rollback would need a Retry, which stops the whole Job). Its request deleted outside
+    gangcheck: the hold it left on the added nodes is lifted, as a whole gang's is
+    (`lifecycle.release_holds_of_gone`); nothing is asked again or reclaimed."""
     req = _consumed(snap, state)
-    if req is None or req.deleting:
+    if req is None:
+        name = _consumed_name(snap, state)
+        lift, said = lifecycle.release_holds_of_gone(
+            snap.capacity, snap.workload.ref.namespace, (name,) if name else ()
+        )
+        return Decision(actions=lift, events=said)
+    if req.deleting:
         return Decision()
     attempt = naming.attempt_of(req.name, snap.workload.ref.name, snap.check)
     behind = admission.left_behind(snap, req, attempt) if attempt is not None else None
