@@ -433,3 +433,36 @@ async def test_a_hold_is_not_lifted_for_a_request_only_the_cache_misses() -> Non
         assert stored is not None and stored["spec"]["taints"], stored["spec"]
     assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
     assert world.caches.requests.store.get(REQUEST, "default") is not None
+
+
+async def test_a_ready_gang_without_quota_has_the_hold_of_its_request_deleted_by_hand_lifted() -> (
+    None
+):
+    """Kueue takes a Ready gang's quota back without evicting it (its LocalQueue stopped or
+    deleted), and its request is deleted outside gangcheck meanwhile: the hold naming the
+    request is lifted then, not only once quota comes back (which may be never: the nodes
+    stayed closed to every pod but the gang's meanwhile, nothing said). Nothing is asked
+    again, nothing reclaimed, the check left as it is."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1", "n2")
+    await world.settle()
+    assert world.check()["state"] == "Ready"
+    wl = world.kube.stored(WORKLOAD, "wl", "default")
+    assert wl is not None
+    for c in wl["status"]["conditions"]:
+        if c["type"] in ("QuotaReserved", "Admitted"):
+            c.update(status="False", reason="Inadmissible", message="LocalQueue lq is stopped")
+    world.kube.add(wl)
+    world.kube.remove(PROVISIONING_REQUEST, REQUEST, "default")
+    await world.settle()
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None
+        assert not stored["spec"].get("taints"), stored["spec"]
+        assert stored["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+    assert event["type"] == "Warning"
+    assert REQUEST in event["message"] and "n1, n2" in event["message"]
+    assert world.requests() == []
+    assert world.check()["state"] == "Ready"

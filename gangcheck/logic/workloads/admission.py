@@ -151,12 +151,15 @@ def _without_quota(snap: Snapshot, state: CheckState, now: datetime) -> Decision
     lifted, so a gang that may never get its quota back holds no capacity, and the check
     says so. The next reservation starts the attempt afresh. A Ready check's attempt is
     kept (its gang is admitted as soon as it has quota again), but not the racers that lost
-    to it: they are not the gang's whether it has quota or not (`left_behind`)."""
+    to it: they are not the gang's whether it has quota or not (`left_behind`); nor the hold
+    of its request deleted outside gangcheck (`_hold_of_gone`), which quota may never come
+    back to lift."""
     live = [r for r in snap.requests if not r.deleting]
     if state.state == READY:
         req = flow.find(snap.requests, _ready_request(snap, state))
-        behind = left_behind(snap, req, state.retry_count + 1) if req is not None else None
-        return behind or Decision()
+        if req is None:
+            return _hold_of_gone(snap, state)
+        return left_behind(snap, req, state.retry_count + 1) or Decision()
     if state.state != PENDING or not live:
         return Decision()
     rolling = any(rollback.is_rolling_back(r) for r in live)
@@ -306,11 +309,8 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     the attempt that lost a race and are not withdrawn yet are withdrawn."""
     wl = snap.workload
     req = flow.find(snap.requests, _ready_request(snap, state))
-    if req is None:  # deleted by hand: what it held for the gang is held by nothing now
-        lift, said = lifecycle.release_holds_of_gone(
-            snap.capacity, wl.ref.namespace, (_ready_request(snap, state),)
-        )
-        return Decision(actions=lift, events=said)
+    if req is None:
+        return _hold_of_gone(snap, state)
     behind = left_behind(snap, req, state.retry_count + 1)
     if behind is not None:
         return behind
@@ -331,6 +331,15 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if started:
         return Decision(actions=_release_holds(snap, req))
     return Decision()
+
+
+def _hold_of_gone(snap: Snapshot, state: CheckState) -> Decision:
+    """The request a Ready check's gang consumes, deleted outside gangcheck: what it held
+    for the gang is held by nothing now, lifted (`lifecycle.release_holds_of_gone`)."""
+    lift, said = lifecycle.release_holds_of_gone(
+        snap.capacity, snap.workload.ref.namespace, (_ready_request(snap, state),)
+    )
+    return Decision(actions=lift, events=said)
 
 
 def left_behind(snap: Snapshot, req: ProvisioningRequest, attempt: int) -> Decision | None:
