@@ -824,3 +824,33 @@ def test_a_group_with_a_required_topology_level_grows_in_its_running_members_dom
     assert not [a for a in d.actions if isinstance(a, ReleaseMembers)]
     (template,) = [a.body for a in d.actions if isinstance(a, CreateTemplate)]
     assert template["template"]["spec"]["nodeSelector"] == {"rack": "r1"}
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["binding", "bound"])
+def test_a_delivered_growths_request_deleted_by_hand_has_the_hold_it_left_lifted(
+    bound: bool,
+) -> None:
+    """A growth delivered (its members released onto it, binding or bound) whose request is
+    deleted outside gangcheck: the node that arrived for it is recorded for it and held;
+    with the request gone nothing (Started, a rollback, the group's end) would lift that
+    hold, so the node stayed closed to every pod but the growth's for ever, nothing said.
+    Lifted as the group's own request's is (once the API server confirms it gone), with a
+    HoldLifted Warning Event; nothing asked again, nothing reclaimed, the members untouched."""
+    held = node(
+        "n2",
+        gpu=2,
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    members = [
+        pod(f"new{i}", gated=False, node_name="n2" if bound else "", consumes=GROW1)
+        for i in range(2)
+    ]
+    case = Case("gone", 6, [*running(), *members], nodes=[OLD_NODE, held])
+    d = run(case)
+    assert [a for a in d.actions if isinstance(a, ReleaseHold)] == [
+        ReleaseHold(("n2",), gone=GROW1)
+    ]
+    assert not [a for a in d.actions if not isinstance(a, ReleaseHold)], d.actions
+    (event,) = [e for e in d.events if e.reason == "HoldLifted"]
+    assert event.warning and GROW1 in event.message and "n2" in event.message

@@ -49,7 +49,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from gangcheck.logic.attempt import driver, flow, lifecycle, naming, places, rollback
-from gangcheck.logic.attempt.actions import Action, AnnotateRequest, Event, ReleaseMembers
+from gangcheck.logic.attempt.actions import (
+    Action,
+    AnnotateRequest,
+    CreateRequest,
+    Event,
+    ReleaseMembers,
+)
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
@@ -89,7 +95,46 @@ GROWS_ANNOTATION = "gangcheck.io/grows-group"
 
 def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     """`podgroup.decide`, and for a released group whose minCount rose above the members
-    running, the growth: asked for all or nothing, the running members left alone."""
+    running, the growth: asked for all or nothing, the running members left alone; and the
+    hold of a delivered growth whose request is gone lifted (`_holds_of_gone`)."""
+    decision = _decide(snap, now)
+    lifted = _holds_of_gone(snap, decision)
+    return decision if lifted is None else _with(decision, lifted)
+
+
+def _holds_of_gone(snap: GroupSnapshot, decision: GroupDecision) -> GroupDecision | None:
+    """The growth requests members were released onto (they consume them), deleted outside
+    gangcheck: no record is left whose end (Started, a rollback, the group's end) would lift
+    the hold on the nodes recorded for them, so it is lifted now
+    (`lifecycle.release_holds_of_gone`: once the API server confirms the request gone, with
+    a HoldLifted Warning Event), nothing reclaimed. A name this decision asks again is left
+    alone: the request made under it counts its own."""
+    there = {r.name for r in snap.requests}
+    made = {
+        str((a.body.get("metadata") or {}).get("name") or "")
+        for a in decision.actions
+        if isinstance(a, CreateRequest)
+    }
+    gone = {
+        p.consumes
+        for p in snap.members
+        if p.live and p.consumes not in (there | made) and _is_growth(snap, p.consumes)
+    }
+    if not gone:
+        return None
+    lift, said = lifecycle.release_holds_of_gone(
+        snap.capacity, snap.group.ref.namespace, sorted(gone)
+    )
+    return GroupDecision(actions=lift, events=said) if lift else None
+
+
+def _is_growth(snap: GroupSnapshot, name: str) -> bool:
+    """Whether `name` is one of this group's growth requests (`<group>-<kind>-grow-<n>`)."""
+    tail = name.rsplit("-", 1)[-1]
+    return tail.isdigit() and name == _request_name(snap, int(tail))
+
+
+def _decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     group = snap.group
     growing = tuple(r for r in snap.requests if GROWS_ANNOTATION in r.annotations)
     state = group.annotations.get(STATE_ANNOTATION, "")
@@ -488,11 +533,7 @@ def _latest(
     snap: GroupSnapshot, growing: Sequence[ProvisioningRequest]
 ) -> tuple[int, ProvisioningRequest] | None:
     """The latest growth attempt: its number and its request."""
-    numbered = []
-    for req in growing:
-        tail = req.name.rsplit("-", 1)[-1]
-        if tail.isdigit() and req.name == _request_name(snap, int(tail)):
-            numbered.append((int(tail), req))
+    numbered = [(int(r.name.rsplit("-", 1)[-1]), r) for r in growing if _is_growth(snap, r.name)]
     return max(numbered, key=lambda n: n[0], default=None)
 
 
