@@ -854,3 +854,41 @@ def test_a_delivered_growths_request_deleted_by_hand_has_the_hold_it_left_lifted
     assert not [a for a in d.actions if not isinstance(a, ReleaseHold)], d.actions
     (event,) = [e for e in d.events if e.reason == "HoldLifted"]
     assert event.warning and GROW1 in event.message and "n2" in event.message
+
+
+@pytest.mark.parametrize(
+    ("min_count", "replacements"),
+    [(4, 0), (6, 2)],
+    ids=["lowered back, the Job deleting them", "deleted, the Job making them again"],
+)
+def test_a_delivered_growth_whose_members_all_left_before_binding_is_withdrawn(
+    min_count: int, replacements: int
+) -> None:
+    """A growth delivered (its 2 members released onto it), both members deleted before
+    they were bound: nothing consumes its request any more. Before, it was neither started
+    (no member to be bound) nor withdrawn (the group still has members): the node that
+    arrived for it stayed held for it for ever, and a minCount still above what runs waited
+    for ever ('asked for once the members of growth g-pg-grow-1 are all bound'), the
+    members made again staying gated. Now its hold is lifted and its request withdrawn,
+    nothing reclaimed (as the group's own request whose members all left), said by a
+    GrowthWithdrawn Event; with the request gone the next decision asks again for the
+    members made again."""
+    held = node(
+        "n2",
+        gpu=2,
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    fulfilled = grow_req(
+        annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
+    )
+    members = [*running(), *(pod(f"again{i}", gated=True) for i in range(replacements))]
+    d = run(Case("left", min_count, members, requests=[fulfilled], nodes=[OLD_NODE, held]))
+    assert [a.nodes for a in d.actions if isinstance(a, ReleaseHold)] == [("n2",)]
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [GROW1]
+    assert not [a for a in d.actions if isinstance(a, (ReleaseMembers, CreateRequest))]
+    assert "GrowthWithdrawn" in {e.reason for e in d.events}, d.events
+    if replacements:  # the request gone: the members made again are asked for
+        then = run(Case("again", min_count, members))  # n2 left to the autoscaler
+        created = [a.body for a in then.actions if isinstance(a, CreateRequest)]
+        assert [b["metadata"]["name"] for b in created] == [GROW1]

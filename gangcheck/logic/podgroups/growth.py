@@ -477,8 +477,12 @@ def _delivered(
     snap: GroupSnapshot, growing: Sequence[ProvisioningRequest], running: Sequence[Pod]
 ) -> GroupDecision:
     """Growth requests delivered: started (their hold lifted) once every member consuming
-    them is bound; withdrawn once the group has no member left."""
+    them is bound; withdrawn once the group has no member left, or, not started, once no
+    member consumes it (the members released onto it all left before they were bound: it
+    would never start, its nodes held and the group's next growth waiting for ever), its
+    hold lifted and nothing reclaimed, as the group's own request whose members all left."""
     actions: list[Action] = []
+    events: list[Event] = []
     for req in growing:
         phase = _phase(req)
         if req.deleting or phase not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
@@ -487,11 +491,20 @@ def _delivered(
             actions += snap.backend.withdraw(req, "the gang has no members left")
             continue
         mine = [p for p in snap.members if p.live and p.consumes == req.name]
+        if not mine and phase is not AttemptPhase.STARTED:
+            why = (
+                f"the members released onto growth {req.name} all left before they were "
+                "bound: its request is withdrawn, the hold on what arrived for it lifted"
+            )
+            actions += lifecycle.release_hold(snap.capacity, req)
+            actions += snap.backend.withdraw(req, why)
+            events.append(Event("GrowthWithdrawn", why))
+            continue
         if phase is AttemptPhase.STARTED or (mine and all(p.node_name for p in mine)):
             actions += lifecycle.release_hold(snap.capacity, req)
             if phase is not AttemptPhase.STARTED:
                 actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
-    return GroupDecision(actions=tuple(actions))
+    return GroupDecision(actions=tuple(actions), events=tuple(events))
 
 
 def _lowered(
