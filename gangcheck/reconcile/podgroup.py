@@ -22,7 +22,7 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import POD
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.actions import Action, DeleteTemplate, Event
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import is_gated
 from gangcheck.logic.podgroups.group_snapshot import (
@@ -200,8 +200,13 @@ class PodGroupReconciler(GangReconciler):
         (an API not served now, a relist under way, a 404) proves no absence."""
         if not self._caches.pod_groups_discovered:
             # Discovery has not answered yet (a start): nothing can be said of the group; the
-            # members are looked at again once it has (App._serve_pod_groups).
-            return Result()
+            # members are looked at again once it has (App._serve_pod_groups), not what
+            # gangcheck made for a group gone meanwhile: looked at again here.
+            key = f"{short}/{name}"
+            made = self._caches.requests_of_group(namespace, key) or (
+                self._caches.templates_of_group(namespace, key)
+            )
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS if made else None)
         served = api_group in self._caches.pod_groups
         for pod in self._caches.members_of(namespace, api_group, name):
             if is_gated(pod):
@@ -218,9 +223,12 @@ class PodGroupReconciler(GangReconciler):
     ) -> Result:
         """Once the API server confirms which group of this name is there now (if any),
         reclaim what arrived for each unfinished attempt made for another, and delete what
-        gangcheck made for it."""
+        gangcheck made for it: its requests, and the templates they left (a request deleted
+        before its templates' delete failed, or a leader lost before the retry: no garbage
+        collector is assumed, as a Workload's sweep assumes none)."""
         requests = self._caches.requests_of_group(namespace, f"{short}/{name}")
-        if not requests:
+        templates = self._caches.templates_of_group(namespace, f"{short}/{name}")
+        if not requests and not templates:
             return Result()
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
@@ -236,6 +244,9 @@ class PodGroupReconciler(GangReconciler):
         )
         if not withdrawn:
             return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
+        for tpl in templates:
+            if _annotations(tpl).get(GROUP_UID_ANNOTATION) != live_uid:
+                await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result()
 
     async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:

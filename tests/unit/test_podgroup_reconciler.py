@@ -408,3 +408,41 @@ async def test_a_released_gang_whose_members_all_left_before_binding_lifts_its_h
         stored = world.kube.stored(NODE, name)
         assert stored is not None and not stored["spec"].get("taints"), stored["spec"]
     assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+
+
+async def test_a_group_gone_has_the_template_its_request_left_deleted() -> None:
+    """The group is gone; its sweep deleted the request, then met a 500 on the template's
+    delete. By the retry the request has left the cache: the template is still swept (no
+    garbage collector is assumed), as a Workload's is; before, a group's sweep looked at
+    its requests only, so the template stayed for ever."""
+    world = World(*gang())
+    await world.settle()
+    assert world.kube.all_of(POD_TEMPLATE) != []
+    world.kube.remove(GROUPS, "g", "default")
+    world.kube.fail("delete", "PodTemplate")
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    assert world.requests() == []
+    await world.settle()
+    assert world.kube.all_of(POD_TEMPLATE) == []
+
+
+async def test_a_group_gone_before_discovery_has_answered_is_swept_once_it_has() -> None:
+    """At a leader's start the key of a group deleted while gangcheck was down (routed by
+    the request and template it left; no member left to route it again) is reconciled
+    before discovery has answered: nothing can be confirmed then, so the key comes back
+    and the sweep runs once discovery has answered. Before, the key was dropped and
+    nothing routed it again: the request, and what it held, stayed for ever."""
+    world = World(*gang())
+    await world.settle()
+    world.kube.remove(GROUPS, "g", "default")
+    for i in range(3):
+        world.kube.remove(POD, f"m{i}", "default")
+    world.caches.pod_groups_discovered = False
+    result = await world.reconcile()
+    assert result.requeue_after is not None
+    assert world.requests() != []
+    world.caches.pod_groups_discovered = True
+    await world.settle()
+    assert world.requests() == []
+    assert world.kube.all_of(POD_TEMPLATE) == []
