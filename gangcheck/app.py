@@ -333,7 +333,7 @@ class Controller:
 
     def _on_template(self, old: Obj | None, new: Obj | None) -> None:
         """A PodTemplate gone while its request is in flight is recreated by its gang's owner;
-        one seen for a Workload not cached goes to that Workload's orphan sweep
+        one seen for a Workload (or PodGroup) not cached goes to that gang's orphan sweep
         (`WorkloadReconciler._remove_orphans`): made as the Workload went (its create's answer
         lost, retried after), it may reach the cache only after the sweep looked, which no
         other event would run again (no garbage collector is assumed)."""
@@ -342,10 +342,17 @@ class Controller:
             return
         meta = _meta(old, new)
         annotations = meta.get("annotations")
-        workload = (annotations if isinstance(annotations, dict) else {}).get(WORKLOAD_ANNOTATION)
+        annotations = annotations if isinstance(annotations, dict) else {}
+        workload = annotations.get(WORKLOAD_ANNOTATION)
         cached = self.caches.workloads.store.get(str(workload), str(meta["namespace"]))
         if workload and cached is None:
             self._add_workload(meta["namespace"], workload)
+        # a PodGroup's, to its group's sweep (`PodGroupReconciler._withdraw_orphans`) likewise
+        short, _, name = str(annotations.get(GROUP_ANNOTATION) or "").partition("/")
+        if short in API_GROUP_OF:
+            informer = self.caches.pod_groups.get(API_GROUP_OF[short])
+            if informer is None or informer.store.get(name, str(meta["namespace"])) is None:
+                self.queue.add(f"{GROUP_KEY}{short}/{meta['namespace']}/{name}")
 
     def _echo_of_workload_write(
         self, old: Obj | None, new: Obj | None, namespace: object, workload: object

@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 
 from gangcheck.app import Controller
+from gangcheck.kube.informer import Informer
+from gangcheck.kube.resources import UPSTREAM_POD_GROUP_V1BETA1
 from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
+    GROUP_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     WORKLOAD_ANNOTATION,
@@ -235,6 +238,35 @@ def test_a_leader_starting_sweeps_the_templates_of_workloads_gone() -> None:
     controller.queue = WorkQueue()
     controller.enqueue_everything()
     assert WAITING_GANG in list(controller.queue._ready)
+
+
+def test_a_template_of_a_pod_group_gone_requeues_its_orphan_sweep() -> None:
+    """As a Workload's: a PodGroup's template seen with its group not cached (a leader
+    starting after its request was deleted, the template's delete failed) queues the
+    group's key, whose sweep deletes it; one of a cached group queues nothing."""
+    kube = FakeKube()
+    group = {
+        "apiVersion": UPSTREAM_POD_GROUP_V1BETA1.api_version,
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "default", "uid": "uid-g"},
+    }
+    kube.add(group)
+    controller = Controller(kube)
+    informer = Informer(kube, UPSTREAM_POD_GROUP_V1BETA1)
+    controller.caches.pod_groups[UPSTREAM_POD_GROUP_V1BETA1.group] = informer
+    kube.sync(controller.caches)
+    template = {
+        "metadata": {
+            "name": "ppt-g-pg-1-ps-0",
+            "namespace": "default",
+            "annotations": {GROUP_ANNOTATION: "pg/g"},
+        }
+    }
+    controller._on_template(None, template)
+    assert len(controller.queue) == 0
+    informer.store._pop(group)
+    controller._on_template(None, template)
+    assert list(controller.queue._ready) == ["pg:pg/default/g"]
 
 
 def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
