@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import NODE, POD, WORKLOAD
+from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_taint, hold_toleration
 from gangcheck.logic.placement.taints import taint_of, toleration_of
@@ -381,4 +381,57 @@ async def test_a_job_scaled_back_while_its_slice_waits_withdraws_the_ask_and_rec
         return not names & set(arrived)
 
     await eventually(reclaimed, timeout=30, what="the 2 arrived nodes reclaimed")
+    await untouched(cluster, node, pods)
+
+
+async def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifted(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The slice turns Ready, the node that came for its 4 added members held as the Job's
+    pods; 3 of them are bound, then its request is deleted outside gangcheck: no record is
+    left whose end would lift that hold (the slice never starts), so it is lifted once the
+    API server confirms the request gone, a HoldLifted Warning Event on the slice naming the
+    node; nothing is asked again, the check stays Ready, the running members untouched."""
+    await cluster.install_check(fit(deadline=60))
+    first = "first-request"
+    template = job_template(cluster.ns, first)
+    await cluster.submit(
+        WorkloadBuilder("old").pod_set("workers", 4, template).reserve_quota().check(state="Ready")
+    )
+    await cluster.set_workload_condition("old", "Admitted")
+    (node,) = await cluster.add_nodes(1, gpu=4, prefix="running")
+    pods = [
+        (await cluster.create_pod(f"job-{i}", node_name=node, consume=first))["metadata"]["name"]
+        for i in range(4)
+    ]
+    new = await cluster.submit(
+        WorkloadBuilder("new")
+        .pod_set("workers", 8, template)
+        .annotation(slices.REPLACEMENT_FOR, f"{cluster.ns}/old")
+        .reserve_quota()
+        .check(state="Pending")
+    )
+    await finish_as_replaced(cluster, "old", by=(await cluster.workload(new))["metadata"]["uid"])
+    name = naming.request_name("new", cluster.check, 1)
+    await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (added,) = await cluster.add_nodes(1, gpu=4)
+    await cluster.wait_check("new", "Ready")
+    for i in range(4, 7):  # 3 of the 4 added bound: the slice has not started
+        await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
+    await cluster.kube.delete(PROVISIONING_REQUEST, name, cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def opened() -> bool:
+        n = await cluster.kube.get(NODE, added)
+        return not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+
+    await eventually(opened, what="the hold of the deleted request lifted")
+    (event,) = await cluster.wait_events("HoldLifted", about="new")
+    assert event["type"] == "Warning"
+    assert added in event["message"] and name in event["message"], event["message"]
+    assert (await cluster.check_state("new"))["state"] == "Ready"
+    assert await cluster.request(name) is None
+    got = await cluster.kube.get(NODE, added)
+    assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"  # not reclaimed
     await untouched(cluster, node, pods)
