@@ -14,8 +14,10 @@ from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
     NODE,
     PLUGINS_POD_GROUP,
+    POD,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
+from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.logic.podgroups import growth
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -353,4 +355,40 @@ async def test_a_config_that_stops_serving_the_namespace_asks_no_new_growth(
     await groups.kube.replace(ATOMIC_CONFIG, config)
     grown = await groups.cluster.wait_request("unserved-pg-grow-2", timeout=30)
     assert sum(p["count"] for p in grown["spec"]["podSets"]) == 2
+    await untouched(groups, placed)
+
+
+async def test_a_delivered_growth_whose_members_all_left_before_binding_is_withdrawn(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 4: the growth's 2 members are released onto the 2 nodes that came for
+    it, then both are deleted before they are bound, and the Job makes 2 again (gated).
+    The growth, consumed by no one, is withdrawn (GrowthWithdrawn), the hold lifted from its
+    nodes (not reclaimed), and the 2 made again are released onto them together. Before:
+    the group said 'asked for once the members of growth left-pg-grow-1 are all bound' for
+    ever, the 2 made again gated, the 2 nodes held."""
+    placed, _ = await growing(groups, "left")
+    await groups.cluster.set_request_conditions("left-pg-grow-1", {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released() -> bool | None:
+        return True if await groups.gated("left-2", "left-3") == [False, False] else None
+
+    await eventually(released, timeout=20, what="the growth's 2 members released")
+    for pod in ("left-2", "left-3"):
+        await groups.kube.delete(POD, pod, groups.ns)
+    await groups.member("left-4", "left")
+    await groups.member("left-5", "left")
+
+    async def again() -> bool | None:
+        return True if await groups.gated("left-4", "left-5") == [False, False] else None
+
+    await eventually(again, timeout=30, what="the 2 made again released together")
+    (event,) = await groups.cluster.wait_events("GrowthWithdrawn")
+    assert "left-pg-grow-1" in event["message"], event["message"]
+    for node in nodes:  # not reclaimed, its hold lifted
+        got = await groups.kube.get(NODE, node)
+        assert not got["spec"].get("unschedulable")
+        assert not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
     await untouched(groups, placed)
