@@ -15,6 +15,7 @@ from gangcheck.logic.attempt.actions import (
     CreateRequest,
     CreateTemplate,
     DeleteRequest,
+    ReclaimArrivals,
     ReleaseHold,
     ReleaseMembers,
 )
@@ -892,3 +893,37 @@ def test_a_delivered_growth_whose_members_all_left_before_binding_is_withdrawn(
         then = run(Case("again", min_count, members))  # n2 left to the autoscaler
         created = [a.body for a in then.actions if isinstance(a, CreateRequest)]
         assert [b["metadata"]["name"] for b in created] == [GROW1]
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["before its deadline", "past it"])
+def test_a_growth_in_flight_whose_members_fell_short_is_withdrawn_past_its_deadline(
+    past: bool,
+) -> None:
+    """A growth asks for 2; one of them is relabelled to another group (or deleted) while
+    its request waits, a node having arrived for it. Before, the group said 'nothing is
+    asked until 1 more exist' while the growth stayed asked and its node held, its deadline
+    never judged (the growth was not followed while members were short): held for ever.
+    Now it waits for them until its deadline, said, then is withdrawn, what arrived for it
+    reclaimed safely (as a growth no longer needed), Event GrowthWithdrawn; nothing of it is
+    released alone."""
+    n2 = node(
+        "n2",
+        gpu=1,
+        created="2026-11-30T10:04:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    waiting = grow_req(conditions={"Provisioned": ""})
+    now = NOW.replace(minute=30) if past else NOW
+    d = run(Case("short", 6, [*running(), *added(1)], [waiting], [OLD_NODE, n2], now=now))
+    message = (d.status or {}).get("gangcheck.io/message", "")
+    assert "minCount 6 is above the members that exist" in message
+    assert not [a for a in d.actions if isinstance(a, (ReleaseMembers, CreateRequest))]
+    deleted = [a.name for a in d.actions if isinstance(a, DeleteRequest)]
+    if not past:
+        assert GROW1 in message and "deadline" in message, message
+        assert deleted == [] and d.requeue_after is not None
+        return
+    assert deleted == [GROW1]
+    assert [a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)] == [("n2",)]
+    assert "GrowthWithdrawn" in {e.reason for e in d.events}, d.events

@@ -236,6 +236,8 @@ def _grow(
             f"{len(running)} run, {waiting} more are waiting to be released; nothing is "
             f"asked until {need - waiting} more exist"
         )
+        if in_flight and latest is not None:
+            return _short(snap, latest[1], message, done, now)
         return _with(done, _status(snap, RELEASED, message, warn="MinCountAboveMembers"))
     said = f"minCount raised to {group.min_count}: {need} member(s) added to {len(running)} running"
     if unserved and not in_flight:
@@ -277,6 +279,48 @@ def _grow(
         status = _status(snap, RELEASED, message, warn="GrowthRolledBack")
         return _with(done, replace(status, requeue_after=wait))
     return _with(done, _first(snap, chosen, number + 1, said, now, gone=_gone(snap, growing)))
+
+
+def _short(
+    snap: GroupSnapshot,
+    req: ProvisioningRequest,
+    message: str,
+    done: GroupDecision,
+    now: datetime,
+) -> GroupDecision:
+    """A growth in flight whose members fell short of those it asks for (deleted, or
+    relabelled to another group): it is not followed meanwhile (none of them is released
+    alone), so it waits for them until its deadline, said; then, or at once when its
+    rollback had begun, it is withdrawn as a growth no longer needed (`_lowered`: what
+    arrived for it reclaimed safely), Event GrowthWithdrawn. Kept for ever, its arrivals
+    stayed held and its deadline was never judged."""
+    deadline = rollback.deadline_of(req)
+    if deadline is not None and now < deadline and not rollback.is_rolling_back(req):
+        message += (
+            f"; growth {req.name} asked for them waits until its deadline "
+            f"{format_time(deadline)}, then is withdrawn"
+        )
+        status = _status(snap, RELEASED, message, warn="MinCountAboveMembers")
+        wait = lifecycle.until_deadline(req, now)
+        return _with(done, replace(status, requeue_after=wait))
+    why = (
+        f"fewer members exist than growth {req.name} asks for, past its deadline: "
+        "withdrawn, asked again once they exist"
+    )
+    assert snap.config is not None
+    gone = driver.withdraw(
+        [req], capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+    )
+    status = _status(snap, RELEASED, f"{message}; {why}", warn="MinCountAboveMembers")
+    return _with(
+        done,
+        replace(
+            status,
+            actions=gone.actions,
+            events=(*status.events, *gone.events, Event("GrowthWithdrawn", why)),
+            requeue_after=gone.requeue_after,
+        ),
+    )
 
 
 def _gone(snap: GroupSnapshot, growing: Sequence[ProvisioningRequest]) -> tuple[Action, ...]:
