@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt.actions import GuardScaleDown, ReclaimArrivals
+from gangcheck.logic.attempt.actions import GuardScaleDown, ReclaimArrivals, ReleaseHold
+from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.lifecycle import release_holds_of_gone
 from gangcheck.logic.attempt.scaledown import (
     SCALE_DOWN_DISABLED,
     guard_patch,
@@ -187,3 +189,28 @@ def test_the_rollback_of_a_kept_request_reclaims_its_nodes_guard_and_all() -> No
     actions = run([request(0, 4, **kept()), request(1, 2, **NEXT_FAILED)], nodes).actions
     reclaims = [a for a in actions if isinstance(a, ReclaimArrivals)]
     assert [(r.request, r.nodes) for r in reclaims] == [(A, ("a0", "a1"))]
+
+
+def test_a_request_gone_has_its_nodes_guard_lifted_after_the_hold() -> None:
+    """A kept request deleted outside gangcheck leaves nodes held and guarded from the
+    autoscaler's scale-down, by a record no longer there: both are lifted, the guard after the
+    hold's confirmation that the request is gone (ReleaseHold.gone, which stops the rest when
+    it is not); a node only guarded (its hold lifted already) has its guard lifted too, after
+    the same confirmation, with no Event (no hold was lifted)."""
+    key = f"default/{A}"
+    both = annotated(gpu_node("a0", "a", arrived_for=A), **{SDD: "true", GUARD: key})
+    guard_only = annotated(
+        gpu_node("a1", "a", arrived_for=A, held=False), **{SDD: "true", GUARD: key}
+    )
+    other = gpu_node("b0", "b", arrived_for=B)
+    capacity = ClusterView(nodes=(both, guard_only, other))
+    actions, events = release_holds_of_gone(capacity, "default", [A])
+    assert actions == (
+        ReleaseHold(("a0",), gone=A),
+        GuardScaleDown(key, ("a0", "a1"), on=False),
+    )
+    assert [e.reason for e in events] == ["HoldLifted"]
+    quiet = ClusterView(nodes=(guard_only,))
+    actions, events = release_holds_of_gone(quiet, "default", [A])
+    assert actions == (ReleaseHold((), gone=A), GuardScaleDown(key, ("a1",), on=False))
+    assert events == ()

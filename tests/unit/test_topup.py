@@ -23,6 +23,7 @@ from gangcheck.logic.attempt.actions import (
     CreateRequest,
     DeleteRequest,
     Event,
+    GuardScaleDown,
     ReclaimArrivals,
     ReleaseHold,
     ReleaseMembers,
@@ -493,6 +494,22 @@ def test_once_started_the_kept_nodes_hold_is_lifted() -> None:
     d = run(requests, nodes, workload=wl)
     released = [n for act in d.actions if isinstance(act, ReleaseHold) for n in act.nodes]
     assert released == ["a0"]
+
+
+def test_a_kept_request_deleted_by_hand_has_its_nodes_hold_and_guard_lifted() -> None:
+    """A, kept and topped up by B, deleted outside gangcheck: its nodes, held and guarded from
+    scale-down by a record no longer there, have both lifted once the gang started (the hold
+    first, applied only once the API server confirms A gone), said by a HoldLifted Event."""
+    requests, wl = started_top_up()
+    key = f"default/{A}"
+    guarded = {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}
+    a0 = gpu_node("a0", "a", arrived_for=A)
+    a0["metadata"]["annotations"].update({**guarded, "gangcheck.io/scale-down-disabled-for": key})
+    nodes = [a0, gpu_node("b0", "b", arrived_for=B, held=False)]
+    d = run(requests[1:], nodes, workload=wl)  # A gone
+    lifted = [a for a in d.actions if isinstance(a, ReleaseHold | GuardScaleDown)]
+    assert lifted == [ReleaseHold(("a0",), gone=A), GuardScaleDown(key, ("a0",), on=False)]
+    assert [e.reason for e in d.events] == ["HoldLifted"]
 
 
 def test_after_retry_both_requests_of_the_attempt_are_withdrawn() -> None:

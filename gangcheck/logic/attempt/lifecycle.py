@@ -527,19 +527,31 @@ def release_holds_of_gone(
     """The hold lifted from the nodes recorded for each of the gang's requests `names` that
     is gone, deleted outside gangcheck (the one a Ready gang was given capacity by; a racer
     the race went on without): no record is left whose end (Started, a rollback, the gang's
-    end) would lift it, so the nodes would stay closed to every pod but the gang's for ever.
-    Applied only once the API server confirms the request is gone (`ReleaseHold.gone`);
-    each with the Warning Event saying so. One pass over the nodes."""
+    end) would lift it, so the nodes would stay closed to every pod but the gang's for ever;
+    and the scale-down guard set on them while they were kept for a top-up (scaledown.py),
+    which would keep them from the autoscaler's scale-down for ever. Applied only once the
+    API server confirms the request is gone (`ReleaseHold.gone`, first: the guard goes after
+    it); each with the Warning Event saying so. One pass over the nodes."""
     keys = {f"{namespace}/{name}": name for name in names}
     held: dict[str, list[str]] = {}
+    guarded: dict[str, list[Obj]] = {}
     for node in capacity.nodes if capacity else ():
         name = keys.get(claim_of(node))
-        if name is not None and is_held(node):
+        if name is None:
+            continue
+        if is_held(node):
             held.setdefault(name, []).append(str(node["metadata"]["name"]))
-    actions, events = [], []
-    for name, nodes in sorted(held.items()):
-        listed = ", ".join(sorted(nodes))
-        actions.append(ReleaseHold(tuple(sorted(nodes)), gone=name))
+        if scaledown.guarded_for(node) == f"{namespace}/{name}":
+            guarded.setdefault(name, []).append(node)
+    actions: list[Action] = []
+    events = []
+    for name in sorted({*held, *guarded}):
+        nodes = sorted(held.get(name, ()))
+        actions.append(ReleaseHold(tuple(nodes), gone=name))
+        actions += scaledown.unguard(guarded.get(name, ()), f"{namespace}/{name}")
+        if not nodes:
+            continue  # only the guard: lifted quietly, as with any hold released
+        listed = ", ".join(nodes)
         message = (
             f"provisioning request {name}, whose capacity was the gang's, is gone (deleted "
             f"outside gangcheck): the hold is lifted from {listed}, which no request holds for "

@@ -80,9 +80,19 @@ def kept_for(
 ) -> tuple[ProvisioningRequest, ...]:
     """The requests whose kept arrivals `req` tops up (its record names them), those that
     exist."""
-    names = [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
     found = {r.name: r for r in requests}
-    return tuple(found[n] for n in names if n in found)
+    return tuple(found[n] for n in _kept_names(req) if n in found)
+
+
+def kept_gone(requests: Iterable[ProvisioningRequest], req: ProvisioningRequest) -> list[str]:
+    """The requests `req` tops up (its record names them) that are gone: deleted outside
+    gangcheck, their nodes still held and guarded for the gang by a record no longer there."""
+    found = {r.name for r in requests}
+    return [n for n in _kept_names(req) if n not in found]
+
+
+def _kept_names(req: ProvisioningRequest) -> list[str]:
+    return [n for n in req.annotations.get(KEPT_FROM_ANNOTATION, "").split(",") if n]
 
 
 def allowed(

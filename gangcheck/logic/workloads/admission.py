@@ -16,7 +16,6 @@ from functools import partial
 
 from gangcheck.logic.attempt import driver, flow, lifecycle, naming, places, race, rollback, topup
 from gangcheck.logic.attempt.actions import (
-    Action,
     AnnotateRequest,
     DeleteRequest,
     Event,
@@ -329,7 +328,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if attempt.fit and wl.is_admitted and not started:
         return _watch_start(snap, attempt, now)
     if started:
-        return Decision(actions=_release_holds(snap, req))
+        return _release_holds(snap, req)
     return Decision()
 
 
@@ -359,10 +358,15 @@ def left_behind(snap: Snapshot, req: ProvisioningRequest, attempt: int) -> Decis
     return withdrawn if withdrawn.actions or withdrawn.requeue_after is not None else None
 
 
-def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> tuple[Action, ...]:
-    """Lift the hold from the nodes of the request and of the requests it tops up."""
+def _release_holds(snap: Snapshot, req: ProvisioningRequest) -> Decision:
+    """Lift the hold from the nodes of the request and of the requests it tops up; those of
+    a request it tops up that is gone (deleted outside gangcheck) too, once the API server
+    confirms it (`lifecycle.release_holds_of_gone`, with the Event saying so)."""
     every = (req, *topup.kept_for(snap.requests, req))
-    return tuple(a for r in every for a in lifecycle.release_hold(snap.capacity, r))
+    gone = topup.kept_gone(snap.requests, req)
+    lifted, said = lifecycle.release_holds_of_gone(snap.capacity, req.ref.namespace, gone)
+    own = tuple(a for r in every for a in lifecycle.release_hold(snap.capacity, r))
+    return Decision(actions=(*own, *lifted), events=said)
 
 
 def _attempt(
@@ -537,7 +541,8 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
-        return Decision(actions=(*_release_holds(snap, req), started))
+        released = _release_holds(snap, req)
+        return replace(released, actions=(*released.actions, started))
     limit = snap.config.fulfillment.start_deadline_seconds
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
