@@ -392,3 +392,34 @@ async def test_a_delivered_growth_whose_members_all_left_before_binding_is_withd
         assert not got["spec"].get("unschedulable")
         assert not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
     await untouched(groups, placed)
+
+
+async def test_a_growth_whose_members_fell_short_is_withdrawn_past_its_deadline(
+    groups: Groups,
+    provisioner: Any,
+    short_deadline: str,
+) -> None:
+    """minCount 2 -> 4: the growth asks for 2, a node arrives for it, then one of the 2 is
+    deleted: none is released alone, and past the growth's deadline (3 s) it is withdrawn,
+    the node that came for it reclaimed (DeleteNode), Event GrowthWithdrawn; the other
+    member stays gated, the running ones untouched. Before: the request stayed and the
+    node held for ever, the group saying 'nothing is asked until 1 more exist'."""
+    placed, _ = await growing(groups, "few", short_deadline)
+    await groups.cluster.set_request_conditions("few-pg-grow-1", {"Provisioned": "ok"})
+    (one,) = await groups.cluster.add_nodes(1, gpu=1)
+    await groups.kube.delete(POD, "few-3", groups.ns)
+
+    (event,) = await groups.cluster.wait_events("GrowthWithdrawn", timeout=30)
+    assert "few-pg-grow-1" in event["message"], event["message"]
+    await groups.cluster.wait_request_gone("few-pg-grow-1")
+
+    async def reclaimed() -> bool | None:
+        try:
+            await groups.kube.get(NODE, one)
+        except NotFoundError:
+            return True
+        return None
+
+    await eventually(reclaimed, timeout=30, what="the node that came for it reclaimed")
+    assert await groups.gated("few-2") == [True]
+    await untouched(groups, placed)
