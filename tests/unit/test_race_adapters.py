@@ -207,12 +207,11 @@ class Workloads(Adapter):
             builder.condition("QuotaReserved", "False", "Inadmissible")
         wl = builder.build()
         if ready:
+            named = {CONSUME_ANNOTATION: ready} if ready.strip() else {}  # " ": none named
             wl["status"]["admissionChecks"][0].update(
                 {
                     "state": "Ready",
-                    "podSetUpdates": [
-                        {"name": "workers", "annotations": {CONSUME_ANNOTATION: ready}}
-                    ],
+                    "podSetUpdates": [{"name": "workers", "annotations": named}],
                 }
             )
         requests = [_request(self, r, {}, "workers") for r in racers]
@@ -437,6 +436,10 @@ def test_a_ready_workload_whose_quota_is_taken_back_still_withdraws_the_losers()
     assert seen.message == ""  # the Ready check is left as it is
     kept = adapter.run([racers[1]], nodes[:4], RACE, ready=adapter.ask(1), quota=False)
     assert kept.deleted == [] and kept.reclaimed == []  # the winner alone: nothing to do
+    # a Ready check naming no consumed request (a slice's: its podSetUpdates keep only what
+    # agrees with the Job's template, its attempts numbered its own way): nothing guessed
+    unnamed = adapter.run(racers, nodes, RACE, ready=" ", quota=False)
+    assert unnamed.deleted == [] and unnamed.reclaimed == []
 
 
 def test_a_pod_group_racing_again_withdraws_the_racers_of_the_attempt_before() -> None:

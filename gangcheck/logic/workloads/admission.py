@@ -155,6 +155,8 @@ def _without_quota(snap: Snapshot, state: CheckState, now: datetime) -> Decision
     back to lift."""
     live = [r for r in snap.requests if not r.deleting]
     if state.state == READY:
+        if not consumed_request(state):  # a slice's (its attempts are its own): as before
+            return Decision()
         req = flow.find(snap.requests, _ready_request(snap, state))
         if req is None:
             return _hold_of_gone(snap, state)
