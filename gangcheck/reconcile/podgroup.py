@@ -95,7 +95,8 @@ class PodGroupReconciler(GangReconciler):
             # ever and none of its names collides with the new group's asks.
             swept = await self._withdraw_orphans(api_group, short, namespace, name)
             if swept.requeue_after is not None or self._earlier_attempts(group):
-                return Result(requeue_after=swept.requeue_after or STALE_RETRY_SECONDS)
+                # what is left is being deleted: its deletion routes this key again
+                return Result(requeue_after=swept.requeue_after or ORPHAN_RECHECK_SECONDS)
         if not group.deleting and self._caches.namespaces.store.get(namespace) is None:
             # its namespace not cached yet (made with the group, its watch event behind the
             # group's): its labels decide which config serves the group, so nothing is asked

@@ -97,7 +97,8 @@ class WorkloadReconciler(GangReconciler):
             # kept for ever and none of its names collides with the new Workload's asks.
             swept = await self._remove_orphans(namespace, name)
             if swept.requeue_after is not None or self._earlier_attempts(wl):
-                return Result(requeue_after=swept.requeue_after or STALE_RETRY_SECONDS)
+                # what is left is being deleted: its deletion routes this key again
+                return Result(requeue_after=swept.requeue_after or ORPHAN_RECHECK_SECONDS)
         delays = []
         for check in self._checks_of(wl):
             delays.append(await self._settle(wl, check))

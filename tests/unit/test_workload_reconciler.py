@@ -22,7 +22,7 @@ from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.workload import WorkloadReconciler
+from gangcheck.reconcile.workload import ORPHAN_RECHECK_SECONDS, WorkloadReconciler
 from gangcheck.runtime.queue import Result
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node
 from tests.fakes.kube import FakeKube
@@ -388,6 +388,26 @@ async def test_a_workload_made_again_under_its_name_withdraws_the_old_attempt_fi
     fenced = world.kube.stored(NODE, "n1")  # reclaimed for the old attempt, not the new one's
     assert fenced is not None and fenced["spec"]["unschedulable"] is True
     assert [t["key"] for t in fenced["spec"]["taints"]] == [RECLAIM_TAINT]
+
+
+async def test_an_old_request_held_by_a_finalizer_is_not_swept_again_every_half_second() -> None:
+    """The old Workload's request is being deleted but another writer's finalizer keeps it:
+    the sweep has done what it can; it looks again in ORPHAN_RECHECK_SECONDS (its deletion
+    routes the key sooner), not in 0.5 s for ever, a DELETE each time."""
+    world = World(gang())
+    await world.settle()
+    (old,) = world.requests()
+    old["metadata"]["finalizers"] = ["example.com/keep"]
+    world.kube.add(old)
+    world.kube.remove(world.caches.workloads.resource, "wl", "default")
+    again = gang()
+    again["metadata"]["uid"] = "uid-wl-again"
+    world.kube.add(again)
+    await world.reconcile()
+    (stuck,) = world.requests()
+    assert stuck["metadata"].get("deletionTimestamp")  # deleted, held by its finalizer
+    result = await world.reconcile()
+    assert result.requeue_after == ORPHAN_RECHECK_SECONDS
 
 
 async def test_a_ready_gangs_request_deleted_by_hand_has_the_hold_it_left_lifted() -> None:
