@@ -307,19 +307,23 @@ def _short(
         f"fewer members exist than growth {req.name} asks for, past its deadline: "
         "withdrawn, asked again once they exist"
     )
-    assert snap.config is not None
-    gone = driver.withdraw(
-        [req], capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
-    )
     status = _status(snap, RELEASED, f"{message}; {why}", warn="MinCountAboveMembers")
-    return _with(
-        done,
-        replace(
-            status,
-            actions=gone.actions,
-            events=(*status.events, *gone.events, Event("GrowthWithdrawn", why)),
-            requeue_after=gone.requeue_after,
-        ),
+    return _with(done, _withdrawn(snap, [req], why, status))
+
+
+def _withdrawn(
+    snap: GroupSnapshot, growths: Sequence[ProvisioningRequest], why: str, status: GroupDecision
+) -> GroupDecision:
+    """`status`, with the growths no longer needed withdrawn (driver.withdraw: what arrived
+    reclaimed by the safe path), Event GrowthWithdrawn."""
+    gone = driver.withdraw(
+        growths, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
+    )
+    return replace(
+        status,
+        actions=gone.actions,
+        events=(*status.events, *gone.events, Event("GrowthWithdrawn", why)),
+        requeue_after=gone.requeue_after,
     )
 
 
@@ -571,19 +575,7 @@ def _lowered(
         f"minCount lowered to {snap.group.min_count}, at or below the {running} members "
         "running: the growth asked for is no longer needed"
     )
-    gone = driver.withdraw(
-        pending, capacity=snap.capacity, config=snap.config, backend=snap.backend, why=why
-    )
-    status = _status(snap, RELEASED, f"released; {why}")
-    return _with(
-        done,
-        replace(
-            status,
-            actions=gone.actions,
-            events=(*status.events, *gone.events, Event("GrowthWithdrawn", why)),
-            requeue_after=gone.requeue_after,
-        ),
-    )
+    return _with(done, _withdrawn(snap, pending, why, _status(snap, RELEASED, f"released; {why}")))
 
 
 def _latest(
