@@ -240,6 +240,21 @@ async def test_a_workload_deleted_mid_attempt_has_the_arrivals_it_passed_over_re
     await eventually(reclaimed, what=f"the arrived nodes reclaimed, {tainted} too")
 
 
+async def big_group_waiting_with_one_node(cluster: Cluster, groups: Groups, config: str) -> None:
+    """PodGroup "big" of 2 members of 2 GPUs under `config`, its request Provisioned, one
+    node of the two arrived and recorded for it."""
+    await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
+    await groups.member("big-0", "big", gpu=2)
+    await groups.member("big-1", "big", gpu=2)
+    await cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
+    arrived = await cluster.add_nodes(1, gpu=2)  # one of two
+
+    async def recorded() -> bool:
+        return await arrived_for(cluster, "big-pg-1") == arrived
+
+    await eventually(recorded, what="the node recorded as arrived")
+
+
 async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     control_plane: ControlPlane, cluster: Cluster
 ) -> None:
@@ -253,16 +268,7 @@ async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
     try:
         async with controller_running(str(control_plane.kubeconfig)):
-            await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
-            await groups.member("big-0", "big", gpu=2)
-            await groups.member("big-1", "big", gpu=2)
-            await cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
-            arrived = await cluster.add_nodes(1, gpu=2)  # one of two
-
-            async def recorded() -> bool:
-                return await arrived_for(cluster, "big-pg-1") == arrived
-
-            await eventually(recorded, what="the node recorded as arrived")
+            await big_group_waiting_with_one_node(cluster, groups, config)
             await cluster.kube.delete(UPSTREAM_POD_GROUP_V1BETA1, "big", cluster.ns)
             await cluster.wait_request_gone("big-pg-1")
 
@@ -327,16 +333,7 @@ async def test_a_podgroup_made_again_under_its_name_while_gangcheck_was_down(
     await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
     try:
         async with controller_running(str(control_plane.kubeconfig)):
-            await groups.upstream("big", 2, annotations={CONFIG_ANNOTATION: config})
-            await groups.member("big-0", "big", gpu=2)
-            await groups.member("big-1", "big", gpu=2)
-            await cluster.set_request_conditions("big-pg-1", {"Provisioned": "ok"})
-            arrived = await cluster.add_nodes(1, gpu=2)  # one of two
-
-            async def recorded() -> bool:
-                return await arrived_for(cluster, "big-pg-1") == arrived
-
-            await eventually(recorded, what="the node recorded as arrived")
+            await big_group_waiting_with_one_node(cluster, groups, config)
         await cluster.kube.delete(UPSTREAM_POD_GROUP_V1BETA1, "big", cluster.ns)
         # its protection finalizer, lifted by kube-controller-manager (not run here) once
         # no member is bound: none is

@@ -218,13 +218,10 @@ def job_template(namespace: str, first: str) -> Any:
     return template
 
 
-async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its_members_run(
-    cluster: Cluster, controller: RunningController
-) -> None:
-    """The slice turns Ready when its 4 added members fit on the node that came; that node
-    stays held, as the Job's pods tolerate it (the first slice's hold), so no other pod can be
-    scheduled there before Kueue lifts the elastic gate; once every member of the slice is
-    scheduled the hold is lifted and the attempt is marked started."""
+async def slice_of_four_running(cluster: Cluster) -> tuple[str, str, list[str], str]:
+    """A slice "new" of 8 replacing "old", whose 4 members run on one node consuming the
+    first slice's request: (that request's name, the node, the running pods, the new slice's
+    request name)."""
     await cluster.install_check(fit(deadline=60))
     first = "first-request"
     template = job_template(cluster.ns, first)
@@ -245,7 +242,17 @@ async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its
         .check(state="Pending")
     )
     await finish_as_replaced(cluster, "old", by=(await cluster.workload(new))["metadata"]["uid"])
-    name = naming.request_name("new", cluster.check, 1)
+    return first, node, pods, naming.request_name("new", cluster.check, 1)
+
+
+async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its_members_run(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The slice turns Ready when its 4 added members fit on the node that came; that node
+    stays held, as the Job's pods tolerate it (the first slice's hold), so no other pod can be
+    scheduled there before Kueue lifts the elastic gate; once every member of the slice is
+    scheduled the hold is lifted and the attempt is marked started."""
+    first, node, pods, name = await slice_of_four_running(cluster)
     req = await cluster.wait_request(name)
     assert req["metadata"]["annotations"][HOLD_AS] == f"{cluster.ns}/{first}"
 
@@ -259,6 +266,7 @@ async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its
     holds = [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
     assert holds == [hold_taint(f"{cluster.ns}/{first}")]
     # the Job's added pods may go there; a pod without the toleration may not
+    template = job_template(cluster.ns, first)
     assert toleration_of(template["spec"]["tolerations"][0]).tolerates(taint_of(holds[0]))
     assert holds[0]["effect"] == "NoSchedule"
     r = await cluster.request(name)
@@ -392,27 +400,7 @@ async def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifte
     left whose end would lift that hold (the slice never starts), so it is lifted once the
     API server confirms the request gone, a HoldLifted Warning Event on the slice naming the
     node; nothing is asked again, the check stays Ready, the running members untouched."""
-    await cluster.install_check(fit(deadline=60))
-    first = "first-request"
-    template = job_template(cluster.ns, first)
-    await cluster.submit(
-        WorkloadBuilder("old").pod_set("workers", 4, template).reserve_quota().check(state="Ready")
-    )
-    await cluster.set_workload_condition("old", "Admitted")
-    (node,) = await cluster.add_nodes(1, gpu=4, prefix="running")
-    pods = [
-        (await cluster.create_pod(f"job-{i}", node_name=node, consume=first))["metadata"]["name"]
-        for i in range(4)
-    ]
-    new = await cluster.submit(
-        WorkloadBuilder("new")
-        .pod_set("workers", 8, template)
-        .annotation(slices.REPLACEMENT_FOR, f"{cluster.ns}/old")
-        .reserve_quota()
-        .check(state="Pending")
-    )
-    await finish_as_replaced(cluster, "old", by=(await cluster.workload(new))["metadata"]["uid"])
-    name = naming.request_name("new", cluster.check, 1)
+    first, node, pods, name = await slice_of_four_running(cluster)
     await cluster.wait_request(name)
     await cluster.set_request_conditions(name, {"Provisioned": ""})
     (added,) = await cluster.add_nodes(1, gpu=4)

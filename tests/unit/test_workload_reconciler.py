@@ -410,6 +410,21 @@ async def test_an_old_request_held_by_a_finalizer_is_not_swept_again_every_half_
     assert result.requeue_after == ORPHAN_RECHECK_SECONDS
 
 
+def assert_hold_lifted_for_the_gone_request(world: World) -> None:
+    """n1 and n2, recorded for the deleted request, no longer held (their record kept), a
+    HoldLifted Warning naming them, nothing asked again, the check still Ready."""
+    for name in ("n1", "n2"):
+        stored = world.kube.stored(NODE, name)
+        assert stored is not None
+        assert not stored["spec"].get("taints"), stored["spec"]
+        assert stored["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
+    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
+    assert event["type"] == "Warning"
+    assert REQUEST in event["message"] and "n1, n2" in event["message"]
+    assert world.requests() == []
+    assert world.check()["state"] == "Ready"
+
+
 async def test_a_ready_gangs_request_deleted_by_hand_has_the_hold_it_left_lifted() -> None:
     """The request whose capacity a Ready gang was given is deleted outside gangcheck: the
     hold on its nodes names it, no request is left whose record would ever lift it (Started,
@@ -424,16 +439,7 @@ async def test_a_ready_gangs_request_deleted_by_hand_has_the_hold_it_left_lifted
     assert world.check()["state"] == "Ready"
     world.kube.remove(PROVISIONING_REQUEST, REQUEST, "default")
     await world.settle()
-    for name in ("n1", "n2"):
-        stored = world.kube.stored(NODE, name)
-        assert stored is not None
-        assert not stored["spec"].get("taints"), stored["spec"]
-        assert stored["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
-    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
-    assert event["type"] == "Warning"
-    assert REQUEST in event["message"] and "n1, n2" in event["message"]
-    assert world.requests() == []
-    assert world.check()["state"] == "Ready"
+    assert_hold_lifted_for_the_gone_request(world)
 
 
 async def test_a_hold_is_not_lifted_for_a_request_only_the_cache_misses() -> None:
@@ -476,13 +482,4 @@ async def test_a_ready_gang_without_quota_has_the_hold_of_its_request_deleted_by
     world.kube.add(wl)
     world.kube.remove(PROVISIONING_REQUEST, REQUEST, "default")
     await world.settle()
-    for name in ("n1", "n2"):
-        stored = world.kube.stored(NODE, name)
-        assert stored is not None
-        assert not stored["spec"].get("taints"), stored["spec"]
-        assert stored["metadata"]["annotations"][ARRIVED_FOR] == f"default/{REQUEST}"
-    (event,) = [e for e in world.kube.all_of(EVENT) if e["reason"] == "HoldLifted"]
-    assert event["type"] == "Warning"
-    assert REQUEST in event["message"] and "n1, n2" in event["message"]
-    assert world.requests() == []
-    assert world.check()["state"] == "Ready"
+    assert_hold_lifted_for_the_gone_request(world)
