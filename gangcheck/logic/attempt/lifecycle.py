@@ -532,6 +532,8 @@ def release_holds_of_gone(
     which would keep them from the autoscaler's scale-down for ever. Applied only once the
     API server confirms the request is gone (`ReleaseHold.gone`, first: the guard goes after
     it); each with the Warning Event saying so. One pass over the nodes."""
+    if not names:  # the usual case: no pass over the nodes
+        return (), ()
     keys = {f"{namespace}/{name}": name for name in names}
     held: dict[str, list[str]] = {}
     guarded: dict[str, list[Obj]] = {}
