@@ -4,6 +4,7 @@ API server answers is read for what it is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -12,8 +13,20 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, ForbiddenError, InvalidError, refused
-from gangcheck.kube.resources import PROVISIONING_REQUEST, WORKLOAD, Resource
+from gangcheck.kube.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+    refused,
+)
+from gangcheck.kube.resources import (
+    PLUGINS_POD_GROUP,
+    POD,
+    PROVISIONING_REQUEST,
+    WORKLOAD,
+    Resource,
+)
 from gangcheck.logic.attempt import naming
 from gangcheck.model.names import MESSAGE_ANNOTATION
 from tests.builders import WorkloadBuilder, pod_template
@@ -194,20 +207,29 @@ async def test_a_groups_request_a_resource_quota_refuses_is_said_on_the_group(
     created["status"] = {"hard": quota["spec"]["hard"], "used": {COUNT: "0"}}
     await groups.kube.replace(RESOURCE_QUOTA, created, subresource="status")
     await _until_quota_refuses(groups.kube, groups.ns)
-    await groups.coscheduling("q", 2)
-    for i in range(2):
-        await groups.member(f"q-{i}", "q", plugins=True)
-    (said,) = await groups.cluster.wait_events("FailedCreate", about="q")
-    assert said["type"] == "Warning" and said["involvedObject"]["kind"] == "PodGroup"
-    assert said["message"].startswith("Error creating Request: ") and "quota" in said["message"]
+    try:
+        await groups.coscheduling("q", 2)
+        for i in range(2):
+            await groups.member(f"q-{i}", "q", plugins=True)
+        (said,) = await groups.cluster.wait_events("FailedCreate", about="q")
+        assert said["type"] == "Warning" and said["involvedObject"]["kind"] == "PodGroup"
+        assert said["message"].startswith("Error creating Request: ")
+        assert "quota" in said["message"]
 
-    async def on_the_group() -> str | None:
-        group = await groups.group("q", plugins=True)
-        message = (group["metadata"].get("annotations") or {}).get(MESSAGE_ANNOTATION)
-        return message if message == said["message"] else None
+        async def on_the_group() -> str | None:
+            group = await groups.group("q", plugins=True)
+            message = (group["metadata"].get("annotations") or {}).get(MESSAGE_ANNOTATION)
+            return message if message == said["message"] else None
 
-    await eventually(on_the_group, what="the refusal in the group's message")
-    assert not await groups.cluster.requests()
+        await eventually(on_the_group, what="the refusal in the group's message")
+        assert not await groups.cluster.requests()
+    finally:  # the controllers of later modules watch every namespace: nothing left refused
+        for i in range(2):
+            with contextlib.suppress(NotFoundError):
+                await groups.kube.delete(POD, f"q-{i}", groups.ns)
+        with contextlib.suppress(NotFoundError):
+            await groups.kube.delete(PLUGINS_POD_GROUP, "q", groups.ns)
+        await groups.kube.delete(RESOURCE_QUOTA, "no-requests", groups.ns)
 
 
 async def _until_quota_refuses(kube: Kube, namespace: str) -> None:
