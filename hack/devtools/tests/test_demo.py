@@ -79,6 +79,9 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
         pids = [state["pid"], *(c["pid"] for c in state["components"].values())]
         first = json.loads((state_dir / demo.PROCESSES_FILE).read_text())
         assert all(pid_alive(pid) for pid in [*pids, *first]), said
+        # a process is its pid and its start: pids wrap (pid_max may be 32768) while other
+        # tests start processes of the same command line side by side
+        started = {pid: _started(pid) for pid in [*pids, *first]}
         (port,) = re.findall(r"curl -s http://127\.0\.0\.1:(\d+)/metrics", said)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             metrics = reply.read().decode()
@@ -98,9 +101,14 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
         assert not any(pid_alive(pid) for pid in first)
         left = json.loads((state_dir / demo.PROCESSES_FILE).read_text())
         assert all(pid_alive(pid) for pid in left), out.getvalue()
+        started.update({pid: _started(pid) for pid in left})
     finally:
         demo.down(state_dir, out=io.StringIO())
-    alive = {pid: pid_cmdline(pid)[:3] for pid in [*pids, *first, *left] if pid_alive(pid)}
+    alive = {
+        pid: pid_cmdline(pid)
+        for pid in [*pids, *first, *left]
+        if pid_alive(pid) and _started(pid) == started[pid]
+    }
     assert not alive, f"left running after down: {alive}"
     assert port_is_free(int(port))
     assert not state_dir.exists()
@@ -108,3 +116,13 @@ def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path
     owners = KUEUE_METRICS_CERT_DIR / MetricsCert.OWNERS
     if owners.exists():  # another stack on this machine may still hold the certificate
         assert str(state_dir) not in owners.read_text()
+
+
+def _started(pid: int) -> str | None:
+    """When the process `pid` started (its start time in clock ticks since boot, from
+    /proc/PID/stat), or None when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]
