@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -86,27 +87,39 @@ class RetryStrategy(_Spec):
         return self
 
 
-def _label_key(key: str) -> str:
+FINISHING = "finishing"
+"""The validation context of a record read to finish its attempt (`recorded_spec`): the
+checks of the labels gangcheck writes (`_label_key`, `_node_labels`, `_pool_name`) are not
+applied."""
+
+
+def _finishing(info: ValidationInfo) -> bool:
+    return isinstance(info.context, dict) and bool(info.context.get(FINISHING))
+
+
+def _label_key(key: str, info: ValidationInfo) -> str:
     """`key`, if it is a label key (gangcheck writes it as one); else ValueError."""
-    problem = label_key_problem(key)
+    problem = None if _finishing(info) else label_key_problem(key)
     if problem is not None:
         raise ValueError(problem)
     return key
 
 
-def _node_labels(labels: dict[str, str]) -> dict[str, str]:
+def _node_labels(labels: dict[str, str], info: ValidationInfo) -> dict[str, str]:
     """`labels`, if each is a label Kubernetes takes (gangcheck writes them as a pod's
     nodeSelector); else ValueError naming the first that is not."""
-    for key, value in labels.items():
+    for key, value in () if _finishing(info) else labels.items():
         problem = label_key_problem(key) or label_value_problem(value)
         if problem is not None:
             raise ValueError(problem)
     return labels
 
 
-def _pool_name(name: str) -> str:
+def _pool_name(name: str, info: ValidationInfo) -> str:
     """`name`, if it can name a NodePool (a DNS subdomain: the pools join a comma-separated
     request parameter); else ValueError."""
+    if _finishing(info):
+        return name
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         raise ValueError(f"{name!r} is not a NodePool name (a DNS subdomain: a-z, 0-9, '-', '.')")
     return name
@@ -550,14 +563,22 @@ def spec_record(spec: AtomicProvisioningSpec) -> str:
 
 
 @lru_cache(maxsize=256)
-def recorded_spec(raw: str | None) -> AtomicProvisioningSpec | None:
+def recorded_spec(raw: str | None, *, finishing: bool = False) -> AtomicProvisioningSpec | None:
     """The spec an attempt recorded (`spec_record`); None when there is none or it no longer
     validates (a record from an older version). Read once per record (the model is frozen):
-    every decision on an attempt in flight reads its record several times."""
+    every decision on an attempt in flight reads its record several times.
+
+    `finishing`: read to finish the attempt (its rollback, its withdrawal: which reclaimer
+    gives its arrivals back), without the checks of the labels gangcheck writes (a NodePool
+    name, a nodeSelector): a record made before those checks refused it is still what the
+    attempt was made under, and finishing it writes none of them. Read without it, such a
+    record drives nothing more until the config is fixed."""
     if not raw:
         return None
     try:
-        return AtomicProvisioningSpec.model_validate_json(raw)
+        return AtomicProvisioningSpec.model_validate_json(
+            raw, context={FINISHING: True} if finishing else None
+        )
     except ValidationError:
         return None
 

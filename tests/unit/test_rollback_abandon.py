@@ -190,3 +190,66 @@ def test_withdrawing_waits_for_the_node_cache_only_when_it_would_record_arrivals
 ) -> None:
     req, capacity, config = _gone(mode, waiting, current=current)
     assert lifecycle.clean_up_waits((req,), capacity, config) is waits
+
+
+# ---- a record today's label checks refuse: finished under it all the same -----------------
+
+KARPENTER_AB = {
+    "backend": "Karpenter",
+    "karpenter": {"nodePools": ["a,b"]},
+    "fulfillment": {"reclaimer": "DeleteNodeClaim"},
+}
+BAD_SELECTOR = {
+    "capacitySources": [{"name": "dws", "nodeSelector": {"bad key": "x"}}],
+    "fulfillment": {"reclaimer": "DeleteNode"},
+}
+BAD_DETAIL_KEY = {
+    "podSetUpdates": {
+        "nodeSelector": [{"key": "a/b/c", "valueFromProvisioningClassDetail": "zone"}]
+    },
+    "fulfillment": {"reclaimer": "DeleteMachine"},
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "config_now", "reclaimer"),
+    [
+        (KARPENTER_AB, None, "DeleteNodeClaim"),
+        (BAD_SELECTOR, None, "DeleteNode"),
+        (BAD_DETAIL_KEY, None, "DeleteMachine"),
+        (KARPENTER_AB, {"fulfillment": {"reclaimer": "DeleteNode"}}, "DeleteNodeClaim"),
+        ({"fulfillment": {"reclaimer": "DeleteNode"}}, None, "DeleteNode"),
+        (None, {"fulfillment": {"reclaimer": "DeleteNode"}}, "DeleteNode"),
+    ],
+    ids=[
+        "a Karpenter NodePool list 'a,b': its DeleteNodeClaim, not the default CordonAndTaint",
+        "a nodeSelector key no longer valid: its DeleteNode",
+        "a podSetUpdates key no longer valid: its DeleteMachine",
+        "the config fixed since, with another reclaimer: still the one it was made under",
+        "a record valid today: as before",
+        "no record (an older version): the config now, as before",
+    ],
+)
+def test_a_withdrawal_reclaims_through_the_reclaimer_its_attempt_was_made_under(
+    record: dict[str, Any] | None, config_now: dict[str, Any] | None, reclaimer: str
+) -> None:
+    """Before: a record the label checks of d698f46 refuse read as none, and the withdrawal
+    of its attempt (its config now InvalidConfig) reclaimed through the default reclaimer."""
+    notes = {"gangcheck.io/attempt-config": json.dumps(record)} if record else {}
+    req = request_of(provisioning_request(REQ, annotations=notes))
+    nodes = (node("n0", created=LATER_NODE, annotations=ARRIVED),)
+    now = None if config_now is None else parse_spec(config_now)
+    *_, reclaim = lifecycle.abandon(req, ClusterView(nodes=nodes), now, "Workload deleted")
+    assert isinstance(reclaim, ReclaimArrivals)
+    assert (reclaim.nodes, reclaim.reclaimer) == (("n0",), reclaimer)
+    assert rollback.reclaimer_of(lifecycle.made_under(req, now)) == reclaimer
+
+
+@pytest.mark.parametrize("record", [KARPENTER_AB, BAD_SELECTOR, BAD_DETAIL_KEY])
+def test_a_record_the_label_checks_refuse_drives_nothing_more(record: dict[str, Any]) -> None:
+    """Read to go on with its attempt (an inactive config's, the Karpenter provisioner's), it
+    is still refused: nothing more is asked under it until the config is fixed."""
+    notes = {"gangcheck.io/attempt-config": json.dumps(record)}
+    req = request_of(provisioning_request(REQ, annotations=notes))
+    assert lifecycle.recorded_config(req) is None
+    assert lifecycle.recorded_config(req, finishing=True) is not None

@@ -491,10 +491,13 @@ def record(
     return {**made, SOURCE_ANNOTATION: str(source)} if source else made
 
 
-def recorded_config(req: AttemptRecord) -> AtomicProvisioningSpec | None:
+def recorded_config(
+    req: AttemptRecord, *, finishing: bool = False
+) -> AtomicProvisioningSpec | None:
     """The config the attempt was made under, as it recorded it (None for a record without
-    one, made by an older version)."""
-    return recorded_spec(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION))
+    one, made by an older version). `finishing`: read to finish the attempt
+    (`recorded_spec`)."""
+    return recorded_spec(req.annotations.get(ATTEMPT_CONFIG_ANNOTATION), finishing=finishing)
 
 
 def made_under(
@@ -502,8 +505,10 @@ def made_under(
 ) -> AtomicProvisioningSpec | None:
     """The config an attempt is finished under: the one it recorded, else `config` (the
     gang's config now). An attempt carries what it needs to finish its own rollback, so a
-    config deleted, made invalid or changed since does not change how its arrivals go back."""
-    return recorded_config(req) or config
+    config deleted, made invalid or changed since does not change how its arrivals go back;
+    nor does a label check added since that refuses the record (a NodePool list 'a,b'): its
+    withdrawal reclaims through the reclaimer it was made under, never the default one."""
+    return recorded_config(req, finishing=True) or config
 
 
 def asked(backend: CapacityBackend, attempt: str) -> Event:
