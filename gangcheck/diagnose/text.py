@@ -139,9 +139,8 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
             asked = f"'{req.source_name}' (#{req.source + 1}, {req.class_name})"
         place = [f"capacity source {asked}"] if req.source else []
         place += [f"topology domain {req.domain}"] if req.domain else []
-        tried = (
-            f"; domains left before: {', '.join(req.domains_tried)}" if req.domains_tried else ""
-        )
+        left = ", ".join(d or '""' for d in req.domains_tried)  # "": the empty label value
+        tried = f"; domains left before: {left}" if req.domains_tried else ""
         lines.append(f"  asks {' in '.join(reversed(place))}{tried}")
     if req.rollback_reason:
         lines += _wrapped(f"rollback: {req.rollback_reason}", indent=2)

@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose import text as diagnose_text
 from gangcheck.logic.attempt import naming, places
 from gangcheck.logic.attempt.actions import ClaimNode, CreateRequest, CreateTemplate, DeleteRequest
+from gangcheck.logic.attempt.explain import request_facts
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
+from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
 from gangcheck.logic.podgroups.podgroup import decide as decide_group
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
@@ -276,3 +279,48 @@ def test_a_delivery_without_the_level_is_said_so_and_waits_its_deadline(
     claimed = [a for a in d.actions if isinstance(a, ClaimNode)]
     assert len(claimed) == arrivals  # recorded as arrived for it, as any arrival
     assert not any(isinstance(a, DeleteRequest) for a in d.actions)
+
+
+@pytest.mark.parametrize("tried", [(), ("",), ("", "r1"), ("r1", ""), ("r1", "r2")])
+def test_the_domains_tried_read_back_as_recorded(tried: tuple[str, ...]) -> None:
+    """An empty label value is a domain like any (a node may carry ``rack: ""``): the
+    record of the domains tried keeps it, so it is not asked again in the attempt."""
+    place = places.Place(0, (RACK, "r9"), tried)
+    assert places.place_of(Record.of({}), place.record()).tried == tried
+
+
+def test_a_rack_named_by_the_empty_value_is_asked_once_in_an_attempt() -> None:
+    """Racks "", r1, r2 (the empty value ranked first: a member places there now): each rack
+    is asked once, then the attempt ends; before, a "" tried was lost from the record and ""
+    was asked again after each other rack."""
+    nodes = [gpu_node("a", ""), gpu_node("b", "r1", gpu=0), gpu_node("c", "r2", gpu=0)]
+    asked_in: list[str] = []
+    requests: list[Any] = []
+    for _ in range(6):
+        d = run(requests, nodes)
+        made = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+        if not made:
+            break
+        meta = made[0]["metadata"]
+        notes = {k: v for k, v in meta["annotations"].items() if k.startswith("gangcheck.io/")}
+        asked_in.append(notes["gangcheck.io/topology-domain"].partition("=")[2])
+        gone = {
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "Deadline: the gang did not fit",
+            "gangcheck.io/outcome": OUTCOME,
+        }
+        templates = [(naming.template_name(meta["name"], "workers"), 4)]
+        requests = [
+            provisioning_request(meta["name"], templates=templates, annotations={**notes, **gone})
+        ]
+    assert asked_in == ["", "r1", "r2"]
+    assert d.check is not None and d.check.state == "Retry"
+
+
+def test_diagnose_names_the_empty_rack_among_those_left() -> None:
+    name = naming.request_name("wl", CHECK, 1, 2)
+    req = request_of(request(name, "r2", tried="r1,"))
+    facts = request_facts(req, name, 1)
+    assert facts.domains_tried == ("r1", "")
+    lines = diagnose_text._lines_of_request("default", facts, NOW)
+    assert f'  asks topology domain {RACK}=r2; domains left before: r1, ""' in lines

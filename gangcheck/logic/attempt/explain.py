@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from gangcheck.logic.attempt import places
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
@@ -42,7 +43,6 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
-    DOMAINS_TRIED_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
@@ -162,7 +162,7 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         source=index,
         source_name=asked.name if asked is not None else "",
         domain=notes.get(DOMAIN_ANNOTATION, ""),
-        domains_tried=tuple(t for t in notes.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t),
+        domains_tried=places.of_request(req).tried,
     )
 
 

@@ -81,7 +81,10 @@ def place_of(record: Record, annotations: Mapping[str, str]) -> Place:
     """The place an ask recorded on its request."""
     raw = annotations.get(DOMAIN_ANNOTATION, "")
     key, sep, value = raw.partition("=")
-    tried = tuple(t for t in annotations.get(DOMAINS_TRIED_ANNOTATION, "").split(",") if t)
+    # every value, the empty one too (a label value a domain may have); only a place with a
+    # domain tried writes the record, so one absent is none tried
+    recorded = annotations.get(DOMAINS_TRIED_ANNOTATION)
+    tried = tuple(recorded.split(",")) if recorded is not None else ()
     raced = annotations.get(RACED_ANNOTATION, "").split(",")
     indexes = tuple(i for i in (count_of(r) for r in raced) if i is not None)
     return Place(record.source, (key, value) if sep and key else None, tried, indexes)
