@@ -105,7 +105,9 @@ from gangcheck.logic.dispatch import (
     admission_status,
     cannot_deliver,
     check_workers,
+    copy_of,
     decide,
+    for_workload,
     lease_down,
     left_to_another,
     nominated_by_another,
@@ -137,6 +139,7 @@ from gangcheck.model.names import (
     SOURCE_ANNOTATION,
     STARTED,
     WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.events import EventRecorder
@@ -738,8 +741,8 @@ class Dispatcher:
         this process that saw it so (the worker's clock is not read; a restart waits anew);
         '' otherwise."""
         meta = wl["metadata"]
-        copy = view.copies.get(_key(wl))
-        if copy is None or not unanswered(copy, view.ours, _requests_for(view.requests, meta)):
+        copy = _copy(view, wl)
+        if copy is None or not unanswered(copy, view.ours, _requests_for(view.requests, copy)):
             return ""
         key = (worker, str(meta["namespace"]), str(copy["metadata"].get("uid") or meta["name"]))
         now = self._now()
@@ -940,21 +943,29 @@ def _copy_state(view: _View, wl: Obj) -> tuple[str, bool, bool]:
     """The worker's copy of ``wl`` (as the pass listed its Workloads, once for every Workload
     of the pass): why it failed ('' if not), whether it is admitted, and whether there is
     one."""
-    meta = wl["metadata"]
-    copy = view.copies.get(_key(wl))
+    copy = _copy(view, wl)
     if copy is None:
         return "", False, False
-    failure = _copy_failure(copy, meta, view.requests)
+    failure = _copy_failure(copy, view.requests)
     admitted = _condition(copy, "Admitted")
     placed = not failure and admitted is not None and admitted.get("status") == "True"
     return failure, placed, True
 
 
-def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -> str:
-    """Why the worker's copy of a Workload (``meta``: the manager's) failed, or '' (trying):
-    its state, or gangcheck's requests for it there (``requests``: the worker's, as the pass
-    read them) saying their capacity source cannot deliver."""
-    said = cannot_deliver(_requests_for(requests, meta))
+def _copy(view: _View, wl: Obj) -> Obj | None:
+    """The worker's copy of the manager's Workload ``wl`` as the pass read it; None when it
+    has none, or only one left by an earlier Workload of its name (``copy_of``)."""
+    copy = view.copies.get(_key(wl))
+    if copy is None or not copy_of(copy, str(wl["metadata"].get("uid") or "")):
+        return None
+    return copy
+
+
+def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
+    """Why the worker's copy of a Workload failed, or '' (trying): its state, or gangcheck's
+    requests for it there (``requests``: the worker's, as the pass read them) saying their
+    capacity source cannot deliver."""
+    said = cannot_deliver(_requests_for(requests, copy))
     if said:
         return said
     status = copy.get("status") or {}
@@ -972,16 +983,26 @@ def _copy_failure(copy: Obj, meta: Mapping[str, Any], requests: Sequence[Obj]) -
     return ""
 
 
-def _requests_for(requests: Sequence[Obj], meta: Mapping[str, Any]) -> list[Obj]:
-    """gangcheck's requests in a worker (as the pass read them) for the copy of the Workload
-    ``meta`` (the manager's), not being deleted."""
-    return [
-        req
-        for req in requests
-        if req["metadata"].get("namespace") == meta["namespace"]
-        and (req["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == meta["name"]
-        and not req["metadata"].get("deletionTimestamp")
-    ]
+def _requests_for(requests: Sequence[Obj], copy: Obj) -> list[Obj]:
+    """gangcheck's requests in a worker (as the pass read them) for the worker's Workload
+    ``copy``, not being deleted: of its namespace and name, and of its uid where the request
+    names one (a request left by an earlier copy of that name, made again since, is not
+    this copy's)."""
+    meta = copy["metadata"]
+    uid = str(meta.get("uid") or "")
+    out = []
+    for req in requests:
+        notes = req["metadata"].get("annotations") or {}
+        if (
+            req["metadata"].get("namespace") != meta.get("namespace")
+            or notes.get(WORKLOAD_ANNOTATION) != meta.get("name")
+            or req["metadata"].get("deletionTimestamp")
+        ):
+            continue
+        if uid and notes.get(WORKLOAD_UID_ANNOTATION, uid) != uid:
+            continue
+        out.append(req)
+    return out
 
 
 def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
@@ -1039,9 +1060,10 @@ def _key(wl: Obj) -> tuple[str, str]:
 
 
 def _record(wl: Obj) -> DispatchRecord:
-    return DispatchRecord.from_annotation(
-        (wl["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
-    )
+    """The record on the manager's Workload ``wl``, as it counts for it (``for_workload``:
+    none of an earlier Workload of its name)."""
+    raw = (wl["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    return for_workload(DispatchRecord.from_annotation(raw), str(wl["metadata"].get("uid") or ""))
 
 
 def _pending(wl: Obj) -> bool:

@@ -502,6 +502,10 @@ class DispatchRecord:
     """The worker nominated whose copy was seen admitted (MultiKueue places the gang there)."""
     nominated_at: Mapping[str, str] = field(default_factory=dict)
     """When each worker nominated now was nominated (RFC 3339)."""
+    uid: str = ""
+    """The uid of the manager's Workload it was written for (``for_workload``): Kueue's copy
+    of the Workload in a worker carries the record as it was when the copy was made, so the
+    copy names the Workload it was made for (``copy_of``)."""
 
     def to_annotation(self) -> str:
         data: dict[str, object] = {
@@ -517,6 +521,8 @@ class DispatchRecord:
             data["admitted"] = self.admitted
         if self.nominated_at:
             data["nominatedAt"] = dict(self.nominated_at)
+        if self.uid:
+            data["uid"] = self.uid
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -540,7 +546,38 @@ class DispatchRecord:
             failed_at=_by_name(data.get("failedAt")),
             admitted=str(data.get("admitted") or ""),
             nominated_at=_by_name(data.get("nominatedAt")),
+            uid=data["uid"] if isinstance(data.get("uid"), str) else "",
         )
+
+
+#: How the record of a Workload made again under its name says the earlier one's was set
+#: aside (``for_workload``).
+_SET_ASIDE = "the record of an earlier Workload of this name"
+
+
+def for_workload(record: DispatchRecord, uid: str) -> DispatchRecord:
+    """The record as it counts for the manager's Workload of uid ``uid``: its own (stamped
+    with ``uid`` when it names none: written before records did), or, when it names another
+    uid, none: the Workload was deleted and made again under its name from a manifest that
+    kept its annotations (nothing of the earlier one's dispatch carries over: not its worker
+    nominated, not those it gave up), said so."""
+    if not uid or record.uid == uid:
+        return record
+    if not record.uid:
+        return replace(record, uid=uid)
+    return DispatchRecord(reason=f"{_SET_ASIDE} (uid {record.uid}) set aside", uid=uid)
+
+
+def copy_of(copy: Mapping[str, object], uid: str) -> bool:
+    """Whether a worker's Workload ``copy`` is Kueue's copy of the manager's Workload of uid
+    ``uid``, not one left there by an earlier Workload of the same name (Kueue removes it
+    after the deletion; one made again meanwhile finds it there): the record the copy
+    carries (Kueue copies the annotations when it makes the copy, after the dispatcher wrote
+    the record) names that uid, or names none (a record written before records did, or no
+    record: not told apart, taken as its copy)."""
+    raw = _dict(_dict(copy.get("metadata")).get("annotations")).get(RECORD_ANNOTATION)
+    made_for = DispatchRecord.from_annotation(raw if isinstance(raw, str) else None).uid
+    return not made_for or not uid or made_for == uid
 
 
 def _names(value: object) -> tuple[str, ...]:
@@ -665,7 +702,11 @@ def decide(
     uncopied = _not_copied(keep, facts, since, now)
     if uncopied and not fallbacks:
         reason = f"{reason}; {uncopied}" if reason else uncopied
-    new = DispatchRecord(tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since)
+    if not keep and record.reason.startswith(_SET_ASIDE) and reason != record.reason:
+        reason = f"{record.reason}; {reason}"
+    new = DispatchRecord(
+        tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since, record.uid
+    )
     return Step(tuple(chosen), new, newly, fallbacks)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from gangcheck.logic.dispatch import (
     DISPATCHER,
     FAILURE_MEMORY,
+    RECORD_ANNOTATION,
     CheckWorkers,
     DispatchRecord,
     Nomination,
@@ -20,8 +21,10 @@ from gangcheck.logic.dispatch import (
     admission_status,
     cannot_deliver,
     check_workers,
+    copy_of,
     decide,
     describe,
+    for_workload,
     left_to_another,
     nominate,
     nominated_by_another,
@@ -805,3 +808,29 @@ def test_a_copy_left_untouched_by_gangcheck(
     copy: dict[str, object], requests: list[dict[str, object]], expected: bool
 ) -> None:
     assert unanswered(copy, ["gpu"], requests) is expected
+
+
+def test_a_record_counts_only_for_the_workload_it_was_written_for() -> None:
+    """A Workload made again under its name from a saved manifest carries the earlier one's
+    record: set aside, said so; a record written before records named a uid is stamped."""
+    mine = DispatchRecord(("a",), ("b", "a"), {"b": "Retry"}, uid="u1")
+    assert for_workload(mine, "u1") == mine
+    assert for_workload(replace(mine, uid=""), "u1") == mine
+    fresh = for_workload(mine, "u2")
+    assert fresh.nominated == () and fresh.tried == () and not fresh.failed
+    assert fresh.uid == "u2" and "(uid u1) set aside" in fresh.reason
+    assert DispatchRecord.from_annotation(mine.to_annotation()) == mine
+    step = decide(fresh, (w("a"), w("b", fits=True)), now=NOW)
+    assert step.nominated == ("b",) and step.record.uid == "u2"
+    assert step.record.reason.startswith("the record of an earlier Workload")
+
+
+def test_a_workers_copy_is_the_workloads_when_its_record_names_its_uid_or_none() -> None:
+    def copy(record: DispatchRecord | None) -> dict[str, object]:
+        notes = {RECORD_ANNOTATION: record.to_annotation()} if record else {}
+        return {"metadata": {"name": "g", "annotations": notes}}
+
+    assert copy_of(copy(DispatchRecord(("a",), uid="u1")), "u1")
+    assert not copy_of(copy(DispatchRecord(("a",), uid="u0")), "u1")
+    assert copy_of(copy(DispatchRecord(("a",))), "u1")  # written before records named one
+    assert copy_of(copy(None), "u1")

@@ -36,7 +36,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
-from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION
+from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION, WORKLOAD_UID_ANNOTATION
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.fakes.kube import FakeKube
@@ -1441,3 +1441,80 @@ async def test_the_untouched_copy_is_timed_anew_by_a_new_dispatcher() -> None:
     clock.now += timedelta(seconds=101)
     await restarted.pass_once()
     assert record(manager).nominated == ("worker-2",)
+
+
+# -- a Workload deleted and made again under its name --------------------------------------------
+
+
+def remade(uid: str, *, record: DispatchRecord | None = None) -> Obj:
+    """The gang's Workload in the manager with the uid ``uid``, carrying ``record`` (a copy
+    of it made again from a saved manifest carries its annotations, the record included)."""
+    wl = workload()
+    wl["metadata"]["uid"] = uid
+    if record is not None:
+        wl["metadata"]["annotations"] = {RECORD_ANNOTATION: record.to_annotation()}
+    return wl
+
+
+async def test_a_workload_made_again_under_its_name_starts_afresh_not_from_the_old_record() -> None:
+    """The Workload deleted and made again from its saved manifest: the record it carries is
+    the earlier Workload's (worker-1 nominated, worker-2 given up). Nothing of it carries
+    over: worker-2, where the gang fits now, is nominated, and the record is the new one's."""
+    old = DispatchRecord(
+        nominated=("worker-1",),
+        tried=("worker-2", "worker-1"),
+        failed={"worker-2": "check gpu Retry: rolled back"},
+        reason="worker-2 failed; worker-1 by name",
+        uid="uid-old",
+    )
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker(nodes=2)})
+    manager.add(remade("uid-new", record=old))
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert nominated_of(manager, "job-gang") == ["worker-2"]
+    assert got.uid == "uid-new"
+    assert got.tried == ("worker-2",)
+    assert got.failed == {}
+    assert "earlier Workload of this name (uid uid-old)" in got.reason
+
+
+async def test_the_copy_and_requests_of_an_earlier_workload_of_the_name_do_not_count() -> None:
+    """Worker-1 still holds the copy of the earlier Workload of this name (Kueue removes it
+    after the deletion) with its check Retry and its request stocked out: not the copy of the
+    Workload nominated there now (its record names another uid), so worker-1 is not given
+    up for it; nor does a request left by an earlier copy (another uid) give it up."""
+    one = worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    manager.add(remade("uid-new"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    stale = workload()
+    stale["metadata"]["uid"] = "copy-old"
+    made_for = DispatchRecord(("worker-1",), ("worker-1",), uid="uid-old")
+    stale["metadata"]["annotations"] = {RECORD_ANNOTATION: made_for.to_annotation()}
+    stale["status"]["admissionChecks"] = [{"name": "gpu", "state": "Retry", "message": "old"}]
+    old_request = not_found_request()
+    old_request["metadata"]["annotations"][WORKLOAD_UID_ANNOTATION] = "copy-old"
+    one.add(stale, old_request)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.failed, got
+    # Kueue made this Workload's copy (its record names uid-new); the old request stays
+    fresh = workload()
+    fresh["metadata"]["uid"] = "copy-new"
+    fresh["metadata"]["annotations"] = {RECORD_ANNOTATION: got.to_annotation()}
+    one.remove(WORKLOAD, "job-gang", NS)
+    one.add(fresh)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.failed, got
+    # its own request says its source cannot deliver: now given up
+    own = not_found_request()
+    own["metadata"]["name"] = "job-gang-gpu-2"
+    own["metadata"]["annotations"][WORKLOAD_UID_ANNOTATION] = "copy-new"
+    one.add(own)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert "CapacityIsNotFound" in got.failed["worker-1"]
+    assert not one.writes
