@@ -39,7 +39,7 @@ from gangcheck.model.names import (
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
 )
-from gangcheck.model.objects import Obj
+from gangcheck.model.objects import Obj, pod_of
 from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reclaim.guard import guard, unguard
 from gangcheck.reconcile.caches import Caches
@@ -219,7 +219,8 @@ class Applier:
 
     async def _release_hold(self, namespace: str, action: Action) -> None:
         """Lift the hold from each node, keeping every other taint: written at the node's
-        resourceVersion, read again on a conflict; a node gone or not held is done."""
+        resourceVersion, read again on a conflict; a node gone or not held is done. Its
+        preconditions (`gone`, `unconsumed`) are confirmed on the API server first."""
         assert isinstance(action, ReleaseHold)
         if action.gone:
             requests = self._caches.requests
@@ -227,6 +228,8 @@ class Applier:
             if live is not None:  # only the cache missed it: decide again on it
                 requests.store.put_if_newer(live)
                 raise StaleDecisionError(f"request {action.gone} is there: its hold stays")
+        if action.unconsumed:
+            await self._confirm_unconsumed(namespace, action.unconsumed)
         for name in action.nodes:
             node = self._caches.nodes.store.get(name)
             for _ in range(3):
@@ -242,6 +245,22 @@ class Applier:
                 self._caches.nodes.store.put_if_newer(node)
                 log.info("hold lifted from node %s", name)
                 break
+
+    async def _confirm_unconsumed(self, namespace: str, request: str) -> None:
+        """No pod of the namespace that still counts consumes `request`, as the API server
+        has them now; one that does is read into the pod cache (it was behind: a member
+        released onto the request showed still gated there) and the decision made again."""
+        listed = await self._kube.list_objects(POD, namespace)
+        using = []
+        for item in listed.get("items") or []:
+            pod = {"apiVersion": "v1", "kind": "Pod", **item}  # a list's items carry neither
+            view = pod_of(pod)
+            if view.consumes == request and view.live:
+                self._caches.pods.store.put_if_newer(pod)
+                using.append(view.name)
+        if using:
+            names = ", ".join(sorted(using))
+            raise StaleDecisionError(f"pods {names} consume request {request}: it stays")
 
     async def _guard_scale_down(self, namespace: str, action: Action) -> None:
         """Set (or take off) the scale-down guard on each node as scaledown.py decides on the

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from gangcheck.app import SOURCES
+from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, UPSTREAM_POD_GROUP_V1BETA1
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -22,12 +24,24 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.podgroups import growth
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
-from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, CONSUME_ANNOTATION, GATE
+from gangcheck.model.names import (
+    ATTEMPT_CONFIG_ANNOTATION,
+    CONSUME_ANNOTATION,
+    GATE,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    OPT_IN_LABEL,
+)
 from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
+from gangcheck.reconcile.apply import Applier, StaleDecisionError
+from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.podgroup import PodGroupReconciler
 from tests.builders import container, node, provisioning_request
+from tests.fakes.kube import FakeKube
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
 Obj = dict[str, Any]
@@ -885,7 +899,10 @@ def test_a_delivered_growth_whose_members_all_left_before_binding_is_withdrawn(
     )
     members = [*running(), *(pod(f"again{i}", gated=True) for i in range(replacements))]
     d = run(Case("left", min_count, members, requests=[fulfilled], nodes=[OLD_NODE, held]))
-    assert [a.nodes for a in d.actions if isinstance(a, ReleaseHold)] == [("n2",)]
+    assert [a for a in d.actions if isinstance(a, ReleaseHold)] == [
+        ReleaseHold((), unconsumed=GROW1),  # first: confirmed on the API server's pods
+        ReleaseHold(("n2",)),
+    ]
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [GROW1]
     assert not [a for a in d.actions if isinstance(a, (ReleaseMembers, CreateRequest))]
     assert "GrowthWithdrawn" in {e.reason for e in d.events}, d.events
@@ -927,3 +944,115 @@ def test_a_growth_in_flight_whose_members_fell_short_is_withdrawn_past_its_deadl
     assert deleted == [GROW1]
     assert [a.nodes for a in d.actions if isinstance(a, ReclaimArrivals)] == [("n2",)]
     assert "GrowthWithdrawn" in {e.reason for e in d.events}, d.events
+
+
+def test_a_delivered_growths_withdrawal_waits_for_the_api_server_to_confirm_none_consumes_it() -> (
+    None
+):
+    """The pure decision cannot tell a growth whose members all left before binding from one
+    judged on a pod cache older than its request (a new leader's, its pods listed before the
+    members' release, its requests after the record of it: the members shown still gated,
+    consuming nothing). Its withdrawal is therefore preceded by the precondition the edge
+    checks on a live list of the namespace's pods (`ReleaseHold.unconsumed`)."""
+    held = node(
+        "n2",
+        gpu=2,
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    fulfilled = grow_req(
+        annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
+    )
+    stale = [*running(), *added(2)]  # new0, new1 as listed before their release
+    d = run(Case("stale", 6, stale, requests=[fulfilled], nodes=[OLD_NODE, held]))
+    kinds = [type(a).__name__ for a in d.actions]
+    assert d.actions[0] == ReleaseHold((), unconsumed=GROW1), kinds
+    assert kinds.index("DeleteRequest") > 0
+
+
+async def test_a_new_leaders_pod_cache_older_than_its_requests_withdraws_no_growth_delivered() -> (
+    None
+):
+    """On the edge (a fake API server): the growth g-pg-grow-1 delivered, its 2 members
+    released onto it and binding, the node that came for it held; the leader's pod cache
+    still shows the 2 members gated (listed before their release), its request cache the
+    request Fulfilled. Before, the reconcile withdrew the growth (its request deleted, the
+    hold lifted from n2: the members released onto it lost the node kept for them) and said
+    GrowthWithdrawn. Now the live pods confirm they consume it: nothing is written, the pod
+    cache catches up, and the next decision keeps the growth."""
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "default", "labels": {OPT_IN_LABEL: OPT_IN_VALUE}},
+    }
+    held = node(
+        "n2",
+        gpu=2,
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    fulfilled = grow_req(
+        annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
+    )
+    fulfilled["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    released = [pod(f"new{i}", gated=False, consumes=GROW1) for i in range(2)]
+    members = [{"apiVersion": "v1", "kind": "Pod", **p} for p in [*running(), *released]]
+    obj = {**group(6), "apiVersion": UPSTREAM_POD_GROUP_V1BETA1.api_version}
+    kube = FakeKube(clock=lambda: NOW)
+    kube.add(namespace, obj, *members, fulfilled, OLD_NODE, held)
+    caches = kube.caches(UPSTREAM_POD_GROUP_V1BETA1)
+    for stale in added(2):  # the pod cache as listed before the release
+        caches.pods.store._pop(stale)
+        caches.pods.store._put({"apiVersion": "v1", "kind": "Pod", **stale})
+    applier = Applier(kube, caches, SOURCES, clock=lambda: NOW)
+    reconciler = PodGroupReconciler(
+        kube, caches, EventRecorder(kube, clock=lambda: NOW), applier, clock=lambda: NOW
+    )
+    await reconciler.reconcile("pg/default/g")
+    assert kube.stored(PROVISIONING_REQUEST, GROW1, "default") is not None
+    assert kube.writes_of("Node") == []
+    stored = kube.stored(NODE, "n2")
+    assert stored is not None and stored["spec"]["taints"] == [hold_taint(f"default/{GROW1}")]
+    assert not [w for w in kube.writes_of("Event") if "GrowthWithdrawn" in str(w.body)]
+    cached = caches.pods.store.get("new0", "default")
+    assert cached is not None and cached["metadata"]["annotations"][CONSUME_ANNOTATION] == GROW1
+    await reconciler.reconcile("pg/default/g")  # on the pods as they are: kept
+    assert kube.stored(PROVISIONING_REQUEST, GROW1, "default") is not None
+
+
+@pytest.mark.parametrize(
+    ("member", "confirmed"),
+    [
+        ({}, False),
+        ({"metadata": {"deletionTimestamp": "2026-11-30T10:04:00Z"}}, True),
+        ({"status": {"phase": "Failed"}}, True),
+    ],
+    ids=["a live member consumes it", "the one consuming it is being deleted", "it failed"],
+)
+async def test_the_unconsumed_precondition_is_judged_on_the_api_servers_pods(
+    member: Obj, confirmed: bool
+) -> None:
+    """`ReleaseHold.unconsumed` on the edge: a pod that still counts consuming the request,
+    as the API server has it, drops the decision (StaleDecisionError) with the pod read into
+    the cache and nothing written; one being deleted or finished does not count."""
+    consuming = pod("new0", gated=False, consumes=GROW1)
+    for part, fields in member.items():
+        consuming[part] = {**consuming[part], **fields}
+    held = node(
+        "n2", annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )  # fmt: skip
+    kube = FakeKube(clock=lambda: NOW)
+    kube.add({"apiVersion": "v1", "kind": "Pod", **consuming}, held)
+    caches = kube.caches()
+    caches.pods.store._pop(consuming)  # the cache does not have it
+    applier = Applier(kube, caches, SOURCES, clock=lambda: NOW)
+    action = ReleaseHold(("n2",), unconsumed=GROW1)
+    if confirmed:
+        await applier.apply("default", action)
+        assert [w.name for w in kube.writes] == ["n2"]
+        return
+    with pytest.raises(StaleDecisionError, match="new0 consume request g-pg-grow-1"):
+        await applier.apply("default", action)
+    assert kube.writes == []
+    assert caches.pods.store.get("new0", "default") is not None

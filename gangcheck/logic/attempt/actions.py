@@ -86,6 +86,12 @@ class ReleaseHold:
 
     nodes: tuple[str, ...]
     gone: str = ""
+    unconsumed: str = ""
+    """A request's name in the gang's namespace, withdrawn (with what follows this action)
+    because no member consumes it as the pod cache shows: lifted, and the rest of the
+    decision applied, only once the API server confirms no pod there consumes it, never on
+    the pod cache alone (one older than the request's record: a member released onto it
+    shows still gated there)."""
 
 
 @dataclass(frozen=True)

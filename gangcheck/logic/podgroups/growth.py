@@ -54,6 +54,7 @@ from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     CreateRequest,
     Event,
+    ReleaseHold,
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
@@ -528,7 +529,11 @@ def _delivered(
     them is bound; withdrawn once the group has no member left, or, not started, once no
     member consumes it (the members released onto it all left before they were bound: it
     would never start, its nodes held and the group's next growth waiting for ever), its
-    hold lifted and nothing reclaimed, as the group's own request whose members all left."""
+    hold lifted and nothing reclaimed, as the group's own request whose members all left.
+    That withdrawal is applied only once the API server confirms no pod consumes it
+    (`ReleaseHold.unconsumed`): a pod cache older than the request (a new leader's, its
+    pods listed before the members' release, its requests after the record of it) shows
+    the members released onto it still gated."""
     actions: list[Action] = []
     events: list[Event] = []
     for req in growing:
@@ -544,6 +549,9 @@ def _delivered(
                 f"the members released onto growth {req.name} all left before they were "
                 "bound: its request is withdrawn, the hold on what arrived for it lifted"
             )
+            # judged on the pod cache, which may be older than the request's record (a new
+            # leader's: the members released onto it still gated there): confirmed first
+            actions.append(ReleaseHold((), unconsumed=req.name))
             actions += lifecycle.release_hold(snap.capacity, req)
             actions += snap.backend.withdraw(req, why)
             events.append(Event("GrowthWithdrawn", why))
