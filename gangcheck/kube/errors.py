@@ -60,13 +60,39 @@ class InvalidError(ApiError):
     """422: the object failed validation (or a JSON-patch test failed)."""
 
 
-def refused(error: ApiError) -> bool:
-    """Whether the API server refused a write for what it says (its schema, a webhook, RBAC):
-    a 403, or a 422 naming its causes; not a 422 of a failed JSON-patch ``test``, which
-    names none (the object changed meanwhile: decide again)."""
+WEBHOOK_DENIAL = 'admission webhook "'
+"""How kube-apiserver begins the message of a write an admission webhook denied, whatever
+the status the webhook chose (apiserver's webhook errors.ToStatusErr)."""
+
+
+def refused(error: BaseException) -> bool:
+    """Whether the API server refused a write for what it says (its schema, a webhook, a
+    policy, RBAC, a quota): a 403; a 422 naming its causes (the schema, a
+    ValidatingAdmissionPolicy); a 422 an admission webhook answered, causes or not. Not a
+    422 kube-apiserver answers a patch that did not apply, naming no causes (a JSON-patch
+    ``test`` that failed: the object changed meanwhile). The one rule for every write,
+    made alone or among others at once (`refusal`)."""
     if isinstance(error, ForbiddenError):
         return True
-    return isinstance(error, InvalidError) and bool(error.details.get("causes"))
+    if not isinstance(error, InvalidError):
+        return False
+    return bool(error.details.get("causes")) or error.message.startswith(WEBHOOK_DENIAL)
+
+
+def refusal(error: BaseException, *, also: tuple[type[ApiError], ...] = ()) -> ApiError | None:
+    """The write refused for what it says (`refused`, or one of the types `also`: what the
+    caller found refused itself, a name taken) in `error`: the error itself, or the first
+    of the writes made at once that failed together (an ExceptionGroup, nested or not);
+    None when none was refused."""
+    if isinstance(error, BaseExceptionGroup):
+        for each in error.exceptions:
+            found = refusal(each, also=also)
+            if found is not None:
+                return found
+        return None
+    if isinstance(error, ApiError) and (isinstance(error, also) or refused(error)):
+        return error
+    return None
 
 
 class TransientError(ApiError):

@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 from typing import TypedDict
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, ForbiddenError, InvalidError
-from gangcheck.kube.errors import refused as refused_for_what_it_says
+from gangcheck.kube.errors import ApiError, refusal
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -90,21 +89,18 @@ class GangReconciler:
     ) -> bool:
         """Apply a decision's actions for the gang ``ref`` in order; False when one met a
         change meanwhile (the rest not applied: the decision is made again on what changed).
-        A write the API server refuses (invalid, forbidden, a name taken) is told to
-        ``refused`` before it is raised, one made among others at once (the reclaim's
-        nodes) too."""
+        A write the API server refuses for what it says (kube.errors.refused; a name
+        taken) is told to ``refused`` before it is raised, alone or the first among writes
+        made at once (the reclaim's nodes): one rule for both. Any other failure (a 422 of a
+        patch that did not apply, a 5xx) is raised untold; the queue backs off."""
         for action in actions:
             try:
                 await self._applier.apply(ref.namespace, action)
             except StaleDecisionError as e:
                 log.info("decision dropped: %s", e, extra={"object": str(ref)})
                 return False
-            except (InvalidError, ForbiddenError, NameCollisionError) as e:
-                if refused is not None:
-                    await refused(action, e)
-                raise
-            except ExceptionGroup as group:
-                first = _first_refusal(group)
+            except (ApiError, ExceptionGroup) as e:
+                first = refusal(e, also=(NameCollisionError,))
                 if refused is not None and first is not None:
                     await refused(action, first)
                 raise
@@ -113,17 +109,3 @@ class GangReconciler:
                     "deleted request %s: %s", action.name, action.reason, extra={"object": str(ref)}
                 )
         return True
-
-
-def _first_refusal(group: BaseExceptionGroup[BaseException]) -> ApiError | None:
-    """The first write in `group` the API server refused for what it says."""
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            found = _first_refusal(error)
-            if found is not None:
-                return found
-        elif isinstance(error, NameCollisionError) or (
-            isinstance(error, ApiError) and refused_for_what_it_says(error)
-        ):
-            return error
-    return None

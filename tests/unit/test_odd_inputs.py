@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.errors import ApiError, error_from_status
+from gangcheck.kube.errors import ApiError, error_from_status, refusal, refused
 from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -171,6 +171,78 @@ async def test_a_check_write_meeting_a_change_is_tried_again_soon_and_says_nothi
     result = await world.reconcile()
     assert result.requeue_after is not None and result.requeue_after <= 0.5
     assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+
+
+# ---- one rule for a refused write, alone or among writes made at once ------------------
+
+#: kube-apiserver's answer to a JSON patch whose ``test`` failed (apimachinery's
+#: NewGenericServerResponse for a 422: no causes, its generic message).
+PATCH_NOT_APPLIED = "the server rejected our request due to an error in our request"
+#: A webhook answering 422 without details (apiserver's webhook errors.ToStatusErr keeps its
+#: status and prefixes the message).
+WEBHOOK_422 = 'admission webhook "nodes.example.io" denied the request: nodes are frozen'
+#: A ValidatingAdmissionPolicy's denial: 422 (its default reason), the message as a cause.
+POLICY_422 = "nodes \"n1\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied"
+
+
+def _status(status: int, message: str, causes: bool = False) -> ApiError:
+    reason = {403: "Forbidden", 409: "Conflict", 422: "Invalid", 500: "InternalError"}[status]
+    details = {"causes": [{"message": message}]} if causes else {}
+    body = {"kind": "Status", "reason": reason, "message": message, "code": status}
+    return error_from_status(status, json.dumps({**body, "details": details}), target="x/y")
+
+
+@pytest.mark.parametrize(
+    ("error", "is_refused"),
+    [
+        (_status(403, "exceeded quota: q"), True),
+        (_status(403, WEBHOOK_422), True),
+        (_status(422, SCHEMA_DENIAL, causes=True), True),
+        (_status(422, POLICY_422, causes=True), True),
+        (_status(422, WEBHOOK_422), True),
+        (_status(422, PATCH_NOT_APPLIED), False),
+        (_status(409, "the object has been modified"), False),
+        (_status(500, "etcd"), False),
+    ],
+    ids=[
+        "403: RBAC, a quota, a webhook",
+        "403 of a webhook",
+        "422 naming causes: the schema",
+        "422 naming causes: a ValidatingAdmissionPolicy",
+        "422 of a webhook, no causes",
+        "422 of a patch that did not apply: changed meanwhile",
+        "409: changed meanwhile",
+        "500: transient",
+    ],
+)
+def test_one_rule_says_which_writes_are_refused_alone_or_among_others(
+    error: ApiError, is_refused: bool
+) -> None:
+    """Before, a write made alone was told refused on any 422 (a patch that did not apply
+    too), one among others only on a 422 naming causes (a webhook's 422 not told)."""
+    assert refused(error) is is_refused
+    expected = error if is_refused else None
+    assert refusal(error) is expected
+    other = _status(500, "etcd")
+    assert refusal(ExceptionGroup("reclaim", [other, ExceptionGroup("in", [error])])) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "told"),
+    [(_status(422, PATCH_NOT_APPLIED), False), (_status(422, WEBHOOK_422), True)],
+    ids=["a patch that did not apply: untold", "a webhook's 422: told"],
+)
+async def test_a_single_action_failing_is_told_by_the_same_rule(
+    error: ApiError, told: bool
+) -> None:
+    """A request's create met with a 422: told as FailedCreate only when refused (before:
+    any 422, a patch that did not apply too); raised either way, the queue backs off."""
+    world = World(gang())
+    world.kube.fail("create", "ProvisioningRequest", error=error, times=100)
+    with pytest.raises(ApiError):
+        await world.reconcile()
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedCreate"]
+    assert [e["message"] for e in events] == ([f"Error creating Request: {error.message}"] * told)
 
 
 # ---- a class detail no label can carry: not pinned, said once ---------------------------
