@@ -89,6 +89,7 @@ from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.dispatch import (
     ANSWER_WITHIN,
     KUEUE_ADMISSION,
+    KUEUE_ITSELF,
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
     UNANSWERED,
@@ -111,6 +112,7 @@ from gangcheck.logic.dispatch import (
     lease_down,
     left_to_another,
     nominated_by_another,
+    nominated_by_kueue,
     not_answering,
     owns_nomination,
     patient,
@@ -514,6 +516,8 @@ class Dispatcher:
         status = wl.get("status") or {}
         written = list(status.get("nominatedClusterNames") or [])
         another = nominated_by_another(wl["metadata"]) if written else ""
+        if not another and nominated_by_kueue(record, written, at_once=self.at_once):
+            another = KUEUE_ITSELF
         step = (
             left_to_another(record, written, another)
             if another

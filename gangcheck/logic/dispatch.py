@@ -917,6 +917,33 @@ def nominated_by_another(meta: Mapping[str, object]) -> str:
     return ""
 
 
+#: Who ``nominated_by_kueue`` says wrote a nomination under Kueue's own field manager that is
+#: not gangcheck's (the record's reason: ``left_to_another``).
+KUEUE_ITSELF = (
+    f"Kueue itself ({KUEUE_ADMISSION}: is its multiKueue.dispatcherName still {DISPATCHER}? "
+    "AllAtOnce and Incremental nominate workers themselves)"
+)
+
+
+def nominated_by_kueue(record: DispatchRecord, written: Sequence[str], *, at_once: int = 1) -> bool:
+    """Whether the nomination ``written`` (``status.nominatedClusterNames``, under Kueue's
+    own field manager, as gangcheck writes it: ``nominated_by_another`` names no other) is
+    Kueue's own dispatcher's, not gangcheck's: Kueue restarted with AllAtOnce or Incremental
+    as its ``multiKueue.dispatcherName`` nominates workers itself (Kueue v0.17,
+    ``nominateAndSynchronizeWorkers``: AllAtOnce writes every worker whenever the nomination
+    differs), and writing gangcheck's back would start a loop, each write waking the other.
+    Kueue's when it names more workers than gangcheck nominates at once (``at_once``), or,
+    once gangcheck has nominated for the gang, a worker it never tried for it. Not when it
+    names gangcheck's nomination, nor a worker gangcheck nominated before (gangcheck
+    stopped between its record and its nomination: the record's is written next)."""
+    names = _names(list(written))
+    if len(names) > max(at_once, 1):
+        return True
+    if not names or set(names) == set(record.nominated):
+        return False
+    return bool(record.tried) and any(c not in record.tried for c in names)
+
+
 def owns_nomination(entry: object) -> bool:
     """Whether the managedFields ``entry`` owns ``status.nominatedClusterNames``."""
     return "f:nominatedClusterNames" in _dict(_dict(_dict(entry).get("fieldsV1")).get("f:status"))

@@ -28,6 +28,7 @@ from gangcheck.logic.dispatch import (
     left_to_another,
     nominate,
     nominated_by_another,
+    nominated_by_kueue,
     recent_failures,
     unanswered,
     workers_for,
@@ -834,3 +835,34 @@ def test_a_workers_copy_is_the_workloads_when_its_record_names_its_uid_or_none()
     assert not copy_of(copy(DispatchRecord(("a",), uid="u0")), "u1")
     assert copy_of(copy(DispatchRecord(("a",))), "u1")  # written before records named one
     assert copy_of(copy(None), "u1")
+
+
+KUEUE_NOMINATIONS = {
+    "every worker (AllAtOnce)": (ON_A, ["a", "b"], 1, True),
+    "a worker gangcheck never tried for the gang": (ON_A, ["b"], 1, True),
+    "gangcheck's own nomination": (ON_A, ["a"], 1, False),
+    "two at once, as gangcheck wrote them, in another order": (
+        DispatchRecord(("a", "b"), ("a", "b")),
+        ["b", "a"],
+        2,
+        False,
+    ),
+    "one nominated before (gangcheck stopped between record and nomination)": (
+        DispatchRecord(("b",), ("a", "b"), {"a": "Retry"}),
+        ["a"],
+        1,
+        False,
+    ),
+    "no record yet, one worker (a record lost: read as nominated)": (NONE, ["a"], 1, False),
+    "no record yet, more than at once": (NONE, ["a", "b"], 1, True),
+    "nothing written": (ON_A, [], 1, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "written", "at_once", "kueues"), KUEUE_NOMINATIONS.values(), ids=KUEUE_NOMINATIONS
+)
+def test_a_nomination_kueue_wrote_itself_is_told_from_gangchecks(
+    record: DispatchRecord, written: list[str], at_once: int, kueues: bool
+) -> None:
+    assert nominated_by_kueue(record, written, at_once=at_once) is kueues

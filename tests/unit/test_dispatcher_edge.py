@@ -1518,3 +1518,64 @@ async def test_the_copy_and_requests_of_an_earlier_workload_of_the_name_do_not_c
     assert got.nominated == ("worker-2",)
     assert "CapacityIsNotFound" in got.failed["worker-1"]
     assert not one.writes
+
+
+# -- Kueue's own dispatcher writing the nomination (its dispatcherName changed) -------------------
+
+
+def kueue_nominates(manager: FakeKube, clusters: list[str]) -> None:
+    """Kueue writes the nomination itself, as its field manager kueue-admission (as
+    gangcheck's apply does): AllAtOnce (every worker) or Incremental (up to 3 a round), once
+    Kueue was restarted with that dispatcherName while gangcheck's dispatcher still runs."""
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["status"]["nominatedClusterNames"] = clusters
+    wl["metadata"]["managedFields"] = [
+        {
+            "manager": KUEUE_ADMISSION,
+            "operation": "Apply",
+            "subresource": "status",
+            "fieldsV1": {"f:status": {"f:nominatedClusterNames": {}}},
+        }
+    ]
+    manager.add(wl)
+
+
+KUEUE_WRITES = {
+    "AllAtOnce: every worker": ["worker-1", "worker-2"],
+    "AllAtOnce after a fallback: every worker, both tried": ["worker-2", "worker-1"],
+    "a worker gangcheck never tried for the gang": ["worker-2"],
+}
+
+
+@pytest.mark.parametrize("written", KUEUE_WRITES.values(), ids=KUEUE_WRITES.keys())
+async def test_a_nomination_kueue_wrote_itself_is_not_fought(written: list[str]) -> None:
+    """Kueue's multiKueue.dispatcherName changed to one of its own mid-flight: Kueue writes
+    the nomination as kueue-admission, the manager gangcheck writes as. Taken for gangcheck's
+    own, it was written back on every pass, Kueue writing its own again each time (a loop,
+    each write waking the other). Left as written, said why, written once."""
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    if written == ["worker-2", "worker-1"]:  # worker-1 given up, worker-2 nominated after
+        copy = workload()
+        copy["status"]["admissionChecks"] = [{"name": "gpu", "state": "Rejected"}]
+        workers = dispatcher._workers
+        one = workers["worker-1"].kube
+        assert isinstance(one, FakeKube)
+        one.add(copy)
+        await dispatcher.pass_once()
+        assert nominated_of(manager, "job-gang") == ["worker-2"]
+    kueue_nominates(manager, written)
+    applied = list(manager.applied)
+    await dispatcher.pass_once()
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes  # no loop
+    assert manager.applied == applied  # nothing written back
+    assert nominated_of(manager, "job-gang") == written
+    got = record(manager)
+    assert got.nominated == ()
+    assert "not by gangcheck: left as written" in got.reason
+    assert "multiKueue.dispatcherName" in got.reason
+    assert "nominated by gangcheck" not in describe(got)[0]
