@@ -40,8 +40,9 @@ def racked(count: int = 4, annotations: dict[str, str] | None = None) -> Workloa
     return WorkloadBuilder().pod_set("workers", count, template).reserve_quota().check()
 
 
-def gpu_node(name: str, rack: str, *, gpu: int = 8) -> Any:
-    return node(name, gpu=gpu, labels={RACK: rack, "pool": "gpu"}, taints=[])
+def gpu_node(name: str, rack: str, *, gpu: int = 8, reserved: bool = False) -> Any:
+    labels = {RACK: rack, "pool": "gpu", **({"reserved": "yes"} if reserved else {})}
+    return node(name, gpu=gpu, labels=labels, taints=[])
 
 
 def run(
@@ -324,3 +325,55 @@ def test_diagnose_names_the_empty_rack_among_those_left() -> None:
     assert facts.domains_tried == ("r1", "")
     lines = diagnose_text._lines_of_request("default", facts, NOW)
     assert f'  asks topology domain {RACK}=r2; domains left before: r1, ""' in lines
+
+
+def cordoned(obj: Any) -> Any:
+    obj.setdefault("spec", {})["unschedulable"] = True
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ranked"),
+    [
+        pytest.param(
+            [
+                cordoned(gpu_node("a", "r1")),
+                cordoned(gpu_node("b", "r1")),
+                gpu_node("c", "r2", gpu=0),
+            ],
+            ["r2", "r1"],
+            id="a rack all cordoned after a full one",
+        ),
+        pytest.param(
+            [
+                cordoned(gpu_node("a", "r1", gpu=0)),
+                gpu_node("b", "r1", gpu=0),
+                gpu_node("c", "r0", gpu=0),
+            ],
+            ["r0", "r1"],
+            id="one node open is enough: by name",
+        ),
+        pytest.param(
+            [cordoned(gpu_node("a", "r1", reserved=True)), gpu_node("b", "r2", gpu=0)],
+            ["r2", "r1"],
+            id="a cordoned reserved node ranks nothing first",
+        ),
+        pytest.param(
+            [
+                cordoned(gpu_node("a", "r1", reserved=True)),
+                gpu_node("b", "r1", gpu=0, reserved=True),
+                gpu_node("c", "r0"),
+            ],
+            ["r1", "r0"],
+            id="an open reserved node still does",
+        ),
+    ],
+)
+def test_a_rack_whose_nodes_are_all_cordoned_is_asked_last(
+    nodes: list[Any], ranked: list[str]
+) -> None:
+    """A rack cordoned whole (drained for maintenance) is asked only once the racks with a
+    node open are; a cordoned reserved node does not rank its rack first."""
+    gang = GangSpec((("w", 2, pod_template(gpu=8, node_selector={"pool": "gpu"})),), {"w": RACK})
+    view = ClusterView(nodes=tuple(nodes))
+    assert places.ranked_domains(gang, view, [{"reserved": "yes"}]) == ranked

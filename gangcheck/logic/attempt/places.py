@@ -6,8 +6,9 @@ inside one domain of a topology level (Kueue's ``podset-required-topology`` on e
 constrained pod set naming one level, or a PodGroup's topology) asks inside one domain: the
 request's pod templates carry the domain's label, so the autoscaler cannot deliver across two
 racks. The domains are those the nodes that exist show for the level (among the nodes the
-source's labels select), ranked: reserved nodes there first, then the members that would
-place there now, then by name. When the domain cannot deliver, the next domain of the same
+source's labels select), ranked: reserved nodes there first (not cordoned), then a domain
+with a node not cordoned before one cordoned whole, then the members that would place there
+now, then by name. When the domain cannot deliver, the next domain of the same
 source is asked, as a source is left for the next; then the next source, its domains ranked
 afresh. A gang whose level no node shows asks without a domain (as before).
 
@@ -145,25 +146,33 @@ def ranked_domains(
     gang: GangSpec, capacity: ClusterView | None, reserved_labels: Sequence[Mapping[str, str]]
 ) -> list[str]:
     """The domains of the gang's level the nodes that exist show (among those its node
-    selector admits), best first: most reserved nodes, then most members placeable there
-    now, then by name. Empty when the gang has no level or no node shows it."""
+    selector admits), best first: most reserved nodes not cordoned, then a domain with a node
+    not cordoned before one cordoned whole (drained: asked last, not left out), then most
+    members placeable there now, then by name. Empty when the gang has no level or no node
+    shows it."""
     level = level_of(gang)
     if level is None or capacity is None or not gang.pod_sets:
         return []
     selector = (gang.pod_sets[0][2].get("spec") or {}).get("nodeSelector") or {}
     selector = {k: v for k, v in selector.items() if k != level}
     values: dict[str, int] = {}
+    uncordoned: set[str] = set()
     for node in capacity.nodes:
         labels = (node.get("metadata") or {}).get("labels") or {}
         if level not in labels or any(labels.get(k) != v for k, v in selector.items()):
             continue
+        value = labels[level]
+        values.setdefault(value, 0)
+        if (node.get("spec") or {}).get("unschedulable"):
+            continue
+        uncordoned.add(value)
         reserved = any(all(labels.get(k) == v for k, v in r.items()) for r in reserved_labels)
-        values[labels[level]] = values.get(labels[level], 0) + int(reserved)
+        values[value] += int(reserved)
     ranked = [
         Ranked(value, reserved, fits_now(capacity, pinned(gang, {}, (level, value))).placeable)
         for value, reserved in values.items()
     ]
-    ranked.sort(key=lambda r: (-r.reserved, -r.placeable, r.value))
+    ranked.sort(key=lambda r: (-r.reserved, r.value not in uncordoned, -r.placeable, r.value))
     return [r.value for r in ranked]
 
 
