@@ -909,3 +909,34 @@ def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifted() ->
     (event,) = d.events
     assert (event.reason, event.warning) == ("HoldLifted", True)
     assert REQ1 in event.message and "n2" in event.message
+
+
+def test_a_slice_ready_after_an_eviction_whose_request_is_deleted_by_hand_lifts_its_hold() -> None:
+    """A slice evicted and admitted again is Ready with podSetUpdates that keep the Job's
+    own consume annotation (`compatible`): they name no request of the slice. Its request
+    deleted outside gangcheck after Ready left no record naming it either, so the node that
+    arrived for it stayed held as the Job's pods for ever, nothing said. The nodes recorded
+    as arrived for a request of this slice (its names) that is gone are the record: the hold
+    lifted (once the API server confirms the request gone), HoldLifted Warning Event;
+    nothing asked again, nothing reclaimed, the check kept."""
+    compatible = [{"name": "workers"}]  # the consume annotation kept from the Job's template
+    other = node(
+        "n3",
+        gpu=4,
+        labels={"pool": "gpu"},
+        annotations={"gangcheck.io/arrived-for": "default/other-atomic-1"},
+        taints=[hold_taint("default/other-atomic-1")],
+    )
+    case = Case(
+        "gone after ready, evicted once",
+        stopped_slice(state="Ready", pod_set_updates=compatible),
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), held_node(), other],
+        pods=added(3),
+    )
+    d = run(case)
+    assert d.check is None
+    assert [a for a in d.actions if isinstance(a, ReleaseHold)] == [ReleaseHold(("n2",), gone=REQ1)]
+    assert not [a for a in d.actions if isinstance(a, (CreateRequest, ReclaimArrivals))]
+    (event,) = d.events
+    assert (event.reason, event.warning) == ("HoldLifted", True)
+    assert REQ1 in event.message and "n2" in event.message

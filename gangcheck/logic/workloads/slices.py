@@ -51,6 +51,7 @@ from datetime import datetime, timedelta
 
 from gangcheck.logic.attempt import flow, lifecycle, naming, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, CreateRequest, Event
+from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.attempt.records import AttemptPhase
 from gangcheck.logic.timefmt import format_time, parse_time
@@ -539,12 +540,17 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     lost are withdrawn (`admission.left_behind`); nothing else (no start watchdog: its
     rollback would need a Retry, which stops the whole Job). Its request deleted outside
     gangcheck: the hold it left on the added nodes is lifted, as a whole gang's is
-    (`lifecycle.release_holds_of_gone`); nothing is asked again or reclaimed."""
+    (`lifecycle.release_holds_of_gone`); nothing is asked again or reclaimed. Its request is
+    named by its podSetUpdates, else (started again after an eviction) by its latest
+    attempt, else (that one gone too) by the nodes recorded as arrived for it
+    (`_gone_on_nodes`)."""
     req = _consumed(snap, state)
     if req is None:
         name = _consumed_name(snap, state)
         lift, said = lifecycle.release_holds_of_gone(
-            snap.capacity, snap.workload.ref.namespace, (name,) if name else ()
+            snap.capacity,
+            snap.workload.ref.namespace,
+            (name,) if name else _gone_on_nodes(snap),
         )
         return Decision(actions=lift, events=said)
     if req.deleting:
@@ -558,6 +564,25 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if started and base is not None and not _adds(snap.workload, base):
         return _departed(snap, req, base)
     return _held_until_used(snap, req, now, since=parse_time(state.last_transition_time))
+
+
+def _gone_on_nodes(snap: Snapshot) -> tuple[str, ...]:
+    """The slice's requests (by their names, `naming.attempt_of`) that nodes are recorded as
+    arrived for and that are gone. A Ready slice whose podSetUpdates name no request (started
+    again after an eviction: they keep the Job's own consume annotation, `compatible`) and
+    whose requests are all gone (deleted outside gangcheck) has no other record of which
+    request its nodes are held for; without it their hold stayed for ever."""
+    wl = snap.workload
+    prefix = f"{wl.ref.namespace}/"
+    there = {r.name for r in snap.requests}
+    found = {
+        name
+        for node in (snap.capacity.nodes if snap.capacity is not None else ())
+        if (key := claim_of(node)).startswith(prefix)
+        and (name := key.removeprefix(prefix)) not in there
+        and naming.attempt_of(name, wl.ref.name, snap.check) is not None
+    }
+    return tuple(sorted(found))
 
 
 def _adds(wl: Workload, base: Base) -> int:
