@@ -660,7 +660,7 @@ def decide(
         if worker is not None and not worker.reachable and worker.patience:
             keep.append(cluster)  # silent, first window: waited for (``WorkerFacts.patience``)
             continue
-        why = (
+        why = _clip(
             "no longer configured"
             if worker is None
             else worker.failure or ("" if worker.reachable else _unreachable(worker.skip))
@@ -689,7 +689,7 @@ def decide(
         reason = f"given up: {given_up}; {reason}"
     newly = tuple(c for c in chosen if c not in keep)
     tried = record.tried + tuple(c for c in chosen if c not in record.tried)
-    skipped = {w.name: w.skip or "unreachable" for w in workers if not w.reachable}
+    skipped = {w.name: _clip(w.skip or "unreachable") for w in workers if not w.reachable}
     admitted = next((c for c in keep if c in facts and facts[c].admitted), "")
     since = {
         c: record.nominated_at[c]
@@ -708,6 +708,18 @@ def decide(
         tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since, record.uid
     )
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+#: The most characters the record keeps of why a worker was given up or skipped: what a worker
+#: says (a check's message, a condition's, an error's) may be 32 KiB long, written twice (in
+#: ``failed`` and in the reason) for each worker, and the record must fit in the Workload's
+#: 256 KiB of annotations, or its write is refused and the gang stuck.
+WHY_MAX = 512
+
+
+def _clip(why: str) -> str:
+    """``why`` cut to ``WHY_MAX`` characters, said cut ('...')."""
+    return why if len(why) <= WHY_MAX else why[: WHY_MAX - 3] + "..."
 
 
 def _not_copied(

@@ -1579,3 +1579,31 @@ async def test_a_nomination_kueue_wrote_itself_is_not_fought(written: list[str])
     assert "not by gangcheck: left as written" in got.reason
     assert "multiKueue.dispatcherName" in got.reason
     assert "nominated by gangcheck" not in describe(got)[0]
+
+
+# -- a worker answering odd or hostile records ---------------------------------------------------
+
+
+async def test_a_workers_long_messages_are_cut_in_the_record() -> None:
+    """Worker-1's copy goes Retry with a message of 32768 characters (the most Kueue's API
+    takes), worker-2's Secret is refused with one as long: what each says is kept in the
+    record cut (the annotation would otherwise grow by the message twice, in ``failed`` and
+    in the reason, for every worker: a few such workers and the record no longer fits in
+    the Workload's 256 KiB of annotations, the gang stuck with its write refused)."""
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two, "worker-3": worker()})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    copy = workload()
+    copy["status"]["admissionChecks"] = [{"name": "gpu", "state": "Retry", "message": "x" * 32768}]
+    one.add(copy)
+    two.fail("list", "*", error=503, times=99)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-3",)
+    assert got.failed["worker-1"].startswith("check gpu Retry: xxx")
+    assert got.failed["worker-1"].endswith("...")
+    assert all(len(why) <= 512 for why in [*got.failed.values(), *got.skipped.values()])
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    assert len(wl["metadata"]["annotations"][RECORD_ANNOTATION]) < 4096
