@@ -60,6 +60,7 @@ from gangcheck_dev.testbed.process import (
     log_tail,
     pid_alive,
     pid_cmdline,
+    processes_mentioning,
 )
 
 NAMESPACE_NAME = "demo"
@@ -331,6 +332,7 @@ def up(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     state_dir = state_dir or dev.default_state_dir()
     info = dev.up(state_dir, out=out, stack="full")
     stop_recorded(state_dir)  # a demo already up: its processes make way for this one's
+    stop_leftovers(state_dir)
     work = state_dir / "demo"
     work.mkdir(parents=True, exist_ok=True)
     out.write("starting gangcheck (its own ServiceAccount, its webhook) and the simulated cloud\n")
@@ -499,6 +501,7 @@ async def _scenario(kubeconfig: Path, out: TextIO) -> list[Gang]:
 def down(state_dir: Path | None = None, out: TextIO | None = None) -> int:
     state_dir = state_dir or dev.default_state_dir()
     stop_recorded(state_dir)
+    stop_leftovers(state_dir)
     dev.down(state_dir, out=out)
     return 0
 
@@ -510,19 +513,46 @@ def stop_recorded(state_dir: Path, timeout: float = STOP_TIMEOUT) -> None:
     if not processes.exists():
         return
     pids = [int(pid) for pid in json.loads(processes.read_text())]
-    ours = [pid for pid in pids if pid_alive(pid) and pid_cmdline(pid)[1:3] in _MODULES]
+    _stop([pid for pid in pids if _ours(pid)], timeout)
+    processes.unlink()
+
+
+def stop_leftovers(state_dir: Path, timeout: float = STOP_TIMEOUT) -> list[int]:
+    """Stops any demo process still running on this state folder that the record missed (a
+    `demo up` interrupted before it wrote it, a record lost): a `python -m gangcheck` or
+    `python -m gangcheck_dev` whose command line names the folder. The stack's own processes
+    (its supervisor, `-m gangcheck_dev.testbed`, and the Go binaries) are `dev down`'s."""
+    left = [pid for pid in processes_mentioning(str(state_dir)) if _ours(pid)]
+    _stop(left, timeout)
+    return left
+
+
+def _ours(pid: int) -> bool:
+    return pid_alive(pid) and pid_cmdline(pid)[1:3] in _MODULES
+
+
+def _stop(ours: list[int], timeout: float) -> None:
+    """SIGTERM to each process's group, SIGKILL to what is left after `timeout`; returns once
+    they are gone (or KILL_WAIT has passed)."""
     for pid in ours:
-        kill_group(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in ours:
         if pid_alive(pid):
-            kill_group(pid, signal.SIGKILL)
+            _signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WAIT  # gone, not only signalled, when this returns
     while any(pid_alive(pid) for pid in ours) and time.monotonic() < deadline:
         time.sleep(0.1)
-    processes.unlink()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """The process and its group (`demo up` starts each in a session of its own; the process
+    itself too, should it lead no group)."""
+    kill_group(pid, sig)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 #: The command lines (after the interpreter) of the processes `demo up` leaves running.

@@ -4,11 +4,14 @@ stays up to explore (its metrics, with the demo's rollback, where the hints say)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -65,6 +68,42 @@ def test_what_demo_up_left_running_is_stopped_and_nothing_else(tmp_path: Path) -
         other.kill()
         other.wait()
         os.waitpid(controller, 0)
+
+
+def test_down_stops_a_demo_process_its_record_missed(tmp_path: Path) -> None:
+    """A simulated cloud of the demo's on this state folder that no record names (a `demo up`
+    interrupted before it wrote it), and one leading no process group of its own, are
+    stopped; a process of another command naming the folder is left alone."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    args = ["sim-cloud", "--kubeconfig", str(kubeconfig), "--config-map", "demo/sim-cloud"]
+    unrecorded = demo._detached("gangcheck_dev", args, tmp_path / "sim.log")
+    groupless = subprocess.Popen(  # in this process's group: no group of its own to signal
+        [sys.executable, "-m", "gangcheck_dev", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    other = subprocess.Popen(["sh", "-c", "sleep 60", str(tmp_path)], start_new_session=True)
+    try:
+        (tmp_path / demo.PROCESSES_FILE).write_text(json.dumps([groupless.pid]))
+        demo.stop_recorded(tmp_path, timeout=10)
+        assert groupless.wait(10) is not None
+        assert pid_alive(unrecorded)
+        assert demo.stop_leftovers(tmp_path, timeout=10) == [unrecorded]
+        assert not pid_alive(unrecorded)
+        assert other.poll() is None
+    finally:
+        for process in (groupless, other):
+            process.kill()
+            process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(unrecorded, signal.SIGKILL)
+        os.waitpid(unrecorded, 0)
 
 
 @pytest.mark.timeout(400)  # the stack (seconds once built), the three gangs (about a minute)
