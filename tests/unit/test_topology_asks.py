@@ -377,3 +377,32 @@ def test_a_rack_whose_nodes_are_all_cordoned_is_asked_last(
     gang = GangSpec((("w", 2, pod_template(gpu=8, node_selector={"pool": "gpu"})),), {"w": RACK})
     view = ClusterView(nodes=tuple(nodes))
     assert places.ranked_domains(gang, view, [{"reserved": "yes"}]) == ranked
+
+
+@pytest.mark.parametrize(
+    ("domain", "pinned"),
+    [
+        pytest.param(f"{RACK}=r1", {RACK: "r1"}, id="the rack asked"),
+        pytest.param("", {}, id="asked without a domain: nothing to pin"),
+    ],
+)
+def test_trusted_provisioned_pins_the_gang_to_the_rack_it_asked(
+    domain: str, pinned: dict[str, str]
+) -> None:
+    """TrustProvisioned: Ready on Provisioned, no fit; the ask was scoped to r1, so the gang
+    is pinned there too (before, its podSetUpdates named no rack: with gangcheck's own
+    annotation, which Kueue does not read, nothing kept its members in one rack)."""
+    name = naming.request_name("wl", CHECK, 1)
+    notes = {"gangcheck.io/attempt": "1"}
+    if domain:
+        notes["gangcheck.io/topology-domain"] = domain
+    provisioned = provisioning_request(
+        name,
+        templates=[(naming.template_name(name, "workers"), 4)],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations=notes,
+    )
+    d = run([provisioned], [gpu_node("a", "r1", gpu=0), gpu_node("b", "r2")], TRUST, {OURS: RACK})
+    assert d.check is not None and d.check.state == "Ready"
+    selector = d.check.pod_set_updates[0].get("nodeSelector") or {}
+    assert {k: v for k, v in selector.items() if k == RACK} == pinned

@@ -124,6 +124,17 @@ def pinned(gang: GangSpec, labels: Mapping[str, str], domain: tuple[str, str] | 
     return replace(gang, pod_sets=pod_sets)
 
 
+def asked_pins(gang: GangSpec, place: Place) -> dict[str, tuple[str, str]]:
+    """The pins of a delivery trusted without a fit (TrustProvisioned): the domain the ask was
+    scoped to, on each pod set it constrains (every pod set for a gang kept together); none
+    for an ask without a domain."""
+    if place.domain is None:
+        return {}
+    if gang.together:
+        return {name: place.domain for name, _, _ in gang.pod_sets}
+    return {name: place.domain for name, level in gang.topology.items() if level == place.domain[0]}
+
+
 def with_labels(template: Obj, labels: Mapping[str, str]) -> Obj:
     """A pod template whose node selector also requires `labels`."""
     if not labels:

@@ -438,7 +438,10 @@ def _written(
         failed = driver.failed_note(snap.config, req, step.verdict.reason)
         return replace(rolled, sources=(*failed, *rolled.sources))
     if step.progress is Progress.FITS:
-        ready = _ready(snap, state, req, step.message, now, domains=step.domains)
+        domains = step.domains
+        if not _fit_mode(snap):  # trusted, no fit to choose: the domain it asked
+            domains = places.asked_pins(gang_templates(snap), places.of_request(req))
+        ready = _ready(snap, state, req, step.message, now, domains=domains)
         delivered = driver.delivered_note(snap.config, req, now)
         return replace(ready, actions=(*step.actions, *ready.actions), sources=delivered)
     if step.progress in (Progress.FAILED, Progress.EXPIRED):
