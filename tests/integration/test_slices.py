@@ -423,3 +423,51 @@ async def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifte
     got = await cluster.kube.get(NODE, added)
     assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"  # not reclaimed
     await untouched(cluster, node, pods)
+
+
+async def test_a_slice_ready_after_an_eviction_whose_request_is_deleted_by_hand_lifts_its_hold(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The slice is evicted (Kueue stops the Job: its 4 running members deleted) and
+    admitted again, asks for the whole 8 and turns Ready on the node that came, held as the
+    Job's pods; its podSetUpdates keep the Job's own consume annotation, naming no request of
+    the slice. 3 members bound, its request deleted outside gangcheck: no record names the
+    request any more but the node's, so the hold is lifted once the API server confirms it
+    gone, a HoldLifted Warning Event on the slice naming the node and the request; nothing is
+    asked again, the check stays Ready, the node is not reclaimed."""
+    first, _, pods, name = await slice_of_four_running(cluster)
+    await cluster.wait_request(name)
+    await cluster.set_workload_condition("new", "Evicted")
+    await cluster.wait_request_gone(name)
+    for pod in pods:  # Kueue stopped the Job
+        await cluster.kube.delete(POD, pod, cluster.ns)
+    await cluster.set_workload_condition("new", "Evicted", "False")
+
+    async def asked_again() -> Any:
+        req = await cluster.request(name)
+        return req if req is not None and not req["metadata"].get("deletionTimestamp") else None
+
+    again = await eventually(asked_again, what="the slice asked again")
+    assert [p["count"] for p in again["spec"]["podSets"]] == [8]
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (added,) = await cluster.add_nodes(1, gpu=8)
+    check = await cluster.wait_check("new", "Ready")
+    consumed = [(u.get("annotations") or {}).get(CONSUME) for u in check.get("podSetUpdates") or []]
+    assert name not in consumed, check
+    for i in range(3):  # 3 of the 8 bound: the slice has not started
+        await cluster.create_pod(f"again-{i}", node_name=added, consume=first)
+    await cluster.kube.delete(PROVISIONING_REQUEST, name, cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def opened() -> bool:
+        n = await cluster.kube.get(NODE, added)
+        return not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+
+    await eventually(opened, what="the hold of the deleted request lifted")
+    (event,) = await cluster.wait_events("HoldLifted", about="new")
+    assert event["type"] == "Warning"
+    assert added in event["message"] and name in event["message"], event["message"]
+    assert (await cluster.check_state("new"))["state"] == "Ready"
+    assert await cluster.request(name) is None
+    got = await cluster.kube.get(NODE, added)
+    assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"  # not reclaimed
