@@ -746,7 +746,7 @@ class Dispatcher:
         '' otherwise."""
         meta = wl["metadata"]
         copy = _copy(view, wl)
-        if copy is None or not unanswered(copy, view.ours, _requests_for(view.requests, copy)):
+        if copy is None or not unanswered(copy, view.ours, _requests_for(view, copy)):
             return ""
         key = (worker, str(meta["namespace"]), str(copy["metadata"].get("uid") or meta["name"]))
         now = self._now()
@@ -802,7 +802,11 @@ class _View:
     """Skipped as silent, in its first window (``dispatch.patient``)."""
     nodes: list[NodeView] = field(default_factory=list)
     pods: list[Obj] = field(default_factory=list)
-    requests: list[Obj] = field(default_factory=list)
+    requests: dict[tuple[str, str], list[Obj]] = field(default_factory=dict)
+    """gangcheck's requests there, by the namespace and name of the Workload each is for
+    (``WORKLOAD_ANNOTATION``): each Workload's looked up, not every request read again for
+    each Workload of a pass (a worker holding 20,000 requests made a pass over 500 gangs
+    nominated there take 8 s)."""
     sources: tuple[SourceHistory, ...] = ()
     copies: dict[tuple[str, str], Obj] = field(default_factory=dict)
     """Its Workloads (Kueue's copies of the manager's), by namespace and name."""
@@ -824,7 +828,7 @@ def _view_of(
     return _View(
         nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
         pods=pods,
-        requests=requests,
+        requests=_by_workload(requests),
         sources=_sources(requests),
         copies={_key(c): c for c in copies},
         ours=_gangchecks(checks),
@@ -950,7 +954,7 @@ def _copy_state(view: _View, wl: Obj) -> tuple[str, bool, bool]:
     copy = _copy(view, wl)
     if copy is None:
         return "", False, False
-    failure = _copy_failure(copy, view.requests)
+    failure = _copy_failure(copy, _requests_for(view, copy))
     admitted = _condition(copy, "Admitted")
     placed = not failure and admitted is not None and admitted.get("status") == "True"
     return failure, placed, True
@@ -967,9 +971,9 @@ def _copy(view: _View, wl: Obj) -> Obj | None:
 
 def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
     """Why the worker's copy of a Workload failed, or '' (trying): its state, or gangcheck's
-    requests for it there (``requests``: the worker's, as the pass read them) saying their
-    capacity source cannot deliver."""
-    said = cannot_deliver(_requests_for(requests, copy))
+    requests for it there (``requests``: ``_requests_for``) saying their capacity source
+    cannot deliver."""
+    said = cannot_deliver(requests)
     if said:
         return said
     status = copy.get("status") or {}
@@ -987,26 +991,33 @@ def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
     return ""
 
 
-def _requests_for(requests: Sequence[Obj], copy: Obj) -> list[Obj]:
+def _by_workload(requests: Sequence[Obj]) -> dict[tuple[str, str], list[Obj]]:
+    """A worker's requests by the namespace and name of the Workload each is for (those
+    for none left out)."""
+    out: dict[tuple[str, str], list[Obj]] = {}
+    for req in requests:
+        meta = req.get("metadata") or {}
+        workload = (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION)
+        if isinstance(workload, str) and workload:
+            out.setdefault((str(meta.get("namespace") or ""), workload), []).append(req)
+    return out
+
+
+def _requests_for(view: _View, copy: Obj) -> list[Obj]:
     """gangcheck's requests in a worker (as the pass read them) for the worker's Workload
     ``copy``, not being deleted: of its namespace and name, and of its uid where the request
     names one (a request left by an earlier copy of that name, made again since, is not
     this copy's)."""
-    meta = copy["metadata"]
-    uid = str(meta.get("uid") or "")
-    out = []
-    for req in requests:
-        notes = req["metadata"].get("annotations") or {}
-        if (
-            req["metadata"].get("namespace") != meta.get("namespace")
-            or notes.get(WORKLOAD_ANNOTATION) != meta.get("name")
-            or req["metadata"].get("deletionTimestamp")
-        ):
-            continue
-        if uid and notes.get(WORKLOAD_UID_ANNOTATION, uid) != uid:
-            continue
-        out.append(req)
-    return out
+    uid = str(copy["metadata"].get("uid") or "")
+    return [
+        req
+        for req in view.requests.get(_key(copy), ())
+        if not req["metadata"].get("deletionTimestamp")
+        and (
+            not uid
+            or (req["metadata"].get("annotations") or {}).get(WORKLOAD_UID_ANNOTATION, uid) == uid
+        )
+    ]
 
 
 def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
