@@ -829,7 +829,7 @@ def _view_of(
         nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
         pods=pods,
         requests=_by_workload(requests),
-        sources=_sources(requests),
+        sources=_sources(requests, copies),
         copies={_key(c): c for c in copies},
         ours=_gangchecks(checks),
     )
@@ -1029,11 +1029,28 @@ def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
     return fit_gang([*others, *own], view.nodes, view.pods).fits
 
 
-def _sources(requests: Sequence[Obj]) -> tuple[SourceHistory, ...]:
-    """Each capacity source's recent outcomes, from gangcheck's records on the requests."""
-    outcomes: dict[str, list[tuple[str, Outcome]]] = {}
+def _sources(requests: Sequence[Obj], copies: Sequence[Obj]) -> tuple[SourceHistory, ...]:
+    """Each capacity source's recent outcomes, from gangcheck's records on the requests of
+    the gangs this dispatcher sent to the worker (``copies``: the worker's Workloads): a
+    request counts when it is for a copy there that carries the dispatcher's record (Kueue
+    copies the manager's annotations into the copy it makes, after the record was written),
+    of that copy's uid where the request names one, and each copy counts once per source,
+    its latest outcome. Records on any other request (a gang of the worker's own, or written
+    by whoever may write requests there, thousands of them) are not counted: one namespace
+    could otherwise rank the worker for every tenant's gangs."""
+    sent = {
+        _key(c): str(c["metadata"].get("uid") or "")
+        for c in copies
+        if RECORD_ANNOTATION in (c["metadata"].get("annotations") or {})
+    }
+    latest: dict[str, dict[tuple[str, str], tuple[str, Outcome]]] = {}
     for req in requests:
-        notes = req["metadata"].get("annotations") or {}
+        meta = req["metadata"]
+        notes = meta.get("annotations") or {}
+        gang = (str(meta.get("namespace") or ""), str(notes.get(WORKLOAD_ANNOTATION) or ""))
+        uid = sent.get(gang)
+        if uid is None or (uid and notes.get(WORKLOAD_UID_ANNOTATION, uid) != uid):
+            continue
         if ROLLBACK_REASON_ANNOTATION in notes:
             outcome = Outcome.STOCKOUT
         elif notes.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
@@ -1041,12 +1058,13 @@ def _sources(requests: Sequence[Obj]) -> tuple[SourceHistory, ...]:
         else:
             continue
         klass = (req.get("spec") or {}).get("provisioningClassName")
-        key = f"{klass}#{notes.get(SOURCE_ANNOTATION, '0')}"
-        stamp = str(req["metadata"].get("creationTimestamp") or "")
-        outcomes.setdefault(key, []).append((stamp, outcome))
+        per = latest.setdefault(f"{klass}#{notes.get(SOURCE_ANNOTATION, '0')}", {})
+        seen = (str(meta.get("creationTimestamp") or ""), outcome)
+        if gang not in per or per[gang] < seen:
+            per[gang] = seen
     histories = []
-    for _, seen in sorted(outcomes.items()):
-        recent = [o for _, o in sorted(seen)][-RECENT:]
+    for _, by_gang in sorted(latest.items()):
+        recent = [o for _, o in sorted(by_gang.values())][-RECENT:]
         histories.append(
             SourceHistory(
                 deliveries=recent.count(Outcome.DELIVERED),

@@ -37,7 +37,12 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
-from gangcheck.model.names import CONTROLLER_NAME, WORKLOAD_ANNOTATION, WORKLOAD_UID_ANNOTATION
+from gangcheck.model.names import (
+    CONTROLLER_NAME,
+    ROLLBACK_REASON_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+)
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.fakes.kube import FakeKube
@@ -1626,3 +1631,81 @@ def test_a_worker_holding_many_requests_costs_each_gang_only_its_own() -> None:
     states = [_copy_state(view, workload(f"g-{i}")) for i in range(2000)]
     assert time.monotonic() - started < 2.0
     assert all("CapacityIsNotFound" in failure for failure, _, _ in states)
+
+
+def outcome_request(name: str, workload_name: str, *, namespace: str = NS, **notes: str) -> Obj:
+    """A request in a worker for ``workload_name`` with gangcheck's record ``notes``
+    (a rollback reason: a stockout; phase Fulfilled: a delivery)."""
+    return {
+        "apiVersion": PROVISIONING_REQUEST.api_version,
+        "kind": PROVISIONING_REQUEST.kind,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "creationTimestamp": f"2026-12-06T08:{len(name) % 60:02d}:00Z",
+            "annotations": {WORKLOAD_ANNOTATION: workload_name, **notes},
+        },
+        "spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"},
+    }
+
+
+STOCKOUT = {ROLLBACK_REASON_ANNOTATION: "CapacityIsNotFound"}
+
+
+def dispatched_copy(name: str, *, namespace: str = NS, uid: str = "") -> Obj:
+    """Kueue's copy in a worker of a gang the dispatcher sent there: it carries the record
+    (Kueue copies the manager's annotations)."""
+    copy = workload(name)
+    copy["metadata"]["namespace"] = namespace
+    copy["metadata"]["annotations"] = {
+        RECORD_ANNOTATION: DispatchRecord(("worker-1",), ("worker-1",)).to_annotation()
+    }
+    if uid:
+        copy["metadata"]["uid"] = uid
+    return copy
+
+
+def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> None:
+    """Requests in another namespace with records of stockouts for gangs the dispatcher never
+    sent to the worker (none has a copy there carrying its record: forged, or another
+    tenant's), thousands of them: not the source's history. A gang sent there counts once
+    per source, its latest outcome, however many requests name it."""
+    checks = worker().all_of(ADMISSION_CHECK)
+    forged = [
+        outcome_request(f"f-{i}", f"ghost-{i}", namespace="other", **STOCKOUT) for i in range(5000)
+    ]
+    local = dispatched_copy("job-local")
+    del local["metadata"]["annotations"]  # a gang of the worker's own: not sent by us
+    forged += [outcome_request(f"l-{i}", "job-local", **STOCKOUT) for i in range(50)]
+    view = _view_of(checks, [], [], forged, [local])
+    assert view.sources == ()
+    sent = dispatched_copy("job-sent", uid="copy-sent")
+    requests = [
+        outcome_request("a", "job-sent", **STOCKOUT),
+        *(outcome_request(f"b-{i}", "job-sent", **STOCKOUT) for i in range(50)),
+        outcome_request("c-later", "job-sent", **{WORKLOAD_UID_ANNOTATION: "copy-old", **STOCKOUT}),
+    ]
+    view = _view_of(checks, [], [], [*forged, *requests], [local, sent])
+    (history,) = view.sources
+    assert (history.stockouts, history.deliveries) == (1, 0)
+
+
+async def test_a_workers_forged_records_do_not_send_the_gang_elsewhere() -> None:
+    """Worker-1 holds thousands of forged stockout records in another namespace: by name it
+    is still the first tried (nothing known of either); with a gang sent there that stocked
+    out (its copy and request there), worker-2 is."""
+    one = worker()
+    one.add(
+        *(
+            outcome_request(f"f-{i}", f"ghost-{i}", namespace="other", **STOCKOUT)
+            for i in range(500)
+        )
+    )
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    assert "worker-1 has no record of its capacity sources" in record(manager).reason
+    one.add(dispatched_copy("job-sent"), outcome_request("s", "job-sent", **STOCKOUT))
+    manager.add(workload("job-gang-2"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang-2") == ["worker-2"]
