@@ -668,3 +668,49 @@ def test_a_kept_members_record_written_by_hand_is_unreadable_not_an_error(
     by the one rule of records.count_of, instead of raising in every decide that reads it."""
     req = provisioning_request("wl-1-s1", annotations={"gangcheck.io/kept-members": raw})
     assert topup.kept_members(request_of(req)) == members
+
+
+#: Three sources: a top-up that stops short may itself be topped up from the third.
+SPEC3: Obj = {
+    **SPEC,
+    "capacitySources": [
+        *SPEC["capacitySources"][:1],
+        {**SPEC["capacitySources"][1], "deadlineSeconds": 20},
+        {"name": "c", "nodeSelector": {"pool": "c"}},
+    ],
+}
+
+
+def stocked_out(req: Obj) -> Obj:
+    """cluster-autoscaler's answer when no node group can host the pods: it tries later."""
+    req["status"]["conditions"] = [
+        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
+        {
+            "type": "Provisioned",
+            "status": "False",
+            "reason": "CapacityIsNotFound",
+            "message": "Capacity is not found, CA will try to find it later.",
+        },
+    ]
+    return req
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["stocked out", "provisioned, nothing arrived by its deadline"])
+def test_a_top_up_that_delivered_nothing_is_withdrawn_not_kept(kind: str, how: str) -> None:
+    """B, topping A's kept nodes up, delivers nothing (its source stocked out too, or said
+    Provisioned and nothing came by its deadline): B is rolled back as a source that
+    delivered nothing (the autoscaler stops retrying it), A stays kept, and the next source
+    is asked once B's outcome is recorded. Before, A's nodes were counted as B's: B was
+    marked Kept with no node of its own and left in flight, its request retried by the
+    autoscaler while the third source was asked for the same members."""
+    nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
+    if how == "stocked out":
+        b = stocked_out(request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2"))
+    else:
+        b = request(1, 2, kind=kind, kept_from=A, kept_members="2")
+    s = through(kind, [request(0, 4, kind=kind, **kept()), b], nodes, spec=SPEC3)
+    assert s.annotated[ask(1, kind)]["gangcheck.io/phase"] == "RollingBack"
+    assert ask(0, kind) not in s.annotated  # A stays kept
+    assert s.created == {} and "CapacityToppedUp" not in s.events
+    assert s.reclaimed.get(ask(0, kind)) is None

@@ -358,8 +358,9 @@ def keep(gang: Gang[D], req: ProvisioningRequest, step: lifecycle.Step) -> D | N
     that stopped short after part of the gang arrived from it becomes keeping what arrived
     (the same write, the phase Kept), and the next place is asked for the members the kept
     nodes cannot hold; None when the rollback goes on as before (a required topology, no
-    place next, nothing kept that holds a member, a cause that never falls back, its source
-    changed under it: driver.source_changed)."""
+    place next, nothing of its own that holds a member: a top-up that delivered nothing is not
+    kept for the nodes it tops up, a cause that never falls back, its source changed under
+    it: driver.source_changed)."""
     actions = topup.keep_write(step, req)
     if actions is None or driver.source_changed(gang.config, req):
         return None
@@ -374,7 +375,12 @@ def keep(gang: Gang[D], req: ProvisioningRequest, step: lifecycle.Step) -> D | N
     )
     if following is None:
         return None
-    kept = (*topup.kept_of(gang.kept_for(req)), topup.as_kept(req, actions))
+    mine = topup.as_kept(req, actions)
+    labels = topup.shared_labels(gang.config, following, (mine,))
+    capacity = topup.with_claims(gang.capacity, actions)
+    if not topup.split(capacity, gang.pinned(labels), (mine,)).kept_members:
+        return None  # nothing of its own holds a member: the nodes it tops up are not its
+    kept = (*topup.kept_of(gang.kept_for(req)), mine)
     return top_up(
         gang, req, kept=kept, following=following, ask=asks + 1, why=step.message, actions=actions
     )
