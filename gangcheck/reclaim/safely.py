@@ -22,7 +22,10 @@ gangcheck set on the node for this request while it was kept for a top-up
 pool, does not keep it. Results:
 - ``reclaimed`` / ``gone``: done (a node already gone is done, not kept; so is the reclaim
   a mark owed, once the mark is gone: another reclaim of the node completed or undid it);
-- ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go;
+- ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go. A
+  fence the API server refuses (a policy, a webhook: kube.errors.refused) keeps it too, with
+  the server's message: a node that could not be fenced is never reclaimed, and the other
+  nodes of the rollback go on;
 - ``drain``: the gang's own pods are still there; the mark stays, the fence goes;
 - ``failed``: an error (403, retries exhausted, a node that kept changing); the fence goes,
   the mark stays, and the draining-node reconciler retries with backoff.
@@ -40,7 +43,13 @@ from datetime import datetime
 from typing import Literal
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.errors import (
+    ApiError,
+    ConflictError,
+    InvalidError,
+    NotFoundError,
+    refused,
+)
 from gangcheck.kube.resources import NODE, POD
 from gangcheck.logic.attempt.reclaim import (
     RECLAIM_TAINT_ENTRY,
@@ -322,10 +331,29 @@ async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
             if judged.verdict != "reclaim":
                 return await _stand_down(kube, current, target, judged)
             node = current
+        except ApiError as e:
+            if not refused(e):
+                raise
+            return await _not_fenced(kube, node, target, e)
     await _hold(kube, node, target)
     return Result(
         "failed", "node kept changing while being fenced", node_uid=_uid(node), cause=NODE_CHANGING
     )
+
+
+async def _not_fenced(kube: Kube, node: Obj, target: Target, error: ApiError) -> Result:
+    """The API server refused the fence for what it says (a ValidatingAdmissionPolicy, a
+    webhook): the node, never reclaimed unfenced, is kept, final, with the server's message;
+    the patch wrote nothing. A mark of this request's left by an earlier pass (drain,
+    failed) goes, as a kept node's does; where that is refused too it stays, logged. Said
+    as any kept node is (reclaim.arrivals.tell: an Event on the Node, a log line)."""
+    if _marked_for(node) == target.request:
+        try:
+            await _undo(kube, node, target, forget=True)
+        except ApiError as e:
+            log.warning("node %s: its reclaim mark stays: %s", target.node, e.message)
+    reason = f"its fence was refused ({error.status} {error.reason}): {error.message}"
+    return Result("keep", reason, node_uid=_uid(node))
 
 
 def _uid(node: Obj) -> str:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from gangcheck_dev.testbed import crds
 
-from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ForbiddenError, NotFoundError, TransientError
+from gangcheck.kube.client import MERGE_PATCH, Kube
+from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError, TransientError
 from gangcheck.kube.resources import (
     EVENT,
     MACHINE,
@@ -44,7 +44,7 @@ from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
 from gangcheck.telemetry import Metrics
 from tests.builders import container
-from tests.integration.harness import ARRIVED, TEST_CRDS
+from tests.integration.harness import ARRIVED, TEST_CRDS, apply, eventually
 
 pytestmark = pytest.mark.integration
 _ids = itertools.count(1)
@@ -798,3 +798,93 @@ async def test_a_pod_bound_in_the_last_round_trip_is_reported_not_silently_lost(
         EVENT, bed.ns, field_selector="involvedObject.name=last-moment"
     )
     assert [e["reason"] for e in listed["items"]] == ["BoundToReclaimedNode"]
+
+
+# ---- a fence a policy refuses ---------------------------------------------------------------
+
+FROZEN = "example.com/frozen"
+NO_CORDON = "frozen nodes may not be cordoned"
+
+
+def _no_cordon_policy(name: str, reason: str) -> str:
+    """A ValidatingAdmissionPolicy refusing to cordon a node labelled FROZEN=`name`, to
+    everyone (gangcheck's fence cordons), with `reason` (Invalid: 422 naming a cause;
+    Forbidden: 403). One per test: a policy deleted is still enforced for a moment."""
+    return f"""
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {name}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - {{apiGroups: [""], apiVersions: [v1], operations: [UPDATE], resources: [nodes]}}
+  validations:
+    - expression: >-
+        !object.spec.?unschedulable.orValue(false)
+        || object.metadata.?labels["{FROZEN}"].orValue("") != "{name}"
+      message: {NO_CORDON}
+      reason: {reason}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {name}}}
+spec:
+  policyName: {name}
+  validationActions: [Deny]
+"""
+
+
+@contextlib.asynccontextmanager
+async def no_cordon(control_plane: Any, kube: Kube, node: str, reason: str) -> AsyncIterator[None]:
+    """The policy applied as a person would (kubectl) to `node`, labelled for it, once the
+    API server enforces it (a dry-run cordon refused); removed after."""
+    name = f"no-cordon-{reason.lower()}-{next(_ids)}"
+    await kube.merge_patch(NODE, node, {"metadata": {"labels": {FROZEN: name}}})
+    text = _no_cordon_policy(name, reason)
+    apply(control_plane, text)
+
+    async def enforced() -> bool:
+        path = NODE.object_path(node)
+        body = {"spec": {"unschedulable": True}}
+        try:
+            await kube.request(
+                "PATCH", path, query={"dryRun": "All"}, body=body, content_type=MERGE_PATCH
+            )
+        except ApiError as e:
+            return NO_CORDON in e.message
+        return False
+
+    try:
+        await eventually(enforced, timeout=30, what=f"a cordon of {node} to be refused")
+        yield
+    finally:
+        control_plane.run_kubectl(
+            "delete", "--ignore-not-found", "-f", "-", stdin=text, check=False
+        )
+
+
+@pytest.mark.parametrize(("reason", "status"), [("Invalid", 422), ("Forbidden", 403)])
+async def test_a_node_whose_fence_a_policy_refuses_is_kept_and_the_others_reclaimed(
+    bed: Bed, control_plane: Any, reason: str, status: int
+) -> None:
+    """Before: the refused fence raised out of the reclaim's task group, so no outcome was
+    recorded and the whole rollback was retried on backoff for ever, the other nodes (reclaimed
+    meanwhile) counted again. Now that node is kept, unfenced and never deleted, the policy's
+    message in the outcome and on a NodeKept Event; the others are reclaimed."""
+    frozen = await bed.node()
+    idle = [await bed.node(), await bed.node()]
+    nodes = tuple(sorted((frozen, *idle)))
+    action = ReclaimArrivals("gang-atomic-1", bed.request, bed.request_created, nodes, "DeleteNode")
+    async with no_cordon(control_plane, bed.kube, frozen, reason):
+        outcome = await reclaim_arrivals(
+            bed.kube, action, NOW(UTC), events=EventRecorder(bed.kube), metrics=None
+        )
+    assert sorted(outcome.reclaimed) == sorted(idle)
+    assert not [n for n in idle if await bed.exists(n)]
+    assert list(outcome.kept) == [frozen] and not outcome.failed
+    why = outcome.kept[frozen]
+    assert why.startswith(f"its fence was refused ({status} {reason}): ") and NO_CORDON in why
+    assert f"kept {frozen} (its fence was refused" in outcome.summary()
+    assert fence_of(await bed.kube.get(NODE, frozen)) == (False, [], None)
+    assert any(r == "NodeKept" and NO_CORDON in m for r, m in await bed.events(frozen))

@@ -347,11 +347,13 @@ async def test_a_groups_create_refused_is_said_on_the_group_and_backed_off(kind:
     assert world.group_says()[MESSAGE_ANNOTATION] == message
 
 
-async def test_a_reclaim_refused_on_every_node_is_said_on_the_workload() -> None:
-    """A policy refusing gangcheck's writes to Nodes during a rollback: the reclaim's fence
-    write is refused on a node (inside the reclaim's task group). Before, said nowhere but
-    the log: the check kept its progress message, no Warning but RollbackStarted. The
-    reclaim itself is as before (nothing more is written; the queue backs off)."""
+async def test_a_node_whose_fence_is_refused_is_kept_and_the_rollback_finishes() -> None:
+    """A policy refusing gangcheck's fence of a node during a rollback (a 403; a 422 naming
+    its cause is the same rule, kube.errors.refused). Before, the refusal raised out of the
+    reclaim, no outcome was recorded, and the whole rollback was retried on backoff for ever
+    (said once as 'Error applying ReclaimArrivals'). Now the node is kept, not fenced and
+    never deleted, named with the policy's message in the outcome and the RolledBack
+    message; the rollback finishes and the check asks Kueue for a retry."""
     world = World(gang())
     await world.settle()
     world.provision("n1")
@@ -363,12 +365,14 @@ async def test_a_reclaim_refused_on_every_node_is_said_on_the_workload() -> None
          "lastTransitionTime": "2026-11-30T10:05:00Z"}
     )  # fmt: skip
     world.kube.add(request)
-    world.kube.fail("patch", "Node", error=_refusal(403, "nodes are protected"), times=100)
-    with pytest.raises(ExceptionGroup):
-        await world.reconcile()
-    message = "Error applying ReclaimArrivals: nodes are protected"
-    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
-    assert [(e["involvedObject"]["name"], e["message"]) for e in events] == [("wl", message)]
-    assert world.check()["message"] == message
+    # the fence, the first write to the node: a policy refusing only that (cordon, taint)
+    world.kube.fail("patch", "Node", error=_refusal(403, "nodes are protected"))
+    await world.settle()
+    kept = "kept n1 (its fence was refused (403 Forbidden): nodes are protected)"
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "RolledBack"]
+    assert len(events) == 1 and kept in events[0]["message"]
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
+    assert world.check()["state"] == "Retry"
     node = world.kube.stored(NODE, "n1")
     assert node is not None and not node["spec"].get("unschedulable")
+    assert not world.kube.writes_of("Node", "delete")
