@@ -134,6 +134,7 @@ from gangcheck.logic.placement.fit import (
     node_view,
 )
 from gangcheck.model.names import (
+    ATTEMPT_CONFIG_ANNOTATION,
     CONTROLLER_NAME,
     FULFILLED,
     PHASE_ANNOTATION,
@@ -837,8 +838,107 @@ def _view_of(
 
 #: What ``Dispatcher._view`` reads in a worker, in order.
 _VIEW_READS = (ADMISSION_CHECK, NODE, POD, PROVISIONING_REQUEST, WORKLOAD)
-#: What a worker's caches keep of its nodes and pods: what a fit reads (as gangcheck's own).
-_WORKER_TRIM = {NODE: trim_node, POD: trim_pod}
+#: The longest message of a condition or check the worker's caches keep (the record keeps
+#: less: ``dispatch.WHY_MAX``).
+_MESSAGE_KEPT = 1024
+#: The longest annotation value they keep (longer: left out, as if not there); a record or an
+#: attempt's configuration, JSON, may be longer than a name: those up to ``_JSON_KEPT``.
+_NOTE_KEPT = 1024
+_JSON_KEPT = 16384
+#: The metadata they keep of a request or a copy, and the annotations a pass reads.
+_META_KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+_REQUEST_NOTES = (
+    WORKLOAD_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
+    SOURCE_ANNOTATION,
+    ATTEMPT_CONFIG_ANNOTATION,
+)
+
+
+def _trim_meta(obj: Obj, notes: Sequence[str]) -> Obj:
+    meta = obj.get("metadata") or {}
+    out: Obj = {k: meta[k] for k in _META_KEPT if k in meta}
+    if meta.get("deletionTimestamp"):
+        out["deletionTimestamp"] = meta["deletionTimestamp"]
+    given = meta.get("annotations") or {}
+    kept = {}
+    for key in notes:
+        value = given.get(key)
+        limit = _JSON_KEPT if key in (ATTEMPT_CONFIG_ANNOTATION, RECORD_ANNOTATION) else _NOTE_KEPT
+        if isinstance(value, str) and len(value) <= limit:
+            kept[key] = value
+        elif key == ROLLBACK_REASON_ANNOTATION and isinstance(value, str):
+            kept[key] = value[:_NOTE_KEPT]  # its presence is what counts
+    if kept:
+        out["annotations"] = kept
+    return out
+
+
+def _said_kept(items: object, keys: Sequence[str]) -> list[Obj]:
+    """Conditions or admission checks, each with only ``keys``, its message cut."""
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, Mapping):
+            kept = {k: item[k] for k in keys if k in item}
+            if isinstance(kept.get("message"), str):
+                kept["message"] = kept["message"][:_MESSAGE_KEPT]
+            out.append(kept)
+    return out
+
+
+def _trim_request(req: Obj) -> Obj:
+    """What a worker's cache keeps of a ProvisioningRequest: what a pass reads (its gang,
+    gangcheck's record, its class, its Failed and Provisioned conditions): a few KB, however
+    large the worker made it."""
+    status = req.get("status") or {}
+    conditions = [
+        c
+        for c in _said_kept(status.get("conditions"), ("type", "status", "reason", "message"))
+        if c.get("type") in ("Failed", "Provisioned")
+    ]
+    return {
+        "apiVersion": req.get("apiVersion"),
+        "kind": req.get("kind"),
+        "metadata": _trim_meta(req, _REQUEST_NOTES),
+        "spec": {"provisioningClassName": (req.get("spec") or {}).get("provisioningClassName")},
+        "status": {"conditions": conditions},
+    }
+
+
+def _trim_copy(copy: Obj) -> Obj:
+    """What a worker's cache keeps of a Workload (a copy): what a pass reads (the record it
+    carries, whether it is active, its conditions, checks and requeue state), not its pod
+    sets."""
+    status = copy.get("status") or {}
+    kept: Obj = {
+        "conditions": _said_kept(status.get("conditions"), ("type", "status", "reason", "message")),
+        "admissionChecks": _said_kept(status.get("admissionChecks"), ("name", "state", "message")),
+    }
+    if isinstance(status.get("requeueState"), Mapping):
+        kept["requeueState"] = {
+            k: v for k, v in status["requeueState"].items() if k in ("count", "requeueAt")
+        }
+    spec = copy.get("spec") or {}
+    return {
+        "apiVersion": copy.get("apiVersion"),
+        "kind": copy.get("kind"),
+        "metadata": _trim_meta(copy, (RECORD_ANNOTATION,)),
+        "spec": {"active": spec["active"]} if "active" in spec else {},
+        "status": kept,
+    }
+
+
+#: What a worker's caches keep of its nodes and pods (what a fit reads, as gangcheck's own),
+#: its requests and its Workloads (what a pass reads): a worker's odd or hostile objects cost
+#: the dispatcher's memory a few KB each at most.
+_WORKER_TRIM = {
+    NODE: trim_node,
+    POD: trim_pod,
+    PROVISIONING_REQUEST: _trim_request,
+    WORKLOAD: _trim_copy,
+}
 #: The pods a fit counts: not ended.
 _ENDED = ("Succeeded", "Failed")
 

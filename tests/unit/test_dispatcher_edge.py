@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import json
 import logging
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.dispatcher import Dispatcher, _copy_state, _view_of
+from gangcheck.dispatcher import _WORKER_TRIM, Dispatcher, _copy_state, _view_of
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ForbiddenError
 from gangcheck.kube.resources import (
@@ -1709,3 +1710,32 @@ async def test_a_workers_forged_records_do_not_send_the_gang_elsewhere() -> None
     manager.add(workload("job-gang-2"))
     await dispatcher.pass_once()
     assert nominated_of(manager, "job-gang-2") == ["worker-2"]
+
+
+def test_a_workers_requests_and_copies_are_cached_trimmed_to_what_a_pass_reads() -> None:
+    """A request and a copy of 250 KB each (annotations, a spec, messages as long as their
+    APIs take): the worker's caches keep a few KB of each, and the pass judges them as it
+    judges the whole objects."""
+    big = "y" * 60_000
+    req = not_found_request()
+    req["metadata"]["annotations"] |= {f"junk-{i}": big for i in range(3)}
+    req["metadata"]["annotations"][ROLLBACK_REASON_ANNOTATION] = big
+    req["metadata"]["managedFields"] = [{"manager": big}]
+    req["spec"]["podSets"] = [{"podTemplateRef": {"name": big}}]
+    req["status"]["conditions"][1]["message"] = "z" * 32768
+    copy = dispatched_copy("job-gang", uid="copy-1")
+    copy["metadata"]["annotations"]["junk"] = big
+    copy["metadata"]["labels"] = {"l": big[:63]}
+    copy["spec"]["podSets"][0]["template"]["metadata"] = {"annotations": {"a": big * 2}}
+    copy["status"]["admissionChecks"] = [{"name": "gpu", "state": "Retry", "message": big}]
+    trim_req, trim_copy = _WORKER_TRIM[PROVISIONING_REQUEST], _WORKER_TRIM[WORKLOAD]
+    assert len(json.dumps(trim_req(req))) < 8192
+    assert len(json.dumps(trim_copy(copy))) < 8192
+    checks = worker().all_of(ADMISSION_CHECK)
+    whole = _view_of(checks, [], [], [req], [copy])
+    trimmed = _view_of(checks, [], [], [trim_req(req)], [trim_copy(copy)])
+    assert trimmed.sources == whole.sources and trimmed.sources
+    wl = workload()
+    wl["metadata"]["uid"] = "uid-x"
+    got, want = _copy_state(trimmed, wl), _copy_state(whole, wl)
+    assert got[1:] == want[1:] and got[0][:300] == want[0][:300]
