@@ -5,10 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.logic.sources.karpenter.provisioner import Served, serve
+from gangcheck.model.names import PHASE_ANNOTATION, STARTED
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
 
@@ -181,3 +185,73 @@ def test_protection_stays_while_the_node_is_held_and_goes_once_the_hold_is_lifte
     started["spec"]["taints"] = []
     done = served(live, made, nodes={"n0": started, "n1": held("n1")})
     assert done.release == (("node", "n0"), ("claim", made[0]["metadata"]["name"]))
+
+
+# -- claims the request never recorded: gangcheck restarted (or its write lost) between ----
+# creating the claims and writing Accepted. The claims say how many the attempt made.
+
+
+def packed_claims(*conditions: str) -> list[Obj]:
+    """One claim for both members (a packed gang: fewer claims than members)."""
+    both = PackedClaim({GPU: 16}, ("member 0", "member 1"))
+    bodies = claim_bodies(pool(), ClaimAsk.packing(KEY, [both], LABELS))
+    for body in bodies:
+        body["status"] = {"conditions": [{"type": c, "status": "True"} for c in conditions]}
+    return bodies
+
+
+@pytest.mark.parametrize(
+    ("made", "accepted", "provisioned"),
+    [
+        # A packed gang: 1 claim for 2 members; read as 2 asked, one was 'lost'.
+        (packed_claims("Launched"), "created 1 NodeClaims for 2 members in NodePool 'gpu'", "True"),
+        (packed_claims(), "created 1 NodeClaims for 2 members in NodePool 'gpu'", "False"),
+        # One claim per member: followed, and Accepted recorded so that claims gone later are
+        # a loss, not a reason to ask again.
+        (claims(), "created 2 NodeClaims in NodePool 'gpu'", "False"),
+        (claims("Launched"), "created 2 NodeClaims in NodePool 'gpu'", "True"),
+    ],
+)
+def test_claims_made_but_never_recorded_are_recorded_and_followed_not_lost(
+    made: list[Obj], accepted: str, provisioned: str
+) -> None:
+    done = served(request(), made)
+    assert done.create == () and done.delete == ()
+    kinds = {c["type"]: c for c in done.conditions}
+    assert "Failed" not in kinds, kinds
+    assert (kinds["Accepted"]["status"], kinds["Accepted"]["reason"]) == ("True", "NodeClaimsFound")
+    assert kinds["Accepted"]["message"] == accepted
+    assert kinds["Provisioned"]["status"] == provisioned
+
+
+def test_a_creation_cut_short_fails_the_request_saying_so_not_that_karpenter_lost_them() -> None:
+    made = claims("Launched")[:1]  # 1 of the 2 claims the attempt makes
+    (failed,) = served(request(), made).conditions
+    assert (failed["type"], failed["status"], failed["reason"]) == (
+        "Failed",
+        "True",
+        "NodeClaimsIncomplete",
+    )
+    assert failed["message"].startswith(
+        "1 of the 2 NodeClaims of this attempt exist and none was recorded as made: "
+        "their creation was cut short"
+    ), failed["message"]
+    assert "Karpenter" not in failed["message"].partition(";")[0]
+    # then, the request failed: the one made is withdrawn
+    ended = request(("Failed", "True"))
+    assert [c["metadata"]["name"] for c in served(ended, made).delete] == [
+        made[0]["metadata"]["name"]
+    ]
+
+
+def test_a_claim_gone_after_the_gang_started_does_not_fail_its_request() -> None:
+    """After the start the nodes are ordinary Karpenter nodes (consolidation, drift, expiry
+    apply): a claim gone then is no partial delivery, and the running gang's request does not
+    say it failed."""
+    made = claims("Launched", "Registered", "Initialized")[:1]
+    live = request(("Accepted", "True"), ("Provisioned", "True"))
+    live["metadata"]["annotations"] = {PHASE_ANNOTATION: STARTED}
+    assert served(live, made, nodes={"n0": held("n0")}).conditions == ()
+    before = request(("Accepted", "True"), ("Provisioned", "True"))
+    (failed,) = served(before, made, nodes={"n0": held("n0")}).conditions
+    assert failed["reason"] == "NodeClaimLost"  # before the start, a partial delivery

@@ -307,6 +307,32 @@ def claims_made(accepted_message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+@dataclass(frozen=True)
+class Made:
+    """What an attempt's claims say of the creation they came from (their annotations): how
+    many claims it made, for how many members, in which NodePool."""
+
+    nodes: int
+    members: int
+    pool: str
+
+
+def made_of(claims: Sequence[Obj]) -> Made:
+    """What the attempt's ``claims`` say was made: the most claims any of them says the
+    attempt made (``GANG_NODES``; one past the highest index, or how many are here, when none
+    says), the members they are for, the pool they are in."""
+    notes = [(c.get("metadata") or {}).get("annotations") or {} for c in claims]
+    said = [n for n in (_int(a.get(names.GANG_NODES)) for a in notes) if n is not None]
+    indexes = [i for i in (_int(a.get(names.CLAIM_INDEX)) for a in notes) if i is not None]
+    nodes = max([*said, *(i + 1 for i in indexes), len(claims)])
+    members = sum(_int(a.get(names.CLAIM_MEMBERS)) or 1 for a in notes)
+    labels = [(c.get("metadata") or {}).get("labels") or {} for c in claims]
+    pool = next(
+        (str(lb[names.NODE_POOL_LABEL]) for lb in labels if lb.get(names.NODE_POOL_LABEL)), ""
+    )
+    return Made(nodes, members, pool)
+
+
 def created_message(claims: int, members: int, pool: str) -> str:
     """The ``Accepted`` condition's message (``claims_made`` reads it back)."""
     packed = f" for {members} members" if members != claims else ""

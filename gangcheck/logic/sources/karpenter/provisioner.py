@@ -49,6 +49,7 @@ from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.attempt.records import AttemptPhase as RecordPhase
 from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
 from gangcheck.logic.sources.karpenter import names
@@ -62,6 +63,7 @@ from gangcheck.logic.sources.karpenter.claims import (
     claims_made,
     claims_status,
     created_message,
+    made_of,
     withdrawable,
 )
 from gangcheck.logic.sources.karpenter.packing import Member, pack
@@ -127,8 +129,43 @@ def serve(
         if not _second_passed(request, now):
             return Served()
         return _ask(request, key, templates, pools, pool_claims)
+    if _started(request):
+        # The gang runs: its nodes are ordinary Karpenter nodes now (consolidation, drift,
+        # expiry apply), so a claim gone is no partial delivery and the request stays as is.
+        return Served(release=release)
+    if not _true(request, "Accepted"):
+        return Served(conditions=_found(request, mine, key), release=release)
     status = claims_status(mine, key, _claims_asked(request))
     return Served(conditions=_follow(request, status.phase, status.message), release=release)
+
+
+def _started(request: Obj) -> bool:
+    notes = (request.get("metadata") or {}).get("annotations") or {}
+    return Record.of(notes).phase is RecordPhase.STARTED
+
+
+def _found(request: Obj, mine: Sequence[Obj], key: str) -> tuple[Obj, ...]:
+    """Claims of the attempt the request never recorded as made (``Accepted``): gangcheck
+    stopped (or its write was refused as stale) between creating them and recording them.
+    The claims say how many were made (``made_of``): all there, the creation is recorded and
+    they are followed; some missing, the creation was cut short (or those were deleted before
+    they were recorded) and the request fails saying so, which withdraws the ones made."""
+    made = made_of(mine)
+    status = claims_status(mine, key, made.nodes)
+    if status.lost:
+        there = made.nodes - len(status.lost)
+        message = (
+            f"{there} of the {made.nodes} NodeClaims of this attempt exist and none was "
+            "recorded as made: their creation was cut short (gangcheck stopped, or a create "
+            "failed), or the missing ones were deleted before they were recorded; the ones "
+            "made are withdrawn"
+        )
+        return (_condition("Failed", "True", "NodeClaimsIncomplete", message),)
+    accepted = created_message(made.nodes, made.members, made.pool)
+    return (
+        _condition("Accepted", "True", "NodeClaimsFound", accepted),
+        *_follow(request, status.phase, status.message),
+    )
 
 
 def is_asking(request: Obj | None, key: str, claims: Sequence[Obj], now: datetime) -> bool:
