@@ -277,6 +277,34 @@ def test_the_schema_check_sees_what_the_server_would_refuse_or_prune() -> None:
     assert _schema_problems({"raceWidth": 9}, schema, "spec") == ["spec.raceWidth: 9 out of range"]
 
 
+def _settings_snippets() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every YAML block of the docs made of settings sections (a part of the settings file)."""
+    sections = {info.alias or name for name, info in Settings.model_fields.items()}
+    for doc in DOCS:
+        for i, block in enumerate(re.findall(r"```ya?ml\n(.*?)```", doc.read_text(), re.S)):
+            for item in yaml.safe_load_all(block):
+                if isinstance(item, dict) and item and set(item) <= sections:
+                    yield f"{doc.name} block {i}", item
+
+
+SETTINGS_SNIPPETS = list(_settings_snippets())
+
+
+def test_the_docs_hold_settings_snippets() -> None:
+    assert {"metrics.md", "tracing.md"} <= {w.split(" ")[0] for w, _ in SETTINGS_SNIPPETS}
+
+
+@pytest.mark.parametrize(
+    ("where", "snippet"), SETTINGS_SNIPPETS, ids=[w for w, _ in SETTINGS_SNIPPETS]
+)
+def test_every_settings_snippet_in_the_docs_is_valid(
+    where: str, snippet: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "gangcheck.yaml"
+    path.write_text(yaml.safe_dump(snippet))
+    load_settings(path, {})
+
+
 INT32_MAX = 2**31 - 1
 
 
@@ -728,3 +756,13 @@ def test_the_observed_instruments_are_those_the_metrics_render() -> None:
     typed = re.findall(r"^# TYPE (\S+)", Metrics().render(), re.M)
     rendered = {name.removesuffix("_total") for name in typed}
     assert set(OBSERVED) <= rendered
+
+
+def test_no_doc_names_a_path_of_the_machine_it_was_written_on() -> None:
+    """The docs name the project's paths, the user's (~/...) and the images' (/tmp, /etc of a
+    container), never a checkout's absolute place or a home folder of someone's."""
+    named = []
+    for doc in [*DOCS, REPO / "docs" / "benchmarks.md", *CHART_TEXT]:
+        for found in re.findall(r"(?<![\w.~-])/(?:work|home|Users|root)/[\w./-]*", doc.read_text()):
+            named.append(f"{doc.name}: {found}")
+    assert named == []
