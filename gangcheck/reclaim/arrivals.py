@@ -77,7 +77,9 @@ async def tell(
     events: EventRecorder, metrics: Any, node: str, result: Result, *, request: str
 ) -> None:
     """An Event on the Node and a log line for a node kept or a reclaim that failed; an
-    Event on each pod bound to a node as it was reclaimed."""
+    Event on each pod bound to a node as it was reclaimed. A node kept is a Warning when the
+    API server forced it (its fence refused: `cause` set), something to look at; kept by a
+    safety rule it is Normal."""
     for pod in result.bound_too_late:
         namespace, _, name = pod.partition("/")
         ref = ObjectRef(kind="Pod", namespace=namespace, name=name, api_version="v1")
@@ -86,7 +88,8 @@ async def tell(
     if result.verdict == "keep":
         message = f"gangcheck keeps node {node} (arrived for {request}): {result.reason}"
         log.info(message, extra={"node": node, "request": request})
-        await events.emit(node_ref(node, result.node_uid), Event("NodeKept", message))
+        event = Event("NodeKept", message, warning=bool(result.cause))
+        await events.emit(node_ref(node, result.node_uid), event)
     elif result.verdict == "failed":
         message = (
             f"gangcheck could not reclaim node {node} (arrived for {request}), retrying:"

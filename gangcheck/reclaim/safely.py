@@ -124,7 +124,8 @@ class Result:
     """Pods (ns/name) bound to a reclaimed node between the last look and the act."""
     cause: str = ""
     """A failure's cause in one word, from a few: the API's reason (`Forbidden`,
-    `ConnectionError`, ...; `failure_cause`) or `NodeChanging`."""
+    `ConnectionError`, ...; `failure_cause`) or `NodeChanging`; for a node kept, the API's
+    reason when the server forced it (its fence refused), else empty."""
 
 
 NODE_CHANGING = "NodeChanging"
@@ -353,7 +354,7 @@ async def _not_fenced(kube: Kube, node: Obj, target: Target, error: ApiError) ->
         except ApiError as e:
             log.warning("node %s: its reclaim mark stays: %s", target.node, e.message)
     reason = f"its fence was refused ({error.status} {error.reason}): {error.message}"
-    return Result("keep", reason, node_uid=_uid(node))
+    return Result("keep", reason, node_uid=_uid(node), cause=failure_cause(error))
 
 
 def _uid(node: Obj) -> str:

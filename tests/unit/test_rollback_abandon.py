@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from gangcheck.logic.attempt import lifecycle, rollback
-from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, ReclaimArrivals
+from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, Event, ReclaimArrivals
 from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
-from gangcheck.model.objects import request_of
+from gangcheck.model.objects import ObjectRef, request_of
 from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.reclaim.arrivals import tell
+from gangcheck.reclaim.safely import Result
 from tests.builders import T0, node, pod_template, provisioning_request
 
 REQ = "wl-atomic-1"
@@ -253,3 +255,58 @@ def test_a_record_the_label_checks_refuse_drives_nothing_more(record: dict[str, 
     req = request_of(provisioning_request(REQ, annotations=notes))
     assert lifecycle.recorded_config(req) is None
     assert lifecycle.recorded_config(req, finishing=True) is not None
+
+
+# ---- what a rollback says, and how loud --------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.said: list[Event] = []
+
+    async def emit(self, ref: ObjectRef, event: Event) -> None:
+        self.said.append(event)
+
+
+@pytest.mark.parametrize(
+    ("result", "reason", "warning"),
+    [
+        (Result("keep", "runs pod other/p"), "NodeKept", False),
+        (
+            Result("keep", "its fence was refused (403 Forbidden): no", cause="Forbidden"),
+            "NodeKept",
+            True,
+        ),
+        (Result("failed", "DeleteNode failed: 500", cause="5xx"), "ReclaimFailed", True),
+    ],
+    ids=[
+        "a node kept by a safety rule: Normal",
+        "a node kept because its fence was refused: Warning, a person should look",
+        "a reclaim that failed: Warning",
+    ],
+)
+async def test_what_a_reclaim_says_of_a_node_and_how_loud(
+    result: Result, reason: str, warning: bool
+) -> None:
+    recorder = _Recorder()
+    await tell(recorder, None, "n1", result, request=f"default/{REQ}")
+    assert [(e.reason, e.warning) for e in recorder.said] == [(reason, warning)]
+
+
+def test_a_rollback_started_and_done_are_normal_events() -> None:
+    """As Kueue records its own check turning Retry (AdmissionCheckUpdated, Normal) and the
+    eviction that requeues the Workload (Normal): an attempt retried is the designed path.
+    Before, both were Warnings."""
+    req = request_of(provisioning_request(REQ))
+    _, started = rollback.start(req, ClusterView(nodes=()), "Deadline: the gang did not fit")
+    assert (started.reason, started.warning) == ("RollbackStarted", False)
+    notes = {
+        "gangcheck.io/phase": "RollingBack",
+        "gangcheck.io/rollback-reason": "Deadline: the gang did not fit",
+        "gangcheck.io/outcome": '{"reclaimed": ["n1"], "nodeSeconds": 60}',
+    }
+    done = rollback.verdict(request_of(provisioning_request(REQ, annotations=notes)))
+    assert done is not None
+    said = rollback.rolled_back(done)
+    assert (said.reason, said.warning) == ("RolledBack", False)
+    assert said.message == done.message

@@ -443,7 +443,7 @@ def roll_back(attempt: Attempt) -> Step:
         return Step(
             Progress.ROLLING_BACK, actions=(action,), requeue_after=ROLLBACK_REQUEUE_SECONDS
         )
-    event = Event("RolledBack", done.message, warning=True)
+    event = rollback.rolled_back(done)
     return Step(Progress.ROLLED_BACK, done.message, events=(event,), verdict=done)
 
 

@@ -126,7 +126,7 @@ def start(
             ROLLBACK_NODES_ANNOTATION: json.dumps(arrived, sort_keys=True),
         },
     )
-    return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}", warning=True)
+    return annotate, Event("RollbackStarted", f"Rolling back {req.name}: {why}")
 
 
 def _arrived(
@@ -217,6 +217,19 @@ class RolledBack:
     @property
     def revoked(self) -> bool:
         return self.cause is RollbackCause.REVOKED
+
+
+def rolled_back(done: RolledBack) -> Event:
+    """The Event saying the rollback is done, with what it did.
+
+    `RollbackStarted` and `RolledBack` are Normal, as Kueue records its own provisioning
+    check turning Retry (AdmissionCheckUpdated) and the eviction that requeues the Workload:
+    an attempt that ends and is retried on backoff is the designed path, nothing a person
+    must act on (a Warning is). What is gets a Warning of its own: a node whose reclaim
+    failed (ReclaimFailed) or whose fence the API server refused (NodeKept), a write
+    refused (FailedCreate, FailedUpdate, FailedDelete), giving up (Kueue's
+    AdmissionCheckRejected; a PodGroup's GaveUp)."""
+    return Event("RolledBack", done.message)
 
 
 def verdict(req: AttemptRecord) -> RolledBack | None:
