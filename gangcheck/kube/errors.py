@@ -63,6 +63,10 @@ class InvalidError(ApiError):
 WEBHOOK_DENIAL = 'admission webhook "'
 """How kube-apiserver begins the message of a write an admission webhook denied, whatever
 the status the webhook chose (apiserver's webhook errors.ToStatusErr)."""
+VAP_DENIAL = "ValidatingAdmissionPolicy '"
+"""How kube-apiserver names a ValidatingAdmissionPolicy that denied a write, whatever the
+status its validation chose (``ValidatingAdmissionPolicy 'p' with binding 'b' denied
+request: ...``)."""
 
 
 def refused(error: BaseException) -> bool:
@@ -77,6 +81,14 @@ def refused(error: BaseException) -> bool:
     if not isinstance(error, InvalidError):
         return False
     return bool(error.details.get("causes")) or error.message.startswith(WEBHOOK_DENIAL)
+
+
+def by_admission(error: BaseException) -> bool:
+    """Whether a 403 was answered by an admission webhook or a ValidatingAdmissionPolicy, not
+    by the authorizer (``User "..." cannot create resource ...``: a right missing)."""
+    return isinstance(error, ForbiddenError) and (
+        error.message.startswith(WEBHOOK_DENIAL) or VAP_DENIAL in error.message
+    )
 
 
 def refusal(error: BaseException, *, also: tuple[type[ApiError], ...] = ()) -> ApiError | None:

@@ -21,6 +21,11 @@ just made, whatever Karpenter's ``status.resources`` says yet (``pools.pool_use`
 leader runs these passes, each from fresh lists, so a restart or a new leader starts from
 what the API server holds.
 
+One request's trouble is its own: a claim the API server refuses for what it is (an admission
+webhook or policy, the NodeClaim schema: ``kube.errors.refused``, not the authorizer's 403)
+fails that request quoting the refusal (``NodeClaimRefused``), which withdraws what was made;
+any other error serving one request is logged and the pass goes on to the next request.
+
 Without Karpenter's API (NodeClaims not served) a request of the class fails, saying so.
 Without the rights of ``manifests/components/karpenter`` (403) it is said once, and again when
 what is refused changes: a warning in the log, an Event on each request of the class and on
@@ -47,6 +52,8 @@ from gangcheck.kube.errors import (
     ForbiddenError,
     InvalidError,
     NotFoundError,
+    by_admission,
+    refused,
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
@@ -81,6 +88,21 @@ class NotPermittedError(Exception):
     def __init__(self, action: str) -> None:
         super().__init__(access.not_permitted(action))
         self.action = action
+
+
+class ClaimRefusedError(Exception):
+    """The API server refused a claim for what it is, not for gangcheck's rights: an admission
+    webhook or policy, or the NodeClaim schema (``kube.errors.refused``, not RBAC's 403)."""
+
+    def __init__(self, name: str, error: ApiError) -> None:
+        message = f"the API server refused NodeClaim {name!r}: {error.message}"
+        super().__init__(message)
+        self.condition: Obj = {
+            "type": "Failed",
+            "status": "True",
+            "reason": "NodeClaimRefused",
+            "message": message,
+        }
 
 
 class KarpenterProvisioner:
@@ -225,7 +247,11 @@ class KarpenterProvisioner:
                 now=now,
                 pool_claims=pool_claims or (),
             )
-            created = await self._apply(request, served, claims, nodes)
+            try:
+                created = await self._apply(request, served, claims, nodes)
+            except ApiError as e:  # this request's; the others of the pass are served
+                log.warning("karpenter: serving %s failed: %s", key, e, extra={"object": key})
+                continue
             if served.create or served.conditions:
                 self._answered.add(key)
             # Made in this pass: charged to the room of the next request's pool at once.
@@ -340,7 +366,17 @@ class KarpenterProvisioner:
     ) -> list[Obj]:
         """Applies ``served``; the claims created (as the server answered, or as sent when a
         retry found it made already)."""
-        created = [await self._create(body) for body in served.create]
+        created: list[Obj] = []
+        for body in served.create:
+            try:
+                created.append(await self._create(body))
+            except ClaimRefusedError as e:
+                # Refused for what it is (an admission webhook, a policy, the schema): this
+                # gang's request fails quoting it, which withdraws what was made; nothing
+                # else of the pass waits on it.
+                if request is not None:
+                    await self._write_conditions(request, (e.condition,))
+                return created
         for claim in served.delete:
             meta = claim["metadata"]
             with contextlib.suppress(NotFoundError, ConflictError):
@@ -367,11 +403,15 @@ class KarpenterProvisioner:
 
     async def _create(self, body: Obj) -> Obj:
         try:
-            made: Obj = await self._permitted(
-                "create karpenter.sh NodeClaims", self._kube.create(NODE_CLAIM, body)
-            )
+            made: Obj = await self._kube.create(NODE_CLAIM, body)
         except AlreadyExistsError:  # an answer lost on an earlier try: it is there
             return body
+        except ApiError as e:
+            if refused(e) and (by_admission(e) or not isinstance(e, ForbiddenError)):
+                raise ClaimRefusedError(body["metadata"]["name"], e) from e
+            if isinstance(e, ForbiddenError):
+                raise NotPermittedError("create karpenter.sh NodeClaims") from e
+            raise
         return made
 
     async def _write_conditions(self, request: Obj, wanted: tuple[Obj, ...]) -> None:

@@ -3,12 +3,14 @@ together, and what it does without the Karpenter rights (403)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from gangcheck.kube.errors import ApiError, error_from_status
 from gangcheck.kube.resources import (
     EVENT,
     NODE_CLAIM,
@@ -17,6 +19,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
 )
 from gangcheck.logic.sources.karpenter import access, names
+from gangcheck.logic.sources.karpenter.claims import claim_name
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner
@@ -300,3 +303,85 @@ async def test_passes_wake_on_a_request_of_the_class_and_tick_only_while_one_is_
     await karpenter.pass_once()
     assert len(claims_of(kube, "a")) == 3
     assert karpenter._next_delay() == RESYNC_SECONDS
+
+
+# -- one gang's claims refused or failing: the others are served ----------------------------
+
+WEBHOOK = 'admission webhook "claims.example.io" denied the request: NodeClaims need a cost-center'
+VAP = "ValidatingAdmissionPolicy 'claims' with binding 'claims' denied request: no GPUs today"
+
+
+def _refusal(status: int, message: str, *, causes: bool = False) -> ApiError:
+    reason = {403: "Forbidden", 422: "Invalid", 500: "InternalError"}[status]
+    details = {"causes": [{"message": message}]} if causes else {}
+    body = {"kind": "Status", "reason": reason, "message": message, "code": status}
+    return error_from_status(status, json.dumps({**body, "details": details}), target="x/y")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _refusal(403, WEBHOOK),  # a webhook's denial: a 403 that is no RBAC of gangcheck's
+        _refusal(422, WEBHOOK),
+        _refusal(403, f'nodeclaims.karpenter.sh "x" is forbidden: {VAP}'),
+        _refusal(422, "NodeClaim.karpenter.sh is invalid: spec.requirements", causes=True),
+    ],
+)
+async def test_a_claim_the_api_server_refuses_fails_its_request_quoting_it_and_the_next_is_served(
+    error: ApiError, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = stack("a", "b", limits={GPU: "48"})
+    kube.fail("create", NODE_CLAIM.kind, claim_name("gpu", f"{NAMESPACE}/a", 1), error=error)
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    failed = condition(kube, "a", "Failed") or {}
+    assert failed.get("reason") == "NodeClaimRefused", failed
+    assert failed["message"] == (
+        f"the API server refused NodeClaim {claim_name('gpu', f'{NAMESPACE}/a', 1)!r}: "
+        f"{error.message}"
+    )
+    assert condition(kube, "a", "Accepted") is None
+    assert len(claims_of(kube, "b")) == 3  # served in the same pass
+    assert karpenter.denials.message is None  # no 'RBAC not installed' said
+    assert not any(access.COMPONENT in m for m in warnings(caplog))
+    # the next pass withdraws the one claim made for a
+    kube.sync(karpenter._caches)
+    await karpenter.pass_once()
+    assert claims_of(kube, "a") == []
+
+
+async def test_a_create_that_fails_for_one_gang_leaves_the_others_served() -> None:
+    """A 500 on one gang's claim: that gang's pass is cut short (its claims made are found
+    incomplete at the next pass and withdrawn), the gangs after it in the pass are served."""
+    kube = stack("a", "b", limits={GPU: "48"})
+    kube.fail("create", NODE_CLAIM.kind, claim_name("gpu", f"{NAMESPACE}/a", 1), error=500)
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    assert len(claims_of(kube, "b")) == 3
+    assert len(claims_of(kube, "a")) == 1
+    await karpenter.pass_once()
+    failed = condition(kube, "a", "Failed") or {}
+    assert failed.get("reason") == "NodeClaimsIncomplete"
+    assert failed["message"].startswith("1 of the 3 NodeClaims of this attempt exist")
+    kube.sync(karpenter._caches)
+    await karpenter.pass_once()
+    assert claims_of(kube, "a") == [] and len(claims_of(kube, "b")) == 3
+
+
+async def test_claims_made_before_a_restart_that_lost_the_accepted_write_are_recorded() -> None:
+    """gangcheck stopped after creating a gang's claims, before its Accepted write took (here:
+    refused as stale): the next process finds the claims, records them and makes no more."""
+    kube = stack("a", limits={GPU: "48"})
+    kube.fail("patch", PROVISIONING_REQUEST.kind, "a", error=409)
+    await provisioner(kube).pass_once()
+    made = sorted(c["metadata"]["name"] for c in claims_of(kube, "a"))
+    assert len(made) == 3 and condition(kube, "a", "Accepted") is None
+    await provisioner(kube).pass_once()  # a new process
+    accepted = condition(kube, "a", "Accepted") or {}
+    assert (accepted.get("reason"), accepted.get("message")) == (
+        "NodeClaimsFound",
+        "created 3 NodeClaims in NodePool 'gpu'",
+    )
+    assert condition(kube, "a", "Failed") is None
+    assert sorted(c["metadata"]["name"] for c in claims_of(kube, "a")) == made
+    assert kube.writes_of(NODE_CLAIM.kind, "delete") == []
