@@ -66,7 +66,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -380,12 +380,19 @@ class Dispatcher:
             except Exception as e:  # closed anyway as far as the dispatcher is concerned
                 log.debug("closing the client of %s: %s", name, e)
 
-    async def _forget(self, by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]) -> None:
+    async def _forget(
+        self,
+        by_check: Mapping[str, CheckWorkers],
+        clusters: Sequence[Obj],
+        *,
+        also: Iterable[str] = (),
+    ) -> None:
         """Drops the workers held that no MultiKueueConfig of MultiKueue's checks lists any
-        more, or whose MultiKueueCluster is gone (their clients and watches would be kept
-        for nothing, reading with credentials the manager no longer holds)."""
+        more (but those ``also`` read: nominated for a Workload waiting), or whose
+        MultiKueueCluster is gone (their clients and watches would be kept for nothing,
+        reading with credentials the manager no longer holds)."""
         held = self._workers.keys() | self._worker_watches.keys()
-        gone = _gone(held, by_check, clusters)
+        gone = _gone(held, by_check, clusters, also=also)
         for name in sorted(gone):
             log.info("worker %s no longer listed or its MultiKueueCluster gone: closed", name)
         await asyncio.gather(*(self._drop(name) for name in gone))
@@ -424,8 +431,21 @@ class Dispatcher:
             self._manager_items(MULTIKUEUE_CONFIG), self._manager_items(MULTIKUEUE_CLUSTER)
         )
         by_check = check_workers(checks, configs)
-        await self._forget(by_check, clusters)
-        workers = await self._workers_listed(by_check, clusters)
+        records = {_key(wl): _record(wl) for wl in workloads}
+        # per Workload waiting, the workers nominated that its MultiKueueConfigs no longer
+        # list: read for its copy there (``decide``: no other nominated while it is there)
+        configured = {_key(wl): workers_for(_check_names(wl) & ours, by_check) for wl in waiting}
+        unlisted = {
+            _key(wl): {
+                c
+                for c in _nominated_to(wl, records[_key(wl)])
+                if c not in configured[_key(wl)].clusters
+            }
+            for wl in waiting
+        }
+        also = set().union(*unlisted.values())
+        await self._forget(by_check, clusters, also=also)
+        workers = await self._workers_listed(by_check, clusters, also=also)
         # each worker read once per pass, the workers side by side
         views = dict(
             zip(
@@ -437,7 +457,6 @@ class Dispatcher:
         # oldest first: a burst is spread in the order Kueue reserved its quota
         waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
         self._unanswered_seen = {}
-        records = {_key(wl): _record(wl) for wl in workloads}
         nominated = {
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
@@ -455,11 +474,12 @@ class Dispatcher:
             counts = {
                 c: sum(1 for k, cs in nominated.items() if k != key and c in cs) for c in others
             }
-            mine = workers_for(_check_names(wl) & ours, by_check)
+            mine = configured[key]
             try:
                 step, tell = await self._dispatch(
                     wl,
-                    [w for w in workers if w.name in mine.clusters],
+                    [w for w in workers if w.name in mine.clusters or w.name in unlisted[key]],
+                    unlisted=unlisted[key],
                     unconfigured=mine.problem,
                     views=views,
                     others=others,
@@ -497,22 +517,28 @@ class Dispatcher:
         counts: Mapping[str, int],
         failures: Mapping[str, str],
         unconfigured: str = "",
+        unlisted: Iterable[str] = (),
     ) -> tuple[Step, bool]:
         """The step for ``wl``, written (the record, then the nomination), and whether it
         has something to tell (Events, metrics: told by the caller, after the pass's other
-        nominations)."""
+        nominations). ``unlisted``: workers of ``workers`` nominated that its
+        MultiKueueConfigs no longer list."""
         record = _record(wl)
+        dropped = set(unlisted)
         facts = [
-            await self._facts(
-                worker,
-                views[worker.name],
-                wl,
-                nominated=worker.name in record.nominated,
-                others=others.get(worker.name, ()),
-                pending=counts.get(worker.name, 0),
-                lately_failed=failures.get(worker.name, ""),
-            )
-            for worker in workers
+            replace(fact, unlisted=True) if fact.name in dropped else fact
+            for fact in [
+                await self._facts(
+                    worker,
+                    views[worker.name],
+                    wl,
+                    nominated=worker.name in record.nominated,
+                    others=others.get(worker.name, ()),
+                    pending=counts.get(worker.name, 0),
+                    lately_failed=failures.get(worker.name, ""),
+                )
+                for worker in workers
+            ]
         ]
         status = wl.get("status") or {}
         written = list(status.get("nominatedClusterNames") or [])
@@ -597,12 +623,17 @@ class Dispatcher:
     # -- a worker's facts -------------------------------------------------------------------
 
     async def _workers_listed(
-        self, by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]
+        self,
+        by_check: Mapping[str, CheckWorkers],
+        clusters: Sequence[Obj],
+        *,
+        also: Iterable[str] = (),
     ) -> list[_Worker]:
         """The workers the MultiKueueConfigs of MultiKueue's checks list (MultiKueue copies
-        a Workload to no other): each through its MultiKueueCluster (``clusters``, the
+        a Workload to no other), and those ``also`` (nominated, no longer listed: read for
+        the copy left there): each through its MultiKueueCluster (``clusters``, the
         manager's), or skipped without one."""
-        listed = sorted({c for workers in by_check.values() for c in workers.clusters})
+        listed = sorted({c for workers in by_check.values() for c in workers.clusters} | set(also))
         objects = {c["metadata"]["name"]: c for c in clusters}
 
         async def worker(name: str) -> _Worker:
@@ -1027,11 +1058,16 @@ def _digest(kubeconfig: str) -> str:
 
 
 def _gone(
-    held: Iterable[str], by_check: Mapping[str, CheckWorkers], clusters: Sequence[Obj]
+    held: Iterable[str],
+    by_check: Mapping[str, CheckWorkers],
+    clusters: Sequence[Obj],
+    *,
+    also: Iterable[str] = (),
 ) -> set[str]:
     """Of the workers ``held``, those no MultiKueueConfig of MultiKueue's checks lists
-    (``by_check``, from ``check_workers``), or without a MultiKueueCluster (``clusters``)."""
-    listed = {c for workers in by_check.values() for c in workers.clusters}
+    (``by_check``, from ``check_workers``) nor ``also`` names, or without a MultiKueueCluster
+    (``clusters``)."""
+    listed = {c for workers in by_check.values() for c in workers.clusters} | set(also)
     present = {str((c.get("metadata") or {}).get("name") or "") for c in clusters}
     return set(held) - (listed & present)
 

@@ -345,6 +345,9 @@ class WorkerFacts:
     """Its copy of the Workload is admitted there (read only for a worker nominated)."""
     copied: bool = True
     """Kueue's copy of the Workload is there (read only for a worker nominated)."""
+    unlisted: bool = False
+    """No longer listed by the Workload's MultiKueueConfig (read only for a worker nominated):
+    Kueue no longer manages its copy there, never a candidate (``decide``)."""
     patience: bool = False
     """A worker nominated that did not answer, in its first window of silence (``patient``),
     or whose gangcheck is down for less than ``DOWN_PATIENCE`` past ``DOWN_GRACE``
@@ -653,33 +656,27 @@ def decide(
     failed_at = dict(record.failed_at)
     fallbacks: dict[str, str] = {}
     keep: list[str] = []
+    stranded = ""
     for cluster in record.nominated[: max(at_once, 1)]:
-        worker = facts.get(cluster)
         if cluster in failed:
             continue
-        if worker is not None and not worker.reachable and worker.patience:
-            keep.append(cluster)  # silent, first window: waited for (``WorkerFacts.patience``)
-            continue
-        why = _clip(
-            "no longer configured"
-            if worker is None
-            else worker.failure or ("" if worker.reachable else _unreachable(worker.skip))
-        )
+        why, left = _given_up(facts.get(cluster))
         if why:
-            failed[cluster] = why
-            fallbacks[cluster] = why
+            failed[cluster] = fallbacks[cluster] = why
             if now is not None:
                 failed_at[cluster] = _stamp(now)
         else:
             keep.append(cluster)
+            stranded = stranded or (_stranded(cluster) if left else "")
     chosen = list(keep)
     reason = _without_copy_wait(record.reason, keep, record.nominated_at) if keep else ""
+    listed = [w for w in workers if not w.unlisted]
     while len(chosen) < max(at_once, 1):
-        pick = nominate(workers, failed=[*failed, *chosen])
+        pick = nominate(listed, failed=[*failed, *chosen])
         if pick.cluster is None:
             if not chosen:
                 reason = pick.reason
-                if not workers and unconfigured:
+                if not listed and unconfigured:
                     reason = f"{reason} ({unconfigured})"
             break
         chosen.append(pick.cluster)
@@ -689,8 +686,10 @@ def decide(
         reason = f"given up: {given_up}; {reason}"
     newly = tuple(c for c in chosen if c not in keep)
     tried = record.tried + tuple(c for c in chosen if c not in record.tried)
-    skipped = {w.name: _clip(w.skip or "unreachable") for w in workers if not w.reachable}
-    admitted = next((c for c in keep if c in facts and facts[c].admitted), "")
+    skipped = {w.name: _clip(w.skip or "unreachable") for w in listed if not w.reachable}
+    admitted = next(
+        (c for c in keep if c in facts and facts[c].admitted and not facts[c].unlisted), ""
+    )
     since = {
         c: record.nominated_at[c]
         for c in keep
@@ -702,6 +701,8 @@ def decide(
     uncopied = _not_copied(keep, facts, since, now)
     if uncopied and not fallbacks:
         reason = f"{reason}; {uncopied}" if reason else uncopied
+    if stranded:  # said alone, or after why another was nominated beside it (at once > 1)
+        reason = f"{reason}; {stranded}" if newly else stranded
     if not keep and record.reason.startswith(_SET_ASIDE) and reason != record.reason:
         reason = f"{record.reason}; {reason}"
     new = DispatchRecord(
@@ -720,6 +721,31 @@ WHY_MAX = 512
 def _clip(why: str) -> str:
     """``why`` cut to ``WHY_MAX`` characters, said cut ('...')."""
     return why if len(why) <= WHY_MAX else why[: WHY_MAX - 3] + "..."
+
+
+def _given_up(worker: WorkerFacts | None) -> tuple[str, bool]:
+    """Why a worker nominated is given up now ('' : kept), and whether it is kept only as
+    left with a copy Kueue no longer manages (``unlisted``, its copy seen there)."""
+    if worker is not None and worker.unlisted:
+        if worker.reachable and worker.copied:
+            return "", True
+        worker = None  # no copy there, or not known: given up as no longer configured
+    if worker is not None and not worker.reachable and worker.patience:
+        return "", False  # silent, first window: waited for (``WorkerFacts.patience``)
+    if worker is None:
+        return "no longer configured", False
+    return _clip(worker.failure or ("" if worker.reachable else _unreachable(worker.skip))), False
+
+
+def _stranded(cluster: str) -> str:
+    """Why no other worker is nominated while ``cluster``, dropped from the Workload's
+    MultiKueueConfig while nominated, still holds its copy."""
+    return (
+        f"{cluster} was dropped from the Workload's MultiKueueConfig while nominated, and its "
+        f"copy is still there: Kueue no longer manages it (it stays until this Workload is "
+        f"deleted) and gangcheck there may still scale up for it, so no other worker is "
+        f"nominated while it is there (delete that copy in {cluster}, or list {cluster} again)"
+    )
 
 
 def _not_copied(

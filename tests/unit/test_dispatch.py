@@ -204,6 +204,18 @@ STEPS = {
     "a worker no longer configured while nominated: given up": Step_(
         ON_A, (w("b"),), ("b",), ("b",), ("a",)
     ),
+    "dropped from the config while nominated, its copy still there: kept, none beside it": Step_(
+        ON_A, (WorkerFacts("a", unlisted=True), w("b", fits=True)), ("a",)
+    ),
+    "dropped from the config while nominated, no copy there: given up, the next": Step_(
+        ON_A, (WorkerFacts("a", unlisted=True, copied=False), w("b")), ("b",), ("b",), ("a",)
+    ),
+    "dropped, its copy there, not read now: given up (not known)": Step_(
+        ON_A, (WorkerFacts("a", unlisted=True, reachable=False), w("b")), ("b",), ("b",), ("a",)
+    ),
+    "a worker dropped from the config is never a candidate": Step_(
+        NONE, (WorkerFacts("a", unlisted=True, fits_now=True), w("b")), ("b",), ("b",)
+    ),
     "a record nominating two (hand-edited) keeps the first: never two at once unless set": Step_(
         DispatchRecord(("b", "a"), ("b", "a")), (w("a"), w("b")), ("b",)
     ),

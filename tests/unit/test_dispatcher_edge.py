@@ -1739,3 +1739,46 @@ def test_a_workers_requests_and_copies_are_cached_trimmed_to_what_a_pass_reads()
     wl["metadata"]["uid"] = "uid-x"
     got, want = _copy_state(trimmed, wl), _copy_state(whole, wl)
     assert got[1:] == want[1:] and got[0][:300] == want[0][:300]
+
+
+# -- a worker dropped from the MultiKueueConfig while nominated ----------------------------------
+
+
+async def test_a_worker_dropped_from_the_config_holding_the_copy_is_kept_until_it_goes() -> None:
+    """Worker-1, nominated, holds the gang's copy when it is dropped from the MultiKueueConfig:
+    Kueue no longer manages that copy (v0.17 reconciles only the config's clusters, and its
+    garbage collector removes a copy only once the manager's Workload is gone), so gangcheck
+    there may go on scaling up for it. Nominating worker-2 then had two clusters scale up for
+    one gang. The Workload stays nominated to worker-1, said why, until the copy is gone from
+    worker-1; then worker-1 is given up and worker-2 nominated."""
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    one.add(dispatched_copy("job-gang"))
+    manager.add(multikueue_config("worker-2"))
+    await dispatcher.pass_once()
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    assert len(manager.writes) == writes  # said once
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.failed
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    assert "worker-1 was dropped from the Workload's MultiKueueConfig" in got.reason
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
+    one.remove(WORKLOAD, "job-gang", NS)  # deleted there by hand
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed == {"worker-1": "no longer configured"}
+    assert not one.writes and not two.writes
+
+
+async def test_a_worker_dropped_from_the_config_without_the_copy_is_given_up_at_once() -> None:
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    await dispatcher.pass_once()
+    manager.add(multikueue_config("worker-2"))
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed == {"worker-1": "no longer configured"}
