@@ -179,6 +179,41 @@ def test_every_field_is_in_the_configure_table_with_its_default() -> None:
             assert cell == f"`{default}`", path
 
 
+def test_the_configure_table_says_the_crds_bounds_and_values() -> None:
+    """A row's "up to N" / "at most N" is the field's largest count, "N to M" its range, and
+    every value its enum allows is named in the row."""
+    schema = _schema_paths(_spec_schema())
+    wrong = []
+    table = _section(
+        CONFIGURE.read_text(),
+        "## AtomicProvisioningConfig (`gangcheck.io/v1alpha1`, cluster-scoped)",
+    )
+    checked = 0
+    for row in _rows(table):
+        path, meaning = row[0].strip("`"), row[-1]
+        if path not in schema:
+            continue
+        sub = schema[path]
+        largest = sub.get("maxItems", sub.get("maxProperties", sub.get("maximum")))
+        smallest = sub.get("minItems", sub.get("minimum"))
+        said = re.search(r"\b(?:up to|at most) (\d+)\b", meaning)
+        ranged = re.search(r"\b(\d+) to (\d+)\b", meaning)
+        if said:
+            checked += 1
+            if int(said[1]) != largest:
+                wrong.append(f"{path}: says at most {said[1]}, the CRD {largest}")
+        if ranged:
+            checked += 1
+            if (int(ranged[1]), int(ranged[2])) != (smallest, largest):
+                wrong.append(f"{path}: says {ranged[0]}, the CRD {smallest} to {largest}")
+        for value in sub.get("enum", ()):
+            checked += 1
+            if f"`{value}`" not in meaning:
+                wrong.append(f"{path}: {value} not named")
+    assert wrong == []
+    assert checked >= 10
+
+
 def test_every_capacity_source_field_is_described() -> None:
     section = _section(CONFIGURE.read_text(), "## Capacity sources")
     for path, info in _model_paths(CapacitySource).items():
