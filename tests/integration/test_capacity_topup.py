@@ -21,7 +21,7 @@ from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.hold import hold_toleration
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually
+from tests.integration.harness import Cluster, RunningController, eventually, now
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +30,15 @@ ARRIVED = "gangcheck.io/arrived-for"
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 
 
-def sources(deadline_a: int = 8) -> dict[str, Any]:
-    """Sources a (its deadline `deadline_a` s from its request's creation) and b. The tests
-    make a's nodes before that deadline: 8 s leaves room for a loaded machine's round trips
-    (4 s was overrun once with three test workers on two cores)."""
+def sources(deadline_a: int = 8, *, third: bool = False) -> dict[str, Any]:
+    """Sources a (its deadline `deadline_a` s from its request's creation) and b (and c, with
+    `third`). The tests make a's nodes before that deadline: 8 s leaves room for a loaded
+    machine's round trips (4 s was overrun once with three test workers on two cores)."""
     return {
         "capacitySources": [
             {"name": "a", "nodeSelector": {"src": "a"}, "deadlineSeconds": deadline_a},
             {"name": "b", "nodeSelector": {"src": "b"}},
+            *([{"name": "c", "nodeSelector": {"src": "c"}}] if third else []),
         ],
         "fulfillment": {"mode": "NodesFit", "deadlineSeconds": 60, "reclaimer": "DeleteNode"},
         "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 10},
@@ -48,10 +49,13 @@ def gang() -> WorkloadBuilder:
     return WorkloadBuilder("wl").pod_set("workers", 4, pod_template(gpu=1)).reserve_quota().check()
 
 
-async def kept_then_topped_up(cluster: Cluster) -> tuple[str, str, list[str]]:
+async def kept_then_topped_up(
+    cluster: Cluster, config: dict[str, Any] | None = None
+) -> tuple[str, str, list[str]]:
     """Source a delivers 2 of 4 nodes and no more; past its deadline it is kept and source b
-    asked for the other 2. Returns (a's request, b's request, a's nodes)."""
-    await cluster.install_check(sources())
+    asked for the other 2 (under `config`, else `sources()`). Returns (a's request, b's
+    request, a's nodes)."""
+    await cluster.install_check(config or sources())
     await cluster.submit(gang())
     a = naming.request_name("wl", cluster.check, 1)
     b = naming.request_name("wl", cluster.check, 1, 1)
@@ -94,6 +98,51 @@ async def test_a_source_that_stops_short_is_topped_up_and_the_gang_fits_on_both(
     assert sorted(n["metadata"]["name"] for n in await cluster.nodes()) == sorted(from_a + from_b)
     topped = await cluster.wait_events("CapacityToppedUp", about="wl")
     assert b in topped[0]["message"] and all(n in topped[0]["message"] for n in from_a)
+
+
+async def test_a_top_up_whose_source_stocks_out_too_is_withdrawn_and_the_next_asked(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """a kept with 2 of 4 nodes, b asked for the other 2 says CapacityIsNotFound: b, which
+    delivered nothing, is withdrawn (the autoscaler stops retrying it), a stays kept with its
+    nodes, and c is asked for the 2, topping a up. (Before: b was marked Kept for a's nodes
+    and left in flight, and c topped up both.)"""
+    a, b, from_a = await kept_then_topped_up(cluster, sources(third=True))
+    req = await cluster.wait_request(b)
+    when = now()
+    req["status"] = {
+        "conditions": [
+            {
+                "type": "Accepted",
+                "status": "True",
+                "reason": "Accepted",
+                "message": "",
+                "lastTransitionTime": when,
+            },
+            {
+                "type": "Provisioned",
+                "status": "False",
+                "reason": "CapacityIsNotFound",
+                "message": "Capacity is not found, CA will try to find it later.",
+                "lastTransitionTime": when,
+            },
+        ]
+    }
+    await cluster.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+    c = naming.request_name("wl", cluster.check, 1, 2)
+    made = await cluster.wait_request(c, timeout=30)
+    assert [p["count"] for p in made["spec"]["podSets"]] == [2]
+    assert made["metadata"]["annotations"]["gangcheck.io/kept-from"] == a
+
+    async def b_gone() -> bool:
+        return await cluster.request(b) is None
+
+    await eventually(b_gone, what=f"{b}, which delivered nothing, withdrawn")
+    kept = await cluster.request(a)
+    assert kept is not None and kept["metadata"]["annotations"]["gangcheck.io/phase"] == "Kept"
+    assert sorted(n["metadata"]["name"] for n in await cluster.nodes()) == sorted(from_a)
+    failed = await cluster.wait_events("CapacitySourceFailed", about="wl")
+    assert any(b in e["message"] and "CapacityIsNotFound" in e["message"] for e in failed)
 
 
 async def test_the_attempt_ending_without_the_gang_reclaims_the_kept_nodes_too(
