@@ -64,10 +64,10 @@ class Manager(FakeKube):
     async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         assert method == "PATCH" and path.endswith("/status"), (method, path)
         body, query = kwargs["body"], kwargs["query"]
-        name = body["metadata"]["name"]
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         self.applied.append((query["fieldManager"], body["status"]["nominatedClusterNames"]))
         return await self.merge_patch(
-            WORKLOAD, name, {"status": body["status"]}, NS, subresource="status"
+            WORKLOAD, name, {"status": body["status"]}, namespace, subresource="status"
         )
 
 
@@ -1782,3 +1782,75 @@ async def test_a_worker_dropped_from_the_config_without_the_copy_is_given_up_at_
     got = record(manager)
     assert got.nominated == ("worker-2",)
     assert got.failed == {"worker-1": "no longer configured"}
+
+
+# -- probed and found sound: kept as regression tests -------------------------------------------
+
+
+async def test_a_config_listing_a_worker_twice_reads_and_nominates_it_once() -> None:
+    one = worker(nodes=2)
+    manager, dispatcher, _ = bed(
+        {"worker-1": one, "worker-2": worker()}, config=("worker-1", "worker-1", "worker-2")
+    )
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    assert record(manager).tried == ("worker-1",)
+    assert Counter(c.kind for c in one.calls if c.verb == "list")[ADMISSION_CHECK.kind] == 1
+
+
+async def test_two_gangs_of_one_name_in_two_namespaces_are_told_apart() -> None:
+    """team/job-gang and team-b/job-gang, both nominated to worker-1: the copy of team's
+    failing there gives up worker-1 for team's alone."""
+    one = worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    other = workload()
+    other["metadata"]["namespace"] = "team-b"
+    manager.add(other)
+    await dispatcher.pass_once()
+    failing = workload()
+    failing["status"]["admissionChecks"] = [{"name": "gpu", "state": "Rejected"}]
+    trying = workload()
+    trying["metadata"]["namespace"] = "team-b"
+    one.add(failing, trying, not_found_request())  # the request: team's
+    await dispatcher.pass_once()
+    mine = record(manager)
+    theirs_wl = manager.stored(WORKLOAD, "job-gang", "team-b")
+    assert theirs_wl is not None
+    theirs = DispatchRecord.from_annotation(theirs_wl["metadata"]["annotations"][RECORD_ANNOTATION])
+    assert "worker-1" in mine.failed and mine.nominated == ("worker-2",)
+    assert not theirs.failed and theirs.nominated == (theirs.tried[0],)
+
+
+async def test_a_nomination_emptied_by_hand_is_written_again_for_the_worker_still_trying() -> None:
+    """status.nominatedClusterNames emptied by hand while worker-1 tries: Kueue removes the
+    copy there; the dispatcher nominates worker-1 again (its record), never another beside."""
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker(nodes=2)})
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["metadata"]["annotations"] = {
+        RECORD_ANNOTATION: DispatchRecord(("worker-1",), ("worker-1",)).to_annotation()
+    }
+    manager.add(wl)
+    await dispatcher.pass_once()
+    assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
+
+
+NODES = {"negative": "-8", "10^18": "1000000000000000000", "not a quantity": "lots"}
+
+
+@pytest.mark.parametrize("value", NODES.values(), ids=NODES.keys())
+async def test_a_worker_whose_nodes_report_absurd_capacity_ends_no_pass(value: str) -> None:
+    one = worker()
+    node = gpu_node("odd")
+    node["status"]["allocatable"] = node["status"]["capacity"] = {
+        "cpu": value,
+        "memory": value,
+        "pods": value,
+        "nvidia.com/gpu": value,
+    }
+    one.add(node)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    manager.add(workload("job-gang-2"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang")  # both dispatched, the pass not ended
+    assert nominated_of(manager, "job-gang-2")
