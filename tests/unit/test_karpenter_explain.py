@@ -96,8 +96,9 @@ def rows_of(facts: NodeClaimFacts) -> list[tuple[str, ...]]:
             [claim(0, INITIALIZED), claim(1, deleting=True)],
             3,
             True,
-            "1 of 3 NodeClaims arrived; 2 lost before arriving (Karpenter deletes a claim it "
-            "cannot launch, e.g. InsufficientCapacityError: see the claim's Events)",
+            "1 of 3 NodeClaims arrived; 2 lost (gone before the gang started: Karpenter "
+            "deletes a claim it cannot launch, e.g. InsufficientCapacityError, see the claim's "
+            "Events; one deleted by hand or with its NodePool is lost too)",
             [
                 (FOUR[0], "gpu", "Initialized", "n-0", "-"),
                 (FOUR[1], "gpu", "Lost", "-", "being deleted before it arrived"),
@@ -117,8 +118,9 @@ def rows_of(facts: NodeClaimFacts) -> list[tuple[str, ...]]:
             [],
             2,
             True,
-            "0 of 2 NodeClaims arrived; 2 lost before arriving (Karpenter deletes a claim it "
-            "cannot launch, e.g. InsufficientCapacityError: see the claim's Events)",
+            "0 of 2 NodeClaims arrived; 2 lost (gone before the gang started: Karpenter "
+            "deletes a claim it cannot launch, e.g. InsufficientCapacityError, see the claim's "
+            "Events; one deleted by hand or with its NodePool is lost too)",
             [],
             id="made, then all gone",
         ),

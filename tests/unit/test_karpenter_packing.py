@@ -306,7 +306,9 @@ def test_a_packed_attempt_whose_only_claim_is_gone_failed() -> None:
     accepted = ("Accepted", "True", "created 1 NodeClaims for 8 members in NodePool 'gpu'")
     (failed,) = serving(request(8, accepted), declaring({"gpu-8x": GPU_8X}), gpus(1)).conditions
     assert (failed["type"], failed["reason"]) == ("Failed", "NodeClaimLost")
-    assert failed["message"].startswith("0 of 1 NodeClaims arrived; 1 lost before arriving")
+    assert failed["message"].startswith(
+        "0 of 1 NodeClaims arrived; 1 lost (gone before the gang started"
+    )
 
 
 def test_a_packed_attempt_is_provisioned_once_its_one_claim_launched() -> None:

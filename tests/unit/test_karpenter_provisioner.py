@@ -22,7 +22,7 @@ NOW = datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC)
 LABELS = {"team": "ml"}
 
 
-def request(*conditions: tuple[str, str], created: str = "2026-12-01T10:00:00Z") -> Obj:
+def request(*conditions: tuple[str, ...], created: str = "2026-12-01T10:00:00Z") -> Obj:
     return {
         "metadata": {
             "name": "train-check-1",
@@ -37,7 +37,8 @@ def request(*conditions: tuple[str, str], created: str = "2026-12-01T10:00:00Z")
         },
         "status": {
             "conditions": [
-                {"type": t, "status": s, "reason": "R", "message": ""} for t, s in conditions
+                {"type": c[0], "status": c[1], "reason": "R", "message": "".join(c[2:])}
+                for c in conditions
             ]
         },
     }
@@ -255,3 +256,27 @@ def test_a_claim_gone_after_the_gang_started_does_not_fail_its_request() -> None
     before = request(("Accepted", "True"), ("Provisioned", "True"))
     (failed,) = served(before, made, nodes={"n0": held("n0")}).conditions
     assert failed["reason"] == "NodeClaimLost"  # before the start, a partial delivery
+
+
+def test_a_claim_deleted_after_it_arrived_is_not_said_to_be_lost_before_arriving() -> None:
+    """An arrived claim deleted by hand while the gang waits to start: the request fails (a
+    partial delivery now), and what it says is true of a claim gone at any time."""
+    made = claims("Launched", "Registered", "Initialized")[1:]
+    live = request(("Accepted", "True"), ("Provisioned", "True"))
+    (failed,) = served(live, made, nodes={"n1": held("n1")}).conditions
+    assert failed["reason"] == "NodeClaimLost"
+    assert "before arriving" not in failed["message"]
+    assert failed["message"] == (
+        "1 of 2 NodeClaims arrived; 1 lost (gone before the gang started: Karpenter deletes a "
+        "claim it cannot launch, e.g. InsufficientCapacityError, see the claim's Events; one "
+        "deleted by hand or with its NodePool is lost too)"
+    )
+
+
+def test_claims_lost_with_their_nodepool_say_the_pool_is_gone() -> None:
+    live = request(("Accepted", "True", "created 2 NodeClaims in NodePool 'gpu'"))
+    (failed,) = served(live, [], pools={}).conditions
+    assert failed["reason"] == "NodeClaimLost"
+    assert failed["message"].endswith("; NodePool 'gpu' was deleted (its NodeClaims go with it)"), (
+        failed["message"]
+    )

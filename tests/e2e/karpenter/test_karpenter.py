@@ -440,7 +440,9 @@ async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retri
             record = await both_rolled_back(kube, workload, queue.check)
             assert record.went_to("Retry") and record.went_to("Rejected"), record
             assert len(record.rolled_back) == 2, record
-            assert all("lost before arriving" in m for m in record.rolled_back), record
+            assert all("lost (gone before the gang started" in m for m in record.rolled_back), (
+                record
+            )
 
             # Withdrawn claims go once Karpenter's termination finalizer lets them: a claim
             # may still be terminating when the Workload is deactivated.

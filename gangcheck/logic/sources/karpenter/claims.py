@@ -256,9 +256,10 @@ class ClaimsStatus:
 
     @property
     def phase(self) -> AttemptPhase:
-        """Failed on a lost claim; Provisioned once every claim is launched (as an autoscaler
-        says Provisioned once it scaled up: the ledger then records the nodes as they come,
-        and the fit, not this phase, says when the gang can start)."""
+        """Failed on a lost claim (gone, or being deleted before it arrived); Provisioned once
+        every claim is launched (as an autoscaler says Provisioned once it scaled up: the
+        ledger then records the nodes as they come, and the fit, not this phase, says when
+        the gang can start)."""
         if self.lost:
             return AttemptPhase.FAILED
         if self.launched:
@@ -271,8 +272,9 @@ class ClaimsStatus:
         parts = [f"{len(self.arrived)} of {self.asked} NodeClaims arrived"]
         if self.lost:
             parts.append(
-                f"{len(self.lost)} lost before arriving (Karpenter deletes a claim it cannot "
-                "launch, e.g. InsufficientCapacityError: see the claim's Events)"
+                f"{len(self.lost)} lost (gone before the gang started: Karpenter deletes a "
+                "claim it cannot launch, e.g. InsufficientCapacityError, see the claim's "
+                "Events; one deleted by hand or with its NodePool is lost too)"
             )
         parts.extend(f"{c.name}: {c.message}" for c in self.failing)
         return "; ".join(parts)
@@ -331,6 +333,15 @@ def made_of(claims: Sequence[Obj]) -> Made:
         (str(lb[names.NODE_POOL_LABEL]) for lb in labels if lb.get(names.NODE_POOL_LABEL)), ""
     )
     return Made(nodes, members, pool)
+
+
+_CREATED_IN = re.compile(r" in NodePool '([^']*)'$")
+
+
+def pool_made_in(accepted_message: str) -> str | None:
+    """The NodePool the ``Accepted`` condition's message says the claims were made in."""
+    found = _CREATED_IN.search(accepted_message or "")
+    return found.group(1) if found else None
 
 
 def created_message(claims: int, members: int, pool: str) -> str:

@@ -23,9 +23,13 @@ What this module decides for one request (``serve``):
   only in a second later than the request's ``creationTimestamp``: their nodes are then
   provably younger than the request (creationTimestamp has whole seconds), the age rule the
   arrival ledger records a node by;
-- asked: ``Failed`` when a claim was lost before it arrived (partial delivery), ``Provisioned``
+- asked: ``Failed`` when a claim was lost (gone, or being deleted before it arrived) before the
+  gang started (partial delivery; the note says when its NodePool was deleted), ``Provisioned``
   once every claim is launched (the ledger then records the nodes as they arrive and the fit
   says when the gang can start, as with any autoscaler), with a note of how many arrived;
+  claims the request never recorded as made (``Accepted``: gangcheck stopped between creating
+  and recording them) are recorded when all are there, else it fails saying the creation was
+  cut short; once the gang started nothing more is followed (its nodes are Karpenter's);
 - ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
   (``Initialized``), and those that arrived but that the ledger did not record while their
   node is still held for the request (nothing runs there); the nodes recorded as arrived are
@@ -64,6 +68,7 @@ from gangcheck.logic.sources.karpenter.claims import (
     claims_status,
     created_message,
     made_of,
+    pool_made_in,
     withdrawable,
 )
 from gangcheck.logic.sources.karpenter.packing import Member, pack
@@ -136,7 +141,23 @@ def serve(
     if not _true(request, "Accepted"):
         return Served(conditions=_found(request, mine, key), release=release)
     status = claims_status(mine, key, _claims_asked(request))
-    return Served(conditions=_follow(request, status.phase, status.message), release=release)
+    message = status.message
+    if status.phase is AttemptPhase.FAILED:
+        message += _pool_gone(request, mine, pools)
+    return Served(conditions=_follow(request, status.phase, message), release=release)
+
+
+def _pool_gone(request: Obj, mine: Sequence[Obj], pools: Mapping[str, Obj | None]) -> str:
+    """A note when the NodePool the claims were made in is gone or being deleted: its claims
+    go with it (their ownerReference), which is then why they were lost."""
+    accepted = str((_conditions(request).get("Accepted") or {}).get("message") or "")
+    name = pool_made_in(accepted) or (made_of(mine).pool if mine else "")
+    if not name:
+        return ""
+    pool = pools.get(name)
+    if pool is not None and not (pool.get("metadata") or {}).get("deletionTimestamp"):
+        return ""
+    return f"; NodePool {name!r} was deleted (its NodeClaims go with it)"
 
 
 def _started(request: Obj) -> bool:
