@@ -480,6 +480,7 @@ class Dispatcher:
                     wl,
                     [w for w in workers if w.name in mine.clusters or w.name in unlisted[key]],
                     unlisted=unlisted[key],
+                    configured=mine.clusters,
                     unconfigured=mine.problem,
                     views=views,
                     others=others,
@@ -518,11 +519,12 @@ class Dispatcher:
         failures: Mapping[str, str],
         unconfigured: str = "",
         unlisted: Iterable[str] = (),
+        configured: Sequence[str] | None = None,
     ) -> tuple[Step, bool]:
         """The step for ``wl``, written (the record, then the nomination), and whether it
         has something to tell (Events, metrics: told by the caller, after the pass's other
         nominations). ``unlisted``: workers of ``workers`` nominated that its
-        MultiKueueConfigs no longer list."""
+        MultiKueueConfigs no longer list; ``configured``: the workers they list."""
         record = _record(wl)
         dropped = set(unlisted)
         facts = [
@@ -546,7 +548,7 @@ class Dispatcher:
         if not another and nominated_by_kueue(record, written, at_once=self.at_once):
             another = KUEUE_ITSELF
         step = (
-            left_to_another(record, written, another)
+            left_to_another(record, written, another, configured=configured)
             if another
             else decide(
                 record,

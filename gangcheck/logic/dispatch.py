@@ -987,7 +987,13 @@ def owns_nomination(entry: object) -> bool:
     return "f:nominatedClusterNames" in _dict(_dict(_dict(entry).get("fieldsV1")).get("f:status"))
 
 
-def left_to_another(record: DispatchRecord, written: Sequence[str], manager: str) -> Step:
+def left_to_another(
+    record: DispatchRecord,
+    written: Sequence[str],
+    manager: str,
+    *,
+    configured: Sequence[str] | None = None,
+) -> Step:
     """The step for a Workload whose nomination ``written`` another field manager wrote
     (``nominated_by_another``): left as written, not fought (a forced apply would take it
     back on every pass and the other write it again, each write waking the next pass); the
@@ -995,6 +1001,13 @@ def left_to_another(record: DispatchRecord, written: Sequence[str], manager: str
     own was replaced: once the other's is cleared, a worker is chosen afresh), its history
     (tried, given up) kept."""
     reason = f"nominated {', '.join(written)} by {manager}, not by gangcheck: left as written"
+    nowhere = [c for c in written if configured is not None and c not in configured]
+    if nowhere:  # Kueue v0.17 copies a Workload only to its check's config's clusters
+        reason += (
+            f" ({', '.join(nowhere)} {'is' if len(nowhere) == 1 else 'are'} not a worker of "
+            "its MultiKueueConfig: Kueue copies it nowhere there; the gang waits until that "
+            "nomination is cleared)"
+        )
     left = replace(record, nominated=(), nominated_at={}, admitted="", reason=reason)
     return Step(tuple(written), left)
 

@@ -1854,3 +1854,28 @@ async def test_a_worker_whose_nodes_report_absurd_capacity_ends_no_pass(value: s
     await dispatcher.pass_once()
     assert nominated_of(manager, "job-gang")  # both dispatched, the pass not ended
     assert nominated_of(manager, "job-gang-2")
+
+
+async def test_a_nomination_by_hand_of_a_cluster_not_configured_says_it_copies_nowhere() -> None:
+    """status.nominatedClusterNames set by hand to a cluster the Workload's MultiKueueConfig
+    does not list: left as written (another field manager), and the record says Kueue makes
+    no copy there, so the gang waits until it is cleared."""
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    await dispatcher.pass_once()
+    wl = manager.stored(WORKLOAD, "job-gang", NS)
+    assert wl is not None
+    wl["status"]["nominatedClusterNames"] = ["worker-9"]
+    wl["metadata"]["managedFields"] = [
+        {
+            "manager": "kubectl-edit",
+            "operation": "Update",
+            "subresource": "status",
+            "fieldsV1": {"f:status": {"f:nominatedClusterNames": {}}},
+        }
+    ]
+    manager.add(wl)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert nominated_of(manager, "job-gang") == ["worker-9"]
+    assert "by kubectl-edit, not by gangcheck: left as written" in got.reason
+    assert "worker-9 is not a worker of its MultiKueueConfig: Kueue copies it nowhere" in got.reason
