@@ -14,11 +14,13 @@ from gangcheck.logic.attempt.actions import (
     CreateTemplate,
     DeleteRequest,
     ReclaimArrivals,
+    ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView
+from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.model.objects import request_of, workload_of
-from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.model.provisioning_config import parse_spec, spec_record
 from tests.builders import CHECK, node, provisioning_request
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
 
@@ -127,6 +129,45 @@ def test_a_failed_racer_gives_its_place_to_the_next_source() -> None:
     assert made[0]["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "2"
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [A]
     assert d.check is not None and d.check.state == "Pending"
+
+
+def test_a_racer_deleted_by_hand_gives_its_place_to_the_next_source() -> None:
+    """Racer B's request deleted outside gangcheck: the race had one racer fewer than
+    raceWidth, silently, source c never asked unless A failed. Now its place goes to the
+    next source not asked yet, as a racer that could not deliver gives it, said by a
+    RacerReplaced Warning Event; racer A untouched."""
+    d = run([racer(A, 0, conditions={"Accepted": "ok"})])
+    made = created(d)
+    assert [r["metadata"]["name"] for r in made] == [C]
+    assert made[0]["metadata"]["annotations"]["gangcheck.io/capacity-source"] == "2"
+    assert not [a for a in d.actions if isinstance(a, DeleteRequest)]
+    assert d.check is not None and d.check.state == "Pending"
+    assert d.check.message.startswith("racing: ")
+    (event,) = [e for e in d.events if e.reason == "RacerReplaced"]
+    assert event.warning and "deleted outside gangcheck" in event.message
+    assert "capacity source 'c'" in event.message and C in event.message
+
+
+def test_a_racer_deleted_by_hand_with_no_source_left_leaves_the_race_to_the_others() -> None:
+    """Every source asked, the racers left told so, then a racer deleted by hand: no source
+    is left to ask in its place; A races on alone, nothing asked."""
+    told = {"gangcheck.io/sources-raced-all": spec_record(parse_spec(RACE))}
+    alone = run([racer(A, 0, conditions={"Accepted": "ok"}, annotations=told)])
+    assert created(alone) == []
+    assert not [e for e in alone.events if e.reason == "RacerReplaced"]
+    assert alone.check is not None and alone.check.state == "Pending"
+
+
+def test_a_racer_asked_again_under_the_name_of_one_deleted_by_hand_keeps_its_nodes_held() -> None:
+    """C took B's place (B failed), then C is deleted by hand, a node having arrived for it:
+    only C's own record knew source c was raced, so c is asked again in its place under its
+    name (as an InOrder ask deleted by hand is asked again under its name); the new C counts
+    the node recorded for it, so its hold is not lifted."""
+    held = arrived("c0", "c", C)
+    held["spec"]["taints"] = [hold_taint(f"default/{C}")]
+    d = run([racer(A, 0, conditions={"Accepted": "ok"})], [held])
+    assert [r["metadata"]["name"] for r in created(d)] == [C]
+    assert not [a for a in d.actions if isinstance(a, ReleaseHold)], d.actions
 
 
 def test_every_racer_failed_with_no_source_left_retries() -> None:

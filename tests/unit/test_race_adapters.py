@@ -552,6 +552,9 @@ class Relisted:
     # expectations: the ask made for the place given up (its number, its pool, the sources
     # it records the race has asked with it, in the config now), or none: the attempt ends
     created: tuple[int, str, str] | None
+    also: tuple[int, str] | None = None
+    """The ask made for a place missing from the race (fewer racers than raceWidth: the
+    others gone with no source left then), if a source is left for it."""
 
 
 FAILED = {**ROLLED_BACK}
@@ -583,6 +586,7 @@ RELISTED = [
         [Racer(2, annotations={**FAILED, **_under([A, B, C])})],
         [X, Y, C, B],
         (3, "x", "0,2,3"),
+        also=(4, "y"),  # b gone with no source left then: its place, with y added, to y
     ),
     Relisted(
         "x asked for a and b (recorded), gone; x fails under [x, y, a, b]: y, not b again",
@@ -616,8 +620,9 @@ def test_a_race_gives_a_place_to_a_source_it_has_not_asked_by_identity(
         assert seen.created == []
         return
     number, pool, raced = case.created
-    assert seen.created == [adapter.ask(number)], seen
-    assert seen.sources_created == [pool]
+    also = [case.also] if case.also is not None else []
+    assert seen.created == [adapter.ask(number), *(adapter.ask(n) for n, _ in also)], seen
+    assert seen.sources_created == [pool, *(p for _, p in also)]
     assert seen.records[adapter.ask(number)].get(RACED) == raced
 
 
@@ -763,19 +768,21 @@ def test_no_place_is_given_past_the_most_asks_an_attempt_makes(adapter: Adapter)
 @pytest.mark.parametrize("won", [False, True], ids=["racing", "won"])
 def test_a_racer_deleted_by_hand_has_the_hold_it_left_lifted(adapter: Adapter, won: bool) -> None:
     """A racer's request is deleted outside gangcheck after a node arrived for it: the race
-    goes on with the racers left (the person withdrew that ask), and the node, recorded and
-    held for a request that is gone, is held by nothing that would ever lift it (no record of
-    the racer is left to roll back or withdraw): its hold is lifted (once the API server
-    confirms the request gone) and said, the node not reclaimed (no record proves it younger
-    than a request), while the race goes on or when another racer wins. Before, it stayed
-    closed to every pod for ever, nothing said."""
+    goes on, its place given to the next source not asked yet (c, RacerReplaced), and the
+    node, recorded and held for a request that is gone, is held by nothing that would ever
+    lift it (no record of the racer is left to roll back or withdraw): its hold is lifted
+    (once the API server confirms the request gone) and said, the node not reclaimed (no
+    record proves it younger than a request), while the race goes on or when another racer
+    wins. Before, it stayed closed to every pod for ever, nothing said."""
     delivered = {"Provisioned": "ok"} if won else {"Accepted": "ok"}
     nodes = [Node("a0", "a", 0, held=True), *(Node(f"b{i}", "b", 1) for i in range(4) if won)]
     seen = adapter.run([Racer(1, delivered)], nodes, RACE)
     assert seen.state == ("won" if won else "racing")
     assert seen.lifted == [(adapter.ask(0), ("a0",))]
     assert "HoldLifted" in seen.events
-    assert seen.reclaimed == [] and seen.deleted == [] and seen.created == []
+    assert seen.reclaimed == [] and seen.deleted == []
+    assert seen.created == ([] if won else [adapter.ask(2)])
+    assert ("RacerReplaced" in seen.events) is not won
     gone = adapter.run([Racer(1, delivered)], [Node("a0", "a", 0), *nodes[1:]], RACE)
     assert gone.lifted == [] and "HoldLifted" not in gone.events  # no hold left: nothing
 

@@ -21,7 +21,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Generic, Protocol, TypeVar
@@ -36,7 +36,7 @@ from gangcheck.logic.attempt import (
     scaledown,
     topup,
 )
-from gangcheck.logic.attempt.actions import Action, Event
+from gangcheck.logic.attempt.actions import Action, CreateRequest, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec
 from gangcheck.model.objects import ProvisioningRequest
@@ -288,7 +288,7 @@ def in_order(
         decision = first(name)
         # no ask of the attempt is left: what another of its asks held (its request deleted
         # outside gangcheck) is held by nothing now; the one asked again counts its own
-        lifted, said = _holds_of_gone(gang, [], but=name)
+        lifted, said = _holds_of_gone(gang, [], but=(name,))
         decision = replace(
             decision,
             actions=(*lifted, *decision.actions),
@@ -448,7 +448,15 @@ def race_attempt(
         gang.requests, asks, capacity=gang.capacity, backend=gang.backend, why=gang.superseded
     )
     decision = follow(asks) if asks else start()
-    lifted, said = _holds_of_gone(gang, asks) if asks else ((), ())
+    # an ask made again under the name of one gone (a racer deleted by hand, its place
+    # given back to its source: only its own record knew that source was raced) counts the
+    # nodes recorded for it, as an InOrder ask asked again under its name does
+    again = {
+        str((a.body.get("metadata") or {}).get("name") or "")
+        for a in decision.actions
+        if isinstance(a, CreateRequest)
+    }
+    lifted, said = _holds_of_gone(gang, asks, but=again) if asks else ((), ())
     return replace(
         decision,
         actions=(*stale, *lifted, *decision.actions),
@@ -457,14 +465,14 @@ def race_attempt(
 
 
 def _holds_of_gone(
-    gang: Gang[D], asks: Sequence[race.Ask], *, but: str = ""
+    gang: Gang[D], asks: Sequence[race.Ask], *, but: Collection[str] = ()
 ) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
     """The holds left on nodes recorded for asks of this attempt that are gone (other than
     `asks` and `but`, the one asked again now): a request deleted outside gangcheck, a
     racer the race goes on without or an InOrder ask whose attempt starts over (an ask
     gangcheck withdraws has its hold lifted first). No record of it is left whose end would
     lift them (lifecycle.release_holds_of_gone)."""
-    here = {but, *(r.name for _, r in asks)}
+    here = {*but, *(r.name for _, r in asks)}
     gone = [n for k in range(naming.MAX_ASKS) if (n := gang.name_of(k)) not in here]
     return lifecycle.release_holds_of_gone(gang.capacity, gang.namespace, gone)
 
@@ -482,11 +490,18 @@ def standing(gang: Gang[D], asks: Sequence[race.Ask], follow_one: race.FollowOne
 
 
 def replacement(gang: Gang[D], ended: race.Ended) -> D | None:
-    """The ask that takes the place of a racer that could not deliver, if a source is left."""
+    """The ask that takes the place of a racer that could not deliver, if a source is left;
+    of a place missing from the race (`ended.request` None: a racer's request deleted outside
+    gangcheck), said by a RacerReplaced Warning Event."""
     if ended.replacement is None:
         return None
     asked, place = ended.replacement
-    return gang.create(gang.name_of(asked), NewAsk(place))
+    name = gang.name_of(asked)
+    made = gang.create(name, NewAsk(place))
+    if ended.request is not None:
+        return made
+    message = f"{ended.why}: {place.describe(gang.config)} is asked in the place missing ({name})"
+    return replace(made, events=(*made.events, Event("RacerReplaced", message, warning=True)))
 
 
 def joined(

@@ -38,6 +38,11 @@ from gangcheck.model.provisioning_config import AtomicProvisioningSpec, recorded
 LOST = "another capacity source delivered the gang first"
 #: Why a racer that could not deliver is withdrawn.
 COULD_NOT = "it could not deliver in the race"
+#: Why a place in the race is given with no racer withdrawn (`Ended` without a request).
+VACANT = (
+    "the race had fewer racers than raceWidth (a racer's request deleted outside gangcheck, "
+    "or a source added to the list after the last one was asked)"
+)
 
 Ask = tuple[int, ProvisioningRequest]
 """A request of the attempt, with its number among the attempt's asks."""
@@ -110,9 +115,12 @@ class Going:
 @dataclass(frozen=True)
 class Ended:
     """A racer that could not deliver: withdrawn, and the place it gives to the next source
-    not asked yet (the ask's number and place), if one is left."""
+    not asked yet (the ask's number and place), if one is left. Or (`request` None) a racer
+    gone without gangcheck withdrawing it (its request deleted outside gangcheck): only its
+    place, given the same way (`VACANT`), its hold lifted by the race's flow
+    (`flow.race_attempt`)."""
 
-    request: ProvisioningRequest
+    request: ProvisioningRequest | None
     why: str
     actions: tuple[Action, ...]
     notes: tuple[driver.SourceNote, ...]
@@ -130,7 +138,8 @@ class Standing:
     @property
     def last(self) -> str:
         """Why the last racer that ended could not deliver."""
-        return self.ended[-1].why if self.ended else "no source left"
+        ended = [e for e in self.ended if e.request is not None]
+        return ended[-1].why if ended else "no source left"
 
 
 def follow(
@@ -144,7 +153,12 @@ def follow(
     """Each racer followed; the first that fits wins (the others withdrawn); each that ended
     is withdrawn and its place goes to the next source not asked yet (none past the most
     asks an attempt makes, `naming.MAX_ASKS`: `asks` would not find it); when none is left,
-    the racers left are told every source was asked (`_told`)."""
+    the racers left are told every source was asked (`_told`). A race left with fewer racers
+    than `raceWidth` (gangcheck withdraws one only with the ask in its place made first, or
+    with no source left: a racer's request deleted outside gangcheck, or a source added to
+    the list since the last was asked) gives each place missing to the next source not asked
+    yet, after those of the racers that ended, as a racer that could not deliver does; none
+    left, it goes on with the racers left."""
     live = [r for _, r in asked if not r.deleting]
     known = {r.name: sources_asked(r, k, config) for k, r in asked}
     raced = {i for s in known.values() for i in s}
@@ -196,6 +210,15 @@ def follow(
         )
         for i, (r, why) in enumerate(ended)
     )
+    # places missing from the race (racers gone by hand): given as an ended racer's are
+    width = min(config.racing, len(config.sources()))
+    vacant = range(len(ended), min(len(unasked), len(ended) + width - len(live)))
+    refills = tuple(
+        Ended(None, VACANT, (), (), (next_ask + i, _given(unasked[i], raced | set(unasked[:i]))))
+        for i in vacant
+        if next_ask + i < naming.MAX_ASKS
+    )
+    out += refills
     if out and not unasked:
         going = [_told(g, known[g.request.name], config) for g in going]
     return Standing(going=tuple(going), ended=out)
