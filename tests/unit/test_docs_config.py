@@ -731,6 +731,27 @@ def test_the_paths_the_docs_name_exist() -> None:
     assert missing == []
 
 
+def test_the_python_files_and_names_the_docs_point_at_exist() -> None:
+    """`x/y.py` (from the repository, gangcheck/ or hack/devtools/) is a file, and a name
+    quoted right after it (`x/y.py` `name`) is a function, class or constant of that file."""
+    bases = [REPO, REPO / "gangcheck", REPO / "hack" / "devtools"]
+    wrong = []
+    for doc in [*DOCS, REPO / "docs" / "benchmarks.md"]:
+        text = doc.read_text()
+        moved = {"tests/unit/test_demo_hints.py", "tests/integration/test_testbed.py"}
+        for path, name in re.findall(r"`((?:[\w.-]+/)+[\w-]+\.py)`(?: `([\w.]+)`)?", text):
+            found = [base / path for base in bases if (base / path).is_file()]
+            if not found:
+                if path not in moved:
+                    wrong.append(f"{doc.name}: {path}")
+                continue
+            last = re.escape(name.split(".")[-1])
+            defined = rf"^\s*(?:async )?(?:def|class) {last}\b|^{last}\s*[:=]"
+            if name and not re.search(defined, found[0].read_text(), re.M):
+                wrong.append(f"{doc.name}: {path} {name}")
+    assert wrong == []
+
+
 def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
