@@ -280,3 +280,42 @@ def test_claims_lost_with_their_nodepool_say_the_pool_is_gone() -> None:
     assert failed["message"].endswith("; NodePool 'gpu' was deleted (its NodeClaims go with it)"), (
         failed["message"]
     )
+
+
+# -- a request made again under the name of one whose claims are still there ---------------
+
+
+def test_claims_of_an_earlier_request_under_the_same_name_are_not_this_ones() -> None:
+    """The gang's request deleted and made again under its name (a PodGroup made again, an
+    attempt number used again) before the provisioner saw the first go: the first's claims
+    (made before this request was) are not adopted. The one not arrived is withdrawn (no node:
+    nothing runs there); the one arrived is left to the reclaim rules; the request is asked
+    for anew, under claim names of its own."""
+    earlier = claims("Launched", "Registered", "Initialized")
+    for claim in earlier:
+        claim["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    earlier[1]["status"] = {"conditions": [{"type": "Launched", "status": "True"}]}
+    again = request()
+    again["metadata"]["uid"] = "uid-2"
+    done = served(again, earlier, nodes={"n0": held("n0")})
+    assert [c["metadata"]["name"] for c in done.delete] == [earlier[1]["metadata"]["name"]]
+    assert len(done.create) == 2
+    names_before = {c["metadata"]["name"] for c in earlier}
+    assert not names_before & {c["metadata"]["name"] for c in done.create}
+    assert [(c["type"], c["reason"]) for c in done.conditions] == [
+        ("Accepted", "NodeClaimsCreated")
+    ]
+    assert done.release == ()  # n0 is held: left as it is for the reclaim rules
+
+
+def test_claims_naming_another_request_uid_are_not_this_ones_even_in_its_second() -> None:
+    first = request()
+    first["metadata"]["uid"] = "uid-1"
+    made = list(served(first, []).create)
+    for claim in made:
+        claim["metadata"]["creationTimestamp"] = "2026-12-01T10:00:00Z"  # its own second
+    assert served(first, made).delete == ()
+    again = request()
+    again["metadata"]["uid"] = "uid-2"
+    done = served(again, made)
+    assert len(done.delete) == 2 and len(done.create) == 2

@@ -318,6 +318,12 @@ def _refusal(status: int, message: str, *, causes: bool = False) -> ApiError:
     return error_from_status(status, json.dumps({**body, "details": details}), target="x/y")
 
 
+def second_claim(kube: FakeKube, gang: str) -> str:
+    """The name of the gang's second claim (named by the request's name and uid)."""
+    uid = (kube.stored(PROVISIONING_REQUEST, gang, NAMESPACE) or {})["metadata"]["uid"]
+    return claim_name("gpu", f"{NAMESPACE}/{gang}", 1, uid)
+
+
 @pytest.mark.parametrize(
     "error",
     [
@@ -331,14 +337,13 @@ async def test_a_claim_the_api_server_refuses_fails_its_request_quoting_it_and_t
     error: ApiError, caplog: pytest.LogCaptureFixture
 ) -> None:
     kube = stack("a", "b", limits={GPU: "48"})
-    kube.fail("create", NODE_CLAIM.kind, claim_name("gpu", f"{NAMESPACE}/a", 1), error=error)
+    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=error)
     karpenter = provisioner(kube)
     await karpenter.pass_once()
     failed = condition(kube, "a", "Failed") or {}
     assert failed.get("reason") == "NodeClaimRefused", failed
     assert failed["message"] == (
-        f"the API server refused NodeClaim {claim_name('gpu', f'{NAMESPACE}/a', 1)!r}: "
-        f"{error.message}"
+        f"the API server refused NodeClaim {second_claim(kube, 'a')!r}: {error.message}"
     )
     assert condition(kube, "a", "Accepted") is None
     assert len(claims_of(kube, "b")) == 3  # served in the same pass
@@ -354,7 +359,7 @@ async def test_a_create_that_fails_for_one_gang_leaves_the_others_served() -> No
     """A 500 on one gang's claim: that gang's pass is cut short (its claims made are found
     incomplete at the next pass and withdrawn), the gangs after it in the pass are served."""
     kube = stack("a", "b", limits={GPU: "48"})
-    kube.fail("create", NODE_CLAIM.kind, claim_name("gpu", f"{NAMESPACE}/a", 1), error=500)
+    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=500)
     karpenter = provisioner(kube)
     await karpenter.pass_once()
     assert len(claims_of(kube, "b")) == 3

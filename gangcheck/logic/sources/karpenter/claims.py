@@ -32,6 +32,7 @@ from gangcheck.logic.attempt.naming import fit
 from gangcheck.logic.attempt.scaledown import removal
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
+from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import Obj
 
 
@@ -46,12 +47,18 @@ class ClaimAsk:
     requests: Mapping[str, str]
     labels: Mapping[str, str] = field(default_factory=dict)
     packed: tuple[PackedClaim, ...] = ()
+    uid: str = ""
+    """The request's uid: in the claims' names and on them (``REQUEST_UID``)."""
 
     @classmethod
     def packing(
-        cls, attempt: str, packed: Sequence[PackedClaim], labels: Mapping[str, str]
+        cls,
+        attempt: str,
+        packed: Sequence[PackedClaim],
+        labels: Mapping[str, str],
+        uid: str = "",
     ) -> ClaimAsk:
-        return cls(attempt, len(packed), {}, dict(labels), tuple(packed))
+        return cls(attempt, len(packed), {}, dict(labels), tuple(packed), uid)
 
     def requests_of(self, index: int) -> dict[str, str]:
         return self.packed[index].asked() if self.packed else dict(self.requests)
@@ -63,9 +70,11 @@ class ClaimAsk:
         return len(self.packed[index].members) if self.packed else 1
 
 
-def claim_name(pool: str, attempt: str, index: int) -> str:
-    """Deterministic per attempt and index: ``<pool>-<hash of the attempt>-<index>``."""
-    return fit(pool, f"-{hold_value(attempt)[1:13]}-{index}")
+def claim_name(pool: str, attempt: str, index: int, uid: str = "") -> str:
+    """Deterministic per request and index: ``<pool>-<hash of the attempt and the request's
+    uid>-<index>`` (a request made again under the same name names other claims)."""
+    made_for = f"{attempt}/{uid}" if uid else attempt
+    return fit(pool, f"-{hold_value(made_for)[1:13]}-{index}")
 
 
 def claim_bodies(pool: Obj, ask: ClaimAsk) -> list[Obj]:
@@ -81,7 +90,7 @@ def _claim(pool: Obj, ask: ClaimAsk, index: int) -> Obj:
         "apiVersion": names.API_VERSION,
         "kind": names.NODE_CLAIM_KIND,
         "metadata": {
-            "name": claim_name(meta["name"], ask.attempt, index),
+            "name": claim_name(meta["name"], ask.attempt, index, ask.uid),
             "labels": _labels(meta["name"], template, spec, ask),
             "annotations": _annotations(meta, template, ask, index),
             "ownerReferences": [_owner(meta)],
@@ -109,6 +118,8 @@ def _annotations(meta: Obj, template: Obj, ask: ClaimAsk, index: int) -> dict[st
             annotations[key] = str(pool_annotations[key])
     annotations[names.DO_NOT_DISRUPT] = "true"
     annotations[names.REQUESTED_FOR] = ask.attempt
+    if ask.uid:
+        annotations[names.REQUEST_UID] = ask.uid
     annotations[names.GANG_NODES] = str(ask.nodes)
     annotations[names.CLAIM_INDEX] = str(index)
     annotations[names.CLAIM_MEMBERS] = str(ask.members_of(index))
@@ -289,6 +300,24 @@ def attempt_claims(claims: Iterable[Obj], attempt: str) -> list[Obj]:
         if ((c.get("metadata") or {}).get("labels") or {}).get(names.ATTEMPT_LABEL) == value
         and ((c.get("metadata") or {}).get("annotations") or {}).get(names.REQUESTED_FOR) == attempt
     ]
+
+
+def made_for_another(claim: Obj, request: Obj) -> bool:
+    """Whether ``claim``, labelled with ``request``'s name, was made for an earlier request of
+    that name: it names another request uid, or it was made in an earlier second than the
+    request (a claim is made only after its request; both times are the API server's)."""
+    meta = claim.get("metadata") or {}
+    asked = request.get("metadata") or {}
+    uid = str((meta.get("annotations") or {}).get(names.REQUEST_UID) or "")
+    if uid and asked.get("uid") and uid != asked["uid"]:
+        return True
+    made = parse_time(str(meta.get("creationTimestamp") or ""))
+    born = parse_time(str(asked.get("creationTimestamp") or ""))
+    return (
+        made is not None
+        and born is not None
+        and made.replace(microsecond=0) < born.replace(microsecond=0)
+    )
 
 
 def claims_status(claims: Iterable[Obj], attempt: str, asked: int) -> ClaimsStatus:

@@ -34,6 +34,9 @@ ATTEMPT_LABEL = "gangcheck.io/attempt"
 #: On a gang's NodeClaims: the attempt's key (``namespace/name``), its size and the claim's index.
 REQUESTED_FOR = "gangcheck.io/requested-for"
 GANG_NODES = "gangcheck.io/gang-nodes"
+#: On a gang's NodeClaims: the uid of the request they were made for (a request made again
+#: under the same name is another).
+REQUEST_UID = "gangcheck.io/request-uid"
 CLAIM_INDEX = "gangcheck.io/claim-index"
 #: On a gang's NodeClaims: how many of the gang's members it is asked for.
 CLAIM_MEMBERS = "gangcheck.io/claim-members"

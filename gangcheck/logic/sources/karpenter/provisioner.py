@@ -48,7 +48,7 @@ and the member. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import claim_of
@@ -67,6 +67,7 @@ from gangcheck.logic.sources.karpenter.claims import (
     claims_made,
     claims_status,
     created_message,
+    made_for_another,
     made_of,
     pool_made_in,
     withdrawable,
@@ -125,7 +126,52 @@ def serve(
     """One request (None: gone) and everything its attempt's claims say, at ``now``.
     ``pool_claims``: every NodeClaim of the pools, read only when the request asks
     (``is_asking``)."""
-    mine = attempt_claims(claims, key)
+    mine, earlier = _of_request(claims, key, request)
+    served = _serve(
+        request,
+        key,
+        mine,
+        templates=templates,
+        pools=pools,
+        nodes=nodes,
+        now=now,
+        pool_claims=pool_claims,
+    )
+    if not earlier:
+        return served
+    # An earlier request's of the same name: those not arrived are withdrawn (no node, nothing
+    # runs there); those arrived are left to the reclaim rules, as any arrived node is.
+    stale = tuple(c for c in withdrawable(earlier, key, ()) if not _arrived(c))
+    return replace(served, delete=(*stale, *served.delete))
+
+
+def _of_request(
+    claims: Sequence[Obj], key: str, request: Obj | None
+) -> tuple[list[Obj], list[Obj]]:
+    """The claims of ``key``'s attempt made for ``request``, and those made for an earlier
+    request of that name (``made_for_another``)."""
+    labelled = attempt_claims(claims, key)
+    if request is None:
+        return labelled, []
+    earlier = [c for c in labelled if made_for_another(c, request)]
+    return [c for c in labelled if not made_for_another(c, request)], earlier
+
+
+def _arrived(claim: Obj) -> bool:
+    return claim_state(claim).phase is ClaimPhase.ARRIVED
+
+
+def _serve(
+    request: Obj | None,
+    key: str,
+    mine: list[Obj],
+    *,
+    templates: Mapping[str, Obj],
+    pools: Mapping[str, Obj | None],
+    nodes: Mapping[str, Obj],
+    now: datetime,
+    pool_claims: Sequence[Obj],
+) -> Served:
     release = _releases(mine, key, nodes, request_live=request is not None)
     if request is None or _has_ended(request):
         keep = _left_to_reclaim(mine, key, nodes)
@@ -195,7 +241,7 @@ def is_asking(request: Obj | None, key: str, claims: Sequence[Obj], now: datetim
     return (
         request is not None
         and not _has_ended(request)
-        and not attempt_claims(claims, key)
+        and not _of_request(claims, key, request)[0]
         and not _true(request, "Accepted")
         and _second_passed(request, now)
     )
@@ -267,7 +313,8 @@ def _ask(
         elif choice.too_big:
             reason = "NoInstanceTypeFits"
         return Served(conditions=(_condition("Failed", "True", reason, choice.problem),))
-    ask = ClaimAsk.packing(key, choice.packing.claims, labels)
+    uid = str((request.get("metadata") or {}).get("uid") or "")
+    ask = ClaimAsk.packing(key, choice.packing.claims, labels, uid)
     message = created_message(ask.nodes, len(members), choice.pool["metadata"]["name"])
     return Served(
         create=tuple(claim_bodies(choice.pool, ask)),
