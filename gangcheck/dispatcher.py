@@ -40,7 +40,8 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
 - whether it was given up lately for another gang (the records on the manager's Workloads:
   ``recent_failures``);
 - its capacity sources' recent outcomes, from the records gangcheck leaves on its
-  ProvisioningRequests there (fulfilled or started: delivered; rolled back: a stockout);
+  ProvisioningRequests there (fulfilled or started: delivered; rolled back: a stockout), for
+  the gangs this dispatcher sent there only (``_sources``), each once per source;
 - for a worker nominated, whether its copy of the Workload failed: a check ``Retry`` or
   ``Rejected``, ``Evicted``, requeued, or deactivated; or whether gangcheck's request for
   it there says its capacity source cannot deliver (``cannot_deliver``: ``Failed``, or

@@ -159,7 +159,12 @@ async def test_the_gang_goes_where_it_fits_now_and_the_stocked_out_worker_never_
     async with gang_submitted(kubes) as (namespace, began):
         wl = await admitted_in_a_worker(kubes[MANAGER], namespace)
         took = time.monotonic() - began
-        await assert_placed_where_it_fits_now(kubes, wl)
+        record = await assert_placed_where_it_fits_now(kubes, wl)
+        # the record names the Workload it was written for, and Kueue's copy in worker-2
+        # carries it (Kueue copies the manager's annotations): the copy names its Workload
+        assert record["uid"] == wl["metadata"]["uid"], record
+        copy = await kubes[WITH_ROOM].get(WORKLOAD, wl["metadata"]["name"], namespace)
+        assert record_of(copy)["uid"] == wl["metadata"]["uid"], copy["metadata"]
         bed.measurements.append(
             f"dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after the "
             f"Job; {STOCKED_OUT} got no copy and no node"
