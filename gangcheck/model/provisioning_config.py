@@ -349,6 +349,11 @@ class AtomicProvisioningSpec(_Spec):
         if not race:
             return
         sources = self.capacity_sources
+        if len(sources) < 2:
+            raise ValueError(
+                f"spec.capacitySourcePolicy: Race asks at least two sources at once, but "
+                f"spec.capacitySources lists {len(sources)} (use InOrder for one)"
+            )
         if self.racing > len(sources):
             raise ValueError(
                 f"spec.raceWidth: {self.racing} sources at once, but spec.capacitySources "

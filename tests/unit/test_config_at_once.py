@@ -40,8 +40,15 @@ def test_a_race_wider_than_the_sources_is_refused_naming_the_field() -> None:
     assert racing.racing == 2  # the default width, with exactly as many sources
 
 
-def test_a_race_of_one_source_is_refused_by_its_default_width() -> None:
-    with pytest.raises(ValueError, match=r"^spec\.raceWidth: 2 sources at once, but .* lists 1$"):
-        parse_spec(
-            {"capacitySources": [{"nodeSelector": {"pool": "a"}}], "capacitySourcePolicy": "Race"}
-        )
+def test_a_race_of_one_source_is_refused_as_such() -> None:
+    """Not by a raceWidth the config never set: the policy names the fault."""
+    said = r"^spec\.capacitySourcePolicy: Race asks at least two sources at once, but .* lists 1 "
+    for width in ({}, {"raceWidth": 2}):
+        with pytest.raises(ValueError, match=said):
+            parse_spec(
+                {
+                    "capacitySources": [{"nodeSelector": {"pool": "a"}}],
+                    "capacitySourcePolicy": "Race",
+                    **width,
+                }
+            )
