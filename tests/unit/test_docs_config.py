@@ -752,6 +752,29 @@ def test_the_python_files_and_names_the_docs_point_at_exist() -> None:
     assert wrong == []
 
 
+def test_the_tests_the_docs_name_exist() -> None:
+    """A test the docs name (`test_x`, or a prefix of it cut with `...`) is a test function of
+    the repository's tests, the dev tooling's or the benchmarks'."""
+    defined: set[str] = set()
+    for folder in ("tests", "hack/devtools/tests", "benchmarks"):
+        for path in (REPO / folder).rglob("*.py"):
+            defined |= set(re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(), re.M))
+    unknown = []
+    for doc in [*DOCS, REPO / "docs" / "benchmarks.md"]:
+        # a file (test_x.py, test_bench*.py) is the paths' test's
+        named = re.findall(
+            r"(?<![\w/.])(test_\w+)(\.\.\.|…)?(?![\w.*]*\.py)(?!\*)", doc.read_text()
+        )
+        for name, cut in set(named):
+            if cut or name.endswith("_"):
+                if not any(test.startswith(name.rstrip("_")) for test in defined):
+                    unknown.append(f"{doc.name}: {name}...")
+            elif name not in defined:
+                unknown.append(f"{doc.name}: {name}")
+    assert unknown == []
+    assert len(defined) > 1000
+
+
 def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
