@@ -254,3 +254,21 @@ def test_the_losers_are_counted_as_failures_of_their_source_by_race_lost() -> No
     notes = {(n.source, n.outcome, n.reason) for n in d.sources}
     assert ("a", "failed", "RaceLost") in notes
     assert ("b", "delivered", "") in notes
+
+
+def deleting(req: Any) -> Any:
+    req["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    req["metadata"]["finalizers"] = ["example.com/keep"]
+    return req
+
+
+def test_a_race_whose_racers_are_all_being_deleted_waits_for_them_to_go() -> None:
+    """The Workload evicted and admitted again under the same attempt number while the
+    racers of its earlier admission are still being deleted (a finalizer): before, the race
+    followed no racer and said 'every capacity source failed: no source left', Retry (the
+    attempt counted failed); nothing is decided on them, nothing asked under their names,
+    until they are gone (as an InOrder request being deleted is waited for)."""
+    d = run([deleting(racer(A, 0)), deleting(racer(B, 1))])
+    assert d.check is None and d.actions == () and d.requeue_after is not None
+    one = run([deleting(racer(A, 0)), racer(B, 1, conditions={"Accepted": "ok"})])
+    assert created(one) == [] and one.check is not None and one.check.state == "Pending"

@@ -447,7 +447,13 @@ def race_attempt(
     stale = race.stale(
         gang.requests, asks, capacity=gang.capacity, backend=gang.backend, why=gang.superseded
     )
-    decision = follow(asks) if asks else start()
+    if asks and all(r.deleting for _, r in asks):
+        # every ask of the attempt is being deleted (an earlier one under these names, after
+        # an eviction, held by a finalizer): nothing is judged on them, and nothing asked
+        # under their names, until they are gone
+        decision = gang.kind(requeue_after=1.0)
+    else:
+        decision = follow(asks) if asks else start()
     # an ask made again under the name of one gone (a racer deleted by hand, its place
     # given back to its source: only its own record knew that source was raced) counts the
     # nodes recorded for it, as an InOrder ask asked again under its name does

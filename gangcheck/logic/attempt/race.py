@@ -210,9 +210,11 @@ def follow(
         )
         for i, (r, why) in enumerate(ended)
     )
-    # places missing from the race (racers gone by hand): given as an ended racer's are
+    # places missing from the race (racers gone by hand): given as an ended racer's are; a
+    # racer being deleted holds its place until it is gone (withdrawn by gangcheck, its
+    # replacement made first; or an earlier one under its name, after an eviction)
     width = min(config.racing, len(config.sources()))
-    vacant = range(len(ended), min(len(unasked), len(ended) + width - len(live)))
+    vacant = range(len(ended), min(len(unasked), len(ended) + width - len(asked)))
     refills = tuple(
         Ended(None, VACANT, (), (), (next_ask + i, _given(unasked[i], raced | set(unasked[:i]))))
         for i in vacant
