@@ -710,6 +710,18 @@ THEIR_PATHS = {
 }
 
 
+def _moved(text: str) -> set[str]:
+    """The files a table of `text` says were moved to hack/devtools/tests/ (named where they
+    were), each there now."""
+    return {
+        path
+        for row in _rows(text)
+        if len(row) == 2 and row[1].startswith("`hack/devtools/tests/`")
+        for path in re.findall(r"`([\w/]+\.py)`", row[0])
+        if (REPO / "hack" / "devtools" / "tests" / Path(path).name).exists()
+    }
+
+
 def test_the_paths_the_docs_name_exist() -> None:
     pattern = (
         r"(?<![\w./~-])((?:gangcheck|manifests|docs|tests|hack|config|kind|benchmarks)/[\w./*-]*\w)"
@@ -717,14 +729,7 @@ def test_the_paths_the_docs_name_exist() -> None:
     missing = []
     for doc in [*DOCS, *CHART_TEXT, REPO / "config" / "gangcheck.yaml"]:
         text = doc.read_text()
-        # a file a table says was moved is named where it was: it is where it went
-        moved = {
-            path
-            for row in _rows(text)
-            if len(row) == 2 and row[1].startswith("`hack/devtools/tests/`")
-            for path in re.findall(r"`([\w/]+\.py)`", row[0])
-            if (REPO / "hack" / "devtools" / "tests" / Path(path).name).exists()
-        }
+        moved = _moved(text)
         for path in set(re.findall(pattern, text)) - THEIR_PATHS - moved:
             if not (list(REPO.glob(path)) or list(REPO.glob(path + "*"))):
                 missing.append(f"{doc.name}: {path}")
@@ -738,7 +743,7 @@ def test_the_python_files_and_names_the_docs_point_at_exist() -> None:
     wrong = []
     for doc in [*DOCS, REPO / "docs" / "benchmarks.md"]:
         text = doc.read_text()
-        moved = {"tests/unit/test_demo_hints.py", "tests/integration/test_testbed.py"}
+        moved = _moved(text)
         for path, name in re.findall(r"`((?:[\w.-]+/)+[\w-]+\.py)`(?: `([\w.]+)`)?", text):
             found = [base / path for base in bases if (base / path).is_file()]
             if not found:
