@@ -433,17 +433,8 @@ class Dispatcher:
         )
         by_check = check_workers(checks, configs)
         records = {_key(wl): _record(wl) for wl in workloads}
-        # per Workload waiting, the workers nominated that its MultiKueueConfigs no longer
-        # list: read for its copy there (``decide``: no other nominated while it is there)
         configured = {_key(wl): workers_for(_check_names(wl) & ours, by_check) for wl in waiting}
-        unlisted = {
-            _key(wl): {
-                c
-                for c in _nominated_to(wl, records[_key(wl)])
-                if c not in configured[_key(wl)].clusters
-            }
-            for wl in waiting
-        }
+        unlisted = _unlisted(waiting, records, configured, clusters)
         also = set().union(*unlisted.values())
         await self._forget(by_check, clusters, also=also)
         workers = await self._workers_listed(by_check, clusters, also=also)
@@ -640,6 +631,9 @@ class Dispatcher:
         objects = {c["metadata"]["name"]: c for c in clusters}
 
         async def worker(name: str) -> _Worker:
+            held = self._workers.get(name)
+            if name not in objects and name in set(also) and held is not None and held.kube:
+                return held  # its MultiKueueCluster gone: read through the client held
             if name not in objects:
                 return _Worker(name, skip=f"no MultiKueueCluster {name}")
             return await self._worker(objects[name])
@@ -1060,6 +1054,26 @@ def _digest(kubeconfig: str) -> str:
     return hashlib.sha256(kubeconfig.encode()).hexdigest()
 
 
+def _unlisted(
+    waiting: Sequence[Obj],
+    records: Mapping[tuple[str, str], DispatchRecord],
+    configured: Mapping[tuple[str, str], CheckWorkers],
+    clusters: Sequence[Obj],
+) -> dict[tuple[str, str], set[str]]:
+    """Per Workload waiting, the workers nominated that Kueue no longer manages for it (its
+    MultiKueueConfigs, ``configured``, no longer list them, or their MultiKueueCluster is
+    gone): read for its copy there (``decide``: no other nominated while it is there)."""
+    present = {str((c.get("metadata") or {}).get("name") or "") for c in clusters}
+    return {
+        _key(wl): {
+            c
+            for c in _nominated_to(wl, records[_key(wl)])
+            if c not in configured[_key(wl)].clusters or c not in present
+        }
+        for wl in waiting
+    }
+
+
 def _gone(
     held: Iterable[str],
     by_check: Mapping[str, CheckWorkers],
@@ -1068,11 +1082,11 @@ def _gone(
     also: Iterable[str] = (),
 ) -> set[str]:
     """Of the workers ``held``, those no MultiKueueConfig of MultiKueue's checks lists
-    (``by_check``, from ``check_workers``) nor ``also`` names, or without a MultiKueueCluster
-    (``clusters``)."""
-    listed = {c for workers in by_check.values() for c in workers.clusters} | set(also)
+    (``by_check``, from ``check_workers``) or without a MultiKueueCluster (``clusters``),
+    but those ``also`` names (read for a copy Kueue no longer manages)."""
+    listed = {c for workers in by_check.values() for c in workers.clusters}
     present = {str((c.get("metadata") or {}).get("name") or "") for c in clusters}
-    return set(held) - (listed & present)
+    return set(held) - ((listed & present) | set(also))
 
 
 def _gangchecks(checks: Sequence[Obj], *, active: bool = False) -> frozenset[str]:

@@ -346,8 +346,9 @@ class WorkerFacts:
     copied: bool = True
     """Kueue's copy of the Workload is there (read only for a worker nominated)."""
     unlisted: bool = False
-    """No longer listed by the Workload's MultiKueueConfig (read only for a worker nominated):
-    Kueue no longer manages its copy there, never a candidate (``decide``)."""
+    """No longer listed by the Workload's MultiKueueConfig, or its MultiKueueCluster gone
+    (read only for a worker nominated): Kueue no longer manages its copy there, never a
+    candidate (``decide``)."""
     patience: bool = False
     """A worker nominated that did not answer, in its first window of silence (``patient``),
     or whose gangcheck is down for less than ``DOWN_PATIENCE`` past ``DOWN_GRACE``
@@ -738,13 +739,15 @@ def _given_up(worker: WorkerFacts | None) -> tuple[str, bool]:
 
 
 def _stranded(cluster: str) -> str:
-    """Why no other worker is nominated while ``cluster``, dropped from the Workload's
-    MultiKueueConfig while nominated, still holds its copy."""
+    """Why no other worker is nominated while ``cluster``, no longer a worker of the
+    Workload's MultiKueueConfig (dropped, or its MultiKueueCluster deleted) while nominated,
+    still holds its copy."""
     return (
-        f"{cluster} was dropped from the Workload's MultiKueueConfig while nominated, and its "
-        f"copy is still there: Kueue no longer manages it (it stays until this Workload is "
-        f"deleted) and gangcheck there may still scale up for it, so no other worker is "
-        f"nominated while it is there (delete that copy in {cluster}, or list {cluster} again)"
+        f"{cluster} is no longer a worker of the Workload's MultiKueueConfig (dropped from it, "
+        f"or its MultiKueueCluster deleted) while nominated, and its copy is still there: Kueue "
+        f"no longer manages it (it stays until this Workload is deleted) and gangcheck there "
+        f"may still scale up for it, so no other worker is nominated while it is there "
+        f"(delete that copy in {cluster}, or make {cluster} a worker of it again)"
     )
 
 

@@ -1764,7 +1764,7 @@ async def test_a_worker_dropped_from_the_config_holding_the_copy_is_kept_until_i
     got = record(manager)
     assert got.nominated == ("worker-1",) and not got.failed
     assert nominated_of(manager, "job-gang") == ["worker-1"]
-    assert "worker-1 was dropped from the Workload's MultiKueueConfig" in got.reason
+    assert "worker-1 is no longer a worker of the Workload's MultiKueueConfig" in got.reason
     assert manager.applied == [(KUEUE_ADMISSION, ["worker-1"])]
     one.remove(WORKLOAD, "job-gang", NS)  # deleted there by hand
     await dispatcher.pass_once()
@@ -1879,3 +1879,26 @@ async def test_a_nomination_by_hand_of_a_cluster_not_configured_says_it_copies_n
     assert nominated_of(manager, "job-gang") == ["worker-9"]
     assert "by kubectl-edit, not by gangcheck: left as written" in got.reason
     assert "worker-9 is not a worker of its MultiKueueConfig: Kueue copies it nowhere" in got.reason
+
+
+async def test_a_worker_whose_multikueue_cluster_is_deleted_holding_the_copy_is_kept() -> None:
+    """Worker-1's MultiKueueCluster deleted while nominated, the gang's copy there: Kueue
+    closes its client and leaves that copy unmanaged (its garbage collector runs through the
+    clients it holds). Read through the client the dispatcher still holds, worker-1 stays
+    nominated, none beside it, until the copy is gone there; then worker-2 is nominated."""
+    one = worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    one.add(dispatched_copy("job-gang"))
+    manager.remove(MULTIKUEUE_CLUSTER, "worker-1")
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.failed, got
+    assert "worker-1 is no longer a worker of the Workload's MultiKueue" in got.reason
+    one.remove(WORKLOAD, "job-gang", NS)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.failed == {"worker-1": "no longer configured"}
+    await dispatcher.pass_once()
+    assert "worker-1" not in dispatcher._workers  # closed once no longer nominated
