@@ -11,7 +11,7 @@ import pytest
 
 from gangcheck.app import SOURCES
 from gangcheck.kube.resources import NODE, PROVISIONING_REQUEST, UPSTREAM_POD_GROUP_V1BETA1
-from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt import naming, reclaim
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     CreateRequest,
@@ -1056,3 +1056,28 @@ async def test_the_unconsumed_precondition_is_judged_on_the_api_servers_pods(
         await applier.apply("default", action)
     assert kube.writes == []
     assert caches.pods.store.get("new0", "default") is not None
+
+
+def test_a_growth_asked_again_under_a_name_whose_record_was_deleted_harms_nothing() -> None:
+    """Growth g-pg-grow-1 delivered (its 2 members run on n2, consuming it), its request
+    then deleted by hand; minCount raised again: the numbering, read from the requests
+    there, starts again and the new growth is g-pg-grow-1 too. What that name reuse could
+    harm is guarded: the new request counts n2 as recorded for it (its hold is left to it,
+    lifted when it ends) but n2 is full, so more is asked; and should the new one be rolled
+    back, n2 is not reclaimed (not proven younger than the new request, and it runs the old
+    growth's members)."""
+    n2 = node(
+        "n2",
+        gpu=2,
+        created="2026-11-30T10:02:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    grown = [pod(f"g{i}", gated=False, node_name="n2", consumes=GROW1) for i in range(2)]
+    d = run(Case("again", 8, [*running(), *grown, *added(2)], nodes=[OLD_NODE, n2]))
+    created = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert [b["metadata"]["name"] for b in created] == [GROW1]
+    assert not [a for a in d.actions if isinstance(a, ReleaseHold)], d.actions
+    assert not [a for a in d.actions if isinstance(a, (ReleaseMembers, ReclaimArrivals))]
+    judged = reclaim.judge(n2, map(pod_of, grown), request=f"default/{GROW1}", request_created=NOW)
+    assert judged.verdict == "keep" and "not proven younger" in judged.reason
