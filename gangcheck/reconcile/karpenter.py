@@ -247,14 +247,16 @@ class KarpenterProvisioner:
                 now=now,
                 pool_claims=pool_claims or (),
             )
+            created: list[Obj] = []
             try:
-                created = await self._apply(request, served, claims, nodes)
+                await self._apply(request, served, claims, nodes, created)
             except ApiError as e:  # this request's; the others of the pass are served
                 log.warning("karpenter: serving %s failed: %s", key, e, extra={"object": key})
-                continue
-            if served.create or served.conditions:
-                self._answered.add(key)
-            # Made in this pass: charged to the room of the next request's pool at once.
+            else:
+                if served.create or served.conditions:
+                    self._answered.add(key)
+            # Made in this pass (a create failing after some did too): charged to the room
+            # of the next request's pool at once.
             claims.extend(created)
             if pool_claims is not None:
                 pool_claims.extend(created)
@@ -363,10 +365,10 @@ class KarpenterProvisioner:
         served: Served,
         claims: Sequence[Obj],
         nodes: Mapping[str, Obj],
-    ) -> list[Obj]:
-        """Applies ``served``; the claims created (as the server answered, or as sent when a
-        retry found it made already)."""
-        created: list[Obj] = []
+        created: list[Obj],
+    ) -> None:
+        """Applies ``served``; each claim created is added to ``created`` as it is (as the
+        server answered, or as sent when a retry found it made already)."""
         for body in served.create:
             try:
                 created.append(await self._create(body))
@@ -376,7 +378,7 @@ class KarpenterProvisioner:
                 # else of the pass waits on it.
                 if request is not None:
                     await self._write_conditions(request, (e.condition,))
-                return created
+                return
         for claim in served.delete:
             meta = claim["metadata"]
             with contextlib.suppress(NotFoundError, ConflictError):
@@ -399,7 +401,6 @@ class KarpenterProvisioner:
                 len(served.release),
                 extra={"object": request_key(request) if request else ""},
             )
-        return created
 
     async def _create(self, body: Obj) -> Obj:
         try:

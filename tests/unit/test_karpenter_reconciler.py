@@ -390,3 +390,17 @@ async def test_claims_made_before_a_restart_that_lost_the_accepted_write_are_rec
     assert condition(kube, "a", "Failed") is None
     assert sorted(c["metadata"]["name"] for c in claims_of(kube, "a")) == made
     assert kube.writes_of(NODE_CLAIM.kind, "delete") == []
+
+
+async def test_claims_made_before_a_create_failed_are_charged_to_the_next_gang_of_the_pass() -> (
+    None
+):
+    """30 GPUs: gang a's first claim (8) is made, its second fails (500); gang b's 3 x 8 no
+    longer fit in the 22 left, in the same pass."""
+    kube = stack("a", "b", limits={GPU: "30"})
+    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=500)
+    await provisioner(kube).pass_once()
+    assert len(claims_of(kube, "a")) == 1
+    assert claims_of(kube, "b") == []
+    assert gpus(kube.all_of(NODE_CLAIM)) <= 30
+    assert (condition(kube, "b", "Failed") or {}).get("reason") == "NodePoolLimits"
