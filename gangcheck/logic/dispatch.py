@@ -978,10 +978,10 @@ def nominated_by_kueue(record: DispatchRecord, written: Sequence[str], *, at_onc
     names gangcheck's nomination, nor a worker gangcheck nominated before (gangcheck
     stopped between its record and its nomination: the record's is written next)."""
     names = _names(list(written))
+    if not names or set(names) == set(record.nominated):
+        return False  # gangcheck's (written under a larger at once: the first ones kept)
     if len(names) > max(at_once, 1):
         return True
-    if not names or set(names) == set(record.nominated):
-        return False
     return bool(record.tried) and any(c not in record.tried for c in names)
 
 

@@ -866,6 +866,12 @@ KUEUE_NOMINATIONS = {
         False,
     ),
     "no record yet, one worker (a record lost: read as nominated)": (NONE, ["a"], 1, False),
+    "gangcheck's two, written under --dispatch-at-once 2, now 1": (
+        DispatchRecord(("a", "b"), ("a", "b")),
+        ["a", "b"],
+        1,
+        False,
+    ),
     "no record yet, more than at once": (NONE, ["a", "b"], 1, True),
     "nothing written": (ON_A, [], 1, False),
 }
