@@ -1081,3 +1081,39 @@ def test_a_growth_asked_again_under_a_name_whose_record_was_deleted_harms_nothin
     assert not [a for a in d.actions if isinstance(a, (ReleaseMembers, ReclaimArrivals))]
     judged = reclaim.judge(n2, map(pod_of, grown), request=f"default/{GROW1}", request_created=NOW)
     assert judged.verdict == "keep" and "not proven younger" in judged.reason
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["binding", "bound"])
+def test_a_growth_released_onto_whose_record_was_not_written_is_taken_as_delivered(
+    bound: bool,
+) -> None:
+    """The growth fitted whole: its 2 members were released onto it (consuming it), but the
+    record of it (its phase Fulfilled, written right after) was lost (a 500, a lost answer,
+    the leader lost between the two writes). Before, the next decision counted them running,
+    found minCount no longer above what runs and withdrew the growth as 'minCount lowered',
+    reclaiming the node that came for it, where its members are binding (a drain fences it:
+    a member not yet bound could not be). Now a growth its members consume is delivered
+    whatever its record says: the record is written again, nothing withdrawn or reclaimed,
+    and it is started once its members are all bound."""
+    n2 = node(
+        "n2",
+        gpu=2,
+        created="2026-11-30T10:04:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )
+    where = "n2" if bound else ""
+    released = [pod(f"new{i}", gated=False, node_name=where, consumes=GROW1) for i in range(2)]
+    waiting = grow_req(conditions={"Provisioned": ""})
+    d = run(Case("unrecorded", 6, [*running(), *released], [waiting], [OLD_NODE, n2]))
+    assert not [a for a in d.actions if isinstance(a, (DeleteRequest, ReclaimArrivals))]
+    assert "GrowthWithdrawn" not in {e.reason for e in d.events}, d.events
+    phases = [
+        a.annotations.get("gangcheck.io/phase")
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and a.name == GROW1
+    ]
+    assert phases[0] == "Fulfilled", d.actions
+    lifted = [a.nodes for a in d.actions if isinstance(a, ReleaseHold)]
+    assert lifted == ([("n2",)] if bound else []), d.actions
+    assert ("Started" in phases) is bound

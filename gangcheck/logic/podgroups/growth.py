@@ -78,6 +78,7 @@ from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
+    FULFILLED,
     GANG_MEMBERS_ANNOTATION,
     GATE,
     OUTCOME_ANNOTATION,
@@ -98,9 +99,40 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     """`podgroup.decide`, and for a released group whose minCount rose above the members
     running, the growth: asked for all or nothing, the running members left alone; and the
     hold of a delivered growth whose request is gone lifted (`_holds_of_gone`)."""
+    snap, recorded = _released_onto(snap)
     decision = _decide(snap, now)
+    if recorded:
+        decision = _with(GroupDecision(actions=recorded), decision)
     lifted = _holds_of_gone(snap, decision)
     return decision if lifted is None else _with(decision, lifted)
+
+
+def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ...]]:
+    """A growth in flight that live members consume was delivered: its members were
+    released onto it (`_follow`), and the record of it written right after (its phase
+    Fulfilled) was lost (a refused or lost answer, the leader lost between the two writes).
+    It is taken as delivered, and its record written again first. Taken as still in flight,
+    its members counted running, it was withdrawn as no longer needed, the node that came for
+    it reclaimed (fenced, so a member not yet bound could not be) under its members."""
+    consumed = {p.consumes for p in snap.members if p.live and not p.gated and p.consumes}
+    recorded: list[Action] = []
+    requests = []
+    for req in snap.requests:
+        if (
+            GROWS_ANNOTATION in req.annotations
+            and req.name in consumed
+            and not req.deleting
+            and not _settled(req)
+            and not _delivered_phase(req)
+            and not rollback.is_rolling_back(req)
+        ):
+            recorded += lifecycle.fulfilled(req)
+            requests.append(
+                replace(req, annotations={**req.annotations, PHASE_ANNOTATION: FULFILLED})
+            )
+        else:
+            requests.append(req)
+    return (replace(snap, requests=tuple(requests)), tuple(recorded)) if recorded else (snap, ())
 
 
 def _holds_of_gone(snap: GroupSnapshot, decision: GroupDecision) -> GroupDecision | None:
