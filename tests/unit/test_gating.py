@@ -17,6 +17,7 @@ from gangcheck.logic.podgroups.gating import (
     gated_at,
     group_of,
     is_gated,
+    ungated_cause,
 )
 from gangcheck.model.names import GATE, GATED_AT
 
@@ -191,3 +192,32 @@ def test_is_gated_and_gated_at_on_pods_without_them() -> None:
     assert gated_at(pod(annotations={GATED_AT: STAMP})) == datetime(
         2026, 3, 1, 12, 30, 5, tzinfo=UTC
     )
+
+
+# ---- why a member carries no gate ------------------------------------------------------
+
+UNGATED = [
+    pytest.param(
+        pod(group="g"),
+        "created without the gangcheck.io/provisioning scheduling gate (was the webhook down, "
+        "or the namespace not opted in?)",
+        id="never gated: the webhook did not answer, or was not asked",
+    ),
+    pytest.param(
+        pod(group="g", annotations={GATED_AT: STAMP}),
+        "gated by the webhook at 2026-03-01T12:30:05Z, its gangcheck.io/provisioning "
+        "scheduling gate since removed while its gang is not released",
+        id="gated at creation, the gate removed by someone else",
+    ),
+    pytest.param(
+        pod(group="g", annotations={GATED_AT: "yesterday"}),
+        "created without the gangcheck.io/provisioning scheduling gate (was the webhook down, "
+        "or the namespace not opted in?)",
+        id="a stamp that is no time: not taken as gated",
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), UNGATED)
+def test_ungated_cause(obj: Obj, expected: str) -> None:
+    assert ungated_cause(obj) == expected

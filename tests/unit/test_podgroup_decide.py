@@ -19,7 +19,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot, decide
-from gangcheck.model.names import CONSUME_ANNOTATION, GATE
+from gangcheck.model.names import CONSUME_ANNOTATION, GATE, GATED_AT
 from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec
@@ -663,6 +663,40 @@ def test_the_same_state_is_not_written_twice() -> None:
     assert first.status is not None
     again = Case(case.id, group(3, annotations=dict(first.status)), case.members)
     assert _decide(again) == GroupDecision(actions=())
+
+
+def test_a_members_gate_removed_by_someone_else_is_said_as_removed_not_as_never_added() -> None:
+    """A member the webhook gated (its gated-at annotation) whose gate someone else removed
+    before the gang was released: the Events say so, not that the webhook was down."""
+    stripped = member(1, gated=False)
+    stripped["metadata"]["annotations"] = {GATED_AT: "2026-11-30T10:00:00Z"}
+    case = Case(
+        "gate removed",
+        group(3, annotations={"gangcheck.io/state": "Provisioning", "gangcheck.io/request": REQ1}),
+        [member(0), stripped, member(2, gated=False)],
+        requests=[req()],
+    )
+    decision = _decide(case)
+    said = {
+        e.about.name if e.about else "g": e.message
+        for e in decision.events
+        if e.reason == "MemberNotGated"
+    }
+    assert said["m1"] == (
+        "gated by the webhook at 2026-11-30T10:00:00Z, its gangcheck.io/provisioning "
+        "scheduling gate since removed while its gang is not released: PodGroup g cannot hold "
+        "it back until its gang's capacity exists"
+    )
+    assert said["m2"].startswith("created without the gangcheck.io/provisioning scheduling gate")
+    assert said["g"] == (
+        "2 member(s) carry no gangcheck.io/provisioning scheduling gate before their gang is "
+        "released: m1 gated by the webhook at 2026-11-30T10:00:00Z, its "
+        "gangcheck.io/provisioning scheduling gate since removed while its gang is not "
+        "released; m2 created without the gangcheck.io/provisioning scheduling gate (was the "
+        "webhook down, or the namespace not opted in?); they may be scheduled one by one, "
+        "before the gang's capacity exists"
+    )
+    assert (decision.status or {})["gangcheck.io/ungated-members"] == "m1,m2"
 
 
 def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() -> None:

@@ -113,3 +113,20 @@ def gate_patch(pod: Mapping[str, Any], *, now: datetime) -> JsonPatch | None:
         path = json_pointer("metadata", "annotations", GATED_AT)
         ops.append({"op": "add", "path": path, "value": stamp})
     return ops
+
+
+def ungated_cause(pod: Mapping[str, Any]) -> str:
+    """Why a member of a gang not released yet carries no gate, as far as the pod tells: the
+    webhook's ``GATED_AT`` stamp says it was gated at creation and the gate went since (a
+    person, another controller); without it, it was created without the gate (the webhook
+    down or not asked). Only a gang's release lifts the gate as designed."""
+    at = gated_at(pod)
+    if at is not None:
+        return (
+            f"gated by the webhook at {format_time(at)}, its {GATE} scheduling gate since "
+            "removed while its gang is not released"
+        )
+    return (
+        f"created without the {GATE} scheduling gate (was the webhook down, or the namespace "
+        "not opted in?)"
+    )

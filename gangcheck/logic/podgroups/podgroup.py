@@ -59,6 +59,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
+from gangcheck.logic.podgroups.gating import ungated_cause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -1060,9 +1061,10 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
         return None  # a gang gangcheck was never asked to hold
     names = [p.name for p in members.newly_ungated]
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    causes = {p.name: ungated_cause(p.raw) for p in members.newly_ungated}
     text = (
-        f"{len(names)} member(s) were created without the {GATE} scheduling gate (was the "
-        f"webhook down, or the namespace not opted in?): {', '.join(names)}; they may be "
+        f"{len(names)} member(s) carry no {GATE} scheduling gate before their gang is "
+        f"released: {'; '.join(f'{n} {c}' for n, c in causes.items())}; they may be "
         "scheduled one by one, before the gang's capacity exists"
     )
     events = [Event("MemberNotGated", text[:MAX_MESSAGE], warning=True)]
@@ -1071,8 +1073,8 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
         events.append(
             Event(
                 "MemberNotGated",
-                f"created without the {GATE} scheduling gate: PodGroup "
-                f"{snap.group.ref.name} cannot hold it back until its gang's capacity exists",
+                f"{causes[pod.name]}: PodGroup {snap.group.ref.name} cannot hold it back "
+                "until its gang's capacity exists",
                 warning=True,
                 about=about,
             )
