@@ -32,6 +32,7 @@ from gangcheck.logic.sources.karpenter.explain import (
     request_claims,
     unreadable,
 )
+from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.logic.workloads.diagnosis import Facts, Target
 from gangcheck.model.objects import Condition
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
@@ -277,3 +278,15 @@ async def test_claims_that_cannot_be_listed_are_not_readable_never_an_error(
     kube.fail("list", "NodeClaim", error=status)
     facts = await attempt_node_claims(kube, "team-a", request())
     assert facts == unreadable(2, problem)
+
+
+def test_claims_the_request_never_recorded_are_counted_by_what_they_say() -> None:
+    """No Accepted (gangcheck stopped between creating the claims and recording them): the
+    claims say how many were made, not the members; a packed claim for both members is 1 of 1,
+    nothing lost."""
+    key = attempt_key("team-a", request())
+    both = PackedClaim({"cpu": 2}, ("member 0", "member 1"))
+    body = claim_bodies(pool(), ClaimAsk.packing(key, [both], {}))
+    found = request_claims(body, "team-a", request())
+    assert (len(found.claims), found.asked) == (1, 1)
+    assert found.summary == "0 of 1 NodeClaims arrived"

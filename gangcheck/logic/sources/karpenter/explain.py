@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from gangcheck.logic.attempt.explain import RequestFacts
 from gangcheck.logic.attempt.hold import hold_value
 from gangcheck.logic.sources.karpenter import names
-from gangcheck.logic.sources.karpenter.claims import attempt_claims, claims_made, claims_status
+from gangcheck.logic.sources.karpenter.claims import (
+    attempt_claims,
+    claims_made,
+    claims_status,
+    made_of,
+)
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 
@@ -118,12 +123,11 @@ def request_claims(claims: Iterable[Obj], namespace: str, request: RequestFacts)
     """The facts of the claims of ``request``'s attempt (a Karpenter-class request)."""
     accepted = request.conditions.get("Accepted")
     made = claims_made(accepted.message) if accepted is not None else None
-    return node_claim_facts(
-        claims,
-        attempt_key(namespace, request),
-        request.members if made is None else made,
-        accepted=accepted is not None and accepted.is_true,
-    )
+    key = attempt_key(namespace, request)
+    if made is None:  # not recorded (yet): what the claims say, as the provisioner counts
+        mine = attempt_claims(claims, key)
+        made = made_of(mine).nodes if mine else request.members
+    return node_claim_facts(claims, key, made, accepted=accepted is not None and accepted.is_true)
 
 
 def _name(claim: Obj) -> str:
