@@ -91,6 +91,16 @@ def by_admission(error: BaseException) -> bool:
     )
 
 
+def refused_as_written(error: BaseException) -> bool:
+    """Whether the API server refused a write for what the write is (`refused`: its schema,
+    an admission webhook or policy), not for the writer's rights: a 403 counts only when
+    admission answered it (`by_admission`), never the authorizer's (a right missing, which
+    granting it again mends: a refusal of the writer, not of the object)."""
+    if isinstance(error, ForbiddenError):
+        return by_admission(error)
+    return refused(error)
+
+
 def refusal(error: BaseException, *, also: tuple[type[ApiError], ...] = ()) -> ApiError | None:
     """The write refused for what it says (`refused`, or one of the types `also`: what the
     caller found refused itself, a name taken) in `error`: the error itself, or the first

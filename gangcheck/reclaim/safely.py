@@ -23,9 +23,10 @@ pool, does not keep it. Results:
 - ``reclaimed`` / ``gone``: done (a node already gone is done, not kept; so is the reclaim
   a mark owed, once the mark is gone: another reclaim of the node completed or undid it);
 - ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go. A
-  fence the API server refuses (a policy, a webhook: kube.errors.refused) keeps it too, with
-  the server's message: a node that could not be fenced is never reclaimed, and the other
-  nodes of the rollback go on;
+  fence the API server refuses for what it is (a policy, a webhook:
+  kube.errors.refused_as_written; not the authorizer's 403, a right of gangcheck's missing,
+  which raises and is retried) keeps it too, with the server's message: a node that could
+  not be fenced is never reclaimed, and the other nodes of the rollback go on;
 - ``drain``: the gang's own pods are still there; the mark stays, the fence goes;
 - ``failed``: an error (403, retries exhausted, a node that kept changing); the fence goes,
   the mark stays, and the draining-node reconciler retries with backoff.
@@ -48,7 +49,7 @@ from gangcheck.kube.errors import (
     ConflictError,
     InvalidError,
     NotFoundError,
-    refused,
+    refused_as_written,
 )
 from gangcheck.kube.resources import NODE, POD
 from gangcheck.logic.attempt.reclaim import (
@@ -333,7 +334,7 @@ async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
                 return await _stand_down(kube, current, target, judged)
             node = current
         except ApiError as e:
-            if not refused(e):
+            if not refused_as_written(e):  # a 5xx; the authorizer's 403: retried, backed off
                 raise
             return await _not_fenced(kube, node, target, e)
     await _hold(kube, node, target)
@@ -343,11 +344,12 @@ async def _fence_fresh(kube: Kube, node: Obj, target: Target) -> Obj | Result:
 
 
 async def _not_fenced(kube: Kube, node: Obj, target: Target, error: ApiError) -> Result:
-    """The API server refused the fence for what it says (a ValidatingAdmissionPolicy, a
-    webhook): the node, never reclaimed unfenced, is kept, final, with the server's message;
-    the patch wrote nothing. A mark of this request's left by an earlier pass (drain,
-    failed) goes, as a kept node's does; where that is refused too it stays, logged. Said
-    as any kept node is (reclaim.arrivals.tell: an Event on the Node, a log line)."""
+    """The API server refused the fence for what it is (a ValidatingAdmissionPolicy, a
+    webhook: `refused_as_written`): the node, never reclaimed unfenced, is kept, final, with
+    the server's message; the patch wrote nothing. A mark of this request's left by an
+    earlier pass (drain, failed) goes, as a kept node's does; where that is refused too it
+    stays, logged. Said as any kept node is (reclaim.arrivals.tell: an Event on the Node, a
+    log line)."""
     if _marked_for(node) == target.request:
         try:
             await _undo(kube, node, target, forget=True)

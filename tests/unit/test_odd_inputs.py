@@ -347,6 +347,19 @@ async def test_a_groups_create_refused_is_said_on_the_group_and_backed_off(kind:
     assert world.group_says()[MESSAGE_ANNOTATION] == message
 
 
+#: A ValidatingAdmissionPolicy refusing gangcheck's fence of a node, as kube-apiserver says it.
+NODE_POLICY_DENIAL = (
+    "nodes \"n1\" is forbidden: ValidatingAdmissionPolicy 'protect-nodes' with binding "
+    "'protect-nodes' denied request: nodes are protected"
+)
+#: The authorizer refusing it: gangcheck's own right to patch nodes missing (an upgrade
+#: half applied, a ClusterRole edited), no word about the node itself.
+NODE_RBAC_DENIAL = (
+    'nodes "n1" is forbidden: User "system:serviceaccount:gangcheck-system:gangcheck" '
+    'cannot patch resource "nodes" in API group "" at the cluster scope'
+)
+
+
 async def test_a_node_whose_fence_is_refused_is_kept_and_the_rollback_finishes() -> None:
     """A policy refusing gangcheck's fence of a node during a rollback (a 403; a 422 naming
     its cause is the same rule, kube.errors.refused). Before, the refusal raised out of the
@@ -366,9 +379,9 @@ async def test_a_node_whose_fence_is_refused_is_kept_and_the_rollback_finishes()
     )  # fmt: skip
     world.kube.add(request)
     # the fence, the first write to the node: a policy refusing only that (cordon, taint)
-    world.kube.fail("patch", "Node", error=_refusal(403, "nodes are protected"))
+    world.kube.fail("patch", "Node", error=_refusal(403, NODE_POLICY_DENIAL))
     await world.settle()
-    kept = "kept n1 (its fence was refused (403 Forbidden): nodes are protected)"
+    kept = f"kept n1 (its fence was refused (403 Forbidden): {NODE_POLICY_DENIAL})"
     events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "RolledBack"]
     assert len(events) == 1 and kept in events[0]["message"]
     assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedUpdate"]
@@ -376,3 +389,33 @@ async def test_a_node_whose_fence_is_refused_is_kept_and_the_rollback_finishes()
     node = world.kube.stored(NODE, "n1")
     assert node is not None and not node["spec"].get("unschedulable")
     assert not world.kube.writes_of("Node", "delete")
+
+
+async def test_a_fence_the_authorizer_refuses_keeps_nothing_and_is_retried() -> None:
+    """The authorizer's 403 (gangcheck's right to patch nodes missing for a while) is not a
+    refusal of the node: the node is not kept for good (its reclaim mark dropped, the
+    rollback finished, the next attempt asking for more capacity while this one is left
+    behind for ever, as with a policy's refusal). The rollback raises and backs off, said
+    once as the write refused; once the right is back the node is reclaimed."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")
+    await world.settle()
+    request = world.kube.stored(PROVISIONING_REQUEST, "wl-atomic-1", "default")
+    assert request is not None
+    request["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "x", "message": "no",
+         "lastTransitionTime": "2026-11-30T10:05:00Z"}
+    )  # fmt: skip
+    world.kube.add(request)
+    world.kube.fail("patch", "Node", error=_refusal(403, NODE_RBAC_DENIAL), times=2)
+    for _ in range(2):  # raised: the queue backs off; said as the write refused
+        with pytest.raises((ApiError, ExceptionGroup)):
+            await world.reconcile()
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] in ("NodeKept", "RolledBack")]
+    assert world.check()["state"] != "Retry"
+    await world.settle()  # the right back: the node is reclaimed, not kept
+    events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "RolledBack"]
+    assert len(events) == 1 and "kept n1" not in events[0]["message"]
+    assert not [e for e in world.kube.all_of(EVENT) if e["reason"] == "NodeKept"]
+    assert world.check()["state"] == "Retry"
