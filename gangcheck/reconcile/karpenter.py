@@ -132,6 +132,10 @@ class KarpenterProvisioner:
         self._answered: set[str] = set()
         """Requests of the class a pass of this process answered (its cache may lag)."""
         self._since_orphan_pass = ORPHAN_INTERVAL
+        self._gone: dict[str, tuple[tuple[str, str], ...]] = {}
+        """Attempts whose request a live read found gone and whose claims had nothing left to
+        do, with what their claims and nodes were then (``_seen``): not read again while
+        those stay as they were (claims outlive their gang's request as Karpenter's nodes)."""
         self.denials = access.Denials(interval)
         """What the passes were last refused, and the wait it makes before the next."""
         self._told: dict[str, str] = {}
@@ -232,8 +236,14 @@ class KarpenterProvisioner:
         pools = await self._pools() if requests else {}
         nodes = {n["metadata"]["name"]: n for n in self._caches.nodes.store}
         pool_claims: list[Obj] | None = None
+        self._gone = {k: v for k, v in self._gone.items() if k in keys and k not in requests}
         for key in sorted(keys):
-            request = requests.get(key) or await self._live_request(key)
+            seen = _seen(claims, key, nodes)
+            request = requests.get(key)
+            if request is None:
+                if self._gone.get(key) == seen:
+                    continue  # found gone, nothing left to do, nothing changed since
+                request = await self._live_request(key)
             now = self._clock()
             if pool_claims is None and is_asking(request, key, claims, now):
                 pool_claims = await self._pool_claims()
@@ -255,6 +265,8 @@ class KarpenterProvisioner:
             else:
                 if served.create or served.conditions:
                     self._answered.add(key)
+                if request is None and not (served.delete or served.release):
+                    self._gone[key] = seen
             # Made in this pass (a create failing after some did too): charged to the room
             # of the next request's pool at once.
             claims.extend(created)
@@ -454,6 +466,25 @@ class KarpenterProvisioner:
             await self._permitted(
                 f"patch {res.plural}", self._kube.json_patch(res, obj["metadata"]["name"], ops)
             )
+
+
+def _seen(claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj]) -> tuple[tuple[str, str], ...]:
+    """What serving ``key``'s attempt reads of its claims and their nodes, by resourceVersion."""
+    seen: list[tuple[str, str]] = []
+    for claim in claims:
+        if _requested_for(claim) != key:
+            continue
+        meta = claim.get("metadata") or {}
+        seen.append((str(meta.get("name", "")), str(meta.get("resourceVersion", ""))))
+        node = nodes.get(str((claim.get("status") or {}).get("nodeName") or ""))
+        if node is not None:
+            seen.append(
+                (
+                    f"node/{node['metadata']['name']}",
+                    str(node["metadata"].get("resourceVersion", "")),
+                )
+            )
+    return tuple(sorted(seen))
 
 
 def _requested_for(claim: Obj) -> str:

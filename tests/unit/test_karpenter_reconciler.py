@@ -404,3 +404,36 @@ async def test_claims_made_before_a_create_failed_are_charged_to_the_next_gang_o
     assert claims_of(kube, "b") == []
     assert gpus(kube.all_of(NODE_CLAIM)) <= 30
     assert (condition(kube, "b", "Failed") or {}).get("reason") == "NodePoolLimits"
+
+
+# -- claims outliving their request ---------------------------------------------------------
+
+
+async def test_claims_of_a_gone_request_cost_one_live_read_until_they_change() -> None:
+    """Gang a ran and its request is gone; its nodes live on as Karpenter's (other pods may run
+    there). While gang b's request keeps passes running, a pass reads a's request once to know
+    it gone and lets its claims go; later passes read it again only when one of its claims
+    changed, not at every pass (on a busy cluster: one read per such gang per pass)."""
+    kube = stack("a", "b", limits={GPU: "48"})
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    for claim in claims_of(kube, "a"):
+        claim["status"] = {
+            "nodeName": f"node-{claim['metadata']['name']}",
+            "conditions": [{"type": t, "status": "True"} for t in ("Launched", "Initialized")],
+        }
+        kube.add(claim)
+    kube.remove(PROVISIONING_REQUEST, "a", NAMESPACE)
+    kube.sync(karpenter._caches)
+    reads = lambda: len(  # noqa: E731
+        [c for c in kube.calls if c.verb == "get" and c.kind == PROVISIONING_REQUEST.kind]
+    )
+    for _ in range(3):
+        await karpenter.pass_once()
+    assert reads() == 1
+    assert len(claims_of(kube, "a")) == 3  # arrived: left to the reclaim rules
+    changed = claims_of(kube, "a")[0]
+    changed["metadata"]["annotations"]["example.com/touched"] = "yes"
+    kube.add(changed)
+    await karpenter.pass_once()
+    assert reads() == 2
