@@ -15,6 +15,7 @@ from gangcheck.kube.resources import (
     NODE,
     PLUGINS_POD_GROUP,
     POD,
+    PROVISIONING_REQUEST,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
 from gangcheck.logic.attempt.hold import HOLD_TAINT
@@ -422,4 +423,47 @@ async def test_a_growth_whose_members_fell_short_is_withdrawn_past_its_deadline(
 
     await eventually(reclaimed, timeout=30, what="the node that came for it reclaimed")
     assert await groups.gated("few-2") == [True]
+    await untouched(groups, placed)
+
+
+async def test_a_growth_whose_record_of_its_release_is_lost_is_kept_as_delivered(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 4: the growth's 2 members are released onto the 2 nodes that came for
+    it; the record of that release on its request (its phase Fulfilled, written right after
+    the members) is lost (taken off here, as a refused or lost write leaves it). The growth
+    is still delivered: its record is written again, nothing withdrawn, its nodes neither
+    fenced nor reclaimed, and once its members are bound it is started and the hold lifted.
+    Before, the next decision counted its members running, withdrew it as 'minCount
+    lowered' (GrowthWithdrawn) and reclaimed its nodes under its members."""
+    placed, _ = await growing(groups, "lost")
+    name = "lost-pg-grow-1"
+    await groups.cluster.set_request_conditions(name, {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def fulfilled() -> bool | None:
+        req = await groups.cluster.request(name)
+        notes = (req or {}).get("metadata", {}).get("annotations") or {}
+        return True if notes.get(PHASE_ANNOTATION) == "Fulfilled" else None
+
+    await eventually(fulfilled, timeout=20, what="the growth's members released onto it")
+    assert await groups.gated("lost-2", "lost-3") == [False, False]
+    patch = {"metadata": {"annotations": {PHASE_ANNOTATION: None}}}
+    await groups.kube.merge_patch(PROVISIONING_REQUEST, name, patch, groups.ns)
+    await eventually(fulfilled, timeout=20, what="the record of the release written again")
+    for pod, node in zip(("lost-2", "lost-3"), nodes, strict=True):
+        await groups.bind(pod, node)
+
+    async def started() -> bool | None:
+        req = await groups.cluster.request(name)
+        notes = (req or {}).get("metadata", {}).get("annotations") or {}
+        return True if notes.get(PHASE_ANNOTATION) == STARTED else None
+
+    await eventually(started, timeout=20, what="the growth started once its members are bound")
+    assert await groups.cluster.events("GrowthWithdrawn") == []
+    for node in nodes:  # neither fenced nor reclaimed; its hold lifted at the start
+        got = await groups.kube.get(NODE, node)
+        assert not got["spec"].get("unschedulable")
+        assert not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
     await untouched(groups, placed)
