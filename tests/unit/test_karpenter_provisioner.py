@@ -319,3 +319,22 @@ def test_claims_naming_another_request_uid_are_not_this_ones_even_in_its_second(
     again["metadata"]["uid"] = "uid-2"
     done = served(again, made)
     assert len(done.delete) == 2 and len(done.create) == 2
+
+
+def test_claims_naming_this_request_uid_are_its_own_whatever_second_they_carry() -> None:
+    """A claim naming this request's uid (gangcheck.io/request-uid) is its own even when its
+    creationTimestamp is in an earlier second than the request's: the time rule is for claims
+    naming no uid (made by an older version). Both times come from the API server, but from
+    whichever kube-apiserver answered (an HA control plane's clocks a second apart, or one
+    stepped back): before, such a claim was taken as an earlier request's, withdrawn before it
+    arrived, and the request failed for the claims it had lost."""
+    first = request()
+    first["metadata"]["uid"] = "uid-1"
+    made = list(served(first, []).create)
+    for claim in made:
+        claim["metadata"]["creationTimestamp"] = "2026-12-01T09:59:59Z"  # another server's clock
+    accepted = request(("Accepted", "True", "created 2 NodeClaims in NodePool 'gpu'"))
+    accepted["metadata"]["uid"] = "uid-1"
+    done = served(accepted, made)
+    assert done.delete == () and done.create == ()
+    assert not [c for c in done.conditions if c["type"] == "Failed"], done.conditions

@@ -304,13 +304,15 @@ def attempt_claims(claims: Iterable[Obj], attempt: str) -> list[Obj]:
 
 def made_for_another(claim: Obj, request: Obj) -> bool:
     """Whether ``claim``, labelled with ``request``'s name, was made for an earlier request of
-    that name: it names another request uid, or it was made in an earlier second than the
-    request (a claim is made only after its request; both times are the API server's)."""
+    that name: it names another request uid; or, naming none (made by an older version), it
+    was made in an earlier second than the request (a claim is made only after its request;
+    both times are the API server's). A claim naming the request's own uid is its own,
+    whatever second it carries (the kube-apiserver that made it may keep another clock)."""
     meta = claim.get("metadata") or {}
     asked = request.get("metadata") or {}
     uid = str((meta.get("annotations") or {}).get(names.REQUEST_UID) or "")
-    if uid and asked.get("uid") and uid != asked["uid"]:
-        return True
+    if uid and asked.get("uid"):
+        return uid != str(asked["uid"])
     made = parse_time(str(meta.get("creationTimestamp") or ""))
     born = parse_time(str(asked.get("creationTimestamp") or ""))
     return (
