@@ -519,9 +519,9 @@ class Dispatcher:
         MultiKueueConfigs no longer list; ``configured``: the workers they list."""
         record = _record(wl)
         dropped = set(unlisted)
-        facts = [
-            replace(fact, unlisted=True) if fact.name in dropped else fact
-            for fact in [
+
+        async def facts_of(*, fit: bool) -> list[WorkerFacts]:
+            facts = [
                 await self._facts(
                     worker,
                     views[worker.name],
@@ -530,27 +530,38 @@ class Dispatcher:
                     others=others.get(worker.name, ()),
                     pending=counts.get(worker.name, 0),
                     lately_failed=failures.get(worker.name, ""),
+                    fit=fit,
                 )
                 for worker in workers
             ]
-        ]
+            return [replace(f, unlisted=True) if f.name in dropped else f for f in facts]
+
         status = wl.get("status") or {}
         written = list(status.get("nominatedClusterNames") or [])
         another = nominated_by_another(wl["metadata"]) if written else ""
         if not another and nominated_by_kueue(record, written, at_once=self.at_once):
             another = KUEUE_ITSELF
-        step = (
-            left_to_another(record, written, another, configured=configured)
-            if another
-            else decide(
+        now = self._now()
+
+        async def step_with(*, fit: bool) -> Step:
+            facts = await facts_of(fit=fit)
+            return decide(
                 record,
                 facts,
                 at_once=self.at_once,
-                now=self._now(),
+                now=now,
                 unconfigured=unconfigured,
                 written=written,
             )
-        )
+
+        if another:
+            step = left_to_another(record, written, another, configured=configured)
+        else:
+            # whether the gang fits now counts only when a worker is chosen: a gang kept on
+            # its worker costs no fit (each next to every other gang pending there)
+            step = await step_with(fit=False)
+            if step.newly_nominated:
+                step = await step_with(fit=True)
         if step.record != record:
             await self._write_record(wl, step.record)
             if step.record.admitted and not record.admitted:  # once per gang, as written
@@ -793,6 +804,7 @@ class Dispatcher:
         others: Sequence[GangPodSet] = (),
         pending: int = 0,
         lately_failed: str = "",
+        fit: bool = True,
     ) -> WorkerFacts:
         if view.skip or worker.kube is None:
             return WorkerFacts(
@@ -805,7 +817,7 @@ class Dispatcher:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
             if nominated and not failure:
                 failure = self._not_answering(worker.name, view, wl)
-            fits_now = _fits_now(view, wl, others)
+            fits_now = _fits_now(view, wl, others) if fit else False
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
