@@ -2,9 +2,10 @@
 
 kube-apiserver sends an ``admission.k8s.io/v1`` AdmissionReview for every pod created in an
 opted-in namespace (the MutatingWebhookConfiguration in manifests/base/webhook.yaml); the
-answer adds the scheduling gate ``gangcheck.io/provisioning`` to members of a PodGroup
-(logic/podgroups/gating.py decides). Gating is best effort: the answer always allows the pod,
-and the configuration's ``failurePolicy: Ignore`` lets pods through when this server is down.
+answer adds the scheduling gate ``gangcheck.io/provisioning`` to members of a PodGroup, and
+warns of a pod gangcheck cannot hold as it asks (logic/podgroups/gating.py decides both).
+Gating is best effort: the answer always allows the pod, and the configuration's
+``failurePolicy: Ignore`` lets pods through when this server is down.
 
 The serving certificate is read from files (a Secret volume, which cert-manager or a person
 fills) and read again when they change on disk: at most every ``reload_interval`` seconds, a
@@ -35,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gangcheck.logic.podgroups.gating import gate_patch, group_of
+from gangcheck.logic.podgroups.gating import admission_warnings, gate_patch, group_of
 
 log = logging.getLogger(__name__)
 
@@ -247,13 +248,16 @@ class WebhookServer:
         answer: dict[str, Any] = {"uid": admission["uid"], "allowed": True}
         try:
             patch = self._patch(admission)
+            warnings = self._warnings(admission)
         except Exception:
             log.exception("gating failed; the pod is allowed ungated")
             _call(self._on_error, "internal")
-            patch = None
+            patch, warnings = None, ()
         if patch:
             answer["patchType"] = "JSONPatch"
             answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+        if warnings:
+            answer["warnings"] = list(warnings)
         return web.json_response(
             {"apiVersion": REVIEW_API_VERSION, "kind": REVIEW_KIND, "response": answer}
         )
@@ -265,23 +269,14 @@ class WebhookServer:
 
     def _patch(self, admission: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """The JSON patch for one admission request; None for anything but a pod's CREATE."""
-        if admission.get("operation") != "CREATE" or admission.get("subResource"):
-            return None
-        resource = admission.get("resource")
-        if not isinstance(resource, Mapping) or dict(resource) != _PODS:
-            return None
-        pod = admission.get("object")
-        if not isinstance(pod, Mapping):
+        pod = _created_pod(admission)
+        if pod is None:
             return None
         patch = gate_patch(pod, now=self._clock())
         group = group_of(pod)
         if patch is None or group is None:
             return None
-        meta = pod.get("metadata")
-        meta = meta if isinstance(meta, Mapping) else {}
-        namespace = admission.get("namespace") or meta.get("namespace") or ""
-        # A name from generateName is only given after admission.
-        name = admission.get("name") or meta.get("name") or f"{meta.get('generateName', '')}*"
+        namespace, name = _pod_name(admission, pod)
         log.info(
             "gated pod %s/%s of PodGroup %s (%s)",
             namespace,
@@ -297,6 +292,47 @@ class WebhookServer:
         )
         _call(self._on_gated, group.api_group)
         return patch
+
+    def _warnings(self, admission: Mapping[str, Any]) -> tuple[str, ...]:
+        """What the answer warns of (gating.admission_warnings): a pod being created that
+        gangcheck cannot hold as it asks. Logged too: a pod a controller creates (a Job's)
+        has its warnings go to that controller, not to a person."""
+        pod = _created_pod(admission)
+        if pod is None:
+            return ()
+        warnings = admission_warnings(pod)
+        if warnings:
+            namespace, name = _pod_name(admission, pod)
+            for warning in warnings:
+                log.warning(
+                    "pod %s/%s: %s",
+                    namespace,
+                    name,
+                    warning,
+                    extra={"namespace": namespace, "pod": name},
+                )
+        return warnings
+
+
+def _created_pod(admission: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod of a pod's CREATE; None for any other request."""
+    if admission.get("operation") != "CREATE" or admission.get("subResource"):
+        return None
+    resource = admission.get("resource")
+    if not isinstance(resource, Mapping) or dict(resource) != _PODS:
+        return None
+    pod = admission.get("object")
+    return pod if isinstance(pod, Mapping) else None
+
+
+def _pod_name(admission: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str, str]:
+    """The pod's namespace and name as the review tells them."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    namespace = admission.get("namespace") or meta.get("namespace") or ""
+    # A name from generateName is only given after admission.
+    name = admission.get("name") or meta.get("name") or f"{meta.get('generateName', '')}*"
+    return str(namespace), str(name)
 
 
 def _problem(review: object) -> str | None:

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,6 @@ async def test_a_member_is_answered_with_the_gate_patch_and_its_uid(
 
 NOT_PATCHED = [
     pytest.param(review({"metadata": {}, "spec": {}}), id="not a member"),
-    pytest.param(review(member(nodeName="n1")), id="bound"),
     pytest.param(review(member(schedulingGates=[{"name": GATE}])), id="already gated"),
     pytest.param(review(member(), operation="UPDATE"), id="an update"),
     pytest.param(review(member(), subResource="status"), id="a subresource"),
@@ -186,6 +186,45 @@ NOT_PATCHED = [
     ),
     pytest.param(review(None, operation="DELETE"), id="no object"),
 ]
+
+
+HOLD = "status-taint.cluster-autoscaler.kubernetes.io/gangcheck-held-for"
+WARNED = [
+    pytest.param(
+        {"metadata": {}, "spec": {"schedulingGates": [{"name": GATE}]}},
+        "gangcheck: the pod carries the gangcheck.io/provisioning scheduling gate but names no "
+        "PodGroup: gangcheck never lifts it, the pod waits until it is removed",
+        id="the gate without a group",
+    ),
+    pytest.param(
+        member(nodeName="n1"),
+        "gangcheck: the pod names PodGroup g but is bound to node n1 at creation: it is not "
+        "gated, starts before its gang's capacity exists, and ignores gangcheck's holds",
+        id="a member bound at creation",
+    ),
+    pytest.param(
+        {"metadata": {}, "spec": {"tolerations": [{"key": HOLD, "operator": "Exists"}]}},
+        f"gangcheck: the pod tolerates {HOLD} with operator Exists: it may be scheduled onto "
+        "nodes gangcheck keeps for gangs, taking a gang's capacity",
+        id="tolerating every gang's hold",
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "warning"), WARNED)
+async def test_a_pod_gangcheck_cannot_hold_as_it_asks_is_allowed_unpatched_with_a_warning(
+    webhook: Running, certs: Certs, obj: Obj, warning: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        session(certs) as s,
+        s.post(f"{webhook.url}{MUTATE_PATH}", json=review(obj)) as r,
+    ):
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["response"] == {"uid": "u-1", "allowed": True, "warnings": [warning]}
+    assert f"pod ns/p: {warning}" in caplog.text
+    assert webhook.gated == []
+    assert webhook.errors == []
 
 
 @pytest.mark.parametrize("body", NOT_PATCHED)
@@ -510,5 +549,41 @@ async def test_with_the_webhook_down_members_are_created_ungated(
         assert created["spec"]["schedulingGroup"] == {"podGroupName": "gang-d"}
         assert_untouched(created)
         assert_untouched(await kube.get(POD, "while-down", cluster.ns))
+    finally:
+        await pods.delete_all()
+
+
+async def test_the_api_server_passes_the_webhooks_warning_to_the_client(
+    kube: Kube, cluster: Cluster, webhook: Running, certs: Certs, control_plane: Any
+) -> None:
+    """A pod made with gangcheck's gate and no PodGroup in an opted-in namespace: created as
+    asked (still gated: nothing lifts it), and kubectl prints the webhook's warning."""
+    await kube.merge_patch(
+        NAMESPACE, cluster.ns, {"metadata": {"labels": {OPT_IN_LABEL: "enabled"}}}
+    )
+    pods = Pods(kube)
+    body = pod_body("self-gated", cluster.ns)
+    body.update(apiVersion="v1", kind="Pod")
+    body["spec"]["schedulingGates"] = [{"name": GATE}]
+    try:
+        async with registered(kube, webhook.url, certs.ca.cert_pem):
+            await until_the_webhook_gates(pods, cluster.ns)
+            pods.made.append(("self-gated", cluster.ns))
+            # kubectl in a thread: the webhook answers from this event loop
+            done = await asyncio.to_thread(
+                partial(control_plane.run_kubectl, check=False),
+                "create",
+                "-f",
+                "-",
+                stdin=json.dumps(body),
+            )
+        assert done.returncode == 0, done.stderr
+        assert (
+            "Warning: gangcheck: the pod carries the gangcheck.io/provisioning scheduling gate "
+            "but names no PodGroup: gangcheck never lifts it, the pod waits until it is removed"
+        ) in done.stderr
+        stored = await kube.get(POD, "self-gated", cluster.ns)
+        assert [g["name"] for g in stored["spec"]["schedulingGates"]] == [GATE]
+        assert GATED_AT not in (stored["metadata"].get("annotations") or {})
     finally:
         await pods.delete_all()

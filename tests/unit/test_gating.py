@@ -13,6 +13,7 @@ from gangcheck.logic.podgroups.gating import (
     COSCHEDULING_LABEL,
     UPSTREAM,
     PodGroupRef,
+    admission_warnings,
     gate_patch,
     gated_at,
     group_of,
@@ -221,3 +222,74 @@ UNGATED = [
 @pytest.mark.parametrize(("obj", "expected"), UNGATED)
 def test_ungated_cause(obj: Obj, expected: str) -> None:
     assert ungated_cause(obj) == expected
+
+
+# ---- what the webhook warns of ---------------------------------------------------------
+
+HOLD = "status-taint.cluster-autoscaler.kubernetes.io/gangcheck-held-for"
+ARRIVING = "status-taint.cluster-autoscaler.kubernetes.io/gangcheck-arriving"
+
+
+def tolerating(obj: Obj, *tolerations: Obj) -> Obj:
+    out = copy.deepcopy(obj)
+    out["spec"]["tolerations"] = list(tolerations)
+    return out
+
+
+WARNINGS = [
+    pytest.param(pod(group="g"), (), id="a member: gated, nothing to warn of"),
+    pytest.param(pod(), (), id="no member, no gate"),
+    pytest.param(pod(gates=["other.io/gate"]), (), id="another gate"),
+    pytest.param(pod(group="g", gates=[GATE]), (), id="a member that brings the gate itself"),
+    pytest.param(
+        pod(gates=[GATE]),
+        (
+            "gangcheck: the pod carries the gangcheck.io/provisioning scheduling gate but "
+            "names no PodGroup: gangcheck never lifts it, the pod waits until it is removed",
+        ),
+        id="the gate without a group: never lifted",
+    ),
+    pytest.param(
+        pod(label="g", node_name="n1"),
+        (
+            "gangcheck: the pod names PodGroup g but is bound to node n1 at creation: it is "
+            "not gated, starts before its gang's capacity exists, and ignores gangcheck's holds",
+        ),
+        id="a member bound at creation",
+    ),
+    pytest.param(
+        tolerating(pod(), {"key": HOLD, "operator": "Exists", "effect": "NoSchedule"}),
+        (
+            f"gangcheck: the pod tolerates {HOLD} with operator Exists: it may be scheduled "
+            "onto nodes gangcheck keeps for gangs, taking a gang's capacity",
+        ),
+        id="tolerating every gang's hold",
+    ),
+    pytest.param(
+        tolerating(pod(group="g"), {"key": ARRIVING, "operator": "Exists"}),
+        (
+            f"gangcheck: the pod tolerates {ARRIVING} with operator Exists: it may be "
+            "scheduled onto nodes gangcheck keeps for gangs, taking a gang's capacity",
+        ),
+        id="tolerating nodes arriving closed",
+    ),
+    pytest.param(
+        tolerating(pod(), {"key": HOLD, "operator": "Equal", "value": "r0123", "effect": ""}),
+        (),
+        id="one request's hold (Kueue's podSetUpdates give its gang's pods that)",
+    ),
+    pytest.param(
+        tolerating(pod(), {"operator": "Exists"}), (), id="every taint (DaemonSet-like): known"
+    ),
+    pytest.param(
+        {"metadata": {}, "spec": {"tolerations": [None, "x", {"key": 3}], "nodeName": 5}},
+        (),
+        id="wrong types",
+    ),
+]
+
+
+@pytest.mark.parametrize(("obj", "expected"), WARNINGS)
+def test_admission_warnings(obj: Obj, expected: tuple[str, ...]) -> None:
+    assert admission_warnings(obj) == expected
+    assert all(len(w) <= 256 for w in admission_warnings(obj))  # cut past 4 KiB in all

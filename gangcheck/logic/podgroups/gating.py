@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import GATE, GATED_AT
 from gangcheck.model.objects import json_pointer, scheduling_gates
@@ -130,3 +131,42 @@ def ungated_cause(pod: Mapping[str, Any]) -> str:
         f"created without the {GATE} scheduling gate (was the webhook down, or the namespace "
         "not opted in?)"
     )
+
+
+def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the webhook warns of in its answer for a pod being created (kube-apiserver hands
+    the warnings to the client that made the pod; kubectl prints them), for pods gangcheck
+    cannot hold as they ask:
+
+    * gangcheck's gate on a pod that names no PodGroup: nothing ever lifts it;
+    * a member bound at creation (``spec.nodeName``): never gated, and a kubelet runs a pod
+      named to it whatever the node's taints, gangcheck's holds included;
+    * a toleration of gangcheck's hold (or arriving) taint with ``operator: Exists``: the pod
+      may take nodes held for any gang. One request's hold tolerated (``Equal``, its value)
+      is what gangcheck or Kueue's podSetUpdates give a gang's own pods: not warned of.
+    """
+    spec = _mapping(pod.get("spec")) or {}
+    group = group_of(pod)
+    warnings: list[str] = []
+    if group is None and is_gated(pod):
+        warnings.append(
+            f"gangcheck: the pod carries the {GATE} scheduling gate but names no PodGroup: "
+            "gangcheck never lifts it, the pod waits until it is removed"
+        )
+    node = spec.get("nodeName")
+    if group is not None and isinstance(node, str) and node:
+        warnings.append(
+            f"gangcheck: the pod names PodGroup {group.name} but is bound to node {node} at "
+            "creation: it is not gated, starts before its gang's capacity exists, and ignores "
+            "gangcheck's holds"
+        )
+    tolerations = spec.get("tolerations")
+    for toleration in tolerations if isinstance(tolerations, list) else ():
+        t = _mapping(toleration) or {}
+        key = t.get("key")
+        if key in (HOLD_TAINT, ARRIVING_TAINT) and t.get("operator") == "Exists":
+            warnings.append(
+                f"gangcheck: the pod tolerates {key} with operator Exists: it may be scheduled "
+                "onto nodes gangcheck keeps for gangs, taking a gang's capacity"
+            )
+    return tuple(w[:256] for w in warnings)
