@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from gangcheck.logic.podgroups.gating import admission_warnings, gate_patch, group_of
+from gangcheck.logic.timefmt import format_time
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,14 @@ class CertificateFiles:
     context when they changed and load. It never raises.
     """
 
-    def __init__(self, cert_file: Path, key_file: Path, *, interval: float) -> None:
+    def __init__(
+        self,
+        cert_file: Path,
+        key_file: Path,
+        *,
+        interval: float,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.interval = interval
@@ -83,6 +91,10 @@ class CertificateFiles:
         self.loads = 0
         self._seen: tuple[tuple[int, int, int], ...] | None = None
         self._checked_at = -math.inf
+        self._clock = clock
+        #: The loaded certificate's notBefore and notAfter (None: not read).
+        self._validity: tuple[datetime, datetime] | None = None
+        self._said = ""
 
     def _signature(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
@@ -96,6 +108,7 @@ class CertificateFiles:
         if not force and now - self._checked_at < self.interval:
             return
         self._checked_at = now
+        self._say_validity()
         signature = self._signature()
         if signature is None:
             if self._seen is not None or self.context is None:
@@ -127,6 +140,95 @@ class CertificateFiles:
         self.context = context
         self.loads += 1
         log.info("webhook certificate loaded from %s", self.cert_file)
+        try:
+            self._validity = certificate_validity(self.cert_file.read_bytes())
+        except OSError:
+            self._validity = None
+        self._said = ""
+        self._say_validity()
+
+    def _say_validity(self) -> None:
+        """Warn, once each time it turns so, that the certificate served is out of its
+        validity: kube-apiserver refuses the handshake and, by the failure policy, creates
+        every pod ungated. It is served all the same (the previous one is no better)."""
+        problem = validity_problem(self._validity, self._clock()) if self.context else ""
+        if problem and problem != self._said:
+            log.warning("webhook certificate %s %s", self.cert_file, problem)
+        self._said = problem
+
+
+def validity_problem(validity: tuple[datetime, datetime] | None, now: datetime) -> str:
+    """What is wrong with serving a certificate of this validity now ("" when nothing)."""
+    if validity is None:
+        return ""
+    not_before, not_after = validity
+    if now >= not_after:
+        return (
+            f"expired at {format_time(not_after)}: kube-apiserver refuses it, so pods are "
+            "created ungated until it is renewed"
+        )
+    if now < not_before:
+        return (
+            f"is not valid before {format_time(not_before)}: kube-apiserver refuses it, so "
+            "pods are created ungated until then"
+        )
+    return ""
+
+
+def certificate_validity(pem: bytes) -> tuple[datetime, datetime] | None:
+    """The notBefore and notAfter of the first certificate of a PEM file (RFC 5280:
+    Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
+    signature, issuer, validity SEQUENCE { notBefore, notAfter }, ... } ... }); None when it
+    cannot be read. Read here, not with a library: the runtime has no X.509 parser."""
+    begin, end = b"-----BEGIN CERTIFICATE-----", b"-----END CERTIFICATE-----"
+    start = pem.find(begin)
+    stop = pem.find(end, start + 1)
+    if start < 0 or stop < 0:
+        return None
+    try:
+        der = base64.b64decode(b"".join(pem[start + len(begin) : stop].split()), validate=True)
+        certificate = _children(der, *_element(der, 0, 0x30))
+        tbs = _children(der, *certificate[0][1:])
+        fields = tbs[1:] if tbs[0][0] == 0xA0 else tbs
+        not_before, not_after = _children(der, *fields[3][1:])[:2]
+        return _asn1_time(der, *not_before), _asn1_time(der, *not_after)
+    except (ValueError, IndexError):
+        return None
+
+
+def _element(der: bytes, at: int, tag: int | None = None) -> tuple[int, int]:
+    """The content (start, end) of the DER element at `at`, of this tag if given."""
+    if tag is not None and der[at] != tag:
+        raise ValueError(f"expected tag {tag:#x} at {at}")
+    length, at = der[at + 1], at + 2
+    if length & 0x80:
+        count = length & 0x7F
+        if count == 0 or count > 4:
+            raise ValueError("unsupported DER length")
+        length, at = int.from_bytes(der[at : at + count], "big"), at + count
+    if at + length > len(der):
+        raise ValueError("DER element past the end")
+    return at, at + length
+
+
+def _children(der: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    """The elements inside a constructed one: (tag, content start, content end)."""
+    out = []
+    while start < end:
+        content, stop = _element(der, start)
+        out.append((der[start], content, stop))
+        start = stop
+    return out
+
+
+def _asn1_time(der: bytes, tag: int, start: int, end: int) -> datetime:
+    text = der[start:end].decode("ascii")
+    if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 1950-2049
+        year = int(text[:2])
+        text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
+    elif tag != 0x18:  # GeneralizedTime YYYYMMDDHHMMSSZ
+        raise ValueError(f"not a time (tag {tag:#x})")
+    return datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=UTC)
 
 
 def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
@@ -160,7 +262,7 @@ class WebhookServer:
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.certificates = CertificateFiles(
-            Path(cert_file), Path(key_file), interval=reload_interval
+            Path(cert_file), Path(key_file), interval=reload_interval, clock=clock
         )
         self._bind = bind_address
         self._requested_port = port
