@@ -338,3 +338,28 @@ def test_claims_naming_this_request_uid_are_its_own_whatever_second_they_carry()
     done = served(accepted, made)
     assert done.delete == () and done.create == ()
     assert not [c for c in done.conditions if c["type"] == "Failed"], done.conditions
+
+
+def test_a_pool_that_protects_its_nodes_itself_keeps_them_protected_after_the_start() -> None:
+    """A NodePool whose template annotates every node karpenter.sh/do-not-disrupt (the
+    admin's word, on Karpenter's own nodes of the pool as well): gangcheck's claims carry it
+    as Karpenter's would, and the start does not take it off."""
+    protecting = pool()
+    template_meta = protecting["spec"]["template"]["metadata"]
+    template_meta["annotations"] = {names.DO_NOT_DISRUPT: "true"}
+    made = claim_bodies(protecting, ClaimAsk(KEY, 2, {GPU: "8"}, LABELS))
+    for i, claim in enumerate(made):
+        claim["status"] = {
+            "conditions": [{"type": c, "status": "True"} for c in ("Launched", "Initialized")],
+            "nodeName": f"n{i}",
+        }
+    assert all(c["metadata"]["annotations"][names.DO_NOT_DISRUPT] == "true" for c in made)
+    started = {f"n{i}": held(f"n{i}") for i in range(2)}
+    for node in started.values():
+        node["spec"]["taints"] = []  # the hold lifted: the gang started
+    live = request(("Accepted", "True"), ("Provisioned", "True"))
+    assert served(live, made, nodes=started).release == ()
+    assert served(None, made, nodes=started).release == ()
+    # a pool without it: gangcheck's own protection comes off
+    own = claims("Launched", "Initialized")
+    assert len(served(live, own, nodes=started).release) == 4

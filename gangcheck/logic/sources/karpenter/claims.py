@@ -112,6 +112,8 @@ def _labels(pool_name: str, template: Obj, spec: Obj, ask: ClaimAsk) -> dict[str
 
 def _annotations(meta: Obj, template: Obj, ask: ClaimAsk, index: int) -> dict[str, str]:
     annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+    if annotations.get(names.DO_NOT_DISRUPT) == "true":
+        annotations[names.POOL_PROTECTED] = "true"  # the pool's word: never taken off
     pool_annotations = meta.get("annotations") or {}
     for key in (names.POOL_HASH, names.POOL_HASH_VERSION):
         if key in pool_annotations:

@@ -11,6 +11,9 @@ NODE_CLAIM_KIND = "NodeClaim"
 NODE_POOL_LABEL = "karpenter.sh/nodepool"
 #: On a Node or NodeClaim: consolidation and drift leave it alone (not expiry, not repair).
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+#: On a gang's NodeClaims (and so their Nodes): the NodePool's template asks for
+#: ``DO_NOT_DISRUPT`` itself, on every node of the pool; gangcheck then never takes it off.
+POOL_PROTECTED = "gangcheck.io/pool-do-not-disrupt"
 #: The NodePool's template hash, copied onto claims so that drift compares like Karpenter's own.
 POOL_HASH = "karpenter.sh/nodepool-hash"
 POOL_HASH_VERSION = "karpenter.sh/nodepool-hash-version"

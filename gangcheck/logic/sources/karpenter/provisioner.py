@@ -36,7 +36,7 @@ What this module decides for one request (``serve``):
   left to the reclaim rules (reclaimer ``DeleteNodeClaim``), never deleted here;
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
-  request is gone.
+  request is gone; never when the NodePool's template sets it on every node itself.
 
 How members are packed onto claims is ``packing``'s: by the instance types the NodePool
 declares (``gangcheck.io/instance-types``), first-fit decreasing, each claim asking for its
@@ -399,13 +399,20 @@ def _releases(
     for claim in claims:
         state = claim_state(claim)
         node = nodes.get(state.node_name) if state.phase is ClaimPhase.ARRIVED else None
-        if node is None or (request_live and _held_for(node, key)):
+        if node is None or (request_live and _held_for(node, key)) or _pools_own(claim):
             continue
         if _protected(node):
             out.append(("node", state.node_name))
         if _protected(claim):
             out.append(("claim", state.name))
     return tuple(out)
+
+
+def _pools_own(claim: Obj) -> bool:
+    """The claim's NodePool protects every node of the pool itself (``POOL_PROTECTED``): the
+    protection is the admin's, never gangcheck's to lift."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(names.POOL_PROTECTED) == "true"
 
 
 def _held_for(node: Obj, key: str) -> bool:
