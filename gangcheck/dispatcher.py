@@ -62,10 +62,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -128,11 +130,13 @@ from gangcheck.logic.dispatch import (
     workers_for,
 )
 from gangcheck.logic.placement.fit import (
+    BoundUsage,
     GangPodSet,
     NodeView,
     fit_gang,
     member_from_template,
     node_view,
+    used_resources,
 )
 from gangcheck.model.names import (
     ATTEMPT_CONFIG_ANNOTATION,
@@ -453,19 +457,12 @@ class Dispatcher:
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
         pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
+        rooms = _Rooms(views, nominated, pod_sets)
         told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
         for wl in waiting:
             key = _key(wl)
             failures = recent_failures((r for k, r in records.items() if k != key), self._now())
-            others: dict[str, list[GangPodSet]] = {}
-            for k, clusters_of in nominated.items():
-                if k == key:
-                    continue
-                for cluster in clusters_of:
-                    others.setdefault(cluster, []).extend(pod_sets.get(k, []))
-            counts = {
-                c: sum(1 for k, cs in nominated.items() if k != key and c in cs) for c in others
-            }
+            counts = Counter(c for k, cs in nominated.items() if k != key for c in cs)
             mine = configured[key]
             try:
                 step, tell = await self._dispatch(
@@ -475,7 +472,7 @@ class Dispatcher:
                     configured=mine.clusters,
                     unconfigured=mine.problem,
                     views=views,
-                    others=others,
+                    rooms=rooms,
                     counts=counts,
                     failures=failures,
                 )
@@ -484,6 +481,7 @@ class Dispatcher:
                 continue
             records[key] = step.record
             nominated[key] = tuple(step.nominated)
+            rooms.nominated_anew(key, step.newly_nominated)
             if tell:
                 told.append((wl, step))
         followed: dict[str, set[tuple[str, str]]] = {}
@@ -506,7 +504,7 @@ class Dispatcher:
         workers: Sequence[_Worker],
         *,
         views: Mapping[str, _View],
-        others: Mapping[str, Sequence[GangPodSet]],
+        rooms: Callable[[str], _Room],
         counts: Mapping[str, int],
         failures: Mapping[str, str],
         unconfigured: str = "",
@@ -527,10 +525,9 @@ class Dispatcher:
                     views[worker.name],
                     wl,
                     nominated=worker.name in record.nominated,
-                    others=others.get(worker.name, ()),
+                    room=functools.partial(rooms, worker.name) if fit else None,
                     pending=counts.get(worker.name, 0),
                     lately_failed=failures.get(worker.name, ""),
-                    fit=fit,
                 )
                 for worker in workers
             ]
@@ -801,10 +798,9 @@ class Dispatcher:
         wl: Obj,
         *,
         nominated: bool,
-        others: Sequence[GangPodSet] = (),
+        room: Callable[[], _Room] | None = None,
         pending: int = 0,
         lately_failed: str = "",
-        fit: bool = True,
     ) -> WorkerFacts:
         if view.skip or worker.kube is None:
             return WorkerFacts(
@@ -817,7 +813,7 @@ class Dispatcher:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
             if nominated and not failure:
                 failure = self._not_answering(worker.name, view, wl)
-            fits_now = _fits_now(view, wl, others) if fit else False
+            fits_now = _fits_now(room(), wl) if room is not None else False
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
             return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
@@ -1185,13 +1181,78 @@ def _requests_for(view: _View, copy: Obj) -> list[Obj]:
     ]
 
 
-def _fits_now(view: _View, wl: Obj, others: Sequence[GangPodSet] = ()) -> bool:
-    """The manager's pod sets, whole, on the worker's nodes as the pass read them, next to
-    those of the other gangs nominated there and not placed yet (``others``)."""
-    own = _pod_sets(wl)
-    if not own:
-        return False
-    return fit_gang([*others, *own], view.nodes, view.pods).fits
+@dataclass
+class _Room:
+    """A worker's room as a pass counts it: its nodes, what is used on each (its bound pods'
+    requests, and the members of the gangs nominated there and not placed yet, each gang
+    placed once, in turn: ``take``), and whether those gangs all fit (``fits``; if not, no
+    other gang fits now there). Each gang of the pass is then fitted alone on what they
+    leave: the members fitted grow with the gangs, not with their square (each gang fitted
+    next to all the others took 13 s for 200 gangs on 200 nodes in one pass)."""
+
+    nodes: list[NodeView]
+    used: dict[str, dict[str, int]]
+    fits: bool = True
+
+    @classmethod
+    def of(cls, view: _View, pending: Sequence[Sequence[GangPodSet]]) -> _Room:
+        used = {node: dict(res) for node, res in used_resources(view.pods).items()}
+        room = cls(view.nodes, used)
+        for gang in pending:
+            room.take(gang)
+        return room
+
+    def fit(self, gang: Sequence[GangPodSet]) -> bool:
+        """Whether the gang's pod sets fit now on what is left."""
+        return self.fits and bool(gang) and fit_gang(gang, self.nodes, BoundUsage(self.used)).fits
+
+    def take(self, gang: Sequence[GangPodSet]) -> None:
+        """The gang placed on what is left (its members' requests used where they go); a
+        gang that does not fit leaves no room for any other (``fits``)."""
+        if not self.fits or not gang:
+            return
+        result = fit_gang(gang, self.nodes, BoundUsage(self.used))
+        if not result.fits:
+            self.fits = False
+            return
+        members = {ps.name: ps.member for ps in gang}
+        for node, names in result.placements.items():
+            used = self.used.setdefault(node, {})
+            for name in names:
+                for resource, amount in members[name].requests.items():
+                    used[resource] = used.get(resource, 0) + amount
+
+
+@dataclass
+class _Rooms:
+    """Per worker, its room as a pass counts it (``_Room``): built when first read, from the
+    gangs then nominated there (``nominated``: the pass's own map, as its nominations change
+    it), then each gang the pass nominates there anew taken from it."""
+
+    views: Mapping[str, _View]
+    nominated: Mapping[tuple[str, str], Sequence[str]]
+    pod_sets: Mapping[tuple[str, str], Sequence[GangPodSet]]
+    built: dict[str, _Room] = field(default_factory=dict)
+
+    def __call__(self, cluster: str) -> _Room:
+        if cluster not in self.built:
+            pending = [
+                self.pod_sets.get(k, []) for k, cs in self.nominated.items() if cluster in cs
+            ]
+            self.built[cluster] = _Room.of(self.views[cluster], pending)
+        return self.built[cluster]
+
+    def nominated_anew(self, key: tuple[str, str], clusters: Iterable[str]) -> None:
+        """The gang ``key`` nominated anew to ``clusters``: what the next gangs fit beside."""
+        for cluster in clusters:
+            if cluster in self.built:
+                self.built[cluster].take(self.pod_sets.get(key, []))
+
+
+def _fits_now(room: _Room, wl: Obj) -> bool:
+    """The manager's pod sets, whole, on the worker's nodes as the pass read them, less what
+    its bound pods and the other gangs nominated there and not placed yet use (``room``)."""
+    return room.fit(_pod_sets(wl))
 
 
 def _sources(requests: Sequence[Obj], copies: Sequence[Obj]) -> tuple[SourceHistory, ...]:
