@@ -521,8 +521,10 @@ def stop_leftovers(state_dir: Path, timeout: float = STOP_TIMEOUT) -> list[int]:
     """Stops any demo process still running on this state folder that the record missed (a
     `demo up` interrupted before it wrote it, a record lost): a `python -m gangcheck` or
     `python -m gangcheck_dev` whose command line names the folder. The stack's own processes
-    (its supervisor, `-m gangcheck_dev.testbed`, and the Go binaries) are `dev down`'s."""
-    left = [pid for pid in processes_mentioning(str(state_dir)) if _ours(pid)]
+    (its supervisor, `-m gangcheck_dev.testbed`, and the Go binaries) are `dev down`'s. Not
+    this process: `demo down --state-dir <folder>` names the folder too."""
+    mentioning = processes_mentioning(str(state_dir))
+    left = [pid for pid in mentioning if pid != os.getpid() and _ours(pid)]
     _stop(left, timeout)
     return left
 

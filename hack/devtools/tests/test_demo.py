@@ -165,3 +165,21 @@ def _started(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rpartition(")")[2].split()[19]
+
+
+def test_down_naming_its_state_folder_does_not_stop_itself(tmp_path: Path) -> None:
+    """`demo down --state-dir <folder>` names the folder on its own command line, as a
+    `python -m gangcheck_dev` process: before, its sweep of processes the record missed
+    found itself and sent itself SIGTERM, ending before the stack was taken down."""
+    state = tmp_path / "state"
+    state.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "gangcheck_dev", "demo", "down", "--state-dir", str(state)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # should it signal its group, only its own
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert not state.exists()
