@@ -22,9 +22,10 @@ leader runs these passes, each from fresh lists, so a restart or a new leader st
 what the API server holds.
 
 One request's trouble is its own: a claim the API server refuses for what it is (an admission
-webhook or policy, the NodeClaim schema: ``kube.errors.refused``, not the authorizer's 403)
-fails that request quoting the refusal (``NodeClaimRefused``), which withdraws what was made;
-any other error serving one request is logged and the pass goes on to the next request.
+webhook or policy, the NodeClaim schema: ``kube.errors.refused_as_written``, not the
+authorizer's 403) fails that request quoting the refusal (``NodeClaimRefused``), which
+withdraws what was made; any other error serving one request is logged and the pass goes on
+to the next request.
 
 Without Karpenter's API (NodeClaims not served) a request of the class fails, saying so.
 Without the rights of ``manifests/components/karpenter`` (403) it is said once, and again when
@@ -52,8 +53,7 @@ from gangcheck.kube.errors import (
     ForbiddenError,
     InvalidError,
     NotFoundError,
-    by_admission,
-    refused,
+    refused_as_written,
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
@@ -92,7 +92,8 @@ class NotPermittedError(Exception):
 
 class ClaimRefusedError(Exception):
     """The API server refused a claim for what it is, not for gangcheck's rights: an admission
-    webhook or policy, or the NodeClaim schema (``kube.errors.refused``, not RBAC's 403)."""
+    webhook or policy, or the NodeClaim schema (``kube.errors.refused_as_written``, not
+    RBAC's 403)."""
 
     def __init__(self, name: str, error: ApiError) -> None:
         message = f"the API server refused NodeClaim {name!r}: {error.message}"
@@ -420,7 +421,7 @@ class KarpenterProvisioner:
         except AlreadyExistsError:  # an answer lost on an earlier try: it is there
             return body
         except ApiError as e:
-            if refused(e) and (by_admission(e) or not isinstance(e, ForbiddenError)):
+            if refused_as_written(e):
                 raise ClaimRefusedError(body["metadata"]["name"], e) from e
             if isinstance(e, ForbiddenError):
                 raise NotPermittedError("create karpenter.sh NodeClaims") from e

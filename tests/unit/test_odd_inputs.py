@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.errors import ApiError, error_from_status, refusal, refused
+from gangcheck.kube.errors import (
+    ApiError,
+    error_from_status,
+    refusal,
+    refused,
+    refused_as_written,
+)
 from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -184,6 +190,18 @@ WEBHOOK_422 = 'admission webhook "nodes.example.io" denied the request: nodes ar
 #: A ValidatingAdmissionPolicy's denial: 422 (its default reason), the message as a cause.
 POLICY_422 = "nodes \"n1\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied"
 
+#: A ValidatingAdmissionPolicy refusing gangcheck's fence of a node, as kube-apiserver says it.
+NODE_POLICY_DENIAL = (
+    "nodes \"n1\" is forbidden: ValidatingAdmissionPolicy 'protect-nodes' with binding "
+    "'protect-nodes' denied request: nodes are protected"
+)
+#: The authorizer refusing it: gangcheck's own right to patch nodes missing (an upgrade
+#: half applied, a ClusterRole edited), no word about the node itself.
+NODE_RBAC_DENIAL = (
+    'nodes "n1" is forbidden: User "system:serviceaccount:gangcheck-system:gangcheck" '
+    'cannot patch resource "nodes" in API group "" at the cluster scope'
+)
+
 
 def _status(status: int, message: str, causes: bool = False) -> ApiError:
     reason = {403: "Forbidden", 409: "Conflict", 422: "Invalid", 500: "InternalError"}[status]
@@ -225,6 +243,35 @@ def test_one_rule_says_which_writes_are_refused_alone_or_among_others(
     assert refusal(error) is expected
     other = _status(500, "etcd")
     assert refusal(ExceptionGroup("reclaim", [other, ExceptionGroup("in", [error])])) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "as_written"),
+    [
+        (_status(403, NODE_RBAC_DENIAL), False),
+        (_status(403, WEBHOOK_422), True),
+        (_status(403, NODE_POLICY_DENIAL), True),
+        (_status(422, POLICY_422, causes=True), True),
+        (_status(422, WEBHOOK_422), True),
+        (_status(422, PATCH_NOT_APPLIED), False),
+        (_status(500, "etcd"), False),
+    ],
+    ids=[
+        "the authorizer's 403: a right missing",
+        "a webhook's 403",
+        "a ValidatingAdmissionPolicy's 403",
+        "422 naming causes",
+        "a webhook's 422",
+        "a patch that did not apply",
+        "500",
+    ],
+)
+def test_a_write_refused_for_what_it_is_is_told_from_a_right_missing(
+    error: ApiError, as_written: bool
+) -> None:
+    """What a refused fence keeps a node for, and what fails a Karpenter request
+    (NodeClaimRefused): never the authorizer's 403, which granting the right mends."""
+    assert refused_as_written(error) is as_written
 
 
 @pytest.mark.parametrize(
@@ -345,19 +392,6 @@ async def test_a_groups_create_refused_is_said_on_the_group_and_backed_off(kind:
     events = [e for e in world.kube.all_of(EVENT) if e["reason"] == "FailedCreate"]
     assert [(e["involvedObject"]["name"], e["message"]) for e in events] == [("g", message)]
     assert world.group_says()[MESSAGE_ANNOTATION] == message
-
-
-#: A ValidatingAdmissionPolicy refusing gangcheck's fence of a node, as kube-apiserver says it.
-NODE_POLICY_DENIAL = (
-    "nodes \"n1\" is forbidden: ValidatingAdmissionPolicy 'protect-nodes' with binding "
-    "'protect-nodes' denied request: nodes are protected"
-)
-#: The authorizer refusing it: gangcheck's own right to patch nodes missing (an upgrade
-#: half applied, a ClusterRole edited), no word about the node itself.
-NODE_RBAC_DENIAL = (
-    'nodes "n1" is forbidden: User "system:serviceaccount:gangcheck-system:gangcheck" '
-    'cannot patch resource "nodes" in API group "" at the cluster scope'
-)
 
 
 async def test_a_node_whose_fence_is_refused_is_kept_and_the_rollback_finishes() -> None:
