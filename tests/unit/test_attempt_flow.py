@@ -42,6 +42,7 @@ class Held:
     requests: tuple[ProvisioningRequest, ...] = ()
     capacity: ClusterView | None = None
     backend: CapacityBackend = PROVISIONING_REQUEST
+    templates: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -7,7 +7,7 @@ then writes it on its own state (the check entry; the group's annotations and me
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -118,7 +118,16 @@ class Adapter:
     name: str
     ask: Callable[[int], str]
 
-    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
+    def run(
+        self,
+        racers: list[Racer],
+        nodes: list[Node],
+        spec: Obj,
+        *,
+        ready: str = "",
+        left: tuple[int, ...] = (),
+    ) -> Seen:
+        """`left`: the asks whose PodTemplates are left though their requests are gone."""
         raise NotImplementedError
 
 
@@ -200,6 +209,7 @@ class Workloads(Adapter):
         spec: Obj,
         *,
         ready: str = "",
+        left: tuple[int, ...] = (),
         quota: bool = True,
     ) -> Seen:
         builder = gang(4)
@@ -223,7 +233,8 @@ class Workloads(Adapter):
             requests=tuple(request_of(r) for r in requests),
             templates=frozenset(
                 p["podTemplateRef"]["name"] for r in requests for p in r["spec"]["podSets"]
-            ),
+            )
+            | {naming.template_name(self.ask(k), "workers") for k in left},
             capacity=ClusterView(
                 nodes=tuple(_nodes(self, nodes)),
                 in_flight=frozenset(f"default/{r['metadata']['name']}" for r in requests),
@@ -255,7 +266,15 @@ class PodGroups(Adapter):
     def ask(k: int) -> str:
         return naming.request_name("g", "pg", 1, k)
 
-    def run(self, racers: list[Racer], nodes: list[Node], spec: Obj, *, ready: str = "") -> Seen:
+    def run(
+        self,
+        racers: list[Racer],
+        nodes: list[Node],
+        spec: Obj,
+        *,
+        ready: str = "",
+        left: tuple[int, ...] = (),
+    ) -> Seen:
         notes = {"gangcheck.io/state": "Released", "gangcheck.io/request": ready} if ready else {}
         pods = members(4, gated=not ready)
         extra = {
@@ -272,6 +291,8 @@ class PodGroups(Adapter):
                     '{"name": "b", "nodeSelector": {"pool": "b"}}]}'
                 )
         snap = in_flight(group(4, annotations=notes), pods, spec, requests, _nodes(self, nodes))
+        left_over = {naming.template_name(self.ask(k), "ps-0") for k in left}
+        snap = replace(snap, templates=snap.templates | left_over)
         d = decide_group(snap, NOW)
         seen = _common((*d.actions, *d.after), d.events, d.sources)
         status = d.status or {}
@@ -785,6 +806,28 @@ def test_a_racer_deleted_by_hand_has_the_hold_it_left_lifted(adapter: Adapter, w
     assert ("RacerReplaced" in seen.events) is not won
     gone = adapter.run([Racer(1, delivered)], [Node("a0", "a", 0), *nodes[1:]], RACE)
     assert gone.lifted == [] and "HoldLifted" not in gone.events  # no hold left: nothing
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+@pytest.mark.parametrize("sources", [3, 2], ids=["c after b", "b the last"])
+def test_in_order_a_later_ask_deleted_by_hand_is_asked_again_where_the_attempt_was(
+    adapter: Adapter, sources: int
+) -> None:
+    """InOrder, source a failed and was withdrawn (its request and templates with it), the
+    ask of source b deleted outside gangcheck (its PodTemplates left): no ask of the attempt
+    is left. Before, it was asked again from a, which had stocked out in this very attempt,
+    under a's name. Now it is asked again at b, under b's ask's name, the message saying so;
+    the node held for it is counted by it (not lifted)."""
+    in_order = {
+        **RACE,
+        "capacitySourcePolicy": "InOrder",
+        "capacitySources": RACE["capacitySources"][:sources],
+    }
+    seen = adapter.run([], [Node("b0", "b", 1, gpu=1, held=True)], in_order, left=(1,))
+    assert seen.created == [adapter.ask(1)], seen
+    assert seen.records[adapter.ask(1)].get("gangcheck.io/capacity-source") == "1"
+    assert seen.lifted == [] and "HoldLifted" not in seen.events
+    assert "deleted outside gangcheck" in seen.message, seen.message
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)

@@ -92,6 +92,8 @@ class Held(Protocol):
     def config(self) -> AtomicProvisioningSpec | None: ...
     @property
     def backend(self) -> CapacityBackend: ...
+    @property
+    def templates(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +138,10 @@ class Gang(Generic[D]):
     @property
     def backend(self) -> CapacityBackend:
         return self.held.backend
+
+    @property
+    def templates(self) -> frozenset[str]:
+        return self.held.templates
 
     def name_of(self, ask: int = 0) -> str:
         """The name of the attempt's ask number `ask`."""
@@ -259,8 +265,47 @@ def followed(decision: D, inflight: driver.InFlight, name: str) -> D:
 
 
 def first_ask(gang: Gang[D], name: str) -> D:
-    """The attempt's first ask, `name`: at its first source, in its best domain."""
-    return gang.create(name, NewAsk(places.first_place(gang.config, gang.gang_of, gang.capacity)))
+    """The attempt's first ask, `name`: at its first source, in its best domain. Or, `name`
+    being a later ask's (`resumed`: the attempt had reached it, its request deleted outside
+    gangcheck), that ask again, at the place the attempt's fall-backs reach after as many
+    places left, not at a source that stocked out earlier in the attempt."""
+    ask = next((k for k in range(1, naming.MAX_ASKS) if gang.name_of(k) == name), 0)
+    place = _place_at(gang, ask) if ask else None
+    if place is None:
+        return gang.create(
+            name, NewAsk(places.first_place(gang.config, gang.gang_of, gang.capacity))
+        )
+    said = (
+        f"{name} was deleted outside gangcheck; the attempt goes on where it was, the places "
+        "before it having failed: "
+    )
+    return gang.create(name, NewAsk(place, said))
+
+
+def resumed(gang: Gang[D]) -> str | None:
+    """The latest ask of the attempt in flight that was made (its PodTemplates are left: a
+    request deleted outside gangcheck leaves them, one gangcheck withdraws takes them with
+    it) when none of its asks is left: its request deleted by hand after the places before
+    it failed and were withdrawn. None: none after the first, or its place cannot be told
+    now (`_place_at`)."""
+    pod_sets = [p[0] for p in gang.whole().pod_sets]
+    for ask in reversed(range(1, naming.MAX_ASKS)):
+        name = gang.name_of(ask)
+        if any(naming.template_name(name, p) in gang.templates for p in pod_sets):
+            return name if _place_at(gang, ask) is not None else None
+    return None
+
+
+def _place_at(gang: Gang[D], ask: int) -> places.Place | None:
+    """The place of the attempt's `ask`-th ask, as its fall-backs reach it (each ask after
+    the first is made where the one before could not deliver: `driver.fall_back`), on the
+    config and capacity now; None when the config now has no place that far."""
+    place: places.Place | None = places.first_place(gang.config, gang.gang_of, gang.capacity)
+    for _ in range(ask):
+        if place is None:
+            return None
+        place = places.next_place(gang.config, place, gang.gang_of, gang.capacity)
+    return place
 
 
 def in_order(
@@ -275,6 +320,8 @@ def in_order(
     earlier attempts withdrawn (`why`), not those kept for this one or topped up by it."""
     name, asked = gang.current()
     req = find(gang.requests, name)
+    if req is None:  # no ask of the attempt left: the one it had reached, if it is known
+        name = resumed(gang) or name
     # the kept requests of the attempt, and those the current one tops up (rolling back too)
     keep = {r.name for r in (*gang.kept_in(), *(gang.kept_for(req) if req is not None else ()))}
     stale = lifecycle.superseded(
