@@ -557,6 +557,7 @@ class DispatchRecord:
 #: How the record of a Workload made again under its name says the earlier one's was set
 #: aside (``for_workload``).
 _SET_ASIDE = "the record of an earlier Workload of this name"
+_ASIDE_END = ") set aside"
 
 
 def for_workload(record: DispatchRecord, uid: str) -> DispatchRecord:
@@ -569,7 +570,7 @@ def for_workload(record: DispatchRecord, uid: str) -> DispatchRecord:
         return record
     if not record.uid:
         return replace(record, uid=uid)
-    return DispatchRecord(reason=f"{_SET_ASIDE} (uid {record.uid}) set aside", uid=uid)
+    return DispatchRecord(reason=f"{_SET_ASIDE} (uid {record.uid}{_ASIDE_END}", uid=uid)
 
 
 def copy_of(copy: Mapping[str, object], uid: str) -> bool:
@@ -704,12 +705,25 @@ def decide(
         reason = f"{reason}; {uncopied}" if reason else uncopied
     if stranded:  # said alone, or after why another was nominated beside it (at once > 1)
         reason = f"{reason}; {stranded}" if newly else stranded
-    if not keep and record.reason.startswith(_SET_ASIDE) and reason != record.reason:
-        reason = f"{record.reason}; {reason}"
+    if not keep:
+        reason = _with_aside(record.reason, reason)
     new = DispatchRecord(
         tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since, record.uid
     )
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def _with_aside(was: str, reason: str) -> str:
+    """``reason``, after the note that an earlier Workload's record was set aside when the
+    record said so (``for_workload``): said once, however many passes follow (the reason
+    written before is not put in front again, or each pass grew the record by a clause)."""
+    if not was.startswith(_SET_ASIDE):
+        return reason
+    head, said, _ = was.partition(_ASIDE_END)
+    aside = head + said if said else _SET_ASIDE  # (a hand-edited record: its head only)
+    if reason.startswith(aside):
+        return reason
+    return f"{aside}; {reason}" if reason else aside
 
 
 #: The most characters the record keeps of why a worker was given up or skipped: what a worker

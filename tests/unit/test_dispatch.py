@@ -838,6 +838,23 @@ def test_a_record_counts_only_for_the_workload_it_was_written_for() -> None:
     assert step.record.reason.startswith("the record of an earlier Workload")
 
 
+def test_a_set_aside_record_is_said_once_while_no_worker_is_nominated() -> None:
+    """A Workload made again under its name, no worker to nominate (none fits, none
+    configured): the reason says the earlier record was set aside once, pass after pass.
+    Before, each pass put the whole reason before the new one ('set aside; no worker ...;
+    no worker ...'): the record changed at every pass (written again, a NoWorker Event each
+    time) and grew by a clause each, towards the Workload's 256 KiB of annotations."""
+    fresh = for_workload(DispatchRecord(("a",), ("a",), uid="u1"), "u2")
+    first = decide(fresh, (), now=NOW, unconfigured="no MultiKueueConfig lists a worker")
+    assert first.nominated == () and first.record.reason.startswith(fresh.reason)
+    again = decide(first.record, (), now=NOW, unconfigured="no MultiKueueConfig lists a worker")
+    assert again.record == first.record
+    full = decide(first.record, (w("a", fits=False),), now=NOW)  # another reason now
+    assert full.record.reason.startswith(f"{fresh.reason}; ")
+    assert full.record.reason.count("set aside") == 1
+    assert decide(full.record, (w("a", fits=False),), now=NOW).record == full.record
+
+
 def test_a_workers_copy_is_the_workloads_when_its_record_names_its_uid_or_none() -> None:
     def copy(record: DispatchRecord | None) -> dict[str, object]:
         notes = {RECORD_ANNOTATION: record.to_annotation()} if record else {}
