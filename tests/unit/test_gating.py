@@ -211,6 +211,12 @@ UNGATED = [
         id="gated at creation, the gate removed by someone else",
     ),
     pytest.param(
+        pod(group="g", node_name="n1"),
+        "bound to node n1 without ever having the gangcheck.io/provisioning scheduling gate "
+        "(created bound, or while the webhook was down, or before the namespace was opted in)",
+        id="never gated and bound: it runs",
+    ),
+    pytest.param(
         pod(group="g", annotations={GATED_AT: "yesterday"}),
         "created without the gangcheck.io/provisioning scheduling gate (was the webhook down, "
         "or the namespace not opted in?)",

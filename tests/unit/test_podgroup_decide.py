@@ -699,6 +699,37 @@ def test_a_members_gate_removed_by_someone_else_is_said_as_removed_not_as_never_
     assert (decision.status or {})["gangcheck.io/ungated-members"] == "m1,m2"
 
 
+def test_a_member_never_gated_and_bound_before_its_gang_is_released_is_said() -> None:
+    """A member created without the gate (the webhook down) that kube-scheduler bound before
+    gangcheck first looked: the gang starts split, one member running before its capacity
+    exists. Said as an unbound one is (before: nothing, the member no longer unbound)."""
+    case = Case(
+        "bound ungated",
+        group(3),
+        [member(0), member(1), member(2, gated=False, node_name="n1")],
+        nodes=[node("n1", gpu=1)],
+    )
+    decision = _decide(case)
+    said = [e for e in decision.events if e.reason == "MemberNotGated"]
+    assert [e.about.name if e.about else "g" for e in said] == ["g", "m2"]
+    assert said[0].message.startswith(
+        "1 member(s) carry no gangcheck.io/provisioning scheduling gate before their gang is "
+        "released: m2 bound to node n1 without ever having the gangcheck.io/provisioning "
+        "scheduling gate (created bound, or while the webhook was down, or before the "
+        "namespace was opted in)"
+    )
+    assert (decision.status or {})["gangcheck.io/ungated-members"] == "m2"
+
+
+def test_a_member_the_webhook_gated_and_bound_since_is_not_said_as_never_gated() -> None:
+    """Bound and stamped by the webhook: its gate was lifted, by gangcheck's release (a
+    group that gave up after its start watchdog) or another: nothing is said of it."""
+    bound = member(2, gated=False, node_name="n1")
+    bound["metadata"]["annotations"] = {GATED_AT: "2026-11-30T10:00:00Z"}
+    case = Case("bound gated", group(3, annotations={"gangcheck.io/state": "GaveUp"}), [bound])
+    assert [e for e in _decide(case).events if e.reason == "MemberNotGated"] == []
+
+
 def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() -> None:
     pod = member(0)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]

@@ -120,8 +120,15 @@ def ungated_cause(pod: Mapping[str, Any]) -> str:
     """Why a member of a gang not released yet carries no gate, as far as the pod tells: the
     webhook's ``GATED_AT`` stamp says it was gated at creation and the gate went since (a
     person, another controller); without it, it was created without the gate (the webhook
-    down or not asked). Only a gang's release lifts the gate as designed."""
+    down or not asked), and one bound already runs. Only a gang's release lifts the gate as
+    designed."""
     at = gated_at(pod)
+    node = (_mapping(pod.get("spec")) or {}).get("nodeName")
+    if at is None and isinstance(node, str) and node:
+        return (
+            f"bound to node {node} without ever having the {GATE} scheduling gate (created "
+            "bound, or while the webhook was down, or before the namespace was opted in)"
+        )
     if at is not None:
         return (
             f"gated by the webhook at {format_time(at)}, its {GATE} scheduling gate since "

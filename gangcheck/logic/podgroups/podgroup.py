@@ -59,7 +59,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
-from gangcheck.logic.podgroups.gating import ungated_cause
+from gangcheck.logic.podgroups.gating import gated_at, ungated_cause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -1048,7 +1048,15 @@ def _members(snap: GroupSnapshot) -> _Members:
     gated = tuple(p for p in live if p.gated)
     unbound = tuple(p for p in live if not p.node_name)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
-    newly = tuple(p for p in unbound if not p.gated and p.name not in reported)
+    # ungated before the gang's release: unbound, or bound without ever having been gated
+    # (a member the webhook gated and that is bound had its gate lifted: by a release)
+    newly = tuple(
+        p
+        for p in live
+        if not p.gated
+        and p.name not in reported
+        and (not p.node_name or (gated_at(p.raw) is None and not p.consumes))
+    )
     return _Members(live, gated, unbound, newly)
 
 
