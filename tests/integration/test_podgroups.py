@@ -484,6 +484,39 @@ async def test_a_member_created_without_the_gate_is_reported(
     assert any("leaky-1" in e["message"] for e in events)
 
 
+async def test_a_member_whose_gate_is_removed_by_hand_is_released_onto_the_held_capacity(
+    groups: Groups, provisioner: Controller
+) -> None:
+    """A member of a gang waiting for its request has its gate removed by hand: it is said
+    (MemberNotGated), and at release it is given the request and the hold's toleration with
+    the others, so it may take the room asked for it on the held nodes. Before, only the
+    gated members were: the gang was fitted onto the held nodes with it, which it could not
+    take, so it stayed pending until the start watchdog rolled the gang back."""
+    await groups.coscheduling("bare", 3)
+    for i in range(3):
+        await groups.member(f"bare-{i}", "bare", plugins=True)
+    await groups.cluster.wait_request("bare-coscheduling-1")
+    await groups.wait_state("bare", "Provisioning", plugins=True)
+    await groups.kube.merge_patch(POD, "bare-1", {"spec": {"schedulingGates": None}}, groups.ns)
+
+    async def said() -> Obj | None:
+        obj = await groups.group("bare", plugins=True)
+        return obj if _annotations(obj).get(UNGATED_ANNOTATION) == "bare-1" else None
+
+    await eventually(said, what="the member without its gate said")
+    await groups.cluster.set_request_conditions("bare-coscheduling-1", {"Provisioned": "ok"})
+    await groups.cluster.add_nodes(3, gpu=1)
+    await groups.wait_state("bare", "Released", plugins=True)
+    for i in range(3):
+        pod = await groups.pod(f"bare-{i}")
+        assert _annotations(pod)[CONSUME_ANNOTATION] == "bare-coscheduling-1", pod["metadata"]
+        holds = [t for t in pod["spec"].get("tolerations") or [] if t.get("key") == HOLD_TAINT]
+        assert len(holds) == 1, pod["spec"]
+    assert await groups.gated("bare-0", "bare-1", "bare-2") == [False, False, False]
+    events = await groups.cluster.events("GangReleased")
+    assert any("whose gate was lifted before (bare-1)" in e["message"] for e in events)
+
+
 async def test_members_already_gated_at_a_start_are_never_told_their_group_is_not_served(
     groups: Groups, control_plane: Any
 ) -> None:

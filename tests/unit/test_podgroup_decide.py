@@ -730,6 +730,37 @@ def test_a_member_the_webhook_gated_and_bound_since_is_not_said_as_never_gated()
     assert [e for e in _decide(case).events if e.reason == "MemberNotGated"] == []
 
 
+def test_a_member_of_the_gang_ungated_by_hand_is_given_the_request_and_its_hold_at_release() -> (
+    None
+):
+    """A member counted in the gang, its gate removed by someone else while it waits (or
+    created without it) and still unbound: at release it is annotated to consume the request
+    and given the hold's toleration with the gated ones. Before, only the gated ones were: the
+    gang was fitted onto the held node with it, which it could not take (the hold), so it
+    stayed pending, the start watchdog rolled the gang back and the group gave up."""
+    stripped = member(1, gated=False)
+    stripped["metadata"]["annotations"] = {GATED_AT: "2026-11-30T10:00:00Z"}
+    held = {"gangcheck.io/state": "Provisioning", "gangcheck.io/request": REQ1}
+    case = Case(
+        "ungated by hand",
+        group(3, annotations={**held, "gangcheck.io/ungated-members": "m1"}),
+        [member(0), stripped, member(2)],
+        requests=[req(conditions={"Provisioned": "ok"})],
+        nodes=[node("n1", gpu=3)],
+    )
+    decision = _decide(case)
+    (release,) = [a for a in decision.actions if isinstance(a, ReleaseMembers)]
+    assert release.pods == ("m0", "m1", "m2")
+    assert release.annotations[CONSUME_ANNOTATION] == REQ1
+    assert release.tolerations  # the hold of n1, for all three
+    said = [e.message for e in decision.events if e.reason == "GangReleased"]
+    assert said == [
+        "Released 2 members together, and gave 1 member(s) whose gate was lifted before (m1) "
+        "the request and its hold's toleration: the whole gang fits on nodes that exist: 3 of "
+        "3 members placeable on 1 node"
+    ]
+
+
 def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() -> None:
     pod = member(0)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]

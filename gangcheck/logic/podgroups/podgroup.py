@@ -699,9 +699,16 @@ def _release(
         holds = (*holds, *(hold_toleration(topup.key_of(r)) for r in kept))
     pins = dict({**domains, **pinned}.values())
     gated = tuple(sorted(p.name for p in gang if p.gated))
+    # Members the gang counts whose gate is gone already (removed by someone else, or never
+    # added) and that wait unbound: given what the gang's members run with, the request
+    # consumed and its hold tolerated, else the room asked for them is held off from them
+    # (their node selector the API server no longer lets change: the applier drops it).
+    loose = tuple(sorted(p.name for p in gang if not p.gated and not p.node_name))
+    loose = loose if annotations or holds else ()
     actions: tuple[Action, ...] = ()
-    if gated:
-        actions = (ReleaseMembers(gated, annotations, pins, GATE, holds),)
+    if gated or loose:
+        pods = tuple(sorted((*gated, *loose)))
+        actions = (ReleaseMembers(pods, annotations, pins, GATE, holds),)
     decision = _status(
         snap,
         state,
@@ -712,8 +719,14 @@ def _release(
         released_at=format_time(now) if state == RELEASED and now is not None else None,
     )
     events = decision.events
-    if gated:
-        text = f"Released {len(gated)} members together: {message}"
+    if gated or loose:
+        also = (
+            f", and gave {len(loose)} member(s) whose gate was lifted before ({', '.join(loose)}) "
+            "the request and its hold's toleration"
+            if loose
+            else ""
+        )
+        text = f"Released {len(gated)} members together{also}: {message}"
         events = (*events, Event("GangReleased", text[:MAX_MESSAGE]))
     return replace(decision, actions=actions, events=events)
 
