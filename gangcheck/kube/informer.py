@@ -117,6 +117,12 @@ class Store:
     def owned_by(self, uid: str) -> list[Obj]:
         return [o for o in self if any(r.get("uid") == uid for r in _owners(o))]
 
+    def is_behind(self, obj: Obj) -> bool:
+        """Whether the store has `obj` older than this version of it, or not at all: a
+        decision made on the store has not seen it as it is."""
+        old = self._objects.get(object_key(obj))
+        return old is None or _rv_number(old) < _rv_number(obj)
+
     def put_if_newer(self, obj: Obj) -> None:
         """Write-through after our own write, unless the watch already brought a newer one."""
         if self.transform is not None:

@@ -247,16 +247,20 @@ class Applier:
                 break
 
     async def _confirm_unconsumed(self, namespace: str, request: str) -> None:
-        """No pod of the namespace that still counts consumes `request`, as the API server
-        has them now; one that does is read into the pod cache (it was behind: a member
-        released onto the request showed still gated there) and the decision made again."""
+        """No pod of the namespace that still counts consumes `request` and that the pod
+        cache has older or not at all, as the API server has them now; one that does is read
+        into the cache (it was behind: a member released onto the request showed still gated
+        there) and the decision made again. A pod the cache has as it is was seen by the
+        decision (not a member of the group: its label removed, a copied manifest): sending
+        the decision back on it would only bring the same decision again, for ever."""
         listed = await self._kube.list_objects(POD, namespace)
+        pods = self._caches.pods.store
         using = []
         for item in listed.get("items") or []:
             pod = {"apiVersion": "v1", "kind": "Pod", **item}  # a list's items carry neither
             view = pod_of(pod)
-            if view.consumes == request and view.live:
-                self._caches.pods.store.put_if_newer(pod)
+            if view.consumes == request and view.live and pods.is_behind(pod):
+                pods.put_if_newer(pod)
                 using.append(view.name)
         if using:
             names = ", ".join(sorted(using))

@@ -1058,6 +1058,25 @@ async def test_the_unconsumed_precondition_is_judged_on_the_api_servers_pods(
     assert caches.pods.store.get("new0", "default") is not None
 
 
+async def test_a_pod_the_cache_has_as_it_is_does_not_send_the_withdrawal_back() -> None:
+    """A live pod consuming the growth's request that is no member (its group label removed,
+    a copied manifest), in the pod cache as the API server has it: the decision saw it, and
+    the withdrawal goes on (sent back on it, the same decision came again every 0.5 s)."""
+    stranger = pod("copied", gated=False, consumes=GROW1)
+    stranger["metadata"]["labels"] = {}  # not the group's
+    held = node(
+        "n2", annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+        taints=[hold_taint(f"default/{GROW1}")],
+    )  # fmt: skip
+    kube = FakeKube(clock=lambda: NOW)
+    kube.add({"apiVersion": "v1", "kind": "Pod", **stranger}, held)
+    caches = kube.caches()
+    assert caches.pods.store.get("copied", "default") is not None
+    applier = Applier(kube, caches, SOURCES, clock=lambda: NOW)
+    await applier.apply("default", ReleaseHold(("n2",), unconsumed=GROW1))
+    assert [w.name for w in kube.writes] == ["n2"]
+
+
 def test_a_growth_asked_again_under_a_name_whose_record_was_deleted_harms_nothing() -> None:
     """Growth g-pg-grow-1 delivered (its 2 members run on n2, consuming it), its request
     then deleted by hand; minCount raised again: the numbering, read from the requests
