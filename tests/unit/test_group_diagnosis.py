@@ -20,7 +20,7 @@ from gangcheck.logic.podgroups.group_diagnosis import (
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
 from gangcheck.logic.workloads.diagnosis import Target, parse_target
 from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
-from gangcheck.model.names import GATE
+from gangcheck.model.names import GATE, GATED_AT
 from gangcheck.model.objects import pod_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
 from tests.builders import container, node, provisioning_request
@@ -212,6 +212,17 @@ CASES = [
         "gangcheck.io/gang-provisioning=enabled (pods m0, m1)",
         "not gated",
         opted_in=False,
+    ),
+    Case(
+        "one member's gate removed after the webhook added it, one never gated: each said",
+        group(2),
+        [
+            member(0, gated=False, annotations={GATED_AT: "2026-11-30T10:00:00Z"}),
+            member(1, gated=False),
+        ],
+        "blocked: members not gated: the webhook may be down (pod m1); the gate removed after "
+        "the webhook added it (pod m0)",
+        "not gated",
     ),
     Case(
         "one member missed the gate: said after the reason",

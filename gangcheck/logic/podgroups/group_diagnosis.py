@@ -39,7 +39,7 @@ from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import count_of
 from gangcheck.logic.podgroups import growth, podgroup
-from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, group_of
+from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, gated_at, group_of
 from gangcheck.logic.podgroups.group_snapshot import config_serving, group_snapshot_of
 from gangcheck.logic.podgroups.podgroup import (
     BACKING_OFF,
@@ -94,6 +94,9 @@ class MemberFacts:
     bound: tuple[str, ...] = ()
     ungated: tuple[str, ...] = ()
     """Without the gate: released by gangcheck, or never gated (the webhook did not run)."""
+    stripped: tuple[str, ...] = ()
+    """Of `ungated`, those the webhook stamped gated (gangcheck.io/gated-at): their gate was
+    removed since, by a release or by someone else."""
     newest: datetime | None = None
     """When the newest member was created."""
     unschedulable: str = ""
@@ -346,6 +349,7 @@ def _member_facts(live: Sequence[Pod], min_count: int) -> MemberFacts:
         gated=tuple(p.name for p in live if p.gated),
         bound=tuple(p.name for p in live if p.node_name),
         ungated=tuple(p.name for p in live if not p.gated),
+        stripped=tuple(p.name for p in live if not p.gated and gated_at(p.raw) is not None),
         newest=max(filter(None, (parse_time(p.created) for p in live)), default=None),
         unschedulable=next(
             (said for p in live if not p.node_name and not p.gated and (said := _unschedulable(p))),
@@ -515,12 +519,20 @@ def _not_gated_cause(f: GroupFacts) -> str:
     return "the webhook may be down"
 
 
+def _not_gated(f: GroupFacts) -> str:
+    """Which members carry no gate and why, as far as each pod tells (gating.ungated_cause):
+    never gated, or the gate removed after the webhook added it."""
+    never = [n for n in f.members.ungated if n not in f.members.stripped]
+    said = [f"{_not_gated_cause(f)} ({_pods(never)})"] if never else []
+    if f.members.stripped:
+        said.append(f"the gate removed after the webhook added it ({_pods(f.members.stripped)})")
+    return "members not gated: " + "; ".join(said)
+
+
 def _members_verdict(f: GroupFacts) -> Verdict | None:
     m = f.members
     if m.ungated and not m.gated:
-        return Verdict(
-            True, "gate", f"members not gated: {_not_gated_cause(f)} ({_pods(m.ungated)})"
-        )
+        return Verdict(True, "gate", _not_gated(f))
     if m.exist < f.min_count:
         return Verdict(True, "members", f"waiting for members: {m.exist} of {f.min_count} exist")
     return None
@@ -532,7 +544,7 @@ def _with_ungated(f: GroupFacts, found: Verdict) -> Verdict:
     ungated = f.members.ungated
     if not ungated or not f.members.gated:
         return found
-    tail = f"; members not gated: {_not_gated_cause(f)} ({_pods(ungated)})"
+    tail = f"; {_not_gated(f)}"
     return Verdict(found.blocked, found.step, found.reason + tail)
 
 
