@@ -730,6 +730,22 @@ def test_a_member_the_webhook_gated_and_bound_since_is_not_said_as_never_gated()
     assert [e for e in _decide(case).events if e.reason == "MemberNotGated"] == []
 
 
+def test_a_bound_member_of_a_group_once_released_is_not_said_as_never_gated() -> None:
+    """A group released once (gangcheck.io/released-at) that gave up after its start
+    watchdog: its members' gates were lifted by the release, bound or not, stamped by the
+    webhook or gated by their own template: nothing is said of them (before, one not bound
+    was said created without the gate)."""
+    once = {"gangcheck.io/state": "GaveUp", "gangcheck.io/released-at": "2026-11-30T10:00:00Z"}
+    stamped = member(2, gated=False)  # released, not bound
+    stamped["metadata"]["annotations"] = {GATED_AT: "2026-11-30T09:00:00Z"}
+    case = Case(
+        "released once",
+        group(3, annotations=once),
+        [*members(2, gated=False, node_name="n1"), stamped],
+    )
+    assert [e for e in _decide(case).events if e.reason == "MemberNotGated"] == []
+
+
 def test_a_member_of_the_gang_ungated_by_hand_is_given_the_request_and_its_hold_at_release() -> (
     None
 ):

@@ -1062,7 +1062,7 @@ def _members(snap: GroupSnapshot) -> _Members:
     unbound = tuple(p for p in live if not p.node_name)
     reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
     # ungated before the gang's release: unbound, or bound without ever having been gated
-    # (a member the webhook gated and that is bound had its gate lifted: by a release)
+    # (one the webhook stamped, or consuming a request, had its gate lifted by a release)
     newly = tuple(
         p
         for p in live
@@ -1078,6 +1078,8 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
     state = snap.group.annotations.get(STATE_ANNOTATION, "")
     if not members.newly_ungated or state in (RELEASED, NOT_A_GANG):
         return None
+    if snap.group.annotations.get(RELEASED_AT_ANNOTATION):
+        return None  # released once (then gave up): its members' gates are the release's
     if not snap.opted_in and not members.gated and not state:
         return None  # a gang gangcheck was never asked to hold
     names = [p.name for p in members.newly_ungated]
