@@ -1102,6 +1102,37 @@ def test_a_growth_asked_again_under_a_name_whose_record_was_deleted_harms_nothin
     assert judged.verdict == "keep" and "not proven younger" in judged.reason
 
 
+@pytest.mark.parametrize("provisioned", [False, True], ids=["just made", "provisioned"])
+def test_a_growth_name_used_again_is_not_taken_as_delivered_by_the_earlier_ones_members(
+    provisioned: bool,
+) -> None:
+    """g-pg-grow-1 delivered, its 2 members running on n2 (consuming it), its request then
+    deleted by hand; minCount raised again, so a new g-pg-grow-1 is made for 2 new members.
+    The earlier members consume its name, but they run on a node older than the new request:
+    it is not taken as delivered (before, it was marked Fulfilled, then Started, its hold
+    lifted, while the new members waited and a g-pg-grow-2 was asked for them)."""
+    n2 = node(
+        "n2",
+        gpu=2,
+        created="2026-11-30T10:01:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
+    )
+    earlier = [pod(f"g{i}", gated=False, node_name="n2", consumes=GROW1) for i in range(2)]
+    again = grow_req(
+        created="2026-11-30T10:04:00Z",
+        conditions={"Provisioned": ""} if provisioned else {},
+    )
+    d = run(Case("again", 8, [*running(), *earlier, *added(2)], [again], [OLD_NODE, n2]))
+    phases = [
+        a.annotations.get("gangcheck.io/phase")
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and a.name == GROW1
+    ]
+    assert "Fulfilled" not in phases and "Started" not in phases, d.actions
+    assert not [a for a in d.actions if isinstance(a, CreateRequest)], d.actions
+    assert not [a for a in d.actions if isinstance(a, ReleaseHold) and a.nodes], d.actions
+
+
 @pytest.mark.parametrize("bound", [False, True], ids=["binding", "bound"])
 def test_a_growth_released_onto_whose_record_was_not_written_is_taken_as_delivered(
     bound: bool,

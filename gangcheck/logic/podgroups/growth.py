@@ -61,6 +61,7 @@ from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_k
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
+from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.podgroups import podgroup
 from gangcheck.logic.podgroups.podgroup import (
     RELEASED,
@@ -113,18 +114,33 @@ def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ..
     Fulfilled) was lost (a refused or lost answer, the leader lost between the two writes).
     It is taken as delivered, and its record written again first. Taken as still in flight,
     its members counted running, it was withdrawn as no longer needed, the node that came for
-    it reclaimed (fenced, so a member not yet bound could not be) under its members."""
-    consumed = {p.consumes for p in snap.members if p.live and not p.gated and p.consumes}
+    it reclaimed (fenced, so a member not yet bound could not be) under its members.
+
+    Members are released onto a growth only once it is Provisioned, and one bound to a node
+    older than the request was not placed on what arrived for it: a name used again (the
+    earlier growth's request deleted by hand) is consumed by the earlier growth's members,
+    running on its nodes, and is not taken for delivered on them (it was marked Fulfilled,
+    then Started, its hold lifted, while the new members waited and were asked for again)."""
+    candidates = {
+        r.name: r
+        for r in snap.requests
+        if GROWS_ANNOTATION in r.annotations
+        and not r.deleting
+        and not _settled(r)
+        and not _delivered_phase(r)
+        and not rollback.is_rolling_back(r)
+    }
+    if not candidates:
+        return snap, ()
+    consumers = [p for p in snap.members if p.live and not p.gated and p.consumes in candidates]
+    consumed = {p.consumes for p in consumers if not _on_older_node(snap, p, candidates)}
     recorded: list[Action] = []
     requests = []
     for req in snap.requests:
         if (
-            GROWS_ANNOTATION in req.annotations
+            candidates.get(req.name) is req
             and req.name in consumed
-            and not req.deleting
-            and not _settled(req)
-            and not _delivered_phase(req)
-            and not rollback.is_rolling_back(req)
+            and snap.backend.status_of(req).has(Phase.PROVISIONED)
         ):
             recorded += lifecycle.fulfilled(req)
             requests.append(
@@ -133,6 +149,21 @@ def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ..
         else:
             requests.append(req)
     return (replace(snap, requests=tuple(requests)), tuple(recorded)) if recorded else (snap, ())
+
+
+def _on_older_node(
+    snap: GroupSnapshot, member: Pod, requests: Mapping[str, ProvisioningRequest]
+) -> bool:
+    """Whether the member is bound to a node created before the request it consumes, by
+    whole seconds (a node made since, or unknown, is not)."""
+    created = parse_time(requests[member.consumes].creation_timestamp)
+    if not member.node_name or created is None or snap.capacity is None:
+        return False
+    node = next(
+        (n for n in snap.capacity.nodes if n["metadata"].get("name") == member.node_name), None
+    )
+    born = parse_time(node["metadata"].get("creationTimestamp", "")) if node else None
+    return born is not None and born.replace(microsecond=0) < created.replace(microsecond=0)
 
 
 def _holds_of_gone(snap: GroupSnapshot, decision: GroupDecision) -> GroupDecision | None:
