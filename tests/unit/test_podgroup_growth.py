@@ -1167,3 +1167,11 @@ def test_a_growth_released_onto_whose_record_was_not_written_is_taken_as_deliver
     lifted = [a.nodes for a in d.actions if isinstance(a, ReleaseHold)]
     assert lifted == ([("n2",)] if bound else []), d.actions
     assert ("Started" in phases) is bound
+
+
+def test_a_growth_rolled_back_and_asked_again_is_said_in_a_normal_event() -> None:
+    """As a gang's RolledBack (rollback.rolled_back): retried on backoff is the designed path,
+    nothing a person must act on."""
+    (case,) = [c for c in CASES if c.id.startswith("the growth rolled back, in its backoff")]
+    (event,) = [e for e in run(case).events if e.reason == "GrowthRolledBack"]
+    assert not event.warning

@@ -940,3 +940,10 @@ def test_a_slice_ready_after_an_eviction_whose_request_is_deleted_by_hand_lifts_
     (event,) = d.events
     assert (event.reason, event.warning) == ("HoldLifted", True)
     assert REQ1 in event.message and "n2" in event.message
+
+
+def test_a_slice_rolled_back_and_asked_again_is_said_in_a_normal_event() -> None:
+    """As a gang's RolledBack (rollback.rolled_back): retried on backoff is the designed path."""
+    (case,) = [c for c in CASES if c.id.startswith("rolled back past the deadline: Pending")]
+    (event,) = [e for e in run(case).events if e.reason == "SliceRolledBack"]
+    assert not event.warning

@@ -340,7 +340,8 @@ def _grow(
             f"{len(running)} running members are untouched; the next at {format_time(due)}"
         )
         wait = max(0.2, (due - now).total_seconds())
-        status = _status(snap, RELEASED, message, warn="GrowthRolledBack")
+        # Normal, as a gang's RolledBack: retried on backoff (rollback.rolled_back)
+        status = _status(snap, RELEASED, message, note="GrowthRolledBack")
         return _with(done, replace(status, requeue_after=wait))
     return _with(done, _first(snap, chosen, number + 1, said, now, gone=_gone(snap, growing)))
 

@@ -1262,8 +1262,11 @@ def _status(
     gang_members: str | None = None,
     released_at: str | None = None,
     warn: str = "",
+    note: str = "",
 ) -> GroupDecision:
-    """The group's state and one-line message, written (with an Event) only when changed."""
+    """The group's state and one-line message, written (with an Event) only when changed:
+    a Warning of reason `warn`, a Normal one of reason `note`, else one named by the state
+    (a Warning when it failed or gave up)."""
     wanted = _status_annotations(state, message)
     if request is not None:
         wanted[REQUEST_ANNOTATION] = request
@@ -1278,9 +1281,9 @@ def _status(
     if not changed:
         return GroupDecision()
     events: tuple[Event, ...] = ()
-    if current.get(STATE_ANNOTATION) != state or warn:
-        warning = bool(warn) or state in (FAILED, GAVE_UP)
-        events = (Event(warn or state, message[:MAX_MESSAGE], warning=warning),)
+    if current.get(STATE_ANNOTATION) != state or warn or note:
+        warning = bool(warn) or (not note and state in (FAILED, GAVE_UP))
+        events = (Event(warn or note or state, message[:MAX_MESSAGE], warning=warning),)
     return GroupDecision(status=changed, events=events)
 
 

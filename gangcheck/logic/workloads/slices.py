@@ -448,7 +448,8 @@ def _slice_written(
             "it and suspend the whole Job)"
         )
         events = tuple(e for e in decision.events if e.reason != "AdmissionCheckUpdated")
-        noted = Event("SliceRolledBack", message, warning=True)
+        # a Warning when Rejected (given up); Normal when retried, as a gang's RolledBack
+        noted = Event("SliceRolledBack", message, warning=check.state == REJECTED)
         wait = _requeue(snap, state, now) or 1.0
         kept = _say(state, message, requeue=wait)
         return replace(decision, check=kept.check, events=(*events, noted), requeue_after=wait)
