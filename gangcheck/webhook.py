@@ -350,11 +350,15 @@ class WebhookServer:
         answer: dict[str, Any] = {"uid": admission["uid"], "allowed": True}
         try:
             patch = self._patch(admission)
-            warnings = self._warnings(admission)
         except Exception:
             log.exception("gating failed; the pod is allowed ungated")
             _call(self._on_error, "internal")
-            patch, warnings = None, ()
+            patch = None
+        try:
+            warnings = self._warnings(admission)
+        except Exception:  # a warning is never worth the gate: the patch stands
+            log.exception("the webhook's warnings failed; the pod is answered without them")
+            warnings = ()
         if patch:
             answer["patchType"] = "JSONPatch"
             answer["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()

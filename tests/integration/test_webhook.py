@@ -227,6 +227,24 @@ async def test_a_pod_gangcheck_cannot_hold_as_it_asks_is_allowed_unpatched_with_
     assert webhook.errors == []
 
 
+async def test_warnings_that_fail_never_cost_a_member_its_gate(
+    webhook: Running, certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_: Any) -> tuple[str, ...]:
+        raise RuntimeError("warnings broken")
+
+    monkeypatch.setattr("gangcheck.webhook.admission_warnings", broken)
+    async with (
+        session(certs) as s,
+        s.post(f"{webhook.url}{MUTATE_PATH}", json=review(member())) as r,
+    ):
+        assert r.status == 200
+        answer = await r.json()
+    assert decoded_patch(answer) is not None
+    assert "warnings" not in answer["response"]
+    assert webhook.gated == [COSCHEDULING]
+
+
 @pytest.mark.parametrize("body", NOT_PATCHED)
 async def test_anything_else_is_allowed_unpatched(
     webhook: Running, certs: Certs, body: Obj

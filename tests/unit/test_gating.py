@@ -288,6 +288,17 @@ WARNINGS = [
         tolerating(pod(), {"operator": "Exists"}), (), id="every taint (DaemonSet-like): known"
     ),
     pytest.param(
+        {
+            **tolerating(pod(), {"key": ARRIVING, "operator": "Exists"}),
+            "metadata": {
+                "name": "agent-x",
+                "ownerReferences": [{"kind": "DaemonSet", "name": "agent", "controller": True}],
+            },
+        },
+        (),
+        id="a DaemonSet's pod: it runs on every node by design, the reclaim rules know it",
+    ),
+    pytest.param(
         {"metadata": {}, "spec": {"tolerations": [None, "x", {"key": 3}], "nodeName": 5}},
         (),
         id="wrong types",

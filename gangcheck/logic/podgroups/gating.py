@@ -150,7 +150,8 @@ def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
       named to it whatever the node's taints, gangcheck's holds included;
     * a toleration of gangcheck's hold (or arriving) taint with ``operator: Exists``: the pod
       may take nodes held for any gang. One request's hold tolerated (``Equal``, its value)
-      is what gangcheck or Kueue's podSetUpdates give a gang's own pods: not warned of.
+      is what gangcheck or Kueue's podSetUpdates give a gang's own pods, and a DaemonSet's
+      pods run on every node by design: neither is warned of.
     """
     spec = _mapping(pod.get("spec")) or {}
     group = group_of(pod)
@@ -168,6 +169,8 @@ def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
             "gangcheck's holds"
         )
     tolerations = spec.get("tolerations")
+    if _daemonset(pod):  # on every node by design; the reclaim rules know its pods
+        tolerations = None
     for toleration in tolerations if isinstance(tolerations, list) else ():
         t = _mapping(toleration) or {}
         key = t.get("key")
@@ -177,3 +180,13 @@ def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
                 "onto nodes gangcheck keeps for gangs, taking a gang's capacity"
             )
     return tuple(w[:256] for w in warnings)
+
+
+def _daemonset(pod: Mapping[str, Any]) -> bool:
+    """Controlled by a DaemonSet (as model.objects.pod_of reads it)."""
+    metadata = _mapping(pod.get("metadata")) or {}
+    owners = metadata.get("ownerReferences")
+    return any(
+        isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller")
+        for o in (owners if isinstance(owners, list) else ())
+    )
