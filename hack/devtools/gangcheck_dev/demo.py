@@ -523,10 +523,21 @@ def stop_leftovers(state_dir: Path, timeout: float = STOP_TIMEOUT) -> list[int]:
     `python -m gangcheck_dev` whose command line names the folder. The stack's own processes
     (its supervisor, `-m gangcheck_dev.testbed`, and the Go binaries) are `dev down`'s. Not
     this process: `demo down --state-dir <folder>` names the folder too."""
-    mentioning = processes_mentioning(str(state_dir))
-    left = [pid for pid in mentioning if pid != os.getpid() and _ours(pid)]
+    folder = str(state_dir).rstrip("/")
+    mentioning = processes_mentioning(folder)
+    left = [
+        pid
+        for pid in mentioning
+        if pid != os.getpid() and _ours(pid) and _names_folder(pid_cmdline(pid), folder)
+    ]
     _stop(left, timeout)
     return left
+
+
+def _names_folder(args: list[str], folder: str) -> bool:
+    """Whether an argument is the folder or a path in it (`/x/demo`, `--kubeconfig=/x/demo/k`),
+    not one of another folder the name begins (`/x/demo2`)."""
+    return any(arg == folder or arg.endswith(f"={folder}") or f"{folder}/" in arg for arg in args)
 
 
 def _ours(pid: int) -> bool:

@@ -183,3 +183,12 @@ def test_down_naming_its_state_folder_does_not_stop_itself(tmp_path: Path) -> No
     )
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert not state.exists()
+
+
+def test_a_process_of_another_folder_the_name_begins_is_not_the_demos() -> None:
+    folder = "/x/demo"
+    assert demo._names_folder(["python", "--kubeconfig", "/x/demo/kubeconfig"], folder)
+    assert demo._names_folder(["python", "--kubeconfig=/x/demo/kubeconfig"], folder)
+    assert demo._names_folder(["python", "--state-dir", "/x/demo"], folder)
+    assert not demo._names_folder(["python", "--kubeconfig", "/x/demo2/kubeconfig"], folder)
+    assert not demo._names_folder(["python", "--state-dir=/x/demo2"], folder)
