@@ -44,16 +44,22 @@ def test_the_hints_say_where_the_metrics_are() -> None:
     assert "curl -s http://127.0.0.1:41002/metrics" in hints and "docs/metrics.md" in hints
 
 
-def test_what_demo_up_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> None:
-    """`demo up` again, or `demo down`, stops the processes the last `demo up` recorded; a
-    recorded pid that is no longer such a process (reused) is left alone."""
-    kubeconfig = tmp_path / "kubeconfig"
+def _unreachable_kubeconfig(folder: Path) -> Path:
+    """A kubeconfig naming an API server nobody serves: the process on it runs, retrying."""
+    kubeconfig = folder / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
         "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
     )
+    return kubeconfig
+
+
+def test_what_demo_up_left_running_is_stopped_and_nothing_else(tmp_path: Path) -> None:
+    """`demo up` again, or `demo down`, stops the processes the last `demo up` recorded; a
+    recorded pid that is no longer such a process (reused) is left alone."""
+    kubeconfig = _unreachable_kubeconfig(tmp_path)
     health, metrics = free_ports(2)
     args = demo.explore_run_args(kubeconfig, health, metrics, [])
     controller = demo._detached("gangcheck", args, tmp_path / "gangcheck.log")  # retries 30 s
@@ -74,13 +80,7 @@ def test_down_stops_a_demo_process_its_record_missed(tmp_path: Path) -> None:
     """A simulated cloud of the demo's on this state folder that no record names (a `demo up`
     interrupted before it wrote it), and one leading no process group of its own, are
     stopped; a process of another command naming the folder is left alone."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = _unreachable_kubeconfig(tmp_path)
     args = ["sim-cloud", "--kubeconfig", str(kubeconfig), "--config-map", "demo/sim-cloud"]
     unrecorded = demo._detached("gangcheck_dev", args, tmp_path / "sim.log")
     groupless = subprocess.Popen(  # in this process's group: no group of its own to signal
