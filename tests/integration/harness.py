@@ -90,6 +90,34 @@ def apply(
     return done.stdout, done.stderr
 
 
+def deny_policy(
+    name: str,
+    rule: Obj,
+    validation: Obj,
+    *,
+    match_conditions: list[Obj] | None = None,
+    namespace: str | None = None,
+) -> str:
+    """A ValidatingAdmissionPolicy `name` denying what `rule` (one resourceRules entry)
+    matches and `validation` (expression, message, reason) refuses, and its binding (to the
+    namespace `namespace` only, if given), as manifests for `apply`."""
+    spec: Obj = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [rule]},
+        "validations": [validation],
+    }
+    if match_conditions:
+        spec["matchConditions"] = match_conditions
+    binding: Obj = {"policyName": name, "validationActions": ["Deny"]}
+    if namespace is not None:
+        selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        binding["matchResources"] = {"namespaceSelector": selector}
+    api = "admissionregistration.k8s.io/v1"
+    policy = {"apiVersion": api, "kind": "ValidatingAdmissionPolicy", "spec": spec}
+    bound = {"apiVersion": api, "kind": "ValidatingAdmissionPolicyBinding", "spec": binding}
+    return yaml.safe_dump_all([{**o, "metadata": {"name": name}} for o in (policy, bound)])
+
+
 @contextlib.contextmanager
 def fence_policy_installed(cp: ControlPlane) -> Iterator[None]:
     """manifests/base/fence-policy.yaml applied (`apply`), and removed afterwards."""

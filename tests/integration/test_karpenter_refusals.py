@@ -31,6 +31,7 @@ from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
+from tests.integration.harness import apply, deny_policy
 from tests.integration.test_diagnose import node_claim_crd
 from tests.integration.test_karpenter_source_pools import (  # the fixture: pytest finds it here
     node_pool,
@@ -41,7 +42,6 @@ from tests.integration.test_manifests import remove_namespace
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
-VAP_API = "/apis/admissionregistration.k8s.io/v1"
 
 
 @pytest.fixture
@@ -74,52 +74,33 @@ def template(namespace: str, gang: str) -> Obj:
 def policy(control_plane: ControlPlane, name: str, denied: str, reason: str) -> Iterator[str]:
     """A ValidatingAdmissionPolicy (and its binding) denying the creation of NodeClaims made
     for the gang request ``denied`` (``namespace/name``); yields the message it denies with."""
-    admin = control_plane.client()
     said = "claims of this gang are not allowed here"
     validation: Obj = {"expression": "false", "message": said}
     if reason:
         validation["reason"] = reason
     requested_for = f"object.metadata.annotations['{names.REQUESTED_FOR}']"
-    body = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [names.GROUP],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["nodeclaims"],
-                    }
-                ]
-            },
-            "matchConditions": [
-                {
-                    "name": "the-denied-gang",
-                    "expression": f"has(object.metadata.annotations) && "
-                    f"'{names.REQUESTED_FOR}' in object.metadata.annotations && "
-                    f"{requested_for} == '{denied}'",
-                }
-            ],
-            "validations": [validation],
+    the_denied_gang = {
+        "name": "the-denied-gang",
+        "expression": f"has(object.metadata.annotations) && "
+        f"'{names.REQUESTED_FOR}' in object.metadata.annotations && "
+        f"{requested_for} == '{denied}'",
+    }
+    manifests = deny_policy(
+        name,
+        {
+            "apiGroups": [names.GROUP],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["nodeclaims"],
         },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    admin.apply(f"{VAP_API}/validatingadmissionpolicies/{name}", body, "test")
-    admin.apply(f"{VAP_API}/validatingadmissionpolicybindings/{name}", binding, "test")
+        validation,
+        match_conditions=[the_denied_gang],
+    )
+    apply(control_plane, manifests)
     try:
         yield said
     finally:
-        admin.request("DELETE", f"{VAP_API}/validatingadmissionpolicybindings/{name}")
-        admin.request("DELETE", f"{VAP_API}/validatingadmissionpolicies/{name}")
+        control_plane.run_kubectl("delete", "--ignore-not-found", "-f", "-", stdin=manifests)
 
 
 @contextlib.asynccontextmanager

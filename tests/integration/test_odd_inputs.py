@@ -8,7 +8,6 @@ import contextlib
 import json
 
 import pytest
-import yaml
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
@@ -31,7 +30,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt import naming
 from gangcheck.model.names import MESSAGE_ANNOTATION
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, apply, eventually
+from tests.integration.harness import Cluster, RunningController, apply, deny_policy, eventually
 from tests.integration.test_podgroups import Groups, groups, provisioner  # noqa: F401
 from tests.integration.test_reclaim import NO_CORDON, no_cordon
 
@@ -109,38 +108,17 @@ def _no_ready_policy(namespace: str, workload: str) -> str:
         f"object.metadata.name != '{workload}' || !has(object.status.admissionChecks) || "
         "object.status.admissionChecks.all(c, c.state != 'Ready')"
     )
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["kueue.x-k8s.io"],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": ["workloads/status"],
-                    }
-                ]
-            },
-            "validations": [{"expression": never_ready, "message": f"{workload} may not run"}],
+    return deny_policy(
+        name,
+        {
+            "apiGroups": ["kueue.x-k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["workloads/status"],
         },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
-        },
-    }
-    return yaml.safe_dump_all([policy, binding])
+        {"expression": never_ready, "message": f"{workload} may not run"},
+        namespace=namespace,
+    )
 
 
 async def test_a_check_write_a_policy_refuses_is_said_once_and_other_gangs_are_served(

@@ -44,7 +44,7 @@ from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
 from gangcheck.telemetry import Metrics
 from tests.builders import container
-from tests.integration.harness import ARRIVED, TEST_CRDS, apply, eventually
+from tests.integration.harness import ARRIVED, TEST_CRDS, apply, deny_policy, eventually
 
 pytestmark = pytest.mark.integration
 _ids = itertools.count(1)
@@ -810,29 +810,20 @@ def _no_cordon_policy(name: str, reason: str) -> str:
     """A ValidatingAdmissionPolicy refusing to cordon a node labelled FROZEN=`name`, to
     everyone (gangcheck's fence cordons), with `reason` (Invalid: 422 naming a cause;
     Forbidden: 403). One per test: a policy deleted is still enforced for a moment."""
-    return f"""
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {{name: {name}}}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-      - {{apiGroups: [""], apiVersions: [v1], operations: [UPDATE], resources: [nodes]}}
-  validations:
-    - expression: >-
-        !object.spec.?unschedulable.orValue(false)
-        || object.metadata.?labels["{FROZEN}"].orValue("") != "{name}"
-      message: {NO_CORDON}
-      reason: {reason}
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {{name: {name}}}
-spec:
-  policyName: {name}
-  validationActions: [Deny]
-"""
+    refuse = (
+        "!object.spec.?unschedulable.orValue(false)"
+        f' || object.metadata.?labels["{FROZEN}"].orValue("") != "{name}"'
+    )
+    return deny_policy(
+        name,
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["nodes"],
+        },
+        {"expression": refuse, "message": NO_CORDON, "reason": reason},
+    )
 
 
 @contextlib.asynccontextmanager
