@@ -306,6 +306,10 @@ class ProvisioningRequest:
     creation_timestamp: str = ""
     deleting: bool = False
     class_details: dict[str, str] = field(default_factory=dict)
+    deletion_timestamp: str = ""
+    """metadata.deletionTimestamp: since when it is being deleted ("" when it is not)."""
+    finalizers: tuple[str, ...] = ()
+    """metadata.finalizers: what its deletion waits on (another controller's to remove)."""
 
     @property
     def name(self) -> str:
@@ -333,6 +337,8 @@ def request_of(obj: Obj) -> ProvisioningRequest:
         owner_uids=tuple(r.get("uid", "") for r in meta.get("ownerReferences") or []),
         creation_timestamp=meta.get("creationTimestamp", ""),
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_timestamp=str(meta.get("deletionTimestamp") or ""),
+        finalizers=tuple(str(f) for f in meta.get("finalizers") or ()),
         class_details={
             k: str(v) for k, v in (status.get("provisioningClassDetails") or {}).items()
         },

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import flow, naming, places
-from gangcheck.logic.attempt.actions import DeleteRequest
+import pytest
+
+from gangcheck.logic.attempt import deletion, flow, naming, places
+from gangcheck.logic.attempt.actions import DeleteRequest, Event
 from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec
 from gangcheck.logic.podgroups.podgroup import GroupDecision
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
+from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.admission import Decision
 from gangcheck.model.objects import ProvisioningRequest, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec, parse_spec
-from tests.builders import provisioning_request
+from tests.builders import T0, provisioning_request
+
+NOW = parse_time(T0) or datetime.min
 
 SOURCES: dict[str, object] = {
     "capacitySources": [
@@ -51,8 +57,10 @@ class Stand:
 
     made: list[tuple[str, flow.NewAsk]] = field(default_factory=list)
     ended: list[tuple[str, str]] = field(default_factory=list)
+    saying: str = ""
+    """What the gang's state says already (its `say` writes nothing when it says it)."""
 
-    def gang(self, held: Held, attempt: int = 2) -> flow.Gang[Said]:
+    def gang(self, held: Held, attempt: int = 2, now: datetime = NOW) -> flow.Gang[Said]:
         def create(name: str, new: flow.NewAsk) -> Said:
             self.made.append((name, new))
             return Said(said=f"asked {name}")
@@ -60,6 +68,9 @@ class Stand:
         def ended(req: ProvisioningRequest, why: str) -> Said:
             self.ended.append((req.name, why))
             return Said(said=f"ended {req.name}")
+
+        def say(message: str, event: Event) -> Said:
+            return Said() if message == self.saying else Said(said=message, events=(event,))
 
         def pinned(labels: Mapping[str, str]) -> GangSpec:
             return GangSpec((("ps", 1, {"spec": {"nodeSelector": dict(labels)}}),))
@@ -75,6 +86,8 @@ class Stand:
             pinned=pinned,
             create=create,
             ended=ended,
+            now=now,
+            say=say,
         )
 
 
@@ -136,10 +149,95 @@ def test_in_order_follows_the_current_ask_and_waits_for_one_being_deleted() -> N
     assert stand.made == []
 
 
-def replace_deleting(req: ProvisioningRequest) -> ProvisioningRequest:
+def replace_deleting(
+    req: ProvisioningRequest, since: datetime = NOW, finalizers: tuple[str, ...] = ()
+) -> ProvisioningRequest:
     raw = provisioning_request(req.name, templates=[("t", 1)], annotations=dict(req.annotations))
-    raw["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    raw["metadata"]["deletionTimestamp"] = format_time(since)
+    if finalizers:
+        raw["metadata"]["finalizers"] = list(finalizers)
     return request_of(raw)
+
+
+HELD = ("example.com/keep", "other.io/audit")
+STUCK = f"finalizers [example.com/keep, other.io/audit] remain since {T0}"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "finalizers", "saying", "said", "event", "poll"),
+    [
+        # within the grace: waited for every second, nothing said (a deletion is quick)
+        (0, HELD, "", "", False, 1.0),
+        (29, HELD, "", "", False, 1.0),
+        # past it: said, naming the request and what holds it, a Warning once
+        (
+            30,
+            HELD,
+            "",
+            f"waiting for ProvisioningRequest {{name}} to be deleted: {STUCK}",
+            True,
+            1.0,
+        ),
+        # said already: nothing written, no second Event; the poll doubles, up to 30 s
+        (
+            32,
+            HELD,
+            f"waiting for ProvisioningRequest {{name}} to be deleted: {STUCK}",
+            "",
+            False,
+            2.0,
+        ),
+        (
+            38,
+            HELD,
+            f"waiting for ProvisioningRequest {{name}} to be deleted: {STUCK}",
+            "",
+            False,
+            8.0,
+        ),
+        (
+            3600,
+            HELD,
+            f"waiting for ProvisioningRequest {{name}} to be deleted: {STUCK}",
+            "",
+            False,
+            30.0,
+        ),
+        # no finalizer in the read (a read older than its removal): said as such
+        (
+            45,
+            (),
+            "",
+            f"waiting for ProvisioningRequest {{name}} to be deleted: no finalizer left since {T0}",
+            True,
+            15.0,
+        ),
+    ],
+)
+def test_a_request_stuck_in_deletion_is_said_once_and_polled_less_often(
+    *,
+    seconds: int,
+    finalizers: tuple[str, ...],
+    saying: str,
+    said: str,
+    event: bool,
+    poll: float,
+) -> None:
+    current = _request(_name(2))
+    gone = replace_deleting(current, finalizers=finalizers)
+    stand = Stand(saying=saying.format(name=current.name))
+    out = flow.in_order(
+        stand.gang(Held(TWO_SOURCES, (gone,)), now=NOW + timedelta(seconds=seconds)),
+        first=lambda name: Said(said="first"),
+        in_flight=lambda req: Said(said="followed"),
+        why="superseded",
+    )
+    assert out.said == said.format(name=current.name)
+    warned = [(e.reason, e.warning, e.message) for e in out.events]
+    assert warned == ([(deletion.EVENT_REASON, True, out.said)] if event else [])
+    assert out.requeue_after == poll
+    assert out.actions == ()  # nothing asked, nothing deleted: another's finalizer is left
+    assert stand.made == []
 
 
 def test_a_place_that_could_not_deliver_gives_way_to_the_next_in_the_same_attempt() -> None:
@@ -180,3 +278,20 @@ def test_a_race_starts_at_its_first_sources_and_withdraws_an_earlier_attempts_re
     assert [(n, a.place.source) for n, a in stand.made] == [(_name(2), 0), (_name(2, 1), 1)]
     assert out.said == "racing"
     assert _deleted(out) == [(earlier.name, "superseded by attempt 2")]
+
+
+def test_a_race_whose_asks_are_all_stuck_in_deletion_names_those_past_the_grace() -> None:
+    race = parse_spec({**SOURCES, "capacitySourcePolicy": "Race"})
+    old = replace_deleting(_request(_name(2)), finalizers=HELD)
+    young = replace_deleting(
+        _request(_name(2, 1)), since=NOW + timedelta(seconds=50), finalizers=HELD
+    )
+    stand = Stand()
+    gang = stand.gang(Held(race, (old, young)), now=NOW + timedelta(seconds=60))
+    out = flow.race_attempt(
+        gang, start=lambda: Said(said="start"), follow=lambda asks: Said(said="following")
+    )
+    assert out.said == f"waiting for ProvisioningRequest {old.name} to be deleted: {STUCK}"
+    assert [e.reason for e in out.events] == [deletion.EVENT_REASON]
+    assert out.requeue_after == 1.0  # the younger one is still in its grace
+    assert stand.made == []

@@ -269,6 +269,15 @@ def test_a_race_whose_racers_are_all_being_deleted_waits_for_them_to_go() -> Non
     attempt counted failed); nothing is decided on them, nothing asked under their names,
     until they are gone (as an InOrder request being deleted is waited for)."""
     d = run([deleting(racer(A, 0)), deleting(racer(B, 1))])
-    assert d.check is None and d.actions == () and d.requeue_after is not None
+    assert d.actions == () and d.requeue_after is not None
+    # in deletion past the grace (flow.deleting): the wait is said, naming each and its
+    # finalizer, the check still Pending, with a Warning once
+    assert d.check is not None and d.check.state == "Pending"
+    assert d.check.message == "; ".join(
+        f"waiting for ProvisioningRequest {name} to be deleted: finalizers [example.com/keep] "
+        "remain since 2026-11-30T10:00:00Z"
+        for name in ("wl-atomic-1", "wl-atomic-1-s1")
+    )
+    assert [(e.reason, e.warning) for e in d.events] == [("RequestStuckDeleting", True)]
     one = run([deleting(racer(A, 0)), racer(B, 1, conditions={"Accepted": "ok"})])
     assert created(one) == [] and one.check is not None and one.check.state == "Pending"

@@ -595,6 +595,26 @@ CASES = [
         ),
         "blocked: the admission check mk (kueue.x-k8s.io/multikueue) is Pending: dispatching",
     ),
+    Case(
+        "a request being deleted, within the grace: the gang waits for it to go",
+        gang(req=request(deleting=True, deleted_at=NOW - timedelta(seconds=10))),
+        f"blocked: ProvisioningRequest {REQ} is being deleted",
+        "request",
+    ),
+    Case(
+        "a request held in deletion past the grace: the finalizers and since when, as the "
+        "check message says",
+        gang(
+            req=request(
+                deleting=True,
+                deleted_at=NOW - timedelta(minutes=5),
+                finalizers=("example.com/keep", "other.io/audit"),
+            )
+        ),
+        f"blocked: waiting for ProvisioningRequest {REQ} to be deleted: finalizers "
+        "[example.com/keep, other.io/audit] remain since 2026-11-30T10:00:00Z",
+        "request",
+    ),
 ]
 
 

@@ -275,6 +275,25 @@ CASES = [
         requests=[req()],
     ),
     Case(
+        "its request held in deletion past the grace: the finalizer and since when, as the "
+        "group's message says",
+        group(3, **PROVISIONING),
+        members(3),
+        "blocked: waiting for ProvisioningRequest g-pg-1 to be deleted: finalizers "
+        "[example.com/keep] remain since 2026-11-30T10:00:00Z",
+        "requested",
+        requests=[
+            {
+                **req(),
+                "metadata": {
+                    **req()["metadata"],
+                    "deletionTimestamp": "2026-11-30T10:00:00Z",
+                    "finalizers": ["example.com/keep"],
+                },
+            }
+        ],
+    ),
+    Case(
         "accepted, partly placeable on existing nodes",
         group(4, **PROVISIONING),
         members(4),

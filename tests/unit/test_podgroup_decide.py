@@ -1062,3 +1062,49 @@ def test_a_recorded_config_past_int32_is_no_record_not_an_error() -> None:
     )
     decision = _decide(case)
     assert "0 of 3 members placeable" in (decision.status or {}).get("gangcheck.io/message", "")
+
+
+def _in_deletion(raw: Any, since: str, *finalizers: str) -> Any:
+    raw["metadata"]["deletionTimestamp"] = since
+    raw["metadata"]["finalizers"] = list(finalizers)
+    return raw
+
+
+STUCK_LINE = (
+    f"waiting for ProvisioningRequest {REQ1} to be deleted: finalizers [example.com/keep] "
+    "remain since 2026-11-30T10:00:00Z"
+)
+
+
+@pytest.mark.parametrize(
+    ("since", "said", "message", "events", "poll"),
+    [
+        # 10 s in deletion: within the grace, nothing said, looked at every second
+        ("2026-11-30T10:04:50Z", "", None, (), 1.0),
+        # 5 min: said on the group (its state kept), a Warning once; looked at every 30 s
+        ("2026-11-30T10:00:00Z", "", STUCK_LINE, ("RequestStuckDeleting",), 30.0),
+        # said already: nothing written, no Event again
+        ("2026-11-30T10:00:00Z", STUCK_LINE, None, (), 30.0),
+    ],
+)
+def test_a_request_held_in_deletion_by_a_finalizer_is_said_on_the_group(
+    since: str, said: str, message: str | None, events: tuple[str, ...], poll: float
+) -> None:
+    """The group's next ask is made under the name of a request held in deletion by a
+    finalizer no one removes: the group waits, and past the grace its message says why
+    (before, it was looked at every second for ever with nothing said)."""
+    notes = {"gangcheck.io/state": "Provisioning", "gangcheck.io/request": REQ1}
+    if said:
+        notes["gangcheck.io/message"] = said
+    case = Case(
+        "stuck",
+        group(3, annotations=notes),
+        members(3),
+        requests=[_in_deletion(req(), since, "example.com/keep")],
+    )
+    decision = _decide(case)
+    written = dict(decision.status or {})
+    assert written == ({} if message is None else {"gangcheck.io/message": message})
+    assert [(e.reason, e.warning) for e in decision.events] == [(r, True) for r in events]
+    assert decision.actions == ()  # nothing asked or deleted; the finalizer is not ours
+    assert decision.requeue_after == poll

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from gangcheck.logic.attempt import places
+from gangcheck.logic.attempt import deletion, places
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
@@ -98,6 +98,9 @@ class RequestFacts:
     domain: str = ""
     """The topology domain its ask is scoped to (``level=value``), if any."""
     domains_tried: tuple[str, ...] = ()
+    deleted_at: datetime | None = None
+    """Its metadata.deletionTimestamp (None: not being deleted, or not readable)."""
+    finalizers: tuple[str, ...] = ()
 
     @property
     def status(self) -> AttemptStatus:
@@ -163,6 +166,8 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         source_name=asked.name if asked is not None else "",
         domain=notes.get(DOMAIN_ANNOTATION, ""),
         domains_tried=places.of_request(req).tried,
+        deleted_at=parse_time(req.deletion_timestamp) if req.deleting else None,
+        finalizers=req.finalizers,
     )
 
 
@@ -319,6 +324,14 @@ def as_decided(req: RequestFacts | None, moved: Mapping[str, datetime]) -> Reque
     if req is None or req.name not in moved:
         return req
     return replace(req, deadline=moved[req.name])
+
+
+def deleting_verdict(req: RequestFacts, now: datetime) -> Verdict:
+    """The attempt's request is being deleted: the gang waits for it to be gone (its next ask
+    is made under its name); past the grace, in the line the gang's message says
+    (deletion.line: the finalizers that hold it, since when)."""
+    stuck = deletion.line(req.name, req.finalizers, req.deleted_at, now)
+    return Verdict(True, "request", stuck or f"ProvisioningRequest {req.name} is being deleted")
 
 
 def step_verdict(

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
 from gangcheck.logic.attempt import (
+    deletion,
     driver,
     lifecycle,
     naming,
@@ -121,6 +122,11 @@ class Gang(Generic[D]):
     (a PodGroup whose gang fits on nodes that exist is released there)."""
     ended: Callable[[ProvisioningRequest, str], D]
     """The attempt of this request ends (why): as a rollback that no place follows would."""
+    now: datetime
+    """The decision's time (how long a request of the gang has been in deletion)."""
+    say: Callable[[str, Event], D]
+    """The gang's state as it stands, its message this one; with the Event only when that
+    changes what it says (nothing is written when it says it already)."""
 
     @property
     def config(self) -> AtomicProvisioningSpec:
@@ -342,7 +348,7 @@ def in_order(
             events=(*decision.events, *said),
         )
     elif req.deleting:
-        decision = gang.kind(requeue_after=1.0)
+        decision = deleting(gang, (req,))
     elif topup.is_kept(req):
         decision = kept_without_next(gang, req, asked)
     else:
@@ -350,6 +356,21 @@ def in_order(
     # the kept requests' nodes kept from the autoscaler's scale-down (scaledown.py)
     guarded = scaledown.guard(gang.kept_in(), gang.capacity)
     return replace(decision, actions=stale + guarded + decision.actions)
+
+
+def deleting(gang: Gang[D], reqs: Sequence[ProvisioningRequest]) -> D:
+    """The gang waits for these requests of its attempt, being deleted, to be gone (what it
+    asks next is asked under their names): looked at again soon; once one is in deletion
+    past the grace, the wait is said on the gang's state, naming it and the finalizers that
+    hold it, with a Warning Event once, and looked at less often (deletion.py). Another
+    controller's finalizer is never removed: a person must act."""
+    wait = deletion.poll_after(reqs, gang.now)
+    said = [line for r in reqs if (line := deletion.stuck(r, gang.now))]
+    if not said:
+        return gang.kind(requeue_after=wait)
+    message = "; ".join(said)
+    out = gang.say(message, Event(deletion.EVENT_REASON, message, warning=True))
+    return replace(out, requeue_after=wait)
 
 
 def kept_back(
@@ -498,7 +519,7 @@ def race_attempt(
         # every ask of the attempt is being deleted (an earlier one under these names, after
         # an eviction, held by a finalizer): nothing is judged on them, and nothing asked
         # under their names, until they are gone
-        decision = gang.kind(requeue_after=1.0)
+        decision = deleting(gang, [r for _, r in asks])
     else:
         decision = follow(asks) if asks else start()
     # an ask made again under the name of one gone (a racer deleted by hand, its place

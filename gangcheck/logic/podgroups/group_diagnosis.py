@@ -27,6 +27,7 @@ from gangcheck.logic.attempt.explain import (
     World,
     as_decided,
     attempt_phase,
+    deleting_verdict,
     fit_verdict,
     human_duration,
     moved_deadlines,
@@ -568,6 +569,8 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
     req, decided = f.request, f.replay or GroupReplay(state=f.state, message=f.message)
     if req is None or not req.found:
         return _no_request_verdict(f, decided)
+    if req.deleting:
+        return deleting_verdict(req, now)
     said = step_verdict(
         decided.progress,
         decided.message,

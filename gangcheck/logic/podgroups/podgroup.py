@@ -245,7 +245,17 @@ def _gang(snap: GroupSnapshot, members: _Members, now: datetime) -> flow.Gang[Gr
         pinned=lambda labels: _pinned(whole(), labels),
         create=lambda name, new: _first(snap, members, whole(), name, new, now=now),
         ended=ended,
+        now=now,
+        say=partial(_say, snap),
     )
+
+
+def _say(snap: GroupSnapshot, message: str, event: Event) -> GroupDecision:
+    """The group's state as it stands (Provisioning when it has none), its message this one;
+    `event` once, when that changes what it says."""
+    state = snap.group.annotations.get(STATE_ANNOTATION) or PROVISIONING
+    said = _status(snap, state, message)
+    return replace(said, events=(event,)) if said.status is not None else said
 
 
 def _settling(members: _Members, now: datetime) -> GroupDecision | None:
@@ -424,8 +434,7 @@ def _race(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecisio
         return _backing_off(snap, now) or _settling(members, now) or _start_race(snap, gang)
 
     def follow(asks: list[race.Ask]) -> GroupDecision:
-        if all(r.deleting for _, r in asks):
-            return GroupDecision(requeue_after=1.0)
+        # asks all being deleted are waited for before: flow.race_attempt, flow.deleting
         return _follow_race(gang, snap, members, asks, now)
 
     return flow.race_attempt(gang, start=start, follow=follow)

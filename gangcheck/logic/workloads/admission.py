@@ -419,7 +419,16 @@ def _gang(snap: Snapshot, state: CheckState, now: datetime) -> flow.Gang[Decisio
         pinned=lambda labels: gang_templates(snap, labels=labels),
         create=partial(_create, snap, state, now),
         ended=lambda _, why: _retry_or_reject(snap, state, "rollback", why, now),
+        now=now,
+        say=partial(_say, state, now),
     )
+
+
+def _say(state: CheckState, now: datetime, message: str, event: Event) -> Decision:
+    """The check in its state, its message this one; `event` once, when that changes what it
+    says."""
+    said = _transition(state, state.state, message, now)
+    return replace(said, events=(*said.events, event)) if said.check is not None else said
 
 
 def _outcome(

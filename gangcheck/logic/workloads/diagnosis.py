@@ -27,6 +27,7 @@ from gangcheck.logic.attempt.explain import (
     World,
     as_decided,
     attempt_phase,
+    deleting_verdict,
     fit_verdict,
     human_duration,
     moved_deadlines,
@@ -715,7 +716,7 @@ def _attempt_verdict(facts: Facts, check: CheckFacts, now: datetime) -> Verdict:
             )
         return _pending_check(check.name, done)
     if req.deleting:
-        return Verdict(True, "request", f"ProvisioningRequest {req.name} is being deleted")
+        return deleting_verdict(req, now)
     said = step_verdict(
         done.progress,
         done.message,
