@@ -777,6 +777,28 @@ def test_a_member_of_the_gang_ungated_by_hand_is_given_the_request_and_its_hold_
     ]
 
 
+def test_a_member_released_onto_the_request_already_is_not_named_as_ungated_by_hand() -> None:
+    """The gang's release applied in part (its members patched one by one, the next decision
+    made before the group's record of it): a member consuming the request already had its
+    gate lifted by that release, with the request and the hold; it is no loose member
+    (podgroup.loose_members), not released again nor named as one whose gate was lifted
+    before. Before, every ungated unbound member was."""
+    held = {"gangcheck.io/state": "Provisioning", "gangcheck.io/request": REQ1}
+    case = Case(
+        "released in part",
+        group(3, annotations=held),
+        [member(0), member(1, gated=False, consumes=REQ1), member(2)],
+        requests=[req(conditions={"Provisioned": "ok"})],
+        nodes=[node("n1", gpu=3)],
+    )
+    decision = _decide(case)
+    (release,) = [a for a in decision.actions if isinstance(a, ReleaseMembers)]
+    assert release.pods == ("m0", "m2")
+    said = [e.message for e in decision.events if e.reason == "GangReleased"]
+    assert len(said) == 1
+    assert "gate was lifted before" not in said[0], said
+
+
 def test_pods_a_request_is_made_from_keep_their_claims_and_drop_their_binding() -> None:
     pod = member(0)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]

@@ -33,7 +33,7 @@ the PodGroup; everything about one attempt on its request.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache, partial
@@ -707,17 +707,9 @@ def _release(
         pinned = {f"source:{k}": (k, v) for k, v in shared.items()}
         holds = (*holds, *(hold_toleration(topup.key_of(r)) for r in kept))
     pins = dict({**domains, **pinned}.values())
-    gated = tuple(sorted(p.name for p in gang if p.gated))
-    # Members the gang counts whose gate is gone already (removed by someone else, or never
-    # added) and that wait unbound: given what the gang's members run with, the request
-    # consumed and its hold tolerated, else the room asked for them is held off from them
-    # (their node selector the API server no longer lets change: the applier drops it).
-    loose = tuple(sorted(p.name for p in gang if not p.gated and not p.node_name))
-    loose = loose if annotations or holds else ()
-    actions: tuple[Action, ...] = ()
-    if gated or loose:
-        pods = tuple(sorted((*gated, *loose)))
-        actions = (ReleaseMembers(pods, annotations, pins, GATE, holds),)
+    actions, said = release_together(
+        gang, annotations, pins, holds, reason="GangReleased", message=message
+    )
     decision = _status(
         snap,
         state,
@@ -727,17 +719,45 @@ def _release(
         gang_members=str(len(gang)) if state == RELEASED else None,
         released_at=format_time(now) if state == RELEASED and now is not None else None,
     )
-    events = decision.events
-    if gated or loose:
-        also = (
-            f", and gave {len(loose)} member(s) whose gate was lifted before ({', '.join(loose)}) "
-            "the request and its hold's toleration"
-            if loose
-            else ""
-        )
-        text = f"Released {len(gated)} members together{also}: {message}"
-        events = (*events, Event("GangReleased", text[:MAX_MESSAGE]))
-    return replace(decision, actions=actions, events=events)
+    return replace(decision, actions=actions, events=(*decision.events, *said))
+
+
+def loose_members(pods: Iterable[Pod]) -> tuple[Pod, ...]:
+    """The members whose gate is gone though no release lifted it (removed by someone else,
+    or never added) and that wait unbound, consuming no request."""
+    return tuple(p for p in pods if not p.gated and not p.node_name and not p.consumes)
+
+
+def release_together(
+    pods: Sequence[Pod],
+    annotations: Mapping[str, str],
+    pins: Mapping[str, str],
+    holds: Sequence[Obj],
+    *,
+    reason: str,
+    message: str,
+) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
+    """Lift the gates of the gated ones of `pods` (a gang, or a growth) together, annotated
+    (`annotations`: the request consumed), pinned and tolerating `holds`, said in an Event
+    `reason` (GangReleased, GangGrown). Its loose members (`loose_members`) are given the
+    annotations and the tolerations with them (none to give: nothing asked, nothing held,
+    they are left alone), else the room asked for them is held off from them; their node
+    selector the API server no longer lets change (the applier drops it). The Event names
+    them. One rule for a gang's release (`_release`) and a growth's (growth.py)."""
+    gated = tuple(sorted(p.name for p in pods if p.gated))
+    loose = tuple(sorted(p.name for p in loose_members(pods))) if annotations or holds else ()
+    if not gated and not loose:
+        return (), ()
+    names = tuple(sorted((*gated, *loose)))
+    action = ReleaseMembers(names, dict(annotations), dict(pins), GATE, tuple(holds))
+    also = (
+        f", and gave {len(loose)} member(s) whose gate was lifted before ({', '.join(loose)}) "
+        "the request and its hold's toleration"
+        if loose
+        else ""
+    )
+    text = f"Released {len(gated)} members together{also}: {message}"
+    return (action,), (Event(reason, text[:MAX_MESSAGE]),)
 
 
 def _release_with_gang(late: Sequence[Pod], pins: Mapping[str, str]) -> GroupDecision:
