@@ -467,3 +467,35 @@ async def test_a_growth_whose_record_of_its_release_is_lost_is_kept_as_delivered
         assert not got["spec"].get("unschedulable")
         assert not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
     await untouched(groups, placed)
+
+
+async def test_a_growth_member_whose_gate_is_removed_by_hand_is_released_onto_the_growth(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 4 on a running group, one of the 2 added has its gate removed by hand
+    while it waits: it is one of the growth (asked for with the other), and once the growth
+    fits whole it is given the growth's request and its hold's toleration with the gated
+    one, named in GangGrown. Before, it was counted running: the growth asked for, and
+    released onto, the gated one alone, and the one ungated was never given what lets it
+    onto the held node (KeyError on its consume annotation here)."""
+    await groups.upstream("bare", 2)
+    placed = await released_and_bound(groups, "bare", 2)
+    await set_min_count(groups, "bare", 4)
+    await groups.member("bare-2", "bare")
+    await groups.member("bare-3", "bare")
+    await groups.kube.merge_patch(POD, "bare-3", {"spec": {"schedulingGates": None}}, groups.ns)
+    name = "bare-pg-grow-1"
+    req = await groups.cluster.wait_request(name)
+    assert sum(p["count"] for p in req["spec"]["podSets"]) == 2
+    await groups.cluster.set_request_conditions(name, {"Provisioned": "ok"})
+    await groups.cluster.add_nodes(2, gpu=1)
+    (event,) = await groups.cluster.wait_events("GangGrown")
+    assert "whose gate was lifted before (bare-3)" in event["message"], event["message"]
+    for pod in ("bare-2", "bare-3"):
+        got = await groups.pod(pod)
+        assert (got["metadata"].get("annotations") or {})[CONSUME_ANNOTATION] == name
+        holds = [t for t in got["spec"].get("tolerations") or [] if t.get("key") == HOLD_TAINT]
+        assert len(holds) == 1, got["spec"]
+    assert await groups.gated("bare-2", "bare-3") == [False, False]
+    await untouched(groups, placed)

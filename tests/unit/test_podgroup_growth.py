@@ -370,6 +370,54 @@ CASES += [
 ]
 
 
+def stripped(name: str) -> Obj:
+    """A member added with the group's growth, gated by the webhook, its gate removed by
+    hand since (or never added), waiting unbound."""
+    obj = pod(name, gated=True)
+    del obj["spec"]["schedulingGates"]
+    obj["metadata"]["annotations"] = {"gangcheck.io/gated-at": "2026-11-30T10:03:00Z"}
+    return obj
+
+
+CASES += [
+    Case(
+        "raised 4 -> 6, one of the 2 added ungated by hand: counted in the growth, one request "
+        "for both",
+        6,
+        [*running(), *added(1), stripped("new1")],
+        message="minCount raised to 6: 2 member(s) added to 4 running",
+        asked=(GROW1, 2),
+    ),
+    Case(
+        "one of the 2 added ungated by hand, the growth fits whole: both released onto it, "
+        "the one ungated given the request too",
+        6,
+        [*running(), *added(1), stripped("new1")],
+        requests=[grow_req(conditions={"Provisioned": ""})],
+        nodes=[OLD_NODE, node("n2", gpu=2, created="2026-11-30T10:04:00Z")],
+        message="they fit whole, released together",
+        released=("new0", "new1"),
+        consume=GROW1,
+        events=("GangGrown",),
+    ),
+    Case(
+        "one of the 2 added ungated by hand, both fit on nodes that exist: the gated one "
+        "released, the other needs nothing given (no request, no hold)",
+        6,
+        [*running(), *added(1), stripped("new1")],
+        nodes=[OLD_NODE, node("free", gpu=2)],
+        message="2 member(s) added to 4 running: they fit on nodes that exist",
+        released=("new0",),
+        events=("GangGrown",),
+    ),
+    Case(
+        "a member ungated by hand and no gated one added: no growth, it schedules as it may",
+        5,
+        [*running(), stripped("new1")],
+    ),
+]
+
+
 def annotations_of(obj: Obj) -> dict[str, str]:
     return dict(obj["metadata"].get("annotations") or {})
 
@@ -1175,3 +1223,23 @@ def test_a_growth_rolled_back_and_asked_again_is_said_in_a_normal_event() -> Non
     (case,) = [c for c in CASES if c.id.startswith("the growth rolled back, in its backoff")]
     (event,) = [e for e in run(case).events if e.reason == "GrowthRolledBack"]
     assert not event.warning
+
+
+def test_a_growth_member_ungated_by_hand_is_given_the_request_and_its_hold_and_named() -> None:
+    """A member added with the growth whose gate was removed by hand while it waits unbound
+    is one of the growth (counted in its need and its fit), and once the growth fits whole it
+    is given the request and its hold's toleration with the gated ones, named in GangGrown as
+    GangReleased names such members (podgroup.release_together). Before, it was counted
+    running: the growth asked for the gated one alone, and the member ungated waited for room
+    the hold keeps it off, never consuming what was asked."""
+    (case,) = [c for c in CASES if c.id.startswith("one of the 2 added ungated by hand, the")]
+    d = run(case)
+    (release,) = [a for a in d.actions if isinstance(a, ReleaseMembers)]
+    assert release.pods == ("new0", "new1")
+    assert release.annotations[CONSUME_ANNOTATION] == GROW1
+    assert [t["value"] for t in release.tolerations] == [hold_taint(f"default/{GROW1}")["value"]]
+    (said,) = [e.message for e in d.events if e.reason == "GangGrown"]
+    assert said.startswith(
+        "Released 1 members together, and gave 1 member(s) whose gate was lifted before (new1) "
+        "the request and its hold's toleration: released; minCount raised to 6"
+    ), said

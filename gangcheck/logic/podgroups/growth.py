@@ -6,7 +6,11 @@ the oldest ``minCount - running`` of the gated members are the *growth*; if they
 together on nodes that exist they are released at once, else one ProvisioningRequest asks
 for them (``<group>-<kind>-grow-<n>``, recorded with ``GROWS_ANNOTATION``: how many ran when
 it was made, and with the source it asks, whose deadline it has), and they are released
-together, annotated to consume it, when they fit whole on nodes that exist. The growth asks
+together, annotated to consume it, when they fit whole on nodes that exist. A member added
+whose gate was removed by hand (or never added) and that waits unbound, consuming no request
+(`podgroup.loose_members`), is one of the growth while a gated member waits: counted in its
+need and its fit, and given its request and the hold's toleration at its release, named in
+GangGrown, as a gang's release does (`podgroup.release_together`). The growth asks
 the capacity source the group was released onto (the one InOrder reached, or the one that
 won a Race; after an InOrder top-up, the source topped up from, followed to its index in the
 config now by ``lifecycle.asked_source``), one source only: it neither falls back to the
@@ -55,7 +59,6 @@ from gangcheck.logic.attempt.actions import (
     CreateRequest,
     Event,
     ReleaseHold,
-    ReleaseMembers,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
 from gangcheck.logic.attempt.hold import hold_toleration
@@ -81,7 +84,6 @@ from gangcheck.model.names import (
     CONSUME_ANNOTATION,
     FULFILLED,
     GANG_MEMBERS_ANNOTATION,
-    GATE,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     REQUEST_ANNOTATION,
@@ -205,8 +207,17 @@ def _decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     if state != RELEASED or group.deleting:
         return podgroup.decide(snap, now)  # deleted: every request withdrawn, growth's too
     live = [p for p in snap.members if p.live]
-    running = [p for p in live if not p.gated]
-    gated = sorted((p for p in live if p.gated), key=lambda p: (p.created, p.name))
+    # Members added with the gated ones whose gate was removed by hand (or never added) and
+    # that wait unbound, consuming nothing, are of the growth, as of a gang's release
+    # (`podgroup.loose_members`): counted in its need and fit, given its request and hold.
+    # Without a gated member waiting they are taken as running, as before: a member a
+    # release lifted the gate of, no request consumed (it fit on nodes that exist), is one
+    # too while it binds, and is asked for again by no growth.
+    loose = {p.name for p in podgroup.loose_members(live)} if any(p.gated for p in live) else set()
+    running = [p for p in live if not p.gated and p.name not in loose]
+    gated = sorted(
+        (p for p in live if p.gated or p.name in loose), key=lambda p: (p.created, p.name)
+    )
     need = group.min_count - len(running)
     if need <= 0 and not growing:
         return podgroup.decide(snap, now)
@@ -422,16 +433,13 @@ def _first(
     source, pins = _source(snap, chosen)
     gang = _pinned(gang_from_pods(group, chosen), pins)
     here = fits_now(_others_held(snap), gang)
-    names = tuple(sorted(p.name for p in chosen))
     if here.fits:
         message = f"released; {said}: they fit on nodes that exist, released together"
         status = _status(snap, RELEASED, message)
-        event = Event("GangGrown", f"Released {len(names)} members together: {message}")
-        return replace(
-            status,
-            actions=(*gone, ReleaseMembers(names, {}, pins, GATE)),
-            events=(*status.events, event),
+        released, events = podgroup.release_together(
+            chosen, {}, pins, (), reason="GangGrown", message=message
         )
+        return replace(status, actions=(*gone, *released), events=(*status.events, *events))
     name = _request_name(snap, number)
     record = {  # the source asked recorded: the growth is followed (deadline, drift) by it
         **lifecycle.record(number, snap.config, now, reserved=0, source=source),
@@ -533,21 +541,17 @@ def _follow(
     step = followed.step
     assert step is not None  # always in fit mode
     if step.progress is Progress.FITS:
-        names = tuple(sorted(p.name for p in chosen))
         consume = {CONSUME_ANNOTATION: req.name, CLASS_ANNOTATION: req.class_name}
         toleration = (hold_toleration(request_key(req)),)
         message = f"released; {said}: they fit whole, released together: {step.message}"
         status = _status(snap, RELEASED, message)
-        event = Event("GangGrown", f"Released {len(names)} members together: {message}")
+        released, events = podgroup.release_together(
+            chosen, consume, pins, toleration, reason="GangGrown", message=message
+        )
         return replace(
             status,
-            actions=(
-                *followed.upkeep,
-                *step.actions,
-                ReleaseMembers(names, consume, pins, GATE, toleration),
-                *lifecycle.fulfilled(req),
-            ),
-            events=(*status.events, event),
+            actions=(*followed.upkeep, *step.actions, *released, *lifecycle.fulfilled(req)),
+            events=(*status.events, *events),
             step=step,
         )
     if step.progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
