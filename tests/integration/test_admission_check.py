@@ -4,14 +4,16 @@ autoscaler by writing Workload and ProvisioningRequest status, as Kueue's own su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Any
 
 import pytest
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, WORKLOAD
-from gangcheck.logic.attempt import naming
+from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.logic.attempt import deletion, naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
     Cluster,
@@ -430,3 +432,65 @@ async def test_watches_recover_after_apiserver_restart(
     # The restarted API server refuses writes until its RBAC informers have synced: those are
     # the restart's, not the shipped RBAC's (a refusal by a policy still fails the test).
     controller.forgive_rbac_refusals()
+
+
+async def test_a_request_held_in_deletion_by_a_finalizer_is_said_not_polled_silently(
+    cluster: Cluster, controller: RunningController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's request is deleted while another controller's finalizer holds it: the
+    gang waits (its next ask is made under the same name). Past the grace the check message
+    says so, naming the request, its finalizer and since when; one RequestStuckDeleting
+    Warning; the finalizer is left alone. Once someone removes it, the ask is made again.
+    Before, it was polled every second for ever with nothing said."""
+    monkeypatch.setattr(deletion, "GRACE_SECONDS", 2.0)  # 30 s in production
+    await cluster.install_check(TRUST)
+    await cluster.submit(gang())
+    name = req_name(cluster)
+    first = await cluster.wait_request(name)
+    keep = {"metadata": {"finalizers": ["example.com/keep"]}}
+    await cluster.kube.merge_patch(PROVISIONING_REQUEST, name, keep, cluster.ns)
+    try:
+        await cluster.kube.delete(PROVISIONING_REQUEST, name, cluster.ns)
+        held = await cluster.wait_request(name)
+        since = held["metadata"]["deletionTimestamp"]
+        said = (
+            f"waiting for ProvisioningRequest {name} to be deleted: finalizers "
+            f"[example.com/keep] remain since {since}"
+        )
+
+        async def saying() -> dict[str, Any] | None:
+            check = await cluster.check_state("wl")
+            return check if check.get("message") == said else None
+
+        check = await eventually(saying, what="the check to say the request is held")
+        assert check["state"] == "Pending"
+        (event,) = await cluster.wait_events("RequestStuckDeleting")
+        assert event["type"] == "Warning" and event["message"] == said
+
+        async def said_again() -> object:
+            events = await cluster.events("RequestStuckDeleting")
+            return len(events) > 1 or any(e.get("count", 1) > 1 for e in events)
+
+        await never(said_again, seconds=4, what="the Warning said again")
+        still = await cluster.request(name)
+        assert still is not None and still["metadata"]["finalizers"] == ["example.com/keep"]
+        assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+    finally:
+        gone = {"metadata": {"finalizers": None}}
+        with contextlib.suppress(NotFoundError):
+            await cluster.kube.merge_patch(PROVISIONING_REQUEST, name, gone, cluster.ns)
+
+    async def asked_again() -> dict[str, Any] | None:
+        req = await cluster.request(name)
+        if req is None or req["metadata"].get("deletionTimestamp"):
+            return None
+        return req if req["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    await eventually(asked_again, what="the ask made again once the request is gone")
+
+    async def moved_on() -> dict[str, Any] | None:
+        check = await cluster.check_state("wl")
+        return None if "to be deleted" in check["message"] else check
+
+    check = await eventually(moved_on, what="the check to follow the new ask")
+    assert check["state"] == "Pending" and name in check["message"]
