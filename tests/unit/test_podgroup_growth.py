@@ -114,6 +114,13 @@ def grow_req(name: str = GROW1, count: int = 2, **kw: Any) -> Any:
     )
 
 
+def arrived_for_grow1(*, gpu: int = 2, held: bool = True, **kw: Any) -> Obj:
+    """Node n2, recorded as arrived for growth g-pg-grow-1, held for it unless `held` is off."""
+    taints = [hold_taint(f"default/{GROW1}")] if held else None
+    annotations = {"gangcheck.io/arrived-for": f"default/{GROW1}"}
+    return node("n2", gpu=gpu, annotations=annotations, taints=taints, **kw)
+
+
 OLD_NODE = node("old", gpu=4)  # the 4 running members fill it
 
 
@@ -231,13 +238,7 @@ CASES = [
         requests=[grow_req(annotations={"gangcheck.io/phase": "Fulfilled"})],
         nodes=[
             OLD_NODE,
-            node(
-                "n2",
-                gpu=2,
-                created="2026-11-30T10:04:00Z",
-                annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-                taints=[hold_taint(f"default/{GROW1}")],
-            ),
+            arrived_for_grow1(created="2026-11-30T10:04:00Z"),
         ],
         started=True,
     ),
@@ -899,12 +900,7 @@ def test_a_delivered_growths_request_deleted_by_hand_has_the_hold_it_left_lifted
     hold, so the node stayed closed to every pod but the growth's for ever, nothing said.
     Lifted as the group's own request's is (once the API server confirms it gone), with a
     HoldLifted Warning Event; nothing asked again, nothing reclaimed, the members untouched."""
-    held = node(
-        "n2",
-        gpu=2,
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    held = arrived_for_grow1()
     members = [
         pod(f"new{i}", gated=False, node_name="n2" if bound else "", consumes=GROW1)
         for i in range(2)
@@ -936,12 +932,7 @@ def test_a_delivered_growth_whose_members_all_left_before_binding_is_withdrawn(
     nothing reclaimed (as the group's own request whose members all left), said by a
     GrowthWithdrawn Event; with the request gone the next decision asks again for the
     members made again."""
-    held = node(
-        "n2",
-        gpu=2,
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    held = arrived_for_grow1()
     fulfilled = grow_req(
         annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
     )
@@ -971,13 +962,7 @@ def test_a_growth_in_flight_whose_members_fell_short_is_withdrawn_past_its_deadl
     Now it waits for them until its deadline, said, then is withdrawn, what arrived for it
     reclaimed safely (as a growth no longer needed), Event GrowthWithdrawn; nothing of it is
     released alone."""
-    n2 = node(
-        "n2",
-        gpu=1,
-        created="2026-11-30T10:04:00Z",
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    n2 = arrived_for_grow1(gpu=1, created="2026-11-30T10:04:00Z")
     waiting = grow_req(conditions={"Provisioned": ""})
     now = NOW.replace(minute=30) if past else NOW
     d = run(Case("short", 6, [*running(), *added(1)], [waiting], [OLD_NODE, n2], now=now))
@@ -1002,12 +987,7 @@ def test_a_delivered_growths_withdrawal_waits_for_the_api_server_to_confirm_none
     members' release, its requests after the record of it: the members shown still gated,
     consuming nothing). Its withdrawal is therefore preceded by the precondition the edge
     checks on a live list of the namespace's pods (`ReleaseHold.unconsumed`)."""
-    held = node(
-        "n2",
-        gpu=2,
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    held = arrived_for_grow1()
     fulfilled = grow_req(
         annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
     )
@@ -1033,12 +1013,7 @@ async def test_a_new_leaders_pod_cache_older_than_its_requests_withdraws_no_grow
         "kind": "Namespace",
         "metadata": {"name": "default", "labels": {OPT_IN_LABEL: OPT_IN_VALUE}},
     }
-    held = node(
-        "n2",
-        gpu=2,
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    held = arrived_for_grow1()
     fulfilled = grow_req(
         annotations={"gangcheck.io/phase": "Fulfilled"}, conditions={"Provisioned": ""}
     )
@@ -1086,10 +1061,7 @@ async def test_the_unconsumed_precondition_is_judged_on_the_api_servers_pods(
     consuming = pod("new0", gated=False, consumes=GROW1)
     for part, fields in member.items():
         consuming[part] = {**consuming[part], **fields}
-    held = node(
-        "n2", annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )  # fmt: skip
+    held = arrived_for_grow1(gpu=8)
     kube = FakeKube(clock=lambda: NOW)
     kube.add({"apiVersion": "v1", "kind": "Pod", **consuming}, held)
     caches = kube.caches()
@@ -1112,10 +1084,7 @@ async def test_a_pod_the_cache_has_as_it_is_does_not_send_the_withdrawal_back() 
     the withdrawal goes on (sent back on it, the same decision came again every 0.5 s)."""
     stranger = pod("copied", gated=False, consumes=GROW1)
     stranger["metadata"]["labels"] = {}  # not the group's
-    held = node(
-        "n2", annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )  # fmt: skip
+    held = arrived_for_grow1(gpu=8)
     kube = FakeKube(clock=lambda: NOW)
     kube.add({"apiVersion": "v1", "kind": "Pod", **stranger}, held)
     caches = kube.caches()
@@ -1133,13 +1102,7 @@ def test_a_growth_asked_again_under_a_name_whose_record_was_deleted_harms_nothin
     lifted when it ends) but n2 is full, so more is asked; and should the new one be rolled
     back, n2 is not reclaimed (not proven younger than the new request, and it runs the old
     growth's members)."""
-    n2 = node(
-        "n2",
-        gpu=2,
-        created="2026-11-30T10:02:00Z",
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    n2 = arrived_for_grow1(created="2026-11-30T10:02:00Z")
     grown = [pod(f"g{i}", gated=False, node_name="n2", consumes=GROW1) for i in range(2)]
     d = run(Case("again", 8, [*running(), *grown, *added(2)], nodes=[OLD_NODE, n2]))
     created = [a.body for a in d.actions if isinstance(a, CreateRequest)]
@@ -1159,12 +1122,7 @@ def test_a_growth_name_used_again_is_not_taken_as_delivered_by_the_earlier_ones_
     The earlier members consume its name, but they run on a node older than the new request:
     it is not taken as delivered (before, it was marked Fulfilled, then Started, its hold
     lifted, while the new members waited and a g-pg-grow-2 was asked for them)."""
-    n2 = node(
-        "n2",
-        gpu=2,
-        created="2026-11-30T10:01:00Z",
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-    )
+    n2 = arrived_for_grow1(created="2026-11-30T10:01:00Z", held=False)
     earlier = [pod(f"g{i}", gated=False, node_name="n2", consumes=GROW1) for i in range(2)]
     again = grow_req(
         created="2026-11-30T10:04:00Z",
@@ -1193,13 +1151,7 @@ def test_a_growth_released_onto_whose_record_was_not_written_is_taken_as_deliver
     a member not yet bound could not be). Now a growth its members consume is delivered
     whatever its record says: the record is written again, nothing withdrawn or reclaimed,
     and it is started once its members are all bound."""
-    n2 = node(
-        "n2",
-        gpu=2,
-        created="2026-11-30T10:04:00Z",
-        annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"},
-        taints=[hold_taint(f"default/{GROW1}")],
-    )
+    n2 = arrived_for_grow1(created="2026-11-30T10:04:00Z")
     where = "n2" if bound else ""
     released = [pod(f"new{i}", gated=False, node_name=where, consumes=GROW1) for i in range(2)]
     waiting = grow_req(conditions={"Provisioned": ""})
