@@ -27,6 +27,7 @@ from gangcheck.kube.resources import (
     RESOURCE_CLAIM_TEMPLATE,
     UPSTREAM_POD_GROUP_V1BETA1,
 )
+from gangcheck.logic.attempt import deletion
 from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
 from gangcheck.model.names import (
@@ -1148,3 +1149,51 @@ async def test_a_podgroup_race_does_not_ask_again_a_source_whose_racer_was_withd
             assert await groups.cluster.request("thrice-pg-1-s3") is None
     finally:
         await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_groups_request_held_in_deletion_by_a_finalizer_is_said_on_the_group(
+    groups: Groups, provisioner: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's request is deleted while another controller's finalizer holds it: the
+    group waits (its next ask is made under the same name). Past the grace its message says
+    so, naming the request, its finalizer and since when, its state kept; one
+    RequestStuckDeleting Warning; diagnose says the same line; the finalizer is left alone.
+    Before, it was polled every second for ever with nothing said."""
+    monkeypatch.setattr(deletion, "GRACE_SECONDS", 2.0)  # 30 s in production
+    await groups.coscheduling("ddp", 3)
+    for i in range(3):
+        await groups.member(f"ddp-{i}", "ddp", plugins=True)
+    name = "ddp-coscheduling-1"
+    await groups.cluster.wait_request(name)
+    await groups.wait_state("ddp", "Provisioning", plugins=True)
+    kube, ns = groups.kube, groups.ns
+    await kube.merge_patch(
+        PROVISIONING_REQUEST, name, {"metadata": {"finalizers": ["example.com/keep"]}}, ns
+    )
+    try:
+        await kube.delete(PROVISIONING_REQUEST, name, ns)
+        held = await groups.cluster.wait_request(name)
+        said = (
+            f"waiting for ProvisioningRequest {name} to be deleted: finalizers "
+            f"[example.com/keep] remain since {held['metadata']['deletionTimestamp']}"
+        )
+
+        async def saying() -> Obj | None:
+            group = await groups.group("ddp", plugins=True)
+            return group if _annotations(group).get(MESSAGE_ANNOTATION) == said else None
+
+        group = await eventually(saying, what="the group to say the request is held")
+        assert _annotations(group)[STATE_ANNOTATION] == "Provisioning"
+        (event,) = await groups.cluster.wait_events("RequestStuckDeleting", about="ddp")
+        assert event["type"] == "Warning" and event["message"] == said
+        report = await diagnose(kube, f"podgroup/{ns}/ddp")
+        assert report.verdict.line == f"blocked: {said}"
+        assert await groups.gated("ddp-0", "ddp-1", "ddp-2") == [True, True, True]
+        still = await groups.cluster.request(name)
+        assert still is not None and still["metadata"]["finalizers"] == ["example.com/keep"]
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await kube.merge_patch(
+                PROVISIONING_REQUEST, name, {"metadata": {"finalizers": None}}, ns
+            )
+    assert len(await groups.cluster.events("RequestStuckDeleting")) == 1
