@@ -363,3 +363,83 @@ def test_a_pool_that_protects_its_nodes_itself_keeps_them_protected_after_the_st
     # a pool without it: gangcheck's own protection comes off
     own = claims("Launched", "Initialized")
     assert len(served(live, own, nodes=started).release) == 4
+
+
+# -- claims made by the previous release (no request uid, no pool-do-not-disrupt) -----------
+
+
+def old_claims(*conditions: str, pool_obj: Obj | None = None, made: str = "") -> list[Obj]:
+    """Claims as the release before gangcheck.io/request-uid made them: named from the attempt
+    alone, naming no request uid, no gangcheck.io/pool-do-not-disrupt (the template's
+    annotations copied as they are), made in the request's next second at the earliest."""
+    bodies = claim_bodies(pool_obj or pool(), ClaimAsk(KEY, 2, {GPU: "8"}, LABELS))
+    for i, body in enumerate(bodies):
+        body["metadata"]["annotations"].pop(names.POOL_PROTECTED, None)
+        body["metadata"]["creationTimestamp"] = made or "2026-12-01T10:00:01Z"
+        body["status"] = {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "nodeName": f"n{i}" if conditions else "",
+        }
+    return bodies
+
+
+def live_request(*conditions: tuple[str, ...], started: bool = False) -> Obj:
+    req = request(("Accepted", "True", "created 2 NodeClaims in NodePool 'gpu'"), *conditions)
+    req["metadata"]["uid"] = "uid-1"
+    if started:
+        req["metadata"]["annotations"] = {PHASE_ANNOTATION: STARTED}
+    return req
+
+
+@pytest.mark.parametrize(
+    ("conditions", "held_nodes", "phase"),
+    [
+        ((), False, ("Provisioned", "False")),
+        (("Launched",), False, ("Provisioned", "True")),
+        (("Launched", "Registered", "Initialized"), True, ("Provisioned", "True")),
+    ],
+    ids=["pending", "launched", "arrived-held"],
+)
+def test_claims_of_the_previous_release_are_adopted_by_their_request(
+    conditions: tuple[str, ...], held_nodes: bool, phase: tuple[str, str]
+) -> None:
+    """A request asked before the upgrade: its claims (no uid, old names) are its own and
+    followed; nothing deleted, nothing asked again."""
+    nodes = {f"n{i}": held(f"n{i}") for i in range(2)} if held_nodes else {}
+    done = served(live_request(), old_claims(*conditions), nodes=nodes)
+    assert done.create == () and done.delete == () and done.release == ()
+    assert [(c["type"], c["status"]) for c in done.conditions] == [phase]
+
+
+def test_claims_of_the_previous_release_made_on_a_clock_behind_are_still_adopted() -> None:
+    """An old claim (no uid) whose creationTimestamp is in an earlier second than its request
+    (the kube-apiserver that made it a second behind the one that made the request): the
+    request recorded them as made (Accepted) and no claim names its uid, so they are its own.
+    Before, they were taken as an earlier request's: withdrawn, the request Failed
+    NodeClaimLost, the in-flight attempt rolled back by the upgrade."""
+    made = old_claims("Launched", made="2026-12-01T09:59:59Z")
+    done = served(live_request(), made)
+    assert done.create == () and done.delete == ()
+    assert [(c["type"], c["status"]) for c in done.conditions] == [("Provisioned", "True")]
+    # not yet recorded as made: the time rule stands (an earlier request's, 10056c1)
+    fresh = request()
+    fresh["metadata"]["uid"] = "uid-1"
+    again = served(fresh, made)
+    assert len(again.delete) == 2 and len(again.create) == 2
+
+
+def test_old_claims_of_a_pool_that_protects_its_nodes_keep_the_protection() -> None:
+    """Claims the previous release made in a NodePool whose template sets do-not-disrupt carry
+    no gangcheck.io/pool-do-not-disrupt: the pool's template says it, so the start (or the
+    request gone) does not take the admin's protection off them."""
+    protecting = pool()
+    protecting["spec"]["template"]["metadata"]["annotations"] = {names.DO_NOT_DISRUPT: "true"}
+    made = old_claims("Launched", "Initialized", pool_obj=protecting)
+    started = {f"n{i}": held(f"n{i}") for i in range(2)}
+    for node in started.values():
+        node["spec"]["taints"] = []
+    live = live_request(("Provisioned", "True"), started=True)
+    assert served(live, made, {"gpu": protecting}, nodes=started).release == ()
+    assert served(None, made, {"gpu": protecting}, nodes=started).release == ()
+    # a pool that does not: gangcheck's own protection comes off old claims, as before
+    assert len(served(live, old_claims("Launched", "Initialized"), nodes=started).release) == 4

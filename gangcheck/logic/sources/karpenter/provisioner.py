@@ -154,7 +154,19 @@ def _of_request(
     if request is None:
         return labelled, []
     earlier = [c for c in labelled if made_for_another(c, request)]
-    return [c for c in labelled if not made_for_another(c, request)], earlier
+    mine = [c for c in labelled if not made_for_another(c, request)]
+    if not mine and _true(request, "Accepted"):
+        # Recorded as made, none of its own left by uid or by second: claims naming no uid
+        # are the ones an older version made for it, on a kube-apiserver whose clock was
+        # behind the request's (an earlier request's would leave this one's there too).
+        mine = [c for c in earlier if not _uid_of(c)]
+        earlier = [c for c in earlier if _uid_of(c)]
+    return mine, earlier
+
+
+def _uid_of(claim: Obj) -> str:
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(names.REQUEST_UID) or "")
 
 
 def _arrived(claim: Obj) -> bool:
@@ -172,7 +184,7 @@ def _serve(
     now: datetime,
     pool_claims: Sequence[Obj],
 ) -> Served:
-    release = _releases(mine, key, nodes, request_live=request is not None)
+    release = _releases(mine, key, nodes, pools, request_live=request is not None)
     if request is None or _has_ended(request):
         keep = _left_to_reclaim(mine, key, nodes)
         return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
@@ -393,13 +405,18 @@ def _condition(kind: str, status: str, reason: str, message: str) -> Obj:
 
 
 def _releases(
-    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, request_live: bool
+    claims: Sequence[Obj],
+    key: str,
+    nodes: Mapping[str, Obj],
+    pools: Mapping[str, Obj | None],
+    *,
+    request_live: bool,
 ) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
     for claim in claims:
         state = claim_state(claim)
         node = nodes.get(state.node_name) if state.phase is ClaimPhase.ARRIVED else None
-        if node is None or (request_live and _held_for(node, key)) or _pools_own(claim):
+        if node is None or (request_live and _held_for(node, key)) or _pools_own(claim, pools):
             continue
         if _protected(node):
             out.append(("node", state.node_name))
@@ -408,11 +425,20 @@ def _releases(
     return tuple(out)
 
 
-def _pools_own(claim: Obj) -> bool:
+def _pools_own(claim: Obj, pools: Mapping[str, Obj | None]) -> bool:
     """The claim's NodePool protects every node of the pool itself (``POOL_PROTECTED``): the
-    protection is the admin's, never gangcheck's to lift."""
-    annotations = (claim.get("metadata") or {}).get("annotations") or {}
-    return annotations.get(names.POOL_PROTECTED) == "true"
+    protection is the admin's, never gangcheck's to lift. A claim an older version made
+    (naming no request uid) carries no such mark: its pool's template, when read, says it."""
+    meta = claim.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    if annotations.get(names.POOL_PROTECTED) == "true":
+        return True
+    if annotations.get(names.REQUEST_UID):
+        return False
+    pool = pools.get(str((meta.get("labels") or {}).get(names.NODE_POOL_LABEL) or ""))
+    template = ((pool or {}).get("spec") or {}).get("template") or {}
+    said = (template.get("metadata") or {}).get("annotations") or {}
+    return said.get(names.DO_NOT_DISRUPT) == "true"
 
 
 def _held_for(node: Obj, key: str) -> bool:
