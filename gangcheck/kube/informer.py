@@ -37,6 +37,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Set
+from dataclasses import dataclass
 from typing import Any
 
 from gangcheck.kube.client import WATCH_QUIET_SECONDS, Kube
@@ -85,6 +86,9 @@ class Store:
         self._behind: dict[str, Obj] = {}
         """Keys whose stored object is our own write, not yet brought back by the watch: the
         last version the watch brought, the handlers' old state until it catches up."""
+        self._tombstones: dict[str, _Tombstone] = {}
+        """Keys whose object our own delete removed, the watch's DELETED of it not yet come:
+        what the watch still brings of that object is heard but not stored (`deleted`)."""
         self.transform = transform
         """What is kept of each object (None: all of it), applied to everything stored."""
 
@@ -124,15 +128,61 @@ class Store:
         return old is None or _rv_number(old) < _rv_number(obj)
 
     def put_if_newer(self, obj: Obj) -> None:
-        """Write-through after our own write, unless the watch already brought a newer one."""
+        """Write-through after our own write, unless the watch already brought a newer one
+        (or the object is one our own delete removed)."""
         if self.transform is not None:
             obj = self.transform(obj)
         key = object_key(obj)
+        tomb = self._tombstones.get(key)
+        if tomb is not None and tomb.buries(obj):
+            return
         old = self._objects.get(key)
         if old is None or _rv_number(old) <= _rv_number(obj):
             if old is not None:
                 self._behind.setdefault(key, old)
             self._put(obj)
+
+    def deleted(
+        self, name: str, namespace: str | None, answer: Obj | None, *, uid: str | None = None
+    ) -> None:
+        """Write-through after our own DELETE of `name` (at `uid`, if it was given) succeeded:
+        `answer` is what the API server answered (None for a 404: gone already). An object
+        kept by its finalizers (or a grace period) is stored as answered, with its
+        deletionTimestamp (`put_if_newer`). One gone is dropped at once, and a tombstone
+        keeps what the watch still brings of it (its ADDED or MODIFIED made before the
+        delete: the same uid, or a resourceVersion not newer than the deletion) from
+        bringing it back: a gang decided again on it would take the deleted object, its
+        records, for the next one made under its name. Another object of that name (made
+        again: another uid) is stored as usual. The watch's DELETED of it, or a relist,
+        clears the tombstone. Nothing is done when the store no longer has that object (the
+        watch brought its DELETED already, or holds another one of that name)."""
+        if answer is not None and answer.get("kind") != "Status" and _kept(answer):
+            self.put_if_newer(answer)
+            return
+        key = f"{namespace}/{name}" if namespace else name
+        stored = self._objects.get(key)
+        gone = _uid(answer) or _status_uid(answer) or uid
+        if stored is None or (gone and _uid(stored) and _uid(stored) != gone):
+            return
+        at = _rv_number(answer) if answer is not None and answer.get("kind") != "Status" else -1
+        watched = self._behind.get(key, stored)
+        self._pop(stored)
+        self._tombstones[key] = _Tombstone(
+            uid=gone or _uid(stored), rv=max(at, _rv_number(stored)), watched=watched
+        )
+
+    def _deleted_by_watch(self, obj: Obj) -> Obj | None:
+        """The watch's DELETED of `obj`: the stored object removed (the old state for the
+        handlers), unless the store holds another object of that name (made again since:
+        another uid); the tombstone of `obj` cleared."""
+        key = object_key(obj)
+        tomb = self._tombstones.get(key)
+        if tomb is not None and (tomb.buries(obj) or _rv_number(obj) > tomb.rv):
+            del self._tombstones[key]
+        stored = self._objects.get(key)
+        if stored is not None and _uid(obj) and _uid(stored) and _uid(stored) != _uid(obj):
+            return None
+        return self._pop(obj)
 
     def _from_watch(self, obj: Obj) -> tuple[Obj | None, Obj]:
         """A version the watch brought, stored, unless our own write stored a later one:
@@ -142,6 +192,12 @@ class Store:
         the watch brought them, one after the other, so another writer's change is heard and
         the echo of our own write is not."""
         key = object_key(obj)
+        tomb = self._tombstones.get(key)
+        if tomb is not None:
+            if tomb.buries(obj):  # made before our delete: heard, not stored
+                told, tomb.watched = tomb.watched, obj
+                return told, obj
+            del self._tombstones[key]  # a newer object: the watch is past the deletion
         watched = self._behind.pop(key, None)
         if watched is not None:
             stored = self._objects.get(key)
@@ -195,6 +251,7 @@ class Store:
         ]
         self._objects = fresh
         self._behind = {}
+        self._tombstones = {}
         self._by_namespace = {}
         for key, obj in fresh.items():
             self._index(key, obj)
@@ -203,6 +260,26 @@ class Store:
         for old, new in changed:
             self._tell(old, new)
         return removed, changed
+
+
+@dataclass
+class _Tombstone:
+    """An object our own delete removed from the store (`Store.deleted`), until the watch
+    says so: its uid, the resourceVersion it was deleted at (as far as known: at least the
+    last one stored), and the last version of it the watch brought (the handlers' old state
+    for the next one it brings)."""
+
+    uid: str
+    rv: int
+    watched: Obj
+
+    def buries(self, obj: Obj) -> bool:
+        """Whether `obj` is a version of the deleted object: the same uid or, without one to
+        compare, a resourceVersion not newer than the deletion."""
+        uid = _uid(obj)
+        if self.uid and uid:
+            return uid == self.uid
+        return _rv_number(obj) <= self.rv
 
 
 class Index:
@@ -249,6 +326,24 @@ def _rv_number(obj: Obj) -> int:
         return int(obj.get("metadata", {}).get("resourceVersion", "-1"))
     except ValueError:
         return -1
+
+
+def _uid(obj: Obj | None) -> str:
+    return "" if obj is None else str(obj.get("metadata", {}).get("uid") or "")
+
+
+def _status_uid(answer: Obj | None) -> str:
+    """The uid a DELETE's Status answer names (`details.uid`), '' if none."""
+    if answer is None or answer.get("kind") != "Status":
+        return ""
+    return str((answer.get("details") or {}).get("uid") or "")
+
+
+def _kept(obj: Obj) -> bool:
+    """Whether an object a DELETE answered is still there: held by its finalizers, or in a
+    grace period (a pod), rather than the last state of one gone."""
+    meta = obj.get("metadata", {})
+    return bool(meta.get("finalizers")) or bool(meta.get("deletionGracePeriodSeconds"))
 
 
 def _rv(obj: Obj | None) -> str | None:
@@ -471,7 +566,7 @@ class Informer:
             return new_rv
         obj = self._typed(obj)
         if kind == "DELETED":
-            self._notify(self.store._pop(obj) or obj, None)
+            self._notify(self.store._deleted_by_watch(obj) or obj, None)
         else:
             self._notify(*self.store._from_watch(obj))
         return new_rv

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import pytest
+
 from gangcheck.kube.client import Kube
 from gangcheck.kube.informer import Index, Informer
 from gangcheck.kube.resources import POD
@@ -88,3 +90,142 @@ def test_an_older_answer_of_ours_never_replaces_a_newer_version() -> None:
     assert rv(inf.store.get("p", "ns")) == "20"
     watch(inf, "MODIFIED", pod(21))
     assert rv(inf.store.get("p", "ns")) == "21"
+
+
+# ---- our own delete (Store.deleted): the object dropped at once, the watch's late versions
+# of it kept out until its DELETED or a relist; another object of that name stored as usual.
+
+
+def req(rv: int, *, uid: str = "u1", mark: str = "", finalizers: bool = False) -> Obj:
+    meta: Obj = {"name": "r", "namespace": "ns", "resourceVersion": str(rv), "uid": uid}
+    meta["labels"] = {"gang": "g"}
+    if mark:
+        meta["annotations"] = {"mark": mark}
+    if finalizers:
+        meta["finalizers"] = ["example.com/keep"]
+        meta["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+
+
+GONE_STATUS = {"kind": "Status", "status": "Success"}
+
+
+def stored(inf: Informer) -> tuple[str, str, str] | None:
+    """The stored object as (resourceVersion, uid, mark), None if none."""
+    obj = inf.store.get("r", "ns")
+    if obj is None:
+        return None
+    meta = obj["metadata"]
+    return meta["resourceVersion"], meta["uid"], (meta.get("annotations") or {}).get("mark", "")
+
+
+def delete(inf: Informer, answer: Obj | None, *, uid: str | None = "u1") -> None:
+    inf.store.deleted("r", "ns", answer, uid=uid)
+
+
+WATCH_LATE = "watch late: the delete answered first, then the versions before it, its DELETED"
+WATCH_EARLY = "watch early: the DELETED came before the delete's answer"
+MADE_AGAIN = "made again (another uid) before the watch's DELETED of the old one"
+RELIST = "a relist before the watch's DELETED"
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [("delete", GONE_STATUS), ("MODIFIED", req(11, mark="late")), ("check", None),
+             ("DELETED", req(12)), ("check", None), ("ADDED", req(13, uid="u2")),
+             ("check", ("13", "u2", ""))],
+            id=WATCH_LATE,
+        ),
+        pytest.param(
+            [("delete", req(12)), ("MODIFIED", req(11, mark="late")), ("check", None),
+             ("DELETED", req(12)), ("check", None)],
+            id="the deleted object answered (its last state, not kept): dropped the same way",
+        ),
+        pytest.param(
+            [("delete", None), ("MODIFIED", req(11, mark="late")), ("check", None),
+             ("DELETED", req(12)), ("check", None)],
+            id="a 404 (gone already): dropped the same way",
+        ),
+        pytest.param(
+            [("DELETED", req(12)), ("delete", GONE_STATUS), ("check", None),
+             ("ADDED", req(13, uid="u2")), ("check", ("13", "u2", ""))],
+            id=WATCH_EARLY,
+        ),
+        pytest.param(
+            [("delete", GONE_STATUS), ("put", req(13, uid="u2", mark="ours")),
+             ("MODIFIED", req(11, mark="late")), ("check", ("13", "u2", "ours")),
+             ("DELETED", req(12)), ("check", ("13", "u2", "ours")),
+             ("ADDED", req(13, uid="u2", mark="ours")), ("check", ("13", "u2", "ours")),
+             ("MODIFIED", req(14, uid="u2", mark="theirs")), ("check", ("14", "u2", "theirs"))],
+            id=MADE_AGAIN,
+        ),
+        pytest.param(
+            [("delete", GONE_STATUS), ("relist", [req(13, uid="u2")]),
+             ("check", ("13", "u2", "")), ("DELETED", req(12)), ("check", ("13", "u2", ""))],
+            id=RELIST,
+        ),
+        pytest.param(
+            [("delete", GONE_STATUS), ("relist", []), ("ADDED", req(13)),
+             ("check", ("13", "u1", ""))],
+            id="a relist clears the tombstone: what the watch brings after it is stored",
+        ),
+        pytest.param(
+            [("delete", req(12, finalizers=True)), ("check", ("12", "u1", "")),
+             ("MODIFIED", req(11, mark="late")), ("check", ("12", "u1", "")),
+             ("MODIFIED", req(12, finalizers=True)), ("MODIFIED", req(13, mark="freed")),
+             ("check", ("13", "u1", "freed"))],
+            id="kept by a finalizer: stored as answered, with its deletionTimestamp",
+        ),
+        pytest.param(
+            [("delete", GONE_STATUS, None), ("MODIFIED", req(11, mark="late")),
+             ("check", None)],
+            id="no uid given: the stored object's is the one deleted",
+        ),
+        pytest.param(
+            [("delete", {**GONE_STATUS, "details": {"uid": "u0"}}), ("check", ("10", "u1", ""))],
+            id="the Status names another uid than the one stored: the store is left as it is",
+        ),
+    ],
+)  # fmt: skip
+def test_an_object_our_own_delete_removed_stays_removed(steps: list[tuple[Any, ...]]) -> None:
+    inf, _, by_gang = informer()
+    watch(inf, "ADDED", req(10))
+    for step in steps:
+        match step:
+            case ("delete", answer):
+                delete(inf, answer)
+            case ("delete", answer, uid):
+                delete(inf, answer, uid=uid)
+            case ("put", obj):
+                inf.store.put_if_newer(obj)
+            case ("relist", objs):
+                inf.store._replace(objs)
+            case ("check", want):
+                assert stored(inf) == want
+                indexed = [o["metadata"]["uid"] for o in by_gang.of("g")]
+                assert indexed == ([want[1]] if want else [])
+            case (kind, obj):
+                watch(inf, kind, obj)
+
+
+def test_the_handlers_hear_the_watch_not_our_delete() -> None:
+    """Our delete is not heard (the echo of our own write); what the watch brings of the
+    object afterwards is, one version after the other, and its DELETED as the deletion."""
+    inf, heard, _ = informer()
+    watch(inf, "ADDED", req(10))
+    delete(inf, GONE_STATUS)
+    assert len(heard) == 1
+    watch(inf, "MODIFIED", req(11, mark="theirs"))
+    watch(inf, "DELETED", req(12))
+    assert [(rv(o), n and rv(n)) for o, n in heard[1:]] == [("10", "11"), ("12", None)]
+
+
+def test_put_if_newer_does_not_bring_back_what_our_delete_removed() -> None:
+    """An answer read before the delete (a GET racing it) is not stored over the tombstone."""
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    delete(inf, GONE_STATUS)
+    inf.store.put_if_newer(req(11, mark="read before"))
+    assert stored(inf) is None
