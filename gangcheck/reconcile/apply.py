@@ -183,6 +183,19 @@ class Applier:
                 raise NameCollisionError(res.kind, meta["name"]) from None
         informer.store.put_if_newer(created)
 
+    async def delete_owned(
+        self, res: Resource, name: str, namespace: str, informer: Any, *, uid: str | None = None
+    ) -> None:
+        """Delete (only the object of `uid`, if given), the cache told at once: one gone (or
+        gone already: 404) is no longer in it, nor brought back by what the watch still
+        brings of it; one a finalizer keeps is there as answered (`Store.deleted`). A
+        ConflictError (another object of that name now) is raised, the cache untouched."""
+        try:
+            answer: Obj | None = await self._kube.delete(res, name, namespace, uid=uid)
+        except NotFoundError:
+            answer = None
+        informer.store.deleted(name, namespace, answer, uid=uid)
+
     async def _claim_node(self, namespace: str, action: Action) -> None:
         """Record the node as arrived for the request and hold it for the request's gang, in
         one write at the resourceVersion decided on; lose quietly to a concurrent change."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from gangcheck.kube.errors import ConflictError, NotFoundError
+from gangcheck.kube.errors import ConflictError
 from gangcheck.kube.resources import POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     Action,
@@ -39,17 +39,18 @@ async def create_request(applier: Applier, namespace: str, action: Action) -> No
 async def delete_request(applier: Applier, namespace: str, action: Action) -> None:
     """Delete the request at its uid, then its templates; one already gone is done."""
     assert isinstance(action, DeleteRequest)
-    # NotFound: gone already; Conflict: a newer request of that name, not ours to delete.
-    with contextlib.suppress(NotFoundError, ConflictError):
-        await applier.kube.delete(PROVISIONING_REQUEST, action.name, namespace, uid=action.uid)
+    # Conflict: a newer request of that name, not ours to delete (NotFound: gone already).
+    with contextlib.suppress(ConflictError):
+        await applier.delete_owned(
+            PROVISIONING_REQUEST, action.name, namespace, applier.caches.requests, uid=action.uid
+        )
     for template in action.templates:
         await delete_template(applier, namespace, DeleteTemplate(template))
 
 
 async def delete_template(applier: Applier, namespace: str, action: Action) -> None:
     assert isinstance(action, DeleteTemplate)
-    with contextlib.suppress(NotFoundError):
-        await applier.kube.delete(POD_TEMPLATE, action.name, namespace)
+    await applier.delete_owned(POD_TEMPLATE, action.name, namespace, applier.caches.templates)
 
 
 async def annotate_request(applier: Applier, namespace: str, action: Action) -> None:

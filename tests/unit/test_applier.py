@@ -137,12 +137,26 @@ async def test_delete_request_deletes_it_by_uid_and_its_templates() -> None:
     ]
     assert kube.writes[0].body["uid"] == "uid-wl-atomic-1"
     assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is None
+    # the caches know at once, not when the watch's DELETED comes (Store.deleted)
+    assert cached(applier).requests.store.get(REQUEST, NS) is None
+    assert cached(applier).templates.store.get("wl-main", NS) is None
+
+
+async def test_a_request_a_finalizer_keeps_is_cached_as_answered_being_deleted() -> None:
+    held = request()
+    held["metadata"]["finalizers"] = ["example.com/keep"]
+    kube, applier = setup(held)
+    await applier.apply(NS, DeleteRequest(REQUEST, "uid-wl-atomic-1", (), "done"))
+    kept = cached(applier).requests.store.get(REQUEST, NS)
+    assert kept is not None and kept == kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
+    assert kept["metadata"]["deletionTimestamp"]
 
 
 async def test_delete_request_leaves_a_newer_request_of_that_name() -> None:
     kube, applier = setup(request())
     await applier.apply(NS, DeleteRequest(REQUEST, "uid-of-an-older-one", (), "done"))
     assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is not None
+    assert cached(applier).requests.store.get(REQUEST, NS) is not None
 
 
 @pytest.mark.parametrize(

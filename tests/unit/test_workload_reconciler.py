@@ -483,3 +483,31 @@ async def test_a_ready_gang_without_quota_has_the_hold_of_its_request_deleted_by
     world.kube.remove(PROVISIONING_REQUEST, REQUEST, "default")
     await world.settle()
     assert_hold_lifted_for_the_gone_request(world)
+
+
+async def test_a_request_deleted_is_not_taken_for_the_next_attempt_of_its_name() -> None:
+    """Kueue evicts the waiting gang (one node arrived) and admits it again, its check reset
+    Pending (the same attempt number, so the same request name), before the request watch
+    brought the DELETED of the request gangcheck withdrew: the request asked again is a new
+    one, not the old one as the cache last had it (Provisioned, its rollback recorded, its
+    node reclaimed)."""
+    world = World(gang())
+    await world.settle()
+    world.provision("n1")  # room for two of the four workers: waiting, n1 claimed
+    await world.settle()
+    evicted = WorkloadBuilder().pod_set("workers", 4).condition("Evicted").check().build()
+    world.kube.add(evicted)
+    world.kube.sync(world.caches)
+    await world.reconciler.reconcile(KEY)
+    assert world.requests() == []  # withdrawn on the server; the watch has not said so
+    world.kube.add(gang())  # admitted again, the check Pending
+    for informer in world.caches.all():  # every watch caught up but the requests'
+        if informer is not world.caches.requests:
+            for obj in world.kube.all_of(informer.resource):
+                informer.store.put_if_newer(obj)
+    await world.reconciler.reconcile(KEY)
+    (req,) = world.requests()  # before: none, the check Retry on the old rollback record
+    assert req["metadata"]["name"] == REQUEST and not req.get("status")
+    assert "gangcheck.io/outcome" not in req["metadata"]["annotations"]
+    assert world.check()["state"] == "Pending", world.check()
+    assert len(world.kube.writes_of("ProvisioningRequest", "delete")) == 1  # not again
