@@ -714,3 +714,43 @@ def test_a_top_up_that_delivered_nothing_is_withdrawn_not_kept(kind: str, how: s
     assert ask(0, kind) not in s.annotated  # A stays kept
     assert s.created == {} and "CapacityToppedUp" not in s.events
     assert s.reclaimed.get(ask(0, kind)) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b_arrived", [False, True], ids=["nothing-arrived", "a-node-arrived"])
+def test_a_top_up_kept_with_no_node_by_the_previous_release_is_withdrawn(
+    kind: str, b_arrived: bool
+) -> None:
+    """Upgrading in flight: the release before 046b32e marked B (topping A up, stocked out
+    itself) Kept with no node of its own (rollback-nodes {}) and asked C for the same
+    members, B left in flight for the autoscaler to go on retrying beside C. B is withdrawn
+    (nothing of its own to reclaim), A stays kept, C followed as it is, nothing asked again.
+    A node that arrived for B since is B's own: B is then left as kept."""
+    nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
+    if b_arrived:
+        nodes.append(gpu_node("b0", "b", arrived_for=B, kind=kind))
+    b = stocked_out(
+        request(
+            1,
+            2,
+            kind=kind,
+            provisioned=False,
+            kept_from=A,
+            kept_members="2",
+            phase="Kept",
+            rollback_reason="Deadline: the gang did not fit within 20s; CapacityIsNotFound",
+            rollback_nodes="{}",
+        )
+    )
+    c = request(
+        2,
+        2,
+        kind=kind,
+        provisioned=False,
+        kept_from=f"{ask(0, kind)},{ask(1, kind)}",
+        kept_members="2",
+    )
+    s = through(kind, [request(0, 4, kind=kind, **kept()), b, c], nodes, spec=SPEC3)
+    assert s.deleted == ([] if b_arrived else [ask(1, kind)])
+    assert s.created == {} and s.reclaimed == {}
+    assert ask(0, kind) not in s.annotated and ask(1, kind) not in s.annotated

@@ -328,14 +328,23 @@ def in_order(
     req = find(gang.requests, name)
     if req is None:  # no ask of the attempt left: the one it had reached, if it is known
         name = resumed(gang) or name
-    # the kept requests of the attempt, and those the current one tops up (rolling back too)
-    keep = {r.name for r in (*gang.kept_in(), *(gang.kept_for(req) if req is not None else ()))}
+    # the kept requests of the attempt, and those the current one tops up (rolling back too),
+    # but one kept with no node of its own (an earlier version's): withdrawn, nothing to undo
+    kept = (*gang.kept_in(), *(gang.kept_for(req) if req is not None else ()))
+    empty = {r.name: r for r in kept if topup.holds_nothing(r, gang.capacity)}
+    keep = {r.name for r in kept} - set(empty)
     stale = lifecycle.superseded(
-        [r for r in gang.requests if r.name not in keep],
+        [r for r in gang.requests if r.name not in keep and r.name not in empty],
         name,
         capacity=gang.capacity,
         backend=gang.backend,
         why=why,
+    ) + lifecycle.superseded(
+        list(empty.values()),
+        name,
+        capacity=gang.capacity,
+        backend=gang.backend,
+        why=topup.HOLDS_NOTHING,
     )
     if req is None:
         decision = first(name)

@@ -47,7 +47,7 @@ from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, 
 from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, claim_of, gang_of
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import made_under
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, arrived_for, count_of
 from gangcheck.logic.placement.fit import fit_gang
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -320,6 +320,27 @@ def with_claims(capacity: ClusterView | None, actions: Sequence[Action]) -> Clus
         return {**node, "metadata": {**meta, "annotations": notes}}
 
     return replace(capacity, nodes=tuple(claimed(n) for n in capacity.nodes))
+
+
+#: Why a request kept with no node of its own is withdrawn (`holds_nothing`).
+HOLDS_NOTHING = (
+    "kept with no node of its own (a top-up that delivered nothing, kept by an earlier "
+    "version for the nodes it topped up): the ask after it asks for its members"
+)
+
+
+def holds_nothing(req: ProvisioningRequest, capacity: ClusterView | None) -> bool:
+    """`req` is recorded Kept with no node of its own and none has arrived for it since: a
+    top-up that delivered nothing, which a release before this rule kept for the nodes it
+    topped up (this one rolls such a top-up back instead: `flow.keep`), left in flight, its
+    autoscaler retrying it beside the ask made after it for the same members. Unknown
+    capacity: not said."""
+    return (
+        is_kept(req)
+        and not kept_nodes(req)
+        and capacity is not None
+        and not arrived_for(capacity.nodes, key_of(req))
+    )
 
 
 def kept_nodes(req: ProvisioningRequest) -> tuple[str, ...]:
