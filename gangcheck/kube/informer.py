@@ -7,7 +7,9 @@ Every change calls the handlers with the object's old and new state so the contr
 it to work-queue keys. After a write of ours the store holds the object the API server
 answered (`Store.put_if_newer`) and never goes back to an earlier version the watch still
 brings; the handlers hear the watch's versions one after the other, so the echo of our own
-write says nothing new and another writer's change before it is still heard.
+write says nothing new and another writer's change before it is still heard. After a delete of
+ours the object is gone from the store at once (`Store.deleted`), and what the watch still
+brings of it before its DELETED does not bring it back.
 
 ``authoritative`` says whether the store may be trusted to show that an object is *absent*:
 true only after a list the server answered, false again as soon as a list or watch of an
