@@ -7,7 +7,6 @@ request. A new source registers a `SourceEdge` of its own beside it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 
 from gangcheck.kube.errors import ConflictError
@@ -37,13 +36,16 @@ async def create_request(applier: Applier, namespace: str, action: Action) -> No
 
 
 async def delete_request(applier: Applier, namespace: str, action: Action) -> None:
-    """Delete the request at its uid, then its templates; one already gone is done."""
+    """Delete the request at its uid, then its templates; one already gone is done. A
+    newer request of that name (Conflict) is not ours to delete, nor are its templates,
+    named from the request's name: the same objects."""
     assert isinstance(action, DeleteRequest)
-    # Conflict: a newer request of that name, not ours to delete (NotFound: gone already).
-    with contextlib.suppress(ConflictError):
+    try:
         await applier.delete_owned(
             PROVISIONING_REQUEST, action.name, namespace, applier.caches.requests, uid=action.uid
         )
+    except ConflictError:
+        return
     for template in action.templates:
         await delete_template(applier, namespace, DeleteTemplate(template))
 

@@ -10,7 +10,7 @@ import pytest
 
 from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
-from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST
+from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     ClaimNode,
@@ -152,11 +152,14 @@ async def test_a_request_a_finalizer_keeps_is_cached_as_answered_being_deleted()
     assert kept["metadata"]["deletionTimestamp"]
 
 
-async def test_delete_request_leaves_a_newer_request_of_that_name() -> None:
-    kube, applier = setup(request())
-    await applier.apply(NS, DeleteRequest(REQUEST, "uid-of-an-older-one", (), "done"))
+async def test_delete_request_leaves_a_newer_request_of_that_name_and_its_templates() -> None:
+    """Its templates are named from the request's name: the newer request's are the same
+    objects, never deleted for the older one."""
+    kube, applier = setup(request(), template())
+    await applier.apply(NS, DeleteRequest(REQUEST, "uid-of-an-older-one", ("wl-main",), "done"))
     assert kube.stored(PROVISIONING_REQUEST, REQUEST, NS) is not None
     assert cached(applier).requests.store.get(REQUEST, NS) is not None
+    assert kube.stored(POD_TEMPLATE, "wl-main", NS) is not None
 
 
 @pytest.mark.parametrize(
