@@ -159,6 +159,15 @@ class Pod:
         return GATE in self.gates
 
 
+def controlled_by_daemonset(owners: object) -> bool:
+    """Whether ownerReferences (as read from a pod, malformed or not) name a DaemonSet as the
+    pod's controller."""
+    return any(
+        isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller")
+        for o in (owners if isinstance(owners, list) else ())
+    )
+
+
 def pod_of(obj: ReadOnlyObj) -> Pod:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     owners = meta.get("ownerReferences") or []
@@ -173,7 +182,7 @@ def pod_of(obj: ReadOnlyObj) -> Pod:
         deleting=bool(meta.get("deletionTimestamp")),
         gates=scheduling_gates(obj),
         consumes=str((meta.get("annotations") or {}).get(CONSUME_ANNOTATION) or ""),
-        daemonset=any(r.get("kind") == "DaemonSet" and r.get("controller") for r in owners),
+        daemonset=controlled_by_daemonset(owners),
     )
 
 

@@ -438,10 +438,22 @@ def proven_younger(node: Obj, request_created: datetime | None) -> bool:
     request may predate it by most of a second, so only a strictly later second proves it
     younger. The one age rule for claiming a node as arrived and for reclaiming it.
     """
+    return _seconds_apart(node, request_created) > 0
+
+
+def proven_older(node: Obj, request_created: datetime | None) -> bool:
+    """Was the node created before the request, provably (a strictly earlier second)?"""
+    return _seconds_apart(node, request_created) < 0
+
+
+def _seconds_apart(node: Obj, request_created: datetime | None) -> int:
+    """The node's creation second against the request's: > 0 later, < 0 earlier, 0 the same
+    second or either unknown (whole seconds: creationTimestamp's resolution)."""
     born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
     if born is None or request_created is None:
-        return False
-    return born.replace(microsecond=0) > request_created.replace(microsecond=0)
+        return 0
+    apart = born.replace(microsecond=0) - request_created.replace(microsecond=0)
+    return (apart.total_seconds() > 0) - (apart.total_seconds() < 0)
 
 
 def is_new_arrival(

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import GATE, GATED_AT
-from gangcheck.model.objects import json_pointer, scheduling_gates
+from gangcheck.model.objects import controlled_by_daemonset, json_pointer, scheduling_gates
 
 OPT_IN_VALUE = "enabled"
 
@@ -169,7 +169,8 @@ def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
             "gangcheck's holds"
         )
     tolerations = spec.get("tolerations")
-    if _daemonset(pod):  # on every node by design; the reclaim rules know its pods
+    metadata = _mapping(pod.get("metadata")) or {}
+    if controlled_by_daemonset(metadata.get("ownerReferences")):  # on every node by design
         tolerations = None
     for toleration in tolerations if isinstance(tolerations, list) else ():
         t = _mapping(toleration) or {}
@@ -180,13 +181,3 @@ def admission_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
                 "onto nodes gangcheck keeps for gangs, taking a gang's capacity"
             )
     return tuple(w[:256] for w in warnings)
-
-
-def _daemonset(pod: Mapping[str, Any]) -> bool:
-    """Controlled by a DaemonSet (as model.objects.pod_of reads it)."""
-    metadata = _mapping(pod.get("metadata")) or {}
-    owners = metadata.get("ownerReferences")
-    return any(
-        isinstance(o, Mapping) and o.get("kind") == "DaemonSet" and o.get("controller")
-        for o in (owners if isinstance(owners, list) else ())
-    )

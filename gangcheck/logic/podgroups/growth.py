@@ -60,7 +60,12 @@ from gangcheck.logic.attempt.actions import (
     Event,
     ReleaseHold,
 )
-from gangcheck.logic.attempt.fulfillment import ClusterView, fits_now, request_key
+from gangcheck.logic.attempt.fulfillment import (
+    ClusterView,
+    fits_now,
+    proven_older,
+    request_key,
+)
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
@@ -158,14 +163,13 @@ def _on_older_node(
 ) -> bool:
     """Whether the member is bound to a node created before the request it consumes, by
     whole seconds (a node made since, or unknown, is not)."""
-    created = parse_time(requests[member.consumes].creation_timestamp)
-    if not member.node_name or created is None or snap.capacity is None:
+    if not member.node_name or snap.capacity is None:
         return False
     node = next(
         (n for n in snap.capacity.nodes if n["metadata"].get("name") == member.node_name), None
     )
-    born = parse_time(node["metadata"].get("creationTimestamp", "")) if node else None
-    return born is not None and born.replace(microsecond=0) < created.replace(microsecond=0)
+    created = parse_time(requests[member.consumes].creation_timestamp)
+    return node is not None and proven_older(node, created)
 
 
 def _holds_of_gone(snap: GroupSnapshot, decision: GroupDecision) -> GroupDecision | None:
