@@ -255,17 +255,24 @@ async def big_group_waiting_with_one_node(cluster: Cluster, groups: Groups, conf
     await eventually(recorded, what="the node recorded as arrived")
 
 
+async def _groups_reclaimed_by_delete_node(cluster: Cluster) -> tuple[Groups, str]:
+    """The namespace opted in to PodGroup gangs, and a config (its name returned) whose
+    reclaimer is DeleteNode, its deadline long enough to be withdrawn before it."""
+    groups = Groups(cluster)
+    await groups.opt_in()
+    config = f"pg-{cluster.ns}"
+    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
+    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    return groups, config
+
+
 async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     control_plane: ControlPlane, cluster: Cluster
 ) -> None:
     """The same for a PodGroup gang: the group deleted while its request waits for the rest
     of the delivery; the node that arrived is reclaimed by the reclaimer of the group's
     config (recorded on the request, the group being gone), then the request is deleted."""
-    groups = Groups(cluster)
-    await groups.opt_in()
-    config = f"pg-{cluster.ns}"
-    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
-    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    groups, config = await _groups_reclaimed_by_delete_node(cluster)
     try:
         async with controller_running(str(control_plane.kubeconfig)):
             await big_group_waiting_with_one_node(cluster, groups, config)
@@ -326,11 +333,7 @@ async def test_a_podgroup_made_again_under_its_name_while_gangcheck_was_down(
     """The same for a PodGroup: deleted and made again under its name while gangcheck is
     down, its members still gated; the old group's attempt is withdrawn, its arrived node
     reclaimed, and the new group asked for under its own uid."""
-    groups = Groups(cluster)
-    await groups.opt_in()
-    config = f"pg-{cluster.ns}"
-    spec = {"fulfillment": {"deadlineSeconds": 120, "reclaimer": "DeleteNode"}}
-    await cluster.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    groups, config = await _groups_reclaimed_by_delete_node(cluster)
     try:
         async with controller_running(str(control_plane.kubeconfig)):
             await big_group_waiting_with_one_node(cluster, groups, config)
