@@ -11,7 +11,7 @@ from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
-from gangcheck.logic.sources.karpenter.provisioner import Served, serve
+from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, serve
 from gangcheck.model.names import PHASE_ANNOTATION, STARTED
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
@@ -225,20 +225,120 @@ def test_claims_made_but_never_recorded_are_recorded_and_followed_not_lost(
     assert kinds["Provisioned"]["status"] == provisioned
 
 
-def test_a_creation_cut_short_fails_the_request_saying_so_not_that_karpenter_lost_them() -> None:
-    made = claims("Launched")[:1]  # 1 of the 2 claims the attempt makes
-    (failed,) = served(request(), made).conditions
-    assert (failed["type"], failed["status"], failed["reason"]) == (
-        "Failed",
-        "True",
-        "NodeClaimsIncomplete",
+def _deleting(claim: Obj) -> Obj:
+    claim["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:03Z"
+    return claim
+
+
+def asked(*conditions: str) -> list[Obj]:
+    """The claims a new request is served with (as the template asks), with ``conditions``."""
+    bodies = [dict(c) for c in served(request(), []).create]
+    for body in bodies:
+        body["status"] = {"conditions": [{"type": c, "status": "True"} for c in conditions]}
+    return bodies
+
+
+def _asking_four_gpus() -> dict[str, Obj]:
+    spec = {"containers": [{"resources": {"requests": {GPU: "4"}}}], "nodeSelector": LABELS}
+    return {"ppt-train-main": {"template": {"spec": spec}}}
+
+
+@pytest.mark.parametrize(
+    ("made", "pools", "templates", "made_indexes", "outcome"),
+    [
+        # Cut short (gangcheck stopped between two creates, a create's answer lost, a 500):
+        # the missing claims are made, under the names the attempt gives them, and the
+        # creation is recorded; nothing is withdrawn, the attempt goes on.
+        (asked("Launched")[:1], None, None, [1], ("Accepted", "NodeClaimsCompleted")),
+        (asked()[1:], None, None, [0], ("Accepted", "NodeClaimsCompleted")),
+        # A claim being deleted before it was recorded: Karpenter deletes a claim it cannot
+        # launch (or someone deleted it), a loss as after Accepted; its name is still taken.
+        (
+            [asked()[0], _deleting(asked()[1])],
+            None,
+            None,
+            [],
+            ("Failed", "NodeClaimLost", "0 of 2 NodeClaims arrived; 1 lost"),
+        ),
+        # The missing ones cannot be made as the others were: the request fails saying why.
+        (
+            asked()[:1],
+            {},
+            None,
+            [],
+            ("Failed", "NodeClaimsIncomplete", "NodePool 'gpu' not found"),
+        ),
+        (
+            asked()[:1],
+            {"gpu": pool(limits={GPU: "8"})},
+            None,
+            [],
+            ("Failed", "NodeClaimsIncomplete", "leave room for 0 of 1 nodes"),
+        ),
+        (
+            asked()[:1],
+            None,
+            _asking_four_gpus(),
+            [],
+            ("Failed", "NodeClaimsIncomplete", "the gang's pods no longer ask what they were made"),
+        ),
+        (asked()[:1], None, {}, [], ("Failed", "NodeClaimsIncomplete", "PodTemplate")),
+    ],
+    ids=[
+        "second-missing",
+        "first-missing",
+        "one-being-deleted",
+        "pool-gone",
+        "no-room-left",
+        "pods-changed",
+        "template-gone",
+    ],
+)
+def test_a_creation_cut_short_makes_the_missing_claims_unless_they_cannot_be_made_as_asked(
+    made: list[Obj],
+    pools: dict[str, Obj | None] | None,
+    templates: dict[str, Obj] | None,
+    made_indexes: list[int],
+    outcome: tuple[str, ...],
+) -> None:
+    every = {c["metadata"]["name"] for c in asked()}
+    pool_claims = [c for c in made if not c["metadata"].get("deletionTimestamp")]
+    # every claim of the pools is read to charge the room of the missing ones
+    assert is_asking(request(), KEY, made, NOW) == (outcome[1] != "NodeClaimLost")
+    done = serve(
+        request(),
+        KEY,
+        templates=TEMPLATES if templates is None else templates,
+        claims=made,
+        pools={"gpu": pool()} if pools is None else pools,
+        nodes={},
+        now=NOW,
+        pool_claims=pool_claims,
     )
+    assert [c["metadata"]["annotations"][names.CLAIM_INDEX] for c in done.create] == [
+        str(i) for i in made_indexes
+    ]
+    assert {c["metadata"]["name"] for c in done.create} <= every  # the attempt's own names
+    assert done.delete == ()
+    (condition,) = done.conditions
+    assert (condition["type"], condition["status"], condition["reason"]) == (
+        outcome[0],
+        "True",
+        outcome[1],
+    )
+    if outcome[0] == "Accepted":
+        assert condition["message"] == "created 2 NodeClaims in NodePool 'gpu'"
+    else:
+        assert outcome[2] in condition["message"], condition["message"]
+
+
+def test_a_creation_cut_short_that_fails_withdraws_the_claims_made() -> None:
+    made = claims("Launched")[:1]
+    (failed,) = served(request(), made, pools={}).conditions
     assert failed["message"].startswith(
         "1 of the 2 NodeClaims of this attempt exist and none was recorded as made: "
         "their creation was cut short"
     ), failed["message"]
-    assert "Karpenter" not in failed["message"].partition(";")[0]
-    # then, the request failed: the one made is withdrawn
     ended = request(("Failed", "True"))
     assert [c["metadata"]["name"] for c in served(ended, made).delete] == [
         made[0]["metadata"]["name"]

@@ -355,22 +355,58 @@ async def test_a_claim_the_api_server_refuses_fails_its_request_quoting_it_and_t
     assert claims_of(kube, "a") == []
 
 
-async def test_a_create_that_fails_for_one_gang_leaves_the_others_served() -> None:
-    """A 500 on one gang's claim: that gang's pass is cut short (its claims made are found
-    incomplete at the next pass and withdrawn), the gangs after it in the pass are served."""
+@pytest.mark.parametrize("applied", [False, True], ids=["refused-500", "answer-lost"])
+async def test_a_creation_cut_short_is_completed_by_the_next_pass_and_the_others_served(
+    applied: bool,
+) -> None:
+    """A 500 on one gang's second claim (made or not: its answer lost on the way back): that
+    gang's creation is cut short, the gangs after it in the pass are served; the next pass (of
+    a new process, as after a restart) makes the missing claims under the attempt's own names
+    and records the creation, withdrawing nothing. Before: the request failed
+    NodeClaimsIncomplete and the claims made were withdrawn, the attempt rolled back."""
     kube = stack("a", "b", limits={GPU: "48"})
-    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=500)
-    karpenter = provisioner(kube)
-    await karpenter.pass_once()
+    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=500, applied=applied)
+    await provisioner(kube).pass_once()
     assert len(claims_of(kube, "b")) == 3
-    assert len(claims_of(kube, "a")) == 1
+    assert len(claims_of(kube, "a")) == (2 if applied else 1)
+    assert condition(kube, "a", "Accepted") is None
+    await provisioner(kube).pass_once()  # a new process
+    accepted = condition(kube, "a", "Accepted") or {}
+    assert (accepted.get("reason"), accepted.get("message")) == (
+        "NodeClaimsCompleted",
+        "created 3 NodeClaims in NodePool 'gpu'",
+    )
+    assert condition(kube, "a", "Failed") is None
+    uid = (kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) or {})["metadata"]["uid"]
+    assert sorted(c["metadata"]["name"] for c in claims_of(kube, "a")) == sorted(
+        claim_name("gpu", f"{NAMESPACE}/a", i, uid) for i in range(3)
+    )
+    assert kube.writes_of(NODE_CLAIM.kind, "delete") == []
+    assert gpus(kube.all_of(NODE_CLAIM)) == 48
+
+
+async def test_a_creation_cut_short_in_a_pool_filled_since_fails_saying_why() -> None:
+    """The room the missing claims need was taken meanwhile (another gang's claim): the request
+    fails NodeClaimsIncomplete naming the limit, and the claim made is withdrawn."""
+    kube = stack("a", limits={GPU: "24"})
+    kube.fail("create", NODE_CLAIM.kind, second_claim(kube, "a"), error=500)
+    await provisioner(kube).pass_once()
+    (made,) = claims_of(kube, "a")
+    other = json.loads(json.dumps(made))
+    other["metadata"] = {
+        "name": "someone-elses",
+        "labels": {names.NODE_POOL_LABEL: "gpu"},
+    }
+    kube.add(other)
+    karpenter = provisioner(kube)
     await karpenter.pass_once()
     failed = condition(kube, "a", "Failed") or {}
     assert failed.get("reason") == "NodeClaimsIncomplete"
     assert failed["message"].startswith("1 of the 3 NodeClaims of this attempt exist")
+    assert "limits nvidia.com/gpu=24 leave room for 1 of 2 nodes" in failed["message"]
     kube.sync(karpenter._caches)
     await karpenter.pass_once()
-    assert claims_of(kube, "a") == [] and len(claims_of(kube, "b")) == 3
+    assert claims_of(kube, "a") == []
 
 
 async def test_claims_made_before_a_restart_that_lost_the_accepted_write_are_recorded() -> None:

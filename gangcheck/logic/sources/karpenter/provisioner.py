@@ -27,9 +27,11 @@ What this module decides for one request (``serve``):
   gang started (partial delivery; the note says when its NodePool was deleted), ``Provisioned``
   once every claim is launched (the ledger then records the nodes as they arrive and the fit
   says when the gang can start, as with any autoscaler), with a note of how many arrived;
-  claims the request never recorded as made (``Accepted``: gangcheck stopped between creating
-  and recording them) are recorded when all are there, else it fails saying the creation was
-  cut short; once the gang started nothing more is followed (its nodes are Karpenter's);
+  claims the request never recorded as made (``Accepted``: gangcheck stopped, or a create
+  failed, between creating and recording them) are recorded when all are there; a creation
+  cut short (some never made) is completed, the missing claims made as the others were and
+  then recorded, unless they cannot be (the request fails saying why, ``NodeClaimsIncomplete``);
+  once the gang started nothing more is followed (its nodes are Karpenter's);
 - ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
   (``Initialized``), and those that arrived but that the ledger did not record while their
   node is still held for the request (nothing runs there); the nodes recorded as arrived are
@@ -72,8 +74,14 @@ from gangcheck.logic.sources.karpenter.claims import (
     pool_made_in,
     withdrawable,
 )
-from gangcheck.logic.sources.karpenter.packing import Member, pack
-from gangcheck.logic.sources.karpenter.pools import choose_pool, source_field
+from gangcheck.logic.sources.karpenter.packing import Member, PackedClaim, pack
+from gangcheck.logic.sources.karpenter.pools import (
+    choose_pool,
+    claims_room,
+    labels_problem,
+    limit_names,
+    source_field,
+)
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION
 from gangcheck.model.objects import Obj
@@ -197,7 +205,10 @@ def _serve(
         # expiry apply), so a claim gone is no partial delivery and the request stays as is.
         return Served(release=release)
     if not _true(request, "Accepted"):
-        return Served(conditions=_found(request, mine, key), release=release)
+        found = _found(
+            request, key, mine, templates=templates, pools=pools, pool_claims=pool_claims
+        )
+        return replace(found, release=release)
     status = claims_status(mine, key, _claims_asked(request))
     message = status.message
     if status.phase is AttemptPhase.FAILED:
@@ -223,40 +234,149 @@ def _started(request: Obj) -> bool:
     return Record.of(notes).phase is RecordPhase.STARTED
 
 
-def _found(request: Obj, mine: Sequence[Obj], key: str) -> tuple[Obj, ...]:
+def _found(
+    request: Obj,
+    key: str,
+    mine: Sequence[Obj],
+    *,
+    templates: Mapping[str, Obj],
+    pools: Mapping[str, Obj | None],
+    pool_claims: Sequence[Obj],
+) -> Served:
     """Claims of the attempt the request never recorded as made (``Accepted``): gangcheck
-    stopped (or its write was refused as stale) between creating them and recording them.
-    The claims say how many were made (``made_of``): all there, the creation is recorded and
-    they are followed; some missing, the creation was cut short (or those were deleted before
-    they were recorded) and the request fails saying so, which withdraws the ones made."""
+    stopped, a create's answer was lost or failed (a 500), or the ``Accepted`` write was
+    refused as stale, between creating them and recording them. The claims say how many were
+    made (``made_of``): all there, the creation is recorded and they are followed; some never
+    made (``_cut_short``), the missing ones are made as the others were (the same pool, the
+    same packing, the names the attempt gives them: a create whose answer was lost is
+    AlreadyExists) and the creation recorded; one being deleted is a claim lost, as after
+    ``Accepted``. When the missing ones cannot be made as the others were (the pool gone or
+    full, the gang's pods changed), the request fails saying so, which withdraws the ones
+    made. A claim refused for what it is fails the request quoting the refusal (the
+    reconciler's ``NodeClaimRefused``), at each try alike."""
     made = made_of(mine)
     status = claims_status(mine, key, made.nodes)
-    if status.lost:
-        there = made.nodes - len(status.lost)
-        message = (
-            f"{there} of the {made.nodes} NodeClaims of this attempt exist and none was "
-            "recorded as made: their creation was cut short (gangcheck stopped, or a create "
-            "failed), or the missing ones were deleted before they were recorded; the ones "
-            "made are withdrawn"
+    if not status.lost:
+        accepted = created_message(made.nodes, made.members, made.pool)
+        return Served(
+            conditions=(
+                _condition("Accepted", "True", "NodeClaimsFound", accepted),
+                *_follow(request, status.phase, status.message),
+            )
         )
-        return (_condition("Failed", "True", "NodeClaimsIncomplete", message),)
-    accepted = created_message(made.nodes, made.members, made.pool)
-    return (
-        _condition("Accepted", "True", "NodeClaimsFound", accepted),
-        *_follow(request, status.phase, status.message),
+    missing = _cut_short(mine, key)
+    if not missing:
+        message = status.message + _pool_gone(request, mine, pools)
+        return Served(conditions=_follow(request, AttemptPhase.FAILED, message))
+    remade = _remake(
+        request, key, mine, missing, templates=templates, pools=pools, pool_claims=pool_claims
     )
+    if isinstance(remade, Served):
+        return remade
+    there = made.nodes - len(status.lost)
+    message = (
+        f"{there} of the {made.nodes} NodeClaims of this attempt exist and none was "
+        "recorded as made: their creation was cut short (gangcheck stopped, or a create "
+        f"failed), and the missing ones cannot be made as the others were: {remade}; the ones "
+        "made are withdrawn"
+    )
+    return Served(conditions=(_condition("Failed", "True", "NodeClaimsIncomplete", message),))
+
+
+def _cut_short(mine: Sequence[Obj], key: str) -> tuple[int, ...]:
+    """The indexes an unrecorded creation made no claim for: none of its claims is being
+    deleted (that is a loss: Karpenter deletes a claim it cannot launch), some are absent
+    (never made, or made and gone without a trace: asked again, once)."""
+    status = claims_status(mine, key, made_of(mine).nodes)
+    if any(c.phase is ClaimPhase.LOST for c in status.claims):
+        return ()
+    return status.lost
+
+
+def _remake(
+    request: Obj,
+    key: str,
+    mine: Sequence[Obj],
+    missing: Sequence[int],
+    *,
+    templates: Mapping[str, Obj],
+    pools: Mapping[str, Obj | None],
+    pool_claims: Sequence[Obj],
+) -> Served | str:
+    """The missing claims of a creation cut short, made as the ones there were (their pool,
+    the gang's packing in it), with room for them in the pool's limits (charged with every
+    claim of the pool, those of this attempt there included); or why they cannot be."""
+    gang = _members(request, templates)
+    if isinstance(gang, str):
+        return gang
+    members, labels = gang
+    name = made_of(mine).pool
+    pool = pools.get(name)
+    if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
+        return f"NodePool {name!r} not found"
+    problem = labels_problem(pool, labels)
+    if problem:
+        return problem
+    packed = pack(members, pool, labels)
+    if packed.problem:
+        return packed.problem
+    if not _as_made(mine, packed.claims, name):
+        return (
+            "the gang's pods no longer ask what they were made for (their requests, or how "
+            f"NodePool {name!r} packs them, changed)"
+        )
+    uid = str((request.get("metadata") or {}).get("uid") or "")
+    ask = ClaimAsk.packing(key, packed.claims, labels, uid)
+    wanted = set(missing)
+    bodies = [b for b in claim_bodies(pool, ask) if _index_of(b) in wanted]
+    asks = [b["spec"]["resources"]["requests"] for b in bodies]
+    left = claims_room(pool, asks, pool_claims)
+    if left is not None and left < len(bodies):
+        return (
+            f"NodePool {name!r}: limits {limit_names(pool)} leave room for {left} of "
+            f"{len(bodies)} nodes"
+        )
+    message = created_message(ask.nodes, len(members), name)
+    return Served(
+        create=tuple(bodies),
+        conditions=(_condition("Accepted", "True", "NodeClaimsCompleted", message),),
+    )
+
+
+def _as_made(mine: Sequence[Obj], packed: Sequence[PackedClaim], pool: str) -> bool:
+    """Whether the claims there are those ``packed`` makes: as many in all, each of its
+    index in ``pool``, for as many members, asking for as much."""
+    if made_of(mine).nodes != len(packed):
+        return False
+    for claim in mine:
+        meta = claim.get("metadata") or {}
+        index = _index_of(claim)
+        if index is None or not 0 <= index < len(packed):
+            return False
+        members = str((meta.get("annotations") or {}).get(names.CLAIM_MEMBERS) or "1")
+        asked = ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+        if (
+            (meta.get("labels") or {}).get(names.NODE_POOL_LABEL) != pool
+            or members != str(len(packed[index].members))
+            or dict(asked) != packed[index].asked()
+        ):
+            return False
+    return True
+
+
+def _index_of(claim: Obj) -> int | None:
+    return claim_state(claim).index
 
 
 def is_asking(request: Obj | None, key: str, claims: Sequence[Obj], now: datetime) -> bool:
-    """Whether serving ``request`` now chooses a pool and creates claims (and so needs every
-    claim of the pools to know their room)."""
-    return (
-        request is not None
-        and not _has_ended(request)
-        and not _of_request(claims, key, request)[0]
-        and not _true(request, "Accepted")
-        and _second_passed(request, now)
-    )
+    """Whether serving ``request`` now chooses a pool and creates claims, or makes those a
+    creation cut short did not (and so needs every claim of the pools to know their room)."""
+    if request is None or _has_ended(request) or _true(request, "Accepted"):
+        return False
+    mine = _of_request(claims, key, request)[0]
+    if mine:
+        return not _started(request) and bool(_cut_short(mine, key))
+    return _second_passed(request, now)
 
 
 def _second_passed(request: Obj, now: datetime) -> bool:
