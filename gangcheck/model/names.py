@@ -80,6 +80,9 @@ OPT_IN_LABEL = "gangcheck.io/gang-provisioning"
 """Namespace label that opts a namespace in (the webhook's namespaceSelector)."""
 GATED_AT = "gangcheck.io/gated-at"
 """Annotation the webhook sets on the pods it gates: when, in RFC 3339 (UTC, seconds)."""
+RELEASED_BY_ANNOTATION = "gangcheck.io/released-by"
+"""On a PodGroup's member: gangcheck lifted its gate, written in the same patch; the value is
+the reason of the Event that said so (GangReleased, GangGrown, LateMembersReleased)."""
 
 # ---- gangcheck.io: on nodes (the arrival ledger, reclaim) -------------------------------
 ARRIVED_FOR = "gangcheck.io/arrived-for"

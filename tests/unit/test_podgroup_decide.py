@@ -622,10 +622,14 @@ def test_decide(case: Case) -> None:
         late = [case.late_released] if case.late_released else []
         assert [r.pods for r in releases] == [case.released, *late]
         if late:
-            assert releases[1].annotations == {}
+            assert releases[1].annotations == {"gangcheck.io/released-by": "LateMembersReleased"}
             assert releases[1].tolerations == ()
         assert releases[0].gate == GATE
         assert releases[0].annotations.get(CONSUME_ANNOTATION) == case.consume
+        assert releases[0].annotations["gangcheck.io/released-by"] in (
+            "GangReleased",
+            "LateMembersReleased",
+        )
         assert releases[0].node_selector == case.pins
     created = [a for a in decision.actions if isinstance(a, CreateRequest)]
     if case.request_counts is None:

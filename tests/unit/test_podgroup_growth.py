@@ -380,7 +380,43 @@ def stripped(name: str) -> Obj:
     return obj
 
 
+def released_binding(name: str, by: str = "GangGrown") -> Obj:
+    """A member added with the group's growth whose gate gangcheck lifted onto room that
+    exists (the release's mark on it), consuming no request, still binding."""
+    obj = stripped(name)
+    obj["metadata"]["annotations"]["gangcheck.io/released-by"] = by
+    return obj
+
+
 CASES += [
+    Case(
+        "raised 4 -> 6 after a growth of 1 was released onto room that exists and still binds: "
+        "the next growth asks for the 1 gated member only",
+        6,
+        [*running(), released_binding("new0"), *later(1)],
+        message="minCount raised to 6: 1 member(s) added to 5 running",
+        asked=(GROW1, 1),
+        grows="5",
+    ),
+    Case(
+        "raised 4 -> 6 while a late member released onto room that exists still binds: the "
+        "growth asks for the 1 gated member only",
+        6,
+        [*running(), released_binding("late0", by="LateMembersReleased"), *later(1)],
+        message="minCount raised to 6: 1 member(s) added to 5 running",
+        asked=(GROW1, 1),
+        grows="5",
+    ),
+    Case(
+        "raised 4 -> 6 after a growth of 1 was released onto room that exists and still binds, "
+        "the 1 gated fits: released alone, the one binding left as it is",
+        6,
+        [*running(), released_binding("new0"), *later(1)],
+        nodes=[OLD_NODE, node("free", gpu=2)],
+        message="1 member(s) added to 5 running: they fit on nodes that exist",
+        released=("later0",),
+        events=("GangGrown",),
+    ),
     Case(
         "raised 4 -> 6, one of the 2 added ungated by hand: counted in the growth, one request "
         "for both",
@@ -535,6 +571,8 @@ def test_growth(case: Case) -> None:
     assert tuple(n for a in releases for n in a.pods) == case.released
     for release in releases:
         assert release.annotations.get(CONSUME_ANNOTATION, "") == case.consume
+        # marked released by gangcheck: not taken for ungated by hand while it binds
+        assert release.annotations["gangcheck.io/released-by"] == "GangGrown"
     # the running members are never in any action
     assert not [n for a in releases for n in a.pods if n.startswith("run")]
     assert tuple(a.name for a in d.actions if isinstance(a, DeleteRequest)) == case.deletes

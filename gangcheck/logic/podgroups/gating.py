@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from gangcheck.logic.attempt.hold import ARRIVING_TAINT, HOLD_TAINT
 from gangcheck.logic.timefmt import format_time, parse_time
-from gangcheck.model.names import GATE, GATED_AT
+from gangcheck.model.names import GATE, GATED_AT, RELEASED_BY_ANNOTATION
 from gangcheck.model.objects import controlled_by_daemonset, json_pointer, scheduling_gates
 
 OPT_IN_VALUE = "enabled"
@@ -84,6 +84,16 @@ def gated_at(pod: Mapping[str, Any]) -> datetime | None:
     annotations = _mapping(metadata.get("annotations")) or {}
     raw = annotations.get(GATED_AT)
     return parse_time(raw) if isinstance(raw, str) else None
+
+
+def released_by(pod: Mapping[str, Any]) -> str:
+    """The reason gangcheck lifted the pod's gate with (its ``RELEASED_BY_ANNOTATION``), ""
+    when no release of gangcheck's is recorded on it: gated still, ungated by someone else
+    (or never gated), or released by a version that did not record it."""
+    metadata = _mapping(pod.get("metadata")) or {}
+    annotations = _mapping(metadata.get("annotations")) or {}
+    raw = annotations.get(RELEASED_BY_ANNOTATION)
+    return raw if isinstance(raw, str) else ""
 
 
 def gate_patch(pod: Mapping[str, Any], *, now: datetime) -> JsonPatch | None:

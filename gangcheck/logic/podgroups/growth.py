@@ -214,9 +214,10 @@ def _decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     # Members added with the gated ones whose gate was removed by hand (or never added) and
     # that wait unbound, consuming nothing, are of the growth, as of a gang's release
     # (`podgroup.loose_members`): counted in its need and fit, given its request and hold.
-    # Without a gated member waiting they are taken as running, as before: a member a
-    # release lifted the gate of, no request consumed (it fit on nodes that exist), is one
-    # too while it binds, and is asked for again by no growth.
+    # Without a gated member waiting they are taken as running, as before. A member a release
+    # of gangcheck's lifted the gate of onto room that exists (no request consumed), marked so
+    # (`gating.released_by`), is running while it binds, a gated member waiting or not: asked
+    # for again by no growth (before the mark, the next growth asked for it once more).
     loose = {p.name for p in podgroup.loose_members(live)} if any(p.gated for p in live) else set()
     running = [p for p in live if not p.gated and p.name not in loose]
     gated = sorted(

@@ -59,7 +59,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
-from gangcheck.logic.podgroups.gating import gated_at, ungated_cause
+from gangcheck.logic.podgroups.gating import gated_at, released_by, ungated_cause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -77,6 +77,7 @@ from gangcheck.model.names import (
     PHASE_ANNOTATION,
     RACE_WON_ANNOTATION,
     RELEASED_AT_ANNOTATION,
+    RELEASED_BY_ANNOTATION,
     REQUEST_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
@@ -724,8 +725,15 @@ def _release(
 
 def loose_members(pods: Iterable[Pod]) -> tuple[Pod, ...]:
     """The members whose gate is gone though no release lifted it (removed by someone else,
-    or never added) and that wait unbound, consuming no request."""
-    return tuple(p for p in pods if not p.gated and not p.node_name and not p.consumes)
+    or never added) and that wait unbound, consuming no request. One a release of gangcheck's
+    lifted the gate of onto room that exists (its `RELEASED_BY_ANNOTATION`) is not: it binds
+    on what it was fitted to (one released by a version that did not record it cannot be
+    told from one ungated by hand)."""
+    return tuple(
+        p
+        for p in pods
+        if not p.gated and not p.node_name and not p.consumes and not released_by(p.raw)
+    )
 
 
 def release_together(
@@ -739,9 +747,10 @@ def release_together(
 ) -> tuple[tuple[Action, ...], tuple[Event, ...]]:
     """Lift the gates of the gated ones of `pods` (a gang, or a growth) together, annotated
     (`annotations`: the request consumed), pinned and tolerating `holds`, said in an Event
-    `reason` (GangReleased, GangGrown). Its loose members (`loose_members`) are given the
-    annotations and the tolerations with them (none to give: nothing asked, nothing held,
-    they are left alone), else the room asked for them is held off from them; their node
+    `reason` (GangReleased, GangGrown), each marked with it (`RELEASED_BY_ANNOTATION`). Its
+    loose members (`loose_members`) are given the annotations and the tolerations with them
+    (none to give: nothing asked, nothing held, they are left alone), else the room asked for
+    them is held off from them; their node
     selector the API server no longer lets change (the applier drops it). The Event names
     them. One rule for a gang's release (`_release`) and a growth's (growth.py)."""
     gated = tuple(sorted(p.name for p in pods if p.gated))
@@ -749,7 +758,8 @@ def release_together(
     if not gated and not loose:
         return (), ()
     names = tuple(sorted((*gated, *loose)))
-    action = ReleaseMembers(names, dict(annotations), dict(pins), GATE, tuple(holds))
+    marked = {**annotations, RELEASED_BY_ANNOTATION: reason}
+    action = ReleaseMembers(names, marked, dict(pins), GATE, tuple(holds))
     also = (
         f", and gave {len(loose)} member(s) whose gate was lifted before ({', '.join(loose)}) "
         "the request and its hold's toleration"
@@ -758,6 +768,11 @@ def release_together(
     )
     text = f"Released {len(gated)} members together{also}: {message}"
     return (action,), (Event(reason, text[:MAX_MESSAGE]),)
+
+
+_LATE_RELEASED = {RELEASED_BY_ANNOTATION: "LateMembersReleased"}
+"""What late members released onto room that exists are given: the mark of the release
+(`loose_members`), no request."""
 
 
 def _release_with_gang(late: Sequence[Pod], pins: Mapping[str, str]) -> GroupDecision:
@@ -774,7 +789,7 @@ def _release_with_gang(late: Sequence[Pod], pins: Mapping[str, str]) -> GroupDec
         f"capacity is asked for them): {', '.join(names)}"
     )
     return GroupDecision(
-        actions=(ReleaseMembers(names, {}, dict(pins), GATE),),
+        actions=(ReleaseMembers(names, dict(_LATE_RELEASED), dict(pins), GATE),),
         events=(Event("LateMembersReleased", text[:MAX_MESSAGE]),),
     )
 
@@ -886,7 +901,7 @@ def _release_late(
     events: list[Event] = []
     if fitting:
         names = tuple(sorted(p.name for p in late[:fitting]))
-        actions = (*actions, ReleaseMembers(names, {}, pins, GATE))
+        actions = (*actions, ReleaseMembers(names, dict(_LATE_RELEASED), pins, GATE))
         text = f"Released {fitting} late member(s) onto nodes that exist: {', '.join(names)}"
         events.append(Event("LateMembersReleased", text[:MAX_MESSAGE]))
     waiting = late[fitting:]
