@@ -13,12 +13,13 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import ApiError, NotFoundError, error_from_status
 from gangcheck.kube.resources import (
     NAMESPACE,
     NODE_CLAIM,
@@ -27,6 +28,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
 )
 from gangcheck.logic.sources.karpenter import names
+from gangcheck.logic.sources.karpenter.claims import claim_name
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.caches import Caches
@@ -176,14 +178,7 @@ async def test_a_claim_a_policy_refuses_fails_only_its_gang_quoting_the_policy(
                     condition = await until(failed)
                     await until(lambda: _none_left(claims, "a", karpenter))
         finally:
-            listed = await admin.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
-            for claim in listed["items"]:
-                if claim["metadata"]["labels"].get(names.NODE_POOL_LABEL) == pool:
-                    with contextlib.suppress(NotFoundError):
-                        await admin.delete(NODE_CLAIM, claim["metadata"]["name"])
-            with contextlib.suppress(NotFoundError):
-                await admin.delete(NODE_POOL, pool)
-            remove_namespace(control_plane, namespace)
+            await _clean(admin, control_plane, namespace, pool)
     assert len(made_for_b) == 2  # served in the same pass
     assert condition["reason"] == "NodeClaimRefused"
     assert condition["message"].startswith("the API server refused NodeClaim "), condition
@@ -196,7 +191,131 @@ async def test_a_claim_a_policy_refuses_fails_only_its_gang_quoting_the_policy(
     assert karpenter.denials.message is None
 
 
+async def _clean(admin: Kube, control_plane: ControlPlane, namespace: str, pool: str) -> None:
+    listed = await admin.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
+    for claim in listed["items"]:
+        if claim["metadata"]["labels"].get(names.NODE_POOL_LABEL) == pool:
+            with contextlib.suppress(NotFoundError):
+                await admin.delete(NODE_CLAIM, claim["metadata"]["name"])
+    with contextlib.suppress(NotFoundError):
+        await admin.delete(NODE_POOL, pool)
+    remove_namespace(control_plane, namespace)
+
+
+async def _refused_now(admin: Kube, claim: Obj) -> bool:
+    """The API server loads policies from informers: whether it refuses a dry-run copy of
+    ``claim`` under another name yet."""
+    probe = {
+        "apiVersion": claim["apiVersion"],
+        "kind": claim["kind"],
+        "metadata": {
+            "name": f"probe-{uuid.uuid4().hex[:8]}",
+            "labels": claim["metadata"]["labels"],
+            "annotations": claim["metadata"]["annotations"],
+        },
+        "spec": claim["spec"],
+    }
+    try:
+        await admin.request(
+            "POST", NODE_CLAIM.collection_path(None), query={"dryRun": "All"}, body=probe
+        )
+    except ApiError as e:
+        if "denied request" in e.message:
+            return True
+        raise
+    return False
+
+
 async def _none_left(claims: Any, gang: str, karpenter: KarpenterProvisioner) -> bool:
     """Passes until the gang's claims are withdrawn (none is made: the first is refused)."""
     await karpenter.pass_once()
     return not await claims(gang)
+
+
+@pytest.mark.timeout(120)
+async def test_a_creation_cut_short_is_completed_unless_the_missing_claim_is_refused(
+    control_plane: ControlPlane,
+    node_pool_crd: None,  # noqa: F811
+    claim_crd: None,
+) -> None:
+    """Two gangs' creations cut short after their first claim (gang a: the first create's
+    answer lost on its way back, the pass's serving of a ends there; gang c: its second
+    create failing, 500). The next pass, a new process's, makes a's missing claim under
+    the attempt's own name and records the creation (NodeClaimsCompleted): nothing is
+    withdrawn, the attempt goes on. c's missing claim is refused by a policy installed
+    meanwhile (a reason that will not change): c fails NodeClaimRefused quoting it, and its
+    claim made is withdrawn. Before, both failed NodeClaimsIncomplete and were rolled back."""
+    namespace = f"karp-cut-{uuid.uuid4().hex[:8]}"
+    pool = f"pool-{namespace}"
+    name = f"deny-{namespace}"
+    async with await Kube.connect(str(control_plane.kubeconfig)) as admin:
+        await admin.create(NAMESPACE, {"metadata": {"name": namespace}})
+        await admin.create(NODE_POOL, node_pool(pool))
+        try:
+            for gang in ("a", "c"):
+                await admin.create(POD_TEMPLATE, template(namespace, gang), namespace)
+                await admin.create(PROVISIONING_REQUEST, request(namespace, gang), namespace)
+            await asyncio.sleep(1.1)  # claims are made a second after their request
+            create = admin.create
+
+            async def cut_short(res: Any, body: Obj, namespace: str | None = None) -> Obj:
+                notes = body["metadata"].get("annotations") or {}
+                gang, index = notes.get(names.REQUESTED_FOR, ""), notes.get(names.CLAIM_INDEX)
+                if res is NODE_CLAIM and gang.endswith("/c-check-1") and index == "1":
+                    raise error_from_status(500, "", target="NodeClaim")
+                made = await create(res, body, namespace)
+                if res is NODE_CLAIM and gang.endswith("/a-check-1") and index == "0":
+                    raise error_from_status(504, "", target="NodeClaim")  # answer lost
+                return made
+
+            async def claims(gang: str) -> list[Obj]:
+                listed = await admin.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
+                key = f"{namespace}/{gang}-check-1"
+                return [
+                    c
+                    for c in listed["items"]
+                    if c["metadata"]["annotations"].get(names.REQUESTED_FOR) == key
+                ]
+
+            async def conditions(gang: str) -> dict[str, Obj]:
+                got = await admin.get(PROVISIONING_REQUEST, f"{gang}-check-1", namespace)
+                found = (got.get("status") or {}).get("conditions") or []
+                return {c["type"]: c for c in found}
+
+            async with running(admin) as caches:
+                with mock.patch.object(admin, "create", cut_short):
+                    await KarpenterProvisioner(admin, caches).pass_once()
+                cut = {gang: len(await claims(gang)) for gang in ("a", "c")}
+                cut_c = await claims("c")
+                before = {gang: await conditions(gang) for gang in ("a", "c")}
+                with policy(control_plane, name, f"{namespace}/c-check-1", "Forbidden"):
+                    await until(lambda: _refused_now(admin, (cut_c or [{}])[0]))
+                    karpenter = KarpenterProvisioner(admin, caches)  # a new process
+                    await karpenter.pass_once()
+                    after = {gang: await conditions(gang) for gang in ("a", "c")}
+                    await until(lambda: _none_left(claims, "c", karpenter))
+                a_claims = await claims("a")
+                uids = {
+                    gang: (await admin.get(PROVISIONING_REQUEST, f"{gang}-check-1", namespace))[
+                        "metadata"
+                    ]["uid"]
+                    for gang in ("a", "c")
+                }
+        finally:
+            await _clean(admin, control_plane, namespace, pool)
+    assert cut == {"a": 1, "c": 1} and before == {"a": {}, "c": {}}
+    accepted = after["a"]["Accepted"]
+    assert (accepted["reason"], accepted["message"]) == (
+        "NodeClaimsCompleted",
+        f"created 2 NodeClaims in NodePool {pool!r}",
+    )
+    assert "Failed" not in after["a"]
+    assert sorted(c["metadata"]["name"] for c in a_claims) == sorted(
+        claim_name(pool, f"{namespace}/a-check-1", i, uids["a"]) for i in range(2)
+    )
+    refused = after["c"]["Failed"]
+    assert refused["reason"] == "NodeClaimRefused", refused
+    second = claim_name(pool, f"{namespace}/c-check-1", 1, uids["c"])
+    assert refused["message"].startswith(f"the API server refused NodeClaim {second!r}: ")
+    assert f"ValidatingAdmissionPolicy '{name}'" in refused["message"]
+    assert "Accepted" not in after["c"]
