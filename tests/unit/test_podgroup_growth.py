@@ -1233,3 +1233,93 @@ def test_a_growth_member_ungated_by_hand_is_given_the_request_and_its_hold_and_n
         "Released 1 members together, and gave 1 member(s) whose gate was lifted before (new1) "
         "the request and its hold's toleration: released; minCount raised to 6"
     ), said
+
+
+def never_gated(name: str, node_name: str = "") -> Obj:
+    """A member added with the group's growth that the webhook never gated (down, or not
+    asked): no gate, no stamp."""
+    obj = pod(name, gated=True, node_name=node_name)
+    del obj["spec"]["schedulingGates"]
+    return obj
+
+
+def said_not_gated(d: GroupDecision) -> dict[str, str]:
+    return {
+        e.about.name if e.about else "g": e.message
+        for e in d.events
+        if e.reason == "MemberNotGated" and e.warning
+    }
+
+
+def test_a_growth_member_created_without_the_gate_is_said_as_a_gangs_is() -> None:
+    """A member added with the growth that carries no gate (the webhook down) may be scheduled
+    one by one, before the growth's capacity exists: MemberNotGated on the group and on the
+    pod, its name kept in gangcheck.io/ungated-members, as a gang's member before its release.
+    Before, a released group said nothing of it. The growth still counts it (one request for
+    both)."""
+    case = Case("never gated", 6, [*running(), *added(1), never_gated("new1")])
+    d = run(case)
+    said = said_not_gated(d)
+    assert said["new1"] == (
+        "created without the gangcheck.io/provisioning scheduling gate (was the webhook down, "
+        "or the namespace not opted in?): PodGroup g cannot hold it back until its growth's "
+        "capacity exists"
+    )
+    assert said["g"].startswith(
+        "1 member(s) carry no gangcheck.io/provisioning scheduling gate before their growth is "
+        "released: new1 created without"
+    ), said["g"]
+    assert (d.status or {})["gangcheck.io/ungated-members"] == "new1"
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert sum(p["count"] for p in body["spec"]["podSets"]) == 2
+
+
+def test_a_growth_member_never_gated_and_bound_already_is_said() -> None:
+    """Bound before gangcheck looked (no gate, no stamp, consuming nothing): it runs, counted
+    running, and is said (before: nothing)."""
+    case = Case("never gated, bound", 5, [*running(), never_gated("new0", node_name="old")])
+    said = said_not_gated(run(case))
+    assert said["new0"].startswith("bound to node old without ever having the"), said
+
+
+def test_a_growth_member_is_said_once() -> None:
+    obj = group(6)
+    obj["metadata"]["annotations"]["gangcheck.io/ungated-members"] = "new1"
+    members = [*running(), *added(1), never_gated("new1")]
+    snap = GroupSnapshot(
+        group=pod_group_of(obj),
+        members=tuple(map(pod_of, members)),
+        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        capacity=ClusterView(nodes=(OLD_NODE,), pods=tuple(members)),
+        opted_in=True,
+    )
+    assert said_not_gated(growth.decide(snap, NOW)) == {}
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # released by gangcheck onto room that exists, binding (its mark)
+        [*running(), released_binding("new0"), *later(1)],
+        # released onto the growth's request, binding
+        [*running(), pod("new0", gated=False, consumes=GROW1), *later(1)],
+        # the webhook stamped it, bound since: its gate was lifted, by a release or another
+        [*running(), {**stripped("new0"), "spec": {**stripped("new0")["spec"], "nodeName": "n2"}}],
+        # all gated
+        [*running(), *added()],
+    ],
+    ids=["released-onto-room", "consuming-the-growth", "stamped-and-bound", "gated"],
+)
+def test_a_growth_member_gangcheck_released_or_gated_is_not_said(members: list[Obj]) -> None:
+    case = Case("not said", 6, members)
+    d = run(case)
+    assert said_not_gated(d) == {}
+    assert "gangcheck.io/ungated-members" not in (d.status or {})
+
+
+def test_a_running_member_of_the_gang_without_a_stamp_is_not_said_as_a_growth_member() -> None:
+    """Members of the gang released (created before the group's release) were said, if at all,
+    before it: a running one the webhook never stamped is no growth member."""
+    bare = pod("run9", gated=False, node_name="old")  # created 10:00:30, before the release
+    case = Case("gang member", 6, [*running(), bare, *added(1)])
+    assert said_not_gated(run(case)) == {}

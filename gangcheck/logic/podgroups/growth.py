@@ -71,6 +71,7 @@ from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.attempt.status import Phase
 from gangcheck.logic.podgroups import podgroup
+from gangcheck.logic.podgroups.gating import gated_at, released_by
 from gangcheck.logic.podgroups.podgroup import (
     RELEASED,
     GroupDecision,
@@ -91,6 +92,7 @@ from gangcheck.model.names import (
     GANG_MEMBERS_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
+    RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
     SOURCE_ANNOTATION,
     STARTED,
@@ -111,8 +113,41 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     decision = _decide(snap, now)
     if recorded:
         decision = _with(GroupDecision(actions=recorded), decision)
+    ungated = _ungated(snap)
+    if ungated is not None:
+        decision = podgroup.merged(decision, ungated)
     lifted = _holds_of_gone(snap, decision)
     return decision if lifted is None else _with(decision, lifted)
+
+
+def _ungated(snap: GroupSnapshot) -> GroupDecision | None:
+    """The members of a growth (created since the group's release, minCount above the gang
+    released) without the gate, said once as a gang's are before its release
+    (`podgroup.said_ungated`: MemberNotGated on the group and the pod, each with its cause):
+    created without it (the webhook down, or not asked), its gate removed by someone else,
+    or bound without ever having had it. A member gangcheck released (marked, or consuming a
+    request), or one the webhook stamped that is bound, is not said. Before, a released
+    group said nothing of them: the growth's member could be scheduled one by one, before
+    the growth's capacity existed, and no one was told."""
+    group = snap.group
+    if group.annotations.get(STATE_ANNOTATION, "") != RELEASED or group.deleting:
+        return None
+    if not group.is_gang or group.min_count <= _released(group.annotations):
+        return None  # no growth: members beyond the gang are late ones
+    since = group.annotations.get(RELEASED_AT_ANNOTATION, "")
+    reported = podgroup.reported_ungated(group)
+    pods = [
+        p
+        for p in snap.members
+        if p.live
+        and not p.gated
+        and p.name not in reported
+        and not p.consumes
+        and not released_by(p.raw)
+        and (not p.node_name or gated_at(p.raw) is None)
+        and (not since or p.created >= since)  # the gang's own were said before its release
+    ]
+    return podgroup.said_ungated(snap, pods, whose="growth") if pods else None
 
 
 def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ...]]:

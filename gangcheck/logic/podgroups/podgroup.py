@@ -875,7 +875,7 @@ def _release_late(
     gone, its members' nodes not telling one) releases none: they stay gated, why said."""
     if not members.gated:
         return _after_release(snap, members)
-    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    reported = reported_ungated(snap.group)
     request = snap.group.annotations.get(REQUEST_ANNOTATION, "")
     binding = [
         p
@@ -1104,7 +1104,7 @@ def _members(snap: GroupSnapshot) -> _Members:
     live = tuple(p for p in sorted(snap.members, key=lambda p: p.name) if p.live)
     gated = tuple(p for p in live if p.gated)
     unbound = tuple(p for p in live if not p.node_name)
-    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+    reported = reported_ungated(snap.group)
     # ungated before the gang's release: unbound, or bound without ever having been gated
     # (one the webhook stamped, or consuming a request, had its gate lifted by a release)
     newly = tuple(
@@ -1126,26 +1126,38 @@ def _notice_ungated(snap: GroupSnapshot, members: _Members) -> GroupDecision | N
         return None  # released once (then gave up): its members' gates are the release's
     if not snap.opted_in and not members.gated and not state:
         return None  # a gang gangcheck was never asked to hold
-    names = [p.name for p in members.newly_ungated]
-    reported = set(filter(None, snap.group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
-    causes = {p.name: ungated_cause(p.raw) for p in members.newly_ungated}
+    return said_ungated(snap, members.newly_ungated)
+
+
+def reported_ungated(group: PodGroup) -> set[str]:
+    """The members said to carry no gate (`said_ungated`), by name."""
+    return set(filter(None, group.annotations.get(UNGATED_ANNOTATION, "").split(",")))
+
+
+def said_ungated(snap: GroupSnapshot, pods: Sequence[Pod], *, whose: str = "gang") -> GroupDecision:
+    """Members without the gate before their gang (or, `whose` "growth", the group's growth)
+    is released, said once: a MemberNotGated Warning on the group and one on each pod, each
+    with its cause (`gating.ungated_cause`), the names kept in `UNGATED_ANNOTATION`."""
+    names = [p.name for p in pods]
+    causes = {p.name: ungated_cause(p.raw) for p in pods}
     text = (
-        f"{len(names)} member(s) carry no {GATE} scheduling gate before their gang is "
+        f"{len(names)} member(s) carry no {GATE} scheduling gate before their {whose} is "
         f"released: {'; '.join(f'{n} {c}' for n, c in causes.items())}; they may be "
-        "scheduled one by one, before the gang's capacity exists"
+        f"scheduled one by one, before the {whose}'s capacity exists"
     )
     events = [Event("MemberNotGated", text[:MAX_MESSAGE], warning=True)]
-    for pod in members.newly_ungated:
+    for pod in pods:
         about = pod.ref
         events.append(
             Event(
                 "MemberNotGated",
                 f"{causes[pod.name]}: PodGroup {snap.group.ref.name} cannot hold it back "
-                "until its gang's capacity exists",
+                f"until its {whose}'s capacity exists",
                 warning=True,
                 about=about,
             )
         )
+    reported = reported_ungated(snap.group)
     status = {UNGATED_ANNOTATION: ",".join(sorted(reported | set(names)))}
     return GroupDecision(status=status, events=tuple(events))
 
