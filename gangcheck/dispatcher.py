@@ -26,8 +26,11 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
   unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
   (no AdmissionCheck of gangcheck's controller ``Active`` there) is skipped, with the reason;
-- so is a worker whose gangcheck is down: its leader Lease there (``worker_lease``, read
-  beside the lists, within the same bound) last renewed longer ago than its duration plus
+- so is a worker whose gangcheck is down: its leader Lease there (``worker_lease``; read
+  while running in the background every ``LEASE_EVERY`` seconds, each read within the same
+  bound, a pass using the latest answer as of when it came: a slow worker's answer holds up
+  no pass, and one not answered within the bound is the worker's silence; read beside the
+  lists when there is no answer yet) last renewed longer ago than its duration plus
   ``DOWN_GRACE`` (``lease_down``, its age bounded by what this process saw of its renewals
   by its own clock, ``sighted``: the AdmissionCheck stays ``Active`` when gangcheck's
   process dies, it wrote that condition itself). A worker nominated is kept so for
@@ -42,6 +45,11 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
 - its capacity sources' recent outcomes, from the records gangcheck leaves on its
   ProvisioningRequests there (fulfilled or started: delivered; rolled back: a stockout), for
   the gangs this dispatcher sent there only (``_sources``), each once per source;
+- which cluster the worker's MultiKueueCluster reaches (the uid of its ``kube-system``
+  Namespace, read with the Lease; recorded for each worker nominated): a worker re-pointed
+  since it was nominated (its Secret changed to reach another cluster) is given up, the
+  record saying that Kueue's copy in the earlier cluster is left there for a person to
+  delete (``repointed``: Kueue then looks only in the new one);
 - for a worker nominated, whether its copy of the Workload failed: a check ``Retry`` or
   ``Rejected``, ``Evicted``, requeued, or deactivated; or whether gangcheck's request for
   it there says its capacity source cannot deliver (``cannot_deliver``: ``Failed``, or
@@ -81,6 +89,7 @@ from gangcheck.kube.resources import (
     LEASE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
+    NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
@@ -91,8 +100,10 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.dispatch import (
     ANSWER_WITHIN,
+    IDENTITY_NAMESPACE,
     KUEUE_ADMISSION,
     KUEUE_ITSELF,
+    LEASE_EVERY,
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
     UNANSWERED,
@@ -186,6 +197,24 @@ class _Worker:
     """gangcheck's leader Lease there (``worker_lease``; None: the dispatcher's setting)."""
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """gangcheck's Lease in a worker and the cluster's identity there, as last read
+    (``Dispatcher._probe``): each the object or the error its get raised, read at ``at`` (this
+    process's clock); ``silent``: not answered within ``answer_within``."""
+
+    lease_ref: tuple[str, str]
+    at: datetime
+    lease: Obj | Exception | None = None
+    identity: Obj | Exception | None = None
+    silent: bool = False
+
+
+#: The longest uid taken as a cluster's identity (a uid is 36 characters): a longer answer is
+#: no uid, and is not written into the record.
+_UID_MAX = 128
+
+
 class Dispatcher:
     """A pass over the manager's Workloads on each change, and every ``interval`` seconds
     (module doc)."""
@@ -203,8 +232,16 @@ class Dispatcher:
         clock: Callable[[], datetime] | None = None,
         worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
         unanswered_within: float = UNANSWERED,
+        lease_every: float = LEASE_EVERY,
     ) -> None:
         self.kube = kube
+        # per worker, gangcheck's Lease and the cluster's identity there as last read
+        # (``_probe``): read in the background every ``lease_every`` seconds while running
+        # (``_probing``), so that a pass does not wait on a slow worker's answer
+        self.lease_every = lease_every
+        self._answers: dict[str, _Answer] = {}
+        # per worker, why its identity could not be read, as last logged (logged once)
+        self._identity_unknown: dict[str, str] = {}
         # a copy gangcheck in a worker has left untouched for this long gives the worker up
         # for its gang (``unanswered``): by (worker, namespace, copy uid), since when this
         # process saw it so; kept from pass to pass only while it stays so
@@ -366,6 +403,7 @@ class Dispatcher:
                 caches[res].add_handler(self._worker_changed(name, res))
             self._worker_caches[name] = caches
             self._worker_watches[name] = [asyncio.create_task(c.run()) for c in caches.values()]
+            self._worker_watches[name].append(asyncio.create_task(self._probing(name, kube)))
 
     async def _drop(self, name: str) -> None:
         """Ends the worker's watches and closes its client (when held), and forgets its
@@ -373,6 +411,8 @@ class Dispatcher:
         self._silent.pop(name, None)
         self._lease_unknown.pop(name, None)
         self._sightings.pop(name, None)
+        self._answers.pop(name, None)
+        self._identity_unknown.pop(name, None)
         self._worker_caches.pop(name, None)
         held = self._workers.pop(name, None)
         tasks = self._worker_watches.pop(name, [])
@@ -706,38 +746,64 @@ class Dispatcher:
         gangcheck runs there, its nodes, its pods, gangcheck's requests and its Workloads
         (the copies; read side by side). All of them within ``answer_within`` seconds, or
         the worker is skipped as silent, and skipped unread by the next passes until its
-        window ends (``silence``, ``unread``)."""
+        window ends (``silence``, ``unread``). gangcheck's Lease there and the cluster's
+        identity: their latest answer while running (read in the background, ``_probing``:
+        the pass does not wait on them), else read beside the lists, within the same bound;
+        an answer that did not come within the bound is the worker's silence as well."""
         if worker.kube is None:
             return _View(skip=worker.skip)
         kube = worker.kube
         lease_ref = worker.lease or self.worker_lease
-        lease_namespace, lease_name = lease_ref
         held = self._silent.get(worker.name)
         said = unread(held, self._now(), within=self.answer_within)
         if said:
             return _View(skip=said, patient=patient(held))
         caches = self._worker_caches.get(worker.name, {})
+        answer = self._answers.get(worker.name)
+        if not self._running or answer is None or answer.lease_ref != lease_ref:
+            answer = None  # none read in the background yet (or of another Lease): read now
+        elif answer.silent:
+            return self._silenced(worker.name, held)
         try:
-            reads, lease = await asyncio.wait_for(
-                asyncio.gather(
-                    _worker_reads(kube, caches),
-                    _get_or_error(kube, LEASE, lease_name, lease_namespace),
-                ),
-                self.answer_within,
-            )
+            if answer is None:
+                reads, read = await asyncio.wait_for(
+                    asyncio.gather(
+                        _worker_reads(kube, caches), self._probe(worker.name, kube, lease_ref)
+                    ),
+                    self.answer_within,
+                )
+            else:
+                reads = await asyncio.wait_for(_worker_reads(kube, caches), self.answer_within)
+                read = answer
         except TimeoutError:
-            silent = silence(held, self._now())
-            self._silent[worker.name] = silent
-            log.warning(
-                "worker %s did not answer within %gs: skipped until %s",
-                worker.name,
-                self.answer_within,
-                silent.until.isoformat(),
-            )
-            return _View(
-                skip=silent_reason(silent, within=self.answer_within), patient=patient(silent)
-            )
+            return self._silenced(worker.name, held)
         self._silent.pop(worker.name, None)
+        view = self._view_read(worker.name, reads)
+        view.identity = self._identity(worker.name, read.identity)
+        if not view.skip:
+            got = self._lease(worker.name, read.lease, lease_ref)
+            prior = self._sightings.get(worker.name)
+            seen = prior[1] if prior and prior[0] == lease_ref else None
+            view.down = lease_down(got, read.at, name=lease_ref, seen=seen)
+        return view
+
+    def _silenced(self, name: str, held: Silence | None) -> _View:
+        """The worker ``name`` did not answer within ``answer_within``: skipped, and unread
+        until its window ends (``silence``; ``held``: its window before)."""
+        silent = silence(held, self._now())
+        self._silent[name] = silent
+        log.warning(
+            "worker %s did not answer within %gs: skipped until %s",
+            name,
+            self.answer_within,
+            silent.until.isoformat(),
+        )
+        return _View(skip=silent_reason(silent, within=self.answer_within), patient=patient(silent))
+
+    @staticmethod
+    def _view_read(name: str, reads: Sequence[list[Obj] | BaseException]) -> _View:
+        """The worker's lists (``_VIEW_READS``, as ``_worker_reads`` returned them) made sense
+        of, or why it is skipped."""
         for res, read in zip(_VIEW_READS, reads, strict=True):
             if isinstance(read, ApiError):
                 return _View(skip=_refused(res, read))
@@ -749,24 +815,83 @@ class Dispatcher:
             r for r in reads if not isinstance(r, BaseException)
         )
         try:
-            view = _view_of(checks, nodes, pods, requests, copies)
+            return _view_of(checks, nodes, pods, requests, copies)
         except Exception as e:  # a worker's objects not as its API serves them
-            log.warning("worker %s answered what cannot be read: %r", worker.name, e)
+            log.warning("worker %s answered what cannot be read: %r", name, e)
             return _View(skip=_unreadable(e))
-        got, now = self._lease(worker.name, lease, lease_ref), self._now()
-        prior = self._sightings.get(worker.name)
-        seen = sighted(prior[1] if prior and prior[0] == lease_ref else None, got, now)
-        if seen is not None:
-            self._sightings[worker.name] = (lease_ref, seen)
-        view.down = lease_down(got, now, name=lease_ref, seen=seen)
-        return view
 
-    def _lease(self, name: str, read: Obj | Exception, lease: tuple[str, str]) -> Obj | None:
+    async def _probe(self, name: str, kube: Kube, lease: tuple[str, str]) -> _Answer:
+        """Reads gangcheck's Lease ``lease`` (namespace, name) in the worker ``name`` and the
+        cluster's identity there (its ``IDENTITY_NAMESPACE`` Namespace), side by side, not
+        bounded (the caller bounds it); keeps the answer for the passes, and the Lease's
+        sighting by this process's clock, at the time it answered (``sighted``)."""
+        read, identity = await asyncio.gather(
+            _get_or_error(kube, LEASE, lease[1], lease[0]),
+            _get_or_error(kube, NAMESPACE, IDENTITY_NAMESPACE, None),
+        )
+        answer = _Answer(lease, self._now(), read, identity)
+        prior = self._sightings.get(name)
+        got = read if isinstance(read, Mapping) else None
+        seen = sighted(prior[1] if prior and prior[0] == lease else None, got, answer.at)
+        if seen is not None:
+            self._sightings[name] = (lease, seen)
+        self._answers[name] = answer
+        return answer
+
+    async def _probing(self, name: str, kube: Kube) -> None:
+        """While the worker ``name`` is held through ``kube``: its ``_probe`` every
+        ``lease_every`` seconds, each bounded by ``answer_within`` (one not answered by then
+        is kept as its silence: the next pass skips the worker as one that does not answer).
+        The first is the pass's own, read as the client is made."""
+        while True:
+            await asyncio.sleep(self.lease_every)
+            held = self._workers.get(name)
+            if held is None or held.kube is not kube:
+                return
+            lease = held.lease or self.worker_lease
+            try:
+                await asyncio.wait_for(self._probe(name, kube, lease), self.answer_within)
+            except TimeoutError:
+                self._answers[name] = _Answer(lease, self._now(), silent=True)
+
+    def _identity(self, name: str, read: Obj | Exception | None) -> str:
+        """The identity of the cluster the worker ``name`` reaches (``WorkerFacts.identity``:
+        the uid of its ``IDENTITY_NAMESPACE``, as read), or '' when not known: the reader's
+        rights older than the rule granting its get (403), or any other failure, said in the
+        log once (a re-pointed MultiKueueCluster is then not noticed)."""
+        meta = read.get("metadata") if isinstance(read, Mapping) else None
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        if isinstance(uid, str) and 0 < len(uid) <= _UID_MAX:
+            self._identity_unknown.pop(name, None)
+            return uid
+        where = f"Namespace {IDENTITY_NAMESPACE}"
+        if isinstance(read, ForbiddenError):
+            why = (
+                f"get on {where} refused (the reader's rights, manifests/dispatcher/worker/"
+                f"reader.yaml, older than its rule on it): {_first_line(read)}"
+            )
+        elif isinstance(read, Exception):
+            why = f"{where} not read: {_first_line(read)}"
+        else:
+            why = f"{where} answered without a uid"
+        if self._identity_unknown.get(name) != why:
+            self._identity_unknown[name] = why
+            log.warning(
+                "worker %s: which cluster it reaches cannot be told (a MultiKueueCluster "
+                "re-pointed to another is not noticed): %s",
+                name,
+                why,
+            )
+        return ""
+
+    def _lease(self, name: str, read: Obj | Exception | None, lease: tuple[str, str]) -> Obj | None:
         """gangcheck's Lease as read in the worker ``name``, or None when it could not be
         read: none there (404: leader election off, or another name), not granted to the
         reader (403: its rights older than the Lease's rule), or any other failure. Not
         known is no reason to skip a worker: said in the log once (again when the reason
         changes), not on the Workload."""
+        if read is None:
+            return None
         if not isinstance(read, Exception):
             self._lease_unknown.pop(name, None)
             return read
@@ -808,6 +933,7 @@ class Dispatcher:
                 reachable=False,
                 skip=view.skip or worker.skip,
                 patience=nominated and view.patient,
+                identity=view.identity,
             )
         try:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
@@ -816,7 +942,9 @@ class Dispatcher:
             fits_now = _fits_now(room(), wl) if room is not None else False
         except Exception as e:  # its answer (the copy, its pods) not as its API serves it
             log.warning("worker %s answered what cannot be read: %r", worker.name, e)
-            return WorkerFacts(worker.name, reachable=False, skip=_unreadable(e))
+            return WorkerFacts(
+                worker.name, reachable=False, skip=_unreadable(e), identity=view.identity
+            )
         facts = WorkerFacts(
             worker.name,
             fits_now=fits_now,
@@ -826,6 +954,7 @@ class Dispatcher:
             lately_failed=lately_failed,
             admitted=admitted,
             copied=copied,
+            identity=view.identity,
         )
         return with_down(facts, view.down, nominated=nominated)
 
@@ -851,6 +980,8 @@ class _View:
     """gangcheck there is down, from its leader Lease (``lease_down``); None: up, or not known."""
     ours: frozenset[str] = frozenset()
     """The names of the AdmissionChecks gangcheck serves there."""
+    identity: str = ""
+    """Which cluster it is (``WorkerFacts.identity``); '' not known."""
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -1387,7 +1518,9 @@ def _slim(obj: Obj) -> Obj:
     return {**obj, "metadata": {**meta, "managedFields": kept}}
 
 
-async def _get_or_error(kube: Kube, res: Resource, name: str, namespace: str) -> Obj | Exception:
+async def _get_or_error(
+    kube: Kube, res: Resource, name: str, namespace: str | None
+) -> Obj | Exception:
     """The object, or the error its get raised (read beside the lists: its failure is
     not theirs)."""
     try:

@@ -14,7 +14,9 @@ at a time:
    whose attempt failed (rolled back, rejected, stocked out: its request for the gang there
    says its capacity source cannot deliver, see ``cannot_deliver``), or where gangcheck left
    the gang's copy untouched ``UNANSWERED`` seconds after its quota was reserved there
-   (``unanswered``: down without leader election, or stuck but still renewing its Lease);
+   (``unanswered``: down without leader election, or stuck but still renewing its Lease),
+   or whose MultiKueueCluster was re-pointed to another cluster since it was nominated
+   (``repointed``: the copy there is left in the earlier cluster, said for a person);
 2. while the worker nominated last is still trying, keep it (one at a time: nothing is
    scaled up twice for one gang);
 3. first the workers where the gang fits now, on nodes that exist or are reserved, next to
@@ -129,6 +131,11 @@ def silent_reason(held: Silence, *, within: float = ANSWER_WITHIN) -> str:
 #: (``Sighting``), so that two clocks apart by more than this neither hide a dead gangcheck
 #: nor make a live one look down for longer than one renewal.
 DOWN_GRACE = 20.0
+#: How often (seconds) a running dispatcher reads gangcheck's Lease (and the cluster's
+#: identity, ``IDENTITY_NAMESPACE``) in each worker it holds, in the background: a pass uses
+#: the latest answer, not waiting for a slow worker's (each read bounded by ``ANSWER_WITHIN``:
+#: one not answered by then counts as the worker's silence). A live leader renews every 2 s.
+LEASE_EVERY = 2.0
 #: How long (seconds) more a worker NOMINATED whose gangcheck is down is kept nominated before
 #: it is given up as a failed copy is: giving up throws away what it is bringing up, and a pod
 #: rescheduled to another node (a node drained: image pulled, process started, then a whole
@@ -349,6 +356,10 @@ class WorkerFacts:
     """No longer listed by the Workload's MultiKueueConfig, or its MultiKueueCluster gone
     (read only for a worker nominated): Kueue no longer manages its copy there, never a
     candidate (``decide``)."""
+    identity: str = ""
+    """Which cluster its MultiKueueCluster reaches now: the uid of that cluster's
+    ``kube-system`` Namespace (``IDENTITY_NAMESPACE``); '' when not known (not read, not
+    granted)."""
     patience: bool = False
     """A worker nominated that did not answer, in its first window of silence (``patient``),
     or whose gangcheck is down for less than ``DOWN_PATIENCE`` past ``DOWN_GRACE``
@@ -510,6 +521,10 @@ class DispatchRecord:
     """The uid of the manager's Workload it was written for (``for_workload``): Kueue's copy
     of the Workload in a worker carries the record as it was when the copy was made, so the
     copy names the Workload it was made for (``copy_of``)."""
+    identities: Mapping[str, str] = field(default_factory=dict)
+    """Which cluster each worker nominated now reached when it was nominated (its
+    ``WorkerFacts.identity``; first known since, for a worker nominated while it was not):
+    the cluster Kueue made the copy in (``repointed``)."""
 
     def to_annotation(self) -> str:
         data: dict[str, object] = {
@@ -527,6 +542,8 @@ class DispatchRecord:
             data["nominatedAt"] = dict(self.nominated_at)
         if self.uid:
             data["uid"] = self.uid
+        if self.identities:
+            data["identities"] = dict(self.identities)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -551,6 +568,7 @@ class DispatchRecord:
             admitted=str(data.get("admitted") or ""),
             nominated_at=_by_name(data.get("nominatedAt")),
             uid=data["uid"] if isinstance(data.get("uid"), str) else "",
+            identities=_by_name(data.get("identities")),
         )
 
 
@@ -662,7 +680,7 @@ def decide(
     for cluster in record.nominated[: max(at_once, 1)]:
         if cluster in failed:
             continue
-        why, left = _given_up(facts.get(cluster))
+        why, left = _given_up(facts.get(cluster), record.identities.get(cluster, ""))
         if why:
             failed[cluster] = fallbacks[cluster] = why
             if now is not None:
@@ -708,9 +726,31 @@ def decide(
     if not keep:
         reason = _with_aside(record.reason, reason)
     new = DispatchRecord(
-        tuple(chosen), tried, failed, skipped, reason, failed_at, admitted, since, record.uid
+        tuple(chosen),
+        tried,
+        failed,
+        skipped,
+        reason,
+        failed_at,
+        admitted,
+        since,
+        record.uid,
+        _identities(record, chosen, facts),
     )
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def _identities(
+    record: DispatchRecord, chosen: Sequence[str], facts: Mapping[str, WorkerFacts]
+) -> dict[str, str]:
+    """Which cluster each worker ``chosen`` reached when nominated: as recorded, else as
+    read now (``WorkerFacts.identity``; none when not known)."""
+    out = {}
+    for cluster in chosen:
+        now = facts[cluster].identity if cluster in facts else ""
+        if record.identities.get(cluster) or now:
+            out[cluster] = record.identities.get(cluster) or now
+    return out
 
 
 def _with_aside(was: str, reason: str) -> str:
@@ -738,9 +778,13 @@ def _clip(why: str) -> str:
     return why if len(why) <= WHY_MAX else why[: WHY_MAX - 3] + "..."
 
 
-def _given_up(worker: WorkerFacts | None) -> tuple[str, bool]:
+def _given_up(worker: WorkerFacts | None, identity: str = "") -> tuple[str, bool]:
     """Why a worker nominated is given up now ('' : kept), and whether it is kept only as
-    left with a copy Kueue no longer manages (``unlisted``, its copy seen there)."""
+    left with a copy Kueue no longer manages (``unlisted``, its copy seen there).
+    ``identity``: the cluster it reached when nominated (``DispatchRecord.identities``)."""
+    repointing = repointed(identity, worker.identity) if worker is not None else ""
+    if repointing:
+        return _clip(repointing), False
     if worker is not None and worker.unlisted:
         if worker.reachable and worker.copied:
             return "", True
@@ -750,6 +794,30 @@ def _given_up(worker: WorkerFacts | None) -> tuple[str, bool]:
     if worker is None:
         return "no longer configured", False
     return _clip(worker.failure or ("" if worker.reachable else _unreachable(worker.skip))), False
+
+
+#: The Namespace whose uid tells one cluster from another (``WorkerFacts.identity``): made
+#: with the cluster, never deleted, the same whatever address or credentials reach it.
+IDENTITY_NAMESPACE = "kube-system"
+
+
+def repointed(was: str, now: str) -> str:
+    """Why a worker nominated is given up when its MultiKueueCluster was re-pointed (its
+    kubeconfig Secret changed to reach another cluster) since it was nominated, or ''. ``was``:
+    the cluster it reached when nominated, ``now``: the one it reaches now (each the uid of
+    its ``IDENTITY_NAMESPACE``; '' not known: not said). Kueue (v0.17) only makes its client
+    of that MultiKueueCluster again: it copies the Workload into the new cluster, and its
+    garbage collection looks there only, so the copy it made in the earlier cluster stays
+    there, gangcheck there perhaps still bringing capacity up for it (or the gang running
+    there too). The dispatcher writes in no worker: the copy is said, for a person to delete."""
+    if not was or not now or was == now:
+        return ""
+    return (
+        f"re-pointed: its MultiKueueCluster now reaches another cluster ({IDENTITY_NAMESPACE} "
+        f"uid {now}; nominated when it reached uid {was}): Kueue's copy of this Workload (its "
+        "namespace and name), if it made one, is left in that earlier cluster, where Kueue no "
+        "longer looks: delete it there, with its job"
+    )
 
 
 def _stranded(cluster: str) -> str:

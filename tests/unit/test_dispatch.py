@@ -901,3 +901,48 @@ def test_a_nomination_kueue_wrote_itself_is_told_from_gangchecks(
     record: DispatchRecord, written: list[str], at_once: int, kueues: bool
 ) -> None:
     assert nominated_by_kueue(record, written, at_once=at_once) is kueues
+
+
+ON_A_IN_X = replace(ON_A, identities={"a": "x"})
+#: A gang nominated to a, and which cluster a reaches now: (record, a's identity now, whether
+#: a is given up as re-pointed, the identities recorded after the step).
+REPOINTINGS = {
+    "the same cluster": (ON_A_IN_X, "x", False, {"a": "x"}),
+    "another cluster": (ON_A_IN_X, "y", True, {"b": "z"}),
+    "not known now (not granted, not read)": (ON_A_IN_X, "", False, {"a": "x"}),
+    "none recorded (nominated by a release before, or not known then): recorded now": (
+        ON_A,
+        "y",
+        False,
+        {"a": "y"},
+    ),
+    "none recorded, not known now": (ON_A, "", False, {}),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "now", "given_up", "identities"), REPOINTINGS.values(), ids=REPOINTINGS
+)
+def test_a_worker_re_pointed_since_it_was_nominated_is_given_up(
+    record: DispatchRecord, now: str, given_up: bool, identities: dict[str, str]
+) -> None:
+    step = decide(record, (WorkerFacts("a", identity=now), WorkerFacts("b", identity="z")))
+    assert step.nominated == (("b",) if given_up else ("a",))
+    assert ("a" in step.fallbacks) is given_up
+    if given_up:
+        assert step.record.failed["a"].startswith(
+            "re-pointed: its MultiKueueCluster now reaches another cluster (kube-system uid y; "
+            "nominated when it reached uid x): Kueue's copy of this Workload"
+        )
+    assert step.record.identities == identities
+    again = DispatchRecord.from_annotation(step.record.to_annotation())
+    assert again == step.record
+
+
+def test_a_re_pointed_worker_is_said_so_even_when_the_new_cluster_cannot_be_used() -> None:
+    """The new cluster runs no gangcheck (skipped): the worker is given up as re-pointed,
+    not merely as unreachable, so that the copy left in the earlier cluster is said."""
+    new = WorkerFacts("a", reachable=False, skip="no gangcheck there", identity="y")
+    step = decide(ON_A_IN_X, (new, WorkerFacts("b")))
+    assert step.record.failed["a"].startswith("re-pointed: ")
+    assert step.nominated == ("b",)

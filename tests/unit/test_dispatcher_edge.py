@@ -31,6 +31,7 @@ from gangcheck.kube.resources import (
     LEASE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
+    NAMESPACE,
     NODE,
     POD,
     PROVISIONING_REQUEST,
@@ -484,9 +485,10 @@ async def test_its_own_writes_wake_no_pass_a_change_by_another_does() -> None:
 async def test_running_its_passes_read_from_caches_listed_once() -> None:
     """Running, the dispatcher lists each kind it reads in the manager, and in each worker,
     once, then keeps it by watch: its passes (one every 0.01 s here; every second and on each
-    change by default) list nothing more, in the manager or in a worker (they get only
-    gangcheck's Lease there, one a pass: whether gangcheck is up, and whether the worker
-    answers), and each reads the first pass's own writes (the record, the nomination) from
+    change by default) list nothing more, in the manager or in a worker, nor get anything
+    there: gangcheck's Lease there and the cluster's identity are read by the first pass,
+    then in the background every ``lease_every`` seconds (a minute here: none in the test),
+    and each reads the first pass's own writes (the record, the nomination) from
     its cache before any watch brings them back: nothing written twice. Before, every pass
     listed the manager's AdmissionChecks and all its Workloads (thousands in a large
     manager), even with none waiting, and while one waited, every node and pod of every
@@ -500,7 +502,9 @@ async def test_running_its_passes_read_from_caches_listed_once() -> None:
         yield {}
 
     manager.watch = quiet  # type: ignore[method-assign]
-    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.01, connect=connect)
+    dispatcher = Dispatcher(
+        manager, metrics=Metrics(), interval=0.01, connect=connect, lease_every=60.0
+    )
     task = asyncio.create_task(dispatcher.run())
     try:
         await until(lambda: dispatcher.passes >= 30)
@@ -516,7 +520,8 @@ async def test_running_its_passes_read_from_caches_listed_once() -> None:
     for held in (one, two):  # its caches' lists, and perhaps a first pass's before them
         listed = Counter(c.kind for c in held.calls if c.verb == "list")
         assert set(listed) == {res.kind for res in WATCHED} and max(listed.values()) <= 2
-        assert {c.kind for c in held.calls if c.verb == "get"} == {LEASE.kind}
+        got = Counter(c.kind for c in held.calls if c.verb == "get")
+        assert got == {LEASE.kind: 1, NAMESPACE.kind: 1}  # the first pass's, once
 
 
 # -- a change in a worker wakes a pass: its requests watched -------------------------------------
@@ -976,7 +981,9 @@ async def test_a_rotated_kubeconfig_is_read_through_and_a_no_op_update_keeps_the
         made.append(kubeconfig)
         return new if kubeconfig == b"rotated" else await connect(kubeconfig)
 
-    dispatcher = Dispatcher(manager, metrics=Metrics(), interval=0.02, connect=connecting)
+    dispatcher = Dispatcher(
+        manager, metrics=Metrics(), interval=0.02, connect=connecting, lease_every=0.02
+    )
     task = asyncio.create_task(dispatcher.run())
     try:
         await until(lambda: old.open == WATCHES)
@@ -991,7 +998,7 @@ async def test_a_rotated_kubeconfig_is_read_through_and_a_no_op_update_keeps_the
         assert dispatcher._workers["worker-1"].kube is new
         assert (old.open, old.closed) == (0, 1)
         read = len(old.calls)
-        gets = len([c for c in new.calls if c.kind == LEASE.kind])  # one a pass
+        gets = len([c for c in new.calls if c.kind == LEASE.kind])  # in the background
         await until(lambda: len([c for c in new.calls if c.kind == LEASE.kind]) >= gets + 3)
         assert len(old.calls) == read  # no read of the old server any more
         assert not old.writes and not new.writes
@@ -1962,3 +1969,201 @@ async def test_a_burst_fits_each_gang_once_on_what_the_others_leave(
     ]
     assert sorted(there) == ["job-gang", "job-gang-0"]
     assert sum(members) <= 40 * 2 * 2 + 2 * 2, (sum(members), len(members))
+
+
+# -- gangcheck's Lease read in the background: a slow worker holds up no pass ------------------
+
+
+class SlowLease(WatchedWorker):
+    """A worker whose answers to the get of gangcheck's Lease, once ``slow``, do not come
+    (no answer, ever: only the dispatcher's bound ends one); ``asked`` counts those gets,
+    ``waiting`` those not answered now. Its lists and watches answer as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = False
+        self.asked = 0
+        self.waiting = 0
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> Obj:
+        if res.kind == LEASE.kind:
+            self.asked += 1
+            if self.slow:
+                self.waiting += 1
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    self.waiting -= 1
+        return await super().get(res, name, namespace)
+
+
+async def test_a_workers_slow_lease_read_holds_up_no_pass() -> None:
+    """worker-1 answers its lists (kept by watch) but no longer the get of gangcheck's Lease.
+    Running, the dispatcher reads that Lease in the background: its passes go on with the
+    last answer (gangcheck up), a gang arriving meanwhile is nominated while that read is
+    still unanswered, and the passes ask for no Lease of their own (one get outstanding).
+    Before, each pass read the Lease itself and waited for it, up to the bound (a minute
+    here), for every Workload: the new gang waited with it."""
+    one = worker(kube=SlowLease(), nodes=2)
+    assert isinstance(one, SlowLease)
+    one.add(gangcheck_lease(datetime.now(UTC)))
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    dispatcher = Dispatcher(
+        manager,
+        metrics=Metrics(),
+        interval=0.01,
+        connect=connect,
+        answer_within=60.0,
+        lease_every=0.01,
+    )
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: nominated_of(manager, "job-gang") == ["worker-1"])
+        one.slow = True
+        await until(lambda: one.waiting == 1)  # the background's read, not answered
+        asked, passes = one.asked, dispatcher.passes
+        manager.add(workload("job-two"))
+        await until(lambda: bool(nominated_of(manager, "job-two")))
+        await until(lambda: dispatcher.passes >= passes + 5)
+        assert (one.asked, one.waiting) == (asked, 1)  # no pass asked for it, none waited
+        assert nominated_of(manager, "job-gang") == ["worker-1"]  # kept: up, as last read
+        wl = manager.stored(WORKLOAD, "job-two", NS)
+        assert wl is not None
+        got = DispatchRecord.from_annotation(wl["metadata"]["annotations"][RECORD_ANNOTATION])
+        assert "worker-1" not in got.skipped, got
+        assert not one.writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_lease_read_unanswered_within_the_bound_is_the_workers_silence() -> None:
+    """The background read of worker-1's Lease not answered within the bound: the worker is
+    skipped as one that does not answer, as when a pass waited for it itself (its lists come
+    from its caches: that read is the one that finds a black hole), kept nominated through
+    its first window of silence."""
+    one = worker(kube=SlowLease(), nodes=2)
+    assert isinstance(one, SlowLease)
+    one.add(gangcheck_lease(datetime.now(UTC)))
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+    dispatcher = Dispatcher(
+        manager,
+        metrics=Metrics(),
+        interval=0.01,
+        connect=connect,
+        answer_within=BOUND,
+        lease_every=0.01,
+    )
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await until(lambda: nominated_of(manager, "job-gang") == ["worker-1"])
+        one.slow = True
+        await until(lambda: "worker-1" in record(manager).skipped)
+        got = record(manager)
+        assert got.skipped["worker-1"].startswith(f"unreachable: no answer within {BOUND:g}s")
+        assert got.nominated == ("worker-1",) and not got.failed, got
+        assert not one.writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# -- a MultiKueueCluster re-pointed to another cluster while a gang is nominated there -----------
+
+
+def kube_system(uid: str) -> Obj:
+    """The worker's kube-system Namespace: its uid tells one cluster from another."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "kube-system", "uid": uid},
+    }
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "after a restart"])
+async def test_a_worker_re_pointed_while_nominated_is_given_up_its_copy_said_left(
+    restarted: bool,
+) -> None:
+    """worker-1 nominated, Kueue's copy there; then its Secret is changed to reach another
+    cluster (kube-system uid c). Kueue makes its client again and copies the gang into the
+    new cluster; the copy in the first stays there, Kueue no longer looks there. The
+    dispatcher (and one started afresh, from the record) gives worker-1 up, the record
+    saying why and what is left where (diagnose prints it), and nominates worker-2 in the
+    same step. Nothing is written in any worker."""
+    one, two, other = worker(nodes=2), worker(nodes=2), worker(nodes=2)
+    one.add(kube_system("uid-a"))
+    two.add(kube_system("uid-b"))
+    other.add(kube_system("uid-c"))
+    manager, dispatcher, connect = bed({"worker-1": one, "worker-2": two})
+
+    async def connecting(kubeconfig: bytes) -> Kube:
+        return other if kubeconfig == b"elsewhere" else await connect(kubeconfig)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",)
+    assert got.identities == {"worker-1": "uid-a"}
+    one.add(workload())  # Kueue's copy there
+    manager.add(secret("worker-1", b"elsewhere"))
+    other.add(workload())  # Kueue's copy in the new cluster, made at once
+    if restarted:
+        dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",)
+    assert got.identities == {"worker-2": "uid-b"}
+    why = got.failed["worker-1"]
+    assert why == (
+        "re-pointed: its MultiKueueCluster now reaches another cluster (kube-system uid "
+        "uid-c; nominated when it reached uid uid-a): Kueue's copy of this Workload (its "
+        "namespace and name), if it made one, is left in that earlier cluster, where Kueue no "
+        "longer looks: delete it there, with its job"
+    )
+    assert f"given up: worker-1 ({why})" in describe(got)
+    assert manager.applied[-1] == (KUEUE_ADMISSION, ["worker-2"])
+    assert [r for r, _ in events(manager)][-2:] == ["DispatchFallback", "Nominated"]
+    assert not one.writes and not two.writes and not other.writes
+
+
+async def test_a_kubeconfig_rotated_to_the_same_cluster_keeps_the_worker_nominated() -> None:
+    """worker-1's Secret changed to other credentials for the same cluster (its kube-system
+    uid the same): nothing changes for the gang nominated there."""
+    one = worker(nodes=2)
+    one.add(kube_system("uid-a"))
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(nodes=2)})
+
+    async def connecting(kubeconfig: bytes) -> Kube:
+        return one if kubeconfig == b"rotated" else await connect(kubeconfig)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    await dispatcher.pass_once()
+    one.add(workload())
+    manager.add(secret("worker-1", b"rotated"))
+    writes = len(manager.writes)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.failed
+    assert len(manager.writes) == writes
+
+
+async def test_a_cluster_identity_the_reader_may_not_get_is_not_known_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reader's rights older than the rule on kube-system (403): which cluster the worker
+    is cannot be told, said in the log once; the worker is used as before, its identity not
+    recorded (a re-pointing is then not noticed)."""
+    one = worker(nodes=2)
+    one.add(kube_system("uid-a"))
+    one.fail("get", "Namespace", error=403, times=10)
+    manager, _, connect = bed({"worker-1": one})
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect)
+    with caplog.at_level(logging.WARNING, logger="gangcheck.dispatcher"):
+        for _ in range(3):
+            await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-1",) and not got.identities
+    said = [r.getMessage() for r in caplog.records if "cannot be told" in r.getMessage()]
+    assert len(said) == 1 and "reader.yaml" in said[0], said
