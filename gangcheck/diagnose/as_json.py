@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
+from gangcheck.logic.attempt import deletion
 from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
 from gangcheck.logic.podgroups.group_diagnosis import GroupReplay
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
@@ -219,11 +220,35 @@ def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, An
         "deadline": format_time(req.deadline) if req.deadline else None,
         "secondsLeft": int(left) if left is not None else None,
         "rollbackReason": req.rollback_reason,
-        "outcome": json.loads(req.outcome.to_annotation()) if req.outcome else None,
+        "outcome": _outcome_json(req),
+        "deletion": _deletion_json(req, now),
         "capacitySource": req.source,
         "capacitySourceName": req.source_name or None,
         "topologyDomain": req.domain or None,
         "domainsTried": list(req.domains_tried),
+    }
+
+
+def _outcome_json(req: RequestFacts) -> dict[str, Any] | None:
+    """Its rollback's outcome as recorded, the kept nodes gone since (`keptGone`), and the
+    line the text says (`summary`)."""
+    if req.outcome is None:
+        return None
+    recorded = json.loads(req.outcome.to_annotation())
+    return {**recorded, "keptGone": list(req.kept_gone), "summary": req.outcome_line}
+
+
+def _deletion_json(req: RequestFacts, now: datetime) -> dict[str, Any] | None:
+    """Its deletion (null when it is not being deleted): since when, the finalizers that
+    hold it, whether it is past the grace (the gang's message says it then, with a
+    RequestStuckDeleting Warning), and the line the text says."""
+    if not req.deleting:
+        return None
+    return {
+        "since": format_time(req.deleted_at) if req.deleted_at else None,
+        "finalizers": list(req.finalizers),
+        "stuck": bool(deletion.line(req.name, req.finalizers, req.deleted_at, now)),
+        "line": req.deletion(now),
     }
 
 

@@ -145,7 +145,9 @@ def _lines_of_request(namespace: str, req: RequestFacts, now: datetime) -> list[
     if req.rollback_reason:
         lines += _wrapped(f"rollback: {req.rollback_reason}", indent=2)
     if req.outcome is not None:
-        lines += _wrapped(f"outcome: {req.outcome.summary()}", indent=2)
+        lines += _wrapped(f"outcome: {req.outcome_line}", indent=2)
+    if req.deleting:
+        lines += _wrapped(req.deletion(now), indent=2)
     return lines
 
 
@@ -324,8 +326,20 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _wrapped(text: str, *, indent: int = 0) -> list[str]:
+    """Wrapped at spaces only: a name (a node's, a request's) or a word is never cut in two
+    (at a hyphen, or for being long), so what is named can be copied from the text."""
     pad = " " * indent
-    return textwrap.wrap(text, WIDTH - 10, initial_indent=pad, subsequent_indent=pad + "  ") or []
+    return (
+        textwrap.wrap(
+            text,
+            WIDTH - 10,
+            initial_indent=pad,
+            subsequent_indent=pad + "  ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+        or []
+    )
 
 
 def _cut(text: str, limit: int) -> str:

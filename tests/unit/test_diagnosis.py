@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -598,7 +599,7 @@ CASES = [
     Case(
         "a request being deleted, within the grace: the gang waits for it to go",
         gang(req=request(deleting=True, deleted_at=NOW - timedelta(seconds=10))),
-        f"blocked: ProvisioningRequest {REQ} is being deleted",
+        f"blocked: ProvisioningRequest {REQ} is being deleted since 2026-11-30T10:04:50Z",
         "request",
     ),
     Case(
@@ -1095,3 +1096,116 @@ def test_an_admitted_gang_counts_the_nodes_of_the_request_it_consumes_not_a_late
     nodes = (arrival("gpu-0"), arrival("gpu-1"), arrival("gpu-2", claimed_for=f"default/{lost}"))
     facts = gather(admitted.build(), world(requests=requests, nodes=nodes), now=NOW)
     assert gang_row(facts, NOW).nodes_cell == "2 arrived"
+
+
+# ---- what a rollback kept, gone since; a request held in deletion --------------------------
+
+KEPT_OUTCOME = Outcome(("n0",), (), {"n1": "runs pod ns/x", "n2": "runs pod ns/y"}, 60)
+KEPT_NOW = "kept n1 (runs pod ns/x); kept then, gone since: n2 (runs pod ns/y)"
+
+
+def report_of(facts: Facts) -> tuple[str, dict[str, Any], str]:
+    """The text, the JSON and the verdict's line of the diagnosis on `facts`."""
+    found = verdict(facts, NOW)
+    report = DiagnoseReport(Target("workload", "default", "wl"), facts, found, NOW)
+    return diagnose_text.render_text(report), to_json(report), found.line
+
+
+def test_a_rejection_quoting_a_rollback_says_the_kept_node_deleted_since_is_gone() -> None:
+    """The check Rejected with the rollback's message (written once, kept as long as the
+    Workload): n2, kept then because it ran a pod, was deleted since. The verdict, the text
+    and the JSON say it gone, not kept; n1, still there, is said kept."""
+    written = f"rolled back {REQ} (Deadline: 1 of 2 members placeable); {KEPT_OUTCOME.summary()}"
+    wl = WorkloadBuilder().pod_set("workers", 2).check(CHECK, "Rejected", message=written).build()
+    wl["spec"]["active"] = False
+    facts = gather(wl, world(nodes=(arrival("n1"),)), now=NOW)
+    restated = written.replace(KEPT_OUTCOME.summary(), KEPT_OUTCOME.summary(gone={"n2"}))
+    assert KEPT_NOW in restated
+    text, as_json, line = report_of(facts)
+    assert line == (
+        f"blocked: the Workload is deactivated (spec.active=false): the check {CHECK} rejected "
+        f"it: {restated}"
+    )
+    assert as_json["checks"][0]["message"] == restated
+    assert " ".join(text.split()).count(restated) == 2  # the check's message, the verdict
+    assert "kept n2" not in text
+
+
+def rolling_back(outcome: Outcome, **meta: Any) -> dict[str, Any]:
+    """The attempt's request, its rollback recorded and done (the outcome written)."""
+    req = our_request()
+    req["metadata"]["annotations"].update(
+        {
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "Deadline: 1 of 2 members placeable",
+            "gangcheck.io/outcome": outcome.to_annotation(),
+        }
+    )
+    req["metadata"].update(meta)
+    return req
+
+
+def test_a_recorded_outcome_says_the_kept_node_deleted_since_is_gone() -> None:
+    """The request still there with its outcome (its deletion not done yet): the request's
+    outcome, the verdict and the decision replayed say n2 gone; the JSON names it in
+    keptGone, its summary the line the text says."""
+    nodes = (arrival("n1"),)
+    facts = gather(workload(), world(requests=(rolling_back(KEPT_OUTCOME),), nodes=nodes), now=NOW)
+    text, as_json, line = report_of(facts)
+    outcome = as_json["request"]["outcome"]
+    assert (outcome["kept"], outcome["keptGone"]) == (KEPT_OUTCOME.kept, ["n2"])
+    assert outcome["summary"] == KEPT_OUTCOME.summary(gone={"n2"})
+    assert f"outcome: {outcome['summary']}" in " ".join(text.split())
+    assert KEPT_NOW in line
+    assert KEPT_NOW in as_json["decision"]["message"]
+    assert "kept n2" not in text + json.dumps(as_json)
+
+
+def test_a_kept_node_still_there_is_said_kept_as_recorded() -> None:
+    nodes = (arrival("n1"), arrival("n2"))
+    facts = gather(workload(), world(requests=(rolling_back(KEPT_OUTCOME),), nodes=nodes), now=NOW)
+    text, as_json, line = report_of(facts)
+    assert as_json["request"]["outcome"]["keptGone"] == []
+    assert KEPT_OUTCOME.summary() in line
+    assert "gone since" not in text + json.dumps(as_json)
+
+
+OURS_1 = naming.request_name("wl", CHECK, 1)
+
+
+@pytest.mark.parametrize(
+    ("deleted", "said", "stuck"),
+    [
+        (
+            "2026-11-30T10:00:00Z",
+            f"waiting for ProvisioningRequest {OURS_1} to be deleted: finalizers "
+            "[example.com/keep] remain since 2026-11-30T10:00:00Z",
+            True,
+        ),
+        (
+            "2026-11-30T10:04:50Z",
+            f"ProvisioningRequest {OURS_1} is being deleted since 2026-11-30T10:04:50Z",
+            False,
+        ),
+    ],
+    ids=["past the grace: stuck", "within the grace"],
+)
+def test_a_request_in_deletion_is_said_alike_in_text_and_json(
+    deleted: str, said: str, stuck: bool
+) -> None:
+    """What the check message says of a request held in deletion (its finalizers, since
+    when), said by the request's section of the text and by the JSON's request.deletion,
+    as the verdict says it."""
+    held = our_request()
+    held["metadata"].update(deletionTimestamp=deleted, finalizers=["example.com/keep"])
+    facts = gather(workload(), world(requests=(held,)), now=NOW)
+    text, as_json, line = report_of(facts)
+    assert line == f"blocked: {said}"
+    assert as_json["request"]["deletion"] == {
+        "since": deleted,
+        "finalizers": ["example.com/keep"],
+        "stuck": stuck,
+        "line": said,
+    }
+    request_section = text.split("\nrequest", 1)[1].split("\n\n", 1)[0]
+    assert said in " ".join(request_section.split())

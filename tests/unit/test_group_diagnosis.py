@@ -112,6 +112,14 @@ def racked(pod_group: Obj, level: str = "rack") -> Obj:
 
 NO_RACK = "none carries the required topology level rack: the gang cannot fit in one domain"
 ROLLED_BACK = "rolled back g-pg-1 (deadline passed); 1 node reclaimed"
+KEPT_WRITTEN = (
+    "rolled back g-pg-4 (Deadline: x); reclaimed 1 node (1.0 node-minutes held); kept n1 (runs "
+    "pod default/a), n2 (runs pod default/b)"
+)
+"""A rollback's message, written when both kept nodes were there."""
+KEPT_NOW = KEPT_WRITTEN.replace(
+    "kept n1 (runs pod default/a), n2", "kept n1 (runs pod default/a); kept then, gone since: n2"
+)
 
 
 @dataclass
@@ -453,6 +461,36 @@ CASES = [
         members(2),
         "blocked: gave up after attempt 4: rolled back g-pg-4 (deadline passed)",
         "gave up",
+    ),
+    Case(
+        "gave up after a rollback that kept a node deleted since: said gone, not kept",
+        group(2, state="GaveUp", attempt="4", message=f"gave up after attempt 4: {KEPT_WRITTEN}"),
+        members(2),
+        f"blocked: gave up after attempt 4: {KEPT_NOW}",
+        "gave up",
+        nodes=[node("n1")],
+    ),
+    Case(
+        "backing off after a rollback that kept a node deleted since: said gone, not kept",
+        group(
+            2,
+            state="BackingOff",
+            attempt="2",
+            next_attempt_at="2026-11-30T10:06:30Z",
+            message=f"attempt 2 at 2026-11-30T10:06:30Z: {KEPT_WRITTEN}",
+        ),
+        members(2),
+        f"blocked: backing off: attempt 2 starts in 1m30s; {KEPT_NOW}",
+        "backoff",
+        nodes=[node("n1")],
+    ),
+    Case(
+        "gave up after a rollback that kept a node still there: as written",
+        group(2, state="GaveUp", attempt="4", message=f"gave up after attempt 4: {KEPT_WRITTEN}"),
+        members(2),
+        f"blocked: gave up after attempt 4: {KEPT_WRITTEN}",
+        "gave up",
+        nodes=[node("n1"), node("n2")],
     ),
     Case(
         "failed",

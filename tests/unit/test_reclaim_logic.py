@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gangcheck.logic.attempt.fulfillment import is_new_arrival, proven_younger
 from gangcheck.logic.attempt.reclaim import judge, unfence_ops
-from gangcheck.logic.attempt.records import Outcome
+from gangcheck.logic.attempt.records import Outcome, kept_restated
 from gangcheck.logic.placement.fit import member_from_template
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import pod_of
@@ -130,6 +130,68 @@ def test_every_kept_and_failed_node_is_named_with_its_reason() -> None:
     assert "failed, retrying: f1 (DeleteNode failed: 403 Forbidden)" in summary
     assert "more" not in summary
     assert Outcome.from_annotation(outcome.to_annotation()) == outcome
+
+
+KEPT = Outcome(
+    ("a",), (), {"k1": "runs pod ns/x (not the gang's)", "k2": "carries the opt-out label"}, 60,
+    failed={"f1": "DeleteNode failed: 403 Forbidden"},
+)  # fmt: skip
+KEPT_THEN = "kept then, gone since: "
+
+
+def test_a_kept_node_gone_since_is_said_gone_not_kept() -> None:
+    """Kept by a safety rule, then deleted (by the autoscaler, by hand): the summary read
+    now says so, never that the node is kept."""
+    assert KEPT.summary(gone={"k2"}) == (
+        "reclaimed 1 node (1.0 node-minutes held); kept k1 (runs pod ns/x (not the gang's)); "
+        f"{KEPT_THEN}k2 (carries the opt-out label); failed, retrying: f1 (DeleteNode failed: "
+        "403 Forbidden)"
+    )
+    gone = KEPT.summary(gone={"k1", "k2"})
+    assert " kept k" not in gone
+    assert f"{KEPT_THEN}k1 (runs pod ns/x (not the gang's)), k2 (carries" in gone
+    assert KEPT.kept_gone({"a", "k1"}) == ("k2",)
+    assert Outcome.from_annotation("{not json").kept_gone(set()) == ()  # no node named
+
+
+@pytest.mark.parametrize(
+    ("exists", "kept"),
+    [
+        ({"k1", "k2"}, "kept k1 (runs pod ns/x (not the gang's)), k2 (carries the opt-out label)"),
+        ({"k1"}, f"kept k1 (runs pod ns/x (not the gang's)); {KEPT_THEN}k2 (carries the opt-out "
+                 "label)"),
+        (set(), f"{KEPT_THEN}k1 (runs pod ns/x (not the gang's)), k2 (carries the opt-out label)"),
+    ],
+    ids=["both there: as written", "one gone", "both gone"],
+)  # fmt: skip
+def test_a_message_quoting_a_summary_is_restated_as_summary_says_it_now(
+    exists: set[str], kept: str
+) -> None:
+    """A message written when the rollback ended (a PodGroup's GaveUp, a Rejected check)
+    reads as the outcome's summary would now: the rest as written."""
+    written = f"gave up after attempt 3: rolled back g-1 (Deadline: x); {KEPT.summary()}; done"
+    restated = kept_restated(written, exists)
+    head = "gave up after attempt 3: rolled back g-1 (Deadline: x); reclaimed 1 node (1.0 "
+    assert restated == (
+        f"{head}node-minutes held); {kept}; failed, retrying: f1 (DeleteNode failed: 403 "
+        "Forbidden); done"
+    )
+    assert restated == written.replace(KEPT.summary(), KEPT.summary(gone=KEPT.kept_gone(exists)))
+    twice = f"{written} / {written}"
+    assert kept_restated(twice, exists) == f"{restated} / {restated}"
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "reclaimed 0 nodes (0.0 node-minutes held); kept k1 (a reason ( unclosed), k2 (x)",
+        "no summary: kept k1 (runs pod ns/x)",
+        "",
+    ],
+    ids=["a reason whose parentheses do not close", "no summary", "empty"],
+)
+def test_a_message_that_cannot_be_read_back_is_left_as_written(written: str) -> None:
+    assert kept_restated(written, set()) == written
 
 
 def fenced_node(taints: list[dict[str, Any]], *, cordoned: bool = True) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from gangcheck.logic.placement.fit import FitResult, Member, NodeView, member_fr
 from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.placement.reasons import Rejection
 from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
-from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     DEADLINE_ANNOTATION,
     DOMAIN_ANNOTATION,
@@ -101,11 +101,31 @@ class RequestFacts:
     deleted_at: datetime | None = None
     """Its metadata.deletionTimestamp (None: not being deleted, or not readable)."""
     finalizers: tuple[str, ...] = ()
+    kept_gone: tuple[str, ...] = ()
+    """The nodes its rollback's outcome kept that no longer exist (`request_facts` with the
+    nodes read)."""
 
     @property
     def status(self) -> AttemptStatus:
         """What the request's conditions say, as the decision reads them."""
         return status_from(self.conditions)
+
+    @property
+    def outcome_line(self) -> str:
+        """What its rollback did, kept nodes gone since said gone ("" before it is done)."""
+        return self.outcome.summary(gone=self.kept_gone) if self.outcome is not None else ""
+
+    def deletion(self, now: datetime) -> str:
+        """Its deletion, as the gang's message says it once past the grace (`deletion.line`:
+        the finalizers that hold it, since when); within it, since when (or that it is being
+        deleted); "" when it is not."""
+        if not self.deleting:
+            return ""
+        stuck = deletion.line(self.name, self.finalizers, self.deleted_at, now)
+        if stuck:
+            return stuck
+        since = f" since {format_time(self.deleted_at)}" if self.deleted_at else ""
+        return f"ProvisioningRequest {self.name} is being deleted{since}"
 
 
 @dataclass(frozen=True)
@@ -142,12 +162,25 @@ class Placement:
         return tuple(n for n in self.nodes if n.arrived)
 
 
-def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> RequestFacts:
-    """What the request named `name` says (found=False when there is none)."""
+def node_names(world: ClusterView) -> set[str]:
+    """The names of the nodes read: every node there is, as a diagnosis reads them."""
+    return {str((n.get("metadata") or {}).get("name", "")) for n in world.nodes}
+
+
+def request_facts(
+    req: ProvisioningRequest | None,
+    name: str,
+    attempt: int,
+    exists: Collection[str] | None = None,
+) -> RequestFacts:
+    """What the request named `name` says (found=False when there is none); with `exists`
+    (the names of every node there is, `node_names`), which nodes its rollback kept are
+    gone since."""
     if req is None:
         return RequestFacts(name=name, attempt=attempt, found=False)
     notes = req.annotations
     raw_outcome = notes.get(OUTCOME_ANNOTATION)
+    outcome = Outcome.from_annotation(raw_outcome) if raw_outcome else None
     index, made = Record.of(notes).source, recorded_config(req)
     asked = made.source(index) if made is not None and made.capacity_sources else None
     return RequestFacts(
@@ -158,7 +191,7 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         created=parse_time(req.creation_timestamp),
         deadline=parse_time(notes.get(DEADLINE_ANNOTATION, "")),
         rollback_reason=notes.get(ROLLBACK_REASON_ANNOTATION, ""),
-        outcome=Outcome.from_annotation(raw_outcome) if raw_outcome else None,
+        outcome=outcome,
         deleting=req.deleting,
         members=sum(p.count for p in req.pod_sets),
         class_name=req.class_name,
@@ -168,6 +201,7 @@ def request_facts(req: ProvisioningRequest | None, name: str, attempt: int) -> R
         domains_tried=places.of_request(req).tried,
         deleted_at=parse_time(req.deletion_timestamp) if req.deleting else None,
         finalizers=req.finalizers,
+        kept_gone=outcome.kept_gone(exists) if outcome and exists is not None else (),
     )
 
 
@@ -330,8 +364,7 @@ def deleting_verdict(req: RequestFacts, now: datetime) -> Verdict:
     """The attempt's request is being deleted: the gang waits for it to be gone (its next ask
     is made under its name); past the grace, in the line the gang's message says
     (deletion.line: the finalizers that hold it, since when)."""
-    stuck = deletion.line(req.name, req.finalizers, req.deleted_at, now)
-    return Verdict(True, "request", stuck or f"ProvisioningRequest {req.name} is being deleted")
+    return Verdict(True, "request", req.deletion(now))
 
 
 def step_verdict(
@@ -354,7 +387,7 @@ def step_verdict(
     fit (`provisioned(deadline)`), else `waiting(accepted, eta, deadline)` for the backend."""
     if progress in (Progress.ROLLING_BACK, Progress.ROLLED_BACK):
         if req.phase == ROLLING_BACK:
-            done = f"; {req.outcome.summary()}" if req.outcome else ""
+            done = f"; {req.outcome_line}" if req.outcome else ""
             why = req.rollback_reason or message
             return Verdict(True, "request", f"rolling back attempt {req.attempt}: {why}{done}")
         return ended_verdict(req, hint) or Verdict(

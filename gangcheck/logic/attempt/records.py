@@ -5,7 +5,8 @@ config), parsed once into a typed `Record`. A leaf: imports nothing of logic/.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -75,25 +76,93 @@ class Outcome:
                 failed=dict(data.get("failed") or {}),
             )
         except (ValueError, TypeError, AttributeError):
-            return cls(kept={"?": f"unreadable outcome {raw[:80]!r}"})
+            return cls(kept={UNREADABLE: f"unreadable outcome {raw[:80]!r}"})
 
-    def summary(self) -> str:
+    def summary(self, gone: Collection[str] = ()) -> str:
+        """What the rollback did, in one line (the RolledBack Event's, the check's or the
+        group's message). `gone`: nodes that no longer exist; a kept one of them is said kept
+        then and gone since (`_kept_parts`), never kept as if it were still there."""
         parts = [
             f"reclaimed {len(self.reclaimed)} node{'s' * (len(self.reclaimed) != 1)}"
             f" ({self.node_seconds / 60:.1f} node-minutes held)"
         ]
         if self.draining:
             parts.append(f"{len(self.draining)} to reclaim once the gang's pods leave")
-        if self.kept:
-            parts.append(f"kept {_each(self.kept)}")
+        parts += _kept_parts(self.kept, gone)
         if self.failed:
             parts.append(f"failed, retrying: {_each(self.failed)}")
         return "; ".join(parts)
 
+    def kept_gone(self, exists: Collection[str]) -> tuple[str, ...]:
+        """The nodes it kept that are not among `exists` (the nodes there now)."""
+        return tuple(sorted(n for n in self.kept if n != UNREADABLE and n not in exists))
 
-def _each(reasons: dict[str, str]) -> str:
+
+UNREADABLE = "?"
+"""The node an unreadable outcome is kept under, with what was read."""
+
+
+def _kept_parts(kept: Mapping[str, str], gone: Collection[str]) -> list[str]:
+    """`kept n1 (why)` for the kept nodes still there; `kept then, gone since: n2 (why)` for
+    those that are not (deleted by the autoscaler or by hand since)."""
+    there = {n: why for n, why in kept.items() if n not in gone}
+    left = {n: why for n, why in kept.items() if n in gone}
+    parts = [f"kept {_each(there)}"] if there else []
+    return parts + ([f"kept then, gone since: {_each(left)}"] if left else [])
+
+
+def _each(reasons: Mapping[str, str]) -> str:
     """Every node with its reason: `n1 (why), n2 (why)`."""
     return ", ".join(f"{name} ({why})" for name, why in sorted(reasons.items()))
+
+
+_KEPT_IN_SUMMARY = re.compile(
+    r"reclaimed \d+ nodes? \(\d+\.\d node-minutes held\)"
+    r"(?:; \d+ to reclaim once the gang's pods leave)?; (?P<kept>kept )"
+)
+_NODE_NAME = re.compile(r"[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?(?= \()")
+
+
+def kept_restated(text: str, exists: Collection[str]) -> str:
+    """`text` (a message that quotes rollbacks' `summary`s, written when they were made) with
+    each kept node that is not among `exists` said gone, as `summary` says it now; the rest
+    as written. A kept part that cannot be read back whole (a reason with unbalanced
+    parentheses) is left as written."""
+    out, at = [], 0
+    for found in _KEPT_IN_SUMMARY.finditer(text):
+        start = found.start("kept")
+        if start < at:
+            continue
+        read = _read_kept(text, found.end("kept"))
+        if read is None:
+            continue
+        kept, end = read
+        gone = [n for n in kept if n not in exists]
+        if gone:
+            out += [text[at:start], "; ".join(_kept_parts(kept, gone))]
+            at = end
+    return "".join([*out, text[at:]])
+
+
+def _read_kept(text: str, at: int) -> tuple[dict[str, str], int] | None:
+    """The `name (why), ...` list `_each` wrote from `at`, and where it ends; None when a
+    reason's parentheses do not close."""
+    kept: dict[str, str] = {}
+    while True:
+        name = _NODE_NAME.match(text, at)
+        if name is None:
+            return None
+        open_at = name.end() + 2
+        depth, i = 1, open_at
+        while depth and i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        if depth:
+            return None
+        kept[name.group()] = text[open_at : i - 1]
+        if not (text.startswith(", ", i) and _NODE_NAME.match(text, i + 2)):
+            return kept, i
+        at = i + 2
 
 
 class AttemptPhase(StrEnum):

@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
     fit_verdict,
     human_duration,
     moved_deadlines,
+    node_names,
     nodes_needed,
     recorded_for,
     request_facts,
@@ -38,7 +39,7 @@ from gangcheck.logic.attempt.explain import (
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.records import count_of
+from gangcheck.logic.attempt.records import count_of, kept_restated
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, gated_at, group_of
 from gangcheck.logic.podgroups.group_snapshot import config_serving, group_snapshot_of
@@ -260,7 +261,7 @@ def gather_group(
     req = _request(world, group.ref.namespace, name_of_request, group.ref.uid)
     request = None
     if req is not None or (state == PROVISIONING and name_of_request):
-        request = request_facts(req, name_of_request, attempt)
+        request = request_facts(req, name_of_request, attempt, node_names(world))
     unbound = [p for p in live if not p.node_name]
     placement, hint = None, ""
     late = _late_members(unbound, req, released=state == RELEASED)
@@ -292,6 +293,8 @@ def gather_group(
         opted_in=bool(opted_in),
     )
     decided = replay_group(snap, now)
+    exists = node_names(world)  # what a rollback kept, as it is now (gone since, said so)
+    decided = replace(decided, message=kept_restated(decided.message, exists))
     return GroupFacts(
         namespace=group.ref.namespace,
         name=group.ref.name,
@@ -305,7 +308,7 @@ def gather_group(
         topology_key=group.topology_key,
         created=parse_time(str(meta.get("creationTimestamp") or "")),
         state=state,
-        message=notes.get(MESSAGE_ANNOTATION, ""),
+        message=kept_restated(notes.get(MESSAGE_ANNOTATION, ""), exists),
         attempt=attempt,
         request_name=name_of_request,
         # kept on the group once the next attempt runs: said only while it backs off
@@ -469,7 +472,7 @@ def _released_verdict(f: GroupFacts) -> Verdict:
     m, req, done = f.members, f.request, f.replay
     if req is not None and done is not None and done.progress in ROLLBACK:
         why = req.rollback_reason or done.message  # the start watchdog's rollback
-        outcome = f"; {req.outcome.summary()}" if req.outcome else ""
+        outcome = f"; {req.outcome_line}" if req.outcome else ""
         return Verdict(
             True, "release", f"released, but rolling back attempt {f.attempt}: {why}{outcome}"
         )

@@ -31,6 +31,7 @@ from gangcheck.logic.attempt.explain import (
     fit_verdict,
     human_duration,
     moved_deadlines,
+    node_names,
     nodes_needed,
     recorded_for,
     request_facts,
@@ -41,6 +42,7 @@ from gangcheck.logic.attempt.fulfillment import (
     GangSpec,
 )
 from gangcheck.logic.attempt.lifecycle import Progress
+from gangcheck.logic.attempt.records import kept_restated
 from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig, slices
@@ -252,11 +254,14 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
     if gang.pod_sets and (state.reserved or req is not None) and not state.admitted:
         placement = place_in(fitted_in, gang, wl.ref.namespace, req, now)
     decided = replay(_snapshot(wl, focus, world), now) if focus else None
+    exists = node_names(world)
+    if decided is not None:  # what a rollback kept, as it is now (gone since, said so)
+        decided = replace(decided, message=kept_restated(decided.message, exists))
     return Facts(
         namespace=wl.ref.namespace,
         name=wl.ref.name,
         state=state,
-        checks=checks,
+        checks=tuple(replace(c, message=kept_restated(c.message, exists)) for c in checks),
         focus=focus,
         mode=(spec.fulfillment.mode.value if spec else FulfillmentMode.FIT.value),
         request=as_decided(request, decided.deadlines) if decided else request,
@@ -437,7 +442,7 @@ def _request_facts(
     wl: Workload,
 ) -> RequestFacts:
     name, attempt = _attempt_name(world, wl, check, checks)
-    return request_facts(req, name, attempt)
+    return request_facts(req, name, attempt, node_names(world))
 
 
 def _gang(
@@ -588,7 +593,7 @@ ROLLBACK = (Progress.ROLLING_BACK, Progress.ROLLED_BACK)
 
 
 def _reclaimed(req: RequestFacts) -> str:
-    return f"; {req.outcome.summary()}" if req.outcome else ""
+    return f"; {req.outcome_line}" if req.outcome else ""
 
 
 def _quota_verdict(facts: Facts, now: datetime) -> Verdict | None:
