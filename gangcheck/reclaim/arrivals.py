@@ -17,6 +17,7 @@ from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
 from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ObjectRef
+from gangcheck.reclaim.reclaimers import NOT_CACHED, Told
 from gangcheck.reclaim.safely import Result, Target, reclaim_safely
 
 log = logging.getLogger(__name__)
@@ -31,16 +32,23 @@ class EventRecorder(Protocol):
 
 
 async def reclaim_arrivals(
-    kube: Kube, action: ReclaimArrivals, now: datetime, *, events: EventRecorder, metrics: Any
+    kube: Kube,
+    action: ReclaimArrivals,
+    now: datetime,
+    *,
+    events: EventRecorder,
+    metrics: Any,
+    told: Told = NOT_CACHED,
 ) -> Outcome:
     """Reclaim the arrived nodes safely, a few at a time (their settles overlap); Cluster API
-    Machines one at a time, since they share the replica count they decrement."""
+    Machines one at a time, since they share the replica count they decrement. `told`: the
+    caches, told of each delete as it is answered (`reclaim_safely`)."""
     limit = asyncio.Semaphore(1 if action.reclaimer == "DeleteMachine" else PARALLEL)
 
     async def one(node: str) -> Result:
         async with limit:
             target = Target(node, action.request_key, action.request_created, action.reclaimer)
-            return await reclaim_safely(kube, target, now)
+            return await reclaim_safely(kube, target, now, told=told)
 
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(one(node)) for node in action.nodes]

@@ -6,7 +6,9 @@ safety rule of its own keeps the node (final), or lets an ApiError through (a fa
 retried). Each is idempotent under a lost answer: it checks the object's own state before
 acting again, acts with preconditions (uid, resourceVersion, JSON patch ``test`` ops), and
 treats "already gone" as done. Each trusts a node-to-object link only when the object's own
-back-reference names the node.
+back-reference names the node. Each delete of its own that succeeds (or finds the object gone:
+404) is told at once to the caches (`Told`, the informer stores' `Store.deleted`), so what is
+decided before the watch brings its DELETED does not count the node as still there.
 """
 
 from __future__ import annotations
@@ -37,11 +39,59 @@ class ReclaimRefused(Exception):
     """A safety rule of the reclaimer keeps this node; the reason is kept in the outcome."""
 
 
+class Told(Protocol):
+    """Where a delete of gangcheck's own that succeeded is told as it is answered: the
+    controller's caches (`reconcile.caches.Caches.deleted`)."""
+
+    def deleted(
+        self, res: Resource, name: str, namespace: str | None, answer: Obj | None, *, uid: str
+    ) -> None:
+        """`name` (at `uid`) was deleted: `answer` is the API server's (None: gone already)."""
+        ...
+
+
+class _NotCached:
+    """No caches to tell (a reclaim run on its own, as the integration tests do)."""
+
+    def deleted(
+        self, res: Resource, name: str, namespace: str | None, answer: Obj | None, *, uid: str
+    ) -> None:
+        return None
+
+
+NOT_CACHED: Told = _NotCached()
+
+
+async def delete_told(
+    kube: Kube,
+    told: Told,
+    res: Resource,
+    obj: Obj,
+    *,
+    resource_version: str | None = None,
+    uid: str | None = None,
+) -> Obj | None:
+    """Delete `obj` (cluster-scoped) with the preconditions given, and tell `told` at once:
+    the API server's answer (a Status for one gone, the object for one its finalizers keep),
+    or None for a 404 (gone already, returned as None too). Any other error is raised, nothing
+    told."""
+    meta = obj["metadata"]
+    try:
+        answer: Obj | None = await kube.delete(
+            res, meta["name"], resource_version=resource_version, uid=uid
+        )
+    except NotFoundError:
+        answer = None
+    told.deleted(res, meta["name"], None, answer, uid=str(meta.get("uid") or ""))
+    return answer
+
+
 class Reclaimer(Protocol):
     name: str
 
-    async def reclaim(self, kube: Kube, node: Obj) -> str:
-        """Give the fenced node back; return what was done, in a few words."""
+    async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
+        """Give the fenced node back; return what was done, in a few words. A delete that
+        succeeds is told to `told` at once."""
         ...
 
 
@@ -54,11 +104,9 @@ class DeleteNode:
 
     name = "DeleteNode"
 
-    async def reclaim(self, kube: Kube, node: Obj) -> str:
-        meta = node["metadata"]
-        try:
-            await kube.delete(NODE, meta["name"], resource_version=meta["resourceVersion"])
-        except NotFoundError:
+    async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
+        rv = node["metadata"]["resourceVersion"]
+        if await delete_told(kube, told, NODE, node, resource_version=rv) is None:
             return "node already gone"
         return "node deleted"
 
@@ -69,7 +117,7 @@ class CordonAndTaint:
 
     name = "CordonAndTaint"
 
-    async def reclaim(self, kube: Kube, node: Obj) -> str:
+    async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         if _annotations(node).get(SCALE_DOWN_DISABLED) == "true":
             raise ReclaimRefused(f"{SCALE_DOWN_DISABLED}=true: its administrator keeps it")
         return "cordoned and tainted for scale-down"
@@ -80,7 +128,7 @@ class DeleteNodeClaim:
 
     name = "DeleteNodeClaim"
 
-    async def reclaim(self, kube: Kube, node: Obj) -> str:
+    async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         claim = await self._claim_of(kube, node)
         if claim is None:
             raise ReclaimRefused("no NodeClaim owns it")
@@ -92,9 +140,7 @@ class DeleteNodeClaim:
             )
         if meta.get("deletionTimestamp"):
             return f"NodeClaim {meta['name']} already being deleted"
-        try:
-            await kube.delete(NODE_CLAIM, meta["name"], uid=meta["uid"])
-        except NotFoundError:
+        if await delete_told(kube, told, NODE_CLAIM, claim, uid=meta["uid"]) is None:
             return f"NodeClaim {meta['name']} already gone"
         return f"NodeClaim {meta['name']} deleted"
 
@@ -115,7 +161,7 @@ class DeleteMachine:
 
     name = "DeleteMachine"
 
-    async def reclaim(self, kube: Kube, node: Obj) -> str:
+    async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         machine = await _machine_of(kube, node)
         name = machine["metadata"]["name"]
         if machine["metadata"].get("deletionTimestamp"):

@@ -65,7 +65,7 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import FENCE_LABEL, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj, pod_of
 from gangcheck.reclaim.guard import unguard
-from gangcheck.reclaim.reclaimers import RECLAIMERS, ReclaimRefused
+from gangcheck.reclaim.reclaimers import NOT_CACHED, RECLAIMERS, ReclaimRefused, Told
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5
@@ -149,16 +149,18 @@ async def reclaim_safely(
     *,
     settle_seconds: float = SETTLE_SECONDS,
     owed: bool = False,
+    told: Told = NOT_CACHED,
 ) -> Result:
     """Reclaim the node if every safety rule allows it; one reclaim per node at a time.
     `owed`: the reclaim a node's mark owes (the draining-node reconciler), done only while
     the node, read once this reclaim's turn has come, still carries the mark: a reclaim that
-    held the node meanwhile may have completed or undone it."""
+    held the node meanwhile may have completed or undone it. `told`: the caches, told of the
+    reclaimer's delete (of the Node, of its NodeClaim) as soon as it is answered."""
     lock, users = _locks.get(target.node) or (asyncio.Lock(), 0)
     _locks[target.node] = (lock, users + 1)
     try:
         async with lock:
-            return await _reclaim(kube, target, now, settle_seconds, owed=owed)
+            return await _reclaim(kube, target, now, settle_seconds, owed=owed, told=told)
     finally:
         lock, users = _locks[target.node]
         if users > 1:
@@ -168,7 +170,7 @@ async def reclaim_safely(
 
 
 async def _reclaim(
-    kube: Kube, target: Target, now: datetime, settle_seconds: float, *, owed: bool
+    kube: Kube, target: Target, now: datetime, settle_seconds: float, *, owed: bool, told: Told
 ) -> Result:
     node = await _get(kube, target.node)
     if node is None:
@@ -204,7 +206,7 @@ async def _reclaim(
     fresh = await _get(kube, target.node)
     if fresh is None:
         return Result("gone", "node no longer exists")
-    return await _recheck_and_act(kube, fresh, target, now)
+    return await _recheck_and_act(kube, fresh, target, now, told)
 
 
 def _with_cordon(target: Target, node: Obj) -> Target:
@@ -231,14 +233,16 @@ async def _judge(kube: Kube, node: Obj, target: Target) -> Judgement:
     return judge(node, pods, request=target.request, request_created=created)
 
 
-async def _recheck_and_act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result:
+async def _recheck_and_act(
+    kube: Kube, fenced: Obj, target: Target, now: datetime, told: Told
+) -> Result:
     """Judge the fenced node again with fresh pods, act on exactly the node judged; a node
     that changed (a status heartbeat) is read and judged again, a few times."""
     for _ in range(ATTEMPTS):
         judged = await _judge(kube, fenced, target)
         if judged.verdict != "reclaim":
             return await _stand_down(kube, fenced, target, judged)
-        acted = await _act(kube, fenced, target, now)
+        acted = await _act(kube, fenced, target, now, told)
         if isinstance(acted, Result):
             return acted
         fenced = acted
@@ -251,12 +255,12 @@ async def _recheck_and_act(kube: Kube, fenced: Obj, target: Target, now: datetim
     )
 
 
-async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime) -> Result | Obj:
+async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Told) -> Result | Obj:
     """Run the reclaimer and classify what happened; the node as it is now when it changed
     since it was judged (still fenced: judge it again)."""
     uid, failed = _uid(fenced), f"{target.reclaimer} failed"
     try:
-        done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced)
+        done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced, told)
     except ConflictError:
         current = await _get(kube, target.node)
         if current is None:

@@ -314,7 +314,12 @@ class Applier:
         assert isinstance(action, ReclaimArrivals)
         events = EventRecorder(self._kube, clock=self._clock)
         outcome = await reclaim_arrivals(
-            self._kube, action, self._clock(), events=events, metrics=self.metrics
+            self._kube,
+            action,
+            self._clock(),
+            events=events,
+            metrics=self.metrics,
+            told=self._caches,
         )
         record = self.sources.record(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()})
         await self.apply(namespace, record)

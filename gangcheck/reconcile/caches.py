@@ -195,6 +195,18 @@ class Caches:
             self.node_claims,
         ]
 
+    def deleted(
+        self, res: Resource, name: str, namespace: str | None, answer: Obj | None, *, uid: str
+    ) -> None:
+        """A delete of gangcheck's own of `name` (at `uid`) succeeded, `answer` the API
+        server's (None: a 404, gone already): the cache of `res` knows at once
+        (`Store.deleted`: one gone is dropped, one its finalizers keep is there being
+        deleted), not only once the watch brings the DELETED. A resource not cached here:
+        nothing to tell."""
+        for informer in self.all():
+            if informer.resource == res:
+                informer.store.deleted(name, namespace, answer, uid=uid or None)
+
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.all()))
 

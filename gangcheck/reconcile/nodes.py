@@ -53,7 +53,9 @@ class DrainingNodeReconciler:
             self._failures.pop(name, None)
             return Result()
         # the mark read may be of a reclaim under way: owed only if it is still there in turn
-        result = await reclaim_safely(self._kube, target, self._clock(), owed=True)
+        result = await reclaim_safely(
+            self._kube, target, self._clock(), owed=True, told=self._caches
+        )
         await tell(self._events, self.metrics, name, result, request=target.request)
         if result.verdict == "failed":
             failures = self._failures[name] = self._failures.get(name, 0) + 1

@@ -3,6 +3,7 @@ answers take it down (conflict, gone, taken, lost answer)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +25,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_taint
+from gangcheck.logic.placement.fit import CLAIM_DELETING, DELETING
 from gangcheck.logic.podgroups.gating import GATE
 from gangcheck.model.names import (
     CHECK_ANNOTATION,
@@ -368,6 +370,86 @@ async def test_reclaim_arrivals_reclaims_an_idle_node_and_records_the_outcome(
     stored = kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
     assert stored is not None
     assert '"n1"' in stored["metadata"]["annotations"][OUTCOME_ANNOTATION]
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A reclaim that deletes: what the server holds, its answer to the delete, and what
+    the caches show at once, before any watch event (the node, its NodeClaim; the node's
+    capacity view)."""
+
+    reclaimer: str
+    finalizers: tuple[str, ...] = ()
+    answer: int = 0
+    """A status the delete is answered with (applied first: a lost answer), 0 for none."""
+    node_cached: bool = False
+    node_problem: str = ""
+    claim_deleting: bool = False
+
+
+DELETED = {
+    "a node deleted is gone from the node cache": Deleted("DeleteNode"),
+    "a node found gone at the delete (404) is gone from it too": Deleted("DeleteNode", answer=404),
+    "a node its finalizers keep is cached being deleted, not capacity": Deleted(
+        "DeleteNode", ("example.com/drain",), node_cached=True, node_problem=DELETING
+    ),
+    "a node whose NodeClaim is deleted is not capacity, its claim cached being deleted": (
+        Deleted(
+            "DeleteNodeClaim",
+            node_cached=True,
+            node_problem=CLAIM_DELETING,
+            claim_deleting=True,
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DELETED.values()), ids=list(DELETED))
+async def test_a_reclaim_that_deletes_tells_the_caches_at_once(
+    monkeypatch: pytest.MonkeyPatch, case: Deleted
+) -> None:
+    """The nodes arrived for a rolled-back request are judged again right after the reclaim,
+    before the watches bring its DELETEDs: what the caches show then is what was deleted."""
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    arrived["metadata"]["finalizers"] = list(case.finalizers)
+    claim = {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodeClaim",
+        "metadata": {"name": "c1", "finalizers": ["karpenter.sh/termination"]},
+        "status": {"nodeName": "n1"},
+    }
+    kube, applier = setup(request(), arrived, claim)
+    if case.answer:
+        kube.fail("delete", "*", error=case.answer, applied=True)
+    await applier.apply(NS, ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), case.reclaimer))
+    stored = kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
+    assert stored is not None
+    assert '"reclaimed": ["n1"]' in stored["metadata"]["annotations"][OUTCOME_ANNOTATION]
+    caches = cached(applier)
+    assert (caches.nodes.store.get("n1") is not None) == case.node_cached
+    view = caches.capacity.views().get("n1")
+    assert (view.problem.kind if view and view.problem else "") == case.node_problem
+    kept_claim = caches.node_claims.store.get("c1")
+    assert kept_claim is not None  # its finalizer keeps it
+    assert bool(kept_claim["metadata"].get("deletionTimestamp")) == case.claim_deleting
+
+
+async def test_a_reclaim_whose_delete_failed_leaves_the_caches_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
+    arrived = node("n1", created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: REQUEST_KEY})
+    kube, applier = setup(request(), arrived)
+    kube.fail("delete", "Node", "n1", 500)
+    await applier.apply(NS, ReclaimArrivals(REQUEST, REQUEST_KEY, T0, ("n1",), "DeleteNode"))
+    assert kube.stored(NODE, "n1") is not None
+    cached_node = cached(applier).nodes.store.get("n1")
+    assert cached_node is not None and not cached_node["metadata"].get("deletionTimestamp")
 
 
 async def test_reclaim_arrivals_keeps_a_node_running_someone_elses_pod(

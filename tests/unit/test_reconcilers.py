@@ -243,6 +243,22 @@ async def test_an_idle_node_owed_a_reclaim_is_reclaimed_and_counted() -> None:
 
 
 @pytest.mark.usefixtures("no_settle")
+async def test_a_node_reclaimed_is_gone_from_the_node_cache_before_its_watch_event() -> None:
+    """A reclaim's delete is in the node cache as it is answered (`Caches.deleted`): the
+    node is neither capacity nor owed a reclaim any more, though no watch said so yet."""
+    kube = fake(marked())
+    caches = kube.caches()
+    reconciler = DrainingNodeReconciler(kube, caches, clock=lambda: NOW)
+    assert await reconciler.reconcile("n1") == Result()
+    assert kube.stored(NODE, "n1") is None
+    assert caches.nodes.store.get("n1") is None
+    assert "n1" not in caches.capacity.views()
+    reads = len(kube.calls)
+    assert await reconciler.reconcile("n1") == Result()  # its node event, late: nothing read
+    assert len(kube.calls) == reads
+
+
+@pytest.mark.usefixtures("no_settle")
 async def test_a_node_with_the_gangs_own_pods_is_looked_at_again_while_they_drain() -> None:
     kube = fake(marked(), pod_on("n1", consumes="wl-atomic-1"))
     reconciler, _ = draining(kube)

@@ -11,13 +11,14 @@ import pytest
 
 from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
-from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import ATOMIC_CONFIG, EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, DeleteRequest, Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.workloads.admission import Decision
-from gangcheck.model.names import RECLAIM_TAINT
+from gangcheck.model.names import OUTCOME_ANNOTATION, RECLAIM_TAINT
 from gangcheck.model.objects import workload_of
+from gangcheck.reclaim import safely
 from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.caches import Caches
@@ -511,3 +512,79 @@ async def test_a_request_deleted_is_not_taken_for_the_next_attempt_of_its_name()
     assert "gangcheck.io/outcome" not in req["metadata"]["annotations"]
     assert world.check()["state"] == "Pending", world.check()
     assert len(world.kube.writes_of("ProvisioningRequest", "delete")) == 1  # not again
+
+
+def reclaiming_by_delete_node(world: World) -> None:
+    """The check's config reclaims by deleting the Node, and the node watch brings every
+    change of a node up to its DELETE (gangcheck's fence), never the DELETED itself."""
+    check = admission_check()
+    check["spec"]["parameters"] = {
+        "apiGroup": "gangcheck.io",
+        "kind": "AtomicProvisioningConfig",
+        "name": "by-delete-node",
+    }
+    config = {
+        "apiVersion": ATOMIC_CONFIG.api_version,
+        "kind": "AtomicProvisioningConfig",
+        "metadata": {"name": "by-delete-node"},
+        "spec": {"fulfillment": {"reclaimer": "DeleteNode"}},
+    }
+    world.kube.add(check, config)
+    world.kube.sync(world.caches)
+    delete, nodes = world.kube.delete, world.caches.nodes.store
+
+    async def watched_until_deleted(res: Any, name: str, *args: Any, **kwargs: Any) -> Obj:
+        if res is NODE and (last := world.kube.stored(NODE, name)) is not None:
+            nodes.put_if_newer(last)
+        return await delete(res, name, *args, **kwargs)
+
+    world.kube.delete = watched_until_deleted  # type: ignore[method-assign]
+
+    async def reconcile() -> Result:  # every watch caught up, but the nodes' DELETEDs
+        for informer in world.caches.all():
+            if informer is not world.caches.nodes:
+                for obj in list(informer.store):
+                    informer.store._pop(obj)
+            for obj in world.kube.all_of(informer.resource):
+                informer.store.put_if_newer(obj)
+        return await world.reconciler.reconcile(KEY)
+
+    world.reconcile = reconcile  # type: ignore[method-assign]
+
+
+async def test_a_node_reclaimed_is_not_taken_for_the_next_attempt_of_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The evicted gang's arrival n1 is reclaimed by deleting it; the gang is admitted again
+    (the same attempt, so the same request name) and evicted again before the node watch
+    brought n1's DELETED: nothing arrived for the new request. Before, the cache still showed
+    n1 recorded for that request name, and the second withdrawal recorded it as its own,
+    reclaimed it again (found gone: counted reclaimed, with its node-minutes) and said so on
+    the check."""
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.0, "owed": False}
+    )
+    world = World(gang())
+    reclaiming_by_delete_node(world)
+    await world.settle()
+    world.provision("n1")  # room for two of the four workers: waiting, n1 claimed
+    await world.settle()
+    evicted = WorkloadBuilder().pod_set("workers", 4).condition("Evicted").check().build()
+    world.kube.add(evicted)
+    await world.reconcile()
+    assert world.kube.stored(NODE, "n1") is None  # reclaimed: deleted
+    assert "the 1 node(s) that arrived for it are reclaimed" in world.check()["message"]
+    world.kube.add(gang())  # admitted again, the check Pending
+    await world.reconcile()
+    assert [r["metadata"]["name"] for r in world.requests()] == [REQUEST]
+    world.kube.add(evicted)  # and evicted again
+    await world.reconcile()
+    assert world.requests() == []
+    assert "node(s) that arrived" not in world.check()["message"], world.check()
+    outcomes = [
+        w.body["metadata"]["annotations"][OUTCOME_ANNOTATION]
+        for w in world.kube.writes_of("ProvisioningRequest", "patch")
+        if OUTCOME_ANNOTATION in w.body.get("metadata", {}).get("annotations", {})
+    ]
+    assert len(outcomes) == 1, outcomes  # the first attempt's only
+    assert len(world.kube.writes_of("Node", "delete")) == 1
