@@ -64,6 +64,8 @@ def _row_json(g: GangRow) -> dict[str, Any]:
         "nodeClaimsAsked": g.claims_asked,
         "membersPlaceable": g.placeable,
         "members": g.total,
+        "membersNote": g.members_note or None,
+        "given": g.given,
         "verdict": g.verdict,
     }
 
@@ -134,6 +136,11 @@ def _quota_json(facts: Facts) -> dict[str, Any]:
         "reason": cond.reason if cond else "",
         "message": cond.message if cond else "",
         "requeueAt": format_time(st.requeue_at) if st.requeue_at else None,
+        "evicted": (
+            None
+            if st.evicted is None
+            else {"reason": st.evicted.reason, "message": st.evicted.message}
+        ),
     }
 
 
@@ -222,6 +229,7 @@ def _request_facts_json(req: RequestFacts | None, now: datetime) -> dict[str, An
         "rollbackReason": req.rollback_reason,
         "outcome": _outcome_json(req),
         "deletion": _deletion_json(req, now),
+        "className": req.class_name,
         "capacitySource": req.source,
         "capacitySourceName": req.source_name or None,
         "topologyDomain": req.domain or None,

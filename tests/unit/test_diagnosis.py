@@ -11,7 +11,7 @@ import pytest
 
 from gangcheck.diagnose import text as diagnose_text
 from gangcheck.diagnose.as_json import to_json
-from gangcheck.diagnose.reports import DiagnoseReport
+from gangcheck.diagnose.reports import DiagnoseReport, StatusReport
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.explain import (
     NodeFit,
@@ -1035,6 +1035,14 @@ def test_a_status_row_of_an_admitted_gang_says_its_members_scheduled() -> None:
     )
     assert gang_row(running, NOW).members_cell == "3/4 scheduled"
     assert gang_row(replace(running, start=None), NOW).members_cell == "-"
+    listed = StatusReport(None, (gang_row(running, NOW),), NOW)
+    (item,) = to_json(listed)["items"]
+    assert (item["membersNote"], item["given"], item["membersPlaceable"]) == (
+        "3/4 scheduled",
+        True,
+        None,
+    )
+    assert "3/4 scheduled" in diagnose_text.render_text(listed)
 
 
 @pytest.mark.parametrize(
@@ -1209,3 +1217,24 @@ def test_a_request_in_deletion_is_said_alike_in_text_and_json(
     }
     request_section = text.split("\nrequest", 1)[1].split("\n\n", 1)[0]
     assert said in " ".join(request_section.split())
+
+
+def test_what_the_text_says_of_an_eviction_and_the_class_asked_the_json_says() -> None:
+    """The text's quota section names the eviction (reason, Kueue's message) and its request
+    section the class the request asks; the JSON has both."""
+    evicted = Condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout")
+    facts = gang(
+        state=replace(QUEUED, evicted=evicted),
+        req=request("Accepted", class_name="queued-provisioning.gke.io", source=1),
+    )
+    text, as_json, _ = report_of(facts)
+    assert "evicted (PodsReadyTimeout): Exceeded the PodsReady timeout" in text
+    assert as_json["quota"]["evicted"] == {
+        "reason": "PodsReadyTimeout",
+        "message": "Exceeded the PodsReady timeout",
+    }
+    assert "asks capacity source #2 (queued-provisioning.gke.io)" in text
+    assert (as_json["request"]["className"], as_json["request"]["capacitySource"]) == (
+        "queued-provisioning.gke.io",
+        1,
+    )
