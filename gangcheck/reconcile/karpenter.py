@@ -63,6 +63,7 @@ from gangcheck.logic.sources.karpenter.provisioner import (
     Served,
     is_asking,
     is_served_here,
+    reads_pools,
     request_key,
     serve,
 )
@@ -234,7 +235,12 @@ class KarpenterProvisioner:
             await self._unserved(requests)
             return
         keys = set(requests) | {_requested_for(c) for c in claims} - {""}
-        pools = await self._pools() if requests else {}
+        try:
+            pools = await self._pools() if requests or reads_pools(claims) else {}
+        except NotPermittedError:
+            if requests:
+                raise
+            pools = {}  # nothing to ask for; a claim whose pool is not read keeps its protection
         nodes = {n["metadata"]["name"]: n for n in self._caches.nodes.store}
         pool_claims: list[Obj] | None = None
         self._gone = {k: v for k, v in self._gone.items() if k in keys and k not in requests}

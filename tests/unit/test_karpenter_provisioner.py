@@ -11,7 +11,7 @@ from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
-from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, serve
+from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, reads_pools, serve
 from gangcheck.model.names import PHASE_ANNOTATION, STARTED
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
@@ -543,3 +543,8 @@ def test_old_claims_of_a_pool_that_protects_its_nodes_keep_the_protection() -> N
     assert served(None, made, {"gpu": protecting}, nodes=started).release == ()
     # a pool that does not: gangcheck's own protection comes off old claims, as before
     assert len(served(live, old_claims("Launched", "Initialized"), nodes=started).release) == 4
+    # the pool not read (or gone): nothing says the protection is gangcheck's, it stays
+    assert served(None, old_claims("Launched", "Initialized"), {}, nodes=started).release == ()
+    fresh = request()
+    fresh["metadata"]["uid"] = "uid-1"  # claims made now name it: no pool read for them
+    assert reads_pools(made) and not reads_pools(served(fresh, []).create)

@@ -13,14 +13,16 @@ import pytest
 from gangcheck.kube.errors import ApiError, error_from_status
 from gangcheck.kube.resources import (
     EVENT,
+    NODE,
     NODE_CLAIM,
     NODE_POOL,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
 )
+from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.sources.karpenter import access, names
-from gangcheck.logic.sources.karpenter.claims import claim_name
-from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies, claim_name
+from gangcheck.model.names import ARRIVED_FOR, MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner
 from tests.fakes.kube import FakeKube
@@ -473,3 +475,81 @@ async def test_claims_of_a_gone_request_cost_one_live_read_until_they_change() -
     kube.add(changed)
     await karpenter.pass_once()
     assert reads() == 2
+
+
+@pytest.mark.parametrize(
+    ("protecting", "held", "released"),
+    [
+        (True, False, False),  # the gang started (its hold lifted): the pool's word stays
+        (True, True, False),
+        (False, False, True),  # gangcheck's own protection: the request gone, it comes off
+        # held for a request that is gone: it comes off too, as the hold does (the core lifts
+        # the hold of a gone request, HoldLifted; an evicted gang's nodes are open to anyone)
+        (False, True, True),
+    ],
+    ids=["protecting-started", "protecting-held", "own-started", "own-held"],
+)
+async def test_old_claims_of_a_gone_request_keep_their_pools_protection_with_no_request_left(
+    protecting: bool, held: bool, released: bool
+) -> None:
+    """Claims the previous release made (no request uid, no gangcheck.io/pool-do-not-disrupt)
+    in a NodePool whose template sets karpenter.sh/do-not-disrupt: once the last request of
+    the class is gone, a pass still reads the pool's template and leaves the admin's
+    protection on the claims and their nodes. Before, the pools were listed only while a
+    request of the class existed, so the last request's going took it off."""
+    kube = old_claims_stack(protecting=protecting, held=held)
+    await provisioner(kube).pass_once()
+    assert protected(kube) == [not released] * 4
+
+
+async def test_old_claims_keep_their_protection_when_their_pools_cannot_be_read() -> None:
+    """No request of the class and NodePools not readable (403): the pass goes on (nothing to
+    ask for, no refusal said), and a claim whose pool's template is not read keeps it."""
+    kube = old_claims_stack(protecting=False, held=False)
+    kube.fail("list", NODE_POOL.kind, error=403)
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    assert protected(kube) == [True] * 4
+    assert karpenter.denials.message is None
+
+
+def old_claims_stack(*, protecting: bool, held: bool) -> FakeKube:
+    """Gang a's two claims as the release before gangcheck.io/request-uid made them, arrived
+    on n0 and n1 (recorded for the request, held for it or not), its request gone."""
+    kube = FakeKube(clock=lambda: NOW)
+    pool_obj = node_pool({GPU: "48"})
+    if protecting:
+        template = pool_obj["spec"]["template"]
+        template["metadata"]["annotations"] = {names.DO_NOT_DISRUPT: "true"}
+    kube.add(pool_obj)
+    key = f"{NAMESPACE}/a"
+    for i, body in enumerate(claim_bodies(pool_obj, ClaimAsk(key, 2, {GPU: "8"}, {"team": "ml"}))):
+        body["metadata"]["annotations"].pop(names.POOL_PROTECTED, None)
+        body["metadata"]["creationTimestamp"] = "2026-12-01T10:00:01Z"
+        body["status"] = {
+            "nodeName": f"n{i}",
+            "conditions": [{"type": t, "status": "True"} for t in ("Launched", "Initialized")],
+        }
+        kube.add(body)
+        kube.add(
+            {
+                "apiVersion": "v1",
+                "kind": NODE.kind,
+                "metadata": {
+                    "name": f"n{i}",
+                    # recorded as arrived for the request
+                    "annotations": {names.DO_NOT_DISRUPT: "true", ARRIVED_FOR: key},
+                },
+                "spec": {"taints": [hold_taint(key)] if held else []},
+            }
+        )
+    return kube
+
+
+def protected(kube: FakeKube) -> list[bool]:
+    """Whether each claim, then n0 and n1, carries karpenter.sh/do-not-disrupt."""
+    objects = [*kube.all_of(NODE_CLAIM), *(kube.stored(NODE, f"n{i}") or {} for i in range(2))]
+    return [
+        (o["metadata"].get("annotations") or {}).get(names.DO_NOT_DISRUPT) == "true"
+        for o in objects
+    ]

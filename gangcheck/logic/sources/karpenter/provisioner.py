@@ -38,7 +38,9 @@ What this module decides for one request (``serve``):
   left to the reclaim rules (reclaimer ``DeleteNodeClaim``), never deleted here;
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
-  request is gone; never when the NodePool's template sets it on every node itself.
+  request is gone; never when the NodePool's template sets it on every node itself (a claim
+  of an older version naming no such mark: read from the pool's template, ``reads_pools``;
+  the pool not read, it stays).
 
 How members are packed onto claims is ``packing``'s: by the instance types the NodePool
 declares (``gangcheck.io/instance-types``), first-fit decreasing, each claim asking for its
@@ -548,17 +550,36 @@ def _releases(
 def _pools_own(claim: Obj, pools: Mapping[str, Obj | None]) -> bool:
     """The claim's NodePool protects every node of the pool itself (``POOL_PROTECTED``): the
     protection is the admin's, never gangcheck's to lift. A claim an older version made
-    (naming no request uid) carries no such mark: its pool's template, when read, says it."""
+    (``_by_template``) carries no such mark: its pool's template says it; a pool not read
+    (or gone, its claims with it) says nothing, and the protection stays."""
     meta = claim.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     if annotations.get(names.POOL_PROTECTED) == "true":
         return True
-    if annotations.get(names.REQUEST_UID):
+    if not _by_template(claim):
         return False
     pool = pools.get(str((meta.get("labels") or {}).get(names.NODE_POOL_LABEL) or ""))
-    template = ((pool or {}).get("spec") or {}).get("template") or {}
+    if pool is None:
+        return True
+    template = (pool.get("spec") or {}).get("template") or {}
     said = (template.get("metadata") or {}).get("annotations") or {}
     return said.get(names.DO_NOT_DISRUPT) == "true"
+
+
+def _by_template(claim: Obj) -> bool:
+    """A claim an older version made (naming no request uid, no ``POOL_PROTECTED``): whether
+    its protection is the pool's is read from the pool's template."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(names.POOL_PROTECTED) != "true" and not annotations.get(
+        names.REQUEST_UID
+    )
+
+
+def reads_pools(claims: Sequence[Obj]) -> bool:
+    """Whether serving ``claims`` needs their NodePools read even with no request to ask for:
+    one was made by an older version (``_by_template``), its pool's template saying whether
+    its protection is the admin's."""
+    return any(_by_template(c) for c in claims)
 
 
 def _held_for(node: Obj, key: str) -> bool:
