@@ -36,7 +36,14 @@ from gangcheck_dev.testbed.nodes import kwok_node
 from gangcheck.diagnose.fetch import diagnose, status
 from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import EVENT, LEASE, NODE, PROVISIONING_REQUEST, WORKLOAD
+from gangcheck.kube.resources import (
+    EVENT,
+    LEASE,
+    NAMESPACE,
+    NODE,
+    PROVISIONING_REQUEST,
+    WORKLOAD,
+)
 from gangcheck.logic.dispatch import DISPATCHER, DOWN_GRACE, RECORD_ANNOTATION
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
@@ -165,6 +172,10 @@ async def test_the_gang_goes_where_it_fits_now_and_the_stocked_out_worker_never_
         assert record["uid"] == wl["metadata"]["uid"], record
         copy = await kubes[WITH_ROOM].get(WORKLOAD, wl["metadata"]["name"], namespace)
         assert record_of(copy)["uid"] == wl["metadata"]["uid"], copy["metadata"]
+        # which cluster worker-2 is, read through the reader's rights (its kube-system uid):
+        # a MultiKueueCluster re-pointed elsewhere would be noticed
+        cluster = await kubes[WITH_ROOM].get(NAMESPACE, "kube-system")
+        assert record["identities"] == {WITH_ROOM: cluster["metadata"]["uid"]}, record
         bed.measurements.append(
             f"dispatcher, room now in {WITH_ROOM}: admitted there {took:.1f}s after the "
             f"Job; {STOCKED_OUT} got no copy and no node"
