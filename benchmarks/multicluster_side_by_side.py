@@ -48,7 +48,12 @@ ProvisioningRequests, pods and nodes, and prints per gang when each changed, fro
 creation (seconds, as the watch event arrived here): the manager's Workload created, quota
 reserved, the dispatcher's record and nomination written, each worker's copy created, its
 check's state and message, gangcheck's or Kueue's request and its conditions, the nodes,
-the admissions, the pods Running. That is where a gang's time goes.
+the admissions, the pods Running. That is where a gang's time goes; a table after the
+figures gives per gang when it reached each milestone (MILESTONES: nominated, request made,
+Provisioned, its nodes created, check Ready, copy Admitted, placed by MultiKueue, all pods
+Running; a worker's milestones in the worker it ran in), and how long MultiKueue took to place
+it once its copy was admitted (Kueue v0.17 acts on a worker's change after a 1 s batch, on a
+change of the manager's Workload at once).
 
 Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
 [--scenarios stockout,room,half] [--gangs N] [--json] [--trace]
@@ -134,6 +139,17 @@ TITLES = {
     "room": "2. both workers have room for every gang",
     "half": "3. each worker has room for half the gangs",
 }
+#: With ``--trace``, what a gang's time is read in (the table's columns), in order.
+MILESTONES = (
+    ("nominated", "nominated"),  # the manager's Workload names a worker (the dispatcher's)
+    ("request", "request"),  # the worker's check made its ProvisioningRequest
+    ("provisioned", "Provisioned"),  # the cloud said Provisioned=True
+    ("nodes", "nodes"),  # the cloud's nodes for the gang created (MEMBERS of them)
+    ("ready", "Ready"),  # the worker's check Ready
+    ("admitted", "Admitted"),  # the worker's copy Admitted
+    ("placed", "placed"),  # MultiKueue placed the manager's Workload there (clusterName)
+    ("running", "Running"),  # all the gang's pods Running there
+)
 SCENARIO_LABEL = "gangcheck.io/bench-scenario"
 OUR_CONTROLLER = "gangcheck.io/atomic-provisioning"
 KUEUE_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
@@ -273,7 +289,10 @@ class Tracer:
         self.kubes, self.ns, self.scenario, self.gangs = kubes, ns, scenario, gangs
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, str, str, str]] = []
+        #: (gang, cluster) -> milestone (MILESTONES) -> when first reached (since ``t0``)
+        self.marks: dict[tuple[str, str], dict[str, float]] = {}
         self._seen: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self._counted: dict[tuple[str, str, str], set[str]] = {}  # nodes, pods Running
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -342,8 +361,10 @@ class Tracer:
                 self.lines.append((time.monotonic() - self.t0, cluster, f"trace broke: {exc}", ""))
                 raise
 
-    def _note(self, cluster: str, res: Resource, kind: str, obj: Obj) -> None:
-        at = time.monotonic() - self.t0
+    def _note(
+        self, cluster: str, res: Resource, kind: str, obj: Obj, at: float | None = None
+    ) -> None:
+        at = time.monotonic() - self.t0 if at is None else at
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
         gang = self._gang_of(res, obj)
@@ -354,6 +375,7 @@ class Tracer:
             self._seen.pop(key, None)
             self.lines.append((at, cluster, f"{res.kind} {name} deleted", gang.name))
             return
+        self._reach(at, cluster, res, obj, gang)
         new = _signature(res, obj)
         old = self._seen.get(key)
         self._seen[key] = new
@@ -363,6 +385,46 @@ class Tracer:
         elif new != old:
             changed = [str(a) for a in new if a not in old]  # checks come and go
             self.lines.append((at, cluster, f"{res.kind} {name}: {'; '.join(changed)}", gang.name))
+
+    def _reach(self, at: float, cluster: str, res: Resource, obj: Obj, gang: Gang) -> None:
+        """The milestones (MILESTONES) the object shows the gang at, each kept when first
+        seen in that cluster."""
+        status = obj.get("status") or {}
+        reached: list[str] = []
+        if res is WORKLOAD and cluster == MANAGER:
+            reached += ["nominated"] if status.get("nominatedClusterNames") else []
+            reached += ["placed"] if status.get("clusterName") else []
+        elif res is WORKLOAD:
+            checks = status.get("admissionChecks") or []
+            reached += ["ready"] if any(c.get("state") == "Ready" for c in checks) else []
+            reached += ["admitted"] if _is_true(status, "Admitted") else []
+        elif res is PROVISIONING_REQUEST:
+            reached += ["request", *(["provisioned"] if _is_true(status, "Provisioned") else [])]
+        elif res is NODE or (res is POD and status.get("phase") == "Running"):
+            what = "nodes" if res is NODE else "running"
+            counted = self._counted.setdefault((gang.name, cluster, what), set())
+            counted.add(str(obj["metadata"].get("name")))
+            reached += [what] if len(counted) >= MEMBERS else []
+        marks = self.marks.setdefault((gang.name, cluster), {})
+        for milestone in reached:
+            marks.setdefault(milestone, at)
+
+    def milestones(self, gang: Gang) -> Obj:
+        """When the gang reached each milestone, in seconds from its Job's creation: the
+        manager's (nominated, placed) and those of the worker it ran in (where all its pods
+        were seen Running, else where the sampler saw it start); None if not reached."""
+        offset = gang.created - self.t0
+        ran = [c for (g, c), m in self.marks.items() if g == gang.name and "running" in m]
+        worker = min(ran, key=lambda c: self.marks[(gang.name, c)]["running"], default=gang.ran_in)
+        marks = {
+            **self.marks.get((gang.name, MANAGER), {}),
+            **self.marks.get((gang.name, worker), {}),
+        }
+        out: Obj = {"worker": worker or None}
+        for milestone, _ in MILESTONES:
+            at = marks.get(milestone)
+            out[milestone] = None if at is None else round(at - offset, 2)
+        return out
 
     def _gang_of(self, res: Resource, obj: Obj) -> Gang | None:
         meta = obj.get("metadata") or {}
@@ -382,6 +444,14 @@ class Tracer:
             for at, cluster, what, name in sorted(self.lines)
             if name == gang.name
         ]
+
+
+def _is_true(status: Obj, kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in status.get("conditions") or []
+        if isinstance(c, dict)
+    )
 
 
 def _signature(res: Resource, obj: Obj) -> tuple[Any, ...]:
@@ -489,6 +559,7 @@ async def run_one(
             await tracer.stop()
             for gang, fig in zip(gangs, figures, strict=True):
                 fig["trace"] = tracer.timeline(gang)
+                fig["milestones"] = tracer.milestones(gang)
                 print(f"  trace {LABELS[config]}, {scenario}, {gang.name}:", file=sys.stderr)
                 for line in fig["trace"]:
                     print(f"    {line}", file=sys.stderr)
@@ -800,8 +871,50 @@ def table_lines(result: Obj) -> list[str]:
                     f"{f['stranded_node_min']:>17} {f['stranded_node_min_elsewhere']:>9} "
                     f"{start:>18}"
                 )
+    out += milestone_lines(result)
     out += [f"settings: {line}" for line in result["settings"]]
     return out
+
+
+def milestone_lines(result: Obj) -> list[str]:
+    """With ``--trace``: per gang, when it reached each milestone (MILESTONES), and how long
+    MultiKueue took to place it once its copy was admitted in the worker ("placed after")."""
+    rows = [
+        (scenario, config, i, f)
+        for scenario, by_config in result["results"].items()
+        for config, figures in by_config.items()
+        for i, f in enumerate(figures)
+        if f.get("milestones")
+    ]
+    if not rows:
+        return []
+    out = [
+        "",
+        "where the time went (--trace): seconds from the Job's creation, as the watch events "
+        "arrived; the worker's milestones in the worker the gang ran in",
+        f"{'':52} {'gang':>4} {'in':>8} "
+        + " ".join(f"{title:>{max(len(title), 5)}}" for _, title in MILESTONES)
+        + f" {'placed after Admitted':>21}",
+    ]
+    for scenario, config, i, f in rows:
+        m = f["milestones"]
+        label = f"{scenario}: {LABELS[config]}" if i == 0 else ""
+        cells = " ".join(
+            f"{_seconds(m.get(key)):>{max(len(title), 5)}}" for key, title in MILESTONES
+        )
+        lag = (
+            m["placed"] - m["admitted"]
+            if m.get("placed") is not None and m.get("admitted") is not None
+            else None
+        )
+        out.append(
+            f"{label:52} {f['gang']:>4} {m.get('worker') or '-':>8} {cells} {_seconds(lag):>21}"
+        )
+    return out
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def settings_lines(gangs: int) -> list[str]:
