@@ -1323,3 +1323,163 @@ def test_a_running_member_of_the_gang_without_a_stamp_is_not_said_as_a_growth_me
     bare = pod("run9", gated=False, node_name="old")  # created 10:00:30, before the release
     case = Case("gang member", 6, [*running(), bare, *added(1)])
     assert said_not_gated(run(case)) == {}
+
+
+#: A growth delivered: its 2 members released onto it at 10:04 (its record of when).
+DELIVERED = {"gangcheck.io/phase": "Fulfilled", "gangcheck.io/released-at": "2026-11-30T10:04:00Z"}
+START_ROLLED = {
+    "gangcheck.io/phase": "RollingBack",
+    "gangcheck.io/rollback-reason": (
+        "StartDeadline: 0 of 2 members released together bound within 600s of their release "
+        "(unbound: new0, new1)"
+    ),
+    "gangcheck.io/rollback-nodes": '{"n2": "2026-11-30T10:03:30Z"}',
+}
+
+
+def binding(*bound: str) -> list[Obj]:
+    """The 2 members released onto growth g-pg-grow-1, `bound` of them on n2."""
+    return [
+        pod(f"new{i}", gated=False, consumes=GROW1, node_name="n2" if f"new{i}" in bound else "")
+        for i in (0, 1)
+    ]
+
+
+def watched(
+    *,
+    annotations: dict[str, str],
+    now: datetime,
+    members: list[Obj] | None = None,
+    min_count: int = 6,
+) -> GroupDecision:
+    members = [*running(), *binding()] if members is None else members
+    snap = GroupSnapshot(
+        group=pod_group_of(group(min_count)),
+        members=tuple(map(pod_of, members)),
+        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        requests=(request_of(grow_req(conditions={"Provisioned": ""}, annotations=annotations)),),
+        capacity=ClusterView(
+            nodes=(OLD_NODE, arrived_for_grow1(created="2026-11-30T10:03:30Z")),
+            pods=tuple(members),
+        ),
+        opted_in=True,
+    )
+    return growth.decide(snap, now)
+
+
+def annotated(d: GroupDecision, key: str) -> list[str]:
+    return [
+        a.annotations[key]
+        for a in d.actions
+        if isinstance(a, AnnotateRequest) and a.name == GROW1 and key in a.annotations
+    ]
+
+
+def untouched(d: GroupDecision) -> None:
+    """No member released or moved, no request withdrawn or made."""
+    assert not [a for a in d.actions if isinstance(a, ReleaseMembers | DeleteRequest)]
+    assert not [a for a in d.actions if isinstance(a, CreateRequest)]
+
+
+def test_a_growth_released_onto_its_request_records_when() -> None:
+    """The start watchdog of a growth counts from its members' release onto it, recorded on
+    its request with its phase."""
+    (case,) = [c for c in CASES if c.id.startswith("the growth fits whole")]
+    d = run(case)
+    assert annotated(d, "gangcheck.io/released-at") == ["2026-11-30T10:05:00Z"]
+    assert annotated(d, "gangcheck.io/phase") == ["Fulfilled"]
+
+
+def test_a_growth_whose_members_bind_within_the_start_deadline_is_waited_for() -> None:
+    d = watched(annotations=DELIVERED, now=datetime(2026, 11, 30, 10, 10, tzinfo=UTC))
+    assert "gangcheck.io/phase" not in {k for a in d.actions for k in getattr(a, "annotations", {})}
+    assert not [e for e in d.events if e.reason == "RollbackStarted"]
+    assert d.requeue_after is not None and d.requeue_after <= 15
+    untouched(d)
+
+
+def test_a_growth_whose_members_do_not_bind_within_the_start_deadline_is_rolled_back() -> None:
+    """startDeadlineSeconds (600 s by default) after its members' release onto it, one of the
+    two still unbound: the growth is rolled back as a gang's release is (StartDeadline, the
+    nodes that arrived for it recorded), said on the group with the reason; the running
+    members and the growth's own are not touched, nothing withdrawn or asked. Before, its
+    capacity was held for ever."""
+    members = [*running(), *binding("new0")]
+    d = watched(
+        annotations=DELIVERED, now=datetime(2026, 11, 30, 10, 14, 1, tzinfo=UTC), members=members
+    )
+    (reason,) = annotated(d, "gangcheck.io/rollback-reason")
+    assert reason == (
+        "StartDeadline: 1 of 2 members released together bound within 600s of their release "
+        "(unbound: new1)"
+    )
+    assert annotated(d, "gangcheck.io/phase") == ["RollingBack"]
+    assert annotated(d, "gangcheck.io/rollback-nodes") == ['{"n2": "2026-11-30T10:03:30Z"}']
+    untouched(d)
+    # the group says it once the rollback is recorded (as a gang's is written when done)
+    assert {e.reason for e in d.events} >= {"RollbackStarted"}
+
+
+def test_a_growth_delivered_by_an_older_version_is_watched_from_now() -> None:
+    """Fulfilled with no record of when its members were released (an older version): the
+    watchdog counts from now, recorded; nothing rolled back at once."""
+    d = watched(
+        annotations={"gangcheck.io/phase": "Fulfilled"},
+        now=datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
+    )
+    assert annotated(d, "gangcheck.io/released-at") == ["2026-11-30T11:00:00Z"]
+    assert not annotated(d, "gangcheck.io/rollback-reason")
+    untouched(d)
+
+
+def test_a_growth_its_start_watchdog_rolls_back_reclaims_what_arrived_safely() -> None:
+    """Rolling back: what arrived for it reclaimed by the safe path (ReclaimArrivals: a node a
+    member runs on drains, reclaimed once idle), neither withdrawn as no longer needed (its
+    members counted running, minCount is met) nor followed as a growth in flight."""
+    d = watched(annotations=START_ROLLED, now=datetime(2026, 11, 30, 10, 14, 5, tzinfo=UTC))
+    (reclaim,) = [a for a in d.actions if isinstance(a, ReclaimArrivals)]
+    assert (reclaim.request, reclaim.nodes) == (GROW1, ("n2",))
+    untouched(d)
+    assert not [e for e in d.events if e.reason in ("GrowthWithdrawn", "RollbackStarted")]
+    message = (d.status or {})["gangcheck.io/message"]
+    assert message.startswith(f"released; rolling back {GROW1} (StartDeadline: 0 of 2"), message
+    assert not [e for e in d.events if e.reason == "GrowthRolledBack"]  # said once, when done
+
+
+OUTCOME = '{"draining": ["n2"], "kept": {}, "nodeSeconds": 60, "reclaimed": []}'
+
+
+def test_a_growth_its_start_watchdog_rolled_back_has_the_hold_lifted_from_what_stays() -> None:
+    """Rolled back (its outcome recorded): the hold lifted from what stays (n2, a member of it
+    bound there, drains), said with the outcome; the request kept as the record, nothing
+    asked: its members are released and counted, as a gang's release rolled back gives up."""
+    rolled = {**START_ROLLED, "gangcheck.io/outcome": OUTCOME}
+    d = watched(
+        annotations=rolled,
+        now=datetime(2026, 11, 30, 10, 15, tzinfo=UTC),
+        members=[*running(), *binding("new0")],
+    )
+    assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
+    untouched(d)
+    assert not [a for a in d.actions if isinstance(a, ReclaimArrivals)]
+    message = (d.status or {})["gangcheck.io/message"]
+    assert message.startswith(f"released; rolled back {GROW1} (StartDeadline: 0 of 2"), message
+    assert "gangcheck cannot hold them back for another growth" in message
+    assert {e.reason for e in d.events} >= {"GrowthRolledBack", "RolledBack"}
+    assert [e.warning for e in d.events if e.reason == "GrowthRolledBack"] == [True]
+
+
+def test_a_growth_rolled_back_by_its_start_watchdog_is_followed_by_the_next_for_more() -> None:
+    """minCount raised again above it with 2 more members: the next growth asks for those (its
+    members released are counted, not asked for again), after the backoff of a rollback."""
+    rolled = {**START_ROLLED, "gangcheck.io/outcome": OUTCOME}
+    d = watched(
+        annotations=rolled,
+        now=datetime(2026, 11, 30, 11, 0, tzinfo=UTC),
+        members=[*running(), *binding(), *later()],
+        min_count=8,
+    )
+    (body,) = [a.body for a in d.actions if isinstance(a, CreateRequest)]
+    assert body["metadata"]["name"] == GROW2
+    assert sum(p["count"] for p in body["spec"]["podSets"]) == 2
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [GROW1]

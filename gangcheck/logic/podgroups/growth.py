@@ -26,6 +26,16 @@ next growth attempt follows after Kueue's backoff, counted from the rolled-back 
 deadline (its request is the record until then); past ``backoffLimitCount`` the growth waits,
 saying so.
 
+A growth delivered has the start watchdog of a gang's release: its members released onto it
+(the time recorded on its request, ``gangcheck.io/released-at``) not all bound within the
+``fulfillment.startDeadlineSeconds`` of the config it was made under, it is rolled back
+(StartDeadline): what arrived for it and runs none of the group's pods is reclaimed by the
+safe path (a node a member of it is bound to drains, reclaimed once idle), the hold lifted
+from what stays; no member is touched. Its members' gates stay lifted, so gangcheck cannot
+hold them back for another growth: they are counted as the group's, the reason said on the
+group (Warning ``GrowthRolledBack``); a growth asked later (minCount raised again) follows
+after the backoff of a rollback.
+
 Raised again while a growth is in flight, above the members it asks for: before Provisioned
 it is replaced (rolled back, ConfigChanged, the next asking for them all at once); once
 Provisioned it is kept, and the members beyond it wait (none released alone) until it has
@@ -109,7 +119,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     """`podgroup.decide`, and for a released group whose minCount rose above the members
     running, the growth: asked for all or nothing, the running members left alone; and the
     hold of a delivered growth whose request is gone lifted (`_holds_of_gone`)."""
-    snap, recorded = _released_onto(snap)
+    snap, recorded = _released_onto(snap, now)
     decision = _decide(snap, now)
     if recorded:
         decision = _with(GroupDecision(actions=recorded), decision)
@@ -150,13 +160,14 @@ def _ungated(snap: GroupSnapshot) -> GroupDecision | None:
     return podgroup.said_ungated(snap, pods, whose="growth") if pods else None
 
 
-def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ...]]:
+def _released_onto(snap: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, tuple[Action, ...]]:
     """A growth in flight that live members consume was delivered: its members were
     released onto it (`_follow`), and the record of it written right after (its phase
     Fulfilled) was lost (a refused or lost answer, the leader lost between the two writes).
-    It is taken as delivered, and its record written again first. Taken as still in flight,
-    its members counted running, it was withdrawn as no longer needed, the node that came for
-    it reclaimed (fenced, so a member not yet bound could not be) under its members.
+    It is taken as delivered, and its record written again first (its start watchdog counting
+    from now). Taken as still in flight, its members counted running, it was withdrawn as no
+    longer needed, the node that came for it reclaimed (fenced, so a member not yet bound
+    could not be) under its members.
 
     Members are released onto a growth only once it is Provisioned, and one bound to a node
     older than the request was not placed on what arrived for it: a name used again (the
@@ -184,7 +195,7 @@ def _released_onto(snap: GroupSnapshot) -> tuple[GroupSnapshot, tuple[Action, ..
             and req.name in consumed
             and snap.backend.status_of(req).has(Phase.PROVISIONED)
         ):
-            recorded += lifecycle.fulfilled(req)
+            recorded += _fulfilled(req, now)
             requests.append(
                 replace(req, annotations={**req.annotations, PHASE_ANNOTATION: FULFILLED})
             )
@@ -273,11 +284,7 @@ def _decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     # (deleted, invalid, or not serving the group's namespace: nothing new is asked)
     unserved = "" if snap.config is not None else snap.config_problem or "no config"
     snap = replace(snap, config=config)
-    in_flight = (
-        latest is not None
-        and not _settled(latest[1])
-        and _phase(latest[1]) not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
-    )
+    in_flight = latest is not None and not _settled(latest[1]) and not _delivered_phase(latest[1])
     size = _members_of(latest[1]) if latest is not None and in_flight else max(need, 0)
     chosen = tuple(gated[:size]) if need > 0 or in_flight else ()
     # the members the growth asks for, and those minCount added beyond a growth in flight:
@@ -319,7 +326,13 @@ def _grow(
     config now (its growth in flight followed under the config it recorded): no new growth
     is asked or released then, the members it would take kept gated, the reason said."""
     group = snap.group
-    done = _delivered(snap, growing, running)
+    done = _delivered(snap, growing, running, now)
+    if (
+        latest is not None
+        and _start_rolled(latest[1])
+        and (need <= 0 or _delivered_phase(latest[1]))
+    ):
+        return _with(done, _rolled_back_on_start(snap, latest[1]))
     if (
         latest is not None
         and _delivered_phase(latest[1])
@@ -590,7 +603,7 @@ def _follow(
         )
         return replace(
             status,
-            actions=(*followed.upkeep, *step.actions, *released, *lifecycle.fulfilled(req)),
+            actions=(*followed.upkeep, *step.actions, *released, *_fulfilled(req, now)),
             events=(*status.events, *events),
             step=step,
         )
@@ -631,7 +644,10 @@ def _asks_now(
 
 
 def _delivered(
-    snap: GroupSnapshot, growing: Sequence[ProvisioningRequest], running: Sequence[Pod]
+    snap: GroupSnapshot,
+    growing: Sequence[ProvisioningRequest],
+    running: Sequence[Pod],
+    now: datetime,
 ) -> GroupDecision:
     """Growth requests delivered: started (their hold lifted) once every member consuming
     them is bound; withdrawn once the group has no member left, or, not started, once no
@@ -641,11 +657,22 @@ def _delivered(
     That withdrawal is applied only once the API server confirms no pod consumes it
     (`ReleaseHold.unconsumed`): a pod cache older than the request (a new leader's, its
     pods listed before the members' release, its requests after the record of it) shows
-    the members released onto it still gated."""
+    the members released onto it still gated.
+
+    Not started while its members bind: the start watchdog (`_watch_start`) rolls it back
+    past startDeadlineSeconds, what arrived for it reclaimed by the safe path, then lifts the
+    hold on what stays (`_start_rollback`)."""
     actions: list[Action] = []
     events: list[Event] = []
+    waits: list[float] = []
     for req in growing:
         phase = _phase(req)
+        if not req.deleting and _start_rolled(req):
+            step = _start_rollback(snap, req)
+            actions += step.actions
+            events += step.events
+            waits += [step.requeue_after] if step.requeue_after is not None else []
+            continue
         if req.deleting or phase not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
             continue
         if not running and not any(p.live for p in snap.members):
@@ -668,7 +695,83 @@ def _delivered(
             actions += lifecycle.release_hold(snap.capacity, req)
             if phase is not AttemptPhase.STARTED:
                 actions.append(AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED}))
-    return GroupDecision(actions=tuple(actions), events=tuple(events))
+            continue
+        watched = _watch_start(snap, req, mine, now)
+        actions += watched.actions
+        events += watched.events
+        waits += [watched.requeue_after] if watched.requeue_after is not None else []
+    return GroupDecision(
+        actions=tuple(actions), events=tuple(events), requeue_after=min(waits, default=None)
+    )
+
+
+def _growth_attempt(
+    snap: GroupSnapshot, req: ProvisioningRequest, mine: Sequence[Pod]
+) -> lifecycle.Attempt:
+    """The delivered growth as the start watchdog and its rollback read it: under the config
+    it was made under (`lifecycle.made_under`), as a gang's release is watched."""
+    return lifecycle.Attempt(
+        request=req,
+        status=snap.backend.status_of(req),
+        gang=gang_from_pods(snap.group, mine),
+        capacity=snap.capacity,
+        config=lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec(),
+    )
+
+
+def _watch_start(
+    snap: GroupSnapshot, req: ProvisioningRequest, mine: Sequence[Pod], now: datetime
+) -> lifecycle.Step:
+    """The start watchdog of a growth delivered (Fulfilled) whose members bind: as a gang's
+    (`podgroup.start_watch`), counted from their release onto it (`RELEASED_AT_ANNOTATION` on
+    its request; one released by a version that did not record it is counted from now,
+    recorded), within the startDeadlineSeconds of the config it was made under. Past it the
+    growth is rolled back (`lifecycle.start_rollback`, StartDeadline): only what arrived for
+    it and runs none of the group's pods is reclaimed, by the safe path (a node where a member
+    of it is bound drains, reclaimed once idle); no member is touched. Before, a growth whose
+    members never bound held what arrived for it for ever."""
+    attempt = _growth_attempt(snap, req, mine)
+    limit = attempt.config.fulfillment.start_deadline_seconds
+    released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
+    if released is None:
+        stamp = AnnotateRequest(req.name, {RELEASED_AT_ANNOTATION: format_time(now)})
+        return lifecycle.Step(Progress.WAITING, actions=(stamp,), requeue_after=float(limit))
+    watched = podgroup.start_watch(released, mine, limit, now)
+    if watched is None or isinstance(watched, float):
+        return lifecycle.Step(Progress.WAITING, requeue_after=watched)
+    return lifecycle.start_rollback(attempt, watched, now=now)
+
+
+def _start_rollback(snap: GroupSnapshot, req: ProvisioningRequest) -> lifecycle.Step:
+    """A growth its start watchdog rolls back: what arrived for it reclaimed by the safe path
+    (`lifecycle.roll_back`, once: its outcome recorded), then the hold lifted from what stays
+    (a node a member of it runs on, or kept by a safety rule)."""
+    mine = [p for p in snap.members if p.live and p.consumes == req.name]
+    if not _settled(req):
+        return lifecycle.roll_back(_growth_attempt(snap, req, mine))
+    return lifecycle.Step(Progress.ROLLED_BACK, actions=lifecycle.release_hold(snap.capacity, req))
+
+
+def _rolled_back_on_start(snap: GroupSnapshot, req: ProvisioningRequest) -> GroupDecision:
+    """What the group says of a growth its start watchdog rolled back (or is rolling back):
+    the reason, and that its members' gates are lifted, so gangcheck cannot hold them back
+    for another growth (as a gang's release rolled back gives up); once its outcome is
+    recorded, a Warning GrowthRolledBack and RolledBack, once."""
+    done = rollback.verdict(req)
+    what = done.message if done is not None else f"rolling back {req.name} ({_reason(req)})"
+    message = (
+        f"released; {what}: the members released onto it keep their gates lifted, so gangcheck "
+        "cannot hold them back for another growth; what arrived for it and runs none of the "
+        "group's pods is reclaimed, no member is touched"
+    )
+    if done is None:  # said as it begins (RollbackStarted), written on the group meanwhile
+        return _status(snap, RELEASED, message)
+    said = _status(snap, RELEASED, message, warn="GrowthRolledBack")
+    return replace(said, events=(*said.events, rollback.rolled_back(done))) if said.events else said
+
+
+def _reason(req: ProvisioningRequest) -> str:
+    return rollback.record_of(req).reason or "rolled back"
 
 
 def _lowered(
@@ -678,13 +781,7 @@ def _lowered(
     done: GroupDecision,
 ) -> GroupDecision:
     """minCount back at or below what runs: a growth not delivered is no longer needed."""
-    pending = [
-        r
-        for r in growing
-        if not r.deleting
-        and _phase(r) not in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
-        and not _settled(r)
-    ]
+    pending = [r for r in growing if not r.deleting and not _delivered_phase(r) and not _settled(r)]
     if not pending:
         return done
     why = (
@@ -717,8 +814,28 @@ def _phase(req: ProvisioningRequest) -> AttemptPhase | None:
 
 
 def _delivered_phase(req: ProvisioningRequest) -> bool:
-    """Its members were released onto it (binding or running)."""
-    return _phase(req) in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
+    """Its members were released onto it (binding or running): Fulfilled, Started, or its
+    start watchdog rolling it back (`_start_rolled`, the outcome not recorded yet): neither in
+    flight nor withdrawn as no longer needed meanwhile. Once rolled back, it is followed as
+    any growth rolled back (the next after the backoff)."""
+    if _phase(req) in (AttemptPhase.FULFILLED, AttemptPhase.STARTED):
+        return True
+    return _start_rolled(req) and not _settled(req)
+
+
+def _start_rolled(req: ProvisioningRequest) -> bool:
+    """Its rollback was begun by its start watchdog (`_watch_start`)."""
+    return rollback.record_of(req).cause is RollbackCause.START_DEADLINE
+
+
+def _fulfilled(req: ProvisioningRequest, now: datetime) -> tuple[Action, ...]:
+    """`lifecycle.fulfilled`, with when the growth's members were released onto it
+    (`RELEASED_AT_ANNOTATION` on its request), from which its start watchdog counts."""
+    stamp = {RELEASED_AT_ANNOTATION: format_time(now)}
+    return tuple(
+        AnnotateRequest(a.name, {**a.annotations, **stamp}) if isinstance(a, AnnotateRequest) else a
+        for a in lifecycle.fulfilled(req)
+    )
 
 
 def _members_of(req: ProvisioningRequest) -> int:

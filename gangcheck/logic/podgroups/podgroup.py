@@ -851,10 +851,19 @@ def _start_deadline_passed(
     why it must roll back."""
     released = parse_time(snap.group.annotations.get(RELEASED_AT_ANNOTATION, ""))
     mine = [p for p in members.live if p.consumes == req.name]
+    return start_watch(released, mine, config.fulfillment.start_deadline_seconds, now)
+
+
+def start_watch(
+    released: datetime | None, mine: Sequence[Pod], limit: int, now: datetime
+) -> str | float | None:
+    """The start watchdog's rule, for a gang's release and a growth's (growth.py): None when
+    the members released together onto a request (`mine`, consuming it) are all bound, or
+    their release time is not known; the seconds left while they bind, within `limit`
+    (startDeadlineSeconds) of their release; else why the attempt must roll back."""
     waiting = [p for p in mine if not p.node_name]
     if released is None or not waiting:
         return None
-    limit = config.fulfillment.start_deadline_seconds
     left = limit - (now - released).total_seconds()
     if left > 0:
         return max(0.2, min(LATE_RETRY_SECONDS, left))
