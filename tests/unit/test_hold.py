@@ -398,3 +398,32 @@ def test_when_a_closed_node_is_opened(
     assert why in verdict.reason
     if why.startswith("kept"):
         assert verdict.recheck_after == 110.0
+
+
+@pytest.mark.parametrize("going", ["its own deletion", "its NodeClaim's"])
+def test_a_node_being_deleted_is_never_an_arrival_to_record(going: str) -> None:
+    """A node going (being deleted, or its Karpenter NodeClaim: gangcheck's own reclaim of
+    it for an earlier request, whose hold it no longer carries; a scale-down) came for no
+    request still waiting: neither recorded nor counted as an arrival, and a rollback or an
+    abandoned attempt does not record it as its own to reclaim again. The fit says why it
+    takes no member."""
+    mine = request_of(req(conditions={"Provisioned": ""}))
+    gang_sets = [("workers", 1, pod_template(gpu=8, node_selector=GPU_POOL))]
+    going_node = node("n1", labels=GPU_POOL, created=NEW)
+    claims: tuple[dict[str, Any], ...] = ()
+    if going == "its own deletion":
+        going_node["metadata"]["deletionTimestamp"] = NOW_TEXT
+    else:
+        claims = (
+            {
+                "apiVersion": "karpenter.sh/v1",
+                "kind": "NodeClaim",
+                "metadata": {"name": "c1", "deletionTimestamp": NOW_TEXT},
+                "status": {"nodeName": "n1"},
+            },
+        )
+    capacity = ClusterView(nodes=(going_node,), node_claims=claims)
+    verdict = assess(capacity, mine, gang_sets)
+    assert not verdict.fits and verdict.claims == () and verdict.arrivals == 0
+    assert "being deleted" in verdict.summary, verdict.summary
+    assert unrecorded_arrivals(capacity, mine, gang_sets) == ()

@@ -293,7 +293,8 @@ def unrecorded_arrivals(
     now: datetime | None = None,
 ) -> tuple[tuple[str, str], ...]:
     """(name, resourceVersion) of every arrival this request may claim and has not recorded,
-    usable or not: what a rollback records before it reclaims."""
+    usable or not (a node going, being deleted or its NodeClaim, is none: `_partition`):
+    what a rollback records before it reclaims."""
     capacity, spec = capacity or ClusterView(), GangSpec.of(gang)
     context, _ = capacity.dra(req.ref.namespace)
     members = [g.member for g in gang_of(spec.pod_sets, context)]
@@ -408,6 +409,8 @@ def _partition(
             base.append(node)  # capacity that predates the request, shared by all
         elif held_for_another(node, key):
             continue  # another gang's arrival, not recorded yet: never this one's to claim
+        elif capacity.view(node).is_going:
+            base.append(node)  # going (reclaimed, scaled down): no arrival, the fit says why
         elif _may_claim(capacity, key, node, now):
             candidates.append(node)
     return base, sorted(candidates, key=_arrival_order)

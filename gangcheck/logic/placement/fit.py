@@ -253,6 +253,12 @@ class NodeView:
     def is_usable(self) -> bool:
         return self.problem is None
 
+    @property
+    def is_going(self) -> bool:
+        """Being deleted, or its Karpenter NodeClaim is (`node_view`'s `deleting_claim`):
+        capacity on its way out, whatever else is said of it."""
+        return self.problem is not None and self.problem.kind in (DELETING, CLAIM_DELETING)
+
 
 def node_view(node: Obj, *, deleting_claim: str = "") -> NodeView:
     """A NodeView of a Node dict; malformed data makes it unusable, never usable.
