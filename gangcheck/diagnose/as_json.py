@@ -12,7 +12,7 @@ from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
 from gangcheck.logic.podgroups.group_diagnosis import GroupReplay
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
-from gangcheck.logic.workloads.diagnosis import Facts, Replay
+from gangcheck.logic.workloads.diagnosis import Facts, Replay, reset_from
 
 
 def to_json(report: Report | StatusReport) -> dict[str, Any]:
@@ -94,6 +94,7 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
             for c in facts.checks
         ],
         "focus": facts.focus,
+        "checkEnded": _ended_json(facts),
         "fulfillmentMode": facts.mode,
         "request": _request_json(facts, now),
         "nodes": _nodes_json(facts),
@@ -122,6 +123,16 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
             "line": report.verdict.line,
         },
     }
+
+
+def _ended_json(facts: Facts) -> dict[str, Any] | None:
+    """The focus check's last Retry or Rejected, from the Workload's Events (null when Kueue
+    did not reset the check from one, or no Event of it is left): why it was."""
+    ended = reset_from(facts)
+    if ended is None:
+        return None
+    at = format_time(ended.at) if ended.at else None
+    return {"state": ended.state, "message": ended.message, "at": at}
 
 
 def _quota_json(facts: Facts) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from gangcheck.kube.resources import (
     ATOMIC_CONFIG,
     CLUSTER_QUEUE,
     DEVICE_CLASS,
+    EVENT,
     JOB,
     LEASE,
     LOCAL_QUEUE,
@@ -68,6 +69,7 @@ from gangcheck.logic.sources.karpenter.explain import (
     unreadable,
 )
 from gangcheck.logic.sources.world import capacity_of
+from gangcheck.logic.workloads.admission import CHECK_UPDATED
 from gangcheck.logic.workloads.diagnosis import (
     Target,
     TargetError,
@@ -108,9 +110,11 @@ async def diagnose(kube: Kube, target: str, *, now: datetime | None = None) -> R
     except PodGroupMember as e:
         group = Target("podgroup", parsed.namespace, e.group.name, e.group.api_group)
         return await diagnose_group(kube, group, now=now, via=parsed)
-    world = await fetch_world(kube, parsed.namespace)
+    world, events = await asyncio.gather(
+        fetch_world(kube, parsed.namespace), _events_on(kube, workload)
+    )
     when = now or datetime.now(UTC)
-    facts = gather(workload, world, now=when)
+    facts = gather(workload, world, now=when, events=events)
     claims = await attempt_node_claims(kube, facts.namespace, facts.request)
     raw = (workload["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
     dispatch = DispatchRecord.from_annotation(raw) if raw else None
@@ -196,15 +200,16 @@ async def status(
 ) -> StatusReport:
     """Every gang in flight: a Workload one of our checks cares about, not finished; a
     PodGroup gangcheck keeps a state on or holds members of."""
-    workloads, world, groups, namespaces = await asyncio.gather(
+    workloads, world, groups, namespaces, updates = await asyncio.gather(
         _items(kube, WORKLOAD, namespace, optional=True),
         fetch_world(kube, namespace),
         _pod_groups(kube, namespace),
         _maybe(kube, NAMESPACE, None),
+        _check_updates(kube, namespace),
     )
     when = now or datetime.now(UTC)
     gangs = [
-        gather(wl, world, now=when)
+        gather(wl, world, now=when, events=updates.get(_uid(wl), ()))
         for wl in workloads
         if is_gang(wl, world) and not _is_finished(wl)
     ]
@@ -480,6 +485,37 @@ async def fetch_group_world(kube: Kube, namespace: str) -> World:
         **_device_fields(await _devices(kube)),
     )
     return capacity_of(world)
+
+
+async def _events_on(kube: Kube, obj: Obj) -> list[Obj]:
+    """The Events on the object (by its uid), for what its status no longer says (a check
+    Kueue reset from Retry or Rejected); none when they may not be read."""
+    meta = obj.get("metadata") or {}
+    uid, namespace = meta.get("uid"), meta.get("namespace")
+    if not uid or not namespace:
+        return []
+    try:
+        return await _items(kube, EVENT, namespace, field_selector=f"involvedObject.uid={uid}")
+    except ApiError:
+        return []
+
+
+async def _check_updates(kube: Kube, namespace: str | None) -> dict[str, list[Obj]]:
+    """gangcheck's CHECK_UPDATED Events, by the uid of the Workload they are on (what
+    `_events_on` reads of one, for every row of `status`); none when they may not be read."""
+    try:
+        listed = await _everywhere(kube, EVENT, namespace, field_selector=f"reason={CHECK_UPDATED}")
+    except ApiError:
+        return {}
+    out: dict[str, list[Obj]] = {}
+    for event in listed:
+        uid = str((event.get("involvedObject") or {}).get("uid") or "")
+        out.setdefault(uid, []).append(event)
+    return out
+
+
+def _uid(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 async def _every_node_claim(kube: Kube) -> tuple[Obj, ...]:

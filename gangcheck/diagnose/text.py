@@ -15,7 +15,7 @@ from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
-from gangcheck.logic.workloads.diagnosis import Facts
+from gangcheck.logic.workloads.diagnosis import Facts, reset_from
 from gangcheck.model.names import GATE, OPT_IN_LABEL, UNGATED_ANNOTATION
 
 NODES_SHOWN = 24
@@ -108,6 +108,10 @@ def _check_lines(facts: Facts) -> list[str]:
             out += _wrapped(f"inactive: {c.problem}", indent=2)
         if c.message:
             out += _wrapped(c.message, indent=2)
+        ended = reset_from(facts) if c.name == facts.focus else None
+        if ended is not None:  # why it was Retry or Rejected, from the Workload's Events
+            when = f" at {format_time(ended.at)}" if ended.at else ""
+            out += _wrapped(f"{ended.state}{when}: {ended.message or '(no message)'}", indent=2)
         if c.requeue_after_seconds:
             out.append(f"  requeue after {human_duration(c.requeue_after_seconds)}")
     return out

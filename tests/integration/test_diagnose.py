@@ -632,3 +632,56 @@ async def test_a_podgroups_karpenter_attempt_shows_its_node_claims(
         (first, "Initialized"),
         (second, "LaunchFailing"),
     ]
+
+
+async def test_a_gang_requeued_after_a_rollback_says_why_from_the_workloads_events(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The attempt rolls back at its deadline (nothing asked for arrives): the check turns
+    Retry with why. Kueue (played here as v0.17 does it) evicts the Workload in the same
+    moment, resets the check to Pending ('Reset to Pending after eviction. Previously:
+    Retry') and requeues it on backoff: the check no longer says why. diagnose and status
+    read it from gangcheck's AdmissionCheckUpdated Event on the Workload."""
+    await cluster.install_check(fit(deadline=1))
+    await cluster.submit(gang())
+    retry = await cluster.wait_check("wl", "Retry")
+    assert retry["message"].startswith("Retrying after rollback: rolled back wl-")
+    requeue_at = time.time() + 600
+
+    def as_kueue(wl: dict[str, Any]) -> None:  # workload.Evict, then the requeue backoff
+        st = wl["status"]
+        st.pop("admission", None)
+        st["conditions"] = [
+            c for c in st.get("conditions") or [] if c["type"] not in ("QuotaReserved", "Evicted")
+        ] + [
+            {"type": t, "status": s, "reason": r, "message": m, "lastTransitionTime": now()}
+            for t, s, r, m in (
+                ("QuotaReserved", "False", "Pending", "evicted"),
+                ("Evicted", "True", "AdmissionCheck", "At least one admission check is false"),
+            )
+        ]
+        st["admissionChecks"] = [
+            {
+                "name": cluster.check,
+                "state": "Pending",
+                "message": "Reset to Pending after eviction. Previously: Retry",
+                "retryCount": 1,
+                "lastTransitionTime": now(),
+            }
+        ]
+        st["requeueState"] = {
+            "count": 1,
+            "requeueAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(requeue_at)),
+        }
+
+    await cluster.update_status("wl", as_kueue)
+    said = re.escape(f"the check {cluster.check} turned Retry: {retry['message']}")
+    backoff = "blocked: backoff after attempt 1: Kueue requeues the Workload in"
+    wanted = re.compile(rf"{backoff} \S+; {said}")
+    line = await verdict_of(cluster.kube, f"workload/{cluster.ns}/wl", wanted)
+    report = await diagnose(cluster.kube, f"workload/{cluster.ns}/wl")
+    ended = to_json(report)["checkEnded"]
+    assert (ended["state"], ended["message"]) == ("Retry", retry["message"])
+    assert f"Retry at {ended['at']}: " in render_text(report)
+    (row,) = (await status(cluster.kube, cluster.ns)).gangs
+    assert row.verdict == line

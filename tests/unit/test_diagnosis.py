@@ -28,7 +28,10 @@ from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import Outcome
 from gangcheck.logic.placement.fit import FitResult, Rejection, host_rejection, node_view
 from gangcheck.logic.placement.topology import TopologyFit
+from gangcheck.logic.workloads.admission import check_ended
+from gangcheck.logic.workloads.admission import check_updated as check_updated_text
 from gangcheck.logic.workloads.diagnosis import (
+    RESET,
     CheckFacts,
     Facts,
     Replay,
@@ -1238,3 +1241,115 @@ def test_what_the_text_says_of_an_eviction_and_the_class_asked_the_json_says() -
         "queued-provisioning.gke.io",
         1,
     )
+
+
+# ---- why the check was Retry or Rejected, once Kueue reset it: the Workload's Events ------
+
+ROLLED_BACK_WITH_KEPT = (
+    "Retrying after rollback: rolled back wl-atomic-1 (Deadline: 1 of 2 members placeable); "
+    "reclaimed 1 node (1.0 node-minutes held); kept n1 (runs pod ns/x), n2 (runs pod ns/y)"
+)
+
+
+def check_updated(old: str, new: str, message: str, at: str, check: str = CHECK) -> dict[str, Any]:
+    """gangcheck's Event on the Workload as its check changes state."""
+    return {
+        "reason": "AdmissionCheckUpdated",
+        "message": f"Admission check {check} updated state from {old} to {new} with message: "
+        f"{message}",
+        "involvedObject": {"kind": "Workload", "uid": "uid-wl"},
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+    }
+
+
+def reset_by_kueue(previously: str, *, active: bool = True, evicted: str = "") -> dict[str, Any]:
+    """The Workload as Kueue leaves it after evicting it for its check's Retry (requeued on
+    backoff) or Rejected (deactivated): the check reset to Pending, its message gone."""
+    wl = (
+        WorkloadBuilder()
+        .pod_set("workers", 2)
+        .check(CHECK, "Pending", retry_count=1, message=f"{RESET}{previously}")
+        .condition("Evicted", reason="AdmissionCheck")
+        .build()
+    )
+    wl["status"]["conditions"][-1]["message"] = evicted
+    wl["spec"]["active"] = active
+    if active:
+        wl["status"]["requeueState"] = {"requeueAt": "2026-11-30T10:06:30Z", "count": 1}
+    return wl
+
+
+EARLIER_RETRY = check_updated("Pending", "Retry", "Retrying after failure: an earlier one", LATER)
+THIS_RETRY = check_updated("Pending", "Retry", ROLLED_BACK_WITH_KEPT, "2026-11-30T10:04:00Z")
+
+
+def test_a_gang_requeued_after_a_retry_says_why_from_the_events() -> None:
+    """Kueue resets the Retry to Pending at once: the check's message then says only that.
+    The backoff's line says why the attempt ended, as gangcheck's latest Event of the check's
+    turn to Retry says it (its kept node n2, deleted since, said gone); text and JSON alike."""
+    events = [
+        EARLIER_RETRY | {"firstTimestamp": EARLIER, "lastTimestamp": EARLIER},
+        THIS_RETRY,
+        check_updated("Pending", "Retry", "another check's", "2026-11-30T10:04:30Z", "other"),
+        check_updated("Retry", "Pending", "next attempt", EARLIER),
+    ]
+    facts = gather(reset_by_kueue("Retry"), world(nodes=(arrival("n1"),)), now=NOW, events=events)
+    said = ROLLED_BACK_WITH_KEPT.replace(
+        "kept n1 (runs pod ns/x), n2", "kept n1 (runs pod ns/x); kept then, gone since: n2"
+    )
+    text, as_json, line = report_of(facts)
+    assert line == (
+        f"blocked: backoff after attempt 1: Kueue requeues the Workload in 1m30s; the check "
+        f"{CHECK} turned Retry: {said}"
+    )
+    ended = {"state": "Retry", "message": said, "at": "2026-11-30T10:04:00Z"}
+    assert as_json["checkEnded"] == ended
+    assert f"Retry at 2026-11-30T10:04:00Z: {said}" in " ".join(text.split())
+
+
+def test_a_gang_deactivated_after_a_rejection_says_why_from_the_events() -> None:
+    """Kueue deactivates the Workload, its Evicted message naming the check; the check reset
+    to Pending. The line adds what the check said as it turned Rejected."""
+    rejected = "provisioning ended by rollback ...; backoffLimitCount 1 allows no more retries"
+    events = [THIS_RETRY, check_updated("Pending", "Rejected", rejected, "2026-11-30T10:04:40Z")]
+    kueue = f"The workload is deactivated due to Admission check(s): [{CHECK}], were rejected"
+    wl = reset_by_kueue("Rejected", active=False, evicted=kueue)
+    facts = gather(wl, world(), now=NOW, events=events)
+    _, as_json, line = report_of(facts)
+    assert line == (
+        f"blocked: the Workload is deactivated (spec.active=false): {kueue}; the check {CHECK} "
+        f"turned Rejected: {rejected}"
+    )
+    assert as_json["checkEnded"]["state"] == "Rejected"
+
+
+@pytest.mark.parametrize(
+    ("previously", "events"),
+    [("Retry", []), ("Ready", [THIS_RETRY])],
+    ids=["no Event left (expired)", "reset from Ready: an eviction, not the check's Retry"],
+)
+def test_without_the_event_of_the_reset_state_the_backoff_says_what_it_knows(
+    previously: str, events: list[dict[str, Any]]
+) -> None:
+    facts = gather(reset_by_kueue(previously), world(), now=NOW, events=events)
+    _, as_json, line = report_of(facts)
+    assert line == "blocked: backoff after attempt 1: Kueue requeues the Workload in 1m30s"
+    assert as_json["checkEnded"] is None
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message", "read"),
+    [
+        ("Pending", "Retry", "failed: a to b", ("Retry", "failed: a to b")),
+        ("Pending", "Rejected", "", ("Rejected", "")),
+        ("Pending", "Ready", "fits", None),
+        ("Retry", "Pending", "next", None),
+    ],
+)  # fmt: skip
+def test_the_check_updated_event_reads_back_as_written(
+    old: str, new: str, message: str, read: tuple[str, str] | None
+) -> None:
+    text = check_updated_text(CHECK, old, new, message)
+    assert check_ended(text, CHECK) == read
+    assert check_ended(text, "other") is None

@@ -1099,12 +1099,28 @@ def _transition(
         return Decision()
     events: tuple[Event, ...] = ()
     if new_state != state.state:
-        text = f"Admission check {state.name} updated state from {state.state} to {new_state}"
-        events = (
-            Event(
-                "AdmissionCheckUpdated",
-                f"{text} with message: {message}" if message else text,
-                warning=new_state in (RETRY, REJECTED),
-            ),
-        )
+        text = check_updated(state.name, state.state, new_state, message)
+        events = (Event(CHECK_UPDATED, text, warning=new_state in (RETRY, REJECTED)),)
     return Decision(check=new, events=events)
+
+
+CHECK_UPDATED = "AdmissionCheckUpdated"
+"""The reason of the Event on the Workload each time gangcheck changes its check's state."""
+
+
+def check_updated(name: str, old: str, new: str, message: str) -> str:
+    """The CHECK_UPDATED Event's message (`check_ended` reads it back)."""
+    text = f"Admission check {name} updated state from {old} to {new}"
+    return f"{text} with message: {message}" if message else text
+
+
+def check_ended(text: str, name: str) -> tuple[str, str] | None:
+    """(state, message) of a CHECK_UPDATED Event's message that turned the check `name` Retry
+    or Rejected (Kueue resets both to Pending at once, the message with them: the Event keeps
+    it); None for any other."""
+    head = f"Admission check {name} updated state from "
+    if not text.startswith(head):
+        return None
+    _, _, turn = text[len(head) :].partition(" to ")
+    state, _, message = turn.partition(" with message: ")
+    return (state, message) if state in (RETRY, REJECTED) else None

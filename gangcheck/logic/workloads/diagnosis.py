@@ -14,9 +14,9 @@ same facts for ``gangcheck status``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle, naming, places, topup
 from gangcheck.logic.attempt.explain import (
@@ -47,7 +47,9 @@ from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads import checkconfig, slices
 from gangcheck.logic.workloads.admission import (
+    CHECK_UPDATED,
     Snapshot,
+    check_ended,
     consumed_request,
     decide,
     gang_templates,
@@ -210,6 +212,17 @@ class Replay:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """The check's last turn to Retry or Rejected, as the Workload's Events tell: Kueue
+    resets either to Pending at once ("Reset to Pending after eviction. Previously: Retry"),
+    and the message that said why goes with it."""
+
+    state: str
+    message: str
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Facts:
     namespace: str
     name: str
@@ -228,15 +241,18 @@ class Facts:
     (`slices.relation`); '' for a Workload that is no slice."""
     given_nodes: int = 0
     """Once admitted: the nodes recorded as arrived for its request (`recorded_for`)."""
+    ended: Ended | None = None
+    """The focus check's last Retry or Rejected (`ended_of`), when its Events were read."""
 
     @property
     def focus_check(self) -> CheckFacts | None:
         return next((c for c in self.checks if c.name == self.focus), None)
 
 
-def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
-    """Everything the chain needs about one Workload, read from the objects; the decision
-    the controller makes for its check now, replayed on them (`replay`)."""
+def gather(workload: Obj, world: World, *, now: datetime, events: Sequence[Obj] = ()) -> Facts:
+    """Everything the chain needs about one Workload, read from the objects (`events`: the
+    Events on it); the decision the controller makes for its check now, replayed on them
+    (`replay`)."""
     wl = workload_of(workload)
     state = workload_state(workload, wl, world)
     checks = check_facts(wl, world, _cluster_queue_checks(state, world))
@@ -270,7 +286,43 @@ def gather(workload: Obj, world: World, *, now: datetime) -> Facts:
         replay=decided,
         relation=slices.relation(wl, req),
         given_nodes=_given_nodes(wl, focus, request, world) if state.admitted else 0,
+        ended=ended_of(events, focus, exists) if focus else None,
     )
+
+
+def ended_of(events: Sequence[Obj], check: str, exists: Collection[str]) -> Ended | None:
+    """The check's last turn to Retry or Rejected among the Workload's Events (gangcheck's
+    CHECK_UPDATED, `admission.check_ended`), its message as it reads now (a node a rollback
+    kept, gone since, said gone: `kept_restated`); None when none is left (Events expire)."""
+    found = []
+    for event in events:
+        if event.get("reason") != CHECK_UPDATED:
+            continue
+        turn = check_ended(str(event.get("message") or ""), check)
+        if turn is not None:
+            found.append((_event_time(event), turn))
+    if not found:
+        return None
+    at, (state, message) = max(found, key=lambda f: f[0] or _EPOCH)
+    return Ended(state, kept_restated(message, exists), at)
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _event_time(event: Obj) -> datetime | None:
+    """When the Event last happened (a repeat counted on it moves lastTimestamp)."""
+    meta = event.get("metadata") or {}
+    for raw in (
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        meta.get("creationTimestamp"),
+    ):
+        when = parse_time(str(raw or ""))
+        if when is not None:
+            return when
+    return None
 
 
 def replay(snap: Snapshot, now: datetime) -> Replay:
@@ -552,7 +604,7 @@ def _workload_verdict(facts: Facts, now: datetime) -> Verdict | None:
         return Verdict(False, "workload", "the Workload is being deleted")
     if not st.active:
         why = st.evicted.message if st.evicted and st.evicted.message else _rejection(facts)
-        detail = f": {why}" if why else ""
+        detail = (f": {why}" if why else "") + _turned(facts, REJECTED)
         return Verdict(True, "workload", f"the Workload is deactivated (spec.active=false){detail}")
     if st.admitted:
         return _start_verdict(facts, now)
@@ -607,8 +659,33 @@ def _quota_verdict(facts: Facts, now: datetime) -> Verdict | None:
         retried = max((c.retry_count for c in facts.checks if c.ours), default=0)
         after = f" after attempt {retried}" if retried else ""
         wait = human_duration((st.requeue_at - now).total_seconds())
-        return Verdict(True, "quota", f"backoff{after}: Kueue requeues the Workload in {wait}")
+        said = f"backoff{after}: Kueue requeues the Workload in {wait}{_turned(facts, RETRY)}"
+        return Verdict(True, "quota", said)
     return Verdict(True, "quota", f"quota: {_unreserved(facts)}{_attempt_kept(facts, now)}")
+
+
+RESET = "Reset to Pending after eviction. Previously: "
+"""Kueue's message on a check it resets as it evicts the Workload (v0.17,
+pkg/workload/admissionchecks.go resetChecksOnEviction), the state it was in after it."""
+
+
+def reset_from(facts: Facts) -> Ended | None:
+    """The focus check's last Retry or Rejected (`Facts.ended`) when Kueue reset the check
+    from it: its message now only says it was reset; the Event says why."""
+    check, ended = facts.focus_check, facts.ended
+    if check is None or ended is None or check.message != RESET + ended.state:
+        return None
+    return ended
+
+
+def _turned(facts: Facts, state: str) -> str:
+    """`; the check C turned Retry: why` when Kueue reset the check from `state`."""
+    ended = reset_from(facts)
+    if ended is None or ended.state != state:
+        return ""
+    return f"; the check {facts.focus} turned {state}" + (
+        f": {ended.message}" if ended.message else ""
+    )
 
 
 def _unreserved(facts: Facts) -> str:
