@@ -23,6 +23,7 @@ from gangcheck_dev.testbed import crds
 
 from gangcheck.kube.client import MERGE_PATCH, Kube
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError, TransientError
+from gangcheck.kube.informer import Store
 from gangcheck.kube.resources import (
     EVENT,
     MACHINE,
@@ -35,10 +36,12 @@ from gangcheck.kube.resources import (
     SERVICE_ACCOUNT,
 )
 from gangcheck.logic.attempt.actions import ReclaimArrivals
+from gangcheck.logic.placement.fit import CLAIM_DELETING, DELETING
 from gangcheck.logic.timefmt import format_time
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.arrivals import reclaim_arrivals, tell
 from gangcheck.reclaim.safely import Result, Target
+from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
@@ -50,6 +53,8 @@ pytestmark = pytest.mark.integration
 _ids = itertools.count(1)
 Obj = dict[str, Any]
 MARK = "gangcheck.io/reclaim-when-idle"
+KARPENTER_FINALIZER = "karpenter.sh/termination"
+DRAIN_FINALIZER = "example.com/drain"
 OUR_TAINT = "gangcheck.io/reclaiming"
 SETTLE = 0.2
 
@@ -309,6 +314,50 @@ async def test_delete_node_claim_removes_the_claim_that_owns_the_node(bed: Bed) 
     assert result.verdict == "reclaimed"
     with pytest.raises(NotFoundError):
         await bed.kube.get(NODE_CLAIM, claim["metadata"]["name"])
+
+
+async def test_a_reclaims_delete_is_in_the_caches_as_the_server_answered_it(bed: Bed) -> None:
+    """What the caches show right after a reclaim's delete, before any watch event, is what
+    kube-apiserver answered: a Node gone (its Status) is no longer cached; one a finalizer
+    keeps is cached with its deletionTimestamp, no capacity; a NodeClaim Karpenter's
+    finalizer keeps is cached being deleted, and its node is no capacity either."""
+    caches = Caches.create(bed.kube)  # filled by hand below: no watch runs
+    claim = await bed.kube.create(
+        NODE_CLAIM,
+        {"metadata": {"name": f"{bed.ns}-c3", "finalizers": [KARPENTER_FINALIZER]}, "spec": {}},
+    )
+    meta = claim["metadata"]
+    owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": meta["name"],
+             "uid": meta["uid"]}  # fmt: skip
+    gone, kept = await bed.node(), await bed.node(finalizers=[DRAIN_FINALIZER])
+    by_claim = await bed.node(ownerReferences=[owner])
+    await bed.kube.merge_patch(
+        NODE_CLAIM, meta["name"], {"status": {"nodeName": by_claim}}, subresource="status"
+    )
+    for name in (gone, kept, by_claim):
+        caches.nodes.store.put_if_newer(await bed.kube.get(NODE, name))
+    caches.node_claims.store.put_if_newer(await bed.kube.get(NODE_CLAIM, meta["name"]))
+    try:
+        for node, reclaimer in ((gone, "DeleteNode"), (kept, "DeleteNode"),
+                                (by_claim, "DeleteNodeClaim")):  # fmt: skip
+            target = bed.target(node, reclaimer)
+            result = await safely.reclaim_safely(
+                bed.kube, target, NOW(UTC), settle_seconds=SETTLE, told=caches
+            )
+            assert result.verdict == "reclaimed", result
+        assert caches.nodes.store.get(gone) is None and not await bed.exists(gone)
+        views = caches.capacity.views()
+        assert gone not in views
+        problems = {n: (v.problem.kind if v.problem else "") for n, v in views.items()}
+        assert problems == {kept: DELETING, by_claim: CLAIM_DELETING}, problems
+        cached_claim = caches.node_claims.store.get(meta["name"])
+        assert cached_claim is not None and cached_claim["metadata"].get("deletionTimestamp")
+    finally:
+        unfinalized = {"metadata": {"finalizers": None}}
+        with contextlib.suppress(NotFoundError):
+            await bed.kube.merge_patch(NODE, kept, unfinalized)
+        with contextlib.suppress(NotFoundError):
+            await bed.kube.merge_patch(NODE_CLAIM, meta["name"], unfinalized)
 
 
 async def test_delete_node_claim_checks_the_claims_own_back_reference(bed: Bed) -> None:
@@ -574,24 +623,23 @@ async def test_unfencing_keeps_a_taint_another_writer_added_meanwhile(bed: Bed) 
     assert fence_of(fresh) == (False, ["ToBeDeletedByClusterAutoscaler"], None)
 
 
-class _Store:
+class _Caches:
+    """The one cache the draining-node reconciler reads, filled by the test from the server
+    (no watch), and told of the reclaim's deletes as the controller's caches are."""
+
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        self.seen: dict[str, Obj] = {}
-
-    def get(self, name: str) -> Obj | None:
-        return self.seen.get(name)
-
-
-class _Caches:
-    """The one cache the draining-node reconciler reads, filled by the test from the server."""
-
-    def __init__(self, kube: Kube) -> None:
         self.nodes = type("Nodes", (), {})()
-        self.nodes.store = _Store(kube)
+        self.nodes.store = Store()
 
     async def refresh(self, node: str) -> None:
-        self.nodes.store.seen[node] = await self.nodes.store.kube.get(NODE, node)
+        self.nodes.store.put_if_newer(await self.kube.get(NODE, node))
+
+    def deleted(
+        self, res: Any, name: str, namespace: str | None, answer: Obj | None, *, uid: str
+    ) -> None:
+        if res is NODE:
+            self.nodes.store.deleted(name, namespace, answer, uid=uid)
 
 
 async def test_a_fence_left_by_an_interrupted_reclaim_is_undone_after_a_restart(bed: Bed) -> None:
@@ -658,6 +706,7 @@ async def test_a_failed_reclaim_is_retried_with_an_event_and_a_metric_until_it_s
     await caches.refresh(node)
     assert await reconciler.reconcile(node) == QueueResult()
     assert not await bed.exists(node)
+    assert caches.nodes.store.get(node) is None  # the delete told, no watch needed
 
 
 async def test_a_person_opting_a_failed_node_out_ends_the_retries(bed: Bed) -> None:
@@ -716,7 +765,7 @@ async def test_a_mark_read_while_its_reclaim_was_under_way_is_not_reclaimed_agai
         if res is NODE and (body.get("spec") or {}).get("unschedulable") is True:
             fences.append(name)
             if not woken:  # the node watch delivers the mark: the reconciler reads it live
-                caches.nodes.store.seen[name] = answer
+                caches.nodes.store.put_if_newer(answer)
                 woken.append(asyncio.create_task(reconciler.reconcile(name)))
                 await reads.read.wait()
         return answer
