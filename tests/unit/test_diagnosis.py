@@ -630,6 +630,22 @@ def test_verdict(case: Case) -> None:
         assert found.step == case.step
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_text_and_the_json_say_the_same(case: Case) -> None:
+    """For every state above: the text ends in the verdict's line, the JSON's; each check's
+    message, the request's outcome and deletion are in the text as the JSON has them."""
+    text, as_json, line = report_of(case.facts)
+    flat = " ".join(text.split())
+    assert text.splitlines()[-1] == as_json["verdict"]["line"] == line
+    for check in as_json["checks"]:
+        assert " ".join(check["message"].split()) in flat
+    req = as_json["request"]
+    if req is not None and req["outcome"] is not None:
+        assert f"outcome: {req['outcome']['summary']}" in flat
+    if req is not None and req["deletion"] is not None:
+        assert req["deletion"]["line"] in flat
+
+
 # ---- from the objects --------------------------------------------------------------------
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from gangcheck.diagnose.as_json import to_json
+from gangcheck.diagnose.reports import GroupReport
+from gangcheck.diagnose.text import render_text
 from gangcheck.logic.attempt.explain import World
 from gangcheck.logic.podgroups.group_diagnosis import (
     gather_group,
@@ -650,6 +653,24 @@ def test_the_verdict_names_what_blocks(case: Case) -> None:
     assert group_verdict(facts, NOW).line == case.line
     row = group_row(facts, NOW)
     assert (row.phase, row.verdict) == (case.phase, case.line)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_text_and_the_json_say_the_same(case: Case) -> None:
+    """For every state above: the text ends in the verdict's line, the JSON's; the group's
+    message, the request's outcome and deletion are in the text as the JSON has them."""
+    facts = facts_of(case)
+    found = group_verdict(facts, NOW)
+    report = GroupReport(Target("podgroup", "default", "g"), facts, found, NOW)
+    text, as_json = render_text(report), to_json(report)
+    flat = " ".join(text.split())
+    assert text.splitlines()[-1] == as_json["verdict"]["line"] == found.line
+    assert " ".join(as_json["state"]["message"].split()) in flat
+    req = as_json["request"]
+    if req is not None and req["outcome"] is not None:
+        assert f"outcome: {req['outcome']['summary']}" in flat
+    if req is not None and req["deletion"] is not None:
+        assert req["deletion"]["line"] in flat
 
 
 def test_member_facts_count_gated_bound_and_ungated() -> None:
