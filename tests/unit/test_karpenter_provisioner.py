@@ -12,7 +12,7 @@ from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, reads_pools, serve
-from gangcheck.model.names import PHASE_ANNOTATION, STARTED
+from gangcheck.model.names import KEPT, PHASE_ANNOTATION, ROLLING_BACK, STARTED
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
 
@@ -343,6 +343,31 @@ def test_a_creation_cut_short_that_fails_withdraws_the_claims_made() -> None:
     assert [c["metadata"]["name"] for c in served(ended, made).delete] == [
         made[0]["metadata"]["name"]
     ]
+
+
+@pytest.mark.parametrize("phase", [ROLLING_BACK, KEPT])
+def test_no_claim_is_made_for_an_attempt_no_longer_open(phase: str) -> None:
+    """An attempt rolling back (its deadline, its gang gone, a growth's start watchdog) or
+    kept takes no new node: neither a creation cut short is completed for it nor a first
+    one asked. The claims made stay until its request ends, then are withdrawn, as those
+    of any attempt rolled back."""
+    closing = request()
+    closing["metadata"]["annotations"] = {PHASE_ANNOTATION: phase}
+    made = asked()[:1]  # 1 of the 2 claims the attempt makes
+    assert not is_asking(closing, KEY, made, NOW)
+    done = serve(
+        closing,
+        KEY,
+        templates=TEMPLATES,
+        claims=made,
+        pools={"gpu": pool()},
+        nodes={},
+        now=NOW,
+        pool_claims=made,
+    )
+    assert (done.create, done.delete, done.conditions) == ((), (), ())
+    assert not is_asking(closing, KEY, [], NOW)
+    assert served(closing, []) == Served()
 
 
 def test_a_claim_gone_after_the_gang_started_does_not_fail_its_request() -> None:

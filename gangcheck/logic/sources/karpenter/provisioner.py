@@ -31,6 +31,8 @@ What this module decides for one request (``serve``):
   failed, between creating and recording them) are recorded when all are there; a creation
   cut short (some never made) is completed, the missing claims made as the others were and
   then recorded, unless they cannot be (the request fails saying why, ``NodeClaimsIncomplete``);
+  claims are asked or completed only while the attempt is open (``waiting.is_open``): one
+  rolling back or kept takes no new node, what was made waits for the request to end;
   once the gang started nothing more is followed (its nodes are Karpenter's);
 - ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
   (``Initialized``), and those that arrived but that the ledger did not record while their
@@ -84,6 +86,7 @@ from gangcheck.logic.sources.karpenter.pools import (
     limit_names,
     source_field,
 )
+from gangcheck.logic.sources.waiting import is_open
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION
 from gangcheck.model.objects import Obj
@@ -199,7 +202,7 @@ def _serve(
         keep = _left_to_reclaim(mine, key, nodes)
         return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
     if not mine and not _true(request, "Accepted"):
-        if not _second_passed(request, now):
+        if not _second_passed(request, now) or not is_open(request):
             return Served()
         return _ask(request, key, templates, pools, pool_claims)
     if _started(request):
@@ -270,6 +273,8 @@ def _found(
     if not missing:
         message = status.message + _pool_gone(request, mine, pools)
         return Served(conditions=_follow(request, AttemptPhase.FAILED, message))
+    if not is_open(request):
+        return Served()  # rolling back or kept: nothing more is made for it (``is_asking``)
     remade = _remake(
         request, key, mine, missing, templates=templates, pools=pools, pool_claims=pool_claims
     )
@@ -372,8 +377,12 @@ def _index_of(claim: Obj) -> int | None:
 
 def is_asking(request: Obj | None, key: str, claims: Sequence[Obj], now: datetime) -> bool:
     """Whether serving ``request`` now chooses a pool and creates claims, or makes those a
-    creation cut short did not (and so needs every claim of the pools to know their room)."""
+    creation cut short did not (and so needs every claim of the pools to know their room).
+    Only while its attempt is open (``waiting.is_open``): one rolling back (its deadline, its
+    gang gone, a growth's start watchdog) or kept takes no new node."""
     if request is None or _has_ended(request) or _true(request, "Accepted"):
+        return False
+    if not is_open(request):
         return False
     mine = _of_request(claims, key, request)[0]
     if mine:
