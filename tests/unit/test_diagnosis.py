@@ -1369,3 +1369,13 @@ def test_the_check_updated_event_reads_back_as_written(
     text = check_updated_text(CHECK, old, new, message)
     assert check_ended(text, CHECK) == read
     assert check_ended(text, "other") is None
+
+
+def test_a_status_row_in_kueues_requeue_backoff_is_in_phase_backoff() -> None:
+    """As a PodGroup backing off: PHASE backoff while Kueue's requeue is not due (the
+    verdict says when), queued once it is (the gang waits for quota)."""
+    facts = gather(reset_by_kueue("Retry"), world(), now=NOW)
+    assert gang_row(facts, NOW).phase == "backoff"
+    later = NOW + timedelta(minutes=2)
+    assert gang_row(facts, later).phase == "queued"
+    assert gang_row(facts, later).verdict.startswith("blocked: quota: ")

@@ -881,7 +881,7 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
         name=facts.name,
         check=facts.focus,
         state=check.state if check else "",
-        phase=phase_of(facts),
+        phase=phase_of(facts, now),
         attempt=check.attempt if check else 0,
         request=req.name if req and req.found else "",
         age_seconds=int((now - created).total_seconds()) if created else None,
@@ -895,16 +895,18 @@ def gang_row(facts: Facts, now: datetime) -> GangRow:
     )
 
 
-def phase_of(facts: Facts) -> str:
+def phase_of(facts: Facts, now: datetime | None = None) -> str:
     """requested, provisioned, fulfilling, rolling back, ready, started (and the states
-    around them: queued, backoff, pending, retrying, rejected, admitted, finished)."""
+    around them: queued, backoff (Kueue's requeue not yet due at `now`), pending, retrying,
+    rejected, admitted, finished)."""
     st, check, req = facts.state, facts.focus_check, facts.request
     if st.finished is not None:
         return "finished"
     if st.admitted:
         return "started" if req is not None and req.phase == STARTED else "admitted"
     if not st.reserved:
-        return "queued"
+        due = st.requeue_at is not None and now is not None and st.requeue_at > now
+        return "backoff" if due else "queued"
     if check is not None and check.state in (RETRY, REJECTED):
         return "retrying" if check.state == RETRY else "rejected"
     if req is not None and req.phase == ROLLING_BACK:
