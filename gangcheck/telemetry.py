@@ -41,10 +41,12 @@ from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from gangcheck.logic.attempt.actions import Event, ReclaimArrivals
+from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.podgroups import podgroup as pg
 from gangcheck.logic.podgroups.podgroup import GroupDecision, GroupSnapshot
-from gangcheck.logic.workloads.admission import Decision, Snapshot
+from gangcheck.logic.workloads.admission import PENDING, READY, REJECTED, RETRY, Decision, Snapshot
 from gangcheck.model.names import MESSAGE_ANNOTATION, STATE_ANNOTATION
+from gangcheck.model.podgroups import PLUGINS, UPSTREAM
 from gangcheck.settings import OtlpTraces, TracingSettings, otlp_traces
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -189,6 +191,28 @@ METRICS: dict[str, str] = {
 }
 
 
+CHECK_OUTCOMES = tuple(state.lower() for state in (PENDING, READY, RETRY, REJECTED))
+"""``gangcheck_attempts_total``'s outcomes: the check states, in lower case."""
+CAPACITY = ("reserved", "existing", "new")
+"""``gangcheck_gang_members_total``'s capacities (``capacity_used`` of a decision)."""
+WEBHOOK_ERRORS = ("malformed", "internal")
+"""``gangcheck_webhook_errors_total``'s reasons (the webhook's ``on_error``)."""
+FROM_ZERO: dict[str, tuple[dict[str, str], ...]] = {
+    "gangcheck_attempts": tuple({"outcome": o} for o in CHECK_OUTCOMES),
+    "gangcheck_rollbacks": tuple({"reason": c.value} for c in RollbackCause),
+    "gangcheck_nodes_reclaimed": ({},),
+    "gangcheck_stranded_node_seconds": ({},),
+    "gangcheck_gang_members": tuple({"capacity": c} for c in CAPACITY),
+    "gangcheck_webhook_gated_pods": ({"api_group": UPSTREAM}, {"api_group": PLUGINS}),
+    "gangcheck_webhook_errors": tuple({"reason": r} for r in WEBHOOK_ERRORS),
+}
+"""The series served at 0 before their first count: each counter without labels, and each
+value of a label whose values are fixed in the code. Prometheus reads an increase between two
+samples, so a series that first appears at its first count (a rollback, 2 nodes reclaimed)
+would never show that count in ``increase()`` or ``rate()``. Series of values not known in
+advance (an HTTP status, a capacity source, a worker cluster) appear at their first count."""
+
+
 class Metrics:
     """The controller's metrics (DESIGN.md §5), recorded through one OpenTelemetry meter."""
 
@@ -212,8 +236,11 @@ class Metrics:
         self.provider = MeterProvider(metric_readers=[self._reader], views=views)
         meter = self.provider.get_meter("gangcheck")
 
+        counters: dict[str, CounterMetric] = {}
+
         def counter(name: str) -> CounterMetric:
-            return meter.create_counter(name, description=METRICS[name])
+            counters[name] = meter.create_counter(name, description=METRICS[name])
+            return counters[name]
 
         def histogram(name: str) -> HistogramMetric:
             return meter.create_histogram(name, description=METRICS[name])
@@ -239,6 +266,9 @@ class Metrics:
         self._nominations = counter("gangcheck_dispatch_nominations")
         self._fallbacks = counter("gangcheck_dispatch_fallbacks")
         self._clusters_tried = histogram("gangcheck_dispatch_clusters_per_gang")
+        for name, series in FROM_ZERO.items():
+            for labels in series:
+                counters[name].add(0, labels)
         self._dispatch_waiting = {"nominated": 0, "no_worker": 0}
 
         def waiting(_: CallbackOptions) -> Iterable[Observation]:

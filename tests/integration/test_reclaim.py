@@ -780,7 +780,7 @@ async def test_a_mark_read_while_its_reclaim_was_under_way_is_not_reclaimed_agai
     assert again == QueueResult()
     assert fences == [node]  # fenced once, by the reclaim that marked it
     assert fence_of(await bed.kube.get(NODE, node)) == (True, [OUR_TAINT], None)
-    assert "gangcheck_nodes_reclaimed_total" not in reconciler.metrics.render()
+    assert "gangcheck_nodes_reclaimed_total 0" in reconciler.metrics.render().splitlines()
 
 
 async def test_every_kept_node_is_explained_in_the_outcome_an_event_and_a_log(

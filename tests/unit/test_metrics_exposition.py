@@ -17,7 +17,7 @@ from gangcheck.model.names import PHASE_ANNOTATION, STARTED
 from gangcheck.reclaim.safely import failure_cause
 from gangcheck.reconcile.caches import InFlight
 from gangcheck.runtime.queue import WorkQueue
-from gangcheck.telemetry import HISTOGRAM_BUCKETS, METRICS, Metrics
+from gangcheck.telemetry import CAPACITY, CHECK_OUTCOMES, HISTOGRAM_BUCKETS, METRICS, Metrics
 from tests.builders import provisioning_request
 
 
@@ -217,3 +217,53 @@ async def test_the_work_queues_ready_keys_leave_out_the_delayed_and_the_taken() 
     assert queue.ready == 2
     assert await queue.get() == "a"
     assert queue.ready == 1
+
+
+def test_a_counter_of_a_few_known_values_is_served_at_zero_before_its_first_count() -> None:
+    """Prometheus reads an increase from two samples of a series: a series that first
+    appears at its first count (a rollback, 2 nodes reclaimed) starts at that count, and
+    `increase()` and `rate()` never see it (the dashboard's 'Nodes reclaimed (1h)' said
+    nothing for a controller's first rollbacks). The counters without labels, and those
+    whose labels take a few values fixed in the code, are served at 0 from the start."""
+    lines = Metrics().render().splitlines()
+    zero = [
+        "gangcheck_nodes_reclaimed_total 0",
+        "gangcheck_stranded_node_seconds_total 0",
+        *(f'gangcheck_attempts_total{{outcome="{o}"}} 0' for o in CHECK_OUTCOMES),
+        *(f'gangcheck_rollbacks_total{{reason="{c.value}"}} 0' for c in RollbackCause),
+        *(f'gangcheck_gang_members_total{{capacity="{c}"}} 0' for c in CAPACITY),
+        'gangcheck_webhook_gated_pods_total{api_group="scheduling.k8s.io"} 0',
+        'gangcheck_webhook_gated_pods_total{api_group="scheduling.x-k8s.io"} 0',
+        'gangcheck_webhook_errors_total{reason="malformed"} 0',
+        'gangcheck_webhook_errors_total{reason="internal"} 0',
+    ]
+    assert [line for line in zero if line not in lines] == []
+    assert set(CHECK_OUTCOMES) == {"pending", "ready", "retry", "rejected"}
+    assert set(CAPACITY) == {"reserved", "existing", "new"}
+
+
+def test_a_series_served_at_zero_counts_from_zero() -> None:
+    metrics = Metrics()
+    metrics.rollback("Deadline")
+    metrics.reclaimed(2, 600)
+    metrics.attempt("ready")
+    lines = metrics.render().splitlines()
+    assert 'gangcheck_rollbacks_total{reason="Deadline"} 1' in lines
+    assert 'gangcheck_rollbacks_total{reason="Failed"} 0' in lines
+    assert "gangcheck_nodes_reclaimed_total 2" in lines
+    assert "gangcheck_stranded_node_seconds_total 600" in lines
+    assert 'gangcheck_attempts_total{outcome="ready"} 1' in lines
+
+
+def test_series_of_open_values_appear_at_their_first_count() -> None:
+    """An API status, a reclaim's error, a capacity source or a worker cluster: values not
+    known in advance are not made up at 0."""
+    text = Metrics().render()
+    for family in (
+        "gangcheck_api_errors_total",
+        "gangcheck_api_requests_total",
+        "gangcheck_reclaim_failures_total",
+        "gangcheck_source_asks_total",
+        "gangcheck_dispatch_nominations_total",
+    ):
+        assert f"\n{family}" not in text, family
