@@ -499,3 +499,106 @@ async def test_a_growth_member_whose_gate_is_removed_by_hand_is_released_onto_th
         assert len(holds) == 1, got["spec"]
     assert await groups.gated("bare-2", "bare-3") == [False, False]
     await untouched(groups, placed)
+
+
+async def test_a_growth_member_released_onto_room_and_still_binding_is_not_asked_for_again(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 3: the member added fits on a node that exists and is released at once,
+    marked released by gangcheck (GangGrown); raised again to 4 while it is still unbound,
+    with a member added that fits nowhere: the growth asks for that one only. Before, the
+    member still binding was counted as missing with the gated one (as one whose gate was
+    removed by hand), and the growth asked for 2."""
+    await groups.upstream("room", 2)
+    placed = await released_and_bound(groups, "room", 2)
+    await groups.cluster.add_nodes(1, gpu=1)
+    await set_min_count(groups, "room", 3)
+    await groups.member("room-2", "room")
+    await groups.cluster.wait_events("GangGrown")
+    got = await groups.pod("room-2")
+    assert (got["metadata"].get("annotations") or {})["gangcheck.io/released-by"] == "GangGrown"
+    assert not got["spec"].get("nodeName")
+
+    await set_min_count(groups, "room", 4)
+    await groups.member("room-3", "room", gpu=2)
+    req = await groups.cluster.wait_request("room-pg-grow-1")
+    assert sum(p["count"] for p in req["spec"]["podSets"]) == 1
+    assert req["metadata"]["annotations"][growth.GROWS_ANNOTATION] == "3"
+    await untouched(groups, placed)
+
+
+async def test_a_growth_member_created_without_the_gate_is_said(
+    groups: Groups,
+    provisioner: Any,
+) -> None:
+    """minCount 2 -> 3 on a running group, the member added created without the gate (the
+    webhook down): MemberNotGated on the group and on the pod, its name kept on the group.
+    Before, a released group said nothing of it."""
+    await groups.upstream("open", 2)
+    placed = await released_and_bound(groups, "open", 2)
+    await set_min_count(groups, "open", 3)
+    await groups.member("open-2", "open", gated=False)
+    await groups.cluster.wait_events("MemberNotGated", about="open-2")
+    (said,) = await groups.cluster.wait_events("MemberNotGated", about="open")
+    assert "before their growth is released: open-2 created without" in said["message"], said
+    obj = await groups.group("open")
+    assert obj["metadata"]["annotations"]["gangcheck.io/ungated-members"] == "open-2"
+    await untouched(groups, placed)
+
+
+@pytest.fixture
+async def short_start(groups: Groups) -> Any:
+    config = f"start-{groups.ns}"
+    spec = {"fulfillment": {"startDeadlineSeconds": 4, "reclaimer": "DeleteNode"}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    yield config
+    await groups.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_growth_whose_members_do_not_all_bind_in_time_is_rolled_back(
+    groups: Groups,
+    provisioner: Any,
+    short_start: str,
+) -> None:
+    """minCount 2 -> 4: the growth's 2 members are released onto the 2 nodes that came for
+    it; one binds, the other never does. startDeadlineSeconds (4 s here) after their release
+    the growth is rolled back: the node nothing runs on is reclaimed (DeleteNode), the one
+    its bound member runs on is kept (draining), no member is touched or gated again, the
+    running ones untouched; the group says why (StartDeadline) with a GrowthRolledBack
+    Warning and stays Released. Before, the growth held both nodes for ever."""
+    placed, _ = await growing(groups, "late", short_start)
+    name = "late-pg-grow-1"
+    await groups.cluster.set_request_conditions(name, {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released() -> bool | None:
+        return True if await groups.gated("late-2", "late-3") == [False, False] else None
+
+    await eventually(released, timeout=20, what="the growth's 2 members released")
+    req = await groups.cluster.request(name)
+    assert (req or {})["metadata"]["annotations"].get("gangcheck.io/released-at")
+    await groups.bind("late-2", nodes[0])
+
+    (event,) = await groups.cluster.wait_events("GrowthRolledBack", timeout=40)
+    assert event["type"] == "Warning"
+    assert f"rolled back {name} (StartDeadline: 1 of 2 members" in event["message"], event
+
+    async def reclaimed() -> bool | None:
+        try:
+            await groups.kube.get(NODE, nodes[1])
+        except NotFoundError:
+            return True
+        return None
+
+    await eventually(reclaimed, timeout=30, what="the node nothing runs on reclaimed")
+    assert (await groups.pod("late-2"))["spec"]["nodeName"] == nodes[0]
+    await groups.kube.get(NODE, nodes[0])  # kept: a member of the growth runs there
+    assert await groups.gated("late-2", "late-3") == [False, False]
+    obj = await groups.wait_state("late", "Released")
+    assert "StartDeadline" in obj["metadata"]["annotations"][MESSAGE_ANNOTATION]
+    assert [r["metadata"]["name"] for r in await groups.cluster.requests()] == [
+        "late-pg-1",
+        name,
+    ]
+    await untouched(groups, placed)
