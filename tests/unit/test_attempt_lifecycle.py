@@ -198,3 +198,25 @@ def test_a_rollback_does_not_start_from_a_node_cache_that_has_not_caught_up() ->
     step = lifecycle.follow(Attempt(**{**base.__dict__, "capacity": caught_up}), case.now)
     claims = [a.name for a in step.actions if isinstance(a, ClaimNode)]
     assert claims == ["n-unrecorded"] and isinstance(step.actions[-1], AnnotateRequest)
+
+
+@pytest.mark.parametrize("phase", ["Fulfilled", "Kept"])
+def test_a_rollback_of_an_attempt_that_claims_no_more_records_no_node_arrived_since(
+    phase: str,
+) -> None:
+    """A fulfilled attempt (its gang released; a growth delivered) or a kept one claims no
+    new node: one that registered since, younger than its request and fitting a member, came
+    for someone else (another workload's scale-up, its pods not bound yet). Its start
+    watchdog's rollback reclaims only what it recorded: recording that node too held it for
+    the gang and reclaimed it (empty yet: deleted)."""
+    base = attempt(Case("-", {"Provisioned": ""}, annotations={"gangcheck.io/phase": phase}))
+    capacity = ClusterView(nodes=[RECORDED, UNRECORDED, OLDER], in_flight=frozenset())
+    step = lifecycle.start_rollback(
+        Attempt(**{**base.__dict__, "capacity": capacity}),
+        "StartDeadline: 3 of 4 members scheduled",
+        now=LATER,
+    )
+    assert [a for a in step.actions if isinstance(a, ClaimNode)] == []
+    annotate = step.actions[-1]
+    assert isinstance(annotate, AnnotateRequest)
+    assert sorted(json.loads(annotate.annotations["gangcheck.io/rollback-nodes"])) == ["n-recorded"]

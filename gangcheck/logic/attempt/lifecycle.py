@@ -49,7 +49,7 @@ from gangcheck.logic.attempt.fulfillment import (
     unrecorded_arrivals,
 )
 from gangcheck.logic.attempt.hold import held_nodes, is_held
-from gangcheck.logic.attempt.records import RollbackCause, arrived_for
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, arrived_for
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -425,10 +425,13 @@ def start_rollback(attempt: Attempt, why: str, *, now: datetime | None = None) -
 def _last_claims(attempt: Attempt, now: datetime | None) -> tuple[tuple[str, str], ...]:
     """(name, resourceVersion) of every arrival a provisioned attempt in fit mode may still
     claim, usable or not: none otherwise (claims are made only once the backend says
-    Provisioned)."""
+    Provisioned, and only while the attempt is open: a fulfilled or kept one claims no new
+    node, and one registered since came for someone else, as ``abandon`` reads it too)."""
     if not attempt.fit or attempt.capacity is None:
         return ()
     if not attempt.status.has(Phase.PROVISIONED):
+        return ()
+    if rollback.record_of(attempt.request).phase is not AttemptPhase.ASKED:
         return ()
     return unrecorded_arrivals(attempt.capacity, attempt.request, attempt.gang, now)
 
