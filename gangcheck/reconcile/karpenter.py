@@ -67,6 +67,7 @@ from gangcheck.logic.sources.karpenter.provisioner import (
     request_key,
     serve,
 )
+from gangcheck.logic.sources.waiting import is_open
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import Obj, ObjectRef, ref_of
 from gangcheck.reconcile.caches import Caches
@@ -516,9 +517,10 @@ def _owners(request: Obj) -> list[ObjectRef]:
 
 
 def _unanswered(request: Obj) -> bool:
-    """A request of the class no pass has answered yet (no condition): it is asked for a
-    second after it was made, which no event marks."""
-    return not (request.get("status") or {}).get("conditions")
+    """A request of the class no pass has answered yet (no condition) and still open: it is
+    asked for a second after it was made, which no event marks (one rolling back or kept is
+    never asked: ``waiting.is_open``)."""
+    return not (request.get("status") or {}).get("conditions") and is_open(request)
 
 
 def _failed_for(request: Obj, message: str) -> bool:

@@ -22,7 +22,13 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies, claim_name
-from gangcheck.model.names import ARRIVED_FOR, MANAGED_BY, MANAGED_BY_LABEL
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PHASE_ANNOTATION,
+    ROLLING_BACK,
+)
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner
 from tests.fakes.kube import FakeKube
@@ -304,6 +310,20 @@ async def test_passes_wake_on_a_request_of_the_class_and_tick_only_while_one_is_
     assert karpenter._next_delay() == karpenter.interval
     await karpenter.pass_once()
     assert len(claims_of(kube, "a")) == 3
+    assert karpenter._next_delay() == RESYNC_SECONDS
+
+
+async def test_a_request_rolling_back_before_it_was_answered_is_not_asked_nor_ticked_for() -> None:
+    """A request of the class whose attempt rolls back (or is kept) before any pass answered
+    it takes no new node: no claim is made for it, and it is no request waiting for its first
+    ask, so the passes do not tick every second for it while it stays as the record."""
+    kube = stack(limits={GPU: "32"})
+    closing = gang_request("a")
+    closing["metadata"]["annotations"] = {PHASE_ANNOTATION: ROLLING_BACK}
+    kube.add(closing, template("a"))
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    assert claims_of(kube, "a") == []
     assert karpenter._next_delay() == RESYNC_SECONDS
 
 
