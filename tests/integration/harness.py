@@ -435,7 +435,9 @@ class Cluster:
         raise AssertionError("could not update workload status")
 
     async def evict_and_requeue(self, name: str) -> None:
-        """Kueue core after Retry: evict, release quota, reset checks to Pending (retryCount+1)."""
+        """Kueue core after Retry: evict, release quota, reset checks to Pending (retryCount+1),
+        each with the message Kueue v0.17 writes (resetChecksOnEviction): 'Reset to Pending
+        after eviction. Previously: <state>'."""
 
         def evict(wl: Obj) -> None:
             st = wl["status"]
@@ -448,7 +450,7 @@ class Cluster:
                 if entry["state"] != "Pending":
                     entry.update(
                         state="Pending",
-                        message="Reset to Pending after eviction",
+                        message=f"Reset to Pending after eviction. Previously: {entry['state']}",
                         lastTransitionTime=now(),
                     )
                     entry.pop("podSetUpdates", None)
