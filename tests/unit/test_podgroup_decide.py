@@ -703,6 +703,35 @@ def test_a_members_gate_removed_by_someone_else_is_said_as_removed_not_as_never_
     assert (decision.status or {})["gangcheck.io/ungated-members"] == "m1,m2"
 
 
+def test_the_names_said_ungated_keep_only_pods_that_are_still_members() -> None:
+    """The names of members said ungated (gangcheck.io/ungated-members) are rewritten with the
+    next one said: those of pods gone since are dropped (before, the annotation only grew,
+    with pods coming and going, towards the object's size limit); one still there is kept,
+    so it is not said again."""
+    said_before = {"gangcheck.io/ungated-members": "gone-a,gone-b,m1"}
+    stripped = member(1, gated=False)
+    stripped["metadata"]["annotations"] = {GATED_AT: "2026-11-30T10:00:00Z"}
+    case = Case(
+        "said before, some gone",
+        group(
+            3,
+            annotations={
+                "gangcheck.io/state": "Provisioning",
+                "gangcheck.io/request": REQ1,
+                **said_before,
+            },
+        ),
+        [member(0), stripped, member(2, gated=False)],
+        requests=[req()],
+    )
+    decision = _decide(case)
+    said = [
+        e.about.name if e.about else "g" for e in decision.events if e.reason == "MemberNotGated"
+    ]
+    assert said == ["g", "m2"]
+    assert (decision.status or {})["gangcheck.io/ungated-members"] == "m1,m2"
+
+
 def test_a_member_never_gated_and_bound_before_its_gang_is_released_is_said() -> None:
     """A member created without the gate (the webhook down) that kube-scheduler bound before
     gangcheck first looked: the gang starts split, one member running before its capacity

@@ -1146,7 +1146,9 @@ def reported_ungated(group: PodGroup) -> set[str]:
 def said_ungated(snap: GroupSnapshot, pods: Sequence[Pod], *, whose: str = "gang") -> GroupDecision:
     """Members without the gate before their gang (or, `whose` "growth", the group's growth)
     is released, said once: a MemberNotGated Warning on the group and one on each pod, each
-    with its cause (`gating.ungated_cause`), the names kept in `UNGATED_ANNOTATION`."""
+    with its cause (`gating.ungated_cause`), the names kept in `UNGATED_ANNOTATION` (those
+    said before of pods no longer among the members dropped: with pods coming and going the
+    annotation would only grow, towards the object's size limit)."""
     names = [p.name for p in pods]
     causes = {p.name: ungated_cause(p.raw) for p in pods}
     text = (
@@ -1166,7 +1168,8 @@ def said_ungated(snap: GroupSnapshot, pods: Sequence[Pod], *, whose: str = "gang
                 about=about,
             )
         )
-    reported = reported_ungated(snap.group)
+    members = {p.name for p in snap.members}
+    reported = reported_ungated(snap.group) & members  # names of pods gone are dropped
     status = {UNGATED_ANNOTATION: ",".join(sorted(reported | set(names)))}
     return GroupDecision(status=status, events=tuple(events))
 
