@@ -9,7 +9,7 @@ from typing import Any
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt import deletion
 from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
-from gangcheck.logic.podgroups.group_diagnosis import GroupReplay
+from gangcheck.logic.podgroups.group_diagnosis import GroupReplay, GrowthFacts
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import Facts, Replay, reset_from
@@ -193,6 +193,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "namespaceOptedIn": f.opted_in,
         },
         "request": _request_facts_json(f.request, now),
+        "growth": _growth_json(f.growth, now),
         "nodes": _placement_json(f.placement),
         "nodeClaims": _claims_json(report.claims),
         "decision": _decision_json(f.replay),
@@ -202,6 +203,26 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "reason": report.verdict.reason,
             "line": report.verdict.line,
         },
+    }
+
+
+def _growth_json(grown: GrowthFacts | None, now: datetime) -> dict[str, Any] | None:
+    """The latest growth delivered (null: none): its request, the members released onto it,
+    its start deadline while they bind (`watched`; `secondsLeft` to it) and why its start
+    watchdog rolled it back (`rolledBack`)."""
+    if grown is None:
+        return None
+    deadline = grown.start_deadline
+    return {
+        "request": _request_facts_json(grown.request, now),
+        "members": list(grown.members),
+        "bound": list(grown.bound),
+        "releasedAt": format_time(grown.released_at) if grown.released_at else None,
+        "startDeadlineSeconds": grown.start_deadline_seconds,
+        "startDeadline": format_time(deadline) if deadline else None,
+        "secondsLeft": int((deadline - now).total_seconds()) if deadline else None,
+        "watched": grown.watched,
+        "rolledBack": grown.rolled_back or None,
     }
 
 

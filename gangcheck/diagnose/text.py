@@ -11,12 +11,12 @@ from gangcheck.logic.attempt.explain import NodeFit, Placement, RequestFacts, hu
 from gangcheck.logic.attempt.status import CONDITION_TYPES
 from gangcheck.logic.dispatch import describe
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
-from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
+from gangcheck.logic.podgroups.group_diagnosis import GroupFacts, GrowthFacts
 from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import Facts, reset_from
-from gangcheck.model.names import GATE, OPT_IN_LABEL, UNGATED_ANNOTATION
+from gangcheck.model.names import FULFILLED, GATE, OPT_IN_LABEL, UNGATED_ANNOTATION
 
 NODES_SHOWN = 24
 WIDTH = 100
@@ -207,11 +207,35 @@ def _group_lines(report: GroupReport) -> list[str]:
     lines += _section("members", _member_lines(f))
     if f.request is not None:
         lines += _section("request", _lines_of_request(f.namespace, f.request, now))
+    if f.growth is not None:
+        lines += _section("growth", _growth_lines(f.namespace, f.growth, now))
     if f.placement is not None:
         lines += _section("nodes", _lines_of_placement(f.placement))
     if report.claims is not None:
         lines += _section("claims", _claim_lines(report.claims))
     return [*lines, "", report.verdict.line]
+
+
+def _growth_lines(namespace: str, grown: GrowthFacts, now: datetime) -> list[str]:
+    """The latest growth delivered: its request (the rollback's reason and outcome there),
+    its members and their start deadline."""
+    lines = _lines_of_request(namespace, grown.request, now)
+    released = f" at {format_time(grown.released_at)}" if grown.released_at else ""
+    count = len(grown.members)
+    lines.append(
+        f"{count} member{'s' if count != 1 else ''} released onto it{released}: "
+        f"{len(grown.bound)} bound"
+    )
+    deadline, fulfilled = grown.start_deadline, grown.request.phase == FULFILLED
+    if deadline is not None and fulfilled and (grown.watched or grown.rolled_back):
+        then = "rolled back unless all are bound by then"
+        if not grown.watched:  # passed, its rollback not recorded yet: the decision begins it
+            then = "passed, gangcheck begins its rollback"
+        lines += _wrapped(
+            f"start deadline {format_time(deadline)} ({_relative(deadline, now)}, "
+            f"startDeadlineSeconds {grown.start_deadline_seconds}): {then}"
+        )
+    return lines
 
 
 def _claim_lines(claims: NodeClaimFacts) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from gangcheck.diagnose.as_json import to_json
 from gangcheck.diagnose.reports import GroupReport
 from gangcheck.diagnose.text import render_text
-from gangcheck.logic.attempt.explain import World
+from gangcheck.logic.attempt.explain import World, human_duration
 from gangcheck.logic.podgroups.group_diagnosis import (
     gather_group,
     group_row,
@@ -125,6 +125,71 @@ KEPT_NOW = KEPT_WRITTEN.replace(
 )
 
 
+GROW1 = "g-pg-grow-1"
+RAN = {"state": "Released", "request": "g-pg-1", "gang_members": "4"}
+"""A group released with 4 members, whose minCount was raised to 6 since: a growth."""
+START_DEADLINE = (
+    "StartDeadline: 1 of 2 members released together bound within 600s of their release "
+    "(unbound: m5)"
+)
+GROWTH_OUTCOME = '{"draining": ["n2"], "kept": {}, "nodeSeconds": 60, "reclaimed": []}'
+GROWTH_ROLLED_BACK = (
+    f"growth {GROW1} was rolled back: {START_DEADLINE}; reclaimed 0 nodes (1.0 node-minutes "
+    "held); 1 to reclaim once the gang's pods leave"
+)
+
+
+def ran() -> list[Obj]:
+    """The 4 members released with the gang, bound."""
+    return [
+        member(i, gated=False, node_name="n0", annotations={CONSUME: "g-pg-1"}) for i in range(4)
+    ]
+
+
+def grown(*bound: int) -> list[Obj]:
+    """The 2 members released onto growth g-pg-grow-1 (m4, m5), `bound` of them on n2."""
+    return [
+        member(i, gated=False, node_name="n2" if i in bound else "", annotations={CONSUME: GROW1})
+        for i in (4, 5)
+    ]
+
+
+def started() -> Obj:
+    """The gang's own request, its members all bound."""
+    made = req(count=4, Provisioned="ok")
+    made["metadata"]["annotations"]["gangcheck.io/phase"] = "Started"
+    return made
+
+
+def grow(**notes: str) -> Obj:
+    """Growth g-pg-grow-1 for the 2 members minCount 6 added to the 4 running, Provisioned;
+    `notes`: its record (gangcheck's annotations, without the prefix)."""
+    annotations = {
+        "gangcheck.io/pod-group": "pg/g",
+        "gangcheck.io/pod-group-uid": "uid-g",
+        "gangcheck.io/gang-members": "2",
+        "gangcheck.io/grows-group": "4",
+        **{f"gangcheck.io/{k.replace('_', '-')}": v for k, v in notes.items()},
+    }
+    return provisioning_request(
+        GROW1,
+        templates=[(f"{GROW1}-ps-0", 2)],
+        conditions={"Provisioned": "ok"},
+        annotations=annotations,
+    )
+
+
+def start_rolled(**notes: str) -> Obj:
+    """The growth its start watchdog rolls back (StartDeadline recorded)."""
+    return grow(
+        phase="RollingBack",
+        rollback_reason=START_DEADLINE,
+        rollback_nodes='{"n2": "2026-11-30T10:00:01Z"}',
+        released_at="2026-11-30T09:50:00Z",
+        **notes,
+    )
+
+
 @dataclass
 class Case:
     id: str
@@ -157,10 +222,33 @@ CASES = [
         "API not served",
         None,
         members(1),
-        "blocked: this cluster does not serve scheduling.k8s.io PodGroups; 1 gated members "
-        "name it (pod m0)",
+        "blocked: this cluster does not serve scheduling.k8s.io PodGroups; 1 gated member "
+        "names it (pod m0)",
         "missing",
         served=False,
+    ),
+    Case(
+        "API not served, 2 gated members",
+        None,
+        members(2),
+        "blocked: this cluster does not serve scheduling.k8s.io PodGroups; 2 gated members "
+        "name it (pods m0, m1)",
+        "missing",
+        served=False,
+    ),
+    Case(
+        "no group, one gated member waits for it",
+        None,
+        members(1),
+        "blocked: PodGroup not found; 1 gated member names it and waits for it (pod m0)",
+        "missing",
+    ),
+    Case(
+        "no group, one member without the gate names it",
+        None,
+        members(1, gated=False),
+        "blocked: PodGroup not found; 1 member names it (pod m0)",
+        "missing",
     ),
     Case(
         "deleting",
@@ -527,6 +615,75 @@ CASES = [
         requests=[req(count=2, Provisioned="ok")],
     ),
     Case(
+        "a growth delivered, its members binding: how long its start watchdog leaves them",
+        group(6, **RAN),
+        [*ran(), *grown()],
+        "not blocked: released: 4 members released together, 2 more since; 4 of 6 bound so "
+        f"far (kube-scheduler's turn); growth {GROW1}: 0 of the 2 members released onto it "
+        "bound, start deadline in 6m, rolled back unless all are by then",
+        "released",
+        requests=[started(), grow(phase="Fulfilled", released_at="2026-11-30T10:01:00Z")],
+    ),
+    Case(
+        "a growth delivered by an older version (no release time): counted from the next look",
+        group(6, **RAN),
+        [*ran(), *grown(4)],
+        "not blocked: released: 4 members released together, 2 more since; 5 of 6 bound so "
+        f"far (kube-scheduler's turn); growth {GROW1}: 1 of the 2 members released onto it "
+        "bound, its start deadline counted from gangcheck's next look, rolled back unless all "
+        "are by then",
+        "released",
+        requests=[started(), grow(phase="Fulfilled")],
+    ),
+    Case(
+        "a growth past its start deadline: the watchdog's rollback begins",
+        group(6, **RAN),
+        [*ran(), *grown(4)],
+        f"blocked: released, but rolling back growth {GROW1}: {START_DEADLINE}",
+        "released",
+        requests=[started(), grow(phase="Fulfilled", released_at="2026-11-30T09:50:00Z")],
+        nodes=[
+            node("n0"),
+            node("n2", annotations={"gangcheck.io/arrived-for": f"default/{GROW1}"}),
+        ],
+    ),
+    Case(
+        "a growth its start watchdog rolls back",
+        group(6, **RAN),
+        [*ran(), *grown(4)],
+        f"blocked: released, but rolling back growth {GROW1}: {START_DEADLINE}",
+        "released",
+        requests=[started(), start_rolled()],
+    ),
+    Case(
+        "a growth its start watchdog rolled back, a member of it unbound: said, with its outcome",
+        group(6, **RAN),
+        [*ran(), *grown(4)],
+        "blocked: released: 4 members released together, 2 more since; "
+        f"{GROWTH_ROLLED_BACK}; 5 of 6 bound so far (kube-scheduler's turn)",
+        "released",
+        requests=[started(), start_rolled(outcome=GROWTH_OUTCOME)],
+        nodes=[node("n0"), node("n2")],
+    ),
+    Case(
+        "a growth its start watchdog rolled back, its members bound since: said",
+        group(6, **RAN),
+        [*ran(), *grown(4, 5)],
+        "not blocked: released: 4 members released together, 2 more since, all bound; "
+        f"{GROWTH_ROLLED_BACK}",
+        "started",
+        requests=[started(), start_rolled(outcome=GROWTH_OUTCOME)],
+        nodes=[node("n0"), node("n2")],
+    ),
+    Case(
+        "a growth started: nothing more said of it",
+        group(6, **RAN),
+        [*ran(), *grown(4, 5)],
+        "not blocked: released: 4 members released together, 2 more since, all bound",
+        "started",
+        requests=[started(), grow(phase="Started", released_at="2026-11-30T10:01:00Z")],
+    ),
+    Case(
         "released, scheduler still placing",
         group(3, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
@@ -671,6 +828,24 @@ def test_the_text_and_the_json_say_the_same(case: Case) -> None:
         assert f"outcome: {req['outcome']['summary']}" in flat
     if req is not None and req["deletion"] is not None:
         assert req["deletion"]["line"] in flat
+    grown = as_json["growth"]
+    if grown is not None:  # the latest growth delivered: its record, members, start deadline
+        said = grown["request"]
+        assert f"growth default/{said['name']} (attempt {said['attempt']})" in flat
+        assert f"phase {said['phase']}" in flat
+        if said["rollbackReason"]:
+            assert f"rollback: {said['rollbackReason']}" in flat
+        if said["outcome"] is not None:
+            assert f"outcome: {said['outcome']['summary']}" in flat
+        if grown["rolledBack"]:
+            assert grown["rolledBack"] in found.line
+        count = len(grown["members"])
+        released = f" at {grown['releasedAt']}" if grown["releasedAt"] else ""
+        assert f"{count} members released onto it{released}: {len(grown['bound'])} bound" in flat
+        if grown["watched"] and grown["startDeadline"]:
+            left = human_duration(grown["secondsLeft"])
+            assert f"start deadline {grown['startDeadline']} (in {left}," in flat
+            assert f"start deadline in {left}," in found.line
 
 
 def test_member_facts_count_gated_bound_and_ungated() -> None:

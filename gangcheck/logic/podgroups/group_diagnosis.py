@@ -9,16 +9,23 @@ builds, as the provisioner builds it from its caches). ``group_verdict`` names t
 that blocks: the group and its members as read, the state the provisioner wrote, then what
 the replayed decision does (releases, asks, waits for the members) or the step it returns.
 ``group_row`` condenses the same facts for ``gangcheck status``.
+
+A released group that grew (growth.py) is said with its latest growth delivered
+(``GrowthFacts``): while the members released onto it bind, how long its start watchdog
+leaves them (``podgroup.start_watch``'s deadline: their release recorded on its request plus
+the startDeadlineSeconds of the config it was made under), as a Workload's diagnosis says its
+start deadline; once the watchdog rolls it back (StartDeadline), that, with what its rollback
+reclaimed or kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from gangcheck.logic.attempt import lifecycle, naming, topup
-from gangcheck.logic.attempt.actions import ReleaseMembers
+from gangcheck.logic.attempt import lifecycle, naming, rollback, topup
+from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ReleaseMembers
 from gangcheck.logic.attempt.explain import (
     GangRow,
     Placement,
@@ -36,10 +43,11 @@ from gangcheck.logic.attempt.explain import (
     recorded_for,
     request_facts,
     step_verdict,
+    until,
 )
 from gangcheck.logic.attempt.fulfillment import dra_hint
 from gangcheck.logic.attempt.lifecycle import Progress
-from gangcheck.logic.attempt.records import count_of, kept_restated
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of, kept_restated
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE, gated_at, group_of
 from gangcheck.logic.podgroups.group_snapshot import config_serving, group_snapshot_of
@@ -60,13 +68,16 @@ from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,
+    FULFILLED,
     GANG_MEMBERS_ANNOTATION,
     GROUP_UID_ANNOTATION,
     KEPT_FROM_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     OPT_IN_LABEL,
+    RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
+    ROLLBACK_REASON_ANNOTATION,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
@@ -129,6 +140,9 @@ class GroupReplay:
     """The decision only waits (members still being created, read once they settle)."""
     deadlines: Mapping[str, datetime] = field(default_factory=dict)
     """The deadlines it moves requests to (deadlineSeconds changed under the attempt)."""
+    rollbacks: Mapping[str, str] = field(default_factory=dict)
+    """The rollbacks it begins now, by request: the reason it records (a growth's start
+    watchdog's, which its step does not carry)."""
 
 
 def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
@@ -144,7 +158,18 @@ def replay_group(snap: GroupSnapshot, now: datetime) -> GroupReplay:
         releases=any(isinstance(a, ReleaseMembers) for a in decision.actions),
         waits=not (decision.status or decision.actions) and decision.requeue_after is not None,
         deadlines=moved_deadlines(decision.actions),
+        rollbacks=_rollbacks_begun(decision.actions),
     )
+
+
+def _rollbacks_begun(actions: Sequence[Action]) -> dict[str, str]:
+    """The reasons of the rollbacks a decision begins, by request (`rollback.start` records
+    its reason on the request)."""
+    return {
+        a.name: a.annotations[ROLLBACK_REASON_ANNOTATION]
+        for a in actions
+        if isinstance(a, AnnotateRequest) and ROLLBACK_REASON_ANNOTATION in a.annotations
+    }
 
 
 def _config_of(
@@ -163,6 +188,39 @@ def _config_of(
         return config_serving(name, world.configs.get, namespace=ns, labels=labels)
     recorded = lifecycle.recorded_config(req) if req is not None else None
     return recorded or AtomicProvisioningSpec(), ""
+
+
+@dataclass(frozen=True)
+class GrowthFacts:
+    """The group's latest growth (growth.py) once its members were released onto it: binding
+    (Fulfilled), started, or rolled back by its start watchdog."""
+
+    request: RequestFacts
+    """Its request (`attempt`: the growth's number)."""
+    members: tuple[str, ...] = ()
+    """The members released onto it that still count (consuming its request)."""
+    bound: tuple[str, ...] = ()
+    released_at: datetime | None = None
+    """When its members were released onto it (`gangcheck.io/released-at` on its request;
+    None: not recorded yet, gangcheck records it at its next look)."""
+    start_deadline_seconds: int = 0
+    """fulfillment.startDeadlineSeconds of the config it was made under."""
+    rolled_back: str = ""
+    """Why its start watchdog rolls it back: the reason recorded on its request, or the one
+    the replayed decision records now ("": it does not)."""
+
+    @property
+    def start_deadline(self) -> datetime | None:
+        """When its start watchdog rolls it back unless its members are all bound."""
+        if self.released_at is None:
+            return None
+        return self.released_at + timedelta(seconds=self.start_deadline_seconds)
+
+    @property
+    def watched(self) -> bool:
+        """Its start watchdog counts: Fulfilled, members of it unbound, not rolled back."""
+        waiting = len(self.bound) < len(self.members)
+        return waiting and not self.rolled_back and self.request.phase == FULFILLED
 
 
 @dataclass(frozen=True)
@@ -205,6 +263,8 @@ class GroupFacts:
     """The provisioner's decision for the group, replayed on what was read."""
     given_nodes: int = 0
     """Once released: the nodes recorded as arrived for its request (`recorded_for`)."""
+    growth: GrowthFacts | None = None
+    """Once released: its latest growth delivered (`growth_facts`), if any."""
 
     @property
     def kind(self) -> str:
@@ -283,10 +343,11 @@ def gather_group(
         placement = place_in(fitted_in, gang, group.ref.namespace, req, now)
         hint = dra_hint(PROVISIONING_REQUEST.status_of(req), gang) if req is not None else ""
     meta = obj.get("metadata") or {}
+    config = _config_of(group, req, world, namespace_labels)
     snap = group_snapshot_of(
         group,
         members,
-        config=_config_of(group, req, world, namespace_labels),
+        config=config,
         requests=world.requests,
         capacity=capacity_of(world),
         max_members=GroupSnapshot.max_members,
@@ -330,6 +391,49 @@ def gather_group(
             if state == RELEASED and name_of_request
             else 0
         ),
+        growth=growth_facts(group, live, world, config[0], decided) if state == RELEASED else None,
+    )
+
+
+def growth_facts(
+    group: PodGroup,
+    live: Sequence[Pod],
+    world: World,
+    config: AtomicProvisioningSpec | None,
+    decided: GroupReplay,
+) -> GrowthFacts | None:
+    """The group's latest growth request (`<group>-<kind>-grow-<n>`, made for this group),
+    once its members were released onto it (Fulfilled, Started) or its start watchdog rolls
+    it back (StartDeadline: recorded on it, or begun by the replayed decision `decided`);
+    None else (no growth, or one in flight or rolled back for another reason)."""
+    ns, uid = group.ref.namespace, group.ref.uid
+    growths = []
+    for obj in world.requests:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        req = _request(world, ns, name, uid)
+        tail = name.rsplit("-", 1)[-1]
+        if req is not None and growth.GROWS_ANNOTATION in req.annotations and tail.isdigit():
+            growths.append((int(tail), req))
+    if not growths:
+        return None
+    number, req = max(growths, key=lambda g: g[0])
+    record = rollback.record_of(req)
+    begun = decided.rollbacks.get(req.name, "")
+    watchdog = record.cause is RollbackCause.START_DEADLINE or (
+        RollbackCause.of(begun) is RollbackCause.START_DEADLINE
+    )
+    delivered = record.phase in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
+    if not (delivered or watchdog):
+        return None
+    mine = [p for p in live if p.consumes == req.name]
+    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
+    return GrowthFacts(
+        request=request_facts(req, req.name, number, node_names(world)),
+        members=tuple(p.name for p in mine),
+        bound=tuple(p.name for p in mine if p.node_name),
+        released_at=parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, "")),
+        start_deadline_seconds=made.fulfillment.start_deadline_seconds,
+        rolled_back=(record.reason or begun) if watchdog else "",
     )
 
 
@@ -424,7 +528,7 @@ def group_verdict(facts: GroupFacts, now: datetime) -> Verdict:
     """THE reason the gang is not running: the first broken link of the chain."""
     return (
         _group_verdict(facts)
-        or _settled_verdict(facts)
+        or _settled_verdict(facts, now)
         or _with_ungated(facts, _members_verdict(facts) or _attempt_verdict(facts, now))
     )
 
@@ -432,14 +536,14 @@ def group_verdict(facts: GroupFacts, now: datetime) -> Verdict:
 def _group_verdict(f: GroupFacts) -> Verdict | None:
     gated, m = f.members.gated, f.members
     if not f.served:
-        held = f"; {len(gated)} gated members name it ({_pods(gated)})" if gated else ""
+        held = f"; {_name_it(len(gated), 'gated ')} ({_pods(gated)})" if gated else ""
         return Verdict(True, "group", f"this cluster does not serve {f.api_group} PodGroups{held}")
     if not f.found:
         held = ""
         if gated:
-            held = f"; {len(gated)} gated members name it and wait for it ({_pods(gated)})"
+            held = f"; {_name_it(len(gated), 'gated ', waiting=True)} ({_pods(gated)})"
         elif m.exist:
-            held = f"; {m.exist} members name it ({_pods(m.ungated)})"
+            held = f"; {_name_it(m.exist)} ({_pods(m.ungated)})"
         return Verdict(True, "group", f"PodGroup not found{held}")
     if f.deleting:
         return Verdict(False, "group", "the PodGroup is being deleted")
@@ -448,7 +552,15 @@ def _group_verdict(f: GroupFacts) -> Verdict | None:
     return None
 
 
-def _settled_verdict(f: GroupFacts) -> Verdict | None:
+def _name_it(count: int, kind: str = "", *, waiting: bool = False) -> str:
+    """`1 gated member names it (and waits for it)`, `2 gated members name it (and wait for
+    it)`."""
+    if count == 1:
+        return f"1 {kind}member names it" + (" and waits for it" if waiting else "")
+    return f"{count} {kind}members name it" + (" and wait for it" if waiting else "")
+
+
+def _settled_verdict(f: GroupFacts, now: datetime) -> Verdict | None:
     """States the controller stays in until someone acts (or the gang is done)."""
     if not f.is_gang or f.state == NOT_A_GANG:
         return Verdict(
@@ -464,17 +576,24 @@ def _settled_verdict(f: GroupFacts) -> Verdict | None:
     if f.state == BLOCKED:
         return Verdict(True, "config", f"blocked by the config: {f.message or 'no message'}")
     if f.state == RELEASED:
-        return _released_verdict(f)
+        return _released_verdict(f, now)
     return None
 
 
-def _released_verdict(f: GroupFacts) -> Verdict:
+def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     m, req, done = f.members, f.request, f.replay
     if req is not None and done is not None and done.progress in ROLLBACK:
         why = req.rollback_reason or done.message  # the start watchdog's rollback
         outcome = f"; {req.outcome_line}" if req.outcome else ""
         return Verdict(
             True, "release", f"released, but rolling back attempt {f.attempt}: {why}{outcome}"
+        )
+    grown = f.growth
+    if grown is not None and grown.rolled_back and not grown.request.outcome:
+        return Verdict(
+            True,
+            "release",
+            f"released, but rolling back growth {grown.request.name}: {grown.rolled_back}",
         )
     if not m.exist:
         return Verdict(False, "release", "released; the gang has no members left")
@@ -494,13 +613,41 @@ def _released_verdict(f: GroupFacts) -> Verdict:
         )
     if m.gated:
         return Verdict(True, "release", f"{head}; {_late(f)}")
+    rolled = _growth_rolled_back(grown)
     if not m.unbound:
-        return Verdict(False, "release", f"{head}, all bound")
+        return Verdict(False, "release", f"{head}, all bound{rolled}")
     said = f": kube-scheduler says {m.unschedulable}" if m.unschedulable else ""
     return Verdict(
-        bool(said),
+        bool(said or rolled),
         "release",
-        f"{head}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn){said}",
+        f"{head}{rolled}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)"
+        f"{_start_watch(grown, now)}{said}",
+    )
+
+
+def _growth_rolled_back(grown: GrowthFacts | None) -> str:
+    """A growth its start watchdog rolled back: why, and what its rollback did."""
+    if grown is None or not grown.rolled_back:
+        return ""
+    return (
+        f"; growth {grown.request.name} was rolled back: {grown.rolled_back}; "
+        f"{grown.request.outcome_line}"
+    )
+
+
+def _start_watch(grown: GrowthFacts | None, now: datetime) -> str:
+    """A growth whose members bind: how long its start watchdog leaves them, as a Workload's
+    start deadline is said (`until`)."""
+    if grown is None or not grown.watched:
+        return ""
+    members = len(grown.members)
+    when = until("start deadline", grown.start_deadline, now)
+    if grown.start_deadline is None:
+        when = ", its start deadline counted from gangcheck's next look"
+    return (
+        f"; growth {grown.request.name}: {len(grown.bound)} of the {members} member"
+        f"{'s' if members != 1 else ''} released onto it bound{when}, rolled back unless "
+        "all are by then"
     )
 
 
