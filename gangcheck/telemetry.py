@@ -149,13 +149,18 @@ METRICS: dict[str, str] = {
     "gangcheck_reclaim_failures": (
         "Reclaims that failed with an error and will be retried, by error"
     ),
-    "gangcheck_stranded_node_seconds": "Node time held by gangs that did not start",
+    "gangcheck_stranded_node_seconds": (
+        "Node time held by attempts that were rolled back, reclaimed (what partial deliveries cost)"
+    ),
     "gangcheck_api_errors": "API errors by status code",
     "gangcheck_api_requests": (
         "Requests to the API server, each try of a retried one, by HTTP method and the "
         "status answered (0: no answer)"
     ),
-    "gangcheck_quota_to_ready_seconds": "Quota reserved to check Ready",
+    "gangcheck_quota_to_ready_seconds": (
+        "Quota reserved to check Ready, for the attempt made Ready (a gang retried counts "
+        "from its last reservation)"
+    ),
     "gangcheck_provisioned_to_fit_seconds": "Provisioned=True to the whole gang fitting on nodes",
     "gangcheck_gang_members": (
         "Members of gangs made ready, by the capacity they use: reserved (placed on "

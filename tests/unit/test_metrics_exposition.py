@@ -267,3 +267,16 @@ def test_series_of_open_values_appear_at_their_first_count() -> None:
         "gangcheck_dispatch_nominations_total",
     ):
         assert f"\n{family}" not in text, family
+
+
+def test_the_help_of_a_per_attempt_metric_says_so() -> None:
+    """The demo's gang 'partial' started on its second attempt: its first attempt's nodes
+    are stranded node time (not time of a gang that never started), and its quota-to-Ready
+    counts from Kueue's reservation for the second attempt (Kueue evicts a Workload on a
+    Retry and reserves its quota again)."""
+    metrics = Metrics()
+    metrics.quota_to_ready(7.0)
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", metrics.render(), re.M))
+    assert "rolled back" in helps["gangcheck_stranded_node_seconds_total"]
+    assert "did not start" not in helps["gangcheck_stranded_node_seconds_total"]
+    assert "last reservation" in helps["gangcheck_quota_to_ready_seconds"]
