@@ -69,6 +69,15 @@ UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
 RELEASED_AT_ANNOTATION = "gangcheck.io/released-at"
 """On a released group: when its gang was released (RFC 3339), for the start watchdog; on a
 growth's request, when the growth's members were released onto it, for its own."""
+MARKED_SINCE_ANNOTATION = "gangcheck.io/releases-marked-since"
+"""On a released group: since when (RFC 3339) every member gangcheck releases carries
+``RELEASED_BY_ANNOTATION``: written with the gang's release, or, for a group a version before
+the mark released, at the first look of one that marks (``RELEASED_UNMARKED_ANNOTATION``)."""
+RELEASED_UNMARKED_ANNOTATION = "gangcheck.io/released-unmarked"
+"""On a group a version before ``RELEASED_BY_ANNOTATION`` released: the members whose gate was
+lifted with no mark that still waited unbound when a version that marks first looked (the
+earlier version's release onto room that exists, binding), by name: taken as released, never
+as ungated by hand."""
 RACE_WON_ANNOTATION = "gangcheck.io/race-won-by"
 """On a group released under capacitySourcePolicy Race: the capacity source that won."""
 DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"

@@ -53,6 +53,8 @@ RELEASED = {
     "gangcheck.io/request": FIRST,
     "gangcheck.io/gang-members": "4",
     "gangcheck.io/released-at": "2026-11-30T10:01:00Z",
+    # released by a version that marks the members it releases (gangcheck.io/released-by)
+    "gangcheck.io/releases-marked-since": "2026-11-30T10:01:00Z",
 }
 ROLLED = {
     "gangcheck.io/phase": "RollingBack",

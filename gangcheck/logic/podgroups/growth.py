@@ -100,15 +100,18 @@ from gangcheck.model.names import (
     CONSUME_ANNOTATION,
     FULFILLED,
     GANG_MEMBERS_ANNOTATION,
+    MARKED_SINCE_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     RELEASED_AT_ANNOTATION,
+    RELEASED_UNMARKED_ANNOTATION,
     REQUEST_ANNOTATION,
     SOURCE_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
 )
 from gangcheck.model.objects import Pod, ProvisioningRequest
+from gangcheck.model.podgroups import PodGroup
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
 #: On a growth request: how many members ran when it was made.
@@ -119,6 +122,7 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     """`podgroup.decide`, and for a released group whose minCount rose above the members
     running, the growth: asked for all or nothing, the running members left alone; and the
     hold of a delivered growth whose request is gone lifted (`_holds_of_gone`)."""
+    snap, marking = _marking(snap, now)
     snap, recorded = _released_onto(snap, now)
     decision = _decide(snap, now)
     if recorded:
@@ -127,7 +131,53 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     if ungated is not None:
         decision = podgroup.merged(decision, ungated)
     lifted = _holds_of_gone(snap, decision)
-    return decision if lifted is None else _with(decision, lifted)
+    decision = decision if lifted is None else _with(decision, lifted)
+    if (
+        marking is None
+        and not snap.group.annotations.get(MARKED_SINCE_ANNOTATION)
+        and (decision.status or {}).get(STATE_ANNOTATION) == RELEASED
+    ):
+        marking = {MARKED_SINCE_ANNOTATION: format_time(now)}  # released now, marked
+    return decision if marking is None else podgroup.merged(decision, GroupDecision(status=marking))
+
+
+def _marking(snap: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, dict[str, str] | None]:
+    """A group released by a version before `RELEASED_BY_ANNOTATION` (no
+    `MARKED_SINCE_ANNOTATION`), at this version's first look: its members whose gate was
+    lifted with no mark and that still wait unbound, consuming no request, stamped by the
+    webhook, are taken as that version's release (onto room that exists: a gang's, a growth's
+    or late members', binding) and recorded so (`RELEASED_UNMARKED_ANNOTATION`), with the time
+    from which releases are marked. Read as ungated by hand, each was said MemberNotGated
+    though gangcheck released it, and a growth asked for it once more (a gated member
+    waiting). One the webhook never stamped was never gated (said, as before). A member
+    ungated by hand before the upgrade cannot be told from them: it is taken as released."""
+    group = snap.group
+    if (
+        group.annotations.get(STATE_ANNOTATION, "") != RELEASED
+        or group.deleting
+        or group.annotations.get(MARKED_SINCE_ANNOTATION)
+    ):
+        return snap, None
+    names = sorted(
+        p.name
+        for p in snap.members
+        if p.live
+        and not p.gated
+        and not p.node_name
+        and not p.consumes
+        and not released_by(p.raw)
+        and gated_at(p.raw) is not None
+    )
+    marking = {MARKED_SINCE_ANNOTATION: format_time(now)}
+    if names:
+        marking[RELEASED_UNMARKED_ANNOTATION] = ",".join(names)
+    adopted = replace(group, annotations={**group.annotations, **marking})
+    return replace(snap, group=adopted), marking
+
+
+def _released_unmarked(group: PodGroup) -> set[str]:
+    """The members an earlier version released with no mark (`_marking`), by name."""
+    return set(filter(None, group.annotations.get(RELEASED_UNMARKED_ANNOTATION, "").split(",")))
 
 
 def _ungated(snap: GroupSnapshot) -> GroupDecision | None:
@@ -146,6 +196,7 @@ def _ungated(snap: GroupSnapshot) -> GroupDecision | None:
         return None  # no growth: members beyond the gang are late ones
     since = group.annotations.get(RELEASED_AT_ANNOTATION, "")
     reported = podgroup.reported_ungated(group)
+    unmarked = _released_unmarked(group)
     pods = [
         p
         for p in snap.members
@@ -154,6 +205,7 @@ def _ungated(snap: GroupSnapshot) -> GroupDecision | None:
         and p.name not in reported
         and not p.consumes
         and not released_by(p.raw)
+        and p.name not in unmarked
         and (not p.node_name or gated_at(p.raw) is None)
         and (not since or p.created >= since)  # the gang's own were said before its release
     ]
@@ -264,7 +316,12 @@ def _decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     # of gangcheck's lifted the gate of onto room that exists (no request consumed), marked so
     # (`gating.released_by`), is running while it binds, a gated member waiting or not: asked
     # for again by no growth (before the mark, the next growth asked for it once more).
-    loose = {p.name for p in podgroup.loose_members(live)} if any(p.gated for p in live) else set()
+    # One an earlier version released so, with no mark, is too (`_marking`).
+    loose = (
+        {p.name for p in podgroup.loose_members(live)} - _released_unmarked(group)
+        if any(p.gated for p in live)
+        else set()
+    )
     running = [p for p in live if not p.gated and p.name not in loose]
     gated = sorted(
         (p for p in live if p.gated or p.name in loose), key=lambda p: (p.created, p.name)
