@@ -19,6 +19,8 @@ from gangcheck.kube.client import Kube
 from gangcheck.model.names import UNGATED_ANNOTATION
 from tests.integration.harness import eventually
 from tests.integration.test_diagnose import run_cli
+from tests.integration.test_podgroup_growth import growing
+from tests.integration.test_podgroup_growth import short_start as short_start  # noqa: PLC0414
 from tests.integration.test_podgroups import (  # the PodGroup fixtures, reused
     Groups,
     groups,  # noqa: F401
@@ -190,13 +192,117 @@ async def test_members_without_the_gate_and_a_missing_group_are_named(
     await report_of(
         groups.kube,
         f"podgroup/{groups.ns}/gone",
-        "blocked: PodGroup not found; 1 gated members name it and wait for it (pod orphan-0)",
+        "blocked: PodGroup not found; 1 gated member names it and waits for it (pod orphan-0)",
     )
 
     argv = [f"podgroup/{groups.ns}/nope", *kubeconfig(control_plane)]
     code, out, err = await run_cli(main_diagnose, argv, capsys)
     assert (code, out) == (1, "")
     assert err == f"gangcheck: PodGroup {groups.ns}/nope not found\n"
+
+
+async def released_onto_growth(
+    groups: Groups,  # noqa: F811
+    name: str,
+    config: str | None = None,
+) -> str:
+    """minCount 2 -> 4 on a running group: the growth's 2 members (`name`-2, -3) released
+    onto the 2 nodes that came for it, the first bound there (as kube-scheduler would), the
+    other never: the growth's request."""
+    await growing(groups, name, config)
+    request = f"{name}-pg-grow-1"
+    await groups.cluster.set_request_conditions(request, {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released() -> bool | None:
+        return True if await groups.gated(f"{name}-2", f"{name}-3") == [False, False] else None
+
+    await eventually(released, timeout=20, what="the growth's 2 members released")
+    await groups.bind(f"{name}-2", nodes[0])
+    return request
+
+
+async def test_a_growth_binding_says_how_long_its_start_watchdog_leaves_it(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A growth delivered (the default startDeadlineSeconds, 600 s), one of its 2 members
+    bound: diagnose says how long is left before it is rolled back, counted from the release
+    time gangcheck recorded on its request; the text and -o json agree."""
+    request = await released_onto_growth(groups, "slow")
+    watched = re.compile(
+        r"not blocked: released: 2 members released together, 2 more since; 3 of 4 bound so "
+        r"far \(kube-scheduler's turn\); growth slow-pg-grow-1: 1 of the 2 members released "
+        r"onto it bound, start deadline in \d+m(\d+s)?, rolled back unless all are by then"
+    )
+    await report_of(groups.kube, f"podgroup/{groups.ns}/slow", watched)
+    notes = ((await groups.cluster.request(request)) or {})["metadata"]["annotations"]
+
+    argv = [f"podgroup/{groups.ns}/slow", *kubeconfig(control_plane)]
+    code, out, _ = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert code == 0
+    grown = json.loads(out)["growth"]
+    assert grown["request"]["name"] == request
+    assert grown["request"]["phase"] == "Fulfilled"
+    assert (grown["members"], grown["bound"]) == (["slow-2", "slow-3"], ["slow-2"])
+    assert grown["releasedAt"] == notes["gangcheck.io/released-at"]
+    assert (grown["startDeadlineSeconds"], grown["watched"], grown["rolledBack"]) == (
+        600,
+        True,
+        None,
+    )
+    assert 0 < grown["secondsLeft"] <= 600
+
+    code, out, _ = await run_cli(main_diagnose, argv, capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    assert f"growth {groups.ns}/{request} (attempt 1)" in flat
+    assert f"2 members released onto it at {grown['releasedAt']}: 1 bound" in flat
+    assert f"start deadline {grown['startDeadline']} (in " in flat
+    assert watched.fullmatch(out.splitlines()[-1])
+
+
+async def test_a_growth_its_start_watchdog_rolled_back_is_said_so(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    short_start: str,
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same growth under startDeadlineSeconds 4: rolled back (StartDeadline), its outcome
+    recorded; diagnose says so with what the rollback did, blocked while its member is
+    unbound; the text and -o json agree."""
+    request = await released_onto_growth(groups, "late", short_start)
+    await groups.cluster.wait_events("GrowthRolledBack", timeout=40)
+    rolled = re.compile(
+        r"blocked: released: 2 members released together, 2 more since; growth "
+        r"late-pg-grow-1 was rolled back: StartDeadline: 1 of 2 members released together "
+        r"bound within 4s of their release \(unbound: late-3\); .+; 3 of 4 bound so far "
+        r"\(kube-scheduler's turn\)"
+    )
+    report = await report_of(groups.kube, f"podgroup/{groups.ns}/late", rolled)
+    assert report.facts.growth is not None and report.facts.growth.request.outcome is not None
+
+    argv = [f"podgroup/{groups.ns}/late", *kubeconfig(control_plane)]
+    code, out, _ = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert code == 0
+    parsed = json.loads(out)
+    grown = parsed["growth"]
+    assert grown["request"]["name"] == request
+    assert grown["rolledBack"] == grown["request"]["rollbackReason"]
+    assert grown["rolledBack"].startswith("StartDeadline: 1 of 2 members")
+    summary = grown["request"]["outcome"]["summary"]
+    assert f"{grown['rolledBack']}; {summary};" in parsed["verdict"]["line"]
+    assert grown["watched"] is False
+
+    code, out, _ = await run_cli(main_diagnose, argv, capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    assert f"rollback: {grown['rolledBack']}" in flat
+    assert f"outcome: {summary}" in flat
+    assert out.splitlines()[-1] == parsed["verdict"]["line"]
 
 
 async def test_a_podgroup_of_an_unknown_api_fails_before_connecting(
