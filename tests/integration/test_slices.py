@@ -319,6 +319,38 @@ async def test_a_job_scaled_again_while_its_slice_waits_asks_only_beyond_what_ru
     await untouched(cluster, node, pods)
 
 
+async def test_a_job_scaled_down_after_its_admission_then_up_asks_beyond_what_runs_now(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """8 running, scaled down to 6 (Kueue v0.17 lowers the admitted slice's spec count in
+    place, a plain Update: its admission still says 8; the Job controller deletes 2
+    members), then up to 10: the new slice asks for the 4 beyond the 6 that run, as Kueue's
+    quota counts them, not for the 2 beyond the 8 admitted (2 added members would have found
+    no room)."""
+    await cluster.install_check(fit(deadline=60))
+    node, pods = await running_slice(cluster, 8)
+    wl = await cluster.workload("old")
+    wl["spec"]["podSets"][0]["count"] = 6  # as Kueue's EnsureWorkloadSlices on a scale-down
+    await cluster.kube.replace(WORKLOAD, wl)
+    for pod in pods[6:]:  # the Job controller deletes the members beyond 6
+        await cluster.kube.delete(POD, pod, cluster.ns)
+    assert (await cluster.workload("old"))["status"]["admission"]["podSetAssignments"][0][
+        "count"
+    ] == 8
+
+    await replace_with(cluster, 10)
+    name = naming.request_name("new", cluster.check, 1)
+    req = await cluster.wait_request(name)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [4]
+    base = json.loads(req["metadata"]["annotations"][slices.SLICE_ANNOTATION])
+    assert base == {"replaces": f"{cluster.ns}/old", "running": {"workers": 6}}
+    await eventually(
+        lambda: _message(cluster, f"adds 4 members to {cluster.ns}/old running 6"),
+        what="the slice's relation in the check message",
+    )
+    await untouched(cluster, node, pods[:6])
+
+
 async def test_a_slice_evicted_and_admitted_again_asks_for_the_whole_job(
     cluster: Cluster, controller: RunningController
 ) -> None:

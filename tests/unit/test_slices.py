@@ -946,3 +946,50 @@ def _lifts_the_hold_of_req1_on_n2(d: Decision) -> None:
     (event,) = d.events
     assert (event.reason, event.warning) == ("HoldLifted", True)
     assert REQ1 in event.message and "n2" in event.message
+
+
+def scaled_down_in_place(b: WorkloadBuilder, now: int) -> WorkloadBuilder:
+    """The Workload as Kueue v0.17 leaves an admitted one when its Job is scaled down
+    (EnsureWorkloadSlices: ApplyPodSetCounts, a plain Update): the spec's count lowered, the
+    admission's podSetAssignments count left as admitted."""
+    b.obj["spec"]["podSets"][0]["count"] = now
+    return b
+
+
+def test_a_slice_replacing_one_scaled_down_after_its_admission_adds_to_what_runs_now() -> None:
+    """4 -> 8 (admitted) -> 6 (in place) -> 10: the members that run are the 6 the Job keeps
+    (Kueue's quota counts the lower of the two too: workload.totalRequestsFromAdmission), so
+    the new slice asks for 4, not for the 2 beyond the 8 its predecessor was admitted with."""
+    old = WorkloadBuilder("wl-old").pod_set("workers", 8).reserve_quota().check(state="Ready")
+    old = finished_as_replaced(scaled_down_in_place(old.condition("Admitted"), 6), "uid-wl")
+    case = Case(
+        "",
+        new_slice(10),
+        predecessor=old.build(),
+        state="Pending",
+        message=("adds 4 members to default/wl-old running 6", "for 4 pods"),
+        asked=4,
+    )
+    test_slice(case)
+
+
+@pytest.mark.parametrize(("now", "added_bound"), [(6, 2), (4, 0)])
+def test_a_ready_slice_scaled_down_in_place_opens_its_nodes_once_the_members_left_run(
+    now: int, added_bound: int
+) -> None:
+    """A Ready slice (8, its added nodes held for the Job's pods) scaled down in place to 6
+    or back to 4 before its members all ran: its members are the Job's count now, not the 8
+    its admission still says; once those run, the hold is lifted and the attempt started
+    (not kept closed until the start deadline)."""
+    case = Case(
+        "after",
+        scaled_down_in_place(held_slice(state="Ready", pod_set_updates=CONSUMES_REQ1), now),
+        requests=[req(conditions={"Provisioned": ""}, annotations=HELD)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), held_node()],
+        pods=[*running(4), *added(added_bound)],
+    )
+    d = run(case)
+    assert d.check is None
+    assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
+    marks = [a.annotations for a in d.actions if isinstance(a, AnnotateRequest)]
+    assert marks == [{"gangcheck.io/phase": "Started"}]

@@ -186,10 +186,11 @@ def base_of(wl: Workload, pred: Predecessor) -> Base | str:
 
 
 def _running(pred: Predecessor) -> dict[str, int] | str:
-    """The members per pod set that run under the replaced slice: its admitted counts; for
-    one never admitted, those of the slice it replaced in turn (nothing, when it is no slice:
-    the Job never ran, the slice is the whole gang; nothing either when it was evicted while
-    it waited, which stopped the Job)."""
+    """The members per pod set that run under the replaced slice: its admitted counts, within
+    the Job's count when it was scaled down since (`members_now`); for one never admitted,
+    those of the slice it replaced in turn (nothing, when it is no slice: the Job never ran,
+    the slice is the whole gang; nothing either when it was evicted while it waited, which
+    stopped the Job)."""
     old = pred.workload
     if old is None:
         return (
@@ -198,7 +199,7 @@ def _running(pred: Predecessor) -> dict[str, int] | str:
             "slice, or scale the Job again, for Kueue to make a new one)"
         )
     if old.is_admitted:
-        return {ps.name: admitted_count(old, ps) for ps in old.pod_sets}
+        return {ps.name: members_now(old, ps) for ps in old.pod_sets}
     if stopped_since(old):
         return {}  # evicted while it waited: Kueue stopped the Job, nothing of it runs
     if pred.before is None:
@@ -210,6 +211,15 @@ def _running(pred: Predecessor) -> dict[str, int] | str:
             )
         return {}  # it never ran: the slice is the whole gang
     return _running(pred.before)
+
+
+def members_now(wl: Workload, ps: PodSet) -> int:
+    """A pod set's members as Kueue's quota counts them: what its admission assigned, within
+    the Job's count now. Kueue v0.17 scales an admitted Workload down by lowering its spec's
+    count in place (`EnsureWorkloadSlices`, a plain Update: the admission's count stays) and
+    counts the lower of the two (`totalRequestsFromAdmission`); the Job controller deletes
+    the members beyond it."""
+    return min(admitted_count(wl, ps), ps.count)
 
 
 def shrunk(wl: Workload, base: Base) -> Workload:
@@ -608,7 +618,8 @@ def _held_until_used(
 ) -> Decision:
     """The hold on the nodes that arrived for the slice's request kept while the slice's
     members are not all scheduled (counted as the pods consuming the request the Job's pods
-    name, `HOLD_AS`) and the start deadline since Ready (`since`) has not passed; then lifted
+    name, `HOLD_AS`; the slice's members are the Job's count now, `members_now`, which a
+    scale-down lowers) and the start deadline since Ready (`since`) has not passed; then lifted
     and the attempt marked started. A request held as its own (the Job's pods tolerate no
     hold of gangcheck's: nothing else could use the nodes) is opened at once."""
     started = rollback.record_of(req).phase is AttemptPhase.STARTED
@@ -616,7 +627,7 @@ def _held_until_used(
     if held and not started:
         assert snap.config is not None
         wl = snap.workload
-        total = sum(admitted_count(wl, ps) for ps in wl.pod_sets)
+        total = sum(members_now(wl, ps) for ps in wl.pod_sets)
         scheduled = admission.members_scheduled(
             snap.capacity, wl.ref.namespace, held.partition("/")[2]
         )
