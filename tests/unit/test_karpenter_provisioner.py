@@ -12,7 +12,14 @@ from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, reads_pools, serve
-from gangcheck.model.names import KEPT, PHASE_ANNOTATION, ROLLING_BACK, STARTED
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    KEPT,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
+)
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from tests.unit.test_karpenter_logic import GPU, pool
 
@@ -349,8 +356,8 @@ def test_a_creation_cut_short_that_fails_withdraws_the_claims_made() -> None:
 def test_no_claim_is_made_for_an_attempt_no_longer_open(phase: str) -> None:
     """An attempt rolling back (its deadline, its gang gone, a growth's start watchdog) or
     kept takes no new node: neither a creation cut short is completed for it nor a first
-    one asked. The claims made stay until its request ends, then are withdrawn, as those
-    of any attempt rolled back."""
+    one asked. The claims made are withdrawn at once when it rolls back; a kept one's stay
+    until its request ends."""
     closing = request()
     closing["metadata"]["annotations"] = {PHASE_ANNOTATION: phase}
     made = asked()[:1]  # 1 of the 2 claims the attempt makes
@@ -365,9 +372,94 @@ def test_no_claim_is_made_for_an_attempt_no_longer_open(phase: str) -> None:
         now=NOW,
         pool_claims=made,
     )
-    assert (done.create, done.delete, done.conditions) == ((), (), ())
+    withdrawn = tuple(made) if phase == ROLLING_BACK else ()
+    assert (done.create, done.delete, done.conditions) == ((), withdrawn, ())
     assert not is_asking(closing, KEY, [], NOW)
     assert served(closing, []) == Served()
+
+
+def _recorded(name: str) -> Obj:
+    node = held(name)
+    node["metadata"]["annotations"][ARRIVED_FOR] = KEY
+    return node
+
+
+ROLLED_BACK = {PHASE_ANNOTATION: ROLLING_BACK, OUTCOME_ANNOTATION: '{"reclaimed": []}'}
+
+
+@pytest.mark.parametrize(
+    ("notes", "states", "nodes", "withdrawn"),
+    [
+        # rolling back: the claims still launching are withdrawn now, not once it ends
+        ({PHASE_ANNOTATION: ROLLING_BACK}, [(), ("Launched",)], {}, {0, 1}),
+        # rolled back (its outcome recorded), the request staying as the record (backoff)
+        (ROLLED_BACK, [("Launched",), ("Launched",)], {}, {0, 1}),
+        ({OUTCOME_ANNOTATION: '{"reclaimed": []}'}, [("Launched",), ()], {}, {0, 1}),
+        # arrived: the rollback's to reclaim, recorded or not, held or not
+        (
+            {PHASE_ANNOTATION: ROLLING_BACK},
+            [("Launched", "Registered", "Initialized"), ("Launched",)],
+            {"n0": _recorded("n0")},
+            {1},
+        ),
+        (
+            {PHASE_ANNOTATION: ROLLING_BACK},
+            [("Launched", "Registered", "Initialized"), ("Launched",)],
+            {"n0": held("n0")},
+            {1},
+        ),
+        # registered, not Initialized: its node recorded (the rollback reclaims it) or not
+        # seen yet stays; held for the request and not recorded (nothing runs there) goes
+        (
+            {PHASE_ANNOTATION: ROLLING_BACK},
+            [("Launched", "Registered"), ("Launched", "Registered")],
+            {"n0": _recorded("n0"), "n1": held("n1")},
+            {1},
+        ),
+        ({PHASE_ANNOTATION: ROLLING_BACK}, [("Launched", "Registered"), ()], {}, {1}),
+        # kept (its source stopped short after every claim launched): kept until it ends
+        ({PHASE_ANNOTATION: KEPT}, [("Launched",), ("Launched",)], {}, set()),
+        # open: followed, nothing withdrawn
+        ({}, [("Launched",), ("Launched",)], {}, set()),
+    ],
+)
+def test_claims_of_an_attempt_rolled_back_are_withdrawn_before_they_arrive(
+    notes: dict[str, str],
+    states: list[tuple[str, ...]],
+    nodes: dict[str, Obj],
+    withdrawn: set[int],
+) -> None:
+    """A rollback takes no new node, and a PodGroup's request stays as the record through
+    its backoff (up to 30 minutes): its claims not yet arrived are withdrawn at once, as an
+    ended request's are (their nodes would arrive held, unrecorded, idle). Those that
+    arrived are left to the rollback (the ledger, the reclaim's safe path). No condition is
+    written for what was withdrawn: a claim withdrawn is no claim lost."""
+    made = claims()
+    for body, conditions in zip(made, states, strict=True):
+        index = int(body["metadata"]["annotations"][names.CLAIM_INDEX])
+        body["status"] = {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "nodeName": f"n{index}" if "Registered" in conditions else "",
+        }
+    live = request(("Accepted", "True", "created 2 NodeClaims in NodePool 'gpu'"))
+    live["metadata"]["annotations"] = dict(notes)
+    done = served(live, made, nodes=nodes)
+    deleted = {int(c["metadata"]["annotations"][names.CLAIM_INDEX]) for c in done.delete}
+    assert deleted == withdrawn
+    assert done.create == ()
+    if notes.get(PHASE_ANNOTATION) == ROLLING_BACK or OUTCOME_ANNOTATION in notes:
+        assert done.conditions == ()
+
+
+def test_a_claim_withdrawn_for_a_rollback_is_not_said_to_be_lost() -> None:
+    """The next pass sees the withdrawn claim being deleted: the request rolling back stays
+    as it was (no Failed NodeClaimLost), and the claim is not deleted again."""
+    made = claims("Launched")
+    for body in made:
+        body["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:04Z"
+    live = request(("Accepted", "True"), ("Provisioned", "True"))
+    live["metadata"]["annotations"] = {PHASE_ANNOTATION: ROLLING_BACK}
+    assert served(live, made) == Served()
 
 
 def test_a_claim_gone_after_the_gang_started_does_not_fail_its_request() -> None:
@@ -573,3 +665,16 @@ def test_old_claims_of_a_pool_that_protects_its_nodes_keep_the_protection() -> N
     fresh = request()
     fresh["metadata"]["uid"] = "uid-1"  # claims made now name it: no pool read for them
     assert reads_pools(made) and not reads_pools(served(fresh, []).create)
+
+
+def test_an_ended_request_leaves_a_registered_claims_recorded_or_unseen_node() -> None:
+    """The ledger may record a node before its claim is Initialized: such a claim is the
+    reclaim's (its safe path), as an arrived one is, and one whose node is not seen yet
+    waits until it is; a registered node held for the request and not recorded (nothing
+    runs there) is withdrawn."""
+    made = claims("Launched", "Registered")
+    ended = request(("Accepted", "True"), ("Failed", "True"))
+    recorded = {"n0": _recorded("n0"), "n1": held("n1")}
+    assert served(ended, made, nodes=recorded).delete == (made[1],)
+    assert served(ended, made, nodes={"n1": held("n1")}).delete == (made[1],)
+    assert served(ended, made, nodes={"n0": held("n0"), "n1": held("n1")}).delete == tuple(made)

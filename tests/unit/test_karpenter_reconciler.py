@@ -327,6 +327,42 @@ async def test_a_request_rolling_back_before_it_was_answered_is_not_asked_nor_ti
     assert karpenter._next_delay() == RESYNC_SECONDS
 
 
+async def test_claims_still_launching_are_withdrawn_once_their_attempt_rolls_back() -> None:
+    """A gang's claims made and launching when its attempt rolls back (its deadline, its gang
+    gone): the next pass withdraws them, its request still there as the record (a PodGroup's
+    backoff), and writes nothing on it (no claim lost is said). An arrived claim is the
+    rollback's to reclaim: it stays."""
+    kube = stack("a", limits={GPU: "32"})
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    made = sorted(claims_of(kube, "a"), key=lambda c: c["metadata"]["name"])
+    assert len(made) == 3
+    arrived = made[0]
+    arrived["status"] = {
+        "nodeName": "n0",
+        "conditions": [
+            {"type": t, "status": "True"} for t in ("Launched", "Registered", "Initialized")
+        ],
+    }
+    kube.add(arrived)
+    for claim in made[1:]:
+        launch(kube, claim)
+    rolling = kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) or {}
+    rolling["metadata"]["annotations"] = {PHASE_ANNOTATION: ROLLING_BACK}
+    kube.add(rolling)
+    kube.sync(karpenter._caches)
+    before = kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) or {}
+    await karpenter.pass_once()
+    assert [c["metadata"]["name"] for c in claims_of(kube, "a")] == [arrived["metadata"]["name"]]
+    deleted = sorted(w.name for w in kube.writes_of(NODE_CLAIM.kind, "delete"))
+    assert deleted == sorted(c["metadata"]["name"] for c in made[1:])
+    assert kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) == before
+    kube.sync(karpenter._caches)
+    await karpenter.pass_once()  # nothing more: the arrived claim stays, no condition
+    assert len(kube.writes_of(NODE_CLAIM.kind, "delete")) == 2
+    assert kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) == before
+
+
 # -- one gang's claims refused or failing: the others are served ----------------------------
 
 WEBHOOK = 'admission webhook "claims.example.io" denied the request: NodeClaims need a cost-center'

@@ -32,12 +32,19 @@ What this module decides for one request (``serve``):
   cut short (some never made) is completed, the missing claims made as the others were and
   then recorded, unless they cannot be (the request fails saying why, ``NodeClaimsIncomplete``);
   claims are asked or completed only while the attempt is open (``waiting.is_open``): one
-  rolling back or kept takes no new node, what was made waits for the request to end;
-  once the gang started nothing more is followed (its nodes are Karpenter's);
+  rolling back or kept takes no new node; once the gang started nothing more is followed
+  (its nodes are Karpenter's);
+- rolling back, or rolled back (its outcome recorded) while the request stays as the record
+  (a PodGroup's backoff): delete every claim of the attempt not yet arrived, as below; those
+  that arrived are the rollback's to reclaim, never deleted here; no condition is written.
+  A kept request (its source stopped short after it said ``Provisioned``: every claim
+  launched) keeps its claims still coming up until it ends: it is the record of what was
+  kept for the attempt;
 - ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
   (``Initialized``), and those that arrived but that the ledger did not record while their
-  node is still held for the request (nothing runs there); the nodes recorded as arrived are
-  left to the reclaim rules (reclaimer ``DeleteNodeClaim``), never deleted here;
+  node is still held for the request (nothing runs there); the nodes recorded as arrived
+  (some before their claim is ``Initialized``) or not seen yet are left to the reclaim rules
+  (reclaimer ``DeleteNodeClaim``), never deleted here;
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
   request is gone; never when the NodePool's template sets it on every node itself (a claim
@@ -201,6 +208,13 @@ def _serve(
     if request is None or _has_ended(request):
         keep = _left_to_reclaim(mine, key, nodes)
         return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
+    if _rolled_back(request):
+        # Its attempt takes no node any more, and its request may stay as the record long
+        # after (a PodGroup's backoff): the claims still launching are withdrawn now, not once
+        # the request ends. Those that arrived are the rollback's to reclaim (the ledger's safe
+        # path), never deleted here; no condition is written (a claim withdrawn is no loss).
+        keep = _left_to_reclaim(mine, key, nodes, arrived=True)
+        return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
     if not mine and not _true(request, "Accepted"):
         if not _second_passed(request, now) or not is_open(request):
             return Served()
@@ -274,7 +288,7 @@ def _found(
         message = status.message + _pool_gone(request, mine, pools)
         return Served(conditions=_follow(request, AttemptPhase.FAILED, message))
     if not is_open(request):
-        return Served()  # rolling back or kept: nothing more is made for it (``is_asking``)
+        return Served()  # kept: nothing more is made for it (``is_asking``)
     remade = _remake(
         request, key, mine, missing, templates=templates, pools=pools, pool_claims=pool_claims
     )
@@ -395,21 +409,34 @@ def _second_passed(request: Obj, now: datetime) -> bool:
     return created is not None and now.replace(microsecond=0) > created.replace(microsecond=0)
 
 
-def _left_to_reclaim(claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj]) -> list[str]:
-    """Nodes of claims that arrived which a withdrawal must not delete: recorded as arrived
-    (the reclaim rules give them back), no longer held for the request (pods may run there),
-    or not seen yet. A node that arrived but that the ledger did not record (it fits none of
-    the members) and that is still held for the request runs nothing of anyone's: withdrawn."""
+def _left_to_reclaim(
+    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, arrived: bool = False
+) -> list[str]:
+    """Nodes of claims which a withdrawal must not delete: recorded as arrived (the reclaim
+    rules give them back; the ledger may record a node before its claim is ``Initialized``),
+    no longer held for the request (pods may run there), or not seen yet; with ``arrived``
+    (an attempt rolling back: its rollback reclaims what arrived) every node of a claim that
+    arrived too. A node that the ledger did not record (it fits none of the members) and that
+    is still held for the request runs nothing of anyone's: withdrawn."""
     keep = []
     for claim in claims:
         state = claim_state(claim)
-        if state.phase is not ClaimPhase.ARRIVED:
+        if not state.node_name or state.phase not in (ClaimPhase.REGISTERED, ClaimPhase.ARRIVED):
+            continue  # no node yet (Karpenter names it at the claim's registration)
+        if arrived and state.phase is ClaimPhase.ARRIVED:
+            keep.append(state.node_name)
             continue
         node = nodes.get(state.node_name)
         recorded = node is not None and claim_of(node) == key
         if node is None or recorded or not _held_for(node, key):
             keep.append(state.node_name)
     return keep
+
+
+def _rolled_back(request: Obj) -> bool:
+    """Its attempt is rolling back, or its rollback recorded what it did (``Record``)."""
+    record = Record.of((request.get("metadata") or {}).get("annotations") or {})
+    return record.phase is RecordPhase.ROLLING_BACK or bool(record.raw_outcome)
 
 
 def _has_ended(request: Obj) -> bool:
