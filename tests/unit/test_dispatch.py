@@ -939,6 +939,23 @@ def test_a_worker_re_pointed_since_it_was_nominated_is_given_up(
     assert again == step.record
 
 
+#: A record as the previous release wrote it mid-nomination (no identities, no uid yet).
+PREVIOUS_RELEASE_RECORD = (
+    '{"failed": {}, "nominated": ["a"], "reason": "", "skipped": {}, "tried": ["a"]}'
+)
+
+
+@pytest.mark.parametrize("now", ["", "y"], ids=["identity-not-known", "identity-read"])
+def test_a_record_of_the_previous_release_keeps_its_worker(now: str) -> None:
+    """Upgraded mid-nomination: the record names no identity, so nothing tells that the
+    worker was re-pointed; it is kept, its identity recorded once read."""
+    record = DispatchRecord.from_annotation(PREVIOUS_RELEASE_RECORD)
+    step = decide(record, (WorkerFacts("a", identity=now), WorkerFacts("b", identity="z")))
+    assert step.nominated == ("a",)
+    assert not step.fallbacks and not step.record.failed
+    assert step.record.identities == ({"a": now} if now else {})
+
+
 def test_a_re_pointed_worker_is_said_so_even_when_the_new_cluster_cannot_be_used() -> None:
     """The new cluster runs no gangcheck (skipped): the worker is given up as re-pointed,
     not merely as unreachable, so that the copy left in the earlier cluster is said."""
