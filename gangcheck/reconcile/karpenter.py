@@ -454,7 +454,7 @@ class KarpenterProvisioner:
         }
         # A conflict: judged on a stale request; the next pass judges again.
         with contextlib.suppress(ConflictError, NotFoundError):
-            await self._permitted(
+            written = await self._permitted(
                 "patch provisioningrequests/status",
                 self._kube.merge_patch(
                     PROVISIONING_REQUEST,
@@ -464,6 +464,11 @@ class KarpenterProvisioner:
                     subresource="status",
                 ),
             )
+            # The next pass judges on what was written, not on a cache the watch has not
+            # brought it to yet: a request read without the Accepted just written would have
+            # a claim Karpenter deleted since made again (a creation cut short) instead of
+            # said lost.
+            self._caches.requests.store.put_if_newer(written)
 
     async def _release(self, res: Resource, obj: Obj) -> None:
         ops = release_protection_patch(obj)

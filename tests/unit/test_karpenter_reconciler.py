@@ -271,6 +271,9 @@ async def test_a_refusal_that_changes_is_said_again_and_permission_back_resumes_
     kube = stack("a", limits={GPU: "32"})
     kube.fail("list", NODE_POOL.kind, error=403, times=3)
     kube.fail("create", NODE_CLAIM.kind, error=403, times=3)
+    # the component's rights missing, the status is not writable either (a request whose
+    # Failed was written takes no claim once the cache has it: the pass stores its writes)
+    kube.fail("patch", PROVISIONING_REQUEST.kind, error=403, times=2)
     _, waits = await run_passes(kube, 10)
     said = warnings(caplog)
     assert len(said) == 2
@@ -361,6 +364,24 @@ async def test_claims_still_launching_are_withdrawn_once_their_attempt_rolls_bac
     await karpenter.pass_once()  # nothing more: the arrived claim stays, no condition
     assert len(kube.writes_of(NODE_CLAIM.kind, "delete")) == 2
     assert kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) == before
+
+
+async def test_a_claim_lost_right_after_accepted_was_written_is_lost_not_made_again() -> None:
+    """The pass that made a gang's claims writes Accepted; Karpenter deletes one of them
+    (InsufficientCapacity) and the next pass runs before the requests watch brought the
+    write: it judges on what was written (Failed NodeClaimLost), and makes no claim again as
+    if the creation had been cut short."""
+    kube = stack("a", limits={GPU: "32"})
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    made = sorted(c["metadata"]["name"] for c in claims_of(kube, "a"))
+    assert len(made) == 3 and condition(kube, "a", "Accepted") is not None
+    kube.remove(NODE_CLAIM, made[1])
+    await karpenter.pass_once()  # no sync: the cache has only what the pass wrote
+    failed = condition(kube, "a", "Failed") or {}
+    assert failed.get("reason") == "NodeClaimLost", failed
+    assert len(kube.writes_of(NODE_CLAIM.kind, "create")) == 3
+    assert sorted(c["metadata"]["name"] for c in claims_of(kube, "a")) == [made[0], made[2]]
 
 
 # -- one gang's claims refused or failing: the others are served ----------------------------
