@@ -319,6 +319,53 @@ async def test_a_job_scaled_again_while_its_slice_waits_asks_only_beyond_what_ru
     await untouched(cluster, node, pods)
 
 
+async def test_a_pending_slice_replaced_while_provisioned_has_its_arrivals_reclaimed_once(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """4 running, scaled to 8 ('mid' asks for 4, Provisioned, 2 of its nodes arrive and are
+    recorded for it), then to 12 before mid is admitted: mid, finished as replaced, has its
+    request withdrawn and its 2 nodes reclaimed (nothing runs on them: the added pods wait
+    behind Kueue's elastic gate); they are not carried over: 'new' asks for the 8 beyond the
+    4 that run, and is the only request left (nothing asked twice); the running members
+    untouched."""
+    await cluster.install_check(fit(deadline=60))
+    node, pods = await running_slice(cluster)
+    mid = await cluster.submit(slice_of("mid", 8, replaces=f"{cluster.ns}/old"))
+    await finish_as_replaced(cluster, "old", by=(await cluster.workload(mid))["metadata"]["uid"])
+    mid_request = naming.request_name("mid", cluster.check, 1)
+    await cluster.wait_request(mid_request)
+    await cluster.set_request_conditions(mid_request, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(2, gpu=1)
+
+    async def recorded() -> bool:
+        for n in arrived:
+            notes = (await cluster.kube.get(NODE, n))["metadata"].get("annotations") or {}
+            if notes.get(ARRIVED) != f"{cluster.ns}/{mid_request}":
+                return False
+        return True
+
+    await eventually(recorded, what="the 2 nodes recorded as arrived for mid's request")
+
+    await replace_with(cluster, 12, old="mid")
+    name = naming.request_name("new", cluster.check, 1)
+    req = await cluster.wait_request(name)
+    assert [p["count"] for p in req["spec"]["podSets"]] == [8]
+    await cluster.wait_request_gone(mid_request)
+
+    async def reclaimed() -> bool:
+        names = {n["metadata"]["name"] for n in await cluster.nodes()}
+        return not names & set(arrived)
+
+    await eventually(reclaimed, timeout=30, what="mid's 2 arrived nodes reclaimed")
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="mid")
+    assert all(n in event["message"] for n in arrived), event["message"]
+    left = await cluster.requests()
+    assert [(r["metadata"]["name"], [p["count"] for p in r["spec"]["podSets"]]) for r in left] == [
+        (name, [8])
+    ]
+    await untouched(cluster, node, pods)
+
+
 async def test_a_job_scaled_down_after_its_admission_then_up_asks_beyond_what_runs_now(
     cluster: Cluster, controller: RunningController
 ) -> None:
