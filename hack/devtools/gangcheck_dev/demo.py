@@ -499,10 +499,9 @@ async def _scenario(kubeconfig: Path, out: TextIO) -> list[Gang]:
 
 
 def down(state_dir: Path | None = None, out: TextIO | None = None) -> int:
-    state_dir = state_dir or dev.default_state_dir()
-    stop_recorded(state_dir)
-    stop_leftovers(state_dir)
-    dev.down(state_dir, out=out)
+    """`dev down`: it stops what `demo up` left running (`stop_recorded`, `stop_leftovers`),
+    then the stack."""
+    dev.down(state_dir or dev.default_state_dir(), out=out)
     return 0
 
 

@@ -106,6 +106,30 @@ def test_down_stops_a_demo_process_its_record_missed(tmp_path: Path) -> None:
         os.waitpid(unrecorded, 0)
 
 
+def test_dev_down_stops_what_demo_up_left_on_its_stack(tmp_path: Path) -> None:
+    """`make dev-down` takes down the demo's stack too (they share the state folder): before,
+    it stopped the stack and left the demo's simulated cloud running, retrying for ever
+    against an API server gone (seen after `make demo`, `make dev-down`). Now it stops what
+    `demo up` recorded and what names the folder, as `demo down` does."""
+    state = tmp_path / "state"
+    state.mkdir()
+    kubeconfig = _unreachable_kubeconfig(state)
+    args = ["sim-cloud", "--kubeconfig", str(kubeconfig), "--config-map", "demo/sim-cloud"]
+    recorded = demo._detached("gangcheck_dev", args, tmp_path / "sim.log")
+    unrecorded = demo._detached("gangcheck_dev", args, tmp_path / "sim-2.log")
+    try:
+        (state / demo.PROCESSES_FILE).write_text(json.dumps([recorded]))
+        assert dev.down(state, out=io.StringIO())
+        assert not pid_alive(recorded)
+        assert not pid_alive(unrecorded)
+        assert not state.exists()
+    finally:
+        for pid in (recorded, unrecorded):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 @pytest.mark.timeout(400)  # the stack (seconds once built), the three gangs (about a minute)
 def test_demo_up_leaves_gangcheck_running_and_down_leaves_nothing(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"

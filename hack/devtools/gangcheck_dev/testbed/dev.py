@@ -13,8 +13,9 @@ cluster-autoscaler's place. The state folder holds::
     error.txt    written instead if it failed to start
     cluster/     the control plane's own folder (certificates, etcd data, kubeconfig, logs)
 
-``down`` sends SIGTERM to the supervisor, waits, kills whatever is left of the recorded
-processes and removes the state folder.
+``down`` stops what the demo runs on the stack (``gangcheck_dev.demo``: its record and what
+names the folder), sends SIGTERM to the supervisor, waits, kills whatever is left of the
+recorded processes and removes the state folder.
 """
 
 from __future__ import annotations
@@ -254,7 +255,19 @@ def _kill_leftovers(state: dict[str, Any]) -> None:
             _wait_gone(pid, 10.0)
 
 
+def _stop_attached(state_dir: Path) -> None:
+    """What `demo up` runs on this stack beside it (its gangcheck, its simulated cloud, by
+    their record and by their command lines naming the folder), stopped before the stack:
+    `dev down` takes the demo's stack down too (they share the state folder), and a
+    simulated cloud outliving its API server retries for ever."""
+    from gangcheck_dev import demo  # noqa: PLC0415 - the demo is built on this module
+
+    demo.stop_recorded(state_dir)
+    demo.stop_leftovers(state_dir)
+
+
 def _clear(state_dir: Path) -> None:
+    _stop_attached(state_dir)
     pid = _read_pid(state_dir)
     if pid is not None:
         _stop_supervisor(pid, STOP_TIMEOUT)
@@ -271,6 +284,7 @@ def down(state_dir: Path | None = None, *, out: TextIO | None = None) -> bool:
     out = out or sys.stdout
     state_dir = state_dir or default_state_dir()
     if not state_dir.exists():
+        _stop_attached(state_dir)  # a demo's process still naming the folder gone
         print(f"gangcheck: no control plane in {state_dir}", file=out)
         return False
     _clear(state_dir)
