@@ -1061,6 +1061,45 @@ CASES += [
 ]
 
 
+def scaled_down_in_place(b: WorkloadBuilder, now: int) -> WorkloadBuilder:
+    """An elastic Job's admitted Workload scaled down as Kueue v0.17 does it
+    (EnsureWorkloadSlices: the spec's count lowered by a plain Update; the admission's count
+    left as admitted); the Job controller deletes the members beyond it."""
+    b.obj["spec"]["podSets"][0]["count"] = now
+    return b
+
+
+CASES += [
+    Case(
+        "watchdog: an elastic Job scaled down in place (4 admitted, 3 now) whose 3 members are "
+        "scheduled has started (no rollback, whose Retry would have Kueue stop the Job)",
+        scaled_down_in_place(admitted(), 3),
+        config={},
+        now=datetime(2026, 11, 30, 10, 11, tzinfo=UTC),
+        requests=[req(conditions={"Provisioned": ""})],
+        pods=[member(f"p{i}", bound=True) for i in range(3)],
+        annotates=({"gangcheck.io/phase": "Started"},),
+    ),
+    Case(
+        "watchdog: scaled down in place (3 now) with 2 scheduled past the start deadline: "
+        "rolls back, counting the 3 the Job has",
+        scaled_down_in_place(admitted(), 3),
+        config={},
+        now=datetime(2026, 11, 30, 10, 11, tzinfo=UTC),
+        requests=[req(conditions={"Provisioned": ""})],
+        pods=[member("p0", bound=True), member("p1", bound=True), member("p2", bound=False)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "StartDeadline: 2 of 3 members scheduled"
+                " within 600s of admission",
+                "gangcheck.io/rollback-nodes": "{}",
+            },
+        ),
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decide(case: Case) -> None:
     d = run(case)

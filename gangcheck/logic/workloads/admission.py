@@ -40,6 +40,7 @@ from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_referenc
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
     MergedPodSet,
+    members_now,
     merge_pod_sets,
     missing_flavors,
     pod_template_spec,
@@ -551,7 +552,11 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     assert snap.config is not None
     req = attempt.request
     assert isinstance(req, ProvisioningRequest)
-    total = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
+    asked = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
+    # an elastic Job scaled down in place since: its members beyond its count now are gone
+    wl = snap.workload
+    pod_sets = required_pod_sets(wl, snap.config.managed_resources)
+    total = min(asked, sum(members_now(wl, ps) for ps in pod_sets))
     scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})

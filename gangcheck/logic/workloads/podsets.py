@@ -86,6 +86,15 @@ def admitted_count(workload: Workload, pod_set: PodSet) -> int:
     return pod_set.count
 
 
+def members_now(workload: Workload, pod_set: PodSet) -> int:
+    """A pod set's members as Kueue's quota counts them: what its admission assigned, within
+    the Job's count now. Kueue v0.17 scales an elastic Job's admitted Workload down by
+    lowering its spec's count in place (`EnsureWorkloadSlices`, a plain Update: the
+    admission's count stays) and counts the lower of the two (`totalRequestsFromAdmission`);
+    the Job controller deletes the members beyond it."""
+    return min(admitted_count(workload, pod_set), pod_set.count)
+
+
 def merge_pod_sets(
     workload: Workload, pod_sets: list[PodSet], policy: MergePolicy | None
 ) -> list[MergedPodSet]:

@@ -57,7 +57,7 @@ from gangcheck.logic.attempt.records import AttemptPhase
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads import admission
 from gangcheck.logic.workloads.admission import MAX_MESSAGE, Decision, Snapshot
-from gangcheck.logic.workloads.podsets import admitted_count
+from gangcheck.logic.workloads.podsets import admitted_count, members_now
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
     HOLD_AS,
@@ -211,15 +211,6 @@ def _running(pred: Predecessor) -> dict[str, int] | str:
             )
         return {}  # it never ran: the slice is the whole gang
     return _running(pred.before)
-
-
-def members_now(wl: Workload, ps: PodSet) -> int:
-    """A pod set's members as Kueue's quota counts them: what its admission assigned, within
-    the Job's count now. Kueue v0.17 scales an admitted Workload down by lowering its spec's
-    count in place (`EnsureWorkloadSlices`, a plain Update: the admission's count stays) and
-    counts the lower of the two (`totalRequestsFromAdmission`); the Job controller deletes
-    the members beyond it."""
-    return min(admitted_count(wl, ps), ps.count)
 
 
 def shrunk(wl: Workload, base: Base) -> Workload:
