@@ -43,7 +43,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from gangcheck_dev import demo
 
-    return demo.up(args.state_dir) if args.action == "up" else demo.down(args.state_dir)
+    if args.action == "down":
+        return demo.down(args.state_dir)
+    try:
+        return demo.up(args.state_dir)
+    except KeyboardInterrupt:
+        print(
+            "\ngangcheck-dev: demo interrupted; remove what it started with: make demo-down",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

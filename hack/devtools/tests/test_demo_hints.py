@@ -68,3 +68,18 @@ def test_dev_up_takes_the_stacks_the_docs_name(capsys: pytest.CaptureFixture[str
     assert "--stack {full,karpenter,minimal}" in text and "--node-groups FILE" in text
     docs = (REPO / "docs" / "testbed.md").read_text()
     assert "gangcheck-dev dev up --stack full" in docs and "--stack karpenter" in docs
+
+
+def test_a_demo_interrupted_says_how_to_remove_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during `make demo` (the stack starting, the gangs running): before, a
+    KeyboardInterrupt traceback and nothing said of the stack left running."""
+
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "up", interrupted)
+    assert main(["demo", "up"]) == 130
+    said = capsys.readouterr().err
+    assert "interrupted" in said and "make demo-down" in said
