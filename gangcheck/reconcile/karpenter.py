@@ -70,6 +70,7 @@ from gangcheck.logic.sources.karpenter.provisioner import (
 from gangcheck.logic.sources.waiting import is_open
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.objects import Obj, ObjectRef, ref_of
+from gangcheck.reclaim.reclaimers import delete_told
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 
@@ -400,11 +401,18 @@ class KarpenterProvisioner:
                     await self._write_conditions(request, (e.condition,))
                 return
         for claim in served.delete:
-            meta = claim["metadata"]
-            with contextlib.suppress(NotFoundError, ConflictError):
+            # told to the caches as answered (a 404 too), as the reclaims' deletes are: a
+            # decision before the watch's DELETED does not take the claim's node for capacity
+            with contextlib.suppress(ConflictError):
                 await self._permitted(
                     "delete karpenter.sh NodeClaims",
-                    self._kube.delete(NODE_CLAIM, meta["name"], uid=meta.get("uid")),
+                    delete_told(
+                        self._kube,
+                        self._caches,
+                        NODE_CLAIM,
+                        claim,
+                        uid=claim["metadata"].get("uid"),
+                    ),
                 )
         if request is not None and served.conditions:
             await self._write_conditions(request, served.conditions)

@@ -366,6 +366,28 @@ async def test_claims_still_launching_are_withdrawn_once_their_attempt_rolls_bac
     assert kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) == before
 
 
+async def test_claims_withdrawn_are_told_to_the_cache_before_the_watch_brings_their_deletes() -> (
+    None
+):
+    """The claims a pass withdraws leave the NodeClaim cache as their deletes are answered,
+    as the reclaims' deletes do (`delete_told`): a decision before the watch's DELETED does
+    not read them as launching (before, the cache kept them until the watch caught up)."""
+    kube = stack("a", limits={GPU: "32"})
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    made = claims_of(kube, "a")
+    assert len(made) == 3
+    rolling = kube.stored(PROVISIONING_REQUEST, "a", NAMESPACE) or {}
+    rolling["metadata"]["annotations"] = {PHASE_ANNOTATION: ROLLING_BACK}
+    kube.add(rolling)
+    kube.sync(karpenter._caches)
+    cached = {c["metadata"]["name"] for c in karpenter._caches.node_claims.store}
+    assert cached == {c["metadata"]["name"] for c in made}
+    await karpenter.pass_once()  # withdraws all three; no sync of the caches after it
+    assert claims_of(kube, "a") == []
+    assert [c["metadata"]["name"] for c in karpenter._caches.node_claims.store] == []
+
+
 async def test_a_claim_lost_right_after_accepted_was_written_is_lost_not_made_again() -> None:
     """The pass that made a gang's claims writes Accepted; Karpenter deletes one of them
     (InsufficientCapacity) and the next pass runs before the requests watch brought the
