@@ -20,11 +20,13 @@ from gangcheck.logic.attempt.actions import Action, AnnotateRequest
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
+    arrived_for,
     claim_of,
     counted,
     fit_words,
     gang_of,
     hold_key,
+    is_arrival_of,
     judged_views,
     level_wait,
     request_key,
@@ -273,7 +275,7 @@ def _considered(
     base, candidates = counted(capacity, request, members, now)
     out = []
     for node in (n for n in base if not is_arriving(n)):
-        if claim_of(node) == key:
+        if is_arrival_of(node, key, request.creation_timestamp):
             out.append((node, True, True))
         elif selected(node):
             out.append((node, False, False))
@@ -533,10 +535,12 @@ def attempt_phase(
     return "requested"
 
 
-def recorded_for(nodes: Collection[Obj], namespace: str, request: str) -> int:
-    """The nodes recorded as arrived for the request (``ARRIVED_FOR``)."""
-    key = f"{namespace}/{request}"
-    return sum(1 for n in nodes if claim_of(n) == key)
+def recorded_for(
+    nodes: Collection[Obj], namespace: str, request: str, created: str | None = None
+) -> int:
+    """The nodes recorded as arrived for the request (``ARRIVED_FOR``, `arrived_for`: made
+    at `created`, its creationTimestamp; None: unknown, every node recorded under its name)."""
+    return len(arrived_for(nodes, f"{namespace}/{request}", created))
 
 
 def nodes_needed(placement: Placement | None) -> int | None:

@@ -9,7 +9,7 @@ it and the nodes no other in-flight request claims, so two gangs never count one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
@@ -176,6 +176,28 @@ def claim_of(node: Obj) -> str:
     return str((node.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR, ""))
 
 
+def arrived_for(nodes: Iterable[Obj], request: str, created: str | datetime | None) -> list[Obj]:
+    """The nodes that arrived for the request (`namespace/name`, made at `created`, its
+    creationTimestamp): those the arrival ledger records for it (`is_arrival_of`)."""
+    return [n for n in nodes if is_arrival_of(n, request, created)]
+
+
+def is_arrival_of(node: Obj, request: str, created: str | datetime | None) -> bool:
+    """Did the node arrive for the request (`namespace/name`, made at `created`)?
+
+    The ledger records a request's name, and names come again: an attempt Kueue admits
+    again after an eviction has the name of the earlier one (attempt/naming.py). A node
+    recorded under the name arrived for this request only if it is not older than it
+    (`proven_older`, whole seconds; a time unknown proves nothing): one that arrived for an
+    earlier request of the name, kept by a safety rule or still being deleted, is not this
+    one's to count, record for its rollback, or say reclaimed. The one reading of the ledger
+    for a request (`arrived_for`); the reclaim's own rule (`proven_younger`) stays beside it."""
+    if claim_of(node) != request:
+        return False
+    when = parse_time(created) if isinstance(created, str) else created
+    return not proven_older(node, when)
+
+
 def gang_of(
     pod_sets: Sequence[tuple[str, int, Obj]], dra: DraContext | None = None
 ) -> list[GangPodSet]:
@@ -229,7 +251,8 @@ def assess(
     if passed_over and not result.fits:
         result = fit()  # the message names why the arrivals passed over take no member
     key = request_key(req)
-    arrived = {n["metadata"]["name"] for n in base if claim_of(n) == key}
+    created = req.creation_timestamp
+    arrived = {n["metadata"]["name"] for n in base if is_arrival_of(n, key, created)}
     came = arrived | {n["metadata"]["name"] for n in candidates}
     return _fulfillment(
         result,
@@ -401,12 +424,14 @@ def _partition(
     base, candidates = [], []
     for node in capacity.nodes:
         owner = claim_of(node)
-        if owner == key:
+        if is_arrival_of(node, key, created):
             base.append(node)
-        elif owner and owner in capacity.in_flight:
+        elif owner and owner != key and owner in capacity.in_flight:
             continue  # another gang's arrival
         elif not is_new_arrival(node, created, members, view=capacity.view):
-            base.append(node)  # capacity that predates the request, shared by all
+            # capacity that predates the request, shared by all (one recorded for an earlier
+            # request of this name too: older than this one, not its arrival)
+            base.append(node)
         elif held_for_another(node, key):
             continue  # another gang's arrival, not recorded yet: never this one's to claim
         elif capacity.view(node).is_going:

@@ -38,6 +38,7 @@ from gangcheck.logic.attempt.backend import AttemptRecord, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
+    arrived_for,
     assess,
     claim_of,
     dra_hint,
@@ -49,7 +50,7 @@ from gangcheck.logic.attempt.fulfillment import (
     unrecorded_arrivals,
 )
 from gangcheck.logic.attempt.hold import held_nodes, is_held
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, arrived_for
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
@@ -524,7 +525,7 @@ def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Acti
     has started, or its rollback is done (what was not reclaimed is no longer the gang's);
     and the scale-down guard gangcheck set on them while they were kept (scaledown.py)."""
     nodes = capacity.nodes if capacity else ()
-    arrived = arrived_for(nodes, request_key(req))
+    arrived = arrived_for(nodes, request_key(req), req.creation_timestamp)
     held = held_nodes(nodes, [n["metadata"]["name"] for n in arrived])
     return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(arrived, request_key(req)))
 

@@ -1,19 +1,19 @@
-"""What an attempt leaves on API objects, read back: the arrival ledger on nodes, and the
-attempt's record on its request (number, deadline, phase, rollback and its outcome, members,
-config), parsed once into a typed `Record`. A leaf: imports nothing of logic/."""
+"""What an attempt leaves on its request, read back: the attempt's record (number, deadline,
+phase, rollback and its outcome, members, config), parsed once into a typed `Record` (the
+arrival ledger on nodes is read by fulfillment.arrived_for). A leaf: imports nothing of
+logic/."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
-    ARRIVED_FOR,
     ATTEMPT_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
@@ -28,16 +28,6 @@ from gangcheck.model.names import (
     SOURCE_ANNOTATION,
     STARTED,
 )
-from gangcheck.model.objects import Obj
-
-
-def arrived_for(nodes: Iterable[Obj], request: str) -> list[Obj]:
-    """The nodes the arrival ledger records as arrived for the request (`namespace/name`)."""
-    return [
-        n
-        for n in nodes
-        if (n.get("metadata", {}).get("annotations") or {}).get(ARRIVED_FOR) == request
-    ]
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,16 @@ from gangcheck.logic.attempt.backend import AttemptRecord
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
     GangSpec,
+    arrived_for,
     assess,
-    claim_of,
     held_as,
+    is_arrival_of,
     request_key,
 )
 from gangcheck.logic.attempt.records import (
     AttemptPhase,
     Record,
     RollbackCause,
-    arrived_for,
 )
 from gangcheck.logic.attempt.status import AttemptStatus, Phase, Signal
 from gangcheck.model.names import (
@@ -138,7 +138,8 @@ def _arrived(
     return {
         n["metadata"]["name"]: n["metadata"].get("creationTimestamp", "")
         for n in _nodes(capacity)
-        if claim_of(n) == request_key(req) or n["metadata"]["name"] in claiming
+        if is_arrival_of(n, request_key(req), req.creation_timestamp)
+        or n["metadata"]["name"] in claiming
     }
 
 
@@ -187,7 +188,7 @@ def abandon(
         return ()
     if fulfilled and not gone:
         return ()
-    arrived = arrived_for(_nodes(capacity), request_key(req))
+    arrived = arrived_for(_nodes(capacity), request_key(req), req.creation_timestamp)
     if not arrived and not also and not record.raw_nodes:
         return ()
     names = tuple(name for name, _ in also)

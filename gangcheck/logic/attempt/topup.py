@@ -44,10 +44,16 @@ from dataclasses import dataclass, replace
 
 from gangcheck.logic.attempt import driver, lifecycle, naming, places, rollback
 from gangcheck.logic.attempt.actions import Action, AnnotateRequest, ClaimNode, Event
-from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, claim_of, gang_of
+from gangcheck.logic.attempt.fulfillment import (
+    ClusterView,
+    GangSpec,
+    arrived_for,
+    gang_of,
+    is_arrival_of,
+)
 from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import made_under
-from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, arrived_for, count_of
+from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.placement.fit import fit_gang
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -198,8 +204,11 @@ def split(
     requests, as far as it goes (the fit's best partial placement); the rest is asked for."""
     wanted = {name: count for name, count, _ in gang.pod_sets if count > 0}
     capacity = capacity or ClusterView()
-    keys = {key_of(r) for r in kept}
-    nodes = [n for n in capacity.nodes if claim_of(n) in keys]
+    nodes = [
+        n
+        for n in capacity.nodes
+        if any(is_arrival_of(n, key_of(r), r.creation_timestamp) for r in kept)
+    ]
     if not nodes or not wanted:
         return Split({}, wanted, ())
     context, devices = capacity.dra(gang.namespace)
@@ -339,7 +348,7 @@ def holds_nothing(req: ProvisioningRequest, capacity: ClusterView | None) -> boo
         is_kept(req)
         and not kept_nodes(req)
         and capacity is not None
-        and not arrived_for(capacity.nodes, key_of(req))
+        and not arrived_for(capacity.nodes, key_of(req), req.creation_timestamp)
     )
 
 
