@@ -177,3 +177,16 @@ def test_the_time_releases_are_marked_since_is_written_once() -> None:
     status = growth.decide(snap, NOW).status or {}
     assert status["gangcheck.io/state"] == "Released"
     assert MARKED_SINCE not in status
+
+
+def test_the_members_recorded_at_the_first_look_stay_within_the_budget() -> None:
+    """A group's annotations are 256 KiB in all: the names are kept within
+    growth.UNMARKED_BUDGET, the growth's (created since the release) first."""
+    gang = [released_unmarked(f"gang-{i:04}-{'x' * 40}") for i in range(800)]
+    for member in gang:
+        member["metadata"]["creationTimestamp"] = "2026-11-30T10:00:30Z"  # before the release
+    case = Case("budget", earlier_group(5), [*running(), released_unmarked("new0"), *gang])
+    written = (run(case).status or {})[UNMARKED]
+    assert len(written) <= growth.UNMARKED_BUDGET
+    names = written.split(",")
+    assert "new0" in names and 600 < len(names) < 800

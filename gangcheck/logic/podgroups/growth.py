@@ -141,6 +141,13 @@ def decide(snap: GroupSnapshot, now: datetime) -> GroupDecision:
     return decision if marking is None else podgroup.merged(decision, GroupDecision(status=marking))
 
 
+#: The longest `RELEASED_UNMARKED_ANNOTATION` written (characters): a group's annotations
+#: are 256 KiB in all, and a write past that is refused (the group's status stuck). Members
+#: beyond it (a gang of hundreds released at once just before the upgrade) are read as
+#: before the mark.
+UNMARKED_BUDGET = 32 * 1024
+
+
 def _marking(snap: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, dict[str, str] | None]:
     """A group released by a version before `RELEASED_BY_ANNOTATION` (no
     `MARKED_SINCE_ANNOTATION`), at this version's first look: its members whose gate was
@@ -158,19 +165,31 @@ def _marking(snap: GroupSnapshot, now: datetime) -> tuple[GroupSnapshot, dict[st
         or group.annotations.get(MARKED_SINCE_ANNOTATION)
     ):
         return snap, None
-    names = sorted(
-        p.name
-        for p in snap.members
-        if p.live
-        and not p.gated
-        and not p.node_name
-        and not p.consumes
-        and not released_by(p.raw)
-        and gated_at(p.raw) is not None
+    since = group.annotations.get(RELEASED_AT_ANNOTATION, "")
+    binding = sorted(
+        (
+            p
+            for p in snap.members
+            if p.live
+            and not p.gated
+            and not p.node_name
+            and not p.consumes
+            and not released_by(p.raw)
+            and gated_at(p.raw) is not None
+        ),
+        # those a growth would say first (created since the release), within the budget
+        key=lambda p: (not since or p.created < since, p.name),
     )
+    names: list[str] = []
+    length = -1  # no comma before the first
+    for pod in binding:
+        length += len(pod.name) + 1
+        if length > UNMARKED_BUDGET:
+            break
+        names.append(pod.name)
     marking = {MARKED_SINCE_ANNOTATION: format_time(now)}
     if names:
-        marking[RELEASED_UNMARKED_ANNOTATION] = ",".join(names)
+        marking[RELEASED_UNMARKED_ANNOTATION] = ",".join(sorted(names))
     adopted = replace(group, annotations={**group.annotations, **marking})
     return replace(snap, group=adopted), marking
 
