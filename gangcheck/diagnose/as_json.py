@@ -9,7 +9,7 @@ from typing import Any
 from gangcheck.diagnose.reports import DiagnoseReport, GroupReport, Report, StatusReport
 from gangcheck.logic.attempt import deletion
 from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
-from gangcheck.logic.podgroups.group_diagnosis import GroupReplay, GrowthFacts
+from gangcheck.logic.podgroups.group_diagnosis import GroupReplay, GrowthFacts, StartWatch
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import Facts, Replay, reset_from
@@ -193,6 +193,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "namespaceOptedIn": f.opted_in,
         },
         "request": _request_facts_json(f.request, now),
+        "start": _start_json(f.start, now),
         "growth": _growth_json(f.growth, now),
         "nodes": _placement_json(f.placement),
         "nodeClaims": _claims_json(report.claims),
@@ -206,23 +207,44 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
     }
 
 
-def _growth_json(grown: GrowthFacts | None, now: datetime) -> dict[str, Any] | None:
-    """The latest growth delivered (null: none): its request, the members released onto it,
-    its start deadline while they bind (`watched`; `secondsLeft` to it) and why its start
-    watchdog rolled it back (`rolledBack`)."""
-    if grown is None:
+def _start_json(watch: StartWatch | None, now: datetime) -> dict[str, Any] | None:
+    """Members released together onto a request (null: none): how many are bound, and the
+    start deadline while they bind (`watched`; `secondsLeft` to it)."""
+    if watch is None:
         return None
-    deadline = grown.start_deadline
+    deadline = watch.start_deadline
     return {
-        "request": _request_facts_json(grown.request, now),
-        "members": list(grown.members),
-        "bound": list(grown.bound),
-        "releasedAt": format_time(grown.released_at) if grown.released_at else None,
-        "startDeadlineSeconds": grown.start_deadline_seconds,
+        "members": list(watch.members),
+        "bound": list(watch.bound),
+        "releasedAt": format_time(watch.released_at) if watch.released_at else None,
+        "startDeadlineSeconds": watch.start_deadline_seconds,
         "startDeadline": format_time(deadline) if deadline else None,
         "secondsLeft": int((deadline - now).total_seconds()) if deadline else None,
-        "watched": grown.watched,
-        "rolledBack": grown.rolled_back or None,
+        "watched": watch.watched,
+    }
+
+
+def _growth_json(grown: GrowthFacts | None, now: datetime) -> dict[str, Any] | None:
+    """The latest growth (null: none): its request; in flight or rolled back, the gated
+    members it asks (asked) for, those beyond it, their fit, when the next is asked
+    (`nextAt`, `noMore`); once its members were released onto it (`delivered`), they and its
+    start deadline, and why its start watchdog rolled it back (`rolledBack`)."""
+    if grown is None:
+        return None
+    start = _start_json(grown.watch, now) or {}
+    if not grown.delivered:  # no member released onto it: nothing to watch
+        start = dict.fromkeys(start)
+    return {
+        "request": _request_facts_json(grown.request, now),
+        "delivered": grown.delivered,
+        **start,
+        "rolledBack": grown.watch.rolled_back or None,
+        "asks": list(grown.asks),
+        "gated": list(grown.gated),
+        "beyond": list(grown.beyond),
+        "nodes": _placement_json(grown.placement),
+        "nextAt": format_time(grown.next_at) if grown.next_at else None,
+        "noMore": grown.no_more,
     }
 
 

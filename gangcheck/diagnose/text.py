@@ -11,7 +11,7 @@ from gangcheck.logic.attempt.explain import NodeFit, Placement, RequestFacts, hu
 from gangcheck.logic.attempt.status import CONDITION_TYPES
 from gangcheck.logic.dispatch import describe
 from gangcheck.logic.podgroups.gating import OPT_IN_VALUE
-from gangcheck.logic.podgroups.group_diagnosis import GroupFacts, GrowthFacts
+from gangcheck.logic.podgroups.group_diagnosis import GroupFacts, GrowthFacts, StartWatch
 from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
@@ -206,7 +206,8 @@ def _group_lines(report: GroupReport) -> list[str]:
         lines += _section("state", _state_lines(f, now))
     lines += _section("members", _member_lines(f))
     if f.request is not None:
-        lines += _section("request", _lines_of_request(f.namespace, f.request, now))
+        started = _start_lines(f.start, now) if f.start is not None else []
+        lines += _section("request", _lines_of_request(f.namespace, f.request, now) + started)
     if f.growth is not None:
         lines += _section("growth", _growth_lines(f.namespace, f.growth, now))
     if f.placement is not None:
@@ -217,25 +218,46 @@ def _group_lines(report: GroupReport) -> list[str]:
 
 
 def _growth_lines(namespace: str, grown: GrowthFacts, now: datetime) -> list[str]:
-    """The latest growth delivered: its request (the rollback's reason and outcome there),
-    its members and their start deadline."""
+    """The latest growth: its request (the rollback's reason and outcome there); once
+    delivered, its members and their start deadline; the gated members waiting on it and,
+    rolled back, when the next growth is asked."""
     lines = _lines_of_request(namespace, grown.request, now)
-    released = f" at {format_time(grown.released_at)}" if grown.released_at else ""
-    count = len(grown.members)
-    lines.append(
-        f"{count} member{'s' if count != 1 else ''} released onto it{released}: "
-        f"{len(grown.bound)} bound"
-    )
-    deadline, fulfilled = grown.start_deadline, grown.request.phase == FULFILLED
-    if deadline is not None and fulfilled and (grown.watched or grown.rolled_back):
-        then = "rolled back unless all are bound by then"
-        if not grown.watched:  # passed, its rollback not recorded yet: the decision begins it
-            then = "passed, gangcheck begins its rollback"
-        lines += _wrapped(
-            f"start deadline {format_time(deadline)} ({_relative(deadline, now)}, "
-            f"startDeadlineSeconds {grown.start_deadline_seconds}): {then}"
+    watch = grown.watch
+    if grown.delivered:
+        released = f" at {format_time(watch.released_at)}" if watch.released_at else ""
+        count = len(watch.members)
+        lines.append(
+            f"{count} member{'s' if count != 1 else ''} released onto it{released}: "
+            f"{len(watch.bound)} bound"
         )
+        lines += _start_lines(watch, now)
+    if grown.gated:
+        beyond = f" ({len(grown.beyond)} beyond it)" if grown.beyond and grown.asks else ""
+        lines += _wrapped(f"gated members waiting on it{beyond}: {', '.join(grown.gated)}")
+    if grown.next_at is not None:
+        lines.append(
+            f"next growth asked at {format_time(grown.next_at)} ({_relative(grown.next_at, now)})"
+        )
+    if grown.no_more:
+        lines.append("backoffLimitCount allows no more growth")
+    if grown.placement is not None:
+        lines += ["fit of the members it asks for:", *_lines_of_placement(grown.placement)]
     return lines
+
+
+def _start_lines(watch: StartWatch, now: datetime) -> list[str]:
+    """The start deadline of members released together while they bind (the gang's or a
+    growth's), or once passed, its rollback begun now."""
+    deadline = watch.start_deadline
+    if deadline is None or not (watch.watched or (watch.rolled_back and watch.phase == FULFILLED)):
+        return []
+    then = "rolled back unless all are bound by then"
+    if not watch.watched:  # passed, its rollback not recorded yet: the decision begins it
+        then = "passed, gangcheck begins its rollback"
+    return _wrapped(
+        f"start deadline {format_time(deadline)} ({_relative(deadline, now)}, "
+        f"startDeadlineSeconds {watch.start_deadline_seconds}): {then}"
+    )
 
 
 def _claim_lines(claims: NodeClaimFacts) -> list[str]:

@@ -161,9 +161,10 @@ def started() -> Obj:
     return made
 
 
-def grow(**notes: str) -> Obj:
-    """Growth g-pg-grow-1 for the 2 members minCount 6 added to the 4 running, Provisioned;
-    `notes`: its record (gangcheck's annotations, without the prefix)."""
+def grow(conditions: dict[str, str] | None = None, **notes: str) -> Obj:
+    """Growth g-pg-grow-1 for the 2 members minCount 6 added to the 4 running, Provisioned
+    (`conditions`: the autoscaler's answer instead); `notes`: its record (gangcheck's
+    annotations, without the prefix)."""
     annotations = {
         "gangcheck.io/pod-group": "pg/g",
         "gangcheck.io/pod-group-uid": "uid-g",
@@ -174,9 +175,25 @@ def grow(**notes: str) -> Obj:
     return provisioning_request(
         GROW1,
         templates=[(f"{GROW1}-ps-0", 2)],
-        conditions={"Provisioned": "ok"},
+        conditions={"Provisioned": "ok"} if conditions is None else conditions,
         annotations=annotations,
     )
+
+
+def asking(conditions: dict[str, str] | None = None, **notes: str) -> Obj:
+    """The growth in flight, asked at 10:00, its deadline at LATER (10:20)."""
+    return grow(conditions, fulfillment_deadline=LATER, **notes)
+
+
+def waiting_growth(*numbers: int) -> list[Obj]:
+    """The members minCount added since the release, gated (m4, m5 by default)."""
+    return [member(i) for i in numbers or (4, 5)]
+
+
+FULL_N0 = node("n0", gpu=4)
+"""The node the 4 running members fill: the growth's members fit nowhere."""
+GROWTH_ASKS = f"growth {GROW1} asks for the 2 gated members minCount 6 added (m4, m5)"
+NO_ROOM = "0 of 2 members placeable; 1 node can take none: 1 × insufficient nvidia.com/gpu"  # noqa: RUF001
 
 
 def start_rolled(**notes: str) -> Obj:
@@ -684,6 +701,174 @@ CASES = [
         requests=[started(), grow(phase="Started", released_at="2026-11-30T10:01:00Z")],
     ),
     Case(
+        "a growth asked, not answered yet: its request and its state, not 'is the controller "
+        "running?'",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: capacity requested "
+        f"({GROW1}, not accepted yet, deadline in 15m): {NO_ROOM}",
+        "released",
+        requests=[started(), asking({})],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth accepted, not provisioned yet: the autoscaler's word",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: capacity requested "
+        f"({GROW1}, accepted, not provisioned yet, deadline in 15m): "
+        f"{NO_ROOM}",
+        "released",
+        requests=[started(), asking({"Accepted": "scaling up 2 nodes"})],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth provisioned, its members not fitting yet: the fit, the deadline",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: waiting for the "
+        f"autoscaler, no node has arrived yet: {NO_ROOM}, deadline in 15m",
+        "released",
+        requests=[started(), asking()],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth provisioned whose members fit: gangcheck's turn to release them",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: {GROW1} is "
+        "Provisioned and they fit; waiting for gangcheck to release them (is the controller "
+        "running?)",
+        "released",
+        requests=[started(), asking()],
+        nodes=[node("n0")],
+    ),
+    Case(
+        "a growth the autoscaler failed: its word, the rollback it begins",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: rolling back: the "
+        f"autoscaler failed {GROW1}: no capacity",
+        "released",
+        requests=[started(), asking({"Failed": "no capacity"})],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth rolling back past its deadline: the reason recorded",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; {GROWTH_ASKS}: rolling back: "
+        "Deadline: not provisioned within 1200s",
+        "released",
+        requests=[
+            started(),
+            asking(
+                {"Accepted": "ok"},
+                phase="RollingBack",
+                rollback_reason="Deadline: not provisioned within 1200s",
+            ),
+        ],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth rolled back, the next in its backoff: when it is asked",
+        group(6, **RAN),
+        [*ran(), *waiting_growth()],
+        f"blocked: released: 4 members released together; growth {GROW1} asked for the 2 "
+        "gated members minCount 6 added (m4, m5) and was rolled back (Deadline: not "
+        "provisioned within 1200s): the next growth asks for them in 16m, after its backoff",
+        "released",
+        requests=[
+            started(),
+            asking(
+                {"Accepted": "ok"},
+                phase="RollingBack",
+                rollback_reason="Deadline: not provisioned within 1200s",
+                outcome=GROWTH_OUTCOME,
+            ),
+        ],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth provisioned, minCount raised beyond it: the members it asks for, the rest "
+        "after it has started",
+        group(7, **RAN),
+        [*ran(), *waiting_growth(4, 5, 6)],
+        f"blocked: released: 4 members released together; growth {GROW1} asks for 2 of the 3 "
+        "gated members minCount 7 added (m4, m5; m6 once it has started): waiting for the "
+        f"autoscaler, no node has arrived yet: {NO_ROOM}, deadline in 15m",
+        "released",
+        requests=[started(), asking()],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth delivered, minCount raised beyond it: the members beyond wait for its "
+        "members, not 'released at once'",
+        group(7, **RAN),
+        [*ran(), *grown(4), *waiting_growth(6)],
+        "blocked: released: 4 members released together, 2 more since; growth "
+        f"{GROW1}: 1 of the 2 members released onto it bound, start deadline in 6m, rolled "
+        "back unless all are by then; 1 gated member beyond it (m6) waits until they are all "
+        "bound, then the next growth asks for it",
+        "released",
+        requests=[started(), grow(phase="Fulfilled", released_at="2026-11-30T10:01:00Z")],
+        nodes=[node("n0")],
+    ),
+    Case(
+        "a growth started, minCount raised beyond it: the next growth is asked now",
+        group(7, **RAN),
+        [*ran(), *grown(4, 5), *waiting_growth(6)],
+        "blocked: released: 4 members released together, 2 more since; 1 gated member beyond "
+        f"growth {GROW1} (m6): the next growth asks for it now (is the controller running?)",
+        "released",
+        requests=[started(), grow(phase="Started", released_at="2026-11-30T10:01:00Z")],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "a growth started, a late member minCount did not add: released once it fits, as any",
+        group(6, **RAN),
+        [*ran(), *grown(4, 5), *waiting_growth(6)],
+        "blocked: released: 4 members released together, 2 more since; 1 member(s) created "
+        "since are still gated (m6); gangcheck releases each once the gang is bound and it "
+        "fits on nodes that exist (is the controller running?)",
+        "released",
+        requests=[started(), grow(phase="Started", released_at="2026-11-30T10:01:00Z")],
+        nodes=[FULL_N0],
+    ),
+    Case(
+        "released, its gang binding: its start deadline, as a Workload's",
+        group(2, state="Released", request="g-pg-1", released_at="2026-11-30T10:01:00Z"),
+        [
+            member(0, gated=False, node_name="n0", annotations={CONSUME: "g-pg-1"}),
+            member(1, gated=False, annotations={CONSUME: "g-pg-1"}),
+        ],
+        "not blocked: released: 2 members released together; 1 of 2 bound so far "
+        "(kube-scheduler's turn), start deadline in 6m, rolled back unless all are by then",
+        "released",
+        requests=[req(count=2, Provisioned="ok")],
+    ),
+    Case(
+        "released, its gang binding, a late member released since: the start deadline of "
+        "those released together",
+        group(
+            2,
+            state="Released",
+            request="g-pg-1",
+            gang_members="2",
+            released_at="2026-11-30T10:01:00Z",
+        ),
+        [
+            member(0, gated=False, node_name="n0", annotations={CONSUME: "g-pg-1"}),
+            member(1, gated=False, annotations={CONSUME: "g-pg-1"}),
+            member(2, gated=False),
+        ],
+        "not blocked: released: 2 members released together, 1 more since; 1 of 3 bound so "
+        "far (kube-scheduler's turn); 1 of the 2 members released together bound, start "
+        "deadline in 6m, rolled back unless all are by then",
+        "released",
+        requests=[req(count=2, Provisioned="ok")],
+    ),
+    Case(
         "released, scheduler still placing",
         group(3, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
@@ -839,13 +1024,27 @@ def test_the_text_and_the_json_say_the_same(case: Case) -> None:
             assert f"outcome: {said['outcome']['summary']}" in flat
         if grown["rolledBack"]:
             assert grown["rolledBack"] in found.line
-        count = len(grown["members"])
-        released = f" at {grown['releasedAt']}" if grown["releasedAt"] else ""
-        assert f"{count} members released onto it{released}: {len(grown['bound'])} bound" in flat
-        if grown["watched"] and grown["startDeadline"]:
-            left = human_duration(grown["secondsLeft"])
-            assert f"start deadline {grown['startDeadline']} (in {left}," in flat
-            assert f"start deadline in {left}," in found.line
+        if grown["delivered"]:
+            count = len(grown["members"])
+            released = f" at {grown['releasedAt']}" if grown["releasedAt"] else ""
+            said = f"{count} members released onto it{released}: {len(grown['bound'])} bound"
+            assert said in flat
+        _says_start_deadline(grown, flat, found.line)
+        if grown["gated"]:  # in flight, waiting for its next, or beyond it: named
+            assert ", ".join(grown["gated"]) in flat
+            assert all(name in found.line for name in grown["gated"])
+        if grown["nextAt"]:
+            assert f"next growth asked at {grown['nextAt']}" in flat
+    _says_start_deadline(as_json["start"], flat, found.line)
+
+
+def _says_start_deadline(watch: dict[str, Any] | None, flat: str, line: str) -> None:
+    """A start watchdog counting (the gang's release or a growth's): its deadline in the
+    text's section and in the verdict."""
+    if watch is not None and watch["watched"] and watch["startDeadline"]:
+        left = human_duration(watch["secondsLeft"])
+        assert f"start deadline {watch['startDeadline']} (in {left}," in flat
+        assert f"start deadline in {left}," in line
 
 
 def test_member_facts_count_gated_bound_and_ungated() -> None:

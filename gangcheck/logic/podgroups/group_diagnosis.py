@@ -10,12 +10,16 @@ that blocks: the group and its members as read, the state the provisioner wrote,
 the replayed decision does (releases, asks, waits for the members) or the step it returns.
 ``group_row`` condenses the same facts for ``gangcheck status``.
 
-A released group that grew (growth.py) is said with its latest growth delivered
-(``GrowthFacts``): while the members released onto it bind, how long its start watchdog
-leaves them (``podgroup.start_watch``'s deadline: their release recorded on its request plus
-the startDeadlineSeconds of the config it was made under), as a Workload's diagnosis says its
-start deadline; once the watchdog rolls it back (StartDeadline), that, with what its rollback
-reclaimed or kept.
+A released gang binding is said with its start deadline (``StartWatch``: its release
+recorded on the group plus the startDeadlineSeconds of the config its request was made
+under, ``podgroup.start_watch``'s), as a Workload's diagnosis says its own. A released group
+that grew (growth.py) is said with its latest growth (``GrowthFacts``): in flight, what it
+waits for, in the words a gang's request is said in (its name, the autoscaler's answer, the
+fit of the gated members it asks for, its deadline, its rollback); rolled back, when the next
+growth asks for them (its backoff); delivered, how long its start watchdog leaves the members
+released onto it (the same ``StartWatch``, from the release recorded on its request), and
+that the gated members minCount added beyond it wait until they are all bound; once the
+watchdog rolls it back (StartDeadline), that, with what its rollback reclaimed or kept.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gangcheck.logic.attempt.explain import (
     as_decided,
     attempt_phase,
     deleting_verdict,
+    ended_verdict,
     fit_verdict,
     human_duration,
     moved_deadlines,
@@ -68,16 +73,18 @@ from gangcheck.logic.sources.world import capacity_of, place_in
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     CONFIG_ANNOTATION,
-    FULFILLED,
     GANG_MEMBERS_ANNOTATION,
     GROUP_UID_ANNOTATION,
     KEPT_FROM_ANNOTATION,
     MESSAGE_ANNOTATION,
     NEXT_ATTEMPT_ANNOTATION,
     OPT_IN_LABEL,
+    PHASE_ANNOTATION,
     RELEASED_AT_ANNOTATION,
     REQUEST_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
     STATE_ANNOTATION,
     UNGATED_ANNOTATION,
 )
@@ -191,18 +198,20 @@ def _config_of(
 
 
 @dataclass(frozen=True)
-class GrowthFacts:
-    """The group's latest growth (growth.py) once its members were released onto it: binding
-    (Fulfilled), started, or rolled back by its start watchdog."""
+class StartWatch:
+    """Members released together onto a request (the gang's, or a growth's) while they bind:
+    the start watchdog (`podgroup.start_watch`) rolls it back unless they are all bound
+    within the startDeadlineSeconds of the config it was made under, counted from their
+    release."""
 
-    request: RequestFacts
-    """Its request (`attempt`: the growth's number)."""
+    phase: str = ""
+    """The phase recorded on the request (Fulfilled while its members bind)."""
     members: tuple[str, ...] = ()
     """The members released onto it that still count (consuming its request)."""
     bound: tuple[str, ...] = ()
     released_at: datetime | None = None
-    """When its members were released onto it (`gangcheck.io/released-at` on its request;
-    None: not recorded yet, gangcheck records it at its next look)."""
+    """When its members were released onto it (None: not recorded; a growth's is recorded
+    at gangcheck's next look)."""
     start_deadline_seconds: int = 0
     """fulfillment.startDeadlineSeconds of the config it was made under."""
     rolled_back: str = ""
@@ -218,9 +227,67 @@ class GrowthFacts:
 
     @property
     def watched(self) -> bool:
-        """Its start watchdog counts: Fulfilled, members of it unbound, not rolled back."""
+        """Its start watchdog counts: members of it unbound, not started, not rolled back."""
         waiting = len(self.bound) < len(self.members)
-        return waiting and not self.rolled_back and self.request.phase == FULFILLED
+        settled = self.phase in (STARTED, ROLLING_BACK) or self.rolled_back
+        return waiting and not settled
+
+
+def start_watch_of(
+    req: ProvisioningRequest,
+    live: Sequence[Pod],
+    config: AtomicProvisioningSpec | None,
+    released_at: datetime | None,
+    rolled_back: str = "",
+) -> StartWatch:
+    """The start watchdog of the members released onto `req` (those of `live` consuming it),
+    under the config it was made under (`lifecycle.made_under`, else `config`)."""
+    mine = [p for p in live if p.consumes == req.name]
+    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
+    return StartWatch(
+        phase=req.annotations.get(PHASE_ANNOTATION, ""),
+        members=tuple(p.name for p in mine),
+        bound=tuple(p.name for p in mine if p.node_name),
+        released_at=released_at,
+        start_deadline_seconds=made.fulfillment.start_deadline_seconds,
+        rolled_back=rolled_back,
+    )
+
+
+@dataclass(frozen=True)
+class GrowthFacts:
+    """The group's latest growth (growth.py): in flight for the gated members minCount
+    added, delivered (its members released onto it: binding, started, or rolled back by its
+    start watchdog), or rolled back before, the next in its backoff."""
+
+    request: RequestFacts
+    """Its request (`attempt`: the growth's number)."""
+    watch: StartWatch = StartWatch()
+    """Once delivered: its members and its start watchdog."""
+    delivered: bool = False
+    """Its members were released onto it."""
+    asks: tuple[str, ...] = ()
+    """In flight, or rolled back: the gated members it asks (asked) for."""
+    gated: tuple[str, ...] = ()
+    """The gated members that wait on it: those it asks for, then those minCount added
+    beyond it (`beyond`)."""
+    placement: Placement | None = None
+    """In flight: the fit of the members it asks for on the nodes that exist."""
+    next_at: datetime | None = None
+    """Rolled back (not by its start watchdog), members still gated: when the next growth is
+    asked (its backoff), None once backoffLimitCount allows none (`no_more`) or at once."""
+    no_more: bool = False
+    """Rolled back, and backoffLimitCount allows no more growth."""
+
+    @property
+    def in_flight(self) -> bool:
+        """Asked, its members not released onto it yet, not rolled back."""
+        return not self.delivered and not self.request.outcome
+
+    @property
+    def beyond(self) -> tuple[str, ...]:
+        """The gated members minCount added beyond those it asks (asked) for."""
+        return tuple(n for n in self.gated if n not in self.asks)
 
 
 @dataclass(frozen=True)
@@ -264,7 +331,9 @@ class GroupFacts:
     given_nodes: int = 0
     """Once released: the nodes recorded as arrived for its request (`recorded_for`)."""
     growth: GrowthFacts | None = None
-    """Once released: its latest growth delivered (`growth_facts`), if any."""
+    """Once released: its latest growth (`growth_facts`), if any."""
+    start: StartWatch | None = None
+    """Once released: the start watchdog of the gang released together (on its request)."""
 
     @property
     def kind(self) -> str:
@@ -391,7 +460,22 @@ def gather_group(
             if state == RELEASED and name_of_request
             else 0
         ),
-        growth=growth_facts(group, live, world, config[0], decided) if state == RELEASED else None,
+        growth=(
+            growth_facts(group, live, world, config[0], decided, now=now)
+            if state == RELEASED
+            else None
+        ),
+        start=(
+            start_watch_of(
+                req,
+                live,
+                config[0],
+                parse_time(notes.get(RELEASED_AT_ANNOTATION, "")),
+                decided.rollbacks.get(req.name, ""),  # its watchdog's rollback, begun now
+            )
+            if state == RELEASED and req is not None
+            else None
+        ),
     )
 
 
@@ -401,11 +485,14 @@ def growth_facts(
     world: World,
     config: AtomicProvisioningSpec | None,
     decided: GroupReplay,
+    *,
+    now: datetime,
 ) -> GrowthFacts | None:
-    """The group's latest growth request (`<group>-<kind>-grow-<n>`, made for this group),
-    once its members were released onto it (Fulfilled, Started) or its start watchdog rolls
-    it back (StartDeadline: recorded on it, or begun by the replayed decision `decided`);
-    None else (no growth, or one in flight or rolled back for another reason)."""
+    """The group's latest growth request (`<group>-<kind>-grow-<n>`, made for this group):
+    in flight (the gated members it asks for, their fit), delivered (its members released
+    onto it: Fulfilled, Started) or rolled back by its start watchdog (StartDeadline: recorded
+    on it, or begun by the replayed decision `decided`), or rolled back for another reason
+    while members minCount added wait gated (when the next growth is asked); None else."""
     ns, uid = group.ref.namespace, group.ref.uid
     growths = []
     for obj in world.requests:
@@ -423,18 +510,35 @@ def growth_facts(
         RollbackCause.of(begun) is RollbackCause.START_DEADLINE
     )
     delivered = record.phase in (AttemptPhase.FULFILLED, AttemptPhase.STARTED)
-    if not (delivered or watchdog):
-        return None
-    mine = [p for p in live if p.consumes == req.name]
-    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
-    return GrowthFacts(
+    gated = [p for p in live if p.gated and not p.node_name]
+    loose = {p.name for p in podgroup.loose_members(live)} if gated else set()
+    running = [p for p in live if not p.gated and p.name not in loose]
+    if group.min_count <= len(running):
+        gated = []  # no growth needed: members gated now are late ones, not the growth's
+    facts = GrowthFacts(
         request=request_facts(req, req.name, number, node_names(world)),
-        members=tuple(p.name for p in mine),
-        bound=tuple(p.name for p in mine if p.node_name),
-        released_at=parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, "")),
-        start_deadline_seconds=made.fulfillment.start_deadline_seconds,
-        rolled_back=(record.reason or begun) if watchdog else "",
+        delivered=delivered or watchdog,
+        gated=tuple(p.name for p in sorted(gated, key=lambda p: (p.created, p.name))),
     )
+    if delivered or watchdog:
+        released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
+        why = (record.reason or begun) if watchdog else ""
+        return replace(facts, watch=start_watch_of(req, live, config, released, why))
+    if not gated:
+        return None  # rolled back or withdrawn, no member waiting on it
+    asks = podgroup.attempt_members(gated, req)
+    facts = replace(facts, asks=tuple(p.name for p in asks))
+    if facts.in_flight:
+        gang = podgroup.gang_from_pods(group, asks)
+        return replace(facts, placement=place_in(world, gang, ns, req, now))
+    now_config = config or lifecycle.recorded_config(req)  # as growth.py follows it
+    if now_config is None:
+        return facts
+    if lifecycle.next_attempt(number, now_config.retry_strategy) is None:
+        return replace(facts, no_more=True)
+    if RollbackCause.of(record.reason or "") is RollbackCause.CONFIG_CHANGED:
+        return facts  # the next asks at once, under the config now
+    return replace(facts, next_at=growth._due(now_config, number, req))
 
 
 def _late_members(
@@ -581,19 +685,19 @@ def _settled_verdict(f: GroupFacts, now: datetime) -> Verdict | None:
 
 
 def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
-    m, req, done = f.members, f.request, f.replay
-    if req is not None and done is not None and done.progress in ROLLBACK:
+    m, req, done, grown = f.members, f.request, f.replay, f.growth
+    flying = grown is not None and grown.in_flight
+    if req is not None and done is not None and done.progress in ROLLBACK and not flying:
         why = req.rollback_reason or done.message  # the start watchdog's rollback
         outcome = f"; {req.outcome_line}" if req.outcome else ""
         return Verdict(
             True, "release", f"released, but rolling back attempt {f.attempt}: {why}{outcome}"
         )
-    grown = f.growth
-    if grown is not None and grown.rolled_back and not grown.request.outcome:
+    if grown is not None and grown.watch.rolled_back and not grown.request.outcome:
         return Verdict(
             True,
             "release",
-            f"released, but rolling back growth {grown.request.name}: {grown.rolled_back}",
+            f"released, but rolling back growth {grown.request.name}: {grown.watch.rolled_back}",
         )
     if not m.exist:
         return Verdict(False, "release", "released; the gang has no members left")
@@ -602,7 +706,12 @@ def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     head = f"released: {together} member{'s' if together != 1 else ''} released together"
     if out > together:
         head += f", {out - together} more since"
+    if grown is not None and grown.asks:  # in flight, or rolled back: what it waits for
+        return Verdict(True, "release", f"{head}; {_growth_waits(f, grown, now)}")
     binding = m.unbound - len(m.gated)
+    watching = _start_watch(grown.watch if grown else None, now, growth=grown)
+    if grown is not None and grown.gated and grown.delivered and not grown.watch.rolled_back:
+        return Verdict(True, "release", f"{head}{watching}; {_beyond(grown)}")
     if m.gated and binding:
         return Verdict(
             True,
@@ -617,38 +726,105 @@ def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     if not m.unbound:
         return Verdict(False, "release", f"{head}, all bound{rolled}")
     said = f": kube-scheduler says {m.unschedulable}" if m.unschedulable else ""
+    own = _start_watch(f.start, now, of=m.unbound if f.start else 0)
     return Verdict(
         bool(said or rolled),
         "release",
         f"{head}{rolled}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)"
-        f"{_start_watch(grown, now)}{said}",
+        f"{own}{watching}{said}",
+    )
+
+
+def _growth_waits(f: GroupFacts, grown: GrowthFacts, now: datetime) -> str:
+    """What a growth in flight waits for, as a gang's request is said (`step_verdict`); one
+    rolled back: when the next growth asks for the members it asked for."""
+    count, asks, beyond = len(grown.gated), grown.asks, grown.beyond
+    later = f"; {_names(beyond)} once it has started" if beyond else ""
+    added = f"gated member{'s' if count != 1 else ''} minCount {f.min_count} added"
+    which = f"the {count} {added}" if len(asks) == count else f"{len(asks)} of the {count} {added}"
+    name, req = grown.request.name, grown.request
+    if not grown.in_flight:
+        asked = f"growth {name} asked for {which} ({_names(asks)}{later}) and was rolled back"
+        asked += f" ({req.rollback_reason})" if req.rollback_reason else ""
+        if grown.no_more:
+            return f"{asked}: backoffLimitCount allows no more growth, they stay gated"
+        if grown.next_at is not None and grown.next_at > now:
+            wait = human_duration((grown.next_at - now).total_seconds())
+            return f"{asked}: the next growth asks for them in {wait}, after its backoff"
+        return f"{asked}: the next growth asks for them now (is the controller running?)"
+    asking = f"growth {name} asks for {which} ({_names(asks)}{later})"
+    done = f.replay or GroupReplay()
+    if done.progress in ROLLBACK:
+        ended = ended_verdict(req)
+        why = req.rollback_reason or (ended.reason if ended else "") or done.message
+        outcome = f"; {req.outcome_line}" if req.outcome else ""
+        return f"{asking}: rolling back: {why}{outcome}"
+    said = step_verdict(
+        done.progress,
+        done.message,
+        req,
+        now,
+        fits=lambda: Verdict(
+            True,
+            "release",
+            f"{name} is Provisioned and they fit; waiting for gangcheck to release them (is "
+            "the controller running?)",
+        ),
+        provisioned=lambda deadline: fit_verdict(grown.placement, req, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(
+            req, accepted, eta, deadline, placement=grown.placement
+        ),
+    )
+    return f"{asking}: {said.reason if said else done.message or 'no message'}"
+
+
+def _beyond(grown: GrowthFacts) -> str:
+    """Gated members minCount added beyond a growth delivered: none is released alone; the
+    next growth asks for them once the members released onto it are all bound."""
+    count = len(grown.gated)
+    them = "it" if count == 1 else "them"
+    who = f"{count} gated member{'s' if count != 1 else ''} beyond it ({_names(grown.gated)})"
+    if not grown.watch.watched:  # its members bound: the next growth is asked at once
+        who = who.replace("beyond it", f"beyond growth {grown.request.name}")
+        return f"{who}: the next growth asks for {them} now (is the controller running?)"
+    return (
+        f"{who} wait{'s' if count == 1 else ''} until they are all bound, then the next growth "
+        f"asks for {them}"
     )
 
 
 def _growth_rolled_back(grown: GrowthFacts | None) -> str:
     """A growth its start watchdog rolled back: why, and what its rollback did."""
-    if grown is None or not grown.rolled_back:
+    if grown is None or not grown.watch.rolled_back:
         return ""
     return (
-        f"; growth {grown.request.name} was rolled back: {grown.rolled_back}; "
+        f"; growth {grown.request.name} was rolled back: {grown.watch.rolled_back}; "
         f"{grown.request.outcome_line}"
     )
 
 
-def _start_watch(grown: GrowthFacts | None, now: datetime) -> str:
-    """A growth whose members bind: how long its start watchdog leaves them, as a Workload's
-    start deadline is said (`until`)."""
-    if grown is None or not grown.watched:
+def _start_watch(
+    watch: StartWatch | None, now: datetime, *, growth: GrowthFacts | None = None, of: int = 0
+) -> str:
+    """Members released together binding: how long the start watchdog leaves them, as a
+    Workload's start deadline is said (`until`). A growth's names it; the gang's own is said
+    after the count of its members bound (`of`: the members unbound said there), naming
+    those released together when others are unbound too."""
+    if watch is None or not watch.watched:
         return ""
-    members = len(grown.members)
-    when = until("start deadline", grown.start_deadline, now)
-    if grown.start_deadline is None:
+    when = until("start deadline", watch.start_deadline, now)
+    if watch.start_deadline is None:
+        if growth is None:
+            return ""  # not recorded by an older version: the gang's watchdog does not count
         when = ", its start deadline counted from gangcheck's next look"
-    return (
-        f"; growth {grown.request.name}: {len(grown.bound)} of the {members} member"
-        f"{'s' if members != 1 else ''} released onto it bound{when}, rolled back unless "
-        "all are by then"
-    )
+    when += ", rolled back unless all are by then"
+    members = len(watch.members)
+    counted = f"{len(watch.bound)} of the {members} member{'s' if members != 1 else ''} released "
+    if growth is not None:
+        return f"; growth {growth.request.name}: {counted}onto it bound{when}"
+    if members - len(watch.bound) == of:
+        return when
+    return f"; {counted}together bound{when}"
 
 
 def _late(f: GroupFacts) -> str:
@@ -734,7 +910,9 @@ def _attempt_verdict(f: GroupFacts, now: datetime) -> Verdict:
             "release the members (is the controller running?)",
         ),
         provisioned=lambda deadline: fit_verdict(f.placement, req, deadline),
-        waiting=lambda accepted, eta, deadline: _waiting_verdict(f, req, accepted, eta, deadline),
+        waiting=lambda accepted, eta, deadline: _waiting_verdict(
+            req, accepted, eta, deadline, placement=f.placement, hint=f.hint
+        ),
     )
     return said or _said(decided)
 
@@ -771,14 +949,19 @@ def _said(done: GroupReplay) -> Verdict:
 
 
 def _waiting_verdict(
-    f: GroupFacts, req: RequestFacts, accepted: bool, eta: str, deadline: str
+    req: RequestFacts,
+    accepted: bool,
+    eta: str,
+    deadline: str,
+    *,
+    placement: Placement | None,
+    hint: str = "",
 ) -> Verdict:
     answer = f"accepted, not provisioned yet{f' ({eta})' if eta else ''}"
     answer = answer if accepted else "not accepted yet"
-    placement = f.placement
     fit = f": {placement.summary}" if placement is not None and placement.summary else ""
     return Verdict(
-        True, "request", f"capacity requested ({req.name}, {answer}{deadline}){fit}{f.hint}"
+        True, "request", f"capacity requested ({req.name}, {answer}{deadline}){fit}{hint}"
     )
 
 
