@@ -9,6 +9,7 @@ is played by creating Nodes; gangcheck runs in fit mode with short deadlines.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -396,6 +397,44 @@ async def test_a_job_scaled_down_after_its_admission_then_up_asks_beyond_what_ru
         what="the slice's relation in the check message",
     )
     await untouched(cluster, node, pods[:6])
+
+
+async def test_an_elastic_jobs_first_workload_scaled_down_before_it_started_is_not_stopped(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """An elastic Job's first Workload (no slice: a whole gang, with a start watchdog),
+    Ready and admitted at 4, 3 members bound, scaled down to 3 before the 4th is scheduled
+    (Kueue lowers the spec's count in place; the Job controller deletes the 4th): the
+    watchdog counts the 3 the Job has, so the attempt is marked started and the check stays
+    Ready. Before, it waited for 4 of 4, rolled back at the start deadline and set Retry,
+    on which Kueue evicts the Workload and stops the whole Job, its running members too."""
+    config = fit(deadline=60)
+    config["fulfillment"]["startDeadlineSeconds"] = 3
+    await cluster.install_check(config)
+    await cluster.submit(slice_of("first", 4))
+    name = naming.request_name("first", cluster.check, 1)
+    await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    nodes = await cluster.add_nodes(4, gpu=1)
+    await cluster.wait_check("first", "Ready")
+    await cluster.set_workload_condition("first", "Admitted")
+    for i, node_name in enumerate(nodes[:3]):
+        await cluster.create_pod(f"member-{i}", node_name=node_name, consume=name)
+    await cluster.create_pod("member-3", consume=name)  # not scheduled yet
+    wl = await cluster.workload("first")
+    wl["spec"]["podSets"][0]["count"] = 3  # as Kueue's EnsureWorkloadSlices on a scale-down
+    await cluster.kube.replace(WORKLOAD, wl)
+    await cluster.kube.delete(POD, "member-3", cluster.ns, grace_period_seconds=0)
+
+    async def started() -> bool:
+        r = await cluster.request(name)
+        return r is not None and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+
+    await eventually(started, what="the attempt marked started on the 3 the Job has")
+    await asyncio.sleep(4)  # past the start deadline
+    assert (await cluster.check_state("first"))["state"] == "Ready"
+    assert not await cluster.events("RolledBack")
+    assert {n["metadata"]["name"] for n in await cluster.nodes()} >= set(nodes[:3])
 
 
 async def test_a_slice_evicted_and_admitted_again_asks_for_the_whole_job(
