@@ -437,6 +437,30 @@ async def test_an_elastic_jobs_first_workload_scaled_down_before_it_started_is_n
     assert {n["metadata"]["name"] for n in await cluster.nodes()} >= set(nodes[:3])
 
 
+async def test_an_elastic_jobs_first_workload_scaled_down_while_pending_is_judged_on_the_rest(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """An elastic Job's first Workload with quota, its request for 4 in flight, scaled down
+    to 3 (Kueue lowers the spec's count in place; its admission still says 4): Provisioned
+    with room for 3, the check turns Ready on the 3 the Job has. Before, it waited for room
+    for 4 until its deadline and rolled back."""
+    await cluster.install_check(fit(deadline=60))
+    await cluster.submit(slice_of("first", 4))
+    name = naming.request_name("first", cluster.check, 1)
+    asked = await cluster.wait_request(name)
+    assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
+    wl = await cluster.workload("first")
+    wl["spec"]["podSets"][0]["count"] = 3  # as Kueue's EnsureWorkloadSlices on a scale-down
+    await cluster.kube.replace(WORKLOAD, wl)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    arrived = await cluster.add_nodes(3, gpu=1)
+    check = await cluster.wait_check("first", "Ready")
+    assert "the whole gang fits" in check["message"], check["message"]
+    for n in arrived:
+        notes = (await cluster.kube.get(NODE, n))["metadata"].get("annotations") or {}
+        assert notes.get(ARRIVED) == f"{cluster.ns}/{name}"
+
+
 async def test_a_slice_evicted_and_admitted_again_asks_for_the_whole_job(
     cluster: Cluster, controller: RunningController
 ) -> None:

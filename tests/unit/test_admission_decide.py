@@ -1081,6 +1081,22 @@ CASES += [
         annotates=({"gangcheck.io/phase": "Started"},),
     ),
     Case(
+        "an elastic Job scaled down in place (4 admitted, 3 now) while its request for 4 is "
+        "in flight: judged on the 3 it has, Ready once they fit",
+        scaled_down_in_place(gang(), 3),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node("n1", gpu=2, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+            node("n2", gpu=1, labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z"),
+        ],
+        state="Ready",
+        claims=("n1", "n2"),
+        consume_pod_sets=("workers",),
+        message="the whole gang fits on nodes that exist",
+        annotates=(FULFILLED,),
+    ),
+    Case(
         "watchdog: scaled down in place (3 now) with 2 scheduled past the start deadline: "
         "rolls back, counting the 3 the Job has",
         scaled_down_in_place(admitted(), 3),
@@ -1401,3 +1417,11 @@ def test_an_invalid_configs_note_is_written_once_on_an_unchanged_message(noted: 
     assert (d.check.message if d.check is not None else None) == (
         None if noted else f"{said} ({note})"
     )
+
+
+def test_an_elastic_job_scaled_down_in_place_before_its_first_ask_asks_for_what_it_has() -> None:
+    """Kueue v0.17 lowers the spec's count of a Workload with quota in place (its admission
+    still says 4): the ask is for the 3 members the Job has, as Kueue's quota counts them."""
+    d = run(Case("", scaled_down_in_place(gang(), 3), config={}))
+    (body,) = (a.body for a in d.actions if isinstance(a, CreateRequest))
+    assert [p["count"] for p in body["spec"]["podSets"]] == [3]

@@ -55,11 +55,12 @@ def required_level(template: Obj) -> str | None:
 
 
 def required_pod_sets(workload: Workload, managed_resources: tuple[str, ...]) -> list[PodSet]:
-    """Pod sets that need capacity: those using a managed resource (all if none is named)."""
+    """Pod sets that need capacity: those with members (`members_now`) using a managed
+    resource (all if none is named)."""
     return [
         ps
         for ps in workload.pod_sets
-        if admitted_count(workload, ps) > 0
+        if members_now(workload, ps) > 0
         and (not managed_resources or uses_any(ps.template, managed_resources))
     ]
 
@@ -100,7 +101,7 @@ def merge_pod_sets(
 ) -> list[MergedPodSet]:
     merged: list[MergedPodSet] = []
     for ps in pod_sets:
-        count = admitted_count(workload, ps)
+        count = members_now(workload, ps)  # an elastic Job scaled down since: what it has
         for i, group in enumerate(merged):
             first = next(p for p in pod_sets if p.name == group.name)
             if policy is not None and can_merge(first, ps, policy):
