@@ -19,7 +19,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.model.names import UNGATED_ANNOTATION
 from tests.integration.harness import eventually
 from tests.integration.test_diagnose import run_cli
-from tests.integration.test_podgroup_growth import growing
+from tests.integration.test_podgroup_growth import growing, set_min_count
 from tests.integration.test_podgroup_growth import short_start as short_start  # noqa: PLC0414
 from tests.integration.test_podgroups import (  # the PodGroup fixtures, reused
     Groups,
@@ -127,12 +127,16 @@ async def test_a_coscheduling_gang_in_flight_names_its_request_and_the_fit(
     await cluster.set_request_conditions("ddp-coscheduling-1", {"Provisioned": "ok"})
     await cluster.add_nodes(1, gpu=1)
     await groups.wait_state("ddp", "Released", plugins=True)
-    await report_of(
-        cluster.kube,
-        f"podgroup/{groups.ns}/ddp",
-        "not blocked: released: 2 members released together; 0 of 2 bound so far "
-        "(kube-scheduler's turn)",
+    # its start deadline, counted from the release gangcheck recorded on the group
+    binding = re.compile(
+        r"not blocked: released: 2 members released together; 0 of 2 bound so far "
+        r"\(kube-scheduler's turn\), start deadline in \w+, rolled back unless all are by then"
     )
+    report = await report_of(cluster.kube, f"podgroup/{groups.ns}/ddp", binding)
+    start = report.facts.start
+    assert start is not None and start.released_at is not None and start.watched
+    assert (sorted(start.members), start.bound) == (["ddp-0", "ddp-1"], ())
+    assert start.start_deadline_seconds == 600  # the default config's
 
 
 async def test_a_gang_blocked_by_ungated_members_is_in_status_and_diagnose_says_what_gangcheck_did(
@@ -262,6 +266,63 @@ async def test_a_growth_binding_says_how_long_its_start_watchdog_leaves_it(
     assert f"2 members released onto it at {grown['releasedAt']}: 1 bound" in flat
     assert f"start deadline {grown['startDeadline']} (in " in flat
     assert watched.fullmatch(out.splitlines()[-1])
+
+
+async def test_a_growth_in_flight_says_what_it_waits_for_and_members_beyond_it_wait(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """minCount 2 -> 4: while the growth's request is not answered, then accepted, diagnose
+    names it and its answer (not 'is the controller running?'); delivered, one of its members
+    bound, minCount raised to 5: the member added beyond it waits for its members, no growth
+    asked for it meanwhile, and the text and -o json agree."""
+    await growing(groups, "wide")
+    request, target = "wide-pg-grow-1", f"podgroup/{groups.ns}/wide"
+    asks = (
+        r"blocked: released: 2 members released together; growth wide-pg-grow-1 asks for the 2 "
+        r"gated members minCount 4 added \(wide-2, wide-3\): capacity requested "
+        r"\(wide-pg-grow-1, {answer}, deadline in \w+\).*"
+    )
+    report = await report_of(
+        groups.kube, target, re.compile(asks.format(answer="not accepted yet"))
+    )
+    grown = report.facts.growth
+    assert grown is not None and (grown.asks, grown.delivered) == (("wide-2", "wide-3"), False)
+    await groups.cluster.set_request_conditions(request, {"Accepted": "ok"})
+    accepted = asks.format(answer="accepted, not provisioned yet")
+    await report_of(groups.kube, target, re.compile(accepted))
+
+    await groups.cluster.set_request_conditions(request, {"Provisioned": "ok"})
+    nodes = await groups.cluster.add_nodes(2, gpu=1)
+
+    async def released() -> bool | None:
+        return True if await groups.gated("wide-2", "wide-3") == [False, False] else None
+
+    await eventually(released, timeout=20, what="the growth's 2 members released")
+    await groups.bind("wide-2", nodes[0])
+    await set_min_count(groups, "wide", 5)
+    await groups.member("wide-4", "wide")
+    beyond = re.compile(
+        r"blocked: released: 2 members released together, 2 more since; growth wide-pg-grow-1: "
+        r"1 of the 2 members released onto it bound, start deadline in \w+, rolled back unless "
+        r"all are by then; 1 gated member beyond it \(wide-4\) waits until they are all "
+        r"bound, then the next growth asks for it"
+    )
+    await report_of(groups.kube, target, beyond)
+    assert await groups.cluster.request("wide-pg-grow-2") is None
+    assert await groups.gated("wide-4") == [True]
+
+    argv = [target, *kubeconfig(control_plane)]
+    code, out, _ = await run_cli(main_diagnose, [*argv, "-o", "json"], capsys)
+    assert code == 0
+    said = json.loads(out)["growth"]
+    assert (said["delivered"], said["gated"], said["beyond"]) == (True, ["wide-4"], ["wide-4"])
+    code, out, _ = await run_cli(main_diagnose, argv, capsys)
+    assert code == 0
+    assert "gated members waiting on it: wide-4" in " ".join(out.split())
+    assert beyond.fullmatch(out.splitlines()[-1])
 
 
 async def test_a_growth_its_start_watchdog_rolled_back_is_said_so(
