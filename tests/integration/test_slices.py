@@ -534,6 +534,45 @@ async def test_a_job_scaled_back_while_its_slice_waits_withdraws_the_ask_and_rec
     await untouched(cluster, node, pods)
 
 
+async def test_a_job_deleted_while_its_slice_is_provisioned_leaves_nothing_held(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The slice's request Provisioned, a node come for it (recorded for it, held as the
+    Job's pods tolerate) and another still bringing a member of the Job's own (bound to it);
+    then the Job is deleted, its Workloads with it: the request is withdrawn, the empty node
+    reclaimed, the one a pod runs on kept (nothing running touched) and its hold lifted."""
+    first, node, pods, name = await slice_of_four_running(cluster)
+    await cluster.wait_request(name)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    empty, busy = await cluster.add_nodes(2, gpu=2)
+
+    async def recorded() -> bool:
+        for n in (empty, busy):
+            got = await cluster.kube.get(NODE, n)
+            if (got["metadata"].get("annotations") or {}).get(ARRIVED) != f"{cluster.ns}/{name}":
+                return False
+            if not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]:
+                return False
+        return True
+
+    await eventually(recorded, what="both nodes recorded for the slice's request and held")
+    await cluster.create_pod("job-4", node_name=busy, consume=first)  # a member got there
+    for wl in ("new", "old"):  # the Job deleted: its Workloads go with it
+        await cluster.kube.delete(WORKLOAD, wl, cluster.ns)
+    await cluster.wait_request_gone(name)
+
+    async def settled() -> bool:
+        names = {n["metadata"]["name"] for n in await cluster.nodes()}
+        if empty in names or busy not in names:
+            return False
+        got = await cluster.kube.get(NODE, busy)
+        return not [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+
+    await eventually(settled, timeout=30, what="the empty node reclaimed, the busy one opened")
+    assert (await cluster.kube.get(POD, "job-4", cluster.ns))["spec"]["nodeName"] == busy
+    await untouched(cluster, node, pods)
+
+
 async def test_a_ready_slices_request_deleted_by_hand_has_the_hold_it_left_lifted(
     cluster: Cluster, controller: RunningController
 ) -> None:
