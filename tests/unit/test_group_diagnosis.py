@@ -869,6 +869,27 @@ CASES = [
         requests=[req(count=2, Provisioned="ok")],
     ),
     Case(
+        "released, its gang binding while a late member is gated: the start deadline too",
+        group(
+            2,
+            state="Released",
+            request="g-pg-1",
+            gang_members="2",
+            released_at="2026-11-30T10:01:00Z",
+        ),
+        [
+            member(0, gated=False, node_name="n0", annotations={CONSUME: "g-pg-1"}),
+            member(1, gated=False, annotations={CONSUME: "g-pg-1"}),
+            member(2),
+        ],
+        "blocked: released: 2 members released together; 1 of the 2 members released together "
+        "bound, start deadline in 6m, rolled back unless all are by then; kube-scheduler starts "
+        "a PodGroup only when none of its members is gated, and 1 still is (m2): gangcheck "
+        "releases it at once while the gang binds (is the controller running?)",
+        "released",
+        requests=[req(count=2, Provisioned="ok")],
+    ),
+    Case(
         "released, scheduler still placing",
         group(3, state="Released"),
         [*members(2, gated=False, node_name="n0"), member(2, gated=False)],
@@ -890,8 +911,8 @@ CASES = [
         group(3, state="Released"),
         [member(0, gated=False, node_name="n0"), member(1, gated=False), member(2)],
         "blocked: released: 2 members released together; kube-scheduler starts a PodGroup "
-        "only when none of its members is gated, and 1 still are (m2): gangcheck releases "
-        "them at once while the gang binds (is the controller running?)",
+        "only when none of its members is gated, and 1 still is (m2): gangcheck releases "
+        "it at once while the gang binds (is the controller running?)",
         "released",
     ),
     Case(

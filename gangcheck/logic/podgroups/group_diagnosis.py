@@ -686,8 +686,12 @@ def _settled_verdict(f: GroupFacts, now: datetime) -> Verdict | None:
 
 def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     m, req, done, grown = f.members, f.request, f.replay, f.growth
+    # the replayed step is the growth's while one is in flight, unless the gang's own rolls back
     flying = grown is not None and grown.in_flight
-    if req is not None and done is not None and done.progress in ROLLBACK and not flying:
+    own = req is not None and (
+        req.phase == ROLLING_BACK or req.name in (done or GroupReplay()).rollbacks
+    )
+    if req is not None and done is not None and done.progress in ROLLBACK and (own or not flying):
         why = req.rollback_reason or done.message  # the start watchdog's rollback
         outcome = f"; {req.outcome_line}" if req.outcome else ""
         return Verdict(
@@ -713,12 +717,14 @@ def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     if grown is not None and grown.gated and grown.delivered and not grown.watch.rolled_back:
         return Verdict(True, "release", f"{head}{watching}; {_beyond(grown)}")
     if m.gated and binding:
+        one = len(m.gated) == 1
         return Verdict(
             True,
             "release",
-            f"{head}; kube-scheduler starts a PodGroup only when none of its members is gated, "
-            f"and {len(m.gated)} still are ({_names(m.gated)}): gangcheck releases them at once "
-            "while the gang binds (is the controller running?)",
+            f"{head}{_start_watch(f.start, now)}; kube-scheduler starts a PodGroup only when "
+            f"none of its members is gated, and {len(m.gated)} still {'is' if one else 'are'} "
+            f"({_names(m.gated)}): gangcheck releases {'it' if one else 'them'} at once while "
+            "the gang binds (is the controller running?)",
         )
     if m.gated:
         return Verdict(True, "release", f"{head}; {_late(f)}")
@@ -726,12 +732,11 @@ def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     if not m.unbound:
         return Verdict(False, "release", f"{head}, all bound{rolled}")
     said = f": kube-scheduler says {m.unschedulable}" if m.unschedulable else ""
-    own = _start_watch(f.start, now, of=m.unbound if f.start else 0)
     return Verdict(
         bool(said or rolled),
         "release",
         f"{head}{rolled}; {len(m.bound)} of {m.exist} bound so far (kube-scheduler's turn)"
-        f"{own}{watching}{said}",
+        f"{_start_watch(f.start, now, of=m.unbound)}{watching}{said}",
     )
 
 
