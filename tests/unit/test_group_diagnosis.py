@@ -815,6 +815,18 @@ CASES = [
         nodes=[node("n0")],
     ),
     Case(
+        "a growth its start watchdog rolled back, minCount raised since: the next growth after "
+        "the backoff, not 'released at once'",
+        group(7, **RAN),
+        [*ran(), *grown(4), *waiting_growth(6)],
+        "blocked: released: 4 members released together, 2 more since; "
+        f"{GROWTH_ROLLED_BACK}; 1 gated member minCount added since (m6): the next growth "
+        "asks for it in 16m, after its backoff",
+        "released",
+        requests=[started(), start_rolled(outcome=GROWTH_OUTCOME, fulfillment_deadline=LATER)],
+        nodes=[node("n0"), node("n2")],
+    ),
+    Case(
         "a growth started, minCount raised beyond it: the next growth is asked now",
         group(7, **RAN),
         [*ran(), *grown(4, 5), *waiting_growth(6)],

@@ -523,7 +523,10 @@ def growth_facts(
     if delivered or watchdog:
         released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
         why = (record.reason or begun) if watchdog else ""
-        return replace(facts, watch=start_watch_of(req, live, config, released, why))
+        facts = replace(facts, watch=start_watch_of(req, live, config, released, why))
+        if watchdog and facts.request.outcome and gated:  # the next growth after its backoff
+            return _next_growth(facts, number, req, config)
+        return facts
     if not gated:
         return None  # rolled back or withdrawn, no member waiting on it
     asks = podgroup.attempt_members(gated, req)
@@ -531,12 +534,24 @@ def growth_facts(
     if facts.in_flight:
         gang = podgroup.gang_from_pods(group, asks)
         return replace(facts, placement=place_in(world, gang, ns, req, now))
+    return _next_growth(facts, number, req, config)
+
+
+def _next_growth(
+    facts: GrowthFacts,
+    number: int,
+    req: ProvisioningRequest,
+    config: AtomicProvisioningSpec | None,
+) -> GrowthFacts:
+    """A growth rolled back, members gated waiting: when growth.py asks the next (after the
+    backoff of the rollback, at once after ConfigChanged), or that backoffLimitCount allows
+    none."""
     now_config = config or lifecycle.recorded_config(req)  # as growth.py follows it
     if now_config is None:
         return facts
     if lifecycle.next_attempt(number, now_config.retry_strategy) is None:
         return replace(facts, no_more=True)
-    if RollbackCause.of(record.reason or "") is RollbackCause.CONFIG_CHANGED:
+    if RollbackCause.of(rollback.record_of(req).reason or "") is RollbackCause.CONFIG_CHANGED:
         return facts  # the next asks at once, under the config now
     return replace(facts, next_at=growth._due(now_config, number, req))
 
@@ -716,6 +731,15 @@ def _released_verdict(f: GroupFacts, now: datetime) -> Verdict:
     watching = _start_watch(grown.watch if grown else None, now, growth=grown)
     if grown is not None and grown.gated and grown.delivered and not grown.watch.rolled_back:
         return Verdict(True, "release", f"{head}{watching}; {_beyond(grown)}")
+    if grown is not None and grown.gated and grown.watch.rolled_back:  # minCount raised since
+        count = len(grown.gated)
+        since = f"{count} gated member{'s' if count != 1 else ''} minCount added since"
+        return Verdict(
+            True,
+            "release",
+            f"{head}{_growth_rolled_back(grown)}; {since} ({_names(grown.gated)})"
+            f"{_next_words(grown, now, count)}",
+        )
     if m.gated and binding:
         one = len(m.gated) == 1
         return Verdict(
@@ -751,12 +775,7 @@ def _growth_waits(f: GroupFacts, grown: GrowthFacts, now: datetime) -> str:
     if not grown.in_flight:
         asked = f"growth {name} asked for {which} ({_names(asks)}{later}) and was rolled back"
         asked += f" ({req.rollback_reason})" if req.rollback_reason else ""
-        if grown.no_more:
-            return f"{asked}: backoffLimitCount allows no more growth, they stay gated"
-        if grown.next_at is not None and grown.next_at > now:
-            wait = human_duration((grown.next_at - now).total_seconds())
-            return f"{asked}: the next growth asks for them in {wait}, after its backoff"
-        return f"{asked}: the next growth asks for them now (is the controller running?)"
+        return f"{asked}{_next_words(grown, now, count)}"
     asking = f"growth {name} asks for {which} ({_names(asks)}{later})"
     done = f.replay or GroupReplay()
     if done.progress in ROLLBACK:
@@ -781,6 +800,18 @@ def _growth_waits(f: GroupFacts, grown: GrowthFacts, now: datetime) -> str:
         ),
     )
     return f"{asking}: {said.reason if said else done.message or 'no message'}"
+
+
+def _next_words(grown: GrowthFacts, now: datetime, count: int = 2) -> str:
+    """A growth rolled back: when the next growth asks for the `count` members gated."""
+    them = "it" if count == 1 else "them"
+    if grown.no_more:
+        stay = "it stays" if count == 1 else "they stay"
+        return f": backoffLimitCount allows no more growth, {stay} gated"
+    if grown.next_at is not None and grown.next_at > now:
+        wait = human_duration((grown.next_at - now).total_seconds())
+        return f": the next growth asks for {them} in {wait}, after its backoff"
+    return f": the next growth asks for {them} now (is the controller running?)"
 
 
 def _beyond(grown: GrowthFacts) -> str:
