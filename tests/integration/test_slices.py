@@ -24,7 +24,13 @@ from gangcheck.logic.workloads import slices
 from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
 from gangcheck.model.names import HOLD_AS
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually, now
+from tests.integration.harness import (
+    Cluster,
+    CrashingController,
+    RunningController,
+    eventually,
+    now,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +225,10 @@ def job_template(namespace: str, first: str) -> Any:
     return template
 
 
+def request_path(cluster: Cluster, name: str) -> str:
+    return f"/apis/autoscaling.x-k8s.io/v1/namespaces/{cluster.ns}/provisioningrequests/{name}"
+
+
 async def slice_of_four_running(cluster: Cluster) -> tuple[str, str, list[str], str]:
     """A slice "new" of 8 replacing "old", whose 4 members run on one node consuming the
     first slice's request: (that request's name, the node, the running pods, the new slice's
@@ -288,6 +298,60 @@ async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its
     await eventually(opened_and_started, what="the hold lifted once the 8 members run")
     check = await cluster.check_state("new")
     assert check["state"] == "Ready"
+    await untouched(cluster, node, pods)
+
+
+async def test_a_controller_killed_as_the_slice_turns_ready_leaves_it_held_and_asked_once(
+    control_plane: Any, cluster: Cluster
+) -> None:
+    """The slice's request Provisioned and its node come (recorded and held as the Job's
+    pods tolerate); the controller dies right after marking the request Fulfilled, before
+    writing the check Ready. A fresh one finds the slice where that left it: Ready, the node
+    still held as the Job's pods tolerate, nothing asked again nor reclaimed, no rollback;
+    once the 4 added members are bound, the hold lifted and the attempt marked started."""
+    first, node, pods, name = await slice_of_four_running(cluster)
+    controller = RunningController(str(control_plane.kubeconfig))
+    await controller.start()
+    try:
+        await cluster.wait_request(name)
+    finally:
+        await controller.stop()
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (added,) = await cluster.add_nodes(1, gpu=4)
+    crashing = CrashingController(str(control_plane.kubeconfig), after_writes=1)
+    await crashing.start()
+    await eventually(crashing.crashed, timeout=20, what="a crash after the first write")
+    await crashing.stop()
+    # it died after marking the request Fulfilled, before writing the check Ready
+    assert crashing.written[-1] == f"PATCH {request_path(cluster, name)}", crashing.written
+    assert (await cluster.check_state("new"))["state"] == "Pending"
+    fresh = RunningController(str(control_plane.kubeconfig))
+    await fresh.start()
+    try:
+        await cluster.wait_check("new", "Ready")
+        got = await cluster.kube.get(NODE, added)
+        assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"
+        holds = [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+        assert holds == [hold_taint(f"{cluster.ns}/{first}")]
+        for i in range(4, 8):  # Kueue lifts the elastic gate; the scheduler binds the 4 added
+            await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
+
+        async def opened_and_started() -> bool:
+            n = await cluster.kube.get(NODE, added)
+            r = await cluster.request(name)
+            return (
+                r is not None
+                and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+                and not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+            )
+
+        await eventually(opened_and_started, what="the hold lifted once the 8 members run")
+    finally:
+        await fresh.stop()
+    assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
+    assert added in {n["metadata"]["name"] for n in await cluster.nodes()}
+    assert not await cluster.events("ReclaimingArrivals")
+    assert not await cluster.events("SliceRolledBack")
     await untouched(cluster, node, pods)
 
 
