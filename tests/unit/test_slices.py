@@ -993,3 +993,58 @@ def test_a_ready_slice_scaled_down_in_place_opens_its_nodes_once_the_members_lef
     assert [n for a in d.actions if isinstance(a, ReleaseHold) for n in a.nodes] == ["n2"]
     marks = [a.annotations for a in d.actions if isinstance(a, AnnotateRequest)]
     assert marks == [{"gangcheck.io/phase": "Started"}]
+
+
+def test_a_slice_in_its_backoff_replaced_by_a_newer_one_is_withdrawn_without_a_second_reclaim() -> (
+    None
+):
+    """4 -> 8, the 8's attempt rolled back (its node reclaimed, the request kept as the
+    record while the slice waits out its backoff, Pending), then the Job scaled to 12: the 8,
+    finished as replaced, has that request deleted and nothing reclaimed again; the 12 asks
+    at once (its own attempt 1, not after the 8's backoff) for the 8 beyond the 4 that run."""
+    waiting = finished_as_replaced(
+        new_slice(message="workload slice: adds 4 members to default/wl-old running 4; x"),
+        "uid-newer",
+    )
+    gone_node = node(
+        "n2",
+        gpu=4,
+        labels={"pool": "gpu"},
+        created="2026-11-30T10:01:00Z",
+        annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+    )
+    d = run(
+        Case(
+            "",
+            waiting,
+            requests=[req(conditions={"Provisioned": ""}, annotations=ROLLED)],
+            nodes=[node("n1", gpu=4, labels={"pool": "gpu"}), gone_node],
+            pods=running(4),
+        )
+    )
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [REQ1]
+    assert not [a for a in d.actions if isinstance(a, (ReclaimArrivals, CreateRequest))]
+    assert not [a for a in d.actions if isinstance(a, AnnotateRequest)]
+
+    store = {
+        ("wl-old", "default"): finished_as_replaced(
+            WorkloadBuilder("wl-old")
+            .pod_set("workers", 8)
+            .annotation(slices.REPLACEMENT_FOR, "default/wl-first")
+            .reserve_quota()
+            .check(),
+            "uid-wl",
+        ).build(),
+        ("wl-first", "default"): first_ran(),
+    }
+    newer = workload_of(new_slice(12).build())
+    pred = slices.predecessor_of(newer, lambda name, ns: store.get((name, ns)))
+    assert pred is not None
+    snap = Snapshot(workload=newer, check=CHECK, config=parse_spec({}), flavors=GPU_FLAVOR)
+    (body,) = (
+        a.body
+        for a in slices.decide(snap, NOW, predecessor=pred).actions
+        if isinstance(a, CreateRequest)
+    )
+    assert body["metadata"]["name"] == REQ1  # the newer slice's own first attempt
+    assert [p["count"] for p in body["spec"]["podSets"]] == [8]
