@@ -1471,6 +1471,29 @@ def test_a_growth_its_start_watchdog_rolled_back_has_the_hold_lifted_from_what_s
     assert [e.warning for e in d.events if e.reason == "GrowthRolledBack"] == [True]
 
 
+def test_the_next_growth_after_a_start_rollback_waits_its_backoff_from_the_start_deadline() -> None:
+    """A growth rolled back by its start watchdog (released 10:04, start deadline 600 s: 10:14)
+    and minCount raised again: the next growth follows after a rollback's backoff counted from
+    that start deadline, not from the growth's fulfillment deadline, long past by then (before,
+    it was asked at once)."""
+    rolled = {
+        **START_ROLLED,
+        "gangcheck.io/outcome": OUTCOME,
+        "gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z",  # delivered before it
+        "gangcheck.io/released-at": DELIVERED["gangcheck.io/released-at"],
+    }
+    d = watched(
+        annotations=rolled,
+        now=datetime(2026, 11, 30, 10, 14, 30, tzinfo=UTC),
+        members=[*running(), *binding(), *later()],
+        min_count=8,
+    )
+    assert not [a for a in d.actions if isinstance(a, CreateRequest)]
+    message = (d.status or {})["gangcheck.io/message"]
+    assert "the next at 2026-11-30T10:1" in message, message
+    assert d.requeue_after is not None and d.requeue_after > 0
+
+
 def test_a_growth_rolled_back_by_its_start_watchdog_is_followed_by_the_next_for_more() -> None:
     """minCount raised again above it with 2 more members: the next growth asks for those (its
     members released are counted, not asked for again), after the backoff of a rollback."""

@@ -920,7 +920,16 @@ def _members_of(req: ProvisioningRequest) -> int:
 
 
 def _due(config: AtomicProvisioningSpec, number: int, req: ProvisioningRequest) -> datetime | None:
+    """When the growth after `req`, rolled back, may be asked: a rollback's backoff counted
+    from the deadline it rolled back at, its fulfillment deadline, or for one its start
+    watchdog rolled back (`_start_rolled`) its start deadline, which the fulfillment
+    deadline, passed before its members were released, would leave no backoff at all."""
     since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
+    released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
+    if _start_rolled(req) and released is not None:
+        limit = (lifecycle.made_under(req, config) or config).fulfillment.start_deadline_seconds
+        started_by = released + timedelta(seconds=limit)
+        since = started_by if since is None else max(since, started_by)
     if since is None:
         return None
     return since + timedelta(seconds=lifecycle.backoff_seconds(number, config.retry_strategy))
