@@ -553,7 +553,7 @@ def _next_growth(
         return replace(facts, no_more=True)
     if RollbackCause.of(rollback.record_of(req).reason or "") is RollbackCause.CONFIG_CHANGED:
         return facts  # the next asks at once, under the config now
-    return replace(facts, next_at=growth._due(now_config, number, req))
+    return replace(facts, next_at=growth.next_due(now_config, number, req))
 
 
 def _late_members(

@@ -473,7 +473,7 @@ def _grow(
             "are untouched"
         )
         return _with(done, _status(snap, RELEASED, message, warn="GrowthRolledBack"))
-    due = _due(snap.config, number, req)
+    due = next_due(snap.config, number, req)
     if due is not None and now < due:
         message = (
             f"released; {said}; growth attempt {number} was rolled back ({reason}); the "
@@ -919,7 +919,9 @@ def _members_of(req: ProvisioningRequest) -> int:
     return sum(p.count for p in req.pod_sets) if recorded is None else recorded
 
 
-def _due(config: AtomicProvisioningSpec, number: int, req: ProvisioningRequest) -> datetime | None:
+def next_due(
+    config: AtomicProvisioningSpec, number: int, req: ProvisioningRequest
+) -> datetime | None:
     """When the growth after `req`, rolled back, may be asked: a rollback's backoff counted
     from the deadline it rolled back at, its fulfillment deadline, or for one its start
     watchdog rolled back (`_start_rolled`) its start deadline, which the fulfillment
