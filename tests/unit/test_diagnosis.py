@@ -1379,3 +1379,14 @@ def test_a_status_row_in_kueues_requeue_backoff_is_in_phase_backoff() -> None:
     later = NOW + timedelta(minutes=2)
     assert gang_row(facts, later).phase == "queued"
     assert gang_row(facts, later).verdict.startswith("blocked: quota: ")
+
+
+def test_an_elastic_job_scaled_down_in_place_is_counted_as_the_watchdog_counts_it() -> None:
+    """An admitted gang of 2 scaled down to 1 in place (Kueue v0.17 lowers the spec's count;
+    the admission's stays): the start line counts the 1 member the Job has, as the start
+    watchdog does (admission.start_total), not the 2 its request asked for."""
+    admitted, fulfilled = admitted_on_fulfilled()
+    admitted.obj["spec"]["podSets"][0]["count"] = 1
+    facts = gather(admitted.build(), world(requests=(fulfilled,)), now=NOW)
+    assert facts.start is not None
+    assert (facts.start.scheduled, facts.start.total) == (0, 1)

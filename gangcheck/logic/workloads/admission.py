@@ -552,11 +552,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     assert snap.config is not None
     req = attempt.request
     assert isinstance(req, ProvisioningRequest)
-    asked = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
-    # an elastic Job scaled down in place since: its members beyond its count now are gone
-    wl = snap.workload
-    pod_sets = required_pod_sets(wl, snap.config.managed_resources)
-    total = min(asked, sum(members_now(wl, ps) for ps in pod_sets))
+    total = start_total(snap.workload, req, snap.config.managed_resources)
     scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
@@ -571,6 +567,14 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
         f"StartDeadline: {scheduled} of {total} members scheduled within {limit}s of admission"
     )
     return flow.rolling(Decision, lifecycle.start_rollback(attempt, trigger, now=now))
+
+
+def start_total(wl: Workload, req: ProvisioningRequest, managed: tuple[str, ...]) -> int:
+    """How many members must be scheduled for the attempt of `req` to have started: what it
+    asked for and the members the kept nodes it tops up hold, within the members the Job has
+    now (an elastic Job scaled down in place since: `members_now`)."""
+    asked = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
+    return min(asked, sum(members_now(wl, ps) for ps in required_pod_sets(wl, managed)))
 
 
 def members_scheduled(capacity: ClusterView | None, namespace: str, request: str) -> int:

@@ -54,6 +54,7 @@ from gangcheck.logic.workloads.admission import (
     decide,
     gang_templates,
     members_scheduled,
+    start_total,
 )
 from gangcheck.logic.workloads.podsets import pod_template_spec
 from gangcheck.logic.workloads.snapshot import snapshot_of
@@ -282,7 +283,7 @@ def gather(workload: Obj, world: World, *, now: datetime, events: Sequence[Obj] 
         mode=(spec.fulfillment.mode.value if spec else FulfillmentMode.FIT.value),
         request=as_decided(request, decided.deadlines) if decided else request,
         placement=placement,
-        start=_start_facts(state, req, world, spec),
+        start=_start_facts(state, wl, req, world, spec),
         replay=decided,
         relation=slices.relation(wl, req),
         given_nodes=_given_nodes(wl, focus, request, world) if state.admitted else 0,
@@ -562,6 +563,7 @@ def _topped_up(
 
 def _start_facts(
     state: WorkloadState,
+    wl: Workload,
     req: ProvisioningRequest | None,
     world: World,
     spec: AtomicProvisioningSpec | None,
@@ -575,9 +577,8 @@ def _start_facts(
         deadline = datetime.fromtimestamp(
             state.admitted_at.timestamp() + seconds, state.admitted_at.tzinfo
         )
-    return StartFacts(
-        scheduled=scheduled, total=sum(p.count for p in req.pod_sets), deadline=deadline
-    )
+    managed = spec.managed_resources if spec is not None else ()
+    return StartFacts(scheduled=scheduled, total=start_total(wl, req, managed), deadline=deadline)
 
 
 # ---- the verdict -------------------------------------------------------------------------
