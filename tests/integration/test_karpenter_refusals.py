@@ -106,10 +106,15 @@ def policy(control_plane: ControlPlane, name: str, denied: str, reason: str) -> 
 
 
 @contextlib.asynccontextmanager
-async def running(kube: Kube) -> AsyncIterator[Caches]:
-    """The informers a provisioner's pass reads, synced."""
+async def running(kube: Kube, *, requests: bool = True) -> AsyncIterator[Caches]:
+    """The informers a provisioner's pass reads, synced. `requests=False`: the requests'
+    cache is not filled, synced empty: the pass sees no request of any class, whatever other
+    tests of the session left on the shared API server."""
     caches = Caches.create(kube, watch_timeout=30)
     informers = (caches.requests, caches.templates, caches.nodes)
+    if not requests:
+        caches.requests.synced.set()
+        informers = (caches.templates, caches.nodes)
     tasks = [asyncio.create_task(i.run()) for i in informers]
     try:
         for informer in informers:
