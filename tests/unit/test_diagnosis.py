@@ -680,9 +680,11 @@ def our_request(**kw: Any) -> dict[str, Any]:
     )
 
 
-def arrival(name: str, *, claimed_for: str = "default/wl-atomic-1", **kw: Any) -> dict[str, Any]:
+def arrival(
+    name: str, *, claimed_for: str = "default/wl-atomic-1", created: str = LATER, **kw: Any
+) -> dict[str, Any]:
     notes = {"gangcheck.io/arrived-for": claimed_for} if claimed_for else {}
-    return node(name, gpu=1, created=LATER, labels={"pool": "gpu"}, annotations=notes, **kw)
+    return node(name, gpu=1, created=created, labels={"pool": "gpu"}, annotations=notes, **kw)
 
 
 def test_tainted_arrivals_are_named_from_the_objects() -> None:
@@ -1123,6 +1125,18 @@ def test_an_admitted_gang_counts_the_nodes_of_the_request_it_consumes_not_a_late
     nodes = (arrival("gpu-0"), arrival("gpu-1"), arrival("gpu-2", claimed_for=f"default/{lost}"))
     facts = gather(admitted.build(), world(requests=requests, nodes=nodes), now=NOW)
     assert gang_row(facts, NOW).nodes_cell == "2 arrived"
+
+
+def test_an_admitted_gang_counts_no_node_older_than_its_request_recorded_under_its_name() -> None:
+    """Names come again (an attempt Kueue admits again after an eviction has the earlier
+    one's name): a node recorded under the request's name but older than the request
+    arrived for the earlier one (`fulfillment.is_arrival_of`), and is not counted as given."""
+    admitted, fulfilled = admitted_on_fulfilled()
+    fulfilled["metadata"]["creationTimestamp"] = LATER
+    nodes = (arrival("gpu-0"), arrival("gpu-1", created=EARLIER))
+    facts = gather(admitted.build(), world(requests=(fulfilled,), nodes=nodes), now=NOW)
+    assert facts.given_nodes == 1
+    assert gang_row(facts, NOW).nodes_cell == "1 arrived"
 
 
 # ---- what a rollback kept, gone since; a request held in deletion --------------------------

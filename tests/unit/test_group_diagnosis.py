@@ -1110,6 +1110,28 @@ def test_a_status_row_is_a_podgroup_row() -> None:
     assert plugins.kind == "PodGroup.scheduling.x-k8s.io"
 
 
+def test_a_released_gang_counts_no_node_older_than_its_request_recorded_under_its_name() -> None:
+    """Names come again (a group made again under its name asks as g-pg-1 again): a node
+    recorded under the request's name but older than the request (made at 10:00) arrived for
+    the earlier one (`fulfillment.is_arrival_of`), and is not counted as given."""
+    noted = {"gangcheck.io/arrived-for": "default/g-pg-1"}
+    case = Case(
+        "x",
+        group(4, **RAN),
+        ran(),
+        "",
+        "",
+        requests=[started()],
+        nodes=[
+            node("n0", created=ARRIVED, annotations=noted),
+            node("n1", created="2026-11-30T09:00:00Z", annotations=noted),
+        ],
+    )
+    facts = facts_of(case)
+    assert facts.given_nodes == 1
+    assert group_row(facts, NOW).arrived == 1
+
+
 @pytest.mark.parametrize(
     ("obj", "pods", "opted_in", "listed"),
     [

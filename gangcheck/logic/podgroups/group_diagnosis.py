@@ -329,7 +329,8 @@ class GroupFacts:
     replay: GroupReplay | None = None
     """The provisioner's decision for the group, replayed on what was read."""
     given_nodes: int = 0
-    """Once released: the nodes recorded as arrived for its request (`recorded_for`)."""
+    """Once released: the nodes recorded as arrived for its request, none older than it
+    (`recorded_for`)."""
     growth: GrowthFacts | None = None
     """Once released: its latest growth (`growth_facts`), if any."""
     start: StartWatch | None = None
@@ -456,7 +457,12 @@ def gather_group(
         late=late,
         replay=decided,
         given_nodes=(
-            recorded_for(world.nodes, group.ref.namespace, name_of_request)
+            recorded_for(
+                world.nodes,
+                group.ref.namespace,
+                name_of_request,
+                req.creation_timestamp if req is not None else None,
+            )
             if state == RELEASED and name_of_request
             else 0
         ),

@@ -241,7 +241,8 @@ class Facts:
     """A workload slice's relation to the running one, in the check message's words
     (`slices.relation`); '' for a Workload that is no slice."""
     given_nodes: int = 0
-    """Once admitted: the nodes recorded as arrived for its request (`recorded_for`)."""
+    """Once admitted: the nodes recorded as arrived for its request, none older than it
+    (`_given_nodes`)."""
     ended: Ended | None = None
     """The focus check's last Retry or Rejected (`ended_of`), when its Events were read."""
 
@@ -860,12 +861,24 @@ def _request_of_workload(req: Obj, wl: Workload) -> bool:
 
 def _given_nodes(wl: Workload, check: str, request: RequestFacts | None, world: World) -> int:
     """The nodes recorded as arrived for the request an admitted gang consumes (its check's
-    podSetUpdates name it; with Race not always the latest ask), else for the latest ask."""
+    podSetUpdates name it; with Race not always the latest ask), else for the latest ask;
+    a node older than that request arrived for an earlier one of its name (`recorded_for`
+    with its creationTimestamp; none when it is gone: every node recorded under the name)."""
     entry = wl.checks.get(check)
     name = consumed_request(entry) if entry is not None else ""
     if not name and request is not None and request.found:
         name = request.name
-    return recorded_for(world.nodes, wl.ref.namespace, name) if name else 0
+    if not name:
+        return 0
+    made = next(
+        (
+            str((r.get("metadata") or {}).get("creationTimestamp") or "") or None
+            for r in world.requests
+            if (r.get("metadata") or {}).get("name") == name and _request_of_workload(r, wl)
+        ),
+        None,
+    )
+    return recorded_for(world.nodes, wl.ref.namespace, name, made)
 
 
 def gang_row(facts: Facts, now: datetime) -> GangRow:
