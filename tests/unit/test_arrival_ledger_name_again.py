@@ -11,7 +11,12 @@ import json
 import pytest
 
 from gangcheck.logic.attempt import lifecycle, rollback, topup
-from gangcheck.logic.attempt.actions import AnnotateRequest, ReclaimArrivals
+from gangcheck.logic.attempt.actions import (
+    AnnotateRequest,
+    GuardScaleDown,
+    ReclaimArrivals,
+    ReleaseHold,
+)
 from gangcheck.logic.attempt.explain import recorded_for
 from gangcheck.logic.attempt.fulfillment import (
     ClusterView,
@@ -20,6 +25,7 @@ from gangcheck.logic.attempt.fulfillment import (
     assess,
     is_arrival_of,
 )
+from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.model.objects import Obj, request_of
 from tests.builders import node, pod_template, provisioning_request
 
@@ -144,3 +150,28 @@ def test_a_kept_request_whose_name_holds_only_an_earlier_requests_node_holds_not
     assert topup.holds_nothing(kept, capacity)
     with_its_own = ClusterView(nodes=(OLD_KEPT, NEW), in_flight=frozenset({KEY}))
     assert not topup.holds_nothing(kept, with_its_own)
+
+
+def test_the_end_of_a_request_asked_again_under_its_name_lifts_the_hold_it_was_left() -> None:
+    """An ask deleted by hand is asked again under its name (flow.in_order, race's `again`),
+    and the holds on the nodes recorded for it are left for the new request to lift when it
+    ends (`_holds_of_gone(..., but=(name,))`: 'the one asked again counts its own'). Those
+    nodes are older than the new request: its end (Started, a rollback done, withdrawn) must
+    still lift their hold and the scale-down guard set for the name, or nothing ever does
+    and they stay closed to every other pod (and kept from scale-down) for good."""
+    held = node(
+        "old-held",
+        created="2026-11-30T10:02:00Z",
+        annotations={**RECORDED, "gangcheck.io/scale-down-disabled-for": KEY},
+        taints=[hold_taint(KEY)],
+    )
+    held["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] = "true"
+    new = node(
+        "new", created="2026-11-30T10:11:00Z", annotations=RECORDED, taints=[hold_taint(KEY)]
+    )
+    req = request_of(_request())
+    actions = lifecycle.release_hold(ClusterView(nodes=(held, new)), req)
+    lifted = [a for a in actions if isinstance(a, ReleaseHold)]
+    assert [a.nodes for a in lifted] == [("new", "old-held")]
+    unguarded = [a for a in actions if isinstance(a, GuardScaleDown) and not a.on]
+    assert [a.nodes for a in unguarded] == [("old-held",)]

@@ -523,9 +523,12 @@ def asked(backend: CapacityBackend, attempt: str) -> Event:
 def release_hold(capacity: ClusterView | None, req: AttemptRecord) -> tuple[Action, ...]:
     """Lift the hold from the nodes recorded for this request that still carry one: its gang
     has started, or its rollback is done (what was not reclaimed is no longer the gang's);
-    and the scale-down guard gangcheck set on them while they were kept (scaledown.py)."""
+    and the scale-down guard gangcheck set on them while they were kept (scaledown.py).
+    Every node recorded under its name, of any age (`arrived_for` with no time): one an
+    earlier request of the name left held (an ask deleted by hand and asked again under its
+    name, whose holds flow.in_order leaves for the new one to lift) is held by nothing else."""
     nodes = capacity.nodes if capacity else ()
-    arrived = arrived_for(nodes, request_key(req), req.creation_timestamp)
+    arrived = arrived_for(nodes, request_key(req), None)
     held = held_nodes(nodes, [n["metadata"]["name"] for n in arrived])
     return (*((ReleaseHold(held),) if held else ()), *scaledown.unguard(arrived, request_key(req)))
 
