@@ -12,7 +12,13 @@ from gangcheck.logic.attempt.explain import GangRow, Placement, RequestFacts
 from gangcheck.logic.podgroups.group_diagnosis import GroupReplay, GrowthFacts, StartWatch
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
-from gangcheck.logic.workloads.diagnosis import Facts, Replay, reset_from
+from gangcheck.logic.workloads.diagnosis import (
+    Facts,
+    Replay,
+    earlier_attempts,
+    reset_from,
+    turn_line,
+)
 
 
 def to_json(report: Report | StatusReport) -> dict[str, Any]:
@@ -95,6 +101,16 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
         ],
         "focus": facts.focus,
         "checkEnded": _ended_json(facts),
+        "earlierAttempts": [
+            {
+                "attempt": t.attempt,
+                "state": t.state,
+                "message": t.message,
+                "at": format_time(t.at) if t.at else None,
+                "line": turn_line(t),
+            }
+            for t in earlier_attempts(facts)
+        ],
         "fulfillmentMode": facts.mode,
         "request": _request_json(facts, now),
         "nodes": _nodes_json(facts),

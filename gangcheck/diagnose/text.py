@@ -15,7 +15,12 @@ from gangcheck.logic.podgroups.group_diagnosis import GroupFacts, GrowthFacts, S
 from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
-from gangcheck.logic.workloads.diagnosis import Facts, reset_from
+from gangcheck.logic.workloads.diagnosis import (
+    Facts,
+    earlier_attempts,
+    reset_from,
+    turn_line,
+)
 from gangcheck.model.names import FULFILLED, GATE, OPT_IN_LABEL, UNGATED_ANNOTATION
 
 NODES_SHOWN = 24
@@ -51,6 +56,8 @@ def _diagnosis_lines(report: DiagnoseReport) -> list[str]:
     lines = [head, ""]
     lines += _section("quota", _quota_lines(facts, now))
     lines += _section("checks", _check_lines(facts))
+    earlier = [w for t in earlier_attempts(facts) for w in _wrapped(turn_line(t))]
+    lines += _section("earlier", earlier)  # attempts ended before, as the Events tell
     if report.dispatch is not None:
         lines += _section("dispatch", describe(report.dispatch))
     if facts.request is not None:

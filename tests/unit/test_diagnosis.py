@@ -33,12 +33,14 @@ from gangcheck.logic.workloads.admission import check_updated as check_updated_t
 from gangcheck.logic.workloads.diagnosis import (
     RESET,
     CheckFacts,
+    Ended,
     Facts,
     Replay,
     StartFacts,
     Target,
     TargetError,
     WorkloadState,
+    earlier_attempts,
     gang_row,
     gather,
     parse_target,
@@ -130,8 +132,10 @@ def gang(
     mode: str = "NodesFit",
     progress: Progress | None = None,
     replay: Replay | None = None,
+    turns: tuple[Ended, ...] = (),
 ) -> Facts:
-    """`progress`: where the decision replayed on the objects says the attempt stands."""
+    """`progress`: where the decision replayed on the objects says the attempt stands;
+    `turns`: the check's turns to Retry or Rejected its Events tell."""
     return Facts(
         "team-a",
         "wl",
@@ -143,6 +147,7 @@ def gang(
         placement=fit,
         start=start,
         replay=replay or Replay(progress, state="Pending"),
+        turns=turns,
     )
 
 
@@ -156,6 +161,16 @@ class Case:
 
 PROVISIONED = request("Accepted", "Provisioned=resize done")
 WAITING, FITS = Progress.WAITING, Progress.FITS
+ROLLED_BACK_1 = Ended(
+    "Retry",
+    "Retrying after rollback: rolled back wl-gpu-1 (Deadline: 1 of 2 members placeable); "
+    "reclaimed 1 node (2.0 node-minutes held)",
+    NOW - timedelta(minutes=3),
+    1,
+)
+FAILED_2 = Ended(
+    "Retry", "Retrying after failure: CapacityIsNotFound", NOW - timedelta(minutes=1), 2
+)
 
 CASES = [
     Case(
@@ -552,6 +567,44 @@ CASES = [
         "not blocked: admitted and running",
     ),
     Case(
+        "running on attempt 2: attempt 1's rollback, as its Event tells, is said earlier",
+        gang(
+            state=replace(RESERVED, admitted=True),
+            checks=(replace(OURS, state="Ready", retry_count=1),),
+            req=request("Provisioned", phase="Started"),
+            turns=(ROLLED_BACK_1,),
+        ),
+        "not blocked: admitted and running",
+    ),
+    Case(
+        "attempt 3 in flight: attempts 1 and 2 said earlier, oldest first",
+        gang(
+            checks=(replace(OURS, retry_count=2),),
+            req=PROVISIONED,
+            mode="TrustProvisioned",
+            progress=FITS,
+            turns=(ROLLED_BACK_1, FAILED_2),
+        ),
+        f"blocked: {REQ} is Provisioned; waiting for gangcheck to mark the check Ready (is the "
+        "controller running?)",
+    ),
+    Case(
+        "a retry now: its own turn is the check's message, attempt 1's said earlier",
+        gang(
+            checks=(
+                replace(
+                    OURS,
+                    state="Retry",
+                    message=FAILED_2.message,
+                    retry_count=1,
+                    requeue_after_seconds=60,
+                ),
+            ),
+            turns=(ROLLED_BACK_1, FAILED_2),
+        ),
+        f"blocked: the check gpu asked Kueue to retry after 1m: {FAILED_2.message}",
+    ),
+    Case(
         "admitted with members unscheduled names the start deadline",
         gang(
             state=replace(RESERVED, admitted=True),
@@ -639,6 +692,13 @@ def test_the_text_and_the_json_say_the_same(case: Case) -> None:
     assert text.splitlines()[-1] == as_json["verdict"]["line"] == line
     for check in as_json["checks"]:
         assert " ".join(check["message"].split()) in flat
+    earlier = as_json["earlierAttempts"]
+    assert [(e["attempt"], e["state"], e["message"]) for e in earlier] == [
+        (t.attempt, t.state, t.message) for t in earlier_attempts(case.facts)
+    ]
+    for each in earlier:
+        assert f"{each['line']}" in flat
+    assert ("earlier " in text) == bool(earlier)
     req = as_json["request"]
     if req is not None and req["outcome"] is not None:
         assert f"outcome: {req['outcome']['summary']}" in flat
@@ -1336,6 +1396,59 @@ def test_a_gang_requeued_after_a_retry_says_why_from_the_events() -> None:
     ended = {"state": "Retry", "message": said, "at": "2026-11-30T10:04:00Z"}
     assert as_json["checkEnded"] == ended
     assert f"Retry at 2026-11-30T10:04:00Z: {said}" in " ".join(text.split())
+    # said once, where the check is; the earlier one (naming no request) said earlier
+    earlier = "an earlier attempt: Retry at 2026-11-30T09:00:00Z: Retrying after failure: an "
+    assert [e["line"] for e in as_json["earlierAttempts"]] == [f"{earlier}earlier one"]
+
+
+def test_a_gang_running_on_attempt_2_says_attempt_1s_rollback_from_the_events() -> None:
+    """Why did the gang take minutes: attempt 1 was rolled back (Kueue reset its Retry, and
+    attempt 2 turned the check Ready since, so no state says it any more). The Event of the
+    check's turn to Retry is read, in one line: which attempt (the request its message names),
+    why, what it reclaimed and kept (n2, kept then, deleted since, said gone); text and JSON
+    alike. The turn to Ready is no attempt's end."""
+    admitted = (
+        WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready", retry_count=1)
+    ).condition("Admitted")
+    _, fulfilled = admitted_on_fulfilled()
+    events = [THIS_RETRY, check_updated("Pending", "Ready", "fits", "2026-11-30T10:04:50Z")]
+    facts = gather(
+        admitted.build(),
+        world(requests=(fulfilled,), nodes=(arrival("n1"),)),
+        now=NOW,
+        events=events,
+    )
+    said = ROLLED_BACK_WITH_KEPT.replace(
+        "kept n1 (runs pod ns/x), n2", "kept n1 (runs pod ns/x); kept then, gone since: n2"
+    )
+    at = datetime(2026, 11, 30, 10, 4, tzinfo=UTC)
+    assert earlier_attempts(facts) == (Ended("Retry", said, at, 1),)
+    text, as_json, _ = report_of(facts)
+    line = f"attempt 1: Retry at 2026-11-30T10:04:00Z: {said}"
+    assert as_json["earlierAttempts"] == [
+        {
+            "attempt": 1,
+            "state": "Retry",
+            "message": said,
+            "at": "2026-11-30T10:04:00Z",
+            "line": line,
+        }
+    ]
+    assert f"earlier {line}" in " ".join(text.split())
+
+
+def test_without_the_events_no_earlier_attempt_is_said() -> None:
+    """Events expire (about an hour): with none left, nothing is said of attempt 1, not
+    guessed from the check's retry count."""
+    admitted = (
+        WorkloadBuilder().pod_set("workers", 2).reserve_quota().check(CHECK, "Ready", retry_count=1)
+    ).condition("Admitted")
+    _, fulfilled = admitted_on_fulfilled()
+    facts = gather(admitted.build(), world(requests=(fulfilled,)), now=NOW, events=[])
+    text, as_json, _ = report_of(facts)
+    assert earlier_attempts(facts) == ()
+    assert as_json["earlierAttempts"] == []
+    assert "earlier" not in text
 
 
 def test_a_gang_deactivated_after_a_rejection_says_why_from_the_events() -> None:

@@ -14,6 +14,7 @@ same facts for ``gangcheck status``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -44,7 +45,7 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import kept_restated
 from gangcheck.logic.sources.world import capacity_of, place_in
-from gangcheck.logic.timefmt import parse_time
+from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads import checkconfig, slices
 from gangcheck.logic.workloads.admission import (
     CHECK_UPDATED,
@@ -214,13 +215,15 @@ class Replay:
 
 @dataclass(frozen=True)
 class Ended:
-    """The check's last turn to Retry or Rejected, as the Workload's Events tell: Kueue
-    resets either to Pending at once ("Reset to Pending after eviction. Previously: Retry"),
-    and the message that said why goes with it."""
+    """A turn of the check to Retry or Rejected, as the Workload's Events tell: Kueue resets
+    either to Pending at once ("Reset to Pending after eviction. Previously: Retry"), and the
+    message that said why goes with it."""
 
     state: str
     message: str
     at: datetime | None = None
+    attempt: int | None = None
+    """The attempt it ended, as the request its message names says (None: it names none)."""
 
 
 @dataclass(frozen=True)
@@ -243,12 +246,18 @@ class Facts:
     given_nodes: int = 0
     """Once admitted: the nodes recorded as arrived for its request, none older than it
     (`_given_nodes`)."""
-    ended: Ended | None = None
-    """The focus check's last Retry or Rejected (`ended_of`), when its Events were read."""
+    turns: tuple[Ended, ...] = ()
+    """The focus check's turns to Retry or Rejected, oldest first (`turns_of`), as far as
+    its Events were read and are left (they expire)."""
 
     @property
     def focus_check(self) -> CheckFacts | None:
         return next((c for c in self.checks if c.name == self.focus), None)
+
+    @property
+    def ended(self) -> Ended | None:
+        """The focus check's last Retry or Rejected."""
+        return self.turns[-1] if self.turns else None
 
 
 def gather(workload: Obj, world: World, *, now: datetime, events: Sequence[Obj] = ()) -> Facts:
@@ -288,14 +297,17 @@ def gather(workload: Obj, world: World, *, now: datetime, events: Sequence[Obj] 
         replay=decided,
         relation=slices.relation(wl, req),
         given_nodes=_given_nodes(wl, focus, request, world) if state.admitted else 0,
-        ended=ended_of(events, focus, exists) if focus else None,
+        turns=turns_of(events, wl.ref.name, focus, exists) if focus else (),
     )
 
 
-def ended_of(events: Sequence[Obj], check: str, exists: Collection[str]) -> Ended | None:
-    """The check's last turn to Retry or Rejected among the Workload's Events (gangcheck's
-    CHECK_UPDATED, `admission.check_ended`), its message as it reads now (a node a rollback
-    kept, gone since, said gone: `kept_restated`); None when none is left (Events expire)."""
+def turns_of(
+    events: Sequence[Obj], workload: str, check: str, exists: Collection[str]
+) -> tuple[Ended, ...]:
+    """The check's turns to Retry or Rejected among the Workload's Events (gangcheck's
+    CHECK_UPDATED, `admission.check_ended`), oldest first, each message as it reads now (a
+    node a rollback kept, gone since, said gone: `kept_restated`) with the attempt it ended
+    (`_attempt_named`); none when none is left (Events expire)."""
     found = []
     for event in events:
         if event.get("reason") != CHECK_UPDATED:
@@ -303,10 +315,41 @@ def ended_of(events: Sequence[Obj], check: str, exists: Collection[str]) -> Ende
         turn = check_ended(str(event.get("message") or ""), check)
         if turn is not None:
             found.append((_event_time(event), turn))
-    if not found:
-        return None
-    at, (state, message) = max(found, key=lambda f: f[0] or _EPOCH)
-    return Ended(state, kept_restated(message, exists), at)
+    found.sort(key=lambda f: f[0] or _EPOCH)
+    return tuple(
+        Ended(state, kept_restated(message, exists), at, _attempt_named(message, workload, check))
+        for at, (state, message) in found
+    )
+
+
+def _attempt_named(message: str, workload: str, check: str) -> int | None:
+    """The attempt of the first request of the workload and check the message names (a
+    rollback's "rolled back <request> (...)"); None when it names none."""
+    for word in re.findall(r"[A-Za-z0-9][A-Za-z0-9.-]*", message):
+        attempt = naming.attempt_of(word.rstrip("."), workload, check)
+        if attempt is not None:
+            return attempt
+    return None
+
+
+def earlier_attempts(facts: Facts) -> tuple[Ended, ...]:
+    """The turns to Retry or Rejected of the attempts before the one the check stands in,
+    oldest first: not the last when the check says it itself (Retry or Rejected now) or
+    Kueue reset the check from it (`reset_from`, said where the check is)."""
+    turns, check = facts.turns, facts.focus_check
+    if not turns or check is None:
+        return turns
+    last = turns[-1]
+    own = last.state == check.state and last.attempt in (None, check.attempt)
+    return turns[:-1] if own or reset_from(facts) is not None else turns
+
+
+def turn_line(turn: Ended) -> str:
+    """One earlier attempt's end in one line: which, how, when, and its check's message (a
+    rollback's says why and what it reclaimed or kept)."""
+    which = f"attempt {turn.attempt}" if turn.attempt is not None else "an earlier attempt"
+    when = f" at {format_time(turn.at)}" if turn.at else ""
+    return f"{which}: {turn.state}{when}: {turn.message or '(no message)'}"
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
