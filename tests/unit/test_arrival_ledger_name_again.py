@@ -26,8 +26,13 @@ from gangcheck.logic.attempt.fulfillment import (
     is_arrival_of,
 )
 from gangcheck.logic.attempt.hold import hold_taint
+from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import Obj, request_of
 from tests.builders import node, pod_template, provisioning_request
+from tests.unit.test_admission_decide import gang
+from tests.unit.test_topup import A, gpu_node
+from tests.unit.test_topup import request as topup_request
+from tests.unit.test_topup import run as topup_run
 
 NS, REQ = "ns", "g-c-1"
 KEY = f"{NS}/{REQ}"
@@ -175,3 +180,22 @@ def test_the_end_of_a_request_asked_again_under_its_name_lifts_the_hold_it_was_l
     assert [a.nodes for a in lifted] == [("new", "old-held")]
     unguarded = [a for a in actions if isinstance(a, GuardScaleDown) and not a.on]
     assert [a.nodes for a in unguarded] == [("old-held",)]
+
+
+def test_a_started_gang_whose_request_was_asked_again_under_its_name_opens_its_old_node() -> None:
+    """The decision end to end: the gang's request deleted by hand after a0 arrived for it
+    and asked again under its name (10:03, a0 10:00:01); the gang, Ready on it and admitted,
+    has started: the hold on a0 is lifted with the rest, nothing else would lift it."""
+    a = topup_request(0, 4, phase="Started")
+    a["metadata"]["creationTimestamp"] = "2026-11-30T10:03:00Z"
+    wl = (
+        gang(4)
+        .check(
+            state="Ready",
+            pod_set_updates=[{"name": "workers", "annotations": {CONSUME_ANNOTATION: A}}],
+        )
+        .condition("Admitted")
+        .build()
+    )
+    d = topup_run([a], [gpu_node("a0", "a", arrived_for=A)], workload=wl)
+    assert [n for act in d.actions if isinstance(act, ReleaseHold) for n in act.nodes] == ["a0"]
