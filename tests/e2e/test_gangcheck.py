@@ -29,6 +29,9 @@ from typing import Any, TypeVar
 import pytest
 from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_gangcheck, start_sim_cloud
 
+from gangcheck.diagnose.as_json import to_json
+from gangcheck.diagnose.fetch import diagnose
+from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
@@ -694,6 +697,15 @@ async def test_partial_delivery_is_rolled_back_retried_and_admitted(
         assert record.requests == [f"{wl_name}-{queue.check}-1", f"{wl_name}-{queue.check}-2"]
         (rolled_back,) = record.rolled_back
         assert f"rolled back {wl_name}-{queue.check}-1 " in rolled_back
+        # diagnose says attempt 1's rollback, from the check's AdmissionCheckUpdated Event
+        # (Kueue reset its Retry, attempt 2 turned it Ready): why, and what it reclaimed.
+        report = await diagnose(kube, f"job/{namespace}/gang")
+        (earlier,) = to_json(report)["earlierAttempts"]
+        assert (earlier["attempt"], earlier["state"]) == (1, "Retry"), earlier
+        said = earlier["message"]
+        assert f"rolled back {wl_name}-{queue.check}-1 (Deadline: " in said, said
+        assert "; reclaimed 3 nodes (" in said, said
+        assert f"earlier {earlier['line']}" in " ".join(render_text(report).split())
         # The 3 nodes of the partial delivery were deleted, the 4 of the retry carry the gang.
         nodes = await nodes_with(kube, f"{SIM_POOL}={pool}")
         assert len(nodes) == 4
