@@ -1310,6 +1310,41 @@ def test_a_gang_waiting_for_its_members_is_looked_at_again_at_its_start_deadline
     assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())
 
 
+def test_the_watchdog_counts_the_members_under_the_config_the_attempt_was_made_under() -> None:
+    """managedResources narrowed since the attempt was made (now the GPU only, where the
+    request asked for the driver too, under the config recorded on it): the watchdog still
+    waits for the 5 members its request asked for. Before, it counted the 4 GPU workers the
+    config names now, and with those 4 scheduled and the driver not, marked the attempt
+    Started and lifted its holds."""
+    workload = (
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu="2"))
+        .pod_set("workers", 4, pod_template(gpu=1))
+        .reserve_quota()
+        .condition("Admitted")
+        .check(state="Ready")
+    )
+    templates = [
+        (naming.template_name(REQ1, "driver"), 1),
+        (naming.template_name(REQ1, "workers"), 4),
+    ]
+    decision = run(
+        Case(
+            "watchdog under its own config",
+            workload,
+            config={"managedResources": ["nvidia.com/gpu"]},
+            requests=[
+                req(conditions={"Provisioned": ""}, annotations=MADE_UNDER, templates=templates)
+            ],
+            pods=[*(member(f"w{i}", bound=True) for i in range(4)), member("d0", bound=False)],
+        )
+    )
+    assert not [a for a in decision.actions if isinstance(a, AnnotateRequest)]
+    admitted_at = parse_time(T0)
+    assert admitted_at is not None
+    assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())
+
+
 def test_the_requeue_delay_is_retrys_alone() -> None:
     """Kueue resets a Retry check to Pending keeping its requeueAfterSeconds; gangcheck's next
     entry (here Ready) drops it, as Kueue's own check writes its entries (before, a Ready check

@@ -552,7 +552,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     assert snap.config is not None
     req = attempt.request
     assert isinstance(req, ProvisioningRequest)
-    total = start_total(snap.workload, req, snap.config.managed_resources)
+    total = start_total(snap.workload, req, snap.config)
     scheduled = members_scheduled(snap.capacity, req.ref.namespace, req.name)
     if scheduled >= total:
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
@@ -569,10 +569,16 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
     return flow.rolling(Decision, lifecycle.start_rollback(attempt, trigger, now=now))
 
 
-def start_total(wl: Workload, req: ProvisioningRequest, managed: tuple[str, ...]) -> int:
+def start_total(
+    wl: Workload, req: ProvisioningRequest, config: AtomicProvisioningSpec | None
+) -> int:
     """How many members must be scheduled for the attempt of `req` to have started: what it
     asked for and the members the kept nodes it tops up hold, within the members the Job has
-    now (an elastic Job scaled down in place since: `members_now`)."""
+    now (an elastic Job scaled down in place since: `members_now`) of the pod sets the config
+    the attempt was made under manages (`lifecycle.made_under`: a managedResources changed
+    since does not lower the count, and so mark it started early, its holds lifted)."""
+    made = lifecycle.made_under(req, config)
+    managed = made.managed_resources if made is not None else ()
     asked = sum(p.count for p in req.pod_sets) + topup.kept_members(req)
     return min(asked, sum(members_now(wl, ps) for ps in required_pod_sets(wl, managed)))
 

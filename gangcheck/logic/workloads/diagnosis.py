@@ -621,8 +621,7 @@ def _start_facts(
         deadline = datetime.fromtimestamp(
             state.admitted_at.timestamp() + seconds, state.admitted_at.tzinfo
         )
-    managed = spec.managed_resources if spec is not None else ()
-    return StartFacts(scheduled=scheduled, total=start_total(wl, req, managed), deadline=deadline)
+    return StartFacts(scheduled=scheduled, total=start_total(wl, req, spec), deadline=deadline)
 
 
 # ---- the verdict -------------------------------------------------------------------------
