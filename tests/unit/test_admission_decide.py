@@ -1345,6 +1345,45 @@ def test_the_watchdog_counts_the_members_under_the_config_the_attempt_was_made_u
     assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())
 
 
+def test_the_fit_checks_the_pod_sets_of_the_config_the_attempt_was_made_under() -> None:
+    """managedResources narrowed since the attempt was made (now the GPU only, where the
+    request asked for the driver too, under the config recorded on it), the request
+    Provisioned, room for the 4 GPU workers and none for the driver: the check stays Pending,
+    the fit still counting the 5 members its request asked for. Before, the fit counted the
+    4 workers the config names now and turned the check Ready, the driver's capacity not
+    there (and its podSetUpdates left it unpinned and unconsumed)."""
+    workload = (
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu="16"))
+        .pod_set("workers", 4, pod_template(gpu=1))
+        .reserve_quota()
+        .check()
+    )
+    templates = [
+        (naming.template_name(REQ1, "driver"), 1),
+        (naming.template_name(REQ1, "workers"), 4),
+    ]
+    decision = run(
+        Case(
+            "fit under its own config",
+            workload,
+            config={"managedResources": ["nvidia.com/gpu"]},
+            requests=[
+                req(conditions={"Provisioned": ""}, annotations=MADE_UNDER, templates=templates)
+            ],
+            nodes=[
+                node("n1", gpu=8, cpu="8", labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")
+            ],
+        )
+    )
+    assert decision.check is not None
+    assert decision.check.state == "Pending"
+    assert decision.check.message.startswith(
+        "capacity requested, not yet usable: 4 of 5 members placeable"
+    )
+    assert not [a for a in decision.actions if isinstance(a, AnnotateRequest)]
+
+
 def test_the_requeue_delay_is_retrys_alone() -> None:
     """Kueue resets a Retry check to Pending keeping its requeueAfterSeconds; gangcheck's next
     entry (here Ready) drops it, as Kueue's own check writes its entries (before, a Ready check

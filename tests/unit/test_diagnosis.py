@@ -771,6 +771,45 @@ def test_the_json_says_the_decision_replayed_on_the_objects() -> None:
     assert decision["message"].startswith("capacity requested, not yet usable: 0 of 2 members")
 
 
+def test_an_attempt_is_fitted_with_the_pod_sets_of_the_config_it_was_made_under() -> None:
+    """managedResources narrowed to the GPU since the request asked for the driver too
+    (under the config recorded on it): diagnose fits the 3 members it asked for, as the
+    controller does, not the 2 GPU workers the config names now."""
+    wl = (
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu="16"))
+        .pod_set("workers", 2)
+        .reserve_quota()
+        .check()
+        .build()
+    )
+    name = naming.request_name("wl", CHECK, 1)
+    req = provisioning_request(
+        name,
+        templates=[
+            (naming.template_name(name, "driver"), 1),
+            (naming.template_name(name, "workers"), 2),
+        ],
+        conditions={"Accepted": "", "Provisioned": ""},
+        annotations={
+            "gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z",
+            "gangcheck.io/attempt-config": "{}",
+        },
+    )
+    narrowed = {"spec": {"managedResources": ["nvidia.com/gpu"]}}
+    nodes = tuple(arrival(f"gpu-{i}", cpu="8") for i in range(2))
+    facts = gather(wl, world(configs={"cfg": narrowed}, requests=(req,), nodes=nodes), now=NOW)
+    report = DiagnoseReport(Target("workload", "default", "wl"), facts, verdict(facts, NOW), NOW)
+    decision = to_json(report)["decision"]
+    assert (decision["progress"], decision["state"]) == ("Waiting", "Pending")
+    assert decision["message"].startswith(
+        "capacity requested, not yet usable: 2 of 3 members placeable"
+    )
+    assert facts.placement is not None
+    assert (facts.placement.placeable, facts.placement.total) == (2, 3)
+    assert "2 of 3 members placeable" in verdict(facts, NOW).line
+
+
 LEVEL = "none carries the required topology level rack (pod set workers)"
 NO_NODE_HAS_LEVEL = (
     "no node the gang may use carries the required topology level rack (pod set workers): the "

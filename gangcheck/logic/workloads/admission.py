@@ -376,17 +376,20 @@ def _attempt(
     snap: Snapshot, req: ProvisioningRequest, status: AttemptStatus | None = None
 ) -> lifecycle.Attempt:
     """The attempt of this request, as the core reads it: under its source's deadline, the
-    node labels of the source it asked (`lifecycle.asked_source`) and its domain, with the
-    place next in line."""
+    node labels of the source it asked (`lifecycle.asked_source`) and its domain, the pod sets
+    of the config it was made under (`lifecycle.made_under`: a managedResources narrowed since
+    does not turn it Ready with a pod set it asked for not placed), with the place next in
+    line."""
     assert snap.config is not None
     place = places.of_request(req)
     asked = lifecycle.asked_source(req, snap.config)
-    gang = gang_templates(snap, labels=asked.node_selector)  # any one domain
+    made = lifecycle.made_under(req, snap.config)
+    gang = gang_templates(snap, labels=asked.node_selector, made=made)  # any one domain
     capacity = snap.capacity
     kept = topup.kept_for(snap.requests, req)
     if kept:  # topping kept arrivals up: the gang on their nodes and its own
         labels = topup.shared_labels(snap.config, req, kept)
-        gang = topup.tolerating(gang_templates(snap, labels=labels), kept)
+        gang = topup.tolerating(gang_templates(snap, labels=labels, made=made), kept)
         capacity = topup.view(snap.capacity, kept)
     return lifecycle.Attempt(
         request=req,
@@ -450,7 +453,8 @@ def _written(
     if step.progress is Progress.FITS:
         domains = step.domains
         if not _fit_mode(snap):  # trusted, no fit to choose: the domain it asked
-            domains = places.asked_pins(gang_templates(snap), places.of_request(req))
+            made = lifecycle.made_under(req, snap.config)
+            domains = places.asked_pins(gang_templates(snap, made=made), places.of_request(req))
         ready = _ready(snap, state, req, step.message, now, domains=domains)
         delivered = driver.delivered_note(snap.config, req, now)
         return replace(ready, actions=(*step.actions, *ready.actions), sources=delivered)
@@ -812,9 +816,14 @@ def _cannot_request(snap: Snapshot, merged: list[MergedPodSet], source: int = 0)
 
 def _merged(snap: Snapshot) -> list[MergedPodSet]:
     assert snap.config is not None
-    wl = snap.workload
-    required = required_pod_sets(wl, snap.config.managed_resources)
-    return merge_pod_sets(wl, required, snap.config.pod_set_merge_policy)
+    return _merged_under(snap.workload, snap.config)
+
+
+def _merged_under(wl: Workload, config: AtomicProvisioningSpec) -> list[MergedPodSet]:
+    """The request pod sets of `wl` under `config`: those its managedResources names, merged
+    by its podSetMergePolicy."""
+    required = required_pod_sets(wl, config.managed_resources)
+    return merge_pod_sets(wl, required, config.pod_set_merge_policy)
 
 
 def _ask(
@@ -935,18 +944,21 @@ def _retry(snap: Snapshot, state: CheckState, message: str, now: datetime) -> De
 
 
 def gang_templates(
-    snap: Snapshot, *, place: places.Place | None = None, labels: Mapping[str, str] | None = None
+    snap: Snapshot,
+    *,
+    place: places.Place | None = None,
+    labels: Mapping[str, str] | None = None,
+    made: AtomicProvisioningSpec | None = None,
 ) -> GangSpec:
     """(name, count, pod template) of each request pod set, as the PodTemplates hold them
     (pinned to the capacity source and topology domain of `place`), and the topology level
-    each must sit inside (`podsets.required_level`)."""
+    each must sit inside (`podsets.required_level`). The pod sets are those the config
+    manages (`made`: the one an attempt in flight was made under; else the config now)."""
     assert snap.config is not None
     wl = snap.workload
     place = place or places.Place()
     pinned = _source_labels(snap.config, place.source) if labels is None else labels
-    merged = merge_pod_sets(
-        wl, required_pod_sets(wl, snap.config.managed_resources), snap.config.pod_set_merge_policy
-    )
+    merged = _merged_under(wl, made or snap.config)
     topology = {m.name: level for m in merged if (level := required_level(m.template))}
     gang = GangSpec(
         tuple(
@@ -1006,13 +1018,10 @@ def pod_set_updates(
     """Consume and class annotations for every pod set the request covers, merged ones too;
     a node selector pinning the capacity source the request asked (`lifecycle.asked_source`,
     not whichever source sits at its index now) and the topology domain chosen for a
-    constrained pod set."""
+    constrained pod set. The pod sets are those of the config the request was made under
+    (`lifecycle.made_under`), as its fit counts them."""
     assert snap.config is not None
-    merged = merge_pod_sets(
-        snap.workload,
-        required_pod_sets(snap.workload, snap.config.managed_resources),
-        snap.config.pod_set_merge_policy,
-    )
+    merged = _merged_under(snap.workload, lifecycle.made_under(req, snap.config) or snap.config)
     kept = topup.kept_for(snap.requests, req)
     pinned = (
         topup.shared_labels(snap.config, req, kept)

@@ -550,14 +550,15 @@ def _gang(
     req: ProvisioningRequest | None,
 ) -> GangSpec:
     """(pod set, count, template) as the controller assesses them (pinned to the capacity
-    source the request asked, `lifecycle.asked_source`, not the one now at its index; the
-    first source without a request); every pod set without a config to say which need
-    capacity."""
+    source the request asked, `lifecycle.asked_source`, not the one now at its index, the pod
+    sets of the config it was made under, `lifecycle.made_under`; the first source without a
+    request); every pod set without a config to say which need capacity."""
     if spec is not None:
         snap = Snapshot(workload=wl, check=check, config=spec, flavors=flavors)
         if req is None:
             return gang_templates(snap, place=places.Place(0))  # fitted in any one domain
-        return gang_templates(snap, labels=lifecycle.asked_source(req, spec).node_selector)
+        labels = lifecycle.asked_source(req, spec).node_selector
+        return gang_templates(snap, labels=labels, made=lifecycle.made_under(req, spec))
     return GangSpec(
         tuple(
             (ps.name, ps.count, pod_template_spec(wl, ps.name, ps.template, flavors))
@@ -592,7 +593,9 @@ def _topped_up(
     labels the sources share, tolerating every hold, counting the kept requests' nodes."""
     assert req is not None
     snap = Snapshot(workload=wl, check=check, config=spec, flavors=world.flavors)
-    gang = topup.tolerating(gang_templates(snap, labels=topup.shared_labels(spec, req, kept)), kept)
+    labels = topup.shared_labels(spec, req, kept)
+    made = lifecycle.made_under(req, spec)
+    gang = topup.tolerating(gang_templates(snap, labels=labels, made=made), kept)
     names = {r.name for r in kept}
     left = tuple(
         o
