@@ -16,8 +16,10 @@ from gangcheck.logic.attempt.actions import (
     CreateTemplate,
     DeleteRequest,
     ReclaimArrivals,
+    ReleaseHold,
 )
 from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
+from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.logic.workloads.admission import Decision, Snapshot, decide
 from gangcheck.logic.workloads.snapshot import snapshot_of
@@ -1382,6 +1384,36 @@ def test_the_fit_checks_the_pod_sets_of_the_config_the_attempt_was_made_under() 
         "capacity requested, not yet usable: 4 of 5 members placeable"
     )
     assert not [a for a in decision.actions if isinstance(a, AnnotateRequest)]
+
+
+def test_a_gang_made_in_fit_mode_has_its_holds_lifted_once_started_under_trust_now() -> None:
+    """fulfillment.mode switched to TrustProvisioned after a NodesFit attempt turned Ready
+    on nodes it claimed and held: once every member is scheduled the attempt is marked
+    Started and the hold lifted, as under the mode it was made under. Before, the start
+    watchdog ran only in fit mode now, and an attempt not yet Started did nothing: the hold
+    stayed on the nodes (closed to every other pod) for the gang's whole life."""
+    workload = gang().condition("Admitted").check(state="Ready")
+    held = node(
+        "n1",
+        gpu=8,
+        labels={"pool": "gpu"},
+        annotations=MINE,
+        created="2026-11-30T10:01:00Z",
+        taints=[hold_taint(f"default/{REQ1}")],
+    )
+    decision = run(
+        Case(
+            "fit-made attempt, trusted now",
+            workload,
+            config=dict(TRUST),
+            requests=[req(conditions={"Provisioned": ""}, annotations={**FULFILLED, **MADE_UNDER})],
+            nodes=[held],
+            pods=[member(f"p{i}", bound=True) for i in range(4)],
+        )
+    )
+    assert AnnotateRequest(REQ1, {"gangcheck.io/phase": "Started"}) in decision.actions
+    lifted = [a for a in decision.actions if isinstance(a, ReleaseHold)]
+    assert [a.nodes for a in lifted] == [("n1",)]
 
 
 def test_the_requeue_delay_is_retrys_alone() -> None:

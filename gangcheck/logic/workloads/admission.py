@@ -307,8 +307,9 @@ def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
-    """After Ready: a revoked capacity rejects; in fit mode the start watchdog runs; asks of
-    the attempt that lost a race and are not withdrawn yet are withdrawn."""
+    """After Ready: a revoked capacity rejects; in fit mode (now or when the attempt was made:
+    `_watched`) the start watchdog runs; asks of the attempt that lost a race and are not
+    withdrawn yet are withdrawn."""
     wl = snap.workload
     req = flow.find(snap.requests, _ready_request(snap, state))
     if req is None:
@@ -328,7 +329,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     if lost is not None:  # as Kueue: Retry (or Rejected)
         return _outcome(snap, state, req, lifecycle.from_status(attempt, now), now)
     started = rollback.record_of(req).phase is AttemptPhase.STARTED
-    if attempt.fit and wl.is_admitted and not started:
+    if _watched(snap, attempt) and wl.is_admitted and not started:
         return _watch_start(snap, attempt, now)
     if started:
         return _release_holds(snap, req)
@@ -549,6 +550,15 @@ def _lost_before_admission(status: AttemptStatus) -> str | None:
 def _fit_mode(snap: Snapshot) -> bool:
     assert snap.config is not None
     return snap.config.fulfillment.mode is FulfillmentMode.FIT
+
+
+def _watched(snap: Snapshot, attempt: lifecycle.Attempt) -> bool:
+    """Whether the start watchdog runs for a Ready attempt: in fit mode now, or for an
+    attempt made in fit mode (`lifecycle.made_under`), whose claimed nodes carry its hold
+    until it is Started: a mode switched to TrustProvisioned since does not leave them held
+    for the gang's whole life."""
+    made = lifecycle.made_under(attempt.request, snap.config)
+    return attempt.fit or (made is not None and made.fulfillment.mode is FulfillmentMode.FIT)
 
 
 def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> Decision:
