@@ -281,3 +281,25 @@ def test_a_race_whose_racers_are_all_being_deleted_waits_for_them_to_go() -> Non
     assert [(e.reason, e.warning) for e in d.events] == [("RequestStuckDeleting", True)]
     one = run([deleting(racer(A, 0)), racer(B, 1, conditions={"Accepted": "ok"})])
     assert created(one) == [] and one.check is not None and one.check.state == "Pending"
+
+
+def test_a_race_in_flight_when_the_policy_turns_in_order_is_finished_as_a_race() -> None:
+    """capacitySourcePolicy edited from Race to InOrder while the race runs (both racers made
+    under the Race config they record): B delivers the whole gang and wins as in any race,
+    and A, still waiting with a node that arrived for it, is withdrawn with that node
+    reclaimed. Before, the attempt was followed as InOrder: A was deleted as 'superseded by
+    attempt 1' (the same attempt) and the node that arrived for it was left, not reclaimed."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
+    in_order = {k: v for k, v in RACE.items() if k != "capacitySourcePolicy"}
+    nodes = [*(arrived(f"b{i}", "b", B) for i in range(4)), arrived("a0", "a", A)]
+    asks = [
+        racer(A, 0, conditions={"Accepted": "ok"}, annotations=made),
+        provisioned(racer(B, 1, annotations=made)),
+    ]
+    d = run(asks, nodes, config=in_order)
+    assert d.check is not None and d.check.state == "Ready"
+    update = d.check.pod_set_updates[0]
+    assert update["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] == B
+    reclaims = [a for a in (*d.actions, *d.after) if isinstance(a, ReclaimArrivals)]
+    assert [(r.request, r.nodes) for r in reclaims] == [(A, ("a0",))]
+    assert "CapacityRaceWon" in {e.reason for e in d.events}

@@ -631,7 +631,7 @@ def consumed_request(state: CheckState) -> str:
 
 def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     assert snap.config is not None
-    if snap.config.racing > 1:
+    if _racing(snap, state):
         return _race(snap, state, now)
     gang = _gang(snap, state, now)
     return flow.in_order(
@@ -643,6 +643,19 @@ def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 # ---- Race --------------------------------------------------------------------------------
+
+
+def _racing(snap: Snapshot, state: CheckState) -> bool:
+    """Whether the attempt is a race: as the config its asks were made under says
+    (`lifecycle.made_under`), so a capacitySourcePolicy edited mid-attempt does not follow a
+    race as InOrder (its other racers deleted as superseded, what arrived for them not
+    reclaimed) nor an InOrder attempt as a race; an attempt not asked yet, as the config now."""
+    attempt = state.retry_count + 1
+    asks = race.asks(
+        snap.requests, lambda k: naming.request_name(snap.workload.ref.name, snap.check, attempt, k)
+    )
+    made = lifecycle.made_under(asks[0][1], snap.config) if asks else snap.config
+    return made is not None and made.racing > 1
 
 
 def _race(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
