@@ -549,6 +549,26 @@ def test_a_racer_whose_source_left_is_named_by_the_source_it_asked(adapter: Adap
     assert "'c'" not in seen.message
 
 
+@pytest.mark.parametrize("adapter", ADAPTERS, ids=lambda a: a.name)
+def test_a_race_in_flight_when_the_policy_turns_in_order_is_finished_as_a_race(
+    adapter: Adapter,
+) -> None:
+    """capacitySourcePolicy edited from Race to InOrder while the race runs (both racers made
+    under the Race config they record): b delivers the whole gang and wins as in any race;
+    a, still waiting with a node that arrived for it, is withdrawn with it reclaimed. Before,
+    the attempt was followed as InOrder: a was deleted as superseded (by its own attempt) and
+    the node that arrived for it was left, not reclaimed."""
+    made = {"gangcheck.io/attempt-config": spec_record(parse_spec(RACE))}
+    in_order = {k: v for k, v in RACE.items() if k != "capacitySourcePolicy"}
+    racers = [Racer(0, {"Accepted": "ok"}, made), Racer(1, {"Provisioned": "ok"}, made)]
+    nodes = [*(Node(f"b{i}", "b", 1) for i in range(4)), Node("a0", "a", 0)]
+    seen = adapter.run(racers, nodes, in_order)
+    assert seen.state == "won", seen
+    assert seen.consumed == adapter.ask(1)
+    assert seen.reclaimed == [(adapter.ask(0), ("a0",))]
+    assert "CapacityRaceWon" in seen.events
+
+
 # ---- the race's hand-over follows the sources asked by identity, not by position ---------
 
 X = {"name": "x", "nodeSelector": {"pool": "x"}}

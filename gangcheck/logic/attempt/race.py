@@ -59,6 +59,16 @@ def asks(requests: Sequence[ProvisioningRequest], name_of: Callable[[int], str])
     return [(k, by_name[n]) for k, n in names if n in by_name]
 
 
+def is_race(asks: Sequence[Ask], config: AtomicProvisioningSpec | None) -> bool:
+    """Whether the attempt of `asks` is a race: as the config its asks were made under says
+    (`lifecycle.made_under`), so a capacitySourcePolicy edited mid-attempt follows neither a
+    race as InOrder (its other racers deleted as superseded, what arrived for them not
+    reclaimed) nor an InOrder attempt as a race; an attempt not asked yet, as `config` (the
+    config now)."""
+    made = lifecycle.made_under(asks[0][1], config) if asks else config
+    return made is not None and made.racing > 1
+
+
 def stale(
     requests: Sequence[ProvisioningRequest],
     mine: Sequence[Ask],

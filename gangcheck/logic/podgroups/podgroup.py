@@ -206,7 +206,7 @@ def _current(snap: GroupSnapshot) -> tuple[str, int]:
 
 def _attempt(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDecision:
     assert snap.config is not None
-    if snap.config.racing > 1:
+    if race.is_race(_asks(snap), snap.config):
         return _race(snap, members, now)
     gang = _gang(snap, members, now)
 

@@ -646,16 +646,12 @@ def _pending(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 
 def _racing(snap: Snapshot, state: CheckState) -> bool:
-    """Whether the attempt is a race: as the config its asks were made under says
-    (`lifecycle.made_under`), so a capacitySourcePolicy edited mid-attempt does not follow a
-    race as InOrder (its other racers deleted as superseded, what arrived for them not
-    reclaimed) nor an InOrder attempt as a race; an attempt not asked yet, as the config now."""
+    """Whether the attempt in flight is a race (`race.is_race`: as its asks were made)."""
     attempt = state.retry_count + 1
     asks = race.asks(
         snap.requests, lambda k: naming.request_name(snap.workload.ref.name, snap.check, attempt, k)
     )
-    made = lifecycle.made_under(asks[0][1], snap.config) if asks else snap.config
-    return made is not None and made.racing > 1
+    return race.is_race(asks, snap.config)
 
 
 def _race(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
