@@ -518,6 +518,26 @@ CASES = [
         ),
     ),
     Case(
+        "made in fit mode, TrustProvisioned now, ready, not yet admitted, booking expired: the "
+        "attempt rolls back as it was made, what arrived for it reclaimed",
+        gang().check(state="Ready"),
+        config=dict(TRUST),
+        requests=[
+            req(
+                conditions={"Provisioned": "", "BookingExpired": "over"},
+                annotations={**FULFILLED, **MADE_UNDER},
+            )
+        ],
+        nodes=[node("n1", annotations=MINE)],
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "BookingExpired: over",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
+            },
+        ),
+    ),
+    Case(
         "capacity revoked after ready rejects",
         WorkloadBuilder()
         .pod_set("workers", 4)

@@ -308,7 +308,7 @@ def _not_needed(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
 
 def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
     """After Ready: a revoked capacity rejects; in fit mode (now or when the attempt was made:
-    `_watched`) the start watchdog runs; asks of the attempt that lost a race and are not
+    `_fit_as_made`) the start watchdog runs; asks of the attempt that lost a race and are not
     withdrawn yet are withdrawn."""
     wl = snap.workload
     req = flow.find(snap.requests, _ready_request(snap, state))
@@ -324,12 +324,13 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
         message = attempt.status.signal(Phase.REVOKED).message or "capacity revoked"
         return _transition(state, REJECTED, message, now)
     lost = None if wl.is_admitted else _lost_before_admission(attempt.status)
-    if lost is not None and attempt.fit:  # the booking is gone: reclaim, then Retry
+    fit = _fit_as_made(snap, attempt)
+    if lost is not None and fit:  # the booking is gone: reclaim, then Retry
         return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost, now=now), now)
     if lost is not None:  # as Kueue: Retry (or Rejected)
         return _outcome(snap, state, req, lifecycle.from_status(attempt, now), now)
     started = rollback.record_of(req).phase is AttemptPhase.STARTED
-    if _watched(snap, attempt) and wl.is_admitted and not started:
+    if fit and wl.is_admitted and not started:
         return _watch_start(snap, attempt, now)
     if started:
         return _release_holds(snap, req)
@@ -552,11 +553,12 @@ def _fit_mode(snap: Snapshot) -> bool:
     return snap.config.fulfillment.mode is FulfillmentMode.FIT
 
 
-def _watched(snap: Snapshot, attempt: lifecycle.Attempt) -> bool:
-    """Whether the start watchdog runs for a Ready attempt: in fit mode now, or for an
-    attempt made in fit mode (`lifecycle.made_under`), whose claimed nodes carry its hold
-    until it is Started: a mode switched to TrustProvisioned since does not leave them held
-    for the gang's whole life."""
+def _fit_as_made(snap: Snapshot, attempt: lifecycle.Attempt) -> bool:
+    """Whether a Ready attempt is finished in fit mode: in fit mode now, or made in fit mode
+    (`lifecycle.made_under`): its claimed nodes carry its hold until it is Started, and what
+    arrived for it goes back should its capacity be lost before admission, a mode switched
+    to TrustProvisioned since notwithstanding (else the hold stayed for the gang's whole
+    life, and the arrivals were left)."""
     made = lifecycle.made_under(attempt.request, snap.config)
     return attempt.fit or (made is not None and made.fulfillment.mode is FulfillmentMode.FIT)
 
