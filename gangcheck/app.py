@@ -15,8 +15,9 @@ from typing import Any
 from gangcheck.dispatcher import Dispatcher
 from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
-from gangcheck.kube.errors import ApiError
+from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.informer import Informer
+from gangcheck.kube.resources import ADMISSION_CHECK
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
 from gangcheck.logic.dispatch import ANSWER_WITHIN
@@ -26,6 +27,7 @@ from gangcheck.logic.placement.usage import (
     node_claim_change_matters,
 )
 from gangcheck.logic.podgroups.gating import group_of
+from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
@@ -36,7 +38,11 @@ from gangcheck.model.names import (
 from gangcheck.model.objects import Obj, is_finished, labels_of
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile import provreq
-from gangcheck.reconcile.admissioncheck import AdmissionCheckReconciler
+from gangcheck.reconcile.admissioncheck import (
+    AdmissionCheckReconciler,
+    active_of,
+    write_active,
+)
 from gangcheck.reconcile.apply import Applier, Sources
 from gangcheck.reconcile.arrivals import ArrivalGateReconciler
 from gangcheck.reconcile.caches import Caches
@@ -65,6 +71,11 @@ ARRIVAL_KEY = "arrival:"
 DEVICES_KEY = f"{DRA_KEY}inventory"
 """One key for the whole device inventory (reconcile/devices.py)."""
 DEFAULT_POD_GROUPS = PodGroupOptions()
+#: Past this, a cache not synced is said: logged at ERROR, and on our AdmissionChecks
+#: (Active=False, reason `CACHES_NOT_SYNCED`), and again every `UNSYNCED_REPEAT_SECONDS`.
+UNSYNCED_GRACE_SECONDS = 30.0
+UNSYNCED_REPEAT_SECONDS = 60.0
+CACHES_NOT_SYNCED = "CachesNotSynced"
 _CONTROLLERS = {
     WORKLOAD_KEY: "workload",
     CHECK_KEY: "admissioncheck",
@@ -126,6 +137,7 @@ class Controller:
         progress_delay_seconds: float = PROGRESS_DELAY_SECONDS,
     ) -> None:
         self.kube = kube
+        self.clock = clock
         self.metrics = metrics or Metrics()
         self.caches = Caches.create(kube, watch_timeout=watch_timeout)
         self.queue = WorkQueue()
@@ -169,12 +181,23 @@ class Controller:
         self._group_tasks: dict[str, asyncio.Task[None]] = {}
         self._wire()
 
-    async def run(self) -> None:
-        """Run until cancelled: caches first, then the workers once every cache has synced."""
+    async def run(self, *, unsynced_grace: float = UNSYNCED_GRACE_SECONDS) -> None:
+        """Run until cancelled: caches first, then the workers once every cache has synced.
+        A cache not synced `unsynced_grace` seconds on is said (`_say_unsynced`), and again
+        every `UNSYNCED_REPEAT_SECONDS` until every one has."""
         async with asyncio.TaskGroup() as tg:
             for informer in self.caches.all():
                 tg.create_task(informer.run(), name=f"informer-{informer.resource.plural}")
-            await self.caches.wait_synced()
+            self.metrics.caches_synced(False)
+            wait = unsynced_grace
+            while not self.caches.synced:
+                try:
+                    async with asyncio.timeout(wait):
+                        await self.caches.wait_synced()
+                except TimeoutError:
+                    await self._say_unsynced()
+                    wait = UNSYNCED_REPEAT_SECONDS
+            self.metrics.caches_synced(True)
             log.info("caches synced", extra={"workloads": len(self.caches.workloads.store)})
             self.enqueue_everything()
             tg.create_task(run_workers(self.queue, self.reconcile, workers=self.workers))
@@ -183,6 +206,43 @@ class Controller:
                 watcher = PodGroupApiWatcher.for_kube(self.kube)
                 on_change = functools.partial(self._serve_pod_groups, tg)
                 tg.create_task(watcher.run(on_change, self.discovery_seconds))
+
+    async def _say_unsynced(self) -> None:
+        """Every cache not synced and its last error, logged at ERROR and written on every
+        AdmissionCheck of ours as Active=False (`CACHES_NOT_SYNCED`): no reconcile runs
+        until they sync, so Kueue must not keep Workloads waiting on a check nobody serves.
+        The checks are read live (their own cache may be the one not synced); without
+        Kueue's API there is none to write. Once synced, each check's reconcile
+        (`enqueue_everything`) sets Active as it decides."""
+        unsynced = [i for i in self.caches.all() if not i.synced.is_set()]
+        said = "; ".join(
+            f"{'.'.join(filter(None, (i.resource.plural, i.resource.group)))}: "
+            f"{i.last_error or 'no answer yet'}"
+            for i in unsynced
+        )
+        message = f"gangcheck's caches have not synced, nothing is reconciled: {said}"
+        log.error(message, extra={"resources": [i.resource.plural for i in unsynced]})
+        try:
+            listed = await self.kube.list_objects(ADMISSION_CHECK)
+        except NotFoundError:
+            return  # Kueue's API not served: no AdmissionCheck to say it on
+        except ApiError as e:
+            log.warning("cannot read the AdmissionChecks to say so: %s", e)
+            return
+        not_served = checkconfig.Resolution(None, CACHES_NOT_SYNCED, message)
+        now = format_time(self.clock())
+        for ac in listed.get("items") or []:
+            if not checkconfig.is_ours(ac):
+                continue
+            previous = active_of(ac)
+            generation = int(ac["metadata"].get("generation", 0))
+            wanted = checkconfig.active_condition(not_served, generation, now, previous)
+            if previous == wanted:
+                continue
+            try:
+                await write_active(self.kube, self.caches, ac, wanted)
+            except ApiError as e:  # fenced, refused, unreachable: said again in a while
+                log.warning("cannot set AdmissionCheck %s inactive: %s", ac["metadata"]["name"], e)
 
     async def _serve_pod_groups(self, tg: asyncio.TaskGroup, served: ServedPodGroups) -> None:
         """Watch the PodGroups of every API the server serves now; stop watching the others."""

@@ -318,6 +318,19 @@ class Metrics:
             callbacks=[leader],
             description="1 while this replica leads (or runs without leader election), else 0",
         )
+        self._caches_synced = 1
+
+        def synced(_: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(self._caches_synced)
+
+        meter.create_observable_gauge(
+            "gangcheck_caches_synced",
+            callbacks=[synced],
+            description=(
+                "0 while the leader waits for a cache to sync (no reconcile runs), else 1 "
+                "(a standby replica, the dispatcher: nothing waited for)"
+            ),
+        )
         self._observe_span_export(meter, spans or span_export)
 
     @staticmethod
@@ -378,6 +391,10 @@ class Metrics:
         elif outcome == "failed":
             self._source_failures.add(1, {**labels, "reason": reason})
             self._source_stranded.add(int(seconds), labels)
+
+    def caches_synced(self, synced: bool) -> None:
+        """The leader waits for its caches to sync (False), or has every one synced (True)."""
+        self._caches_synced = 1 if synced else 0
 
     def pod_gated(self, api_group: str) -> None:
         self._gated.add(1, {"api_group": api_group})

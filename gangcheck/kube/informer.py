@@ -393,6 +393,9 @@ class Informer:
         uncertain: only then does an object missing from the store mean it is gone."""
         self.relists = 0
         """Lists made after the first (each one after a 410, or a failed list)."""
+        self.last_error = ""
+        """The last failed list or watch, as logged (empty: none yet): what a cache that does
+        not sync is waiting on (`Controller.run` says it)."""
         self._stale_since: float | None = None
         self._opened_at: float | None = None
 
@@ -466,6 +469,7 @@ class Informer:
         """Log a failed list or watch; the jittered backoff before the next try."""
         self._stale()
         self._failures += 1
+        self.last_error = str(error) or type(error).__name__
         delay = jittered(self._retry_delay, self._failures)
         log.warning(
             "list/watch failed (%d in a row), again in %.1fs: %s",

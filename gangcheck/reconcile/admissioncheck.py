@@ -12,6 +12,7 @@ from gangcheck.kube.resources import ADMISSION_CHECK, NODE_POOL
 from gangcheck.logic.sources.karpenter.pools import named_pools, unusable_pools
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
+from gangcheck.model.objects import Obj
 from gangcheck.reconcile.caches import Caches
 from gangcheck.runtime.queue import Result
 
@@ -24,6 +25,38 @@ NOT_PERMITTED = (
     "the Karpenter backend is unavailable: gangcheck may not list NodePools (install "
     "manifests/components/karpenter, or the chart with karpenter.enabled=true)"
 )
+
+
+def active_of(ac: Obj) -> Obj | None:
+    """The check's Active condition, if it has one."""
+    conditions = (ac.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "Active"), None)
+
+
+async def write_active(kube: Kube, caches: Caches, ac: Obj, wanted: Obj) -> bool:
+    """Write `wanted` as the check's Active condition (its other conditions kept), on the
+    version `ac` is; the answer goes to the cache. False when the check changed or went
+    meanwhile (its watch event brings it back to the reconciler)."""
+    name = ac["metadata"]["name"]
+    conditions = (ac.get("status") or {}).get("conditions") or []
+    others = [c for c in conditions if c.get("type") != "Active"]
+    patch = {
+        "metadata": {"resourceVersion": ac["metadata"]["resourceVersion"]},
+        "status": {"conditions": [*others, wanted]},
+    }
+    try:
+        updated = await kube.merge_patch(ADMISSION_CHECK, name, patch, subresource="status")
+    except (ConflictError, NotFoundError):
+        return False
+    caches.admission_checks.store.put_if_newer(updated)
+    log.info(
+        "admission check %s active=%s: %s",
+        name,
+        wanted["status"],
+        wanted["message"],
+        extra={"object": f"AdmissionCheck/{name}", "reason": wanted["reason"]},
+    )
+    return True
 
 
 class AdmissionCheckReconciler:
@@ -43,8 +76,7 @@ class AdmissionCheckReconciler:
         if ac is None or not checkconfig.is_ours(ac):
             return Result()
         resolution = await self._with_backend(self._caches.resolve(name))
-        conditions = (ac.get("status") or {}).get("conditions") or []
-        previous = next((c for c in conditions if c.get("type") == "Active"), None)
+        previous = active_of(ac)
         wanted = checkconfig.active_condition(
             resolution,
             int(ac["metadata"].get("generation", 0)),
@@ -53,29 +85,9 @@ class AdmissionCheckReconciler:
         )
         if previous == wanted:
             return self._recheck(resolution)
-        others = [c for c in conditions if c.get("type") != "Active"]
-        patch = {
-            "metadata": {"resourceVersion": ac["metadata"]["resourceVersion"]},
-            "status": {"conditions": [*others, wanted]},
-        }
-        try:
-            updated = await self._kube.merge_patch(
-                ADMISSION_CHECK, name, patch, subresource="status"
-            )
-        except (ConflictError, NotFoundError):
+        if not await write_active(self._kube, self._caches, ac, wanted):
             return Result()  # changed or gone meanwhile; its watch event brings us back
-        self._caches.admission_checks.store.put_if_newer(updated)
-        self._log(name, wanted)
         return self._recheck(resolution)
-
-    def _log(self, name: str, wanted: dict[str, object]) -> None:
-        log.info(
-            "admission check %s active=%s: %s",
-            name,
-            wanted["status"],
-            wanted["message"],
-            extra={"object": f"AdmissionCheck/{name}", "reason": wanted["reason"]},
-        )
 
     async def _with_backend(self, resolution: checkconfig.Resolution) -> checkconfig.Resolution:
         """A config naming Karpenter NodePools (``spec.karpenter``, or any capacity source's

@@ -455,6 +455,7 @@ OBSERVED = (
     "gangcheck_dispatch_waiting_gangs",
     "gangcheck_workqueue_depth",
     "gangcheck_leader",
+    "gangcheck_caches_synced",
 )
 
 
