@@ -211,6 +211,8 @@ class Controller:
         """Every cache not synced and its last error, logged at ERROR and written on every
         AdmissionCheck of ours as Active=False (`CACHES_NOT_SYNCED`): no reconcile runs
         until they sync, so Kueue must not keep Workloads waiting on a check nobody serves.
+        Only once a list or watch failed: caches still listing without an error (a large
+        cluster's first list) are logged as a warning, the checks left as they are.
         The checks are read live (their own cache may be the one not synced); without
         Kueue's API there is none to write. Once synced, each check's reconcile
         (`enqueue_everything`) sets Active as it decides."""
@@ -221,7 +223,11 @@ class Controller:
             for i in unsynced
         )
         message = f"gangcheck's caches have not synced, nothing is reconciled: {said}"
-        log.error(message, extra={"resources": [i.resource.plural for i in unsynced]})
+        extra = {"resources": [i.resource.plural for i in unsynced]}
+        if not any(i.last_error for i in unsynced):  # slow (a large cluster's first list)
+            log.warning(message, extra=extra)
+            return
+        log.error(message, extra=extra)
         try:
             listed = await self.kube.list_objects(ADMISSION_CHECK)
         except NotFoundError:

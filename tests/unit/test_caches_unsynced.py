@@ -105,9 +105,25 @@ async def test_without_kueue_there_is_no_check_to_say_it_on(
     kube = _Kube()
     kube.fail("list", "AdmissionCheck", 404)
     controller = Controller(kube, pod_groups=None)
-    await controller._say_unsynced()  # no cache ever listed: every one named
+    controller.caches.requests.last_error = "404 the server could not find the resource"
+    await controller._say_unsynced()  # no other cache listed yet: every one named
     assert [c.kind for c in kube.calls] == ["AdmissionCheck"]
     assert kube.writes == []
     [said] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert "provisioningrequests.autoscaling.x-k8s.io: no answer yet" in said
+    assert "provisioningrequests.autoscaling.x-k8s.io: 404 the server" in said
+    assert "pods: no answer yet" in said
+
+
+async def test_caches_still_listing_without_an_error_leave_the_checks_as_they_are(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A large cluster's first lists take longer than the grace: said as a warning only, the
+    AdmissionChecks neither read nor written (Kueue would stop admitting for nothing)."""
+    kube = _Kube()
+    controller = Controller(kube, pod_groups=None)
+    await controller._say_unsynced()
+    assert kube.calls == []
+    assert kube.writes == []
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    [said] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert "pods: no answer yet" in said
