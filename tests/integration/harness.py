@@ -278,13 +278,20 @@ class RunningController:
 
 
 class CrashingController(RunningController):
-    """A controller whose process 'dies' right after its n-th write to the API server."""
+    """A controller whose process 'dies' right after its n-th write to the API server, or
+    with `after_path`, right after its first write to that path (whatever it wrote before:
+    the order of writes to different objects, or to other tests' objects on the shared API
+    server, is not the test's to assume)."""
 
-    def __init__(self, kubeconfig: str, *, after_writes: int) -> None:
+    def __init__(
+        self, kubeconfig: str, *, after_writes: int = 1, after_path: str | None = None
+    ) -> None:
         super().__init__(kubeconfig)
         self.after_writes = after_writes
+        self.after_path = after_path
         self.written: list[str] = []
-        """Each write so far, as `METHOD path` (Events left out); the n-th one kills it."""
+        """Each write so far, as `METHOD path` (Events left out); the n-th one (or the first
+        to `after_path`) kills it."""
         self._dead = asyncio.Event()
 
     async def crashed(self) -> bool:
@@ -301,7 +308,11 @@ class CrashingController(RunningController):
             result = await original(method, path, **kw)
             if method != "GET" and "/events" not in path:
                 self.written.append(f"{method} {path}")
-                if len(self.written) >= self.after_writes:
+                if (
+                    path == self.after_path
+                    if self.after_path is not None
+                    else len(self.written) >= self.after_writes
+                ):
                     self._dead.set()
             return result
 

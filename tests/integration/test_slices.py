@@ -318,12 +318,17 @@ async def test_a_controller_killed_as_the_slice_turns_ready_leaves_it_held_and_a
         await controller.stop()
     await cluster.set_request_conditions(name, {"Provisioned": ""})
     (added,) = await cluster.add_nodes(1, gpu=4)
-    crashing = CrashingController(str(control_plane.kubeconfig), after_writes=1)
+    crashing = CrashingController(
+        str(control_plane.kubeconfig), after_path=request_path(cluster, name)
+    )
     await crashing.start()
-    await eventually(crashing.crashed, timeout=20, what="a crash after the first write")
+    await eventually(crashing.crashed, timeout=20, what="a crash after the request's mark")
     await crashing.stop()
     # it died after marking the request Fulfilled, before writing the check Ready
     assert crashing.written[-1] == f"PATCH {request_path(cluster, name)}", crashing.written
+    marked = await cluster.request(name)
+    assert marked is not None
+    assert marked["metadata"]["annotations"].get("gangcheck.io/phase") == "Fulfilled"
     assert (await cluster.check_state("new"))["state"] == "Pending"
     fresh = RunningController(str(control_plane.kubeconfig))
     await fresh.start()

@@ -44,7 +44,7 @@ from gangcheck.kube.resources import (
     PROVISIONING_REQUEST,
     WORKLOAD,
 )
-from gangcheck.logic.dispatch import DISPATCHER, DOWN_GRACE, RECORD_ANNOTATION
+from gangcheck.logic.dispatch import DISPATCHER, DOWN_GRACE, LEASE_EVERY, RECORD_ANNOTATION
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import (
@@ -327,7 +327,11 @@ async def test_a_worker_whose_gangcheck_is_down_is_skipped_and_the_gang_runs_in_
             spec = lease["spec"]
             renewed = datetime.fromisoformat(str(spec["renewTime"]).replace("Z", "+00:00"))
             stale_at = renewed + timedelta(seconds=spec["leaseDurationSeconds"] + DOWN_GRACE)
-            await asyncio.sleep(max(0.0, (stale_at - datetime.now(UTC)).total_seconds()) + 1)
+            # the dispatcher reads the Lease in the background every LEASE_EVERY seconds and
+            # times it by its own clock from when it first saw that renewal: it may say it
+            # down up to two reads after the Lease's own time says so
+            settle = 2 * LEASE_EVERY + 1
+            await asyncio.sleep(max(0.0, (stale_at - datetime.now(UTC)).total_seconds()) + settle)
             began = time.monotonic()
             await manager.create(JOB, gang_job("gang"), namespace)
             try:
