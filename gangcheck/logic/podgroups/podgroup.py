@@ -561,10 +561,10 @@ def _won(snap: GroupSnapshot, members: _Members, won: race.Won, now: datetime) -
 def _left_behind(snap: GroupSnapshot, consumed: str) -> GroupDecision | None:
     """A released group's racers other than the one it consumes, not withdrawn yet (the node
     cache was behind when the race was won): withdrawn, their arrivals reclaimed. Only for
-    an attempt made under Race (InOrder withdraws a source it leaves as it leaves it)."""
+    an attempt made under Race (`race.is_race`; InOrder withdraws a source it leaves as it
+    leaves it)."""
     asks = _asks(snap)
-    made = lifecycle.made_under(asks[0][1], snap.config) if asks else None
-    if made is None or made.racing < 2:
+    if not race.is_race(asks, snap.config):
         return None
     losers = race.left_behind(asks, consumed)
     if not losers:
