@@ -149,6 +149,12 @@ class FakeKube(Kube):
             error = api_error(error, name=name or "", kind=kind)
         self._failures.append(_Failure(verb, kind, name, error, times, applied))
 
+    def mend(self, verb: str, kind: str, name: str | None = None) -> None:
+        """Let the calls `fail` was told to fail with these same arguments through again,
+        however many `times` were left (a CRD or an RBAC rule back)."""
+        told = (verb, kind, name)
+        self._failures = [f for f in self._failures if (f.verb, f.kind, f.name) != told]
+
     @property
     def writes(self) -> list[Call]:
         return [c for c in self.calls if c.verb in WRITES]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -21,24 +22,7 @@ from tests.fakes.kube import FakeKube, api_error
 
 
 class _Kube(FakeKube):
-    """The fake with watches that stay open and say nothing, and ProvisioningRequests not
-    served (every list answers 404, as without their CRD) while `without_requests`."""
-
-    without_requests = True
-
-    async def list_objects(
-        self,
-        res: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> Obj:
-        if res == PROVISIONING_REQUEST and self.without_requests:
-            raise api_error(404, kind=res.plural)
-        return await super().list_objects(
-            res, namespace, label_selector=label_selector, field_selector=field_selector
-        )
+    """The fake with watches that stay open and say nothing."""
 
     async def watch(self, res: Resource, *args: Any, **kwargs: Any) -> AsyncGenerator[Obj]:
         await asyncio.Event().wait()
@@ -64,6 +48,9 @@ async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     kube = _Kube()
+    # ProvisioningRequests not served: every list answers 404, as without their CRD
+    not_served = api_error(404, kind=PROVISIONING_REQUEST.plural)
+    kube.fail("list", PROVISIONING_REQUEST.kind, error=not_served, times=sys.maxsize)
     kube.add(
         {**admission_check(), "apiVersion": ADMISSION_CHECK.api_version, "kind": "AdmissionCheck"},
         {
@@ -88,7 +75,7 @@ async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
         assert said and "provisioningrequests" in said[0].getMessage()
         assert not controller.caches.synced
 
-        kube.without_requests = False  # the CRD back
+        kube.mend("list", PROVISIONING_REQUEST.kind)  # the CRD back
         await _until(lambda: _active(kube)["status"] == "True", "the check active again")
         assert _active(kube)["reason"] == "Active"
         assert controller.caches.synced

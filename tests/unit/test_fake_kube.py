@@ -106,6 +106,18 @@ async def test_an_injected_failure_fails_that_many_calls_then_lets_them_through(
     assert len(kube.writes_of("Node", "patch")) == 3
 
 
+async def test_a_mended_failure_lets_the_calls_through_however_many_times_were_left() -> None:
+    kube = FakeKube()
+    kube.fail("list", "Node", error=404, times=1_000)
+    kube.fail("list", "Pod", error=404, times=1_000)
+    with pytest.raises(NotFoundError):
+        await kube.list_objects(NODE)
+    kube.mend("list", "Node")
+    assert (await kube.list_objects(NODE))["items"] == []
+    with pytest.raises(NotFoundError):
+        await kube.list_objects(POD)
+
+
 async def test_an_answer_lost_on_the_way_back_still_took_effect() -> None:
     kube = FakeKube()
     kube.fail("create", "PodTemplate", error=503, applied=True)
