@@ -256,6 +256,27 @@ async def slice_of_four_running(cluster: Cluster) -> tuple[str, str, list[str], 
     return first, node, pods, naming.request_name("new", cluster.check, 1)
 
 
+async def bind_the_added_until_opened_and_started(
+    cluster: Cluster, added: str, first: str, name: str
+) -> None:
+    """Kueue lifts the elastic gate and the scheduler binds the 4 added members (job-4 to
+    job-7) on the node `added`; then the hold on it is lifted and the request `name` marked
+    Started."""
+    for i in range(4, 8):
+        await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
+
+    async def opened_and_started() -> bool:
+        n = await cluster.kube.get(NODE, added)
+        r = await cluster.request(name)
+        return (
+            r is not None
+            and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
+            and not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
+        )
+
+    await eventually(opened_and_started, what="the hold lifted once the 8 members run")
+
+
 async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its_members_run(
     cluster: Cluster, controller: RunningController
 ) -> None:
@@ -283,19 +304,7 @@ async def test_the_added_nodes_stay_held_for_the_jobs_pods_after_ready_until_its
     r = await cluster.request(name)
     assert r is not None and r["metadata"]["annotations"].get("gangcheck.io/phase") != "Started"
 
-    for i in range(4, 8):  # Kueue lifts the elastic gate; the scheduler binds the 4 added
-        await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
-
-    async def opened_and_started() -> bool:
-        n = await cluster.kube.get(NODE, added)
-        r = await cluster.request(name)
-        return (
-            r is not None
-            and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
-            and not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
-        )
-
-    await eventually(opened_and_started, what="the hold lifted once the 8 members run")
+    await bind_the_added_until_opened_and_started(cluster, added, first, name)
     check = await cluster.check_state("new")
     assert check["state"] == "Ready"
     await untouched(cluster, node, pods)
@@ -338,19 +347,7 @@ async def test_a_controller_killed_as_the_slice_turns_ready_leaves_it_held_and_a
         assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"
         holds = [t for t in got["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
         assert holds == [hold_taint(f"{cluster.ns}/{first}")]
-        for i in range(4, 8):  # Kueue lifts the elastic gate; the scheduler binds the 4 added
-            await cluster.create_pod(f"job-{i}", node_name=added, consume=first)
-
-        async def opened_and_started() -> bool:
-            n = await cluster.kube.get(NODE, added)
-            r = await cluster.request(name)
-            return (
-                r is not None
-                and r["metadata"]["annotations"].get("gangcheck.io/phase") == "Started"
-                and not [t for t in n["spec"].get("taints") or [] if t["key"] == HOLD_TAINT]
-            )
-
-        await eventually(opened_and_started, what="the hold lifted once the 8 members run")
+        await bind_the_added_until_opened_and_started(cluster, added, first, name)
     finally:
         await fresh.stop()
     assert [r["metadata"]["name"] for r in await cluster.requests()] == [name]
