@@ -13,6 +13,7 @@ decided before the watch brings its DELETED does not count the node as still the
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from gangcheck.kube.client import Kube
@@ -26,13 +27,14 @@ from gangcheck.kube.resources import (
     Resource,
 )
 from gangcheck.model.names import OWNER_SCALED_DOWN, SCALED_DOWN_FOR
-from gangcheck.model.objects import Obj, json_pointer
+from gangcheck.model.objects import Obj, json_pointer, tested_removal
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 SCALE_ATTEMPTS = 5
+log = logging.getLogger(__name__)
 
 
 class ReclaimRefused(Exception):
@@ -182,6 +184,7 @@ class DeleteMachine:
             }
         }
         await kube.merge_patch(MACHINE, name, done, namespace)
+        await _forget_scaled_down(kube, res, obj, machine)
         return f"Machine {name} marked for deletion, {res.kind} scaled to {replicas}"
 
 
@@ -203,20 +206,37 @@ async def _machine_of(kube: Kube, node: Obj) -> Obj:
     return machine
 
 
+def scaled_down_key(machine_uid: str) -> str:
+    """The owner's record of a decrement made for the Machine of this uid: one key per
+    Machine (``gangcheck.io/scaled-down-for-machine-<uid>``), so that decrements made for
+    other Machines of the same owner meanwhile never overwrite it."""
+    return f"{SCALED_DOWN_FOR}-{machine_uid}"
+
+
+def _scaled_down_for(obj: Obj, uid: str) -> bool:
+    """Whether the owner records a decrement for the Machine of `uid` (its own key, or the
+    single-valued annotation versions before this one wrote)."""
+    annotations = _annotations(obj)
+    return scaled_down_key(uid) in annotations or annotations.get(SCALED_DOWN_FOR) == uid
+
+
 async def _scale_down_once(kube: Kube, res: Resource, obj: Obj, machine: Obj) -> int:
-    """Decrement replicas by one with a `test` of the value read, marking the owner with the
-    Machine's uid in the same patch; a failed test (a lost answer, another writer) is read
-    again: the mark says whether the decrement was ours."""
+    """Decrement replicas by one with a `test` of the value read, recording on the owner, in
+    the same patch, that it was done for this Machine (`scaled_down_key`); a failed test (a
+    lost answer, another writer) is read again: the record says whether the decrement was
+    ours. The record stays until the Machine says its owner was scaled down (a reclaim that
+    failed in between, its lease lost, is retried later: after others of the owner's
+    Machines were scaled down for, too)."""
     uid, namespace = machine["metadata"]["uid"], machine["metadata"]["namespace"]
     for _ in range(SCALE_ATTEMPTS):
-        if _annotations(obj).get(SCALED_DOWN_FOR) == uid:
+        if _scaled_down_for(obj, uid):
             return int((obj.get("spec") or {}).get("replicas") or 0)
         replicas = int((obj.get("spec") or {}).get("replicas") or 0)
         if replicas <= 0:
             return 0
         try:
             await kube.json_patch(
-                res, obj["metadata"]["name"], _decrement(obj, replicas, uid), namespace
+                res, obj["metadata"]["name"], _decrement(obj, replicas, machine), namespace
             )
             return replicas - 1
         except (InvalidError, ConflictError):
@@ -224,15 +244,33 @@ async def _scale_down_once(kube: Kube, res: Resource, obj: Obj, machine: Obj) ->
     raise ApiError(409, "Conflict", f"{res.kind} kept changing while being scaled down")
 
 
-def _decrement(obj: Obj, replicas: int, uid: str) -> list[Obj]:
+def _decrement(obj: Obj, replicas: int, machine: Obj) -> list[Obj]:
+    key, value = scaled_down_key(machine["metadata"]["uid"]), machine["metadata"]["name"]
     ops: list[Obj] = [
         {"op": "test", "path": "/spec/replicas", "value": replicas},
         {"op": "replace", "path": "/spec/replicas", "value": replicas - 1},
     ]
     if "annotations" in (obj.get("metadata") or {}):
-        path = json_pointer("metadata", "annotations", SCALED_DOWN_FOR)
-        return [*ops, {"op": "add", "path": path, "value": uid}]
-    return [*ops, {"op": "add", "path": "/metadata/annotations", "value": {SCALED_DOWN_FOR: uid}}]
+        path = json_pointer("metadata", "annotations", key)
+        return [*ops, {"op": "add", "path": path, "value": value}]
+    return [*ops, {"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
+
+
+async def _forget_scaled_down(kube: Kube, res: Resource, obj: Obj, machine: Obj) -> None:
+    """Take the owner's record of this Machine's decrement off, once the Machine itself says
+    its owner was scaled down (so one record per Machine does not pile up on the owner). A
+    record already gone, or an owner gone, is done; any other failure leaves the record (a
+    short annotation naming a Machine) and is logged: the decrement is done either way."""
+    key = scaled_down_key(machine["metadata"]["uid"])
+    ops = tested_removal("annotations", key, machine["metadata"]["name"])
+    try:
+        await kube.json_patch(res, obj["metadata"]["name"], ops, machine["metadata"]["namespace"])
+    except (InvalidError, NotFoundError):
+        return
+    except ApiError as e:
+        log.warning(
+            "%s %s keeps its record %s: %s", res.kind, obj["metadata"]["name"], key, e.message
+        )
 
 
 async def _scaling_owner(kube: Kube, machine: Obj) -> tuple[Resource, Obj] | None:

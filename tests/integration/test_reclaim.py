@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,13 @@ import pytest
 from gangcheck_dev.testbed import crds
 
 from gangcheck.kube.client import MERGE_PATCH, Kube
-from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError, TransientError
+from gangcheck.kube.errors import (
+    ApiError,
+    FencedError,
+    ForbiddenError,
+    NotFoundError,
+    TransientError,
+)
 from gangcheck.kube.informer import Store
 from gangcheck.kube.resources import (
     EVENT,
@@ -578,6 +585,50 @@ async def test_a_lost_answer_does_not_scale_a_machine_deployment_down_twice(bed:
     again = await reclaim_safely(bed.kube, bed.target(node, "DeleteMachine"), NOW(UTC))
     assert again.verdict == "reclaimed"  # a second reclaim of the same node: still once
     assert (await bed.kube.get(MACHINE_DEPLOYMENT, "md", bed.ns))["spec"]["replicas"] == 2
+
+
+async def test_a_reclaim_failed_after_the_decrement_does_not_decrement_again(bed: Bed) -> None:
+    """m1's reclaim scales md down (3 -> 2), then fails before m1 records it (its lease lost:
+    FencedError, raised before the write is sent); m2, of the same MachineSet, is reclaimed
+    next (2 -> 1). m1's reclaim retried finds its own decrement recorded on md and does not
+    decrement again: the Machine set would delete a third Machine, one nobody gave back. The
+    record it no longer needs goes from md once m1 says its owner was scaled down."""
+    ns, kube = bed.ns, bed.kube
+    first = await machine_bed(bed)
+    ms_ref = (await kube.get(MACHINE, "m1", ns))["metadata"]["ownerReferences"]
+    await kube.create(MACHINE, {"metadata": {"name": "m2", "namespace": ns,
+                                             "ownerReferences": ms_ref}, "spec": {}})  # fmt: skip
+    second = await bed.node(
+        annotations={"cluster.x-k8s.io/machine": "m2", "cluster.x-k8s.io/cluster-namespace": ns}
+    )
+    await kube.merge_patch(MACHINE, "m2", {"status": {"nodeRef": {"name": second}}}, ns,
+                           subresource="status")  # fmt: skip
+    original = kube._request_once
+
+    async def lease_lost(m: str, path: str, query: Any, body: Any, *a: Any) -> Any:
+        said = json.dumps(body or {})
+        if m == "PATCH" and path.endswith("/machines/m1") and "owner-scaled-down" in said:
+            raise FencedError("not the leader (test: the lease lost after the decrement)")
+        return await original(m, path, query, body, *a)
+
+    kube._request_once = lease_lost  # type: ignore[method-assign]
+    try:
+        failed = await reclaim_safely(kube, bed.target(first, "DeleteMachine"), NOW(UTC))
+    finally:
+        kube._request_once = original  # type: ignore[method-assign]
+    assert failed.verdict == "failed"
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 2
+    other = await reclaim_safely(kube, bed.target(second, "DeleteMachine"), NOW(UTC))
+    assert other.verdict == "reclaimed"
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 1
+    again = await reclaim_safely(kube, bed.target(first, "DeleteMachine"), NOW(UTC))
+    assert again.verdict == "reclaimed"
+    md = await kube.get(MACHINE_DEPLOYMENT, "md", ns)
+    assert md["spec"]["replicas"] == 1
+    for machine in ("m1", "m2"):
+        annotations = (await kube.get(MACHINE, machine, ns))["metadata"]["annotations"]
+        assert annotations["gangcheck.io/owner-scaled-down"] == "MachineDeployment/md"
+    assert not [k for k in md["metadata"].get("annotations") or {} if "scaled-down" in k]
 
 
 async def test_delete_machine_checks_the_machines_own_back_reference(bed: Bed) -> None:
