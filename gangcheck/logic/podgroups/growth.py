@@ -807,7 +807,7 @@ def _watch_start(
     of it is bound drains, reclaimed once idle); no member is touched. Before, a growth whose
     members never bound held what arrived for it for ever."""
     attempt = _growth_attempt(snap, req, mine)
-    limit = attempt.config.fulfillment.start_deadline_seconds
+    limit = _start_deadline(req, snap.config)
     released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
     if released is None:
         stamp = AnnotateRequest(req.name, {RELEASED_AT_ANNOTATION: format_time(now)})
@@ -929,12 +929,20 @@ def next_due(
     since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
     released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
     if _start_rolled(req) and released is not None:
-        limit = (lifecycle.made_under(req, config) or config).fulfillment.start_deadline_seconds
+        limit = _start_deadline(req, config)
         started_by = released + timedelta(seconds=limit)
         since = started_by if since is None else max(since, started_by)
     if since is None:
         return None
     return since + timedelta(seconds=lifecycle.backoff_seconds(number, config.retry_strategy))
+
+
+def _start_deadline(req: ProvisioningRequest, config: AtomicProvisioningSpec | None) -> int:
+    """The startDeadlineSeconds a delivered growth's start watchdog judges it by, and its
+    backoff counts from (`next_due`): of the config it was made under (`lifecycle.made_under`,
+    else `config`, else the default)."""
+    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
+    return made.fulfillment.start_deadline_seconds
 
 
 def _others_held(snap: GroupSnapshot) -> ClusterView:
