@@ -9,7 +9,11 @@ answered (`Store.put_if_newer`) and never goes back to an earlier version the wa
 brings; the handlers hear the watch's versions one after the other, so the echo of our own
 write says nothing new and another writer's change before it is still heard. After a delete of
 ours the object is gone from the store at once (`Store.deleted`), and what the watch still
-brings of it before its DELETED does not bring it back.
+brings of it before its DELETED does not bring it back. A relist does not undo either when its
+list was served before the write or delete was answered (the list's resourceVersion older than
+it): the store keeps what the list cannot have seen (`Store._replace`). resourceVersions are
+compared as the integers etcd makes them (`_rv_number`), as Kubernetes' own comparison of
+them does since 1.35.
 
 ``authoritative`` says whether the store may be trusted to show that an object is *absent*:
 true only after a list the server answered, false again as soon as a list or watch of an
@@ -155,9 +159,11 @@ class Store:
         delete: the same uid, or a resourceVersion not newer than the deletion) from
         bringing it back: a gang decided again on it would take the deleted object, its
         records, for the next one made under its name. Another object of that name (made
-        again: another uid) is stored as usual. The watch's DELETED of it, or a relist,
-        clears the tombstone. Nothing is done when the store no longer has that object (the
-        watch brought its DELETED already, or holds another one of that name)."""
+        again: another uid) is stored as usual. The watch's DELETED of it, or a relist
+        that shows it gone (listed at or past the deletion, or another object of that name
+        listed), clears the tombstone; a relist older than the deletion keeps it. Nothing
+        is done when the store no longer has that object (the watch brought its DELETED
+        already, or holds another one of that name)."""
         if answer is not None and answer.get("kind") != "Status" and _kept(answer):
             self.put_if_newer(answer)
             return
@@ -242,26 +248,64 @@ class Store:
             if not here:
                 del self._by_namespace[_namespace(obj)]
 
-    def _replace(self, objs: list[Obj]) -> tuple[list[Obj], list[tuple[Obj | None, Obj]]]:
-        """Replace everything; return (removed, [(old, new)]) for the handlers."""
+    def _replace(
+        self, objs: list[Obj], resource_version: str | None = None
+    ) -> tuple[list[Obj], list[tuple[Obj | None, Obj]]]:
+        """Replace everything with a list answered at `resource_version`; return (removed,
+        [(old, new)]) for the handlers. What the list cannot have seen, being newer than it
+        (a list served before our own write or delete was answered), is kept: our write of
+        an object listed older, or not listed while the list is older than it (made after
+        it); our delete of an object listed (the same uid, or without one, a version not
+        newer than the deletion), or not listed while the list is older than the deletion.
+        The watch from the list's version on brings what came between, and `_from_watch`
+        and `_deleted_by_watch` keep it out as after any write of ours. Without a version
+        (a resource not served: emptied), nothing is kept."""
+        at = _version(resource_version)
         fresh = {object_key(o): o for o in objs}
-        removed = [o for k, o in self._objects.items() if k not in fresh]
+        kept: dict[str, Obj] = {}
+        behind: dict[str, Obj] = {}
+        tombstones: dict[str, _Tombstone] = {}
+        heard: list[tuple[Obj | None, Obj]] = []  # what the handlers hear, the store aside
+        for key, obj in fresh.items():
+            tomb = self._tombstones.get(key)
+            if tomb is not None and tomb.buries(obj):  # listed before our delete
+                tombstones[key] = tomb
+                if _rv(tomb.watched) != _rv(obj):
+                    heard.append((tomb.watched, obj))
+                tomb.watched = obj
+                continue
+            stored = self._objects.get(key)
+            if stored is not None and 0 <= _rv_number(obj) < _rv_number(stored):
+                kept[key] = stored  # our write, listed as it was before it
+                watched = self._behind.get(key, stored)
+                if _rv(watched) != _rv(obj):
+                    heard.append((watched, obj))
+                behind[key] = obj
+        for key, stored in self._objects.items():
+            if key not in fresh and 0 <= at < _rv_number(stored):  # made after the list
+                kept[key] = stored
+                behind[key] = self._behind.get(key, stored)
+        for key, tomb in self._tombstones.items():
+            if key not in fresh and 0 <= at < tomb.rv:  # deleted after the list
+                tombstones[key] = tomb
+        objects = {**{k: o for k, o in fresh.items() if k not in tombstones}, **kept}
+        removed = [o for k, o in self._objects.items() if k not in objects]
         changed = [
             (self._objects.get(k), o)
-            for k, o in fresh.items()
-            if _rv(self._objects.get(k)) != _rv(o)
+            for k, o in objects.items()
+            if k not in kept and _rv(self._objects.get(k)) != _rv(o)
         ]
-        self._objects = fresh
-        self._behind = {}
-        self._tombstones = {}
+        self._objects = objects
+        self._behind = behind
+        self._tombstones = tombstones
         self._by_namespace = {}
-        for key, obj in fresh.items():
+        for key, obj in objects.items():
             self._index(key, obj)
         for obj in removed:
             self._tell(obj, None)
         for old, new in changed:
             self._tell(old, new)
-        return removed, changed
+        return removed, changed + heard
 
 
 @dataclass
@@ -324,8 +368,13 @@ def _owners(obj: Obj) -> list[dict[str, Any]]:
 
 def _rv_number(obj: Obj) -> int:
     """resourceVersions are opaque, but etcd's are increasing integers; -1 if not."""
+    return _version(obj.get("metadata", {}).get("resourceVersion"))
+
+
+def _version(resource_version: str | None) -> int:
+    """A resourceVersion as the integer etcd's are (an object's or a list's); -1 if not one."""
     try:
-        return int(obj.get("metadata", {}).get("resourceVersion", "-1"))
+        return int(resource_version if resource_version is not None else "-1")
     except ValueError:
         return -1
 
@@ -534,7 +583,8 @@ class Informer:
     async def _list(self) -> str:
         listing = await self.kube.list_objects(self.resource, label_selector=self._selector)
         items = [self._typed(item) for item in listing.get("items") or []]
-        removed, changed = self.store._replace(items)
+        rv = str(listing["metadata"]["resourceVersion"])
+        removed, changed = self.store._replace(items, rv)
         for obj in removed:
             self._notify(obj, None)
         for old, new in changed:
@@ -545,7 +595,7 @@ class Informer:
         self._stale_since = None
         self._failures = 0
         self.synced.set()
-        return str(listing["metadata"]["resourceVersion"])
+        return rv
 
     async def _watch(self) -> None:
         """One watch from the last version seen, each event moving that version on."""

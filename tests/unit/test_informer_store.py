@@ -229,3 +229,150 @@ def test_put_if_newer_does_not_bring_back_what_our_delete_removed() -> None:
     delete(inf, GONE_STATUS)
     inf.store.put_if_newer(req(11, mark="read before"))
     assert stored(inf) is None
+
+
+# ---- a relist (after 410 Gone) answered before our own write or delete reached it: the list
+# is the server as it was at its resourceVersion, and what we wrote or deleted after that is
+# newer than anything in it. What the list cannot have seen is kept; the rest is replaced.
+
+
+class Listing:
+    """A client whose list answers `items` at `rv` (only what `Informer._list` calls)."""
+
+    def __init__(self, rv: int, items: list[Obj]) -> None:
+        self.answer: Obj = {"metadata": {"resourceVersion": str(rv)}, "items": items}
+
+    async def list_objects(self, *_: Any, **__: Any) -> Obj:
+        return self.answer
+
+
+async def relist(inf: Informer, rv: int, items: list[Obj]) -> None:
+    """The informer's own list, answered at `rv` with `items`."""
+    inf.kube = cast(Kube, Listing(rv, items))
+    await inf._list()
+
+
+def mark(obj: Obj | None) -> str:
+    assert obj is not None
+    return str((obj["metadata"].get("annotations") or {}).get("mark", ""))
+
+
+async def test_a_relist_older_than_our_delete_does_not_bring_the_object_back() -> None:
+    """Our delete answered at 12, the relist answered at 11 with the object still in it (the
+    list was served before the delete): it stays deleted, and the versions the watch brings
+    from 11 on are kept out until its DELETED."""
+    inf, heard, by_gang = informer()
+    watch(inf, "ADDED", req(10))
+    delete(inf, req(12))  # gone: its last state answered
+    await relist(inf, 11, [req(11, mark="listed")])
+    assert stored(inf) is None and by_gang.of("g") == []
+    # the handlers hear what the list says of it, as they would the watch: 10 -> 11
+    assert (rv(heard[-1][0]), rv(heard[-1][1])) == ("10", "11")
+    watch(inf, "MODIFIED", req(12, mark="late"))
+    assert stored(inf) is None
+    watch(inf, "DELETED", req(13))
+    assert stored(inf) is None and heard[-1][1] is None
+    watch(inf, "ADDED", req(14, uid="u2"))  # made again: stored as usual
+    assert stored(inf) == ("14", "u2", "")
+
+
+async def test_a_relist_older_than_our_delete_without_the_object_keeps_the_tombstone() -> None:
+    """The list (at 9) was served before the object was made: its ADDED, which the watch from
+    9 still brings, must not bring back what our delete (at 12) removed."""
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    inf.store.put_if_newer(req(11, mark="ours"))
+    delete(inf, GONE_STATUS)
+    await relist(inf, 9, [])
+    assert stored(inf) is None
+    watch(inf, "ADDED", req(10))
+    assert stored(inf) is None
+
+
+@pytest.mark.parametrize(
+    ("listed", "at"),
+    [
+        pytest.param([req(13, uid="u2")], 13, id="another object of that name listed"),
+        pytest.param([], 12, id="listed at the deletion or after, without the object"),
+    ],
+)
+async def test_a_relist_at_or_past_our_delete_clears_the_tombstone(
+    listed: list[Obj], at: int
+) -> None:
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    delete(inf, req(12))
+    await relist(inf, at, listed)
+    assert inf.store._tombstones == {}
+    watch(inf, "ADDED", req(20))  # the watch from the list on: stored as it brings it
+    assert stored(inf) == ("20", "u1", "")
+
+
+async def test_a_relist_older_than_our_write_keeps_our_write() -> None:
+    """Our patch answered at 12; the list, at 11, has the object as it was before it: the
+    store keeps our write, the handlers hear the list's version (another writer's change at
+    11), and the watch's versions older than our write are heard, not stored."""
+    inf, heard, by_gang = informer()
+    watch(inf, "ADDED", req(10))
+    inf.store.put_if_newer(req(12, mark="ours"))
+    await relist(inf, 11, [req(11, mark="theirs")])
+    assert stored(inf) == ("12", "u1", "ours") and len(by_gang.of("g")) == 1
+    assert [(rv(o), rv(n), mark(n)) for o, n in heard[1:]] == [("10", "11", "theirs")]
+    watch(inf, "MODIFIED", req(12, mark="ours"))  # the echo of our write
+    assert stored(inf) == ("12", "u1", "ours")
+    watch(inf, "MODIFIED", req(13, mark="next"))
+    assert stored(inf) == ("13", "u1", "next")
+
+
+async def test_a_relist_older_than_our_create_keeps_what_we_made() -> None:
+    """We made the object (answered at 12) after the list (at 11) was served: it is kept,
+    not told removed, and the watch's ADDED of it is the echo."""
+    inf, heard, by_gang = informer()
+    inf.store.put_if_newer(req(12, mark="ours"))
+    await relist(inf, 11, [])
+    assert stored(inf) == ("12", "u1", "ours") and len(by_gang.of("g")) == 1
+    assert heard == []
+    watch(inf, "ADDED", req(12, mark="ours"))
+    assert stored(inf) == ("12", "u1", "ours")
+
+
+async def test_a_kept_write_does_not_go_back_to_an_older_version_the_watch_brings() -> None:
+    """Made (at 12) and patched (at 14) by us, the list at 11 without it: the watch from 11
+    brings the ADDED at 12, older than our patch, which is heard and not stored."""
+    inf, _, _ = informer()
+    inf.store.put_if_newer(req(12))
+    inf.store.put_if_newer(req(14, mark="patched"))
+    await relist(inf, 11, [])
+    watch(inf, "ADDED", req(12))
+    assert stored(inf) == ("14", "u1", "patched")
+    watch(inf, "MODIFIED", req(14, mark="patched"))
+    watch(inf, "MODIFIED", req(15, mark="theirs"))
+    assert stored(inf) == ("15", "u1", "theirs")
+
+
+@pytest.mark.parametrize(
+    ("listed", "want"),
+    [
+        pytest.param([req(12, mark="listed")], ("12", "u1", "listed"), id="listed at our write"),
+        pytest.param([req(13, mark="listed")], ("13", "u1", "listed"), id="listed past it"),
+        pytest.param([], None, id="not listed, the list past our write: gone since"),
+    ],
+)
+async def test_a_relist_at_or_past_our_write_is_taken_as_it_is(
+    listed: list[Obj], want: tuple[str, str, str] | None
+) -> None:
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    inf.store.put_if_newer(req(12, mark="ours"))
+    await relist(inf, 13, listed)
+    assert stored(inf) == want
+    assert inf.store._behind == {}
+
+
+async def test_a_store_emptied_for_a_resource_not_served_keeps_nothing() -> None:
+    """Not served (no list at all): the store is emptied, our writes and deletes included."""
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    inf.store.put_if_newer(req(12, mark="ours"))
+    inf.store._replace([])
+    assert stored(inf) is None and inf.store._behind == {} and inf.store._tombstones == {}
