@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -135,6 +136,7 @@ class Controller:
         pod_groups: PodGroupOptions | None = DEFAULT_POD_GROUPS,
         discovery_seconds: float = 60.0,
         progress_delay_seconds: float = PROGRESS_DELAY_SECONDS,
+        pod_group_sync_seconds: float = UNSYNCED_GRACE_SECONDS,
     ) -> None:
         self.kube = kube
         self.clock = clock
@@ -179,6 +181,8 @@ class Controller:
         self.discovery_seconds = discovery_seconds
         self.served_pod_groups: ServedPodGroups | None = None
         self._group_tasks: dict[str, asyncio.Task[None]] = {}
+        self._unlisted_tasks: dict[str, asyncio.Task[None]] = {}
+        self.pod_group_sync_seconds = pod_group_sync_seconds
         self._wire()
 
     async def run(self, *, unsynced_grace: float = UNSYNCED_GRACE_SECONDS) -> None:
@@ -251,11 +255,17 @@ class Controller:
                 log.warning("cannot set AdmissionCheck %s inactive: %s", ac["metadata"]["name"], e)
 
     async def _serve_pod_groups(self, tg: asyncio.TaskGroup, served: ServedPodGroups) -> None:
-        """Watch the PodGroups of every API the server serves now; stop watching the others."""
+        """Watch the PodGroups of every API the server serves now; stop watching the others.
+        A new API's informer is waited for `pod_group_sync_seconds` at most: one that has not
+        listed by then (its list refused by RBAC, or failing) is said (`_say_unlisted`) and
+        left listing again on its own backoff, while the APIs that listed, and the Workloads,
+        are served; once it lists, its groups are served too (`_when_listed`)."""
         wanted = {res.group: res for res in served.resources}
         for group, informer in list(self.caches.pod_groups.items()):
             if wanted.get(group) != informer.resource:
                 self._group_tasks.pop(group).cancel()
+                if (waiting := self._unlisted_tasks.pop(group, None)) is not None:
+                    waiting.cancel()
                 del self.caches.pod_groups[group]
         started = []
         for group, res in wanted.items():
@@ -268,12 +278,52 @@ class Controller:
                 informer.run(), name=f"informer-{res.group}-{res.plural}"
             )
             started.append(informer)
-        await asyncio.gather(*(i.synced.wait() for i in started))
+        deadline = asyncio.get_running_loop().time() + self.pod_group_sync_seconds
+        for informer in started:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await informer.synced.wait()
+        for informer in started:
+            if not informer.synced.is_set():
+                self._say_unlisted(informer)
+                group = informer.resource.group
+                self._unlisted_tasks[group] = tg.create_task(
+                    self._when_listed(informer), name=f"listed-{group}"
+                )
+        self._say_pod_groups_synced()
         self.served_pod_groups = served
         self.caches.pod_groups_discovered = True
         log.info("serving PodGroups of: %s", served)
         for pod in self.caches.pods.store:
             self._on_pod_member(pod)
+
+    def _say_unlisted(self, informer: Informer) -> None:
+        """A PodGroup API served but not listed in time, said at ERROR with its last error."""
+        res = informer.resource
+        log.error(
+            "cannot list %s PodGroups (%s): its groups are not served until they list "
+            "(listed again on a backoff); the other PodGroup APIs and Workloads are served",
+            res.api_version,
+            informer.last_error or "no answer yet",
+            extra={"resources": [f"{res.plural}.{res.group}"]},
+        )
+
+    async def _when_listed(self, informer: Informer) -> None:
+        """A PodGroup API skipped for not listing: once it lists, its groups and members are
+        reconciled (its list told `_on_pod_group` of every group it holds)."""
+        await informer.synced.wait()
+        group = informer.resource.group
+        self._unlisted_tasks.pop(group, None)
+        log.info("%s PodGroups listed: serving them now", informer.resource.api_version)
+        self._say_pod_groups_synced()
+        for pod in self.caches.pods.store:
+            ref = group_of(pod)
+            if ref is not None and ref.api_group == group:
+                self._on_pod_member(pod)
+
+    def _say_pod_groups_synced(self) -> None:
+        """`gangcheck_caches_synced` is 0 while a PodGroup API served has not listed."""
+        self.metrics.caches_synced(self.caches.synced and self.caches.pod_groups_synced)
 
     async def reconcile(self, key: str) -> Result:
         """One reconcile: a span naming the object, and its latency recorded."""

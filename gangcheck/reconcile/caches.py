@@ -82,8 +82,9 @@ class Caches:
     """PodGroup informers by API group, for the PodGroup APIs the server serves (started and
     stopped as discovery finds them; not part of `all()`)."""
     pod_groups_discovered: bool = False
-    """Discovery has answered once and its PodGroup informers have synced: until then a
-    PodGroup missing from `pod_groups` says nothing of what the server serves."""
+    """Discovery has answered once and its PodGroup informers have synced, or been waited
+    for long enough (`Controller._serve_pod_groups`): until then a PodGroup missing from
+    `pod_groups` says nothing of what the server serves (`pod_groups_known`)."""
     capacity: NodeUsage = field(default_factory=lambda: NodeUsage(tally=CONSUME_ANNOTATION))
     """Node views and what bound pods use per node, kept current from node and pod events."""
     device_inventory: DeviceInventory = field(default_factory=DeviceInventory)
@@ -213,6 +214,20 @@ class Caches:
     @property
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.all())
+
+    @property
+    def pod_groups_synced(self) -> bool:
+        """Every PodGroup API served has listed (none is waiting on a list refused or failing)."""
+        return all(i.synced.is_set() for i in self.pod_groups.values())
+
+    def pod_groups_known(self, api_group: str) -> bool:
+        """Whether a PodGroup of this API missing from the caches is known to be missing:
+        discovery has answered, and the API is not served or its informer has listed. A
+        served API whose list is refused or failing proves no group absent."""
+        if not self.pod_groups_discovered:
+            return False
+        informer = self.pod_groups.get(api_group)
+        return informer is None or informer.synced.is_set()
 
     # ---- lookups ---------------------------------------------------------------------
 

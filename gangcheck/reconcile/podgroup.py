@@ -199,10 +199,11 @@ class PodGroupReconciler(GangReconciler):
         and, once the API server confirms the group is gone, reclaim what arrived for each
         unfinished attempt and delete what gangcheck made for it. A cache not authoritative
         (an API not served now, a relist under way, a 404) proves no absence."""
-        if not self._caches.pod_groups_discovered:
-            # Discovery has not answered yet (a start): nothing can be said of the group; the
-            # members are looked at again once it has (App._serve_pod_groups), not what
-            # gangcheck made for a group gone meanwhile: looked at again here.
+        if not self._caches.pod_groups_known(api_group):
+            # Discovery has not answered yet (a start), or the API is served and its list is
+            # refused or failing: nothing can be said of the group; the members are looked
+            # at again once it has, or it lists (App._serve_pod_groups, App._when_listed),
+            # not what gangcheck made for a group gone meanwhile: looked at again here.
             key = f"{short}/{name}"
             made = self._caches.requests_of_group(namespace, key) or (
                 self._caches.templates_of_group(namespace, key)
