@@ -106,6 +106,13 @@ class Attempt:
     """The capacity source asked next should this one fail (spec.capacitySources), by name:
     then a source that says it cannot find the capacity is left at once."""
 
+    @property
+    def made(self) -> AtomicProvisioningSpec:
+        """The config its request was made under (`made_under`; a record without one:
+        `config`): what the attempt asked, and finishes with, whatever the config became
+        since."""
+        return made_under(self.request, self.config) or self.config
+
 
 @dataclass(frozen=True)
 class Step:
@@ -442,7 +449,7 @@ def roll_back(attempt: Attempt) -> Step:
     req = attempt.request
     done = rollback.verdict(req)
     if done is None:
-        reclaimer = rollback.reclaimer_of(made_under(req, attempt.config))
+        reclaimer = rollback.reclaimer_of(attempt.made)
         action = rollback.reclaim(req, attempt.capacity, reclaimer)
         return Step(
             Progress.ROLLING_BACK, actions=(action,), requeue_after=ROLLBACK_REQUEUE_SECONDS

@@ -324,7 +324,7 @@ def _while_ready(snap: Snapshot, state: CheckState, now: datetime) -> Decision:
         message = attempt.status.signal(Phase.REVOKED).message or "capacity revoked"
         return _transition(state, REJECTED, message, now)
     lost = None if wl.is_admitted else _lost_before_admission(attempt.status)
-    fit = _fit_as_made(snap, attempt)
+    fit = _fit_as_made(attempt)
     if lost is not None and fit:  # the booking is gone: reclaim, then Retry
         return _outcome(snap, state, req, lifecycle.start_rollback(attempt, lost, now=now), now)
     if lost is not None:  # as Kueue: Retry (or Rejected)
@@ -553,14 +553,13 @@ def _fit_mode(snap: Snapshot) -> bool:
     return snap.config.fulfillment.mode is FulfillmentMode.FIT
 
 
-def _fit_as_made(snap: Snapshot, attempt: lifecycle.Attempt) -> bool:
+def _fit_as_made(attempt: lifecycle.Attempt) -> bool:
     """Whether a Ready attempt is finished in fit mode: in fit mode now, or made in fit mode
-    (`lifecycle.made_under`): its claimed nodes carry its hold until it is Started, and what
+    (`Attempt.made`): its claimed nodes carry its hold until it is Started, and what
     arrived for it goes back should its capacity be lost before admission, a mode switched
     to TrustProvisioned since notwithstanding (else the hold stayed for the gang's whole
     life, and the arrivals were left)."""
-    made = lifecycle.made_under(attempt.request, snap.config)
-    return attempt.fit or (made is not None and made.fulfillment.mode is FulfillmentMode.FIT)
+    return attempt.fit or attempt.made.fulfillment.mode is FulfillmentMode.FIT
 
 
 def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> Decision:
