@@ -587,10 +587,11 @@ class Controller:
 @dataclass(frozen=True)
 class WebhookOptions:
     """The pod scheduling-gate webhook: HTTPS on `port` (0: any free one), certificate files
-    in `cert_dir`."""
+    in `cert_dir`; on shutdown it keeps answering `drain_seconds`, the replica NotReady."""
 
     port: int = 9443
     cert_dir: str = "/tmp/k8s-webhook-server/serving-certs"
+    drain_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -664,6 +665,23 @@ async def run_dispatcher(
     await _serve(options, metrics, elector, dispatcher.run, serving=lambda: dispatcher.passes > 0)
 
 
+def not_ready(
+    *, draining: bool, webhook_serving: bool | None, standing_by: bool, serving: bool
+) -> str:
+    """Why a replica is not ready ("" when it is): what `/readyz` answers, and so whether the
+    webhook Service sends it reviews. Shutting down: not ready. With a webhook
+    (`webhook_serving` not None), ready while it answers, leading or standing by, caches
+    synced or not: it reads nothing but the review and its certificate files. Without one,
+    ready while standing by behind another leader, or once `serving`."""
+    if draining:
+        return "shutting down"
+    if webhook_serving is not None:
+        return "" if webhook_serving else "the webhook is not serving"
+    if standing_by or serving:
+        return ""
+    return "caches not synced"
+
+
 async def _serve(
     options: RunOptions,
     metrics: Metrics,
@@ -674,11 +692,20 @@ async def _serve(
     webhook: WebhookServer | None = None,
 ) -> None:
     """Health and metrics (and the webhook: on every replica, the Service sends reviews to
-    all of them) served around `run`, which runs at once, or once `elector` leads. Ready
-    while standing by behind another leader, or once `serving()`."""
+    all of them) served around `run`, which runs at once, or once `elector` leads; ready as
+    `not_ready` says. When `run` ends (SIGTERM cancels it), the replica turns NotReady and
+    the webhook keeps answering `drain_seconds` while the API server stops sending it
+    reviews (the Service's endpoint removed), then stops: a rollout creates no member
+    ungated by calls to a replica gone."""
+    draining = False
 
-    def ready() -> bool:
-        return (elector is not None and not elector.is_leader) or serving()
+    def ready() -> str:
+        return not_ready(
+            draining=draining,
+            webhook_serving=webhook.serving if webhook is not None else None,
+            standing_by=elector is not None and not elector.is_leader,
+            serving=serving(),
+        )
 
     server = HealthServer(
         metrics=metrics,
@@ -697,9 +724,16 @@ async def _serve(
         else:
             await elector.run(run)
     finally:
-        if webhook is not None:
-            await webhook.stop()
-        await server.stop()
+        draining = True
+        try:
+            drain = options.webhook.drain_seconds if options.webhook is not None else 0.0
+            if webhook is not None and drain > 0:
+                log.info("NotReady; the webhook answers %.1fs more, then stops", drain)
+                await asyncio.sleep(drain)
+        finally:
+            if webhook is not None:
+                await webhook.stop()
+            await server.stop()
 
 
 def _webhook(options: RunOptions, metrics: Metrics) -> WebhookServer | None:

@@ -246,7 +246,9 @@ def _run(args: argparse.Namespace) -> int:
         discovery_seconds=settings.pod_groups.discovery_seconds,
         progress_delay_seconds=settings.controller.progress_delay_seconds,
         webhook=(
-            WebhookOptions(settings.webhook.port, settings.webhook.cert_dir)
+            WebhookOptions(
+                settings.webhook.port, settings.webhook.cert_dir, settings.webhook.drain_seconds
+            )
             if settings.webhook.enabled
             else None
         ),

@@ -14,13 +14,15 @@ it; Prometheus 3 refuses a scrape whose type it cannot place)."""
 
 
 class HealthServer:
-    """`/healthz` and `/readyz` on one port, `/metrics` on another (0 picks a free port)."""
+    """`/healthz` and `/readyz` on one port, `/metrics` on another (0 picks a free port).
+    `ready()` says why the process is not ready ("" when it is): `/readyz` answers 503 with
+    it."""
 
     def __init__(
         self,
         *,
         metrics: Metrics,
-        ready: Callable[[], bool],
+        ready: Callable[[], str],
         bind_address: str = "0.0.0.0",
         health_port: int = 8081,
         metrics_port: int = 8080,
@@ -55,9 +57,10 @@ class HealthServer:
         return web.Response(text="ok")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        if self._ready():
+        why = self._ready()
+        if not why:
             return web.Response(text="ok")
-        return web.Response(status=503, text="caches not synced")
+        return web.Response(status=503, text=why)
 
     async def _render_metrics(self, _: web.Request) -> web.Response:
         return web.Response(

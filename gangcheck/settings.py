@@ -486,6 +486,19 @@ class WebhookSettings(_Section):
             description="Folder holding tls.crt and tls.key (reloaded when they change).",
         ),
     ] = "/tmp/k8s-webhook-server/serving-certs"
+    drain_seconds: Annotated[
+        float,
+        Field(
+            alias="drainSeconds",
+            ge=0,
+            le=60,
+            description=(
+                "On SIGTERM, seconds the webhook keeps answering, the replica NotReady, while "
+                "its Service endpoint is removed; keep it well within the pod's "
+                "terminationGracePeriodSeconds."
+            ),
+        ),
+    ] = 5.0
 
 
 class DispatcherSettings(_Section):

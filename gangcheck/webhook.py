@@ -280,6 +280,13 @@ class WebhookServer:
         return self._port
 
     @property
+    def serving(self) -> bool:
+        """Listening: started and not stopped. (Not whether a certificate is loaded: without
+        one no replica can answer, and a replica NotReady for it would stall a rollout for
+        nothing; it is said in the log.)"""
+        return self._runner is not None
+
+    @property
     def certificate_loaded(self) -> bool:
         return self.certificates.context is not None
 

@@ -181,6 +181,18 @@ def test_webhook_with_a_provided_secret_uses_it_and_its_ca(helm: Path) -> None:
     assert any((v.get("secret") or {}).get("secretName") == "my-cert" for v in volumes)
 
 
+def test_webhook_drain_is_passed_and_fits_the_grace_period(helm: Path) -> None:
+    """On SIGTERM the webhook answers webhook.drainSeconds more, well within the pod's grace
+    period; 0 is passed as 0 (no drain), not replaced by the default."""
+    secret = ("webhook.enabled=true", "webhook.secretName=my-cert", "webhook.caBundle=Q0E=")
+    for values, drain in (((), "5"), (("webhook.drainSeconds=0",), "0")):
+        pod = deployment(template(helm, *secret, *values))["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GANGCHECK_WEBHOOK__DRAIN_SECONDS"] == drain
+        assert pod["terminationGracePeriodSeconds"] >= 20 + 5  # the largest drain, and room
+
+
 @pytest.mark.parametrize(
     ("in_chart", "in_manifests"),
     [

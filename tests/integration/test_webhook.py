@@ -15,6 +15,7 @@ import base64
 import contextlib
 import itertools
 import json
+import socket
 import ssl
 import time
 import uuid
@@ -30,6 +31,7 @@ import pytest
 from cryptography import x509
 from gangcheck_dev.testbed.certs import CertificateAuthority, KeyPair
 
+from gangcheck.app import RunOptions, WebhookOptions, _serve
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import MUTATING_WEBHOOK, NAMESPACE, POD
@@ -42,6 +44,7 @@ from gangcheck.logic.podgroups.gating import (
     is_gated,
 )
 from gangcheck.model.names import GATE, GATED_AT, OPT_IN_LABEL
+from gangcheck.telemetry import Metrics
 from gangcheck.webhook import MUTATE_PATH, WebhookServer
 from tests.integration.harness import Cluster, eventually
 
@@ -605,3 +608,82 @@ async def test_the_api_server_passes_the_webhooks_warning_to_the_client(
         assert GATED_AT not in (stored["metadata"].get("annotations") or {})
     finally:
         await pods.delete_all()
+
+
+# ---- shutdown: NotReady, the webhook answering while it drains --------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(90)
+async def test_on_shutdown_the_replica_turns_not_ready_and_the_webhook_answers_while_it_drains(
+    kube: Kube, cluster: Cluster, certs: Certs, tmp_path: Path
+) -> None:
+    """As `gangcheck run` serves it (app._serve) with a controller whose caches never sync:
+    ready all the same (the webhook answers); cancelled, as SIGTERM does, /readyz answers
+    503 at once while the API server's members are still gated for `drainSeconds`; then the
+    webhook stops and members come through ungated (failurePolicy Ignore)."""
+    await kube.merge_patch(
+        NAMESPACE, cluster.ns, {"metadata": {"labels": {OPT_IN_LABEL: "enabled"}}}
+    )
+    certs.issue()
+    drain = 3.0
+    health = _free_port()
+    options = RunOptions(
+        bind_address="127.0.0.1",
+        health_port=health,
+        metrics_port=0,
+        webhook=WebhookOptions(port=0, cert_dir=str(tmp_path), drain_seconds=drain),
+    )
+    server = WebhookServer(
+        cert_file=certs.cert_file, key_file=certs.key_file, bind_address="127.0.0.1", port=0
+    )
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    serving = asyncio.create_task(
+        _serve(options, Metrics(), None, forever, serving=lambda: False, webhook=server)
+    )
+    pods = Pods(kube)
+    readyz = f"http://127.0.0.1:{health}/readyz"
+    try:
+        await eventually(lambda: _true(server.serving), what="the webhook listening")
+        async with (
+            aiohttp.ClientSession() as http,
+            registered(kube, f"https://127.0.0.1:{server.port}", certs.ca.cert_pem),
+        ):
+            await until_the_webhook_gates(pods, cluster.ns)
+            async with http.get(readyz) as answer:
+                assert (answer.status, await answer.text()) == (200, "ok")
+
+            serving.cancel()  # what SIGTERM does (cli._until_terminated)
+            stopping = time.monotonic()
+            await asyncio.sleep(0.2)
+            async with http.get(readyz) as answer:
+                assert (answer.status, await answer.text()) == (503, "shutting down")
+            since = datetime.now(UTC)
+            draining = await pods.create("while-draining", cluster.ns, group="gang-e")
+            assert not serving.done()
+
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(serving, drain + 10)
+            assert time.monotonic() - stopping >= drain - 0.1
+            assert not server.serving
+            after = await pods.create("after-stop", cluster.ns, group="gang-e")
+        assert_gated(draining, since)
+        assert_gated(await kube.get(POD, "while-draining", cluster.ns), since)
+        assert_untouched(after)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await pods.delete_all()
+
+
+async def _true(value: bool) -> bool:
+    return value
