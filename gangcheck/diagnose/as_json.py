@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from gangcheck.logic.podgroups.group_diagnosis import GroupReplay, GrowthFacts, 
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
+    Ended,
     Facts,
     Replay,
     earlier_attempts,
@@ -101,16 +103,7 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
         ],
         "focus": facts.focus,
         "checkEnded": _ended_json(facts),
-        "earlierAttempts": [
-            {
-                "attempt": t.attempt,
-                "state": t.state,
-                "message": t.message,
-                "at": format_time(t.at) if t.at else None,
-                "line": turn_line(t),
-            }
-            for t in earlier_attempts(facts)
-        ],
+        "earlierAttempts": _earlier_json(earlier_attempts(facts)),
         "fulfillmentMode": facts.mode,
         "request": _request_json(facts, now),
         "nodes": _nodes_json(facts),
@@ -139,6 +132,20 @@ def _diagnosis_json(report: DiagnoseReport) -> dict[str, Any]:
             "line": report.verdict.line,
         },
     }
+
+
+def _earlier_json(turns: Sequence[Ended]) -> list[dict[str, Any]]:
+    """The attempts ended before the one in flight, as the Events tell (the text's `earlier`)."""
+    return [
+        {
+            "attempt": t.attempt,
+            "state": t.state,
+            "message": t.message,
+            "at": format_time(t.at) if t.at else None,
+            "line": turn_line(t),
+        }
+        for t in turns
+    ]
 
 
 def _ended_json(facts: Facts) -> dict[str, Any] | None:
@@ -199,6 +206,7 @@ def _group_json(report: GroupReport) -> dict[str, Any]:
             "nextAttemptAt": format_time(f.next_attempt_at) if f.next_attempt_at else None,
             "reportedUngated": list(f.reported_ungated),
         },
+        "earlierAttempts": _earlier_json(report.earlier),
         "members": {
             "exist": m.exist,
             "minCount": m.min_count,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
+from gangcheck.diagnose.earlier import group_attempts
 from gangcheck.diagnose.reports import (
     DiagnoseError,
     DiagnoseReport,
@@ -42,7 +43,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
-from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World
+from gangcheck.logic.attempt.explain import GangRow, RequestFacts, World, node_names
 from gangcheck.logic.dispatch import (
     MULTIKUEUE_CONTROLLER,
     RECORD_ANNOTATION,
@@ -90,7 +91,7 @@ from gangcheck.model.names import (
     WORKLOAD_NAME_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, flavor_of, labels_of
-from gangcheck.model.podgroups import PLUGINS, UPSTREAM
+from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 
 NOT_FINISHED = "status.phase!=Succeeded,status.phase!=Failed"
@@ -137,7 +138,11 @@ async def diagnose_group(
         if res is not None and (obj := await _get(kube, res, name, ns)) is not None:
             api_group = api
             break
-    world, namespace = await asyncio.gather(fetch_group_world(kube, ns), _namespace(kube, ns))
+    world, namespace, events = await asyncio.gather(
+        fetch_group_world(kube, ns),
+        _namespace(kube, ns),
+        _events_on(kube, obj or {}),
+    )
     by_group = members_by_group(world.pods)
     if not api_group:
         # Not found: whichever API its members name, else the first one served.
@@ -161,7 +166,13 @@ async def diagnose_group(
         now=when,
     )
     claims = await attempt_node_claims(kube, ns, facts.request)
-    return GroupReport(target, facts, group_verdict(facts, when), when, via, claims)
+    earlier = (
+        group_attempts(events, pod_group_of(obj), facts.attempt, facts.message, node_names(world))
+        if obj is not None
+        else ()
+    )
+    found = group_verdict(facts, when)
+    return GroupReport(target, facts, found, when, via, claims, earlier=earlier)
 
 
 def _missing_group(served: ServedPodGroups, target: Target, api_group: str) -> str:
@@ -489,7 +500,8 @@ async def fetch_group_world(kube: Kube, namespace: str) -> World:
 
 async def _events_on(kube: Kube, obj: Obj) -> list[Obj]:
     """The Events on the object (by its uid), for what its status no longer says (a check
-    Kueue reset from Retry or Rejected); none when they may not be read."""
+    Kueue reset from Retry or Rejected, a PodGroup's earlier attempts); none when they may not
+    be read, or it has no uid (none read)."""
     meta = obj.get("metadata") or {}
     uid, namespace = meta.get("uid"), meta.get("namespace")
     if not uid or not namespace:

@@ -12,7 +12,7 @@ from gangcheck.logic.dispatch import DispatchRecord, WorkerRow
 from gangcheck.logic.podgroups.gating import PodGroupRef
 from gangcheck.logic.podgroups.group_diagnosis import GroupFacts
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts
-from gangcheck.logic.workloads.diagnosis import Facts, Target
+from gangcheck.logic.workloads.diagnosis import Ended, Facts, Target
 from gangcheck.model.objects import Obj
 
 
@@ -59,6 +59,9 @@ class GroupReport:
     """The attempt's NodeClaims, when Karpenter serves its request."""
     controller: str = ""
     """Why no gangcheck acts here (`fetch.controller_down`), or ''."""
+    earlier: tuple[Ended, ...] = ()
+    """The attempts before the one in flight, as the group's Events tell
+    (`earlier.group_attempts`)."""
 
     @property
     def group(self) -> str:

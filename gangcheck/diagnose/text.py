@@ -16,6 +16,7 @@ from gangcheck.logic.podgroups.podgroup import RELEASED
 from gangcheck.logic.sources.karpenter.explain import NodeClaimFacts, claim_rows
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads.diagnosis import (
+    Ended,
     Facts,
     earlier_attempts,
     reset_from,
@@ -56,8 +57,7 @@ def _diagnosis_lines(report: DiagnoseReport) -> list[str]:
     lines = [head, ""]
     lines += _section("quota", _quota_lines(facts, now))
     lines += _section("checks", _check_lines(facts))
-    earlier = [w for t in earlier_attempts(facts) for w in _wrapped(turn_line(t))]
-    lines += _section("earlier", earlier)  # attempts ended before, as the Events tell
+    lines += _section("earlier", _earlier_lines(earlier_attempts(facts)))
     if report.dispatch is not None:
         lines += _section("dispatch", describe(report.dispatch))
     if facts.request is not None:
@@ -70,6 +70,11 @@ def _diagnosis_lines(report: DiagnoseReport) -> list[str]:
         start = facts.start
         lines += _section("start", [f"{start.scheduled} of {start.total} members scheduled"])
     return [*lines, "", report.verdict.line]
+
+
+def _earlier_lines(turns: Sequence[Ended]) -> list[str]:
+    """The attempts ended before the one in flight, as the Events tell: a line each."""
+    return [w for t in turns for w in _wrapped(turn_line(t))]
 
 
 def _section(label: str, body: list[str]) -> list[str]:
@@ -211,6 +216,7 @@ def _group_lines(report: GroupReport) -> list[str]:
     else:
         lines += _section("gang", [_gang_line(f)])
         lines += _section("state", _state_lines(f, now))
+        lines += _section("earlier", _earlier_lines(report.earlier))
     lines += _section("members", _member_lines(f))
     if f.request is not None:
         started = _start_lines(f.start, now) if f.start is not None else []

@@ -16,7 +16,8 @@ import pytest
 from gangcheck.app import Controller
 from gangcheck.diagnose import GroupReport, diagnose, main_diagnose, main_status
 from gangcheck.kube.client import Kube
-from gangcheck.model.names import UNGATED_ANNOTATION
+from gangcheck.kube.resources import ATOMIC_CONFIG
+from gangcheck.model.names import CONFIG_ANNOTATION, UNGATED_ANNOTATION
 from tests.integration.harness import eventually
 from tests.integration.test_diagnose import run_cli
 from tests.integration.test_podgroup_growth import growing, set_min_count
@@ -203,6 +204,66 @@ async def test_members_without_the_gate_and_a_missing_group_are_named(
     code, out, err = await run_cli(main_diagnose, argv, capsys)
     assert (code, out) == (1, "")
     assert err == f"gangcheck: PodGroup {groups.ns}/nope not found\n"
+
+
+async def test_a_gang_on_its_third_attempt_says_why_the_first_two_ended(
+    groups: Groups,  # noqa: F811
+    provisioner: Controller,  # noqa: F811
+    control_plane: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Why is my PodGroup still pending: its first two requests failed (as an autoscaler
+    says it has no capacity), each rolled back and retried after the backoff. Attempt 3 in
+    flight, diagnose says both earlier attempts from the group's RolledBack Events (no
+    annotation keeps them): which request, why, when; text and JSON alike. status counts
+    the attempts."""
+    config = f"retry-{groups.ns}"
+    spec = {"retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 1}}
+    await groups.kube.create(ATOMIC_CONFIG, {"metadata": {"name": config}, "spec": spec})
+    try:
+        await groups.upstream("retry", 2, annotations={CONFIG_ANNOTATION: config})
+        for i in range(2):
+            await groups.member(f"retry-{i}", "retry")
+        for attempt in (1, 2):
+            failed = {"Failed": f"no capacity for attempt {attempt}"}
+            await groups.cluster.set_request_conditions(f"retry-pg-{attempt}", failed)
+        await groups.cluster.wait_request("retry-pg-3", timeout=30)
+        target = f"podgroup/{groups.ns}/retry"
+
+        async def both_said() -> GroupReport | None:
+            report = await diagnose(groups.kube, target)
+            assert isinstance(report, GroupReport)
+            return report if len(report.earlier) == 2 else None
+
+        report = await eventually(both_said, timeout=20, what="attempts 1 and 2 said")
+        assert (report.facts.state, report.facts.attempt) == ("Provisioning", 3)
+        argv = [target, "-o", "json", *kubeconfig(control_plane)]
+        code, out, _ = await run_cli(main_diagnose, argv, capsys)
+        assert code == 0
+        earlier = json.loads(out)["earlierAttempts"]
+        assert [(e["attempt"], e["state"]) for e in earlier] == [
+            (1, "RolledBack"),
+            (2, "RolledBack"),
+        ], earlier
+        for attempt, each in enumerate(earlier, 1):
+            said = f"rolled back retry-pg-{attempt} (Failed: no capacity for attempt {attempt})"
+            assert each["message"].startswith(said), each
+            assert each["at"] is not None
+        assert earlier[0]["at"] <= earlier[1]["at"]
+
+        code, out, _ = await run_cli(main_diagnose, [target, *kubeconfig(control_plane)], capsys)
+        assert code == 0
+        flat = " ".join(out.split())
+        assert "state Provisioning, attempt 3" in flat
+        assert f"earlier {earlier[0]['line']} {earlier[1]['line']}" in flat
+
+        argv = ["-n", groups.ns, "-o", "json", *kubeconfig(control_plane)]
+        code, out, _ = await run_cli(main_status, argv, capsys)
+        assert code == 0
+        (row,) = json.loads(out)["items"]
+        assert (row["name"], row["attempt"]) == ("retry", 3)
+    finally:
+        await groups.kube.delete(ATOMIC_CONFIG, config)
 
 
 async def released_onto_growth(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gangcheck.diagnose.as_json import to_json
+from gangcheck.diagnose.earlier import group_attempts
 from gangcheck.diagnose.reports import GroupReport
 from gangcheck.diagnose.text import render_text
 from gangcheck.logic.attempt.explain import World, human_duration
@@ -21,7 +22,7 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     members_by_group,
 )
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
-from gangcheck.logic.workloads.diagnosis import Target, parse_target
+from gangcheck.logic.workloads.diagnosis import Ended, Target, parse_target
 from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
 from gangcheck.model.names import GATE, GATED_AT
 from gangcheck.model.objects import pod_of
@@ -218,6 +219,34 @@ class Case:
     nodes: list[Obj] = field(default_factory=list)
     served: bool = True
     opted_in: bool | None = True
+    events: list[Obj] = field(default_factory=list)
+    """The Events on the group."""
+
+
+def rolled_back_event(message: str, at: str) -> Obj:
+    """gangcheck's Event on the group as a rollback of one of its requests is done."""
+    return {
+        "reason": "RolledBack",
+        "type": "Normal",
+        "message": message,
+        "involvedObject": {"kind": "PodGroup", "namespace": "default", "name": "g", "uid": "uid-g"},
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+    }
+
+
+FIRST_ROLLED_BACK = "rolled back g-pg-1 (Failed: no capacity in zone a); nothing had arrived"
+SECOND_ROLLED_BACK = (
+    "rolled back g-pg-2 (Deadline: the gang did not fit within 600s); reclaimed 1 node (1.0 "
+    "node-minutes held)"
+)
+EARLIER_EVENTS = [
+    rolled_back_event(SECOND_ROLLED_BACK, "2026-11-30T10:03:00Z"),
+    rolled_back_event(FIRST_ROLLED_BACK, "2026-11-30T10:01:00Z"),
+    # a growth's rollback: said with the growth, no attempt's
+    rolled_back_event("rolled back g-pg-grow-1 (Deadline: x); nothing had arrived", LATER),
+    rolled_back_event("rolled back other-pg-1 (Deadline: x); nothing had arrived", LATER),
+]
 
 
 CASES = [
@@ -1005,6 +1034,33 @@ CASES = [
 ]
 
 
+CASES += [
+    Case(
+        "attempt 3 in flight after two rollbacks: both said, oldest first",
+        group(2, state="Provisioning", request="g-pg-3", attempt="3"),
+        members(2),
+        "blocked: ProvisioningRequest g-pg-3 does not exist yet (is the gangcheck controller "
+        "running?)",
+        "pending",
+        events=EARLIER_EVENTS,
+    ),
+    Case(
+        "backing off after attempt 2: attempt 1 earlier, attempt 2 said by the state",
+        group(
+            2,
+            state="BackingOff",
+            attempt="3",
+            next_attempt_at="2026-11-30T10:06:30Z",
+            message=f"attempt 3 at 2026-11-30T10:06:30Z: {SECOND_ROLLED_BACK}",
+        ),
+        members(2),
+        f"blocked: backing off: attempt 3 starts in 1m30s; {SECOND_ROLLED_BACK}",
+        "backoff",
+        events=EARLIER_EVENTS,
+    ),
+]
+
+
 def facts_of(case: Case) -> Any:
     pods = tuple(case.members)
     world = World(requests=tuple(case.requests), nodes=tuple(case.nodes), pods=pods)
@@ -1022,6 +1078,18 @@ def facts_of(case: Case) -> Any:
     )
 
 
+def report_of(case: Case) -> GroupReport:
+    """The diagnosis as `diagnose_group` makes it: with the earlier attempts its Events say."""
+    facts = facts_of(case)
+    earlier = ()
+    if case.group is not None:
+        exists = {n["metadata"]["name"] for n in case.nodes}
+        group = pod_group_of(case.group)
+        earlier = group_attempts(case.events, group, facts.attempt, facts.message, exists)
+    found = group_verdict(facts, NOW)
+    return GroupReport(Target("podgroup", "default", "g"), facts, found, NOW, earlier=earlier)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_the_verdict_names_what_blocks(case: Case) -> None:
     facts = facts_of(case)
@@ -1034,13 +1102,19 @@ def test_the_verdict_names_what_blocks(case: Case) -> None:
 def test_the_text_and_the_json_say_the_same(case: Case) -> None:
     """For every state above: the text ends in the verdict's line, the JSON's; the group's
     message, the request's outcome and deletion are in the text as the JSON has them."""
-    facts = facts_of(case)
-    found = group_verdict(facts, NOW)
-    report = GroupReport(Target("podgroup", "default", "g"), facts, found, NOW)
+    report = report_of(case)
+    found = report.verdict
     text, as_json = render_text(report), to_json(report)
     flat = " ".join(text.split())
     assert text.splitlines()[-1] == as_json["verdict"]["line"] == found.line
     assert " ".join(as_json["state"]["message"].split()) in flat
+    earlier = as_json["earlierAttempts"]  # as a Workload's diagnosis says its own
+    assert [(e["attempt"], e["state"], e["message"]) for e in earlier] == [
+        (t.attempt, t.state, t.message) for t in report.earlier
+    ]
+    for each in earlier:
+        assert each["line"] in flat
+    assert ("earlier " in text) == bool(earlier)
     req = as_json["request"]
     if req is not None and req["outcome"] is not None:
         assert f"outcome: {req['outcome']['summary']}" in flat
@@ -1302,3 +1376,53 @@ def test_the_next_attempt_is_said_only_while_the_group_backs_off() -> None:
     notes = {**notes, "state": "BackingOff", "next_attempt_at": "2026-11-30T10:06:00Z"}
     waiting = facts_of(Case("x", group(2, **notes), members(2), "", ""))
     assert waiting.next_attempt_at == datetime(2026, 11, 30, 10, 6, tzinfo=UTC)
+
+
+def test_a_groups_earlier_attempts_are_its_rollbacks_before_the_attempt_in_flight() -> None:
+    """Why is the gang still pending: attempt 1's request failed, attempt 2's rolled back at
+    its deadline, attempt 3 is asked. Its Events say each rollback (no annotation keeps
+    them), in the lines a Workload's earlier attempts are said in; a growth's rollback and
+    another group's are no attempt of this one."""
+    report = report_of(next(c for c in CASES if c.id.startswith("attempt 3 in flight")))
+    first = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
+    second = datetime(2026, 11, 30, 10, 3, tzinfo=UTC)
+    assert report.earlier == (
+        Ended("RolledBack", FIRST_ROLLED_BACK, first, 1),
+        Ended("RolledBack", SECOND_ROLLED_BACK, second, 2),
+    )
+    text, as_json = render_text(report), to_json(report)
+    line = f"attempt 1: RolledBack at 2026-11-30T10:01:00Z: {FIRST_ROLLED_BACK}"
+    assert as_json["earlierAttempts"][0] == {
+        "attempt": 1,
+        "state": "RolledBack",
+        "message": FIRST_ROLLED_BACK,
+        "at": "2026-11-30T10:01:00Z",
+        "line": line,
+    }
+    flat = " ".join(text.split())
+    assert f"earlier {line} attempt 2: RolledBack at 2026-11-30T10:03:00Z: " in flat
+    assert "g-pg-grow-1" not in text and "other-pg-1" not in text
+
+
+def test_a_group_backing_off_says_its_last_rollback_once() -> None:
+    """Backing off after attempt 2: the group's message says attempt 2's rollback; the
+    Events add attempt 1's, not attempt 2's again."""
+    report = report_of(next(c for c in CASES if c.id.startswith("backing off after attempt 2")))
+    assert [(t.attempt, t.message) for t in report.earlier] == [(1, FIRST_ROLLED_BACK)]
+
+
+def test_a_rollback_that_kept_a_node_deleted_since_reads_as_it_is_now() -> None:
+    """A node an earlier attempt's rollback kept and that is gone since is said gone, as
+    the group's own message says it."""
+    said = KEPT_WRITTEN.replace("g-pg-4", "g-pg-1")
+    notes = {"state": "Provisioning", "request": "g-pg-2", "attempt": "2"}
+    case = Case("x", group(2, **notes), members(2), "", "", nodes=[node("n1")])
+    case.events.append(rolled_back_event(said, "2026-11-30T10:01:00Z"))
+    (earlier,) = report_of(case).earlier
+    assert earlier.message == KEPT_NOW.replace("g-pg-4", "g-pg-1")
+
+
+def test_without_the_events_a_group_says_no_earlier_attempt() -> None:
+    """Events expire (about an hour): none left, none said, not guessed from the attempt."""
+    notes = {"state": "Provisioning", "request": "g-pg-3", "attempt": "3"}
+    assert report_of(Case("x", group(2, **notes), members(2), "", "")).earlier == ()
