@@ -1353,12 +1353,15 @@ def watched(
     now: datetime,
     members: list[Obj] | None = None,
     min_count: int = 6,
+    config: dict[str, Any] | None = None,
 ) -> GroupDecision:
     members = [*running(), *binding()] if members is None else members
     snap = GroupSnapshot(
         group=pod_group_of(group(min_count)),
         members=tuple(map(pod_of, members)),
-        config=parse_spec({"fulfillment": {"reclaimer": "DeleteNode"}}),
+        config=parse_spec(
+            config if config is not None else {"fulfillment": {"reclaimer": "DeleteNode"}}
+        ),
         requests=(request_of(grow_req(conditions={"Provisioned": ""}, annotations=annotations)),),
         capacity=ClusterView(
             nodes=(OLD_NODE, arrived_for_grow1(created="2026-11-30T10:03:30Z")),

@@ -98,6 +98,8 @@ class Attempt:
     gang: GangSpec
     capacity: ClusterView | None
     config: AtomicProvisioningSpec
+    """The config the attempt follows now (`following`): its deadlines, retries and mode;
+    what it asked is `made`'s."""
     fit: bool = True
     """Fit mode: the gang must fit on nodes that exist, else the attempt rolls back."""
     started: bool = False
@@ -520,6 +522,16 @@ def made_under(
     nor does a label check added since that refuses the record (a NodePool list 'a,b'): its
     withdrawal reclaims through the reclaimer it was made under, never the default one."""
     return recorded_config(req, finishing=True) or config
+
+
+def following(req: AttemptRecord, config: AtomicProvisioningSpec | None) -> AtomicProvisioningSpec:
+    """The config an attempt in flight follows, the one rule for every gang source (a
+    Workload, a slice, a PodGroup's gang and its growth): the gang's config now (`config`), so
+    its deadlines (`deadlineSeconds`, `startDeadlineSeconds`), lengthened or shortened since,
+    apply to it; without one (deleted, made invalid), the one it was made under (`made_under`);
+    else the defaults. What it asked (pod sets, capacity sources and their pins, fit mode,
+    race, reclaimer) is always read from the config it was made under (`Attempt.made`)."""
+    return config or made_under(req, None) or AtomicProvisioningSpec()
 
 
 def asked(backend: CapacityBackend, attempt: str) -> Event:

@@ -28,7 +28,7 @@ saying so.
 
 A growth delivered has the start watchdog of a gang's release: its members released onto it
 (the time recorded on its request, ``gangcheck.io/released-at``) not all bound within the
-``fulfillment.startDeadlineSeconds`` of the config it was made under, it is rolled back
+``fulfillment.startDeadlineSeconds`` of the group's config now, it is rolled back
 (StartDeadline): what arrived for it and runs none of the group's pods is reclaimed by the
 safe path (a node a member of it is bound to drains, reclaimed once idle), the hold lifted
 from what stays; no member is touched. Its members' gates stay lifted, so gangcheck cannot
@@ -784,14 +784,15 @@ def _delivered(
 def _growth_attempt(
     snap: GroupSnapshot, req: ProvisioningRequest, mine: Sequence[Pod]
 ) -> lifecycle.Attempt:
-    """The delivered growth as the start watchdog and its rollback read it: under the config
-    it was made under (`lifecycle.made_under`), as a gang's release is watched."""
+    """The delivered growth as the start watchdog and its rollback read it: following the
+    group's config now (`lifecycle.following`), what it asked (its reclaimer) the config it
+    was made under (`Attempt.made`), as a gang's release is watched."""
     return lifecycle.Attempt(
         request=req,
         status=snap.backend.status_of(req),
         gang=gang_from_pods(snap.group, mine),
         capacity=snap.capacity,
-        config=lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec(),
+        config=lifecycle.following(req, snap.config),
     )
 
 
@@ -801,7 +802,7 @@ def _watch_start(
     """The start watchdog of a growth delivered (Fulfilled) whose members bind: as a gang's
     (`podgroup.start_watch`), counted from their release onto it (`RELEASED_AT_ANNOTATION` on
     its request; one released by a version that did not record it is counted from now,
-    recorded), within the startDeadlineSeconds of the config it was made under. Past it the
+    recorded), within the startDeadlineSeconds of the config now (`_start_deadline`). Past it the
     growth is rolled back (`lifecycle.start_rollback`, StartDeadline): only what arrived for
     it and runs none of the group's pods is reclaimed, by the safe path (a node where a member
     of it is bound drains, reclaimed once idle); no member is touched. Before, a growth whose
@@ -939,10 +940,8 @@ def next_due(
 
 def _start_deadline(req: ProvisioningRequest, config: AtomicProvisioningSpec | None) -> int:
     """The startDeadlineSeconds a delivered growth's start watchdog judges it by, and its
-    backoff counts from (`next_due`): of the config it was made under (`lifecycle.made_under`,
-    else `config`, else the default)."""
-    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
-    return made.fulfillment.start_deadline_seconds
+    backoff counts from (`next_due`): the config's now (`lifecycle.following`)."""
+    return lifecycle.following(req, config).fulfillment.start_deadline_seconds
 
 
 def _others_held(snap: GroupSnapshot) -> ClusterView:

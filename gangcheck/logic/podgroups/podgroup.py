@@ -806,7 +806,7 @@ def _released(snap: GroupSnapshot, members: _Members, now: datetime) -> GroupDec
         return _with(_hold_of_gone(snap), _release_late(snap, members))
     if rollback.record_of(req).phase is AttemptPhase.STARTED:
         return _release_late(snap, members)
-    config = lifecycle.made_under(req, snap.config) or AtomicProvisioningSpec()
+    config = lifecycle.following(req, snap.config)  # its start deadline: the config's now
     attempt = lifecycle.Attempt(
         request=req,
         status=snap.backend.status_of(req),

@@ -573,7 +573,7 @@ def _watch_start(snap: Snapshot, attempt: lifecycle.Attempt, now: datetime) -> D
         started = AnnotateRequest(req.name, {PHASE_ANNOTATION: STARTED})
         released = _release_holds(snap, req)
         return replace(released, actions=(*released.actions, started))
-    limit = snap.config.fulfillment.start_deadline_seconds
+    limit = attempt.config.fulfillment.start_deadline_seconds  # the config's now
     admitted = parse_time(snap.workload.conditions["Admitted"].last_transition_time)
     waited = (now - admitted).total_seconds() if admitted else 0.0
     if waited < limit:  # a member bound or gone requeues the gang: only the deadline is due
