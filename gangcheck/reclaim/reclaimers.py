@@ -88,6 +88,22 @@ async def delete_told(
     return answer
 
 
+async def still_as_judged(kube: Kube, node: Obj) -> None:
+    """Raise ConflictError unless the node is still at the resourceVersion it was judged at
+    (NotFoundError: gone). A reclaimer that acts on another object (a NodeClaim, a Machine)
+    asks it right before its first write, as DeleteNode's delete carries it as a
+    precondition: a node changed since the last look (opted out, unfenced by a person) is
+    read and judged again (`safely._act`), never acted on as it was. The lookups in between
+    (the claim, the Machine) no longer widen that window; a bind does not change the Node,
+    so it is still the fence policy's to refuse."""
+    name = node["metadata"]["name"]
+    now = await kube.get(NODE, name)
+    if now["metadata"].get("resourceVersion") != node["metadata"].get("resourceVersion"):
+        raise ConflictError(
+            409, "Conflict", f"node {name} changed since it was judged", target=f"nodes/{name}"
+        )
+
+
 class Reclaimer(Protocol):
     name: str
 
@@ -142,6 +158,7 @@ class DeleteNodeClaim:
             )
         if meta.get("deletionTimestamp"):
             return f"NodeClaim {meta['name']} already being deleted"
+        await still_as_judged(kube, node)
         if await delete_told(kube, told, NODE_CLAIM, claim, uid=meta["uid"]) is None:
             return f"NodeClaim {meta['name']} already gone"
         return f"NodeClaim {meta['name']} deleted"
@@ -170,6 +187,7 @@ class DeleteMachine:
             return f"Machine {name} already being deleted"
         if _annotations(machine).get(OWNER_SCALED_DOWN):
             return f"Machine {name} already marked for deletion and its owner scaled down"
+        await still_as_judged(kube, node)
         mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}
         namespace = machine["metadata"]["namespace"]
         await kube.merge_patch(MACHINE, name, mark, namespace)

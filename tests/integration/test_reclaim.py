@@ -323,6 +323,50 @@ async def test_delete_node_claim_removes_the_claim_that_owns_the_node(bed: Bed) 
         await bed.kube.get(NODE_CLAIM, claim["metadata"]["name"])
 
 
+@pytest.mark.parametrize("reclaimer", ["DeleteNodeClaim", "DeleteMachine"])
+async def test_a_node_opted_out_after_the_last_look_keeps_its_claim_or_machine(
+    bed: Bed, reclaimer: str
+) -> None:
+    """A person opts the node out (gangcheck.io/do-not-reclaim) right after the last look at
+    its pods: the reclaimers that act on another object (its NodeClaim, its Machine) act only
+    on the node as judged, as DeleteNode's resourceVersion precondition does: the node is
+    judged again and kept, its claim (its Machine, its MachineDeployment) untouched."""
+    kube = bed.kube
+    if reclaimer == "DeleteMachine":
+        node = await machine_bed(bed)
+    else:
+        claim = await kube.create(NODE_CLAIM, {"metadata": {"name": f"{bed.ns}-oc"}, "spec": {}})
+        meta = claim["metadata"]
+        owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": meta["name"],
+                 "uid": meta["uid"]}  # fmt: skip
+        node = await bed.node(ownerReferences=[owner])
+        await kube.merge_patch(
+            NODE_CLAIM, meta["name"], {"status": {"nodeName": node}}, subresource="status"
+        )
+    opt_out = {"metadata": {"labels": {"gangcheck.io/do-not-reclaim": "true"}}}
+    # the fence's look (bound, nominated), then the re-check's: after its 4th pod list
+    restore = after_first_recheck(
+        kube, node, lambda: kube.merge_patch(NODE, node, opt_out), lists=4
+    )
+    try:
+        result = await reclaim_safely(kube, bed.target(node, reclaimer), NOW(UTC))
+    finally:
+        restore()
+    assert (result.verdict, result.reason) == (
+        "keep",
+        "carries the opt-out label gangcheck.io/do-not-reclaim",
+    )
+    assert fence_of(await kube.get(NODE, node)) == (False, [], None)
+    if reclaimer == "DeleteMachine":
+        machine = await kube.get(MACHINE, "m1", bed.ns)
+        assert "cluster.x-k8s.io/delete-machine" not in (
+            machine["metadata"].get("annotations") or {}
+        )
+        assert (await kube.get(MACHINE_DEPLOYMENT, "md", bed.ns))["spec"]["replicas"] == 3
+    else:
+        assert not (await kube.get(NODE_CLAIM, f"{bed.ns}-oc"))["metadata"].get("deletionTimestamp")
+
+
 async def test_a_reclaims_delete_is_in_the_caches_as_the_server_answered_it(bed: Bed) -> None:
     """What the caches show right after a reclaim's delete, before any watch event, is what
     kube-apiserver answered: a Node gone (its Status) is no longer cached; one a finalizer
