@@ -235,7 +235,8 @@ def rolled_back_event(message: str, at: str) -> Obj:
     }
 
 
-FIRST_ROLLED_BACK = "rolled back g-pg-1 (Failed: no capacity in zone a); nothing had arrived"
+NONE_RECLAIMED = "reclaimed 0 nodes (0.0 node-minutes held)"
+FIRST_ROLLED_BACK = f"rolled back g-pg-1 (Failed: no capacity in zone a); {NONE_RECLAIMED}"
 SECOND_ROLLED_BACK = (
     "rolled back g-pg-2 (Deadline: the gang did not fit within 600s); reclaimed 1 node (1.0 "
     "node-minutes held)"
@@ -244,8 +245,8 @@ EARLIER_EVENTS = [
     rolled_back_event(SECOND_ROLLED_BACK, "2026-11-30T10:03:00Z"),
     rolled_back_event(FIRST_ROLLED_BACK, "2026-11-30T10:01:00Z"),
     # a growth's rollback: said with the growth, no attempt's
-    rolled_back_event("rolled back g-pg-grow-1 (Deadline: x); nothing had arrived", LATER),
-    rolled_back_event("rolled back other-pg-1 (Deadline: x); nothing had arrived", LATER),
+    rolled_back_event(f"rolled back g-pg-grow-1 (Deadline: x); {NONE_RECLAIMED}", LATER),
+    rolled_back_event(f"rolled back other-pg-1 (Deadline: x); {NONE_RECLAIMED}", LATER),
 ]
 
 
