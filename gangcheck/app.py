@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +18,8 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.informer import Informer
-from gangcheck.kube.resources import ADMISSION_CHECK
+from gangcheck.kube.resources import ADMISSION_CHECK, PROVISIONING_REQUEST
+from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
 from gangcheck.logic.dispatch import ANSWER_WITHIN
@@ -36,7 +37,7 @@ from gangcheck.model.names import (
     RECLAIM_WHEN_IDLE,
     WORKLOAD_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, is_finished, labels_of
+from gangcheck.model.objects import Obj, is_finished, labels_of, ref_of
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile import provreq
 from gangcheck.reconcile.admissioncheck import (
@@ -69,6 +70,14 @@ log = logging.getLogger(__name__)
 
 WORKLOAD_KEY, CHECK_KEY, NODE_KEY, GROUP_KEY, DRA_KEY = "wl:", "ac:", "node:", "pg:", "dra:"
 ARRIVAL_KEY = "arrival:"
+GONE_KEY = "gone:"
+"""`gone:workloads`, `gone:<PodGroup API's short word>`: the gangs' API no longer served while
+gangcheck's requests for them are there (`Controller._say_api_gone`)."""
+WORKLOADS_GONE = "workloads"
+#: The Event said on each request whose gang's API is no longer served, said again this often
+#: while it is not (an Event expires in an hour).
+API_NOT_SERVED = "GangApiNotServed"
+API_GONE_REPEAT_SECONDS = 1800.0
 DEVICES_KEY = f"{DRA_KEY}inventory"
 """One key for the whole device inventory (reconcile/devices.py)."""
 DEFAULT_POD_GROUPS = PodGroupOptions()
@@ -84,7 +93,32 @@ _CONTROLLERS = {
     GROUP_KEY: "podgroup",
     DRA_KEY: "devices",
     ARRIVAL_KEY: "arrival",
+    GONE_KEY: "apigone",
 }
+
+
+def api_gone_message(api: str) -> str:
+    """What a request whose gang's API is no longer served (its CRD removed) is told."""
+    return (
+        f"{api} is no longer served (its CRD removed?): this request, and the nodes that "
+        "arrived for it and are held, are kept as they are, nothing withdrawn or reclaimed, "
+        f"until {api} is served again and its gang can be read"
+    )
+
+
+def requests_of_api(requests: Iterable[Obj], gone: str) -> list[Obj]:
+    """gangcheck's requests made for gangs of the API `gone` (`WORKLOADS_GONE`, or a
+    PodGroup API's short word)."""
+    found = []
+    for req in requests:
+        annotations = (req.get("metadata") or {}).get("annotations") or {}
+        if gone == WORKLOADS_GONE:
+            mine = WORKLOAD_ANNOTATION in annotations
+        else:
+            mine = str(annotations.get(GROUP_ANNOTATION) or "").partition("/")[0] == gone
+        if mine:
+            found.append(req)
+    return found
 
 
 def _object_of(key: str) -> dict[str, str]:
@@ -263,6 +297,8 @@ class Controller:
         wanted = {res.group: res for res in served.resources}
         for group, informer in list(self.caches.pod_groups.items()):
             if wanted.get(group) != informer.resource:
+                if group not in wanted:  # no longer served: what was made for its groups stays
+                    self.queue.add(GONE_KEY + SHORT[group])
                 self._group_tasks.pop(group).cancel()
                 if (waiting := self._unlisted_tasks.pop(group, None)) is not None:
                     waiting.cancel()
@@ -325,6 +361,39 @@ class Controller:
         """`gangcheck_caches_synced` is 0 while a PodGroup API served has not listed."""
         self.metrics.caches_synced(self.caches.synced and self.caches.pod_groups_synced)
 
+    async def _say_api_gone(self, gone: str) -> Result:
+        """The API of some gangs is no longer served (`GONE_KEY`) while gangcheck's requests
+        for them are there: nothing is withdrawn or reclaimed on the word of a cache that
+        cannot read the gangs (they stay, as do the nodes held for them), and that is said,
+        at ERROR and as a Warning Event on each such request, again every
+        `API_GONE_REPEAT_SECONDS` until the API is served again or the requests are gone."""
+        if gone == WORKLOADS_GONE:
+            api, served = "Kueue's Workload API", self.caches.workloads.served
+        else:
+            group = API_GROUP_OF[gone]
+            api, served = f"the {group} PodGroup API", group in self.caches.pod_groups
+        if served:
+            return Result()
+        requests = requests_of_api(self.caches.requests.store, gone)
+        if not requests:
+            return Result()
+        message = api_gone_message(api)
+        log.error(
+            "%s is no longer served: %d requests made for its gangs are kept, with the nodes "
+            "held for them, until it is served again",
+            api,
+            len(requests),
+            extra={
+                "requests": sorted(
+                    f"{r['metadata']['namespace']}/{r['metadata']['name']}" for r in requests
+                )
+            },
+        )
+        for req in requests:
+            ref = ref_of(req, PROVISIONING_REQUEST.kind, PROVISIONING_REQUEST.api_version)
+            await self.events.emit(ref, Event(API_NOT_SERVED, message, warning=True))
+        return Result(requeue_after=API_GONE_REPEAT_SECONDS)
+
     async def reconcile(self, key: str) -> Result:
         """One reconcile: a span naming the object, and its latency recorded."""
         kind = _CONTROLLERS.get(key.split(":", 1)[0] + ":", "unknown")
@@ -347,6 +416,8 @@ class Controller:
             return await self.arrival_reconciler.reconcile(key.removeprefix(ARRIVAL_KEY))
         if key == DEVICES_KEY:
             return await self.device_reconciler.reconcile(key)
+        if key.startswith(GONE_KEY):
+            return await self._say_api_gone(key.removeprefix(GONE_KEY))
         if key.startswith(GROUP_KEY):
             if self.group_reconciler is None:
                 return Result()
@@ -354,6 +425,8 @@ class Controller:
         return await self.workload_reconciler.reconcile(key.removeprefix(WORKLOAD_KEY))
 
     def enqueue_everything(self) -> None:
+        if not self.caches.workloads.served:  # requests left for Workloads no one can read
+            self.queue.add(GONE_KEY + WORKLOADS_GONE)
         for ac in self.caches.admission_checks.store:
             self.queue.add(CHECK_KEY + ac["metadata"]["name"])
         for wl in self.caches.workloads.store:
@@ -391,6 +464,8 @@ class Controller:
     def _on_workload(self, old: Obj | None, new: Obj | None) -> None:
         if _is_echo(old, new):
             return
+        if new is None and not self.caches.workloads.served:  # emptied: the API not served
+            self.queue.add(GONE_KEY + WORKLOADS_GONE)
         meta = _meta(old, new)
         if self._concerns_us(old, new, str(meta["namespace"]), str(meta["name"])):
             self._add_workload(meta["namespace"], meta["name"])
