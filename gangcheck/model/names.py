@@ -115,8 +115,10 @@ FENCE_LABEL = RECLAIM_TAINT
 
 # ---- gangcheck.io: on Cluster API objects (the Machine reclaimer) -----------------------
 SCALED_DOWN_FOR = "gangcheck.io/scaled-down-for-machine"
-"""On a MachineSet/MachineDeployment, written in the same patch as the decrement: the uid of
-the Machine it was decremented for, so a retry after a lost answer sees it was done."""
+"""On a MachineSet/MachineDeployment, the prefix of a key written in the same patch as each
+decrement, one per Machine (``<prefix>-<Machine uid>``), so a retry after a lost answer sees it
+was done, whatever other Machines of that owner were scaled down since; taken off once the
+Machine says OWNER_SCALED_DOWN. Written alone (its value the Machine's uid) before: still read."""
 OWNER_SCALED_DOWN = "gangcheck.io/owner-scaled-down"
 """On a Machine: its owner has been scaled down for it; never again (across restarts)."""
 
