@@ -21,6 +21,7 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
 from tests.integration.harness import Cluster, RunningController
+from tests.integration.karpenter_bed import claim_crd, node_pool_crd  # noqa: F401 (fixtures)
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()
 _BINARY_FIXTURES = {"testbed_binaries": CONTROL_PLANE, "otelcol_binary": OTEL_COLLECTOR}

@@ -25,12 +25,7 @@ from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
 from gangcheck.model.names import ARRIVED_FOR
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
-from tests.integration.test_karpenter_refusals import (  # the fixtures: pytest finds them here
-    claim_crd,  # noqa: F401
-    node_pool_crd,  # noqa: F401
-    running,
-)
-from tests.integration.test_karpenter_source_pools import node_pool
+from tests.integration.karpenter_bed import node_pool, running
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -76,9 +71,7 @@ def protected(obj: Obj) -> bool:
 
 @pytest.mark.timeout(120)
 async def test_with_no_request_left_a_protecting_pools_old_claims_keep_do_not_disrupt(
-    control_plane: ControlPlane,
-    node_pool_crd: None,  # noqa: F811
-    claim_crd: None,  # noqa: F811
+    control_plane: ControlPlane, node_pool_crd: None, claim_crd: None
 ) -> None:
     run = uuid.uuid4().hex[:8]
     protecting = node_pool(f"protecting-{run}")

@@ -6,108 +6,77 @@ the request. (Before: every claim stayed, launching, until the request was delet
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from typing import Any
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import (
-    NAMESPACE,
-    NODE_CLAIM,
-    NODE_POOL,
-    POD_TEMPLATE,
-    PROVISIONING_REQUEST,
-)
-from gangcheck.logic.sources.karpenter import names
+from gangcheck.kube.resources import NODE_CLAIM, PROVISIONING_REQUEST
 from gangcheck.model.names import PHASE_ANNOTATION, ROLLING_BACK
+from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
-from tests.integration.test_karpenter_refusals import (  # the fixtures: pytest finds them here
-    _clean,
-    claim_crd,  # noqa: F401
-    request,
-    running,
-    template,
-    until,
-)
-from tests.integration.test_karpenter_source_pools import (
-    node_pool,
-    node_pool_crd,  # noqa: F401
-)
+from tests.integration.karpenter_bed import Bed, karpenter_bed, running, until
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
 NOW = "2026-12-01T10:00:00Z"
 
 
+def _conditions(*kinds: str) -> list[Obj]:
+    return [{"type": t, "status": "True", "lastTransitionTime": NOW, "reason": t} for t in kinds]
+
+
+async def _roll_back(bed: Bed, caches: Caches, gang: str) -> Obj:
+    """The core's part: the attempt rolls back, its request staying as the record; returns the
+    request as written, once the provisioner's cache has it."""
+    name = f"{gang}-check-1"
+    await bed.admin.merge_patch(
+        PROVISIONING_REQUEST,
+        name,
+        {"metadata": {"annotations": {PHASE_ANNOTATION: ROLLING_BACK}}},
+        bed.namespace,
+    )
+    rolling = await bed.admin.get(PROVISIONING_REQUEST, name, bed.namespace)
+
+    async def seen() -> bool:
+        got = caches.requests.store.get(name, bed.namespace) or {}
+        notes = got.get("metadata", {}).get("annotations") or {}
+        return notes.get(PHASE_ANNOTATION) == ROLLING_BACK
+
+    await until(seen)
+    return rolling
+
+
 @pytest.mark.timeout(120)
 async def test_claims_not_arrived_are_withdrawn_once_the_attempt_rolls_back(
-    control_plane: ControlPlane,
-    node_pool_crd: None,  # noqa: F811
-    claim_crd: None,  # noqa: F811
+    control_plane: ControlPlane, node_pool_crd: None, claim_crd: None
 ) -> None:
-    namespace = f"karp-rollback-{uuid.uuid4().hex[:8]}"
-    pool = f"pool-{namespace}"
-    async with await Kube.connect(str(control_plane.kubeconfig)) as admin:
-        await admin.create(NAMESPACE, {"metadata": {"name": namespace}})
-        await admin.create(NODE_POOL, node_pool(pool))
-        try:
-            await admin.create(POD_TEMPLATE, template(namespace, "a"), namespace)
-            await admin.create(PROVISIONING_REQUEST, request(namespace, "a"), namespace)
-            await asyncio.sleep(1.1)  # claims are made a second after their request
-
-            async def claims() -> list[Obj]:
-                listed = await admin.list_objects(NODE_CLAIM, label_selector=names.ATTEMPT_LABEL)
-                key = f"{namespace}/a-check-1"
-                return sorted(
-                    (
-                        c
-                        for c in listed["items"]
-                        if c["metadata"]["annotations"].get(names.REQUESTED_FOR) == key
-                    ),
-                    key=lambda c: str(c["metadata"]["name"]),
-                )
-
-            async with running(admin) as caches:
-                karpenter = KarpenterProvisioner(admin, caches)
-                await karpenter.pass_once()
-                made = await claims()
-                # Karpenter's part: the first claim arrived (Initialized, its node named)
-                arrived = made[0]["metadata"]["name"]
-                conditions = [
-                    {"type": t, "status": "True", "lastTransitionTime": NOW, "reason": t}
-                    for t in ("Launched", "Registered", "Initialized")
-                ]
-                await admin.merge_patch(
-                    NODE_CLAIM,
-                    arrived,
-                    {"status": {"nodeName": f"node-{namespace}", "conditions": conditions}},
-                    subresource="status",
-                )
-                # the core: the attempt rolls back, its request stays as the record
-                await admin.merge_patch(
-                    PROVISIONING_REQUEST,
-                    "a-check-1",
-                    {"metadata": {"annotations": {PHASE_ANNOTATION: ROLLING_BACK}}},
-                    namespace,
-                )
-                rolling = await admin.get(PROVISIONING_REQUEST, "a-check-1", namespace)
-
-                async def seen() -> bool:
-                    got = caches.requests.store.get("a-check-1", namespace) or {}
-                    notes = got.get("metadata", {}).get("annotations") or {}
-                    return notes.get(PHASE_ANNOTATION) == ROLLING_BACK
-
-                await until(seen)
-                await karpenter.pass_once()
-                left = await claims()
-                await karpenter.pass_once()  # again: nothing more
-                left_after = await claims()
-                after = await admin.get(PROVISIONING_REQUEST, "a-check-1", namespace)
-        finally:
-            await _clean(admin, control_plane, namespace, pool)
+    async with (
+        karpenter_bed(control_plane, "karp-rollback", "a") as bed,
+        running(bed.admin) as caches,
+    ):
+        karpenter = KarpenterProvisioner(bed.admin, caches)
+        await karpenter.pass_once()
+        made = await bed.claims("a")
+        # Karpenter's part: the first claim arrived (Initialized, its node named)
+        arrived = made[0]["metadata"]["name"]
+        await bed.admin.merge_patch(
+            NODE_CLAIM,
+            arrived,
+            {
+                "status": {
+                    "nodeName": f"node-{bed.namespace}",
+                    "conditions": _conditions("Launched", "Registered", "Initialized"),
+                }
+            },
+            subresource="status",
+        )
+        rolling = await _roll_back(bed, caches, "a")
+        await karpenter.pass_once()
+        left = await bed.claims("a")
+        await karpenter.pass_once()  # again: nothing more
+        left_after = await bed.claims("a")
+        after = await bed.admin.get(PROVISIONING_REQUEST, "a-check-1", bed.namespace)
     assert len(made) == 2
     assert [c["metadata"]["name"] for c in left] == [arrived]
     assert [c["metadata"]["name"] for c in left_after] == [arrived]

@@ -6,13 +6,9 @@ the check's recheck: creating a NodePool wakes nothing else)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gangcheck_dev.testbed import crds
-from gangcheck_dev.testbed.karpenter import KARPENTER_MODULE, KARPENTER_TOOLCHAIN
-from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import ATOMIC_CONFIG, NODE_POOL
@@ -20,45 +16,12 @@ from gangcheck.logic.attempt import naming
 from gangcheck.model.provisioning_config import CHECK_CAPACITY
 from gangcheck.reconcile import admissioncheck
 from tests.integration.harness import Cluster, RunningController, eventually
+from tests.integration.karpenter_bed import node_pool
 from tests.integration.test_admission_check import CONSUME, gang
 
 pytestmark = pytest.mark.integration
 
 Obj = dict[str, Any]
-CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
-@pytest.fixture(scope="module")
-def node_pool_crd(control_plane: ControlPlane) -> Iterator[None]:
-    """Karpenter's NodePool CRD; removed again if this module installed it."""
-    module = crds.module_dir(KARPENTER_MODULE, wrapper="karpenter", toolchain=KARPENTER_TOOLCHAIN)
-    wanted = crds.load_crds([module / "kwok" / "charts" / "crds" / "karpenter.sh_nodepools.yaml"])
-    admin = control_plane.client()
-    path = f"{CRD_API}/{wanted[0]['metadata']['name']}"
-    missing = wanted if admin.request("GET", path).status == 404 else []
-    crds.install_crds(admin, missing)
-    yield
-    for crd in missing:
-        admin.request("DELETE", f"{CRD_API}/{crd['metadata']['name']}")
-    crds.wait_gone(admin, [c["metadata"]["name"] for c in missing])
-
-
-def node_pool(name: str) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "karpenter.kwok.sh",
-                        "kind": "KWOKNodeClass",
-                        "name": "default",
-                    },
-                    "requirements": [],
-                }
-            }
-        },
-    }
 
 
 async def active_is(cluster: Cluster, status: str) -> Obj | None:
