@@ -38,7 +38,14 @@ from tenacity import (
 from tenacity import RetryCallState as _RetryState
 from yarl import URL
 
-from gangcheck.kube.errors import NotFoundError, TransientError, error_from_status
+from gangcheck.kube.errors import (
+    InvalidError,
+    NotFoundError,
+    ReplacedError,
+    TransientError,
+    error_from_status,
+    replaced,
+)
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import api_call
@@ -203,9 +210,22 @@ class Kube:
         namespace: str | None = None,
         *,
         subresource: str | None = None,
+        uid: str | None = None,
     ) -> Obj:
+        """Merge `patch` into the object. With `uid`, only into the object of that uid: one
+        deleted and made again under its name since it was read is left as it is, and the
+        write raises ReplacedError, a ConflictError (the uid rides in the patch, and
+        kube-apiserver refuses to change it: `replaced`)."""
         path = _sub(res.object_path(name, namespace), subresource)
-        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        if uid:
+            patch = {**patch, "metadata": {**(patch.get("metadata") or {}), "uid": uid}}
+        try:
+            return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        except InvalidError as e:
+            if replaced(e):
+                message = f"uid mismatch: {e.message}"
+                raise ReplacedError(409, "Conflict", message, target=path) from e
+            raise
 
     async def json_patch(
         self,

@@ -48,6 +48,10 @@ class AlreadyExistsError(ConflictError):
     pass
 
 
+class ReplacedError(ConflictError):
+    """A write carrying the object's uid found another object of that name (`replaced`)."""
+
+
 class GoneError(ApiError):
     """410: a watch's resourceVersion is too old; relist."""
 
@@ -81,6 +85,18 @@ def refused(error: BaseException) -> bool:
     if not isinstance(error, InvalidError):
         return False
     return bool(error.details.get("causes")) or error.message.startswith(WEBHOOK_DENIAL)
+
+
+def replaced(error: BaseException) -> bool:
+    """Whether a write carrying the object's uid (`Kube.merge_patch(uid=...)`) found another
+    object of that name: kube-apiserver answers 422, its one cause the immutable
+    ``metadata.uid`` (the object was deleted and made again since it was read)."""
+    if not isinstance(error, InvalidError):
+        return False
+    causes = error.details.get("causes") or []
+    return bool(causes) and all(
+        isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes
+    )
 
 
 def by_admission(error: BaseException) -> bool:

@@ -18,6 +18,7 @@ from gangcheck.kube.errors import (
     ForbiddenError,
     InvalidError,
     NotFoundError,
+    ReplacedError,
     refused,
 )
 from gangcheck.kube.resources import POD
@@ -174,8 +175,11 @@ class PodGroupReconciler(GangReconciler):
             await self._write_status(obj, {MESSAGE_ANNOTATION: event.message})
 
     async def _write_status(self, obj: Obj, status: Mapping[str, str]) -> None:
-        """Merge our annotations into the group (an empty value removes one). A write the
-        API server refuses for what it says (a policy webhook, the annotations' size) is
+        """Merge our annotations into the group (an empty value removes one), into this very
+        group only: one deleted and made again under its name since `obj` was read (a job
+        run again by a script) is not given the state decided for the one before (Released
+        would let its members go with nothing asked for); its own events decide it. A write
+        the API server refuses for what it says (a policy webhook, the annotations' size) is
         said as a FailedUpdate Event on the group, then raised: the queue backs off."""
         meta = obj["metadata"]
         group = pod_group_of(obj)
@@ -183,9 +187,9 @@ class PodGroupReconciler(GangReconciler):
         patch = {"metadata": {"annotations": {k: (v or None) for k, v in status.items()}}}
         try:
             updated = await self._kube.merge_patch(
-                informer.resource, meta["name"], patch, meta["namespace"]
+                informer.resource, meta["name"], patch, meta["namespace"], uid=meta.get("uid")
             )
-        except NotFoundError:
+        except (NotFoundError, ReplacedError):
             return
         except (ForbiddenError, InvalidError) as e:
             if refused(e):

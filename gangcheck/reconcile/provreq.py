@@ -56,12 +56,18 @@ async def delete_template(applier: Applier, namespace: str, action: Action) -> N
 
 
 async def annotate_request(applier: Applier, namespace: str, action: Action) -> None:
-    """Write the attempt's record on its request; a rollback it starts is counted once
-    written, by its cause (`RollbackCause`: the word its reason starts with, a few known)."""
+    """Write the attempt's record on its request, the one the decision saw (its uid in the
+    cache): a request of that name made again since is not given the record (ReplacedError:
+    the queue decides again); a rollback it starts is counted once written, by its cause
+    (`RollbackCause`: the word its reason starts with, a few known)."""
     assert isinstance(action, AnnotateRequest)
     reason = action.annotations.get(ROLLBACK_REASON_ANNOTATION)
     patch = {"metadata": {"annotations": action.annotations}}
-    updated = await applier.kube.merge_patch(PROVISIONING_REQUEST, action.name, patch, namespace)
+    seen = applier.caches.requests.store.get(action.name, namespace)
+    uid = seen["metadata"].get("uid") if seen is not None else None
+    updated = await applier.kube.merge_patch(
+        PROVISIONING_REQUEST, action.name, patch, namespace, uid=uid
+    )
     applier.caches.requests.store.put_if_newer(updated)
     if reason:
         applier.metrics.rollback(RollbackCause.of(reason).value)

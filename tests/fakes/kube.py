@@ -27,7 +27,7 @@ from typing import Any
 
 from gangcheck.kube import resources
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, error_from_status
+from gangcheck.kube.errors import ApiError, ReplacedError, error_from_status
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
@@ -243,10 +243,13 @@ class FakeKube(Kube):
         namespace: str | None = None,
         *,
         subresource: str | None = None,
+        uid: str | None = None,
     ) -> Obj:
         call = Call("patch", res.kind, name, namespace or "", patch, subresource or "", "merge")
         with self._answering(call):
             current = self._existing(res, name, namespace)
+            if uid and current["metadata"].get("uid") != uid:  # made again: as the client says
+                raise ReplacedError(409, "Conflict", "uid mismatch", target=f"{res.kind}/{name}")
             self._check_rv(res, current, (patch.get("metadata") or {}).get("resourceVersion"))
             return self._store(res, current, merged(current, patch), subresource)
 

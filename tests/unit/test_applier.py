@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gangcheck.app import SOURCES
-from gangcheck.kube.errors import ApiError, NotFoundError, TransientError
+from gangcheck.kube.errors import ApiError, NotFoundError, ReplacedError, TransientError
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -182,6 +182,20 @@ async def test_annotate_request_merges_the_annotations_and_caches_the_result() -
     assert stored["metadata"]["annotations"][OUTCOME_ANNOTATION] == "{}"
     assert stored["metadata"]["annotations"][WORKLOAD_ANNOTATION] == "wl"
     assert cached(applier).requests.store.get(REQUEST, NS) == stored
+
+
+async def test_a_request_made_again_since_the_decision_is_not_given_its_record() -> None:
+    """The record goes to the request the decision saw (its uid in the cache): one of that
+    name made again since raises ReplacedError (the queue decides again) and keeps none."""
+    kube, applier = setup(request())
+    again = request()
+    again["metadata"]["uid"] = "made-again"
+    kube.add(again)  # the server has another one now, the cache not yet
+    with pytest.raises(ReplacedError):
+        await applier.apply(NS, AnnotateRequest(REQUEST, {OUTCOME_ANNOTATION: "{}"}))
+    stored = kube.stored(PROVISIONING_REQUEST, REQUEST, NS)
+    assert stored is not None and stored["metadata"]["uid"] == "made-again"
+    assert OUTCOME_ANNOTATION not in stored["metadata"]["annotations"]
 
 
 async def test_annotating_a_request_with_a_rollback_reason_counts_the_rollback() -> None:

@@ -446,3 +446,21 @@ async def test_a_group_gone_before_discovery_has_answered_is_swept_once_it_has()
     await world.settle()
     assert world.requests() == []
     assert world.kube.all_of(POD_TEMPLATE) == []
+
+
+async def test_a_group_made_again_since_the_read_is_not_given_the_old_ones_state() -> None:
+    """The group is deleted and made again under its name (a job run again by a script)
+    between the caches' read and the reconcile's write: the state decided for the one before
+    is not merged into the new one (Released would let its members go with nothing asked)."""
+    world = World(*gang())
+    world.kube.sync(world.caches)  # the caches see the group of uid-g
+    again = pod_group()
+    again["metadata"]["uid"] = "uid-g-again"
+    world.kube.add(again)  # the server has another one now, the caches not yet
+    await world.reconciler.reconcile(KEY)
+    stored = world.kube.stored(GROUPS, "g", "default")
+    assert stored is not None and stored["metadata"]["uid"] == "uid-g-again"
+    assert STATE_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+    assert MESSAGE_ANNOTATION not in (stored["metadata"].get("annotations") or {})
+    await world.settle()  # its own events decide it
+    assert world.group_says().get(STATE_ANNOTATION)
