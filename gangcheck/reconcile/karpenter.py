@@ -42,7 +42,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from gangcheck.kube.client import Kube
@@ -57,10 +57,12 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.hold import taints_released
 from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
 from gangcheck.logic.sources.karpenter.provisioner import (
     Served,
+    held_for,
     is_asking,
     is_served_here,
     reads_pools,
@@ -68,9 +70,13 @@ from gangcheck.logic.sources.karpenter.provisioner import (
     serve,
 )
 from gangcheck.logic.sources.waiting import is_open
-from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.names import ARRIVED_FOR, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj, ObjectRef, ref_of
-from gangcheck.reclaim.reclaimers import delete_told
+from gangcheck.reclaim.arrivals import tell
+from gangcheck.reclaim.reclaimers import DeleteNodeClaim, delete_told
+from gangcheck.reclaim.safely import Target, reclaim_safely
+from gangcheck.reconcile.apply import write_taints
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 
@@ -274,7 +280,7 @@ class KarpenterProvisioner:
             else:
                 if served.create or served.conditions:
                     self._answered.add(key)
-                if request is None and not (served.delete or served.release):
+                if request is None and not (served.delete or served.release or served.reclaim):
                     self._gone[key] = seen
             # Made in this pass (a create failing after some did too): charged to the room
             # of the next request's pool at once.
@@ -412,8 +418,12 @@ class KarpenterProvisioner:
                         NODE_CLAIM,
                         claim,
                         uid=claim["metadata"].get("uid"),
+                        # as read: a claim registered since (its node named) is judged again
+                        resource_version=claim["metadata"].get("resourceVersion"),
                     ),
                 )
+        for claim in served.reclaim:
+            await self._reclaim(claim, nodes)
         if request is not None and served.conditions:
             await self._write_conditions(request, served.conditions)
         by_name = {c["metadata"]["name"]: c for c in claims}
@@ -421,14 +431,83 @@ class KarpenterProvisioner:
             obj = nodes.get(name) if kind == "node" else by_name.get(name)
             if obj is not None:
                 await self._release(NODE if kind == "node" else NODE_CLAIM, obj)
-        if served.create or served.delete or served.release:
+        if served.create or served.delete or served.release or served.reclaim:
             log.info(
-                "karpenter: %d claims created, %d deleted, %d unprotected",
+                "karpenter: %d claims created, %d deleted, %d reclaimed safely, %d unprotected",
                 len(served.create),
                 len(served.delete),
+                len(served.reclaim),
                 len(served.release),
                 extra={"object": request_key(request) if request else ""},
             )
+
+    async def _reclaim(self, claim: Obj, nodes: Mapping[str, Obj]) -> None:
+        """Withdraw a claim whose node exists through the reclaim's safe path: the node is
+        recorded as arrived for the request, with the reclaim's mark, in one write at the
+        resourceVersion it was judged at (its hold, the claim's taint, already on it: the
+        admission policy lets gangcheck record, fence and reclaim only such a node), then
+        reclaimed as the mark owes (``reclaim_safely``: fenced, its pods read live, the claim
+        deleted only if none but DaemonSet pods are there); should this process stop between,
+        the draining-node reconciler owes it the same. A node kept is said (an Event on the
+        Node, a log line) and its hold lifted, as a rollback's kept node's is; one draining
+        or failed keeps its mark for the draining-node reconciler."""
+        key = _requested_for(claim)
+        name = str((claim.get("status") or {}).get("nodeName") or "")
+        node = nodes.get(name)
+        if node is None:
+            return
+        meta = node["metadata"]
+        target = Target(
+            name,
+            key,
+            _made_before(claim),
+            DeleteNodeClaim.name,
+            was_cordoned=bool((node.get("spec") or {}).get("unschedulable")),
+        )
+        notes = {ARRIVED_FOR: key, RECLAIM_WHEN_IDLE: target.mark()}
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": notes}}
+        try:
+            marked = await self._kube.merge_patch(NODE, name, patch)
+        except (ConflictError, NotFoundError):
+            return  # changed since it was judged (the ledger may have recorded it): next pass
+        except ForbiddenError as e:
+            log.warning(
+                "karpenter: node %s of claim %s could not be recorded for its reclaim, the "
+                "claim stays: %s",
+                name,
+                claim["metadata"]["name"],
+                e.message,
+                extra={"object": key},
+            )
+            return
+        self._caches.nodes.store.put_if_newer(marked)
+        result = await reclaim_safely(
+            self._kube, target, self._clock(), owed=True, told=self._caches
+        )
+        log.info(
+            "karpenter: claim %s withdrawn through the reclaim of node %s: %s %s",
+            claim["metadata"]["name"],
+            name,
+            result.verdict,
+            result.reason,
+            extra={"object": key},
+        )
+        await tell(self._events, None, name, result, request=key)
+        if result.verdict == "keep":
+            await self._lift_hold(name, key)
+
+    async def _lift_hold(self, name: str, key: str) -> None:
+        """Lift ``key``'s hold from a node its claim's reclaim kept, read live, at the
+        resourceVersion read (a change since: the next pass judges again)."""
+        node = await self._kube.get_if_exists(NODE, name)
+        if node is None or not held_for(node, key):
+            return
+        with contextlib.suppress(ConflictError, NotFoundError):
+            lifted = await self._permitted(
+                "patch nodes", write_taints(self._kube, node, taints_released(node))
+            )
+            self._caches.nodes.store.put_if_newer(lifted)
+            log.info("hold lifted from node %s, kept", name, extra={"object": key})
 
     async def _create(self, body: Obj) -> Obj:
         try:
@@ -506,6 +585,14 @@ def _seen(claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj]) -> tuple[tu
                 )
             )
     return tuple(sorted(seen))
+
+
+def _made_before(claim: Obj) -> str:
+    """What a node reclaimed as ``claim``'s must be younger than (the age rule,
+    ``proven_younger``: a later second): the second before the claim's, since Karpenter makes
+    the node for the claim, never before it. Said so even when the request is gone."""
+    made = parse_time(str((claim.get("metadata") or {}).get("creationTimestamp") or ""))
+    return format_time(made - timedelta(seconds=1)) if made is not None else ""
 
 
 def _requested_for(claim: Obj) -> str:

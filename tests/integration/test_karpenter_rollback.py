@@ -2,20 +2,51 @@
 and NodeClaim CRDs (from the module the test bed pins): its request stays as the record (a
 PodGroup's backoff), and its claims not arrived are withdrawn at once, not once the request is
 deleted; the one that arrived is the rollback's to reclaim and stays; nothing is written on
-the request. (Before: every claim stayed, launching, until the request was deleted.)"""
+the request. (Before: every claim stayed, launching, until the request was deleted.)
+
+A claim whose node exists (registered, held for the request, recorded by no one) is withdrawn
+only through the reclaim's safe path: the pods bound to its node read live, the node fenced,
+the claim deleted only if none but DaemonSet pods are there. (Before: deleted on the cached
+node alone, with a pod bound there.)"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
-from gangcheck.kube.resources import NODE_CLAIM, PROVISIONING_REQUEST
-from gangcheck.model.names import PHASE_ANNOTATION, ROLLING_BACK
+from gangcheck.kube.client import MERGE_PATCH, Kube
+from gangcheck.kube.errors import ForbiddenError, NotFoundError
+from gangcheck.kube.resources import (
+    EVENT,
+    NODE,
+    NODE_CLAIM,
+    POD,
+    PROVISIONING_REQUEST,
+    SERVICE_ACCOUNT,
+)
+from gangcheck.logic.attempt.hold import HOLD_TAINT
+from gangcheck.model.names import (
+    ARRIVED_FOR,
+    PHASE_ANNOTATION,
+    RECLAIM_TAINT,
+    RECLAIM_WHEN_IDLE,
+    ROLLING_BACK,
+)
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from tests.integration.karpenter_bed import Bed, karpenter_bed, running, until
+from tests.integration.test_manifests import (
+    apply,
+    base_installed,
+    build,
+    overlay,
+    service_account_kubeconfig,
+)
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -82,3 +113,136 @@ async def test_claims_not_arrived_are_withdrawn_once_the_attempt_rolls_back(
     assert [c["metadata"]["name"] for c in left_after] == [arrived]
     assert after["metadata"]["resourceVersion"] == rolling["metadata"]["resourceVersion"]
     assert "Failed" not in {c["type"] for c in (after.get("status") or {}).get("conditions") or []}
+
+
+async def _registered(bed: Bed, claim: Obj, node: str) -> None:
+    """Karpenter's part for one claim: its node registered (the claim's taints synced onto it,
+    the hold among them; owned by the claim), the claim Registered, not Initialized."""
+    meta = claim["metadata"]
+    await bed.admin.create(
+        NODE,
+        {
+            "metadata": {
+                "name": node,
+                "ownerReferences": [
+                    {
+                        "apiVersion": claim["apiVersion"],
+                        "kind": "NodeClaim",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    }
+                ],
+            },
+            "spec": {"providerID": f"kwok://{node}", "taints": claim["spec"]["taints"]},
+        },
+    )
+    status = {
+        "nodeName": node,
+        "providerID": f"kwok://{node}",
+        "conditions": _conditions("Launched", "Registered"),
+    }
+    await bed.admin.merge_patch(NODE_CLAIM, meta["name"], {"status": status}, subresource="status")
+
+
+@contextlib.asynccontextmanager
+async def acting_as(
+    control_plane: ControlPlane, identity: str, folder: Path, admin: Kube
+) -> AsyncIterator[Kube]:
+    """The provisioner's client: the test's (admin), or gangcheck's own ServiceAccount with
+    the base and the Karpenter component installed, their admission and fence policies
+    enforced on what it writes."""
+    if identity == "admin":
+        yield admin
+        return
+    with base_installed(control_plane):
+        apply(control_plane, build(control_plane, overlay(folder, "karpenter")))
+        kubeconfig = service_account_kubeconfig(control_plane, folder)
+        async with await Kube.connect(str(kubeconfig)) as account:
+            yield account
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("identity", ["admin", "gangcheck"])
+async def test_a_claims_node_is_withdrawn_only_once_the_reclaim_finds_no_pod_there(
+    control_plane: ControlPlane,
+    node_pool_crd: None,
+    claim_crd: None,
+    tmp_path: Path,
+    identity: str,
+) -> None:
+    """Both claims registered, not Initialized, their nodes held for the request and recorded
+    by no one (the ledger takes no node for an attempt rolling back); a pod (no DaemonSet's,
+    not the gang's: one bound by name) runs on the first claim's node. The rollback withdraws
+    the second claim through the reclaim's safe path (its node recorded for the request with
+    the reclaim's mark, fenced, the claim deleted), and keeps the first: its node is said kept
+    (an Event naming the pod) and its hold lifted, the pod's node given back to the pool.
+    Alike as gangcheck's own account, where the admission policy lets it record, fence and
+    reclaim only a node recorded as arrived. Before, both claims were deleted, the pod's node
+    with its claim."""
+    async with karpenter_bed(control_plane, "karp-withdraw", "a") as bed:
+        nodes = [f"node-{bed.namespace}-{i}" for i in range(2)]
+        try:
+            async with (
+                acting_as(control_plane, identity, tmp_path, bed.admin) as kube,
+                running(kube) as caches,
+            ):
+                karpenter = KarpenterProvisioner(kube, caches)
+                await karpenter.pass_once()
+                made = await bed.claims("a")
+                for claim, node in zip(made, nodes, strict=True):
+                    await _registered(bed, claim, node)
+                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
+                await bed.admin.create(SERVICE_ACCOUNT, account)  # no controller makes it here
+                pod = {
+                    "metadata": {"name": "bound-by-name", "namespace": bed.namespace},
+                    "spec": {"nodeName": nodes[0], "containers": [{"name": "c", "image": "x"}]},
+                }
+                await bed.admin.create(POD, pod, bed.namespace)
+                await until(lambda: _cached(caches, nodes))
+                if identity == "gangcheck":  # its policies loaded (from informers) by now
+                    await until(lambda: _refused_now(kube, nodes[1]))
+                await _roll_back(bed, caches, "a")
+                await karpenter.pass_once()
+                left = await bed.claims("a")
+                await karpenter.pass_once()  # again: nothing more
+                left_after = await bed.claims("a")
+                kept, reclaimed = [await bed.admin.get(NODE, n) for n in nodes]
+                said = await bed.admin.list_objects(
+                    EVENT, field_selector=f"involvedObject.name={nodes[0]}"
+                )
+        finally:
+            for node in nodes:
+                with contextlib.suppress(NotFoundError):
+                    await bed.admin.delete(NODE, node)
+    assert len(made) == 2
+    assert [c["metadata"]["name"] for c in left] == [made[0]["metadata"]["name"]]
+    assert [c["metadata"]["name"] for c in left_after] == [made[0]["metadata"]["name"]]
+    assert HOLD_TAINT not in {t["key"] for t in kept["spec"].get("taints") or []}
+    assert not kept["spec"].get("unschedulable")
+    assert RECLAIM_WHEN_IDLE not in kept["metadata"]["annotations"]
+    assert reclaimed["spec"].get("unschedulable") is True
+    assert RECLAIM_TAINT in {t["key"] for t in reclaimed["spec"].get("taints") or []}
+    assert reclaimed["metadata"]["annotations"][ARRIVED_FOR] == bed.key("a")
+    (event,) = [e for e in said["items"] if e["reason"] == "NodeKept"]
+    assert f"runs pod {bed.namespace}/bound-by-name" in event["message"], event["message"]
+
+
+async def _refused_now(kube: Kube, node: str) -> bool:
+    """Whether the admission policy refuses (dry run) gangcheck a reclaim's mark on a node it
+    has not recorded as arrived."""
+    patch = {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: "{}"}}}
+    try:
+        await kube.request(
+            "PATCH",
+            NODE.object_path(node, None),
+            query={"dryRun": "All"},
+            body=patch,
+            content_type=MERGE_PATCH,
+        )
+    except ForbiddenError as e:
+        return "reclaim-when-idle" in e.message
+    return False
+
+
+async def _cached(caches: Caches, nodes: list[str]) -> bool:
+    return all(caches.nodes.store.get(n) is not None for n in nodes)

@@ -13,11 +13,11 @@ from gangcheck.logic.sources.karpenter.claims import (
     AttemptPhase,
     ClaimAsk,
     ClaimPhase,
+    attempt_claims,
     claim_bodies,
     claim_state,
     claims_status,
     release_protection_patch,
-    withdrawable,
 )
 from gangcheck.logic.sources.karpenter.pools import choose_pool, label_problem, pool_use, room
 from gangcheck.model.provisioning_config import Backend, parse_spec
@@ -178,13 +178,7 @@ def test_claims_of_other_attempts_or_nobody_are_not_counted_nor_withdrawn() -> N
     mine = [claim(i) for i in range(4)]
     status = claims_status([foreign, karpenters, *mine], ATTEMPT, 4)
     assert len(status.claims) == 4
-    assert withdrawable([foreign, karpenters, *mine], ATTEMPT, []) == mine
-
-
-def test_withdrawal_leaves_arrived_nodes_to_the_reclaim_rules() -> None:
-    done = ("Launched", "Registered", "Initialized")
-    claims = [claim(0, *done, node="n0"), claim(1), claim(2, deleting=True)]
-    assert withdrawable(claims, ATTEMPT, ["n0"]) == [claims[1]]
+    assert attempt_claims([foreign, karpenters, *mine], ATTEMPT) == mine
 
 
 def test_protection_is_removed_only_where_gangcheck_value_is() -> None:

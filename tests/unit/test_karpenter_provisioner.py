@@ -71,7 +71,8 @@ def claims(*conditions: str, node: str = "n") -> list[Obj]:
     for i, body in enumerate(bodies):
         body["status"] = {
             "conditions": [{"type": c, "status": "True"} for c in conditions],
-            "nodeName": f"{node}{i}" if conditions else "",
+            # Karpenter names the node at the claim's registration
+            "nodeName": f"{node}{i}" if {"Registered", "Initialized"} & set(conditions) else "",
         }
     return bodies
 
@@ -162,10 +163,11 @@ def test_an_ended_request_leaves_recorded_or_unheld_nodes_to_the_reclaim_rules()
 
 
 def test_an_ended_request_withdraws_arrived_claims_the_ledger_never_recorded() -> None:
+    """Through the reclaim's safe path (their nodes exist), never deleted here."""
     arrived = claims("Launched", "Registered", "Initialized")
     ended = request(("Accepted", "True"), ("Failed", "True"))
     done = served(ended, arrived, nodes={"n0": held("n0"), "n1": held("n1")})
-    assert len(done.delete) == 2
+    assert done.delete == () and done.reclaim == tuple(arrived)
 
 
 def test_an_ended_request_withdraws_the_claims_not_arrived() -> None:
@@ -388,39 +390,43 @@ ROLLED_BACK = {PHASE_ANNOTATION: ROLLING_BACK, OUTCOME_ANNOTATION: '{"reclaimed"
 
 
 @pytest.mark.parametrize(
-    ("notes", "states", "nodes", "withdrawn"),
+    ("notes", "states", "nodes", "withdrawn", "reclaimed"),
     [
         # rolling back: the claims still launching are withdrawn now, not once it ends
-        ({PHASE_ANNOTATION: ROLLING_BACK}, [(), ("Launched",)], {}, {0, 1}),
+        ({PHASE_ANNOTATION: ROLLING_BACK}, [(), ("Launched",)], {}, {0, 1}, set()),
         # rolled back (its outcome recorded), the request staying as the record (backoff)
-        (ROLLED_BACK, [("Launched",), ("Launched",)], {}, {0, 1}),
-        ({OUTCOME_ANNOTATION: '{"reclaimed": []}'}, [("Launched",), ()], {}, {0, 1}),
+        (ROLLED_BACK, [("Launched",), ("Launched",)], {}, {0, 1}, set()),
+        ({OUTCOME_ANNOTATION: '{"reclaimed": []}'}, [("Launched",), ()], {}, {0, 1}, set()),
         # arrived: the rollback's to reclaim, recorded or not, held or not
         (
             {PHASE_ANNOTATION: ROLLING_BACK},
             [("Launched", "Registered", "Initialized"), ("Launched",)],
             {"n0": _recorded("n0")},
             {1},
+            set(),
         ),
         (
             {PHASE_ANNOTATION: ROLLING_BACK},
             [("Launched", "Registered", "Initialized"), ("Launched",)],
             {"n0": held("n0")},
             {1},
+            set(),
         ),
         # registered, not Initialized: its node recorded (the rollback reclaims it) or not
-        # seen yet stays; held for the request and not recorded (nothing runs there) goes
+        # seen yet stays; held for the request and not recorded goes through the reclaim's
+        # safe path (its pods read live), never deleted here
         (
             {PHASE_ANNOTATION: ROLLING_BACK},
             [("Launched", "Registered"), ("Launched", "Registered")],
             {"n0": _recorded("n0"), "n1": held("n1")},
+            set(),
             {1},
         ),
-        ({PHASE_ANNOTATION: ROLLING_BACK}, [("Launched", "Registered"), ()], {}, {1}),
+        ({PHASE_ANNOTATION: ROLLING_BACK}, [("Launched", "Registered"), ()], {}, {1}, set()),
         # kept (its source stopped short after every claim launched): kept until it ends
-        ({PHASE_ANNOTATION: KEPT}, [("Launched",), ("Launched",)], {}, set()),
+        ({PHASE_ANNOTATION: KEPT}, [("Launched",), ("Launched",)], {}, set(), set()),
         # open: followed, nothing withdrawn
-        ({}, [("Launched",), ("Launched",)], {}, set()),
+        ({}, [("Launched",), ("Launched",)], {}, set(), set()),
     ],
 )
 def test_claims_of_an_attempt_rolled_back_are_withdrawn_before_they_arrive(
@@ -428,6 +434,7 @@ def test_claims_of_an_attempt_rolled_back_are_withdrawn_before_they_arrive(
     states: list[tuple[str, ...]],
     nodes: dict[str, Obj],
     withdrawn: set[int],
+    reclaimed: set[int],
 ) -> None:
     """A rollback takes no new node, and a PodGroup's request stays as the record through
     its backoff (up to 30 minutes): its claims not yet arrived are withdrawn at once, as an
@@ -439,13 +446,15 @@ def test_claims_of_an_attempt_rolled_back_are_withdrawn_before_they_arrive(
         index = int(body["metadata"]["annotations"][names.CLAIM_INDEX])
         body["status"] = {
             "conditions": [{"type": c, "status": "True"} for c in conditions],
-            "nodeName": f"n{index}" if "Registered" in conditions else "",
+            "nodeName": f"n{index}" if {"Registered", "Initialized"} & set(conditions) else "",
         }
     live = request(("Accepted", "True", "created 2 NodeClaims in NodePool 'gpu'"))
     live["metadata"]["annotations"] = dict(notes)
     done = served(live, made, nodes=nodes)
     deleted = {int(c["metadata"]["annotations"][names.CLAIM_INDEX]) for c in done.delete}
     assert deleted == withdrawn
+    safely = {int(c["metadata"]["annotations"][names.CLAIM_INDEX]) for c in done.reclaim}
+    assert safely == reclaimed
     assert done.create == ()
     if notes.get(PHASE_ANNOTATION) == ROLLING_BACK or OUTCOME_ANNOTATION in notes:
         assert done.conditions == ()
@@ -595,7 +604,7 @@ def old_claims(*conditions: str, pool_obj: Obj | None = None, made: str = "") ->
         body["metadata"]["creationTimestamp"] = made or "2026-12-01T10:00:01Z"
         body["status"] = {
             "conditions": [{"type": c, "status": "True"} for c in conditions],
-            "nodeName": f"n{i}" if conditions else "",
+            "nodeName": f"n{i}" if {"Registered", "Initialized"} & set(conditions) else "",
         }
     return bodies
 
@@ -670,11 +679,114 @@ def test_old_claims_of_a_pool_that_protects_its_nodes_keep_the_protection() -> N
 def test_an_ended_request_leaves_a_registered_claims_recorded_or_unseen_node() -> None:
     """The ledger may record a node before its claim is Initialized: such a claim is the
     reclaim's (its safe path), as an arrived one is, and one whose node is not seen yet
-    waits until it is; a registered node held for the request and not recorded (nothing
-    runs there) is withdrawn."""
+    waits until it is; a registered node held for the request and not recorded is withdrawn
+    through the reclaim's safe path too, the claim's (never deleted on the cached node)."""
     made = claims("Launched", "Registered")
     ended = request(("Accepted", "True"), ("Failed", "True"))
     recorded = {"n0": _recorded("n0"), "n1": held("n1")}
-    assert served(ended, made, nodes=recorded).delete == (made[1],)
-    assert served(ended, made, nodes={"n1": held("n1")}).delete == (made[1],)
-    assert served(ended, made, nodes={"n0": held("n0"), "n1": held("n1")}).delete == tuple(made)
+    assert served(ended, made, nodes=recorded).reclaim == (made[1],)
+    assert served(ended, made, nodes={"n1": held("n1")}).reclaim == (made[1],)
+    both = served(ended, made, nodes={"n0": held("n0"), "n1": held("n1")})
+    assert both.reclaim == tuple(made) and both.delete == ()
+
+
+# -- a withdrawal deletes only claims with no node; one whose node exists goes through the ---
+# reclaim's safe path (the pods bound to the node read live, fenced, preconditions).
+
+
+def _claim_in(state: str) -> Obj:
+    """One claim of the attempt as Karpenter leaves it: ``launched`` (providerID, no node
+    named), ``registered`` (its node named), ``arrived`` (Initialized), ``requested``."""
+    (made,) = claim_bodies(pool(), ClaimAsk(KEY, 1, {GPU: "8"}, LABELS))
+    made["metadata"]["creationTimestamp"] = "2026-12-01T10:00:01Z"
+    conditions = {
+        "requested": (),
+        "launched": ("Launched",),
+        "registered": ("Launched", "Registered"),
+        "arrived": ("Launched", "Registered", "Initialized"),
+    }[state]
+    made["status"] = {
+        "conditions": [{"type": c, "status": "True"} for c in conditions],
+        "providerID": "kwok://n0" if conditions else "",
+        "nodeName": "n0" if "Registered" in conditions else "",
+    }
+    return made
+
+
+def _node(kind: str) -> dict[str, Obj]:
+    """The claim's node as the cache has it: ``held`` (registered with the claim's hold, no
+    record), ``recorded`` (the ledger's), ``open`` (its hold lifted), ``marked`` (held, a
+    reclaim's mark on it: the draining-node reconciler owes it), ``unlinked`` (registering:
+    its providerID, the claim naming no node yet), or none."""
+    if kind == "none":
+        return {}
+    node = _recorded("n0") if kind == "recorded" else held("n0")
+    node["spec"]["providerID"] = "kwok://n0"
+    if kind == "open":
+        node["spec"]["taints"] = []
+    if kind == "marked":
+        node["metadata"]["annotations"]["gangcheck.io/reclaim-when-idle"] = "{}"
+    return {"n0": node}
+
+
+@pytest.mark.parametrize(
+    ("state", "node", "rolling_back", "done"),
+    [
+        # no node: nothing can run there, deleted here (conditional on the claim as read)
+        ("requested", "none", False, "delete"),
+        ("launched", "none", False, "delete"),
+        ("launched", "none", True, "delete"),
+        # its node registering (the claim names none yet): waits to be linked
+        ("launched", "unlinked", False, "wait"),
+        # registered, not Initialized: held and recorded by no one -> the reclaim's safe path
+        ("registered", "held", False, "reclaim"),
+        ("registered", "held", True, "reclaim"),
+        # a reclaim's mark: the draining-node reconciler owes it, not asked twice
+        ("registered", "marked", True, "wait"),
+        # recorded: the reclaim rules'; hold lifted: pods may run there; not seen: waits
+        ("registered", "recorded", True, "wait"),
+        ("registered", "open", False, "wait"),
+        ("registered", "none", False, "wait"),
+        # arrived: an ended request's unrecorded held node goes the safe way; a rollback's
+        # arrived claim is the rollback's to reclaim
+        ("arrived", "held", False, "reclaim"),
+        ("arrived", "held", True, "wait"),
+    ],
+)
+def test_a_withdrawal_deletes_only_claims_with_no_node(
+    state: str, node: str, rolling_back: bool, done: str
+) -> None:
+    """Before, a Registered (or arrived) claim whose node was held for the request and not
+    recorded was deleted here, on the cached node alone: a pod bound there meanwhile (one
+    tolerating every taint, or bound by name) went with it. Now every claim whose node exists
+    is withdrawn through the reclaim's safe path (``Served.reclaim``), never deleted here."""
+    made = [_claim_in(state)]
+    if rolling_back:
+        req = request(("Accepted", "True", "created 1 NodeClaims in NodePool 'gpu'"))
+        req["metadata"]["annotations"] = {PHASE_ANNOTATION: ROLLING_BACK}
+    else:
+        req = request(("Accepted", "True"), ("Failed", "True"))
+    result = served(req, made, nodes=_node(node))
+    assert (result.delete, result.reclaim) == {
+        "delete": (tuple(made), ()),
+        "reclaim": ((), tuple(made)),
+        "wait": ((), ()),
+    }[done]
+    gone = served(None, made, nodes=_node(node))  # the request gone: alike, as ended
+    if not rolling_back:
+        assert (gone.delete, gone.reclaim) == (result.delete, result.reclaim)
+
+
+def test_an_earlier_requests_claim_whose_node_exists_is_not_deleted() -> None:
+    """A claim of an earlier request of the same name, registered, its node held (the hold
+    is by name: the live request's gang tolerates it, its ledger may record the node) and not
+    recorded: left until the live request ends (its claims and these are then withdrawn
+    together, the safe way). Before, it was deleted here, its node's pods with it."""
+    earlier = _claim_in("registered")
+    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    again = request()
+    again["metadata"]["uid"] = "uid-2"
+    done = served(again, [earlier], nodes=_node("held"))
+    assert done.delete == () and done.reclaim == ()
+    assert len(done.create) == 2  # the new request asked for anew, as before
+    assert served(None, [earlier], nodes=_node("held")).reclaim == (earlier,)  # once it ends

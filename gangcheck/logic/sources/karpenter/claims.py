@@ -383,18 +383,6 @@ def created_message(claims: int, members: int, pool: str) -> str:
     return f"created {claims} NodeClaims{packed} in NodePool {pool!r}"
 
 
-def withdrawable(claims: Iterable[Obj], attempt: str, arrived_nodes: Sequence[str]) -> list[Obj]:
-    """The attempt's claims a withdrawal deletes itself: every one not yet deleted whose node
-    is not recorded as arrived (those go through the reclaim safety rules instead)."""
-    keep = set(arrived_nodes)
-    return [
-        c
-        for c in attempt_claims(claims, attempt)
-        if not (c.get("metadata") or {}).get("deletionTimestamp")
-        and str((c.get("status") or {}).get("nodeName") or "") not in keep
-    ]
-
-
 def release_protection_patch(obj: Obj) -> list[Obj]:
     """JSON patch removing ``karpenter.sh/do-not-disrupt: "true"`` from a Node or NodeClaim
     once the gang has started (empty when it is not there: someone else's value is kept), as

@@ -40,11 +40,14 @@ What this module decides for one request (``serve``):
   A kept request (its source stopped short after it said ``Provisioned``: every claim
   launched) keeps its claims still coming up until it ends: it is the record of what was
   kept for the attempt;
-- ended (failed, being deleted, gone): delete every claim of the attempt not yet arrived
+- ended (failed, being deleted, gone): withdraw every claim of the attempt not yet arrived
   (``Initialized``), and those that arrived but that the ledger did not record while their
-  node is still held for the request (nothing runs there); the nodes recorded as arrived
-  (some before their claim is ``Initialized``) or not seen yet are left to the reclaim rules
-  (reclaimer ``DeleteNodeClaim``), never deleted here;
+  node is still held for the request; the nodes recorded as arrived (some before their claim
+  is ``Initialized``) or not seen yet are left to the reclaim rules (reclaimer
+  ``DeleteNodeClaim``). Only a claim with no node (none named, none registering with its
+  providerID) is deleted here; one whose node exists is withdrawn through the reclaim's safe
+  path (``Served.reclaim``: fenced, its pods read live, deleted only if none but DaemonSet
+  pods are there), never on a cached view of its node (``_withdrawal``);
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
   request is gone; never when the NodePool's template sets it on every node itself (a claim
@@ -83,7 +86,6 @@ from gangcheck.logic.sources.karpenter.claims import (
     made_for_another,
     made_of,
     pool_made_in,
-    withdrawable,
 )
 from gangcheck.logic.sources.karpenter.packing import Member, PackedClaim, pack
 from gangcheck.logic.sources.karpenter.pools import (
@@ -95,7 +97,7 @@ from gangcheck.logic.sources.karpenter.pools import (
 )
 from gangcheck.logic.sources.waiting import is_open
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION
+from gangcheck.model.names import ATTEMPT_CONFIG_ANNOTATION, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj
 from gangcheck.model.provisioning_config import (
     KARPENTER_CLASS,
@@ -106,13 +108,18 @@ from gangcheck.model.provisioning_config import (
 
 @dataclass(frozen=True)
 class Served:
-    """What serving one request takes: claims to create and delete, the request's conditions
-    to set, and the objects whose ``do-not-disrupt`` comes off (``("node"|"claim", name)``)."""
+    """What serving one request takes: claims to create and delete (none with a node: it
+    names none, nor is one registering for it), claims withdrawn through the reclaim's safe
+    path (``reclaim``: their node recorded as arrived for the request with the reclaim's mark,
+    then reclaimed, its pods read live, the claim deleted only if none but DaemonSet pods are
+    there), the request's conditions to set, and the objects whose ``do-not-disrupt`` comes
+    off (``("node"|"claim", name)``)."""
 
     create: tuple[Obj, ...] = ()
     delete: tuple[Obj, ...] = ()
     conditions: tuple[Obj, ...] = ()
     release: tuple[tuple[str, str], ...] = ()
+    reclaim: tuple[Obj, ...] = ()
 
 
 def is_served_here(request: Obj) -> bool:
@@ -159,10 +166,13 @@ def serve(
     )
     if not earlier:
         return served
-    # An earlier request's of the same name: those not arrived are withdrawn (no node, nothing
-    # runs there); those arrived are left to the reclaim rules, as any arrived node is.
-    stale = tuple(c for c in withdrawable(earlier, key, ()) if not _arrived(c))
-    return replace(served, delete=(*stale, *served.delete))
+    # An earlier request's of the same name: those with no node are withdrawn as any
+    # attempt's are (``_withdrawal``). Those with a node are left: to the reclaim rules once
+    # recorded; else held under the name the live request has too (its gang tolerates the
+    # hold, its ledger may record the node), they wait for that request's end, when its
+    # claims and these are withdrawn together.
+    stale = _withdrawal([c for c in earlier if not _arrived(c)], key, nodes)
+    return replace(served, delete=(*stale.delete, *served.delete))
 
 
 def _of_request(
@@ -206,15 +216,13 @@ def _serve(
 ) -> Served:
     release = _releases(mine, key, nodes, pools, request_live=request is not None)
     if request is None or _has_ended(request):
-        keep = _left_to_reclaim(mine, key, nodes)
-        return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
+        return replace(_withdrawal(mine, key, nodes), release=release)
     if _rolled_back(request):
         # Its attempt takes no node any more, and its request may stay as the record long
         # after (a PodGroup's backoff): the claims still launching are withdrawn now, not once
         # the request ends. Those that arrived are the rollback's to reclaim (the ledger's safe
         # path), never deleted here; no condition is written (a claim withdrawn is no loss).
-        keep = _left_to_reclaim(mine, key, nodes, arrived=True)
-        return Served(delete=tuple(withdrawable(mine, key, keep)), release=release)
+        return replace(_withdrawal(mine, key, nodes, rolling_back=True), release=release)
     if not mine and not _true(request, "Accepted"):
         if not _second_passed(request, now) or not is_open(request):
             return Served()
@@ -409,28 +417,54 @@ def _second_passed(request: Obj, now: datetime) -> bool:
     return created is not None and now.replace(microsecond=0) > created.replace(microsecond=0)
 
 
-def _left_to_reclaim(
-    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, arrived: bool = False
-) -> list[str]:
-    """Nodes of claims which a withdrawal must not delete: recorded as arrived (the reclaim
-    rules give them back; the ledger may record a node before its claim is ``Initialized``),
-    no longer held for the request (pods may run there), or not seen yet; with ``arrived``
-    (an attempt rolling back: its rollback reclaims what arrived) every node of a claim that
-    arrived too. A node that the ledger did not record (it fits none of the members) and that
-    is still held for the request runs nothing of anyone's: withdrawn."""
-    keep = []
-    for claim in claims:
+def _withdrawal(
+    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, rolling_back: bool = False
+) -> Served:
+    """What withdrawing ``key``'s ``claims`` takes. A claim naming no node, whose node is not
+    registering either (none of ``nodes`` carries its providerID), is deleted here: nothing
+    can run where there is no node (the delete is conditional on the claim as read, so a
+    registration since fails it). A claim whose node exists is never deleted here: held for
+    the request and recorded by no one, it is withdrawn through the reclaim's safe path
+    (``Served.reclaim``: the node recorded for the request with the reclaim's mark, fenced,
+    the pods bound or nominated to it listed live, the claim deleted only if none but
+    DaemonSet pods are there, at the node judged), unless a reclaim is owed it already (a
+    mark: the draining-node reconciler's); recorded as arrived (the
+    ledger may record a node before its claim is ``Initialized``), it is the reclaim rules';
+    no longer held for the request (pods may run there) it is kept; with ``rolling_back``
+    (its rollback reclaims what arrived) a claim that arrived is the rollback's too. One
+    registering (its node not linked yet) or whose node is not seen yet waits."""
+    delete: list[Obj] = []
+    reclaim: list[Obj] = []
+    registering = {_provider_of_node(n) for n in nodes.values()} - {""}
+    for claim in attempt_claims(claims, key):
+        if (claim.get("metadata") or {}).get("deletionTimestamp"):
+            continue
         state = claim_state(claim)
-        if not state.node_name or state.phase not in (ClaimPhase.REGISTERED, ClaimPhase.ARRIVED):
-            continue  # no node yet (Karpenter names it at the claim's registration)
-        if arrived and state.phase is ClaimPhase.ARRIVED:
-            keep.append(state.node_name)
+        if not state.node_name:
+            if _provider_of_claim(claim) not in registering:
+                delete.append(claim)
             continue
         node = nodes.get(state.node_name)
-        recorded = node is not None and claim_of(node) == key
-        if node is None or recorded or not _held_for(node, key):
-            keep.append(state.node_name)
-    return keep
+        if node is None or claim_of(node) == key or not held_for(node, key):
+            continue
+        if rolling_back and state.phase is ClaimPhase.ARRIVED:
+            continue
+        if not _marked(node):
+            reclaim.append(claim)
+    return Served(delete=tuple(delete), reclaim=tuple(reclaim))
+
+
+def _provider_of_claim(claim: Obj) -> str:
+    return str((claim.get("status") or {}).get("providerID") or "") or "-"
+
+
+def _provider_of_node(node: Obj) -> str:
+    return str((node.get("spec") or {}).get("providerID") or "")
+
+
+def _marked(node: Obj) -> bool:
+    """The node carries a reclaim's mark: the draining-node reconciler owes it a reclaim."""
+    return RECLAIM_WHEN_IDLE in ((node.get("metadata") or {}).get("annotations") or {})
 
 
 def _rolled_back(request: Obj) -> bool:
@@ -574,7 +608,7 @@ def _releases(
     for claim in claims:
         state = claim_state(claim)
         node = nodes.get(state.node_name) if state.phase is ClaimPhase.ARRIVED else None
-        if node is None or (request_live and _held_for(node, key)) or _pools_own(claim, pools):
+        if node is None or (request_live and held_for(node, key)) or _pools_own(claim, pools):
             continue
         if _protected(node):
             out.append(("node", state.node_name))
@@ -618,7 +652,8 @@ def reads_pools(claims: Sequence[Obj]) -> bool:
     return any(_by_template(c) for c in claims)
 
 
-def _held_for(node: Obj, key: str) -> bool:
+def held_for(node: Obj, key: str) -> bool:
+    """The node carries the hold of ``key``'s request (its claims' taint)."""
     value = hold_value(key)
     taints = (node.get("spec") or {}).get("taints") or []
     return any(t.get("key") == HOLD_TAINT and t.get("value") == value for t in taints)
