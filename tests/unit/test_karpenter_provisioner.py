@@ -9,7 +9,7 @@ import pytest
 
 from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
 from gangcheck.logic.sources.karpenter import names
-from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies
+from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies, claim_name
 from gangcheck.logic.sources.karpenter.packing import PackedClaim
 from gangcheck.logic.sources.karpenter.provisioner import Served, is_asking, reads_pools, serve
 from gangcheck.model.names import (
@@ -790,3 +790,39 @@ def test_an_earlier_requests_claim_whose_node_exists_is_not_deleted() -> None:
     assert done.delete == () and done.reclaim == ()
     assert len(done.create) == 2  # the new request asked for anew, as before
     assert served(None, [earlier], nodes=_node("held")).reclaim == (earlier,)  # once it ends
+
+
+def test_a_creation_an_older_release_cut_short_is_completed_under_its_names() -> None:
+    """Claims made by a release before request uids (none names one, named from the attempt
+    alone), their creation cut short: the missing claim is made under the name that release
+    gives it (and, as its claims, naming no uid), so a create of that release still in flight
+    meets it (AlreadyExists, taken as made) instead of making a second claim for the slot.
+    Before, it was made under the request's uid-based name: both could exist. Claims are
+    counted by the attempt's label and annotation, whatever their names (``attempt_claims``):
+    only the missing index is made. A creation of this release is completed under uid-based
+    names, as before."""
+    fresh = request()
+    fresh["metadata"]["uid"] = "uid-1"
+    old = asked("Launched")[:1]  # the request named no uid for them: the older release's
+    old[0]["metadata"]["creationTimestamp"] = "2026-12-01T10:00:01Z"
+    done = serve(
+        fresh, KEY, templates=TEMPLATES, claims=old, pools={"gpu": pool()}, nodes={}, now=NOW
+    )
+    (made,) = done.create
+    assert made["metadata"]["name"] == claim_name("gpu", KEY, 1)
+    assert names.REQUEST_UID not in made["metadata"]["annotations"]
+    assert [(c["type"], c["reason"]) for c in done.conditions] == [
+        ("Accepted", "NodeClaimsCompleted")
+    ]
+    own = [
+        dict(c)
+        for c in serve(
+            fresh, KEY, templates=TEMPLATES, claims=[], pools={"gpu": pool()}, nodes={}, now=NOW
+        ).create
+    ][:1]
+    again = serve(
+        fresh, KEY, templates=TEMPLATES, claims=own, pools={"gpu": pool()}, nodes={}, now=NOW
+    )
+    (remade,) = again.create
+    assert remade["metadata"]["name"] == claim_name("gpu", KEY, 1, "uid-1")
+    assert remade["metadata"]["annotations"][names.REQUEST_UID] == "uid-1"

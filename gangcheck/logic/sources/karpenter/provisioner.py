@@ -275,8 +275,9 @@ def _found(
     refused as stale, between creating them and recording them. The claims say how many were
     made (``made_of``): all there, the creation is recorded and they are followed; some never
     made (``_cut_short``), the missing ones are made as the others were (the same pool, the
-    same packing, the names the attempt gives them: a create whose answer was lost is
-    AlreadyExists) and the creation recorded; one being deleted is a claim lost, as after
+    same packing, the names the attempt gives them, or an older release's claims the names
+    it gives them: a create whose answer was lost, or still in flight, is AlreadyExists) and
+    the creation recorded; one being deleted is a claim lost, as after
     ``Accepted``. When the missing ones cannot be made as the others were (the pool gone or
     full, the gang's pods changed), the request fails saying so, which withdraws the ones
     made. A claim refused for what it is fails the request quoting the refusal (the
@@ -355,6 +356,11 @@ def _remake(
             f"NodePool {name!r} packs them, changed)"
         )
     uid = str((request.get("metadata") or {}).get("uid") or "")
+    if any(not _uid_of(c) for c in mine):
+        # Made by a release before request uids (named from the attempt alone): the missing
+        # ones are made as it makes them, under the names it gives them, so a create of it
+        # still in flight meets them (AlreadyExists) and never makes a second claim for one.
+        uid = ""
     ask = ClaimAsk.packing(key, packed.claims, labels, uid)
     wanted = set(missing)
     bodies = [b for b in claim_bodies(pool, ask) if _index_of(b) in wanted]
