@@ -14,7 +14,9 @@ backend reports, the gang's demand, the capacity that exists, the config) and th
 Also here: withdrawing an attempt (``clean_up``, ``superseded``), lifting the hold, the
 attempt's record for a new ask, the capacity source it was made with and whether the config
 changed it since (``asked_source``, ``source_drift``), and how long to wait before looking
-again.
+again. And the one rule for the config an attempt in flight follows, for every gang source:
+its deadlines the config now (``following``, an ``Attempt``'s ``config``), what it asked the
+config it was made under (``made_under``, an ``Attempt``'s ``made``).
 Pure: no I/O.
 """
 
