@@ -47,6 +47,8 @@ from gangcheck.reconcile.events import EventRecorder
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 log = logging.getLogger(__name__)
+HOLD_ATTEMPTS = 3
+"""Writes of a node's lifted hold, each after reading it again on a conflict."""
 
 
 IDENTITY_ANNOTATIONS = (
@@ -233,7 +235,10 @@ class Applier:
     async def _release_hold(self, namespace: str, action: Action) -> None:
         """Lift the hold from each node, keeping every other taint: written at the node's
         resourceVersion, read again on a conflict; a node gone or not held is done. Its
-        preconditions (`gone`, `unconsumed`) are confirmed on the API server first."""
+        preconditions (`gone`, `unconsumed`) are confirmed on the API server first. A node
+        that changed at every try keeps its hold for now: once the others are lifted a
+        ConflictError naming it is raised, and the queue retries the decision (backed off),
+        never leaving it closed to every other gang unsaid."""
         assert isinstance(action, ReleaseHold)
         if action.gone:
             requests = self._caches.requests
@@ -243,9 +248,10 @@ class Applier:
                 raise StaleDecisionError(f"request {action.gone} is there: its hold stays")
         if action.unconsumed:
             await self._confirm_unconsumed(namespace, action.unconsumed)
+        changing = []
         for name in action.nodes:
             node = self._caches.nodes.store.get(name)
-            for _ in range(3):
+            for _ in range(HOLD_ATTEMPTS):
                 if node is None or not is_held(node):
                     break
                 try:
@@ -258,6 +264,16 @@ class Applier:
                 self._caches.nodes.store.put_if_newer(node)
                 log.info("hold lifted from node %s", name)
                 break
+            else:  # every try conflicted: unless the last read found it gone or not held
+                if node is not None and is_held(node):
+                    changing.append(name)
+        if changing:
+            raise ConflictError(
+                409,
+                "Conflict",
+                f"nodes {', '.join(changing)} kept changing: their hold is not lifted yet",
+                target=f"nodes/{changing[0]}",
+            )
 
     async def _confirm_unconsumed(self, namespace: str, request: str) -> None:
         """No pod of the namespace that still counts consumes `request` and that the pod

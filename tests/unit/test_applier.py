@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from gangcheck.app import SOURCES
-from gangcheck.kube.errors import ApiError, NotFoundError, ReplacedError, TransientError
+from gangcheck.kube.errors import (
+    ApiError,
+    ConflictError,
+    NotFoundError,
+    ReplacedError,
+    TransientError,
+)
 from gangcheck.kube.resources import NODE, POD, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
@@ -307,6 +313,23 @@ async def test_release_hold_on_a_conflict_reads_the_node_again_and_lifts_it() ->
     assert stored is not None
     assert not any(t["key"] == HOLD_TAINT for t in stored["spec"].get("taints") or [])
     assert [c.verb for c in kube.calls] == ["patch", "get", "patch"]
+
+
+async def test_release_hold_of_a_node_that_keeps_changing_raises_after_the_others() -> None:
+    """A hold that could not be lifted (the node changed at every try) is not given up
+    silently, leaving the node closed to every other gang until some later decision: the
+    other nodes' holds are lifted, then a ConflictError naming it is raised (the queue
+    retries the decision, backed off)."""
+    kube, applier = setup(
+        node("n1", taints=[hold_taint(REQUEST_KEY)]), node("n2", taints=[hold_taint(REQUEST_KEY)])
+    )
+    kube.fail("patch", "Node", "n1", 409, times=3)
+    with pytest.raises(ConflictError, match="n1"):
+        await applier.apply(NS, ReleaseHold(("n1", "n2")))
+    n1, n2 = kube.stored(NODE, "n1"), kube.stored(NODE, "n2")
+    assert n1 is not None and n2 is not None
+    assert any(t["key"] == HOLD_TAINT for t in n1["spec"].get("taints") or [])
+    assert not any(t["key"] == HOLD_TAINT for t in n2["spec"].get("taints") or [])
 
 
 def release(*pods: str, node_selector: dict[str, str] | None = None) -> ReleaseMembers:
