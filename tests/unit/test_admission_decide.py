@@ -1406,6 +1406,39 @@ def test_the_fit_checks_the_pod_sets_of_the_config_the_attempt_was_made_under() 
     assert not [a for a in decision.actions if isinstance(a, AnnotateRequest)]
 
 
+def test_a_template_lost_is_made_again_for_the_pod_sets_the_attempt_was_made_under() -> None:
+    """managedResources narrowed since the attempt was made (now the GPU only, where the
+    request asked for the driver too, under the config recorded on it), and the driver's
+    PodTemplate deleted by hand while the request waits: it is made again, with the
+    workers' kept. Before, the templates were made again from the pod sets the config names
+    now, which have no driver: its template stayed missing under the request."""
+    workload = (
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu="16"))
+        .pod_set("workers", 4, pod_template(gpu=1))
+        .reserve_quota()
+        .check()
+    )
+    driver, workers = (naming.template_name(REQ1, ps) for ps in ("driver", "workers"))
+    decision = run(
+        Case(
+            "template made again under its own config",
+            workload,
+            config={"managedResources": ["nvidia.com/gpu"]},
+            requests=[
+                req(
+                    conditions={"Accepted": ""},
+                    annotations=MADE_UNDER,
+                    templates=[(driver, 1), (workers, 4)],
+                )
+            ],
+            templates=frozenset({workers}),
+        )
+    )
+    made = [a.body for a in decision.actions if isinstance(a, CreateTemplate)]
+    assert [b["metadata"]["name"] for b in made] == [driver]
+
+
 def test_a_gang_made_in_fit_mode_has_its_holds_lifted_once_started_under_trust_now() -> None:
     """fulfillment.mode switched to TrustProvisioned after a NodesFit attempt turned Ready
     on nodes it claimed and held: once every member is scheduled the attempt is marked

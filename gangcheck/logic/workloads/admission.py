@@ -854,15 +854,16 @@ def _ask(
     record: Mapping[str, str] | None = None,
     place: places.Place | None = None,
     labels: Mapping[str, str] | None = None,
+    made: AtomicProvisioningSpec | None = None,
 ) -> Ask:
     """The attempt's ask at `place`: a pod set per merged pod set (pinned to its capacity
     source's node labels, or `labels`, and its topology domain), the Workload owning its
-    objects."""
+    objects; `made`: the config an ask in flight was made under (`gang_templates`)."""
     assert snap.config is not None
     wl = snap.workload
     place = place or places.Place()
     source = place.source
-    gang = gang_templates(snap, place=place, labels=labels)
+    gang = gang_templates(snap, place=place, labels=labels, made=made)
     pinned = {ps: tpl for ps, _, tpl in gang.pod_sets}
     return Ask(
         attempt=name,
@@ -908,10 +909,14 @@ def _in_flight(
 
 
 def _asked_again(snap: Snapshot, req: ProvisioningRequest) -> Ask:
-    """The ask of `req` as it was made: at its place, pinned to the source it asked."""
+    """The ask of `req` as it was made: at its place, pinned to the source it asked, with
+    the pod sets of the config it was made under (`lifecycle.made_under`: a template lost
+    is made again for a pod set the config no longer manages)."""
     assert snap.config is not None
     labels = lifecycle.asked_source(req, snap.config).node_selector
-    return _ask(snap, req.name, _merged(snap), place=places.of_request(req), labels=labels)
+    made = lifecycle.made_under(req, snap.config) or snap.config
+    merged = _merged_under(snap.workload, made)
+    return _ask(snap, req.name, merged, place=places.of_request(req), labels=labels, made=made)
 
 
 # ---- rollback --------------------------------------------------------------------------
