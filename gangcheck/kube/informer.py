@@ -256,7 +256,9 @@ class Store:
         (a list served before our own write or delete was answered), is kept: our write of
         an object listed older, or not listed while the list is older than it (made after
         it); our delete of an object listed (the same uid, or without one, a version not
-        newer than the deletion), or not listed while the list is older than the deletion.
+        newer than the deletion), with the object made again under its name after the list
+        (another uid, newer than it) if we have it, or not listed while the list is older
+        than the deletion.
         The watch from the list's version on brings what came between, and `_from_watch`
         and `_deleted_by_watch` keep it out as after any write of ours. Without a version
         (a resource not served: emptied), nothing is kept."""
@@ -273,6 +275,10 @@ class Store:
                 if _rv(tomb.watched) != _rv(obj):
                     heard.append((tomb.watched, obj))
                 tomb.watched = obj
+                stored = self._objects.get(key)
+                if stored is not None and 0 <= at < _rv_number(stored):  # made again after
+                    kept[key] = stored
+                    behind[key] = self._behind.get(key, stored)
                 continue
             stored = self._objects.get(key)
             if stored is not None and 0 <= _rv_number(obj) < _rv_number(stored):

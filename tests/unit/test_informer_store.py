@@ -308,6 +308,26 @@ async def test_a_relist_at_or_past_our_delete_clears_the_tombstone(
     assert stored(inf) == ("20", "u1", "")
 
 
+async def test_a_relist_older_than_our_delete_and_our_create_keeps_what_we_made() -> None:
+    """We deleted the object (at 12) and made another of its name (another uid, at 13); the
+    list, at 11, still has the deleted one: it stays deleted, and the one we made is kept
+    (not told removed) until the watch from 11 brings the DELETED and the ADDED."""
+    inf, heard, by_gang = informer()
+    watch(inf, "ADDED", req(10))
+    delete(inf, req(12))
+    inf.store.put_if_newer(req(13, uid="u2", mark="ours"))
+    told = len(heard)
+    await relist(inf, 11, [req(11, mark="listed")])
+    assert stored(inf) == ("13", "u2", "ours") and len(by_gang.of("g")) == 1
+    assert all(new is not None for _, new in heard[told:])
+    watch(inf, "MODIFIED", req(11, mark="late"))
+    watch(inf, "DELETED", req(12))
+    assert stored(inf) == ("13", "u2", "ours")
+    watch(inf, "ADDED", req(13, uid="u2", mark="ours"))
+    watch(inf, "MODIFIED", req(14, uid="u2", mark="theirs"))
+    assert stored(inf) == ("14", "u2", "theirs")
+
+
 async def test_a_relist_older_than_our_write_keeps_our_write() -> None:
     """Our patch answered at 12; the list, at 11, has the object as it was before it: the
     store keeps our write, the handlers hear the list's version (another writer's change at
