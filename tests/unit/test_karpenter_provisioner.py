@@ -715,7 +715,8 @@ def _claim_in(state: str) -> Obj:
 
 def _node(kind: str) -> dict[str, Obj]:
     """The claim's node as the cache has it: ``held`` (registered with the claim's hold, no
-    record), ``recorded`` (the ledger's), ``open`` (its hold lifted), ``marked`` (held, a
+    record), ``recorded`` (the ledger's), ``another's`` (held so, recorded for another
+    request), ``open`` (its hold lifted), ``marked`` (held, a
     reclaim's mark on it: the draining-node reconciler owes it), ``unlinked`` (registering:
     its providerID, the claim naming no node yet), or none."""
     if kind == "none":
@@ -726,6 +727,8 @@ def _node(kind: str) -> dict[str, Obj]:
         node["spec"]["taints"] = []
     if kind == "marked":
         node["metadata"]["annotations"]["gangcheck.io/reclaim-when-idle"] = "{}"
+    if kind == "another's":
+        node["metadata"]["annotations"][ARRIVED_FOR] = "team-a/other-check-1"
     return {"n0": node}
 
 
@@ -745,6 +748,10 @@ def _node(kind: str) -> dict[str, Obj]:
         ("registered", "marked", True, "wait"),
         # recorded: the reclaim rules'; hold lifted: pods may run there; not seen: waits
         ("registered", "recorded", True, "wait"),
+        # recorded for another request, though it carries this one's hold: that request's
+        # (its ledger, its rollback), never recorded over
+        ("registered", "another's", False, "wait"),
+        ("arrived", "another's", False, "wait"),
         ("registered", "open", False, "wait"),
         ("registered", "none", False, "wait"),
         # arrived: an ended request's unrecorded held node goes the safe way; a rollback's

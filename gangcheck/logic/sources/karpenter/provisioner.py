@@ -435,7 +435,8 @@ def _withdrawal(
     the pods bound or nominated to it listed live, the claim deleted only if none but
     DaemonSet pods are there, at the node judged), unless a reclaim is owed it already (a
     mark: the draining-node reconciler's); recorded as arrived (the
-    ledger may record a node before its claim is ``Initialized``), it is the reclaim rules';
+    ledger may record a node before its claim is ``Initialized``), for this request or any
+    other, it is the reclaim rules' (never recorded over);
     no longer held for the request (pods may run there) it is kept; with ``rolling_back``
     (its rollback reclaims what arrived) a claim that arrived is the rollback's too. One
     registering (its node not linked yet) or whose node is not seen yet waits."""
@@ -451,8 +452,8 @@ def _withdrawal(
                 delete.append(claim)
             continue
         node = nodes.get(state.node_name)
-        if node is None or claim_of(node) == key or not held_for(node, key):
-            continue
+        if node is None or claim_of(node) or not held_for(node, key):
+            continue  # not seen yet; recorded (for it or another: that one's); not held
         if rolling_back and state.phase is ClaimPhase.ARRIVED:
             continue
         if not _marked(node):
