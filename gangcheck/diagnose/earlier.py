@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import rollback
 from gangcheck.logic.attempt.records import kept_restated
-from gangcheck.logic.workloads.diagnosis import Ended, _attempt_named, _event_time
+from gangcheck.logic.workloads.diagnosis import Ended, attempt_named, event_time
 from gangcheck.model.objects import Obj
 from gangcheck.model.podgroups import PodGroup
 
@@ -43,11 +43,11 @@ def group_attempts(
         if event.get("reason") != ROLLED_BACK:
             continue
         said = str(event.get("message") or "")
-        ended = _attempt_named(said, group.ref.name, group.short)
+        ended = attempt_named(said, group.ref.name, group.short)
         if ended is None or ended >= attempt:
             continue
         now_said = kept_restated(said, exists)
         if now_said and now_said in message:
             continue
-        found.append(Ended(ROLLED_BACK, now_said, _event_time(event), ended))
+        found.append(Ended(ROLLED_BACK, now_said, event_time(event), ended))
     return tuple(sorted(found, key=lambda t: (t.attempt or 0, t.at or _EPOCH)))

@@ -20,13 +20,15 @@ from gangcheck.logic.podgroups.group_diagnosis import (
     group_verdict,
     in_flight,
     members_by_group,
+    start_watch_of,
 )
 from gangcheck.logic.podgroups.podgroup import gang_from_pods
 from gangcheck.logic.workloads.diagnosis import Ended, Target, parse_target
 from gangcheck.model.names import CONSUME_ANNOTATION as CONSUME
 from gangcheck.model.names import GATE, GATED_AT
-from gangcheck.model.objects import pod_of
+from gangcheck.model.objects import pod_of, request_of
 from gangcheck.model.podgroups import PLUGINS, UPSTREAM, pod_group_of
+from gangcheck.model.provisioning_config import parse_spec, spec_record
 from tests.builders import container, node, provisioning_request
 
 NOW = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
@@ -1427,3 +1429,23 @@ def test_without_the_events_a_group_says_no_earlier_attempt() -> None:
     """Events expire (about an hour): none left, none said, not guessed from the attempt."""
     notes = {"state": "Provisioning", "request": "g-pg-3", "attempt": "3"}
     assert report_of(Case("x", group(2, **notes), members(2), "", "")).earlier == ()
+
+
+@pytest.mark.parametrize(
+    ("made", "now", "said"),
+    [(900, 250, 250), (250, 900, 900), (900, None, 900)],
+    ids=["shortened-since", "lengthened-since", "config-gone"],
+)
+def test_the_start_deadline_said_is_the_one_the_controller_judges_by(
+    made: int, now: int | None, said: int
+) -> None:
+    """diagnose says the start deadline of the config the gang follows now (deadlines follow
+    an edit mid-flight: lifecycle.following), the one it was made under once its config is
+    gone, as the PodGroup's start watchdog judges it."""
+    obj = req()
+    obj["metadata"]["annotations"]["gangcheck.io/attempt-config"] = spec_record(
+        parse_spec({"fulfillment": {"startDeadlineSeconds": made}})
+    )
+    config = parse_spec({"fulfillment": {"startDeadlineSeconds": now}}) if now else None
+    watch = start_watch_of(request_of(obj), [], config, released_at=None)
+    assert watch.start_deadline_seconds == said

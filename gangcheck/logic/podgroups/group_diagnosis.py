@@ -241,15 +241,16 @@ def start_watch_of(
     rolled_back: str = "",
 ) -> StartWatch:
     """The start watchdog of the members released onto `req` (those of `live` consuming it),
-    under the config it was made under (`lifecycle.made_under`, else `config`)."""
+    its deadline the one the controller judges it by (`lifecycle.following`: the gang's
+    config now, else the one it was made under)."""
     mine = [p for p in live if p.consumes == req.name]
-    made = lifecycle.made_under(req, config) or AtomicProvisioningSpec()
+    follows = lifecycle.following(req, config)
     return StartWatch(
         phase=req.annotations.get(PHASE_ANNOTATION, ""),
         members=tuple(p.name for p in mine),
         bound=tuple(p.name for p in mine if p.node_name),
         released_at=released_at,
-        start_deadline_seconds=made.fulfillment.start_deadline_seconds,
+        start_deadline_seconds=follows.fulfillment.start_deadline_seconds,
         rolled_back=rolled_back,
     )
 

@@ -307,22 +307,22 @@ def turns_of(
     """The check's turns to Retry or Rejected among the Workload's Events (gangcheck's
     CHECK_UPDATED, `admission.check_ended`), oldest first, each message as it reads now (a
     node a rollback kept, gone since, said gone: `kept_restated`) with the attempt it ended
-    (`_attempt_named`); none when none is left (Events expire)."""
+    (`attempt_named`); none when none is left (Events expire)."""
     found = []
     for event in events:
         if event.get("reason") != CHECK_UPDATED:
             continue
         turn = check_ended(str(event.get("message") or ""), check)
         if turn is not None:
-            found.append((_event_time(event), turn))
+            found.append((event_time(event), turn))
     found.sort(key=lambda f: f[0] or _EPOCH)
     return tuple(
-        Ended(state, kept_restated(message, exists), at, _attempt_named(message, workload, check))
+        Ended(state, kept_restated(message, exists), at, attempt_named(message, workload, check))
         for at, (state, message) in found
     )
 
 
-def _attempt_named(message: str, workload: str, check: str) -> int | None:
+def attempt_named(message: str, workload: str, check: str) -> int | None:
     """The attempt of the first request of the workload and check the message names (a
     rollback's "rolled back <request> (...)"); None when it names none."""
     for word in re.findall(r"[A-Za-z0-9][A-Za-z0-9.-]*", message):
@@ -355,7 +355,7 @@ def turn_line(turn: Ended) -> str:
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
-def _event_time(event: Obj) -> datetime | None:
+def event_time(event: Obj) -> datetime | None:
     """When the Event last happened (a repeat counted on it moves lastTimestamp)."""
     meta = event.get("metadata") or {}
     for raw in (
