@@ -34,7 +34,6 @@ from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
     GROUP_ANNOTATION,
-    RECLAIM_WHEN_IDLE,
     WORKLOAD_ANNOTATION,
 )
 from gangcheck.model.objects import Obj, is_finished, labels_of, ref_of
@@ -51,7 +50,7 @@ from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.devices import DeviceProblemReconciler
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
-from gangcheck.reconcile.nodes import DrainingNodeReconciler
+from gangcheck.reconcile.nodes import DrainingNodeReconciler, watched
 from gangcheck.reconcile.podgroup import API_GROUP_OF, PodGroupOptions, PodGroupReconciler
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
 from gangcheck.reconcile.workload import WorkloadReconciler
@@ -630,8 +629,9 @@ class Controller:
         self._on_capacity_change(old, new)
 
     def _add_node_keys(self, node: Obj) -> None:
-        """The node's own keys: an idle reclaim to finish, an arrival to open."""
-        if RECLAIM_WHEN_IDLE in (node["metadata"].get("annotations") or {}):
+        """The node's own keys: an idle reclaim to finish (or a node left for scale-down to
+        watch), an arrival to open."""
+        if watched(node):
             self.queue.add(NODE_KEY + node["metadata"]["name"])
         if is_arriving(node):
             self.queue.add(ARRIVAL_KEY + node["metadata"]["name"])

@@ -104,6 +104,7 @@ class AttemptMetrics(Protocol):
     def rollback(self, reason: str) -> None: ...
     def reclaimed(self, nodes: int, node_seconds: int) -> None: ...
     def reclaim_failed(self, error: str) -> None: ...
+    def reclaimed_not_removed(self) -> None: ...
     def capacity_used(self, used: Mapping[str, int]) -> None: ...
     def quota_to_ready(self, seconds: float) -> None: ...
     def provisioned_to_fit(self, seconds: float) -> None: ...
@@ -123,6 +124,9 @@ class NoMetrics:
         pass
 
     def reclaim_failed(self, error: str) -> None:
+        pass
+
+    def reclaimed_not_removed(self) -> None:
         pass
 
     def capacity_used(self, used: Mapping[str, int]) -> None:
@@ -148,6 +152,10 @@ METRICS: dict[str, str] = {
     "gangcheck_nodes_reclaimed": "Nodes reclaimed after rollbacks",
     "gangcheck_reclaim_failures": (
         "Reclaims that failed with an error and will be retried, by error"
+    ),
+    "gangcheck_reclaimed_nodes_not_removed": (
+        "Times a node CordonAndTaint reclaimed was said still there (not removed by "
+        "cluster-autoscaler) past its bound: Event ReclaimedNodeNotRemoved on the Node"
     ),
     "gangcheck_stranded_node_seconds": (
         "Node time held by attempts that were rolled back, reclaimed (what partial deliveries cost)"
@@ -207,6 +215,7 @@ FROM_ZERO: dict[str, tuple[dict[str, str], ...]] = {
     "gangcheck_rollbacks": tuple({"reason": c.value} for c in RollbackCause),
     "gangcheck_nodes_reclaimed": ({},),
     "gangcheck_stranded_node_seconds": ({},),
+    "gangcheck_reclaimed_nodes_not_removed": ({},),
     "gangcheck_gang_members": tuple({"capacity": c} for c in CAPACITY),
     "gangcheck_webhook_gated_pods": ({"api_group": UPSTREAM}, {"api_group": PLUGINS}),
     "gangcheck_webhook_errors": tuple({"reason": r} for r in WEBHOOK_ERRORS),
@@ -254,6 +263,7 @@ class Metrics:
         self._rollbacks = counter("gangcheck_rollbacks")
         self._reclaimed = counter("gangcheck_nodes_reclaimed")
         self._reclaim_failures = counter("gangcheck_reclaim_failures")
+        self._not_removed = counter("gangcheck_reclaimed_nodes_not_removed")
         self._stranded = counter("gangcheck_stranded_node_seconds")
         self._api_errors = counter("gangcheck_api_errors")
         self._api_requests = counter("gangcheck_api_requests")
@@ -376,6 +386,9 @@ class Metrics:
 
     def reclaim_failed(self, error: str) -> None:
         self._reclaim_failures.add(1, {"error": error})
+
+    def reclaimed_not_removed(self) -> None:
+        self._not_removed.add(1)
 
     def capacity_used(self, used: Mapping[str, int]) -> None:
         for capacity, members in used.items():

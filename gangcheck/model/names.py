@@ -104,6 +104,11 @@ RECLAIM_WHEN_IDLE = "gangcheck.io/reclaim-when-idle"
 """On a Node: gangcheck owes it a reclaim decision (it is fenced, draining, or a failed reclaim
 is being retried). Written with the fence, in the same patch, so a fence is always recorded;
 cleared when the reclaim is done or the node is kept."""
+RECLAIMED_AT = "gangcheck.io/reclaimed-at"
+"""On a Node CordonAndTaint reclaimed (left cordoned and tainted for cluster-autoscaler's
+scale-down, its fence label and RECLAIM_WHEN_IDLE taken off in the same write): when
+(RFC 3339). Taken off when the node no longer carries gangcheck's taint (a person returned it
+to service)."""
 SCALE_DOWN_GUARD = "gangcheck.io/scale-down-disabled-for"
 """On a Node: gangcheck set cluster-autoscaler's ``scale-down-disabled`` on it, in the same
 write, for this request (``namespace/name``) whose arrivals are kept for a top-up

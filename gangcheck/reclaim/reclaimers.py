@@ -106,6 +106,11 @@ async def still_as_judged(kube: Kube, node: Obj) -> None:
 
 class Reclaimer(Protocol):
     name: str
+    leaves_node: bool
+    """The node stays once it has acted, for another to remove in time (cluster-autoscaler's
+    scale-down): `safely` then completes the reclaim on the node as judged (its fence label
+    and mark off, RECLAIMED_AT on: logic/attempt/reclaim.left_ops), where for the others it
+    only forgets the mark."""
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         """Give the fenced node back; return what was done, in a few words. A delete that
@@ -121,6 +126,7 @@ class DeleteNode:
     """Delete the Node object (kwok and simulated nodes; Karpenter also drains on Node delete)."""
 
     name = "DeleteNode"
+    leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         rv = node["metadata"]["resourceVersion"]
@@ -130,10 +136,12 @@ class DeleteNode:
 
 
 class CordonAndTaint:
-    """Leave the node fenced and let cluster-autoscaler's scale-down remove it; an
-    administrator's `scale-down-disabled: "true"` keeps it (and is never overwritten)."""
+    """Leave the node cordoned and tainted and let cluster-autoscaler's scale-down remove it
+    (its fence label taken off once it has acted: `leaves_node`); an administrator's
+    `scale-down-disabled: "true"` keeps it (and is never overwritten)."""
 
     name = "CordonAndTaint"
+    leaves_node = True
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         if _annotations(node).get(SCALE_DOWN_DISABLED) == "true":
@@ -145,6 +153,7 @@ class DeleteNodeClaim:
     """Delete the Karpenter NodeClaim (karpenter.sh/v1) whose status.nodeName is the node."""
 
     name = "DeleteNodeClaim"
+    leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         claim = await self._claim_of(kube, node)
@@ -179,6 +188,7 @@ class DeleteMachine:
     """Cluster API: mark the Machine for deletion and scale its owner down by one, once."""
 
     name = "DeleteMachine"
+    leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
         machine = await _machine_of(kube, node)

@@ -21,7 +21,11 @@ gangcheck set on the node for this request while it was kept for a top-up
 (logic/attempt/scaledown.py) is taken off: a node reclaimed, or kept and so given back to the
 pool, does not keep it. Results:
 - ``reclaimed`` / ``gone``: done (a node already gone is done, not kept; so is the reclaim
-  a mark owed, once the mark is gone: another reclaim of the node completed or undid it);
+  a mark owed, once the mark is gone: another reclaim of the node completed or undid it). A
+  reclaimer that deletes forgets the mark after (the fence stays until the node goes); one
+  that leaves the node (CordonAndTaint) completes in one write on the node as judged: the
+  fence label and mark off, ``gangcheck.io/reclaimed-at`` on, cordon and taint kept for
+  cluster-autoscaler (``_leave``; docs/reclaimers.md says why the label may go);
 - ``keep``: a safety rule keeps the node, final, with the reason; the fence and mark go. A
   fence the API server refuses for what it is (a policy, a webhook:
   kube.errors.refused_as_written; not the authorizer's 403, a right of gangcheck's missing,
@@ -49,6 +53,7 @@ from gangcheck.kube.errors import (
     ConflictError,
     InvalidError,
     NotFoundError,
+    refused,
     refused_as_written,
 )
 from gangcheck.kube.resources import NODE, POD
@@ -58,6 +63,7 @@ from gangcheck.logic.attempt.reclaim import (
     held_seconds,
     is_fenced,
     judge,
+    left_ops,
     pods_that_keep,
     unfence_ops,
 )
@@ -259,8 +265,11 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Tol
     """Run the reclaimer and classify what happened; the node as it is now when it changed
     since it was judged (still fenced: judge it again)."""
     uid, failed = _uid(fenced), f"{target.reclaimer} failed"
+    reclaimer = RECLAIMERS[target.reclaimer]
     try:
-        done = await RECLAIMERS[target.reclaimer].reclaim(kube, fenced, told)
+        done = await reclaimer.reclaim(kube, fenced, told)
+        if reclaimer.leaves_node:
+            await _leave(kube, fenced, now)
     except ConflictError:
         current = await _get(kube, target.node)
         if current is None:
@@ -279,7 +288,8 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Tol
         return Result(
             "failed", f"{failed}: {e.status} {e.reason}", node_uid=uid, cause=failure_cause(e)
         )
-    await _forget(kube, target.node)
+    if not reclaimer.leaves_node:
+        await _forget(kube, target.node)
     log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
     late = await _bound_too_late(kube, target)
     return Result("reclaimed", done, held_seconds(fenced, now), uid, late)
@@ -418,7 +428,25 @@ async def _mark(kube: Kube, node: Obj, target: Target) -> None:
         await kube.merge_patch(NODE, node["metadata"]["name"], patch)
 
 
+async def _leave(kube: Kube, fenced: Obj, now: datetime) -> Obj:
+    """Complete a reclaim whose node stays (CordonAndTaint): on the node as judged, its fence
+    label and mark off, when it was left on (`left_ops`), in one write. The cordon and taint
+    stay for the scale-down; the label is needed no longer: gangcheck acts on nothing more,
+    and what cluster-autoscaler drains is by its own rules. A node changed since it was
+    judged (a failed test) raises ConflictError: read and judged again (`_act`)."""
+    name = fenced["metadata"]["name"]
+    try:
+        return await kube.json_patch(NODE, name, left_ops(fenced, now))
+    except InvalidError as e:
+        if refused(e):
+            raise
+        raise ConflictError(
+            409, "Conflict", f"node {name} changed since it was judged", target=f"nodes/{name}"
+        ) from e
+
+
 async def _forget(kube: Kube, node: str) -> None:
-    """Drop the mark from a node left behind once reclaimed (its fence stays: completed)."""
+    """Drop the mark once the reclaimer deleted the node or what backs it (its fence stays
+    until the node goes: completed)."""
     with contextlib.suppress(NotFoundError):
         await kube.merge_patch(NODE, node, {"metadata": {"annotations": {RECLAIM_WHEN_IDLE: None}}})

@@ -2,28 +2,50 @@
 the gang's own pods are gone, fenced by a reclaim that was interrupted (a restart), or whose
 reclaim failed. Each is reclaimed, kept (its fence undone), or retried with backoff, with an
 Event on the Node and a metric for every failure, until it succeeds or a person opts it out.
+
+And nodes CordonAndTaint reclaimed (`reclaimed-at`), left for cluster-autoscaler's
+scale-down: one still there `LEFT_FOR_SCALE_DOWN_SECONDS` after is said (a Warning Event
+`ReclaimedNodeNotRemoved` on the Node naming the likely causes and what to do, a log line, a
+metric), again every `NOT_REMOVED_REPEAT_SECONDS` while it stays; nothing of it is changed. One
+a person returned to service (gangcheck's taint gone) loses the record.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import NotFoundError
+from gangcheck.kube.errors import InvalidError, NotFoundError
 from gangcheck.kube.resources import NODE
-from gangcheck.model.names import RECLAIM_WHEN_IDLE
-from gangcheck.reclaim.arrivals import tell
+from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.reclaim import not_removed_message, scale_down_watch
+from gangcheck.model.names import RECLAIM_WHEN_IDLE, RECLAIMED_AT
+from gangcheck.model.objects import tested_removal
+from gangcheck.reclaim.arrivals import node_ref, tell
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
+log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
+NOT_REMOVED = "ReclaimedNodeNotRemoved"
+NOT_REMOVED_REPEAT_SECONDS = 1800.0
+"""A node left for scale-down and still there is said again this often (an Event expires in an
+hour); not more often, however often the node changes."""
 RETRY_BASE_SECONDS = 2.0
 RETRY_MAX_SECONDS = 300.0
+
+
+def watched(node: dict[str, Any]) -> bool:
+    """Whether the node is this reconciler's: a reclaim owed (`reclaim-when-idle`), or left
+    for scale-down by CordonAndTaint (`reclaimed-at`)."""
+    annotations = node["metadata"].get("annotations") or {}
+    return RECLAIM_WHEN_IDLE in annotations or RECLAIMED_AT in annotations
 
 
 class DrainingNodeReconciler:
@@ -40,11 +62,14 @@ class DrainingNodeReconciler:
         self._clock = clock
         self._events = EventRecorder(kube, clock=clock)
         self._failures: dict[str, int] = {}
+        self._said: dict[str, datetime] = {}
+        """When each node left for scale-down and still there was last said."""
         self.metrics = metrics
 
     async def reconcile(self, name: str) -> Result:
-        if self._target(self._caches.nodes.store.get(name), name) is None:
-            return Result()
+        cached = self._caches.nodes.store.get(name)
+        if self._target(cached, name) is None:
+            return await self._left(cached, name)
         try:  # the cache may lag a mark already cleared: act on the live node's mark only
             target = self._target(await self._kube.get(NODE, name), name)
         except NotFoundError:
@@ -66,6 +91,50 @@ class DrainingNodeReconciler:
         if result.verdict == "reclaimed":
             self.metrics.reclaimed(1, result.held_seconds)
         return Result()
+
+    async def _left(self, cached: dict[str, Any] | None, name: str) -> Result:
+        """A node CordonAndTaint left for scale-down: come back when it is due, say it (read
+        live) once overdue, take its record off once a person returned it to service."""
+        now = self._clock()
+        watch = scale_down_watch(cached, now) if cached is not None else None
+        if watch is None or watch.fate == "none":
+            self._said.pop(name, None)
+            return Result()
+        if watch.fate == "wait":
+            return Result(requeue_after=watch.seconds)
+        try:
+            node = await self._kube.get(NODE, name)
+        except NotFoundError:
+            self._said.pop(name, None)
+            return Result()
+        watch = scale_down_watch(node, now)
+        if watch.fate == "wait":
+            return Result(requeue_after=watch.seconds)
+        if watch.fate != "overdue":
+            self._said.pop(name, None)
+            if watch.fate == "returned":
+                await self._forget_left(node)
+            return Result()
+        last = self._said.get(name)
+        if last is not None and (now - last).total_seconds() < NOT_REMOVED_REPEAT_SECONDS:
+            return Result(requeue_after=NOT_REMOVED_REPEAT_SECONDS - (now - last).total_seconds())
+        message = not_removed_message(node, watch.since)
+        log.warning(message, extra={"node": name})
+        ref = node_ref(name, str(node["metadata"].get("uid", "")))
+        await self._events.emit(ref, Event(NOT_REMOVED, message, warning=True))
+        self.metrics.reclaimed_not_removed()
+        self._said[name] = now
+        return Result(requeue_after=NOT_REMOVED_REPEAT_SECONDS)
+
+    async def _forget_left(self, node: dict[str, Any]) -> None:
+        """Take the reclaimed-at record off (tested: a record changed meanwhile stays, for
+        the next look); a node gone is done."""
+        annotations = node["metadata"].get("annotations") or {}
+        ops = tested_removal("annotations", RECLAIMED_AT, annotations[RECLAIMED_AT])
+        try:
+            await self._kube.json_patch(NODE, node["metadata"]["name"], ops)
+        except (NotFoundError, InvalidError):
+            return
 
     @staticmethod
     def _target(node: dict[str, Any] | None, name: str) -> Target | None:

@@ -25,6 +25,9 @@ class RecordedMetrics:
     def reclaim_failed(self, error: str) -> None:
         self.calls.append(("reclaim_failed", (error,)))
 
+    def reclaimed_not_removed(self) -> None:
+        self.calls.append(("reclaimed_not_removed", ()))
+
     def capacity_used(self, used: Mapping[str, int]) -> None:
         self.calls.append(("capacity_used", (dict(used),)))
 

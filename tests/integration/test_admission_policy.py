@@ -62,6 +62,7 @@ from gangcheck.model.names import (
     PHASE_ANNOTATION,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
+    RECLAIMED_AT,
     SCALE_DOWN_GUARD,
     STATE_ANNOTATION,
     WORKLOAD_ANNOTATION,
@@ -903,6 +904,24 @@ async def test_cordon_and_taint_keeps_other_taints(account: Kube, cluster: Clust
     node = await cluster.kube.get(NODE, name)
     assert node["spec"]["unschedulable"] is True
     assert CA_TAINT in node["spec"]["taints"]
+    # the write completing it (fence label and mark off, reclaimed-at on) passes the policy
+    assert FENCE_LABEL not in (node["metadata"].get("labels") or {})
+    assert RECLAIMED_AT in node["metadata"]["annotations"]
+
+
+async def test_the_account_writes_reclaimed_at_only_on_a_node_recorded_as_arrived(
+    account: Kube, cluster: Cluster
+) -> None:
+    """gangcheck.io/reclaimed-at is gangcheck's record of a node CordonAndTaint left: the
+    account may add it, and take it off, on a node recorded as arrived; on any other node
+    the policy refuses it, as it does the reclaim mark."""
+    recorded, other = await cluster.add_nodes(2, taints=[CA_TAINT])
+    await claim(account, cluster.kube, recorded, f"{cluster.ns}/gang-check-1")
+    at = {"metadata": {"annotations": {RECLAIMED_AT: "2026-12-06T10:00:00Z"}}}
+    await account.merge_patch(NODE, recorded, at)
+    await account.merge_patch(NODE, recorded, {"metadata": {"annotations": {RECLAIMED_AT: None}}})
+    refused = await refusal(lambda: account.merge_patch(NODE, other, at))
+    assert "gangcheck.io/reclaimed-at" in refused.message
 
 
 async def test_a_gang_on_new_capacity_is_held_released_and_unheld_by_the_service_account(

@@ -32,6 +32,7 @@ from tests.integration.harness import (
     until_fence_enforced,
 )
 from tests.integration.test_reclaim import (
+    OUR_TAINT,
     Bed,
     after_first_recheck,
     fence_of,
@@ -158,3 +159,59 @@ async def test_a_node_kept_after_the_fence_takes_binds_again(fenced: Bed) -> Non
         return True
 
     await eventually(bound, timeout=30, what="binds to the unfenced node to be let through")
+
+
+class DaemonSetBinder(Binder):
+    """A Binder whose pod is a DaemonSet's (controlled by one, tolerating every taint), as a
+    CNI's or a GPU driver's rolling update makes on every node."""
+
+    async def __call__(self) -> None:
+        self.called = True
+        await until_fence_enforced(self.bed.kube, self.bed.ns, self.node)
+        try:
+            await bind_daemonset_pod(self.bed, self.name, self.node)
+        except ForbiddenError as e:
+            self.refused = e
+
+
+async def bind_daemonset_pod(bed: Bed, name: str, node: str) -> None:
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "cni", "controller": True,
+             "uid": str(uuid.uuid4())}  # fmt: skip
+    spec = {"tolerations": [{"operator": "Exists"}], "containers": [container()]}
+    meta = {"name": name, "namespace": bed.ns, "ownerReferences": [owner]}
+    await bed.kube.create(POD, {"metadata": meta, "spec": spec})
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+    await bed.kube.request("POST", POD.object_path(name, bed.ns) + "/binding", body=binding)
+
+
+async def test_a_node_cordon_and_taint_reclaimed_takes_daemonset_pods_again(fenced: Bed) -> None:
+    """While gangcheck is about to act the fence refuses every bind, a DaemonSet pod's too.
+    Once CordonAndTaint has acted (the last look passed, the node left cordoned and tainted
+    for cluster-autoscaler) the label is no longer needed (gangcheck deletes nothing; the
+    autoscaler drains by its own rules) and comes off: a DaemonSet's rolling update (a CNI,
+    a GPU driver) binds its pod there again, where before it stalled for as long as the node
+    stayed (for good with its node group at min size). The node stays cordoned and tainted."""
+    node = await fenced.node()
+    binder = DaemonSetBinder(fenced, "cni-during", node)
+    restore = after_first_recheck(fenced.kube, node, binder, lists=4)
+    try:
+        target = fenced.target(node, "CordonAndTaint")
+        result = await reclaim_safely(fenced.kube, target, datetime.now(UTC))
+    finally:
+        restore()
+    assert binder.called
+    assert binder.refused is not None, "a bind went through while the node was fenced"
+    assert result.verdict == "reclaimed"
+    after = await fenced.kube.get(NODE, node)
+    assert fence_of(after) == (True, [OUR_TAINT], None)
+    assert FENCE_LABEL not in (after["metadata"].get("labels") or {})
+
+    async def bound() -> bool:
+        try:
+            await bind_daemonset_pod(fenced, f"cni-{uuid.uuid4().hex[:6]}", node)
+        except ForbiddenError:
+            return False  # the API server's informer has not seen the label go yet
+        return True
+
+    await eventually(bound, timeout=30, what="a DaemonSet pod's bind to the reclaimed node")

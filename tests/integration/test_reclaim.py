@@ -43,14 +43,16 @@ from gangcheck.kube.resources import (
     SERVICE_ACCOUNT,
 )
 from gangcheck.logic.attempt.actions import ReclaimArrivals
+from gangcheck.logic.attempt.reclaim import LEFT_FOR_SCALE_DOWN_SECONDS
 from gangcheck.logic.placement.fit import CLAIM_DELETING, DELETING
-from gangcheck.logic.timefmt import format_time
+from gangcheck.logic.timefmt import format_time, parse_time
+from gangcheck.model.names import RECLAIMED_AT
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.arrivals import reclaim_arrivals, tell
 from gangcheck.reclaim.safely import Result, Target
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.nodes import DrainingNodeReconciler
+from gangcheck.reconcile.nodes import NOT_REMOVED_REPEAT_SECONDS, DrainingNodeReconciler
 from gangcheck.runtime.queue import Result as QueueResult
 from gangcheck.telemetry import Metrics
 from tests.builders import container
@@ -284,11 +286,76 @@ async def test_a_pod_bound_after_fencing_wins(bed: Bed) -> None:
 
 
 async def test_cordon_and_taint_leaves_the_node_to_the_autoscaler(bed: Bed) -> None:
-    node = await bed.node()
+    """Cordoned and tainted for cluster-autoscaler's scale-down, for good; the fence label,
+    needed only while gangcheck was about to act, comes off (DaemonSet pods may bind
+    again: test_fence_policy.py), the owed mark too, and the node records when it was left
+    (gangcheck.io/reclaimed-at), what the draining-node reconciler says it by if it stays."""
+    node = await bed.node(labels={"example.com/pool": "gpu"})
+    before = NOW(UTC).replace(microsecond=0)
     result = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
     assert result.verdict == "reclaimed"
     fresh = await bed.kube.get(NODE, node)
-    assert fence_of(fresh) == (True, [OUR_TAINT], None)  # fenced for good; the fence completed
+    assert fence_of(fresh) == (True, [OUR_TAINT], None)
+    assert fresh["metadata"]["labels"] == {"example.com/pool": "gpu"}
+    left = parse_time(fresh["metadata"]["annotations"][RECLAIMED_AT])
+    assert left is not None and before <= left <= NOW(UTC)
+    assert fresh["metadata"]["annotations"][ARRIVED] == bed.request  # kept: the ledger's
+
+
+async def test_a_node_left_for_scale_down_and_still_there_is_said(bed: Bed) -> None:
+    """A node CordonAndTaint reclaimed that cluster-autoscaler has not removed after
+    LEFT_FOR_SCALE_DOWN_SECONDS (its node group at min size, scale-down disabled) is said: a
+    Warning Event ReclaimedNodeNotRemoved on the Node naming the likely causes and what to
+    do, said again only after the repeat; before the bound nothing is said and the
+    reconciler comes back at the bound. Nothing of the node is changed: it stays cordoned and
+    tainted (gangcheck does not return it to service itself: docs/reclaimers.md)."""
+    node = await bed.node()
+    result = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
+    assert result.verdict == "reclaimed"
+    caches = _Caches(bed.kube)
+    await caches.refresh(node)
+    clock = {"now": NOW(UTC)}
+    reconciler = DrainingNodeReconciler(
+        bed.kube,
+        caches,  # type: ignore[arg-type]
+        clock=lambda: clock["now"],
+    )
+    reconciler.metrics = Metrics()
+    early = await reconciler.reconcile(node)
+    assert early.requeue_after is not None
+    assert LEFT_FOR_SCALE_DOWN_SECONDS - 60 < early.requeue_after <= LEFT_FOR_SCALE_DOWN_SECONDS
+    assert await bed.events(node) == []
+    clock["now"] += timedelta(seconds=LEFT_FOR_SCALE_DOWN_SECONDS + 1)
+    late = await reconciler.reconcile(node)
+    assert late.requeue_after == NOT_REMOVED_REPEAT_SECONDS
+    said = [m for r, m in await bed.events(node) if r == "ReclaimedNodeNotRemoved"]
+    assert len(said) == 1
+    for words in ("min size", "scale-down", "kubectl uncordon", "gangcheck.io/reclaiming-"):
+        assert words in said[0]
+    assert "gangcheck_reclaimed_nodes_not_removed_total 1" in reconciler.metrics.render()
+    assert await reconciler.reconcile(node) == late  # woken by a node update: not said again
+    assert len([r for r, _ in await bed.events(node) if r == "ReclaimedNodeNotRemoved"]) == 1
+    fresh = await bed.kube.get(NODE, node)
+    assert fence_of(fresh) == (True, [OUR_TAINT], None)
+    assert RECLAIMED_AT in fresh["metadata"]["annotations"]
+
+
+async def test_a_node_returned_to_service_by_a_person_is_not_said(bed: Bed) -> None:
+    """Following the Event's advice (uncordon, take the taint off) ends it: the node no longer
+    carries gangcheck's taint, so its reclaimed-at record is taken off and nothing is said."""
+    node = await bed.node()
+    result = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
+    assert result.verdict == "reclaimed"
+    returned = {"spec": {"unschedulable": None, "taints": None}}
+    await bed.kube.merge_patch(NODE, node, returned)
+    caches = _Caches(bed.kube)
+    await caches.refresh(node)
+    later = NOW(UTC) + timedelta(seconds=LEFT_FOR_SCALE_DOWN_SECONDS + 1)
+    reconciler = DrainingNodeReconciler(bed.kube, caches, clock=lambda: later)  # type: ignore[arg-type]
+    assert await reconciler.reconcile(node) == QueueResult()
+    assert await bed.events(node) == []
+    fresh = await bed.kube.get(NODE, node)
+    assert RECLAIMED_AT not in (fresh["metadata"].get("annotations") or {})
 
 
 async def test_cordon_and_taint_keeps_an_administrators_scale_down_disabled(bed: Bed) -> None:

@@ -11,10 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gangcheck.logic.attempt.fulfillment import is_new_arrival, proven_younger
-from gangcheck.logic.attempt.reclaim import judge, unfence_ops
+from gangcheck.logic.attempt.reclaim import (
+    LEFT_FOR_SCALE_DOWN_SECONDS,
+    judge,
+    left_ops,
+    not_removed_message,
+    scale_down_watch,
+    unfence_ops,
+)
 from gangcheck.logic.attempt.records import Outcome, kept_restated
 from gangcheck.logic.placement.fit import member_from_template
 from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, RECLAIMED_AT
 from gangcheck.model.objects import pod_of
 
 REQUEST = "ns/gang-atomic-1"
@@ -253,3 +261,103 @@ def test_unfencing_touches_only_our_keys(
     node: dict[str, Any], was_cordoned: bool, forget: bool, expected: list[dict[str, Any]]
 ) -> None:
     assert unfence_ops(node, was_cordoned=was_cordoned, forget=forget) == expected
+
+
+LEFT = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
+TAINT = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
+MARK = "gangcheck.io/reclaim-when-idle"
+
+
+def left_node(
+    *, labels: dict[str, str], annotations: dict[str, str] | None, tainted: bool = True
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "9", "labels": labels}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    spec = {"unschedulable": True, "taints": [TAINT] if tainted else []}
+    return {"metadata": meta, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "expected"),
+    [
+        (  # as the fence leaves it: label and mark off, the time on, the version tested
+            {FENCE_LABEL: "true", "pool": "gpu"},
+            {MARK: "{}", ARRIVED_FOR: REQUEST},
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "9"},
+                {"op": "test", "path": "/metadata/labels/gangcheck.io~1reclaiming",
+                 "value": "true"},
+                {"op": "remove", "path": "/metadata/labels/gangcheck.io~1reclaiming"},
+                {"op": "test", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle",
+                 "value": "{}"},
+                {"op": "remove", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle"},
+                {"op": "add", "path": "/metadata/annotations/gangcheck.io~1reclaimed-at",
+                 "value": "2026-11-30T11:00:00Z"},
+            ],
+        ),
+        (  # left before (a reclaim run again): its earlier time kept
+            {FENCE_LABEL: "true"},
+            {MARK: "{}", RECLAIMED_AT: "2026-11-30T10:00:00Z"},
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "9"},
+                {"op": "test", "path": "/metadata/labels/gangcheck.io~1reclaiming",
+                 "value": "true"},
+                {"op": "remove", "path": "/metadata/labels/gangcheck.io~1reclaiming"},
+                {"op": "test", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle",
+                 "value": "{}"},
+                {"op": "remove", "path": "/metadata/annotations/gangcheck.io~1reclaim-when-idle"},
+            ],
+        ),
+        (  # no label, no annotations at all: the map is made
+            {},
+            None,
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "9"},
+                {"op": "add", "path": "/metadata/annotations",
+                 "value": {RECLAIMED_AT: "2026-11-30T11:00:00Z"}},
+            ],
+        ),
+    ],
+)  # fmt: skip
+def test_left_ops_take_the_fence_label_and_mark_off_and_record_when(
+    labels: dict[str, str], annotations: dict[str, str] | None, expected: list[dict[str, Any]]
+) -> None:
+    assert left_ops(left_node(labels=labels, annotations=annotations), LEFT) == expected
+
+
+@pytest.mark.parametrize(
+    ("annotations", "tainted", "after", "fate", "seconds"),
+    [
+        ({}, True, 0, "none", 0.0),  # not left by CordonAndTaint
+        ({MARK: "{}"}, True, 0, "none", 0.0),  # a reclaim owed: the other path's
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z"}, False, 5000, "returned", 0.0),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z"}, True, 0, "wait", 1800.0),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z"}, True, 1799, "wait", 1.0),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z"}, True, 1800, "overdue", 0.0),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z"}, True, 9000, "overdue", 0.0),
+        ({RECLAIMED_AT: "yesterday"}, True, 0, "overdue", 0.0),  # unreadable: it was left
+    ],
+)
+def test_a_node_left_for_scale_down_is_said_once_past_its_bound(
+    annotations: dict[str, str], tainted: bool, after: int, fate: str, seconds: float
+) -> None:
+    assert LEFT_FOR_SCALE_DOWN_SECONDS == 1800
+    node = left_node(labels={}, annotations=annotations, tainted=tainted)
+    watch = scale_down_watch(node, LEFT + timedelta(seconds=after))
+    assert (watch.fate, watch.seconds) == (fate, seconds)
+
+
+def test_the_not_removed_message_names_the_causes_and_what_to_do() -> None:
+    node = left_node(labels={}, annotations={ARRIVED_FOR: REQUEST, RECLAIMED_AT: "x"})
+    message = not_removed_message(node, LEFT)
+    for words in (
+        "node n1, arrived for ns/gang-atomic-1, was reclaimed by CordonAndTaint at "
+        "2026-11-30T11:00:00Z",
+        "after 30 min",
+        "node group is at its min size",
+        "--scale-down-enabled=false",
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+        "kubectl uncordon n1 && kubectl taint nodes n1 gangcheck.io/reclaiming-",
+    ):
+        assert words in message
