@@ -69,6 +69,9 @@ UNGATED_ANNOTATION = "gangcheck.io/ungated-members"
 RELEASED_AT_ANNOTATION = "gangcheck.io/released-at"
 """On a released group: when its gang was released (RFC 3339), for the start watchdog; on a
 growth's request, when the growth's members were released onto it, for its own."""
+START_ROLLED_AT_ANNOTATION = "gangcheck.io/start-rolled-back-at"
+"""On a growth's request: when its start watchdog began its rollback (RFC 3339), written with
+the rollback's record; the next growth's backoff counts from it (`growth.next_due`)."""
 MARKED_SINCE_ANNOTATION = "gangcheck.io/releases-marked-since"
 """On a released group: since when (RFC 3339) every member gangcheck releases carries
 ``RELEASED_BY_ANNOTATION``: written with the gang's release, or, for a group a version before

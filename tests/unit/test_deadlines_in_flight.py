@@ -158,3 +158,29 @@ def test_a_growth_rolled_back_at_its_start_deadline_backs_off_from_the_config_no
     started_by = datetime(2026, 11, 30, 10, 4, tzinfo=UTC) + timedelta(seconds=SHORT)
     backoff = lifecycle.backoff_seconds(1, config.retry_strategy)
     assert due == started_by + timedelta(seconds=backoff)
+
+
+@pytest.mark.parametrize("raised_to", [LONG, 86400])
+def test_a_start_deadline_raised_after_a_growth_rolled_back_does_not_move_the_next(
+    raised_to: int,
+) -> None:
+    """A growth its start watchdog rolled back at 10:08:10 (under 250 s), startDeadlineSeconds
+    raised since (the natural answer to start rollbacks): the next growth is still due a
+    backoff after 10:08:10, when it rolled back, not after 10:04 + the raised deadline (before:
+    10:20, or the next day)."""
+    req = request_of(
+        grown.grow_req(
+            annotations={
+                **grown.START_ROLLED,
+                **made_under(SHORT),
+                "gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z",
+                "gangcheck.io/released-at": "2026-11-30T10:04:00Z",
+                "gangcheck.io/start-rolled-back-at": "2026-11-30T10:08:10Z",
+            }
+        )
+    )
+    config = parse_spec(now_config(raised_to))
+    due = growth.next_due(config, 1, req)
+    backoff = lifecycle.backoff_seconds(1, config.retry_strategy)
+    rolled = datetime(2026, 11, 30, 10, 8, 10, tzinfo=UTC)
+    assert due == rolled + timedelta(seconds=backoff)

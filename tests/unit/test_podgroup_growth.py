@@ -1420,6 +1420,8 @@ def test_a_growth_whose_members_do_not_bind_within_the_start_deadline_is_rolled_
     )
     assert annotated(d, "gangcheck.io/phase") == ["RollingBack"]
     assert annotated(d, "gangcheck.io/rollback-nodes") == ['{"n2": "2026-11-30T10:03:30Z"}']
+    # when, with the record: the next growth's backoff counts from it (next_due)
+    assert annotated(d, "gangcheck.io/start-rolled-back-at") == ["2026-11-30T10:14:01Z"]
     untouched(d)
     # the group says it once the rollback is recorded (as a gang's is written when done)
     assert {e.reason for e in d.events} >= {"RollbackStarted"}

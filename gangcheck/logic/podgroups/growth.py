@@ -107,6 +107,7 @@ from gangcheck.model.names import (
     RELEASED_UNMARKED_ANNOTATION,
     REQUEST_ANNOTATION,
     SOURCE_ANNOTATION,
+    START_ROLLED_AT_ANNOTATION,
     STARTED,
     STATE_ANNOTATION,
 )
@@ -816,7 +817,17 @@ def _watch_start(
     watched = podgroup.start_watch(released, mine, limit, now)
     if watched is None or isinstance(watched, float):
         return lifecycle.Step(Progress.WAITING, requeue_after=watched)
-    return lifecycle.start_rollback(attempt, watched, now=now)
+    step = lifecycle.start_rollback(attempt, watched, now=now)
+    rolled_at = {START_ROLLED_AT_ANNOTATION: format_time(now)}  # the next one's backoff from
+    return replace(
+        step,
+        actions=tuple(
+            AnnotateRequest(a.name, {**a.annotations, **rolled_at})
+            if isinstance(a, AnnotateRequest) and a.name == req.name
+            else a
+            for a in step.actions
+        ),
+    )
 
 
 def _start_rollback(snap: GroupSnapshot, req: ProvisioningRequest) -> lifecycle.Step:
@@ -925,14 +936,19 @@ def next_due(
 ) -> datetime | None:
     """When the growth after `req`, rolled back, may be asked: a rollback's backoff counted
     from the deadline it rolled back at, its fulfillment deadline, or for one its start
-    watchdog rolled back (`_start_rolled`) its start deadline, which the fulfillment
-    deadline, passed before its members were released, would leave no backoff at all."""
+    watchdog rolled back (`_start_rolled`) from when it did (`START_ROLLED_AT_ANNOTATION`),
+    which the fulfillment deadline, passed before its members were released, would leave no
+    backoff at all. A startDeadlineSeconds edited after that rollback does not move it; a
+    rollback a version before the stamp began counts from its release plus the start
+    deadline of the config now (`_start_deadline`)."""
     since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
-    released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
-    if _start_rolled(req) and released is not None:
-        limit = _start_deadline(req, config)
-        started_by = released + timedelta(seconds=limit)
-        since = started_by if since is None else max(since, started_by)
+    if _start_rolled(req):
+        rolled = parse_time(req.annotations.get(START_ROLLED_AT_ANNOTATION, ""))
+        released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
+        if rolled is None and released is not None:
+            rolled = released + timedelta(seconds=_start_deadline(req, config))
+        if rolled is not None:
+            since = rolled if since is None else max(since, rolled)
     if since is None:
         return None
     return since + timedelta(seconds=lifecycle.backoff_seconds(number, config.retry_strategy))
