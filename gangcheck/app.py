@@ -294,6 +294,9 @@ class Controller:
         left listing again on its own backoff, while the APIs that listed, and the Workloads,
         are served; once it lists, its groups are served too (`_when_listed`)."""
         wanted = {res.group: res for res in served.resources}
+        if self.served_pod_groups is None:  # the first answer: requests made for gangs of an
+            for group in SHORT.keys() - wanted.keys():  # API gone before this process (a
+                self.queue.add(GONE_KEY + SHORT[group])  # restart, a new leader) are said
         for group, informer in list(self.caches.pod_groups.items()):
             if wanted.get(group) != informer.resource:
                 if group not in wanted:  # no longer served: what was made for its groups stays

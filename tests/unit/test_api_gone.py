@@ -166,3 +166,26 @@ async def test_a_pod_group_api_removed_with_a_request_in_flight_keeps_it_and_say
     assert event["involvedObject"]["name"] == "co-c-1"
     assert "the scheduling.x-k8s.io PodGroup API is no longer served" in event["message"]
     assert kube.writes_of("ProvisioningRequest") == []
+
+
+async def test_a_pod_group_api_gone_before_this_process_started_is_said_too() -> None:
+    """A restart, or a new leader, after the scheduler-plugins CRD was removed: its first
+    discovery never served that API, and the requests made for its groups are said all the
+    same (before: only a drop seen by the process itself was, so it went unsaid for ever)."""
+    kube = _Kube()
+    kube.add(_request("co-c-1", **{GROUP_ANNOTATION: "coscheduling/c"}))
+    controller = Controller(kube, pod_group_sync_seconds=1.0)
+    kube.sync(controller.caches)
+    async with asyncio.TaskGroup() as tg:
+        try:
+            await controller._serve_pod_groups(tg, ServedPodGroups(UPSTREAM_POD_GROUP_V1BETA1))
+        finally:
+            for task in controller._group_tasks.values():
+                task.cancel()
+    assert GONE_KEY + "coscheduling" in controller.queue._queued
+    assert GONE_KEY + "pg" not in controller.queue._queued  # served
+    result = await controller.reconcile(GONE_KEY + "coscheduling")
+    await _until(lambda: bool(kube.writes_of("Event")), "the Event")
+    assert result.requeue_after == API_GONE_REPEAT_SECONDS
+    [event] = [w.body for w in kube.writes_of("Event")]
+    assert event["reason"] == API_NOT_SERVED and event["involvedObject"]["name"] == "co-c-1"
