@@ -33,6 +33,7 @@ from gangcheck_dev.testbed.deploy import find_kubectl, kustomize_objects, run_co
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import ADMISSION_CHECK, ATOMIC_CONFIG, LEASE, Resource
+from gangcheck.settings import load_settings
 from tests.e2e.conftest import Cluster
 from tests.e2e.helpers import delete_quietly, eventually, is_true, unique
 from tests.e2e.test_gangcheck import OUR_CONTROLLER, our_config
@@ -191,6 +192,20 @@ def test_webhook_drain_is_passed_and_fits_the_grace_period(helm: Path) -> None:
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["GANGCHECK_WEBHOOK__DRAIN_SECONDS"] == drain
         assert pod["terminationGracePeriodSeconds"] >= 20 + 5  # the largest drain, and room
+
+
+def test_values_of_a_chart_before_the_drain_start_with_the_default_drain(helm: Path) -> None:
+    """`helm upgrade --reuse-values` from a release whose chart had no webhook.drainSeconds
+    renders with that release's values, where the key is absent (emulated here by setting it
+    to null, which removes it): the replica must still start, with the setting's default (the
+    variable not passed), not refuse an empty GANGCHECK_WEBHOOK__DRAIN_SECONDS at start."""
+    secret = ("webhook.enabled=true", "webhook.secretName=my-cert", "webhook.caBundle=Q0E=")
+    pod = deployment(template(helm, *secret, "webhook.drainSeconds=null"))["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert "GANGCHECK_WEBHOOK__DRAIN_SECONDS" not in env
+    settings = load_settings(None, {k: str(v) for k, v in env.items() if v is not None})
+    assert settings.webhook.drain_seconds == 5
 
 
 @pytest.mark.parametrize(
