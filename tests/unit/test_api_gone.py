@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -37,6 +36,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj
 from tests.fakes.kube import FakeKube, api_error
+from tests.waiting import until
 
 
 def _request(name: str, **annotations: str) -> Obj:
@@ -86,15 +86,6 @@ class _Kube(FakeKube):
         return await super().request(method, path, **kwargs)
 
 
-async def _until(done: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if done():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_kueue_removed_with_a_request_in_flight_keeps_it_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -116,7 +107,7 @@ async def test_kueue_removed_with_a_request_in_flight_keeps_it_and_says_so(
     kube.fail("list", "Workload", error=api_error(404), times=sys.maxsize)
     running = asyncio.create_task(informer.run())
     try:
-        await _until(lambda: not informer.served, "the Workloads not served")
+        await until(lambda: not informer.served, "the Workloads not served")
     finally:
         running.cancel()
     assert GONE_KEY + WORKLOADS_GONE in controller.queue._queued
@@ -124,7 +115,7 @@ async def test_kueue_removed_with_a_request_in_flight_keeps_it_and_says_so(
 
     result = await controller.reconcile(GONE_KEY + WORKLOADS_GONE)
     await controller.reconcile("wl:ns/a")  # the Workload's own: nothing proves it gone
-    await _until(lambda: bool(kube.writes_of("Event")), "the Event")
+    await until(lambda: bool(kube.writes_of("Event")), "the Event")
 
     assert result.requeue_after == API_GONE_REPEAT_SECONDS
     [event] = [w.body for w in kube.writes_of("Event")]
@@ -159,7 +150,7 @@ async def test_a_pod_group_api_removed_with_a_request_in_flight_keeps_it_and_say
                 task.cancel()
     assert GONE_KEY + "coscheduling" in controller.queue._queued
     result = await controller.reconcile(GONE_KEY + "coscheduling")
-    await _until(lambda: bool(kube.writes_of("Event")), "the Event")
+    await until(lambda: bool(kube.writes_of("Event")), "the Event")
     assert result.requeue_after == API_GONE_REPEAT_SECONDS
     [event] = [w.body for w in kube.writes_of("Event")]
     assert event["reason"] == API_NOT_SERVED
@@ -185,7 +176,7 @@ async def test_a_pod_group_api_gone_before_this_process_started_is_said_too() ->
     assert GONE_KEY + "coscheduling" in controller.queue._queued
     assert GONE_KEY + "pg" not in controller.queue._queued  # served
     result = await controller.reconcile(GONE_KEY + "coscheduling")
-    await _until(lambda: bool(kube.writes_of("Event")), "the Event")
+    await until(lambda: bool(kube.writes_of("Event")), "the Event")
     assert result.requeue_after == API_GONE_REPEAT_SECONDS
     [event] = [w.body for w in kube.writes_of("Event")]
     assert event["reason"] == API_NOT_SERVED and event["involvedObject"]["name"] == "co-c-1"

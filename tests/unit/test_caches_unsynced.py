@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.builders import CHECK, admission_check
 from tests.fakes.kube import FakeKube, api_error
+from tests.waiting import until
 
 
 class _Kube(FakeKube):
@@ -33,15 +33,6 @@ def _active(kube: FakeKube) -> Obj:
     check = kube.stored(ADMISSION_CHECK, CHECK) or {}
     conditions = (check.get("status") or {}).get("conditions") or []
     return next(c for c in conditions if c.get("type") == "Active")
-
-
-async def _until(done: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if done():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
@@ -65,7 +56,7 @@ async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
     controller.caches.requests._retry_delay = 0.01  # listed again soon once served
     run = asyncio.create_task(controller.run(unsynced_grace=0.1))
     try:
-        await _until(lambda: _active(kube)["status"] == "False", "the check inactive")
+        await until(lambda: _active(kube)["status"] == "False", "the check inactive")
         active = _active(kube)
         assert active["reason"] == CACHES_NOT_SYNCED
         assert "provisioningrequests.autoscaling.x-k8s.io: " in active["message"]
@@ -76,7 +67,7 @@ async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
         assert not controller.caches.synced
 
         kube.mend("list", PROVISIONING_REQUEST.kind)  # the CRD back
-        await _until(lambda: _active(kube)["status"] == "True", "the check active again")
+        await until(lambda: _active(kube)["status"] == "True", "the check active again")
         assert _active(kube)["reason"] == "Active"
         assert controller.caches.synced
         assert "gangcheck_caches_synced 1" in metrics.render()

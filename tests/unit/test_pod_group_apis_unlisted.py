@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from gangcheck.model.names import GATE, OPT_IN_LABEL
 from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.fakes.kube import FakeKube, api_error
+from tests.waiting import until
 
 UPSTREAM, PLUGINS = UPSTREAM_POD_GROUP_V1BETA1, PLUGINS_POD_GROUP
 
@@ -73,15 +73,6 @@ def _objects() -> list[Obj]:
     return [namespace, *groups, *members]
 
 
-async def _until(done: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if done():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _queued(controller: Controller) -> set[str]:
     return set(controller.queue._queued)
 
@@ -120,8 +111,8 @@ async def test_a_pod_group_api_not_listable_is_skipped_said_and_served_once_it_l
             # the list allowed again: listed on the informer's own backoff, then served
             kube.refused = False
             plugins = caches.pod_groups[PLUGINS.group]
-            await _until(plugins.synced.is_set, "the plugins PodGroups listed")
-            await _until(lambda: not controller._unlisted_tasks, "the listed API taken up")
+            await until(plugins.synced.is_set, "the plugins PodGroups listed")
+            await until(lambda: not controller._unlisted_tasks, "the listed API taken up")
             assert caches.pod_groups_known(PLUGINS.group)
             assert plugins.store.get("co", "ns") is not None
             assert "gangcheck_caches_synced 1" in metrics.render()
