@@ -139,10 +139,11 @@ def test_a_podgroup_whose_config_is_gone_follows_the_start_deadline_it_recorded(
     assert podgroup_gang(made, None) is passed
 
 
-def test_a_growth_rolled_back_at_its_start_deadline_backs_off_from_the_config_nows() -> None:
-    """The next growth after one its start watchdog rolled back is due a backoff after its
-    start deadline, as the watchdog judged it: the config now's (10:04 + 250 s), not the one
-    it was made under (10:04 + 900 s)."""
+def test_a_growth_rolled_back_with_no_stamp_backs_off_from_the_deadline_it_was_made_under() -> None:
+    """A start rollback with no ``gangcheck.io/start-rolled-back-at`` was begun by a release
+    before the stamp, which judged it by the startDeadlineSeconds it was made under: the next
+    growth is due a backoff after that one (10:04 + 900 s), when it rolled back, not after the
+    config now's (10:04 + 250 s). tests/unit/test_upgrade_in_flight.py has the table."""
     req = request_of(
         grown.grow_req(
             annotations={
@@ -155,7 +156,7 @@ def test_a_growth_rolled_back_at_its_start_deadline_backs_off_from_the_config_no
     )
     config = parse_spec(now_config(SHORT))
     due = growth.next_due(config, 1, req)
-    started_by = datetime(2026, 11, 30, 10, 4, tzinfo=UTC) + timedelta(seconds=SHORT)
+    started_by = datetime(2026, 11, 30, 10, 4, tzinfo=UTC) + timedelta(seconds=LONG)
     backoff = lifecycle.backoff_seconds(1, config.retry_strategy)
     assert due == started_by + timedelta(seconds=backoff)
 

@@ -17,14 +17,18 @@ attempt in flight asked for is withdrawn, reclaimed, asked for twice or decremen
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from gangcheck.kube.resources import MACHINE, MACHINE_SET, NODE
+from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import AnnotateRequest
+from gangcheck.logic.podgroups import growth
+from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN, PHASE_ANNOTATION
+from gangcheck.model.objects import request_of
 from gangcheck.model.provisioning_config import parse_spec, spec_record
 from gangcheck.reclaim.reclaimers import DELETE_MACHINE_ANNOTATION, NOT_CACHED, DeleteMachine
 from tests.fakes.kube import FakeKube
@@ -217,3 +221,32 @@ def test_a_withdrawal_the_previous_release_began_deletes_only_the_claims_with_no
     assert done.delete == (nodeless,)
     assert done.reclaim == (held,)
     assert done.create == ()
+
+
+@pytest.mark.parametrize(
+    ("made", "now"), [(250, 86400), (250, 900), (900, 250)], ids=["raised-a-day", "raised", "cut"]
+)
+def test_the_growth_after_one_the_previous_release_rolled_back_on_start_is_due_as_it_was(
+    made: int, now: int
+) -> None:
+    """A growth that release's start watchdog rolled back (no
+    ``gangcheck.io/start-rolled-back-at``: that release writes none) was rolled back at its
+    release plus the startDeadlineSeconds it was made under, which that release judged it by:
+    the next growth is due a backoff after that, whatever startDeadlineSeconds became since
+    (raising it is the natural answer to start rollbacks; from a day's wait to none at all
+    otherwise)."""
+    released = datetime(2026, 11, 30, 10, 4, tzinfo=UTC)
+    req = request_of(
+        grown.grow_req(
+            annotations={
+                **grown.START_ROLLED,
+                **made_under(made),
+                "gangcheck.io/fulfillment-deadline": "2026-11-30T10:07:00Z",
+                "gangcheck.io/released-at": format_time(released),
+            }
+        )
+    )
+    config = parse_spec({"fulfillment": {"startDeadlineSeconds": now}})
+    backoff = lifecycle.backoff_seconds(1, config.retry_strategy)
+    rolled_back = released + timedelta(seconds=made)
+    assert growth.next_due(config, 1, req) == rolled_back + timedelta(seconds=backoff)

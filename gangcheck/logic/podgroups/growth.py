@@ -938,15 +938,18 @@ def next_due(
     from the deadline it rolled back at, its fulfillment deadline, or for one its start
     watchdog rolled back (`_start_rolled`) from when it did (`START_ROLLED_AT_ANNOTATION`),
     which the fulfillment deadline, passed before its members were released, would leave no
-    backoff at all. A startDeadlineSeconds edited after that rollback does not move it; a
-    rollback a version before the stamp began counts from its release plus the start
-    deadline of the config now (`_start_deadline`)."""
+    backoff at all. A startDeadlineSeconds edited after that rollback does not move it. A
+    rollback a release before the stamp began (none written) counts from its release plus the
+    startDeadlineSeconds it was made under (`lifecycle.made_under`): such a release judged it
+    by that one, so rolled it back then, and counted the next growth's backoff from then too;
+    the config now's would move it by every edit since (a raise to a day: a day's wait)."""
     since = rollback.deadline_of(req) or parse_time(req.creation_timestamp)
     if _start_rolled(req):
         rolled = parse_time(req.annotations.get(START_ROLLED_AT_ANNOTATION, ""))
         released = parse_time(req.annotations.get(RELEASED_AT_ANNOTATION, ""))
         if rolled is None and released is not None:
-            rolled = released + timedelta(seconds=_start_deadline(req, config))
+            made = lifecycle.made_under(req, config) or config
+            rolled = released + timedelta(seconds=made.fulfillment.start_deadline_seconds)
         if rolled is not None:
             since = rolled if since is None else max(since, rolled)
     if since is None:
@@ -955,8 +958,8 @@ def next_due(
 
 
 def _start_deadline(req: ProvisioningRequest, config: AtomicProvisioningSpec | None) -> int:
-    """The startDeadlineSeconds a delivered growth's start watchdog judges it by, and its
-    backoff counts from (`next_due`): the config's now (`lifecycle.following`)."""
+    """The startDeadlineSeconds a delivered growth's start watchdog judges it by: the
+    config's now (`lifecycle.following`)."""
     return lifecycle.following(req, config).fulfillment.start_deadline_seconds
 
 
