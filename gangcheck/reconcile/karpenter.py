@@ -10,9 +10,12 @@ A pass looks at each request of ``KARPENTER_CLASS`` in the cache and
 at every NodeClaim labelled with an attempt, decides with
 ``logic.sources.karpenter.provisioner.serve`` and applies: creates claims (a lost answer is
 answered AlreadyExists on the retry: names are derived from the attempt), writes the request's
-conditions at the resourceVersion read, deletes claims conditional on their uid, and removes
-``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request missing from
-the cache is looked up live before its claims are withdrawn: a cache cannot prove absence.
+conditions at the resourceVersion read, deletes claims conditional on their uid, withdraws a
+claim whose node exists through the reclaim's safe path, lifts the hold from a node such a
+withdrawal kept (read live: recorded for the request, held for it, owing no reclaim), and
+removes ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request
+missing from the cache is looked up live before its claims are withdrawn: a cache cannot prove
+absence.
 
 Every claim of the pools is listed (at once, not from a cache that may lag) in a pass that has
 a request to ask for, and each claim created in that pass is added to what the next request of
@@ -57,6 +60,7 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import taints_released
 from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
@@ -65,6 +69,7 @@ from gangcheck.logic.sources.karpenter.provisioner import (
     held_for,
     is_asking,
     is_served_here,
+    marked,
     reads_pools,
     request_key,
     serve,
@@ -274,13 +279,14 @@ class KarpenterProvisioner:
             )
             created: list[Obj] = []
             try:
-                await self._apply(request, served, claims, nodes, created)
+                await self._apply(request, served, claims, nodes, created, key=key)
             except ApiError as e:  # this request's; the others of the pass are served
                 log.warning("karpenter: serving %s failed: %s", key, e, extra={"object": key})
             else:
                 if served.create or served.conditions:
                     self._answered.add(key)
-                if request is None and not (served.delete or served.release or served.reclaim):
+                acted = served.delete or served.release or served.reclaim or served.lift
+                if request is None and not acted:
                     self._gone[key] = seen
             # Made in this pass (a create failing after some did too): charged to the room
             # of the next request's pool at once.
@@ -393,6 +399,8 @@ class KarpenterProvisioner:
         claims: Sequence[Obj],
         nodes: Mapping[str, Obj],
         created: list[Obj],
+        *,
+        key: str,
     ) -> None:
         """Applies ``served``; each claim created is added to ``created`` as it is (as the
         server answered, or as sent when a retry found it made already)."""
@@ -424,6 +432,8 @@ class KarpenterProvisioner:
                 )
         for claim in served.reclaim:
             await self._reclaim(claim, nodes)
+        for name in served.lift:
+            await self._lift_hold(name, key)
         if request is not None and served.conditions:
             await self._write_conditions(request, served.conditions)
         by_name = {c["metadata"]["name"]: c for c in claims}
@@ -431,12 +441,14 @@ class KarpenterProvisioner:
             obj = nodes.get(name) if kind == "node" else by_name.get(name)
             if obj is not None:
                 await self._release(NODE if kind == "node" else NODE_CLAIM, obj)
-        if served.create or served.delete or served.release or served.reclaim:
+        if served.create or served.delete or served.release or served.reclaim or served.lift:
             log.info(
-                "karpenter: %d claims created, %d deleted, %d reclaimed safely, %d unprotected",
+                "karpenter: %d claims created, %d deleted, %d reclaimed safely, %d kept "
+                "unheld, %d unprotected",
                 len(served.create),
                 len(served.delete),
                 len(served.reclaim),
+                len(served.lift),
                 len(served.release),
                 extra={"object": request_key(request) if request else ""},
             )
@@ -450,7 +462,8 @@ class KarpenterProvisioner:
         deleted only if none but DaemonSet pods are there); should this process stop between,
         the draining-node reconciler owes it the same. A node kept is said (an Event on the
         Node, a log line) and its hold lifted, as a rollback's kept node's is; one draining
-        or failed keeps its mark for the draining-node reconciler."""
+        or failed keeps its mark (and its hold) for the draining-node reconciler, and once
+        that keeps it, a later pass lifts its hold (``Served.lift``)."""
         key = _requested_for(claim)
         name = str((claim.get("status") or {}).get("nodeName") or "")
         node = nodes.get(name)
@@ -497,10 +510,11 @@ class KarpenterProvisioner:
             await self._lift_hold(name, key)
 
     async def _lift_hold(self, name: str, key: str) -> None:
-        """Lift ``key``'s hold from a node its claim's reclaim kept, read live, at the
-        resourceVersion read (a change since: the next pass judges again)."""
+        """Lift ``key``'s hold from a node a reclaim kept: read live, still recorded for
+        ``key``, held for it and owing no reclaim (a mark since: the reclaim's again), written
+        at the resourceVersion read (a change since: the next pass judges again)."""
         node = await self._kube.get_if_exists(NODE, name)
-        if node is None or not held_for(node, key):
+        if node is None or claim_of(node) != key or not held_for(node, key) or marked(node):
             return
         with contextlib.suppress(ConflictError, NotFoundError):
             lifted = await self._permitted(

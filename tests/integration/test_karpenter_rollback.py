@@ -7,7 +7,9 @@ the request. (Before: every claim stayed, launching, until the request was delet
 A claim whose node exists (registered, held for the request, recorded by no one) is withdrawn
 only through the reclaim's safe path: the pods bound to its node read live, the node fenced,
 the claim deleted only if none but DaemonSet pods are there. (Before: deleted on the cached
-node alone, with a pod bound there.)"""
+node alone, with a pod bound there.) A node that reclaim did not settle (the gang's pod still
+there: draining), kept later by the draining-node reconciler, has its hold lifted by a later
+pass once the rollback is recorded. (Before: held for ever.)"""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.model.names import (
     ARRIVED_FOR,
+    CONSUME_ANNOTATION,
+    OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     RECLAIM_TAINT,
     RECLAIM_WHEN_IDLE,
@@ -39,6 +43,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
+from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from tests.integration.karpenter_bed import Bed, karpenter_bed, running, until
 from tests.integration.test_manifests import (
     apply,
@@ -246,3 +251,101 @@ async def _refused_now(kube: Kube, node: str) -> bool:
 
 async def _cached(caches: Caches, nodes: list[str]) -> bool:
     return all(caches.nodes.store.get(n) is not None for n in nodes)
+
+
+@pytest.mark.timeout(120)
+async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
+    control_plane: ControlPlane, node_pool_crd: None, claim_crd: None
+) -> None:
+    """The first claim registered, its node held and recorded by no one, a pod of the gang
+    there (bound by name, consuming the request). The rollback withdraws the claim through
+    the reclaim's safe path, which finds the gang's pod: draining, the node recorded for the
+    request with the reclaim's mark, its hold on. The pod ends, another (no gang's) is bound
+    there: the draining-node reconciler keeps the node (NodeKept, the mark gone). While the
+    rollback is under way its hold stays (the rollback lifts the holds of what is recorded
+    for it once done); once its outcome is recorded, the next pass lifts it, the claim kept,
+    every other taint kept. Before, only the withdrawal's own reclaim lifted a hold: this
+    node stayed closed to every pod but a dead gang's."""
+    async with karpenter_bed(control_plane, "karp-drained", "a") as bed:
+        node = f"node-{bed.namespace}-0"
+        try:
+            async with running(bed.admin) as caches:
+                karpenter = KarpenterProvisioner(bed.admin, caches)
+                await karpenter.pass_once()
+                first = (await bed.claims("a"))[0]
+                await _registered(bed, first, node)
+                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
+                await bed.admin.create(SERVICE_ACCOUNT, account)
+                await bed.admin.create(
+                    POD, _pod(bed, "gang-member", node, gang=True), bed.namespace
+                )
+                await until(lambda: _cached(caches, [node]))
+                rolling = await _roll_back(bed, caches, "a")
+                await karpenter.pass_once()
+                draining = await bed.admin.get(NODE, node)
+                await bed.admin.merge_patch(
+                    POD,
+                    "gang-member",
+                    {"status": {"phase": "Succeeded"}},
+                    bed.namespace,
+                    subresource="status",
+                )
+                await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
+                kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
+                await until(lambda: _unmarked(caches, node))
+                await karpenter.pass_once()
+                during = await bed.admin.get(NODE, node)
+                outcome = {OUTCOME_ANNOTATION: '{"reclaimed": []}'}
+                await bed.admin.merge_patch(
+                    PROVISIONING_REQUEST,
+                    "a-check-1",
+                    {"metadata": {"annotations": outcome}},
+                    bed.namespace,
+                )
+                await until(lambda: _recorded_outcome(caches, bed))
+                await karpenter.pass_once()
+                after = await bed.admin.get(NODE, node)
+                left = await bed.claims("a")
+                said = await bed.admin.list_objects(
+                    EVENT, field_selector=f"involvedObject.name={node}"
+                )
+        finally:
+            with contextlib.suppress(NotFoundError):
+                await bed.admin.delete(NODE, node)
+    assert rolling["metadata"]["annotations"][PHASE_ANNOTATION] == ROLLING_BACK
+    notes = draining["metadata"]["annotations"]
+    assert notes[ARRIVED_FOR] == bed.key("a") and RECLAIM_WHEN_IDLE in notes
+    assert HOLD_TAINT in _taint_keys(draining)
+    assert kept.requeue_after is None
+    assert RECLAIM_WHEN_IDLE not in during["metadata"]["annotations"]
+    assert HOLD_TAINT in _taint_keys(during)  # the rollback still under way
+    assert HOLD_TAINT not in _taint_keys(after)
+    assert _taint_keys(after) == _taint_keys(during) - {HOLD_TAINT}
+    assert after["metadata"]["annotations"][ARRIVED_FOR] == bed.key("a")
+    assert not after["spec"].get("unschedulable")
+    assert [c["metadata"]["name"] for c in left] == [first["metadata"]["name"]]
+    (event,) = [e for e in said["items"] if e["reason"] == "NodeKept"]
+    assert f"runs pod {bed.namespace}/bound-by-name" in event["message"], event["message"]
+
+
+def _pod(bed: Bed, name: str, node: str, *, gang: bool = False) -> Obj:
+    """A pod bound to ``node`` by name; of the gang (consuming its request) or of no one."""
+    notes = {CONSUME_ANNOTATION: "a-check-1"} if gang else {}
+    return {
+        "metadata": {"name": name, "namespace": bed.namespace, "annotations": notes},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+    }
+
+
+def _taint_keys(node: Obj) -> set[str]:
+    return {t["key"] for t in node["spec"].get("taints") or []}
+
+
+async def _unmarked(caches: Caches, node: str) -> bool:
+    got = caches.nodes.store.get(node) or {}
+    return RECLAIM_WHEN_IDLE not in (got.get("metadata", {}).get("annotations") or {})
+
+
+async def _recorded_outcome(caches: Caches, bed: Bed) -> bool:
+    got = caches.requests.store.get("a-check-1", bed.namespace) or {}
+    return OUTCOME_ANNOTATION in (got.get("metadata", {}).get("annotations") or {})

@@ -718,14 +718,16 @@ def _node(kind: str) -> dict[str, Obj]:
     record), ``recorded`` (the ledger's), ``another's`` (held so, recorded for another
     request), ``open`` (its hold lifted), ``marked`` (held, a
     reclaim's mark on it: the draining-node reconciler owes it), ``unlinked`` (registering:
-    its providerID, the claim naming no node yet), or none."""
+    its providerID, the claim naming no node yet), ``recorded marked`` (recorded, a reclaim
+    owed it: draining, failed, or not tried yet), ``recorded open`` (recorded, its hold
+    lifted), or none."""
     if kind == "none":
         return {}
-    node = _recorded("n0") if kind == "recorded" else held("n0")
+    node = _recorded("n0") if kind.startswith("recorded") else held("n0")
     node["spec"]["providerID"] = "kwok://n0"
-    if kind == "open":
+    if kind.endswith("open"):
         node["spec"]["taints"] = []
-    if kind == "marked":
+    if kind.endswith("marked"):
         node["metadata"]["annotations"]["gangcheck.io/reclaim-when-idle"] = "{}"
     if kind == "another's":
         node["metadata"]["annotations"][ARRIVED_FOR] = "team-a/other-check-1"
@@ -784,19 +786,128 @@ def test_a_withdrawal_deletes_only_claims_with_no_node(
         assert (gone.delete, gone.reclaim) == (result.delete, result.reclaim)
 
 
-def test_an_earlier_requests_claim_whose_node_exists_is_not_deleted() -> None:
+def _in_state(state: str) -> Obj | None:
+    """The request in ``state``: ``gone`` (None), ``open`` (asked, followed), ``kept`` (for a
+    top-up), ``failed``, ``rolling back``, ``rolled back`` (its outcome recorded, the request
+    staying as the record), ``failed, rolled back``, ``deleting``, ``started``."""
+    if state == "gone":
+        return None
+    req = request(("Accepted", "True", "created 1 NodeClaims in NodePool 'gpu'"))
+    req["metadata"]["uid"] = "uid-2"
+    notes = {
+        "kept": {PHASE_ANNOTATION: KEPT},
+        "rolling back": {PHASE_ANNOTATION: ROLLING_BACK},
+        "rolled back": ROLLED_BACK,
+        "failed, rolled back": ROLLED_BACK,
+        "started": {PHASE_ANNOTATION: STARTED},
+    }.get(state, {})
+    req["metadata"]["annotations"] = dict(notes)
+    if state.startswith("failed"):
+        req["status"]["conditions"].append({"type": "Failed", "status": "True"})
+    if state == "deleting":
+        req["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:04Z"
+    return req
+
+
+@pytest.mark.parametrize(
+    ("state", "claim", "node", "lifted"),
+    [
+        # kept by a reclaim after the withdrawal's own (it drained, failed, or this process
+        # stopped between the mark and the reclaim; the draining-node reconciler kept it):
+        # recorded for the request, held, no mark. What lifts the request's holds did so
+        # before: lifted here, or never.
+        ("gone", "registered", "recorded", True),
+        ("gone", "arrived", "recorded", True),
+        ("rolled back", "registered", "recorded", True),
+        ("rolled back", "arrived", "recorded", True),
+        ("failed, rolled back", "registered", "recorded", True),
+        ("deleting", "registered", "recorded", True),
+        # its rollback still to judge the nodes recorded for it: lifts them once done
+        ("failed", "registered", "recorded", False),
+        ("rolling back", "registered", "recorded", False),
+        ("rolling back", "arrived", "recorded", False),
+        # a reclaim still owed it (draining, failed, not tried yet): held until judged
+        ("gone", "registered", "recorded marked", False),
+        ("rolled back", "arrived", "recorded marked", False),
+        # lifted already; another request's record; not recorded (the reclaim's safe path)
+        ("gone", "registered", "recorded open", False),
+        ("gone", "registered", "another's", False),
+        ("gone", "registered", "held", False),
+    ],
+)
+def test_a_node_kept_after_the_withdrawal_has_its_hold_lifted(
+    state: str, claim: str, node: str, lifted: bool
+) -> None:
+    """Before, only the withdrawal's own reclaim lifted the hold of a node it kept: kept
+    later by the draining-node reconciler, the node, recorded now, was passed over by every
+    later pass and stayed closed to every pod but a dead gang's until consolidation (never,
+    with it off). Now a pass lifts it (``Served.lift``) once the request's holds are released
+    (gone, deleting, its rollback recorded, started), never while a reclaim is owed it."""
+    made = [_claim_in(claim)]
+    result = served(_in_state(state), made, nodes=_node(node))
+    assert result.lift == (("n0",) if lifted else ())
+    assert result.delete == ()
+    if node != "held":
+        assert result.reclaim == ()
+
+
+@pytest.mark.parametrize(
+    ("state", "ended"),
+    [
+        ("open", False),
+        ("kept", False),
+        ("failed", True),
+        ("rolling back", True),
+        ("rolled back", True),
+        ("started", True),
+        ("deleting", True),
+    ],
+)
+def test_an_earlier_requests_claim_whose_node_exists_is_withdrawn_once_the_live_one_ends(
+    state: str, ended: bool
+) -> None:
     """A claim of an earlier request of the same name, registered, its node held (the hold
     is by name: the live request's gang tolerates it, its ledger may record the node) and not
-    recorded: left until the live request ends (its claims and these are then withdrawn
-    together, the safe way). Before, it was deleted here, its node's pods with it."""
+    recorded: never deleted here (before 9d45c03 it was, its node's pods with it). It waits
+    while the live request's gang may use the node (open, kept for a top-up), and once that
+    request ends for the hold (failed, being deleted, rolling back or rolled back, started)
+    it is withdrawn through the reclaim's safe path, as that request's own claims are. Before,
+    it waited until the live request was deleted: one Failed, or Started and running for
+    days, left the node held and protected from Karpenter's disruption all along. A node of
+    it kept by a reclaim has its hold lifted once the live request's holds are released, and
+    an arrived one no longer held loses its protection."""
     earlier = _claim_in("registered")
     earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
-    again = request()
-    again["metadata"]["uid"] = "uid-2"
-    done = served(again, [earlier], nodes=_node("held"))
-    assert done.delete == () and done.reclaim == ()
-    assert len(done.create) == 2  # the new request asked for anew, as before
-    assert served(None, [earlier], nodes=_node("held")).reclaim == (earlier,)  # once it ends
+    earlier["metadata"]["annotations"][names.REQUEST_UID] = "uid-1"
+    live = _in_state(state)
+    done = served(live, [earlier], nodes=_node("held"))
+    assert done.delete == ()
+    assert done.reclaim == ((earlier,) if ended else ())
+    assert served(None, [earlier], nodes=_node("held")).reclaim == (earlier,)
+    kept = served(live, [earlier], nodes=_node("recorded"))
+    released = state in {"rolled back", "started", "deleting"}  # its holds lifted
+    assert kept.lift == (("n0",) if released else ()) and kept.reclaim == ()
+    arrived = _claim_in("arrived")
+    arrived["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    arrived["metadata"]["annotations"][names.REQUEST_UID] = "uid-1"
+    arrived["metadata"]["annotations"][names.DO_NOT_DISRUPT] = "true"
+    opened = _node("recorded open")
+    opened["n0"]["metadata"]["annotations"][names.DO_NOT_DISRUPT] = "true"
+    assert set(served(live, [arrived], nodes=opened).release) == {
+        ("node", "n0"),
+        ("claim", arrived["metadata"]["name"]),
+    }
+
+
+def test_an_earlier_requests_claim_with_no_node_is_withdrawn_at_once() -> None:
+    """Whatever the live request of the name does, an earlier request's claim with no node
+    (none named, none registering) is deleted at once: nothing can run where there is none."""
+    earlier = _claim_in("launched")
+    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    earlier["metadata"]["annotations"][names.REQUEST_UID] = "uid-1"
+    for state in ("open", "kept", "started"):
+        done = served(_in_state(state), [earlier])
+        assert done.delete == (earlier,) and done.reclaim == ()
 
 
 def test_a_creation_an_older_release_cut_short_is_completed_under_its_names() -> None:

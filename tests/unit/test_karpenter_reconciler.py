@@ -27,6 +27,7 @@ from gangcheck.model.names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PHASE_ANNOTATION,
+    RECLAIM_WHEN_IDLE,
     ROLLING_BACK,
 )
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
@@ -652,3 +653,53 @@ def protected(kube: FakeKube) -> list[bool]:
         (o["metadata"].get("annotations") or {}).get(names.DO_NOT_DISRUPT) == "true"
         for o in objects
     ]
+
+
+# -- a node kept after its withdrawal --------------------------------------------------------
+
+
+def _hold_on(kube: FakeKube, name: str) -> bool:
+    taints = ((kube.stored(NODE, name) or {}).get("spec") or {}).get("taints") or []
+    return any(t["key"] == hold_taint(f"{NAMESPACE}/a")["key"] for t in taints)
+
+
+def _marked(kube: FakeKube, name: str, mark: bool) -> None:
+    node = kube.stored(NODE, name) or {}
+    notes = node["metadata"]["annotations"]
+    if mark:
+        notes[RECLAIM_WHEN_IDLE] = "{}"
+    else:
+        notes.pop(RECLAIM_WHEN_IDLE, None)
+    kube.add(node)
+
+
+async def test_a_node_kept_after_its_withdrawal_has_its_hold_lifted_by_a_later_pass() -> None:
+    """Gang a's request gone; its two nodes recorded for it (the withdrawal's reclaim wrote
+    the record with its mark), still held. n0 was kept later by the draining-node reconciler
+    (its mark gone: the reclaim had drained, or this process stopped between the mark and the
+    reclaim); n1 still owes its reclaim. A pass lifts n0's hold, every other taint kept, and
+    leaves n1's until it is kept too; a mark the cache does not show yet (read live) leaves
+    the hold on. Before, only the withdrawal's own reclaim lifted a hold: both nodes stayed
+    closed to every pod but a dead gang's, for ever with consolidation off."""
+    kube = old_claims_stack(protecting=False, held=True)
+    other = {"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}
+    for name in ("n0", "n1"):
+        node = kube.stored(NODE, name) or {}
+        node["spec"]["taints"].insert(0, other)
+        kube.add(node)
+    _marked(kube, "n1", True)
+    karpenter = provisioner(kube)
+    _marked(kube, "n0", True)  # marked again since the cache was read: owed a reclaim
+    await karpenter.pass_once()
+    assert (_hold_on(kube, "n0"), _hold_on(kube, "n1")) == (True, True)
+    _marked(kube, "n0", False)  # kept
+    kube.sync(karpenter._caches)
+    karpenter._since_orphan_pass = ORPHAN_INTERVAL  # no request of the class: every 30 s
+    await karpenter.pass_once()
+    assert (_hold_on(kube, "n0"), _hold_on(kube, "n1")) == (False, True)
+    assert (kube.stored(NODE, "n0") or {})["spec"]["taints"] == [other]
+    _marked(kube, "n1", False)
+    kube.sync(karpenter._caches)
+    karpenter._since_orphan_pass = ORPHAN_INTERVAL
+    await karpenter.pass_once()
+    assert (_hold_on(kube, "n0"), _hold_on(kube, "n1")) == (False, False)

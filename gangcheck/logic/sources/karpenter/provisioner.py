@@ -47,7 +47,15 @@ What this module decides for one request (``serve``):
   ``DeleteNodeClaim``). Only a claim with no node (none named, none registering with its
   providerID) is deleted here; one whose node exists is withdrawn through the reclaim's safe
   path (``Served.reclaim``: fenced, its pods read live, deleted only if none but DaemonSet
-  pods are there), never on a cached view of its node (``_withdrawal``);
+  pods are there), never on a cached view of its node (``_withdrawal``). A node so kept has
+  its hold lifted, whichever reclaim keeps it: the withdrawal's own at once, the
+  draining-node reconciler's later (after a drain, a failed try, or a restart between the
+  mark and the reclaim) by the next pass (``Served.lift``: a node recorded for the request,
+  held, owing no reclaim, once the holds of the request are released: ``_holds_released``);
+- an earlier request's of the same name (made again under it): its claims with no node are
+  withdrawn at once; those with a node wait while the live request's gang may use the hold
+  they carry (by name: it tolerates it), and are withdrawn as above once that request ends
+  for the hold (``_hold_ended``: failed, being deleted, rolling back or rolled back, started);
 - protection: ``karpenter.sh/do-not-disrupt`` comes off a claim and its node once the node
   is no longer held for the request (the gang started, or a rollback kept the node), or the
   request is gone; never when the NodePool's template sets it on every node itself (a claim
@@ -112,14 +120,16 @@ class Served:
     names none, nor is one registering for it), claims withdrawn through the reclaim's safe
     path (``reclaim``: their node recorded as arrived for the request with the reclaim's mark,
     then reclaimed, its pods read live, the claim deleted only if none but DaemonSet pods are
-    there), the request's conditions to set, and the objects whose ``do-not-disrupt`` comes
-    off (``("node"|"claim", name)``)."""
+    there), the request's conditions to set, the objects whose ``do-not-disrupt`` comes
+    off (``("node"|"claim", name)``), and the nodes whose hold for the request comes off
+    (``lift``: recorded for it, held, owing no reclaim: kept, once its holds are released)."""
 
     create: tuple[Obj, ...] = ()
     delete: tuple[Obj, ...] = ()
     conditions: tuple[Obj, ...] = ()
     release: tuple[tuple[str, str], ...] = ()
     reclaim: tuple[Obj, ...] = ()
+    lift: tuple[str, ...] = ()
 
 
 def is_served_here(request: Obj) -> bool:
@@ -166,13 +176,24 @@ def serve(
     )
     if not earlier:
         return served
-    # An earlier request's of the same name: those with no node are withdrawn as any
-    # attempt's are (``_withdrawal``). Those with a node are left: to the reclaim rules once
-    # recorded; else held under the name the live request has too (its gang tolerates the
-    # hold, its ledger may record the node), they wait for that request's end, when its
-    # claims and these are withdrawn together.
-    stale = _withdrawal([c for c in earlier if not _arrived(c)], key, nodes)
-    return replace(served, delete=(*stale.delete, *served.delete))
+    # An earlier request's of the same name: those with no node are withdrawn at once, as any
+    # attempt's are (``_withdrawal``). Those with a node are held under the name the live
+    # request has too (its gang tolerates the hold, its ledger may record the node): they
+    # wait while that request's gang may use them, and once it ends for the hold they are
+    # withdrawn the safe way (a held unrecorded node reclaimed; one kept has its hold lifted
+    # once the request's holds are released), not once it is deleted: a request Failed, or
+    # Started and running for days, stays as it is.
+    stale = _withdrawal(earlier, key, nodes, lift=_holds_released(request))
+    release = (*served.release, *_releases(earlier, key, nodes, pools, request_live=True))
+    if request is None or not _hold_ended(request):
+        return replace(served, delete=(*stale.delete, *served.delete), release=release)
+    return replace(
+        served,
+        delete=(*stale.delete, *served.delete),
+        reclaim=(*stale.reclaim, *served.reclaim),
+        lift=(*stale.lift, *served.lift),
+        release=release,
+    )
 
 
 def _of_request(
@@ -199,10 +220,6 @@ def _uid_of(claim: Obj) -> str:
     return str(annotations.get(names.REQUEST_UID) or "")
 
 
-def _arrived(claim: Obj) -> bool:
-    return claim_state(claim).phase is ClaimPhase.ARRIVED
-
-
 def _serve(
     request: Obj | None,
     key: str,
@@ -215,14 +232,16 @@ def _serve(
     pool_claims: Sequence[Obj],
 ) -> Served:
     release = _releases(mine, key, nodes, pools, request_live=request is not None)
+    lift = _holds_released(request)
     if request is None or _has_ended(request):
-        return replace(_withdrawal(mine, key, nodes), release=release)
+        return replace(_withdrawal(mine, key, nodes, lift=lift), release=release)
     if _rolled_back(request):
         # Its attempt takes no node any more, and its request may stay as the record long
         # after (a PodGroup's backoff): the claims still launching are withdrawn now, not once
         # the request ends. Those that arrived are the rollback's to reclaim (the ledger's safe
         # path), never deleted here; no condition is written (a claim withdrawn is no loss).
-        return replace(_withdrawal(mine, key, nodes, rolling_back=True), release=release)
+        withdrawn = _withdrawal(mine, key, nodes, rolling_back=True, lift=lift)
+        return replace(withdrawn, release=release)
     if not mine and not _true(request, "Accepted"):
         if not _second_passed(request, now) or not is_open(request):
             return Served()
@@ -424,7 +443,12 @@ def _second_passed(request: Obj, now: datetime) -> bool:
 
 
 def _withdrawal(
-    claims: Sequence[Obj], key: str, nodes: Mapping[str, Obj], *, rolling_back: bool = False
+    claims: Sequence[Obj],
+    key: str,
+    nodes: Mapping[str, Obj],
+    *,
+    rolling_back: bool = False,
+    lift: bool = False,
 ) -> Served:
     """What withdrawing ``key``'s ``claims`` takes. A claim naming no node, whose node is not
     registering either (none of ``nodes`` carries its providerID), is deleted here: nothing
@@ -439,9 +463,17 @@ def _withdrawal(
     other, it is the reclaim rules' (never recorded over);
     no longer held for the request (pods may run there) it is kept; with ``rolling_back``
     (its rollback reclaims what arrived) a claim that arrived is the rollback's too. One
-    registering (its node not linked yet) or whose node is not seen yet waits."""
+    registering (its node not linked yet) or whose node is not seen yet waits.
+
+    With ``lift`` (the request's holds released: ``_holds_released``), a node recorded for
+    the request, still held for it and owing no reclaim (no mark: kept, by whichever reclaim)
+    has its hold lifted (``Served.lift``): what lifted the request's holds did so before it
+    was recorded or kept (a withdrawal's reclaim that drained, failed, or was cut short
+    between its mark and its reclaim, kept later by the draining-node reconciler), and
+    nothing else would: the node would stay closed to every pod but a dead gang's."""
     delete: list[Obj] = []
     reclaim: list[Obj] = []
+    lifts: list[str] = []
     registering = {_provider_of_node(n) for n in nodes.values()} - {""}
     for claim in attempt_claims(claims, key):
         if (claim.get("metadata") or {}).get("deletionTimestamp"):
@@ -452,13 +484,17 @@ def _withdrawal(
                 delete.append(claim)
             continue
         node = nodes.get(state.node_name)
-        if node is None or claim_of(node) or not held_for(node, key):
-            continue  # not seen yet; recorded (for it or another: that one's); not held
+        if node is None or not held_for(node, key):
+            continue  # not seen yet; not held (pods may run there)
+        if claim_of(node):  # recorded (for it or another: that one's): the reclaim rules'
+            if lift and claim_of(node) == key and not marked(node):
+                lifts.append(state.node_name)
+            continue
         if rolling_back and state.phase is ClaimPhase.ARRIVED:
             continue
-        if not _marked(node):
+        if not marked(node):
             reclaim.append(claim)
-    return Served(delete=tuple(delete), reclaim=tuple(reclaim))
+    return Served(delete=tuple(delete), reclaim=tuple(reclaim), lift=tuple(lifts))
 
 
 def _provider_of_claim(claim: Obj) -> str:
@@ -469,7 +505,7 @@ def _provider_of_node(node: Obj) -> str:
     return str((node.get("spec") or {}).get("providerID") or "")
 
 
-def _marked(node: Obj) -> bool:
+def marked(node: Obj) -> bool:
     """The node carries a reclaim's mark: the draining-node reconciler owes it a reclaim."""
     return RECLAIM_WHEN_IDLE in ((node.get("metadata") or {}).get("annotations") or {})
 
@@ -483,6 +519,31 @@ def _rolled_back(request: Obj) -> bool:
 def _has_ended(request: Obj) -> bool:
     meta = request.get("metadata") or {}
     return bool(meta.get("deletionTimestamp")) or _true(request, "Failed")
+
+
+def _hold_ended(request: Obj) -> bool:
+    """No gang waits any more on nodes held under the request's name: it failed or is being
+    deleted, its attempt rolls back or rolled back, or its gang started (every member
+    scheduled). Open or kept (for a top-up), its gang may still use a node held so."""
+    return _has_ended(request) or _rolled_back(request) or _started(request)
+
+
+def _holds_released(request: Obj | None) -> bool:
+    """What lifts the holds of the request's gang (``lifecycle.release_hold``,
+    ``release_holds_of_gone``) has done so: the request is gone or being deleted (withdrawn),
+    its rollback recorded what it did (the rollback done), or its gang started. A node
+    recorded for it, held and kept after that is held for a gang that is no more. Before
+    (failed, rolling back), a rollback is still to judge the nodes recorded for it, and
+    lifts their hold once done."""
+    if request is None:
+        return True
+    meta = request.get("metadata") or {}
+    record = Record.of(meta.get("annotations") or {})
+    return (
+        bool(meta.get("deletionTimestamp"))
+        or bool(record.raw_outcome)
+        or record.phase is RecordPhase.STARTED
+    )
 
 
 def _asked(request: Obj) -> int:
