@@ -958,13 +958,14 @@ def client_of(event: Obj) -> str | None:
 def is_phase_record(event: Obj) -> bool:
     """A patch of a request that sets its phase annotation and nothing else: the record of
     NodesFit's ledger that the request stopped claiming new nodes (Fulfilled) or released them
-    to the gang's pods (Started)."""
+    to the gang's pods (Started). The request's uid may ride along: a precondition, not a
+    change (the record goes only to the request it was decided for)."""
     body = event.get("requestObject")
     return (
         event.get("verb") == "patch"
         and isinstance(body, dict)
         and set(body) == {"metadata"}
-        and set(body["metadata"]) == {"annotations"}
+        and set(body["metadata"]) - {"uid"} == {"annotations"}
         and set(body["metadata"]["annotations"]) == {PHASE_ANNOTATION}
     )
 

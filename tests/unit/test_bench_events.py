@@ -82,3 +82,16 @@ def test_the_tail_reads_what_was_added_and_a_half_written_record_whole(tmp_path:
     assert read == [event]
     assert kueue_scale.is_controller_event(read[0])
     assert not kueue_scale.is_controller_event(other)
+
+
+def test_a_phase_record_carrying_its_requests_uid_is_one() -> None:
+    """The record is written with its request's uid (a precondition, since 74e1918): still a
+    phase record, not another patch; a patch changing anything else is not one."""
+    ours = NAMESPACES["gangcheck"]
+    annotations = {kueue_scale.PHASE_ANNOTATION: "Fulfilled"}
+    phase = record(5, "patch", "provisioningrequests", kueue=False, namespace=ours)
+    phase["requestObject"] = {"metadata": {"annotations": annotations, "uid": "u-1"}}
+    other = record(6, "patch", "provisioningrequests", kueue=False, namespace=ours)
+    other["requestObject"] = {"metadata": {"annotations": annotations, "labels": {"a": "b"}}}
+    assert kueue_scale.is_phase_record(phase)
+    assert not kueue_scale.is_phase_record(other)
