@@ -51,8 +51,14 @@ async def delete_request(applier: Applier, namespace: str, action: Action) -> No
 
 
 async def delete_template(applier: Applier, namespace: str, action: Action) -> None:
+    """Delete the template the decision saw (its uid in the cache, when there): one of that
+    name made again since is not deleted (ConflictError: the queue decides again)."""
     assert isinstance(action, DeleteTemplate)
-    await applier.delete_owned(POD_TEMPLATE, action.name, namespace, applier.caches.templates)
+    seen = applier.caches.templates.store.get(action.name, namespace)
+    uid = seen["metadata"].get("uid") if seen is not None else None
+    await applier.delete_owned(
+        POD_TEMPLATE, action.name, namespace, applier.caches.templates, uid=uid
+    )
 
 
 async def annotate_request(applier: Applier, namespace: str, action: Action) -> None:

@@ -170,6 +170,19 @@ async def test_delete_request_leaves_a_newer_request_of_that_name_and_its_templa
     assert kube.stored(POD_TEMPLATE, "wl-main", NS) is not None
 
 
+async def test_a_template_made_again_since_the_decision_is_not_deleted() -> None:
+    """The delete goes to the template the decision saw (its uid in the cache): one of that
+    name made again since stays (ConflictError: the queue decides again)."""
+    kube, applier = setup(template())
+    again = template()
+    again["metadata"]["uid"] = "made-again"
+    kube.add(again)  # the server has another one now, the cache not yet
+    with pytest.raises(ConflictError):
+        await applier.apply(NS, DeleteTemplate("wl-main"))
+    stored = kube.stored(POD_TEMPLATE, "wl-main", NS)
+    assert stored is not None and stored["metadata"]["uid"] == "made-again"
+
+
 @pytest.mark.parametrize(
     "action",
     [DeleteRequest(REQUEST, "uid", ("wl-main",), "done"), DeleteTemplate("wl-main")],
