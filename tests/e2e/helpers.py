@@ -66,6 +66,18 @@ async def events_of(kube: Kube, obj: Obj) -> list[Obj]:
     return list(listing.get("items") or [])
 
 
+async def events_with(kube: Kube, obj: Obj, *reasons: str, timeout: float = 30.0) -> list[Obj]:
+    """The Events recorded on ``obj`` once one of each of ``reasons`` is among them: gangcheck
+    sends its Events in the background, after the writes the decision made, so what a test
+    sees of those writes (a request deleted, a Job running) may come before them."""
+
+    async def probe() -> list[Obj] | None:
+        events = await events_of(kube, obj)
+        return events if all(messages(events, r) for r in reasons) else None
+
+    return await eventually(probe, timeout=timeout, what=f"Events {', '.join(reasons)}")
+
+
 def messages(events: list[Obj], reason: str) -> list[str]:
     """The messages of the Events with ``reason``."""
     return [str(e.get("message") or "") for e in events if e.get("reason") == reason]

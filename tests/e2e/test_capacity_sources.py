@@ -22,7 +22,7 @@ from tests.e2e.conftest import E2E_NODE_GROUPS, KEPT_TAINT, Cluster
 from tests.e2e.helpers import (
     container,
     delete_quietly,
-    events_of,
+    events_with,
     eventually,
     is_true,
     messages,
@@ -124,7 +124,7 @@ async def test_in_order_the_gang_runs_from_the_second_source_when_the_first_cann
             record = await attempt_record(kube, workload, queue.check)
             assert record.requests == sorted([first, second]), record
             assert not record.went_to("Retry"), record
-            events = await events_of(kube, workload)
+            events = await events_with(kube, workload, "CapacitySourceFailed")
             (left,) = messages(events, "CapacitySourceFailed")
             assert "'small-pool'" in left and "'big-pool'" in left, left
             assert "CapacityIsNotFound" in left, left
@@ -201,7 +201,7 @@ async def test_race_the_fast_source_wins_and_the_slow_ones_arrivals_are_reclaime
             # the slow pool's early node is reclaimed, and no more come: its request is gone
             # (withdrawn once the winner is written: the gang may run before it is)
             await eventually(slow_gone, timeout=60, what="the slow request and arrivals gone")
-            events = await events_of(kube, workload)
+            events = await events_with(kube, workload, "CapacityRaceWon", "ReclaimingArrivals")
             (won,) = messages(events, "CapacityRaceWon")
             assert "'fast'" in won, won
             # the slow pool's first node had arrived: the withdrawal reclaimed it, and said so
@@ -283,7 +283,7 @@ async def test_in_order_a_source_that_stops_short_is_topped_up_and_the_gang_runs
             assert set(by_name) == {kept, topped}, set(by_name)
             assert [p["count"] for p in by_name[topped]["spec"]["podSets"]] == [2]
             assert by_name[topped]["metadata"]["annotations"]["gangcheck.io/kept-from"] == kept
-            events = await events_of(kube, workload)
+            events = await events_with(kube, workload, "CapacityToppedUp")
             (said,) = messages(events, "CapacityToppedUp")
             assert all(n in said for n in on_first), said
             assert not messages(events, "ReclaimingArrivals")
@@ -534,7 +534,7 @@ async def test_in_order_kept_nodes_outlive_the_autoscalers_unneeded_time_until_t
             assert {p["spec"]["nodeName"] for p in pods} == {*kept, *on_second}, pods
             req = await kube.get(PROVISIONING_REQUEST, topped, namespace)
             assert req["metadata"]["annotations"]["gangcheck.io/kept-from"] == first
-            events = await events_of(kube, workload)
+            events = await events_with(kube, workload, "CapacityToppedUp")
             (said,) = messages(events, "CapacityToppedUp")
             assert all(n in said for n in kept), said
 
