@@ -111,7 +111,7 @@ RECLAIMED_AT = "gangcheck.io/reclaimed-at"
 """On a Node CordonAndTaint reclaimed (left cordoned and tainted for cluster-autoscaler's
 scale-down, its fence label and RECLAIM_WHEN_IDLE taken off in the same write): when
 (RFC 3339). Taken off when the node no longer carries gangcheck's taint (a person returned it
-to service)."""
+to service), and with any undoing of gangcheck's fence (reclaim.unfence_ops)."""
 SCALE_DOWN_GUARD = "gangcheck.io/scale-down-disabled-for"
 """On a Node: gangcheck set cluster-autoscaler's ``scale-down-disabled`` on it, in the same
 write, for this request (``namespace/name``) whose arrivals are kept for a top-up

@@ -215,6 +215,12 @@ def labelled(node: dict[str, Any]) -> dict[str, Any]:
     return {**node, "metadata": {**node["metadata"], "labels": labels}}
 
 
+def left_before(node: dict[str, Any]) -> dict[str, Any]:
+    """The node fenced again after CordonAndTaint left it (its reclaimed-at record on)."""
+    notes = {**node["metadata"]["annotations"], "gangcheck.io/reclaimed-at": "2026-12-06T10:00:00Z"}
+    return {**node, "metadata": {**node["metadata"], "annotations": notes}}
+
+
 OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
 THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
 
@@ -248,6 +254,15 @@ THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSc
             {"op": "test", "path": "/metadata/labels/gangcheck.io~1reclaiming", "value": "true"},
             {"op": "remove", "path": "/metadata/labels/gangcheck.io~1reclaiming"},
         ]),
+        (left_before(fenced_node([OURS])), False, False, [
+            {"op": "test", "path": "/spec/taints/0", "value": OURS},
+            {"op": "remove", "path": "/spec/taints/0"},
+            {"op": "test", "path": "/spec/unschedulable", "value": True},
+            {"op": "remove", "path": "/spec/unschedulable"},
+            {"op": "test", "path": "/metadata/annotations/gangcheck.io~1reclaimed-at",
+             "value": "2026-12-06T10:00:00Z"},
+            {"op": "remove", "path": "/metadata/annotations/gangcheck.io~1reclaimed-at"},
+        ]),
     ],
     ids=[
         "unfencing removes only our taint, tested in place, our cordon and our mark",
@@ -255,6 +270,8 @@ THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSc
         "a node without our taint is left alone, its cordon too",
         "the fence label goes with the fence (binds allowed again), no other label",
         "a fence label left without our taint goes alone",
+        "a node left before (a reclaim run again, held or kept) is no longer left: its record"
+        " goes, so a later leave records its own time",
     ],
 )  # fmt: skip
 def test_unfencing_touches_only_our_keys(

@@ -104,8 +104,10 @@ def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
     """JSON patch ops that undo gangcheck's fence and nothing else: each taint of ours is
     tested before it is removed (another writer's taint added or removed meanwhile fails the
     test, never gets dropped), the cordon goes only if gangcheck set it, the fence label
-    (binds allowed again), and the mark only when `forget`. Empty when there is nothing of
-    ours to undo."""
+    (binds allowed again), the mark only when `forget`, and ``RECLAIMED_AT`` (a node left
+    before and fenced again, now unfenced, is left no more: a later ``left_ops`` records its
+    own time, not the earlier one, so it is not said overdue at once). Empty when there is
+    nothing of ours to undo."""
     spec = node.get("spec") or {}
     taints = spec.get("taints") or []
     ops: list[Obj] = []
@@ -122,6 +124,8 @@ def unfence_ops(node: Obj, *, was_cordoned: bool, forget: bool) -> list[Obj]:
         ops += tested_removal("labels", FENCE_LABEL, labels[FENCE_LABEL])
     if forget and RECLAIM_WHEN_IDLE in annotations:
         ops += tested_removal("annotations", RECLAIM_WHEN_IDLE, annotations[RECLAIM_WHEN_IDLE])
+    if RECLAIMED_AT in annotations:
+        ops += tested_removal("annotations", RECLAIMED_AT, annotations[RECLAIMED_AT])
     return ops
 
 
