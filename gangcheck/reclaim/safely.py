@@ -63,6 +63,7 @@ from gangcheck.logic.attempt.reclaim import (
     held_seconds,
     is_fenced,
     judge,
+    left_for,
     left_ops,
     pods_that_keep,
     unfence_ops,
@@ -183,6 +184,9 @@ async def _reclaim(
         return Result("gone", "node no longer exists")
     if owed and _marked_for(node) != target.request:
         return Result("gone", "no longer owed a reclaim: done or kept meanwhile", 0, _uid(node))
+    if left_for(node, target.request):  # run again, its outcome's write lost: done already
+        done = "cordoned and tainted for scale-down (left before)"
+        return Result("reclaimed", done, held_seconds(node, now), _uid(node))
     try:  # what goes back to the pool, or is kept, is no longer kept for a top-up
         unguarded = await unguard(kube, node, target.request)
     except ApiError as e:
@@ -291,7 +295,9 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Tol
     if not reclaimer.leaves_node:
         await _forget(kube, target.node)
     log.info("reclaimed node %s: %s", target.node, done, extra={"request": target.request})
-    late = await _bound_too_late(kube, target)
+    # A node left (its fence label off in the same write) admits binds again: those are not
+    # late, and are not reported as such.
+    late = () if reclaimer.leaves_node else await _bound_too_late(kube, target)
     return Result("reclaimed", done, held_seconds(fenced, now), uid, late)
 
 

@@ -46,7 +46,7 @@ from gangcheck.logic.attempt.actions import ReclaimArrivals
 from gangcheck.logic.attempt.reclaim import LEFT_FOR_SCALE_DOWN_SECONDS
 from gangcheck.logic.placement.fit import CLAIM_DELETING, DELETING
 from gangcheck.logic.timefmt import format_time, parse_time
-from gangcheck.model.names import RECLAIMED_AT
+from gangcheck.model.names import FENCE_LABEL, RECLAIMED_AT
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.arrivals import reclaim_arrivals, tell
 from gangcheck.reclaim.safely import Result, Target
@@ -300,6 +300,31 @@ async def test_cordon_and_taint_leaves_the_node_to_the_autoscaler(bed: Bed) -> N
     left = parse_time(fresh["metadata"]["annotations"][RECLAIMED_AT])
     assert left is not None and before <= left <= NOW(UTC)
     assert fresh["metadata"]["annotations"][ARRIVED] == bed.request  # kept: the ledger's
+
+
+async def test_a_cordon_and_taint_reclaim_run_again_finds_the_node_left_and_is_done(
+    bed: Bed,
+) -> None:
+    """The rollback's outcome write lost, its reclaim runs again on the node CordonAndTaint
+    left: done as it was (reclaimed, the same record of when), not fenced and judged again;
+    a pod tolerating the taint that bound there since (the label off allows it) is neither
+    taken for a reason to keep the node (uncordoned, untainted: the outcome said kept) nor
+    reported as bound too late."""
+    node = await bed.node()
+    first = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
+    assert first.verdict == "reclaimed" and first.bound_too_late == ()
+    left = await bed.kube.get(NODE, node)
+    await bed.bind("tolerates-all", node)
+    again = await reclaim_safely(bed.kube, bed.target(node, "CordonAndTaint"), NOW(UTC))
+    assert again.verdict == "reclaimed", again
+    assert again.bound_too_late == ()
+    fresh = await bed.kube.get(NODE, node)
+    assert fence_of(fresh) == (True, [OUR_TAINT], None)
+    assert (
+        fresh["metadata"]["annotations"][RECLAIMED_AT]
+        == (left["metadata"]["annotations"][RECLAIMED_AT])
+    )
+    assert FENCE_LABEL not in (fresh["metadata"].get("labels") or {})
 
 
 async def test_a_node_left_for_scale_down_and_still_there_is_said(bed: Bed) -> None:

@@ -14,6 +14,7 @@ from gangcheck.logic.attempt.fulfillment import is_new_arrival, proven_younger
 from gangcheck.logic.attempt.reclaim import (
     LEFT_FOR_SCALE_DOWN_SECONDS,
     judge,
+    left_for,
     left_ops,
     not_removed_message,
     scale_down_watch,
@@ -378,3 +379,23 @@ def test_the_not_removed_message_names_the_causes_and_what_to_do() -> None:
         "kubectl uncordon n1 && kubectl taint nodes n1 gangcheck.io/reclaiming-",
     ):
         assert words in message
+
+
+@pytest.mark.parametrize(
+    ("annotations", "tainted", "left"),
+    [
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z", ARRIVED_FOR: REQUEST}, True, True),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z", ARRIVED_FOR: "ns/other-1"}, True, False),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z", ARRIVED_FOR: REQUEST}, False, False),
+        ({RECLAIMED_AT: "2026-11-30T11:00:00Z", ARRIVED_FOR: REQUEST, MARK: "{}"}, True, False),
+        ({ARRIVED_FOR: REQUEST}, True, False),
+    ],
+    ids=["left-for-it", "another-request", "returned", "fenced-again", "never-left"],
+)
+def test_a_node_left_for_this_requests_reclaim_is_told_apart(
+    annotations: dict[str, str], tainted: bool, left: bool
+) -> None:
+    """left_for: CordonAndTaint left it for this request's reclaim (a reclaim run again is
+    done), not for another's, not returned to service, not fenced again meanwhile."""
+    node = left_node(labels={}, annotations=annotations, tainted=tainted)
+    assert left_for(node, REQUEST) is left

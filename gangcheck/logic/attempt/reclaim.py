@@ -174,6 +174,20 @@ class LeftWatch:
     since: datetime | None = None
 
 
+def left_for(node: Obj, request: str) -> bool:
+    """Whether CordonAndTaint already left the node for cluster-autoscaler for `request`'s
+    reclaim (``RECLAIMED_AT`` on, gangcheck's taint on, no mark owed, recorded as arrived for
+    `request`): a reclaim of it run again (its outcome's write lost) is done, not begun
+    again (fencing it again would judge binds its leaving allowed since)."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return (
+        RECLAIMED_AT in annotations
+        and RECLAIM_WHEN_IDLE not in annotations
+        and bool(our_taint_indices(node))
+        and claim_of(node) == request
+    )
+
+
 def scale_down_watch(node: Obj, now: datetime) -> LeftWatch:
     """The watch over a node CordonAndTaint left for cluster-autoscaler's scale-down, from
     its ``RECLAIMED_AT`` (an unreadable time counts as overdue: it says it was left)."""
