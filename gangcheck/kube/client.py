@@ -45,6 +45,7 @@ from gangcheck.kube.errors import (
     TransientError,
     error_from_status,
     replaced,
+    unapplied,
 )
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
@@ -236,8 +237,14 @@ class Kube:
         *,
         subresource: str | None = None,
     ) -> Obj:
+        """Apply the JSON patch `ops`. One that did not apply to the object as it is now (a
+        ``test`` op failed, a path gone) raises ChangedError, a ConflictError; a refusal
+        (`refused`) raises as answered (`unapplied`)."""
         path = _sub(res.object_path(name, namespace), subresource)
-        return await self.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        try:
+            return await self.request("PATCH", path, body=ops, content_type=JSON_PATCH)
+        except InvalidError as e:
+            raise unapplied(e, path) from e
 
     async def delete(
         self,

@@ -52,6 +52,12 @@ class ReplacedError(ConflictError):
     """A write carrying the object's uid found another object of that name (`replaced`)."""
 
 
+class ChangedError(ConflictError):
+    """A JSON patch that did not apply to the object as it is now: a ``test`` op failed, or a
+    path an op names is gone. The object changed since it was read: read it again and decide
+    again (`unapplied`)."""
+
+
 class GoneError(ApiError):
     """410: a watch's resourceVersion is too old; relist."""
 
@@ -97,6 +103,17 @@ def replaced(error: BaseException) -> bool:
     return bool(causes) and all(
         isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes
     )
+
+
+def unapplied(error: InvalidError, target: str) -> ApiError:
+    """What a 422 answering a JSON patch means: a refusal (`refused`: the schema, a webhook,
+    a policy) as it is; else the patch did not apply to the object as it is now, a
+    ChangedError (a ConflictError: the object changed since it was read). The one reading
+    of a JSON patch's 422 (`Kube.json_patch`), so its callers catch ConflictError alone."""
+    if refused(error):
+        return error
+    message = f"changed since it was read: {error.message}"
+    return ChangedError(409, "Conflict", message, target=target or error.target)
 
 
 def by_admission(error: BaseException) -> bool:

@@ -7,7 +7,7 @@ JSON patch ``test`` ops (a test that fails: read again, decide again). A node go
 from __future__ import annotations
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import NODE
 from gangcheck.logic.attempt.scaledown import guard_patch, unguard_ops
 from gangcheck.model.objects import Obj
@@ -55,7 +55,7 @@ async def unguard(kube: Kube, node: Obj, request: str) -> Obj | None:
             return await kube.json_patch(NODE, name, ops)
         except NotFoundError:
             return None
-        except (InvalidError, ConflictError):  # a tested value changed: decide again
+        except ConflictError:  # a tested value changed: decide again
             fresh = await _get(kube, name)
             if fresh is None:
                 return None

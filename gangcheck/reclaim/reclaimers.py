@@ -17,7 +17,7 @@ import logging
 from typing import Protocol
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, NotFoundError
 from gangcheck.kube.resources import (
     MACHINE,
     MACHINE_DEPLOYMENT,
@@ -267,7 +267,7 @@ async def _scale_down_once(kube: Kube, res: Resource, obj: Obj, machine: Obj) ->
                 res, obj["metadata"]["name"], _decrement(obj, replicas, machine), namespace
             )
             return replicas - 1
-        except (InvalidError, ConflictError):
+        except ConflictError:
             obj = await kube.get(res, obj["metadata"]["name"], namespace)
     raise ApiError(409, "Conflict", f"{res.kind} kept changing while being scaled down")
 
@@ -293,7 +293,7 @@ async def _forget_scaled_down(kube: Kube, res: Resource, obj: Obj, machine: Obj)
     ops = tested_removal("annotations", key, machine["metadata"]["name"])
     try:
         await kube.json_patch(res, obj["metadata"]["name"], ops, machine["metadata"]["namespace"])
-    except (InvalidError, NotFoundError):
+    except (ConflictError, NotFoundError):
         return
     except ApiError as e:
         log.warning(

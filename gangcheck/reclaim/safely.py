@@ -51,9 +51,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
-    InvalidError,
     NotFoundError,
-    refused,
     refused_as_written,
 )
 from gangcheck.kube.resources import NODE, POD
@@ -411,7 +409,7 @@ async def _undo(kube: Kube, node: Obj, target: Target, *, forget: bool) -> Obj |
             return await kube.json_patch(NODE, target.node, ops)
         except NotFoundError:
             return None
-        except (InvalidError, ConflictError):
+        except ConflictError:
             fresh = await _get(kube, target.node)
             if fresh is None:
                 return None
@@ -440,15 +438,7 @@ async def _leave(kube: Kube, fenced: Obj, now: datetime) -> Obj:
     stay for the scale-down; the label is needed no longer: gangcheck acts on nothing more,
     and what cluster-autoscaler drains is by its own rules. A node changed since it was
     judged (a failed test) raises ConflictError: read and judged again (`_act`)."""
-    name = fenced["metadata"]["name"]
-    try:
-        return await kube.json_patch(NODE, name, left_ops(fenced, now))
-    except InvalidError as e:
-        if refused(e):
-            raise
-        raise ConflictError(
-            409, "Conflict", f"node {name} changed since it was judged", target=f"nodes/{name}"
-        ) from e
+    return await kube.json_patch(NODE, fenced["metadata"]["name"], left_ops(fenced, now))
 
 
 async def _forget(kube: Kube, node: str) -> None:

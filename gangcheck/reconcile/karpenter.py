@@ -54,7 +54,6 @@ from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
     ForbiddenError,
-    InvalidError,
     NotFoundError,
     refused_as_written,
 )
@@ -575,8 +574,8 @@ class KarpenterProvisioner:
         ops = release_protection_patch(obj)
         if not ops:
             return
-        # Gone, or the value changed since it was read (the test op fails: Invalid).
-        with contextlib.suppress(NotFoundError, ConflictError, InvalidError):
+        # Gone, or the value changed since it was read (the test op fails: ChangedError).
+        with contextlib.suppress(NotFoundError, ConflictError):
             await self._permitted(
                 f"patch {res.plural}", self._kube.json_patch(res, obj["metadata"]["name"], ops)
             )

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import InvalidError, NotFoundError
+from gangcheck.kube.errors import ConflictError, NotFoundError
 from gangcheck.kube.resources import NODE
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.reclaim import not_removed_message, scale_down_watch
@@ -133,7 +133,7 @@ class DrainingNodeReconciler:
         ops = tested_removal("annotations", RECLAIMED_AT, annotations[RECLAIMED_AT])
         try:
             await self._kube.json_patch(NODE, node["metadata"]["name"], ops)
-        except (NotFoundError, InvalidError):
+        except (NotFoundError, ConflictError):
             return
 
     @staticmethod

@@ -27,7 +27,13 @@ from typing import Any
 
 from gangcheck.kube import resources
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, ReplacedError, error_from_status
+from gangcheck.kube.errors import (
+    ApiError,
+    InvalidError,
+    ReplacedError,
+    error_from_status,
+    unapplied,
+)
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import Resource
 from gangcheck.model.objects import Obj
@@ -263,13 +269,16 @@ class FakeKube(Kube):
         subresource: str | None = None,
     ) -> Obj:
         call = Call("patch", res.kind, name, namespace or "", ops, subresource or "", "json")
-        with self._answering(call):
-            current = self._existing(res, name, namespace)
-            try:
-                patched = json_patched(current, ops)
-            except ValueError as e:
-                raise api_error(422, name=name, kind=res.kind) from e
-            return self._store(res, current, patched, subresource)
+        try:
+            with self._answering(call):
+                current = self._existing(res, name, namespace)
+                try:
+                    patched = json_patched(current, ops)
+                except ValueError as e:
+                    raise api_error(422, name=name, kind=res.kind) from e
+                return self._store(res, current, patched, subresource)
+        except InvalidError as e:  # kube-apiserver's 422, failed or faulted: as Kube reads it
+            raise unapplied(e, f"{res.kind}/{name}") from e
 
     async def delete(
         self,

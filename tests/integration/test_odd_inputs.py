@@ -13,6 +13,7 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
+    ChangedError,
     ConflictError,
     ForbiddenError,
     InvalidError,
@@ -48,8 +49,9 @@ async def test_a_failed_patch_test_is_a_change_and_a_schema_refusal_is_refused(
     cluster: Cluster,
 ) -> None:
     """`kube.errors.refused` on kube-apiserver's own answers: a JSON-patch ``test`` that fails
-    (the Workload changed meanwhile) is a 422 naming no causes; the CRD's schema refusing a
-    check entry is a 422 naming them."""
+    (the Workload changed meanwhile) is a 422 naming no causes, which the client raises as a
+    ChangedError (`unapplied`); the CRD's schema refusing a check entry is a 422 naming them,
+    raised as it is."""
     await cluster.install_check(None)
     name = await cluster.submit(gang())
     wl = await cluster.workload(name)
@@ -57,9 +59,9 @@ async def test_a_failed_patch_test_is_a_change_and_a_schema_refusal_is_refused(
         {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
         {"op": "replace", "path": "/status/admissionChecks/0/message", "value": "x"},
     ]
-    with pytest.raises(InvalidError) as changed:
+    with pytest.raises(ChangedError) as changed:
         await cluster.kube.json_patch(WORKLOAD, name, stale, cluster.ns, subresource="status")
-    assert not refused(changed.value)
+    assert not refused(changed.value) and isinstance(changed.value.__cause__, InvalidError)
     version = wl["metadata"]["resourceVersion"]
     bogus = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": version},

@@ -6,8 +6,8 @@ import pytest
 
 from gangcheck.kube.errors import (
     AlreadyExistsError,
+    ChangedError,
     ConflictError,
-    InvalidError,
     NotFoundError,
     TransientError,
 )
@@ -60,14 +60,14 @@ async def test_generate_name_gives_a_fresh_name_each_time() -> None:
     assert first["metadata"]["name"] != second["metadata"]["name"]
 
 
-async def test_a_failed_json_patch_test_is_invalid_and_changes_nothing() -> None:
+async def test_a_failed_json_patch_test_is_a_change_and_changes_nothing() -> None:
     kube = FakeKube()
     kube.add(WorkloadBuilder().check().build())
     ops = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
         {"op": "replace", "path": "/status/admissionChecks/0/state", "value": "Ready"},
     ]
-    with pytest.raises(InvalidError):
+    with pytest.raises(ChangedError):  # as the client reads kube-apiserver's 422
         await kube.json_patch(WORKLOAD, "wl", ops, "default", subresource="status")
     stored = kube.stored(WORKLOAD, "wl", "default")
     assert stored is not None

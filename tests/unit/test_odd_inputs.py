@@ -10,10 +10,14 @@ import pytest
 
 from gangcheck.kube.errors import (
     ApiError,
+    ChangedError,
+    ConflictError,
+    InvalidError,
     error_from_status,
     refusal,
     refused,
     refused_as_written,
+    unapplied,
 )
 from gangcheck.kube.resources import EVENT, NODE, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import (
@@ -24,10 +28,13 @@ from gangcheck.logic.attempt.actions import (
     DeleteTemplate,
     ReleaseHold,
 )
-from gangcheck.model.names import MESSAGE_ANNOTATION
+from gangcheck.logic.attempt.scaledown import SCALE_DOWN_DISABLED, unguard_ops
+from gangcheck.model.names import MESSAGE_ANNOTATION, SCALE_DOWN_GUARD
 from gangcheck.model.provisioning_config import parse_spec
+from gangcheck.reclaim.guard import unguard
 from gangcheck.reconcile.reconciler import refusal_event
 from tests.builders import CHECK
+from tests.fakes.kube import FakeKube
 from tests.unit.test_admission_decide import REQ1, TRUST, Case, req, run
 from tests.unit.test_admission_decide import gang as admission_gang
 from tests.unit.test_podgroup_reconciler import World as GroupWorld
@@ -243,6 +250,50 @@ def test_one_rule_says_which_writes_are_refused_alone_or_among_others(
     assert refusal(error) is expected
     other = _status(500, "etcd")
     assert refusal(ExceptionGroup("reclaim", [other, ExceptionGroup("in", [error])])) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "changed"),
+    [
+        (_status(422, PATCH_NOT_APPLIED), True),
+        (_status(422, SCHEMA_DENIAL, causes=True), False),
+        (_status(422, POLICY_422, causes=True), False),
+        (_status(422, WEBHOOK_422), False),
+    ],
+    ids=["a patch that did not apply", "the schema", "a policy", "a webhook, no causes"],
+)
+def test_a_json_patch_422_is_a_change_unless_refused(error: ApiError, changed: bool) -> None:
+    """One reading of a JSON patch's 422 (`unapplied`, in `Kube.json_patch`): before, each
+    caller mapped it, and three caught every 422 as "changed, read again", so a refusal was
+    tried twice more, then raised as a Conflict ("kept changing")."""
+    assert isinstance(error, InvalidError)
+    read = unapplied(error, "nodes/n1")
+    assert isinstance(read, ChangedError) is changed
+    assert read is (read if changed else error)
+    assert isinstance(read, ConflictError) is changed and refused(read) is not changed
+
+
+async def test_a_refused_unguard_is_raised_as_refused_at_once() -> None:
+    """Before: guard.unguard read a webhook's 422 as the node changed, read it again and
+    wrote again twice more, then raised ConflictError "kept changing while unguarded"."""
+    kube = FakeKube()
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {SCALE_DOWN_GUARD: "ns/r1", SCALE_DOWN_DISABLED: "true"},
+        },
+    }
+    kube.add(node)
+    guarded = kube.stored(NODE, "n1")
+    assert guarded is not None and unguard_ops(guarded, "ns/r1")
+    kube.fail("patch", "Node", "n1", _status(422, WEBHOOK_422), times=5)
+    with pytest.raises(InvalidError) as raised:
+        await unguard(kube, guarded, "ns/r1")
+    assert refused(raised.value)
+    patches = [c for c in kube.calls if c.verb == "patch" and c.kind == "Node"]
+    assert len(patches) == 1
 
 
 @pytest.mark.parametrize(
