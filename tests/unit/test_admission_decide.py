@@ -1332,32 +1332,48 @@ def test_a_gang_waiting_for_its_members_is_looked_at_again_at_its_start_deadline
     assert decision.requeue_after == pytest.approx(600 - (NOW - admitted_at).total_seconds())
 
 
+#: The pod sets an attempt made under MADE_UNDER asked for: the driver's and the workers'.
+MADE_UNDER_POD_SETS = (("driver", 1), ("workers", 4))
+
+
+def driver_and_workers(*, driver_cpu: str) -> WorkloadBuilder:
+    """A driver (CPU only, `driver_cpu` cores) and 4 GPU workers, quota reserved."""
+    return (
+        WorkloadBuilder()
+        .pod_set("driver", 1, pod_template(cpu=driver_cpu))
+        .pod_set("workers", 4, pod_template(gpu=1))
+        .reserve_quota()
+    )
+
+
+def made_under(
+    id: str, workload: WorkloadBuilder, *, request_conditions: dict[str, str], **kw: Any
+) -> Case:
+    """managedResources narrowed since the attempt was made: `workload`'s request (with
+    `request_conditions`) made under MADE_UNDER for both MADE_UNDER_POD_SETS, the config now
+    naming the GPU (the workers) alone."""
+    templates = [(naming.template_name(REQ1, ps), count) for ps, count in MADE_UNDER_POD_SETS]
+    request = req(conditions=request_conditions, annotations=MADE_UNDER, templates=templates)
+    return Case(
+        id,
+        workload,
+        config={"managedResources": ["nvidia.com/gpu"]},
+        requests=[request],
+        **kw,
+    )
+
+
 def test_the_watchdog_counts_the_members_under_the_config_the_attempt_was_made_under() -> None:
     """managedResources narrowed since the attempt was made (now the GPU only, where the
     request asked for the driver too, under the config recorded on it): the watchdog still
     waits for the 5 members its request asked for. Before, it counted the 4 GPU workers the
     config names now, and with those 4 scheduled and the driver not, marked the attempt
     Started and lifted its holds."""
-    workload = (
-        WorkloadBuilder()
-        .pod_set("driver", 1, pod_template(cpu="2"))
-        .pod_set("workers", 4, pod_template(gpu=1))
-        .reserve_quota()
-        .condition("Admitted")
-        .check(state="Ready")
-    )
-    templates = [
-        (naming.template_name(REQ1, "driver"), 1),
-        (naming.template_name(REQ1, "workers"), 4),
-    ]
     decision = run(
-        Case(
+        made_under(
             "watchdog under its own config",
-            workload,
-            config={"managedResources": ["nvidia.com/gpu"]},
-            requests=[
-                req(conditions={"Provisioned": ""}, annotations=MADE_UNDER, templates=templates)
-            ],
+            driver_and_workers(driver_cpu="2").condition("Admitted").check(state="Ready"),
+            request_conditions={"Provisioned": ""},
             pods=[*(member(f"w{i}", bound=True) for i in range(4)), member("d0", bound=False)],
         )
     )
@@ -1374,25 +1390,11 @@ def test_the_fit_checks_the_pod_sets_of_the_config_the_attempt_was_made_under() 
     the fit still counting the 5 members its request asked for. Before, the fit counted the
     4 workers the config names now and turned the check Ready, the driver's capacity not
     there (and its podSetUpdates left it unpinned and unconsumed)."""
-    workload = (
-        WorkloadBuilder()
-        .pod_set("driver", 1, pod_template(cpu="16"))
-        .pod_set("workers", 4, pod_template(gpu=1))
-        .reserve_quota()
-        .check()
-    )
-    templates = [
-        (naming.template_name(REQ1, "driver"), 1),
-        (naming.template_name(REQ1, "workers"), 4),
-    ]
     decision = run(
-        Case(
+        made_under(
             "fit under its own config",
-            workload,
-            config={"managedResources": ["nvidia.com/gpu"]},
-            requests=[
-                req(conditions={"Provisioned": ""}, annotations=MADE_UNDER, templates=templates)
-            ],
+            driver_and_workers(driver_cpu="16").check(),
+            request_conditions={"Provisioned": ""},
             nodes=[
                 node("n1", gpu=8, cpu="8", labels={"pool": "gpu"}, created="2026-11-30T10:01:00Z")
             ],
@@ -1412,26 +1414,12 @@ def test_a_template_lost_is_made_again_for_the_pod_sets_the_attempt_was_made_und
     PodTemplate deleted by hand while the request waits: it is made again, with the
     workers' kept. Before, the templates were made again from the pod sets the config names
     now, which have no driver: its template stayed missing under the request."""
-    workload = (
-        WorkloadBuilder()
-        .pod_set("driver", 1, pod_template(cpu="16"))
-        .pod_set("workers", 4, pod_template(gpu=1))
-        .reserve_quota()
-        .check()
-    )
-    driver, workers = (naming.template_name(REQ1, ps) for ps in ("driver", "workers"))
+    driver, workers = (naming.template_name(REQ1, ps) for ps, _ in MADE_UNDER_POD_SETS)
     decision = run(
-        Case(
+        made_under(
             "template made again under its own config",
-            workload,
-            config={"managedResources": ["nvidia.com/gpu"]},
-            requests=[
-                req(
-                    conditions={"Accepted": ""},
-                    annotations=MADE_UNDER,
-                    templates=[(driver, 1), (workers, 4)],
-                )
-            ],
+            driver_and_workers(driver_cpu="16").check(),
+            request_conditions={"Accepted": ""},
             templates=frozenset({workers}),
         )
     )
