@@ -28,18 +28,46 @@ from gangcheck.model.objects import pod_of
 
 REQUEST = "ns/gang-atomic-1"
 CREATED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+#: gangcheck's fence taint, and the mark of a reclaim owed once the node is idle.
+OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
+MARK = "gangcheck.io/reclaim-when-idle"
+
+
+def n1(
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    created: datetime | None = None,
+    resource_version: str | None = None,
+    cordoned: bool | None = None,
+    taints: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Node n1 with the fields given and no other (one not given is absent, as on a node
+    that never had it: the logic reads such nodes too); a spec only with `cordoned` or
+    `taints`."""
+    meta: dict[str, Any] = {"name": "n1"}
+    if created is not None:
+        meta["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if resource_version is not None:
+        meta["resourceVersion"] = resource_version
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    spec: dict[str, Any] = {}
+    if cordoned is not None:
+        spec["unschedulable"] = cordoned
+    if taints is not None:
+        spec["taints"] = taints
+    return {"metadata": meta, "spec": spec} if spec else {"metadata": meta}
 
 
 def node_obj(*, claim: str, opt_out: bool, born_offset: int) -> dict[str, Any]:
-    born = CREATED + timedelta(seconds=born_offset)
-    return {
-        "metadata": {
-            "name": "n1",
-            "creationTimestamp": born.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "labels": {"gangcheck.io/do-not-reclaim": "true"} if opt_out else {},
-            "annotations": {"gangcheck.io/arrived-for": claim} if claim else {},
-        }
-    }
+    return n1(
+        created=CREATED + timedelta(seconds=born_offset),
+        labels={"gangcheck.io/do-not-reclaim": "true"} if opt_out else {},
+        annotations={"gangcheck.io/arrived-for": claim} if claim else {},
+    )
 
 
 pod_kinds = st.sampled_from(["daemonset", "gang", "foreign", "finished-foreign"])
@@ -204,10 +232,7 @@ def test_a_message_that_cannot_be_read_back_is_left_as_written(written: str) -> 
 
 
 def fenced_node(taints: list[dict[str, Any]], *, cordoned: bool = True) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n1", "annotations": {"gangcheck.io/reclaim-when-idle": "{}"}},
-        "spec": {"unschedulable": cordoned, "taints": taints},
-    }
+    return n1(annotations={MARK: "{}"}, cordoned=cordoned, taints=taints)
 
 
 def labelled(node: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +247,6 @@ def left_before(node: dict[str, Any]) -> dict[str, Any]:
     return {**node, "metadata": {**node["metadata"], "annotations": notes}}
 
 
-OURS = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
 THEIRS = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
 
 
@@ -282,18 +306,18 @@ def test_unfencing_touches_only_our_keys(
 
 
 LEFT = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
-TAINT = {"key": "gangcheck.io/reclaiming", "value": "true", "effect": "NoSchedule"}
-MARK = "gangcheck.io/reclaim-when-idle"
 
 
 def left_node(
     *, labels: dict[str, str], annotations: dict[str, str] | None, tainted: bool = True
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "9", "labels": labels}
-    if annotations is not None:
-        meta["annotations"] = annotations
-    spec = {"unschedulable": True, "taints": [TAINT] if tainted else []}
-    return {"metadata": meta, "spec": spec}
+    return n1(
+        resource_version="9",
+        labels=labels,
+        annotations=annotations,
+        cordoned=True,
+        taints=[OURS] if tainted else [],
+    )
 
 
 @pytest.mark.parametrize(
