@@ -778,6 +778,9 @@ class Dispatcher:
         except TimeoutError:
             return self._silenced(worker.name, held)
         self._silent.pop(worker.name, None)
+        refused = _unauthorized(read.lease, read.identity)
+        if refused is not None:  # its lists may come from caches a watch filled before
+            return _View(skip=_credentials_refused(refused))
         view = self._view_read(worker.name, reads)
         view.identity = self._identity(worker.name, read.identity)
         if not view.skip:
@@ -1149,7 +1152,28 @@ def _refused(res: Resource, error: ApiError) -> str:
             "refused (the reader's rights, manifests/dispatcher/worker/reader.yaml, not granted "
             f"there to this Secret's identity): {said}"
         )
+    if error.status == UNAUTHORIZED:
+        return _credentials_refused(error)
     return f"unreachable: {said}"
+
+
+#: The status of an answer refusing the credentials themselves (not their rights: 403).
+UNAUTHORIZED = 401
+
+
+def _credentials_refused(error: ApiError) -> str:
+    """Why a worker is skipped whose API server answered 401: it is reachable and answers,
+    but takes the kubeconfig's credentials for no one (Kueue's reads and writes there are
+    refused alike: MultiKueue cannot copy a Workload there either)."""
+    return (
+        "credentials refused (401: the token or client certificate of its kubeconfig Secret "
+        f"expired, was revoked or is not this cluster's): {_first_line(error)}"
+    )
+
+
+def _unauthorized(*reads: object) -> ApiError | None:
+    """The first of ``reads`` (gets' answers, ``_get_or_error``) that is a 401, if any."""
+    return next((r for r in reads if isinstance(r, ApiError) and r.status == UNAUTHORIZED), None)
 
 
 def _lease_unknown(read: Exception, lease: tuple[str, str]) -> str:

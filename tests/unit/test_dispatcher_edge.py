@@ -881,6 +881,12 @@ WORKER_ERRORS = {
         "there to this Secret's identity)",
     ),
     "a server error": ("Pod", 500, "unreachable: "),
+    "its credentials refused (a token expired or revoked)": (
+        "AdmissionCheck",
+        401,
+        "credentials refused (401: the token or client certificate of its kubeconfig Secret "
+        "expired, was revoked or is not this cluster's)",
+    ),
 }
 
 
@@ -897,6 +903,29 @@ async def test_a_workers_refusal_is_said_for_what_it_is(kind: str, status: int, 
     got = record(manager)
     assert got.nominated == ("worker-2",)
     assert got.skipped["worker-1"].startswith(why), got.skipped
+
+
+CREDENTIALS_REFUSED = "credentials refused (401: "
+
+
+@pytest.mark.parametrize("kind", ["Lease", "Namespace"])
+async def test_a_worker_refusing_its_credentials_on_a_get_is_skipped_though_its_lists_answer(
+    kind: str,
+) -> None:
+    """worker-1's token revoked (or expired) after its caches were filled: a watch open is not
+    authenticated again, so its lists still answer from them, but the gets of its Lease and
+    identity answer 401; Kueue's own reads and writes there are refused as well. Before, a
+    Lease or identity not read was 'not known' (logged) and worker-1, where the gang fits
+    now, was nominated: a gang sent where nothing can reach it."""
+    one = worker(nodes=2)
+    one.add(gangcheck_lease(datetime.now(UTC)))
+    one.fail("get", kind, error=401, times=99)
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",), got
+    assert got.skipped["worker-1"].startswith(CREDENTIALS_REFUSED), got.skipped
+    assert not one.writes
 
 
 # -- the workers held: closed once no longer listed, made again when their kubeconfig changes -----
