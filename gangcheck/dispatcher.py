@@ -81,7 +81,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gangcheck.kube.client import APPLY_PATCH, Kube
+import yaml
+
+from gangcheck.kube.client import APPLY_PATCH, Kube, KubeconfigError
 from gangcheck.kube.errors import ApiError, ForbiddenError, NotFoundError
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import (
@@ -123,6 +125,7 @@ from gangcheck.logic.dispatch import (
     copy_of,
     decide,
     for_workload,
+    kubeconfig_unused,
     lease_down,
     left_to_another,
     nominated_by_another,
@@ -731,12 +734,18 @@ class Dispatcher:
             held.lease = lease
             return held
         await self._drop(name)  # a kubeconfig rotated: another server, other credentials
+        where = f"Secret {self.kueue_namespace}/{secret_name}"
         try:
-            kube = await self._connect(base64.b64decode(raw))
+            config = base64.b64decode(raw)
+            unused = kubeconfig_unused(yaml.safe_load(config))
+        except (ValueError, yaml.YAMLError) as e:
+            return _Worker(name, skip=f"{where}: unusable kubeconfig (not YAML: {_first_line(e)})")
+        if unused:  # Kueue refuses it too: its MultiKueueCluster turns not Active soon
+            return _Worker(name, skip=f"{where}: {unused}")
+        try:
+            kube = await self._connect(config)
         except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
-            return _Worker(
-                name, skip=f"Secret {self.kueue_namespace}/{secret_name}: unusable kubeconfig ({e})"
-            )
+            return _Worker(name, skip=f"{where}: unusable kubeconfig ({_first_line(e)})")
         held = self._workers[name] = _Worker(name, kube, kubeconfig=digest, lease=lease)
         self._start_watching(name, kube)
         return held
@@ -1205,6 +1214,9 @@ async def _connect(kubeconfig: bytes) -> Kube:
         with os.fdopen(fd, "wb") as out:
             out.write(kubeconfig)
         return await Kube.connect(path, retry_attempts=1, retry_seconds=2)
+    except KubeconfigError as e:  # said without the file, another at each try: said once
+        said = str(e).replace(f" in {path}", "").replace(f" {path}", "").replace(path, "")
+        raise KubeconfigError(said) from e
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

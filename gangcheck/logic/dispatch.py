@@ -214,6 +214,46 @@ def worker_lease(cluster: Mapping[str, object], default: tuple[str, str]) -> tup
     )
 
 
+#: What a kubeconfig's entries may name that the dispatcher does not use (section, key, what it
+#: is): a command to run, a provider to ask, a file of the reading pod's, a password. Kueue
+#: v0.17 refuses the same in a MultiKueueCluster's kubeconfig (``validateKubeconfig``,
+#: pkg/controller/admissionchecks/multikueue/multikueuecluster.go) unless its gate
+#: ``MultiKueueAllowInsecureKubeconfigs`` is on; a file or command named there is Kueue's
+#: pod's, not the dispatcher's.
+KUBECONFIG_UNUSED = (
+    ("user", "exec", "an exec plugin (a command to run)"),
+    ("user", "auth-provider", "an auth provider"),
+    ("user", "tokenFile", "a token file"),
+    ("user", "client-certificate", "a client certificate file"),
+    ("user", "client-key", "a client key file"),
+    ("user", "username", "basic auth"),
+    ("user", "password", "basic auth"),
+    ("cluster", "certificate-authority", "a certificate authority file"),
+)
+
+
+def kubeconfig_unused(config: object) -> str:
+    """Why the dispatcher does not use a worker's kubeconfig (``config``: as parsed from its
+    Secret), or '' (it may, or it is no map: loading it says why): an entry of it naming
+    what ``KUBECONFIG_UNUSED`` lists. Read before the kubeconfig is loaded: loading it runs an
+    exec plugin (a pass waiting on the command, however long) and reads a token file of
+    this pod's (its own ServiceAccount token, then sent to the server the Secret names).
+    Every entry counts, not only the current context's, as Kueue checks them."""
+    for section, key, what in KUBECONFIG_UNUSED:
+        for entry in _list(_dict(config).get(f"{section}s")):
+            body = _dict(_dict(entry).get(section))
+            if body.get(key) not in (None, ""):
+                name = json.dumps(str(_dict(entry).get("name") or ""))
+                return (
+                    f"its kubeconfig names {what} ({section} {name}: {key}): not used by the "
+                    "dispatcher, which runs no command and reads no file of its own for a "
+                    "worker (Kueue v0.17 refuses it too, unless MultiKueueAllowInsecureKubeconfigs "
+                    "is on); give the credentials in it (token, client-certificate-data and "
+                    "client-key-data, certificate-authority-data)"
+                )
+    return ""
+
+
 #: The largest ``leaseDurationSeconds`` a Lease has (an int32): one larger, or not a finite
 #: number, is not a Lease's (not known, as an unreadable one is).
 MAX_LEASE_DURATION = 2**31 - 1

@@ -25,6 +25,7 @@ from gangcheck.logic.dispatch import (
     decide,
     describe,
     for_workload,
+    kubeconfig_unused,
     left_to_another,
     nominate,
     nominated_by_another,
@@ -963,3 +964,62 @@ def test_a_re_pointed_worker_is_said_so_even_when_the_new_cluster_cannot_be_used
     step = decide(ON_A_IN_X, (new, WorkerFacts("b")))
     assert step.record.failed["a"].startswith("re-pointed: ")
     assert step.nominated == ("b",)
+
+
+def _kubeconfig(user: dict[str, object], cluster: dict[str, object] | None = None) -> object:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "w", "cluster": {"server": "https://w:6443", **(cluster or {})}}],
+        "users": [{"name": "mk", "user": user}],
+        "contexts": [{"name": "w", "context": {"cluster": "w", "user": "mk"}}],
+        "current-context": "w",
+    }
+
+
+EMBEDDED = {"certificate-authority-data": "Q0E="}
+KUBECONFIGS = {
+    "MultiKueue's own: a token, the CA embedded": (
+        _kubeconfig({"token": "t"}, EMBEDDED),
+        "",
+    ),
+    "a client certificate embedded": (
+        _kubeconfig({"client-certificate-data": "Yw==", "client-key-data": "aw=="}, EMBEDDED),
+        "",
+    ),
+    "insecure TLS (Kueue's gate decides; nothing local)": (
+        _kubeconfig({"token": "t"}, {"insecure-skip-tls-verify": True}),
+        "",
+    ),
+    "no map (loading it says why)": ("kubeconfig of worker-1", ""),
+    "an exec plugin": (
+        _kubeconfig({"exec": {"command": "aws"}}),
+        'an exec plugin (a command to run) (user "mk": exec)',
+    ),
+    "an auth provider": (_kubeconfig({"auth-provider": {"name": "oidc"}}), "an auth provider"),
+    "a token file": (_kubeconfig({"tokenFile": "/var/run/t"}), 'a token file (user "mk"'),
+    "a client key file": (
+        _kubeconfig({"client-certificate-data": "Yw==", "client-key": "/k"}),
+        "a client key file",
+    ),
+    "basic auth": (_kubeconfig({"username": "u", "password": "p"}), "basic auth"),
+    "a CA file": (
+        _kubeconfig({"token": "t"}, {"certificate-authority": "/ca"}),
+        'a certificate authority file (cluster "w": certificate-authority)',
+    ),
+    "a user not of the current context": (
+        {**_kubeconfig({"token": "t"}), "users": [{"name": "x", "user": {"exec": {}}}]},
+        "an exec plugin",
+    ),
+    "entries not maps": ({"users": ["x", {"user": "y"}], "clusters": 3}, ""),
+}
+
+
+@pytest.mark.parametrize(("config", "said"), KUBECONFIGS.values(), ids=KUBECONFIGS.keys())
+def test_a_kubeconfig_naming_a_command_or_a_file_is_not_used(config: object, said: str) -> None:
+    got = kubeconfig_unused(config)
+    if not said:
+        assert got == ""
+    else:
+        assert got.startswith(f"its kubeconfig names {said}"), got
+        assert "not used by the dispatcher" in got

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.dispatcher import _WORKER_TRIM, Dispatcher, _copy_state, _view_of
+from gangcheck.dispatcher import _WORKER_TRIM, Dispatcher, _connect, _copy_state, _view_of
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ForbiddenError
 from gangcheck.kube.resources import (
@@ -926,6 +926,92 @@ async def test_a_worker_refusing_its_credentials_on_a_get_is_skipped_though_its_
     assert got.nominated == ("worker-2",), got
     assert got.skipped["worker-1"].startswith(CREDENTIALS_REFUSED), got.skipped
     assert not one.writes
+
+
+def kubeconfig(user: str, cluster: str = "") -> bytes:
+    """A kubeconfig of a server that answers nothing (port 1), its user and cluster entries
+    (flow YAML) completed by ``user`` and ``cluster``."""
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: w\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:1'{cluster}}}}}]\n"
+        f"users: [{{name: u, user: {{{user}}}}}]\n"
+        "contexts: [{name: w, context: {cluster: c, user: u}}]\n"
+    ).encode()
+
+
+def bed_with_secret(kubeconfig: bytes) -> tuple[Manager, Dispatcher]:
+    """worker-1's Secret holding ``kubeconfig``, connected to as the dispatcher does
+    (``_connect``); worker-2 a fake without room."""
+    manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
+    manager.add(secret("worker-1", kubeconfig))
+
+    async def connecting(config: bytes) -> Kube:
+        return await (_connect(config) if config == kubeconfig else connect(config))
+
+    return manager, Dispatcher(manager, metrics=Metrics(), connect=connecting)
+
+
+async def test_an_unusable_kubeconfig_is_said_once_without_the_file_it_was_read_from() -> None:
+    """Before, the reason named the temporary file the kubeconfig was read from, another at
+    each pass: the record was written again, and a NoWorker Event sent, every pass (every
+    second) for as long as the Secret stayed so."""
+    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    manager.add(secret("worker-2", b"not yaml: ["))  # nowhere to go: NoWorker
+    try:
+        for _ in range(3):
+            await dispatcher.pass_once()
+    finally:
+        await dispatcher.close()
+    got = record(manager)
+    assert got.skipped["worker-1"].startswith(
+        "Secret kueue-system/worker-1: unusable kubeconfig (not YAML"
+    ), got.skipped
+    assert "gangcheck-worker-" not in got.skipped["worker-1"], got.skipped
+    assert len(manager.writes_of("Workload")) == 1, manager.writes
+    assert [r for r, _ in events(manager)] == ["NoWorker"]
+
+
+UNSAFE = {
+    "an exec plugin": (
+        "exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, "
+        "args: ['-c', 'touch %s; sleep 60']}",
+        "",
+    ),
+    "an auth provider": ("auth-provider: {name: oidc, config: {idp-issuer-url: %s}}", ""),
+    "a token file": ("tokenFile: %s", ""),
+    "a client certificate file": ("client-certificate: %s, client-key: %s", ""),
+    "a certificate authority file": ("token: t", ", certificate-authority: %s"),
+    "basic auth": ("username: admin, password: '%s'", ""),
+}
+
+
+@pytest.mark.parametrize(("user", "cluster"), UNSAFE.values(), ids=UNSAFE.keys())
+async def test_a_kubeconfig_naming_a_command_or_a_local_file_is_never_used(
+    user: str, cluster: str, tmp_path: Any
+) -> None:
+    """A kubeconfig whose credentials come from a command to run, an auth provider to ask, a
+    file of this pod's, or a password, as Kueue v0.17 refuses them (validateKubeconfig,
+    unless MultiKueueAllowInsecureKubeconfigs) and its MultiKueueCluster turns not Active:
+    the Secret is read before that shows. Before, the dispatcher ran the command (a pass
+    waited for it, however long), or sent this pod's file (its own token) as the worker's
+    credentials."""
+    marker = tmp_path / "ran"
+    local = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    named = str(marker) if user.startswith("exec") else local
+    manager, dispatcher = bed_with_secret(
+        kubeconfig(user.replace("%s", named), cluster.replace("%s", local))
+    )
+    try:
+        await asyncio.wait_for(dispatcher.pass_once(), 10)
+    finally:
+        await dispatcher.close()
+    got = record(manager)
+    assert got.nominated == ("worker-2",), got
+    why = got.skipped["worker-1"]
+    assert why.startswith("Secret kueue-system/worker-1: its kubeconfig "), why
+    assert "not used by the dispatcher" in why, why
+    assert "worker-1" not in dispatcher._workers
+    assert not marker.exists()
 
 
 # -- the workers held: closed once no longer listed, made again when their kubeconfig changes -----
