@@ -6,8 +6,10 @@ Event on the Node and a metric for every failure, until it succeeds or a person 
 And nodes CordonAndTaint reclaimed (`reclaimed-at`), left for cluster-autoscaler's
 scale-down: one still there `LEFT_FOR_SCALE_DOWN_SECONDS` after is said (a Warning Event
 `ReclaimedNodeNotRemoved` on the Node naming the likely causes and what to do, a log line, a
-metric), again every `NOT_REMOVED_REPEAT_SECONDS` while it stays; nothing of it is changed. One
-a person returned to service (gangcheck's taint gone) loses the record.
+metric), again in every slot of `NOT_REMOVED_REPEAT_SECONDS` while it stays, once per slot
+across restarts and leaders (the Event is named for its slot: logic/attempt/not_removed.py);
+nothing of it is changed. One a person returned to service (gangcheck's taint gone) loses the
+record.
 """
 
 from __future__ import annotations
@@ -18,25 +20,29 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ConflictError, NotFoundError
-from gangcheck.kube.resources import NODE
-from gangcheck.logic.attempt.actions import Event
+from gangcheck.kube.errors import (
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    FencedError,
+    NotFoundError,
+)
+from gangcheck.kube.resources import EVENT, NODE
+from gangcheck.logic.attempt.not_removed import NotRemovedSlot, not_removed_slot
 from gangcheck.logic.attempt.reclaim import not_removed_message, scale_down_watch
+from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import RECLAIM_WHEN_IDLE, RECLAIMED_AT
 from gangcheck.model.objects import tested_removal
 from gangcheck.reclaim.arrivals import node_ref, tell
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.events import COMPONENT, EventRecorder, one_line
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
 NOT_REMOVED = "ReclaimedNodeNotRemoved"
-NOT_REMOVED_REPEAT_SECONDS = 1800.0
-"""A node left for scale-down and still there is said again this often (an Event expires in an
-hour); not more often, however often the node changes."""
 RETRY_BASE_SECONDS = 2.0
 RETRY_MAX_SECONDS = 300.0
 
@@ -62,8 +68,9 @@ class DrainingNodeReconciler:
         self._clock = clock
         self._events = EventRecorder(kube, clock=clock)
         self._failures: dict[str, int] = {}
-        self._said: dict[str, datetime] = {}
-        """When each node left for scale-down and still there was last said."""
+        self._said: dict[str, str] = {}
+        """The Event of the slot each node left for scale-down and still there was said in
+        (a note only: the Event's name taken is the record; this spares a create per update)."""
         self.metrics = metrics
 
     async def reconcile(self, name: str) -> Result:
@@ -115,16 +122,34 @@ class DrainingNodeReconciler:
             if watch.fate == "returned":
                 await self._forget_left(node)
             return Result()
-        last = self._said.get(name)
-        if last is not None and (now - last).total_seconds() < NOT_REMOVED_REPEAT_SECONDS:
-            return Result(requeue_after=NOT_REMOVED_REPEAT_SECONDS - (now - last).total_seconds())
-        message = not_removed_message(node, watch.since)
-        log.warning(message, extra={"node": name})
-        ref = node_ref(name, str(node["metadata"].get("uid", "")))
-        await self._events.emit(ref, Event(NOT_REMOVED, message, warning=True))
+        slot = not_removed_slot(node, now)
+        if self._said.get(name) != slot.event:
+            await self._say_not_removed(node, watch.since, slot, now)
+            self._said[name] = slot.event
+        return Result(requeue_after=slot.ends_in)
+
+    async def _say_not_removed(
+        self, node: dict[str, Any], since: datetime | None, slot: NotRemovedSlot, now: datetime
+    ) -> None:
+        """Say the node still there, once in this slot: its Event created under the slot's
+        name (taken already: said in this slot by this replica before a restart, or another;
+        nothing more is said). An Event the server does not take (after the client's retries)
+        is said in the log and the metric all the same, and not tried again before the next
+        slot: never silent, never held up (a replica that lost the lead raises)."""
+        name = node["metadata"]["name"]
+        message = not_removed_message(node, since)
+        try:
+            await self._kube.create(EVENT, not_removed_event(node, slot, message, now))
+        except AlreadyExistsError:
+            log.debug("already said in this slot: %s", slot.event, extra={"node": name})
+            return
+        except FencedError:
+            raise
+        except ApiError as e:
+            log.warning("%s (its Event not recorded: %s)", message, e, extra={"node": name})
+        else:
+            log.warning(message, extra={"node": name})
         self.metrics.reclaimed_not_removed()
-        self._said[name] = now
-        return Result(requeue_after=NOT_REMOVED_REPEAT_SECONDS)
 
     async def _forget_left(self, node: dict[str, Any]) -> None:
         """Take the reclaimed-at record off (tested: a record changed meanwhile stays, for
@@ -140,3 +165,31 @@ class DrainingNodeReconciler:
     def _target(node: dict[str, Any] | None, name: str) -> Target | None:
         raw = ((node or {}).get("metadata", {}).get("annotations") or {}).get(RECLAIM_WHEN_IDLE)
         return Target.from_mark(name, raw) if raw else None
+
+
+def not_removed_event(
+    node: dict[str, Any], slot: NotRemovedSlot, message: str, now: datetime
+) -> dict[str, object]:
+    """The Warning Event saying the node is still there, named for its slot (as the
+    recorder's Events are made, but named: the name is what makes it once per slot)."""
+    ref = node_ref(node["metadata"]["name"], str(node["metadata"].get("uid", "")))
+    at = format_time(now)
+    return {
+        "metadata": {"name": slot.event, "namespace": "default"},
+        "involvedObject": {
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+        },
+        "reason": NOT_REMOVED,
+        "message": one_line(message),
+        "type": "Warning",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+    }
