@@ -215,3 +215,27 @@ def node(
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
+
+
+def node_pool(name: str, *, uid: str | None = None, requirements: list[Obj] | None = None) -> Obj:
+    """A Karpenter NodePool of the kwok provider (its nodes of KWOKNodeClass ``default``) with
+    only what gangcheck reads of one: its name (and `uid`, when given) and its node template's
+    class and `requirements` (none by default)."""
+    metadata: Obj = {"name": name}
+    if uid is not None:
+        metadata["uid"] = uid
+    return {
+        "metadata": metadata,
+        "spec": {
+            "template": {
+                "spec": {
+                    "nodeClassRef": {
+                        "group": "karpenter.kwok.sh",
+                        "kind": "KWOKNodeClass",
+                        "name": "default",
+                    },
+                    "requirements": list(requirements or []),
+                }
+            }
+        },
+    }

@@ -33,6 +33,7 @@ from gangcheck.logic.sources.karpenter import names
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.caches import Caches
+from tests.builders import node_pool  # the bed's tests import it from here too
 from tests.integration.test_diagnose import node_claim_crd
 from tests.integration.test_manifests import remove_namespace
 
@@ -61,24 +62,6 @@ def claim_crd(control_plane: ControlPlane) -> Iterator[None]:
     """Karpenter's NodeClaim CRD (only that one), as it was again afterwards."""
     with node_claim_crd(control_plane, installed=True):
         yield
-
-
-def node_pool(name: str) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "karpenter.kwok.sh",
-                        "kind": "KWOKNodeClass",
-                        "name": "default",
-                    },
-                    "requirements": [],
-                }
-            }
-        },
-    }
 
 
 def request(namespace: str, gang: str) -> Obj:

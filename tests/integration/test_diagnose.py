@@ -54,7 +54,7 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
-from tests.builders import WorkloadBuilder, container, pod_template
+from tests.builders import WorkloadBuilder, container, node_pool, pod_template
 from tests.integration.harness import Cluster, RunningController, eventually, now
 
 pytestmark = pytest.mark.integration
@@ -462,28 +462,8 @@ async def karpenter_request(
     await cluster.set_request_conditions(request, {"Accepted": "created 2 NodeClaims"})
 
 
-def _pool() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "gpu", "uid": "u-gpu"},
-        "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "karpenter.kwok.sh",
-                        "kind": "KWOKNodeClass",
-                        "name": "default",
-                    },
-                    "requirements": [
-                        {
-                            "key": "karpenter.sh/capacity-type",
-                            "operator": "In",
-                            "values": ["on-demand"],
-                        }
-                    ],
-                }
-            }
-        },
-    }
+#: The NodePool's one requirement, which its NodeClaims carry too.
+ON_DEMAND = {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}
 
 
 def _condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, str]:
@@ -516,7 +496,8 @@ async def create_claims(cluster: Cluster, request: str) -> list[str]:
             ]
         },
     ]
-    for body, state in zip(claim_bodies(_pool(), ask), statuses, strict=True):
+    pool = node_pool("gpu", uid="u-gpu", requirements=[ON_DEMAND])
+    for body, state in zip(claim_bodies(pool, ask), statuses, strict=True):
         body["metadata"].pop("ownerReferences")  # no such NodePool here
         created = await cluster.kube.create(NODE_CLAIM, body)
         created["status"] = state
