@@ -182,6 +182,22 @@ def provisioning_request(
     }
 
 
+def capacity_not_found(request: Obj) -> Obj:
+    """`request` (changed in place, and returned) as cluster-autoscaler leaves one when no
+    node group can host its pods: Accepted, and Provisioned=False for CapacityIsNotFound (it
+    tries again later)."""
+    request["status"]["conditions"] = [
+        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
+        {
+            "type": "Provisioned",
+            "status": "False",
+            "reason": "CapacityIsNotFound",
+            "message": "Capacity is not found, CA will try to find it later.",
+        },
+    ]
+    return request
+
+
 def node(
     name: str,
     *,

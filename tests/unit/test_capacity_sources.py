@@ -27,7 +27,13 @@ from gangcheck.model.objects import pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import CHECK_CAPACITY, parse_spec, spec_record
 from gangcheck.telemetry import Metrics
-from tests.builders import CHECK, WorkloadBuilder, node, provisioning_request
+from tests.builders import (
+    CHECK,
+    WorkloadBuilder,
+    capacity_not_found,
+    node,
+    provisioning_request,
+)
 from tests.unit.test_admission_decide import GPU_FLAVOR, NOW, gang
 from tests.unit.test_podgroup_decide import group, members
 from tests.unit.test_podgroup_decide import req as group_req
@@ -67,20 +73,6 @@ def request(name: str, *, source: int = 0, **kw: Any) -> Any:
         kw.setdefault("parameters", {"x": "1"})
     templates = [(naming.template_name(name, "workers"), 4)]
     return provisioning_request(name, templates=templates, annotations=annotations, **kw)
-
-
-def not_found(req: Any) -> Any:
-    """cluster-autoscaler's answer when no node group can host the pods: it tries later."""
-    req["status"]["conditions"] = [
-        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
-        {
-            "type": "Provisioned",
-            "status": "False",
-            "reason": "CapacityIsNotFound",
-            "message": "Capacity is not found, CA will try to find it later.",
-        },
-    ]
-    return req
 
 
 def run(
@@ -175,7 +167,7 @@ def test_the_last_source_failing_retries_as_one_source_would() -> None:
 def test_a_source_that_cannot_find_the_capacity_is_left_at_once_when_another_is_next() -> None:
     made = {"created": "2026-11-30T10:04:30Z"}  # its 60 s deadline is not past: left at once
     deadline = {"gangcheck.io/fulfillment-deadline": "2026-11-30T10:05:30Z"}
-    d = run(SOURCES, [not_found(request(FIRST, annotations=deadline, **made))])
+    d = run(SOURCES, [capacity_not_found(request(FIRST, annotations=deadline, **made))])
     rolling = next(a for a in d.actions if isinstance(a, AnnotateRequest))
     assert rolling.name == FIRST
     assert rolling.annotations["gangcheck.io/phase"] == "RollingBack"
@@ -186,14 +178,14 @@ def test_a_source_that_cannot_find_the_capacity_is_left_at_once_when_another_is_
 
 def test_the_last_source_saying_not_found_is_waited_on_until_its_deadline() -> None:
     """cluster-autoscaler tries again later: with nothing next, the deadline decides."""
-    d = run(SOURCES, [not_found(request(SECOND, source=1))])
+    d = run(SOURCES, [capacity_not_found(request(SECOND, source=1))])
     assert not any(isinstance(a, AnnotateRequest) for a in d.actions)
     assert d.check is not None and d.check.state == "Pending"
 
 
 def test_a_single_class_config_waits_on_not_found_as_before() -> None:
     deadline = {"gangcheck.io/fulfillment-deadline": DEADLINES[1]}  # the default 420 s
-    d = run({}, [not_found(request(FIRST, annotations=deadline))])
+    d = run({}, [capacity_not_found(request(FIRST, annotations=deadline))])
     assert not any(isinstance(a, AnnotateRequest) for a in d.actions)
 
 

@@ -40,7 +40,7 @@ from gangcheck.model.names import CONSUME_ANNOTATION
 from gangcheck.model.objects import Flavor, pod_of, request_of, workload_of
 from gangcheck.model.podgroups import pod_group_of
 from gangcheck.model.provisioning_config import parse_spec, spec_record
-from tests.builders import CHECK, node, pod_template, provisioning_request
+from tests.builders import CHECK, capacity_not_found, node, pod_template, provisioning_request
 from tests.unit.test_admission_decide import NOW, gang
 from tests.unit.test_diagnosis import admission_check
 from tests.unit.test_podgroup_decide import group, members
@@ -681,20 +681,6 @@ SPEC3: Obj = {
 }
 
 
-def stocked_out(req: Obj) -> Obj:
-    """cluster-autoscaler's answer when no node group can host the pods: it tries later."""
-    req["status"]["conditions"] = [
-        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
-        {
-            "type": "Provisioned",
-            "status": "False",
-            "reason": "CapacityIsNotFound",
-            "message": "Capacity is not found, CA will try to find it later.",
-        },
-    ]
-    return req
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("how", ["stocked out", "provisioned, nothing arrived by its deadline"])
 def test_a_top_up_that_delivered_nothing_is_withdrawn_not_kept(kind: str, how: str) -> None:
@@ -706,7 +692,9 @@ def test_a_top_up_that_delivered_nothing_is_withdrawn_not_kept(kind: str, how: s
     autoscaler while the third source was asked for the same members."""
     nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
     if how == "stocked out":
-        b = stocked_out(request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2"))
+        b = capacity_not_found(
+            request(1, 2, kind=kind, provisioned=False, kept_from=A, kept_members="2")
+        )
     else:
         b = request(1, 2, kind=kind, kept_from=A, kept_members="2")
     s = through(kind, [request(0, 4, kind=kind, **kept()), b], nodes, spec=SPEC3)
@@ -729,7 +717,7 @@ def test_a_top_up_kept_with_no_node_by_the_previous_release_is_withdrawn(
     nodes = [gpu_node(n, "a", arrived_for=A, kind=kind) for n in ("a0", "a1")]
     if b_arrived:
         nodes.append(gpu_node("b0", "b", arrived_for=B, kind=kind))
-    b = stocked_out(
+    b = capacity_not_found(
         request(
             1,
             2,
