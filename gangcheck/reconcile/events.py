@@ -136,27 +136,31 @@ class EventRecorder:
             )
 
     def _body(self, ref: ObjectRef, event: Event, said: Said, at: datetime) -> dict[str, object]:
-        now = format_time(at)
-        body = {
-            "metadata": {
-                "name": naming.event_name(ref.name, secrets.token_hex(8)),
-                "namespace": ref.namespace or "default",
-            },
-            "involvedObject": {
-                "apiVersion": ref.api_version,
-                "kind": ref.kind,
-                "name": ref.name,
-                "namespace": ref.namespace,
-                "uid": ref.uid,
-            },
-            "reason": event.reason,
-            "message": one_line(event.message),
-            "type": "Warning" if event.warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-            "firstTimestamp": format_time(said.first),
-            "lastTimestamp": now,
-            "count": said.count,
-        }
-        return body
+        name = naming.event_name(ref.name, secrets.token_hex(8))
+        return event_body(ref, event, name=name, first=said.first, last=at, count=said.count)
+
+
+def event_body(
+    ref: ObjectRef, event: Event, *, name: str, first: datetime, last: datetime, count: int = 1
+) -> dict[str, object]:
+    """The Event object gangcheck creates for `event` on `ref`, named `name` (the recorder's
+    own are named at random; one named for what it says is made once: nodes.py)."""
+    return {
+        "metadata": {"name": name, "namespace": ref.namespace or "default"},
+        "involvedObject": {
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+        },
+        "reason": event.reason,
+        "message": one_line(event.message),
+        "type": "Warning" if event.warning else "Normal",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": format_time(first),
+        "lastTimestamp": format_time(last),
+        "count": count,
+    }

@@ -28,15 +28,15 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import EVENT, NODE
+from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.not_removed import NotRemovedSlot, not_removed_slot
 from gangcheck.logic.attempt.reclaim import not_removed_message, scale_down_watch
-from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import RECLAIM_WHEN_IDLE, RECLAIMED_AT
 from gangcheck.model.objects import tested_removal
 from gangcheck.reclaim.arrivals import node_ref, tell
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.events import COMPONENT, EventRecorder, one_line
+from gangcheck.reconcile.events import EventRecorder, event_body
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
@@ -170,26 +170,8 @@ class DrainingNodeReconciler:
 def not_removed_event(
     node: dict[str, Any], slot: NotRemovedSlot, message: str, now: datetime
 ) -> dict[str, object]:
-    """The Warning Event saying the node is still there, named for its slot (as the
-    recorder's Events are made, but named: the name is what makes it once per slot)."""
+    """The Warning Event saying the node is still there, named for its slot (the name is
+    what makes it once per slot)."""
     ref = node_ref(node["metadata"]["name"], str(node["metadata"].get("uid", "")))
-    at = format_time(now)
-    return {
-        "metadata": {"name": slot.event, "namespace": "default"},
-        "involvedObject": {
-            "apiVersion": ref.api_version,
-            "kind": ref.kind,
-            "name": ref.name,
-            "namespace": ref.namespace,
-            "uid": ref.uid,
-        },
-        "reason": NOT_REMOVED,
-        "message": one_line(message),
-        "type": "Warning",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": COMPONENT,
-        "firstTimestamp": at,
-        "lastTimestamp": at,
-        "count": 1,
-    }
+    said = Event(NOT_REMOVED, message, warning=True)
+    return event_body(ref, said, name=slot.event, first=now, last=now)
