@@ -13,7 +13,9 @@ decided before the watch brings its DELETED does not count the node as still the
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Protocol
 
 from gangcheck.kube.client import Kube
@@ -34,6 +36,14 @@ MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 SCALE_ATTEMPTS = 5
+REVISION_ANNOTATION = "machinedeployment.clusters.x-k8s.io/revision"
+"""Cluster API's revision of a MachineSet, and of its MachineDeployment (its newest's)."""
+ROLLING_OUT = "MachineDeploymentRollingOut"
+UNSETTLED = "MachineDeploymentUnsettled"
+SETTLE_SECONDS = 10.0
+"""How long a MachineDeployment that has not settled (`Rollout.settling`) is read again before
+the reclaim fails for now: its controller applies a decrement within a second or so."""
+SETTLE_POLL_SECONDS = 0.5
 log = logging.getLogger(__name__)
 
 
@@ -185,7 +195,9 @@ class DeleteNodeClaim:
 
 
 class DeleteMachine:
-    """Cluster API: mark the Machine for deletion and scale its owner down by one, once."""
+    """Cluster API: mark the Machine for deletion and scale its owner down by one, once; not
+    while its MachineDeployment rolls out (`rolling_out`: Cluster API would then apply the
+    decrement to whichever of its MachineSets it chooses)."""
 
     name = "DeleteMachine"
     leaves_node = False
@@ -197,15 +209,23 @@ class DeleteMachine:
             return f"Machine {name} already being deleted"
         if _annotations(machine).get(OWNER_SCALED_DOWN):
             return f"Machine {name} already marked for deletion and its owner scaled down"
+        owner = await _scaling_owner(kube, machine)
+        if owner is not None:  # before any write: a rollout leaves the Machine unmarked
+            owner = await _not_rolling_out(kube, owner, machine)
         await still_as_judged(kube, node)
+        marked_before = DELETE_MACHINE_ANNOTATION in _annotations(machine)
         mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}
         namespace = machine["metadata"]["namespace"]
         await kube.merge_patch(MACHINE, name, mark, namespace)
-        owner = await _scaling_owner(kube, machine)
         if owner is None:
             return f"Machine {name} marked for deletion (no MachineSet owns it)"
-        res, obj = owner
-        replicas = await _scale_down_once(kube, res, obj, machine)
+        try:
+            replicas = await _scale_down_once(kube, owner, machine)
+        except MachineDeploymentRollingOut:
+            if not marked_before:  # a rollout begun since the look above: the mark goes too
+                await _unmark(kube, machine)
+            raise
+        res, obj = owner.res, owner.obj
         done = {
             "metadata": {
                 "annotations": {OWNER_SCALED_DOWN: f"{res.kind}/{obj['metadata']['name']}"}
@@ -248,36 +268,43 @@ def _scaled_down_for(obj: Obj, uid: str) -> bool:
     return scaled_down_key(uid) in annotations or annotations.get(SCALED_DOWN_FOR) == uid
 
 
-async def _scale_down_once(kube: Kube, res: Resource, obj: Obj, machine: Obj) -> int:
+async def _scale_down_once(kube: Kube, owner: Owner, machine: Obj) -> int:
     """Decrement replicas by one with a `test` of the value read, recording on the owner, in
     the same patch, that it was done for this Machine (`scaled_down_key`); a failed test (a
     lost answer, another writer) is read again: the record says whether the decrement was
     ours. The record stays until the Machine says its owner was scaled down (a reclaim that
     failed in between, its lease lost, is retried later: after others of the owner's
-    Machines were scaled down for, too)."""
+    Machines were scaled down for, too). A MachineDeployment is judged (`rolling_out`) as
+    read before each try, and decremented only as judged (its resourceVersion tested)."""
     uid, namespace = machine["metadata"]["uid"], machine["metadata"]["namespace"]
     for _ in range(SCALE_ATTEMPTS):
-        if _scaled_down_for(obj, uid):
-            return int((obj.get("spec") or {}).get("replicas") or 0)
+        owner = await _not_rolling_out(kube, owner, machine)
+        obj = owner.obj
         replicas = int((obj.get("spec") or {}).get("replicas") or 0)
+        if _scaled_down_for(obj, uid):
+            return replicas
         if replicas <= 0:
             return 0
         try:
             await kube.json_patch(
-                res, obj["metadata"]["name"], _decrement(obj, replicas, machine), namespace
+                owner.res, obj["metadata"]["name"], _decrement(owner, replicas, machine), namespace
             )
             return replicas - 1
         except ConflictError:
-            obj = await kube.get(res, obj["metadata"]["name"], namespace)
-    raise ApiError(409, "Conflict", f"{res.kind} kept changing while being scaled down")
+            owner = await _read_again(kube, owner, namespace)
+    raise ApiError(409, "Conflict", f"{owner.res.kind} kept changing while being scaled down")
 
 
-def _decrement(obj: Obj, replicas: int, machine: Obj) -> list[Obj]:
+def _decrement(owner: Owner, replicas: int, machine: Obj) -> list[Obj]:
+    obj = owner.obj
     key, value = scaled_down_key(machine["metadata"]["uid"]), machine["metadata"]["name"]
     ops: list[Obj] = [
         {"op": "test", "path": "/spec/replicas", "value": replicas},
         {"op": "replace", "path": "/spec/replicas", "value": replicas - 1},
     ]
+    if owner.res is MACHINE_DEPLOYMENT:  # the MachineDeployment judged not rolling out
+        rv = obj["metadata"].get("resourceVersion")
+        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
     if "annotations" in (obj.get("metadata") or {}):
         path = json_pointer("metadata", "annotations", key)
         return [*ops, {"op": "add", "path": path, "value": value}]
@@ -301,7 +328,17 @@ async def _forget_scaled_down(kube: Kube, res: Resource, obj: Obj, machine: Obj)
         )
 
 
-async def _scaling_owner(kube: Kube, machine: Obj) -> tuple[Resource, Obj] | None:
+@dataclass(frozen=True)
+class Owner:
+    """What a Machine's decrement is made on (`res`, `obj`: its MachineDeployment, or its
+    MachineSet when no MachineDeployment owns it) and the Machine's MachineSet, as read."""
+
+    res: Resource
+    obj: Obj
+    machine_set: Obj
+
+
+async def _scaling_owner(kube: Kube, machine: Obj) -> Owner | None:
     """The MachineDeployment above the Machine's MachineSet, or the MachineSet itself."""
     namespace = machine["metadata"]["namespace"]
     machine_set_name = _controller_of(machine, "MachineSet")
@@ -310,8 +347,140 @@ async def _scaling_owner(kube: Kube, machine: Obj) -> tuple[Resource, Obj] | Non
     machine_set = await kube.get(MACHINE_SET, machine_set_name, namespace)
     deployment = _controller_of(machine_set, "MachineDeployment")
     if deployment is None:
-        return MACHINE_SET, machine_set
-    return MACHINE_DEPLOYMENT, await kube.get(MACHINE_DEPLOYMENT, deployment, namespace)
+        return Owner(MACHINE_SET, machine_set, machine_set)
+    obj = await kube.get(MACHINE_DEPLOYMENT, deployment, namespace)
+    return Owner(MACHINE_DEPLOYMENT, obj, machine_set)
+
+
+async def _read_again(kube: Kube, owner: Owner, namespace: str) -> Owner:
+    """The owner and the Machine's MachineSet read again (a decrement's test failed)."""
+    machine_set = await kube.get(MACHINE_SET, owner.machine_set["metadata"]["name"], namespace)
+    if owner.res is MACHINE_SET:
+        return Owner(MACHINE_SET, machine_set, machine_set)
+    obj = await kube.get(MACHINE_DEPLOYMENT, owner.obj["metadata"]["name"], namespace)
+    return Owner(MACHINE_DEPLOYMENT, obj, machine_set)
+
+
+class MachineDeploymentRollingOut(ApiError):
+    """The Machine's MachineDeployment rolls out, or has not settled (`rolling_out`): not
+    scaled down now. A failure, not a refusal: the reclaim is retried with backoff (the
+    draining-node reconciler) and acts once it is over. Its reason (`ROLLING_OUT` or
+    `UNSETTLED`) is the cause counted; its message names the MachineDeployment and why."""
+
+    def __init__(self, deployment: Obj, found: Rollout) -> None:
+        meta = deployment["metadata"]
+        named = f"MachineDeployment {meta.get('namespace')}/{meta['name']}"
+        said = "has not settled" if found.settling else "is rolling out"
+        super().__init__(
+            409,
+            UNSETTLED if found.settling else ROLLING_OUT,
+            f"{named} {said} ({found.why}): a decrement now could remove a Machine of"
+            " another of its MachineSets",
+            target=f"machinedeployments/{meta['name']}",
+        )
+
+
+async def _not_rolling_out(kube: Kube, owner: Owner, machine: Obj) -> Owner:
+    """The owner, once judged not `rolling_out` (read again while it settles, for up to
+    SETTLE_SECONDS: Cluster API's controller applying a decrement made just before, ours for
+    another Machine of it); MachineDeploymentRollingOut if it is. A MachineSet with no
+    MachineDeployment, or a decrement for this Machine done already (a retry after a lost
+    answer or lease), is not judged."""
+    namespace, uid = machine["metadata"]["namespace"], machine["metadata"]["uid"]
+    deadline = asyncio.get_running_loop().time() + SETTLE_SECONDS
+    while owner.res is MACHINE_DEPLOYMENT and not _scaled_down_for(owner.obj, uid):
+        found = rolling_out(owner.obj, owner.machine_set)
+        if found is None:
+            break
+        if not found.settling or asyncio.get_running_loop().time() >= deadline:
+            error = MachineDeploymentRollingOut(owner.obj, found)
+            log.warning(
+                "Machine %s not scaled down for: %s", machine["metadata"]["name"], error.message
+            )
+            raise error
+        await asyncio.sleep(SETTLE_POLL_SECONDS)
+        owner = await _read_again(kube, owner, namespace)
+    return owner
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Why a MachineDeployment is not to be scaled down now (`rolling_out`)."""
+
+    why: str
+    settling: bool = False
+    """Only its controller's last act not seen yet (it has not observed its spec, or has not
+    yet given the MachineSet its replicas): judged again a little later before it counts."""
+
+
+def rolling_out(deployment: Obj, machine_set: Obj) -> Rollout | None:
+    """Why a decrement of `deployment` may not take its Machine of `machine_set` now, or None.
+
+    Cluster API's MachineDeployment controller applies a decrement to the MachineSet it
+    chooses: with one MachineSet holding all the replicas, to that one, whose controller then
+    deletes the Machine marked `cluster.x-k8s.io/delete-machine` first; during a rollout
+    (RollingUpdate or OnDelete) to the new MachineSet only while that holds more than the
+    MachineDeployment's replicas, else to the old ones, oldest first (paused, to those with
+    replicas in proportion): another Machine, perhaps running someone's pods, is removed, the
+    marked one kept. Read from the MachineDeployment's own
+    status and the Machine's MachineSet (a get each: no list), it rolls out when
+    - its RollingOut condition is True (Cluster API v1.9 on: status.v1beta2.conditions);
+    - not all its Machines are of its newest MachineSet (status.updatedReplicas, the newest
+      MachineSet's, below status.replicas, all its MachineSets');
+    - the Machine's MachineSet is not its newest (the revision annotations differ);
+    and it has not settled when
+    - its controller has not acted on its spec yet (status.observedGeneration behind
+      metadata.generation): a decrement just made, or a template changed (a rollout about to
+      start: judged again once seen);
+    - the Machine's MachineSet does not hold its replicas (a scaling not yet applied, or
+      another MachineSet holding some)."""
+    meta, status = deployment["metadata"], deployment.get("status") or {}
+    v1beta2 = status.get("v1beta2") or {}
+    for condition in [*(status.get("conditions") or []), *(v1beta2.get("conditions") or [])]:
+        if condition.get("type") == "RollingOut" and condition.get("status") == "True":
+            return Rollout("its RollingOut condition is True")
+    replicas = int(status.get("replicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    if updated < replicas:
+        return Rollout(
+            f"{replicas - updated} of its {replicas} Machines are of an older MachineSet"
+        )
+    ms_meta = machine_set["metadata"]
+    revision = (meta.get("annotations") or {}).get(REVISION_ANNOTATION)
+    ms_revision = (ms_meta.get("annotations") or {}).get(REVISION_ANNOTATION)
+    if revision is not None and ms_revision != revision:
+        return Rollout(
+            f"the Machine's MachineSet {ms_meta['name']} is at revision {ms_revision or 'none'},"
+            f" the MachineDeployment at {revision}"
+        )
+    generation = int(meta.get("generation") or 0)
+    observed = int(status.get("observedGeneration") or 0)
+    if observed < generation:
+        return Rollout(f"its controller has observed generation {observed} of {generation}", True)
+    desired = int((deployment.get("spec") or {}).get("replicas") or 0)
+    held = int((machine_set.get("spec") or {}).get("replicas") or 0)
+    if held != desired:
+        return Rollout(
+            f"the Machine's MachineSet {ms_meta['name']} has {held} of its {desired} replicas",
+            True,
+        )
+    return None
+
+
+async def _unmark(kube: Kube, machine: Obj) -> None:
+    """Take off the `delete-machine` mark this reclaim wrote (while it is still "true"), its
+    decrement refused: a marked Machine would be the first its MachineSet removes in any
+    scale-down, the node meanwhile back in use. Failing, it stays, logged."""
+    meta = machine["metadata"]
+    ops = tested_removal("annotations", DELETE_MACHINE_ANNOTATION, "true")
+    try:
+        await kube.json_patch(MACHINE, meta["name"], ops, meta["namespace"])
+    except (ConflictError, NotFoundError):
+        return
+    except ApiError as e:
+        log.warning(
+            "Machine %s keeps its %s: %s", meta["name"], DELETE_MACHINE_ANNOTATION, e.message
+        )
 
 
 def _controller_of(obj: Obj, kind: str) -> str | None:

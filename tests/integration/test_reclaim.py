@@ -50,6 +50,7 @@ from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import FENCE_LABEL, RECLAIMED_AT
 from gangcheck.reclaim import safely
 from gangcheck.reclaim.arrivals import reclaim_arrivals, tell
+from gangcheck.reclaim.reclaimers import REVISION_ANNOTATION as REVISION
 from gangcheck.reclaim.safely import Result, Target
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
@@ -577,16 +578,21 @@ async def test_delete_node_claim_without_a_claim_keeps_and_unfences(bed: Bed) ->
 
 async def machine_bed(bed: Bed, *, node_ref: str | None = None) -> str:
     """A MachineDeployment md (3 replicas) > MachineSet ms > Machine m1 > a node naming m1;
-    m1's status.nodeRef names `node_ref`, or the node. Returns the node."""
+    m1's status.nodeRef names `node_ref`, or the node. md and ms at revision 1, md's status
+    as Cluster API's controller writes it once settled (`capi_settles`). Returns the node."""
     ns, kube = bed.ns, bed.kube
+    revision = {REVISION: "1"}
     deployment = await kube.create(
-        MACHINE_DEPLOYMENT, {"metadata": {"name": "md", "namespace": ns}, "spec": {"replicas": 3}}
-    )
+        MACHINE_DEPLOYMENT,
+        {"metadata": {"name": "md", "namespace": ns, "annotations": revision},
+         "spec": {"replicas": 3}},
+    )  # fmt: skip
     md_ref = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment", "name": "md",
               "uid": deployment["metadata"]["uid"], "controller": True}  # fmt: skip
     machine_set = await kube.create(
         MACHINE_SET,
-        {"metadata": {"name": "ms", "namespace": ns, "ownerReferences": [md_ref]},
+        {"metadata": {"name": "ms", "namespace": ns, "ownerReferences": [md_ref],
+                      "annotations": revision},
          "spec": {"replicas": 3}},
     )  # fmt: skip
     ms_ref = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet", "name": "ms",
@@ -600,7 +606,21 @@ async def machine_bed(bed: Bed, *, node_ref: str | None = None) -> str:
     )
     status = {"status": {"nodeRef": {"name": node_ref or node}}}
     await kube.merge_patch(MACHINE, "m1", status, ns, subresource="status")
+    await capi_settles(bed)
     return node
+
+
+async def capi_settles(bed: Bed, machine_set: str = "ms", *, old: int = 0) -> None:
+    """What Cluster API's MachineDeployment controller writes (no such controller runs here):
+    `machine_set` given md's replicas, md's status with its generation observed and, with
+    `old`, that many Machines still of an older MachineSet (a rollout under way)."""
+    ns, kube = bed.ns, bed.kube
+    md = await kube.get(MACHINE_DEPLOYMENT, "md", ns)
+    replicas = md["spec"]["replicas"]
+    await kube.merge_patch(MACHINE_SET, machine_set, {"spec": {"replicas": replicas}}, ns)
+    status = {"observedGeneration": md["metadata"]["generation"], "replicas": replicas + old,
+              "updatedReplicas": replicas}  # fmt: skip
+    await kube.merge_patch(MACHINE_DEPLOYMENT, "md", {"status": status}, ns, subresource="status")
 
 
 async def test_delete_machine_marks_it_and_scales_the_deployment_down(bed: Bed) -> None:
@@ -799,6 +819,7 @@ async def test_a_reclaim_failed_after_the_decrement_does_not_decrement_again(bed
         kube._request_once = original  # type: ignore[method-assign]
     assert failed.verdict == "failed"
     assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 2
+    await capi_settles(bed)  # md's controller applies m1's decrement
     other = await reclaim_safely(kube, bed.target(second, "DeleteMachine"), NOW(UTC))
     assert other.verdict == "reclaimed"
     assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 1
@@ -821,6 +842,91 @@ async def test_delete_machine_checks_the_machines_own_back_reference(bed: Bed) -
     machine = await bed.kube.get(MACHINE, "m1", bed.ns)
     assert "cluster.x-k8s.io/delete-machine" not in (machine["metadata"].get("annotations") or {})
     assert (await bed.kube.get(MACHINE_DEPLOYMENT, "md", bed.ns))["spec"]["replicas"] == 3
+
+
+async def test_delete_machine_waits_while_its_machine_deployment_rolls_out(bed: Bed) -> None:
+    """md rolls out (RollingUpdate, surge 1): m1 is of the new MachineSet ms (revision 2),
+    the old one, ms-1, still has a Machine. A decrement now would be Cluster API's to take
+    from ms-1 (another Machine, perhaps running someone's pods, removed; m1 kept): the reclaim
+    fails for now before any write to md or m1, its node unfenced and still marked, a
+    ReclaimFailed Event and the failure counted, the retry requeued with backoff. Once the
+    rollout is over, the retry reclaims it: m1 marked, md scaled down by one."""
+    ns, kube = bed.ns, bed.kube
+    node = await machine_bed(bed)
+    md = await kube.get(MACHINE_DEPLOYMENT, "md", ns)
+    md_ref = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment", "name": "md",
+              "uid": md["metadata"]["uid"], "controller": True}  # fmt: skip
+    await kube.create(
+        MACHINE_SET,
+        {"metadata": {"name": "ms-1", "namespace": ns, "ownerReferences": [md_ref],
+                      "annotations": {REVISION: "1"}},
+         "spec": {"replicas": 1}},
+    )  # fmt: skip
+    for res, name in ((MACHINE_DEPLOYMENT, "md"), (MACHINE_SET, "ms")):
+        await kube.merge_patch(res, name, {"metadata": {"annotations": {REVISION: "2"}}}, ns)
+    await capi_settles(bed, old=1)
+    caches = _Caches(kube)
+    reconciler = DrainingNodeReconciler(kube, caches)  # type: ignore[arg-type]
+    reconciler.metrics = Metrics()
+    failed = await reclaim_safely(kube, bed.target(node, "DeleteMachine"), NOW(UTC))
+    assert (failed.verdict, failed.reason, failed.cause) == (
+        "failed", "DeleteMachine failed: 409 MachineDeploymentRollingOut",
+        "MachineDeploymentRollingOut",
+    )  # fmt: skip
+    await caches.refresh(node)
+    retry = await reconciler.reconcile(node)
+    assert retry.requeue_after is not None and retry.requeue_after > 0
+    said = [m for r, m in await bed.events(node) if r == "ReclaimFailed"]
+    assert said and all("409 MachineDeploymentRollingOut" in m for m in said)
+    render = reconciler.metrics.render()
+    assert 'gangcheck_reclaim_failures_total{error="MachineDeploymentRollingOut"} 1' in render
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 3
+    assert (await kube.get(MACHINE_SET, "ms-1", ns))["spec"]["replicas"] == 1
+    m1 = await kube.get(MACHINE, "m1", ns)
+    assert "cluster.x-k8s.io/delete-machine" not in (m1["metadata"].get("annotations") or {})
+    cordoned, taints, mark = fence_of(await kube.get(NODE, node))
+    assert (cordoned, taints) == (False, []) and mark is not None  # in use meanwhile, owed
+    # the rollout over: ms-1 scaled to 0 and its Machine gone, md's status says so
+    await kube.merge_patch(MACHINE_SET, "ms-1", {"spec": {"replicas": 0}}, ns)
+    await capi_settles(bed)
+    await caches.refresh(node)
+    assert await reconciler.reconcile(node) == QueueResult()
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 2
+    annotations = (await kube.get(MACHINE, "m1", ns))["metadata"]["annotations"]
+    assert annotations["cluster.x-k8s.io/delete-machine"] == "true"
+    assert annotations["gangcheck.io/owner-scaled-down"] == "MachineDeployment/md"
+
+
+async def test_delete_machine_decrements_only_the_machine_deployment_it_judged(bed: Bed) -> None:
+    """md's template changes in the round trip between the Machine's mark and the decrement
+    (a wrapper times it; md's controller then creates a MachineSet at revision 2 and says so
+    in md's status): the decrement tests md's resourceVersion, fails, md is read again and
+    judged rolling out. No decrement; the mark the reclaim wrote is taken off."""
+    ns, kube = bed.ns, bed.kube
+    node = await machine_bed(bed)
+    original = kube.merge_patch
+
+    async def template_changed_after_mark(
+        res: Any, name: str, body: Any, *a: Any, **kw: Any
+    ) -> Any:
+        answer = await original(res, name, body, *a, **kw)
+        if res is MACHINE and "cluster.x-k8s.io/delete-machine" in json.dumps(body):
+            kube.merge_patch = original  # type: ignore[method-assign]
+            template = {"metadata": {"annotations": {REVISION: "2"}},
+                        "spec": {"template": {"spec": {"version": "v1.36.1"}}}}  # fmt: skip
+            await kube.merge_patch(MACHINE_DEPLOYMENT, "md", template, ns)
+            await capi_settles(bed, old=3)
+        return answer
+
+    kube.merge_patch = template_changed_after_mark  # type: ignore[method-assign]
+    try:
+        result = await reclaim_safely(kube, bed.target(node, "DeleteMachine"), NOW(UTC))
+    finally:
+        kube.merge_patch = original  # type: ignore[method-assign]
+    assert (result.verdict, result.cause) == ("failed", "MachineDeploymentRollingOut")
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 3
+    m1 = await kube.get(MACHINE, "m1", ns)
+    assert "cluster.x-k8s.io/delete-machine" not in (m1["metadata"].get("annotations") or {})
 
 
 async def test_unfencing_keeps_a_taint_another_writer_added_meanwhile(bed: Bed) -> None:

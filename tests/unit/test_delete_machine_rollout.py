@@ -1,0 +1,367 @@
+"""DeleteMachine and a MachineDeployment rolling out.
+
+The reclaimer marks its Machine `cluster.x-k8s.io/delete-machine` and decrements the
+MachineDeployment above it. While that rolls out, Cluster API applies the decrement to the
+MachineSet its rollout chooses (the new one only while it holds more than the
+MachineDeployment's replicas, else the old ones, oldest first), so another Machine, perhaps
+running someone's pods, would go and the marked one stay. `rolling_out` judges it from the
+MachineDeployment's status and the Machine's MachineSet (the table); the reclaim then fails
+for now, before any write (retried with backoff by the draining-node reconciler), and acts
+once the rollout is over. A MachineSet with no MachineDeployment is not judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gangcheck.kube.errors import ApiError
+from gangcheck.kube.resources import MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NODE
+from gangcheck.model.names import OWNER_SCALED_DOWN
+from gangcheck.reclaim import reclaimers
+from gangcheck.reclaim.reclaimers import (
+    DELETE_MACHINE_ANNOTATION,
+    NOT_CACHED,
+    REVISION_ANNOTATION,
+    ROLLING_OUT,
+    UNSETTLED,
+    DeleteMachine,
+    Rollout,
+    rolling_out,
+    scaled_down_key,
+)
+from tests.fakes.kube import FakeKube
+
+Obj = dict[str, Any]
+NS = "capi"
+API = "cluster.x-k8s.io/v1beta1"
+
+
+def deployment(
+    replicas: int = 3,
+    *,
+    generation: int = 1,
+    observed: int | None = 1,
+    status_replicas: int = 3,
+    updated: int = 3,
+    revision: str | None = "2",
+    rolling: str | None = None,
+) -> Obj:
+    """A MachineDeployment as Cluster API's controller leaves it (observed: None, never)."""
+    annotations = {REVISION_ANNOTATION: revision} if revision is not None else {}
+    status: Obj = {"replicas": status_replicas, "updatedReplicas": updated}
+    if observed is not None:
+        status["observedGeneration"] = observed
+    if rolling is not None:
+        status["v1beta2"] = {"conditions": [{"type": "RollingOut", "status": rolling}]}
+    meta = {"name": "md", "namespace": NS, "generation": generation, "annotations": annotations}
+    return {"metadata": meta, "spec": {"replicas": replicas}, "status": status}
+
+
+def machine_set(name: str = "ms-2", replicas: int = 3, revision: str | None = "2") -> Obj:
+    annotations = {REVISION_ANNOTATION: revision} if revision is not None else {}
+    meta = {"name": name, "namespace": NS, "annotations": annotations}
+    return {"metadata": meta, "spec": {"replicas": replicas}}
+
+
+@pytest.mark.parametrize(
+    ("md", "ms", "expected"),
+    [
+        (deployment(), machine_set(), None),
+        # neither carries a revision (made by hand, or by a controller before revisions)
+        (deployment(revision=None), machine_set(revision=None), None),
+        (deployment(rolling="False"), machine_set(), None),
+        (deployment(rolling="True"), machine_set(), Rollout("its RollingOut condition is True")),
+        # an old MachineSet still has Machines (RollingUpdate surging, or OnDelete waiting)
+        (
+            deployment(status_replicas=4, updated=2),
+            machine_set(),
+            Rollout("2 of its 4 Machines are of an older MachineSet"),
+        ),
+        # the Machine is of an old MachineSet (its Machines all going, this one with them)
+        (
+            deployment(status_replicas=3, updated=3),
+            machine_set("ms-1", revision="1"),
+            Rollout("the Machine's MachineSet ms-1 is at revision 1, the MachineDeployment at 2"),
+        ),
+        (
+            deployment(),
+            machine_set(revision=None),
+            Rollout(
+                "the Machine's MachineSet ms-2 is at revision none, the MachineDeployment at 2"
+            ),
+        ),
+        # not yet seen by its controller: a decrement just made, or a template changed
+        (
+            deployment(generation=2),
+            machine_set(),
+            Rollout("its controller has observed generation 1 of 2", settling=True),
+        ),
+        (
+            deployment(observed=None),
+            machine_set(),
+            Rollout("its controller has observed generation 0 of 1", settling=True),
+        ),
+        # a status not yet moved on may hide a rollout: one it shows counts at once
+        (
+            deployment(generation=2, status_replicas=4, updated=1),
+            machine_set(),
+            Rollout("3 of its 4 Machines are of an older MachineSet"),
+        ),
+        # the MachineSet has not yet been given the MachineDeployment's replicas
+        (
+            deployment(replicas=2),
+            machine_set(replicas=3),
+            Rollout("the Machine's MachineSet ms-2 has 3 of its 2 replicas", settling=True),
+        ),
+        (
+            deployment(replicas=3),
+            machine_set(replicas=2),
+            Rollout("the Machine's MachineSet ms-2 has 2 of its 3 replicas", settling=True),
+        ),
+    ],
+    ids=[
+        "settled",
+        "no-revisions",
+        "rolling-out-false",
+        "rolling-out-true",
+        "old-machines-left",
+        "machine-of-an-old-set",
+        "set-without-revision",
+        "generation-not-observed",
+        "never-reconciled",
+        "stale-status-shows-rollout",
+        "scale-down-not-applied",
+        "set-short-of-replicas",
+    ],
+)
+def test_rolling_out(md: Obj, ms: Obj, expected: Rollout | None) -> None:
+    assert rolling_out(md, ms) == expected
+
+
+# -- the reclaim, on objects shaped as Cluster API leaves them ------------------------------
+
+
+def capi(md: Obj, *sets: Obj, machine_set_of_m1: str = "ms-2") -> FakeKube:
+    """The MachineDeployment `md` over `sets`, Machine m1 of `machine_set_of_m1`, and its
+    Node node-m1 linked both ways."""
+    kube = FakeKube()
+    kube.add({"apiVersion": API, "kind": "MachineDeployment", **md, "metadata": {
+        **md["metadata"], "uid": "md-uid"}})  # fmt: skip
+    md_ref = {"apiVersion": API, "kind": "MachineDeployment", "name": "md", "uid": "md-uid",
+              "controller": True}  # fmt: skip
+    for ms in sets:
+        meta = {
+            **ms["metadata"],
+            "uid": f"{ms['metadata']['name']}-uid",
+            "ownerReferences": [md_ref],
+        }
+        kube.add({"apiVersion": API, "kind": "MachineSet", **ms, "metadata": meta})
+    ms_ref = {"apiVersion": API, "kind": "MachineSet", "name": machine_set_of_m1,
+              "uid": f"{machine_set_of_m1}-uid", "controller": True}  # fmt: skip
+    kube.add(
+        {"apiVersion": API, "kind": "Machine",
+         "metadata": {"name": "m1", "namespace": NS, "uid": "m1-uid", "ownerReferences": [ms_ref]},
+         "status": {"nodeRef": {"name": "node-m1"}}},
+        {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": "node-m1", "annotations": {
+             "cluster.x-k8s.io/machine": "m1", "cluster.x-k8s.io/cluster-namespace": NS}}},
+    )  # fmt: skip
+    return kube
+
+
+async def reclaim(kube: FakeKube) -> str:
+    node = await kube.get(NODE, "node-m1")
+    return await DeleteMachine().reclaim(kube, node, NOT_CACHED)
+
+
+def stored(kube: FakeKube, res: Any, name: str) -> Obj:
+    found = kube.stored(res, name, NS)
+    assert found is not None
+    return found
+
+
+def annotations(kube: FakeKube, res: Any, name: str) -> dict[str, str]:
+    return dict(stored(kube, res, name)["metadata"].get("annotations") or {})
+
+
+def settle(kube: FakeKube, set_name: str = "ms-2") -> None:
+    """What Cluster API's MachineDeployment controller does once a rollout is over, or a
+    decrement made: the one MachineSet given the MachineDeployment's replicas, its status
+    and observedGeneration written."""
+    md = stored(kube, MACHINE_DEPLOYMENT, "md")
+    replicas = md["spec"]["replicas"]
+    for ms in kube.all_of(MACHINE_SET):
+        ms["spec"]["replicas"] = replicas if ms["metadata"]["name"] == set_name else 0
+        kube.add(ms)
+    md["status"] = {
+        "observedGeneration": md["metadata"]["generation"],
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+    }
+    kube.add(md)
+
+
+async def test_a_settled_machine_deployment_is_scaled_down_for_the_marked_machine() -> None:
+    kube = capi(deployment(), machine_set())
+    done = await reclaim(kube)
+    assert done == "Machine m1 marked for deletion, MachineDeployment scaled to 2"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
+    assert annotations(kube, MACHINE, "m1") == {
+        DELETE_MACHINE_ANNOTATION: "true",
+        OWNER_SCALED_DOWN: "MachineDeployment/md",
+    }
+    # the decrement was made on the MachineDeployment as judged: its resourceVersion tested
+    (decrement, *_) = [w for w in kube.writes_of("MachineDeployment") if "replace" in str(w)]
+    assert decrement.body[0]["path"] == "/metadata/resourceVersion"
+
+
+async def test_a_rollout_in_progress_fails_the_reclaim_before_any_write_until_it_is_over() -> None:
+    """m1 is of the new MachineSet; the old one still has a Machine (RollingUpdate, surge 1).
+    A decrement now would be taken by the old MachineSet (Cluster API scales the new one down
+    only while it holds more than the MachineDeployment's replicas): its Machine would go,
+    m1 would stay. Nothing is written; the error says which MachineDeployment and why."""
+    kube = capi(
+        deployment(status_replicas=4, updated=3),
+        machine_set("ms-1", replicas=1, revision="1"),
+        machine_set("ms-2", replicas=3, revision="2"),
+    )
+    with pytest.raises(ApiError) as failed:
+        await reclaim(kube)
+    assert (failed.value.status, failed.value.reason) == (409, ROLLING_OUT)
+    assert failed.value.message.startswith(
+        "MachineDeployment capi/md is rolling out (1 of its 4 Machines are of an older MachineSet)"
+    )
+    assert kube.writes == []
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 3
+    # the rollout over (the old MachineSet at 0, its Machine gone): the retry reclaims
+    settle(kube)
+    assert await reclaim(kube) == "Machine m1 marked for deletion, MachineDeployment scaled to 2"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+
+
+async def test_a_machine_of_an_old_machine_set_is_not_scaled_down_for() -> None:
+    """OnDelete: m1 is of the old MachineSet, the MachineDeployment already at revision 2
+    with nothing yet replaced. A decrement would be taken from the old MachineSets, and is
+    not made: m1 is not marked."""
+    kube = capi(
+        deployment(revision="2"),
+        machine_set("ms-1", replicas=3, revision="1"),
+        machine_set("ms-2", replicas=0, revision="2"),
+        machine_set_of_m1="ms-1",
+    )
+    with pytest.raises(ApiError) as failed:
+        await reclaim(kube)
+    assert failed.value.reason == ROLLING_OUT
+    assert "MachineSet ms-1 is at revision 1" in failed.value.message
+    assert kube.writes == []
+
+
+async def test_a_machine_set_without_a_deployment_is_not_judged() -> None:
+    """No MachineDeployment: the MachineSet's decrement takes the marked Machine first."""
+    kube = capi(deployment(), machine_set("ms-2", replicas=3, revision="1"))
+    ms = stored(kube, MACHINE_SET, "ms-2")
+    ms["metadata"]["ownerReferences"] = []
+    kube.add(ms)
+    assert await reclaim(kube) == "Machine m1 marked for deletion, MachineSet scaled to 2"
+    assert stored(kube, MACHINE_SET, "ms-2")["spec"]["replicas"] == 2
+
+
+async def test_a_deployment_settling_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another Machine's decrement a moment before (generation 2, observed 1): read again
+    until the controller has applied it, then scaled down once more."""
+    monkeypatch.setattr(reclaimers, "SETTLE_POLL_SECONDS", 0.01)
+    kube = capi(deployment(replicas=2, generation=2), machine_set(replicas=3))
+
+    async def controller() -> None:
+        await asyncio.sleep(0.05)
+        settle(kube)
+
+    acting = asyncio.create_task(controller())
+    done = await reclaim(kube)
+    await acting
+    assert done == "Machine m1 marked for deletion, MachineDeployment scaled to 1"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 1
+
+
+async def test_a_deployment_that_does_not_settle_fails_the_reclaim_for_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reclaimers, "SETTLE_SECONDS", 0.05)
+    monkeypatch.setattr(reclaimers, "SETTLE_POLL_SECONDS", 0.01)
+    kube = capi(deployment(generation=2), machine_set())
+    with pytest.raises(ApiError) as failed:
+        await reclaim(kube)
+    assert (failed.value.status, failed.value.reason) == (409, UNSETTLED)
+    assert failed.value.message.startswith(
+        "MachineDeployment capi/md has not settled (its controller has observed generation 1 of 2)"
+    )
+    assert kube.writes == []
+
+
+async def test_a_rollout_begun_between_the_look_and_the_decrement_takes_the_mark_off() -> None:
+    """The template changes right after the Machine is marked (a wrapper times it); the
+    controller has seen it and begun (status: an old MachineSet's Machines). The decrement's
+    resourceVersion test fails, the MachineDeployment read again is rolling out: no
+    decrement, and the mark this reclaim wrote is taken off."""
+    kube = capi(deployment(), machine_set())
+    original = kube.merge_patch
+
+    async def rollout_after_the_mark(res: Any, name: str, patch: Obj, *a: Any, **kw: Any) -> Obj:
+        answer = await original(res, name, patch, *a, **kw)
+        if res is MACHINE and DELETE_MACHINE_ANNOTATION in str(patch):
+            md = stored(kube, MACHINE_DEPLOYMENT, "md")
+            md["metadata"]["generation"] = 2
+            md["metadata"]["annotations"][REVISION_ANNOTATION] = "3"
+            md["status"] = {"observedGeneration": 2, "replicas": 4, "updatedReplicas": 1}
+            kube.add(md)
+        return answer
+
+    kube.merge_patch = rollout_after_the_mark  # type: ignore[method-assign]
+    with pytest.raises(ApiError) as failed:
+        await reclaim(kube)
+    assert failed.value.reason == ROLLING_OUT
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 3
+    assert DELETE_MACHINE_ANNOTATION not in annotations(kube, MACHINE, "m1")
+
+
+async def test_a_mark_there_before_stays_when_a_rollout_refuses_the_decrement() -> None:
+    """A mark the reclaim did not write (an earlier try's, or a person's) is not taken off."""
+    kube = capi(deployment(), machine_set())
+    m1 = stored(kube, MACHINE, "m1")
+    m1["metadata"]["annotations"] = {DELETE_MACHINE_ANNOTATION: "true"}
+    kube.add(m1)
+    original = kube.merge_patch
+
+    async def rollout_after_the_mark(res: Any, name: str, patch: Obj, *a: Any, **kw: Any) -> Obj:
+        answer = await original(res, name, patch, *a, **kw)
+        if res is MACHINE:
+            md = stored(kube, MACHINE_DEPLOYMENT, "md")
+            md["status"]["v1beta2"] = {"conditions": [{"type": "RollingOut", "status": "True"}]}
+            kube.add(md)
+        return answer
+
+    kube.merge_patch = rollout_after_the_mark  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        await reclaim(kube)
+    assert annotations(kube, MACHINE, "m1") == {DELETE_MACHINE_ANNOTATION: "true"}
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 3
+
+
+async def test_a_decrement_done_before_the_rollout_is_completed_not_refused() -> None:
+    """The decrement for m1 was made (recorded on the MachineDeployment) and the reclaim cut
+    short before m1 said so; a rollout began since. The retry finishes without deciding
+    anything again: no second decrement, m1 records its owner scaled down."""
+    md = deployment(replicas=2, status_replicas=3, updated=1)
+    md["metadata"]["annotations"][scaled_down_key("m1-uid")] = "m1"
+    kube = capi(md, machine_set())
+    m1 = stored(kube, MACHINE, "m1")
+    m1["metadata"]["annotations"] = {DELETE_MACHINE_ANNOTATION: "true"}
+    kube.add(m1)
+    assert await reclaim(kube) == "Machine m1 marked for deletion, MachineDeployment scaled to 2"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
+    assert annotations(kube, MACHINE, "m1")[OWNER_SCALED_DOWN] == "MachineDeployment/md"
+    assert scaled_down_key("m1-uid") not in annotations(kube, MACHINE_DEPLOYMENT, "md")
