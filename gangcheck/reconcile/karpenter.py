@@ -1,17 +1,20 @@
 """Serves the ProvisioningRequests of gangcheck's Karpenter class with NodeClaims.
 
 Passes run when something changed, not on a clock: a request of the class changed (the
-requests informer wakes the provisioner), or one of gangcheck's NodeClaims did (a watch of
+requests informer wakes the provisioner), one of gangcheck's NodeClaims did (a watch of
 them runs from the revision of the pass's own list while requests of the class are in
-flight, so no change between the list and the watch is missed); and at most ``resync``
-seconds apart as a safety net (``ORPHAN_INTERVAL`` with no request of the class).
+flight, so no change between the list and the watch is missed), or a reclaim's mark came off
+a node recorded and held (kept: its hold may be lifted, ``on_node``); and at most ``resync``
+seconds apart as a safety net (``ORPHAN_INTERVAL`` with no request of the class: a woken
+pass runs at once all the same, the last request's going included).
 
 A pass looks at each request of ``KARPENTER_CLASS`` in the cache and
 at every NodeClaim labelled with an attempt, decides with
 ``logic.sources.karpenter.provisioner.serve`` and applies: creates claims (a lost answer is
 answered AlreadyExists on the retry: names are derived from the attempt), writes the request's
 conditions at the resourceVersion read, deletes claims conditional on their uid, withdraws a
-claim whose node exists through the reclaim's safe path, lifts the hold from a node such a
+claim whose node exists through the reclaim's safe path (a node found running the pods of
+a gang that started is handed over to it: ``_hand_over``), lifts the hold from a node such a
 withdrawal kept (read live: recorded for the request, held for it, owing no reclaim), and
 removes ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request
 missing from the cache is looked up live before its claims are withdrawn: a cache cannot prove
@@ -61,13 +64,16 @@ from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_R
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import taints_released
+from gangcheck.logic.attempt.reclaim import is_fenced
 from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
 from gangcheck.logic.sources.karpenter.provisioner import (
     Served,
+    gang_started,
     held_for,
     is_asking,
     is_served_here,
+    kept_since,
     marked,
     reads_pools,
     request_key,
@@ -92,6 +98,8 @@ INTERVAL = 1.0
 RESYNC_SECONDS = 10.0
 #: Seconds between passes looking only for claims whose request is gone.
 ORPHAN_INTERVAL = 30.0
+#: Reads and writes a hand-over of a node tries while the node keeps changing under it.
+HAND_OVER_TRIES = 5
 T = TypeVar("T")
 
 
@@ -154,6 +162,8 @@ class KarpenterProvisioner:
         """What the passes were last refused, and the wait it makes before the next."""
         self._told: dict[str, str] = {}
         """The refusal each request of the class was told of, by request key."""
+        # Its own: only the provisioner knows which node changes may let it lift a hold.
+        caches.nodes.add_handler(self.on_node)
 
     def wake(self) -> None:
         """Something a pass reads changed: run one soon."""
@@ -162,6 +172,12 @@ class KarpenterProvisioner:
     def on_request(self, old: Obj | None, new: Obj | None) -> None:
         """A requests-informer handler: a request of the class changed."""
         if is_served_here(new or old or {}):
+            self.wake()
+
+    def on_node(self, old: Obj | None, new: Obj | None) -> None:
+        """A nodes-informer handler: a node recorded and held was kept by a reclaim (its
+        mark gone, ``kept_since``): a pass may lift its hold now, not at the resync."""
+        if kept_since(old, new):
             self.wake()
 
     async def _until_woken(self, seconds: float) -> None:
@@ -181,6 +197,8 @@ class KarpenterProvisioner:
                 self._follow_claims()
                 await self._sleep(self._next_delay())
                 self._since_orphan_pass += time.monotonic() - began
+                if self._woken.is_set():  # a change to look at now, requests of it or not
+                    self._since_orphan_pass = ORPHAN_INTERVAL
         finally:
             self._stop_watching()
 
@@ -430,7 +448,7 @@ class KarpenterProvisioner:
                     ),
                 )
         for claim in served.reclaim:
-            await self._reclaim(claim, nodes)
+            await self._reclaim(claim, nodes, request)
         for name in served.lift:
             await self._lift_hold(name, key)
         if request is not None and served.conditions:
@@ -452,7 +470,7 @@ class KarpenterProvisioner:
                 extra={"object": request_key(request) if request else ""},
             )
 
-    async def _reclaim(self, claim: Obj, nodes: Mapping[str, Obj]) -> None:
+    async def _reclaim(self, claim: Obj, nodes: Mapping[str, Obj], request: Obj | None) -> None:
         """Withdraw a claim whose node exists through the reclaim's safe path: the node is
         recorded as arrived for the request, with the reclaim's mark, in one write at the
         resourceVersion it was judged at (its hold, the claim's taint, already on it: the
@@ -460,9 +478,12 @@ class KarpenterProvisioner:
         reclaimed as the mark owes (``reclaim_safely``: fenced, its pods read live, the claim
         deleted only if none but DaemonSet pods are there); should this process stop between,
         the draining-node reconciler owes it the same. A node kept is said (an Event on the
-        Node, a log line) and its hold lifted, as a rollback's kept node's is; one draining
-        or failed keeps its mark (and its hold) for the draining-node reconciler, and once
-        that keeps it, a later pass lifts its hold (``Served.lift``)."""
+        Node, a log line) and its hold lifted, as a rollback's kept node's is. One draining
+        (the gang's pods there) whose gang started is the gang's (``gang_started``): handed
+        over (``_hand_over``), not left to the draining-node reconciler, which would look at
+        it every ``DRAIN_POLL_SECONDS`` for as long as the gang runs. One draining before the
+        start, or failed, keeps its mark (and its hold) for the draining-node reconciler,
+        and once that keeps it, a later pass lifts its hold (``Served.lift``)."""
         key = _requested_for(claim)
         name = str((claim.get("status") or {}).get("nodeName") or "")
         node = nodes.get(name)
@@ -505,8 +526,50 @@ class KarpenterProvisioner:
             extra={"object": key},
         )
         await tell(self._events, None, name, result, request=key)
-        if result.verdict == "keep":
+        if result.verdict == "drain" and gang_started(request):
+            await self._hand_over(name, key, target.mark())
+        elif result.verdict == "keep":
             await self._lift_hold(name, key)
+
+    async def _hand_over(self, name: str, key: str, mark: str) -> None:
+        """The node of a claim withdrawn after its gang started, found running the gang's
+        pods: the withdrawal's mark comes off and the hold is lifted, as from the nodes
+        recorded for the gang at its start; the record (arrived for ``key``) stays, so no
+        later pass withdraws the claim again. Read live, and only a node still recorded for
+        ``key``, carrying this withdrawal's mark as written and not fenced (a reclaim of it
+        under way since: the draining-node reconciler's), written at the resourceVersion
+        read (a change since: read and judged again, a few times; then the mark stays)."""
+        for _ in range(HAND_OVER_TRIES):
+            node = await self._kube.get_if_exists(NODE, name)
+            if node is None or claim_of(node) != key or is_fenced(node):
+                return
+            meta = node["metadata"]
+            if (meta.get("annotations") or {}).get(RECLAIM_WHEN_IDLE) != mark:
+                return
+            patch = {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {RECLAIM_WHEN_IDLE: None},
+                }
+            }
+            try:
+                unmarked = await self._permitted(
+                    "patch nodes", self._kube.merge_patch(NODE, name, patch)
+                )
+            except NotFoundError:
+                return
+            except ConflictError:
+                continue  # changed since read (a heartbeat): read and judged again
+            self._caches.nodes.store.put_if_newer(unmarked)
+            log.info(
+                "node %s runs the started gang's pods: handed over to it, not drained",
+                name,
+                extra={"object": key},
+            )
+            break
+        else:
+            return  # kept changing: its mark stays, the draining-node reconciler's
+        await self._lift_hold(name, key)
 
     async def _lift_hold(self, name: str, key: str) -> None:
         """Lift ``key``'s hold from a node a reclaim kept: read live, still recorded for

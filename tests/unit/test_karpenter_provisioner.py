@@ -944,3 +944,50 @@ def test_a_creation_an_older_release_cut_short_is_completed_under_its_names() ->
     (remade,) = again.create
     assert remade["metadata"]["name"] == claim_name("gpu", KEY, 1, "uid-1")
     assert remade["metadata"]["annotations"][names.REQUEST_UID] == "uid-1"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "state", "node", "done"),
+    [
+        # made and never recorded (Accepted not written: a create's answer lost, a restart
+        # between the create and the record), the gang started without it
+        (False, "requested", "none", "delete"),
+        (False, "launched", "none", "delete"),
+        (False, "launched", "unlinked", "wait"),  # registering: judged once linked
+        (False, "registered", "held", "reclaim"),  # its pods read live: surplus if none
+        (False, "arrived", "held", "reclaim"),
+        (False, "registered", "marked", "wait"),  # a reclaim owed it already
+        (False, "registered", "recorded", "wait"),  # the reclaim rules'
+        (False, "registered", "open", "wait"),  # not held: pods may run there
+        (False, "registered", "another's", "wait"),
+        (False, "registered", "none", "wait"),  # not seen yet
+        # recorded as made: one still launching, or whose held node the ledger never took
+        (True, "launched", "none", "delete"),
+        (True, "arrived", "held", "reclaim"),
+        (True, "arrived", "recorded", "wait"),
+        (True, "arrived", "open", "wait"),
+    ],
+)
+def test_claims_of_a_started_gang_it_does_not_run_on_are_withdrawn(
+    recorded: bool, state: str, node: str, done: str
+) -> None:
+    """Once the gang started (every member scheduled), a claim of its attempt with no node
+    is surplus (nothing can run where there is none), and one whose node is held for the
+    request and recorded by no one holds none of the gang's pods, unless the scheduler put
+    one there (the gang tolerates its hold): the reclaim's safe path reads them live and
+    deletes the claim only if none but DaemonSet pods are there. Before, a started request's
+    claims were all left as they were: such a node stayed held for the gang and protected
+    from Karpenter's disruption (do-not-disrupt comes off only once it is not held) for as
+    long as the request lived, a machine nobody could use."""
+    made = [_claim_in(state)]
+    started = _in_state("started")
+    assert started is not None
+    if not recorded:
+        started["status"]["conditions"] = []
+    result = served(started, made, nodes=_node(node))
+    assert (result.delete, result.reclaim) == {
+        "delete": (tuple(made), ()),
+        "reclaim": ((), tuple(made)),
+        "wait": ((), ()),
+    }[done]
+    assert result.conditions == () and result.create == ()

@@ -16,6 +16,7 @@ from gangcheck.kube.resources import (
     NODE,
     NODE_CLAIM,
     NODE_POOL,
+    POD,
     POD_TEMPLATE,
     PROVISIONING_REQUEST,
 )
@@ -24,14 +25,17 @@ from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import ClaimAsk, claim_bodies, claim_name
 from gangcheck.model.names import (
     ARRIVED_FOR,
+    CONSUME_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     PHASE_ANNOTATION,
     RECLAIM_WHEN_IDLE,
     ROLLING_BACK,
+    STARTED,
 )
 from gangcheck.model.provisioning_config import KARPENTER_CLASS
 from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, KarpenterProvisioner
+from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from tests.fakes.kube import FakeKube
 from tests.unit.test_karpenter_logic import GPU, pool
 
@@ -703,3 +707,211 @@ async def test_a_node_kept_after_its_withdrawal_has_its_hold_lifted_by_a_later_p
     karpenter._since_orphan_pass = ORPHAN_INTERVAL
     await karpenter.pass_once()
     assert (_hold_on(kube, "n0"), _hold_on(kube, "n1")) == (False, False)
+
+
+async def test_a_mark_coming_off_a_held_node_wakes_a_pass_that_lifts_its_hold_at_once() -> None:
+    """Gang a's request gone, n0 recorded for it and held, a reclaim still owed it (marked).
+    The draining-node reconciler keeps it (the mark comes off): that change wakes a pass,
+    which runs though no request of the class is left, and lifts n0's hold. Before, nothing
+    woke the provisioner on a node's change, and a woken pass with no request of the class
+    did nothing until the orphan interval had passed: the hold stayed up to 30 s (10 s with
+    requests of the class in flight, the resync)."""
+    kube = old_claims_stack(protecting=False, held=True)
+    _marked(kube, "n0", True)
+    _marked(kube, "n1", True)
+    caches = kube.caches()
+    passes: list[tuple[bool, bool]] = []
+
+    async def sleep(seconds: float) -> None:
+        passes.append((_hold_on(kube, "n0"), _hold_on(kube, "n1")))
+        if len(passes) == 2:
+            raise _Stop
+        assert seconds == ORPHAN_INTERVAL  # no request of the class: nothing else is due
+        old = caches.nodes.store.get("n0")
+        _marked(kube, "n0", False)  # kept by the draining-node reconciler
+        kube.sync(caches)
+        karpenter.on_node(old, caches.nodes.store.get("n0"))
+
+    karpenter = KarpenterProvisioner(kube, caches, clock=lambda: NOW, sleep=sleep)
+    with pytest.raises(_Stop):
+        await karpenter.run()
+    assert passes == [(True, True), (False, True)]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "wakes"),
+    [
+        ("recorded held marked", "recorded held", True),  # kept: its hold may come off
+        ("recorded held", "recorded held marked", False),  # a reclaim owed it now
+        ("recorded marked", "recorded", False),  # not held: nothing to lift
+        ("held marked", "held", False),  # recorded by no one: the withdrawal's, not a lift
+        ("recorded held", "recorded held", False),  # another change (a heartbeat)
+    ],
+)
+def test_which_node_changes_wake_a_pass(before: str, after: str, wakes: bool) -> None:
+    kube = stack(limits={GPU: "32"})
+    karpenter = provisioner(kube)
+
+    def node(kind: str) -> Obj:
+        notes = {ARRIVED_FOR: f"{NAMESPACE}/a"} if "recorded" in kind else {}
+        if "marked" in kind:
+            notes[RECLAIM_WHEN_IDLE] = "{}"
+        taints = [hold_taint(f"{NAMESPACE}/a")] if "held" in kind else []
+        return {"metadata": {"name": "n0", "annotations": notes}, "spec": {"taints": taints}}
+
+    karpenter.on_node(node(before), node(after))
+    assert karpenter._woken.is_set() is wakes
+    karpenter._woken.clear()
+    karpenter.on_node(None, node(after))  # a node seen for the first time: no lift owed
+    assert not karpenter._woken.is_set()
+
+
+# -- claims of a gang that started ------------------------------------------------------------
+
+
+def started_stack(claims: int, *, accepted: bool) -> FakeKube:
+    """Gang a started (every member scheduled), its request's uid ``uid-a``, ``claims`` claims
+    of its attempt made in the second after it, ``Accepted`` written or not (a create's answer
+    lost, a restart between create and record)."""
+    kube = FakeKube(clock=lambda: NOW)
+    pool_obj = node_pool({GPU: "64"})
+    kube.add(pool_obj, template("a"))
+    request = gang_request("a", count=claims)
+    request["metadata"]["uid"] = "uid-a"
+    request["metadata"]["annotations"] = {PHASE_ANNOTATION: STARTED}
+    if accepted:
+        message = f"created {claims} NodeClaims in NodePool 'gpu'"
+        request["status"] = {
+            "conditions": [
+                {"type": "Accepted", "status": "True", "reason": "R", "message": message}
+            ]
+        }
+    kube.add(request)
+    ask = ClaimAsk(f"{NAMESPACE}/a", claims, {GPU: "8"}, {"team": "ml"}, uid="uid-a")
+    for body in claim_bodies(pool_obj, ask):
+        body["metadata"]["creationTimestamp"] = "2026-12-01T10:00:01Z"
+        kube.add(body)
+    return kube
+
+
+def registered(kube: FakeKube, claim: Obj, node: str, *, key: str = f"{NAMESPACE}/a") -> None:
+    """Karpenter's part: ``claim``'s node registered, held for ``key`` (the claim's taints),
+    owned by the claim, the claim naming it."""
+    stored = kube.stored(NODE_CLAIM, claim["metadata"]["name"]) or {}
+    stored["status"] = {
+        "nodeName": node,
+        "providerID": f"kwok://{node}",
+        "conditions": [{"type": t, "status": "True"} for t in ("Launched", "Registered")],
+    }
+    kube.add(stored)
+    kube.add(
+        {
+            "apiVersion": "v1",
+            "kind": NODE.kind,
+            "metadata": {
+                "name": node,
+                "creationTimestamp": "2026-12-01T10:00:02Z",
+                "ownerReferences": [
+                    {
+                        "apiVersion": names.API_VERSION,
+                        "kind": names.NODE_CLAIM_KIND,
+                        "name": stored["metadata"]["name"],
+                        "uid": stored["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": {"providerID": f"kwok://{node}", "taints": [hold_taint(key)]},
+        }
+    )
+
+
+def bound(kube: FakeKube, name: str, node: str, *, gang: str = "") -> None:
+    """A pod running on ``node``: of gang ``gang`` (consuming its request) or of no one's."""
+    kube.add(
+        {
+            "apiVersion": "v1",
+            "kind": POD.kind,
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "annotations": {CONSUME_ANNOTATION: gang} if gang else {},
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"},
+        }
+    )
+
+
+def notes_of(kube: FakeKube, node: str) -> dict[str, str]:
+    return dict(((kube.stored(NODE, node) or {}).get("metadata") or {}).get("annotations") or {})
+
+
+async def test_a_started_gangs_claims_it_does_not_run_on_are_withdrawn_safely() -> None:
+    """Gang a started; its four claims were made, never recorded (no Accepted). Claim 0 has no
+    node: deleted (conditional on its uid). Claim 1's node is empty: reclaimed (fenced, its
+    pods read live), the claim deleted. Claim 2's node runs a pod of someone else's: kept,
+    said, its hold lifted, the claim stays. Claim 3's node runs a member of the gang: handed
+    over to it (no reclaim's mark left, its hold lifted), the claim stays. Before, all four
+    stayed as they were: three machines held for a gang that did not need them and kept from
+    Karpenter's disruption (do-not-disrupt stays while held) for as long as it ran."""
+    kube = started_stack(4, accepted=False)
+    made = sorted(claims_of(kube, "a"), key=lambda c: c["metadata"]["name"])
+    by_index = {int(c["metadata"]["annotations"][names.CLAIM_INDEX]): c for c in made}
+    for i in (1, 2, 3):
+        registered(kube, by_index[i], f"n{i}")
+    bound(kube, "theirs", "n2")
+    bound(kube, "member-0", "n3", gang="a")
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    left = {c["metadata"]["name"] for c in claims_of(kube, "a")}
+    assert left == {by_index[2]["metadata"]["name"], by_index[3]["metadata"]["name"]}
+    (deleted,) = [
+        c.body
+        for c in kube.writes_of(NODE_CLAIM.kind, "delete")
+        if c.name == by_index[0]["metadata"]["name"]
+    ]
+    assert deleted["uid"] == by_index[0]["metadata"]["uid"]  # conditional on the claim read
+    assert (_hold_on(kube, "n2"), _hold_on(kube, "n3")) == (False, False)
+    for node in ("n2", "n3"):
+        assert RECLAIM_WHEN_IDLE not in notes_of(kube, node), node
+        assert notes_of(kube, node)[ARRIVED_FOR] == f"{NAMESPACE}/a"
+    assert {
+        e["involvedObject"]["name"] for e in kube.all_of(EVENT) if e["reason"] == "NodeKept"
+    } == {"n2"}
+    kube.sync(karpenter._caches)
+    await karpenter.pass_once()  # again: nothing more
+    assert {c["metadata"]["name"] for c in claims_of(kube, "a")} == left
+
+
+async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node_not_drained() -> None:
+    """A claim of an earlier request of gang a's name (another uid), its node held under the
+    name and kept while the live request's gang might use it: the gang started there (its
+    member on the node). The withdrawal's reclaim finds the gang's pod (drain): the node is
+    handed over, its mark off and its hold lifted, the claim kept; the draining-node
+    reconciler has nothing to look at. Before, the mark stayed and the draining-node
+    reconciler looked at the node every 2 s (DRAIN_POLL_SECONDS: a live read of the node and
+    two pod lists each time) for as long as the gang ran, and reclaimed the node once it
+    ended, though it was the gang's as much as its own claims' nodes."""
+    kube = started_stack(1, accepted=True)
+    (own,) = claims_of(kube, "a")
+    kube.remove(NODE_CLAIM, own["metadata"]["name"])  # gone since the start: no matter
+    ask = ClaimAsk(f"{NAMESPACE}/a", 1, {GPU: "8"}, {"team": "ml"}, uid="uid-earlier")
+    (earlier,) = claim_bodies(node_pool({GPU: "64"}), ask)
+    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    kube.add(earlier)
+    registered(kube, earlier, "n0")
+    bound(kube, "member-0", "n0", gang="a")
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    assert RECLAIM_WHEN_IDLE not in notes_of(kube, "n0")
+    assert notes_of(kube, "n0")[ARRIVED_FOR] == f"{NAMESPACE}/a"
+    assert not _hold_on(kube, "n0")
+    assert [c["metadata"]["name"] for c in claims_of(kube, "a")] == [earlier["metadata"]["name"]]
+    kube.sync(karpenter._caches)
+    looked = await DrainingNodeReconciler(kube, karpenter._caches, clock=lambda: NOW).reconcile(
+        "n0"
+    )
+    assert looked.requeue_after is None
+    await karpenter.pass_once()  # again: nothing more
+    assert notes_of(kube, "n0").get(RECLAIM_WHEN_IDLE) is None
+    assert len(claims_of(kube, "a")) == 1

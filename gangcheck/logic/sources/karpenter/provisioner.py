@@ -33,7 +33,11 @@ What this module decides for one request (``serve``):
   then recorded, unless they cannot be (the request fails saying why, ``NodeClaimsIncomplete``);
   claims are asked or completed only while the attempt is open (``waiting.is_open``): one
   rolling back or kept takes no new node; once the gang started nothing more is followed
-  (its nodes are Karpenter's);
+  (its nodes are Karpenter's), and a claim of the attempt it does not run on is surplus:
+  one with no node is deleted, one whose node is still held for the request and recorded by
+  no one (made and never recorded, or its node never taken by the ledger) is withdrawn the
+  safe way, as an ended request's (below); its node found running the gang's pods is handed
+  over to the gang (``gang_started``), its hold lifted, not left to drain;
 - rolling back, or rolled back (its outcome recorded) while the request stays as the record
   (a PodGroup's backoff): delete every claim of the attempt not yet arrived, as below; those
   that arrived are the rollback's to reclaim, never deleted here; no condition is written.
@@ -76,7 +80,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from gangcheck.logic.attempt.fulfillment import claim_of
-from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value
+from gangcheck.logic.attempt.hold import HOLD_TAINT, hold_value, is_held
 from gangcheck.logic.attempt.records import AttemptPhase as RecordPhase
 from gangcheck.logic.attempt.records import Record
 from gangcheck.logic.placement.quantity import QuantityError, parse_quantity
@@ -249,7 +253,14 @@ def _serve(
     if _started(request):
         # The gang runs: its nodes are ordinary Karpenter nodes now (consolidation, drift,
         # expiry apply), so a claim gone is no partial delivery and the request stays as is.
-        return Served(release=release)
+        # A claim it does not run on is surplus: one with no node, and one whose node is
+        # still held for it and recorded by no one (made and never recorded, or whose node
+        # the ledger never took), withdrawn as an ended request's are: its pods read live,
+        # a node running the gang's handed over to it (``gang_started``), one running
+        # anyone else's kept. Left alone, such a node stayed held and protected from
+        # disruption (its hold is lifted only from the nodes recorded for the request) for
+        # as long as the request lived.
+        return replace(_withdrawal(mine, key, nodes, lift=lift), release=release)
     if not _true(request, "Accepted"):
         found = _found(
             request, key, mine, templates=templates, pools=pools, pool_claims=pool_claims
@@ -508,6 +519,27 @@ def _provider_of_node(node: Obj) -> str:
 def marked(node: Obj) -> bool:
     """The node carries a reclaim's mark: the draining-node reconciler owes it a reclaim."""
     return RECLAIM_WHEN_IDLE in ((node.get("metadata") or {}).get("annotations") or {})
+
+
+def gang_started(request: Obj | None) -> bool:
+    """Whether a node whose withdrawal found the gang's own pods on it (the reclaim's
+    ``drain``) is handed over to the gang rather than left to drain: the request's gang
+    started (every member scheduled), so those pods run there for as long as the gang does,
+    and the node is one of its nodes, as the ones recorded for it are (its hold lifted, its
+    protection gone, Karpenter's from then on). Before the start (failed, rolling back,
+    gone) the gang's pods there are on their way out: the draining-node reconciler reclaims
+    the node once they are gone."""
+    return request is not None and _started(request)
+
+
+def kept_since(old: Obj | None, new: Obj | None) -> bool:
+    """A node change that may let a pass lift a hold (``Served.lift``): a reclaim's mark came
+    off a node recorded for a request and still held (the draining-node reconciler kept it,
+    or a reclaim undid its fence). What the lift also waits for (the request's holds
+    released) is a change of the request, which wakes a pass of its own."""
+    if old is None or new is None or not marked(old) or marked(new):
+        return False
+    return bool(claim_of(new)) and is_held(new)
 
 
 def _rolled_back(request: Obj) -> bool:
