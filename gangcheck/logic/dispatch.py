@@ -880,36 +880,73 @@ def _not_copied(
     now: datetime | None,
 ) -> str:
     """What is said of a worker nominated ``COPY_GRACE`` seconds ago or more whose copy of the
-    Workload Kueue has not made ('' when none): stable, so it is written once."""
+    Workload Kueue has not made ('' when none), naming the workers that likely block Kueue
+    (``_blocking``): stable, so it is written once."""
     for cluster in keep:
         worker, when = facts.get(cluster), _parse(since.get(cluster, ""))
         if worker is None or worker.copied or when is None or now is None:
             continue
         if (now - when).total_seconds() >= COPY_GRACE:
-            return _copy_wait(cluster, since[cluster])
+            return _copy_wait(cluster, since[cluster], _blocking(facts.values()))
     return ""
 
 
-def _copy_wait(cluster: str, since: str) -> str:
+#: How a worker's skip reason begins when its MultiKueueCluster was Active (read before the
+#: dispatcher's own reads) but the worker could not be read: Kueue counts it connected, and
+#: its reads there fail as the dispatcher's did (``_blocking``).
+_UNREADABLE_WHILE_ACTIVE = ("unreachable", "credentials refused")
+
+
+def _blocking(workers: Iterable[WorkerFacts]) -> list[str]:
+    """The workers of the Workload that Kueue v0.17 likely stops on: skipped because they
+    could not be read (does not answer, credentials refused) although their MultiKueueCluster
+    was Active. Kueue reads the copy in every worker of the check it counts connected and
+    gives up at the first error other than NotFound, before copying the Workload anywhere
+    (``readGroup``, pkg/controller/admissionchecks/multikueue/workload.go); its watches
+    still open, a worker whose server stopped answering or whose token was revoked stays
+    Active. Not a worker whose MultiKueueCluster is not Active (Kueue leaves it out), nor one
+    skipped for what it holds (no gangcheck: Kueue reads it fine)."""
+    return sorted(
+        w.name
+        for w in workers
+        if not w.reachable and not w.unlisted and w.skip.startswith(_UNREADABLE_WHILE_ACTIVE)
+    )
+
+
+def _copy_wait_head(cluster: str, since: str) -> str:
+    return f"{cluster} nominated at {since}, and Kueue has not copied the Workload there"
+
+
+def _copy_wait(cluster: str, since: str, blocking: Sequence[str] = ()) -> str:
+    head = _copy_wait_head(cluster, since)
+    if blocking:
+        named = ", ".join(blocking)
+        verb = "is" if len(blocking) == 1 else "are"
+        return (
+            f"{head}: Kueue copies no Workload of the check while a worker it counts connected "
+            f"(its MultiKueueCluster Active) cannot be read, and {named} {verb} (skipped, "
+            "below): mend its kubeconfig Secret, or take it off the MultiKueueConfig"
+        )
     return (
-        f"{cluster} nominated at {since}, and Kueue has not copied the Workload there: is "
-        "MultiKueue stuck on another worker it counts connected that does not answer (a "
-        "kubeconfig Secret pointing nowhere)?"
+        f"{head}: is MultiKueue stuck on another worker it counts connected that does not "
+        "answer (a kubeconfig Secret pointing nowhere)?"
     )
 
 
 def _without_copy_wait(reason: str, keep: Sequence[str], since: Mapping[str, str]) -> str:
     """``reason`` less what ``_not_copied`` said after it at an earlier step (said again, or
-    not, from the copy now). A record written before that was said after the choice's reason
-    holds it alone: then the worker kept is said to be trying, as ``nominate`` says."""
+    not, from the copy now, and naming the workers blocking now). A record written before
+    that was said after the choice's reason holds it alone: then the worker kept is said to
+    be trying, as ``nominate`` says."""
     for cluster in keep:
         if cluster not in since:
             continue
-        said = _copy_wait(cluster, since[cluster])
-        if reason == said:
+        head = _copy_wait_head(cluster, since[cluster])
+        if reason.startswith(head):
             return f"{cluster} is still trying"
-        if reason.endswith(f"; {said}"):
-            return reason.removesuffix(f"; {said}")
+        said = reason.find(f"; {head}")
+        if said >= 0:
+            return reason[:said]
     return reason
 
 

@@ -648,6 +648,56 @@ def test_a_copy_wait_said_alone_by_an_earlier_record_is_cleared_once_copied() ->
     assert still == f"b is still trying; {STALL_B}"
 
 
+BLOCKERS = {
+    "a token revoked": (
+        "credentials refused (401: the token or client certificate of its kubeconfig Secret "
+        "expired, was revoked or is not this cluster's): GET /apis/...: 401 Unauthorized",
+        ("a",),
+    ),
+    "a server that answers nothing": ("unreachable: GET /apis/...: 0 ConnectionError", ("a",)),
+    "not Active for Kueue: not counted connected, not named": (
+        "MultiKueueCluster not Active (ClientConnectionFailed: ...)",
+        (),
+    ),
+    "no gangcheck there: Kueue reads it fine, not named": (
+        "no AdmissionCheck of gangcheck.io/atomic-provisioning Active: no gangcheck there",
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize(("skip", "named"), BLOCKERS.values(), ids=BLOCKERS.keys())
+def test_the_copy_wait_names_the_workers_kueue_counts_connected_that_cannot_be_read(
+    skip: str, named: tuple[str, ...]
+) -> None:
+    """Kueue v0.17 reads the copy in every worker of the check it counts connected (its
+    MultiKueueCluster Active, which the dispatcher's own reads come after) and stops at the
+    first error before copying anywhere (readGroup): a worker whose token was revoked, its
+    watches still open (Active), blocks the gang nominated to b. The wait names it (stable:
+    its reason is in ``skipped``), and drops the name once it reads again. Before, it asked
+    whether a Secret pointed nowhere, naming no worker."""
+    record = decide(DispatchRecord(), [WorkerFacts("b", fits_now=True)], now=NOW).record
+    blocked = [WorkerFacts("a", reachable=False, skip=skip), WorkerFacts("b", copied=False)]
+    later = NOW + timedelta(seconds=31)
+    step = decide(record, blocked, now=later)
+    head = "b nominated at 2026-01-01T12:00:00Z, and Kueue has not copied the Workload there"
+    assert step.record.reason.startswith(f"{FITS_B}; {head}"), step.record.reason
+    if named:
+        assert step.record.reason == (
+            f"{FITS_B}; {head}: Kueue copies no Workload of the check while a worker it counts "
+            "connected (its MultiKueueCluster Active) cannot be read, and a is (skipped, "
+            "below): mend its kubeconfig Secret, or take it off the MultiKueueConfig"
+        ), step.record.reason
+    else:
+        assert step.record.reason == f"{FITS_B}; {STALL_B}", step.record.reason
+    again = decide(step.record, blocked, now=later + timedelta(seconds=1))
+    assert again.record == step.record  # stable: written once
+    mended = [WorkerFacts("a"), WorkerFacts("b", copied=False)]
+    assert decide(step.record, mended, now=later).record.reason == f"{FITS_B}; {STALL_B}"
+    copied = [WorkerFacts("a"), WorkerFacts("b")]
+    assert decide(step.record, copied, now=later).record.reason == FITS_B
+
+
 # -- a nomination written by another dispatcher -----------------------------------------------
 
 
