@@ -452,6 +452,7 @@ class Controller:
         c.requests.add_handler(self.karpenter.on_request)
         c.templates.add_handler(self._on_template)
         c.nodes.add_handler(self._on_node)
+        c.nodes.add_handler(self.karpenter.on_node)
         c.node_claims.add_handler(self._on_node_claim)
         c.pods.add_handler(self._on_pod)
         c.namespaces.add_handler(self._on_namespace)

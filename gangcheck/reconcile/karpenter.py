@@ -162,8 +162,6 @@ class KarpenterProvisioner:
         """What the passes were last refused, and the wait it makes before the next."""
         self._told: dict[str, str] = {}
         """The refusal each request of the class was told of, by request key."""
-        # Its own: only the provisioner knows which node changes may let it lift a hold.
-        caches.nodes.add_handler(self.on_node)
 
     def wake(self) -> None:
         """Something a pass reads changed: run one soon."""

@@ -370,6 +370,7 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
         try:
             async with running(bed.admin) as caches:
                 karpenter = KarpenterProvisioner(bed.admin, caches)
+                caches.nodes.add_handler(karpenter.on_node)  # as the controller wires it
                 await karpenter.pass_once()
                 first = (await bed.claims("a"))[0]
                 await _registered(bed, first, node)

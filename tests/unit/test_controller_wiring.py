@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gangcheck.app import Controller
+from gangcheck.logic.attempt.hold import hold_taint
+from gangcheck.model.names import ARRIVED_FOR, RECLAIM_WHEN_IDLE
 from gangcheck.telemetry import Metrics
 from tests.builders import WorkloadBuilder
 from tests.fakes.kube import FakeKube
@@ -45,3 +47,16 @@ def test_the_progress_delay_reaches_both_reconcilers() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     for reconciler in (controller.workload_reconciler, controller.group_reconciler):
         assert reconciler.held_messages.hold("ns/wl", "", message_only=True, now=now) == 0.5
+
+
+def test_a_node_change_reaches_the_karpenter_provisioner() -> None:
+    """The nodes informer tells the Karpenter provisioner of a reclaim's mark coming off a
+    node recorded and held (`kept_since`): a pass lifts the hold then, not at the resync."""
+    controller = Controller(FakeKube())
+    notes = {ARRIVED_FOR: "ns/a", RECLAIM_WHEN_IDLE: "{}"}
+    held = {"spec": {"taints": [hold_taint("ns/a")]}}
+    marked = {"metadata": {"name": "n0", "annotations": notes}, **held}
+    kept = {"metadata": {"name": "n0", "annotations": {ARRIVED_FOR: "ns/a"}}, **held}
+    assert not controller.karpenter._woken.is_set()
+    controller.caches.nodes._notify(marked, kept)
+    assert controller.karpenter._woken.is_set()
