@@ -18,6 +18,7 @@ records on a request for each node it delivered (they outlive the nodes and requ
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -25,26 +26,44 @@ import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
 from gangcheck_dev.simcloud.model import REQUEST_ANNOTATION as SIM_REQUEST
 from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_dispatcher, restart
+from gangcheck_dev.testbed.multicluster import IDENTITY
 from gangcheck_dev.testbed.nodes import kwok_node
+from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
 from gangcheck.diagnose.fetch import diagnose, status
 from gangcheck.diagnose.text import render_text
 from gangcheck.kube.client import Kube
+from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
+    ADMISSION_CHECK,
     EVENT,
     LEASE,
+    MULTIKUEUE_CLUSTER,
+    MULTIKUEUE_CONFIG,
     NAMESPACE,
     NODE,
     PROVISIONING_REQUEST,
+    SECRET,
+    SERVICE_ACCOUNT,
     WORKLOAD,
+    Resource,
 )
-from gangcheck.logic.dispatch import DISPATCHER, DOWN_GRACE, LEASE_EVERY, RECORD_ANNOTATION
+from gangcheck.logic.dispatch import (
+    COPY_GRACE,
+    DISPATCHER,
+    DOWN_GRACE,
+    LEASE_EVERY,
+    RECORD_ANNOTATION,
+    WORKER_LEASE_ANNOTATION,
+)
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import (
@@ -366,3 +385,290 @@ async def test_a_worker_whose_gangcheck_is_down_is_skipped_and_the_gang_runs_in_
                 await cleanup_delivered(kubes[WITH_ROOM], namespace)
         finally:
             restart(gangcheck)  # in this thread: a child of the bed is bound to its thread
+
+
+# -- bad input: workers a new user gets wrong ------------------------------------------------------
+
+#: MultiKueue's AdmissionCheck (and its MultiKueueConfig) of the workers below.
+BROKEN = "mk-broken"
+
+
+def _kubeconfig_with(config: Obj, *, server: str = "", user: Obj | None = None) -> bytes:
+    """worker-1's kubeconfig as MultiKueue holds it (``config``, parsed), its server or its
+    user's credentials replaced."""
+    changed = json.loads(json.dumps(config))
+    if server:
+        for entry in changed["clusters"]:
+            entry["cluster"]["server"] = server
+    if user is not None:
+        for entry in changed["users"]:
+            entry["user"] = user
+    return yaml.safe_dump(changed).encode()
+
+
+@contextlib.asynccontextmanager
+async def broken_workers(kubes: dict[str, Kube], marker: Path) -> AsyncIterator[dict[str, str]]:
+    """In the manager, MultiKueue's AdmissionCheck ``BROKEN`` whose MultiKueueConfig lists the
+    workers a new user gets wrong, each said in the dispatcher's words (what its reason holds):
+    a cluster listed that has no MultiKueueCluster; a Secret whose kubeconfig names a server
+    that answers nothing; a Secret made in the wrong namespace; a token worker-1 takes for no
+    one; an exec plugin (touching ``marker`` if it ran); and worker-1 itself, which Kueue
+    reaches (so the check stays Active and its ClusterQueue admits), under a MultiKueueCluster
+    whose gangcheck Lease annotation is no Lease's name. Removed after, with what they made."""
+    manager = kubes[MANAGER]
+    cluster = await manager.get(MULTIKUEUE_CLUSTER, STOCKED_OUT)
+    location = cluster["spec"]["clusterSource"]["kubeConfig"]["location"]
+    held = await manager.get(SECRET, location, KUEUE_NAMESPACE)
+    config = yaml.safe_load(base64.b64decode(held["data"]["kubeconfig"]))
+    exec_user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "/bin/sh",
+            "args": ["-c", f"touch {marker}"],
+        }
+    }
+    secrets: dict[str, tuple[bytes, str]] = {
+        "bad-nowhere": (_kubeconfig_with(config, server="https://127.0.0.1:1"), KUEUE_NAMESPACE),
+        "bad-wrong-namespace": (_kubeconfig_with(config), "default"),
+        "bad-token": (_kubeconfig_with(config, user={"token": "not-a-token"}), KUEUE_NAMESPACE),
+        "bad-exec": (_kubeconfig_with(config, user=exec_user), KUEUE_NAMESPACE),
+        "bad-lease": (_kubeconfig_with(config), KUEUE_NAMESPACE),
+    }
+    said = {
+        "bad-missing": "no MultiKueueCluster bad-missing",
+        "bad-nowhere": "MultiKueueCluster not Active (ClientConnectionFailed: ",
+        "bad-wrong-namespace": "MultiKueueCluster not Active (BadKubeConfig: ",
+        "bad-token": "MultiKueueCluster not Active (ClientConnectionFailed: ",
+        "bad-exec": "MultiKueueCluster not Active (InsecureKubeConfig: ",
+        "bad-lease": 'annotation gangcheck.io/worker-lease is "gc", not <namespace>/<name>',
+    }
+    made: list[tuple[Any, str, str | None]] = []
+
+    async def create(res: Any, body: Obj, namespace: str | None = None) -> None:
+        await manager.create(res, body, namespace)
+        made.append((res, body["metadata"]["name"], namespace))
+
+    try:
+        for name, (kubeconfig, namespace) in secrets.items():
+            data = {"kubeconfig": base64.b64encode(kubeconfig).decode()}
+            await create(SECRET, {"metadata": {"name": name}, "data": data}, namespace)
+            source = {"kubeConfig": {"locationType": "Secret", "location": name}}
+            meta: Obj = {"name": name}
+            if name == "bad-lease":
+                meta["annotations"] = {WORKER_LEASE_ANNOTATION: "gc"}
+            await create(MULTIKUEUE_CLUSTER, {"metadata": meta, "spec": {"clusterSource": source}})
+        await create(
+            MULTIKUEUE_CONFIG, {"metadata": {"name": BROKEN}, "spec": {"clusters": sorted(said)}}
+        )
+        parameters = {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": BROKEN}
+        spec = {"controllerName": "kueue.x-k8s.io/multikueue", "parameters": parameters}
+        await create(ADMISSION_CHECK, {"metadata": {"name": BROKEN}, "spec": spec})
+
+        async def judged() -> bool:  # Kueue's word on each, so the reasons are final
+            for name in secrets:
+                found = await manager.get(MULTIKUEUE_CLUSTER, name)
+                conditions = (found.get("status") or {}).get("conditions") or []
+                if not any(c["type"] == "Active" for c in conditions):
+                    return False
+            return is_true(await manager.get(ADMISSION_CHECK, BROKEN), "Active")
+
+        await eventually(judged, timeout=30, what="Kueue's word on each broken MultiKueueCluster")
+        yield said
+    finally:
+        for res, name, namespace in reversed(made):
+            await delete_quietly(manager, res, name, namespace)
+
+
+@pytest.mark.timeout(120)
+async def test_a_gang_whose_workers_are_all_wrong_waits_said_why_and_another_is_dispatched(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess, free_nodes: list[str]
+) -> None:
+    """Two gangs at once: one of MultiKueue's check ``mk-broken``, whose workers are each
+    wrong as a new user makes them (``broken_workers``), the other of the bed's check, with
+    room now in worker-2. The first stays queued in the manager (its quota kept, nominated
+    nowhere, no copy in any worker), each worker skipped with its reason on the Workload's
+    record, said once in a NoWorker Event and in ``gangcheck diagnose``; the second is
+    placed in worker-2 as usual. The exec plugin never ran; the dispatcher writes in no
+    worker (its reader's rights there are read-only: a refused write fails the module)."""
+    manager = kubes[MANAGER]
+    marker = bed.workdir / f"{unique('exec-ran')}"
+    bad, good = await fresh_namespace(kubes), await fresh_namespace(kubes)
+    async with (
+        broken_workers(kubes, marker) as said,
+        queues(kubes, bad, check=BROKEN),
+        queues(kubes, good),
+    ):
+        try:
+            await manager.create(JOB, gang_job("gang"), bad)
+            began = time.monotonic()
+            await manager.create(JOB, gang_job("gang"), good)
+            placed = await admitted_in_a_worker(manager, good)
+            took = time.monotonic() - began
+            assert placed["status"]["clusterName"] == WITH_ROOM
+
+            async def said_why() -> Obj | None:
+                wl = await manager_workload(manager, bad)
+                return wl if wl is not None and record_of(wl).get("reason") else None
+
+            wl = await eventually(said_why, timeout=30, what="the broken gang's record")
+            await asyncio.sleep(3)  # passes more: the record and its Event stay as they are
+            wl = await manager.get(WORKLOAD, wl["metadata"]["name"], bad)
+            record = record_of(wl)
+            assert record["nominated"] == [] and record["tried"] == [], record
+            assert record["reason"].startswith("no worker left to try"), record
+            assert sorted(record["skipped"]) == sorted(said), record
+            for name, why in said.items():
+                assert why in record["skipped"][name], (name, record["skipped"][name])
+            assert is_true(wl, "QuotaReserved"), wl["status"]  # queued, never lost
+            assert not wl["status"].get("nominatedClusterNames"), wl["status"]
+            assert not wl["status"].get("clusterName"), wl["status"]
+            (told,) = await events_on(manager, wl, "NoWorker")
+            assert int(told.get("count") or 1) == 1, told
+            for name in said:
+                assert f"{name}: " in told["message"], told["message"]
+            text = render_text(await diagnose(manager, f"workload/{bad}/{wl['metadata']['name']}"))
+            assert "no worker nominated: no worker left to try" in text, text
+            for name in said:
+                assert f"skipped: {name} (" in text, text
+            for worker in (STOCKED_OUT, WITH_ROOM):
+                assert not await items(kubes[worker], WORKLOAD, bad), worker
+            assert not marker.exists(), "the exec plugin of a worker's kubeconfig ran"
+            bed.measurements.append(
+                f"dispatcher, bad input: {len(said)} broken workers said, that gang queued; "
+                f"the other admitted in {WITH_ROOM} {took:.1f}s after its Job"
+            )
+        finally:
+            for namespace in (bad, good):
+                await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(kubes[WITH_ROOM], good)
+            await cleanup_delivered(kubes[WITH_ROOM], good)
+
+
+CLUSTER_ROLE_BINDING = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
+)
+ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+
+
+def _binding(name: str, kind: str, role: str, account: str) -> Obj:
+    return {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": KUEUE_NAMESPACE}],
+    }
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_whose_token_is_revoked_is_skipped_as_its_credentials_refused(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess, free_nodes: list[str]
+) -> None:
+    """A MultiKueueCluster reaching worker-1 as a ServiceAccount of its own, with MultiKueue's
+    and the reader's rights there, Active; then that ServiceAccount deleted (its token now
+    answered 401). A gang of a MultiKueueConfig listing it and worker-2 (room now in both
+    would rank it first by name): the record skips it, 'credentials refused (401: ...)', not
+    'unreachable', and nominates worker-2."""
+    manager, one = kubes[MANAGER], kubes[STOCKED_OUT]
+    name = unique("revoked")
+    rbac: list[tuple[Resource, str, str | None]] = [
+        (CLUSTER_ROLE_BINDING, f"{name}-multikueue", None),
+        (CLUSTER_ROLE_BINDING, f"{name}-reader", None),
+        (ROLE_BINDING, f"{name}-reader", LEASE_NAMESPACE),
+    ]
+    made: list[tuple[Kube, Resource, str, str | None]] = []  # removed after, in reverse
+    try:
+        await one.create(SERVICE_ACCOUNT, {"metadata": {"name": name}}, KUEUE_NAMESPACE)
+        made.append((one, SERVICE_ACCOUNT, name, KUEUE_NAMESPACE))
+        roles = [
+            ("ClusterRole", f"{IDENTITY}-role"),
+            ("ClusterRole", "gangcheck-dispatcher-reader"),
+            ("Role", "gangcheck-dispatcher-reader"),
+        ]
+        for (res, binding, namespace), (kind, role) in zip(rbac, roles, strict=True):
+            await one.create(res, _binding(binding, kind, role, name), namespace)
+            made.append((one, res, binding, namespace))
+        path = f"{SERVICE_ACCOUNT.object_path(name, KUEUE_NAMESPACE)}/token"
+        asked = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+        token = (await one.request("POST", path, body=asked))["status"]["token"]
+        cluster = await manager.get(MULTIKUEUE_CLUSTER, STOCKED_OUT)
+        location = cluster["spec"]["clusterSource"]["kubeConfig"]["location"]
+        held = await manager.get(SECRET, location, KUEUE_NAMESPACE)
+        config = yaml.safe_load(base64.b64decode(held["data"]["kubeconfig"]))
+        kubeconfig = _kubeconfig_with(config, user={"token": token})
+        data = {"kubeconfig": base64.b64encode(kubeconfig).decode()}
+        await manager.create(SECRET, {"metadata": {"name": name}, "data": data}, KUEUE_NAMESPACE)
+        made.append((manager, SECRET, name, KUEUE_NAMESPACE))
+        source = {"kubeConfig": {"locationType": "Secret", "location": name}}
+        await manager.create(
+            MULTIKUEUE_CLUSTER, {"metadata": {"name": name}, "spec": {"clusterSource": source}}
+        )
+        made.append((manager, MULTIKUEUE_CLUSTER, name, None))
+        listing = {"metadata": {"name": name}, "spec": {"clusters": [name, WITH_ROOM]}}
+        await manager.create(MULTIKUEUE_CONFIG, listing)
+        made.append((manager, MULTIKUEUE_CONFIG, name, None))
+        parameters = {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": name}
+        spec = {"controllerName": "kueue.x-k8s.io/multikueue", "parameters": parameters}
+        await manager.create(ADMISSION_CHECK, {"metadata": {"name": name}, "spec": spec})
+        made.append((manager, ADMISSION_CHECK, name, None))
+
+        async def connected() -> bool:
+            return is_true(await manager.get(MULTIKUEUE_CLUSTER, name), "Active")
+
+        await eventually(connected, timeout=30, what=f"MultiKueueCluster {name} Active")
+        await one.delete(SERVICE_ACCOUNT, name, KUEUE_NAMESPACE)  # its token: 401 from now
+        probe = bed.workdir / f"{name}.kubeconfig"
+        probe.write_bytes(kubeconfig)
+        async with await Kube.connect(str(probe), retry_attempts=1) as revoked:
+
+            async def refused() -> bool:
+                try:
+                    await revoked.get(NAMESPACE, "kube-system")
+                except ApiError as e:
+                    return e.status == 401
+                return False
+
+            await eventually(refused, timeout=30, what="the revoked token answered 401")
+        namespace = await fresh_namespace(kubes)
+        async with queues(kubes, namespace, check=name), idle_nodes(one, STOCKED_OUT):
+            try:
+                await manager.create(JOB, gang_job("gang"), namespace)
+
+                async def said() -> dict[str, Any] | None:
+                    wl = await manager_workload(manager, namespace)
+                    record = record_of(wl) if wl is not None else {}
+                    return record if record.get("nominated") else None
+
+                record = await eventually(said, timeout=30, what="a nomination")
+                assert record["nominated"] == [WITH_ROOM], record
+                assert record["skipped"][name].startswith("credentials refused (401: "), record
+                # Kueue's watches there are still open: it counts the worker connected, its
+                # reads of the copy there answer 401, and it copies the gang nowhere; past
+                # COPY_GRACE the record says so, naming that worker
+                assert is_true(await manager.get(MULTIKUEUE_CLUSTER, name), "Active")
+                blocked = f"and {name} is (skipped, below): mend its kubeconfig Secret"
+
+                async def named() -> dict[str, Any] | None:
+                    wl = await manager_workload(manager, namespace)
+                    record = record_of(wl) if wl is not None else {}
+                    return record if blocked in record.get("reason", "") else None
+
+                record = await eventually(
+                    named, timeout=COPY_GRACE + 20, what="the worker blocking Kueue named"
+                )
+                assert record["nominated"] == [WITH_ROOM], record
+                wl = await manager_workload(manager, namespace)
+                assert wl is not None and not wl["status"].get("clusterName"), wl
+                text = render_text(
+                    await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+                )
+                assert blocked in text, text
+                bed.measurements.append(
+                    f"dispatcher, a revoked token: skipped as credentials refused; Kueue, "
+                    "its MultiKueueCluster still Active, copied the gang nowhere: named past "
+                    f"{COPY_GRACE:g}s"
+                )
+            finally:
+                await delete_quietly(manager, JOB, "gang", namespace)
+                await cleanup_winner(kubes[WITH_ROOM], namespace)
+    finally:
+        for kube, res, obj, ns in reversed(made):
+            await delete_quietly(kube, res, obj, ns)

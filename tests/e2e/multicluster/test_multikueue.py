@@ -121,11 +121,16 @@ def cluster_queue(flavor: str, check: str) -> Obj:
 
 @contextlib.asynccontextmanager
 async def queues(
-    kubes: dict[str, Kube], namespace: str, *, deadline: int = DEADLINE, backoff: int = 1
+    kubes: dict[str, Kube],
+    namespace: str,
+    *,
+    deadline: int = DEADLINE,
+    backoff: int = 1,
+    check: str = CHECK,
 ) -> AsyncIterator[str]:
-    """LocalQueue ``lq`` in every cluster: in the manager through MultiKueue's check, in each
-    worker through gangcheck's (its ``deadline`` and retry ``backoff``, in seconds), on a
-    flavor pinned to that worker's cloud. Removed after."""
+    """LocalQueue ``lq`` in every cluster: in the manager through MultiKueue's AdmissionCheck
+    ``check``, in each worker through gangcheck's (its ``deadline`` and retry ``backoff``, in
+    seconds), on a flavor pinned to that worker's cloud. Removed after."""
     name = unique("mc-gang")
     made: list[tuple[Kube, Any, str, str | None]] = []
 
@@ -136,7 +141,7 @@ async def queues(
     try:
         manager = kubes[MANAGER]
         await create(manager, RESOURCE_FLAVOR, {"metadata": {"name": name}})
-        await create(manager, CLUSTER_QUEUE, cluster_queue(name, CHECK))
+        await create(manager, CLUSTER_QUEUE, cluster_queue(name, check))
         await create(
             manager,
             LOCAL_QUEUE,
