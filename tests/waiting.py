@@ -1,11 +1,14 @@
-"""Waiting in unit tests for what a task running beside the test does (an informer, a
-controller's loop): polled, with a bound, the durable outcome named in the failure."""
+"""Waiting in tests for what a task running beside the test does (an informer, a
+controller's loop): polled, with a bound, the durable outcome named in the failure; and for
+such a task's end, once the test is done with it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 async def until(done: Callable[[], bool], what: str, *, timeout: float = 10.0) -> None:
@@ -16,3 +19,14 @@ async def until(done: Callable[[], bool], what: str, *, timeout: float = 10.0) -
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def cancelled(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel `tasks` and return once each has ended: nothing left running after the test.
+    A task's CancelledError is what was asked for; any other error it ended with is raised
+    (a task that failed on its own fails the test)."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -43,6 +43,7 @@ from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, OPT_OUT_LABEL
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
 from tests.integration.harness import Cluster, eventually
+from tests.waiting import cancelled
 
 FULL, PARTIAL, FAILED, DELETED = "full", "partial", "late failure", "deleted mid-attempt"
 #: The checks' retryStrategy.backoffLimitCount: the attempts a gang may have.
@@ -235,9 +236,7 @@ async def _background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
 
 
 async def supervise(made: list[Replica]) -> None:

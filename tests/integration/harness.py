@@ -36,6 +36,7 @@ from gangcheck.kube.resources import (
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import FENCE_LABEL
 from tests.builders import CONTROLLER, WorkloadBuilder, container, node
+from tests.waiting import cancelled
 
 TEST_LABEL = "gangcheck-test"
 #: The controller's progressDelaySeconds in these tests (3 s shipped): a progress message
@@ -264,9 +265,7 @@ class RunningController:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancelled(self._task)
             self._task = None
         if self._kube is not None:
             await self._kube.close()

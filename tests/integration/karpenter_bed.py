@@ -36,6 +36,7 @@ from gangcheck.reconcile.caches import Caches
 from tests.builders import node_pool  # the bed's tests import it from here too
 from tests.integration.test_diagnose import node_claim_crd
 from tests.integration.test_manifests import remove_namespace
+from tests.waiting import cancelled
 
 Obj = dict[str, Any]
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
@@ -171,11 +172,7 @@ async def running(kube: Kube, *, requests: bool = True) -> AsyncIterator[Caches]
             await asyncio.wait_for(informer.synced.wait(), 30)
         yield caches
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled(*tasks)
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:

@@ -36,6 +36,7 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.telemetry import Metrics
 from tests.integration.harness import eventually, token_kubeconfig
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -199,9 +200,7 @@ async def test_a_pod_group_api_rbac_refuses_to_list_is_skipped_and_served_once_a
                 assert plugins.store.get("co", namespace) is not None
                 assert "gangcheck_caches_synced 1" in metrics.render()
             finally:
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+                await cancelled(running)
     finally:
         await kube.delete(NAMESPACE, namespace)
 

@@ -47,6 +47,7 @@ from gangcheck.webhook import DEFAULT_CERT_DIR, DEFAULT_PORT, MUTATE_PATH
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration import harness
 from tests.integration.harness import TEST_CRDS, eventually, kubectl, token_kubeconfig
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 
@@ -724,9 +725,7 @@ async def running(kube: Kube) -> Any:
         await asyncio.wait_for(controller.caches.wait_synced(), 60)
         yield controller
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
 
 
 def remove_namespace(cp: ControlPlane, namespace: str) -> None:

@@ -22,6 +22,7 @@ from gangcheck.kube.resources import LEASE, NAMESPACE
 from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import Cluster, eventually
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
@@ -131,9 +132,7 @@ async def test_health_readiness_and_metrics_are_served(
             text = await _scrape(http, metrics)
             samples = parse_exposition(text)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
         await kube.close()
     assert samples[("gangcheck_attempts_total", (("outcome", "ready"),))] >= 1
     assert (

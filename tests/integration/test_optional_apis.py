@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import NODE, Resource
+from tests.waiting import cancelled
 
 NOT_SERVED = Resource("nothing.gangcheck.io", "v1", "things", "Thing")
 
@@ -28,8 +28,4 @@ async def test_an_optional_resource_that_is_not_served_is_an_empty_synced_cache(
         assert not required.synced.is_set()
         assert not tasks[0].done() and not tasks[1].done()  # both look again later
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancelled(*tasks)

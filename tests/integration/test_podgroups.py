@@ -56,6 +56,7 @@ from tests.integration.test_webhook import (  # the webhook's fixtures, reused
     until_the_webhook_gates,
     webhook,  # noqa: F401
 )
+from tests.waiting import cancelled
 
 Obj = dict[str, Any]
 RACK = "topology.example.com/rack"
@@ -183,9 +184,7 @@ async def controller_running(
         await eventually(discovered, what="PodGroup APIs discovered")
         yield controller
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
         await kube.close()
 
 

@@ -20,6 +20,7 @@ from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import Resource
 from tests.faults.proxy import STALL, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, eventually
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
@@ -53,9 +54,7 @@ async def running(informer: Informer) -> AsyncIterator[Informer]:
         await asyncio.wait_for(informer.synced.wait(), 20)
         yield informer
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
 
 
 def config_maps(kube: Kube, cluster: Cluster, **kw: float) -> Informer:

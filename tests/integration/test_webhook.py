@@ -47,6 +47,7 @@ from gangcheck.model.names import GATE, GATED_AT, OPT_IN_LABEL
 from gangcheck.telemetry import Metrics
 from gangcheck.webhook import MUTATE_PATH, WebhookServer
 from tests.integration.harness import Cluster, eventually
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 
@@ -679,9 +680,7 @@ async def test_on_shutdown_the_replica_turns_not_ready_and_the_webhook_answers_w
         assert_gated(await kube.get(POD, "while-draining", cluster.ns), since)
         assert_untouched(after)
     finally:
-        serving.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
+        await cancelled(serving)
         await pods.delete_all()
 
 

@@ -5,7 +5,6 @@ reconcile sets Active again."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -18,7 +17,7 @@ from gangcheck.model.objects import Obj
 from gangcheck.telemetry import Metrics
 from tests.builders import CHECK, admission_check
 from tests.fakes.kube import FakeKube, api_error
-from tests.waiting import until
+from tests.waiting import cancelled, until
 
 
 class _Kube(FakeKube):
@@ -72,9 +71,7 @@ async def test_a_cache_not_synced_turns_our_checks_inactive_until_it_syncs(
         assert controller.caches.synced
         assert "gangcheck_caches_synced 1" in metrics.render()
     finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
+        await cancelled(run)
 
 
 async def test_without_kueue_there_is_no_check_to_say_it_on(

@@ -8,6 +8,7 @@ import contextlib
 import pytest
 
 from gangcheck.runtime.queue import Result, WorkQueue, run_workers
+from tests.waiting import cancelled
 
 
 class Clock:
@@ -142,9 +143,7 @@ async def run_for(
     try:
         await asyncio.wait_for(until.wait(), 5)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
 
 
 async def test_workers_reconcile_different_keys_at_once_and_one_key_never_twice() -> None:

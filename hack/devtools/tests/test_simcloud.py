@@ -27,6 +27,7 @@ from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import CONFIG_MAP, EVENT, NODE, POD_TEMPLATE, PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import parse_time
 from tests.integration.harness import eventually, never
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 
@@ -92,9 +93,7 @@ class World:
     async def stop_sims(self) -> None:
         while self._running:
             task, own = self._running.pop()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
             await own.close()
 
     # ---- requests -----------------------------------------------------------------------
