@@ -143,6 +143,35 @@ def run(case: Case) -> Decision:
     return slices.decide(snap, case.now, predecessor=pred)
 
 
+#: A Ready check's podSetUpdates: the workers consume REQ1.
+CONSUMES_REQ1 = [
+    {"name": "workers", "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1}}
+]
+
+
+def started_then_scaled_in_place(count: int) -> dict[str, Any]:
+    """A Case's situation: a Ready slice whose members consume REQ1, scaled in place to
+    `count` workers after it started (its request Provisioned and marked Started, n2
+    arrived for it and held for it)."""
+    return {
+        "workload": new_slice(count, state="Ready", pod_set_updates=CONSUMES_REQ1),
+        "requests": [
+            req(
+                conditions={"Provisioned": ""},
+                annotations={slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/phase": "Started"},
+            )
+        ],
+        "nodes": [
+            node(
+                "n2",
+                labels={"pool": "gpu"},
+                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
+                taints=[hold_taint(f"default/{REQ1}")],
+            )
+        ],
+    }
+
+
 CASES = [
     Case(
         "scale up 4 -> 8: the request asks for the 4 added, the base recorded on it",
@@ -238,30 +267,7 @@ CASES = [
     Case(
         "a Ready slice scaled back to what the replaced one ran: its request withdrawn (ending "
         "the autoscaler's booking), nothing reclaimed, its hold kept lifted",
-        new_slice(
-            2,
-            state="Ready",
-            pod_set_updates=[
-                {
-                    "name": "workers",
-                    "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
-                }
-            ],
-        ),
-        requests=[
-            req(
-                conditions={"Provisioned": ""},
-                annotations={slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/phase": "Started"},
-            )
-        ],
-        nodes=[
-            node(
-                "n2",
-                labels={"pool": "gpu"},
-                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
-                taints=[hold_taint(f"default/{REQ1}")],
-            )
-        ],
+        **started_then_scaled_in_place(2),
         released=("n2",),
         deletes=(REQ1,),
         reclaims=False,
@@ -269,30 +275,7 @@ CASES = [
     Case(
         "a Ready slice scaled down in place but still adding members: its request kept, "
         "nothing reclaimed",
-        new_slice(
-            6,
-            state="Ready",
-            pod_set_updates=[
-                {
-                    "name": "workers",
-                    "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1},
-                }
-            ],
-        ),
-        requests=[
-            req(
-                conditions={"Provisioned": ""},
-                annotations={slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/phase": "Started"},
-            )
-        ],
-        nodes=[
-            node(
-                "n2",
-                labels={"pool": "gpu"},
-                annotations={"gangcheck.io/arrived-for": f"default/{REQ1}"},
-                taints=[hold_taint(f"default/{REQ1}")],
-            )
-        ],
+        **started_then_scaled_in_place(6),
         released=("n2",),
         deletes=(),
         reclaims=False,
@@ -611,9 +594,6 @@ def test_a_diagnosis_fits_a_slice_by_its_ask_and_prints_the_relation_the_check_s
 
 FIRST = "default/first-1"
 HELD = {slices.SLICE_ANNOTATION: BASE4, "gangcheck.io/hold-as": FIRST}
-CONSUMES_REQ1 = [
-    {"name": "workers", "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": REQ1}}
-]
 
 
 def job_template() -> dict[str, Any]:
