@@ -741,7 +741,7 @@ def decide(
             break
         chosen.append(pick.cluster)
         reason = pick.reason
-    if fallbacks and reason:
+    if fallbacks and reason and chosen:  # none left: said as at the next step (written once)
         given_up = ", ".join(f"{c} ({why})" for c, why in sorted(fallbacks.items()))
         reason = f"given up: {given_up}; {reason}"
     newly = tuple(c for c in chosen if c not in keep)

@@ -698,6 +698,22 @@ def test_the_copy_wait_names_the_workers_kueue_counts_connected_that_cannot_be_r
     assert decide(step.record, copied, now=later).record.reason == FITS_B
 
 
+def test_the_last_worker_given_up_is_said_once_not_again_at_the_next_step() -> None:
+    """The last worker left fails: it is given up (a fallback) and nothing is left. The
+    record's reason is the same at that step and at the next, so the next writes nothing and
+    tells nothing. Before, the step of the fallback said 'given up: b (...); no worker left
+    to try (...)' and the next 'no worker left to try (...)': the record written again and a
+    second NoWorker Event (seen on the bed, a gang that fits nowhere)."""
+    record = DispatchRecord(nominated=("b",), tried=("a", "b"), failed={"a": "stockout"})
+    workers = [WorkerFacts("a"), WorkerFacts("b", failure="check gpu Retry: no room")]
+    step = decide(record, workers, now=NOW)
+    assert step.nominated == () and step.fallbacks == {"b": "check gpu Retry: no room"}
+    assert step.record.reason == "no worker left to try (tried and failed: a, b)"
+    later = decide(step.record, [WorkerFacts("a"), WorkerFacts("b")], now=NOW)
+    assert later.record == step.record
+    assert not later.changed
+
+
 # -- a nomination written by another dispatcher -----------------------------------------------
 
 
