@@ -34,7 +34,7 @@ import yaml
 from gangcheck_dev.simcloud.cloud import DELIVERED_REASON
 from gangcheck_dev.simcloud.model import REQUEST_ANNOTATION as SIM_REQUEST
 from gangcheck_dev.testbed.deploy import ManagedProcess, deploy_dispatcher, restart
-from gangcheck_dev.testbed.multicluster import IDENTITY
+from gangcheck_dev.testbed.multicluster import CONFIG, IDENTITY
 from gangcheck_dev.testbed.nodes import kwok_node
 from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
@@ -65,7 +65,7 @@ from gangcheck.logic.dispatch import (
     WORKER_LEASE_ANNOTATION,
 )
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
-from tests.e2e.helpers import JOB, delete_quietly, eventually, is_true, unique
+from tests.e2e.helpers import JOB, container, delete_quietly, eventually, is_true, unique
 from tests.e2e.multicluster.conftest import (
     GPU_TAINT,
     GPU_TYPE,
@@ -76,6 +76,7 @@ from tests.e2e.multicluster.conftest import (
     Bed,
 )
 from tests.e2e.multicluster.test_multikueue import (
+    GPU,
     MANAGER,
     admitted_in_a_worker,
     cleanup_winner,
@@ -672,3 +673,132 @@ async def test_a_worker_whose_token_is_revoked_is_skipped_as_its_credentials_ref
     finally:
         for kube, res, obj, ns in reversed(made):
             await delete_quietly(kube, res, obj, ns)
+
+
+@pytest.mark.timeout(150)
+async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_until_its_copy_goes(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
+) -> None:
+    """No room now anywhere: worker-1 is nominated (by name) and gets Kueue's copy. worker-1
+    is then taken off the MultiKueueConfig: Kueue no longer manages that copy, so the
+    dispatcher keeps worker-1 nominated and none beside it, the record saying why and what to
+    do; worker-2 gets no copy meanwhile. The copy deleted in worker-1, as the record says,
+    worker-1 is given up ('no longer configured') and the gang is admitted in worker-2."""
+    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+
+    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
+        pool = await items(two, NODE, label_selector=f"{SIM_POOL}={POOL}")
+        return not pool and not await items(two, PROVISIONING_REQUEST)
+
+    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    namespace = await fresh_namespace(kubes)
+    listed = (await manager.get(MULTIKUEUE_CONFIG, CONFIG))["spec"]["clusters"]
+    async with queues(kubes, namespace):
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+
+            async def copied_to_worker_1() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                nominated = record_of(wl).get("nominated") if wl is not None else None
+                return wl if nominated and await items(one, WORKLOAD, namespace) else None
+
+            wl = await eventually(copied_to_worker_1, timeout=30, what="a copy in worker-1")
+            assert record_of(wl)["nominated"] == [STOCKED_OUT], record_of(wl)
+            dropped = {"spec": {"clusters": [WITH_ROOM]}}
+            await manager.merge_patch(MULTIKUEUE_CONFIG, CONFIG, dropped)
+            try:
+                stranded = f"{STOCKED_OUT} is no longer a worker of the Workload's MultiKueueConfig"
+
+                async def said() -> dict[str, Any] | None:
+                    found = await manager_workload(manager, namespace)
+                    record = record_of(found) if found is not None else {}
+                    return record if stranded in record.get("reason", "") else None
+
+                record = await eventually(said, timeout=30, what="the stranded copy said")
+                assert record["nominated"] == [STOCKED_OUT], record
+                assert not record["failed"], record
+                assert not await items(two, WORKLOAD, namespace)
+                for copy in await items(one, WORKLOAD, namespace):  # as the record says
+                    await delete_quietly(one, WORKLOAD, copy["metadata"]["name"], namespace)
+                placed = await admitted_in_a_worker(manager, namespace, timeout=60)
+                assert placed["status"]["clusterName"] == WITH_ROOM
+                record = record_of(placed)
+                assert record["tried"] == [STOCKED_OUT, WITH_ROOM], record
+                assert record["failed"] == {STOCKED_OUT: "no longer configured"}, record
+            finally:
+                await manager.merge_patch(MULTIKUEUE_CONFIG, CONFIG, {"spec": {"clusters": listed}})
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(two, namespace)
+            await cleanup_delivered(two, namespace)
+
+            async def worker_1_withdrawn() -> bool:
+                return not await items(one, PROVISIONING_REQUEST, namespace)
+
+            await eventually(worker_1_withdrawn, timeout=30, what="worker-1 holding no request")
+
+
+@pytest.mark.timeout(150)
+async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_said_why(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
+) -> None:
+    """A gang whose members ask 16 GPUs each, where every node of either cloud has 8: tried in
+    one worker at a time, each given up once its attempt fails there (its cloud's
+    CapacityIsNotFound on gangcheck's request), then nowhere left: the Workload keeps its
+    quota in the manager, nominated nowhere, the record naming each worker given up and why,
+    one NoWorker Event, written once (before 0746537 a second one came a pass later), all
+    in diagnose."""
+    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+    job = gang_job("gang")
+    job["spec"]["template"]["spec"]["containers"] = [
+        container({"cpu": "1", "memory": "1Gi", GPU: "16"}, {GPU: "16"})
+    ]
+    async with queues(kubes, namespace, deadline=6, backoff=60):
+        began = time.monotonic()
+        await manager.create(JOB, job, namespace)
+        try:
+
+            async def nowhere_left() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                record = record_of(wl) if wl is not None else {}
+                return wl if len(record.get("failed") or {}) == 2 else None
+
+            wl = await eventually(nowhere_left, timeout=90, what="both workers given up")
+            took = time.monotonic() - began
+            await asyncio.sleep(3)  # passes more: the record and its Event stay as they are
+            wl = await manager.get(WORKLOAD, wl["metadata"]["name"], namespace)
+            record = record_of(wl)
+            assert record["nominated"] == [], record
+            assert sorted(record["tried"]) == [STOCKED_OUT, WITH_ROOM], record
+            assert record["reason"].startswith("no worker left to try (tried and failed: "), record
+            assert is_true(wl, "QuotaReserved"), wl["status"]  # queued, never lost
+            assert not wl["status"].get("nominatedClusterNames"), wl["status"]
+            told = await events_on(manager, wl, "NoWorker")
+            assert [int(e.get("count") or 1) for e in told] == [1], [
+                (e.get("count"), e["message"]) for e in told
+            ]
+            falls = await events_on(manager, wl, "DispatchFallback")
+            assert sorted(e["message"].split(":")[0] for e in falls) == [
+                f"gave up on {STOCKED_OUT}",
+                f"gave up on {WITH_ROOM}",
+            ], falls
+            text = render_text(
+                await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+            )
+            assert "no worker nominated: no worker left to try" in text, text
+            for worker in (STOCKED_OUT, WITH_ROOM):
+                assert f"given up: {worker} (" in text, text
+            bed.measurements.append(
+                f"dispatcher, a gang that fits nowhere: both workers given up {took:.1f}s after "
+                "the Job, one NoWorker Event"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            for kube in (one, two):
+
+                async def withdrawn(kube: Kube = kube) -> bool:
+                    return not await items(kube, PROVISIONING_REQUEST, namespace)
+
+                await eventually(withdrawn, timeout=30, what="no request left for the gang")
+                await cleanup_delivered(kube, namespace)
