@@ -33,6 +33,7 @@ from gangcheck.kube.resources import (
     SERVICE_ACCOUNT,
     WORKLOAD,
 )
+from gangcheck.logic.attempt import naming
 from gangcheck.logic.timefmt import format_time
 from gangcheck.model.names import FENCE_LABEL
 from tests.builders import CONTROLLER, WorkloadBuilder, container, node
@@ -49,6 +50,8 @@ FIELD_MANAGER = "gangcheck-tests"
 TEST_CRDS = sorted((Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
 #: gangcheck's record on a node of which request it arrived for (``<namespace>/<request>``).
 ARRIVED = "gangcheck.io/arrived-for"
+#: A check's config that trusts the autoscaler's Provisioned (no fit of its own).
+TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -327,6 +330,11 @@ async def arrived_for(cluster: Cluster, request: str) -> list[str]:
         for n in await cluster.nodes()
         if (n["metadata"].get("annotations") or {}).get(ARRIVED) == key
     )
+
+
+def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
+    """The name of `workload`'s request of `attempt` under the cluster's check."""
+    return naming.request_name(workload, cluster.check, attempt)
 
 
 class Cluster:

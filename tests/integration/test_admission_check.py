@@ -16,21 +16,24 @@ from gangcheck.kube.resources import ATOMIC_CONFIG, POD_TEMPLATE, PROVISIONING_R
 from gangcheck.logic.attempt import deletion, naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
+    TRUST,
     Cluster,
     CrashingController,
     RunningController,
     eventually,
     never,
+    req_name,
 )
 
 pytestmark = pytest.mark.integration
 
-TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
 CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
 
 
 def gang(name: str = "wl", workers: int = 4) -> WorkloadBuilder:
+    """A driver (2 CPUs) and `workers` one-GPU workers, quota reserved, the check
+    Pending."""
     return (
         WorkloadBuilder(name)
         .pod_set("driver", 1, pod_template(cpu="2"))
@@ -38,10 +41,6 @@ def gang(name: str = "wl", workers: int = 4) -> WorkloadBuilder:
         .reserve_quota()
         .check()
     )
-
-
-def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
-    return naming.request_name(workload, cluster.check, attempt)
 
 
 async def test_happy_path_one_request_then_ready(

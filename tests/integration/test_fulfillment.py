@@ -16,7 +16,6 @@ import pytest
 from gangcheck.diagnose import diagnose, render_text
 from gangcheck.kube.errors import InvalidError
 from gangcheck.kube.resources import ATOMIC_CONFIG, NODE, POD
-from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
 from tests.integration.harness import (
     ARRIVED,
@@ -26,6 +25,7 @@ from tests.integration.harness import (
     arrived_for,
     eventually,
     now,
+    req_name,
 )
 
 pytestmark = pytest.mark.integration
@@ -51,10 +51,6 @@ def gang(name: str = "wl", members: int = 4, gpu: int = 1, **kw: Any) -> Workloa
         .reserve_quota()
         .check()
     )
-
-
-def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
-    return naming.request_name(workload, cluster.check, attempt)
 
 
 async def test_ready_only_once_the_whole_gang_fits_on_real_nodes(

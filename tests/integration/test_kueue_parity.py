@@ -22,26 +22,11 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.attempt import naming
-from tests.builders import CONTROLLER, WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually, never
+from tests.builders import CONTROLLER
+from tests.integration.harness import TRUST, Cluster, RunningController, eventually, never, req_name
+from tests.integration.test_admission_check import gang
 
 pytestmark = pytest.mark.integration
-
-TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
-
-
-def gang(name: str = "wl", workers: int = 4) -> WorkloadBuilder:
-    return (
-        WorkloadBuilder(name)
-        .pod_set("driver", 1, pod_template(cpu="2"))
-        .pod_set("workers", workers, pod_template(gpu=1))
-        .reserve_quota()
-        .check()
-    )
-
-
-def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
-    return naming.request_name(workload, cluster.check, attempt)
 
 
 async def collect_garbage(cluster: Cluster) -> list[str]:

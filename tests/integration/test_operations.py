@@ -21,11 +21,10 @@ from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import LEASE, NAMESPACE
 from gangcheck.logic.attempt import naming
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, eventually
+from tests.integration.harness import TRUST, Cluster, eventually
 from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
-TRUST: dict[str, Any] = {"fulfillment": {"mode": "TrustProvisioned"}}
 
 
 def gang(name: str) -> WorkloadBuilder:
