@@ -1297,10 +1297,18 @@ def _copy(view: _View, wl: Obj) -> Obj | None:
     return copy
 
 
+#: Kueue's reason on a Workload's ``QuotaReserved=False`` when it cannot queue it at all: its
+#: LocalQueue or ClusterQueue missing or inactive (Kueue v0.17, ``WorkloadInadmissible``,
+#: set by the workload controller). gangcheck there never sees such a copy, and nothing of it
+#: fails: without this, the worker stayed nominated for good.
+INADMISSIBLE = "Inadmissible"
+
+
 def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
-    """Why the worker's copy of a Workload failed, or '' (trying): its state, or gangcheck's
-    requests for it there (``requests``: ``_requests_for``) saying their capacity source
-    cannot deliver."""
+    """Why the worker's copy of a Workload failed, or '' (trying): its state (a check Retry
+    or Rejected, not queued there at all: ``INADMISSIBLE``, evicted, requeued, deactivated),
+    or gangcheck's requests for it there (``requests``: ``_requests_for``) saying their
+    capacity source cannot deliver."""
     said = cannot_deliver(requests)
     if said:
         return said
@@ -1309,6 +1317,17 @@ def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
         if check.get("state") in ("Retry", "Rejected"):
             said = f"check {check.get('name')} {check.get('state')}"
             return f"{said}: {check.get('message')}" if check.get("message") else said
+    reserved = _condition(copy, "QuotaReserved")
+    if (
+        reserved is not None
+        and reserved.get("status") == "False"
+        and reserved.get("reason") == INADMISSIBLE
+    ):
+        return (
+            f"not queued there: {reserved.get('message') or INADMISSIBLE} (Kueue there cannot "
+            "queue the copy: the worker needs the Workload's LocalQueue, in its namespace, on "
+            "an Active ClusterQueue)"
+        )
     evicted = _condition(copy, "Evicted")
     if evicted is not None and evicted.get("status") == "True":
         return f"evicted: {evicted.get('reason')}: {evicted.get('message', '')}"

@@ -322,6 +322,43 @@ async def test_the_copy_failing_moves_on_and_a_restart_nominates_nothing_twice()
     assert not one.writes and not two.writes
 
 
+INADMISSIBLE = {
+    "no LocalQueue of the name in the worker": "LocalQueue lq doesn't exist",
+    "its ClusterQueue missing": "ClusterQueue mc-gang doesn't exist",
+    "its ClusterQueue inactive": "ClusterQueue mc-gang is inactive",
+}
+
+
+@pytest.mark.parametrize("message", INADMISSIBLE.values(), ids=INADMISSIBLE.keys())
+async def test_a_copy_the_worker_cannot_queue_gives_the_worker_up(message: str) -> None:
+    """Kueue in worker-1 cannot queue the copy (Kueue v0.17 workload_controller: QuotaReserved
+    False, reason Inadmissible: its LocalQueue or ClusterQueue missing or inactive there), so
+    gangcheck there never sees it and nothing fails. Before, worker-1 stayed nominated for
+    good, the record saying only why it was chosen; now it is given up, said why, and the
+    next nominated."""
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    await dispatcher.pass_once()
+    assert record(manager).nominated == ("worker-1",)  # by name
+    copy = workload()
+    copy["status"] = {
+        "conditions": [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Inadmissible",
+                "message": message,
+            }
+        ]
+    }
+    one.add(copy)
+    await dispatcher.pass_once()
+    got = record(manager)
+    assert got.nominated == ("worker-2",), got
+    assert got.failed["worker-1"].startswith(f"not queued there: {message}"), got.failed
+    assert not one.writes and not two.writes
+
+
 async def test_a_placed_workload_is_left_alone() -> None:
     manager, dispatcher, _ = bed({"worker-1": worker(nodes=2)})
     wl = manager.stored(WORKLOAD, "job-gang", NS)

@@ -46,6 +46,7 @@ from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
     LEASE,
+    LOCAL_QUEUE,
     MULTIKUEUE_CLUSTER,
     MULTIKUEUE_CONFIG,
     NAMESPACE,
@@ -802,3 +803,45 @@ async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_
 
                 await eventually(withdrawn, timeout=30, what="no request left for the gang")
                 await cleanup_delivered(kube, namespace)
+
+
+@pytest.mark.timeout(120)
+async def test_a_worker_without_the_gangs_local_queue_is_given_up_and_the_next_tried(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
+) -> None:
+    """The namespace's LocalQueue missing in worker-1 (a new user made it in the manager and
+    worker-2 only): no room now anywhere, worker-1 is nominated by name, and Kueue there
+    cannot queue the copy (QuotaReserved False, Inadmissible: 'LocalQueue lq doesn't
+    exist'): nothing fails there, gangcheck never sees it. The dispatcher gives worker-1 up,
+    said why, and the gang is admitted in worker-2. Before, worker-1 stayed nominated for
+    good, the record saying only that it was tried by name."""
+    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+
+    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
+        pool = await items(two, NODE, label_selector=f"{SIM_POOL}={POOL}")
+        return not pool and not await items(two, PROVISIONING_REQUEST)
+
+    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace):
+        await one.delete(LOCAL_QUEUE, "lq", namespace)
+        began = time.monotonic()
+        await manager.create(JOB, gang_job("gang"), namespace)
+        try:
+            wl = await admitted_in_a_worker(manager, namespace, timeout=60)
+            took = time.monotonic() - began
+            assert wl["status"]["clusterName"] == WITH_ROOM
+            record = record_of(wl)
+            assert record["tried"] == [STOCKED_OUT, WITH_ROOM], record
+            assert record["failed"][STOCKED_OUT].startswith(
+                "not queued there: LocalQueue lq doesn't exist"
+            ), record
+            assert not await deliveries(one, namespace), "worker-1 scaled up for a copy"
+            bed.measurements.append(
+                f"dispatcher, no LocalQueue in {STOCKED_OUT}: given up, admitted in "
+                f"{WITH_ROOM} {took:.1f}s after the Job"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(two, namespace)
+            await cleanup_delivered(two, namespace)
