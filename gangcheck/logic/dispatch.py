@@ -928,8 +928,9 @@ def _copy_wait(cluster: str, since: str, blocking: Sequence[str] = ()) -> str:
             "below): mend its kubeconfig Secret, or take it off the MultiKueueConfig"
         )
     return (
-        f"{head}: is MultiKueue stuck on another worker it counts connected that does not "
-        "answer (a kubeconfig Secret pointing nowhere)?"
+        f"{head}: is the Workload's namespace missing there (Kueue cannot create the copy), or "
+        "is MultiKueue stuck on another worker it counts connected that does not answer (a "
+        "kubeconfig Secret pointing nowhere)?"
     )
 
 

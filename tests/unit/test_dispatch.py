@@ -592,6 +592,13 @@ def test_a_nominated_worker_kueue_does_not_copy_to_is_said_and_kept(
 FITS_B = "the gang fits now in b, on nodes that exist or are reserved"
 STALL_B = (
     "b nominated at 2026-01-01T12:00:00Z, and Kueue has not copied the Workload there: is "
+    "the Workload's namespace missing there (Kueue cannot create the copy), or is MultiKueue "
+    "stuck on another worker it counts connected that does not answer (a kubeconfig Secret "
+    "pointing nowhere)?"
+)
+#: The wait as releases before the namespace was named wrote it: read back the same way.
+STALL_B_EARLIER = (
+    "b nominated at 2026-01-01T12:00:00Z, and Kueue has not copied the Workload there: is "
     "MultiKueue stuck on another worker it counts connected that does not answer (a kubeconfig "
     "Secret pointing nowhere)?"
 )
@@ -634,6 +641,21 @@ def test_the_copy_wait_reason_follows_whether_kueue_copied_the_workload(
         assert describe(step.record)[0] == f"trying b: {wanted}"
         assert DispatchRecord.from_annotation(step.record.to_annotation()) == step.record
         record = step.record
+
+
+def test_a_copy_wait_an_earlier_release_wrote_is_said_as_now() -> None:
+    """A record holding the wait as an earlier release worded it: the choice's reason is kept,
+    the wait said again as now (once), and gone once Kueue copies the Workload."""
+    earlier = DispatchRecord(
+        nominated=("b",),
+        tried=("b",),
+        reason=f"{FITS_B}; {STALL_B_EARLIER}",
+        nominated_at={"b": "2026-01-01T12:00:00Z"},
+    )
+    later = NOW + timedelta(seconds=60)
+    still = decide(earlier, [WorkerFacts("b", copied=False)], now=later).record.reason
+    assert still == f"{FITS_B}; {STALL_B}"
+    assert decide(earlier, [WorkerFacts("b")], now=later).record.reason == FITS_B
 
 
 def test_a_copy_wait_said_alone_by_an_earlier_record_is_cleared_once_copied() -> None:
