@@ -251,6 +251,11 @@ class Dispatcher:
         self.unanswered_within = unanswered_within
         self._unanswered: dict[tuple[str, str, str], datetime] = {}
         self._unanswered_seen: dict[tuple[str, str, str], datetime] = {}
+        # a copy Kueue in a worker says its ClusterQueue is missing or inactive for this long
+        # gives the worker up for its gang (``_not_queued``): timed the same way
+        self.not_queued_within = NOT_QUEUED_WITHIN
+        self._not_queued: dict[tuple[str, str, str], datetime] = {}
+        self._not_queued_seen: dict[tuple[str, str, str], datetime] = {}
         # gangcheck's leader Lease in each worker (namespace, name): stale, gangcheck is down
         self.worker_lease = worker_lease
         # per worker, why its Lease could not be read, as last logged (logged once)
@@ -496,6 +501,7 @@ class Dispatcher:
         # oldest first: a burst is spread in the order Kueue reserved its quota
         waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
         self._unanswered_seen = {}
+        self._not_queued_seen = {}
         nominated = {
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
@@ -533,6 +539,7 @@ class Dispatcher:
                 followed.setdefault(cluster, set()).add(key)
         self._followed = followed
         self._unanswered = self._unanswered_seen
+        self._not_queued = self._not_queued_seen
         trying = sum(1 for wl in waiting if nominated.get(_key(wl)))
         self.metrics.dispatch_waiting(trying, len(waiting) - trying)
         for wl, step in told:
@@ -928,6 +935,26 @@ class Dispatcher:
         self._unanswered_seen[key] = since
         return not_answering(since, now, limit=self.unanswered_within)
 
+    def _not_queued_for(self, worker: str, view: _View, wl: Obj) -> str:
+        """Why ``worker`` is given up for ``wl``: Kueue there has said for
+        ``not_queued_within`` seconds (timed from the first pass of this process that saw it
+        so) that the copy's ClusterQueue is missing or inactive (``_inadmissible``, not its
+        LocalQueue: that one at once, ``_copy_failure``); '' otherwise. Kueue reads the
+        ClusterQueue from its in-memory queues, which a restart of Kueue there fills anew:
+        for a moment a healthy worker's copy may say so."""
+        meta = wl["metadata"]
+        copy = _copy(view, wl)
+        said = _inadmissible(copy) if copy is not None else ""
+        if copy is None or not said:
+            return ""
+        key = (worker, str(meta["namespace"]), str(copy["metadata"].get("uid") or meta["name"]))
+        now = self._now()
+        since = self._not_queued.get(key) or now
+        self._not_queued_seen[key] = since
+        if (now - since).total_seconds() < self.not_queued_within:
+            return ""
+        return _not_queued_there(said)
+
     async def _facts(
         self,
         worker: _Worker,
@@ -949,6 +976,8 @@ class Dispatcher:
             )
         try:
             failure, admitted, copied = _copy_state(view, wl) if nominated else ("", False, True)
+            if nominated and not failure:
+                failure = self._not_queued_for(worker.name, view, wl)
             if nominated and not failure:
                 failure = self._not_answering(worker.name, view, wl)
             fits_now = _fits_now(room(), wl) if room is not None else False
@@ -1302,6 +1331,28 @@ def _copy(view: _View, wl: Obj) -> Obj | None:
 #: set by the workload controller). gangcheck there never sees such a copy, and nothing of it
 #: fails: without this, the worker stayed nominated for good.
 INADMISSIBLE = "Inadmissible"
+#: How long (seconds) a copy may say its ClusterQueue is missing or inactive before the worker
+#: is given up for the gang (``Dispatcher._not_queued_for``).
+NOT_QUEUED_WITHIN = 30.0
+
+
+def _inadmissible(copy: Obj) -> str:
+    """What Kueue in a worker says when it cannot queue the copy at all (``INADMISSIBLE``:
+    ``LocalQueue lq doesn't exist``, ``... is inactive``, ``ClusterQueue cq doesn't
+    exist``, ``... is inactive``), or ''."""
+    reserved = _condition(copy, "QuotaReserved")
+    if reserved is None or reserved.get("status") != "False":
+        return ""
+    if reserved.get("reason") != INADMISSIBLE:
+        return ""
+    return str(reserved.get("message") or INADMISSIBLE)
+
+
+def _not_queued_there(said: str) -> str:
+    return (
+        f"not queued there: {said} (Kueue there cannot queue the copy: the worker needs the "
+        "Workload's LocalQueue, in its namespace, on an Active ClusterQueue)"
+    )
 
 
 def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
@@ -1317,17 +1368,9 @@ def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
         if check.get("state") in ("Retry", "Rejected"):
             said = f"check {check.get('name')} {check.get('state')}"
             return f"{said}: {check.get('message')}" if check.get("message") else said
-    reserved = _condition(copy, "QuotaReserved")
-    if (
-        reserved is not None
-        and reserved.get("status") == "False"
-        and reserved.get("reason") == INADMISSIBLE
-    ):
-        return (
-            f"not queued there: {reserved.get('message') or INADMISSIBLE} (Kueue there cannot "
-            "queue the copy: the worker needs the Workload's LocalQueue, in its namespace, on "
-            "an Active ClusterQueue)"
-        )
+    said = _inadmissible(copy)
+    if said.startswith("LocalQueue "):  # read from its API by Kueue there: no passing state
+        return _not_queued_there(said)
     evicted = _condition(copy, "Evicted")
     if evicted is not None and evicted.get("status") == "True":
         return f"evicted: {evicted.get('reason')}: {evicted.get('message', '')}"

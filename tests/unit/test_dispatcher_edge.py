@@ -323,21 +323,26 @@ async def test_the_copy_failing_moves_on_and_a_restart_nominates_nothing_twice()
 
 
 INADMISSIBLE = {
-    "no LocalQueue of the name in the worker": "LocalQueue lq doesn't exist",
-    "its ClusterQueue missing": "ClusterQueue mc-gang doesn't exist",
-    "its ClusterQueue inactive": "ClusterQueue mc-gang is inactive",
+    "no LocalQueue of the name in the worker: at once": ("LocalQueue lq doesn't exist", 0),
+    "its LocalQueue stopped: at once": ("LocalQueue lq is inactive", 0),
+    "its ClusterQueue missing: after 30 s": ("ClusterQueue mc-gang doesn't exist", 30),
+    "its ClusterQueue inactive: after 30 s": ("ClusterQueue mc-gang is inactive", 30),
 }
 
 
-@pytest.mark.parametrize("message", INADMISSIBLE.values(), ids=INADMISSIBLE.keys())
-async def test_a_copy_the_worker_cannot_queue_gives_the_worker_up(message: str) -> None:
+@pytest.mark.parametrize(("message", "grace"), INADMISSIBLE.values(), ids=INADMISSIBLE.keys())
+async def test_a_copy_the_worker_cannot_queue_gives_the_worker_up(message: str, grace: int) -> None:
     """Kueue in worker-1 cannot queue the copy (Kueue v0.17 workload_controller: QuotaReserved
     False, reason Inadmissible: its LocalQueue or ClusterQueue missing or inactive there), so
     gangcheck there never sees it and nothing fails. Before, worker-1 stayed nominated for
     good, the record saying only why it was chosen; now it is given up, said why, and the
-    next nominated."""
+    next nominated: at once for its LocalQueue (Kueue reads it from its API), after 30 s
+    for its ClusterQueue (Kueue reads that from its in-memory queues, filled anew when it
+    restarts: for a moment a healthy worker's copy may say so)."""
     one, two = worker(), worker()
-    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    clock = Clock()
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=clock)
     await dispatcher.pass_once()
     assert record(manager).nominated == ("worker-1",)  # by name
     copy = workload()
@@ -352,6 +357,12 @@ async def test_a_copy_the_worker_cannot_queue_gives_the_worker_up(message: str) 
         ]
     }
     one.add(copy)
+    if grace:
+        await dispatcher.pass_once()
+        clock.now += timedelta(seconds=grace - 1)
+        await dispatcher.pass_once()
+        assert record(manager).nominated == ("worker-1",), record(manager)  # kept meanwhile
+        clock.now += timedelta(seconds=1)
     await dispatcher.pass_once()
     got = record(manager)
     assert got.nominated == ("worker-2",), got
