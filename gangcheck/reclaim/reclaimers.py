@@ -32,6 +32,11 @@ from gangcheck.model.names import OWNER_SCALED_DOWN, SCALED_DOWN_FOR
 from gangcheck.model.objects import Obj, json_pointer, tested_removal
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
+MARKED_HERE = "gangcheck.io/marked-delete-machine"
+"""On a Machine, written with its `delete-machine` mark when gangcheck wrote that mark (its
+value the node's name): the mark is gangcheck's to take off when the decrement is refused,
+by this try or by any retry after a restart, never a mark a person or cluster-autoscaler
+wrote."""
 MACHINE_ANNOTATION = "cluster.x-k8s.io/machine"
 MACHINE_NAMESPACE_ANNOTATION = "cluster.x-k8s.io/cluster-namespace"
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
@@ -127,12 +132,24 @@ class Reclaimer(Protocol):
         succeeds is told to `told` at once."""
         ...
 
+    async def kept(self, kube: Kube, node: Obj) -> None:
+        """The node is kept (a safety rule, a pod there): take off what an earlier try of
+        this reclaimer, cut short, left that would still remove the node later."""
+        ...
+
+
+class _LeavesNothing:
+    """A reclaimer whose tries leave nothing behind that removes a node kept."""
+
+    async def kept(self, kube: Kube, node: Obj) -> None:
+        return None
+
 
 def _annotations(obj: Obj) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
-class DeleteNode:
+class DeleteNode(_LeavesNothing):
     """Delete the Node object (kwok and simulated nodes; Karpenter also drains on Node delete)."""
 
     name = "DeleteNode"
@@ -145,7 +162,7 @@ class DeleteNode:
         return "node deleted"
 
 
-class CordonAndTaint:
+class CordonAndTaint(_LeavesNothing):
     """Leave the node cordoned and tainted and let cluster-autoscaler's scale-down remove it
     (its fence label taken off once it has acted: `leaves_node`); an administrator's
     `scale-down-disabled: "true"` keeps it (and is never overwritten)."""
@@ -159,7 +176,7 @@ class CordonAndTaint:
         return "cordoned and tainted for scale-down"
 
 
-class DeleteNodeClaim:
+class DeleteNodeClaim(_LeavesNothing):
     """Delete the Karpenter NodeClaim (karpenter.sh/v1) whose status.nodeName is the node."""
 
     name = "DeleteNodeClaim"
@@ -210,20 +227,25 @@ class DeleteMachine:
         if _annotations(machine).get(OWNER_SCALED_DOWN):
             return f"Machine {name} already marked for deletion and its owner scaled down"
         owner = await _scaling_owner(kube, machine)
-        if owner is not None:  # before any write: a rollout leaves the Machine unmarked
-            owner = await _not_rolling_out(kube, owner, machine)
+        try:
+            if owner is not None:  # before any write: a rollout leaves the Machine unmarked
+                owner = await _not_rolling_out(kube, owner, machine)
+        except MachineDeploymentRollingOut:
+            await _unmark(kube, machine)  # an earlier try's mark (its decrement not made)
+            raise
         await still_as_judged(kube, node)
-        marked_before = DELETE_MACHINE_ANNOTATION in _annotations(machine)
-        mark = {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}
         namespace = machine["metadata"]["namespace"]
-        await kube.merge_patch(MACHINE, name, mark, namespace)
+        notes = {DELETE_MACHINE_ANNOTATION: "true"}
+        if DELETE_MACHINE_ANNOTATION not in _annotations(machine):  # gangcheck's own mark
+            notes[MARKED_HERE] = node["metadata"]["name"]
+        mark = {"metadata": {"annotations": notes}}
+        machine = await kube.merge_patch(MACHINE, name, mark, namespace)
         if owner is None:
             return f"Machine {name} marked for deletion (no MachineSet owns it)"
         try:
             replicas = await _scale_down_once(kube, owner, machine)
-        except MachineDeploymentRollingOut:
-            if not marked_before:  # a rollout begun since the look above: the mark goes too
-                await _unmark(kube, machine)
+        except MachineDeploymentRollingOut:  # a rollout begun since the look above
+            await _unmark(kube, machine)
             raise
         res, obj = owner.res, owner.obj
         done = {
@@ -234,6 +256,24 @@ class DeleteMachine:
         await kube.merge_patch(MACHINE, name, done, namespace)
         await _forget_scaled_down(kube, res, obj, machine)
         return f"Machine {name} marked for deletion, {res.kind} scaled to {replicas}"
+
+    async def kept(self, kube: Kube, node: Obj) -> None:
+        """The mark an earlier try wrote (`MARKED_HERE`) and whose decrement was not made (a
+        failure, a lease lost, in between: the node unfenced and in use since) comes off: a
+        marked Machine is the first its MachineSet removes in any scale-down, whoever makes
+        it. One whose decrement was made (recorded on the owner, or on the Machine) stays:
+        Cluster API removes one Machine for it, and unmarked, it would be another."""
+        try:
+            machine = await _machine_of(kube, node)
+        except ReclaimRefused:
+            return
+        notes = _annotations(machine)
+        if MARKED_HERE not in notes or OWNER_SCALED_DOWN in notes:
+            return
+        owner = await _scaling_owner(kube, machine)
+        if owner is None or _scaled_down_for(owner.obj, machine["metadata"]["uid"]):
+            return
+        await _unmark(kube, machine)
 
 
 async def _machine_of(kube: Kube, node: Obj) -> Obj:
@@ -468,11 +508,18 @@ def rolling_out(deployment: Obj, machine_set: Obj) -> Rollout | None:
 
 
 async def _unmark(kube: Kube, machine: Obj) -> None:
-    """Take off the `delete-machine` mark this reclaim wrote (while it is still "true"), its
-    decrement refused: a marked Machine would be the first its MachineSet removes in any
-    scale-down, the node meanwhile back in use. Failing, it stays, logged."""
+    """Take off the `delete-machine` mark gangcheck wrote (`MARKED_HERE`, by this try or an
+    earlier one cut short; while it is still "true"), its decrement refused: a marked Machine
+    would be the first its MachineSet removes in any scale-down, the node meanwhile back in
+    use. A mark gangcheck did not write stays. Failing, it stays, logged."""
     meta = machine["metadata"]
-    ops = tested_removal("annotations", DELETE_MACHINE_ANNOTATION, "true")
+    marked_by = _annotations(machine).get(MARKED_HERE)
+    if marked_by is None:
+        return
+    ops = [
+        *tested_removal("annotations", DELETE_MACHINE_ANNOTATION, "true"),
+        *tested_removal("annotations", MARKED_HERE, marked_by),
+    ]
     try:
         await kube.json_patch(MACHINE, meta["name"], ops, meta["namespace"])
     except (ConflictError, NotFoundError):

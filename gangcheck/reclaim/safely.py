@@ -51,6 +51,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
+    FencedError,
     NotFoundError,
     refused_as_written,
 )
@@ -278,6 +279,7 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Tol
             return Result("gone", "node no longer exists", node_uid=uid)
         if not is_fenced(current):
             await _undo(kube, current, target, forget=True)
+            await _kept(kube, current, target)
             return Result("keep", "unfenced by someone else while being reclaimed", 0, uid)
         return current
     except ReclaimRefused as e:
@@ -320,9 +322,28 @@ async def _stand_down(kube: Kube, node: Obj, target: Target, judged: Judgement) 
     if judged.verdict == "keep":
         if _marked_for(node) in (target.request, None):
             await _undo(kube, node, target, forget=True)
+            await _kept(kube, node, target)
         return Result("keep", judged.reason, node_uid=uid)
     await _hold(kube, node, target)
     return Result("drain", judged.reason, node_uid=uid)
+
+
+async def _kept(kube: Kube, node: Obj, target: Target) -> None:
+    """A node kept: what an earlier try of its reclaimer left that would remove it later
+    comes off (DeleteMachine: its Machine's mark, the decrement not made). Failing, it
+    stays, logged: the node is kept all the same (a lease lost raises)."""
+    try:
+        await RECLAIMERS[target.reclaimer].kept(kube, node)
+    except FencedError:
+        raise
+    except ApiError as e:
+        log.warning(
+            "node %s kept, what %s left of an earlier try stays: %s",
+            target.node,
+            target.reclaimer,
+            e.message,
+            extra={"request": target.request},
+        )
 
 
 async def _hold(kube: Kube, node: Obj, target: Target) -> None:
@@ -373,6 +394,7 @@ async def _not_fenced(kube: Kube, node: Obj, target: Target, error: ApiError) ->
             await _undo(kube, node, target, forget=True)
         except ApiError as e:
             log.warning("node %s: its reclaim mark stays: %s", target.node, e.message)
+        await _kept(kube, node, target)
     reason = f"its fence was refused ({error.status} {error.reason}): {error.message}"
     return Result("keep", reason, node_uid=_uid(node), cause=failure_cause(error))
 

@@ -13,16 +13,18 @@ once the rollout is over. A MachineSet with no MachineDeployment is not judged.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NODE
-from gangcheck.model.names import OWNER_SCALED_DOWN
+from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN
 from gangcheck.reclaim import reclaimers
 from gangcheck.reclaim.reclaimers import (
     DELETE_MACHINE_ANNOTATION,
+    MARKED_HERE,
     NOT_CACHED,
     REVISION_ANNOTATION,
     ROLLING_OUT,
@@ -32,6 +34,7 @@ from gangcheck.reclaim.reclaimers import (
     rolling_out,
     scaled_down_key,
 )
+from gangcheck.reclaim.safely import Target, reclaim_safely
 from tests.fakes.kube import FakeKube
 
 Obj = dict[str, Any]
@@ -211,6 +214,7 @@ async def test_a_settled_machine_deployment_is_scaled_down_for_the_marked_machin
     assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
     assert annotations(kube, MACHINE, "m1") == {
         DELETE_MACHINE_ANNOTATION: "true",
+        MARKED_HERE: "node-m1",
         OWNER_SCALED_DOWN: "MachineDeployment/md",
     }
     # the decrement was made on the MachineDeployment as judged: its resourceVersion tested
@@ -329,7 +333,7 @@ async def test_a_rollout_begun_between_the_look_and_the_decrement_takes_the_mark
 
 
 async def test_a_mark_there_before_stays_when_a_rollout_refuses_the_decrement() -> None:
-    """A mark the reclaim did not write (an earlier try's, or a person's) is not taken off."""
+    """A mark gangcheck did not write (a person's, cluster-autoscaler's) is not taken off."""
     kube = capi(deployment(), machine_set())
     m1 = stored(kube, MACHINE, "m1")
     m1["metadata"]["annotations"] = {DELETE_MACHINE_ANNOTATION: "true"}
@@ -365,3 +369,100 @@ async def test_a_decrement_done_before_the_rollout_is_completed_not_refused() ->
     assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
     assert annotations(kube, MACHINE, "m1")[OWNER_SCALED_DOWN] == "MachineDeployment/md"
     assert scaled_down_key("m1-uid") not in annotations(kube, MACHINE_DEPLOYMENT, "md")
+
+
+async def test_a_mark_an_earlier_try_wrote_comes_off_when_a_rollout_refuses_the_retry() -> None:
+    """The first try marks m1 and its decrement is not answered (a 500, not applied: the
+    MachineDeployment records no decrement for m1); the node is unfenced and back in the pool
+    until the retry. A rollout begins meanwhile: the retry refuses before any decrement, and
+    the mark the first try wrote comes off with it. Left on, m1, its node in use again, would
+    be the Machine its MachineSet removes first in the next scale-down, whoever makes it."""
+    kube = capi(deployment(), machine_set())
+    kube.fail("patch", "MachineDeployment", "md", 500)
+    with pytest.raises(ApiError) as first:
+        await reclaim(kube)
+    assert first.value.status == 500
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+    md = stored(kube, MACHINE_DEPLOYMENT, "md")
+    md["status"]["v1beta2"] = {"conditions": [{"type": "RollingOut", "status": "True"}]}
+    kube.add(md)
+    with pytest.raises(ApiError) as retried:
+        await reclaim(kube)
+    assert retried.value.reason == ROLLING_OUT
+    assert DELETE_MACHINE_ANNOTATION not in annotations(kube, MACHINE, "m1")
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 3
+    # the rollout over, the retry marks and scales down as ever
+    settle(kube)
+    assert await reclaim(kube) == "Machine m1 marked for deletion, MachineDeployment scaled to 2"
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+
+
+KEY = "default/wl-atomic-1"
+
+
+def arrived_for_a_request(kube: FakeKube) -> Target:
+    """node-m1 recorded as arrived for KEY's request, made before it; the reclaim it owes."""
+    node = kube.stored(NODE, "node-m1")
+    assert node is not None
+    node["metadata"]["annotations"][ARRIVED_FOR] = KEY
+    kube.add(node)
+    return Target("node-m1", KEY, "2026-01-01T00:00:00Z", DeleteMachine.name)
+
+
+def someone_runs_a_pod_on_node_m1(kube: FakeKube) -> None:
+    kube.add(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "theirs", "namespace": "team"},
+            "spec": {"nodeName": "node-m1", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"},
+        }
+    )
+
+
+async def test_a_node_kept_after_a_failed_decrement_unmarks_its_machine() -> None:
+    """The decrement fails (a 500, not applied): the reclaim fails, the node is unfenced and
+    owes a reclaim. Someone's pod lands there before the retry, which keeps the node: the
+    mark gangcheck wrote on m1 comes off with it, so the next scale-down of its MachineSet
+    (cluster-autoscaler's, a person's) does not take m1 and the pod with it."""
+    kube = capi(deployment(), machine_set())
+    target = arrived_for_a_request(kube)
+    kube.fail("patch", "MachineDeployment", "md", 500)
+    failed = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0)
+    assert failed.verdict == "failed"
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+    someone_runs_a_pod_on_node_m1(kube)
+    kept = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0, owed=True)
+    assert (kept.verdict, kept.reason) == ("keep", "runs pod team/theirs")
+    assert DELETE_MACHINE_ANNOTATION not in annotations(kube, MACHINE, "m1")
+    assert MARKED_HERE not in annotations(kube, MACHINE, "m1")
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 3
+
+
+async def test_a_node_kept_after_its_decrement_was_made_keeps_the_mark() -> None:
+    """The decrement was made (its answer lost) and the node kept after: Cluster API removes
+    one Machine of the MachineSet, the marked one; unmarked, it would remove another."""
+    kube = capi(deployment(), machine_set())
+    target = arrived_for_a_request(kube)
+    kube.fail("patch", "MachineDeployment", "md", 500, applied=True)
+    failed = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0)
+    assert failed.verdict == "failed"
+    someone_runs_a_pod_on_node_m1(kube)
+    kept = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0, owed=True)
+    assert kept.verdict == "keep"
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
+
+
+async def test_a_node_kept_leaves_a_mark_gangcheck_did_not_write() -> None:
+    kube = capi(deployment(), machine_set())
+    target = arrived_for_a_request(kube)
+    m1 = stored(kube, MACHINE, "m1")
+    m1["metadata"]["annotations"] = {DELETE_MACHINE_ANNOTATION: "2026-12-06 10:00:00"}
+    kube.add(m1)
+    someone_runs_a_pod_on_node_m1(kube)
+    kept = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0)
+    assert kept.verdict == "keep"
+    assert annotations(kube, MACHINE, "m1") == {DELETE_MACHINE_ANNOTATION: "2026-12-06 10:00:00"}
+    assert kube.writes_of("Machine") == []
