@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from gangcheck.kube.resources import NODE_POOL
 from gangcheck.model.objects import Obj
 
 T0 = "2026-11-30T10:00:00Z"
@@ -233,25 +234,51 @@ def node(
     }
 
 
-def node_pool(name: str, *, uid: str | None = None, requirements: list[Obj] | None = None) -> Obj:
+def node_pool(
+    name: str,
+    *,
+    uid: str | None = None,
+    requirements: list[Obj] | None = None,
+    labels: dict[str, str] | None = None,
+    taints: list[Obj] | None = None,
+    expire_after: str | None = None,
+    limits: dict[str, str] | None = None,
+    used: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    typed: bool = False,
+) -> Obj:
     """A Karpenter NodePool of the kwok provider (its nodes of KWOKNodeClass ``default``) with
     only what gangcheck reads of one: its name (and `uid`, when given) and its node template's
-    class and `requirements` (none by default)."""
+    class and `requirements` (none by default); each of the rest only when given: the
+    template's node `labels`, `taints` and ``expireAfter``, the pool's `limits`, the resources
+    its nodes `used` (its status), its `annotations` (Karpenter's template hash). `typed`: with
+    apiVersion and kind, as a list's item or a fake API server's stored object carries them."""
     metadata: Obj = {"name": name}
     if uid is not None:
         metadata["uid"] = uid
-    return {
-        "metadata": metadata,
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    template: Obj = {
         "spec": {
-            "template": {
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "karpenter.kwok.sh",
-                        "kind": "KWOKNodeClass",
-                        "name": "default",
-                    },
-                    "requirements": list(requirements or []),
-                }
-            }
-        },
+            "nodeClassRef": {
+                "group": "karpenter.kwok.sh",
+                "kind": "KWOKNodeClass",
+                "name": "default",
+            },
+            "requirements": copy.deepcopy(requirements or []),
+        }
     }
+    if labels is not None:
+        template["metadata"] = {"labels": dict(labels)}
+    if taints is not None:
+        template["spec"]["taints"] = copy.deepcopy(taints)
+    if expire_after is not None:
+        template["spec"]["expireAfter"] = expire_after
+    pool: Obj = {"metadata": metadata, "spec": {"template": template}}
+    if limits is not None:
+        pool["spec"]["limits"] = dict(limits)
+    if used is not None:
+        pool["status"] = {"resources": dict(used)}
+    if typed:
+        pool = {"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool
+    return pool

@@ -245,7 +245,7 @@ def check_of(spec: Obj, *pools: str) -> FakeKube:
             "metadata": {"name": "cfg"},
             "spec": spec,
         },
-        *({"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool(p) for p in pools),
+        *(pool(p, typed=True) for p in pools),
     )
     return kube
 
@@ -267,7 +267,7 @@ async def test_a_second_sources_missing_pool_makes_the_check_inactive_naming_it(
         "spec.capacitySources[1].karpenter.nodePools[0]: NodePool 'x' not found",
     )
     assert result == Result(requeue_after=RECHECK_SECONDS)
-    kube.add({"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool("x"))
+    kube.add(pool("x", typed=True))
     active, result = await active_after_reconcile(kube)
     assert (active["status"], active["reason"]) == ("True", "Active")
     assert result == Result(requeue_after=RECHECK_SECONDS)

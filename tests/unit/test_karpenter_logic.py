@@ -21,10 +21,12 @@ from gangcheck.logic.sources.karpenter.claims import (
 )
 from gangcheck.logic.sources.karpenter.pools import choose_pool, label_problem, pool_use, room
 from gangcheck.model.provisioning_config import Backend, parse_spec
+from tests.builders import node_pool
 
 Obj = dict[str, Any]
 ATTEMPT = "team-a/train-gangcheck-1"
 GPU = "nvidia.com/gpu"
+INSTANCE_TYPE = {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["gpu-8x"]}
 
 
 def pool(
@@ -34,40 +36,23 @@ def pool(
     used: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     requirements: list[Obj] | None = None,
+    typed: bool = False,
 ) -> Obj:
-    spec: Obj = {
-        "template": {
-            "metadata": {"labels": labels or {"team": "ml"}},
-            "spec": {
-                "nodeClassRef": {
-                    "group": "karpenter.kwok.sh",
-                    "kind": "KWOKNodeClass",
-                    "name": "default",
-                },
-                "requirements": requirements
-                or [
-                    {
-                        "key": "node.kubernetes.io/instance-type",
-                        "operator": "In",
-                        "values": ["gpu-8x"],
-                    }
-                ],
-                "taints": [{"key": GPU, "value": "present", "effect": "NoSchedule"}],
-                "expireAfter": "Never",
-            },
-        }
-    }
-    if limits:
-        spec["limits"] = limits
-    return {
-        "metadata": {
-            "name": name,
-            "uid": "u-1",
-            "annotations": {names.POOL_HASH: "123", names.POOL_HASH_VERSION: "v3"},
-        },
-        "spec": spec,
-        "status": {"resources": used or {}},
-    }
+    """The unit tests' NodePool: the kwok one of tests/builders with what a pool's choice and
+    its claims read: nodes of the team's label, one instance type, GPU-tainted, never
+    expiring, Karpenter's template hash; `limits` when given, `used` (none by default)."""
+    return node_pool(
+        name,
+        uid="u-1",
+        requirements=requirements or [INSTANCE_TYPE],
+        labels=labels or {"team": "ml"},
+        taints=[{"key": GPU, "value": "present", "effect": "NoSchedule"}],
+        expire_after="Never",
+        limits=limits or None,
+        used=used or {},
+        annotations={names.POOL_HASH: "123", names.POOL_HASH_VERSION: "v3"},
+        typed=typed,
+    )
 
 
 ASK = ClaimAsk(ATTEMPT, 4, {GPU: "8", "cpu": "30"}, {"gangcheck.io/gpu-type": "h100"})

@@ -91,9 +91,7 @@ def template(name: str) -> Obj:
 
 
 def node_pool(limits: dict[str, str], used: dict[str, str] | None = None) -> Obj:
-    return {"apiVersion": NODE_POOL.api_version, "kind": NODE_POOL.kind} | pool(
-        limits=limits, used=used
-    )
+    return pool(limits=limits, used=used, typed=True)
 
 
 def stack(*gangs: str, limits: dict[str, str], used: dict[str, str] | None = None) -> FakeKube:
