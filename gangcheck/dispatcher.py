@@ -274,6 +274,9 @@ class Dispatcher:
         # the workers that did not answer within ``answer_within``, by name: skipped unread
         # until their window ends (``silence``)
         self._silent: dict[str, Silence] = {}
+        # per worker, the digest of a kubeconfig refused (``_worker``) and why: not parsed or
+        # loaded again at each pass while its Secret holds it
+        self._refused_configs: dict[str, tuple[str, str]] = {}
         # the workers connected (a client, and its watches while running), by name: those a
         # MultiKueueConfig served lists, through their MultiKueueCluster's Secret as last read
         self._workers: dict[str, _Worker] = {}
@@ -417,6 +420,7 @@ class Dispatcher:
         """Ends the worker's watches and closes its client (when held), and forgets its
         silence (another client, perhaps another server, is read afresh)."""
         self._silent.pop(name, None)
+        self._refused_configs.pop(name, None)
         self._lease_unknown.pop(name, None)
         self._sightings.pop(name, None)
         self._answers.pop(name, None)
@@ -740,19 +744,25 @@ class Dispatcher:
         if held is not None and held.kube is not None and held.kubeconfig == digest:
             held.lease = lease
             return held
-        await self._drop(name)  # a kubeconfig rotated: another server, other credentials
         where = f"Secret {self.kueue_namespace}/{secret_name}"
+        refused = self._refused_configs.get(name)
+        if refused is not None and refused[0] == digest:  # read once: the same answer
+            return _Worker(name, skip=f"{where}: {refused[1]}")
+        await self._drop(name)  # a kubeconfig rotated: another server, other credentials
+        why = ""
         try:
             config = base64.b64decode(raw)
-            unused = kubeconfig_unused(yaml.safe_load(config))
+            why = kubeconfig_unused(yaml.safe_load(config))
         except (ValueError, yaml.YAMLError) as e:
-            return _Worker(name, skip=f"{where}: unusable kubeconfig (not YAML: {_first_line(e)})")
-        if unused:  # Kueue refuses it too: its MultiKueueCluster turns not Active soon
-            return _Worker(name, skip=f"{where}: {unused}")
-        try:
-            kube = await self._connect(config)
-        except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
-            return _Worker(name, skip=f"{where}: unusable kubeconfig ({_first_line(e)})")
+            why = f"unusable kubeconfig (not YAML: {_first_line(e)})"
+        if not why:  # (Kueue refuses those too: its MultiKueueCluster turns not Active soon)
+            try:
+                kube = await self._connect(config)
+            except Exception as e:  # any unusable kubeconfig: the worker is skipped, said why
+                why = f"unusable kubeconfig ({_first_line(e)})"
+        if why:
+            self._refused_configs[name] = (digest, why)
+            return _Worker(name, skip=f"{where}: {why}")
         held = self._workers[name] = _Worker(name, kube, kubeconfig=digest, lease=lease)
         self._start_watching(name, kube)
         return held

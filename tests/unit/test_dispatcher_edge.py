@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import yaml
 
 from gangcheck.dispatcher import _WORKER_TRIM, Dispatcher, _connect, _copy_state, _view_of
 from gangcheck.kube.client import Kube
@@ -1017,6 +1018,47 @@ async def test_an_unusable_kubeconfig_is_said_once_without_the_file_it_was_read_
     assert "gangcheck-worker-" not in got.skipped["worker-1"], got.skipped
     assert len(manager.writes_of("Workload")) == 1, manager.writes
     assert [r for r, _ in events(manager)] == ["NoWorker"]
+
+
+@pytest.mark.parametrize("config", [b"not yaml: [", kubeconfig("tokenFile: /t"), b"just words"])
+async def test_a_kubeconfig_refused_is_not_read_again_until_its_secret_changes(
+    config: bytes,
+) -> None:
+    """A pass a second reads the Secrets: a kubeconfig refused (not YAML, naming a file, or
+    one the loader cannot use) was parsed, or written to a file and loaded, again at each
+    one (up to a MiB each, per worker). Now its digest is remembered with the reason; a
+    Secret changed is read afresh."""
+    manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
+    manager.add(secret("worker-1", config))
+    loaded: list[bytes] = []
+
+    async def connecting(given: bytes) -> Kube:
+        if given == config:
+            loaded.append(given)
+            return await _connect(given)
+        return await connect(given)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    parsed = 0
+    real = yaml.safe_load
+
+    def counting(text: Any) -> Any:
+        nonlocal parsed
+        parsed += text == config
+        return real(text)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("gangcheck.dispatcher.yaml.safe_load", counting)
+            for _ in range(3):
+                await dispatcher.pass_once()
+            assert "worker-1" in record(manager).skipped
+            assert parsed == 1 and len(loaded) <= 1, (parsed, loaded)
+            manager.add(secret("worker-1", b"kubeconfig of worker-1"))  # mended
+            await dispatcher.pass_once()
+            assert "worker-1" not in record(manager).skipped, record(manager).skipped
+    finally:
+        await dispatcher.close()
 
 
 UNSAFE = {
