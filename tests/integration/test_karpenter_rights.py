@@ -27,6 +27,7 @@ from tests.integration.test_manifests import (
     remove_namespace,
     service_account_kubeconfig,
 )
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -101,9 +102,7 @@ async def test_without_the_karpenter_rights_it_says_so_once_and_backs_off(
                     with contextlib.suppress(_Stop):
                         await karpenter.run()
                 finally:
-                    watching.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watching
+                    await cancelled(watching)
 
                 async def told() -> list[Obj]:
                     listed = await admin.list_objects(EVENT, namespace)

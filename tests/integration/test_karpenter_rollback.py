@@ -55,6 +55,7 @@ from tests.integration.test_manifests import (
     overlay,
     service_account_kubeconfig,
 )
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -399,9 +400,7 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
                     kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
                     lifted = await until(lambda: _unheld(bed, node), timeout=5.0)
                 finally:
-                    passes.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await passes
+                    await cancelled(passes)
         finally:
             with contextlib.suppress(NotFoundError):
                 await bed.admin.delete(NODE, node)

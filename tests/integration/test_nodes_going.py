@@ -39,6 +39,7 @@ from tests.integration.harness import (
     kubectl,
     token_kubeconfig,
 )
+from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
 
@@ -206,9 +207,7 @@ async def test_nodeclaims_refused_are_an_empty_cache_synced_until_allowed(
                 await eventually(listed, what="the claim, once allowed")
                 assert informer.served
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancelled(task)
     finally:
         kubectl(control_plane, "delete", "--ignore-not-found", "-f", "-", stdin=grant)
         await cluster.kube.delete(NODE_CLAIM, name)

@@ -69,6 +69,7 @@ from tests.e2e.test_gangcheck import (
     workload_of,
 )
 from tests.e2e.test_podgroups import GATE, OPT_IN, Hooked, gated, webhook_registered
+from tests.waiting import cancelled
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -591,9 +592,7 @@ async def test_a_partial_arrival_is_rolled_back_at_the_deadline_and_reclaimed(
                 f"{rejected_after:.1f}s; rollbacks {record.rolled_back}"
             )
         finally:
-            drivers.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drivers
+            await cancelled(drivers)
             await delete_quietly(kube, JOB, "gang", namespace)
 
 
