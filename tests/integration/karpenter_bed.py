@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,14 +173,3 @@ async def running(kube: Kube, *, requests: bool = True) -> AsyncIterator[Caches]
         yield caches
     finally:
         await cancelled(*tasks)
-
-
-async def until(check: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("not seen in time")
-        await asyncio.sleep(0.2)

@@ -23,8 +23,8 @@ from gangcheck.kube.resources import NODE_CLAIM, PROVISIONING_REQUEST
 from gangcheck.logic.sources.karpenter import names
 from gangcheck.logic.sources.karpenter.claims import claim_name
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
-from tests.integration.harness import apply, deny_policy
-from tests.integration.karpenter_bed import Bed, karpenter_bed, running, until
+from tests.integration.harness import apply, deny_policy, eventually
+from tests.integration.karpenter_bed import Bed, karpenter_bed, running
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -80,8 +80,10 @@ async def test_a_claim_a_policy_refuses_fails_only_its_gang_quoting_the_policy(
                 karpenter = KarpenterProvisioner(bed.admin, caches)
                 await karpenter.pass_once()
                 made_for_b = await bed.claims("b")
-                condition = await until(failed)
-                await until(lambda: _none_left(bed, "a", karpenter))
+                condition = await eventually(failed, what="gang a's Failed condition")
+                await eventually(
+                    lambda: _none_left(bed, "a", karpenter), what="gang a's claims withdrawn"
+                )
     assert len(made_for_b) == 2  # served in the same pass
     assert condition["reason"] == "NodeClaimRefused"
     assert condition["message"].startswith("the API server refused NodeClaim "), condition
@@ -157,11 +159,15 @@ async def test_a_creation_cut_short_is_completed_unless_the_missing_claim_is_ref
             cut_c = await bed.claims("c")
             before = {gang: await bed.conditions(gang) for gang in ("a", "c")}
             with policy(control_plane, name, bed.key("c"), "Forbidden"):
-                await until(lambda: _refused_now(admin, (cut_c or [{}])[0]))
+                await eventually(
+                    lambda: _refused_now(admin, (cut_c or [{}])[0]), what="the deny policy enforced"
+                )
                 karpenter = KarpenterProvisioner(admin, caches)  # a new process
                 await karpenter.pass_once()
                 after = {gang: await bed.conditions(gang) for gang in ("a", "c")}
-                await until(lambda: _none_left(bed, "c", karpenter))
+                await eventually(
+                    lambda: _none_left(bed, "c", karpenter), what="gang c's claims withdrawn"
+                )
             a_claims = await bed.claims("a")
             uids = {
                 gang: (await admin.get(PROVISIONING_REQUEST, f"{gang}-check-1", namespace))[

@@ -47,7 +47,8 @@ from gangcheck.model.names import (
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
-from tests.integration.karpenter_bed import Bed, karpenter_bed, running, until
+from tests.integration.harness import eventually
+from tests.integration.karpenter_bed import Bed, karpenter_bed, running
 from tests.integration.test_manifests import (
     apply,
     base_installed,
@@ -83,7 +84,7 @@ async def _roll_back(bed: Bed, caches: Caches, gang: str) -> Obj:
         notes = got.get("metadata", {}).get("annotations") or {}
         return notes.get(PHASE_ANNOTATION) == ROLLING_BACK
 
-    await until(seen)
+    await eventually(seen, what=f"{name} rolling back, in the cache")
     return rolling
 
 
@@ -207,9 +208,11 @@ async def test_a_claims_node_is_withdrawn_only_once_the_reclaim_finds_no_pod_the
                     "spec": {"nodeName": nodes[0], "containers": [{"name": "c", "image": "x"}]},
                 }
                 await bed.admin.create(POD, pod, bed.namespace)
-                await until(lambda: _cached(caches, nodes))
+                await eventually(lambda: _cached(caches, nodes), what="the nodes in the cache")
                 if identity == "gangcheck":  # its policies loaded (from informers) by now
-                    await until(lambda: _refused_now(kube, nodes[1]))
+                    await eventually(
+                        lambda: _refused_now(kube, nodes[1]), what="the policies enforced"
+                    )
                 await _roll_back(bed, caches, "a")
                 await karpenter.pass_once()
                 left = await bed.claims("a")
@@ -283,7 +286,7 @@ async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
                 await bed.admin.create(
                     POD, _pod(bed, "gang-member", node, gang=True), bed.namespace
                 )
-                await until(lambda: _cached(caches, [node]))
+                await eventually(lambda: _cached(caches, [node]), what="the node in the cache")
                 rolling = await _roll_back(bed, caches, "a")
                 await karpenter.pass_once()
                 draining = await bed.admin.get(NODE, node)
@@ -296,7 +299,9 @@ async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
                 )
                 await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
                 kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
-                await until(lambda: _unmarked(caches, node))
+                await eventually(
+                    lambda: _unmarked(caches, node), what="the node unmarked, in the cache"
+                )
                 await karpenter.pass_once()
                 during = await bed.admin.get(NODE, node)
                 outcome = {OUTCOME_ANNOTATION: '{"reclaimed": []}'}
@@ -306,7 +311,9 @@ async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
                     {"metadata": {"annotations": outcome}},
                     bed.namespace,
                 )
-                await until(lambda: _recorded_outcome(caches, bed))
+                await eventually(
+                    lambda: _recorded_outcome(caches, bed), what="the outcome, in the cache"
+                )
                 await karpenter.pass_once()
                 after = await bed.admin.get(NODE, node)
                 left = await bed.claims("a")
@@ -380,15 +387,17 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
                 await bed.admin.create(
                     POD, _pod(bed, "gang-member", node, gang=True), bed.namespace
                 )
-                await until(lambda: _cached(caches, [node]))
+                await eventually(lambda: _cached(caches, [node]), what="the node in the cache")
                 await _roll_back(bed, caches, "a")
                 await karpenter.pass_once()
                 draining = await bed.admin.get(NODE, node)
                 await bed.admin.delete(PROVISIONING_REQUEST, "a-check-1", bed.namespace)
-                await until(lambda: _request_gone(caches, bed))
+                await eventually(
+                    lambda: _request_gone(caches, bed), what="the request gone from the cache"
+                )
                 passes = asyncio.create_task(karpenter.run())
                 try:
-                    await until(lambda: _ran(karpenter))
+                    await eventually(lambda: _ran(karpenter), what="a pass run")
                     await bed.admin.merge_patch(
                         POD,
                         "gang-member",
@@ -398,7 +407,9 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
                     )
                     await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
                     kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
-                    lifted = await until(lambda: _unheld(bed, node), timeout=5.0)
+                    lifted = await eventually(
+                        lambda: _unheld(bed, node), timeout=5.0, what="the hold lifted"
+                    )
                 finally:
                     await cancelled(passes)
         finally:

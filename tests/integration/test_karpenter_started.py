@@ -34,7 +34,8 @@ from gangcheck.model.names import (
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
-from tests.integration.karpenter_bed import Bed, karpenter_bed, request, running, until
+from tests.integration.harness import eventually
+from tests.integration.karpenter_bed import Bed, karpenter_bed, request, running
 from tests.integration.test_karpenter_rollback import (
     _cached,
     _pod,
@@ -74,7 +75,7 @@ async def _started(bed: Bed, caches: Caches, *, recorded: bool) -> None:
         conditions = (got.get("status") or {}).get("conditions") or []
         return notes.get(PHASE_ANNOTATION) == STARTED and (recorded or not conditions)
 
-    await until(seen)
+    await eventually(seen, what=f"{name} started, in the cache")
 
 
 @pytest.mark.timeout(180)
@@ -109,9 +110,11 @@ async def test_a_started_gangs_unrecorded_claims_are_withdrawn_unless_it_runs_th
                 await bed.admin.create(
                     POD, _pod(bed, "member-0", nodes[0], gang=True), bed.namespace
                 )
-                await until(lambda: _cached(caches, nodes))
+                await eventually(lambda: _cached(caches, nodes), what="the nodes in the cache")
                 if identity == "gangcheck":  # its policies loaded (from informers) by now
-                    await until(lambda: _refused_now(kube, nodes[1]))
+                    await eventually(
+                        lambda: _refused_now(kube, nodes[1]), what="the policies enforced"
+                    )
                 await _started(bed, caches, recorded=False)
                 await karpenter.pass_once()
                 left = await bed.claims("a")
@@ -161,14 +164,14 @@ async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node(
                 account = {"metadata": {"name": "default", "namespace": bed.namespace}}
                 await bed.admin.create(SERVICE_ACCOUNT, account)
                 await bed.admin.create(POD, _pod(bed, "member-0", node, gang=True), bed.namespace)
-                await until(lambda: _cached(caches, [node]))
+                await eventually(lambda: _cached(caches, [node]), what="the node in the cache")
 
                 async def started_again() -> bool:
                     got = caches.requests.store.get("a-check-1", bed.namespace) or {}
                     notes = got.get("metadata", {}).get("annotations") or {}
                     return notes.get(PHASE_ANNOTATION) == STARTED
 
-                await until(started_again)
+                await eventually(started_again, what="a-check-1 started, in the cache")
                 await karpenter.pass_once()
                 left = await bed.claims("a")
                 handed = await bed.admin.get(NODE, node)
