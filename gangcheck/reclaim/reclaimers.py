@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError, ConflictError, NotFoundError
+from gangcheck.kube.errors import ApiError, ConflictError, FencedError, NotFoundError
 from gangcheck.kube.resources import (
     MACHINE,
     MACHINE_DEPLOYMENT,
@@ -524,6 +524,8 @@ async def _unmark(kube: Kube, machine: Obj) -> None:
         await kube.json_patch(MACHINE, meta["name"], ops, meta["namespace"])
     except (ConflictError, NotFoundError):
         return
+    except FencedError:
+        raise  # no longer the leader: the next one's retry takes it off
     except ApiError as e:
         log.warning(
             "Machine %s keeps its %s: %s", meta["name"], DELETE_MACHINE_ANNOTATION, e.message

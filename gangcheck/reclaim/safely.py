@@ -278,8 +278,8 @@ async def _act(kube: Kube, fenced: Obj, target: Target, now: datetime, told: Tol
         if current is None:
             return Result("gone", "node no longer exists", node_uid=uid)
         if not is_fenced(current):
-            await _undo(kube, current, target, forget=True)
             await _kept(kube, current, target)
+            await _undo(kube, current, target, forget=True)
             return Result("keep", "unfenced by someone else while being reclaimed", 0, uid)
         return current
     except ReclaimRefused as e:
@@ -321,8 +321,8 @@ async def _stand_down(kube: Kube, node: Obj, target: Target, judged: Judgement) 
     uid = _uid(node)
     if judged.verdict == "keep":
         if _marked_for(node) in (target.request, None):
-            await _undo(kube, node, target, forget=True)
             await _kept(kube, node, target)
+            await _undo(kube, node, target, forget=True)
         return Result("keep", judged.reason, node_uid=uid)
     await _hold(kube, node, target)
     return Result("drain", judged.reason, node_uid=uid)
@@ -330,8 +330,9 @@ async def _stand_down(kube: Kube, node: Obj, target: Target, judged: Judgement) 
 
 async def _kept(kube: Kube, node: Obj, target: Target) -> None:
     """A node kept: what an earlier try of its reclaimer left that would remove it later
-    comes off (DeleteMachine: its Machine's mark, the decrement not made). Failing, it
-    stays, logged: the node is kept all the same (a lease lost raises)."""
+    comes off (DeleteMachine: its Machine's mark, the decrement not made), before the node's
+    own mark goes (a lease lost raises with the node still owed: the next leader keeps it
+    again). Failing otherwise, it stays, logged: the node is kept all the same."""
     try:
         await RECLAIMERS[target.reclaimer].kept(kube, node)
     except FencedError:
@@ -390,11 +391,11 @@ async def _not_fenced(kube: Kube, node: Obj, target: Target, error: ApiError) ->
     stays, logged. Said as any kept node is (reclaim.arrivals.tell: an Event on the Node, a
     log line)."""
     if _marked_for(node) == target.request:
+        await _kept(kube, node, target)
         try:
             await _undo(kube, node, target, forget=True)
         except ApiError as e:
             log.warning("node %s: its reclaim mark stays: %s", target.node, e.message)
-        await _kept(kube, node, target)
     reason = f"its fence was refused ({error.status} {error.reason}): {error.message}"
     return Result("keep", reason, node_uid=_uid(node), cause=failure_cause(error))
 

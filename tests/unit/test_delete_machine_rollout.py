@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gangcheck.kube.errors import ApiError
+from gangcheck.kube.errors import ApiError, FencedError
 from gangcheck.kube.resources import MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NODE
-from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN
+from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN, RECLAIM_WHEN_IDLE
 from gangcheck.reclaim import reclaimers
 from gangcheck.reclaim.reclaimers import (
     DELETE_MACHINE_ANNOTATION,
@@ -466,3 +466,22 @@ async def test_a_node_kept_leaves_a_mark_gangcheck_did_not_write() -> None:
     assert kept.verdict == "keep"
     assert annotations(kube, MACHINE, "m1") == {DELETE_MACHINE_ANNOTATION: "2026-12-06 10:00:00"}
     assert kube.writes_of("Machine") == []
+
+
+async def test_a_lease_lost_unmarking_a_kept_node_s_machine_leaves_it_owed() -> None:
+    """The unmark is refused, this replica no longer the leader: nothing of the node is
+    forgotten (its reclaim-when-idle mark stays), so the next leader's retry keeps it again
+    and takes the Machine's mark off then; never the node forgotten, the Machine marked."""
+    kube = capi(deployment(), machine_set())
+    target = arrived_for_a_request(kube)
+    kube.fail("patch", "MachineDeployment", "md", 500)
+    await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0)
+    someone_runs_a_pod_on_node_m1(kube)
+    kube.fail("patch", "Machine", "m1", FencedError("not the leader"))
+    with pytest.raises(FencedError):
+        await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0, owed=True)
+    node = kube.stored(NODE, "node-m1")
+    assert node is not None and RECLAIM_WHEN_IDLE in node["metadata"]["annotations"]
+    kept = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0, owed=True)
+    assert kept.verdict == "keep"
+    assert DELETE_MACHINE_ANNOTATION not in annotations(kube, MACHINE, "m1")
