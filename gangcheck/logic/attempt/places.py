@@ -22,7 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gangcheck.logic.attempt.fulfillment import ClusterView, GangSpec, fits_now
+from gangcheck.logic.attempt.fulfillment import (
+    ClusterView,
+    GangSpec,
+    fits_now,
+    placeable_by_domain,
+)
 from gangcheck.logic.attempt.records import Record, count_of
 from gangcheck.model.names import (
     DOMAIN_ANNOTATION,
@@ -179,10 +184,13 @@ def ranked_domains(
         uncordoned.add(value)
         reserved = any(all(labels.get(k) == v for k, v in r.items()) for r in reserved_labels)
         values[value] += int(reserved)
-    ranked = [
-        Ranked(value, reserved, fits_now(capacity, pinned(gang, {}, (level, value))).placeable)
-        for value, reserved in values.items()
-    ]
+    placeable = placeable_by_domain(capacity, gang, level, values)
+    if placeable is None:  # a pod set free of the level: each domain's fit reads every node
+        placeable = {
+            value: fits_now(capacity, pinned(gang, {}, (level, value))).placeable
+            for value in values
+        }
+    ranked = [Ranked(value, reserved, placeable[value]) for value, reserved in values.items()]
     ranked.sort(key=lambda r: (-r.reserved, r.value not in uncordoned, -r.placeable, r.value))
     return [r.value for r in ranked]
 
