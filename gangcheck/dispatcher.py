@@ -24,8 +24,11 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
 ``SILENT_MAX`` while it stays silent, then read again):
 
 - a worker whose MultiKueueCluster is not ``Active``, whose kubeconfig Secret is missing or
-  unusable, that does not answer or answers what cannot be read, or that runs no gangcheck
-  (no AdmissionCheck of gangcheck's controller ``Active`` there) is skipped, with the reason;
+  unusable (one naming a command to run or a file to read is never loaded:
+  ``kubeconfig_unused``; one refused is not read again while its Secret holds it), that does
+  not answer or answers what cannot be read, that refuses its credentials (401, on a list or
+  on a get while its lists come from caches), or that runs no gangcheck (no AdmissionCheck of
+  gangcheck's controller ``Active`` there) is skipped, with the reason;
 - so is a worker whose gangcheck is down: its leader Lease there (``worker_lease``; read
   while running in the background every ``LEASE_EVERY`` seconds, each read within the same
   bound, a pass using the latest answer as of when it came: a slow worker's answer holds up
@@ -51,9 +54,12 @@ skipped, and skipped unread by the next passes for ``SILENT_FIRST`` seconds, dou
   record saying that Kueue's copy in the earlier cluster is left there for a person to
   delete (``repointed``: Kueue then looks only in the new one);
 - for a worker nominated, whether its copy of the Workload failed: a check ``Retry`` or
-  ``Rejected``, ``Evicted``, requeued, or deactivated; or whether gangcheck's request for
-  it there says its capacity source cannot deliver (``cannot_deliver``: ``Failed``, or
-  cluster-autoscaler's ``CapacityIsNotFound``), without waiting for gangcheck's deadline.
+  ``Rejected``, not queued there at all (Kueue there says ``Inadmissible``: its LocalQueue
+  missing or stopped, at once; its ClusterQueue missing or inactive, for
+  ``NOT_QUEUED_WITHIN`` seconds), ``Evicted``, requeued, or deactivated; or whether
+  gangcheck's request for it there says its capacity source cannot deliver
+  (``cannot_deliver``: ``Failed``, or cluster-autoscaler's ``CapacityIsNotFound``), without
+  waiting for gangcheck's deadline.
 
 It then writes the record (annotation ``gangcheck.io/dispatch``) on the manager's Workload
 first and the nomination second, by server-side apply of ``status.nominatedClusterNames`` as
@@ -252,7 +258,7 @@ class Dispatcher:
         self._unanswered: dict[tuple[str, str, str], datetime] = {}
         self._unanswered_seen: dict[tuple[str, str, str], datetime] = {}
         # a copy Kueue in a worker says its ClusterQueue is missing or inactive for this long
-        # gives the worker up for its gang (``_not_queued``): timed the same way
+        # gives the worker up for its gang (``_not_queued_for``): timed the same way
         self.not_queued_within = NOT_QUEUED_WITHIN
         self._not_queued: dict[tuple[str, str, str], datetime] = {}
         self._not_queued_seen: dict[tuple[str, str, str], datetime] = {}
@@ -1367,7 +1373,8 @@ def _not_queued_there(said: str) -> str:
 
 def _copy_failure(copy: Obj, requests: Sequence[Obj]) -> str:
     """Why the worker's copy of a Workload failed, or '' (trying): its state (a check Retry
-    or Rejected, not queued there at all: ``INADMISSIBLE``, evicted, requeued, deactivated),
+    or Rejected, its LocalQueue missing or stopped there: ``INADMISSIBLE``, evicted,
+    requeued, deactivated; a ClusterQueue missing is timed: ``Dispatcher._not_queued_for``),
     or gangcheck's requests for it there (``requests``: ``_requests_for``) saying their
     capacity source cannot deliver."""
     said = cannot_deliver(requests)
