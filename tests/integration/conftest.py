@@ -7,7 +7,7 @@ build's progress shown. Tests never skip for lack of binaries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,41 +23,55 @@ from gangcheck.kube.client import Kube
 from tests.integration.harness import Cluster, RunningController
 from tests.integration.karpenter_bed import claim_crd, node_pool_crd  # noqa: F401 (fixtures)
 
-_BUILD_ERROR = pytest.StashKey[BuildError]()
+_BUILD_ERRORS = pytest.StashKey[dict[str, BuildError]]()
 _BINARY_FIXTURES = {"testbed_binaries": CONTROL_PLANE, "otelcol_binary": OTEL_COLLECTOR}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def build_binaries(
+    config: pytest.Config, items: list[pytest.Item], fixtures: Mapping[str, Sequence[str]]
+) -> None:
+    """Build the binary families of those `fixtures` (name: families) the collected tests
+    use, once, before the first test: outside the per-test timeout, the build's progress
+    shown. A failed build is kept for each of those fixtures to raise (`built`): their tests
+    fail, never skip."""
     if config.option.collectonly:
         return
     used = {name for item in items for name in getattr(item, "fixturenames", ())}
-    families = [f for name, fs in _BINARY_FIXTURES.items() if name in used for f in fs]
-    if not families:
+    wanted = [name for name in fixtures if name in used]
+    if not wanted:
         return
     capture = config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled():
-            ensure_binaries(families)
+            ensure_binaries([f for name in wanted for f in fixtures[name]])
     except BuildError as exc:
-        config.stash[_BUILD_ERROR] = exc
+        failed = config.stash.setdefault(_BUILD_ERRORS, {})
+        failed.update(dict.fromkeys(wanted, exc))
+
+
+def built(config: pytest.Config, fixture: str, families: Sequence[str]) -> dict[str, Path]:
+    """The folders of `families` (built before the first test by `build_binaries`); the
+    build's error, if it failed for `fixture`."""
+    failed = config.stash.get(_BUILD_ERRORS, {}).get(fixture)
+    if failed is not None:
+        raise failed
+    return ensure_binaries(families)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    build_binaries(config, items, _BINARY_FIXTURES)
 
 
 @pytest.fixture(scope="session")
 def testbed_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
     """Folders of the built binaries (``etcd``, ``kubernetes``)."""
-    failed = pytestconfig.stash.get(_BUILD_ERROR, None)
-    if failed is not None:
-        raise failed
-    return ensure_binaries(CONTROL_PLANE)
+    return built(pytestconfig, "testbed_binaries", CONTROL_PLANE)
 
 
 @pytest.fixture(scope="session")
 def otelcol_binary(pytestconfig: pytest.Config) -> Path:
     """The OpenTelemetry Collector of ``hack/otelcol`` (built before the first test)."""
-    failed = pytestconfig.stash.get(_BUILD_ERROR, None)
-    if failed is not None:
-        raise failed
-    return ensure_binaries(OTEL_COLLECTOR)["otelcol"] / "otelcol"
+    return built(pytestconfig, "otelcol_binary", OTEL_COLLECTOR)["otelcol"] / "otelcol"
 
 
 @pytest.fixture(scope="session")

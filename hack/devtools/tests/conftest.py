@@ -9,13 +9,20 @@ split is tests/conftest.py's (docs/testing.md), here too when this folder runs a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from gangcheck_dev.testbed.binaries import ALL_FAMILIES, CONTROL_PLANE, KARPENTER
 
 from tests import conftest as soak
 from tests.integration import conftest as integration
 from tests.integration.conftest import control_plane, kube, testbed_binaries
 
 __all__ = ["control_plane", "kube", "testbed_binaries"]
+#: This folder's own binaries, by fixture: every family of the stack, and the control plane
+#: with kwok and Karpenter (the stack with Karpenter, cluster-autoscaler's families not built).
+_KARPENTER_STACK = (*CONTROL_PLANE, "kwok", *KARPENTER)
+_BINARY_FIXTURES = {"full_stack_binaries": ALL_FAMILIES, "karpenter_binaries": _KARPENTER_STACK}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -24,3 +31,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests kept."""
     soak.pytest_collection_modifyitems(config, items)
     integration.pytest_collection_modifyitems(config, items)
+    integration.build_binaries(config, items, _BINARY_FIXTURES)
+
+
+@pytest.fixture(scope="session")
+def full_stack_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """Folders of every binary family of the stack (etcd, kubernetes, kwok, kueue, both
+    autoscalers)."""
+    return integration.built(pytestconfig, "full_stack_binaries", ALL_FAMILIES)
+
+
+@pytest.fixture(scope="session")
+def karpenter_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """Folders of the control plane's, kwok's and Karpenter's binaries."""
+    return integration.built(pytestconfig, "karpenter_binaries", _KARPENTER_STACK)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 from gangcheck_dev.testbed import ComponentError, ControlPlane
-from gangcheck_dev.testbed.binaries import ALL_FAMILIES, BuildError, ensure_binaries
 from gangcheck_dev.testbed.certs import CertificateAuthority
 from gangcheck_dev.testbed.crds import crd_files, load_crds, module_dir
 from gangcheck_dev.testbed.nodes import (
@@ -39,33 +38,6 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
 pytestmark = pytest.mark.integration
-_FULL_STACK_BUILD = pytest.StashKey[BuildError | None]()
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Builds the full stack's binaries at collection, outside the per-test timeout and with
-    the build's progress shown (as the conftest does for etcd and kube-apiserver)."""
-    config = metafunc.config
-    if "full_stack_binaries" not in metafunc.fixturenames or config.option.collectonly:
-        return
-    if _FULL_STACK_BUILD in config.stash:
-        return
-    capture = config.pluginmanager.getplugin("capturemanager")
-    try:
-        with capture.global_and_fixture_disabled():
-            ensure_binaries(ALL_FAMILIES)
-        config.stash[_FULL_STACK_BUILD] = None
-    except BuildError as exc:
-        config.stash[_FULL_STACK_BUILD] = exc
-
-
-@pytest.fixture(scope="module")
-def full_stack_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
-    """Folders of every binary family (etcd, kubernetes, kwok, kueue, autoscaler)."""
-    failed = pytestconfig.stash.get(_FULL_STACK_BUILD, None)
-    if failed is not None:
-        raise failed
-    return ensure_binaries(ALL_FAMILIES)
 
 
 def _resources(client: RestClient, group_version: str) -> dict[str, str]:

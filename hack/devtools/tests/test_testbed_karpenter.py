@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from gangcheck_dev.testbed import ControlPlane
-from gangcheck_dev.testbed.binaries import CONTROL_PLANE, KARPENTER, BuildError, ensure_binaries
 from gangcheck_dev.testbed.karpenter import (
     GPU_8X,
     NODE_CLAIMS,
@@ -27,33 +26,7 @@ from gangcheck_dev.testbed.stack import FULL_STACK
 from gangcheck_dev.testbed.stack import KARPENTER as KARPENTER_COMPONENT
 
 pytestmark = pytest.mark.integration
-FAMILIES = (*CONTROL_PLANE, "kwok", *KARPENTER)
-_BUILD = pytest.StashKey[BuildError | None]()
 GPU_TAINT = Taint(GPU_RESOURCE, "present", "NoSchedule")
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Builds Karpenter (and the rest) at collection, outside the per-test timeout."""
-    config = metafunc.config
-    if "karpenter_binaries" not in metafunc.fixturenames or config.option.collectonly:
-        return
-    if _BUILD in config.stash:
-        return
-    capture = config.pluginmanager.getplugin("capturemanager")
-    try:
-        with capture.global_and_fixture_disabled():
-            ensure_binaries(FAMILIES)
-        config.stash[_BUILD] = None
-    except BuildError as exc:
-        config.stash[_BUILD] = exc
-
-
-@pytest.fixture(scope="module")
-def karpenter_binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
-    failed = pytestconfig.stash.get(_BUILD, None)
-    if failed is not None:
-        raise failed
-    return ensure_binaries(FAMILIES)
 
 
 def _until(check: Callable[[], Any], timeout: float, what: str) -> Any:
