@@ -202,16 +202,21 @@ def test_failed_start_names_the_component_and_cleans_up(
     assert processes_mentioning(str(root)) == []
 
 
-def test_dev_up_and_down(tmp_path: Path) -> None:
-    state = tmp_path / "dev"
-    command = [sys.executable, "-m", "gangcheck_dev.testbed"]
-    up = subprocess.run(
-        [*command, "up", "--state-dir", str(state)],
+def _dev(verb: str, state: Path, *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """The dev stack's command line (`up`, `down`) on `state`, as a user runs it: its own
+    process, its output kept for the assertions."""
+    return subprocess.run(
+        [sys.executable, "-m", "gangcheck_dev.testbed", verb, "--state-dir", str(state)],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_dev_up_and_down(tmp_path: Path) -> None:
+    state = tmp_path / "dev"
+    up = _dev("up", state, timeout=110)
     assert up.returncode == 0, up.stdout + up.stderr
     info = json.loads((state / "state.json").read_text())
     assert f"export KUBECONFIG={info['kubeconfig']}" in up.stdout
@@ -227,13 +232,7 @@ def test_dev_up_and_down(tmp_path: Path) -> None:
     )
     assert namespaces.returncode == 0, namespaces.stderr
 
-    down = subprocess.run(
-        [*command, "down", "--state-dir", str(state)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    down = _dev("down", state, timeout=90)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(pid_alive(pid) for pid in pids)
     assert not state.exists()
