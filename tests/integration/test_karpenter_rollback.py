@@ -154,6 +154,22 @@ async def _registered(bed: Bed, claim: Obj, node: str) -> None:
     await bed.admin.merge_patch(NODE_CLAIM, meta["name"], {"status": status}, subresource="status")
 
 
+async def _made_and_registered(
+    bed: Bed, karpenter: KarpenterProvisioner, nodes: list[str]
+) -> list[Obj]:
+    """The provisioner's pass makes gang a's claims; Karpenter registers the first of them on
+    `nodes` (held for the request, recorded by no one; `_registered`); the namespace's
+    default ServiceAccount made, for the pods a test binds there (no controller makes it
+    here). Returns every claim made."""
+    await karpenter.pass_once()
+    made = await bed.claims("a")
+    for claim, node in zip(made[: len(nodes)], nodes, strict=True):
+        await _registered(bed, claim, node)
+    account = {"metadata": {"name": "default", "namespace": bed.namespace}}
+    await bed.admin.create(SERVICE_ACCOUNT, account)
+    return made
+
+
 @contextlib.asynccontextmanager
 async def acting_as(
     control_plane: ControlPlane, identity: str, folder: Path, admin: Kube
@@ -197,12 +213,7 @@ async def test_a_claims_node_is_withdrawn_only_once_the_reclaim_finds_no_pod_the
                 running(kube) as caches,
             ):
                 karpenter = KarpenterProvisioner(kube, caches)
-                await karpenter.pass_once()
-                made = await bed.claims("a")
-                for claim, node in zip(made, nodes, strict=True):
-                    await _registered(bed, claim, node)
-                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
-                await bed.admin.create(SERVICE_ACCOUNT, account)  # no controller makes it here
+                made = await _made_and_registered(bed, karpenter, nodes)
                 pod = {
                     "metadata": {"name": "bound-by-name", "namespace": bed.namespace},
                     "spec": {"nodeName": nodes[0], "containers": [{"name": "c", "image": "x"}]},
@@ -278,11 +289,7 @@ async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
         try:
             async with running(bed.admin) as caches:
                 karpenter = KarpenterProvisioner(bed.admin, caches)
-                await karpenter.pass_once()
-                first = (await bed.claims("a"))[0]
-                await _registered(bed, first, node)
-                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
-                await bed.admin.create(SERVICE_ACCOUNT, account)
+                first = (await _made_and_registered(bed, karpenter, [node]))[0]
                 await bed.admin.create(
                     POD, _pod(bed, "gang-member", node, gang=True), bed.namespace
                 )
@@ -379,11 +386,7 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
             async with running(bed.admin) as caches:
                 karpenter = KarpenterProvisioner(bed.admin, caches)
                 caches.nodes.add_handler(karpenter.on_node)  # as the controller wires it
-                await karpenter.pass_once()
-                first = (await bed.claims("a"))[0]
-                await _registered(bed, first, node)
-                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
-                await bed.admin.create(SERVICE_ACCOUNT, account)
+                await _made_and_registered(bed, karpenter, [node])
                 await bed.admin.create(
                     POD, _pod(bed, "gang-member", node, gang=True), bed.namespace
                 )

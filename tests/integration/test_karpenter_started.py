@@ -22,7 +22,7 @@ import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.errors import NotFoundError
-from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, SERVICE_ACCOUNT
+from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.hold import HOLD_TAINT
 from gangcheck.model.names import (
     ARRIVED_FOR,
@@ -38,9 +38,9 @@ from tests.integration.harness import eventually
 from tests.integration.karpenter_bed import Bed, karpenter_bed, request, running
 from tests.integration.test_karpenter_rollback import (
     _cached,
+    _made_and_registered,
     _pod,
     _refused_now,
-    _registered,
     _taint_keys,
     acting_as,
 )
@@ -101,12 +101,7 @@ async def test_a_started_gangs_unrecorded_claims_are_withdrawn_unless_it_runs_th
                 running(kube) as caches,
             ):
                 karpenter = KarpenterProvisioner(kube, caches)
-                await karpenter.pass_once()
-                made = await bed.claims("a")
-                for claim, node in zip(made, nodes, strict=True):
-                    await _registered(bed, claim, node)
-                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
-                await bed.admin.create(SERVICE_ACCOUNT, account)  # no controller makes it here
+                made = await _made_and_registered(bed, karpenter, nodes)
                 await bed.admin.create(
                     POD, _pod(bed, "member-0", nodes[0], gang=True), bed.namespace
                 )
@@ -154,15 +149,11 @@ async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node(
         try:
             async with running(bed.admin) as caches:
                 karpenter = KarpenterProvisioner(bed.admin, caches)
-                await karpenter.pass_once()
-                earlier = await bed.claims("a")
-                await _registered(bed, earlier[0], node)
+                earlier = await _made_and_registered(bed, karpenter, [node])
                 await bed.admin.delete(PROVISIONING_REQUEST, "a-check-1", bed.namespace)
                 again = request(bed.namespace, "a")
                 again["metadata"]["annotations"] = {PHASE_ANNOTATION: STARTED}
                 await bed.admin.create(PROVISIONING_REQUEST, again, bed.namespace)
-                account = {"metadata": {"name": "default", "namespace": bed.namespace}}
-                await bed.admin.create(SERVICE_ACCOUNT, account)
                 await bed.admin.create(POD, _pod(bed, "member-0", node, gang=True), bed.namespace)
                 await eventually(lambda: _cached(caches, [node]), what="the node in the cache")
 
