@@ -253,9 +253,19 @@ class DeleteMachine:
                 "annotations": {OWNER_SCALED_DOWN: f"{res.kind}/{obj['metadata']['name']}"}
             }
         }
-        await kube.merge_patch(MACHINE, name, done, namespace)
+        said = f"Machine {name} marked for deletion, {res.kind} scaled to {replicas}"
+        try:
+            await kube.merge_patch(MACHINE, name, done, namespace)
+        except FencedError:
+            raise
+        except ApiError as e:
+            # The decrement is made: Cluster API removes the marked Machine, so the reclaim is
+            # done (failed, the node would be unfenced as it goes). The owner's record stays,
+            # and says so to any retry.
+            log.warning("Machine %s: %s not recorded on it: %s", name, OWNER_SCALED_DOWN, e)
+            return said
         await _forget_scaled_down(kube, res, obj, machine)
-        return f"Machine {name} marked for deletion, {res.kind} scaled to {replicas}"
+        return said
 
     async def kept(self, kube: Kube, node: Obj) -> None:
         """The mark an earlier try wrote (`MARKED_HERE`) and whose decrement was not made (a

@@ -20,7 +20,7 @@ import pytest
 
 from gangcheck.kube.errors import ApiError, FencedError
 from gangcheck.kube.resources import MACHINE, MACHINE_DEPLOYMENT, MACHINE_SET, NODE
-from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN, RECLAIM_WHEN_IDLE
+from gangcheck.model.names import ARRIVED_FOR, OWNER_SCALED_DOWN, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.reclaim import reclaimers
 from gangcheck.reclaim.reclaimers import (
     DELETE_MACHINE_ANNOTATION,
@@ -485,3 +485,27 @@ async def test_a_lease_lost_unmarking_a_kept_node_s_machine_leaves_it_owed() -> 
     kept = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0, owed=True)
     assert kept.verdict == "keep"
     assert DELETE_MACHINE_ANNOTATION not in annotations(kube, MACHINE, "m1")
+
+
+async def test_a_decrement_made_is_the_reclaim_done_whatever_its_record_on_the_machine() -> None:
+    """The decrement is made; the write that says so on m1 fails (a 500). Cluster API now
+    removes m1 (marked, its MachineSet one short): the reclaim is done and the node stays
+    fenced. Failed, it was unfenced while its Machine went: pods placed there meanwhile were
+    evicted with it."""
+    kube = capi(deployment(), machine_set())
+    target = arrived_for_a_request(kube)
+    original = kube.merge_patch
+
+    async def done_write_fails(res: Any, name: str, patch: Obj, *a: Any, **kw: Any) -> Obj:
+        if res is MACHINE and OWNER_SCALED_DOWN in str(patch):
+            kube.fail("patch", "Machine", "m1", 500)
+        return await original(res, name, patch, *a, **kw)
+
+    kube.merge_patch = done_write_fails  # type: ignore[method-assign]
+    result = await reclaim_safely(kube, target, datetime.now(UTC), settle_seconds=0)
+    assert result.verdict == "reclaimed"
+    assert stored(kube, MACHINE_DEPLOYMENT, "md")["spec"]["replicas"] == 2
+    assert annotations(kube, MACHINE, "m1")[DELETE_MACHINE_ANNOTATION] == "true"
+    node = kube.stored(NODE, "node-m1")
+    assert node is not None and node["spec"].get("unschedulable") is True
+    assert RECLAIM_TAINT in [t["key"] for t in node["spec"].get("taints") or []]
