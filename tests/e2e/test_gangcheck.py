@@ -416,6 +416,28 @@ async def until(
         raise AssertionError(f"{exc}\ncheck states seen:\n{timeline}") from None
 
 
+async def deactivated(
+    kube: Kube,
+    namespace: str,
+    job: Obj,
+    check: str,
+    *,
+    timeout: float,
+    timeline: Timeline,
+    what: str = "the Workload Rejected",
+) -> Obj:
+    """The Workload of `job` once Kueue deactivated it: the durable verdict of `check` gone
+    Rejected (the Rejected state itself is reset to Pending at once); the check's states seen
+    on the way kept in `timeline`."""
+
+    async def inactive() -> Obj | None:
+        workload = await workload_of(kube, namespace, job)
+        timeline.see(check_state(workload, check))
+        return workload if workload and workload["spec"].get("active") is False else None
+
+    return await until(inactive, timeout=timeout, what=what, timeline=timeline)
+
+
 # -- a. the real cluster-autoscaler ---------------------------------------------------------
 
 
@@ -518,21 +540,16 @@ async def test_gang_beyond_the_groups_max_is_retried_then_rejected_leaving_no_no
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, SMALL.gpus), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, queue.check))
-                # Kueue deactivates a Workload whose check went Rejected: a durable verdict
-                # (the Rejected state itself is reset to Pending at once).
-                return workload if workload and workload["spec"].get("active") is False else None
-
             # Two attempts, each: request, CA refuses (scan 2 s), our deadline; a backoff of
             # 1-2 s between them; Kueue requeues the Workload in between.
-            workload = await until(
-                deactivated,
+            workload = await deactivated(
+                kube,
+                namespace,
+                job,
+                queue.check,
                 timeout=4 * deadline + 90,
-                what="the Workload Rejected and deactivated",
                 timeline=timeline,
+                what="the Workload Rejected and deactivated",
             )
             rejected_after = time.monotonic() - began
             wl_name = workload["metadata"]["name"]

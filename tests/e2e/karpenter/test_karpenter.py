@@ -62,6 +62,7 @@ from tests.e2e.test_gangcheck import (
     Timeline,
     attempt_record,
     check_state,
+    deactivated,
     gpu_queue,
     job_pods,
     running,
@@ -277,14 +278,8 @@ async def test_gang_beyond_the_pools_limits_is_retried_then_rejected_leaving_no_
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, queue.check))
-                return workload if workload and workload["spec"].get("active") is False else None
-
-            workload = await until(
-                deactivated, timeout=120, what="the Workload Rejected", timeline=timeline
+            workload = await deactivated(
+                kube, namespace, job, queue.check, timeout=120, timeline=timeline
             )
             rejected_after = time.monotonic() - began
             record = await both_rolled_back(kube, workload, queue.check)
@@ -428,14 +423,8 @@ async def test_claims_karpenter_cannot_launch_are_a_partial_delivery_never_retri
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, queue.check))
-                return workload if workload and workload["spec"].get("active") is False else None
-
-            workload = await until(
-                deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
+            workload = await deactivated(
+                kube, namespace, job, queue.check, timeout=150, timeline=timeline
             )
             rejected_after = time.monotonic() - began
             record = await both_rolled_back(kube, workload, queue.check)
@@ -482,14 +471,8 @@ async def test_capacity_that_never_fits_is_rolled_back_at_the_deadline_leaving_n
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, labels, cpu="40"), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, queue.check))
-                return workload if workload and workload["spec"].get("active") is False else None
-
-            workload = await until(
-                deactivated, timeout=150, what="the Workload Rejected", timeline=timeline
+            workload = await deactivated(
+                kube, namespace, job, queue.check, timeout=150, timeline=timeline
             )
             rejected_after = time.monotonic() - began
             record = await both_rolled_back(kube, workload, queue.check)
@@ -558,14 +541,8 @@ async def test_a_partial_arrival_is_rolled_back_at_the_deadline_and_reclaimed(
         began = time.monotonic()
         job = await kube.create(JOB, gang_job("gang", count, labels), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, queue.check))
-                return workload if workload and workload["spec"].get("active") is False else None
-
-            workload = await until(
-                deactivated, timeout=200, what="the Workload Rejected", timeline=timeline
+            workload = await deactivated(
+                kube, namespace, job, queue.check, timeout=200, timeline=timeline
             )
             rejected_after = time.monotonic() - began
 

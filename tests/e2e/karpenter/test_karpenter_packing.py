@@ -36,6 +36,7 @@ from tests.e2e.karpenter.test_karpenter import (
 from tests.e2e.test_gangcheck import (
     Timeline,
     check_state,
+    deactivated,
     gpu_queue,
     job_pods,
     running,
@@ -164,14 +165,8 @@ async def test_a_member_no_declared_machine_takes_fails_every_attempt_at_once(
         began = time.monotonic()
         job = await kube.create(JOB, one_gpu_gang("gang", 2, labels, gpus=16), namespace)
         try:
-
-            async def deactivated() -> Obj | None:
-                workload = await workload_of(kube, namespace, job)
-                timeline.see(check_state(workload, q.check))
-                return workload if workload and workload["spec"].get("active") is False else None
-
-            workload = await until(
-                deactivated, timeout=120, what="the Workload Rejected", timeline=timeline
+            workload = await deactivated(
+                kube, namespace, job, q.check, timeout=120, timeline=timeline
             )
             rejected_after = time.monotonic() - began
             record = await both_rolled_back(kube, workload, q.check)
