@@ -1,14 +1,16 @@
 """Waiting in tests for what a task running beside the test does (an informer, a
-controller's loop): polled, with a bound, the durable outcome named in the failure; and for
-such a task's end, once the test is done with it."""
+controller's loop) or a cluster does: polled, with a bound, the durable outcome named in the
+failure; and for such a task's end, once the test is done with it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def until(done: Callable[[], bool], what: str, *, timeout: float = 10.0) -> None:
@@ -19,6 +21,22 @@ async def until(done: Callable[[], bool], what: str, *, timeout: float = 10.0) -
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float, what: str, interval: float
+) -> T:
+    """Poll `probe` (a read of the cluster) every `interval` seconds until it answers something
+    truthy, returned; AssertionError naming `what` and the last answer after `timeout` seconds.
+    The integration harness and the end-to-end helpers each give it their defaults."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
 
 
 async def cancelled(*tasks: asyncio.Task[Any]) -> None:

@@ -6,9 +6,7 @@ against the local stack or any other cluster (kind ...).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,6 +16,7 @@ from gangcheck_dev.testbed import nodes
 from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import NotFoundError
 from gangcheck.kube.resources import EVENT, NAMESPACE, Resource
+from tests import waiting
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -45,15 +44,9 @@ async def eventually(
     what: str = "condition",
     interval: float = 0.25,
 ) -> T:
-    """Polls ``probe`` until it returns something truthy; fails naming what did not happen."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+    """Polls ``probe`` until it returns something truthy; fails naming what did not happen
+    (tests/waiting.eventually, with the end-to-end suite's defaults)."""
+    return await waiting.eventually(probe, timeout=timeout, what=what, interval=interval)
 
 
 async def events_of(kube: Kube, obj: Obj) -> list[Obj]:
