@@ -47,6 +47,7 @@ from gangcheck.model.names import (
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.karpenter import KarpenterProvisioner
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
+from gangcheck.runtime.queue import Result
 from tests.integration.harness import eventually
 from tests.integration.karpenter_bed import Bed, karpenter_bed, running
 from tests.integration.test_manifests import (
@@ -297,15 +298,7 @@ async def test_a_claims_node_kept_after_its_reclaim_drained_has_its_hold_lifted(
                 rolling = await _roll_back(bed, caches, "a")
                 await karpenter.pass_once()
                 draining = await bed.admin.get(NODE, node)
-                await bed.admin.merge_patch(
-                    POD,
-                    "gang-member",
-                    {"status": {"phase": "Succeeded"}},
-                    bed.namespace,
-                    subresource="status",
-                )
-                await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
-                kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
+                kept = await _kept(bed, caches, node)
                 await eventually(
                     lambda: _unmarked(caches, node), what="the node unmarked, in the cache"
                 )
@@ -355,6 +348,17 @@ def _pod(bed: Bed, name: str, node: str, *, gang: bool = False) -> Obj:
     }
 
 
+async def _kept(bed: Bed, caches: Caches, node: str) -> Result:
+    """The gang's pod on the draining `node` ends and another, no gang's, is bound there by
+    name: the draining-node reconciler's pass on the node (it keeps it: NodeKept, the mark
+    taken off)."""
+    await bed.admin.merge_patch(
+        POD, "gang-member", {"status": {"phase": "Succeeded"}}, bed.namespace, subresource="status"
+    )
+    await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
+    return await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
+
+
 def _taint_keys(node: Obj) -> set[str]:
     return {t["key"] for t in node["spec"].get("taints") or []}
 
@@ -401,15 +405,7 @@ async def test_a_kept_nodes_hold_is_lifted_on_the_change_that_keeps_it_not_at_th
                 passes = asyncio.create_task(karpenter.run())
                 try:
                     await eventually(lambda: _ran(karpenter), what="a pass run")
-                    await bed.admin.merge_patch(
-                        POD,
-                        "gang-member",
-                        {"status": {"phase": "Succeeded"}},
-                        bed.namespace,
-                        subresource="status",
-                    )
-                    await bed.admin.create(POD, _pod(bed, "bound-by-name", node), bed.namespace)
-                    kept = await DrainingNodeReconciler(bed.admin, caches).reconcile(node)
+                    kept = await _kept(bed, caches, node)
                     lifted = await eventually(
                         lambda: _unheld(bed, node), timeout=5.0, what="the hold lifted"
                     )
