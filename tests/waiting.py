@@ -48,3 +48,26 @@ async def cancelled(*tasks: asyncio.Task[Any]) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class PassesEnded(Exception):
+    """Raised by `Passes` at its last pass: ends the loop it is the sleep of."""
+
+
+class Passes:
+    """A loop's sleep (a provisioner's ``sleep``): records each wait it is asked for, and ends
+    the loop (`PassesEnded`) at the `passes`-th. It waits `fraction` of each (none by default:
+    a fake API server needs no time; a real one's informers take some)."""
+
+    def __init__(self, passes: int, *, fraction: float = 0.0) -> None:
+        self.left = passes
+        self.fraction = fraction
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.left -= 1
+        if not self.left:
+            raise PassesEnded
+        if self.fraction:
+            await asyncio.sleep(seconds * self.fraction)

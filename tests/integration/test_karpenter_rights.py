@@ -27,7 +27,7 @@ from tests.integration.test_manifests import (
     remove_namespace,
     service_account_kubeconfig,
 )
-from tests.waiting import cancelled
+from tests.waiting import Passes, PassesEnded, cancelled
 
 pytestmark = pytest.mark.integration
 Obj = dict[str, Any]
@@ -55,26 +55,6 @@ def pod_template(namespace: str) -> Obj:
     }
 
 
-class _Stop(Exception):
-    pass
-
-
-class Passes:
-    """The provisioner's sleep: records each wait and waits a fortieth of it; ends the run
-    after ``passes`` passes."""
-
-    def __init__(self, passes: int) -> None:
-        self.left = passes
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.left -= 1
-        if not self.left:
-            raise _Stop
-        await asyncio.sleep(seconds / 40)
-
-
 @pytest.mark.timeout(120)
 async def test_without_the_karpenter_rights_it_says_so_once_and_backs_off(
     control_plane: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -97,9 +77,9 @@ async def test_without_the_karpenter_rights_it_says_so_once_and_backs_off(
                 watching = asyncio.create_task(caches.requests.run())
                 try:
                     await asyncio.wait_for(caches.requests.synced.wait(), 30)
-                    sleep = Passes(8)
+                    sleep = Passes(8, fraction=1 / 40)  # a fortieth of each wait
                     karpenter = KarpenterProvisioner(account, caches, sleep=sleep)
-                    with contextlib.suppress(_Stop):
+                    with contextlib.suppress(PassesEnded):
                         await karpenter.run()
                 finally:
                     await cancelled(watching)

@@ -38,6 +38,7 @@ from gangcheck.reconcile.karpenter import ORPHAN_INTERVAL, RESYNC_SECONDS, Karpe
 from gangcheck.reconcile.nodes import DrainingNodeReconciler
 from tests.fakes.kube import FakeKube
 from tests.unit.test_karpenter_logic import GPU, pool
+from tests.waiting import Passes, PassesEnded
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 12, 1, 10, 0, 5, tzinfo=UTC)
@@ -200,28 +201,10 @@ async def test_claims_of_the_pool_karpenter_made_are_charged_too() -> None:
 # -- without the Karpenter rights -----------------------------------------------------------
 
 
-class Passes:
-    """A sleep that records each wait and ends the run after ``passes`` passes."""
-
-    def __init__(self, passes: int) -> None:
-        self.left = passes
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.left -= 1
-        if not self.left:
-            raise _Stop
-
-
-class _Stop(Exception):
-    pass
-
-
 async def run_passes(kube: FakeKube, passes: int) -> tuple[KarpenterProvisioner, list[float]]:
     sleep = Passes(passes)
     karpenter = KarpenterProvisioner(kube, kube.caches(), clock=lambda: NOW, sleep=sleep)
-    with pytest.raises(_Stop):
+    with pytest.raises(PassesEnded):
         await karpenter.run()
     return karpenter, sleep.waits
 
@@ -723,7 +706,7 @@ async def test_a_mark_coming_off_a_held_node_wakes_a_pass_that_lifts_its_hold_at
     async def sleep(seconds: float) -> None:
         passes.append((_hold_on(kube, "n0"), _hold_on(kube, "n1")))
         if len(passes) == 2:
-            raise _Stop
+            raise PassesEnded
         assert seconds == ORPHAN_INTERVAL  # no request of the class: nothing else is due
         old = caches.nodes.store.get("n0")
         _marked(kube, "n0", False)  # kept by the draining-node reconciler
@@ -731,7 +714,7 @@ async def test_a_mark_coming_off_a_held_node_wakes_a_pass_that_lifts_its_hold_at
         karpenter.on_node(old, caches.nodes.store.get("n0"))
 
     karpenter = KarpenterProvisioner(kube, caches, clock=lambda: NOW, sleep=sleep)
-    with pytest.raises(_Stop):
+    with pytest.raises(PassesEnded):
         await karpenter.run()
     assert passes == [(True, True), (False, True)]
 
