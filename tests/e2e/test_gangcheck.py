@@ -309,8 +309,20 @@ async def gpu_queue(
         await delete_quietly(kube, RESOURCE_FLAVOR, name)
 
 
-def gang_job(name: str, count: int, gpus: int, selector: dict[str, str] | None = None) -> Obj:
-    """A suspended Job of ``count`` pods that must all run, each asking for ``gpus`` GPUs."""
+def gang_job(
+    name: str,
+    count: int,
+    gpus: int,
+    selector: dict[str, str] | None = None,
+    *,
+    cpu: str = "1",
+    node_selector: dict[str, str] | None = None,
+) -> Obj:
+    """A suspended Job of ``count`` pods that must all run, each asking for ``gpus`` GPUs (and
+    ``cpu``), on the e2e GPU nodes (and ``selector``); or, with ``node_selector``, on the
+    nodes it selects alone (a Karpenter pool's labels)."""
+    if node_selector is None:
+        node_selector = {GPU_TYPE: "e2e", **(selector or {})}
     return {
         "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
         "spec": {
@@ -322,9 +334,9 @@ def gang_job(name: str, count: int, gpus: int, selector: dict[str, str] | None =
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [
-                        container({"cpu": "1", "memory": "1Gi", GPU: str(gpus)}, {GPU: str(gpus)})
+                        container({"cpu": cpu, "memory": "1Gi", GPU: str(gpus)}, {GPU: str(gpus)})
                     ],
-                    "nodeSelector": {GPU_TYPE: "e2e", **(selector or {})},
+                    "nodeSelector": dict(node_selector),
                     "tolerations": [GPU_TAINT.toleration()],
                 }
             },

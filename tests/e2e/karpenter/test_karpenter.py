@@ -50,7 +50,6 @@ from gangcheck.logic.sources.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
 from tests.e2e.helpers import (
     condition,
-    container,
     delete_quietly,
     eventually,
     is_true,
@@ -68,6 +67,9 @@ from tests.e2e.test_gangcheck import (
     running,
     until,
     workload_of,
+)
+from tests.e2e.test_gangcheck import (
+    gang_job as e2e_gang_job,
 )
 from tests.e2e.test_podgroups import GATE, OPT_IN, Hooked, gated, webhook_registered
 from tests.waiting import cancelled
@@ -99,23 +101,8 @@ def karpenter_config(pool: str, *, deadline: int, backoff_limit: int = 3) -> Obj
 
 
 def gang_job(name: str, count: int, labels: dict[str, str], *, cpu: str = "1") -> Obj:
-    return {
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
-        "spec": {
-            "suspend": True,
-            "parallelism": count,
-            "completions": count,
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [container({"cpu": cpu, "memory": "1Gi", GPU: "8"}, {GPU: "8"})],
-                    "nodeSelector": dict(labels),
-                    "tolerations": [GPU_TAINT.toleration()],
-                }
-            },
-        },
-    }
+    """A gang of ``count`` 8-GPU members on the nodes of the pool's ``labels``."""
+    return e2e_gang_job(name, count, 8, cpu=cpu, node_selector=labels)
 
 
 async def claims_of_pool(kube: Kube, pool: str) -> list[Obj]:

@@ -22,7 +22,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.resources import JOB, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST
 from gangcheck.logic.sources.karpenter import names
 from tests.e2e.conftest import GPU_TAINT, Cluster
-from tests.e2e.helpers import container, delete_quietly, eventually, is_true, unique
+from tests.e2e.helpers import delete_quietly, eventually, is_true, unique
 from tests.e2e.karpenter.test_karpenter import (
     GPU,
     GPU_TYPE,
@@ -37,6 +37,7 @@ from tests.e2e.test_gangcheck import (
     Timeline,
     check_state,
     deactivated,
+    gang_job,
     gpu_queue,
     job_pods,
     running,
@@ -78,25 +79,8 @@ async def declaring_pool(kube: Kube) -> AsyncIterator[Obj]:
 
 
 def one_gpu_gang(name: str, count: int, labels: dict[str, str], *, gpus: int = 1) -> Obj:
-    return {
-        "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
-        "spec": {
-            "suspend": True,
-            "parallelism": count,
-            "completions": count,
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        container({"cpu": "1", "memory": "1Gi", GPU: str(gpus)}, {GPU: str(gpus)})
-                    ],
-                    "nodeSelector": dict(labels),
-                    "tolerations": [GPU_TAINT.toleration()],
-                }
-            },
-        },
-    }
+    """A gang of ``count`` members of ``gpus`` GPUs each on the nodes of the pool's ``labels``."""
+    return gang_job(name, count, gpus, node_selector=labels)
 
 
 @pytest.mark.timeout(300)
