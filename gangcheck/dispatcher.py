@@ -761,6 +761,8 @@ class Dispatcher:
             why = kubeconfig_unused(yaml.safe_load(config))
         except (ValueError, yaml.YAMLError) as e:
             why = f"unusable kubeconfig (not YAML: {_first_line(e)})"
+        except RecursionError:  # else raised out of the pass, ending the dispatcher's run
+            why = "unusable kubeconfig (nested too deep for a YAML reader)"
         if not why:  # (Kueue refuses those too: its MultiKueueCluster turns not Active soon)
             try:
                 kube = await self._connect(config)

@@ -232,13 +232,48 @@ KUBECONFIG_UNUSED = (
 )
 
 
+#: The most a kubeconfig may hold once its YAML aliases are expanded (characters of its keys
+#: and strings, one for each other value): a Secret's data is at most 1 MiB, so one without
+#: aliases always holds less. The loader formats each entry whole: a billion laughs of under
+#: a KB took it 10 s at 10**8 strings, out of memory at 10**9. Go's YAML reader, Kueue's,
+#: refuses excessive aliasing as well.
+KUBECONFIG_EXPANDED_MAX = 1 << 20
+
+
+def _expands_beyond(config: object, limit: int) -> bool:
+    """Whether ``config`` (parsed YAML: an alias is the same object again) holds more than
+    ``limit`` once expanded (``KUBECONFIG_EXPANDED_MAX``); walked without recursion, and only
+    until the limit is passed."""
+    size, stack = 0, [config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+            size += 1
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+            size += 1
+        else:
+            size += len(value) if isinstance(value, str | bytes) else 1
+        if size > limit:
+            return True
+    return False
+
+
 def kubeconfig_unused(config: object) -> str:
     """Why the dispatcher does not use a worker's kubeconfig (``config``: as parsed from its
-    Secret), or '' (it may, or it is no map: loading it says why): an entry of it naming
-    what ``KUBECONFIG_UNUSED`` lists. Read before the kubeconfig is loaded: loading it runs an
+    Secret), or '' (it may, or it is no map: loading it says why): larger expanded than a
+    Secret holds (``KUBECONFIG_EXPANDED_MAX``), or an entry of it naming what
+    ``KUBECONFIG_UNUSED`` lists. Read before the kubeconfig is loaded: loading it runs an
     exec plugin (a pass waiting on the command, however long) and reads a token file of
     this pod's (its own ServiceAccount token, then sent to the server the Secret names).
     Every entry counts, not only the current context's, as Kueue checks them."""
+    if _expands_beyond(config, KUBECONFIG_EXPANDED_MAX):
+        return (
+            f"its kubeconfig expands to more than {KUBECONFIG_EXPANDED_MAX} characters (YAML "
+            "aliases repeating its values; a Secret holds at most 1 MiB): not loaded"
+        )
     for section, key, what in KUBECONFIG_UNUSED:
         for entry in _list(_dict(config).get(f"{section}s")):
             body = _dict(_dict(entry).get(section))

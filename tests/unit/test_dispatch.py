@@ -1111,3 +1111,47 @@ def test_a_kubeconfig_naming_a_command_or_a_file_is_not_used(config: object, sai
     else:
         assert got.startswith(f"its kubeconfig names {said}"), got
         assert "not used by the dispatcher" in got
+
+
+def _laughs(levels: int) -> list[object]:
+    """A list of ten, each the list of ten one level down (YAML aliases, as a YAML loader
+    returns them: the same object repeated): ``10 ** levels`` strings once expanded."""
+    value: list[object] = ["lol"] * 10
+    for _ in range(levels - 1):
+        value = [value] * 10
+    return value
+
+
+EXPANDED = {
+    "a billion laughs in a cluster entry": (
+        _kubeconfig({"token": "t"}, {"extensions": _laughs(8)}),
+        True,
+    ),
+    "one long string repeated by aliases": (
+        _kubeconfig({"token": "t"}, {"extensions": ["x" * 100_000] * 20}),
+        True,
+    ),
+    "an alias repeated a few times (a kubeconfig's own)": (
+        _kubeconfig({"token": "t"}, {"extensions": _laughs(3)}),
+        False,
+    ),
+    "a CA of 700 KB, embedded": (
+        _kubeconfig({"token": "t"}, {"certificate-authority-data": "Q" * 700_000}),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(("config", "refused"), EXPANDED.values(), ids=EXPANDED.keys())
+def test_a_kubeconfig_expanding_beyond_what_a_secret_holds_is_not_used(
+    config: object, refused: bool
+) -> None:
+    """YAML aliases repeat a value without its text: a 666-byte kubeconfig became 10**8
+    strings for the loader, which formats each entry whole (a pass held 10 s, and one level
+    more is out of memory). One expanding beyond a Secret's MiB is refused before it is
+    loaded; Go's YAML reader, Kueue's, refuses excessive aliasing too."""
+    got = kubeconfig_unused(config)
+    if refused:
+        assert got.startswith("its kubeconfig expands to more than"), got
+    else:
+        assert got == ""

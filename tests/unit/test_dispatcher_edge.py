@@ -1104,6 +1104,53 @@ async def test_a_kubeconfig_naming_a_command_or_a_local_file_is_never_used(
     assert not marker.exists()
 
 
+def _bomb(levels: int) -> bytes:
+    """A kubeconfig whose cluster entry holds ``10 ** levels`` strings once its YAML
+    aliases are expanded, in under a KB of text."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines).encode() + b"\n" + kubeconfig("token: t", f", x: *l{levels - 1}")
+
+
+NOT_LOADED = {
+    "a billion laughs": (_bomb(9), "its kubeconfig expands to more than"),
+    "nested deeper than a YAML reader goes": (
+        b"x: " + b"[" * 5000 + b"]" * 5000,
+        "unusable kubeconfig (nested too deep",
+    ),
+}
+
+
+@pytest.mark.parametrize(("config", "said"), NOT_LOADED.values(), ids=NOT_LOADED.keys())
+async def test_a_kubeconfig_too_large_or_too_deep_for_yaml_is_refused_not_loaded(
+    config: bytes, said: str
+) -> None:
+    """One Secret writer's kubeconfig stopped every gang's dispatch: a billion laughs (under
+    a KB) was handed to the loader, which formats its entries whole (10 s at 10**8 strings,
+    out of memory at 10**9, and again after each restart); one nested a few thousand deep
+    raised RecursionError out of the pass, which ended the dispatcher's run. Now each is
+    refused, said why, and the other workers dispatched to."""
+    manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
+    manager.add(secret("worker-1", config))
+    loaded: list[bytes] = []
+
+    async def connecting(given: bytes) -> Kube:
+        if given == config:
+            loaded.append(given)
+            raise AssertionError("a refused kubeconfig was loaded")
+        return await connect(given)
+
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    try:
+        await asyncio.wait_for(dispatcher.pass_once(), 10)
+    finally:
+        await dispatcher.close()
+    got = record(manager)
+    assert got.nominated == ("worker-2",), got
+    assert got.skipped["worker-1"].startswith(f"Secret kueue-system/worker-1: {said}"), got
+    assert not loaded
+
+
 # -- the workers held: closed once no longer listed, made again when their kubeconfig changes -----
 
 
