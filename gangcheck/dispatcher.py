@@ -191,6 +191,12 @@ OWN_WRITES_KEPT = 64
 _MANAGER_READS = (ADMISSION_CHECK, WORKLOAD, MULTIKUEUE_CONFIG, MULTIKUEUE_CLUSTER)
 #: How long (seconds) ``run`` waits for those caches to be filled before its first pass.
 SYNC_WAIT = 30.0
+#: How often (seconds) at most a gang's record is written again when only the words of a
+#: worker's skip changed (the same workers skipped, each for the same reason: ``_reworded``,
+#: nothing else changed): a worker erring in new words at each read (a proxy's page naming
+#: its request) otherwise had every waiting gang's record written, and a NoWorker Event
+#: sent, at every pass.
+SKIP_REWORDED_EVERY = 60.0
 
 
 @dataclass
@@ -262,6 +268,9 @@ class Dispatcher:
         self.not_queued_within = NOT_QUEUED_WITHIN
         self._not_queued: dict[tuple[str, str, str], datetime] = {}
         self._not_queued_seen: dict[tuple[str, str, str], datetime] = {}
+        # per Workload waiting (namespace, name), when this process last wrote its record: a
+        # skip only reworded is written again ``SKIP_REWORDED_EVERY`` seconds after it
+        self._record_written: dict[tuple[str, str], datetime] = {}
         # gangcheck's leader Lease in each worker (namespace, name): stale, gangcheck is down
         self.worker_lease = worker_lease
         # per worker, why its Lease could not be read, as last logged (logged once)
@@ -548,8 +557,7 @@ class Dispatcher:
             for cluster in nominated.get(key, ()):
                 followed.setdefault(cluster, set()).add(key)
         self._followed = followed
-        self._unanswered = self._unanswered_seen
-        self._not_queued = self._not_queued_seen
+        self._passed({_key(wl) for wl in waiting})
         trying = sum(1 for wl in waiting if nominated.get(_key(wl)))
         self.metrics.dispatch_waiting(trying, len(waiting) - trying)
         for wl, step in told:
@@ -557,6 +565,12 @@ class Dispatcher:
                 await self._tell(wl, step)
             except ApiError as e:
                 log.warning("events of %s not recorded: %s", _ref(wl).name, e)
+
+    def _passed(self, waiting: set[tuple[str, str]]) -> None:
+        """After a pass: the timings kept are those it saw (``waiting``: its Workloads)."""
+        self._unanswered = self._unanswered_seen
+        self._not_queued = self._not_queued_seen
+        self._record_written = {k: t for k, t in self._record_written.items() if k in waiting}
 
     async def _dispatch(
         self,
@@ -619,14 +633,32 @@ class Dispatcher:
             step = await step_with(fit=False)
             if step.newly_nominated:
                 step = await step_with(fit=True)
+        if step.record != record and self._reworded_lately(wl, record, step, now):
+            step = replace(step, record=replace(step.record, skipped=record.skipped))
         if step.record != record:
             await self._write_record(wl, step.record)
+            self._record_written[_key(wl)] = now
             if step.record.admitted and not record.admitted:  # once per gang, as written
                 self.metrics.dispatch_clusters_tried(len(step.record.tried))
         if list(step.nominated) != written:
             await self._nominate(wl, step.nominated)
         told = step.changed or step.record.skipped != record.skipped
         return step, told or (not step.nominated and step.record.reason != record.reason)
+
+    def _reworded_lately(self, wl: Obj, record: DispatchRecord, step: Step, now: datetime) -> bool:
+        """The step changes only the words of the workers' skips (the same workers skipped,
+        each for the same reason: ``_reworded``; nothing else) and this process wrote the
+        record less than ``SKIP_REWORDED_EVERY`` seconds ago: the record is left as it is (a
+        worker's error text may change at each read; its new words show within that time)."""
+        now_skipped, was = step.record.skipped, record.skipped
+        if step.changed or now_skipped.keys() != was.keys():
+            return False
+        if not all(_reworded(was[c], said) for c, said in now_skipped.items()):
+            return False
+        if replace(step.record, skipped=record.skipped) != record:
+            return False
+        written = self._record_written.get(_key(wl))
+        return written is not None and (now - written).total_seconds() < SKIP_REWORDED_EVERY
 
     async def _write_record(self, wl: Obj, record: DispatchRecord) -> None:
         meta = wl["metadata"]
@@ -1267,6 +1299,13 @@ async def _connect(kubeconfig: bytes) -> Kube:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _reworded(was: str, now: str) -> bool:
+    """Whether a worker's skip ``now`` says what ``was`` said in other words: the same head,
+    the dispatcher's words before the first ': ' (``unreachable``, ``credentials refused
+    (401``, ``gangcheck down``...), what follows being the worker's own (an error's text)."""
+    return was.partition(": ")[0] == now.partition(": ")[0]
 
 
 def _digest(kubeconfig: str) -> str:

@@ -23,9 +23,16 @@ from typing import Any
 import pytest
 import yaml
 
-from gangcheck.dispatcher import _WORKER_TRIM, Dispatcher, _connect, _copy_state, _view_of
+from gangcheck.dispatcher import (
+    _WORKER_TRIM,
+    SKIP_REWORDED_EVERY,
+    Dispatcher,
+    _connect,
+    _copy_state,
+    _view_of,
+)
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ForbiddenError
+from gangcheck.kube.errors import ForbiddenError, TransientError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
     EVENT,
@@ -2419,3 +2426,47 @@ async def test_a_cluster_identity_the_reader_may_not_get_is_not_known_logged_onc
     assert got.nominated == ("worker-1",) and not got.identities
     said = [r.getMessage() for r in caplog.records if "cannot be told" in r.getMessage()]
     assert len(said) == 1 and "reader.yaml" in said[0], said
+
+
+class Chatty(FakeKube):
+    """A worker whose nodes' list answers a 503 saying something new each time (a proxy's
+    page naming its request, as some load balancers' do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def list_objects(self, res: Any, *args: Any, **kwargs: Any) -> Obj:
+        if res.kind == "Node":
+            self.asked += 1
+            raise TransientError(
+                503, "ServiceUnavailable", f"upstream reset (request {self.asked})", target="nodes"
+            )
+        return await super().list_objects(res, *args, **kwargs)
+
+
+async def test_a_worker_erring_in_new_words_at_each_pass_rewrites_no_record() -> None:
+    """Before, a worker skipped for an error whose text changed at each read (a request id in
+    a proxy's answer) had every waiting gang's record written, and, with no worker
+    nominated, a NoWorker Event sent, at every pass (every second). Now a skip whose only
+    change is the worker's words is written again at most every ``SKIP_REWORDED_EVERY``
+    seconds."""
+    one = Chatty()
+    worker(kube=one, nodes=2)
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker(gangcheck=False)})
+    clock = Clock()
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=clock)
+    try:
+        for _ in range(5):
+            await dispatcher.pass_once()
+            clock.now += timedelta(seconds=1)
+        assert one.asked == 5
+        assert len(manager.writes_of("Workload")) == 1, manager.writes
+        assert [r for r, _ in events(manager)] == ["NoWorker"]
+        assert "(request 1)" in record(manager).skipped["worker-1"], record(manager)
+        clock.now += timedelta(seconds=SKIP_REWORDED_EVERY)
+        await dispatcher.pass_once()
+        assert len(manager.writes_of("Workload")) == 2, manager.writes
+        assert "(request 6)" in record(manager).skipped["worker-1"], record(manager)
+    finally:
+        await dispatcher.close()
