@@ -9,7 +9,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from gangcheck.kube.resources import (
     RESOURCE_FLAVOR,
     SERVICE_ACCOUNT,
     WORKLOAD,
+    Resource,
 )
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.timefmt import format_time
@@ -82,6 +83,48 @@ def token_kubeconfig(cp: ControlPlane, user: str, token: str, path: Path) -> Pat
     path.touch(mode=0o600)
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+
+
+@contextlib.asynccontextmanager
+async def namespace_user(
+    cp: ControlPlane,
+    admin: Kube,
+    namespace: str,
+    name: str,
+    *,
+    rules: list[Obj],
+    probe: Resource,
+    kubeconfig: Path,
+) -> AsyncIterator[Kube]:
+    """A client acting as ServiceAccount `name` of `namespace`, bound there by a Role of
+    `rules` (a token of its own, written to `kubeconfig`): once the API server's RBAC cache
+    has the Role (a list of `probe` in the namespace no longer answered 403)."""
+    await admin.create(SERVICE_ACCOUNT, {"metadata": {"name": name}}, namespace)
+    await admin.create(ROLE, {"metadata": {"name": name}, "rules": rules}, namespace)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+    binding = {"metadata": {"name": name}, "roleRef": ref, "subjects": [subject]}
+    await admin.create(ROLE_BINDING, binding, namespace)
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    path = f"{SERVICE_ACCOUNT.object_path(name, namespace)}/token"
+    token = (await admin.request("POST", path, body=review))["status"]["token"]
+    async with await Kube.connect(str(token_kubeconfig(cp, name, token, kubeconfig))) as user:
+
+        async def granted() -> bool:
+            try:
+                await user.list_objects(probe, namespace)
+            except ApiError as e:
+                if e.status == 403:
+                    return False
+                raise
+            return True
+
+        await eventually(granted, what=f"the Role of {name} granted")
+        yield user
 
 
 def apply(

@@ -70,7 +70,7 @@ from gangcheck.model.names import (
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from tests.builders import WorkloadBuilder, container
 from tests.faults.proxy import FaultProxy, Faults
-from tests.integration.harness import Cluster, RunningController, eventually, token_kubeconfig
+from tests.integration.harness import Cluster, RunningController, eventually, namespace_user
 from tests.integration.test_manifests import (
     ACCOUNT,
     MANIFESTS,
@@ -1036,8 +1036,6 @@ async def test_a_call_refused_to_the_harness_controller_fails_the_test(
 
 # ---- gangcheck's records: nobody else writes them ---------------------------------------
 
-ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
-ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 EDITOR = "editor"
 
 
@@ -1058,28 +1056,11 @@ async def editor(
         },
         {"apiGroups": [""], "resources": ["podtemplates"], "verbs": verbs},
     ]
-    await admin.create(SERVICE_ACCOUNT, {"metadata": {"name": EDITOR}}, ns)
-    await admin.create(ROLE, {"metadata": {"name": EDITOR}, "rules": rules}, ns)
-    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": EDITOR}
-    subject = {"kind": "ServiceAccount", "name": EDITOR, "namespace": ns}
-    binding = {"metadata": {"name": EDITOR}, "roleRef": ref, "subjects": [subject]}
-    await admin.create(ROLE_BINDING, binding, ns)
-    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
-    path = f"{SERVICE_ACCOUNT.object_path(EDITOR, ns)}/token"
-    token = (await admin.request("POST", path, body=review))["status"]["token"]
-    kubeconfig = token_kubeconfig(control_plane, EDITOR, token, tmp_path / "editor.kubeconfig")
-    async with await Kube.connect(str(kubeconfig)) as user:
-
-        async def granted() -> bool:  # the API server's RBAC cache has the Role
-            try:
-                await user.list_objects(PROVISIONING_REQUEST, ns)
-            except ApiError as e:
-                if e.status == 403:
-                    return False
-                raise
-            return True
-
-        await eventually(granted, what="the editor's Role granted")
+    kubeconfig = tmp_path / "editor.kubeconfig"
+    probe = PROVISIONING_REQUEST
+    async with namespace_user(
+        control_plane, admin, ns, EDITOR, rules=rules, probe=probe, kubeconfig=kubeconfig
+    ) as user:
         yield user
 
 

@@ -19,17 +19,14 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.app import Controller
 from gangcheck.kube.client import Kube
-from gangcheck.kube.errors import ApiError
-from gangcheck.kube.resources import POD, SERVICE_ACCOUNT, UPSTREAM_POD_GROUP_V1BETA1, Resource
+from gangcheck.kube.resources import POD, UPSTREAM_POD_GROUP_V1BETA1
 from gangcheck.model.names import GATE, STATE_ANNOTATION
 from tests.builders import container
-from tests.integration.harness import Cluster, eventually, token_kubeconfig
+from tests.integration.harness import Cluster, namespace_user
 from tests.integration.test_operations import parse_exposition
 from tests.integration.test_podgroups import Groups, controller_running
 
 Obj = dict[str, Any]
-ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
-ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 TENANT = "tenant"
 HOST = "kubernetes.io/hostname"
 
@@ -53,28 +50,11 @@ async def tenant(
         "autoscaling.x-k8s.io": ["provisioningrequests", "provisioningrequests/status"],
     }
     rules = [{"apiGroups": [g], "resources": r, "verbs": everything} for g, r in resources.items()]
-    await admin.create(SERVICE_ACCOUNT, {"metadata": {"name": TENANT}}, ns)
-    await admin.create(ROLE, {"metadata": {"name": TENANT}, "rules": rules}, ns)
-    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT}
-    subject = {"kind": "ServiceAccount", "name": TENANT, "namespace": ns}
-    binding = {"metadata": {"name": TENANT}, "roleRef": ref, "subjects": [subject]}
-    await admin.create(ROLE_BINDING, binding, ns)
-    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
-    path = f"{SERVICE_ACCOUNT.object_path(TENANT, ns)}/token"
-    token = (await admin.request("POST", path, body=review))["status"]["token"]
-    kubeconfig = token_kubeconfig(control_plane, TENANT, token, tmp_path / "tenant.kubeconfig")
-    async with await Kube.connect(str(kubeconfig)) as user:
-
-        async def granted() -> bool:  # the API server's RBAC cache has the Role
-            try:
-                await user.list_objects(UPSTREAM_POD_GROUP_V1BETA1, ns)
-            except ApiError as e:
-                if e.status == 403:
-                    return False
-                raise
-            return True
-
-        await eventually(granted, what="the tenant's admin rights granted")
+    kubeconfig = tmp_path / "tenant.kubeconfig"
+    probe = UPSTREAM_POD_GROUP_V1BETA1
+    async with namespace_user(
+        control_plane, admin, ns, TENANT, rules=rules, probe=probe, kubeconfig=kubeconfig
+    ) as user:
         yield user
 
 
