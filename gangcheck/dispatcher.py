@@ -462,15 +462,16 @@ class Dispatcher:
         """Drops the workers held that no MultiKueueConfig of MultiKueue's checks lists any
         more (but those ``also`` read: nominated for a Workload waiting), or whose
         MultiKueueCluster is gone (their clients and watches would be kept for nothing,
-        reading with credentials the manager no longer holds)."""
-        held = self._workers.keys() | self._worker_watches.keys()
+        reading with credentials the manager no longer holds), a kubeconfig refused
+        included (its digest and reason, else kept for the process's life)."""
+        held = self._workers.keys() | self._worker_watches.keys() | self._refused_configs.keys()
         gone = _gone(held, by_check, clusters, also=also)
         for name in sorted(gone):
             log.info("worker %s no longer listed or its MultiKueueCluster gone: closed", name)
         await asyncio.gather(*(self._drop(name) for name in gone))
 
     async def close(self) -> None:
-        held = self._workers.keys() | self._worker_watches.keys()
+        held = self._workers.keys() | self._worker_watches.keys() | self._refused_configs.keys()
         await asyncio.gather(*(self._drop(name) for name in held))
 
     # -- one pass ---------------------------------------------------------------------------
@@ -492,7 +493,7 @@ class Dispatcher:
         if not waiting:
             self._followed = {}
             self.metrics.dispatch_waiting(0, 0)
-            if self._workers or self._worker_watches:  # the workers held, still listed?
+            if self._workers or self._worker_watches or self._refused_configs:  # still listed?
                 configs, clusters = await asyncio.gather(
                     self._manager_items(MULTIKUEUE_CONFIG),
                     self._manager_items(MULTIKUEUE_CLUSTER),

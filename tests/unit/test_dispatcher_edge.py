@@ -2470,3 +2470,20 @@ async def test_a_worker_erring_in_new_words_at_each_pass_rewrites_no_record() ->
         assert "(request 6)" in record(manager).skipped["worker-1"], record(manager)
     finally:
         await dispatcher.close()
+
+
+async def test_a_kubeconfig_refused_is_forgotten_with_its_worker() -> None:
+    """The refusal kept by digest (b4d05c4: with its reason, which may quote the kubeconfig)
+    stayed kept once its MultiKueueCluster was deleted and no MultiKueueConfig listed it
+    any more: only workers with a client were forgotten, so one per worker name ever
+    refused was held for the process's life. Now it goes with the worker."""
+    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    try:
+        await dispatcher.pass_once()
+        assert "worker-1" in record(manager).skipped
+        manager.add(multikueue_config("worker-2"))
+        manager.remove(MULTIKUEUE_CLUSTER, "worker-1")
+        await dispatcher.pass_once()
+        assert "worker-1" not in dispatcher._refused_configs
+    finally:
+        await dispatcher.close()
