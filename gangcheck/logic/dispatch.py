@@ -232,6 +232,9 @@ KUBECONFIG_UNUSED = (
 )
 
 
+#: A cluster entry's flag turning TLS verification off: the loader reads any truthy value as
+#: true (a quoted "false" too), so one that is not a boolean is refused.
+TLS_VERIFY_OFF = "insecure-skip-tls-verify"
 #: The most a kubeconfig may hold once its YAML aliases are expanded (characters of its keys
 #: and strings, one for each other value): a Secret's data is at most 1 MiB, so one without
 #: aliases always holds less. The loader formats each entry whole: a billion laughs of under
@@ -264,16 +267,27 @@ def _expands_beyond(config: object, limit: int) -> bool:
 def kubeconfig_unused(config: object) -> str:
     """Why the dispatcher does not use a worker's kubeconfig (``config``: as parsed from its
     Secret), or '' (it may, or it is no map: loading it says why): larger expanded than a
-    Secret holds (``KUBECONFIG_EXPANDED_MAX``), or an entry of it naming what
-    ``KUBECONFIG_UNUSED`` lists. Read before the kubeconfig is loaded: loading it runs an
-    exec plugin (a pass waiting on the command, however long) and reads a token file of
-    this pod's (its own ServiceAccount token, then sent to the server the Secret names).
+    Secret holds (``KUBECONFIG_EXPANDED_MAX``), a cluster entry's ``TLS_VERIFY_OFF`` not a
+    boolean, or an entry of it naming what ``KUBECONFIG_UNUSED`` lists. Read before the
+    kubeconfig is loaded: loading it runs an exec plugin (a pass waiting on the command,
+    however long) and reads a token file of this pod's (its own ServiceAccount token, then
+    sent to the server the Secret names).
     Every entry counts, not only the current context's, as Kueue checks them."""
     if _expands_beyond(config, KUBECONFIG_EXPANDED_MAX):
         return (
             f"its kubeconfig expands to more than {KUBECONFIG_EXPANDED_MAX} characters (YAML "
             "aliases repeating its values; a Secret holds at most 1 MiB): not loaded"
         )
+    for entry in _list(_dict(config).get("clusters")):
+        flag = _dict(_dict(entry).get("cluster")).get(TLS_VERIFY_OFF)
+        if flag is not None and not isinstance(flag, bool):
+            name = json.dumps(str(_dict(entry).get("name") or ""))
+            return (
+                f"its kubeconfig's {TLS_VERIFY_OFF} is no boolean (cluster {name}: "
+                f"{json.dumps(flag)[:64]}): its loader turns TLS verification off for any value "
+                "but false (client-go's reader, Kueue's, refuses it); write true or false, "
+                "unquoted"
+            )
     for section, key, what in KUBECONFIG_UNUSED:
         for entry in _list(_dict(config).get(f"{section}s")):
             body = _dict(_dict(entry).get(section))

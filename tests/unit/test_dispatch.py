@@ -1155,3 +1155,29 @@ def test_a_kubeconfig_expanding_beyond_what_a_secret_holds_is_not_used(
         assert got.startswith("its kubeconfig expands to more than"), got
     else:
         assert got == ""
+
+
+TLS_VERIFY = {
+    "a string 'false' (the loader reads it as true: verification off)": ("false", True),
+    "a string 'true'": ("true", True),
+    "a number": (0, True),
+    "true": (True, False),
+    "false": (False, False),
+    "not given": (None, False),
+}
+
+
+@pytest.mark.parametrize(("value", "refused"), TLS_VERIFY.values(), ids=TLS_VERIFY.keys())
+def test_a_kubeconfig_whose_tls_verify_flag_is_no_boolean_is_not_used(
+    value: object, refused: bool
+) -> None:
+    """The loader turns TLS verification off for any truthy ``insecure-skip-tls-verify``: a
+    quoted "false" (a template's quoting) sent the worker's token over TLS unverified, while
+    client-go's reader, Kueue's, refuses the kubeconfig (a string for a boolean)."""
+    cluster = {} if value is None else {"insecure-skip-tls-verify": value}
+    got = kubeconfig_unused(_kubeconfig({"token": "t"}, cluster))
+    if refused:
+        assert got.startswith("its kubeconfig's insecure-skip-tls-verify is no boolean"), got
+        assert 'cluster "w"' in got, got
+    else:
+        assert got == ""
