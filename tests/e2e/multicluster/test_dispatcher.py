@@ -81,11 +81,15 @@ from tests.e2e.multicluster.test_multikueue import (
     MANAGER,
     admitted_in_a_worker,
     cleanup_winner,
+    delivered,
     fresh_namespace,
     gang_job,
+    holding,
     items,
     manager_workload,
     queues,
+    told_reclaimed,
+    until_empty,
 )
 
 Obj = dict[str, Any]
@@ -683,8 +687,10 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
     """No room now anywhere: worker-1 is nominated (by name) and gets Kueue's copy. worker-1
     is then taken off the MultiKueueConfig: Kueue no longer manages that copy, so the
     dispatcher keeps worker-1 nominated and none beside it, the record saying why and what to
-    do; worker-2 gets no copy meanwhile. The copy deleted in worker-1, as the record says,
-    worker-1 is given up ('no longer configured') and the gang is admitted in worker-2."""
+    do; worker-2 gets no copy meanwhile. The copy deleted in worker-1, as the record says
+    (once gangcheck there recorded the one node its cloud delivered), worker-1 is given up
+    ('no longer configured') and the gang is admitted in worker-2; worker-1 is left holding
+    nothing, the node reclaimed by its gangcheck's withdrawal."""
     manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
 
     async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
@@ -719,6 +725,20 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
                 assert record["nominated"] == [STOCKED_OUT], record
                 assert not record["failed"], record
                 assert not await items(two, WORKLOAD, namespace)
+
+                # worker-1's cloud delivers 1 node of 2 at once; the copy is deleted once
+                # gangcheck there recorded it for the request (gangcheck.io/arrived-for). A
+                # node delivered after the withdrawal deleted the request (a scale-up the
+                # cloud committed when it said Provisioned, as cluster-autoscaler's does)
+                # is recorded for nothing, so gangcheck never touches it: the autoscaler's
+                # scale-down removes it (docs/multicluster.md). Before, the copy went in the
+                # same second and the node came after the request: left, unrecorded.
+                async def recorded_in_worker_1() -> list[str]:
+                    return (await holding(one, namespace))["arrived"]
+
+                arrived = await eventually(
+                    recorded_in_worker_1, timeout=30, what="worker-1's node recorded for the gang"
+                )
                 for copy in await items(one, WORKLOAD, namespace):  # as the record says
                     await delete_quietly(one, WORKLOAD, copy["metadata"]["name"], namespace)
                 placed = await admitted_in_a_worker(manager, namespace, timeout=60)
@@ -726,6 +746,11 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
                 record = record_of(placed)
                 assert record["tried"] == [STOCKED_OUT, WITH_ROOM], record
                 assert record["failed"] == {STOCKED_OUT: "no longer configured"}, record
+                # withdrawn: no Workload, request, PodTemplate or node left for the gang, and
+                # what its cloud delivered is what gangcheck reclaimed, said in its Event
+                await until_empty(one, namespace, f"{STOCKED_OUT} holding nothing")
+                assert await delivered(one, namespace) == arrived
+                await told_reclaimed(one, namespace, arrived)
             finally:
                 await manager.merge_patch(MULTIKUEUE_CONFIG, CONFIG, {"spec": {"clusters": listed}})
         finally:
@@ -733,9 +758,7 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
             await cleanup_winner(two, namespace)
             await cleanup_delivered(two, namespace)
 
-            # worker-1's cloud delivered a node for the copy's request that its gangcheck did
-            # not reclaim on withdrawing it (no arrived-for record on it; seen on the bed, and
-            # it had the next module's AllAtOnce race won in worker-1): deleted here
+            # only after a failure above: left, a node of worker-1 wins the next module's race
             await cleanup_delivered(one, namespace)
 
 
