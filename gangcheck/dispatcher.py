@@ -788,14 +788,7 @@ class Dispatcher:
         if refused is not None and refused[0] == digest:  # read once: the same answer
             return _Worker(name, skip=f"{where}: {refused[1]}")
         await self._drop(name)  # a kubeconfig rotated: another server, other credentials
-        why = ""
-        try:
-            config = base64.b64decode(raw)
-            why = kubeconfig_unused(yaml.safe_load(config))
-        except (ValueError, yaml.YAMLError) as e:
-            why = f"unusable kubeconfig (not YAML: {_first_line(e)})"
-        except RecursionError:  # else raised out of the pass, ending the dispatcher's run
-            why = "unusable kubeconfig (nested too deep for a YAML reader)"
+        config, why = await asyncio.to_thread(_read_kubeconfig, raw)
         if not why:  # (Kueue refuses those too: its MultiKueueCluster turns not Active soon)
             try:
                 kube = await self._connect(config)
@@ -1300,6 +1293,20 @@ async def _connect(kubeconfig: bytes) -> Kube:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def _read_kubeconfig(raw: str) -> tuple[bytes, str]:
+    """The kubeconfig in a Secret's ``data`` value (``raw``, base64), and why it is not used
+    ('' if it may be: ``kubeconfig_unused``). Called in a thread: a Secret's MiB of YAML takes
+    seconds to read, which the event loop (every watch, every other gang's pass) does not
+    wait for."""
+    try:
+        config = base64.b64decode(raw)
+        return config, kubeconfig_unused(yaml.safe_load(config))
+    except (ValueError, yaml.YAMLError) as e:
+        return b"", f"unusable kubeconfig (not YAML: {_first_line(e)})"
+    except RecursionError:  # else raised out of the pass, ending the dispatcher's run
+        return b"", "unusable kubeconfig (nested too deep for a YAML reader)"
 
 
 def _reworded(was: str, now: str) -> bool:

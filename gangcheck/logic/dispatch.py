@@ -241,15 +241,20 @@ TLS_VERIFY_OFF = "insecure-skip-tls-verify"
 #: a KB took it 10 s at 10**8 strings, out of memory at 10**9. Go's YAML reader, Kueue's,
 #: refuses excessive aliasing as well.
 KUBECONFIG_EXPANDED_MAX = 1 << 20
+#: The most values (maps, lists, keys, scalars) a kubeconfig may hold: one of a few hundred
+#: contexts holds fewer. The loader reads a kubeconfig on the event loop, at a few
+#: microseconds a value: a Secret's MiB of small entries (30,000 users) took it 5 s.
+KUBECONFIG_VALUES_MAX = 10_000
 
 
-def _expands_beyond(config: object, limit: int) -> bool:
-    """Whether ``config`` (parsed YAML: an alias is the same object again) holds more than
-    ``limit`` once expanded (``KUBECONFIG_EXPANDED_MAX``); walked without recursion, and only
-    until the limit is passed."""
-    size, stack = 0, [config]
+def _too_large(config: object) -> str:
+    """Why ``config`` (parsed YAML: an alias is the same object again) is too large, once
+    expanded, to be loaded (``KUBECONFIG_EXPANDED_MAX``, ``KUBECONFIG_VALUES_MAX``), or '';
+    walked without recursion, and only until a limit is passed."""
+    size, values, stack = 0, 0, [config]
     while stack:
         value = stack.pop()
+        values += 1
         if isinstance(value, Mapping):
             stack.extend(value.keys())
             stack.extend(value.values())
@@ -259,25 +264,31 @@ def _expands_beyond(config: object, limit: int) -> bool:
             size += 1
         else:
             size += len(value) if isinstance(value, str | bytes) else 1
-        if size > limit:
-            return True
-    return False
+        if size > KUBECONFIG_EXPANDED_MAX:
+            return (
+                f"its kubeconfig expands to more than {KUBECONFIG_EXPANDED_MAX} characters (YAML "
+                "aliases repeating its values; a Secret holds at most 1 MiB): not loaded"
+            )
+        if values > KUBECONFIG_VALUES_MAX:
+            return (
+                f"its kubeconfig holds more than {KUBECONFIG_VALUES_MAX} values (a worker's "
+                "holds a few dozen: one cluster, user and context): not loaded"
+            )
+    return ""
 
 
 def kubeconfig_unused(config: object) -> str:
     """Why the dispatcher does not use a worker's kubeconfig (``config``: as parsed from its
     Secret), or '' (it may, or it is no map: loading it says why): larger expanded than a
-    Secret holds (``KUBECONFIG_EXPANDED_MAX``), a cluster entry's ``TLS_VERIFY_OFF`` not a
+    Secret holds or than a worker's (``_too_large``), a cluster entry's ``TLS_VERIFY_OFF`` not a
     boolean, or an entry of it naming what ``KUBECONFIG_UNUSED`` lists. Read before the
     kubeconfig is loaded: loading it runs an exec plugin (a pass waiting on the command,
     however long) and reads a token file of this pod's (its own ServiceAccount token, then
     sent to the server the Secret names).
     Every entry counts, not only the current context's, as Kueue checks them."""
-    if _expands_beyond(config, KUBECONFIG_EXPANDED_MAX):
-        return (
-            f"its kubeconfig expands to more than {KUBECONFIG_EXPANDED_MAX} characters (YAML "
-            "aliases repeating its values; a Secret holds at most 1 MiB): not loaded"
-        )
+    too_large = _too_large(config)
+    if too_large:
+        return too_large
     for entry in _list(_dict(config).get("clusters")):
         flag = _dict(_dict(entry).get("cluster")).get(TLS_VERIFY_OFF)
         if flag is not None and not isinstance(flag, bool):

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import json
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -1120,7 +1121,11 @@ def _bomb(levels: int) -> bytes:
 
 
 NOT_LOADED = {
-    "a billion laughs": (_bomb(9), "its kubeconfig expands to more than"),
+    "a billion laughs": (_bomb(9), "its kubeconfig holds more than 10000 values"),
+    "a long string repeated": (
+        b"s: &s " + b"x" * 200_000 + b"\n" + kubeconfig("token: t", ", x: [" + "*s, " * 6 + "]"),
+        "its kubeconfig expands to more than",
+    ),
     "nested deeper than a YAML reader goes": (
         b"x: " + b"[" * 5000 + b"]" * 5000,
         "unusable kubeconfig (nested too deep",
@@ -2487,3 +2492,29 @@ async def test_a_kubeconfig_refused_is_forgotten_with_its_worker() -> None:
         assert "worker-1" not in dispatcher._refused_configs
     finally:
         await dispatcher.close()
+
+
+async def test_a_kubeconfig_is_read_off_the_event_loop() -> None:
+    """Reading a Secret's kubeconfig (a MiB of YAML: 5 s) held the event loop, every watch
+    and every other gang's pass with it, at each new digest. Now it is parsed and checked in
+    a thread; the loop goes on meanwhile."""
+    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    threads: list[bool] = []
+    real = yaml.safe_load
+
+    def parsing(text: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(text)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("gangcheck.dispatcher.yaml.safe_load", parsing)
+            await dispatcher.pass_once()
+    finally:
+        await dispatcher.close()
+    assert threads and not any(threads), threads  # worker-1's and worker-2's
+    assert (
+        record(manager)
+        .skipped["worker-1"]
+        .startswith("Secret kueue-system/worker-1: unusable kubeconfig (not YAML")
+    )
