@@ -181,6 +181,17 @@ async def idle_nodes(kube: Kube, worker: str) -> AsyncIterator[list[str]]:
             await delete_quietly(kube, NODE, name)
 
 
+async def worker_2_empty(two: Kube) -> None:
+    """Wait until worker-2 holds no node of the pool and no request: its room is what a
+    dispatcher reads, so worker-1 is nominated first (by name)."""
+
+    async def nothing_in_worker_2() -> bool:
+        pool = await items(two, NODE, label_selector=f"{SIM_POOL}={POOL}")
+        return not pool and not await items(two, PROVISIONING_REQUEST)
+
+    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+
+
 @pytest.mark.timeout(120)
 async def test_the_gang_goes_where_it_fits_now_and_the_stocked_out_worker_never_scales_up(
     bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess, free_nodes: list[str]
@@ -255,11 +266,7 @@ async def test_the_nominated_worker_failing_moves_the_gang_on_and_a_restart_nomi
     manager, stocked_out, with_room = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
     namespace = await fresh_namespace(kubes)
 
-    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
-        pool = await items(with_room, NODE, label_selector=f"{SIM_POOL}={POOL}")
-        return not pool and not await items(with_room, PROVISIONING_REQUEST)
-
-    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    await worker_2_empty(with_room)
     # a long backoff: worker-1 does not start a second attempt before it is given up
     async with queues(kubes, namespace, deadline=6, backoff=60):
         began = time.monotonic()
@@ -693,11 +700,7 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
     nothing, the node reclaimed by its gangcheck's withdrawal."""
     manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
 
-    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
-        pool = await items(two, NODE, label_selector=f"{SIM_POOL}={POOL}")
-        return not pool and not await items(two, PROVISIONING_REQUEST)
-
-    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    await worker_2_empty(two)
     namespace = await fresh_namespace(kubes)
     listed = (await manager.get(MULTIKUEUE_CONFIG, CONFIG))["spec"]["clusters"]
     async with queues(kubes, namespace):
@@ -840,11 +843,7 @@ async def test_a_worker_without_the_gangs_local_queue_is_given_up_and_the_next_t
     good, the record saying only that it was tried by name."""
     manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
 
-    async def nothing_in_worker_2() -> bool:  # so worker-1 is nominated first (by name)
-        pool = await items(two, NODE, label_selector=f"{SIM_POOL}={POOL}")
-        return not pool and not await items(two, PROVISIONING_REQUEST)
-
-    await eventually(nothing_in_worker_2, timeout=30, what="worker-2 holding no node, no request")
+    await worker_2_empty(two)
     namespace = await fresh_namespace(kubes)
     async with queues(kubes, namespace):
         await one.delete(LOCAL_QUEUE, "lq", namespace)
