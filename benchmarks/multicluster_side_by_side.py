@@ -55,8 +55,16 @@ Running; a worker's milestones in the worker it ran in), and how long MultiKueue
 it once its copy was admitted (Kueue v0.17 acts on a worker's change after a 1 s batch, on a
 change of the manager's Workload at once).
 
+With ``--runs K`` each configuration runs its scenarios K times (one after another, on the
+same bed), the table above shows the first run, and a summary after it gives per scenario and
+configuration, over every gang of the K runs: Job -> all pods Running (median and worst;
+sampled, and with ``--trace`` as the watch saw it), how many started, the clusters scaled up
+per gang and the stranded node-minutes elsewhere in all. One run moves by up to a second per
+gang (kube-scheduler's retries, MultiKueue's batches): a comparison of start times reads the
+medians of several runs.
+
 Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
-[--scenarios stockout,room,half] [--gangs N] [--json] [--trace]
+[--scenarios stockout,room,half] [--gangs N] [--runs K] [--json] [--trace]
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -746,13 +755,18 @@ async def run_config(
     horizon: float,
     *,
     trace: bool = False,
-) -> dict[str, list[Obj]]:
+    runs: int = 1,
+) -> list[dict[str, list[Obj]]]:
+    """Per run, each scenario's figures (``runs`` of them, one after another)."""
     async with contextlib.AsyncExitStack() as stack:
         kubes = {
             name: await stack.enter_async_context(await Kube.connect(str(plane.kubeconfig)))
             for name, plane in bed.planes.items()
         }
-        return {s: await run_one(kubes, config, s, gangs, horizon, trace=trace) for s in scenarios}
+        return [
+            {s: await run_one(kubes, config, s, gangs, horizon, trace=trace) for s in scenarios}
+            for _ in range(runs)
+        ]
 
 
 # -- the bed ------------------------------------------------------------------------------------
@@ -805,9 +819,10 @@ def run(
     keep: bool,
     *,
     trace: bool = False,
+    runs: int = 1,
 ) -> Obj:
     workdir = Path(tempfile.mkdtemp(prefix="multicluster-bench-"))
-    results: dict[str, dict[str, list[Obj]]] = {}
+    results: dict[str, list[dict[str, list[Obj]]]] = {}
     began = time.monotonic()
     try:
         with testbed(workdir, gangs) as (bed, processes):
@@ -825,7 +840,7 @@ def run(
                         )
                     )
                 results[config] = asyncio.run(
-                    run_config(bed, config, scenarios, gangs, horizon, trace=trace)
+                    run_config(bed, config, scenarios, gangs, horizon, trace=trace, runs=runs)
                 )
     finally:
         if keep:
@@ -836,7 +851,12 @@ def run(
         "gangs": gangs,
         "members": MEMBERS,
         "horizon_s": horizon,
-        "results": {s: {c: results[c][s] for c in CONFIGS if c in results} for s in scenarios},
+        "runs": runs,
+        "results": {s: {c: results[c][0][s] for c in CONFIGS if c in results} for s in scenarios},
+        "every_run": {
+            s: {c: [run[s] for run in results[c]] for c in CONFIGS if c in results}
+            for s in scenarios
+        },
         "settings": settings_lines(gangs),
         "took_s": round(time.monotonic() - began),
     }
@@ -848,7 +868,8 @@ def run(
 def table_lines(result: Obj) -> list[str]:
     out = [
         f"{result['gangs']} gangs of {result['members']} pods x 8 GPUs per scenario, "
-        f"horizon {result['horizon_s']:.0f} s per run, one run"
+        f"horizon {result['horizon_s']:.0f} s per run, "
+        + ("one run" if result.get("runs", 1) == 1 else f"run 1 of {result['runs']}")
     ]
     gangs = result["gangs"]
     for scenario, by_config in result["results"].items():
@@ -872,8 +893,50 @@ def table_lines(result: Obj) -> list[str]:
                     f"{start:>18}"
                 )
     out += milestone_lines(result)
+    out += runs_lines(result)
     out += [f"settings: {line}" for line in result["settings"]]
     return out
+
+
+def runs_lines(result: Obj) -> list[str]:
+    """With ``--runs`` K > 1: per scenario and configuration, over every gang of the K runs,
+    Job -> all pods Running (median and worst, of those that started: sampled every SAMPLE s,
+    and as the watch saw it with ``--trace``), how many started, clusters scaled up per gang
+    (mean) and stranded node-minutes elsewhere (all runs together)."""
+    runs = int(result.get("runs", 1))
+    if runs < 2:
+        return []
+    out = [
+        "",
+        f"over {runs} runs, every gang of each: Job -> all Running, median / worst of those "
+        "that started (sampled; as watched with --trace)",
+        f"{'':52} {'started':>8} {'sampled':>13} {'watched':>13} {'clusters/gang':>13} "
+        f"{'elsewhere':>9}",
+    ]
+    for scenario, by_config in result["every_run"].items():
+        for config, per_run in by_config.items():
+            gangs = [f for figures in per_run for f in figures]
+            sampled = [f["time_to_start_s"] for f in gangs if f["time_to_start_s"] is not None]
+            watched = [
+                f["milestones"]["running"]
+                for f in gangs
+                if (f.get("milestones") or {}).get("running") is not None
+            ]
+            clusters = sum(len(f["clusters_scaled_up"]) for f in gangs) / max(len(gangs), 1)
+            elsewhere = sum(f["stranded_node_min_elsewhere"] for f in gangs)
+            out.append(
+                f"{f'{scenario}: {LABELS[config]}':52} {f'{len(sampled)}/{len(gangs)}':>8} "
+                f"{_spread(sampled):>13} {_spread(watched):>13} {clusters:>13.2f} "
+                f"{elsewhere:>9.2f}"
+            )
+    return out
+
+
+def _spread(values: Sequence[float]) -> str:
+    """Median / worst, seconds; "-" without any."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} / {max(values):.2f}"
 
 
 def milestone_lines(result: Obj) -> list[str]:
@@ -952,6 +1015,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--gangs", type=int, default=GANGS)
+    parser.add_argument(
+        "--runs", type=int, default=1, help="run each configuration's scenarios this many times"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     parser.add_argument(
@@ -964,7 +1030,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"configs among {CONFIGS}, scenarios among {SCENARIOS}")
     if args.gangs < 2 or args.gangs % 2:
         parser.error("--gangs must be even (half the gangs fit in each worker)")
-    result = run(configs, scenarios, args.gangs, args.horizon, args.keep, trace=args.trace)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    result = run(
+        configs, scenarios, args.gangs, args.horizon, args.keep, trace=args.trace, runs=args.runs
+    )
     print("\n".join(table_lines(result)))
     if args.json:
         print(json.dumps(result, indent=1))

@@ -115,3 +115,35 @@ def test_a_gang_that_did_not_start_has_no_worker_and_the_table_says_dash() -> No
 def test_no_milestones_without_trace() -> None:
     gang = bench.Gang("g1")
     assert bench.milestone_lines({"results": {"room": {"a": [gang.figures()]}}}) == []
+
+
+def _ran(name: str, start: float | None, *, clusters: int = 1, elsewhere: float = 0.0) -> Obj:
+    gang = bench.Gang(name)
+    figures = {**gang.figures(), "time_to_start_s": start}
+    figures["clusters_scaled_up"] = list(bench.WORKERS[:clusters])
+    figures["stranded_node_min_elsewhere"] = elsewhere
+    if start is not None:
+        figures["milestones"] = {"running": start - 0.25}
+    return figures
+
+
+def test_over_several_runs_each_configuration_gives_the_median_and_worst_of_every_gang() -> None:
+    runs = [
+        [_ran("g1", 1.5), _ran("g2", 2.0, clusters=2, elsewhere=0.5)],
+        [_ran("g1", 3.0), _ran("g2", None, clusters=0)],
+        [_ran("g1", 1.0), _ran("g2", 2.5)],
+    ]
+    result = {"runs": 3, "every_run": {"stockout": {"d": runs}}}
+
+    lines = bench.runs_lines(result)
+
+    row = lines[-1]
+    assert row.startswith("stockout: (d) gangcheck's dispatcher + gangcheck")
+    # 5 of 6 started: sampled 1.0 1.5 2.0 2.5 3.0, watched 0.25 s sooner; 6 clusters / 6 gangs
+    cells = ["5/6", "2.00", "/", "3.00", "1.75", "/", "2.75", "1.00", "0.50"]
+    assert row.split()[-9:] == cells
+
+
+def test_one_run_has_no_summary_of_runs() -> None:
+    result = {"runs": 1, "every_run": {"stockout": {"d": [[_ran("g1", 1.5)]]}}}
+    assert bench.runs_lines(result) == []
