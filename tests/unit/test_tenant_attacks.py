@@ -140,8 +140,18 @@ class Ranking:
     whose fit in each domain reads every node, as before)."""
 
 
-def _hosts(n: int) -> list[Obj]:
-    return [node(f"n{i:04d}", gpu=8 if i % 3 else 4, labels={"pool": "gpu"}) for i in range(n)]
+def _hosts(n: int, *, not_ready_every: int = 0) -> list[Obj]:
+    """`n` hosts of 8 GPUs, every third of 4; with `not_ready_every`, every such host not Ready
+    (not usable: its domain's fit places nothing there)."""
+    return [
+        node(
+            f"n{i:04d}",
+            gpu=8 if i % 3 else 4,
+            labels={"pool": "gpu"},
+            ready=not (not_ready_every and i % not_ready_every == 0),
+        )
+        for i in range(n)
+    ]
 
 
 WHOLE = pod_template(gpu=8, node_selector={"pool": "gpu"})
@@ -154,6 +164,11 @@ RANKINGS = [
         "a Job's two pod sets required on one host",
         GangSpec((("a", 1, WHOLE), ("b", 2, SMALL)), {"a": HOST, "b": HOST}),
         _hosts(NODES),
+    ),
+    Ranking(
+        "a PodGroup kept on one host, some hosts not Ready",
+        GangSpec((("ps-0", 1, WHOLE),), together=HOST),
+        _hosts(NODES, not_ready_every=4),
     ),
     Ranking(
         "a Job's pod set free of the level beside one required on a host",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gangcheck.logic.placement.fit import GangPodSet, Member, NodeView, node_view
-from gangcheck.logic.placement.topology import MissingLevel, fit_in_domains
+from gangcheck.logic.placement.topology import MissingLevel, by_domain, fit_in_domains
 from tests.builders import node
 
 RACK, ZONE = "rack", "zone"
@@ -169,3 +169,39 @@ def test_a_missing_level_counts_the_nodes_that_arrived_for_the_attempt() -> None
         "set w): the gang cannot fit in one domain; ignoring the level, 3 of 3 members "
         "placeable on 2 nodes",
     ]
+
+
+def not_ready(name: str, rack: str) -> NodeView:
+    return node_view(node(name, gpu=2, labels={RACK: rack}, ready=False))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "key", "grouped"),
+    [
+        ([], RACK, {}),
+        (TWO_RACKS, RACK, {"a": ["a1"], "b": ["b1"]}),
+        (TWO_RACKS, ZONE, {"z1": ["a1", "b1"]}),
+        (TWO_RACKS, "block", {}),
+        (
+            [rack_node("a2", "a", 1), rack_node("b1", "b", 2), rack_node("a1", "a", 2)],
+            RACK,
+            {"a": ["a1", "a2"], "b": ["b1"]},
+        ),
+        (
+            [rack_node("a1", "a", 2), not_ready("a2", "a"), not_ready("b1", "b")],
+            RACK,
+            {"a": ["a1"]},
+        ),
+    ],
+    ids=[
+        "no nodes",
+        "one node a rack",
+        "two racks in one zone",
+        "a level no node carries",
+        "each domain's nodes by name, whatever the order given",
+        "nodes not usable left out, and a domain only they show",
+    ],
+)
+def test_by_domain(nodes: list[NodeView], key: str, grouped: dict[str, list[str]]) -> None:
+    got = by_domain(nodes, key)
+    assert {value: [n.name for n in views] for value, views in got.items()} == grouped

@@ -38,7 +38,13 @@ from gangcheck.logic.placement.fit import (
 )
 from gangcheck.logic.placement.reservations import Reservation, ReservedSplit, split_gang
 from gangcheck.logic.placement.taints import toleration_of
-from gangcheck.logic.placement.topology import MissingLevel, TopologyFit, fit_in_domains, pinned
+from gangcheck.logic.placement.topology import (
+    MissingLevel,
+    TopologyFit,
+    by_domain,
+    fit_in_domains,
+    pinned,
+)
 from gangcheck.logic.placement.usage import NodeUsage, deleting_claim_of
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import ARRIVED_FOR, HOLD_AS
@@ -353,7 +359,8 @@ def placeable_by_domain(
 ) -> dict[str, int] | None:
     """How many of the gang's members fit now in each domain (`values`) of `level`, every pod
     set kept inside it: the `placeable` of `fits_now` of the gang pinned there, each domain
-    read on its own unclaimed nodes, since no other node may take a member pinned to it.
+    read on its own unclaimed nodes (the usable ones, `by_domain`), since no other node may
+    take a member pinned to it.
     Read so, a level with one domain per node (``kubernetes.io/hostname``, a tenant's
     choice) costs one read of each node, not one of every node per domain (nodes² a look:
     seconds of the controller's one event loop at a thousand nodes). None when a pod set
@@ -368,10 +375,7 @@ def placeable_by_domain(
     bound = capacity.bound()
     if not isinstance(bound, BoundUsage):  # the pods summed once, not once per domain
         bound = BoundUsage(by_node=used_resources(bound))
-    by_value: dict[str, list[NodeView]] = {}
-    for view in sorted(free, key=lambda view: view.name):
-        if level in view.labels:
-            by_value.setdefault(view.labels[level], []).append(view)
+    by_value = by_domain(free, level)
     return {
         value: fit_gang(
             [pinned(ps, level, value) for ps in pod_sets], by_value.get(value, []), bound, devices

@@ -89,6 +89,19 @@ def domains_of(nodes: Iterable[NodeView], key: str) -> list[str]:
     return sorted({n.labels[key] for n in nodes if n.is_usable and key in n.labels})
 
 
+def by_domain(nodes: Iterable[NodeView], key: str) -> dict[str, list[NodeView]]:
+    """The usable nodes carrying `key`, grouped by its value, each domain's by name: the only
+    nodes a member pinned to that domain may take (a fit never places one on a node not
+    usable), so a domain's fit on them places what it places on every node."""
+    level: dict[str, list[NodeView]] = {}
+    for view in nodes:
+        if view.is_usable and key in view.labels:
+            level.setdefault(view.labels[key], []).append(view)
+    for views in level.values():
+        views.sort(key=lambda view: view.name)
+    return level
+
+
 def _lacking(nodes: Sequence[NodeView], key: str, pod_set: str = "") -> MissingLevel | None:
     """The level as missing when no node carries it; None when some do (none usable)."""
     return None if any(key in n.labels for n in nodes) else MissingLevel(key, pod_set)
@@ -207,12 +220,7 @@ class _Domains:
         """The usable nodes labelled `key=value`, by name."""
         level = self._levels.get(key)
         if level is None:
-            level = self._levels[key] = {}
-            for view in self._nodes:
-                if view.is_usable and key in view.labels:
-                    level.setdefault(view.labels[key], []).append(view)
-            for views in level.values():
-                views.sort(key=lambda view: view.name)
+            level = self._levels[key] = by_domain(self._nodes, key)
         return level.get(value, [])
 
     def within(
