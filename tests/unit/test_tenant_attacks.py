@@ -17,7 +17,7 @@ nodes² (the tables say so).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -28,6 +28,7 @@ from gangcheck.logic.placement.fit import FitResult, GangPodSet, Member, NodeVie
 from gangcheck.logic.placement.topology import fit_in_domains
 from gangcheck.model.objects import Obj
 from tests.builders import node, pod_template
+from tests.unit.test_topology import Case
 
 HOST = "kubernetes.io/hostname"
 GPU = "nvidia.com/gpu"
@@ -44,24 +45,13 @@ def hosts(n: int, *, room_on_last: int = 8) -> list[NodeView]:
     return [node_view(node(f"n{i:04d}", gpu=8 if i < n - 1 else room_on_last)) for i in range(n)]
 
 
-@dataclass
-class Case:
-    id: str
-    gang: list[GangPodSet]
-    nodes: list[NodeView]
-    required: dict[str, str] = field(default_factory=dict)
-    together: str = ""
-    fits: bool = False
-    domains: dict[str, tuple[str, str]] = field(default_factory=dict)
-    problem: str = ""
-
-
 CASES = [
     Case(
         "a PodGroup's gang of two whole-node members on one host: fits nowhere",
         [GangPodSet("ps-0", 2, whole_node())],
         hosts(NODES),
         together=HOST,
+        fits=False,
         problem=f"all 2 members need one {HOST} domain; best {HOST}=n0000 places 1",
     ),
     Case(
@@ -69,6 +59,7 @@ CASES = [
         [GangPodSet("ps-0", 1, whole_node(1)), GangPodSet("ps-1", 1, whole_node(2))],
         hosts(NODES),
         together=HOST,
+        fits=False,
         problem=f"all 2 members need one {HOST} domain; best {HOST}=n0000 places 1",
     ),
     Case(
@@ -76,6 +67,7 @@ CASES = [
         [GangPodSet("main", 2, whole_node())],
         hosts(NODES),
         required={"main": HOST},
+        fits=False,
         problem=f"pod set main needs all 2 members in one {HOST} domain; best {HOST}=n0000 "
         "places 1",
     ),
@@ -84,6 +76,7 @@ CASES = [
         [GangPodSet("a", 1, whole_node(1)), GangPodSet("b", 2, whole_node(2))],
         hosts(NODES),
         required={"a": HOST, "b": HOST},
+        fits=False,
         domains={"a": (HOST, "n0000")},
         problem=f"pod set b needs all 2 members in one {HOST} domain; best {HOST}=n0000 places 1",
     ),
