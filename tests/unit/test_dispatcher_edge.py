@@ -996,23 +996,45 @@ def kubeconfig(user: str, cluster: str = "") -> bytes:
     ).encode()
 
 
-def bed_with_secret(kubeconfig: bytes) -> tuple[Manager, Dispatcher]:
-    """worker-1's Secret holding ``kubeconfig``, connected to as the dispatcher does
-    (``_connect``); worker-2 a fake without room."""
+def bed_with_secret(
+    kubeconfig: bytes, load: Connect = _connect
+) -> tuple[Manager, Dispatcher, list[bytes]]:
+    """worker-1's Secret holding ``kubeconfig``, loaded by ``load`` (by default as the
+    dispatcher does, ``_connect``); worker-2 a fake without room. Returned with them: the
+    kubeconfig once for every time it was handed to ``load``."""
     manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
     manager.add(secret("worker-1", kubeconfig))
+    loaded: list[bytes] = []
 
     async def connecting(config: bytes) -> Kube:
-        return await (_connect(config) if config == kubeconfig else connect(config))
+        if config == kubeconfig:
+            loaded.append(config)
+            return await load(config)
+        return await connect(config)
 
-    return manager, Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    return manager, Dispatcher(manager, metrics=Metrics(), connect=connecting), loaded
+
+
+async def refused_in_one_pass(
+    kubeconfig: bytes, load: Connect = _connect
+) -> tuple[str, Dispatcher, list[bytes]]:
+    """One pass (within 10 s) of `bed_with_secret`'s dispatcher, which sends the gang to
+    worker-2: why worker-1 was skipped, the dispatcher (closed), the kubeconfigs loaded."""
+    manager, dispatcher, loaded = bed_with_secret(kubeconfig, load)
+    try:
+        await asyncio.wait_for(dispatcher.pass_once(), 10)
+    finally:
+        await dispatcher.close()
+    got = record(manager)
+    assert got.nominated == ("worker-2",), got
+    return got.skipped["worker-1"], dispatcher, loaded
 
 
 async def test_an_unusable_kubeconfig_is_said_once_without_the_file_it_was_read_from() -> None:
     """Before, the reason named the temporary file the kubeconfig was read from, another at
     each pass: the record was written again, and a NoWorker Event sent, every pass (every
     second) for as long as the Secret stayed so."""
-    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    manager, dispatcher, _ = bed_with_secret(b"not yaml: [")
     manager.add(secret("worker-2", b"not yaml: ["))  # nowhere to go: NoWorker
     try:
         for _ in range(3):
@@ -1036,17 +1058,7 @@ async def test_a_kubeconfig_refused_is_not_read_again_until_its_secret_changes(
     one the loader cannot use) was parsed, or written to a file and loaded, again at each
     one (up to a MiB each, per worker). Now its digest is remembered with the reason; a
     Secret changed is read afresh."""
-    manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
-    manager.add(secret("worker-1", config))
-    loaded: list[bytes] = []
-
-    async def connecting(given: bytes) -> Kube:
-        if given == config:
-            loaded.append(given)
-            return await _connect(given)
-        return await connect(given)
-
-    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
+    manager, dispatcher, loaded = bed_with_secret(config)
     parsed = 0
     real = yaml.safe_load
 
@@ -1096,16 +1108,9 @@ async def test_a_kubeconfig_naming_a_command_or_a_local_file_is_never_used(
     marker = tmp_path / "ran"
     local = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     named = str(marker) if user.startswith("exec") else local
-    manager, dispatcher = bed_with_secret(
+    why, dispatcher, _ = await refused_in_one_pass(
         kubeconfig(user.replace("%s", named), cluster.replace("%s", local))
     )
-    try:
-        await asyncio.wait_for(dispatcher.pass_once(), 10)
-    finally:
-        await dispatcher.close()
-    got = record(manager)
-    assert got.nominated == ("worker-2",), got
-    why = got.skipped["worker-1"]
     assert why.startswith("Secret kueue-system/worker-1: its kubeconfig "), why
     assert "not used by the dispatcher" in why, why
     assert "worker-1" not in dispatcher._workers
@@ -1142,24 +1147,12 @@ async def test_a_kubeconfig_too_large_or_too_deep_for_yaml_is_refused_not_loaded
     out of memory at 10**9, and again after each restart); one nested a few thousand deep
     raised RecursionError out of the pass, which ended the dispatcher's run. Now each is
     refused, said why, and the other workers dispatched to."""
-    manager, _, connect = bed({"worker-1": worker(nodes=2), "worker-2": worker()})
-    manager.add(secret("worker-1", config))
-    loaded: list[bytes] = []
 
-    async def connecting(given: bytes) -> Kube:
-        if given == config:
-            loaded.append(given)
-            raise AssertionError("a refused kubeconfig was loaded")
-        return await connect(given)
+    async def never(given: bytes) -> Kube:
+        raise AssertionError("a refused kubeconfig was loaded")
 
-    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connecting)
-    try:
-        await asyncio.wait_for(dispatcher.pass_once(), 10)
-    finally:
-        await dispatcher.close()
-    got = record(manager)
-    assert got.nominated == ("worker-2",), got
-    assert got.skipped["worker-1"].startswith(f"Secret kueue-system/worker-1: {said}"), got
+    why, _, loaded = await refused_in_one_pass(config, never)
+    assert why.startswith(f"Secret kueue-system/worker-1: {said}"), why
     assert not loaded
 
 
@@ -2482,7 +2475,7 @@ async def test_a_kubeconfig_refused_is_forgotten_with_its_worker() -> None:
     stayed kept once its MultiKueueCluster was deleted and no MultiKueueConfig listed it
     any more: only workers with a client were forgotten, so one per worker name ever
     refused was held for the process's life. Now it goes with the worker."""
-    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    manager, dispatcher, _ = bed_with_secret(b"not yaml: [")
     try:
         await dispatcher.pass_once()
         assert "worker-1" in record(manager).skipped
@@ -2498,7 +2491,7 @@ async def test_a_kubeconfig_is_read_off_the_event_loop() -> None:
     """Reading a Secret's kubeconfig (a MiB of YAML: 5 s) held the event loop, every watch
     and every other gang's pass with it, at each new digest. Now it is parsed and checked in
     a thread; the loop goes on meanwhile."""
-    manager, dispatcher = bed_with_secret(b"not yaml: [")
+    manager, dispatcher, _ = bed_with_secret(b"not yaml: [")
     threads: list[bool] = []
     real = yaml.safe_load
 
