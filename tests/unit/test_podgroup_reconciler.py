@@ -3,12 +3,10 @@ a handful of narrative cases, the test playing the webhook, the autoscaler and a
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import pytest
 
-from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
     EVENT,
@@ -29,23 +27,14 @@ from gangcheck.logic.podgroups.podgroup import (
 )
 from gangcheck.model.names import GROUP_UID_ANNOTATION, OPT_IN_LABEL, RECLAIM_TAINT
 from gangcheck.reconcile import podgroup as podgroup_module
-from gangcheck.reconcile.apply import Applier
-from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.podgroup import PodGroupReconciler
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS
-from gangcheck.runtime.queue import Result
+from tests import worlds
 from tests.builders import container, node
-from tests.fakes.kube import FakeKube
+from tests.worlds import NOW, Obj, stamp
 
-Obj = dict[str, Any]
-NOW = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
 KEY = "pg/default/g"
 GROUPS = UPSTREAM_POD_GROUP_V1BETA1
-
-
-def stamp(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def namespace() -> Obj:
@@ -83,37 +72,20 @@ def member(i: int) -> Obj:
     }
 
 
-class World:
+class World(worlds.World[PodGroupReconciler]):
     """The fake server, the caches the controller reads, and the PodGroup reconciler."""
 
+    key = KEY
+
     def __init__(self, *objs: Obj) -> None:
-        self.now = NOW
-        self.kube = FakeKube(clock=self.clock)
-        self.kube.add(namespace(), *objs)
-        self.caches: Caches = self.kube.caches(GROUPS)
-        events = EventRecorder(self.kube, clock=self.clock)
-        applier = Applier(self.kube, self.caches, SOURCES, clock=self.clock)
+        super().__init__((namespace(), *objs), pod_groups=(GROUPS,))
         self.reconciler = PodGroupReconciler(
-            self.kube, self.caches, events, applier, clock=self.clock
+            self.kube, self.caches, self.events, self.applier, clock=self.clock
         )
 
-    def clock(self) -> datetime:
-        return self.now
-
-    async def reconcile(self) -> Result:
-        self.kube.sync(self.caches)
-        return await self.reconciler.reconcile(KEY)
-
-    async def settle(self, times: int = 6) -> None:
-        """Reconcile until a reconcile writes nothing."""
-        for _ in range(times):
-            before = len(self.kube.writes)
-            await self.reconcile()
-            if len(self.kube.writes) == before:
-                return
-
-    def requests(self) -> list[Obj]:
-        return self.kube.all_of(PROVISIONING_REQUEST)
+    def request(self) -> Obj:
+        (req,) = self.requests()
+        return req
 
     def group_says(self) -> dict[str, str]:
         group = self.kube.stored(GROUPS, "g", "default")
@@ -126,21 +98,6 @@ class World:
             for p in self.kube.all_of(POD)
             if (p["spec"].get("schedulingGates") or [])
         ]
-
-    def provision(self, *nodes: str) -> None:
-        """Play the autoscaler, a minute on: the request is Provisioned and its nodes
-        (two GPUs each) register."""
-        self.now += timedelta(minutes=1)
-        (req,) = self.requests()
-        req["status"] = {
-            "conditions": [
-                {"type": "Provisioned", "status": "True", "reason": "Provisioned",
-                 "message": "", "lastTransitionTime": stamp(self.now)}
-            ]
-        }  # fmt: skip
-        self.kube.add(req)
-        for name in nodes:
-            self.kube.add(node(name, gpu=2, created=stamp(self.now)))
 
 
 def gang() -> list[Obj]:

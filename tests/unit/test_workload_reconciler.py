@@ -4,12 +4,10 @@ a handful of narrative cases, the test playing Kueue and the autoscaler."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from gangcheck.app import SOURCES
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import ATOMIC_CONFIG, EVENT, NODE, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
@@ -20,17 +18,13 @@ from gangcheck.model.names import OUTCOME_ANNOTATION, RECLAIM_TAINT
 from gangcheck.model.objects import workload_of
 from gangcheck.reclaim import safely
 from gangcheck.reconcile import workload as workload_module
-from gangcheck.reconcile.apply import Applier
-from gangcheck.reconcile.caches import Caches
-from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.workload import ORPHAN_RECHECK_SECONDS, WorkloadReconciler
 from gangcheck.runtime.queue import Result
+from tests import worlds
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node
-from tests.fakes.kube import FakeKube
 from tests.fakes.metrics import RecordedMetrics
+from tests.worlds import Obj, stamp
 
-Obj = dict[str, Any]
-NOW = datetime(2026, 11, 30, 10, 1, tzinfo=UTC)
 KEY = "default/wl"
 REQUEST = naming.request_name("wl", CHECK, 1)
 
@@ -58,65 +52,33 @@ def gang() -> Obj:
     return WorkloadBuilder().pod_set("workers", 4).reserve_quota().check().build()
 
 
-def stamp(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class World:
+class World(worlds.World[WorkloadReconciler]):
     """The fake server, the caches the controller reads, and the Workload reconciler."""
 
+    key = KEY
+
     def __init__(self, *objs: Obj) -> None:
-        self.now = NOW
-        self.kube = FakeKube(clock=self.clock)
-        self.kube.add(admission_check(), gpu_flavor(), *objs)
-        self.caches: Caches = self.kube.caches()
-        events = EventRecorder(self.kube, clock=self.clock)
-        applier = Applier(self.kube, self.caches, SOURCES, clock=self.clock)
+        super().__init__((admission_check(), gpu_flavor(), *objs), node_labels={"pool": "gpu"})
         self.metrics = RecordedMetrics()
         self.reconciler = WorkloadReconciler(
-            self.kube, self.caches, events, applier, clock=self.clock, metrics=self.metrics
+            self.kube,
+            self.caches,
+            self.events,
+            self.applier,
+            clock=self.clock,
+            metrics=self.metrics,
         )
 
-    def clock(self) -> datetime:
-        return self.now
-
-    async def reconcile(self) -> Result:
-        """One reconcile, after the watches brought every change (as the queue would)."""
-        self.kube.sync(self.caches)
-        return await self.reconciler.reconcile(KEY)
-
-    async def settle(self, times: int = 6) -> None:
-        """Reconcile until a reconcile writes nothing."""
-        for _ in range(times):
-            before = len(self.kube.writes)
-            await self.reconcile()
-            if len(self.kube.writes) == before:
-                return
+    def request(self) -> Obj:
+        req = self.kube.stored(PROVISIONING_REQUEST, REQUEST, "default")
+        assert req is not None
+        return req
 
     def check(self) -> Obj:
         wl = self.kube.stored(WORKLOAD, "wl", "default")
         assert wl is not None
         entries: list[Obj] = wl["status"]["admissionChecks"]
         return next(e for e in entries if e["name"] == CHECK)
-
-    def requests(self) -> list[Obj]:
-        return self.kube.all_of(PROVISIONING_REQUEST)
-
-    def provision(self, *nodes: str) -> None:
-        """Play the autoscaler, a minute on: the request is Provisioned and its nodes
-        (two GPUs each) register."""
-        self.now += timedelta(minutes=1)
-        req = self.kube.stored(PROVISIONING_REQUEST, REQUEST, "default")
-        assert req is not None
-        req["status"] = {
-            "conditions": [
-                {"type": "Provisioned", "status": "True", "reason": "Provisioned",
-                 "message": "", "lastTransitionTime": stamp(self.now)}
-            ]
-        }  # fmt: skip
-        self.kube.add(req)
-        for name in nodes:
-            self.kube.add(node(name, gpu=2, created=stamp(self.now), labels={"pool": "gpu"}))
 
 
 async def test_a_workload_with_quota_gets_a_request_and_its_pod_template() -> None:
