@@ -3,10 +3,15 @@
 The binaries are built from the pinned Go modules when missing (a cold build takes tens of
 minutes); that happens once, before the first test, outside the per-test timeout, with the
 build's progress shown. Tests never skip for lack of binaries.
+
+gangcheck's INFO records (its decisions: a withdrawal, a wait for a cache, a write skipped)
+are captured with each test's log (`gangcheck_info_captured`), so a failed test's report says
+what the controller decided and when; a passing test's log is not shown.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -60,6 +65,20 @@ def built(config: pytest.Config, fixture: str, families: Sequence[str]) -> dict[
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     build_binaries(config, items, _BINARY_FIXTURES)
+
+
+@pytest.fixture(autouse=True)
+def gangcheck_info_captured() -> Iterator[None]:
+    """The ``gangcheck`` loggers at INFO for the test, as it was again afterwards: the root
+    logger stays at WARNING (no library's INFO), and the test's own ``caplog.set_level`` on
+    a ``gangcheck.*`` logger still decides for that one."""
+    logger = logging.getLogger("gangcheck")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")
