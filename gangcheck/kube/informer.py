@@ -7,7 +7,11 @@ Every change calls the handlers with the object's old and new state so the contr
 it to work-queue keys. After a write of ours the store holds the object the API server
 answered (`Store.put_if_newer`) and never goes back to an earlier version the watch still
 brings; the handlers hear the watch's versions one after the other, so the echo of our own
-write says nothing new and another writer's change before it is still heard. After a delete of
+write says nothing new and another writer's change before it is still heard. An answer read
+once the watch (or a list) is past its version, the object not in the store, is of an object
+deleted since (another writer's delete, brought by the watch while the answer was on its
+way): it is not stored, or a cache would hold for ever an object the API server no longer has
+(a Workload deleted as its check was written, its requests never withdrawn). After a delete of
 ours the object is gone from the store at once (`Store.deleted`), and what the watch still
 brings of it before its DELETED does not bring it back. A relist does not undo either when its
 list was served before the write or delete was answered (the list's resourceVersion older than
@@ -97,6 +101,9 @@ class Store:
         what the watch still brings of that object is heard but not stored (`deleted`)."""
         self.transform = transform
         """What is kept of each object (None: all of it), applied to everything stored."""
+        self._seen = -1
+        """The resourceVersion the list and the watch have brought the store to: every change
+        up to it is in (-1: none yet, or a store emptied without a list)."""
 
     def add_indexer(self, indexer: Handler) -> None:
         """Call `indexer(old, new)` on every change of the store, our own write-throughs
@@ -135,7 +142,8 @@ class Store:
 
     def put_if_newer(self, obj: Obj) -> None:
         """Write-through after our own write, unless the watch already brought a newer one
-        (or the object is one our own delete removed)."""
+        (or the object is one our own delete removed, or one gone: the watch, or a list, is
+        past this version and the store has no such object)."""
         if self.transform is not None:
             obj = self.transform(obj)
         key = object_key(obj)
@@ -143,6 +151,8 @@ class Store:
         if tomb is not None and tomb.buries(obj):
             return
         old = self._objects.get(key)
+        if old is None and 0 <= _rv_number(obj) <= self._seen:
+            return  # the watch brought this version, then the object's deletion
         if old is None or _rv_number(old) <= _rv_number(obj):
             if old is not None:
                 self._behind.setdefault(key, old)
@@ -213,6 +223,10 @@ class Store:
                 self._behind[key] = obj
                 return watched, obj
         return self._put(obj), obj
+
+    def _watched(self, resource_version: str) -> None:
+        """The watch brought every change up to `resource_version` (an event's, a bookmark's)."""
+        self._seen = max(self._seen, _version(resource_version))
 
     def _put(self, obj: Obj) -> Obj | None:
         key = object_key(obj)
@@ -304,6 +318,7 @@ class Store:
         self._objects = objects
         self._behind = behind
         self._tombstones = tombstones
+        self._seen = at
         self._by_namespace = {}
         for key, obj in objects.items():
             self._index(key, obj)
@@ -624,13 +639,13 @@ class Informer:
             error = {410: GoneError, 404: NotFoundError}.get(code, TransientError)
             raise error(code, obj.get("reason", ""), str(obj.get("message", obj)))
         new_rv = str(obj.get("metadata", {}).get("resourceVersion", rv))
-        if kind == "BOOKMARK":
-            return new_rv
-        obj = self._typed(obj)
-        if kind == "DELETED":
-            self._notify(self.store._deleted_by_watch(obj) or obj, None)
-        else:
-            self._notify(*self.store._from_watch(obj))
+        if kind != "BOOKMARK":
+            obj = self._typed(obj)
+            if kind == "DELETED":
+                self._notify(self.store._deleted_by_watch(obj) or obj, None)
+            else:
+                self._notify(*self.store._from_watch(obj))
+        self.store._watched(new_rv)
         return new_rv
 
     def _typed(self, obj: Obj) -> Obj:

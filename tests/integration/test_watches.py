@@ -2,7 +2,9 @@
 one, back off with jitter, wait as long as Retry-After asks, say whether the cache is current.
 
 Real kube-apiserver behind the fault-injecting proxy (tests/faults/proxy.py): the cuts, stalls,
-410s, 500s and 429s are the proxy's; the objects and resourceVersions are the server's.
+410s, 500s and 429s are the proxy's; the objects and resourceVersions are the server's. And an
+answer of gangcheck's write read only after the watch brought the object's deletion: the
+cache does not take the deleted object back (the controller's own calls, held by the test).
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gangcheck_dev.testbed.launcher import ControlPlane
 
 from gangcheck.kube.client import Kube
 from gangcheck.kube.informer import Informer
-from gangcheck.kube.resources import Resource
+from gangcheck.kube.resources import WORKLOAD, Resource
+from tests.builders import WorkloadBuilder, pod_template
 from tests.faults.proxy import STALL, STATUS, FaultProxy, Faults, Rule
-from tests.integration.harness import Cluster, eventually
+from tests.integration.harness import TRUST, Cluster, RunningController, eventually, req_name
 from tests.waiting import cancelled
 
 pytestmark = pytest.mark.integration
@@ -231,3 +235,40 @@ async def test_a_large_list_arrives_whole_through_the_proxy(
     assert [i["data"] for i in listed["items"]] == [data, data]
     async with running(config_maps(proxied_kube, cluster)) as informer:
         assert informer.store.get("big-1", cluster.ns) is not None
+
+
+# ---- an answer read late: the watch brought the write and then the object's deletion first
+
+
+async def test_a_workload_deleted_as_its_check_is_written_has_its_request_withdrawn(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """The API server answers gangcheck's write of the check, the Workload is deleted, and
+    the watch brings both before the reconcile reads the answer (held here until it has; in
+    a full run under load, test_slices' Job deleted as its slice turned Ready): the answer
+    does not put the deleted Workload back in the cache, where it stayed for good, never
+    seen gone, its request never withdrawn."""
+    assert controller.controller is not None
+    kube, store = controller.controller.kube, controller.controller.caches.workloads.store
+    name, status = req_name(cluster), WORKLOAD.object_path("wl", cluster.ns) + "/status"
+    original = kube.request
+    held: list[str] = []
+
+    async def request(method: str, path: str, **kw: Any) -> Any:
+        answer = await original(method, path, **kw)
+        if method == "PATCH" and path == status and not held and await cluster.request(name):
+            held.append(answer["metadata"]["resourceVersion"])
+            await cluster.delete_workload("wl")
+
+            async def gone() -> bool:
+                return store.get("wl", cluster.ns) is None
+
+            await eventually(gone, what="the watch bringing the Workload's deletion")
+        return answer
+
+    kube.request = request  # type: ignore[method-assign]
+    await cluster.install_check(TRUST)
+    gang = WorkloadBuilder("wl").pod_set("workers", 2, pod_template(gpu=1))
+    await cluster.submit(gang.reserve_quota().check())
+    await eventually(lambda: _async(bool(held)), what="a check write answered, then deleted")
+    await cluster.wait_request_gone(name)

@@ -396,3 +396,62 @@ async def test_a_store_emptied_for_a_resource_not_served_keeps_nothing() -> None
     inf.store.put_if_newer(req(12, mark="ours"))
     inf.store._replace([])
     assert stored(inf) is None and inf.store._behind == {} and inf.store._tombstones == {}
+
+
+# ---- an answer of ours read after the watch (or a list) is past its version: the object is
+# not in the store then only if it was deleted since (by another writer), and stays out.
+
+
+def test_an_answer_read_after_the_watch_brought_the_deletion_does_not_bring_it_back() -> None:
+    """Our write answered at 12, and before the writer read the answer the watch brought
+    that version and another writer's delete: the object stays gone (a Workload deleted as
+    its check was written stayed in the cache, its request never withdrawn: a flake of
+    tests/integration/test_slices.py)."""
+    inf, heard, by_gang = informer()
+    watch(inf, "ADDED", req(10))
+    watch(inf, "MODIFIED", req(12, mark="ours"))  # the echo of our write
+    watch(inf, "DELETED", req(13, mark="ours"))  # another writer's delete
+    inf.store.put_if_newer(req(12, mark="ours"))  # the answer, read now
+    assert stored(inf) is None and by_gang.of("g") == []
+    assert heard[-1][1] is None
+    watch(inf, "ADDED", req(14, uid="u2"))  # made again: stored as the watch brings it
+    assert stored(inf) == ("14", "u2", "")
+
+
+def test_an_answer_read_after_a_bookmark_past_it_does_not_bring_a_deleted_object_back() -> None:
+    """The deletion's DELETED came before a bookmark past our write's version (one watch
+    ended, the next one from the last version seen): what is not in the store then is gone."""
+    inf, _, _ = informer()
+    watch(inf, "ADDED", req(10))
+    watch(inf, "DELETED", req(13))
+    inf._apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}, "13")
+    inf.store.put_if_newer(req(12, mark="ours"))
+    assert stored(inf) is None
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        pytest.param([("ADDED", 10)], id="the watch not yet at our write: the answer is stored"),
+        pytest.param([], id="nothing listed or watched yet: the answer is stored"),
+    ],
+)
+def test_an_answer_newer_than_what_the_watch_brought_is_stored(
+    seen: list[tuple[str, int]],
+) -> None:
+    inf, _, _ = informer()
+    for kind, version in seen:
+        watch(inf, kind, req(version, uid="u0"))
+    inf.store.put_if_newer(req(12, mark="ours"))
+    assert stored(inf) == ("12", "u1", "ours")
+
+
+async def test_a_relist_not_showing_an_object_keeps_an_older_answer_of_ours_out() -> None:
+    """Listed at 13 without the object: an answer of ours at 12 read after is of an object
+    gone (deleted before the list); one at 14 is of an object made after it."""
+    inf, _, _ = informer()
+    await relist(inf, 13, [])
+    inf.store.put_if_newer(req(12, mark="ours"))
+    assert stored(inf) is None
+    inf.store.put_if_newer(req(14, mark="ours"))
+    assert stored(inf) == ("14", "u1", "ours")
