@@ -129,21 +129,26 @@ def _ran(name: str, start: float | None, *, clusters: int = 1, elsewhere: float 
 
 def test_over_several_runs_each_configuration_gives_the_median_and_worst_of_every_gang() -> None:
     runs = [
+        [_ran("g1", 9.0, clusters=2, elsewhere=4.0), _ran("g2", None, clusters=0)],  # cold
         [_ran("g1", 1.5), _ran("g2", 2.0, clusters=2, elsewhere=0.5)],
         [_ran("g1", 3.0), _ran("g2", None, clusters=0)],
         [_ran("g1", 1.0), _ran("g2", 2.5)],
     ]
-    result = {"runs": 3, "every_run": {"stockout": {"d": runs}}}
+    result = {"runs": 4, "every_run": {"stockout": {"d": runs}}}
 
     lines = bench.runs_lines(result)
 
+    assert "runs 2-4, the first (cold) left out" in lines[1]
     row = lines[-1]
     assert row.startswith("stockout: (d) gangcheck's dispatcher + gangcheck")
-    # 5 of 6 started: sampled 1.0 1.5 2.0 2.5 3.0, watched 0.25 s sooner; 6 clusters / 6 gangs
+    # the cold run left out; 5 of 6 started: sampled 1.0 1.5 2.0 2.5 3.0, watched 0.25 s
+    # sooner; 6 clusters / 6 gangs
     cells = ["5/6", "2.00", "/", "3.00", "1.75", "/", "2.75", "1.00", "0.50"]
     assert row.split()[-9:] == cells
 
 
-def test_one_run_has_no_summary_of_runs() -> None:
+def test_one_run_has_no_summary_of_runs_and_two_count_both() -> None:
     result = {"runs": 1, "every_run": {"stockout": {"d": [[_ran("g1", 1.5)]]}}}
     assert bench.runs_lines(result) == []
+    two = {"runs": 2, "every_run": {"stockout": {"d": [[_ran("g1", 3.0)], [_ran("g1", 1.0)]]}}}
+    assert bench.runs_lines(two)[-1].split()[-9:-6] == ["2/2", "2.00", "/"]
