@@ -151,12 +151,17 @@ async def test_a_slice_whose_added_members_do_not_fit_is_rolled_back_and_stays_p
     """3 of the 4 added fit by the deadline: the difference is rolled back (its node
     reclaimed), the check stays Pending (no Retry: Kueue would suspend the whole Job), the
     4 running members untouched; after the backoff the next attempt asks for the 4 again."""
-    await cluster.install_check(fit(deadline=4))
+    # The deadline is shortened to 4 s only once the 3-GPU node is recorded for the slice:
+    # from the start, the running slice's setup and the node's arrival raced it on a loaded
+    # machine. A deadline change applies at once: it has passed, the rollback follows.
+    await cluster.install_check(fit(deadline=60))
     node, pods = await running_slice(cluster)
     await replace_with(cluster, 8)
     first = naming.request_name("new", cluster.check, 1)
     await cluster.set_request_conditions(first, {"Provisioned": ""})
     (partial,) = await cluster.add_nodes(1, gpu=3)
+    await eventually(lambda: _recorded_for(cluster, partial, first), what="the 3-GPU node recorded")
+    await cluster.set_config(fit(deadline=4))
 
     event = (await cluster.wait_events("SliceRolledBack", timeout=30))[0]
     assert "3 of 4 members placeable" in event["message"]
@@ -711,3 +716,8 @@ async def _deleted_by_hand_lifts_the_hold(cluster: Cluster, name: str, added: st
     assert await cluster.request(name) is None
     got = await cluster.kube.get(NODE, added)
     assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"  # not reclaimed
+
+
+async def _recorded_for(cluster: Cluster, node: str, request: str) -> bool:
+    notes = (await cluster.kube.get(NODE, node))["metadata"].get("annotations") or {}
+    return notes.get(ARRIVED) == f"{cluster.ns}/{request}"
