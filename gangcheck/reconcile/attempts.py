@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gangcheck.logic.attempt import lifecycle
-from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.model.objects import Obj, request_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
@@ -28,6 +29,20 @@ def names_of(objs: Iterable[Obj]) -> frozenset[str]:
     return frozenset(o["metadata"]["name"] for o in objs)
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What one pass of the orphan sweep did not finish: look again in `requeue_after`
+    seconds (None: every attempt it found is withdrawn)."""
+
+    requeue_after: float | None = None
+    waits: bool = False
+    """An attempt waits for the node cache to catch up (lifecycle.clean_up_waits): it may
+    record arrivals from its templates, which stay until it is withdrawn."""
+    kept: frozenset[str] = frozenset()
+    """The PodTemplates named by the requests kept open (lifecycle.promise): left in place,
+    the arrival ledger reads them to record what their source still delivers."""
+
+
 async def withdraw_orphans(
     applier: Applier,
     caches: Caches,
@@ -39,16 +54,27 @@ async def withdraw_orphans(
     at: str,
     backend: CapacityBackend | None = None,
     tell: Callable[[Obj, Event], Awaitable[None]] | None = None,
-) -> bool:
+    keep_promises: bool = True,
+) -> Sweep:
     """Withdraw each attempt whose gang is gone, after reclaiming what arrived for it (under
-    the config it was made with, `config_of`). False when one waits for the node cache to
-    catch up (lifecycle.clean_up_waits): look again shortly. `tell` records, for a request
-    with arrivals to reclaim, the Event saying which (lifecycle.reclaiming): a gang deleted
-    outright (a MultiKueue worker's copy of a Workload, removed by the manager) leaves no
-    other record in its cluster of what arrived for it."""
+    the config it was made with, `config_of`). `tell` records, for a request with arrivals
+    to reclaim, the Event saying which (lifecycle.reclaiming): a gang deleted outright (a
+    MultiKueue worker's copy of a Workload, removed by the manager) leaves no other record in
+    its cluster of what arrived for it.
+
+    An attempt whose source's promise is open (lifecycle.promise: Provisioned, nothing
+    ended it, before its deadline) is not withdrawn yet: what arrived is reclaimed and the
+    hold lifted, as in a withdrawal, but the request is kept, so that what its source still
+    delivers is recorded for it and reclaimed by a later pass; it is deleted once the
+    promise closes. Not with `keep_promises` false (a gang of the name is there again, and
+    its asks take the names). The sweep is looked at again when a promise closes at the
+    latest, or shortly when one waits for the node cache to catch up
+    (lifecycle.clean_up_waits)."""
     capacity = cluster_view(caches, copied=True)  # read across the awaits below
     backend = backend or applier.sources.default
-    done = True
+    waits: list[float] = []
+    kept: set[str] = set()
+    behind = False
     for obj in requests:
         if not is_orphan(obj):
             continue
@@ -56,21 +82,34 @@ async def withdraw_orphans(
         config = config_of(obj)
         if lifecycle.clean_up_waits((orphan,), capacity, config):
             log.info("%s waits for the node cache to catch up", orphan.name, extra={"object": at})
-            done = False
+            waits.append(lifecycle.CATCH_UP_REQUEUE_SECONDS)
+            behind = True
             continue
-        reclaim = lifecycle.abandon(orphan, capacity, config, why, now=datetime.now(UTC), gone=True)
+        now = datetime.now(UTC)
+        promise = lifecycle.promise(orphan, backend.status_of(orphan), orphan.class_name, now)
+        if keep_promises and promise.open:
+            reclaim = lifecycle.reclaim_promised(orphan, capacity, config, now=now)
+            withdraw: tuple[Action, ...] = ()
+            waits.append(lifecycle.until_closed(promise, now))
+            kept.update(p.template_name for p in orphan.pod_sets)
+            said = f"kept open, {promise.why}"
+        else:
+            reclaim = lifecycle.abandon(orphan, capacity, config, why, now=now, gone=True)
+            withdraw = backend.withdraw(orphan, why)
+            said = f"withdrawn ({promise.why})" if keep_promises else "withdrawn"
         log.info(
-            "withdrawing %s: %s (%d steps to reclaim what arrived)",
+            "%s: %s: %s (%d steps to reclaim what arrived)",
             orphan.name,
             why,
+            said,
             len(reclaim),
             extra={"object": at},
         )
         # as lifecycle.clean_up: the hold lifted from what stays (a node kept for its pods)
         held = lifecycle.release_hold(capacity, orphan)
-        for action in (*reclaim, *held, *backend.withdraw(orphan, why)):
+        for action in (*reclaim, *held, *withdraw):
             await applier.apply(orphan.ref.namespace, action)
         if tell is not None:
             for event in lifecycle.reclaiming(reclaim, why):
                 await tell(obj, event)
-    return done
+    return Sweep(min(waits) if waits else None, behind, frozenset(kept))

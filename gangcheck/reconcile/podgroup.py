@@ -22,7 +22,6 @@ from gangcheck.kube.errors import (
     refused,
 )
 from gangcheck.kube.resources import POD
-from gangcheck.logic.attempt import lifecycle
 from gangcheck.logic.attempt.actions import Action, DeleteTemplate, Event
 from gangcheck.logic.podgroups import growth, podgroup
 from gangcheck.logic.podgroups.gating import is_gated
@@ -239,7 +238,7 @@ class PodGroupReconciler(GangReconciler):
         live_uid = await self._live_uid(api_group, namespace, name)
         if live_uid == UNCONFIRMED:
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-        withdrawn = await withdraw_orphans(
+        sweep = await withdraw_orphans(
             self._applier,
             self._caches,
             requests,
@@ -247,13 +246,16 @@ class PodGroupReconciler(GangReconciler):
             config_of=lambda r: self._config_of(_annotations(r).get(CONFIG_ANNOTATION, "")),
             why=GROUP_GONE,
             at=f"{namespace}/{name}",
+            keep_promises=live_uid is None,
         )
-        if not withdrawn:
-            return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
+        if sweep.waits:
+            return Result(requeue_after=sweep.requeue_after)  # waits for the node cache
         for tpl in templates:
+            if tpl["metadata"]["name"] in sweep.kept:
+                continue  # its request is kept open (lifecycle.promise): the ledger reads it
             if _annotations(tpl).get(GROUP_UID_ANNOTATION) != live_uid:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
-        return Result()
+        return Result(requeue_after=sweep.requeue_after)
 
     async def _live_uid(self, api_group: str, namespace: str, name: str) -> str | None:
         """The uid of the group the API server has now; None if it says there is none;

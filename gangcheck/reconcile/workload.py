@@ -17,7 +17,7 @@ from gangcheck.kube.errors import (
     refused,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic.attempt import lifecycle, naming
+from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -162,7 +162,9 @@ class WorkloadReconciler(GangReconciler):
         """The Workload is not in the cache: if the API server confirms it is gone, reclaim
         what arrived for each unfinished attempt, then delete what it left (no garbage
         collector is assumed). A cache not authoritative (just relisting, or answered 404)
-        proves no absence: look again later."""
+        proves no absence: look again later. An attempt whose source's promise is open
+        (lifecycle.promise) is kept, with its templates, until the promise closes, unless a
+        Workload of the name is there again (its asks take the names)."""
         requests = self._caches.requests_of(namespace, name)
         templates = self._caches.templates_of(namespace, name)
         if not requests and not templates:
@@ -174,7 +176,7 @@ class WorkloadReconciler(GangReconciler):
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        withdrawn = await withdraw_orphans(
+        sweep = await withdraw_orphans(
             self._applier,
             self._caches,
             requests,
@@ -183,15 +185,18 @@ class WorkloadReconciler(GangReconciler):
             why=WL_GONE,
             at=f"{namespace}/{name}",
             tell=lambda r, event: self._events.emit(_gone(r, namespace, name), event),
+            keep_promises=live is None,
         )
-        if not withdrawn:
-            return Result(requeue_after=lifecycle.CATCH_UP_REQUEUE_SECONDS)
+        if sweep.waits:
+            return Result(requeue_after=sweep.requeue_after)  # waits for the node cache
         for tpl in templates:
+            if tpl["metadata"]["name"] in sweep.kept:
+                continue  # its request is kept open: the ledger reads it
             if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(
                 _owner_name(tpl), namespace
             ):
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
-        return Result()
+        return Result(requeue_after=sweep.requeue_after)
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> Applied:
         """Apply the actions, then write the check (a new message alone may be held: see

@@ -9,7 +9,9 @@ autoscaler, as in test_fulfillment.py.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,16 @@ from gangcheck.kube.resources import (
     UPSTREAM_POD_GROUP_V1BETA1,
     WORKLOAD,
 )
-from gangcheck.model.names import CONFIG_ANNOTATION, GROUP_UID_ANNOTATION, WORKLOAD_UID_ANNOTATION
+from gangcheck.logic.timefmt import parse_time
+from gangcheck.model.names import (
+    CONFIG_ANNOTATION,
+    DEADLINE_ANNOTATION,
+    GROUP_UID_ANNOTATION,
+    OUTCOME_ANNOTATION,
+    PHASE_ANNOTATION,
+    WORKLOAD_UID_ANNOTATION,
+)
+from gangcheck.model.objects import Obj
 from tests.faults.proxy import EMPTY, STATUS, FaultProxy, Faults, Rule
 from tests.integration.harness import Cluster, RunningController, eventually, never
 from tests.integration.test_fulfillment import (
@@ -169,13 +180,17 @@ async def test_a_workload_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
     await eventually(recorded, what="3 arrivals recorded")
     uid = (await cluster.kube.get(WORKLOAD, "wl", cluster.ns))["metadata"]["uid"]
     await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
-    await cluster.wait_request_gone(name)
 
     async def reclaimed() -> bool:
         return not await cluster.nodes()
 
     await eventually(reclaimed, what="the 3 arrived nodes reclaimed")
-    assert not await cluster.templates()
+    # Provisioned, before its deadline: the request is kept for what its source still
+    # delivers (lifecycle.promise), its reclaim recorded on it; Failed closes the promise.
+    await _kept_open(cluster, name, reclaimed=arrived)
+    await cluster.set_request_conditions(name, {"Failed": "gave up"})
+    await cluster.wait_request_gone(name)
+    await eventually(_no_templates(cluster), what="its templates deleted with it")
     listing = await cluster.kube.list_objects(PROVISIONING_REQUEST, cluster.ns)
     assert not listing.get("items")
     # The Workload is gone outright (as MultiKueue removes a worker's copy): an Event on it,
@@ -232,12 +247,103 @@ async def test_a_workload_deleted_mid_attempt_has_the_arrivals_it_passed_over_re
     await eventually(seen, what="2 arrivals recorded and the tainted one named")
     assert await arrived_for(cluster, name) == sorted(usable)  # the tainted one is not
     await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
-    await cluster.wait_request_gone(name)
 
     async def reclaimed() -> bool:
         return not await cluster.nodes()
 
     await eventually(reclaimed, what=f"the arrived nodes reclaimed, {tainted} too")
+    await _kept_open(cluster, name, reclaimed=[*usable, *tainted])
+    await cluster.set_request_conditions(name, {"Failed": "gave up"})
+    await cluster.wait_request_gone(name)
+
+
+async def _kept_open(cluster: Cluster, name: str, *, reclaimed: list[str]) -> Obj:
+    """The request of a gang that is gone, kept open (no rollback recorded, not being
+    deleted), once its last reclaim's outcome names `reclaimed` (durable: on the request)."""
+
+    async def recorded() -> Obj | None:
+        req = await cluster.request(name)
+        notes = (req or {}).get("metadata", {}).get("annotations") or {}
+        outcome = json.loads(notes.get(OUTCOME_ANNOTATION) or "{}")
+        return req if sorted(outcome.get("reclaimed") or ()) == sorted(reclaimed) else None
+
+    req = await eventually(recorded, what=f"{name} kept, its reclaim of {reclaimed} recorded")
+    assert not req["metadata"].get("deletionTimestamp")
+    assert PHASE_ANNOTATION not in req["metadata"]["annotations"]
+    return req
+
+
+async def _one_of_two_arrived_then_deleted(cluster: Cluster, deadline: int) -> tuple[str, str]:
+    """A gang of two members of 2 GPUs, its request Provisioned, one node of the two arrived
+    and recorded, then its Workload deleted: (request name, the node)."""
+    await cluster.install_check(fit(deadline=deadline))
+    await cluster.submit(gang(members=2, gpu=2))
+    name = req_name(cluster)
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    (first,) = await cluster.add_nodes(1, gpu=2)
+
+    async def recorded() -> bool:
+        return await arrived_for(cluster, name) == [first]
+
+    await eventually(recorded, what="the first arrival recorded")
+    await cluster.kube.delete(WORKLOAD, "wl", cluster.ns)
+    return name, first
+
+
+async def _none_left(cluster: Cluster) -> bool:
+    return not await cluster.nodes()
+
+
+def _no_templates(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
+    async def none() -> bool:
+        return not await cluster.templates()
+
+    return none
+
+
+async def test_a_node_delivered_after_the_workload_was_deleted_is_reclaimed(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """Issue 33: the autoscaler's Provisioned=True is a committed scale-up, which deleting
+    the request does not take back. Before, the withdrawal deleted the request at once and a
+    node registering after was recorded for nothing and left to the autoscaler's scale-down.
+    Now what arrived is reclaimed at once, the request kept while its promise is open (until
+    its deadline); a new controller resumes it; the node that comes after is recorded for
+    it and reclaimed; at the deadline the request and its templates are deleted."""
+    name, first = await _one_of_two_arrived_then_deleted(cluster, deadline=25)
+    await eventually(lambda: _none_left(cluster), what="the arrived node reclaimed at once")
+    await _kept_open(cluster, name, reclaimed=[first])
+    assert len(await cluster.templates()) == 1  # kept with it: the ledger reads them
+    (event,) = await cluster.wait_events("ReclaimingArrivals", about="wl")
+    assert first in event["message"] and "Workload deleted" in event["message"]
+
+    await proxied.stop()  # a restart: everything the sweep reads is on the request
+    await proxied.start()
+    (second,) = await cluster.add_nodes(1, gpu=2)
+    await _kept_open(cluster, name, reclaimed=[second])
+    await eventually(lambda: _none_left(cluster), what="the late node reclaimed")
+    said = [e["message"] for e in await cluster.events("ReclaimingArrivals")]
+    assert any(second in m for m in said), said
+
+    await cluster.wait_request_gone(name, timeout=40)  # its deadline closed the promise
+    await eventually(_no_templates(cluster), what="its templates deleted with it")
+    assert not await cluster.nodes()
+
+
+async def test_a_promise_nothing_more_came_for_closes_at_the_deadline(
+    cluster: Cluster, proxied: RunningController
+) -> None:
+    """No node comes after the withdrawal: the request is kept until its deadline, then
+    deleted with its templates, nothing held."""
+    name, first = await _one_of_two_arrived_then_deleted(cluster, deadline=12)
+    await eventually(lambda: _none_left(cluster), what="the arrived node reclaimed at once")
+    req = await _kept_open(cluster, name, reclaimed=[first])
+    deadline = parse_time(req["metadata"]["annotations"][DEADLINE_ANNOTATION])
+    assert deadline is not None
+    await cluster.wait_request_gone(name, timeout=30)
+    assert datetime.now(UTC) >= deadline
+    await eventually(_no_templates(cluster), what="its templates deleted with it")
+    assert not await cluster.nodes()
 
 
 async def big_group_waiting_with_one_node(cluster: Cluster, groups: Groups, config: str) -> None:
@@ -283,6 +389,35 @@ async def test_a_podgroup_deleted_mid_attempt_has_its_arrived_nodes_reclaimed(
                 return not await cluster.nodes()
 
             await eventually(reclaimed, what="the arrived node reclaimed")
+    finally:
+        await cluster.kube.delete(ATOMIC_CONFIG, config)
+
+
+async def test_a_podgroup_gone_at_once_keeps_its_request_for_the_node_that_comes_after(
+    control_plane: ControlPlane, cluster: Cluster
+) -> None:
+    """A PodGroup that vanishes at once (no finalizer holds it: its deletion is never seen
+    pending), its request Provisioned, one node of two arrived: the orphan sweep keeps the
+    request while the promise is open, as a Workload's (lifecycle.promise); the node that
+    comes after is recorded for it and reclaimed; Failed closes the promise."""
+    groups, config = await _groups_reclaimed_by_delete_node(cluster)
+    try:
+        async with controller_running(str(control_plane.kubeconfig)):
+            await big_group_waiting_with_one_node(cluster, groups, config)
+            (arrived,) = [n["metadata"]["name"] for n in await cluster.nodes()]
+            no_finalizers = {"metadata": {"finalizers": None}}
+            await cluster.kube.merge_patch(
+                UPSTREAM_POD_GROUP_V1BETA1, "big", no_finalizers, cluster.ns
+            )
+            await cluster.kube.delete(UPSTREAM_POD_GROUP_V1BETA1, "big", cluster.ns)
+            await eventually(lambda: _none_left(cluster), what="the arrived node reclaimed")
+            await _kept_open(cluster, "big-pg-1", reclaimed=[arrived])
+            late = await cluster.add_nodes(1, gpu=2)
+            await _kept_open(cluster, "big-pg-1", reclaimed=late)
+            await eventually(lambda: _none_left(cluster), what="the late node reclaimed")
+            await cluster.set_request_conditions("big-pg-1", {"Failed": "gave up"})
+            await cluster.wait_request_gone("big-pg-1")
+            await eventually(_no_templates(cluster), what="its templates deleted with it")
     finally:
         await cluster.kube.delete(ATOMIC_CONFIG, config)
 

@@ -11,7 +11,9 @@ backend reports, the gang's demand, the capacity that exists, the config) and th
 - ROLLING_BACK: a rollback is starting or reclaiming what arrived (logic/attempt/rollback.py);
 - ROLLED_BACK: the rollback is done; ``next_attempt`` says retry after N seconds or give up.
 
-Also here: withdrawing an attempt (``clean_up``, ``superseded``), lifting the hold, the
+Also here: withdrawing an attempt (``clean_up``, ``superseded``; for a gang gone while its
+source's promise is open, keeping it to reclaim what still comes: ``promise``,
+``reclaim_promised``), lifting the hold, the
 attempt's record for a new ask, the capacity source it was made with and whether the config
 changed it since (``asked_source``, ``source_drift``), and how long to wait before looking
 again. And the one rule for the config an attempt in flight follows, for every gang source:
@@ -54,6 +56,8 @@ from gangcheck.logic.attempt.fulfillment import (
 from gangcheck.logic.attempt.hold import held_nodes, is_held
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
+from gangcheck.logic.placement.fit import could_be_made_for, member_from_template
+from gangcheck.logic.placement.quantity import QuantityError
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
@@ -66,6 +70,8 @@ from gangcheck.model.names import (
 )
 from gangcheck.model.objects import Obj, ProvisioningRequest
 from gangcheck.model.provisioning_config import (
+    CHECK_CAPACITY,
+    KARPENTER_CLASS,
     AtomicProvisioningSpec,
     FulfillmentMode,
     RetryStrategy,
@@ -652,8 +658,115 @@ def abandon(
     was made under (`made_under`); without any, nothing more than what it recorded is
     reclaimed."""
     config = made_under(req, config)
+    if rollback.kept_open(req):  # its promise closed: what came since its last reclaim
+        return reclaim_promised(req, capacity, config, now=now)
     also = _unrecorded_when_abandoned(req, capacity, config, now)
     return rollback.abandon(req, capacity, rollback.reclaimer_of(config), why, also=also, gone=gone)
+
+
+@dataclass(frozen=True)
+class Promise:
+    """Whether the source of an attempt whose gang is gone may still deliver for it
+    (`promise`): until when, and why (or why not), in words."""
+
+    until: datetime | None
+    """The attempt's deadline while the promise is open; None: closed."""
+    why: str
+
+    @property
+    def open(self) -> bool:
+        return self.until is not None
+
+
+#: Classes whose Provisioned=True is not a promise that outlives the request: gangcheck's
+#: Karpenter provisioner takes a deleted request's nodes back (its NodeClaims go with it);
+#: check-capacity scales nothing up.
+NO_PROMISE_CLASSES = frozenset({KARPENTER_CLASS, CHECK_CAPACITY})
+
+
+def promise(req: AttemptRecord, status: AttemptStatus, class_name: str, now: datetime) -> Promise:
+    """Whether the attempt of a gang that is gone (its Workload or PodGroup deleted: the
+    orphan sweep, never an eviction or a rollback) is kept open rather than withdrawn now.
+
+    cluster-autoscaler's Provisioned=True (best-effort-atomic) says the scale-up is
+    committed, and deleting the request does not take it back: a node may register after
+    the withdrawal, and none would be recorded for a request that no longer exists. So
+    while the source said Provisioned, nothing ended it (Failed, CapacityRevoked,
+    BookingExpired), the attempt was not fulfilled, started, kept or rolling back, and its
+    deadline (`rollback.deadline_of`) has not passed, the request is kept: what arrives is
+    recorded for it and reclaimed (`reclaim_promised`). Everything read is on the request
+    (class, conditions, annotations): the same across a restart. Its pod templates are not
+    read (garbage-collected with the Workload, they may be gone). Whether what arrived
+    would hold the whole gang is not read either: the nodes reclaimed are gone, and their
+    shapes with them; the deadline closes the promise."""
+    if class_name in NO_PROMISE_CLASSES:
+        return Promise(None, f"class {class_name}: deleting the request ends what it asked")
+    if req.deleting:
+        return Promise(None, "being deleted")
+    if status.has_ended:
+        return Promise(None, f"{status.phase()}: nothing more comes for it")
+    if not status.has(Phase.PROVISIONED):
+        return Promise(None, "not provisioned: deleting the request ends the scale-up")
+    record = rollback.record_of(req)
+    if record.phase is not AttemptPhase.ASKED:
+        return Promise(None, f"{record.phase.value}: claims no new node")
+    if record.deadline is None:
+        return Promise(None, "no deadline recorded")
+    if now >= record.deadline:
+        return Promise(None, f"its deadline {format_time(record.deadline)} passed")
+    until = format_time(record.deadline)
+    return Promise(record.deadline, f"provisioned: what its source delivers until {until}")
+
+
+def until_closed(promise: Promise, now: datetime) -> float:
+    """Seconds until an open promise closes (its deadline): when to look again at the
+    latest; arrivals wake the sweep before (a node recorded for the request, or any node
+    change while it is open)."""
+    left = (promise.until - now).total_seconds() if promise.until else 0.0
+    return max(ROLLBACK_REQUEUE_SECONDS, left)
+
+
+def reclaim_promised(
+    req: AttemptRecord,
+    capacity: ClusterView | None,
+    config: AtomicProvisioningSpec | None,
+    *,
+    now: datetime | None = None,
+) -> tuple[Action, ...]:
+    """One pass over an attempt kept open for its promise (`promise`): the arrivals it had
+    not recorded are recorded for it by the rules of `abandon` (in fit mode, from its pod
+    templates while they exist), except one another waiting request could have been made
+    for (the gone gang claims last: that node is the live gang's to record, never one to
+    delete), then every node recorded for it that its last reclaim did not settle is
+    reclaimed (`rollback.reclaim_late`). No rollback is recorded: the request stays open,
+    so what its source still delivers is recorded for it, and reclaimed by the next pass."""
+    config = made_under(req, config)
+    also = tuple(
+        (name, rv)
+        for name, rv in _unrecorded_when_abandoned(req, capacity, config, now)
+        if not _wanted_elsewhere(capacity, req, name)
+    )
+    return rollback.reclaim_late(req, capacity, rollback.reclaimer_of(config), also=also)
+
+
+def _wanted_elsewhere(capacity: ClusterView | None, req: AttemptRecord, name: str) -> bool:
+    """Whether another waiting request could have been made for the node `name`."""
+    if capacity is None:
+        return False
+    found = next((n for n in capacity.nodes if n["metadata"]["name"] == name), None)
+    if found is None:
+        return False
+    view, key = capacity.view(found), request_key(req)
+    for other in capacity.waiting:
+        if other.key == key:
+            continue
+        for template in other.templates:
+            try:
+                if could_be_made_for(member_from_template(template), view):
+                    return True
+            except QuantityError:
+                return True  # unreadable: it might have been
+    return False
 
 
 def clean_up_waits(

@@ -10,6 +10,8 @@ kept on the request so it completes, and counts every node, across a restart:
 
 ``abandon`` is the same sequence for an attempt whose gang is gone (its Workload or PodGroup
 deleted mid-attempt): what arrived for it is reclaimed before its request is deleted.
+``reclaim_late`` reclaims without recording a rollback, for an attempt kept open after its
+gang went while its source may still deliver (lifecycle.promise).
 """
 
 from __future__ import annotations
@@ -197,6 +199,52 @@ def abandon(
         () if is_rolling_back(req) else (start(req, capacity, why, also=names)[0],)
     )
     return (*claims, *recorded, reclaim(req, capacity, reclaimer, also=names))
+
+
+def kept_open(req: AttemptRecord) -> bool:
+    """Whether the attempt was withdrawn kept open (lifecycle.promise): a reclaim recorded
+    its outcome, no rollback was recorded (`reclaim_late`)."""
+    record = record_of(req)
+    return bool(record.raw_outcome) and record.phase is AttemptPhase.ASKED
+
+
+def reclaim_late(
+    req: AttemptRecord,
+    capacity: ClusterView | None,
+    reclaimer: str,
+    *,
+    also: Sequence[tuple[str, str]] = (),
+) -> tuple[Action, ...]:
+    """An attempt whose gang is gone, kept open while its source may still deliver
+    (lifecycle.promise): record the arrivals `also` ((name, resourceVersion)) for it, then
+    reclaim, with them, every node recorded for it that its last reclaim did not settle
+    (reclaimed, draining, or kept by a safety rule; one whose reclaim failed is tried
+    again). No rollback is recorded (`start`): the request stays open, so the arrival ledger
+    records for it what its source delivers later. Each reclaim records its own outcome
+    (the last one's is on the request). Nothing when nothing is left to reclaim."""
+    if req.deleting:
+        return ()
+    outcome = record_of(req).outcome
+    settled = (
+        {*outcome.reclaimed, *outcome.draining, *outcome.kept} if outcome is not None else set()
+    )
+    names = tuple(name for name, _ in also)
+    arrived = {n: t for n, t in _arrived(req, capacity, names).items() if n not in settled}
+    if not arrived:
+        return ()
+    claims = tuple(
+        ClaimNode(name, rv, request_key(req), held_as(req)) for name, rv in also if name in arrived
+    )
+    ordered = tuple(sorted(arrived))
+    reclaim = ReclaimArrivals(
+        req.name,
+        request_key(req),
+        req.creation_timestamp,
+        ordered,
+        reclaimer,
+        tuple(arrived[n] for n in ordered),
+    )
+    return (*claims, reclaim)
 
 
 def reclaimer_of(config: AtomicProvisioningSpec | None) -> str:
