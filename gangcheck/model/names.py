@@ -22,6 +22,10 @@ DEADLINE_ANNOTATION = "gangcheck.io/fulfillment-deadline"
 PHASE_ANNOTATION = "gangcheck.io/phase"
 OUTCOME_ANNOTATION = "gangcheck.io/outcome"
 ROLLBACK_REASON_ANNOTATION = "gangcheck.io/rollback-reason"
+GANG_GONE_ANNOTATION = "gangcheck.io/gang-gone"
+"""On a request kept open after its gang went (lifecycle.promise): when the orphan sweep first
+kept it. Its gang claims last: no live gang waits for it, and it records no node a live
+waiting gang could use."""
 ROLLBACK_NODES_ANNOTATION = "gangcheck.io/rollback-nodes"
 RESERVED_ANNOTATION = "gangcheck.io/reserved-members"
 """On a request: members of its gang placed on reserved capacity (not asked for)."""

@@ -28,6 +28,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.backend import CapacityBackend
 from gangcheck.logic.attempt.hold import is_held, taints_holding, taints_released
+from gangcheck.logic.attempt.records import Outcome
 from gangcheck.model.names import (
     ARRIVED_FOR,
     CHECK_ANNOTATION,
@@ -337,6 +338,8 @@ class Applier:
             metrics=self.metrics,
             told=self._caches,
         )
+        if action.earlier:
+            outcome = outcome.after(Outcome.from_annotation(action.earlier))
         record = self.sources.record(action.request, {OUTCOME_ANNOTATION: outcome.to_annotation()})
         await self.apply(namespace, record)
 

@@ -20,8 +20,15 @@ from gangcheck.reconcile.view import cluster_view
 log = logging.getLogger(__name__)
 
 
-def owner_uids(obj: Obj) -> list[str]:
-    return [r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []]
+def made_for_uid(obj: Obj, annotation: str) -> str:
+    """The uid of the gang an object was made for: the annotation naming it (`annotation`),
+    else its first owner's (a PodTemplate made before gangcheck stopped owning them by the
+    gang's object); '' when neither says."""
+    meta = obj["metadata"]
+    uid = (meta.get("annotations") or {}).get(annotation)
+    if uid:
+        return str(uid)
+    return next((str(r.get("uid") or "") for r in meta.get("ownerReferences") or []), "")
 
 
 def names_of(objs: Iterable[Obj]) -> frozenset[str]:
@@ -86,14 +93,21 @@ async def withdraw_orphans(
             behind = True
             continue
         now = datetime.now(UTC)
-        promise = lifecycle.promise(orphan, backend.status_of(orphan), orphan.class_name, now)
+        came = lifecycle.came_for(orphan, capacity)
+        status = backend.status_of(orphan)
+        promise = lifecycle.promise(orphan, status, orphan.class_name, now, came=came)
         if keep_promises and promise.open:
+            # marked first: from then on no live gang waits behind it for a new node
+            mark = lifecycle.mark_gone(orphan, now)
             reclaim = lifecycle.reclaim_promised(orphan, capacity, config, now=now)
             withdraw: tuple[Action, ...] = ()
             waits.append(lifecycle.until_closed(promise, now))
+            if reclaim:  # its outcome, once written, may close the promise (came_for)
+                waits.append(lifecycle.CATCH_UP_REQUEUE_SECONDS)
             kept.update(p.template_name for p in orphan.pod_sets)
             said = f"kept open, {promise.why}"
         else:
+            mark = ()
             reclaim = lifecycle.abandon(orphan, capacity, config, why, now=now, gone=True)
             withdraw = backend.withdraw(orphan, why)
             said = f"withdrawn ({promise.why})" if keep_promises else "withdrawn"
@@ -107,7 +121,7 @@ async def withdraw_orphans(
         )
         # as lifecycle.clean_up: the hold lifted from what stays (a node kept for its pods)
         held = lifecycle.release_hold(capacity, orphan)
-        for action in (*reclaim, *held, *withdraw):
+        for action in (*mark, *reclaim, *held, *withdraw):
             await applier.apply(orphan.ref.namespace, action)
         if tell is not None:
             for event in lifecycle.reclaiming(reclaim, why):

@@ -219,9 +219,12 @@ class PodGroupReconciler(GangReconciler):
         return await self._withdraw_orphans(api_group, short, namespace, name)
 
     def _earlier_attempts(self, group: PodGroup) -> bool:
-        """Whether a request of this group's name was made for another group (another uid)."""
-        requests = self._caches.requests_of_group(group.ref.namespace, podgroup.group_key(group))
-        return any(_annotations(r).get(GROUP_UID_ANNOTATION) != group.ref.uid for r in requests)
+        """Whether a request or PodTemplate of this group's name was made for another group
+        (another uid): templates are owned by nothing, so none goes with its group."""
+        namespace, key = group.ref.namespace, podgroup.group_key(group)
+        made = (*self._caches.requests_of_group(namespace, key),)
+        made += (*self._caches.templates_of_group(namespace, key),)
+        return any(_annotations(o).get(GROUP_UID_ANNOTATION) != group.ref.uid for o in made)
 
     async def _withdraw_orphans(
         self, api_group: str, short: str, namespace: str, name: str

@@ -41,8 +41,9 @@ from gangcheck.logic.workloads.admission import (
     decide,
 )
 from gangcheck.logic.workloads.snapshot import snapshot_of
+from gangcheck.model.names import WORKLOAD_UID_ANNOTATION
 from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, request_of, workload_of
-from gangcheck.reconcile.attempts import names_of, owner_uids, withdraw_orphans
+from gangcheck.reconcile.attempts import made_for_uid, names_of, withdraw_orphans
 from gangcheck.reconcile.caches import check_of
 from gangcheck.reconcile.progress import progress_only
 from gangcheck.reconcile.reconciler import GangReconciler, refusal_event
@@ -131,10 +132,13 @@ class WorkloadReconciler(GangReconciler):
         return 0.0
 
     def _earlier_attempts(self, wl: Workload) -> bool:
-        """Whether a request of this name was made for another Workload (another uid)."""
-        return any(
-            request_of(r).workload_uid != wl.ref.uid
-            for r in self._caches.requests_of(wl.ref.namespace, wl.ref.name)
+        """Whether a request or PodTemplate of this name was made for another Workload
+        (another uid): templates are owned by nothing, so none goes with its Workload."""
+        namespace, name = wl.ref.namespace, wl.ref.name
+        requests = self._caches.requests_of(namespace, name)
+        return any(request_of(r).workload_uid != wl.ref.uid for r in requests) or any(
+            made_for_uid(t, WORKLOAD_UID_ANNOTATION) not in ("", wl.ref.uid)
+            for t in self._caches.templates_of(namespace, name)
         )
 
     def _checks_of(self, wl: Workload) -> list[str]:
@@ -192,9 +196,7 @@ class WorkloadReconciler(GangReconciler):
         for tpl in templates:
             if tpl["metadata"]["name"] in sweep.kept:
                 continue  # its request is kept open: the ledger reads it
-            if live_uid not in owner_uids(tpl) and not self._caches.requests.store.get(
-                _owner_name(tpl), namespace
-            ):
+            if made_for_uid(tpl, WORKLOAD_UID_ANNOTATION) != live_uid:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result(requeue_after=sweep.requeue_after)
 
@@ -349,8 +351,3 @@ def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:
     """The Workload a request was made for, gone now (its uid from the request)."""
     uid = request_of(request).workload_uid
     return ObjectRef("Workload", namespace, name, uid, WORKLOAD.api_version)
-
-
-def _owner_name(obj: Obj) -> str:
-    refs = obj["metadata"].get("ownerReferences") or [{}]
-    return str(refs[0].get("name", ""))

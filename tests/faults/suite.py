@@ -739,8 +739,11 @@ async def count(
             tally.leaked_requests += 1
             tally.problems.append(f"leaked request {cluster.ns}/{req_name}")
         for template in await cluster.templates():
-            owners = {r.get("name") for r in template["metadata"].get("ownerReferences") or []}
-            if not owners & (live_requests | {gang.name}) or gang.attempts[-1] == DELETED:
+            # owned by nothing: the gang it names, or a live request it belongs to
+            made = template["metadata"]["name"]
+            gang_of = (template["metadata"].get("annotations") or {}).get("gangcheck.io/workload")
+            of_live = any(made.startswith(f"ppt-{r}-") for r in live_requests)
+            if not (of_live or gang_of == gang.name) or gang.attempts[-1] == DELETED:
                 tally.leaked_templates += 1
                 tally.problems.append(f"leaked template {template['metadata']['name']}")
         for node in await cluster.nodes():

@@ -66,8 +66,9 @@ async def test_happy_path_one_request_then_ready(
         return found if len(found) == 2 else None
 
     made = await eventually(both_templates, what="the request's two templates")
-    owners = [[r["uid"] for r in t["metadata"]["ownerReferences"]] for t in made]
-    assert owners == [[wl["metadata"]["uid"]]] * 2
+    assert [t["metadata"].get("ownerReferences") for t in made] == [None] * 2
+    named = [t["metadata"]["annotations"]["gangcheck.io/workload-uid"] for t in made]
+    assert named == [wl["metadata"]["uid"]] * 2  # the orphan sweep deletes them by it
     template = next(
         t for t in await cluster.templates() if t["metadata"]["name"].endswith("workers")
     )

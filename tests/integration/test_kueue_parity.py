@@ -55,10 +55,10 @@ async def templates_of(cluster: Cluster, req: Any) -> list[Any] | None:
 async def test_a_request_deleted_by_hand_costs_no_attempt(
     cluster: Cluster, controller: RunningController
 ) -> None:
-    """The request is deleted by hand; its templates are owned by the Workload alone, so the
-    garbage collector keeps them and the recreated request of the same attempt points at
-    templates that exist, even with backoffLimitCount 0. No write ever hands a template to
-    its request (Kueue's does, a patch per template)."""
+    """The request is deleted by hand; its templates are owned by nothing (they name the
+    Workload's uid), so the garbage collector keeps them and the recreated request of the
+    same attempt points at templates that exist, even with backoffLimitCount 0. No write ever
+    hands a template to its request (Kueue's does, a patch per template)."""
     await cluster.install_check({**TRUST, "retryStrategy": {"backoffLimitCount": 0}})
     await cluster.submit(gang())
     name = req_name(cluster)
@@ -79,8 +79,10 @@ async def test_a_request_deleted_by_hand_costs_no_attempt(
     check = await cluster.wait_check("wl", "Ready")
     assert not check.get("retryCount")
     templates = await templates_of(cluster, second) or []
-    owners = [[(r["kind"], r["name"]) for r in t["metadata"]["ownerReferences"]] for t in templates]
-    assert owners == [[("Workload", "wl")]] * 2
+    wl = await cluster.workload("wl")
+    assert [t["metadata"].get("ownerReferences") for t in templates] == [None] * 2
+    named = [t["metadata"]["annotations"]["gangcheck.io/workload-uid"] for t in templates]
+    assert named == [wl["metadata"]["uid"]] * 2
 
 
 async def test_a_template_lost_while_its_request_is_in_flight_is_recreated(
@@ -99,8 +101,8 @@ async def test_a_template_lost_while_its_request_is_in_flight_is_recreated(
 
     template = await eventually(back, what=f"{lost} recreated")
     wl = await cluster.workload("wl")
-    owners = [(r["kind"], r["uid"]) for r in template["metadata"]["ownerReferences"]]
-    assert owners == [("Workload", wl["metadata"]["uid"])]
+    assert "ownerReferences" not in template["metadata"]
+    assert template["metadata"]["annotations"]["gangcheck.io/workload-uid"] == wl["metadata"]["uid"]
 
 
 async def test_ready_check_retries_when_the_booking_expires_before_admission(

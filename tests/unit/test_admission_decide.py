@@ -1182,11 +1182,11 @@ def test_a_request_in_flight_with_its_templates_costs_no_write_but_the_check() -
     assert d.check is not None
 
 
-def test_a_recreated_template_is_owned_by_the_workload_alone() -> None:
+def test_a_recreated_template_is_owned_by_nothing_and_names_the_workload_uid() -> None:
     d = run(Case("", gang(), requests=[req()], templates=frozenset()))
     body = next(a for a in d.actions if isinstance(a, CreateTemplate)).body
-    owners = [(o["kind"], o["uid"], o["controller"]) for o in body["metadata"]["ownerReferences"]]
-    assert owners == [("Workload", "uid-wl", True)]
+    assert "ownerReferences" not in body["metadata"]
+    assert body["metadata"]["annotations"]["gangcheck.io/workload-uid"] == "uid-wl"
 
 
 def test_templates_are_created_before_the_request() -> None:

@@ -69,7 +69,6 @@ def ask(existing: frozenset[str] = frozenset()) -> Ask:
         record={"gangcheck.io/attempt": "1"},
         capacity_class="queued-provisioning.gke.io",
         parameters={"a": "b"},
-        owners=({"kind": "Workload", "name": "wl", "uid": "u"},),
         existing=existing,
     )
 
@@ -80,7 +79,7 @@ def test_an_ask_is_a_request_and_a_template_per_pod_set() -> None:
     assert isinstance(request, CreateRequest)
     assert template.body["metadata"]["name"] == "ppt-wl-atomic-1-workers"
     assert template.body["metadata"]["annotations"] == {"gangcheck.io/workload": "wl"}
-    assert template.body["metadata"]["ownerReferences"][0]["name"] == "wl"
+    assert "ownerReferences" not in template.body["metadata"]  # gangcheck deletes them
     assert template.body["template"] == TEMPLATE
     assert request.body["metadata"]["annotations"] == {
         "gangcheck.io/workload": "wl",
@@ -107,8 +106,8 @@ def test_following_writes_nothing_while_the_templates_exist_and_makes_lost_ones_
     (again,) = PROVISIONING_REQUEST.follow(req, ask())
     assert isinstance(again, CreateTemplate)
     assert again.body["metadata"]["name"] == "ppt-wl-atomic-1-workers"
-    # Owned by the gang's object alone, as when first made: no write hands it to the request.
-    assert [o["name"] for o in again.body["metadata"]["ownerReferences"]] == ["wl"]
+    # Owned by nothing, as when first made: no write hands it to the request.
+    assert "ownerReferences" not in again.body["metadata"]
 
 
 def test_withdrawing_deletes_the_request_and_its_templates() -> None:

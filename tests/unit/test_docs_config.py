@@ -553,6 +553,7 @@ THEIRS = {
     # cluster-autoscaler
     "CapacityIsFound",
     "CapacityIsProvisioned",
+    "FetchPodTemplates",
     "ScaleDown",
     "ScaleDownEmpty",
     # Karpenter

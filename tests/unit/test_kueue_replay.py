@@ -334,7 +334,7 @@ def check_step(d: Decision, want: Want) -> None:
     if want.template_owners is not None:
         for a in d.actions:
             if isinstance(a, CreateTemplate):
-                refs = a.body["metadata"]["ownerReferences"]
+                refs = a.body["metadata"].get("ownerReferences") or []
                 assert tuple((r["kind"], r["controller"]) for r in refs) == want.template_owners
     if want.writes_check_only:
         assert d.actions == (), d.actions
@@ -565,13 +565,14 @@ CREATED_BASE = Want(
     templates=T1,
     template_has={T1[0]: FLV1_TEMPLATE, T1[1]: {"nodeSelector": {"f2l1": "v1"}}},
     events=CREATED,
-    template_owners=(("Workload", True),),
+    template_owners=(),
 )
 OWNERS = (
     "Kueue moves each template's controller reference from the Workload to the request, a "
-    "patch per template; gangcheck leaves the Workload its only owner (the garbage collector "
-    "keeps a dependent while any owner lives), so a request deleted by hand does not take its "
-    "templates with it and no write hands them over (docs/kueue-differences.md, 'PodTemplates')"
+    "patch per template; gangcheck's templates are owned by nothing, as its requests are not, "
+    "and name the Workload's uid: no write hands them over, a request deleted by hand does "
+    "not take them with it, and an attempt kept open after its Workload went still reads "
+    "them (docs/kueue-differences.md, 'PodTemplates')"
 )
 
 
@@ -726,7 +727,7 @@ RECONCILE_CASES = [
                     creates=(R1,),
                     pod_sets=BASE_POD_SETS,
                     templates=(T1[1],),
-                    template_owners=(("Workload", True),),
+                    template_owners=(),
                 ),
             ),
             handed_over(base(), BASE_REQUEST),
@@ -876,7 +877,7 @@ RECONCILE_CASES = [
                     creates=(R1,),
                     pod_sets=((T1[1], 3),),
                     templates=(T1[1],),
-                    template_owners=(("Workload", True),),
+                    template_owners=(),
                 ),
             ),
             handed_over(MEMORY_ONLY, request(pod_sets=((T1[1], 3),))),
@@ -896,7 +897,7 @@ RECONCILE_CASES = [
                     creates=(R1,),
                     pod_sets=((T1[0], 4),),
                     template_has={T1[0]: {"requests": {"cpu": "1", "example.com/gpu": "1"}}},
-                    template_owners=(("Workload", True),),
+                    template_owners=(),
                 ),
             ),
             handed_over(GPU_LIMIT_ONLY, request(pod_sets=((T1[0], 4),))),
@@ -1269,7 +1270,7 @@ RECONCILE_CASES += [
                         MERGED_THREE[1][0]: {"priorityClassName": "pc-100"},
                         MERGED_THREE[2][0]: {"priorityClassName": "pc-200"},
                     },
-                    template_owners=(("Workload", True),),
+                    template_owners=(),
                 ),
             ),
             handed_over(IDENTICAL_TEMPLATES, request(pod_sets=MERGED_THREE, parameters={})),
@@ -1288,7 +1289,7 @@ RECONCILE_CASES += [
                     "Pending",
                     creates=(R1,),
                     pod_sets=MERGED_THREE,
-                    template_owners=(("Workload", True),),
+                    template_owners=(),
                 ),
             ),
             handed_over(SAME_REQUIREMENTS, request(pod_sets=MERGED_THREE, parameters={})),

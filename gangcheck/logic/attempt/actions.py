@@ -62,6 +62,10 @@ class ReclaimArrivals:
     reclaimer: str
     node_created: tuple[str, ...] = ()
     """creationTimestamp of each node, to count the time held of one already gone."""
+    earlier: str = ""
+    """The outcome an earlier reclaim of the same request recorded (its annotation), for a
+    request kept open after its gang went: the outcome recorded is both (`Outcome.after`),
+    so it names every node that came for it."""
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,6 @@ class Ask:
     capacity_class: str
     """What kind of capacity (a provisioning class; for Karpenter, a NodePool)."""
     parameters: Mapping[str, str] = field(default_factory=dict)
-    owners: tuple[Obj, ...] = ()
-    """Owner references of the per-pod-set objects (the gang's own object)."""
     existing: frozenset[str] = frozenset()
     """Names of the attempt's objects that exist already (an interrupted reconcile)."""
 

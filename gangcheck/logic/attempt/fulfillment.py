@@ -60,6 +60,9 @@ class Waiting:
     templates: tuple[Obj, ...] = ()
     created: str = ""
     """The request's creationTimestamp: only nodes younger than it arrived for it."""
+    gone: bool = False
+    """Kept open after its gang went (lifecycle.promise, GANG_GONE_ANNOTATION): it claims
+    last, after every live gang, whatever its age."""
 
 
 class DeviceSource(Protocol):
@@ -480,11 +483,14 @@ def _partition(
 
 
 def _may_claim(capacity: ClusterView, key: str, node: Obj, now: datetime | None) -> bool:
-    """Older waiting requests the node could serve claim it first; after a grace, anyone may."""
+    """Older waiting requests the node could serve claim it first; after a grace, anyone may.
+    A request kept for a gang that is gone is no older one: its gang claims last."""
     view = capacity.view(node)
     for older in capacity.waiting:
         if older.key == key:
             return True
+        if older.gone:
+            continue
         if any(could_be_made_for(member_from_template(t), view) for t in older.templates):
             born = parse_time(node.get("metadata", {}).get("creationTimestamp", ""))
             waited = (now - born).total_seconds() if born and now else 0.0

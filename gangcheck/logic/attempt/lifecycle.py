@@ -64,6 +64,7 @@ from gangcheck.model.names import (
     ATTEMPT_CONFIG_ANNOTATION,
     DEADLINE_ANNOTATION,
     FULFILLED,
+    GANG_GONE_ANNOTATION,
     PHASE_ANNOTATION,
     RESERVED_ANNOTATION,
     SOURCE_ANNOTATION,
@@ -684,7 +685,9 @@ class Promise:
 NO_PROMISE_CLASSES = frozenset({KARPENTER_CLASS, CHECK_CAPACITY})
 
 
-def promise(req: AttemptRecord, status: AttemptStatus, class_name: str, now: datetime) -> Promise:
+def promise(
+    req: AttemptRecord, status: AttemptStatus, class_name: str, now: datetime, *, came: int = 0
+) -> Promise:
     """Whether the attempt of a gang that is gone (its Workload or PodGroup deleted: the
     orphan sweep, never an eviction or a rollback) is kept open rather than withdrawn now.
 
@@ -694,11 +697,16 @@ def promise(req: AttemptRecord, status: AttemptStatus, class_name: str, now: dat
     while the source said Provisioned, nothing ended it (Failed, CapacityRevoked,
     BookingExpired), the attempt was not fulfilled, started, kept or rolling back, and its
     deadline (`rollback.deadline_of`) has not passed, the request is kept: what arrives is
-    recorded for it and reclaimed (`reclaim_promised`). Everything read is on the request
-    (class, conditions, annotations): the same across a restart. Its pod templates are not
-    read (garbage-collected with the Workload, they may be gone). Whether what arrived
-    would hold the whole gang is not read either: the nodes reclaimed are gone, and their
-    shapes with them; the deadline closes the promise."""
+    recorded for it and reclaimed (`reclaim_promised`), the arrival ledger reading its pod
+    templates (owned by nothing: they outlive the gang). Everything else read is on the
+    request (class, conditions, annotations) and its nodes: the same across a restart.
+
+    It closes early once everything asked for came: `came` (`came_for`: the nodes recorded
+    for it now or settled by its reclaims) at least the members it asked. A node that came for
+    a gang takes at least one member (the ledger records no other), so a source that made
+    that many nodes has made all it will for it. A gang whose members share nodes keeps the
+    promise open until its deadline: the nodes reclaimed are gone, and with them whether
+    they would have held it whole."""
     if class_name in NO_PROMISE_CLASSES:
         return Promise(None, f"class {class_name}: deleting the request ends what it asked")
     if req.deleting:
@@ -714,8 +722,34 @@ def promise(req: AttemptRecord, status: AttemptStatus, class_name: str, now: dat
         return Promise(None, "no deadline recorded")
     if now >= record.deadline:
         return Promise(None, f"its deadline {format_time(record.deadline)} passed")
+    asked = sum(p.count for p in req.pod_sets)
+    if asked and came >= asked:
+        return Promise(None, f"everything asked for came ({came} node(s) for {asked} member(s))")
     until = format_time(record.deadline)
     return Promise(record.deadline, f"provisioned: what its source delivers until {until}")
+
+
+def mark_gone(req: AttemptRecord, now: datetime) -> tuple[Action, ...]:
+    """The record that an attempt is kept open for a gang that is gone (`promise`): from
+    then on its gang claims last (`Waiting.gone`). Written once."""
+    if GANG_GONE_ANNOTATION in req.annotations:
+        return ()
+    return (AnnotateRequest(req.name, {GANG_GONE_ANNOTATION: format_time(now)}),)
+
+
+def came_for(req: AttemptRecord, capacity: ClusterView | None) -> int:
+    """How many nodes came for an attempt, as far as is known: those recorded for it now,
+    and those its reclaims settled (reclaimed, draining or kept; the outcome on a request
+    kept open holds every reclaim's: `rollback.reclaim_late`)."""
+    outcome = rollback.record_of(req).outcome
+    settled = (
+        {*outcome.reclaimed, *outcome.draining, *outcome.kept} if outcome is not None else set()
+    )
+    nodes = capacity.nodes if capacity is not None else ()
+    recorded = {
+        n["metadata"]["name"] for n in arrived_for(nodes, request_key(req), req.creation_timestamp)
+    }
+    return len(settled | recorded)
 
 
 def until_closed(promise: Promise, now: datetime) -> float:
@@ -750,7 +784,8 @@ def reclaim_promised(
 
 
 def _wanted_elsewhere(capacity: ClusterView | None, req: AttemptRecord, name: str) -> bool:
-    """Whether another waiting request could have been made for the node `name`."""
+    """Whether another waiting request of a live gang could have been made for the node
+    `name` (one kept for a gang that is gone, as this one, is not: `Waiting.gone`)."""
     if capacity is None:
         return False
     found = next((n for n in capacity.nodes if n["metadata"]["name"] == name), None)
@@ -758,8 +793,8 @@ def _wanted_elsewhere(capacity: ClusterView | None, req: AttemptRecord, name: st
         return False
     view, key = capacity.view(found), request_key(req)
     for other in capacity.waiting:
-        if other.key == key:
-            continue
+        if other.key == key or other.gone:
+            continue  # another gang gone claims last too: one of them records it
         for template in other.templates:
             try:
                 if could_be_made_for(member_from_template(template), view):

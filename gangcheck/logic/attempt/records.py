@@ -68,6 +68,23 @@ class Outcome:
         except (ValueError, TypeError, AttributeError):
             return cls(kept={UNREADABLE: f"unreadable outcome {raw[:80]!r}"})
 
+    def after(self, earlier: Outcome) -> Outcome:
+        """This reclaim's outcome with an earlier one's of the same request (a request kept
+        open after its gang went reclaims in several passes: lifecycle.reclaim_promised):
+        every node reclaimed by either; draining and kept as the latest says of a node, else
+        as the earlier did; the time held of both; the failures of this one."""
+        reclaimed = tuple(sorted({*earlier.reclaimed, *self.reclaimed}))
+        done = set(reclaimed)
+        kept = {**earlier.kept, **self.kept}
+        draining = {*earlier.draining, *self.draining} - done - set(kept)
+        return Outcome(
+            reclaimed,
+            tuple(sorted(draining)),
+            {n: why for n, why in kept.items() if n not in done},
+            earlier.node_seconds + self.node_seconds,
+            dict(self.failed),
+        )
+
     def summary(self, gone: Collection[str] = ()) -> str:
         """What the rollback did, in one line (the RolledBack Event's, the check's or the
         group's message). `gone`: nodes that no longer exist; a kept one of them is said kept

@@ -217,11 +217,13 @@ def reclaim_late(
 ) -> tuple[Action, ...]:
     """An attempt whose gang is gone, kept open while its source may still deliver
     (lifecycle.promise): record the arrivals `also` ((name, resourceVersion)) for it, then
-    reclaim, with them, every node recorded for it that its last reclaim did not settle
+    reclaim, with them, every node recorded for it that its reclaims did not settle
     (reclaimed, draining, or kept by a safety rule; one whose reclaim failed is tried
     again). No rollback is recorded (`start`): the request stays open, so the arrival ledger
-    records for it what its source delivers later. Each reclaim records its own outcome
-    (the last one's is on the request). Nothing when nothing is left to reclaim."""
+    records for it what its source delivers later. The outcome each reclaim records holds
+    the earlier ones' (`Outcome.after`): every node that came for it, which closes its
+    promise once they are as many as its members (lifecycle.promise). Nothing when nothing
+    is left to reclaim."""
     if req.deleting:
         return ()
     outcome = record_of(req).outcome
@@ -243,6 +245,7 @@ def reclaim_late(
         ordered,
         reclaimer,
         tuple(arrived[n] for n in ordered),
+        earlier=record_of(req).raw_outcome,
     )
     return (*claims, reclaim)
 

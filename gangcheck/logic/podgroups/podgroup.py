@@ -60,7 +60,7 @@ from gangcheck.logic.attempt.hold import hold_toleration
 from gangcheck.logic.attempt.lifecycle import Progress
 from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause, count_of
 from gangcheck.logic.podgroups.gating import gated_at, released_by, ungated_cause
-from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.model.names import (
     ATTEMPT_ANNOTATION,
@@ -1308,7 +1308,6 @@ def _ask(
         record=record,
         capacity_class=capacity_class,
         parameters=parameters,
-        owners=(owner_reference(group.ref, group.ref.api_version),),
         existing=snap.templates,
     )
 

@@ -18,7 +18,7 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.backend import Ask, AttemptRecord, CapacityBackend
 from gangcheck.logic.attempt.status import AttemptStatus, status_from
 from gangcheck.model.names import MANAGED_BY, MANAGED_BY_LABEL
-from gangcheck.model.objects import Obj, ObjectRef, ProvisioningRequest
+from gangcheck.model.objects import Obj, ProvisioningRequest
 
 KIND = "ProvisioningRequest"
 
@@ -27,17 +27,6 @@ def status_of(req: ProvisioningRequest) -> AttemptStatus:
     """The request's conditions as an attempt status."""
     status = status_from(req.conditions)
     return replace(status, created=req.creation_timestamp, asked=sum(p.count for p in req.pod_sets))
-
-
-def owner_reference(ref: ObjectRef, api_version: str) -> Obj:
-    return {
-        "apiVersion": api_version,
-        "kind": ref.kind,
-        "name": ref.name,
-        "uid": ref.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def request_body(ask: Ask) -> Obj:
@@ -65,14 +54,17 @@ def request_body(ask: Ask) -> Obj:
 
 
 def template_bodies(ask: Ask) -> tuple[Obj, ...]:
-    """The attempt's PodTemplates that do not exist yet, owned by the gang's object only.
+    """The attempt's PodTemplates that do not exist yet, owned by nothing, naming the gang
+    (and its uid) in their annotations.
 
-    Kueue hands its templates to the request; gangcheck does not: the garbage collector
-    deletes a dependent only once every owner is gone, so while the gang's object owns a
-    template, the request as a second owner would change nothing but cost a write per gang.
-    gangcheck deletes the templates with their request (DeleteRequest), and the orphan sweep
-    those of a gang that is gone; a request deleted by hand leaves its templates in place."""
-    owners = list(ask.owners)
+    Made before the request that points at them: cluster-autoscaler reads a request whose
+    template is not there yet as asking for fewer pods (`FetchPodTemplates` skips a template
+    not found). Not owned by the gang's object, as the request is not: the garbage collector
+    would delete them with the Workload or PodGroup, and an attempt kept open after its gang
+    went (lifecycle.promise) reads them to tell which late node its source made for it.
+    gangcheck deletes them itself: with their request (DeleteRequest), and the orphan sweep
+    those of a gang that is gone (by the uid they name); a request deleted by hand leaves its
+    templates until the gang goes."""
     out = []
     for p in ask.pod_sets:
         name = naming.template_name(ask.attempt, p.name)
@@ -84,8 +76,6 @@ def template_bodies(ask: Ask) -> tuple[Obj, ...]:
             "labels": {MANAGED_BY_LABEL: MANAGED_BY},
             "annotations": dict(ask.identity),
         }
-        if owners:
-            meta["ownerReferences"] = owners
         out.append({"metadata": meta, "template": p.template})
     return tuple(out)
 

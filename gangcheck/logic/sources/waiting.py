@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable
 from gangcheck.logic.attempt.fulfillment import Waiting
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
-from gangcheck.model.names import FULFILLED, KEPT, PHASE_ANNOTATION, ROLLING_BACK, STARTED
+from gangcheck.model.names import (
+    FULFILLED,
+    GANG_GONE_ANNOTATION,
+    KEPT,
+    PHASE_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
+)
 from gangcheck.model.objects import Obj, request_of
 
 
@@ -63,5 +70,7 @@ def waiting_of(
         names = [p["podTemplateRef"]["name"] for p in (req.get("spec") or {}).get("podSets") or []]
         found = (template(n, ns) for n in names)
         created = str(req["metadata"].get("creationTimestamp") or "")
-        out.append(Waiting(key, tuple(t.get("template") or {} for t in found if t), created))
+        gone = GANG_GONE_ANNOTATION in (req["metadata"].get("annotations") or {})
+        templates = tuple(t.get("template") or {} for t in found if t)
+        out.append(Waiting(key, templates, created, gone=gone))
     return tuple(out)

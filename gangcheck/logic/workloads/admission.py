@@ -36,7 +36,7 @@ from gangcheck.logic.attempt.records import AttemptPhase, RollbackCause
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.placement.reservations import describe
 from gangcheck.logic.placement.usage import tally
-from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST, owner_reference
+from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.logic.timefmt import format_time, parse_time
 from gangcheck.logic.workloads.podsets import (
     MergedPodSet,
@@ -53,7 +53,6 @@ from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
-    KUEUE_API_VERSION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     STARTED,
@@ -876,11 +875,14 @@ def _ask(
             )
             for m in merged
         ),
-        identity={WORKLOAD_ANNOTATION: wl.ref.name, CHECK_ANNOTATION: snap.check},
+        identity={
+            WORKLOAD_ANNOTATION: wl.ref.name,
+            WORKLOAD_UID_ANNOTATION: wl.ref.uid,
+            CHECK_ANNOTATION: snap.check,
+        },
         record=record or {},
         capacity_class=_source_class(snap.config, source),
         parameters=_parameters(snap, source),
-        owners=(owner_reference(wl.ref, KUEUE_API_VERSION),),
         existing=snap.templates,
     )
 

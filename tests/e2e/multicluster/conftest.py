@@ -11,8 +11,9 @@ The two clouds differ on purpose:
 
 - worker-1 is stocked out: it delivers 1 node of any request, as soon as it can, and no more;
 - worker-2 has room: it delivers every node, 3 s after the request (so worker-1's node has
-  arrived by the time worker-2's gang fits); a request of a Job named ``*-partial-*`` gets 1
-  node there too.
+  arrived by the time worker-2's gang fits); a request of a Job named ``*-partial-*`` gets
+  its first node there at once and the other ``LATE_DELAY`` s later (a node that comes after
+  the gang went, when the test deletes it meanwhile).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ GPU_TYPE = "gangcheck.io/gpu-type"
 STOCKED_OUT, WITH_ROOM = WORKERS
 #: Seconds worker-2's cloud takes before delivering a request in full.
 ROOM_DELAY = 3.0
+#: Seconds after its first node that worker-2's cloud delivers the second of a ``*-partial-*``
+#: Job's request.
+LATE_DELAY = 12.0
 GROUP = {
     "name": POOL,
     "maxNodes": 16,
@@ -63,7 +67,12 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         }
     ],
     WITH_ROOM: [
-        {"name": "partial", "match": {"name": ".*-partial-.*"}, "deliver": 1},
+        {
+            "name": "late",
+            "match": {"name": ".*-partial-.*"},
+            "provisionAfterSeconds": 0,
+            "nodeDelaySeconds": [0, LATE_DELAY],
+        },
         {"name": "room", "provisionAfterSeconds": ROOM_DELAY},
     ],
 }
