@@ -34,6 +34,7 @@ from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CONSUME_ANNOTATION,
+    GANG_GONE_ANNOTATION,
     GROUP_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -311,8 +312,16 @@ class InFlight:
 
     def gangs(self) -> int:
         """The Workloads and PodGroups with an open request (several sources asked at once
-        count once; a gang running on what it was given, not at all)."""
-        return len({gang for req in self._open.values() for gang in made_for(req)})
+        count once; a gang running on what it was given, not at all; a request kept open
+        after its gang went, GANG_GONE_ANNOTATION, neither: there is no gang)."""
+        return len(
+            {
+                gang
+                for req in self._open.values()
+                if GANG_GONE_ANNOTATION not in (req["metadata"].get("annotations") or {})
+                for gang in made_for(req)
+            }
+        )
 
     def waiting(self) -> tuple[Waiting, ...]:
         """The Provisioned open requests with their templates, oldest first."""

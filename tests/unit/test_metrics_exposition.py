@@ -184,6 +184,8 @@ def gangs_cases() -> Iterator[tuple[str, InFlight, int]]:
     yield "a gang running on its capacity: none", open_requests(running), 0
     failed = provisioning_request("b-1", conditions={"Failed": "no capacity"})
     yield "a request the autoscaler failed: none", open_requests(failed), 0
+    kept = request("c-1", "c", **{"gangcheck.io/gang-gone": "2026-11-30T10:00:00Z"})
+    yield "a request kept open after its gang went: none", open_requests(kept), 0
 
 
 @pytest.mark.parametrize(("_", "in_flight", "gangs"), list(gangs_cases()), ids=lambda v: v)
