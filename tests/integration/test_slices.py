@@ -28,6 +28,7 @@ from tests.integration.harness import (
     Cluster,
     CrashingController,
     RunningController,
+    arrived_for,
     eventually,
     now,
 )
@@ -160,7 +161,11 @@ async def test_a_slice_whose_added_members_do_not_fit_is_rolled_back_and_stays_p
     first = naming.request_name("new", cluster.check, 1)
     await cluster.set_request_conditions(first, {"Provisioned": ""})
     (partial,) = await cluster.add_nodes(1, gpu=3)
-    await eventually(lambda: _recorded_for(cluster, partial, first), what="the 3-GPU node recorded")
+
+    async def recorded() -> bool:
+        return partial in await arrived_for(cluster, first)
+
+    await eventually(recorded, what="the 3-GPU node recorded")
     await cluster.set_config(fit(deadline=4))
 
     event = (await cluster.wait_events("SliceRolledBack", timeout=30))[0]
@@ -716,8 +721,3 @@ async def _deleted_by_hand_lifts_the_hold(cluster: Cluster, name: str, added: st
     assert await cluster.request(name) is None
     got = await cluster.kube.get(NODE, added)
     assert got["metadata"]["annotations"].get(ARRIVED) == f"{cluster.ns}/{name}"  # not reclaimed
-
-
-async def _recorded_for(cluster: Cluster, node: str, request: str) -> bool:
-    notes = (await cluster.kube.get(NODE, node))["metadata"].get("annotations") or {}
-    return notes.get(ARRIVED) == f"{cluster.ns}/{request}"
