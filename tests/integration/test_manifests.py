@@ -435,13 +435,6 @@ MAY = [
     ask("delete", "provisioningrequests.autoscaling.x-k8s.io", ALL, id="deletes requests"),
     ask("watch", "provisioningrequests.autoscaling.x-k8s.io", ALL, id="watches requests"),
     ask("create", "podtemplates", ALL, id="creates pod templates"),
-    ask(
-        "update",
-        "workloads.kueue.x-k8s.io",
-        ALL,
-        "--subresource=finalizers",
-        id="may block deletion of the workloads that own its objects",
-    ),
     ask("delete", "podtemplates", ALL, id="deletes pod templates"),
     ask(
         "get",
@@ -491,6 +484,20 @@ MAY_NOT = [
     ask("impersonate", "serviceaccounts", ALL, id="impersonates no one"),
     ask("create", "serviceaccounts", ALL, "--subresource=token", id="mints no token"),
     ask("update", "workloads.kueue.x-k8s.io", ALL, id="replaces no workload"),
+    ask(
+        "update",
+        "workloads.kueue.x-k8s.io",
+        ALL,
+        "--subresource=finalizers",
+        id="needs no workload's finalizers: nothing of its is owned by one",
+    ),
+    ask(
+        "update",
+        "podgroups.scheduling.k8s.io",
+        ALL,
+        "--subresource=finalizers",
+        id="needs no pod group's finalizers either",
+    ),
     ask("patch", "workloads.kueue.x-k8s.io", ALL, id="patches no workload spec"),
     ask("delete", "workloads.kueue.x-k8s.io", ALL, id="deletes no workload"),
     ask("update", "workloads.kueue.x-k8s.io", ALL, STATUS, id="replaces no workload status"),
@@ -790,10 +797,11 @@ async def gang_gets_its_request(admin: Kube, namespace: str) -> Obj:
         lambda: get_or_none(admin, POD_TEMPLATE, template, namespace),
         what=f"PodTemplate {template}",
     )
-    # Owned by the Workload alone (a request deleted by hand must not take it with it).
-    owners = made["metadata"].get("ownerReferences") or []
+    # Owned by nothing (a request deleted by hand must not take it with it, nor the garbage
+    # collector a kept request's with its Workload); it names the Workload's uid.
     owner = await admin.get(WORKLOAD, workload, namespace)
-    assert [o["uid"] for o in owners] == [owner["metadata"]["uid"]]
+    assert "ownerReferences" not in made["metadata"]
+    assert made["metadata"]["annotations"]["gangcheck.io/workload-uid"] == owner["metadata"]["uid"]
 
     async def recorded() -> list[Obj]:
         items = (await admin.list_objects(EVENT, namespace)).get("items") or []
