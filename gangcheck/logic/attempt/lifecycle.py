@@ -702,11 +702,11 @@ def promise(
     request (class, conditions, annotations) and its nodes: the same across a restart.
 
     It closes early once everything asked for came: `came` (`came_for`: the nodes recorded
-    for it now or settled by its reclaims) at least the members it asked. A node that came for
-    a gang takes at least one member (the ledger records no other), so a source that made
-    that many nodes has made all it will for it. A gang whose members share nodes keeps the
-    promise open until its deadline: the nodes reclaimed are gone, and with them whether
-    they would have held it whole."""
+    for it now or settled by its reclaims) at least the members it asked. A source makes no
+    more nodes for a request than the pods it asks for (cluster-autoscaler sizes a scale-up
+    by packing them, each new node holding one at least), so one that made that many has
+    made all it will. A gang whose members share nodes keeps the promise open until its deadline: the
+    nodes reclaimed are gone, and with them whether they would have held it whole."""
     if class_name in NO_PROMISE_CLASSES:
         return Promise(None, f"class {class_name}: deleting the request ends what it asked")
     if req.deleting:
@@ -771,8 +771,8 @@ def reclaim_promised(
     not recorded are recorded for it by the rules of `abandon` (in fit mode, from its pod
     templates while they exist), except one another waiting request could have been made
     for (the gone gang claims last: that node is the live gang's to record, never one to
-    delete), then every node recorded for it that its last reclaim did not settle is
-    reclaimed (`rollback.reclaim_late`). No rollback is recorded: the request stays open,
+    delete), then every node recorded for it that its reclaims did not settle is reclaimed
+    (`rollback.reclaim_late`). No rollback is recorded: the request stays open,
     so what its source still delivers is recorded for it, and reclaimed by the next pass."""
     config = made_under(req, config)
     also = tuple(
