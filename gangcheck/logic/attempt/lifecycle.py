@@ -705,8 +705,9 @@ def promise(
     for it now or settled by its reclaims) at least the members it asked. A source makes no
     more nodes for a request than the pods it asks for (cluster-autoscaler sizes a scale-up
     by packing them, each new node holding one at least), so one that made that many has
-    made all it will. A gang whose members share nodes keeps the promise open until its deadline: the
-    nodes reclaimed are gone, and with them whether they would have held it whole."""
+    made all it will. A gang whose members share nodes keeps the promise open until its
+    deadline: the nodes reclaimed are gone, and with them whether they would have held it
+    whole."""
     if class_name in NO_PROMISE_CLASSES:
         return Promise(None, f"class {class_name}: deleting the request ends what it asked")
     if req.deleting:
