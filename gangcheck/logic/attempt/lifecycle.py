@@ -743,9 +743,7 @@ def came_for(req: AttemptRecord, capacity: ClusterView | None) -> int:
     and those its reclaims settled (reclaimed, draining or kept; the outcome on a request
     kept open holds every reclaim's: `rollback.reclaim_late`)."""
     outcome = rollback.record_of(req).outcome
-    settled = (
-        {*outcome.reclaimed, *outcome.draining, *outcome.kept} if outcome is not None else set()
-    )
+    settled = outcome.settled if outcome is not None else frozenset()
     nodes = capacity.nodes if capacity is not None else ()
     recorded = {
         n["metadata"]["name"] for n in arrived_for(nodes, request_key(req), req.creation_timestamp)

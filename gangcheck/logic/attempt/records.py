@@ -68,6 +68,11 @@ class Outcome:
         except (ValueError, TypeError, AttributeError):
             return cls(kept={UNREADABLE: f"unreadable outcome {raw[:80]!r}"})
 
+    @property
+    def settled(self) -> frozenset[str]:
+        """The nodes this outcome is done with: reclaimed, draining or kept (not failed)."""
+        return frozenset({*self.reclaimed, *self.draining, *self.kept})
+
     def after(self, earlier: Outcome) -> Outcome:
         """This reclaim's outcome with an earlier one's of the same request (a request kept
         open after its gang went reclaims in several passes: lifecycle.reclaim_promised):

@@ -227,9 +227,7 @@ def reclaim_late(
     if req.deleting:
         return ()
     outcome = record_of(req).outcome
-    settled = (
-        {*outcome.reclaimed, *outcome.draining, *outcome.kept} if outcome is not None else set()
-    )
+    settled = outcome.settled if outcome is not None else frozenset()
     names = tuple(name for name, _ in also)
     arrived = {n: t for n, t in _arrived(req, capacity, names).items() if n not in settled}
     if not arrived:
