@@ -300,7 +300,7 @@ async def until_given_back(kube: Kube, namespace: str, what: str) -> list[str]:
     promise: docs/multicluster.md) with its templates and nothing else; returns the
     requests kept."""
 
-    async def given_back() -> list[str] | None:
+    async def given_back() -> tuple[list[str]] | None:
         held = await holding(kube, namespace)
         if held["workloads"] or held["arrived"] or held["delivered"]:
             return None
@@ -314,10 +314,12 @@ async def until_given_back(kube: Kube, namespace: str, what: str) -> list[str]:
             return None
         asked = {f"ppt-{name}-" for name in kept}
         templates = held["templates"]
-        return kept if all(any(t.startswith(a) for a in asked) for t in templates) else None
+        ok = all(any(t.startswith(a) for a in asked) for t in templates)
+        return (kept,) if ok else None  # truthy with no request kept too: a durable end
 
     try:
-        return await eventually(given_back, timeout=30, what=what) or []
+        (kept,) = await eventually(given_back, timeout=30, what=what)
+        return kept
     except AssertionError as exc:
         raise AssertionError(f"{exc}; still held: {await holding(kube, namespace)}") from None
 
