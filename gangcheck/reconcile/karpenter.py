@@ -260,7 +260,7 @@ class KarpenterProvisioner:
                 return  # nothing to serve: gangcheck need not read claims it cannot have made
             raise
         if claims is None:
-            await self._unserved(requests)
+            await self._unserved(requests, "NodeClaims")
             return
         keys = set(requests) | {_requested_for(c) for c in claims} - {""}
         try:
@@ -269,6 +269,11 @@ class KarpenterProvisioner:
             if requests:
                 raise
             pools = {}  # nothing to ask for; a claim whose pool is not read keeps its protection
+        except NotFoundError:  # NodeClaims served, NodePools not (a CRD of two installed)
+            if requests:
+                await self._unserved(requests, "NodePools")
+                return
+            pools = {}  # as above: a claim whose pool is not read keeps its protection
         nodes = {n["metadata"]["name"]: n for n in self._caches.nodes.store}
         pool_claims: list[Obj] | None = None
         self._gone = {k: v for k, v in self._gone.items() if k in keys and k not in requests}
@@ -393,13 +398,15 @@ class KarpenterProvisioner:
             if t["metadata"].get("namespace") == namespace
         }
 
-    async def _unserved(self, requests: Mapping[str, Obj]) -> None:
+    async def _unserved(self, requests: Mapping[str, Obj], kinds: str) -> None:
+        """Each request of the class fails, once: the API server does not serve Karpenter's
+        ``kinds`` (NodeClaims, or NodePools while NodeClaims are: one CRD of the two)."""
         failed = {
             "type": "Failed",
             "status": "True",
             "reason": "KarpenterNotServed",
             "message": (
-                "gangcheck cannot list karpenter.sh/v1 NodeClaims: the API server does not "
+                f"gangcheck cannot list karpenter.sh/v1 {kinds}: the API server does not "
                 "serve them (install Karpenter and its CRDs)"
             ),
         }
