@@ -22,7 +22,7 @@ from gangcheck.kube.resources import ADMISSION_CHECK, PROVISIONING_REQUEST
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
-from gangcheck.logic.dispatch import ANSWER_WITHIN
+from gangcheck.logic.dispatch import ANSWER_WITHIN, RoundWait
 from gangcheck.logic.placement.usage import (
     frees_capacity,
     node_change_matters,
@@ -724,12 +724,14 @@ async def run_dispatcher(
     at_once: int = 1,
     worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
     answer_within: float = ANSWER_WITHIN,
+    rounds: RoundWait | None = None,
 ) -> None:
     """The manager cluster's role (``gangcheck run --role dispatcher``): serve health and
     metrics, then dispatch Workloads to worker clusters (gangcheck.dispatcher), at once or
     once elected leader (one dispatcher writes nominations at a time). ``worker_lease``:
     gangcheck's leader Lease in each worker (namespace, name); ``answer_within``: the seconds
-    a pass waits for one worker's reads."""
+    a pass waits for one worker's reads; ``rounds``: how long a gang every worker failed for
+    waits before they are all tried again."""
     metrics = Metrics(leading=lambda: elector is None or elector.is_leader)
     kube = kube.observed(metrics.api_request)
     elector = LeaderElector(kube, options.leader_election) if options.leader_election else None
@@ -739,6 +741,7 @@ async def run_dispatcher(
         at_once=at_once,
         worker_lease=worker_lease,
         answer_within=answer_within,
+        rounds=rounds,
     )
 
     await _serve(options, metrics, elector, dispatcher.run, serving=lambda: dispatcher.passes > 0)

@@ -145,6 +145,21 @@ _RUN_FLAG_FIELDS: tuple[tuple[str, type, str, str, str], ...] = (
         "dispatcher",
         "worker_answer_within_seconds",
     ),
+    (
+        "--round-wait",
+        float,
+        "dispatcher: seconds a gang every worker failed for waits before they are all tried "
+        "again (doubled each round)",
+        "dispatcher",
+        "round_wait_seconds",
+    ),
+    (
+        "--round-wait-max",
+        float,
+        "dispatcher: the longest wait between two rounds, in seconds",
+        "dispatcher",
+        "round_wait_max_seconds",
+    ),
 )
 _RUN_FLAGS = tuple((flag, kind, text) for flag, kind, text, _, _ in _RUN_FLAG_FIELDS)
 
@@ -201,6 +216,7 @@ def _run(args: argparse.Namespace) -> int:
     from gangcheck.app import RunOptions, WebhookOptions, run_controller, run_dispatcher
     from gangcheck.kube.client import Kube, KubeconfigError
     from gangcheck.kube.errors import ApiError
+    from gangcheck.logic.dispatch import RoundWait
     from gangcheck.reconcile.podgroup import PodGroupOptions
     from gangcheck.runtime.leader import LeaseConfig
     from gangcheck.settings import SettingsError
@@ -268,6 +284,10 @@ def _run(args: argparse.Namespace) -> int:
                         settings.dispatcher.worker_lease_name,
                     ),
                     answer_within=settings.dispatcher.worker_answer_within_seconds,
+                    rounds=RoundWait(
+                        settings.dispatcher.round_wait_seconds,
+                        settings.dispatcher.round_wait_max_seconds,
+                    ),
                 )
             else:
                 work = run_controller(kube, options)

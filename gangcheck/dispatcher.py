@@ -120,6 +120,7 @@ from gangcheck.logic.dispatch import (
     DispatchRecord,
     Down,
     Outcome,
+    RoundWait,
     Sighting,
     Silence,
     SourceHistory,
@@ -248,8 +249,11 @@ class Dispatcher:
         worker_lease: tuple[str, str] = (LEASE_NAMESPACE, LEASE_NAME),
         unanswered_within: float = UNANSWERED,
         lease_every: float = LEASE_EVERY,
+        rounds: RoundWait | None = None,
     ) -> None:
         self.kube = kube
+        # how long a gang every worker failed for waits before they are all tried again
+        self.rounds = rounds or RoundWait()
         # per worker, gangcheck's Lease and the cluster's identity there as last read
         # (``_probe``): read in the background every ``lease_every`` seconds while running
         # (``_probing``), so that a pass does not wait on a slow worker's answer
@@ -624,6 +628,7 @@ class Dispatcher:
                 now=now,
                 unconfigured=unconfigured,
                 written=written,
+                rounds=self.rounds,
             )
 
         if another:

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gangcheck.logic.dispatch import ANSWER_WITHIN
+from gangcheck.logic.dispatch import ANSWER_WITHIN, ROUND_WAIT, ROUND_WAIT_MAX
 from gangcheck.model.names import CONFIG_ANNOTATION, is_dns_label, is_dns_subdomain
 
 ENV_PREFIX = "GANGCHECK_"
@@ -544,6 +544,35 @@ class DispatcherSettings(_Section):
             ),
         ),
     ] = ANSWER_WITHIN
+
+    round_wait_seconds: Annotated[
+        float,
+        Field(
+            alias="roundWaitSeconds",
+            gt=0,
+            le=86400,
+            description=(
+                "Seconds a gang every worker has failed for waits before a new round tries "
+                "every worker again (from the last one given up), doubled each round up to "
+                "roundWaitMaxSeconds."
+            ),
+        ),
+    ] = ROUND_WAIT
+    round_wait_max_seconds: Annotated[
+        float,
+        Field(
+            alias="roundWaitMaxSeconds",
+            gt=0,
+            le=86400,
+            description="The longest wait between two rounds (seconds).",
+        ),
+    ] = ROUND_WAIT_MAX
+
+    @model_validator(mode="after")
+    def _round_wait_within_its_most(self) -> DispatcherSettings:
+        if self.round_wait_max_seconds < self.round_wait_seconds:
+            raise _Rule("roundWaitMaxSeconds", "must not be below roundWaitSeconds")
+        return self
 
     @field_validator("worker_lease_namespace")
     @classmethod

@@ -29,7 +29,9 @@ at a time:
    nominated there and not placed yet (``pending``: a burst is spread), then by its sources'
    share of deliveries among their recent outcomes (a source with none counts as even odds),
    then by fewer recent stockouts;
-6. ties by name, so the choice is the same every time.
+6. ties by name, so the choice is the same every time;
+7. when every worker has failed for the gang, none: the gang waits, and a new round tries
+   them all again once ``RoundWait`` has passed (60 s, doubled each round, up to 30 min).
 
 `decide` is the whole step of the dispatcher for one Workload: from what is recorded on the
 manager's Workload (``DispatchRecord``, the annotation ``RECORD_ANNOTATION``: who is
@@ -70,6 +72,28 @@ CAPACITY_NOT_FOUND = "CapacityIsNotFound"
 #: the reason says so: Kueue copies within a second or two; v0.17 copies no Workload of a
 #: MultiKueue check while a worker it counts connected does not answer (docs/multicluster.md).
 COPY_GRACE = 30.0
+
+
+#: How long (seconds) a gang every worker failed for waits before a new round tries them all
+#: again (``RoundWait``): a stockout is seldom for good, and Kueue's own dispatchers leave the
+#: copies in the workers, whose checks try again with backoff; doubled each round.
+ROUND_WAIT = 60.0
+#: The longest wait between two rounds (seconds).
+ROUND_WAIT_MAX = 1800.0
+
+
+@dataclass(frozen=True)
+class RoundWait:
+    """How long a gang whose every worker failed waits before the next round (``decide``):
+    ``first`` seconds after its first round, doubled each round after, at most ``most``."""
+
+    first: float = ROUND_WAIT
+    most: float = ROUND_WAIT_MAX
+
+    def after(self, round_: int) -> float:
+        """Seconds between the end of round ``round_`` (its last worker given up) and the
+        next."""
+        return min(self.first * 2.0 ** min(max(round_ - 1, 0), 32), self.most)
 
 
 #: How long (seconds) a pass waits for one worker's reads, all of them together: a worker that
@@ -625,6 +649,9 @@ class DispatchRecord:
     """Which cluster each worker nominated now reached when it was nominated (its
     ``WorkerFacts.identity``; first known since, for a worker nominated while it was not):
     the cluster Kueue made the copy in (``repointed``)."""
+    round: int = 1
+    """Which round of tries this is: a new one begins, ``failed`` emptied, once every
+    worker has failed and the wait after the last round has passed (``decide``)."""
 
     def to_annotation(self) -> str:
         data: dict[str, object] = {
@@ -644,6 +671,8 @@ class DispatchRecord:
             data["uid"] = self.uid
         if self.identities:
             data["identities"] = dict(self.identities)
+        if self.round > 1:
+            data["round"] = self.round
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -669,7 +698,13 @@ class DispatchRecord:
             nominated_at=_by_name(data.get("nominatedAt")),
             uid=data["uid"] if isinstance(data.get("uid"), str) else "",
             identities=_by_name(data.get("identities")),
+            round=_round(data.get("round")),
         )
+
+
+def _round(value: object) -> int:
+    """A record's round: a whole number from 1 on; anything else (hand-edited) reads as 1."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
 
 
 #: How the record of a Workload made again under its name says the earlier one's was set
@@ -745,6 +780,7 @@ def decide(
     now: datetime | None = None,
     unconfigured: str = "",
     written: Sequence[str] = (),
+    rounds: RoundWait = RoundWait(),
 ) -> Step:
     """The dispatcher's step for one Workload (module doc). ``at_once``: how many workers
     may try at the same time (1 by default: one cluster scales up for a gang at a time);
@@ -756,15 +792,23 @@ def decide(
 
     A worker nominated whose copy failed (``failure``: its check Retry or Rejected, evicted,
     or its capacity source there says it cannot deliver), or that became unreachable, is
-    given up (recorded as failed: not nominated again for this gang) in the same step as the
-    next is nominated; a worker nominated and still trying is kept. A worker nominated whose
-    copy is admitted there is recorded as such (``admitted``): the record written then is
+    given up (recorded as failed: not nominated again for this gang in this round) in the
+    same step as the next is nominated; a worker nominated and still trying is kept. A
+    worker nominated whose copy is admitted there is recorded as such (``admitted``): the
+    record written then is
     also what has MultiKueue, which otherwise looks at a worker's change only after its
     1 s batch period, place the gang at once (a change of the manager's Workload). A worker
     nominated ``COPY_GRACE`` seconds ago or more that has no copy of the Workload yet is said
     after the reason (Kueue is not copying it: nothing the dispatcher can change, but why the
     gang waits); it stays nominated. That part is derived again at each step from the copy
     now: once Kueue copies the Workload, the reason is the choice's alone again.
+
+    When no worker is left to try, every one reachable having failed for the gang, the gang
+    waits (said with when the next round begins) until the wait after its round
+    (``rounds``) has passed since the last was given up; then a new round begins: the record's
+    ``failed`` emptied (``failed_at`` kept, for the ranking of other gangs), every worker a
+    candidate again, nominated by rank. A stockout is seldom for good; without rounds, a gang
+    every worker failed once waited for good, holding its quota in the manager.
 
     Only the first ``at_once`` workers the record names are read as nominated (a record
     hand-edited to name more, or written under a larger ``at_once``, never has more clusters
@@ -788,23 +832,30 @@ def decide(
         else:
             keep.append(cluster)
             stranded = stranded or (_stranded(cluster) if left else "")
-    chosen = list(keep)
     reason = _without_copy_wait(record.reason, keep, record.nominated_at) if keep else ""
     listed = [w for w in workers if not w.unlisted]
-    while len(chosen) < max(at_once, 1):
-        pick = nominate(listed, failed=[*failed, *chosen])
-        if pick.cluster is None:
-            if not chosen:
-                reason = pick.reason
-                if not listed and unconfigured:
-                    reason = f"{reason} ({unconfigured})"
-            break
-        chosen.append(pick.cluster)
-        reason = pick.reason
+    chosen, reason = _choose(listed, keep, failed, reason, at_once=at_once)
+    if not chosen and not listed and unconfigured:
+        reason = f"{reason} ({unconfigured})"
+    round_ = record.round
+    if not chosen:
+        round_, failed, chosen, reason = _rounds(
+            listed,
+            keep,
+            failed,
+            failed_at,
+            reason=reason,
+            round_=record.round,
+            at_once=at_once,
+            rounds=rounds,
+            now=now,
+        )
     if fallbacks and reason and chosen:  # none left: said as at the next step (written once)
         given_up = ", ".join(f"{c} ({why})" for c, why in sorted(fallbacks.items()))
         reason = f"given up: {given_up}; {reason}"
     newly = tuple(c for c in chosen if c not in keep)
+    if newly and round_ > 1 and not reason.startswith(f"round {round_}"):
+        reason = f"round {round_}: {reason}"  # each choice of a round after the first says so
     tried = record.tried + tuple(c for c in chosen if c not in record.tried)
     skipped = {w.name: _clip(w.skip or "unreachable") for w in listed if not w.reachable}
     admitted = next(
@@ -836,8 +887,84 @@ def decide(
         since,
         record.uid,
         _identities(record, chosen, facts),
+        round_,
     )
     return Step(tuple(chosen), new, newly, fallbacks)
+
+
+def _choose(
+    listed: Sequence[WorkerFacts],
+    keep: Sequence[str],
+    failed: Mapping[str, str],
+    reason: str,
+    *,
+    at_once: int,
+) -> tuple[list[str], str]:
+    """The workers nominated: those kept, then the best of the others not failed, up to
+    ``at_once``; and the reason of the last choice (``reason`` when none is made, why none
+    is left when none is kept either)."""
+    chosen = list(keep)
+    while len(chosen) < max(at_once, 1):
+        pick = nominate(listed, failed=[*failed, *chosen])
+        if pick.cluster is None:
+            if not chosen:
+                reason = pick.reason
+            break
+        chosen.append(pick.cluster)
+        reason = pick.reason
+    return chosen, reason
+
+
+def _rounds(
+    listed: Sequence[WorkerFacts],
+    keep: Sequence[str],
+    failed: dict[str, str],
+    failed_at: dict[str, str],
+    *,
+    reason: str,
+    round_: int,
+    at_once: int,
+    rounds: RoundWait,
+    now: datetime | None,
+) -> tuple[int, dict[str, str], list[str], str]:
+    """No worker left to try for a gang: a new round once it is due (``_next_round``: its
+    round incremented, ``failed`` emptied, the workers chosen by rank again), else the
+    reason said with when the next begins. (round, failed, chosen, reason)."""
+    due = _next_round(listed, failed, failed_at, round_, rounds=rounds, now=now)
+    if due is None or now is None:
+        return round_, failed, [], reason
+    if due > now:
+        return round_, failed, [], f"{reason}; round {round_ + 1} at {_stamp(due)}"
+    chosen, reason = _choose(listed, keep, {}, reason, at_once=at_once)
+    said = f"round {round_ + 1}, every worker having failed in round {round_}: {reason}"
+    return round_ + 1, {}, chosen, said
+
+
+def _next_round(
+    listed: Sequence[WorkerFacts],
+    failed: Mapping[str, str],
+    failed_at: dict[str, str],
+    round_: int,
+    *,
+    rounds: RoundWait,
+    now: datetime | None,
+) -> datetime | None:
+    """When the next round begins for a gang none of whose workers is left to try: the
+    wait after round ``round_`` (``rounds``) past its end, the last time one of its workers
+    was given up (``failed_at``; a worker given up with no time that counts, in a record
+    written before times were or hand-edited, is stamped ``now`` in it, once: a time taken
+    from each pass would move); None when no worker reachable now has failed (unreachable
+    ones are tried once they answer) or no time is known (``now`` None)."""
+    if now is None:
+        return None
+    gave_up = [w.name for w in listed if w.reachable and w.name in failed]
+    if not gave_up:
+        return None
+    for cluster in gave_up:
+        if _when(failed_at.get(cluster, ""), now) is None:
+            failed_at[cluster] = _stamp(now)
+    stamps = [_when(failed_at[c], now) for c in gave_up]
+    return max(t for t in stamps if t is not None) + timedelta(seconds=rounds.after(round_))
 
 
 def _identities(
@@ -1153,6 +1280,8 @@ def describe(record: DispatchRecord) -> list[str]:
         lines = [f"trying {', '.join(record.nominated)}: {record.reason}"]
     else:
         lines = [f"no worker nominated: {record.reason or 'nothing decided yet'}"]
+    if record.round > 1:
+        lines.append(f"round {record.round}: every worker failed in each round before")
     if record.admitted:
         lines.append(f"admitted in {record.admitted}: MultiKueue places the gang there")
     lines += [f"given up: {c} ({why})" for c, why in sorted(record.failed.items())]

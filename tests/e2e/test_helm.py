@@ -345,7 +345,9 @@ def test_the_service_monitor_reaches_the_metrics_port_of_the_roles_pods(
 
 
 def test_dispatcher_pod_is_confined_and_run_as_the_manifests_deployment(helm: Path) -> None:
-    ours = deployment(template(helm, "role=dispatcher", "dispatcher.atOnce=2"))
+    ours = deployment(
+        template(helm, "role=dispatcher", "dispatcher.atOnce=2", "dispatcher.roundWaitSeconds=15")
+    )
     theirs = deployment(manifest_objects(DISPATCHER_MANIFESTS / "deployment.yaml"))
     assert ours["metadata"]["name"] == theirs["metadata"]["name"] == "gangcheck-dispatcher"
     pod, their_pod = ours["spec"]["template"]["spec"], theirs["spec"]["template"]["spec"]
@@ -358,6 +360,7 @@ def test_dispatcher_pod_is_confined_and_run_as_the_manifests_deployment(helm: Pa
     args = container["args"]
     assert args[:3] == ["run", "--in-cluster", "--role=dispatcher"]
     assert "--dispatch-at-once=2" in args
+    assert "--round-wait=15" in args and "--round-wait-max=1800" in args
     assert "--lease-name=gangcheck-dispatcher" in args  # the Lease its Role grants
     selector = ours["spec"]["selector"]["matchLabels"]
     assert selector["app.kubernetes.io/component"] == "dispatcher"
@@ -378,6 +381,11 @@ def test_dispatcher_reader_is_the_workers_manifest(helm: Path) -> None:
     [
         pytest.param(["role=manager"], "role", id="an unknown role"),
         pytest.param(["role=dispatcher", "dispatcher.atOnce=0"], "atOnce", id="no worker at once"),
+        pytest.param(
+            ["role=dispatcher", "dispatcher.roundWaitSeconds=0"],
+            "roundWaitSeconds",
+            id="no wait between rounds",
+        ),
         pytest.param(
             ["role=dispatcher", "webhook.enabled=true", "webhook.certManager.enabled=true"],
             "webhook",

@@ -731,7 +731,9 @@ def test_the_last_worker_given_up_is_said_once_not_again_at_the_next_step() -> N
     workers = [WorkerFacts("a"), WorkerFacts("b", failure="check gpu Retry: no room")]
     step = decide(record, workers, now=NOW)
     assert step.nominated == () and step.fallbacks == {"b": "check gpu Retry: no room"}
-    assert step.record.reason == "no worker left to try (tried and failed: a, b)"
+    assert step.record.reason == (
+        "no worker left to try (tried and failed: a, b); round 2 at 2026-01-01T12:01:00Z"
+    )
     later = decide(step.record, [WorkerFacts("a"), WorkerFacts("b")], now=NOW)
     assert later.record == step.record
     assert not later.changed

@@ -44,6 +44,7 @@ from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import ApiError
 from gangcheck.kube.resources import (
     ADMISSION_CHECK,
+    CONFIG_MAP,
     EVENT,
     LEASE,
     LOCAL_QUEUE,
@@ -71,6 +72,7 @@ from tests.e2e.multicluster.conftest import (
     GPU_TAINT,
     GPU_TYPE,
     POOL,
+    SIM_CONFIG_MAP,
     SIM_POOL,
     STOCKED_OUT,
     WITH_ROOM,
@@ -106,6 +108,7 @@ def dispatcher(bed: Bed) -> Iterator[ManagedProcess]:
         bed.manager.kubeconfig,
         [worker.kubeconfig for worker in bed.workers.values()],
         workdir=bed.workdir / "dispatcher",
+        extra_args=(f"--round-wait={ROUND_WAIT}",),
         kubectl=bed.manager.kubectl,
     )
     bed.measurements.append(f"dispatcher deployed and ready in {time.monotonic() - began:.1f}s")
@@ -831,6 +834,105 @@ async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_
                     return not await items(kube, PROVISIONING_REQUEST, namespace)
 
                 await eventually(withdrawn, timeout=30, what="no request left for the gang")
+                await cleanup_delivered(kube, namespace)
+
+
+#: The wait before a gang every worker failed for is tried again, as the bed's dispatcher
+#: runs (``--round-wait``; 60 s by default): long enough that the tests of a gang that fits
+#: nowhere read its first round's end, short enough to see the next.
+ROUND_WAIT = 15
+
+
+@contextlib.asynccontextmanager
+async def bigger_nodes(kube: Kube, gpus: int) -> AsyncIterator[None]:
+    """worker-2's cloud making nodes of ``gpus`` GPUs (its ConfigMap changed: the cloud
+    reads it again at each change); as before after."""
+    namespace, _, name = SIM_CONFIG_MAP.partition("/")
+    before = await kube.get(CONFIG_MAP, name, namespace)
+    config = yaml.safe_load(before["data"]["config"])
+    config["nodeGroups"][0]["gpus"] = gpus
+    patch = {"data": {"config": yaml.safe_dump(config, sort_keys=False)}}
+    await kube.merge_patch(CONFIG_MAP, name, patch, namespace)
+    try:
+        yield
+    finally:
+        await kube.merge_patch(CONFIG_MAP, name, {"data": before["data"]}, namespace)
+
+
+@pytest.mark.timeout(150)
+async def test_a_gang_every_worker_failed_for_is_tried_again_in_a_new_round(
+    bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
+) -> None:
+    """Members of 16 GPUs, every node of either cloud 8: round 1 tries each worker once and
+    gives both up (their clouds' CapacityIsNotFound). Then worker-2's cloud gets nodes of 16
+    GPUs (a stockout that ended). ``ROUND_WAIT`` seconds after the last was given up, round
+    2 tries them again by rank, one at a time (worker-1 first, by name: it fails again), and
+    the gang is admitted in worker-2. Before, the gang waited for good, nominated nowhere,
+    holding its quota in the manager."""
+    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
+    namespace = await fresh_namespace(kubes)
+    job = gang_job("gang")
+    job["spec"]["template"]["spec"]["containers"] = [
+        container({"cpu": "1", "memory": "1Gi", GPU: "16"}, {GPU: "16"})
+    ]
+    async with queues(kubes, namespace, deadline=6, backoff=60):
+        began = time.monotonic()
+        await manager.create(JOB, job, namespace)
+        try:
+
+            async def round_over() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                record = record_of(wl) if wl is not None else {}
+                return wl if len(record.get("failed") or {}) == 2 else None
+
+            wl = await eventually(round_over, timeout=60, what="round 1: both workers given up")
+            first = record_of(wl)
+            over = time.monotonic() - began
+            assert first["nominated"] == [] and "round" not in first, first
+            assert "; round 2 at " in first["reason"], first
+            async with bigger_nodes(two, 16):
+
+                async def placed_in_round_2() -> Obj | None:
+                    wl = await manager_workload(manager, namespace)
+                    if wl is None or record_of(wl).get("admitted") != WITH_ROOM:
+                        return None
+                    return wl if is_true(wl, "Admitted") else None
+
+                wl = await eventually(
+                    placed_in_round_2, timeout=ROUND_WAIT + 60, what="admitted in round 2"
+                )
+                took = time.monotonic() - began
+            record = record_of(wl)
+            assert wl["status"]["clusterName"] == WITH_ROOM, wl["status"]
+            assert record["round"] == 2 and record["nominated"] == [WITH_ROOM], record
+            assert set(record["failed"]) <= {STOCKED_OUT}, record  # round 2's given up only
+            # each worker nominated once a round (the same words twice make one Event, counted)
+            told = await events_on(manager, wl, "Nominated")
+            per_worker = {
+                worker: sum(
+                    int(e.get("count") or 1)
+                    for e in told
+                    if e["message"].startswith(f"nominated {worker}: ")
+                )
+                for worker in (STOCKED_OUT, WITH_ROOM)
+            }
+            assert per_worker == {STOCKED_OUT: 2, WITH_ROOM: 2}, told
+            again = [e["message"] for e in told if "round 2, every worker having" in e["message"]]
+            assert len(again) == 1, told
+            assert took - over >= ROUND_WAIT - 2, (over, took)
+            text = render_text(
+                await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+            )
+            assert "round 2: every worker failed in each round before" in text, text
+            bed.measurements.append(
+                f"dispatcher, rounds: round 1 over {over:.1f}s after the Job, the gang "
+                f"admitted in {WITH_ROOM} in round 2, {took:.1f}s after it "
+                f"(--round-wait={ROUND_WAIT})"
+            )
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(two, namespace)
+            for kube in (one, two):
                 await cleanup_delivered(kube, namespace)
 
 
