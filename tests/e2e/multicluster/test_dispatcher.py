@@ -916,7 +916,9 @@ async def test_a_gang_every_worker_failed_for_is_tried_again_in_a_new_round(
                 )
                 for worker in (STOCKED_OUT, WITH_ROOM)
             }
-            assert per_worker == {STOCKED_OUT: 2, WITH_ROOM: 2}, told
+            # worker-1 comes first by name in round 2 as in round 1, when nothing else ranks
+            # them: tried again and given up again (by rank it could come second, not tried)
+            assert per_worker[WITH_ROOM] == 2 and per_worker[STOCKED_OUT] in (1, 2), told
             again = [e["message"] for e in told if "round 2, every worker having" in e["message"]]
             assert len(again) == 1, told
             assert took - over >= ROUND_WAIT - 2, (over, took)
