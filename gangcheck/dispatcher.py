@@ -644,6 +644,8 @@ class Dispatcher:
         if step.record != record:
             await self._write_record(wl, step.record)
             self._record_written[_key(wl)] = now
+            if step.record.round > record.round:
+                self.metrics.dispatch_round()
             if step.record.admitted and not record.admitted:  # once per gang, as written
                 self.metrics.dispatch_clusters_tried(len(step.record.tried))
         if list(step.nominated) != written:

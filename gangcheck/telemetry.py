@@ -197,6 +197,9 @@ METRICS: dict[str, str] = {
         "Workers the dispatcher gave up on for a gang (its copy failed, or it became "
         "unreachable while nominated) before nominating the next, by cluster"
     ),
+    "gangcheck_dispatch_rounds": (
+        "Rounds the dispatcher began again for a gang every worker had failed for"
+    ),
     "gangcheck_dispatch_clusters_per_gang": (
         "Worker clusters nominated for a gang, counted once per gang, when its copy is "
         "admitted in one of them"
@@ -280,6 +283,7 @@ class Metrics:
         self._reconcile = histogram("gangcheck_reconcile_duration_seconds")
         self._nominations = counter("gangcheck_dispatch_nominations")
         self._fallbacks = counter("gangcheck_dispatch_fallbacks")
+        self._rounds = counter("gangcheck_dispatch_rounds")
         self._clusters_tried = histogram("gangcheck_dispatch_clusters_per_gang")
         for name, series in FROM_ZERO.items():
             for labels in series:
@@ -436,6 +440,10 @@ class Metrics:
 
     def dispatch_fallback(self, cluster: str) -> None:
         self._fallbacks.add(1, {"cluster": cluster})
+
+    def dispatch_round(self) -> None:
+        """A new round began for a gang every worker had failed for."""
+        self._rounds.add(1)
 
     def dispatch_clusters_tried(self, clusters: int) -> None:
         self._clusters_tried.record(clusters)

@@ -344,7 +344,9 @@ def test_the_dispatch_metrics_are_exposed() -> None:
     metrics.dispatch_fallback("worker-1")
     metrics.dispatch_nomination("worker-2")
     metrics.dispatch_clusters_tried(2)
+    metrics.dispatch_round()
     text = metrics.render()
+    assert "gangcheck_dispatch_rounds_total 1" in text
     assert 'gangcheck_dispatch_nominations_total{cluster="worker-2"} 1' in text
     assert 'gangcheck_dispatch_fallbacks_total{cluster="worker-1"} 1' in text
     assert "gangcheck_dispatch_clusters_per_gang_count 1" in text

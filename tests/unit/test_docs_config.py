@@ -494,6 +494,7 @@ def _rendered_labels() -> dict[str, set[str]]:
     metrics.reconciled("workload", 0.1)
     metrics.dispatch_nomination("worker")
     metrics.dispatch_fallback("worker")
+    metrics.dispatch_round()
     metrics.dispatch_clusters_tried(1)
     metrics.dispatch_waiting(1, 0)
     labels: dict[str, set[str]] = {}

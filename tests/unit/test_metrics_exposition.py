@@ -40,6 +40,7 @@ def everything_recorded() -> str:
     metrics.reconciled("workload", 0.003)
     metrics.dispatch_nomination("worker-1")
     metrics.dispatch_fallback("worker-1")
+    metrics.dispatch_round()
     metrics.dispatch_clusters_tried(2)
     return metrics.render()
 

@@ -22,8 +22,10 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -843,6 +845,15 @@ async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_
 ROUND_WAIT = 15
 
 
+def _rounds_begun(process: ManagedProcess) -> float:
+    """``gangcheck_dispatch_rounds_total`` as the dispatcher's metrics endpoint says it."""
+    url = f"http://127.0.0.1:{process.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(r"^gangcheck_dispatch_rounds_total (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 @contextlib.asynccontextmanager
 async def bigger_nodes(kube: Kube, gpus: int) -> AsyncIterator[None]:
     """worker-2's cloud making nodes of ``gpus`` GPUs (its ConfigMap changed: the cloud
@@ -922,6 +933,7 @@ async def test_a_gang_every_worker_failed_for_is_tried_again_in_a_new_round(
             again = [e["message"] for e in told if "round 2, every worker having" in e["message"]]
             assert len(again) == 1, told
             assert took - over >= ROUND_WAIT - 2, (over, took)
+            assert _rounds_begun(dispatcher) >= 1  # this process began one at least
             text = render_text(
                 await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
             )
