@@ -795,13 +795,13 @@ def decide(
     given up (recorded as failed: not nominated again for this gang in this round) in the
     same step as the next is nominated; a worker nominated and still trying is kept. A
     worker nominated whose copy is admitted there is recorded as such (``admitted``): the
-    record written then is
-    also what has MultiKueue, which otherwise looks at a worker's change only after its
-    1 s batch period, place the gang at once (a change of the manager's Workload). A worker
-    nominated ``COPY_GRACE`` seconds ago or more that has no copy of the Workload yet is said
-    after the reason (Kueue is not copying it: nothing the dispatcher can change, but why the
-    gang waits); it stays nominated. That part is derived again at each step from the copy
-    now: once Kueue copies the Workload, the reason is the choice's alone again.
+    record written then is also what has MultiKueue, which otherwise looks at a worker's
+    change only after its 1 s batch period, place the gang at once (a change of the
+    manager's Workload). A worker nominated ``COPY_GRACE`` seconds ago or more that has no
+    copy of the Workload yet is said after the reason (Kueue is not copying it: nothing the
+    dispatcher can change, but why the gang waits); it stays nominated. That part is derived
+    again at each step from the copy now: once Kueue copies the Workload, the reason is the
+    choice's alone again.
 
     When no worker is left to try, every one reachable having failed for the gang, the gang
     waits (said with when the next round begins) until the wait after its round

@@ -773,6 +773,28 @@ async def test_a_worker_dropped_from_the_config_mid_dispatch_keeps_the_gang_unti
             await cleanup_delivered(one, namespace)
 
 
+def too_big_gang() -> Obj:
+    """The gang's Job with members of 16 GPUs each, where every node of either cloud has 8:
+    each worker's cloud answers gangcheck's request there CapacityIsNotFound."""
+    job = gang_job("gang")
+    job["spec"]["template"]["spec"]["containers"] = [
+        container({"cpu": "1", "memory": "1Gi", GPU: "16"}, {GPU: "16"})
+    ]
+    return job
+
+
+async def both_given_up(manager: Kube, namespace: str, *, timeout: float) -> Obj:
+    """The manager's Workload of the gang of ``namespace`` once its record has given both
+    workers up."""
+
+    async def nowhere_left() -> Obj | None:
+        wl = await manager_workload(manager, namespace)
+        record = record_of(wl) if wl is not None else {}
+        return wl if len(record.get("failed") or {}) == 2 else None
+
+    return await eventually(nowhere_left, timeout=timeout, what="both workers given up")
+
+
 @pytest.mark.timeout(150)
 async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_said_why(
     bed: Bed, kubes: dict[str, Kube], dispatcher: ManagedProcess
@@ -785,21 +807,11 @@ async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_
     in diagnose."""
     manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
     namespace = await fresh_namespace(kubes)
-    job = gang_job("gang")
-    job["spec"]["template"]["spec"]["containers"] = [
-        container({"cpu": "1", "memory": "1Gi", GPU: "16"}, {GPU: "16"})
-    ]
     async with queues(kubes, namespace, deadline=6, backoff=60):
         began = time.monotonic()
-        await manager.create(JOB, job, namespace)
+        await manager.create(JOB, too_big_gang(), namespace)
         try:
-
-            async def nowhere_left() -> Obj | None:
-                wl = await manager_workload(manager, namespace)
-                record = record_of(wl) if wl is not None else {}
-                return wl if len(record.get("failed") or {}) == 2 else None
-
-            wl = await eventually(nowhere_left, timeout=90, what="both workers given up")
+            wl = await both_given_up(manager, namespace, timeout=90)
             took = time.monotonic() - began
             await asyncio.sleep(3)  # passes more: the record and its Event stay as they are
             wl = await manager.get(WORKLOAD, wl["metadata"]["name"], namespace)
@@ -882,21 +894,11 @@ async def test_a_gang_every_worker_failed_for_is_tried_again_in_a_new_round(
     holding its quota in the manager."""
     manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
     namespace = await fresh_namespace(kubes)
-    job = gang_job("gang")
-    job["spec"]["template"]["spec"]["containers"] = [
-        container({"cpu": "1", "memory": "1Gi", GPU: "16"}, {GPU: "16"})
-    ]
     async with queues(kubes, namespace, deadline=6, backoff=60):
         began = time.monotonic()
-        await manager.create(JOB, job, namespace)
+        await manager.create(JOB, too_big_gang(), namespace)
         try:
-
-            async def round_over() -> Obj | None:
-                wl = await manager_workload(manager, namespace)
-                record = record_of(wl) if wl is not None else {}
-                return wl if len(record.get("failed") or {}) == 2 else None
-
-            wl = await eventually(round_over, timeout=60, what="round 1: both workers given up")
+            wl = await both_given_up(manager, namespace, timeout=60)
             first = record_of(wl)
             over = time.monotonic() - began
             assert first["nominated"] == [] and "round" not in first, first
