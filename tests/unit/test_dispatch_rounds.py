@@ -185,3 +185,16 @@ def test_the_round_wait_is_set_by_file_environment_or_flag(
             waits("--round-wait", wrong)
     with pytest.raises(SettingsError, match="roundWaitMaxSeconds"):
         waits("--round-wait", "100", "--round-wait-max", "50")
+
+
+def test_a_new_round_nominates_as_many_at_once_as_set() -> None:
+    """``--dispatch-at-once 2``: round 2 nominates two workers again, as round 1 did."""
+    three = (WorkerFacts("a"), WorkerFacts("b"), WorkerFacts("c"))
+    record = DispatchRecord(
+        tried=("a", "b", "c"),
+        failed={c: "CapacityIsNotFound" for c in ("a", "b", "c")},
+        failed_at={c: stamp(70.0) for c in ("a", "b", "c")},
+    )
+    step = decide(record, three, at_once=2, now=NOW, rounds=RoundWait(60.0, 1800.0))
+    assert step.nominated == ("a", "b") and step.record.round == 2
+    assert step.record.failed == {}
