@@ -39,6 +39,10 @@ ATTEMPT_CONFIG_ANNOTATION = "gangcheck.io/attempt-config"
 """On a request: the AtomicProvisioningConfig spec its attempt was made under (JSON, defaults
 left out), so the attempt can be followed and rolled back as it was asked even when its
 config is later deleted or made invalid."""
+ASKED_AT_ANNOTATION = "gangcheck.io/asked-at"
+"""On a request: when gangcheck created it, to the microsecond (its clock; written with the
+create, no write more). creationTimestamp has whole seconds: requests made in the same second
+are ordered by it for the arrival ledger (logic/sources/waiting.py), not by their names."""
 SOURCE_ANNOTATION = "gangcheck.io/capacity-source"
 """On a request: the index (in spec.capacitySources) of the source its attempt asks; absent
 for the first source."""

@@ -170,6 +170,9 @@ class Applier:
     def kube(self) -> Kube:
         return self._kube
 
+    def now(self) -> datetime:
+        return self._clock()
+
     @property
     def caches(self) -> Caches:
         return self._caches

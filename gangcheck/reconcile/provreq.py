@@ -8,6 +8,7 @@ request. A new source registers a `SourceEdge` of its own beside it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC
 
 from gangcheck.kube.errors import ConflictError
 from gangcheck.kube.resources import POD_TEMPLATE, PROVISIONING_REQUEST
@@ -21,7 +22,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST as BACKEND
-from gangcheck.model.names import ROLLBACK_REASON_ANNOTATION
+from gangcheck.model.names import ASKED_AT_ANNOTATION, ROLLBACK_REASON_ANNOTATION
 from gangcheck.reconcile.apply import Applier, SourceEdge
 
 
@@ -31,8 +32,14 @@ async def create_template(applier: Applier, namespace: str, action: Action) -> N
 
 
 async def create_request(applier: Applier, namespace: str, action: Action) -> None:
+    """Create the request, stamped with when (``ASKED_AT_ANNOTATION``: the order of requests
+    made in the same second, for the arrival ledger)."""
     assert isinstance(action, CreateRequest)
-    await applier.create_owned(PROVISIONING_REQUEST, action.body, applier.caches.requests)
+    meta = action.body["metadata"]
+    asked_at = applier.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    notes = {**(meta.get("annotations") or {}), ASKED_AT_ANNOTATION: asked_at}
+    body = {**action.body, "metadata": {**meta, "annotations": notes}}
+    await applier.create_owned(PROVISIONING_REQUEST, body, applier.caches.requests)
 
 
 async def delete_request(applier: Applier, namespace: str, action: Action) -> None:

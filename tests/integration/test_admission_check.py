@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -60,6 +62,12 @@ async def test_happy_path_one_request_then_ready(
     wl = await cluster.workload("wl")
     assert req["metadata"]["annotations"]["gangcheck.io/workload-uid"] == wl["metadata"]["uid"]
     assert "ownerReferences" not in req["metadata"]
+    # stamped with when gangcheck made it, to the microsecond, within its creation second
+    asked_at = req["metadata"]["annotations"]["gangcheck.io/asked-at"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", asked_at), asked_at
+    created = datetime.fromisoformat(req["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    asked = datetime.fromisoformat(asked_at.replace("Z", "+00:00"))
+    assert abs((asked - created).total_seconds()) < 5  # one machine's clock, the server's
 
     async def both_templates() -> list[Any] | None:
         found = await cluster.templates()
