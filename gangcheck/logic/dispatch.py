@@ -845,7 +845,7 @@ def decide(
             failed,
             failed_at,
             reason=reason,
-            round_=record.round,
+            round_=round_,
             at_once=at_once,
             rounds=rounds,
             now=now,

@@ -9,6 +9,11 @@ def format_time(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_micro_time(when: datetime) -> str:
+    """RFC 3339 in UTC to the microsecond (a Lease's MicroTime; a request's asked-at)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(raw: str) -> datetime | None:
     """Parse an RFC 3339 timestamp; None when it is empty or malformed."""
     try:

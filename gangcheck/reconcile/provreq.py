@@ -8,7 +8,6 @@ request. A new source registers a `SourceEdge` of its own beside it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC
 
 from gangcheck.kube.errors import ConflictError
 from gangcheck.kube.resources import POD_TEMPLATE, PROVISIONING_REQUEST
@@ -22,6 +21,7 @@ from gangcheck.logic.attempt.actions import (
 )
 from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST as BACKEND
+from gangcheck.logic.timefmt import format_micro_time
 from gangcheck.model.names import ASKED_AT_ANNOTATION, ROLLBACK_REASON_ANNOTATION
 from gangcheck.reconcile.apply import Applier, SourceEdge
 
@@ -36,8 +36,10 @@ async def create_request(applier: Applier, namespace: str, action: Action) -> No
     made in the same second, for the arrival ledger)."""
     assert isinstance(action, CreateRequest)
     meta = action.body["metadata"]
-    asked_at = applier.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    notes = {**(meta.get("annotations") or {}), ASKED_AT_ANNOTATION: asked_at}
+    notes = {
+        **(meta.get("annotations") or {}),
+        ASKED_AT_ANNOTATION: format_micro_time(applier.now()),
+    }
     body = {**action.body, "metadata": {**meta, "annotations": notes}}
     await applier.create_owned(PROVISIONING_REQUEST, body, applier.caches.requests)
 

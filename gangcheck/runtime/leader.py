@@ -36,6 +36,7 @@ from gangcheck.kube.errors import (
     NotFoundError,
 )
 from gangcheck.kube.resources import LEASE
+from gangcheck.logic.timefmt import format_micro_time
 from gangcheck.model.objects import Obj
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,6 @@ class LeaseConfig:
     @property
     def call_bound(self) -> float:
         return self.call_timeout or self.renew_deadline / 2
-
-
-def _micro_time(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -177,7 +174,7 @@ class LeaderElector:
         return self._monotonic() - self._observed_at > duration
 
     async def _create(self) -> bool:
-        now = _micro_time(datetime.now(UTC))
+        now = format_micro_time(datetime.now(UTC))
         body = {
             "metadata": {"name": self.config.name, "namespace": self.config.namespace},
             "spec": {
@@ -202,7 +199,7 @@ class LeaderElector:
         return True
 
     async def _write(self, lease: Obj, *, taking_over: bool) -> bool:
-        now = _micro_time(datetime.now(UTC))
+        now = format_micro_time(datetime.now(UTC))
         spec = dict(lease.get("spec") or {})
         spec.update(holderIdentity=self.config.identity, renewTime=now)
         spec["leaseDurationSeconds"] = int(self.config.lease_duration)

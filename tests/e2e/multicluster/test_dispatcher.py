@@ -783,6 +783,26 @@ def too_big_gang() -> Obj:
     return job
 
 
+@contextlib.asynccontextmanager
+async def too_big_gang_submitted(kubes: dict[str, Kube]) -> AsyncIterator[tuple[str, float]]:
+    """``too_big_gang``'s Job created in the manager, in a fresh namespace with its queues
+    (gangcheck's deadline 6 s and backoff 60 s in the workers): (the namespace, when the Job
+    was created). After: the Job deleted, the nodes the gang ran on in worker-2 removed, and
+    in each worker, once it holds no request for the gang, every node its cloud made for it."""
+    manager = kubes[MANAGER]
+    namespace = await fresh_namespace(kubes)
+    async with queues(kubes, namespace, deadline=6, backoff=60):
+        began = time.monotonic()
+        await manager.create(JOB, too_big_gang(), namespace)
+        try:
+            yield namespace, began
+        finally:
+            await delete_quietly(manager, JOB, "gang", namespace)
+            await cleanup_winner(kubes[WITH_ROOM], namespace)
+            for worker in (STOCKED_OUT, WITH_ROOM):
+                await cleanup_delivered(kubes[worker], namespace)
+
+
 async def both_given_up(manager: Kube, namespace: str, *, timeout: float) -> Obj:
     """The manager's Workload of the gang of ``namespace`` once its record has given both
     workers up."""
@@ -805,50 +825,37 @@ async def test_a_gang_that_fits_nowhere_is_tried_once_in_each_worker_then_waits_
     quota in the manager, nominated nowhere, the record naming each worker given up and why,
     one NoWorker Event, written once (before 0746537 a second one came a pass later), all
     in diagnose."""
-    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
-    namespace = await fresh_namespace(kubes)
-    async with queues(kubes, namespace, deadline=6, backoff=60):
-        began = time.monotonic()
-        await manager.create(JOB, too_big_gang(), namespace)
-        try:
-            wl = await both_given_up(manager, namespace, timeout=90)
-            took = time.monotonic() - began
-            await asyncio.sleep(3)  # passes more: the record and its Event stay as they are
-            wl = await manager.get(WORKLOAD, wl["metadata"]["name"], namespace)
-            record = record_of(wl)
-            assert record["nominated"] == [], record
-            assert sorted(record["tried"]) == [STOCKED_OUT, WITH_ROOM], record
-            assert record["reason"].startswith("no worker left to try (tried and failed: "), record
-            assert is_true(wl, "QuotaReserved"), wl["status"]  # queued, never lost
-            assert not wl["status"].get("nominatedClusterNames"), wl["status"]
-            told = await events_on(manager, wl, "NoWorker")
-            assert [int(e.get("count") or 1) for e in told] == [1], [
-                (e.get("count"), e["message"]) for e in told
-            ]
-            falls = await events_on(manager, wl, "DispatchFallback")
-            assert sorted(e["message"].split(":")[0] for e in falls) == [
-                f"gave up on {STOCKED_OUT}",
-                f"gave up on {WITH_ROOM}",
-            ], falls
-            text = render_text(
-                await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
-            )
-            assert "no worker nominated: no worker left to try" in text, text
-            for worker in (STOCKED_OUT, WITH_ROOM):
-                assert f"given up: {worker} (" in text, text
-            bed.measurements.append(
-                f"dispatcher, a gang that fits nowhere: both workers given up {took:.1f}s after "
-                "the Job, one NoWorker Event"
-            )
-        finally:
-            await delete_quietly(manager, JOB, "gang", namespace)
-            for kube in (one, two):
-
-                async def withdrawn(kube: Kube = kube) -> bool:
-                    return not await items(kube, PROVISIONING_REQUEST, namespace)
-
-                await eventually(withdrawn, timeout=30, what="no request left for the gang")
-                await cleanup_delivered(kube, namespace)
+    manager = kubes[MANAGER]
+    async with too_big_gang_submitted(kubes) as (namespace, began):
+        wl = await both_given_up(manager, namespace, timeout=90)
+        took = time.monotonic() - began
+        await asyncio.sleep(3)  # passes more: the record and its Event stay as they are
+        wl = await manager.get(WORKLOAD, wl["metadata"]["name"], namespace)
+        record = record_of(wl)
+        assert record["nominated"] == [], record
+        assert sorted(record["tried"]) == [STOCKED_OUT, WITH_ROOM], record
+        assert record["reason"].startswith("no worker left to try (tried and failed: "), record
+        assert is_true(wl, "QuotaReserved"), wl["status"]  # queued, never lost
+        assert not wl["status"].get("nominatedClusterNames"), wl["status"]
+        told = await events_on(manager, wl, "NoWorker")
+        assert [int(e.get("count") or 1) for e in told] == [1], [
+            (e.get("count"), e["message"]) for e in told
+        ]
+        falls = await events_on(manager, wl, "DispatchFallback")
+        assert sorted(e["message"].split(":")[0] for e in falls) == [
+            f"gave up on {STOCKED_OUT}",
+            f"gave up on {WITH_ROOM}",
+        ], falls
+        text = render_text(
+            await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+        )
+        assert "no worker nominated: no worker left to try" in text, text
+        for worker in (STOCKED_OUT, WITH_ROOM):
+            assert f"given up: {worker} (" in text, text
+        bed.measurements.append(
+            f"dispatcher, a gang that fits nowhere: both workers given up {took:.1f}s after "
+            "the Job, one NoWorker Event"
+        )
 
 
 #: The wait before a gang every worker failed for is tried again, as the bed's dispatcher
@@ -892,64 +899,55 @@ async def test_a_gang_every_worker_failed_for_is_tried_again_in_a_new_round(
     2 tries them again by rank, one at a time (worker-1 first, by name: it fails again), and
     the gang is admitted in worker-2. Before, the gang waited for good, nominated nowhere,
     holding its quota in the manager."""
-    manager, one, two = kubes[MANAGER], kubes[STOCKED_OUT], kubes[WITH_ROOM]
-    namespace = await fresh_namespace(kubes)
-    async with queues(kubes, namespace, deadline=6, backoff=60):
-        began = time.monotonic()
-        await manager.create(JOB, too_big_gang(), namespace)
-        try:
-            wl = await both_given_up(manager, namespace, timeout=60)
-            first = record_of(wl)
-            over = time.monotonic() - began
-            assert first["nominated"] == [] and "round" not in first, first
-            assert "; round 2 at " in first["reason"], first
-            async with bigger_nodes(two, 16):
+    manager, two = kubes[MANAGER], kubes[WITH_ROOM]
+    async with too_big_gang_submitted(kubes) as (namespace, began):
+        wl = await both_given_up(manager, namespace, timeout=60)
+        first = record_of(wl)
+        over = time.monotonic() - began
+        assert first["nominated"] == [] and "round" not in first, first
+        assert "; round 2 at " in first["reason"], first
+        async with bigger_nodes(two, 16):
 
-                async def placed_in_round_2() -> Obj | None:
-                    wl = await manager_workload(manager, namespace)
-                    if wl is None or record_of(wl).get("admitted") != WITH_ROOM:
-                        return None
-                    return wl if is_true(wl, "Admitted") else None
+            async def placed_in_round_2() -> Obj | None:
+                wl = await manager_workload(manager, namespace)
+                if wl is None or record_of(wl).get("admitted") != WITH_ROOM:
+                    return None
+                return wl if is_true(wl, "Admitted") else None
 
-                wl = await eventually(
-                    placed_in_round_2, timeout=ROUND_WAIT + 60, what="admitted in round 2"
-                )
-                took = time.monotonic() - began
-            record = record_of(wl)
-            assert wl["status"]["clusterName"] == WITH_ROOM, wl["status"]
-            assert record["round"] == 2 and record["nominated"] == [WITH_ROOM], record
-            assert set(record["failed"]) <= {STOCKED_OUT}, record  # round 2's given up only
-            # each worker nominated once a round (the same words twice make one Event, counted)
-            told = await events_on(manager, wl, "Nominated")
-            per_worker = {
-                worker: sum(
-                    int(e.get("count") or 1)
-                    for e in told
-                    if e["message"].startswith(f"nominated {worker}: ")
-                )
-                for worker in (STOCKED_OUT, WITH_ROOM)
-            }
-            # worker-1 comes first by name in round 2 as in round 1, when nothing else ranks
-            # them: tried again and given up again (by rank it could come second, not tried)
-            assert per_worker[WITH_ROOM] == 2 and per_worker[STOCKED_OUT] in (1, 2), told
-            again = [e["message"] for e in told if "round 2, every worker having" in e["message"]]
-            assert len(again) == 1, told
-            assert took - over >= ROUND_WAIT - 2, (over, took)
-            assert _rounds_begun(dispatcher) >= 1  # this process began one at least
-            text = render_text(
-                await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+            wl = await eventually(
+                placed_in_round_2, timeout=ROUND_WAIT + 60, what="admitted in round 2"
             )
-            assert "round 2: every worker failed in each round before" in text, text
-            bed.measurements.append(
-                f"dispatcher, rounds: round 1 over {over:.1f}s after the Job, the gang "
-                f"admitted in {WITH_ROOM} in round 2, {took:.1f}s after it "
-                f"(--round-wait={ROUND_WAIT})"
+            took = time.monotonic() - began
+        record = record_of(wl)
+        assert wl["status"]["clusterName"] == WITH_ROOM, wl["status"]
+        assert record["round"] == 2 and record["nominated"] == [WITH_ROOM], record
+        assert set(record["failed"]) <= {STOCKED_OUT}, record  # round 2's given up only
+        # each worker nominated once a round (the same words twice make one Event, counted)
+        told = await events_on(manager, wl, "Nominated")
+        per_worker = {
+            worker: sum(
+                int(e.get("count") or 1)
+                for e in told
+                if e["message"].startswith(f"nominated {worker}: ")
             )
-        finally:
-            await delete_quietly(manager, JOB, "gang", namespace)
-            await cleanup_winner(two, namespace)
-            for kube in (one, two):
-                await cleanup_delivered(kube, namespace)
+            for worker in (STOCKED_OUT, WITH_ROOM)
+        }
+        # worker-1 comes first by name in round 2 as in round 1, when nothing else ranks
+        # them: tried again and given up again (by rank it could come second, not tried)
+        assert per_worker[WITH_ROOM] == 2 and per_worker[STOCKED_OUT] in (1, 2), told
+        again = [e["message"] for e in told if "round 2, every worker having" in e["message"]]
+        assert len(again) == 1, told
+        assert took - over >= ROUND_WAIT - 2, (over, took)
+        assert _rounds_begun(dispatcher) >= 1  # this process began one at least
+        text = render_text(
+            await diagnose(manager, f"workload/{namespace}/{wl['metadata']['name']}")
+        )
+        assert "round 2: every worker failed in each round before" in text, text
+        bed.measurements.append(
+            f"dispatcher, rounds: round 1 over {over:.1f}s after the Job, the gang "
+            f"admitted in {WITH_ROOM} in round 2, {took:.1f}s after it "
+            f"(--round-wait={ROUND_WAIT})"
+        )
 
 
 @pytest.mark.timeout(120)
