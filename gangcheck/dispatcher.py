@@ -119,6 +119,7 @@ from gangcheck.logic.dispatch import (
     CheckWorkers,
     DispatchRecord,
     Down,
+    Flavors,
     Outcome,
     RoundWait,
     Sighting,
@@ -131,6 +132,7 @@ from gangcheck.logic.dispatch import (
     check_workers,
     copy_of,
     decide,
+    flavors_of,
     for_workload,
     kubeconfig_unused,
     lease_down,
@@ -141,6 +143,7 @@ from gangcheck.logic.dispatch import (
     owns_nomination,
     patient,
     recent_failures,
+    same_capacity,
     sighted,
     silence,
     silent_reason,
@@ -524,17 +527,17 @@ class Dispatcher:
         )
         # oldest first: a burst is spread in the order Kueue reserved its quota
         waiting.sort(key=lambda wl: str(wl["metadata"].get("creationTimestamp") or ""))
-        self._unanswered_seen = {}
-        self._not_queued_seen = {}
+        self._unanswered_seen, self._not_queued_seen = {}, {}
         nominated = {
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
         pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
+        memory = _Memory(records, {_key(wl): flavors_of(wl) for wl in workloads})
         rooms = _Rooms(views, nominated, pod_sets)
         told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
         for wl in waiting:
             key = _key(wl)
-            failures = recent_failures((r for k, r in records.items() if k != key), self._now())
+            alike, failures = memory.of(key, self._now())
             counts = Counter(c for k, cs in nominated.items() if k != key for c in cs)
             mine = configured[key]
             try:
@@ -548,6 +551,7 @@ class Dispatcher:
                     rooms=rooms,
                     counts=counts,
                     failures=failures,
+                    alike=alike,
                 )
             except ApiError as e:
                 log.warning("dispatching %s failed: %s", _ref(wl).name, e)
@@ -586,6 +590,7 @@ class Dispatcher:
         rooms: Callable[[str], _Room],
         counts: Mapping[str, int],
         failures: Mapping[str, str],
+        alike: _Alike | None = None,
         unconfigured: str = "",
         unlisted: Iterable[str] = (),
         configured: Sequence[str] | None = None,
@@ -593,7 +598,8 @@ class Dispatcher:
         """The step for ``wl``, written (the record, then the nomination), and whether it
         has something to tell (Events, metrics: told by the caller, after the pass's other
         nominations). ``unlisted``: workers of ``workers`` nominated that its
-        MultiKueueConfigs no longer list; ``configured``: the workers they list."""
+        MultiKueueConfigs no longer list; ``configured``: the workers they list; ``alike``:
+        the gangs whose outcomes in a worker speak for this one's (``_Memory.of``)."""
         record = _record(wl)
         dropped = set(unlisted)
 
@@ -607,6 +613,7 @@ class Dispatcher:
                     room=functools.partial(rooms, worker.name) if fit else None,
                     pending=counts.get(worker.name, 0),
                     lately_failed=failures.get(worker.name, ""),
+                    alike=alike,
                 )
                 for worker in workers
             ]
@@ -1016,6 +1023,7 @@ class Dispatcher:
         room: Callable[[], _Room] | None = None,
         pending: int = 0,
         lately_failed: str = "",
+        alike: _Alike | None = None,
     ) -> WorkerFacts:
         if view.skip or worker.kube is None:
             return WorkerFacts(
@@ -1040,7 +1048,7 @@ class Dispatcher:
         facts = WorkerFacts(
             worker.name,
             fits_now=fits_now,
-            sources=view.sources,
+            sources=view.sources(alike),
             failure=failure,
             pending=pending,
             lately_failed=lately_failed,
@@ -1065,7 +1073,8 @@ class _View:
     (``WORKLOAD_ANNOTATION``): each Workload's looked up, not every request read again for
     each Workload of a pass (a worker holding 20,000 requests made a pass over 500 gangs
     nominated there take 8 s)."""
-    sources: tuple[SourceHistory, ...] = ()
+    outcomes: _Outcomes = field(default_factory=dict)
+    """Its capacity sources' outcomes for the gangs sent there (``_outcomes``)."""
     copies: dict[tuple[str, str], Obj] = field(default_factory=dict)
     """Its Workloads (Kueue's copies of the manager's), by namespace and name."""
     down: Down | None = None
@@ -1074,6 +1083,18 @@ class _View:
     """The names of the AdmissionChecks gangcheck serves there."""
     identity: str = ""
     """Which cluster it is (``WorkerFacts.identity``); '' not known."""
+
+    histories: dict[Flavors | str | None, tuple[SourceHistory, ...]] = field(default_factory=dict)
+    """``sources`` as a pass asked for it, by the flavors asked for (a pass asks for each of
+    its gangs: thousands of gangs sent there, read again for each of thousands waiting)."""
+
+    def sources(self, alike: _Alike | None = None) -> tuple[SourceHistory, ...]:
+        """Its capacity sources' histories, of the gangs sent there that are ``alike`` (None:
+        every gang)."""
+        key = "every gang" if alike is None else alike.mine
+        if key not in self.histories:
+            self.histories[key] = _histories(self.outcomes, alike or (lambda _: True))
+        return self.histories[key]
 
 
 # -- reads in a worker ----------------------------------------------------------------------------
@@ -1089,7 +1110,7 @@ def _view_of(
         nodes=[node_view(n) for n in nodes],  # a node being deleted is not usable there
         pods=pods,
         requests=_by_workload(requests),
-        sources=_sources(requests, copies),
+        outcomes=_outcomes(requests, copies),
         copies={_key(c): c for c in copies},
         ours=_gangchecks(checks),
     )
@@ -1557,7 +1578,13 @@ def _fits_now(room: _Room, wl: Obj) -> bool:
     return room.fit(_pod_sets(wl))
 
 
-def _sources(requests: Sequence[Obj], copies: Sequence[Obj]) -> tuple[SourceHistory, ...]:
+#: Per capacity source of a worker (its class and index), the latest outcome of each gang the
+#: dispatcher sent there, by the gang's namespace and name: when its request was made, and
+#: how it ended.
+_Outcomes = dict[str, dict[tuple[str, str], tuple[str, Outcome]]]
+
+
+def _outcomes(requests: Sequence[Obj], copies: Sequence[Obj]) -> _Outcomes:
     """Each capacity source's recent outcomes, from gangcheck's records on the requests of
     the gangs this dispatcher sent to the worker (``copies``: the worker's Workloads): a
     request counts when it is for a copy there that carries the dispatcher's record (Kueue
@@ -1571,7 +1598,7 @@ def _sources(requests: Sequence[Obj], copies: Sequence[Obj]) -> tuple[SourceHist
         for c in copies
         if RECORD_ANNOTATION in (c["metadata"].get("annotations") or {})
     }
-    latest: dict[str, dict[tuple[str, str], tuple[str, Outcome]]] = {}
+    latest: _Outcomes = {}
     for req in requests:
         meta = req["metadata"]
         notes = meta.get("annotations") or {}
@@ -1590,20 +1617,60 @@ def _sources(requests: Sequence[Obj], copies: Sequence[Obj]) -> tuple[SourceHist
         seen = (str(meta.get("creationTimestamp") or ""), outcome)
         if gang not in per or per[gang] < seen:
             per[gang] = seen
+    return latest
+
+
+def _histories(
+    outcomes: _Outcomes, counts: Callable[[tuple[str, str]], bool]
+) -> tuple[SourceHistory, ...]:
+    """Each source's last ``RECENT`` outcomes among the gangs that ``counts`` (those assigned
+    the flavors of the gang being dispatched: ``dispatch.same_capacity``), sources with none
+    left out."""
     histories = []
-    for _, by_gang in sorted(latest.items()):
-        recent = [o for _, o in sorted(by_gang.values())][-RECENT:]
-        histories.append(
-            SourceHistory(
-                deliveries=recent.count(Outcome.DELIVERED),
-                stockouts=recent.count(Outcome.STOCKOUT),
-                last=recent[-1],
+    for _, by_gang in sorted(outcomes.items()):
+        recent = [o for g, (_, o) in sorted(by_gang.items(), key=lambda i: i[1]) if counts(g)]
+        if recent := recent[-RECENT:]:
+            histories.append(
+                SourceHistory(
+                    deliveries=recent.count(Outcome.DELIVERED),
+                    stockouts=recent.count(Outcome.STOCKOUT),
+                    last=recent[-1],
+                )
             )
-        )
     return tuple(histories)
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """What a pass remembers of the gangs' attempts: the records on the manager's Workloads
+    (the pass's own map, as its steps rewrite them) and what each gang asks (``asks``: its
+    resource flavors, ``dispatch.flavors_of``)."""
+
+    records: Mapping[tuple[str, str], DispatchRecord]
+    asks: Mapping[tuple[str, str], Flavors | None]
+
+    def of(self, key: tuple[str, str], now: datetime) -> tuple[_Alike, dict[str, str]]:
+        """For gang ``key``: the gangs whose outcomes speak for its chances (``_Alike``), and
+        the workers given up lately for such gangs (``recent_failures``)."""
+        alike = _Alike(self.asks, self.asks.get(key))
+        others = (r for k, r in self.records.items() if k != key and alike(k))
+        return alike, recent_failures(others, now)
+
+
+@dataclass(frozen=True)
+class _Alike:
+    """Whether another gang's outcomes (its give-ups in the manager's records, its requests'
+    outcomes in a worker) speak for the chances of a gang asking ``mine``: assigned the same
+    resource flavors (``dispatch.same_capacity``; a gang no longer in the manager counts)."""
+
+    asks: Mapping[tuple[str, str], Flavors | None]
+    mine: Flavors | None
+
+    def __call__(self, other: tuple[str, str]) -> bool:
+        return same_capacity(self.asks.get(other), self.mine)
 
 
 def _pod_sets(wl: Obj) -> list[GangPodSet]:

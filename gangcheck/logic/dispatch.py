@@ -24,6 +24,7 @@ at a time:
    sources' record does not matter);
 4. then the workers not given up lately for another gang (``recent_failures``: a stockout
    seen in the last ``FAILURE_MEMORY`` seconds, read from the records on the Workloads);
+   only gangs assigned the same resource flavors count here and in 5 (``same_capacity``);
 5. then the workers whose capacity sources delivered lately, not those that last stocked out:
    by whether any of its sources' last outcome was not a stockout, then by fewer gangs
    nominated there and not placed yet (``pending``: a burst is spread), then by its sources'
@@ -1136,6 +1137,33 @@ def _without_copy_wait(reason: str, keep: Sequence[str], since: Mapping[str, str
         if said >= 0:
             return reason[:said]
     return reason
+
+
+#: What a gang asks of a worker's capacity: the (resource, flavor) pairs its quota
+#: reservation in the manager assigned it, over its pod sets (``flavors_of``).
+Flavors = frozenset[tuple[str, str]]
+
+
+def flavors_of(wl: Mapping[str, object]) -> Flavors | None:
+    """The resource flavors the manager's quota reservation assigned the gang
+    (``status.admission.podSetAssignments[].flavors``); None when none is recorded (no
+    reservation yet, or an admission not shaped as Kueue writes it)."""
+    admission = _dict(_dict(wl.get("status")).get("admission"))
+    pairs = {
+        (str(resource), str(flavor))
+        for assignment in _list(admission.get("podSetAssignments"))
+        for resource, flavor in _dict(_dict(assignment).get("flavors")).items()
+    }
+    return frozenset(pairs) or None
+
+
+def same_capacity(one: Flavors | None, other: Flavors | None) -> bool:
+    """Whether what one gang's attempt in a worker showed (a stockout, a delivery) speaks for
+    another gang there: both were assigned the same resource flavors. A stockout is of a kind
+    of node (an H100 flavor's says nothing of an A100 or a CPU gang's chances), so a gang of
+    other flavors neither sends the next gangs elsewhere nor vouches for the worker. Either
+    not known: it counts, as it did before flavors were read."""
+    return one is None or other is None or one == other
 
 
 def recent_failures(

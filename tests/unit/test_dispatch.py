@@ -25,6 +25,7 @@ from gangcheck.logic.dispatch import (
     copy_of,
     decide,
     describe,
+    flavors_of,
     for_workload,
     kubeconfig_unused,
     left_to_another,
@@ -32,6 +33,7 @@ from gangcheck.logic.dispatch import (
     nominated_by_another,
     nominated_by_kueue,
     recent_failures,
+    same_capacity,
     unanswered,
     workers_for,
 )
@@ -1202,3 +1204,44 @@ def test_a_kubeconfig_of_more_values_than_a_workers_holds_is_not_used() -> None:
     fewer = _kubeconfig({"token": "t"})
     fewer["users"] = [{"name": f"u{i}", "user": {"token": "t"}} for i in range(500)]
     assert kubeconfig_unused(fewer) == ""
+
+
+def _admitted(*assignments: dict[str, str]) -> dict[str, object]:
+    return {
+        "status": {
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [
+                    {"name": f"ps{i}", "flavors": f} for i, f in enumerate(assignments)
+                ],
+            }
+        }
+    }
+
+
+H100 = {"nvidia.com/gpu": "h100", "cpu": "default"}
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "alike"),
+    [
+        (H100, H100, True),
+        (H100, {"nvidia.com/gpu": "a100", "cpu": "default"}, False),
+        ({"cpu": "default"}, {"nvidia.com/gpu": "h100", "cpu": "default"}, False),
+        ({"nvidia.com/gpu": "h100"}, {"example.com/gpu": "h100"}, False),
+    ],
+)
+def test_outcomes_speak_for_gangs_assigned_the_same_flavors(
+    one: dict[str, str], other: dict[str, str], alike: bool
+) -> None:
+    assert same_capacity(flavors_of(_admitted(one)), flavors_of(_admitted(other))) is alike
+
+
+def test_a_gang_whose_flavors_are_not_known_counts_with_every_other() -> None:
+    h100 = flavors_of(_admitted({"nvidia.com/gpu": "h100"}))
+    for unknown in ({}, {"status": {}}, {"status": {"admission": {"podSetAssignments": "x"}}}):
+        assert flavors_of(unknown) is None
+        assert same_capacity(flavors_of(unknown), h100)
+        assert same_capacity(h100, flavors_of(unknown))
+    two_sets = _admitted({"nvidia.com/gpu": "h100"}, {"cpu": "default"})
+    assert flavors_of(two_sets) == {("nvidia.com/gpu", "h100"), ("cpu", "default")}

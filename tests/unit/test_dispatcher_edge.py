@@ -1943,7 +1943,7 @@ def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> N
     del local["metadata"]["annotations"]  # a gang of the worker's own: not sent by us
     forged += [outcome_request(f"l-{i}", "job-local", **STOCKOUT) for i in range(50)]
     view = _view_of(checks, [], [], forged, [local])
-    assert view.sources == ()
+    assert view.sources() == ()
     sent = dispatched_copy("job-sent", uid="copy-sent")
     requests = [
         outcome_request("a", "job-sent", **STOCKOUT),
@@ -1951,7 +1951,7 @@ def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> N
         outcome_request("c-later", "job-sent", **{WORKLOAD_UID_ANNOTATION: "copy-old", **STOCKOUT}),
     ]
     view = _view_of(checks, [], [], [*forged, *requests], [local, sent])
-    (history,) = view.sources
+    (history,) = view.sources()
     assert (history.stockouts, history.deliveries) == (1, 0)
 
 
@@ -1998,7 +1998,7 @@ def test_a_workers_requests_and_copies_are_cached_trimmed_to_what_a_pass_reads()
     checks = worker().all_of(ADMISSION_CHECK)
     whole = _view_of(checks, [], [], [req], [copy])
     trimmed = _view_of(checks, [], [], [trim_req(req)], [trim_copy(copy)])
-    assert trimmed.sources == whole.sources and trimmed.sources
+    assert trimmed.sources() == whole.sources() and trimmed.sources()
     wl = workload()
     wl["metadata"]["uid"] = "uid-x"
     got, want = _copy_state(trimmed, wl), _copy_state(whole, wl)
@@ -2511,3 +2511,60 @@ async def test_a_kubeconfig_is_read_off_the_event_loop() -> None:
         .skipped["worker-1"]
         .startswith("Secret kueue-system/worker-1: unusable kubeconfig (not YAML")
     )
+
+
+def of_flavor(wl: Obj, gpu: str) -> Obj:
+    """``wl`` with the quota reservation the manager's Kueue writes: its pod set assigned the
+    GPU flavor ``gpu`` (and ``default`` for its cpu)."""
+    wl["status"]["admission"] = {
+        "clusterQueue": "cq",
+        "podSetAssignments": [
+            {"name": "main", "count": 2, "flavors": {"nvidia.com/gpu": gpu, "cpu": "default"}}
+        ],
+    }
+    return wl
+
+
+async def test_a_stockout_of_one_flavor_sends_only_gangs_of_that_flavor_elsewhere() -> None:
+    """An H100 gang's stockout in worker-1, remembered by its record after worker-1 let its
+    copy and request go: the next H100 gang goes to worker-2 first, an A100 gang (a kind of
+    node that stockout says nothing of) is tried in worker-1 as if nothing were known."""
+    one, two = worker(), worker()
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": two})
+    gang = manager.stored(WORKLOAD, "job-gang", NS)
+    assert gang is not None
+    manager.add(of_flavor(copy.deepcopy(gang), "h100"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-1"]
+    one.add(workload(), not_found_request())
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-2"]
+    one.remove(WORKLOAD, "job-gang", NS)
+    one.remove(PROVISIONING_REQUEST, "job-gang-gpu-1", NS)
+    manager.add(of_flavor(workload("job-a100"), "a100"), of_flavor(workload("job-h100"), "h100"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-a100") == ["worker-1"]
+    assert nominated_of(manager, "job-h100") == ["worker-2"]
+    a100 = manager.stored(WORKLOAD, "job-a100", NS)
+    assert a100 is not None
+    said = DispatchRecord.from_annotation(a100["metadata"]["annotations"][RECORD_ANNOTATION])
+    assert "worker-1 has no record of its capacity sources" in said.reason
+
+
+async def test_a_workers_source_history_counts_only_gangs_of_the_same_flavor() -> None:
+    """Worker-1's source stocked out for an H100 gang the dispatcher sent there (its copy and
+    request still there; the gang since placed in worker-2, so no give-up is recent in its
+    record): an A100 gang is tried there by name, nothing known of its kind of node; an H100
+    gang goes to worker-2."""
+    one = worker()
+    sent = of_flavor(workload("job-sent"), "h100")
+    sent["status"]["clusterName"] = "worker-2"
+    one.add(dispatched_copy("job-sent"), outcome_request("s", "job-sent", **STOCKOUT))
+    manager, dispatcher, _ = bed({"worker-1": one, "worker-2": worker()})
+    manager.remove(WORKLOAD, "job-gang", NS)
+    manager.add(sent, of_flavor(workload("job-a100"), "a100"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-a100") == ["worker-1"]
+    manager.add(of_flavor(workload("job-h100"), "h100"))
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-h100") == ["worker-2"]
