@@ -14,7 +14,7 @@ at every NodeClaim labelled with an attempt, decides with
 answered AlreadyExists on the retry: names are derived from the attempt), writes the request's
 conditions at the resourceVersion read, deletes claims conditional on their uid, withdraws a
 claim whose node exists through the reclaim's safe path (a node found running the pods of
-a gang that started is handed over to it: ``_hand_over``), lifts the hold from a node such a
+a gang that started is handed over to it: ``handover.hand_over``), lifts the hold from a node such a
 withdrawal kept (read live: recorded for the request, held for it, owing no reclaim), and
 removes ``karpenter.sh/do-not-disrupt`` with a JSON patch that tests its value. A request
 missing from the cache is looked up live before its claims are withdrawn: a cache cannot prove
@@ -62,19 +62,14 @@ from gangcheck.kube.errors import (
 )
 from gangcheck.kube.resources import NODE, NODE_CLAIM, NODE_POOL, PROVISIONING_REQUEST, Resource
 from gangcheck.logic.attempt.actions import Event
-from gangcheck.logic.attempt.fulfillment import claim_of
-from gangcheck.logic.attempt.hold import taints_released
-from gangcheck.logic.attempt.reclaim import is_fenced
 from gangcheck.logic.sources.karpenter import access, names
 from gangcheck.logic.sources.karpenter.claims import release_protection_patch
 from gangcheck.logic.sources.karpenter.provisioner import (
     Served,
     gang_started,
-    held_for,
     is_asking,
     is_served_here,
     kept_since,
-    marked,
     reads_pools,
     request_key,
     serve,
@@ -86,9 +81,9 @@ from gangcheck.model.objects import Obj, ObjectRef, ref_of
 from gangcheck.reclaim.arrivals import tell
 from gangcheck.reclaim.reclaimers import DeleteNodeClaim, delete_told
 from gangcheck.reclaim.safely import Target, reclaim_safely
-from gangcheck.reconcile.apply import write_taints
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.reconcile.handover import hand_over, lift_hold
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +93,6 @@ INTERVAL = 1.0
 RESYNC_SECONDS = 10.0
 #: Seconds between passes looking only for claims whose request is gone.
 ORPHAN_INTERVAL = 30.0
-#: Reads and writes a hand-over of a node tries while the node keeps changing under it.
-HAND_OVER_TRIES = 5
 T = TypeVar("T")
 
 
@@ -455,7 +448,7 @@ class KarpenterProvisioner:
         for claim in served.reclaim:
             await self._reclaim(claim, nodes, request)
         for name in served.lift:
-            await self._lift_hold(name, key)
+            await lift_hold(self._kube, self._caches, name, key, permitted=self._permitted)
         if request is not None and served.conditions:
             await self._write_conditions(request, served.conditions)
         by_name = {c["metadata"]["name"]: c for c in claims}
@@ -485,7 +478,7 @@ class KarpenterProvisioner:
         the draining-node reconciler owes it the same. A node kept is said (an Event on the
         Node, a log line) and its hold lifted, as a rollback's kept node's is. One draining
         (the gang's pods there) whose gang started is the gang's (``gang_started``): handed
-        over (``_hand_over``), not left to the draining-node reconciler, which would look at
+        over (``handover.hand_over``), not left to the draining-node reconciler, which would look at
         it every ``DRAIN_POLL_SECONDS`` for as long as the gang runs. One draining before the
         start, or failed, keeps its mark (and its hold) for the draining-node reconciler,
         and once that keeps it, a later pass lifts its hold (``Served.lift``)."""
@@ -532,63 +525,11 @@ class KarpenterProvisioner:
         )
         await tell(self._events, None, name, result, request=key)
         if result.verdict == "drain" and gang_started(request):
-            await self._hand_over(name, key, target.mark())
+            await hand_over(
+                self._kube, self._caches, name, key, target.mark(), permitted=self._permitted
+            )
         elif result.verdict == "keep":
-            await self._lift_hold(name, key)
-
-    async def _hand_over(self, name: str, key: str, mark: str) -> None:
-        """The node of a claim withdrawn after its gang started, found running the gang's
-        pods: the withdrawal's mark comes off and the hold is lifted, as from the nodes
-        recorded for the gang at its start; the record (arrived for ``key``) stays, so no
-        later pass withdraws the claim again. Read live, and only a node still recorded for
-        ``key``, carrying this withdrawal's mark as written and not fenced (a reclaim of it
-        under way since: the draining-node reconciler's), written at the resourceVersion
-        read (a change since: read and judged again, a few times; then the mark stays)."""
-        for _ in range(HAND_OVER_TRIES):
-            node = await self._kube.get_if_exists(NODE, name)
-            if node is None or claim_of(node) != key or is_fenced(node):
-                return
-            meta = node["metadata"]
-            if (meta.get("annotations") or {}).get(RECLAIM_WHEN_IDLE) != mark:
-                return
-            patch = {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "annotations": {RECLAIM_WHEN_IDLE: None},
-                }
-            }
-            try:
-                unmarked = await self._permitted(
-                    "patch nodes", self._kube.merge_patch(NODE, name, patch)
-                )
-            except NotFoundError:
-                return
-            except ConflictError:
-                continue  # changed since read (a heartbeat): read and judged again
-            self._caches.nodes.store.put_if_newer(unmarked)
-            log.info(
-                "node %s runs the started gang's pods: handed over to it, not drained",
-                name,
-                extra={"object": key},
-            )
-            break
-        else:
-            return  # kept changing: its mark stays, the draining-node reconciler's
-        await self._lift_hold(name, key)
-
-    async def _lift_hold(self, name: str, key: str) -> None:
-        """Lift ``key``'s hold from a node a reclaim kept: read live, still recorded for
-        ``key``, held for it and owing no reclaim (a mark since: the reclaim's again), written
-        at the resourceVersion read (a change since: the next pass judges again)."""
-        node = await self._kube.get_if_exists(NODE, name)
-        if node is None or claim_of(node) != key or not held_for(node, key) or marked(node):
-            return
-        with contextlib.suppress(ConflictError, NotFoundError):
-            lifted = await self._permitted(
-                "patch nodes", write_taints(self._kube, node, taints_released(node))
-            )
-            self._caches.nodes.store.put_if_newer(lifted)
-            log.info("hold lifted from node %s, kept", name, extra={"object": key})
+            await lift_hold(self._kube, self._caches, name, key, permitted=self._permitted)
 
     async def _create(self, body: Obj) -> Obj:
         try:

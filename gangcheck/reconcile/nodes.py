@@ -31,12 +31,14 @@ from gangcheck.kube.resources import EVENT, NODE
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.not_removed import NotRemovedSlot, not_removed_slot
 from gangcheck.logic.attempt.reclaim import not_removed_message, scale_down_watch
+from gangcheck.logic.sources.karpenter.provisioner import gang_started
 from gangcheck.model.names import RECLAIM_WHEN_IDLE, RECLAIMED_AT
 from gangcheck.model.objects import tested_removal
 from gangcheck.reclaim.arrivals import node_ref, tell
 from gangcheck.reclaim.safely import Target, reclaim_safely
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder, event_body
+from gangcheck.reconcile.handover import hand_over
 from gangcheck.runtime.queue import Result
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
@@ -94,6 +96,10 @@ class DrainingNodeReconciler:
             return Result(requeue_after=min(RETRY_BASE_SECONDS * 2**failures, RETRY_MAX_SECONDS))
         self._failures.pop(name, None)
         if result.verdict == "drain":
+            if self._started(target.request) and await hand_over(
+                self._kube, self._caches, name, target.request, target.mark()
+            ):
+                return Result()  # the started gang's node (reconcile/handover.py)
             return Result(requeue_after=DRAIN_POLL_SECONDS)
         if result.verdict == "reclaimed":
             self.metrics.reclaimed(1, result.held_seconds)
@@ -160,6 +166,12 @@ class DrainingNodeReconciler:
             await self._kube.json_patch(NODE, node["metadata"]["name"], ops)
         except (NotFoundError, ConflictError):
             return
+
+    def _started(self, key: str) -> bool:
+        """Whether the gang of request ``key`` (namespace/name) started, as the cache has
+        the request (a cache behind says not yet: the node is looked at again)."""
+        namespace, _, request = key.partition("/")
+        return gang_started(self._caches.requests.store.get(request, namespace or None))
 
     @staticmethod
     def _target(node: dict[str, Any] | None, name: str) -> Target | None:

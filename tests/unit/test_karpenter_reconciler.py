@@ -896,3 +896,46 @@ async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node_no
     await karpenter.pass_once()  # again: nothing more
     assert notes_of(kube, "n0").get(RECLAIM_WHEN_IDLE) is None
     assert len(claims_of(kube, "a")) == 1
+
+
+async def test_a_restart_between_the_drain_and_the_hand_over_leaves_it_to_the_draining_reconciler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but gangcheck stops right after the withdrawal's reclaim found the started
+    gang's pod on the node (drain), before the hand-over: the mark stays. The draining-node
+    reconciler, reading it after the restart, hands the node over in turn (mark off, hold
+    lifted, nothing requeued), where it used to read the node every 2 s for as long as the
+    gang ran and reclaim it once the gang's pods were gone, a member's replacement not bound
+    yet among them."""
+    kube = started_stack(1, accepted=True)
+    (own,) = claims_of(kube, "a")
+    kube.remove(NODE_CLAIM, own["metadata"]["name"])
+    ask = ClaimAsk(f"{NAMESPACE}/a", 1, {GPU: "8"}, {"team": "ml"}, uid="uid-earlier")
+    (earlier,) = claim_bodies(node_pool({GPU: "64"}), ask)
+    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    kube.add(earlier)
+    registered(kube, earlier, "n0")
+    bound(kube, "member-0", "n0", gang="a")
+
+    async def stopped(*_: Any, **__: Any) -> bool:
+        return False  # the process ends here: nothing written
+
+    monkeypatch.setattr("gangcheck.reconcile.karpenter.hand_over", stopped)
+    karpenter = provisioner(kube)
+    await karpenter.pass_once()
+    assert RECLAIM_WHEN_IDLE in notes_of(kube, "n0")
+    assert _hold_on(kube, "n0")
+    monkeypatch.undo()
+    restarted = provisioner(kube)
+    kube.sync(restarted._caches)
+    looked = await DrainingNodeReconciler(kube, restarted._caches, clock=lambda: NOW).reconcile(
+        "n0"
+    )
+    assert looked.requeue_after is None
+    assert RECLAIM_WHEN_IDLE not in notes_of(kube, "n0")
+    assert notes_of(kube, "n0")[ARRIVED_FOR] == f"{NAMESPACE}/a"
+    assert not _hold_on(kube, "n0")
+    assert [c["metadata"]["name"] for c in claims_of(kube, "a")] == [earlier["metadata"]["name"]]
+    await restarted.pass_once()  # and the provisioner leaves it so
+    assert RECLAIM_WHEN_IDLE not in notes_of(kube, "n0")
+    assert len(claims_of(kube, "a")) == 1
