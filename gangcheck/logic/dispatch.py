@@ -1139,22 +1139,24 @@ def _without_copy_wait(reason: str, keep: Sequence[str], since: Mapping[str, str
     return reason
 
 
-#: What a gang asks of a worker's capacity: the (resource, flavor) pairs its quota
-#: reservation in the manager assigned it, over its pod sets (``flavors_of``).
-Flavors = frozenset[tuple[str, str]]
+#: What a gang asks of a worker's capacity: the names of the resource flavors its quota
+#: reservation in the manager assigned it, over its pod sets and resources (``flavors_of``).
+Flavors = frozenset[str]
 
 
 def flavors_of(wl: Mapping[str, object]) -> Flavors | None:
     """The resource flavors the manager's quota reservation assigned the gang
-    (``status.admission.podSetAssignments[].flavors``); None when none is recorded (no
-    reservation yet, or an admission not shaped as Kueue writes it)."""
+    (``status.admission.podSetAssignments[].flavors``, the flavors of every resource of
+    every pod set: a flavor is a kind of node, whichever resources it is counted for); None
+    when none is recorded (no reservation yet, or an admission not shaped as Kueue writes
+    it)."""
     admission = _dict(_dict(wl.get("status")).get("admission"))
-    pairs = {
-        (str(resource), str(flavor))
+    names = {
+        str(flavor)
         for assignment in _list(admission.get("podSetAssignments"))
-        for resource, flavor in _dict(_dict(assignment).get("flavors")).items()
+        for flavor in _dict(_dict(assignment).get("flavors")).values()
     }
-    return frozenset(pairs) or None
+    return frozenset(names) or None
 
 
 def same_capacity(one: Flavors | None, other: Flavors | None) -> bool:

@@ -1228,7 +1228,8 @@ H100 = {"nvidia.com/gpu": "h100", "cpu": "default"}
         (H100, H100, True),
         (H100, {"nvidia.com/gpu": "a100", "cpu": "default"}, False),
         ({"cpu": "default"}, {"nvidia.com/gpu": "h100", "cpu": "default"}, False),
-        ({"nvidia.com/gpu": "h100"}, {"example.com/gpu": "h100"}, False),
+        ({"nvidia.com/gpu": "h100", "cpu": "h100"}, {"nvidia.com/gpu": "h100"}, True),
+        ({"nvidia.com/gpu": "h100"}, {"nvidia.com/gpu": "h100", "cpu": "default"}, False),
     ],
 )
 def test_outcomes_speak_for_gangs_assigned_the_same_flavors(
@@ -1244,4 +1245,4 @@ def test_a_gang_whose_flavors_are_not_known_counts_with_every_other() -> None:
         assert same_capacity(flavors_of(unknown), h100)
         assert same_capacity(h100, flavors_of(unknown))
     two_sets = _admitted({"nvidia.com/gpu": "h100"}, {"cpu": "default"})
-    assert flavors_of(two_sets) == {("nvidia.com/gpu", "h100"), ("cpu", "default")}
+    assert flavors_of(two_sets) == {"h100", "default"}
