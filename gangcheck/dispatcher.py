@@ -132,6 +132,7 @@ from gangcheck.logic.dispatch import (
     check_workers,
     copy_of,
     decide,
+    departed,
     flavors_of,
     for_workload,
     kubeconfig_unused,
@@ -309,6 +310,10 @@ class Dispatcher:
         # per worker, the Workloads (namespace, name) nominated there and waiting: a change
         # of a request of one of them wakes a pass
         self._followed: dict[str, set[tuple[str, str]]] = {}
+        # each gang's give-ups, with its flavors, kept a while after its Workload is deleted
+        self._departed: dict[
+            tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]
+        ] = {}
         self.passes = 0
         self.woken_by_workers = 0
         # the resourceVersions of the manager's Workloads as this dispatcher's own writes left
@@ -532,7 +537,7 @@ class Dispatcher:
             _key(wl): _nominated_to(wl, records[_key(wl)]) for wl in workloads if _pending(wl)
         }
         pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
-        memory = _Memory(records, {_key(wl): flavors_of(wl) for wl in workloads})
+        memory = self._memory(records, workloads)
         rooms = _Rooms(views, nominated, pod_sets)
         told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
         for wl in waiting:
@@ -566,7 +571,7 @@ class Dispatcher:
             for cluster in nominated.get(key, ()):
                 followed.setdefault(cluster, set()).add(key)
         self._followed = followed
-        self._passed({_key(wl) for wl in waiting})
+        self._passed({_key(wl) for wl in waiting}, memory)
         trying = sum(1 for wl in waiting if nominated.get(_key(wl)))
         self.metrics.dispatch_waiting(trying, len(waiting) - trying)
         for wl, step in told:
@@ -575,8 +580,19 @@ class Dispatcher:
             except ApiError as e:
                 log.warning("events of %s not recorded: %s", _ref(wl).name, e)
 
-    def _passed(self, waiting: set[tuple[str, str]]) -> None:
-        """After a pass: the timings kept are those it saw (``waiting``: its Workloads)."""
+    def _memory(
+        self, records: dict[tuple[str, str], DispatchRecord], workloads: Sequence[Obj]
+    ) -> _Memory:
+        """What the pass remembers of the gangs' attempts (``_Memory``), the give-ups of gangs
+        deleted since as the passes before kept them (``_passed``)."""
+        gone = {k: v for k, v in self._departed.items() if k not in records}
+        return _Memory(records, {_key(wl): flavors_of(wl) for wl in workloads}, gone)
+
+    def _passed(self, waiting: set[tuple[str, str]], memory: _Memory) -> None:
+        """After a pass: the timings kept are those it saw (``waiting``: its Workloads); the
+        give-ups kept for after a gang's deletion (``dispatch.departed``), as the pass left
+        the records (``memory``, its give-ups written)."""
+        self._departed = departed(self._departed, memory.records, memory.asks, self._now())
         self._unanswered = self._unanswered_seen
         self._not_queued = self._not_queued_seen
         self._record_written = {k: t for k, t in self._record_written.items() if k in waiting}
@@ -1651,13 +1667,17 @@ class _Memory:
 
     records: Mapping[tuple[str, str], DispatchRecord]
     asks: Mapping[tuple[str, str], Flavors | None]
+    gone: Mapping[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]]
+    """The give-ups of gangs deleted since (``dispatch.departed``), with the flavors each
+    asked."""
 
     def of(self, key: tuple[str, str], now: datetime) -> tuple[_Alike, dict[str, str]]:
         """For gang ``key``: the gangs whose outcomes speak for its chances (``_Alike``), and
         the workers given up lately for such gangs (``recent_failures``)."""
         alike = _Alike(self.asks, self.asks.get(key))
         others = (r for k, r in self.records.items() if k != key and alike(k))
-        return alike, recent_failures(others, now)
+        also = (g for f, g in self.gone.values() if same_capacity(f, alike.mine))
+        return alike, recent_failures(others, now, also=also)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ at a time:
    the gangs already nominated there and not placed yet (nothing needs to arrive, so their
    sources' record does not matter);
 4. then the workers not given up lately for another gang (``recent_failures``: a stockout
-   seen in the last ``FAILURE_MEMORY`` seconds, read from the records on the Workloads);
+   seen in the last ``FAILURE_MEMORY`` seconds, read from the records on the Workloads, and
+   kept a while by the dispatcher for a gang deleted since: ``departed``);
    only gangs assigned the same resource flavors count here and in 5 (``same_capacity``);
 5. then the workers whose capacity sources delivered lately, not those that last stocked out:
    by whether any of its sources' last outcome was not a stockout, then by fewer gangs
@@ -1168,22 +1169,65 @@ def same_capacity(one: Flavors | None, other: Flavors | None) -> bool:
     return one is None or other is None or one == other
 
 
+def given_up(
+    record: DispatchRecord, now: datetime, *, memory: float = FAILURE_MEMORY
+) -> dict[str, tuple[datetime, str]]:
+    """The workers given up for the gang of ``record`` in the last ``memory`` seconds: when,
+    and why."""
+    since = now - timedelta(seconds=memory)
+    out = {}
+    for cluster, stamp in record.failed_at.items():
+        when = _when(stamp, now, memory=memory)
+        if when is not None and when >= since:
+            out[cluster] = (when, record.failed.get(cluster, "failed"))
+    return out
+
+
 def recent_failures(
-    records: Iterable[DispatchRecord], now: datetime, *, memory: float = FAILURE_MEMORY
+    records: Iterable[DispatchRecord],
+    now: datetime,
+    *,
+    memory: float = FAILURE_MEMORY,
+    also: Iterable[Mapping[str, tuple[datetime, str]]] = (),
 ) -> dict[str, str]:
     """Each worker given up for some gang in the last ``memory`` seconds, with the latest
     reason: from the records on the manager's Workloads (durable: a restart reads them
-    again; a Workload deleted takes its part with it)."""
+    again), and ``also`` what ``given_up`` read on the records of gangs deleted since (kept
+    by the dispatcher's process: a restart forgets them)."""
     latest: dict[str, tuple[datetime, str]] = {}
     since = now - timedelta(seconds=memory)
-    for record in records:
-        for cluster, stamp in record.failed_at.items():
-            when = _when(stamp, now, memory=memory)
-            if when is None or when < since:
+    for gave_up in (*(given_up(r, now, memory=memory) for r in records), *also):
+        for cluster, (when, why) in gave_up.items():
+            if when < since:
                 continue
             if cluster not in latest or latest[cluster][0] < when:
-                latest[cluster] = (when, record.failed.get(cluster, "failed"))
+                latest[cluster] = (when, why)
     return {c: why for c, (_, why) in latest.items()}
+
+
+def departed(
+    kept: Mapping[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]],
+    records: Mapping[tuple[str, str], DispatchRecord],
+    asks: Mapping[tuple[str, str], Flavors | None],
+    now: datetime,
+    *,
+    memory: float = FAILURE_MEMORY,
+) -> dict[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]]:
+    """What the dispatcher keeps of each gang's give-ups (``given_up``) for after its Workload
+    is deleted: those of the gangs in ``records`` as they read now, with the flavors each
+    asks; those ``kept`` of gangs no longer there while any is within ``memory``. A gang
+    given up on a stocked-out worker and then deleted (a person tired of waiting, a Job
+    finished) no longer sends the next gangs of its flavors to that worker again at once."""
+    since = now - timedelta(seconds=memory)
+    out = {
+        key: (flavors, gave_up)
+        for key, (flavors, gave_up) in kept.items()
+        if key not in records and any(when >= since for when, _ in gave_up.values())
+    }
+    for key, record in records.items():
+        if gave_up := given_up(record, now, memory=memory):
+            out[key] = (asks.get(key), gave_up)
+    return out
 
 
 #: How long (seconds) gangcheck in a nominated worker may leave Kueue's copy there untouched

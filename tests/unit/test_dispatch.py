@@ -24,6 +24,7 @@ from gangcheck.logic.dispatch import (
     check_workers,
     copy_of,
     decide,
+    departed,
     describe,
     flavors_of,
     for_workload,
@@ -1246,3 +1247,19 @@ def test_a_gang_whose_flavors_are_not_known_counts_with_every_other() -> None:
         assert same_capacity(h100, flavors_of(unknown))
     two_sets = _admitted({"nvidia.com/gpu": "h100"}, {"cpu": "default"})
     assert flavors_of(two_sets) == {"h100", "default"}
+
+
+def test_give_ups_are_kept_after_the_gang_is_deleted_while_they_are_recent() -> None:
+    h100 = flavors_of(_admitted(H100))
+    failed = DispatchRecord(
+        ("b",), ("a", "b"), {"a": "CapacityIsNotFound"}, failed_at={"a": "2026-01-01T11:59:00Z"}
+    )
+    records = {("ns", "g"): failed, ("ns", "h"): DispatchRecord()}
+    kept = departed({}, records, {("ns", "g"): h100}, NOW)
+    assert kept == {("ns", "g"): (h100, {"a": (NOW - timedelta(minutes=1), "CapacityIsNotFound")})}
+    later = NOW + timedelta(seconds=FAILURE_MEMORY - 61)
+    assert departed(kept, {}, {}, later) == kept  # deleted: kept while recent
+    assert recent_failures([], later, also=[kept[("ns", "g")][1]]) == {"a": "CapacityIsNotFound"}
+    gone = NOW + timedelta(seconds=FAILURE_MEMORY - 59)
+    assert departed(kept, {}, {}, gone) == {}
+    assert recent_failures([], gone, also=[kept[("ns", "g")][1]]) == {}

@@ -2568,3 +2568,39 @@ async def test_a_workers_source_history_counts_only_gangs_of_the_same_flavor() -
     manager.add(of_flavor(workload("job-h100"), "h100"))
     await dispatcher.pass_once()
     assert nominated_of(manager, "job-h100") == ["worker-2"]
+
+
+async def test_a_stockout_is_remembered_after_the_gang_that_met_it_is_deleted() -> None:
+    """The H100 gang given up on worker-1 (stocked out) is deleted while it waits in worker-2
+    (a person tired of waiting): the next H100 gang still goes to worker-2 first, for
+    FAILURE_MEMORY seconds from the give-up, then to worker-1 by name again. The memory is the
+    process's: a restarted dispatcher, reading only the Workloads there are, has none. (Each
+    gang is removed before the next, so that none is pending anywhere to spread from.)"""
+    one, two = worker(), worker()
+    manager, _, connect = bed({"worker-1": one, "worker-2": two})
+    now = [datetime(2026, 12, 7, 5, 0, tzinfo=UTC)]
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=lambda: now[0])
+    gang = manager.stored(WORKLOAD, "job-gang", NS)
+    assert gang is not None
+    manager.add(of_flavor(copy.deepcopy(gang), "h100"))
+    await dispatcher.pass_once()
+    one.add(workload(), not_found_request())
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == ["worker-2"]
+    manager.remove(WORKLOAD, "job-gang", NS)
+    one.remove(WORKLOAD, "job-gang", NS)
+    one.remove(PROVISIONING_REQUEST, "job-gang-gpu-1", NS)
+
+    async def next_gang(name: str, by: Dispatcher) -> list[str]:
+        manager.add(of_flavor(workload(name), "h100"))
+        await by.pass_once()
+        went = nominated_of(manager, name)
+        manager.remove(WORKLOAD, name, NS)
+        return went
+
+    now[0] += timedelta(seconds=60)
+    assert await next_gang("job-b", dispatcher) == ["worker-2"]
+    restarted = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=lambda: now[0])
+    assert await next_gang("job-c", restarted) == ["worker-1"]
+    now[0] += timedelta(seconds=61)  # 121 s after the give-up
+    assert await next_gang("job-d", dispatcher) == ["worker-1"]
