@@ -864,6 +864,21 @@ async def test_a_started_gangs_claims_it_does_not_run_on_are_withdrawn_safely() 
     assert {c["metadata"]["name"] for c in claims_of(kube, "a")} == left
 
 
+def started_on_an_earlier_claim() -> tuple[FakeKube, Obj]:
+    """Gang a started, its member on node n0 of a claim of an earlier request of its name
+    (another uid); its own claim gone since the start (no matter). The stack and that claim."""
+    kube = started_stack(1, accepted=True)
+    (own,) = claims_of(kube, "a")
+    kube.remove(NODE_CLAIM, own["metadata"]["name"])
+    ask = ClaimAsk(f"{NAMESPACE}/a", 1, {GPU: "8"}, {"team": "ml"}, uid="uid-earlier")
+    (earlier,) = claim_bodies(node_pool({GPU: "64"}), ask)
+    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
+    kube.add(earlier)
+    registered(kube, earlier, "n0")
+    bound(kube, "member-0", "n0", gang="a")
+    return kube, earlier
+
+
 async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node_not_drained() -> None:
     """A claim of an earlier request of gang a's name (another uid), its node held under the
     name and kept while the live request's gang might use it: the gang started there (its
@@ -873,15 +888,7 @@ async def test_a_gang_started_on_an_earlier_requests_claim_is_handed_the_node_no
     reconciler looked at the node every 2 s (DRAIN_POLL_SECONDS: a live read of the node and
     two pod lists each time) for as long as the gang ran, and reclaimed the node once it
     ended, though it was the gang's as much as its own claims' nodes."""
-    kube = started_stack(1, accepted=True)
-    (own,) = claims_of(kube, "a")
-    kube.remove(NODE_CLAIM, own["metadata"]["name"])  # gone since the start: no matter
-    ask = ClaimAsk(f"{NAMESPACE}/a", 1, {GPU: "8"}, {"team": "ml"}, uid="uid-earlier")
-    (earlier,) = claim_bodies(node_pool({GPU: "64"}), ask)
-    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
-    kube.add(earlier)
-    registered(kube, earlier, "n0")
-    bound(kube, "member-0", "n0", gang="a")
+    kube, earlier = started_on_an_earlier_claim()
     karpenter = provisioner(kube)
     await karpenter.pass_once()
     assert RECLAIM_WHEN_IDLE not in notes_of(kube, "n0")
@@ -907,15 +914,7 @@ async def test_a_restart_between_the_drain_and_the_hand_over_leaves_it_to_the_dr
     lifted, nothing requeued), where it used to read the node every 2 s for as long as the
     gang ran and reclaim it once the gang's pods were gone, a member's replacement not bound
     yet among them."""
-    kube = started_stack(1, accepted=True)
-    (own,) = claims_of(kube, "a")
-    kube.remove(NODE_CLAIM, own["metadata"]["name"])
-    ask = ClaimAsk(f"{NAMESPACE}/a", 1, {GPU: "8"}, {"team": "ml"}, uid="uid-earlier")
-    (earlier,) = claim_bodies(node_pool({GPU: "64"}), ask)
-    earlier["metadata"]["creationTimestamp"] = "2026-12-01T09:59:50Z"
-    kube.add(earlier)
-    registered(kube, earlier, "n0")
-    bound(kube, "member-0", "n0", gang="a")
+    kube, earlier = started_on_an_earlier_claim()
 
     async def stopped(*_: Any, **__: Any) -> bool:
         return False  # the process ends here: nothing written
