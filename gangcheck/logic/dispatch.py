@@ -522,7 +522,7 @@ def nominate(
     if not candidates:
         return Nomination(None, _why_none(workers, failed))
     best = min(candidates, key=_rank)
-    return Nomination(best.name, _why(best, current, failed))
+    return Nomination(best.name, _why(best, current, failed) + _passed_over(best, candidates))
 
 
 def _rank(worker: WorkerFacts) -> tuple[bool, bool, bool, int, float, int, str]:
@@ -562,6 +562,25 @@ def _why(best: WorkerFacts, current: str | None, failed: Sequence[str]) -> str:
     if current is not None and current in failed:
         reason = f"{current} failed; {reason}"
     return reason
+
+
+def _passed_over(best: WorkerFacts, candidates: Sequence[WorkerFacts]) -> str:
+    """The candidates ranked after ``best`` for a recent give-up of another gang of the same
+    flavors (``lately_failed``), named with the first one's latest why: a person reading
+    "tried by name" then sees why the first by name was not."""
+    if best.fits_now or best.lately_failed:
+        return ""
+    over = [w for w in candidates if w.lately_failed and not w.fits_now]
+    if not over:
+        return ""
+    names = ", ".join(w.name for w in over)
+    why = over[0].lately_failed
+    why = why if len(why) <= PASSED_OVER_WHY else why[: PASSED_OVER_WHY - 3] + "..."
+    return f"; after {names}, given up lately for another gang ({why})"
+
+
+#: How much of the latest why a worker was given up for another gang the reason names.
+PASSED_OVER_WHY = 160
 
 
 @dataclass(frozen=True)

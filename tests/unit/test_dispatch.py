@@ -395,6 +395,14 @@ MORE = {
     "a worker given up lately for another gang is tried after the others": Case(
         (wf("a", lately=LATELY), wf("b")), "b", "no record"
     ),
+    "... and the reason says why the first by name was not": Case(
+        (wf("a", lately=LATELY), wf("b")),
+        "b",
+        f"tried by name; after a, given up lately for another gang ({LATELY})",
+    ),
+    "... a long why cut": Case(
+        (wf("a", lately="x" * 600), wf("b")), "b", f"another gang ({'x' * 157}...)"
+    ),
     "... even after one with more gangs pending": Case(
         (wf("a", lately=LATELY), wf("b", pending=3)), "b", "3 other gang(s) pending there"
     ),
@@ -416,6 +424,15 @@ MORE = {
 @pytest.mark.parametrize("case", MORE.values(), ids=MORE.keys())
 def test_nominate_with_stockouts_remembered_and_gangs_pending(case: Case) -> None:
     test_nominate(case)
+
+
+def test_no_worker_is_named_passed_over_when_the_one_chosen_was_given_up_lately_too() -> None:
+    for workers in (
+        (wf("a", lately=LATELY), wf("b", lately=LATELY)),
+        (wf("a", lately=LATELY), wf("b", fits=True)),
+    ):
+        reason = nominate(workers).reason
+        assert "after" not in reason, reason
 
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
