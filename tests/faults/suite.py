@@ -727,14 +727,14 @@ async def count(
     tally.unrecorded = len(ledger.unrecorded)
     tally.converged = sum(1 for c, g in zip(clusters, plans, strict=True) if _done(c, g, ledger))
     tally.duplicates = _duplicates(faults.writes)
-    live_requests: set[str] = set()
+    live_templates: set[str] = set()
     for cluster, gang in zip(clusters, plans, strict=True):
         early = ledger.ready_at.get(cluster.ns)
         final = _final(cluster, gang, ledger)
         for req in await cluster.requests():
             req_name = req["metadata"]["name"]
             if (gang.attempts[-1] == FULL or early) and req_name == final:
-                live_requests.add(req_name)
+                live_templates.update(_template_refs(req))
                 continue
             tally.leaked_requests += 1
             tally.problems.append(f"leaked request {cluster.ns}/{req_name}")
@@ -742,7 +742,7 @@ async def count(
             # owned by nothing: the gang it names, or a live request it belongs to
             made = template["metadata"]["name"]
             gang_of = (template["metadata"].get("annotations") or {}).get("gangcheck.io/workload")
-            of_live = any(made.startswith(f"ppt-{r}-") for r in live_requests)
+            of_live = made in live_templates
             if not (of_live or gang_of == gang.name) or gang.attempts[-1] == DELETED:
                 tally.leaked_templates += 1
                 tally.problems.append(f"leaked template {template['metadata']['name']}")
@@ -872,3 +872,12 @@ def table(tallies: list[Tally], baseline: Tally | None) -> str:
     if late:
         rows.append(f"binds accepted after their node was deleted (no pod ran): {', '.join(late)}")
     return "\n".join(rows)
+
+
+def _template_refs(req: dict[str, Any]) -> set[str]:
+    """The PodTemplates a request names (``spec.podSets[].podTemplateRef.name``): its own,
+    whatever their names."""
+    return {
+        str((ps.get("podTemplateRef") or {}).get("name") or "")
+        for ps in (req.get("spec") or {}).get("podSets") or []
+    } - {""}

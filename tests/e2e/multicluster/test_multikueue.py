@@ -297,8 +297,8 @@ async def until_given_back(kube: Kube, namespace: str, what: str) -> list[str]:
     """Waits until the worker holds no Workload and no node for the gang (none recorded for
     it, none its cloud delivered), and any request left is one gangcheck keeps open for
     what its source may still deliver (``GANG_GONE``, its source's ``Provisioned=True``
-    promise: docs/multicluster.md) with its templates and nothing else; returns the
-    requests kept."""
+    promise: docs/multicluster.md) with its templates (those its podSets name) and nothing
+    else; returns the requests kept."""
 
     async def given_back() -> tuple[list[str]] | None:
         held = await holding(kube, namespace)
@@ -312,9 +312,12 @@ async def until_given_back(kube: Kube, namespace: str, what: str) -> list[str]:
         ]
         if len(kept) != len(requests):
             return None
-        asked = {f"ppt-{name}-" for name in kept}
-        templates = held["templates"]
-        ok = all(any(t.startswith(a) for a in asked) for t in templates)
+        asked = {
+            str((ps.get("podTemplateRef") or {}).get("name") or "")
+            for r in requests
+            for ps in (r.get("spec") or {}).get("podSets") or []
+        }
+        ok = all(t in asked for t in held["templates"])
         return (kept,) if ok else None  # truthy with no request kept too: a durable end
 
     try:
