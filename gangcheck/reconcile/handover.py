@@ -62,8 +62,8 @@ async def hand_over(
         if node is None or claim_of(node) != key or is_fenced(node):
             return False
         meta = node["metadata"]
-        now = (meta.get("annotations") or {}).get(RECLAIM_WHEN_IDLE)
-        if now is None or Target.from_mark(name, now) != Target.from_mark(name, mark):
+        current = (meta.get("annotations") or {}).get(RECLAIM_WHEN_IDLE)
+        if current is None or Target.from_mark(name, current) != Target.from_mark(name, mark):
             return False  # another reclaim's since (or none): not the one judged
         patch = {
             "metadata": {
