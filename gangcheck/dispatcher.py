@@ -117,6 +117,7 @@ from gangcheck.logic.dispatch import (
     UNANSWERED,
     WORKER_LEASE_ANNOTATION,
     CheckWorkers,
+    Departed,
     DispatchRecord,
     Down,
     Flavors,
@@ -311,9 +312,7 @@ class Dispatcher:
         # of a request of one of them wakes a pass
         self._followed: dict[str, set[tuple[str, str]]] = {}
         # each gang's give-ups, with its flavors, kept a while after its Workload is deleted
-        self._departed: dict[
-            tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]
-        ] = {}
+        self._departed: Departed = {}
         self.passes = 0
         self.woken_by_workers = 0
         # the resourceVersions of the manager's Workloads as this dispatcher's own writes left
@@ -1667,7 +1666,7 @@ class _Memory:
 
     records: Mapping[tuple[str, str], DispatchRecord]
     asks: Mapping[tuple[str, str], Flavors | None]
-    gone: Mapping[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]]
+    gone: Departed
     """The give-ups of gangs deleted since (``dispatch.departed``), with the flavors each
     asked."""
 

@@ -564,6 +564,10 @@ def _why(best: WorkerFacts, current: str | None, failed: Sequence[str]) -> str:
     return reason
 
 
+#: How much of the latest why a worker was given up for another gang the reason names.
+PASSED_OVER_WHY = 160
+
+
 def _passed_over(best: WorkerFacts, candidates: Sequence[WorkerFacts]) -> str:
     """The candidates ranked after ``best`` for a recent give-up of another gang of the same
     flavors (``lately_failed``), named with the first one's latest why: a person reading
@@ -574,13 +578,8 @@ def _passed_over(best: WorkerFacts, candidates: Sequence[WorkerFacts]) -> str:
     if not over:
         return ""
     names = ", ".join(w.name for w in over)
-    why = over[0].lately_failed
-    why = why if len(why) <= PASSED_OVER_WHY else why[: PASSED_OVER_WHY - 3] + "..."
+    why = _clip(over[0].lately_failed, PASSED_OVER_WHY)
     return f"; after {names}, given up lately for another gang ({why})"
-
-
-#: How much of the latest why a worker was given up for another gang the reason names.
-PASSED_OVER_WHY = 160
 
 
 @dataclass(frozen=True)
@@ -1021,9 +1020,9 @@ def _with_aside(was: str, reason: str) -> str:
 WHY_MAX = 512
 
 
-def _clip(why: str) -> str:
-    """``why`` cut to ``WHY_MAX`` characters, said cut ('...')."""
-    return why if len(why) <= WHY_MAX else why[: WHY_MAX - 3] + "..."
+def _clip(why: str, limit: int = WHY_MAX) -> str:
+    """``why`` cut to ``limit`` characters, said cut ('...')."""
+    return why if len(why) <= limit else why[: limit - 3] + "..."
 
 
 def _given_up(worker: WorkerFacts | None, identity: str = "") -> tuple[str, bool]:
@@ -1188,6 +1187,12 @@ def same_capacity(one: Flavors | None, other: Flavors | None) -> bool:
     return one is None or other is None or one == other
 
 
+#: The workers given up for one gang lately: when, and why (``given_up``).
+GaveUp = Mapping[str, tuple[datetime, str]]
+#: Per gang (namespace, name), the flavors it asked and its give-ups (``departed``).
+Departed = dict[tuple[str, str], tuple[Flavors | None, GaveUp]]
+
+
 def given_up(
     record: DispatchRecord, now: datetime, *, memory: float = FAILURE_MEMORY
 ) -> dict[str, tuple[datetime, str]]:
@@ -1207,7 +1212,7 @@ def recent_failures(
     now: datetime,
     *,
     memory: float = FAILURE_MEMORY,
-    also: Iterable[Mapping[str, tuple[datetime, str]]] = (),
+    also: Iterable[GaveUp] = (),
 ) -> dict[str, str]:
     """Each worker given up for some gang in the last ``memory`` seconds, with the latest
     reason: from the records on the manager's Workloads (durable: a restart reads them
@@ -1225,13 +1230,13 @@ def recent_failures(
 
 
 def departed(
-    kept: Mapping[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]],
+    kept: Departed,
     records: Mapping[tuple[str, str], DispatchRecord],
     asks: Mapping[tuple[str, str], Flavors | None],
     now: datetime,
     *,
     memory: float = FAILURE_MEMORY,
-) -> dict[tuple[str, str], tuple[Flavors | None, Mapping[str, tuple[datetime, str]]]]:
+) -> Departed:
     """What the dispatcher keeps of each gang's give-ups (``given_up``) for after its Workload
     is deleted: those of the gangs in ``records`` as they read now, with the flavors each
     asks; those ``kept`` of gangs no longer there while any is within ``memory``. A gang

@@ -40,6 +40,7 @@ from gangcheck.kube.errors import ApiError, GoneError, NotFoundError
 from gangcheck.kube.resources import NODE, POD, PROVISIONING_REQUEST, WORKLOAD
 from gangcheck.logic.attempt import naming
 from gangcheck.model.names import ARRIVED_FOR, FENCE_LABEL, OPT_OUT_LABEL
+from gangcheck.model.objects import request_of
 from tests.builders import WorkloadBuilder, container, pod_template
 from tests.faults.proxy import STATUS, FaultProxy, Faults, Rates, Rule, Write, proxies
 from tests.integration.harness import Cluster, eventually
@@ -734,7 +735,7 @@ async def count(
         for req in await cluster.requests():
             req_name = req["metadata"]["name"]
             if (gang.attempts[-1] == FULL or early) and req_name == final:
-                live_templates.update(_template_refs(req))
+                live_templates.update(p.template_name for p in request_of(req).pod_sets)
                 continue
             tally.leaked_requests += 1
             tally.problems.append(f"leaked request {cluster.ns}/{req_name}")
@@ -872,12 +873,3 @@ def table(tallies: list[Tally], baseline: Tally | None) -> str:
     if late:
         rows.append(f"binds accepted after their node was deleted (no pod ran): {', '.join(late)}")
     return "\n".join(rows)
-
-
-def _template_refs(req: dict[str, Any]) -> set[str]:
-    """The PodTemplates a request names (``spec.podSets[].podTemplateRef.name``): its own,
-    whatever their names."""
-    return {
-        str((ps.get("podTemplateRef") or {}).get("name") or "")
-        for ps in (req.get("spec") or {}).get("podSets") or []
-    } - {""}

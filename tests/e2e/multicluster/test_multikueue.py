@@ -48,6 +48,7 @@ from gangcheck.kube.resources import (
     WORKLOAD,
 )
 from gangcheck.logic.dispatch import DISPATCHER
+from gangcheck.model.objects import request_of
 from tests.e2e.helpers import (
     CLUSTER_QUEUE,
     JOB,
@@ -312,11 +313,7 @@ async def until_given_back(kube: Kube, namespace: str, what: str) -> list[str]:
         ]
         if len(kept) != len(requests):
             return None
-        asked = {
-            str((ps.get("podTemplateRef") or {}).get("name") or "")
-            for r in requests
-            for ps in (r.get("spec") or {}).get("podSets") or []
-        }
+        asked = {p.template_name for r in requests for p in request_of(r).pod_sets}
         ok = all(t in asked for t in held["templates"])
         return (kept,) if ok else None  # truthy with no request kept too: a durable end
 
