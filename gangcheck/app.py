@@ -19,6 +19,7 @@ from gangcheck.kube.discovery import PodGroupApiWatcher, ServedPodGroups
 from gangcheck.kube.errors import ApiError, NotFoundError
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import ADMISSION_CHECK, PROVISIONING_REQUEST
+from gangcheck.logic.attempt import published
 from gangcheck.logic.attempt.actions import Event
 from gangcheck.logic.attempt.fulfillment import claim_of
 from gangcheck.logic.attempt.hold import is_arriving
@@ -40,7 +41,9 @@ from gangcheck.model.objects import Obj, is_finished, labels_of, ref_of
 from gangcheck.model.podgroups import SHORT
 from gangcheck.reconcile import provreq
 from gangcheck.reconcile.admissioncheck import (
+    PUBLISH_AFTER,
     AdmissionCheckReconciler,
+    SourceOutcomes,
     active_of,
     write_active,
 )
@@ -181,6 +184,10 @@ class Controller:
         # Events are sent in the background: a worker does not wait a round trip for one.
         events = self.events = EventRecorder(kube, clock=clock, background=True)
         applier = Applier(kube, self.caches, SOURCES, clock=clock, metrics=self.metrics)
+        # What the Workloads' capacity sources did, published on their checks a little later:
+        # a burst of outcomes, one write.
+        outcomes = SourceOutcomes()
+        outcomes.wake = lambda check: self.queue.add(CHECK_KEY + check, after=PUBLISH_AFTER)
         self.workload_reconciler = WorkloadReconciler(
             kube,
             self.caches,
@@ -189,8 +196,11 @@ class Controller:
             clock=clock,
             metrics=self.metrics,
             progress_delay=progress_delay_seconds,
+            outcomes=outcomes,
         )
-        self.check_reconciler = AdmissionCheckReconciler(kube, self.caches, clock=clock)
+        self.check_reconciler = AdmissionCheckReconciler(
+            kube, self.caches, clock=clock, outcomes=outcomes
+        )
         self.node_reconciler = DrainingNodeReconciler(
             kube, self.caches, clock=clock, metrics=self.metrics
         )
@@ -458,8 +468,8 @@ class Controller:
         c.namespaces.add_handler(self._on_namespace)
         for devices in (c.resource_slices, c.resource_claims, c.device_classes):
             devices.add_handler(self._on_capacity_change)
-        for published in (c.resource_slices, c.device_classes):
-            published.add_handler(lambda _o, _n: self.queue.add(DEVICES_KEY))
+        for inventory in (c.resource_slices, c.device_classes):
+            inventory.add_handler(lambda _o, _n: self.queue.add(DEVICES_KEY))
 
     def _add_workload(self, namespace: object, name: object) -> None:
         self.queue.add(f"{WORKLOAD_KEY}{namespace}/{name}")
@@ -492,6 +502,8 @@ class Controller:
             return
         name = str(_meta(old, new)["name"])
         self.queue.add(CHECK_KEY + name)
+        if old is not None and new is not None and published.same_but_outcomes(old, new):
+            return  # what its sources did, published: no Workload decides on it
         for wl in self.caches.workloads.store:
             checks = (wl.get("status") or {}).get("admissionChecks") or []
             if any(ch.get("name") == name for ch in checks):

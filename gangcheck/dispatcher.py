@@ -105,7 +105,9 @@ from gangcheck.kube.resources import (
     WORKLOAD,
     Resource,
 )
+from gangcheck.logic.attempt import published
 from gangcheck.logic.attempt.actions import Event
+from gangcheck.logic.attempt.published import Outcome, Seen
 from gangcheck.logic.dispatch import (
     ANSWER_WITHIN,
     IDENTITY_NAMESPACE,
@@ -121,7 +123,6 @@ from gangcheck.logic.dispatch import (
     DispatchRecord,
     Down,
     Flavors,
-    Outcome,
     RoundWait,
     Sighting,
     Silence,
@@ -870,7 +871,7 @@ class Dispatcher:
         refused = _unauthorized(read.lease, read.identity)
         if refused is not None:  # its lists may come from caches a watch filled before
             return _View(skip=_credentials_refused(refused))
-        view = self._view_read(worker.name, reads)
+        view = self._view_read(worker.name, reads, self._now())
         view.identity = self._identity(worker.name, read.identity)
         if not view.skip:
             got = self._lease(worker.name, read.lease, lease_ref)
@@ -893,7 +894,7 @@ class Dispatcher:
         return _View(skip=silent_reason(silent, within=self.answer_within), patient=patient(silent))
 
     @staticmethod
-    def _view_read(name: str, reads: Sequence[list[Obj] | BaseException]) -> _View:
+    def _view_read(name: str, reads: Sequence[list[Obj] | BaseException], now: datetime) -> _View:
         """The worker's lists (``_VIEW_READS``, as ``_worker_reads`` returned them) made sense
         of, or why it is skipped."""
         for res, read in zip(_VIEW_READS, reads, strict=True):
@@ -907,7 +908,7 @@ class Dispatcher:
             r for r in reads if not isinstance(r, BaseException)
         )
         try:
-            return _view_of(checks, nodes, pods, requests, copies)
+            return _view_of(checks, nodes, pods, requests, copies, now=now)
         except Exception as e:  # a worker's objects not as its API serves them
             log.warning("worker %s answered what cannot be read: %r", name, e)
             return _View(skip=_unreadable(e))
@@ -1098,6 +1099,10 @@ class _View:
     """The names of the AdmissionChecks gangcheck serves there."""
     identity: str = ""
     """Which cluster it is (``WorkerFacts.identity``); '' not known."""
+    published: tuple[Seen, ...] = ()
+    """What gangcheck there publishes of its sources' outcomes on its AdmissionChecks, of
+    every gang there (``published.on_check``), the latest per flavors and source, no older
+    than ``published.KEEP_SECONDS``."""
 
     histories: dict[Flavors | str | None, tuple[SourceHistory, ...]] = field(default_factory=dict)
     """``sources`` as a pass asked for it, by the flavors asked for (a pass asks for each of
@@ -1105,10 +1110,13 @@ class _View:
 
     def sources(self, alike: _Alike | None = None) -> tuple[SourceHistory, ...]:
         """Its capacity sources' histories, of the gangs sent there that are ``alike`` (None:
-        every gang)."""
+        every gang); with none, what gangcheck there publishes for gangs of the same flavors
+        (``_published_histories``)."""
         key = "every gang" if alike is None else alike.mine
         if key not in self.histories:
-            self.histories[key] = _histories(self.outcomes, alike or (lambda _: True))
+            self.histories[key] = _histories(
+                self.outcomes, alike or (lambda _: True)
+            ) or _published_histories(self.published, None if alike is None else alike.mine)
         return self.histories[key]
 
 
@@ -1116,7 +1124,13 @@ class _View:
 
 
 def _view_of(
-    checks: list[Obj], nodes: list[Obj], pods: list[Obj], requests: list[Obj], copies: list[Obj]
+    checks: list[Obj],
+    nodes: list[Obj],
+    pods: list[Obj],
+    requests: list[Obj],
+    copies: list[Obj],
+    *,
+    now: datetime,
 ) -> _View:
     """A worker's reads made sense of (raises on objects not shaped as its API serves them)."""
     if not _gangchecks(checks, active=True):
@@ -1128,6 +1142,9 @@ def _view_of(
         outcomes=_outcomes(requests, copies),
         copies={_key(c): c for c in copies},
         ours=_gangchecks(checks),
+        published=published.merged(
+            [], (s for c in checks if _gangchecks([c]) for s in published.on_check(c)), now
+        ),
     )
 
 
@@ -1653,6 +1670,31 @@ def _histories(
                 )
             )
     return tuple(histories)
+
+
+def _published_histories(
+    outcomes: Sequence[Seen], mine: Flavors | None
+) -> tuple[SourceHistory, ...]:
+    """What gangcheck in a worker publishes (``published``), as its sources' histories for a
+    gang asking ``mine``: per source, the latest outcome of gangs of the same flavors
+    (``same_capacity``; a gang whose flavors are not known takes every one), one outcome
+    each. Read only where the worker holds no record of the gangs sent there: those are of
+    the gangs this dispatcher sent, now."""
+    latest: dict[str, Seen] = {}
+    for one in outcomes:
+        if not same_capacity(frozenset(one.flavors), mine):
+            continue
+        held = latest.get(one.source)
+        if held is None or one.at >= held.at:
+            latest[one.source] = one
+    return tuple(
+        SourceHistory(
+            deliveries=int(one.outcome is Outcome.DELIVERED),
+            stockouts=int(one.outcome is Outcome.STOCKOUT),
+            last=one.outcome,
+        )
+        for _, one in sorted(latest.items())
+    )
 
 
 # -- helpers --------------------------------------------------------------------------------------

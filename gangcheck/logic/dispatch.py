@@ -26,7 +26,9 @@ at a time:
    seen in the last ``FAILURE_MEMORY`` seconds, read from the records on the Workloads, and
    kept a while by the dispatcher for a gang deleted since: ``departed``);
    only gangs assigned the same resource flavors count here and in 5 (``same_capacity``);
-5. then the workers whose capacity sources delivered lately, not those that last stocked out:
+5. then the workers whose capacity sources delivered lately, not those that last stocked out
+   (the outcomes of the requests gangcheck there still holds for the gangs sent there; where
+   there are none, what gangcheck there publishes on its AdmissionChecks, ``published``):
    by whether any of its sources' last outcome was not a stockout, then by fewer gangs
    nominated there and not placed yet (``pending``: a burst is spread), then by its sources'
    share of deliveries among their recent outcomes (a source with none counts as even odds),
@@ -50,8 +52,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from enum import StrEnum
 
+from gangcheck.logic.attempt.published import Outcome
 from gangcheck.model.names import (
     ATTEMPT_CONFIG_ANNOTATION,
     SOURCE_ANNOTATION,
@@ -427,13 +429,6 @@ def with_down(facts: WorkerFacts, down: Down | None, *, nominated: bool) -> Work
         return replace(facts, reachable=False, skip=down.reason)
     failure = facts.failure or (down.failure if down.give_up else "")
     return replace(facts, reachable=False, skip=down.reason, failure=failure, patience=not failure)
-
-
-class Outcome(StrEnum):
-    """How an attempt at a capacity source ended."""
-
-    DELIVERED = "Delivered"
-    STOCKOUT = "Stockout"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gangcheck.logic.attempt.published import Outcome
 from gangcheck.logic.dispatch import (
     DISPATCHER,
     FAILURE_MEMORY,
@@ -16,7 +17,6 @@ from gangcheck.logic.dispatch import (
     CheckWorkers,
     DispatchRecord,
     Nomination,
-    Outcome,
     SourceHistory,
     WorkerFacts,
     admission_status,

@@ -47,6 +47,8 @@ from gangcheck.kube.resources import (
     SECRET,
     WORKLOAD,
 )
+from gangcheck.logic.attempt import published
+from gangcheck.logic.attempt.published import KEEP_SECONDS, Outcome, Seen
 from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
 from gangcheck.model.names import (
     CONTROLLER_NAME,
@@ -1891,7 +1893,7 @@ def test_a_worker_holding_many_requests_costs_each_gang_only_its_own() -> None:
         requests.append(req)
     copies = [workload(f"g-{i}") for i in range(2000)]
     checks = worker().all_of(ADMISSION_CHECK)
-    view = _view_of(checks, [], [], requests, copies)
+    view = _view_of(checks, [], [], requests, copies, now=datetime.now(UTC))
     started = time.monotonic()
     states = [_copy_state(view, workload(f"g-{i}")) for i in range(2000)]
     assert time.monotonic() - started < 2.0
@@ -1942,7 +1944,7 @@ def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> N
     local = dispatched_copy("job-local")
     del local["metadata"]["annotations"]  # a gang of the worker's own: not sent by us
     forged += [outcome_request(f"l-{i}", "job-local", **STOCKOUT) for i in range(50)]
-    view = _view_of(checks, [], [], forged, [local])
+    view = _view_of(checks, [], [], forged, [local], now=datetime.now(UTC))
     assert view.sources() == ()
     sent = dispatched_copy("job-sent", uid="copy-sent")
     requests = [
@@ -1950,7 +1952,7 @@ def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> N
         *(outcome_request(f"b-{i}", "job-sent", **STOCKOUT) for i in range(50)),
         outcome_request("c-later", "job-sent", **{WORKLOAD_UID_ANNOTATION: "copy-old", **STOCKOUT}),
     ]
-    view = _view_of(checks, [], [], [*forged, *requests], [local, sent])
+    view = _view_of(checks, [], [], [*forged, *requests], [local, sent], now=datetime.now(UTC))
     (history,) = view.sources()
     assert (history.stockouts, history.deliveries) == (1, 0)
 
@@ -1996,8 +1998,8 @@ def test_a_workers_requests_and_copies_are_cached_trimmed_to_what_a_pass_reads()
     assert len(json.dumps(trim_req(req))) < 8192
     assert len(json.dumps(trim_copy(copy))) < 8192
     checks = worker().all_of(ADMISSION_CHECK)
-    whole = _view_of(checks, [], [], [req], [copy])
-    trimmed = _view_of(checks, [], [], [trim_req(req)], [trim_copy(copy)])
+    whole = _view_of(checks, [], [], [req], [copy], now=datetime.now(UTC))
+    trimmed = _view_of(checks, [], [], [trim_req(req)], [trim_copy(copy)], now=datetime.now(UTC))
     assert trimmed.sources() == whole.sources() and trimmed.sources()
     wl = workload()
     wl["metadata"]["uid"] = "uid-x"
@@ -2604,3 +2606,48 @@ async def test_a_stockout_is_remembered_after_the_gang_that_met_it_is_deleted() 
     assert await next_gang("job-c", restarted) == ["worker-1"]
     now[0] += timedelta(seconds=61)  # 121 s after the give-up
     assert await next_gang("job-d", dispatcher) == ["worker-1"]
+
+
+T0 = datetime(2026, 12, 7, 7, 0, tzinfo=UTC)
+
+
+def publishing(kube: FakeKube, *outcomes: Seen) -> FakeKube:
+    """``kube`` (a worker) with its gangcheck's check publishing ``outcomes``."""
+    check = kube.stored(ADMISSION_CHECK, "gpu")
+    assert check is not None
+    conditions = [*check["status"]["conditions"], published.condition(outcomes, None, T0, 1)]
+    kube.add({**check, "status": {"conditions": conditions}})
+    return kube
+
+
+async def test_a_stockout_a_worker_published_sends_the_gang_elsewhere_before_a_try() -> None:
+    """Worker-1's gangcheck published that its source stocked out lately for H100 gangs (its
+    own gangs, or gangs whose requests it deleted since): nothing of it is in the manager's
+    records nor in any request there, yet an H100 gang goes to worker-2 first; an A100 gang,
+    of a kind of node that says nothing of, to worker-1 by name; with the stockout past its
+    keep, the H100 gang by name again."""
+    one = publishing(worker(), Seen(("default", "h100"), "pool-a", Outcome.STOCKOUT, T0))
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
+    manager.remove(WORKLOAD, "job-gang", NS)
+    clock = [T0 + timedelta(seconds=30)]
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=lambda: clock[0])
+    try:
+        manager.add(of_flavor(workload("job-h100"), "h100"))
+        await dispatcher.pass_once()
+        assert nominated_of(manager, "job-h100") == ["worker-2"]
+        h100 = manager.stored(WORKLOAD, "job-h100", NS)
+        assert h100 is not None
+        said = DispatchRecord.from_annotation(h100["metadata"]["annotations"][RECORD_ANNOTATION])
+        said = said.reason
+        assert said.startswith("worker-2 has no record of its capacity sources"), said
+        manager.remove(WORKLOAD, "job-h100", NS)
+        manager.add(of_flavor(workload("job-a100"), "a100"))
+        await dispatcher.pass_once()
+        assert nominated_of(manager, "job-a100") == ["worker-1"]
+        manager.remove(WORKLOAD, "job-a100", NS)
+        clock[0] = T0 + timedelta(seconds=KEEP_SECONDS + 1)
+        manager.add(of_flavor(workload("job-later"), "h100"))
+        await dispatcher.pass_once()
+        assert nominated_of(manager, "job-later") == ["worker-1"]
+    finally:
+        await dispatcher.close()
