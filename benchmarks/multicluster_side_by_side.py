@@ -29,8 +29,9 @@ dispatcher name, the dispatcher deployed with the RBAC of ``manifests/dispatcher
 scenario in a namespace and queues of its own, a node group of its own in each cloud, and
 between two runs every Job, request and node of the run is removed (so neither the clouds'
 room nor the dispatcher's view of the workers carries over; the give-ups the dispatcher keeps
-for 120 s after a gang's deletion count only for gangs of the same flavors, and each run's
-flavor is named for its namespace).
+for 120 s after a gang's deletion, and the outcomes each worker's gangcheck publishes on its
+AdmissionCheck, count only for gangs of the same flavors, and each run's flavor, in the manager
+and in the workers, is named for its namespace).
 
 Per gang, over a fixed horizon from the Jobs' creation, sampled every SAMPLE seconds:
 
