@@ -527,13 +527,12 @@ def _rank(worker: WorkerFacts) -> tuple[bool, bool, bool, int, float, int, str]:
     if worker.fits_now:
         return (False, False, False, 0, 0.0, 0, worker.name)
     sources = worker.sources
-    is_open = not sources or any(s.open for s in sources)
     share = max((s.share for s in sources), default=UNKNOWN_SHARE)
     stockouts = sum(s.stockouts for s in sources)
     return (
         True,
         bool(worker.lately_failed),
-        not is_open,
+        not _is_open(worker),
         worker.pending,
         -share,
         stockouts,
@@ -565,16 +564,29 @@ PASSED_OVER_WHY = 160
 
 def _passed_over(best: WorkerFacts, candidates: Sequence[WorkerFacts]) -> str:
     """The candidates ranked after ``best`` for a recent give-up of another gang of the same
-    flavors (``lately_failed``), named with the first one's latest why: a person reading
-    "tried by name" then sees why the first by name was not."""
+    flavors (``lately_failed``), named with the first one's latest why, then those ranked
+    after it because every source of theirs last stocked out (for gangs of the same
+    flavors): a person reading "tried by name" then sees why the first by name was not."""
     if best.fits_now or best.lately_failed:
         return ""
     over = [w for w in candidates if w.lately_failed and not w.fits_now]
-    if not over:
-        return ""
-    names = ", ".join(w.name for w in over)
-    why = _clip(over[0].lately_failed, PASSED_OVER_WHY)
-    return f"; after {names}, given up lately for another gang ({why})"
+    said = ""
+    if over:
+        names = ", ".join(w.name for w in over)
+        why = _clip(over[0].lately_failed, PASSED_OVER_WHY)
+        said = f"; after {names}, given up lately for another gang ({why})"
+    if not _is_open(best):
+        return said
+    closed = [w for w in candidates if w not in over and not w.fits_now and not _is_open(w)]
+    if closed:
+        names = ", ".join(w.name for w in closed)
+        said += f"; after {names}, whose capacity sources last stocked out for such gangs"
+    return said
+
+
+def _is_open(worker: WorkerFacts) -> bool:
+    """No record of its sources, or one of them whose latest outcome was not a stockout."""
+    return not worker.sources or any(s.open for s in worker.sources)
 
 
 @dataclass(frozen=True)

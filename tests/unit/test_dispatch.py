@@ -418,6 +418,22 @@ MORE = {
     "pending counts after a source open": Case(
         (WorkerFacts("a", sources=(ALWAYS_OUT,)), wf("b", pending=1)), "b", "pending there"
     ),
+    "the reason names a worker passed over for its sources' last stockout": Case(
+        (WorkerFacts("a", sources=(ALWAYS_OUT,)), wf("b")),
+        "b",
+        "tried by name; after a, whose capacity sources last stocked out for such gangs",
+    ),
+    "... after one given up lately, each said once": Case(
+        (
+            wf("a", lately=LATELY),
+            WorkerFacts("b", sources=(STOCKED_OUT,), lately_failed=LATELY),
+            WorkerFacts("c", sources=(STOCKED_OUT,)),
+            WorkerFacts("d", sources=(DELIVERS,)),
+        ),
+        "d",
+        f"after a, b, given up lately for another gang ({LATELY}); after c, whose capacity"
+        " sources last stocked out for such gangs",
+    ),
 }
 
 
@@ -430,6 +446,8 @@ def test_no_worker_is_named_passed_over_when_the_one_chosen_was_given_up_lately_
     for workers in (
         (wf("a", lately=LATELY), wf("b", lately=LATELY)),
         (wf("a", lately=LATELY), wf("b", fits=True)),
+        (WorkerFacts("a", sources=(ALWAYS_OUT,)), WorkerFacts("b", sources=(STOCKED_OUT,))),
+        (WorkerFacts("a", sources=(ALWAYS_OUT,)), wf("b", fits=True)),
     ):
         reason = nominate(workers).reason
         assert "after" not in reason, reason

@@ -2639,7 +2639,10 @@ async def test_a_stockout_a_worker_published_sends_the_gang_elsewhere_before_a_t
         assert h100 is not None
         said = DispatchRecord.from_annotation(h100["metadata"]["annotations"][RECORD_ANNOTATION])
         said = said.reason
-        assert said.startswith("worker-2 has no record of its capacity sources"), said
+        assert said == (
+            "worker-2 has no record of its capacity sources; tried by name; after worker-1,"
+            " whose capacity sources last stocked out for such gangs"
+        ), said
         manager.remove(WORKLOAD, "job-h100", NS)
         manager.add(of_flavor(workload("job-a100"), "a100"))
         await dispatcher.pass_once()
