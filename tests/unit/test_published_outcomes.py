@@ -108,6 +108,17 @@ def test_merged_drops_outcomes_past_their_keep_and_keeps_the_newest_few() -> Non
     assert min(s.at for s in kept) == at(10)  # the 10 oldest left out
 
 
+def test_a_time_in_the_future_is_taken_as_now_and_written_so() -> None:
+    """A stockout stamped in year 9999 (a hand edit, a clock since set back) would outrank
+    every outcome to come and never age: it is taken as now, written so, and a delivery
+    after it replaces it."""
+    future = Seen(H100, "a", Outcome.STOCKOUT, datetime(9999, 1, 1, tzinfo=UTC))
+    brought = published.merged((future,), (), at(10))
+    assert brought == (out(H100, "a", 10),)
+    assert published.due((future,), brought)
+    assert published.merged(brought, (got(H100, "a", 20),), at(20)) == (got(H100, "a", 20),)
+
+
 @pytest.mark.parametrize(
     ("before", "wanted", "due"),
     [

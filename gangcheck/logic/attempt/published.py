@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -85,9 +85,12 @@ def seen(
 
 def merged(published: Sequence[Seen], noted: Iterable[Seen], now: datetime) -> tuple[Seen, ...]:
     """The outcomes to publish: per flavors and source, the latest of those published and
-    those noted since, none older than ``KEEP_SECONDS``, the ``AT_MOST`` newest, sorted."""
+    those noted since, none older than ``KEEP_SECONDS``, the ``AT_MOST`` newest, sorted. A
+    time after ``now`` (written by hand, or by a clock ahead since set back) is taken as
+    ``now``: it would otherwise outrank every outcome to come, and never age."""
     latest: dict[tuple[tuple[str, ...], str], Seen] = {}
-    for one in (*published, *noted):
+    for given in (*published, *noted):
+        one = replace(given, at=now) if given.at > now else given
         held = latest.get(one.key)
         if held is None or one.at >= held.at:
             latest[one.key] = one
@@ -98,14 +101,14 @@ def merged(published: Sequence[Seen], noted: Iterable[Seen], now: datetime) -> t
 
 def due(published: Sequence[Seen], wanted: Sequence[Seen]) -> bool:
     """Whether ``wanted`` is worth a write over what is ``published``: an outcome new or
-    changed for some flavors and source, one dropped, or one unchanged whose time moved on
-    by ``REFRESH_SECONDS`` or more."""
+    changed for some flavors and source, one dropped, one unchanged whose time moved on by
+    ``REFRESH_SECONDS`` or more, or one whose time was in the future (``merged``)."""
     before = {s.key: s for s in published}
     if set(before) != {s.key for s in wanted}:
         return True
     for one in wanted:
         held = before[one.key]
-        if held.outcome is not one.outcome:
+        if held.outcome is not one.outcome or one.at < held.at:
             return True
         if (one.at - held.at).total_seconds() >= REFRESH_SECONDS:
             return True
