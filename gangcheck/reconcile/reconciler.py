@@ -17,6 +17,7 @@ from gangcheck.logic.attempt.actions import (
     Event,
 )
 from gangcheck.model.objects import ObjectRef
+from gangcheck.reconcile.admissioncheck import SourceOutcomes
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
@@ -71,6 +72,7 @@ class GangReconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: AttemptMetrics = NO_METRICS,
         progress_delay: float = PROGRESS_DELAY_SECONDS,
+        outcomes: SourceOutcomes | None = None,
     ) -> None:
         self._kube = kube
         self._caches = caches
@@ -79,6 +81,9 @@ class GangReconciler:
         self._clock = clock
         self.metrics = metrics
         self.held_messages = HeldMessages(progress_delay)
+        self.outcomes = outcomes or SourceOutcomes()
+        """Where a Workload's capacity sources' outcomes are noted for its check's reconciler
+        to publish (the controller gives both the same; a PodGroup has no check)."""
 
     async def _applied(
         self,

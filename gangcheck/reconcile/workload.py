@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 
-from gangcheck.kube.client import Kube
 from gangcheck.kube.errors import (
     ApiError,
     ConflictError,
@@ -44,16 +43,13 @@ from gangcheck.logic.workloads.admission import (
 from gangcheck.logic.workloads.snapshot import snapshot_of
 from gangcheck.model.names import WORKLOAD_UID_ANNOTATION
 from gangcheck.model.objects import CheckState, Obj, ObjectRef, Workload, request_of, workload_of
-from gangcheck.reconcile.admissioncheck import SourceOutcomes
-from gangcheck.reconcile.apply import Applier
 from gangcheck.reconcile.attempts import made_for_uid, names_of, withdraw_orphans
-from gangcheck.reconcile.caches import Caches, check_of
-from gangcheck.reconcile.events import EventRecorder
-from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, progress_only
+from gangcheck.reconcile.caches import check_of
+from gangcheck.reconcile.progress import progress_only
 from gangcheck.reconcile.reconciler import GangReconciler, refusal_event
 from gangcheck.reconcile.view import cluster_view
 from gangcheck.runtime.queue import Result, soonest
-from gangcheck.telemetry import NO_METRICS, AttemptMetrics, traced_decision
+from gangcheck.telemetry import traced_decision
 
 log = logging.getLogger(__name__)
 STALE_RETRY_SECONDS = 0.5
@@ -87,31 +83,6 @@ class Applied:
 
 class WorkloadReconciler(GangReconciler):
     """The admission check controller, one Workload key (`namespace/name`) at a time."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        caches: Caches,
-        events: EventRecorder,
-        applier: Applier,
-        *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        metrics: AttemptMetrics = NO_METRICS,
-        progress_delay: float = PROGRESS_DELAY_SECONDS,
-        outcomes: SourceOutcomes | None = None,
-    ) -> None:
-        super().__init__(
-            kube,
-            caches,
-            events,
-            applier,
-            clock=clock,
-            metrics=metrics,
-            progress_delay=progress_delay,
-        )
-        self.outcomes = outcomes or SourceOutcomes()
-        """Where the outcomes of its capacity sources are noted for the check's reconciler
-        to publish (the controller gives both the same)."""
 
     async def reconcile(self, key: str) -> Result:
         namespace, name = key.split("/", 1)
