@@ -120,10 +120,10 @@ class SourceOutcomes:
     def pending(self, check: str) -> tuple[Seen, ...]:
         return tuple((self._pending.get(check) or {}).values())
 
-    def published(self, check: str, written: Iterable[Seen]) -> None:
-        """``written`` is on the check now: held no longer (one noted since stays)."""
+    def written(self, check: str, seen: Iterable[Seen]) -> None:
+        """``seen`` is on the check now: held no longer (one noted since stays)."""
         pending = self._pending.get(check) or {}
-        for one in written:
+        for one in seen:
             if pending.get(one.key) == one:
                 del pending[one.key]
         if not pending:
@@ -169,7 +169,7 @@ class AdmissionCheckReconciler:
             writes.append(published.condition(outcomes, was, now, generation))
         if writes and not await write_conditions(self._kube, self._caches, ac, writes):
             return Result()  # changed or gone meanwhile; its watch event brings us back
-        self.outcomes.published(name, noted)
+        self.outcomes.written(name, noted)
         if previous != wanted:
             _said_active(name, wanted)
         return self._recheck(resolution)

@@ -212,10 +212,10 @@ def test_outcomes_noted_wake_their_check_once_until_published() -> None:
     taken = noted.pending("atomic")
     assert set(taken) == {got(H100, "pool-a"), out(H100, "pool-b", 1)}
     noted.note("atomic", ["h100"], [SourceNote("pool-a", "failed", "Deadline")], at(3))
-    noted.published("atomic", taken)  # written meanwhile: the one noted since stays, and wakes
+    noted.written("atomic", taken)  # written meanwhile: the one noted since stays, and wakes
     assert noted.pending("atomic") == (out(H100, "pool-a", 3),)
     assert woken == ["atomic", "atomic"]
-    noted.published("atomic", noted.pending("atomic"))
+    noted.written("atomic", noted.pending("atomic"))
     assert noted.pending("atomic") == ()
     noted.note("atomic", ["h100"], [delivered], at(4))
     noted.forget("atomic")
