@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from gangcheck.kube.resources import ADMISSION_CHECK
+from gangcheck.kube.resources import ADMISSION_CHECK, PROVISIONING_REQUEST
 from gangcheck.logic.attempt import published
 from gangcheck.logic.attempt.published import CONDITION, Outcome, Seen
 from gangcheck.model.objects import Obj
 from tests.builders import WorkloadBuilder, pod_template
-from tests.integration.harness import Cluster, RunningController, eventually, req_name
+from tests.integration.harness import Cluster, RunningController, eventually, now, req_name
 
 pytestmark = pytest.mark.integration
 
@@ -63,3 +63,40 @@ async def test_the_check_says_its_source_stocked_out_then_delivered_for_the_gang
     cond, said = found
     assert (cond["status"], cond["reason"]) == ("False", "Delivering")
     assert len(said) == 1  # the latest per flavors and source
+
+
+async def test_a_source_that_says_it_cannot_find_the_capacity_is_published_while_it_is_waited_on(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """cluster-autoscaler's `Provisioned=False` `CapacityIsNotFound`, with no source next: the
+    check stays Pending (it tries again, until the deadline), and the check says the source
+    stocked out for the gang's flavor; once it delivers, that it delivered."""
+    await cluster.install_check(FIT)
+    await cluster.submit(gang("waiting"))
+    name = req_name(cluster, "waiting")
+    req = await cluster.wait_request(name)
+    req["status"] = {
+        "conditions": [
+            {
+                "type": "Provisioned",
+                "status": "False",
+                "reason": "CapacityIsNotFound",
+                "message": "Capacity is not found, CA will try to find it later.",
+                "lastTransitionTime": now(),
+            }
+        ]
+    }
+    await cluster.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+    cond, _ = await eventually(
+        lambda: _published(cluster, Outcome.STOCKOUT), what="the refusal published", timeout=20
+    )
+    assert (cond["status"], cond["reason"]) == ("True", "StockedOut")
+    assert (await cluster.check_state("waiting"))["state"] == "Pending"
+
+    await cluster.set_request_conditions(name, {"Provisioned": ""})
+    await cluster.add_nodes(2)
+    await cluster.wait_check("waiting", "Ready")
+    cond, _ = await eventually(
+        lambda: _published(cluster, Outcome.DELIVERED), what="the delivery published", timeout=20
+    )
+    assert (cond["status"], cond["reason"]) == ("False", "Delivering")

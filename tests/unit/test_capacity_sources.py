@@ -18,6 +18,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteRequest,
     ReleaseMembers,
 )
+from gangcheck.logic.attempt.driver import SourceNote
 from gangcheck.logic.attempt.explain import request_facts
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.podgroups.podgroup import GroupSnapshot
@@ -181,12 +182,15 @@ def test_the_last_source_saying_not_found_is_waited_on_until_its_deadline() -> N
     d = run(SOURCES, [capacity_not_found(request(SECOND, source=1))])
     assert not any(isinstance(a, AnnotateRequest) for a in d.actions)
     assert d.check is not None and d.check.state == "Pending"
+    # no failure yet, but what the source said is its latest outcome, to publish
+    assert d.sources == (SourceNote("dws", "refused"),)
 
 
 def test_a_single_class_config_waits_on_not_found_as_before() -> None:
     deadline = {"gangcheck.io/fulfillment-deadline": DEADLINES[1]}  # the default 420 s
     d = run({}, [capacity_not_found(request(FIRST, annotations=deadline))])
     assert not any(isinstance(a, AnnotateRequest) for a in d.actions)
+    assert d.sources == (SourceNote("default", "refused"),)
 
 
 def test_the_attempt_in_flight_is_the_latest_source_asked() -> None:
@@ -197,6 +201,7 @@ def test_the_attempt_in_flight_is_the_latest_source_asked() -> None:
     assert not any(isinstance(a, CreateRequest) for a in d.actions)
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == [FIRST]
     assert d.check is not None and d.check.message == f"provisioning request {SECOND} accepted"
+    assert d.sources == ()  # nothing said of its room yet
 
 
 def test_ready_on_a_later_source_pins_the_gang_to_its_nodes() -> None:

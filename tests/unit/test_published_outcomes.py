@@ -57,6 +57,7 @@ def got(flavors: tuple[str, ...], source: str, seconds: float = 0) -> Seen:
         ("failed", "Deadline", Outcome.STOCKOUT),
         ("failed", "Failed", Outcome.STOCKOUT),
         ("failed", "CapacityIsNotFound", Outcome.STOCKOUT),
+        ("refused", "", Outcome.STOCKOUT),  # it cannot find the capacity, and is waited on
         # the source's room is not what ended these
         ("failed", "RaceLost", None),
         ("failed", "GangGone", None),

@@ -36,7 +36,7 @@ from gangcheck.logic.attempt.actions import Action, Event
 from gangcheck.logic.attempt.backend import Ask, CapacityBackend
 from gangcheck.logic.attempt.fulfillment import ClusterView
 from gangcheck.logic.attempt.records import RollbackCause
-from gangcheck.logic.attempt.status import Phase
+from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ProvisioningRequest
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
@@ -88,9 +88,11 @@ def next_in_line(
 
 @dataclass(frozen=True)
 class SourceNote:
-    """What happened at one capacity source, for its metrics: asked, delivered (the whole gang
-    fits; `seconds` since it was asked), or failed (`reason`: the rollback's cause; `seconds`:
-    node-seconds held by what arrived from it and went back)."""
+    """What happened at one capacity source, for its metrics and what gangcheck publishes of
+    it (`published.seen`): asked, delivered (the whole gang fits; `seconds` since it was
+    asked), failed (`reason`: the rollback's cause; `seconds`: node-seconds held by what
+    arrived from it and went back), or refused (it says it cannot find the capacity while
+    the attempt waits on it: published, not counted)."""
 
     source: str
     outcome: str
@@ -125,6 +127,18 @@ def failed_note(
     held = float(record.outcome.node_seconds) if record.outcome else 0.0
     cause = RollbackCause.of(reason).value if reason else "Failed"
     return (SourceNote(lifecycle.asked_source(req, config).name, "failed", cause, held),)
+
+
+def refused_note(
+    config: AtomicProvisioningSpec | None, req: ProvisioningRequest, status: AttemptStatus
+) -> tuple[SourceNote, ...]:
+    """The attempt's source says it cannot find the capacity now (cluster-autoscaler's
+    `CapacityIsNotFound`, not `Provisioned`), while the attempt waits on it (nothing next:
+    it tries again later, until the deadline): no failure yet, so no metric, but published
+    as its latest outcome (`published.seen`)."""
+    if config is None or not status.capacity_not_found or status.has(Phase.PROVISIONED):
+        return ()
+    return (SourceNote(lifecycle.asked_source(req, config).name, "refused"),)
 
 
 def source_name(config: AtomicProvisioningSpec, index: int) -> str:

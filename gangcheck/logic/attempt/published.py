@@ -69,8 +69,9 @@ class Seen:
 def seen(
     flavors: Iterable[str], source: str, outcome: str, cause: str, at: datetime
 ) -> Seen | None:
-    """An attempt's outcome as ``driver.SourceNote`` says it (``outcome`` delivered or failed,
-    ``cause`` the rollback's), for a gang assigned ``flavors``; None for one that says
+    """An attempt's outcome as ``driver.SourceNote`` says it (``outcome`` delivered, failed,
+    ``cause`` the rollback's, or refused: the source says it cannot find the capacity while
+    the attempt waits on it), for a gang assigned ``flavors``; None for one that says
     nothing of the source's room (asked, a failure of another cause) or a gang with no
     flavors known."""
     names = tuple(sorted({str(f) for f in flavors}))
@@ -78,7 +79,7 @@ def seen(
         return None
     if outcome == "delivered":
         return Seen(names, source, Outcome.DELIVERED, at)
-    if outcome == "failed" and cause in STOCKOUT_CAUSES:
+    if outcome == "refused" or (outcome == "failed" and cause in STOCKOUT_CAUSES):
         return Seen(names, source, Outcome.STOCKOUT, at)
     return None
 

@@ -479,7 +479,8 @@ def _written(
     if step.progress is Progress.ROLLING_BACK:
         return _keep(snap, state, req, step, now) or flow.rolling(Decision, step)
     pending = _transition(state, PENDING, step.message, now)
-    return replace(pending, actions=step.actions, requeue_after=step.requeue_after)
+    refused = driver.refused_note(snap.config, req, snap.backend.status_of(req))
+    return replace(pending, actions=step.actions, requeue_after=step.requeue_after, sources=refused)
 
 
 def _rolled_back(
