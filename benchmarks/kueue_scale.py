@@ -1120,18 +1120,14 @@ async def follow(
     timeout: float,
 ) -> tuple[dict[str, tuple[float, float]], float | None]:
     """Wait until every gang of both sides is admitted (or the timeout), sampling the
-    controllers' CPU and RSS; (the last samples, when gangcheck exited or None)."""
+    controllers' CPU and RSS; (the last samples, when gangcheck exited or None). The last
+    sample is taken once every gang is seen admitted, not up to a period before: a small
+    burst admitted within one period otherwise counted none of the work it took."""
     deadline = time.monotonic() + timeout
     shown = time.monotonic()
     usage = {side: sample(pid) for side, pid in pids.items()}
     exited: float | None = None
-    while any(recorder.admitted(side) < n for side in waited_for(exited)):
-        if time.monotonic() > deadline:
-            break
-        if time.monotonic() - shown >= PROGRESS_SECONDS:
-            shown = time.monotonic()
-            done = ", ".join(f"{side} {recorder.admitted(side)}" for side in SIDES)
-            print(f"N = {n}: {time.time() - start:.0f} s, admitted {done}", file=sys.stderr)
+    while True:
         if exited is None and not stack.gangcheck.running:
             exited = time.time() - start
             print(
@@ -1139,11 +1135,17 @@ async def follow(
                 f"Kueue's side alone. Its log's end:\n{stack.gangcheck.log_tail(20)}",
                 file=sys.stderr,
             )
+        admitted = all(recorder.admitted(side) >= n for side in waited_for(exited))
         for side, pid in pids.items():
             if side != "gangcheck" or exited is None:
                 usage[side] = sample(pid, usage[side])
+        if admitted or time.monotonic() > deadline:
+            return usage, exited
+        if time.monotonic() - shown >= PROGRESS_SECONDS:
+            shown = time.monotonic()
+            done = ", ".join(f"{side} {recorder.admitted(side)}" for side in SIDES)
+            print(f"N = {n}: {time.time() - start:.0f} s, admitted {done}", file=sys.stderr)
         await asyncio.sleep(0.5)
-    return usage, exited
 
 
 def add_check_figures(

@@ -95,3 +95,39 @@ def test_a_phase_record_carrying_its_requests_uid_is_one() -> None:
     other["requestObject"] = {"metadata": {"annotations": annotations, "labels": {"a": "b"}}}
     assert kueue_scale.is_phase_record(phase)
     assert not kueue_scale.is_phase_record(other)
+
+
+async def test_the_last_cpu_sample_is_taken_once_every_gang_is_seen_admitted(
+    monkeypatch: Any,
+) -> None:
+    """A burst admitted within one sampling period: the CPU it took is in the last sample
+    (CI once read 0 s of gangcheck's CPU for 6 gangs all admitted 0.54 s after the burst:
+    the last sample had been taken before they were, then the loop slept and ended)."""
+    clock = {"cpu": 0.0, "admitted": 0}
+
+    class Recorder:
+        def admitted(self, side: str) -> int:
+            return clock["admitted"]
+
+    class Gangcheck:
+        running = True
+
+    class Stack:
+        gangcheck = Gangcheck()
+
+    async def sleep(_seconds: float) -> None:  # the work of the burst happens meanwhile
+        clock["cpu"] += 0.07
+        clock["admitted"] = 6
+
+    monkeypatch.setattr(kueue_scale, "sample", lambda pid, last=None: (clock["cpu"], 100.0))
+    monkeypatch.setattr(kueue_scale.asyncio, "sleep", sleep)
+    usage, exited = await kueue_scale.follow(
+        Stack(),  # type: ignore[arg-type]
+        Recorder(),  # type: ignore[arg-type]
+        6,
+        pids={"gangcheck": 1, "kueue": 2},
+        start=0.0,
+        timeout=60,
+    )
+    assert exited is None
+    assert usage == {"gangcheck": (0.07, 100.0), "kueue": (0.07, 100.0)}
