@@ -197,13 +197,6 @@ def on_check(check: Mapping[str, object]) -> tuple[Seen, ...]:
     return ()
 
 
-def recent(outcomes: Iterable[Seen], now: datetime) -> tuple[Seen, ...]:
-    """Those of ``outcomes`` no older than ``KEEP_SECONDS`` (a reader's cut: a publisher that
-    has not written since still lists older ones)."""
-    cutoff = now - timedelta(seconds=KEEP_SECONDS)
-    return tuple(s for s in outcomes if s.at >= cutoff)
-
-
 def same_but_outcomes(old: Mapping[str, object], new: Mapping[str, object]) -> bool:
     """Whether an AdmissionCheck changed in nothing but the outcomes published on it: its
     spec and its other conditions as they were (what a Workload's decision reads of it)."""
