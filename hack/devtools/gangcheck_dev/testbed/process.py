@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -45,9 +46,8 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
 def _port_slot() -> tuple[int, int]:
     """This process's share of the port numbers: (index, of how many). A test session run by
     several workers (pytest-xdist sets ``PYTEST_XDIST_WORKER=gw<i>`` and the count) gives each
-    worker the ports ``p // 2 % count == i`` (Linux hands ``bind`` even ports, keeping odd ones
-    for ``connect``, so not ``p % count``): a port one worker picked and released for a server
-    to take is never handed to another worker's server meanwhile."""
+    worker the ports ``p % count == i``: a port one worker picked and released for a server to
+    take is never handed to another worker's server meanwhile."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
@@ -55,21 +55,48 @@ def _port_slot() -> tuple[int, int]:
     return int(worker[2:]) % max(int(count), 1), max(int(count), 1)
 
 
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def _port_range() -> tuple[int, int]:
+    """Where `free_ports` picks: from LOWEST_PORT up to the kernel's ephemeral range (where
+    ``connect`` and ``bind(0)`` take theirs; 32768 where it cannot be read)."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    return LOWEST_PORT, max(ephemeral, LOWEST_PORT + 1000)
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 (held together so they differ), from
-    this process's share of the port numbers (`_port_slot`)."""
+    """``count`` distinct TCP ports free on 127.0.0.1, from this process's share of the port
+    numbers (`_port_slot`), below the kernel's ephemeral range: between the pick and the
+    server's ``bind``, an outgoing connection of any process can take an ephemeral port (an
+    etcd once died of "address already in use" so), never one of these. A port is handed out
+    once per process, so two pickers before either binds never get the same one."""
     index, of = _port_slot()
-    with contextlib.ExitStack() as stack:
-        chosen: list[int] = []
-        for _ in range(count * of * 64):
-            sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-            if port // 2 % of == index:
-                chosen.append(port)
-                if len(chosen) == count:
-                    return chosen
-    raise OSError(f"no {count} free ports in share {index} of {of}")
+    low, high = _port_range()
+    candidates = [p for p in range(low, high) if p % of == index]
+    chosen: list[int] = []
+    for port in random.sample(candidates, len(candidates)):
+        if port in _handed_out or not _bindable(port):
+            continue
+        _handed_out.add(port)
+        chosen.append(port)
+        if len(chosen) == count:
+            return chosen
+    raise OSError(f"no {count} free ports in share {index} of {of} in [{low}, {high})")
+
+
+def _bindable(port: int) -> bool:
+    """Whether nothing holds 127.0.0.1:port, not even a connection in TIME_WAIT."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def port_is_free(port: int) -> bool:
