@@ -40,10 +40,10 @@ async def reclaim_arrivals(
     metrics: Any,
     told: Told = NOT_CACHED,
 ) -> Outcome:
-    """Reclaim the arrived nodes safely, a few at a time (their settles overlap); Cluster API
-    Machines one at a time, since they share the replica count they decrement. `told`: the
-    caches, told of each delete as it is answered (`reclaim_safely`)."""
-    limit = asyncio.Semaphore(1 if action.reclaimer == "DeleteMachine" else PARALLEL)
+    """Reclaim the arrived nodes safely, a few at a time (their settles overlap; Cluster API
+    Machines are marked and their owners scaled down one at a time: `DeleteMachine`). `told`:
+    the caches, told of each delete as it is answered (`reclaim_safely`)."""
+    limit = asyncio.Semaphore(PARALLEL)
 
     async def one(node: str) -> Result:
         async with limit:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,15 +212,36 @@ class DeleteNodeClaim(_LeavesNothing):
         return next((c for c in claims if (c.get("status") or {}).get("nodeName") == name), None)
 
 
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _turn() -> asyncio.Lock:
+    """The one lock of this event loop that Machine reclaims take turns on."""
+    loop = asyncio.get_running_loop()
+    lock = _turns.get(loop)
+    if lock is None:
+        lock = _turns[loop] = asyncio.Lock()
+    return lock
+
+
 class DeleteMachine:
     """Cluster API: mark the Machine for deletion and scale its owner down by one, once; not
     while its MachineDeployment rolls out (`rolling_out`: Cluster API would then apply the
-    decrement to whichever of its MachineSets it chooses)."""
+    decrement to whichever of its MachineSets it chooses). One Machine at a time in this
+    process (`_turn`): Machines of one owner share the replica count they decrement, and the
+    next waits for the owner to settle after the last decrement. The safe path's fence and
+    settle around it (reclaim.safely) overlap for any number of nodes."""
 
     name = "DeleteMachine"
     leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
+        async with _turn():
+            return await self._reclaim(kube, node)
+
+    async def _reclaim(self, kube: Kube, node: Obj) -> str:
         machine = await _machine_of(kube, node)
         name = machine["metadata"]["name"]
         if machine["metadata"].get("deletionTimestamp"):

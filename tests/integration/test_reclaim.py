@@ -929,6 +929,88 @@ async def test_delete_machine_decrements_only_the_machine_deployment_it_judged(b
     assert "cluster.x-k8s.io/delete-machine" not in (m1["metadata"].get("annotations") or {})
 
 
+async def add_machine(bed: Bed, name: str) -> str:
+    """One more Machine `name` of `machine_bed`'s MachineSet ms, with a node naming it (its
+    status.nodeRef naming the node). Returns the node."""
+    ns, kube = bed.ns, bed.kube
+    machine_set = await kube.get(MACHINE_SET, "ms", ns)
+    ms_ref = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineSet", "name": "ms",
+              "uid": machine_set["metadata"]["uid"], "controller": True}  # fmt: skip
+    await kube.create(
+        MACHINE,
+        {"metadata": {"name": name, "namespace": ns, "ownerReferences": [ms_ref]}, "spec": {}},
+    )
+    node = await bed.node(
+        annotations={"cluster.x-k8s.io/machine": name, "cluster.x-k8s.io/cluster-namespace": ns}
+    )
+    await kube.merge_patch(MACHINE, name, {"status": {"nodeRef": {"name": node}}}, ns,
+                           subresource="status")  # fmt: skip
+    return node
+
+
+@contextlib.asynccontextmanager
+async def capi_controller(bed: Bed) -> AsyncIterator[None]:
+    """A stand-in for Cluster API's MachineDeployment controller (none runs here): md's
+    MachineSet and status follow each change of md's replicas (`capi_settles`)."""
+
+    async def follow() -> None:
+        while True:
+            md = await bed.kube.get(MACHINE_DEPLOYMENT, "md", bed.ns)
+            status = md.get("status") or {}
+            if status.get("observedGeneration") != md["metadata"]["generation"]:
+                await capi_settles(bed)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_machines_of_one_owner_settle_together_and_are_scaled_down_in_turn(
+    bed: Bed,
+) -> None:
+    """Two Machines of md (3 replicas) reclaimed in one rollback: both nodes are fenced
+    before either Machine is marked (their settles overlap; before, each node's whole safe
+    path waited for the last's), and md goes 3 -> 1, never lower: each Machine marked and its
+    decrement recorded on it, made in turn, the second once md settled from the first."""
+    ns, kube = bed.ns, bed.kube
+    first = await machine_bed(bed)
+    second = await add_machine(bed, "m2")
+    order: list[tuple[str, str]] = []
+    original = kube.merge_patch
+
+    async def recorded(res: Any, name: str, body: Any, *a: Any, **kw: Any) -> Any:
+        if res is NODE and (body.get("spec") or {}).get("unschedulable") is True:
+            order.append(("fence", name))
+        if res is MACHINE and "cluster.x-k8s.io/delete-machine" in json.dumps(body):
+            order.append(("mark", name))
+        return await original(res, name, body, *a, **kw)
+
+    nodes = (first, second)
+    action = ReclaimArrivals("gang-atomic-1", bed.request, bed.request_created, nodes,
+                             "DeleteMachine")  # fmt: skip
+    kube.merge_patch = recorded  # type: ignore[method-assign]
+    try:
+        async with capi_controller(bed):
+            outcome = await reclaim_arrivals(
+                kube, action, NOW(UTC), events=EventRecorder(kube), metrics=None
+            )
+    finally:
+        kube.merge_patch = original  # type: ignore[method-assign]
+    assert sorted(outcome.reclaimed) == sorted(nodes), outcome.summary()
+    assert [step for step, _ in order] == ["fence", "fence", "mark", "mark"]
+    assert {name for step, name in order if step == "fence"} == set(nodes)
+    assert (await kube.get(MACHINE_DEPLOYMENT, "md", ns))["spec"]["replicas"] == 1
+    for machine in ("m1", "m2"):
+        annotations = (await kube.get(MACHINE, machine, ns))["metadata"]["annotations"]
+        assert annotations["cluster.x-k8s.io/delete-machine"] == "true"
+        assert annotations["gangcheck.io/owner-scaled-down"] == "MachineDeployment/md"
+
+
 async def test_unfencing_keeps_a_taint_another_writer_added_meanwhile(bed: Bed) -> None:
     """Defect 7: right after the fence, cluster-autoscaler taints the node (another writer,
     timed by a wrapper) and a pod lands, so the node is kept. Unfencing removes gangcheck's
