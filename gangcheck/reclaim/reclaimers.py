@@ -14,8 +14,10 @@ decided before the watch brings its DELETED does not count the node as still the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -212,34 +214,45 @@ class DeleteNodeClaim(_LeavesNothing):
         return next((c for c in claims if (c.get("status") or {}).get("nodeName") == name), None)
 
 
-_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
+_turns: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str], tuple[asyncio.Lock, int]]
+] = weakref.WeakKeyDictionary()
 
 
-def _turn() -> asyncio.Lock:
-    """The one lock of this event loop that Machine reclaims take turns on."""
-    loop = asyncio.get_running_loop()
-    lock = _turns.get(loop)
-    if lock is None:
-        lock = _turns[loop] = asyncio.Lock()
-    return lock
+@contextlib.asynccontextmanager
+async def _turn(machine: Obj) -> AsyncIterator[None]:
+    """This event loop's turn for the Machine's owner (its MachineSet; the Machine itself
+    when none owns it): Machine reclaims of one owner take turns, others' go on."""
+    meta = machine["metadata"]
+    key = (meta["namespace"], _controller_of(machine, "MachineSet") or f"Machine/{meta['name']}")
+    turns = _turns.setdefault(asyncio.get_running_loop(), {})
+    lock, users = turns.get(key) or (asyncio.Lock(), 0)
+    turns[key] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = turns[key]
+        if users > 1:
+            turns[key] = (lock, users - 1)
+        else:
+            del turns[key]
 
 
 class DeleteMachine:
     """Cluster API: mark the Machine for deletion and scale its owner down by one, once; not
     while its MachineDeployment rolls out (`rolling_out`: Cluster API would then apply the
-    decrement to whichever of its MachineSets it chooses). One Machine at a time in this
-    process (`_turn`): Machines of one owner share the replica count they decrement, and the
-    next waits for the owner to settle after the last decrement. The safe path's fence and
-    settle around it (reclaim.safely) overlap for any number of nodes."""
+    decrement to whichever of its MachineSets it chooses). The Machines of one owner one at a
+    time in this process (`_turn`): they share the replica count they decrement, and the next
+    waits for the owner to settle after the last decrement. The safe path's fence and settle
+    around it (reclaim.safely) overlap for any number of nodes."""
 
     name = "DeleteMachine"
     leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
-        async with _turn():
-            return await self._reclaim(kube, node)
+        async with _turn(await _machine_of(kube, node)):
+            return await self._reclaim(kube, node)  # the Machine read again, in its turn
 
     async def _reclaim(self, kube: Kube, node: Obj) -> str:
         machine = await _machine_of(kube, node)

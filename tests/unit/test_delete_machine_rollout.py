@@ -509,3 +509,35 @@ async def test_a_decrement_made_is_the_reclaim_done_whatever_its_record_on_the_m
     node = kube.stored(NODE, "node-m1")
     assert node is not None and node["spec"].get("unschedulable") is True
     assert RECLAIM_TAINT in [t["key"] for t in node["spec"].get("taints") or []]
+
+
+def _machine_of_set(name: str, machine_set: str | None) -> Obj:
+    owners = (
+        [{"kind": "MachineSet", "name": machine_set, "controller": True}] if machine_set else []
+    )
+    return {"metadata": {"name": name, "namespace": "capi", "ownerReferences": owners}}
+
+
+async def test_machines_of_one_owner_take_turns_and_others_go_on_meanwhile() -> None:
+    """`_turn`: m1 and m2 of ms-a one after the other; m3 of ms-b and m4 (no owner) in the
+    meantime; nothing is left of the turns once all are done."""
+    said: list[str] = []
+
+    async def reclaim(machine: Obj) -> None:
+        name = machine["metadata"]["name"]
+        async with reclaimers._turn(machine):
+            said.append(f"{name} in")
+            await asyncio.sleep(0.05)
+            said.append(f"{name} out")
+
+    machines = [
+        _machine_of_set("m1", "ms-a"),
+        _machine_of_set("m2", "ms-a"),
+        _machine_of_set("m3", "ms-b"),
+        _machine_of_set("m4", None),
+    ]
+    await asyncio.gather(*(reclaim(m) for m in machines))
+    assert said.index("m1 out") < said.index("m2 in")
+    assert said.index("m3 in") < said.index("m1 out")
+    assert said.index("m4 in") < said.index("m1 out")
+    assert not reclaimers._turns.get(asyncio.get_running_loop())
