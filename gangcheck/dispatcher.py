@@ -165,6 +165,7 @@ from gangcheck.logic.placement.fit import (
     node_view,
     used_resources,
 )
+from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.names import (
     ATTEMPT_CONFIG_ANNOTATION,
     CONTROLLER_NAME,
@@ -1110,13 +1111,17 @@ class _View:
 
     def sources(self, alike: _Alike | None = None) -> tuple[SourceHistory, ...]:
         """Its capacity sources' histories, of the gangs sent there that are ``alike`` (None:
-        every gang); with none, what gangcheck there publishes for gangs of the same flavors
-        (``_published_histories``)."""
+        every gang); instead, what gangcheck there publishes for gangs of the same flavors
+        (``_published_histories``) when there is none, or when that tells of an outcome
+        since the latest of those gangs' requests was made (a gang that runs for days keeps
+        its delivery's record; gangs met a stockout since, their requests deleted)."""
         key = "every gang" if alike is None else alike.mine
         if key not in self.histories:
-            self.histories[key] = _histories(
-                self.outcomes, alike or (lambda _: True)
-            ) or _published_histories(self.published, None if alike is None else alike.mine)
+            counts, mine = alike or (lambda _: True), None if alike is None else alike.mine
+            recorded = _histories(self.outcomes, counts)
+            told = _published_histories(self.published, mine)
+            newer = told and _told_since(self.published, mine, _recorded_at(self.outcomes, counts))
+            self.histories[key] = told if newer or not recorded else recorded
         return self.histories[key]
 
 
@@ -1672,14 +1677,27 @@ def _histories(
     return tuple(histories)
 
 
+def _recorded_at(outcomes: _Outcomes, counts: Callable[[tuple[str, str]], bool]) -> datetime | None:
+    """When the latest request among the records of the gangs that ``counts`` was made."""
+    made = (parse_time(at) for per in outcomes.values() for g, (at, _) in per.items() if counts(g))
+    return max((at for at in made if at is not None), default=None)
+
+
+def _told_since(outcomes: Sequence[Seen], mine: Flavors | None, since: datetime | None) -> bool:
+    """Whether gangcheck in the worker publishes an outcome for gangs asking ``mine`` later
+    than ``since`` (None: nothing recorded to be later than)."""
+    alike = (o.at for o in outcomes if same_capacity(frozenset(o.flavors), mine))
+    return since is None or any(at > since for at in alike)
+
+
 def _published_histories(
     outcomes: Sequence[Seen], mine: Flavors | None
 ) -> tuple[SourceHistory, ...]:
     """What gangcheck in a worker publishes (``published``), as its sources' histories for a
     gang asking ``mine``: per source, the latest outcome of gangs of the same flavors
     (``same_capacity``; a gang whose flavors are not known takes every one), one outcome
-    each. Read only where the worker holds no record of the gangs sent there: those are of
-    the gangs this dispatcher sent, now."""
+    each. Read where the worker holds no record of the gangs sent there, or where it tells of
+    a later outcome than they do (``_View.sources``)."""
     latest: dict[str, Seen] = {}
     for one in outcomes:
         if not same_capacity(frozenset(one.flavors), mine):

@@ -52,6 +52,8 @@ from gangcheck.logic.attempt.published import KEEP_SECONDS, Outcome, Seen
 from gangcheck.logic.dispatch import KUEUE_ADMISSION, RECORD_ANNOTATION, DispatchRecord, describe
 from gangcheck.model.names import (
     CONTROLLER_NAME,
+    FULFILLED,
+    PHASE_ANNOTATION,
     ROLLBACK_REASON_ANNOTATION,
     WORKLOAD_ANNOTATION,
     WORKLOAD_UID_ANNOTATION,
@@ -2652,5 +2654,38 @@ async def test_a_stockout_a_worker_published_sends_the_gang_elsewhere_before_a_t
         manager.add(of_flavor(workload("job-later"), "h100"))
         await dispatcher.pass_once()
         assert nominated_of(manager, "job-later") == ["worker-1"]
+    finally:
+        await dispatcher.close()
+
+
+@pytest.mark.parametrize(
+    ("published_after_the_request", "first"), [(True, "worker-2"), (False, "worker-1")]
+)
+async def test_a_stockout_published_since_a_delivery_was_recorded_outweighs_it(
+    published_after_the_request: bool, first: str
+) -> None:
+    """Worker-1 runs an H100 gang the dispatcher sent there, its request's record a delivery
+    (made at T0 - 1 h; a gang that runs for days keeps it); worker-1's gangcheck published
+    since that its source stocked out for H100 gangs (their requests deleted, none recorded
+    in the worker): a new H100 gang goes to worker-2 first. A stockout published before the
+    request of the delivery recorded was made says less than it: worker-1, its source open."""
+    made = T0 - timedelta(hours=1)
+    said_at = made + (
+        timedelta(minutes=30) if published_after_the_request else -timedelta(minutes=5)
+    )
+    one = publishing(worker(), Seen(("default", "h100"), "pool-a", Outcome.STOCKOUT, said_at))
+    delivered = outcome_request("d", "job-sent", **{PHASE_ANNOTATION: FULFILLED})
+    delivered["metadata"]["creationTimestamp"] = made.strftime("%Y-%m-%dT%H:%M:%SZ")
+    one.add(dispatched_copy("job-sent"), delivered)
+    manager, _, connect = bed({"worker-1": one, "worker-2": worker()})
+    manager.remove(WORKLOAD, "job-gang", NS)
+    sent = of_flavor(workload("job-sent"), "h100")
+    sent["status"]["clusterName"] = "worker-1"
+    manager.add(sent, of_flavor(workload("job-h100"), "h100"))
+    clock = [said_at + timedelta(seconds=60)]
+    dispatcher = Dispatcher(manager, metrics=Metrics(), connect=connect, clock=lambda: clock[0])
+    try:
+        await dispatcher.pass_once()
+        assert nominated_of(manager, "job-h100") == [first]
     finally:
         await dispatcher.close()
