@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from functools import partial
+from functools import cached_property, partial
 
 from gangcheck.kube.errors import (
     ApiError,
@@ -17,7 +17,7 @@ from gangcheck.kube.errors import (
     refused,
 )
 from gangcheck.kube.resources import WORKLOAD
-from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt import driver, naming
 from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
@@ -100,6 +100,7 @@ class WorkloadReconciler(GangReconciler):
             if swept.requeue_after is not None or self._earlier_attempts(wl):
                 # what is left is being deleted: its deletion routes this key again
                 return Result(requeue_after=swept.requeue_after or ORPHAN_RECHECK_SECONDS)
+        self._remember_flavors(wl)
         delays = []
         for check in self._checks_of(wl):
             delays.append(await self._settle(wl, check))
@@ -169,17 +170,20 @@ class WorkloadReconciler(GangReconciler):
         proves no absence: look again later. An attempt whose source's promise is open
         (lifecycle.promise) is kept, with its templates, until the promise closes, unless a
         Workload of the name is there again (its asks take the names)."""
+        asked = self._flavors_asked.pop((namespace, name), None)
         requests = self._caches.requests_of(namespace, name)
         templates = self._caches.templates_of(namespace, name)
         if not requests and not templates:
             return Result()
         if not self._caches.workloads.authoritative:
-            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+            return self._look_again(namespace, name, asked)
         try:
             live = await self._kube.get_if_exists(WORKLOAD, name, namespace)
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
-            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+            return self._look_again(namespace, name, asked)
         live_uid = live["metadata"]["uid"] if live is not None else None
+        if asked is not None and asked[0] != live_uid:
+            self._note_refusals(requests, *asked)
         sweep = await withdraw_orphans(
             self._applier,
             self._caches,
@@ -199,6 +203,43 @@ class WorkloadReconciler(GangReconciler):
             if made_for_uid(tpl, WORKLOAD_UID_ANNOTATION) != live_uid:
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result(requeue_after=sweep.requeue_after)
+
+    @cached_property
+    def _flavors_asked(self) -> dict[tuple[str, str], tuple[str, tuple[str, ...]]]:
+        """The uid and flavors of each Workload seen with quota reserved and not admitted yet
+        (whose attempt may wait on a source), by namespace and name: what `_note_refusals`
+        reads once the Workload is gone."""
+        return {}
+
+    def _remember_flavors(self, wl: Workload) -> None:
+        key = (wl.ref.namespace, wl.ref.name)
+        if wl.assignments and not wl.is_admitted:
+            flavors = tuple(f for a in wl.assignments for f in a.flavors.values())
+            self._flavors_asked[key] = (wl.ref.uid, flavors)
+        else:
+            self._flavors_asked.pop(key, None)
+
+    def _look_again(
+        self, namespace: str, name: str, asked: tuple[str, tuple[str, ...]] | None
+    ) -> Result:
+        """The orphans of a Workload looked at again later, what it asked kept for then."""
+        if asked is not None:
+            self._flavors_asked.setdefault((namespace, name), asked)
+        return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
+
+    def _note_refusals(self, requests: Iterable[Obj], uid: str, flavors: tuple[str, ...]) -> None:
+        """The Workload `uid` is gone while an attempt of it waited on a source that says it
+        cannot find the capacity (a MultiKueue worker's copy, removed as the dispatcher moved
+        on at that answer before a reconcile of the copy saw it): noted as the attempt's
+        pending decision notes it (`driver.refused_note`), with the flavors it had."""
+        for raw in requests:
+            req = request_of(raw)
+            if req.workload_uid != uid or req.deleting:
+                continue
+            status = self._applier.sources.default.status_of(req)
+            notes = driver.refused_note(self._caches.config_of(check_of(raw)), req, status)
+            if notes:
+                self.outcomes.note(check_of(raw), flavors, notes, self._clock())
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> Applied:
         """Apply the actions, then write the check (a new message alone may be held: see

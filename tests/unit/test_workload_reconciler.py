@@ -13,6 +13,7 @@ from gangcheck.kube.resources import ATOMIC_CONFIG, EVENT, NODE, PROVISIONING_RE
 from gangcheck.logic.attempt import naming
 from gangcheck.logic.attempt.actions import AnnotateRequest, ClaimNode, DeleteRequest, Event
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
+from gangcheck.logic.attempt.published import Outcome
 from gangcheck.logic.workloads.admission import Decision
 from gangcheck.model.names import OUTCOME_ANNOTATION, RECLAIM_TAINT
 from gangcheck.model.objects import workload_of
@@ -550,3 +551,39 @@ async def test_a_node_reclaimed_is_not_taken_for_the_next_attempt_of_its_name(
     ]
     assert len(outcomes) == 1, outcomes  # the first attempt's only
     assert len(world.kube.writes_of("Node", "delete")) == 1
+
+
+def refuse(world: World) -> None:
+    """Play cluster-autoscaler: it cannot find the capacity now and will try again."""
+    req = world.request()
+    req["status"] = {
+        "conditions": [
+            {"type": "Provisioned", "status": "False", "reason": "CapacityIsNotFound",
+             "message": "Capacity is not found, CA will try to find it later.",
+             "lastTransitionTime": stamp(world.now)}
+        ]
+    }  # fmt: skip
+    world.kube.add(req)
+
+
+@pytest.mark.parametrize("seen_first", [True, False])
+async def test_a_refusal_is_noted_though_the_workload_goes_before_a_reconcile_sees_it(
+    seen_first: bool,
+) -> None:
+    """The source says `CapacityIsNotFound` while the attempt waits on it, and the Workload is
+    deleted (a MultiKueue worker's copy, removed as the dispatcher moves on at that answer):
+    the refusal is noted for the check to publish, with the flavors of the gang, whether a
+    reconcile saw it before the Workload went or the orphan sweep finds it after; noted once."""
+    world = World(gang())
+    await world.settle()
+    assigned = workload_of(gang()).assignments
+    flavors = tuple(sorted({f for a in assigned for f in a.flavors.values()}))
+    refuse(world)
+    if seen_first:
+        await world.settle()
+    world.kube.remove(world.caches.workloads.resource, "wl", "default")
+    await world.settle()
+    assert world.requests() == []  # withdrawn
+    (said,) = world.reconciler.outcomes.pending(CHECK)
+    assert (said.flavors, said.source, said.outcome) == (flavors, "default", Outcome.STOCKOUT)
+    assert world.reconciler._flavors_asked == {}  # nothing kept of the Workload gone
