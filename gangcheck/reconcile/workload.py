@@ -214,8 +214,7 @@ class WorkloadReconciler(GangReconciler):
     def _remember_flavors(self, wl: Workload) -> None:
         key = (wl.ref.namespace, wl.ref.name)
         if wl.assignments and not wl.is_admitted:
-            flavors = tuple(f for a in wl.assignments for f in a.flavors.values())
-            self._flavors_asked[key] = (wl.ref.uid, flavors)
+            self._flavors_asked[key] = (wl.ref.uid, _flavors_of(wl))
         else:
             self._flavors_asked.pop(key, None)
 
@@ -279,8 +278,7 @@ class WorkloadReconciler(GangReconciler):
             for note in decision.sources:
                 self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
             if decision.sources:
-                flavors = (f for a in wl.assignments or () for f in a.flavors.values())
-                self.outcomes.note(check, flavors, decision.sources, self._clock())
+                self.outcomes.note(check, _flavors_of(wl), decision.sources, self._clock())
         if stale:  # as a stale decision: made again on what changed, soon
             return Applied(STALE_RETRY_SECONDS)
         done = (*decision.actions, *decision.after)
@@ -389,6 +387,12 @@ class WorkloadReconciler(GangReconciler):
             return False
         self._caches.workloads.store.put_if_newer(updated)
         return True
+
+
+def _flavors_of(wl: Workload) -> tuple[str, ...]:
+    """The resource flavors its quota reservation assigned (what its sources' outcomes are
+    published for)."""
+    return tuple(f for a in wl.assignments or () for f in a.flavors.values())
 
 
 def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:
