@@ -973,20 +973,26 @@ async def capi_controller(bed: Bed) -> AsyncIterator[None]:
 async def test_machines_of_one_owner_settle_together_and_are_scaled_down_in_turn(
     bed: Bed,
 ) -> None:
-    """Two Machines of md (3 replicas) reclaimed in one rollback: both nodes are fenced
-    before either Machine is marked (their settles overlap; before, each node's whole safe
-    path waited for the last's), and md goes 3 -> 1, never lower: each Machine marked and its
-    decrement recorded on it, made in turn, the second once md settled from the first."""
+    """Two Machines of md (3 replicas) reclaimed in one rollback: the first Machine's mark
+    waits (a wrapper holds it) until both nodes are fenced, which only a safe path that does
+    not wait for the other node's whole path lets happen (before, the second node's began
+    after the first's ended: the held mark timed out); md goes 3 -> 1, never lower: each
+    Machine marked and its decrement recorded on it, made in turn, the second once md
+    settled from the first."""
     ns, kube = bed.ns, bed.kube
     first = await machine_bed(bed)
     second = await add_machine(bed, "m2")
     order: list[tuple[str, str]] = []
+    both_fenced = asyncio.Event()
     original = kube.merge_patch
 
     async def recorded(res: Any, name: str, body: Any, *a: Any, **kw: Any) -> Any:
         if res is NODE and (body.get("spec") or {}).get("unschedulable") is True:
             order.append(("fence", name))
+            if sum(step == "fence" for step, _ in order) == 2:
+                both_fenced.set()
         if res is MACHINE and "cluster.x-k8s.io/delete-machine" in json.dumps(body):
+            await asyncio.wait_for(both_fenced.wait(), 30)
             order.append(("mark", name))
         return await original(res, name, body, *a, **kw)
 
