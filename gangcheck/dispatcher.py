@@ -1119,9 +1119,10 @@ class _View:
         if key not in self.histories:
             counts, mine = alike or (lambda _: True), None if alike is None else alike.mine
             recorded = _histories(self.outcomes, counts)
-            told = _published_histories(self.published, mine)
-            newer = told and _told_since(self.published, mine, _recorded_at(self.outcomes, counts))
-            self.histories[key] = told if newer or not recorded else recorded
+            told = _published_latest(self.published, mine)
+            since = _recorded_at(self.outcomes, counts)
+            newer = any(since is None or one.at > since for one in told.values())
+            self.histories[key] = _published_histories(told) if newer or not recorded else recorded
         return self.histories[key]
 
 
@@ -1683,21 +1684,10 @@ def _recorded_at(outcomes: _Outcomes, counts: Callable[[tuple[str, str]], bool])
     return max((at for at in made if at is not None), default=None)
 
 
-def _told_since(outcomes: Sequence[Seen], mine: Flavors | None, since: datetime | None) -> bool:
-    """Whether gangcheck in the worker publishes an outcome for gangs asking ``mine`` later
-    than ``since`` (None: nothing recorded to be later than)."""
-    alike = (o.at for o in outcomes if same_capacity(frozenset(o.flavors), mine))
-    return since is None or any(at > since for at in alike)
-
-
-def _published_histories(
-    outcomes: Sequence[Seen], mine: Flavors | None
-) -> tuple[SourceHistory, ...]:
-    """What gangcheck in a worker publishes (``published``), as its sources' histories for a
-    gang asking ``mine``: per source, the latest outcome of gangs of the same flavors
-    (``same_capacity``; a gang whose flavors are not known takes every one), one outcome
-    each. Read where the worker holds no record of the gangs sent there, or where it tells of
-    a later outcome than they do (``_View.sources``)."""
+def _published_latest(outcomes: Sequence[Seen], mine: Flavors | None) -> dict[str, Seen]:
+    """What gangcheck in a worker publishes (``published``) for a gang asking ``mine``: per
+    source, the latest outcome of gangs of the same flavors (``same_capacity``; a gang whose
+    flavors are not known takes every one)."""
     latest: dict[str, Seen] = {}
     for one in outcomes:
         if not same_capacity(frozenset(one.flavors), mine):
@@ -1705,6 +1695,13 @@ def _published_histories(
         held = latest.get(one.source)
         if held is None or one.at >= held.at:
             latest[one.source] = one
+    return latest
+
+
+def _published_histories(latest: Mapping[str, Seen]) -> tuple[SourceHistory, ...]:
+    """Those outcomes (``_published_latest``) as the sources' histories, one outcome each.
+    Read where the worker holds no record of the gangs sent there, or where it tells of a
+    later outcome than they do (``_View.sources``)."""
     return tuple(
         SourceHistory(
             deliveries=int(one.outcome is Outcome.DELIVERED),

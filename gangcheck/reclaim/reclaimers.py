@@ -14,10 +14,7 @@ decided before the watch brings its DELETED does not count the node as still the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import weakref
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +30,7 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.model.names import OWNER_SCALED_DOWN, SCALED_DOWN_FOR
 from gangcheck.model.objects import Obj, json_pointer, tested_removal
+from gangcheck.reclaim.turns import Turns
 
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MARKED_HERE = "gangcheck.io/marked-delete-machine"
@@ -214,36 +212,21 @@ class DeleteNodeClaim(_LeavesNothing):
         return next((c for c in claims if (c.get("status") or {}).get("nodeName") == name), None)
 
 
-_turns: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, str], tuple[asyncio.Lock, int]]
-] = weakref.WeakKeyDictionary()
+_turns: Turns[tuple[str, str]] = Turns()
+"""Per owner of Machines (namespace, its MachineSet; the Machine itself when none owns it):
+their marks and decrements one at a time; others' go on."""
 
 
-@contextlib.asynccontextmanager
-async def _turn(machine: Obj) -> AsyncIterator[None]:
-    """This event loop's turn for the Machine's owner (its MachineSet; the Machine itself
-    when none owns it): Machine reclaims of one owner take turns, others' go on."""
+def _owner_key(machine: Obj) -> tuple[str, str]:
     meta = machine["metadata"]
-    key = (meta["namespace"], _controller_of(machine, "MachineSet") or f"Machine/{meta['name']}")
-    turns = _turns.setdefault(asyncio.get_running_loop(), {})
-    lock, users = turns.get(key) or (asyncio.Lock(), 0)
-    turns[key] = (lock, users + 1)
-    try:
-        async with lock:
-            yield
-    finally:
-        lock, users = turns[key]
-        if users > 1:
-            turns[key] = (lock, users - 1)
-        else:
-            del turns[key]
+    return meta["namespace"], _controller_of(machine, "MachineSet") or f"Machine/{meta['name']}"
 
 
 class DeleteMachine:
     """Cluster API: mark the Machine for deletion and scale its owner down by one, once; not
     while its MachineDeployment rolls out (`rolling_out`: Cluster API would then apply the
     decrement to whichever of its MachineSets it chooses). The Machines of one owner one at a
-    time in this process (`_turn`): they share the replica count they decrement, and the next
+    time in this process (`_turns`): they share the replica count they decrement, and the next
     waits for the owner to settle after the last decrement. The safe path's fence and settle
     around it (reclaim.safely) overlap for any number of nodes."""
 
@@ -251,7 +234,7 @@ class DeleteMachine:
     leaves_node = False
 
     async def reclaim(self, kube: Kube, node: Obj, told: Told) -> str:
-        async with _turn(await _machine_of(kube, node)):
+        async with _turns.of(_owner_key(await _machine_of(kube, node))):
             return await self._reclaim(kube, node)  # the Machine read again, in its turn
 
     async def _reclaim(self, kube: Kube, node: Obj) -> str:

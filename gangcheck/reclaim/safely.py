@@ -72,6 +72,7 @@ from gangcheck.model.names import FENCE_LABEL, RECLAIM_TAINT, RECLAIM_WHEN_IDLE
 from gangcheck.model.objects import Obj, pod_of
 from gangcheck.reclaim.guard import unguard
 from gangcheck.reclaim.reclaimers import NOT_CACHED, RECLAIMERS, ReclaimRefused, Told
+from gangcheck.reclaim.turns import Turns
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5
@@ -79,9 +80,8 @@ SETTLE_SECONDS = 1.0
 """After fencing, how long binds already decided (before the fence was seen) get to land."""
 
 ReclaimResult = Literal["reclaimed", "gone", "drain", "keep", "failed"]
-_locks: dict[str, tuple[asyncio.Lock, int]] = {}
-"""Per node while reclaims of it run or wait (the applier, the draining-node reconciler):
-the lock and how many use it."""
+_locks: Turns[str] = Turns()
+"""Per node: one reclaim of it at a time (the applier, the draining-node reconciler)."""
 
 
 @dataclass(frozen=True)
@@ -162,17 +162,8 @@ async def reclaim_safely(
     the node, read once this reclaim's turn has come, still carries the mark: a reclaim that
     held the node meanwhile may have completed or undone it. `told`: the caches, told of the
     reclaimer's delete (of the Node, of its NodeClaim) as soon as it is answered."""
-    lock, users = _locks.get(target.node) or (asyncio.Lock(), 0)
-    _locks[target.node] = (lock, users + 1)
-    try:
-        async with lock:
-            return await _reclaim(kube, target, now, settle_seconds, owed=owed, told=told)
-    finally:
-        lock, users = _locks[target.node]
-        if users > 1:
-            _locks[target.node] = (lock, users - 1)
-        else:
-            del _locks[target.node]
+    async with _locks.of(target.node):
+        return await _reclaim(kube, target, now, settle_seconds, owed=owed, told=told)
 
 
 async def _reclaim(

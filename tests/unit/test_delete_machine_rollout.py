@@ -519,13 +519,13 @@ def _machine_of_set(name: str, machine_set: str | None) -> Obj:
 
 
 async def test_machines_of_one_owner_take_turns_and_others_go_on_meanwhile() -> None:
-    """`_turn`: m1 and m2 of ms-a one after the other; m3 of ms-b and m4 (no owner) in the
+    """`_turns`: m1 and m2 of ms-a one after the other; m3 of ms-b and m4 (no owner) in the
     meantime; nothing is left of the turns once all are done."""
     said: list[str] = []
 
     async def reclaim(machine: Obj) -> None:
         name = machine["metadata"]["name"]
-        async with reclaimers._turn(machine):
+        async with reclaimers._turns.of(reclaimers._owner_key(machine)):
             said.append(f"{name} in")
             await asyncio.sleep(0.05)
             said.append(f"{name} out")
@@ -540,4 +540,4 @@ async def test_machines_of_one_owner_take_turns_and_others_go_on_meanwhile() -> 
     assert said.index("m1 out") < said.index("m2 in")
     assert said.index("m3 in") < said.index("m1 out")
     assert said.index("m4 in") < said.index("m1 out")
-    assert not reclaimers._turns.get(asyncio.get_running_loop())
+    assert not reclaimers._turns
