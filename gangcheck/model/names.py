@@ -48,6 +48,11 @@ SOURCE_ANNOTATION = "gangcheck.io/capacity-source"
 for the first source."""
 DOMAIN_ANNOTATION = "gangcheck.io/topology-domain"
 """On a request: ``<level>=<value>``, the topology domain its ask is scoped to."""
+FLAVORS_ANNOTATION = "gangcheck.io/resource-flavors"
+"""On a Workload's request: the resource flavors its quota reservation assigned when the
+attempt asked (sorted, comma-separated; written with the create): what its source's refusal
+is published for when the Workload goes before a reconcile saw the refusal (a MultiKueue
+worker's copy removed as the dispatcher moves on), gangcheck restarted meanwhile or not."""
 DOMAINS_TRIED_ANNOTATION = "gangcheck.io/domains-tried"
 """On a request: the domains of its capacity source asked before it in its attempt."""
 RACED_ANNOTATION = "gangcheck.io/sources-raced"

@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gangcheck.model.names import CONSUME_ANNOTATION, GATE, WORKLOAD_UID_ANNOTATION
+from gangcheck.model.names import (
+    CONSUME_ANNOTATION,
+    FLAVORS_ANNOTATION,
+    GATE,
+    WORKLOAD_UID_ANNOTATION,
+)
 
 Obj = dict[str, Any]
 """An API object (or any JSON object) as the API server sends it: a plain, mutable dict."""
@@ -271,6 +276,12 @@ class Workload:
     def assignment(self, pod_set: str) -> PodSetAssignment | None:
         return next((a for a in self.assignments or () if a.name == pod_set), None)
 
+    @property
+    def flavors(self) -> tuple[str, ...]:
+        """The resource flavors its quota reservation assigned, sorted, each once (what its
+        sources' outcomes are published for)."""
+        return tuple(sorted({f for a in self.assignments or () for f in a.flavors.values()}))
+
 
 def workload_of(obj: Obj) -> Workload:
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
@@ -328,6 +339,13 @@ class ProvisioningRequest:
     def workload_uid(self) -> str:
         """The uid of the Workload the request is for (an annotation, not an owner)."""
         return self.annotations.get(WORKLOAD_UID_ANNOTATION) or next(iter(self.owner_uids), "")
+
+    @property
+    def flavors(self) -> tuple[str, ...]:
+        """The resource flavors its Workload was assigned when it asked (FLAVORS_ANNOTATION;
+        none on a request of a PodGroup, or made before gangcheck recorded them)."""
+        recorded = self.annotations.get(FLAVORS_ANNOTATION, "")
+        return tuple(f for f in recorded.split(",") if f)
 
 
 def request_of(obj: Obj) -> ProvisioningRequest:

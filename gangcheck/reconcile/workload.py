@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from functools import cached_property, partial
+from functools import partial
 
 from gangcheck.kube.errors import (
     ApiError,
@@ -100,7 +100,6 @@ class WorkloadReconciler(GangReconciler):
             if swept.requeue_after is not None or self._earlier_attempts(wl):
                 # what is left is being deleted: its deletion routes this key again
                 return Result(requeue_after=swept.requeue_after or ORPHAN_RECHECK_SECONDS)
-        self._remember_flavors(wl)
         delays = []
         for check in self._checks_of(wl):
             delays.append(await self._settle(wl, check))
@@ -170,20 +169,18 @@ class WorkloadReconciler(GangReconciler):
         proves no absence: look again later. An attempt whose source's promise is open
         (lifecycle.promise) is kept, with its templates, until the promise closes, unless a
         Workload of the name is there again (its asks take the names)."""
-        asked = self._flavors_asked.pop((namespace, name), None)
         requests = self._caches.requests_of(namespace, name)
         templates = self._caches.templates_of(namespace, name)
         if not requests and not templates:
             return Result()
         if not self._caches.workloads.authoritative:
-            return self._look_again(namespace, name, asked)
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         try:
             live = await self._kube.get_if_exists(WORKLOAD, name, namespace)
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
-            return self._look_again(namespace, name, asked)
+            return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        if asked is not None and asked[0] != live_uid:
-            self._note_refusals(requests, *asked)
+        self._note_refusals(r for r in requests if request_of(r).workload_uid != live_uid)
         sweep = await withdraw_orphans(
             self._applier,
             self._caches,
@@ -204,41 +201,20 @@ class WorkloadReconciler(GangReconciler):
                 await self._applier.apply(namespace, DeleteTemplate(tpl["metadata"]["name"]))
         return Result(requeue_after=sweep.requeue_after)
 
-    @cached_property
-    def _flavors_asked(self) -> dict[tuple[str, str], tuple[str, tuple[str, ...]]]:
-        """The uid and flavors of each Workload seen with quota reserved and not admitted yet
-        (whose attempt may wait on a source), by namespace and name: what `_note_refusals`
-        reads once the Workload is gone."""
-        return {}
-
-    def _remember_flavors(self, wl: Workload) -> None:
-        key = (wl.ref.namespace, wl.ref.name)
-        if wl.assignments and not wl.is_admitted:
-            self._flavors_asked[key] = (wl.ref.uid, _flavors_of(wl))
-        else:
-            self._flavors_asked.pop(key, None)
-
-    def _look_again(
-        self, namespace: str, name: str, asked: tuple[str, tuple[str, ...]] | None
-    ) -> Result:
-        """The orphans of a Workload looked at again later, what it asked kept for then."""
-        if asked is not None:
-            self._flavors_asked.setdefault((namespace, name), asked)
-        return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
-
-    def _note_refusals(self, requests: Iterable[Obj], uid: str, flavors: tuple[str, ...]) -> None:
-        """The Workload `uid` is gone while an attempt of it waited on a source that says it
-        cannot find the capacity (a MultiKueue worker's copy, removed as the dispatcher moved
-        on at that answer before a reconcile of the copy saw it): noted as the attempt's
-        pending decision notes it (`driver.refused_note`), with the flavors it had."""
-        for raw in requests:
+    def _note_refusals(self, orphans: Iterable[Obj]) -> None:
+        """The Workload is gone while an attempt of it waited on a source that says it cannot
+        find the capacity (a MultiKueue worker's copy, removed as the dispatcher moved on at
+        that answer before a reconcile of the copy saw it): noted as the attempt's pending
+        decision notes it (`driver.refused_note`), for the flavors its request records (read
+        from the request, the same after a restart). A request withdrawn is noted no more."""
+        for raw in orphans:
             req = request_of(raw)
-            if req.workload_uid != uid or req.deleting:
+            if req.deleting or not req.flavors:
                 continue
             status = self._applier.sources.default.status_of(req)
             notes = driver.refused_note(self._caches.config_of(check_of(raw)), req, status)
             if notes:
-                self.outcomes.note(check_of(raw), flavors, notes, self._clock())
+                self.outcomes.note(check_of(raw), req.flavors, notes, self._clock())
 
     async def _apply(self, wl: Workload, check: str, decision: Decision) -> Applied:
         """Apply the actions, then write the check (a new message alone may be held: see
@@ -278,7 +254,7 @@ class WorkloadReconciler(GangReconciler):
             for note in decision.sources:
                 self.metrics.source(note.source, note.outcome, note.reason, note.seconds)
             if decision.sources:
-                self.outcomes.note(check, _flavors_of(wl), decision.sources, self._clock())
+                self.outcomes.note(check, wl.flavors, decision.sources, self._clock())
         if stale:  # as a stale decision: made again on what changed, soon
             return Applied(STALE_RETRY_SECONDS)
         done = (*decision.actions, *decision.after)
@@ -387,12 +363,6 @@ class WorkloadReconciler(GangReconciler):
             return False
         self._caches.workloads.store.put_if_newer(updated)
         return True
-
-
-def _flavors_of(wl: Workload) -> tuple[str, ...]:
-    """The resource flavors its quota reservation assigned (what its sources' outcomes are
-    published for)."""
-    return tuple(f for a in wl.assignments or () for f in a.flavors.values())
 
 
 def _gone(request: Obj, namespace: str, name: str) -> ObjectRef:

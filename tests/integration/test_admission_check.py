@@ -61,6 +61,10 @@ async def test_happy_path_one_request_then_ready(
     )
     wl = await cluster.workload("wl")
     assert req["metadata"]["annotations"]["gangcheck.io/workload-uid"] == wl["metadata"]["uid"]
+    assigned = wl["status"]["admission"]["podSetAssignments"]
+    flavors = sorted({f for a in assigned for f in a["flavors"].values()})
+    # the flavors it asked under, on the request (its source's refusal is published for them)
+    assert req["metadata"]["annotations"]["gangcheck.io/resource-flavors"] == ",".join(flavors)
     assert "ownerReferences" not in req["metadata"]
     # stamped with when gangcheck made it, to the microsecond, within its creation second
     asked_at = req["metadata"]["annotations"]["gangcheck.io/asked-at"]

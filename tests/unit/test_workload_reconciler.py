@@ -16,7 +16,7 @@ from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.attempt.published import Outcome
 from gangcheck.logic.workloads.admission import Decision
 from gangcheck.model.names import OUTCOME_ANNOTATION, RECLAIM_TAINT
-from gangcheck.model.objects import workload_of
+from gangcheck.model.objects import request_of, workload_of
 from gangcheck.reclaim import safely
 from gangcheck.reconcile import workload as workload_module
 from gangcheck.reconcile.workload import ORPHAN_RECHECK_SECONDS, WorkloadReconciler
@@ -566,24 +566,28 @@ def refuse(world: World) -> None:
     world.kube.add(req)
 
 
-@pytest.mark.parametrize("seen_first", [True, False])
+@pytest.mark.parametrize("before", ["seen", "unseen", "restarted"])
 async def test_a_refusal_is_noted_though_the_workload_goes_before_a_reconcile_sees_it(
-    seen_first: bool,
+    before: str,
 ) -> None:
     """The source says `CapacityIsNotFound` while the attempt waits on it, and the Workload is
     deleted (a MultiKueue worker's copy, removed as the dispatcher moves on at that answer):
     the refusal is noted for the check to publish, with the flavors of the gang, whether a
-    reconcile saw it before the Workload went or the orphan sweep finds it after; noted once."""
+    reconcile saw it before the Workload went or the orphan sweep finds it after, in this
+    process or in one started since (the flavors are read from the request)."""
     world = World(gang())
     await world.settle()
-    assigned = workload_of(gang()).assignments
-    flavors = tuple(sorted({f for a in assigned for f in a.flavors.values()}))
+    flavors = workload_of(gang()).flavors
+    assert flavors and request_of(world.request()).flavors == flavors
     refuse(world)
-    if seen_first:
+    if before == "seen":
         await world.settle()
+    elif before == "restarted":  # nothing of the last process's memory
+        world.reconciler = WorkloadReconciler(
+            world.kube, world.caches, world.events, world.applier, clock=world.clock
+        )
     world.kube.remove(world.caches.workloads.resource, "wl", "default")
     await world.settle()
     assert world.requests() == []  # withdrawn
     (said,) = world.reconciler.outcomes.pending(CHECK)
     assert (said.flavors, said.source, said.outcome) == (flavors, "default", Outcome.STOCKOUT)
-    assert world.reconciler._flavors_asked == {}  # nothing kept of the Workload gone

@@ -53,6 +53,7 @@ from gangcheck.model.names import (
     CHECK_ANNOTATION,
     CLASS_ANNOTATION,
     CONSUME_ANNOTATION,
+    FLAVORS_ANNOTATION,
     OUTCOME_ANNOTATION,
     PHASE_ANNOTATION,
     STARTED,
@@ -801,9 +802,11 @@ def _create(
         merged = [
             replace(m, count=split.remainder[m.name]) for m in merged if m.name in split.remainder
         ]
+    flavors = snap.workload.flavors
     record = {
         **flow.record(state.retry_count + 1, snap.config, now, new, reserved=reserved),
         WORKLOAD_UID_ANNOTATION: snap.workload.ref.uid,
+        **({FLAVORS_ANNOTATION: ",".join(flavors)} if flavors else {}),
     }
     made = _ask(snap, name, merged, record=record, place=place)
     write = partial(_transition, state, PENDING, now=now)
