@@ -180,12 +180,16 @@ class WorkloadReconciler(GangReconciler):
         except NotFoundError:  # a 404 naming no Workload: the API itself answers oddly
             return Result(requeue_after=ORPHAN_RECHECK_SECONDS)
         live_uid = live["metadata"]["uid"] if live is not None else None
-        self._note_refusals(r for r in requests if request_of(r).workload_uid != live_uid)
+
+        def is_orphan(request: Obj) -> bool:  # of no Workload there now
+            return request_of(request).workload_uid != live_uid
+
+        self._note_refusals(filter(is_orphan, requests))
         sweep = await withdraw_orphans(
             self._applier,
             self._caches,
             requests,
-            is_orphan=lambda r: request_of(r).workload_uid != live_uid,
+            is_orphan=is_orphan,
             config_of=lambda r: self._caches.config_of(check_of(r)),
             why=WL_GONE,
             at=f"{namespace}/{name}",
