@@ -21,7 +21,14 @@ Three scenarios, each a burst of GANGS gangs (a Job of MEMBERS pods of 8 GPUs, o
 - ``stockout``: worker-1 stocked out (room for no node: ``CapacityIsNotFound``), worker-2
   room for every gang;
 - ``room``: both workers with room for every gang;
-- ``half``: each worker with room for half the gangs.
+- ``half``: each worker with room for half the gangs;
+- ``learned``: as ``stockout``, after a first wave of as many gangs of the same flavors, run
+  to their start (or the horizon) in the same namespace before the measured gangs are made,
+  and left running: what each side kept of it (the dispatcher's give-ups and what gangcheck
+  in worker-1 publishes; Kueue's dispatchers choose without such a record) is there when
+  the measured gangs come, ``SETTLE`` seconds after the first wave started. worker-2 has
+  room for both waves. A stockout lasts (a region out of a GPU type stays so for hours):
+  ``stockout`` is its first minute, ``learned`` the rest of it.
 
 The configurations run one after another on one bed: (a) and (c) under AllAtOnce, then (b)
 (the manager's Kueue restarted with Incremental), then (d) (restarted with gangcheck's
@@ -67,7 +74,7 @@ gang (kube-scheduler's retries, MultiKueue's batches): a comparison of start tim
 medians of several runs.
 
 Usage: python benchmarks/multicluster_side_by_side.py [--horizon S] [--configs a,b,c,d]
-[--scenarios stockout,room,half] [--gangs N] [--runs K] [--json] [--trace]
+[--scenarios stockout,room,half,learned] [--gangs N] [--runs K] [--json] [--trace]
 """
 
 from __future__ import annotations
@@ -145,12 +152,23 @@ LABELS = {
 }
 DISPATCHERS = {"a": ALL_AT_ONCE, "b": INCREMENTAL, "c": ALL_AT_ONCE, "d": DISPATCHER}
 CHECK_KIND = {"a": "kueue", "b": "kueue", "c": "gangcheck", "d": "gangcheck"}
-SCENARIOS = ("stockout", "room", "half")
+SCENARIOS = ("stockout", "room", "half", "learned")
 TITLES = {
     "stockout": "1. worker-1 stocked out, worker-2 has room for every gang",
     "room": "2. both workers have room for every gang",
     "half": "3. each worker has room for half the gangs",
+    "learned": "4. as 1, after a first wave of as many gangs of the same flavors, left running",
 }
+#: The scenarios whose measured gangs come after a first wave (``first_wave``).
+AFTER_A_WAVE = frozenset({"learned"})
+#: Seconds between the first wave's start and the measured gangs, and after each run's
+#: removals before the next run: MultiKueue's remote clients run at client-go's default 5
+#: requests/s per worker (Kueue v0.17 builds them from the kubeconfig without a QPS), and
+#: every change of a manager's Workload has it read the copy in each worker, so a first wave
+#: leaves a backlog that would delay the next gangs' copies on both sides (and a run's
+#: removals, the next run's); the measured gangs come once it is drained, as gangs of a
+#: lasting stockout come over minutes, not in one burst.
+SETTLE = 10.0
 #: With ``--trace``, what a gang's time is read in (the table's columns), in order.
 MILESTONES = (
     ("nominated", "nominated"),  # the manager's Workload names a worker (the dispatcher's)
@@ -182,6 +200,8 @@ def room(scenario: str, worker: str, gangs: int) -> int:
     whole = gangs * MEMBERS
     if scenario == "stockout":
         return 0 if worker == W1 else whole
+    if scenario in AFTER_A_WAVE:
+        return 0 if worker == W1 else 2 * whole
     if scenario == "half":
         return (gangs // 2) * MEMBERS
     return whole
@@ -540,6 +560,8 @@ async def run_one(
 ) -> list[Obj]:
     ns = f"{scenario}-{config}-{int(time.time()) % 100000}"
     async with queues(kubes, ns, config, scenario):
+        if scenario in AFTER_A_WAVE:
+            await first_wave(kubes, config, scenario, ns, gangs_n, horizon=horizon)
         gangs = [Gang(f"g{i + 1}") for i in range(gangs_n)]
         tracer = Tracer(kubes, ns, scenario, gangs) if trace else None
         if tracer is not None:
@@ -579,6 +601,31 @@ async def run_one(
             return figures
         finally:
             await clean(kubes, ns, scenario)
+
+
+async def first_wave(
+    kubes: Mapping[str, Kube], config: str, scenario: str, ns: str, gangs_n: int, *, horizon: float
+) -> None:
+    """``gangs_n`` gangs (``w1``, ``w2``, ...) of the scenario's flavors, made at once and
+    waited for until all started or ``horizon`` passed, then ``SETTLE`` seconds; left
+    running. Said on stderr."""
+    wave = [Gang(f"w{i + 1}") for i in range(gangs_n)]
+    for gang in wave:
+        await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
+        gang.created = time.monotonic()
+    begin = last = time.monotonic()
+    while time.monotonic() - begin < horizon and any(g.started_at is None for g in wave):
+        await asyncio.sleep(SAMPLE)
+        now = time.monotonic()
+        await sample(kubes, scenario, ns, wave, now - last)
+        last = now
+    started = sum(1 for g in wave if g.started_at is not None)
+    print(
+        f"  {LABELS[config]}, {scenario}: first wave, {started} of {gangs_n} started in "
+        f"{time.monotonic() - begin:.1f} s; the measured gangs {SETTLE:.0f} s after",
+        file=sys.stderr,
+    )
+    await asyncio.sleep(SETTLE)
 
 
 def gang_job(name: str, scenario: str) -> Obj:
@@ -715,7 +762,9 @@ async def until(probe: Any, what: str, timeout: float = 60) -> None:
 
 async def clean(kubes: Mapping[str, Kube], ns: str, scenario: str) -> None:
     """Every Job, request and node of the run gone, and the namespace (so the next run starts
-    on empty clouds and the dispatcher sees no node nor request of this one)."""
+    on empty clouds and the dispatcher sees no node nor request of this one); then
+    ``SETTLE`` seconds, so that MultiKueue's requests to the workers for the removals (at
+    its clients' 5 per second) are not still queued when the next run's gangs come."""
     manager = kubes[MANAGER]
     for job in await items(manager, JOB, ns):
         with contextlib.suppress(ApiError):
@@ -732,6 +781,11 @@ async def clean(kubes: Mapping[str, Kube], ns: str, scenario: str) -> None:
             for obj in await items(kube, res, ns):
                 with contextlib.suppress(ApiError):
                     await kube.delete(res, obj["metadata"]["name"], ns)
+        # The pods before their nodes: a pod whose node is gone first stays Terminating until
+        # the pod garbage collector's quarantine of such pods ends (40 s and its period).
+        for pod in await items(kube, POD, ns):
+            with contextlib.suppress(ApiError):
+                await kube.delete(POD, pod["metadata"]["name"], ns, grace_period_seconds=0)
         for node in await items(kube, NODE, label_selector=selector):
             with contextlib.suppress(ApiError):
                 await kube.delete(NODE, node["metadata"]["name"])
@@ -748,6 +802,7 @@ async def clean(kubes: Mapping[str, Kube], ns: str, scenario: str) -> None:
     for kube in kubes.values():
         with contextlib.suppress(ApiError):
             await kube.delete(NAMESPACE, ns)
+    await asyncio.sleep(SETTLE)
 
 
 async def run_config(
@@ -1012,7 +1067,9 @@ def settings_lines(gangs: int) -> list[str]:
         "a request that does not fit the room left is answered CapacityIsNotFound and never "
         "looked at again (cluster-autoscaler would try again each loop; the room is held by "
         "the nodes that came, which no one here scales down); no cluster-autoscaler",
-        f"gang: a Job of {MEMBERS} pods of 8 GPUs, {gangs} created at once per scenario; "
+        f"gang: a Job of {MEMBERS} pods of 8 GPUs, {gangs} created at once per scenario "
+        f"(in learned, after a first wave of {gangs} more, waited for until started and "
+        f"{SETTLE:.0f} s more); "
         "kube-scheduler and kwok start the pods",
     ]
 

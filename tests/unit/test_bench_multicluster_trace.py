@@ -152,3 +152,20 @@ def test_one_run_has_no_summary_of_runs_and_two_count_both() -> None:
     assert bench.runs_lines(result) == []
     two = {"runs": 2, "every_run": {"stockout": {"d": [[_ran("g1", 3.0)], [_ran("g1", 1.0)]]}}}
     assert bench.runs_lines(two)[-1].split()[-9:-6] == ["2/2", "2.00", "/"]
+
+
+def test_learned_has_worker_1_stocked_out_and_room_in_worker_2_for_both_waves() -> None:
+    gangs = 4
+    whole = gangs * bench.MEMBERS
+    assert bench.room("learned", W1, gangs) == 0
+    assert bench.room("learned", W2, gangs) == 2 * whole
+    assert bench.room("stockout", W2, gangs) == whole  # one wave there
+    groups = {g["name"]: g for g in bench.sim_config(W2, gangs)["nodeGroups"]}
+    assert groups["bench-learned"]["maxNodes"] == 2 * whole
+    assert set(bench.TITLES) == set(bench.SCENARIOS)
+
+
+def test_the_first_wave_is_never_counted_as_a_measured_gang() -> None:
+    measured = [bench.Gang("g1"), bench.Gang("g2")]
+    assert bench.gang_of(measured, "job-w1-abcde-check-1") is None
+    assert bench.gang_of(measured, "job-g2-abcde-check-1") is measured[1]
