@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
-from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting
+from gangcheck.kube.informer import Store
+from gangcheck.logic.attempt.fulfillment import ClusterView, Waiting, marked_started, started_keys
 from gangcheck.reconcile.caches import Caches
 
 
@@ -16,6 +18,7 @@ def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
         nodes=caches.nodes.store.values(),
         pods=caches.pods.store.values(),
         in_flight=caches.requests.store.keys(),
+        started=functools.partial(_started, caches.requests.store),
         waiting=caches.in_flight.waiting(),
         cluster=caches.capacity,
         devices=caches,
@@ -25,14 +28,21 @@ def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
         return capacity
     nodes, pods, keys = tuple(capacity.nodes), tuple(capacity.pods), capacity.in_flight
     claims = tuple(caches.node_claims.store.values())  # what `cluster` knew of them, copied
+    started = started_keys(caches.requests.store.values())
     return replace(
         capacity,
         nodes=nodes,
         pods=pods,
         in_flight=frozenset(keys),
+        started=started.__contains__,
         cluster=None,
         node_claims=claims,
     )
+
+
+def _started(requests: Store, key: str) -> bool:
+    namespace, _, name = key.partition("/")
+    return marked_started(requests.get(name, namespace))
 
 
 def open_requests(caches: Caches) -> tuple[Waiting, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gangcheck.logic.attempt import naming
+from gangcheck.logic.attempt import lifecycle, naming
 from gangcheck.logic.attempt.actions import (
     AnnotateRequest,
     ClaimNode,
@@ -122,6 +122,18 @@ def intruder(node_name: str, *, gpu: int) -> dict[str, Any]:
     }
 
 
+def member_of_another(node_name: str, *, gpu: int) -> dict[str, Any]:
+    """A member of another gang (it consumes request other-1), bound to the node."""
+    pod = intruder(node_name, gpu=gpu)
+    pod["metadata"] = {
+        "name": "other-member",
+        "namespace": "default",
+        "annotations": {"autoscaling.x-k8s.io/consume-provisioning-request": "other-1"},
+    }
+    del pod["spec"]["tolerations"]
+    return pod
+
+
 def daemon(node_name: str) -> dict[str, Any]:
     """A DaemonSet's pod on the node: never a stray."""
     pod = intruder(node_name, gpu=0)
@@ -143,6 +155,8 @@ class Case:
     """PodTemplates that exist, by owner uids; None: each request's own, owned by it too."""
     nodes: list[Any] = field(default_factory=list)
     in_flight: frozenset[str] = frozenset()
+    started: frozenset[str] = frozenset()
+    """Requests of `in_flight` marked Started."""
     waiting: tuple[Waiting, ...] = ()
     competing: tuple[str, ...] = ()
     # expectations
@@ -186,6 +200,7 @@ def run(case: Case) -> Decision:
             nodes=tuple(case.nodes),
             pods=tuple(case.pods),
             in_flight=case.in_flight | frozenset(w.key for w in case.waiting),
+            started=case.started.__contains__,
             waiting=case.waiting,
             nodes_current=case.nodes_current,
         ),
@@ -672,6 +687,47 @@ CASES = [
         message="capacity requested, not yet usable: 0 of 4 members placeable",
     ),
     Case(
+        "fit mode, a node another in-flight request claimed counts once that request's gang "
+        "started: what its members leave is free",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node(
+                "n1",
+                gpu=8,
+                labels={"pool": "gpu"},
+                annotations={"gangcheck.io/arrived-for": "default/other-1"},
+            )
+        ],
+        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        started=frozenset({"default/other-1"}),
+        state="Ready",
+        consume_pod_sets=("workers",),
+        message="the whole gang fits",
+        annotates=(FULFILLED,),
+    ),
+    Case(
+        "fit mode, a node of a started gang still held for it (the hold not lifted yet) is "
+        "not counted",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""})],
+        nodes=[
+            node(
+                "n1",
+                gpu=8,
+                labels={"pool": "gpu"},
+                taints=[hold_taint("default/other-1")],
+                annotations={"gangcheck.io/arrived-for": "default/other-1"},
+            )
+        ],
+        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        started=frozenset({"default/other-1"}),
+        state="Pending",
+        message="capacity requested, not yet usable: 0 of 4 members placeable",
+    ),
+    Case(
         "fit mode, a node outside the flavor's pool does not count",
         gang(),
         config={},
@@ -916,6 +972,41 @@ CASES += [
                 "gangcheck.io/phase": "RollingBack",
                 "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
                 "that arrived for it: other/intruder on n1",
+                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
+            },
+        ),
+    ),
+    Case(
+        "a member of another gang not started yet took a node that arrived for it, and the "
+        "gang would fit but for it: not rolled back, it looks again soon (what that gang "
+        "leaves counts once it starts)",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
+        pods=[member_of_another("n1", gpu=2)],
+        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        state="Pending",
+        message="capacity requested, not yet usable: 2 of 4 members placeable on 1 node; the "
+        "nodes in use have no room for the rest; pods not of this gang took nodes that arrived "
+        "for it: default/other-member on n1: members of gangs starting, what they leave counts "
+        "then",
+    ),
+    Case(
+        "a member of another gang already started took a node that arrived for it, and the "
+        "gang would fit but for it: rolled back at once, as for any pod",
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
+        pods=[member_of_another("n1", gpu=2)],
+        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        started=frozenset({"default/other-1"}),
+        annotates=(
+            {
+                "gangcheck.io/phase": "RollingBack",
+                "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
+                "that arrived for it: default/other-member on n1",
                 "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
             },
         ),
@@ -1572,3 +1663,8 @@ def test_an_elastic_job_scaled_down_in_place_before_its_first_ask_asks_for_what_
     d = run(Case("", scaled_down_in_place(gang(), 3), config={}))
     (body,) = (a.body for a in d.actions if isinstance(a, CreateRequest))
     assert [p["count"] for p in body["spec"]["podSets"]] == [3]
+
+
+def test_an_attempt_whose_arrival_a_starting_gang_took_looks_again_within_seconds() -> None:
+    (case,) = (c for c in CASES if c.id.startswith("a member of another gang not started"))
+    assert run(case).requeue_after == lifecycle.STRAYS_STARTING_RECHECK

@@ -260,16 +260,14 @@ def _considered(
     judged on. With a request, those it counts or may claim as the controller partitions them
     (`fulfillment.judged_views`: a node still closed on arrival only once recorded, a new
     arrival as recording opens it, as `assess` fits them); without, every node no in-flight
-    request claims (as `fits_now`). Listed: shared nodes only where its selectors match (the
-    others take no member, and the fit's words leave them out)."""
+    request keeps for its gang (as `fits_now`). Listed: shared nodes only where its selectors
+    match (the others take no member, and the fit's words leave them out)."""
 
     def selected(node: Obj) -> bool:
         return any(is_selected(m, capacity.view(node)) for m in members)
 
     if request is None:
-        free = [
-            n for n in capacity.nodes if not (claim_of(n) and claim_of(n) in capacity.in_flight)
-        ]
+        free = [n for n in capacity.nodes if not (claim_of(n) and capacity.keeps(claim_of(n)))]
         return [(n, False, False) for n in free if selected(n)], [capacity.view(n) for n in free]
     key = request_key(request)
     base, candidates = counted(capacity, request, members, now)

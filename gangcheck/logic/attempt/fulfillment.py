@@ -5,6 +5,10 @@ Nodes are attributed to at most one in-flight request (the arrival ledger, kept 
 (created in a later second, ``proven_younger``), unclaimed, that could host one of its
 members is claimed for it. A request counts the nodes claimed for
 it and the nodes no other in-flight request claims, so two gangs never count one node twice.
+Once a request's gang has started (every member scheduled, the request marked ``Started``,
+its hold lifted), what arrived for it and its members do not use is free capacity, counted
+as capacity that predates a request is (never claimed again: the ledger keeps its first
+record).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from gangcheck.logic.placement.topology import (
 )
 from gangcheck.logic.placement.usage import NodeUsage, deleting_claim_of
 from gangcheck.logic.timefmt import parse_time
-from gangcheck.model.names import ARRIVED_FOR, HOLD_AS
+from gangcheck.model.names import ARRIVED_FOR, HOLD_AS, PHASE_ANNOTATION, STARTED
 from gangcheck.model.objects import Obj, Pod, pod_of
 from gangcheck.model.provisioning_config import AtomicProvisioningSpec
 
@@ -78,6 +82,9 @@ class ClusterView:
     nodes: Collection[Obj] = ()
     pods: Collection[Obj] = ()
     in_flight: Set[str] = frozenset()
+    started: Callable[[str], bool] = lambda _key: False
+    """Whether the in-flight request `ns/name` is marked ``Started`` (its gang's every member
+    scheduled once): the nodes that arrived for it are no longer its alone (`_partition`)."""
     waiting: tuple[Waiting, ...] = ()
     """In-flight requests not yet fulfilled, oldest first: the order new nodes are claimed in."""
     claim_grace_seconds: float = 15.0
@@ -98,6 +105,11 @@ class ClusterView:
     nodes_current: bool = True
     """Whether `nodes` can be taken to hold every node that exists: false while the node
     cache may miss changes (its watch failed and has not been answered again long enough)."""
+
+    def keeps(self, owner: str) -> bool:
+        """Whether the nodes recorded as arrived for the request `owner` (`ns/name`) are its
+        gang's alone: the request is in flight and its gang has not started."""
+        return owner in self.in_flight and not self.started(owner)
 
     def view(self, node: Obj) -> NodeView:
         if self.cluster is not None:
@@ -166,6 +178,22 @@ class Fulfillment:
     """A required topology level no node the gang may use carries (`summary` says it)."""
     arrivals: int = 0
     """How many nodes arrived for the request, recorded or not (`summary` counts them)."""
+
+
+def marked_started(request: Obj | None) -> bool:
+    """Whether a request (as the API holds it) is marked ``Started``: its gang's every member
+    was scheduled (`ClusterView.started`)."""
+    meta = (request or {}).get("metadata") or {}
+    return (meta.get("annotations") or {}).get(PHASE_ANNOTATION) == STARTED
+
+
+def started_keys(requests: Iterable[Obj]) -> frozenset[str]:
+    """`ns/name` of the requests marked ``Started``."""
+    return frozenset(
+        f"{r['metadata'].get('namespace', '')}/{r['metadata'].get('name', '')}"
+        for r in requests
+        if marked_started(r)
+    )
 
 
 def request_key(req: AttemptRecord) -> str:
@@ -467,8 +495,13 @@ def _partition(
         owner = claim_of(node)
         if is_arrival_of(node, key, created):
             base.append(node)
-        elif owner and owner != key and owner in capacity.in_flight:
+        elif owner and owner != key and capacity.keeps(owner):
             continue  # another gang's arrival
+        elif owner and owner != key and owner in capacity.in_flight:
+            # a started gang's arrival: what its members leave is free, as capacity that
+            # predates the request is (never claimed again); not while its hold is still on
+            if not held_for_another(node, key):
+                base.append(node)
         elif not is_new_arrival(node, created, members, view=capacity.view):
             # capacity that predates the request, shared by all (one recorded for an earlier
             # request of this name too: older than this one, not its arrival)
@@ -554,14 +587,14 @@ def reserved_split(
 def _unclaimed(
     capacity: ClusterView, gang: GangSpec
 ) -> tuple[list[NodeView], list[GangPodSet], Inventory]:
-    """The nodes no in-flight request claims, the gang's pod sets, and the devices."""
-    in_flight = capacity.in_flight
+    """The nodes no in-flight request keeps for its gang (`ClusterView.keeps`), the gang's
+    pod sets, and the devices."""
     free = list(capacity.views())
-    if in_flight:  # else no node can be claimed: nothing to look for
+    if capacity.in_flight:  # else no node can be claimed: nothing to look for
         free = [
             view
             for view in free
-            if not (owner := view.annotations.get(ARRIVED_FOR)) or owner not in in_flight
+            if not (owner := view.annotations.get(ARRIVED_FOR)) or not capacity.keeps(owner)
         ]
     context, devices = capacity.dra(gang.namespace)
     return free, gang_of(gang.pod_sets, context), devices

@@ -69,7 +69,7 @@ from gangcheck.model.names import (
     RESERVED_ANNOTATION,
     SOURCE_ANNOTATION,
 )
-from gangcheck.model.objects import Obj, ProvisioningRequest
+from gangcheck.model.objects import Obj, Pod, ProvisioningRequest
 from gangcheck.model.provisioning_config import (
     CHECK_CAPACITY,
     KARPENTER_CLASS,
@@ -204,14 +204,35 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
     if others:
         named = ", ".join(f"{p.ref.namespace}/{p.name} on {p.node_name}" for p in others[:5])
         taken = f"pods not of this gang took nodes that arrived for it: {named}"
-        if attempt.capacity is not None and fits_without(
-            attempt.capacity, req, attempt.gang, others, now
-        ):
+        capacity = attempt.capacity
+        if capacity is not None and fits_without(capacity, req, attempt.gang, others, now):
+            if starting_gangs(capacity, others):
+                # Members of gangs not started yet, which took these nodes in the moment
+                # before they were recorded: the nodes that came for those gangs and that
+                # they leave count here once they start (`fulfillment._partition`).
+                message += f"; {taken}: members of gangs starting, what they leave counts then"
+                wait = min(STRAYS_STARTING_RECHECK, until_deadline(req, now))
+                return Step(Progress.WAITING, message, actions=claims, requeue_after=wait)
             # Everything asked has arrived and the gang would fit there but for them: no more
             # capacity comes for this request, so waiting for the deadline would only hold it.
             return start_rollback(attempt, f"StrayPods: {taken}", now=now)
         message += f"; {taken}"
     return Step(Progress.WAITING, message, actions=claims, requeue_after=until_deadline(req, now))
+
+
+#: How soon an attempt whose arrivals members of gangs starting took decides again (their
+#: request marked Started, the nodes they leave count; a node's or a request's change decides
+#: sooner).
+STRAYS_STARTING_RECHECK = 2.0
+
+
+def starting_gangs(capacity: ClusterView, strays: Sequence[Pod]) -> bool:
+    """Whether every pod in `strays` is a member of another gang whose request is in flight
+    and not yet marked Started (`ClusterView.keeps`): a gang whose own arrivals, or some of
+    them, its members may leave when it starts."""
+    return bool(strays) and all(
+        p.consumes and capacity.keeps(f"{p.ref.namespace}/{p.consumes}") for p in strays
+    )
 
 
 def _rollback_trigger(attempt: Attempt, now: datetime) -> str | None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from gangcheck.logic.attempt.explain import Placement, World, place
-from gangcheck.logic.attempt.fulfillment import GangSpec
+from gangcheck.logic.attempt.fulfillment import GangSpec, started_keys
 from gangcheck.logic.placement.usage import NodeUsage
 from gangcheck.logic.sources.waiting import waiting_of
 from gangcheck.model.names import CONSUME_ANNOTATION
@@ -35,6 +35,7 @@ def capacity_of(world: World) -> World:
     return replace(
         world,
         in_flight=in_flight_keys(world),
+        started=started_keys(world.requests).__contains__,
         waiting=waiting_of(world.requests, lambda _name, _namespace: None),
         cluster=usage,
     )
