@@ -18,7 +18,7 @@ def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
         nodes=caches.nodes.store.values(),
         pods=caches.pods.store.values(),
         in_flight=caches.requests.store.keys(),
-        started=functools.partial(_started, caches.requests.store),
+        started=functools.partial(request_started, caches.requests.store),
         waiting=caches.in_flight.waiting(),
         cluster=caches.capacity,
         devices=caches,
@@ -40,7 +40,8 @@ def cluster_view(caches: Caches, *, copied: bool = False) -> ClusterView:
     )
 
 
-def _started(requests: Store, key: str) -> bool:
+def request_started(requests: Store, key: str) -> bool:
+    """Whether the request `ns/name` the store holds is marked Started (`ClusterView.started`)."""
     namespace, _, name = key.partition("/")
     return marked_started(requests.get(name, namespace))
 

@@ -989,8 +989,8 @@ CASES += [
         state="Pending",
         message="capacity requested, not yet usable: 2 of 4 members placeable on 1 node; the "
         "nodes in use have no room for the rest; pods not of this gang took nodes that arrived "
-        "for it: default/other-member on n1: members of gangs starting, what they leave counts "
-        "then",
+        "for it: default/other-member on n1 (members of gangs starting: what those leave "
+        "counts once started)",
     ),
     Case(
         "a member of another gang already started took a node that arrived for it, and the "

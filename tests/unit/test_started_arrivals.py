@@ -20,7 +20,7 @@ from gangcheck.logic.attempt.fulfillment import (
 )
 from gangcheck.logic.attempt.hold import hold_taint
 from gangcheck.model.objects import Obj, request_of
-from gangcheck.reconcile.view import _started
+from gangcheck.reconcile.view import request_started
 from tests.builders import node, pod_template, provisioning_request
 
 NS = "ns"
@@ -84,6 +84,6 @@ def test_started_is_read_from_the_phase_the_request_carries() -> None:
     store = Store()
     store.put_if_newer(started)
     store.put_if_newer(fulfilled)
-    assert _started(store, OTHER)
-    assert not _started(store, f"{NS}/f-1")
-    assert not _started(store, f"{NS}/gone-1")
+    assert request_started(store, OTHER)
+    assert not request_started(store, f"{NS}/f-1")
+    assert not request_started(store, f"{NS}/gone-1")

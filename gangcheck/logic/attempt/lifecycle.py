@@ -210,7 +210,7 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
                 # Members of gangs not started yet, which took these nodes in the moment
                 # before they were recorded: the nodes that came for those gangs and that
                 # they leave count here once they start (`fulfillment._partition`).
-                message += f"; {taken}: members of gangs starting, what they leave counts then"
+                message += f"; {taken} ({STARTING_SAID})"
                 wait = min(STRAYS_STARTING_RECHECK, until_deadline(req, now))
                 return Step(Progress.WAITING, message, actions=claims, requeue_after=wait)
             # Everything asked has arrived and the gang would fit there but for them: no more
@@ -224,6 +224,7 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
 #: request marked Started, the nodes they leave count; a node's or a request's change decides
 #: sooner).
 STRAYS_STARTING_RECHECK = 2.0
+STARTING_SAID = "members of gangs starting: what those leave counts once started"
 
 
 def starting_gangs(capacity: ClusterView, strays: Sequence[Pod]) -> bool:
