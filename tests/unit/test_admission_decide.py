@@ -122,6 +122,21 @@ def intruder(node_name: str, *, gpu: int) -> dict[str, Any]:
     }
 
 
+#: Requests in flight: this gang's and another's, other-1.
+WITH_OTHER = frozenset({"default/other-1", f"default/{REQ1}"})
+
+
+def other_arrival(**kw: Any) -> dict[str, Any]:
+    """A node of the pool recorded as arrived for the other request in flight, other-1."""
+    return node(
+        "n1",
+        gpu=8,
+        labels={"pool": "gpu"},
+        annotations={"gangcheck.io/arrived-for": "default/other-1"},
+        **kw,
+    )
+
+
 def member_of_another(node_name: str, *, gpu: int) -> dict[str, Any]:
     """A member of another gang (it consumes request other-1), bound to the node."""
     pod = intruder(node_name, gpu=gpu)
@@ -176,6 +191,32 @@ class Case:
     nodes_current: bool = True
     events: tuple[str, ...] = ()
     """Reasons of the Events emitted besides the check's own (AdmissionCheckUpdated)."""
+
+
+def half_taken(id_: str, pod: dict[str, Any], **kw: Any) -> Case:
+    """A fit-mode gang of 4 whose request was Provisioned, one node of 4 GPUs arrived for it,
+    and `pod` bound there."""
+    return Case(
+        id_,
+        gang(),
+        config={},
+        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
+        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
+        pods=[pod],
+        **kw,
+    )
+
+
+def stray_rollback(named: str) -> tuple[dict[str, str], ...]:
+    """The rollback begun because pods not of the gang took its arrival (`named`)."""
+    return (
+        {
+            "gangcheck.io/phase": "RollingBack",
+            "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
+            f"that arrived for it: {named}",
+            "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
+        },
+    )
 
 
 def templates_of(case: Case) -> frozenset[str]:
@@ -674,15 +715,8 @@ CASES = [
         gang(),
         config={},
         requests=[req(conditions={"Provisioned": ""})],
-        nodes=[
-            node(
-                "n1",
-                gpu=8,
-                labels={"pool": "gpu"},
-                annotations={"gangcheck.io/arrived-for": "default/other-1"},
-            )
-        ],
-        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        nodes=[other_arrival()],
+        in_flight=WITH_OTHER,
         state="Pending",
         message="capacity requested, not yet usable: 0 of 4 members placeable",
     ),
@@ -692,15 +726,8 @@ CASES = [
         gang(),
         config={},
         requests=[req(conditions={"Provisioned": ""})],
-        nodes=[
-            node(
-                "n1",
-                gpu=8,
-                labels={"pool": "gpu"},
-                annotations={"gangcheck.io/arrived-for": "default/other-1"},
-            )
-        ],
-        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        nodes=[other_arrival()],
+        in_flight=WITH_OTHER,
         started=frozenset({"default/other-1"}),
         state="Ready",
         consume_pod_sets=("workers",),
@@ -713,16 +740,8 @@ CASES = [
         gang(),
         config={},
         requests=[req(conditions={"Provisioned": ""})],
-        nodes=[
-            node(
-                "n1",
-                gpu=8,
-                labels={"pool": "gpu"},
-                taints=[hold_taint("default/other-1")],
-                annotations={"gangcheck.io/arrived-for": "default/other-1"},
-            )
-        ],
-        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        nodes=[other_arrival(taints=[hold_taint("default/other-1")])],
+        in_flight=WITH_OTHER,
         started=frozenset({"default/other-1"}),
         state="Pending",
         message="capacity requested, not yet usable: 0 of 4 members placeable",
@@ -959,57 +978,31 @@ CASES += [
         message="the whole gang fits",
         annotates=(FULFILLED,),
     ),
-    Case(
+    half_taken(
         "a pod not of the gang took a node that arrived for it, and the gang would fit but "
         "for it: rolled back at once, not at the deadline",
-        gang(),
-        config={},
-        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
-        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
-        pods=[intruder("n1", gpu=2)],
-        annotates=(
-            {
-                "gangcheck.io/phase": "RollingBack",
-                "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
-                "that arrived for it: other/intruder on n1",
-                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
-            },
-        ),
+        intruder("n1", gpu=2),
+        annotates=stray_rollback("other/intruder on n1"),
     ),
-    Case(
+    half_taken(
         "a member of another gang not started yet took a node that arrived for it, and the "
         "gang would fit but for it: not rolled back, it looks again soon (what that gang "
         "leaves counts once it starts)",
-        gang(),
-        config={},
-        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
-        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
-        pods=[member_of_another("n1", gpu=2)],
-        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        member_of_another("n1", gpu=2),
+        in_flight=WITH_OTHER,
         state="Pending",
         message="capacity requested, not yet usable: 2 of 4 members placeable on 1 node; the "
         "nodes in use have no room for the rest; pods not of this gang took nodes that arrived "
         "for it: default/other-member on n1 (members of gangs starting: what those leave "
         "counts once started)",
     ),
-    Case(
+    half_taken(
         "a member of another gang already started took a node that arrived for it, and the "
         "gang would fit but for it: rolled back at once, as for any pod",
-        gang(),
-        config={},
-        requests=[req(conditions={"Provisioned": ""}, annotations=DEADLINE)],
-        nodes=[node("n1", gpu=4, labels={"pool": "gpu"}, annotations=MINE)],
-        pods=[member_of_another("n1", gpu=2)],
-        in_flight=frozenset({"default/other-1", f"default/{REQ1}"}),
+        member_of_another("n1", gpu=2),
+        in_flight=WITH_OTHER,
         started=frozenset({"default/other-1"}),
-        annotates=(
-            {
-                "gangcheck.io/phase": "RollingBack",
-                "gangcheck.io/rollback-reason": "StrayPods: pods not of this gang took nodes "
-                "that arrived for it: default/other-member on n1",
-                "gangcheck.io/rollback-nodes": '{"n1": "2026-11-30T10:00:00Z"}',
-            },
-        ),
+        annotates=stray_rollback("default/other-member on n1"),
     ),
     Case(
         "a pod not of the gang on a node that arrived for it, more capacity still to come: "
