@@ -15,7 +15,7 @@ ServiceAccount's rights) and the simulated cloud answering the ProvisioningReque
 checks (class ``best-effort-atomic-scale-up``) by creating real kwok Nodes. MultiKueue copies
 the Jobs, kube-scheduler binds the pods, kwok runs them. Nothing plays Kueue.
 
-Three scenarios, each a burst of GANGS gangs (a Job of MEMBERS pods of 8 GPUs, one pod per
+Four scenarios, each a burst of GANGS gangs (a Job of MEMBERS pods of 8 GPUs, one pod per
 8-GPU node), the worker clouds' room in nodes:
 
 - ``stockout``: worker-1 stocked out (room for no node: ``CapacityIsNotFound``), worker-2
