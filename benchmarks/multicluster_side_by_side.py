@@ -566,15 +566,8 @@ async def run_one(
         tracer = Tracer(kubes, ns, scenario, gangs) if trace else None
         if tracer is not None:
             await tracer.start()
-        for gang in gangs:
-            await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
-            gang.created = time.monotonic()
-        begin = last = time.monotonic()
-        while time.monotonic() - begin < horizon:
-            await asyncio.sleep(SAMPLE)
-            now = time.monotonic()
-            await sample(kubes, scenario, ns, gangs, now - last)
-            last = now
+        await launch(kubes, scenario, ns, gangs)
+        await follow(kubes, scenario, ns, gangs, horizon)
         for worker in WORKERS:
             for event in await items(
                 kubes[worker], EVENT, ns, field_selector=f"reason={DELIVERED_REASON}"
@@ -610,22 +603,44 @@ async def first_wave(
     waited for until all started or ``horizon`` passed, then ``SETTLE`` seconds; left
     running. Said on stderr."""
     wave = [Gang(f"w{i + 1}") for i in range(gangs_n)]
-    for gang in wave:
-        await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
-        gang.created = time.monotonic()
-    begin = last = time.monotonic()
-    while time.monotonic() - begin < horizon and any(g.started_at is None for g in wave):
-        await asyncio.sleep(SAMPLE)
-        now = time.monotonic()
-        await sample(kubes, scenario, ns, wave, now - last)
-        last = now
+    await launch(kubes, scenario, ns, wave)
+    took = await follow(kubes, scenario, ns, wave, horizon, until_started=True)
     started = sum(1 for g in wave if g.started_at is not None)
     print(
         f"  {LABELS[config]}, {scenario}: first wave, {started} of {gangs_n} started in "
-        f"{time.monotonic() - begin:.1f} s; the measured gangs {SETTLE:.0f} s after",
+        f"{took:.1f} s; the measured gangs {SETTLE:.0f} s after",
         file=sys.stderr,
     )
     await asyncio.sleep(SETTLE)
+
+
+async def launch(kubes: Mapping[str, Kube], scenario: str, ns: str, gangs: Sequence[Gang]) -> None:
+    """Each gang's Job made in the manager, one after another, its time noted."""
+    for gang in gangs:
+        await kubes[MANAGER].create(JOB, gang_job(gang.name, scenario), ns)
+        gang.created = time.monotonic()
+
+
+async def follow(
+    kubes: Mapping[str, Kube],
+    scenario: str,
+    ns: str,
+    gangs: Sequence[Gang],
+    horizon: float,
+    *,
+    until_started: bool = False,
+) -> float:
+    """The gangs sampled every SAMPLE s for ``horizon`` s (``until_started``: or until all
+    started); the seconds it took."""
+    begin = last = time.monotonic()
+    while time.monotonic() - begin < horizon:
+        if until_started and all(g.started_at is not None for g in gangs):
+            break
+        await asyncio.sleep(SAMPLE)
+        now = time.monotonic()
+        await sample(kubes, scenario, ns, gangs, now - last)
+        last = now
+    return time.monotonic() - begin
 
 
 def gang_job(name: str, scenario: str) -> Obj:
