@@ -30,6 +30,7 @@ from gangcheck.logic.placement.usage import (
     node_claim_change_matters,
 )
 from gangcheck.logic.podgroups.gating import group_of
+from gangcheck.logic.sources.waiting import frees_others
 from gangcheck.logic.timefmt import format_time
 from gangcheck.logic.workloads import checkconfig
 from gangcheck.model.names import (
@@ -526,6 +527,8 @@ class Controller:
                 self._add_workload(wl["metadata"]["namespace"], wl["metadata"]["name"])
 
     def _on_request(self, old: Obj | None, new: Obj | None) -> None:
+        if frees_others(old, new):
+            self._wake_stalled()
         meta = _meta(old, new)
         annotations = meta.get("annotations")
         annotations = annotations if isinstance(annotations, dict) else {}
@@ -536,6 +539,15 @@ class Controller:
             short, _, name = str(group).partition("/")
             if short in API_GROUP_OF:
                 self.queue.add(f"{GROUP_KEY}{short}/{meta['namespace']}/{name}")
+
+    def _wake_stalled(self) -> None:
+        """The gangs waiting on what other requests leave them of nodes that exist, to decide
+        again: a request left the claim order or started (`waiting.frees_others`)."""
+        for key in self.workload_reconciler.stalled.take():
+            self.queue.add(WORKLOAD_KEY + key)
+        if self.group_reconciler is not None:
+            for key in self.group_reconciler.stalled.take():
+                self.queue.add(GROUP_KEY + key)
 
     def _on_template(self, old: Obj | None, new: Obj | None) -> None:
         """A PodTemplate gone while its request is in flight is recreated by its gang's owner;

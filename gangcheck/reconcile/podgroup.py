@@ -86,6 +86,7 @@ class PodGroupReconciler(GangReconciler):
         obj = informer.store.get(name, namespace) if informer else None
         if obj is None:
             self.held_messages.forget(key)
+            self.stalled.forget(key)
             return await self._without_group(api_group, short, namespace, name)
         group = pod_group_of(obj)
         if self._earlier_attempts(group):
@@ -104,6 +105,7 @@ class PodGroupReconciler(GangReconciler):
             return Result(requeue_after=NAMESPACE_WAIT_SECONDS)
         snap = self._snapshot(group, api_group)
         decision = traced_decision(growth.decide, snap, self._clock())
+        self.stalled.note(key, "", decision.step)
         return Result(requeue_after=await self._apply(key, obj, decision))
 
     def _snapshot(self, group: PodGroup, api_group: str) -> GroupSnapshot:

@@ -16,6 +16,7 @@ from gangcheck.logic.attempt.actions import (
     DeleteTemplate,
     Event,
 )
+from gangcheck.logic.attempt.lifecycle import Step
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reconcile.admissioncheck import SourceOutcomes
 from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
@@ -38,6 +39,36 @@ GangParts = tuple[Kube, Caches, EventRecorder, Applier]
 
 
 log = logging.getLogger(__name__)
+
+
+class Stalled:
+    """The gangs (reconcile keys) whose attempt last decided it waits on what other requests
+    leave it of nodes that exist (`Step.on_nodes`), by part (a Workload's check; "" for a
+    PodGroup): the controller has them decide again when a request frees what they wait on
+    (`waiting.frees_others`), instead of at their deadline or a poll. Taken whole: a gang
+    still waiting notes itself again as it decides; one gone meanwhile is decided once more,
+    then forgotten."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, set[str]] = {}
+
+    def note(self, key: str, part: str, step: Step | None) -> None:
+        """What the gang's decision for `part` says: waiting on nodes, or not."""
+        if step is not None and step.on_nodes:
+            self._parts.setdefault(key, set()).add(part)
+        elif (parts := self._parts.get(key)) is not None:
+            parts.discard(part)
+            if not parts:
+                del self._parts[key]
+
+    def forget(self, key: str) -> None:
+        self._parts.pop(key, None)
+
+    def take(self) -> list[str]:
+        """Every gang noted, and none left noted."""
+        keys = list(self._parts)
+        self._parts.clear()
+        return keys
 
 
 def refusal_event(action: Action, why: str) -> Event:
@@ -84,6 +115,7 @@ class GangReconciler:
         self.outcomes = outcomes or SourceOutcomes()
         """Where a Workload's capacity sources' outcomes are noted for its check's reconciler
         to publish (the controller gives both the same; a PodGroup has no check)."""
+        self.stalled = Stalled()
 
     async def _applied(
         self,

@@ -89,6 +89,7 @@ class WorkloadReconciler(GangReconciler):
         obj = self._caches.workloads.store.get(name, namespace)
         if obj is None:
             self.held_messages.forget(key)
+            self.stalled.forget(key)
             return await self._remove_orphans(namespace, name)
         wl = workload_of(obj)
         if self._earlier_attempts(wl):
@@ -117,6 +118,7 @@ class WorkloadReconciler(GangReconciler):
         last: tuple[Decision, float | None] | None = None
         for _ in range(MAX_PASSES):
             decision = traced_decision(self._decider(wl), self._snapshot(wl, check), self._clock())
+            self.stalled.note(wl.ref.key, check, decision.step)
             if last is not None and decision == last[0]:
                 return last[1]  # what was written changed nothing this decides on
             applied = await self._apply(wl, check, decision)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -189,6 +190,42 @@ async def test_two_gangs_never_count_one_node_twice(
     first = await arrived_for(cluster, req_name(cluster, "first"))
     second = await arrived_for(cluster, req_name(cluster, "second"))
     assert len(first) == 4 and second == []
+
+
+async def test_a_younger_gang_claims_what_an_older_one_left_as_soon_as_it_is_fulfilled(
+    cluster: Cluster, controller: RunningController
+) -> None:
+    """A new node an older waiting request could have been made for is left to it for the
+    claim grace (15 s), even when the older gang cannot use it as it is (a taint it does not
+    tolerate). Once the older request is fulfilled on another node it no longer claims, and
+    the younger gang decides again on that change of another gang's request (no node or
+    pod of its own moved), not at its deadline: Ready well within the grace."""
+    taint = {"key": "example.com/spot", "value": "true", "effect": "NoSchedule"}
+    tolerated = [{"key": "example.com/spot", "operator": "Exists", "effect": "NoSchedule"}]
+    await cluster.install_check(fit(deadline=40))
+    await cluster.submit(gang("older", members=1))
+    await asyncio.sleep(1.1)  # creation timestamps have second resolution: make 'older' older
+    await cluster.submit(gang("younger", members=1, tolerations=tolerated))
+    for wl in ("older", "younger"):
+        await cluster.wait_request(req_name(cluster, wl))
+        await cluster.set_request_conditions(req_name(cluster, wl), {"Provisioned": ""})
+    (spot,) = await cluster.add_nodes(1, prefix="spot", taints=[taint])
+    await eventually(
+        lambda: _check_message(cluster, "younger", "capacity requested"), what="younger waits"
+    )
+    assert await arrived_for(cluster, req_name(cluster, "younger")) == []  # left to 'older'
+    (plain,) = await cluster.add_nodes(1)
+    await cluster.wait_check("older", "Ready")
+    ready = await cluster.wait_check("younger", "Ready", timeout=30)
+    assert await arrived_for(cluster, req_name(cluster, "younger")) == [spot]
+    assert await arrived_for(cluster, req_name(cluster, "older")) == [plain]
+    came = (await cluster.kube.get(NODE, plain))["metadata"]["creationTimestamp"]
+    waited = _seconds(ready["lastTransitionTime"]) - _seconds(came)
+    assert waited < 10, f"Ready {waited:.0f}s after the older gang's node came (grace 15 s)"
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 async def test_a_node_running_another_pod_is_kept_on_rollback(

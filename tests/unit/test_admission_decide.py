@@ -1661,3 +1661,27 @@ def test_an_elastic_job_scaled_down_in_place_before_its_first_ask_asks_for_what_
 def test_an_attempt_whose_arrival_a_starting_gang_took_looks_again_within_seconds() -> None:
     (case,) = (c for c in CASES if c.id.startswith("a member of another gang not started"))
     assert run(case).requeue_after == lifecycle.STRAYS_STARTING_RECHECK
+
+
+@pytest.mark.parametrize(
+    ("starts", "on_nodes"),
+    [
+        ("fit mode, a younger request leaves new nodes to the older one waiting", True),
+        ("a member of another gang not started", True),
+        ("fit mode, an older request of another node group does not hold back a new node", False),
+    ],
+)
+def test_an_attempt_says_when_it_waits_on_what_other_requests_leave_it(
+    starts: str, on_nodes: bool
+) -> None:
+    """Provisioned and waiting on nodes that exist (an older request's claim, a starting
+    gang's members): the controller has it decide again when those change (`Step.on_nodes`)."""
+    (case,) = (c for c in CASES if c.id.startswith(starts))
+    step = run(case).step
+    assert step is not None and step.on_nodes is on_nodes
+
+
+def test_an_attempt_waiting_on_its_source_does_not_wait_on_nodes() -> None:
+    step = run(Case("", gang(), config={}, requests=[req()])).step
+    assert step is not None and step.progress is lifecycle.Progress.WAITING
+    assert not step.on_nodes

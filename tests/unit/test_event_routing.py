@@ -11,14 +11,21 @@ import pytest
 from gangcheck.app import Controller
 from gangcheck.kube.informer import Informer
 from gangcheck.kube.resources import UPSTREAM_POD_GROUP_V1BETA1
+from gangcheck.logic.attempt.lifecycle import Progress, Step
 from gangcheck.logic.placement.usage import frees_capacity, node_change_matters
+from gangcheck.logic.sources.waiting import frees_others
 from gangcheck.model.names import (
     CONSUME_ANNOTATION,
+    FULFILLED,
     GROUP_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    PHASE_ANNOTATION,
+    ROLLING_BACK,
+    STARTED,
     WORKLOAD_ANNOTATION,
 )
+from gangcheck.reconcile.reconciler import Stalled
 from gangcheck.runtime.queue import WorkQueue
 from tests.builders import CHECK, CONTROLLER, WorkloadBuilder, node, provisioning_request
 from tests.fakes.kube import FakeKube
@@ -293,3 +300,98 @@ def test_only_workloads_of_gangchecks_checks_are_queued() -> None:
     controller.queue = WorkQueue()
     controller._on_workload(listed, None)  # deleted: what it listed still counts
     assert list(controller.queue._ready) == ["wl:default/mine"]
+
+
+def phase_set(obj: Obj, phase: str | None, version: str) -> Obj:
+    changed = with_version(obj, version)
+    notes = changed["metadata"]["annotations"]
+    if phase is None:
+        notes.pop(PHASE_ANNOTATION, None)
+    else:
+        notes[PHASE_ANNOTATION] = phase
+    return changed
+
+
+def ended(obj: Obj, version: str) -> Obj:
+    changed = with_version(obj, version)
+    changed["status"]["conditions"].append(
+        {"type": "Failed", "status": "True", "reason": "Failed", "message": "quota"}
+    )
+    return changed
+
+
+WAITING_REQ = provisioning_request("older-1", conditions={"Provisioned": ""})
+ASKED_REQ = provisioning_request("older-1")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "frees"),
+    [
+        pytest.param(WAITING_REQ, phase_set(WAITING_REQ, FULFILLED, "6"), True, id="fulfilled"),
+        pytest.param(WAITING_REQ, phase_set(WAITING_REQ, ROLLING_BACK, "6"), True, id="rolls"),
+        pytest.param(WAITING_REQ, ended(WAITING_REQ, "6"), True, id="failed"),
+        pytest.param(WAITING_REQ, None, True, id="deleted"),
+        pytest.param(
+            phase_set(WAITING_REQ, FULFILLED, "6"),
+            phase_set(WAITING_REQ, STARTED, "7"),
+            True,
+            id="started",
+        ),
+        pytest.param(
+            phase_set(WAITING_REQ, STARTED, "7"),
+            phase_set(WAITING_REQ, STARTED, "8"),
+            False,
+            id="started-again",
+        ),
+        pytest.param(WAITING_REQ, with_version(WAITING_REQ, "6"), False, id="still-waiting"),
+        pytest.param(
+            ASKED_REQ, phase_set(ASKED_REQ, ROLLING_BACK, "6"), False, id="never-provisioned"
+        ),
+        pytest.param(None, WAITING_REQ, False, id="first-seen"),
+        pytest.param(None, phase_set(WAITING_REQ, STARTED, "7"), False, id="first-seen-started"),
+    ],
+)
+def test_which_request_changes_free_what_other_gangs_wait_on(
+    old: Obj | None, new: Obj | None, frees: bool
+) -> None:
+    """Left the claim order (a waiting request, Provisioned, no longer waiting), or marked
+    Started: the gangs waiting on nodes others leave them decide again."""
+    assert frees_others(old, new) is frees
+
+
+def test_a_request_leaving_the_claim_order_wakes_the_gangs_waiting_on_nodes_only() -> None:
+    """A gang whose last decision waited on what other requests leave it (`Step.on_nodes`) is
+    requeued when one leaves the claim order, once; one that waits on its source is not."""
+    kube = FakeKube()
+    older = provisioning_request(
+        "older-1", conditions={"Provisioned": ""}, annotations={WORKLOAD_ANNOTATION: "older"}
+    )
+    older["metadata"]["labels"] = {MANAGED_BY_LABEL: MANAGED_BY}
+    kube.add(older)
+    controller = Controller(kube)
+    kube.sync(controller.caches)
+    stalled = controller.workload_reconciler.stalled
+    stalled.note("default/younger", CHECK, Step(Progress.WAITING, on_nodes=True))
+    stalled.note("default/asked", CHECK, Step(Progress.WAITING))
+    controller._on_request(older, with_version(older, "6"))
+    assert "wl:default/younger" not in controller.queue._ready  # nothing left the order
+    controller._on_request(older, phase_set(older, FULFILLED, "7"))
+    assert "wl:default/younger" in controller.queue._ready
+    assert "wl:default/asked" not in controller.queue._ready
+    controller.queue = WorkQueue()
+    controller._on_request(phase_set(older, FULFILLED, "7"), phase_set(older, STARTED, "8"))
+    assert "wl:default/younger" not in controller.queue._ready  # woken once: noted again later
+
+
+def test_a_gang_notes_itself_waiting_on_nodes_per_part_until_it_no_longer_does() -> None:
+    stalled = Stalled()
+    waits, fits = Step(Progress.WAITING, on_nodes=True), Step(Progress.FITS)
+    stalled.note("default/wl", "a", waits)
+    stalled.note("default/wl", "b", waits)
+    stalled.note("default/wl", "a", fits)
+    stalled.note("default/gone", "", waits)
+    stalled.forget("default/gone")
+    assert stalled.take() == ["default/wl"]  # its check b still waits
+    assert stalled.take() == []
+    stalled.note("default/wl", "b", None)  # no attempt followed
+    assert stalled.take() == []

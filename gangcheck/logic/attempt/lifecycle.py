@@ -138,6 +138,10 @@ class Step:
     """FITS: the topology domain each constrained pod set was placed in."""
     verdict: rollback.RolledBack | None = None
     """ROLLED_BACK: what the rollback did, and why it began."""
+    on_nodes: bool = False
+    """WAITING, Provisioned: the gang waits on nodes that exist, on what other requests leave
+    it of them (an older request's claim, a starting gang's members): decided again when one
+    of those leaves the claim order or starts (`waiting.frees_others`), not on a timer."""
 
 
 def follow(attempt: Attempt, now: datetime) -> Step:
@@ -212,17 +216,20 @@ def _provisioned(attempt: Attempt, now: datetime) -> Step:
                 # they leave count here once they start (`fulfillment._partition`).
                 message += f"; {taken} ({STARTING_SAID})"
                 wait = min(STRAYS_STARTING_RECHECK, until_deadline(req, now))
-                return Step(Progress.WAITING, message, actions=claims, requeue_after=wait)
+                return Step(
+                    Progress.WAITING, message, actions=claims, requeue_after=wait, on_nodes=True
+                )
             # Everything asked has arrived and the gang would fit there but for them: no more
             # capacity comes for this request, so waiting for the deadline would only hold it.
             return start_rollback(attempt, f"StrayPods: {taken}", now=now)
         message += f"; {taken}"
-    return Step(Progress.WAITING, message, actions=claims, requeue_after=until_deadline(req, now))
+    wait = until_deadline(req, now)
+    return Step(Progress.WAITING, message, actions=claims, requeue_after=wait, on_nodes=True)
 
 
-#: How soon an attempt whose arrivals members of gangs starting took decides again (their
-#: request marked Started, the nodes they leave count; a node's or a request's change decides
-#: sooner).
+#: How soon at the latest an attempt whose arrivals members of gangs starting took decides
+#: again (their request marked Started, the nodes they leave count): that mark decides it at
+#: once (`Step.on_nodes`), a node's change too; this is the fallback.
 STRAYS_STARTING_RECHECK = 2.0
 STARTING_SAID = "members of gangs starting: what those leave counts once started"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gangcheck.logic.attempt.fulfillment import Waiting
+from gangcheck.logic.attempt.fulfillment import Waiting, marked_started
 from gangcheck.logic.attempt.status import AttemptStatus, Phase
 from gangcheck.logic.sources.provreq import PROVISIONING_REQUEST
 from gangcheck.model.names import (
@@ -52,6 +52,20 @@ def is_open(req: Obj) -> bool:
     if phase in (FULFILLED, STARTED, ROLLING_BACK, KEPT):
         return False
     return not _status(req).has_ended
+
+
+def frees_others(old: Obj | None, new: Obj | None) -> bool:
+    """Whether a request's change (`new` None: gone) changes what other gangs' attempts may
+    count of nodes that exist: it left the claim order (no longer waiting: fulfilled, rolling
+    back, kept, ended or gone), so the younger ones claim what it would have first
+    (`fulfillment._may_claim`); or it was marked ``Started``, so its arrivals and its members
+    count as any running gang's do (`fulfillment._partition`, `lifecycle.starting_gangs`).
+    Only a change heard (`old` known): a request first seen changes no one's decision made
+    before it."""
+    if old is None:
+        return False
+    left = is_waiting(old) and (new is None or not is_waiting(new))
+    return left or (new is not None and marked_started(new) and not marked_started(old))
 
 
 def waiting_requests(
