@@ -289,13 +289,16 @@ async def test_a_kept_requests_nodes_are_kept_from_scale_down_until_the_gang_sta
     for i, n in enumerate([theirs, ours, *from_b]):
         await cluster.create_pod(f"member-{i}", node_name=n, consume=b)
 
-    async def lifted() -> bool:
-        notes = await annotations_of(cluster, ours)
-        return SDD not in notes and GUARD not in notes
+    async def started() -> bool:
+        req = await cluster.request(b)
+        notes = (req or {}).get("metadata", {}).get("annotations") or {}
+        return notes.get("gangcheck.io/phase") == "Started"
 
-    await eventually(lifted, what=f"the guard taken off {ours} once the gang started")
-    req = await cluster.request(b)
-    assert req is not None and req["metadata"]["annotations"]["gangcheck.io/phase"] == "Started"
+    # Started is the decision's last write, after the guard is taken off (a poll of the guard
+    # alone could read b in between, still Fulfilled)
+    await eventually(started, what="b marked Started once the gang's pods are bound")
+    notes = await annotations_of(cluster, ours)
+    assert SDD not in notes and GUARD not in notes, f"the guard taken off {ours}"
     notes = await annotations_of(cluster, theirs)
     assert notes.get(SDD) == "true" and GUARD not in notes, "someone else's stays"
 
