@@ -11,6 +11,7 @@ gangcheck with its webhook's certificate, and Kueue, in the test bed's versions.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -61,7 +62,9 @@ def deployed(bare_stack: ControlPlane) -> subprocess.CompletedProcess[str]:
 
 
 def _get(plane: ControlPlane, *args: str) -> Any:
-    return yaml.safe_load(plane.run_kubectl("get", *args, "-o", "yaml").stdout)
+    # JSON, not YAML: every CRD of the bed (Kueue's, Karpenter's, ...) is megabytes, which
+    # PyYAML's pure-Python loader took over the test's 60 s to read on a slow machine
+    return json.loads(plane.run_kubectl("get", *args, "-o", "json").stdout)
 
 
 @pytest.mark.timeout(660)
