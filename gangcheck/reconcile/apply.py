@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gangcheck.kube.client import Kube
@@ -50,6 +52,10 @@ from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 log = logging.getLogger(__name__)
 HOLD_ATTEMPTS = 3
 """Writes of a node's lifted hold, each after reading it again on a conflict."""
+WRITES_AT_ONCE = 16
+"""The most writes of one decision in flight at once where their order does not matter (the
+nodes a gang claims, the members a PodGroup releases): a gang of 64 nodes is Ready after a
+few round trips, not 64 in a row."""
 
 
 IDENTITY_ANNOTATIONS = (
@@ -82,6 +88,42 @@ def made_for(existing: Obj, body: Obj) -> bool:
         return False
     have, want = meta.get("annotations") or {}, wanted.get("annotations") or {}
     return all(have.get(k) == want[k] for k in IDENTITY_ANNOTATIONS if k in want)
+
+
+async def at_once(
+    writes: Iterable[Callable[[], Awaitable[None]]], limit: int = WRITES_AT_ONCE
+) -> list[BaseException | None]:
+    """Run `writes` side by side, at most `limit` in flight, each to its end whatever the
+    others meet (none is cut off mid-flight: its answer would be lost); what each raised, in
+    order, None for those that succeeded."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(write: Callable[[], Awaitable[None]]) -> None:
+        async with gate:
+            await write()
+
+    answers = await asyncio.gather(*(one(w) for w in writes), return_exceptions=True)
+    return [a if isinstance(a, BaseException) else None for a in answers]
+
+
+def side_by_side(actions: Sequence[Action]) -> Iterator[tuple[Action, ...]]:
+    """`actions` in order, in runs applied at once: consecutive claims of distinct nodes
+    (`ClaimNode`: each at its own node's resourceVersion, none depending on another), every
+    other action alone."""
+    run: list[ClaimNode] = []
+    for action in actions:
+        if isinstance(action, ClaimNode) and all(c.name != action.name for c in run):
+            run.append(action)
+            continue
+        if run:
+            yield tuple(run)
+            run = []
+        if isinstance(action, ClaimNode):
+            run.append(action)
+        else:
+            yield (action,)
+    if run:
+        yield tuple(run)
 
 
 async def write_taints(kube: Kube, node: Obj, taints: list[Obj]) -> Obj:
@@ -351,19 +393,25 @@ class Applier:
         pod accepts new annotations and node selector entries). A member gone is skipped;
         a member changed meanwhile is re-read once."""
         assert isinstance(action, ReleaseMembers)
-        for name in action.pods:
+
+        async def release(name: str) -> None:
             for _ in range(2):
                 pod = self._caches.pods.store.get(name, namespace)
                 if pod is None:
-                    break
+                    return
                 try:
                     await self._release_one(namespace, pod, action)
-                    break
+                    return
                 except ConflictError:
                     fresh = await self._kube.get(POD, name, namespace)
                     self._caches.pods.store.put_if_newer(fresh)
                 except NotFoundError:
-                    break
+                    return
+
+        # side by side (`at_once`); a failure is raised once every other member is released
+        failed = [e for e in await at_once(partial(release, n) for n in action.pods) if e]
+        if failed:
+            raise failed[0]
         log.info("released %d members in %s", len(action.pods), namespace)
 
     async def _release_one(self, namespace: str, pod: Obj, action: ReleaseMembers) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import TypedDict
 
 from gangcheck.kube.client import Kube
@@ -19,7 +20,13 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.lifecycle import Step
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reconcile.admissioncheck import SourceOutcomes
-from gangcheck.reconcile.apply import Applier, NameCollisionError, StaleDecisionError
+from gangcheck.reconcile.apply import (
+    Applier,
+    NameCollisionError,
+    StaleDecisionError,
+    at_once,
+    side_by_side,
+)
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
@@ -124,25 +131,31 @@ class GangReconciler:
         *,
         refused: Callable[[Action, Exception], Awaitable[None]] | None = None,
     ) -> bool:
-        """Apply a decision's actions for the gang ``ref`` in order; False when one met a
-        change meanwhile (the rest not applied: the decision is made again on what changed).
-        A write the API server refuses for what it says (kube.errors.refused; a name
-        taken) is told to ``refused`` before it is raised, alone or the first among writes
-        made at once (the reclaim's nodes): one rule for both. Any other failure (a 422 of a
-        patch that did not apply, a 5xx) is raised untold; the queue backs off."""
-        for action in actions:
-            try:
-                await self._applier.apply(ref.namespace, action)
-            except StaleDecisionError as e:
-                log.info("decision dropped: %s", e, extra={"object": str(ref)})
-                return False
-            except (ApiError, ExceptionGroup) as e:
-                first = refusal(e, also=(NameCollisionError,))
-                if refused is not None and first is not None:
-                    await refused(action, first)
-                raise
-            if isinstance(action, DeleteRequest):
-                log.info(
-                    "deleted request %s: %s", action.name, action.reason, extra={"object": str(ref)}
-                )
+        """Apply a decision's actions for the gang ``ref`` in order, the claims of a run of
+        nodes side by side (`apply.side_by_side`); False when one met a change meanwhile (the
+        rest not applied: the decision is made again on what changed). A write the API
+        server refuses for what it says (kube.errors.refused; a name taken) is told to
+        ``refused`` before it is raised, alone or the first among writes made at once (the
+        reclaim's nodes): one rule for both. Any other failure (a 422 of a patch that did
+        not apply, a 5xx) is raised untold; the queue backs off. Of writes made side by
+        side, the first in order that failed counts, as if made one after another."""
+        for run in side_by_side(actions):
+            failed = await at_once(partial(self._applier.apply, ref.namespace, a) for a in run)
+            for action, error in zip(run, failed, strict=True):
+                if isinstance(error, StaleDecisionError):
+                    log.info("decision dropped: %s", error, extra={"object": str(ref)})
+                    return False
+                if isinstance(error, ApiError | ExceptionGroup):
+                    first = refusal(error, also=(NameCollisionError,))
+                    if refused is not None and first is not None:
+                        await refused(action, first)
+                if error is not None:
+                    raise error
+                if isinstance(action, DeleteRequest):
+                    log.info(
+                        "deleted request %s: %s",
+                        action.name,
+                        action.reason,
+                        extra={"object": str(ref)},
+                    )
         return True
