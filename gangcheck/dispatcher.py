@@ -180,6 +180,7 @@ from gangcheck.model.names import (
 from gangcheck.model.objects import Obj, ObjectRef
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.ingest import trim_node, trim_pod
+from gangcheck.runtime.together import at_once
 from gangcheck.settings import LEASE_NAME, LEASE_NAMESPACE
 from gangcheck.telemetry import Metrics
 
@@ -540,33 +541,32 @@ class Dispatcher:
         pod_sets = {_key(wl): _pod_sets(wl) for wl in workloads}
         memory = self._memory(records, workloads)
         rooms = _Rooms(views, nominated, pod_sets)
-        told: list[tuple[Obj, Step]] = []  # Events after every nomination of the pass
+        # every gang's step decided in order (each on the nominations before it), then
+        # written side by side: a burst's last gang is not nominated a round trip per gang
+        # after its first
+        steps: list[tuple[Obj, DispatchRecord, tuple[str, ...], Step]] = []
         for wl in waiting:
             key = _key(wl)
             alike, failures = memory.of(key, self._now())
             counts = Counter(c for k, cs in nominated.items() if k != key for c in cs)
             mine = configured[key]
-            try:
-                step, tell = await self._dispatch(
-                    wl,
-                    [w for w in workers if w.name in mine.clusters or w.name in unlisted[key]],
-                    unlisted=unlisted[key],
-                    configured=mine.clusters,
-                    unconfigured=mine.problem,
-                    views=views,
-                    rooms=rooms,
-                    counts=counts,
-                    failures=failures,
-                    alike=alike,
-                )
-            except ApiError as e:
-                log.warning("dispatching %s failed: %s", _ref(wl).name, e)
-                continue
+            step = await self._dispatch(
+                wl,
+                [w for w in workers if w.name in mine.clusters or w.name in unlisted[key]],
+                unlisted=unlisted[key],
+                configured=mine.clusters,
+                unconfigured=mine.problem,
+                views=views,
+                rooms=rooms,
+                counts=counts,
+                failures=failures,
+                alike=alike,
+            )
+            steps.append((wl, records[key], nominated.get(key, ()), step))
             records[key] = step.record
             nominated[key] = tuple(step.nominated)
             rooms.nominated_anew(key, step.newly_nominated)
-            if tell:
-                told.append((wl, step))
+        told = await self._write_steps(steps, records, nominated)
         followed: dict[str, set[tuple[str, str]]] = {}
         for key in {_key(wl) for wl in waiting}:
             for cluster in nominated.get(key, ()):
@@ -580,6 +580,31 @@ class Dispatcher:
                 await self._tell(wl, step)
             except ApiError as e:
                 log.warning("events of %s not recorded: %s", _ref(wl).name, e)
+
+    async def _write_steps(
+        self,
+        steps: Sequence[tuple[Obj, DispatchRecord, tuple[str, ...], Step]],
+        records: dict[tuple[str, str], DispatchRecord],
+        nominated: dict[tuple[str, str], tuple[str, ...]],
+    ) -> list[tuple[Obj, Step]]:
+        """Write the pass's steps side by side (each gang's record, then its nomination:
+        ``_write_step``); a gang whose write failed is left in ``records`` and ``nominated``
+        as it was before the step (as the next pass reads it). The steps written with
+        something to tell, for the Events after every nomination of the pass."""
+        written = await at_once(
+            functools.partial(self._write_step, wl, record, step) for wl, record, _, step in steps
+        )
+        told = []
+        for (wl, record, was, step), error in zip(steps, written, strict=True):
+            if isinstance(error, ApiError):
+                log.warning("dispatching %s failed: %s", _ref(wl).name, error)
+                records[_key(wl)], nominated[_key(wl)] = record, was
+                continue
+            if error is not None:
+                raise error
+            if _to_tell(record, step):
+                told.append((wl, step))
+        return told
 
     def _memory(
         self, records: dict[tuple[str, str], DispatchRecord], workloads: Sequence[Obj]
@@ -611,12 +636,11 @@ class Dispatcher:
         unconfigured: str = "",
         unlisted: Iterable[str] = (),
         configured: Sequence[str] | None = None,
-    ) -> tuple[Step, bool]:
-        """The step for ``wl``, written (the record, then the nomination), and whether it
-        has something to tell (Events, metrics: told by the caller, after the pass's other
-        nominations). ``unlisted``: workers of ``workers`` nominated that its
-        MultiKueueConfigs no longer list; ``configured``: the workers they list; ``alike``:
-        the gangs whose outcomes in a worker speak for this one's (``_Memory.of``)."""
+    ) -> Step:
+        """The step for ``wl`` (written by ``_write_step``). ``unlisted``: workers of
+        ``workers`` nominated that its MultiKueueConfigs no longer list; ``configured``: the
+        workers they list; ``alike``: the gangs whose outcomes in a worker speak for this
+        one's (``_Memory.of``)."""
         record = _record(wl)
         dropped = set(unlisted)
 
@@ -665,17 +689,22 @@ class Dispatcher:
                 step = await step_with(fit=True)
         if step.record != record and self._reworded_lately(wl, record, step, now):
             step = replace(step, record=replace(step.record, skipped=record.skipped))
+        return step
+
+    async def _write_step(self, wl: Obj, record: DispatchRecord, step: Step) -> None:
+        """Write the step decided for ``wl`` (``record``: its record as read): the record,
+        then the nomination (a restart between the two finds the record and nominates
+        again, never another cluster first)."""
         if step.record != record:
             await self._write_record(wl, step.record)
-            self._record_written[_key(wl)] = now
+            self._record_written[_key(wl)] = self._now()
             if step.record.round > record.round:
                 self.metrics.dispatch_round()
             if step.record.admitted and not record.admitted:  # once per gang, as written
                 self.metrics.dispatch_clusters_tried(len(step.record.tried))
+        written = list((wl.get("status") or {}).get("nominatedClusterNames") or [])
         if list(step.nominated) != written:
             await self._nominate(wl, step.nominated)
-        told = step.changed or step.record.skipped != record.skipped
-        return step, told or (not step.nominated and step.record.reason != record.reason)
 
     def _reworded_lately(self, wl: Obj, record: DispatchRecord, step: Step, now: datetime) -> bool:
         """The step changes only the words of the workers' skips (the same workers skipped,
@@ -1373,6 +1402,13 @@ def _read_kubeconfig(raw: str) -> tuple[bytes, str]:
         return b"", f"unusable kubeconfig (not YAML: {_first_line(e)})"
     except RecursionError:  # else raised out of the pass, ending the dispatcher's run
         return b"", "unusable kubeconfig (nested too deep for a YAML reader)"
+
+
+def _to_tell(record: DispatchRecord, step: Step) -> bool:
+    """Whether the step written over ``record`` has something to tell (Events, metrics: told
+    after the pass's other nominations)."""
+    told = step.changed or step.record.skipped != record.skipped
+    return told or (not step.nominated and step.record.reason != record.reason)
 
 
 def _reworded(was: str, now: str) -> bool:

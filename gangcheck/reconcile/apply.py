@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -47,15 +46,12 @@ from gangcheck.reclaim.arrivals import reclaim_arrivals
 from gangcheck.reclaim.guard import guard, unguard
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
+from gangcheck.runtime.together import at_once
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 log = logging.getLogger(__name__)
 HOLD_ATTEMPTS = 3
 """Writes of a node's lifted hold, each after reading it again on a conflict."""
-WRITES_AT_ONCE = 16
-"""The most writes of one decision in flight at once where their order does not matter (the
-nodes a gang claims, the members a PodGroup releases): a gang of 64 nodes is Ready after a
-few round trips, not 64 in a row."""
 
 
 IDENTITY_ANNOTATIONS = (
@@ -88,22 +84,6 @@ def made_for(existing: Obj, body: Obj) -> bool:
         return False
     have, want = meta.get("annotations") or {}, wanted.get("annotations") or {}
     return all(have.get(k) == want[k] for k in IDENTITY_ANNOTATIONS if k in want)
-
-
-async def at_once(
-    writes: Iterable[Callable[[], Awaitable[None]]], limit: int = WRITES_AT_ONCE
-) -> list[BaseException | None]:
-    """Run `writes` side by side, at most `limit` in flight, each to its end whatever the
-    others meet (none is cut off mid-flight: its answer would be lost); what each raised, in
-    order, None for those that succeeded."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(write: Callable[[], Awaitable[None]]) -> None:
-        async with gate:
-            await write()
-
-    answers = await asyncio.gather(*(one(w) for w in writes), return_exceptions=True)
-    return [a if isinstance(a, BaseException) else None for a in answers]
 
 
 def side_by_side(actions: Sequence[Action]) -> Iterator[tuple[Action, ...]]:

@@ -24,12 +24,12 @@ from gangcheck.reconcile.apply import (
     Applier,
     NameCollisionError,
     StaleDecisionError,
-    at_once,
     side_by_side,
 )
 from gangcheck.reconcile.caches import Caches
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.progress import PROGRESS_DELAY_SECONDS, HeldMessages
+from gangcheck.runtime.together import at_once
 from gangcheck.telemetry import NO_METRICS, AttemptMetrics
 
 

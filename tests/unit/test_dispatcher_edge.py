@@ -162,11 +162,12 @@ def bed(
     *,
     inactive: tuple[str, ...] = (),
     config: tuple[str, ...] | None = None,
+    manager: Manager | None = None,
 ) -> tuple[Manager, Dispatcher, Connect]:
     """A manager with MultiKueue's check and its MultiKueueConfig (listing ``config``, by
     default every worker), one MultiKueueCluster and Secret per worker (None: the Secret is
     missing), a Workload to dispatch; the dispatcher connecting to the fakes."""
-    manager = Manager()
+    manager = manager if manager is not None else Manager()
     manager.add(
         {
             "apiVersion": ADMISSION_CHECK.api_version,
@@ -455,6 +456,48 @@ async def test_a_burst_goes_one_gang_per_worker_when_nothing_is_known() -> None:
     await dispatcher.pass_once()
     assert nominated_of(manager, "job-gang") == ["worker-1"]
     assert nominated_of(manager, "job-gang-2") == ["worker-2"]
+
+
+class HeldManager(Manager):
+    """The manager, holding each nomination until `together` are in flight at once."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__()
+        self.barrier = asyncio.Barrier(together)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Obj:
+        await asyncio.wait_for(self.barrier.wait(), 10)
+        return await super().request(method, path, **kwargs)
+
+
+async def test_a_bursts_nominations_are_written_side_by_side() -> None:
+    """Three gangs of one pass, each decided on the nominations before it, are nominated at
+    once: the manager answers none until all three are in flight (one after another, the
+    last gang would wait two round trips per gang before it)."""
+    workers = {f"worker-{i}": worker() for i in (1, 2, 3)}
+    manager, dispatcher, _ = bed(workers, manager=HeldManager(together=3))
+    manager.add(workload("job-gang-2"), workload("job-gang-3"))
+    await asyncio.wait_for(dispatcher.pass_once(), 20)
+    nominated = [nominated_of(manager, n) for n in ("job-gang", "job-gang-2", "job-gang-3")]
+    assert sorted(c for cs in nominated for c in cs) == ["worker-1", "worker-2", "worker-3"]
+    assert [r for r, _ in events(manager)] == ["Nominated"] * 3
+
+
+async def test_a_gang_whose_record_cannot_be_written_is_left_for_the_next_pass() -> None:
+    """A record refused (the Workload changed meanwhile) leaves that gang unnominated and
+    untold, the other nominated beside it; the next pass nominates it, on the worker the
+    other was not sent to."""
+    manager, dispatcher, _ = bed({"worker-1": worker(), "worker-2": worker()})
+    manager.add(workload("job-gang-2"))
+    manager.fail("patch", "Workload", "job-gang", 409)
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang") == []
+    (first,) = nominated_of(manager, "job-gang-2")
+    assert [r for r, _ in events(manager)] == ["Nominated"]
+    await dispatcher.pass_once()
+    assert nominated_of(manager, "job-gang-2") == [first]
+    assert nominated_of(manager, "job-gang") == [({"worker-1", "worker-2"} - {first}).pop()]
+    assert [r for r, _ in events(manager)] == ["Nominated", "Nominated"]
 
 
 async def test_room_for_one_gang_is_counted_with_the_gang_just_nominated_there() -> None:

@@ -23,9 +23,10 @@ from gangcheck.logic.attempt.actions import (
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.podgroups.gating import GATE
 from gangcheck.model.objects import ObjectRef
-from gangcheck.reconcile.apply import Applier, at_once, side_by_side
+from gangcheck.reconcile.apply import Applier, side_by_side
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.reconciler import GangReconciler
+from gangcheck.runtime.together import at_once
 from tests.builders import node
 from tests.fakes.kube import FakeKube, api_error
 
