@@ -107,7 +107,8 @@ from gangcheck.kube.resources import (
 )
 from gangcheck.logic.attempt import published
 from gangcheck.logic.attempt.actions import Event
-from gangcheck.logic.attempt.published import Outcome, Seen
+from gangcheck.logic.attempt.published import STOCKOUT_CAUSES, Outcome, Seen
+from gangcheck.logic.attempt.records import RollbackCause
 from gangcheck.logic.dispatch import (
     ANSWER_WITHIN,
     IDENTITY_NAMESPACE,
@@ -1681,6 +1682,12 @@ def _outcomes(requests: Sequence[Obj], copies: Sequence[Obj]) -> _Outcomes:
         if uid is None or (uid and notes.get(WORKLOAD_UID_ANNOTATION, uid) != uid):
             continue
         if ROLLBACK_REASON_ANNOTATION in notes:
+            # as gangcheck there publishes it (``published.seen``): a rollback whose cause
+            # says nothing of the source's room (a start deadline the gang's own pods
+            # missed, stray pods, a race lost, the config changed, the gang withdrawn)
+            # is no stockout of the source
+            if RollbackCause.of(notes[ROLLBACK_REASON_ANNOTATION]) not in STOCKOUT_CAUSES:
+                continue
             outcome = Outcome.STOCKOUT
         elif notes.get(PHASE_ANNOTATION) in (FULFILLED, STARTED):
             outcome = Outcome.DELIVERED

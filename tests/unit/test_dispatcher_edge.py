@@ -2002,6 +2002,37 @@ def test_records_for_no_gang_sent_there_do_not_count_in_a_sources_history() -> N
     assert (history.stockouts, history.deliveries) == (1, 0)
 
 
+@pytest.mark.parametrize(
+    ("reason", "stockouts"),
+    [
+        ("CapacityIsNotFound", 1),
+        ("CapacityIsNotFound: the cloud has no GPUs of that kind", 1),
+        ("Deadline: 1 of 2 members placeable after 420s", 1),
+        ("Failed: NotProvisioned", 1),
+        ("StartDeadline: 1 of 2 members scheduled within 600s of admission", 0),
+        ("StrayPods: pods not of this gang took nodes that arrived for it", 0),
+        ("RaceLost: another source delivered the whole gang first", 0),
+        ("ConfigChanged: the check's config changed", 0),
+        ("CapacityRevoked: revoked", 0),
+        ("BookingExpired: expired", 0),
+        ("Workload deleted", 0),
+    ],
+)
+def test_only_a_rollback_that_says_the_source_could_not_deliver_is_its_stockout(
+    reason: str, stockouts: int
+) -> None:
+    """A gang sent to the worker rolled back there: a stockout of its source only for the
+    causes gangcheck there publishes as one (``published.STOCKOUT_CAUSES``). A start deadline
+    its own pods missed (a tenant's gang that never fits), stray pods, a race lost, the
+    config changed or the gang withdrawn say nothing of the source's room: the worker is not
+    ranked after another for them."""
+    checks = worker().all_of(ADMISSION_CHECK)
+    sent = dispatched_copy("job-sent")
+    req = outcome_request("r", "job-sent", **{ROLLBACK_REASON_ANNOTATION: reason})
+    view = _view_of(checks, [], [], [req], [sent], now=datetime.now(UTC))
+    assert sum(h.stockouts for h in view.sources()) == stockouts
+
+
 async def test_a_workers_forged_records_do_not_send_the_gang_elsewhere() -> None:
     """Worker-1 holds thousands of forged stockout records in another namespace: by name it
     is still the first tried (nothing known of either); with a gang sent there that stocked
@@ -2030,7 +2061,7 @@ def test_a_workers_requests_and_copies_are_cached_trimmed_to_what_a_pass_reads()
     big = "y" * 60_000
     req = not_found_request()
     req["metadata"]["annotations"] |= {f"junk-{i}": big for i in range(3)}
-    req["metadata"]["annotations"][ROLLBACK_REASON_ANNOTATION] = big
+    req["metadata"]["annotations"][ROLLBACK_REASON_ANNOTATION] = f"CapacityIsNotFound: {big}"
     req["metadata"]["managedFields"] = [{"manager": big}]
     req["spec"]["podSets"] = [{"podTemplateRef": {"name": big}}]
     req["status"]["conditions"][1]["message"] = "z" * 32768
