@@ -54,7 +54,7 @@ from gangcheck_dev.testbed.launcher import ControlPlane
 from gangcheck_dev.testbed.stack import KUEUE_NAMESPACE
 
 from gangcheck.kube.client import Kube
-from gangcheck.kube.resources import LEASE
+from gangcheck.kube.resources import LEASE, NODE
 from gangcheck.logic.dispatch import DISPATCHER
 from tests.e2e.helpers import eventually, get_or_none
 from tests.e2e.multicluster.conftest import STOCKED_OUT, WITH_ROOM, Bed
@@ -63,6 +63,7 @@ from tests.e2e.multicluster.test_dispatcher import (
     assert_placed_where_it_fits_now,
     free_nodes,
     gang_submitted,
+    items,
 )
 from tests.e2e.multicluster.test_multikueue import (
     MANAGER,
@@ -263,11 +264,16 @@ async def test_the_chart_installed_dispatcher_places_the_gang_where_it_fits_now(
 
     holder = await eventually(leader, timeout=30, what=f"a holder of Lease {DISPATCHER_NAME}")
     assert holder == chart_dispatcher.container, holder  # its pod name: $(POD_NAME)
+    # the room there now: the idle nodes made for this test, and any an earlier test's gang
+    # left that is not gone yet (the gang may run on it: it is room that exists too)
+    before = {n["metadata"]["name"] for n in await items(kubes[WITH_ROOM], NODE)}
+    assert set(free_nodes) <= before
     async with gang_submitted(kubes) as (namespace, began):
         wl = await admitted_in_a_worker(manager, namespace)
         took = time.monotonic() - began
         pods = await gang_running(kubes[WITH_ROOM], namespace)
-        assert {p["spec"]["nodeName"] for p in pods} <= set(free_nodes), pods
+        # it ran on nodes that were there before it: nothing was made for it
+        assert {p["spec"]["nodeName"] for p in pods} <= before, pods
         record = await assert_placed_where_it_fits_now(kubes, wl)
         assert not record.get("skipped"), record  # both workers read through the reader
         assert chart_dispatcher.running, chart_dispatcher.log_tail(40)
