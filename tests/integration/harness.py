@@ -479,16 +479,29 @@ class Cluster:
 
     async def update_status(self, name: str, mutate: Callable[[Obj], None]) -> Obj:
         """Read-modify-write the Workload status (retrying on conflicts), as Kueue core does."""
-        for _ in range(20):
-            wl = await self.workload(name)
+
+        def with_status(wl: Obj) -> None:
             wl.setdefault("status", {})
             mutate(wl)
+
+        return await self._rewrite(name, with_status, subresource="status")
+
+    async def update_spec(self, name: str, mutate: Callable[[Obj], None]) -> Obj:
+        """Read-modify-write the Workload itself (retrying on conflicts), as Kueue's
+        EnsureWorkloadSlices does when it changes a slice's counts in place."""
+        return await self._rewrite(name, mutate, subresource=None)
+
+    async def _rewrite(
+        self, name: str, mutate: Callable[[Obj], None], *, subresource: str | None
+    ) -> Obj:
+        for _ in range(20):
+            wl = await self.workload(name)
+            mutate(wl)
             try:
-                return await self.kube.replace(WORKLOAD, wl, subresource="status")
-            except Exception as e:  # conflict with the controller's write: read again
-                if getattr(e, "status", 0) != 409:
-                    raise
-        raise AssertionError("could not update workload status")
+                return await self.kube.replace(WORKLOAD, wl, subresource=subresource)
+            except ConflictError:  # the controller wrote it meanwhile: read again
+                continue
+        raise AssertionError(f"could not update workload {name} ({subresource or 'spec'})")
 
     async def evict_and_requeue(self, name: str) -> None:
         """Kueue core after Retry: evict, release quota, reset checks to Pending (retryCount+1),
@@ -550,19 +563,27 @@ class Cluster:
         await eventually(gone, timeout=timeout, what=f"request {name} deleted")
 
     async def set_request_conditions(self, name: str, conditions: dict[str, str]) -> None:
-        req = await self.wait_request(name)
-        existing = (req.get("status") or {}).get("conditions") or []
-        by_type = {c["type"]: c for c in existing}
-        for kind, message in conditions.items():
-            by_type[kind] = {
-                "type": kind,
-                "status": "True",
-                "reason": kind,
-                "message": message,
-                "lastTransitionTime": now(),
-            }
-        req["status"] = {**(req.get("status") or {}), "conditions": list(by_type.values())}
-        await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+        """As the autoscaler does: its conditions written on the request's status, read again
+        when gangcheck annotated the request meanwhile."""
+        for _ in range(20):
+            req = await self.wait_request(name)
+            existing = (req.get("status") or {}).get("conditions") or []
+            by_type = {c["type"]: c for c in existing}
+            for kind, message in conditions.items():
+                by_type[kind] = {
+                    "type": kind,
+                    "status": "True",
+                    "reason": kind,
+                    "message": message,
+                    "lastTransitionTime": now(),
+                }
+            req["status"] = {**(req.get("status") or {}), "conditions": list(by_type.values())}
+            try:
+                await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+                return
+            except ConflictError:
+                continue
+        raise AssertionError(f"could not set the conditions of request {name}")
 
     async def requests(self) -> list[Obj]:
         listing = await self.kube.list_objects(PROVISIONING_REQUEST, self.ns)

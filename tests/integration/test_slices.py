@@ -75,6 +75,15 @@ async def replace_with(cluster: Cluster, members: int, *, old: str = "old") -> s
     return name
 
 
+async def scale_in_place(cluster: Cluster, name: str, count: int) -> None:
+    """As Kueue's EnsureWorkloadSlices on a scale-down: the slice's count lowered in place."""
+
+    def lower(wl: Any) -> None:
+        wl["spec"]["podSets"][0]["count"] = count
+
+    await cluster.update_spec(name, lower)
+
+
 async def finish_as_replaced(cluster: Cluster, name: str, *, by: str) -> None:
     def finish(wl: Any) -> None:
         conds = [c for c in wl["status"].get("conditions") or [] if c["type"] != "Finished"]
@@ -458,9 +467,7 @@ async def test_a_job_scaled_down_after_its_admission_then_up_asks_beyond_what_ru
     no room)."""
     await cluster.install_check(fit(deadline=60))
     node, pods = await running_slice(cluster, 8)
-    wl = await cluster.workload("old")
-    wl["spec"]["podSets"][0]["count"] = 6  # as Kueue's EnsureWorkloadSlices on a scale-down
-    await cluster.kube.replace(WORKLOAD, wl)
+    await scale_in_place(cluster, "old", 6)
     for pod in pods[6:]:  # the Job controller deletes the members beyond 6
         await cluster.kube.delete(POD, pod, cluster.ns)
     assert (await cluster.workload("old"))["status"]["admission"]["podSetAssignments"][0][
@@ -502,9 +509,7 @@ async def test_an_elastic_jobs_first_workload_scaled_down_before_it_started_is_n
     for i, node_name in enumerate(nodes[:3]):
         await cluster.create_pod(f"member-{i}", node_name=node_name, consume=name)
     await cluster.create_pod("member-3", consume=name)  # not scheduled yet
-    wl = await cluster.workload("first")
-    wl["spec"]["podSets"][0]["count"] = 3  # as Kueue's EnsureWorkloadSlices on a scale-down
-    await cluster.kube.replace(WORKLOAD, wl)
+    await scale_in_place(cluster, "first", 3)
     await cluster.kube.delete(POD, "member-3", cluster.ns, grace_period_seconds=0)
 
     async def started() -> bool:
@@ -530,9 +535,7 @@ async def test_an_elastic_jobs_first_workload_scaled_down_while_pending_is_judge
     name = naming.request_name("first", cluster.check, 1)
     asked = await cluster.wait_request(name)
     assert [p["count"] for p in asked["spec"]["podSets"]] == [4]
-    wl = await cluster.workload("first")
-    wl["spec"]["podSets"][0]["count"] = 3  # as Kueue's EnsureWorkloadSlices on a scale-down
-    await cluster.kube.replace(WORKLOAD, wl)
+    await scale_in_place(cluster, "first", 3)
     await cluster.set_request_conditions(name, {"Provisioned": ""})
     arrived = await cluster.add_nodes(3, gpu=1)
     check = await cluster.wait_check("first", "Ready")
@@ -599,9 +602,7 @@ async def test_a_job_scaled_back_while_its_slice_waits_withdraws_the_ask_and_rec
         return True
 
     await eventually(recorded, what="the 2 nodes recorded as arrived for the slice's request")
-    wl = await cluster.workload("new")
-    wl["spec"]["podSets"][0]["count"] = 4  # as Kueue's EnsureWorkloadSlices on a scale-down
-    await cluster.kube.replace(WORKLOAD, wl)
+    await scale_in_place(cluster, "new", 4)
 
     check = await cluster.wait_check("new", "Ready")
     assert f"adds 0 members to {cluster.ns}/old running 4" in check["message"]
