@@ -563,12 +563,10 @@ class Cluster:
         await eventually(gone, timeout=timeout, what=f"request {name} deleted")
 
     async def set_request_conditions(self, name: str, conditions: dict[str, str]) -> None:
-        """As the autoscaler does: its conditions written on the request's status, read again
-        when gangcheck annotated the request meanwhile."""
-        for _ in range(20):
-            req = await self.wait_request(name)
-            existing = (req.get("status") or {}).get("conditions") or []
-            by_type = {c["type"]: c for c in existing}
+        """Each condition True with its message, the others kept."""
+
+        def add(status: Obj) -> None:
+            by_type = {c["type"]: c for c in status.get("conditions") or []}
             for kind, message in conditions.items():
                 by_type[kind] = {
                     "type": kind,
@@ -577,13 +575,23 @@ class Cluster:
                     "message": message,
                     "lastTransitionTime": now(),
                 }
-            req["status"] = {**(req.get("status") or {}), "conditions": list(by_type.values())}
+            status["conditions"] = list(by_type.values())
+
+        await self.update_request_status(name, add)
+
+    async def update_request_status(self, name: str, mutate: Callable[[Obj], None]) -> None:
+        """As the autoscaler does: the request's status read, changed and written, read again
+        when gangcheck annotated the request meanwhile."""
+        for _ in range(20):
+            req = await self.wait_request(name)
+            req["status"] = dict(req.get("status") or {})
+            mutate(req["status"])
             try:
                 await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
                 return
             except ConflictError:
                 continue
-        raise AssertionError(f"could not set the conditions of request {name}")
+        raise AssertionError(f"could not write the status of request {name}")
 
     async def requests(self) -> list[Obj]:
         listing = await self.kube.list_objects(PROVISIONING_REQUEST, self.ns)

@@ -108,9 +108,8 @@ async def test_a_top_up_whose_source_stocks_out_too_is_withdrawn_and_the_next_as
     nodes, and c is asked for the 2, topping a up. (Before: b was marked Kept for a's nodes
     and left in flight, and c topped up both.)"""
     a, b, from_a = await kept_then_topped_up(cluster, sources(third=True))
-    req = await cluster.wait_request(b)
     when = now()
-    req["status"] = {
+    refused = {
         "conditions": [
             {
                 "type": "Accepted",
@@ -128,7 +127,7 @@ async def test_a_top_up_whose_source_stocks_out_too_is_withdrawn_and_the_next_as
             },
         ]
     }
-    await cluster.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+    await cluster.update_request_status(b, lambda status: status.update(refused))
     c = naming.request_name("wl", cluster.check, 1, 2)
     made = await cluster.wait_request(c, timeout=30)
     assert [p["count"] for p in made["spec"]["podSets"]] == [2]

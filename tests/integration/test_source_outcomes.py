@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gangcheck.kube.resources import ADMISSION_CHECK, PROVISIONING_REQUEST
+from gangcheck.kube.resources import ADMISSION_CHECK
 from gangcheck.logic.attempt import published
 from gangcheck.logic.attempt.published import CONDITION, Outcome, Seen
 from gangcheck.model.objects import Obj
@@ -74,8 +74,7 @@ async def test_a_source_that_says_it_cannot_find_the_capacity_is_published_while
     await cluster.install_check(FIT)
     await cluster.submit(gang("waiting"))
     name = req_name(cluster, "waiting")
-    req = await cluster.wait_request(name)
-    req["status"] = {
+    refused = {
         "conditions": [
             {
                 "type": "Provisioned",
@@ -86,7 +85,7 @@ async def test_a_source_that_says_it_cannot_find_the_capacity_is_published_while
             }
         ]
     }
-    await cluster.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+    await cluster.update_request_status(name, lambda status: status.update(refused))
     cond, _ = await eventually(
         lambda: _published(cluster, Outcome.STOCKOUT), what="the refusal published", timeout=20
     )
