@@ -7,8 +7,8 @@ Node and a log line, so the reason outlives the request the outcome is written o
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -19,6 +19,7 @@ from gangcheck.logic.timefmt import parse_time
 from gangcheck.model.objects import ObjectRef
 from gangcheck.reclaim.reclaimers import NOT_CACHED, Told
 from gangcheck.reclaim.safely import Result, Target, reclaim_safely
+from gangcheck.runtime.together import at_once
 
 log = logging.getLogger(__name__)
 PARALLEL = 8
@@ -41,18 +42,23 @@ async def reclaim_arrivals(
     told: Told = NOT_CACHED,
 ) -> Outcome:
     """Reclaim the arrived nodes safely, a few at a time (their settles overlap; Cluster API
-    Machines are marked and their owners scaled down one at a time: `DeleteMachine`). `told`:
+    Machines are marked and their owners scaled down one at a time: `DeleteMachine`), each to
+    its end whatever the others meet: one raising does not cut another off between its cordon
+    and its delete; the first error, in the nodes' order, is raised once all are done. `told`:
     the caches, told of each delete as it is answered (`reclaim_safely`)."""
-    limit = asyncio.Semaphore(PARALLEL)
+    got: dict[str, Result] = {}
 
-    async def one(node: str) -> Result:
-        async with limit:
+    def one(node: str) -> Callable[[], Awaitable[None]]:
+        async def reclaim() -> None:
             target = Target(node, action.request_key, action.request_created, action.reclaimer)
-            return await reclaim_safely(kube, target, now, told=told)
+            got[node] = await reclaim_safely(kube, target, now, told=told)
 
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(one(node)) for node in action.nodes]
-    results = dict(zip(action.nodes, (t.result() for t in tasks), strict=True))
+        return reclaim
+
+    errors = await at_once((one(node) for node in action.nodes), limit=PARALLEL)
+    if error := next((e for e in errors if e is not None), None):
+        raise error
+    results = {node: got[node] for node in action.nodes}
     for node, result in results.items():
         await tell(events, metrics, node, result, request=action.request_key)
     outcome = _outcome(action, results, now)

@@ -17,18 +17,21 @@ from gangcheck.logic.attempt.actions import (
     Action,
     AnnotateRequest,
     ClaimNode,
+    ReclaimArrivals,
     ReleaseHold,
     ReleaseMembers,
 )
 from gangcheck.logic.attempt.fulfillment import ARRIVED_FOR
 from gangcheck.logic.podgroups.gating import GATE
 from gangcheck.model.objects import ObjectRef
+from gangcheck.reclaim import safely
 from gangcheck.reconcile.apply import Applier, side_by_side
 from gangcheck.reconcile.events import EventRecorder
 from gangcheck.reconcile.reconciler import GangReconciler
 from gangcheck.runtime.together import at_once
-from tests.builders import node
+from tests.builders import T0, node
 from tests.fakes.kube import FakeKube, api_error
+from tests.unit.test_applier import gated_pod, request
 
 Obj = dict[str, Any]
 NS = "default"
@@ -50,15 +53,6 @@ class HeldKube(FakeKube):
         if res.kind == self.kind:
             await asyncio.wait_for(self.barrier.wait(), PATIENCE)
         return await super().merge_patch(res, name, patch, *a, **kw)
-
-
-def gated_pod(name: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"containers": [{"name": "c"}], "schedulingGates": [{"name": GATE}]},
-    }
 
 
 def claim(kube: FakeKube, name: str) -> ClaimNode:
@@ -195,3 +189,27 @@ async def test_a_member_the_server_fails_is_raised_once_the_others_are_released(
         for i in range(3)
     ]
     assert released == [False, True, True]
+
+
+async def test_a_node_whose_reclaim_fails_cuts_no_other_off_mid_reclaim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """n1's read fails while n2 settles between its cordon and its delete: n2 is still
+    deleted (before, the failure cancelled it there, cordoned and never deleted), then the
+    failure is raised."""
+    monkeypatch.setattr(
+        safely.reclaim_safely, "__kwdefaults__", {"settle_seconds": 0.3, "owed": False}
+    )
+    arrived = [
+        node(n, created="2026-11-30T10:05:00Z", annotations={ARRIVED_FOR: KEY})
+        for n in ("n1", "n2")
+    ]
+    kube = FakeKube()
+    kube.add(request(), *arrived)
+    kube.fail("get", "Node", "n1", 500)
+    applier = Applier(kube, kube.caches(), SOURCES)
+    action = ReclaimArrivals("wl-atomic-1", KEY, T0, ("n1", "n2"), "DeleteNode")
+    with pytest.raises(ApiError):
+        await asyncio.wait_for(applier.apply(NS, action), PATIENCE)
+    assert kube.stored(NODE, "n2") is None
+    assert kube.stored(NODE, "n1") is not None
