@@ -545,7 +545,7 @@ class Dispatcher:
         # every gang's step decided in order (each on the nominations before it), then
         # written side by side: a burst's last gang is not nominated a round trip per gang
         # after its first
-        steps: list[tuple[Obj, DispatchRecord, tuple[str, ...], Step]] = []
+        steps: list[_Planned] = []
         for wl in waiting:
             key = _key(wl)
             alike, failures = memory.of(key, self._now())
@@ -563,7 +563,7 @@ class Dispatcher:
                 failures=failures,
                 alike=alike,
             )
-            steps.append((wl, records[key], nominated.get(key, ()), step))
+            steps.append(_Planned(wl, records[key], nominated.get(key, ()), step))
             records[key] = step.record
             nominated[key] = tuple(step.nominated)
             rooms.nominated_anew(key, step.newly_nominated)
@@ -584,7 +584,7 @@ class Dispatcher:
 
     async def _write_steps(
         self,
-        steps: Sequence[tuple[Obj, DispatchRecord, tuple[str, ...], Step]],
+        steps: Sequence[_Planned],
         records: dict[tuple[str, str], DispatchRecord],
         nominated: dict[tuple[str, str], tuple[str, ...]],
     ) -> list[tuple[Obj, Step]]:
@@ -592,19 +592,17 @@ class Dispatcher:
         ``_write_step``); a gang whose write failed is left in ``records`` and ``nominated``
         as it was before the step (as the next pass reads it). The steps written with
         something to tell, for the Events after every nomination of the pass."""
-        written = await at_once(
-            functools.partial(self._write_step, wl, record, step) for wl, record, _, step in steps
-        )
+        written = await at_once(functools.partial(self._write_step, p) for p in steps)
         told = []
-        for (wl, record, was, step), error in zip(steps, written, strict=True):
+        for p, error in zip(steps, written, strict=True):
             if isinstance(error, ApiError):
-                log.warning("dispatching %s failed: %s", _ref(wl).name, error)
-                records[_key(wl)], nominated[_key(wl)] = record, was
+                log.warning("dispatching %s failed: %s", _ref(p.wl).name, error)
+                records[_key(p.wl)], nominated[_key(p.wl)] = p.record, p.was
                 continue
             if error is not None:
                 raise error
-            if _to_tell(record, step):
-                told.append((wl, step))
+            if _to_tell(p.record, p.step):
+                told.append((p.wl, p.step))
         return told
 
     def _memory(
@@ -692,10 +690,10 @@ class Dispatcher:
             step = replace(step, record=replace(step.record, skipped=record.skipped))
         return step
 
-    async def _write_step(self, wl: Obj, record: DispatchRecord, step: Step) -> None:
-        """Write the step decided for ``wl`` (``record``: its record as read): the record,
-        then the nomination (a restart between the two finds the record and nominates
-        again, never another cluster first)."""
+    async def _write_step(self, planned: _Planned) -> None:
+        """Write the step decided for a gang: the record, then the nomination (a restart
+        between the two finds the record and nominates again, never another cluster first)."""
+        wl, record, step = planned.wl, planned.record, planned.step
         if step.record != record:
             await self._write_record(wl, step.record)
             self._record_written[_key(wl)] = self._now()
@@ -1619,6 +1617,18 @@ class _Room:
             for name in names:
                 for resource, amount in members[name].requests.items():
                     used[resource] = used.get(resource, 0) + amount
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A gang's step as a pass decided it, to be written (``_write_step``)."""
+
+    wl: Obj
+    record: DispatchRecord
+    """Its record as read."""
+    was: tuple[str, ...]
+    """The clusters it was nominated to as read."""
+    step: Step
 
 
 @dataclass
