@@ -659,10 +659,10 @@ async def test_a_gang_requeued_after_a_rollback_says_why_from_the_workloads_even
     said = re.escape(f"the check {cluster.check} turned Retry: {retry['message']}")
     backoff = "blocked: backoff after attempt 1: Kueue requeues the Workload in"
     wanted = re.compile(rf"{backoff} \S+; {said}")
-    line = await verdict_of(cluster.kube, f"workload/{cluster.ns}/wl", wanted)
+    await verdict_of(cluster.kube, f"workload/{cluster.ns}/wl", wanted)
     report = await diagnose(cluster.kube, f"workload/{cluster.ns}/wl")
     ended = to_json(report)["checkEnded"]
     assert (ended["state"], ended["message"]) == ("Retry", retry["message"])
     assert f"Retry at {ended['at']}: " in render_text(report)
     (row,) = (await status(cluster.kube, cluster.ns)).gangs
-    assert row.verdict == line
+    assert wanted.fullmatch(row.verdict), row.verdict  # its countdown read a moment later
