@@ -94,37 +94,39 @@ def group_order(group: str, tests: int) -> tuple[int, int]:
     return kind, -tests
 
 
-def ordered(nodeids: list[str]) -> list[str]:
-    """`nodeids` grouped as the workers take them, in `group_order`, each group in the order
-    collected."""
-    groups: dict[str, list[str]] = {}
-    for nodeid in nodeids:
-        groups.setdefault(worker_group(nodeid), []).append(nodeid)
-    keys = sorted(groups, key=lambda g: group_order(g, len(groups[g])))
-    return [nodeid for key in keys for nodeid in groups[key]]
+def in_order(scopes: dict[str, int]) -> list[str]:
+    """The groups (`worker_group`; each with its number of tests) in the order the workers
+    take them: `group_order`, those of one rank in the order collected."""
+    return sorted(scopes, key=lambda g: group_order(g, scopes[g]))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` with `worker_group` as the scope (pytest-xdist's own
-    ``loadgroup`` does not group under this pytest)."""
+    ``loadgroup`` does not group under this pytest) and the groups in `in_order`."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByStack(LoadScopeScheduling):  # type: ignore[misc]
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
 
-        def schedule(self) -> None:
-            """The first distribution in `group_order` (the collection reordered, xdist's
-            own reordering by size off); later calls as xdist's."""
-            first = self.collection is None and self.collection_is_completed
-            if first and self._check_nodes_have_same_collection():
-                for node, collected in self.registered_collections.items():
-                    self.registered_collections[node] = ordered(list(collected))
-                self.config.option.loadscopereorder = False
-            super().schedule()
+        def _assign_work_unit(self, node: Any) -> None:
+            """Before the first unit is handed out, the queue of groups put `in_order`. Only
+            the queue: each worker runs the tests of a unit by their index in the collection
+            it made, so the collections are left in the order collected (reordering them had
+            every worker run the test at that index of its own, scattering each group over
+            all the workers, a stack started by each)."""
+            if not self.ordered:
+                self.ordered = True
+                units = dict(self.workqueue)
+                self.workqueue.clear()
+                for scope in in_order({scope: len(unit) for scope, unit in units.items()}):
+                    self.workqueue[scope] = units[scope]
+            super()._assign_work_unit(node)
 
     return ByStack(config, log)
 

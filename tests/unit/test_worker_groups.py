@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ordered, worker_group
+from tests.conftest import in_order, worker_group
 
 
 @pytest.mark.parametrize(
@@ -26,28 +26,19 @@ def test_each_stack_is_started_by_one_worker(nodeid: str, group: str) -> None:
 
 
 def test_groups_that_start_stacks_go_first_then_integration_then_unit() -> None:
-    collected = [
-        "tests/unit/test_a.py::t1",
-        "tests/unit/test_a.py::t2",
-        "tests/unit/test_a.py::t3",
-        "tests/integration/test_i.py::t",
-        "tests/e2e/multicluster/test_m.py::t",
-        "tests/e2e/test_gangcheck.py::t1",
-        "tests/unit/test_b.py::t",
-        "hack/devtools/tests/test_d.py::t1",
-        "hack/devtools/tests/test_d.py::t2",
-        "tests/e2e/test_helm.py::t2",
+    scopes = {  # as collected, each with its number of tests
+        "tests/unit/test_a.py": 3,
+        "tests/integration/test_i.py": 1,
+        "tests/e2e/multicluster": 1,
+        "tests/e2e": 2,
+        "tests/unit/test_b.py": 1,
+        "hack/devtools/tests/test_d.py": 2,
+    }
+    assert in_order(scopes) == [
+        "tests/e2e",  # the session stack's group: 2 tests
+        "tests/e2e/multicluster",
+        "hack/devtools/tests/test_d.py",
+        "tests/integration/test_i.py",
+        "tests/unit/test_a.py",
+        "tests/unit/test_b.py",
     ]
-    assert ordered(collected) == [
-        "tests/e2e/test_gangcheck.py::t1",  # the session stack's group: 2 tests
-        "tests/e2e/test_helm.py::t2",
-        "tests/e2e/multicluster/test_m.py::t",
-        "hack/devtools/tests/test_d.py::t1",
-        "hack/devtools/tests/test_d.py::t2",
-        "tests/integration/test_i.py::t",
-        "tests/unit/test_a.py::t1",
-        "tests/unit/test_a.py::t2",
-        "tests/unit/test_a.py::t3",
-        "tests/unit/test_b.py::t",
-    ]
-    assert sorted(ordered(collected)) == sorted(collected)  # nothing lost or doubled
