@@ -135,16 +135,9 @@ def refused_as_written(error: BaseException) -> bool:
 
 
 def refusal(error: BaseException, *, also: tuple[type[ApiError], ...] = ()) -> ApiError | None:
-    """The write refused for what it says (`refused`, or one of the types `also`: what the
-    caller found refused itself, a name taken) in `error`: the error itself, or the first
-    of the writes made at once that failed together (an ExceptionGroup, nested or not);
-    None when none was refused."""
-    if isinstance(error, BaseExceptionGroup):
-        for each in error.exceptions:
-            found = refusal(each, also=also)
-            if found is not None:
-                return found
-        return None
+    """`error` when it is a write refused for what it says (`refused`, or one of the types
+    `also`: what the caller found refused itself, a name taken); None otherwise. Of writes
+    made at once, the caller passes the first that failed (`runtime/together.at_once`)."""
     if isinstance(error, ApiError) and (isinstance(error, also) or refused(error)):
         return error
     return None

@@ -145,7 +145,7 @@ class GangReconciler:
                 if isinstance(error, StaleDecisionError):
                     log.info("decision dropped: %s", error, extra={"object": str(ref)})
                     return False
-                if isinstance(error, ApiError | ExceptionGroup):
+                if isinstance(error, ApiError):
                     first = refusal(error, also=(NameCollisionError,))
                     if refused is not None and first is not None:
                         await refused(action, first)

@@ -375,6 +375,17 @@ def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
     return naming.request_name(workload, cluster.check, attempt)
 
 
+async def _until_written(write: Callable[[], Awaitable[Obj]], what: str) -> Obj:
+    """A read-modify-write of the tests' (playing Kueue or the autoscaler, which retry theirs)
+    done again while it meets a write of gangcheck's made meanwhile (409)."""
+    for _ in range(20):
+        try:
+            return await write()
+        except ConflictError:
+            continue
+    raise AssertionError(f"could not write {what}: changed at each of 20 tries")
+
+
 class Cluster:
     """What a test does to the cluster: as a user, as Kueue core, as the autoscaler."""
 
@@ -494,14 +505,12 @@ class Cluster:
     async def _rewrite(
         self, name: str, mutate: Callable[[Obj], None], *, subresource: str | None
     ) -> Obj:
-        for _ in range(20):
+        async def once() -> Obj:
             wl = await self.workload(name)
             mutate(wl)
-            try:
-                return await self.kube.replace(WORKLOAD, wl, subresource=subresource)
-            except ConflictError:  # the controller wrote it meanwhile: read again
-                continue
-        raise AssertionError(f"could not update workload {name} ({subresource or 'spec'})")
+            return await self.kube.replace(WORKLOAD, wl, subresource=subresource)
+
+        return await _until_written(once, f"workload {name} ({subresource or 'spec'})")
 
     async def evict_and_requeue(self, name: str) -> None:
         """Kueue core after Retry: evict, release quota, reset checks to Pending (retryCount+1),
@@ -582,16 +591,14 @@ class Cluster:
     async def update_request_status(self, name: str, mutate: Callable[[Obj], None]) -> None:
         """As the autoscaler does: the request's status read, changed and written, read again
         when gangcheck annotated the request meanwhile."""
-        for _ in range(20):
+
+        async def once() -> Obj:
             req = await self.wait_request(name)
             req["status"] = dict(req.get("status") or {})
             mutate(req["status"])
-            try:
-                await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
-                return
-            except ConflictError:
-                continue
-        raise AssertionError(f"could not write the status of request {name}")
+            return await self.kube.replace(PROVISIONING_REQUEST, req, subresource="status")
+
+        await _until_written(once, f"the status of request {name}")
 
     async def requests(self) -> list[Obj]:
         listing = await self.kube.list_objects(PROVISIONING_REQUEST, self.ns)
