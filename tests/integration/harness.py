@@ -376,8 +376,9 @@ def req_name(cluster: Cluster, workload: str = "wl", attempt: int = 1) -> str:
 
 
 async def _until_written(write: Callable[[], Awaitable[Obj]], what: str) -> Obj:
-    """A read-modify-write of the tests' (playing Kueue or the autoscaler, which retry theirs)
-    done again while it meets a write of gangcheck's made meanwhile (409)."""
+    """A read-modify-write of the tests' (as Kueue, the autoscaler or the node lifecycle
+    controller, each of which retries its own) done again while it meets a write of
+    gangcheck's made meanwhile (409)."""
     for _ in range(20):
         try:
             return await write()
@@ -666,21 +667,18 @@ class Cluster:
         """As the node lifecycle controller does once a node is Ready: drop the not-ready taint
         the API server put on it at registration, and only that one (gangcheck may have
         written its own meanwhile), at the resourceVersion read."""
-        for _ in range(20):
+
+        async def once() -> Obj:
             node = await self.kube.get(NODE, name)
             taints = node["spec"].get("taints") or []
             kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
             if kept == taints:
-                return
+                return node
             meta = {"resourceVersion": node["metadata"]["resourceVersion"]}
-            try:
-                await self.kube.merge_patch(
-                    NODE, name, {"metadata": meta, "spec": {"taints": kept or None}}
-                )
-                return
-            except ConflictError:
-                continue
-        raise AssertionError(f"could not drop the not-ready taint of node {name}")
+            patch = {"metadata": meta, "spec": {"taints": kept or None}}
+            return await self.kube.merge_patch(NODE, name, patch)
+
+        await _until_written(once, f"node {name} without its not-ready taint")
 
     async def nodes(self) -> list[Obj]:
         listing = await self.kube.list_objects(NODE, label_selector=f"{TEST_LABEL}={self.ns}")
